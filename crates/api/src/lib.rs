@@ -1,0 +1,18 @@
+//! Orrery's object model, with no I/O (in the manner of `kube-core`).
+//!
+//! - [`Object`]: a Kubernetes-style object of any kind, unknown fields preserved;
+//! - [`ObjectMeta`]: typed standard metadata;
+//! - [`labels`] and [`fields`]: selectors as the Kubernetes API parses them;
+//! - [`Quantity`]: resource amounts with exact arithmetic;
+//! - [`validation`]: name, label and metadata rules, and field errors for 422 responses.
+
+pub mod fields;
+pub mod labels;
+pub mod object;
+pub mod quantity;
+pub mod time;
+pub mod validation;
+
+pub use object::{Object, ObjectMeta, OwnerReference};
+pub use quantity::{Format, Quantity, QuantityError};
+pub use time::Time;

@@ -1,0 +1,93 @@
+//! `metav1.Time`: an RFC 3339 instant, serialized to whole seconds in UTC as Kubernetes does.
+
+use std::fmt;
+use std::str::FromStr;
+
+use jiff::Timestamp;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A point in time with Kubernetes' wire format (`2006-01-02T15:04:05Z`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Time(pub Timestamp);
+
+impl Time {
+    /// The current time. The api crate does no I/O; reading the clock is the one exception,
+    /// and callers that need determinism pass times in instead.
+    pub fn now() -> Self {
+        Time(Timestamp::now())
+    }
+
+    pub fn from_unix_seconds(secs: i64) -> Option<Self> {
+        Timestamp::from_second(secs).ok().map(Time)
+    }
+
+    pub fn unix_seconds(&self) -> i64 {
+        self.0.as_second()
+    }
+
+    pub fn timestamp(&self) -> Timestamp {
+        self.0
+    }
+}
+
+impl fmt::Display for Time {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Whole seconds in UTC: what Go's metav1.Time marshals.
+        let secs = Timestamp::from_second(self.0.as_second()).unwrap_or(self.0);
+        write!(f, "{}", secs.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    }
+}
+
+/// A timestamp that does not parse as RFC 3339.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid RFC 3339 time {input:?}: {reason}")]
+pub struct TimeParseError {
+    pub input: String,
+    pub reason: String,
+}
+
+impl FromStr for Time {
+    type Err = TimeParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse::<Timestamp>()
+            .map(Time)
+            .map_err(|e| TimeParseError {
+                input: s.to_string(),
+                reason: e.to_string(),
+            })
+    }
+}
+
+impl Serialize for Time {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Time {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_whole_seconds_utc() {
+        let t: Time = "2024-03-01T10:20:30.987654+02:00".parse().unwrap();
+        assert_eq!(t.to_string(), "2024-03-01T08:20:30Z");
+        assert_eq!(
+            serde_json::to_string(&t).unwrap(),
+            "\"2024-03-01T08:20:30Z\""
+        );
+    }
+
+    #[test]
+    fn rejects_garbage() {
+        assert!("yesterday".parse::<Time>().is_err());
+        assert!(serde_json::from_str::<Time>("\"2024-13-01T00:00:00Z\"").is_err());
+    }
+}

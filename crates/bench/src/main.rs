@@ -1,0 +1,143 @@
+//! `orrery-bench`: Orrery's benchmarks. Each scenario prints one JSON object per line on
+//! stdout (progress goes to stderr). Run in release mode:
+//!
+//! ```text
+//! cargo run --release -p orrery-bench -- store-writes
+//! cargo run --release -p orrery-bench --features etcd -- store-writes --etcd
+//! cargo run --release -p orrery-bench -- store-watch
+//! cargo run --release -p orrery-bench -- store-memory
+//! ```
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+mod stats;
+mod store;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "orrery-bench",
+    about = "Orrery benchmarks (one JSON object per scenario)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+// Scenarios are named by area (`store-...`); more areas join as they are built.
+#[allow(clippy::enum_variant_names)]
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Durable creates/s through the Store trait with 1, 16 and 256 writers, next to plain
+    /// rusqlite at 1 and 256 rows per transaction on the same disk.
+    StoreWrites {
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        #[arg(long, default_value_t = 2.0)]
+        seconds: f64,
+        #[arg(long, default_value_t = 1024)]
+        bytes: usize,
+        #[arg(long, value_delimiter = ',', default_value = "1,16,256")]
+        writers: Vec<usize>,
+        /// Where the databases go (defaults to the system temp dir).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Also measure a single local etcd member (needs --features etcd).
+        #[arg(long)]
+        etcd: bool,
+        /// Measure only Orrery's store (for profiling).
+        #[arg(long)]
+        skip_baselines: bool,
+    },
+    /// Watch fan-out: many watchers on one prefix, latency from write to the last watcher.
+    StoreWatch {
+        #[arg(long, default_value_t = 1000)]
+        watchers: usize,
+        #[arg(long, default_value_t = 10_000)]
+        writes: usize,
+        #[arg(long, default_value_t = 16)]
+        writers: usize,
+        /// Writes per second (0: as fast as the writers go).
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Resident memory with many stored objects.
+    StoreMemory {
+        #[arg(long, default_value_t = 100_000)]
+        objects: usize,
+        #[arg(long, default_value_t = 2048)]
+        bytes: usize,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Internal: the fresh process of `store-memory`.
+    #[command(hide = true)]
+    StoreMemoryProbe { path: String },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        match cli.command {
+            Command::StoreWrites {
+                runs,
+                seconds,
+                bytes,
+                writers,
+                dir,
+                etcd,
+                skip_baselines,
+            } => {
+                store::writes(store::WriteArgs {
+                    runs,
+                    seconds,
+                    bytes,
+                    writers,
+                    dir,
+                    etcd,
+                    skip_baselines,
+                })
+                .await
+            }
+            Command::StoreWatch {
+                watchers,
+                writes,
+                writers,
+                rate,
+                runs,
+                dir,
+            } => {
+                store::fanout(store::FanoutArgs {
+                    watchers,
+                    writes,
+                    writers,
+                    rate,
+                    runs,
+                    dir,
+                })
+                .await
+            }
+            Command::StoreMemory {
+                objects,
+                bytes,
+                dir,
+            } => {
+                store::memory(store::MemoryArgs {
+                    objects,
+                    bytes,
+                    dir,
+                })
+                .await
+            }
+            Command::StoreMemoryProbe { path } => store::memory_probe(&path).await,
+        }
+    })
+}

@@ -1,0 +1,53 @@
+//! Small helpers: percentiles, medians, resident memory, JSON output.
+
+/// The `p`-th percentile (0..=100) of unsorted samples, by nearest rank.
+pub fn percentile(samples: &[f64], p: f64) -> f64 {
+    if samples.is_empty() {
+        return f64::NAN;
+    }
+    let mut s = samples.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let rank = ((p / 100.0) * s.len() as f64).ceil().max(1.0) as usize;
+    s[rank.min(s.len()) - 1]
+}
+
+pub fn median(samples: &[f64]) -> f64 {
+    percentile(samples, 50.0)
+}
+
+/// A field of `/proc/self/status` in KiB (`VmRSS`, `VmHWM`).
+pub fn proc_status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+pub fn rss_mib() -> f64 {
+    proc_status_kib("VmRSS:") as f64 / 1024.0
+}
+
+pub fn peak_rss_mib() -> f64 {
+    proc_status_kib("VmHWM:") as f64 / 1024.0
+}
+
+/// Rounds for readable JSON.
+pub fn round(v: f64, digits: i32) -> f64 {
+    let f = 10f64.powi(digits);
+    (v * f).round() / f
+}
+
+/// Prints one scenario's result as one line of JSON on stdout.
+pub fn emit(v: serde_json::Value) {
+    println!("{v}");
+}
+
+/// Progress for long runs goes to stderr, so stdout stays pure JSON.
+pub fn progress(msg: impl AsRef<str>) {
+    eprintln!("[bench] {}", msg.as_ref());
+}

@@ -1,0 +1,643 @@
+//! The etcd v3 backend of the Orrery store, for HA and scale-out.
+//!
+//! Every key lives under an installation prefix (default `/orrery`), so several installations
+//! can share one etcd. Revisions are etcd's own; compare-and-swap uses transactions on
+//! `mod_revision`; one native watch on the installation prefix feeds the shared
+//! [`WatchCache`], so any number of watchers cost one etcd watch.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use etcd_client::{
+    Client, CompactionOptions, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType,
+    GetOptions, Txn, TxnOp, TxnOpResponse,
+};
+use orrery_api::Object;
+use orrery_store::{
+    Change, ChangeKind, History, ListOptions, ListResult, Preconditions, Result, Revision, Store,
+    StoreError, WatchCache, WatchCacheConfig, WatchOptions, WatchStream, decode_continue,
+    encode_continue, prefix_end,
+};
+
+/// How to reach etcd.
+#[derive(Clone, Debug)]
+pub struct EtcdConfig {
+    /// `http://host:port` URLs of the etcd members.
+    pub endpoints: Vec<String>,
+    /// The installation's key prefix, without a trailing slash.
+    pub prefix: String,
+    pub watch: WatchCacheConfig,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+}
+
+impl EtcdConfig {
+    pub fn new(endpoints: Vec<String>) -> Self {
+        EtcdConfig {
+            endpoints,
+            prefix: "/orrery".to_string(),
+            watch: WatchCacheConfig::default(),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(30),
+        }
+    }
+
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into().trim_end_matches('/').to_string();
+        self
+    }
+}
+
+/// The etcd store.
+#[derive(Clone, Debug)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    prefix: String,
+    cache: WatchCache,
+    compacted: AtomicI64,
+    closed: std::sync::atomic::AtomicBool,
+    feed: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// Written to mark a point in the revision stream; never listed or watched.
+const FENCE_KEY: &str = "/.orrery-fence";
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Page size when a filtered list must read more than it returns.
+const SCAN_PAGE: i64 = 500;
+/// Page size for unfiltered lists.
+const DEFAULT_PAGE: i64 = 10_000;
+
+fn backend(e: etcd_client::Error) -> StoreError {
+    StoreError::Backend(format!("etcd: {e}"))
+}
+
+/// Maps etcd's revision errors to the store's.
+fn revision_error(e: etcd_client::Error, requested: Revision, compacted: Revision) -> StoreError {
+    let msg = e.to_string();
+    if msg.contains("required revision has been compacted") {
+        StoreError::Expired {
+            requested,
+            compacted: compacted.max(requested + 1),
+        }
+    } else if msg.contains("required revision is a future revision") {
+        StoreError::FutureRevision {
+            requested,
+            current: requested - 1,
+        }
+    } else {
+        backend(e)
+    }
+}
+
+fn decode(key: &str, rev: Revision, value: &[u8]) -> Result<Object> {
+    let mut obj: Object = serde_json::from_slice(value).map_err(|e| {
+        StoreError::Corrupt(format!(
+            "stored object {key} at revision {rev} does not parse: {e}"
+        ))
+    })?;
+    obj.metadata.resource_version = rev.to_string();
+    Ok(obj)
+}
+
+fn encode(obj: &mut Object) -> Result<Vec<u8>> {
+    obj.metadata.resource_version.clear();
+    serde_json::to_vec(obj)
+        .map_err(|e| StoreError::InvalidArgument(format!("object does not serialize: {e}")))
+}
+
+fn stored_uid(value: &[u8]) -> Option<String> {
+    serde_json::from_slice::<serde_json::Value>(value)
+        .ok()?
+        .pointer("/metadata/uid")?
+        .as_str()
+        .map(str::to_string)
+}
+
+impl EtcdStore {
+    /// Connects, reads the current revision and starts the watch feed.
+    pub async fn connect(config: EtcdConfig) -> Result<Self> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout)
+            .with_timeout(config.request_timeout)
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        let client = Client::connect(&config.endpoints, Some(options))
+            .await
+            .map_err(|e| {
+                StoreError::Backend(format!(
+                    "connecting to etcd at {}: {e}",
+                    config.endpoints.join(",")
+                ))
+            })?;
+        let store = EtcdStore {
+            inner: Arc::new(Inner {
+                client,
+                prefix: config.prefix.trim_end_matches('/').to_string(),
+                cache: WatchCache::new(config.watch, 0),
+                compacted: AtomicI64::new(0),
+                closed: std::sync::atomic::AtomicBool::new(false),
+                feed: std::sync::Mutex::new(None),
+            }),
+        };
+        let rev = store.current_revision().await?;
+        store.inner.cache.reset(rev);
+        let feed = tokio::spawn(feed(store.clone(), rev));
+        *store.inner.feed.lock().unwrap_or_else(|p| p.into_inner()) = Some(feed);
+        tracing::info!(endpoints = %config.endpoints.join(","), prefix = %store.inner.prefix, revision = rev, "connected to etcd");
+        Ok(store)
+    }
+
+    fn full(&self, key: &str) -> String {
+        format!("{}{key}", self.inner.prefix)
+    }
+
+    /// The store key of an etcd key of this installation (`None` for others and the fence).
+    fn strip<'a>(&self, full: &'a [u8]) -> Option<&'a str> {
+        std::str::from_utf8(full)
+            .ok()?
+            .strip_prefix(&self.inner.prefix)
+            .filter(|k| *k != FENCE_KEY)
+    }
+
+    /// A client handle, or `Closed` once the store has been closed.
+    fn client(&self) -> Result<Client> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        Ok(self.inner.client.clone())
+    }
+
+    /// Turns one etcd watch event into a store change.
+    fn change_of(&self, ev: &etcd_client::Event) -> Option<Change> {
+        let kv = ev.kv()?;
+        let key = self.strip(kv.key())?.to_string();
+        let rev = kv.mod_revision();
+        let parsed = |value: &[u8]| match decode(&key, rev, value) {
+            Ok(o) => Some(o),
+            Err(e) => {
+                tracing::error!(%key, error = %e, "skipping an unreadable watch event");
+                None
+            }
+        };
+        match ev.event_type() {
+            EventType::Put => {
+                let obj = parsed(kv.value())?;
+                let kind = if kv.version() == 1 {
+                    ChangeKind::Create
+                } else {
+                    ChangeKind::Update
+                };
+                let prev = ev.prev_kv().map(|p| p.value().to_vec());
+                Some(Change::new(key, rev, kind, Arc::new(obj), prev))
+            }
+            EventType::Delete => {
+                let obj = match ev.prev_kv() {
+                    Some(p) => parsed(p.value())?,
+                    None => {
+                        let mut o = Object::default();
+                        o.metadata.resource_version = rev.to_string();
+                        o
+                    }
+                };
+                Some(Change::with_prev(
+                    key,
+                    rev,
+                    ChangeKind::Delete,
+                    Arc::new(obj),
+                    None,
+                ))
+            }
+        }
+    }
+}
+
+/// Follows the installation prefix and publishes every change to the cache. A broken stream
+/// is resumed from the last revision seen; if that revision is gone, the cache is reset and its
+/// watchers expire (they re-list).
+async fn feed(store: EtcdStore, mut last: Revision) {
+    let prefix = format!("{}/", store.inner.prefix);
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let opts = etcd_client::WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(last + 1)
+            .with_prev_key()
+            .with_progress_notify();
+        let mut stream = match store
+            .inner
+            .client
+            .clone()
+            .watch(prefix.clone(), Some(opts))
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "etcd watch failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
+        };
+        loop {
+            match stream.message().await {
+                Ok(Some(resp)) => {
+                    backoff = Duration::from_millis(100);
+                    if resp.canceled() {
+                        if resp.compact_revision() > 0 {
+                            let now = store
+                                .current_revision()
+                                .await
+                                .unwrap_or(resp.compact_revision());
+                            tracing::warn!(
+                                last,
+                                compacted = resp.compact_revision(),
+                                "etcd history lost; watchers must re-list"
+                            );
+                            store.inner.cache.reset(now);
+                            last = now;
+                        }
+                        break;
+                    }
+                    for ev in resp.events() {
+                        if let Some(change) = store.change_of(ev) {
+                            last = change.revision;
+                            store.inner.cache.publish(Arc::new(change));
+                        } else if let Some(kv) = ev.kv() {
+                            last = kv.mod_revision();
+                            store.inner.cache.advance(last);
+                        }
+                    }
+                    if resp.events().is_empty()
+                        && let Some(h) = resp.header()
+                        && !resp.created()
+                    {
+                        // A progress notification: nothing of ours changed up to here.
+                        store.inner.cache.advance(h.revision());
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "etcd watch stream broke; resuming");
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(backoff).await;
+    }
+}
+
+#[async_trait::async_trait]
+impl History for EtcdStore {
+    /// Replays history with a temporary watch over the whole installation prefix. To know when
+    /// everything up to `until` has arrived, it writes a fence key and reads until the fence's
+    /// own event: events arrive in revision order, so all earlier ones came before it.
+    async fn changes(
+        &self,
+        prefix: &str,
+        after: Revision,
+        until: Revision,
+    ) -> Result<Vec<Arc<Change>>> {
+        let mut out = Vec::new();
+        if until <= after {
+            return Ok(out);
+        }
+        let opts = etcd_client::WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(after + 1)
+            .with_prev_key();
+        let mut stream = self
+            .client()?
+            .watch(format!("{}/", self.inner.prefix), Some(opts))
+            .await
+            .map_err(backend)?;
+        let fence = self
+            .client()?
+            .put(self.full(FENCE_KEY), Vec::new(), None)
+            .await
+            .map_err(backend)?
+            .header()
+            .map(|h| h.revision())
+            .unwrap_or(Revision::MAX);
+        let collect = async {
+            while let Some(resp) = stream.message().await.map_err(backend)? {
+                if resp.canceled() {
+                    let compacted = resp.compact_revision();
+                    return Err(if compacted > 0 {
+                        StoreError::Expired {
+                            requested: after,
+                            compacted,
+                        }
+                    } else {
+                        StoreError::Backend(format!(
+                            "etcd cancelled a history watch: {}",
+                            resp.cancel_reason()
+                        ))
+                    });
+                }
+                for ev in resp.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    if kv.mod_revision() >= fence {
+                        return Ok(());
+                    }
+                    if kv.mod_revision() > until {
+                        continue;
+                    }
+                    if let Some(change) = self.change_of(ev)
+                        && change.key.starts_with(prefix)
+                    {
+                        out.push(Arc::new(change));
+                    }
+                }
+            }
+            Err(StoreError::Backend(
+                "etcd: history watch ended early".into(),
+            ))
+        };
+        tokio::time::timeout(Duration::from_secs(30), collect)
+            .await
+            .map_err(|_| StoreError::Backend("etcd: timed out replaying history".into()))??;
+        Ok(out)
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for EtcdStore {
+    async fn get(&self, key: &str) -> Result<Object> {
+        let resp = self
+            .client()?
+            .get(self.full(key), None)
+            .await
+            .map_err(backend)?;
+        match resp.kvs().first() {
+            Some(kv) => decode(key, kv.mod_revision(), kv.value()),
+            None => Err(StoreError::NotFound {
+                key: key.to_string(),
+            }),
+        }
+    }
+
+    async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult> {
+        let (start, mut revision) = match &opts.continue_token {
+            Some(token) => decode_continue(prefix, token)?,
+            None => (prefix.to_string(), opts.revision.unwrap_or(0)),
+        };
+        let compacted = self.inner.compacted.load(Ordering::Acquire);
+        if revision > 0 && revision < compacted {
+            return Err(StoreError::Expired {
+                requested: revision,
+                compacted,
+            });
+        }
+        let end = self.full(&prefix_end(prefix).unwrap_or_else(|| "\u{10FFFF}".to_string()));
+        let limit = opts.page_limit();
+        let filtered = !(opts.labels.is_everything() && opts.fields.is_everything());
+        let page = match limit {
+            Some(l) if !filtered => (l as i64 + 1).min(DEFAULT_PAGE),
+            Some(_) => SCAN_PAGE,
+            None => DEFAULT_PAGE,
+        };
+        let mut items = Vec::new();
+        let mut from = self.full(&start);
+        let mut last_key: Option<String> = None;
+        let mut more = false;
+        'pages: loop {
+            let mut o = GetOptions::new().with_range(end.clone()).with_limit(page);
+            if revision > 0 {
+                o = o.with_revision(revision);
+            }
+            let requested = revision;
+            let resp = self
+                .client()?
+                .get(from.clone(), Some(o))
+                .await
+                .map_err(|e| revision_error(e, requested, compacted))?;
+            if revision == 0 {
+                revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            }
+            let kvs = resp.kvs();
+            for kv in kvs {
+                let Some(key) = self.strip(kv.key()) else {
+                    continue;
+                };
+                if limit.is_some_and(|l| items.len() >= l) {
+                    more = true;
+                    break 'pages;
+                }
+                let obj = decode(key, kv.mod_revision(), kv.value())?;
+                if opts.matches(&obj) {
+                    items.push(obj);
+                    last_key = Some(key.to_string());
+                }
+            }
+            match kvs.last() {
+                Some(kv) if resp.more() => {
+                    let mut next = kv.key().to_vec();
+                    next.push(0);
+                    from = String::from_utf8(next)
+                        .map_err(|_| StoreError::Corrupt("non-UTF-8 key in etcd".into()))?;
+                }
+                _ => break,
+            }
+        }
+        let continue_token = match (more, &last_key) {
+            (true, Some(k)) => Some(encode_continue(prefix, k, revision)),
+            _ => None,
+        };
+        Ok(ListResult {
+            items,
+            revision,
+            continue_token,
+        })
+    }
+
+    async fn create(&self, key: &str, mut obj: Object) -> Result<Arc<Object>> {
+        let value = encode(&mut obj)?;
+        let full = self.full(key);
+        let txn = Txn::new()
+            .when([Compare::create_revision(full.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(full, value, None)]);
+        let resp = self.client()?.txn(txn).await.map_err(backend)?;
+        if !resp.succeeded() {
+            return Err(StoreError::AlreadyExists {
+                key: key.to_string(),
+            });
+        }
+        obj.metadata.resource_version =
+            resp.header().map(|h| h.revision()).unwrap_or(0).to_string();
+        Ok(Arc::new(obj))
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        mut obj: Object,
+        expected: Option<Revision>,
+    ) -> Result<Arc<Object>> {
+        let value = encode(&mut obj)?;
+        let full = self.full(key);
+        let cond = match expected {
+            Some(rev) => Compare::mod_revision(full.clone(), CompareOp::Equal, rev),
+            None => Compare::create_revision(full.clone(), CompareOp::Greater, 0),
+        };
+        let txn = Txn::new()
+            .when([cond])
+            .and_then([TxnOp::put(full.clone(), value, None)])
+            .or_else([TxnOp::get(full, None)]);
+        let resp = self.client()?.txn(txn).await.map_err(backend)?;
+        if !resp.succeeded() {
+            let current = resp.op_responses().into_iter().find_map(|r| match r {
+                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.mod_revision()),
+                _ => None,
+            });
+            return Err(match current {
+                None => StoreError::NotFound {
+                    key: key.to_string(),
+                },
+                Some(current) => StoreError::Conflict {
+                    key: key.to_string(),
+                    expected: expected.unwrap_or(0),
+                    current,
+                },
+            });
+        }
+        obj.metadata.resource_version =
+            resp.header().map(|h| h.revision()).unwrap_or(0).to_string();
+        Ok(Arc::new(obj))
+    }
+
+    async fn delete(&self, key: &str, pre: &Preconditions) -> Result<Arc<Object>> {
+        let full = self.full(key);
+        loop {
+            let resp = self
+                .client()?
+                .get(full.clone(), None)
+                .await
+                .map_err(backend)?;
+            let Some(kv) = resp.kvs().first() else {
+                return Err(StoreError::NotFound {
+                    key: key.to_string(),
+                });
+            };
+            let current = kv.mod_revision();
+            if let Some(expected) = pre.revision
+                && expected != current
+            {
+                return Err(StoreError::Conflict {
+                    key: key.to_string(),
+                    expected,
+                    current,
+                });
+            }
+            if let Some(uid) = &pre.uid {
+                let stored = stored_uid(kv.value());
+                if stored.as_deref() != Some(uid.as_str()) {
+                    return Err(StoreError::PreconditionFailed {
+                        key: key.to_string(),
+                        message: format!(
+                            "UID in precondition: {uid}, UID in object meta: {}",
+                            stored.unwrap_or_default()
+                        ),
+                    });
+                }
+            }
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    full.clone(),
+                    CompareOp::Equal,
+                    current,
+                )])
+                .and_then([TxnOp::delete(
+                    full.clone(),
+                    Some(DeleteOptions::new().with_prev_key()),
+                )]);
+            let resp = self.client()?.txn(txn).await.map_err(backend)?;
+            if !resp.succeeded() {
+                // Changed between our read and the delete: check the preconditions again.
+                continue;
+            }
+            let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
+            let prev = resp.op_responses().into_iter().find_map(|r| match r {
+                TxnOpResponse::Delete(d) => d.prev_kvs().first().map(|kv| kv.value().to_vec()),
+                _ => None,
+            });
+            let value = prev.unwrap_or_else(|| kv.value().to_vec());
+            return Ok(Arc::new(decode(key, rev, &value)?));
+        }
+    }
+
+    async fn watch(&self, prefix: &str, from: Revision, opts: WatchOptions) -> Result<WatchStream> {
+        self.inner.cache.watch(prefix, from, opts, self).await
+    }
+
+    async fn current_revision(&self) -> Result<Revision> {
+        let resp = self
+            .client()?
+            .get(
+                format!("{}/", self.inner.prefix),
+                Some(GetOptions::new().with_count_only()),
+            )
+            .await
+            .map_err(backend)?;
+        resp.header()
+            .map(|h| h.revision())
+            .ok_or_else(|| StoreError::Backend("etcd: response without a header".into()))
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        let current = self.current_revision().await?;
+        if revision > current {
+            return Err(StoreError::FutureRevision {
+                requested: revision,
+                current,
+            });
+        }
+        if revision <= self.inner.compacted.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match self
+            .client()?
+            .compact(revision, Some(CompactionOptions::new()))
+            .await
+        {
+            Ok(_) => {}
+            // Another installation sharing this etcd compacted further already.
+            Err(e)
+                if e.to_string()
+                    .contains("required revision has been compacted") => {}
+            Err(e) => return Err(backend(e)),
+        }
+        self.inner.compacted.fetch_max(revision, Ordering::AcqRel);
+        self.inner.cache.set_compacted(revision);
+        Ok(())
+    }
+
+    async fn compacted_revision(&self) -> Result<Revision> {
+        Ok(self.inner.compacted.load(Ordering::Acquire))
+    }
+
+    async fn close(&self) {
+        self.inner.closed.store(true, Ordering::Release);
+        if let Some(feed) = self
+            .inner
+            .feed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            feed.abort();
+        }
+        self.inner.cache.close();
+    }
+}

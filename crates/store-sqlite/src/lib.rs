@@ -1,0 +1,347 @@
+//! The embedded SQLite backend of the Orrery store (the default; the k3s/kine approach).
+//!
+//! - Durability: WAL with `synchronous=FULL`; a write is acknowledged only after the
+//!   transaction holding it has been fsynced.
+//! - Throughput: one writer thread commits every queued write in one transaction (group
+//!   commit), so concurrent writers share fsyncs.
+//! - Reads run on a pool of read-only connections against WAL snapshots and never wait for the
+//!   writer.
+//! - Compaction raises the compacted revision at once and removes dead versions in bounded
+//!   steps queued between ordinary writes.
+//! - A corrupt or foreign file is refused at open with a clear message, never reset.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use orrery_api::Object;
+use orrery_store::{
+    Change, History, ListOptions, ListResult, Preconditions, Result, Revision, Store, StoreError,
+    WatchCache, WatchCacheConfig, WatchOptions, WatchStream,
+};
+use tokio::sync::{mpsc, oneshot};
+
+mod checkpoint;
+mod reader;
+mod schema;
+mod writer;
+
+use reader::Readers;
+use writer::{Op, Reply, Request, Shared};
+
+pub use schema::APPLICATION_ID;
+
+/// How to open a SQLite store.
+#[derive(Clone, Debug)]
+pub struct SqliteConfig {
+    pub path: PathBuf,
+    /// The most writes one transaction may carry.
+    pub max_batch: usize,
+    /// How many writes may wait in the queue before writers are made to wait.
+    pub queue: usize,
+    /// Versions removed per compaction step (bounds how long one step holds the writer).
+    pub compaction_step: usize,
+    /// Run SQLite's `quick_check` over the whole file at open.
+    pub integrity_check: bool,
+    pub watch: WatchCacheConfig,
+}
+
+impl SqliteConfig {
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        SqliteConfig {
+            path: path.into(),
+            max_batch: 1024,
+            queue: 16 * 1024,
+            compaction_step: 500,
+            integrity_check: true,
+            watch: WatchCacheConfig::default(),
+        }
+    }
+}
+
+/// The SQLite store.
+#[derive(Debug, Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    path: PathBuf,
+    queue: mpsc::Sender<Request>,
+    readers: Arc<Readers>,
+    cache: WatchCache,
+    shared: Arc<Shared>,
+    compaction_step: usize,
+    compacting: AtomicBool,
+    threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+}
+
+/// Write counters: how many writes, in how many transactions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteStats {
+    pub writes: u64,
+    pub transactions: u64,
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the store file. Must be called inside a Tokio runtime.
+    pub fn open(config: SqliteConfig) -> Result<Self> {
+        if let Some(dir) = config.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError::Backend(format!("creating {}: {e}", dir.display())))?;
+        }
+        let conn = schema::open_writer(&config.path, config.integrity_check)?;
+        let (rev, compacted, compact_done) =
+            writer::initial_revisions(&conn).map_err(|e| schema::open_error(&config.path, e))?;
+        let shared = Arc::new(Shared {
+            current: rev.into(),
+            compacted: compacted.into(),
+            compact_done: compact_done.into(),
+            stats: writer::Stats::default(),
+        });
+        let cache = WatchCache::new(config.watch, rev);
+        cache.set_compacted(compacted);
+
+        let (queue, rx) = mpsc::channel(config.queue.max(1));
+        let (dispatch_tx, dispatch_rx) = std::sync::mpsc::channel();
+        let (checkpoint_tx, checkpoint_rx) = std::sync::mpsc::sync_channel(1);
+        let w = writer::Writer::new(
+            conn,
+            rev,
+            compacted,
+            compact_done,
+            config.max_batch,
+            shared.clone(),
+            checkpoint_tx,
+        );
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.to_string())
+                .spawn(f)
+                .map_err(|e| StoreError::Backend(format!("starting the {name} thread: {e}")))
+        };
+        let writer_thread = spawn("store-writer", Box::new(move || w.run(rx, dispatch_tx)))?;
+        let dispatch_cache = cache.clone();
+        let dispatch_thread = spawn(
+            "store-dispatch",
+            Box::new(move || writer::dispatch(dispatch_rx, dispatch_cache)),
+        )?;
+        let checkpoint_path = config.path.clone();
+        let checkpoint_thread = spawn(
+            "store-checkpoint",
+            Box::new(move || checkpoint::run(checkpoint_path, checkpoint_rx)),
+        )?;
+
+        tracing::info!(path = %config.path.display(), revision = rev, compacted, "opened SQLite store");
+        let store = SqliteStore {
+            inner: Arc::new(Inner {
+                path: config.path.clone(),
+                queue,
+                readers: Arc::new(Readers::new(config.path)),
+                cache,
+                shared,
+                compaction_step: config.compaction_step.max(1),
+                compacting: AtomicBool::new(false),
+                threads: Mutex::new(vec![writer_thread, dispatch_thread, checkpoint_thread]),
+            }),
+        };
+        if compact_done < compacted {
+            store.spawn_compaction_steps();
+        }
+        Ok(store)
+    }
+
+    /// Opens the store at `DIR/orrery.db` with default settings.
+    pub fn open_dir(dir: &Path) -> Result<Self> {
+        Self::open(SqliteConfig::new(dir.join("orrery.db")))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    pub fn write_stats(&self) -> WriteStats {
+        let s = &self.inner.shared.stats;
+        WriteStats {
+            writes: s.writes.load(Ordering::Relaxed),
+            transactions: s.transactions.load(Ordering::Relaxed),
+        }
+    }
+
+    /// How many versions (live, superseded and tombstones) the file holds; compaction lowers it.
+    pub async fn stored_versions(&self) -> Result<u64> {
+        self.inner
+            .readers
+            .with(|c| {
+                c.query_row("SELECT count(*) FROM kv", [], |r| r.get::<_, i64>(0))
+                    .map(|n| n as u64)
+                    .map_err(|e| StoreError::Backend(e.to_string()))
+            })
+            .await
+    }
+
+    async fn submit(&self, op: Op) -> Result<Reply> {
+        let (reply, rx) = oneshot::channel();
+        self.inner
+            .queue
+            .send(Request { op, reply })
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn write_object(&self, op: Op) -> Result<Arc<Object>> {
+        match self.submit(op).await? {
+            Reply::Object(o) => Ok(o),
+            _ => Err(StoreError::Backend(
+                "unexpected reply from the writer".into(),
+            )),
+        }
+    }
+
+    /// Runs physical compaction steps in the background until they catch up.
+    fn spawn_compaction_steps(&self) {
+        if self.inner.compacting.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let store = self.clone();
+        tokio::spawn(async move {
+            loop {
+                match store
+                    .submit(Op::CompactStep {
+                        limit: store.inner.compaction_step,
+                    })
+                    .await
+                {
+                    Ok(Reply::Stepped { finished: true }) => break,
+                    Ok(_) => tokio::task::yield_now().await,
+                    Err(e) => {
+                        if e != StoreError::Closed {
+                            tracing::warn!(error = %e, "compaction step failed");
+                        }
+                        break;
+                    }
+                }
+            }
+            store.inner.compacting.store(false, Ordering::Release);
+            // A compaction requested while the last step ran saw us busy and left it to us.
+            let s = &store.inner.shared;
+            if s.compact_done.load(Ordering::Acquire) < s.compacted.load(Ordering::Acquire)
+                && !store.inner.queue.is_closed()
+            {
+                store.spawn_compaction_steps();
+            }
+        });
+    }
+
+    fn encode(obj: &mut Object) -> Result<Vec<u8>> {
+        obj.metadata.resource_version.clear();
+        serde_json::to_vec(obj)
+            .map_err(|e| StoreError::InvalidArgument(format!("object does not serialize: {e}")))
+    }
+}
+
+#[async_trait::async_trait]
+impl History for SqliteStore {
+    async fn changes(
+        &self,
+        prefix: &str,
+        after: Revision,
+        until: Revision,
+    ) -> Result<Vec<Arc<Change>>> {
+        let prefix = prefix.to_string();
+        self.inner
+            .readers
+            .with(move |c| reader::history(c, &prefix, after, until))
+            .await
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for SqliteStore {
+    async fn get(&self, key: &str) -> Result<Object> {
+        let key = key.to_string();
+        self.inner.readers.with(move |c| reader::get(c, &key)).await
+    }
+
+    async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult> {
+        let (prefix, opts) = (prefix.to_string(), opts.clone());
+        self.inner
+            .readers
+            .with(move |c| reader::list(c, &prefix, &opts))
+            .await
+    }
+
+    async fn create(&self, key: &str, mut obj: Object) -> Result<Arc<Object>> {
+        let value = Self::encode(&mut obj)?;
+        self.write_object(Op::Create {
+            key: key.to_string(),
+            value,
+            obj: Box::new(obj),
+        })
+        .await
+    }
+
+    async fn update(
+        &self,
+        key: &str,
+        mut obj: Object,
+        expected: Option<Revision>,
+    ) -> Result<Arc<Object>> {
+        let value = Self::encode(&mut obj)?;
+        self.write_object(Op::Update {
+            key: key.to_string(),
+            value,
+            obj: Box::new(obj),
+            expected,
+        })
+        .await
+    }
+
+    async fn delete(&self, key: &str, preconditions: &Preconditions) -> Result<Arc<Object>> {
+        self.write_object(Op::Delete {
+            key: key.to_string(),
+            pre: preconditions.clone(),
+        })
+        .await
+    }
+
+    async fn watch(&self, prefix: &str, from: Revision, opts: WatchOptions) -> Result<WatchStream> {
+        self.inner.cache.watch(prefix, from, opts, self).await
+    }
+
+    async fn current_revision(&self) -> Result<Revision> {
+        if self.inner.queue.is_closed() {
+            return Err(StoreError::Closed);
+        }
+        Ok(self.inner.shared.current.load(Ordering::Acquire))
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        self.submit(Op::Compact { target: revision }).await?;
+        self.spawn_compaction_steps();
+        Ok(())
+    }
+
+    async fn compacted_revision(&self) -> Result<Revision> {
+        Ok(self.inner.shared.compacted.load(Ordering::Acquire))
+    }
+
+    async fn close(&self) {
+        self.inner.cache.close();
+        let threads: Vec<_> =
+            std::mem::take(&mut *self.inner.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        if threads.is_empty() {
+            return;
+        }
+        // Everything queued before the shutdown is committed and acknowledged first.
+        let _ = self.submit(Op::Shutdown).await;
+        let _ = tokio::task::spawn_blocking(move || {
+            for t in threads {
+                let _ = t.join();
+            }
+        })
+        .await;
+    }
+}

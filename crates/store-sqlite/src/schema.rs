@@ -1,0 +1,171 @@
+//! Opening the database file: recognising our own files, refusing anything else, creating the
+//! schema on first use.
+//!
+//! The `kv` table is a log of every version of every key: `rev` (the store revision, also the
+//! SQLite rowid, so appends are cheap and history replays scan in order), `key`, `prev_rev`
+//! (the version this one replaced, 0 for a creation), `deleted` (a tombstone) and `value` (the
+//! object's JSON without its resourceVersion; for a tombstone, its last state). The index on
+//! `(key, rev, deleted)` answers "latest version of a key at revision R" without touching
+//! the table. Compaction deletes versions that no read at or after the compacted revision can
+//! see.
+
+use std::path::Path;
+
+use orrery_store::StoreError;
+use rusqlite::{Connection, ErrorCode, OpenFlags};
+
+/// `ORRY`, written into the SQLite header so that our files are recognised and others are not.
+pub const APPLICATION_ID: i64 = 0x4F52_5259;
+pub const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = "
+CREATE TABLE kv (
+    rev      INTEGER PRIMARY KEY,
+    key      TEXT    NOT NULL,
+    prev_rev INTEGER NOT NULL,
+    deleted  INTEGER NOT NULL,
+    value    BLOB    NOT NULL
+);
+CREATE INDEX kv_key ON kv (key, rev, deleted);
+CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
+INSERT INTO meta (name, value) VALUES ('compact_rev', 0), ('compact_done', 0), ('rev_floor', 0);
+";
+
+/// Maps a SQLite error at open time to a clear refusal.
+pub fn open_error(path: &Path, e: rusqlite::Error) -> StoreError {
+    match &e {
+        rusqlite::Error::SqliteFailure(f, _)
+            if matches!(f.code, ErrorCode::NotADatabase | ErrorCode::DatabaseCorrupt) =>
+        {
+            StoreError::Corrupt(format!(
+                "{} is not a usable SQLite database ({e}); refusing to start rather than overwrite it. \
+                 Restore it from a backup, or move it away to start with an empty store",
+                path.display()
+            ))
+        }
+        _ => StoreError::Backend(format!("opening {}: {e}", path.display())),
+    }
+}
+
+/// Per-connection settings shared by the writer and the readers.
+pub fn configure(conn: &Connection) -> rusqlite::Result<()> {
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    // The bundled SQLite has STAT4, which recompiles a statement whenever a value bound to an
+    // indexed column changes, i.e. on every write here (measured: 5.8 µs instead of 0.7 µs
+    // per lookup). We never ANALYZE, so a stable plan loses nothing.
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
+    // Never memory-map the file: mapped pages would count against the process's resident size.
+    conn.pragma_update(None, "mmap_size", 0)?;
+    conn.pragma_update(None, "cache_size", -16_000)?;
+    Ok(())
+}
+
+/// Opens the writer connection, creating the schema in a new or empty file and refusing
+/// corrupt or foreign files.
+pub fn open_writer(path: &Path, quick_check: bool) -> Result<Connection, StoreError> {
+    let err = |e| open_error(path, e);
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut conn = Connection::open_with_flags(path, flags).map_err(err)?;
+    configure(&conn).map_err(err)?;
+    // The first real read: garbage fails here with "file is not a database".
+    let app_id: i64 = conn
+        .pragma_query_value(None, "application_id", |r| r.get(0))
+        .map_err(err)?;
+    let objects: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
+        .map_err(err)?;
+    if app_id == 0 && objects == 0 {
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(err)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Backend(format!(
+                "{}: cannot enable WAL (journal mode {mode})",
+                path.display()
+            )));
+        }
+        let tx = conn.transaction().map_err(err)?;
+        tx.execute_batch(SCHEMA).map_err(err)?;
+        tx.pragma_update(None, "application_id", APPLICATION_ID)
+            .map_err(err)?;
+        tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+            .map_err(err)?;
+        tx.commit().map_err(err)?;
+        tracing::info!(path = %path.display(), "created a new store");
+    } else if app_id != APPLICATION_ID {
+        return Err(StoreError::Corrupt(format!(
+            "{} is a SQLite database but not an Orrery store (application id {app_id:#x}); \
+             refusing to use or reset it. Point the data directory elsewhere",
+            path.display()
+        )));
+    } else {
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(err)?;
+        if version != SCHEMA_VERSION {
+            return Err(StoreError::Corrupt(format!(
+                "{} has store schema version {version}; this build of Orrery reads version {SCHEMA_VERSION}",
+                path.display()
+            )));
+        }
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(err)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Backend(format!(
+                "{}: cannot enable WAL (journal mode {mode})",
+                path.display()
+            )));
+        }
+        if quick_check {
+            let started = std::time::Instant::now();
+            let mut stmt = conn.prepare("PRAGMA quick_check").map_err(err)?;
+            let problems: Vec<String> = stmt
+                .query_map([], |r| r.get(0))
+                .map_err(err)?
+                .collect::<Result<_, _>>()
+                .map_err(err)?;
+            if problems != ["ok"] {
+                let shown: Vec<_> = problems.iter().take(5).cloned().collect();
+                return Err(StoreError::Corrupt(format!(
+                    "{} failed its integrity check: {}; refusing to start. Restore it from a backup",
+                    path.display(),
+                    shown.join("; ")
+                )));
+            }
+            tracing::debug!(
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "store integrity check passed"
+            );
+        }
+    }
+    // Acknowledged writes must survive power loss: fsync the WAL at every commit.
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(err)?;
+    // Checkpoints run on their own thread (see checkpoint.rs), never inside a commit.
+    conn.pragma_update(None, "wal_autocheckpoint", 0)
+        .map_err(err)?;
+    conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)
+        .map_err(err)?;
+    Ok(conn)
+}
+
+/// Opens a read-only connection for the reader pool.
+pub fn open_reader(path: &Path) -> Result<Connection, StoreError> {
+    let err = |e| open_error(path, e);
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(err)?;
+    configure(&conn).map_err(err)?;
+    Ok(conn)
+}
+
+/// Reads a `meta` counter.
+pub fn meta(conn: &Connection, name: &str) -> rusqlite::Result<i64> {
+    conn.prepare_cached("SELECT value FROM meta WHERE name = ?1")?
+        .query_row([name], |r| r.get(0))
+}

@@ -1,0 +1,190 @@
+//! Behaviour specific to the SQLite backend (the shared suite is in orrery-store-testkit).
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed test
+
+use std::sync::Arc;
+
+use orrery_api::Object;
+use orrery_store::{Preconditions, Store, StoreError};
+use orrery_store_sqlite::{SqliteConfig, SqliteStore};
+
+fn obj(name: &str) -> Object {
+    Object::new("v1", "ConfigMap")
+        .with_name(name)
+        .with_namespace("ns")
+}
+
+fn refused(path: &std::path::Path) -> String {
+    match SqliteStore::open(SqliteConfig::new(path)) {
+        Err(StoreError::Corrupt(msg)) => msg,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn refuses_garbage_without_touching_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orrery.db");
+    let garbage: Vec<u8> = (0..10_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    std::fs::write(&path, &garbage).unwrap();
+    let msg = refused(&path);
+    assert!(msg.contains("not a usable SQLite database"), "{msg}");
+    assert!(
+        msg.contains("orrery.db"),
+        "the message names the file: {msg}"
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        garbage,
+        "the file is left as it was"
+    );
+}
+
+#[tokio::test]
+async fn refuses_a_foreign_sqlite_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orrery.db");
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.execute_batch("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT); INSERT INTO users VALUES (1, 'a');").unwrap();
+    drop(other);
+    let msg = refused(&path);
+    assert!(msg.contains("not an Orrery store"), "{msg}");
+    let other = rusqlite::Connection::open(&path).unwrap();
+    let n: i64 = other
+        .query_row("SELECT count(*) FROM users", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1, "the foreign data is untouched");
+}
+
+#[tokio::test]
+async fn refuses_a_damaged_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orrery.db");
+    {
+        let s = SqliteStore::open(SqliteConfig::new(&path)).unwrap();
+        for i in 0..400 {
+            s.create(&format!("/t/ns/{i:04}"), obj(&format!("{i:04}")))
+                .await
+                .unwrap();
+        }
+        s.close().await;
+    }
+    // Checkpoint the WAL into the main file, then overwrite a page in the middle of it.
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+        .unwrap();
+    let mut bytes = std::fs::read(&path).unwrap();
+    assert!(bytes.len() > 8 * 4096, "the store spans several pages");
+    let page = 4096 * 3;
+    for b in &mut bytes[page..page + 4096] {
+        *b = 0xA5;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let msg = refused(&path);
+    assert!(
+        msg.contains("integrity") || msg.contains("not a usable"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn an_empty_file_becomes_a_new_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orrery.db");
+    std::fs::write(&path, b"").unwrap();
+    let s = SqliteStore::open(SqliteConfig::new(&path)).unwrap();
+    assert_eq!(s.current_revision().await.unwrap(), 0);
+    s.create("/t/ns/a", obj("a")).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_share_transactions() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(SqliteStore::open(SqliteConfig::new(dir.path().join("orrery.db"))).unwrap());
+    let mut tasks = Vec::new();
+    for w in 0..64 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..20 {
+                s.create(&format!("/t/ns/{w}-{i}"), obj(&format!("{w}-{i}")))
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let stats = s.write_stats();
+    assert_eq!(stats.writes, 64 * 20);
+    assert!(
+        stats.transactions * 4 < stats.writes,
+        "group commit should put several writes in each transaction: {stats:?}"
+    );
+}
+
+#[tokio::test]
+async fn one_failed_write_does_not_fail_its_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = Arc::new(SqliteStore::open(SqliteConfig::new(dir.path().join("orrery.db"))).unwrap());
+    s.create("/t/ns/taken", obj("taken")).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            if i % 5 == 0 {
+                s.create("/t/ns/taken", obj("taken")).await.map(|_| ())
+            } else {
+                s.create(&format!("/t/ns/{i}"), obj(&i.to_string()))
+                    .await
+                    .map(|_| ())
+            }
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(()) => ok += 1,
+            Err(e) => assert!(matches!(e, StoreError::AlreadyExists { .. })),
+        }
+    }
+    assert_eq!(ok, 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_removes_dead_versions_in_the_background() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = SqliteConfig::new(dir.path().join("orrery.db"));
+    config.compaction_step = 10;
+    let s = SqliteStore::open(config.clone()).unwrap();
+    s.create("/t/ns/hot", obj("hot")).await.unwrap();
+    for _ in 0..99 {
+        s.update("/t/ns/hot", obj("hot"), None).await.unwrap();
+    }
+    for i in 0..20 {
+        s.create(&format!("/t/ns/gone-{i}"), obj("gone"))
+            .await
+            .unwrap();
+        s.delete(&format!("/t/ns/gone-{i}"), &Preconditions::default())
+            .await
+            .unwrap();
+    }
+    assert_eq!(s.stored_versions().await.unwrap(), 140);
+    let now = s.current_revision().await.unwrap();
+    s.compact(now).await.unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    // Only the live version of "hot" remains.
+    while s.stored_versions().await.unwrap() != 1 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "compaction did not finish"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // The revision survives a restart even though its row (a tombstone) is gone.
+    s.close().await;
+    let s = SqliteStore::open(config).unwrap();
+    assert_eq!(s.current_revision().await.unwrap(), now);
+    let next = s.create("/t/ns/next", obj("next")).await.unwrap();
+    assert_eq!(next.revision(), Some(now + 1));
+}

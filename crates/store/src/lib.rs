@@ -1,0 +1,138 @@
+//! The store of versioned, watchable objects that all of Orrery stands on.
+//!
+//! This crate defines the [`Store`] trait and the pieces every backend shares (errors, list
+//! options and continue tokens, the [`WatchCache`]); it knows no backend. Backends live beside
+//! it (`orrery-store-sqlite`, `orrery-store-etcd`) and are checked by one conformance suite
+//! (`orrery-store-testkit`).
+//!
+//! # Invariants
+//! - One global, strictly increasing revision numbers every write; an object's
+//!   `metadata.resourceVersion` is the revision of its last write.
+//! - A write is acknowledged only once it is durable.
+//! - A list or watch at a revision older than the compacted revision fails with
+//!   [`StoreError::Expired`].
+//! - Watchers see every change under their prefix after their start revision, in revision
+//!   order, exactly once, or they are ended with [`StoreError::Expired`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orrery_api::Object;
+
+mod error;
+mod list;
+mod watch;
+
+pub use error::{Result, StoreError};
+pub use list::{ListOptions, ListResult, decode_continue, encode_continue, prefix_end};
+pub use watch::{
+    Change, ChangeKind, History, WatchCache, WatchCacheConfig, WatchEvent, WatchOptions,
+    WatchStream,
+};
+
+/// A store revision (what `resourceVersion` carries).
+pub type Revision = i64;
+
+/// Conditions a delete must meet.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Preconditions {
+    /// The object's uid must be this one.
+    pub uid: Option<String>,
+    /// The object's revision must be this one.
+    pub revision: Option<Revision>,
+}
+
+/// A store of versioned objects under string keys (`/registry/apps/deployments/ns/name`).
+///
+/// Objects are stored without `resourceVersion`; reads and write results carry the revision of
+/// the object's last write in it.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// The object at `key`, or [`StoreError::NotFound`].
+    async fn get(&self, key: &str) -> Result<Object>;
+
+    /// Objects under `prefix` in key order, filtered by the options' selectors, one page at a
+    /// time. All pages of one list reflect the same revision.
+    async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult>;
+
+    /// Creates `key`; fails with [`StoreError::AlreadyExists`] if it exists.
+    async fn create(&self, key: &str, obj: Object) -> Result<Arc<Object>>;
+
+    /// Replaces `key`, which must exist. With `expected`, only if the object's current revision
+    /// is that one (compare-and-swap), else [`StoreError::Conflict`].
+    async fn update(
+        &self,
+        key: &str,
+        obj: Object,
+        expected: Option<Revision>,
+    ) -> Result<Arc<Object>>;
+
+    /// Deletes `key` if the preconditions hold; returns the object's last state with the
+    /// revision of the delete.
+    async fn delete(&self, key: &str, preconditions: &Preconditions) -> Result<Arc<Object>>;
+
+    /// Changes under `prefix` (empty or ending in `/`) after revision `from`.
+    async fn watch(&self, prefix: &str, from: Revision, opts: WatchOptions) -> Result<WatchStream>;
+
+    /// The revision of the latest committed write.
+    async fn current_revision(&self) -> Result<Revision>;
+
+    /// Discards history before `revision`: lists and watches from older revisions expire.
+    /// Physical clean-up may continue in the background.
+    async fn compact(&self, revision: Revision) -> Result<()>;
+
+    /// The revision before which history is gone.
+    async fn compacted_revision(&self) -> Result<Revision>;
+
+    /// Stops background work and ends all watches cleanly.
+    async fn close(&self);
+}
+
+/// Reads `key`, applies `f`, and writes the result with compare-and-swap, retrying on
+/// conflicts (the API server's "guaranteed update"). `f` returning `Ok(None)` leaves the object
+/// unchanged.
+pub async fn update_with<F>(store: &dyn Store, key: &str, mut f: F) -> Result<Arc<Object>>
+where
+    F: FnMut(Object) -> Result<Option<Object>> + Send,
+{
+    let mut backoff = Duration::from_millis(1);
+    loop {
+        let current = store.get(key).await?;
+        let rev = current.revision().unwrap_or(0);
+        let Some(next) = f(current.clone())? else {
+            return Ok(Arc::new(current));
+        };
+        match store.update(key, next, Some(rev)).await {
+            Err(StoreError::Conflict { .. }) => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_millis(100));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Periodically compacts `store` to the revision it had one `interval` earlier, so history
+/// covers at least `interval` (what the Kubernetes API server does every five minutes).
+pub fn spawn_compactor(store: Arc<dyn Store>, interval: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut previous: Option<Revision> = None;
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Some(rev) = previous {
+                match store.compact(rev).await {
+                    Ok(()) => tracing::debug!(revision = rev, "compacted store history"),
+                    Err(StoreError::Closed) => return,
+                    Err(e) => tracing::warn!(revision = rev, error = %e, "compaction failed"),
+                }
+            }
+            match store.current_revision().await {
+                Ok(r) => previous = Some(r),
+                Err(StoreError::Closed) => return,
+                Err(e) => tracing::warn!(error = %e, "reading the current revision failed"),
+            }
+        }
+    })
+}

@@ -1,0 +1,659 @@
+//! Watch fan-out: one backend feed of committed changes serves any number of watchers.
+//!
+//! A backend calls [`WatchCache::publish`] with every committed change, in revision order. The
+//! cache keeps a ring of recent changes (so most watches that start in the past replay from
+//! memory) and one broadcast channel per watched key prefix. Each watcher reads its channel
+//! at its own pace; its backlog is bounded by the channel capacity, and a watcher that falls
+//! further behind is ended with [`StoreError::Expired`], never silently dropped and never
+//! slowing the writer or other watchers. Watches that start before the ring fetch the gap from
+//! the backend through [`History`].
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use orrery_api::{Object, fields, labels};
+use tokio::sync::broadcast;
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::{Result, Revision, StoreError};
+
+/// What a change did to its key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChangeKind {
+    Create,
+    Update,
+    Delete,
+}
+
+/// One committed change, as a backend reports it.
+#[derive(Debug)]
+pub struct Change {
+    pub key: String,
+    pub revision: Revision,
+    pub kind: ChangeKind,
+    /// The object after the change (for a delete, its last state), with `resourceVersion` set
+    /// to `revision`.
+    pub object: Arc<Object>,
+    prev_raw: Option<Vec<u8>>,
+    prev: OnceLock<Option<Arc<Object>>>,
+}
+
+impl Change {
+    /// A change whose previous state is known as stored JSON bytes; it is parsed only if a
+    /// watcher with a selector needs it.
+    pub fn new(
+        key: String,
+        revision: Revision,
+        kind: ChangeKind,
+        object: Arc<Object>,
+        prev_raw: Option<Vec<u8>>,
+    ) -> Self {
+        Change {
+            key,
+            revision,
+            kind,
+            object,
+            prev_raw,
+            prev: OnceLock::new(),
+        }
+    }
+
+    /// A change whose previous state is already parsed (or absent).
+    pub fn with_prev(
+        key: String,
+        revision: Revision,
+        kind: ChangeKind,
+        object: Arc<Object>,
+        prev: Option<Arc<Object>>,
+    ) -> Self {
+        let cell = OnceLock::new();
+        let _ = cell.set(prev);
+        Change {
+            key,
+            revision,
+            kind,
+            object,
+            prev_raw: None,
+            prev: cell,
+        }
+    }
+
+    /// The object before the change, if it existed.
+    pub fn prev(&self) -> Option<&Arc<Object>> {
+        self.prev
+            .get_or_init(|| {
+                let raw = self.prev_raw.as_ref()?;
+                match serde_json::from_slice::<Object>(raw) {
+                    Ok(o) => Some(Arc::new(o)),
+                    Err(e) => {
+                        tracing::error!(key = %self.key, error = %e, "stored previous object does not parse");
+                        None
+                    }
+                }
+            })
+            .as_ref()
+    }
+}
+
+/// What a watcher receives.
+#[derive(Clone, Debug, PartialEq)]
+pub enum WatchEvent {
+    Added(Arc<Object>),
+    Modified(Arc<Object>),
+    Deleted(Arc<Object>),
+    /// Everything up to this revision has been delivered.
+    Bookmark(Revision),
+}
+
+impl WatchEvent {
+    pub fn revision(&self) -> Revision {
+        match self {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => {
+                o.revision().unwrap_or(0)
+            }
+            WatchEvent::Bookmark(r) => *r,
+        }
+    }
+
+    pub fn object(&self) -> Option<&Arc<Object>> {
+        match self {
+            WatchEvent::Added(o) | WatchEvent::Modified(o) | WatchEvent::Deleted(o) => Some(o),
+            WatchEvent::Bookmark(_) => None,
+        }
+    }
+
+    /// `ADDED`, `MODIFIED`, `DELETED` or `BOOKMARK`, as the watch protocol spells it.
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            WatchEvent::Added(_) => "ADDED",
+            WatchEvent::Modified(_) => "MODIFIED",
+            WatchEvent::Deleted(_) => "DELETED",
+            WatchEvent::Bookmark(_) => "BOOKMARK",
+        }
+    }
+}
+
+/// How to watch.
+#[derive(Clone, Debug, Default)]
+pub struct WatchOptions {
+    pub labels: labels::Selector,
+    pub fields: fields::Selector,
+    /// Send a bookmark this often (`None`: no bookmarks).
+    pub bookmark_interval: Option<Duration>,
+}
+
+impl WatchOptions {
+    fn is_everything(&self) -> bool {
+        self.labels.is_everything() && self.fields.is_everything()
+    }
+
+    fn matches(&self, obj: &Object) -> bool {
+        self.labels.matches(obj.labels()) && self.fields.matches(obj)
+    }
+}
+
+/// The backend's record of past changes, for watches that start before the cache's ring.
+#[async_trait::async_trait]
+pub trait History: Send + Sync {
+    /// Changes to keys under `prefix` with `after < revision <= until`, in revision order.
+    /// Fails with [`StoreError::Expired`] if part of that range was compacted.
+    async fn changes(
+        &self,
+        prefix: &str,
+        after: Revision,
+        until: Revision,
+    ) -> Result<Vec<Arc<Change>>>;
+}
+
+/// Sizes of the cache.
+#[derive(Clone, Copy, Debug)]
+pub struct WatchCacheConfig {
+    /// How many recent changes to keep in memory for replay.
+    pub history: usize,
+    /// How many undelivered events one watcher may have before it is ended as expired.
+    pub watcher_buffer: usize,
+}
+
+impl Default for WatchCacheConfig {
+    fn default() -> Self {
+        WatchCacheConfig {
+            history: 4096,
+            watcher_buffer: 16384,
+        }
+    }
+}
+
+/// The in-process fan-out of one store's changes.
+#[derive(Clone, Debug)]
+pub struct WatchCache {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// The highest revision published; every change up to it has been sent to its channels.
+    dispatched: AtomicI64,
+    closed: AtomicBool,
+    config: WatchCacheConfig,
+}
+
+#[derive(Debug)]
+struct State {
+    ring: VecDeque<Arc<Change>>,
+    /// The ring holds every change with a revision above this.
+    ring_start: Revision,
+    compacted: Revision,
+    channels: HashMap<String, broadcast::Sender<Arc<Change>>>,
+}
+
+impl WatchCache {
+    /// A cache whose feed starts after `revision`.
+    pub fn new(config: WatchCacheConfig, revision: Revision) -> Self {
+        let config = WatchCacheConfig {
+            history: config.history.max(1),
+            watcher_buffer: config.watcher_buffer.max(1),
+        };
+        WatchCache {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State {
+                    ring: VecDeque::with_capacity(config.history.min(1 << 16)),
+                    ring_start: revision,
+                    compacted: 0,
+                    channels: HashMap::new(),
+                }),
+                dispatched: AtomicI64::new(revision),
+                closed: AtomicBool::new(false),
+                config,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock leaves the state consistent (every mutation is a
+        // single push/insert), so a poisoned lock is still usable.
+        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The highest revision published so far.
+    pub fn revision(&self) -> Revision {
+        self.shared.dispatched.load(Ordering::Acquire)
+    }
+
+    /// Publishes one committed change. Must be called in strictly increasing revision order.
+    pub fn publish(&self, change: Arc<Change>) {
+        let mut st = self.lock();
+        let rev = change.revision;
+        if rev <= self.shared.dispatched.load(Ordering::Relaxed) {
+            tracing::warn!(rev, "watch cache: change published out of order; ignored");
+            return;
+        }
+        if st.ring.len() >= self.shared.config.history
+            && let Some(old) = st.ring.pop_front()
+        {
+            st.ring_start = old.revision;
+        }
+        st.ring.push_back(change.clone());
+        if !st.channels.is_empty() {
+            let key = change.key.as_str();
+            let mut dead = Vec::new();
+            for prefix in std::iter::once("").chain(key.match_indices('/').map(|(i, _)| &key[..=i]))
+            {
+                if let Some(tx) = st.channels.get(prefix)
+                    && tx.send(change.clone()).is_err()
+                {
+                    dead.push(prefix.to_string());
+                }
+            }
+            for p in dead {
+                st.channels.remove(&p);
+            }
+        }
+        // After sending: a watcher that reads `dispatched` and then finds its channel empty
+        // has seen every change up to it.
+        self.shared.dispatched.store(rev, Ordering::Release);
+    }
+
+    /// Advances the published revision without a change (another writer's revision).
+    pub fn advance(&self, revision: Revision) {
+        let _st = self.lock();
+        if revision > self.shared.dispatched.load(Ordering::Relaxed) {
+            self.shared.dispatched.store(revision, Ordering::Release);
+        }
+    }
+
+    /// Records that revisions before `revision` are gone; older watches now expire.
+    pub fn set_compacted(&self, revision: Revision) {
+        let mut st = self.lock();
+        st.compacted = st.compacted.max(revision);
+    }
+
+    pub fn compacted(&self) -> Revision {
+        self.lock().compacted
+    }
+
+    /// The feed lost continuity (a backend watch had to restart): every watcher is ended with
+    /// an expired error so that it re-lists, and the cache restarts after `revision`.
+    pub fn reset(&self, revision: Revision) {
+        let mut st = self.lock();
+        st.ring.clear();
+        st.ring_start = revision;
+        st.channels.clear();
+        self.shared.dispatched.store(revision, Ordering::Release);
+    }
+
+    /// Shuts the cache down: watchers end cleanly.
+    pub fn close(&self) {
+        self.shared.closed.store(true, Ordering::Release);
+        self.lock().channels.clear();
+    }
+
+    /// Number of prefixes with live watchers (for metrics).
+    pub fn watched_prefixes(&self) -> usize {
+        self.lock().channels.len()
+    }
+
+    /// Watches keys under `prefix` (empty, or ending in `/`) for changes after revision
+    /// `from`. Changes the ring no longer holds are fetched from `history`.
+    pub async fn watch(
+        &self,
+        prefix: &str,
+        from: Revision,
+        opts: WatchOptions,
+        history: &dyn History,
+    ) -> Result<WatchStream> {
+        if !(prefix.is_empty() || prefix.ends_with('/')) {
+            return Err(StoreError::InvalidArgument(format!(
+                "watch prefix {prefix:?} must end with '/'"
+            )));
+        }
+        if self.shared.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        let (rx, mut replay, gap) = {
+            let mut st = self.lock();
+            if from < st.compacted {
+                return Err(StoreError::Expired {
+                    requested: from,
+                    compacted: st.compacted,
+                });
+            }
+            let buffer = self.shared.config.watcher_buffer;
+            let rx = st
+                .channels
+                .entry(prefix.to_string())
+                .or_insert_with(|| broadcast::channel(buffer).0)
+                .subscribe();
+            let replay: VecDeque<Arc<Change>> = st
+                .ring
+                .iter()
+                .filter(|c| c.revision > from && c.key.starts_with(prefix))
+                .cloned()
+                .collect();
+            let gap = (from < st.ring_start).then_some(st.ring_start);
+            (rx, replay, gap)
+        };
+        if let Some(until) = gap {
+            let older = history.changes(prefix, from, until).await?;
+            for c in older.into_iter().rev() {
+                replay.push_front(c);
+            }
+        }
+        let bookmark = opts.bookmark_interval.map(|every| {
+            let mut t = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
+        Ok(WatchStream {
+            shared: self.shared.clone(),
+            prefix: prefix.to_string(),
+            opts,
+            replay,
+            rx,
+            last: from,
+            bookmark,
+            done: false,
+        })
+    }
+}
+
+/// One watcher's stream of events.
+#[derive(Debug)]
+pub struct WatchStream {
+    shared: Arc<Shared>,
+    prefix: String,
+    opts: WatchOptions,
+    replay: VecDeque<Arc<Change>>,
+    rx: broadcast::Receiver<Arc<Change>>,
+    /// The highest revision delivered (or known to hold nothing for this watcher).
+    last: Revision,
+    bookmark: Option<tokio::time::Interval>,
+    done: bool,
+}
+
+impl WatchStream {
+    /// The next event; `None` when the stream has ended (store closed, or after an error).
+    pub async fn next(&mut self) -> Option<Result<WatchEvent>> {
+        if self.done {
+            return None;
+        }
+        loop {
+            while let Some(change) = self.replay.pop_front() {
+                if let Some(ev) = self.accept(&change) {
+                    return Some(Ok(ev));
+                }
+            }
+            let received = match self.bookmark.as_mut() {
+                Some(timer) => tokio::select! {
+                    biased;
+                    r = self.rx.recv() => r,
+                    _ = timer.tick() => {
+                        let published = self.shared.dispatched.load(Ordering::Acquire);
+                        if self.rx.is_empty() {
+                            self.last = self.last.max(published);
+                            return Some(Ok(WatchEvent::Bookmark(self.last)));
+                        }
+                        continue;
+                    }
+                },
+                None => self.rx.recv().await,
+            };
+            match received {
+                Ok(change) => {
+                    if let Some(ev) = self.accept(&change) {
+                        return Some(Ok(ev));
+                    }
+                }
+                Err(RecvError::Lagged(missed)) => {
+                    self.done = true;
+                    tracing::debug!(prefix = %self.prefix, missed, "watcher fell behind; ending it");
+                    return Some(Err(StoreError::Expired {
+                        requested: self.last,
+                        compacted: self.last + 1,
+                    }));
+                }
+                Err(RecvError::Closed) => {
+                    self.done = true;
+                    if self.shared.closed.load(Ordering::Acquire) {
+                        return None;
+                    }
+                    // The cache was reset: this watcher may have missed changes.
+                    return Some(Err(StoreError::Expired {
+                        requested: self.last,
+                        compacted: self.last + 1,
+                    }));
+                }
+            }
+        }
+    }
+
+    /// The highest revision this watcher has been brought up to.
+    pub fn revision(&self) -> Revision {
+        self.last
+    }
+
+    /// Turns a change into this watcher's event, applying its selectors: an object that stops
+    /// matching is reported as deleted, one that starts matching as added.
+    fn accept(&mut self, change: &Change) -> Option<WatchEvent> {
+        if change.revision <= self.last || !change.key.starts_with(&self.prefix) {
+            return None;
+        }
+        self.last = change.revision;
+        let obj = change.object.clone();
+        if self.opts.is_everything() {
+            return Some(match change.kind {
+                ChangeKind::Create => WatchEvent::Added(obj),
+                ChangeKind::Update => WatchEvent::Modified(obj),
+                ChangeKind::Delete => WatchEvent::Deleted(obj),
+            });
+        }
+        let now = self.opts.matches(&obj);
+        match change.kind {
+            ChangeKind::Create => now.then_some(WatchEvent::Added(obj)),
+            ChangeKind::Delete => now.then_some(WatchEvent::Deleted(obj)),
+            ChangeKind::Update => {
+                let before = change.prev().is_some_and(|p| self.opts.matches(p));
+                match (before, now) {
+                    (true, true) => Some(WatchEvent::Modified(obj)),
+                    (false, true) => Some(WatchEvent::Added(obj)),
+                    (true, false) => Some(WatchEvent::Deleted(obj)),
+                    (false, false) => None,
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoHistory;
+    #[async_trait::async_trait]
+    impl History for NoHistory {
+        async fn changes(&self, _: &str, after: Revision, _: Revision) -> Result<Vec<Arc<Change>>> {
+            Err(StoreError::Expired {
+                requested: after,
+                compacted: after + 1,
+            })
+        }
+    }
+
+    fn change(key: &str, rev: Revision, kind: ChangeKind, label: &str) -> Arc<Change> {
+        let mut o = Object::new("v1", "ConfigMap")
+            .with_name(key)
+            .with_label("app", label);
+        o.metadata.resource_version = rev.to_string();
+        Arc::new(Change::with_prev(
+            key.to_string(),
+            rev,
+            kind,
+            Arc::new(o),
+            None,
+        ))
+    }
+
+    #[tokio::test]
+    async fn replays_ring_then_live_in_order() {
+        let cache = WatchCache::new(
+            WatchCacheConfig {
+                history: 10,
+                watcher_buffer: 10,
+            },
+            0,
+        );
+        cache.publish(change("/a/1", 1, ChangeKind::Create, "x"));
+        cache.publish(change("/b/1", 2, ChangeKind::Create, "x"));
+        cache.publish(change("/a/2", 3, ChangeKind::Create, "x"));
+        let mut w = cache
+            .watch("/a/", 1, WatchOptions::default(), &NoHistory)
+            .await
+            .unwrap();
+        cache.publish(change("/a/1", 4, ChangeKind::Delete, "x"));
+        let e1 = w.next().await.unwrap().unwrap();
+        let e2 = w.next().await.unwrap().unwrap();
+        assert_eq!((e1.type_name(), e1.revision()), ("ADDED", 3));
+        assert_eq!((e2.type_name(), e2.revision()), ("DELETED", 4));
+    }
+
+    #[tokio::test]
+    async fn too_old_without_history_expires() {
+        let cache = WatchCache::new(
+            WatchCacheConfig {
+                history: 2,
+                watcher_buffer: 10,
+            },
+            0,
+        );
+        for r in 1..=5 {
+            cache.publish(change("/a/x", r, ChangeKind::Update, "x"));
+        }
+        assert!(
+            cache
+                .watch("/a/", 1, WatchOptions::default(), &NoHistory)
+                .await
+                .unwrap_err()
+                .is_expired()
+        );
+        assert!(
+            cache
+                .watch("/a/", 3, WatchOptions::default(), &NoHistory)
+                .await
+                .is_ok()
+        );
+        assert!(
+            cache
+                .watch("/a", 3, WatchOptions::default(), &NoHistory)
+                .await
+                .is_err(),
+            "prefix must end in /"
+        );
+    }
+
+    #[tokio::test]
+    async fn slow_watcher_expires_and_fast_one_does_not() {
+        let cache = WatchCache::new(
+            WatchCacheConfig {
+                history: 4,
+                watcher_buffer: 4,
+            },
+            0,
+        );
+        let mut slow = cache
+            .watch("/a/", 0, WatchOptions::default(), &NoHistory)
+            .await
+            .unwrap();
+        let mut fast = cache
+            .watch("/a/", 0, WatchOptions::default(), &NoHistory)
+            .await
+            .unwrap();
+        for r in 1..=20 {
+            cache.publish(change("/a/x", r, ChangeKind::Update, "x"));
+            assert_eq!(fast.next().await.unwrap().unwrap().revision(), r);
+        }
+        assert!(slow.next().await.unwrap().unwrap_err().is_expired());
+        assert!(slow.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn selector_transitions() {
+        let cache = WatchCache::new(WatchCacheConfig::default(), 0);
+        let opts = WatchOptions {
+            labels: labels::Selector::parse("app=web").unwrap(),
+            ..Default::default()
+        };
+        let mut w = cache.watch("/a/", 0, opts, &NoHistory).await.unwrap();
+        let mk = |rev, kind, label: &str, prev: Option<&str>| {
+            let mut o = Object::new("v1", "ConfigMap")
+                .with_name("x")
+                .with_label("app", label);
+            o.metadata.resource_version = format!("{rev}");
+            let p = prev.map(|l| {
+                Arc::new(
+                    Object::new("v1", "ConfigMap")
+                        .with_name("x")
+                        .with_label("app", l),
+                )
+            });
+            Arc::new(Change::with_prev("/a/x".into(), rev, kind, Arc::new(o), p))
+        };
+        cache.publish(mk(1, ChangeKind::Create, "db", None));
+        cache.publish(mk(2, ChangeKind::Update, "web", Some("db")));
+        cache.publish(mk(3, ChangeKind::Update, "web", Some("web")));
+        cache.publish(mk(4, ChangeKind::Update, "db", Some("web")));
+        cache.publish(mk(5, ChangeKind::Delete, "db", Some("db")));
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            let e = w.next().await.unwrap().unwrap();
+            got.push((e.type_name(), e.revision()));
+        }
+        assert_eq!(got, [("ADDED", 2), ("MODIFIED", 3), ("DELETED", 4)]);
+    }
+
+    #[tokio::test]
+    async fn bookmarks_and_close() {
+        let cache = WatchCache::new(WatchCacheConfig::default(), 7);
+        let opts = WatchOptions {
+            bookmark_interval: Some(Duration::from_millis(20)),
+            ..Default::default()
+        };
+        let mut w = cache.watch("/a/", 7, opts, &NoHistory).await.unwrap();
+        cache.publish(change("/b/x", 8, ChangeKind::Create, "x"));
+        assert_eq!(w.next().await.unwrap().unwrap(), WatchEvent::Bookmark(8));
+        cache.close();
+        assert!(w.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn reset_expires_watchers() {
+        let cache = WatchCache::new(WatchCacheConfig::default(), 0);
+        let mut w = cache
+            .watch("/a/", 0, WatchOptions::default(), &NoHistory)
+            .await
+            .unwrap();
+        cache.reset(10);
+        assert!(w.next().await.unwrap().unwrap_err().is_expired());
+    }
+}
