@@ -29,6 +29,13 @@ pub enum ErrorType {
     TooLong,
     #[serde(rename = "FieldValueForbidden")]
     Forbidden,
+    /// The value has the wrong JSON type.
+    #[serde(rename = "FieldValueTypeInvalid")]
+    TypeInvalid,
+    /// A field the schema does not declare (reported with the `FieldValueInvalid` cause type,
+    /// the closest Kubernetes has).
+    #[serde(rename = "FieldValueInvalid")]
+    Unknown,
 }
 
 impl ErrorType {
@@ -40,6 +47,8 @@ impl ErrorType {
             ErrorType::Duplicate => "FieldValueDuplicate",
             ErrorType::TooLong => "FieldValueTooLong",
             ErrorType::Forbidden => "FieldValueForbidden",
+            ErrorType::TypeInvalid => "FieldValueTypeInvalid",
+            ErrorType::Unknown => "FieldValueInvalid",
         }
     }
 }
@@ -108,6 +117,26 @@ impl FieldError {
             detail: String::new(),
         }
     }
+    pub fn type_invalid(
+        field: impl Into<String>,
+        value: impl fmt::Display,
+        expected: &str,
+    ) -> Self {
+        FieldError {
+            kind: ErrorType::TypeInvalid,
+            field: field.into(),
+            value: value.to_string(),
+            detail: format!("must be of type {expected}"),
+        }
+    }
+    pub fn unknown(field: impl Into<String>) -> Self {
+        FieldError {
+            kind: ErrorType::Unknown,
+            field: field.into(),
+            value: String::new(),
+            detail: String::new(),
+        }
+    }
     pub fn too_long(field: impl Into<String>, max: usize) -> Self {
         FieldError {
             kind: ErrorType::TooLong,
@@ -115,6 +144,17 @@ impl FieldError {
             value: String::new(),
             detail: format!("must have at most {max} bytes"),
         }
+    }
+}
+
+impl FieldError {
+    /// The message without the field path (what a `StatusCause` carries; clients print the
+    /// field themselves).
+    pub fn body(&self) -> String {
+        let full = self.to_string();
+        full.strip_prefix(&format!("{}: ", self.field))
+            .map(str::to_string)
+            .unwrap_or(full)
     }
 }
 
@@ -132,6 +172,8 @@ impl fmt::Display for FieldError {
             ErrorType::Duplicate => {
                 write!(f, "{}: Duplicate value: \"{}\"", self.field, self.value)?
             }
+            ErrorType::TypeInvalid => write!(f, "{}: Invalid value: {}", self.field, self.value)?,
+            ErrorType::Unknown => write!(f, "{}: unknown field \"{}\"", self.field, self.field)?,
         }
         if !self.detail.is_empty() {
             write!(f, ": {}", self.detail)?;

@@ -1,0 +1,370 @@
+//! The application: shared state and the request router.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use orrery_api::{Object, Time};
+use orrery_store::{ListOptions, Store, StoreError};
+use tokio::sync::watch;
+
+use crate::auth::{Authenticator, Identity};
+use crate::error::{ApiError, ApiResult};
+use crate::http::{self as h, Body, Query};
+use crate::openapi;
+use crate::resources::Resources;
+use crate::schema::Schemas;
+use crate::{discovery, rest};
+
+/// Tunables of the API.
+#[derive(Clone, Debug)]
+pub struct ApiConfig {
+    /// Request bodies above this are refused with 413 (Kubernetes' limit is 3 MiB).
+    pub max_body_bytes: usize,
+    /// How often watches that asked for bookmarks get one.
+    pub bookmark_interval: Duration,
+    /// Watches without `timeoutSeconds` end after a random time between this and twice it.
+    pub min_request_timeout: Duration,
+    /// `host:port` clients reach the server at (for `/api`).
+    pub server_address: String,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            max_body_bytes: 3 * 1024 * 1024,
+            bookmark_interval: Duration::from_secs(60),
+            min_request_timeout: Duration::from_secs(1800),
+            server_address: "127.0.0.1:6443".into(),
+        }
+    }
+}
+
+/// Everything a request needs.
+#[derive(Debug)]
+pub struct App {
+    pub store: Arc<dyn Store>,
+    pub resources: Arc<Resources>,
+    pub schemas: Arc<Schemas>,
+    pub auth: Arc<Authenticator>,
+    pub config: ApiConfig,
+    /// Becomes `true` when the server is shutting down; long requests end.
+    pub shutdown: watch::Receiver<bool>,
+    openapi: openapi::Cache,
+    crd_lock: tokio::sync::Mutex<()>,
+}
+
+/// Namespaces that always exist.
+pub const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public"];
+
+impl App {
+    /// Builds the application over a store: loads the CRD-defined kinds.
+    pub async fn new(
+        store: Arc<dyn Store>,
+        auth: Arc<Authenticator>,
+        config: ApiConfig,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<Arc<App>, StoreError> {
+        let app = Arc::new(App {
+            store,
+            resources: Arc::new(Resources::new()),
+            schemas: Arc::new(Schemas::new()),
+            auth,
+            config,
+            shutdown,
+            openapi: openapi::Cache::default(),
+            crd_lock: tokio::sync::Mutex::new(()),
+        });
+        app.refresh_crds().await?;
+        Ok(app)
+    }
+
+    /// Re-reads every CRD and serves exactly the kinds they define.
+    pub async fn refresh_crds(&self) -> Result<(), StoreError> {
+        let _one_at_a_time = self.crd_lock.lock().await;
+        let reg = self.resources.snapshot();
+        let Some(crd_rt) = reg.get("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+        else {
+            return Ok(());
+        };
+        let list = self
+            .store
+            .list(&crd_rt.prefix(None), &ListOptions::default())
+            .await?;
+        let mut types = Vec::new();
+        let mut components = crate::schema::Components::new();
+        for crd in &list.items {
+            for (rt, schema) in crate::crd::types_of(crd) {
+                components.insert(rt.schema.clone(), schema);
+                types.push(rt);
+            }
+        }
+        self.resources.set_custom(types);
+        self.schemas.set_custom(components);
+        self.openapi.invalidate();
+        Ok(())
+    }
+
+    /// Creates the system namespaces that are missing.
+    pub async fn ensure_namespaces(&self) -> Result<(), StoreError> {
+        let reg = self.resources.snapshot();
+        let Some(ns_rt) = reg.get("", "v1", "namespaces") else {
+            return Ok(());
+        };
+        for name in SYSTEM_NAMESPACES {
+            let mut ns = Object::new("v1", "Namespace").with_name(*name);
+            ns.metadata.uid = uuid::Uuid::new_v4().to_string();
+            ns.metadata.creation_timestamp = Some(Time::now());
+            ns.metadata.generation = Some(1);
+            crate::strategy::prepare_create(&ns_rt, &mut ns);
+            match self.store.create(&ns_rt.key("", name), ns).await {
+                Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Serves one request.
+    pub async fn handle<B>(self: &Arc<Self>, req: Request<B>) -> Response<Body>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let started = Instant::now();
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let (response, user) = match self.route(req).await {
+            Ok((r, user)) => (r, user),
+            Err((e, user)) => (h::error(&e), user),
+        };
+        let status = response.status().as_u16();
+        if status >= 500 {
+            tracing::warn!(%method, %path, status, user, elapsed_ms = started.elapsed().as_millis() as u64, "request failed");
+        } else {
+            tracing::debug!(%method, %path, status, user, elapsed_ms = started.elapsed().as_millis() as u64, "request");
+        }
+        response
+    }
+
+    async fn route<B>(
+        self: &Arc<Self>,
+        req: Request<B>,
+    ) -> Result<(Response<Body>, String), (ApiError, String)>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let path = req.uri().path().to_string();
+        if matches!(path.as_str(), "/healthz" | "/livez" | "/readyz") {
+            let mut r = Response::new(h::full("ok"));
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static("text/plain"),
+            );
+            return Ok((r, String::new()));
+        }
+        let auth_header = req
+            .headers()
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        let who = self
+            .auth
+            .authenticate(auth_header)
+            .map_err(|e| (e, String::new()))?;
+        let user = who.user();
+        self.dispatch(req, &who)
+            .await
+            .map(|r| (r, user.clone()))
+            .map_err(|e| (e, user))
+    }
+
+    async fn dispatch<B>(
+        self: &Arc<Self>,
+        req: Request<B>,
+        who: &Identity,
+    ) -> ApiResult<Response<Body>>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path().trim_end_matches('/').to_string();
+        let query = Query::parse(parts.uri.query());
+        let segments: Vec<&str> = path.split('/').skip(1).collect();
+        let read_only = |m: &Method| -> ApiResult<()> {
+            if m == Method::GET || m == Method::HEAD {
+                Ok(())
+            } else {
+                Err(ApiError::method_not_allowed(format!(
+                    "{m} is not allowed on {path}"
+                )))
+            }
+        };
+        let reg = self.resources.snapshot();
+        match segments.as_slice() {
+            ["version"] => {
+                read_only(&parts.method)?;
+                Ok(h::json(StatusCode::OK, &discovery::version()))
+            }
+            ["api"] => {
+                read_only(&parts.method)?;
+                Ok(match h::wants_aggregated_discovery(&parts.headers) {
+                    Some(ct) => h::json_typed(
+                        StatusCode::OK,
+                        &discovery::aggregated(&reg, true, discovery_api_version(ct)),
+                        ct,
+                    ),
+                    None => h::json(
+                        StatusCode::OK,
+                        &discovery::api_versions(&self.config.server_address),
+                    ),
+                })
+            }
+            ["apis"] => {
+                read_only(&parts.method)?;
+                Ok(match h::wants_aggregated_discovery(&parts.headers) {
+                    Some(ct) => h::json_typed(
+                        StatusCode::OK,
+                        &discovery::aggregated(&reg, false, discovery_api_version(ct)),
+                        ct,
+                    ),
+                    None => h::json(StatusCode::OK, &discovery::group_list(&reg)),
+                })
+            }
+            ["api", "v1"] => {
+                read_only(&parts.method)?;
+                discovery::resource_list(&reg, "", "v1")
+                    .map(|v| h::json(StatusCode::OK, &v))
+                    .ok_or_else(not_found)
+            }
+            ["apis", group] => {
+                read_only(&parts.method)?;
+                discovery::group(&reg, group)
+                    .map(|v| h::json(StatusCode::OK, &v))
+                    .ok_or_else(not_found)
+            }
+            ["apis", group, version] => {
+                read_only(&parts.method)?;
+                discovery::resource_list(&reg, group, version)
+                    .map(|v| h::json(StatusCode::OK, &v))
+                    .ok_or_else(not_found)
+            }
+            ["openapi", "v2"] => {
+                read_only(&parts.method)?;
+                // Only JSON is served; a client that accepts nothing else (protobuf) gets 406
+                // and falls back to what it knows.
+                let accepts_json = h::accept(&parts.headers).is_empty()
+                    || h::accept(&parts.headers).iter().any(|m| {
+                        matches!(
+                            m.essence.as_str(),
+                            "application/json" | "*/*" | "application/*"
+                        )
+                    });
+                if !accepts_json {
+                    return Err(ApiError::not_acceptable(
+                        "the OpenAPI v2 document is served as application/json only",
+                    ));
+                }
+                let set = self.schemas.set();
+                let doc = self
+                    .openapi
+                    .get_or_build("v2", || openapi::v2_document(&reg, &set));
+                Ok(bytes_json(doc.bytes.clone()))
+            }
+            ["openapi", "v3"] => {
+                read_only(&parts.method)?;
+                Ok(h::json(
+                    StatusCode::OK,
+                    &openapi::v3_index(&reg, &self.schemas.set(), &self.openapi),
+                ))
+            }
+            ["openapi", "v3", rest @ ..] => {
+                read_only(&parts.method)?;
+                let (group, version) = match rest {
+                    ["api", v] => ("", *v),
+                    ["apis", g, v] => (*g, *v),
+                    _ => return Err(not_found()),
+                };
+                if reg.in_group_version(group, version).is_empty() {
+                    return Err(not_found());
+                }
+                let set = self.schemas.set();
+                let key = openapi::gv_path(group, version);
+                let doc = self.openapi.get_or_build(&key, || {
+                    openapi::v3_document(&reg, &set, group, version).unwrap_or_default()
+                });
+                Ok(bytes_json(doc.bytes.clone()))
+            }
+            ["api", "v1", rest @ ..] => {
+                self.resource(&parts, body, who, "", "v1", rest, query)
+                    .await
+            }
+            ["apis", group, version, rest @ ..] => {
+                self.resource(&parts, body, who, group, version, rest, query)
+                    .await
+            }
+            _ => Err(not_found()),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn resource<B>(
+        self: &Arc<Self>,
+        parts: &http::request::Parts,
+        body: B,
+        who: &Identity,
+        group: &str,
+        version: &str,
+        rest: &[&str],
+        query: Query,
+    ) -> ApiResult<Response<Body>>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let reg = self.resources.snapshot();
+        let target = rest::parse_target(&reg, group, version, rest)?;
+        let representation = h::representation(&parts.headers)?;
+        let call = rest::Call {
+            app: self,
+            target,
+            query,
+            headers: &parts.headers,
+            representation,
+            warnings: Vec::new(),
+        };
+        rest::serve(call, who, &parts.method, body).await
+    }
+}
+
+fn discovery_api_version(content_type: &str) -> &'static str {
+    if content_type == h::DISCOVERY_V2_BETA1 {
+        "apidiscovery.k8s.io/v2beta1"
+    } else {
+        "apidiscovery.k8s.io/v2"
+    }
+}
+
+fn bytes_json(bytes: Vec<u8>) -> Response<Body> {
+    let mut r = Response::new(h::full(bytes));
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(h::JSON),
+    );
+    r
+}
+
+fn not_found() -> ApiError {
+    ApiError::new(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
+}
+
+/// A quick JSON body for tests and tools.
+pub fn json_body(v: serde_json::Value) -> http_body_util::Full<Bytes> {
+    http_body_util::Full::new(Bytes::from(serde_json::to_vec(&v).unwrap_or_default()))
+}

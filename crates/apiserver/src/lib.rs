@@ -1,0 +1,28 @@
+//! Orrery's Kubernetes-compatible API server: the Kubernetes REST API over the store, so that
+//! stock `kubectl` and client libraries work against Orrery unchanged.
+//!
+//! - [`app`]: shared state and the router;
+//! - [`rest`]: the verbs (get, list, watch, create, update, patch, delete, subresources);
+//! - [`discovery`], [`openapi`]: what clients read to learn the API;
+//! - [`schema`], [`patch`], [`strategy`], [`crd`]: validation and patching;
+//! - [`auth`]: bearer tokens and authorization; [`table`]: `kubectl get` output.
+
+pub mod app;
+pub mod auth;
+pub mod crd;
+pub mod discovery;
+pub mod error;
+pub mod http;
+pub mod openapi;
+pub mod patch;
+pub mod resources;
+pub mod rest;
+pub mod schema;
+pub mod strategy;
+pub mod table;
+
+pub use app::{ApiConfig, App};
+pub mod lifecycle;
+pub mod pki;
+pub mod protobuf;
+pub mod server;

@@ -1,0 +1,248 @@
+//! The server's identity: a CA, a serving certificate signed by it, and the admin kubeconfig.
+//! Created on first start under `DATA_DIR/tls/`, reused afterwards; the serving certificate is
+//! re-issued when the requested names change or it nears expiry.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+#[derive(Debug, thiserror::Error)]
+pub enum PkiError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("certificate generation failed: {0}")]
+    Rcgen(#[from] rcgen::Error),
+    #[error("{path} is not a valid PEM file: {reason}")]
+    Pem { path: PathBuf, reason: String },
+}
+
+/// The PEM material the server serves with.
+#[derive(Clone, Debug)]
+pub struct Pki {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// SHA-256 of the CA certificate (DER), hex: what bootstrap tokens pin.
+    pub ca_hash: String,
+}
+
+#[derive(Serialize, Deserialize, PartialEq, Eq, Debug)]
+#[serde(rename_all = "camelCase")]
+struct ServingInfo {
+    sans: Vec<String>,
+    not_after: i64,
+}
+
+const CERT_DAYS: i64 = 365;
+const RENEW_DAYS: i64 = 30;
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PkiError + '_ {
+    move |source| PkiError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes a file readable only by its owner.
+fn write_private(path: &Path, contents: &str) -> Result<(), PkiError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(io(path))?;
+    f.write_all(contents.as_bytes()).map_err(io(path))?;
+    f.sync_all().map_err(io(path))
+}
+
+fn ca_params() -> CertificateParams {
+    let mut p = CertificateParams::default();
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, "orrery-ca");
+    dn.push(DnType::OrganizationName, "orrery");
+    p.distinguished_name = dn;
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    p
+}
+
+fn now_unix() -> i64 {
+    jiff::Timestamp::now().as_second()
+}
+
+/// Loads or creates the CA and the serving certificate for `sans`.
+pub fn ensure(data_dir: &Path, sans: &[String]) -> Result<Pki, PkiError> {
+    let dir = data_dir.join("tls");
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let (ca_crt, ca_key) = (dir.join("ca.crt"), dir.join("ca.key"));
+    let (srv_crt, srv_key, srv_info) = (
+        dir.join("server.crt"),
+        dir.join("server.key"),
+        dir.join("server.json"),
+    );
+
+    let (ca_pem, ca_key_pair) = if ca_crt.exists() && ca_key.exists() {
+        let key_pem = std::fs::read_to_string(&ca_key).map_err(io(&ca_key))?;
+        let key = KeyPair::from_pem(&key_pem).map_err(|e| PkiError::Pem {
+            path: ca_key.clone(),
+            reason: e.to_string(),
+        })?;
+        (std::fs::read_to_string(&ca_crt).map_err(io(&ca_crt))?, key)
+    } else {
+        let key = KeyPair::generate()?;
+        let mut params = ca_params();
+        params.not_before = rcgen::date_time_ymd(2024, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2124, 1, 1);
+        let cert = params.self_signed(&key)?;
+        write_private(&ca_key, &key.serialize_pem())?;
+        write_private(&ca_crt, &cert.pem())?;
+        tracing::info!(path = %ca_crt.display(), "created a certificate authority");
+        (cert.pem(), key)
+    };
+    let ca_der = CertificateDer::from_pem_slice(ca_pem.as_bytes()).map_err(|e| PkiError::Pem {
+        path: ca_crt.clone(),
+        reason: e.to_string(),
+    })?;
+    let ca_hash: String = Sha256::digest(ca_der.as_ref())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+
+    let mut wanted: Vec<String> = sans.to_vec();
+    wanted.sort();
+    wanted.dedup();
+    let current: Option<ServingInfo> = std::fs::read_to_string(&srv_info)
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok());
+    let fresh = current
+        .as_ref()
+        .is_some_and(|c| c.sans == wanted && c.not_after - now_unix() > RENEW_DAYS * 86400);
+    let (cert_pem, key_pem) = if fresh && srv_crt.exists() && srv_key.exists() {
+        (
+            std::fs::read_to_string(&srv_crt).map_err(io(&srv_crt))?,
+            std::fs::read_to_string(&srv_key).map_err(io(&srv_key))?,
+        )
+    } else {
+        let issuer = Issuer::new(ca_params(), &ca_key_pair);
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(wanted.clone())?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, "orrery");
+        params.distinguished_name = dn;
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        let not_after = now_unix() + CERT_DAYS * 86400;
+        let (y, m, d) = ymd(now_unix() - 86400);
+        params.not_before = rcgen::date_time_ymd(y, m, d);
+        let (y, m, d) = ymd(not_after);
+        params.not_after = rcgen::date_time_ymd(y, m, d);
+        let cert = params.signed_by(&key, &issuer)?;
+        write_private(&srv_key, &key.serialize_pem())?;
+        write_private(&srv_crt, &cert.pem())?;
+        let info = ServingInfo {
+            sans: wanted.clone(),
+            not_after,
+        };
+        write_private(&srv_info, &serde_json::to_string(&info).unwrap_or_default())?;
+        tracing::info!(sans = ?wanted, "issued a serving certificate");
+        (cert.pem(), key.serialize_pem())
+    };
+    Ok(Pki {
+        ca_pem,
+        cert_pem,
+        key_pem,
+        ca_hash,
+    })
+}
+
+fn ymd(unix: i64) -> (i32, u8, u8) {
+    let date = jiff::Timestamp::from_second(unix)
+        .unwrap_or(jiff::Timestamp::UNIX_EPOCH)
+        .to_zoned(jiff::tz::TimeZone::UTC)
+        .date();
+    (date.year() as i32, date.month() as u8, date.day() as u8)
+}
+
+/// A rustls server configuration for the serving certificate (HTTP/2 and HTTP/1.1).
+pub fn server_config(pki: &Pki) -> Result<rustls::ServerConfig, String> {
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(pki.cert_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .map_err(|e| format!("serving certificate: {e}"))?;
+    let key = PrivateKeyDer::from_pem_slice(pki.key_pem.as_bytes())
+        .map_err(|e| format!("serving key: {e}"))?;
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| e.to_string())?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// A kubeconfig that kubectl uses as is.
+pub fn kubeconfig(server_url: &str, ca_pem: &str, user: &str, token: &str) -> String {
+    use base64::Engine;
+    let ca = base64::engine::general_purpose::STANDARD.encode(ca_pem.as_bytes());
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: orrery\n  cluster:\n    server: {server_url}\n    certificate-authority-data: {ca}\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: orrery\n  context:\n    cluster: orrery\n    user: {user}\ncurrent-context: orrery\n"
+    )
+}
+
+/// Writes a kubeconfig with owner-only permissions.
+pub fn write_kubeconfig(path: &Path, contents: &str) -> Result<(), PkiError> {
+    write_private(path, contents)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn creates_then_reuses_and_reissues_on_new_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let sans = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+        let a = ensure(dir.path(), &sans).unwrap();
+        let b = ensure(dir.path(), &sans).unwrap();
+        assert_eq!(a.cert_pem, b.cert_pem, "reused");
+        assert_eq!(a.ca_hash, b.ca_hash);
+        let c = ensure(
+            dir.path(),
+            &[sans.clone(), vec!["orrery.example".into()]].concat(),
+        )
+        .unwrap();
+        assert_ne!(a.cert_pem, c.cert_pem, "re-issued for the new name");
+        assert_eq!(a.ca_pem, c.ca_pem, "same CA");
+        assert!(server_config(&c).is_ok());
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join("tls/ca.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let kc = kubeconfig("https://127.0.0.1:6443", &a.ca_pem, "admin", "abc.def");
+        assert!(kc.contains("token: abc.def") && kc.contains("certificate-authority-data: "));
+    }
+}

@@ -1,0 +1,865 @@
+//! What the server serves: one [`ResourceType`] per group/version/resource, from the built-in
+//! table or from a CustomResourceDefinition. The registry is swapped atomically when CRDs
+//! change, so requests always see one consistent set.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, RwLock};
+
+use orrery_api::validation::NameRule;
+
+/// Where a resource type comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A Kubernetes kind stored as a template.
+    BuiltIn,
+    /// One of Orrery's own kinds.
+    Own,
+    /// Defined by a CustomResourceDefinition (`crd` is its name).
+    Crd { crd: String },
+}
+
+/// Where the scale subresource finds its figures (JSON pointers into the object).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScaleSpec {
+    pub spec_replicas: String,
+    pub status_replicas: String,
+    /// A `metav1.LabelSelector` (object) or a selector string, whichever the path holds.
+    pub label_selector: Option<String>,
+}
+
+impl ScaleSpec {
+    fn workload() -> Self {
+        ScaleSpec {
+            spec_replicas: "/spec/replicas".into(),
+            status_replicas: "/status/replicas".into(),
+            label_selector: Some("/spec/selector".into()),
+        }
+    }
+}
+
+/// A printed column for `kubectl get` (`metav1.TableColumnDefinition`), with the JSONPath of
+/// its value for kinds whose columns are declarative.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Column {
+    pub name: String,
+    pub type_: String,
+    pub format: String,
+    pub description: String,
+    pub priority: i32,
+    /// Simple JSONPath (`.spec.replicas`); empty for computed columns.
+    pub json_path: String,
+}
+
+impl Column {
+    pub fn new(name: &str, type_: &str, json_path: &str, priority: i32, description: &str) -> Self {
+        Column {
+            name: name.into(),
+            type_: type_.into(),
+            format: String::new(),
+            description: description.into(),
+            priority,
+            json_path: json_path.into(),
+        }
+    }
+}
+
+/// How rows are printed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Printer {
+    /// A built-in printer named after its kind (see `table.rs`).
+    BuiltIn,
+    /// Declarative columns (CRDs' additionalPrinterColumns; our own kinds).
+    Columns(Vec<Column>),
+}
+
+/// One served resource.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResourceType {
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    pub plural: String,
+    pub singular: String,
+    pub list_kind: String,
+    pub namespaced: bool,
+    pub short_names: Vec<String>,
+    pub categories: Vec<String>,
+    pub name_rule: NameRule,
+    pub status: bool,
+    pub scale: Option<ScaleSpec>,
+    pub origin: Origin,
+    /// The OpenAPI component that describes the kind.
+    pub schema: String,
+    /// Whether strategic merge patch applies (built-in kinds only, as in Kubernetes).
+    pub strategic_merge: bool,
+    pub printer: Printer,
+    /// Whether this version is the one stored and preferred for its group.
+    pub storage: bool,
+    /// The defining CRD is being deleted: no new objects.
+    pub terminating: bool,
+}
+
+impl ResourceType {
+    /// `apps/v1`, or `v1` for the core group.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// `deployments.apps` (or `pods` in the core group), as error messages name resources.
+    pub fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    /// `Deployment.apps`, as validation errors name kinds.
+    pub fn kind_qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.kind.clone()
+        } else {
+            format!("{}.{}", self.kind, self.group)
+        }
+    }
+
+    fn group_segment(&self) -> &str {
+        if self.group.is_empty() {
+            "core"
+        } else {
+            &self.group
+        }
+    }
+
+    /// The store key of one object.
+    pub fn key(&self, namespace: &str, name: &str) -> String {
+        if self.namespaced {
+            format!(
+                "/registry/{}/{}/{namespace}/{name}",
+                self.group_segment(),
+                self.plural
+            )
+        } else {
+            format!("/registry/{}/{}/{name}", self.group_segment(), self.plural)
+        }
+    }
+
+    /// The store prefix of a list: one namespace, or all of them.
+    pub fn prefix(&self, namespace: Option<&str>) -> String {
+        match namespace {
+            Some(ns) if self.namespaced => {
+                format!("/registry/{}/{}/{ns}/", self.group_segment(), self.plural)
+            }
+            _ => format!("/registry/{}/{}/", self.group_segment(), self.plural),
+        }
+    }
+
+    pub fn is_crd(&self) -> bool {
+        matches!(self.origin, Origin::Crd { .. })
+    }
+
+    /// Verbs for discovery.
+    pub fn verbs(&self) -> Vec<&'static str> {
+        vec![
+            "create",
+            "delete",
+            "deletecollection",
+            "get",
+            "list",
+            "patch",
+            "update",
+            "watch",
+        ]
+    }
+}
+
+struct Def {
+    group: &'static str,
+    kind: &'static str,
+    plural: &'static str,
+    namespaced: bool,
+    short: &'static [&'static str],
+    categories: &'static [&'static str],
+    status: bool,
+    scale: bool,
+    schema: &'static str,
+    origin: Origin,
+}
+
+fn def(
+    group: &'static str,
+    kind: &'static str,
+    plural: &'static str,
+    namespaced: bool,
+    short: &'static [&'static str],
+    status: bool,
+    schema: &'static str,
+) -> Def {
+    Def {
+        group,
+        kind,
+        plural,
+        namespaced,
+        short,
+        categories: &[],
+        status,
+        scale: false,
+        schema,
+        origin: Origin::BuiltIn,
+    }
+}
+
+/// Groups of Orrery's own kinds, in discovery order.
+pub const OWN_GROUPS: &[(&str, &str)] = &[
+    ("multicluster.io", "v1alpha1"),
+    ("policy.karmada.io", "v1alpha1"),
+    ("multicluster.x-k8s.io", "v1alpha1"),
+    ("about.k8s.io", "v1alpha1"),
+    ("galaxy.kubestellar.io", "v1alpha1"),
+];
+
+fn builtin_defs() -> Vec<Def> {
+    let all: &'static [&'static str] = &["all"];
+    let own: &'static [&'static str] = &["orrery"];
+    let mut v = vec![
+        def(
+            "",
+            "Namespace",
+            "namespaces",
+            false,
+            &["ns"],
+            true,
+            "io.k8s.api.core.v1.Namespace",
+        ),
+        def(
+            "",
+            "ConfigMap",
+            "configmaps",
+            true,
+            &["cm"],
+            false,
+            "io.k8s.api.core.v1.ConfigMap",
+        ),
+        def(
+            "",
+            "Secret",
+            "secrets",
+            true,
+            &[],
+            false,
+            "io.k8s.api.core.v1.Secret",
+        ),
+        Def {
+            categories: all,
+            ..def(
+                "",
+                "Service",
+                "services",
+                true,
+                &["svc"],
+                true,
+                "io.k8s.api.core.v1.Service",
+            )
+        },
+        def(
+            "",
+            "ServiceAccount",
+            "serviceaccounts",
+            true,
+            &["sa"],
+            false,
+            "io.k8s.api.core.v1.ServiceAccount",
+        ),
+        def(
+            "",
+            "PersistentVolumeClaim",
+            "persistentvolumeclaims",
+            true,
+            &["pvc"],
+            true,
+            "io.k8s.api.core.v1.PersistentVolumeClaim",
+        ),
+        def(
+            "",
+            "Event",
+            "events",
+            true,
+            &["ev"],
+            false,
+            "io.k8s.api.core.v1.Event",
+        ),
+        Def {
+            categories: all,
+            ..def(
+                "",
+                "Pod",
+                "pods",
+                true,
+                &["po"],
+                true,
+                "io.k8s.api.core.v1.Pod",
+            )
+        },
+        Def {
+            categories: all,
+            scale: true,
+            ..def(
+                "apps",
+                "Deployment",
+                "deployments",
+                true,
+                &["deploy"],
+                true,
+                "io.k8s.api.apps.v1.Deployment",
+            )
+        },
+        Def {
+            categories: all,
+            scale: true,
+            ..def(
+                "apps",
+                "StatefulSet",
+                "statefulsets",
+                true,
+                &["sts"],
+                true,
+                "io.k8s.api.apps.v1.StatefulSet",
+            )
+        },
+        Def {
+            categories: all,
+            ..def(
+                "apps",
+                "DaemonSet",
+                "daemonsets",
+                true,
+                &["ds"],
+                true,
+                "io.k8s.api.apps.v1.DaemonSet",
+            )
+        },
+        Def {
+            categories: all,
+            scale: true,
+            ..def(
+                "apps",
+                "ReplicaSet",
+                "replicasets",
+                true,
+                &["rs"],
+                true,
+                "io.k8s.api.apps.v1.ReplicaSet",
+            )
+        },
+        Def {
+            categories: all,
+            ..def(
+                "batch",
+                "Job",
+                "jobs",
+                true,
+                &[],
+                true,
+                "io.k8s.api.batch.v1.Job",
+            )
+        },
+        Def {
+            categories: all,
+            ..def(
+                "batch",
+                "CronJob",
+                "cronjobs",
+                true,
+                &["cj"],
+                true,
+                "io.k8s.api.batch.v1.CronJob",
+            )
+        },
+        def(
+            "networking.k8s.io",
+            "Ingress",
+            "ingresses",
+            true,
+            &["ing"],
+            true,
+            "io.k8s.api.networking.v1.Ingress",
+        ),
+        def(
+            "apiextensions.k8s.io",
+            "CustomResourceDefinition",
+            "customresourcedefinitions",
+            false,
+            &["crd", "crds"],
+            true,
+            "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition",
+        ),
+    ];
+    // Orrery's own kinds: registered now, their full schemas arrive with their features.
+    let mut own_def = |group: &'static str,
+                       kind: &'static str,
+                       plural: &'static str,
+                       namespaced: bool,
+                       short: &'static [&'static str],
+                       status: bool| {
+        v.push(Def {
+            group,
+            kind,
+            plural,
+            namespaced,
+            short,
+            categories: own,
+            status,
+            scale: false,
+            schema: "",
+            origin: Origin::Own,
+        })
+    };
+    own_def(
+        "multicluster.io",
+        "Cluster",
+        "clusters",
+        false,
+        &["cl"],
+        true,
+    );
+    own_def(
+        "multicluster.io",
+        "ResourcePlacementPolicy",
+        "resourceplacementpolicies",
+        true,
+        &["rpp"],
+        true,
+    );
+    own_def(
+        "multicluster.io",
+        "ClusterOverridePolicy",
+        "clusteroverridepolicies",
+        false,
+        &["mcop"],
+        false,
+    );
+    own_def(
+        "multicluster.io",
+        "ResourceBinding",
+        "resourcebindings",
+        true,
+        &["rb"],
+        true,
+    );
+    own_def("multicluster.io", "Work", "works", true, &[], true);
+    own_def(
+        "policy.karmada.io",
+        "PropagationPolicy",
+        "propagationpolicies",
+        true,
+        &["pp"],
+        false,
+    );
+    own_def(
+        "policy.karmada.io",
+        "ClusterPropagationPolicy",
+        "clusterpropagationpolicies",
+        false,
+        &["cpp"],
+        false,
+    );
+    own_def(
+        "policy.karmada.io",
+        "OverridePolicy",
+        "overridepolicies",
+        true,
+        &["op"],
+        false,
+    );
+    own_def(
+        "policy.karmada.io",
+        "ClusterOverridePolicy",
+        "clusteroverridepolicies",
+        false,
+        &["cop"],
+        false,
+    );
+    own_def(
+        "multicluster.x-k8s.io",
+        "ClusterProfile",
+        "clusterprofiles",
+        true,
+        &["cp"],
+        true,
+    );
+    own_def(
+        "multicluster.x-k8s.io",
+        "ServiceExport",
+        "serviceexports",
+        true,
+        &["svcex"],
+        true,
+    );
+    own_def(
+        "multicluster.x-k8s.io",
+        "ServiceImport",
+        "serviceimports",
+        true,
+        &["svcim"],
+        true,
+    );
+    own_def(
+        "multicluster.x-k8s.io",
+        "PlacementDecision",
+        "placementdecisions",
+        true,
+        &["pd"],
+        false,
+    );
+    own_def(
+        "about.k8s.io",
+        "ClusterProperty",
+        "clusterproperties",
+        false,
+        &["cprop"],
+        false,
+    );
+    own_def(
+        "galaxy.kubestellar.io",
+        "ClusterResourceClaim",
+        "clusterresourceclaims",
+        true,
+        &["crc"],
+        true,
+    );
+    own_def(
+        "galaxy.kubestellar.io",
+        "ClusterMetrics",
+        "clustermetrics",
+        false,
+        &["cm-metrics"],
+        true,
+    );
+    v
+}
+
+fn version_of(group: &str) -> &'static str {
+    match group {
+        "" | "apps" | "batch" | "networking.k8s.io" | "apiextensions.k8s.io" => "v1",
+        _ => "v1alpha1",
+    }
+}
+
+/// The built-in resource types.
+pub fn builtin() -> Vec<ResourceType> {
+    builtin_defs()
+        .into_iter()
+        .map(|d| {
+            let version = version_of(d.group).to_string();
+            let schema = if d.schema.is_empty() {
+                own_schema_name(d.group, &version, d.kind)
+            } else {
+                d.schema.to_string()
+            };
+            let name_rule = match d.kind {
+                "Namespace" => NameRule::Label,
+                "Service" => NameRule::Dns1035,
+                // Events are named `<object>.<hash>`, which may contain upper case in Kubernetes.
+                "Event" => NameRule::PathSegment,
+                _ => NameRule::Subdomain,
+            };
+            let printer = if d.origin == Origin::BuiltIn {
+                Printer::BuiltIn
+            } else {
+                own_columns(d.kind)
+            };
+            ResourceType {
+                group: d.group.to_string(),
+                version,
+                kind: d.kind.to_string(),
+                plural: d.plural.to_string(),
+                singular: d.kind.to_lowercase(),
+                list_kind: format!("{}List", d.kind),
+                namespaced: d.namespaced,
+                short_names: d.short.iter().map(|s| s.to_string()).collect(),
+                categories: d.categories.iter().map(|s| s.to_string()).collect(),
+                name_rule,
+                status: d.status,
+                scale: d.scale.then(ScaleSpec::workload),
+                strategic_merge: d.origin == Origin::BuiltIn,
+                origin: d.origin,
+                schema,
+                printer,
+                storage: true,
+                terminating: false,
+            }
+        })
+        .collect()
+}
+
+/// The component name of one of our own kinds' schemas (`io.multicluster.v1alpha1.Cluster`).
+pub fn own_schema_name(group: &str, version: &str, kind: &str) -> String {
+    let reversed: Vec<&str> = group.split('.').rev().collect();
+    format!("{}.{version}.{kind}", reversed.join("."))
+}
+
+fn own_columns(kind: &str) -> Printer {
+    let age = Column::new(
+        "Age",
+        "date",
+        ".metadata.creationTimestamp",
+        0,
+        "Time since creation",
+    );
+    let cols = match kind {
+        "Cluster" => vec![
+            Column::new(
+                "Mode",
+                "string",
+                ".spec.syncMode",
+                0,
+                "How Works reach the cluster (Push or Pull)",
+            ),
+            Column::new(
+                "Ready",
+                "string",
+                ".status.conditions[?(@.type==\"Ready\")].status",
+                0,
+                "Whether the cluster is ready",
+            ),
+            Column::new(
+                "Region",
+                "string",
+                ".spec.region",
+                0,
+                "The cluster's region",
+            ),
+            Column::new(
+                "Water-Level",
+                "string",
+                ".status.waterLevel.overall",
+                0,
+                "The cluster's overall Resource Water Level",
+            ),
+            age,
+        ],
+        _ => vec![age],
+    };
+    Printer::Columns(cols)
+}
+
+/// An immutable set of served resources.
+#[derive(Debug, Default)]
+pub struct Registry {
+    types: Vec<Arc<ResourceType>>,
+    by_resource: HashMap<(String, String, String), Arc<ResourceType>>,
+}
+
+impl Registry {
+    pub fn new(types: Vec<ResourceType>) -> Self {
+        let types: Vec<Arc<ResourceType>> = types.into_iter().map(Arc::new).collect();
+        let by_resource = types
+            .iter()
+            .map(|t| {
+                (
+                    (t.group.clone(), t.version.clone(), t.plural.clone()),
+                    t.clone(),
+                )
+            })
+            .collect();
+        Registry { types, by_resource }
+    }
+
+    pub fn get(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResourceType>> {
+        self.by_resource
+            .get(&(group.to_string(), version.to_string(), plural.to_string()))
+            .cloned()
+    }
+
+    /// The storage version of a group's kind.
+    pub fn by_kind(&self, group: &str, kind: &str) -> Option<Arc<ResourceType>> {
+        let mut found = self
+            .types
+            .iter()
+            .filter(|t| t.group == group && t.kind == kind);
+        let first = found.next()?;
+        if first.storage {
+            return Some(first.clone());
+        }
+        found
+            .find(|t| t.storage)
+            .cloned()
+            .or_else(|| Some(first.clone()))
+    }
+
+    pub fn all(&self) -> &[Arc<ResourceType>] {
+        &self.types
+    }
+
+    /// One entry per stored resource (each group/plural once, at its storage version).
+    pub fn stored(&self) -> Vec<Arc<ResourceType>> {
+        let mut seen = std::collections::HashSet::new();
+        self.types
+            .iter()
+            .filter(|t| t.storage && seen.insert((t.group.clone(), t.plural.clone())))
+            .cloned()
+            .collect()
+    }
+
+    pub fn in_group_version(&self, group: &str, version: &str) -> Vec<Arc<ResourceType>> {
+        self.types
+            .iter()
+            .filter(|t| t.group == group && t.version == version)
+            .cloned()
+            .collect()
+    }
+
+    /// Groups in discovery order, each with its versions (preferred first).
+    pub fn groups(&self) -> Vec<(String, Vec<String>)> {
+        let mut order: Vec<String> = Vec::new();
+        let mut versions: BTreeMap<String, Vec<(bool, String)>> = BTreeMap::new();
+        for t in &self.types {
+            if !versions.contains_key(&t.group) {
+                order.push(t.group.clone());
+            }
+            let vs = versions.entry(t.group.clone()).or_default();
+            if !vs.iter().any(|(_, v)| *v == t.version) {
+                vs.push((t.storage, t.version.clone()));
+            }
+        }
+        order
+            .into_iter()
+            .map(|g| {
+                let mut vs = versions.remove(&g).unwrap_or_default();
+                // Preferred (storage) version first, the rest in Kubernetes version priority.
+                vs.sort_by(|a, b| {
+                    b.0.cmp(&a.0)
+                        .then_with(|| version_priority(&b.1).cmp(&version_priority(&a.1)))
+                });
+                (g, vs.into_iter().map(|(_, v)| v).collect())
+            })
+            .collect()
+    }
+}
+
+/// Kubernetes version ordering: GA > beta > alpha, higher numbers first.
+pub fn version_priority(v: &str) -> (u8, u32, u32) {
+    let Some(rest) = v.strip_prefix('v') else {
+        return (0, 0, 0);
+    };
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let major: u32 = digits.parse().unwrap_or(0);
+    let tail = &rest[digits.len()..];
+    if tail.is_empty() {
+        (3, major, 0)
+    } else if let Some(n) = tail.strip_prefix("beta") {
+        (2, major, n.parse().unwrap_or(0))
+    } else if let Some(n) = tail.strip_prefix("alpha") {
+        (1, major, n.parse().unwrap_or(0))
+    } else {
+        (0, major, 0)
+    }
+}
+
+/// The live registry: built-ins plus whatever the CRDs define now.
+#[derive(Debug)]
+pub struct Resources {
+    builtin: Vec<ResourceType>,
+    current: RwLock<Arc<Registry>>,
+}
+
+impl Default for Resources {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Resources {
+    pub fn new() -> Self {
+        let builtin = builtin();
+        Resources {
+            current: RwLock::new(Arc::new(Registry::new(builtin.clone()))),
+            builtin,
+        }
+    }
+
+    pub fn snapshot(&self) -> Arc<Registry> {
+        self.current
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Replaces the CRD-defined part of the registry.
+    pub fn set_custom(&self, custom: Vec<ResourceType>) {
+        let mut types = self.builtin.clone();
+        for c in custom {
+            // A CRD may not shadow a built-in resource.
+            if !types
+                .iter()
+                .any(|t| t.group == c.group && t.plural == c.plural)
+            {
+                types.push(c);
+            }
+        }
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Registry::new(types));
+    }
+
+    pub fn is_builtin_group(&self, group: &str) -> bool {
+        self.builtin.iter().any(|t| t.group == group)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_prefixes() {
+        let reg = Registry::new(builtin());
+        let deploy = reg.get("apps", "v1", "deployments").unwrap();
+        assert_eq!(deploy.key("ns", "web"), "/registry/apps/deployments/ns/web");
+        assert_eq!(deploy.prefix(Some("ns")), "/registry/apps/deployments/ns/");
+        assert_eq!(deploy.prefix(None), "/registry/apps/deployments/");
+        let ns = reg.get("", "v1", "namespaces").unwrap();
+        assert_eq!(ns.key("", "default"), "/registry/core/namespaces/default");
+        assert_eq!(ns.qualified(), "namespaces");
+        assert_eq!(deploy.qualified(), "deployments.apps");
+        assert_eq!(deploy.kind_qualified(), "Deployment.apps");
+        let cl = reg.get("multicluster.io", "v1alpha1", "clusters").unwrap();
+        assert_eq!(cl.schema, "io.multicluster.v1alpha1.Cluster");
+        assert!(cl.short_names.contains(&"cl".to_string()));
+    }
+
+    #[test]
+    fn groups_in_order_with_preferred_versions() {
+        let reg = Registry::new(builtin());
+        let groups = reg.groups();
+        assert_eq!(groups[0].0, "");
+        assert_eq!(groups[1].0, "apps");
+        assert!(
+            groups
+                .iter()
+                .any(|(g, v)| g == "multicluster.io" && v == &["v1alpha1"])
+        );
+        let mut vs = vec!["v1alpha1", "v2", "v1", "v1beta2", "v1beta1", "v10"];
+        vs.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
+        assert_eq!(vs, ["v10", "v2", "v1", "v1beta2", "v1beta1", "v1alpha1"]);
+    }
+
+    #[test]
+    fn custom_types_cannot_shadow_builtins() {
+        let res = Resources::new();
+        let mut fake = builtin()
+            .into_iter()
+            .find(|t| t.plural == "configmaps")
+            .unwrap();
+        fake.origin = Origin::Crd {
+            crd: "configmaps.".into(),
+        };
+        res.set_custom(vec![fake]);
+        assert_eq!(
+            res.snapshot().get("", "v1", "configmaps").unwrap().origin,
+            Origin::BuiltIn
+        );
+    }
+}

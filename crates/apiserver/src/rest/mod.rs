@@ -1,0 +1,438 @@
+//! The Kubernetes REST verbs over the store: request parsing, admission (schema, metadata and
+//! kind rules, `fieldValidation`), and dispatch to the handlers in the submodules.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, HeaderValue};
+use http::{HeaderMap, Method, Response, StatusCode};
+use orrery_api::Object;
+use orrery_api::validation::{FieldError, validate_object_meta};
+use serde_json::Value;
+
+use crate::app::App;
+use crate::error::{ApiError, ApiResult};
+use crate::http::{self as h, Body, Query, Representation};
+use crate::resources::{Registry, ResourceType};
+use crate::schema::validate::{self as schema_check, Mode};
+use crate::table::{self, IncludeObject};
+
+mod read;
+mod subresource;
+mod watch;
+mod write;
+
+/// What a resource request addresses.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub rt: Arc<ResourceType>,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub subresource: Option<String>,
+}
+
+impl Target {
+    pub fn key(&self) -> String {
+        self.rt.key(
+            self.namespace.as_deref().unwrap_or(""),
+            self.name.as_deref().unwrap_or(""),
+        )
+    }
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or("")
+    }
+}
+
+/// The verb of a resource request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    DeleteCollection,
+}
+
+impl Verb {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::List => "list",
+            Verb::Watch => "watch",
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Patch => "patch",
+            Verb::Delete => "delete",
+            Verb::DeleteCollection => "deletecollection",
+        }
+    }
+}
+
+fn not_found_path() -> ApiError {
+    ApiError::new(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
+}
+
+/// Parses the path segments after `/api/v1` or `/apis/<group>/<version>`.
+pub fn parse_target(reg: &Registry, group: &str, version: &str, seg: &[&str]) -> ApiResult<Target> {
+    if seg.is_empty() || seg.iter().any(|s| s.is_empty()) {
+        return Err(not_found_path());
+    }
+    let core_ns_sub = group.is_empty()
+        && seg[0] == "namespaces"
+        && seg.len() == 3
+        && matches!(seg[2], "status" | "finalize");
+    let (namespace, rest) = if seg[0] == "namespaces" && seg.len() >= 3 && !core_ns_sub {
+        (Some(seg[1].to_string()), &seg[2..])
+    } else {
+        (None, seg)
+    };
+    if rest.len() > 3 {
+        return Err(not_found_path());
+    }
+    let rt = reg
+        .get(group, version, rest[0])
+        .ok_or_else(not_found_path)?;
+    if namespace.is_some() && !rt.namespaced {
+        return Err(not_found_path());
+    }
+    let name = rest.get(1).map(|s| s.to_string());
+    let subresource = rest.get(2).map(|s| s.to_string());
+    if let Some(sub) = &subresource {
+        let ok = match sub.as_str() {
+            "status" => rt.status,
+            "scale" => rt.scale.is_some(),
+            "finalize" => rt.group.is_empty() && rt.kind == "Namespace",
+            _ => false,
+        };
+        if !ok {
+            return Err(not_found_path());
+        }
+    }
+    // A named namespaced object needs its namespace in the path.
+    if rt.namespaced && name.is_some() && namespace.is_none() {
+        return Err(not_found_path());
+    }
+    Ok(Target {
+        rt,
+        namespace,
+        name,
+        subresource,
+    })
+}
+
+/// Maps method and target to a verb.
+pub fn verb(method: &Method, target: &Target, query: &Query) -> ApiResult<Verb> {
+    let named = target.name.is_some();
+    let sub = target.subresource.is_some();
+    let v = match (method, named) {
+        (&Method::GET, false) => {
+            if query.flag("watch")? {
+                Verb::Watch
+            } else {
+                Verb::List
+            }
+        }
+        (&Method::GET, true) => {
+            if query.flag("watch")? && !sub {
+                Verb::Watch
+            } else {
+                Verb::Get
+            }
+        }
+        (&Method::POST, false) if !sub => Verb::Create,
+        (&Method::PUT, true) => Verb::Update,
+        (&Method::PATCH, true) => Verb::Patch,
+        (&Method::DELETE, true) if !sub => Verb::Delete,
+        (&Method::DELETE, false) => Verb::DeleteCollection,
+        _ => {
+            return Err(ApiError::method_not_allowed(format!(
+                "the server does not allow this method on the requested resource ({method} {})",
+                target.rt.qualified()
+            )));
+        }
+    };
+    Ok(v)
+}
+
+/// How undeclared and duplicate fields are treated (`?fieldValidation=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FieldValidation {
+    Ignore,
+    Warn,
+    Strict,
+}
+
+impl FieldValidation {
+    pub fn parse(q: &Query) -> ApiResult<Self> {
+        match q.get("fieldValidation") {
+            None | Some("Warn") => Ok(FieldValidation::Warn),
+            Some("Strict") => Ok(FieldValidation::Strict),
+            Some("Ignore") => Ok(FieldValidation::Ignore),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "fieldValidation must be one of \"Ignore\", \"Warn\" or \"Strict\", got {other:?}"
+            ))),
+        }
+    }
+}
+
+/// Whether the request only pretends to write (`?dryRun=All`).
+pub fn dry_run(q: &Query) -> ApiResult<bool> {
+    match q.get("dryRun") {
+        None => Ok(false),
+        Some("All") => Ok(true),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "dryRun must be \"All\", got {other:?}"
+        ))),
+    }
+}
+
+/// The parts of a request the handlers need.
+#[derive(Debug)]
+pub struct Call<'a> {
+    pub app: &'a Arc<App>,
+    pub target: Target,
+    pub query: Query,
+    pub headers: &'a HeaderMap,
+    pub representation: Representation,
+    pub warnings: Vec<String>,
+}
+
+/// A request body (JSON, YAML, or the protobuf of a built-in kind whose OpenAPI component is
+/// `component`): parsed, with the paths of duplicate keys.
+pub fn decode_body(
+    headers: &HeaderMap,
+    body: &Bytes,
+    component: &str,
+) -> ApiResult<(Value, Vec<String>)> {
+    let ct = headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    let base = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    match base.as_str() {
+        "application/json" | "" => schema_check::parse_json(body)
+            .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}"))),
+        "application/vnd.kubernetes.protobuf" => crate::protobuf::decode(body, component)
+            .map(|v| (v, Vec::new()))
+            .map_err(|e| match e {
+                crate::protobuf::ProtobufError::Unknown(_) => ApiError::unsupported_media_type(ct),
+                other => ApiError::bad_request(format!(
+                    "the request body is not valid protobuf: {other}"
+                )),
+            }),
+        "application/yaml" | "application/x-yaml" | "text/yaml" => {
+            let v: Value = serde_saphyr::from_slice(body).map_err(|e| {
+                ApiError::bad_request(format!("the request body is not valid YAML: {e}"))
+            })?;
+            Ok((v, Vec::new()))
+        }
+        _ => Err(ApiError::unsupported_media_type(ct)),
+    }
+}
+
+/// Everything done to an incoming object before it is stored: type and schema checks,
+/// undeclared fields per `fieldValidation`, metadata rules, and the kind's own rules.
+pub fn admit(
+    call: &mut Call<'_>,
+    raw: &mut Value,
+    dups: &[String],
+    validation: FieldValidation,
+) -> ApiResult<Object> {
+    let rt = call.target.rt.clone();
+    let Value::Object(map) = &*raw else {
+        return Err(ApiError::bad_request(format!(
+            "the body must be a {} object",
+            rt.kind
+        )));
+    };
+    // apiVersion and kind, if given, must be this resource's.
+    if let Some(v) = map.get("apiVersion").and_then(Value::as_str)
+        && !v.is_empty()
+        && v != rt.api_version()
+    {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({v}) does not match the expected API version ({})",
+            rt.api_version()
+        )));
+    }
+    if let Some(k) = map.get("kind").and_then(Value::as_str)
+        && !k.is_empty()
+        && k != rt.kind
+    {
+        return Err(ApiError::bad_request(format!(
+            "the kind in the data ({k}) does not match the expected kind ({})",
+            rt.kind
+        )));
+    }
+    let set = call.app.schemas.set();
+    let findings = match set.get(&rt.schema) {
+        Some(schema) => {
+            let schema = schema.clone();
+            let mode = if rt.is_crd() {
+                Mode::Structural
+            } else {
+                Mode::Open
+            };
+            schema_check::check(&set, &schema, raw, mode)
+        }
+        None => Default::default(),
+    };
+    let name = raw
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or(call.target.name())
+        .to_string();
+    let mut field_errors = findings.errors;
+    match validation {
+        FieldValidation::Strict => {
+            field_errors.extend(findings.unknown.iter().map(FieldError::unknown));
+            field_errors.extend(dups.iter().map(|d| FieldError::duplicate(d, "")));
+        }
+        FieldValidation::Warn => {
+            call.warnings.extend(
+                findings
+                    .unknown
+                    .iter()
+                    .map(|u| format!("unknown field \"{u}\"")),
+            );
+            call.warnings
+                .extend(dups.iter().map(|d| format!("duplicate field \"{d}\"")));
+        }
+        FieldValidation::Ignore => {}
+    }
+    if !field_errors.is_empty() {
+        return Err(ApiError::invalid(&rt, &name, &field_errors));
+    }
+    let mut obj: Object = serde_json::from_value(raw.clone()).map_err(|e| {
+        ApiError::bad_request(format!(
+            "{} in version \"{}\" cannot be handled as a {}: {e}",
+            rt.kind, rt.version, rt.kind
+        ))
+    })?;
+    obj.api_version = rt.api_version();
+    obj.kind = rt.kind.clone();
+    Ok(obj)
+}
+
+/// Metadata and kind validation of an object about to be stored.
+pub fn validate(call: &Call<'_>, obj: &Object, old: Option<&Object>) -> ApiResult<()> {
+    let rt = &call.target.rt;
+    let mut errs = validate_object_meta(&obj.metadata, rt.namespaced, rt.name_rule);
+    errs.extend(crate::strategy::validate(rt, obj, old));
+    if rt.group == "apiextensions.k8s.io" {
+        let resources = call.app.resources.clone();
+        let reserved = move |g: &str| resources.is_builtin_group(g);
+        errs.extend(crate::crd::validate(obj, old, &reserved));
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(rt, obj.name(), &errs))
+    }
+}
+
+/// Serves one object in the representation asked for.
+pub fn respond_object(
+    call: &Call<'_>,
+    status: StatusCode,
+    obj: &Object,
+) -> ApiResult<Response<Body>> {
+    let value = match call.representation {
+        Representation::Json => obj.to_value(),
+        Representation::Metadata => serde_json::json!({
+            "kind": "PartialObjectMetadata",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": serde_json::to_value(&obj.metadata).unwrap_or_default(),
+        }),
+        Representation::Table => {
+            let include = IncludeObject::parse(call.query.get("includeObject"))
+                .map_err(ApiError::bad_request)?;
+            table::table(
+                &call.target.rt,
+                std::slice::from_ref(obj),
+                &obj.metadata.resource_version,
+                None,
+                include,
+            )
+        }
+    };
+    Ok(with_warnings(h::json(status, &value), &call.warnings))
+}
+
+/// Adds `Warning: 299` headers.
+pub fn with_warnings(mut r: Response<Body>, warnings: &[String]) -> Response<Body> {
+    for w in warnings {
+        let text = format!("299 - \"{}\"", w.replace('"', "\\\""));
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            r.headers_mut().append("Warning", v);
+        }
+    }
+    r
+}
+
+/// Runs one resource request.
+pub async fn serve<B>(
+    call: Call<'_>,
+    who: &crate::auth::Identity,
+    method: &Method,
+    body: B,
+) -> ApiResult<Response<Body>>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let verb = verb(method, &call.target, &call.query)?;
+    let t = &call.target;
+    crate::auth::authorize(
+        who,
+        &crate::auth::Attributes {
+            verb: verb.as_str(),
+            group: &t.rt.group,
+            resource: &t.rt.plural,
+            subresource: t.subresource.as_deref(),
+            namespace: t.namespace.as_deref(),
+            name: t.name.as_deref(),
+        },
+    )?;
+    let needs_body = matches!(
+        verb,
+        Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection
+    );
+    let body = if needs_body {
+        h::read_body(body, call.app.config.max_body_bytes).await?
+    } else {
+        Bytes::new()
+    };
+    match (verb, call.target.subresource.as_deref()) {
+        (Verb::Get, None) => read::get(call).await,
+        (Verb::List, _) => read::list(call).await,
+        (Verb::Watch, _) => watch::watch(call).await,
+        (Verb::Create, _) => write::create(call, &body).await,
+        (Verb::Update, None) => write::update(call, &body).await,
+        (Verb::Patch, None) => write::patch(call, &body).await,
+        (Verb::Delete, _) => write::delete(call, &body).await,
+        (Verb::DeleteCollection, _) => write::delete_collection(call, &body).await,
+        (Verb::Get, Some("status")) => read::get(call).await,
+        (Verb::Update, Some("status")) => write::update(call, &body).await,
+        (Verb::Patch, Some("status")) => write::patch(call, &body).await,
+        (Verb::Get, Some("scale")) => subresource::get_scale(call).await,
+        (Verb::Update, Some("scale")) => subresource::update_scale(call, &body).await,
+        (Verb::Patch, Some("scale")) => subresource::patch_scale(call, &body).await,
+        (Verb::Update, Some("finalize")) => subresource::finalize(call, &body).await,
+        _ => Err(ApiError::method_not_allowed(
+            "the server does not allow this method on the requested resource",
+        )),
+    }
+}

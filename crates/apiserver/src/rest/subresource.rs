@@ -1,0 +1,239 @@
+//! The `scale` subresource (autoscaling/v1 Scale, so `kubectl scale` works) and the
+//! namespace `finalize` subresource.
+
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use orrery_api::Object;
+use orrery_api::labels::LabelSelector;
+use orrery_api::validation::FieldError;
+use orrery_store::{Preconditions, Revision, StoreError};
+use serde_json::{Value, json};
+
+use super::write::{apply_patch, patch_type};
+use super::{Call, decode_body, dry_run, with_warnings};
+use crate::error::{ApiError, ApiResult};
+use crate::http::{self as h, Body};
+use crate::resources::ScaleSpec;
+
+const SCALE_SCHEMA: &str = "io.k8s.api.autoscaling.v1.Scale";
+
+fn scale_spec(call: &Call<'_>) -> ApiResult<ScaleSpec> {
+    call.target.rt.scale.clone().ok_or_else(|| {
+        ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    })
+}
+
+/// The Scale view of an object.
+fn scale_of(spec: &ScaleSpec, obj: &Object) -> Value {
+    let v = obj.to_value();
+    let replicas = v
+        .pointer(&spec.spec_replicas)
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    let current = v
+        .pointer(&spec.status_replicas)
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    let selector = spec
+        .label_selector
+        .as_deref()
+        .and_then(|p| v.pointer(p))
+        .map(|s| match s {
+            Value::String(s) => s.clone(),
+            other => serde_json::from_value::<LabelSelector>(other.clone())
+                .ok()
+                .and_then(|ls| ls.to_selector().ok())
+                .map(|sel| sel.to_string())
+                .unwrap_or_default(),
+        });
+    let mut status = json!({ "replicas": current });
+    if let Some(sel) = selector {
+        status["selector"] = json!(sel);
+    }
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": obj.name(),
+            "namespace": obj.namespace(),
+            "uid": obj.metadata.uid,
+            "resourceVersion": obj.metadata.resource_version,
+            "creationTimestamp": obj.metadata.creation_timestamp,
+        },
+        "spec": { "replicas": replicas },
+        "status": status,
+    })
+}
+
+fn set_pointer(v: &mut Value, pointer: &str, value: Value) {
+    let mut cur = v;
+    let parts: Vec<&str> = pointer.trim_start_matches('/').split('/').collect();
+    for (i, part) in parts.iter().enumerate() {
+        if !cur.is_object() {
+            *cur = json!({});
+        }
+        let Value::Object(m) = cur else { return };
+        if i + 1 == parts.len() {
+            m.insert(part.to_string(), value);
+            return;
+        }
+        cur = m.entry(part.to_string()).or_insert_with(|| json!({}));
+    }
+}
+
+pub async fn get_scale(call: Call<'_>) -> ApiResult<Response<Body>> {
+    let spec = scale_spec(&call)?;
+    let obj = call
+        .app
+        .store
+        .get(&call.target.key())
+        .await
+        .map_err(|e| ApiError::from_store(e, &call.target.rt, call.target.name()))?;
+    Ok(h::json(StatusCode::OK, &scale_of(&spec, &obj)))
+}
+
+/// Writes `replicas` into the object (optionally only at revision `precondition`).
+async fn write_replicas(
+    call: &Call<'_>,
+    replicas_of: impl Fn(&Value) -> ApiResult<(i64, Option<Revision>)>,
+) -> ApiResult<Response<Body>> {
+    let spec = scale_spec(call)?;
+    let rt = &call.target.rt;
+    let name = call.target.name();
+    let dry = dry_run(&call.query)?;
+    for _ in 0..8 {
+        let current = call
+            .app
+            .store
+            .get(&call.target.key())
+            .await
+            .map_err(|e| ApiError::from_store(e, rt, name))?;
+        let current_rv = current.revision().unwrap_or(0);
+        let (replicas, precondition) = replicas_of(&scale_of(&spec, &current))?;
+        if replicas < 0 {
+            let e = FieldError::invalid(
+                "spec.replicas",
+                replicas,
+                "must be greater than or equal to 0",
+            );
+            return Err(ApiError::invalid(rt, name, &[e]));
+        }
+        if precondition.is_some_and(|p| p != current_rv) {
+            return Err(ApiError::stale(rt, name));
+        }
+        let mut v = current.to_value();
+        if v.pointer(&spec.spec_replicas).and_then(Value::as_i64) == Some(replicas) {
+            return Ok(h::json(StatusCode::OK, &scale_of(&spec, &current)));
+        }
+        set_pointer(&mut v, &spec.spec_replicas, json!(replicas));
+        let mut next: Object =
+            serde_json::from_value(v).map_err(|e| ApiError::internal(e.to_string()))?;
+        next.metadata.generation = Some(current.metadata.generation.unwrap_or(1) + 1);
+        if dry {
+            return Ok(h::json(StatusCode::OK, &scale_of(&spec, &next)));
+        }
+        match call
+            .app
+            .store
+            .update(&call.target.key(), next, Some(current_rv))
+            .await
+        {
+            Ok(o) => {
+                return Ok(with_warnings(
+                    h::json(StatusCode::OK, &scale_of(&spec, &o)),
+                    &call.warnings,
+                ));
+            }
+            Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
+            Err(e) => return Err(ApiError::from_store(e, rt, name)),
+        }
+    }
+    Err(ApiError::stale(rt, name))
+}
+
+fn replicas_in(scale: &Value) -> ApiResult<i64> {
+    scale
+        .pointer("/spec/replicas")
+        .map(|r| {
+            r.as_i64()
+                .ok_or_else(|| ApiError::bad_request("spec.replicas must be an integer"))
+        })
+        .unwrap_or(Ok(0))
+}
+
+pub async fn update_scale(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+    let (scale, _) = decode_body(call.headers, body, crate::schema::SCALE)?;
+    let replicas = replicas_in(&scale)?;
+    let precondition = match scale
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+    {
+        Some(rv) if !rv.is_empty() => Some(
+            rv.parse::<Revision>()
+                .map_err(|_| ApiError::bad_request("invalid resourceVersion"))?,
+        ),
+        _ => None,
+    };
+    write_replicas(&call, |_| Ok((replicas, precondition))).await
+}
+
+pub async fn patch_scale(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+    let ptype = patch_type(&call)?;
+    let patch_doc: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?;
+    write_replicas(&call, |scale| {
+        let patched = apply_patch(&call, ptype, scale, &patch_doc, SCALE_SCHEMA)?;
+        Ok((replicas_in(&patched)?, None))
+    })
+    .await
+}
+
+/// PUT namespaces/<name>/finalize: sets `spec.finalizers`; a terminating namespace left with
+/// none is removed.
+pub async fn finalize(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+    let rt = call.target.rt.clone();
+    let name = call.target.name().to_string();
+    let (v, _) = decode_body(call.headers, body, &call.target.rt.schema)?;
+    let finalizers = v.pointer("/spec/finalizers").cloned().unwrap_or(json!([]));
+    if !finalizers.is_array() {
+        return Err(ApiError::bad_request("spec.finalizers must be a list"));
+    }
+    for _ in 0..8 {
+        let current = call
+            .app
+            .store
+            .get(&call.target.key())
+            .await
+            .map_err(|e| ApiError::from_store(e, &rt, &name))?;
+        let rv = current.revision().unwrap_or(0);
+        let mut next = current.clone();
+        let spec = next.spec.get_or_insert_with(|| json!({}));
+        spec["finalizers"] = finalizers.clone();
+        let empty = finalizers.as_array().is_some_and(|f| f.is_empty());
+        let result = if empty
+            && next.metadata.deletion_timestamp.is_some()
+            && next.metadata.finalizers.is_empty()
+        {
+            let pre = Preconditions {
+                uid: Some(current.metadata.uid.clone()),
+                revision: Some(rv),
+            };
+            call.app.store.delete(&call.target.key(), &pre).await
+        } else {
+            call.app
+                .store
+                .update(&call.target.key(), next, Some(rv))
+                .await
+        };
+        match result {
+            Ok(o) => return Ok(h::json(StatusCode::OK, &o.to_value())),
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(ApiError::from_store(e, &rt, &name)),
+        }
+    }
+    Err(ApiError::stale(&rt, &name))
+}

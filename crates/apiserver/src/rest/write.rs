@@ -1,0 +1,629 @@
+//! create, update, patch, delete, deletecollection.
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{Response, StatusCode};
+use orrery_api::{Object, Time};
+use orrery_store::{ListOptions, Preconditions, Revision, StoreError};
+use serde_json::{Value, json};
+
+use super::read::{present, selectors};
+use super::{
+    Call, FieldValidation, admit, decode_body, dry_run, respond_object, validate, with_warnings,
+};
+use crate::error::{ApiError, ApiResult};
+use crate::http::{self as h, Body};
+use crate::patch::{self, Meta, PatchType};
+use crate::resources::ResourceType;
+use crate::strategy;
+
+/// Attempts at a read-modify-write before giving up on a busy object.
+const RETRIES: usize = 8;
+
+fn random_suffix() -> String {
+    // The alphabet of Kubernetes' generated names: no vowels, no look-alikes.
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut b = [0u8; 5];
+    let _ = getrandom::fill(&mut b);
+    b.iter()
+        .map(|x| ALPHABET[*x as usize % ALPHABET.len()] as char)
+        .collect()
+}
+
+fn new_uid() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+fn set_meta_string(raw: &mut Value, field: &str, value: &str) {
+    if let Value::Object(m) = raw {
+        let meta = m.entry("metadata").or_insert_with(|| json!({}));
+        if let Value::Object(meta) = meta {
+            meta.insert(field.into(), json!(value));
+        }
+    }
+}
+
+/// Makes the body's namespace agree with the URL's.
+fn reconcile_namespace(call: &Call<'_>, raw: &mut Value) -> ApiResult<()> {
+    let rt = &call.target.rt;
+    let in_body = raw
+        .pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if rt.namespaced {
+        let Some(ns) = call.target.namespace.clone() else {
+            return Err(ApiError::new(
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+            ));
+        };
+        if !in_body.is_empty() && in_body != ns {
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
+        }
+        set_meta_string(raw, "namespace", &ns);
+    } else if !in_body.is_empty() {
+        // Cluster-scoped objects have no namespace.
+        if let Some(Value::Object(meta)) = raw.get_mut("metadata") {
+            meta.remove("namespace");
+        }
+    }
+    Ok(())
+}
+
+/// The namespace must exist and not be going away.
+async fn check_namespace(call: &Call<'_>, ns: &str) -> ApiResult<()> {
+    let reg = call.app.resources.snapshot();
+    let Some(ns_rt) = reg.get("", "v1", "namespaces") else {
+        return Ok(());
+    };
+    match call.app.store.get(&ns_rt.key("", ns)).await {
+        Ok(n) if n.metadata.deletion_timestamp.is_some() => Err(ApiError::forbidden(format!(
+            "unable to create new content in namespace {ns} because it is being terminated"
+        ))),
+        Ok(_) => Ok(()),
+        Err(StoreError::NotFound { .. }) => Err(ApiError::not_found(&ns_rt, ns)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn after_write(call: &Call<'_>) {
+    if call.target.rt.group == "apiextensions.k8s.io" {
+        // Serve (or stop serving) the defined kinds at once, before answering.
+        if let Err(e) = call.app.refresh_crds().await {
+            tracing::warn!(error = %e, "refreshing custom resource definitions failed");
+        }
+    }
+}
+
+pub async fn create(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+    let rt = call.target.rt.clone();
+    if rt.terminating {
+        return Err(ApiError::method_not_allowed(format!(
+            "create not allowed while custom resource definition is terminating ({})",
+            rt.qualified()
+        )));
+    }
+    let validation = FieldValidation::parse(&call.query)?;
+    let dry = dry_run(&call.query)?;
+    let (mut raw, dups) = decode_body(call.headers, body, &call.target.rt.schema)?;
+    reconcile_namespace(&call, &mut raw)?;
+    let mut obj = admit(&mut call, &mut raw, &dups, validation)?;
+    if !obj.metadata.resource_version.is_empty() {
+        return Err(ApiError::bad_request(
+            "resourceVersion should not be set on objects to be created",
+        ));
+    }
+    if rt.namespaced {
+        check_namespace(&call, &obj.metadata.namespace.clone()).await?;
+    }
+    let meta = &mut obj.metadata;
+    meta.uid = new_uid();
+    meta.creation_timestamp = Some(Time::now());
+    meta.generation = Some(1);
+    meta.deletion_timestamp = None;
+    meta.deletion_grace_period_seconds = None;
+    meta.managed_fields.clear();
+    meta.self_link.clear();
+    if rt.status {
+        // Status belongs to the server and the controllers, not to the creator.
+        obj.status = None;
+    }
+    strategy::prepare_create(&rt, &mut obj);
+    if rt.group == "apiextensions.k8s.io" {
+        obj.status = Some(crate::crd::status(&obj, None));
+    }
+    validate(&call, &obj, None)?;
+    let generate = obj.metadata.name.is_empty();
+    for attempt in 0..RETRIES {
+        if generate {
+            obj.metadata.name = format!("{}{}", obj.metadata.generate_name, random_suffix());
+        }
+        if dry {
+            return respond_object(&call, StatusCode::CREATED, &obj);
+        }
+        let key = rt.key(&obj.metadata.namespace, &obj.metadata.name);
+        match call.app.store.create(&key, obj.clone()).await {
+            Ok(stored) => {
+                after_write(&call).await;
+                return respond_object(&call, StatusCode::CREATED, &stored);
+            }
+            Err(StoreError::AlreadyExists { .. }) if generate && attempt + 1 < RETRIES => continue,
+            Err(e) => return Err(ApiError::from_store(e, &rt, &obj.metadata.name)),
+        }
+    }
+    Err(ApiError::already_exists(&rt, &obj.metadata.name))
+}
+
+/// The object to store when `incoming` replaces `current`: server-owned metadata comes from
+/// the stored object; a status update changes only status; a main update never changes status.
+fn merge_for_update(
+    rt: &ResourceType,
+    current: &Object,
+    mut incoming: Object,
+    subresource: Option<&str>,
+) -> ApiResult<Object> {
+    if subresource == Some("status") {
+        let mut next = current.clone();
+        next.status = incoming.status;
+        return Ok(next);
+    }
+    if !incoming.metadata.uid.is_empty() && incoming.metadata.uid != current.metadata.uid {
+        let e = orrery_api::validation::FieldError::invalid(
+            "metadata.uid",
+            &incoming.metadata.uid,
+            "field is immutable",
+        );
+        return Err(ApiError::invalid(rt, current.name(), &[e]));
+    }
+    let meta = &mut incoming.metadata;
+    meta.uid = current.metadata.uid.clone();
+    meta.name = current.metadata.name.clone();
+    meta.namespace = current.metadata.namespace.clone();
+    meta.creation_timestamp = current.metadata.creation_timestamp;
+    meta.deletion_timestamp = current.metadata.deletion_timestamp;
+    meta.deletion_grace_period_seconds = current.metadata.deletion_grace_period_seconds;
+    meta.managed_fields.clear();
+    meta.self_link.clear();
+    let changed = current.spec != incoming.spec || current.other != incoming.other;
+    let generation = current.metadata.generation.unwrap_or(1);
+    incoming.metadata.generation = Some(if changed { generation + 1 } else { generation });
+    if rt.status {
+        incoming.status = current.status.clone();
+    }
+    strategy::prepare_update(rt, current, &mut incoming);
+    if rt.group == "apiextensions.k8s.io" {
+        incoming.status = Some(crate::crd::status(&incoming, current.status.as_ref()));
+    }
+    Ok(incoming)
+}
+
+/// Stores `next` over `current` (revision `expected`), or deletes it when that update removes
+/// the last finalizer of an object being deleted.
+async fn commit_update(
+    call: &Call<'_>,
+    current: &Object,
+    next: Object,
+    expected: Revision,
+    dry: bool,
+) -> Result<Object, StoreError> {
+    let key = call.target.key();
+    let finished = next.metadata.deletion_timestamp.is_some()
+        && next.metadata.finalizers.is_empty()
+        && namespace_finalized(&call.target.rt, &next);
+    if dry {
+        return Ok(next);
+    }
+    if finished {
+        let pre = Preconditions {
+            uid: Some(current.metadata.uid.clone()),
+            revision: Some(expected),
+        };
+        return call
+            .app
+            .store
+            .delete(&key, &pre)
+            .await
+            .map(|o| (*o).clone());
+    }
+    call.app
+        .store
+        .update(&key, next, Some(expected))
+        .await
+        .map(|o| (*o).clone())
+}
+
+fn namespace_finalized(rt: &ResourceType, obj: &Object) -> bool {
+    !(rt.group.is_empty() && rt.kind == "Namespace")
+        || obj
+            .spec
+            .as_ref()
+            .and_then(|s| s.get("finalizers"))
+            .and_then(Value::as_array)
+            .is_none_or(|f| f.is_empty())
+}
+
+fn parse_rv(s: &str) -> ApiResult<Option<Revision>> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {s:?}")))
+}
+
+pub async fn update(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+    let rt = call.target.rt.clone();
+    let validation = FieldValidation::parse(&call.query)?;
+    let dry = dry_run(&call.query)?;
+    let (mut raw, dups) = decode_body(call.headers, body, &call.target.rt.schema)?;
+    let url_name = call.target.name().to_string();
+    match raw.pointer("/metadata/name").and_then(Value::as_str) {
+        Some(n) if !n.is_empty() && n != url_name => {
+            return Err(ApiError::bad_request(format!(
+                "the name of the object ({n}) does not match the name on the URL ({url_name})"
+            )));
+        }
+        _ => set_meta_string(&mut raw, "name", &url_name),
+    }
+    reconcile_namespace(&call, &mut raw)?;
+    let incoming = admit(&mut call, &mut raw, &dups, validation)?;
+    let precondition = parse_rv(&incoming.metadata.resource_version)?;
+    for _ in 0..RETRIES {
+        let current = call
+            .app
+            .store
+            .get(&call.target.key())
+            .await
+            .map_err(|e| ApiError::from_store(e, &rt, &url_name))?;
+        let current_rv = current.revision().unwrap_or(0);
+        if precondition.is_some_and(|p| p != current_rv) {
+            return Err(ApiError::stale(&rt, &url_name));
+        }
+        let next = merge_for_update(
+            &rt,
+            &current,
+            incoming.clone(),
+            call.target.subresource.as_deref(),
+        )?;
+        validate(&call, &next, Some(&current))?;
+        match commit_update(&call, &current, next, current_rv, dry).await {
+            Ok(stored) => {
+                after_write(&call).await;
+                return respond_object(&call, StatusCode::OK, &present(&rt, stored));
+            }
+            Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
+            Err(e) => return Err(ApiError::from_store(e, &rt, &url_name)),
+        }
+    }
+    Err(ApiError::stale(&rt, &url_name))
+}
+
+/// Applies a patch document of the given type to an object's JSON.
+pub fn apply_patch(
+    call: &Call<'_>,
+    ptype: PatchType,
+    doc: &Value,
+    patch_doc: &Value,
+    schema: &str,
+) -> ApiResult<Value> {
+    let mut out = doc.clone();
+    match ptype {
+        PatchType::Json => {
+            patch::json_patch(&mut out, patch_doc).map_err(|e| ApiError::bad_request(e.0))?
+        }
+        PatchType::Merge => {
+            patch::merge_patch(&mut out, patch_doc).map_err(|e| ApiError::bad_request(e.0))?
+        }
+        PatchType::Strategic => {
+            let set = call.app.schemas.set();
+            let meta = Meta::new(&set, set.get(schema));
+            out = patch::strategic_merge(doc, patch_doc, meta)
+                .map_err(|e| ApiError::bad_request(e.0))?;
+        }
+        PatchType::Apply => return Err(apply_unsupported()),
+    }
+    Ok(out)
+}
+
+fn apply_unsupported() -> ApiError {
+    ApiError::new(
+        415,
+        "UnsupportedMediaType",
+        "server-side apply is not supported by this server yet; use client-side apply (kubectl apply without --server-side)",
+    )
+}
+
+/// The patch type of a request, refused where it does not apply.
+pub fn patch_type(call: &Call<'_>) -> ApiResult<PatchType> {
+    let ct = call
+        .headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let ptype = PatchType::from_content_type(ct).ok_or_else(|| {
+        ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            format!("the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json (got {ct:?})"),
+        )
+    })?;
+    match ptype {
+        PatchType::Apply => Err(apply_unsupported()),
+        PatchType::Strategic if !call.target.rt.strategic_merge => Err(ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "strategic merge patch is not supported for {}; use a JSON merge patch (--type=merge) or a JSON patch",
+                call.target.rt.qualified()
+            ),
+        )),
+        t => Ok(t),
+    }
+}
+
+pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+    let rt = call.target.rt.clone();
+    let ptype = patch_type(&call)?;
+    let validation = FieldValidation::parse(&call.query)?;
+    let dry = dry_run(&call.query)?;
+    let (patch_doc, dups) = crate::schema::validate::parse_json(body)
+        .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?;
+    let name = call.target.name().to_string();
+    for _ in 0..RETRIES {
+        let current = call
+            .app
+            .store
+            .get(&call.target.key())
+            .await
+            .map_err(|e| ApiError::from_store(e, &rt, &name))?;
+        let current_rv = current.revision().unwrap_or(0);
+        let mut doc = apply_patch(&call, ptype, &current.to_value(), &patch_doc, &rt.schema)?;
+        let patched_rv = doc
+            .pointer("/metadata/resourceVersion")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let precondition = parse_rv(&patched_rv)?.filter(|r| *r != current_rv);
+        if let Some(p) = precondition
+            && p != current_rv
+        {
+            return Err(ApiError::stale(&rt, &name));
+        }
+        for (field, was) in [("name", current.name()), ("namespace", current.namespace())] {
+            let now = doc
+                .pointer(&format!("/metadata/{field}"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if now != was {
+                let e = orrery_api::validation::FieldError::invalid(
+                    format!("metadata.{field}"),
+                    now,
+                    "field is immutable",
+                );
+                return Err(ApiError::invalid(&rt, &name, &[e]));
+            }
+        }
+        let incoming = admit(&mut call, &mut doc, &dups, validation)?;
+        let next = merge_for_update(&rt, &current, incoming, call.target.subresource.as_deref())?;
+        if same_object(&current, &next) {
+            // Nothing changed: no write, no new revision.
+            return respond_object(&call, StatusCode::OK, &present(&rt, current));
+        }
+        validate(&call, &next, Some(&current))?;
+        match commit_update(&call, &current, next, current_rv, dry).await {
+            Ok(stored) => {
+                after_write(&call).await;
+                return respond_object(&call, StatusCode::OK, &present(&rt, stored));
+            }
+            Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
+            Err(e) => return Err(ApiError::from_store(e, &rt, &name)),
+        }
+    }
+    Err(ApiError::stale(&rt, &name))
+}
+
+fn same_object(a: &Object, b: &Object) -> bool {
+    let mut a = a.clone();
+    let mut b = b.clone();
+    a.metadata.resource_version.clear();
+    b.metadata.resource_version.clear();
+    a == b
+}
+
+/// `DeleteOptions` from the body and the query.
+#[derive(Debug, Default)]
+struct DeleteOptions {
+    policy: Option<String>,
+    uid: Option<String>,
+    revision: Option<Revision>,
+    dry: bool,
+}
+
+fn delete_options(call: &Call<'_>, body: &Bytes) -> ApiResult<DeleteOptions> {
+    let mut o = DeleteOptions::default();
+    let trimmed = body.iter().any(|b| !b.is_ascii_whitespace());
+    if trimmed {
+        let (v, _) = decode_body(call.headers, body, crate::schema::DELETE_OPTIONS)?;
+        if !v.is_object() {
+            return Err(ApiError::bad_request("DeleteOptions must be a JSON object"));
+        }
+        o.policy = v
+            .get("propagationPolicy")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if v.get("orphanDependents") == Some(&Value::Bool(true)) {
+            o.policy = Some("Orphan".into());
+        }
+        o.uid = v
+            .pointer("/preconditions/uid")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if let Some(rv) = v
+            .pointer("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+        {
+            o.revision = parse_rv(rv)?;
+        }
+        if let Some(Value::Array(d)) = v.get("dryRun") {
+            o.dry = d.iter().any(|x| x == "All");
+        }
+    }
+    if let Some(p) = call.query.get("propagationPolicy") {
+        o.policy = Some(p.to_string());
+    }
+    if call.query.flag("orphanDependents")? {
+        o.policy = Some("Orphan".into());
+    }
+    o.dry |= dry_run(&call.query)?;
+    match o.policy.as_deref() {
+        None | Some("Background" | "Foreground" | "Orphan") => Ok(o),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "propagationPolicy must be Orphan, Background or Foreground, got {other:?}"
+        ))),
+    }
+}
+
+/// Deletes one object per the options; returns the HTTP status and the object's final state.
+async fn delete_one(
+    call: &Call<'_>,
+    key: &str,
+    name: &str,
+    opts: &DeleteOptions,
+) -> ApiResult<(StatusCode, Object)> {
+    let rt = &call.target.rt;
+    for _ in 0..RETRIES {
+        let current = call
+            .app
+            .store
+            .get(key)
+            .await
+            .map_err(|e| ApiError::from_store(e, rt, name))?;
+        if let Some(uid) = &opts.uid
+            && uid != &current.metadata.uid
+        {
+            return Err(ApiError::conflict(
+                rt,
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                    current.metadata.uid
+                ),
+            ));
+        }
+        let current_rv = current.revision().unwrap_or(0);
+        if let Some(rv) = opts.revision
+            && rv != current_rv
+        {
+            return Err(ApiError::conflict(
+                rt,
+                name,
+                &format!(
+                    "Precondition failed: ResourceVersion in precondition: {rv}, ResourceVersion in meta: {current_rv}"
+                ),
+            ));
+        }
+        let mut finalizers = current.metadata.finalizers.clone();
+        let wanted = match opts.policy.as_deref() {
+            Some("Orphan") => Some("orphan"),
+            Some("Foreground") => Some("foregroundDeletion"),
+            _ => None,
+        };
+        if let Some(f) = wanted
+            && !finalizers.iter().any(|x| x == f)
+        {
+            finalizers.retain(|x| x != "orphan" && x != "foregroundDeletion");
+            finalizers.push(f.to_string());
+        }
+        let is_namespace = rt.group.is_empty() && rt.kind == "Namespace";
+        let graceful =
+            !finalizers.is_empty() || (is_namespace && !namespace_finalized(rt, &current));
+        if graceful {
+            if current.metadata.deletion_timestamp.is_some()
+                && finalizers == current.metadata.finalizers
+            {
+                return Ok((StatusCode::OK, present(rt, current)));
+            }
+            let mut next = current.clone();
+            next.metadata
+                .deletion_timestamp
+                .get_or_insert_with(Time::now);
+            next.metadata.deletion_grace_period_seconds = Some(0);
+            next.metadata.finalizers = finalizers;
+            if is_namespace {
+                next.status = Some(json!({ "phase": "Terminating" }));
+            }
+            if rt.group == "apiextensions.k8s.io" {
+                next.status = Some(crate::crd::status(&next, current.status.as_ref()));
+            }
+            if opts.dry {
+                return Ok((StatusCode::OK, next));
+            }
+            match call.app.store.update(key, next, Some(current_rv)).await {
+                Ok(o) => {
+                    let status = if wanted == Some("foregroundDeletion") {
+                        StatusCode::ACCEPTED
+                    } else {
+                        StatusCode::OK
+                    };
+                    return Ok((status, present(rt, (*o).clone())));
+                }
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(ApiError::from_store(e, rt, name)),
+            }
+        }
+        if opts.dry {
+            return Ok((StatusCode::OK, current));
+        }
+        let pre = Preconditions {
+            uid: Some(current.metadata.uid.clone()),
+            revision: Some(current_rv),
+        };
+        match call.app.store.delete(key, &pre).await {
+            Ok(o) => return Ok((StatusCode::OK, present(rt, (*o).clone()))),
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(ApiError::from_store(e, rt, name)),
+        }
+    }
+    Err(ApiError::stale(rt, name))
+}
+
+pub async fn delete(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+    let opts = delete_options(&call, body)?;
+    let (status, obj) = delete_one(&call, &call.target.key(), call.target.name(), &opts).await?;
+    after_write(&call).await;
+    respond_object(&call, status, &obj)
+}
+
+pub async fn delete_collection(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+    let rt = call.target.rt.clone();
+    let opts = delete_options(&call, body)?;
+    let (labels, fields) = selectors(&call)?;
+    let list = call
+        .app
+        .store
+        .list(
+            &rt.prefix(call.target.namespace.as_deref()),
+            &ListOptions {
+                labels,
+                fields,
+                ..Default::default()
+            },
+        )
+        .await?;
+    let mut items = Vec::new();
+    for o in list.items {
+        let key = rt.key(o.namespace(), o.name());
+        match delete_one(&call, &key, o.name(), &opts).await {
+            Ok((_, obj)) => items.push(obj.to_value()),
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    after_write(&call).await;
+    let out = json!({ "kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": {}, "items": items });
+    Ok(with_warnings(h::json(StatusCode::OK, &out), &call.warnings))
+}

@@ -1,0 +1,346 @@
+//! OpenAPI schemas of everything served, in one place: they are published at `/openapi/v3`,
+//! drive unknown-field detection and type checks at admission, and carry the strategic merge
+//! patch tags that both kubectl (computing a patch) and this server (applying it) read, so the
+//! two always agree on how each list merges.
+//!
+//! - Built-in kinds: generated from `k8s-openapi` (the upstream API definitions) with
+//!   `schemars`, then annotated with the upstream patch tags of [`patch_tags::PATCH_TAGS`].
+//! - CustomResourceDefinitions: their `openAPIV3Schema`, with standard metadata added.
+//! - Orrery's own kinds: open schemas for now (their fields are specified with their features).
+
+use std::sync::{Arc, OnceLock, RwLock};
+
+use serde_json::{Map, Value, json};
+
+pub mod patch_tags;
+pub mod validate;
+
+use crate::resources::ResourceType;
+
+/// The component holding standard object metadata.
+pub const OBJECT_META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta";
+pub const QUANTITY: &str = "io.k8s.apimachinery.pkg.api.resource.Quantity";
+pub const LIST_META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta";
+pub const PATCH_COMPONENT: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.Patch";
+pub const STATUS: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.Status";
+pub const DELETE_OPTIONS: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.DeleteOptions";
+pub const SCALE: &str = "io.k8s.api.autoscaling.v1.Scale";
+
+/// Component schemas, by name.
+pub type Components = Map<String, Value>;
+
+pub fn reference(name: &str) -> Value {
+    json!({ "$ref": format!("#/components/schemas/{name}") })
+}
+
+/// The name a `$ref` points at.
+pub fn ref_name(r: &str) -> &str {
+    r.rsplit('/').next().unwrap_or(r)
+}
+
+fn gvk(group: &str, version: &str, kind: &str) -> Value {
+    json!([{ "group": group, "version": version, "kind": kind }])
+}
+
+/// Built-in kinds and their group/version, for schema generation.
+fn builtin_components() -> Components {
+    use k8s_openapi::api::{apps, batch, core, networking};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
+
+    let mut generator = schemars::generate::SchemaSettings::openapi3().into_generator();
+    let mut kinds: Vec<(&str, &str, &str, String)> = Vec::new();
+    macro_rules! kind {
+        ($ty:ty, $group:expr, $version:expr, $kind:expr) => {{
+            generator.subschema_for::<$ty>();
+            kinds.push((
+                $group,
+                $version,
+                $kind,
+                <$ty as schemars::JsonSchema>::schema_name().into_owned(),
+            ));
+        }};
+    }
+    kind!(core::v1::Namespace, "", "v1", "Namespace");
+    kind!(core::v1::ConfigMap, "", "v1", "ConfigMap");
+    kind!(core::v1::Secret, "", "v1", "Secret");
+    kind!(core::v1::Service, "", "v1", "Service");
+    kind!(core::v1::ServiceAccount, "", "v1", "ServiceAccount");
+    kind!(
+        core::v1::PersistentVolumeClaim,
+        "",
+        "v1",
+        "PersistentVolumeClaim"
+    );
+    kind!(core::v1::Event, "", "v1", "Event");
+    kind!(core::v1::Pod, "", "v1", "Pod");
+    kind!(apps::v1::Deployment, "apps", "v1", "Deployment");
+    kind!(apps::v1::StatefulSet, "apps", "v1", "StatefulSet");
+    kind!(apps::v1::DaemonSet, "apps", "v1", "DaemonSet");
+    kind!(apps::v1::ReplicaSet, "apps", "v1", "ReplicaSet");
+    kind!(batch::v1::Job, "batch", "v1", "Job");
+    kind!(batch::v1::CronJob, "batch", "v1", "CronJob");
+    kind!(
+        networking::v1::Ingress,
+        "networking.k8s.io",
+        "v1",
+        "Ingress"
+    );
+    kind!(
+        apiext::CustomResourceDefinition,
+        "apiextensions.k8s.io",
+        "v1",
+        "CustomResourceDefinition"
+    );
+    kind!(
+        k8s_openapi::api::autoscaling::v1::Scale,
+        "autoscaling",
+        "v1",
+        "Scale"
+    );
+    kind!(meta::Status, "", "v1", "Status");
+    kind!(meta::DeleteOptions, "", "v1", "DeleteOptions");
+    kind!(meta::APIResourceList, "", "v1", "APIResourceList");
+    generator.subschema_for::<meta::ListMeta>();
+
+    let mut components = generator.take_definitions(true);
+    for (group, version, kind, name) in kinds {
+        if let Some(Value::Object(schema)) = components.get_mut(&name) {
+            schema.insert(
+                "x-kubernetes-group-version-kind".into(),
+                gvk(group, version, kind),
+            );
+        }
+    }
+    // `JSON` holds any JSON value (CRD defaults, enums, examples), not only objects.
+    components.insert(
+        "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.JSON".into(),
+        json!({
+            "description": "JSON represents any valid JSON value.",
+            "x-kubernetes-preserve-unknown-fields": true,
+        }),
+    );
+    components.insert(
+        PATCH_COMPONENT.into(),
+        json!({
+            "description": "Patch is provided to give a concrete name and type to the Kubernetes PATCH request body.",
+            "type": "object",
+        }),
+    );
+    patch_tags::annotate(&mut components);
+    components
+}
+
+/// An open schema for one of Orrery's own kinds (their fields arrive with their features).
+fn own_kind_schema(group: &str, version: &str, kind: &str) -> Value {
+    json!({
+        "description": format!("{kind} ({group}/{version}), one of Orrery's own kinds."),
+        "type": "object",
+        "properties": {
+            "apiVersion": { "type": "string" },
+            "kind": { "type": "string" },
+            "metadata": { "allOf": [reference(OBJECT_META)], "default": {} },
+            "spec": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+            "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+        },
+        "x-kubernetes-group-version-kind": gvk(group, version, kind),
+    })
+}
+
+static BUILTIN: OnceLock<Arc<Components>> = OnceLock::new();
+
+/// The built-in components, generated once per process.
+pub fn builtin() -> Arc<Components> {
+    BUILTIN
+        .get_or_init(|| {
+            let mut c = builtin_components();
+            for rt in crate::resources::builtin() {
+                if rt.origin == crate::resources::Origin::Own {
+                    c.insert(
+                        rt.schema.clone(),
+                        own_kind_schema(&rt.group, &rt.version, &rt.kind),
+                    );
+                }
+            }
+            Arc::new(c)
+        })
+        .clone()
+}
+
+/// A consistent view of all schemas: built-ins plus the CRD-defined ones.
+#[derive(Clone, Debug)]
+pub struct SchemaSet {
+    builtin: Arc<Components>,
+    custom: Arc<Components>,
+}
+
+impl SchemaSet {
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.custom.get(name).or_else(|| self.builtin.get(name))
+    }
+
+    /// Follows `$ref` and single-element `allOf: [{$ref}]` wrappers to the schema they name,
+    /// returning it with the name of the last component passed through.
+    pub fn resolve<'a>(&'a self, mut schema: &'a Value) -> (&'a Value, Option<&'a str>) {
+        let mut name = None;
+        for _ in 0..32 {
+            if let Some(r) = schema.get("$ref").and_then(Value::as_str) {
+                let n = ref_name(r);
+                match self.get(n) {
+                    Some(s) => {
+                        name = Some(n);
+                        schema = s;
+                        continue;
+                    }
+                    None => return (&Value::Null, name),
+                }
+            }
+            if let Some(Value::Array(all)) = schema.get("allOf")
+                && all.len() == 1
+                && schema.get("type").is_none()
+                && schema.get("properties").is_none()
+            {
+                schema = &all[0];
+                continue;
+            }
+            break;
+        }
+        (schema, name)
+    }
+
+    /// The components relevant to a set of kinds: their schemas and everything they reference.
+    pub fn closure(&self, roots: &[&str]) -> Components {
+        let mut out = Components::new();
+        let mut todo: Vec<String> = roots.iter().map(|s| s.to_string()).collect();
+        while let Some(name) = todo.pop() {
+            if out.contains_key(&name) {
+                continue;
+            }
+            let Some(schema) = self.get(&name) else {
+                continue;
+            };
+            collect_refs(schema, &mut todo);
+            out.insert(name, schema.clone());
+        }
+        out
+    }
+}
+
+fn collect_refs(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            if let Some(Value::String(r)) = m.get("$ref") {
+                out.push(ref_name(r).to_string());
+            }
+            for x in m.values() {
+                collect_refs(x, out);
+            }
+        }
+        Value::Array(a) => a.iter().for_each(|x| collect_refs(x, out)),
+        _ => {}
+    }
+}
+
+/// All schemas, with the CRD part replaceable.
+#[derive(Debug)]
+pub struct Schemas {
+    builtin: Arc<Components>,
+    custom: RwLock<Arc<Components>>,
+}
+
+impl Default for Schemas {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Schemas {
+    pub fn new() -> Self {
+        Schemas {
+            builtin: builtin(),
+            custom: RwLock::new(Arc::new(Components::new())),
+        }
+    }
+
+    pub fn set(&self) -> SchemaSet {
+        SchemaSet {
+            builtin: self.builtin.clone(),
+            custom: self
+                .custom
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        }
+    }
+
+    pub fn set_custom(&self, custom: Components) {
+        *self.custom.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(custom);
+    }
+}
+
+/// The schema of a custom resource version: its `openAPIV3Schema` with `apiVersion`, `kind`
+/// and standard `metadata` declared, as Kubernetes publishes it.
+pub fn crd_component(rt: &ResourceType, open_api_v3: Option<&Value>) -> Value {
+    let mut schema = match open_api_v3 {
+        Some(Value::Object(m)) => Value::Object(m.clone()),
+        // No schema: anything goes (only allowed for CRDs that preserve unknown fields).
+        _ => json!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true }),
+    };
+    if let Value::Object(m) = &mut schema {
+        m.entry("type").or_insert(json!("object"));
+        let props = m.entry("properties").or_insert_with(|| json!({}));
+        if let Value::Object(p) = props {
+            p.insert("apiVersion".into(), json!({ "type": "string" }));
+            p.insert("kind".into(), json!({ "type": "string" }));
+            p.insert(
+                "metadata".into(),
+                json!({ "allOf": [reference(OBJECT_META)] }),
+            );
+        }
+        m.insert(
+            "x-kubernetes-group-version-kind".into(),
+            gvk(&rt.group, &rt.version, &rt.kind),
+        );
+    }
+    schema
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_kinds_have_schemas_with_gvk() {
+        let set = Schemas::new().set();
+        for rt in crate::resources::builtin() {
+            let s = set
+                .get(&rt.schema)
+                .unwrap_or_else(|| panic!("no schema for {}", rt.schema));
+            let gvk = &s["x-kubernetes-group-version-kind"][0];
+            assert_eq!(gvk["kind"], rt.kind.as_str(), "{}", rt.schema);
+            assert_eq!(gvk["group"], rt.group.as_str());
+        }
+        assert!(set.get(OBJECT_META).is_some());
+    }
+
+    #[test]
+    fn resolve_follows_refs_and_allof() {
+        let set = Schemas::new().set();
+        let deploy = set.get("io.k8s.api.apps.v1.Deployment").unwrap();
+        let (spec, name) = set.resolve(&deploy["properties"]["spec"]);
+        assert_eq!(name, Some("io.k8s.api.apps.v1.DeploymentSpec"));
+        assert!(spec["properties"]["replicas"].is_object());
+        let (meta, name) = set.resolve(&deploy["properties"]["metadata"]);
+        assert_eq!(name, Some(OBJECT_META));
+        assert!(meta["properties"]["labels"].is_object());
+    }
+
+    #[test]
+    fn closure_collects_referenced_components() {
+        let set = Schemas::new().set();
+        let c = set.closure(&["io.k8s.api.apps.v1.Deployment"]);
+        assert!(c.contains_key("io.k8s.api.core.v1.PodSpec"));
+        assert!(c.contains_key("io.k8s.api.core.v1.Container"));
+        assert!(!c.contains_key("io.k8s.api.batch.v1.Job"));
+    }
+}

@@ -1,0 +1,514 @@
+//! Kind-specific rules applied on create and update ("strategies" in the Kubernetes API server):
+//! defaults, values the server owns, and validation beyond what the schema says.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use orrery_api::Object;
+use orrery_api::labels::{LabelSelector, Selector};
+use orrery_api::validation::{ErrorList, FieldError};
+use serde_json::{Value, json};
+
+use crate::resources::ResourceType;
+
+/// Finalizer that keeps a namespace until its contents are gone.
+pub const NAMESPACE_FINALIZER: &str = "kubernetes";
+/// Finalizer that keeps a CRD until its custom resources are gone.
+pub const CRD_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
+
+fn spec_mut(obj: &mut Object) -> &mut serde_json::Map<String, Value> {
+    if !matches!(obj.spec, Some(Value::Object(_))) {
+        obj.spec = Some(json!({}));
+    }
+    // Invariant: spec was made an object just above.
+    #[allow(clippy::expect_used)]
+    obj.spec
+        .as_mut()
+        .and_then(Value::as_object_mut)
+        .expect("spec is an object")
+}
+
+/// Defaults and server-owned fields for a new object.
+pub fn prepare_create(rt: &ResourceType, obj: &mut Object) {
+    apply_defaults(rt, obj);
+    match (rt.group.as_str(), rt.kind.as_str()) {
+        ("", "Namespace") => {
+            let spec = spec_mut(obj);
+            let finalizers = spec.entry("finalizers").or_insert_with(|| json!([]));
+            if let Value::Array(f) = finalizers
+                && !f.iter().any(|x| x == NAMESPACE_FINALIZER)
+            {
+                f.push(json!(NAMESPACE_FINALIZER));
+            }
+            obj.status = Some(json!({ "phase": "Active" }));
+        }
+        ("", "Secret") => fold_string_data(obj),
+        ("apiextensions.k8s.io", "CustomResourceDefinition")
+            if !obj.metadata.finalizers.iter().any(|f| f == CRD_FINALIZER) =>
+        {
+            obj.metadata.finalizers.push(CRD_FINALIZER.to_string());
+        }
+        _ => {}
+    }
+}
+
+fn set_default(m: &mut serde_json::Map<String, Value>, key: &str, value: Value) {
+    if m.get(key).is_none_or(Value::is_null) {
+        m.insert(key.to_string(), value);
+    }
+}
+
+/// Defaults of a container (Kubernetes' `SetDefaults_Container` and its ports').
+fn default_container(c: &mut Value) {
+    let Some(c) = c.as_object_mut() else { return };
+    let image = c
+        .get("image")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let tag = image
+        .rsplit('/')
+        .next()
+        .and_then(|last| last.split_once(':'))
+        .map(|(_, t)| t.to_string());
+    let latest = !image.contains('@') && tag.as_deref().is_none_or(|t| t == "latest");
+    set_default(
+        c,
+        "imagePullPolicy",
+        json!(if latest { "Always" } else { "IfNotPresent" }),
+    );
+    set_default(c, "terminationMessagePath", json!("/dev/termination-log"));
+    set_default(c, "terminationMessagePolicy", json!("File"));
+    if let Some(Value::Array(ports)) = c.get_mut("ports") {
+        for p in ports.iter_mut().filter_map(Value::as_object_mut) {
+            set_default(p, "protocol", json!("TCP"));
+        }
+    }
+}
+
+/// Defaults of a pod spec (`SetDefaults_PodSpec`).
+fn default_pod_spec(spec: &mut Value, restart_policy: bool) {
+    let Some(s) = spec.as_object_mut() else {
+        return;
+    };
+    for list in ["containers", "initContainers"] {
+        if let Some(Value::Array(cs)) = s.get_mut(list) {
+            cs.iter_mut().for_each(default_container);
+        }
+    }
+    if restart_policy {
+        set_default(s, "restartPolicy", json!("Always"));
+    }
+    set_default(s, "dnsPolicy", json!("ClusterFirst"));
+    set_default(s, "schedulerName", json!("default-scheduler"));
+    set_default(s, "terminationGracePeriodSeconds", json!(30));
+    set_default(s, "securityContext", json!({}));
+}
+
+fn template_spec(spec: &mut serde_json::Map<String, Value>) -> Option<&mut Value> {
+    spec.get_mut("template").and_then(|t| t.get_mut("spec"))
+}
+
+/// The defaults Kubernetes applies to the kinds served here, on every write.
+pub fn apply_defaults(rt: &ResourceType, obj: &mut Object) {
+    if rt.origin != crate::resources::Origin::BuiltIn {
+        return;
+    }
+    match (rt.group.as_str(), rt.kind.as_str()) {
+        ("", "Pod") => {
+            if let Some(spec) = obj.spec.as_mut() {
+                default_pod_spec(spec, true);
+            }
+        }
+        ("", "Service") => {
+            let spec = spec_mut(obj);
+            set_default(spec, "type", json!("ClusterIP"));
+            set_default(spec, "sessionAffinity", json!("None"));
+            set_default(spec, "internalTrafficPolicy", json!("Cluster"));
+            if let Some(Value::Array(ports)) = spec.get_mut("ports") {
+                for p in ports.iter_mut().filter_map(Value::as_object_mut) {
+                    set_default(p, "protocol", json!("TCP"));
+                    if let Some(port) = p.get("port").cloned() {
+                        set_default(p, "targetPort", port);
+                    }
+                }
+            }
+        }
+        ("apps", "Deployment") => {
+            let spec = spec_mut(obj);
+            set_default(spec, "replicas", json!(1));
+            set_default(
+                spec,
+                "strategy",
+                json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}),
+            );
+            set_default(spec, "revisionHistoryLimit", json!(10));
+            set_default(spec, "progressDeadlineSeconds", json!(600));
+            if let Some(t) = template_spec(spec) {
+                default_pod_spec(t, true);
+            }
+        }
+        ("apps", "ReplicaSet") => {
+            let spec = spec_mut(obj);
+            set_default(spec, "replicas", json!(1));
+            if let Some(t) = template_spec(spec) {
+                default_pod_spec(t, true);
+            }
+        }
+        ("apps", "StatefulSet") => {
+            let spec = spec_mut(obj);
+            set_default(spec, "replicas", json!(1));
+            set_default(spec, "podManagementPolicy", json!("OrderedReady"));
+            set_default(
+                spec,
+                "updateStrategy",
+                json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}),
+            );
+            set_default(spec, "revisionHistoryLimit", json!(10));
+            if let Some(t) = template_spec(spec) {
+                default_pod_spec(t, true);
+            }
+        }
+        ("apps", "DaemonSet") => {
+            let spec = spec_mut(obj);
+            set_default(
+                spec,
+                "updateStrategy",
+                json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}),
+            );
+            set_default(spec, "revisionHistoryLimit", json!(10));
+            if let Some(t) = template_spec(spec) {
+                default_pod_spec(t, true);
+            }
+        }
+        ("batch", "Job") => {
+            let spec = spec_mut(obj);
+            set_default(spec, "backoffLimit", json!(6));
+            set_default(spec, "completionMode", json!("NonIndexed"));
+            set_default(spec, "suspend", json!(false));
+            if spec.get("completions").is_none_or(Value::is_null)
+                && spec.get("parallelism").is_none_or(Value::is_null)
+            {
+                spec.insert("completions".into(), json!(1));
+                spec.insert("parallelism".into(), json!(1));
+            }
+            set_default(spec, "parallelism", json!(1));
+            if let Some(t) = template_spec(spec) {
+                default_pod_spec(t, false);
+            }
+        }
+        ("batch", "CronJob") => {
+            let spec = spec_mut(obj);
+            set_default(spec, "concurrencyPolicy", json!("Allow"));
+            set_default(spec, "suspend", json!(false));
+            set_default(spec, "successfulJobsHistoryLimit", json!(3));
+            set_default(spec, "failedJobsHistoryLimit", json!(1));
+            if let Some(t) = spec
+                .get_mut("jobTemplate")
+                .and_then(|j| j.get_mut("spec"))
+                .and_then(|s| s.get_mut("template"))
+                .and_then(|t| t.get_mut("spec"))
+            {
+                default_pod_spec(t, false);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Carries server-owned values from the stored object into an update.
+pub fn prepare_update(rt: &ResourceType, old: &Object, new: &mut Object) {
+    apply_defaults(rt, new);
+    match (rt.group.as_str(), rt.kind.as_str()) {
+        ("", "Namespace") => {
+            // spec.finalizers change only through the finalize subresource.
+            let finalizers = old
+                .spec
+                .as_ref()
+                .and_then(|s| s.get("finalizers"))
+                .cloned()
+                .unwrap_or(json!([]));
+            spec_mut(new).insert("finalizers".into(), finalizers);
+        }
+        ("", "Secret") => fold_string_data(new),
+        _ => {}
+    }
+}
+
+/// `stringData` is write-only: it is merged into `data` (base64) when stored.
+fn fold_string_data(obj: &mut Object) {
+    let Some(Value::Object(string_data)) = obj.other.remove("stringData") else {
+        return;
+    };
+    let data = obj.other.entry("data").or_insert_with(|| json!({}));
+    if let Value::Object(d) = data {
+        for (k, v) in string_data {
+            if let Value::String(s) = v {
+                d.insert(k, json!(STANDARD.encode(s.as_bytes())));
+            }
+        }
+    }
+}
+
+fn config_key_ok(k: &str) -> bool {
+    !k.is_empty()
+        && k.len() <= 253
+        && k != "."
+        && k != ".."
+        && k.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+/// Validation beyond the schema, for a new or updated object.
+pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorList {
+    let mut errs = ErrorList::new();
+    let spec = obj.spec.as_ref();
+    match (rt.group.as_str(), rt.kind.as_str()) {
+        ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet") => {
+            if let Some(r) = spec.and_then(|s| s.get("replicas")).and_then(Value::as_i64)
+                && r < 0
+            {
+                errs.push(FieldError::invalid(
+                    "spec.replicas",
+                    r,
+                    "must be greater than or equal to 0",
+                ));
+            }
+            check_selector(
+                spec,
+                "spec.selector",
+                "spec.template.metadata.labels",
+                &["template", "metadata", "labels"],
+                &mut errs,
+            );
+            if let Some(old) = old {
+                let before = old.spec.as_ref().and_then(|s| s.get("selector"));
+                let after = spec.and_then(|s| s.get("selector"));
+                if before.is_some() && before != after {
+                    errs.push(FieldError::invalid(
+                        "spec.selector",
+                        after.map(|v| v.to_string()).unwrap_or_default(),
+                        "field is immutable",
+                    ));
+                }
+            }
+        }
+        ("batch", "Job") => {
+            let policy = spec
+                .and_then(|s| s.pointer("/template/spec/restartPolicy"))
+                .and_then(Value::as_str);
+            if let Some(p) = policy
+                && p != "OnFailure"
+                && p != "Never"
+            {
+                errs.push(FieldError::not_supported(
+                    "spec.template.spec.restartPolicy",
+                    p,
+                    &["OnFailure", "Never"],
+                ));
+            }
+        }
+        ("", "ConfigMap" | "Secret") => {
+            let mut size = 0usize;
+            for field in ["data", "binaryData"] {
+                if let Some(Value::Object(m)) = obj.other.get(field) {
+                    for (k, v) in m {
+                        if !config_key_ok(k) {
+                            errs.push(FieldError::invalid(format!("{field}[{k}]"), k, "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"));
+                        }
+                        size += k.len() + v.as_str().map_or(0, str::len);
+                    }
+                }
+            }
+            if size > 1024 * 1024 {
+                errs.push(FieldError::too_long("data", 1024 * 1024));
+            }
+            if let Some(old) = old
+                && old.other.get("immutable") == Some(&Value::Bool(true))
+            {
+                for field in ["data", "binaryData", "immutable"] {
+                    if old.other.get(field) != obj.other.get(field) {
+                        errs.push(FieldError::forbidden(
+                            field,
+                            "field is immutable when `immutable` is set",
+                        ));
+                    }
+                }
+            }
+            if rt.kind == "Secret"
+                && let Some(old) = old
+                && old.other.get("type") != obj.other.get("type")
+            {
+                errs.push(FieldError::invalid(
+                    "type",
+                    obj.other
+                        .get("type")
+                        .map(|t| t.to_string())
+                        .unwrap_or_default(),
+                    "field is immutable",
+                ));
+            }
+        }
+        _ => {}
+    }
+    errs
+}
+
+/// A workload's selector must be valid and select its own pod template.
+fn check_selector(
+    spec: Option<&Value>,
+    sel_path: &str,
+    labels_path: &str,
+    labels_at: &[&str],
+    errs: &mut ErrorList,
+) {
+    let Some(sel_value) = spec.and_then(|s| s.get("selector")) else {
+        return;
+    };
+    let parsed: Result<LabelSelector, _> = serde_json::from_value(sel_value.clone());
+    let selector: Selector = match parsed
+        .map_err(|e| e.to_string())
+        .and_then(|s| s.to_selector().map_err(|e| e.to_string()))
+    {
+        Ok(s) => s,
+        Err(e) => {
+            errs.push(FieldError::invalid(sel_path, sel_value, e));
+            return;
+        }
+    };
+    if selector.is_everything() {
+        errs.push(FieldError::invalid(
+            sel_path,
+            sel_value,
+            "empty selector is invalid for deployment",
+        ));
+        return;
+    }
+    let labels = labels_at
+        .iter()
+        .try_fold(spec.unwrap_or(&Value::Null), |v, k| v.get(*k))
+        .and_then(|l| serde_json::from_value(l.clone()).ok())
+        .unwrap_or_default();
+    if !selector.matches(&labels) {
+        errs.push(FieldError::invalid(
+            labels_path,
+            format!("{labels:?}"),
+            "`selector` does not match template `labels`",
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::{Registry, builtin};
+
+    fn rt(group: &str, plural: &str) -> std::sync::Arc<ResourceType> {
+        let version = if group.is_empty()
+            || group == "apps"
+            || group == "batch"
+            || group == "apiextensions.k8s.io"
+        {
+            "v1"
+        } else {
+            "v1alpha1"
+        };
+        Registry::new(builtin())
+            .get(group, version, plural)
+            .unwrap()
+    }
+
+    #[test]
+    fn namespaces_get_finalizer_and_phase() {
+        let mut ns = Object::new("v1", "Namespace").with_name("a");
+        prepare_create(&rt("", "namespaces"), &mut ns);
+        assert_eq!(ns.spec.unwrap()["finalizers"], json!(["kubernetes"]));
+        assert_eq!(ns.status.unwrap()["phase"], "Active");
+    }
+
+    #[test]
+    fn secrets_fold_string_data() {
+        let mut s = Object::new("v1", "Secret").with_name("s");
+        s.other
+            .insert("stringData".into(), json!({"user": "admin"}));
+        s.other.insert("data".into(), json!({"old": "eA=="}));
+        prepare_create(&rt("", "secrets"), &mut s);
+        assert_eq!(s.other["data"], json!({"old": "eA==", "user": "YWRtaW4="}));
+        assert!(!s.other.contains_key("stringData"));
+    }
+
+    #[test]
+    fn workload_rules() {
+        let d = |replicas: i64, sel: &str, label: &str| -> Object {
+            serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "w"},
+                "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": sel}},
+                         "template": {"metadata": {"labels": {"app": label}}, "spec": {"containers": []}}}})).unwrap()
+        };
+        let r = rt("apps", "deployments");
+        assert!(validate(&r, &d(1, "web", "web"), None).is_empty());
+        let errs = validate(&r, &d(-1, "web", "db"), None);
+        let fields: Vec<_> = errs.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["spec.replicas", "spec.template.metadata.labels"]);
+        let errs = validate(&r, &d(1, "db", "db"), Some(&d(1, "web", "web")));
+        assert_eq!(errs[0].field, "spec.selector");
+        assert!(errs[0].detail.contains("immutable"));
+    }
+
+    #[test]
+    fn config_maps_and_immutability() {
+        let r = rt("", "configmaps");
+        let mut cm = Object::new("v1", "ConfigMap").with_name("c");
+        cm.other
+            .insert("data".into(), json!({"ok.key": "v", "bad key": "v"}));
+        let errs = validate(&r, &cm, None);
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].field, "data[bad key]");
+        let mut old = Object::new("v1", "ConfigMap").with_name("c");
+        old.other.insert("immutable".into(), json!(true));
+        old.other.insert("data".into(), json!({"a": "1"}));
+        let mut new = old.clone();
+        new.other.insert("data".into(), json!({"a": "2"}));
+        assert_eq!(validate(&r, &new, Some(&old))[0].field, "data");
+    }
+
+    #[test]
+    fn defaults_like_kubernetes() {
+        let mut d: Object = serde_json::from_value(json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "w"},
+            "spec": {"selector": {"matchLabels": {"app": "w"}}, "template": {"spec": {"containers": [
+                {"name": "a", "image": "nginx:1.27", "ports": [{"containerPort": 80}]},
+                {"name": "b", "image": "busybox"}]}}}})).unwrap();
+        prepare_create(&rt("apps", "deployments"), &mut d);
+        let spec = d.spec.unwrap();
+        assert_eq!(spec["replicas"], 1);
+        assert_eq!(spec["strategy"]["type"], "RollingUpdate");
+        let c = &spec["template"]["spec"]["containers"];
+        assert_eq!(c[0]["ports"][0]["protocol"], "TCP");
+        assert_eq!(c[0]["imagePullPolicy"], "IfNotPresent");
+        assert_eq!(c[1]["imagePullPolicy"], "Always", "no tag means latest");
+        assert_eq!(spec["template"]["spec"]["restartPolicy"], "Always");
+
+        let mut svc: Object = serde_json::from_value(
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
+            "spec": {"ports": [{"port": 80}], "type": "NodePort"}}),
+        )
+        .unwrap();
+        prepare_create(&rt("", "services"), &mut svc);
+        let spec = svc.spec.unwrap();
+        assert_eq!(spec["type"], "NodePort", "given values stay");
+        assert_eq!(spec["ports"][0]["targetPort"], 80);
+        assert_eq!(spec["ports"][0]["protocol"], "TCP");
+    }
+
+    #[test]
+    fn jobs_need_a_restartable_policy() {
+        let r = rt("batch", "jobs");
+        let job: Object = serde_json::from_value(
+            json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+            "spec": {"template": {"spec": {"restartPolicy": "Always", "containers": []}}}}),
+        )
+        .unwrap();
+        assert_eq!(
+            validate(&r, &job, None)[0].field,
+            "spec.template.spec.restartPolicy"
+        );
+    }
+}

@@ -1,0 +1,142 @@
+//! A typed client for Orrery's Kubernetes-compatible API, built on the `kube` crate.
+//!
+//! Orrery's own code (controllers, the member agent, tests, tools) talks to the server through
+//! this crate: [`connect`] builds a [`kube::Client`] from a kubeconfig (the one `orrery server`
+//! writes works as is) or from a URL, a bearer token and the server's CA; [`api`] gives a
+//! typed handle for any of Orrery's own kinds by group, version, kind and plural.
+
+use std::path::Path;
+
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("reading kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        source: kube::config::KubeconfigError,
+    },
+    #[error("invalid server URL {0:?}")]
+    Url(String),
+    #[error("building the client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// A client from a kubeconfig file (its current context).
+pub async fn from_kubeconfig(path: &Path) -> Result<Client, ClientError> {
+    let kubeconfig = Kubeconfig::read_from(path).map_err(|source| ClientError::Kubeconfig {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|source| ClientError::Kubeconfig {
+            path: path.display().to_string(),
+            source,
+        })?;
+    Ok(Client::try_from(config)?)
+}
+
+/// A client from the server's URL, a bearer token, and the PEM of the CA that signed the
+/// server's certificate.
+pub fn connect(url: &str, token: &str, ca_pem: &str) -> Result<Client, ClientError> {
+    let uri: http::Uri = url.parse().map_err(|_| ClientError::Url(url.to_string()))?;
+    let mut config = Config::new(uri);
+    config.root_cert = Some(pem_certificates(ca_pem));
+    config.auth_info.token = Some(token.to_string().into());
+    Ok(Client::try_from(config)?)
+}
+
+/// The DER certificates in a PEM bundle.
+fn pem_certificates(pem: &str) -> Vec<Vec<u8>> {
+    use base64::Engine;
+    pem.split("-----BEGIN CERTIFICATE-----")
+        .skip(1)
+        .filter_map(|block| block.split("-----END CERTIFICATE-----").next())
+        .filter_map(|body| {
+            let compact: String = body.chars().filter(|c| !c.is_whitespace()).collect();
+            base64::engine::general_purpose::STANDARD
+                .decode(compact)
+                .ok()
+        })
+        .collect()
+}
+
+/// How to address one of Orrery's kinds.
+#[derive(Clone, Debug)]
+pub struct Kind {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    pub plural: &'static str,
+    pub namespaced: bool,
+}
+
+/// Orrery's own kinds.
+pub mod kinds {
+    use super::Kind;
+
+    pub const CLUSTER: Kind = Kind {
+        group: "multicluster.io",
+        version: "v1alpha1",
+        kind: "Cluster",
+        plural: "clusters",
+        namespaced: false,
+    };
+    pub const WORK: Kind = Kind {
+        group: "multicluster.io",
+        version: "v1alpha1",
+        kind: "Work",
+        plural: "works",
+        namespaced: true,
+    };
+    pub const RESOURCE_BINDING: Kind = Kind {
+        group: "multicluster.io",
+        version: "v1alpha1",
+        kind: "ResourceBinding",
+        plural: "resourcebindings",
+        namespaced: true,
+    };
+    pub const RESOURCE_PLACEMENT_POLICY: Kind = Kind {
+        group: "multicluster.io",
+        version: "v1alpha1",
+        kind: "ResourcePlacementPolicy",
+        plural: "resourceplacementpolicies",
+        namespaced: true,
+    };
+}
+
+impl Kind {
+    pub fn api_resource(&self) -> ApiResource {
+        ApiResource {
+            group: self.group.to_string(),
+            version: self.version.to_string(),
+            api_version: format!("{}/{}", self.group, self.version),
+            kind: self.kind.to_string(),
+            plural: self.plural.to_string(),
+        }
+    }
+}
+
+/// A handle on one kind: all namespaces (or cluster-scoped) when `namespace` is `None`.
+pub fn api(client: &Client, kind: &Kind, namespace: Option<&str>) -> Api<DynamicObject> {
+    let ar = kind.api_resource();
+    match (kind.namespaced, namespace) {
+        (true, Some(ns)) => Api::namespaced_with(client.clone(), ns, &ar),
+        _ => Api::all_with(client.clone(), &ar),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_pem_bodies() {
+        let pem = "-----BEGIN CERTIFICATE-----\naGVs\nbG8=\n-----END CERTIFICATE-----\n";
+        assert_eq!(pem_certificates(pem), vec![b"hello".to_vec()]);
+        assert!(pem_certificates("no certificates here").is_empty());
+    }
+}

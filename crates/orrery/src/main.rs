@@ -1,0 +1,57 @@
+//! `orrery`: the one binary. Each subcommand lives in its own module; this file only parses
+//! the command line and sets up logging.
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+mod server;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "orrery",
+    version,
+    about = "Orrery: a cross-cluster resource orchestrator"
+)]
+struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the control plane: the Kubernetes-compatible API over the store.
+    Server(server::ServerArgs),
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_env("ORRERY_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        match cli.command {
+            Command::Server(args) => server::run(args).await,
+        }
+    })
+}

@@ -1,0 +1,269 @@
+//! `orrery server`: wires the store, the API server, its lifecycle controllers and TLS together.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use orrery_apiserver::auth::{Authenticator, Identity};
+use orrery_apiserver::{ApiConfig, App, pki};
+use orrery_store::Store;
+
+/// Which store to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum StoreKind {
+    Sqlite,
+    Etcd,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ServerArgs {
+    /// Where the store, certificates and the admin kubeconfig live.
+    #[arg(long, default_value = "./orrery-data", env = "ORRERY_DATA_DIR")]
+    pub data_dir: PathBuf,
+    /// Address to serve HTTPS on.
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    pub listen: SocketAddr,
+    /// Storage backend.
+    #[arg(long, value_enum, default_value = "sqlite")]
+    pub store: StoreKind,
+    /// etcd endpoints (comma-separated URLs), with --store etcd.
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
+    pub etcd_endpoints: Vec<String>,
+    /// Key prefix in etcd, so installations can share one etcd.
+    #[arg(long, default_value = "/orrery")]
+    pub etcd_prefix: String,
+    /// Extra names or addresses for the serving certificate (repeatable).
+    #[arg(long = "tls-san")]
+    pub tls_san: Vec<String>,
+    /// How long a member cluster that stops reporting stays Ready.
+    #[arg(long, default_value = "40s", value_parser = parse_duration)]
+    pub cluster_grace_period: Duration,
+    /// How much history the store keeps before compacting (watch resumption window).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub compaction_interval: Duration,
+}
+
+/// Durations like `40s`, `5m`, `1h`, `250ms`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let (num, unit) = s.trim().split_at(
+        s.trim()
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(s.len()),
+    );
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 40s, 5m, 1h"))?;
+    Ok(match unit {
+        "ms" => Duration::from_millis(n),
+        "s" | "" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
+    })
+}
+
+async fn open_store(args: &ServerArgs) -> anyhow::Result<Arc<dyn Store>> {
+    match args.store {
+        StoreKind::Sqlite => {
+            let store = orrery_store_sqlite::SqliteStore::open_dir(&args.data_dir)
+                .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
+            Ok(Arc::new(store))
+        }
+        #[cfg(feature = "etcd")]
+        StoreKind::Etcd => {
+            let config = orrery_store_etcd::EtcdConfig::new(args.etcd_endpoints.clone())
+                .with_prefix(args.etcd_prefix.clone());
+            Ok(Arc::new(
+                orrery_store_etcd::EtcdStore::connect(config).await?,
+            ))
+        }
+        #[cfg(not(feature = "etcd"))]
+        StoreKind::Etcd => anyhow::bail!(
+            "this build of orrery has no etcd support; rebuild with `cargo build --release -p orrery --features etcd` \
+             (needs protoc, Debian package protobuf-compiler)"
+        ),
+    }
+}
+
+/// The admin token: the one in an existing kubeconfig if it is still valid, else a new one.
+async fn admin_token(auth: &Authenticator, kubeconfig: &Path) -> anyhow::Result<String> {
+    if let Ok(text) = std::fs::read_to_string(kubeconfig)
+        && let Some(token) = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("token: "))
+            .map(str::to_string)
+        && auth
+            .verify(&token)
+            .is_some_and(|id| matches!(id, Identity::Admin { .. }))
+    {
+        return Ok(token);
+    }
+    let token = auth
+        .issue(
+            &Identity::Admin {
+                name: "admin".into(),
+            },
+            "created by orrery server for admin.kubeconfig",
+            None,
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("creating the admin token: {}", e.message))?;
+    Ok(token)
+}
+
+/// The URL clients use to reach `listen`.
+pub fn client_url(listen: &SocketAddr) -> String {
+    let host = if listen.ip().is_unspecified() {
+        "127.0.0.1".to_string()
+    } else {
+        listen.ip().to_string()
+    };
+    if host.contains(':') {
+        format!("https://[{host}]:{}", listen.port())
+    } else {
+        format!("https://{host}:{}", listen.port())
+    }
+}
+
+/// A running server, for `orrery server` and `orrery up`.
+pub struct Running {
+    pub url: String,
+    pub kubeconfig: PathBuf,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    serving: tokio::task::JoinHandle<()>,
+    store: Arc<dyn Store>,
+}
+
+impl Running {
+    /// Stops serving (watches end, in-flight requests finish) and closes the store.
+    pub async fn stop(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.serving.await;
+        self.store.close().await;
+    }
+}
+
+/// Starts everything and returns once the server accepts connections.
+pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let store = open_store(args).await?;
+    let mut sans = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    if !args.listen.ip().is_unspecified() {
+        sans.push(args.listen.ip().to_string());
+    }
+    sans.extend(args.tls_san.iter().cloned());
+    let pki = pki::ensure(&args.data_dir, &sans).context("preparing TLS certificates")?;
+    let tls = pki::server_config(&pki).map_err(|e| anyhow::anyhow!("TLS configuration: {e}"))?;
+    let auth = Authenticator::start(store.clone())
+        .await
+        .context("loading tokens")?;
+
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let config = ApiConfig {
+        server_address: args.listen.to_string(),
+        ..ApiConfig::default()
+    };
+    let app = App::new(store.clone(), auth.clone(), config, shutdown_rx.clone())
+        .await
+        .context("starting the API")?;
+    app.ensure_namespaces()
+        .await
+        .context("creating the default namespaces")?;
+    orrery_apiserver::lifecycle::spawn(app.clone());
+    orrery_store::spawn_compactor(store.clone(), args.compaction_interval);
+
+    let url = client_url(&args.listen);
+    let kubeconfig = args.data_dir.join("admin.kubeconfig");
+    let token = admin_token(&auth, &kubeconfig).await?;
+    pki::write_kubeconfig(
+        &kubeconfig,
+        &pki::kubeconfig(&url, &pki.ca_pem, "admin", &token),
+    )
+    .with_context(|| format!("writing {}", kubeconfig.display()))?;
+
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let serving = tokio::spawn(orrery_apiserver::server::serve(
+        app.clone(),
+        listener,
+        tls,
+        shutdown_rx,
+    ));
+    tracing::info!(url = %url, kubeconfig = %kubeconfig.display(), "serving");
+    Ok(Running {
+        url,
+        kubeconfig,
+        shutdown: shutdown_tx,
+        serving,
+        store,
+    })
+}
+
+/// Waits for SIGTERM or Ctrl-C.
+pub async fn terminated() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term => {}
+    }
+}
+
+pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
+    let running = start(&args).await?;
+    println!(
+        "orrery server ready at {} (kubeconfig: {})",
+        running.url,
+        running.kubeconfig.display()
+    );
+    println!("  export KUBECONFIG={}", running.kubeconfig.display());
+    terminated().await;
+    tracing::info!("shutting down");
+    running.stop().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("40s").unwrap(), Duration::from_secs(40));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
+        assert!(parse_duration("5 minutes").is_err());
+        assert!(parse_duration("x").is_err());
+    }
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            client_url(&"0.0.0.0:6443".parse().unwrap()),
+            "https://127.0.0.1:6443"
+        );
+        assert_eq!(
+            client_url(&"127.0.0.2:1".parse().unwrap()),
+            "https://127.0.0.2:1"
+        );
+        assert_eq!(
+            client_url(&"[::1]:6443".parse().unwrap()),
+            "https://[::1]:6443"
+        );
+    }
+}

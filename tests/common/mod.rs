@@ -1,0 +1,256 @@
+//! Shared harness for end-to-end tests: real `orrery` processes on loopback ports, the real
+//! `kubectl`, and clients built with the `kube` crate.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// A free loopback port (released before use; a clash is retried by the caller).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A running `orrery server` in its own data directory.
+pub struct Server {
+    child: Option<Child>,
+    pub dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    pub port: u16,
+    pub url: String,
+    pub kubeconfig: PathBuf,
+    cache: tempfile::TempDir,
+    extra: Vec<String>,
+}
+
+impl Server {
+    /// Starts a server in a fresh temporary directory.
+    pub fn start() -> Server {
+        Self::start_with(&[])
+    }
+
+    pub fn start_with(extra: &[&str]) -> Server {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        let mut s = Server::launch(
+            dir,
+            free_port(),
+            extra.iter().map(|s| s.to_string()).collect(),
+        );
+        s._tmp = Some(tmp);
+        s
+    }
+
+    fn launch(dir: PathBuf, port: u16, extra: Vec<String>) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_orrery"))
+            .args(["server", "--data-dir"])
+            .arg(&dir)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(&extra)
+            .env("ORRERY_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start orrery server");
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        // Keep the server's log for failing tests; drain it so the server never blocks.
+        let log = dir.join("server.log");
+        std::thread::spawn(move || {
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .unwrap();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                use std::io::Write;
+                let _ = writeln!(f, "{line}");
+            }
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(line) if line.contains("ready") => break,
+                Ok(_) => {}
+                Err(_) => {
+                    if let Some(status) = child.try_wait().unwrap() {
+                        let log =
+                            std::fs::read_to_string(dir.join("server.log")).unwrap_or_default();
+                        panic!("orrery server exited with {status} before it was ready:\n{log}");
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "orrery server did not become ready"
+                    );
+                }
+            }
+        }
+        Server {
+            child: Some(child),
+            kubeconfig: dir.join("admin.kubeconfig"),
+            url: format!("https://127.0.0.1:{port}"),
+            dir,
+            _tmp: None,
+            port,
+            cache: tempfile::tempdir().unwrap(),
+            extra,
+        }
+    }
+
+    /// Runs kubectl against this server with its own discovery cache.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("KUBECACHEDIR", self.cache.path())
+            .env("HOME", self.cache.path())
+            .output()
+            .expect("run kubectl (a kubectl of 1.26 or newer must be on the PATH)")
+    }
+
+    /// kubectl, which must succeed; its standard output.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {} failed:\n{}\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// kubectl, which must fail; its standard error.
+    pub fn fails(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            !out.status.success(),
+            "kubectl {} should have failed:\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// kubectl with a manifest on standard input.
+    pub fn apply(&self, manifest: &str) -> String {
+        self.stdin(&["apply", "-f", "-"], manifest)
+    }
+
+    pub fn stdin(&self, args: &[&str], input: &str) -> String {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("KUBECACHEDIR", self.cache.path())
+            .env("HOME", self.cache.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl {} failed:\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().unwrap().id()
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait; returns whether the server exited successfully.
+    pub fn terminate(&mut self) -> bool {
+        let Some(mut c) = self.child.take() else {
+            return true;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = c.try_wait().unwrap() {
+                return status.success();
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Starts the server again on the same directory and port (after `kill9` or `terminate`).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop the server first");
+        let tmp = self._tmp.take();
+        let mut again = Server::launch(self.dir.clone(), self.port, self.extra.clone());
+        again._tmp = tmp;
+        again.cache = std::mem::replace(&mut self.cache, tempfile::tempdir().unwrap());
+        *self = again;
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    /// A kube client with the admin kubeconfig.
+    pub async fn client(&self) -> kube::Client {
+        orrery_client::from_kubeconfig(&self.kubeconfig)
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Polls `f` until it returns true, or panics after `timeout`.
+pub fn eventually(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Writes `contents` to a file in `dir`.
+pub fn write(dir: &Path, name: &str, contents: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, contents).unwrap();
+    p
+}
