@@ -290,3 +290,226 @@ async fn watcher_and_reflector_see_every_change_through_cuts_and_restarts() {
     expected.retain(|v| *v >= got[0]);
     assert_eq!(got, expected, "the counter values the watcher saw");
 }
+
+fn owned_cm(name: &str, owner: &ConfigMap) -> ConfigMap {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "ownerReferences": [{
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "name": owner.metadata.name, "uid": owner.metadata.uid, "blockOwnerDeletion": true
+        }]},
+        "data": {"k": "v"}
+    }))
+    .unwrap()
+}
+
+async fn gone(cms: &Api<ConfigMap>, name: &str) -> bool {
+    matches!(cms.get(name).await, Err(kube::Error::Api(ref s)) if s.code == 404)
+}
+
+async fn wait_until<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_collection_follows_the_propagation_policy() {
+    let s = Server::start();
+    let cms: Api<ConfigMap> = Api::namespaced(s.client().await, "default");
+    let pp = PostParams::default();
+
+    // Background: the owner goes at once, its dependents follow.
+    let owner = cms.create(&pp, &cm("owner-bg", "x")).await.unwrap();
+    cms.create(&pp, &owned_cm("dep-bg", &owner)).await.unwrap();
+    cms.delete("owner-bg", &DeleteParams::background())
+        .await
+        .unwrap();
+    wait_until("the background dependent to be collected", || {
+        gone(&cms, "dep-bg")
+    })
+    .await;
+
+    // Orphan: the dependent stays, without the reference.
+    let owner = cms.create(&pp, &cm("owner-or", "x")).await.unwrap();
+    cms.create(&pp, &owned_cm("dep-or", &owner)).await.unwrap();
+    cms.delete("owner-or", &DeleteParams::orphan())
+        .await
+        .unwrap();
+    wait_until("the orphaning owner to go", || gone(&cms, "owner-or")).await;
+    let dep = cms.get("dep-or").await.unwrap();
+    assert!(
+        dep.metadata.owner_references.unwrap_or_default().is_empty(),
+        "the reference to the deleted owner is removed"
+    );
+
+    // Foreground: the owner waits, marked for deletion, until its dependents are gone; a
+    // finalizer on the dependent holds both.
+    let owner = cms.create(&pp, &cm("owner-fg", "x")).await.unwrap();
+    let mut dep = owned_cm("dep-fg", &owner);
+    dep.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+    cms.create(&pp, &dep).await.unwrap();
+    cms.delete("owner-fg", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let waiting = cms.get("owner-fg").await.unwrap();
+    assert!(waiting.metadata.deletion_timestamp.is_some());
+    assert!(
+        waiting
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .contains(&"foregroundDeletion".to_string())
+    );
+    assert!(
+        cms.get("dep-fg")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some(),
+        "the dependent is being deleted"
+    );
+    cms.patch(
+        "dep-fg",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    wait_until("the dependent to go", || gone(&cms, "dep-fg")).await;
+    wait_until("the foreground owner to go after it", || {
+        gone(&cms, "owner-fg")
+    })
+    .await;
+
+    // deletecollection by label.
+    for i in 0..5 {
+        cms.create(&pp, &cm(&format!("batch-{i}"), "x"))
+            .await
+            .unwrap();
+    }
+    cms.delete_collection(
+        &DeleteParams::default(),
+        &ListParams::default().labels("app=soak"),
+    )
+    .await
+    .unwrap();
+    assert!(
+        cms.list(&ListParams::default().labels("app=soak"))
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_errors_and_expired_watches() {
+    let s = Server::start_with(&["--compaction-interval", "1s"]);
+    let client = s.client().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let first = cms
+        .create(&PostParams::default(), &cm("a", "1"))
+        .await
+        .unwrap();
+    let old_rv = first.metadata.resource_version.clone().unwrap();
+
+    let send = |method: &str, path: &str, content_type: &str, body: &str| {
+        http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("Content-Type", content_type)
+            .body(body.as_bytes().to_vec())
+            .unwrap()
+    };
+    let status = |r: Result<String, kube::Error>| match r {
+        Err(kube::Error::Api(s)) => (s.code, s.reason),
+        other => panic!("expected a Status error, got {other:?}"),
+    };
+    // POST on a named object: 405.
+    let r = client
+        .request_text(send(
+            "POST",
+            "/api/v1/namespaces/default/configmaps/a",
+            "application/json",
+            "{}",
+        ))
+        .await;
+    assert_eq!(status(r), (405, "MethodNotAllowed".into()));
+    // PATCH with a type no one speaks: 415.
+    let r = client
+        .request_text(send(
+            "PATCH",
+            "/api/v1/namespaces/default/configmaps/a",
+            "text/plain",
+            "x",
+        ))
+        .await;
+    assert_eq!(status(r), (415, "UnsupportedMediaType".into()));
+    // Server-side apply is not built yet, and says so.
+    let r = client
+        .request_text(send(
+            "PATCH",
+            "/api/v1/namespaces/default/configmaps/a",
+            "application/apply-patch+yaml",
+            "{}",
+        ))
+        .await;
+    assert_eq!(status(r), (415, "UnsupportedMediaType".into()));
+    // A bad JSON patch: 400.
+    let r = client
+        .request_text(send(
+            "PATCH",
+            "/api/v1/namespaces/default/configmaps/a",
+            "application/json-patch+json",
+            r#"[{"op":"remove","path":"/nope"}]"#,
+        ))
+        .await;
+    assert_eq!(status(r), (400, "BadRequest".into()));
+    // Unknown fields with fieldValidation=Warn: accepted, dropped, and warned about.
+    let r = client
+        .request_text(send(
+            "POST",
+            "/api/v1/namespaces/default/configmaps?fieldValidation=Warn",
+            "application/json",
+            r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"w"},"bogus":1}"#,
+        ))
+        .await
+        .unwrap();
+    assert!(!r.contains("bogus"));
+    let r = client
+        .request_text(send(
+            "POST",
+            "/api/v1/namespaces/default/configmaps?fieldValidation=Strict",
+            "application/json",
+            r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"s"},"bogus":1}"#,
+        ))
+        .await;
+    assert_eq!(status(r), (422, "Invalid".into()));
+
+    // History expires: a watch from before the compacted revision gets a 410 event.
+    for i in 0..5 {
+        cms.patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"value": i.to_string()}})),
+        )
+        .await
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let mut events = cms
+        .watch(&kube::api::WatchParams::default().timeout(5), &old_rv)
+        .await
+        .unwrap()
+        .boxed();
+    match events.next().await {
+        Some(Ok(kube::core::WatchEvent::Error(e))) => {
+            assert_eq!((e.code, e.reason.as_str()), (410, "Expired"))
+        }
+        other => panic!("expected a 410 watch event, got {other:?}"),
+    }
+}

@@ -637,3 +637,45 @@ fn imperative_commands_send_protobuf_and_work() {
     s.ok(&["delete", "namespace", "team-b"]);
     assert!(s.fails(&["get", "ns", "team-b"]).contains("NotFound"));
 }
+
+#[test]
+fn list_files_and_backups_round_trip() {
+    // `kubectl get -o yaml` of several objects writes `kind: List`; validating such a file makes
+    // kubectl read the OpenAPI v2 document (as protobuf).
+    let s = Server::start();
+    s.apply(DEPLOYMENT);
+    s.apply("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings}\ndata: {mode: fast}\n");
+    let backup = s.ok(&["get", "deploy/web", "cm/settings", "-o", "yaml"]);
+    assert!(backup.contains("kind: List"));
+    let file = common::write(&s.dir, "backup.yaml", &backup);
+    s.ok(&["delete", "deploy/web", "cm/settings"]);
+    s.ok(&["apply", "-f", &file.display().to_string()]);
+    assert_eq!(
+        s.ok(&["get", "cm", "settings", "-o", "jsonpath={.data.mode}"]),
+        "fast"
+    );
+    assert_eq!(
+        s.ok(&[
+            "get",
+            "deploy",
+            "web",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}"
+        ]),
+        "nginx:1.27"
+    );
+    // And the typo inside a List is still caught.
+    let bad = backup.replace("replicas: 2", "replicass: 2");
+    let err = s.fails(&[
+        "apply",
+        "-f",
+        &common::write(&s.dir, "bad.yaml", &bad)
+            .display()
+            .to_string(),
+    ]);
+    assert!(err.contains("replicass"), "{err}");
+    assert!(
+        s.ok(&["get", "--raw", "/openapi/v2"])
+            .contains("\"swagger\":\"2.0\"")
+    );
+}

@@ -253,10 +253,25 @@ impl App {
             }
             ["openapi", "v2"] => {
                 read_only(&parts.method)?;
-                // Only JSON is served; a client that accepts nothing else (protobuf) gets 406
-                // and falls back to what it knows.
-                let accepts_json = h::accept(&parts.headers).is_empty()
-                    || h::accept(&parts.headers).iter().any(|m| {
+                let accepted = h::accept(&parts.headers);
+                let set = self.schemas.set();
+                if accepted
+                    .iter()
+                    .any(|m| m.essence == crate::openapi_v2pb::MEDIA_TYPE)
+                {
+                    // What client-go asks for (and the only form it reads).
+                    let doc = self.openapi.get_or_build_bytes("v2pb", || {
+                        crate::openapi_v2pb::encode(&openapi::v2_document(&reg, &set))
+                    });
+                    let mut r = Response::new(h::full(doc.bytes.clone()));
+                    r.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static(crate::openapi_v2pb::CONTENT_TYPE),
+                    );
+                    return Ok(r);
+                }
+                let accepts_json = accepted.is_empty()
+                    || accepted.iter().any(|m| {
                         matches!(
                             m.essence.as_str(),
                             "application/json" | "*/*" | "application/*"
@@ -264,10 +279,9 @@ impl App {
                     });
                 if !accepts_json {
                     return Err(ApiError::not_acceptable(
-                        "the OpenAPI v2 document is served as application/json only",
+                        "the OpenAPI v2 document is served as application/json or as protobuf",
                     ));
                 }
-                let set = self.schemas.set();
                 let doc = self
                     .openapi
                     .get_or_build("v2", || openapi::v2_document(&reg, &set));

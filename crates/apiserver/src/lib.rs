@@ -23,6 +23,7 @@ pub mod table;
 
 pub use app::{ApiConfig, App};
 pub mod lifecycle;
+pub mod openapi_v2pb;
 pub mod pki;
 pub mod protobuf;
 pub mod server;

@@ -34,10 +34,14 @@ impl Cache {
     }
 
     pub fn get_or_build(&self, key: &str, build: impl FnOnce() -> Value) -> Arc<Doc> {
+        self.get_or_build_bytes(key, || serde_json::to_vec(&build()).unwrap_or_default())
+    }
+
+    pub fn get_or_build_bytes(&self, key: &str, build: impl FnOnce() -> Vec<u8>) -> Arc<Doc> {
         if let Some(d) = self.docs.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
             return d.clone();
         }
-        let bytes = serde_json::to_vec(&build()).unwrap_or_default();
+        let bytes = build();
         let hash: String = Sha512::digest(&bytes)
             .iter()
             .map(|b| format!("{b:02X}"))

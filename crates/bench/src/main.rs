@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+mod api;
 mod stats;
 mod store;
 
@@ -25,7 +26,7 @@ struct Cli {
     command: Command,
 }
 
-// Scenarios are named by area (`store-...`); more areas join as they are built.
+// Scenarios are named by area (`store-...`, `api-...`).
 #[allow(clippy::enum_variant_names)]
 #[derive(Subcommand, Debug)]
 enum Command {
@@ -72,6 +73,49 @@ enum Command {
         objects: usize,
         #[arg(long, default_value_t = 2048)]
         bytes: usize,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Single-object create/update/get through the API server with concurrent clients.
+    ApiCrud {
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long, default_value_t = 100)]
+        per_client: usize,
+        /// Requests per second over all clients (0: as fast as they go).
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// The orrery binary (defaults to the one next to this benchmark).
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// LIST of many Deployments (whole, paginated, and as a Table).
+    ApiList {
+        #[arg(long, default_value_t = 10_000)]
+        objects: usize,
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Many watchers over HTTPS; latency from write to the last watcher.
+    ApiWatch {
+        #[arg(long, default_value_t = 1000)]
+        watchers: usize,
+        #[arg(long, default_value_t = 1000)]
+        writes: usize,
+        #[arg(long, default_value_t = 200)]
+        rate: u64,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
         #[arg(long)]
         dir: Option<PathBuf>,
     },
@@ -138,6 +182,56 @@ fn main() -> anyhow::Result<()> {
                 .await
             }
             Command::StoreMemoryProbe { path } => store::memory_probe(&path).await,
+            Command::ApiCrud {
+                clients,
+                per_client,
+                rate,
+                runs,
+                server_bin,
+                dir,
+            } => {
+                api::crud(api::CrudArgs {
+                    clients,
+                    per_client,
+                    rate,
+                    runs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::ApiList {
+                objects,
+                runs,
+                server_bin,
+                dir,
+            } => {
+                api::list(api::ListArgs {
+                    objects,
+                    runs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::ApiWatch {
+                watchers,
+                writes,
+                rate,
+                runs,
+                server_bin,
+                dir,
+            } => {
+                api::watch(api::WatchArgs {
+                    watchers,
+                    writes,
+                    rate,
+                    runs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
         }
     })
 }

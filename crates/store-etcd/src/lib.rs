@@ -15,9 +15,9 @@ use etcd_client::{
 };
 use orrery_api::Object;
 use orrery_store::{
-    Change, ChangeKind, History, ListOptions, ListResult, Preconditions, Result, Revision, Store,
-    StoreError, WatchCache, WatchCacheConfig, WatchOptions, WatchStream, decode_continue,
-    encode_continue, prefix_end,
+    Change, ChangeKind, History, ListOptions, ListResult, Preconditions, RawListResult, RawObject,
+    Result, Revision, Store, StoreError, WatchCache, WatchCacheConfig, WatchOptions, WatchStream,
+    decode_continue, encode_continue, prefix_end, with_resource_version,
 };
 
 /// How to reach etcd.
@@ -157,6 +157,82 @@ impl EtcdStore {
         *store.inner.feed.lock().unwrap_or_else(|p| p.into_inner()) = Some(feed);
         tracing::info!(endpoints = %config.endpoints.join(","), prefix = %store.inner.prefix, revision = rev, "connected to etcd");
         Ok(store)
+    }
+
+    /// One page of matching stored values: (key, revision, stored JSON), the list revision,
+    /// and the continue token.
+    async fn scan(
+        &self,
+        prefix: &str,
+        opts: &ListOptions,
+    ) -> Result<(Vec<(String, Revision, Vec<u8>)>, Revision, Option<String>)> {
+        let (start, mut revision) = match &opts.continue_token {
+            Some(token) => decode_continue(prefix, token)?,
+            None => (prefix.to_string(), opts.revision.unwrap_or(0)),
+        };
+        let compacted = self.inner.compacted.load(Ordering::Acquire);
+        if revision > 0 && revision < compacted {
+            return Err(StoreError::Expired {
+                requested: revision,
+                compacted,
+            });
+        }
+        let end = self.full(&prefix_end(prefix).unwrap_or_else(|| "\u{10FFFF}".to_string()));
+        let limit = opts.page_limit();
+        let filtered = !(opts.labels.is_everything() && opts.fields.is_everything());
+        let page = match limit {
+            Some(l) if !filtered => (l as i64 + 1).min(DEFAULT_PAGE),
+            Some(_) => SCAN_PAGE,
+            None => DEFAULT_PAGE,
+        };
+        let mut items = Vec::new();
+        let mut from = self.full(&start);
+        let mut last_key: Option<String> = None;
+        let mut more = false;
+        'pages: loop {
+            let mut o = GetOptions::new().with_range(end.clone()).with_limit(page);
+            if revision > 0 {
+                o = o.with_revision(revision);
+            }
+            let requested = revision;
+            let resp = self
+                .client()?
+                .get(from.clone(), Some(o))
+                .await
+                .map_err(|e| revision_error(e, requested, compacted))?;
+            if revision == 0 {
+                revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+            }
+            let kvs = resp.kvs();
+            for kv in kvs {
+                let Some(key) = self.strip(kv.key()) else {
+                    continue;
+                };
+                if limit.is_some_and(|l| items.len() >= l) {
+                    more = true;
+                    break 'pages;
+                }
+                // Without selectors nothing needs parsing here.
+                if !filtered || opts.matches(&decode(key, kv.mod_revision(), kv.value())?) {
+                    items.push((key.to_string(), kv.mod_revision(), kv.value().to_vec()));
+                    last_key = Some(key.to_string());
+                }
+            }
+            match kvs.last() {
+                Some(kv) if resp.more() => {
+                    let mut next = kv.key().to_vec();
+                    next.push(0);
+                    from = String::from_utf8(next)
+                        .map_err(|_| StoreError::Corrupt("non-UTF-8 key in etcd".into()))?;
+                }
+                _ => break,
+            }
+        }
+        let continue_token = match (more, &last_key) {
+            (true, Some(k)) => Some(encode_continue(prefix, k, revision)),
+            _ => None,
+        };
+        Ok((items, revision, continue_token))
     }
 
     fn full(&self, key: &str) -> String {
@@ -389,73 +465,28 @@ impl Store for EtcdStore {
     }
 
     async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult> {
-        let (start, mut revision) = match &opts.continue_token {
-            Some(token) => decode_continue(prefix, token)?,
-            None => (prefix.to_string(), opts.revision.unwrap_or(0)),
-        };
-        let compacted = self.inner.compacted.load(Ordering::Acquire);
-        if revision > 0 && revision < compacted {
-            return Err(StoreError::Expired {
-                requested: revision,
-                compacted,
-            });
-        }
-        let end = self.full(&prefix_end(prefix).unwrap_or_else(|| "\u{10FFFF}".to_string()));
-        let limit = opts.page_limit();
-        let filtered = !(opts.labels.is_everything() && opts.fields.is_everything());
-        let page = match limit {
-            Some(l) if !filtered => (l as i64 + 1).min(DEFAULT_PAGE),
-            Some(_) => SCAN_PAGE,
-            None => DEFAULT_PAGE,
-        };
-        let mut items = Vec::new();
-        let mut from = self.full(&start);
-        let mut last_key: Option<String> = None;
-        let mut more = false;
-        'pages: loop {
-            let mut o = GetOptions::new().with_range(end.clone()).with_limit(page);
-            if revision > 0 {
-                o = o.with_revision(revision);
-            }
-            let requested = revision;
-            let resp = self
-                .client()?
-                .get(from.clone(), Some(o))
-                .await
-                .map_err(|e| revision_error(e, requested, compacted))?;
-            if revision == 0 {
-                revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-            }
-            let kvs = resp.kvs();
-            for kv in kvs {
-                let Some(key) = self.strip(kv.key()) else {
-                    continue;
-                };
-                if limit.is_some_and(|l| items.len() >= l) {
-                    more = true;
-                    break 'pages;
-                }
-                let obj = decode(key, kv.mod_revision(), kv.value())?;
-                if opts.matches(&obj) {
-                    items.push(obj);
-                    last_key = Some(key.to_string());
-                }
-            }
-            match kvs.last() {
-                Some(kv) if resp.more() => {
-                    let mut next = kv.key().to_vec();
-                    next.push(0);
-                    from = String::from_utf8(next)
-                        .map_err(|_| StoreError::Corrupt("non-UTF-8 key in etcd".into()))?;
-                }
-                _ => break,
-            }
-        }
-        let continue_token = match (more, &last_key) {
-            (true, Some(k)) => Some(encode_continue(prefix, k, revision)),
-            _ => None,
-        };
+        let (rows, revision, continue_token) = self.scan(prefix, opts).await?;
+        let items = rows
+            .iter()
+            .map(|(k, rev, v)| decode(k, *rev, v))
+            .collect::<Result<_>>()?;
         Ok(ListResult {
+            items,
+            revision,
+            continue_token,
+        })
+    }
+
+    async fn list_raw(&self, prefix: &str, opts: &ListOptions) -> Result<RawListResult> {
+        let (rows, revision, continue_token) = self.scan(prefix, opts).await?;
+        let items = rows
+            .into_iter()
+            .map(|(_, rev, v)| RawObject {
+                revision: rev,
+                json: with_resource_version(&v, rev),
+            })
+            .collect();
+        Ok(RawListResult {
             items,
             revision,
             continue_token,

@@ -273,6 +273,18 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn list_raw(
+        &self,
+        prefix: &str,
+        opts: &ListOptions,
+    ) -> Result<orrery_store::RawListResult> {
+        let (prefix, opts) = (prefix.to_string(), opts.clone());
+        self.inner
+            .readers
+            .with(move |c| reader::list_raw(c, &prefix, &opts))
+            .await
+    }
+
     async fn create(&self, key: &str, mut obj: Object) -> Result<Arc<Object>> {
         let value = Self::encode(&mut obj)?;
         self.write_object(Op::Create {

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use orrery_api::Object;
 use orrery_store::{
-    Change, ChangeKind, ListOptions, ListResult, Revision, StoreError, decode_continue,
-    encode_continue, prefix_end,
+    Change, ChangeKind, ListOptions, ListResult, RawListResult, RawObject, Revision, StoreError,
+    decode_continue, encode_continue, prefix_end, with_resource_version,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -108,7 +108,15 @@ fn range_end(prefix: &str) -> String {
     prefix_end(prefix).unwrap_or_else(|| "\u{10FFFF}".to_string())
 }
 
-pub fn list(conn: &Connection, prefix: &str, opts: &ListOptions) -> Result<ListResult, StoreError> {
+/// One page of matching stored rows: (key, revision, stored JSON), the list revision and
+/// whether more follow.
+struct Scanned {
+    rows: Vec<(String, Revision, Vec<u8>)>,
+    revision: Revision,
+    continue_token: Option<String>,
+}
+
+fn scan(conn: &Connection, prefix: &str, opts: &ListOptions) -> Result<Scanned, StoreError> {
     let (start, requested) = match &opts.continue_token {
         Some(token) => {
             let (start, rev) = decode_continue(prefix, token)?;
@@ -135,6 +143,8 @@ pub fn list(conn: &Connection, prefix: &str, opts: &ListOptions) -> Result<ListR
     };
     let limit = opts.page_limit();
     let end = range_end(prefix);
+    // Without selectors nothing needs parsing here.
+    let filtered = !(opts.labels.is_everything() && opts.fields.is_everything());
 
     let mut scan = conn
         .prepare_cached(
@@ -147,28 +157,25 @@ pub fn list(conn: &Connection, prefix: &str, opts: &ListOptions) -> Result<ListR
         .map_err(sql)?;
     let mut rows = scan.query(params![start, end, revision]).map_err(sql)?;
 
-    let mut items = Vec::new();
-    let mut last_key: Option<String> = None;
+    let mut out: Vec<(String, Revision, Vec<u8>)> = Vec::new();
     let mut more = false;
     // The scan yields each key's versions in order; the last one at or before `revision` wins.
     let mut pending: Option<(String, Revision, bool)> = None;
     let mut finish = |entry: (String, Revision, bool),
-                      items: &mut Vec<Object>,
+                      out: &mut Vec<(String, Revision, Vec<u8>)>,
                       more: &mut bool|
      -> Result<bool, StoreError> {
         let (key, rev, deleted) = entry;
         if deleted {
             return Ok(false);
         }
-        if limit.is_some_and(|l| items.len() >= l) {
+        if limit.is_some_and(|l| out.len() >= l) {
             *more = true;
             return Ok(true);
         }
         let value: Vec<u8> = value_of.query_row([rev], |r| r.get(0)).map_err(sql)?;
-        let obj = decode(&key, rev, &value)?;
-        if opts.matches(&obj) {
-            items.push(obj);
-            last_key = Some(key);
+        if !filtered || opts.matches(&decode(&key, rev, &value)?) {
+            out.push((key, rev, value));
         }
         Ok(false)
     };
@@ -185,7 +192,7 @@ pub fn list(conn: &Connection, prefix: &str, opts: &ListOptions) -> Result<ListR
             }
             _ => {
                 if let Some(prev) = pending.replace((key, rev, deleted))
-                    && finish(prev, &mut items, &mut more)?
+                    && finish(prev, &mut out, &mut more)?
                 {
                     break;
                 }
@@ -193,17 +200,52 @@ pub fn list(conn: &Connection, prefix: &str, opts: &ListOptions) -> Result<ListR
         }
     }
     if !more && let Some(prev) = pending.take() {
-        finish(prev, &mut items, &mut more)?;
+        finish(prev, &mut out, &mut more)?;
     }
     drop(rows);
-    let continue_token = match (more, &last_key) {
-        (true, Some(k)) => Some(encode_continue(prefix, k, revision)),
+    let continue_token = match (more, out.last()) {
+        (true, Some((k, _, _))) => Some(encode_continue(prefix, k, revision)),
         _ => None,
     };
-    Ok(ListResult {
-        items,
+    Ok(Scanned {
+        rows: out,
         revision,
         continue_token,
+    })
+}
+
+pub fn list(conn: &Connection, prefix: &str, opts: &ListOptions) -> Result<ListResult, StoreError> {
+    let s = scan(conn, prefix, opts)?;
+    let items = s
+        .rows
+        .iter()
+        .map(|(k, rev, v)| decode(k, *rev, v))
+        .collect::<Result<_, _>>()?;
+    Ok(ListResult {
+        items,
+        revision: s.revision,
+        continue_token: s.continue_token,
+    })
+}
+
+pub fn list_raw(
+    conn: &Connection,
+    prefix: &str,
+    opts: &ListOptions,
+) -> Result<RawListResult, StoreError> {
+    let s = scan(conn, prefix, opts)?;
+    let items = s
+        .rows
+        .iter()
+        .map(|(_, rev, v)| RawObject {
+            revision: *rev,
+            json: with_resource_version(v, *rev),
+        })
+        .collect();
+    Ok(RawListResult {
+        items,
+        revision: s.revision,
+        continue_token: s.continue_token,
     })
 }
 

@@ -443,6 +443,65 @@ pub async fn list_selectors_and_revisions(h: &dyn Harness) {
     assert!(matches!(err, StoreError::InvalidContinue(_)), "{err:?}");
 }
 
+pub async fn raw_lists_match_parsed_lists(h: &dyn Harness) {
+    let s = h.open().await;
+    for i in 0..23 {
+        let app = if i % 2 == 0 { "web" } else { "db" };
+        s.create(
+            &format!("/t/ns/r{i:02}"),
+            object(&format!("r{i:02}"), app, &format!("v{i}")),
+        )
+        .await
+        .unwrap();
+    }
+    s.update("/t/ns/r03", object("r03", "db", "changed"), None)
+        .await
+        .unwrap();
+    for opts in [
+        ListOptions::default(),
+        ListOptions::default().with_labels(labels::Selector::parse("app=web").unwrap()),
+        ListOptions::default().with_limit(5),
+        ListOptions::default()
+            .with_limit(4)
+            .with_labels(labels::Selector::parse("app=db").unwrap()),
+    ] {
+        let mut parsed_all = Vec::new();
+        let mut raw_all = Vec::new();
+        let (mut a, mut b) = (opts.clone(), opts.clone());
+        loop {
+            let parsed = s.list("/t/ns/", &a).await.unwrap();
+            let raw = s.list_raw("/t/ns/", &b).await.unwrap();
+            assert_eq!(parsed.revision, raw.revision);
+            assert_eq!(
+                parsed.continue_token.is_some(),
+                raw.continue_token.is_some()
+            );
+            parsed_all.extend(parsed.items);
+            for r in raw.items {
+                let o: orrery_api::Object = serde_json::from_slice(&r.json).unwrap();
+                assert_eq!(
+                    o.revision(),
+                    Some(r.revision),
+                    "the raw JSON carries its resourceVersion"
+                );
+                raw_all.push(o);
+            }
+            match (parsed.continue_token, raw.continue_token) {
+                (Some(x), Some(y)) => {
+                    a.continue_token = Some(x);
+                    b.continue_token = Some(y);
+                }
+                _ => break,
+            }
+        }
+        assert_eq!(
+            raw_all, parsed_all,
+            "raw and parsed lists agree for {opts:?}"
+        );
+        assert!(!raw_all.is_empty());
+    }
+}
+
 pub async fn watch_replays_later_events_in_order(h: &dyn Harness) {
     let s = h.open().await;
     let start = s.current_revision().await.unwrap();
@@ -816,7 +875,7 @@ macro_rules! store_conformance_tests {
     ($harness:expr) => {
         $crate::store_conformance_tests!(@each $harness;
             crud, cas_and_preconditions, concurrent_writers, list_pagination_is_consistent,
-            list_selectors_and_revisions, watch_replays_later_events_in_order,
+            list_selectors_and_revisions, raw_lists_match_parsed_lists, watch_replays_later_events_in_order,
             watch_sees_deletes_and_prefixes, watch_selectors, compaction_expires_old_revisions,
             slow_watcher_is_cut_off, bookmarks, reopen_keeps_everything);
     };

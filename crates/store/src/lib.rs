@@ -24,7 +24,10 @@ mod list;
 mod watch;
 
 pub use error::{Result, StoreError};
-pub use list::{ListOptions, ListResult, decode_continue, encode_continue, prefix_end};
+pub use list::{
+    ListOptions, ListResult, RawListResult, RawObject, decode_continue, encode_continue,
+    prefix_end, with_resource_version,
+};
 pub use watch::{
     Change, ChangeKind, History, WatchCache, WatchCacheConfig, WatchEvent, WatchOptions,
     WatchStream,
@@ -54,6 +57,25 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Objects under `prefix` in key order, filtered by the options' selectors, one page at a
     /// time. All pages of one list reflect the same revision.
     async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult>;
+
+    /// Like [`Store::list`], but the objects as stored JSON (with their resourceVersion), so
+    /// that serving a list need not parse and re-serialize every object.
+    async fn list_raw(&self, prefix: &str, opts: &ListOptions) -> Result<RawListResult> {
+        let page = self.list(prefix, opts).await?;
+        let items = page
+            .items
+            .iter()
+            .map(|o| RawObject {
+                revision: o.revision().unwrap_or(0),
+                json: serde_json::to_vec(o).unwrap_or_default(),
+            })
+            .collect();
+        Ok(RawListResult {
+            items,
+            revision: page.revision,
+            continue_token: page.continue_token,
+        })
+    }
 
     /// Creates `key`; fails with [`StoreError::AlreadyExists`] if it exists.
     async fn create(&self, key: &str, obj: Object) -> Result<Arc<Object>>;

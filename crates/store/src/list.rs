@@ -63,6 +63,48 @@ pub struct ListResult {
     pub continue_token: Option<String>,
 }
 
+/// A listed object as stored JSON, with its `metadata.resourceVersion` in place.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RawObject {
+    pub revision: Revision,
+    pub json: Vec<u8>,
+}
+
+/// One page of a list, as stored JSON (for serving lists without parsing every object).
+#[derive(Clone, Debug, Default)]
+pub struct RawListResult {
+    pub items: Vec<RawObject>,
+    pub revision: Revision,
+    pub continue_token: Option<String>,
+}
+
+/// Stored JSON (written without a resourceVersion) with `metadata.resourceVersion` set to
+/// `revision`. Objects are serialized with `metadata` right after `apiVersion` and `kind`, so
+/// its first occurrence is the object's own; anything else is parsed and rewritten.
+pub fn with_resource_version(stored: &[u8], revision: Revision) -> Vec<u8> {
+    const META: &[u8] = b"\"metadata\":{";
+    let head = &stored[..stored.len().min(512)];
+    if let Some(i) = head.windows(META.len()).position(|w| w == META) {
+        let at = i + META.len();
+        let rv = format!("\"resourceVersion\":\"{revision}\"");
+        let mut out = Vec::with_capacity(stored.len() + rv.len() + 1);
+        out.extend_from_slice(&stored[..at]);
+        out.extend_from_slice(rv.as_bytes());
+        if stored.get(at) != Some(&b'}') {
+            out.push(b',');
+        }
+        out.extend_from_slice(&stored[at..]);
+        return out;
+    }
+    match serde_json::from_slice::<Object>(stored) {
+        Ok(mut o) => {
+            o.metadata.resource_version = revision.to_string();
+            serde_json::to_vec(&o).unwrap_or_default()
+        }
+        Err(_) => stored.to_vec(),
+    }
+}
+
 /// The continue token, in the same shape the Kubernetes API server uses, so that clients that
 /// peek into it (none should) see what they expect.
 #[derive(Debug, Serialize, Deserialize)]
@@ -149,6 +191,27 @@ mod tests {
         ] {
             assert!(decode_continue("/p/", bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn resource_versions_are_spliced_in() {
+        let mut o = Object::new("v1", "ConfigMap")
+            .with_name("a")
+            .with_label("x", "y");
+        o.other
+            .insert("data".into(), serde_json::json!({"metadata": {"x": 1}}));
+        let stored = serde_json::to_vec(&o).unwrap();
+        let out: Object = serde_json::from_slice(&with_resource_version(&stored, 42)).unwrap();
+        o.metadata.resource_version = "42".into();
+        assert_eq!(out, o);
+        let empty = br#"{"apiVersion":"v1","kind":"X","metadata":{}}"#;
+        let out: serde_json::Value =
+            serde_json::from_slice(&with_resource_version(empty, 7)).unwrap();
+        assert_eq!(out["metadata"], serde_json::json!({"resourceVersion": "7"}));
+        let odd = br#"{"metadata": {"name": "spaced"}}"#;
+        let out: serde_json::Value =
+            serde_json::from_slice(&with_resource_version(odd, 9)).unwrap();
+        assert_eq!(out["metadata"]["resourceVersion"], "9");
     }
 
     #[test]

@@ -185,24 +185,26 @@ pub async fn list(call: Call<'_>) -> ApiResult<Response<Body>> {
     let rt = call.target.rt.clone();
     let opts = list_options(&call).await?;
     let prefix = rt.prefix(call.target.namespace.as_deref());
-    let result = call.app.store.list(&prefix, &opts).await?;
-    let rv = result.revision.to_string();
-    let items: Vec<Object> = result.items.into_iter().map(|o| present(&rt, o)).collect();
     let response = match call.representation {
         Representation::Table => {
+            let result = call.app.store.list(&prefix, &opts).await?;
+            let items: Vec<Object> = result.items.into_iter().map(|o| present(&rt, o)).collect();
             let include = IncludeObject::parse(call.query.get("includeObject"))
                 .map_err(ApiError::bad_request)?;
+            let rv = result.revision.to_string();
             h::json(
                 StatusCode::OK,
                 &table::table(&rt, &items, &rv, result.continue_token.as_deref(), include),
             )
         }
         Representation::Metadata => {
-            let items: Vec<_> = items
+            let result = call.app.store.list(&prefix, &opts).await?;
+            let items: Vec<_> = result
+                .items
                 .iter()
                 .map(|o| json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o.metadata}))
                 .collect();
-            let mut meta = json!({ "resourceVersion": rv });
+            let mut meta = json!({ "resourceVersion": result.revision.to_string() });
             if let Some(c) = &result.continue_token {
                 meta["continue"] = json!(c);
             }
@@ -212,9 +214,16 @@ pub async fn list(call: Call<'_>) -> ApiResult<Response<Body>> {
             )
         }
         Representation::Json => {
-            // Written item by item: large lists never exist twice in memory.
-            let mut out = Vec::with_capacity(items.len() * 1024 + 256);
-            let mut meta = json!({ "resourceVersion": rv });
+            // Stored JSON goes out as it is: no parsing and re-serializing of every object.
+            let result = call.app.store.list_raw(&prefix, &opts).await?;
+            let expected = format!(
+                "{{\"apiVersion\":\"{}\",\"kind\":\"{}\",",
+                rt.api_version(),
+                rt.kind
+            );
+            let size: usize = result.items.iter().map(|i| i.json.len() + 1).sum();
+            let mut out = Vec::with_capacity(size + 256);
+            let mut meta = json!({ "resourceVersion": result.revision.to_string() });
             if let Some(c) = &result.continue_token {
                 meta["continue"] = json!(c);
             }
@@ -223,12 +232,19 @@ pub async fn list(call: Call<'_>) -> ApiResult<Response<Body>> {
             let head = serde_json::to_vec(&head).map_err(|e| ApiError::internal(e.to_string()))?;
             out.extend_from_slice(&head[..head.len() - 1]);
             out.extend_from_slice(b",\"items\":[");
-            for (i, o) in items.iter().enumerate() {
+            for (i, item) in result.items.iter().enumerate() {
                 if i > 0 {
                     out.push(b',');
                 }
-                serde_json::to_writer(&mut out, o)
-                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                if item.json.starts_with(expected.as_bytes()) {
+                    out.extend_from_slice(&item.json);
+                } else {
+                    // Stored at another version of the kind: served at the one asked for.
+                    let obj: Object = serde_json::from_slice(&item.json)
+                        .map_err(|e| ApiError::internal(e.to_string()))?;
+                    serde_json::to_writer(&mut out, &present(&rt, obj))
+                        .map_err(|e| ApiError::internal(e.to_string()))?;
+                }
             }
             let _ = out.write_all(b"]}");
             let mut r = Response::new(h::full(out));
