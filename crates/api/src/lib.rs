@@ -4,14 +4,22 @@
 //! - [`ObjectMeta`]: typed standard metadata;
 //! - [`labels`] and [`fields`]: selectors as the Kubernetes API parses them;
 //! - [`Quantity`]: resource amounts with exact arithmetic;
-//! - [`validation`]: name, label and metadata rules, and field errors for 422 responses.
+//! - [`validation`]: name, label and metadata rules, and field errors for 422 responses;
+//! - [`cluster`], [`work`], [`conditions`]: Orrery's member-cluster kinds and their rules;
+//! - [`keys`]: where each object lives in the store.
 
+pub mod cluster;
+pub mod conditions;
 pub mod fields;
+pub mod interpret;
+pub mod keys;
 pub mod labels;
 pub mod object;
 pub mod quantity;
 pub mod time;
+pub mod token;
 pub mod validation;
+pub mod work;
 
 pub use object::{Object, ObjectMeta, OwnerReference};
 pub use quantity::{Format, Quantity, QuantityError};

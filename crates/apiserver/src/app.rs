@@ -28,6 +28,8 @@ pub struct ApiConfig {
     pub min_request_timeout: Duration,
     /// `host:port` clients reach the server at (for `/api`).
     pub server_address: String,
+    /// The CA bundle (PEM) that signed the serving certificate, handed out at `/cacerts`.
+    pub ca_pem: String,
 }
 
 impl Default for ApiConfig {
@@ -37,6 +39,7 @@ impl Default for ApiConfig {
             bookmark_interval: Duration::from_secs(60),
             min_request_timeout: Duration::from_secs(1800),
             server_address: "127.0.0.1:6443".into(),
+            ca_pem: String::new(),
         }
     }
 }
@@ -56,7 +59,7 @@ pub struct App {
 }
 
 /// Namespaces that always exist.
-pub const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public"];
+pub const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "orrery-system"];
 
 impl App {
     /// Builds the application over a store: loads the CRD-defined kinds.
@@ -137,6 +140,9 @@ impl App {
         let path = req.uri().path().to_string();
         let (response, user) = match self.route(req).await {
             Ok((r, user)) => (r, user),
+            Err((e, user)) if crate::dro::is_dro_path(&path) => {
+                (crate::dro::error_response(&e), user)
+            }
             Err((e, user)) => (h::error(&e), user),
         };
         let status = response.status().as_u16();
@@ -164,6 +170,12 @@ impl App {
                 http::HeaderValue::from_static("text/plain"),
             );
             return Ok((r, String::new()));
+        }
+        if path == "/cacerts" {
+            // Public by design: agents verify it against the hash in their bootstrap token.
+            return crate::agent_api::cacerts(self, req.method())
+                .map(|r| (r, String::new()))
+                .map_err(|e| (e, String::new()));
         }
         let auth_header = req
             .headers()
@@ -310,6 +322,14 @@ impl App {
                     openapi::v3_document(&reg, &set, group, version).unwrap_or_default()
                 });
                 Ok(bytes_json(doc.bytes.clone()))
+            }
+            ["agent", "v1", rest @ ..] => {
+                let body = h::read_body(body, self.config.max_body_bytes).await?;
+                crate::agent_api::serve(self, who, &parts.method, rest, body).await
+            }
+            ["api", "v1", rest @ ..] if crate::dro::is_dro_path(&path) => {
+                let body = h::read_body(body, self.config.max_body_bytes).await?;
+                Ok(crate::dro::serve(self, who, &parts.method, &parts.headers, rest, body).await)
             }
             ["api", "v1", rest @ ..] => {
                 self.resource(&parts, body, who, "", "v1", rest, query)

@@ -6,7 +6,8 @@
 //! touch the store.
 //!
 //! Identities: *admin* may do everything; *cluster* tokens (used by member agents) are scoped
-//! to one member cluster.
+//! to one member cluster; *bootstrap* tokens (what `orrery token create` prints) may only
+//! register their one cluster, which trades them for a cluster token.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -28,6 +29,8 @@ pub enum Identity {
     Admin { name: String },
     /// A member cluster's agent: its own Works, its own status.
     Cluster { name: String },
+    /// May register cluster `name` (and nothing else).
+    Bootstrap { name: String },
 }
 
 impl Identity {
@@ -36,6 +39,7 @@ impl Identity {
         match self {
             Identity::Admin { name } => name.clone(),
             Identity::Cluster { name } => format!("system:cluster:{name}"),
+            Identity::Bootstrap { name } => format!("system:bootstrap:{name}"),
         }
     }
 }
@@ -88,6 +92,9 @@ fn record_of(obj: &Object) -> Option<(String, Record)> {
                 .to_string(),
         },
         "cluster" => Identity::Cluster {
+            name: spec.get("cluster")?.as_str()?.to_string(),
+        },
+        "bootstrap" => Identity::Bootstrap {
             name: spec.get("cluster")?.as_str()?.to_string(),
         },
         _ => return None,
@@ -210,6 +217,7 @@ impl Authenticator {
         let (role, extra) = match identity {
             Identity::Admin { name } => ("admin", json!({ "user": name })),
             Identity::Cluster { name } => ("cluster", json!({ "cluster": name })),
+            Identity::Bootstrap { name } => ("bootstrap", json!({ "cluster": name })),
         };
         let mut spec = json!({ "secretHash": hash, "role": role, "description": description });
         if let (Some(m), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
@@ -236,13 +244,22 @@ impl Authenticator {
         Ok(format!("{id}.{secret}"))
     }
 
-    /// Removes every token of a cluster (when it is unregistered).
-    pub async fn revoke_cluster(&self, cluster: &str) -> Result<usize, StoreError> {
+    /// Removes the tokens of a cluster: its agents' (`bootstrap_too` = false, when an agent
+    /// registers anew), or all of them (when the cluster is unregistered).
+    pub async fn revoke_cluster(
+        &self,
+        cluster: &str,
+        bootstrap_too: bool,
+    ) -> Result<usize, StoreError> {
         let list = self.store.list(PREFIX, &ListOptions::default()).await?;
         let mut n = 0;
         for o in &list.items {
-            if matches!(record_of(o), Some((_, Record { identity: Identity::Cluster { name }, .. })) if name == cluster)
-            {
+            let hit = match record_of(o).map(|(_, r)| r.identity) {
+                Some(Identity::Cluster { name }) => name == cluster,
+                Some(Identity::Bootstrap { name }) => bootstrap_too && name == cluster,
+                _ => false,
+            };
+            if hit {
                 self.store
                     .delete(&format!("{PREFIX}{}", o.name()), &Default::default())
                     .await?;
@@ -286,6 +303,8 @@ pub fn cluster_namespace(cluster: &str) -> String {
 pub fn authorize(who: &Identity, what: &Attributes<'_>) -> Result<(), ApiError> {
     let allowed = match who {
         Identity::Admin { .. } => true,
+        // Bootstrap tokens only register (see `agent_api`); the resource API is closed to them.
+        Identity::Bootstrap { .. } => false,
         Identity::Cluster { name } => {
             let own_ns = cluster_namespace(name);
             let reading = matches!(what.verb, "get" | "list" | "watch");

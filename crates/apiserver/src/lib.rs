@@ -7,10 +7,12 @@
 //! - [`schema`], [`patch`], [`strategy`], [`crd`]: validation and patching;
 //! - [`auth`]: bearer tokens and authorization; [`table`]: `kubectl get` output.
 
+pub mod agent_api;
 pub mod app;
 pub mod auth;
 pub mod crd;
 pub mod discovery;
+pub mod dro;
 pub mod error;
 pub mod http;
 pub mod openapi;

@@ -5,7 +5,9 @@
 //!   its kind from being served);
 //! - garbage collection: dependents whose owners (`ownerReferences`) are all gone are deleted;
 //!   an owner deleted with `propagationPolicy: Orphan` leaves its dependents without the
-//!   reference; one deleted with `Foreground` waits for its dependents to be deleted first.
+//!   reference; one deleted with `Foreground` waits for its dependents to be deleted first;
+//! - member clusters: every Cluster has its `orrery-cluster-<name>` namespace; an unregistered
+//!   (deleted) Cluster's namespace and Works go first, then its tokens, then the Cluster.
 //!
 //! Each works from what is stored and converges after a restart.
 
@@ -26,13 +28,126 @@ use crate::strategy::{CRD_FINALIZER, NAMESPACE_FINALIZER};
 const ORPHAN: &str = "orphan";
 const FOREGROUND: &str = "foregroundDeletion";
 
-/// Starts the three loops.
+/// Starts the loops.
 pub fn spawn(app: Arc<App>) -> Vec<tokio::task::JoinHandle<()>> {
     vec![
         tokio::spawn(namespaces(app.clone())),
         tokio::spawn(crds(app.clone())),
+        tokio::spawn(clusters(app.clone())),
         tokio::spawn(garbage_collector(app)),
     ]
+}
+
+/// Keeps each Cluster's namespace, and unregisters deleted Clusters. Event-driven (heartbeats
+/// change Clusters often), with a full pass at start, after a broken watch, and every few
+/// seconds while an unregistration is under way.
+async fn clusters(app: Arc<App>) {
+    let prefix = orrery_api::keys::well_known::clusters();
+    let mut shutdown = app.shutdown.clone();
+    while !closed(&app) {
+        let list = match app.store.list(&prefix, &ListOptions::default()).await {
+            Ok(l) => l,
+            Err(StoreError::Closed) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing clusters failed");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        let mut known: HashSet<String> = HashSet::new();
+        let mut deleting = false;
+        for c in &list.items {
+            deleting |= handle_cluster(&app, c, &mut known).await;
+        }
+        let mut w = match app
+            .store
+            .watch(&prefix, list.revision, WatchOptions::default())
+            .await
+        {
+            Ok(w) => w,
+            Err(StoreError::Closed) => return,
+            Err(_) => continue,
+        };
+        loop {
+            let tick = if deleting {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_secs(60)
+            };
+            let ev = tokio::select! {
+                ev = w.next() => ev,
+                _ = tokio::time::sleep(tick) => break,
+                _ = shutdown.changed() => return,
+            };
+            match ev {
+                Some(Ok(WatchEvent::Added(o))) | Some(Ok(WatchEvent::Modified(o))) => {
+                    deleting |= handle_cluster(&app, &o, &mut known).await;
+                }
+                Some(Ok(WatchEvent::Deleted(o))) => {
+                    known.remove(o.name());
+                }
+                Some(Ok(WatchEvent::Bookmark(_))) => {}
+                Some(Err(_)) | None => break,
+            }
+        }
+    }
+}
+
+/// Returns whether the cluster is being unregistered (and needs another look soon).
+async fn handle_cluster(app: &App, c: &Object, known: &mut HashSet<String>) -> bool {
+    use orrery_api::cluster;
+    if c.metadata.deletion_timestamp.is_none() {
+        if !known.contains(c.name()) {
+            match crate::agent_api::ensure_cluster_namespace(app, c.name()).await {
+                Ok(()) => {
+                    known.insert(c.name().to_string());
+                }
+                Err(e) => {
+                    tracing::warn!(cluster = c.name(), error = %e.message, "creating the cluster's namespace failed")
+                }
+            }
+        }
+        return false;
+    }
+    known.remove(c.name());
+    if !c
+        .metadata
+        .finalizers
+        .iter()
+        .any(|f| f == cluster::FINALIZER)
+    {
+        return false;
+    }
+    if let Err(e) = unregister(app, c).await {
+        tracing::warn!(cluster = c.name(), error = %e, "unregistering the cluster failed");
+    }
+    true
+}
+
+async fn unregister(app: &App, c: &Object) -> Result<(), StoreError> {
+    use orrery_api::{cluster, keys};
+    let ns_key = keys::well_known::namespace(&cluster::namespace_of(c.name()));
+    match app.store.get(&ns_key).await {
+        Ok(ns) => {
+            // The namespace loop deletes the Works, then the namespace; come back after.
+            return delete_object(app.store.as_ref(), &ns_key, &ns).await;
+        }
+        Err(StoreError::NotFound { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    let revoked = app.auth.revoke_cluster(c.name(), true).await?;
+    remove_finalizer(
+        app.store.as_ref(),
+        &keys::well_known::cluster(c.name()),
+        cluster::FINALIZER,
+    )
+    .await?;
+    tracing::info!(
+        cluster = c.name(),
+        tokens_revoked = revoked,
+        "cluster unregistered"
+    );
+    Ok(())
 }
 
 fn closed(app: &App) -> bool {

@@ -127,35 +127,16 @@ impl ResourceType {
         }
     }
 
-    fn group_segment(&self) -> &str {
-        if self.group.is_empty() {
-            "core"
-        } else {
-            &self.group
-        }
-    }
-
     /// The store key of one object.
     pub fn key(&self, namespace: &str, name: &str) -> String {
-        if self.namespaced {
-            format!(
-                "/registry/{}/{}/{namespace}/{name}",
-                self.group_segment(),
-                self.plural
-            )
-        } else {
-            format!("/registry/{}/{}/{name}", self.group_segment(), self.plural)
-        }
+        let ns = self.namespaced.then_some(namespace);
+        orrery_api::keys::object(&self.group, &self.plural, ns, name)
     }
 
     /// The store prefix of a list: one namespace, or all of them.
     pub fn prefix(&self, namespace: Option<&str>) -> String {
-        match namespace {
-            Some(ns) if self.namespaced => {
-                format!("/registry/{}/{}/{ns}/", self.group_segment(), self.plural)
-            }
-            _ => format!("/registry/{}/{}/", self.group_segment(), self.plural),
-        }
+        let ns = namespace.filter(|_| self.namespaced);
+        orrery_api::keys::prefix(&self.group, &self.plural, ns)
     }
 
     pub fn is_crd(&self) -> bool {
@@ -304,6 +285,17 @@ fn builtin_defs() -> Vec<Def> {
                 "io.k8s.api.core.v1.Pod",
             )
         },
+        // Members' nodes: what an Orrery API standing in for a member serves, and what the
+        // kube backend reads capacity from.
+        def(
+            "",
+            "Node",
+            "nodes",
+            false,
+            &["no"],
+            true,
+            "io.k8s.api.core.v1.Node",
+        ),
         Def {
             categories: all,
             scale: true,

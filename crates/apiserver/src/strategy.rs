@@ -6,6 +6,7 @@ use base64::engine::general_purpose::STANDARD;
 use orrery_api::Object;
 use orrery_api::labels::{LabelSelector, Selector};
 use orrery_api::validation::{ErrorList, FieldError};
+use orrery_api::{cluster, work};
 use serde_json::{Value, json};
 
 use crate::resources::ResourceType;
@@ -47,7 +48,56 @@ pub fn prepare_create(rt: &ResourceType, obj: &mut Object) {
         {
             obj.metadata.finalizers.push(CRD_FINALIZER.to_string());
         }
+        // Unregistering a cluster cleans up its namespace, Works and tokens first.
+        ("multicluster.io", "Cluster")
+            if !obj
+                .metadata
+                .finalizers
+                .iter()
+                .any(|f| f == cluster::FINALIZER) =>
+        {
+            obj.metadata.finalizers.push(cluster::FINALIZER.to_string());
+        }
         _ => {}
+    }
+}
+
+/// Server-owned parts of a status write: a Cluster's water levels are computed here from what
+/// its member reports, and a heartbeat is stamped with the server's clock (so members' clocks
+/// do not decide their health).
+pub fn prepare_status(rt: &ResourceType, old: &Object, new: &mut Object) {
+    if (rt.group.as_str(), rt.kind.as_str()) != ("multicluster.io", "Cluster") {
+        return;
+    }
+    let Some(Value::Object(status)) = new.status.as_mut() else {
+        return;
+    };
+    let summary = status
+        .get("resourceSummary")
+        .cloned()
+        .and_then(|v| serde_json::from_value::<cluster::ResourceSummary>(v).ok());
+    match summary {
+        Some(s) => {
+            let wl = serde_json::to_value(cluster::water_level(&s)).unwrap_or(Value::Null);
+            status.insert("waterLevel".into(), wl);
+        }
+        None => {
+            status.remove("waterLevel");
+        }
+    }
+    let before = old
+        .status
+        .as_ref()
+        .and_then(|s| s.get("lastHeartbeatTime"))
+        .cloned();
+    if let Some(hb) = status.get("lastHeartbeatTime")
+        && !hb.is_null()
+        && Some(hb) != before.as_ref()
+    {
+        status.insert(
+            "lastHeartbeatTime".into(),
+            json!(orrery_api::Time::now().to_string()),
+        );
     }
 }
 
@@ -348,6 +398,12 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
                 ));
             }
         }
+        ("multicluster.io", "Cluster") => {
+            errs.extend(cluster::validate_name(obj.name()));
+            errs.extend(cluster::validate_spec(spec));
+            errs.extend(cluster::validate_status(obj.status.as_ref()));
+        }
+        ("multicluster.io", "Work") => errs.extend(work::validate_spec(spec)),
         _ => {}
     }
     errs

@@ -4,7 +4,9 @@
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+mod agent;
 mod server;
+mod token;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -30,6 +32,11 @@ enum LogFormat {
 enum Command {
     /// Run the control plane: the Kubernetes-compatible API over the store.
     Server(server::ServerArgs),
+    /// Run a member cluster's agent (pull mode): real, simulated, or a simulated fleet.
+    Agent(agent::AgentArgs),
+    /// Bootstrap tokens for agents.
+    #[command(subcommand)]
+    Token(token::TokenCommand),
 }
 
 fn init_logging(format: LogFormat) {
@@ -52,6 +59,8 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async move {
         match cli.command {
             Command::Server(args) => server::run(args).await,
+            Command::Agent(args) => agent::run(args).await,
+            Command::Token(cmd) => token::run(cmd).await,
         }
     })
 }

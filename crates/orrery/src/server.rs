@@ -40,6 +40,10 @@ pub struct ServerArgs {
     /// How long a member cluster that stops reporting stays Ready.
     #[arg(long, default_value = "40s", value_parser = parse_duration)]
     pub cluster_grace_period: Duration,
+    /// How long a cluster is not Ready before it is tainted NoExecute (its workloads may then
+    /// be moved).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub cluster_eviction_timeout: Duration,
     /// How much history the store keeps before compacting (watch resumption window).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub compaction_interval: Duration,
@@ -168,6 +172,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let config = ApiConfig {
         server_address: args.listen.to_string(),
+        ca_pem: pki.ca_pem.clone(),
         ..ApiConfig::default()
     };
     let app = App::new(store.clone(), auth.clone(), config, shutdown_rx.clone())
@@ -177,6 +182,16 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         .await
         .context("creating the default namespaces")?;
     orrery_apiserver::lifecycle::spawn(app.clone());
+    orrery_controllers::spawn(
+        store.clone(),
+        orrery_controllers::Config {
+            health: orrery_controllers::health::HealthConfig {
+                grace_period: args.cluster_grace_period,
+                eviction_timeout: args.cluster_eviction_timeout,
+            },
+        },
+        shutdown_rx.clone(),
+    );
     orrery_store::spawn_compactor(store.clone(), args.compaction_interval);
 
     let url = client_url(&args.listen);

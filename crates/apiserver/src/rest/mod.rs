@@ -20,7 +20,7 @@ use crate::table::{self, IncludeObject};
 mod read;
 mod subresource;
 mod watch;
-mod write;
+pub(crate) mod write;
 
 /// What a resource request addresses.
 #[derive(Clone, Debug)]

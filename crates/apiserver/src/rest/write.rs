@@ -169,6 +169,7 @@ fn merge_for_update(
     if subresource == Some("status") {
         let mut next = current.clone();
         next.status = incoming.status;
+        strategy::prepare_status(rt, current, &mut next);
         return Ok(next);
     }
     if !incoming.metadata.uid.is_empty() && incoming.metadata.uid != current.metadata.uid {
@@ -626,4 +627,50 @@ pub async fn delete_collection(call: Call<'_>, body: &Bytes) -> ApiResult<Respon
     after_write(&call).await;
     let out = json!({ "kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": {}, "items": items });
     Ok(with_warnings(h::json(StatusCode::OK, &out), &call.warnings))
+}
+
+/// Replaces the status of one object (what a status update does), outside an HTTP request:
+/// the batch status endpoint and in-process writers use it. `expected` is an optional
+/// resourceVersion precondition.
+pub async fn write_status(
+    app: &crate::app::App,
+    rt: &ResourceType,
+    namespace: Option<&str>,
+    name: &str,
+    status: Value,
+    expected: Option<Revision>,
+) -> ApiResult<Object> {
+    let key = rt.key(namespace.unwrap_or(""), name);
+    for _ in 0..RETRIES {
+        let current = app
+            .store
+            .get(&key)
+            .await
+            .map_err(|e| ApiError::from_store(e, rt, name))?;
+        let current_rv = current.revision().unwrap_or(0);
+        if expected.is_some_and(|p| p != current_rv) {
+            return Err(ApiError::stale(rt, name));
+        }
+        let mut next = current.clone();
+        next.status = Some(status.clone());
+        strategy::prepare_status(rt, &current, &mut next);
+        if same_object(&current, &next) {
+            return Ok(present(rt, current));
+        }
+        let mut errs = orrery_api::validation::validate_object_meta(
+            &next.metadata,
+            rt.namespaced,
+            rt.name_rule,
+        );
+        errs.extend(strategy::validate(rt, &next, Some(&current)));
+        if !errs.is_empty() {
+            return Err(ApiError::invalid(rt, name, &errs));
+        }
+        match app.store.update(&key, next, Some(current_rv)).await {
+            Ok(stored) => return Ok(present(rt, (*stored).clone())),
+            Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
+            Err(e) => return Err(ApiError::from_store(e, rt, name)),
+        }
+    }
+    Err(ApiError::stale(rt, name))
 }

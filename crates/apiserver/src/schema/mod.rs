@@ -6,12 +6,14 @@
 //! - Built-in kinds: generated from `k8s-openapi` (the upstream API definitions) with
 //!   `schemars`, then annotated with the upstream patch tags of [`patch_tags::PATCH_TAGS`].
 //! - CustomResourceDefinitions: their `openAPIV3Schema`, with standard metadata added.
-//! - Orrery's own kinds: open schemas for now (their fields are specified with their features).
+//! - Orrery's own kinds: explicit schemas for the kinds whose fields are specified ([`own`]),
+//!   open ones for the rest until their features define them.
 
 use std::sync::{Arc, OnceLock, RwLock};
 
 use serde_json::{Map, Value, json};
 
+mod own;
 pub mod patch_tags;
 pub mod validate;
 
@@ -74,6 +76,7 @@ fn builtin_components() -> Components {
     );
     kind!(core::v1::Event, "", "v1", "Event");
     kind!(core::v1::Pod, "", "v1", "Pod");
+    kind!(core::v1::Node, "", "v1", "Node");
     kind!(apps::v1::Deployment, "apps", "v1", "Deployment");
     kind!(apps::v1::StatefulSet, "apps", "v1", "StatefulSet");
     kind!(apps::v1::DaemonSet, "apps", "v1", "DaemonSet");
@@ -161,6 +164,12 @@ pub fn builtin() -> Arc<Components> {
                         own_kind_schema(&rt.group, &rt.version, &rt.kind),
                     );
                 }
+            }
+            for (group, kind, schema) in own::schemas() {
+                c.insert(
+                    crate::resources::own_schema_name(group, "v1alpha1", kind),
+                    schema,
+                );
             }
             Arc::new(c)
         })

@@ -1,0 +1,171 @@
+//! A small HTTP endpoint, on a loopback address only, to look at simulated clusters and inject
+//! faults into them:
+//!
+//! - `GET /clusters`, `GET /clusters/{name}`: what each simulation holds;
+//! - `PUT /clusters/{name}/faults` `{"outage": true, "latencyMs": 200, "lostNodes": 2}`: sets
+//!   the faults (what is left out is cleared); `DELETE /clusters/{name}/faults` clears them;
+//! - `PUT /clusters/{name}/load` `{"load": 0.8}`: the background load, a fraction of capacity.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::backend::sim::{Faults, SimCluster};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct FaultsBody {
+    #[serde(default)]
+    outage: bool,
+    #[serde(default)]
+    latency_ms: u64,
+    #[serde(default)]
+    lost_nodes: usize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LoadBody {
+    load: f64,
+}
+
+fn reply(status: StatusCode, body: Value) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response<Full<Bytes>> {
+    reply(status, json!({ "error": message.into() }))
+}
+
+async fn handle(
+    sims: Arc<HashMap<String, Arc<SimCluster>>>,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
+    let method = req.method().clone();
+    let path = req.uri().path().trim_end_matches('/').to_string();
+    let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => return error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string()),
+    };
+    let segments: Vec<&str> = path.split('/').skip(1).collect();
+    let find = |name: &str| sims.get(name).cloned();
+    match (&method, segments.as_slice()) {
+        (&Method::GET, ["clusters"]) => {
+            let mut all: Vec<_> = sims.values().map(|s| s.summary()).collect();
+            all.sort_by(|a, b| a.name.cmp(&b.name));
+            reply(StatusCode::OK, json!(all))
+        }
+        (_, ["clusters", name, rest @ ..]) => {
+            let Some(sim) = find(name) else {
+                return error(
+                    StatusCode::NOT_FOUND,
+                    format!("no simulated cluster {name:?}"),
+                );
+            };
+            match (&method, rest) {
+                (&Method::GET, []) => reply(StatusCode::OK, json!(sim.summary())),
+                (&Method::PUT, ["faults"]) => match serde_json::from_slice::<FaultsBody>(&body) {
+                    Ok(f) => {
+                        sim.set_faults(Faults {
+                            outage: f.outage,
+                            latency: Duration::from_millis(f.latency_ms),
+                            lost_nodes: f.lost_nodes,
+                        });
+                        tracing::info!(cluster = %name, outage = f.outage, latency_ms = f.latency_ms, lost_nodes = f.lost_nodes, "faults set");
+                        reply(StatusCode::OK, json!(sim.summary()))
+                    }
+                    Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid faults: {e}")),
+                },
+                (&Method::DELETE, ["faults"]) => {
+                    sim.set_faults(Faults::default());
+                    reply(StatusCode::OK, json!(sim.summary()))
+                }
+                (&Method::PUT, ["load"]) => match serde_json::from_slice::<LoadBody>(&body) {
+                    Ok(l) if (0.0..=1.0).contains(&l.load) => {
+                        sim.set_load(l.load);
+                        reply(StatusCode::OK, json!(sim.summary()))
+                    }
+                    Ok(_) => error(StatusCode::BAD_REQUEST, "load must be between 0 and 1"),
+                    Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid load: {e}")),
+                },
+                _ => error(StatusCode::NOT_FOUND, "no such endpoint"),
+            }
+        }
+        _ => error(StatusCode::NOT_FOUND, "no such endpoint"),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("the admin endpoint must listen on a loopback address, not {0}")]
+    NotLoopback(SocketAddr),
+    #[error("listening on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// Serves the endpoint until shutdown; returns the bound address at once.
+pub async fn serve(
+    addr: SocketAddr,
+    sims: Vec<Arc<SimCluster>>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<SocketAddr, AdminError> {
+    if !addr.ip().is_loopback() {
+        return Err(AdminError::NotLoopback(addr));
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| AdminError::Bind { addr, source })?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| AdminError::Bind { addr, source })?;
+    let sims: Arc<HashMap<String, Arc<SimCluster>>> = Arc::new(
+        sims.into_iter()
+            .map(|s| (s.name().to_string(), s))
+            .collect(),
+    );
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = tokio::select! {
+                r = listener.accept() => match r {
+                    Ok(x) => x,
+                    Err(_) => continue,
+                },
+                _ = shutdown.changed() => return,
+            };
+            let sims = sims.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let sims = sims.clone();
+                    async move { Ok::<_, Infallible>(handle(sims, req).await) }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Ok(bound)
+}

@@ -1,0 +1,911 @@
+//! One member cluster's agent: registration, the Works sync loop, status reports and
+//! heartbeats, and riding out a server that comes and goes.
+//!
+//! A session is one connection's life: a heartbeat (which also proves the token), then three
+//! activities side by side until one fails: the Works loop (list, then watch from where the
+//! list ended; re-list when the watch expires), the heartbeat loop, and the reporter (Work
+//! statuses in batches of up to 1,000, at most once per report interval). When a session ends
+//! for a transient reason the agent waits (backoff with jitter) and starts another; meanwhile
+//! the member keeps running what was last applied, which the state file also remembers across
+//! restarts. On reconnect, Works whose content did not change are not applied again.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use orrery_api::cluster::{self, CONDITION_JOINED, CONDITION_READY};
+use orrery_api::conditions::{self, Condition};
+use orrery_api::work::{
+    self, ConflictResolution, Health, ManifestStatus, ResourceIdentifier, WorkSpec, WorkStatus,
+};
+use orrery_api::{Object, Time};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+use crate::backend::{Backend, BackendError, MemberReport};
+use crate::backoff::Backoff;
+use crate::state::{AgentState, AppliedWork, StateError, StateFile};
+use crate::transport::{self, Transport, TransportError, WorkEvent};
+
+/// What the agent says about its cluster when it registers.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterInfo {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub provider: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub region: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub zones: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub api_endpoint: String,
+}
+
+/// How one agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    pub server: String,
+    pub cluster: String,
+    /// A bootstrap token (`ORR1<ca hash>::<id>.<secret>`), needed when no cluster token is
+    /// stored yet, and to re-register if the stored one is revoked.
+    pub bootstrap_token: Option<String>,
+    /// The server's CA, when given as a file rather than pinned by the token.
+    pub ca_pem: Option<String>,
+    pub info: ClusterInfo,
+    pub state: StateFile,
+    pub heartbeat_interval: Duration,
+    /// Least time between two status reports.
+    pub report_interval: Duration,
+    /// How often everything is re-read and re-sent, even without a change.
+    pub resync_interval: Duration,
+}
+
+impl AgentConfig {
+    pub fn new(server: &str, cluster: &str) -> Self {
+        AgentConfig {
+            server: server.to_string(),
+            cluster: cluster.to_string(),
+            bootstrap_token: None,
+            ca_pem: None,
+            info: ClusterInfo::default(),
+            state: StateFile::none(),
+            heartbeat_interval: Duration::from_secs(10),
+            report_interval: Duration::from_secs(1),
+            resync_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Why an agent stopped without an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stopped {
+    /// Asked to.
+    Shutdown,
+    /// Its cluster was unregistered; what it applied has been removed.
+    Unregistered,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("cannot register cluster {cluster}: {message}")]
+    Bootstrap { cluster: String, message: String },
+    #[error(
+        "the server no longer accepts this agent's token for cluster {0} (the cluster was unregistered or another agent registered it); give a new bootstrap token with --token"
+    )]
+    Revoked(String),
+    #[error("connecting to the server: {0}")]
+    Client(String),
+}
+
+/// How a session ended.
+#[derive(Debug)]
+enum End {
+    Stopped(Stopped),
+    /// Try again after a pause.
+    Transient(String),
+    /// The token was refused.
+    Revoked,
+    /// Cannot go on.
+    Fatal(AgentError),
+}
+
+impl From<TransportError> for End {
+    fn from(e: TransportError) -> Self {
+        match e {
+            TransportError::Unauthorized(_) => End::Revoked,
+            other => End::Transient(other.to_string()),
+        }
+    }
+}
+
+/// Shared between the activities of a session (locks are never held across an await).
+#[derive(Debug)]
+struct Inner {
+    cfg: AgentConfig,
+    backend: Arc<dyn Backend>,
+    state: Mutex<AgentState>,
+    state_dirty: AtomicBool,
+    /// Per Work: the apply error of each manifest (by ordinal).
+    errors: Mutex<HashMap<String, BTreeMap<usize, String>>>,
+    /// Works whose last apply hit an unavailable member.
+    retry: Mutex<HashSet<String>>,
+    /// Per Work: the digest of the status last reported, and its conditions.
+    reported: Mutex<HashMap<String, (u64, Vec<Condition>)>>,
+    report_now: Notify,
+}
+
+fn digest_of(v: &Value) -> String {
+    Sha256::digest(v.to_string().as_bytes())
+        .iter()
+        .take(16)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn quick_hash(v: &Value) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    v.to_string().hash(&mut h);
+    h.finish()
+}
+
+/// The manifest as applied: Orrery's label and the Work it comes from.
+fn stamped(manifest: &Value, work_ref: &str) -> Value {
+    let mut m = manifest.clone();
+    if let Some(meta) = m.get_mut("metadata").and_then(Value::as_object_mut) {
+        let labels = meta.entry("labels").or_insert_with(|| json!({}));
+        if let Some(l) = labels.as_object_mut() {
+            l.insert(work::MANAGED_LABEL.into(), json!(work::MANAGED_VALUE));
+        }
+        let ann = meta.entry("annotations").or_insert_with(|| json!({}));
+        if let Some(a) = ann.as_object_mut() {
+            a.insert(work::WORK_ANNOTATION.into(), json!(work_ref));
+        }
+    }
+    m
+}
+
+fn identifiers(manifests: &[Value]) -> Vec<Option<ResourceIdentifier>> {
+    manifests
+        .iter()
+        .enumerate()
+        .map(|(i, m)| ResourceIdentifier::of(i, m))
+        .collect()
+}
+
+/// The same object, whatever its position in the Work.
+fn same_object(a: &ResourceIdentifier, b: &ResourceIdentifier) -> bool {
+    a.group == b.group && a.kind == b.kind && a.namespace == b.namespace && a.name == b.name
+}
+
+impl Inner {
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, AgentState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn mark_dirty(&self) {
+        self.state_dirty.store(true, Ordering::Release);
+    }
+
+    fn flush_state(&self) {
+        if self.state_dirty.swap(false, Ordering::AcqRel) {
+            let snapshot = self.lock_state().clone();
+            if let Err(e) = self.cfg.state.save(&snapshot) {
+                tracing::warn!(cluster = %self.cfg.cluster, error = %e, "saving agent state failed");
+                self.mark_dirty();
+            }
+        }
+    }
+
+    fn namespace(&self) -> String {
+        cluster::namespace_of(&self.cfg.cluster)
+    }
+
+    /// Applies manifests; returns the errors by ordinal, and whether any was the member
+    /// being unavailable (worth retrying).
+    async fn apply_manifests(
+        &self,
+        manifests: &[Value],
+        overwrite: bool,
+    ) -> (BTreeMap<usize, String>, bool) {
+        let mut errors = BTreeMap::new();
+        let mut unavailable = false;
+        for (i, m) in manifests.iter().enumerate() {
+            if let Err(e) = self.backend.apply(m, overwrite).await {
+                unavailable |= matches!(e, BackendError::Unavailable(_));
+                errors.insert(i, e.to_string());
+            }
+        }
+        (errors, unavailable)
+    }
+
+    /// Deletes the objects of `old` that `new` no longer has.
+    async fn delete_dropped(&self, old: &[Value], new: &[Value]) {
+        let keep: Vec<ResourceIdentifier> = identifiers(new).into_iter().flatten().collect();
+        for id in identifiers(old).into_iter().flatten() {
+            if !keep.iter().any(|k| same_object(k, &id))
+                && let Err(e) = self.backend.delete(&id).await
+            {
+                tracing::warn!(cluster = %self.cfg.cluster, object = %id.describe(), error = %e, "deleting a dropped object failed");
+            }
+        }
+    }
+
+    /// Brings the member in line with one Work.
+    async fn apply_work(&self, w: &Object) {
+        let name = w.name().to_string();
+        let spec: WorkSpec = match w.spec.clone().map(serde_json::from_value).transpose() {
+            Ok(s) => s.unwrap_or_default(),
+            Err(e) => {
+                let mut errs = BTreeMap::new();
+                errs.insert(0, format!("the Work's spec is not valid: {e}"));
+                self.errors
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(name, errs);
+                self.report_now.notify_one();
+                return;
+            }
+        };
+        let work_ref = format!("{}/{name}", self.namespace());
+        let manifests: Vec<Value> = spec
+            .workload
+            .manifests
+            .iter()
+            .map(|m| stamped(m, &work_ref))
+            .collect();
+        let overwrite = spec.conflict_resolution == ConflictResolution::Overwrite;
+        let digest = digest_of(&json!([
+            w.metadata.uid,
+            manifests,
+            overwrite,
+            spec.preserve_resources_on_deletion
+        ]));
+        let previous = self.lock_state().works.get(&name).cloned();
+        let retrying = self
+            .retry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&name);
+        if previous.as_ref().is_some_and(|p| p.digest == digest) && !retrying {
+            // Unchanged (typically after a reconnect): nothing to do to the member.
+            return;
+        }
+        let (errors, unavailable) = self.apply_manifests(&manifests, overwrite).await;
+        if let Some(prev) = &previous {
+            self.delete_dropped(&prev.manifests, &manifests).await;
+        }
+        let applied = AppliedWork {
+            uid: w.metadata.uid.clone(),
+            generation: w.metadata.generation.unwrap_or(1),
+            digest,
+            manifests,
+            preserve: spec.preserve_resources_on_deletion,
+            overwrite,
+        };
+        self.lock_state().works.insert(name.clone(), applied);
+        self.mark_dirty();
+        {
+            let mut retry = self.retry.lock().unwrap_or_else(|p| p.into_inner());
+            if unavailable {
+                retry.insert(name.clone());
+            } else {
+                retry.remove(&name);
+            }
+        }
+        if !errors.is_empty() {
+            tracing::warn!(cluster = %self.cfg.cluster, work = %name, errors = errors.len(), first = %errors.values().next().cloned().unwrap_or_default(), "applying a Work failed in part");
+        }
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name, errors);
+        self.report_now.notify_one();
+    }
+
+    /// Removes a Work's objects from the member (unless it asked to keep them).
+    async fn remove_work(&self, name: &str) {
+        let old = self.lock_state().works.remove(name);
+        if let Some(old) = old {
+            if !old.preserve {
+                self.delete_dropped(&old.manifests, &[]).await;
+            }
+            self.mark_dirty();
+        }
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+        self.retry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+        self.reported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
+    }
+
+    /// After a (re)list: apply what changed, remove what is gone, report everything again.
+    async fn sync_all(&self, works: Vec<Object>) {
+        let listed: HashSet<String> = works.iter().map(|w| w.name().to_string()).collect();
+        let stale: Vec<String> = self
+            .lock_state()
+            .works
+            .keys()
+            .filter(|k| !listed.contains(*k))
+            .cloned()
+            .collect();
+        for name in stale {
+            self.remove_work(&name).await;
+        }
+        for w in &works {
+            self.apply_work(w).await;
+        }
+        self.reported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.report_now.notify_one();
+    }
+
+    /// Re-applies what the state file says was applied (a restarted agent with a simulated
+    /// member, or a member that lost objects while the agent was away).
+    async fn resume(&self) {
+        let works: Vec<(String, AppliedWork)> = self
+            .lock_state()
+            .works
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        if works.is_empty() {
+            return;
+        }
+        tracing::info!(cluster = %self.cfg.cluster, works = works.len(), "resuming the Works applied before");
+        for (name, w) in works {
+            let (errors, unavailable) = self.apply_manifests(&w.manifests, w.overwrite).await;
+            if unavailable {
+                self.retry
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(name.clone());
+            }
+            self.errors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(name, errors);
+        }
+    }
+
+    async fn retry_failed(&self) {
+        let names: Vec<String> = self
+            .retry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect();
+        for name in names {
+            let Some(w) = self.lock_state().works.get(&name).cloned() else {
+                continue;
+            };
+            let (errors, unavailable) = self.apply_manifests(&w.manifests, w.overwrite).await;
+            if !unavailable {
+                self.retry
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&name);
+            }
+            self.errors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(name, errors);
+        }
+    }
+
+    /// The status of one Work as the member has it now.
+    async fn work_status(&self, name: &str, w: &AppliedWork, now: Time) -> WorkStatus {
+        let errors = self
+            .errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .cloned()
+            .unwrap_or_default();
+        let mut statuses = Vec::with_capacity(w.manifests.len());
+        for (i, id) in identifiers(&w.manifests).into_iter().enumerate() {
+            let Some(id) = id else { continue };
+            let mut ms = ManifestStatus {
+                identifier: id.clone(),
+                ..Default::default()
+            };
+            if let Some(e) = errors.get(&i) {
+                ms.message = e.clone();
+            } else {
+                match self.backend.state(&id).await {
+                    Ok(Some(s)) => {
+                        ms.applied = true;
+                        ms.health = s.health;
+                        ms.status = s.status;
+                        ms.message = s.message;
+                    }
+                    Ok(None) => ms.message = "not present in the member".into(),
+                    Err(e) => ms.message = e.to_string(),
+                }
+            }
+            statuses.push(ms);
+        }
+        let all_applied = statuses.iter().all(|s| s.applied) && errors.is_empty();
+        let mut conds = self
+            .reported
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .map(|(_, c)| c.clone())
+            .unwrap_or_default();
+        let applied = if all_applied {
+            Condition::new(
+                work::CONDITION_APPLIED,
+                conditions::TRUE,
+                "AppliedSuccessful",
+                "every manifest is applied",
+            )
+        } else {
+            let first = statuses
+                .iter()
+                .find(|s| !s.applied)
+                .map(|s| format!("{}: {}", s.identifier.describe(), s.message));
+            Condition::new(
+                work::CONDITION_APPLIED,
+                conditions::FALSE,
+                "AppliedFailed",
+                first.unwrap_or_default(),
+            )
+        };
+        conditions::set(&mut conds, applied, now);
+        let available = if statuses.iter().any(|s| s.health == Health::Unhealthy) {
+            let first = statuses
+                .iter()
+                .find(|s| s.health == Health::Unhealthy)
+                .map(|s| format!("{}: {}", s.identifier.describe(), s.message));
+            Condition::new(
+                work::CONDITION_AVAILABLE,
+                conditions::FALSE,
+                "Unhealthy",
+                first.unwrap_or_default(),
+            )
+        } else if all_applied && statuses.iter().all(|s| s.health == Health::Healthy) {
+            Condition::new(
+                work::CONDITION_AVAILABLE,
+                conditions::TRUE,
+                "AllHealthy",
+                "every manifest is healthy",
+            )
+        } else {
+            Condition::new(
+                work::CONDITION_AVAILABLE,
+                conditions::FALSE,
+                "Progressing",
+                "not every manifest is healthy yet",
+            )
+        };
+        conditions::set(&mut conds, available, now);
+        WorkStatus {
+            conditions: conds,
+            manifest_statuses: statuses,
+            observed_generation: Some(w.generation),
+        }
+    }
+
+    /// Status items of the Works whose status changed since last reported.
+    async fn changed_statuses(&self) -> Vec<(String, u64, Vec<Condition>, Value)> {
+        let works: Vec<(String, AppliedWork)> = self
+            .lock_state()
+            .works
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let now = Time::now();
+        let mut out = Vec::new();
+        for (name, w) in works {
+            let status = self.work_status(&name, &w, now).await;
+            // The digest leaves out transition times, which do not make a change on their own.
+            let mut bare = status.clone();
+            bare.conditions
+                .iter_mut()
+                .for_each(|c| c.last_transition_time = None);
+            let h = quick_hash(&serde_json::to_value(&bare).unwrap_or_default());
+            let same = self
+                .reported
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&name)
+                .is_some_and(|(d, _)| *d == h);
+            if !same {
+                let item = json!({
+                    "kind": "Work",
+                    "namespace": self.namespace(),
+                    "name": name,
+                    "status": serde_json::to_value(&status).unwrap_or_default(),
+                });
+                out.push((name, h, status.conditions, item));
+            }
+        }
+        out
+    }
+
+    /// Removes everything applied (the cluster was unregistered) and forgets the state.
+    async fn forget_everything(&self) {
+        let names: Vec<String> = self.lock_state().works.keys().cloned().collect();
+        for n in names {
+            self.remove_work(&n).await;
+        }
+        self.cfg.state.remove();
+    }
+}
+
+fn cluster_status(
+    report: &Result<MemberReport, BackendError>,
+    conds: &mut Vec<Condition>,
+    now: Time,
+) -> Value {
+    let ready = match report {
+        Ok(r) if r.healthy => Condition::new(
+            CONDITION_READY,
+            conditions::TRUE,
+            "MemberHealthy",
+            r.message.clone(),
+        ),
+        Ok(r) => Condition::new(
+            CONDITION_READY,
+            conditions::FALSE,
+            "MemberUnhealthy",
+            r.message.clone(),
+        ),
+        Err(e) => Condition::new(
+            CONDITION_READY,
+            conditions::FALSE,
+            "MemberUnreachable",
+            e.to_string(),
+        ),
+    };
+    conditions::set(conds, ready, now);
+    conditions::set(
+        conds,
+        Condition::new(
+            CONDITION_JOINED,
+            conditions::TRUE,
+            "AgentRegistered",
+            "the cluster's agent is connected",
+        ),
+        now,
+    );
+    let mut status = json!({
+        "conditions": conds,
+        "lastHeartbeatTime": now.to_string(),
+    });
+    if let Ok(r) = report {
+        let s = &mut status;
+        s["kubernetesVersion"] = json!(r.kubernetes_version);
+        s["apiEnablements"] = json!(r.api_enablements);
+        s["nodeSummary"] = json!(r.node_summary);
+        s["resourceSummary"] = json!(r.resource_summary);
+        s["largestNodeFree"] = json!(r.largest_node_free);
+        if let Some(n) = &r.network {
+            s["network"] = json!(n);
+        }
+        s["properties"] = json!(r.properties);
+    }
+    status
+}
+
+async fn sleep_or_shutdown(d: Duration, shutdown: &mut watch::Receiver<bool>) -> bool {
+    if *shutdown.borrow() {
+        return true;
+    }
+    tokio::select! {
+        _ = tokio::time::sleep(d) => false,
+        _ = shutdown.changed() => true,
+    }
+}
+
+/// Runs one agent until it is shut down, its cluster is unregistered, or it cannot go on.
+pub async fn run(
+    cfg: AgentConfig,
+    backend: Arc<dyn Backend>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<Stopped, AgentError> {
+    let mut state = cfg.state.load()?;
+    if state.cluster != cfg.cluster {
+        // A state file of another cluster (or none): start afresh.
+        state = AgentState {
+            cluster: cfg.cluster.clone(),
+            ..Default::default()
+        };
+    }
+    state.server = cfg.server.clone();
+    let inner = Arc::new(Inner {
+        cfg,
+        backend,
+        state: Mutex::new(state),
+        state_dirty: AtomicBool::new(true),
+        errors: Mutex::new(HashMap::new()),
+        retry: Mutex::new(HashSet::new()),
+        reported: Mutex::new(HashMap::new()),
+        report_now: Notify::new(),
+    });
+    inner.resume().await;
+    inner.flush_state();
+    let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    let result = loop {
+        if *shutdown.borrow() {
+            break Ok(Stopped::Shutdown);
+        }
+        let end = match connect(&inner).await {
+            Ok(client) => session(&inner, client, &mut shutdown, &mut backoff).await,
+            Err(e) => e,
+        };
+        match end {
+            End::Stopped(s) => break Ok(s),
+            End::Fatal(e) => break Err(e),
+            End::Revoked => {
+                if inner.cfg.bootstrap_token.is_none() {
+                    break Err(AgentError::Revoked(inner.cfg.cluster.clone()));
+                }
+                tracing::warn!(cluster = %inner.cfg.cluster, "the agent token was refused; registering again with the bootstrap token");
+                inner.lock_state().token.clear();
+                inner.mark_dirty();
+            }
+            End::Transient(why) => {
+                let d = backoff.delay();
+                tracing::warn!(cluster = %inner.cfg.cluster, error = %why, retry_in_ms = d.as_millis() as u64, "lost the server; the member keeps running what it has");
+                if sleep_or_shutdown(d, &mut shutdown).await {
+                    break Ok(Stopped::Shutdown);
+                }
+            }
+        }
+    };
+    if matches!(result, Ok(Stopped::Unregistered)) {
+        tracing::info!(cluster = %inner.cfg.cluster, "the cluster was unregistered; removing what it ran and stopping");
+        inner.forget_everything().await;
+    } else {
+        inner.flush_state();
+    }
+    result
+}
+
+/// A client holding the cluster token, registering first if there is none.
+async fn connect(inner: &Inner) -> Result<kube::Client, End> {
+    let cfg = &inner.cfg;
+    let (token, ca) = {
+        let s = inner.lock_state();
+        (s.token.clone(), s.ca_pem.clone())
+    };
+    if !token.is_empty() && !ca.is_empty() {
+        return orrery_client::connect(&cfg.server, &token, &ca)
+            .await
+            .map_err(|e| End::Transient(e.to_string()));
+    }
+    let fatal = |message: String| {
+        End::Fatal(AgentError::Bootstrap {
+            cluster: cfg.cluster.clone(),
+            message,
+        })
+    };
+    let Some(bootstrap) = cfg.bootstrap_token.clone() else {
+        return Err(fatal(
+            "no agent token is stored and no bootstrap token was given (--token)".into(),
+        ));
+    };
+    let (pinned, credential) = orrery_api::token::parse(&bootstrap);
+    let ca = match (&cfg.ca_pem, pinned) {
+        (Some(pem), Some(hash)) if orrery_api::token::ca_hash(pem) != hash => {
+            return Err(fatal(
+                "the CA file does not match the CA hash in the token".into(),
+            ));
+        }
+        (Some(pem), _) => pem.clone(),
+        (None, Some(hash)) => {
+            let fetched = orrery_client::fetch_ca_unverified(&cfg.server)
+                .await
+                .map_err(|e| End::Transient(format!("fetching the server's CA: {e}")))?;
+            if orrery_api::token::ca_hash(&fetched) != hash {
+                return Err(fatal(format!(
+                    "the server at {} presented a CA that does not match the token's CA hash; refusing to trust it",
+                    cfg.server
+                )));
+            }
+            fetched
+        }
+        (None, None) => {
+            return Err(fatal(
+                "the token carries no CA hash; pass the server's CA with --ca-file".into(),
+            ));
+        }
+    };
+    let client = orrery_client::connect(&cfg.server, credential, &ca)
+        .await
+        .map_err(|e| End::Transient(e.to_string()))?;
+    let mut request = serde_json::to_value(&cfg.info).unwrap_or_else(|_| json!({}));
+    request["cluster"] = json!(cfg.cluster);
+    let reg = match transport::register(&client, &request).await {
+        Ok(r) => r,
+        Err(e) if e.is_transient() => return Err(End::Transient(e.to_string())),
+        Err(e) => return Err(fatal(e.to_string())),
+    };
+    tracing::info!(cluster = %cfg.cluster, uid = %reg.uid, namespace = %reg.namespace, "registered");
+    {
+        let mut s = inner.lock_state();
+        s.token = reg.token.clone();
+        s.ca_pem = ca.clone();
+    }
+    inner.mark_dirty();
+    inner.flush_state();
+    orrery_client::connect(&cfg.server, &reg.token, &ca)
+        .await
+        .map_err(|e| End::Transient(e.to_string()))
+}
+
+async fn session(
+    inner: &Arc<Inner>,
+    client: kube::Client,
+    shutdown: &mut watch::Receiver<bool>,
+    backoff: &mut Backoff,
+) -> End {
+    let t = Transport::new(client, &inner.cfg.cluster);
+    let mut conds: Vec<Condition> = Vec::new();
+    // The first heartbeat proves the token and makes the cluster Ready at once.
+    match heartbeat(inner, &t, &mut conds).await {
+        Ok(None) => {}
+        Ok(Some(s)) => return End::Stopped(s),
+        Err(e) => return e,
+    }
+    backoff.reset();
+    tracing::info!(cluster = %inner.cfg.cluster, server = %inner.cfg.server, "connected");
+    let works = works_loop(inner, &t);
+    let beats = heartbeat_loop(inner, &t, conds);
+    let reports = report_loop(inner, &t);
+    tokio::pin!(works, beats, reports);
+    tokio::select! {
+        e = &mut works => e,
+        e = &mut beats => e,
+        e = &mut reports => e,
+        _ = shutdown.changed() => End::Stopped(Stopped::Shutdown),
+    }
+}
+
+/// One heartbeat; `Some` when the cluster turned out to be unregistered.
+async fn heartbeat(
+    inner: &Inner,
+    t: &Transport,
+    conds: &mut Vec<Condition>,
+) -> Result<Option<Stopped>, End> {
+    let report = inner.backend.report().await;
+    let status = cluster_status(&report, conds, Time::now());
+    match t.heartbeat(status).await {
+        Ok(c) if c.metadata.deletion_timestamp.is_some() => Ok(Some(Stopped::Unregistered)),
+        Ok(c) => {
+            if let Some(s) = c
+                .status
+                .and_then(|s| serde_json::from_value::<cluster::ClusterStatus>(s).ok())
+            {
+                *conds = s.conditions;
+            }
+            Ok(None)
+        }
+        Err(TransportError::NotRegistered(_)) => Ok(Some(Stopped::Unregistered)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn heartbeat_loop(inner: &Inner, t: &Transport, mut conds: Vec<Condition>) -> End {
+    loop {
+        // ±10% so that agents started together spread out.
+        let base = inner.cfg.heartbeat_interval;
+        let d = base.mul_f64(0.9 + crate::backoff::random_fraction() * 0.2);
+        tokio::time::sleep(d).await;
+        match heartbeat(inner, t, &mut conds).await {
+            Ok(None) => {}
+            Ok(Some(s)) => return End::Stopped(s),
+            Err(e) => return e,
+        }
+    }
+}
+
+async fn works_loop(inner: &Inner, t: &Transport) -> End {
+    loop {
+        let (items, mut rv) = match t.list_works().await {
+            Ok(x) => x,
+            Err(e) => return e.into(),
+        };
+        inner.sync_all(items).await;
+        inner.flush_state();
+        loop {
+            let stream = match t.watch_works(&rv).await {
+                Ok(s) => s,
+                Err(TransportError::Expired(_)) => break,
+                Err(e) => return e.into(),
+            };
+            tokio::pin!(stream);
+            let mut expired = false;
+            while let Some(ev) = stream.next().await {
+                match ev {
+                    Ok(WorkEvent::Applied(w)) => {
+                        rv = w.metadata.resource_version.clone();
+                        inner.apply_work(&w).await;
+                    }
+                    Ok(WorkEvent::Deleted(w)) => {
+                        rv = w.metadata.resource_version.clone();
+                        inner.remove_work(w.name()).await;
+                        inner.report_now.notify_one();
+                    }
+                    Ok(WorkEvent::Bookmark(r)) => rv = r,
+                    Err(TransportError::Expired(_)) => {
+                        expired = true;
+                        break;
+                    }
+                    Err(e) => return e.into(),
+                }
+            }
+            if expired {
+                break;
+            }
+            // The server ended the watch (its timeout): watch again from where it stopped.
+        }
+    }
+}
+
+async fn report_loop(inner: &Inner, t: &Transport) -> End {
+    let mut changed = inner.backend.changed();
+    let mut last = Instant::now() - inner.cfg.report_interval;
+    let mut last_full = Instant::now();
+    loop {
+        tokio::select! {
+            _ = changed.changed() => {}
+            _ = inner.report_now.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+        // Rate limit: at most one report per interval, whatever the churn.
+        let since = last.elapsed();
+        if since < inner.cfg.report_interval {
+            tokio::time::sleep(inner.cfg.report_interval - since).await;
+        }
+        last = Instant::now();
+        inner.retry_failed().await;
+        inner.flush_state();
+        if last_full.elapsed() >= inner.cfg.resync_interval {
+            inner
+                .reported
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
+            last_full = Instant::now();
+        }
+        let items = inner.changed_statuses().await;
+        for chunk in items.chunks(crate::MAX_BATCH) {
+            let payload: Vec<Value> = chunk.iter().map(|(_, _, _, item)| item.clone()).collect();
+            match t.report(payload).await {
+                Ok((failed, first)) => {
+                    if failed > 0 {
+                        tracing::warn!(cluster = %inner.cfg.cluster, failed, first = %first.unwrap_or_default(), "some status reports were refused");
+                    }
+                    let mut reported = inner.reported.lock().unwrap_or_else(|p| p.into_inner());
+                    for (name, h, conds, _) in chunk {
+                        reported.insert(name.clone(), (*h, conds.clone()));
+                    }
+                }
+                Err(e) => return e.into(),
+            }
+        }
+    }
+}

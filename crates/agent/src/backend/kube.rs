@@ -1,0 +1,571 @@
+//! A real member cluster, through its Kubernetes API (the `kube` crate).
+//!
+//! - Objects are applied with server-side apply as field manager `orrery`, so fields other
+//!   managers own (an HPA's replicas, say) are left alone; a missing namespace is created.
+//! - Applied kinds are watched (label `multicluster.io/managed-by=orrery`), so status changes
+//!   reach the agent without polling, and states are read from that cache.
+//! - Capacity comes from Nodes (allocatable, readiness) and Pods (requests of placed and of
+//!   pending pods); the largest free node is computed per node. Usage, without a metrics API,
+//!   is what is requested.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
+use kube::discovery::Scope;
+use kube::runtime::watcher;
+use orrery_api::Quantity;
+use orrery_api::cluster::{
+    ApiEnablement, ApiResourceRef, GPU_RESOURCE, NodeSummary, ResourceList, ResourceSummary,
+};
+use orrery_api::work::{MANAGED_LABEL, MANAGED_VALUE, ResourceIdentifier};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::{Backend, BackendError, MemberReport, ObjectState};
+
+const FIELD_MANAGER: &str = "orrery";
+
+type Gvk = (String, String, String);
+type Key = (String, String, String, String);
+
+/// A member cluster's Kubernetes API.
+pub struct KubeMember {
+    client: kube::Client,
+    resources: Mutex<HashMap<Gvk, (ApiResource, bool)>>,
+    watched: Mutex<HashSet<Gvk>>,
+    cache: Arc<Mutex<HashMap<Key, Value>>>,
+    enablements: Mutex<Option<(Instant, Vec<ApiEnablement>)>>,
+    changed: tokio::sync::watch::Sender<u64>,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for KubeMember {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeMember").finish_non_exhaustive()
+    }
+}
+
+impl Drop for KubeMember {
+    fn drop(&mut self) {
+        for t in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            t.abort();
+        }
+    }
+}
+
+fn unavailable(e: impl std::fmt::Display) -> BackendError {
+    BackendError::Unavailable(e.to_string())
+}
+
+/// Maps a member's answer to a backend error.
+fn member_error(what: &str, e: kube::Error) -> BackendError {
+    match e {
+        kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 429 => {
+            BackendError::Rejected {
+                what: what.to_string(),
+                message: s.message,
+            }
+        }
+        other => unavailable(other),
+    }
+}
+
+fn key_of(id: &ResourceIdentifier) -> Key {
+    (
+        id.group.clone(),
+        id.kind.clone(),
+        id.namespace.clone(),
+        id.name.clone(),
+    )
+}
+
+fn key_of_value(v: &Value) -> Option<Key> {
+    let id = ResourceIdentifier::of(0, v)?;
+    Some(key_of(&id))
+}
+
+fn managed(v: &Value) -> bool {
+    v.pointer("/metadata/labels")
+        .and_then(|l| l.get(MANAGED_LABEL))
+        .and_then(Value::as_str)
+        == Some(MANAGED_VALUE)
+}
+
+fn quantity(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> Quantity {
+    q.0.parse().unwrap_or_default()
+}
+
+fn add_to(list: &mut ResourceList, name: &str, q: Quantity) {
+    let slot = list.entry(name.to_string()).or_default();
+    *slot = slot.checked_add(&q).unwrap_or(*slot);
+}
+
+/// A pod's requests: the sum over containers, the larger of that and any init container.
+fn pod_requests(pod: &Pod) -> ResourceList {
+    let mut sum = ResourceList::new();
+    let Some(spec) = &pod.spec else { return sum };
+    for c in &spec.containers {
+        for (k, v) in c
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .into_iter()
+            .flatten()
+        {
+            add_to(&mut sum, k, quantity(v));
+        }
+    }
+    for c in spec.init_containers.iter().flatten() {
+        for (k, v) in c
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .into_iter()
+            .flatten()
+        {
+            let q = quantity(v);
+            let slot = sum.entry(k.clone()).or_default();
+            if q > *slot {
+                *slot = q;
+            }
+        }
+    }
+    sum
+}
+
+impl KubeMember {
+    pub fn new(client: kube::Client) -> Self {
+        let (tx, _) = tokio::sync::watch::channel(0);
+        KubeMember {
+            client,
+            resources: Mutex::new(HashMap::new()),
+            watched: Mutex::new(HashSet::new()),
+            cache: Arc::new(Mutex::new(HashMap::new())),
+            enablements: Mutex::new(None),
+            changed: tx,
+            tasks: Mutex::new(Vec::new()),
+        }
+    }
+
+    async fn resolve(
+        &self,
+        group: &str,
+        version: &str,
+        kind: &str,
+    ) -> Result<(ApiResource, bool), BackendError> {
+        let gvk: Gvk = (group.into(), version.into(), kind.into());
+        if let Some(r) = self
+            .resources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&gvk)
+        {
+            return Ok(r.clone());
+        }
+        let (ar, caps) = kube::discovery::pinned_kind(
+            &self.client,
+            &GroupVersionKind::gvk(group, version, kind),
+        )
+        .await
+        .map_err(|e| match e {
+            kube::Error::Api(s) if s.code != 404 && s.code < 500 => {
+                member_error(kind, kube::Error::Api(s))
+            }
+            kube::Error::Discovery(d) => BackendError::Rejected {
+                what: format!("{kind} {group}/{version}"),
+                message: format!("the member does not serve it: {d}"),
+            },
+            other => unavailable(other),
+        })?;
+        let r = (ar, caps.scope == Scope::Namespaced);
+        self.resources
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(gvk, r.clone());
+        Ok(r)
+    }
+
+    fn api(&self, ar: &ApiResource, namespaced: bool, ns: &str) -> Api<DynamicObject> {
+        if namespaced {
+            Api::namespaced_with(self.client.clone(), ns, ar)
+        } else {
+            Api::all_with(self.client.clone(), ar)
+        }
+    }
+
+    /// Follows the managed objects of one kind into the cache.
+    fn watch_kind(&self, gvk: Gvk, ar: ApiResource) {
+        if !self
+            .watched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(gvk)
+        {
+            return;
+        }
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
+        let cache = self.cache.clone();
+        let changed = self.changed.clone();
+        let cfg = watcher::Config::default().labels(&format!("{MANAGED_LABEL}={MANAGED_VALUE}"));
+        let task = tokio::spawn(async move {
+            let mut stream = watcher::watcher(api, cfg).boxed();
+            while let Some(ev) = stream.next().await {
+                let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+                match ev {
+                    Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => {
+                        if let Ok(v) = serde_json::to_value(&o)
+                            && let Some(k) = key_of_value(&v)
+                        {
+                            c.insert(k, v);
+                        }
+                    }
+                    Ok(watcher::Event::Delete(o)) => {
+                        if let Ok(v) = serde_json::to_value(&o)
+                            && let Some(k) = key_of_value(&v)
+                        {
+                            c.remove(&k);
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        drop(c);
+                        tracing::debug!(error = %e, "watching the member failed; the watcher retries");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        continue;
+                    }
+                }
+                drop(c);
+                changed.send_modify(|v| *v = v.wrapping_add(1));
+            }
+        });
+        self.tasks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(task);
+    }
+
+    async fn ensure_namespace(&self, ns: &str) -> Result<(), BackendError> {
+        let api: Api<DynamicObject> = Api::all_with(
+            self.client.clone(),
+            &ApiResource::erase::<k8s_openapi::api::core::v1::Namespace>(&()),
+        );
+        let obj = json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": ns, "labels": {MANAGED_LABEL: MANAGED_VALUE}},
+        });
+        api.patch(ns, &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&obj))
+            .await
+            .map(|_| ())
+            .map_err(|e| member_error(&format!("namespace {ns}"), e))
+    }
+
+    async fn enablements(&self) -> Vec<ApiEnablement> {
+        if let Some((at, e)) = &*self.enablements.lock().unwrap_or_else(|p| p.into_inner())
+            && at.elapsed() < Duration::from_secs(300)
+        {
+            return e.clone();
+        }
+        let mut out = Vec::new();
+        let mut versions: Vec<String> = Vec::new();
+        if let Ok(core) = self.client.list_core_api_versions().await {
+            versions.extend(core.versions);
+        }
+        if let Ok(groups) = self.client.list_api_groups().await {
+            for g in groups.groups {
+                if let Some(p) = g.preferred_version {
+                    versions.push(p.group_version);
+                }
+            }
+        }
+        for gv in versions {
+            let list = if gv.contains('/') {
+                self.client.list_api_group_resources(&gv).await
+            } else {
+                self.client.list_core_api_resources(&gv).await
+            };
+            if let Ok(l) = list {
+                out.push(ApiEnablement {
+                    group_version: gv,
+                    resources: l
+                        .resources
+                        .into_iter()
+                        .filter(|r| !r.name.contains('/'))
+                        .map(|r| ApiResourceRef {
+                            name: r.name,
+                            kind: r.kind,
+                        })
+                        .collect(),
+                });
+            }
+        }
+        *self.enablements.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((Instant::now(), out.clone()));
+        out
+    }
+
+    async fn properties(&self) -> BTreeMap<String, String> {
+        let ar = ApiResource {
+            group: "about.k8s.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "about.k8s.io/v1alpha1".into(),
+            kind: "ClusterProperty".into(),
+            plural: "clusterproperties".into(),
+        };
+        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
+        match api.list(&ListParams::default()).await {
+            Ok(l) => l
+                .items
+                .into_iter()
+                .filter_map(|p| {
+                    let value = p.data.pointer("/spec/value")?.as_str()?.to_string();
+                    Some((p.metadata.name?, value))
+                })
+                .collect(),
+            // Members without KEP-2149 have no properties to report.
+            Err(_) => BTreeMap::new(),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for KubeMember {
+    async fn apply(&self, manifest: &Value, overwrite: bool) -> Result<(), BackendError> {
+        let id = ResourceIdentifier::of(0, manifest).ok_or_else(|| BackendError::Rejected {
+            what: "a manifest".into(),
+            message: "it has no apiVersion, kind or name".into(),
+        })?;
+        let (ar, namespaced) = self.resolve(&id.group, &id.version, &id.kind).await?;
+        let ns = if namespaced && id.namespace.is_empty() {
+            "default".to_string()
+        } else {
+            id.namespace.clone()
+        };
+        let api = self.api(&ar, namespaced, &ns);
+        let what = id.describe();
+        if !overwrite
+            && let Some(existing) = api
+                .get_opt(&id.name)
+                .await
+                .map_err(|e| member_error(&what, e))?
+            && !managed(&serde_json::to_value(&existing).unwrap_or_default())
+        {
+            return Err(BackendError::Conflict(what));
+        }
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let mut result = api.patch(&id.name, &params, &Patch::Apply(manifest)).await;
+        if let Err(kube::Error::Api(s)) = &result
+            && s.code == 404
+            && namespaced
+        {
+            // The namespace is missing in the member: create it, then try again.
+            self.ensure_namespace(&ns).await?;
+            result = api.patch(&id.name, &params, &Patch::Apply(manifest)).await;
+        }
+        let applied = result.map_err(|e| member_error(&what, e))?;
+        if let Ok(v) = serde_json::to_value(&applied)
+            && let Some(k) = key_of_value(&v)
+        {
+            self.cache
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(k, v);
+        }
+        self.watch_kind((id.group, id.version, id.kind), ar);
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+        Ok(())
+    }
+
+    async fn delete(&self, id: &ResourceIdentifier) -> Result<(), BackendError> {
+        let (ar, namespaced) = self.resolve(&id.group, &id.version, &id.kind).await?;
+        let api = self.api(&ar, namespaced, &id.namespace);
+        let what = id.describe();
+        match api
+            .get_opt(&id.name)
+            .await
+            .map_err(|e| member_error(&what, e))?
+        {
+            Some(o) if managed(&serde_json::to_value(&o).unwrap_or_default()) => {}
+            // Absent, or not ours to delete.
+            _ => return Ok(()),
+        }
+        match api.delete(&id.name, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(member_error(&what, e)),
+        }
+        self.cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key_of(id));
+        Ok(())
+    }
+
+    async fn state(&self, id: &ResourceIdentifier) -> Result<Option<ObjectState>, BackendError> {
+        let cached = self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key_of(id))
+            .cloned();
+        let obj = match cached {
+            Some(v) => v,
+            None => {
+                let (ar, namespaced) = self.resolve(&id.group, &id.version, &id.kind).await?;
+                let api = self.api(&ar, namespaced, &id.namespace);
+                match api
+                    .get_opt(&id.name)
+                    .await
+                    .map_err(|e| member_error(&id.describe(), e))?
+                {
+                    Some(o) => serde_json::to_value(&o).unwrap_or_default(),
+                    None => return Ok(None),
+                }
+            }
+        };
+        let (health, message) = orrery_api::interpret::health(&obj);
+        Ok(Some(ObjectState {
+            health,
+            status: obj.get("status").cloned(),
+            message,
+        }))
+    }
+
+    async fn report(&self) -> Result<MemberReport, BackendError> {
+        let req = http::Request::get("/readyz")
+            .body(Vec::new())
+            .map_err(unavailable)?;
+        let ready = self.client.request_text(req).await;
+        let version = self.client.apiserver_version().await.map_err(unavailable)?;
+        let nodes = Api::<Node>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(unavailable)?;
+        let pods = Api::<Pod>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(unavailable)?;
+        let mut allocatable = ResourceList::new();
+        let mut per_node: HashMap<String, ResourceList> = HashMap::new();
+        let mut ready_nodes = 0;
+        for n in &nodes.items {
+            let is_ready = n
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+            let unschedulable = n
+                .spec
+                .as_ref()
+                .and_then(|s| s.unschedulable)
+                .unwrap_or(false);
+            if !is_ready || unschedulable {
+                continue;
+            }
+            ready_nodes += 1;
+            let mut mine = ResourceList::new();
+            for (k, v) in n
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .into_iter()
+                .flatten()
+            {
+                add_to(&mut allocatable, k, quantity(v));
+                add_to(&mut mine, k, quantity(v));
+            }
+            per_node.insert(n.metadata.name.clone().unwrap_or_default(), mine);
+        }
+        let mut allocated = ResourceList::new();
+        let mut allocating = ResourceList::new();
+        let (mut placed_pods, mut pending_pods) = (0i64, 0i64);
+        for p in &pods.items {
+            let phase = p
+                .status
+                .as_ref()
+                .and_then(|s| s.phase.as_deref())
+                .unwrap_or("Pending");
+            if phase == "Succeeded" || phase == "Failed" {
+                continue;
+            }
+            let req = pod_requests(p);
+            match p.spec.as_ref().and_then(|s| s.node_name.as_ref()) {
+                Some(node) => {
+                    placed_pods += 1;
+                    for (k, v) in &req {
+                        add_to(&mut allocated, k, *v);
+                        if let Some(free) = per_node.get_mut(node)
+                            && let Some(slot) = free.get_mut(k)
+                        {
+                            *slot = slot.checked_sub(v).unwrap_or(*slot);
+                        }
+                    }
+                }
+                None => {
+                    pending_pods += 1;
+                    for (k, v) in &req {
+                        add_to(&mut allocating, k, *v);
+                    }
+                }
+            }
+        }
+        allocated.insert(
+            "pods".into(),
+            Quantity::from_int(placed_pods, orrery_api::Format::DecimalSI),
+        );
+        allocating.insert(
+            "pods".into(),
+            Quantity::from_int(pending_pods, orrery_api::Format::DecimalSI),
+        );
+        let mut largest = ResourceList::new();
+        for free in per_node.values() {
+            for r in ["cpu", "memory", GPU_RESOURCE] {
+                if let Some(q) = free.get(r) {
+                    let slot = largest.entry(r.to_string()).or_default();
+                    if q > slot {
+                        *slot = *q;
+                    }
+                }
+            }
+        }
+        let mut usage = allocated.clone();
+        usage.remove("pods");
+        Ok(MemberReport {
+            healthy: ready.is_ok(),
+            message: match &ready {
+                Ok(_) => format!("{ready_nodes} of {} nodes ready", nodes.items.len()),
+                Err(e) => format!("the member's API is not ready: {e}"),
+            },
+            kubernetes_version: version.git_version,
+            api_enablements: self.enablements().await,
+            node_summary: NodeSummary {
+                total_num: nodes.items.len() as i64,
+                ready_num: ready_nodes,
+            },
+            resource_summary: ResourceSummary {
+                allocatable,
+                allocated,
+                allocating,
+                usage,
+            },
+            largest_node_free: largest,
+            network: None,
+            properties: self.properties().await,
+        })
+    }
+
+    fn changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+}

@@ -1,0 +1,71 @@
+//! What an agent applies Works to: a member cluster, real ([`kube`]) or simulated ([`sim`]).
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use orrery_api::cluster::{
+    ApiEnablement, NetworkStatus, NodeSummary, ResourceList, ResourceSummary,
+};
+use orrery_api::work::{Health, ResourceIdentifier};
+use serde_json::Value;
+
+pub mod kube;
+pub mod sim;
+
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum BackendError {
+    /// The member cannot be reached or does not answer.
+    #[error("the member cluster is unavailable: {0}")]
+    Unavailable(String),
+    /// The member has an object of that name that Orrery does not manage.
+    #[error("{0} already exists in the member and is not managed by Orrery")]
+    Conflict(String),
+    /// The member refused the object.
+    #[error("the member refused {what}: {message}")]
+    Rejected { what: String, message: String },
+}
+
+/// How one applied object is doing in the member.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ObjectState {
+    pub health: Health,
+    /// The object's own status there.
+    pub status: Option<Value>,
+    pub message: String,
+}
+
+/// What the member says about itself: health, capacity and what it serves.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct MemberReport {
+    pub healthy: bool,
+    pub message: String,
+    pub kubernetes_version: String,
+    pub api_enablements: Vec<ApiEnablement>,
+    pub node_summary: NodeSummary,
+    pub resource_summary: ResourceSummary,
+    pub largest_node_free: ResourceList,
+    pub network: Option<NetworkStatus>,
+    /// KEP-2149 ClusterProperty values (`cluster.clusterset.k8s.io`...).
+    pub properties: BTreeMap<String, String>,
+}
+
+/// A member cluster, as the agent drives it. Objects passed to [`Backend::apply`] already
+/// carry Orrery's managed-by label and Work annotation.
+#[async_trait]
+pub trait Backend: Send + Sync + std::fmt::Debug {
+    /// Creates or updates one object. With `overwrite` false, an existing object that Orrery
+    /// does not manage is left alone ([`BackendError::Conflict`]).
+    async fn apply(&self, manifest: &Value, overwrite: bool) -> Result<(), BackendError>;
+
+    /// Deletes one object Orrery applied (absent objects are fine).
+    async fn delete(&self, id: &ResourceIdentifier) -> Result<(), BackendError>;
+
+    /// The state of an applied object; `None` if the member does not have it.
+    async fn state(&self, id: &ResourceIdentifier) -> Result<Option<ObjectState>, BackendError>;
+
+    /// The member's health, capacity and inventory.
+    async fn report(&self) -> Result<MemberReport, BackendError>;
+
+    /// Changes when object states may have changed, so the agent re-reads and reports them.
+    fn changed(&self) -> tokio::sync::watch::Receiver<u64>;
+}

@@ -1,0 +1,1305 @@
+//! A simulated member cluster, in the spirit of KWOK: it stands in for a real Kubernetes
+//! cluster where none can run (tests, benchmarks, `orrery up`), and says so in its version
+//! (`+orrery-sim`). Nothing is executed.
+//!
+//! - Nodes with allocatable cpu, memory, gpu and pods (`--simulate nodes=8,cpu=32,...`).
+//! - Applied Deployments, StatefulSets, ReplicaSets, DaemonSets, Jobs and Pods become pods,
+//!   bin-packed onto nodes by their requests (best fit); Pending when no node has room;
+//!   Running after a start-up delay; Job pods succeed after a run time.
+//! - Background load: a base fraction of each node is held by other workloads (it counts as
+//!   requested), and actual use follows a profile: `flat`, `diurnal` (a sine over `period`),
+//!   or `spikes` (short bursts at deterministic, pseudo-random times).
+//! - Faults: node loss (pods on lost nodes go Pending and are rescheduled), an outage (the
+//!   member's API stops answering), added latency.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use orrery_api::Quantity;
+use orrery_api::cluster::{
+    ApiEnablement, ApiResourceRef, GPU_RESOURCE, NetworkStatus, NodeSummary, ResourceList,
+    ResourceSummary,
+};
+use orrery_api::work::{Health, ResourceIdentifier};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use super::{Backend, BackendError, MemberReport, ObjectState};
+
+/// How a simulated cluster's background load varies over time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    Flat,
+    Diurnal,
+    Spikes,
+}
+
+/// The `--simulate` specification: per-node capacity, node count, load.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimSpec {
+    pub nodes: usize,
+    pub cpu: Quantity,
+    pub memory: Quantity,
+    pub gpu: i64,
+    pub pods: i64,
+    /// Base background load, a fraction of capacity.
+    pub load: f64,
+    pub profile: Profile,
+    /// The period of the diurnal profile (and the spike cycle).
+    pub period: Duration,
+    /// How long a scheduled pod takes to become Running.
+    pub start_delay: Duration,
+    /// How long a Job's pod runs before it succeeds.
+    pub job_duration: Duration,
+}
+
+impl Default for SimSpec {
+    fn default() -> Self {
+        SimSpec {
+            nodes: 8,
+            cpu: Quantity::from_int(32, orrery_api::Format::DecimalSI),
+            memory: Quantity::from_int(128 << 30, orrery_api::Format::BinarySI),
+            gpu: 0,
+            pods: 110,
+            load: 0.3,
+            profile: Profile::Flat,
+            period: Duration::from_secs(24 * 3600),
+            start_delay: Duration::from_millis(500),
+            job_duration: Duration::from_secs(5),
+        }
+    }
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let n: u64 = s[..split]
+        .parse()
+        .map_err(|_| format!("invalid duration {s:?}"))?;
+    Ok(match &s[split..] {
+        "ms" => Duration::from_millis(n),
+        "s" | "" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        _ => return Err(format!("invalid duration {s:?}: use ms, s, m or h")),
+    })
+}
+
+impl FromStr for SimSpec {
+    type Err = String;
+
+    /// `nodes=8,cpu=32,memory=128Gi,gpu=0,pods=110,load=0.3,profile=flat` (any subset; also
+    /// `period=`, `start=` and `job=` durations).
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut spec = SimSpec::default();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?} is not key=value"))?;
+            let bad = |what: &str| format!("invalid {k}={v:?}: {what}");
+            match k {
+                "nodes" => {
+                    spec.nodes = v.parse().map_err(|_| bad("a node count"))?;
+                    if spec.nodes == 0 || spec.nodes > 100_000 {
+                        return Err(bad("between 1 and 100000"));
+                    }
+                }
+                "cpu" | "memory" => {
+                    let q: Quantity = v.parse().map_err(|e| bad(&format!("{e}")))?;
+                    if q.is_negative() || q.is_zero() {
+                        return Err(bad("must be positive"));
+                    }
+                    if k == "cpu" {
+                        spec.cpu = q;
+                    } else {
+                        spec.memory = q;
+                    }
+                }
+                "gpu" | "pods" => {
+                    let n: i64 = v.parse().map_err(|_| bad("a whole number"))?;
+                    if n < 0 {
+                        return Err(bad("must not be negative"));
+                    }
+                    if k == "gpu" {
+                        spec.gpu = n;
+                    } else {
+                        spec.pods = n;
+                    }
+                }
+                "load" => {
+                    let f: f64 = v.parse().map_err(|_| bad("a fraction"))?;
+                    if !(0.0..=1.0).contains(&f) {
+                        return Err(bad("between 0 and 1"));
+                    }
+                    spec.load = f;
+                }
+                "profile" => {
+                    spec.profile = match v {
+                        "flat" => Profile::Flat,
+                        "diurnal" => Profile::Diurnal,
+                        "spikes" => Profile::Spikes,
+                        _ => return Err(bad("one of flat, diurnal, spikes")),
+                    }
+                }
+                "period" => spec.period = parse_duration(v)?.max(Duration::from_secs(1)),
+                "start" => spec.start_delay = parse_duration(v)?,
+                "job" => spec.job_duration = parse_duration(v)?,
+                _ => {
+                    return Err(format!(
+                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, start, job)"
+                    ));
+                }
+            }
+        }
+        Ok(spec)
+    }
+}
+
+/// Resources as plain integers (milli-cpu, bytes, gpus, pods): the simulation's hot path.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Res {
+    cpu_m: i64,
+    mem: i64,
+    gpu: i64,
+    pods: i64,
+}
+
+impl Res {
+    fn add(self, o: Res) -> Res {
+        Res {
+            cpu_m: self.cpu_m + o.cpu_m,
+            mem: self.mem + o.mem,
+            gpu: self.gpu + o.gpu,
+            pods: self.pods + o.pods,
+        }
+    }
+    fn sub(self, o: Res) -> Res {
+        Res {
+            cpu_m: self.cpu_m - o.cpu_m,
+            mem: self.mem - o.mem,
+            gpu: self.gpu - o.gpu,
+            pods: self.pods - o.pods,
+        }
+    }
+    fn fits(self, need: Res) -> bool {
+        self.cpu_m >= need.cpu_m
+            && self.mem >= need.mem
+            && self.gpu >= need.gpu
+            && self.pods >= need.pods
+    }
+    fn scale(self, f: f64) -> Res {
+        Res {
+            cpu_m: (self.cpu_m as f64 * f) as i64,
+            mem: (self.mem as f64 * f) as i64,
+            gpu: 0,
+            pods: 0,
+        }
+    }
+    fn to_list(self, with_pods: bool) -> ResourceList {
+        let mut l = ResourceList::new();
+        l.insert("cpu".into(), Quantity::from_milli(self.cpu_m.max(0)));
+        l.insert(
+            "memory".into(),
+            Quantity::from_int(self.mem.max(0), orrery_api::Format::BinarySI),
+        );
+        if self.gpu > 0 {
+            l.insert(
+                GPU_RESOURCE.into(),
+                Quantity::from_int(self.gpu, orrery_api::Format::DecimalSI),
+            );
+        }
+        if with_pods {
+            l.insert(
+                "pods".into(),
+                Quantity::from_int(self.pods.max(0), orrery_api::Format::DecimalSI),
+            );
+        }
+        l
+    }
+}
+
+fn quantity_at(v: &Value, key: &str) -> Option<Quantity> {
+    match v.get(key)? {
+        Value::String(s) => s.parse().ok(),
+        Value::Number(n) => n.to_string().parse().ok(),
+        _ => None,
+    }
+}
+
+/// The per-pod request of a pod spec: sum of containers, max with any init container.
+fn pod_request(pod_spec: &Value) -> Res {
+    let of = |c: &Value| -> Res {
+        let r = c
+            .pointer("/resources/requests")
+            .cloned()
+            .unwrap_or(Value::Null);
+        Res {
+            cpu_m: quantity_at(&r, "cpu")
+                .map(|q| q.milli_value() as i64)
+                .unwrap_or(0),
+            mem: quantity_at(&r, "memory")
+                .map(|q| q.value() as i64)
+                .unwrap_or(0),
+            gpu: quantity_at(&r, GPU_RESOURCE)
+                .map(|q| q.value() as i64)
+                .unwrap_or(0),
+            pods: 0,
+        }
+    };
+    let list = |k: &str| -> Vec<Value> {
+        pod_spec
+            .get(k)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut sum = list("containers")
+        .iter()
+        .map(of)
+        .fold(Res::default(), Res::add);
+    for init in list("initContainers").iter().map(of) {
+        sum.cpu_m = sum.cpu_m.max(init.cpu_m);
+        sum.mem = sum.mem.max(init.mem);
+        sum.gpu = sum.gpu.max(init.gpu);
+    }
+    sum.pods = 1;
+    sum
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WorkloadKind {
+    Replicated,
+    DaemonSet,
+    Job,
+    Pod,
+}
+
+#[derive(Debug, Clone)]
+struct Shape {
+    kind: WorkloadKind,
+    replicas: i64,
+    completions: i64,
+    parallelism: i64,
+    request: Res,
+    /// Changes when the pod template changes (pods are replaced).
+    template: u64,
+}
+
+fn hash_value(v: &Value) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    v.to_string().hash(&mut h);
+    h.finish()
+}
+
+fn shape_of(obj: &Value) -> Option<Shape> {
+    let kind = obj.get("kind")?.as_str()?;
+    let spec = obj.get("spec")?;
+    let (wk, template) = match kind {
+        "Deployment" | "StatefulSet" | "ReplicaSet" => {
+            (WorkloadKind::Replicated, spec.get("template")?)
+        }
+        "DaemonSet" => (WorkloadKind::DaemonSet, spec.get("template")?),
+        "Job" => (WorkloadKind::Job, spec.get("template")?),
+        "Pod" => (WorkloadKind::Pod, obj.get("spec")?),
+        _ => return None,
+    };
+    let pod_spec = if wk == WorkloadKind::Pod {
+        spec
+    } else {
+        template.get("spec")?
+    };
+    let int = |k: &str, d: i64| spec.get(k).and_then(Value::as_i64).unwrap_or(d).max(0);
+    Some(Shape {
+        kind: wk,
+        replicas: int("replicas", 1),
+        completions: int("completions", 1),
+        parallelism: int("parallelism", 1),
+        request: pod_request(pod_spec),
+        template: hash_value(template),
+    })
+}
+
+type Key = (String, String, String, String);
+
+fn key_of(id: &ResourceIdentifier) -> Key {
+    (
+        id.group.clone(),
+        id.kind.clone(),
+        id.namespace.clone(),
+        id.name.clone(),
+    )
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Pending,
+    Starting,
+    Running,
+    Succeeded,
+}
+
+#[derive(Debug, Clone)]
+struct Pod {
+    owner: Key,
+    template: u64,
+    request: Res,
+    node: Option<usize>,
+    phase: Phase,
+    since: Instant,
+}
+
+#[derive(Debug, Clone)]
+struct SimObject {
+    manifest: Value,
+    generation: i64,
+    shape: Option<Shape>,
+    /// Job pods that have succeeded (they leave the pod table).
+    succeeded: i64,
+    /// Pods that could not be placed at the last scheduling pass.
+    unschedulable: i64,
+}
+
+#[derive(Debug, Clone)]
+struct Node {
+    name: String,
+    allocatable: Res,
+    ready: bool,
+}
+
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Faults {
+    pub outage: bool,
+    pub latency: Duration,
+    pub lost_nodes: usize,
+}
+
+#[derive(Debug)]
+struct State {
+    nodes: Vec<Node>,
+    objects: BTreeMap<Key, SimObject>,
+    pods: BTreeMap<u64, Pod>,
+    next_pod: u64,
+    faults: Faults,
+    load: f64,
+    /// Whether any pod is Pending or Starting (ticks have work to do).
+    busy: bool,
+    peers: Vec<(String, String)>,
+}
+
+/// One simulated member cluster.
+#[derive(Debug)]
+pub struct SimCluster {
+    name: String,
+    region: String,
+    spec: SimSpec,
+    seed: u64,
+    started: Instant,
+    state: Mutex<State>,
+    changed: tokio::sync::watch::Sender<u64>,
+}
+
+/// A snapshot of a simulated cluster, for the admin endpoint and tests.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SimSummary {
+    pub name: String,
+    pub nodes: usize,
+    pub ready_nodes: usize,
+    pub pods_running: usize,
+    pub pods_pending: usize,
+    pub objects: usize,
+    pub load: f64,
+    pub outage: bool,
+    pub latency_ms: u64,
+}
+
+impl SimCluster {
+    pub fn new(name: &str, region: &str, spec: SimSpec) -> Self {
+        let per_node = Res {
+            cpu_m: spec.cpu.milli_value() as i64,
+            mem: spec.memory.value() as i64,
+            gpu: spec.gpu,
+            pods: spec.pods,
+        };
+        let nodes = (0..spec.nodes)
+            .map(|i| Node {
+                name: format!("{name}-node-{i}"),
+                allocatable: per_node,
+                ready: true,
+            })
+            .collect();
+        let seed = hash_value(&json!(name));
+        let (tx, _) = tokio::sync::watch::channel(0);
+        SimCluster {
+            name: name.to_string(),
+            region: region.to_string(),
+            seed,
+            started: Instant::now(),
+            state: Mutex::new(State {
+                nodes,
+                objects: BTreeMap::new(),
+                pods: BTreeMap::new(),
+                next_pod: 0,
+                faults: Faults::default(),
+                load: spec.load,
+                busy: false,
+                peers: Vec::new(),
+            }),
+            spec,
+            changed: tx,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// Other clusters of the fleet (name, region), for the network figures.
+    pub fn set_peers(&self, peers: Vec<(String, String)>) {
+        self.lock().peers = peers;
+    }
+
+    /// The multiplier of the base load at `elapsed` (1.0 for flat).
+    fn profile_factor(&self, elapsed: Duration) -> f64 {
+        let t = elapsed.as_secs_f64();
+        let period = self.spec.period.as_secs_f64();
+        match self.spec.profile {
+            Profile::Flat => 1.0,
+            Profile::Diurnal => 1.0 + 0.6 * (2.0 * std::f64::consts::PI * t / period).sin(),
+            Profile::Spikes => {
+                // 24 windows per period; about one in seven spikes, chosen by the seed.
+                let window = (t / (period / 24.0)) as u64;
+                let h = hash_value(&json!([self.seed, window]));
+                if h.is_multiple_of(7) { 2.5 } else { 1.0 }
+            }
+        }
+    }
+
+    /// Applies the current faults and moves pods along; returns whether anything changed.
+    pub fn tick(&self) -> bool {
+        let now = Instant::now();
+        let mut st = self.lock();
+        if !st.busy {
+            return false;
+        }
+        let changed = advance(&mut st, &self.spec, now);
+        drop(st);
+        if changed {
+            self.bump();
+        }
+        changed
+    }
+
+    pub fn set_faults(&self, f: Faults) {
+        let mut st = self.lock();
+        let n = st.nodes.len();
+        let lost = f.lost_nodes.min(n);
+        let mut moved = false;
+        for (i, node) in st.nodes.iter_mut().enumerate() {
+            let ready = i < n - lost;
+            moved |= node.ready != ready;
+            node.ready = ready;
+        }
+        if moved {
+            // Pods on lost nodes go back to Pending, to be placed elsewhere.
+            let lost_idx: Vec<usize> = (n - lost..n).collect();
+            let now = Instant::now();
+            for p in st.pods.values_mut() {
+                if p.node.is_some_and(|i| lost_idx.contains(&i)) && p.phase != Phase::Succeeded {
+                    p.node = None;
+                    p.phase = Phase::Pending;
+                    p.since = now;
+                }
+            }
+            st.busy = true;
+        }
+        st.faults = Faults {
+            lost_nodes: lost,
+            ..f
+        };
+        advance(&mut st, &self.spec, Instant::now());
+        drop(st);
+        self.bump();
+    }
+
+    pub fn faults(&self) -> Faults {
+        self.lock().faults.clone()
+    }
+
+    /// Changes the base background load (a fraction of capacity).
+    pub fn set_load(&self, load: f64) {
+        self.lock().load = load.clamp(0.0, 1.0);
+        self.bump();
+    }
+
+    pub fn summary(&self) -> SimSummary {
+        let st = self.lock();
+        SimSummary {
+            name: self.name.clone(),
+            nodes: st.nodes.len(),
+            ready_nodes: st.nodes.iter().filter(|n| n.ready).count(),
+            pods_running: st
+                .pods
+                .values()
+                .filter(|p| p.phase == Phase::Running)
+                .count(),
+            pods_pending: st
+                .pods
+                .values()
+                .filter(|p| p.phase == Phase::Pending)
+                .count(),
+            objects: st.objects.len(),
+            load: st.load,
+            outage: st.faults.outage,
+            latency_ms: st.faults.latency.as_millis() as u64,
+        }
+    }
+
+    async fn gate(&self) -> Result<(), BackendError> {
+        let (outage, latency) = {
+            let st = self.lock();
+            (st.faults.outage, st.faults.latency)
+        };
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        if outage {
+            return Err(BackendError::Unavailable(format!(
+                "simulated outage of {}",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// The object's status in the style of its kind's controller.
+    fn object_state(&self, st: &State, key: &Key, obj: &SimObject) -> ObjectState {
+        let Some(shape) = &obj.shape else {
+            return ObjectState {
+                health: Health::Healthy,
+                status: None,
+                message: String::new(),
+            };
+        };
+        let pods: Vec<&Pod> = st.pods.values().filter(|p| &p.owner == key).collect();
+        let current: Vec<&&Pod> = pods
+            .iter()
+            .filter(|p| p.template == shape.template)
+            .collect();
+        let ready = current.iter().filter(|p| p.phase == Phase::Running).count() as i64;
+        let generation = obj.generation;
+        let status = match (key.1.as_str(), shape.kind) {
+            ("Deployment", _) => {
+                let available = ready >= shape.replicas;
+                json!({
+                    "observedGeneration": generation,
+                    "replicas": pods.len(),
+                    "updatedReplicas": current.len(),
+                    "readyReplicas": ready,
+                    "availableReplicas": ready,
+                    "unavailableReplicas": (shape.replicas - ready).max(0),
+                    "conditions": [
+                        {"type": "Available", "status": if available { "True" } else { "False" },
+                         "reason": if available { "MinimumReplicasAvailable" } else { "MinimumReplicasUnavailable" }},
+                        {"type": "Progressing", "status": "True",
+                         "reason": if current.len() as i64 == shape.replicas && available { "NewReplicaSetAvailable" } else { "ReplicaSetUpdated" }},
+                    ],
+                })
+            }
+            ("StatefulSet", _) => json!({
+                "observedGeneration": generation, "replicas": pods.len(), "readyReplicas": ready,
+                "currentReplicas": current.len(), "updatedReplicas": current.len(), "availableReplicas": ready,
+            }),
+            (_, WorkloadKind::Replicated) => json!({
+                "observedGeneration": generation, "replicas": pods.len(), "readyReplicas": ready,
+                "availableReplicas": ready, "fullyLabeledReplicas": pods.len(),
+            }),
+            (_, WorkloadKind::DaemonSet) => {
+                let want = st.nodes.iter().filter(|n| n.ready).count();
+                json!({
+                    "observedGeneration": generation, "desiredNumberScheduled": want,
+                    "currentNumberScheduled": pods.iter().filter(|p| p.node.is_some()).count(),
+                    "numberReady": ready, "updatedNumberScheduled": current.len(), "numberAvailable": ready,
+                    "numberMisscheduled": 0,
+                })
+            }
+            (_, WorkloadKind::Job) => {
+                let active = pods.iter().filter(|p| p.phase != Phase::Succeeded).count();
+                let mut s = json!({"active": active, "succeeded": obj.succeeded, "failed": 0});
+                if obj.succeeded >= shape.completions {
+                    s["conditions"] = json!([{"type": "Complete", "status": "True", "reason": "CompletionsReached"}]);
+                    s["active"] = json!(0);
+                }
+                s
+            }
+            (_, WorkloadKind::Pod) => {
+                let phase = match pods.first().map(|p| p.phase) {
+                    Some(Phase::Running) => "Running",
+                    Some(Phase::Succeeded) => "Succeeded",
+                    _ => "Pending",
+                };
+                let node = pods
+                    .first()
+                    .and_then(|p| p.node)
+                    .and_then(|i| st.nodes.get(i))
+                    .map(|n| n.name.clone());
+                json!({"phase": phase, "nodeName": node})
+            }
+        };
+        let mut with_status = obj.manifest.clone();
+        with_status["status"] = status.clone();
+        let (mut health, mut message) = orrery_api::interpret::health(&with_status);
+        if obj.unschedulable > 0 {
+            health = Health::Unhealthy;
+            message = format!(
+                "{} pod(s) cannot be scheduled: no node has room for {}m cpu, {} bytes of memory{}",
+                obj.unschedulable,
+                shape.request.cpu_m,
+                shape.request.mem,
+                if shape.request.gpu > 0 {
+                    format!(", {} gpu", shape.request.gpu)
+                } else {
+                    String::new()
+                }
+            );
+        }
+        ObjectState {
+            health,
+            status: Some(status),
+            message,
+        }
+    }
+}
+
+/// Background requests held on one node: the base load of its cpu and memory.
+fn background(node: &Node, load: f64) -> Res {
+    node.allocatable.scale(load)
+}
+
+/// Creates and removes pods so each workload has what its spec asks for.
+fn reconcile_pods(st: &mut State, key: &Key, now: Instant) {
+    let Some(obj) = st.objects.get(key) else {
+        // Gone: its pods go too.
+        st.pods.retain(|_, p| &p.owner != key);
+        return;
+    };
+    let Some(shape) = obj.shape.clone() else {
+        return;
+    };
+    let succeeded = obj.succeeded;
+    // Pods of an older template are replaced (the simulation does not stage rollouts).
+    st.pods
+        .retain(|_, p| &p.owner != key || p.template == shape.template);
+    let mine: Vec<u64> = st
+        .pods
+        .iter()
+        .filter(|(_, p)| &p.owner == key && p.phase != Phase::Succeeded)
+        .map(|(id, _)| *id)
+        .collect();
+    let want = match shape.kind {
+        WorkloadKind::Replicated => shape.replicas,
+        WorkloadKind::DaemonSet => st.nodes.iter().filter(|n| n.ready).count() as i64,
+        WorkloadKind::Job => (shape.completions - succeeded).clamp(0, shape.parallelism),
+        WorkloadKind::Pod => i64::from(succeeded == 0),
+    };
+    let have = mine.len() as i64;
+    if have > want {
+        // Remove pending pods first, then the newest.
+        let mut order = mine.clone();
+        order.sort_by_key(|id| {
+            (
+                st.pods.get(id).map(|p| p.phase != Phase::Pending),
+                std::cmp::Reverse(*id),
+            )
+        });
+        for id in order.into_iter().take((have - want) as usize) {
+            st.pods.remove(&id);
+        }
+    }
+    for _ in have..want {
+        let id = st.next_pod;
+        st.next_pod += 1;
+        st.pods.insert(
+            id,
+            Pod {
+                owner: key.clone(),
+                template: shape.template,
+                request: shape.request,
+                node: None,
+                phase: Phase::Pending,
+                since: now,
+            },
+        );
+        st.busy = true;
+    }
+}
+
+/// Places pending pods, starts scheduled ones, completes Job pods. Returns whether anything
+/// changed.
+fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
+    let mut changed = false;
+    let load = st.load;
+    // What each node has left.
+    let mut free: Vec<Res> = st
+        .nodes
+        .iter()
+        .map(|n| {
+            if n.ready {
+                n.allocatable.sub(background(n, load))
+            } else {
+                Res::default()
+            }
+        })
+        .collect();
+    for p in st.pods.values() {
+        if let Some(i) = p.node
+            && p.phase != Phase::Succeeded
+        {
+            free[i] = free[i].sub(p.request);
+        }
+    }
+    let mut unschedulable: BTreeMap<Key, i64> = BTreeMap::new();
+    let mut busy = false;
+    let mut finished_jobs: Vec<Key> = Vec::new();
+    for p in st.pods.values_mut() {
+        match p.phase {
+            Phase::Pending => {
+                // Best fit: the node left with the least cpu, so large holes stay open.
+                let best = free
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, f)| f.fits(p.request))
+                    .min_by_key(|(i, f)| (f.cpu_m - p.request.cpu_m, *i))
+                    .map(|(i, _)| i);
+                match best {
+                    Some(i) => {
+                        free[i] = free[i].sub(p.request);
+                        p.node = Some(i);
+                        p.phase = Phase::Starting;
+                        p.since = now;
+                        changed = true;
+                        busy = true;
+                    }
+                    None => {
+                        *unschedulable.entry(p.owner.clone()).or_default() += 1;
+                        busy = true;
+                    }
+                }
+            }
+            Phase::Starting => {
+                if now.duration_since(p.since) >= spec.start_delay {
+                    p.phase = Phase::Running;
+                    p.since = now;
+                    changed = true;
+                }
+                busy = true;
+            }
+            Phase::Running if p.owner.1 == "Job" => {
+                if now.duration_since(p.since) >= spec.job_duration {
+                    p.phase = Phase::Succeeded;
+                    finished_jobs.push(p.owner.clone());
+                    changed = true;
+                }
+                busy = true;
+            }
+            _ => {}
+        }
+    }
+    for (key, obj) in st.objects.iter_mut() {
+        let n = unschedulable.get(key).copied().unwrap_or(0);
+        if obj.unschedulable != n {
+            obj.unschedulable = n;
+            changed = true;
+        }
+    }
+    if !finished_jobs.is_empty() {
+        st.pods.retain(|_, p| p.phase != Phase::Succeeded);
+        for key in finished_jobs {
+            if let Some(o) = st.objects.get_mut(&key) {
+                o.succeeded += 1;
+            }
+            reconcile_pods(st, &key, now);
+            busy = true;
+        }
+    }
+    st.busy = busy;
+    changed
+}
+
+fn is_managed(obj: &Value) -> bool {
+    obj.pointer("/metadata/labels")
+        .and_then(|l| l.get(orrery_api::work::MANAGED_LABEL))
+        .and_then(Value::as_str)
+        == Some(orrery_api::work::MANAGED_VALUE)
+}
+
+/// What the simulated API serves.
+fn api_enablements() -> Vec<ApiEnablement> {
+    let gv = |gv: &str, rs: &[(&str, &str)]| ApiEnablement {
+        group_version: gv.into(),
+        resources: rs
+            .iter()
+            .map(|(n, k)| ApiResourceRef {
+                name: (*n).into(),
+                kind: (*k).into(),
+            })
+            .collect(),
+    };
+    vec![
+        gv(
+            "v1",
+            &[
+                ("configmaps", "ConfigMap"),
+                ("secrets", "Secret"),
+                ("services", "Service"),
+                ("serviceaccounts", "ServiceAccount"),
+                ("persistentvolumeclaims", "PersistentVolumeClaim"),
+                ("pods", "Pod"),
+                ("namespaces", "Namespace"),
+            ],
+        ),
+        gv(
+            "apps/v1",
+            &[
+                ("deployments", "Deployment"),
+                ("statefulsets", "StatefulSet"),
+                ("daemonsets", "DaemonSet"),
+                ("replicasets", "ReplicaSet"),
+            ],
+        ),
+        gv("batch/v1", &[("jobs", "Job"), ("cronjobs", "CronJob")]),
+        gv("networking.k8s.io/v1", &[("ingresses", "Ingress")]),
+    ]
+}
+
+#[async_trait]
+impl Backend for SimCluster {
+    async fn apply(&self, manifest: &Value, overwrite: bool) -> Result<(), BackendError> {
+        self.gate().await?;
+        let id = ResourceIdentifier::of(0, manifest).ok_or_else(|| BackendError::Rejected {
+            what: "a manifest".into(),
+            message: "it has no apiVersion, kind or name".into(),
+        })?;
+        let key = key_of(&id);
+        let now = Instant::now();
+        {
+            let mut st = self.lock();
+            let shape = shape_of(manifest);
+            match st.objects.get_mut(&key) {
+                Some(existing) => {
+                    if !is_managed(&existing.manifest) && !overwrite {
+                        return Err(BackendError::Conflict(id.describe()));
+                    }
+                    if existing.manifest.get("spec") != manifest.get("spec") {
+                        existing.generation += 1;
+                    }
+                    existing.manifest = manifest.clone();
+                    existing.shape = shape;
+                }
+                None => {
+                    st.objects.insert(
+                        key.clone(),
+                        SimObject {
+                            manifest: manifest.clone(),
+                            generation: 1,
+                            shape,
+                            succeeded: 0,
+                            unschedulable: 0,
+                        },
+                    );
+                }
+            }
+            reconcile_pods(&mut st, &key, now);
+            advance(&mut st, &self.spec, now);
+        }
+        self.bump();
+        Ok(())
+    }
+
+    async fn delete(&self, id: &ResourceIdentifier) -> Result<(), BackendError> {
+        self.gate().await?;
+        let key = key_of(id);
+        {
+            let mut st = self.lock();
+            if st.objects.remove(&key).is_none() {
+                return Ok(());
+            }
+            reconcile_pods(&mut st, &key, Instant::now());
+            // Freed room may let pending pods of others in.
+            st.busy = true;
+            advance(&mut st, &self.spec, Instant::now());
+        }
+        self.bump();
+        Ok(())
+    }
+
+    async fn state(&self, id: &ResourceIdentifier) -> Result<Option<ObjectState>, BackendError> {
+        self.gate().await?;
+        let key = key_of(id);
+        let st = self.lock();
+        Ok(st
+            .objects
+            .get(&key)
+            .map(|o| self.object_state(&st, &key, o)))
+    }
+
+    async fn report(&self) -> Result<MemberReport, BackendError> {
+        self.gate().await?;
+        let factor = self.profile_factor(self.started.elapsed());
+        let st = self.lock();
+        let ready: Vec<(usize, &Node)> = st
+            .nodes
+            .iter()
+            .enumerate()
+            .filter(|(_, n)| n.ready)
+            .collect();
+        let mut allocatable = Res::default();
+        let mut bg = Res::default();
+        for (_, n) in &ready {
+            allocatable = allocatable.add(n.allocatable);
+            bg = bg.add(background(n, st.load));
+        }
+        let mut placed = Res::default();
+        let mut pending = Res::default();
+        let mut per_node: Vec<Res> = st
+            .nodes
+            .iter()
+            .map(|n| n.allocatable.sub(background(n, st.load)))
+            .collect();
+        for p in st.pods.values().filter(|p| p.phase != Phase::Succeeded) {
+            match p.node {
+                Some(i) => {
+                    placed = placed.add(p.request);
+                    per_node[i] = per_node[i].sub(p.request);
+                }
+                None => pending = pending.add(p.request),
+            }
+        }
+        let allocated = bg.add(placed);
+        let usage_bg = Res {
+            cpu_m: ((bg.cpu_m as f64) * factor).min(allocatable.cpu_m as f64) as i64,
+            mem: ((bg.mem as f64) * factor).min(allocatable.mem as f64) as i64,
+            gpu: 0,
+            pods: 0,
+        };
+        let usage = usage_bg.add(placed);
+        let mut largest = Res::default();
+        for (i, _) in &ready {
+            let f = per_node[*i];
+            largest.cpu_m = largest.cpu_m.max(f.cpu_m);
+            largest.mem = largest.mem.max(f.mem);
+            largest.gpu = largest.gpu.max(f.gpu);
+        }
+        let running = st
+            .pods
+            .values()
+            .filter(|p| p.phase == Phase::Running)
+            .count() as f64;
+        let latency_ms = st
+            .peers
+            .iter()
+            .filter(|(n, _)| *n != self.name)
+            .map(|(n, region)| {
+                let base = if *region == self.region {
+                    2.0
+                } else {
+                    30.0 + (hash_value(&json!([n, self.name])) % 120) as f64
+                };
+                (n.clone(), base)
+            })
+            .collect();
+        let mut properties = BTreeMap::new();
+        properties.insert("cluster.clusterset.k8s.io".into(), self.name.clone());
+        properties.insert("clusterset.k8s.io".into(), "orrery".into());
+        Ok(MemberReport {
+            healthy: true,
+            message: format!(
+                "simulated cluster: {} of {} nodes ready",
+                ready.len(),
+                st.nodes.len()
+            ),
+            kubernetes_version: "v1.32.0+orrery-sim".into(),
+            api_enablements: api_enablements(),
+            node_summary: NodeSummary {
+                total_num: st.nodes.len() as i64,
+                ready_num: ready.len() as i64,
+            },
+            resource_summary: ResourceSummary {
+                allocatable: allocatable.to_list(true),
+                allocated: allocated.to_list(true),
+                allocating: pending.to_list(true),
+                usage: usage.to_list(false),
+            },
+            largest_node_free: {
+                let mut l = largest.to_list(false);
+                if self.spec.gpu == 0 {
+                    l.remove(GPU_RESOURCE);
+                }
+                l
+            },
+            network: Some(NetworkStatus {
+                latency_ms,
+                ingress_bytes_per_second: running * 12_000.0 * factor,
+                egress_bytes_per_second: running * 8_000.0 * factor,
+            }),
+            properties,
+        })
+    }
+
+    fn changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use orrery_api::work::{MANAGED_LABEL, MANAGED_VALUE};
+
+    fn deployment(name: &str, replicas: i64, cpu: &str, mem: &str) -> Value {
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": "default", "labels": {MANAGED_LABEL: MANAGED_VALUE}},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [
+                        {"name": "c", "image": "x", "resources": {"requests": {"cpu": cpu, "memory": mem}}}]}}}
+        })
+    }
+
+    fn id(m: &Value) -> ResourceIdentifier {
+        ResourceIdentifier::of(0, m).unwrap()
+    }
+
+    fn spec(s: &str) -> SimSpec {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn specs_parse_and_refuse_nonsense() {
+        let s = spec("nodes=8,cpu=32,memory=128Gi,gpu=0,pods=110,load=0.3,profile=flat");
+        assert_eq!(s.nodes, 8);
+        assert_eq!(s.cpu.milli_value(), 32_000);
+        assert_eq!(s.memory.value(), 128 << 30);
+        assert_eq!(s.profile, Profile::Flat);
+        assert_eq!(
+            spec("profile=diurnal,period=60s").period,
+            Duration::from_secs(60)
+        );
+        for bad in [
+            "nodes=0",
+            "cpu=-1",
+            "load=1.5",
+            "profile=wavy",
+            "color=blue",
+            "nodes",
+            "memory=lots",
+            "start=5 years",
+        ] {
+            assert!(bad.parse::<SimSpec>().is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn requests_sum_containers_and_take_the_larger_init() {
+        let r = pod_request(&json!({
+            "containers": [{"resources": {"requests": {"cpu": "250m", "memory": "64Mi"}}},
+                           {"resources": {"requests": {"cpu": "1"}}}],
+            "initContainers": [{"resources": {"requests": {"cpu": "2", "memory": "1Mi"}}}]
+        }));
+        assert_eq!((r.cpu_m, r.mem, r.pods), (2000, 64 << 20, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pods_bin_pack_wait_and_start() {
+        let sim = SimCluster::new("c", "r", spec("nodes=2,cpu=4,memory=8Gi,load=0,start=1s"));
+        let d = deployment("web", 3, "1500m", "1Gi");
+        sim.apply(&d, false).await.unwrap();
+        // 2 nodes x 4 cpu: two 1.5-cpu pods fit on each node.
+        let s = sim.state(&id(&d)).await.unwrap().unwrap();
+        assert_eq!(s.health, Health::Progressing);
+        assert_eq!(s.status.as_ref().unwrap()["readyReplicas"], 0);
+        tokio::time::advance(Duration::from_millis(1100)).await;
+        sim.tick();
+        let s = sim.state(&id(&d)).await.unwrap().unwrap();
+        assert_eq!(s.status.as_ref().unwrap()["readyReplicas"], 3);
+        assert_eq!(s.health, Health::Healthy, "{s:?}");
+        // Scale beyond capacity: one pod fits (4 pods of 1.5 cpu), the fifth waits.
+        sim.apply(&deployment("web", 5, "1500m", "1Gi"), false)
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(1100)).await;
+        sim.tick();
+        let s = sim.state(&id(&d)).await.unwrap().unwrap();
+        assert_eq!(s.status.as_ref().unwrap()["readyReplicas"], 4);
+        assert_eq!(s.health, Health::Unhealthy);
+        assert!(
+            s.message.contains("1 pod(s) cannot be scheduled"),
+            "{}",
+            s.message
+        );
+        let r = sim.report().await.unwrap();
+        assert_eq!(r.resource_summary.allocating["cpu"].milli_value(), 1500);
+        assert_eq!(r.resource_summary.allocated["cpu"].milli_value(), 6000);
+        assert_eq!(r.largest_node_free["cpu"].milli_value(), 1000);
+        // Deleting frees the room.
+        sim.delete(&id(&d)).await.unwrap();
+        let r = sim.report().await.unwrap();
+        assert_eq!(r.resource_summary.allocated["cpu"].milli_value(), 0);
+        assert!(sim.state(&id(&d)).await.unwrap().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn background_load_holds_room_and_shows_in_usage() {
+        let sim = SimCluster::new(
+            "c",
+            "r",
+            spec("nodes=1,cpu=10,memory=10Gi,load=0.5,start=0s"),
+        );
+        let d = deployment("big", 1, "6", "1Gi");
+        sim.apply(&d, false).await.unwrap();
+        let s = sim.state(&id(&d)).await.unwrap().unwrap();
+        assert_eq!(
+            s.health,
+            Health::Unhealthy,
+            "half the node is held by background load"
+        );
+        let r = sim.report().await.unwrap();
+        assert_eq!(r.resource_summary.allocated["cpu"].milli_value(), 5000);
+        assert_eq!(r.resource_summary.usage["cpu"].milli_value(), 5000);
+        let wl = orrery_api::cluster::water_level(&r.resource_summary);
+        assert_eq!(wl.dimensions["cpu"], 0.5);
+        sim.set_load(0.2);
+        sim.apply(&d, false).await.unwrap();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        sim.tick();
+        assert_eq!(
+            sim.state(&id(&d)).await.unwrap().unwrap().health,
+            Health::Healthy
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn jobs_complete_and_daemonsets_follow_nodes() {
+        let sim = SimCluster::new(
+            "c",
+            "r",
+            spec("nodes=3,cpu=4,memory=4Gi,load=0,start=0s,job=2s"),
+        );
+        let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "d"},
+            "spec": {"completions": 3, "parallelism": 2, "template": {"spec": {"containers": [{"name": "c"}]}}}});
+        sim.apply(&job, false).await.unwrap();
+        // Two rounds of 2 s each, plus a tick per transition.
+        for _ in 0..16 {
+            tokio::time::advance(Duration::from_millis(500)).await;
+            sim.tick();
+        }
+        let s = sim.state(&id(&job)).await.unwrap().unwrap();
+        assert_eq!(s.status.as_ref().unwrap()["succeeded"], 3, "{s:?}");
+        assert_eq!(s.health, Health::Healthy);
+
+        let ds = json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "ds", "namespace": "d"},
+            "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}});
+        sim.apply(&ds, false).await.unwrap();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        sim.tick();
+        let st = sim.state(&id(&ds)).await.unwrap().unwrap().status.unwrap();
+        assert_eq!(
+            (
+                st["desiredNumberScheduled"].as_i64(),
+                st["numberReady"].as_i64()
+            ),
+            (Some(3), Some(3))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn faults_lose_nodes_stop_the_api_and_add_latency() {
+        let sim = SimCluster::new("c", "r", spec("nodes=2,cpu=4,memory=4Gi,load=0,start=0s"));
+        let d = deployment("web", 2, "3", "1Gi");
+        sim.apply(&d, false).await.unwrap();
+        tokio::time::advance(Duration::from_millis(10)).await;
+        sim.tick();
+        assert_eq!(
+            sim.state(&id(&d)).await.unwrap().unwrap().health,
+            Health::Healthy
+        );
+        sim.set_faults(Faults {
+            lost_nodes: 1,
+            ..Default::default()
+        });
+        let s = sim.state(&id(&d)).await.unwrap().unwrap();
+        assert_eq!(
+            s.health,
+            Health::Unhealthy,
+            "the lost node's pod has nowhere to go"
+        );
+        assert_eq!(sim.report().await.unwrap().node_summary.ready_num, 1);
+        sim.set_faults(Faults {
+            outage: true,
+            ..Default::default()
+        });
+        assert!(matches!(
+            sim.report().await,
+            Err(BackendError::Unavailable(_))
+        ));
+        assert!(matches!(
+            sim.apply(&d, false).await,
+            Err(BackendError::Unavailable(_))
+        ));
+        sim.set_faults(Faults {
+            latency: Duration::from_millis(300),
+            ..Default::default()
+        });
+        let t = Instant::now();
+        sim.report().await.unwrap();
+        assert!(t.elapsed() >= Duration::from_millis(300));
+        tokio::time::advance(Duration::from_millis(10)).await;
+        sim.tick();
+        assert_eq!(
+            sim.state(&id(&d)).await.unwrap().unwrap().health,
+            Health::Healthy,
+            "nodes came back"
+        );
+    }
+
+    #[tokio::test]
+    async fn unmanaged_objects_are_not_taken_over_unless_asked() {
+        let sim = SimCluster::new("c", "r", SimSpec::default());
+        let mut theirs = deployment("web", 1, "1", "1Gi");
+        theirs["metadata"]["labels"] = json!({});
+        sim.apply(&theirs, true).await.unwrap();
+        let ours = deployment("web", 2, "1", "1Gi");
+        assert!(matches!(
+            sim.apply(&ours, false).await,
+            Err(BackendError::Conflict(_))
+        ));
+        sim.apply(&ours, true).await.unwrap();
+        sim.apply(&ours, false).await.unwrap();
+    }
+
+    #[test]
+    fn profiles_vary_as_described() {
+        let flat = SimCluster::new("a", "r", spec("profile=flat"));
+        assert_eq!(flat.profile_factor(Duration::from_secs(1000)), 1.0);
+        let d = SimCluster::new("a", "r", spec("profile=diurnal,period=100s"));
+        assert!((d.profile_factor(Duration::from_secs(25)) - 1.6).abs() < 1e-9);
+        assert!((d.profile_factor(Duration::from_secs(75)) - 0.4).abs() < 1e-9);
+        let s = SimCluster::new("a", "r", spec("profile=spikes,period=240s"));
+        let factors: Vec<f64> = (0..240)
+            .map(|w| s.profile_factor(Duration::from_secs(w * 10)))
+            .collect();
+        assert!(factors.iter().any(|f| *f > 1.0) && factors.iter().any(|f| *f == 1.0));
+    }
+}

@@ -1,0 +1,24 @@
+//! Orrery's member agent (`orrery agent`): it runs beside a member cluster, dials in to the
+//! server (the server never needs a route to the member), applies that cluster's Works to a
+//! backend and reports back.
+//!
+//! - [`agent`]: registration, the Works loop, heartbeats and status reports, and the
+//!   behaviour while the server is away;
+//! - [`backend`]: the member itself, a real Kubernetes API ([`backend::kube`]) or a simulated
+//!   cluster ([`backend::sim`]);
+//! - [`fleet`]: many simulated clusters in one process; [`admin`]: the fault-injection
+//!   endpoint for simulated clusters;
+//! - [`state`]: what an agent keeps on disk; [`transport`]: its requests to the server.
+
+pub mod admin;
+pub mod agent;
+pub mod backend;
+pub mod backoff;
+pub mod fleet;
+pub mod state;
+pub mod transport;
+
+pub use agent::{AgentConfig, AgentError, ClusterInfo, Stopped, run};
+
+/// Most status items one report carries (the server's batch limit).
+pub const MAX_BATCH: usize = 1000;

@@ -1,0 +1,206 @@
+//! The agent's side of the wire. Every connection is opened by the agent (inward, through
+//! `HTTPS_PROXY` when it is set); the server never needs a route to the member.
+
+use futures_util::{Stream, StreamExt};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, WatchParams};
+use kube::core::WatchEvent;
+use orrery_api::Object;
+use orrery_client::kinds;
+use serde_json::{Value, json};
+
+/// What went wrong talking to the server.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The server refused our credentials (401).
+    #[error("the server refused the agent's token: {0}")]
+    Unauthorized(String),
+    /// Authenticated, but not allowed (403).
+    #[error("the server forbade it: {0}")]
+    Forbidden(String),
+    /// Our Cluster is gone (404 on it).
+    #[error("the cluster is not registered: {0}")]
+    NotRegistered(String),
+    /// The watch fell too far behind (410): list again.
+    #[error("the watch expired: {0}")]
+    Expired(String),
+    /// The request was refused for another reason (4xx).
+    #[error("the server refused the request ({code}): {message}")]
+    Refused { code: u16, message: String },
+    /// Network trouble or a server error: retry later.
+    #[error("the server is unreachable: {0}")]
+    Unreachable(String),
+    #[error("the server sent something unexpected: {0}")]
+    Protocol(String),
+}
+
+impl From<kube::Error> for TransportError {
+    fn from(e: kube::Error) -> Self {
+        match e {
+            kube::Error::Api(s) => match s.code {
+                401 => TransportError::Unauthorized(s.message),
+                403 => TransportError::Forbidden(s.message),
+                404 => TransportError::NotRegistered(s.message),
+                410 => TransportError::Expired(s.message),
+                c if (400..500).contains(&c) && c != 429 => TransportError::Refused {
+                    code: c,
+                    message: s.message,
+                },
+                _ => TransportError::Unreachable(s.message),
+            },
+            other => TransportError::Unreachable(other.to_string()),
+        }
+    }
+}
+
+impl TransportError {
+    /// Whether trying again later may help.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            TransportError::Unreachable(_) | TransportError::Expired(_)
+        )
+    }
+}
+
+fn to_object(d: DynamicObject) -> Result<Object, TransportError> {
+    let v = serde_json::to_value(d).map_err(|e| TransportError::Protocol(e.to_string()))?;
+    Object::from_value(v).map_err(|e| TransportError::Protocol(e.to_string()))
+}
+
+/// One change to the Works of the agent's cluster.
+#[derive(Debug)]
+pub enum WorkEvent {
+    Applied(Object),
+    Deleted(Object),
+    /// Progress marker: the watch has seen everything up to this resourceVersion.
+    Bookmark(String),
+}
+
+/// A connection to the server as one cluster's agent.
+#[derive(Clone)]
+pub struct Transport {
+    client: kube::Client,
+    cluster: String,
+    namespace: String,
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transport")
+            .field("cluster", &self.cluster)
+            .finish()
+    }
+}
+
+impl Transport {
+    pub fn new(client: kube::Client, cluster: &str) -> Self {
+        Transport {
+            client,
+            cluster: cluster.to_string(),
+            namespace: orrery_api::cluster::namespace_of(cluster),
+        }
+    }
+
+    fn works(&self) -> Api<DynamicObject> {
+        orrery_client::api(&self.client, &kinds::WORK, Some(&self.namespace))
+    }
+
+    /// Every Work of the cluster, and the resourceVersion to watch from.
+    pub async fn list_works(&self) -> Result<(Vec<Object>, String), TransportError> {
+        let list = self.works().list(&ListParams::default()).await?;
+        let rv = list.metadata.resource_version.unwrap_or_default();
+        let items = list
+            .items
+            .into_iter()
+            .map(to_object)
+            .collect::<Result<_, _>>()?;
+        Ok((items, rv))
+    }
+
+    /// Changes to the Works after `rv`, until the server ends the watch.
+    pub async fn watch_works(
+        &self,
+        rv: &str,
+    ) -> Result<impl Stream<Item = Result<WorkEvent, TransportError>> + use<>, TransportError> {
+        let params = WatchParams::default().timeout(290);
+        let stream = self.works().watch(&params, rv).await?;
+        Ok(stream.map(|ev| match ev {
+            Ok(WatchEvent::Added(o)) | Ok(WatchEvent::Modified(o)) => {
+                to_object(o).map(WorkEvent::Applied)
+            }
+            Ok(WatchEvent::Deleted(o)) => to_object(o).map(WorkEvent::Deleted),
+            Ok(WatchEvent::Bookmark(b)) => Ok(WorkEvent::Bookmark(b.metadata.resource_version)),
+            Ok(WatchEvent::Error(e)) if e.code == 410 => Err(TransportError::Expired(e.message)),
+            Ok(WatchEvent::Error(e)) => Err(TransportError::Unreachable(e.message)),
+            Err(e) => Err(TransportError::from(e)),
+        }))
+    }
+
+    /// Writes the cluster's status (a merge patch of the status subresource) and returns the
+    /// Cluster as stored.
+    pub async fn heartbeat(&self, status: Value) -> Result<Object, TransportError> {
+        let api = orrery_client::api(&self.client, &kinds::CLUSTER, None);
+        let patch = json!({ "status": status });
+        let o = api
+            .patch_status(
+                &self.cluster,
+                &PatchParams::default(),
+                &Patch::Merge(&patch),
+            )
+            .await?;
+        to_object(o)
+    }
+
+    /// Sends up to 1,000 status items in one request (`POST /api/v1/sync/batch`); returns how
+    /// many the server refused, with the first reason.
+    pub async fn report(
+        &self,
+        items: Vec<Value>,
+    ) -> Result<(usize, Option<String>), TransportError> {
+        let body = serde_json::to_vec(&json!({ "items": items }))
+            .map_err(|e| TransportError::Protocol(e.to_string()))?;
+        let req = http::Request::post("/api/v1/sync/batch")
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .map_err(|e| TransportError::Protocol(e.to_string()))?;
+        let text = self.client.request_text(req).await?;
+        let v: Value =
+            serde_json::from_str(&text).map_err(|e| TransportError::Protocol(e.to_string()))?;
+        let failed = v.get("failed").and_then(Value::as_u64).unwrap_or(0) as usize;
+        let first = v
+            .get("results")
+            .and_then(Value::as_array)
+            .and_then(|rs| rs.iter().find(|r| r["code"] != "OK"))
+            .map(|r| format!("{}: {}", r["name"], r["message"]));
+        Ok((failed, first))
+    }
+}
+
+/// What the server answers a registration with.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Registration {
+    pub token: String,
+    pub uid: String,
+    pub namespace: String,
+}
+
+/// Registers a cluster with a bootstrap (or cluster) token.
+pub async fn register(
+    client: &kube::Client,
+    request: &Value,
+) -> Result<Registration, TransportError> {
+    let body = serde_json::to_vec(request).map_err(|e| TransportError::Protocol(e.to_string()))?;
+    let req = http::Request::post("/agent/v1/register")
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .map_err(|e| TransportError::Protocol(e.to_string()))?;
+    let text = client.request_text(req).await.map_err(|e| match e {
+        // A 404 here is about the endpoint, not a missing cluster.
+        kube::Error::Api(s) if s.code == 404 => TransportError::Refused {
+            code: 404,
+            message: s.message,
+        },
+        other => other.into(),
+    })?;
+    serde_json::from_str(&text).map_err(|e| TransportError::Protocol(e.to_string()))
+}

@@ -1,0 +1,418 @@
+//! The endpoints member agents use before they hold a cluster token, and the one that mints
+//! bootstrap tokens:
+//!
+//! - `GET /cacerts` (no authentication): the CA that signed the serving certificate. An agent
+//!   given a bootstrap token fetches it without verification and then checks it against the
+//!   CA hash the token carries, so nothing needs to be copied and nothing is trusted blindly
+//!   (as k3s does it).
+//! - `POST /agent/v1/tokens` (admin): a bootstrap token for one cluster.
+//! - `POST /agent/v1/register` (that cluster's bootstrap or cluster token, or admin): creates
+//!   or refreshes the Cluster and its `orrery-cluster-<name>` namespace, and returns a new
+//!   cluster token; the cluster's earlier agent tokens stop working.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Response, StatusCode};
+use orrery_api::cluster::{self, CONDITION_JOINED};
+use orrery_api::conditions::{self, Condition};
+use orrery_api::validation::validate_labels;
+use orrery_api::{Object, Time, keys};
+use orrery_store::StoreError;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::app::App;
+use crate::auth::Identity;
+use crate::error::{ApiError, ApiResult};
+use crate::http::{self as h, Body};
+use crate::resources::ResourceType;
+use crate::strategy;
+
+/// Serves `/cacerts`.
+pub fn cacerts(app: &App, method: &Method) -> ApiResult<Response<Body>> {
+    if method != Method::GET && method != Method::HEAD {
+        return Err(ApiError::method_not_allowed("GET /cacerts only"));
+    }
+    if app.config.ca_pem.is_empty() {
+        return Err(ApiError::new(
+            404,
+            "NotFound",
+            "this server has no CA to hand out",
+        ));
+    }
+    let mut r = Response::new(h::full(app.config.ca_pem.clone()));
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/x-pem-file"),
+    );
+    Ok(r)
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> ApiResult<T> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid: {e}")))
+}
+
+fn cluster_rt(app: &App) -> ApiResult<Arc<ResourceType>> {
+    app.resources
+        .snapshot()
+        .get(cluster::GROUP, cluster::VERSION, "clusters")
+        .ok_or_else(|| ApiError::internal("the Cluster kind is not registered"))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokenRequest {
+    cluster: String,
+    /// `24h`, `90m`; `0` for no expiry. Default 24h.
+    #[serde(default)]
+    ttl: Option<String>,
+}
+
+fn parse_ttl(s: Option<&str>) -> ApiResult<Option<Duration>> {
+    let s = s.unwrap_or("24h").trim();
+    if s == "0" {
+        return Ok(None);
+    }
+    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("invalid ttl {s:?}: use e.g. 24h, 90m, 0")))?;
+    let secs = match &s[digits.len()..] {
+        "s" | "" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86400,
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "invalid ttl {s:?}: use e.g. 24h, 90m, 0"
+            )));
+        }
+    };
+    Ok(Some(Duration::from_secs(secs)))
+}
+
+async fn create_token(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Response<Body>> {
+    if !matches!(who, Identity::Admin { .. }) {
+        return Err(ApiError::forbidden(format!(
+            "User \"{}\" cannot create bootstrap tokens",
+            who.user()
+        )));
+    }
+    let req: TokenRequest = parse(body)?;
+    let rt = cluster_rt(app)?;
+    // `edge-*` covers every cluster whose name starts with `edge-` (for fleets).
+    let errs = match req.cluster.strip_suffix('*') {
+        Some(prefix) => cluster::validate_name(&format!("{prefix}x")),
+        None => cluster::validate_name(&req.cluster),
+    };
+    if !errs.is_empty() {
+        return Err(ApiError::invalid(&rt, &req.cluster, &errs));
+    }
+    let ttl = parse_ttl(req.ttl.as_deref())?;
+    let credential = app
+        .auth
+        .issue(
+            &Identity::Bootstrap {
+                name: req.cluster.clone(),
+            },
+            &format!("bootstrap token for cluster {}", req.cluster),
+            ttl,
+        )
+        .await?;
+    let expires =
+        ttl.and_then(|t| Time::from_unix_seconds(Time::now().unix_seconds() + t.as_secs() as i64));
+    Ok(h::json(
+        StatusCode::CREATED,
+        &json!({
+            "token": orrery_api::token::bootstrap(&app.config.ca_pem, &credential),
+            "cluster": req.cluster,
+            "expires": expires.map(|t| t.to_string()),
+        }),
+    ))
+}
+
+/// What an agent says about its cluster when it registers.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegisterRequest {
+    pub cluster: String,
+    #[serde(default)]
+    pub provider: String,
+    #[serde(default)]
+    pub region: String,
+    #[serde(default)]
+    pub zones: Vec<String>,
+    #[serde(default)]
+    pub capabilities: Vec<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub api_endpoint: String,
+}
+
+fn agent_spec(req: &RegisterRequest) -> serde_json::Map<String, Value> {
+    let mut spec = serde_json::Map::new();
+    spec.insert("syncMode".into(), json!("Pull"));
+    for (k, v) in [
+        ("provider", &req.provider),
+        ("region", &req.region),
+        ("apiEndpoint", &req.api_endpoint),
+    ] {
+        if !v.is_empty() {
+            spec.insert(k.into(), json!(v));
+        }
+    }
+    if !req.zones.is_empty() {
+        spec.insert("zones".into(), json!(req.zones));
+    }
+    if !req.capabilities.is_empty() {
+        spec.insert("capabilities".into(), json!(req.capabilities));
+    }
+    spec
+}
+
+fn joined(now: Time) -> Vec<Condition> {
+    let mut cs = Vec::new();
+    conditions::set(
+        &mut cs,
+        Condition::new(
+            CONDITION_JOINED,
+            conditions::TRUE,
+            "AgentRegistered",
+            "the cluster's agent registered",
+        ),
+        now,
+    );
+    cs
+}
+
+/// Creates the Cluster, or refreshes what the agent reports about it.
+async fn upsert_cluster(app: &App, rt: &ResourceType, req: &RegisterRequest) -> ApiResult<Object> {
+    let key = keys::well_known::cluster(&req.cluster);
+    let now = Time::now();
+    for _ in 0..8 {
+        match app.store.get(&key).await {
+            Ok(current) => {
+                if current.metadata.deletion_timestamp.is_some() {
+                    return Err(ApiError::conflict(
+                        rt,
+                        &req.cluster,
+                        "the cluster is being unregistered; register it again once it is gone",
+                    ));
+                }
+                let mode = current
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.get("syncMode"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("Pull");
+                if mode == "Push" {
+                    return Err(ApiError::conflict(
+                        rt,
+                        &req.cluster,
+                        "it is a Push cluster, which the server drives itself; agents serve Pull clusters",
+                    ));
+                }
+                let mut next = current.clone();
+                let spec = next
+                    .spec
+                    .get_or_insert_with(|| json!({}))
+                    .as_object_mut()
+                    .ok_or_else(|| {
+                        ApiError::internal("the stored Cluster spec is not an object")
+                    })?;
+                for (k, v) in agent_spec(req) {
+                    spec.insert(k, v);
+                }
+                next.metadata.labels.extend(req.labels.clone());
+                let mut status: cluster::ClusterStatus = next
+                    .status
+                    .clone()
+                    .and_then(|s| serde_json::from_value(s).ok())
+                    .unwrap_or_default();
+                for c in joined(now) {
+                    conditions::set(&mut status.conditions, c, now);
+                }
+                next.status = serde_json::to_value(&status).ok();
+                if next.spec != current.spec {
+                    next.metadata.generation = Some(current.metadata.generation.unwrap_or(1) + 1);
+                }
+                check(rt, &next)?;
+                match app.store.update(&key, next, current.revision()).await {
+                    Ok(o) => return Ok((*o).clone()),
+                    Err(StoreError::Conflict { .. }) => continue,
+                    Err(e) => return Err(ApiError::from_store(e, rt, &req.cluster)),
+                }
+            }
+            Err(StoreError::NotFound { .. }) => {
+                let mut obj = Object::new(cluster::API_VERSION, "Cluster")
+                    .with_name(&req.cluster)
+                    .with_spec(Value::Object(agent_spec(req)));
+                obj.metadata.labels = req.labels.clone();
+                obj.metadata.uid = uuid::Uuid::new_v4().to_string();
+                obj.metadata.creation_timestamp = Some(now);
+                obj.metadata.generation = Some(1);
+                strategy::prepare_create(rt, &mut obj);
+                obj.status = serde_json::to_value(cluster::ClusterStatus {
+                    conditions: joined(now),
+                    ..Default::default()
+                })
+                .ok();
+                check(rt, &obj)?;
+                match app.store.create(&key, obj).await {
+                    Ok(o) => return Ok((*o).clone()),
+                    Err(StoreError::AlreadyExists { .. }) => continue,
+                    Err(e) => return Err(ApiError::from_store(e, rt, &req.cluster)),
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(ApiError::stale(rt, &req.cluster))
+}
+
+fn check(rt: &ResourceType, obj: &Object) -> ApiResult<()> {
+    let mut errs = strategy::validate(rt, obj, None);
+    errs.extend(validate_labels(&obj.metadata.labels, "metadata.labels"));
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(rt, obj.name(), &errs))
+    }
+}
+
+/// Creates the namespace that holds a cluster's Works, if it is missing.
+pub async fn ensure_cluster_namespace(app: &App, cluster_name: &str) -> ApiResult<()> {
+    let reg = app.resources.snapshot();
+    let ns_rt = reg
+        .get("", "v1", "namespaces")
+        .ok_or_else(|| ApiError::internal("the Namespace kind is not registered"))?;
+    let name = cluster::namespace_of(cluster_name);
+    let key = keys::well_known::namespace(&name);
+    match app.store.get(&key).await {
+        Ok(ns) if ns.metadata.deletion_timestamp.is_some() => Err(ApiError::conflict(
+            &ns_rt,
+            &name,
+            "the namespace of the cluster's Works is still being deleted; retry shortly",
+        )),
+        Ok(_) => Ok(()),
+        Err(StoreError::NotFound { .. }) => {
+            let mut ns = Object::new("v1", "Namespace")
+                .with_name(&name)
+                .with_label("multicluster.io/cluster", cluster_name);
+            ns.metadata.uid = uuid::Uuid::new_v4().to_string();
+            ns.metadata.creation_timestamp = Some(Time::now());
+            ns.metadata.generation = Some(1);
+            strategy::prepare_create(&ns_rt, &mut ns);
+            match app.store.create(&key, ns).await {
+                Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
+                Err(e) => Err(e.into()),
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn register(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Response<Body>> {
+    let req: RegisterRequest = parse(body)?;
+    let allowed = match who {
+        Identity::Admin { .. } => true,
+        Identity::Cluster { name } => *name == req.cluster,
+        Identity::Bootstrap { name } => token_covers(name, &req.cluster),
+    };
+    if !allowed {
+        return Err(ApiError::forbidden(format!(
+            "User \"{}\" cannot register cluster \"{}\": the token is for another cluster",
+            who.user(),
+            req.cluster
+        )));
+    }
+    let rt = cluster_rt(app)?;
+    let errs = cluster::validate_name(&req.cluster);
+    if !errs.is_empty() {
+        return Err(ApiError::invalid(&rt, &req.cluster, &errs));
+    }
+    let obj = upsert_cluster(app, &rt, &req).await?;
+    ensure_cluster_namespace(app, &req.cluster).await?;
+    // One agent per cluster: a new registration retires the tokens of the previous one.
+    app.auth.revoke_cluster(&req.cluster, false).await?;
+    let token = app
+        .auth
+        .issue(
+            &Identity::Cluster {
+                name: req.cluster.clone(),
+            },
+            &format!("agent token for cluster {}", req.cluster),
+            None,
+        )
+        .await?;
+    tracing::info!(cluster = %req.cluster, by = %who.user(), "cluster registered");
+    Ok(h::json(
+        StatusCode::OK,
+        &json!({
+            "token": token,
+            "cluster": req.cluster,
+            "uid": obj.metadata.uid,
+            "namespace": cluster::namespace_of(&req.cluster),
+        }),
+    ))
+}
+
+/// Whether a bootstrap token for `pattern` (a name, or a prefix ending in `*`) may register
+/// `cluster`.
+pub fn token_covers(pattern: &str, cluster: &str) -> bool {
+    match pattern.strip_suffix('*') {
+        Some(prefix) => cluster.starts_with(prefix),
+        None => pattern == cluster,
+    }
+}
+
+/// Serves `/agent/v1/...`.
+pub async fn serve(
+    app: &App,
+    who: &Identity,
+    method: &Method,
+    rest: &[&str],
+    body: Bytes,
+) -> ApiResult<Response<Body>> {
+    match (method, rest) {
+        (&Method::POST, ["tokens"]) => create_token(app, who, &body).await,
+        (&Method::POST, ["register"]) => register(app, who, &body).await,
+        (_, ["tokens"] | ["register"]) => Err(ApiError::method_not_allowed("use POST")),
+        _ => Err(ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns() {
+        assert!(token_covers("east", "east"));
+        assert!(!token_covers("east", "east-2"));
+        assert!(token_covers("edge-*", "edge-17"));
+        assert!(!token_covers("edge-*", "core"));
+        assert!(token_covers("*", "anything"));
+    }
+
+    #[test]
+    fn ttls() {
+        assert_eq!(parse_ttl(None).unwrap(), Some(Duration::from_secs(86400)));
+        assert_eq!(
+            parse_ttl(Some("90m")).unwrap(),
+            Some(Duration::from_secs(5400))
+        );
+        assert_eq!(parse_ttl(Some("0")).unwrap(), None);
+        assert!(parse_ttl(Some("soon")).is_err());
+        assert!(parse_ttl(Some("5y")).is_err());
+    }
+}

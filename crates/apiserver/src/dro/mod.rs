@@ -1,0 +1,175 @@
+//! The DRO-DS REST API of the draft (section 6) under `/api/v1/`: the same store seen through
+//! the draft's shapes. Every error is `{"code", "message", "details"}` with a stable code.
+//!
+//! These paths share `/api/v1` with the Kubernetes core group, whose resources Orrery serves at
+//! other names (`/api/v1/namespaces/...`, `/api/v1/nodes`), so the first segment decides.
+
+use bytes::Bytes;
+use http::{Method, Response, StatusCode};
+use serde_json::{Value, json};
+
+use crate::app::App;
+use crate::auth::Identity;
+use crate::error::ApiError;
+use crate::http::{self as h, Body};
+
+mod sync;
+
+/// Most objects one `POST /api/v1/sync/batch` may carry.
+pub const MAX_BATCH: usize = 1000;
+
+/// First path segments after `/api/v1/` that belong to the DRO-DS API.
+const DRO_SEGMENTS: &[&str] = &["sync"];
+
+/// Whether a request path is one of the DRO-DS endpoints.
+pub fn is_dro_path(path: &str) -> bool {
+    path.strip_prefix("/api/v1/")
+        .and_then(|rest| rest.split('/').next())
+        .is_some_and(|first| DRO_SEGMENTS.contains(&first))
+}
+
+/// A DRO-DS error: HTTP status, stable code, message, details.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DroError {
+    pub status: u16,
+    pub code: &'static str,
+    pub message: String,
+    pub details: Value,
+}
+
+impl DroError {
+    pub fn new(status: u16, code: &'static str, message: impl Into<String>) -> Self {
+        DroError {
+            status,
+            code,
+            message: message.into(),
+            details: json!({}),
+        }
+    }
+
+    pub fn with_details(mut self, details: Value) -> Self {
+        self.details = details;
+        self
+    }
+
+    pub fn validation(message: impl Into<String>) -> Self {
+        DroError::new(400, "VALIDATION_FAILED", message)
+    }
+
+    pub fn response(&self) -> Response<Body> {
+        let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        h::json(
+            status,
+            &json!({ "code": self.code, "message": self.message, "details": self.details }),
+        )
+    }
+}
+
+impl From<ApiError> for DroError {
+    fn from(e: ApiError) -> Self {
+        let code = match (e.code, e.reason) {
+            (401, _) => "UNAUTHORIZED",
+            (403, _) => "FORBIDDEN",
+            (404, _) => "NOT_FOUND",
+            (409, _) => "CONFLICT",
+            (413, _) => "PAYLOAD_TOO_LARGE",
+            (415, _) => "UNSUPPORTED_MEDIA_TYPE",
+            (400 | 422, _) => "VALIDATION_FAILED",
+            (405, _) => "METHOD_NOT_ALLOWED",
+            (503, _) => "UNAVAILABLE",
+            _ => "INTERNAL",
+        };
+        let mut details = serde_json::Map::new();
+        if let Some(d) = &e.details {
+            if let Some(n) = &d.name {
+                details.insert("name".into(), json!(n));
+            }
+            if !d.causes.is_empty() {
+                details.insert(
+                    "fields".into(),
+                    json!(
+                        d.causes
+                            .iter()
+                            .map(|c| json!({"field": c.field, "message": c.message}))
+                            .collect::<Vec<_>>()
+                    ),
+                );
+            }
+        }
+        DroError {
+            status: e.code,
+            code,
+            message: e.message,
+            details: Value::Object(details),
+        }
+    }
+}
+
+/// The error response for a DRO-DS path (also for failures before routing, like a bad token).
+pub fn error_response(e: &ApiError) -> Response<Body> {
+    DroError::from(e.clone()).response()
+}
+
+fn require_json(headers: &http::HeaderMap) -> Result<(), DroError> {
+    let ct = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    let base = ct.split(';').next().unwrap_or("").trim();
+    if base.eq_ignore_ascii_case("application/json") {
+        Ok(())
+    } else {
+        Err(DroError::new(
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+            format!("expected application/json, got {ct:?}"),
+        ))
+    }
+}
+
+/// Serves one DRO-DS request (the path after `/api/v1/`).
+pub async fn serve(
+    app: &App,
+    who: &Identity,
+    method: &Method,
+    headers: &http::HeaderMap,
+    rest: &[&str],
+    body: Bytes,
+) -> Response<Body> {
+    let result = match (method, rest) {
+        (&Method::POST, ["sync", "batch"]) => match require_json(headers) {
+            Ok(()) => sync::batch(app, who, &body).await,
+            Err(e) => Err(e),
+        },
+        (_, ["sync", "batch"]) => Err(DroError::new(
+            405,
+            "METHOD_NOT_ALLOWED",
+            "use POST /api/v1/sync/batch",
+        )),
+        _ => Err(DroError::new(404, "NOT_FOUND", "no such endpoint")),
+    };
+    result.unwrap_or_else(|e| e.response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dro_paths() {
+        assert!(is_dro_path("/api/v1/sync/batch"));
+        assert!(!is_dro_path("/api/v1/namespaces/default/configmaps"));
+        assert!(!is_dro_path("/api/v1/nodes"));
+        assert!(!is_dro_path("/apis/apps/v1/deployments"));
+    }
+
+    #[test]
+    fn errors_map_to_stable_codes() {
+        let e = DroError::from(ApiError::unauthorized());
+        assert_eq!((e.status, e.code), (401, "UNAUTHORIZED"));
+        let e = DroError::from(ApiError::too_large(10));
+        assert_eq!((e.status, e.code), (413, "PAYLOAD_TOO_LARGE"));
+        let e = DroError::from(ApiError::internal("x"));
+        assert_eq!((e.status, e.code), (500, "INTERNAL"));
+    }
+}

@@ -1,0 +1,389 @@
+//! Cluster health: a member whose heartbeats stop for the grace period becomes Ready=Unknown;
+//! a cluster that is not Ready is tainted `NoSchedule` at once and `NoExecute` once it has
+//! stayed so for the eviction timeout (its replicas may then be moved elsewhere); the taints go
+//! when it is Ready again. Every change of readiness is recorded as an Event on the Cluster and
+//! in the failure history.
+//!
+//! Heartbeats are judged by when this controller saw them arrive (a monotonic clock), not by
+//! the timestamps in them, so clock skew between machines does not matter.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use orrery_api::cluster::{
+    self, CONDITION_READY, ClusterStatus, TAINT_NOT_READY, TAINT_UNREACHABLE, Taint, TaintEffect,
+};
+use orrery_api::conditions::{self, Condition};
+use orrery_api::{Object, Time, keys};
+use orrery_store::{Store, StoreError, update_with};
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::informer::{self, Event};
+use crate::record::{self, FailureRecord};
+
+const COMPONENT: &str = "orrery-cluster-health";
+
+#[derive(Debug, Clone)]
+pub struct HealthConfig {
+    /// How long a silent member stays Ready.
+    pub grace_period: Duration,
+    /// How long a cluster is not Ready before it is also tainted NoExecute.
+    pub eviction_timeout: Duration,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        HealthConfig {
+            grace_period: Duration::from_secs(40),
+            eviction_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Seen {
+    obj: Arc<Object>,
+    heartbeat: Option<Time>,
+    heartbeat_at: Instant,
+    ready: String,
+}
+
+fn status_of(o: &Object) -> ClusterStatus {
+    o.status
+        .clone()
+        .and_then(|s| serde_json::from_value(s).ok())
+        .unwrap_or_default()
+}
+
+fn ready_of(s: &ClusterStatus) -> Option<&Condition> {
+    conditions::find(&s.conditions, CONDITION_READY)
+}
+
+/// The local instant a wall-clock time corresponds to (for state found at start-up).
+fn instant_of(t: Option<Time>, now: Instant) -> Instant {
+    let Some(t) = t else { return now };
+    let ago = (Time::now().unix_seconds() - t.unix_seconds()).max(0) as u64;
+    now.checked_sub(Duration::from_secs(ago)).unwrap_or(now)
+}
+
+/// The taints readiness calls for: `(key, effect)`.
+pub fn wanted_taints(
+    ready: Option<&Condition>,
+    now: Time,
+    eviction: Duration,
+) -> Vec<(&'static str, TaintEffect)> {
+    let Some(c) = ready else { return Vec::new() };
+    let key = match c.status.as_str() {
+        conditions::TRUE => return Vec::new(),
+        conditions::FALSE => TAINT_NOT_READY,
+        _ => TAINT_UNREACHABLE,
+    };
+    let since = c
+        .last_transition_time
+        .map(|t| t.unix_seconds())
+        .unwrap_or(now.unix_seconds());
+    let mut out = vec![(key, TaintEffect::NoSchedule)];
+    if now.unix_seconds() - since >= eviction.as_secs() as i64 {
+        out.push((key, TaintEffect::NoExecute));
+    }
+    out
+}
+
+/// `taints` with the health taints made to be exactly `wanted`; `None` if nothing changes.
+pub fn reconcile_taints(
+    taints: &[Taint],
+    wanted: &[(&str, TaintEffect)],
+    now: Time,
+) -> Option<Vec<Taint>> {
+    let health = |k: &str| k == TAINT_NOT_READY || k == TAINT_UNREACHABLE;
+    let mut out: Vec<Taint> = taints
+        .iter()
+        .filter(|t| !health(&t.key) || wanted.iter().any(|(k, e)| *k == t.key && *e == t.effect))
+        .cloned()
+        .collect();
+    for (k, e) in wanted {
+        if !out.iter().any(|t| t.key == *k && t.effect == *e) {
+            out.push(Taint::new(k, *e, now));
+        }
+    }
+    if out == taints { None } else { Some(out) }
+}
+
+async fn set_unknown(store: &dyn Store, name: &str, grace: Duration) -> Result<(), StoreError> {
+    let key = keys::well_known::cluster(name);
+    let r = update_with(store, &key, |mut o| {
+        let mut st = status_of(&o);
+        if ready_of(&st).is_some_and(|c| c.status == conditions::UNKNOWN) {
+            return Ok(None);
+        }
+        let changed = conditions::set(
+            &mut st.conditions,
+            Condition::new(
+                CONDITION_READY,
+                conditions::UNKNOWN,
+                "ClusterStatusUnknown",
+                format!(
+                    "no heartbeat from the cluster for more than {}s",
+                    grace.as_secs()
+                ),
+            ),
+            Time::now(),
+        );
+        if !changed {
+            return Ok(None);
+        }
+        let mut status = serde_json::to_value(&st).unwrap_or(Value::Null);
+        // Keep what the member last reported; only the condition changes.
+        if let (Some(Value::Object(old)), Value::Object(new)) = (&o.status, &mut status) {
+            for (k, v) in old {
+                new.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        o.status = Some(status);
+        Ok(Some(o))
+    })
+    .await;
+    match r {
+        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+async fn set_taints(store: &dyn Store, name: &str, eviction: Duration) -> Result<(), StoreError> {
+    let key = keys::well_known::cluster(name);
+    let r = update_with(store, &key, |mut o| {
+        if o.metadata.deletion_timestamp.is_some() {
+            return Ok(None);
+        }
+        let now = Time::now();
+        let st = status_of(&o);
+        let spec: cluster::ClusterSpec = o
+            .spec
+            .clone()
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default();
+        let wanted = wanted_taints(ready_of(&st), now, eviction);
+        let Some(taints) = reconcile_taints(&spec.taints, &wanted, now) else {
+            return Ok(None);
+        };
+        let spec_obj = o
+            .spec
+            .get_or_insert_with(|| Value::Object(Default::default()));
+        if let Value::Object(m) = spec_obj {
+            if taints.is_empty() {
+                m.remove("taints");
+            } else {
+                m.insert(
+                    "taints".into(),
+                    serde_json::to_value(&taints).unwrap_or(Value::Null),
+                );
+            }
+        }
+        o.metadata.generation = Some(o.metadata.generation.unwrap_or(1) + 1);
+        Ok(Some(o))
+    })
+    .await;
+    match r {
+        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Records a change of readiness.
+async fn transition(store: &dyn Store, obj: &Object, from: &str, to: &Condition) {
+    let (event_type, reason, failure) = match to.status.as_str() {
+        conditions::TRUE if from.is_empty() => ("Normal", "ClusterReady", None),
+        conditions::TRUE => ("Normal", "ClusterReady", Some("ClusterRecovered")),
+        conditions::FALSE => ("Warning", "ClusterNotReady", Some("ClusterNotReady")),
+        _ => ("Warning", "ClusterUnreachable", Some("ClusterUnreachable")),
+    };
+    let message = if to.message.is_empty() {
+        format!("Ready is {} ({})", to.status, to.reason)
+    } else {
+        format!("Ready is {}: {}", to.status, to.message)
+    };
+    tracing::info!(cluster = obj.name(), from = %from, to = %to.status, reason = %to.reason, "cluster readiness changed");
+    if let Err(e) = record::event(store, obj, event_type, reason, &message, COMPONENT).await {
+        tracing::warn!(cluster = obj.name(), error = %e, "recording an event failed");
+    }
+    if let Some(type_) = failure {
+        let rec = FailureRecord {
+            time: Time::now(),
+            cluster: obj.name().to_string(),
+            type_: type_.to_string(),
+            reason: to.reason.clone(),
+            message,
+        };
+        if let Err(e) = record::failure(store, &rec).await {
+            tracing::warn!(cluster = obj.name(), error = %e, "recording a failure failed");
+        }
+    }
+}
+
+/// Runs the health controller until shutdown.
+pub async fn run(store: Arc<dyn Store>, cfg: HealthConfig, shutdown: watch::Receiver<bool>) {
+    let mut events = informer::spawn(
+        store.clone(),
+        keys::well_known::clusters(),
+        shutdown.clone(),
+    );
+    let mut seen: HashMap<String, Seen> = HashMap::new();
+    let tick = (cfg.grace_period / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
+    let mut ticker = tokio::time::interval(tick);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_prune = Instant::now();
+    loop {
+        tokio::select! {
+            ev = events.recv() => {
+                let Some(ev) = ev else { return };
+                let now = Instant::now();
+                match ev {
+                    Event::Listed(items) => {
+                        seen = items
+                            .into_iter()
+                            .map(|o| {
+                                let st = status_of(&o);
+                                let s = Seen {
+                                    heartbeat: st.last_heartbeat_time,
+                                    heartbeat_at: instant_of(st.last_heartbeat_time.or(o.metadata.creation_timestamp), now),
+                                    ready: ready_of(&st).map(|c| c.status.clone()).unwrap_or_default(),
+                                    obj: o,
+                                };
+                                (s.obj.name().to_string(), s)
+                            })
+                            .collect();
+                    }
+                    Event::Upsert(o) => {
+                        let st = status_of(&o);
+                        let ready = ready_of(&st).cloned();
+                        let entry = seen.entry(o.name().to_string()).or_insert_with(|| Seen {
+                            obj: o.clone(),
+                            heartbeat: None,
+                            heartbeat_at: now,
+                            ready: String::new(),
+                        });
+                        if st.last_heartbeat_time.is_some() && st.last_heartbeat_time != entry.heartbeat {
+                            entry.heartbeat = st.last_heartbeat_time;
+                            entry.heartbeat_at = now;
+                        }
+                        entry.obj = o.clone();
+                        if let Some(r) = ready
+                            && r.status != entry.ready
+                        {
+                            let from = std::mem::replace(&mut entry.ready, r.status.clone());
+                            transition(store.as_ref(), &o, &from, &r).await;
+                        }
+                    }
+                    Event::Delete(o) => {
+                        seen.remove(o.name());
+                    }
+                }
+            }
+            _ = ticker.tick() => {
+                let now_t = Time::now();
+                for (name, s) in &seen {
+                    if s.obj.metadata.deletion_timestamp.is_some() {
+                        continue;
+                    }
+                    if s.heartbeat_at.elapsed() > cfg.grace_period && s.ready != conditions::UNKNOWN
+                        && let Err(e) = set_unknown(store.as_ref(), name, cfg.grace_period).await
+                    {
+                        tracing::warn!(cluster = %name, error = %e, "marking the cluster unknown failed");
+                    }
+                    let st = status_of(&s.obj);
+                    let spec: cluster::ClusterSpec = s.obj.spec.clone().and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default();
+                    let wanted = wanted_taints(ready_of(&st), now_t, cfg.eviction_timeout);
+                    if reconcile_taints(&spec.taints, &wanted, now_t).is_some()
+                        && let Err(e) = set_taints(store.as_ref(), name, cfg.eviction_timeout).await
+                    {
+                        tracing::warn!(cluster = %name, error = %e, "updating the cluster's taints failed");
+                    }
+                }
+                if last_prune.elapsed() > Duration::from_secs(3600) {
+                    last_prune = Instant::now();
+                    if let Err(e) = record::prune_failures(&store, 30 * 86400).await {
+                        tracing::warn!(error = %e, "pruning the failure history failed");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cond(status: &str, secs_ago: i64) -> Condition {
+        let mut c = Condition::new(CONDITION_READY, status, "R", "");
+        c.last_transition_time = Time::from_unix_seconds(Time::now().unix_seconds() - secs_ago);
+        c
+    }
+
+    #[test]
+    fn taints_follow_readiness() {
+        let now = Time::now();
+        let ev = Duration::from_secs(30);
+        assert!(wanted_taints(None, now, ev).is_empty());
+        assert!(wanted_taints(Some(&cond("True", 100)), now, ev).is_empty());
+        assert_eq!(
+            wanted_taints(Some(&cond("False", 5)), now, ev),
+            vec![(TAINT_NOT_READY, TaintEffect::NoSchedule)]
+        );
+        assert_eq!(
+            wanted_taints(Some(&cond("Unknown", 31)), now, ev),
+            vec![
+                (TAINT_UNREACHABLE, TaintEffect::NoSchedule),
+                (TAINT_UNREACHABLE, TaintEffect::NoExecute)
+            ]
+        );
+    }
+
+    #[test]
+    fn reconciling_keeps_user_taints_and_stamps() {
+        let now = Time::now();
+        let user = Taint {
+            key: "dedicated".into(),
+            value: "ml".into(),
+            effect: TaintEffect::NoSchedule,
+            time_added: None,
+        };
+        let old = Taint::new(
+            TAINT_UNREACHABLE,
+            TaintEffect::NoSchedule,
+            Time::from_unix_seconds(1).unwrap(),
+        );
+        // Nothing to change.
+        assert!(
+            reconcile_taints(
+                &[user.clone(), old.clone()],
+                &[(TAINT_UNREACHABLE, TaintEffect::NoSchedule)],
+                now
+            )
+            .is_none()
+        );
+        // Add NoExecute, keep the first taint's time.
+        let out = reconcile_taints(
+            &[user.clone(), old.clone()],
+            &[
+                (TAINT_UNREACHABLE, TaintEffect::NoSchedule),
+                (TAINT_UNREACHABLE, TaintEffect::NoExecute),
+            ],
+            now,
+        )
+        .unwrap();
+        assert_eq!(out.len(), 3);
+        assert_eq!(out[1].time_added, old.time_added);
+        assert_eq!(out[2].effect, TaintEffect::NoExecute);
+        // Healthy again: only the user's taint stays.
+        assert_eq!(reconcile_taints(&out, &[], now).unwrap(), vec![user]);
+        // Switching from unreachable to not-ready replaces the key.
+        let out =
+            reconcile_taints(&[old], &[(TAINT_NOT_READY, TaintEffect::NoSchedule)], now).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].key, TAINT_NOT_READY);
+    }
+}

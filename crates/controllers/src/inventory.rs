@@ -1,0 +1,300 @@
+//! The cluster inventory for the ecosystem (SIG-Multicluster KEP-4322): each Cluster is
+//! mirrored into a `ClusterProfile` in `orrery-system`, owned by the Cluster (so it goes with
+//! it), carrying the Kubernetes version, the member's ClusterProperty values (KEP-2149) and
+//! location facts as properties, and the conditions ControlPlaneHealthy and Joined.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use orrery_api::cluster::{CONDITION_JOINED, CONDITION_READY, ClusterSpec, ClusterStatus};
+use orrery_api::conditions::{self, Condition};
+use orrery_api::{Object, OwnerReference, Time, keys};
+use orrery_store::{Preconditions, Store, StoreError};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::informer::{self, Event};
+use crate::record::new_object;
+
+/// Where ClusterProfiles live.
+pub const NAMESPACE: &str = "orrery-system";
+pub const MANAGER_LABEL: &str = "x-k8s.io/cluster-manager";
+pub const MANAGER: &str = "orrery";
+
+/// The ClusterProfile a Cluster calls for: (labels, spec, status).
+pub fn profile_of(c: &Object, previous: Option<&Object>) -> (Value, Value, Value) {
+    let spec: ClusterSpec = c
+        .spec
+        .clone()
+        .and_then(|s| serde_json::from_value(s).ok())
+        .unwrap_or_default();
+    let st: ClusterStatus = c
+        .status
+        .clone()
+        .and_then(|s| serde_json::from_value(s).ok())
+        .unwrap_or_default();
+    let mut props: Vec<(String, String)> = st.properties.clone().into_iter().collect();
+    for (k, v) in [
+        ("region.multicluster.io", spec.region.clone()),
+        ("provider.multicluster.io", spec.provider.clone()),
+        ("zones.multicluster.io", spec.zones.join(",")),
+    ] {
+        if !v.is_empty() {
+            props.push((k.to_string(), v));
+        }
+    }
+    props.sort();
+    // A property keeps the time it was first seen with its current value.
+    let before: HashMap<String, (String, Value)> = previous
+        .and_then(|p| p.status.as_ref())
+        .and_then(|s| s.get("properties"))
+        .and_then(Value::as_array)
+        .map(|ps| {
+            ps.iter()
+                .filter_map(|p| {
+                    Some((
+                        p.get("name")?.as_str()?.to_string(),
+                        (
+                            p.get("value")?.as_str()?.to_string(),
+                            p.get("lastObservedTime").cloned().unwrap_or(Value::Null),
+                        ),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let now = Time::now().to_string();
+    let properties: Vec<Value> = props
+        .into_iter()
+        .map(|(name, value)| {
+            let t = match before.get(&name) {
+                Some((v, t)) if *v == value && !t.is_null() => t.clone(),
+                _ => json!(now),
+            };
+            json!({ "name": name, "value": value, "lastObservedTime": t })
+        })
+        .collect();
+    let mut conds: Vec<Condition> = previous
+        .and_then(|p| p.status.as_ref())
+        .and_then(|s| s.get("conditions"))
+        .and_then(|c| serde_json::from_value(c.clone()).ok())
+        .unwrap_or_default();
+    let t = Time::now();
+    let healthy = match conditions::find(&st.conditions, CONDITION_READY) {
+        Some(r) => Condition::new(
+            "ControlPlaneHealthy",
+            &r.status,
+            &r.reason,
+            r.message.clone(),
+        ),
+        None => Condition::new(
+            "ControlPlaneHealthy",
+            conditions::UNKNOWN,
+            "NoReport",
+            "the cluster has not reported yet",
+        ),
+    };
+    conditions::set(&mut conds, healthy, t);
+    let joined = match conditions::find(&st.conditions, CONDITION_JOINED) {
+        Some(j) => Condition::new("Joined", &j.status, &j.reason, j.message.clone()),
+        None => Condition::new(
+            "Joined",
+            conditions::FALSE,
+            "NotJoined",
+            "no agent has registered the cluster",
+        ),
+    };
+    conditions::set(&mut conds, joined, t);
+    let labels = json!({ MANAGER_LABEL: MANAGER, "multicluster.io/cluster": c.name() });
+    let spec = json!({ "displayName": c.name(), "clusterManager": { "name": MANAGER } });
+    let status = json!({
+        "version": { "kubernetes": st.kubernetes_version },
+        "properties": properties,
+        "conditions": conds,
+    });
+    (labels, spec, status)
+}
+
+/// Whether two condition lists say the same, transition times aside.
+fn same_conditions(a: &Value, b: &Value) -> bool {
+    let strip = |v: &Value| -> Vec<Value> {
+        v.as_array()
+            .map(|cs| {
+                cs.iter()
+                    .map(|c| {
+                        let mut c = c.clone();
+                        if let Some(m) = c.as_object_mut() {
+                            m.remove("lastTransitionTime");
+                        }
+                        c
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    strip(a) == strip(b)
+}
+
+async fn sync_one(store: &dyn Store, c: &Object) -> Result<(), StoreError> {
+    let key = keys::well_known::cluster_profile(NAMESPACE, c.name());
+    let current = match store.get(&key).await {
+        Ok(o) => Some(o),
+        Err(StoreError::NotFound { .. }) => None,
+        Err(e) => return Err(e),
+    };
+    let (labels, spec, status) = profile_of(c, current.as_ref());
+    match current {
+        Some(cur) => {
+            let cur_status = cur.status.clone().unwrap_or(Value::Null);
+            let unchanged = cur.spec.as_ref() == Some(&spec)
+                && cur_status.get("version") == status.get("version")
+                && cur_status.get("properties") == status.get("properties")
+                && same_conditions(
+                    cur_status.get("conditions").unwrap_or(&Value::Null),
+                    status.get("conditions").unwrap_or(&Value::Null),
+                );
+            if unchanged {
+                return Ok(());
+            }
+            let mut next = cur.clone();
+            next.spec = Some(spec);
+            next.status = Some(status);
+            match store.update(&key, next, cur.revision()).await {
+                Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => {
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        }
+        None => {
+            let mut p = new_object(
+                "multicluster.x-k8s.io/v1alpha1",
+                "ClusterProfile",
+                Some(NAMESPACE),
+                c.name(),
+            );
+            p.metadata.labels = serde_json::from_value(labels).unwrap_or_default();
+            p.metadata.owner_references = vec![OwnerReference {
+                api_version: c.api_version.clone(),
+                kind: c.kind.clone(),
+                name: c.name().to_string(),
+                uid: c.metadata.uid.clone(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }];
+            p.spec = Some(spec);
+            p.status = Some(status);
+            match store.create(&key, p).await {
+                Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+    }
+}
+
+async fn remove(store: &dyn Store, name: &str) {
+    let key = keys::well_known::cluster_profile(NAMESPACE, name);
+    match store.delete(&key, &Preconditions::default()).await {
+        Ok(_) | Err(StoreError::NotFound { .. }) => {}
+        Err(e) => tracing::warn!(cluster = name, error = %e, "removing the ClusterProfile failed"),
+    }
+}
+
+/// Runs the inventory controller until shutdown.
+pub async fn run(store: Arc<dyn Store>, shutdown: watch::Receiver<bool>) {
+    let mut events = informer::spawn(store.clone(), keys::well_known::clusters(), shutdown);
+    while let Some(ev) = events.recv().await {
+        let items = match ev {
+            Event::Listed(items) => {
+                // Profiles of clusters that no longer exist.
+                let names: std::collections::HashSet<String> =
+                    items.iter().map(|o| o.name().to_string()).collect();
+                if let Ok(list) = store
+                    .list(
+                        &keys::well_known::cluster_profiles(Some(NAMESPACE)),
+                        &Default::default(),
+                    )
+                    .await
+                {
+                    for p in list.items.iter().filter(|p| {
+                        p.labels().get(MANAGER_LABEL).map(String::as_str) == Some(MANAGER)
+                    }) {
+                        if !names.contains(p.name()) {
+                            remove(store.as_ref(), p.name()).await;
+                        }
+                    }
+                }
+                items
+            }
+            Event::Upsert(o) => vec![o],
+            Event::Delete(o) => {
+                remove(store.as_ref(), o.name()).await;
+                continue;
+            }
+        };
+        for c in items {
+            if c.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            if let Err(e) = sync_one(store.as_ref(), &c).await {
+                tracing::warn!(cluster = c.name(), error = %e, "updating the ClusterProfile failed");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn profiles_mirror_clusters() {
+        let c: Object = serde_json::from_value(json!({
+            "apiVersion": "multicluster.io/v1alpha1", "kind": "Cluster", "metadata": {"name": "east", "uid": "u"},
+            "spec": {"region": "us-east", "provider": "aws", "zones": ["a", "b"]},
+            "status": {"kubernetesVersion": "v1.32.0",
+                       "properties": {"cluster.clusterset.k8s.io": "east"},
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "MemberHealthy"},
+                                      {"type": "Joined", "status": "True", "reason": "AgentRegistered"}]}
+        }))
+        .unwrap();
+        let (labels, spec, status) = profile_of(&c, None);
+        assert_eq!(labels[MANAGER_LABEL], "orrery");
+        assert_eq!(spec["clusterManager"]["name"], "orrery");
+        assert_eq!(status["version"]["kubernetes"], "v1.32.0");
+        let names: Vec<&str> = status["properties"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "cluster.clusterset.k8s.io",
+                "provider.multicluster.io",
+                "region.multicluster.io",
+                "zones.multicluster.io"
+            ]
+        );
+        assert_eq!(status["conditions"][0]["type"], "ControlPlaneHealthy");
+        assert_eq!(status["conditions"][0]["status"], "True");
+        assert_eq!(status["conditions"][1]["status"], "True");
+        // Unchanged values keep their observation time.
+        let mut prev = new_object(
+            "multicluster.x-k8s.io/v1alpha1",
+            "ClusterProfile",
+            Some(NAMESPACE),
+            "east",
+        );
+        let mut old_status = status.clone();
+        old_status["properties"][0]["lastObservedTime"] = json!("2020-01-01T00:00:00Z");
+        prev.status = Some(old_status);
+        let (_, _, again) = profile_of(&c, Some(&prev));
+        assert_eq!(
+            again["properties"][0]["lastObservedTime"],
+            "2020-01-01T00:00:00Z"
+        );
+        assert!(same_conditions(&again["conditions"], &status["conditions"]));
+    }
+}

@@ -1,0 +1,138 @@
+//! What controllers leave behind for people: Kubernetes Events on the objects they act on
+//! (`kubectl describe`, `kubectl get events`), and the failure history the DRO-DS API serves
+//! (`/api/v1/history/failures`).
+
+use std::sync::Arc;
+
+use orrery_api::{Object, Time, keys};
+use orrery_store::{ListOptions, Store, StoreError};
+use serde_json::{Value, json};
+
+/// Where failure records live (a key space the REST API does not expose as objects).
+pub const FAILURES_PREFIX: &str = "/internal/history/failures/";
+
+/// A fresh object with the metadata the API server would give it.
+pub fn new_object(api_version: &str, kind: &str, namespace: Option<&str>, name: &str) -> Object {
+    let mut o = Object::new(api_version, kind).with_name(name);
+    if let Some(ns) = namespace {
+        o.metadata.namespace = ns.to_string();
+    }
+    o.metadata.uid = uuid::Uuid::new_v4().to_string();
+    o.metadata.creation_timestamp = Some(Time::now());
+    o.metadata.generation = Some(1);
+    o
+}
+
+/// Records a Kubernetes Event about `about` (in `default` for cluster-scoped objects).
+pub async fn event(
+    store: &dyn Store,
+    about: &Object,
+    type_: &str,
+    reason: &str,
+    message: &str,
+    component: &str,
+) -> Result<(), StoreError> {
+    let ns = if about.namespace().is_empty() {
+        "default"
+    } else {
+        about.namespace()
+    };
+    let now = Time::now();
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let name = format!("{}.{}", about.name(), &suffix[..16]);
+    let mut e = new_object("v1", "Event", Some(ns), &name);
+    let fields = [
+        (
+            "involvedObject",
+            json!({
+                "apiVersion": about.api_version, "kind": about.kind, "name": about.name(),
+                "namespace": if about.namespace().is_empty() { Value::Null } else { json!(about.namespace()) },
+                "uid": about.metadata.uid,
+            }),
+        ),
+        ("reason", json!(reason)),
+        ("message", json!(message)),
+        ("type", json!(type_)),
+        ("source", json!({ "component": component })),
+        ("reportingComponent", json!(component)),
+        ("firstTimestamp", json!(now.to_string())),
+        ("lastTimestamp", json!(now.to_string())),
+        ("count", json!(1)),
+    ];
+    for (k, v) in fields {
+        e.other.insert(k.into(), v);
+    }
+    store
+        .create(&keys::well_known::event(ns, &name), e)
+        .await
+        .map(|_| ())
+}
+
+/// One entry of the failure history.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureRecord {
+    pub time: Time,
+    pub cluster: String,
+    /// `ClusterUnreachable`, `ClusterNotReady`, `ClusterRecovered`, or a domain event's type.
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub reason: String,
+    pub message: String,
+}
+
+/// Appends a record to the failure history (keys sort by time).
+pub async fn failure(store: &dyn Store, rec: &FailureRecord) -> Result<(), StoreError> {
+    let micros = rec.time.timestamp().as_microsecond();
+    let unique = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let name = format!("{micros:020}-{}-{unique}", rec.cluster);
+    let mut o = Object::new("internal.orrery.io/v1", "FailureRecord").with_name(&name);
+    o.spec = serde_json::to_value(rec).ok();
+    o.metadata.creation_timestamp = Some(rec.time);
+    store
+        .create(&format!("{FAILURES_PREFIX}{name}"), o)
+        .await
+        .map(|_| ())
+}
+
+/// The failure history, oldest first.
+pub async fn failures(store: &dyn Store) -> Result<Vec<FailureRecord>, StoreError> {
+    let list = store.list(FAILURES_PREFIX, &ListOptions::default()).await?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|o| o.spec.and_then(|s| serde_json::from_value(s).ok()))
+        .collect())
+}
+
+/// Deletes failure records older than `keep_seconds`.
+pub async fn prune_failures(
+    store: &Arc<dyn Store>,
+    keep_seconds: i64,
+) -> Result<usize, StoreError> {
+    let cutoff = Time::now().unix_seconds() - keep_seconds;
+    let list = store
+        .list(FAILURES_PREFIX, &ListOptions::default().with_limit(1000))
+        .await?;
+    let mut n = 0;
+    for o in list.items {
+        let old = o
+            .metadata
+            .creation_timestamp
+            .is_some_and(|t| t.unix_seconds() < cutoff);
+        if !old {
+            break;
+        }
+        match store
+            .delete(
+                &format!("{FAILURES_PREFIX}{}", o.name()),
+                &Default::default(),
+            )
+            .await
+        {
+            Ok(_) | Err(StoreError::NotFound { .. }) => n += 1,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}

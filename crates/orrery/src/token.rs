@@ -1,0 +1,61 @@
+//! `orrery token create`: a bootstrap token for a member's agent.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum TokenCommand {
+    /// Print a bootstrap token that lets an agent register one cluster (or, with a name
+    /// ending in `*`, any cluster whose name starts with what precedes it).
+    Create(CreateArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CreateArgs {
+    /// The cluster the token may register.
+    #[arg(long)]
+    pub cluster: String,
+    /// How long the token is valid (e.g. 24h, 90m; 0 for no expiry).
+    #[arg(long, default_value = "24h")]
+    pub ttl: String,
+    /// The admin kubeconfig (default: $KUBECONFIG, else ./orrery-data/admin.kubeconfig).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+}
+
+/// The kubeconfig an admin command uses.
+pub fn admin_kubeconfig(explicit: Option<PathBuf>) -> PathBuf {
+    explicit
+        .or_else(|| {
+            std::env::var_os("KUBECONFIG")
+                .filter(|v| !v.is_empty())
+                .map(|v| std::env::split_paths(&v).next().unwrap_or_default())
+        })
+        .unwrap_or_else(|| PathBuf::from("./orrery-data/admin.kubeconfig"))
+}
+
+pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
+    match cmd {
+        TokenCommand::Create(args) => {
+            let path = admin_kubeconfig(args.kubeconfig);
+            let client = orrery_client::from_kubeconfig(&path)
+                .await
+                .with_context(|| format!("using the admin kubeconfig {}", path.display()))?;
+            let body = serde_json::to_vec(
+                &serde_json::json!({ "cluster": args.cluster, "ttl": args.ttl }),
+            )?;
+            let req = http::Request::post("/agent/v1/tokens")
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(body)?;
+            let text = client.request_text(req).await.map_err(|e| match e {
+                kube::Error::Api(s) => anyhow::anyhow!("the server refused: {}", s.message),
+                other => anyhow::anyhow!("reaching the server: {other}"),
+            })?;
+            let v: serde_json::Value = serde_json::from_str(&text)?;
+            let token = v["token"].as_str().context("the server sent no token")?;
+            println!("{token}");
+            Ok(())
+        }
+    }
+}
