@@ -254,3 +254,199 @@ pub fn write(dir: &Path, name: &str, contents: &str) -> PathBuf {
     std::fs::write(&p, contents).unwrap();
     p
 }
+
+impl Server {
+    /// A bootstrap token from `orrery token create`.
+    pub fn token(&self, cluster: &str) -> String {
+        let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
+            .args(["token", "create", "--cluster", cluster, "--kubeconfig"])
+            .arg(&self.kubeconfig)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "orrery token create failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// The JSON of `kubectl get <what> -o json`.
+    pub fn get_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut a = vec!["get"];
+        a.extend_from_slice(args);
+        a.extend_from_slice(&["-o", "json"]);
+        serde_json::from_str(&self.ok(&a)).unwrap()
+    }
+
+    /// The status of a condition of a cluster ("" if absent or no such cluster).
+    pub fn cluster_condition(&self, cluster: &str, type_: &str) -> String {
+        let out = self.kubectl(&[
+            "get",
+            "cluster",
+            cluster,
+            "-o",
+            &format!("jsonpath={{.status.conditions[?(@.type==\"{type_}\")].status}}"),
+        ]);
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+}
+
+/// A running `orrery agent` process.
+pub struct Agent {
+    child: Option<Child>,
+    pub dir: PathBuf,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    args: Vec<String>,
+    server_url: String,
+    env: Vec<(String, String)>,
+}
+
+impl Agent {
+    /// Starts `orrery agent --server <url> <args>` with its state in `<server dir>/agents/<name>`.
+    pub fn start(server: &Server, name: &str, args: &[&str]) -> Agent {
+        Self::start_env(server, name, args, &[])
+    }
+
+    pub fn start_env(server: &Server, name: &str, args: &[&str], env: &[(&str, &str)]) -> Agent {
+        let dir = server.dir.join("agents").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut a = Agent {
+            child: None,
+            dir,
+            lines: Default::default(),
+            args: args.iter().map(|s| s.to_string()).collect(),
+            server_url: server.url.clone(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        a.launch();
+        a
+    }
+
+    fn launch(&mut self) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_orrery"));
+        cmd.args(["agent", "--server", &self.server_url, "--state-dir"])
+            .arg(self.dir.join("state"))
+            .args(&self.args)
+            .env("ORRERY_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        // A restarted agent prints afresh (its admin endpoint may be on another port).
+        self.lines.lock().unwrap().clear();
+        let mut child = cmd.spawn().expect("start orrery agent");
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = self.dir.join("agent.log");
+        std::thread::spawn(move || {
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .unwrap();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                use std::io::Write;
+                let _ = writeln!(f, "{line}");
+            }
+        });
+        let lines = self.lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        });
+        self.child = Some(child);
+    }
+
+    /// What the agent printed on standard output so far.
+    pub fn output(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// The address of its admin endpoint (started with `--admin-listen 127.0.0.1:0`).
+    pub fn admin(&self) -> String {
+        let mut found = None;
+        eventually(
+            Duration::from_secs(20),
+            "the agent's admin endpoint",
+            || {
+                found = self.output().iter().find_map(|l| {
+                    l.strip_prefix("admin endpoint at http://")
+                        .map(str::to_string)
+                });
+                found.is_some()
+            },
+        );
+        found.unwrap()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default()
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the same agent again (same state directory and arguments).
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "stop the agent first");
+        self.launch();
+    }
+
+    /// Waits for the agent to exit on its own.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        let c = self.child.as_mut().expect("the agent is running");
+        loop {
+            if let Some(s) = c.try_wait().unwrap() {
+                self.child = None;
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not exit:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A plain HTTP/1.1 request (for the agent's loopback admin endpoint): (status, body).
+pub fn http(method: &str, addr: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}

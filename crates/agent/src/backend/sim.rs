@@ -412,6 +412,8 @@ pub struct SimSummary {
     pub pods_running: usize,
     pub pods_pending: usize,
     pub objects: usize,
+    /// Pods created since the simulation started (a workload recreated shows here).
+    pub pods_created: u64,
     pub load: f64,
     pub outage: bool,
     pub latency_ms: u64,
@@ -561,6 +563,7 @@ impl SimCluster {
                 .filter(|p| p.phase == Phase::Pending)
                 .count(),
             objects: st.objects.len(),
+            pods_created: st.next_pod,
             load: st.load,
             outage: st.faults.outage,
             latency_ms: st.faults.latency.as_millis() as u64,

@@ -1,0 +1,863 @@
+//! Member clusters end to end: real `orrery server` and `orrery agent` processes on loopback,
+//! simulated members, the real kubectl.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Agent, Server, eventually, http};
+use serde_json::{Value, json};
+
+const SIM: &str = "nodes=4,cpu=8,memory=32Gi,load=0.25,start=200ms";
+
+fn sim_agent(s: &Server, name: &str, region: &str, extra: &[&str]) -> Agent {
+    let token = s.token(name);
+    let mut args = vec![
+        "--cluster",
+        name,
+        "--token",
+        &token,
+        "--simulate",
+        SIM,
+        "--region",
+        region,
+        "--provider",
+        "sim",
+        "--heartbeat-interval",
+        "1s",
+        "--report-interval",
+        "200ms",
+    ];
+    args.extend_from_slice(extra);
+    Agent::start(s, name, &args)
+}
+
+fn work(name: &str, replicas: u32) -> String {
+    format!(
+        r#"apiVersion: multicluster.io/v1alpha1
+kind: Work
+metadata: {{name: {name}}}
+spec:
+  workload:
+    manifests:
+    - apiVersion: apps/v1
+      kind: Deployment
+      metadata: {{name: {name}, namespace: default}}
+      spec:
+        replicas: {replicas}
+        selector: {{matchLabels: {{app: {name}}}}}
+        template:
+          metadata: {{labels: {{app: {name}}}}}
+          spec:
+            containers:
+            - name: app
+              image: nginx:1.27
+              resources: {{requests: {{cpu: 500m, memory: 512Mi}}}}
+    - apiVersion: v1
+      kind: ConfigMap
+      metadata: {{name: {name}-config, namespace: default}}
+      data: {{mode: fast}}
+"#
+    )
+}
+
+fn ready_replicas(s: &Server, ns: &str, name: &str) -> i64 {
+    let v = s.get_json(&["work", name, "-n", ns]);
+    v.pointer("/status/manifestStatuses/0/status/readyReplicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(-1)
+}
+
+fn summary(admin: &str, cluster: &str) -> Value {
+    let (code, body) = http("GET", admin, &format!("/clusters/{cluster}"), "");
+    assert_eq!(code, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[test]
+fn three_agents_in_three_regions_become_ready_at_once() {
+    let s = Server::start();
+    let started = Instant::now();
+    let _agents: Vec<Agent> = [
+        ("east", "us-east"),
+        ("west", "us-west"),
+        ("eu", "eu-central"),
+    ]
+    .iter()
+    .map(|(n, r)| sim_agent(&s, n, r, &[]))
+    .collect();
+    eventually(Duration::from_secs(10), "three Ready clusters", || {
+        ["east", "west", "eu"]
+            .iter()
+            .all(|c| s.cluster_condition(c, "Ready") == "True")
+    });
+    // Token creation, process start and registration included; the goal is 2 s from start.
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(4), "Ready after {took:?}");
+
+    let table = s.ok(&["get", "clusters"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "MODE", "READY", "REGION", "WATER-LEVEL", "AGE"]
+    );
+    for (name, region) in [
+        ("east", "us-east"),
+        ("west", "us-west"),
+        ("eu", "eu-central"),
+    ] {
+        let row = table.lines().find(|l| l.starts_with(name)).unwrap();
+        let cols: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(&cols[1..4], ["Pull", "True", region], "{row}");
+        let wl: f64 = cols[4]
+            .parse()
+            .unwrap_or_else(|_| panic!("a water level in {row}"));
+        assert!(
+            (0.2..0.3).contains(&wl),
+            "background load 0.25 gives a level near 0.25: {row}"
+        );
+    }
+    let east = s.get_json(&["cluster", "east"]);
+    assert_eq!(
+        east["status"]["nodeSummary"],
+        json!({"totalNum": 4, "readyNum": 4})
+    );
+    assert_eq!(
+        east["status"]["resourceSummary"]["allocatable"]["cpu"],
+        "32"
+    );
+    assert_eq!(east["status"]["largestNodeFree"]["cpu"], "6");
+    assert_eq!(east["status"]["waterLevel"]["cpu"], 0.25);
+    assert_eq!(east["status"]["kubernetesVersion"], "v1.32.0+orrery-sim");
+    assert_eq!(east["spec"]["region"], "us-east");
+    assert!(
+        east["status"]["network"]["latencyMs"].is_object() || east["status"]["network"].is_object()
+    );
+    // Each cluster has its namespace and its inventory entry.
+    s.ok(&["get", "namespace", "orrery-cluster-east"]);
+    eventually(Duration::from_secs(5), "ClusterProfiles", || {
+        s.get_json(&["clusterprofiles", "-n", "orrery-system"])["items"]
+            .as_array()
+            .map(Vec::len)
+            == Some(3)
+    });
+    let profile = s.get_json(&["clusterprofile", "west", "-n", "orrery-system"]);
+    assert_eq!(profile["spec"]["clusterManager"]["name"], "orrery");
+    assert_eq!(
+        profile["status"]["version"]["kubernetes"],
+        "v1.32.0+orrery-sim"
+    );
+    let props = profile["status"]["properties"].as_array().unwrap();
+    assert!(
+        props
+            .iter()
+            .any(|p| p["name"] == "cluster.clusterset.k8s.io" && p["value"] == "west")
+    );
+    assert!(
+        props
+            .iter()
+            .any(|p| p["name"] == "region.multicluster.io" && p["value"] == "us-west")
+    );
+    let conds = profile["status"]["conditions"].as_array().unwrap();
+    assert!(
+        conds
+            .iter()
+            .any(|c| c["type"] == "ControlPlaneHealthy" && c["status"] == "True")
+    );
+    assert!(
+        conds
+            .iter()
+            .any(|c| c["type"] == "Joined" && c["status"] == "True")
+    );
+}
+
+#[test]
+fn works_run_and_report_and_a_silent_cluster_is_tainted_then_heals() {
+    let s = Server::start_with(&[
+        "--cluster-grace-period",
+        "2s",
+        "--cluster-eviction-timeout",
+        "2s",
+    ]);
+    let mut east = sim_agent(&s, "east", "us-east", &[]);
+    let _west = sim_agent(&s, "west", "us-west", &[]);
+    eventually(Duration::from_secs(10), "Ready", || {
+        s.cluster_condition("east", "Ready") == "True"
+    });
+    s.stdin(
+        &["apply", "-n", "orrery-cluster-east", "-f", "-"],
+        &work("web", 3),
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the Deployment to run in east",
+        || ready_replicas(&s, "orrery-cluster-east", "web") == 3,
+    );
+    let w = s.get_json(&["work", "web", "-n", "orrery-cluster-east"]);
+    let conds = w["status"]["conditions"].as_array().unwrap();
+    assert!(
+        conds
+            .iter()
+            .any(|c| c["type"] == "Applied" && c["status"] == "True"),
+        "{w}"
+    );
+    assert!(
+        conds
+            .iter()
+            .any(|c| c["type"] == "Available" && c["status"] == "True"),
+        "{w}"
+    );
+    assert_eq!(
+        w["status"]["manifestStatuses"][1]["identifier"]["kind"],
+        "ConfigMap"
+    );
+    // The cluster's requests rose with the replicas.
+    eventually(
+        Duration::from_secs(5),
+        "the requests in the resource summary",
+        || {
+            let c = s.get_json(&["cluster", "east"]);
+            c["status"]["resourceSummary"]["allocated"]["cpu"] == "9500m"
+        },
+    );
+
+    // Silence: after the grace period, Unknown and tainted; later NoExecute too.
+    east.kill9();
+    let killed = Instant::now();
+    eventually(Duration::from_secs(10), "Ready=Unknown", || {
+        s.cluster_condition("east", "Ready") == "Unknown"
+    });
+    assert!(
+        killed.elapsed() >= Duration::from_millis(1500),
+        "not before the grace period"
+    );
+    let taints = |s: &Server| -> Vec<(String, String)> {
+        s.get_json(&["cluster", "east"])["spec"]["taints"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .map(|t| {
+                (
+                    t["key"].as_str().unwrap().to_string(),
+                    t["effect"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    eventually(
+        Duration::from_secs(5),
+        "the unreachable NoSchedule taint",
+        || {
+            taints(&s).contains(&(
+                "cluster.multicluster.io/unreachable".into(),
+                "NoSchedule".into(),
+            ))
+        },
+    );
+    eventually(
+        Duration::from_secs(8),
+        "the NoExecute taint after the eviction timeout",
+        || {
+            taints(&s).contains(&(
+                "cluster.multicluster.io/unreachable".into(),
+                "NoExecute".into(),
+            ))
+        },
+    );
+    assert_eq!(
+        s.cluster_condition("west", "Ready"),
+        "True",
+        "the other cluster is unaffected"
+    );
+    let events = s.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=east",
+    ]);
+    assert!(events.contains("ClusterUnreachable"), "{events}");
+
+    // The agent comes back with what it stored: no bootstrap token needed, Ready, no taints.
+    east.restart();
+    eventually(Duration::from_secs(10), "Ready again", || {
+        s.cluster_condition("east", "Ready") == "True"
+    });
+    eventually(Duration::from_secs(5), "the taints to go", || {
+        taints(&s).is_empty()
+    });
+    assert!(s.ok(&["get", "events"]).contains("ClusterReady"));
+    assert!(
+        !east.log().contains("bootstrap"),
+        "the restart used the stored token"
+    );
+}
+
+#[test]
+fn an_agent_rides_out_a_minute_without_the_server() {
+    let mut s = Server::start();
+    let agent = sim_agent(&s, "edge", "eu-north", &["--admin-listen", "127.0.0.1:0"]);
+    let admin = agent.admin();
+    eventually(Duration::from_secs(10), "Ready", || {
+        s.cluster_condition("edge", "Ready") == "True"
+    });
+    s.stdin(
+        &["apply", "-n", "orrery-cluster-edge", "-f", "-"],
+        &work("shop", 3),
+    );
+    eventually(Duration::from_secs(10), "the workload to run", || {
+        ready_replicas(&s, "orrery-cluster-edge", "shop") == 3
+    });
+    let before = summary(&admin, "edge");
+    assert_eq!(before["podsRunning"], 3);
+
+    // The server goes away for a minute; the member keeps running what it has.
+    assert!(s.terminate());
+    let gone = Instant::now();
+    while gone.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_secs(5));
+        let now = summary(&admin, "edge");
+        assert_eq!(
+            now["podsRunning"], 3,
+            "the workload keeps running without the server"
+        );
+        assert_eq!(now["podsCreated"], before["podsCreated"]);
+    }
+    assert!(agent.log().contains("lost the server"), "the agent noticed");
+    s.restart();
+    eventually(
+        Duration::from_secs(45),
+        "the agent to reconnect and report",
+        || {
+            s.cluster_condition("edge", "Ready") == "True"
+                && agent.log().matches("connected").count() >= 2
+        },
+    );
+    // Nothing was recreated on return.
+    let after = summary(&admin, "edge");
+    assert_eq!(
+        after["podsCreated"], before["podsCreated"],
+        "no pod was recreated on reconnect"
+    );
+    // And it converges on changes made after it: one more replica is one more pod.
+    s.stdin(
+        &["apply", "-n", "orrery-cluster-edge", "-f", "-"],
+        &work("shop", 4),
+    );
+    eventually(Duration::from_secs(10), "the scale-up", || {
+        ready_replicas(&s, "orrery-cluster-edge", "shop") == 4
+    });
+    let scaled = summary(&admin, "edge");
+    assert_eq!(
+        scaled["podsCreated"].as_u64().unwrap(),
+        before["podsCreated"].as_u64().unwrap() + 1
+    );
+}
+
+#[test]
+fn agent_restarted_without_the_server_keeps_running_its_works() {
+    let mut s = Server::start();
+    let mut agent = sim_agent(&s, "ship", "at-sea", &["--admin-listen", "127.0.0.1:0"]);
+    eventually(Duration::from_secs(10), "Ready", || {
+        s.cluster_condition("ship", "Ready") == "True"
+    });
+    s.stdin(
+        &["apply", "-n", "orrery-cluster-ship", "-f", "-"],
+        &work("radar", 2),
+    );
+    eventually(Duration::from_secs(10), "the workload", || {
+        ready_replicas(&s, "orrery-cluster-ship", "radar") == 2
+    });
+    s.kill9();
+    // A restart of the member's agent (its simulated cluster starts empty) while the server
+    // is away: the state file brings the workload back.
+    agent.kill9();
+    agent.restart();
+    let admin = agent.admin();
+    eventually(
+        Duration::from_secs(10),
+        "the stored Work to run again",
+        || summary(&admin, "ship")["podsRunning"] == 2,
+    );
+    s.restart();
+    eventually(Duration::from_secs(45), "reconnected", || {
+        agent.log().contains("connected")
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_tokens_stay_in_their_lane() {
+    let s = Server::start();
+    let _a = sim_agent(&s, "alpha", "r1", &[]);
+    let _b = sim_agent(&s, "beta", "r2", &[]);
+    eventually(Duration::from_secs(10), "both Ready", || {
+        s.cluster_condition("alpha", "Ready") == "True"
+            && s.cluster_condition("beta", "Ready") == "True"
+    });
+    s.stdin(
+        &["apply", "-n", "orrery-cluster-beta", "-f", "-"],
+        &work("secret-plans", 1),
+    );
+    let state: Value = serde_json::from_str(
+        &std::fs::read_to_string(s.dir.join("agents/alpha/state/state.json")).unwrap(),
+    )
+    .unwrap();
+    let alpha_token = state["token"].as_str().unwrap().to_string();
+    let ca = std::fs::read_to_string(s.dir.join("tls/ca.crt")).unwrap();
+    let alpha = orrery_client::connect(&s.url, &alpha_token, &ca)
+        .await
+        .unwrap();
+    let code = |r: Result<String, kube::Error>| match r {
+        Ok(_) => 200,
+        Err(kube::Error::Api(s)) => s.code,
+        Err(e) => panic!("{e}"),
+    };
+    let req = |method: &str, path: &str, ct: &str, body: Value| {
+        http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header("Content-Type", ct)
+            .body(serde_json::to_vec(&body).unwrap())
+            .unwrap()
+    };
+    let get = |path: &str| req("GET", path, "application/json", Value::Null);
+    // Its own Works: yes. Another cluster's: no.
+    assert_eq!(
+        code(
+            alpha
+                .request_text(get(
+                    "/apis/multicluster.io/v1alpha1/namespaces/orrery-cluster-alpha/works"
+                ))
+                .await
+        ),
+        200
+    );
+    assert_eq!(
+        code(
+            alpha
+                .request_text(get(
+                    "/apis/multicluster.io/v1alpha1/namespaces/orrery-cluster-beta/works"
+                ))
+                .await
+        ),
+        403
+    );
+    assert_eq!(code(alpha.request_text(get("/apis/multicluster.io/v1alpha1/namespaces/orrery-cluster-beta/works/secret-plans")).await), 403);
+    assert_eq!(
+        code(
+            alpha
+                .request_text(get("/apis/multicluster.io/v1alpha1/works"))
+                .await
+        ),
+        403
+    );
+    assert_eq!(
+        code(
+            alpha
+                .request_text(get("/api/v1/namespaces/default/secrets"))
+                .await
+        ),
+        403
+    );
+    // Another cluster's status: no, by either path.
+    let status_patch = json!({"status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Hijacked"}]}});
+    assert_eq!(
+        code(
+            alpha
+                .request_text(req(
+                    "PATCH",
+                    "/apis/multicluster.io/v1alpha1/clusters/beta/status",
+                    "application/merge-patch+json",
+                    status_patch.clone()
+                ))
+                .await
+        ),
+        403
+    );
+    let batch = |items: Value| {
+        req(
+            "POST",
+            "/api/v1/sync/batch",
+            "application/json",
+            json!({ "items": items }),
+        )
+    };
+    let r = alpha
+        .request_text(batch(json!([{"kind": "Work", "namespace": "orrery-cluster-beta", "name": "secret-plans", "status": {}}])))
+        .await;
+    match r {
+        Err(kube::Error::Api(st)) => {
+            assert_eq!(st.code, 403);
+            assert!(
+                st.message.contains("FORBIDDEN"),
+                "the DRO-DS error body: {}",
+                st.message
+            );
+        }
+        other => panic!("expected 403, got {other:?}"),
+    }
+    // Nor a heartbeat for a cluster that does not exist.
+    assert_eq!(
+        code(
+            alpha
+                .request_text(req(
+                    "PATCH",
+                    "/apis/multicluster.io/v1alpha1/clusters/ghost/status",
+                    "application/merge-patch+json",
+                    status_patch.clone()
+                ))
+                .await
+        ),
+        403
+    );
+    let admin = s.client().await;
+    assert_eq!(
+        code(
+            admin
+                .request_text(req(
+                    "PATCH",
+                    "/apis/multicluster.io/v1alpha1/clusters/ghost/status",
+                    "application/merge-patch+json",
+                    status_patch
+                ))
+                .await
+        ),
+        404
+    );
+    // A malformed report is refused and corrupts nothing.
+    let before = s.get_json(&["cluster", "alpha"])["status"]["resourceSummary"].clone();
+    let bad = json!({"status": {"resourceSummary": {"allocatable": {"cpu": "a lot"}}}});
+    assert_eq!(
+        code(
+            alpha
+                .request_text(req(
+                    "PATCH",
+                    "/apis/multicluster.io/v1alpha1/clusters/alpha/status",
+                    "application/merge-patch+json",
+                    bad
+                ))
+                .await
+        ),
+        422
+    );
+    let r = alpha
+        .request_text(batch(json!([{"kind": "Cluster", "name": "alpha", "status": {"nodeSummary": {"totalNum": -1}}}])))
+        .await
+        .unwrap();
+    let r: Value = serde_json::from_str(&r).unwrap();
+    assert_eq!(r["failed"], 1);
+    assert_eq!(r["results"][0]["code"], "VALIDATION_FAILED");
+    assert_eq!(
+        s.get_json(&["cluster", "alpha"])["status"]["resourceSummary"],
+        before
+    );
+    // 1,001 items: refused whole.
+    let many: Vec<Value> = (0..1001).map(|i| json!({"kind": "Work", "namespace": "orrery-cluster-alpha", "name": format!("w{i}"), "status": {}})).collect();
+    match alpha.request_text(batch(json!(many))).await {
+        Err(kube::Error::Api(st)) => assert_eq!(
+            (st.code, st.message.contains("BATCH_TOO_LARGE")),
+            (413, true)
+        ),
+        other => panic!("expected 413, got {other:?}"),
+    }
+    // A bootstrap token for alpha registers alpha only, and reads nothing.
+    let boot = s.token("alpha");
+    let (_, cred) = orrery_api::token::parse(&boot);
+    let boot_client = orrery_client::connect(&s.url, cred, &ca).await.unwrap();
+    assert_eq!(
+        code(
+            boot_client
+                .request_text(req(
+                    "POST",
+                    "/agent/v1/register",
+                    "application/json",
+                    json!({"cluster": "beta"})
+                ))
+                .await
+        ),
+        403
+    );
+    assert_eq!(
+        code(
+            boot_client
+                .request_text(get(
+                    "/apis/multicluster.io/v1alpha1/namespaces/orrery-cluster-alpha/works"
+                ))
+                .await
+        ),
+        403
+    );
+    // No token at all: 401, in each API's own error shape.
+    let anon = orrery_client::connect(&s.url, "nobody.nothing", &ca)
+        .await
+        .unwrap();
+    assert_eq!(
+        code(
+            anon.request_text(get("/apis/multicluster.io/v1alpha1/clusters"))
+                .await
+        ),
+        401
+    );
+}
+
+#[test]
+fn a_token_from_elsewhere_or_a_forged_ca_is_refused() {
+    let s = Server::start();
+    let other = Server::start();
+    // A token of another installation: the CA hash does not match this server's CA.
+    let foreign = other.token("east");
+    let mut a = Agent::start(
+        &s,
+        "east",
+        &["--cluster", "east", "--token", &foreign, "--simulate", SIM],
+    );
+    let status = a.wait_exit(Duration::from_secs(20));
+    assert!(!status.success());
+    assert!(
+        a.log().contains("does not match the token's CA hash"),
+        "{}",
+        a.log()
+    );
+    // A token without a CA hash needs --ca-file.
+    let token = s.token("east");
+    let (_, bare) = orrery_api::token::parse(&token);
+    let mut b = Agent::start(
+        &s,
+        "east-bare",
+        &["--cluster", "east", "--token", bare, "--simulate", SIM],
+    );
+    assert!(!b.wait_exit(Duration::from_secs(20)).success());
+    assert!(b.log().contains("--ca-file"), "{}", b.log());
+    let ca = s.dir.join("tls/ca.crt").display().to_string();
+    let _c = Agent::start(
+        &s,
+        "east-ca",
+        &[
+            "--cluster",
+            "east",
+            "--token",
+            bare,
+            "--ca-file",
+            &ca,
+            "--simulate",
+            SIM,
+            "--heartbeat-interval",
+            "1s",
+        ],
+    );
+    eventually(Duration::from_secs(10), "Ready with --ca-file", || {
+        s.cluster_condition("east", "Ready") == "True"
+    });
+}
+
+#[test]
+fn unregistering_a_cluster_removes_its_works_and_stops_its_agent() {
+    let s = Server::start();
+    let mut agent = sim_agent(&s, "gone", "r", &[]);
+    eventually(Duration::from_secs(10), "Ready", || {
+        s.cluster_condition("gone", "Ready") == "True"
+    });
+    s.stdin(
+        &["apply", "-n", "orrery-cluster-gone", "-f", "-"],
+        &work("app", 1),
+    );
+    eventually(Duration::from_secs(10), "running", || {
+        ready_replicas(&s, "orrery-cluster-gone", "app") == 1
+    });
+    s.ok(&["delete", "cluster", "gone"]);
+    assert!(s.fails(&["get", "cluster", "gone"]).contains("NotFound"));
+    assert!(
+        s.fails(&["get", "namespace", "orrery-cluster-gone"])
+            .contains("NotFound")
+    );
+    let status = agent.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{}", agent.log());
+    assert!(
+        agent
+            .output()
+            .iter()
+            .any(|l| l.contains("was unregistered"))
+    );
+    assert!(
+        !agent.dir.join("state/state.json").exists(),
+        "the agent forgot its state"
+    );
+    eventually(Duration::from_secs(5), "its ClusterProfile to go", || {
+        !s.kubectl(&["get", "clusterprofile", "gone", "-n", "orrery-system"])
+            .status
+            .success()
+    });
+}
+
+#[test]
+fn a_simulated_fleet_with_faults() {
+    let s = Server::start_with(&["--cluster-grace-period", "3s"]);
+    let token = s.token("fleet-*");
+    let fleet = common::write(
+        &s.dir,
+        "fleet.yaml",
+        r#"
+clusters:
+  - name: fleet-{i}
+    count: 5
+    regions: [us-east, eu-west]
+    provider: sim
+    labels: {tier: edge}
+    simulate: nodes=3,cpu=4,memory=16Gi,load=0.1,start=100ms
+"#,
+    );
+    let agent = Agent::start(
+        &s,
+        "fleet",
+        &[
+            "--simulate-fleet",
+            &fleet.display().to_string(),
+            "--token",
+            &token,
+            "--heartbeat-interval",
+            "1s",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let admin = agent.admin();
+    eventually(Duration::from_secs(15), "five Ready clusters", || {
+        (0..5).all(|i| s.cluster_condition(&format!("fleet-{i}"), "Ready") == "True")
+    });
+    assert_eq!(
+        s.get_json(&["cluster", "fleet-1"])["spec"]["region"],
+        "eu-west"
+    );
+    assert_eq!(
+        s.get_json(&["cluster", "fleet-1"])["metadata"]["labels"]["tier"],
+        "edge"
+    );
+    // The pattern token covers fleet-* only.
+    let (code, _) = http("GET", &admin, "/clusters", "");
+    assert_eq!(code, 200);
+    // An outage of the member's API: NotReady, tainted not-ready.
+    let (code, body) = http(
+        "PUT",
+        &admin,
+        "/clusters/fleet-2/faults",
+        r#"{"outage": true}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    eventually(Duration::from_secs(10), "fleet-2 not ready", || {
+        s.cluster_condition("fleet-2", "Ready") == "False"
+    });
+    let c = s.get_json(&["cluster", "fleet-2"]);
+    let cond = c["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .unwrap()
+        .clone();
+    assert_eq!(cond["reason"], "MemberUnreachable");
+    eventually(Duration::from_secs(5), "the not-ready taint", || {
+        s.get_json(&["cluster", "fleet-2"])["spec"]["taints"]
+            .to_string()
+            .contains("cluster.multicluster.io/not-ready")
+    });
+    // Lost nodes show in the node summary; clearing the faults heals.
+    http(
+        "PUT",
+        &admin,
+        "/clusters/fleet-3/faults",
+        r#"{"lostNodes": 2}"#,
+    );
+    eventually(Duration::from_secs(10), "fleet-3 down to one node", || {
+        s.get_json(&["cluster", "fleet-3"])["status"]["nodeSummary"]["readyNum"] == 1
+    });
+    http("DELETE", &admin, "/clusters/fleet-2/faults", "");
+    eventually(Duration::from_secs(10), "fleet-2 ready", || {
+        s.cluster_condition("fleet-2", "Ready") == "True"
+    });
+    // Raising the load raises the water level.
+    http("PUT", &admin, "/clusters/fleet-4/load", r#"{"load": 0.8}"#);
+    eventually(Duration::from_secs(10), "fleet-4's water level", || {
+        s.get_json(&["cluster", "fleet-4"])["status"]["waterLevel"]["overall"]
+            .as_f64()
+            .unwrap_or(0.0)
+            >= 0.8
+    });
+    let (code, _) = http("PUT", &admin, "/clusters/fleet-4/load", r#"{"load": 3}"#);
+    assert_eq!(code, 400);
+    let (code, _) = http("PUT", &admin, "/clusters/nope/faults", "{}");
+    assert_eq!(code, 404);
+    let failures = s.ok(&["get", "events", "-A"]);
+    assert!(failures.contains("ClusterNotReady"), "{failures}");
+}
+
+/// A tiny HTTP CONNECT proxy on loopback that counts the tunnels it opened.
+fn connect_proxy() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let count = std::sync::Arc::new(AtomicUsize::new(0));
+    let c = count.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(client) = stream else { continue };
+            let c = c.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(client.try_clone().unwrap());
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                let target = line.split_whitespace().nth(1).unwrap_or("").to_string();
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                }
+                let Ok(upstream) = std::net::TcpStream::connect(&target) else {
+                    return;
+                };
+                c.fetch_add(1, Ordering::SeqCst);
+                let mut client_w = client.try_clone().unwrap();
+                client_w
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .unwrap();
+                let mut up_r = upstream.try_clone().unwrap();
+                let mut up_w = upstream;
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut up_r, &mut client_w);
+                });
+                let _ = std::io::copy(&mut reader, &mut up_w);
+            });
+        }
+    });
+    (format!("http://{addr}"), count)
+}
+
+#[test]
+fn agents_reach_the_server_through_an_https_proxy() {
+    let s = Server::start();
+    let (proxy, tunnels) = connect_proxy();
+    let token = s.token("behind-nat");
+    let _a = Agent::start_env(
+        &s,
+        "behind-nat",
+        &[
+            "--cluster",
+            "behind-nat",
+            "--token",
+            &token,
+            "--simulate",
+            SIM,
+            "--heartbeat-interval",
+            "1s",
+        ],
+        &[("HTTPS_PROXY", &proxy), ("NO_PROXY", "")],
+    );
+    eventually(Duration::from_secs(15), "Ready through the proxy", || {
+        s.cluster_condition("behind-nat", "Ready") == "True"
+    });
+    assert!(
+        tunnels.load(std::sync::atomic::Ordering::SeqCst) >= 1,
+        "the agent's connections went through the proxy"
+    );
+}
