@@ -449,7 +449,7 @@ async fn status_errors_and_expired_watches() {
         ))
         .await;
     assert_eq!(status(r), (415, "UnsupportedMediaType".into()));
-    // Server-side apply is not built yet, and says so.
+    // Server-side apply needs a field manager, and a configuration of the right kind.
     let r = client
         .request_text(send(
             "PATCH",
@@ -458,7 +458,16 @@ async fn status_errors_and_expired_watches() {
             "{}",
         ))
         .await;
-    assert_eq!(status(r), (415, "UnsupportedMediaType".into()));
+    assert_eq!(status(r), (400, "BadRequest".into()));
+    let r = client
+        .request_text(send(
+            "PATCH",
+            "/api/v1/namespaces/default/configmaps/a?fieldManager=t",
+            "application/apply-patch+yaml",
+            "apiVersion: v1\nkind: Secret\nmetadata: {name: a}\n",
+        ))
+        .await;
+    assert_eq!(status(r), (400, "BadRequest".into()));
     // A bad JSON patch: 400.
     let r = client
         .request_text(send(

@@ -679,3 +679,79 @@ fn list_files_and_backups_round_trip() {
             .contains("\"swagger\":\"2.0\"")
     );
 }
+
+#[test]
+fn server_side_apply_owns_fields_and_reports_conflicts() {
+    let s = Server::start();
+    let file = common::write(&s.dir, "web.yaml", DEPLOYMENT);
+    let f = file.display().to_string();
+    let out = s.ok(&["apply", "--server-side", "-f", &f]);
+    assert!(out.contains("serverside-applied"), "{out}");
+    let managed = s.ok(&[
+        "get",
+        "deploy",
+        "web",
+        "--show-managed-fields",
+        "-o",
+        "json",
+    ]);
+    assert!(
+        managed.contains("\"manager\": \"kubectl\"")
+            && managed.contains("\"operation\": \"Apply\""),
+        "{managed}"
+    );
+    // Another manager takes replicas; re-applying a different count is a conflict...
+    s.ok(&["scale", "deploy", "web", "--replicas=5"]);
+    let with_three = DEPLOYMENT.replace("replicas: 2", "replicas: 3");
+    let three = common::write(&s.dir, "web3.yaml", &with_three);
+    let err = s.fails(&["apply", "--server-side", "-f", &three.display().to_string()]);
+    assert!(
+        err.contains("conflict") && err.contains(".spec.replicas"),
+        "{err}"
+    );
+    assert_eq!(
+        s.ok(&["get", "deploy", "web", "-o", "jsonpath={.spec.replicas}"]),
+        "5"
+    );
+    // ...which forcing settles.
+    s.ok(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        &three.display().to_string(),
+    ]);
+    assert_eq!(
+        s.ok(&["get", "deploy", "web", "-o", "jsonpath={.spec.replicas}"]),
+        "3"
+    );
+    // A field the applier no longer sets goes; fields others set stay.
+    s.ok(&["label", "deploy", "web", "owner=ops"]);
+    let without_env = with_three.replace(
+        "        env:\n        - {name: A, value: \"1\"}\n        - {name: B, value: \"2\"}\n",
+        "",
+    );
+    let trimmed = common::write(&s.dir, "web-trimmed.yaml", &without_env);
+    s.ok(&[
+        "apply",
+        "--server-side",
+        "-f",
+        &trimmed.display().to_string(),
+    ]);
+    let d: serde_json::Value =
+        serde_json::from_str(&s.ok(&["get", "deploy", "web", "-o", "json"])).unwrap();
+    assert!(
+        d["spec"]["template"]["spec"]["containers"][0]
+            .get("env")
+            .is_none(),
+        "{d}"
+    );
+    assert_eq!(d["metadata"]["labels"]["owner"], "ops");
+    // A new object is created by apply, and a kind's own schema still checks it.
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: applied}\ndata: {a: b}\n";
+    s.stdin(&["apply", "--server-side", "-f", "-"], cm);
+    assert_eq!(
+        s.ok(&["get", "cm", "applied", "-o", "jsonpath={.data.a}"]),
+        "b"
+    );
+}

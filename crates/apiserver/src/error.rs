@@ -138,6 +138,43 @@ impl ApiError {
         e
     }
 
+    /// 409 for a server-side apply that would change fields other managers own.
+    pub fn apply_conflicts(
+        rt: &ResourceType,
+        name: &str,
+        conflicts: &[crate::managed::Conflict],
+    ) -> Self {
+        let list: Vec<String> = conflicts
+            .iter()
+            .map(|c| {
+                format!(
+                    "conflict with {} using {}: {}",
+                    c.manager, c.api_version, c.field
+                )
+            })
+            .collect();
+        let mut e = ApiError::new(
+            409,
+            "Conflict",
+            format!(
+                "Apply failed with {} conflict{}: {}",
+                conflicts.len(),
+                if conflicts.len() == 1 { "" } else { "s" },
+                list.join("\n")
+            ),
+        )
+        .about(rt, name);
+        e.details_mut().causes = conflicts
+            .iter()
+            .map(|c| Cause {
+                reason: "FieldManagerConflict".into(),
+                message: format!("conflict with {} using {}", c.manager, c.api_version),
+                field: c.field.clone(),
+            })
+            .collect();
+        e
+    }
+
     pub fn bad_request(message: impl Into<String>) -> Self {
         ApiError::new(400, "BadRequest", message)
     }

@@ -15,6 +15,7 @@ pub mod discovery;
 pub mod dro;
 pub mod error;
 pub mod http;
+pub mod managed;
 pub mod openapi;
 pub mod patch;
 pub mod resources;

@@ -142,6 +142,59 @@ impl<'a> Meta<'a> {
     }
 }
 
+/// How a list's elements are owned and merged by server-side apply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ListKind {
+    /// One value, replaced whole.
+    Atomic,
+    /// Scalars, each element its own field (`v:` paths).
+    Set,
+    /// Objects identified by these keys (`k:` paths).
+    Map(Vec<String>),
+}
+
+impl<'a> Meta<'a> {
+    /// The schema of field `name`, and how it merges when it is a list, and whether it is a
+    /// map owned as a whole.
+    pub(crate) fn shape(&self, name: &str) -> (ListKind, bool, Meta<'a>) {
+        let (tags, child) = self.field(name);
+        let raw = child.resolved();
+        let get = |k: &str| {
+            child
+                .schema
+                .and_then(|s| s.get(k))
+                .or_else(|| raw.and_then(|r| r.get(k)))
+        };
+        let atomic_map = get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic");
+        let list = match get("x-kubernetes-list-type").and_then(Value::as_str) {
+            Some("map") => ListKind::Map(
+                get("x-kubernetes-list-map-keys")
+                    .and_then(Value::as_array)
+                    .map(|ks| {
+                        ks.iter()
+                            .filter_map(Value::as_str)
+                            .map(str::to_string)
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            ),
+            Some("set") => ListKind::Set,
+            Some(_) => ListKind::Atomic,
+            None if tags.merge => match tags.key {
+                Some(k) => ListKind::Map(vec![k]),
+                None => ListKind::Set,
+            },
+            None => ListKind::Atomic,
+        };
+        (list, atomic_map, child)
+    }
+
+    /// The schema of a list's elements.
+    pub(crate) fn element(&self) -> Meta<'a> {
+        self.items()
+    }
+}
+
 const PATCH: &str = "$patch";
 const RETAIN_KEYS: &str = "$retainKeys";
 const SET_ORDER: &str = "$setElementOrder/";

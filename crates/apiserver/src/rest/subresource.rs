@@ -133,6 +133,8 @@ async fn write_replicas(
         let mut next: Object =
             serde_json::from_value(v).map_err(|e| ApiError::internal(e.to_string()))?;
         next.metadata.generation = Some(current.metadata.generation.unwrap_or(1) + 1);
+        // The scaler now owns the replica count.
+        super::write::track(call, Some(&current), &mut next);
         if dry {
             return Ok(h::json(StatusCode::OK, &scale_of(&spec, &next)));
         }

@@ -132,6 +132,7 @@ pub async fn create(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body
         // Status belongs to the server and the controllers, not to the creator.
         obj.status = None;
     }
+    track(&call, None, &mut obj);
     strategy::prepare_create(&rt, &mut obj);
     if rt.group == "apiextensions.k8s.io" {
         obj.status = Some(crate::crd::status(&obj, None));
@@ -161,11 +162,13 @@ pub async fn create(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body
 /// The object to store when `incoming` replaces `current`: server-owned metadata comes from
 /// the stored object; a status update changes only status; a main update never changes status.
 fn merge_for_update(
-    rt: &ResourceType,
+    call: &Call<'_>,
     current: &Object,
     mut incoming: Object,
-    subresource: Option<&str>,
+    tracked: bool,
 ) -> ApiResult<Object> {
+    let rt = &call.target.rt;
+    let subresource = call.target.subresource.as_deref();
     if subresource == Some("status") {
         let mut next = current.clone();
         next.status = incoming.status;
@@ -187,8 +190,11 @@ fn merge_for_update(
     meta.creation_timestamp = current.metadata.creation_timestamp;
     meta.deletion_timestamp = current.metadata.deletion_timestamp;
     meta.deletion_grace_period_seconds = current.metadata.deletion_grace_period_seconds;
-    meta.managed_fields.clear();
     meta.self_link.clear();
+    if tracked {
+        // Field ownership: the server's record, updated with what this write changed.
+        track(call, Some(current), &mut incoming);
+    }
     let changed = current.spec != incoming.spec || current.other != incoming.other;
     let generation = current.metadata.generation.unwrap_or(1);
     incoming.metadata.generation = Some(if changed { generation + 1 } else { generation });
@@ -284,12 +290,7 @@ pub async fn update(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body
         if precondition.is_some_and(|p| p != current_rv) {
             return Err(ApiError::stale(&rt, &url_name));
         }
-        let next = merge_for_update(
-            &rt,
-            &current,
-            incoming.clone(),
-            call.target.subresource.as_deref(),
-        )?;
+        let next = merge_for_update(&call, &current, incoming.clone(), true)?;
         validate(&call, &next, Some(&current))?;
         match commit_update(&call, &current, next, current_rv, dry).await {
             Ok(stored) => {
@@ -325,17 +326,27 @@ pub fn apply_patch(
             out = patch::strategic_merge(doc, patch_doc, meta)
                 .map_err(|e| ApiError::bad_request(e.0))?;
         }
-        PatchType::Apply => return Err(apply_unsupported()),
+        PatchType::Apply => {
+            return Err(ApiError::internal(
+                "server-side apply is not a patch of the live object",
+            ));
+        }
     }
     Ok(out)
 }
 
-fn apply_unsupported() -> ApiError {
-    ApiError::new(
-        415,
-        "UnsupportedMediaType",
-        "server-side apply is not supported by this server yet; use client-side apply (kubectl apply without --server-side)",
-    )
+/// Records the fields a (non-apply) write changed as its manager's.
+pub(crate) fn track(call: &Call<'_>, old: Option<&Object>, new: &mut Object) {
+    let manager = crate::managed::manager_of(
+        call.query.get("fieldManager"),
+        call.headers
+            .get(http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let set = call.app.schemas.set();
+    let meta = Meta::new(&set, set.get(&call.target.rt.schema));
+    let sub = call.target.subresource.as_deref().unwrap_or("");
+    crate::managed::track_update(old, new, &manager, sub, meta);
 }
 
 /// The patch type of a request, refused where it does not apply.
@@ -353,7 +364,6 @@ pub fn patch_type(call: &Call<'_>) -> ApiResult<PatchType> {
         )
     })?;
     match ptype {
-        PatchType::Apply => Err(apply_unsupported()),
         PatchType::Strategic if !call.target.rt.strategic_merge => Err(ApiError::new(
             415,
             "UnsupportedMediaType",
@@ -369,6 +379,9 @@ pub fn patch_type(call: &Call<'_>) -> ApiResult<PatchType> {
 pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
     let rt = call.target.rt.clone();
     let ptype = patch_type(&call)?;
+    if ptype == PatchType::Apply {
+        return server_side_apply(call, body).await;
+    }
     let validation = FieldValidation::parse(&call.query)?;
     let dry = dry_run(&call.query)?;
     let (patch_doc, dups) = crate::schema::validate::parse_json(body)
@@ -409,7 +422,7 @@ pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>
             }
         }
         let incoming = admit(&mut call, &mut doc, &dups, validation)?;
-        let next = merge_for_update(&rt, &current, incoming, call.target.subresource.as_deref())?;
+        let next = merge_for_update(&call, &current, incoming, true)?;
         if same_object(&current, &next) {
             // Nothing changed: no write, no new revision.
             return respond_object(&call, StatusCode::OK, &present(&rt, current));
@@ -673,4 +686,147 @@ pub async fn write_status(
         }
     }
     Err(ApiError::stale(rt, name))
+}
+
+/// The applied configuration of a server-side apply request (YAML or JSON).
+fn applied_config(call: &Call<'_>, body: &Bytes) -> ApiResult<Value> {
+    let v: Value = serde_saphyr::from_slice(body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the applied configuration is not valid YAML or JSON: {e}"
+        ))
+    })?;
+    let rt = &call.target.rt;
+    if !v.is_object() {
+        return Err(ApiError::bad_request(
+            "the applied configuration must be an object",
+        ));
+    }
+    for (field, want) in [("apiVersion", rt.api_version()), ("kind", rt.kind.clone())] {
+        match v.get(field).and_then(Value::as_str) {
+            Some(x) if x == want => {}
+            Some(x) => {
+                return Err(ApiError::bad_request(format!(
+                    "the {field} of the applied configuration ({x}) is not {want}"
+                )));
+            }
+            None => {
+                return Err(ApiError::bad_request(format!(
+                    "an applied configuration must name its {field}"
+                )));
+            }
+        }
+    }
+    match v.pointer("/metadata/name").and_then(Value::as_str) {
+        Some(n) if n == call.target.name() => Ok(v),
+        Some(n) => Err(ApiError::bad_request(format!(
+            "the name of the applied configuration ({n}) does not match the name on the URL ({})",
+            call.target.name()
+        ))),
+        None => Err(ApiError::bad_request(
+            "an applied configuration must name its object",
+        )),
+    }
+}
+
+/// Server-side apply (`application/apply-patch+yaml`): see [`crate::managed`].
+async fn server_side_apply(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+    let rt = call.target.rt.clone();
+    let name = call.target.name().to_string();
+    let manager = call
+        .query
+        .get("fieldManager")
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| ApiError::bad_request("fieldManager is required for apply requests"))?;
+    if manager.len() > 128 || manager.chars().any(|c| c.is_control()) {
+        return Err(ApiError::bad_request(
+            "fieldManager must be at most 128 printable characters",
+        ));
+    }
+    if call.target.subresource.is_some() {
+        return Err(ApiError::method_not_allowed(
+            "server-side apply is served for whole objects only",
+        ));
+    }
+    let force = call.query.flag("force")?;
+    let validation = FieldValidation::parse(&call.query)?;
+    let dry = dry_run(&call.query)?;
+    let mut applied = applied_config(&call, body)?;
+    reconcile_namespace(&call, &mut applied)?;
+    for _ in 0..RETRIES {
+        let current = match call.app.store.get(&call.target.key()).await {
+            Ok(o) => Some(o),
+            Err(StoreError::NotFound { .. }) => None,
+            Err(e) => return Err(ApiError::from_store(e, &rt, &name)),
+        };
+        let set = call.app.schemas.set();
+        let meta = Meta::new(&set, set.get(&rt.schema));
+        let strategic = rt.strategic_merge;
+        let outcome = crate::managed::apply(
+            current.as_ref(),
+            &applied,
+            &manager,
+            force,
+            meta,
+            |live, cfg| {
+                if strategic {
+                    patch::strategic_merge(live, cfg, meta).map_err(|e| e.0)
+                } else {
+                    let mut out = live.clone();
+                    patch::merge_patch(&mut out, cfg)
+                        .map(|_| out)
+                        .map_err(|e| e.0)
+                }
+            },
+        )
+        .map_err(ApiError::bad_request)?;
+        let mut merged = match outcome {
+            Ok(v) => v,
+            Err(conflicts) => return Err(ApiError::apply_conflicts(&rt, &name, &conflicts)),
+        };
+        let Some(current) = current else {
+            // Apply of a new object creates it.
+            let mut obj = admit(&mut call, &mut merged, &[], validation)?;
+            if rt.namespaced {
+                check_namespace(&call, &obj.metadata.namespace.clone()).await?;
+            }
+            let meta = &mut obj.metadata;
+            meta.uid = new_uid();
+            meta.creation_timestamp = Some(Time::now());
+            meta.generation = Some(1);
+            meta.resource_version.clear();
+            if rt.status {
+                obj.status = None;
+            }
+            strategy::prepare_create(&rt, &mut obj);
+            validate(&call, &obj, None)?;
+            if dry {
+                return respond_object(&call, StatusCode::CREATED, &obj);
+            }
+            match call.app.store.create(&call.target.key(), obj).await {
+                Ok(stored) => {
+                    after_write(&call).await;
+                    return respond_object(&call, StatusCode::CREATED, &stored);
+                }
+                Err(StoreError::AlreadyExists { .. }) => continue,
+                Err(e) => return Err(ApiError::from_store(e, &rt, &name)),
+            }
+        };
+        let current_rv = current.revision().unwrap_or(0);
+        let incoming = admit(&mut call, &mut merged, &[], validation)?;
+        let next = merge_for_update(&call, &current, incoming, false)?;
+        if same_object(&current, &next) {
+            return respond_object(&call, StatusCode::OK, &present(&rt, current));
+        }
+        validate(&call, &next, Some(&current))?;
+        match commit_update(&call, &current, next, current_rv, dry).await {
+            Ok(stored) => {
+                after_write(&call).await;
+                return respond_object(&call, StatusCode::OK, &present(&rt, stored));
+            }
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(ApiError::from_store(e, &rt, &name)),
+        }
+    }
+    Err(ApiError::stale(&rt, &name))
 }

@@ -123,6 +123,15 @@ fn builtin_components() -> Components {
             "x-kubernetes-preserve-unknown-fields": true,
         }),
     );
+    // Field sets (managedFields) are opaque to validation, as they are to Kubernetes.
+    components.insert(
+        "io.k8s.apimachinery.pkg.apis.meta.v1.FieldsV1".into(),
+        json!({
+            "description": "FieldsV1 stores a set of fields in a data structure like a Trie, in JSON format.",
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": true,
+        }),
+    );
     components.insert(
         PATCH_COMPONENT.into(),
         json!({
