@@ -1,6 +1,8 @@
 //! Member clusters end to end: real `orrery server` and `orrery agent` processes on loopback,
 //! simulated members, the real kubectl.
 
+#![allow(clippy::unwrap_used)]
+
 mod common;
 
 use std::time::{Duration, Instant};
