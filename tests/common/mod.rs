@@ -150,6 +150,38 @@ impl Server {
         self.stdin(&["apply", "-f", "-"], manifest)
     }
 
+    /// kubectl with a manifest on standard input, which must fail; its standard error.
+    pub fn fails_stdin(&self, args: &[&str], input: &str) -> String {
+        let out = self.run_stdin(args, input);
+        assert!(
+            !out.status.success(),
+            "kubectl {} should have failed",
+            args.join(" ")
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    fn run_stdin(&self, args: &[&str], input: &str) -> Output {
+        use std::io::Write;
+        let mut child = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("KUBECACHEDIR", self.cache.path())
+            .env("HOME", self.cache.path())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
+    }
+
     pub fn stdin(&self, args: &[&str], input: &str) -> String {
         use std::io::Write;
         let mut child = Command::new("kubectl")

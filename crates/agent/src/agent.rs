@@ -59,6 +59,9 @@ pub struct AgentConfig {
     pub bootstrap_token: Option<String>,
     /// The server's CA, when given as a file rather than pinned by the token.
     pub ca_pem: Option<String>,
+    /// A cluster token to use as is, without registering (push mode: the server runs the
+    /// agent for a member it reaches itself; needs `ca_pem`).
+    pub cluster_token: Option<String>,
     pub info: ClusterInfo,
     pub state: StateFile,
     pub heartbeat_interval: Duration,
@@ -75,6 +78,7 @@ impl AgentConfig {
             cluster: cluster.to_string(),
             bootstrap_token: None,
             ca_pem: None,
+            cluster_token: None,
             info: ClusterInfo::default(),
             state: StateFile::none(),
             heartbeat_interval: Duration::from_secs(10),
@@ -558,6 +562,7 @@ fn cluster_status(
     report: &Result<MemberReport, BackendError>,
     conds: &mut Vec<Condition>,
     now: Time,
+    push: bool,
 ) -> Value {
     let ready = match report {
         Ok(r) if r.healthy => Condition::new(
@@ -580,16 +585,22 @@ fn cluster_status(
         ),
     };
     conditions::set(conds, ready, now);
-    conditions::set(
-        conds,
+    let joined = if push {
+        Condition::new(
+            CONDITION_JOINED,
+            conditions::TRUE,
+            "PushConnected",
+            "the server reaches the cluster's API",
+        )
+    } else {
         Condition::new(
             CONDITION_JOINED,
             conditions::TRUE,
             "AgentRegistered",
             "the cluster's agent is connected",
-        ),
-        now,
-    );
+        )
+    };
+    conditions::set(conds, joined, now);
     let mut status = json!({
         "conditions": conds,
         "lastHeartbeatTime": now.to_string(),
@@ -659,7 +670,7 @@ pub async fn run(
             End::Stopped(s) => break Ok(s),
             End::Fatal(e) => break Err(e),
             End::Revoked => {
-                if inner.cfg.bootstrap_token.is_none() {
+                if inner.cfg.bootstrap_token.is_none() || inner.cfg.cluster_token.is_some() {
                     break Err(AgentError::Revoked(inner.cfg.cluster.clone()));
                 }
                 tracing::warn!(cluster = %inner.cfg.cluster, "the agent token was refused; registering again with the bootstrap token");
@@ -687,6 +698,12 @@ pub async fn run(
 /// A client holding the cluster token, registering first if there is none.
 async fn connect(inner: &Inner) -> Result<kube::Client, End> {
     let cfg = &inner.cfg;
+    if let Some(token) = &cfg.cluster_token {
+        let ca = cfg.ca_pem.clone().unwrap_or_default();
+        return orrery_client::connect(&cfg.server, token, &ca)
+            .await
+            .map_err(|e| End::Transient(e.to_string()));
+    }
     let (token, ca) = {
         let s = inner.lock_state();
         (s.token.clone(), s.ca_pem.clone())
@@ -791,7 +808,12 @@ async fn heartbeat(
     conds: &mut Vec<Condition>,
 ) -> Result<Option<Stopped>, End> {
     let report = inner.backend.report().await;
-    let status = cluster_status(&report, conds, Time::now());
+    let status = cluster_status(
+        &report,
+        conds,
+        Time::now(),
+        inner.cfg.cluster_token.is_some(),
+    );
     match t.heartbeat(status).await {
         Ok(c) if c.metadata.deletion_timestamp.is_some() => Ok(Some(Stopped::Unregistered)),
         Ok(c) => {

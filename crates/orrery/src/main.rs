@@ -5,6 +5,8 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 mod agent;
+mod join;
+mod push;
 mod server;
 mod token;
 
@@ -34,6 +36,8 @@ enum Command {
     Server(server::ServerArgs),
     /// Run a member cluster's agent (pull mode): real, simulated, or a simulated fleet.
     Agent(agent::AgentArgs),
+    /// Bring a member whose API the server can reach into the fleet (push mode).
+    Join(join::JoinArgs),
     /// Bootstrap tokens for agents.
     #[command(subcommand)]
     Token(token::TokenCommand),
@@ -61,6 +65,7 @@ fn main() -> anyhow::Result<()> {
             Command::Server(args) => server::run(args).await,
             Command::Agent(args) => agent::run(args).await,
             Command::Token(cmd) => token::run(cmd).await,
+            Command::Join(args) => join::run(args).await,
         }
     })
 }

@@ -206,6 +206,12 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
+    crate::push::spawn(
+        app.clone(),
+        url.clone(),
+        pki.ca_pem.clone(),
+        shutdown_rx.clone(),
+    );
     let serving = tokio::spawn(orrery_apiserver::server::serve(
         app.clone(),
         listener,

@@ -1,0 +1,266 @@
+//! Push mode: for every Cluster with `syncMode: Push`, the server runs that cluster's agent
+//! itself, in-process, against the member's API (credentials from the Secret the Cluster
+//! names). It is the same agent as in pull mode, holding a cluster token the server issues,
+//! so Works, status, heartbeats and health behave alike; readiness comes from probing the
+//! member's API.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine;
+use orrery_agent::backend::kube::KubeMember;
+use orrery_agent::{AgentConfig, ClusterInfo};
+use orrery_api::cluster::{self, ClusterSpec, SyncMode};
+use orrery_api::conditions::{self, Condition};
+use orrery_api::{Object, Time, keys};
+use orrery_apiserver::App;
+use orrery_apiserver::auth::Identity;
+use orrery_controllers::informer::{self, Event};
+use orrery_store::{StoreError, update_with};
+use serde_json::Value;
+use tokio::sync::watch;
+
+/// What a running push agent was started with; a change restarts it.
+#[derive(Debug, Clone, PartialEq)]
+struct Wanted {
+    endpoint: String,
+    secret: (String, String),
+    secret_version: String,
+}
+
+struct Running {
+    wanted: Wanted,
+    stop: watch::Sender<bool>,
+}
+
+/// The member's client configuration from the Cluster's Secret.
+async fn member_client(app: &App, c: &ClusterSpec) -> Result<(kube::Client, String), String> {
+    let r = c.secret_ref.clone().unwrap_or_default();
+    let secret = app
+        .store
+        .get(&keys::well_known::secret(&r.namespace, &r.name))
+        .await
+        .map_err(|e| format!("reading Secret {}/{}: {e}", r.namespace, r.name))?;
+    let encoded = secret
+        .other
+        .get("data")
+        .and_then(|d| d.get("kubeconfig"))
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("Secret {}/{} has no `kubeconfig` key", r.namespace, r.name))?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map_err(|e| {
+            format!(
+                "the kubeconfig in Secret {}/{} is not base64: {e}",
+                r.namespace, r.name
+            )
+        })?;
+    let text = String::from_utf8(bytes).map_err(|_| "the kubeconfig is not UTF-8".to_string())?;
+    let kc = kube::config::Kubeconfig::from_yaml(&text)
+        .map_err(|e| format!("the kubeconfig does not parse: {e}"))?;
+    let mut config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .map_err(|e| format!("the kubeconfig is not usable: {e}"))?;
+    if !c.api_endpoint.is_empty() {
+        config.cluster_url = c
+            .api_endpoint
+            .parse()
+            .map_err(|_| format!("invalid apiEndpoint {}", c.api_endpoint))?;
+    }
+    let version = secret.metadata.resource_version.clone();
+    kube::Client::try_from(config)
+        .map(|cl| (cl, version))
+        .map_err(|e| format!("building the member's client: {e}"))
+}
+
+/// Marks a Push cluster not Ready with why its agent cannot run.
+async fn report_failure(app: &App, name: &str, why: &str) {
+    let key = keys::well_known::cluster(name);
+    let r = update_with(app.store.as_ref(), &key, |mut o| {
+        let mut st: cluster::ClusterStatus = o
+            .status
+            .clone()
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default();
+        let changed = conditions::set(
+            &mut st.conditions,
+            Condition::new(
+                cluster::CONDITION_READY,
+                conditions::FALSE,
+                "PushCredentialsInvalid",
+                why,
+            ),
+            Time::now(),
+        );
+        if !changed {
+            return Ok(None);
+        }
+        o.status = serde_json::to_value(&st).ok();
+        Ok(Some(o))
+    })
+    .await;
+    if let Err(e) = r
+        && !matches!(e, StoreError::NotFound { .. })
+    {
+        tracing::warn!(cluster = name, error = %e, "recording a push failure failed");
+    }
+}
+
+fn spec_of(o: &Object) -> ClusterSpec {
+    o.spec
+        .clone()
+        .and_then(|s| serde_json::from_value(s).ok())
+        .unwrap_or_default()
+}
+
+async fn start(
+    app: &Arc<App>,
+    url: &str,
+    ca_pem: &str,
+    c: &Object,
+    wanted: Wanted,
+    shutdown: &watch::Receiver<bool>,
+) -> Option<Running> {
+    let spec = spec_of(c);
+    let (client, _) = match member_client(app, &spec).await {
+        Ok(x) => x,
+        Err(why) => {
+            tracing::warn!(cluster = c.name(), error = %why, "cannot drive the Push cluster");
+            report_failure(app, c.name(), &why).await;
+            return None;
+        }
+    };
+    // One token per running push agent: a restart retires the previous one.
+    if let Err(e) = app.auth.revoke_cluster(c.name(), false).await {
+        tracing::warn!(cluster = c.name(), error = %e, "revoking old push tokens failed");
+    }
+    let token = match app
+        .auth
+        .issue(
+            &Identity::Cluster {
+                name: c.name().to_string(),
+            },
+            "push-mode agent run by the server",
+            None,
+        )
+        .await
+    {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::warn!(cluster = c.name(), error = %e.message, "issuing a push token failed");
+            return None;
+        }
+    };
+    let mut cfg = AgentConfig::new(url, c.name());
+    cfg.cluster_token = Some(token);
+    cfg.ca_pem = Some(ca_pem.to_string());
+    cfg.info = ClusterInfo::default();
+    let (stop, mut stopped) = watch::channel(false);
+    let mut server_down = shutdown.clone();
+    let (inner_tx, inner_rx) = watch::channel(false);
+    // Stop when the server stops or this cluster's agent is no longer wanted.
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = stopped.changed() => {}
+            _ = server_down.changed() => {}
+        }
+        let _ = inner_tx.send(true);
+    });
+    let name = c.name().to_string();
+    tokio::spawn(async move {
+        tracing::info!(cluster = %name, "driving the Push cluster");
+        match orrery_agent::run(cfg, Arc::new(KubeMember::new(client)), inner_rx).await {
+            Ok(s) => tracing::info!(cluster = %name, stopped = ?s, "push agent stopped"),
+            Err(e) => tracing::warn!(cluster = %name, error = %e, "push agent failed"),
+        }
+    });
+    Some(Running { wanted, stop })
+}
+
+async fn wanted_of(app: &App, c: &Object) -> Option<Wanted> {
+    let spec = spec_of(c);
+    if spec.sync_mode != SyncMode::Push || c.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let r = spec.secret_ref.unwrap_or_default();
+    let version = app
+        .store
+        .get(&keys::well_known::secret(&r.namespace, &r.name))
+        .await
+        .map(|s| s.metadata.resource_version)
+        .unwrap_or_default();
+    Some(Wanted {
+        endpoint: spec.api_endpoint,
+        secret: (r.namespace, r.name),
+        secret_version: version,
+    })
+}
+
+/// Runs the push agents of all Push clusters until shutdown.
+pub fn spawn(app: Arc<App>, url: String, ca_pem: String, shutdown: watch::Receiver<bool>) {
+    tokio::spawn(async move {
+        let mut events = informer::spawn(
+            app.store.clone(),
+            keys::well_known::clusters(),
+            shutdown.clone(),
+        );
+        let mut running: HashMap<String, Running> = HashMap::new();
+        let mut known: HashMap<String, Arc<Object>> = HashMap::new();
+        let mut resync = tokio::time::interval(Duration::from_secs(15));
+        loop {
+            let changed: Vec<Arc<Object>> = tokio::select! {
+                ev = events.recv() => match ev {
+                    None => break,
+                    Some(Event::Listed(items)) => {
+                        known = items.iter().map(|o| (o.name().to_string(), o.clone())).collect();
+                        for gone in running.keys().filter(|n| !known.contains_key(*n)).cloned().collect::<Vec<_>>() {
+                            if let Some(r) = running.remove(&gone) {
+                                let _ = r.stop.send(true);
+                            }
+                        }
+                        items
+                    }
+                    Some(Event::Upsert(o)) => {
+                        known.insert(o.name().to_string(), o.clone());
+                        vec![o]
+                    }
+                    Some(Event::Delete(o)) => {
+                        known.remove(o.name());
+                        if let Some(r) = running.remove(o.name()) {
+                            let _ = r.stop.send(true);
+                        }
+                        continue;
+                    }
+                },
+                // Secrets change without the Cluster changing: look again now and then.
+                _ = resync.tick() => known.values().cloned().collect(),
+            };
+            for c in changed {
+                let name = c.name().to_string();
+                let wanted = wanted_of(&app, &c).await;
+                match (wanted, running.get(&name)) {
+                    (None, Some(_)) => {
+                        if let Some(r) = running.remove(&name) {
+                            let _ = r.stop.send(true);
+                        }
+                    }
+                    (Some(w), Some(r)) if r.wanted == w => {}
+                    (Some(w), _) => {
+                        if let Some(r) = running.remove(&name) {
+                            let _ = r.stop.send(true);
+                        }
+                        if let Some(r) = start(&app, &url, &ca_pem, &c, w, &shutdown).await {
+                            running.insert(name, r);
+                        }
+                    }
+                    (None, None) => {}
+                }
+            }
+        }
+        for (_, r) in running {
+            let _ = r.stop.send(true);
+        }
+    });
+}
