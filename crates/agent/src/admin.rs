@@ -4,7 +4,8 @@
 //! - `GET /clusters`, `GET /clusters/{name}`: what each simulation holds;
 //! - `PUT /clusters/{name}/faults` `{"outage": true, "latencyMs": 200, "lostNodes": 2}`: sets
 //!   the faults (what is left out is cleared); `DELETE /clusters/{name}/faults` clears them;
-//! - `PUT /clusters/{name}/load` `{"load": 0.8}`: the background load, a fraction of capacity.
+//! - `PUT /clusters/{name}/load` `{"load": 0.8}`: the background load, a fraction of capacity;
+//! - `GET /stats` (`?reset=true` to start afresh): heartbeat and report round-trip times.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -60,6 +61,7 @@ async fn handle(
 ) -> Response<Full<Bytes>> {
     let method = req.method().clone();
     let path = req.uri().path().trim_end_matches('/').to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
     let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024)
         .collect()
         .await
@@ -70,6 +72,10 @@ async fn handle(
     let segments: Vec<&str> = path.split('/').skip(1).collect();
     let find = |name: &str| sims.get(name).cloned();
     match (&method, segments.as_slice()) {
+        (&Method::GET, ["stats"]) => {
+            let reset = query.contains("reset=true");
+            reply(StatusCode::OK, crate::stats::snapshot(reset))
+        }
         (&Method::GET, ["clusters"]) => {
             let mut all: Vec<_> = sims.values().map(|s| s.summary()).collect();
             all.sort_by(|a, b| a.name.cmp(&b.name));

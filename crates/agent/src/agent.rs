@@ -916,7 +916,10 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
         let items = inner.changed_statuses().await;
         for chunk in items.chunks(crate::MAX_BATCH) {
             let payload: Vec<Value> = chunk.iter().map(|(_, _, _, item)| item.clone()).collect();
-            match t.report(payload).await {
+            let sent = Instant::now();
+            let answer = t.report(payload).await;
+            crate::stats::report(sent.elapsed());
+            match answer {
                 Ok((failed, first)) => {
                     if failed > 0 {
                         tracing::warn!(cluster = %inner.cfg.cluster, failed, first = %first.unwrap_or_default(), "some status reports were refused");

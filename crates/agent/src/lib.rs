@@ -16,6 +16,7 @@ pub mod backend;
 pub mod backoff;
 pub mod fleet;
 pub mod state;
+pub mod stats;
 pub mod transport;
 
 pub use agent::{AgentConfig, AgentError, ClusterInfo, Stopped, run};

@@ -18,6 +18,7 @@ use crate::stats::{emit, median, percentile, progress, round};
 pub struct ServerProcess {
     child: Child,
     pub kubeconfig: PathBuf,
+    pub url: String,
     _dir: tempfile::TempDir,
 }
 
@@ -64,8 +65,14 @@ impl ServerProcess {
         Ok(ServerProcess {
             child,
             kubeconfig: tmp.path().join("admin.kubeconfig"),
+            url: format!("https://127.0.0.1:{port}"),
             _dir: tmp,
         })
+    }
+
+    /// (resident MiB, peak resident MiB, CPU seconds) of the server so far.
+    pub fn usage_full(&self) -> (f64, f64, f64) {
+        crate::members::usage_of(self.child.id())
     }
 
     /// (resident MiB, CPU seconds) of the server so far.
@@ -102,7 +109,12 @@ impl Drop for ServerProcess {
     }
 }
 
-fn request(method: &str, path: &str, content_type: &str, body: Vec<u8>) -> http::Request<Vec<u8>> {
+pub fn request(
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+) -> http::Request<Vec<u8>> {
     http::Request::builder()
         .method(method)
         .uri(path)

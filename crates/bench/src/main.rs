@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 mod api;
+mod members;
 mod stats;
 mod store;
 
@@ -26,7 +27,7 @@ struct Cli {
     command: Command,
 }
 
-// Scenarios are named by area (`store-...`, `api-...`).
+// Scenarios are named by area (`store-...`, `api-...`, `members-...`).
 #[allow(clippy::enum_variant_names)]
 #[derive(Subcommand, Debug)]
 enum Command {
@@ -119,6 +120,41 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Registration to Ready latency of agents with fresh bootstrap tokens.
+    MembersRegister {
+        #[arg(long, default_value_t = 100)]
+        clusters: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// One agent process hosting a fleet of simulated clusters: steady-state costs.
+    MembersFleet {
+        #[arg(long, default_value_t = 1000)]
+        clusters: usize,
+        #[arg(long, default_value_t = 10)]
+        nodes: usize,
+        #[arg(long, default_value_t = 60)]
+        steady_secs: u64,
+        #[arg(long, default_value = "10s")]
+        heartbeat: String,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Memory of one agent process for one cluster (simulated, and a member API of many nodes).
+    MembersAgentMemory {
+        #[arg(long, default_value_t = 5000)]
+        nodes: usize,
+        #[arg(long, default_value_t = 20)]
+        settle_secs: u64,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Internal: the fresh process of `store-memory`.
     #[command(hide = true)]
     StoreMemoryProbe { path: String },
@@ -182,6 +218,50 @@ fn main() -> anyhow::Result<()> {
                 .await
             }
             Command::StoreMemoryProbe { path } => store::memory_probe(&path).await,
+            Command::MembersRegister {
+                clusters,
+                server_bin,
+                dir,
+            } => {
+                members::register(members::RegisterArgs {
+                    clusters,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::MembersFleet {
+                clusters,
+                nodes,
+                steady_secs,
+                heartbeat,
+                server_bin,
+                dir,
+            } => {
+                members::fleet(members::FleetArgs {
+                    clusters,
+                    nodes,
+                    steady_secs,
+                    heartbeat,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::MembersAgentMemory {
+                nodes,
+                settle_secs,
+                server_bin,
+                dir,
+            } => {
+                members::agent_memory(members::AgentMemoryArgs {
+                    nodes,
+                    settle_secs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
             Command::ApiCrud {
                 clients,
                 per_client,

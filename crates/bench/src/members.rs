@@ -1,0 +1,429 @@
+//! Member-cluster benchmarks: registration to Ready, a fleet of simulated clusters in one
+//! agent process, and the memory of one agent.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use futures_util::StreamExt;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+use crate::api::{ServerProcess, request};
+use crate::stats::{emit, percentile, progress, round};
+
+/// (resident MiB, peak resident MiB, CPU seconds) of a process.
+pub fn usage_of(pid: u32) -> (f64, f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = |field: &str| -> f64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(field))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    let cpu = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let f: Vec<String> = s
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .map(str::to_string)
+                .collect();
+            Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / 100.0)
+        })
+        .unwrap_or(0.0);
+    (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0, cpu)
+}
+
+async fn bootstrap_token(client: &kube::Client, cluster: &str) -> anyhow::Result<String> {
+    let body = serde_json::to_vec(&json!({ "cluster": cluster, "ttl": "1h" }))?;
+    let text = client
+        .request_text(request(
+            "POST",
+            "/agent/v1/tokens",
+            "application/json",
+            body,
+        ))
+        .await?;
+    let v: Value = serde_json::from_str(&text)?;
+    Ok(v["token"].as_str().context("no token")?.to_string())
+}
+
+/// Records when each cluster first turned Ready.
+fn ready_times(client: kube::Client) -> Arc<Mutex<HashMap<String, Instant>>> {
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Default::default();
+    let out = seen.clone();
+    let api: Api<DynamicObject> = orrery_client::api(&client, &orrery_client::kinds::CLUSTER, None);
+    tokio::spawn(async move {
+        let mut s = watcher::watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = s.next().await {
+            let objs = match ev {
+                Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => vec![o],
+                _ => continue,
+            };
+            for o in objs {
+                let ready = o
+                    .data
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                    });
+                if ready && let Some(n) = o.metadata.name {
+                    seen.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry(n)
+                        .or_insert_with(Instant::now);
+                }
+            }
+        }
+    });
+    out
+}
+
+pub struct RegisterArgs {
+    pub clusters: usize,
+    pub server_bin: Option<PathBuf>,
+    pub dir: Option<PathBuf>,
+}
+
+/// Registration to Ready: an agent with a fresh bootstrap token starts; the clock stops when
+/// a watcher of the control plane sees its Cluster Ready.
+pub async fn register(args: RegisterArgs) -> anyhow::Result<()> {
+    let server = ServerProcess::start(&args.server_bin, &args.dir)?;
+    let admin = orrery_client::from_kubeconfig(&server.kubeconfig).await?;
+    let ready = ready_times(admin.clone());
+    let url = server.url.clone();
+    let (_stop_tx, stop) = tokio::sync::watch::channel(false);
+    let mut lat = Vec::new();
+    for i in 0..args.clusters {
+        let name = format!("reg-{i}");
+        let token = bootstrap_token(&admin, &name).await?;
+        let mut cfg = orrery_agent::AgentConfig::new(&url, &name);
+        cfg.bootstrap_token = Some(token);
+        cfg.info.region = "bench".into();
+        let spec: orrery_agent::backend::sim::SimSpec = "nodes=10,cpu=16,memory=64Gi"
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!(e))?;
+        let sim = Arc::new(orrery_agent::backend::sim::SimCluster::new(
+            &name, "bench", spec,
+        ));
+        let t0 = Instant::now();
+        tokio::spawn(orrery_agent::run(cfg, sim, stop.clone()));
+        let deadline = t0 + Duration::from_secs(10);
+        loop {
+            if let Some(at) = ready.lock().unwrap_or_else(|p| p.into_inner()).get(&name) {
+                lat.push(at.duration_since(t0).as_secs_f64() * 1000.0);
+                break;
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{name} did not become Ready in 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        if (i + 1) % 10 == 0 {
+            progress(format!("members register: {}/{}", i + 1, args.clusters));
+        }
+    }
+    emit(json!({
+        "scenario": "members.register_to_ready",
+        "clusters": args.clusters,
+        "p50_ms": round(percentile(&lat, 50.0), 1),
+        "p99_ms": round(percentile(&lat, 99.0), 1),
+        "max_ms": round(percentile(&lat, 100.0), 1),
+        "measures": "from starting an agent with a bootstrap token (CA fetch and pin, registration, first heartbeat) to a control-plane watcher seeing Ready=True",
+        "goal_p99_ms": 500,
+    }));
+    Ok(())
+}
+
+/// An `orrery agent` process.
+struct AgentProcess {
+    child: Child,
+    admin: String,
+    _state: tempfile::TempDir,
+}
+
+impl Drop for AgentProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_agent(
+    bin: &std::path::Path,
+    server: &str,
+    args: &[String],
+) -> anyhow::Result<AgentProcess> {
+    let state = tempfile::tempdir()?;
+    let mut child = Command::new(bin)
+        .args(["agent", "--server", server, "--state-dir"])
+        .arg(state.path())
+        .args(args)
+        .args(["--admin-listen", "127.0.0.1:0"])
+        .env("ORRERY_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting the agent")?;
+    let stdout = child.stdout.take().context("agent stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let admin = loop {
+        match lines.next() {
+            Some(Ok(l)) => {
+                if let Some(a) = l.strip_prefix("admin endpoint at http://") {
+                    break a.to_string();
+                }
+            }
+            _ => anyhow::bail!("the agent exited before serving its admin endpoint"),
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    Ok(AgentProcess {
+        child,
+        admin,
+        _state: state,
+    })
+}
+
+/// `GET` on the agent's admin endpoint.
+fn admin_get(addr: &str, path: &str) -> anyhow::Result<Value> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    Ok(serde_json::from_str(body)?)
+}
+
+async fn count_ready(client: &kube::Client) -> anyhow::Result<usize> {
+    let api: Api<DynamicObject> = orrery_client::api(client, &orrery_client::kinds::CLUSTER, None);
+    let list = api.list(&Default::default()).await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|o| {
+            o.data
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+        })
+        .count())
+}
+
+pub struct FleetArgs {
+    pub clusters: usize,
+    pub nodes: usize,
+    pub steady_secs: u64,
+    pub heartbeat: String,
+    pub server_bin: Option<PathBuf>,
+    pub dir: Option<PathBuf>,
+}
+
+fn orrery_bin(server_bin: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
+    let bin = match server_bin {
+        Some(b) => b.clone(),
+        None => std::env::current_exe()?.with_file_name("orrery"),
+    };
+    anyhow::ensure!(bin.exists(), "no orrery binary at {}", bin.display());
+    Ok(bin)
+}
+
+/// One agent process hosting many simulated clusters against one server: time to all Ready,
+/// then the steady state (server CPU and memory, agent memory, heartbeat and report latency).
+pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
+    let bin = orrery_bin(&args.server_bin)?;
+    let server = ServerProcess::start(&args.server_bin, &args.dir)?;
+    let admin = orrery_client::from_kubeconfig(&server.kubeconfig).await?;
+    let token = bootstrap_token(&admin, "fleet-*").await?;
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("fleet.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "clusters:\n  - name: fleet-{{i}}\n    count: {}\n    regions: [us-east, us-west, eu-central, ap-south]\n    provider: sim\n    simulate: nodes={},cpu=16,memory=64Gi,load=0.3,profile=diurnal,period=600s\n",
+            args.clusters, args.nodes
+        ),
+    )?;
+    progress(format!(
+        "members fleet: starting {} simulated clusters of {} nodes",
+        args.clusters, args.nodes
+    ));
+    let started = Instant::now();
+    let agent = start_agent(
+        &bin,
+        &server.url,
+        &[
+            "--simulate-fleet".into(),
+            file.display().to_string(),
+            "--token".into(),
+            token,
+            "--heartbeat-interval".into(),
+            args.heartbeat.clone(),
+        ],
+    )?;
+    loop {
+        let n = count_ready(&admin).await?;
+        if n >= args.clusters {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "only {n} clusters Ready after 10 minutes"
+        );
+        progress(format!("members fleet: {n}/{} Ready", args.clusters));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let all_ready = started.elapsed().as_secs_f64();
+    progress(format!(
+        "members fleet: all Ready after {all_ready:.1} s; measuring {} s of steady state",
+        args.steady_secs
+    ));
+    // Let the registration burst settle, then measure.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let _ = admin_get(&agent.admin, "/stats?reset=true")?;
+    let (_, _, server_cpu0) = server.usage_full();
+    let (_, _, agent_cpu0) = usage_of(agent.child.id());
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
+    let wall = t0.elapsed().as_secs_f64();
+    let (server_rss, server_peak, server_cpu1) = server.usage_full();
+    let (agent_rss, agent_peak, agent_cpu1) = usage_of(agent.child.id());
+    let stats = admin_get(&agent.admin, "/stats")?;
+    let still_ready = count_ready(&admin).await?;
+    emit(json!({
+        "scenario": "members.fleet",
+        "clusters": args.clusters,
+        "nodes_per_cluster": args.nodes,
+        "heartbeat_interval": args.heartbeat,
+        "seconds_to_all_ready": round(all_ready, 1),
+        "steady_seconds": args.steady_secs,
+        "ready_at_end": still_ready,
+        "server_cpu_cores": round((server_cpu1 - server_cpu0) / wall, 3),
+        "server_rss_mib": round(server_rss, 1),
+        "server_peak_rss_mib": round(server_peak, 1),
+        "agent_cpu_cores": round((agent_cpu1 - agent_cpu0) / wall, 3),
+        "agent_rss_mib": round(agent_rss, 1),
+        "agent_peak_rss_mib": round(agent_peak, 1),
+        "agent_rss_kib_per_cluster": round(agent_rss * 1024.0 / args.clusters as f64, 1),
+        "heartbeat_ms": stats["heartbeat"],
+        "report_ms": stats["report"],
+        "goals": {"server_rss_mib": 1024, "server_cpu_cores": 1.0, "agent_kib_per_cluster": 1024},
+    }));
+    Ok(())
+}
+
+pub struct AgentMemoryArgs {
+    pub nodes: usize,
+    pub settle_secs: u64,
+    pub server_bin: Option<PathBuf>,
+    pub dir: Option<PathBuf>,
+}
+
+/// One agent process for one cluster: a simulated member, and a member API with many nodes
+/// (an Orrery server standing in for a large cluster's API).
+pub async fn agent_memory(args: AgentMemoryArgs) -> anyhow::Result<()> {
+    let bin = orrery_bin(&args.server_bin)?;
+    let server = ServerProcess::start(&args.server_bin, &args.dir)?;
+    let admin = orrery_client::from_kubeconfig(&server.kubeconfig).await?;
+
+    // A simulated member of that many nodes.
+    let token = bootstrap_token(&admin, "sim-one").await?;
+    let sim = start_agent(
+        &bin,
+        &server.url,
+        &[
+            "--cluster".into(),
+            "sim-one".into(),
+            "--token".into(),
+            token,
+            "--simulate".into(),
+            format!("nodes={},cpu=32,memory=128Gi", args.nodes),
+            "--heartbeat-interval".into(),
+            "2s".into(),
+        ],
+    )?;
+
+    // A member API with that many Nodes.
+    let member = ServerProcess::start(&args.server_bin, &args.dir)?;
+    let mclient = orrery_client::from_kubeconfig(&member.kubeconfig).await?;
+    progress(format!(
+        "members agent-memory: creating {} nodes in the member",
+        args.nodes
+    ));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (c, next, total) = (mclient.clone(), next.clone(), args.nodes);
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= total {
+                    return Ok::<_, kube::Error>(());
+                }
+                let name = format!("node-{i:05}");
+                let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name,
+                    "labels": {"kubernetes.io/hostname": name, "topology.kubernetes.io/zone": format!("z{}", i % 3)}}});
+                c.request_text(request("POST", "/api/v1/nodes", "application/json", serde_json::to_vec(&node).unwrap_or_default())).await?;
+                let status = json!({"status": {"allocatable": {"cpu": "32", "memory": "128Gi", "pods": "110"},
+                    "capacity": {"cpu": "32", "memory": "128Gi", "pods": "110"},
+                    "conditions": [{"type": "Ready", "status": "True"}]}});
+                c.request_text(request("PATCH", &format!("/api/v1/nodes/{name}/status"), "application/merge-patch+json", serde_json::to_vec(&status).unwrap_or_default())).await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let token = bootstrap_token(&admin, "kube-one").await?;
+    let kube_agent = start_agent(
+        &bin,
+        &server.url,
+        &[
+            "--cluster".into(),
+            "kube-one".into(),
+            "--token".into(),
+            token,
+            "--kubeconfig".into(),
+            member.kubeconfig.display().to_string(),
+            "--heartbeat-interval".into(),
+            "2s".into(),
+        ],
+    )?;
+    // Several heartbeats (each lists every node) before measuring.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while count_ready(&admin).await? < 2 {
+        anyhow::ensure!(Instant::now() < deadline, "the agents did not become Ready");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(args.settle_secs)).await;
+    let (sim_rss, sim_peak, _) = usage_of(sim.child.id());
+    let (kube_rss, kube_peak, _) = usage_of(kube_agent.child.id());
+    emit(json!({
+        "scenario": "members.agent_memory",
+        "nodes": args.nodes,
+        "simulated_member": {"rss_mib": round(sim_rss, 1), "peak_rss_mib": round(sim_peak, 1)},
+        "kube_member": {"rss_mib": round(kube_rss, 1), "peak_rss_mib": round(kube_peak, 1)},
+        "measures": "resident memory of one `orrery agent` process after it has reported for a while; the kube member is an Orrery API serving that many Nodes",
+        "goal_rss_mib": 20,
+    }));
+    Ok(())
+}
