@@ -183,24 +183,7 @@ impl Server {
     }
 
     pub fn stdin(&self, args: &[&str], input: &str) -> String {
-        use std::io::Write;
-        let mut child = Command::new("kubectl")
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("KUBECACHEDIR", self.cache.path())
-            .env("HOME", self.cache.path())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(input.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = self.run_stdin(args, input);
         assert!(
             out.status.success(),
             "kubectl {} failed:\n{}",

@@ -197,6 +197,15 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The Works last applied, copied out of the lock.
+    fn works_snapshot(&self) -> Vec<(String, AppliedWork)> {
+        self.lock_state()
+            .works
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
     fn mark_dirty(&self) {
         self.state_dirty.store(true, Ordering::Release);
     }
@@ -366,12 +375,7 @@ impl Inner {
     /// Re-applies what the state file says was applied (a restarted agent with a simulated
     /// member, or a member that lost objects while the agent was away).
     async fn resume(&self) {
-        let works: Vec<(String, AppliedWork)> = self
-            .lock_state()
-            .works
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let works = self.works_snapshot();
         if works.is_empty() {
             return;
         }
@@ -513,12 +517,7 @@ impl Inner {
 
     /// Status items of the Works whose status changed since last reported.
     async fn changed_statuses(&self) -> Vec<(String, u64, Vec<Condition>, Value)> {
-        let works: Vec<(String, AppliedWork)> = self
-            .lock_state()
-            .works
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        let works = self.works_snapshot();
         let now = Time::now();
         let mut out = Vec::new();
         for (name, w) in works {
@@ -814,7 +813,10 @@ async fn heartbeat(
         Time::now(),
         inner.cfg.cluster_token.is_some(),
     );
-    match t.heartbeat(status).await {
+    let sent = Instant::now();
+    let answer = t.heartbeat(status).await;
+    crate::stats::heartbeat(sent.elapsed());
+    match answer {
         Ok(c) if c.metadata.deletion_timestamp.is_some() => Ok(Some(Stopped::Unregistered)),
         Ok(c) => {
             if let Some(s) = c

@@ -881,7 +881,29 @@ fn column_json(c: &Column) -> Value {
 
 /// One row.
 pub fn row(rt: &ResourceType, obj: &Object, include: IncludeObject, now: Time) -> Value {
-    let value = obj.to_value();
+    row_of(rt, obj.to_value(), obj, include, now)
+}
+
+/// A row from an object's JSON (a large list is turned into rows one stored object at a time).
+pub fn row_from_json(rt: &ResourceType, value: Value, include: IncludeObject, now: Time) -> Value {
+    // The printers read names and times from typed metadata; the rest from the JSON.
+    let obj = Object {
+        metadata: value
+            .get("metadata")
+            .and_then(|m| serde_json::from_value(m.clone()).ok())
+            .unwrap_or_default(),
+        ..Default::default()
+    };
+    row_of(rt, value, &obj, include, now)
+}
+
+fn row_of(
+    rt: &ResourceType,
+    value: Value,
+    obj: &Object,
+    include: IncludeObject,
+    now: Time,
+) -> Value {
     let cells = match &rt.printer {
         Printer::BuiltIn => builtin_cells(&rt.kind, &value, obj, now),
         Printer::Columns(cols) => {
@@ -894,10 +916,15 @@ pub fn row(rt: &ResourceType, obj: &Object, include: IncludeObject, now: Time) -
     match include {
         IncludeObject::None => {}
         IncludeObject::Metadata => {
+            let mut value = value;
+            let metadata = value
+                .get_mut("metadata")
+                .map(Value::take)
+                .unwrap_or(json!({}));
             row["object"] = json!({
                 "kind": "PartialObjectMetadata",
                 "apiVersion": "meta.k8s.io/v1",
-                "metadata": value.get("metadata").cloned().unwrap_or(json!({})),
+                "metadata": metadata,
             });
         }
         IncludeObject::Object => row["object"] = value,

@@ -161,17 +161,22 @@ impl Drop for AgentProcess {
     }
 }
 
+/// Starts `orrery agent`; with `admin`, waits for its admin endpoint (simulated members only).
 fn start_agent(
     bin: &std::path::Path,
     server: &str,
     args: &[String],
+    admin: bool,
 ) -> anyhow::Result<AgentProcess> {
     let state = tempfile::tempdir()?;
-    let mut child = Command::new(bin)
-        .args(["agent", "--server", server, "--state-dir"])
+    let mut cmd = Command::new(bin);
+    cmd.args(["agent", "--server", server, "--state-dir"])
         .arg(state.path())
-        .args(args)
-        .args(["--admin-listen", "127.0.0.1:0"])
+        .args(args);
+    if admin {
+        cmd.args(["--admin-listen", "127.0.0.1:0"]);
+    }
+    let mut child = cmd
         .env("ORRERY_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -179,20 +184,22 @@ fn start_agent(
         .context("starting the agent")?;
     let stdout = child.stdout.take().context("agent stdout")?;
     let mut lines = BufReader::new(stdout).lines();
-    let admin = loop {
+    let mut addr = String::new();
+    while admin {
         match lines.next() {
             Some(Ok(l)) => {
                 if let Some(a) = l.strip_prefix("admin endpoint at http://") {
-                    break a.to_string();
+                    addr = a.to_string();
+                    break;
                 }
             }
             _ => anyhow::bail!("the agent exited before serving its admin endpoint"),
         }
-    };
+    }
     std::thread::spawn(move || for _ in lines {});
     Ok(AgentProcess {
         child,
-        admin,
+        admin: addr,
         _state: state,
     })
 }
@@ -209,24 +216,6 @@ fn admin_get(addr: &str, path: &str) -> anyhow::Result<Value> {
     s.read_to_string(&mut out)?;
     let body = out.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
     Ok(serde_json::from_str(body)?)
-}
-
-async fn count_ready(client: &kube::Client) -> anyhow::Result<usize> {
-    let api: Api<DynamicObject> = orrery_client::api(client, &orrery_client::kinds::CLUSTER, None);
-    let list = api.list(&Default::default()).await?;
-    Ok(list
-        .items
-        .iter()
-        .filter(|o| {
-            o.data
-                .pointer("/status/conditions")
-                .and_then(Value::as_array)
-                .is_some_and(|cs| {
-                    cs.iter()
-                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                })
-        })
-        .count())
 }
 
 pub struct FleetArgs {
@@ -279,9 +268,10 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
             "--heartbeat-interval".into(),
             args.heartbeat.clone(),
         ],
+        true,
     )?;
     loop {
-        let n = count_ready(&admin).await?;
+        let n = orrery_client::ready_clusters(&admin).await?;
         if n >= args.clusters {
             break;
         }
@@ -303,12 +293,68 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     let (_, _, server_cpu0) = server.usage_full();
     let (_, _, agent_cpu0) = usage_of(agent.child.id());
     let t0 = Instant::now();
-    tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
+    // A Work per cluster, so that statuses are reported too.
+    progress(format!(
+        "members fleet: one Work per cluster ({})",
+        args.clusters
+    ));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (c, next, total) = (admin.clone(), next.clone(), args.clusters);
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= total {
+                    return Ok::<_, kube::Error>(());
+                }
+                let ns = format!("orrery-cluster-fleet-{i}");
+                let work = json!({"apiVersion": "multicluster.io/v1alpha1", "kind": "Work",
+                    "metadata": {"name": "bench", "namespace": ns},
+                    "spec": {"workload": {"manifests": [
+                        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "default"},
+                         "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                                  "template": {"metadata": {"labels": {"app": "web"}},
+                                               "spec": {"containers": [{"name": "web", "image": "nginx",
+                                                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}}}},
+                        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "web", "namespace": "default"}, "data": {"a": "b"}}
+                    ]}}});
+                c.request_text(request("POST", &format!("/apis/multicluster.io/v1alpha1/namespaces/{ns}/works"),
+                    "application/json", serde_json::to_vec(&work).unwrap_or_default())).await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let works: Api<DynamicObject> = orrery_client::api(&admin, &orrery_client::kinds::WORK, None);
+    let mut available = 0;
+    while t0.elapsed() < Duration::from_secs(args.steady_secs) {
+        available = works
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .filter(|w| {
+                w.data
+                    .pointer("/status/conditions")
+                    .is_some_and(|c| c.to_string().contains("AllHealthy"))
+            })
+            .count();
+        if available >= args.clusters {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let works_available_after = t0.elapsed().as_secs_f64();
+    if let Some(rest) = Duration::from_secs(args.steady_secs).checked_sub(t0.elapsed()) {
+        tokio::time::sleep(rest).await;
+    }
     let wall = t0.elapsed().as_secs_f64();
     let (server_rss, server_peak, server_cpu1) = server.usage_full();
     let (agent_rss, agent_peak, agent_cpu1) = usage_of(agent.child.id());
     let stats = admin_get(&agent.admin, "/stats")?;
-    let still_ready = count_ready(&admin).await?;
+    let still_ready = orrery_client::ready_clusters(&admin).await?;
     emit(json!({
         "scenario": "members.fleet",
         "clusters": args.clusters,
@@ -317,6 +363,8 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         "seconds_to_all_ready": round(all_ready, 1),
         "steady_seconds": args.steady_secs,
         "ready_at_end": still_ready,
+        "works_available": available,
+        "seconds_to_works_available": round(works_available_after, 1),
         "server_cpu_cores": round((server_cpu1 - server_cpu0) / wall, 3),
         "server_rss_mib": round(server_rss, 1),
         "server_peak_rss_mib": round(server_peak, 1),
@@ -360,6 +408,7 @@ pub async fn agent_memory(args: AgentMemoryArgs) -> anyhow::Result<()> {
             "--heartbeat-interval".into(),
             "2s".into(),
         ],
+        true,
     )?;
 
     // A member API with that many Nodes.
@@ -407,10 +456,11 @@ pub async fn agent_memory(args: AgentMemoryArgs) -> anyhow::Result<()> {
             "--heartbeat-interval".into(),
             "2s".into(),
         ],
+        false,
     )?;
     // Several heartbeats (each lists every node) before measuring.
     let deadline = Instant::now() + Duration::from_secs(60);
-    while count_ready(&admin).await? < 2 {
+    while orrery_client::ready_clusters(&admin).await? < 2 {
         anyhow::ensure!(Instant::now() < deadline, "the agents did not become Ready");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }

@@ -175,6 +175,26 @@ pub fn api(client: &Client, kind: &Kind, namespace: Option<&str>) -> Api<Dynamic
     }
 }
 
+/// How many Clusters are Ready now.
+pub async fn ready_clusters(client: &Client) -> Result<usize, ClientError> {
+    let list = api(client, &kinds::CLUSTER, None)
+        .list(&Default::default())
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter(|o| {
+            o.data
+                .pointer("/status/conditions")
+                .and_then(serde_json::Value::as_array)
+                .is_some_and(|cs| {
+                    cs.iter()
+                        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+                })
+        })
+        .count())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

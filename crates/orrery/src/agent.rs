@@ -38,19 +38,8 @@ pub struct AgentArgs {
     /// Many simulated members described in a YAML file.
     #[arg(long)]
     pub simulate_fleet: Option<PathBuf>,
-    #[arg(long, default_value = "")]
-    pub region: String,
-    /// Zones the member spans (repeatable, or comma-separated).
-    #[arg(long = "zone", value_delimiter = ',')]
-    pub zones: Vec<String>,
-    #[arg(long, default_value = "")]
-    pub provider: String,
-    /// Labels of the Cluster: k=v,k2=v2.
-    #[arg(long, value_delimiter = ',')]
-    pub labels: Vec<String>,
-    /// What the member offers workloads: gpu,tls-encryption.
-    #[arg(long, value_delimiter = ',')]
-    pub capabilities: Vec<String>,
+    #[command(flatten)]
+    pub facts: ClusterFlags,
     /// The server's CA bundle, when the token carries no CA hash.
     #[arg(long)]
     pub ca_file: Option<PathBuf>,
@@ -68,16 +57,46 @@ pub struct AgentArgs {
     pub admin_listen: Option<SocketAddr>,
 }
 
-fn labels(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
-    pairs
-        .iter()
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            p.split_once('=')
-                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-                .with_context(|| format!("label {p:?} is not key=value"))
+/// What a member says about itself: `orrery agent` and `orrery join` take the same flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClusterFlags {
+    #[arg(long, default_value = "")]
+    pub region: String,
+    /// Zones the member spans (repeatable, or comma-separated).
+    #[arg(long = "zone", value_delimiter = ',')]
+    pub zones: Vec<String>,
+    #[arg(long, default_value = "")]
+    pub provider: String,
+    /// Labels of the Cluster: k=v,k2=v2.
+    #[arg(long, value_delimiter = ',')]
+    pub labels: Vec<String>,
+    /// What the member offers workloads: gpu,tls-encryption.
+    #[arg(long, value_delimiter = ',')]
+    pub capabilities: Vec<String>,
+}
+
+impl ClusterFlags {
+    pub fn info(&self) -> anyhow::Result<ClusterInfo> {
+        let labels: BTreeMap<String, String> = self
+            .labels
+            .iter()
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                p.split_once('=')
+                    .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+                    .with_context(|| format!("label {p:?} is not key=value"))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        let nonempty = |v: &[String]| v.iter().filter(|x| !x.is_empty()).cloned().collect();
+        Ok(ClusterInfo {
+            provider: self.provider.clone(),
+            region: self.region.clone(),
+            zones: nonempty(&self.zones),
+            capabilities: nonempty(&self.capabilities),
+            labels,
+            api_endpoint: String::new(),
         })
-        .collect()
+    }
 }
 
 pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
@@ -147,7 +166,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             let spec: SimSpec = spec
                 .parse()
                 .map_err(|e: String| anyhow::anyhow!("--simulate: {e}"))?;
-            let sim = Arc::new(SimCluster::new(&cluster, &args.region, spec));
+            let sim = Arc::new(SimCluster::new(&cluster, &args.facts.region, spec));
             sims.push(sim.clone());
             let ticked = sim.clone();
             tokio::spawn(async move {
@@ -173,24 +192,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let mut cfg = AgentConfig::new(&args.server, &cluster);
     cfg.bootstrap_token = args.token.clone();
     cfg.ca_pem = ca_pem;
-    cfg.info = ClusterInfo {
-        provider: args.provider.clone(),
-        region: args.region.clone(),
-        zones: args
-            .zones
-            .iter()
-            .filter(|z| !z.is_empty())
-            .cloned()
-            .collect(),
-        capabilities: args
-            .capabilities
-            .iter()
-            .filter(|c| !c.is_empty())
-            .cloned()
-            .collect(),
-        labels: labels(&args.labels)?,
-        api_endpoint: String::new(),
-    };
+    cfg.info = args.facts.info()?;
     let dir = args
         .state_dir
         .clone()

@@ -24,17 +24,8 @@ pub struct JoinArgs {
     /// ./orrery-data/admin.kubeconfig).
     #[arg(long)]
     pub server_kubeconfig: Option<PathBuf>,
-    #[arg(long, default_value = "")]
-    pub region: String,
-    #[arg(long = "zone", value_delimiter = ',')]
-    pub zones: Vec<String>,
-    #[arg(long, default_value = "")]
-    pub provider: String,
-    /// Labels of the Cluster: k=v,k2=v2.
-    #[arg(long, value_delimiter = ',')]
-    pub labels: Vec<String>,
-    #[arg(long, value_delimiter = ',')]
-    pub capabilities: Vec<String>,
+    #[command(flatten)]
+    pub facts: crate::agent::ClusterFlags,
 }
 
 fn inline(
@@ -163,26 +154,16 @@ pub async fn run(args: JoinArgs) -> anyhow::Result<()> {
         "apiEndpoint": server,
         "secretRef": { "namespace": "orrery-system", "name": secret_name },
     });
-    for (k, v) in [("region", &args.region), ("provider", &args.provider)] {
-        if !v.is_empty() {
-            spec[k] = json!(v);
+    let info = args.facts.info()?;
+    // The same fields a registering agent reports, in the Cluster's spec.
+    if let Value::Object(facts) = serde_json::to_value(&info)? {
+        for (k, v) in facts {
+            if k != "labels" {
+                spec[k] = v;
+            }
         }
     }
-    let zones: Vec<&String> = args.zones.iter().filter(|z| !z.is_empty()).collect();
-    if !zones.is_empty() {
-        spec["zones"] = json!(zones);
-    }
-    let caps: Vec<&String> = args.capabilities.iter().filter(|c| !c.is_empty()).collect();
-    if !caps.is_empty() {
-        spec["capabilities"] = json!(caps);
-    }
-    let mut labels = serde_json::Map::new();
-    for l in args.labels.iter().filter(|l| !l.is_empty()) {
-        let (k, v) = l
-            .split_once('=')
-            .with_context(|| format!("label {l:?} is not key=value"))?;
-        labels.insert(k.to_string(), Value::String(v.to_string()));
-    }
+    let labels = info.labels;
     let cluster = json!({
         "apiVersion": "multicluster.io/v1alpha1", "kind": "Cluster",
         "metadata": { "name": args.name, "labels": labels },

@@ -9,6 +9,7 @@ mod join;
 mod push;
 mod server;
 mod token;
+mod up;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -32,6 +33,8 @@ enum LogFormat {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Start a control plane and a fleet of simulated member clusters on this machine.
+    Up(up::UpArgs),
     /// Run the control plane: the Kubernetes-compatible API over the store.
     Server(server::ServerArgs),
     /// Run a member cluster's agent (pull mode): real, simulated, or a simulated fleet.
@@ -62,6 +65,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         match cli.command {
+            Command::Up(args) => up::run(args).await,
             Command::Server(args) => server::run(args).await,
             Command::Agent(args) => agent::run(args).await,
             Command::Token(cmd) => token::run(cmd).await,

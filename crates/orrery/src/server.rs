@@ -44,6 +44,9 @@ pub struct ServerArgs {
     /// be moved).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub cluster_eviction_timeout: Duration,
+    /// How often watches that ask for bookmarks get one.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub watch_bookmark_interval: Duration,
     /// How much history the store keeps before compacting (watch resumption window).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub compaction_interval: Duration,
@@ -173,6 +176,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     let config = ApiConfig {
         server_address: args.listen.to_string(),
         ca_pem: pki.ca_pem.clone(),
+        bookmark_interval: args.watch_bookmark_interval,
         ..ApiConfig::default()
     };
     let app = App::new(store.clone(), auth.clone(), config, shutdown_rx.clone())
@@ -230,21 +234,28 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
 
 /// Waits for SIGTERM or Ctrl-C.
 pub async fn terminated() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term => {}
+    match signals() {
+        Some(s) => s.await,
+        None => std::future::pending::<()>().await,
     }
 }
 
+/// Installs the SIGTERM and Ctrl-C handlers now (so that a signal arriving right after start
+/// is not lost) and returns the future that waits for them.
+pub fn signals() -> Option<impl std::future::Future<Output = ()>> {
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok()?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).ok()?;
+    Some(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    })
+}
+
 pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
+    let stop = signals().context("installing signal handlers")?;
     let running = start(&args).await?;
     println!(
         "orrery server ready at {} (kubeconfig: {})",
@@ -252,7 +263,7 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         running.kubeconfig.display()
     );
     println!("  export KUBECONFIG={}", running.kubeconfig.display());
-    terminated().await;
+    stop.await;
     tracing::info!("shutting down");
     running.stop().await;
     Ok(())

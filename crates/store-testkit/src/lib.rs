@@ -23,6 +23,7 @@ pub fn test_watch_config() -> WatchCacheConfig {
     WatchCacheConfig {
         history: 16,
         watcher_buffer: 64,
+        narrow_watcher_buffer: 64,
     }
 }
 

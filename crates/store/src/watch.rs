@@ -172,8 +172,14 @@ pub trait History: Send + Sync {
 pub struct WatchCacheConfig {
     /// How many recent changes to keep in memory for replay.
     pub history: usize,
-    /// How many undelivered events one watcher may have before it is ended as expired.
+    /// How many undelivered events one watcher of a whole kind (or more) may have before it
+    /// is ended as expired.
     pub watcher_buffer: usize,
+    /// The same for watchers of a narrower prefix (a namespace, one object). Each watched
+    /// prefix has one channel whose slots are allocated up front, and a fleet has a namespace
+    /// per cluster, each watched by its agent: this keeps that cost small, while such a
+    /// prefix sees only its own, far fewer, events.
+    pub narrow_watcher_buffer: usize,
 }
 
 impl Default for WatchCacheConfig {
@@ -181,6 +187,19 @@ impl Default for WatchCacheConfig {
         WatchCacheConfig {
             history: 4096,
             watcher_buffer: 16384,
+            narrow_watcher_buffer: 1024,
+        }
+    }
+}
+
+impl WatchCacheConfig {
+    /// The channel capacity for watchers of `prefix`: `/registry/<group>/<plural>/` and
+    /// shallower prefixes are wide.
+    fn buffer_for(&self, prefix: &str) -> usize {
+        if prefix.matches('/').count() <= 4 {
+            self.watcher_buffer
+        } else {
+            self.narrow_watcher_buffer
         }
     }
 }
@@ -215,6 +234,7 @@ impl WatchCache {
         let config = WatchCacheConfig {
             history: config.history.max(1),
             watcher_buffer: config.watcher_buffer.max(1),
+            narrow_watcher_buffer: config.narrow_watcher_buffer.max(1),
         };
         WatchCache {
             shared: Arc::new(Shared {
@@ -340,7 +360,7 @@ impl WatchCache {
                     compacted: st.compacted,
                 });
             }
-            let buffer = self.shared.config.watcher_buffer;
+            let buffer = self.shared.config.buffer_for(prefix);
             let rx = st
                 .channels
                 .entry(prefix.to_string())
@@ -490,6 +510,19 @@ impl WatchStream {
 mod tests {
     use super::*;
 
+    #[test]
+    fn narrow_prefixes_get_smaller_buffers() {
+        let c = WatchCacheConfig::default();
+        assert_eq!(c.buffer_for(""), 16384);
+        assert_eq!(c.buffer_for("/registry/"), 16384);
+        assert_eq!(c.buffer_for("/registry/apps/deployments/"), 16384);
+        assert_eq!(c.buffer_for("/registry/apps/deployments/ns/"), 1024);
+        assert_eq!(
+            c.buffer_for("/registry/multicluster.io/works/orrery-cluster-a/"),
+            1024
+        );
+    }
+
     struct NoHistory;
     #[async_trait::async_trait]
     impl History for NoHistory {
@@ -521,6 +554,7 @@ mod tests {
             WatchCacheConfig {
                 history: 10,
                 watcher_buffer: 10,
+                narrow_watcher_buffer: 10,
             },
             0,
         );
@@ -544,6 +578,7 @@ mod tests {
             WatchCacheConfig {
                 history: 2,
                 watcher_buffer: 10,
+                narrow_watcher_buffer: 10,
             },
             0,
         );
@@ -578,6 +613,7 @@ mod tests {
             WatchCacheConfig {
                 history: 4,
                 watcher_buffer: 4,
+                narrow_watcher_buffer: 4,
             },
             0,
         );

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
-use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
 };
@@ -103,39 +102,121 @@ fn managed(v: &Value) -> bool {
         == Some(MANAGED_VALUE)
 }
 
-fn quantity(q: &k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> Quantity {
-    q.0.parse().unwrap_or_default()
-}
-
 fn add_to(list: &mut ResourceList, name: &str, q: Quantity) {
     let slot = list.entry(name.to_string()).or_default();
     *slot = slot.checked_add(&q).unwrap_or(*slot);
 }
 
+/// A page of a list, with only what the capacity figures need (serde skips the rest).
+#[derive(Debug, Default, serde::Deserialize)]
+struct Page<T> {
+    #[serde(default = "Vec::new")]
+    items: Vec<T>,
+    #[serde(default)]
+    metadata: PageMeta,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct PageMeta {
+    #[serde(rename = "continue", default)]
+    next: Option<String>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct MiniMeta {
+    #[serde(default)]
+    name: String,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct MiniNode {
+    #[serde(default)]
+    metadata: MiniMeta,
+    #[serde(default)]
+    spec: MiniNodeSpec,
+    #[serde(default)]
+    status: MiniNodeStatus,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct MiniNodeSpec {
+    #[serde(default)]
+    unschedulable: bool,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct MiniNodeStatus {
+    #[serde(default)]
+    allocatable: BTreeMap<String, Value>,
+    #[serde(default)]
+    conditions: Vec<MiniCondition>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct MiniCondition {
+    #[serde(rename = "type")]
+    type_: String,
+    #[serde(default)]
+    status: String,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct MiniPod {
+    #[serde(default)]
+    spec: MiniPodSpec,
+    #[serde(default)]
+    status: MiniPodStatus,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MiniPodSpec {
+    #[serde(default)]
+    node_name: Option<String>,
+    #[serde(default)]
+    containers: Vec<MiniContainer>,
+    #[serde(default)]
+    init_containers: Vec<MiniContainer>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct MiniContainer {
+    #[serde(default)]
+    resources: MiniResources,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct MiniResources {
+    #[serde(default)]
+    requests: BTreeMap<String, Value>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct MiniPodStatus {
+    #[serde(default)]
+    phase: Option<String>,
+}
+
+/// A quantity as the API writes it (a string, or a bare number).
+fn quantity_of(v: &Value) -> Quantity {
+    match v {
+        Value::String(s) => s.parse().unwrap_or_default(),
+        Value::Number(n) => n.to_string().parse().unwrap_or_default(),
+        _ => Quantity::default(),
+    }
+}
+
 /// A pod's requests: the sum over containers, the larger of that and any init container.
-fn pod_requests(pod: &Pod) -> ResourceList {
+fn pod_requests(spec: &MiniPodSpec) -> ResourceList {
     let mut sum = ResourceList::new();
-    let Some(spec) = &pod.spec else { return sum };
     for c in &spec.containers {
-        for (k, v) in c
-            .resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref())
-            .into_iter()
-            .flatten()
-        {
-            add_to(&mut sum, k, quantity(v));
+        for (k, v) in &c.resources.requests {
+            add_to(&mut sum, k, quantity_of(v));
         }
     }
-    for c in spec.init_containers.iter().flatten() {
-        for (k, v) in c
-            .resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref())
-            .into_iter()
-            .flatten()
-        {
-            let q = quantity(v);
+    for c in &spec.init_containers {
+        for (k, v) in &c.resources.requests {
+            let q = quantity_of(v);
             let slot = sum.entry(k.clone()).or_default();
             if q > *slot {
                 *slot = q;
@@ -156,6 +237,30 @@ impl KubeMember {
             enablements: Mutex::new(None),
             changed: tx,
             tasks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Lists `path` in pages of 500, handing each item to `f`.
+    async fn each_page<T: serde::de::DeserializeOwned>(
+        &self,
+        path: &str,
+        mut f: impl FnMut(T),
+    ) -> Result<(), BackendError> {
+        let mut next: Option<String> = None;
+        loop {
+            let uri = match &next {
+                Some(c) => format!("{path}?limit=500&continue={c}"),
+                None => format!("{path}?limit=500"),
+            };
+            let req = http::Request::get(uri)
+                .body(Vec::new())
+                .map_err(unavailable)?;
+            let page: Page<T> = self.client.request(req).await.map_err(unavailable)?;
+            page.items.into_iter().for_each(&mut f);
+            match page.metadata.next.filter(|c| !c.is_empty()) {
+                Some(c) => next = Some(c),
+                None => return Ok(()),
+            }
         }
     }
 
@@ -448,59 +553,41 @@ impl Backend for KubeMember {
             .map_err(unavailable)?;
         let ready = self.client.request_text(req).await;
         let version = self.client.apiserver_version().await.map_err(unavailable)?;
-        let nodes = Api::<Node>::all(self.client.clone())
-            .list(&ListParams::default())
-            .await
-            .map_err(unavailable)?;
-        let pods = Api::<Pod>::all(self.client.clone())
-            .list(&ListParams::default())
-            .await
-            .map_err(unavailable)?;
+        // Nodes and pods a page at a time, into the few fields needed: a member of thousands
+        // of nodes never sits in memory whole.
         let mut allocatable = ResourceList::new();
         let mut per_node: HashMap<String, ResourceList> = HashMap::new();
-        let mut ready_nodes = 0;
-        for n in &nodes.items {
+        let (mut total_nodes, mut ready_nodes) = (0i64, 0i64);
+        self.each_page("/api/v1/nodes", |n: MiniNode| {
+            total_nodes += 1;
             let is_ready = n
                 .status
-                .as_ref()
-                .and_then(|s| s.conditions.as_ref())
-                .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-            let unschedulable = n
-                .spec
-                .as_ref()
-                .and_then(|s| s.unschedulable)
-                .unwrap_or(false);
-            if !is_ready || unschedulable {
-                continue;
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            if !is_ready || n.spec.unschedulable {
+                return;
             }
             ready_nodes += 1;
             let mut mine = ResourceList::new();
-            for (k, v) in n
-                .status
-                .as_ref()
-                .and_then(|s| s.allocatable.as_ref())
-                .into_iter()
-                .flatten()
-            {
-                add_to(&mut allocatable, k, quantity(v));
-                add_to(&mut mine, k, quantity(v));
+            for (k, v) in &n.status.allocatable {
+                let q = quantity_of(v);
+                add_to(&mut allocatable, k, q);
+                add_to(&mut mine, k, q);
             }
-            per_node.insert(n.metadata.name.clone().unwrap_or_default(), mine);
-        }
+            per_node.insert(n.metadata.name, mine);
+        })
+        .await?;
         let mut allocated = ResourceList::new();
         let mut allocating = ResourceList::new();
         let (mut placed_pods, mut pending_pods) = (0i64, 0i64);
-        for p in &pods.items {
-            let phase = p
-                .status
-                .as_ref()
-                .and_then(|s| s.phase.as_deref())
-                .unwrap_or("Pending");
+        self.each_page("/api/v1/pods", |p: MiniPod| {
+            let phase = p.status.phase.as_deref().unwrap_or("Pending");
             if phase == "Succeeded" || phase == "Failed" {
-                continue;
+                return;
             }
-            let req = pod_requests(p);
-            match p.spec.as_ref().and_then(|s| s.node_name.as_ref()) {
+            let req = pod_requests(&p.spec);
+            match &p.spec.node_name {
                 Some(node) => {
                     placed_pods += 1;
                     for (k, v) in &req {
@@ -519,7 +606,8 @@ impl Backend for KubeMember {
                     }
                 }
             }
-        }
+        })
+        .await?;
         allocated.insert(
             "pods".into(),
             Quantity::from_int(placed_pods, orrery_api::Format::DecimalSI),
@@ -544,13 +632,13 @@ impl Backend for KubeMember {
         Ok(MemberReport {
             healthy: ready.is_ok(),
             message: match &ready {
-                Ok(_) => format!("{ready_nodes} of {} nodes ready", nodes.items.len()),
+                Ok(_) => format!("{ready_nodes} of {total_nodes} nodes ready"),
                 Err(e) => format!("the member's API is not ready: {e}"),
             },
             kubernetes_version: version.git_version,
             api_enablements: self.enablements().await,
             node_summary: NodeSummary {
-                total_num: nodes.items.len() as i64,
+                total_num: total_nodes,
                 ready_num: ready_nodes,
             },
             resource_summary: ResourceSummary {

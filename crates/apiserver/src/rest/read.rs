@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::{Response, StatusCode};
 use orrery_api::{Object, fields, labels};
 use orrery_store::{ListOptions, Revision};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{Call, respond_object, with_warnings};
 use crate::error::{ApiError, ApiResult};
@@ -187,15 +187,41 @@ pub async fn list(call: Call<'_>) -> ApiResult<Response<Body>> {
     let prefix = rt.prefix(call.target.namespace.as_deref());
     let response = match call.representation {
         Representation::Table => {
-            let result = call.app.store.list(&prefix, &opts).await?;
-            let items: Vec<Object> = result.items.into_iter().map(|o| present(&rt, o)).collect();
+            // Row by row from the stored JSON: a large list never exists parsed all at once.
             let include = IncludeObject::parse(call.query.get("includeObject"))
                 .map_err(ApiError::bad_request)?;
+            let result = call.app.store.list_raw(&prefix, &opts).await?;
             let rv = result.revision.to_string();
-            h::json(
-                StatusCode::OK,
-                &table::table(&rt, &items, &rv, result.continue_token.as_deref(), include),
-            )
+            let head = table::table(&rt, &[], &rv, result.continue_token.as_deref(), include);
+            let head = serde_json::to_vec(&head).map_err(|e| ApiError::internal(e.to_string()))?;
+            // The head ends with `"rows":[]}`; the rows go in between.
+            let cut = head.len() - 2;
+            let mut out = Vec::with_capacity(result.items.len() * 256 + head.len());
+            out.extend_from_slice(&head[..cut]);
+            let now = orrery_api::Time::now();
+            let api_version = rt.api_version();
+            for (i, item) in result.items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                let mut value: Value = serde_json::from_slice(&item.json)
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                if value.get("apiVersion").and_then(Value::as_str) != Some(api_version.as_str()) {
+                    let obj =
+                        Object::from_value(value).map_err(|e| ApiError::internal(e.to_string()))?;
+                    value = present(&rt, obj).to_value();
+                }
+                let row = table::row_from_json(&rt, value, include, now);
+                serde_json::to_writer(&mut out, &row)
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+            }
+            out.extend_from_slice(b"]}");
+            let mut r = Response::new(h::full(out));
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static(h::JSON),
+            );
+            r
         }
         Representation::Metadata => {
             let result = call.app.store.list(&prefix, &opts).await?;

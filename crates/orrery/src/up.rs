@@ -1,0 +1,219 @@
+//! `orrery up`: the one-command start on one machine. A control plane (embedded SQLite) and a
+//! fleet of simulated member clusters of varied regions, providers, sizes and background
+//! load, all in this process; it waits until every cluster is Ready, then says how to reach
+//! it. A second `orrery up` on the same data directory resumes where the first stopped.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use orrery_agent::ClusterInfo;
+use orrery_agent::fleet::{Fleet, FleetConfig, Member};
+use serde_json::{Value, json};
+
+use crate::server::{ServerArgs, StoreKind, parse_duration};
+
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// How many simulated member clusters to run.
+    #[arg(long, default_value_t = 5)]
+    pub clusters: usize,
+    #[arg(long, default_value = "./orrery-data", env = "ORRERY_DATA_DIR")]
+    pub data_dir: PathBuf,
+    #[arg(long, default_value = "127.0.0.1:6443")]
+    pub listen: SocketAddr,
+}
+
+/// (name, provider, region, zone, city code, simulate spec, capabilities)
+const PRESETS: &[(&str, &str, &str, &str, &str, &str, &[&str])] = &[
+    (
+        "aws-us-east",
+        "aws",
+        "us-east-1",
+        "us-east-1a",
+        "nyc",
+        "nodes=8,cpu=32,memory=128Gi,load=0.35,profile=diurnal,period=10m",
+        &["tls-encryption"],
+    ),
+    (
+        "gcp-europe",
+        "gcp",
+        "europe-west1",
+        "europe-west1-b",
+        "bru",
+        "nodes=6,cpu=16,memory=64Gi,load=0.2,profile=flat",
+        &["tls-encryption"],
+    ),
+    (
+        "azure-asia",
+        "azure",
+        "southeastasia",
+        "southeastasia-1",
+        "sin",
+        "nodes=10,cpu=32,memory=128Gi,load=0.55,profile=spikes,period=10m",
+        &[],
+    ),
+    (
+        "onprem-gpu",
+        "on-prem",
+        "us-west",
+        "dc-1",
+        "sjc",
+        "nodes=4,cpu=64,memory=256Gi,gpu=8,load=0.4,profile=flat",
+        &["gpu"],
+    ),
+    (
+        "edge-berlin",
+        "edge",
+        "eu-central",
+        "ber-1",
+        "ber",
+        "nodes=3,cpu=8,memory=32Gi,load=0.15,profile=diurnal,period=10m",
+        &[],
+    ),
+    (
+        "aws-us-west",
+        "aws",
+        "us-west-2",
+        "us-west-2b",
+        "sea",
+        "nodes=12,cpu=16,memory=64Gi,load=0.6,profile=diurnal,period=10m",
+        &["tls-encryption"],
+    ),
+    (
+        "gcp-asia",
+        "gcp",
+        "asia-northeast1",
+        "asia-northeast1-a",
+        "tyo",
+        "nodes=8,cpu=32,memory=128Gi,load=0.25,profile=flat",
+        &["gpu", "tls-encryption"],
+    ),
+    (
+        "edge-saopaulo",
+        "edge",
+        "sa-east",
+        "gru-1",
+        "gru",
+        "nodes=2,cpu=8,memory=16Gi,load=0.3,profile=spikes,period=10m",
+        &[],
+    ),
+];
+
+/// The fleet of `orrery up`: the presets, then numbered copies of them.
+pub fn members(n: usize) -> anyhow::Result<Vec<Member>> {
+    (0..n)
+        .map(|i| {
+            let (name, provider, region, zone, city, sim, caps) = PRESETS[i % PRESETS.len()];
+            let round = i / PRESETS.len();
+            let name = if round == 0 {
+                name.to_string()
+            } else {
+                format!("{name}-{}", round + 1)
+            };
+            let mut labels = std::collections::BTreeMap::new();
+            labels.insert("topology.datum.net/city-code".to_string(), city.to_string());
+            labels.insert("orrery.io/simulated".to_string(), "true".to_string());
+            Ok(Member {
+                name,
+                info: ClusterInfo {
+                    provider: provider.into(),
+                    region: region.into(),
+                    zones: vec![zone.into()],
+                    capabilities: caps.iter().map(|c| c.to_string()).collect(),
+                    labels,
+                    api_endpoint: String::new(),
+                },
+                spec: sim.parse().map_err(|e: String| anyhow::anyhow!(e))?,
+                token: None,
+            })
+        })
+        .collect()
+}
+
+pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.clusters <= 5000,
+        "--clusters: at most 5000 simulated clusters"
+    );
+    let stop = crate::server::signals().context("installing signal handlers")?;
+    let server_args = ServerArgs {
+        data_dir: args.data_dir.clone(),
+        listen: args.listen,
+        store: StoreKind::Sqlite,
+        etcd_endpoints: Vec::new(),
+        etcd_prefix: "/orrery".into(),
+        tls_san: Vec::new(),
+        cluster_grace_period: parse_duration("40s").map_err(anyhow::Error::msg)?,
+        cluster_eviction_timeout: parse_duration("30s").map_err(anyhow::Error::msg)?,
+        watch_bookmark_interval: Duration::from_secs(60),
+        compaction_interval: Duration::from_secs(300),
+    };
+    let started = Instant::now();
+    let running = crate::server::start(&server_args).await?;
+    println!("control plane serving at {}", running.url);
+    let admin = orrery_client::from_kubeconfig(&running.kubeconfig).await?;
+    // One bootstrap token for the whole local fleet.
+    let body = serde_json::to_vec(&json!({ "cluster": "*", "ttl": "1h" }))?;
+    let req = http::Request::post("/agent/v1/tokens")
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(body)?;
+    let token: Value = serde_json::from_str(&admin.request_text(req).await?)?;
+    let token = token["token"]
+        .as_str()
+        .context("no bootstrap token")?
+        .to_string();
+    let members = members(args.clusters)?;
+    let n = members.len();
+    let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
+    let fleet = Fleet::start(
+        members,
+        &FleetConfig {
+            server: running.url.clone(),
+            token: Some(token),
+            ca_pem: None,
+            state_dir: Some(args.data_dir.join("agents")),
+            heartbeat_interval: Duration::from_secs(5),
+            report_interval: Duration::from_millis(500),
+        },
+        shutdown,
+    );
+    let mut last = usize::MAX;
+    loop {
+        let ready = orrery_client::ready_clusters(&admin).await.unwrap_or(0);
+        if ready != last {
+            println!("  {ready}/{n} simulated clusters Ready");
+            last = ready;
+        }
+        if ready >= n {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(300),
+            "the clusters did not all become Ready in 5 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let kc = running.kubeconfig.display();
+    println!(
+        "orrery is up: a control plane and {n} simulated clusters, ready in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    println!();
+    println!("  kubeconfig: {kc}");
+    println!("  export KUBECONFIG={kc}");
+    println!();
+    println!("  kubectl get clusters");
+    println!("  kubectl get clusterprofiles -n orrery-system");
+    println!();
+    println!("Ctrl-C stops everything; `orrery up` on the same data directory resumes.");
+    stop.await;
+    println!("stopping");
+    let _ = shutdown_tx.send(true);
+    for (name, e) in fleet.wait().await {
+        eprintln!("agent of {name}: {e}");
+    }
+    running.stop().await;
+    Ok(())
+}

@@ -1,0 +1,411 @@
+//! Finer points of the Kubernetes API contract, over HTTPS against a real `orrery server`:
+//! content types, field validation modes, names and generations, resourceVersion semantics
+//! of lists, bookmarks, CRD clean-up, and the serving certificate's names.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Server, eventually};
+use futures_util::StreamExt;
+use http_body_util::BodyExt;
+use serde_json::{Value, json};
+
+fn req(method: &str, path: &str, ct: &str, body: Value) -> http::Request<Vec<u8>> {
+    let bytes = if body.is_null() {
+        Vec::new()
+    } else {
+        serde_json::to_vec(&body).unwrap()
+    };
+    http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("Content-Type", ct)
+        .body(bytes)
+        .unwrap()
+}
+
+async fn send(
+    c: &kube::Client,
+    r: http::Request<Vec<u8>>,
+    accept: Option<&str>,
+) -> (u16, http::HeaderMap, Value) {
+    let (mut parts, body) = r.into_parts();
+    if let Some(a) = accept {
+        parts
+            .headers
+            .insert("Accept", http::HeaderValue::from_str(a).unwrap());
+    }
+    let r = http::Request::from_parts(parts, kube::client::Body::from(body));
+    let resp = c.send(r).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (parts.status.as_u16(), parts.headers, v)
+}
+
+fn cm(name: &str, extra: Value) -> Value {
+    let mut v = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": "v"}});
+    if let (Value::Object(m), Value::Object(e)) = (&mut v, extra) {
+        m.extend(e);
+    }
+    v
+}
+
+const CMS: &str = "/api/v1/namespaces/default/configmaps";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_content_types_and_field_validation_modes() {
+    let s = Server::start();
+    let c = s.client().await;
+    let aggregated =
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+    let (code, headers, body) = send(
+        &c,
+        req("GET", "/apis", "application/json", Value::Null),
+        Some(aggregated),
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(
+        headers["content-type"],
+        "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList",
+        "the exact content type client-go checks"
+    );
+    assert_eq!(body["kind"], "APIGroupDiscoveryList");
+    let (_, headers, body) = send(
+        &c,
+        req("GET", "/apis", "application/json", Value::Null),
+        Some("application/json"),
+    )
+    .await;
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(body["kind"], "APIGroupList");
+
+    // Warn (the default): stored without the unknown field, with a Warning header.
+    let (code, headers, body) = send(
+        &c,
+        req(
+            "POST",
+            CMS,
+            "application/json",
+            cm("warned", json!({"bogus": 1})),
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(code, 201);
+    let warning = headers
+        .get("warning")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    assert!(
+        warning.starts_with("299 - ") && warning.contains("unknown field \\\"bogus\\\""),
+        "{warning}"
+    );
+    assert!(body.get("bogus").is_none());
+    // Ignore: no warning either.
+    let (code, headers, _) = send(
+        &c,
+        req(
+            "POST",
+            &format!("{CMS}?fieldValidation=Ignore"),
+            "application/json",
+            cm("ignored", json!({"bogus": 1})),
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(code, 201);
+    assert!(headers.get("warning").is_none());
+    // Strict: refused.
+    let (code, _, body) = send(
+        &c,
+        req(
+            "POST",
+            &format!("{CMS}?fieldValidation=Strict"),
+            "application/json",
+            cm("strict", json!({"bogus": 1})),
+        ),
+        None,
+    )
+    .await;
+    assert_eq!((code, body["reason"].as_str()), (422, Some("Invalid")));
+    assert_eq!(body["details"]["causes"][0]["field"], "bogus");
+    let (code, _, _) = send(
+        &c,
+        req(
+            "POST",
+            &format!("{CMS}?fieldValidation=Sometimes"),
+            "application/json",
+            cm("x", json!({})),
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(code, 400);
+    // Malformed YAML bodies are a BadRequest.
+    let r = http::Request::builder()
+        .method("POST")
+        .uri(CMS)
+        .header("Content-Type", "application/yaml")
+        .body(b"metadata: {name: [unclosed".to_vec())
+        .unwrap();
+    let (code, _, body) = send(&c, r, None).await;
+    assert_eq!((code, body["reason"].as_str()), (400, Some("BadRequest")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_names_and_generations() {
+    let s = Server::start();
+    let c = s.client().await;
+    let body = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"generateName": "job-"}, "data": {}});
+    let (code, _, made) = send(&c, req("POST", CMS, "application/json", body), None).await;
+    assert_eq!(code, 201);
+    let name = made["metadata"]["name"].as_str().unwrap();
+    assert!(name.starts_with("job-") && name.len() == 9, "{name}");
+    assert_eq!(made["metadata"]["generation"], 1);
+    assert!(
+        made["metadata"]["uid"]
+            .as_str()
+            .is_some_and(|u| u.len() == 36)
+    );
+
+    s.apply("apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: g}\nspec:\n  selector: {matchLabels: {app: g}}\n  template:\n    metadata: {labels: {app: g}}\n    spec: {containers: [{name: c, image: x}]}\n");
+    s.ok(&["label", "deploy", "g", "extra=yes"]);
+    assert_eq!(
+        s.ok(&[
+            "get",
+            "deploy",
+            "g",
+            "-o",
+            "jsonpath={.metadata.generation}"
+        ]),
+        "1",
+        "metadata changes keep the generation"
+    );
+    s.ok(&["set", "image", "deploy/g", "c=y"]);
+    assert_eq!(
+        s.ok(&[
+            "get",
+            "deploy",
+            "g",
+            "-o",
+            "jsonpath={.metadata.generation}"
+        ]),
+        "2",
+        "spec changes bump it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_at_exact_revisions_and_expired_history() {
+    let s = Server::start_with(&["--compaction-interval", "1s"]);
+    let c = s.client().await;
+    for i in 0..3 {
+        send(
+            &c,
+            req(
+                "POST",
+                CMS,
+                "application/json",
+                cm(&format!("a{i}"), json!({})),
+            ),
+            None,
+        )
+        .await;
+    }
+    let (_, _, list) = send(&c, req("GET", CMS, "", Value::Null), None).await;
+    let at = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    send(
+        &c,
+        req("POST", CMS, "application/json", cm("later", json!({}))),
+        None,
+    )
+    .await;
+    // Exact: the list as it was then.
+    let (code, _, then) = send(
+        &c,
+        req(
+            "GET",
+            &format!("{CMS}?resourceVersion={at}&resourceVersionMatch=Exact"),
+            "",
+            Value::Null,
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(then["items"].as_array().unwrap().len(), 3);
+    assert_eq!(then["metadata"]["resourceVersion"], at.as_str());
+    // A page and its continue token, then history moves on.
+    let (_, _, page) = send(
+        &c,
+        req("GET", &format!("{CMS}?limit=2"), "", Value::Null),
+        None,
+    )
+    .await;
+    let token = page["metadata"]["continue"].as_str().unwrap().to_string();
+    for i in 0..4 {
+        send(
+            &c,
+            req(
+                "PATCH",
+                &format!("{CMS}/later"),
+                "application/merge-patch+json",
+                json!({"data": {"n": i.to_string()}}),
+            ),
+            None,
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let (code, _, body) = send(
+        &c,
+        req(
+            "GET",
+            &format!("{CMS}?resourceVersion={at}&resourceVersionMatch=Exact"),
+            "",
+            Value::Null,
+        ),
+        None,
+    )
+    .await;
+    assert_eq!((code, body["reason"].as_str()), (410, Some("Expired")));
+    let (code, _, body) = send(
+        &c,
+        req(
+            "GET",
+            &format!("{CMS}?limit=2&continue={token}"),
+            "",
+            Value::Null,
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(
+        (code, body["reason"].as_str()),
+        (410, Some("Expired")),
+        "{body}"
+    );
+    // Bad combinations are refused.
+    let (code, _, _) = send(
+        &c,
+        req(
+            "GET",
+            &format!("{CMS}?resourceVersionMatch=Exact"),
+            "",
+            Value::Null,
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(code, 400);
+    let (code, _, _) = send(
+        &c,
+        req("GET", &format!("{CMS}?continue=garbage"), "", Value::Null),
+        None,
+    )
+    .await;
+    assert_eq!(code, 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_get_bookmarks() {
+    let s = Server::start_with(&["--watch-bookmark-interval", "1s"]);
+    let c = s.client().await;
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> = kube::Api::namespaced(c, "default");
+    let mut w = cms
+        .watch(&kube::api::WatchParams::default().timeout(10), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(8);
+    let mut bookmark = None;
+    while let Ok(Some(ev)) = tokio::time::timeout_at(deadline, w.next()).await {
+        if let Ok(kube::core::WatchEvent::Bookmark(b)) = ev {
+            bookmark = Some(b);
+            break;
+        }
+    }
+    let b = bookmark.expect("a bookmark within the interval");
+    assert!(b.metadata.resource_version.parse::<i64>().is_ok());
+}
+
+#[test]
+fn deleting_a_crd_deletes_its_objects() {
+    let s = Server::start();
+    let crd = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.example.com}
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        properties:
+          spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"#;
+    s.apply(crd);
+    eventually(Duration::from_secs(10), "the kind to be served", || {
+        s.kubectl(&["get", "widgets"]).status.success()
+    });
+    for i in 0..3 {
+        s.apply(&format!("apiVersion: example.com/v1\nkind: Widget\nmetadata: {{name: w{i}}}\nspec: {{size: {i}}}\n"));
+    }
+    s.ok(&["delete", "crd", "widgets.example.com"]);
+    // Defined again, the kind starts empty: the objects went with the old definition.
+    s.apply(crd);
+    eventually(
+        Duration::from_secs(20),
+        "the kind to be served again, empty",
+        || {
+            let out = s.kubectl(&["get", "widgets", "-o", "name"]);
+            out.status.success() && String::from_utf8_lossy(&out.stdout).trim().is_empty()
+        },
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_serving_certificate_carries_extra_names() {
+    let s = Server::start_with(&["--tls-san", "orrery.example.test"]);
+    let token = std::fs::read_to_string(&s.kubeconfig)
+        .unwrap()
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token: ").map(str::to_string))
+        .unwrap();
+    let ca = std::fs::read_to_string(s.dir.join("tls/ca.crt")).unwrap();
+    let check = |name: &str| {
+        let (url, token, ca, name) = (s.url.clone(), token.clone(), ca.clone(), name.to_string());
+        async move {
+            let mut cfg = orrery_client::config_for(&url, &token, Some(&ca))
+                .await
+                .unwrap();
+            cfg.tls_server_name = Some(name);
+            let c = kube::Client::try_from(cfg).unwrap();
+            c.request_text(req("GET", "/version", "", Value::Null))
+                .await
+        }
+    };
+    assert!(
+        check("orrery.example.test").await.is_ok(),
+        "the extra name is in the certificate"
+    );
+    assert!(check("localhost").await.is_ok());
+    assert!(
+        check("elsewhere.example.test").await.is_err(),
+        "other names are not"
+    );
+}
