@@ -185,15 +185,17 @@ fn start_agent(
     let stdout = child.stdout.take().context("agent stdout")?;
     let mut lines = BufReader::new(stdout).lines();
     let mut addr = String::new();
-    while admin {
-        match lines.next() {
-            Some(Ok(l)) => {
-                if let Some(a) = l.strip_prefix("admin endpoint at http://") {
-                    addr = a.to_string();
-                    break;
+    if admin {
+        loop {
+            match lines.next() {
+                Some(Ok(l)) => {
+                    if let Some(a) = l.strip_prefix("admin endpoint at http://") {
+                        addr = a.to_string();
+                        break;
+                    }
                 }
+                _ => anyhow::bail!("the agent exited before serving its admin endpoint"),
             }
-            _ => anyhow::bail!("the agent exited before serving its admin endpoint"),
         }
     }
     std::thread::spawn(move || for _ in lines {});

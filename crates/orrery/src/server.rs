@@ -262,7 +262,9 @@ pub async fn run(args: ServerArgs) -> anyhow::Result<()> {
         running.url,
         running.kubeconfig.display()
     );
-    println!("  export KUBECONFIG={}", running.kubeconfig.display());
+    let kc =
+        std::fs::canonicalize(&running.kubeconfig).unwrap_or_else(|_| running.kubeconfig.clone());
+    println!("  export KUBECONFIG={}", kc.display());
     stop.await;
     tracing::info!("shutting down");
     running.stop().await;

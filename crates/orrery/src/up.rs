@@ -25,8 +25,19 @@ pub struct UpArgs {
     pub listen: SocketAddr,
 }
 
-/// (name, provider, region, zone, city code, simulate spec, capabilities)
-const PRESETS: &[(&str, &str, &str, &str, &str, &str, &[&str])] = &[
+/// A member of the demo fleet: (name, provider, region, zone, city code, simulate spec,
+/// capabilities).
+type Preset = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+);
+
+const PRESETS: &[Preset] = &[
     (
         "aws-us-east",
         "aws",
@@ -195,7 +206,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    let kc = running.kubeconfig.display();
+    // Absolute, so that the export line works from any directory.
+    let kc_path =
+        std::fs::canonicalize(&running.kubeconfig).unwrap_or_else(|_| running.kubeconfig.clone());
+    let kc = kc_path.display();
     println!(
         "orrery is up: a control plane and {n} simulated clusters, ready in {:.1} s",
         started.elapsed().as_secs_f64()

@@ -30,6 +30,8 @@ use tokio::time::Instant;
 use super::{Backend, BackendError, MemberReport, ObjectState};
 
 const FIELD_MANAGER: &str = "orrery";
+/// Items per page when listing nodes and pods: small pages keep the agent's memory flat.
+const PAGE: usize = 200;
 
 type Gvk = (String, String, String);
 type Key = (String, String, String, String);
@@ -240,7 +242,7 @@ impl KubeMember {
         }
     }
 
-    /// Lists `path` in pages of 500, handing each item to `f`.
+    /// Lists `path` a page at a time, handing each item to `f`.
     async fn each_page<T: serde::de::DeserializeOwned>(
         &self,
         path: &str,
@@ -249,8 +251,8 @@ impl KubeMember {
         let mut next: Option<String> = None;
         loop {
             let uri = match &next {
-                Some(c) => format!("{path}?limit=500&continue={c}"),
-                None => format!("{path}?limit=500"),
+                Some(c) => format!("{path}?limit={PAGE}&continue={c}"),
+                None => format!("{path}?limit={PAGE}"),
             };
             let req = http::Request::get(uri)
                 .body(Vec::new())
@@ -556,7 +558,9 @@ impl Backend for KubeMember {
         // Nodes and pods a page at a time, into the few fields needed: a member of thousands
         // of nodes never sits in memory whole.
         let mut allocatable = ResourceList::new();
-        let mut per_node: HashMap<String, ResourceList> = HashMap::new();
+        // Per node only the free cpu, memory and gpu (in nano-units): a map entry apiece.
+        let mut per_node: HashMap<String, [i128; 3]> = HashMap::new();
+        const LARGEST: [&str; 3] = ["cpu", "memory", GPU_RESOURCE];
         let (mut total_nodes, mut ready_nodes) = (0i64, 0i64);
         self.each_page("/api/v1/nodes", |n: MiniNode| {
             total_nodes += 1;
@@ -569,11 +573,13 @@ impl Backend for KubeMember {
                 return;
             }
             ready_nodes += 1;
-            let mut mine = ResourceList::new();
+            let mut mine = [0i128; 3];
             for (k, v) in &n.status.allocatable {
                 let q = quantity_of(v);
                 add_to(&mut allocatable, k, q);
-                add_to(&mut mine, k, q);
+                if let Some(i) = LARGEST.iter().position(|r| r == k) {
+                    mine[i] = q.nanos();
+                }
             }
             per_node.insert(n.metadata.name, mine);
         })
@@ -593,9 +599,9 @@ impl Backend for KubeMember {
                     for (k, v) in &req {
                         add_to(&mut allocated, k, *v);
                         if let Some(free) = per_node.get_mut(node)
-                            && let Some(slot) = free.get_mut(k)
+                            && let Some(i) = LARGEST.iter().position(|r| r == k)
                         {
-                            *slot = slot.checked_sub(v).unwrap_or(*slot);
+                            free[i] -= v.nanos();
                         }
                     }
                 }
@@ -617,14 +623,17 @@ impl Backend for KubeMember {
             Quantity::from_int(pending_pods, orrery_api::Format::DecimalSI),
         );
         let mut largest = ResourceList::new();
-        for free in per_node.values() {
-            for r in ["cpu", "memory", GPU_RESOURCE] {
-                if let Some(q) = free.get(r) {
-                    let slot = largest.entry(r.to_string()).or_default();
-                    if q > slot {
-                        *slot = *q;
-                    }
-                }
+        for (i, r) in LARGEST.iter().enumerate() {
+            let formats = [
+                orrery_api::Format::DecimalSI,
+                orrery_api::Format::BinarySI,
+                orrery_api::Format::DecimalSI,
+            ];
+            if let Some(most) = per_node.values().map(|f| f[i]).max()
+                && allocatable.contains_key(*r)
+                && let Ok(q) = Quantity::from_nanos(most.max(0), formats[i])
+            {
+                largest.insert(r.to_string(), q);
             }
         }
         let mut usage = allocated.clone();
