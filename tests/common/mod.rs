@@ -61,18 +61,7 @@ impl Server {
         let stdout = child.stdout.take().unwrap();
         let stderr = child.stderr.take().unwrap();
         // Keep the server's log for failing tests; drain it so the server never blocks.
-        let log = dir.join("server.log");
-        std::thread::spawn(move || {
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .unwrap();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                use std::io::Write;
-                let _ = writeln!(f, "{line}");
-            }
-        });
+        drain_to_file(stderr, dir.join("server.log"));
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -263,6 +252,21 @@ pub fn eventually(timeout: Duration, what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// Appends a child's output to a log file, line by line, so the child never blocks on it.
+fn drain_to_file(from: impl std::io::Read + Send + 'static, log: PathBuf) {
+    std::thread::spawn(move || {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        for line in BufReader::new(from).lines().map_while(Result::ok) {
+            use std::io::Write;
+            let _ = writeln!(f, "{line}");
+        }
+    });
+}
+
 /// Writes `contents` to a file in `dir`.
 pub fn write(dir: &Path, name: &str, contents: &str) -> PathBuf {
     let p = dir.join(name);
@@ -357,18 +361,7 @@ impl Agent {
         let mut child = cmd.spawn().expect("start orrery agent");
         let stdout = child.stdout.take().unwrap();
         let stderr = child.stderr.take().unwrap();
-        let log = self.dir.join("agent.log");
-        std::thread::spawn(move || {
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .unwrap();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                use std::io::Write;
-                let _ = writeln!(f, "{line}");
-            }
-        });
+        drain_to_file(stderr, self.dir.join("agent.log"));
         let lines = self.lines.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {

@@ -423,21 +423,37 @@ pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>
         }
         let incoming = admit(&mut call, &mut doc, &dups, validation)?;
         let next = merge_for_update(&call, &current, incoming, true)?;
-        if same_object(&current, &next) {
-            // Nothing changed: no write, no new revision.
-            return respond_object(&call, StatusCode::OK, &present(&rt, current));
-        }
-        validate(&call, &next, Some(&current))?;
-        match commit_update(&call, &current, next, current_rv, dry).await {
-            Ok(stored) => {
-                after_write(&call).await;
-                return respond_object(&call, StatusCode::OK, &present(&rt, stored));
-            }
-            Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
-            Err(e) => return Err(ApiError::from_store(e, &rt, &name)),
+        if let Some(r) = store_update(&call, current, next, dry, precondition.is_none()).await? {
+            return Ok(r);
         }
     }
     Err(ApiError::stale(&rt, &name))
+}
+
+/// Validates and stores `next` over `current` and answers; `None` when another writer got
+/// there first and `retry` allows reading again.
+async fn store_update(
+    call: &Call<'_>,
+    current: Object,
+    next: Object,
+    dry: bool,
+    retry: bool,
+) -> ApiResult<Option<Response<Body>>> {
+    let rt = &call.target.rt;
+    if same_object(&current, &next) {
+        // Nothing changed: no write, no new revision.
+        return respond_object(call, StatusCode::OK, &present(rt, current)).map(Some);
+    }
+    validate(call, &next, Some(&current))?;
+    let current_rv = current.revision().unwrap_or(0);
+    match commit_update(call, &current, next, current_rv, dry).await {
+        Ok(stored) => {
+            after_write(call).await;
+            respond_object(call, StatusCode::OK, &present(rt, stored)).map(Some)
+        }
+        Err(StoreError::Conflict { .. }) if retry => Ok(None),
+        Err(e) => Err(ApiError::from_store(e, rt, call.target.name())),
+    }
 }
 
 fn same_object(a: &Object, b: &Object) -> bool {
@@ -812,20 +828,10 @@ async fn server_side_apply(mut call: Call<'_>, body: &Bytes) -> ApiResult<Respon
                 Err(e) => return Err(ApiError::from_store(e, &rt, &name)),
             }
         };
-        let current_rv = current.revision().unwrap_or(0);
         let incoming = admit(&mut call, &mut merged, &[], validation)?;
         let next = merge_for_update(&call, &current, incoming, false)?;
-        if same_object(&current, &next) {
-            return respond_object(&call, StatusCode::OK, &present(&rt, current));
-        }
-        validate(&call, &next, Some(&current))?;
-        match commit_update(&call, &current, next, current_rv, dry).await {
-            Ok(stored) => {
-                after_write(&call).await;
-                return respond_object(&call, StatusCode::OK, &present(&rt, stored));
-            }
-            Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(ApiError::from_store(e, &rt, &name)),
+        if let Some(r) = store_update(&call, current, next, dry, true).await? {
+            return Ok(r);
         }
     }
     Err(ApiError::stale(&rt, &name))
