@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use orrery_api::cluster::{self, CONDITION_JOINED, CONDITION_READY};
+use orrery_api::cluster::{self, CONDITION_JOINED, CONDITION_READY, ClusterFacts, Registration};
 use orrery_api::conditions::{self, Condition};
 use orrery_api::work::{
     self, ConflictResolution, Health, ManifestStatus, ResourceIdentifier, WorkSpec, WorkStatus,
@@ -31,24 +31,6 @@ use crate::backoff::Backoff;
 use crate::state::{AgentState, AppliedWork, StateError, StateFile};
 use crate::transport::{self, Transport, TransportError, WorkEvent};
 
-/// What the agent says about its cluster when it registers.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterInfo {
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub provider: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub region: String,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub zones: Vec<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub capabilities: Vec<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub labels: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub api_endpoint: String,
-}
-
 /// How one agent runs.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
@@ -62,7 +44,7 @@ pub struct AgentConfig {
     /// A cluster token to use as is, without registering (push mode: the server runs the
     /// agent for a member it reaches itself; needs `ca_pem`).
     pub cluster_token: Option<String>,
-    pub info: ClusterInfo,
+    pub info: ClusterFacts,
     pub state: StateFile,
     pub heartbeat_interval: Duration,
     /// Least time between two status reports.
@@ -79,7 +61,7 @@ impl AgentConfig {
             bootstrap_token: None,
             ca_pem: None,
             cluster_token: None,
-            info: ClusterInfo::default(),
+            info: ClusterFacts::default(),
             state: StateFile::none(),
             heartbeat_interval: Duration::from_secs(10),
             report_interval: Duration::from_secs(1),
@@ -752,8 +734,10 @@ async fn connect(inner: &Inner) -> Result<kube::Client, End> {
     let client = orrery_client::connect(&cfg.server, credential, &ca)
         .await
         .map_err(|e| End::Transient(e.to_string()))?;
-    let mut request = serde_json::to_value(&cfg.info).unwrap_or_else(|_| json!({}));
-    request["cluster"] = json!(cfg.cluster);
+    let request = Registration {
+        cluster: cfg.cluster.clone(),
+        facts: cfg.info.clone(),
+    };
     let reg = match transport::register(&client, &request).await {
         Ok(r) => r,
         Err(e) if e.is_transient() => return Err(End::Transient(e.to_string())),

@@ -26,9 +26,10 @@ use serde::Deserialize;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::agent::{AgentConfig, AgentError, ClusterInfo, Stopped, run};
+use crate::agent::{AgentConfig, AgentError, Stopped, run};
 use crate::backend::sim::{SimCluster, SimSpec};
 use crate::state::StateFile;
+use orrery_api::cluster::ClusterFacts;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -64,7 +65,7 @@ pub struct FleetEntry {
 #[derive(Debug, Clone)]
 pub struct Member {
     pub name: String,
-    pub info: ClusterInfo,
+    pub info: ClusterFacts,
     pub spec: SimSpec,
     pub token: Option<String>,
 }
@@ -124,7 +125,7 @@ impl FleetFile {
                 };
                 out.push(Member {
                     name,
-                    info: ClusterInfo {
+                    info: ClusterFacts {
                         provider: e.provider.clone(),
                         region,
                         zones: e.zones.clone(),
@@ -201,22 +202,7 @@ impl Fleet {
             agents.push((name, handle));
             sims.push(sim);
         }
-        let ticked = sims.clone();
-        let mut stop = shutdown.clone();
-        let ticker = tokio::spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_millis(200));
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-            loop {
-                tokio::select! {
-                    _ = every.tick() => {
-                        for s in &ticked {
-                            s.tick();
-                        }
-                    }
-                    _ = stop.changed() => return,
-                }
-            }
-        });
+        let ticker = crate::backend::sim::spawn_clock(sims.clone(), shutdown.clone());
         Fleet {
             sims,
             agents,

@@ -19,7 +19,8 @@ pub mod state;
 pub mod stats;
 pub mod transport;
 
-pub use agent::{AgentConfig, AgentError, ClusterInfo, Stopped, run};
+pub use agent::{AgentConfig, AgentError, Stopped, run};
+pub use orrery_api::cluster::ClusterFacts;
 
 /// Most status items one report carries (the server's batch limit).
 pub const MAX_BATCH: usize = 1000;

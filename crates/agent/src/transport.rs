@@ -187,7 +187,7 @@ pub struct Registration {
 /// Registers a cluster with a bootstrap (or cluster) token.
 pub async fn register(
     client: &kube::Client,
-    request: &Value,
+    request: &orrery_api::cluster::Registration,
 ) -> Result<Registration, TransportError> {
     let body = serde_json::to_vec(request).map_err(|e| TransportError::Protocol(e.to_string()))?;
     let req = http::Request::post("/agent/v1/register")

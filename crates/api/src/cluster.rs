@@ -109,6 +109,43 @@ impl Taint {
     }
 }
 
+/// What a member says about itself when it joins (an agent registering, `orrery join`); the
+/// same fields land in its Cluster's spec, and the labels on the Cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterFacts {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub provider: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub region: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub zones: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub api_endpoint: String,
+}
+
+impl ClusterFacts {
+    /// Writes the facts that belong in a Cluster's spec into it (the labels do not).
+    pub fn apply_to_spec(&self, spec: &mut serde_json::Map<String, Value>) {
+        if let Ok(Value::Object(m)) = serde_json::to_value(self) {
+            spec.extend(m.into_iter().filter(|(k, _)| k != "labels"));
+        }
+    }
+}
+
+/// The body of `POST /agent/v1/register`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Registration {
+    pub cluster: String,
+    #[serde(default)]
+    pub facts: ClusterFacts,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterSpec {
@@ -725,6 +762,29 @@ mod tests {
             assert_eq!(errs.len(), 1, "{status}: {errs:?}");
             assert_eq!(errs[0].field, field, "{status}");
         }
+    }
+
+    #[test]
+    fn facts_go_into_the_spec_but_not_the_labels() {
+        let facts = ClusterFacts {
+            region: "eu".into(),
+            zones: vec!["a".into()],
+            labels: [("k".to_string(), "v".to_string())].into(),
+            ..Default::default()
+        };
+        let mut spec = serde_json::Map::new();
+        spec.insert("syncMode".into(), json!("Pull"));
+        facts.apply_to_spec(&mut spec);
+        assert_eq!(
+            Value::Object(spec),
+            json!({"syncMode": "Pull", "region": "eu", "zones": ["a"]})
+        );
+        let r: Registration = serde_json::from_value(json!({"cluster": "x"})).unwrap();
+        assert_eq!(r.facts, ClusterFacts::default());
+        assert!(
+            serde_json::from_value::<Registration>(json!({"cluster": "x", "facts": {"colour": 1}}))
+                .is_err()
+        );
     }
 
     #[test]

@@ -10,15 +10,13 @@
 //!   or refreshes the Cluster and its `orrery-cluster-<name>` namespace, and returns a new
 //!   cluster token; the cluster's earlier agent tokens stop working.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Response, StatusCode};
-use orrery_api::cluster::{self, CONDITION_JOINED};
+use orrery_api::cluster::{self, CONDITION_JOINED, Registration};
 use orrery_api::conditions::{self, Condition};
-use orrery_api::validation::validate_labels;
 use orrery_api::{Object, Time, keys};
 use orrery_store::StoreError;
 use serde::Deserialize;
@@ -135,43 +133,11 @@ async fn create_token(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Resp
     ))
 }
 
-/// What an agent says about its cluster when it registers.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct RegisterRequest {
-    pub cluster: String,
-    #[serde(default)]
-    pub provider: String,
-    #[serde(default)]
-    pub region: String,
-    #[serde(default)]
-    pub zones: Vec<String>,
-    #[serde(default)]
-    pub capabilities: Vec<String>,
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    #[serde(default)]
-    pub api_endpoint: String,
-}
-
-fn agent_spec(req: &RegisterRequest) -> serde_json::Map<String, Value> {
+/// A Pull Cluster's spec fields from what its agent says.
+fn agent_spec(req: &Registration) -> serde_json::Map<String, Value> {
     let mut spec = serde_json::Map::new();
     spec.insert("syncMode".into(), json!("Pull"));
-    for (k, v) in [
-        ("provider", &req.provider),
-        ("region", &req.region),
-        ("apiEndpoint", &req.api_endpoint),
-    ] {
-        if !v.is_empty() {
-            spec.insert(k.into(), json!(v));
-        }
-    }
-    if !req.zones.is_empty() {
-        spec.insert("zones".into(), json!(req.zones));
-    }
-    if !req.capabilities.is_empty() {
-        spec.insert("capabilities".into(), json!(req.capabilities));
-    }
+    req.facts.apply_to_spec(&mut spec);
     spec
 }
 
@@ -191,7 +157,7 @@ fn joined(now: Time) -> Vec<Condition> {
 }
 
 /// Creates the Cluster, or refreshes what the agent reports about it.
-async fn upsert_cluster(app: &App, rt: &ResourceType, req: &RegisterRequest) -> ApiResult<Object> {
+async fn upsert_cluster(app: &App, rt: &ResourceType, req: &Registration) -> ApiResult<Object> {
     let key = keys::well_known::cluster(&req.cluster);
     let now = Time::now();
     for _ in 0..8 {
@@ -228,7 +194,7 @@ async fn upsert_cluster(app: &App, rt: &ResourceType, req: &RegisterRequest) -> 
                 for (k, v) in agent_spec(req) {
                     spec.insert(k, v);
                 }
-                next.metadata.labels.extend(req.labels.clone());
+                next.metadata.labels.extend(req.facts.labels.clone());
                 let mut status: cluster::ClusterStatus = next
                     .status
                     .clone()
@@ -241,7 +207,7 @@ async fn upsert_cluster(app: &App, rt: &ResourceType, req: &RegisterRequest) -> 
                 if next.spec != current.spec {
                     next.metadata.generation = Some(current.metadata.generation.unwrap_or(1) + 1);
                 }
-                check(rt, &next)?;
+                crate::rest::validate_object(app, rt, &next, Some(&current))?;
                 match app.store.update(&key, next, current.revision()).await {
                     Ok(o) => return Ok((*o).clone()),
                     Err(StoreError::Conflict { .. }) => continue,
@@ -252,7 +218,7 @@ async fn upsert_cluster(app: &App, rt: &ResourceType, req: &RegisterRequest) -> 
                 let mut obj = Object::new(cluster::API_VERSION, "Cluster")
                     .with_name(&req.cluster)
                     .with_spec(Value::Object(agent_spec(req)));
-                obj.metadata.labels = req.labels.clone();
+                obj.metadata.labels = req.facts.labels.clone();
                 obj.metadata.uid = uuid::Uuid::new_v4().to_string();
                 obj.metadata.creation_timestamp = Some(now);
                 obj.metadata.generation = Some(1);
@@ -262,7 +228,7 @@ async fn upsert_cluster(app: &App, rt: &ResourceType, req: &RegisterRequest) -> 
                     ..Default::default()
                 })
                 .ok();
-                check(rt, &obj)?;
+                crate::rest::validate_object(app, rt, &obj, None)?;
                 match app.store.create(&key, obj).await {
                     Ok(o) => return Ok((*o).clone()),
                     Err(StoreError::AlreadyExists { .. }) => continue,
@@ -273,16 +239,6 @@ async fn upsert_cluster(app: &App, rt: &ResourceType, req: &RegisterRequest) -> 
         }
     }
     Err(ApiError::stale(rt, &req.cluster))
-}
-
-fn check(rt: &ResourceType, obj: &Object) -> ApiResult<()> {
-    let mut errs = strategy::validate(rt, obj, None);
-    errs.extend(validate_labels(&obj.metadata.labels, "metadata.labels"));
-    if errs.is_empty() {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(rt, obj.name(), &errs))
-    }
 }
 
 /// Creates the namespace that holds a cluster's Works, if it is missing.
@@ -318,7 +274,7 @@ pub async fn ensure_cluster_namespace(app: &App, cluster_name: &str) -> ApiResul
 }
 
 async fn register(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Response<Body>> {
-    let req: RegisterRequest = parse(body)?;
+    let req: Registration = parse(body)?;
     let allowed = match who {
         Identity::Admin { .. } => true,
         Identity::Cluster { name } => *name == req.cluster,

@@ -72,32 +72,12 @@ impl ServerProcess {
 
     /// (resident MiB, peak resident MiB, CPU seconds) of the server so far.
     pub fn usage_full(&self) -> (f64, f64, f64) {
-        crate::members::usage_of(self.child.id())
+        crate::stats::process_usage(self.child.id())
     }
 
     /// (resident MiB, CPU seconds) of the server so far.
     pub fn usage(&self) -> (f64, f64) {
-        let pid = self.child.id();
-        let rss = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .ok()
-            .and_then(|s| {
-                s.lines()
-                    .find(|l| l.starts_with("VmRSS:"))
-                    .and_then(|l| l.split_whitespace().nth(1))
-                    .and_then(|v| v.parse::<f64>().ok())
-            })
-            .unwrap_or(0.0)
-            / 1024.0;
-        let cpu = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|s| {
-                let fields: Vec<&str> = s.rsplit_once(')')?.1.split_whitespace().collect();
-                Some(
-                    (fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?)
-                        / 100.0,
-                )
-            })
-            .unwrap_or(0.0);
+        let (rss, _, cpu) = self.usage_full();
         (rss, cpu)
     }
 }

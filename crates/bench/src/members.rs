@@ -15,33 +15,7 @@ use kube::runtime::watcher;
 use serde_json::{Value, json};
 
 use crate::api::{ServerProcess, request};
-use crate::stats::{emit, percentile, progress, round};
-
-/// (resident MiB, peak resident MiB, CPU seconds) of a process.
-pub fn usage_of(pid: u32) -> (f64, f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib = |field: &str| -> f64 {
-        status
-            .lines()
-            .find(|l| l.starts_with(field))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    let cpu = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            let f: Vec<String> = s
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .map(str::to_string)
-                .collect();
-            Some((f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?) / 100.0)
-        })
-        .unwrap_or(0.0);
-    (kib("VmRSS:") / 1024.0, kib("VmHWM:") / 1024.0, cpu)
-}
+use crate::stats::{emit, percentile, process_usage, progress, round};
 
 async fn bootstrap_token(client: &kube::Client, cluster: &str) -> anyhow::Result<String> {
     let body = serde_json::to_vec(&json!({ "cluster": cluster, "ttl": "1h" }))?;
@@ -293,7 +267,7 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(10)).await;
     let _ = admin_get(&agent.admin, "/stats?reset=true")?;
     let (_, _, server_cpu0) = server.usage_full();
-    let (_, _, agent_cpu0) = usage_of(agent.child.id());
+    let (_, _, agent_cpu0) = process_usage(agent.child.id());
     let t0 = Instant::now();
     // A Work per cluster, so that statuses are reported too.
     progress(format!(
@@ -354,7 +328,7 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     }
     let wall = t0.elapsed().as_secs_f64();
     let (server_rss, server_peak, server_cpu1) = server.usage_full();
-    let (agent_rss, agent_peak, agent_cpu1) = usage_of(agent.child.id());
+    let (agent_rss, agent_peak, agent_cpu1) = process_usage(agent.child.id());
     let stats = admin_get(&agent.admin, "/stats")?;
     let still_ready = orrery_client::ready_clusters(&admin).await?;
     emit(json!({
@@ -467,8 +441,8 @@ pub async fn agent_memory(args: AgentMemoryArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     tokio::time::sleep(Duration::from_secs(args.settle_secs)).await;
-    let (sim_rss, sim_peak, _) = usage_of(sim.child.id());
-    let (kube_rss, kube_peak, _) = usage_of(kube_agent.child.id());
+    let (sim_rss, sim_peak, _) = process_usage(sim.child.id());
+    let (kube_rss, kube_peak, _) = process_usage(kube_agent.child.id());
     emit(json!({
         "scenario": "members.agent_memory",
         "nodes": args.nodes,

@@ -45,10 +45,58 @@ impl Default for HealthConfig {
 
 #[derive(Debug)]
 struct Seen {
-    obj: Arc<Object>,
     heartbeat: Option<Time>,
     heartbeat_at: Instant,
-    ready: String,
+    deleting: bool,
+    /// Derived from the object when it arrives, so that ticks parse nothing.
+    ready: Option<Condition>,
+    taints: Vec<Taint>,
+}
+
+impl Seen {
+    fn new(o: &Object, heartbeat_at: Instant) -> Seen {
+        let mut s = Seen {
+            heartbeat: None,
+            heartbeat_at,
+            deleting: false,
+            ready: None,
+            taints: Vec::new(),
+        };
+        s.observe(o, heartbeat_at);
+        s
+    }
+
+    /// Takes in a new version of the Cluster; returns the readiness it had before, if the
+    /// new one differs.
+    fn observe(&mut self, o: &Object, now: Instant) -> Option<String> {
+        let st = status_of(o);
+        if st.last_heartbeat_time.is_some() && st.last_heartbeat_time != self.heartbeat {
+            self.heartbeat = st.last_heartbeat_time;
+            self.heartbeat_at = now;
+        }
+        self.deleting = o.metadata.deletion_timestamp.is_some();
+        self.taints = o
+            .spec
+            .clone()
+            .and_then(|v| serde_json::from_value::<cluster::ClusterSpec>(v).ok())
+            .unwrap_or_default()
+            .taints;
+        let ready = ready_of(&st).cloned();
+        let before = self
+            .ready
+            .as_ref()
+            .map(|c| c.status.clone())
+            .unwrap_or_default();
+        let changed = ready.as_ref().is_some_and(|r| r.status != before);
+        if ready.is_some() {
+            self.ready = ready;
+        }
+        changed.then_some(before)
+    }
+
+    fn ready_status(&self) -> &str {
+        self.ready.as_ref().map(|c| c.status.as_str()).unwrap_or("")
+    }
 }
 
 fn status_of(o: &Object) -> ClusterStatus {
@@ -246,35 +294,25 @@ pub async fn run(store: Arc<dyn Store>, cfg: HealthConfig, shutdown: watch::Rece
                             .into_iter()
                             .map(|o| {
                                 let st = status_of(&o);
-                                let s = Seen {
-                                    heartbeat: st.last_heartbeat_time,
-                                    heartbeat_at: instant_of(st.last_heartbeat_time.or(o.metadata.creation_timestamp), now),
-                                    ready: ready_of(&st).map(|c| c.status.clone()).unwrap_or_default(),
-                                    obj: o,
-                                };
-                                (s.obj.name().to_string(), s)
+                                let at = instant_of(st.last_heartbeat_time.or(o.metadata.creation_timestamp), now);
+                                (o.name().to_string(), Seen::new(&o, at))
                             })
                             .collect();
                     }
                     Event::Upsert(o) => {
-                        let st = status_of(&o);
-                        let ready = ready_of(&st).cloned();
-                        let entry = seen.entry(o.name().to_string()).or_insert_with(|| Seen {
-                            obj: o.clone(),
-                            heartbeat: None,
-                            heartbeat_at: now,
-                            ready: String::new(),
-                        });
-                        if st.last_heartbeat_time.is_some() && st.last_heartbeat_time != entry.heartbeat {
-                            entry.heartbeat = st.last_heartbeat_time;
-                            entry.heartbeat_at = now;
-                        }
-                        entry.obj = o.clone();
-                        if let Some(r) = ready
-                            && r.status != entry.ready
+                        let change = match seen.get_mut(o.name()) {
+                            Some(entry) => entry.observe(&o, now),
+                            None => {
+                                let entry = Seen::new(&o, now);
+                                let first = entry.ready.is_some().then(String::new);
+                                seen.insert(o.name().to_string(), entry);
+                                first
+                            }
+                        };
+                        if let Some(from) = change
+                            && let Some(to) = seen.get(o.name()).and_then(|e| e.ready.clone())
                         {
-                            let from = std::mem::replace(&mut entry.ready, r.status.clone());
-                            transition(store.as_ref(), &o, &from, &r).await;
+                            transition(store.as_ref(), &o, &from, &to).await;
                         }
                     }
                     Event::Delete(o) => {
@@ -285,18 +323,16 @@ pub async fn run(store: Arc<dyn Store>, cfg: HealthConfig, shutdown: watch::Rece
             _ = ticker.tick() => {
                 let now_t = Time::now();
                 for (name, s) in &seen {
-                    if s.obj.metadata.deletion_timestamp.is_some() {
+                    if s.deleting {
                         continue;
                     }
-                    if s.heartbeat_at.elapsed() > cfg.grace_period && s.ready != conditions::UNKNOWN
+                    if s.heartbeat_at.elapsed() > cfg.grace_period && s.ready_status() != conditions::UNKNOWN
                         && let Err(e) = set_unknown(store.as_ref(), name, cfg.grace_period).await
                     {
                         tracing::warn!(cluster = %name, error = %e, "marking the cluster unknown failed");
                     }
-                    let st = status_of(&s.obj);
-                    let spec: cluster::ClusterSpec = s.obj.spec.clone().and_then(|v| serde_json::from_value(v).ok()).unwrap_or_default();
-                    let wanted = wanted_taints(ready_of(&st), now_t, cfg.eviction_timeout);
-                    if reconcile_taints(&spec.taints, &wanted, now_t).is_some()
+                    let wanted = wanted_taints(s.ready.as_ref(), now_t, cfg.eviction_timeout);
+                    if reconcile_taints(&s.taints, &wanted, now_t).is_some()
                         && let Err(e) = set_taints(store.as_ref(), name, cfg.eviction_timeout).await
                     {
                         tracing::warn!(cluster = %name, error = %e, "updating the cluster's taints failed");

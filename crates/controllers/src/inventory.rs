@@ -135,12 +135,19 @@ fn same_conditions(a: &Value, b: &Value) -> bool {
     strip(a) == strip(b)
 }
 
-async fn sync_one(store: &dyn Store, c: &Object) -> Result<(), StoreError> {
+/// Profiles as last read or written, by cluster: a Cluster changes with every heartbeat, its
+/// profile rarely, so most events are settled without touching the store.
+type Known = HashMap<String, Object>;
+
+async fn sync_one(store: &dyn Store, c: &Object, known: &mut Known) -> Result<(), StoreError> {
     let key = keys::well_known::cluster_profile(NAMESPACE, c.name());
-    let current = match store.get(&key).await {
-        Ok(o) => Some(o),
-        Err(StoreError::NotFound { .. }) => None,
-        Err(e) => return Err(e),
+    let current = match known.get(c.name()) {
+        Some(o) => Some(o.clone()),
+        None => match store.get(&key).await {
+            Ok(o) => Some(o),
+            Err(StoreError::NotFound { .. }) => None,
+            Err(e) => return Err(e),
+        },
     };
     let (labels, spec, status) = profile_of(c, current.as_ref());
     match current {
@@ -154,13 +161,20 @@ async fn sync_one(store: &dyn Store, c: &Object) -> Result<(), StoreError> {
                     status.get("conditions").unwrap_or(&Value::Null),
                 );
             if unchanged {
+                known.insert(c.name().to_string(), cur);
                 return Ok(());
             }
             let mut next = cur.clone();
             next.spec = Some(spec);
             next.status = Some(status);
             match store.update(&key, next, cur.revision()).await {
-                Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => {
+                Ok(stored) => {
+                    known.insert(c.name().to_string(), (*stored).clone());
+                    Ok(())
+                }
+                // Changed by someone else: read it afresh next time.
+                Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => {
+                    known.remove(c.name());
                     Ok(())
                 }
                 Err(e) => Err(e),
@@ -185,7 +199,14 @@ async fn sync_one(store: &dyn Store, c: &Object) -> Result<(), StoreError> {
             p.spec = Some(spec);
             p.status = Some(status);
             match store.create(&key, p).await {
-                Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
+                Ok(stored) => {
+                    known.insert(c.name().to_string(), (*stored).clone());
+                    Ok(())
+                }
+                Err(StoreError::AlreadyExists { .. }) => {
+                    known.remove(c.name());
+                    Ok(())
+                }
                 Err(e) => Err(e),
             }
         }
@@ -203,9 +224,11 @@ async fn remove(store: &dyn Store, name: &str) {
 /// Runs the inventory controller until shutdown.
 pub async fn run(store: Arc<dyn Store>, shutdown: watch::Receiver<bool>) {
     let mut events = informer::spawn(store.clone(), keys::well_known::clusters(), shutdown);
+    let mut known = Known::new();
     while let Some(ev) = events.recv().await {
         let items = match ev {
             Event::Listed(items) => {
+                known.clear();
                 // Profiles of clusters that no longer exist.
                 let names: std::collections::HashSet<String> =
                     items.iter().map(|o| o.name().to_string()).collect();
@@ -219,7 +242,9 @@ pub async fn run(store: Arc<dyn Store>, shutdown: watch::Receiver<bool>) {
                     for p in list.items.iter().filter(|p| {
                         p.labels().get(MANAGER_LABEL).map(String::as_str) == Some(MANAGER)
                     }) {
-                        if !names.contains(p.name()) {
+                        if names.contains(p.name()) {
+                            known.insert(p.name().to_string(), p.clone());
+                        } else {
                             remove(store.as_ref(), p.name()).await;
                         }
                     }
@@ -228,6 +253,7 @@ pub async fn run(store: Arc<dyn Store>, shutdown: watch::Receiver<bool>) {
             }
             Event::Upsert(o) => vec![o],
             Event::Delete(o) => {
+                known.remove(o.name());
                 remove(store.as_ref(), o.name()).await;
                 continue;
             }
@@ -236,7 +262,7 @@ pub async fn run(store: Arc<dyn Store>, shutdown: watch::Receiver<bool>) {
             if c.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            if let Err(e) = sync_one(store.as_ref(), &c).await {
+            if let Err(e) = sync_one(store.as_ref(), &c, &mut known).await {
                 tracing::warn!(cluster = c.name(), error = %e, "updating the ClusterProfile failed");
             }
         }

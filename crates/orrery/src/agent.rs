@@ -13,7 +13,7 @@ use orrery_agent::backend::kube::KubeMember;
 use orrery_agent::backend::sim::{SimCluster, SimSpec};
 use orrery_agent::fleet::{Fleet, FleetConfig, FleetFile};
 use orrery_agent::state::StateFile;
-use orrery_agent::{AgentConfig, ClusterInfo, Stopped};
+use orrery_agent::{AgentConfig, ClusterFacts, Stopped};
 
 use crate::server::parse_duration;
 
@@ -76,7 +76,7 @@ pub struct ClusterFlags {
 }
 
 impl ClusterFlags {
-    pub fn info(&self) -> anyhow::Result<ClusterInfo> {
+    pub fn info(&self) -> anyhow::Result<ClusterFacts> {
         let labels: BTreeMap<String, String> = self
             .labels
             .iter()
@@ -88,7 +88,7 @@ impl ClusterFlags {
             })
             .collect::<anyhow::Result<_>>()?;
         let nonempty = |v: &[String]| v.iter().filter(|x| !x.is_empty()).cloned().collect();
-        Ok(ClusterInfo {
+        Ok(ClusterFacts {
             provider: self.provider.clone(),
             region: self.region.clone(),
             zones: nonempty(&self.zones),
@@ -168,14 +168,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                 .map_err(|e: String| anyhow::anyhow!("--simulate: {e}"))?;
             let sim = Arc::new(SimCluster::new(&cluster, &args.facts.region, spec));
             sims.push(sim.clone());
-            let ticked = sim.clone();
-            tokio::spawn(async move {
-                let mut every = tokio::time::interval(Duration::from_millis(200));
-                loop {
-                    every.tick().await;
-                    ticked.tick();
-                }
-            });
+            orrery_agent::backend::sim::spawn_clock(vec![sim.clone()], shutdown.clone());
             sim
         }
         _ => bail!(

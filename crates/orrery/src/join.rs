@@ -154,16 +154,11 @@ pub async fn run(args: JoinArgs) -> anyhow::Result<()> {
         "apiEndpoint": server,
         "secretRef": { "namespace": "orrery-system", "name": secret_name },
     });
-    let info = args.facts.info()?;
-    // The same fields a registering agent reports, in the Cluster's spec.
-    if let Value::Object(facts) = serde_json::to_value(&info)? {
-        for (k, v) in facts {
-            if k != "labels" {
-                spec[k] = v;
-            }
-        }
+    let facts = args.facts.info()?;
+    if let Value::Object(m) = &mut spec {
+        facts.apply_to_spec(m);
     }
-    let labels = info.labels;
+    let labels = facts.labels;
     let cluster = json!({
         "apiVersion": "multicluster.io/v1alpha1", "kind": "Cluster",
         "metadata": { "name": args.name, "labels": labels },

@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
+use orrery_agent::AgentConfig;
 use orrery_agent::backend::kube::KubeMember;
-use orrery_agent::{AgentConfig, ClusterInfo};
 use orrery_api::cluster::{self, ClusterSpec, SyncMode};
 use orrery_api::conditions::{self, Condition};
 use orrery_api::{Object, Time, keys};
@@ -156,7 +156,6 @@ async fn start(
     let mut cfg = AgentConfig::new(url, c.name());
     cfg.cluster_token = Some(token);
     cfg.ca_pem = Some(ca_pem.to_string());
-    cfg.info = ClusterInfo::default();
     let (stop, mut stopped) = watch::channel(false);
     let mut server_down = shutdown.clone();
     let (inner_tx, inner_rx) = watch::channel(false);
@@ -223,7 +222,14 @@ pub fn spawn(app: Arc<App>, url: String, ca_pem: String, shutdown: watch::Receiv
                         items
                     }
                     Some(Event::Upsert(o)) => {
+                        // Heartbeats change only the status: nothing to look at again.
+                        let same = known.get(o.name()).is_some_and(|k| {
+                            k.spec == o.spec && k.metadata.deletion_timestamp == o.metadata.deletion_timestamp
+                        });
                         known.insert(o.name().to_string(), o.clone());
+                        if same {
+                            continue;
+                        }
                         vec![o]
                     }
                     Some(Event::Delete(o)) => {

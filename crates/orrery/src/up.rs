@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use orrery_agent::ClusterInfo;
+use orrery_agent::ClusterFacts;
 use orrery_agent::fleet::{Fleet, FleetConfig, Member};
 use serde_json::{Value, json};
 
@@ -128,7 +128,7 @@ pub fn members(n: usize) -> anyhow::Result<Vec<Member>> {
             labels.insert("orrery.io/simulated".to_string(), "true".to_string());
             Ok(Member {
                 name,
-                info: ClusterInfo {
+                info: ClusterFacts {
                     provider: provider.into(),
                     region: region.into(),
                     zones: vec![zone.into()],

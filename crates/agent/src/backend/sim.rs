@@ -686,6 +686,23 @@ impl SimCluster {
     }
 }
 
+/// Moves the simulations along (pods start, Jobs finish) five times a second, until shutdown.
+pub fn spawn_clock(
+    sims: Vec<std::sync::Arc<SimCluster>>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(Duration::from_millis(200));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = every.tick() => sims.iter().for_each(|s| { s.tick(); }),
+                _ = shutdown.changed() => return,
+            }
+        }
+    })
+}
+
 /// Background requests held on one node: the base load of its cpu and memory.
 fn background(node: &Node, load: f64) -> Res {
     node.allocatable.scale(load)

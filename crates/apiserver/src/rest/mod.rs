@@ -328,11 +328,20 @@ pub fn admit(
 
 /// Metadata and kind validation of an object about to be stored.
 pub fn validate(call: &Call<'_>, obj: &Object, old: Option<&Object>) -> ApiResult<()> {
-    let rt = &call.target.rt;
+    validate_object(call.app, &call.target.rt, obj, old)
+}
+
+/// The same, for writes made outside a resource request (agent registration, batch status).
+pub fn validate_object(
+    app: &App,
+    rt: &ResourceType,
+    obj: &Object,
+    old: Option<&Object>,
+) -> ApiResult<()> {
     let mut errs = validate_object_meta(&obj.metadata, rt.namespaced, rt.name_rule);
     errs.extend(crate::strategy::validate(rt, obj, old));
     if rt.group == "apiextensions.k8s.io" {
-        let resources = call.app.resources.clone();
+        let resources = app.resources.clone();
         let reserved = move |g: &str| resources.is_builtin_group(g);
         errs.extend(crate::crd::validate(obj, old, &reserved));
     }

@@ -686,15 +686,7 @@ pub async fn write_status(
         if same_object(&current, &next) {
             return Ok(present(rt, current));
         }
-        let mut errs = orrery_api::validation::validate_object_meta(
-            &next.metadata,
-            rt.namespaced,
-            rt.name_rule,
-        );
-        errs.extend(strategy::validate(rt, &next, Some(&current)));
-        if !errs.is_empty() {
-            return Err(ApiError::invalid(rt, name, &errs));
-        }
+        super::validate_object(app, rt, &next, Some(&current))?;
         match app.store.update(&key, next, Some(current_rv)).await {
             Ok(stored) => return Ok(present(rt, (*stored).clone())),
             Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
