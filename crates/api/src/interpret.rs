@@ -3,6 +3,9 @@
 
 use serde_json::Value;
 
+use crate::cluster::ResourceList;
+use crate::fieldpath::FieldPath;
+use crate::quantity::Quantity;
 use crate::work::Health;
 
 fn int(v: &Value, path: &str) -> i64 {
@@ -125,10 +128,620 @@ pub fn health(obj: &Value) -> (Health, String) {
     }
 }
 
+/// Where a kind keeps its pod spec (JSON pointer), for the built-in workload kinds.
+pub fn pod_spec_pointer(kind: &str) -> Option<&'static str> {
+    match kind {
+        "Deployment" | "StatefulSet" | "ReplicaSet" | "DaemonSet" | "Job" => {
+            Some("/spec/template/spec")
+        }
+        "CronJob" => Some("/spec/jobTemplate/spec/template/spec"),
+        "Pod" => Some("/spec"),
+        _ => None,
+    }
+}
+
+/// Where a built-in kind keeps a replica count that can be divided among clusters.
+fn replica_pointer(kind: &str) -> Option<&'static str> {
+    match kind {
+        "Deployment" | "StatefulSet" | "ReplicaSet" => Some("/spec/replicas"),
+        // As Karmada: a Job's parallelism is what is divided.
+        "Job" => Some("/spec/parallelism"),
+        _ => None,
+    }
+}
+
+/// What one replica asks for: the sum of its containers' requests (a limit stands in for a
+/// missing request, as Kubernetes defaults it), and at least the largest init container's.
+pub fn pod_requests(pod_spec: &Value) -> ResourceList {
+    let of = |c: &Value| -> ResourceList {
+        let mut out = ResourceList::new();
+        for src in ["/resources/limits", "/resources/requests"] {
+            if let Some(m) = c.pointer(src).and_then(Value::as_object) {
+                for (k, v) in m {
+                    let q = match v {
+                        Value::String(s) => s.parse::<Quantity>().ok(),
+                        Value::Number(n) => n.to_string().parse::<Quantity>().ok(),
+                        _ => None,
+                    };
+                    if let Some(q) = q {
+                        out.insert(k.clone(), q);
+                    }
+                }
+            }
+        }
+        out
+    };
+    let list = |k: &str| {
+        pod_spec
+            .get(k)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut sum = ResourceList::new();
+    for c in list("containers") {
+        for (k, q) in of(&c) {
+            let total = match sum.get(&k) {
+                Some(s) => *s + q,
+                None => q,
+            };
+            sum.insert(k, total);
+        }
+    }
+    for c in list("initContainers") {
+        for (k, q) in of(&c) {
+            if sum.get(&k).is_none_or(|s| s.nanos() < q.nanos()) {
+                sum.insert(k, q);
+            }
+        }
+    }
+    sum
+}
+
+/// The names of ConfigMaps, Secrets, PersistentVolumeClaims and the ServiceAccount a pod spec
+/// refers to, as `(kind, name)`, sorted and without duplicates.
+pub fn pod_dependencies(pod_spec: &Value) -> Vec<(&'static str, String)> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut add = |kind: &'static str, v: Option<&Value>| {
+        if let Some(n) = v.and_then(Value::as_str).filter(|n| !n.is_empty()) {
+            out.insert((kind, n.to_string()));
+        }
+    };
+    for vol in pod_spec
+        .get("volumes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        add("ConfigMap", vol.pointer("/configMap/name"));
+        add("Secret", vol.pointer("/secret/secretName"));
+        add(
+            "PersistentVolumeClaim",
+            vol.pointer("/persistentVolumeClaim/claimName"),
+        );
+        for src in vol
+            .pointer("/projected/sources")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            add("ConfigMap", src.pointer("/configMap/name"));
+            add("Secret", src.pointer("/secret/name"));
+        }
+    }
+    for key in ["containers", "initContainers", "ephemeralContainers"] {
+        for c in pod_spec
+            .get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            for e in c.get("env").and_then(Value::as_array).into_iter().flatten() {
+                add("ConfigMap", e.pointer("/valueFrom/configMapKeyRef/name"));
+                add("Secret", e.pointer("/valueFrom/secretKeyRef/name"));
+            }
+            for e in c
+                .get("envFrom")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                add("ConfigMap", e.pointer("/configMapRef/name"));
+                add("Secret", e.pointer("/secretRef/name"));
+            }
+        }
+    }
+    for s in pod_spec
+        .get("imagePullSecrets")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        add("Secret", s.get("name"));
+    }
+    let sa = pod_spec
+        .get("serviceAccountName")
+        .or_else(|| pod_spec.get("serviceAccount"));
+    if sa.and_then(Value::as_str) != Some("default") {
+        add("ServiceAccount", sa);
+    }
+    out.into_iter().collect()
+}
+
+/// The API version of a dependency kind.
+pub fn dependency_api_version(_kind: &str) -> &'static str {
+    // ConfigMaps, Secrets, PVCs and ServiceAccounts are all core/v1.
+    "v1"
+}
+
+/// How a custom kind is interpreted (`ResourceInterpreter`, multicluster.io/v1alpha1):
+/// JSONPath-like field paths instead of code.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InterpreterSpec {
+    pub target: InterpreterTarget,
+    /// Path of the replica count that may be divided among clusters (`.spec.replicas`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub replicas: String,
+    /// Path of a pod spec: requests and dependencies are read from it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_template: String,
+    /// Path of a per-replica resource list, when there is no pod spec.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub requests: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<HealthRule>,
+    /// Status fields summed over clusters (the rest comes from the first cluster).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub status_sum: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependencies: Vec<DependencyRule>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InterpreterTarget {
+    pub api_version: String,
+    pub kind: String,
+}
+
+/// Healthy when the number at `readyPath` reaches the replica count, or when the condition
+/// of type `condition` is True.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HealthRule {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ready_path: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub condition: String,
+}
+
+/// A field naming another object the custom resource needs.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DependencyRule {
+    pub kind: String,
+    pub name_path: String,
+}
+
+pub const DEPENDENCY_KINDS: &[&str] = &[
+    "ConfigMap",
+    "Secret",
+    "ServiceAccount",
+    "PersistentVolumeClaim",
+];
+
+impl InterpreterSpec {
+    /// Validates paths and kinds; errors name the field.
+    pub fn validate(&self) -> crate::validation::ErrorList {
+        use crate::validation::FieldError;
+        let mut errs = Vec::new();
+        if self.target.api_version.is_empty() {
+            errs.push(FieldError::required("spec.target.apiVersion", ""));
+        }
+        if self.target.kind.is_empty() {
+            errs.push(FieldError::required("spec.target.kind", ""));
+        }
+        let mut path = |field: &str, p: &str| {
+            if !p.is_empty()
+                && let Err(e) = FieldPath::parse(p)
+            {
+                errs.push(FieldError::invalid(field, p, e));
+            }
+        };
+        path("spec.replicas", &self.replicas);
+        path("spec.podTemplate", &self.pod_template);
+        path("spec.requests", &self.requests);
+        if let Some(h) = &self.health {
+            path("spec.health.readyPath", &h.ready_path);
+        }
+        for (i, p) in self.status_sum.iter().enumerate() {
+            path(&format!("spec.statusSum[{i}]"), p);
+        }
+        for (i, d) in self.dependencies.iter().enumerate() {
+            path(&format!("spec.dependencies[{i}].namePath"), &d.name_path);
+        }
+        for (i, d) in self.dependencies.iter().enumerate() {
+            if !DEPENDENCY_KINDS.contains(&d.kind.as_str()) {
+                errs.push(FieldError::not_supported(
+                    format!("spec.dependencies[{i}].kind"),
+                    &d.kind,
+                    DEPENDENCY_KINDS,
+                ));
+            }
+        }
+        if let Some(h) = &self.health
+            && h.ready_path.is_empty() == h.condition.is_empty()
+        {
+            errs.push(FieldError::invalid(
+                "spec.health",
+                "",
+                "exactly one of readyPath or condition is required",
+            ));
+        }
+        errs
+    }
+}
+
+fn at<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
+    FieldPath::parse(path).ok()?.get(obj)
+}
+
+/// What Orrery knows about one kind: built-in rules, or a ResourceInterpreter's.
+#[derive(Clone, Copy, Debug)]
+pub enum Interpreter<'a> {
+    BuiltIn,
+    Custom(&'a InterpreterSpec),
+}
+
+impl Interpreter<'_> {
+    /// The divisible replica count, if the kind has one.
+    pub fn replicas(&self, obj: &Value) -> Option<i64> {
+        match self {
+            Interpreter::BuiltIn => {
+                let kind = obj.get("kind").and_then(Value::as_str)?;
+                let p = replica_pointer(kind)?;
+                Some(obj.pointer(p).and_then(Value::as_i64).unwrap_or(1))
+            }
+            Interpreter::Custom(s) if !s.replicas.is_empty() => {
+                Some(at(obj, &s.replicas).and_then(Value::as_i64).unwrap_or(1))
+            }
+            Interpreter::Custom(_) => None,
+        }
+    }
+
+    /// Sets the replica count of one cluster's copy.
+    pub fn set_replicas(&self, obj: &mut Value, n: i64) {
+        match self {
+            Interpreter::BuiltIn => {
+                let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+                if let Some(p) = replica_pointer(kind) {
+                    let field = p.rsplit('/').next().unwrap_or("replicas").to_string();
+                    if let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut) {
+                        spec.insert(field, Value::from(n));
+                    }
+                }
+            }
+            Interpreter::Custom(s) => {
+                if let Ok(p) = FieldPath::parse(&s.replicas) {
+                    let _ = p.set(obj, Value::from(n));
+                }
+            }
+        }
+    }
+
+    fn pod_spec<'v>(&self, obj: &'v Value) -> Option<&'v Value> {
+        match self {
+            Interpreter::BuiltIn => {
+                obj.pointer(pod_spec_pointer(obj.get("kind").and_then(Value::as_str)?)?)
+            }
+            Interpreter::Custom(s) if !s.pod_template.is_empty() => at(obj, &s.pod_template),
+            Interpreter::Custom(_) => None,
+        }
+    }
+
+    /// What one replica asks for.
+    pub fn requests(&self, obj: &Value) -> ResourceList {
+        if let Interpreter::Custom(s) = self
+            && !s.requests.is_empty()
+        {
+            let mut out = ResourceList::new();
+            if let Some(m) = at(obj, &s.requests).and_then(Value::as_object) {
+                for (k, v) in m {
+                    if let Some(q) = v.as_str().and_then(|s| s.parse::<Quantity>().ok()) {
+                        out.insert(k.clone(), q);
+                    }
+                }
+            }
+            return out;
+        }
+        self.pod_spec(obj).map(pod_requests).unwrap_or_default()
+    }
+
+    /// Objects the template needs in the same namespace, as `(kind, name)`.
+    pub fn dependencies(&self, obj: &Value) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = self
+            .pod_spec(obj)
+            .map(pod_dependencies)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(k, n)| (k.to_string(), n))
+            .collect();
+        if let Interpreter::Custom(s) = self {
+            for d in &s.dependencies {
+                if let Some(n) = at(obj, &d.name_path).and_then(Value::as_str) {
+                    out.push((d.kind.clone(), n.to_string()));
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// How healthy an object (as a member reports it) is; custom kinds without a rule take
+    /// what the member said.
+    pub fn health(&self, obj: &Value, reported: Health) -> Health {
+        match self {
+            Interpreter::BuiltIn => reported,
+            Interpreter::Custom(s) => match &s.health {
+                None => reported,
+                Some(h) if !h.condition.is_empty() => match condition(obj, &h.condition) {
+                    Some("True") => Health::Healthy,
+                    Some("False") => Health::Progressing,
+                    _ => Health::Unknown,
+                },
+                Some(h) => {
+                    let want = self.replicas(obj).unwrap_or(1);
+                    match at(obj, &h.ready_path).and_then(Value::as_i64) {
+                        Some(r) if r >= want => Health::Healthy,
+                        Some(_) => Health::Progressing,
+                        None => Health::Unknown,
+                    }
+                }
+            },
+        }
+    }
+
+    /// The template's status from its members' statuses, `(cluster, status)` in cluster order.
+    /// One cluster: its status exactly. Several: counts summed (workloads), conditions of the
+    /// first cluster, the rest as the kind's rules say.
+    pub fn aggregate(&self, kind: &str, parts: &[(&str, &Value)]) -> Option<Value> {
+        match parts {
+            [] => None,
+            [(_, only)] => Some((*only).clone()),
+            _ => {
+                let sum_fields: Vec<String> = match self {
+                    Interpreter::Custom(s) => s.status_sum.clone(),
+                    Interpreter::BuiltIn => {
+                        builtin_sums(kind).iter().map(|f| format!(".{f}")).collect()
+                    }
+                };
+                if sum_fields.is_empty()
+                    && matches!(self, Interpreter::BuiltIn)
+                    && !is_summable(kind)
+                {
+                    return None;
+                }
+                let mut out = parts[0].1.clone();
+                for f in &sum_fields {
+                    let Ok(p) = FieldPath::parse(f) else { continue };
+                    let total: i64 = parts
+                        .iter()
+                        .filter_map(|(_, s)| p.get(s).and_then(Value::as_i64))
+                        .sum();
+                    let _ = p.set(&mut out, Value::from(total));
+                }
+                if let Some(m) = out.as_object_mut() {
+                    // Generations of members mean nothing in the control plane.
+                    m.remove("observedGeneration");
+                    if kind == "Job" {
+                        job_times(m, parts);
+                    }
+                }
+                Some(out)
+            }
+        }
+    }
+}
+
+fn is_summable(kind: &str) -> bool {
+    !builtin_sums(kind).is_empty()
+}
+
+/// Status counters of the built-in kinds that add up across clusters.
+fn builtin_sums(kind: &str) -> &'static [&'static str] {
+    match kind {
+        "Deployment" => &[
+            "replicas",
+            "readyReplicas",
+            "availableReplicas",
+            "updatedReplicas",
+            "unavailableReplicas",
+        ],
+        "StatefulSet" => &[
+            "replicas",
+            "readyReplicas",
+            "currentReplicas",
+            "updatedReplicas",
+            "availableReplicas",
+        ],
+        "ReplicaSet" => &[
+            "replicas",
+            "readyReplicas",
+            "availableReplicas",
+            "fullyLabeledReplicas",
+        ],
+        "DaemonSet" => &[
+            "currentNumberScheduled",
+            "desiredNumberScheduled",
+            "numberAvailable",
+            "numberMisscheduled",
+            "numberReady",
+            "updatedNumberScheduled",
+            "numberUnavailable",
+        ],
+        "Job" => &["active", "succeeded", "failed", "ready"],
+        _ => &[],
+    }
+}
+
+/// A Job over several clusters started when the first started, and completed when the last
+/// completed (only if all did).
+fn job_times(m: &mut serde_json::Map<String, Value>, parts: &[(&str, &Value)]) {
+    let times = |f: &str| -> Vec<Option<String>> {
+        parts
+            .iter()
+            .map(|(_, s)| s.get(f).and_then(Value::as_str).map(str::to_string))
+            .collect()
+    };
+    if let Some(first) = times("startTime").into_iter().flatten().min() {
+        m.insert("startTime".into(), Value::from(first));
+    }
+    let done = times("completionTime");
+    if done.iter().all(Option::is_some) {
+        if let Some(last) = done.into_iter().flatten().max() {
+            m.insert("completionTime".into(), Value::from(last));
+        }
+    } else {
+        m.remove("completionTime");
+        if let Some(Value::Array(conds)) = m.get_mut("conditions") {
+            conds.retain(|c| c.get("type").and_then(Value::as_str) != Some("Complete"));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn requests_dependencies_and_replicas() {
+        let d = json!({"apiVersion": "apps/v1", "kind": "Deployment", "spec": {"replicas": 5, "template": {"spec": {
+            "serviceAccountName": "runner",
+            "imagePullSecrets": [{"name": "pull"}],
+            "containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "250m", "memory": "64Mi"}},
+                 "envFrom": [{"configMapRef": {"name": "env"}}],
+                 "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "k"}}}]},
+                {"name": "b", "resources": {"limits": {"cpu": "1", "nvidia.com/gpu": "1"}}}
+            ],
+            "initContainers": [{"name": "i", "resources": {"requests": {"cpu": "2", "memory": "16Mi"}}}],
+            "volumes": [{"name": "c", "configMap": {"name": "web-config"}},
+                        {"name": "d", "persistentVolumeClaim": {"claimName": "data"}},
+                        {"name": "p", "projected": {"sources": [{"secret": {"name": "tls"}}]}}]
+        }}}});
+        let i = Interpreter::BuiltIn;
+        assert_eq!(i.replicas(&d), Some(5));
+        let r = i.requests(&d);
+        assert_eq!(
+            r["cpu"].milli_value(),
+            2000,
+            "the init container's 2 cores beat 1.25"
+        );
+        assert_eq!(r["memory"].value(), 64 * 1024 * 1024);
+        assert_eq!(r["nvidia.com/gpu"].value(), 1);
+        let deps = i.dependencies(&d);
+        let want: Vec<(String, String)> = [
+            ("ConfigMap", "env"),
+            ("ConfigMap", "web-config"),
+            ("PersistentVolumeClaim", "data"),
+            ("Secret", "creds"),
+            ("Secret", "pull"),
+            ("Secret", "tls"),
+            ("ServiceAccount", "runner"),
+        ]
+        .iter()
+        .map(|(k, n)| (k.to_string(), n.to_string()))
+        .collect();
+        assert_eq!(deps, want);
+        let mut copy = d.clone();
+        i.set_replicas(&mut copy, 2);
+        assert_eq!(copy["spec"]["replicas"], 2);
+        let job = json!({"kind": "Job", "spec": {"parallelism": 4}});
+        assert_eq!(i.replicas(&job), Some(4));
+        assert_eq!(i.replicas(&json!({"kind": "DaemonSet", "spec": {}})), None);
+        assert_eq!(
+            i.replicas(&json!({"kind": "Deployment", "spec": {}})),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn status_is_summed_or_copied() {
+        let i = Interpreter::BuiltIn;
+        let a = json!({"replicas": 2, "readyReplicas": 2, "observedGeneration": 7, "conditions": [{"type": "Available"}]});
+        let b = json!({"replicas": 3, "readyReplicas": 1, "observedGeneration": 2});
+        let sum = i.aggregate("Deployment", &[("a", &a), ("b", &b)]).unwrap();
+        assert_eq!(sum["replicas"], 5);
+        assert_eq!(sum["readyReplicas"], 3);
+        assert!(sum.get("observedGeneration").is_none());
+        assert_eq!(
+            i.aggregate("Deployment", &[("a", &a)]).unwrap(),
+            a,
+            "a singleton is copied exactly"
+        );
+        assert!(i.aggregate("ConfigMap", &[("a", &a), ("b", &b)]).is_none());
+        let j1 = json!({"succeeded": 1, "startTime": "2026-01-01T00:00:05Z", "completionTime": "2026-01-01T00:01:00Z",
+            "conditions": [{"type": "Complete", "status": "True"}]});
+        let j2 = json!({"active": 1, "startTime": "2026-01-01T00:00:01Z"});
+        let s = i.aggregate("Job", &[("a", &j1), ("b", &j2)]).unwrap();
+        assert_eq!(s["startTime"], "2026-01-01T00:00:01Z");
+        assert!(
+            s.get("completionTime").is_none() && s["conditions"].as_array().unwrap().is_empty(),
+            "{s}"
+        );
+        assert_eq!(s["active"], 1);
+    }
+
+    #[test]
+    fn custom_interpreters() {
+        let spec: InterpreterSpec = serde_json::from_value(json!({
+            "target": {"apiVersion": "example.com/v1", "kind": "Database"},
+            "replicas": ".spec.size", "requests": ".spec.resources",
+            "health": {"readyPath": ".status.ready"}, "statusSum": [".status.ready"],
+            "dependencies": [{"kind": "Secret", "namePath": ".spec.credentials"}]
+        }))
+        .unwrap();
+        assert!(spec.validate().is_empty());
+        let i = Interpreter::Custom(&spec);
+        let db = json!({"kind": "Database", "spec": {"size": 3, "resources": {"cpu": "1"}, "credentials": "db-pw"}, "status": {"ready": 3}});
+        assert_eq!(i.replicas(&db), Some(3));
+        assert_eq!(i.requests(&db)["cpu"].milli_value(), 1000);
+        assert_eq!(
+            i.dependencies(&db),
+            vec![("Secret".to_string(), "db-pw".to_string())]
+        );
+        assert_eq!(i.health(&db, Health::Unknown), Health::Healthy);
+        let mut two = db.clone();
+        i.set_replicas(&mut two, 2);
+        assert_eq!(two["spec"]["size"], 2);
+        assert_eq!(i.health(&db.clone(), Health::Unknown), Health::Healthy);
+        let s = i
+            .aggregate(
+                "Database",
+                &[
+                    ("a", &json!({"status": {"ready": 1}})),
+                    ("b", &json!({"status": {"ready": 2}})),
+                ],
+            )
+            .unwrap();
+        assert_eq!(s["status"]["ready"], 3);
+        let bad: InterpreterSpec =
+            serde_json::from_value(json!({"target": {"apiVersion": "", "kind": "X"},
+            "replicas": "spec..size", "dependencies": [{"kind": "Pod", "namePath": ".a"}]}))
+            .unwrap();
+        let fields: Vec<String> = bad.validate().into_iter().map(|e| e.field).collect();
+        assert_eq!(
+            fields,
+            [
+                "spec.target.apiVersion",
+                "spec.replicas",
+                "spec.dependencies[0].kind"
+            ]
+        );
+    }
 
     #[test]
     fn health_by_kind() {

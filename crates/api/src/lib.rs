@@ -6,15 +6,21 @@
 //! - [`Quantity`]: resource amounts with exact arithmetic;
 //! - [`validation`]: name, label and metadata rules, and field errors for 422 responses;
 //! - [`cluster`], [`work`], [`conditions`]: Orrery's member-cluster kinds and their rules;
+//! - [`policy`], [`binding`], [`overrides`], [`interpret`]: placement policies, bindings,
+//!   per-cluster overrides and what Orrery knows about workload kinds;
 //! - [`keys`]: where each object lives in the store.
 
+pub mod binding;
 pub mod cluster;
 pub mod conditions;
+pub mod fieldpath;
 pub mod fields;
 pub mod interpret;
 pub mod keys;
 pub mod labels;
 pub mod object;
+pub mod overrides;
+pub mod policy;
 pub mod quantity;
 pub mod time;
 pub mod token;

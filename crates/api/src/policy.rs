@@ -1,0 +1,1170 @@
+//! Placement policies: which templates go where.
+//!
+//! Three kinds say it, and all become one [`PlacementPolicy`]:
+//! - `ResourcePlacementPolicy` (multicluster.io/v1alpha1), the draft's 6.2.3 shape with
+//!   Orrery's extensions (`labelSelector` in the selector, a Karmada-style `placement`);
+//! - Karmada's `PropagationPolicy` (namespaced) and `ClusterPropagationPolicy`
+//!   (policy.karmada.io/v1alpha1), accepted unchanged.
+//!
+//! Every field is decoded strictly: a field Orrery does not know, or does not support yet, is
+//! a validation error naming its path, never silently ignored.
+
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::labels::LabelSelector;
+use crate::object::Object;
+use crate::validation::{ErrorList, FieldError};
+use crate::work::ConflictResolution;
+
+pub const GROUP: &str = "multicluster.io";
+pub const KARMADA_GROUP: &str = "policy.karmada.io";
+
+/// Decodes `value` strictly as `T`; an error names the offending field under `base`.
+pub fn decode<T: DeserializeOwned>(value: &Value, base: &str) -> Result<T, FieldError> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." || path.is_empty() {
+            base.to_string()
+        } else {
+            format!("{base}.{path}")
+        };
+        let inner = e.into_inner().to_string();
+        // serde names the unknown field itself; put it in the path as Kubernetes does.
+        if let Some(rest) = inner.strip_prefix("unknown field `") {
+            let name = rest.split('`').next().unwrap_or("");
+            let expected = rest.split_once(", expected ").map(|x| x.1).unwrap_or("");
+            return FieldError::invalid(
+                field,
+                name,
+                format!("unknown or unsupported field; known fields: {expected}"),
+            );
+        }
+        FieldError::invalid(field, "", inner)
+    })
+}
+
+/// What a policy selects: a kind, optionally narrowed by name or labels.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourceSelector {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<LabelSelector>,
+}
+
+/// How specific a match is: a name beats labels beats the kind alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Specificity {
+    Kind = 1,
+    Labels = 2,
+    Name = 3,
+}
+
+impl ResourceSelector {
+    /// Whether `t` is selected, and how specifically.
+    pub fn matches(&self, t: &Object) -> Option<Specificity> {
+        if t.api_version != self.api_version || t.kind != self.kind {
+            return None;
+        }
+        if !self.namespace.is_empty() && t.namespace() != self.namespace {
+            return None;
+        }
+        let mut how = Specificity::Kind;
+        if let Some(ls) = &self.label_selector {
+            let sel = ls.to_selector().ok()?;
+            if !sel.matches(&t.metadata.labels) {
+                return None;
+            }
+            how = Specificity::Labels;
+        }
+        if !self.name.is_empty() {
+            if t.name() != self.name {
+                return None;
+            }
+            how = Specificity::Name;
+        }
+        Some(how)
+    }
+
+    fn validate(&self, path: &str, errs: &mut ErrorList) {
+        if self.api_version.is_empty() {
+            errs.push(FieldError::required(format!("{path}.apiVersion"), ""));
+        }
+        if self.kind.is_empty() {
+            errs.push(FieldError::required(format!("{path}.kind"), ""));
+        }
+        if let Some(ls) = &self.label_selector
+            && let Err(e) = ls.to_selector()
+        {
+            errs.push(FieldError::invalid(
+                format!("{path}.labelSelector"),
+                "",
+                e.0,
+            ));
+        }
+    }
+}
+
+/// Karmada's `ClusterAffinity`: the conditions are ANDed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterAffinity {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_selector: Option<FieldSelector>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_names: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+}
+
+/// A named affinity term of `clusterAffinities`, tried in order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ClusterAffinityTerm {
+    pub affinity_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<LabelSelector>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_selector: Option<FieldSelector>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_names: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+}
+
+impl ClusterAffinityTerm {
+    pub fn affinity(&self) -> ClusterAffinity {
+        ClusterAffinity {
+            label_selector: self.label_selector.clone(),
+            field_selector: self.field_selector.clone(),
+            cluster_names: self.cluster_names.clone(),
+            exclude: self.exclude.clone(),
+        }
+    }
+}
+
+/// Selection by the cluster's `provider`, `region` or `zone`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FieldSelector {
+    #[serde(default)]
+    pub match_expressions: Vec<FieldRequirement>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FieldRequirement {
+    pub key: String,
+    pub operator: String,
+    #[serde(default)]
+    pub values: Vec<String>,
+}
+
+pub const FIELD_KEYS: &[&str] = &["provider", "region", "zone"];
+pub const FIELD_OPERATORS: &[&str] = &["In", "NotIn"];
+
+/// A toleration of a cluster taint (`corev1.Toleration`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Toleration {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub key: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub operator: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub value: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub effect: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toleration_seconds: Option<i64>,
+}
+
+impl Toleration {
+    /// Whether this toleration covers a taint (`key`, `value`, `effect`).
+    pub fn tolerates(&self, key: &str, value: &str, effect: &str) -> bool {
+        if !self.effect.is_empty() && self.effect != effect {
+            return false;
+        }
+        if self.key.is_empty() {
+            return self.operator == "Exists";
+        }
+        if self.key != key {
+            return false;
+        }
+        match self.operator.as_str() {
+            "Exists" => true,
+            _ => self.value == value,
+        }
+    }
+}
+
+/// Karmada's `SpreadConstraint`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SpreadConstraint {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub spread_by_field: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub spread_by_label: String,
+    #[serde(default)]
+    pub max_groups: i64,
+    #[serde(default)]
+    pub min_groups: i64,
+}
+
+pub const SPREAD_FIELDS: &[&str] = &["cluster", "region", "zone", "provider"];
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct StaticClusterWeight {
+    pub target_cluster: ClusterAffinity,
+    pub weight: i64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct WeightPreference {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub static_weight_list: Vec<StaticClusterWeight>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub dynamic_weight: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReplicaScheduling {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub replica_scheduling_type: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub replica_division_preference: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_preference: Option<WeightPreference>,
+}
+
+pub const DUPLICATED: &str = "Duplicated";
+pub const DIVIDED: &str = "Divided";
+pub const AGGREGATED: &str = "Aggregated";
+pub const WEIGHTED: &str = "Weighted";
+pub const AVAILABLE_REPLICAS: &str = "AvailableReplicas";
+
+/// Karmada's `Placement` (the same block in a ResourcePlacementPolicy).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Placement {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_affinity: Option<ClusterAffinity>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_affinities: Vec<ClusterAffinityTerm>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spread_constraints: Vec<SpreadConstraint>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_scheduling: Option<ReplicaScheduling>,
+}
+
+impl Placement {
+    fn validate(&self, path: &str, errs: &mut ErrorList) {
+        if self.cluster_affinity.is_some() && !self.cluster_affinities.is_empty() {
+            errs.push(FieldError::forbidden(
+                format!("{path}.clusterAffinities"),
+                "clusterAffinity and clusterAffinities cannot both be set",
+            ));
+        }
+        if let Some(a) = &self.cluster_affinity {
+            validate_affinity(a, &format!("{path}.clusterAffinity"), errs);
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, t) in self.cluster_affinities.iter().enumerate() {
+            let p = format!("{path}.clusterAffinities[{i}]");
+            if t.affinity_name.is_empty() {
+                errs.push(FieldError::required(format!("{p}.affinityName"), ""));
+            } else if !names.insert(t.affinity_name.clone()) {
+                errs.push(FieldError::duplicate(
+                    format!("{p}.affinityName"),
+                    &t.affinity_name,
+                ));
+            }
+            validate_affinity(&t.affinity(), &p, errs);
+        }
+        for (i, t) in self.cluster_tolerations.iter().enumerate() {
+            let p = format!("{path}.clusterTolerations[{i}]");
+            match t.operator.as_str() {
+                "" | "Equal" => {
+                    if t.key.is_empty() {
+                        errs.push(FieldError::invalid(
+                            format!("{p}.operator"),
+                            &t.operator,
+                            "operator must be Exists when key is empty",
+                        ));
+                    }
+                }
+                "Exists" => {
+                    if !t.value.is_empty() {
+                        errs.push(FieldError::invalid(
+                            format!("{p}.value"),
+                            &t.value,
+                            "value must be empty when operator is Exists",
+                        ));
+                    }
+                }
+                o => errs.push(FieldError::not_supported(
+                    format!("{p}.operator"),
+                    o,
+                    &["Equal", "Exists"],
+                )),
+            }
+            if !["", "NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&t.effect.as_str()) {
+                errs.push(FieldError::not_supported(
+                    format!("{p}.effect"),
+                    &t.effect,
+                    &["NoSchedule", "PreferNoSchedule", "NoExecute"],
+                ));
+            }
+            if let Some(s) = t.toleration_seconds
+                && s < 0
+            {
+                errs.push(FieldError::invalid(
+                    format!("{p}.tolerationSeconds"),
+                    s,
+                    "must be greater than or equal to 0",
+                ));
+            }
+        }
+        for (i, s) in self.spread_constraints.iter().enumerate() {
+            let p = format!("{path}.spreadConstraints[{i}]");
+            match (s.spread_by_field.is_empty(), s.spread_by_label.is_empty()) {
+                (true, true) => errs.push(FieldError::required(
+                    format!("{p}.spreadByField"),
+                    "one of spreadByField or spreadByLabel is required",
+                )),
+                (false, false) => errs.push(FieldError::forbidden(
+                    format!("{p}.spreadByLabel"),
+                    "spreadByField and spreadByLabel cannot both be set",
+                )),
+                _ => {}
+            }
+            if !s.spread_by_field.is_empty() && !SPREAD_FIELDS.contains(&s.spread_by_field.as_str())
+            {
+                errs.push(FieldError::not_supported(
+                    format!("{p}.spreadByField"),
+                    &s.spread_by_field,
+                    SPREAD_FIELDS,
+                ));
+            }
+            if s.min_groups < 0 {
+                errs.push(FieldError::invalid(
+                    format!("{p}.minGroups"),
+                    s.min_groups,
+                    "must be greater than or equal to 0",
+                ));
+            }
+            if s.max_groups < 0 || (s.max_groups > 0 && s.max_groups < s.min_groups) {
+                errs.push(FieldError::invalid(
+                    format!("{p}.maxGroups"),
+                    s.max_groups,
+                    "must be 0 (no limit) or at least minGroups",
+                ));
+            }
+        }
+        if let Some(r) = &self.replica_scheduling {
+            let p = format!("{path}.replicaScheduling");
+            if ![DUPLICATED, DIVIDED, ""].contains(&r.replica_scheduling_type.as_str()) {
+                errs.push(FieldError::not_supported(
+                    format!("{p}.replicaSchedulingType"),
+                    &r.replica_scheduling_type,
+                    &[DUPLICATED, DIVIDED],
+                ));
+            }
+            if ![AGGREGATED, WEIGHTED, ""].contains(&r.replica_division_preference.as_str()) {
+                errs.push(FieldError::not_supported(
+                    format!("{p}.replicaDivisionPreference"),
+                    &r.replica_division_preference,
+                    &[AGGREGATED, WEIGHTED],
+                ));
+            }
+            if let Some(w) = &r.weight_preference {
+                let wp = format!("{p}.weightPreference");
+                if !w.dynamic_weight.is_empty() && w.dynamic_weight != AVAILABLE_REPLICAS {
+                    errs.push(FieldError::not_supported(
+                        format!("{wp}.dynamicWeight"),
+                        &w.dynamic_weight,
+                        &[AVAILABLE_REPLICAS],
+                    ));
+                }
+                if !w.dynamic_weight.is_empty() && !w.static_weight_list.is_empty() {
+                    errs.push(FieldError::forbidden(
+                        format!("{wp}.staticWeightList"),
+                        "staticWeightList and dynamicWeight cannot both be set",
+                    ));
+                }
+                for (i, s) in w.static_weight_list.iter().enumerate() {
+                    let sp = format!("{wp}.staticWeightList[{i}]");
+                    if s.weight < 0 {
+                        errs.push(FieldError::invalid(
+                            format!("{sp}.weight"),
+                            s.weight,
+                            "must be greater than or equal to 0",
+                        ));
+                    }
+                    validate_affinity(&s.target_cluster, &format!("{sp}.targetCluster"), errs);
+                }
+            }
+        }
+    }
+
+    /// Whether replicas are divided (Karmada's default when `replicaScheduling` is unset is
+    /// Duplicated).
+    pub fn divided(&self) -> bool {
+        self.replica_scheduling
+            .as_ref()
+            .is_some_and(|r| r.replica_scheduling_type != DUPLICATED)
+    }
+}
+
+fn validate_affinity(a: &ClusterAffinity, path: &str, errs: &mut ErrorList) {
+    if let Some(ls) = &a.label_selector
+        && let Err(e) = ls.to_selector()
+    {
+        errs.push(FieldError::invalid(
+            format!("{path}.labelSelector"),
+            "",
+            e.0,
+        ));
+    }
+    if let Some(fs) = &a.field_selector {
+        for (i, r) in fs.match_expressions.iter().enumerate() {
+            let p = format!("{path}.fieldSelector.matchExpressions[{i}]");
+            if !FIELD_KEYS.contains(&r.key.as_str()) {
+                errs.push(FieldError::not_supported(
+                    format!("{p}.key"),
+                    &r.key,
+                    FIELD_KEYS,
+                ));
+            }
+            if !FIELD_OPERATORS.contains(&r.operator.as_str()) {
+                errs.push(FieldError::not_supported(
+                    format!("{p}.operator"),
+                    &r.operator,
+                    FIELD_OPERATORS,
+                ));
+            }
+            if r.values.is_empty() {
+                errs.push(FieldError::required(format!("{p}.values"), ""));
+            }
+        }
+    }
+    for (i, n) in a.cluster_names.iter().enumerate() {
+        if n.is_empty() {
+            errs.push(FieldError::required(
+                format!("{path}.clusterNames[{i}]"),
+                "",
+            ));
+        }
+    }
+}
+
+/// Karmada's `Suspension`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Suspension {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatching: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dispatching_on_clusters: Option<SuspendClusters>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SuspendClusters {
+    #[serde(default)]
+    pub cluster_names: Vec<String>,
+}
+
+impl Suspension {
+    /// Whether Works for `cluster` are held back.
+    pub fn holds(&self, cluster: &str) -> bool {
+        self.dispatching == Some(true)
+            || self
+                .dispatching_on_clusters
+                .as_ref()
+                .is_some_and(|c| c.cluster_names.iter().any(|n| n == cluster))
+    }
+}
+
+/// Karmada's `FailoverBehavior`: what happens when the application is unhealthy in a cluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FailoverBehavior {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub application: Option<ApplicationFailover>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApplicationFailover {
+    pub decision_conditions: DecisionConditions,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub purge_mode: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grace_period_seconds: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DecisionConditions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub toleration_seconds: Option<i64>,
+}
+
+/// Karmada's default wait before an unhealthy application is moved.
+pub const DEFAULT_FAILOVER_TOLERATION_SECONDS: i64 = 300;
+
+/// Karmada's `PropagationSpec` (PropagationPolicy and ClusterPropagationPolicy).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PropagationSpec {
+    pub resource_selectors: Vec<ResourceSelector>,
+    #[serde(default)]
+    pub propagate_deps: bool,
+    #[serde(default)]
+    pub placement: Placement,
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub preemption: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependent_overrides: Vec<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub scheduler_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverBehavior>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub conflict_resolution: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub activation_preference: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspension: Option<Suspension>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preserve_resources_on_deletion: Option<bool>,
+}
+
+/// One entry of the draft's `targetClusters`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TargetClusters {
+    pub selector_type: String,
+    #[serde(default)]
+    pub values: Vec<String>,
+}
+
+/// The `ResourcePlacementPolicy` spec: the draft's fields, then Orrery's.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PlacementPolicySpec {
+    pub resource_selector: ResourceSelector,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub target_clusters: Vec<TargetClusters>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Placement>,
+    #[serde(default)]
+    pub propagate_deps: bool,
+    #[serde(default)]
+    pub priority: i32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub preemption: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub conflict_resolution: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suspension: Option<Suspension>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preserve_resources_on_deletion: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failover: Option<FailoverBehavior>,
+}
+
+/// Names the policy a binding follows.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyRef {
+    pub api_version: String,
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for PolicyRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.namespace.is_empty() {
+            write!(f, "{} {}", self.kind, self.name)
+        } else {
+            write!(f, "{} {}/{}", self.kind, self.namespace, self.name)
+        }
+    }
+}
+
+/// One of the draft's `targetClusters` entries, compiled: clusters by name, or by any of
+/// several label selectors. The entries of a policy are ORed.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Target {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    /// Label selectors in the string form (`env=prod,tier in (a,b)`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub labels: Vec<String>,
+}
+
+/// Every placement policy kind, as one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlacementPolicy {
+    pub reference: PolicyRef,
+    pub uid: String,
+    pub selectors: Vec<ResourceSelector>,
+    pub priority: i32,
+    pub preemption: bool,
+    pub propagate_deps: bool,
+    pub placement: Placement,
+    pub targets: Vec<Target>,
+    pub conflict_resolution: ConflictResolution,
+    pub preserve_resources_on_deletion: bool,
+    pub suspension: Suspension,
+    pub failover: Option<ApplicationFailover>,
+    pub deleting: bool,
+}
+
+/// The placement kinds, `(group, kind, namespaced)`.
+pub const PLACEMENT_KINDS: &[(&str, &str, bool)] = &[
+    (GROUP, "ResourcePlacementPolicy", true),
+    (KARMADA_GROUP, "PropagationPolicy", true),
+    (KARMADA_GROUP, "ClusterPropagationPolicy", false),
+];
+
+fn conflict(v: &str, path: &str, errs: &mut ErrorList) -> ConflictResolution {
+    match v {
+        "" | "Abort" => ConflictResolution::Abort,
+        "Overwrite" => ConflictResolution::Overwrite,
+        o => {
+            errs.push(FieldError::not_supported(path, o, &["Abort", "Overwrite"]));
+            ConflictResolution::Abort
+        }
+    }
+}
+
+fn preemption(v: &str, path: &str, errs: &mut ErrorList) -> bool {
+    match v {
+        "" | "Never" => false,
+        "Always" => true,
+        o => {
+            errs.push(FieldError::not_supported(path, o, &["Always", "Never"]));
+            false
+        }
+    }
+}
+
+fn validate_failover(
+    f: &Option<FailoverBehavior>,
+    errs: &mut ErrorList,
+) -> Option<ApplicationFailover> {
+    let a = f.as_ref()?.application.clone()?;
+    let p = "spec.failover.application";
+    if !["", "Immediately", "Graciously", "Never"].contains(&a.purge_mode.as_str()) {
+        errs.push(FieldError::not_supported(
+            format!("{p}.purgeMode"),
+            &a.purge_mode,
+            &["Immediately", "Graciously", "Never"],
+        ));
+    }
+    if let Some(s) = a.decision_conditions.toleration_seconds
+        && s < 0
+    {
+        errs.push(FieldError::invalid(
+            format!("{p}.decisionConditions.tolerationSeconds"),
+            s,
+            "must be greater than or equal to 0",
+        ));
+    }
+    match (a.purge_mode.as_str(), a.grace_period_seconds) {
+        ("Graciously", None) => errs.push(FieldError::required(
+            format!("{p}.gracePeriodSeconds"),
+            "required when purgeMode is Graciously",
+        )),
+        (_, Some(g)) if g <= 0 => errs.push(FieldError::invalid(
+            format!("{p}.gracePeriodSeconds"),
+            g,
+            "must be greater than 0",
+        )),
+        _ => {}
+    }
+    Some(a)
+}
+
+/// Reads any placement kind; the errors are what a create or update must be refused with.
+pub fn from_object(obj: &Object) -> Result<PlacementPolicy, ErrorList> {
+    let group = obj.api_version.split('/').next().unwrap_or("");
+    let spec = obj.spec.clone().unwrap_or(Value::Null);
+    let mut errs = Vec::new();
+    let reference = PolicyRef {
+        api_version: obj.api_version.clone(),
+        kind: obj.kind.clone(),
+        namespace: obj.metadata.namespace.clone(),
+        name: obj.name().to_string(),
+    };
+    let namespaced = !obj.metadata.namespace.is_empty();
+    let mut p = match (group, obj.kind.as_str()) {
+        (GROUP, "ResourcePlacementPolicy") => {
+            let s: PlacementPolicySpec = decode(&spec, "spec").map_err(|e| vec![e])?;
+            let mut sel = s.resource_selector.clone();
+            if sel.namespace.is_empty() {
+                sel.namespace = obj.metadata.namespace.clone();
+            }
+            sel.validate("spec.resourceSelector", &mut errs);
+            let mut targets = Vec::new();
+            for (i, t) in s.target_clusters.iter().enumerate() {
+                let p = format!("spec.targetClusters[{i}]");
+                if t.values.is_empty() {
+                    errs.push(FieldError::required(format!("{p}.values"), ""));
+                }
+                match t.selector_type.as_str() {
+                    "name" => targets.push(Target {
+                        names: t.values.clone(),
+                        labels: vec![],
+                    }),
+                    "label" => {
+                        for (j, v) in t.values.iter().enumerate() {
+                            if let Err(e) = crate::labels::Selector::parse(v) {
+                                errs.push(FieldError::invalid(format!("{p}.values[{j}]"), v, e.0));
+                            }
+                        }
+                        targets.push(Target {
+                            names: vec![],
+                            labels: t.values.clone(),
+                        })
+                    }
+                    o => errs.push(FieldError::not_supported(
+                        format!("{p}.selectorType"),
+                        o,
+                        &["name", "label"],
+                    )),
+                }
+            }
+            PlacementPolicy {
+                reference,
+                uid: obj.metadata.uid.clone(),
+                selectors: vec![sel],
+                priority: s.priority,
+                preemption: preemption(&s.preemption, "spec.preemption", &mut errs),
+                propagate_deps: s.propagate_deps,
+                placement: s.placement.clone().unwrap_or_default(),
+                targets,
+                conflict_resolution: conflict(
+                    &s.conflict_resolution,
+                    "spec.conflictResolution",
+                    &mut errs,
+                ),
+                preserve_resources_on_deletion: s.preserve_resources_on_deletion.unwrap_or(false),
+                suspension: s.suspension.clone().unwrap_or_default(),
+                failover: validate_failover(&s.failover, &mut errs),
+                deleting: false,
+            }
+        }
+        (KARMADA_GROUP, "PropagationPolicy" | "ClusterPropagationPolicy") => {
+            let s: PropagationSpec = decode(&spec, "spec").map_err(|e| vec![e])?;
+            if s.resource_selectors.is_empty() {
+                errs.push(FieldError::required(
+                    "spec.resourceSelectors",
+                    "at least one resource selector is required",
+                ));
+            }
+            let mut selectors = Vec::new();
+            for (i, sel) in s.resource_selectors.iter().enumerate() {
+                let path = format!("spec.resourceSelectors[{i}]");
+                let mut sel = sel.clone();
+                if namespaced {
+                    if !sel.namespace.is_empty() && sel.namespace != obj.metadata.namespace {
+                        errs.push(FieldError::forbidden(
+                            format!("{path}.namespace"),
+                            "a PropagationPolicy selects resources in its own namespace only",
+                        ));
+                    }
+                    sel.namespace = obj.metadata.namespace.clone();
+                }
+                sel.validate(&path, &mut errs);
+                selectors.push(sel);
+            }
+            if !s.dependent_overrides.is_empty() {
+                errs.push(FieldError::invalid(
+                    "spec.dependentOverrides",
+                    "",
+                    "not supported yet: overrides apply as soon as they exist",
+                ));
+            }
+            if !["", "default-scheduler", "orrery"].contains(&s.scheduler_name.as_str()) {
+                errs.push(FieldError::not_supported(
+                    "spec.schedulerName",
+                    &s.scheduler_name,
+                    &["default-scheduler", "orrery"],
+                ));
+            }
+            if !s.activation_preference.is_empty() {
+                errs.push(FieldError::not_supported(
+                    "spec.activationPreference",
+                    &s.activation_preference,
+                    &[""],
+                ));
+            }
+            PlacementPolicy {
+                reference,
+                uid: obj.metadata.uid.clone(),
+                selectors,
+                priority: s.priority,
+                preemption: preemption(&s.preemption, "spec.preemption", &mut errs),
+                propagate_deps: s.propagate_deps,
+                placement: s.placement.clone(),
+                targets: vec![],
+                conflict_resolution: conflict(
+                    &s.conflict_resolution,
+                    "spec.conflictResolution",
+                    &mut errs,
+                ),
+                preserve_resources_on_deletion: s.preserve_resources_on_deletion.unwrap_or(false),
+                suspension: s.suspension.clone().unwrap_or_default(),
+                failover: validate_failover(&s.failover, &mut errs),
+                deleting: false,
+            }
+        }
+        _ => {
+            return Err(vec![FieldError::invalid(
+                "kind",
+                &obj.kind,
+                "not a placement policy kind",
+            )]);
+        }
+    };
+    p.placement.validate("spec.placement", &mut errs);
+    p.deleting = obj.metadata.deletion_timestamp.is_some();
+    if errs.is_empty() { Ok(p) } else { Err(errs) }
+}
+
+impl PlacementPolicy {
+    /// How specifically this policy selects `t`, if it does.
+    pub fn matches(&self, t: &Object) -> Option<Specificity> {
+        self.selectors.iter().filter_map(|s| s.matches(t)).max()
+    }
+
+    /// Orders candidates: priority, then specificity, then namespaced before cluster-scoped,
+    /// then name (smaller wins, so the key is reversed by the caller's `max`).
+    fn rank(&self, how: Specificity) -> (i32, Specificity, bool, std::cmp::Reverse<&PolicyRef>) {
+        (
+            self.priority,
+            how,
+            !self.reference.namespace.is_empty(),
+            std::cmp::Reverse(&self.reference),
+        )
+    }
+}
+
+/// The policy that places `t`: the current claimant keeps it while it still matches, unless a
+/// matching policy with preemption and a higher priority takes it; otherwise the best match.
+pub fn choose<'a>(
+    policies: impl IntoIterator<Item = &'a PlacementPolicy>,
+    t: &Object,
+    claimant: Option<&PolicyRef>,
+) -> Option<&'a PlacementPolicy> {
+    let mut best: Option<(&PlacementPolicy, Specificity)> = None;
+    let mut current: Option<&PlacementPolicy> = None;
+    for p in policies {
+        if p.deleting {
+            continue;
+        }
+        let Some(how) = p.matches(t) else { continue };
+        if claimant == Some(&p.reference) {
+            current = Some(p);
+        }
+        if best.is_none_or(|(b, bh)| p.rank(how) > b.rank(bh)) {
+            best = Some((p, how));
+        }
+    }
+    let (best, _) = best?;
+    match current {
+        Some(c) if best.preemption && best.priority > c.priority => Some(best),
+        Some(c) => Some(c),
+        None => Some(best),
+    }
+}
+
+/// The draft's `fieldPatches` entry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FieldPatch {
+    pub path: String,
+    #[serde(default)]
+    pub value: Value,
+}
+
+/// The draft's cluster selector of an override (names or labels; both ANDed when both set).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DraftClusterSelector {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub names: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Object {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn deploy(ns: &str, name: &str, labels: Value) -> Object {
+        obj(json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": ns, "labels": labels}}))
+    }
+
+    fn pp(ns: &str, name: &str, spec: Value) -> Object {
+        let kind = if ns.is_empty() {
+            "ClusterPropagationPolicy"
+        } else {
+            "PropagationPolicy"
+        };
+        obj(
+            json!({"apiVersion": "policy.karmada.io/v1alpha1", "kind": kind,
+            "metadata": {"name": name, "namespace": ns}, "spec": spec}),
+        )
+    }
+
+    #[test]
+    fn karmada_documentation_policy_is_accepted() {
+        let p = from_object(&pp("default", "example-policy", json!({
+            "resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "nginx"}],
+            "placement": {
+                "clusterAffinity": {"clusterNames": ["member1", "member2"]},
+                "replicaScheduling": {
+                    "replicaDivisionPreference": "Weighted",
+                    "replicaSchedulingType": "Divided",
+                    "weightPreference": {"staticWeightList": [
+                        {"targetCluster": {"clusterNames": ["member1"]}, "weight": 1},
+                        {"targetCluster": {"clusterNames": ["member2"]}, "weight": 1}
+                    ]}
+                }
+            }
+        })))
+        .unwrap();
+        assert_eq!(p.selectors[0].namespace, "default");
+        assert!(p.placement.divided());
+    }
+
+    #[test]
+    fn bad_policies_name_the_field() {
+        let cases = [
+            (
+                json!({"resourceSelectors": [{"apiVersion": "v1", "kind": "X"}], "bogus": 1}),
+                "spec.bogus",
+            ),
+            (
+                json!({"resourceSelectors": [{"apiVersion": "v1", "kind": "X", "nam": "a"}]}),
+                "spec.resourceSelectors[0].nam",
+            ),
+            (json!({"resourceSelectors": []}), "spec.resourceSelectors"),
+            (
+                json!({"resourceSelectors": [{"apiVersion": "v1", "kind": "X"}],
+                "placement": {"replicaScheduling": {"replicaSchedulingType": "Divided",
+                "weightPreference": {"staticWeightList": [{"targetCluster": {"clusterNames": ["a"]}, "weight": -1}]}}}}),
+                "spec.placement.replicaScheduling.weightPreference.staticWeightList[0].weight",
+            ),
+            (
+                json!({"resourceSelectors": [{"apiVersion": "v1", "kind": "X"}],
+                "placement": {"clusterAffinity": {"fieldSelector": {"matchExpressions": [{"key": "planet", "operator": "In", "values": ["x"]}]}}}}),
+                "spec.placement.clusterAffinity.fieldSelector.matchExpressions[0].key",
+            ),
+            (
+                json!({"resourceSelectors": [{"apiVersion": "v1", "kind": "X"}], "activationPreference": "Lazy"}),
+                "spec.activationPreference",
+            ),
+            (
+                json!({"resourceSelectors": [{"apiVersion": "v1", "kind": "X", "namespace": "other"}]}),
+                "spec.resourceSelectors[0].namespace",
+            ),
+            (
+                json!({"resourceSelectors": [{"apiVersion": "v1", "kind": "X"}], "placement": {"spreadConstraints": [{"spreadByField": "galaxy"}]}}),
+                "spec.placement.spreadConstraints[0].spreadByField",
+            ),
+            (
+                json!({"resourceSelectors": [{"apiVersion": "v1", "kind": "X"}], "priority": "high"}),
+                "spec.priority",
+            ),
+        ];
+        for (spec, field) in cases {
+            let errs = from_object(&pp("default", "p", spec.clone())).unwrap_err();
+            assert!(errs.iter().any(|e| e.field == field), "{spec}: {errs:?}");
+        }
+    }
+
+    #[test]
+    fn draft_example_becomes_a_placement() {
+        let o = obj(
+            json!({"apiVersion": "multicluster.io/v1alpha1", "kind": "ResourcePlacementPolicy",
+            "metadata": {"name": "webapp-placement", "namespace": "default"},
+            "spec": {"resourceSelector": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "webapp", "namespace": "production"},
+                "targetClusters": [{"selectorType": "name", "values": ["cluster-east", "cluster-west"]}]}}),
+        );
+        let p = from_object(&o).unwrap();
+        assert_eq!(p.selectors[0].namespace, "production");
+        assert_eq!(p.targets[0].names, ["cluster-east", "cluster-west"]);
+        assert!(
+            p.matches(&deploy("production", "webapp", json!({})))
+                .is_some()
+        );
+        assert!(p.matches(&deploy("default", "webapp", json!({}))).is_none());
+        let mut bad = o.clone();
+        bad.spec.as_mut().unwrap()["targetClusters"][0]["selectorType"] = json!("planet");
+        assert_eq!(
+            from_object(&bad).unwrap_err()[0].field,
+            "spec.targetClusters[0].selectorType"
+        );
+    }
+
+    #[test]
+    fn the_winner_is_chosen_by_rank_and_claims_hold() {
+        let t = deploy("default", "web", json!({"app": "web"}));
+        let sel = |extra: Value| {
+            let mut s = json!({"apiVersion": "apps/v1", "kind": "Deployment"});
+            s.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            s
+        };
+        let kind_only = from_object(&pp(
+            "default",
+            "a-kind",
+            json!({"resourceSelectors": [sel(json!({}))]}),
+        ))
+        .unwrap();
+        let by_label = from_object(&pp("default", "b-label", json!({"resourceSelectors": [sel(json!({"labelSelector": {"matchLabels": {"app": "web"}}}))]}))).unwrap();
+        let by_name = from_object(&pp(
+            "default",
+            "c-name",
+            json!({"resourceSelectors": [sel(json!({"name": "web"}))]}),
+        ))
+        .unwrap();
+        let cluster_name = from_object(&pp(
+            "",
+            "d-cluster",
+            json!({"resourceSelectors": [sel(json!({"name": "web"}))]}),
+        ))
+        .unwrap();
+        let high = from_object(&pp(
+            "default",
+            "e-high",
+            json!({"priority": 5, "resourceSelectors": [sel(json!({}))]}),
+        ))
+        .unwrap();
+        let preempt = from_object(&pp(
+            "default",
+            "f-pre",
+            json!({"priority": 9, "preemption": "Always", "resourceSelectors": [sel(json!({}))]}),
+        ))
+        .unwrap();
+        let all = [
+            kind_only.clone(),
+            by_label.clone(),
+            by_name.clone(),
+            cluster_name.clone(),
+        ];
+        assert_eq!(choose(&all, &t, None).unwrap().reference.name, "c-name");
+        let no_ns = [kind_only.clone(), cluster_name.clone()];
+        assert_eq!(
+            choose(&no_ns, &t, None).unwrap().reference.name,
+            "d-cluster"
+        );
+        let with_high = [by_name.clone(), high.clone()];
+        assert_eq!(
+            choose(&with_high, &t, None).unwrap().reference.name,
+            "e-high"
+        );
+        // A claim holds against a better match without preemption...
+        assert_eq!(
+            choose(&with_high, &t, Some(&by_name.reference))
+                .unwrap()
+                .reference
+                .name,
+            "c-name"
+        );
+        // ...but not against a higher-priority one with it.
+        let with_pre = [by_name.clone(), preempt.clone()];
+        assert_eq!(
+            choose(&with_pre, &t, Some(&by_name.reference))
+                .unwrap()
+                .reference
+                .name,
+            "f-pre"
+        );
+        // A claimant that no longer matches loses the template.
+        let other = deploy("default", "db", json!({}));
+        assert_eq!(
+            choose(&all, &other, Some(&by_name.reference))
+                .unwrap()
+                .reference
+                .name,
+            "a-kind"
+        );
+        // Name order breaks the last tie.
+        let twin = from_object(&pp(
+            "default",
+            "0-first",
+            json!({"resourceSelectors": [sel(json!({}))]}),
+        ))
+        .unwrap();
+        assert_eq!(
+            choose(&[kind_only, twin], &t, None).unwrap().reference.name,
+            "0-first"
+        );
+    }
+
+    #[test]
+    fn tolerations() {
+        let t = |k: &str, op: &str, v: &str, e: &str| Toleration {
+            key: k.into(),
+            operator: op.into(),
+            value: v.into(),
+            effect: e.into(),
+            toleration_seconds: None,
+        };
+        let cases = [
+            (t("a", "Equal", "1", ""), ("a", "1", "NoSchedule"), true),
+            (t("a", "Equal", "1", ""), ("a", "2", "NoSchedule"), false),
+            (
+                t("a", "Exists", "", "NoExecute"),
+                ("a", "x", "NoSchedule"),
+                false,
+            ),
+            (
+                t("a", "Exists", "", "NoExecute"),
+                ("a", "x", "NoExecute"),
+                true,
+            ),
+            (t("", "Exists", "", ""), ("anything", "", "NoExecute"), true),
+            (t("b", "", "", ""), ("a", "", "NoSchedule"), false),
+        ];
+        for (tol, (k, v, e), want) in cases {
+            assert_eq!(tol.tolerates(k, v, e), want, "{tol:?} vs {k}={v}:{e}");
+        }
+    }
+}
