@@ -21,6 +21,7 @@ use orrery_api::Object;
 
 mod error;
 mod list;
+pub mod ops;
 mod watch;
 
 pub use error::{Result, StoreError};
