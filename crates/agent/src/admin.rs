@@ -2,6 +2,7 @@
 //! faults into them:
 //!
 //! - `GET /clusters`, `GET /clusters/{name}`: what each simulation holds;
+//! - `GET /clusters/{name}/objects`: the objects it runs, as applied, with their status;
 //! - `PUT /clusters/{name}/faults` `{"outage": true, "latencyMs": 200, "lostNodes": 2}`: sets
 //!   the faults (what is left out is cleared); `DELETE /clusters/{name}/faults` clears them;
 //! - `PUT /clusters/{name}/load` `{"load": 0.8}`: the background load, a fraction of capacity;
@@ -90,6 +91,7 @@ async fn handle(
             };
             match (&method, rest) {
                 (&Method::GET, []) => reply(StatusCode::OK, json!(sim.summary())),
+                (&Method::GET, ["objects"]) => reply(StatusCode::OK, json!({"items": sim.objects()})),
                 (&Method::PUT, ["faults"]) => match serde_json::from_slice::<FaultsBody>(&body) {
                     Ok(f) => {
                         sim.set_faults(Faults {

@@ -240,10 +240,11 @@ pub struct OverridePolicy {
     pub order: u8,
 }
 
-pub const OVERRIDE_KINDS: &[(&str, &str, bool)] = &[
-    (KARMADA_GROUP, "ClusterOverridePolicy", false),
-    (KARMADA_GROUP, "OverridePolicy", true),
-    (GROUP, "ClusterOverridePolicy", false),
+/// The override kinds, `(group, kind, plural)`.
+pub const OVERRIDE_KINDS: &[(&str, &str, &str)] = &[
+    (KARMADA_GROUP, "ClusterOverridePolicy", "clusteroverridepolicies"),
+    (KARMADA_GROUP, "OverridePolicy", "overridepolicies"),
+    (GROUP, "ClusterOverridePolicy", "clusteroverridepolicies"),
 ];
 
 const PATCH_OPS: &[&str] = &["add", "remove", "replace"];

@@ -605,6 +605,18 @@ pub struct PolicyRef {
     pub name: String,
 }
 
+impl PolicyRef {
+    /// The reference to a policy object.
+    pub fn of(o: &Object) -> PolicyRef {
+        PolicyRef {
+            api_version: o.api_version.clone(),
+            kind: o.kind.clone(),
+            namespace: o.metadata.namespace.clone(),
+            name: o.name().to_string(),
+        }
+    }
+}
+
 impl std::fmt::Display for PolicyRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.namespace.is_empty() {
@@ -645,11 +657,11 @@ pub struct PlacementPolicy {
     pub deleting: bool,
 }
 
-/// The placement kinds, `(group, kind, namespaced)`.
-pub const PLACEMENT_KINDS: &[(&str, &str, bool)] = &[
-    (GROUP, "ResourcePlacementPolicy", true),
-    (KARMADA_GROUP, "PropagationPolicy", true),
-    (KARMADA_GROUP, "ClusterPropagationPolicy", false),
+/// The placement kinds, `(group, kind, plural)`.
+pub const PLACEMENT_KINDS: &[(&str, &str, &str)] = &[
+    (GROUP, "ResourcePlacementPolicy", "resourceplacementpolicies"),
+    (KARMADA_GROUP, "PropagationPolicy", "propagationpolicies"),
+    (KARMADA_GROUP, "ClusterPropagationPolicy", "clusterpropagationpolicies"),
 ];
 
 fn conflict(v: &str, path: &str, errs: &mut ErrorList) -> ConflictResolution {
@@ -716,12 +728,7 @@ pub fn from_object(obj: &Object) -> Result<PlacementPolicy, ErrorList> {
     let group = obj.api_version.split('/').next().unwrap_or("");
     let spec = obj.spec.clone().unwrap_or(Value::Null);
     let mut errs = Vec::new();
-    let reference = PolicyRef {
-        api_version: obj.api_version.clone(),
-        kind: obj.kind.clone(),
-        namespace: obj.metadata.namespace.clone(),
-        name: obj.name().to_string(),
-    };
+    let reference = PolicyRef::of(obj);
     let namespaced = !obj.metadata.namespace.is_empty();
     let mut p = match (group, obj.kind.as_str()) {
         (GROUP, "ResourcePlacementPolicy") => {

@@ -28,6 +28,16 @@ impl Time {
     pub fn timestamp(&self) -> Timestamp {
         self.0
     }
+
+    /// `secs` seconds later (saturating at the end of representable time).
+    pub fn add_seconds(&self, secs: i64) -> Self {
+        Time::from_unix_seconds(self.unix_seconds().saturating_add(secs)).unwrap_or(*self)
+    }
+
+    /// Whole seconds from `earlier` to this time.
+    pub fn seconds_since(&self, earlier: Time) -> i64 {
+        self.unix_seconds() - earlier.unix_seconds()
+    }
 }
 
 impl fmt::Display for Time {

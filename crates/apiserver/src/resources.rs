@@ -444,12 +444,20 @@ fn builtin_defs() -> Vec<Def> {
     );
     own_def("multicluster.io", "Work", "works", true, &[], true);
     own_def(
+        "multicluster.io",
+        "ResourceInterpreter",
+        "resourceinterpreters",
+        false,
+        &["ri"],
+        false,
+    );
+    own_def(
         "policy.karmada.io",
         "PropagationPolicy",
         "propagationpolicies",
         true,
         &["pp"],
-        false,
+        true,
     );
     own_def(
         "policy.karmada.io",
@@ -457,7 +465,7 @@ fn builtin_defs() -> Vec<Def> {
         "clusterpropagationpolicies",
         false,
         &["cpp"],
-        false,
+        true,
     );
     own_def(
         "policy.karmada.io",
@@ -631,6 +639,51 @@ fn own_columns(kind: &str) -> Printer {
                 ".status.waterLevel.overall",
                 0,
                 "The cluster's overall Resource Water Level",
+            ),
+            age,
+        ],
+        "ResourceBinding" => vec![
+            Column::new("Kind", "string", ".spec.resource.kind", 0, "The template's kind"),
+            Column::new(
+                "Scheduled",
+                "string",
+                ".status.conditions[?(@.type==\"Scheduled\")].status",
+                0,
+                "Whether the scheduler placed the template",
+            ),
+            Column::new(
+                "Fully-Applied",
+                "string",
+                ".status.conditions[?(@.type==\"FullyApplied\")].status",
+                0,
+                "Whether every target cluster runs it",
+            ),
+            Column::new(
+                "Clusters",
+                "string",
+                ".status.conditions[?(@.type==\"Scheduled\")].message",
+                0,
+                "Where it was placed",
+            ),
+            age,
+        ],
+        "ResourcePlacementPolicy" | "PropagationPolicy" | "ClusterPropagationPolicy" => vec![
+            Column::new(
+                "Bound",
+                "integer",
+                ".status.boundResources",
+                0,
+                "Templates this policy places",
+            ),
+            age,
+        ],
+        "Work" => vec![
+            Column::new(
+                "Applied",
+                "string",
+                ".status.conditions[?(@.type==\"Applied\")].status",
+                0,
+                "Whether the member applied every manifest",
             ),
             age,
         ],

@@ -404,6 +404,25 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
             errs.extend(cluster::validate_status(obj.status.as_ref()));
         }
         ("multicluster.io", "Work") => errs.extend(work::validate_spec(spec)),
+        ("multicluster.io", "ResourcePlacementPolicy")
+        | ("policy.karmada.io", "PropagationPolicy" | "ClusterPropagationPolicy") => {
+            if let Err(e) = orrery_api::policy::from_object(obj) {
+                errs.extend(e);
+            }
+        }
+        ("multicluster.io", "ClusterOverridePolicy")
+        | ("policy.karmada.io", "OverridePolicy" | "ClusterOverridePolicy") => {
+            if let Err(e) = orrery_api::overrides::from_object(obj) {
+                errs.extend(e);
+            }
+        }
+        ("multicluster.io", "ResourceInterpreter") => {
+            let v = spec.cloned().unwrap_or(Value::Null);
+            match orrery_api::policy::decode::<orrery_api::interpret::InterpreterSpec>(&v, "spec") {
+                Ok(s) => errs.extend(s.validate()),
+                Err(e) => errs.push(e),
+            }
+        }
         _ => {}
     }
     errs

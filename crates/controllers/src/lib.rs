@@ -4,6 +4,7 @@
 //! - [`health`]: member readiness from heartbeats, health taints, Events and the failure
 //!   history;
 //! - [`inventory`]: a `ClusterProfile` (KEP-4322) per Cluster;
+//! - [`propagation`]: policies to bindings, scheduling, bindings to Works, status back;
 //! - [`record`]: Events and failure records; [`informer`]: list-then-watch for controllers.
 
 use std::sync::Arc;
@@ -15,12 +16,15 @@ use tokio::task::JoinHandle;
 pub mod health;
 pub mod informer;
 pub mod inventory;
+pub mod propagation;
 pub mod record;
 
 /// Settings of the controllers.
 #[derive(Debug, Clone, Default)]
 pub struct Config {
     pub health: health::HealthConfig,
+    /// Where template kinds are stored; without it nothing is propagated.
+    pub kinds: Option<Arc<dyn propagation::Kinds>>,
 }
 
 /// Starts every controller.
@@ -29,8 +33,21 @@ pub fn spawn(
     cfg: Config,
     shutdown: watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>> {
-    vec![
+    let mut tasks = vec![
         tokio::spawn(health::run(store.clone(), cfg.health, shutdown.clone())),
-        tokio::spawn(inventory::run(store, shutdown)),
-    ]
+        tokio::spawn(inventory::run(store.clone(), shutdown.clone())),
+    ];
+    if let Some(kinds) = cfg.kinds {
+        tasks.push(tokio::spawn(propagation::detector::run(
+            store.clone(),
+            kinds.clone(),
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(propagation::scheduling::run(
+            store.clone(),
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(propagation::binding::run(store, kinds, shutdown)));
+    }
+    tasks
 }

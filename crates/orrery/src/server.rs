@@ -152,6 +152,26 @@ impl Running {
     }
 }
 
+/// The controllers find template kinds where the API serves them (built-in kinds and CRDs).
+#[derive(Debug)]
+struct RegistryKinds(Arc<orrery_apiserver::resources::Resources>);
+
+impl orrery_controllers::propagation::Kinds for RegistryKinds {
+    fn resolve(
+        &self,
+        api_version: &str,
+        kind: &str,
+    ) -> Option<orrery_controllers::propagation::KindInfo> {
+        let group = api_version.split_once('/').map(|(g, _)| g).unwrap_or("");
+        let rt = self.0.snapshot().by_kind(group, kind)?;
+        Some(orrery_controllers::propagation::KindInfo {
+            group: rt.group.clone(),
+            plural: rt.plural.clone(),
+            namespaced: rt.namespaced,
+        })
+    }
+}
+
 /// Starts everything and returns once the server accepts connections.
 pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     std::fs::create_dir_all(&args.data_dir)
@@ -193,6 +213,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
                 grace_period: args.cluster_grace_period,
                 eviction_timeout: args.cluster_eviction_timeout,
             },
+            kinds: Some(Arc::new(RegistryKinds(app.resources.clone()))),
         },
         shutdown_rx.clone(),
     );

@@ -570,6 +570,24 @@ impl SimCluster {
         }
     }
 
+    /// Every object the member holds, as applied, with its current status (sorted by kind,
+    /// namespace and name).
+    pub fn objects(&self) -> Vec<Value> {
+        let st = self.lock();
+        let mut keys: Vec<&Key> = st.objects.keys().collect();
+        keys.sort();
+        keys.into_iter()
+            .map(|k| {
+                let o = &st.objects[k];
+                let mut m = o.manifest.clone();
+                if let Some(status) = self.object_state(&st, k, o).status {
+                    m["status"] = status;
+                }
+                m
+            })
+            .collect()
+    }
+
     async fn gate(&self) -> Result<(), BackendError> {
         let (outage, latency) = {
             let st = self.lock();

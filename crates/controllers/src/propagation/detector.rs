@@ -1,0 +1,530 @@
+//! The policy controller: which policy places each template, and the template's
+//! `ResourceBinding` (created, kept in step, deleted). A template gets the propagation
+//! finalizer while it is bound, so deleting it waits until its binding (and so its Works) is
+//! gone; a restart midway resumes from what is stored.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use orrery_api::binding::{
+    self, BindingSpec, Dependency, ObjectReference, ReplicaRequirements,
+};
+use orrery_api::interpret::{Interpreter, InterpreterSpec, dependency_api_version};
+use orrery_api::policy::{self, PLACEMENT_KINDS, PlacementPolicy, PolicyRef};
+use orrery_api::{Object, keys};
+use orrery_store::ops::{delete_object, remove_finalizer};
+use orrery_store::{Store, StoreError};
+use serde_json::Value;
+use tokio::sync::{mpsc, watch};
+
+use super::{Job, Kinds, content_digest, follow, is_system_namespace, next_batch, run_jobs};
+use crate::informer::Event;
+use crate::record::new_object;
+
+/// Annotation on a binding: the content digest of the template version it describes.
+pub const DIGEST_ANNOTATION: &str = "multicluster.io/template-digest";
+
+pub(crate) fn binding_key(ns: &str, name: &str) -> String {
+    keys::object("multicluster.io", "resourcebindings", Some(ns), name)
+}
+
+pub(crate) fn interpreters_prefix() -> String {
+    keys::prefix("multicluster.io", "resourceinterpreters", None)
+}
+
+/// A template: apiVersion, kind, namespace, name.
+type TKey = (String, String, String, String);
+
+#[derive(Clone, Debug)]
+enum Src {
+    Policy(usize),
+    Template(usize),
+    Binding,
+    Interpreter,
+}
+
+/// The namespace a template's binding lives in (cluster-scoped templates: `orrery-system`).
+pub fn binding_namespace(template_ns: &str) -> &str {
+    if template_ns.is_empty() {
+        crate::inventory::NAMESPACE
+    } else {
+        template_ns
+    }
+}
+
+struct Detector {
+    store: Arc<dyn Store>,
+    kinds: Arc<dyn Kinds>,
+    tx: mpsc::Sender<(Src, Event)>,
+    shutdown: watch::Receiver<bool>,
+    policies: BTreeMap<PolicyRef, PlacementPolicy>,
+    policy_slots: HashMap<PolicyRef, usize>,
+    /// What each policy's status says it binds.
+    policy_bound: HashMap<PolicyRef, Option<i64>>,
+    /// Template kinds followed: (apiVersion, kind) → slot.
+    watched: HashMap<(String, String), usize>,
+    templates: HashMap<TKey, Arc<Object>>,
+    /// Bindings by (namespace, name).
+    bindings: HashMap<(String, String), Arc<Object>>,
+    interpreters: HashMap<(String, String), InterpreterSpec>,
+    dirty: BTreeSet<TKey>,
+    synced_bindings: bool,
+}
+
+/// Runs the policy controller until shutdown.
+pub async fn run(store: Arc<dyn Store>, kinds: Arc<dyn Kinds>, mut shutdown: watch::Receiver<bool>) {
+    let (tx, mut rx) = mpsc::channel(4096);
+    for (i, (group, _, plural)) in PLACEMENT_KINDS.iter().enumerate() {
+        follow(store.clone(), keys::prefix(group, plural, None), Src::Policy(i), tx.clone(), shutdown.clone());
+    }
+    follow(store.clone(), keys::prefix("multicluster.io", "resourcebindings", None), Src::Binding, tx.clone(), shutdown.clone());
+    follow(store.clone(), interpreters_prefix(), Src::Interpreter, tx.clone(), shutdown.clone());
+    let mut d = Detector {
+        store,
+        kinds,
+        tx,
+        shutdown: shutdown.clone(),
+        policies: BTreeMap::new(),
+        policy_slots: HashMap::new(),
+        policy_bound: HashMap::new(),
+        watched: HashMap::new(),
+        templates: HashMap::new(),
+        bindings: HashMap::new(),
+        interpreters: HashMap::new(),
+        dirty: BTreeSet::new(),
+        synced_bindings: false,
+    };
+    let mut retry: BTreeSet<TKey> = BTreeSet::new();
+    loop {
+        let Some(batch) = next_batch(&mut rx, Duration::from_secs(2), &mut shutdown).await else {
+            return;
+        };
+        let ticked = batch.is_empty();
+        for (src, ev) in batch {
+            d.on_event(src, ev);
+        }
+        if ticked {
+            // Kinds that could not be resolved yet (a CRD arriving later), and failed writes.
+            d.follow_policy_kinds();
+            d.dirty.append(&mut retry);
+        }
+        if !d.synced_bindings {
+            continue;
+        }
+        retry = d.reconcile_dirty().await;
+    }
+}
+
+impl Detector {
+    fn on_event(&mut self, src: Src, ev: Event) {
+        match src {
+            Src::Policy(slot) => {
+                let apply = |d: &mut Detector, o: &Object| {
+                    let bound = o.status.as_ref().and_then(|s| s.get("boundResources")).and_then(Value::as_i64);
+                    d.policy_bound.insert(PolicyRef::of(o), bound);
+                    if let Ok(p) = policy::from_object(o) {
+                        d.policy_slots.insert(p.reference.clone(), slot);
+                        d.policies.insert(p.reference.clone(), p);
+                    }
+                };
+                match ev {
+                    Event::Listed(items) => {
+                        let gone: Vec<PolicyRef> = self
+                            .policy_slots
+                            .iter()
+                            .filter(|(_, s)| **s == slot)
+                            .map(|(r, _)| r.clone())
+                            .collect();
+                        for r in gone {
+                            self.policies.remove(&r);
+                            self.policy_slots.remove(&r);
+                        }
+                        for o in &items {
+                            apply(self, o);
+                        }
+                    }
+                    Event::Upsert(o) => {
+                        self.policies.remove(&PolicyRef::of(&o));
+                        apply(self, &o);
+                    }
+                    Event::Delete(o) => {
+                        let r = PolicyRef::of(&o);
+                        self.policies.remove(&r);
+                        self.policy_slots.remove(&r);
+                        self.policy_bound.remove(&r);
+                    }
+                }
+                self.follow_policy_kinds();
+                // A policy change may move any template; re-deciding is cheap and writes
+                // nothing when nothing changes.
+                self.dirty.extend(self.templates.keys().cloned());
+                for b in self.bindings.values() {
+                    if let Some(k) = template_of(b) {
+                        self.dirty.insert(k);
+                    }
+                }
+            }
+            Src::Template(slot) => match ev {
+                Event::Listed(items) => {
+                    let gone: Vec<TKey> = self
+                        .templates
+                        .keys()
+                        .filter(|k| self.watched.get(&(k.0.clone(), k.1.clone())) == Some(&slot))
+                        .cloned()
+                        .collect();
+                    for k in gone {
+                        self.templates.remove(&k);
+                        self.dirty.insert(k);
+                    }
+                    for o in items {
+                        if let Some(k) = self.template_key(&o) {
+                            self.dirty.insert(k.clone());
+                            self.templates.insert(k, o);
+                        }
+                    }
+                }
+                Event::Upsert(o) => {
+                    if let Some(k) = self.template_key(&o) {
+                        self.dirty.insert(k.clone());
+                        self.templates.insert(k, o);
+                    }
+                }
+                Event::Delete(o) => {
+                    if let Some(k) = self.template_key(&o) {
+                        self.templates.remove(&k);
+                        self.dirty.insert(k);
+                    }
+                }
+            },
+            Src::Binding => match ev {
+                Event::Listed(items) => {
+                    for b in self.bindings.values() {
+                        if let Some(k) = template_of(b) {
+                            self.dirty.insert(k);
+                        }
+                    }
+                    self.bindings.clear();
+                    for b in items {
+                        if let Some(k) = template_of(&b) {
+                            self.dirty.insert(k);
+                        }
+                        self.bindings.insert((b.namespace().to_string(), b.name().to_string()), b);
+                    }
+                    self.synced_bindings = true;
+                }
+                Event::Upsert(b) => {
+                    if let Some(k) = template_of(&b) {
+                        self.dirty.insert(k);
+                    }
+                    self.bindings.insert((b.namespace().to_string(), b.name().to_string()), b);
+                }
+                Event::Delete(b) => {
+                    if let Some(k) = template_of(&b) {
+                        self.dirty.insert(k);
+                    }
+                    self.bindings.remove(&(b.namespace().to_string(), b.name().to_string()));
+                }
+            },
+            Src::Interpreter => {
+                let read = |o: &Object| -> Option<((String, String), InterpreterSpec)> {
+                    let s: InterpreterSpec = serde_json::from_value(o.spec.clone()?).ok()?;
+                    Some(((s.target.api_version.clone(), s.target.kind.clone()), s))
+                };
+                match ev {
+                    Event::Listed(items) => {
+                        self.interpreters = items.iter().filter_map(|o| read(o)).collect();
+                    }
+                    Event::Upsert(o) => {
+                        if let Some((k, s)) = read(&o) {
+                            self.interpreters.insert(k, s);
+                        }
+                    }
+                    Event::Delete(o) => {
+                        if let Some((k, _)) = read(&o) {
+                            self.interpreters.remove(&k);
+                        }
+                    }
+                }
+                self.dirty.extend(self.templates.keys().cloned());
+            }
+        }
+    }
+
+    fn template_key(&self, o: &Object) -> Option<TKey> {
+        if is_system_namespace(o.namespace()) {
+            return None;
+        }
+        Some((o.api_version.clone(), o.kind.clone(), o.namespace().to_string(), o.name().to_string()))
+    }
+
+    /// Starts following every template kind a policy names (once each).
+    fn follow_policy_kinds(&mut self) {
+        let wanted: BTreeSet<(String, String)> = self
+            .policies
+            .values()
+            .flat_map(|p| p.selectors.iter().map(|s| (s.api_version.clone(), s.kind.clone())))
+            .collect();
+        for (api_version, kind) in wanted {
+            if self.watched.contains_key(&(api_version.clone(), kind.clone())) {
+                continue;
+            }
+            let Some(info) = self.kinds.resolve(&api_version, &kind) else {
+                continue;
+            };
+            let slot = self.watched.len();
+            self.watched.insert((api_version, kind), slot);
+            follow(self.store.clone(), info.prefix(), Src::Template(slot), self.tx.clone(), self.shutdown.clone());
+        }
+    }
+
+    async fn reconcile_dirty(&mut self) -> BTreeSet<TKey> {
+        let dirty = std::mem::take(&mut self.dirty);
+        let mut jobs: Vec<Job<TKey>> = Vec::new();
+        for k in dirty {
+            if let Some(j) = self.reconcile(&k) {
+                jobs.push(j);
+            }
+        }
+        let mut failed = run_jobs(jobs).await;
+        self.report_policies().await;
+        failed.extend(std::mem::take(&mut self.dirty));
+        failed
+    }
+
+    /// Tells each policy, in its status, how many templates it places: a selector that
+    /// matches nothing is accepted and shows here.
+    async fn report_policies(&mut self) {
+        let mut counts: HashMap<&PolicyRef, i64> = self.policies.keys().map(|r| (r, 0)).collect();
+        for b in self.bindings.values() {
+            if b.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let Some(r) = b.spec.as_ref().and_then(|s| s.get("policy")).and_then(|p| serde_json::from_value::<PolicyRef>(p.clone()).ok()) else { continue };
+            if let Some((_, n)) = counts.iter_mut().find(|(k, _)| ***k == r) {
+                *n += 1;
+            }
+        }
+        let mut jobs: Vec<Job<TKey>> = Vec::new();
+        for (r, n) in counts {
+            if self.policy_bound.get(r) == Some(&Some(n)) {
+                continue;
+            }
+            let Some((group, _, plural)) = PLACEMENT_KINDS.iter().find(|(_, k, _)| *k == r.kind) else { continue };
+            let ns = (!r.namespace.is_empty()).then_some(r.namespace.as_str());
+            let key = keys::object(group, plural, ns, &r.name);
+            let store = self.store.clone();
+            let status = if n > 0 {
+                serde_json::json!({"boundResources": n, "conditions": [{"type": "Bound", "status": "True", "reason": "Bound",
+                    "message": format!("places {n} resource(s)"), "lastTransitionTime": orrery_api::Time::now()}]})
+            } else {
+                serde_json::json!({"boundResources": 0, "conditions": [{"type": "Bound", "status": "False", "reason": "NoMatch",
+                    "message": "no resource matches the selectors (or another policy holds them)", "lastTransitionTime": orrery_api::Time::now()}]})
+            };
+            jobs.push(Box::pin(async move {
+                let r = orrery_store::update_with(store.as_ref(), &key, |mut cur| {
+                    if cur.status.as_ref().and_then(|s| s.get("boundResources")) == status.get("boundResources") {
+                        return Ok(None);
+                    }
+                    cur.status = Some(status.clone());
+                    Ok(Some(cur))
+                })
+                .await;
+                match r {
+                    Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+                    Err(e) => Err((Default::default(), e.to_string())),
+                }
+            }));
+        }
+        run_jobs(jobs).await;
+    }
+
+    fn reconcile(&self, k: &TKey) -> Option<Job<TKey>> {
+        let (api_version, kind, ns, name) = k;
+        let bns = binding_namespace(ns).to_string();
+        let bname = binding::name_for(kind, name);
+        let existing = self.bindings.get(&(bns.clone(), bname.clone())).cloned();
+        let bkey = binding_key(&bns, &bname);
+        let template = self.templates.get(k).cloned();
+        let info = self.kinds.resolve(api_version, kind);
+        let unbind = |existing: Option<Arc<Object>>, template: Option<Arc<Object>>| {
+            self.unbind(k, &bkey, existing, template, info.clone())
+        };
+        let Some(t) = template else {
+            return unbind(existing, None);
+        };
+        if t.metadata.deletion_timestamp.is_some() {
+            return unbind(existing, Some(t));
+        }
+        let claimant: Option<PolicyRef> = existing
+            .as_ref()
+            .filter(|b| b.metadata.deletion_timestamp.is_none())
+            .and_then(|b| b.spec.as_ref()?.get("policy").cloned())
+            .and_then(|p| serde_json::from_value(p).ok());
+        let Some(p) = policy::choose(self.policies.values(), &t, claimant.as_ref()) else {
+            return unbind(existing, Some(t));
+        };
+        if existing.as_ref().is_some_and(|b| b.metadata.deletion_timestamp.is_some()) {
+            // The old binding is still going away; bind again once it is gone.
+            return None;
+        }
+        let spec = self.desired(&t, p, existing.as_deref());
+        let digest = content_digest(&t);
+        let info = info?;
+        let tkey = info.key(t.namespace(), t.name());
+        let store = self.store.clone();
+        let key = k.clone();
+        let needs_finalizer = !t.metadata.finalizers.iter().any(|f| f == binding::FINALIZER);
+        let write_binding: Option<Object> = match &existing {
+            None => {
+                let mut b = new_object(binding::API_VERSION, binding::KIND, Some(&bns), &bname);
+                b.metadata.finalizers.push(binding::FINALIZER.to_string());
+                b.metadata.annotations.insert(DIGEST_ANNOTATION.into(), digest);
+                b.metadata.labels.insert("multicluster.io/template-kind".into(), kind.to_lowercase());
+                b.spec = serde_json::to_value(&spec).ok();
+                Some(b)
+            }
+            Some(b) => {
+                let new_spec = serde_json::to_value(&spec).ok();
+                if b.spec == new_spec && b.metadata.annotations.get(DIGEST_ANNOTATION) == Some(&digest) {
+                    None
+                } else {
+                    let mut next = (**b).clone();
+                    next.spec = new_spec;
+                    next.metadata.annotations.insert(DIGEST_ANNOTATION.into(), digest);
+                    next.metadata.generation = Some(next.metadata.generation.unwrap_or(1) + 1);
+                    Some(next)
+                }
+            }
+        };
+        if !needs_finalizer && write_binding.is_none() {
+            return None;
+        }
+        let creating = existing.is_none();
+        Some(Box::pin(async move {
+            let err = |e: StoreError| (key.clone(), e.to_string());
+            if needs_finalizer {
+                let mut next = (*t).clone();
+                next.metadata.finalizers.push(binding::FINALIZER.to_string());
+                store.update(&tkey, next, t.revision()).await.map_err(err)?;
+            }
+            if let Some(b) = write_binding {
+                if creating {
+                    match store.create(&bkey, b).await {
+                        Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+                        Err(e) => return Err(err(e)),
+                    }
+                } else {
+                    let rev = b.revision();
+                    store.update(&bkey, b, rev).await.map_err(err)?;
+                }
+            }
+            Ok(())
+        }))
+    }
+
+    /// Unbinding: delete the binding first; its Works go with it (the binding controller
+    /// holds it until they are gone); then release the template.
+    fn unbind(
+        &self,
+        k: &TKey,
+        bkey: &str,
+        existing: Option<Arc<Object>>,
+        template: Option<Arc<Object>>,
+        info: Option<super::KindInfo>,
+    ) -> Option<Job<TKey>> {
+        let store = self.store.clone();
+        let key = k.clone();
+        match existing {
+            Some(b) => {
+                if b.metadata.deletion_timestamp.is_some() {
+                    return None;
+                }
+                let bkey = bkey.to_string();
+                Some(Box::pin(async move {
+                    delete_object(store.as_ref(), &bkey, &b)
+                        .await
+                        .map_err(|e| (key, e.to_string()))
+                }))
+            }
+            None => {
+                let t = template?;
+                if !t.metadata.finalizers.iter().any(|f| f == binding::FINALIZER) {
+                    return None;
+                }
+                let tkey = info?.key(t.namespace(), t.name());
+                Some(Box::pin(async move {
+                    remove_finalizer(store.as_ref(), &tkey, binding::FINALIZER)
+                        .await
+                        .map_err(|e| (key, e.to_string()))
+                }))
+            }
+        }
+    }
+
+    /// The binding spec a template and its policy call for; the scheduler's fields are kept.
+    fn desired(&self, t: &Object, p: &PlacementPolicy, existing: Option<&Object>) -> BindingSpec {
+        let custom = self.interpreters.get(&(t.api_version.clone(), t.kind.clone()));
+        let interp = custom.map(Interpreter::Custom).unwrap_or(Interpreter::BuiltIn);
+        let v = serde_json::to_value(t).unwrap_or(Value::Null);
+        let replicas = interp.replicas(&v);
+        let requests = interp.requests(&v);
+        let dependencies = if p.propagate_deps {
+            interp
+                .dependencies(&v)
+                .into_iter()
+                .map(|(kind, name)| Dependency {
+                    api_version: dependency_api_version(&kind).to_string(),
+                    kind,
+                    namespace: t.namespace().to_string(),
+                    name,
+                })
+                .collect()
+        } else {
+            vec![]
+        };
+        let old: Option<BindingSpec> = existing
+            .and_then(|b| b.spec.clone())
+            .and_then(|s| serde_json::from_value(s).ok());
+        let digest = content_digest(t);
+        let same_content = existing
+            .and_then(|b| b.metadata.annotations.get(DIGEST_ANNOTATION))
+            == Some(&digest);
+        // A status-only change of the template keeps the recorded version, so the binding is
+        // not rewritten for it.
+        let resource_version = match (&old, same_content) {
+            (Some(o), true) => o.resource.resource_version.clone(),
+            _ => t.metadata.resource_version.clone(),
+        };
+        BindingSpec {
+            resource: ObjectReference {
+                api_version: t.api_version.clone(),
+                kind: t.kind.clone(),
+                namespace: t.namespace().to_string(),
+                name: t.name().to_string(),
+                uid: t.metadata.uid.clone(),
+                resource_version,
+            },
+            replicas: replicas.unwrap_or(0),
+            replica_requirements: (!requests.is_empty()).then_some(ReplicaRequirements { resource_request: requests }),
+            dependencies,
+            placement: p.placement.clone(),
+            target_clusters: p.targets.clone(),
+            policy: p.reference.clone(),
+            priority: p.priority,
+            conflict_resolution: p.conflict_resolution,
+            preserve_resources_on_deletion: p.preserve_resources_on_deletion,
+            suspension: p.suspension.clone(),
+            failover: p.failover.clone(),
+            clusters: old.as_ref().map(|o| o.clusters.clone()).unwrap_or_default(),
+            evictions: old.map(|o| o.evictions).unwrap_or_default(),
+        }
+    }
+}
+
+/// The template a binding is for.
+fn template_of(b: &Object) -> Option<TKey> {
+    let r = b.spec.as_ref()?.get("resource")?;
+    let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    Some((s("apiVersion"), s("kind"), s("namespace"), s("name")))
+}

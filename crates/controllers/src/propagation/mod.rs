@@ -1,0 +1,148 @@
+//! Propagation: from a template and a policy to objects running in member clusters, and their
+//! status back. Three controllers, each watching and writing the store (DESIGN.md, data flow
+//! steps 3 to 7):
+//!
+//! - [`detector`]: placement policies select templates; one `ResourceBinding` per template,
+//!   with what it needs (replicas, per-replica requests, dependencies) and the placement;
+//!   finalizers on templates so nothing is orphaned;
+//! - [`scheduling`]: bindings and clusters in, `spec.clusters` out, through the pure engine
+//!   (`orrery-scheduler`), with the reasons in the binding's status and Events on the
+//!   template; application failover;
+//! - [`binding`]: one `Work` per target cluster with the rendered manifests (dependencies,
+//!   replica share, overrides), and member status aggregated into the binding and the
+//!   template.
+//!
+//! Each keeps what it watches in memory, marks what an event touches as dirty, and works off
+//! the dirty set in batches whose store writes run concurrently.
+
+use std::collections::BTreeSet;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
+use orrery_api::Object;
+use orrery_store::Store;
+use tokio::sync::{mpsc, watch};
+
+use crate::informer::{self, Event};
+
+pub mod binding;
+pub mod detector;
+pub mod scheduling;
+
+/// Where a kind's objects are stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KindInfo {
+    pub group: String,
+    pub plural: String,
+    pub namespaced: bool,
+}
+
+impl KindInfo {
+    pub fn key(&self, namespace: &str, name: &str) -> String {
+        let ns = self.namespaced.then_some(namespace);
+        orrery_api::keys::object(&self.group, &self.plural, ns, name)
+    }
+    pub fn prefix(&self) -> String {
+        orrery_api::keys::prefix(&self.group, &self.plural, None)
+    }
+}
+
+/// Resolves `apiVersion` + `kind` to where objects of the kind live (the API server's
+/// registry, built-in kinds and CRDs alike; the binary wires it in).
+pub trait Kinds: Send + Sync + std::fmt::Debug {
+    fn resolve(&self, api_version: &str, kind: &str) -> Option<KindInfo>;
+}
+
+/// Namespaces whose objects are Orrery's or the control plane's own, never templates.
+pub fn is_system_namespace(ns: &str) -> bool {
+    ns.starts_with("orrery-") || ns.starts_with("kube-")
+}
+
+/// Follows `prefix` and forwards its events, tagged with `src`, into `tx`.
+pub(crate) fn follow<S: Clone + Send + 'static>(
+    store: Arc<dyn Store>,
+    prefix: String,
+    src: S,
+    tx: mpsc::Sender<(S, Event)>,
+    shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let mut rx = informer::spawn(store, prefix, shutdown);
+    tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            if tx.send((src.clone(), ev)).await.is_err() {
+                return;
+            }
+        }
+    })
+}
+
+/// Waits for the next event (or `tick`), then takes whatever else is already queued.
+/// `None` when the controller should stop.
+pub(crate) async fn next_batch<S>(
+    rx: &mut mpsc::Receiver<(S, Event)>,
+    tick: Duration,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Vec<(S, Event)>> {
+    let mut out = Vec::new();
+    tokio::select! {
+        ev = rx.recv() => out.push(ev?),
+        _ = tokio::time::sleep(tick) => {}
+        _ = shutdown.changed() => return None,
+    }
+    while out.len() < 10_000 {
+        match rx.try_recv() {
+            Ok(ev) => out.push(ev),
+            Err(_) => break,
+        }
+    }
+    if *shutdown.borrow() {
+        return None;
+    }
+    Some(out)
+}
+
+/// A store write whose failure puts `K` back on the dirty list.
+pub(crate) type Job<K> = BoxFuture<'static, Result<(), (K, String)>>;
+
+/// Runs writes, at most `CONCURRENCY` at a time (the store groups concurrent writes into one
+/// commit); returns the keys whose write failed.
+pub(crate) async fn run_jobs<K: Ord>(jobs: Vec<Job<K>>) -> BTreeSet<K> {
+    const CONCURRENCY: usize = 256;
+    let mut failed = BTreeSet::new();
+    let mut s = futures_util::stream::iter(jobs).buffer_unordered(CONCURRENCY);
+    while let Some(r) = s.next().await {
+        if let Err((k, e)) = r {
+            tracing::debug!(error = %e, "a propagation write failed; retrying");
+            failed.insert(k);
+        }
+    }
+    failed
+}
+
+/// A digest of what a user controls in an object (everything but status and the server's
+/// bookkeeping), to tell content changes from status-only ones.
+pub fn content_digest(o: &Object) -> String {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    o.metadata.labels.hash(&mut h);
+    o.metadata.annotations.hash(&mut h);
+    o.spec
+        .as_ref()
+        .map(|s| s.to_string())
+        .unwrap_or_default()
+        .hash(&mut h);
+    serde_json::Value::Object(o.other.clone())
+        .to_string()
+        .hash(&mut h);
+    format!("{:016x}", h.finish())
+}
+
+/// An Object with just enough to be the subject of an Event.
+pub(crate) fn subject(api_version: &str, kind: &str, ns: &str, name: &str, uid: &str) -> Object {
+    let mut o = Object::new(api_version, kind).with_name(name);
+    o.metadata.namespace = ns.to_string();
+    o.metadata.uid = uid.to_string();
+    o
+}

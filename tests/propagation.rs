@@ -1,0 +1,364 @@
+//! Propagation end to end: a real `orrery server`, three `orrery agent` processes with
+//! simulated members, the real kubectl. Templates and policies go in through kubectl; what
+//! each member runs is read from the agents' admin endpoints.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Agent, Server, eventually, http};
+use serde_json::Value;
+
+const SIM: &str = "nodes=4,cpu=8,memory=32Gi,load=0.1,start=100ms";
+
+struct Fleet {
+    s: Server,
+    agents: Vec<(String, Agent, String)>,
+}
+
+impl Fleet {
+    fn start(names: &[(&str, &str)]) -> Fleet {
+        let s = Server::start();
+        let mut agents = Vec::new();
+        for (name, region) in names {
+            let token = s.token(name);
+            let a = Agent::start(
+                &s,
+                name,
+                &[
+                    "--cluster", name, "--token", &token, "--simulate", SIM, "--region", region,
+                    "--provider", "sim", "--heartbeat-interval", "1s", "--report-interval", "100ms",
+                    "--admin-listen", "127.0.0.1:0", "--labels", &format!("region={region}"),
+                ],
+            );
+            let admin = a.admin();
+            agents.push((name.to_string(), a, admin));
+        }
+        eventually(Duration::from_secs(20), "every cluster Ready", || {
+            names.iter().all(|(n, _)| s.cluster_condition(n, "Ready") == "True")
+        });
+        Fleet { s, agents }
+    }
+
+    /// The objects a member runs.
+    fn objects(&self, cluster: &str) -> Vec<Value> {
+        let (_, _, admin) = self.agents.iter().find(|(n, _, _)| n == cluster).unwrap();
+        let (code, body) = http("GET", admin, &format!("/clusters/{cluster}/objects"), "");
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["items"].as_array().unwrap().clone()
+    }
+
+    /// One object of a member, if it runs it.
+    fn find(&self, cluster: &str, kind: &str, name: &str) -> Option<Value> {
+        self.objects(cluster)
+            .into_iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+    }
+}
+
+const NGINX: &str = r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: web-config, namespace: default}
+data: {mode: fast}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: nginx
+  namespace: default
+  labels: {app: nginx}
+spec:
+  replicas: 4
+  selector:
+    matchLabels: {app: nginx}
+  template:
+    metadata:
+      labels: {app: nginx}
+    spec:
+      containers:
+      - image: nginx:1.25
+        name: nginx
+        resources: {requests: {cpu: 100m, memory: 64Mi}}
+        volumeMounts: [{name: config, mountPath: /etc/web}]
+      volumes:
+      - name: config
+        configMap: {name: web-config}
+"#;
+
+// Karmada's documentation example (propagationpolicy.md), with propagateDeps for the
+// ConfigMap and the member names of this fleet.
+const POLICY: &str = r#"
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata:
+  name: nginx-propagation
+spec:
+  propagateDeps: true
+  resourceSelectors:
+    - apiVersion: apps/v1
+      kind: Deployment
+      name: nginx
+  placement:
+    clusterAffinity:
+      clusterNames:
+        - member1
+        - member2
+    replicaScheduling:
+      replicaDivisionPreference: Weighted
+      replicaSchedulingType: Divided
+      weightPreference:
+        staticWeightList:
+          - targetCluster:
+              clusterNames:
+                - member1
+            weight: 1
+          - targetCluster:
+              clusterNames:
+                - member2
+            weight: 1
+"#;
+
+fn replicas(o: &Value) -> i64 {
+    o["spec"]["replicas"].as_i64().unwrap_or(-1)
+}
+
+fn image(o: &Value) -> String {
+    o["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap_or("").to_string()
+}
+
+#[test]
+fn a_karmada_policy_places_a_deployment_and_its_configmap() {
+    let f = Fleet::start(&[("member1", "us-east"), ("member2", "eu-west"), ("member3", "ap-south")]);
+    let s = &f.s;
+    s.apply(NGINX);
+    let started = Instant::now();
+    s.apply(POLICY);
+    eventually(Duration::from_secs(20), "nginx and its ConfigMap in member1 and member2", || {
+        ["member1", "member2"].iter().all(|m| {
+            f.find(m, "Deployment", "nginx").is_some_and(|d| replicas(&d) == 2)
+                && f.find(m, "ConfigMap", "web-config").is_some()
+        })
+    });
+    let took = started.elapsed();
+    eprintln!("policy applied to running in two members: {took:?}");
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert!(f.objects("member3").is_empty(), "member3 was not selected");
+    let cm = f.find("member1", "ConfigMap", "web-config").unwrap();
+    assert_eq!(cm["data"]["mode"], "fast");
+    // Server-managed fields never travel.
+    let d = f.find("member1", "Deployment", "nginx").unwrap();
+    for field in ["uid", "resourceVersion", "managedFields", "generation"] {
+        assert!(d["metadata"].get(field).is_none() || field == "generation", "{field}: {d}");
+    }
+
+    // The control plane shows the summed status and the path.
+    eventually(Duration::from_secs(20), "4 ready replicas summed", || {
+        s.get_json(&["deploy", "nginx"])["status"]["readyReplicas"] == 4
+    });
+    let rbs = s.ok(&["get", "resourcebindings,works", "-A"]);
+    assert!(rbs.contains("nginx-deployment"), "{rbs}");
+    assert!(rbs.contains("orrery-cluster-member1") && rbs.contains("default.nginx-deployment"), "{rbs}");
+    let rb = s.get_json(&["resourcebinding", "nginx-deployment"]);
+    assert_eq!(rb["spec"]["replicas"], 4);
+    assert_eq!(rb["spec"]["replicaRequirements"]["resourceRequest"]["cpu"], "100m");
+    assert_eq!(rb["spec"]["dependencies"][0]["name"], "web-config");
+    let clusters: Vec<(String, i64)> = rb["spec"]["clusters"].as_array().unwrap().iter()
+        .map(|c| (c["name"].as_str().unwrap().to_string(), c["replicas"].as_i64().unwrap())).collect();
+    assert_eq!(clusters, [("member1".to_string(), 2), ("member2".to_string(), 2)]);
+    eventually(Duration::from_secs(20), "FullyApplied", || {
+        s.ok(&["get", "resourcebinding", "nginx-deployment", "-o",
+            "jsonpath={.status.conditions[?(@.type==\"FullyApplied\")].status}"]) == "True"
+    });
+    let why = s.ok(&["get", "resourcebinding", "nginx-deployment", "-o", "jsonpath={.status.decisions}"]);
+    assert!(why.contains("cluster affinity does not match"), "member3's reason: {why}");
+    let events = s.ok(&["get", "events", "--field-selector", "involvedObject.name=nginx"]);
+    assert!(events.contains("placed on member1(2), member2(2)"), "{events}");
+    let pp = s.get_json(&["propagationpolicy", "nginx-propagation"]);
+    assert_eq!(pp["status"]["boundResources"], 1, "{pp}");
+
+    // An OverridePolicy changes the image in member1 only.
+    s.apply(r#"
+apiVersion: policy.karmada.io/v1alpha1
+kind: OverridePolicy
+metadata: {name: nginx-image}
+spec:
+  resourceSelectors:
+  - {apiVersion: apps/v1, kind: Deployment, name: nginx}
+  overrideRules:
+  - targetCluster: {clusterNames: [member1]}
+    overriders:
+      imageOverrider:
+      - {component: Registry, operator: replace, value: registry.example.cn}
+"#);
+    eventually(Duration::from_secs(20), "the override in member1", || {
+        f.find("member1", "Deployment", "nginx").is_some_and(|d| image(&d) == "registry.example.cn/nginx:1.25")
+    });
+    assert_eq!(image(&f.find("member2", "Deployment", "nginx").unwrap()), "nginx:1.25");
+
+    // Scale and change the image: members follow.
+    s.ok(&["scale", "deploy", "nginx", "--replicas", "6"]);
+    s.ok(&["set", "image", "deploy/nginx", "nginx=nginx:1.27"]);
+    eventually(Duration::from_secs(20), "3 + 3 replicas of nginx:1.27", || {
+        ["member1", "member2"].iter().all(|m| {
+            f.find(m, "Deployment", "nginx").is_some_and(|d| replicas(&d) == 3 && image(&d).ends_with("nginx:1.27"))
+        })
+    });
+    eventually(Duration::from_secs(20), "6 ready replicas summed", || {
+        s.get_json(&["deploy", "nginx"])["status"]["readyReplicas"] == 6
+    });
+
+    // Delete: nothing is left in any member, nor in the control plane.
+    s.ok(&["delete", "deploy", "nginx", "--wait=true", "--timeout=30s"]);
+    eventually(Duration::from_secs(20), "members emptied", || {
+        ["member1", "member2", "member3"].iter().all(|m| f.objects(m).is_empty())
+    });
+    assert!(s.ok(&["get", "resourcebindings", "-A", "-o", "name"]).is_empty());
+    assert!(s.ok(&["get", "works", "-A", "-o", "name"]).is_empty());
+}
+
+#[test]
+fn the_drafts_examples_apply_unchanged() {
+    let f = Fleet::start(&[("cluster-east", "us-east"), ("cluster-west", "us-west"), ("gpu-cluster", "us-central")]);
+    let s = &f.s;
+    s.ok(&["create", "namespace", "production"]);
+    s.apply(r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: webapp, namespace: production}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: webapp}}
+  template:
+    metadata: {labels: {app: webapp}}
+    spec:
+      containers: [{name: web, image: webapp:1}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: ai-model, namespace: default}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: ai}}
+  template:
+    metadata: {labels: {app: ai}}
+    spec:
+      containers: [{name: model, image: model:1}]
+"#);
+    // Draft 6.2.3, verbatim.
+    s.apply(r#"
+apiVersion: multicluster.io/v1alpha1
+kind: ResourcePlacementPolicy
+metadata:
+  name: webapp-placement
+spec:
+  resourceSelector:
+    apiVersion: apps/v1
+    kind: Deployment
+    name: webapp
+    namespace: production
+  targetClusters:
+  - selectorType: name # Supports "name" or "label"
+    values: ["cluster-east", "cluster-west"]
+"#);
+    eventually(Duration::from_secs(20), "webapp in east and west", || {
+        ["cluster-east", "cluster-west"].iter().all(|m| f.find(m, "Deployment", "webapp").is_some())
+    });
+    assert!(f.find("gpu-cluster", "Deployment", "webapp").is_none());
+
+    // ai-model everywhere in us-*, by label; then draft 6.2.4, verbatim.
+    s.apply(r#"
+apiVersion: multicluster.io/v1alpha1
+kind: ResourcePlacementPolicy
+metadata: {name: ai-placement}
+spec:
+  resourceSelector: {apiVersion: apps/v1, kind: Deployment, name: ai-model}
+  targetClusters:
+  - selectorType: label
+    values: ["region in (us-east, us-central)"]
+"#);
+    s.apply(r#"
+apiVersion: multicluster.io/v1alpha1
+kind: ClusterOverridePolicy
+metadata:
+  name: gpu-override
+spec:
+  resourceSelector:
+    apiVersion: apps/v1
+    kind: Deployment
+    name: ai-model
+    namespace: default
+  overrides:
+  - clusterSelector:
+      names: ["gpu-cluster"]
+    fieldPatches:
+    - path: spec.template.spec.containers[0].resources.limits
+      value: {"nvidia.com/gpu": 2}
+"#);
+    let limits = |m: &str| {
+        f.find(m, "Deployment", "ai-model")
+            .map(|d| d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"].clone())
+    };
+    eventually(Duration::from_secs(20), "the GPU limit in gpu-cluster only", || {
+        limits("gpu-cluster").is_some_and(|l| l["nvidia.com/gpu"] == 2)
+            && limits("cluster-east").is_some_and(|l| l.is_null())
+    });
+    assert!(f.find("cluster-west", "Deployment", "ai-model").is_none());
+}
+
+#[test]
+fn bad_policies_are_refused_with_the_field_named() {
+    let s = Server::start();
+    let cases = [
+        (
+            "apiVersion: policy.karmada.io/v1alpha1\nkind: PropagationPolicy\nmetadata: {name: p1}\nspec:\n  resourceSelectors: [{apiVersion: apps/v1, kind: Deployment}]\n  placement: {clusterAffinity: {clusterNames: [a]}, galaxy: far}\n",
+            "spec.placement.galaxy",
+        ),
+        (
+            "apiVersion: policy.karmada.io/v1alpha1\nkind: PropagationPolicy\nmetadata: {name: p2}\nspec:\n  resourceSelectors: [{apiVersion: apps/v1, kind: Deployment}]\n  placement:\n    replicaScheduling:\n      replicaSchedulingType: Divided\n      weightPreference:\n        staticWeightList: [{targetCluster: {clusterNames: [a]}, weight: -1}]\n",
+            "spec.placement.replicaScheduling.weightPreference.staticWeightList[0].weight",
+        ),
+        (
+            "apiVersion: multicluster.io/v1alpha1\nkind: ClusterOverridePolicy\nmetadata: {name: o1}\nspec:\n  resourceSelector: {apiVersion: apps/v1, kind: Deployment}\n  overrides:\n  - clusterSelector: {names: [a]}\n    fieldPatches: [{path: 'spec.containers[x]', value: 1}]\n",
+            "spec.overrides[0].fieldPatches[0].path",
+        ),
+        (
+            "apiVersion: multicluster.io/v1alpha1\nkind: ResourcePlacementPolicy\nmetadata: {name: r1}\nspec:\n  resourceSelector: {apiVersion: apps/v1, kind: Deployment}\n  targetClusters: [{selectorType: planet, values: [x]}]\n",
+            "spec.targetClusters[0].selectorType",
+        ),
+    ];
+    for (manifest, field) in cases {
+        let err = s.fails_stdin(&["apply", "-f", "-"], manifest);
+        assert!(err.contains("is invalid") && err.contains(field), "{field}: {err}");
+    }
+    // A selector matching nothing is accepted and says so in the policy's status.
+    s.apply("apiVersion: policy.karmada.io/v1alpha1\nkind: PropagationPolicy\nmetadata: {name: lonely}\nspec:\n  resourceSelectors: [{apiVersion: apps/v1, kind: Deployment, name: nobody}]\n");
+    eventually(Duration::from_secs(20), "NoMatch in the policy's status", || {
+        let v = s.get_json(&["propagationpolicy", "lonely"]);
+        v["status"]["boundResources"] == 0 && v["status"]["conditions"][0]["reason"] == "NoMatch"
+    });
+}
+
+#[test]
+fn a_delete_interrupted_by_a_crash_finishes_after_restart() {
+    let mut f = Fleet::start(&[("member1", "us-east"), ("member2", "eu-west")]);
+    f.s.apply(NGINX);
+    f.s.apply(&POLICY.replace("propagateDeps: true", "propagateDeps: false"));
+    eventually(Duration::from_secs(20), "nginx in both members", || {
+        ["member1", "member2"].iter().all(|m| f.find(m, "Deployment", "nginx").is_some())
+    });
+    f.s.ok(&["delete", "deploy", "nginx", "--wait=false"]);
+    f.s.kill9();
+    f.s.restart();
+    eventually(Duration::from_secs(30), "members emptied after the restart", || {
+        ["member1", "member2"].iter().all(|m| f.find(m, "Deployment", "nginx").is_none())
+    });
+    eventually(Duration::from_secs(20), "the template gone from the control plane", || {
+        !f.s.kubectl(&["get", "deploy", "nginx"]).status.success()
+    });
+    // The ConfigMap was never selected (no propagateDeps) and stays in the control plane only.
+    assert!(f.find("member1", "ConfigMap", "web-config").is_none());
+}
