@@ -28,16 +28,33 @@ impl Fleet {
                 &s,
                 name,
                 &[
-                    "--cluster", name, "--token", &token, "--simulate", SIM, "--region", region,
-                    "--provider", "sim", "--heartbeat-interval", "1s", "--report-interval", "100ms",
-                    "--admin-listen", "127.0.0.1:0", "--labels", &format!("region={region}"),
+                    "--cluster",
+                    name,
+                    "--token",
+                    &token,
+                    "--simulate",
+                    SIM,
+                    "--region",
+                    region,
+                    "--provider",
+                    "sim",
+                    "--heartbeat-interval",
+                    "1s",
+                    "--report-interval",
+                    "100ms",
+                    "--admin-listen",
+                    "127.0.0.1:0",
+                    "--labels",
+                    &format!("region={region}"),
                 ],
             );
             let admin = a.admin();
             agents.push((name.to_string(), a, admin));
         }
         eventually(Duration::from_secs(20), "every cluster Ready", || {
-            names.iter().all(|(n, _)| s.cluster_condition(n, "Ready") == "True")
+            names
+                .iter()
+                .all(|(n, _)| s.cluster_condition(n, "Ready") == "True")
         });
         Fleet { s, agents }
     }
@@ -127,22 +144,34 @@ fn replicas(o: &Value) -> i64 {
 }
 
 fn image(o: &Value) -> String {
-    o["spec"]["template"]["spec"]["containers"][0]["image"].as_str().unwrap_or("").to_string()
+    o["spec"]["template"]["spec"]["containers"][0]["image"]
+        .as_str()
+        .unwrap_or("")
+        .to_string()
 }
 
 #[test]
 fn a_karmada_policy_places_a_deployment_and_its_configmap() {
-    let f = Fleet::start(&[("member1", "us-east"), ("member2", "eu-west"), ("member3", "ap-south")]);
+    let f = Fleet::start(&[
+        ("member1", "us-east"),
+        ("member2", "eu-west"),
+        ("member3", "ap-south"),
+    ]);
     let s = &f.s;
     s.apply(NGINX);
     let started = Instant::now();
     s.apply(POLICY);
-    eventually(Duration::from_secs(20), "nginx and its ConfigMap in member1 and member2", || {
-        ["member1", "member2"].iter().all(|m| {
-            f.find(m, "Deployment", "nginx").is_some_and(|d| replicas(&d) == 2)
-                && f.find(m, "ConfigMap", "web-config").is_some()
-        })
-    });
+    eventually(
+        Duration::from_secs(20),
+        "nginx and its ConfigMap in member1 and member2",
+        || {
+            ["member1", "member2"].iter().all(|m| {
+                f.find(m, "Deployment", "nginx")
+                    .is_some_and(|d| replicas(&d) == 2)
+                    && f.find(m, "ConfigMap", "web-config").is_some()
+            })
+        },
+    );
     let took = started.elapsed();
     eprintln!("policy applied to running in two members: {took:?}");
     assert!(took < Duration::from_secs(2), "took {took:?}");
@@ -152,7 +181,10 @@ fn a_karmada_policy_places_a_deployment_and_its_configmap() {
     // Server-managed fields never travel.
     let d = f.find("member1", "Deployment", "nginx").unwrap();
     for field in ["uid", "resourceVersion", "managedFields", "generation"] {
-        assert!(d["metadata"].get(field).is_none() || field == "generation", "{field}: {d}");
+        assert!(
+            d["metadata"].get(field).is_none() || field == "generation",
+            "{field}: {d}"
+        );
     }
 
     // The control plane shows the summed status and the path.
@@ -161,27 +193,68 @@ fn a_karmada_policy_places_a_deployment_and_its_configmap() {
     });
     let rbs = s.ok(&["get", "resourcebindings,works", "-A"]);
     assert!(rbs.contains("nginx-deployment"), "{rbs}");
-    assert!(rbs.contains("orrery-cluster-member1") && rbs.contains("default.nginx-deployment"), "{rbs}");
+    assert!(
+        rbs.contains("orrery-cluster-member1") && rbs.contains("default.nginx-deployment"),
+        "{rbs}"
+    );
     let rb = s.get_json(&["resourcebinding", "nginx-deployment"]);
     assert_eq!(rb["spec"]["replicas"], 4);
-    assert_eq!(rb["spec"]["replicaRequirements"]["resourceRequest"]["cpu"], "100m");
+    assert_eq!(
+        rb["spec"]["replicaRequirements"]["resourceRequest"]["cpu"],
+        "100m"
+    );
     assert_eq!(rb["spec"]["dependencies"][0]["name"], "web-config");
-    let clusters: Vec<(String, i64)> = rb["spec"]["clusters"].as_array().unwrap().iter()
-        .map(|c| (c["name"].as_str().unwrap().to_string(), c["replicas"].as_i64().unwrap())).collect();
-    assert_eq!(clusters, [("member1".to_string(), 2), ("member2".to_string(), 2)]);
+    let clusters: Vec<(String, i64)> = rb["spec"]["clusters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_string(),
+                c["replicas"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        clusters,
+        [("member1".to_string(), 2), ("member2".to_string(), 2)]
+    );
     eventually(Duration::from_secs(20), "FullyApplied", || {
-        s.ok(&["get", "resourcebinding", "nginx-deployment", "-o",
-            "jsonpath={.status.conditions[?(@.type==\"FullyApplied\")].status}"]) == "True"
+        s.ok(&[
+            "get",
+            "resourcebinding",
+            "nginx-deployment",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"FullyApplied\")].status}",
+        ]) == "True"
     });
-    let why = s.ok(&["get", "resourcebinding", "nginx-deployment", "-o", "jsonpath={.status.decisions}"]);
-    assert!(why.contains("cluster affinity does not match"), "member3's reason: {why}");
-    let events = s.ok(&["get", "events", "--field-selector", "involvedObject.name=nginx"]);
-    assert!(events.contains("placed on member1(2), member2(2)"), "{events}");
+    let why = s.ok(&[
+        "get",
+        "resourcebinding",
+        "nginx-deployment",
+        "-o",
+        "jsonpath={.status.decisions}",
+    ]);
+    assert!(
+        why.contains("cluster affinity does not match"),
+        "member3's reason: {why}"
+    );
+    let events = s.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=nginx",
+    ]);
+    assert!(
+        events.contains("placed on member1(2), member2(2)"),
+        "{events}"
+    );
     let pp = s.get_json(&["propagationpolicy", "nginx-propagation"]);
     assert_eq!(pp["status"]["boundResources"], 1, "{pp}");
 
     // An OverridePolicy changes the image in member1 only.
-    s.apply(r#"
+    s.apply(
+        r#"
 apiVersion: policy.karmada.io/v1alpha1
 kind: OverridePolicy
 metadata: {name: nginx-image}
@@ -193,20 +266,30 @@ spec:
     overriders:
       imageOverrider:
       - {component: Registry, operator: replace, value: registry.example.cn}
-"#);
+"#,
+    );
     eventually(Duration::from_secs(20), "the override in member1", || {
-        f.find("member1", "Deployment", "nginx").is_some_and(|d| image(&d) == "registry.example.cn/nginx:1.25")
+        f.find("member1", "Deployment", "nginx")
+            .is_some_and(|d| image(&d) == "registry.example.cn/nginx:1.25")
     });
-    assert_eq!(image(&f.find("member2", "Deployment", "nginx").unwrap()), "nginx:1.25");
+    assert_eq!(
+        image(&f.find("member2", "Deployment", "nginx").unwrap()),
+        "nginx:1.25"
+    );
 
     // Scale and change the image: members follow.
     s.ok(&["scale", "deploy", "nginx", "--replicas", "6"]);
     s.ok(&["set", "image", "deploy/nginx", "nginx=nginx:1.27"]);
-    eventually(Duration::from_secs(20), "3 + 3 replicas of nginx:1.27", || {
-        ["member1", "member2"].iter().all(|m| {
-            f.find(m, "Deployment", "nginx").is_some_and(|d| replicas(&d) == 3 && image(&d).ends_with("nginx:1.27"))
-        })
-    });
+    eventually(
+        Duration::from_secs(20),
+        "3 + 3 replicas of nginx:1.27",
+        || {
+            ["member1", "member2"].iter().all(|m| {
+                f.find(m, "Deployment", "nginx")
+                    .is_some_and(|d| replicas(&d) == 3 && image(&d).ends_with("nginx:1.27"))
+            })
+        },
+    );
     eventually(Duration::from_secs(20), "6 ready replicas summed", || {
         s.get_json(&["deploy", "nginx"])["status"]["readyReplicas"] == 6
     });
@@ -214,18 +297,28 @@ spec:
     // Delete: nothing is left in any member, nor in the control plane.
     s.ok(&["delete", "deploy", "nginx", "--wait=true", "--timeout=30s"]);
     eventually(Duration::from_secs(20), "members emptied", || {
-        ["member1", "member2", "member3"].iter().all(|m| f.objects(m).is_empty())
+        ["member1", "member2", "member3"]
+            .iter()
+            .all(|m| f.objects(m).is_empty())
     });
-    assert!(s.ok(&["get", "resourcebindings", "-A", "-o", "name"]).is_empty());
+    assert!(
+        s.ok(&["get", "resourcebindings", "-A", "-o", "name"])
+            .is_empty()
+    );
     assert!(s.ok(&["get", "works", "-A", "-o", "name"]).is_empty());
 }
 
 #[test]
 fn the_drafts_examples_apply_unchanged() {
-    let f = Fleet::start(&[("cluster-east", "us-east"), ("cluster-west", "us-west"), ("gpu-cluster", "us-central")]);
+    let f = Fleet::start(&[
+        ("cluster-east", "us-east"),
+        ("cluster-west", "us-west"),
+        ("gpu-cluster", "us-central"),
+    ]);
     let s = &f.s;
     s.ok(&["create", "namespace", "production"]);
-    s.apply(r#"
+    s.apply(
+        r#"
 apiVersion: apps/v1
 kind: Deployment
 metadata: {name: webapp, namespace: production}
@@ -247,9 +340,11 @@ spec:
     metadata: {labels: {app: ai}}
     spec:
       containers: [{name: model, image: model:1}]
-"#);
+"#,
+    );
     // Draft 6.2.3, verbatim.
-    s.apply(r#"
+    s.apply(
+        r#"
 apiVersion: multicluster.io/v1alpha1
 kind: ResourcePlacementPolicy
 metadata:
@@ -263,14 +358,18 @@ spec:
   targetClusters:
   - selectorType: name # Supports "name" or "label"
     values: ["cluster-east", "cluster-west"]
-"#);
+"#,
+    );
     eventually(Duration::from_secs(20), "webapp in east and west", || {
-        ["cluster-east", "cluster-west"].iter().all(|m| f.find(m, "Deployment", "webapp").is_some())
+        ["cluster-east", "cluster-west"]
+            .iter()
+            .all(|m| f.find(m, "Deployment", "webapp").is_some())
     });
     assert!(f.find("gpu-cluster", "Deployment", "webapp").is_none());
 
     // ai-model everywhere in us-*, by label; then draft 6.2.4, verbatim.
-    s.apply(r#"
+    s.apply(
+        r#"
 apiVersion: multicluster.io/v1alpha1
 kind: ResourcePlacementPolicy
 metadata: {name: ai-placement}
@@ -279,8 +378,10 @@ spec:
   targetClusters:
   - selectorType: label
     values: ["region in (us-east, us-central)"]
-"#);
-    s.apply(r#"
+"#,
+    );
+    s.apply(
+        r#"
 apiVersion: multicluster.io/v1alpha1
 kind: ClusterOverridePolicy
 metadata:
@@ -297,15 +398,20 @@ spec:
     fieldPatches:
     - path: spec.template.spec.containers[0].resources.limits
       value: {"nvidia.com/gpu": 2}
-"#);
+"#,
+    );
     let limits = |m: &str| {
         f.find(m, "Deployment", "ai-model")
             .map(|d| d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"].clone())
     };
-    eventually(Duration::from_secs(20), "the GPU limit in gpu-cluster only", || {
-        limits("gpu-cluster").is_some_and(|l| l["nvidia.com/gpu"] == 2)
-            && limits("cluster-east").is_some_and(|l| l.is_null())
-    });
+    eventually(
+        Duration::from_secs(20),
+        "the GPU limit in gpu-cluster only",
+        || {
+            limits("gpu-cluster").is_some_and(|l| l["nvidia.com/gpu"] == 2)
+                && limits("cluster-east").is_some_and(|l| l.is_null())
+        },
+    );
     assert!(f.find("cluster-west", "Deployment", "ai-model").is_none());
 }
 
@@ -332,14 +438,22 @@ fn bad_policies_are_refused_with_the_field_named() {
     ];
     for (manifest, field) in cases {
         let err = s.fails_stdin(&["apply", "-f", "-"], manifest);
-        assert!(err.contains("is invalid") && err.contains(field), "{field}: {err}");
+        assert!(
+            err.contains("is invalid") && err.contains(field),
+            "{field}: {err}"
+        );
     }
     // A selector matching nothing is accepted and says so in the policy's status.
     s.apply("apiVersion: policy.karmada.io/v1alpha1\nkind: PropagationPolicy\nmetadata: {name: lonely}\nspec:\n  resourceSelectors: [{apiVersion: apps/v1, kind: Deployment, name: nobody}]\n");
-    eventually(Duration::from_secs(20), "NoMatch in the policy's status", || {
-        let v = s.get_json(&["propagationpolicy", "lonely"]);
-        v["status"]["boundResources"] == 0 && v["status"]["conditions"][0]["reason"] == "NoMatch"
-    });
+    eventually(
+        Duration::from_secs(20),
+        "NoMatch in the policy's status",
+        || {
+            let v = s.get_json(&["propagationpolicy", "lonely"]);
+            v["status"]["boundResources"] == 0
+                && v["status"]["conditions"][0]["reason"] == "NoMatch"
+        },
+    );
 }
 
 #[test]
@@ -348,17 +462,27 @@ fn a_delete_interrupted_by_a_crash_finishes_after_restart() {
     f.s.apply(NGINX);
     f.s.apply(&POLICY.replace("propagateDeps: true", "propagateDeps: false"));
     eventually(Duration::from_secs(20), "nginx in both members", || {
-        ["member1", "member2"].iter().all(|m| f.find(m, "Deployment", "nginx").is_some())
+        ["member1", "member2"]
+            .iter()
+            .all(|m| f.find(m, "Deployment", "nginx").is_some())
     });
     f.s.ok(&["delete", "deploy", "nginx", "--wait=false"]);
     f.s.kill9();
     f.s.restart();
-    eventually(Duration::from_secs(30), "members emptied after the restart", || {
-        ["member1", "member2"].iter().all(|m| f.find(m, "Deployment", "nginx").is_none())
-    });
-    eventually(Duration::from_secs(20), "the template gone from the control plane", || {
-        !f.s.kubectl(&["get", "deploy", "nginx"]).status.success()
-    });
+    eventually(
+        Duration::from_secs(30),
+        "members emptied after the restart",
+        || {
+            ["member1", "member2"]
+                .iter()
+                .all(|m| f.find(m, "Deployment", "nginx").is_none())
+        },
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the template gone from the control plane",
+        || !f.s.kubectl(&["get", "deploy", "nginx"]).status.success(),
+    );
     // The ConfigMap was never selected (no propagateDeps) and stays in the control plane only.
     assert!(f.find("member1", "ConfigMap", "web-config").is_none());
 }

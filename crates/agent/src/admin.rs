@@ -91,7 +91,9 @@ async fn handle(
             };
             match (&method, rest) {
                 (&Method::GET, []) => reply(StatusCode::OK, json!(sim.summary())),
-                (&Method::GET, ["objects"]) => reply(StatusCode::OK, json!({"items": sim.objects()})),
+                (&Method::GET, ["objects"]) => {
+                    reply(StatusCode::OK, json!({"items": sim.objects()}))
+                }
                 (&Method::PUT, ["faults"]) => match serde_json::from_slice::<FaultsBody>(&body) {
                     Ok(f) => {
                         sim.set_faults(Faults {

@@ -242,7 +242,11 @@ pub struct OverridePolicy {
 
 /// The override kinds, `(group, kind, plural)`.
 pub const OVERRIDE_KINDS: &[(&str, &str, &str)] = &[
-    (KARMADA_GROUP, "ClusterOverridePolicy", "clusteroverridepolicies"),
+    (
+        KARMADA_GROUP,
+        "ClusterOverridePolicy",
+        "clusteroverridepolicies",
+    ),
     (KARMADA_GROUP, "OverridePolicy", "overridepolicies"),
     (GROUP, "ClusterOverridePolicy", "clusteroverridepolicies"),
 ];

@@ -659,9 +659,17 @@ pub struct PlacementPolicy {
 
 /// The placement kinds, `(group, kind, plural)`.
 pub const PLACEMENT_KINDS: &[(&str, &str, &str)] = &[
-    (GROUP, "ResourcePlacementPolicy", "resourceplacementpolicies"),
+    (
+        GROUP,
+        "ResourcePlacementPolicy",
+        "resourceplacementpolicies",
+    ),
     (KARMADA_GROUP, "PropagationPolicy", "propagationpolicies"),
-    (KARMADA_GROUP, "ClusterPropagationPolicy", "clusterpropagationpolicies"),
+    (
+        KARMADA_GROUP,
+        "ClusterPropagationPolicy",
+        "clusterpropagationpolicies",
+    ),
 ];
 
 fn conflict(v: &str, path: &str, errs: &mut ErrorList) -> ConflictResolution {

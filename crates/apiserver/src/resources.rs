@@ -643,7 +643,13 @@ fn own_columns(kind: &str) -> Printer {
             age,
         ],
         "ResourceBinding" => vec![
-            Column::new("Kind", "string", ".spec.resource.kind", 0, "The template's kind"),
+            Column::new(
+                "Kind",
+                "string",
+                ".spec.resource.kind",
+                0,
+                "The template's kind",
+            ),
             Column::new(
                 "Scheduled",
                 "string",

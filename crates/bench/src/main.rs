@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 mod api;
 mod members;
+mod propagation;
 mod stats;
 mod store;
 
@@ -155,6 +156,28 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Template + policy to applied in a member, one template at a time, over a fleet.
+    PropagationLatency {
+        #[arg(long, default_value_t = 100)]
+        clusters: usize,
+        #[arg(long, default_value_t = 300)]
+        templates: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// One policy over many existing templates: Works per second and time to FullyApplied.
+    PropagationThroughput {
+        #[arg(long, default_value_t = 3)]
+        clusters: usize,
+        #[arg(long, default_value_t = 10_000)]
+        templates: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Internal: the fresh process of `store-memory`.
     #[command(hide = true)]
     StoreMemoryProbe { path: String },
@@ -225,6 +248,34 @@ fn main() -> anyhow::Result<()> {
             } => {
                 members::register(members::RegisterArgs {
                     clusters,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::PropagationLatency {
+                clusters,
+                templates,
+                server_bin,
+                dir,
+            } => {
+                propagation::latency(propagation::Args {
+                    clusters,
+                    templates,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::PropagationThroughput {
+                clusters,
+                templates,
+                server_bin,
+                dir,
+            } => {
+                propagation::throughput(propagation::Args {
+                    clusters,
+                    templates,
                     server_bin,
                     dir,
                 })

@@ -17,7 +17,10 @@ use serde_json::{Value, json};
 use crate::api::{ServerProcess, request};
 use crate::stats::{emit, percentile, process_usage, progress, round};
 
-async fn bootstrap_token(client: &kube::Client, cluster: &str) -> anyhow::Result<String> {
+pub(crate) async fn bootstrap_token(
+    client: &kube::Client,
+    cluster: &str,
+) -> anyhow::Result<String> {
     let body = serde_json::to_vec(&json!({ "cluster": cluster, "ttl": "1h" }))?;
     let text = client
         .request_text(request(
@@ -122,7 +125,7 @@ pub async fn register(args: RegisterArgs) -> anyhow::Result<()> {
 }
 
 /// An `orrery agent` process.
-struct AgentProcess {
+pub(crate) struct AgentProcess {
     child: Child,
     admin: String,
     _state: tempfile::TempDir,
@@ -136,7 +139,7 @@ impl Drop for AgentProcess {
 }
 
 /// Starts `orrery agent`; with `admin`, waits for its admin endpoint (simulated members only).
-fn start_agent(
+pub(crate) fn start_agent(
     bin: &std::path::Path,
     server: &str,
     args: &[String],
@@ -203,7 +206,7 @@ pub struct FleetArgs {
     pub dir: Option<PathBuf>,
 }
 
-fn orrery_bin(server_bin: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
+pub(crate) fn orrery_bin(server_bin: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
     let bin = match server_bin {
         Some(b) => b.clone(),
         None => std::env::current_exe()?.with_file_name("orrery"),

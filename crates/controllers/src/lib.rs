@@ -47,7 +47,9 @@ pub fn spawn(
             store.clone(),
             shutdown.clone(),
         )));
-        tasks.push(tokio::spawn(propagation::binding::run(store, kinds, shutdown)));
+        tasks.push(tokio::spawn(propagation::binding::run(
+            store, kinds, shutdown,
+        )));
     }
     tasks
 }

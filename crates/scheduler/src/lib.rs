@@ -122,14 +122,18 @@ fn targets_match(targets: &[Target], c: &ClusterSnapshot) -> bool {
     targets.is_empty()
         || targets.iter().any(|t| {
             t.names.iter().any(|n| *n == c.name)
-                || t.labels.iter().any(|l| {
-                    Selector::parse(l).is_ok_and(|s| s.matches(&c.labels))
-                })
+                || t.labels
+                    .iter()
+                    .any(|l| Selector::parse(l).is_ok_and(|s| s.matches(&c.labels)))
         })
 }
 
 /// Why a cluster cannot take the task under `affinity`, or `None` if it can.
-fn filter(c: &ClusterSnapshot, task: &Task<'_>, affinity: Option<&ClusterAffinity>) -> Option<String> {
+fn filter(
+    c: &ClusterSnapshot,
+    task: &Task<'_>,
+    affinity: Option<&ClusterAffinity>,
+) -> Option<String> {
     if !c.ready {
         return Some("the cluster is not ready".into());
     }
@@ -139,7 +143,10 @@ fn filter(c: &ClusterSnapshot, task: &Task<'_>, affinity: Option<&ClusterAffinit
     if let Some(kinds) = &c.api_kinds
         && !kinds.contains(&(task.api_version.to_string(), task.kind.to_string()))
     {
-        return Some(format!("the cluster does not serve {} {}", task.api_version, task.kind));
+        return Some(format!(
+            "the cluster does not serve {} {}",
+            task.api_version, task.kind
+        ));
     }
     if let Some(a) = affinity
         && !a.matches(&c.view())
@@ -150,8 +157,16 @@ fn filter(c: &ClusterSnapshot, task: &Task<'_>, affinity: Option<&ClusterAffinit
         return Some("not among the policy's targetClusters".into());
     }
     let there = task.previous.iter().any(|p| p.name == c.name);
-    if let Some(t) = c.taints.iter().find(|t| taint_blocks(t, task.placement, there)) {
-        return Some(format!("taint {}:{} is not tolerated", t.key, t.effect.as_str()));
+    if let Some(t) = c
+        .taints
+        .iter()
+        .find(|t| taint_blocks(t, task.placement, there))
+    {
+        return Some(format!(
+            "taint {}:{} is not tolerated",
+            t.key,
+            t.effect.as_str()
+        ));
     }
     None
 }
@@ -191,7 +206,11 @@ fn spread<'a>(
             }
             groups.entry(g).or_default().push(c);
         }
-        let key = if s.spread_by_label.is_empty() { s.spread_by_field.as_str() } else { s.spread_by_label.as_str() };
+        let key = if s.spread_by_label.is_empty() {
+            s.spread_by_field.as_str()
+        } else {
+            s.spread_by_label.as_str()
+        };
         if (groups.len() as i64) < s.min_groups {
             return Err(format!(
                 "spread by {key} needs at least {} groups, only {} are feasible",
@@ -199,14 +218,21 @@ fn spread<'a>(
                 groups.len()
             ));
         }
-        let max = if s.max_groups > 0 { s.max_groups as usize } else { usize::MAX };
+        let max = if s.max_groups > 0 {
+            s.max_groups as usize
+        } else {
+            usize::MAX
+        };
         let mut next = Vec::new();
         for (i, g) in order.iter().enumerate() {
             for c in &groups[g] {
                 if i < max {
                     next.push(*c);
                 } else {
-                    reasons.insert(c.name.clone(), format!("spread by {key} allows at most {max} groups"));
+                    reasons.insert(
+                        c.name.clone(),
+                        format!("spread by {key} allows at most {max} groups"),
+                    );
                 }
             }
         }
@@ -240,7 +266,11 @@ pub fn divide(total: i64, weights: &[i64]) -> Vec<i64> {
 }
 
 fn static_weight(c: &ClusterSnapshot, placement: &Placement) -> Option<i64> {
-    let w = placement.replica_scheduling.as_ref()?.weight_preference.as_ref()?;
+    let w = placement
+        .replica_scheduling
+        .as_ref()?
+        .weight_preference
+        .as_ref()?;
     if w.static_weight_list.is_empty() {
         return None;
     }
@@ -255,27 +285,38 @@ fn static_weight(c: &ClusterSnapshot, placement: &Placement) -> Option<i64> {
 
 /// Schedules one task.
 pub fn schedule(clusters: &[ClusterSnapshot], task: &Task<'_>) -> Decision {
-    let terms: Vec<(String, Option<ClusterAffinity>)> = if task.placement.cluster_affinities.is_empty() {
-        vec![(String::new(), task.placement.cluster_affinity.clone())]
-    } else {
-        task.placement
-            .cluster_affinities
-            .iter()
-            .map(|t| (t.affinity_name.clone(), Some(t.affinity())))
-            .collect()
-    };
+    let terms: Vec<(String, Option<ClusterAffinity>)> =
+        if task.placement.cluster_affinities.is_empty() {
+            vec![(String::new(), task.placement.cluster_affinity.clone())]
+        } else {
+            task.placement
+                .cluster_affinities
+                .iter()
+                .map(|t| (t.affinity_name.clone(), Some(t.affinity())))
+                .collect()
+        };
     let mut last = Decision::default();
     for (name, affinity) in &terms {
         let d = schedule_term(clusters, task, affinity.as_ref());
         if d.error.is_none() {
-            return Decision { affinity_name: name.clone(), ..d };
+            return Decision {
+                affinity_name: name.clone(),
+                ..d
+            };
         }
-        last = Decision { affinity_name: name.clone(), ..d };
+        last = Decision {
+            affinity_name: name.clone(),
+            ..d
+        };
     }
     last
 }
 
-fn schedule_term(clusters: &[ClusterSnapshot], task: &Task<'_>, affinity: Option<&ClusterAffinity>) -> Decision {
+fn schedule_term(
+    clusters: &[ClusterSnapshot],
+    task: &Task<'_>,
+    affinity: Option<&ClusterAffinity>,
+) -> Decision {
     let mut reasons: BTreeMap<String, String> = BTreeMap::new();
     let mut feasible: Vec<&ClusterSnapshot> = Vec::new();
     for c in clusters {
@@ -296,18 +337,33 @@ fn schedule_term(clusters: &[ClusterSnapshot], task: &Task<'_>, affinity: Option
         let rank = |v: Option<i64>| v.unwrap_or(i64::MAX);
         rank(y).cmp(&rank(x)).then(a.name.cmp(&b.name))
     });
-    let finish = |reasons: BTreeMap<String, String>, clusters_out: Vec<TargetCluster>, error: Option<String>| {
+    let finish = |reasons: BTreeMap<String, String>,
+                  clusters_out: Vec<TargetCluster>,
+                  error: Option<String>| {
         let mut rs: Vec<ClusterDecision> = reasons
             .into_iter()
-            .map(|(name, reason)| ClusterDecision { name, replicas: None, reason })
+            .map(|(name, reason)| ClusterDecision {
+                name,
+                replicas: None,
+                reason,
+            })
             .collect();
         for t in &clusters_out {
-            rs.push(ClusterDecision { name: t.name.clone(), replicas: Some(t.replicas), reason: "selected".into() });
+            rs.push(ClusterDecision {
+                name: t.name.clone(),
+                replicas: Some(t.replicas),
+                reason: "selected".into(),
+            });
         }
         rs.sort_by(|a, b| a.name.cmp(&b.name));
         let mut clusters_out = clusters_out;
         clusters_out.sort_by(|a, b| a.name.cmp(&b.name));
-        Decision { clusters: clusters_out, affinity_name: String::new(), reasons: rs, error }
+        Decision {
+            clusters: clusters_out,
+            affinity_name: String::new(),
+            reasons: rs,
+            error,
+        }
     };
     let kept = match spread(feasible, task.placement, &mut reasons) {
         Ok(k) => k,
@@ -323,10 +379,18 @@ fn schedule_term(clusters: &[ClusterSnapshot], task: &Task<'_>, affinity: Option
     }
     let rs = task.placement.replica_scheduling.as_ref();
     if !task.divisible || !task.placement.divided() {
-        let out = kept.iter().map(|c| TargetCluster { name: c.name.clone(), replicas: task.replicas }).collect();
+        let out = kept
+            .iter()
+            .map(|c| TargetCluster {
+                name: c.name.clone(),
+                replicas: task.replicas,
+            })
+            .collect();
         return finish(reasons, out, None);
     }
-    let preference = rs.map(|r| r.replica_division_preference.as_str()).unwrap_or("");
+    let preference = rs
+        .map(|r| r.replica_division_preference.as_str())
+        .unwrap_or("");
     let dynamic = rs
         .and_then(|r| r.weight_preference.as_ref())
         .is_some_and(|w| w.dynamic_weight == AVAILABLE_REPLICAS);
@@ -346,27 +410,47 @@ fn schedule_term(clusters: &[ClusterSnapshot], task: &Task<'_>, affinity: Option
             .map(|(i, n)| if i == 0 && left > 0 { n + left } else { n })
             .collect()
     } else if dynamic {
-        let w: Vec<i64> = kept.iter().map(|c| avail[c.name.as_str()].unwrap_or(1_000_000)).collect();
+        let w: Vec<i64> = kept
+            .iter()
+            .map(|c| avail[c.name.as_str()].unwrap_or(1_000_000))
+            .collect();
         if w.iter().all(|x| *x == 0) {
-            return finish(reasons, vec![], Some("no cluster has room for a single replica".into()));
+            return finish(
+                reasons,
+                vec![],
+                Some("no cluster has room for a single replica".into()),
+            );
         }
         divide(task.replicas, &w)
     } else {
-        let w: Vec<i64> = kept.iter().map(|c| static_weight(c, task.placement).unwrap_or(1)).collect();
+        let w: Vec<i64> = kept
+            .iter()
+            .map(|c| static_weight(c, task.placement).unwrap_or(1))
+            .collect();
         if w.iter().all(|x| *x == 0) {
             for c in &kept {
                 reasons.insert(c.name.clone(), "its static weight is 0".into());
             }
-            return finish(reasons, vec![], Some("every feasible cluster has a static weight of 0".into()));
+            return finish(
+                reasons,
+                vec![],
+                Some("every feasible cluster has a static weight of 0".into()),
+            );
         }
         divide(task.replicas, &w)
     };
     let mut out = Vec::new();
     for (c, n) in kept.iter().zip(shares) {
         if n > 0 {
-            out.push(TargetCluster { name: c.name.clone(), replicas: n });
+            out.push(TargetCluster {
+                name: c.name.clone(),
+                replicas: n,
+            });
         } else {
-            reasons.insert(c.name.clone(), "feasible, but its share rounds to 0 replicas".into());
+            reasons.insert(
+                c.name.clone(),
+                "feasible, but its share rounds to 0 replicas".into(),
+            );
         }
     }
     if out.is_empty() && task.replicas > 0 {
@@ -390,14 +474,31 @@ mod tests {
             ready: true,
             ..Default::default()
         };
-        c.labels.insert("env".into(), if name.ends_with('3') { "edge".into() } else { "prod".into() });
-        c.allocatable.insert("cpu".into(), Quantity::from_int(cpu, orrery_api::Format::DecimalSI));
-        c.allocated.insert("cpu".into(), Quantity::from_int(used, orrery_api::Format::DecimalSI));
+        c.labels.insert(
+            "env".into(),
+            if name.ends_with('3') {
+                "edge".into()
+            } else {
+                "prod".into()
+            },
+        );
+        c.allocatable.insert(
+            "cpu".into(),
+            Quantity::from_int(cpu, orrery_api::Format::DecimalSI),
+        );
+        c.allocated.insert(
+            "cpu".into(),
+            Quantity::from_int(used, orrery_api::Format::DecimalSI),
+        );
         c
     }
 
     fn fleet() -> Vec<ClusterSnapshot> {
-        vec![cluster("m1", "us", 10, 0), cluster("m2", "eu", 20, 0), cluster("m3", "asia", 40, 10)]
+        vec![
+            cluster("m1", "us", 10, 0),
+            cluster("m2", "eu", 20, 0),
+            cluster("m3", "asia", 40, 10),
+        ]
     }
 
     fn placement(v: serde_json::Value) -> Placement {
@@ -406,15 +507,31 @@ mod tests {
 
     fn run(clusters: &[ClusterSnapshot], p: &Placement, replicas: i64) -> Decision {
         let mut req = ResourceList::new();
-        req.insert("cpu".into(), Quantity::from_int(1, orrery_api::Format::DecimalSI));
-        schedule(clusters, &Task {
-            api_version: "apps/v1", kind: "Deployment", replicas, divisible: true, request: &req,
-            placement: p, targets: &[], previous: &[], evicted: &[],
-        })
+        req.insert(
+            "cpu".into(),
+            Quantity::from_int(1, orrery_api::Format::DecimalSI),
+        );
+        schedule(
+            clusters,
+            &Task {
+                api_version: "apps/v1",
+                kind: "Deployment",
+                replicas,
+                divisible: true,
+                request: &req,
+                placement: p,
+                targets: &[],
+                previous: &[],
+                evicted: &[],
+            },
+        )
     }
 
     fn shares(d: &Decision) -> Vec<(String, i64)> {
-        d.clusters.iter().map(|t| (t.name.clone(), t.replicas)).collect()
+        d.clusters
+            .iter()
+            .map(|t| (t.name.clone(), t.replicas))
+            .collect()
     }
 
     fn s(v: &[(&str, i64)]) -> Vec<(String, i64)> {
@@ -438,7 +555,10 @@ mod tests {
         for (total, w, want) in cases {
             let got = divide(*total, w);
             assert_eq!(got, want.to_vec(), "{total} over {w:?}");
-            assert_eq!(got.iter().sum::<i64>(), if w.iter().sum::<i64>() > 0 { *total } else { 0 });
+            assert_eq!(
+                got.iter().sum::<i64>(),
+                if w.iter().sum::<i64>() > 0 { *total } else { 0 }
+            );
         }
     }
 
@@ -446,29 +566,53 @@ mod tests {
     fn division_modes() {
         let c = fleet();
         // No replicaScheduling: Duplicated.
-        assert_eq!(shares(&run(&c, &placement(json!({})), 3)), s(&[("m1", 3), ("m2", 3), ("m3", 3)]));
+        assert_eq!(
+            shares(&run(&c, &placement(json!({})), 3)),
+            s(&[("m1", 3), ("m2", 3), ("m3", 3)])
+        );
         // Divided with no weights: equal shares, the remainder to the roomiest.
-        let d = run(&c, &placement(json!({"replicaScheduling": {"replicaSchedulingType": "Divided"}})), 4);
+        let d = run(
+            &c,
+            &placement(json!({"replicaScheduling": {"replicaSchedulingType": "Divided"}})),
+            4,
+        );
         assert_eq!(shares(&d), s(&[("m1", 1), ("m2", 1), ("m3", 2)]));
         // Static weights (Karmada's documentation example).
-        let p = placement(json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
+        let p = placement(
+            json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
             "weightPreference": {"staticWeightList": [
                 {"targetCluster": {"clusterNames": ["m1"]}, "weight": 1},
-                {"targetCluster": {"clusterNames": ["m2"]}, "weight": 2}]}}}));
+                {"targetCluster": {"clusterNames": ["m2"]}, "weight": 2}]}}}),
+        );
         assert_eq!(shares(&run(&c, &p, 6)), s(&[("m1", 2), ("m2", 4)]));
         let d = run(&c, &p, 6);
-        assert!(d.reasons.iter().any(|r| r.name == "m3" && r.reason.contains("share rounds to 0")), "{:?}", d.reasons);
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.name == "m3" && r.reason.contains("share rounds to 0")),
+            "{:?}",
+            d.reasons
+        );
         // Dynamic weight by available replicas: 10, 20, 30 free.
-        let p = placement(json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
-            "weightPreference": {"dynamicWeight": "AvailableReplicas"}}}));
-        assert_eq!(shares(&run(&c, &p, 12)), s(&[("m1", 2), ("m2", 4), ("m3", 6)]));
+        let p = placement(
+            json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
+            "weightPreference": {"dynamicWeight": "AvailableReplicas"}}}),
+        );
+        assert_eq!(
+            shares(&run(&c, &p, 12)),
+            s(&[("m1", 2), ("m2", 4), ("m3", 6)])
+        );
         // Aggregated: as few clusters as possible.
-        let p = placement(json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Aggregated"}}));
+        let p = placement(
+            json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Aggregated"}}),
+        );
         assert_eq!(shares(&run(&c, &p, 25)), s(&[("m3", 25)]));
         assert_eq!(shares(&run(&c, &p, 35)), s(&[("m2", 5), ("m3", 30)]));
         // Zero weights everywhere: a clear error.
-        let p = placement(json!({"replicaScheduling": {"replicaSchedulingType": "Divided",
-            "weightPreference": {"staticWeightList": [{"targetCluster": {"clusterNames": ["m1"]}, "weight": 0}]}}}));
+        let p = placement(
+            json!({"replicaScheduling": {"replicaSchedulingType": "Divided",
+            "weightPreference": {"staticWeightList": [{"targetCluster": {"clusterNames": ["m1"]}, "weight": 0}]}}}),
+        );
         let d = run(&c, &p, 3);
         assert!(d.clusters.is_empty() && d.error.unwrap().contains("static weight of 0"));
     }
@@ -477,21 +621,35 @@ mod tests {
     fn filters_explain_themselves() {
         let mut c = fleet();
         c[0].ready = false;
-        c[1].taints.push(Taint::new("maintenance", TaintEffect::NoSchedule, orrery_api::Time::now()));
+        c[1].taints.push(Taint::new(
+            "maintenance",
+            TaintEffect::NoSchedule,
+            orrery_api::Time::now(),
+        ));
         let d = run(&c, &placement(json!({})), 1);
         assert_eq!(shares(&d), s(&[("m3", 1)]));
-        let why: BTreeMap<_, _> = d.reasons.iter().map(|r| (r.name.as_str(), r.reason.as_str())).collect();
+        let why: BTreeMap<_, _> = d
+            .reasons
+            .iter()
+            .map(|r| (r.name.as_str(), r.reason.as_str()))
+            .collect();
         assert_eq!(why["m1"], "the cluster is not ready");
         assert_eq!(why["m2"], "taint maintenance:NoSchedule is not tolerated");
         assert_eq!(why["m3"], "selected");
         // Tolerated, it is chosen.
-        let p = placement(json!({"clusterTolerations": [{"key": "maintenance", "operator": "Exists"}]}));
+        let p = placement(
+            json!({"clusterTolerations": [{"key": "maintenance", "operator": "Exists"}]}),
+        );
         assert_eq!(shares(&run(&c, &p, 1)).len(), 2);
         // Affinity by label, by field, exclusion.
         let c = fleet();
-        let p = placement(json!({"clusterAffinity": {"labelSelector": {"matchLabels": {"env": "prod"}}, "exclude": ["m1"]}}));
+        let p = placement(
+            json!({"clusterAffinity": {"labelSelector": {"matchLabels": {"env": "prod"}}, "exclude": ["m1"]}}),
+        );
         assert_eq!(shares(&run(&c, &p, 1)), s(&[("m2", 1)]));
-        let p = placement(json!({"clusterAffinity": {"fieldSelector": {"matchExpressions": [{"key": "region", "operator": "In", "values": ["asia", "us"]}]}}}));
+        let p = placement(
+            json!({"clusterAffinity": {"fieldSelector": {"matchExpressions": [{"key": "region", "operator": "In", "values": ["asia", "us"]}]}}}),
+        );
         assert_eq!(shares(&run(&c, &p, 1)), s(&[("m1", 1), ("m3", 1)]));
         // Nothing fits: the error says how many were available.
         let p = placement(json!({"clusterAffinity": {"clusterNames": ["nowhere"]}}));
@@ -503,33 +661,69 @@ mod tests {
             {"affinityName": "primary", "clusterNames": ["nowhere"]},
             {"affinityName": "backup", "clusterNames": ["m2"]}]}));
         let d = run(&c, &p, 1);
-        assert_eq!((d.affinity_name.as_str(), shares(&d)), ("backup", s(&[("m2", 1)])));
+        assert_eq!(
+            (d.affinity_name.as_str(), shares(&d)),
+            ("backup", s(&[("m2", 1)]))
+        );
     }
 
     #[test]
     fn spread_constraints() {
         let mut c = fleet();
         c.push(cluster("m4", "us", 50, 0));
-        let p = placement(json!({"spreadConstraints": [{"spreadByField": "cluster", "maxGroups": 2}]}));
+        let p =
+            placement(json!({"spreadConstraints": [{"spreadByField": "cluster", "maxGroups": 2}]}));
         // The two roomiest clusters.
         assert_eq!(shares(&run(&c, &p, 1)), s(&[("m3", 1), ("m4", 1)]));
-        let p = placement(json!({"spreadConstraints": [{"spreadByField": "region", "maxGroups": 1}]}));
+        let p =
+            placement(json!({"spreadConstraints": [{"spreadByField": "region", "maxGroups": 1}]}));
         // The roomiest region (us, through m4) keeps both of its clusters.
         assert_eq!(shares(&run(&c, &p, 1)), s(&[("m1", 1), ("m4", 1)]));
-        let p = placement(json!({"spreadConstraints": [{"spreadByField": "region", "minGroups": 4}]}));
-        assert!(run(&c, &p, 1).error.unwrap().contains("at least 4 groups, only 3"));
+        let p =
+            placement(json!({"spreadConstraints": [{"spreadByField": "region", "minGroups": 4}]}));
+        assert!(
+            run(&c, &p, 1)
+                .error
+                .unwrap()
+                .contains("at least 4 groups, only 3")
+        );
     }
 
     #[test]
     fn targets_and_api_enablement() {
         let mut c = fleet();
         c[1].api_kinds = Some([("apps/v1".to_string(), "StatefulSet".to_string())].into());
-        let targets = vec![Target { names: vec!["m1".into()], labels: vec![] }, Target { names: vec![], labels: vec!["env=edge".into()] }];
+        let targets = vec![
+            Target {
+                names: vec!["m1".into()],
+                labels: vec![],
+            },
+            Target {
+                names: vec![],
+                labels: vec!["env=edge".into()],
+            },
+        ];
         let req = ResourceList::new();
         let p = Placement::default();
-        let d = schedule(&c, &Task { api_version: "apps/v1", kind: "Deployment", replicas: 2, divisible: true, request: &req,
-            placement: &p, targets: &targets, previous: &[], evicted: &[] });
+        let d = schedule(
+            &c,
+            &Task {
+                api_version: "apps/v1",
+                kind: "Deployment",
+                replicas: 2,
+                divisible: true,
+                request: &req,
+                placement: &p,
+                targets: &targets,
+                previous: &[],
+                evicted: &[],
+            },
+        );
         assert_eq!(shares(&d), s(&[("m1", 2), ("m3", 2)]));
-        assert!(d.reasons.iter().any(|r| r.name == "m2" && r.reason.contains("does not serve apps/v1 Deployment")));
+        assert!(
+            d.reasons
+                .iter()
+                .any(|r| r.name == "m2" && r.reason.contains("does not serve apps/v1 Deployment"))
+        );
     }
 }

@@ -86,4 +86,3 @@ pub fn namespace_spec_finalized(obj: &Object) -> bool {
             .and_then(Value::as_array)
             .is_none_or(|f| f.is_empty())
 }
-

@@ -84,19 +84,59 @@ struct Controller {
 }
 
 /// Runs the binding controller until shutdown.
-pub async fn run(store: Arc<dyn Store>, kinds: Arc<dyn Kinds>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(
+    store: Arc<dyn Store>,
+    kinds: Arc<dyn Kinds>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let (tx, mut rx) = mpsc::channel(8192);
     let sd = || shutdown.clone();
-    follow(store.clone(), keys::prefix("multicluster.io", "resourcebindings", None), Src::Binding, tx.clone(), sd());
-    follow(store.clone(), keys::well_known::works(None), Src::Work, tx.clone(), sd());
-    follow(store.clone(), keys::well_known::clusters(), Src::Cluster, tx.clone(), sd());
+    follow(
+        store.clone(),
+        keys::prefix("multicluster.io", "resourcebindings", None),
+        Src::Binding,
+        tx.clone(),
+        sd(),
+    );
+    follow(
+        store.clone(),
+        keys::well_known::works(None),
+        Src::Work,
+        tx.clone(),
+        sd(),
+    );
+    follow(
+        store.clone(),
+        keys::well_known::clusters(),
+        Src::Cluster,
+        tx.clone(),
+        sd(),
+    );
     for (i, (group, _, plural)) in OVERRIDE_KINDS.iter().enumerate() {
-        follow(store.clone(), keys::prefix(group, plural, None), Src::Override(i), tx.clone(), sd());
+        follow(
+            store.clone(),
+            keys::prefix(group, plural, None),
+            Src::Override(i),
+            tx.clone(),
+            sd(),
+        );
     }
     for (i, (_, plural)) in DEPENDENCY_KINDS.iter().enumerate() {
-        follow(store.clone(), keys::prefix("", plural, None), Src::Dependency(i), tx.clone(), sd());
+        follow(
+            store.clone(),
+            keys::prefix("", plural, None),
+            Src::Dependency(i),
+            tx.clone(),
+            sd(),
+        );
     }
-    follow(store.clone(), interpreters_prefix(), Src::Interpreter, tx, sd());
+    follow(
+        store.clone(),
+        interpreters_prefix(),
+        Src::Interpreter,
+        tx,
+        sd(),
+    );
     let mut c = Controller {
         store,
         kinds,
@@ -131,7 +171,10 @@ pub async fn run(store: Arc<dyn Store>, kinds: Arc<dyn Kinds>, mut shutdown: wat
             }
         }
         // Works and bindings must both be known before anything is judged missing.
-        if !(c.synced.contains("bindings") && c.synced.contains("works") && c.synced.contains("clusters")) {
+        if !(c.synced.contains("bindings")
+            && c.synced.contains("works")
+            && c.synced.contains("clusters"))
+        {
             continue;
         }
         retry = c.reconcile_dirty().await;
@@ -139,7 +182,11 @@ pub async fn run(store: Arc<dyn Store>, kinds: Arc<dyn Kinds>, mut shutdown: wat
 }
 
 fn bkey_of_work(w: &Object) -> Option<BKey> {
-    let (ns, name) = w.metadata.annotations.get(BINDING_ANNOTATION)?.split_once('/')?;
+    let (ns, name) = w
+        .metadata
+        .annotations
+        .get(BINDING_ANNOTATION)?
+        .split_once('/')?;
     Some((ns.to_string(), name.to_string()))
 }
 
@@ -188,10 +235,16 @@ impl Controller {
             }
             Src::Work => {
                 let put = |c: &mut Controller, w: Arc<Object>| {
-                    let Some(cluster) = orrery_api::cluster::cluster_of_namespace(w.namespace()) else { return };
+                    let Some(cluster) = orrery_api::cluster::cluster_of_namespace(w.namespace())
+                    else {
+                        return;
+                    };
                     let cluster = cluster.to_string();
                     if let Some(k) = bkey_of_work(&w) {
-                        c.works_of.entry(k.clone()).or_default().insert(cluster.clone());
+                        c.works_of
+                            .entry(k.clone())
+                            .or_default()
+                            .insert(cluster.clone());
                         c.dirty.insert(k);
                     }
                     c.works.insert((cluster, w.name().to_string()), w);
@@ -210,8 +263,11 @@ impl Controller {
                     }
                     Event::Upsert(w) => put(self, w),
                     Event::Delete(w) => {
-                        if let Some(cluster) = orrery_api::cluster::cluster_of_namespace(w.namespace()) {
-                            self.works.remove(&(cluster.to_string(), w.name().to_string()));
+                        if let Some(cluster) =
+                            orrery_api::cluster::cluster_of_namespace(w.namespace())
+                        {
+                            self.works
+                                .remove(&(cluster.to_string(), w.name().to_string()));
                             if let Some(k) = bkey_of_work(&w) {
                                 if let Some(set) = self.works_of.get_mut(&k) {
                                     set.remove(cluster);
@@ -277,7 +333,13 @@ impl Controller {
             }
             Src::Dependency(slot) => {
                 let kind = DEPENDENCY_KINDS[slot].0.to_string();
-                let key = |o: &Object| (kind.clone(), o.namespace().to_string(), o.name().to_string());
+                let key = |o: &Object| {
+                    (
+                        kind.clone(),
+                        o.namespace().to_string(),
+                        o.name().to_string(),
+                    )
+                };
                 let mut touched = Vec::new();
                 match ev {
                     Event::Listed(items) => {
@@ -309,7 +371,9 @@ impl Controller {
                     Some(((s.target.api_version.clone(), s.target.kind.clone()), s))
                 };
                 match ev {
-                    Event::Listed(items) => self.interpreters = items.iter().filter_map(|o| read(o)).collect(),
+                    Event::Listed(items) => {
+                        self.interpreters = items.iter().filter_map(|o| read(o)).collect()
+                    }
                     Event::Upsert(o) => {
                         if let Some((k, s)) = read(&o) {
                             self.interpreters.insert(k, s);
@@ -341,7 +405,10 @@ impl Controller {
         }
         if let Some(new) = b.and_then(parse_spec) {
             for d in new.dependencies {
-                self.dependents.entry((d.kind, d.namespace, d.name)).or_default().insert(k.clone());
+                self.dependents
+                    .entry((d.kind, d.namespace, d.name))
+                    .or_default()
+                    .insert(k.clone());
             }
         }
     }
@@ -354,8 +421,13 @@ impl Controller {
             .iter()
             .filter_map(|k| {
                 let spec = parse_spec(self.bindings.get(k)?)?;
-                let info = self.kinds.resolve(&spec.resource.api_version, &spec.resource.kind)?;
-                Some((k.clone(), info.key(&spec.resource.namespace, &spec.resource.name)))
+                let info = self
+                    .kinds
+                    .resolve(&spec.resource.api_version, &spec.resource.kind)?;
+                Some((
+                    k.clone(),
+                    info.key(&spec.resource.namespace, &spec.resource.name),
+                ))
             })
             .collect();
         let store = self.store.clone();
@@ -379,7 +451,9 @@ impl Controller {
         for k in dirty {
             match templates.get(&k) {
                 Some(t) => jobs.extend(self.reconcile(&k, t.as_ref())),
-                None if self.bindings.contains_key(&k) && parse_spec(&self.bindings[&k]).is_some() => {
+                None if self.bindings.contains_key(&k)
+                    && parse_spec(&self.bindings[&k]).is_some() =>
+                {
                     // The template could not be read now; try again.
                     later.insert(k);
                 }
@@ -398,15 +472,24 @@ impl Controller {
     fn reconcile(&self, k: &BKey, template: Option<&Object>) -> Vec<Job<BKey>> {
         let mut jobs: Vec<Job<BKey>> = Vec::new();
         let work_name = binding::work_name(&k.0, &k.1);
-        let have: Vec<String> = self.works_of.get(k).map(|s| s.iter().cloned().collect()).unwrap_or_default();
+        let have: Vec<String> = self
+            .works_of
+            .get(k)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
         let b = self.bindings.get(k).cloned();
         let delete_work = |cluster: &str| -> Option<Job<BKey>> {
-            let w = self.works.get(&(cluster.to_string(), work_name.clone()))?.clone();
+            let w = self
+                .works
+                .get(&(cluster.to_string(), work_name.clone()))?
+                .clone();
             let store = self.store.clone();
             let key = k.clone();
             let wkey = Self::work_key(cluster, &work_name);
             Some(Box::pin(async move {
-                delete_object(store.as_ref(), &wkey, &w).await.map_err(|e| (key, e.to_string()))
+                delete_object(store.as_ref(), &wkey, &w)
+                    .await
+                    .map_err(|e| (key, e.to_string()))
             }))
         };
         let Some(b) = b else {
@@ -421,17 +504,25 @@ impl Controller {
             let key = k.clone();
             let bkey = binding_key(&k.0, &k.1);
             return vec![Box::pin(async move {
-                remove_finalizer(store.as_ref(), &bkey, binding::FINALIZER).await.map_err(|e| (key, e.to_string()))
+                remove_finalizer(store.as_ref(), &bkey, binding::FINALIZER)
+                    .await
+                    .map_err(|e| (key, e.to_string()))
             })];
         }
-        let Some(spec) = parse_spec(&b) else { return jobs };
+        let Some(spec) = parse_spec(&b) else {
+            return jobs;
+        };
         let Some(t) = template else { return jobs };
         if !spec.resource.uid.is_empty() && t.metadata.uid != spec.resource.uid {
             // A different object of the same name: the detector rebinds it.
             return jobs;
         }
-        let custom = self.interpreters.get(&(t.api_version.clone(), t.kind.clone()));
-        let interp = custom.map(Interpreter::Custom).unwrap_or(Interpreter::BuiltIn);
+        let custom = self
+            .interpreters
+            .get(&(t.api_version.clone(), t.kind.clone()));
+        let interp = custom
+            .map(Interpreter::Custom)
+            .unwrap_or(Interpreter::BuiltIn);
         let all_overrides: Vec<&OverridePolicy> = self.overrides.values().map(|(_, p)| p).collect();
         let template_ops = overrides::applicable(all_overrides.iter().copied(), t);
         let mut errors: BTreeMap<String, String> = BTreeMap::new();
@@ -440,14 +531,19 @@ impl Controller {
             .dependencies
             .iter()
             .filter_map(|d: &Dependency| {
-                let o = self.deps.get(&(d.kind.clone(), d.namespace.clone(), d.name.clone()));
+                let o = self
+                    .deps
+                    .get(&(d.kind.clone(), d.namespace.clone(), d.name.clone()));
                 if o.is_none() {
                     missing_deps.push(format!("{} {}", d.kind, d.name));
                 }
                 o.map(|o| o.as_ref())
             })
             .collect();
-        let divided = spec.placement.divided() && interp.replicas(&serde_json::to_value(t).unwrap_or(Value::Null)).is_some();
+        let divided = spec.placement.divided()
+            && interp
+                .replicas(&serde_json::to_value(t).unwrap_or(Value::Null))
+                .is_some();
         let targets: BTreeSet<&str> = spec.clusters.iter().map(|c| c.name.as_str()).collect();
         for tc in &spec.clusters {
             if spec.suspension.holds(&tc.name) {
@@ -481,9 +577,17 @@ impl Controller {
                 conflict_resolution: spec.conflict_resolution,
                 preserve_resources_on_deletion: spec.preserve_resources_on_deletion,
             };
-            let Ok(ws_value) = serde_json::to_value(&ws) else { continue };
-            let existing = self.works.get(&(tc.name.clone(), work_name.clone())).cloned();
-            if existing.as_ref().is_some_and(|w| w.spec.as_ref() == Some(&ws_value)) {
+            let Ok(ws_value) = serde_json::to_value(&ws) else {
+                continue;
+            };
+            let existing = self
+                .works
+                .get(&(tc.name.clone(), work_name.clone()))
+                .cloned();
+            if existing
+                .as_ref()
+                .is_some_and(|w| w.spec.as_ref() == Some(&ws_value))
+            {
                 continue;
             }
             let store = self.store.clone();
@@ -503,10 +607,19 @@ impl Controller {
                         store.update(&wkey, next, w.revision()).await.map_err(err)?;
                     }
                     None => {
-                        let mut w = new_object("multicluster.io/v1alpha1", "Work", Some(&cluster_ns), &wname);
-                        w.metadata.annotations.insert(BINDING_ANNOTATION.into(), bref);
+                        let mut w = new_object(
+                            "multicluster.io/v1alpha1",
+                            "Work",
+                            Some(&cluster_ns),
+                            &wname,
+                        );
+                        w.metadata
+                            .annotations
+                            .insert(BINDING_ANNOTATION.into(), bref);
                         if bns.len() <= 63 {
-                            w.metadata.labels.insert(BINDING_NAMESPACE_LABEL.into(), bns);
+                            w.metadata
+                                .labels
+                                .insert(BINDING_NAMESPACE_LABEL.into(), bns);
                         }
                         w.spec = Some(ws_value);
                         match store.create(&wkey, w).await {
@@ -523,7 +636,9 @@ impl Controller {
         let new_all_healthy = {
             let st = parse_status(&b);
             spec.clusters.iter().all(|c| {
-                st.aggregated_status.iter().any(|a| a.cluster_name == c.name && a.health == Health::Healthy)
+                st.aggregated_status
+                    .iter()
+                    .any(|a| a.cluster_name == c.name && a.health == Health::Healthy)
             })
         };
         for c in &have {
@@ -531,7 +646,8 @@ impl Controller {
                 continue;
             }
             let kept = spec.evictions.iter().any(|e| {
-                e.cluster == *c && (e.keep || (e.keep_until.is_some_and(|u| u > now) && !new_all_healthy))
+                e.cluster == *c
+                    && (e.keep || (e.keep_until.is_some_and(|u| u > now) && !new_all_healthy))
             });
             if !kept && let Some(j) = delete_work(c) {
                 jobs.push(j);
@@ -562,17 +678,24 @@ impl Controller {
         let mut reasons = Vec::new();
         for tc in &spec.clusters {
             let w = self.works.get(&(tc.name.clone(), work_name.to_string()));
-            let ws: Option<WorkStatus> = w.and_then(|w| w.status.clone()).and_then(|s| serde_json::from_value(s).ok());
+            let ws: Option<WorkStatus> = w
+                .and_then(|w| w.status.clone())
+                .and_then(|s| serde_json::from_value(s).ok());
             let current = match (w, &ws) {
                 (Some(w), Some(s)) => s.observed_generation == w.metadata.generation,
                 _ => false,
             };
             let ms = ws.as_ref().and_then(|s| {
                 s.manifest_statuses.iter().find(|m| {
-                    m.identifier.kind == t.kind && m.identifier.name == t.name() && m.identifier.namespace == t.namespace()
+                    m.identifier.kind == t.kind
+                        && m.identifier.name == t.name()
+                        && m.identifier.namespace == t.namespace()
                 })
             });
-            let mut item = AggregatedStatusItem { cluster_name: tc.name.clone(), ..Default::default() };
+            let mut item = AggregatedStatusItem {
+                cluster_name: tc.name.clone(),
+                ..Default::default()
+            };
             if let Some(m) = ms {
                 item.applied = m.applied && current;
                 let as_object = serde_json::json!({
@@ -588,22 +711,40 @@ impl Controller {
             } else if spec.suspension.holds(&tc.name) {
                 item.message = "dispatching is suspended".into();
             } else if ms.is_none() {
-                item.message = if w.is_none() { "the Work is not created yet".into() } else { "the member has not reported yet".into() };
+                item.message = if w.is_none() {
+                    "the Work is not created yet".into()
+                } else {
+                    "the member has not reported yet".into()
+                };
             }
             // Work-level failures (a conflict, a refused manifest) explain an unapplied item.
-            if !item.applied && item.message.is_empty()
-                && let Some(c) = ws.as_ref().and_then(|s| conditions::find(&s.conditions, orrery_api::work::CONDITION_APPLIED))
+            if !item.applied
+                && item.message.is_empty()
+                && let Some(c) = ws.as_ref().and_then(|s| {
+                    conditions::find(&s.conditions, orrery_api::work::CONDITION_APPLIED)
+                })
             {
                 item.message = c.message.clone();
             }
-            let prev = old.aggregated_status.iter().find(|a| a.cluster_name == tc.name);
+            let prev = old
+                .aggregated_status
+                .iter()
+                .find(|a| a.cluster_name == tc.name);
             item.health_since = match prev {
                 Some(p) if p.health == item.health => p.health_since.or(Some(now)),
                 _ => Some(now),
             };
             if !item.applied {
                 all_applied = false;
-                reasons.push(format!("{}: {}", tc.name, if item.message.is_empty() { "not applied yet" } else { &item.message }));
+                reasons.push(format!(
+                    "{}: {}",
+                    tc.name,
+                    if item.message.is_empty() {
+                        "not applied yet"
+                    } else {
+                        &item.message
+                    }
+                ));
             }
             items.push(item);
         }
@@ -611,23 +752,46 @@ impl Controller {
             reasons.push(format!("missing dependencies: {}", missing_deps.join(", ")));
         }
         let cond = if all_applied && missing_deps.is_empty() {
-            Condition::new(CONDITION_FULLY_APPLIED, conditions::TRUE, "FullyApplied", "applied in every target cluster")
+            Condition::new(
+                CONDITION_FULLY_APPLIED,
+                conditions::TRUE,
+                "FullyApplied",
+                "applied in every target cluster",
+            )
         } else if spec.clusters.is_empty() {
-            Condition::new(CONDITION_FULLY_APPLIED, conditions::FALSE, "NotScheduled", "no target cluster")
+            Condition::new(
+                CONDITION_FULLY_APPLIED,
+                conditions::FALSE,
+                "NotScheduled",
+                "no target cluster",
+            )
         } else {
-            Condition::new(CONDITION_FULLY_APPLIED, conditions::FALSE, "NotFullyApplied", reasons.join("; "))
+            Condition::new(
+                CONDITION_FULLY_APPLIED,
+                conditions::FALSE,
+                "NotFullyApplied",
+                reasons.join("; "),
+            )
         };
         let mut conds = old.conditions.clone();
         conditions::set(&mut conds, cond.clone(), now);
         // Times alone do not make a status change worth a write.
         let strip = |v: &[AggregatedStatusItem]| -> Vec<AggregatedStatusItem> {
-            v.iter().cloned().map(|mut i| { i.health_since = None; i }).collect()
+            v.iter()
+                .cloned()
+                .map(|mut i| {
+                    i.health_since = None;
+                    i
+                })
+                .collect()
         };
         if conds != old.conditions || strip(&items) != strip(&old.aggregated_status) {
             let store = self.store.clone();
             let key = k.clone();
             let bkey = binding_key(&k.0, &k.1);
-            let announce = conditions::find(&old.conditions, CONDITION_FULLY_APPLIED).map(|c| (c.status.clone(), c.reason.clone())) != Some((cond.status.clone(), cond.reason.clone()));
+            let announce = conditions::find(&old.conditions, CONDITION_FULLY_APPLIED)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+                != Some((cond.status.clone(), cond.reason.clone()));
             let r = spec.resource.clone();
             let items = items.clone();
             let cond2 = cond.clone();
@@ -647,14 +811,29 @@ impl Controller {
                 .map_err(|e| (key.clone(), e.to_string()))?;
                 if announce && !spec_is_empty(&cond) {
                     let about = subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid);
-                    let (type_, reason) = if cond.is_true() { ("Normal", "Applied") } else { ("Warning", "NotYetAvailable") };
-                    let _ = record::event(store.as_ref(), &about, type_, reason, &cond.message, COMPONENT).await;
+                    let (type_, reason) = if cond.is_true() {
+                        ("Normal", "Applied")
+                    } else {
+                        ("Warning", "NotYetAvailable")
+                    };
+                    let _ = record::event(
+                        store.as_ref(),
+                        &about,
+                        type_,
+                        reason,
+                        &cond.message,
+                        COMPONENT,
+                    )
+                    .await;
                 }
                 Ok(())
             }));
         }
         // The template's own status.
-        let parts: Vec<(&str, &Value)> = items.iter().filter_map(|i| Some((i.cluster_name.as_str(), i.status.as_ref()?))).collect();
+        let parts: Vec<(&str, &Value)> = items
+            .iter()
+            .filter_map(|i| Some((i.cluster_name.as_str(), i.status.as_ref()?)))
+            .collect();
         if let Some(mut agg) = interp.aggregate(&t.kind, &parts) {
             if cond.is_true()
                 && let (Some(m), Some(g)) = (agg.as_object_mut(), t.metadata.generation)
@@ -694,4 +873,3 @@ impl Controller {
 fn spec_is_empty(c: &Condition) -> bool {
     c.reason == "NotScheduled"
 }
-

@@ -7,9 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use orrery_api::binding::{
-    self, BindingSpec, Dependency, ObjectReference, ReplicaRequirements,
-};
+use orrery_api::binding::{self, BindingSpec, Dependency, ObjectReference, ReplicaRequirements};
 use orrery_api::interpret::{Interpreter, InterpreterSpec, dependency_api_version};
 use orrery_api::policy::{self, PLACEMENT_KINDS, PlacementPolicy, PolicyRef};
 use orrery_api::{Object, keys};
@@ -62,6 +60,11 @@ struct Detector {
     policy_slots: HashMap<PolicyRef, usize>,
     /// What each policy's status says it binds.
     policy_bound: HashMap<PolicyRef, Option<i64>>,
+    /// What each policy's status was last sent as (cleared each tick, so a lost write is
+    /// sent again).
+    policy_sent: HashMap<PolicyRef, i64>,
+    /// The templates each policy holds (from the bindings).
+    bound_by: HashMap<PolicyRef, BTreeSet<TKey>>,
     /// Template kinds followed: (apiVersion, kind) → slot.
     watched: HashMap<(String, String), usize>,
     templates: HashMap<TKey, Arc<Object>>,
@@ -73,13 +76,35 @@ struct Detector {
 }
 
 /// Runs the policy controller until shutdown.
-pub async fn run(store: Arc<dyn Store>, kinds: Arc<dyn Kinds>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(
+    store: Arc<dyn Store>,
+    kinds: Arc<dyn Kinds>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let (tx, mut rx) = mpsc::channel(4096);
     for (i, (group, _, plural)) in PLACEMENT_KINDS.iter().enumerate() {
-        follow(store.clone(), keys::prefix(group, plural, None), Src::Policy(i), tx.clone(), shutdown.clone());
+        follow(
+            store.clone(),
+            keys::prefix(group, plural, None),
+            Src::Policy(i),
+            tx.clone(),
+            shutdown.clone(),
+        );
     }
-    follow(store.clone(), keys::prefix("multicluster.io", "resourcebindings", None), Src::Binding, tx.clone(), shutdown.clone());
-    follow(store.clone(), interpreters_prefix(), Src::Interpreter, tx.clone(), shutdown.clone());
+    follow(
+        store.clone(),
+        keys::prefix("multicluster.io", "resourcebindings", None),
+        Src::Binding,
+        tx.clone(),
+        shutdown.clone(),
+    );
+    follow(
+        store.clone(),
+        interpreters_prefix(),
+        Src::Interpreter,
+        tx.clone(),
+        shutdown.clone(),
+    );
     let mut d = Detector {
         store,
         kinds,
@@ -88,6 +113,8 @@ pub async fn run(store: Arc<dyn Store>, kinds: Arc<dyn Kinds>, mut shutdown: wat
         policies: BTreeMap::new(),
         policy_slots: HashMap::new(),
         policy_bound: HashMap::new(),
+        policy_sent: HashMap::new(),
+        bound_by: HashMap::new(),
         watched: HashMap::new(),
         templates: HashMap::new(),
         bindings: HashMap::new(),
@@ -108,6 +135,7 @@ pub async fn run(store: Arc<dyn Store>, kinds: Arc<dyn Kinds>, mut shutdown: wat
             // Kinds that could not be resolved yet (a CRD arriving later), and failed writes.
             d.follow_policy_kinds();
             d.dirty.append(&mut retry);
+            d.policy_sent.clear();
         }
         if !d.synced_bindings {
             continue;
@@ -120,8 +148,43 @@ impl Detector {
     fn on_event(&mut self, src: Src, ev: Event) {
         match src {
             Src::Policy(slot) => {
+                // What this event may move: templates the policy's old or new selectors could
+                // match, and those it held.
+                let mut sels: Vec<policy::ResourceSelector> = Vec::new();
+                let mut everything = false;
+                let mut held: Vec<TKey> = Vec::new();
+                match &ev {
+                    Event::Listed(_) => everything = true,
+                    // A status write (ours) or a no-op update moves nothing.
+                    Event::Upsert(o)
+                        if policy::from_object(o).ok().as_ref()
+                            == self.policies.get(&PolicyRef::of(o)) =>
+                    {
+                        let bound = o
+                            .status
+                            .as_ref()
+                            .and_then(|s| s.get("boundResources"))
+                            .and_then(Value::as_i64);
+                        self.policy_bound.insert(PolicyRef::of(o), bound);
+                        return;
+                    }
+                    Event::Upsert(o) | Event::Delete(o) => {
+                        let r = PolicyRef::of(o);
+                        if let Some(p) = self.policies.get(&r) {
+                            sels.extend(p.selectors.iter().cloned());
+                        }
+                        if let Ok(p) = policy::from_object(o) {
+                            sels.extend(p.selectors);
+                        }
+                        held.extend(self.bound_by.get(&r).into_iter().flatten().cloned());
+                    }
+                }
                 let apply = |d: &mut Detector, o: &Object| {
-                    let bound = o.status.as_ref().and_then(|s| s.get("boundResources")).and_then(Value::as_i64);
+                    let bound = o
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.get("boundResources"))
+                        .and_then(Value::as_i64);
                     d.policy_bound.insert(PolicyRef::of(o), bound);
                     if let Ok(p) = policy::from_object(o) {
                         d.policy_slots.insert(p.reference.clone(), slot);
@@ -156,14 +219,27 @@ impl Detector {
                     }
                 }
                 self.follow_policy_kinds();
-                // A policy change may move any template; re-deciding is cheap and writes
-                // nothing when nothing changes.
-                self.dirty.extend(self.templates.keys().cloned());
-                for b in self.bindings.values() {
-                    if let Some(k) = template_of(b) {
-                        self.dirty.insert(k);
-                    }
+                // Re-deciding writes nothing when nothing changes.
+                let could_match = |k: &TKey| {
+                    everything
+                        || sels.iter().any(|s| {
+                            s.api_version == k.0
+                                && s.kind == k.1
+                                && (s.namespace.is_empty() || s.namespace == k.2)
+                                && (s.name.is_empty() || s.name == k.3)
+                        })
+                };
+                let mut dirty: Vec<TKey> = self
+                    .templates
+                    .keys()
+                    .filter(|k| could_match(k))
+                    .cloned()
+                    .collect();
+                if everything {
+                    dirty.extend(self.bindings.values().filter_map(|b| template_of(b)));
                 }
+                dirty.extend(held);
+                self.dirty.extend(dirty);
             }
             Src::Template(slot) => match ev {
                 Event::Listed(items) => {
@@ -205,25 +281,29 @@ impl Detector {
                         }
                     }
                     self.bindings.clear();
+                    self.bound_by.clear();
                     for b in items {
-                        if let Some(k) = template_of(&b) {
-                            self.dirty.insert(k);
-                        }
-                        self.bindings.insert((b.namespace().to_string(), b.name().to_string()), b);
+                        self.put_binding(b);
                     }
                     self.synced_bindings = true;
                 }
                 Event::Upsert(b) => {
-                    if let Some(k) = template_of(&b) {
-                        self.dirty.insert(k);
+                    let k = (b.namespace().to_string(), b.name().to_string());
+                    if let Some(old) = self.bindings.remove(&k) {
+                        self.unindex(&old);
                     }
-                    self.bindings.insert((b.namespace().to_string(), b.name().to_string()), b);
+                    self.put_binding(b);
                 }
                 Event::Delete(b) => {
                     if let Some(k) = template_of(&b) {
                         self.dirty.insert(k);
                     }
-                    self.bindings.remove(&(b.namespace().to_string(), b.name().to_string()));
+                    if let Some(old) = self
+                        .bindings
+                        .remove(&(b.namespace().to_string(), b.name().to_string()))
+                    {
+                        self.unindex(&old);
+                    }
                 }
             },
             Src::Interpreter => {
@@ -251,11 +331,38 @@ impl Detector {
         }
     }
 
+    fn put_binding(&mut self, b: Arc<Object>) {
+        if let Some(k) = template_of(&b) {
+            self.dirty.insert(k.clone());
+            if let Some(p) = policy_of(&b) {
+                self.bound_by.entry(p).or_default().insert(k);
+            }
+        }
+        self.bindings
+            .insert((b.namespace().to_string(), b.name().to_string()), b);
+    }
+
+    fn unindex(&mut self, b: &Object) {
+        if let (Some(k), Some(p)) = (template_of(b), policy_of(b))
+            && let Some(set) = self.bound_by.get_mut(&p)
+        {
+            set.remove(&k);
+            if set.is_empty() {
+                self.bound_by.remove(&p);
+            }
+        }
+    }
+
     fn template_key(&self, o: &Object) -> Option<TKey> {
         if is_system_namespace(o.namespace()) {
             return None;
         }
-        Some((o.api_version.clone(), o.kind.clone(), o.namespace().to_string(), o.name().to_string()))
+        Some((
+            o.api_version.clone(),
+            o.kind.clone(),
+            o.namespace().to_string(),
+            o.name().to_string(),
+        ))
     }
 
     /// Starts following every template kind a policy names (once each).
@@ -263,10 +370,17 @@ impl Detector {
         let wanted: BTreeSet<(String, String)> = self
             .policies
             .values()
-            .flat_map(|p| p.selectors.iter().map(|s| (s.api_version.clone(), s.kind.clone())))
+            .flat_map(|p| {
+                p.selectors
+                    .iter()
+                    .map(|s| (s.api_version.clone(), s.kind.clone()))
+            })
             .collect();
         for (api_version, kind) in wanted {
-            if self.watched.contains_key(&(api_version.clone(), kind.clone())) {
+            if self
+                .watched
+                .contains_key(&(api_version.clone(), kind.clone()))
+            {
                 continue;
             }
             let Some(info) = self.kinds.resolve(&api_version, &kind) else {
@@ -274,7 +388,13 @@ impl Detector {
             };
             let slot = self.watched.len();
             self.watched.insert((api_version, kind), slot);
-            follow(self.store.clone(), info.prefix(), Src::Template(slot), self.tx.clone(), self.shutdown.clone());
+            follow(
+                self.store.clone(),
+                info.prefix(),
+                Src::Template(slot),
+                self.tx.clone(),
+                self.shutdown.clone(),
+            );
         }
     }
 
@@ -286,57 +406,56 @@ impl Detector {
                 jobs.push(j);
             }
         }
-        let mut failed = run_jobs(jobs).await;
-        self.report_policies().await;
-        failed.extend(std::mem::take(&mut self.dirty));
+        let failed = run_jobs(jobs).await;
+        self.report_policies();
         failed
     }
 
     /// Tells each policy, in its status, how many templates it places: a selector that
-    /// matches nothing is accepted and shows here.
-    async fn report_policies(&mut self) {
-        let mut counts: HashMap<&PolicyRef, i64> = self.policies.keys().map(|r| (r, 0)).collect();
-        for b in self.bindings.values() {
-            if b.metadata.deletion_timestamp.is_some() {
+    /// matches nothing is accepted and shows here. The writes run in the background.
+    fn report_policies(&mut self) {
+        for r in self.policies.keys() {
+            let n = self.bound_by.get(r).map(|s| s.len() as i64).unwrap_or(0);
+            if self.policy_bound.get(r) == Some(&Some(n)) || self.policy_sent.get(r) == Some(&n) {
                 continue;
             }
-            let Some(r) = b.spec.as_ref().and_then(|s| s.get("policy")).and_then(|p| serde_json::from_value::<PolicyRef>(p.clone()).ok()) else { continue };
-            if let Some((_, n)) = counts.iter_mut().find(|(k, _)| ***k == r) {
-                *n += 1;
-            }
-        }
-        let mut jobs: Vec<Job<TKey>> = Vec::new();
-        for (r, n) in counts {
-            if self.policy_bound.get(r) == Some(&Some(n)) {
+            self.policy_sent.insert(r.clone(), n);
+            let Some((group, _, plural)) = PLACEMENT_KINDS.iter().find(|(_, k, _)| *k == r.kind)
+            else {
                 continue;
-            }
-            let Some((group, _, plural)) = PLACEMENT_KINDS.iter().find(|(_, k, _)| *k == r.kind) else { continue };
+            };
             let ns = (!r.namespace.is_empty()).then_some(r.namespace.as_str());
             let key = keys::object(group, plural, ns, &r.name);
             let store = self.store.clone();
-            let status = if n > 0 {
-                serde_json::json!({"boundResources": n, "conditions": [{"type": "Bound", "status": "True", "reason": "Bound",
-                    "message": format!("places {n} resource(s)"), "lastTransitionTime": orrery_api::Time::now()}]})
+            let (status, reason, message) = if n > 0 {
+                ("True", "Bound", format!("places {n} resource(s)"))
             } else {
-                serde_json::json!({"boundResources": 0, "conditions": [{"type": "Bound", "status": "False", "reason": "NoMatch",
-                    "message": "no resource matches the selectors (or another policy holds them)", "lastTransitionTime": orrery_api::Time::now()}]})
+                (
+                    "False",
+                    "NoMatch",
+                    "no resource matches the selectors (or another policy holds them)".to_string(),
+                )
             };
-            jobs.push(Box::pin(async move {
+            let body = serde_json::json!({"boundResources": n, "conditions": [{"type": "Bound", "status": status,
+                "reason": reason, "message": message, "lastTransitionTime": orrery_api::Time::now()}]});
+            tokio::spawn(async move {
                 let r = orrery_store::update_with(store.as_ref(), &key, |mut cur| {
-                    if cur.status.as_ref().and_then(|s| s.get("boundResources")) == status.get("boundResources") {
+                    if cur.status.as_ref().and_then(|s| s.get("boundResources"))
+                        == body.get("boundResources")
+                    {
                         return Ok(None);
                     }
-                    cur.status = Some(status.clone());
+                    cur.status = Some(body.clone());
                     Ok(Some(cur))
                 })
                 .await;
-                match r {
-                    Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
-                    Err(e) => Err((Default::default(), e.to_string())),
+                if let Err(e) = r
+                    && !e.is_not_found()
+                {
+                    tracing::debug!(policy = %key, error = %e, "writing a policy's status failed; retrying");
                 }
-            }));
+            });
         }
-        run_jobs(jobs).await;
     }
 
     fn reconcile(&self, k: &TKey) -> Option<Job<TKey>> {
@@ -364,7 +483,10 @@ impl Detector {
         let Some(p) = policy::choose(self.policies.values(), &t, claimant.as_ref()) else {
             return unbind(existing, Some(t));
         };
-        if existing.as_ref().is_some_and(|b| b.metadata.deletion_timestamp.is_some()) {
+        if existing
+            .as_ref()
+            .is_some_and(|b| b.metadata.deletion_timestamp.is_some())
+        {
             // The old binding is still going away; bind again once it is gone.
             return None;
         }
@@ -374,24 +496,36 @@ impl Detector {
         let tkey = info.key(t.namespace(), t.name());
         let store = self.store.clone();
         let key = k.clone();
-        let needs_finalizer = !t.metadata.finalizers.iter().any(|f| f == binding::FINALIZER);
+        let needs_finalizer = !t
+            .metadata
+            .finalizers
+            .iter()
+            .any(|f| f == binding::FINALIZER);
         let write_binding: Option<Object> = match &existing {
             None => {
                 let mut b = new_object(binding::API_VERSION, binding::KIND, Some(&bns), &bname);
                 b.metadata.finalizers.push(binding::FINALIZER.to_string());
-                b.metadata.annotations.insert(DIGEST_ANNOTATION.into(), digest);
-                b.metadata.labels.insert("multicluster.io/template-kind".into(), kind.to_lowercase());
+                b.metadata
+                    .annotations
+                    .insert(DIGEST_ANNOTATION.into(), digest);
+                b.metadata
+                    .labels
+                    .insert("multicluster.io/template-kind".into(), kind.to_lowercase());
                 b.spec = serde_json::to_value(&spec).ok();
                 Some(b)
             }
             Some(b) => {
                 let new_spec = serde_json::to_value(&spec).ok();
-                if b.spec == new_spec && b.metadata.annotations.get(DIGEST_ANNOTATION) == Some(&digest) {
+                if b.spec == new_spec
+                    && b.metadata.annotations.get(DIGEST_ANNOTATION) == Some(&digest)
+                {
                     None
                 } else {
                     let mut next = (**b).clone();
                     next.spec = new_spec;
-                    next.metadata.annotations.insert(DIGEST_ANNOTATION.into(), digest);
+                    next.metadata
+                        .annotations
+                        .insert(DIGEST_ANNOTATION.into(), digest);
                     next.metadata.generation = Some(next.metadata.generation.unwrap_or(1) + 1);
                     Some(next)
                 }
@@ -403,22 +537,34 @@ impl Detector {
         let creating = existing.is_none();
         Some(Box::pin(async move {
             let err = |e: StoreError| (key.clone(), e.to_string());
-            if needs_finalizer {
-                let mut next = (*t).clone();
-                next.metadata.finalizers.push(binding::FINALIZER.to_string());
-                store.update(&tkey, next, t.revision()).await.map_err(err)?;
-            }
-            if let Some(b) = write_binding {
-                if creating {
-                    match store.create(&bkey, b).await {
-                        Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
-                        Err(e) => return Err(err(e)),
-                    }
-                } else {
-                    let rev = b.revision();
-                    store.update(&bkey, b, rev).await.map_err(err)?;
+            // Both writes at once: a failed one is retried, and the finalizer is in place
+            // before any Work can have been applied (Works need the binding's decision first).
+            let finalize = async {
+                if !needs_finalizer {
+                    return Ok(());
                 }
-            }
+                let mut next = (*t).clone();
+                next.metadata
+                    .finalizers
+                    .push(binding::FINALIZER.to_string());
+                store.update(&tkey, next, t.revision()).await.map(|_| ())
+            };
+            let bind = async {
+                match write_binding {
+                    None => Ok(()),
+                    Some(b) if creating => match store.create(&bkey, b).await {
+                        Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
+                        Err(e) => Err(e),
+                    },
+                    Some(b) => {
+                        let rev = b.revision();
+                        store.update(&bkey, b, rev).await.map(|_| ())
+                    }
+                }
+            };
+            let (a, b) = tokio::join!(finalize, bind);
+            a.map_err(err)?;
+            b.map_err(err)?;
             Ok(())
         }))
     }
@@ -449,7 +595,12 @@ impl Detector {
             }
             None => {
                 let t = template?;
-                if !t.metadata.finalizers.iter().any(|f| f == binding::FINALIZER) {
+                if !t
+                    .metadata
+                    .finalizers
+                    .iter()
+                    .any(|f| f == binding::FINALIZER)
+                {
                     return None;
                 }
                 let tkey = info?.key(t.namespace(), t.name());
@@ -464,8 +615,12 @@ impl Detector {
 
     /// The binding spec a template and its policy call for; the scheduler's fields are kept.
     fn desired(&self, t: &Object, p: &PlacementPolicy, existing: Option<&Object>) -> BindingSpec {
-        let custom = self.interpreters.get(&(t.api_version.clone(), t.kind.clone()));
-        let interp = custom.map(Interpreter::Custom).unwrap_or(Interpreter::BuiltIn);
+        let custom = self
+            .interpreters
+            .get(&(t.api_version.clone(), t.kind.clone()));
+        let interp = custom
+            .map(Interpreter::Custom)
+            .unwrap_or(Interpreter::BuiltIn);
         let v = serde_json::to_value(t).unwrap_or(Value::Null);
         let replicas = interp.replicas(&v);
         let requests = interp.requests(&v);
@@ -487,9 +642,8 @@ impl Detector {
             .and_then(|b| b.spec.clone())
             .and_then(|s| serde_json::from_value(s).ok());
         let digest = content_digest(t);
-        let same_content = existing
-            .and_then(|b| b.metadata.annotations.get(DIGEST_ANNOTATION))
-            == Some(&digest);
+        let same_content =
+            existing.and_then(|b| b.metadata.annotations.get(DIGEST_ANNOTATION)) == Some(&digest);
         // A status-only change of the template keeps the recorded version, so the binding is
         // not rewritten for it.
         let resource_version = match (&old, same_content) {
@@ -506,7 +660,9 @@ impl Detector {
                 resource_version,
             },
             replicas: replicas.unwrap_or(0),
-            replica_requirements: (!requests.is_empty()).then_some(ReplicaRequirements { resource_request: requests }),
+            replica_requirements: (!requests.is_empty()).then_some(ReplicaRequirements {
+                resource_request: requests,
+            }),
             dependencies,
             placement: p.placement.clone(),
             target_clusters: p.targets.clone(),
@@ -520,6 +676,11 @@ impl Detector {
             evictions: old.map(|o| o.evictions).unwrap_or_default(),
         }
     }
+}
+
+/// The policy a binding follows.
+fn policy_of(b: &Object) -> Option<PolicyRef> {
+    serde_json::from_value(b.spec.as_ref()?.get("policy")?.clone()).ok()
 }
 
 /// The template a binding is for.

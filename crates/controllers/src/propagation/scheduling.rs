@@ -39,20 +39,40 @@ enum Src {
 
 /// What the scheduler reads from a Cluster object.
 pub fn snapshot_of(c: &Object) -> ClusterSnapshot {
-    let spec: ClusterSpec = c.spec.clone().and_then(|s| serde_json::from_value(s).ok()).unwrap_or_default();
-    let st: ClusterStatus = c.status.clone().and_then(|s| serde_json::from_value(s).ok()).unwrap_or_default();
+    let spec: ClusterSpec = c
+        .spec
+        .clone()
+        .and_then(|s| serde_json::from_value(s).ok())
+        .unwrap_or_default();
+    let st: ClusterStatus = c
+        .status
+        .clone()
+        .and_then(|s| serde_json::from_value(s).ok())
+        .unwrap_or_default();
     let ready = conditions::find(&st.conditions, CONDITION_READY).is_some_and(|r| r.is_true());
     let api_kinds = (!st.api_enablements.is_empty()).then(|| {
         st.api_enablements
             .iter()
-            .flat_map(|e| e.resources.iter().map(|r| (e.group_version.clone(), r.kind.clone())))
+            .flat_map(|e| {
+                e.resources
+                    .iter()
+                    .map(|r| (e.group_version.clone(), r.kind.clone()))
+            })
             .collect::<HashSet<_>>()
     });
     let (allocatable, mut allocated) = match st.resource_summary {
-        Some(r) => (r.allocatable, r.allocated.clone().into_iter().collect::<BTreeMap<_, _>>()),
+        Some(r) => (
+            r.allocatable,
+            r.allocated.clone().into_iter().collect::<BTreeMap<_, _>>(),
+        ),
         None => Default::default(),
     };
-    if let Some(r) = c.status.as_ref().and_then(|s| s.pointer("/resourceSummary/allocating")).and_then(|a| serde_json::from_value::<orrery_api::cluster::ResourceList>(a.clone()).ok()) {
+    if let Some(r) = c
+        .status
+        .as_ref()
+        .and_then(|s| s.pointer("/resourceSummary/allocating"))
+        .and_then(|a| serde_json::from_value::<orrery_api::cluster::ResourceList>(a.clone()).ok())
+    {
         for (k, q) in r {
             let total = allocated.get(&k).map(|a| *a + q).unwrap_or(q);
             allocated.insert(k, total);
@@ -106,8 +126,20 @@ struct Scheduler {
 /// Runs the scheduling controller until shutdown.
 pub async fn run(store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
     let (tx, mut rx) = mpsc::channel(4096);
-    follow(store.clone(), keys::well_known::clusters(), Src::Cluster, tx.clone(), shutdown.clone());
-    follow(store.clone(), keys::prefix("multicluster.io", "resourcebindings", None), Src::Binding, tx, shutdown.clone());
+    follow(
+        store.clone(),
+        keys::well_known::clusters(),
+        Src::Cluster,
+        tx.clone(),
+        shutdown.clone(),
+    );
+    follow(
+        store.clone(),
+        keys::prefix("multicluster.io", "resourcebindings", None),
+        Src::Binding,
+        tx,
+        shutdown.clone(),
+    );
     let mut s = Scheduler {
         store,
         clusters: BTreeMap::new(),
@@ -183,7 +215,8 @@ impl Scheduler {
                     self.bindings.insert(k, b);
                 }
                 Event::Delete(b) => {
-                    self.bindings.remove(&(b.namespace().to_string(), b.name().to_string()));
+                    self.bindings
+                        .remove(&(b.namespace().to_string(), b.name().to_string()));
                 }
             },
         }
@@ -195,10 +228,19 @@ impl Scheduler {
         for (k, b) in &self.bindings {
             let Some(spec) = parse_spec(b) else { continue };
             let Some(f) = &spec.failover else { continue };
-            let tolerate = f.decision_conditions.toleration_seconds.unwrap_or(DEFAULT_FAILOVER_TOLERATION_SECONDS);
+            let tolerate = f
+                .decision_conditions
+                .toleration_seconds
+                .unwrap_or(DEFAULT_FAILOVER_TOLERATION_SECONDS);
             let st = parse_status(b);
-            if st.aggregated_status.iter().any(|a| unhealthy_for(a, now) >= Some(tolerate))
-                && spec.clusters.iter().any(|c| !spec.evictions.iter().any(|e| e.cluster == c.name))
+            if st
+                .aggregated_status
+                .iter()
+                .any(|a| unhealthy_for(a, now) >= Some(tolerate))
+                && spec
+                    .clusters
+                    .iter()
+                    .any(|c| !spec.evictions.iter().any(|e| e.cluster == c.name))
             {
                 self.dirty.insert(k.clone());
             }
@@ -218,7 +260,12 @@ impl Scheduler {
         run_jobs(jobs).await
     }
 
-    fn reconcile(&self, k: &BKey, clusters: &[ClusterSnapshot], by_clusters: bool) -> Option<Job<BKey>> {
+    fn reconcile(
+        &self,
+        k: &BKey,
+        clusters: &[ClusterSnapshot],
+        by_clusters: bool,
+    ) -> Option<Job<BKey>> {
         let b = self.bindings.get(k)?.clone();
         if b.metadata.deletion_timestamp.is_some() {
             return None;
@@ -230,7 +277,10 @@ impl Scheduler {
         // Failover: an application unhealthy past its toleration leaves that cluster.
         let mut evicted_now = Vec::new();
         if let Some(f) = &spec.failover {
-            let tolerate = f.decision_conditions.toleration_seconds.unwrap_or(DEFAULT_FAILOVER_TOLERATION_SECONDS);
+            let tolerate = f
+                .decision_conditions
+                .toleration_seconds
+                .unwrap_or(DEFAULT_FAILOVER_TOLERATION_SECONDS);
             for a in &status.aggregated_status {
                 let placed = spec.clusters.iter().any(|c| c.name == a.cluster_name);
                 let already = spec.evictions.iter().any(|e| e.cluster == a.cluster_name);
@@ -251,25 +301,33 @@ impl Scheduler {
             }
         }
         let evicted: Vec<String> = spec.evictions.iter().map(|e| e.cluster.clone()).collect();
-        let up_to_date = status.scheduler_observed_generation == Some(generation) && evicted_now.is_empty();
+        let up_to_date =
+            status.scheduler_observed_generation == Some(generation) && evicted_now.is_empty();
         if up_to_date && !by_clusters {
             // Our own status write coming back, or the binding controller's.
             return None;
         }
         let kind = spec.resource.kind.clone();
         let divisible = spec.replicas > 0 || is_divisible_kind(&kind);
-        let request = spec.replica_requirements.as_ref().map(|r| r.resource_request.clone()).unwrap_or_default();
-        let decision = schedule(clusters, &Task {
-            api_version: &spec.resource.api_version,
-            kind: &kind,
-            replicas: spec.replicas,
-            divisible,
-            request: &request,
-            placement: &spec.placement,
-            targets: &spec.target_clusters,
-            previous: &spec.clusters,
-            evicted: &evicted,
-        });
+        let request = spec
+            .replica_requirements
+            .as_ref()
+            .map(|r| r.resource_request.clone())
+            .unwrap_or_default();
+        let decision = schedule(
+            clusters,
+            &Task {
+                api_version: &spec.resource.api_version,
+                kind: &kind,
+                replicas: spec.replicas,
+                divisible,
+                request: &request,
+                placement: &spec.placement,
+                targets: &spec.target_clusters,
+                previous: &spec.clusters,
+                evicted: &evicted,
+            },
+        );
         let changed_spec_generation = status.scheduler_observed_generation != Some(generation);
         let new_clusters = match &decision.error {
             // Clusters going away must not empty a placement that stands; a changed spec
@@ -278,8 +336,18 @@ impl Scheduler {
             _ => decision.clusters.clone(),
         };
         let cond = match &decision.error {
-            None => Condition::new(CONDITION_SCHEDULED, conditions::TRUE, "Success", placed_message(&new_clusters)),
-            Some(e) => Condition::new(CONDITION_SCHEDULED, conditions::FALSE, "Unschedulable", e.clone()),
+            None => Condition::new(
+                CONDITION_SCHEDULED,
+                conditions::TRUE,
+                "Success",
+                placed_message(&new_clusters),
+            ),
+            Some(e) => Condition::new(
+                CONDITION_SCHEDULED,
+                conditions::FALSE,
+                "Unschedulable",
+                e.clone(),
+            ),
         };
         let old_cond = conditions::find(&status.conditions, CONDITION_SCHEDULED).cloned();
         let mut conds = status.conditions.clone();
@@ -306,16 +374,28 @@ impl Scheduler {
         let store = self.store.clone();
         let key = k.clone();
         let bkey = binding_key(&k.0, &k.1);
-        let announce = old_cond.as_ref().map(|c| (&c.status, &c.message)) != Some((&cond.status, &cond.message)) || !evicted_now.is_empty();
+        let announce = old_cond.as_ref().map(|c| (&c.status, &c.message))
+            != Some((&cond.status, &cond.message))
+            || !evicted_now.is_empty();
         let r = spec.resource.clone();
         Some(Box::pin(async move {
-            store.update(&bkey, next, b.revision()).await.map_err(|e| (key.clone(), e.to_string()))?;
+            store
+                .update(&bkey, next, b.revision())
+                .await
+                .map_err(|e| (key.clone(), e.to_string()))?;
             if announce {
                 let about = subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid);
-                let (type_, reason) = if cond.is_true() { ("Normal", "Scheduled") } else { ("Warning", "ScheduleFailed") };
+                let (type_, reason) = if cond.is_true() {
+                    ("Normal", "Scheduled")
+                } else {
+                    ("Warning", "ScheduleFailed")
+                };
                 let mut msg = cond.message.clone();
                 if !evicted_now.is_empty() {
-                    msg = format!("{msg}; moved away from {} (application failover)", evicted_now.join(", "));
+                    msg = format!(
+                        "{msg}; moved away from {} (application failover)",
+                        evicted_now.join(", ")
+                    );
                 }
                 let _ = record::event(store.as_ref(), &about, type_, reason, &msg, COMPONENT).await;
             }
@@ -332,7 +412,10 @@ fn placed_message(clusters: &[binding::TargetCluster]) -> String {
     if clusters.is_empty() {
         return "placed on no cluster".into();
     }
-    let parts: Vec<String> = clusters.iter().map(|c| format!("{}({})", c.name, c.replicas)).collect();
+    let parts: Vec<String> = clusters
+        .iter()
+        .map(|c| format!("{}({})", c.name, c.replicas))
+        .collect();
     format!("placed on {}", parts.join(", "))
 }
 
@@ -348,5 +431,8 @@ pub(crate) fn parse_spec(b: &Object) -> Option<BindingSpec> {
 }
 
 pub(crate) fn parse_status(b: &Object) -> BindingStatus {
-    b.status.clone().and_then(|s| serde_json::from_value(s).ok()).unwrap_or_default()
+    b.status
+        .clone()
+        .and_then(|s| serde_json::from_value(s).ok())
+        .unwrap_or_default()
 }

@@ -1,0 +1,365 @@
+//! Propagation benchmarks: how fast a template and its policy reach a member, and how many
+//! templates the controllers turn into Works per second.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+
+use crate::api::{ServerProcess, request};
+use crate::members::{bootstrap_token, orrery_bin, start_agent};
+use crate::stats::{emit, percentile, progress, round};
+
+pub struct Args {
+    pub clusters: usize,
+    pub templates: usize,
+    pub server_bin: Option<PathBuf>,
+    pub dir: Option<PathBuf>,
+}
+
+/// Starts a server and one agent process simulating `clusters` members; waits until Ready.
+async fn fleet(
+    args: &Args,
+    report: &str,
+) -> anyhow::Result<(ServerProcess, kube::Client, crate::members::AgentProcess)> {
+    let bin = orrery_bin(&args.server_bin)?;
+    let server = ServerProcess::start(&args.server_bin, &args.dir)?;
+    let admin = orrery_client::from_kubeconfig(&server.kubeconfig).await?;
+    let token = bootstrap_token(&admin, "m-*").await?;
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("fleet.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "clusters:\n  - name: m-{{i}}\n    count: {}\n    regions: [us-east, eu-central, ap-south]\n    provider: sim\n    simulate: nodes=10,cpu=64,memory=256Gi,load=0.1,start=0s\n",
+            args.clusters
+        ),
+    )?;
+    let agent = start_agent(
+        &bin,
+        &server.url,
+        &[
+            "--simulate-fleet".into(),
+            file.display().to_string(),
+            "--token".into(),
+            token,
+            "--heartbeat-interval".into(),
+            "5s".into(),
+            "--report-interval".into(),
+            report.into(),
+        ],
+        true,
+    )?;
+    let started = Instant::now();
+    loop {
+        let n = orrery_client::ready_clusters(&admin).await?;
+        if n >= args.clusters {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(300),
+            "only {n} clusters Ready"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok((server, admin, agent))
+}
+
+fn deployment(name: &str, replicas: i64) -> Value {
+    json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "web", "image": "nginx:1.27",
+                    "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}}})
+}
+
+async fn post(c: &kube::Client, path: &str, body: &Value) -> anyhow::Result<()> {
+    c.request_text(request(
+        "POST",
+        path,
+        "application/json",
+        serde_json::to_vec(body)?,
+    ))
+    .await?;
+    Ok(())
+}
+
+type Seen = Arc<Mutex<HashMap<(&'static str, String), Instant>>>;
+
+/// Watches bindings and Works; records when each stage is first seen: `bound` (binding
+/// created), `scheduled` (clusters chosen), `work` (Work created), `applied` (the member
+/// reported it applied). Works are keyed by their name (`default.<binding>`).
+fn stage_times(client: kube::Client) -> Seen {
+    let seen: Seen = Default::default();
+    for kind in [
+        &orrery_client::kinds::WORK,
+        &orrery_client::kinds::RESOURCE_BINDING,
+    ] {
+        let api: Api<DynamicObject> = orrery_client::api(&client, kind, None);
+        let seen = seen.clone();
+        let is_work = kind.kind == "Work";
+        tokio::spawn(async move {
+            let mut s = watcher::watcher(api, watcher::Config::default()).boxed();
+            while let Some(ev) = s.next().await {
+                let o = match ev {
+                    Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => o,
+                    _ => continue,
+                };
+                let Some(name) = o.metadata.name.clone() else {
+                    continue;
+                };
+                let now = Instant::now();
+                let mut m = seen.lock().unwrap_or_else(|p| p.into_inner());
+                if is_work {
+                    m.entry(("work", name.clone())).or_insert(now);
+                    let applied = o
+                        .data
+                        .pointer("/status/conditions")
+                        .and_then(Value::as_array)
+                        .is_some_and(|cs| {
+                            cs.iter()
+                                .any(|c| c["type"] == "Applied" && c["status"] == "True")
+                        });
+                    if applied {
+                        m.entry(("applied", name)).or_insert(now);
+                    }
+                } else {
+                    let key = format!("default.{name}");
+                    m.entry(("bound", key.clone())).or_insert(now);
+                    if o.data.pointer("/spec/clusters/0").is_some() {
+                        m.entry(("scheduled", key)).or_insert(now);
+                    }
+                }
+            }
+        });
+    }
+    seen
+}
+
+/// Template + policy to applied in the member: for each template, a Deployment and a
+/// PropagationPolicy naming it and one cluster are created; the clock stops when a watcher of
+/// the control plane sees the member report the Work applied.
+pub async fn latency(args: Args) -> anyhow::Result<()> {
+    progress(format!(
+        "propagation latency: starting {} simulated clusters",
+        args.clusters
+    ));
+    let (_server, admin, _agent) = fleet(&args, "20ms").await?;
+    let seen = stage_times(admin.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut lat = Vec::new();
+    let mut stages: HashMap<&'static str, Vec<f64>> = HashMap::new();
+    for i in 0..args.templates {
+        let name = format!("lat-{i}");
+        let cluster = format!("m-{}", i % args.clusters);
+        let t0 = Instant::now();
+        post(
+            &admin,
+            "/apis/apps/v1/namespaces/default/deployments",
+            &deployment(&name, 1),
+        )
+        .await?;
+        post(&admin, "/apis/policy.karmada.io/v1alpha1/namespaces/default/propagationpolicies", &json!({
+            "apiVersion": "policy.karmada.io/v1alpha1", "kind": "PropagationPolicy",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name}],
+                "placement": {"clusterAffinity": {"clusterNames": [cluster]}}}})).await?;
+        stages
+            .entry("posted")
+            .or_default()
+            .push(t0.elapsed().as_secs_f64() * 1000.0);
+        let work = format!("default.{name}-deployment");
+        loop {
+            let m = seen.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(t) = m.get(&("applied", work.clone())) {
+                lat.push(t.duration_since(t0).as_secs_f64() * 1000.0);
+                for stage in ["bound", "scheduled", "work"] {
+                    if let Some(s) = m.get(&(stage, work.clone())) {
+                        stages
+                            .entry(stage)
+                            .or_default()
+                            .push(s.duration_since(t0).as_secs_f64() * 1000.0);
+                    }
+                }
+                break;
+            }
+            drop(m);
+            anyhow::ensure!(
+                t0.elapsed() < Duration::from_secs(30),
+                "{work} not applied in 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if (i + 1) % 50 == 0 {
+            progress(format!("propagation latency: {}/{}", i + 1, args.templates));
+        }
+    }
+    emit(json!({
+        "scenario": "propagation.template_to_applied",
+        "clusters": args.clusters,
+        "templates": args.templates,
+        "p50_ms": round(percentile(&lat, 50.0), 1),
+        "p99_ms": round(percentile(&lat, 99.0), 1),
+        "max_ms": round(percentile(&lat, 100.0), 1),
+        "stages_p50_ms": stages.iter().map(|(k, v)| (k.to_string(), json!(round(percentile(v, 50.0), 1)))).collect::<serde_json::Map<_, _>>(),
+        "stages_p99_ms": stages.iter().map(|(k, v)| (k.to_string(), json!(round(percentile(v, 99.0), 1)))).collect::<serde_json::Map<_, _>>(),
+        "measures": "from creating a Deployment and a PropagationPolicy for it (two API calls) to a control-plane watcher seeing the member report its Work applied (agent report interval 20 ms)",
+        "karmada_p99_ms_at_100_clusters": "989-1298",
+        "goal_p99_ms": 100,
+    }));
+    Ok(())
+}
+
+/// Binding to Works throughput: `templates` Deployments exist; one PropagationPolicy selects
+/// them all for every cluster (Duplicated). Measured: Works created per second, and the time
+/// until every binding is FullyApplied.
+pub async fn throughput(args: Args) -> anyhow::Result<()> {
+    progress(format!(
+        "propagation throughput: {} simulated clusters",
+        args.clusters
+    ));
+    let (server, admin, _agent) = fleet(&args, "200ms").await?;
+    progress(format!(
+        "propagation throughput: creating {} Deployments",
+        args.templates
+    ));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (c, next, total) = (admin.clone(), next.clone(), args.templates);
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= total {
+                    return Ok::<_, anyhow::Error>(());
+                }
+                // No pods: this measures the control plane's path, not the simulated kubelets.
+                post(
+                    &c,
+                    "/apis/apps/v1/namespaces/default/deployments",
+                    &deployment(&format!("t-{i}"), 0),
+                )
+                .await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let works_seen = Arc::new(Mutex::new(HashMap::<String, Instant>::new()));
+    let applied = Arc::new(Mutex::new(0usize));
+    {
+        let api: Api<DynamicObject> =
+            orrery_client::api(&admin, &orrery_client::kinds::RESOURCE_BINDING, None);
+        let applied = applied.clone();
+        tokio::spawn(async move {
+            let mut done = std::collections::HashSet::new();
+            let mut s = watcher::watcher(api, watcher::Config::default()).boxed();
+            while let Some(ev) = s.next().await {
+                let Ok(watcher::Event::Apply(o)) = ev else {
+                    continue;
+                };
+                let ok = o
+                    .data
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == "FullyApplied" && c["status"] == "True")
+                    });
+                if ok
+                    && let Some(n) = o.metadata.name
+                    && done.insert(n)
+                {
+                    *applied.lock().unwrap_or_else(|p| p.into_inner()) = done.len();
+                }
+            }
+        });
+        let api: Api<DynamicObject> = orrery_client::api(&admin, &orrery_client::kinds::WORK, None);
+        let seen = works_seen.clone();
+        tokio::spawn(async move {
+            let mut s = watcher::watcher(api, watcher::Config::default()).boxed();
+            while let Some(ev) = s.next().await {
+                let Ok(watcher::Event::Apply(o)) = ev else {
+                    continue;
+                };
+                let key = format!(
+                    "{}/{}",
+                    o.metadata.namespace.unwrap_or_default(),
+                    o.metadata.name.unwrap_or_default()
+                );
+                seen.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(key)
+                    .or_insert_with(Instant::now);
+            }
+        });
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, _, cpu0) = server.usage_full();
+    let want_works = args.templates * args.clusters;
+    progress(format!(
+        "propagation throughput: the policy; waiting for {want_works} Works"
+    ));
+    let t0 = Instant::now();
+    post(
+        &admin,
+        "/apis/policy.karmada.io/v1alpha1/namespaces/default/propagationpolicies",
+        &json!({
+        "apiVersion": "policy.karmada.io/v1alpha1", "kind": "PropagationPolicy",
+        "metadata": {"name": "all", "namespace": "default"},
+        "spec": {"resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}]}}),
+    )
+    .await?;
+    let mut works_done = None;
+    let all_applied;
+    loop {
+        let works = works_seen.lock().unwrap_or_else(|p| p.into_inner()).len();
+        if works >= want_works && works_done.is_none() {
+            let last = works_seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .max()
+                .copied();
+            works_done = last.map(|l| l.duration_since(t0).as_secs_f64());
+        }
+        let n = *applied.lock().unwrap_or_else(|p| p.into_inner());
+        if n >= args.templates {
+            all_applied = t0.elapsed().as_secs_f64();
+            break;
+        }
+        anyhow::ensure!(
+            t0.elapsed() < Duration::from_secs(600),
+            "{works} Works, {n} bindings FullyApplied after 10 minutes"
+        );
+        progress(format!(
+            "propagation throughput: {works} Works, {n} bindings FullyApplied"
+        ));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let (rss, peak, cpu1) = server.usage_full();
+    let works_secs = works_done.unwrap_or(all_applied);
+    emit(json!({
+        "scenario": "propagation.throughput",
+        "clusters": args.clusters,
+        "templates": args.templates,
+        "works": want_works,
+        "seconds_to_all_works": round(works_secs, 2),
+        "works_per_second": round(want_works as f64 / works_secs, 0),
+        "seconds_to_all_fully_applied": round(all_applied, 2),
+        "server_cpu_cores": round((cpu1 - cpu0) / all_applied, 2),
+        "server_rss_mib": round(rss, 1),
+        "server_peak_rss_mib": round(peak, 1),
+        "measures": "one PropagationPolicy selecting every existing Deployment (replicas 0) for every cluster: time from the policy's creation until every Work exists, and until every binding is FullyApplied (members applied and reported)",
+        "karmada_works_per_second": 200,
+        "goals": {"works_per_second": 10000, "seconds_to_all_fully_applied": 30},
+    }));
+    Ok(())
+}
