@@ -325,14 +325,27 @@ struct Graph {
     dependents: HashMap<String, HashSet<String>>,
     /// Dependent key → its owner uids.
     owners: HashMap<String, Vec<String>>,
+    /// Uids of the dependents (objects with owners), so that the many objects with none
+    /// cost nothing per change.
+    dependent_uids: HashSet<String>,
 }
 
 impl Graph {
-    fn set(&mut self, key: &str, refs: &[OwnerReference]) {
+    /// Whether a change of this object can matter to the graph.
+    fn concerns(&self, o: &Object) -> bool {
+        !o.metadata.owner_references.is_empty()
+            || o.metadata.deletion_timestamp.is_some()
+            || self.dependent_uids.contains(&o.metadata.uid)
+            || self.dependents.contains_key(&o.metadata.uid)
+    }
+
+    fn set(&mut self, key: &str, uid: &str, refs: &[OwnerReference]) {
         self.remove(key);
+        self.dependent_uids.remove(uid);
         if refs.is_empty() {
             return;
         }
+        self.dependent_uids.insert(uid.to_string());
         for r in refs {
             self.dependents
                 .entry(r.uid.clone())
@@ -386,8 +399,13 @@ async fn garbage_collector(app: Arc<App>) {
             };
             from = page.revision;
             for obj in page.items {
+                if obj.metadata.owner_references.is_empty()
+                    && obj.metadata.deletion_timestamp.is_none()
+                {
+                    continue;
+                }
                 let key = key_of(&app, &obj);
-                graph.set(&key, &obj.metadata.owner_references);
+                graph.set(&key, &obj.metadata.uid, &obj.metadata.owner_references);
                 if obj.metadata.deletion_timestamp.is_some() {
                     pending_owners.push(obj);
                 }
@@ -415,13 +433,20 @@ async fn garbage_collector(app: Arc<App>) {
             };
             match ev {
                 Some(Ok(WatchEvent::Added(o))) | Some(Ok(WatchEvent::Modified(o))) => {
+                    if !graph.concerns(&o) {
+                        continue;
+                    }
                     let key = key_of(&app, &o);
-                    graph.set(&key, &o.metadata.owner_references);
+                    graph.set(&key, &o.metadata.uid, &o.metadata.owner_references);
                     if o.metadata.deletion_timestamp.is_some() {
                         handle_deleting_owner(&app, &graph, &o).await;
                     }
                 }
                 Some(Ok(WatchEvent::Deleted(o))) => {
+                    if !graph.concerns(&o) {
+                        continue;
+                    }
+                    graph.dependent_uids.remove(&o.metadata.uid);
                     let key = key_of(&app, &o);
                     let owners = graph.owners.get(&key).cloned().unwrap_or_default();
                     graph.remove(&key);

@@ -47,9 +47,16 @@ impl ServerProcess {
             .args(["server", "--data-dir"])
             .arg(tmp.path())
             .args(["--listen", &format!("127.0.0.1:{port}")])
-            .env("ORRERY_LOG", "warn")
+            .env(
+                "ORRERY_LOG",
+                std::env::var("ORRERY_BENCH_SERVER_LOG_LEVEL").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            // ORRERY_BENCH_SERVER_LOG=<file> keeps the server's log (for looking into a figure).
+            .stderr(match std::env::var_os("ORRERY_BENCH_SERVER_LOG") {
+                Some(f) => Stdio::from(std::fs::File::create(f)?),
+                None => Stdio::null(),
+            })
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let stdout = child.stdout.take().context("server stdout")?;

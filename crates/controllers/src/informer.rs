@@ -21,8 +21,11 @@ pub fn spawn(
     store: Arc<dyn Store>,
     prefix: String,
     mut shutdown: watch::Receiver<bool>,
-) -> mpsc::Receiver<Event> {
-    let (tx, rx) = mpsc::channel(1024);
+) -> mpsc::UnboundedReceiver<Event> {
+    // Unbounded: the store ends a watcher that falls behind, and a controller in the middle
+    // of a long round must not make its watch fall behind (and relist everything). The
+    // backlog holds `Arc`s of objects the store already shares.
+    let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(async move {
         loop {
             if *shutdown.borrow() {
@@ -38,7 +41,7 @@ pub fn spawn(
                 }
             };
             let items = list.items.into_iter().map(Arc::new).collect();
-            if tx.send(Event::Listed(items)).await.is_err() {
+            if tx.send(Event::Listed(items)).is_err() {
                 return;
             }
             let mut w = match store
@@ -61,9 +64,13 @@ pub fn spawn(
                     Some(Ok(WatchEvent::Deleted(o))) => Event::Delete(o),
                     Some(Ok(WatchEvent::Bookmark(_))) => continue,
                     // Expired or ended: list again.
-                    Some(Err(_)) | None => break,
+                    Some(Err(e)) => {
+                        tracing::warn!(prefix = %prefix, error = %e, "a controller's watch ended; listing again");
+                        break;
+                    }
+                    None => break,
                 };
-                if tx.send(out).await.is_err() {
+                if tx.send(out).is_err() {
                     return;
                 }
             }

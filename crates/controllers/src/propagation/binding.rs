@@ -89,7 +89,7 @@ pub async fn run(
     kinds: Arc<dyn Kinds>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let (tx, mut rx) = mpsc::channel(8192);
+    let (tx, mut rx) = mpsc::unbounded_channel();
     let sd = || shutdown.clone();
     follow(
         store.clone(),
@@ -177,7 +177,9 @@ pub async fn run(
         {
             continue;
         }
+        let (n, started) = (c.dirty.len(), std::time::Instant::now());
         retry = c.reconcile_dirty().await;
+        super::log_round("binding", n, started);
     }
 }
 
@@ -789,9 +791,13 @@ impl Controller {
             let store = self.store.clone();
             let key = k.clone();
             let bkey = binding_key(&k.0, &k.1);
-            let announce = conditions::find(&old.conditions, CONDITION_FULLY_APPLIED)
-                .map(|c| (c.status.clone(), c.reason.clone()))
-                != Some((cond.status.clone(), cond.reason.clone()));
+            // Events for what a person must look at: an error in some cluster. (Placement
+            // has its own Event; a normal rollout needs none per binding.)
+            let trouble = !errors.is_empty()
+                || items.iter().any(|i| !i.applied && i.message.contains("conflict"));
+            let announce = trouble
+                && conditions::find(&old.conditions, CONDITION_FULLY_APPLIED).map(|c| c.message.clone())
+                    != Some(cond.message.clone());
             let r = spec.resource.clone();
             let items = items.clone();
             let cond2 = cond.clone();
@@ -809,18 +815,13 @@ impl Controller {
                 })
                 .await
                 .map_err(|e| (key.clone(), e.to_string()))?;
-                if announce && !spec_is_empty(&cond) {
+                if announce {
                     let about = subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid);
-                    let (type_, reason) = if cond.is_true() {
-                        ("Normal", "Applied")
-                    } else {
-                        ("Warning", "NotYetAvailable")
-                    };
                     let _ = record::event(
                         store.as_ref(),
                         &about,
-                        type_,
-                        reason,
+                        "Warning",
+                        "NotYetAvailable",
                         &cond.message,
                         COMPONENT,
                     )
@@ -870,6 +871,3 @@ impl Controller {
     }
 }
 
-fn spec_is_empty(c: &Condition) -> bool {
-    c.reason == "NotScheduled"
-}

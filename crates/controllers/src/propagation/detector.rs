@@ -54,7 +54,7 @@ pub fn binding_namespace(template_ns: &str) -> &str {
 struct Detector {
     store: Arc<dyn Store>,
     kinds: Arc<dyn Kinds>,
-    tx: mpsc::Sender<(Src, Event)>,
+    tx: mpsc::UnboundedSender<(Src, Event)>,
     shutdown: watch::Receiver<bool>,
     policies: BTreeMap<PolicyRef, PlacementPolicy>,
     policy_slots: HashMap<PolicyRef, usize>,
@@ -81,7 +81,7 @@ pub async fn run(
     kinds: Arc<dyn Kinds>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let (tx, mut rx) = mpsc::channel(4096);
+    let (tx, mut rx) = mpsc::unbounded_channel();
     for (i, (group, _, plural)) in PLACEMENT_KINDS.iter().enumerate() {
         follow(
             store.clone(),
@@ -140,7 +140,9 @@ pub async fn run(
         if !d.synced_bindings {
             continue;
         }
+        let (n, started) = (d.dirty.len(), std::time::Instant::now());
         retry = d.reconcile_dirty().await;
+        super::log_round("policy", n, started);
     }
 }
 
@@ -262,7 +264,10 @@ impl Detector {
                 }
                 Event::Upsert(o) => {
                     if let Some(k) = self.template_key(&o) {
-                        self.dirty.insert(k.clone());
+                        // A status write (the binding controller's) changes nothing here.
+                        if !self.templates.get(&k).is_some_and(|old| same_but_status(old, &o)) {
+                            self.dirty.insert(k.clone());
+                        }
                         self.templates.insert(k, o);
                     }
                 }
@@ -289,6 +294,16 @@ impl Detector {
                 }
                 Event::Upsert(b) => {
                     let k = (b.namespace().to_string(), b.name().to_string());
+                    // The scheduler's and the binding controller's writes leave what this
+                    // controller decides (the generation) alone.
+                    if let Some(old) = self.bindings.get(&k)
+                        && old.metadata.generation == b.metadata.generation
+                        && old.metadata.deletion_timestamp == b.metadata.deletion_timestamp
+                        && old.metadata.annotations == b.metadata.annotations
+                    {
+                        self.bindings.insert(k, b);
+                        return;
+                    }
                     if let Some(old) = self.bindings.remove(&k) {
                         self.unindex(&old);
                     }
@@ -543,11 +558,20 @@ impl Detector {
                 if !needs_finalizer {
                     return Ok(());
                 }
-                let mut next = (*t).clone();
-                next.metadata
-                    .finalizers
-                    .push(binding::FINALIZER.to_string());
-                store.update(&tkey, next, t.revision()).await.map(|_| ())
+                // Read afresh: what this controller saw may be behind its own last write.
+                let uid = t.metadata.uid.clone();
+                orrery_store::update_with(store.as_ref(), &tkey, |mut cur| {
+                    if cur.metadata.uid != uid
+                        || cur.metadata.deletion_timestamp.is_some()
+                        || cur.metadata.finalizers.iter().any(|f| f == binding::FINALIZER)
+                    {
+                        return Ok(None);
+                    }
+                    cur.metadata.finalizers.push(binding::FINALIZER.to_string());
+                    Ok(Some(cur))
+                })
+                .await
+                .map(|_| ())
             };
             let bind = async {
                 match write_binding {
@@ -676,6 +700,17 @@ impl Detector {
             evictions: old.map(|o| o.evictions).unwrap_or_default(),
         }
     }
+}
+
+/// Whether two versions of a template differ in their status (or version) only.
+fn same_but_status(a: &Object, b: &Object) -> bool {
+    a.spec == b.spec
+        && a.other == b.other
+        && a.metadata.labels == b.metadata.labels
+        && a.metadata.annotations == b.metadata.annotations
+        && a.metadata.finalizers == b.metadata.finalizers
+        && a.metadata.deletion_timestamp == b.metadata.deletion_timestamp
+        && a.metadata.uid == b.metadata.uid
 }
 
 /// The policy a binding follows.

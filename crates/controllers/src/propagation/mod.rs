@@ -66,13 +66,13 @@ pub(crate) fn follow<S: Clone + Send + 'static>(
     store: Arc<dyn Store>,
     prefix: String,
     src: S,
-    tx: mpsc::Sender<(S, Event)>,
+    tx: mpsc::UnboundedSender<(S, Event)>,
     shutdown: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let mut rx = informer::spawn(store, prefix, shutdown);
     tokio::spawn(async move {
         while let Some(ev) = rx.recv().await {
-            if tx.send((src.clone(), ev)).await.is_err() {
+            if tx.send((src.clone(), ev)).is_err() {
                 return;
             }
         }
@@ -82,7 +82,7 @@ pub(crate) fn follow<S: Clone + Send + 'static>(
 /// Waits for the next event (or `tick`), then takes whatever else is already queued.
 /// `None` when the controller should stop.
 pub(crate) async fn next_batch<S>(
-    rx: &mut mpsc::Receiver<(S, Event)>,
+    rx: &mut mpsc::UnboundedReceiver<(S, Event)>,
     tick: Duration,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Option<Vec<(S, Event)>> {
@@ -102,6 +102,16 @@ pub(crate) async fn next_batch<S>(
         return None;
     }
     Some(out)
+}
+
+/// Logs a round of work: at debug level always, at info level when it was slow.
+pub(crate) fn log_round(controller: &str, items: usize, started: std::time::Instant) {
+    let ms = started.elapsed().as_millis() as u64;
+    if ms >= 1000 {
+        tracing::info!(controller, items, ms, "a slow propagation round");
+    } else if items > 0 {
+        tracing::debug!(controller, items, ms, "propagation round");
+    }
 }
 
 /// A store write whose failure puts `K` back on the dirty list.

@@ -125,7 +125,7 @@ struct Scheduler {
 
 /// Runs the scheduling controller until shutdown.
 pub async fn run(store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
-    let (tx, mut rx) = mpsc::channel(4096);
+    let (tx, mut rx) = mpsc::unbounded_channel();
     follow(
         store.clone(),
         keys::well_known::clusters(),
@@ -165,7 +165,9 @@ pub async fn run(store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
         if s.synced != (true, true) {
             continue;
         }
+        let (n, started) = (s.dirty.len() + s.cluster_dirty.len(), std::time::Instant::now());
         retry = s.reconcile_dirty().await;
+        super::log_round("scheduling", n, started);
     }
 }
 
@@ -268,6 +270,13 @@ impl Scheduler {
     ) -> Option<Job<BKey>> {
         let b = self.bindings.get(k)?.clone();
         if b.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        // Decided for this generation already, and nothing else asks for a decision: skip
+        // without parsing (the binding controller's status writes land here).
+        let observed = b.status.as_ref().and_then(|s| s.get("schedulerObservedGeneration")).and_then(serde_json::Value::as_i64);
+        let failover = b.spec.as_ref().is_some_and(|s| s.get("failover").is_some());
+        if !by_clusters && !failover && observed == Some(b.metadata.generation.unwrap_or(1)) {
             return None;
         }
         let mut spec = parse_spec(&b)?;
