@@ -81,7 +81,13 @@ struct Controller {
     interpreters: HashMap<(String, String), InterpreterSpec>,
     dirty: BTreeSet<BKey>,
     synced: BTreeSet<&'static str>,
+    /// Bumped when overrides, dependencies, interpreters or clusters' labels change.
+    epoch: u64,
+    /// Per binding: the render inputs last rendered, and what failed then.
+    rendered: std::sync::Mutex<HashMap<BKey, Rendered>>,
 }
+
+type Rendered = (u64, BTreeMap<String, String>, Vec<String>);
 
 /// Runs the binding controller until shutdown.
 pub async fn run(
@@ -151,6 +157,8 @@ pub async fn run(
         interpreters: HashMap::new(),
         dirty: BTreeSet::new(),
         synced: BTreeSet::new(),
+        epoch: 0,
+        rendered: Default::default(),
     };
     let mut retry = BTreeSet::new();
     loop {
@@ -308,6 +316,8 @@ impl Controller {
                 }
                 if before != self.prints {
                     // Labels and properties feed overrides and template expansion.
+                    self.epoch += 1;
+                    self.epoch += 1;
                     self.dirty.extend(self.bindings.keys().cloned());
                 }
             }
@@ -331,6 +341,7 @@ impl Controller {
                         self.overrides.remove(&PolicyRef::of(&o));
                     }
                 }
+                self.epoch += 1;
                 self.dirty.extend(self.bindings.keys().cloned());
             }
             Src::Dependency(slot) => {
@@ -361,6 +372,7 @@ impl Controller {
                         self.deps.remove(&key(&o));
                     }
                 }
+                self.epoch += 1;
                 for k in touched {
                     if let Some(bs) = self.dependents.get(&k) {
                         self.dirty.extend(bs.iter().cloned());
@@ -387,6 +399,7 @@ impl Controller {
                         }
                     }
                 }
+                self.epoch += 1;
                 self.dirty.extend(self.bindings.keys().cloned());
             }
         }
@@ -463,6 +476,14 @@ impl Controller {
             }
         }
         let mut failed = run_jobs(jobs).await;
+        {
+            // What failed is rendered again next time.
+            let mut r = self.rendered.lock().unwrap_or_else(|p| p.into_inner());
+            for k in &failed {
+                r.remove(k);
+            }
+            r.retain(|k, _| self.bindings.contains_key(k));
+        }
         failed.append(&mut later);
         failed
     }
@@ -525,6 +546,87 @@ impl Controller {
         let interp = custom
             .map(Interpreter::Custom)
             .unwrap_or(Interpreter::BuiltIn);
+        let targets: BTreeSet<&str> = spec.clusters.iter().map(|c| c.name.as_str()).collect();
+        // Rendering is skipped when none of its inputs changed (a Work status coming back
+        // changes none of them).
+        let fp = self.render_inputs(&b, t, &have, &work_name);
+        let cached = self
+            .rendered
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(k)
+            .filter(|c| c.0 == fp)
+            .cloned();
+        let (errors, missing_deps) = match cached {
+            Some((_, e, m)) => (e, m),
+            None => {
+                let (e, m) = self.render_works(k, &spec, t, interp, &work_name, &mut jobs);
+                self.rendered
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(k.clone(), (fp, e.clone(), m.clone()));
+                (e, m)
+            }
+        };
+        // Works of clusters no longer targeted go, unless an eviction keeps them a while.
+        let now = Time::now();
+        let new_all_healthy = {
+            let st = parse_status(&b);
+            spec.clusters.iter().all(|c| {
+                st.aggregated_status
+                    .iter()
+                    .any(|a| a.cluster_name == c.name && a.health == Health::Healthy)
+            })
+        };
+        for c in &have {
+            if targets.contains(c.as_str()) {
+                continue;
+            }
+            let kept = spec.evictions.iter().any(|e| {
+                e.cluster == *c
+                    && (e.keep || (e.keep_until.is_some_and(|u| u > now) && !new_all_healthy))
+            });
+            if !kept && let Some(j) = delete_work(c) {
+                jobs.push(j);
+            }
+        }
+        jobs.extend(self.status_jobs(k, &b, &spec, t, interp, &errors, &missing_deps, &work_name));
+        jobs
+    }
+
+    /// A hash of everything a binding's Works are rendered from.
+    fn render_inputs(&self, b: &Object, t: &Object, have: &[String], work_name: &str) -> u64 {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        b.metadata.generation.hash(&mut h);
+        if let Some(s) = &b.spec {
+            s.get("clusters").map(|v| v.to_string()).hash(&mut h);
+            s.get("suspension").map(|v| v.to_string()).hash(&mut h);
+        }
+        t.metadata.uid.hash(&mut h);
+        t.metadata.resource_version.hash(&mut h);
+        self.epoch.hash(&mut h);
+        for c in have {
+            c.hash(&mut h);
+            self.works
+                .get(&(c.clone(), work_name.to_string()))
+                .and_then(|w| w.metadata.generation)
+                .hash(&mut h);
+        }
+        h.finish()
+    }
+
+    /// Renders each target cluster's Work, queueing the writes of those that changed;
+    /// returns the clusters whose rendering failed (and why) and the missing dependencies.
+    fn render_works(
+        &self,
+        k: &BKey,
+        spec: &BindingSpec,
+        t: &Object,
+        interp: Interpreter<'_>,
+        work_name: &str,
+        jobs: &mut Vec<Job<BKey>>,
+    ) -> (BTreeMap<String, String>, Vec<String>) {
+        let work_name = work_name.to_string();
         let all_overrides: Vec<&OverridePolicy> = self.overrides.values().map(|(_, p)| p).collect();
         let template_ops = overrides::applicable(all_overrides.iter().copied(), t);
         let mut errors: BTreeMap<String, String> = BTreeMap::new();
@@ -546,7 +648,6 @@ impl Controller {
             && interp
                 .replicas(&serde_json::to_value(t).unwrap_or(Value::Null))
                 .is_some();
-        let targets: BTreeSet<&str> = spec.clusters.iter().map(|c| c.name.as_str()).collect();
         for tc in &spec.clusters {
             if spec.suspension.holds(&tc.name) {
                 continue;
@@ -633,30 +734,7 @@ impl Controller {
                 Ok(())
             }));
         }
-        // Works of clusters no longer targeted go, unless an eviction keeps them a while.
-        let now = Time::now();
-        let new_all_healthy = {
-            let st = parse_status(&b);
-            spec.clusters.iter().all(|c| {
-                st.aggregated_status
-                    .iter()
-                    .any(|a| a.cluster_name == c.name && a.health == Health::Healthy)
-            })
-        };
-        for c in &have {
-            if targets.contains(c.as_str()) {
-                continue;
-            }
-            let kept = spec.evictions.iter().any(|e| {
-                e.cluster == *c
-                    && (e.keep || (e.keep_until.is_some_and(|u| u > now) && !new_all_healthy))
-            });
-            if !kept && let Some(j) = delete_work(c) {
-                jobs.push(j);
-            }
-        }
-        jobs.extend(self.status_jobs(k, &b, &spec, t, interp, &errors, &missing_deps, &work_name));
-        jobs
+        (errors, missing_deps)
     }
 
     /// Aggregates member status into the binding and the template.
@@ -794,27 +872,45 @@ impl Controller {
             // Events for what a person must look at: an error in some cluster. (Placement
             // has its own Event; a normal rollout needs none per binding.)
             let trouble = !errors.is_empty()
-                || items.iter().any(|i| !i.applied && i.message.contains("conflict"));
+                || items
+                    .iter()
+                    .any(|i| !i.applied && i.message.contains("conflict"));
             let announce = trouble
-                && conditions::find(&old.conditions, CONDITION_FULLY_APPLIED).map(|c| c.message.clone())
+                && conditions::find(&old.conditions, CONDITION_FULLY_APPLIED)
+                    .map(|c| c.message.clone())
                     != Some(cond.message.clone());
             let r = spec.resource.clone();
             let items = items.clone();
             let cond2 = cond.clone();
             let cond = cond.clone();
+            let seen = b.clone();
             jobs.push(Box::pin(async move {
-                update_with(store.as_ref(), &bkey, |mut cur| {
-                    if cur.metadata.deletion_timestamp.is_some() {
-                        return Ok(None);
-                    }
+                let with_status = |mut cur: Object| {
                     let mut st = parse_status(&cur);
                     conditions::set(&mut st.conditions, cond2.clone(), now);
                     st.aggregated_status = items.clone();
                     cur.status = serde_json::to_value(&st).ok();
-                    Ok(Some(cur))
-                })
-                .await
-                .map_err(|e| (key.clone(), e.to_string()))?;
+                    cur
+                };
+                // The binding as this controller saw it is usually current: write over it,
+                // and read afresh only when someone wrote in between.
+                let first = store
+                    .update(&bkey, with_status((*seen).clone()), seen.revision())
+                    .await;
+                match first {
+                    Ok(_) => {}
+                    Err(StoreError::Conflict { .. }) => {
+                        update_with(store.as_ref(), &bkey, |cur| {
+                            if cur.metadata.deletion_timestamp.is_some() {
+                                return Ok(None);
+                            }
+                            Ok(Some(with_status(cur)))
+                        })
+                        .await
+                        .map_err(|e| (key.clone(), e.to_string()))?;
+                    }
+                    Err(e) => return Err((key.clone(), e.to_string())),
+                }
                 if announce {
                     let about = subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid);
                     let _ = record::event(
@@ -870,4 +966,3 @@ impl Controller {
         jobs
     }
 }
-

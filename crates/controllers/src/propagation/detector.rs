@@ -265,7 +265,11 @@ impl Detector {
                 Event::Upsert(o) => {
                     if let Some(k) = self.template_key(&o) {
                         // A status write (the binding controller's) changes nothing here.
-                        if !self.templates.get(&k).is_some_and(|old| same_but_status(old, &o)) {
+                        if !self
+                            .templates
+                            .get(&k)
+                            .is_some_and(|old| same_but_status(old, &o))
+                        {
                             self.dirty.insert(k.clone());
                         }
                         self.templates.insert(k, o);
@@ -563,7 +567,11 @@ impl Detector {
                 orrery_store::update_with(store.as_ref(), &tkey, |mut cur| {
                     if cur.metadata.uid != uid
                         || cur.metadata.deletion_timestamp.is_some()
-                        || cur.metadata.finalizers.iter().any(|f| f == binding::FINALIZER)
+                        || cur
+                            .metadata
+                            .finalizers
+                            .iter()
+                            .any(|f| f == binding::FINALIZER)
                     {
                         return Ok(None);
                     }

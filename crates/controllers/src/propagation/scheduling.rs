@@ -165,7 +165,10 @@ pub async fn run(store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
         if s.synced != (true, true) {
             continue;
         }
-        let (n, started) = (s.dirty.len() + s.cluster_dirty.len(), std::time::Instant::now());
+        let (n, started) = (
+            s.dirty.len() + s.cluster_dirty.len(),
+            std::time::Instant::now(),
+        );
         retry = s.reconcile_dirty().await;
         super::log_round("scheduling", n, started);
     }
@@ -274,7 +277,11 @@ impl Scheduler {
         }
         // Decided for this generation already, and nothing else asks for a decision: skip
         // without parsing (the binding controller's status writes land here).
-        let observed = b.status.as_ref().and_then(|s| s.get("schedulerObservedGeneration")).and_then(serde_json::Value::as_i64);
+        let observed = b
+            .status
+            .as_ref()
+            .and_then(|s| s.get("schedulerObservedGeneration"))
+            .and_then(serde_json::Value::as_i64);
         let failover = b.spec.as_ref().is_some_and(|s| s.get("failover").is_some());
         if !by_clusters && !failover && observed == Some(b.metadata.generation.unwrap_or(1)) {
             return None;
