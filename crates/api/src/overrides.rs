@@ -579,10 +579,10 @@ fn containers_mut<'a>(obj: &'a mut Value, kind: &str, init: bool) -> Vec<&'a mut
     };
     let mut out = Vec::new();
     for (k, v) in spec.iter_mut() {
-        if k == "containers" || (init && k == "initContainers") {
-            if let Some(a) = v.as_array_mut() {
-                out.extend(a.iter_mut());
-            }
+        if (k == "containers" || (init && k == "initContainers"))
+            && let Some(a) = v.as_array_mut()
+        {
+            out.extend(a.iter_mut());
         }
     }
     out

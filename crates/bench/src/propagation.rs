@@ -176,20 +176,29 @@ pub async fn latency(args: Args) -> anyhow::Result<()> {
             .push(t0.elapsed().as_secs_f64() * 1000.0);
         let work = format!("default.{name}-deployment");
         loop {
-            let m = seen.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(t) = m.get(&("applied", work.clone())) {
-                lat.push(t.duration_since(t0).as_secs_f64() * 1000.0);
-                for stage in ["bound", "scheduled", "work"] {
-                    if let Some(s) = m.get(&(stage, work.clone())) {
+            let done = {
+                let m = seen.lock().unwrap_or_else(|p| p.into_inner());
+                m.get(&("applied", work.clone())).map(|t| {
+                    let at =
+                        |s: &'static str| m.get(&(s, work.clone())).map(|x| x.duration_since(t0));
+                    (
+                        t.duration_since(t0),
+                        ["bound", "scheduled", "work"].map(|s| (s, at(s))),
+                    )
+                })
+            };
+            if let Some((t, steps)) = done {
+                lat.push(t.as_secs_f64() * 1000.0);
+                for (stage, d) in steps {
+                    if let Some(d) = d {
                         stages
                             .entry(stage)
                             .or_default()
-                            .push(s.duration_since(t0).as_secs_f64() * 1000.0);
+                            .push(d.as_secs_f64() * 1000.0);
                     }
                 }
                 break;
             }
-            drop(m);
             anyhow::ensure!(
                 t0.elapsed() < Duration::from_secs(30),
                 "{work} not applied in 30 s"

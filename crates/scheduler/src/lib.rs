@@ -121,7 +121,7 @@ fn taint_blocks(t: &Taint, placement: &Placement, already_there: bool) -> bool {
 fn targets_match(targets: &[Target], c: &ClusterSnapshot) -> bool {
     targets.is_empty()
         || targets.iter().any(|t| {
-            t.names.iter().any(|n| *n == c.name)
+            t.names.contains(&c.name)
                 || t.labels
                     .iter()
                     .any(|l| Selector::parse(l).is_ok_and(|s| s.matches(&c.labels)))
@@ -137,7 +137,7 @@ fn filter(
     if !c.ready {
         return Some("the cluster is not ready".into());
     }
-    if task.evicted.iter().any(|e| *e == c.name) {
+    if task.evicted.contains(&c.name) {
         return Some("the workload was evicted from this cluster".into());
     }
     if let Some(kinds) = &c.api_kinds

@@ -326,25 +326,7 @@ impl Detector {
                 }
             },
             Src::Interpreter => {
-                let read = |o: &Object| -> Option<((String, String), InterpreterSpec)> {
-                    let s: InterpreterSpec = serde_json::from_value(o.spec.clone()?).ok()?;
-                    Some(((s.target.api_version.clone(), s.target.kind.clone()), s))
-                };
-                match ev {
-                    Event::Listed(items) => {
-                        self.interpreters = items.iter().filter_map(|o| read(o)).collect();
-                    }
-                    Event::Upsert(o) => {
-                        if let Some((k, s)) = read(&o) {
-                            self.interpreters.insert(k, s);
-                        }
-                    }
-                    Event::Delete(o) => {
-                        if let Some((k, _)) = read(&o) {
-                            self.interpreters.remove(&k);
-                        }
-                    }
-                }
+                super::follow_interpreters(&mut self.interpreters, ev);
                 self.dirty.extend(self.templates.keys().cloned());
             }
         }

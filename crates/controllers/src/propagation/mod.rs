@@ -104,6 +104,31 @@ pub(crate) async fn next_batch<S>(
     Some(out)
 }
 
+/// Keeps a map of `ResourceInterpreter`s, by target (apiVersion, kind), from their events.
+pub(crate) fn follow_interpreters(
+    map: &mut std::collections::HashMap<(String, String), orrery_api::interpret::InterpreterSpec>,
+    ev: Event,
+) {
+    let read = |o: &Object| -> Option<((String, String), orrery_api::interpret::InterpreterSpec)> {
+        let s: orrery_api::interpret::InterpreterSpec =
+            serde_json::from_value(o.spec.clone()?).ok()?;
+        Some(((s.target.api_version.clone(), s.target.kind.clone()), s))
+    };
+    match ev {
+        Event::Listed(items) => *map = items.iter().filter_map(|o| read(o)).collect(),
+        Event::Upsert(o) => {
+            if let Some((k, s)) = read(&o) {
+                map.insert(k, s);
+            }
+        }
+        Event::Delete(o) => {
+            if let Some((k, _)) = read(&o) {
+                map.remove(&k);
+            }
+        }
+    }
+}
+
 /// Logs a round of work: at debug level always, at info level when it was slow.
 pub(crate) fn log_round(controller: &str, items: usize, started: std::time::Instant) {
     let ms = started.elapsed().as_millis() as u64;
