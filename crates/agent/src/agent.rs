@@ -404,7 +404,13 @@ impl Inner {
     }
 
     /// The status of one Work as the member has it now.
-    async fn work_status(&self, name: &str, w: &AppliedWork, now: Time) -> WorkStatus {
+    async fn work_status(
+        &self,
+        name: &str,
+        generation: i64,
+        ids: Vec<Option<ResourceIdentifier>>,
+        now: Time,
+    ) -> WorkStatus {
         let errors = self
             .errors
             .lock()
@@ -412,8 +418,8 @@ impl Inner {
             .get(name)
             .cloned()
             .unwrap_or_default();
-        let mut statuses = Vec::with_capacity(w.manifests.len());
-        for (i, id) in identifiers(&w.manifests).into_iter().enumerate() {
+        let mut statuses = Vec::with_capacity(ids.len());
+        for (i, id) in ids.into_iter().enumerate() {
             let Some(id) = id else { continue };
             let mut ms = ManifestStatus {
                 identifier: id.clone(),
@@ -493,17 +499,24 @@ impl Inner {
         WorkStatus {
             conditions: conds,
             manifest_statuses: statuses,
-            observed_generation: Some(w.generation),
+            observed_generation: Some(generation),
         }
     }
 
     /// Status items of the Works whose status changed since last reported.
     async fn changed_statuses(&self) -> Vec<(String, u64, Vec<Condition>, Value)> {
-        let works = self.works_snapshot();
+        // Names, generations and object identifiers only: copying every Work's manifests on
+        // every report would cost more than the statuses.
+        let works: Vec<(String, i64, Vec<Option<ResourceIdentifier>>)> = self
+            .lock_state()
+            .works
+            .iter()
+            .map(|(k, v)| (k.clone(), v.generation, identifiers(&v.manifests)))
+            .collect();
         let now = Time::now();
         let mut out = Vec::new();
-        for (name, w) in works {
-            let status = self.work_status(&name, &w, now).await;
+        for (name, generation, ids) in works {
+            let status = self.work_status(&name, generation, ids, now).await;
             // The digest leaves out transition times, which do not make a change on their own.
             let mut bare = status.clone();
             bare.conditions
@@ -877,6 +890,8 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
     let mut changed = inner.backend.changed();
     let mut last = Instant::now() - inner.cfg.report_interval;
     let mut last_full = Instant::now();
+    let mut last_flush = Instant::now();
+    let mut flush_cost = Duration::ZERO;
     loop {
         tokio::select! {
             _ = changed.changed() => {}
@@ -890,7 +905,15 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
         }
         last = Instant::now();
         inner.retry_failed().await;
-        inner.flush_state();
+        // The state file holds every applied Work: with thousands of them, rewriting it on
+        // every report would cost more than the reports. Saving is paced to take at most a
+        // tenth of the time (a small state is saved on every report, as before).
+        if last_flush.elapsed() >= flush_cost * 10 {
+            let started = Instant::now();
+            inner.flush_state();
+            flush_cost = started.elapsed();
+            last_flush = Instant::now();
+        }
         if last_full.elapsed() >= inner.cfg.resync_interval {
             inner
                 .reported
