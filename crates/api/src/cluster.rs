@@ -258,6 +258,26 @@ pub struct ClusterStatus {
     pub last_heartbeat_time: Option<Time>,
 }
 
+impl ClusterSpec {
+    /// A Cluster object's spec (defaults where it is missing or malformed).
+    pub fn of(c: &crate::Object) -> ClusterSpec {
+        c.spec
+            .clone()
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default()
+    }
+}
+
+impl ClusterStatus {
+    /// A Cluster object's status (defaults where it is missing or malformed).
+    pub fn of(c: &crate::Object) -> ClusterStatus {
+        c.status
+            .clone()
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default()
+    }
+}
+
 /// The water level dimension of a resource name, if it is one.
 pub fn dimension_of(resource: &str) -> Option<&'static str> {
     match resource {

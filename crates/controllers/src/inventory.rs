@@ -23,16 +23,8 @@ pub const MANAGER: &str = "orrery";
 
 /// The ClusterProfile a Cluster calls for: (labels, spec, status).
 pub fn profile_of(c: &Object, previous: Option<&Object>) -> (Value, Value, Value) {
-    let spec: ClusterSpec = c
-        .spec
-        .clone()
-        .and_then(|s| serde_json::from_value(s).ok())
-        .unwrap_or_default();
-    let st: ClusterStatus = c
-        .status
-        .clone()
-        .and_then(|s| serde_json::from_value(s).ok())
-        .unwrap_or_default();
+    let spec = ClusterSpec::of(c);
+    let st = ClusterStatus::of(c);
     let mut props: Vec<(String, String)> = st.properties.clone().into_iter().collect();
     for (k, v) in [
         ("region.multicluster.io", spec.region.clone()),

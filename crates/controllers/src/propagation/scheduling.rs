@@ -39,16 +39,8 @@ enum Src {
 
 /// What the scheduler reads from a Cluster object.
 pub fn snapshot_of(c: &Object) -> ClusterSnapshot {
-    let spec: ClusterSpec = c
-        .spec
-        .clone()
-        .and_then(|s| serde_json::from_value(s).ok())
-        .unwrap_or_default();
-    let st: ClusterStatus = c
-        .status
-        .clone()
-        .and_then(|s| serde_json::from_value(s).ok())
-        .unwrap_or_default();
+    let spec = ClusterSpec::of(c);
+    let st = ClusterStatus::of(c);
     let ready = conditions::find(&st.conditions, CONDITION_READY).is_some_and(|r| r.is_true());
     let api_kinds = (!st.api_enablements.is_empty()).then(|| {
         st.api_enablements
