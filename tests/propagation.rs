@@ -20,7 +20,11 @@ struct Fleet {
 
 impl Fleet {
     fn start(names: &[(&str, &str)]) -> Fleet {
-        let s = Server::start();
+        Self::start_with(names, &[])
+    }
+
+    fn start_with(names: &[(&str, &str)], server_args: &[&str]) -> Fleet {
+        let s = Server::start_with(server_args);
         let mut agents = Vec::new();
         for (name, region) in names {
             let token = s.token(name);
@@ -485,4 +489,42 @@ fn a_delete_interrupted_by_a_crash_finishes_after_restart() {
     );
     // The ConfigMap was never selected (no propagateDeps) and stays in the control plane only.
     assert!(f.find("member1", "ConfigMap", "web-config").is_none());
+}
+
+#[test]
+fn replicas_leave_a_cluster_that_goes_dark() {
+    let mut f = Fleet::start_with(
+        &[("member1", "us-east"), ("member2", "eu-west")],
+        &[
+            "--cluster-grace-period",
+            "2s",
+            "--cluster-eviction-timeout",
+            "2s",
+        ],
+    );
+    f.s.apply(NGINX);
+    f.s.apply(&POLICY.replace("propagateDeps: true", "propagateDeps: false"));
+    eventually(Duration::from_secs(20), "2 + 2 replicas", || {
+        ["member1", "member2"].iter().all(|m| {
+            f.find(m, "Deployment", "nginx")
+                .is_some_and(|d| replicas(&d) == 2)
+        })
+    });
+    // member2's agent dies: the cluster turns NotReady, is tainted unreachable (NoExecute
+    // after the eviction timeout), and its replicas move to member1.
+    f.agents[1].1.kill9();
+    eventually(Duration::from_secs(30), "all 4 replicas in member1", || {
+        f.find("member1", "Deployment", "nginx")
+            .is_some_and(|d| replicas(&d) == 4)
+    });
+    let rb = f.s.get_json(&["resourcebinding", "nginx-deployment"]);
+    let clusters: Vec<&str> = rb["spec"]["clusters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(clusters, ["member1"], "{rb}");
+    let why = rb["status"]["decisions"].to_string();
+    assert!(why.contains("member2"), "{why}");
 }

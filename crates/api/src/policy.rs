@@ -332,13 +332,11 @@ impl Placement {
                     &["NoSchedule", "PreferNoSchedule", "NoExecute"],
                 ));
             }
-            if let Some(s) = t.toleration_seconds
-                && s < 0
-            {
+            if let Some(s) = t.toleration_seconds {
                 errs.push(FieldError::invalid(
                     format!("{p}.tolerationSeconds"),
                     s,
-                    "must be greater than or equal to 0",
+                    "not supported yet: a tolerated taint is tolerated for as long as it stays",
                 ));
             }
         }

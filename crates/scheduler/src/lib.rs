@@ -134,7 +134,10 @@ fn filter(
     task: &Task<'_>,
     affinity: Option<&ClusterAffinity>,
 ) -> Option<String> {
-    if !c.ready {
+    let there = task.previous.iter().any(|p| p.name == c.name);
+    // A cluster that stops being Ready takes no new replicas, but keeps what it runs until
+    // its taints say otherwise (NoExecute after the eviction timeout), as in Kubernetes.
+    if !c.ready && !there {
         return Some("the cluster is not ready".into());
     }
     if task.evicted.contains(&c.name) {
@@ -156,7 +159,6 @@ fn filter(
     if !targets_match(task.targets, c) {
         return Some("not among the policy's targetClusters".into());
     }
-    let there = task.previous.iter().any(|p| p.name == c.name);
     if let Some(t) = c
         .taints
         .iter()
@@ -636,6 +638,37 @@ mod tests {
         assert_eq!(why["m1"], "the cluster is not ready");
         assert_eq!(why["m2"], "taint maintenance:NoSchedule is not tolerated");
         assert_eq!(why["m3"], "selected");
+        // A cluster that stops being Ready keeps what it already runs (until a NoExecute taint).
+        let req = ResourceList::new();
+        let p0 = Placement::default();
+        let prev = [TargetCluster {
+            name: "m1".into(),
+            replicas: 1,
+        }];
+        let task = |prev: &'static [TargetCluster]| Task {
+            api_version: "apps/v1",
+            kind: "Deployment",
+            replicas: 1,
+            divisible: true,
+            request: &req,
+            placement: &p0,
+            targets: &[],
+            previous: prev,
+            evicted: &[],
+        };
+        let leaked: &'static [TargetCluster] = Box::leak(Box::new(prev));
+        assert!(shares(&schedule(&c, &task(leaked))).contains(&("m1".to_string(), 1)));
+        let mut gone = c.clone();
+        gone[0].taints.push(Taint::new(
+            "cluster.multicluster.io/unreachable",
+            TaintEffect::NoExecute,
+            orrery_api::Time::now(),
+        ));
+        assert!(
+            !shares(&schedule(&gone, &task(leaked)))
+                .iter()
+                .any(|(n, _)| n == "m1")
+        );
         // Tolerated, it is chosen.
         let p = placement(
             json!({"clusterTolerations": [{"key": "maintenance", "operator": "Exists"}]}),
