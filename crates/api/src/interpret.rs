@@ -150,6 +150,11 @@ fn replica_pointer(kind: &str) -> Option<&'static str> {
     }
 }
 
+/// Whether a built-in kind's replicas can be divided among clusters.
+pub fn has_divisible_replicas(kind: &str) -> bool {
+    replica_pointer(kind).is_some()
+}
+
 /// What one replica asks for: the sum of its containers' requests (a limit stands in for a
 /// missing request, as Kubernetes defaults it), and at least the largest init container's.
 pub fn pod_requests(pod_spec: &Value) -> ResourceList {
@@ -268,11 +273,8 @@ pub fn pod_dependencies(pod_spec: &Value) -> Vec<(&'static str, String)> {
     out.into_iter().collect()
 }
 
-/// The API version of a dependency kind.
-pub fn dependency_api_version(_kind: &str) -> &'static str {
-    // ConfigMaps, Secrets, PVCs and ServiceAccounts are all core/v1.
-    "v1"
-}
+/// The API version of every dependency kind (all are core/v1).
+pub const DEPENDENCY_API_VERSION: &str = "v1";
 
 /// How a custom kind is interpreted (`ResourceInterpreter`, multicluster.io/v1alpha1):
 /// JSONPath-like field paths instead of code.
@@ -324,11 +326,12 @@ pub struct DependencyRule {
     pub name_path: String,
 }
 
-pub const DEPENDENCY_KINDS: &[&str] = &[
-    "ConfigMap",
-    "Secret",
-    "ServiceAccount",
-    "PersistentVolumeClaim",
+/// The kinds a template may depend on, `(kind, plural)`, all in the core group.
+pub const DEPENDENCY_KINDS: &[(&str, &str)] = &[
+    ("ConfigMap", "configmaps"),
+    ("Secret", "secrets"),
+    ("ServiceAccount", "serviceaccounts"),
+    ("PersistentVolumeClaim", "persistentvolumeclaims"),
 ];
 
 impl InterpreterSpec {
@@ -361,12 +364,13 @@ impl InterpreterSpec {
         for (i, d) in self.dependencies.iter().enumerate() {
             path(&format!("spec.dependencies[{i}].namePath"), &d.name_path);
         }
+        let kinds: Vec<&str> = DEPENDENCY_KINDS.iter().map(|(k, _)| *k).collect();
         for (i, d) in self.dependencies.iter().enumerate() {
-            if !DEPENDENCY_KINDS.contains(&d.kind.as_str()) {
+            if !kinds.contains(&d.kind.as_str()) {
                 errs.push(FieldError::not_supported(
                     format!("spec.dependencies[{i}].kind"),
                     &d.kind,
-                    DEPENDENCY_KINDS,
+                    &kinds,
                 ));
             }
         }

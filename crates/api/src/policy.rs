@@ -128,7 +128,9 @@ pub struct ClusterAffinity {
     pub exclude: Vec<String>,
 }
 
-/// A named affinity term of `clusterAffinities`, tried in order.
+/// A named affinity term of `clusterAffinities`, tried in order. It repeats
+/// `ClusterAffinity`'s fields because serde cannot combine `flatten` with
+/// `deny_unknown_fields`, and unknown fields must be refused.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterAffinityTerm {

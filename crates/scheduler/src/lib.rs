@@ -397,20 +397,19 @@ fn schedule_term(
         .and_then(|r| r.weight_preference.as_ref())
         .is_some_and(|w| w.dynamic_weight == AVAILABLE_REPLICAS);
     let shares: Vec<i64> = if preference == AGGREGATED {
-        // Fewest clusters: fill the roomiest first.
+        // Fewest clusters: fill the roomiest first; what fits nowhere goes to the roomiest
+        // (`kept` is not empty: checked above).
         let mut left = task.replicas;
-        kept.iter()
+        let mut shares: Vec<i64> = kept
+            .iter()
             .map(|c| {
-                let room = avail[c.name.as_str()].unwrap_or(i64::MAX);
-                let n = left.min(room);
+                let n = left.min(avail[c.name.as_str()].unwrap_or(i64::MAX));
                 left -= n;
                 n
             })
-            .collect::<Vec<_>>()
-            .into_iter()
-            .enumerate()
-            .map(|(i, n)| if i == 0 && left > 0 { n + left } else { n })
-            .collect()
+            .collect();
+        shares[0] += left;
+        shares
     } else if dynamic {
         let w: Vec<i64> = kept
             .iter()

@@ -24,7 +24,7 @@ use orrery_api::binding::{
 };
 use orrery_api::cluster::namespace_of;
 use orrery_api::conditions::{self, Condition};
-use orrery_api::interpret::{Interpreter, InterpreterSpec};
+use orrery_api::interpret::{DEPENDENCY_KINDS, Interpreter, InterpreterSpec};
 use orrery_api::overrides::{self, OVERRIDE_KINDS, OverridePolicy};
 use orrery_api::policy::PolicyRef;
 use orrery_api::work::{Health, WorkSpec, WorkStatus, Workload};
@@ -42,14 +42,6 @@ use crate::informer::Event;
 use crate::record::{self, new_object};
 
 const COMPONENT: &str = "orrery-binding-controller";
-
-/// The kinds a template may depend on, `(kind, plural)`, all in the core group.
-const DEPENDENCY_KINDS: &[(&str, &str)] = &[
-    ("ConfigMap", "configmaps"),
-    ("Secret", "secrets"),
-    ("ServiceAccount", "serviceaccounts"),
-    ("PersistentVolumeClaim", "persistentvolumeclaims"),
-];
 
 #[derive(Clone, Debug)]
 enum Src {

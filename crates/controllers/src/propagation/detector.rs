@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orrery_api::binding::{self, BindingSpec, Dependency, ObjectReference, ReplicaRequirements};
-use orrery_api::interpret::{Interpreter, InterpreterSpec, dependency_api_version};
+use orrery_api::interpret::{DEPENDENCY_API_VERSION, Interpreter, InterpreterSpec};
 use orrery_api::policy::{self, PLACEMENT_KINDS, PlacementPolicy, PolicyRef};
 use orrery_api::{Object, keys};
 use orrery_store::ops::{delete_object, remove_finalizer};
@@ -491,8 +491,8 @@ impl Detector {
             // The old binding is still going away; bind again once it is gone.
             return None;
         }
-        let spec = self.desired(&t, p, existing.as_deref());
         let digest = content_digest(&t);
+        let spec = self.desired(&t, &digest, p, existing.as_deref());
         let info = info?;
         let tkey = info.key(t.namespace(), t.name());
         let store = self.store.clone();
@@ -628,7 +628,13 @@ impl Detector {
     }
 
     /// The binding spec a template and its policy call for; the scheduler's fields are kept.
-    fn desired(&self, t: &Object, p: &PlacementPolicy, existing: Option<&Object>) -> BindingSpec {
+    fn desired(
+        &self,
+        t: &Object,
+        digest: &str,
+        p: &PlacementPolicy,
+        existing: Option<&Object>,
+    ) -> BindingSpec {
         let custom = self
             .interpreters
             .get(&(t.api_version.clone(), t.kind.clone()));
@@ -643,7 +649,7 @@ impl Detector {
                 .dependencies(&v)
                 .into_iter()
                 .map(|(kind, name)| Dependency {
-                    api_version: dependency_api_version(&kind).to_string(),
+                    api_version: DEPENDENCY_API_VERSION.to_string(),
                     kind,
                     namespace: t.namespace().to_string(),
                     name,
@@ -655,9 +661,9 @@ impl Detector {
         let old: Option<BindingSpec> = existing
             .and_then(|b| b.spec.clone())
             .and_then(|s| serde_json::from_value(s).ok());
-        let digest = content_digest(t);
-        let same_content =
-            existing.and_then(|b| b.metadata.annotations.get(DIGEST_ANNOTATION)) == Some(&digest);
+        let same_content = existing
+            .and_then(|b| b.metadata.annotations.get(DIGEST_ANNOTATION))
+            .is_some_and(|d| d == digest);
         // A status-only change of the template keeps the recorded version, so the binding is
         // not rewritten for it.
         let resource_version = match (&old, same_content) {

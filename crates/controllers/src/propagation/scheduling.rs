@@ -52,24 +52,18 @@ pub fn snapshot_of(c: &Object) -> ClusterSnapshot {
             })
             .collect::<HashSet<_>>()
     });
-    let (allocatable, mut allocated) = match st.resource_summary {
-        Some(r) => (
-            r.allocatable,
-            r.allocated.clone().into_iter().collect::<BTreeMap<_, _>>(),
-        ),
+    // What is taken: placed and pending (waiting for a node) alike.
+    let (allocatable, allocated) = match st.resource_summary {
+        Some(r) => {
+            let mut taken = r.allocated;
+            for (k, q) in r.allocating {
+                let total = taken.get(&k).map(|a| *a + q).unwrap_or(q);
+                taken.insert(k, total);
+            }
+            (r.allocatable, taken)
+        }
         None => Default::default(),
     };
-    if let Some(r) = c
-        .status
-        .as_ref()
-        .and_then(|s| s.pointer("/resourceSummary/allocating"))
-        .and_then(|a| serde_json::from_value::<orrery_api::cluster::ResourceList>(a.clone()).ok())
-    {
-        for (k, q) in r {
-            let total = allocated.get(&k).map(|a| *a + q).unwrap_or(q);
-            allocated.insert(k, total);
-        }
-    }
     ClusterSnapshot {
         name: c.name().to_string(),
         labels: c.metadata.labels.clone(),
@@ -316,7 +310,7 @@ impl Scheduler {
             return None;
         }
         let kind = spec.resource.kind.clone();
-        let divisible = spec.replicas > 0 || is_divisible_kind(&kind);
+        let divisible = spec.replicas > 0 || orrery_api::interpret::has_divisible_replicas(&kind);
         let request = spec
             .replica_requirements
             .as_ref()
@@ -410,10 +404,6 @@ impl Scheduler {
             Ok(())
         }))
     }
-}
-
-fn is_divisible_kind(kind: &str) -> bool {
-    matches!(kind, "Deployment" | "StatefulSet" | "ReplicaSet" | "Job")
 }
 
 fn placed_message(clusters: &[binding::TargetCluster]) -> String {
