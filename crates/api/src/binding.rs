@@ -82,6 +82,11 @@ pub struct Eviction {
     /// `Never`: the old copy is kept.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub keep: bool,
+    /// The scheduler moved the replicas (the cluster went dark or shed load); unlike an
+    /// application failover, the cluster stays eligible, and the entry goes once the old
+    /// copy is gone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rescheduled: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -153,6 +158,15 @@ pub struct ClusterDecision {
     pub replicas: Option<i64>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// The filter plugin that turned the cluster away.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub filter: String,
+    /// The weighted total score (0-100) of a cluster that passed the filters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub score: Option<f64>,
+    /// Each score plugin's rating.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub scores: std::collections::BTreeMap<String, f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -167,9 +181,23 @@ pub struct BindingStatus {
     pub scheduler_observed_generation: Option<i64>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub scheduler_observed_affinity_name: String,
-    /// The last decision, cluster by cluster.
+    /// The last decision, cluster by cluster (the chosen ones, then the best of the others,
+    /// up to 50).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub decisions: Vec<ClusterDecision>,
+    /// How many clusters each filter turned away in the last decision.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub filtered: std::collections::BTreeMap<String, i64>,
+    /// How the replicas were divided (WaterFilling, Aggregation, ScoreWeighted,
+    /// StaticWeight...).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub strategy: String,
+    /// Replicas that fit in no cluster under the water level limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unplaced_replicas: Option<i64>,
+    /// The id of the last scheduling task, as in the schedule history.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub task_id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scheduled_time: Option<Time>,
 }

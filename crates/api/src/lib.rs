@@ -8,6 +8,7 @@
 //! - [`cluster`], [`work`], [`conditions`]: Orrery's member-cluster kinds and their rules;
 //! - [`policy`], [`binding`], [`overrides`], [`interpret`]: placement policies, bindings,
 //!   per-cluster overrides and what Orrery knows about workload kinds;
+//! - [`history`]: the schedule history's records;
 //! - [`keys`]: where each object lives in the store.
 
 pub mod binding;
@@ -15,6 +16,7 @@ pub mod cluster;
 pub mod conditions;
 pub mod fieldpath;
 pub mod fields;
+pub mod history;
 pub mod interpret;
 pub mod keys;
 pub mod labels;

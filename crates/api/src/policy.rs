@@ -259,6 +259,8 @@ pub const DIVIDED: &str = "Divided";
 pub const AGGREGATED: &str = "Aggregated";
 pub const WEIGHTED: &str = "Weighted";
 pub const AVAILABLE_REPLICAS: &str = "AvailableReplicas";
+/// Orrery's division by Resource Water Level (also what Divided means without weights).
+pub const WATER_LEVEL: &str = "WaterLevel";
 
 /// Karmada's `Placement` (the same block in a ResourcePlacementPolicy).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -274,6 +276,17 @@ pub struct Placement {
     pub spread_constraints: Vec<SpreadConstraint>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_scheduling: Option<ReplicaScheduling>,
+    /// Orrery: capabilities every chosen cluster must offer (`gpu`...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capabilities: Vec<String>,
+    /// Orrery: no cluster is filled beyond this water level (0 < limit <= 1); the server's
+    /// default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub water_level_limit: Option<f64>,
+    /// Orrery: when a cluster recovers, divide the replicas afresh so it takes its share
+    /// again; by default what runs stays where it is.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rebalance_on_recovery: bool,
 }
 
 impl Placement {
@@ -334,11 +347,30 @@ impl Placement {
                     &["NoSchedule", "PreferNoSchedule", "NoExecute"],
                 ));
             }
-            if let Some(s) = t.toleration_seconds {
+            if let Some(s) = t.toleration_seconds
+                && t.effect != "NoExecute"
+            {
                 errs.push(FieldError::invalid(
                     format!("{p}.tolerationSeconds"),
                     s,
-                    "not supported yet: a tolerated taint is tolerated for as long as it stays",
+                    "only a toleration of effect NoExecute can be limited in time",
+                ));
+            }
+        }
+        if let Some(l) = self.water_level_limit
+            && !(l > 0.0 && l <= 1.0)
+        {
+            errs.push(FieldError::invalid(
+                format!("{path}.waterLevelLimit"),
+                l,
+                "must be greater than 0 and at most 1",
+            ));
+        }
+        for (i, c) in self.capabilities.iter().enumerate() {
+            if c.is_empty() {
+                errs.push(FieldError::required(
+                    format!("{path}.capabilities[{i}]"),
+                    "",
                 ));
             }
         }
@@ -396,11 +428,11 @@ impl Placement {
             }
             if let Some(w) = &r.weight_preference {
                 let wp = format!("{p}.weightPreference");
-                if !w.dynamic_weight.is_empty() && w.dynamic_weight != AVAILABLE_REPLICAS {
+                if ![AVAILABLE_REPLICAS, WATER_LEVEL, ""].contains(&w.dynamic_weight.as_str()) {
                     errs.push(FieldError::not_supported(
                         format!("{wp}.dynamicWeight"),
                         &w.dynamic_weight,
-                        &[AVAILABLE_REPLICAS],
+                        &[AVAILABLE_REPLICAS, WATER_LEVEL],
                     ));
                 }
                 if !w.dynamic_weight.is_empty() && !w.static_weight_list.is_empty() {

@@ -329,7 +329,16 @@ impl App {
             }
             ["api", "v1", rest @ ..] if crate::dro::is_dro_path(&path) => {
                 let body = h::read_body(body, self.config.max_body_bytes).await?;
-                Ok(crate::dro::serve(self, who, &parts.method, &parts.headers, rest, body).await)
+                Ok(crate::dro::serve(
+                    self,
+                    who,
+                    &parts.method,
+                    &parts.headers,
+                    rest,
+                    parts.uri.query().unwrap_or(""),
+                    body,
+                )
+                .await)
             }
             ["api", "v1", rest @ ..] => {
                 self.resource(&parts, body, who, "", "v1", rest, query)

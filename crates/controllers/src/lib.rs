@@ -25,6 +25,7 @@ pub struct Config {
     pub health: health::HealthConfig,
     /// Where template kinds are stored; without it nothing is propagated.
     pub kinds: Option<Arc<dyn propagation::Kinds>>,
+    pub scheduler: propagation::scheduling::Settings,
 }
 
 /// Starts every controller.
@@ -45,6 +46,7 @@ pub fn spawn(
         )));
         tasks.push(tokio::spawn(propagation::scheduling::run(
             store.clone(),
+            cfg.scheduler,
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(propagation::binding::run(

@@ -47,9 +47,28 @@ pub struct ServerArgs {
     /// How often watches that ask for bookmarks get one.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub watch_bookmark_interval: Duration,
+    /// No cluster is filled beyond this Resource Water Level (0-1), unless a policy sets its
+    /// own `waterLevelLimit`.
+    #[arg(long, default_value_t = orrery_scheduler::DEFAULT_WATER_LEVEL_LIMIT, value_parser = parse_level)]
+    pub water_level_limit: f64,
+    /// How long a cluster stays above its water level limit before it sheds replicas.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub shed_window: Duration,
+    /// How long the old copy of replicas moved off a cluster stays while the new ones start.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub move_grace_period: Duration,
     /// How much history the store keeps before compacting (watch resumption window).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub compaction_interval: Duration,
+}
+
+fn parse_level(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
+        _ => Err(format!(
+            "invalid water level {s:?}: expected a number in (0, 1]"
+        )),
+    }
 }
 
 /// Durations like `40s`, `5m`, `1h`, `250ms`.
@@ -214,6 +233,12 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
                 eviction_timeout: args.cluster_eviction_timeout,
             },
             kinds: Some(Arc::new(RegistryKinds(app.resources.clone()))),
+            scheduler: orrery_controllers::propagation::scheduling::Settings {
+                water_level_limit: args.water_level_limit,
+                shed_window: args.shed_window,
+                move_grace: args.move_grace_period,
+                ..Default::default()
+            },
         },
         shutdown_rx.clone(),
     );

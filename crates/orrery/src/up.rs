@@ -160,6 +160,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         cluster_eviction_timeout: parse_duration("30s").map_err(anyhow::Error::msg)?,
         watch_bookmark_interval: Duration::from_secs(60),
         compaction_interval: Duration::from_secs(300),
+        water_level_limit: orrery_scheduler::DEFAULT_WATER_LEVEL_LIMIT,
+        shed_window: Duration::from_secs(60),
+        move_grace_period: Duration::from_secs(300),
     };
     let started = Instant::now();
     let running = crate::server::start(&server_args).await?;

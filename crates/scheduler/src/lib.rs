@@ -1,76 +1,65 @@
 //! Orrery's scheduling engine: pure and deterministic, no I/O.
 //!
-//! Input: a snapshot of the member clusters ([`ClusterSnapshot`]) and a task ([`Task`]: what
-//! one replica needs, how many, the placement). Output: a [`Decision`]: replicas per cluster,
-//! and for every cluster why it was filtered out or chosen.
+//! Input: the member clusters ([`Fleet`], built from [`ClusterSnapshot`]s) and a task
+//! ([`Task`]: what one replica needs, how many, the placement, where it runs now). Output: a
+//! [`Decision`]: replicas per cluster, and for every cluster the filter that turned it away or
+//! how each score plugin rated it ([`Decision::explain`]).
 //!
-//! The pipeline, in the order of the draft (7.3):
-//! 1. filter: readiness, API enablement, cluster affinity (names, labels, provider/region/zone,
-//!    exclude; `clusterAffinities` terms tried in order), the draft's `targetClusters`,
-//!    taint toleration, evictions;
-//! 2. select: spread constraints (min/max groups by cluster, region, zone, provider or label);
-//! 3. divide: Duplicated, Divided by static weights, by available replicas (Karmada's
-//!    `dynamicWeight`), Aggregated, or equal shares; rounding by largest remainder with ties
-//!    broken by weight and then name, so the same input always gives the same output.
+//! The pipeline follows the draft (7.1-7.4):
+//! 1. initialize: validate the task;
+//! 2. collect domain information: per cluster, the water level and how many replicas fit
+//!    under the limit (totals), and the largest free node (7.2.2);
+//! 3. filter ([`filter`]): readiness, eviction, API enablement, cluster affinity, the draft's
+//!    `targetClusters`, taints, capabilities, node fit, water level;
+//! 4. score ([`score`]): headroom, water level balance, locality, priority, network, with
+//!    weights that monitoring adjusts;
+//! 5. select: best score first, then spread constraints (min/max groups);
+//! 6. divide ([`divide`]): Duplicated, Karmada's static and dynamic weights and Aggregated,
+//!    or Orrery's water level division; steady (only the difference moves) or fresh;
+//! 7. assume: the caller counts the decision against the clusters ([`assume::AssumeCache`])
+//!    until the members report it.
 //!
-//! Every cluster is visited once per step.
+//! Every cluster is visited once per plugin; nothing here reads a clock or allocates per
+//! cluster beyond a few numbers.
 
-use std::collections::{BTreeMap, HashSet};
+// Dimension indexes address several vectors at once (capacity, taken, demand).
+#![allow(clippy::needless_range_loop)]
+
+pub mod assume;
+pub mod divide;
+pub mod filter;
+pub mod queue;
+pub mod score;
+mod snapshot;
+
+use std::collections::BTreeMap;
 
 use orrery_api::binding::{ClusterDecision, TargetCluster};
-use orrery_api::cluster::{ResourceList, Taint};
+use orrery_api::cluster::ResourceList;
 use orrery_api::labels::Selector;
-use orrery_api::overrides::ClusterView;
-use orrery_api::policy::{AGGREGATED, AVAILABLE_REPLICAS, ClusterAffinity, Placement, Target};
+use orrery_api::policy::{
+    AGGREGATED, AVAILABLE_REPLICAS, ClusterAffinity, Placement, Target, WATER_LEVEL,
+};
 
-/// What the scheduler knows about one member cluster.
-#[derive(Clone, Debug, Default)]
-pub struct ClusterSnapshot {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub provider: String,
-    pub region: String,
-    pub zones: Vec<String>,
-    pub properties: BTreeMap<String, String>,
-    pub taints: Vec<Taint>,
-    pub ready: bool,
-    /// `group/version` + kind pairs the member serves; `None` when it has not said.
-    pub api_kinds: Option<HashSet<(String, String)>>,
-    /// Capacity and what is taken (placed, pending and assumed); empty when unknown.
-    pub allocatable: ResourceList,
-    pub allocated: ResourceList,
-}
+pub use divide::divide;
+pub use filter::Filter;
+pub use score::{Score, Signals, Weights};
+pub use snapshot::{ClusterSnapshot, DIMENSIONS, Facts, Fleet, Vector, demand_of, vector_of};
 
-impl ClusterSnapshot {
-    pub fn view(&self) -> ClusterView<'_> {
-        ClusterView {
-            name: &self.name,
-            labels: &self.labels,
-            provider: &self.provider,
-            region: &self.region,
-            zones: &self.zones,
-            properties: &self.properties,
-        }
-    }
+/// Water level limit when the policy sets none: no cluster is filled beyond it.
+pub const DEFAULT_WATER_LEVEL_LIMIT: f64 = 0.85;
+/// Above this fleet water level, water-filling; below the low mark, aggregation.
+pub const DEFAULT_HIGH_MARK: f64 = 0.6;
+pub const DEFAULT_LOW_MARK: f64 = 0.3;
+/// How far under the limit a cluster that sheds replicas is brought, so it does not flap.
+pub const DEFAULT_HYSTERESIS: f64 = 0.05;
 
-    /// How many more replicas of `request` fit, by the cluster's totals; `None` when the
-    /// cluster reports no capacity or the replica asks for nothing.
-    pub fn available_replicas(&self, request: &ResourceList) -> Option<i64> {
-        if self.allocatable.is_empty() {
-            return None;
-        }
-        let mut fit: Option<i64> = None;
-        for (k, need) in request {
-            if need.nanos() <= 0 {
-                continue;
-            }
-            let have = self.allocatable.get(k).map(|q| q.nanos()).unwrap_or(0);
-            let used = self.allocated.get(k).map(|q| q.nanos()).unwrap_or(0);
-            let n = ((have - used).max(0) / need.nanos()) as i64;
-            fit = Some(fit.map_or(n, |f| f.min(n)));
-        }
-        fit
-    }
+/// Steady keeps what runs and moves only the difference; Fresh recomputes everything.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Mode {
+    #[default]
+    Steady,
+    Fresh,
 }
 
 /// What to schedule.
@@ -82,95 +71,435 @@ pub struct Task<'a> {
     pub replicas: i64,
     /// Whether the kind's replicas can be divided among clusters.
     pub divisible: bool,
+    /// What one replica requests.
     pub request: &'a ResourceList,
     pub placement: &'a Placement,
     pub targets: &'a [Target],
-    /// The current assignment (clusters keep replicas through NoSchedule taints).
+    /// Higher goes first in the queue and leans towards quieter clusters.
+    pub priority: i32,
+    /// The current assignment.
     pub previous: &'a [TargetCluster],
-    /// Clusters the workload was moved away from.
+    /// Clusters the workload was evicted from (it may not return).
     pub evicted: &'a [String],
+    /// Clusters over their limit for too long: their share is cut to what fits under the
+    /// limit less the hysteresis.
+    pub shed: &'a [String],
+    pub mode: Mode,
+    /// Unix seconds, for taints tolerated for a while.
+    pub now: i64,
 }
 
-/// The outcome.
+/// The engine's settings: the plugins and their weights, and the water level marks.
+#[derive(Debug)]
+pub struct Config {
+    pub filters: Vec<Box<dyn Filter>>,
+    pub scores: Vec<Box<dyn Score>>,
+    pub weights: Weights,
+    pub water_level_limit: f64,
+    pub high_mark: f64,
+    pub low_mark: f64,
+    pub hysteresis: f64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            filters: filter::default_filters(),
+            scores: score::default_scores(),
+            weights: Weights::default(),
+            water_level_limit: DEFAULT_WATER_LEVEL_LIMIT,
+            high_mark: DEFAULT_HIGH_MARK,
+            low_mark: DEFAULT_LOW_MARK,
+            hysteresis: DEFAULT_HYSTERESIS,
+        }
+    }
+}
+
+impl Config {
+    /// Karmada's view: placement filters only (no water level, no node fit).
+    pub fn karmada() -> Config {
+        Config {
+            filters: filter::karmada_filters(),
+            ..Config::default()
+        }
+    }
+}
+
+/// What the plugins see while one task is scheduled.
+#[derive(Debug)]
+pub struct Ctx<'a> {
+    pub fleet: &'a Fleet,
+    pub task: &'a Task<'a>,
+    pub affinity: Option<&'a ClusterAffinity>,
+    pub target_selectors: Vec<Vec<Selector>>,
+    /// Replicas the task runs in each cluster now, by fleet index.
+    pub previous: Vec<i64>,
+    pub demand: Vector,
+    /// Replicas that fit under the limit, by fleet index; `None` when the cluster reports no
+    /// capacity.
+    pub room: Vec<Option<i64>>,
+    pub limit: f64,
+    pub divided: bool,
+    /// Whether the replicas are divided by water level.
+    pub water_division: bool,
+    /// Whether any cluster reports capacity.
+    pub any_known: bool,
+}
+
+impl Ctx<'_> {
+    /// Whether the task takes resources (kinds without replicas do not).
+    pub fn needs_room(&self) -> bool {
+        self.task.replicas > 0
+    }
+
+    /// What is taken in cluster `i`, dimension `d`, not counting this task's own replicas.
+    pub fn base(&self, i: usize, d: usize) -> f64 {
+        (self.fleet.facts()[i].taken(d) - self.previous[i] as f64 * self.demand[d]).max(0.0)
+    }
+
+    /// Cluster `i`'s water level, over the dimensions the task needs, with `n` of its
+    /// replicas.
+    pub fn level_after(&self, i: usize, n: i64) -> f64 {
+        let f = &self.fleet.facts()[i];
+        let mut level: f64 = 0.0;
+        for d in 0..5 {
+            if self.demand[d] > 0.0 && f.allocatable[d] > 0.0 {
+                level = level.max((self.base(i, d) + n as f64 * self.demand[d]) / f.allocatable[d]);
+            }
+        }
+        level
+    }
+
+    /// Replicas of the task that fit in cluster `i` with its level at most `limit`.
+    fn room_under(&self, i: usize, limit: f64) -> Option<i64> {
+        let f = &self.fleet.facts()[i];
+        if !f.known() {
+            return None;
+        }
+        let mut room = i64::MAX;
+        for d in 0..5 {
+            if self.demand[d] <= 0.0 {
+                continue;
+            }
+            // Pods are not always reported; a missing dimension elsewhere means none of it.
+            if f.allocatable[d] <= 0.0 {
+                if d == 3 {
+                    continue;
+                }
+                return Some(0);
+            }
+            let free = limit * f.allocatable[d] - self.base(i, d);
+            room = room.min(((free / self.demand[d]) + 1e-9).floor().max(0.0) as i64);
+        }
+        Some(room)
+    }
+}
+
+/// Why one cluster got what it got.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Outcome {
+    /// Turned away by the filter plugin at this index of the config.
+    Filtered(usize),
+    /// Left out by a spread constraint.
+    Spread(String),
+    /// Scored (weighted total, 0-100) and given replicas (possibly 0).
+    Scored { total: f64, replicas: i64 },
+}
+
+/// The outcome of scheduling one task.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Decision {
+    /// Replicas per cluster, in name order.
     pub clusters: Vec<TargetCluster>,
     /// The `clusterAffinities` term used, if the placement has terms.
     pub affinity_name: String,
-    /// Every cluster, with its replicas or the reason it got none.
-    pub reasons: Vec<ClusterDecision>,
-    /// Why nothing could be placed.
+    /// How replicas were divided: Duplicated, StaticWeight, AvailableReplicas, Aggregated,
+    /// WaterFilling, Aggregation or ScoreWeighted.
+    pub strategy: &'static str,
+    /// The water level of the eligible clusters before the decision.
+    pub fleet_level: f64,
+    /// Replicas that fit nowhere under the limit.
+    pub unplaced: i64,
+    /// Why nothing (or not everything) could be placed.
     pub error: Option<String>,
+    /// One entry per fleet cluster, in fleet order; empty when the task was invalid.
+    pub outcomes: Vec<Outcome>,
+    /// Per-plugin scores of the scored clusters: fleet index, then one value per plugin.
+    pub scores: Vec<(usize, Vec<f64>)>,
 }
 
-fn taint_blocks(t: &Taint, placement: &Placement, already_there: bool) -> bool {
-    let effect = t.effect.as_str();
-    if effect == "PreferNoSchedule" {
-        return false;
+impl Decision {
+    /// Every cluster with its replicas or the reason it got none, and the plugin scores.
+    pub fn explain(&self, fleet: &Fleet, task: &Task<'_>, config: &Config) -> Vec<ClusterDecision> {
+        let affinity = self.affinity(task);
+        let ctx = context(fleet, task, config, affinity.as_ref());
+        let scores: BTreeMap<usize, &Vec<f64>> = self.scores.iter().map(|(i, s)| (*i, s)).collect();
+        let mut out = Vec::with_capacity(self.outcomes.len());
+        for (i, o) in self.outcomes.iter().enumerate() {
+            let name = fleet.clusters()[i].name.clone();
+            let d = match o {
+                Outcome::Filtered(f) => ClusterDecision {
+                    name,
+                    replicas: None,
+                    reason: config.filters[*f].why(&ctx, i),
+                    filter: config.filters[*f].name().to_string(),
+                    ..Default::default()
+                },
+                Outcome::Spread(why) => ClusterDecision {
+                    name,
+                    replicas: None,
+                    reason: why.clone(),
+                    filter: "SpreadConstraint".into(),
+                    ..Default::default()
+                },
+                Outcome::Scored { total, replicas } => ClusterDecision {
+                    name,
+                    replicas: (*replicas > 0).then_some(*replicas),
+                    reason: if *replicas > 0 {
+                        "selected".into()
+                    } else {
+                        "feasible, but its share rounds to 0 replicas".into()
+                    },
+                    score: Some(round2(*total)),
+                    scores: scores
+                        .get(&i)
+                        .map(|s| {
+                            config
+                                .scores
+                                .iter()
+                                .zip(s.iter())
+                                .map(|(p, v)| (p.name().to_string(), round2(*v)))
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                    ..Default::default()
+                },
+            };
+            out.push(d);
+        }
+        out
     }
-    // NoSchedule keeps what is already there out of the new decision's way.
-    if effect == "NoSchedule" && already_there {
-        return false;
+
+    fn affinity(&self, task: &Task<'_>) -> Option<ClusterAffinity> {
+        if task.placement.cluster_affinities.is_empty() {
+            task.placement.cluster_affinity.clone()
+        } else {
+            task.placement
+                .cluster_affinities
+                .iter()
+                .find(|t| t.affinity_name == self.affinity_name)
+                .map(|t| t.affinity())
+        }
     }
-    !placement
-        .cluster_tolerations
-        .iter()
-        .any(|tol| tol.tolerates(&t.key, &t.value, effect))
 }
 
-fn targets_match(targets: &[Target], c: &ClusterSnapshot) -> bool {
-    targets.is_empty()
-        || targets.iter().any(|t| {
-            t.names.contains(&c.name)
-                || t.labels
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// How a placement divides replicas.
+fn strategy_of(task: &Task<'_>) -> &'static str {
+    let p = task.placement;
+    if !task.divisible || !p.divided() {
+        return "Duplicated";
+    }
+    let rs = p.replica_scheduling.as_ref();
+    if rs.is_some_and(|r| r.replica_division_preference == AGGREGATED) {
+        return "Aggregated";
+    }
+    let w = rs.and_then(|r| r.weight_preference.as_ref());
+    match w {
+        Some(w) if w.dynamic_weight == AVAILABLE_REPLICAS => "AvailableReplicas",
+        Some(w) if !w.static_weight_list.is_empty() => "StaticWeight",
+        Some(w) if w.dynamic_weight == WATER_LEVEL || w.dynamic_weight.is_empty() => "WaterLevel",
+        _ => "WaterLevel",
+    }
+}
+
+fn context<'a>(
+    fleet: &'a Fleet,
+    task: &'a Task<'a>,
+    config: &Config,
+    affinity: Option<&'a ClusterAffinity>,
+) -> Ctx<'a> {
+    let mut previous = vec![0i64; fleet.len()];
+    for p in task.previous {
+        if let Some(i) = fleet.position(&p.name) {
+            previous[i] = p.replicas.max(0);
+        }
+    }
+    let limit = task
+        .placement
+        .water_level_limit
+        .unwrap_or(config.water_level_limit);
+    let strategy = strategy_of(task);
+    let mut ctx = Ctx {
+        fleet,
+        task,
+        affinity,
+        target_selectors: task
+            .targets
+            .iter()
+            .map(|t| {
+                t.labels
                     .iter()
-                    .any(|l| Selector::parse(l).is_ok_and(|s| s.matches(&c.labels)))
-        })
+                    .filter_map(|l| Selector::parse(l).ok())
+                    .collect()
+            })
+            .collect(),
+        previous,
+        demand: demand_of(task.request),
+        room: Vec::new(),
+        limit,
+        divided: strategy != "Duplicated",
+        water_division: strategy == "WaterLevel",
+        any_known: fleet.facts().iter().any(Facts::known),
+    };
+    ctx.room = (0..fleet.len()).map(|i| ctx.room_under(i, limit)).collect();
+    ctx
 }
 
-/// Why a cluster cannot take the task under `affinity`, or `None` if it can.
-fn filter(
-    c: &ClusterSnapshot,
+/// Schedules one task.
+pub fn schedule(fleet: &Fleet, task: &Task<'_>, config: &Config) -> Decision {
+    if let Err(e) = validate(task, config) {
+        return Decision {
+            error: Some(e),
+            ..Default::default()
+        };
+    }
+    let p = task.placement;
+    if p.cluster_affinities.is_empty() {
+        return schedule_term(fleet, task, config, p.cluster_affinity.as_ref(), "");
+    }
+    let mut last = Decision::default();
+    for term in &p.cluster_affinities {
+        let a = term.affinity();
+        let d = schedule_term(fleet, task, config, Some(&a), &term.affinity_name);
+        if d.error.is_none() {
+            return d;
+        }
+        last = d;
+    }
+    last
+}
+
+/// Draft 7.1: the task must make sense before anything is looked at.
+fn validate(task: &Task<'_>, config: &Config) -> Result<(), String> {
+    if task.replicas < 0 {
+        return Err(format!(
+            "replicas must not be negative, got {}",
+            task.replicas
+        ));
+    }
+    let limit = task
+        .placement
+        .water_level_limit
+        .unwrap_or(config.water_level_limit);
+    if !(limit > 0.0 && limit <= 1.0) {
+        return Err(format!(
+            "the water level limit must be in (0, 1], got {limit}"
+        ));
+    }
+    if task.request.values().any(|q| q.is_negative()) {
+        return Err("resource requests must not be negative".into());
+    }
+    Ok(())
+}
+
+fn schedule_term(
+    fleet: &Fleet,
     task: &Task<'_>,
+    config: &Config,
     affinity: Option<&ClusterAffinity>,
-) -> Option<String> {
-    let there = task.previous.iter().any(|p| p.name == c.name);
-    // A cluster that stops being Ready takes no new replicas, but keeps what it runs until
-    // its taints say otherwise (NoExecute after the eviction timeout), as in Kubernetes.
-    if !c.ready && !there {
-        return Some("the cluster is not ready".into());
+    term: &str,
+) -> Decision {
+    let ctx = context(fleet, task, config, affinity);
+    let n = fleet.len();
+    let mut outcomes: Vec<Outcome> = Vec::with_capacity(n);
+    let mut feasible: Vec<usize> = Vec::with_capacity(n);
+    for i in 0..n {
+        match config.filters.iter().position(|f| !f.check(&ctx, i)) {
+            Some(f) => outcomes.push(Outcome::Filtered(f)),
+            None => {
+                outcomes.push(Outcome::Scored {
+                    total: 0.0,
+                    replicas: 0,
+                });
+                feasible.push(i);
+            }
+        }
     }
-    if task.evicted.contains(&c.name) {
-        return Some("the workload was evicted from this cluster".into());
+    // Score: one pass per plugin over the feasible clusters.
+    let weights = &config.weights;
+    let mut per_plugin: Vec<Vec<f64>> = Vec::with_capacity(config.scores.len());
+    let mut totals = vec![0.0; feasible.len()];
+    let weight_sum: f64 = config.scores.iter().map(|s| weights.of(s.name())).sum();
+    for s in &config.scores {
+        let mut out = vec![0.0; feasible.len()];
+        s.score(&ctx, &feasible, &mut out);
+        let w = weights.of(s.name());
+        if weight_sum > 0.0 {
+            for (t, v) in totals.iter_mut().zip(&out) {
+                *t += w * v / weight_sum;
+            }
+        }
+        per_plugin.push(out);
     }
-    if let Some(kinds) = &c.api_kinds
-        && !kinds.contains(&(task.api_version.to_string(), task.kind.to_string()))
-    {
-        return Some(format!(
-            "the cluster does not serve {} {}",
-            task.api_version, task.kind
-        ));
+    // Best first: total score, then name (the fleet's order).
+    let mut order: Vec<usize> = (0..feasible.len()).collect();
+    order.sort_by(|a, b| totals[*b].total_cmp(&totals[*a]).then(a.cmp(b)));
+    let mut decision = Decision {
+        affinity_name: term.to_string(),
+        strategy: strategy_of(task),
+        ..Default::default()
+    };
+    for (k, i) in feasible.iter().enumerate() {
+        outcomes[*i] = Outcome::Scored {
+            total: totals[k],
+            replicas: 0,
+        };
+        decision
+            .scores
+            .push((*i, per_plugin.iter().map(|p| p[k]).collect::<Vec<f64>>()));
     }
-    if let Some(a) = affinity
-        && !a.matches(&c.view())
-    {
-        return Some("cluster affinity does not match".into());
-    }
-    if !targets_match(task.targets, c) {
-        return Some("not among the policy's targetClusters".into());
-    }
-    if let Some(t) = c
-        .taints
+    let ranked: Vec<usize> = order.iter().map(|k| feasible[*k]).collect();
+    let score_of: BTreeMap<usize, f64> = feasible
         .iter()
-        .find(|t| taint_blocks(t, task.placement, there))
-    {
-        return Some(format!(
-            "taint {}:{} is not tolerated",
-            t.key,
-            t.effect.as_str()
-        ));
+        .zip(&totals)
+        .map(|(i, t)| (*i, *t))
+        .collect();
+    let kept = match spread(&ctx, ranked, &mut outcomes) {
+        Ok(k) => k,
+        Err(e) => {
+            decision.error = Some(e);
+            decision.outcomes = outcomes;
+            decision.unplaced = task.replicas;
+            return decision;
+        }
+    };
+    if kept.is_empty() {
+        decision.error = Some(if n == 0 {
+            "no clusters are registered".to_string()
+        } else {
+            format!("0/{n} clusters are available")
+        });
+        decision.unplaced = task.replicas;
+        decision.outcomes = outcomes;
+        return decision;
     }
-    None
+    let result = allocate(&ctx, config, &kept, &score_of, &mut decision);
+    if let Err(e) = result {
+        decision.error = Some(e);
+    }
+    for t in &decision.clusters {
+        if let Some(i) = fleet.position(&t.name)
+            && let Outcome::Scored { replicas, .. } = &mut outcomes[i]
+        {
+            *replicas = t.replicas;
+        }
+    }
+    decision.outcomes = outcomes;
+    decision
 }
 
 /// The group of a cluster under a spread key.
@@ -186,38 +515,43 @@ fn group_of(c: &ClusterSnapshot, field: &str, label: &str) -> String {
     }
 }
 
-/// Applies spread constraints to the feasible clusters (best first); returns the kept ones or
-/// why the minimum cannot be met.
-fn spread<'a>(
-    feasible: Vec<&'a ClusterSnapshot>,
-    placement: &Placement,
-    reasons: &mut BTreeMap<String, String>,
-) -> Result<Vec<&'a ClusterSnapshot>, String> {
-    let mut kept = feasible;
-    for s in &placement.spread_constraints {
-        let mut order: Vec<String> = Vec::new();
-        let mut groups: BTreeMap<String, Vec<&ClusterSnapshot>> = BTreeMap::new();
-        for c in &kept {
-            let g = group_of(c, &s.spread_by_field, &s.spread_by_label);
-            if g.is_empty() {
-                reasons.insert(c.name.clone(), "has no value for the spread key".into());
-                continue;
-            }
-            if !groups.contains_key(&g) {
-                order.push(g.clone());
-            }
-            groups.entry(g).or_default().push(c);
-        }
+/// Applies spread constraints to the ranked clusters; returns the kept ones (still ranked)
+/// or why the minimum cannot be met.
+fn spread(
+    ctx: &Ctx<'_>,
+    ranked: Vec<usize>,
+    outcomes: &mut [Outcome],
+) -> Result<Vec<usize>, String> {
+    let mut kept = ranked;
+    let clusters = ctx.fleet.clusters();
+    for s in &ctx.task.placement.spread_constraints {
         let key = if s.spread_by_label.is_empty() {
             s.spread_by_field.as_str()
         } else {
             s.spread_by_label.as_str()
         };
-        if (groups.len() as i64) < s.min_groups {
+        let mut order: Vec<String> = Vec::new();
+        let mut group_of_idx: Vec<(usize, usize)> = Vec::new();
+        for i in &kept {
+            let g = group_of(&clusters[*i], &s.spread_by_field, &s.spread_by_label);
+            if g.is_empty() {
+                outcomes[*i] = Outcome::Spread(format!("has no value for the spread key {key}"));
+                continue;
+            }
+            let gi = match order.iter().position(|x| *x == g) {
+                Some(p) => p,
+                None => {
+                    order.push(g);
+                    order.len() - 1
+                }
+            };
+            group_of_idx.push((*i, gi));
+        }
+        if (order.len() as i64) < s.min_groups {
             return Err(format!(
                 "spread by {key} needs at least {} groups, only {} are feasible",
                 s.min_groups,
-                groups.len()
+                order.len()
             ));
         }
         let max = if s.max_groups > 0 {
@@ -226,16 +560,12 @@ fn spread<'a>(
             usize::MAX
         };
         let mut next = Vec::new();
-        for (i, g) in order.iter().enumerate() {
-            for c in &groups[g] {
-                if i < max {
-                    next.push(*c);
-                } else {
-                    reasons.insert(
-                        c.name.clone(),
-                        format!("spread by {key} allows at most {max} groups"),
-                    );
-                }
+        for (i, gi) in group_of_idx {
+            if gi < max {
+                next.push(i);
+            } else {
+                outcomes[i] =
+                    Outcome::Spread(format!("spread by {key} allows at most {max} groups"));
             }
         }
         kept = next;
@@ -243,519 +573,203 @@ fn spread<'a>(
     Ok(kept)
 }
 
-/// Divides `total` in proportion to `weights` by largest remainder; ties go to the larger
-/// weight, then to the earlier entry.
-pub fn divide(total: i64, weights: &[i64]) -> Vec<i64> {
-    let sum: i128 = weights.iter().map(|w| (*w).max(0) as i128).sum();
-    if sum == 0 || total <= 0 {
-        return vec![0; weights.len()];
-    }
-    let mut out: Vec<i64> = Vec::with_capacity(weights.len());
-    let mut rems: Vec<(i128, i64, usize)> = Vec::with_capacity(weights.len());
-    let mut given = 0i64;
-    for (i, w) in weights.iter().enumerate() {
-        let exact = total as i128 * (*w).max(0) as i128;
-        let q = (exact / sum) as i64;
-        out.push(q);
-        given += q;
-        rems.push((exact % sum, *w, i));
-    }
-    rems.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
-    for (_, _, i) in rems.into_iter().take((total - given) as usize) {
-        out[i] += 1;
-    }
-    out
-}
-
-fn static_weight(c: &ClusterSnapshot, placement: &Placement) -> Option<i64> {
-    let w = placement
+fn static_weight(c: &ClusterSnapshot, placement: &Placement) -> i64 {
+    placement
         .replica_scheduling
-        .as_ref()?
-        .weight_preference
-        .as_ref()?;
-    if w.static_weight_list.is_empty() {
-        return None;
-    }
-    Some(
-        w.static_weight_list
-            .iter()
-            .find(|s| s.target_cluster.matches(&c.view()))
-            .map(|s| s.weight)
-            .unwrap_or(0),
-    )
-}
-
-/// Schedules one task.
-pub fn schedule(clusters: &[ClusterSnapshot], task: &Task<'_>) -> Decision {
-    let terms: Vec<(String, Option<ClusterAffinity>)> =
-        if task.placement.cluster_affinities.is_empty() {
-            vec![(String::new(), task.placement.cluster_affinity.clone())]
-        } else {
-            task.placement
-                .cluster_affinities
+        .as_ref()
+        .and_then(|r| r.weight_preference.as_ref())
+        .and_then(|w| {
+            w.static_weight_list
                 .iter()
-                .map(|t| (t.affinity_name.clone(), Some(t.affinity())))
-                .collect()
-        };
-    let mut last = Decision::default();
-    for (name, affinity) in &terms {
-        let d = schedule_term(clusters, task, affinity.as_ref());
-        if d.error.is_none() {
-            return Decision {
-                affinity_name: name.clone(),
-                ..d
-            };
-        }
-        last = Decision {
-            affinity_name: name.clone(),
-            ..d
-        };
-    }
-    last
+                .find(|s| s.target_cluster.matches(&c.view()))
+        })
+        .map(|s| s.weight)
+        .unwrap_or(0)
 }
 
-fn schedule_term(
-    clusters: &[ClusterSnapshot],
-    task: &Task<'_>,
-    affinity: Option<&ClusterAffinity>,
-) -> Decision {
-    let mut reasons: BTreeMap<String, String> = BTreeMap::new();
-    let mut feasible: Vec<&ClusterSnapshot> = Vec::new();
-    for c in clusters {
-        match filter(c, task, affinity) {
-            Some(why) => {
-                reasons.insert(c.name.clone(), why);
-            }
-            None => feasible.push(c),
-        }
-    }
-    // Best first: most room for the task, then name.
-    let avail: BTreeMap<&str, Option<i64>> = feasible
-        .iter()
-        .map(|c| (c.name.as_str(), c.available_replicas(task.request)))
-        .collect();
-    feasible.sort_by(|a, b| {
-        let (x, y) = (avail[a.name.as_str()], avail[b.name.as_str()]);
-        let rank = |v: Option<i64>| v.unwrap_or(i64::MAX);
-        rank(y).cmp(&rank(x)).then(a.name.cmp(&b.name))
-    });
-    let finish = |reasons: BTreeMap<String, String>,
-                  clusters_out: Vec<TargetCluster>,
-                  error: Option<String>| {
-        let mut rs: Vec<ClusterDecision> = reasons
-            .into_iter()
-            .map(|(name, reason)| ClusterDecision {
-                name,
-                replicas: None,
-                reason,
-            })
-            .collect();
-        for t in &clusters_out {
-            rs.push(ClusterDecision {
-                name: t.name.clone(),
-                replicas: Some(t.replicas),
-                reason: "selected".into(),
-            });
-        }
-        rs.sort_by(|a, b| a.name.cmp(&b.name));
-        let mut clusters_out = clusters_out;
-        clusters_out.sort_by(|a, b| a.name.cmp(&b.name));
-        Decision {
-            clusters: clusters_out,
-            affinity_name: String::new(),
-            reasons: rs,
-            error,
-        }
-    };
-    let kept = match spread(feasible, task.placement, &mut reasons) {
-        Ok(k) => k,
-        Err(e) => return finish(reasons, vec![], Some(e)),
-    };
-    if kept.is_empty() {
-        let e = if clusters.is_empty() {
-            "no clusters are registered".to_string()
-        } else {
-            format!("0/{} clusters are available", clusters.len())
-        };
-        return finish(reasons, vec![], Some(e));
-    }
-    let rs = task.placement.replica_scheduling.as_ref();
-    if !task.divisible || !task.placement.divided() {
-        let out = kept
+/// Divides the replicas over the kept clusters (best-ranked first) into `decision`.
+fn allocate(
+    ctx: &Ctx<'_>,
+    config: &Config,
+    kept: &[usize],
+    score_of: &BTreeMap<usize, f64>,
+    decision: &mut Decision,
+) -> Result<(), String> {
+    let task = ctx.task;
+    let clusters = ctx.fleet.clusters();
+    let name = |i: usize| clusters[i].name.clone();
+    if decision.strategy == "Duplicated" {
+        decision.clusters = kept
             .iter()
-            .map(|c| TargetCluster {
-                name: c.name.clone(),
+            .map(|i| TargetCluster {
+                name: name(*i),
                 replicas: task.replicas,
             })
             .collect();
-        return finish(reasons, out, None);
+        decision.clusters.sort_by(|a, b| a.name.cmp(&b.name));
+        return Ok(());
     }
-    let preference = rs
-        .map(|r| r.replica_division_preference.as_str())
-        .unwrap_or("");
-    let dynamic = rs
-        .and_then(|r| r.weight_preference.as_ref())
-        .is_some_and(|w| w.dynamic_weight == AVAILABLE_REPLICAS);
-    let shares: Vec<i64> = if preference == AGGREGATED {
-        // Fewest clusters: fill the roomiest first; what fits nowhere goes to the roomiest
-        // (`kept` is not empty: checked above).
-        let mut left = task.replicas;
-        let mut shares: Vec<i64> = kept
+    let fresh = task.mode == Mode::Fresh || kept.iter().all(|i| ctx.previous[*i] == 0);
+    let mut shares = divide::Shares {
+        ctx,
+        idx: kept.to_vec(),
+        n: kept
             .iter()
-            .map(|c| {
-                let n = left.min(avail[c.name.as_str()].unwrap_or(i64::MAX));
-                left -= n;
-                n
-            })
-            .collect();
-        shares[0] += left;
-        shares
-    } else if dynamic {
-        let w: Vec<i64> = kept
+            .map(|i| if fresh { 0 } else { ctx.previous[*i] })
+            .collect(),
+        room: kept.iter().map(|i| ctx.room[*i]).collect(),
+        score: kept
             .iter()
-            .map(|c| avail[c.name.as_str()].unwrap_or(1_000_000))
-            .collect();
-        if w.iter().all(|x| *x == 0) {
-            return finish(
-                reasons,
-                vec![],
-                Some("no cluster has room for a single replica".into()),
-            );
-        }
-        divide(task.replicas, &w)
-    } else {
-        let w: Vec<i64> = kept
-            .iter()
-            .map(|c| static_weight(c, task.placement).unwrap_or(1))
-            .collect();
-        if w.iter().all(|x| *x == 0) {
-            for c in &kept {
-                reasons.insert(c.name.clone(), "its static weight is 0".into());
-            }
-            return finish(
-                reasons,
-                vec![],
-                Some("every feasible cluster has a static weight of 0".into()),
-            );
-        }
-        divide(task.replicas, &w)
+            .map(|i| score_of.get(i).copied().unwrap_or(0.0))
+            .collect(),
     };
-    let mut out = Vec::new();
-    for (c, n) in kept.iter().zip(shares) {
-        if n > 0 {
-            out.push(TargetCluster {
-                name: c.name.clone(),
-                replicas: n,
-            });
-        } else {
-            reasons.insert(
-                c.name.clone(),
-                "feasible, but its share rounds to 0 replicas".into(),
-            );
+    // Shedding: a cluster over its limit keeps only what fits under limit - hysteresis.
+    for (j, i) in kept.iter().enumerate() {
+        if task.shed.contains(&clusters[*i].name)
+            && let Some(r) = ctx.room_under(*i, ctx.limit - config.hysteresis)
+        {
+            shares.n[j] = shares.n[j].min(r);
+            shares.room[j] = Some(r);
         }
     }
-    if out.is_empty() && task.replicas > 0 {
-        return finish(reasons, out, Some("no cluster received a replica".into()));
+    let have: i64 = shares.n.iter().sum();
+    let delta = task.replicas - have;
+    let mut unplaced = 0;
+    match decision.strategy {
+        "StaticWeight" => {
+            let w: Vec<i64> = kept
+                .iter()
+                .map(|i| static_weight(&clusters[*i], task.placement))
+                .collect();
+            if w.iter().all(|x| *x <= 0) {
+                return Err("every feasible cluster has a static weight of 0".into());
+            }
+            shares.n = divide(task.replicas, &w);
+        }
+        "AvailableReplicas" | "Aggregated" => {
+            let avail: Vec<i64> = kept
+                .iter()
+                .map(|i| {
+                    clusters[*i]
+                        .available_replicas(task.request)
+                        .unwrap_or(1_000_000)
+                })
+                .collect();
+            if delta < 0 {
+                shares.shrink(-delta);
+            } else if decision.strategy == "Aggregated" {
+                // Fewest clusters: the roomiest first; what fits nowhere goes to the roomiest.
+                let mut order: Vec<usize> = (0..kept.len()).collect();
+                order.sort_by(|a, b| avail[*b].cmp(&avail[*a]).then(a.cmp(b)));
+                let mut left = delta;
+                for j in &order {
+                    let n = left.min(avail[*j].max(0));
+                    shares.n[*j] += n;
+                    left -= n;
+                }
+                if left > 0 {
+                    shares.n[order[0]] += left;
+                }
+            } else {
+                if avail.iter().all(|x| *x == 0) {
+                    return Err("no cluster has room for a single replica".into());
+                }
+                shares.by_weights(delta, &avail);
+            }
+        }
+        _ => {
+            decision.fleet_level = fleet_level(ctx, kept);
+            if !ctx.any_known {
+                // Nothing reports capacity: equal shares, ranked.
+                decision.strategy = "ScoreWeighted";
+                shares.score = vec![1.0; kept.len()];
+            } else if decision.fleet_level >= config.high_mark {
+                decision.strategy = "WaterFilling";
+            } else if decision.fleet_level <= config.low_mark {
+                decision.strategy = "Aggregation";
+            } else {
+                decision.strategy = "ScoreWeighted";
+            }
+            if delta < 0 {
+                shares.drain(-delta);
+            } else if delta > 0 {
+                let placed = match decision.strategy {
+                    "WaterFilling" => shares.water_fill(delta),
+                    "Aggregation" => {
+                        let (groups, min) = spread_groups(ctx, kept);
+                        shares.aggregate(delta, &groups, min)
+                    }
+                    _ => shares.by_score(delta),
+                };
+                unplaced = delta - placed;
+            }
+        }
     }
-    finish(reasons, out, None)
+    decision.unplaced = unplaced;
+    decision.clusters = kept
+        .iter()
+        .zip(&shares.n)
+        .filter(|(_, n)| **n > 0)
+        .map(|(i, n)| TargetCluster {
+            name: name(*i),
+            replicas: *n,
+        })
+        .collect();
+    decision.clusters.sort_by(|a, b| a.name.cmp(&b.name));
+    if unplaced > 0 {
+        return Err(format!(
+            "{unplaced} of {} replicas fit in no cluster under the water level limit {:.2}",
+            task.replicas, ctx.limit
+        ));
+    }
+    if decision.clusters.is_empty() && task.replicas > 0 {
+        return Err("no cluster received a replica".into());
+    }
+    Ok(())
+}
+
+/// The water level of the kept clusters together, over the task's dimensions.
+fn fleet_level(ctx: &Ctx<'_>, kept: &[usize]) -> f64 {
+    let facts = ctx.fleet.facts();
+    let mut best: f64 = 0.0;
+    for d in 0..5 {
+        if ctx.demand[d] <= 0.0 {
+            continue;
+        }
+        let (mut taken, mut cap) = (0.0, 0.0);
+        for i in kept {
+            if facts[*i].allocatable[d] > 0.0 {
+                taken += ctx.base(*i, d);
+                cap += facts[*i].allocatable[d];
+            }
+        }
+        if cap > 0.0 {
+            best = best.max(taken / cap);
+        }
+    }
+    best
+}
+
+/// The groups of the spread constraint with the largest minimum, for aggregation.
+fn spread_groups(ctx: &Ctx<'_>, kept: &[usize]) -> (Vec<String>, usize) {
+    let clusters = ctx.fleet.clusters();
+    match ctx
+        .task
+        .placement
+        .spread_constraints
+        .iter()
+        .filter(|s| s.min_groups > 0)
+        .max_by_key(|s| s.min_groups)
+    {
+        Some(s) => (
+            kept.iter()
+                .map(|i| group_of(&clusters[*i], &s.spread_by_field, &s.spread_by_label))
+                .collect(),
+            s.min_groups as usize,
+        ),
+        None => (vec![String::new(); kept.len()], 0),
+    }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use orrery_api::Quantity;
-    use orrery_api::cluster::TaintEffect;
-    use serde_json::json;
-
-    fn cluster(name: &str, region: &str, cpu: i64, used: i64) -> ClusterSnapshot {
-        let mut c = ClusterSnapshot {
-            name: name.into(),
-            region: region.into(),
-            provider: "aws".into(),
-            ready: true,
-            ..Default::default()
-        };
-        c.labels.insert(
-            "env".into(),
-            if name.ends_with('3') {
-                "edge".into()
-            } else {
-                "prod".into()
-            },
-        );
-        c.allocatable.insert(
-            "cpu".into(),
-            Quantity::from_int(cpu, orrery_api::Format::DecimalSI),
-        );
-        c.allocated.insert(
-            "cpu".into(),
-            Quantity::from_int(used, orrery_api::Format::DecimalSI),
-        );
-        c
-    }
-
-    fn fleet() -> Vec<ClusterSnapshot> {
-        vec![
-            cluster("m1", "us", 10, 0),
-            cluster("m2", "eu", 20, 0),
-            cluster("m3", "asia", 40, 10),
-        ]
-    }
-
-    fn placement(v: serde_json::Value) -> Placement {
-        serde_json::from_value(v).unwrap()
-    }
-
-    fn run(clusters: &[ClusterSnapshot], p: &Placement, replicas: i64) -> Decision {
-        let mut req = ResourceList::new();
-        req.insert(
-            "cpu".into(),
-            Quantity::from_int(1, orrery_api::Format::DecimalSI),
-        );
-        schedule(
-            clusters,
-            &Task {
-                api_version: "apps/v1",
-                kind: "Deployment",
-                replicas,
-                divisible: true,
-                request: &req,
-                placement: p,
-                targets: &[],
-                previous: &[],
-                evicted: &[],
-            },
-        )
-    }
-
-    fn shares(d: &Decision) -> Vec<(String, i64)> {
-        d.clusters
-            .iter()
-            .map(|t| (t.name.clone(), t.replicas))
-            .collect()
-    }
-
-    fn s(v: &[(&str, i64)]) -> Vec<(String, i64)> {
-        v.iter().map(|(n, r)| (n.to_string(), *r)).collect()
-    }
-
-    #[test]
-    fn largest_remainder() {
-        let cases: &[(i64, &[i64], &[i64])] = &[
-            (1, &[1, 1, 1], &[1, 0, 0]),
-            (2, &[1, 1, 1], &[1, 1, 0]),
-            (10, &[1, 2, 2], &[2, 4, 4]),
-            (5, &[0, 1, 0], &[0, 5, 0]),
-            (4, &[0, 0], &[0, 0]),
-            (7, &[3, 3, 1], &[3, 3, 1]),
-            // 3/7, 15/7, 3/7: the tied remainders go to the earlier entry.
-            (3, &[1, 5, 1], &[1, 2, 0]),
-            (0, &[1, 1], &[0, 0]),
-            (1, &[1, 2], &[0, 1]),
-        ];
-        for (total, w, want) in cases {
-            let got = divide(*total, w);
-            assert_eq!(got, want.to_vec(), "{total} over {w:?}");
-            assert_eq!(
-                got.iter().sum::<i64>(),
-                if w.iter().sum::<i64>() > 0 { *total } else { 0 }
-            );
-        }
-    }
-
-    #[test]
-    fn division_modes() {
-        let c = fleet();
-        // No replicaScheduling: Duplicated.
-        assert_eq!(
-            shares(&run(&c, &placement(json!({})), 3)),
-            s(&[("m1", 3), ("m2", 3), ("m3", 3)])
-        );
-        // Divided with no weights: equal shares, the remainder to the roomiest.
-        let d = run(
-            &c,
-            &placement(json!({"replicaScheduling": {"replicaSchedulingType": "Divided"}})),
-            4,
-        );
-        assert_eq!(shares(&d), s(&[("m1", 1), ("m2", 1), ("m3", 2)]));
-        // Static weights (Karmada's documentation example).
-        let p = placement(
-            json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
-            "weightPreference": {"staticWeightList": [
-                {"targetCluster": {"clusterNames": ["m1"]}, "weight": 1},
-                {"targetCluster": {"clusterNames": ["m2"]}, "weight": 2}]}}}),
-        );
-        assert_eq!(shares(&run(&c, &p, 6)), s(&[("m1", 2), ("m2", 4)]));
-        let d = run(&c, &p, 6);
-        assert!(
-            d.reasons
-                .iter()
-                .any(|r| r.name == "m3" && r.reason.contains("share rounds to 0")),
-            "{:?}",
-            d.reasons
-        );
-        // Dynamic weight by available replicas: 10, 20, 30 free.
-        let p = placement(
-            json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
-            "weightPreference": {"dynamicWeight": "AvailableReplicas"}}}),
-        );
-        assert_eq!(
-            shares(&run(&c, &p, 12)),
-            s(&[("m1", 2), ("m2", 4), ("m3", 6)])
-        );
-        // Aggregated: as few clusters as possible.
-        let p = placement(
-            json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Aggregated"}}),
-        );
-        assert_eq!(shares(&run(&c, &p, 25)), s(&[("m3", 25)]));
-        assert_eq!(shares(&run(&c, &p, 35)), s(&[("m2", 5), ("m3", 30)]));
-        // Zero weights everywhere: a clear error.
-        let p = placement(
-            json!({"replicaScheduling": {"replicaSchedulingType": "Divided",
-            "weightPreference": {"staticWeightList": [{"targetCluster": {"clusterNames": ["m1"]}, "weight": 0}]}}}),
-        );
-        let d = run(&c, &p, 3);
-        assert!(d.clusters.is_empty() && d.error.unwrap().contains("static weight of 0"));
-    }
-
-    #[test]
-    fn filters_explain_themselves() {
-        let mut c = fleet();
-        c[0].ready = false;
-        c[1].taints.push(Taint::new(
-            "maintenance",
-            TaintEffect::NoSchedule,
-            orrery_api::Time::now(),
-        ));
-        let d = run(&c, &placement(json!({})), 1);
-        assert_eq!(shares(&d), s(&[("m3", 1)]));
-        let why: BTreeMap<_, _> = d
-            .reasons
-            .iter()
-            .map(|r| (r.name.as_str(), r.reason.as_str()))
-            .collect();
-        assert_eq!(why["m1"], "the cluster is not ready");
-        assert_eq!(why["m2"], "taint maintenance:NoSchedule is not tolerated");
-        assert_eq!(why["m3"], "selected");
-        // A cluster that stops being Ready keeps what it already runs (until a NoExecute taint).
-        let req = ResourceList::new();
-        let p0 = Placement::default();
-        let prev = [TargetCluster {
-            name: "m1".into(),
-            replicas: 1,
-        }];
-        let task = |prev: &'static [TargetCluster]| Task {
-            api_version: "apps/v1",
-            kind: "Deployment",
-            replicas: 1,
-            divisible: true,
-            request: &req,
-            placement: &p0,
-            targets: &[],
-            previous: prev,
-            evicted: &[],
-        };
-        let leaked: &'static [TargetCluster] = Box::leak(Box::new(prev));
-        assert!(shares(&schedule(&c, &task(leaked))).contains(&("m1".to_string(), 1)));
-        let mut gone = c.clone();
-        gone[0].taints.push(Taint::new(
-            "cluster.multicluster.io/unreachable",
-            TaintEffect::NoExecute,
-            orrery_api::Time::now(),
-        ));
-        assert!(
-            !shares(&schedule(&gone, &task(leaked)))
-                .iter()
-                .any(|(n, _)| n == "m1")
-        );
-        // Tolerated, it is chosen.
-        let p = placement(
-            json!({"clusterTolerations": [{"key": "maintenance", "operator": "Exists"}]}),
-        );
-        assert_eq!(shares(&run(&c, &p, 1)).len(), 2);
-        // Affinity by label, by field, exclusion.
-        let c = fleet();
-        let p = placement(
-            json!({"clusterAffinity": {"labelSelector": {"matchLabels": {"env": "prod"}}, "exclude": ["m1"]}}),
-        );
-        assert_eq!(shares(&run(&c, &p, 1)), s(&[("m2", 1)]));
-        let p = placement(
-            json!({"clusterAffinity": {"fieldSelector": {"matchExpressions": [{"key": "region", "operator": "In", "values": ["asia", "us"]}]}}}),
-        );
-        assert_eq!(shares(&run(&c, &p, 1)), s(&[("m1", 1), ("m3", 1)]));
-        // Nothing fits: the error says how many were available.
-        let p = placement(json!({"clusterAffinity": {"clusterNames": ["nowhere"]}}));
-        let d = run(&c, &p, 1);
-        assert_eq!(d.error.as_deref(), Some("0/3 clusters are available"));
-        assert_eq!(d.reasons.len(), 3);
-        // clusterAffinities: the first term that works wins.
-        let p = placement(json!({"clusterAffinities": [
-            {"affinityName": "primary", "clusterNames": ["nowhere"]},
-            {"affinityName": "backup", "clusterNames": ["m2"]}]}));
-        let d = run(&c, &p, 1);
-        assert_eq!(
-            (d.affinity_name.as_str(), shares(&d)),
-            ("backup", s(&[("m2", 1)]))
-        );
-    }
-
-    #[test]
-    fn spread_constraints() {
-        let mut c = fleet();
-        c.push(cluster("m4", "us", 50, 0));
-        let p =
-            placement(json!({"spreadConstraints": [{"spreadByField": "cluster", "maxGroups": 2}]}));
-        // The two roomiest clusters.
-        assert_eq!(shares(&run(&c, &p, 1)), s(&[("m3", 1), ("m4", 1)]));
-        let p =
-            placement(json!({"spreadConstraints": [{"spreadByField": "region", "maxGroups": 1}]}));
-        // The roomiest region (us, through m4) keeps both of its clusters.
-        assert_eq!(shares(&run(&c, &p, 1)), s(&[("m1", 1), ("m4", 1)]));
-        let p =
-            placement(json!({"spreadConstraints": [{"spreadByField": "region", "minGroups": 4}]}));
-        assert!(
-            run(&c, &p, 1)
-                .error
-                .unwrap()
-                .contains("at least 4 groups, only 3")
-        );
-    }
-
-    #[test]
-    fn targets_and_api_enablement() {
-        let mut c = fleet();
-        c[1].api_kinds = Some([("apps/v1".to_string(), "StatefulSet".to_string())].into());
-        let targets = vec![
-            Target {
-                names: vec!["m1".into()],
-                labels: vec![],
-            },
-            Target {
-                names: vec![],
-                labels: vec!["env=edge".into()],
-            },
-        ];
-        let req = ResourceList::new();
-        let p = Placement::default();
-        let d = schedule(
-            &c,
-            &Task {
-                api_version: "apps/v1",
-                kind: "Deployment",
-                replicas: 2,
-                divisible: true,
-                request: &req,
-                placement: &p,
-                targets: &targets,
-                previous: &[],
-                evicted: &[],
-            },
-        );
-        assert_eq!(shares(&d), s(&[("m1", 2), ("m3", 2)]));
-        assert!(
-            d.reasons
-                .iter()
-                .any(|r| r.name == "m2" && r.reason.contains("does not serve apps/v1 Deployment"))
-        );
-    }
-}
+mod tests;

@@ -13,13 +13,14 @@ use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::http::{self as h, Body};
 
+mod history;
 mod sync;
 
 /// Most objects one `POST /api/v1/sync/batch` may carry.
 pub const MAX_BATCH: usize = 1000;
 
 /// First path segments after `/api/v1/` that belong to the DRO-DS API.
-const DRO_SEGMENTS: &[&str] = &["sync"];
+const DRO_SEGMENTS: &[&str] = &["sync", "history"];
 
 /// Whether a request path is one of the DRO-DS endpoints.
 pub fn is_dro_path(path: &str) -> bool {
@@ -134,9 +135,16 @@ pub async fn serve(
     method: &Method,
     headers: &http::HeaderMap,
     rest: &[&str],
+    query: &str,
     body: Bytes,
 ) -> Response<Body> {
     let result = match (method, rest) {
+        (&Method::GET, ["history", "schedules"]) => history::schedules(app, who, query).await,
+        (_, ["history", "schedules"]) => Err(DroError::new(
+            405,
+            "METHOD_NOT_ALLOWED",
+            "use GET /api/v1/history/schedules",
+        )),
         (&Method::POST, ["sync", "batch"]) => match require_json(headers) {
             Ok(()) => sync::batch(app, who, &body).await,
             Err(e) => Err(e),

@@ -30,6 +30,7 @@ use crate::informer::{self, Event};
 
 pub mod binding;
 pub mod detector;
+pub mod history;
 pub mod scheduling;
 
 /// Where a kind's objects are stored.

@@ -1,26 +1,40 @@
 //! The scheduling controller: decides each binding's `spec.clusters` with the pure engine,
-//! records why in the binding's status, tells the template's owner with an Event, and moves
-//! an application away from a cluster where it stays unhealthy (Karmada's application
-//! failover).
+//! records why in the binding's status and in the schedule history, tells the template's
+//! owner with an Event, and reschedules when clusters change.
 //!
-//! A binding is decided again when its spec changes (its generation) or when a cluster fact
-//! that placement depends on changes (readiness, taints, labels, location, served APIs);
-//! heartbeats that only move figures do not reschedule anything.
+//! - Queue: bindings wait in a priority queue (higher `priority` first, namespaces in turn);
+//!   one that fits nowhere is retried with exponential backoff, and at once when a cluster
+//!   fact that placement depends on changes (readiness, taints, labels, location, served
+//!   APIs, capabilities). Heartbeats that only move figures reschedule nothing.
+//! - Assume: a decision's new replicas count against their clusters until the member reports
+//!   figures measured after it (or a timeout), so a burst cannot overcommit a cluster.
+//! - Rescheduling: a cluster that is dark or tainted NoExecute (past the placement's
+//!   `tolerationSeconds`) loses its replicas, make-before-break: the old copy stays until the
+//!   new placement is healthy or a grace period ends. A cluster whose water level stays above
+//!   the limit for a window sheds replicas of water-level bindings, a few bindings per window
+//!   (rate limit), down to the limit less a hysteresis margin. A recovered cluster is
+//!   divided onto afresh only for placements with `rebalanceOnRecovery`.
+//! - Application failover (Karmada's): an application unhealthy in a cluster past its
+//!   toleration is evicted from it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use orrery_api::binding::{
     self, AggregatedStatusItem, BindingSpec, BindingStatus, CONDITION_SCHEDULED, Eviction,
+    TargetCluster,
 };
 use orrery_api::cluster::{CONDITION_READY, ClusterSpec, ClusterStatus};
 use orrery_api::conditions::{self, Condition};
+use orrery_api::history::{self, ScheduleEntry};
 use orrery_api::policy::DEFAULT_FAILOVER_TOLERATION_SECONDS;
 use orrery_api::work::Health;
 use orrery_api::{Object, Time, keys};
-use orrery_scheduler::{ClusterSnapshot, Task, schedule};
+use orrery_scheduler::assume::AssumeCache;
+use orrery_scheduler::queue::{Backoff, Queue};
+use orrery_scheduler::{ClusterSnapshot, Config as Engine, Fleet, Mode, Task, demand_of, schedule};
 use orrery_store::Store;
 use tokio::sync::{mpsc, watch};
 
@@ -30,6 +44,36 @@ use crate::informer::Event;
 use crate::record;
 
 const COMPONENT: &str = "orrery-scheduler";
+
+/// The scheduler's knobs (`orrery server --scheduler-*`).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Water level no cluster is filled beyond, unless a policy sets its own.
+    pub water_level_limit: f64,
+    /// How long a cluster stays above the limit before it sheds replicas.
+    pub shed_window: Duration,
+    /// Bindings moved off one hot cluster per window.
+    pub shed_per_window: usize,
+    /// How long the old copy of moved replicas stays while the new ones start.
+    pub move_grace: Duration,
+    /// A member's figures measured this long after a decision include it.
+    pub assume_settle: Duration,
+    /// Assumptions nobody confirmed are dropped after this.
+    pub assume_ttl: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            water_level_limit: orrery_scheduler::DEFAULT_WATER_LEVEL_LIMIT,
+            shed_window: Duration::from_secs(60),
+            shed_per_window: 10,
+            move_grace: Duration::from_secs(300),
+            assume_settle: Duration::from_secs(5),
+            assume_ttl: Duration::from_secs(60),
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 enum Src {
@@ -53,15 +97,22 @@ pub fn snapshot_of(c: &Object) -> ClusterSnapshot {
             .collect::<HashSet<_>>()
     });
     // What is taken: placed and pending (waiting for a node) alike.
-    let (allocatable, allocated) = match st.resource_summary {
+    let (allocatable, allocated, usage) = match st.resource_summary {
         Some(r) => {
             let mut taken = r.allocated;
             for (k, q) in r.allocating {
                 let total = taken.get(&k).map(|a| *a + q).unwrap_or(q);
                 taken.insert(k, total);
             }
-            (r.allocatable, taken)
+            (r.allocatable, taken, r.usage)
         }
+        None => Default::default(),
+    };
+    let (latency_ms, traffic) = match st.network {
+        Some(n) => (
+            n.latency_ms,
+            n.ingress_bytes_per_second + n.egress_bytes_per_second,
+        ),
         None => Default::default(),
     };
     ClusterSnapshot {
@@ -71,11 +122,16 @@ pub fn snapshot_of(c: &Object) -> ClusterSnapshot {
         region: spec.region,
         zones: spec.zones,
         properties: st.properties,
+        capabilities: spec.capabilities,
         taints: spec.taints,
         ready,
         api_kinds,
         allocatable,
         allocated,
+        usage,
+        largest_node_free: st.largest_node_free,
+        latency_ms,
+        traffic,
     }
 }
 
@@ -87,6 +143,7 @@ fn fingerprint(s: &ClusterSnapshot) -> u64 {
     s.region.hash(&mut h);
     s.zones.hash(&mut h);
     s.ready.hash(&mut h);
+    s.capabilities.hash(&mut h);
     for t in &s.taints {
         (&t.key, &t.value, t.effect.as_str()).hash(&mut h);
     }
@@ -98,19 +155,65 @@ fn fingerprint(s: &ClusterSnapshot) -> u64 {
 
 type BKey = (String, String);
 
+/// What asked for a decision (recorded in the history).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Trigger {
+    /// The binding changed (or was created, or the controller started).
+    Binding,
+    ClustersChanged,
+    Failover,
+    Shed,
+    Recovered,
+    Retry,
+    /// Moved replicas' old copies are due to go.
+    Cleanup,
+}
+
+impl Trigger {
+    fn as_str(&self) -> &'static str {
+        match self {
+            Trigger::Binding => "SpecChanged",
+            Trigger::ClustersChanged => "ClustersChanged",
+            Trigger::Failover => "Failover",
+            Trigger::Shed => "Shed",
+            Trigger::Recovered => "Recovered",
+            Trigger::Retry => "Retry",
+            Trigger::Cleanup => "Cleanup",
+        }
+    }
+    /// Whether the decision moves replicas the user did not ask to move (make-before-break).
+    fn moves(&self) -> bool {
+        !matches!(self, Trigger::Binding | Trigger::Failover)
+    }
+}
+
 struct Scheduler {
     store: Arc<dyn Store>,
-    clusters: BTreeMap<String, ClusterSnapshot>,
+    settings: Settings,
+    engine: Engine,
+    fleet: Fleet,
     prints: HashMap<String, u64>,
+    heartbeats: HashMap<String, i64>,
     bindings: HashMap<BKey, Arc<Object>>,
-    dirty: BTreeSet<BKey>,
-    /// Bindings to decide again because clusters changed (not their own spec).
-    cluster_dirty: BTreeSet<BKey>,
+    queue: Queue<BKey>,
+    triggers: HashMap<BKey, Trigger>,
+    shed: HashMap<BKey, Vec<String>>,
+    backoff: Backoff<BKey>,
+    retry_at: HashMap<BKey, Instant>,
+    /// Bindings holding moved replicas' old copies, and when the first is due to go.
+    moves: HashMap<BKey, i64>,
+    assume: AssumeCache,
+    hot_since: HashMap<String, Instant>,
+    last_shed: HashMap<String, Instant>,
+    history: Vec<ScheduleEntry>,
+    history_tx: mpsc::UnboundedSender<Vec<ScheduleEntry>>,
+    seq: u64,
+    started: Instant,
     synced: (bool, bool),
 }
 
 /// Runs the scheduling controller until shutdown.
-pub async fn run(store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch::Receiver<bool>) {
     let (tx, mut rx) = mpsc::unbounded_channel();
     follow(
         store.clone(),
@@ -126,16 +229,35 @@ pub async fn run(store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
         tx,
         shutdown.clone(),
     );
+    let (history_tx, history_rx) = mpsc::unbounded_channel();
+    tokio::spawn(super::history::write(store.clone(), history_rx));
+    let engine = Engine {
+        water_level_limit: settings.water_level_limit,
+        ..Engine::default()
+    };
     let mut s = Scheduler {
         store,
-        clusters: BTreeMap::new(),
+        settings,
+        engine,
+        fleet: Fleet::default(),
         prints: HashMap::new(),
+        heartbeats: HashMap::new(),
         bindings: HashMap::new(),
-        dirty: BTreeSet::new(),
-        cluster_dirty: BTreeSet::new(),
+        queue: Queue::new(),
+        triggers: HashMap::new(),
+        shed: HashMap::new(),
+        backoff: Backoff::new(1_000, 60_000),
+        retry_at: HashMap::new(),
+        moves: HashMap::new(),
+        assume: AssumeCache::new(),
+        hot_since: HashMap::new(),
+        last_shed: HashMap::new(),
+        history: Vec::new(),
+        history_tx,
+        seq: 0,
+        started: Instant::now(),
         synced: (false, false),
     };
-    let mut retry = BTreeSet::new();
     loop {
         let Some(batch) = next_batch(&mut rx, Duration::from_secs(1), &mut shutdown).await else {
             return;
@@ -145,78 +267,270 @@ pub async fn run(store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
             s.on_event(src, ev);
         }
         if ticked {
-            s.dirty.append(&mut retry);
-            s.check_failover();
+            s.on_tick();
         }
-        if s.synced != (true, true) {
+        if s.synced != (true, true) || s.queue.is_empty() {
             continue;
         }
-        let (n, started) = (
-            s.dirty.len() + s.cluster_dirty.len(),
-            std::time::Instant::now(),
-        );
-        retry = s.reconcile_dirty().await;
+        let (n, started) = (s.queue.len(), Instant::now());
+        s.reconcile_queue().await;
         super::log_round("scheduling", n, started);
     }
 }
 
+fn key_of(b: &Object) -> BKey {
+    (b.namespace().to_string(), b.name().to_string())
+}
+
+fn priority_of(b: &Object) -> i32 {
+    b.spec
+        .as_ref()
+        .and_then(|s| s.get("priority"))
+        .and_then(serde_json::Value::as_i64)
+        .unwrap_or(0) as i32
+}
+
+/// The earliest `keepUntil` of the binding's rescheduled evictions, read without parsing.
+fn earliest_move(b: &Object) -> Option<i64> {
+    let ev = b.spec.as_ref()?.get("evictions")?.as_array()?;
+    ev.iter()
+        .filter(|e| e.get("rescheduled").and_then(serde_json::Value::as_bool) == Some(true))
+        .map(|e| {
+            e.get("keepUntil")
+                .and_then(serde_json::Value::as_str)
+                .and_then(|t| t.parse::<Time>().ok())
+                .map(|t| t.unix_seconds())
+                .unwrap_or(0)
+        })
+        .min()
+}
+
 impl Scheduler {
+    fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
+    }
+
+    fn enqueue(&mut self, k: BKey, why: Trigger) {
+        let Some(b) = self.bindings.get(&k) else {
+            return;
+        };
+        let p = priority_of(b);
+        self.triggers.entry(k.clone()).or_insert(why);
+        let ns = k.0.clone();
+        self.queue.push(p, &ns, k);
+    }
+
+    fn enqueue_all(&mut self, why: Trigger) {
+        let keys: Vec<BKey> = self.bindings.keys().cloned().collect();
+        for k in keys {
+            self.enqueue(k, why);
+        }
+    }
+
+    fn refresh_assumed(&mut self, clusters: &[String]) {
+        for c in clusters {
+            let t = self.assume.total(c);
+            self.fleet.set_assumed(c, t);
+        }
+    }
+
     fn on_event(&mut self, src: Src, ev: Event) {
         match src {
             Src::Cluster => {
-                let before: HashMap<String, u64> = self.prints.clone();
-                match ev {
+                // Whether a fact placement depends on changed, and whether a cluster came
+                // back to Ready.
+                let (changed, recovered) = match ev {
                     Event::Listed(items) => {
-                        self.clusters.clear();
-                        self.prints.clear();
-                        for c in items {
-                            let s = snapshot_of(&c);
-                            self.prints.insert(s.name.clone(), fingerprint(&s));
-                            self.clusters.insert(s.name.clone(), s);
-                        }
+                        let snaps: Vec<ClusterSnapshot> =
+                            items.iter().map(|c| snapshot_of(c)).collect();
+                        self.prints = snaps
+                            .iter()
+                            .map(|s| (s.name.clone(), fingerprint(s)))
+                            .collect();
+                        self.fleet = Fleet::new(snaps);
+                        let names: Vec<String> = self.prints.keys().cloned().collect();
+                        self.refresh_assumed(&names);
                         self.synced.0 = true;
+                        (true, false)
                     }
                     Event::Upsert(c) => {
                         let s = snapshot_of(&c);
-                        self.prints.insert(s.name.clone(), fingerprint(&s));
-                        self.clusters.insert(s.name.clone(), s);
+                        let hb = ClusterStatus::of(&c)
+                            .last_heartbeat_time
+                            .map(|t| t.unix_seconds());
+                        let name = s.name.clone();
+                        let was_ready = self.fleet.get(&name).is_some_and(|x| x.ready);
+                        let recovered = s.ready && !was_ready;
+                        let print = fingerprint(&s);
+                        let changed = self.prints.insert(name.clone(), print) != Some(print);
+                        self.fleet.upsert(s);
+                        if let Some(hb) = hb
+                            && self.heartbeats.insert(name.clone(), hb) != Some(hb)
+                        {
+                            // Heartbeat times are wall-clock seconds; assumptions are
+                            // stamped on our monotonic clock: compare by age.
+                            let age_ms = (Time::now().unix_seconds() - hb).max(0) as u64 * 1000;
+                            let measured = self.now_ms().saturating_sub(age_ms);
+                            let confirmed = self.assume.confirm(
+                                &name,
+                                measured,
+                                self.settings.assume_settle.as_millis() as u64,
+                            );
+                            self.refresh_assumed(&confirmed);
+                        }
+                        (changed, recovered)
                     }
                     Event::Delete(c) => {
-                        self.clusters.remove(c.name());
+                        self.fleet.remove(c.name());
                         self.prints.remove(c.name());
+                        self.heartbeats.remove(c.name());
+                        (true, false)
                     }
-                }
-                if before != self.prints {
-                    self.cluster_dirty.extend(self.bindings.keys().cloned());
+                };
+                if changed {
+                    self.backoff.clear();
+                    self.enqueue_all(if recovered && self.synced.1 {
+                        Trigger::Recovered
+                    } else {
+                        Trigger::ClustersChanged
+                    });
                 }
             }
             Src::Binding => match ev {
                 Event::Listed(items) => {
                     self.bindings.clear();
+                    self.moves.clear();
                     for b in items {
-                        let k = (b.namespace().to_string(), b.name().to_string());
-                        self.dirty.insert(k.clone());
-                        self.bindings.insert(k, b);
+                        let k = key_of(&b);
+                        if let Some(t) = earliest_move(&b) {
+                            self.moves.insert(k.clone(), t);
+                        }
+                        self.bindings.insert(k.clone(), b);
+                        self.enqueue(k, Trigger::Binding);
                     }
                     self.synced.1 = true;
                 }
                 Event::Upsert(b) => {
-                    let k = (b.namespace().to_string(), b.name().to_string());
-                    self.dirty.insert(k.clone());
-                    self.bindings.insert(k, b);
+                    let k = key_of(&b);
+                    match earliest_move(&b) {
+                        Some(t) => self.moves.insert(k.clone(), t),
+                        None => self.moves.remove(&k),
+                    };
+                    self.bindings.insert(k.clone(), b);
+                    self.enqueue(k, Trigger::Binding);
                 }
                 Event::Delete(b) => {
-                    self.bindings
-                        .remove(&(b.namespace().to_string(), b.name().to_string()));
+                    let k = key_of(&b);
+                    self.bindings.remove(&k);
+                    self.moves.remove(&k);
+                    self.retry_at.remove(&k);
+                    self.backoff.reset(&k);
+                    let changed = self.assume.forget(&format!("{}/{}", k.0, k.1));
+                    self.refresh_assumed(&changed);
                 }
             },
         }
     }
 
-    /// Evicts applications that stayed unhealthy in a cluster past their toleration.
+    /// Once a second: retries that are due, failover, tolerations running out, stale
+    /// assumptions, hot clusters, old copies of moved replicas.
+    fn on_tick(&mut self) {
+        let now = Instant::now();
+        let due: Vec<BKey> = self
+            .retry_at
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in due {
+            self.retry_at.remove(&k);
+            self.enqueue(k, Trigger::Retry);
+        }
+        self.check_failover();
+        let wall = Time::now().unix_seconds();
+        let moved: Vec<BKey> = self
+            .moves
+            .iter()
+            .filter(|(_, t)| **t <= wall)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in moved {
+            self.enqueue(k, Trigger::Cleanup);
+        }
+        // Clusters with a NoExecute taint: a toleration with tolerationSeconds may have run out.
+        let tainted: HashSet<String> = self
+            .fleet
+            .clusters()
+            .iter()
+            .filter(|c| c.taints.iter().any(|t| t.effect.as_str() == "NoExecute"))
+            .map(|c| c.name.clone())
+            .collect();
+        if !tainted.is_empty() {
+            let on: Vec<BKey> = self
+                .bindings
+                .iter()
+                .filter(|(_, b)| placed_on(b).iter().any(|c| tainted.contains(c)))
+                .map(|(k, _)| k.clone())
+                .collect();
+            for k in on {
+                self.enqueue(k, Trigger::ClustersChanged);
+            }
+        }
+        let changed = self
+            .assume
+            .expire(self.now_ms(), self.settings.assume_ttl.as_millis() as u64);
+        self.refresh_assumed(&changed);
+        self.check_hot(now);
+    }
+
+    /// Clusters above the limit for a whole window shed replicas of a few bindings.
+    fn check_hot(&mut self, now: Instant) {
+        let limit = self.settings.water_level_limit;
+        let mut due = Vec::new();
+        for (c, f) in self.fleet.clusters().iter().zip(self.fleet.facts()) {
+            if f.known() && f.level() > limit {
+                let since = *self.hot_since.entry(c.name.clone()).or_insert(now);
+                let last = self.last_shed.get(&c.name).copied();
+                if now.duration_since(since) >= self.settings.shed_window
+                    && last.is_none_or(|l| now.duration_since(l) >= self.settings.shed_window)
+                {
+                    due.push(c.name.clone());
+                }
+            } else {
+                self.hot_since.remove(&c.name);
+            }
+        }
+        for c in due {
+            self.last_shed.insert(c.clone(), now);
+            // The bindings with the most replicas there, divided by water level.
+            let mut on: Vec<(i64, BKey)> = self
+                .bindings
+                .iter()
+                .filter_map(|(k, b)| {
+                    let spec = parse_spec(b)?;
+                    let n = spec.clusters.iter().find(|t| t.name == c)?.replicas;
+                    sheddable(&spec).then(|| (n, k.clone()))
+                })
+                .collect();
+            on.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            on.truncate(self.settings.shed_per_window);
+            tracing::info!(cluster = %c, bindings = on.len(), "a cluster above its water level limit sheds replicas");
+            for (_, k) in on {
+                self.shed.entry(k.clone()).or_default().push(c.clone());
+                self.triggers.insert(k.clone(), Trigger::Shed);
+                self.enqueue(k, Trigger::Shed);
+            }
+        }
+    }
+
+    /// Marks applications that stayed unhealthy in a cluster past their toleration.
     fn check_failover(&mut self) {
         let now = Time::now();
+        let mut due = Vec::new();
         for (k, b) in &self.bindings {
+            if b.spec.as_ref().is_none_or(|s| s.get("failover").is_none()) {
+                continue;
+            }
             let Some(spec) = parse_spec(b) else { continue };
             let Some(f) = &spec.failover else { continue };
             let tolerate = f
@@ -233,34 +547,55 @@ impl Scheduler {
                     .iter()
                     .any(|c| !spec.evictions.iter().any(|e| e.cluster == c.name))
             {
-                self.dirty.insert(k.clone());
+                due.push(k.clone());
             }
+        }
+        for k in due {
+            self.enqueue(k, Trigger::Failover);
         }
     }
 
-    async fn reconcile_dirty(&mut self) -> BTreeSet<BKey> {
-        let own = std::mem::take(&mut self.dirty);
-        let by_clusters = std::mem::take(&mut self.cluster_dirty);
+    async fn reconcile_queue(&mut self) {
         let mut jobs: Vec<Job<BKey>> = Vec::new();
-        let snapshot: Vec<ClusterSnapshot> = self.clusters.values().cloned().collect();
-        for k in own.union(&by_clusters) {
-            if let Some(j) = self.reconcile(k, &snapshot, by_clusters.contains(k)) {
-                jobs.push(j);
+        let mut failed: Vec<BKey> = Vec::new();
+        while let Some(k) = self.queue.pop() {
+            let why = self.triggers.remove(&k).unwrap_or(Trigger::Binding);
+            let shed = self.shed.remove(&k).unwrap_or_default();
+            match self.reconcile(&k, why, &shed) {
+                Outcome::Skip => {}
+                Outcome::Write(j) => {
+                    self.backoff.reset(&k);
+                    self.retry_at.remove(&k);
+                    jobs.push(j);
+                }
+                Outcome::Unschedulable(j) => {
+                    failed.push(k.clone());
+                    if let Some(j) = j {
+                        jobs.push(j);
+                    }
+                }
             }
         }
-        run_jobs(jobs).await
+        for k in failed {
+            let wait = self.backoff.fail(&k);
+            self.retry_at
+                .insert(k, Instant::now() + Duration::from_millis(wait));
+        }
+        if !self.history.is_empty() {
+            let _ = self.history_tx.send(std::mem::take(&mut self.history));
+        }
+        // Store conflicts: the binding changed under us; its update event queues it again.
+        let _ = run_jobs(jobs).await;
     }
 
-    fn reconcile(
-        &self,
-        k: &BKey,
-        clusters: &[ClusterSnapshot],
-        by_clusters: bool,
-    ) -> Option<Job<BKey>> {
-        let b = self.bindings.get(k)?.clone();
+    fn reconcile(&mut self, k: &BKey, why: Trigger, shed: &[String]) -> Outcome {
+        let Some(b) = self.bindings.get(k).cloned() else {
+            return Outcome::Skip;
+        };
         if b.metadata.deletion_timestamp.is_some() {
-            return None;
+            return Outcome::Skip;
         }
+        let generation = b.metadata.generation.unwrap_or(1);
         // Decided for this generation already, and nothing else asks for a decision: skip
         // without parsing (the binding controller's status writes land here).
         let observed = b
@@ -268,13 +603,13 @@ impl Scheduler {
             .as_ref()
             .and_then(|s| s.get("schedulerObservedGeneration"))
             .and_then(serde_json::Value::as_i64);
-        let failover = b.spec.as_ref().is_some_and(|s| s.get("failover").is_some());
-        if !by_clusters && !failover && observed == Some(b.metadata.generation.unwrap_or(1)) {
-            return None;
+        if why == Trigger::Binding && observed == Some(generation) {
+            return Outcome::Skip;
         }
-        let mut spec = parse_spec(&b)?;
+        let Some(mut spec) = parse_spec(&b) else {
+            return Outcome::Skip;
+        };
         let mut status = parse_status(&b);
-        let generation = b.metadata.generation.unwrap_or(1);
         let now = Time::now();
         // Failover: an application unhealthy past its toleration leaves that cluster.
         let mut evicted_now = Vec::new();
@@ -285,30 +620,37 @@ impl Scheduler {
                 .unwrap_or(DEFAULT_FAILOVER_TOLERATION_SECONDS);
             for a in &status.aggregated_status {
                 let placed = spec.clusters.iter().any(|c| c.name == a.cluster_name);
-                let already = spec.evictions.iter().any(|e| e.cluster == a.cluster_name);
+                let already = spec
+                    .evictions
+                    .iter()
+                    .any(|e| e.cluster == a.cluster_name && !e.rescheduled);
                 if placed && !already && unhealthy_for(a, now) >= Some(tolerate) {
                     let keep_until = match f.purge_mode.as_str() {
                         "Graciously" => f.grace_period_seconds.map(|g| now.add_seconds(g)),
                         _ => None,
                     };
+                    spec.evictions.retain(|e| e.cluster != a.cluster_name);
                     spec.evictions.push(Eviction {
                         cluster: a.cluster_name.clone(),
                         reason: format!("unhealthy for more than {tolerate}s"),
                         since: now,
                         keep_until,
                         keep: f.purge_mode == "Never",
+                        rescheduled: false,
                     });
                     evicted_now.push(a.cluster_name.clone());
                 }
             }
         }
-        let evicted: Vec<String> = spec.evictions.iter().map(|e| e.cluster.clone()).collect();
-        let up_to_date =
-            status.scheduler_observed_generation == Some(generation) && evicted_now.is_empty();
-        if up_to_date && !by_clusters {
-            // Our own status write coming back, or the binding controller's.
-            return None;
+        if why == Trigger::Failover && evicted_now.is_empty() && observed == Some(generation) {
+            return Outcome::Skip;
         }
+        let evicted: Vec<String> = spec
+            .evictions
+            .iter()
+            .filter(|e| !e.rescheduled)
+            .map(|e| e.cluster.clone())
+            .collect();
         let kind = spec.resource.kind.clone();
         let divisible = spec.replicas > 0 || orrery_api::interpret::has_divisible_replicas(&kind);
         let request = spec
@@ -316,27 +658,68 @@ impl Scheduler {
             .as_ref()
             .map(|r| r.resource_request.clone())
             .unwrap_or_default();
-        let decision = schedule(
-            clusters,
-            &Task {
-                api_version: &spec.resource.api_version,
-                kind: &kind,
-                replicas: spec.replicas,
-                divisible,
-                request: &request,
-                placement: &spec.placement,
-                targets: &spec.target_clusters,
-                previous: &spec.clusters,
-                evicted: &evicted,
-            },
-        );
+        let mode = if why == Trigger::Recovered && spec.placement.rebalance_on_recovery {
+            Mode::Fresh
+        } else {
+            Mode::Steady
+        };
+        let previous = spec.clusters.clone();
+        let task = Task {
+            api_version: &spec.resource.api_version,
+            kind: &kind,
+            replicas: spec.replicas,
+            divisible,
+            request: &request,
+            placement: &spec.placement,
+            targets: &spec.target_clusters,
+            priority: spec.priority,
+            previous: &previous,
+            evicted: &evicted,
+            shed,
+            mode,
+            now: now.unix_seconds(),
+        };
+        let decision = schedule(&self.fleet, &task, &self.engine);
+        let explained = decision.explain(&self.fleet, &task, &self.engine);
         let changed_spec_generation = status.scheduler_observed_generation != Some(generation);
         let new_clusters = match &decision.error {
             // Clusters going away must not empty a placement that stands; a changed spec
             // with no fit does.
-            Some(_) if !changed_spec_generation && evicted_now.is_empty() => spec.clusters.clone(),
+            Some(_)
+                if decision.clusters.is_empty()
+                    && !changed_spec_generation
+                    && evicted_now.is_empty() =>
+            {
+                spec.clusters.clone()
+            }
             _ => decision.clusters.clone(),
         };
+        // Make-before-break: clusters the scheduler took replicas away from keep the old
+        // copy until the new placement is healthy or the grace period ends.
+        if why.moves() {
+            for old in &spec.clusters {
+                if new_clusters.iter().any(|c| c.name == old.name)
+                    || spec.evictions.iter().any(|e| e.cluster == old.name)
+                {
+                    continue;
+                }
+                spec.evictions.push(Eviction {
+                    cluster: old.name.clone(),
+                    reason: format!("replicas moved away ({})", why.as_str()),
+                    since: now,
+                    keep_until: Some(now.add_seconds(self.settings.move_grace.as_secs() as i64)),
+                    keep: false,
+                    rescheduled: true,
+                });
+            }
+        }
+        // Moved replicas' old copies: gone once their time is up or the cluster is back.
+        spec.evictions.retain(|e| {
+            !e.rescheduled
+                || (e.keep_until.is_some_and(|u| u > now)
+                    && !new_clusters.iter().any(|c| c.name == e.cluster))
+        });
+        let (summary, filtered) = history::summarize(explained, history::MAX_EXPLAINED);
         let cond = match &decision.error {
             None => Condition::new(
                 CONDITION_SCHEDULED,
@@ -344,27 +727,91 @@ impl Scheduler {
                 "Success",
                 placed_message(&new_clusters),
             ),
-            Some(e) => Condition::new(
-                CONDITION_SCHEDULED,
-                conditions::FALSE,
-                "Unschedulable",
-                e.clone(),
-            ),
+            Some(e) => {
+                let mut msg = e.clone();
+                if !filtered.is_empty() {
+                    msg = format!("{msg}; filtered: {}", history::filtered_message(&filtered));
+                }
+                let reason = if decision.clusters.is_empty() {
+                    "Unschedulable"
+                } else {
+                    "PartiallyScheduled"
+                };
+                Condition::new(CONDITION_SCHEDULED, conditions::FALSE, reason, msg)
+            }
         };
         let old_cond = conditions::find(&status.conditions, CONDITION_SCHEDULED).cloned();
         let mut conds = status.conditions.clone();
         conditions::set(&mut conds, cond.clone(), now);
         let clusters_changed = new_clusters != spec.clusters;
+        let evictions_changed = parse_spec(&b).is_some_and(|o| o.evictions != spec.evictions);
+        let unplaced = (decision.unplaced > 0).then_some(decision.unplaced);
         let status_changed = conds != status.conditions
-            || status.decisions != decision.reasons
+            || status.decisions != summary
             || status.scheduler_observed_generation != Some(generation)
-            || status.scheduler_observed_affinity_name != decision.affinity_name;
-        if !clusters_changed && !status_changed && evicted_now.is_empty() {
-            return None;
+            || status.scheduler_observed_affinity_name != decision.affinity_name
+            || status.strategy != decision.strategy
+            || status.unplaced_replicas != unplaced;
+        let failed = decision.error.is_some();
+        if !clusters_changed && !status_changed && !evictions_changed {
+            return if failed {
+                Outcome::Unschedulable(None)
+            } else {
+                Outcome::Skip
+            };
+        }
+        let bkey_str = format!("{}/{}", k.0, k.1);
+        if clusters_changed {
+            let changed = self.assume.assume(
+                &bkey_str,
+                demand_of(&request),
+                &spec.clusters,
+                &new_clusters,
+                self.now_ms(),
+            );
+            self.refresh_assumed(&changed);
+        }
+        self.seq += 1;
+        let task_id = format!("{}-{}", b.metadata.uid, self.seq);
+        let result = if !failed {
+            "Scheduled"
+        } else if decision.clusters.is_empty() {
+            "Unschedulable"
+        } else {
+            "PartiallyScheduled"
+        };
+        if clusters_changed
+            || old_cond.as_ref().map(|c| (&c.status, &c.message))
+                != Some((&cond.status, &cond.message))
+            || why != Trigger::ClustersChanged
+        {
+            self.history.push(ScheduleEntry {
+                id: task_id.clone(),
+                time: now,
+                binding: bkey_str,
+                resource: binding::ObjectReference {
+                    resource_version: String::new(),
+                    ..spec.resource.clone()
+                },
+                replicas: spec.replicas,
+                trigger: why.as_str().to_string(),
+                strategy: decision.strategy.to_string(),
+                fleet_level: (decision.fleet_level * 1000.0).round() / 1000.0,
+                result: result.to_string(),
+                message: cond.message.clone(),
+                clusters: new_clusters.clone(),
+                unplaced: decision.unplaced,
+                decisions: summary.clone(),
+                filtered: filtered.clone(),
+            });
         }
         spec.clusters = new_clusters;
         status.conditions = conds;
-        status.decisions = decision.reasons.clone();
+        status.decisions = summary;
+        status.filtered = filtered;
+        status.strategy = decision.strategy.to_string();
+        status.unplaced_replicas = unplaced;
+        status.task_id = task_id;
         status.scheduler_observed_generation = Some(generation);
         status.scheduler_observed_affinity_name = decision.affinity_name.clone();
         if clusters_changed {
@@ -380,7 +827,7 @@ impl Scheduler {
             != Some((&cond.status, &cond.message))
             || !evicted_now.is_empty();
         let r = spec.resource.clone();
-        Some(Box::pin(async move {
+        let job: Job<BKey> = Box::pin(async move {
             store
                 .update(&bkey, next, b.revision())
                 .await
@@ -402,11 +849,54 @@ impl Scheduler {
                 let _ = record::event(store.as_ref(), &about, type_, reason, &msg, COMPONENT).await;
             }
             Ok(())
-        }))
+        });
+        if failed {
+            Outcome::Unschedulable(Some(job))
+        } else {
+            Outcome::Write(job)
+        }
     }
 }
 
-fn placed_message(clusters: &[binding::TargetCluster]) -> String {
+enum Outcome {
+    Skip,
+    Write(Job<BKey>),
+    /// Nothing (or not everything) fits: retried with backoff.
+    Unschedulable(Option<Job<BKey>>),
+}
+
+/// The clusters a binding places on, read without parsing it.
+fn placed_on(b: &Object) -> Vec<String> {
+    b.spec
+        .as_ref()
+        .and_then(|s| s.get("clusters"))
+        .and_then(serde_json::Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c.get("name").and_then(serde_json::Value::as_str))
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether the scheduler may move a binding's replicas for load: only those it divides by
+/// water level (Karmada's modes keep Karmada's behaviour).
+fn sheddable(spec: &BindingSpec) -> bool {
+    let p = &spec.placement;
+    let Some(rs) = &p.replica_scheduling else {
+        return false;
+    };
+    if !p.divided() || rs.replica_division_preference == orrery_api::policy::AGGREGATED {
+        return false;
+    }
+    rs.weight_preference.as_ref().is_none_or(|w| {
+        w.static_weight_list.is_empty()
+            && w.dynamic_weight != orrery_api::policy::AVAILABLE_REPLICAS
+    })
+}
+
+fn placed_message(clusters: &[TargetCluster]) -> String {
     if clusters.is_empty() {
         return "placed on no cluster".into();
     }

@@ -1,0 +1,148 @@
+//! The schedule history: every scheduling decision, with why each cluster was or was not
+//! chosen. Decisions are stored in batches, one record per scheduling round, under keys that
+//! sort by time.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::binding::{ClusterDecision, ObjectReference, TargetCluster};
+use crate::time::Time;
+
+pub const API_VERSION: &str = "internal.orrery.io/v1";
+pub const KIND: &str = "ScheduleRecord";
+
+/// Where schedule records live (a key space the Kubernetes REST API does not expose; the
+/// DRO-DS API serves it at `/api/v1/history/schedules`).
+pub const PREFIX: &str = "/internal/history/schedules/";
+
+/// At most this many per-cluster explanations are kept per decision; the rest are counted
+/// by filter in [`ScheduleEntry::filtered`].
+pub const MAX_EXPLAINED: usize = 50;
+
+pub fn key(name: &str) -> String {
+    format!("{PREFIX}{name}")
+}
+
+/// A record name that sorts by time: nanoseconds since the epoch, zero-padded, and a
+/// sequence number for records made in the same nanosecond.
+pub fn record_name(unix_nanos: i128, seq: u64) -> String {
+    format!("r{:020}-{seq:06}", unix_nanos.max(0))
+}
+
+/// One decision.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduleEntry {
+    /// The task: `<binding uid>-<sequence>`.
+    pub id: String,
+    pub time: Time,
+    /// `<namespace>/<name>` of the ResourceBinding.
+    pub binding: String,
+    pub resource: ObjectReference,
+    pub replicas: i64,
+    /// What asked for the decision: Created, SpecChanged, ClustersChanged, Failover, Shed,
+    /// Recovered, Retry.
+    pub trigger: String,
+    pub strategy: String,
+    #[serde(default)]
+    pub fleet_level: f64,
+    /// Scheduled, PartiallyScheduled or Unschedulable.
+    pub result: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<TargetCluster>,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unplaced: i64,
+    /// The chosen clusters, then the others, best first, up to [`MAX_EXPLAINED`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decisions: Vec<ClusterDecision>,
+    /// How many clusters each filter turned away.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub filtered: BTreeMap<String, i64>,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RecordSpec {
+    pub entries: Vec<ScheduleEntry>,
+}
+
+/// Keeps the chosen clusters, then the best-scoring others, then the filtered ones, up to
+/// `max` in all; counts every filtered cluster by filter.
+pub fn summarize(
+    mut decisions: Vec<ClusterDecision>,
+    max: usize,
+) -> (Vec<ClusterDecision>, BTreeMap<String, i64>) {
+    let mut filtered: BTreeMap<String, i64> = BTreeMap::new();
+    for d in &decisions {
+        if !d.filter.is_empty() {
+            *filtered.entry(d.filter.clone()).or_default() += 1;
+        }
+    }
+    let rank = |d: &ClusterDecision| match (d.replicas, d.score) {
+        (Some(_), _) => 0,
+        (None, Some(_)) => 1,
+        _ => 2,
+    };
+    decisions.sort_by(|a, b| {
+        rank(a)
+            .cmp(&rank(b))
+            .then(b.score.unwrap_or(0.0).total_cmp(&a.score.unwrap_or(0.0)))
+            .then(a.name.cmp(&b.name))
+    });
+    decisions.truncate(max);
+    decisions.sort_by(|a, b| a.name.cmp(&b.name));
+    (decisions, filtered)
+}
+
+/// A one-line account of why clusters were turned away: `2 WaterLevel, 1 Readiness`.
+pub fn filtered_message(filtered: &BTreeMap<String, i64>) -> String {
+    let mut v: Vec<(&String, &i64)> = filtered.iter().collect();
+    v.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+    v.iter()
+        .map(|(f, n)| format!("{n} {f}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(name: &str, replicas: Option<i64>, score: Option<f64>, filter: &str) -> ClusterDecision {
+        ClusterDecision {
+            name: name.into(),
+            replicas,
+            score,
+            filter: filter.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn summaries_keep_the_chosen_and_count_the_filtered() {
+        let all = vec![
+            d("a", None, None, "WaterLevel"),
+            d("b", Some(2), Some(40.0), ""),
+            d("c", None, Some(90.0), ""),
+            d("d", None, None, "Readiness"),
+            d("e", None, None, "WaterLevel"),
+            d("f", None, Some(10.0), ""),
+        ];
+        let (kept, filtered) = summarize(all, 3);
+        let names: Vec<&str> = kept.iter().map(|x| x.name.as_str()).collect();
+        assert_eq!(names, ["b", "c", "f"]);
+        assert_eq!(filtered["WaterLevel"], 2);
+        assert_eq!(filtered_message(&filtered), "2 WaterLevel, 1 Readiness");
+        assert!(record_name(5, 1) < record_name(10, 0));
+        assert!(
+            record_name(1_700_000_000_000_000_000, 0) > record_name(999_999_999_999_999_999, 9)
+        );
+    }
+}

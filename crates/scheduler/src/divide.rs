@@ -1,0 +1,231 @@
+//! Replica division: how many replicas each chosen cluster gets.
+//!
+//! - Karmada's modes: static weights, `dynamicWeight: AvailableReplicas` (requests only),
+//!   Aggregated (fewest clusters by requests).
+//! - Orrery's water level division, by the fleet's water level over the eligible clusters:
+//!   at or above the high mark, *water-filling* (each replica goes where the resulting water
+//!   level is lowest, so levels end as equal as they can); at or below the low mark,
+//!   *aggregation* (fill the best-scoring clusters up to the limit before opening new ones,
+//!   spread minimums first); between, *score-weighted* division capped by each cluster's room.
+//!   No cluster is pushed over the limit; what fits nowhere stays unplaced and is reported.
+//!
+//! Rounding is by largest remainder, ties to the larger weight and then to the earlier
+//! (better-ranked) cluster, so the same input always gives the same output.
+
+use std::cmp::Ordering;
+use std::collections::BinaryHeap;
+
+use crate::Ctx;
+
+/// Divides `total` in proportion to `weights` by largest remainder; ties go to the larger
+/// weight, then to the earlier entry.
+pub fn divide(total: i64, weights: &[i64]) -> Vec<i64> {
+    let sum: i128 = weights.iter().map(|w| (*w).max(0) as i128).sum();
+    if sum == 0 || total <= 0 {
+        return vec![0; weights.len()];
+    }
+    let mut out: Vec<i64> = Vec::with_capacity(weights.len());
+    let mut rems: Vec<(i128, i64, usize)> = Vec::with_capacity(weights.len());
+    let mut given = 0i64;
+    for (i, w) in weights.iter().enumerate() {
+        let exact = total as i128 * (*w).max(0) as i128;
+        let q = (exact / sum) as i64;
+        out.push(q);
+        given += q;
+        rems.push((exact % sum, *w, i));
+    }
+    rems.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+    for (_, _, i) in rems.into_iter().take((total - given) as usize) {
+        out[i] += 1;
+    }
+    out
+}
+
+/// The candidates of a division, best-ranked first, with what each holds so far.
+pub(crate) struct Shares<'c, 'a> {
+    pub ctx: &'c Ctx<'a>,
+    /// Fleet indexes.
+    pub idx: Vec<usize>,
+    pub n: Vec<i64>,
+    /// Replicas that fit under the limit; `None` when unbounded.
+    pub room: Vec<Option<i64>>,
+    pub score: Vec<f64>,
+}
+
+#[derive(PartialEq)]
+struct Key(f64, usize);
+
+impl Eq for Key {}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for Key {
+    fn cmp(&self, o: &Self) -> Ordering {
+        self.0.total_cmp(&o.0).then(self.1.cmp(&o.1))
+    }
+}
+
+impl Shares<'_, '_> {
+    fn open(&self, j: usize) -> bool {
+        self.room[j].is_none_or(|r| self.n[j] < r)
+    }
+
+    /// Water-filling: `k` replicas, each where the resulting level is lowest (ties to the
+    /// better-ranked cluster). Returns how many were placed.
+    pub fn water_fill(&mut self, k: i64) -> i64 {
+        let mut heap: BinaryHeap<std::cmp::Reverse<Key>> = (0..self.idx.len())
+            .filter(|j| self.open(*j))
+            .map(|j| std::cmp::Reverse(Key(self.ctx.level_after(self.idx[j], self.n[j] + 1), j)))
+            .collect();
+        let mut placed = 0;
+        while placed < k {
+            let Some(std::cmp::Reverse(Key(_, j))) = heap.pop() else {
+                break;
+            };
+            self.n[j] += 1;
+            placed += 1;
+            if self.open(j) {
+                heap.push(std::cmp::Reverse(Key(
+                    self.ctx.level_after(self.idx[j], self.n[j] + 1),
+                    j,
+                )));
+            }
+        }
+        placed
+    }
+
+    /// Takes `k` replicas away, each from where the level is highest (ties to the worse-ranked
+    /// cluster).
+    pub fn drain(&mut self, k: i64) {
+        let mut heap: BinaryHeap<Key> = (0..self.idx.len())
+            .filter(|j| self.n[*j] > 0)
+            .map(|j| Key(self.ctx.level_after(self.idx[j], self.n[j]), j))
+            .collect();
+        let mut left = k;
+        while left > 0 {
+            let Some(Key(_, j)) = heap.pop() else { break };
+            self.n[j] -= 1;
+            left -= 1;
+            if self.n[j] > 0 {
+                heap.push(Key(self.ctx.level_after(self.idx[j], self.n[j]), j));
+            }
+        }
+    }
+
+    /// Aggregation: one replica in each of the first `min_groups` groups, then fill in rank
+    /// order up to the room.
+    pub fn aggregate(&mut self, k: i64, groups: &[String], min_groups: usize) -> i64 {
+        let mut placed = 0;
+        let mut seen: Vec<&str> = Vec::new();
+        for j in 0..self.idx.len() {
+            if seen.len() >= min_groups || placed >= k {
+                break;
+            }
+            let g = groups[j].as_str();
+            if seen.contains(&g) {
+                continue;
+            }
+            let has = (0..self.idx.len()).any(|x| groups[x] == g && self.n[x] > 0);
+            if has {
+                seen.push(g);
+            } else if self.open(j) {
+                self.n[j] += 1;
+                placed += 1;
+                seen.push(g);
+            }
+        }
+        for j in 0..self.idx.len() {
+            if placed >= k {
+                break;
+            }
+            let take = match self.room[j] {
+                Some(r) => (r - self.n[j]).max(0).min(k - placed),
+                None => k - placed,
+            };
+            self.n[j] += take;
+            placed += take;
+        }
+        placed
+    }
+
+    /// Score-weighted: `k` replicas in proportion to the scores, capped by room; what a full
+    /// cluster cannot take goes to the others in the same proportion.
+    pub fn by_score(&mut self, k: i64) -> i64 {
+        let mut placed = 0;
+        loop {
+            let open: Vec<usize> = (0..self.idx.len()).filter(|j| self.open(*j)).collect();
+            if open.is_empty() || placed >= k {
+                return placed;
+            }
+            let weights: Vec<i64> = open
+                .iter()
+                .map(|j| ((self.score[*j] * 100.0).round() as i64).max(1))
+                .collect();
+            let shares = divide(k - placed, &weights);
+            let mut given = 0;
+            for (j, s) in open.iter().zip(shares) {
+                let take = match self.room[*j] {
+                    Some(r) => s.min(r - self.n[*j]),
+                    None => s,
+                };
+                self.n[*j] += take;
+                given += take;
+            }
+            placed += given;
+            if given == 0 {
+                return placed;
+            }
+        }
+    }
+
+    /// Adds `k` by fixed weights (Karmada's modes: no room limit).
+    pub fn by_weights(&mut self, k: i64, weights: &[i64]) {
+        for (j, s) in divide(k, weights).into_iter().enumerate() {
+            self.n[j] += s;
+        }
+    }
+
+    /// Takes `k` away in proportion to what each holds (Karmada's scale-down).
+    pub fn shrink(&mut self, k: i64) {
+        let cut = divide(k, &self.n);
+        for (j, c) in cut.into_iter().enumerate() {
+            self.n[j] -= c.min(self.n[j]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn largest_remainder() {
+        let cases: &[(i64, &[i64], &[i64])] = &[
+            (1, &[1, 1, 1], &[1, 0, 0]),
+            (2, &[1, 1, 1], &[1, 1, 0]),
+            (10, &[1, 2, 2], &[2, 4, 4]),
+            (5, &[0, 1, 0], &[0, 5, 0]),
+            (4, &[0, 0], &[0, 0]),
+            (7, &[3, 3, 1], &[3, 3, 1]),
+            // 3/7, 15/7, 3/7: the tied remainders go to the earlier entry.
+            (3, &[1, 5, 1], &[1, 2, 0]),
+            (0, &[1, 1], &[0, 0]),
+            (1, &[1, 2], &[0, 1]),
+            (-3, &[1, 2], &[0, 0]),
+            (2, &[-1, 1], &[0, 2]),
+        ];
+        for (total, w, want) in cases {
+            let got = divide(*total, w);
+            assert_eq!(got, want.to_vec(), "{total} over {w:?}");
+            let positive: i64 = w.iter().map(|x| (*x).max(0)).sum();
+            assert_eq!(
+                got.iter().sum::<i64>(),
+                if positive > 0 { (*total).max(0) } else { 0 }
+            );
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! Filter plugins (draft 7.3.2): each says whether a cluster can take the task at all.
+//!
+//! A plugin answers fast (`check`, on the hot path, for every cluster) and explains itself
+//! slowly (`why`, only when a decision is rendered for people).
+
+use orrery_api::cluster::Taint;
+use orrery_api::labels::Selector;
+use orrery_api::policy::{ClusterAffinity, Placement, Target};
+
+use crate::Ctx;
+
+/// One filter plugin.
+pub trait Filter: Send + Sync + std::fmt::Debug {
+    fn name(&self) -> &'static str;
+    /// Whether cluster `i` passes.
+    fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool;
+    /// Why cluster `i` does not pass.
+    fn why(&self, ctx: &Ctx<'_>, i: usize) -> String;
+}
+
+/// The filters of the default profile, cheapest and most selective first.
+pub fn default_filters() -> Vec<Box<dyn Filter>> {
+    vec![
+        Box::new(Readiness),
+        Box::new(Evicted),
+        Box::new(ApiEnablement),
+        Box::new(Affinity),
+        Box::new(TargetClusters),
+        Box::new(TaintToleration),
+        Box::new(Capabilities),
+        Box::new(NodeFit),
+        Box::new(WaterLevel),
+    ]
+}
+
+/// Karmada's filters: placement only, with no view of water levels or nodes (the quality
+/// benchmark's Karmada strategies use these).
+pub fn karmada_filters() -> Vec<Box<dyn Filter>> {
+    vec![
+        Box::new(Readiness),
+        Box::new(Evicted),
+        Box::new(ApiEnablement),
+        Box::new(Affinity),
+        Box::new(TargetClusters),
+        Box::new(TaintToleration),
+    ]
+}
+
+/// A cluster that is not Ready takes no new replicas, but keeps what it runs until its taints
+/// say otherwise (NoExecute after the eviction timeout), as nodes do in Kubernetes.
+#[derive(Debug)]
+pub struct Readiness;
+
+impl Filter for Readiness {
+    fn name(&self) -> &'static str {
+        "Readiness"
+    }
+    fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool {
+        ctx.fleet.clusters()[i].ready || ctx.previous[i] > 0
+    }
+    fn why(&self, _: &Ctx<'_>, _: usize) -> String {
+        "the cluster is not ready".into()
+    }
+}
+
+/// Clusters the workload was evicted from (application failover).
+#[derive(Debug)]
+pub struct Evicted;
+
+impl Filter for Evicted {
+    fn name(&self) -> &'static str {
+        "Eviction"
+    }
+    fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool {
+        !ctx.task.evicted.contains(&ctx.fleet.clusters()[i].name)
+    }
+    fn why(&self, _: &Ctx<'_>, _: usize) -> String {
+        "the workload was evicted from this cluster".into()
+    }
+}
+
+/// The member must serve the template's kind.
+#[derive(Debug)]
+pub struct ApiEnablement;
+
+impl Filter for ApiEnablement {
+    fn name(&self) -> &'static str {
+        "APIEnablement"
+    }
+    fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool {
+        match &ctx.fleet.clusters()[i].api_kinds {
+            Some(kinds) => {
+                kinds.contains(&(ctx.task.api_version.to_string(), ctx.task.kind.to_string()))
+            }
+            None => true,
+        }
+    }
+    fn why(&self, ctx: &Ctx<'_>, _: usize) -> String {
+        format!(
+            "the cluster does not serve {} {}",
+            ctx.task.api_version, ctx.task.kind
+        )
+    }
+}
+
+/// Cluster affinity: names, labels, provider/region/zone fields, exclusions.
+#[derive(Debug)]
+pub struct Affinity;
+
+impl Filter for Affinity {
+    fn name(&self) -> &'static str {
+        "ClusterAffinity"
+    }
+    fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool {
+        ctx.affinity
+            .is_none_or(|a: &ClusterAffinity| a.matches(&ctx.fleet.clusters()[i].view()))
+    }
+    fn why(&self, _: &Ctx<'_>, _: usize) -> String {
+        "cluster affinity does not match".into()
+    }
+}
+
+/// The draft's `targetClusters` (by name or label).
+#[derive(Debug)]
+pub struct TargetClusters;
+
+fn targets_match(targets: &[Target], selectors: &[Vec<Selector>], i: usize, ctx: &Ctx<'_>) -> bool {
+    let c = &ctx.fleet.clusters()[i];
+    targets.is_empty()
+        || targets
+            .iter()
+            .zip(selectors)
+            .any(|(t, sels)| t.names.contains(&c.name) || sels.iter().any(|s| s.matches(&c.labels)))
+}
+
+impl Filter for TargetClusters {
+    fn name(&self) -> &'static str {
+        "TargetClusters"
+    }
+    fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool {
+        targets_match(ctx.task.targets, &ctx.target_selectors, i, ctx)
+    }
+    fn why(&self, _: &Ctx<'_>, _: usize) -> String {
+        "not among the policy's targetClusters".into()
+    }
+}
+
+/// Whether a taint keeps the task off a cluster. NoSchedule keeps what already runs there;
+/// a NoExecute taint tolerated with `tolerationSeconds` is tolerated for that long after it
+/// was added.
+pub fn taint_blocks(t: &Taint, placement: &Placement, already_there: bool, now: i64) -> bool {
+    let effect = t.effect.as_str();
+    if effect == "PreferNoSchedule" {
+        return false;
+    }
+    if effect == "NoSchedule" && already_there {
+        return false;
+    }
+    !placement.cluster_tolerations.iter().any(|tol| {
+        tol.tolerates(&t.key, &t.value, effect)
+            && match (effect, tol.toleration_seconds, t.time_added) {
+                ("NoExecute", Some(secs), Some(added)) => now < added.unix_seconds() + secs,
+                ("NoExecute", Some(secs), None) => secs > 0,
+                _ => true,
+            }
+    })
+}
+
+#[derive(Debug)]
+pub struct TaintToleration;
+
+impl TaintToleration {
+    fn blocking<'c>(ctx: &Ctx<'_>, c: &'c crate::ClusterSnapshot, i: usize) -> Option<&'c Taint> {
+        c.taints
+            .iter()
+            .find(|t| taint_blocks(t, ctx.task.placement, ctx.previous[i] > 0, ctx.task.now))
+    }
+}
+
+impl Filter for TaintToleration {
+    fn name(&self) -> &'static str {
+        "TaintToleration"
+    }
+    fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool {
+        let c = &ctx.fleet.clusters()[i];
+        c.taints.is_empty() || Self::blocking(ctx, c, i).is_none()
+    }
+    fn why(&self, ctx: &Ctx<'_>, i: usize) -> String {
+        let c = &ctx.fleet.clusters()[i];
+        match Self::blocking(ctx, c, i) {
+            Some(t) => format!("taint {}:{} is not tolerated", t.key, t.effect.as_str()),
+            None => "a taint is not tolerated".into(),
+        }
+    }
+}
+
+/// The cluster must offer every capability the placement asks for (`gpu`...).
+#[derive(Debug)]
+pub struct Capabilities;
+
+impl Filter for Capabilities {
+    fn name(&self) -> &'static str {
+        "Capabilities"
+    }
+    fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool {
+        let have = &ctx.fleet.clusters()[i].capabilities;
+        ctx.task
+            .placement
+            .capabilities
+            .iter()
+            .all(|c| have.contains(c))
+    }
+    fn why(&self, ctx: &Ctx<'_>, i: usize) -> String {
+        let have = &ctx.fleet.clusters()[i].capabilities;
+        let missing: Vec<&str> = ctx
+            .task
+            .placement
+            .capabilities
+            .iter()
+            .filter(|c| !have.contains(c))
+            .map(String::as_str)
+            .collect();
+        format!("lacks the capabilities {}", missing.join(", "))
+    }
+}
+
+/// One replica must fit on a single node (draft 7.2.2), so replicas never land where only
+/// fragments are free.
+#[derive(Debug)]
+pub struct NodeFit;
+
+impl Filter for NodeFit {
+    fn name(&self) -> &'static str {
+        "NodeFit"
+    }
+    fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool {
+        if !ctx.needs_room() {
+            return true;
+        }
+        let f = &ctx.fleet.facts()[i];
+        // Pods are counted per node by the member; the largest free node says nothing of them.
+        match &f.largest_free {
+            Some(free) => (0..5)
+                .filter(|d| *d != 3 && ctx.demand[*d] > 0.0)
+                .all(|d| ctx.demand[d] <= free[d] + 1e-9),
+            None => true,
+        }
+    }
+    fn why(&self, ctx: &Ctx<'_>, i: usize) -> String {
+        let f = &ctx.fleet.facts()[i];
+        let short: Vec<&str> = (0..5)
+            .filter(|d| {
+                *d != 3
+                    && ctx.demand[*d] > 0.0
+                    && f.largest_free
+                        .is_some_and(|free| ctx.demand[*d] > free[*d] + 1e-9)
+            })
+            .map(|d| crate::DIMENSIONS[d])
+            .collect();
+        format!(
+            "no single node has room for one replica ({} too short)",
+            short.join(", ")
+        )
+    }
+}
+
+/// The cluster's water level after the replicas it would take must stay within the limit.
+#[derive(Debug)]
+pub struct WaterLevel;
+
+impl Filter for WaterLevel {
+    fn name(&self) -> &'static str {
+        "WaterLevel"
+    }
+    fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool {
+        if !ctx.needs_room() {
+            return true;
+        }
+        // Replicas it already runs stay (steady mode); shedding is the rescheduler's job.
+        if ctx.previous[i] > 0 {
+            return true;
+        }
+        let need = if ctx.divided {
+            1
+        } else {
+            ctx.task.replicas.max(1)
+        };
+        match ctx.room[i] {
+            Some(room) => room >= need,
+            None => !ctx.water_division || !ctx.any_known,
+        }
+    }
+    fn why(&self, ctx: &Ctx<'_>, i: usize) -> String {
+        if ctx.room[i].is_none() {
+            return "the cluster reports no capacity to weigh its water level by".into();
+        }
+        let level = ctx.level_after(i, 1);
+        format!(
+            "its water level would reach {:.2}, above the limit {:.2}",
+            level, ctx.limit
+        )
+    }
+}

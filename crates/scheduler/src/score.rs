@@ -1,0 +1,224 @@
+//! Score plugins (draft 7.3.3): each rates the clusters that passed the filters from 0 to 100;
+//! the total is the weighted mean. Weights are configurable and follow monitoring: see
+//! [`Weights::adjusted`].
+//!
+//! Room is left for further plugins (data locality, cost, prediction): a plugin is a name, a
+//! weight and a function over the feasible clusters.
+
+use crate::Ctx;
+
+/// One score plugin.
+pub trait Score: Send + Sync + std::fmt::Debug {
+    fn name(&self) -> &'static str;
+    /// Scores `feasible` (cluster indexes) into `out`, 0..=100 each.
+    fn score(&self, ctx: &Ctx<'_>, feasible: &[usize], out: &mut [f64]);
+}
+
+/// Weights of the built-in plugins.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Weights {
+    pub headroom: f64,
+    pub balance: f64,
+    pub locality: f64,
+    pub priority: f64,
+    pub network: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Weights {
+            headroom: 1.0,
+            balance: 2.0,
+            locality: 1.0,
+            priority: 1.0,
+            network: 1.0,
+        }
+    }
+}
+
+/// What monitoring says about the fleet right now, for weight adjustment.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Signals {
+    /// The fleet's network traffic now and its usual level (a slow moving average), bytes/s.
+    pub traffic: f64,
+    pub traffic_baseline: f64,
+}
+
+/// Traffic above this multiple of its usual level is a surge.
+pub const SURGE: f64 = 1.5;
+/// The network weight grows with the surge up to this factor.
+pub const SURGE_MAX_FACTOR: f64 = 4.0;
+
+impl Weights {
+    /// The weights adjusted from monitoring (draft 7.3.3). The rule: when the fleet's traffic
+    /// is more than [`SURGE`] times its usual level, the network weight is multiplied by the
+    /// ratio, up to [`SURGE_MAX_FACTOR`]; otherwise the weights stand.
+    pub fn adjusted(&self, s: &Signals) -> Weights {
+        let mut w = *self;
+        if s.traffic_baseline > 0.0 {
+            let ratio = s.traffic / s.traffic_baseline;
+            if ratio > SURGE {
+                w.network *= ratio.min(SURGE_MAX_FACTOR);
+            }
+        }
+        w
+    }
+
+    pub fn of(&self, plugin: &str) -> f64 {
+        match plugin {
+            "Headroom" => self.headroom,
+            "Balance" => self.balance,
+            "Locality" => self.locality,
+            "Priority" => self.priority,
+            "Network" => self.network,
+            _ => 0.0,
+        }
+    }
+}
+
+pub fn default_scores() -> Vec<Box<dyn Score>> {
+    vec![
+        Box::new(Headroom),
+        Box::new(Balance),
+        Box::new(Locality),
+        Box::new(Priority),
+        Box::new(Network),
+    ]
+}
+
+/// Room for more replicas under the water level limit, relative to the roomiest cluster.
+#[derive(Debug)]
+pub struct Headroom;
+
+impl Score for Headroom {
+    fn name(&self) -> &'static str {
+        "Headroom"
+    }
+    fn score(&self, ctx: &Ctx<'_>, feasible: &[usize], out: &mut [f64]) {
+        let max = feasible
+            .iter()
+            .filter_map(|i| ctx.room[*i])
+            .max()
+            .unwrap_or(0);
+        for (o, i) in out.iter_mut().zip(feasible) {
+            *o = match ctx.room[*i] {
+                _ if max == 0 => 50.0,
+                Some(r) => 100.0 * r as f64 / max as f64,
+                None => 50.0,
+            };
+        }
+    }
+}
+
+/// Lower water level after one more replica scores higher: 100 when empty, 0 at the limit.
+#[derive(Debug)]
+pub struct Balance;
+
+impl Score for Balance {
+    fn name(&self) -> &'static str {
+        "Balance"
+    }
+    fn score(&self, ctx: &Ctx<'_>, feasible: &[usize], out: &mut [f64]) {
+        for (o, i) in out.iter_mut().zip(feasible) {
+            *o = if ctx.fleet.facts()[*i].known() {
+                (100.0 * (1.0 - ctx.level_after(*i, 1) / ctx.limit)).clamp(0.0, 100.0)
+            } else {
+                50.0
+            };
+        }
+    }
+}
+
+/// Clusters already running the workload score 100, to avoid churn.
+#[derive(Debug)]
+pub struct Locality;
+
+impl Score for Locality {
+    fn name(&self) -> &'static str {
+        "Locality"
+    }
+    fn score(&self, ctx: &Ctx<'_>, feasible: &[usize], out: &mut [f64]) {
+        for (o, i) in out.iter_mut().zip(feasible) {
+            *o = if ctx.previous[*i] > 0 { 100.0 } else { 0.0 };
+        }
+    }
+}
+
+/// Higher-priority tasks lean towards the least loaded clusters, where they meet the least
+/// contention: the cluster's free fraction, scaled by the task's priority (0 to 100, clamped);
+/// a task of priority 0 or less scores every cluster the same.
+#[derive(Debug)]
+pub struct Priority;
+
+impl Score for Priority {
+    fn name(&self) -> &'static str {
+        "Priority"
+    }
+    fn score(&self, ctx: &Ctx<'_>, feasible: &[usize], out: &mut [f64]) {
+        let p = (ctx.task.priority.clamp(0, 100)) as f64 / 100.0;
+        for (o, i) in out.iter_mut().zip(feasible) {
+            let free = (1.0 - ctx.fleet.facts()[*i].level()).clamp(0.0, 1.0);
+            *o = 100.0 * (p * free + (1.0 - p) * 0.5);
+        }
+    }
+}
+
+/// Less traffic and lower latency to the rest of the fleet score higher; clusters that report
+/// no figures score in the middle.
+#[derive(Debug)]
+pub struct Network;
+
+impl Score for Network {
+    fn name(&self) -> &'static str {
+        "Network"
+    }
+    fn score(&self, ctx: &Ctx<'_>, feasible: &[usize], out: &mut [f64]) {
+        let facts = ctx.fleet.facts();
+        let max_traffic = feasible
+            .iter()
+            .map(|i| facts[*i].traffic)
+            .fold(0.0, f64::max);
+        let max_latency = feasible
+            .iter()
+            .filter_map(|i| facts[*i].latency)
+            .fold(0.0, f64::max);
+        for (o, i) in out.iter_mut().zip(feasible) {
+            let f = &facts[*i];
+            let t = if max_traffic > 0.0 {
+                100.0 * (1.0 - f.traffic / max_traffic)
+            } else {
+                50.0
+            };
+            let l = match f.latency {
+                Some(l) if max_latency > 0.0 => 100.0 * (1.0 - l / max_latency),
+                _ => 50.0,
+            };
+            *o = (t + l) / 2.0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_traffic_surge_raises_the_network_weight() {
+        let w = Weights::default();
+        let cases = [
+            (100.0, 100.0, 1.0),
+            (140.0, 100.0, 1.0),
+            (200.0, 100.0, 2.0),
+            (1000.0, 100.0, 4.0),
+            (500.0, 0.0, 1.0),
+        ];
+        for (now, base, factor) in cases {
+            let a = w.adjusted(&Signals {
+                traffic: now,
+                traffic_baseline: base,
+            });
+            assert_eq!(a.network, w.network * factor, "{now}/{base}");
+            assert_eq!(a.balance, w.balance);
+        }
+    }
+}

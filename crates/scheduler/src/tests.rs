@@ -1,0 +1,571 @@
+use super::*;
+use orrery_api::Quantity;
+use orrery_api::cluster::{Taint, TaintEffect};
+use orrery_api::{Format, Time};
+use serde_json::json;
+
+fn cpu(n: i64) -> Quantity {
+    Quantity::from_int(n, Format::DecimalSI)
+}
+
+/// A cluster with `cores` cpu, `used` of them requested.
+fn cluster(name: &str, region: &str, cores: i64, used: i64) -> ClusterSnapshot {
+    let mut c = ClusterSnapshot {
+        name: name.into(),
+        region: region.into(),
+        provider: "aws".into(),
+        ready: true,
+        ..Default::default()
+    };
+    c.labels.insert(
+        "env".into(),
+        if name.ends_with('3') { "edge" } else { "prod" }.into(),
+    );
+    c.allocatable.insert("cpu".into(), cpu(cores));
+    c.allocated.insert("cpu".into(), cpu(used));
+    c
+}
+
+fn fleet() -> Vec<ClusterSnapshot> {
+    vec![
+        cluster("m1", "us", 10, 0),
+        cluster("m2", "eu", 20, 0),
+        cluster("m3", "asia", 40, 10),
+    ]
+}
+
+fn placement(v: serde_json::Value) -> Placement {
+    serde_json::from_value(v).unwrap()
+}
+
+fn one_cpu() -> ResourceList {
+    [("cpu".to_string(), cpu(1))].into()
+}
+
+struct T {
+    replicas: i64,
+    request: ResourceList,
+    placement: Placement,
+    targets: Vec<Target>,
+    previous: Vec<TargetCluster>,
+    shed: Vec<String>,
+    mode: Mode,
+    priority: i32,
+    now: i64,
+}
+
+impl T {
+    fn new(p: serde_json::Value, replicas: i64) -> T {
+        T {
+            replicas,
+            request: one_cpu(),
+            placement: placement(p),
+            targets: vec![],
+            previous: vec![],
+            shed: vec![],
+            mode: Mode::Steady,
+            priority: 0,
+            now: Time::now().unix_seconds(),
+        }
+    }
+    fn task(&self) -> Task<'_> {
+        Task {
+            api_version: "apps/v1",
+            kind: "Deployment",
+            replicas: self.replicas,
+            divisible: true,
+            request: &self.request,
+            placement: &self.placement,
+            targets: &self.targets,
+            priority: self.priority,
+            previous: &self.previous,
+            evicted: &[],
+            shed: &self.shed,
+            mode: self.mode,
+            now: self.now,
+        }
+    }
+    fn run(&self, clusters: &[ClusterSnapshot]) -> Decision {
+        schedule(
+            &Fleet::new(clusters.to_vec()),
+            &self.task(),
+            &Config::default(),
+        )
+    }
+    fn run_with(&self, clusters: &[ClusterSnapshot], config: &Config) -> Decision {
+        schedule(&Fleet::new(clusters.to_vec()), &self.task(), config)
+    }
+    fn explain(&self, clusters: &[ClusterSnapshot]) -> BTreeMap<String, ClusterDecision> {
+        let f = Fleet::new(clusters.to_vec());
+        let c = Config::default();
+        let d = schedule(&f, &self.task(), &c);
+        d.explain(&f, &self.task(), &c)
+            .into_iter()
+            .map(|x| (x.name.clone(), x))
+            .collect()
+    }
+}
+
+fn run(clusters: &[ClusterSnapshot], p: serde_json::Value, replicas: i64) -> Decision {
+    T::new(p, replicas).run(clusters)
+}
+
+fn shares(d: &Decision) -> Vec<(String, i64)> {
+    d.clusters
+        .iter()
+        .map(|t| (t.name.clone(), t.replicas))
+        .collect()
+}
+
+fn s(v: &[(&str, i64)]) -> Vec<(String, i64)> {
+    v.iter().map(|(n, r)| (n.to_string(), *r)).collect()
+}
+
+fn prev(v: &[(&str, i64)]) -> Vec<TargetCluster> {
+    v.iter()
+        .map(|(n, r)| TargetCluster {
+            name: n.to_string(),
+            replicas: *r,
+        })
+        .collect()
+}
+
+const DIVIDED: &str = "Divided";
+
+fn divided() -> serde_json::Value {
+    json!({"replicaScheduling": {"replicaSchedulingType": DIVIDED}})
+}
+
+#[test]
+fn karmada_division_modes() {
+    let c = fleet();
+    // No replicaScheduling: Duplicated.
+    assert_eq!(
+        shares(&run(&c, json!({}), 3)),
+        s(&[("m1", 3), ("m2", 3), ("m3", 3)])
+    );
+    // Static weights (Karmada's documentation example); m3 has no weight.
+    let p = json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
+        "weightPreference": {"staticWeightList": [
+            {"targetCluster": {"clusterNames": ["m1"]}, "weight": 1},
+            {"targetCluster": {"clusterNames": ["m2"]}, "weight": 2}]}}});
+    let d = run(&c, p.clone(), 6);
+    assert_eq!(
+        (shares(&d), d.strategy),
+        (s(&[("m1", 2), ("m2", 4)]), "StaticWeight")
+    );
+    let why = T::new(p, 6).explain(&c);
+    assert!(why["m3"].reason.contains("share rounds to 0"), "{why:?}");
+    // Dynamic weight by available replicas (requests only): 10, 20, 30 free.
+    let p = json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
+        "weightPreference": {"dynamicWeight": "AvailableReplicas"}}});
+    assert_eq!(
+        shares(&run(&c, p, 12)),
+        s(&[("m1", 2), ("m2", 4), ("m3", 6)])
+    );
+    // Aggregated: as few clusters as possible.
+    let p = json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Aggregated"}});
+    assert_eq!(shares(&run(&c, p.clone(), 25)), s(&[("m3", 25)]));
+    assert_eq!(shares(&run(&c, p, 35)), s(&[("m2", 5), ("m3", 30)]));
+    // Zero weights everywhere: a clear error.
+    let p = json!({"replicaScheduling": {"replicaSchedulingType": "Divided",
+        "weightPreference": {"staticWeightList": [{"targetCluster": {"clusterNames": ["m1"]}, "weight": 0}]}}});
+    let d = run(&c, p, 3);
+    assert!(d.clusters.is_empty() && d.error.unwrap().contains("static weight of 0"));
+}
+
+/// Three clusters of 100 cores with a given number of cores already used.
+fn loaded(used: [i64; 3]) -> Vec<ClusterSnapshot> {
+    vec![
+        cluster("a", "us", 100, used[0]),
+        cluster("b", "eu", 100, used[1]),
+        cluster("c", "asia", 100, used[2]),
+    ]
+}
+
+#[test]
+fn water_level_division_by_fleet_level() {
+    // Busy fleet (70%): water-filling evens the levels out: 10 replicas of 1 core onto
+    // 60/70/80 used: 60->70 takes 10, b and c get none, levels end 70/70/80.
+    let d = run(&loaded([60, 70, 80]), divided(), 10);
+    assert_eq!(d.strategy, "WaterFilling");
+    assert!((d.fleet_level - 0.7).abs() < 1e-9);
+    assert_eq!(shares(&d), s(&[("a", 10)]));
+    // 25 replicas: a to 70, then a and b in turn to 78 and 77; c (80) untouched.
+    let d = run(&loaded([60, 70, 80]), divided(), 25);
+    assert_eq!(shares(&d), s(&[("a", 18), ("b", 7)]));
+    // Idle fleet (10%): aggregation fills the best cluster first.
+    let d = run(&loaded([5, 10, 15]), divided(), 30);
+    assert_eq!((d.strategy, shares(&d)), ("Aggregation", s(&[("a", 30)])));
+    // ... up to the limit (85 of 100 with 5 used: 80 fit), then opens the next.
+    let d = run(&loaded([5, 10, 15]), divided(), 100);
+    assert_eq!(shares(&d), s(&[("a", 80), ("b", 20)]));
+    // Aggregation still meets a spread minimum.
+    let mut p = divided();
+    p["spreadConstraints"] = json!([{"spreadByField": "region", "minGroups": 2}]);
+    let d = run(&loaded([5, 10, 15]), p, 30);
+    assert_eq!(shares(&d), s(&[("a", 29), ("b", 1)]));
+    // In between (40%): score-weighted, more where the level is lower.
+    let d = run(&loaded([20, 40, 60]), divided(), 30);
+    assert_eq!(d.strategy, "ScoreWeighted");
+    let got: BTreeMap<String, i64> = shares(&d).into_iter().collect();
+    assert_eq!(got.values().sum::<i64>(), 30);
+    assert!(
+        got["a"] > got["b"] && got["b"] > got.get("c").copied().unwrap_or(0),
+        "{got:?}"
+    );
+    // dynamicWeight: WaterLevel says the same explicitly.
+    let p = json!({"replicaScheduling": {"replicaSchedulingType": "Divided",
+        "weightPreference": {"dynamicWeight": "WaterLevel"}}});
+    assert_eq!(shares(&run(&loaded([20, 40, 60]), p, 30)), shares(&d));
+}
+
+#[test]
+fn no_cluster_goes_over_its_limit() {
+    // 25+15+5 = 45 replicas fit under 0.85; 50 are asked for.
+    let d = run(&loaded([60, 70, 80]), divided(), 50);
+    assert_eq!(d.unplaced, 5);
+    assert_eq!(shares(&d), s(&[("a", 25), ("b", 15), ("c", 5)]));
+    assert!(
+        d.error
+            .unwrap()
+            .contains("5 of 50 replicas fit in no cluster")
+    );
+    // A policy's own limit.
+    let mut p = divided();
+    p["waterLevelLimit"] = json!(0.7);
+    let d = run(&loaded([60, 70, 80]), p, 50);
+    assert_eq!(shares(&d), s(&[("a", 10)]));
+    assert_eq!(d.unplaced, 40);
+    let why = {
+        let mut t = T::new(divided(), 1);
+        t.placement.water_level_limit = Some(0.7);
+        t.explain(&loaded([60, 70, 80]))
+    };
+    assert_eq!(why["c"].filter, "WaterLevel");
+    assert_eq!(
+        why["c"].reason,
+        "its water level would reach 0.81, above the limit 0.70"
+    );
+}
+
+#[test]
+fn rounding_edge_cases() {
+    // 1 replica over 3 identical empty clusters: exactly one gets it, always the same.
+    let eq = loaded([0, 0, 0]);
+    let d = run(&eq, divided(), 1);
+    assert_eq!(shares(&d), s(&[("a", 1)]));
+    assert_eq!(shares(&run(&eq, divided(), 1)), shares(&d));
+    // Score-weighted with 1 replica over 3 (fleet at 40%): the best-scoring one.
+    let d = run(&loaded([30, 40, 50]), divided(), 1);
+    assert_eq!(shares(&d), s(&[("a", 1)]));
+    // Everything filtered.
+    let d = run(
+        &eq,
+        json!({"clusterAffinity": {"clusterNames": ["nowhere"]}}),
+        1,
+    );
+    assert_eq!(d.error.as_deref(), Some("0/3 clusters are available"));
+    assert_eq!(d.unplaced, 1);
+    // No clusters at all.
+    assert_eq!(
+        run(&[], divided(), 1).error.as_deref(),
+        Some("no clusters are registered")
+    );
+    // Zero replicas: placed nowhere, no error.
+    let d = run(&eq, divided(), 0);
+    assert!(d.clusters.is_empty() && d.error.is_none());
+    // Invalid tasks are refused before anything is looked at.
+    assert!(run(&eq, divided(), -1).error.unwrap().contains("negative"));
+    // Clusters reporting no capacity at all: equal shares.
+    let blank: Vec<ClusterSnapshot> = ["x", "y", "z"]
+        .iter()
+        .map(|n| ClusterSnapshot {
+            name: n.to_string(),
+            ready: true,
+            ..Default::default()
+        })
+        .collect();
+    assert_eq!(
+        shares(&run(&blank, divided(), 4)),
+        s(&[("x", 2), ("y", 1), ("z", 1)])
+    );
+}
+
+#[test]
+fn steady_mode_moves_only_the_difference() {
+    let c = loaded([40, 40, 40]);
+    let mut t = T::new(divided(), 12);
+    t.previous = prev(&[("a", 2), ("b", 8)]);
+    // Scale up by 2: a and b keep theirs, the 2 new go where levels are lowest (c).
+    let d = t.run(&c);
+    let got: BTreeMap<String, i64> = shares(&d).into_iter().collect();
+    assert!(got["a"] >= 2 && got["b"] >= 8, "{got:?}");
+    assert_eq!(got.values().sum::<i64>(), 12);
+    // Scale down to 6 from a:2 b:8 c:2 — the fullest (b) gives back first.
+    t.previous = prev(&[("a", 2), ("b", 8), ("c", 2)]);
+    t.replicas = 6;
+    let got: BTreeMap<String, i64> = shares(&t.run(&loaded([40, 70, 40]))).into_iter().collect();
+    assert_eq!(got.values().sum::<i64>(), 6);
+    assert_eq!((got["a"], got["c"]), (2, 2), "{got:?}");
+    // Fresh mode recomputes from scratch.
+    t.mode = Mode::Fresh;
+    t.replicas = 12;
+    t.previous = prev(&[("b", 12)]);
+    let fresh: BTreeMap<String, i64> = shares(&t.run(&c)).into_iter().collect();
+    assert!(fresh.len() >= 2, "{fresh:?}");
+}
+
+#[test]
+fn shedding_cuts_a_hot_cluster_to_under_its_limit() {
+    // a is at 95 of 100 cores with 20 of our replicas among them.
+    let c = loaded([95, 30, 30]);
+    let mut t = T::new(divided(), 30);
+    t.previous = prev(&[("a", 20), ("b", 5), ("c", 5)]);
+    // Without shedding nothing moves.
+    assert_eq!(shares(&t.run(&c)), s(&[("a", 20), ("b", 5), ("c", 5)]));
+    t.shed = vec!["a".into()];
+    let got: BTreeMap<String, i64> = shares(&t.run(&c)).into_iter().collect();
+    // Under 0.80: 80 - 75 (others) = 5 replicas stay.
+    assert_eq!(got["a"], 5, "{got:?}");
+    assert_eq!(got.values().sum::<i64>(), 30);
+}
+
+#[test]
+fn filters_explain_themselves() {
+    let mut c = fleet();
+    c[0].ready = false;
+    c[1].taints.push(Taint::new(
+        "maintenance",
+        TaintEffect::NoSchedule,
+        Time::now(),
+    ));
+    let t = T::new(json!({}), 1);
+    assert_eq!(shares(&t.run(&c)), s(&[("m3", 1)]));
+    let why = t.explain(&c);
+    assert_eq!(why["m1"].reason, "the cluster is not ready");
+    assert_eq!(why["m1"].filter, "Readiness");
+    assert_eq!(
+        why["m2"].reason,
+        "taint maintenance:NoSchedule is not tolerated"
+    );
+    assert_eq!(why["m3"].reason, "selected");
+    assert!(why["m3"].score.is_some() && why["m3"].scores.len() == 5);
+    // A cluster that stops being Ready keeps what it already runs (until a NoExecute taint).
+    let mut t = T::new(json!({}), 1);
+    t.previous = prev(&[("m1", 1)]);
+    assert!(shares(&t.run(&c)).contains(&("m1".to_string(), 1)));
+    let mut gone = c.clone();
+    gone[0].taints.push(Taint::new(
+        "cluster.multicluster.io/unreachable",
+        TaintEffect::NoExecute,
+        Time::from_unix_seconds(t.now - 100).unwrap(),
+    ));
+    assert!(!shares(&t.run(&gone)).iter().any(|(n, _)| n == "m1"));
+    // Tolerated for 300 s after it was added: it stays; for 60 s: it is gone.
+    for (secs, stays) in [(300, true), (60, false)] {
+        t.placement = placement(json!({"clusterTolerations": [
+            {"key": "cluster.multicluster.io/unreachable", "operator": "Exists",
+             "effect": "NoExecute", "tolerationSeconds": secs}]}));
+        assert_eq!(
+            shares(&t.run(&gone)).iter().any(|(n, _)| n == "m1"),
+            stays,
+            "{secs}"
+        );
+    }
+    // Tolerated, it is chosen.
+    let p = json!({"clusterTolerations": [{"key": "maintenance", "operator": "Exists"}]});
+    assert_eq!(shares(&run(&c, p, 1)).len(), 2);
+    // Affinity by label, by field, exclusion.
+    let c = fleet();
+    let p = json!({"clusterAffinity": {"labelSelector": {"matchLabels": {"env": "prod"}}, "exclude": ["m1"]}});
+    assert_eq!(shares(&run(&c, p, 1)), s(&[("m2", 1)]));
+    let p = json!({"clusterAffinity": {"fieldSelector": {"matchExpressions": [{"key": "region", "operator": "In", "values": ["asia", "us"]}]}}});
+    assert_eq!(shares(&run(&c, p, 1)), s(&[("m1", 1), ("m3", 1)]));
+    // clusterAffinities: the first term that works wins.
+    let p = json!({"clusterAffinities": [
+        {"affinityName": "primary", "clusterNames": ["nowhere"]},
+        {"affinityName": "backup", "clusterNames": ["m2"]}]});
+    let d = run(&c, p, 1);
+    assert_eq!(
+        (d.affinity_name.as_str(), shares(&d)),
+        ("backup", s(&[("m2", 1)]))
+    );
+}
+
+#[test]
+fn capabilities_and_node_fit() {
+    let mut c = loaded([0, 0, 0]);
+    c[0].capabilities = vec!["gpu".into()];
+    c[1].capabilities = vec!["gpu".into(), "tls-encryption".into()];
+    let mut p = divided();
+    p["capabilities"] = json!(["gpu", "tls-encryption"]);
+    let t = T::new(p, 2);
+    assert_eq!(shares(&t.run(&c)), s(&[("b", 2)]));
+    let why = t.explain(&c);
+    assert_eq!(why["a"].reason, "lacks the capabilities tls-encryption");
+    assert_eq!(why["c"].filter, "Capabilities");
+    // Plenty free in total, but no node with 4 free cores: no replica of 4 cores lands.
+    c[0].largest_node_free.insert("cpu".into(), cpu(3));
+    c[1].largest_node_free.insert("cpu".into(), cpu(8));
+    let mut t = T::new(divided(), 2);
+    t.request = [("cpu".to_string(), cpu(4))].into();
+    assert!(!shares(&t.run(&c)).iter().any(|(n, _)| n == "a"));
+    let why = t.explain(&c);
+    assert_eq!(
+        why["a"].reason,
+        "no single node has room for one replica (cpu too short)"
+    );
+    // A GPU replica cannot go where there are no GPUs.
+    let mut t = T::new(divided(), 1);
+    t.request = [("nvidia.com/gpu".to_string(), cpu(1))].into();
+    let mut g = loaded([0, 0, 0]);
+    g[2].allocatable.insert("nvidia.com/gpu".into(), cpu(4));
+    assert_eq!(shares(&t.run(&g)), s(&[("c", 1)]));
+    // Karmada's profile does not look at water levels or nodes.
+    let t = T::new(json!({}), 1);
+    let mut hot = loaded([99, 99, 99]);
+    hot[0].largest_node_free.insert("cpu".into(), cpu(0));
+    assert!(t.run(&hot).clusters.is_empty());
+    assert!(!t.run_with(&hot, &Config::karmada()).clusters.is_empty());
+}
+
+#[test]
+fn scores_rank_the_feasible_clusters() {
+    // Locality: the cluster already running the workload wins a Duplicated single pick.
+    let c = loaded([50, 50, 50]);
+    let mut t = T::new(
+        json!({"spreadConstraints": [{"spreadByField": "cluster", "maxGroups": 1}]}),
+        1,
+    );
+    t.previous = prev(&[("c", 1)]);
+    assert_eq!(shares(&t.run(&c)), s(&[("c", 1)]));
+    // Balance and headroom: the emptiest cluster ranks first.
+    let t = T::new(
+        json!({"spreadConstraints": [{"spreadByField": "cluster", "maxGroups": 1}]}),
+        1,
+    );
+    assert_eq!(shares(&t.run(&loaded([50, 10, 50]))), s(&[("b", 1)]));
+    // Network: with equal load, the quieter, closer cluster.
+    let mut c = loaded([50, 50, 50]);
+    c[0].traffic = 900.0;
+    c[1].traffic = 100.0;
+    c[2].traffic = 500.0;
+    assert_eq!(shares(&t.run(&c)), s(&[("b", 1)]));
+    // Priority leans towards the least loaded cluster.
+    let mut t = T::new(json!({}), 1);
+    t.priority = 100;
+    let hi = t.explain(&loaded([10, 50, 50]));
+    t.priority = 0;
+    let lo = t.explain(&loaded([10, 50, 50]));
+    assert!(hi["a"].scores["Priority"] > hi["b"].scores["Priority"]);
+    assert_eq!(lo["a"].scores["Priority"], lo["b"].scores["Priority"]);
+}
+
+#[test]
+fn spread_constraints() {
+    let mut c = fleet();
+    c.push(cluster("m4", "us", 50, 0));
+    // The two best-scoring clusters.
+    let d = run(
+        &c,
+        json!({"spreadConstraints": [{"spreadByField": "cluster", "maxGroups": 2}]}),
+        1,
+    );
+    assert_eq!(shares(&d), s(&[("m2", 1), ("m4", 1)]));
+    // The best region (us, through m4) keeps both of its clusters.
+    let d = run(
+        &c,
+        json!({"spreadConstraints": [{"spreadByField": "region", "maxGroups": 1}]}),
+        1,
+    );
+    assert_eq!(shares(&d), s(&[("m1", 1), ("m4", 1)]));
+    let d = run(
+        &c,
+        json!({"spreadConstraints": [{"spreadByField": "region", "minGroups": 4}]}),
+        1,
+    );
+    assert!(d.error.unwrap().contains("at least 4 groups, only 3"));
+}
+
+#[test]
+fn targets_and_api_enablement() {
+    let mut c = fleet();
+    c[1].api_kinds = Some([("apps/v1".to_string(), "StatefulSet".to_string())].into());
+    let mut t = T::new(json!({}), 2);
+    t.targets = vec![
+        Target {
+            names: vec!["m1".into()],
+            labels: vec![],
+        },
+        Target {
+            names: vec![],
+            labels: vec!["env=edge".into()],
+        },
+    ];
+    assert_eq!(shares(&t.run(&c)), s(&[("m1", 2), ("m3", 2)]));
+    let why = t.explain(&c);
+    assert!(
+        why["m2"]
+            .reason
+            .contains("does not serve apps/v1 Deployment")
+    );
+}
+
+/// The property the issue asks of water-filling: after placing, no eligible cluster that
+/// received replicas sits higher than another eligible cluster could have taken them to.
+#[test]
+fn water_filling_evens_levels_on_many_shapes() {
+    for seed in 0..50u64 {
+        let mut x = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let mut next = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 33) as i64
+        };
+        let c: Vec<ClusterSnapshot> = (0..6)
+            .map(|i| {
+                let cap = 20 + next() % 200;
+                let used = cap * (60 + next() % 25) / 100;
+                cluster(&format!("k{i}"), "r", cap, used)
+            })
+            .collect();
+        let replicas = 1 + next() % 60;
+        let d = run(&c, divided(), replicas);
+        assert_eq!(d.strategy, "WaterFilling", "seed {seed}");
+        let f = Fleet::new(c.clone());
+        let level = |name: &str, n: i64| {
+            let i = f.position(name).unwrap();
+            let fa = &f.facts()[i];
+            (fa.taken(0) + n as f64) / fa.allocatable[0]
+        };
+        let got: BTreeMap<String, i64> = shares(&d).into_iter().collect();
+        assert_eq!(
+            got.values().sum::<i64>() + d.unplaced,
+            replicas,
+            "seed {seed}"
+        );
+        for (a, na) in &got {
+            // Its last replica went where the level was lowest.
+            let before_last = level(a, na - 1);
+            for cl in &c {
+                let nb = got.get(&cl.name).copied().unwrap_or(0);
+                let alt = level(&cl.name, nb + 1);
+                if alt <= 0.85 + 1e-9 {
+                    assert!(
+                        before_last <= alt + 1e-9,
+                        "seed {seed}: {a} got its last replica at {before_last} while {} would be at {alt}",
+                        cl.name
+                    );
+                }
+            }
+            assert!(
+                level(a, *na) <= 0.85 + 1e-9,
+                "seed {seed}: {a} over the limit"
+            );
+        }
+    }
+}
