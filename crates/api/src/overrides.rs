@@ -47,27 +47,49 @@ pub struct ClusterView<'a> {
 impl ClusterAffinity {
     /// Whether the cluster satisfies every condition of the affinity.
     pub fn matches(&self, c: &ClusterView<'_>) -> bool {
-        if self.exclude.iter().any(|n| n == c.name) {
+        self.compile().matches(c)
+    }
+
+    /// The affinity with its label selector parsed once, for matching many clusters.
+    pub fn compile(&self) -> CompiledAffinity<'_> {
+        CompiledAffinity {
+            affinity: self,
+            labels: self.label_selector.as_ref().map(|ls| ls.to_selector().ok()),
+        }
+    }
+}
+
+/// A [`ClusterAffinity`] ready to match many clusters.
+#[derive(Clone, Debug)]
+pub struct CompiledAffinity<'a> {
+    affinity: &'a ClusterAffinity,
+    /// `Some(None)`: a selector that does not parse (it matches nothing).
+    labels: Option<Option<crate::labels::Selector>>,
+}
+
+impl CompiledAffinity<'_> {
+    /// Whether the cluster satisfies every condition of the affinity.
+    pub fn matches(&self, c: &ClusterView<'_>) -> bool {
+        let a = self.affinity;
+        if a.exclude.iter().any(|n| n == c.name) {
             return false;
         }
-        if !self.cluster_names.is_empty() && !self.cluster_names.iter().any(|n| n == c.name) {
+        if !a.cluster_names.is_empty() && !a.cluster_names.iter().any(|n| n == c.name) {
             return false;
         }
-        if let Some(ls) = &self.label_selector {
-            match ls.to_selector() {
-                Ok(s) if s.matches(c.labels) => {}
-                _ => return false,
-            }
+        match &self.labels {
+            Some(Some(s)) if !s.matches(c.labels) => return false,
+            Some(None) => return false,
+            _ => {}
         }
-        if let Some(fs) = &self.field_selector {
+        if let Some(fs) = &a.field_selector {
             for r in &fs.match_expressions {
-                let have: Vec<&str> = match r.key.as_str() {
-                    "provider" => vec![c.provider],
-                    "region" => vec![c.region],
-                    "zone" => c.zones.iter().map(String::as_str).collect(),
+                let hit = match r.key.as_str() {
+                    "provider" => r.values.iter().any(|v| v == c.provider),
+                    "region" => r.values.iter().any(|v| v == c.region),
+                    "zone" => c.zones.iter().any(|z| r.values.iter().any(|v| v == z)),
                     _ => return false,
                 };
-                let hit = have.iter().any(|h| r.values.iter().any(|v| v == h));
                 let ok = match r.operator.as_str() {
                     "In" => hit,
                     "NotIn" => !hit,

@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand};
 mod api;
 mod members;
 mod propagation;
+mod scheduler;
 mod stats;
 mod store;
 
@@ -178,6 +179,18 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// The scheduling engine alone: decisions per second and latency per decision.
+    SchedulerEngine {
+        #[arg(long, value_delimiter = ',', default_value = "100,1000,5000")]
+        clusters: Vec<usize>,
+        #[arg(long, default_value_t = 100_000)]
+        bindings: usize,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Also split the same work over this many threads.
+        #[arg(long, default_value_t = 2)]
+        threads: usize,
+    },
     /// Internal: the fresh process of `store-memory`.
     #[command(hide = true)]
     StoreMemoryProbe { path: String },
@@ -241,6 +254,17 @@ fn main() -> anyhow::Result<()> {
                 .await
             }
             Command::StoreMemoryProbe { path } => store::memory_probe(&path).await,
+            Command::SchedulerEngine {
+                clusters,
+                bindings,
+                runs,
+                threads,
+            } => scheduler::engine(scheduler::EngineArgs {
+                clusters,
+                bindings,
+                runs,
+                threads,
+            }),
             Command::MembersRegister {
                 clusters,
                 server_bin,

@@ -52,20 +52,57 @@ pub(crate) struct Shares<'c, 'a> {
     pub score: Vec<f64>,
 }
 
-#[derive(PartialEq)]
-struct Key(f64, usize);
+/// Heap order for water-filling: the lowest level first, then the best score, then the
+/// earlier name.
+struct Fill(f64, f64, usize);
 
-impl Eq for Key {}
+impl PartialEq for Fill {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o).is_eq()
+    }
+}
 
-impl PartialOrd for Key {
+impl Eq for Fill {}
+
+impl PartialOrd for Fill {
     fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
         Some(self.cmp(o))
     }
 }
 
-impl Ord for Key {
+impl Ord for Fill {
+    /// Greater means "goes first" (the heap is a max-heap).
     fn cmp(&self, o: &Self) -> Ordering {
-        self.0.total_cmp(&o.0).then(self.1.cmp(&o.1))
+        o.0.total_cmp(&self.0)
+            .then(self.1.total_cmp(&o.1))
+            .then(o.2.cmp(&self.2))
+    }
+}
+
+/// Heap order for draining: the highest level first, then the worst score, then the later
+/// name.
+struct Drain(f64, f64, usize);
+
+impl PartialEq for Drain {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o).is_eq()
+    }
+}
+
+impl Eq for Drain {}
+
+impl PartialOrd for Drain {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+
+impl Ord for Drain {
+    fn cmp(&self, o: &Self) -> Ordering {
+        self.0
+            .total_cmp(&o.0)
+            .then(o.1.total_cmp(&self.1))
+            .then(self.2.cmp(&o.2))
     }
 }
 
@@ -75,43 +112,62 @@ impl Shares<'_, '_> {
     }
 
     /// Water-filling: `k` replicas, each where the resulting level is lowest (ties to the
-    /// better-ranked cluster). Returns how many were placed.
+    /// better score). Returns how many were placed.
     pub fn water_fill(&mut self, k: i64) -> i64 {
-        let mut heap: BinaryHeap<std::cmp::Reverse<Key>> = (0..self.idx.len())
+        let mut heap: BinaryHeap<Fill> = (0..self.idx.len())
             .filter(|j| self.open(*j))
-            .map(|j| std::cmp::Reverse(Key(self.ctx.level_after(self.idx[j], self.n[j] + 1), j)))
+            .map(|j| {
+                Fill(
+                    self.ctx.level_after(self.idx[j], self.n[j] + 1),
+                    self.score[j],
+                    j,
+                )
+            })
             .collect();
         let mut placed = 0;
         while placed < k {
-            let Some(std::cmp::Reverse(Key(_, j))) = heap.pop() else {
+            let Some(Fill(_, _, j)) = heap.pop() else {
                 break;
             };
             self.n[j] += 1;
             placed += 1;
             if self.open(j) {
-                heap.push(std::cmp::Reverse(Key(
+                heap.push(Fill(
                     self.ctx.level_after(self.idx[j], self.n[j] + 1),
+                    self.score[j],
                     j,
-                )));
+                ));
             }
         }
         placed
     }
 
-    /// Takes `k` replicas away, each from where the level is highest (ties to the worse-ranked
-    /// cluster).
+    /// Takes `k` replicas away, each from where the level is highest (ties to the worse
+    /// score).
     pub fn drain(&mut self, k: i64) {
-        let mut heap: BinaryHeap<Key> = (0..self.idx.len())
+        let mut heap: BinaryHeap<Drain> = (0..self.idx.len())
             .filter(|j| self.n[*j] > 0)
-            .map(|j| Key(self.ctx.level_after(self.idx[j], self.n[j]), j))
+            .map(|j| {
+                Drain(
+                    self.ctx.level_after(self.idx[j], self.n[j]),
+                    self.score[j],
+                    j,
+                )
+            })
             .collect();
         let mut left = k;
         while left > 0 {
-            let Some(Key(_, j)) = heap.pop() else { break };
+            let Some(Drain(_, _, j)) = heap.pop() else {
+                break;
+            };
             self.n[j] -= 1;
             left -= 1;
             if self.n[j] > 0 {
-                heap.push(Key(self.ctx.level_after(self.idx[j], self.n[j]), j));
+                heap.push(Drain(
+                    self.ctx.level_after(self.idx[j], self.n[j]),
+                    self.score[j],
+                    j,
+                ));
             }
         }
     }

@@ -5,7 +5,7 @@
 
 use orrery_api::cluster::Taint;
 use orrery_api::labels::Selector;
-use orrery_api::policy::{ClusterAffinity, Placement, Target};
+use orrery_api::policy::{Placement, Target};
 
 use crate::Ctx;
 
@@ -16,6 +16,13 @@ pub trait Filter: Send + Sync + std::fmt::Debug {
     fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool;
     /// Why cluster `i` does not pass.
     fn why(&self, ctx: &Ctx<'_>, i: usize) -> String;
+    /// Whether the answer depends only on the task's placement and the cluster's placement
+    /// facts (labels, location, taints, readiness, APIs, capabilities), not on its figures,
+    /// so it can be remembered per placement ([`crate::FilterCache`]). Where the task runs
+    /// now may still matter; clusters it runs in are always asked afresh.
+    fn is_static(&self) -> bool {
+        false
+    }
 }
 
 /// The filters of the default profile, cheapest and most selective first.
@@ -52,6 +59,9 @@ pub fn karmada_filters() -> Vec<Box<dyn Filter>> {
 pub struct Readiness;
 
 impl Filter for Readiness {
+    fn is_static(&self) -> bool {
+        true
+    }
     fn name(&self) -> &'static str {
         "Readiness"
     }
@@ -68,6 +78,9 @@ impl Filter for Readiness {
 pub struct Evicted;
 
 impl Filter for Evicted {
+    fn is_static(&self) -> bool {
+        true
+    }
     fn name(&self) -> &'static str {
         "Eviction"
     }
@@ -84,14 +97,15 @@ impl Filter for Evicted {
 pub struct ApiEnablement;
 
 impl Filter for ApiEnablement {
+    fn is_static(&self) -> bool {
+        true
+    }
     fn name(&self) -> &'static str {
         "APIEnablement"
     }
     fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool {
         match &ctx.fleet.clusters()[i].api_kinds {
-            Some(kinds) => {
-                kinds.contains(&(ctx.task.api_version.to_string(), ctx.task.kind.to_string()))
-            }
+            Some(kinds) => kinds.contains(&ctx.api_key),
             None => true,
         }
     }
@@ -108,12 +122,16 @@ impl Filter for ApiEnablement {
 pub struct Affinity;
 
 impl Filter for Affinity {
+    fn is_static(&self) -> bool {
+        true
+    }
     fn name(&self) -> &'static str {
         "ClusterAffinity"
     }
     fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool {
         ctx.affinity
-            .is_none_or(|a: &ClusterAffinity| a.matches(&ctx.fleet.clusters()[i].view()))
+            .as_ref()
+            .is_none_or(|a| a.matches(&ctx.fleet.clusters()[i].view()))
     }
     fn why(&self, _: &Ctx<'_>, _: usize) -> String {
         "cluster affinity does not match".into()
@@ -134,6 +152,9 @@ fn targets_match(targets: &[Target], selectors: &[Vec<Selector>], i: usize, ctx:
 }
 
 impl Filter for TargetClusters {
+    fn is_static(&self) -> bool {
+        true
+    }
     fn name(&self) -> &'static str {
         "TargetClusters"
     }
@@ -178,6 +199,9 @@ impl TaintToleration {
 }
 
 impl Filter for TaintToleration {
+    fn is_static(&self) -> bool {
+        true
+    }
     fn name(&self) -> &'static str {
         "TaintToleration"
     }
@@ -199,6 +223,9 @@ impl Filter for TaintToleration {
 pub struct Capabilities;
 
 impl Filter for Capabilities {
+    fn is_static(&self) -> bool {
+        true
+    }
     fn name(&self) -> &'static str {
         "Capabilities"
     }

@@ -37,6 +37,7 @@ use std::collections::BTreeMap;
 use orrery_api::binding::{ClusterDecision, TargetCluster};
 use orrery_api::cluster::ResourceList;
 use orrery_api::labels::Selector;
+use orrery_api::overrides::CompiledAffinity;
 use orrery_api::policy::{
     AGGREGATED, AVAILABLE_REPLICAS, ClusterAffinity, Placement, Target, WATER_LEVEL,
 };
@@ -51,6 +52,8 @@ pub const DEFAULT_WATER_LEVEL_LIMIT: f64 = 0.85;
 /// Above this fleet water level, water-filling; below the low mark, aggregation.
 pub const DEFAULT_HIGH_MARK: f64 = 0.6;
 pub const DEFAULT_LOW_MARK: f64 = 0.3;
+/// Clusters scored per decision in a large fleet (see [`Config::score_sample`]).
+pub const DEFAULT_SCORE_SAMPLE: usize = 128;
 /// How far under the limit a cluster that sheds replicas is brought, so it does not flap.
 pub const DEFAULT_HYSTERESIS: f64 = 0.05;
 
@@ -87,6 +90,10 @@ pub struct Task<'a> {
     pub mode: Mode,
     /// Unix seconds, for taints tolerated for a while.
     pub now: i64,
+    /// Picks which clusters are scored when the fleet is larger than
+    /// [`Config::score_sample`] (the caller passes something stable per binding, so the same
+    /// input gives the same output and different bindings see different samples).
+    pub seed: u64,
 }
 
 /// The engine's settings: the plugins and their weights, and the water level marks.
@@ -99,6 +106,10 @@ pub struct Config {
     pub high_mark: f64,
     pub low_mark: f64,
     pub hysteresis: f64,
+    /// When more clusters than this pass the placement filters, only this many are scored
+    /// (evenly strided from a per-task offset, plus every cluster the task runs in), as
+    /// Kubernetes' `percentageOfNodesToScore` does; 0 scores them all.
+    pub score_sample: usize,
 }
 
 impl Default for Config {
@@ -111,6 +122,7 @@ impl Default for Config {
             high_mark: DEFAULT_HIGH_MARK,
             low_mark: DEFAULT_LOW_MARK,
             hysteresis: DEFAULT_HYSTERESIS,
+            score_sample: DEFAULT_SCORE_SAMPLE,
         }
     }
 }
@@ -130,7 +142,9 @@ impl Config {
 pub struct Ctx<'a> {
     pub fleet: &'a Fleet,
     pub task: &'a Task<'a>,
-    pub affinity: Option<&'a ClusterAffinity>,
+    pub affinity: Option<CompiledAffinity<'a>>,
+    /// The task's `(apiVersion, kind)`, as clusters list what they serve.
+    pub api_key: (String, String),
     pub target_selectors: Vec<Vec<Selector>>,
     /// Replicas the task runs in each cluster now, by fleet index.
     pub previous: Vec<i64>,
@@ -200,10 +214,21 @@ impl Ctx<'_> {
 pub enum Outcome {
     /// Turned away by the filter plugin at this index of the config.
     Filtered(usize),
-    /// Left out by a spread constraint.
-    Spread(String),
+    /// Left out by the spread constraint at this index of the placement.
+    Spread(usize, SpreadWhy),
+    /// Feasible by placement, but not among the clusters scored in a large fleet.
+    NotSampled,
     /// Scored (weighted total, 0-100) and given replicas (possibly 0).
     Scored { total: f64, replicas: i64 },
+}
+
+/// Why a spread constraint left a cluster out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SpreadWhy {
+    /// The cluster has no value for the spread key.
+    NoValue,
+    /// Its group ranks beyond `maxGroups`.
+    TooMany,
 }
 
 /// The outcome of scheduling one task.
@@ -222,20 +247,45 @@ pub struct Decision {
     pub unplaced: i64,
     /// Why nothing (or not everything) could be placed.
     pub error: Option<String>,
-    /// One entry per fleet cluster, in fleet order; empty when the task was invalid.
-    pub outcomes: Vec<Outcome>,
-    /// Per-plugin scores of the scored clusters: fleet index, then one value per plugin.
-    pub scores: Vec<(usize, Vec<f64>)>,
+    /// What became of each fleet cluster; empty when the task was invalid.
+    pub outcomes: Outcomes,
+    /// The clusters that passed the filters (fleet indexes), in fleet order.
+    pub scored: Vec<usize>,
+    /// Per plugin: a score per scored cluster, or one value for all of them.
+    pub plugin_scores: Vec<PluginScores>,
+}
+
+/// One score plugin's ratings of the scored clusters.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PluginScores {
+    Each(Vec<f64>),
+    /// The plugin rates every cluster the same (it cannot change the ranking).
+    All(f64),
+}
+
+impl PluginScores {
+    fn get(&self, k: usize) -> f64 {
+        match self {
+            PluginScores::Each(v) => v.get(k).copied().unwrap_or(0.0),
+            PluginScores::All(x) => *x,
+        }
+    }
 }
 
 impl Decision {
     /// Every cluster with its replicas or the reason it got none, and the plugin scores.
     pub fn explain(&self, fleet: &Fleet, task: &Task<'_>, config: &Config) -> Vec<ClusterDecision> {
         let affinity = self.affinity(task);
-        let ctx = context(fleet, task, config, affinity.as_ref());
-        let scores: BTreeMap<usize, &Vec<f64>> = self.scores.iter().map(|(i, s)| (*i, s)).collect();
+        let mut ctx = context(fleet, task, config, affinity.as_ref());
+        ctx.fill_room(0..fleet.len());
+        let position: BTreeMap<usize, usize> = self
+            .scored
+            .iter()
+            .enumerate()
+            .map(|(k, i)| (*i, k))
+            .collect();
         let mut out = Vec::with_capacity(self.outcomes.len());
-        for (i, o) in self.outcomes.iter().enumerate() {
+        for (i, o) in self.outcomes.to_vec().iter().enumerate() {
             let name = fleet.clusters()[i].name.clone();
             let d = match o {
                 Outcome::Filtered(f) => ClusterDecision {
@@ -245,11 +295,34 @@ impl Decision {
                     filter: config.filters[*f].name().to_string(),
                     ..Default::default()
                 },
-                Outcome::Spread(why) => ClusterDecision {
+                Outcome::Spread(c, why) => {
+                    let sc = &task.placement.spread_constraints[*c];
+                    let key = if sc.spread_by_label.is_empty() {
+                        &sc.spread_by_field
+                    } else {
+                        &sc.spread_by_label
+                    };
+                    ClusterDecision {
+                        name,
+                        replicas: None,
+                        reason: match why {
+                            SpreadWhy::NoValue => format!("has no value for the spread key {key}"),
+                            SpreadWhy::TooMany => {
+                                format!("spread by {key} allows at most {} groups", sc.max_groups)
+                            }
+                        },
+                        filter: "SpreadConstraint".into(),
+                        ..Default::default()
+                    }
+                }
+                Outcome::NotSampled => ClusterDecision {
                     name,
                     replicas: None,
-                    reason: why.clone(),
-                    filter: "SpreadConstraint".into(),
+                    reason: format!(
+                        "not among the {} clusters scored for this decision",
+                        config.score_sample
+                    ),
+                    filter: "Sample".into(),
                     ..Default::default()
                 },
                 Outcome::Scored { total, replicas } => ClusterDecision {
@@ -261,14 +334,14 @@ impl Decision {
                         "feasible, but its share rounds to 0 replicas".into()
                     },
                     score: Some(round2(*total)),
-                    scores: scores
+                    scores: position
                         .get(&i)
-                        .map(|s| {
+                        .map(|k| {
                             config
                                 .scores
                                 .iter()
-                                .zip(s.iter())
-                                .map(|(p, v)| (p.name().to_string(), round2(*v)))
+                                .zip(&self.plugin_scores)
+                                .map(|(p, v)| (p.name().to_string(), round2(v.get(*k))))
                                 .collect()
                         })
                         .unwrap_or_default(),
@@ -336,7 +409,8 @@ fn context<'a>(
     let mut ctx = Ctx {
         fleet,
         task,
-        affinity,
+        affinity: affinity.map(ClusterAffinity::compile),
+        api_key: (task.api_version.to_string(), task.kind.to_string()),
         target_selectors: task
             .targets
             .iter()
@@ -355,12 +429,154 @@ fn context<'a>(
         water_division: strategy == "WaterLevel",
         any_known: fleet.facts().iter().any(Facts::known),
     };
-    ctx.room = (0..fleet.len()).map(|i| ctx.room_under(i, limit)).collect();
+    ctx.room = vec![None; fleet.len()];
     ctx
+}
+
+impl Ctx<'_> {
+    fn fill_room(&mut self, clusters: impl Iterator<Item = usize>) {
+        for i in clusters {
+            self.room[i] = self.room_under(i, self.limit);
+        }
+    }
+}
+
+/// Remembers, per placement, which clusters the placement-only filters
+/// ([`Filter::is_static`]) let through, until a cluster's placement facts change. Bindings
+/// selected by one policy share a placement, so most decisions skip those filters.
+#[derive(Debug, Default)]
+pub struct FilterCache {
+    generation: u64,
+    entries: std::collections::HashMap<u64, std::sync::Arc<StaticPass>>,
+}
+
+/// A cluster every static filter let through.
+const PASSED: u8 = u8::MAX;
+/// Entries kept before the cache starts afresh.
+const CACHE_ENTRIES: usize = 4096;
+
+impl FilterCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// What the static filters' answers depend on, hashed.
+fn static_key(task: &Task<'_>, term: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(task.placement)
+        .unwrap_or_default()
+        .hash(&mut h);
+    term.hash(&mut h);
+    (task.api_version, task.kind).hash(&mut h);
+    format!("{:?}", task.targets).hash(&mut h);
+    task.evicted.hash(&mut h);
+    // Tolerations limited in time make the answer depend on the clock.
+    if task
+        .placement
+        .cluster_tolerations
+        .iter()
+        .any(|t| t.toleration_seconds.is_some())
+    {
+        task.now.hash(&mut h);
+    }
+    h.finish()
+}
+
+/// The placement-only filters' answers for a task that runs nowhere yet.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StaticPass {
+    /// The first static filter each cluster fails, [`PASSED`] if none.
+    first: Vec<u8>,
+    /// The clusters that pass them all, in fleet order.
+    passing: Vec<usize>,
+}
+
+fn static_pass(
+    fleet: &Fleet,
+    task: &Task<'_>,
+    config: &Config,
+    affinity: Option<&ClusterAffinity>,
+    n_static: usize,
+) -> StaticPass {
+    let bare = Task {
+        previous: &[],
+        ..task.clone()
+    };
+    let ctx = context(fleet, &bare, config, affinity);
+    let first: Vec<u8> = (0..fleet.len())
+        .map(|i| {
+            config.filters[..n_static]
+                .iter()
+                .position(|f| !f.check(&ctx, i))
+                .map_or(PASSED, |f| f as u8)
+        })
+        .collect();
+    let passing = (0..fleet.len()).filter(|i| first[*i] == PASSED).collect();
+    StaticPass { first, passing }
+}
+
+/// What became of each cluster: stored for the clusters that were looked at closely; the
+/// rest were turned away by a placement filter or left out of a large fleet's sample.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Outcomes {
+    n: usize,
+    statics: Option<std::sync::Arc<StaticPass>>,
+    /// By fleet index, sorted.
+    entries: Vec<(usize, Outcome)>,
+}
+
+impl Outcomes {
+    pub fn len(&self) -> usize {
+        self.n
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+
+    /// The outcome of cluster `i`.
+    pub fn get(&self, i: usize) -> Outcome {
+        if let Ok(k) = self.entries.binary_search_by_key(&i, |e| e.0) {
+            return self.entries[k].1.clone();
+        }
+        match &self.statics {
+            Some(s) if s.first[i] != PASSED => Outcome::Filtered(s.first[i] as usize),
+            _ => Outcome::NotSampled,
+        }
+    }
+
+    fn get_mut(&mut self, i: usize) -> Option<&mut Outcome> {
+        let k = self.entries.binary_search_by_key(&i, |e| e.0).ok()?;
+        Some(&mut self.entries[k].1)
+    }
+
+    fn set(&mut self, i: usize, o: Outcome) {
+        match self.entries.binary_search_by_key(&i, |e| e.0) {
+            Ok(k) => self.entries[k].1 = o,
+            Err(k) => self.entries.insert(k, (i, o)),
+        }
+    }
+
+    /// Every cluster's outcome, in fleet order.
+    pub fn to_vec(&self) -> Vec<Outcome> {
+        (0..self.n).map(|i| self.get(i)).collect()
+    }
 }
 
 /// Schedules one task.
 pub fn schedule(fleet: &Fleet, task: &Task<'_>, config: &Config) -> Decision {
+    schedule_cached(fleet, task, config, &mut FilterCache::new())
+}
+
+/// Schedules one task, reusing what `cache` remembers of earlier tasks' placements.
+pub fn schedule_cached(
+    fleet: &Fleet,
+    task: &Task<'_>,
+    config: &Config,
+    cache: &mut FilterCache,
+) -> Decision {
     if let Err(e) = validate(task, config) {
         return Decision {
             error: Some(e),
@@ -369,12 +585,12 @@ pub fn schedule(fleet: &Fleet, task: &Task<'_>, config: &Config) -> Decision {
     }
     let p = task.placement;
     if p.cluster_affinities.is_empty() {
-        return schedule_term(fleet, task, config, p.cluster_affinity.as_ref(), "");
+        return schedule_term(fleet, task, config, p.cluster_affinity.as_ref(), "", cache);
     }
     let mut last = Decision::default();
     for term in &p.cluster_affinities {
         let a = term.affinity();
-        let d = schedule_term(fleet, task, config, Some(&a), &term.affinity_name);
+        let d = schedule_term(fleet, task, config, Some(&a), &term.affinity_name, cache);
         if d.error.is_none() {
             return d;
         }
@@ -412,63 +628,131 @@ fn schedule_term(
     config: &Config,
     affinity: Option<&ClusterAffinity>,
     term: &str,
+    cache: &mut FilterCache,
 ) -> Decision {
-    let ctx = context(fleet, task, config, affinity);
+    let mut ctx = context(fleet, task, config, affinity);
     let n = fleet.len();
-    let mut outcomes: Vec<Outcome> = Vec::with_capacity(n);
-    let mut feasible: Vec<usize> = Vec::with_capacity(n);
-    for i in 0..n {
-        match config.filters.iter().position(|f| !f.check(&ctx, i)) {
-            Some(f) => outcomes.push(Outcome::Filtered(f)),
+    // Placement-only filters first, from the cache where it knows the placement (clusters
+    // the task runs in are asked afresh: readiness and NoSchedule spare them).
+    let n_static = config.filters.iter().take_while(|f| f.is_static()).count();
+    if cache.generation != fleet.generation() || cache.entries.len() >= CACHE_ENTRIES {
+        cache.entries.clear();
+        cache.generation = fleet.generation();
+    }
+    let statics = cache
+        .entries
+        .entry(static_key(task, term))
+        .or_insert_with(|| {
+            std::sync::Arc::new(static_pass(fleet, task, config, affinity, n_static))
+        })
+        .clone();
+    let mut outcomes = Outcomes {
+        n,
+        statics: Some(statics.clone()),
+        entries: Vec::new(),
+    };
+    // A large fleet: score an evenly strided sample, always with the clusters it runs in.
+    let passing = &statics.passing;
+    let mut candidates: Vec<usize> =
+        if config.score_sample > 0 && passing.len() > config.score_sample {
+            let m = passing.len();
+            let offset = (task.seed % m as u64) as usize;
+            let mut picked: Vec<usize> = (0..config.score_sample)
+                .map(|k| passing[(offset + k * m / config.score_sample) % m])
+                .collect();
+            picked.extend(task.previous.iter().filter_map(|p| fleet.position(&p.name)));
+            picked.sort_unstable();
+            picked.dedup();
+            picked.retain(|i| statics.first[*i] == PASSED);
+            picked
+        } else {
+            passing.clone()
+        };
+    // Clusters the task runs in are asked afresh (readiness and NoSchedule spare them).
+    let mut added = false;
+    for p in task.previous {
+        let Some(i) = fleet.position(&p.name) else {
+            continue;
+        };
+        if statics.first[i] == PASSED {
+            continue;
+        }
+        match config.filters[..n_static]
+            .iter()
+            .position(|f| !f.check(&ctx, i))
+        {
             None => {
-                outcomes.push(Outcome::Scored {
-                    total: 0.0,
-                    replicas: 0,
-                });
-                feasible.push(i);
+                candidates.push(i);
+                added = true;
             }
+            Some(f) => outcomes.set(i, Outcome::Filtered(f)),
         }
     }
-    // Score: one pass per plugin over the feasible clusters.
+    if added {
+        candidates.sort_unstable();
+        candidates.dedup();
+    }
+    // Domain figures (7.2) only for the clusters still in the running.
+    ctx.fill_room(candidates.iter().copied());
+    let mut feasible: Vec<usize> = Vec::with_capacity(candidates.len());
+    for i in candidates {
+        match config.filters[n_static..]
+            .iter()
+            .position(|f| !f.check(&ctx, i))
+        {
+            Some(f) => outcomes.set(i, Outcome::Filtered(n_static + f)),
+            None => feasible.push(i),
+        }
+    }
+    // Score: one pass per plugin over the feasible clusters; a plugin that rates them all
+    // the same is not run (it cannot change the ranking).
     let weights = &config.weights;
-    let mut per_plugin: Vec<Vec<f64>> = Vec::with_capacity(config.scores.len());
+    let mut plugin_scores: Vec<PluginScores> = Vec::with_capacity(config.scores.len());
     let mut totals = vec![0.0; feasible.len()];
     let weight_sum: f64 = config.scores.iter().map(|s| weights.of(s.name())).sum();
     for s in &config.scores {
-        let mut out = vec![0.0; feasible.len()];
-        s.score(&ctx, &feasible, &mut out);
-        let w = weights.of(s.name());
-        if weight_sum > 0.0 {
-            for (t, v) in totals.iter_mut().zip(&out) {
-                *t += w * v / weight_sum;
+        let w = if weight_sum > 0.0 {
+            weights.of(s.name()) / weight_sum
+        } else {
+            0.0
+        };
+        match s.constant(&ctx, &feasible) {
+            Some(x) => {
+                for t in totals.iter_mut() {
+                    *t += w * x;
+                }
+                plugin_scores.push(PluginScores::All(x));
+            }
+            None => {
+                let mut out = vec![0.0; feasible.len()];
+                s.score(&ctx, &feasible, &mut out);
+                for (t, v) in totals.iter_mut().zip(&out) {
+                    *t += w * v;
+                }
+                plugin_scores.push(PluginScores::Each(out));
             }
         }
-        per_plugin.push(out);
     }
-    // Best first: total score, then name (the fleet's order).
-    let mut order: Vec<usize> = (0..feasible.len()).collect();
-    order.sort_by(|a, b| totals[*b].total_cmp(&totals[*a]).then(a.cmp(b)));
     let mut decision = Decision {
         affinity_name: term.to_string(),
         strategy: strategy_of(task),
         ..Default::default()
     };
+    let mut score_of = vec![0.0; n];
     for (k, i) in feasible.iter().enumerate() {
-        outcomes[*i] = Outcome::Scored {
-            total: totals[k],
-            replicas: 0,
-        };
-        decision
-            .scores
-            .push((*i, per_plugin.iter().map(|p| p[k]).collect::<Vec<f64>>()));
+        outcomes.set(
+            *i,
+            Outcome::Scored {
+                total: totals[k],
+                replicas: 0,
+            },
+        );
+        score_of[*i] = totals[k];
     }
-    let ranked: Vec<usize> = order.iter().map(|k| feasible[*k]).collect();
-    let score_of: BTreeMap<usize, f64> = feasible
-        .iter()
-        .zip(&totals)
-        .map(|(i, t)| (*i, *t))
-        .collect();
-    let kept = match spread(&ctx, ranked, &mut outcomes) {
+    let candidates = feasible.clone();
+    decision.scored = feasible;
+    decision.plugin_scores = plugin_scores;
+    let kept = match spread(&ctx, candidates, &score_of, &mut outcomes) {
         Ok(k) => k,
         Err(e) => {
             decision.error = Some(e);
@@ -493,7 +777,7 @@ fn schedule_term(
     }
     for t in &decision.clusters {
         if let Some(i) = fleet.position(&t.name)
-            && let Outcome::Scored { replicas, .. } = &mut outcomes[i]
+            && let Some(Outcome::Scored { replicas, .. }) = outcomes.get_mut(i)
         {
             *replicas = t.replicas;
         }
@@ -503,15 +787,15 @@ fn schedule_term(
 }
 
 /// The group of a cluster under a spread key.
-fn group_of(c: &ClusterSnapshot, field: &str, label: &str) -> String {
+fn group_of<'c>(c: &'c ClusterSnapshot, field: &str, label: &str) -> &'c str {
     if !label.is_empty() {
-        return c.labels.get(label).cloned().unwrap_or_default();
+        return c.labels.get(label).map(String::as_str).unwrap_or("");
     }
     match field {
-        "region" => c.region.clone(),
-        "zone" => c.zones.first().cloned().unwrap_or_default(),
-        "provider" => c.provider.clone(),
-        _ => c.name.clone(),
+        "region" => &c.region,
+        "zone" => c.zones.first().map(String::as_str).unwrap_or(""),
+        "provider" => &c.provider,
+        _ => &c.name,
     }
 }
 
@@ -519,53 +803,78 @@ fn group_of(c: &ClusterSnapshot, field: &str, label: &str) -> String {
 /// or why the minimum cannot be met.
 fn spread(
     ctx: &Ctx<'_>,
-    ranked: Vec<usize>,
-    outcomes: &mut [Outcome],
+    candidates: Vec<usize>,
+    score_of: &[f64],
+    outcomes: &mut Outcomes,
 ) -> Result<Vec<usize>, String> {
-    let mut kept = ranked;
+    let mut kept = candidates;
     let clusters = ctx.fleet.clusters();
-    for s in &ctx.task.placement.spread_constraints {
+    // Better: higher score, then earlier name.
+    let better = |a: usize, b: usize| score_of[b].total_cmp(&score_of[a]).then(a.cmp(&b));
+    for (ci, s) in ctx.task.placement.spread_constraints.iter().enumerate() {
         let key = if s.spread_by_label.is_empty() {
             s.spread_by_field.as_str()
         } else {
             s.spread_by_label.as_str()
         };
-        let mut order: Vec<String> = Vec::new();
-        let mut group_of_idx: Vec<(usize, usize)> = Vec::new();
-        for i in &kept {
-            let g = group_of(&clusters[*i], &s.spread_by_field, &s.spread_by_label);
-            if g.is_empty() {
-                outcomes[*i] = Outcome::Spread(format!("has no value for the spread key {key}"));
-                continue;
-            }
-            let gi = match order.iter().position(|x| *x == g) {
-                Some(p) => p,
-                None => {
-                    order.push(g);
-                    order.len() - 1
-                }
-            };
-            group_of_idx.push((*i, gi));
-        }
-        if (order.len() as i64) < s.min_groups {
-            return Err(format!(
-                "spread by {key} needs at least {} groups, only {} are feasible",
-                s.min_groups,
-                order.len()
-            ));
-        }
         let max = if s.max_groups > 0 {
             s.max_groups as usize
         } else {
             usize::MAX
         };
-        let mut next = Vec::new();
-        for (i, gi) in group_of_idx {
-            if gi < max {
+        if s.spread_by_label.is_empty() && s.spread_by_field == "cluster" {
+            // Every cluster is its own group: keep the best `max`, without sorting them all.
+            if (kept.len() as i64) < s.min_groups {
+                return Err(format!(
+                    "spread by {key} needs at least {} groups, only {} are feasible",
+                    s.min_groups,
+                    kept.len()
+                ));
+            }
+            if kept.len() > max {
+                let mut by_rank = kept.clone();
+                by_rank.select_nth_unstable_by(max - 1, |a, b| better(*a, *b));
+                for i in &by_rank[max..] {
+                    outcomes.set(*i, Outcome::Spread(ci, SpreadWhy::TooMany));
+                }
+                by_rank.truncate(max);
+                by_rank.sort_unstable();
+                kept = by_rank;
+            }
+            continue;
+        }
+        // Groups ranked by their best cluster.
+        let mut best: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        let mut member: Vec<(usize, &str)> = Vec::with_capacity(kept.len());
+        for i in &kept {
+            let g = group_of(&clusters[*i], &s.spread_by_field, &s.spread_by_label);
+            if g.is_empty() {
+                outcomes.set(*i, Outcome::Spread(ci, SpreadWhy::NoValue));
+                continue;
+            }
+            let e = best.entry(g).or_insert(*i);
+            if better(*i, *e).is_lt() {
+                *e = *i;
+            }
+            member.push((*i, g));
+        }
+        if (best.len() as i64) < s.min_groups {
+            return Err(format!(
+                "spread by {key} needs at least {} groups, only {} are feasible",
+                s.min_groups,
+                best.len()
+            ));
+        }
+        let mut groups: Vec<(&str, usize)> = best.into_iter().collect();
+        groups.sort_unstable_by(|a, b| better(a.1, b.1));
+        let allowed: std::collections::HashSet<&str> =
+            groups.iter().take(max).map(|(g, _)| *g).collect();
+        let mut next = Vec::with_capacity(member.len());
+        for (i, g) in member {
+            if allowed.contains(g) {
                 next.push(i);
             } else {
-                outcomes[i] =
-                    Outcome::Spread(format!("spread by {key} allows at most {max} groups"));
+                outcomes.set(i, Outcome::Spread(ci, SpreadWhy::TooMany));
             }
         }
         kept = next;
@@ -573,18 +882,25 @@ fn spread(
     Ok(kept)
 }
 
-fn static_weight(c: &ClusterSnapshot, placement: &Placement) -> i64 {
-    placement
+/// Each cluster's static weight: the first entry of the list that matches it, else 0.
+fn static_weights(clusters: &[&ClusterSnapshot], placement: &Placement) -> Vec<i64> {
+    let list: Vec<(CompiledAffinity<'_>, i64)> = placement
         .replica_scheduling
-        .as_ref()
-        .and_then(|r| r.weight_preference.as_ref())
-        .and_then(|w| {
-            w.static_weight_list
-                .iter()
-                .find(|s| s.target_cluster.matches(&c.view()))
+        .iter()
+        .filter_map(|r| r.weight_preference.as_ref())
+        .flat_map(|w| &w.static_weight_list)
+        .map(|s| (s.target_cluster.compile(), s.weight))
+        .collect();
+    clusters
+        .iter()
+        .map(|c| {
+            let v = c.view();
+            list.iter()
+                .find(|(a, _)| a.matches(&v))
+                .map(|(_, w)| *w)
+                .unwrap_or(0)
         })
-        .map(|s| s.weight)
-        .unwrap_or(0)
+        .collect()
 }
 
 /// Divides the replicas over the kept clusters (best-ranked first) into `decision`.
@@ -592,7 +908,7 @@ fn allocate(
     ctx: &Ctx<'_>,
     config: &Config,
     kept: &[usize],
-    score_of: &BTreeMap<usize, f64>,
+    score_of: &[f64],
     decision: &mut Decision,
 ) -> Result<(), String> {
     let task = ctx.task;
@@ -609,6 +925,15 @@ fn allocate(
         decision.clusters.sort_by(|a, b| a.name.cmp(&b.name));
         return Ok(());
     }
+    // Aggregation fills in rank order; the other divisions break ties by score themselves.
+    let mut kept = kept.to_vec();
+    if decision.strategy == "WaterLevel"
+        && ctx.any_known
+        && fleet_level(ctx, &kept) <= config.low_mark
+    {
+        kept.sort_unstable_by(|a, b| score_of[*b].total_cmp(&score_of[*a]).then(a.cmp(b)));
+    }
+    let kept = kept.as_slice();
     let fresh = task.mode == Mode::Fresh || kept.iter().all(|i| ctx.previous[*i] == 0);
     let mut shares = divide::Shares {
         ctx,
@@ -618,10 +943,7 @@ fn allocate(
             .map(|i| if fresh { 0 } else { ctx.previous[*i] })
             .collect(),
         room: kept.iter().map(|i| ctx.room[*i]).collect(),
-        score: kept
-            .iter()
-            .map(|i| score_of.get(i).copied().unwrap_or(0.0))
-            .collect(),
+        score: kept.iter().map(|i| score_of[*i]).collect(),
     };
     // Shedding: a cluster over its limit keeps only what fits under limit - hysteresis.
     for (j, i) in kept.iter().enumerate() {
@@ -637,10 +959,8 @@ fn allocate(
     let mut unplaced = 0;
     match decision.strategy {
         "StaticWeight" => {
-            let w: Vec<i64> = kept
-                .iter()
-                .map(|i| static_weight(&clusters[*i], task.placement))
-                .collect();
+            let of: Vec<&ClusterSnapshot> = kept.iter().map(|i| &clusters[*i]).collect();
+            let w = static_weights(&of, task.placement);
             if w.iter().all(|x| *x <= 0) {
                 return Err("every feasible cluster has a static weight of 0".into());
             }
@@ -650,8 +970,8 @@ fn allocate(
             let avail: Vec<i64> = kept
                 .iter()
                 .map(|i| {
-                    clusters[*i]
-                        .available_replicas(task.request)
+                    ctx.fleet.facts()[*i]
+                        .available_replicas(&ctx.demand)
                         .unwrap_or(1_000_000)
                 })
                 .collect();
@@ -763,7 +1083,9 @@ fn spread_groups(ctx: &Ctx<'_>, kept: &[usize]) -> (Vec<String>, usize) {
     {
         Some(s) => (
             kept.iter()
-                .map(|i| group_of(&clusters[*i], &s.spread_by_field, &s.spread_by_label))
+                .map(|i| {
+                    group_of(&clusters[*i], &s.spread_by_field, &s.spread_by_label).to_string()
+                })
                 .collect(),
             s.min_groups as usize,
         ),

@@ -12,6 +12,11 @@ pub trait Score: Send + Sync + std::fmt::Debug {
     fn name(&self) -> &'static str;
     /// Scores `feasible` (cluster indexes) into `out`, 0..=100 each.
     fn score(&self, ctx: &Ctx<'_>, feasible: &[usize], out: &mut [f64]);
+    /// The score every cluster gets, when the plugin can tell without looking at them all
+    /// (it then cannot change the ranking and is not run).
+    fn constant(&self, _ctx: &Ctx<'_>, _feasible: &[usize]) -> Option<f64> {
+        None
+    }
 }
 
 /// Weights of the built-in plugins.
@@ -142,6 +147,9 @@ impl Score for Locality {
             *o = if ctx.previous[*i] > 0 { 100.0 } else { 0.0 };
         }
     }
+    fn constant(&self, ctx: &Ctx<'_>, _: &[usize]) -> Option<f64> {
+        ctx.task.previous.is_empty().then_some(0.0)
+    }
 }
 
 /// Higher-priority tasks lean towards the least loaded clusters, where they meet the least
@@ -160,6 +168,9 @@ impl Score for Priority {
             let free = (1.0 - ctx.fleet.facts()[*i].level()).clamp(0.0, 1.0);
             *o = 100.0 * (p * free + (1.0 - p) * 0.5);
         }
+    }
+    fn constant(&self, ctx: &Ctx<'_>, _: &[usize]) -> Option<f64> {
+        (ctx.task.priority <= 0).then_some(50.0)
     }
 }
 
@@ -195,6 +206,13 @@ impl Score for Network {
             };
             *o = (t + l) / 2.0;
         }
+    }
+    fn constant(&self, ctx: &Ctx<'_>, feasible: &[usize]) -> Option<f64> {
+        let facts = ctx.fleet.facts();
+        feasible
+            .iter()
+            .all(|i| facts[*i].traffic <= 0.0 && facts[*i].latency.is_none())
+            .then_some(50.0)
     }
 }
 

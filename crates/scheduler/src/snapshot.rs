@@ -135,6 +135,25 @@ impl Facts {
         (self.allocated[d] + self.assumed[d]).max(self.usage[d])
     }
 
+    /// How many more replicas of `demand` fit by requests alone (Karmada's view, which
+    /// ignores actual usage; pods are not counted); `None` when the cluster reports no
+    /// capacity or the replica asks for nothing.
+    pub fn available_replicas(&self, demand: &Vector) -> Option<i64> {
+        if !self.known() {
+            return None;
+        }
+        let mut fit: Option<i64> = None;
+        for d in 0..5 {
+            if d == PODS || demand[d] <= 0.0 {
+                continue;
+            }
+            let free = (self.allocatable[d] - self.allocated[d] - self.assumed[d]).max(0.0);
+            let n = (free / demand[d] + 1e-9).floor() as i64;
+            fit = Some(fit.map_or(n, |f| f.min(n)));
+        }
+        fit
+    }
+
     /// Whether the cluster reports any capacity.
     pub fn known(&self) -> bool {
         self.allocatable.iter().any(|a| *a > 0.0)
@@ -155,6 +174,29 @@ pub struct Fleet {
     clusters: Vec<ClusterSnapshot>,
     facts: Vec<Facts>,
     index: HashMap<String, usize>,
+    /// Changes whenever a cluster comes or goes or its placement facts change; unique across
+    /// fleets, so a filter cache can tell.
+    generation: u64,
+}
+
+static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn next_generation() -> u64 {
+    GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether two snapshots of a cluster agree on everything the placement-only filters read.
+fn same_placement_facts(a: &ClusterSnapshot, b: &ClusterSnapshot) -> bool {
+    a.name == b.name
+        && a.ready == b.ready
+        && a.labels == b.labels
+        && a.provider == b.provider
+        && a.region == b.region
+        && a.zones == b.zones
+        && a.taints == b.taints
+        && a.api_kinds == b.api_kinds
+        && a.capabilities == b.capabilities
+        && a.properties == b.properties
 }
 
 impl Fleet {
@@ -171,7 +213,13 @@ impl Fleet {
             clusters,
             facts,
             index,
+            generation: next_generation(),
         }
+    }
+
+    /// See the field; a filter cache keyed by another generation is stale.
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     pub fn len(&self) -> usize {
@@ -205,6 +253,9 @@ impl Fleet {
             Some(i) => {
                 f.assumed = self.facts[i].assumed;
                 self.facts[i] = f;
+                if !same_placement_facts(&self.clusters[i], &c) {
+                    self.generation = next_generation();
+                }
                 self.clusters[i] = c;
             }
             None => {
@@ -212,6 +263,7 @@ impl Fleet {
                 self.clusters.insert(at, c);
                 self.facts.insert(at, f);
                 self.reindex();
+                self.generation = next_generation();
             }
         }
     }
@@ -221,6 +273,7 @@ impl Fleet {
             self.clusters.remove(i);
             self.facts.remove(i);
             self.reindex();
+            self.generation = next_generation();
         }
     }
 

@@ -678,6 +678,7 @@ impl Scheduler {
             shed,
             mode,
             now: now.unix_seconds(),
+            seed: seed_of(&b.metadata.uid),
         };
         let decision = schedule(&self.fleet, &task, &self.engine);
         let explained = decision.explain(&self.fleet, &task, &self.engine);
@@ -863,6 +864,13 @@ enum Outcome {
     Write(Job<BKey>),
     /// Nothing (or not everything) fits: retried with backoff.
     Unschedulable(Option<Job<BKey>>),
+}
+
+/// A stable number per binding (its sample of a large fleet).
+fn seed_of(uid: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    uid.hash(&mut h);
+    h.finish()
 }
 
 /// The clusters a binding places on, read without parsing it.

@@ -1,0 +1,333 @@
+//! Scheduler benchmarks: the engine's decisions per second over synthetic fleets, the
+//! scheduling controller over a real store, and the trace-driven quality simulation
+//! (`quality.rs`).
+
+use std::time::Instant;
+
+use orrery_api::binding::TargetCluster;
+use orrery_api::cluster::{ResourceList, Taint, TaintEffect};
+use orrery_api::policy::Placement;
+use orrery_api::{Format, Quantity, Time};
+use orrery_scheduler::{
+    ClusterSnapshot, Config, FilterCache, Fleet, Mode, Task, demand_of, schedule_cached,
+};
+use serde_json::json;
+
+use crate::stats::{emit, median, percentile, progress, round};
+
+/// A small deterministic generator (PCG-style LCG), so a seed gives the same fleet and trace.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407))
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 11
+    }
+    /// Uniform in [0, n).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 42) as f64
+    }
+}
+
+pub const REGIONS: [&str; 6] = [
+    "us-east",
+    "us-west",
+    "eu-west",
+    "eu-central",
+    "ap-south",
+    "ap-east",
+];
+pub const PROVIDERS: [&str; 3] = ["aws", "gcp", "azure"];
+
+pub fn cores(n: i64) -> Quantity {
+    Quantity::from_int(n, Format::DecimalSI)
+}
+
+pub fn millis(n: i64) -> Quantity {
+    Quantity::from_milli(n)
+}
+
+pub fn gib(n: i64) -> Quantity {
+    Quantity::from_int(n << 30, Format::BinarySI)
+}
+
+pub fn mib(n: i64) -> Quantity {
+    Quantity::from_int(n << 20, Format::BinarySI)
+}
+
+/// One cluster of the synthetic fleet: `nodes` nodes of `node_cpu` cores (4 GiB per core).
+pub fn synthetic_cluster(i: usize, rng: &mut Rng) -> ClusterSnapshot {
+    let nodes = [4, 8, 16, 32, 64][rng.below(5) as usize];
+    let node_cpu = [16, 32, 64][rng.below(3) as usize];
+    let load = 0.1 + 0.5 * rng.unit();
+    let cpu = nodes * node_cpu;
+    let mut c = ClusterSnapshot {
+        name: format!("c{i:05}"),
+        region: REGIONS[i % REGIONS.len()].into(),
+        provider: PROVIDERS[i % PROVIDERS.len()].into(),
+        zones: vec![format!("{}-{}", REGIONS[i % REGIONS.len()], 1 + i % 3)],
+        ready: true,
+        ..Default::default()
+    };
+    c.labels.insert(
+        "env".into(),
+        ["prod", "prod", "staging", "edge"][i % 4].into(),
+    );
+    c.labels.insert("tier".into(), format!("t{}", i % 5));
+    c.allocatable = [
+        ("cpu".to_string(), cores(cpu)),
+        ("memory".to_string(), gib(cpu * 4)),
+        ("pods".to_string(), cores(nodes * 110)),
+    ]
+    .into();
+    c.usage = [
+        (
+            "cpu".to_string(),
+            millis((cpu as f64 * 1000.0 * load) as i64),
+        ),
+        (
+            "memory".to_string(),
+            mib((cpu as f64 * 4096.0 * load) as i64),
+        ),
+    ]
+    .into();
+    c.largest_node_free = [
+        (
+            "cpu".to_string(),
+            millis((node_cpu as f64 * 1000.0 * (1.0 - load)) as i64),
+        ),
+        (
+            "memory".to_string(),
+            mib((node_cpu as f64 * 4096.0 * (1.0 - load)) as i64),
+        ),
+    ]
+    .into();
+    if i % 50 == 7 {
+        c.taints.push(Taint::new(
+            "maintenance",
+            TaintEffect::NoSchedule,
+            Time::from_unix_seconds(0).unwrap_or(Time::now()),
+        ));
+    }
+    c
+}
+
+/// The placements of the throughput mix: every division mode, affinities, spreads.
+fn placements() -> Vec<(&'static str, Placement)> {
+    let p = |v: serde_json::Value| -> Placement {
+        // A fixed literal of this file; a parse failure is a bug in the benchmark itself.
+        serde_json::from_value(v).unwrap_or_default()
+    };
+    vec![
+        (
+            "water-level, all clusters",
+            p(json!({"replicaScheduling": {"replicaSchedulingType": "Divided"}})),
+        ),
+        (
+            "water-level, two regions",
+            p(
+                json!({"clusterAffinity": {"fieldSelector": {"matchExpressions": [
+                {"key": "region", "operator": "In", "values": ["us-east", "eu-west"]}]}},
+                "replicaScheduling": {"replicaSchedulingType": "Divided"}}),
+            ),
+        ),
+        (
+            "duplicated, three names",
+            p(json!({"clusterAffinity": {"clusterNames": ["c00001", "c00002", "c00003"]}})),
+        ),
+        (
+            "static weights by label",
+            p(
+                json!({"clusterAffinity": {"labelSelector": {"matchLabels": {"env": "prod"}}},
+                "replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
+                "weightPreference": {"staticWeightList": [
+                    {"targetCluster": {"labelSelector": {"matchLabels": {"tier": "t0"}}}, "weight": 2},
+                    {"targetCluster": {"labelSelector": {"matchLabels": {"tier": "t2"}}}, "weight": 1}]}}}),
+            ),
+        ),
+        (
+            "available replicas, spread over regions",
+            p(
+                json!({"spreadConstraints": [{"spreadByField": "region", "minGroups": 2, "maxGroups": 3}],
+                "replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
+                "weightPreference": {"dynamicWeight": "AvailableReplicas"}}}),
+            ),
+        ),
+        (
+            "water-level, prod, at most 5 clusters",
+            p(
+                json!({"clusterAffinity": {"labelSelector": {"matchLabels": {"env": "prod"}}},
+                "spreadConstraints": [{"spreadByField": "cluster", "maxGroups": 5}],
+                "replicaScheduling": {"replicaSchedulingType": "Divided"}}),
+            ),
+        ),
+        (
+            "aggregated",
+            p(
+                json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Aggregated"}}),
+            ),
+        ),
+        (
+            "one cluster, the best",
+            p(json!({"spreadConstraints": [{"spreadByField": "cluster", "maxGroups": 1}]})),
+        ),
+    ]
+}
+
+struct Spec {
+    seed: u64,
+    placement: usize,
+    replicas: i64,
+    request: ResourceList,
+}
+
+fn tasks(n: usize, rng: &mut Rng, kinds: usize) -> Vec<Spec> {
+    (0..n)
+        .map(|i| Spec {
+            seed: rng.next_u64(),
+            placement: i % kinds,
+            replicas: 1 + rng.below(10) as i64,
+            request: [
+                ("cpu".to_string(), millis(100 * (1 + rng.below(20) as i64))),
+                ("memory".to_string(), mib(128 * (1 + rng.below(32) as i64))),
+            ]
+            .into(),
+        })
+        .collect()
+}
+
+/// Schedules `specs` one after the other on `fleet`, counting each decision against it
+/// (the assume step). Returns per-decision latencies in microseconds and the wall time.
+fn run_engine(
+    fleet: &mut Fleet,
+    specs: &[Spec],
+    placements: &[(&'static str, Placement)],
+    config: &Config,
+) -> (Vec<f64>, f64, usize) {
+    let mut lat = Vec::with_capacity(specs.len());
+    // Bindings come and go: at most this many are live, older ones are deleted and give
+    // their resources back, so the fleet stays in a steady state rather than filling up.
+    let window = fleet.len() * 10;
+    let mut live: std::collections::VecDeque<(Vec<TargetCluster>, orrery_scheduler::Vector)> =
+        std::collections::VecDeque::new();
+    let mut placed = 0usize;
+    let mut cache = FilterCache::new();
+    let started = Instant::now();
+    for s in specs {
+        let t0 = Instant::now();
+        let task = Task {
+            api_version: "apps/v1",
+            kind: "Deployment",
+            replicas: s.replicas,
+            divisible: true,
+            request: &s.request,
+            placement: &placements[s.placement].1,
+            targets: &[],
+            priority: 0,
+            previous: &[],
+            evicted: &[],
+            shed: &[],
+            mode: Mode::Steady,
+            now: 0,
+            seed: s.seed,
+        };
+        let d = schedule_cached(fleet, &task, config, &mut cache);
+        placed += usize::from(d.error.is_none());
+        let demand = demand_of(&s.request);
+        for t in &d.clusters {
+            fleet.add_assumed(&t.name, &demand, t.replicas);
+        }
+        live.push_back((d.clusters, demand));
+        if live.len() > window
+            && let Some((gone, demand)) = live.pop_front()
+        {
+            for t in &gone {
+                fleet.add_assumed(&t.name, &demand, -t.replicas);
+            }
+        }
+        lat.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    (lat, started.elapsed().as_secs_f64(), placed)
+}
+
+pub struct EngineArgs {
+    pub clusters: Vec<usize>,
+    pub bindings: usize,
+    pub runs: usize,
+    pub threads: usize,
+}
+
+/// Decisions per second of the engine alone, per fleet size.
+pub fn engine(args: EngineArgs) -> anyhow::Result<()> {
+    let placements = placements();
+    let config = Config::default();
+    for &n in &args.clusters {
+        let mut rates = Vec::new();
+        let mut p50s = Vec::new();
+        let mut p99s = Vec::new();
+        let mut parallel = Vec::new();
+        let mut scheduled = 0;
+        for run in 0..args.runs {
+            let mut rng = Rng::new(42 + run as u64);
+            let clusters: Vec<ClusterSnapshot> =
+                (0..n).map(|i| synthetic_cluster(i, &mut rng)).collect();
+            let specs = tasks(args.bindings, &mut rng, placements.len());
+            let mut fleet = Fleet::new(clusters.clone());
+            let (lat, secs, placed) = run_engine(&mut fleet, &specs, &placements, &config);
+            scheduled = placed;
+            rates.push(specs.len() as f64 / secs);
+            p50s.push(percentile(&lat, 50.0));
+            p99s.push(percentile(&lat, 99.0));
+            progress(format!(
+                "{n} clusters, run {}: {:.0} decisions/s, p99 {:.1} us",
+                run + 1,
+                specs.len() as f64 / secs,
+                percentile(&lat, 99.0)
+            ));
+            // The same work split over threads, each deciding its share on its own copy of
+            // the fleet (how the controller spreads a round over the cores).
+            if args.threads > 1 {
+                let started = Instant::now();
+                std::thread::scope(|scope| {
+                    for chunk in specs.chunks(specs.len().div_ceil(args.threads)) {
+                        let placements = &placements;
+                        let config = &config;
+                        let clusters = clusters.clone();
+                        scope.spawn(move || {
+                            let mut f = Fleet::new(clusters);
+                            run_engine(&mut f, chunk, placements, config)
+                        });
+                    }
+                });
+                parallel.push(specs.len() as f64 / started.elapsed().as_secs_f64());
+            }
+        }
+        emit(json!({
+            "scenario": "scheduler-engine",
+            "clusters": n,
+            "bindings": args.bindings,
+            "runs": args.runs,
+            "placements": placements.iter().map(|p| p.0).collect::<Vec<_>>(),
+            "scheduled": scheduled,
+            "decisions_per_second_median": round(median(&rates), 0),
+            "decisions_per_second_runs": rates.iter().map(|r| round(*r, 0)).collect::<Vec<_>>(),
+            "p50_us_median": round(median(&p50s), 1),
+            "p99_us_median": round(median(&p99s), 1),
+            "threads": args.threads,
+            "parallel_decisions_per_second_median": if parallel.is_empty() { json!(null) } else { json!(round(median(&parallel), 0)) },
+        }));
+    }
+    Ok(())
+}
