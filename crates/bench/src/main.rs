@@ -15,6 +15,7 @@ use clap::{Parser, Subcommand};
 mod api;
 mod members;
 mod propagation;
+mod quality;
 mod scheduler;
 mod stats;
 mod store;
@@ -191,6 +192,16 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         threads: usize,
     },
+    /// Scheduling quality: five strategies on one trace over a simulated fleet.
+    SchedulerQuality {
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 50)]
+        clusters: usize,
+        /// Five-minute steps (288 = one day).
+        #[arg(long, default_value_t = 288)]
+        steps: usize,
+    },
     /// Internal: the fresh process of `store-memory`.
     #[command(hide = true)]
     StoreMemoryProbe { path: String },
@@ -254,6 +265,15 @@ fn main() -> anyhow::Result<()> {
                 .await
             }
             Command::StoreMemoryProbe { path } => store::memory_probe(&path).await,
+            Command::SchedulerQuality {
+                seed,
+                clusters,
+                steps,
+            } => quality::quality(quality::QualityArgs {
+                seed,
+                clusters,
+                steps,
+            }),
             Command::SchedulerEngine {
                 clusters,
                 bindings,

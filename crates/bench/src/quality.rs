@@ -1,0 +1,678 @@
+//! The scheduling-quality simulation: one heterogeneous fleet with a diurnal background load,
+//! one workload trace (arrivals, scaling, deletions, a cluster outage), and five strategies
+//! on the same trace. Deterministic for a seed; runs in one process with the real engine.
+//!
+//! Model: each cluster has cpu and memory capacity and a background load that follows the
+//! sun in its region. A replica takes its requests. A cluster's Resource Water Level is
+//! (background + requests placed) / capacity, highest dimension; what does not fit in what
+//! the background leaves free is Pending, as a member would report it. Replicas the scheduler
+//! places nowhere are Pending too.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use orrery_api::Time;
+use orrery_api::binding::TargetCluster;
+use orrery_api::cluster::{ResourceList, Taint, TaintEffect};
+use orrery_api::policy::Placement;
+use orrery_scheduler::{ClusterSnapshot, Config, FilterCache, Fleet, Mode, Task, schedule_cached};
+use serde_json::{Value, json};
+
+use crate::scheduler::{REGIONS, Rng, cores, mib, millis};
+use crate::stats::{emit, progress, round};
+
+pub struct QualityArgs {
+    pub seed: u64,
+    pub clusters: usize,
+    pub steps: usize,
+}
+
+#[derive(Clone, Debug)]
+struct SimCluster {
+    name: String,
+    region: String,
+    /// cpu (cores), memory (MiB).
+    cap: [f64; 2],
+    base: f64,
+    amp: f64,
+    phase: f64,
+}
+
+impl SimCluster {
+    /// Background load at `step` (a day is 288 steps of 5 minutes).
+    fn background(&self, step: usize) -> f64 {
+        let t = step as f64 / 288.0 * std::f64::consts::TAU;
+        (self.base + self.amp * (t + self.phase).sin()).clamp(0.0, 0.95)
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Ev {
+    Create {
+        id: usize,
+        replicas: i64,
+        cpu_m: i64,
+        mem_mi: i64,
+    },
+    Scale {
+        id: usize,
+        replicas: i64,
+    },
+    Delete {
+        id: usize,
+    },
+    Outage {
+        cluster: usize,
+    },
+    Recover {
+        cluster: usize,
+    },
+}
+
+fn fleet(seed: u64, n: usize) -> Vec<SimCluster> {
+    let mut rng = Rng::new(seed);
+    (0..n)
+        .map(|i| {
+            let nodes = [4.0, 8.0, 16.0, 32.0][rng.below(4) as usize];
+            let node_cpu = [16.0, 32.0, 64.0][rng.below(3) as usize];
+            let region = REGIONS[i % REGIONS.len()];
+            SimCluster {
+                name: format!("{region}-{i:02}"),
+                region: region.to_string(),
+                cap: [nodes * node_cpu, nodes * node_cpu * 4096.0],
+                base: 0.15 + 0.25 * rng.unit(),
+                amp: 0.05 + 0.15 * rng.unit(),
+                // Regions sit in different time zones.
+                phase: (i % REGIONS.len()) as f64 * std::f64::consts::TAU / REGIONS.len() as f64,
+            }
+        })
+        .collect()
+}
+
+/// The workload trace: a warm start, then arrivals, scaling and deletions every step, and one
+/// outage of the largest cluster for three hours from mid-trace.
+fn trace(seed: u64, steps: usize, clusters: &[SimCluster]) -> Vec<Vec<Ev>> {
+    let mut rng = Rng::new(seed ^ 0x5eed);
+    let mut live: Vec<usize> = Vec::new();
+    let mut next_id = 0;
+    let mut out = vec![Vec::new(); steps];
+    let create = |rng: &mut Rng, id: usize| Ev::Create {
+        id,
+        replicas: 2 + rng.below(19) as i64,
+        cpu_m: 250 * (1 + rng.below(8) as i64),
+        mem_mi: 512 * (1 + rng.below(8) as i64),
+    };
+    for _ in 0..700 {
+        out[0].push(create(&mut rng, next_id));
+        live.push(next_id);
+        next_id += 1;
+    }
+    let biggest = (0..clusters.len())
+        .max_by(|a, b| {
+            clusters[*a].cap[0]
+                .total_cmp(&clusters[*b].cap[0])
+                .then(b.cmp(a))
+        })
+        .unwrap_or(0);
+    for (step, evs) in out.iter_mut().enumerate().skip(1) {
+        if step == steps / 2 {
+            evs.push(Ev::Outage { cluster: biggest });
+        }
+        if step == steps / 2 + 36 {
+            evs.push(Ev::Recover { cluster: biggest });
+        }
+        for _ in 0..rng.below(5) {
+            evs.push(create(&mut rng, next_id));
+            live.push(next_id);
+            next_id += 1;
+        }
+        for _ in 0..rng.below(3) {
+            if live.is_empty() {
+                break;
+            }
+            let id = live[rng.below(live.len() as u64) as usize];
+            evs.push(Ev::Scale {
+                id,
+                replicas: 1 + rng.below(30) as i64,
+            });
+        }
+        for _ in 0..rng.below(5) {
+            if live.len() < 50 {
+                break;
+            }
+            let k = rng.below(live.len() as u64) as usize;
+            evs.push(Ev::Delete {
+                id: live.swap_remove(k),
+            });
+        }
+    }
+    out
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Strategy {
+    StaticEqual,
+    StaticCapacity,
+    KarmadaDynamic,
+    RoundRobin,
+    WaterLevel,
+}
+
+impl Strategy {
+    fn name(&self) -> &'static str {
+        match self {
+            Strategy::StaticEqual => "static-equal-weights",
+            Strategy::StaticCapacity => "karmada-static-weights-by-capacity",
+            Strategy::KarmadaDynamic => "karmada-dynamic-available-replicas",
+            Strategy::RoundRobin => "round-robin",
+            Strategy::WaterLevel => "orrery-water-level",
+        }
+    }
+    fn load_aware(&self) -> bool {
+        matches!(self, Strategy::KarmadaDynamic | Strategy::WaterLevel)
+    }
+}
+
+fn placement_for(s: Strategy, clusters: &[SimCluster]) -> Placement {
+    let v = match s {
+        Strategy::StaticEqual | Strategy::StaticCapacity => {
+            let list: Vec<Value> = clusters
+                .iter()
+                .map(|c| {
+                    let w = if s == Strategy::StaticEqual {
+                        1
+                    } else {
+                        c.cap[0] as i64
+                    };
+                    json!({"targetCluster": {"clusterNames": [c.name]}, "weight": w})
+                })
+                .collect();
+            json!({"replicaScheduling": {"replicaSchedulingType": "Divided",
+                "replicaDivisionPreference": "Weighted", "weightPreference": {"staticWeightList": list}}})
+        }
+        Strategy::KarmadaDynamic => {
+            json!({"replicaScheduling": {"replicaSchedulingType": "Divided",
+            "replicaDivisionPreference": "Weighted", "weightPreference": {"dynamicWeight": "AvailableReplicas"}}})
+        }
+        Strategy::RoundRobin | Strategy::WaterLevel => {
+            json!({"replicaScheduling": {"replicaSchedulingType": "Divided"}})
+        }
+    };
+    // The literals above are fixed; a parse failure would be a bug in this file.
+    serde_json::from_value(v).unwrap_or_default()
+}
+
+#[derive(Clone, Debug)]
+struct Workload {
+    replicas: i64,
+    req: [f64; 2],
+    request: ResourceList,
+    placed: BTreeMap<usize, i64>,
+}
+
+struct Sim<'a> {
+    strategy: Strategy,
+    clusters: &'a [SimCluster],
+    placement: Placement,
+    config: Config,
+    cache: FilterCache,
+    workloads: BTreeMap<usize, Workload>,
+    dark: Vec<bool>,
+    step: usize,
+    fleet: Fleet,
+    rr_cursor: usize,
+    decisions: usize,
+    decide_secs: f64,
+    moved: i64,
+    evacuated: i64,
+    hot_for: Vec<usize>,
+    cooldown: Vec<usize>,
+}
+
+impl Sim<'_> {
+    /// Requests placed per cluster: cpu, memory.
+    fn placed(&self) -> Vec<[f64; 2]> {
+        let mut out = vec![[0.0; 2]; self.clusters.len()];
+        for w in self.workloads.values() {
+            for (c, n) in &w.placed {
+                out[*c][0] += w.req[0] * *n as f64;
+                out[*c][1] += w.req[1] * *n as f64;
+            }
+        }
+        out
+    }
+
+    fn snapshot(&self, i: usize, placed: [f64; 2]) -> ClusterSnapshot {
+        let c = &self.clusters[i];
+        let bg = c.background(self.step);
+        let mut s = ClusterSnapshot {
+            name: c.name.clone(),
+            region: c.region.clone(),
+            ready: !self.dark[i],
+            ..Default::default()
+        };
+        s.allocatable = [
+            ("cpu".to_string(), millis((c.cap[0] * 1000.0) as i64)),
+            ("memory".to_string(), mib(c.cap[1] as i64)),
+            ("pods".to_string(), cores(100_000)),
+        ]
+        .into();
+        s.allocated = [
+            ("cpu".to_string(), millis((placed[0] * 1000.0) as i64)),
+            ("memory".to_string(), mib(placed[1] as i64)),
+        ]
+        .into();
+        s.usage = [
+            (
+                "cpu".to_string(),
+                millis(((bg * c.cap[0] + placed[0]) * 1000.0) as i64),
+            ),
+            (
+                "memory".to_string(),
+                mib((bg * c.cap[1] + placed[1]) as i64),
+            ),
+        ]
+        .into();
+        if self.dark[i] {
+            s.taints.push(Taint::new(
+                "cluster.multicluster.io/unreachable",
+                TaintEffect::NoExecute,
+                Time::from_unix_seconds(0).unwrap_or(Time::now()),
+            ));
+        }
+        s
+    }
+
+    fn rebuild(&mut self) {
+        let placed = self.placed();
+        self.fleet = Fleet::new(
+            (0..self.clusters.len())
+                .map(|i| self.snapshot(i, placed[i]))
+                .collect(),
+        );
+    }
+
+    fn refresh(&mut self, touched: &[usize]) {
+        let placed = self.placed();
+        for i in touched {
+            let s = self.snapshot(*i, placed[*i]);
+            self.fleet.upsert(s);
+        }
+    }
+
+    fn index_of(&self, name: &str) -> Option<usize> {
+        self.clusters.iter().position(|c| c.name == name)
+    }
+
+    /// Decides workload `id` again (after a change), and applies the decision.
+    fn decide(&mut self, id: usize, shed: &[String]) {
+        let Some(w) = self.workloads.get(&id).cloned() else {
+            return;
+        };
+        let before: BTreeMap<usize, i64> = w.placed.clone();
+        let after: BTreeMap<usize, i64> = if self.strategy == Strategy::RoundRobin {
+            self.round_robin(&w)
+        } else {
+            let previous: Vec<TargetCluster> = w
+                .placed
+                .iter()
+                .map(|(c, n)| TargetCluster {
+                    name: self.clusters[*c].name.clone(),
+                    replicas: *n,
+                })
+                .collect();
+            let task = Task {
+                api_version: "apps/v1",
+                kind: "Deployment",
+                replicas: w.replicas,
+                divisible: true,
+                request: &w.request,
+                placement: &self.placement,
+                targets: &[],
+                priority: 0,
+                previous: &previous,
+                evicted: &[],
+                shed,
+                mode: Mode::Steady,
+                now: 1_000_000,
+                seed: id as u64,
+            };
+            let t0 = Instant::now();
+            let d = schedule_cached(&self.fleet, &task, &self.config, &mut self.cache);
+            self.decide_secs += t0.elapsed().as_secs_f64();
+            if d.clusters.is_empty() && d.error.is_some() {
+                // Nothing fits: what runs stays where it can (not on a dark cluster).
+                w.placed
+                    .iter()
+                    .filter(|(c, _)| !self.dark[**c])
+                    .map(|(c, n)| (*c, *n))
+                    .collect()
+            } else {
+                d.clusters
+                    .iter()
+                    .filter_map(|t| Some((self.index_of(&t.name)?, t.replicas)))
+                    .collect()
+            }
+        };
+        self.decisions += 1;
+        // A move takes a replica off a healthy cluster beyond what a scale-down asks;
+        // replicas leaving a cluster that went dark are evacuations, counted apart.
+        let (was, now): (i64, i64) = (before.values().sum(), after.values().sum());
+        let mut removed = 0;
+        for (c, n) in &before {
+            let gone = (n - after.get(c).copied().unwrap_or(0)).max(0);
+            if self.dark[*c] {
+                self.evacuated += gone;
+            } else {
+                removed += gone;
+            }
+        }
+        let evacuated_here: i64 = before
+            .iter()
+            .filter(|(c, _)| self.dark[**c])
+            .map(|(_, n)| *n)
+            .sum();
+        let shrink = (was - evacuated_here - now).max(0);
+        self.moved += (removed - shrink).max(0);
+        let mut touched: Vec<usize> = before.keys().chain(after.keys()).copied().collect();
+        touched.sort_unstable();
+        touched.dedup();
+        if let Some(x) = self.workloads.get_mut(&id) {
+            x.placed = after;
+        }
+        self.refresh(&touched);
+    }
+
+    /// Round robin: one replica per cluster in turn from a global cursor; a scale-down
+    /// takes from where the workload has most.
+    fn round_robin(&mut self, w: &Workload) -> BTreeMap<usize, i64> {
+        let mut placed: BTreeMap<usize, i64> = w
+            .placed
+            .iter()
+            .filter(|(c, _)| !self.dark[**c])
+            .map(|(c, n)| (*c, *n))
+            .collect();
+        let mut have: i64 = placed.values().sum();
+        let n = self.clusters.len();
+        while have < w.replicas {
+            let c = self.rr_cursor % n;
+            self.rr_cursor += 1;
+            if self.dark[c] {
+                continue;
+            }
+            *placed.entry(c).or_default() += 1;
+            have += 1;
+        }
+        while have > w.replicas {
+            let Some((&c, _)) = placed
+                .iter()
+                .max_by_key(|(c, n)| (**n, std::cmp::Reverse(**c)))
+            else {
+                break;
+            };
+            if let Some(x) = placed.get_mut(&c) {
+                *x -= 1;
+                if *x == 0 {
+                    placed.remove(&c);
+                }
+            }
+            have -= 1;
+        }
+        placed
+    }
+
+    /// Water levels (of the clusters that are up) and pending replicas.
+    fn measure(&self) -> (Vec<f64>, i64) {
+        let placed = self.placed();
+        let mut levels = Vec::new();
+        for (i, c) in self.clusters.iter().enumerate() {
+            if self.dark[i] {
+                continue;
+            }
+            let bg = c.background(self.step);
+            let l = (0..2)
+                .map(|d| (bg * c.cap[d] + placed[i][d]) / c.cap[d])
+                .fold(0.0, f64::max);
+            levels.push(l);
+        }
+        // Pending: per cluster, workloads in creation order take what the background leaves.
+        let mut free: Vec<[f64; 2]> = self
+            .clusters
+            .iter()
+            .map(|c| {
+                let bg = c.background(self.step);
+                [c.cap[0] * (1.0 - bg), c.cap[1] * (1.0 - bg)]
+            })
+            .collect();
+        let mut pending = 0;
+        for w in self.workloads.values() {
+            let placed_n: i64 = w.placed.values().sum();
+            pending += (w.replicas - placed_n).max(0);
+            for (c, n) in &w.placed {
+                if self.dark[*c] {
+                    pending += n;
+                    continue;
+                }
+                let fit = (0..2)
+                    .map(|d| ((free[*c][d] / w.req[d]) + 1e-9).floor().max(0.0) as i64)
+                    .min()
+                    .unwrap_or(0);
+                let run = fit.min(*n);
+                pending += n - run;
+                for (f, r) in free[*c].iter_mut().zip(w.req) {
+                    *f -= run as f64 * r;
+                }
+            }
+        }
+        (levels, pending)
+    }
+
+    /// Orrery only: clusters above the limit for three steps shed replicas of a few
+    /// workloads (the controller's rule, at the simulation's time scale).
+    fn shed(&mut self) {
+        let limit = self.config.water_level_limit;
+        let placed = self.placed();
+        let mut due = Vec::new();
+        for (i, c) in self.clusters.iter().enumerate() {
+            let bg = c.background(self.step);
+            let l = (0..2)
+                .map(|d| (bg * c.cap[d] + placed[i][d]) / c.cap[d])
+                .fold(0.0, f64::max);
+            if !self.dark[i] && l > limit {
+                self.hot_for[i] += 1;
+            } else {
+                self.hot_for[i] = 0;
+            }
+            if self.cooldown[i] > 0 {
+                self.cooldown[i] -= 1;
+            } else if self.hot_for[i] >= 3 {
+                due.push(i);
+            }
+        }
+        for i in due {
+            self.cooldown[i] = 3;
+            let mut on: Vec<(i64, usize)> = self
+                .workloads
+                .iter()
+                .filter_map(|(id, w)| Some((*w.placed.get(&i)?, *id)))
+                .collect();
+            on.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            let name = vec![self.clusters[i].name.clone()];
+            for (_, id) in on.into_iter().take(5) {
+                self.decide(id, &name);
+            }
+        }
+    }
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+fn std_dev(v: &[f64]) -> f64 {
+    let m = mean(v);
+    (v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / v.len().max(1) as f64).sqrt()
+}
+
+fn simulate(strategy: Strategy, clusters: &[SimCluster], trace: &[Vec<Ev>]) -> Value {
+    let config = match strategy {
+        Strategy::WaterLevel => Config::default(),
+        _ => Config::karmada(),
+    };
+    let mut sim = Sim {
+        strategy,
+        clusters,
+        placement: placement_for(strategy, clusters),
+        config,
+        cache: FilterCache::new(),
+        workloads: BTreeMap::new(),
+        dark: vec![false; clusters.len()],
+        step: 0,
+        fleet: Fleet::default(),
+        rr_cursor: 0,
+        decisions: 0,
+        decide_secs: 0.0,
+        moved: 0,
+        evacuated: 0,
+        hot_for: vec![0; clusters.len()],
+        cooldown: vec![0; clusters.len()],
+    };
+    let (mut stds, mut maxes, mut pendings) = (Vec::new(), Vec::new(), Vec::new());
+    let mut peak: f64 = 0.0;
+    for (step, evs) in trace.iter().enumerate() {
+        sim.step = step;
+        sim.rebuild();
+        for ev in evs {
+            match ev {
+                Ev::Create {
+                    id,
+                    replicas,
+                    cpu_m,
+                    mem_mi,
+                } => {
+                    sim.workloads.insert(
+                        *id,
+                        Workload {
+                            replicas: *replicas,
+                            req: [*cpu_m as f64 / 1000.0, *mem_mi as f64],
+                            request: [
+                                ("cpu".to_string(), millis(*cpu_m)),
+                                ("memory".to_string(), mib(*mem_mi)),
+                            ]
+                            .into(),
+                            placed: BTreeMap::new(),
+                        },
+                    );
+                    sim.decide(*id, &[]);
+                }
+                Ev::Scale { id, replicas } => {
+                    if let Some(w) = sim.workloads.get_mut(id) {
+                        w.replicas = *replicas;
+                        sim.decide(*id, &[]);
+                    }
+                }
+                Ev::Delete { id } => {
+                    if let Some(w) = sim.workloads.remove(id) {
+                        let touched: Vec<usize> = w.placed.keys().copied().collect();
+                        sim.refresh(&touched);
+                    }
+                }
+                Ev::Outage { cluster } => {
+                    sim.dark[*cluster] = true;
+                    sim.refresh(&[*cluster]);
+                    let on: Vec<usize> = sim
+                        .workloads
+                        .iter()
+                        .filter(|(_, w)| w.placed.contains_key(cluster))
+                        .map(|(id, _)| *id)
+                        .collect();
+                    for id in on {
+                        sim.decide(id, &[]);
+                    }
+                }
+                Ev::Recover { cluster } => {
+                    sim.dark[*cluster] = false;
+                    sim.refresh(&[*cluster]);
+                }
+            }
+        }
+        if strategy == Strategy::WaterLevel {
+            sim.shed();
+        }
+        let (levels, pending) = sim.measure();
+        stds.push(std_dev(&levels));
+        let m = levels.iter().copied().fold(0.0, f64::max);
+        maxes.push(m);
+        peak = peak.max(m);
+        pendings.push(pending as f64);
+    }
+    json!({
+        "scenario": "scheduler-quality",
+        "strategy": strategy.name(),
+        "load_aware": strategy.load_aware(),
+        "rwl_stddev_mean": round(mean(&stds), 4),
+        "rwl_max_mean": round(mean(&maxes), 4),
+        "rwl_max_peak": round(peak, 4),
+        "pending_replicas_mean": round(mean(&pendings), 2),
+        "pending_replicas_max": pendings.iter().copied().fold(0.0, f64::max),
+        "replicas_moved": sim.moved,
+        "replicas_evacuated": sim.evacuated,
+        "decisions": sim.decisions,
+        "decisions_per_second": if sim.decide_secs > 0.0 { json!(round(sim.decisions as f64 / sim.decide_secs, 0)) } else { json!(null) },
+    })
+}
+
+/// Runs every strategy on the same fleet and trace and prints one line per strategy, then
+/// a line saying whether Orrery met the goals.
+pub fn quality(args: QualityArgs) -> anyhow::Result<()> {
+    let clusters = fleet(args.seed, args.clusters);
+    let trace = trace(args.seed, args.steps, &clusters);
+    let events: usize = trace.iter().map(Vec::len).sum();
+    progress(format!(
+        "{} clusters, {} steps, {events} trace events",
+        clusters.len(),
+        args.steps
+    ));
+    let mut results = Vec::new();
+    for s in [
+        Strategy::StaticEqual,
+        Strategy::StaticCapacity,
+        Strategy::KarmadaDynamic,
+        Strategy::RoundRobin,
+        Strategy::WaterLevel,
+    ] {
+        progress(format!("simulating {}", s.name()));
+        let mut r = simulate(s, &clusters, &trace);
+        r["seed"] = json!(args.seed);
+        r["clusters"] = json!(args.clusters);
+        r["steps"] = json!(args.steps);
+        emit(r.clone());
+        results.push(r);
+    }
+    let num = |r: &Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+    let (ours, others): (Vec<&Value>, Vec<&Value>) = results
+        .iter()
+        .partition(|r| r["strategy"] == Strategy::WaterLevel.name());
+    let Some(ours) = ours.first() else {
+        return Ok(());
+    };
+    let lowest = |k: &str| others.iter().all(|r| num(ours, k) < num(r, k));
+    let no_more = |k: &str| others.iter().all(|r| num(ours, k) <= num(r, k));
+    let fewest_moves = others
+        .iter()
+        .filter(|r| r["load_aware"] == true)
+        .all(|r| num(ours, "replicas_moved") <= num(r, "replicas_moved"));
+    emit(json!({
+        "scenario": "scheduler-quality-goals",
+        "seed": args.seed,
+        "lowest_rwl_stddev": lowest("rwl_stddev_mean"),
+        "lowest_rwl_max": lowest("rwl_max_mean") && lowest("rwl_max_peak"),
+        "no_more_pending": no_more("pending_replicas_mean"),
+        "fewest_moves_among_load_aware": fewest_moves,
+    }));
+    Ok(())
+}
