@@ -8,77 +8,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Agent, Server, eventually, http};
+use common::fleet::Fleet;
+use common::{Server, eventually};
 use serde_json::Value;
-
-const SIM: &str = "nodes=4,cpu=8,memory=32Gi,load=0.1,start=100ms";
-
-struct Fleet {
-    s: Server,
-    agents: Vec<(String, Agent, String)>,
-}
-
-impl Fleet {
-    fn start(names: &[(&str, &str)]) -> Fleet {
-        Self::start_with(names, &[])
-    }
-
-    fn start_with(names: &[(&str, &str)], server_args: &[&str]) -> Fleet {
-        let s = Server::start_with(server_args);
-        let mut agents = Vec::new();
-        for (name, region) in names {
-            let token = s.token(name);
-            let a = Agent::start(
-                &s,
-                name,
-                &[
-                    "--cluster",
-                    name,
-                    "--token",
-                    &token,
-                    "--simulate",
-                    SIM,
-                    "--region",
-                    region,
-                    "--provider",
-                    "sim",
-                    "--heartbeat-interval",
-                    "1s",
-                    "--report-interval",
-                    "100ms",
-                    "--admin-listen",
-                    "127.0.0.1:0",
-                    "--labels",
-                    &format!("region={region}"),
-                ],
-            );
-            let admin = a.admin();
-            agents.push((name.to_string(), a, admin));
-        }
-        eventually(Duration::from_secs(20), "every cluster Ready", || {
-            names
-                .iter()
-                .all(|(n, _)| s.cluster_condition(n, "Ready") == "True")
-        });
-        Fleet { s, agents }
-    }
-
-    /// The objects a member runs.
-    fn objects(&self, cluster: &str) -> Vec<Value> {
-        let (_, _, admin) = self.agents.iter().find(|(n, _, _)| n == cluster).unwrap();
-        let (code, body) = http("GET", admin, &format!("/clusters/{cluster}/objects"), "");
-        assert_eq!(code, 200, "{body}");
-        let v: Value = serde_json::from_str(&body).unwrap();
-        v["items"].as_array().unwrap().clone()
-    }
-
-    /// One object of a member, if it runs it.
-    fn find(&self, cluster: &str, kind: &str, name: &str) -> Option<Value> {
-        self.objects(cluster)
-            .into_iter()
-            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
-    }
-}
 
 const NGINX: &str = r#"
 apiVersion: v1

@@ -2,6 +2,8 @@
 //! `kubectl`, and clients built with the `kube` crate.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod fleet;
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -153,11 +153,16 @@ pub async fn run(
         rendered: Default::default(),
     };
     let mut retry = BTreeSet::new();
+    let mut last_tick = std::time::Instant::now();
     loop {
         let Some(batch) = next_batch(&mut rx, Duration::from_secs(1), &mut shutdown).await else {
             return;
         };
-        let ticked = batch.is_empty();
+        // Time-driven work runs on a clock, however busy the event stream is.
+        let ticked = last_tick.elapsed() >= Duration::from_secs(1);
+        if ticked {
+            last_tick = std::time::Instant::now();
+        }
         for (src, ev) in batch {
             c.on_event(src, ev);
         }

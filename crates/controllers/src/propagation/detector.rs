@@ -123,11 +123,16 @@ pub async fn run(
         synced_bindings: false,
     };
     let mut retry: BTreeSet<TKey> = BTreeSet::new();
+    let mut last_tick = std::time::Instant::now();
     loop {
         let Some(batch) = next_batch(&mut rx, Duration::from_secs(2), &mut shutdown).await else {
             return;
         };
-        let ticked = batch.is_empty();
+        // Time-driven work runs on a clock, however busy the event stream is.
+        let ticked = last_tick.elapsed() >= Duration::from_secs(2);
+        if ticked {
+            last_tick = std::time::Instant::now();
+        }
         for (src, ev) in batch {
             d.on_event(src, ev);
         }

@@ -258,15 +258,17 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         started: Instant::now(),
         synced: (false, false),
     };
+    let mut last_tick = Instant::now();
     loop {
         let Some(batch) = next_batch(&mut rx, Duration::from_secs(1), &mut shutdown).await else {
             return;
         };
-        let ticked = batch.is_empty();
         for (src, ev) in batch {
             s.on_event(src, ev);
         }
-        if ticked {
+        // Once a second, however busy the event stream is.
+        if last_tick.elapsed() >= Duration::from_secs(1) {
+            last_tick = Instant::now();
             s.on_tick();
         }
         if s.synced != (true, true) || s.queue.is_empty() {

@@ -1,0 +1,93 @@
+//! A server and a fleet of `orrery agent` processes with simulated members, each with its
+//! admin endpoint to look inside.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{Agent, Server, eventually, http};
+
+/// The default member: 4 nodes of 8 cores, a light background load, quick pod start.
+pub const SIM: &str = "nodes=4,cpu=8,memory=32Gi,load=0.1,start=100ms";
+
+pub struct Fleet {
+    pub s: Server,
+    pub agents: Vec<(String, Agent, String)>,
+}
+
+impl Fleet {
+    pub fn start(names: &[(&str, &str)]) -> Fleet {
+        Self::start_with(names, &[])
+    }
+
+    pub fn start_with(names: &[(&str, &str)], server_args: &[&str]) -> Fleet {
+        let sims: Vec<(&str, &str, &str)> = names.iter().map(|(n, r)| (*n, *r, SIM)).collect();
+        Self::start_sims(&sims, server_args)
+    }
+
+    /// Members `(name, region, simulation spec)`.
+    pub fn start_sims(members: &[(&str, &str, &str)], server_args: &[&str]) -> Fleet {
+        let s = Server::start_with(server_args);
+        let mut agents = Vec::new();
+        for (name, region, sim) in members {
+            let token = s.token(name);
+            let a = Agent::start(
+                &s,
+                name,
+                &[
+                    "--cluster",
+                    name,
+                    "--token",
+                    &token,
+                    "--simulate",
+                    sim,
+                    "--region",
+                    region,
+                    "--provider",
+                    "sim",
+                    "--heartbeat-interval",
+                    "1s",
+                    "--report-interval",
+                    "100ms",
+                    "--admin-listen",
+                    "127.0.0.1:0",
+                    "--labels",
+                    &format!("region={region}"),
+                ],
+            );
+            let admin = a.admin();
+            agents.push((name.to_string(), a, admin));
+        }
+        eventually(Duration::from_secs(20), "every cluster Ready", || {
+            members
+                .iter()
+                .all(|(n, _, _)| s.cluster_condition(n, "Ready") == "True")
+        });
+        Fleet { s, agents }
+    }
+
+    /// The admin endpoint of a member's agent.
+    pub fn admin(&self, cluster: &str) -> &str {
+        &self.agents.iter().find(|(n, _, _)| n == cluster).unwrap().2
+    }
+
+    /// The objects a member runs.
+    pub fn objects(&self, cluster: &str) -> Vec<Value> {
+        let (code, body) = http(
+            "GET",
+            self.admin(cluster),
+            &format!("/clusters/{cluster}/objects"),
+            "",
+        );
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["items"].as_array().unwrap().clone()
+    }
+
+    /// One object of a member, if it runs it.
+    pub fn find(&self, cluster: &str, kind: &str, name: &str) -> Option<Value> {
+        self.objects(cluster)
+            .into_iter()
+            .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+    }
+}

@@ -1,0 +1,238 @@
+//! The water level scheduler end to end: a real server, three agents whose simulated members
+//! carry different background loads, the real kubectl. Replicas land as the water levels say,
+//! move away from a cluster whose load rises past the limit, leave a cluster that goes dark
+//! make-before-break, and every decision is in the schedule history.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::eventually;
+use common::fleet::Fleet;
+use common::http;
+use serde_json::Value;
+
+const WEB: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: default}
+spec:
+  replicas: 12
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - name: web
+        image: nginx:1.25
+        resources: {requests: {cpu: 250m, memory: 128Mi}}
+---
+apiVersion: multicluster.io/v1alpha1
+kind: ResourcePlacementPolicy
+metadata: {name: web, namespace: default}
+spec:
+  resourceSelector: {apiVersion: apps/v1, kind: Deployment, name: web, namespace: default}
+  targetClusters:
+  - selectorType: label
+    values: ["tier=app"]
+  placement:
+    replicaScheduling: {replicaSchedulingType: Divided}
+"#;
+
+fn sim(load: f64) -> String {
+    format!("nodes=4,cpu=8,memory=32Gi,load={load},start=100ms")
+}
+
+/// Replicas per member, as the members run them.
+fn running(f: &Fleet, members: &[&str]) -> BTreeMap<String, i64> {
+    members
+        .iter()
+        .filter_map(|m| {
+            let d = f.find(m, "Deployment", "web")?;
+            Some((m.to_string(), d["spec"]["replicas"].as_i64().unwrap_or(0)))
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// Replicas per cluster in the binding's decision.
+fn decided(f: &Fleet) -> BTreeMap<String, i64> {
+    let rb = f.s.get_json(&["resourcebinding", "web-deployment"]);
+    rb["spec"]["clusters"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|c| {
+                    (
+                        c["name"].as_str().unwrap().to_string(),
+                        c["replicas"].as_i64().unwrap(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn replicas_follow_the_water_levels() {
+    let (quiet, busy, busier) = (sim(0.2), sim(0.45), sim(0.6));
+    let mut f = Fleet::start_sims(
+        &[
+            ("quiet", "us-east", quiet.as_str()),
+            ("busy", "eu-west", busy.as_str()),
+            ("busier", "ap-south", busier.as_str()),
+        ],
+        &[
+            "--shed-window",
+            "2s",
+            "--cluster-grace-period",
+            "2s",
+            "--cluster-eviction-timeout",
+            "2s",
+        ],
+    );
+    let members = ["quiet", "busy", "busier"];
+    for m in members {
+        f.s.ok(&["label", "cluster", m, "tier=app"]);
+    }
+    f.s.apply(WEB);
+    // The fleet is at about 0.42: score-weighted division, the emptiest cluster first.
+    eventually(Duration::from_secs(20), "12 replicas running", || {
+        running(&f, &members).values().sum::<i64>() == 12
+    });
+    let first = decided(&f);
+    assert!(
+        first["quiet"] > first.get("busy").copied().unwrap_or(0)
+            && first.get("busy").copied().unwrap_or(0) >= first.get("busier").copied().unwrap_or(0),
+        "{first:?}"
+    );
+    let rb = f.s.get_json(&["resourcebinding", "web-deployment"]);
+    assert_eq!(rb["status"]["strategy"], "ScoreWeighted", "{rb}");
+    // Every cluster is explained, with each plugin's score.
+    let why: Vec<&Value> = rb["status"]["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .collect();
+    assert_eq!(why.len(), 3, "{rb}");
+    assert!(
+        why.iter()
+            .all(|d| d["scores"]["Balance"].is_number() && d["score"].is_number()),
+        "{rb}"
+    );
+    // kubectl describe shows them too.
+    let described = f.s.ok(&["describe", "resourcebinding", "web-deployment"]);
+    assert!(described.contains("Balance"), "{described}");
+
+    // The quiet cluster's background load jumps past the limit: after the shed window its
+    // share moves to the others, and nothing is lost.
+    let (code, body) = http(
+        "PUT",
+        f.admin("quiet"),
+        "/clusters/quiet/load",
+        r#"{"load": 0.95}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    eventually(Duration::from_secs(30), "quiet sheds its replicas", || {
+        let d = decided(&f);
+        d.get("quiet").copied().unwrap_or(0) < first["quiet"] && d.values().sum::<i64>() == 12
+    });
+    eventually(
+        Duration::from_secs(20),
+        "the members run the new shares",
+        || {
+            let r = running(&f, &members);
+            r.get("quiet").copied().unwrap_or(0) < first["quiet"] && r.values().sum::<i64>() == 12
+        },
+    );
+
+    // `busy` goes dark: once it is tainted NoExecute its replicas move. The old copy stays
+    // (an eviction with a deadline) until the new placement is healthy.
+    let before = decided(&f);
+    assert!(before.get("busy").copied().unwrap_or(0) > 0, "{before:?}");
+    f.agents[1].1.kill9();
+    eventually(Duration::from_secs(30), "busy's replicas move", || {
+        let d = decided(&f);
+        !d.contains_key("busy") && d.values().sum::<i64>() == 12
+    });
+    let rb = f.s.get_json(&["resourcebinding", "web-deployment"]);
+    let evictions = rb["spec"]["evictions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        evictions.iter().any(|e| e["cluster"] == "busy"
+            && e["rescheduled"] == true
+            && e["keepUntil"].is_string()),
+        "make-before-break keeps the old copy a while: {rb}"
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the others run all 12, then busy's Work goes",
+        || {
+            let r = running(&f, &["quiet", "busier"]);
+            r.values().sum::<i64>() == 12
+                && !f
+                    .s
+                    .kubectl(&[
+                        "get",
+                        "work",
+                        "-n",
+                        "orrery-cluster-busy",
+                        "default.web-deployment",
+                    ])
+                    .status
+                    .success()
+        },
+    );
+
+    // The schedule history has every decision, newest first, with its reasons.
+    let raw =
+        f.s.ok(&["get", "--raw", "/api/v1/history/schedules?maxEntries=50"]);
+    let h: Value = serde_json::from_str(&raw).unwrap();
+    let entries = h["entries"].as_array().unwrap();
+    let ours: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["binding"] == "default/web-deployment")
+        .collect();
+    let triggers: Vec<&str> = ours
+        .iter()
+        .map(|e| e["trigger"].as_str().unwrap())
+        .collect();
+    assert!(triggers.contains(&"Shed"), "{triggers:?}");
+    assert!(triggers.contains(&"ClustersChanged"), "{triggers:?}");
+    assert_eq!(
+        *triggers.last().unwrap(),
+        "SpecChanged",
+        "the first decision is oldest: {triggers:?}"
+    );
+    let t0 = ours.last().unwrap();
+    assert_eq!(t0["result"], "Scheduled", "{t0}");
+    assert!(t0["decisions"].as_array().unwrap().len() == 3, "{t0}");
+    assert!(
+        ours.iter()
+            .all(|e| e["id"].as_str().is_some_and(|i| !i.is_empty()))
+    );
+    // Bad parameters get the DRO-DS error body.
+    let out = f.s.kubectl(&[
+        "get",
+        "--raw",
+        "/api/v1/history/schedules?startTime=yesterday",
+    ]);
+    assert!(!out.status.success());
+    // maxEntries caps, time windows filter.
+    let raw =
+        f.s.ok(&["get", "--raw", "/api/v1/history/schedules?maxEntries=1"]);
+    let h: Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(h["entries"].as_array().unwrap().len(), 1);
+    let raw = f.s.ok(&[
+        "get",
+        "--raw",
+        "/api/v1/history/schedules?endTime=2000-01-01T00:00:00Z",
+    ]);
+    let h: Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(h["count"], 0, "{h}");
+}
