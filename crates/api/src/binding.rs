@@ -182,7 +182,7 @@ pub struct BindingStatus {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub scheduler_observed_affinity_name: String,
     /// The last decision, cluster by cluster (the chosen ones, then the best of the others,
-    /// up to 50).
+    /// up to 10).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub decisions: Vec<ClusterDecision>,
     /// How many clusters each filter turned away in the last decision.

@@ -18,7 +18,7 @@ pub const PREFIX: &str = "/internal/history/schedules/";
 
 /// At most this many per-cluster explanations are kept per decision; the rest are counted
 /// by filter in [`ScheduleEntry::filtered`].
-pub const MAX_EXPLAINED: usize = 50;
+pub const MAX_EXPLAINED: usize = 10;
 
 pub fn key(name: &str) -> String {
     format!("{PREFIX}{name}")
@@ -73,34 +73,6 @@ pub struct RecordSpec {
     pub entries: Vec<ScheduleEntry>,
 }
 
-/// Keeps the chosen clusters, then the best-scoring others, then the filtered ones, up to
-/// `max` in all; counts every filtered cluster by filter.
-pub fn summarize(
-    mut decisions: Vec<ClusterDecision>,
-    max: usize,
-) -> (Vec<ClusterDecision>, BTreeMap<String, i64>) {
-    let mut filtered: BTreeMap<String, i64> = BTreeMap::new();
-    for d in &decisions {
-        if !d.filter.is_empty() {
-            *filtered.entry(d.filter.clone()).or_default() += 1;
-        }
-    }
-    let rank = |d: &ClusterDecision| match (d.replicas, d.score) {
-        (Some(_), _) => 0,
-        (None, Some(_)) => 1,
-        _ => 2,
-    };
-    decisions.sort_by(|a, b| {
-        rank(a)
-            .cmp(&rank(b))
-            .then(b.score.unwrap_or(0.0).total_cmp(&a.score.unwrap_or(0.0)))
-            .then(a.name.cmp(&b.name))
-    });
-    decisions.truncate(max);
-    decisions.sort_by(|a, b| a.name.cmp(&b.name));
-    (decisions, filtered)
-}
-
 /// A one-line account of why clusters were turned away: `2 WaterLevel, 1 Readiness`.
 pub fn filtered_message(filtered: &BTreeMap<String, i64>) -> String {
     let mut v: Vec<(&String, &i64)> = filtered.iter().collect();
@@ -115,30 +87,10 @@ pub fn filtered_message(filtered: &BTreeMap<String, i64>) -> String {
 mod tests {
     use super::*;
 
-    fn d(name: &str, replicas: Option<i64>, score: Option<f64>, filter: &str) -> ClusterDecision {
-        ClusterDecision {
-            name: name.into(),
-            replicas,
-            score,
-            filter: filter.into(),
-            ..Default::default()
-        }
-    }
-
     #[test]
-    fn summaries_keep_the_chosen_and_count_the_filtered() {
-        let all = vec![
-            d("a", None, None, "WaterLevel"),
-            d("b", Some(2), Some(40.0), ""),
-            d("c", None, Some(90.0), ""),
-            d("d", None, None, "Readiness"),
-            d("e", None, None, "WaterLevel"),
-            d("f", None, Some(10.0), ""),
-        ];
-        let (kept, filtered) = summarize(all, 3);
-        let names: Vec<&str> = kept.iter().map(|x| x.name.as_str()).collect();
-        assert_eq!(names, ["b", "c", "f"]);
-        assert_eq!(filtered["WaterLevel"], 2);
+    fn names_sort_by_time_and_messages_count() {
+        let filtered: BTreeMap<String, i64> =
+            [("Readiness".to_string(), 1), ("WaterLevel".to_string(), 2)].into();
         assert_eq!(filtered_message(&filtered), "2 WaterLevel, 1 Readiness");
         assert!(record_name(5, 1) < record_name(10, 0));
         assert!(

@@ -202,6 +202,17 @@ enum Command {
         #[arg(long, default_value_t = 288)]
         steps: usize,
     },
+    /// The scheduling controller over a real store: bindings decided per second.
+    SchedulerService {
+        #[arg(long, value_delimiter = ',', default_value = "100,1000,5000")]
+        clusters: Vec<usize>,
+        #[arg(long, default_value_t = 100_000)]
+        bindings: usize,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Internal: the fresh process of `store-memory`.
     #[command(hide = true)]
     StoreMemoryProbe { path: String },
@@ -274,6 +285,20 @@ fn main() -> anyhow::Result<()> {
                 clusters,
                 steps,
             }),
+            Command::SchedulerService {
+                clusters,
+                bindings,
+                runs,
+                dir,
+            } => {
+                scheduler::service(scheduler::ServiceArgs {
+                    clusters,
+                    bindings,
+                    runs,
+                    dir,
+                })
+                .await
+            }
             Command::SchedulerEngine {
                 clusters,
                 bindings,

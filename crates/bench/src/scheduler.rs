@@ -331,3 +331,164 @@ pub fn engine(args: EngineArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+pub struct ServiceArgs {
+    pub clusters: Vec<usize>,
+    pub bindings: usize,
+    pub runs: usize,
+    pub dir: Option<std::path::PathBuf>,
+}
+
+/// The scheduling controller over a real SQLite store: bindings already stored, the
+/// controller started, time until every binding carries its decision (store writes, the
+/// schedule history and Events included).
+pub async fn service(args: ServiceArgs) -> anyhow::Result<()> {
+    use orrery_api::keys;
+    use orrery_store::Store;
+    let placements = placements();
+    for &n in &args.clusters {
+        let mut rates = Vec::new();
+        let mut firsts = Vec::new();
+        for run in 0..args.runs {
+            let tmp = match &args.dir {
+                Some(d) => tempfile::tempdir_in(d)?,
+                None => tempfile::tempdir()?,
+            };
+            let store: std::sync::Arc<dyn Store> =
+                std::sync::Arc::new(orrery_store_sqlite::SqliteStore::open_dir(tmp.path())?);
+            let mut rng = Rng::new(7 + run as u64);
+            progress(format!("{n} clusters: storing clusters"));
+            for i in 0..n {
+                let c = synthetic_cluster(i, &mut rng);
+                store
+                    .create(&keys::well_known::cluster(&c.name), cluster_object(&c))
+                    .await?;
+            }
+            progress(format!("{n} clusters: storing {} bindings", args.bindings));
+            let specs = tasks(args.bindings, &mut rng, placements.len());
+            let mut pending = Vec::new();
+            for (i, s) in specs.iter().enumerate() {
+                let key = keys::object(
+                    "multicluster.io",
+                    "resourcebindings",
+                    Some("bench"),
+                    &format!("w{i:06}-deployment"),
+                );
+                let obj = binding_object(i, s, &placements[s.placement].1);
+                let st = store.clone();
+                pending.push(async move { st.create(&key, obj).await.map(|_| ()) });
+                if pending.len() == 512 {
+                    for r in futures_util::future::join_all(std::mem::take(&mut pending)).await {
+                        r?;
+                    }
+                }
+            }
+            for r in futures_util::future::join_all(pending).await {
+                r?;
+            }
+            let from = store.current_revision().await?;
+            let mut watch = store
+                .watch(
+                    &keys::prefix("multicluster.io", "resourcebindings", None),
+                    from,
+                    Default::default(),
+                )
+                .await?;
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let started = Instant::now();
+            let ctl = tokio::spawn(orrery_controllers::propagation::scheduling::run(
+                store.clone(),
+                Default::default(),
+                stop_rx,
+            ));
+            let mut decided = std::collections::HashSet::new();
+            let mut first = None;
+            let mut last_report = Instant::now();
+            while decided.len() < specs.len() {
+                let ev = tokio::time::timeout(std::time::Duration::from_secs(120), watch.next())
+                    .await
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "no decision for 120 s ({} of {})",
+                            decided.len(),
+                            specs.len()
+                        )
+                    })?;
+                let Some(ev) = ev else { break };
+                if let orrery_store::WatchEvent::Modified(o) = ev? {
+                    let observed = o
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.get("schedulerObservedGeneration"))
+                        .is_some();
+                    if observed && decided.insert(o.name().to_string()) && first.is_none() {
+                        first = Some(started.elapsed().as_secs_f64());
+                    }
+                }
+                if last_report.elapsed().as_secs() >= 5 {
+                    last_report = Instant::now();
+                    progress(format!("{} of {} decided", decided.len(), specs.len()));
+                }
+            }
+            let secs = started.elapsed().as_secs_f64();
+            let _ = stop_tx.send(true);
+            let _ = ctl.await;
+            store.close().await;
+            rates.push(decided.len() as f64 / secs);
+            firsts.push(first.unwrap_or(f64::NAN));
+            progress(format!(
+                "{n} clusters, run {}: {:.0} bindings/s ({} in {secs:.1} s)",
+                run + 1,
+                decided.len() as f64 / secs,
+                decided.len()
+            ));
+        }
+        emit(json!({
+            "scenario": "scheduler-service",
+            "store": "sqlite",
+            "clusters": n,
+            "bindings": args.bindings,
+            "runs": args.runs,
+            "bindings_per_second_median": round(median(&rates), 0),
+            "bindings_per_second_runs": rates.iter().map(|r| round(*r, 0)).collect::<Vec<_>>(),
+            "first_decision_seconds_median": round(median(&firsts), 2),
+        }));
+    }
+    Ok(())
+}
+
+fn cluster_object(c: &ClusterSnapshot) -> orrery_api::Object {
+    let mut o = orrery_api::Object::new("multicluster.io/v1alpha1", "Cluster").with_name(&c.name);
+    o.metadata.labels = c.labels.clone();
+    o.metadata.generation = Some(1);
+    o.spec = Some(
+        json!({"provider": c.provider, "region": c.region, "zones": c.zones,
+        "taints": c.taints}),
+    );
+    o.status = Some(json!({
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Bench",
+            "lastTransitionTime": Time::now().to_string()}],
+        "resourceSummary": {"allocatable": c.allocatable, "allocated": c.allocated, "usage": c.usage},
+        "largestNodeFree": c.largest_node_free,
+        "lastHeartbeatTime": Time::now().to_string(),
+    }));
+    o
+}
+
+fn binding_object(i: usize, s: &Spec, placement: &Placement) -> orrery_api::Object {
+    let mut o = orrery_api::Object::new("multicluster.io/v1alpha1", "ResourceBinding")
+        .with_name(&format!("w{i:06}-deployment"));
+    o.metadata.namespace = "bench".into();
+    o.metadata.generation = Some(1);
+    o.metadata.uid = format!("00000000-0000-0000-0000-{i:012}");
+    o.spec = Some(json!({
+        "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "bench",
+            "name": format!("w{i:06}"), "uid": format!("t-{i}")},
+        "replicas": s.replicas,
+        "replicaRequirements": {"resourceRequest": s.request},
+        "placement": placement,
+        "policy": {"apiVersion": "multicluster.io/v1alpha1", "kind": "ResourcePlacementPolicy",
+            "namespace": "bench", "name": "bench"},
+    }));
+    o
+}

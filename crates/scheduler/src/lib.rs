@@ -210,7 +210,7 @@ impl Ctx<'_> {
 }
 
 /// Why one cluster got what it got.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Outcome {
     /// Turned away by the filter plugin at this index of the config.
     Filtered(usize),
@@ -278,79 +278,173 @@ impl Decision {
         let affinity = self.affinity(task);
         let mut ctx = context(fleet, task, config, affinity.as_ref());
         ctx.fill_room(0..fleet.len());
-        let position: BTreeMap<usize, usize> = self
-            .scored
+        let position = self.positions();
+        (0..self.outcomes.len())
+            .map(|i| self.render(&ctx, config, &position, i))
+            .collect()
+    }
+
+    /// What a binding's status and the history keep: the chosen clusters, then the best of
+    /// the others, then those filtered out, up to `max` explained; and how many clusters each
+    /// filter (or the spread constraints, or sampling) turned away. Only the explained
+    /// clusters are rendered, so this costs little in a large fleet.
+    pub fn summary(
+        &self,
+        fleet: &Fleet,
+        task: &Task<'_>,
+        config: &Config,
+        max: usize,
+    ) -> (Vec<ClusterDecision>, BTreeMap<String, i64>) {
+        // Counted by index first (a string map per cluster costs too much in a large fleet).
+        let mut by_filter = vec![0i64; config.filters.len()];
+        let (mut spread_out, mut not_sampled) = (0i64, 0i64);
+        let mut chosen: Vec<(f64, usize)> = Vec::new();
+        let mut others: Vec<(f64, usize)> = Vec::new();
+        let mut turned_away: Vec<usize> = Vec::new();
+        let mut entries = self.outcomes.entries.iter().peekable();
+        for i in 0..self.outcomes.len() {
+            let o = match entries.peek() {
+                Some((at, o)) if *at == i => {
+                    let o = *o;
+                    entries.next();
+                    o
+                }
+                _ => self.outcomes.get(i),
+            };
+            match o {
+                Outcome::Scored { total, replicas } if replicas > 0 => chosen.push((total, i)),
+                Outcome::Scored { total, .. } => others.push((total, i)),
+                Outcome::Filtered(f) => {
+                    by_filter[f] += 1;
+                    if turned_away.len() < max {
+                        turned_away.push(i);
+                    }
+                }
+                Outcome::Spread(..) => {
+                    spread_out += 1;
+                    if turned_away.len() < max {
+                        turned_away.push(i);
+                    }
+                }
+                Outcome::NotSampled => {
+                    not_sampled += 1;
+                    if turned_away.len() < max {
+                        turned_away.push(i);
+                    }
+                }
+            }
+        }
+        let mut filtered: BTreeMap<String, i64> = BTreeMap::new();
+        for (f, n) in config.filters.iter().zip(by_filter) {
+            if n > 0 {
+                *filtered.entry(f.name().to_string()).or_default() += n;
+            }
+        }
+        if spread_out > 0 {
+            filtered.insert("SpreadConstraint".into(), spread_out);
+        }
+        if not_sampled > 0 {
+            filtered.insert("Sample".into(), not_sampled);
+        }
+        let by_score = |a: &(f64, usize), b: &(f64, usize)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        chosen.sort_by(by_score);
+        others.sort_by(by_score);
+        let mut picked: Vec<usize> = chosen
+            .iter()
+            .chain(&others)
+            .map(|(_, i)| *i)
+            .chain(turned_away)
+            .take(max)
+            .collect();
+        picked.sort_unstable();
+        let affinity = self.affinity(task);
+        let mut ctx = context(fleet, task, config, affinity.as_ref());
+        ctx.fill_room(picked.iter().copied());
+        let position = self.positions();
+        let explained = picked
+            .into_iter()
+            .map(|i| self.render(&ctx, config, &position, i))
+            .collect();
+        (explained, filtered)
+    }
+
+    fn positions(&self) -> BTreeMap<usize, usize> {
+        self.scored
             .iter()
             .enumerate()
             .map(|(k, i)| (*i, k))
-            .collect();
-        let mut out = Vec::with_capacity(self.outcomes.len());
-        for (i, o) in self.outcomes.to_vec().iter().enumerate() {
-            let name = fleet.clusters()[i].name.clone();
-            let d = match o {
-                Outcome::Filtered(f) => ClusterDecision {
+            .collect()
+    }
+
+    fn render(
+        &self,
+        ctx: &Ctx<'_>,
+        config: &Config,
+        position: &BTreeMap<usize, usize>,
+        i: usize,
+    ) -> ClusterDecision {
+        let name = ctx.fleet.clusters()[i].name.clone();
+        match self.outcomes.get(i) {
+            Outcome::Filtered(f) => ClusterDecision {
+                name,
+                replicas: None,
+                reason: config.filters[f].why(ctx, i),
+                filter: config.filters[f].name().to_string(),
+                ..Default::default()
+            },
+            Outcome::Spread(c, why) => {
+                let sc = &ctx.task.placement.spread_constraints[c];
+                let key = if sc.spread_by_label.is_empty() {
+                    &sc.spread_by_field
+                } else {
+                    &sc.spread_by_label
+                };
+                ClusterDecision {
                     name,
                     replicas: None,
-                    reason: config.filters[*f].why(&ctx, i),
-                    filter: config.filters[*f].name().to_string(),
-                    ..Default::default()
-                },
-                Outcome::Spread(c, why) => {
-                    let sc = &task.placement.spread_constraints[*c];
-                    let key = if sc.spread_by_label.is_empty() {
-                        &sc.spread_by_field
-                    } else {
-                        &sc.spread_by_label
-                    };
-                    ClusterDecision {
-                        name,
-                        replicas: None,
-                        reason: match why {
-                            SpreadWhy::NoValue => format!("has no value for the spread key {key}"),
-                            SpreadWhy::TooMany => {
-                                format!("spread by {key} allows at most {} groups", sc.max_groups)
-                            }
-                        },
-                        filter: "SpreadConstraint".into(),
-                        ..Default::default()
-                    }
-                }
-                Outcome::NotSampled => ClusterDecision {
-                    name,
-                    replicas: None,
-                    reason: format!(
-                        "not among the {} clusters scored for this decision",
-                        config.score_sample
-                    ),
-                    filter: "Sample".into(),
-                    ..Default::default()
-                },
-                Outcome::Scored { total, replicas } => ClusterDecision {
-                    name,
-                    replicas: (*replicas > 0).then_some(*replicas),
-                    reason: if *replicas > 0 {
-                        "selected".into()
-                    } else {
-                        "feasible, but its share rounds to 0 replicas".into()
+                    reason: match why {
+                        SpreadWhy::NoValue => format!("has no value for the spread key {key}"),
+                        SpreadWhy::TooMany => {
+                            format!("spread by {key} allows at most {} groups", sc.max_groups)
+                        }
                     },
-                    score: Some(round2(*total)),
-                    scores: position
-                        .get(&i)
-                        .map(|k| {
-                            config
-                                .scores
-                                .iter()
-                                .zip(&self.plugin_scores)
-                                .map(|(p, v)| (p.name().to_string(), round2(v.get(*k))))
-                                .collect()
-                        })
-                        .unwrap_or_default(),
+                    filter: "SpreadConstraint".into(),
                     ..Default::default()
+                }
+            }
+            Outcome::NotSampled => ClusterDecision {
+                name,
+                replicas: None,
+                reason: format!(
+                    "not among the {} clusters scored for this decision",
+                    config.score_sample
+                ),
+                filter: "Sample".into(),
+                ..Default::default()
+            },
+            Outcome::Scored { total, replicas } => ClusterDecision {
+                name,
+                replicas: (replicas > 0).then_some(replicas),
+                reason: if replicas > 0 {
+                    "selected".into()
+                } else {
+                    "feasible, but its share rounds to 0 replicas".into()
                 },
-            };
-            out.push(d);
+                score: Some(round2(total)),
+                scores: position
+                    .get(&i)
+                    .map(|k| {
+                        config
+                            .scores
+                            .iter()
+                            .zip(&self.plugin_scores)
+                            .map(|(p, v)| (p.name().to_string(), round2(v.get(*k))))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+                ..Default::default()
+            },
         }
-        out
     }
 
     fn affinity(&self, task: &Task<'_>) -> Option<ClusterAffinity> {
@@ -539,7 +633,7 @@ impl Outcomes {
     /// The outcome of cluster `i`.
     pub fn get(&self, i: usize) -> Outcome {
         if let Ok(k) = self.entries.binary_search_by_key(&i, |e| e.0) {
-            return self.entries[k].1.clone();
+            return self.entries[k].1;
         }
         match &self.statics {
             Some(s) if s.first[i] != PASSED => Outcome::Filtered(s.first[i] as usize),

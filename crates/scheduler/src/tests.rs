@@ -648,3 +648,31 @@ fn large_fleets_score_a_sample_that_keeps_the_current_clusters() {
     };
     assert_eq!(count(&schedule(&f, &task, &all)), 300);
 }
+
+#[test]
+fn summaries_explain_the_chosen_first_and_count_the_rest() {
+    let mut c: Vec<ClusterSnapshot> = (0..300)
+        .map(|i| cluster(&format!("k{i:03}"), "r", 100, (i % 50) as i64))
+        .collect();
+    for x in c.iter_mut().take(20) {
+        x.ready = false;
+    }
+    let f = Fleet::new(c);
+    let config = Config::default();
+    let t = T::new(divided(), 20);
+    let d = schedule(&f, &t.task(), &config);
+    let (kept, filtered) = d.summary(&f, &t.task(), &config, 10);
+    assert_eq!(kept.len(), 10);
+    let chosen = d.clusters.len().min(10);
+    assert!(kept.iter().filter(|k| k.replicas.is_some()).count() == chosen);
+    assert_eq!(filtered["Readiness"], 20);
+    assert_eq!(filtered["Sample"], 300 - 20 - DEFAULT_SCORE_SAMPLE as i64);
+    // The full explanation agrees with the counts.
+    let all = d.explain(&f, &t.task(), &config);
+    assert_eq!(all.len(), 300);
+    assert_eq!(all.iter().filter(|x| x.filter == "Readiness").count(), 20);
+    assert_eq!(
+        all.iter().filter(|x| x.filter == "Sample").count() as i64,
+        filtered["Sample"]
+    );
+}

@@ -34,7 +34,9 @@ use orrery_api::work::Health;
 use orrery_api::{Object, Time, keys};
 use orrery_scheduler::assume::AssumeCache;
 use orrery_scheduler::queue::{Backoff, Queue};
-use orrery_scheduler::{ClusterSnapshot, Config as Engine, Fleet, Mode, Task, demand_of, schedule};
+use orrery_scheduler::{
+    ClusterSnapshot, Config as Engine, FilterCache, Fleet, Mode, Task, demand_of, schedule_cached,
+};
 use orrery_store::Store;
 use tokio::sync::{mpsc, watch};
 
@@ -191,6 +193,7 @@ struct Scheduler {
     store: Arc<dyn Store>,
     settings: Settings,
     engine: Engine,
+    filter_cache: FilterCache,
     fleet: Fleet,
     prints: HashMap<String, u64>,
     heartbeats: HashMap<String, i64>,
@@ -204,6 +207,8 @@ struct Scheduler {
     moves: HashMap<BKey, i64>,
     assume: AssumeCache,
     hot_since: HashMap<String, Instant>,
+    /// The fleet's usual network traffic (a slow moving average), for weight adjustment.
+    traffic_baseline: Option<f64>,
     last_shed: HashMap<String, Instant>,
     history: Vec<ScheduleEntry>,
     history_tx: mpsc::UnboundedSender<Vec<ScheduleEntry>>,
@@ -239,6 +244,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         store,
         settings,
         engine,
+        filter_cache: FilterCache::new(),
         fleet: Fleet::default(),
         prints: HashMap::new(),
         heartbeats: HashMap::new(),
@@ -251,6 +257,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         moves: HashMap::new(),
         assume: AssumeCache::new(),
         hot_since: HashMap::new(),
+        traffic_baseline: None,
         last_shed: HashMap::new(),
         history: Vec::new(),
         history_tx,
@@ -483,6 +490,33 @@ impl Scheduler {
             .expire(self.now_ms(), self.settings.assume_ttl.as_millis() as u64);
         self.refresh_assumed(&changed);
         self.check_hot(now);
+        self.adjust_weights();
+    }
+
+    /// Draft 7.3.3: the score weights follow monitoring. The fleet's traffic is compared with
+    /// its usual level (an average over about 15 minutes); a surge raises the network weight
+    /// ([`orrery_scheduler::Weights::adjusted`]).
+    fn adjust_weights(&mut self) {
+        const SMOOTHING: f64 = 1.0 / 900.0;
+        let traffic: f64 = self.fleet.facts().iter().map(|f| f.traffic).sum();
+        let baseline = match self.traffic_baseline {
+            Some(b) => b + (traffic - b) * SMOOTHING,
+            None => traffic,
+        };
+        self.traffic_baseline = Some(baseline);
+        let weights = orrery_scheduler::Weights::default().adjusted(&orrery_scheduler::Signals {
+            traffic,
+            traffic_baseline: baseline,
+        });
+        if weights != self.engine.weights {
+            tracing::info!(
+                network_weight = weights.network,
+                traffic,
+                baseline,
+                "score weights adjusted to the fleet's traffic"
+            );
+            self.engine.weights = weights;
+        }
     }
 
     /// Clusters above the limit for a whole window shed replicas of a few bindings.
@@ -557,37 +591,56 @@ impl Scheduler {
         }
     }
 
+    /// Decides what waits in the queue, a chunk at a time; each chunk's writes run while the
+    /// next is decided (a few chunks in flight at most).
     async fn reconcile_queue(&mut self) {
-        let mut jobs: Vec<Job<BKey>> = Vec::new();
-        let mut failed: Vec<BKey> = Vec::new();
-        while let Some(k) = self.queue.pop() {
-            let why = self.triggers.remove(&k).unwrap_or(Trigger::Binding);
-            let shed = self.shed.remove(&k).unwrap_or_default();
-            match self.reconcile(&k, why, &shed) {
-                Outcome::Skip => {}
-                Outcome::Write(j) => {
-                    self.backoff.reset(&k);
-                    self.retry_at.remove(&k);
-                    jobs.push(j);
-                }
-                Outcome::Unschedulable(j) => {
-                    failed.push(k.clone());
-                    if let Some(j) = j {
+        const CHUNK: usize = 1000;
+        const IN_FLIGHT: usize = 4;
+        let mut writing: std::collections::VecDeque<tokio::task::JoinHandle<()>> =
+            std::collections::VecDeque::new();
+        while !self.queue.is_empty() {
+            let mut jobs: Vec<Job<BKey>> = Vec::new();
+            let mut failed: Vec<BKey> = Vec::new();
+            while jobs.len() < CHUNK {
+                let Some(k) = self.queue.pop() else { break };
+                let why = self.triggers.remove(&k).unwrap_or(Trigger::Binding);
+                let shed = self.shed.remove(&k).unwrap_or_default();
+                match self.reconcile(&k, why, &shed) {
+                    Outcome::Skip => {}
+                    Outcome::Write(j) => {
+                        self.backoff.reset(&k);
+                        self.retry_at.remove(&k);
                         jobs.push(j);
+                    }
+                    Outcome::Unschedulable(j) => {
+                        failed.push(k.clone());
+                        if let Some(j) = j {
+                            jobs.push(j);
+                        }
                     }
                 }
             }
+            for k in failed {
+                let wait = self.backoff.fail(&k);
+                self.retry_at
+                    .insert(k, Instant::now() + Duration::from_millis(wait));
+            }
+            if !self.history.is_empty() {
+                let _ = self.history_tx.send(std::mem::take(&mut self.history));
+            }
+            if writing.len() >= IN_FLIGHT
+                && let Some(h) = writing.pop_front()
+            {
+                let _ = h.await;
+            }
+            // Store conflicts: the binding changed under us; its update event queues it again.
+            writing.push_back(tokio::spawn(async move {
+                let _ = run_jobs(jobs).await;
+            }));
         }
-        for k in failed {
-            let wait = self.backoff.fail(&k);
-            self.retry_at
-                .insert(k, Instant::now() + Duration::from_millis(wait));
+        for h in writing {
+            let _ = h.await;
         }
-        if !self.history.is_empty() {
-            let _ = self.history_tx.send(std::mem::take(&mut self.history));
-        }
-        // Store conflicts: the binding changed under us; its update event queues it again.
-        let _ = run_jobs(jobs).await;
     }
 
     fn reconcile(&mut self, k: &BKey, why: Trigger, shed: &[String]) -> Outcome {
@@ -608,8 +661,16 @@ impl Scheduler {
         if why == Trigger::Binding && observed == Some(generation) {
             return Outcome::Skip;
         }
-        let Some(mut spec) = parse_spec(&b) else {
-            return Outcome::Skip;
+        let mut spec = match b.spec.clone().map(serde_json::from_value::<BindingSpec>) {
+            Some(Ok(s)) => s,
+            other => {
+                let error = match other {
+                    Some(Err(e)) => e.to_string(),
+                    _ => "no spec".into(),
+                };
+                tracing::warn!(namespace = %k.0, binding = %k.1, %error, "a ResourceBinding that cannot be read is not scheduled");
+                return Outcome::Skip;
+            }
         };
         let mut status = parse_status(&b);
         let now = Time::now();
@@ -682,8 +743,7 @@ impl Scheduler {
             now: now.unix_seconds(),
             seed: seed_of(&b.metadata.uid),
         };
-        let decision = schedule(&self.fleet, &task, &self.engine);
-        let explained = decision.explain(&self.fleet, &task, &self.engine);
+        let decision = schedule_cached(&self.fleet, &task, &self.engine, &mut self.filter_cache);
         let changed_spec_generation = status.scheduler_observed_generation != Some(generation);
         let new_clusters = match &decision.error {
             // Clusters going away must not empty a placement that stands; a changed spec
@@ -722,7 +782,8 @@ impl Scheduler {
                 || (e.keep_until.is_some_and(|u| u > now)
                     && !new_clusters.iter().any(|c| c.name == e.cluster))
         });
-        let (summary, filtered) = history::summarize(explained, history::MAX_EXPLAINED);
+        let (summary, filtered) =
+            decision.summary(&self.fleet, &task, &self.engine, history::MAX_EXPLAINED);
         let cond = match &decision.error {
             None => Condition::new(
                 CONDITION_SCHEDULED,
