@@ -477,7 +477,7 @@ fn cluster_object(c: &ClusterSnapshot) -> orrery_api::Object {
 
 fn binding_object(i: usize, s: &Spec, placement: &Placement) -> orrery_api::Object {
     let mut o = orrery_api::Object::new("multicluster.io/v1alpha1", "ResourceBinding")
-        .with_name(&format!("w{i:06}-deployment"));
+        .with_name(format!("w{i:06}-deployment"));
     o.metadata.namespace = "bench".into();
     o.metadata.generation = Some(1);
     o.metadata.uid = format!("00000000-0000-0000-0000-{i:012}");
