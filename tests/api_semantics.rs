@@ -8,43 +8,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Server, eventually};
+use common::{Server, eventually, req, send};
 use futures_util::StreamExt;
-use http_body_util::BodyExt;
 use serde_json::{Value, json};
-
-fn req(method: &str, path: &str, ct: &str, body: Value) -> http::Request<Vec<u8>> {
-    let bytes = if body.is_null() {
-        Vec::new()
-    } else {
-        serde_json::to_vec(&body).unwrap()
-    };
-    http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("Content-Type", ct)
-        .body(bytes)
-        .unwrap()
-}
-
-async fn send(
-    c: &kube::Client,
-    r: http::Request<Vec<u8>>,
-    accept: Option<&str>,
-) -> (u16, http::HeaderMap, Value) {
-    let (mut parts, body) = r.into_parts();
-    if let Some(a) = accept {
-        parts
-            .headers
-            .insert("Accept", http::HeaderValue::from_str(a).unwrap());
-    }
-    let r = http::Request::from_parts(parts, kube::client::Body::from(body));
-    let resp = c.send(r).await.unwrap();
-    let (parts, body) = resp.into_parts();
-    let bytes = body.collect().await.unwrap().to_bytes();
-    let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    (parts.status.as_u16(), parts.headers, v)
-}
 
 fn cm(name: &str, extra: Value) -> Value {
     let mut v = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": "v"}});

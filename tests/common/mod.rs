@@ -460,3 +460,39 @@ pub fn http(method: &str, addr: &str, path: &str, body: &str) -> (u16, String) {
         .unwrap_or_default();
     (status, body)
 }
+
+/// A request with a JSON body (`Value::Null`: none).
+pub fn req(method: &str, path: &str, ct: &str, body: serde_json::Value) -> http::Request<Vec<u8>> {
+    let bytes = if body.is_null() {
+        Vec::new()
+    } else {
+        serde_json::to_vec(&body).unwrap()
+    };
+    http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("Content-Type", ct)
+        .body(bytes)
+        .unwrap()
+}
+
+/// Sends a request with a client; status, headers and the JSON body (`Null` if not JSON).
+pub async fn send(
+    c: &kube::Client,
+    r: http::Request<Vec<u8>>,
+    accept: Option<&str>,
+) -> (u16, http::HeaderMap, serde_json::Value) {
+    use http_body_util::BodyExt;
+    let (mut parts, body) = r.into_parts();
+    if let Some(a) = accept {
+        parts
+            .headers
+            .insert("Accept", http::HeaderValue::from_str(a).unwrap());
+    }
+    let r = http::Request::from_parts(parts, kube::client::Body::from(body));
+    let resp = c.send(r).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let bytes = body.collect().await.unwrap().to_bytes();
+    let v = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    (parts.status.as_u16(), parts.headers, v)
+}

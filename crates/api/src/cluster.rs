@@ -222,6 +222,24 @@ pub struct NetworkStatus {
     pub egress_bytes_per_second: f64,
 }
 
+/// What a domain last reported through `PUT /api/v1/metrics` (the draft's 6.3.1 figures).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MetricsSummary {
+    pub timestamp: Time,
+    /// Percent of the cpu in use.
+    pub cpu_usage: f64,
+    /// GiB of memory free.
+    pub memory_available: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_usage: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<i64>,
+    /// Bytes per second, in and out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_traffic: Option<f64>,
+}
+
 /// Water levels per dimension (`cpu`, `memory`, `gpu`, `pods`, `storage`) and overall.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct WaterLevel {
@@ -251,6 +269,9 @@ pub struct ClusterStatus {
     pub largest_node_free: ResourceList,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkStatus>,
+    /// The last report of `PUT /api/v1/metrics`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<MetricsSummary>,
     /// KEP-2149 ClusterProperty values reported by the member, by property name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub properties: BTreeMap<String, String>,

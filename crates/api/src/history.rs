@@ -98,3 +98,30 @@ mod tests {
         );
     }
 }
+
+/// Where failure records live (`GET /api/v1/history/failures`).
+pub const FAILURES_PREFIX: &str = "/internal/history/failures/";
+
+/// One entry of the failure history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureRecord {
+    pub time: Time,
+    pub cluster: String,
+    /// `ClusterUnreachable`, `ClusterNotReady`, `ClusterRecovered`, or a domain event's type.
+    #[serde(rename = "type")]
+    pub type_: String,
+    pub reason: String,
+    pub message: String,
+}
+
+/// A failure record as stored: its key (sorting by time; `unique` tells apart records of the
+/// same microsecond) and the object.
+pub fn failure_entry(rec: &FailureRecord, unique: &str) -> (String, crate::Object) {
+    let micros = rec.time.timestamp().as_microsecond();
+    let name = format!("{micros:020}-{}-{unique}", rec.cluster);
+    let mut o = crate::Object::new("internal.orrery.io/v1", "FailureRecord").with_name(&name);
+    o.spec = serde_json::to_value(rec).ok();
+    o.metadata.creation_timestamp = Some(rec.time);
+    (format!("{FAILURES_PREFIX}{name}"), o)
+}

@@ -9,7 +9,7 @@ use orrery_store::{ListOptions, Store, StoreError};
 use serde_json::{Value, json};
 
 /// Where failure records live (a key space the REST API does not expose as objects).
-pub const FAILURES_PREFIX: &str = "/internal/history/failures/";
+pub use orrery_api::history::FAILURES_PREFIX;
 
 /// A fresh object with the metadata the API server would give it.
 pub fn new_object(api_version: &str, kind: &str, namespace: Option<&str>, name: &str) -> Object {
@@ -68,31 +68,13 @@ pub async fn event(
         .map(|_| ())
 }
 
-/// One entry of the failure history.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FailureRecord {
-    pub time: Time,
-    pub cluster: String,
-    /// `ClusterUnreachable`, `ClusterNotReady`, `ClusterRecovered`, or a domain event's type.
-    #[serde(rename = "type")]
-    pub type_: String,
-    pub reason: String,
-    pub message: String,
-}
+pub use orrery_api::history::FailureRecord;
 
 /// Appends a record to the failure history (keys sort by time).
 pub async fn failure(store: &dyn Store, rec: &FailureRecord) -> Result<(), StoreError> {
-    let micros = rec.time.timestamp().as_microsecond();
     let unique = &uuid::Uuid::new_v4().simple().to_string()[..8];
-    let name = format!("{micros:020}-{}-{unique}", rec.cluster);
-    let mut o = Object::new("internal.orrery.io/v1", "FailureRecord").with_name(&name);
-    o.spec = serde_json::to_value(rec).ok();
-    o.metadata.creation_timestamp = Some(rec.time);
-    store
-        .create(&format!("{FAILURES_PREFIX}{name}"), o)
-        .await
-        .map(|_| ())
+    let (key, o) = orrery_api::history::failure_entry(rec, unique);
+    store.create(&key, o).await.map(|_| ())
 }
 
 /// The failure history, oldest first.

@@ -16,7 +16,7 @@ pub const DEFAULT_ENTRIES: usize = 100;
 pub const MAX_ENTRIES: usize = 10_000;
 
 /// `startTime`, `endTime` (ISO 8601) and `maxEntries` from a query string.
-fn parse_query(query: &str) -> Result<(Option<i64>, Option<i64>, usize), DroError> {
+pub(super) fn parse_query(query: &str) -> Result<(Option<i64>, Option<i64>, usize), DroError> {
     let (mut start, mut end, mut max) = (None, None, DEFAULT_ENTRIES);
     for (k, v) in form_urlencoded::parse(query.as_bytes()) {
         let time = |v: &str| {

@@ -13,14 +13,25 @@ use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::http::{self as h, Body};
 
+mod clusters;
+mod forward;
 mod history;
+mod monitor;
+mod policies;
 mod sync;
 
 /// Most objects one `POST /api/v1/sync/batch` may carry.
 pub const MAX_BATCH: usize = 1000;
 
 /// First path segments after `/api/v1/` that belong to the DRO-DS API.
-const DRO_SEGMENTS: &[&str] = &["sync", "history"];
+const DRO_SEGMENTS: &[&str] = &[
+    "clusters",
+    "propagationpolicies",
+    "metrics",
+    "sync",
+    "monitor",
+    "history",
+];
 
 /// Whether a request path is one of the DRO-DS endpoints.
 pub fn is_dro_path(path: &str) -> bool {
@@ -128,9 +139,17 @@ fn require_json(headers: &http::HeaderMap) -> Result<(), DroError> {
     }
 }
 
+fn method_not_allowed(allowed: &str) -> DroError {
+    DroError::new(
+        405,
+        "METHOD_NOT_ALLOWED",
+        format!("this endpoint takes {allowed}"),
+    )
+}
+
 /// Serves one DRO-DS request (the path after `/api/v1/`).
 pub async fn serve(
-    app: &App,
+    app: &std::sync::Arc<App>,
     who: &Identity,
     method: &Method,
     headers: &http::HeaderMap,
@@ -138,22 +157,53 @@ pub async fn serve(
     query: &str,
     body: Bytes,
 ) -> Response<Body> {
+    let json_body = || require_json(headers);
     let result = match (method, rest) {
-        (&Method::GET, ["history", "schedules"]) => history::schedules(app, who, query).await,
-        (_, ["history", "schedules"]) => Err(DroError::new(
-            405,
-            "METHOD_NOT_ALLOWED",
-            "use GET /api/v1/history/schedules",
-        )),
-        (&Method::POST, ["sync", "batch"]) => match require_json(headers) {
+        (&Method::GET, ["clusters"]) => clusters::list(app, who).await,
+        (&Method::POST, ["clusters"]) => match json_body() {
+            Ok(()) => clusters::register(app, who, &body).await,
+            Err(e) => Err(e),
+        },
+        (_, ["clusters"]) => Err(method_not_allowed("GET or POST")),
+        (&Method::DELETE, ["clusters", name]) => clusters::unregister(app, who, name).await,
+        (_, ["clusters", _]) => Err(method_not_allowed("DELETE")),
+        (&Method::GET, ["propagationpolicies"]) => policies::list(app, who).await,
+        (&Method::POST, ["propagationpolicies"]) => match json_body() {
+            Ok(()) => policies::create(app, who, &body).await,
+            Err(e) => Err(e),
+        },
+        (_, ["propagationpolicies"]) => Err(method_not_allowed("GET or POST")),
+        (&Method::GET, ["propagationpolicies", name]) => policies::get(app, who, name).await,
+        (&Method::PATCH, ["propagationpolicies", name]) => {
+            policies::patch(app, who, headers, name, &body).await
+        }
+        (&Method::DELETE, ["propagationpolicies", name]) => policies::delete(app, who, name).await,
+        (_, ["propagationpolicies", _]) => Err(method_not_allowed("GET, PATCH or DELETE")),
+        (&Method::PUT, ["metrics"]) => match json_body() {
+            Ok(()) => monitor::metrics(app, who, &body).await,
+            Err(e) => Err(e),
+        },
+        (_, ["metrics"]) => Err(method_not_allowed("PUT")),
+        (&Method::POST, ["metrics", "events"]) => match json_body() {
+            Ok(()) => monitor::event(app, who, &body).await,
+            Err(e) => Err(e),
+        },
+        (_, ["metrics", "events"]) => Err(method_not_allowed("POST")),
+        (&Method::PUT, ["sync", "configs"]) => match json_body() {
+            Ok(()) => monitor::configs(app, who, &body).await,
+            Err(e) => Err(e),
+        },
+        (_, ["sync", "configs"]) => Err(method_not_allowed("PUT")),
+        (&Method::POST, ["sync", "batch"]) => match json_body() {
             Ok(()) => sync::batch(app, who, &body).await,
             Err(e) => Err(e),
         },
-        (_, ["sync", "batch"]) => Err(DroError::new(
-            405,
-            "METHOD_NOT_ALLOWED",
-            "use POST /api/v1/sync/batch",
-        )),
+        (_, ["sync", "batch"]) => Err(method_not_allowed("POST")),
+        (&Method::GET, ["monitor", "realtime"]) => monitor::realtime(app, who).await,
+        (_, ["monitor", "realtime"]) => Err(method_not_allowed("GET")),
+        (&Method::GET, ["history", "schedules"]) => history::schedules(app, who, query).await,
+        (&Method::GET, ["history", "failures"]) => monitor::failures(app, who, query).await,
+        (_, ["history", "schedules" | "failures"]) => Err(method_not_allowed("GET")),
         _ => Err(DroError::new(404, "NOT_FOUND", "no such endpoint")),
     };
     result.unwrap_or_else(|e| e.response())

@@ -141,6 +141,18 @@ fn cluster() -> Value {
                     "egressBytesPerSecond": { "type": "number" },
                 },
             },
+            "metrics": {
+                "type": "object",
+                "description": "The last report of PUT /api/v1/metrics.",
+                "properties": {
+                    "timestamp": { "type": "string", "format": "date-time" },
+                    "cpuUsage": { "type": "number" },
+                    "memoryAvailable": { "type": "number" },
+                    "gpuUsage": { "type": "number" },
+                    "pods": { "type": "integer" },
+                    "networkTraffic": { "type": "number" },
+                },
+            },
             "properties": { "type": "object", "additionalProperties": { "type": "string" },
                             "description": "ClusterProperty values (KEP-2149) the member reports." },
             "lastHeartbeatTime": { "type": "string", "format": "date-time" },

@@ -1,0 +1,175 @@
+//! Cluster management (draft 6.2.1): `GET/POST /api/v1/clusters`,
+//! `DELETE /api/v1/clusters/{name}`. A registered domain is the same `Cluster` object
+//! `kubectl get clusters` shows; its agent joins it with a bootstrap token.
+
+use std::sync::Arc;
+
+use http::{Method, StatusCode};
+use orrery_api::Object;
+use orrery_api::cluster::{self, ClusterSpec, ClusterStatus, check_endpoint};
+use orrery_api::conditions;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{DroError, forward};
+use crate::app::App;
+use crate::auth::Identity;
+use crate::http::{self as h, Body};
+
+const PATH: &str = "/apis/multicluster.io/v1alpha1/clusters";
+
+/// The draft's request body (6.2.1), with optional location fields.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Register {
+    name: String,
+    #[serde(default)]
+    endpoint: Option<String>,
+    #[serde(default)]
+    capabilities: Vec<String>,
+    #[serde(default)]
+    provider: Option<String>,
+    #[serde(default)]
+    region: Option<String>,
+    #[serde(default)]
+    labels: std::collections::BTreeMap<String, String>,
+}
+
+/// A cluster in the draft's shape.
+pub fn view(o: &Object) -> Value {
+    let spec = ClusterSpec::of(o);
+    let st = ClusterStatus::of(o);
+    let ready = conditions::find(&st.conditions, cluster::CONDITION_READY)
+        .map(|c| c.status.clone())
+        .unwrap_or_else(|| "Unknown".into());
+    json!({
+        "name": o.name(),
+        "endpoint": spec.api_endpoint,
+        "capabilities": spec.capabilities,
+        "provider": spec.provider,
+        "region": spec.region,
+        "labels": o.metadata.labels,
+        "syncMode": spec.sync_mode,
+        "ready": ready,
+        "waterLevel": st.water_level,
+        "lastHeartbeatTime": st.last_heartbeat_time,
+        "createdAt": o.metadata.creation_timestamp,
+    })
+}
+
+pub async fn list(app: &Arc<App>, who: &Identity) -> Result<http::Response<Body>, DroError> {
+    let r = forward::call(app, who, Method::GET, PATH, "application/json", None).await?;
+    if !r.ok() {
+        return Err(r.error("NOT_FOUND", "CONFLICT", json!({})));
+    }
+    let items: Vec<Value> = r.body["items"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|o| serde_json::from_value::<Object>(o.clone()).ok())
+                .map(|o| view(&o))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(h::json(
+        StatusCode::OK,
+        &json!({ "items": items, "count": items.len() }),
+    ))
+}
+
+pub async fn register(
+    app: &Arc<App>,
+    who: &Identity,
+    body: &[u8],
+) -> Result<http::Response<Body>, DroError> {
+    let req: Register = serde_json::from_slice(body)
+        .map_err(|e| DroError::validation(format!("the body is not a valid cluster: {e}")))?;
+    let mut fields = Vec::new();
+    for e in cluster::validate_name(&req.name) {
+        fields.push(json!({"field": "name", "message": e.to_string()}));
+    }
+    if let Some(ep) = &req.endpoint
+        && let Err(e) = check_endpoint(ep)
+    {
+        fields.push(json!({"field": "endpoint", "message": e}));
+    }
+    for (i, c) in req.capabilities.iter().enumerate() {
+        if c.is_empty() || c.len() > 63 {
+            fields.push(json!({"field": format!("capabilities[{i}]"), "message": "must be 1 to 63 characters"}));
+        }
+    }
+    if !fields.is_empty() {
+        return Err(DroError::validation("the cluster is not valid")
+            .with_details(json!({ "clusterName": req.name, "fields": fields })));
+    }
+    let mut spec = serde_json::Map::new();
+    if let Some(ep) = &req.endpoint {
+        spec.insert("apiEndpoint".into(), json!(ep));
+    }
+    if !req.capabilities.is_empty() {
+        spec.insert("capabilities".into(), json!(req.capabilities));
+    }
+    if let Some(p) = &req.provider {
+        spec.insert("provider".into(), json!(p));
+    }
+    if let Some(r) = &req.region {
+        spec.insert("region".into(), json!(r));
+    }
+    let obj = json!({
+        "apiVersion": cluster::API_VERSION,
+        "kind": "Cluster",
+        "metadata": { "name": req.name, "labels": req.labels },
+        "spec": spec,
+    });
+    let r = forward::call(app, who, Method::POST, PATH, "application/json", Some(&obj)).await?;
+    if !r.ok() {
+        let mut e = r.error(
+            "CLUSTER_NOT_FOUND",
+            "CLUSTER_EXISTS",
+            json!({ "clusterName": req.name }),
+        );
+        if e.code == "CLUSTER_EXISTS" {
+            e.message = format!("cluster {:?} is already registered", req.name);
+        }
+        return Err(e);
+    }
+    let o: Object = serde_json::from_value(r.body)
+        .map_err(|e| DroError::new(500, "INTERNAL", e.to_string()))?;
+    Ok(h::json(StatusCode::CREATED, &view(&o)))
+}
+
+pub async fn unregister(
+    app: &Arc<App>,
+    who: &Identity,
+    name: &str,
+) -> Result<http::Response<Body>, DroError> {
+    let r = forward::call(
+        app,
+        who,
+        Method::DELETE,
+        &format!("{PATH}/{name}"),
+        "application/json",
+        None,
+    )
+    .await?;
+    if !r.ok() {
+        let mut e = r.error(
+            "CLUSTER_NOT_FOUND",
+            "CONFLICT",
+            json!({ "clusterName": name }),
+        );
+        if e.code == "CLUSTER_NOT_FOUND" {
+            e.message = format!("no cluster {name:?} is registered");
+        }
+        return Err(e);
+    }
+    // The Cluster's finalizer removes its namespace, Works and tokens before it goes.
+    let o: Option<Object> = serde_json::from_value(r.body.clone()).ok();
+    Ok(h::json(
+        StatusCode::OK,
+        &json!({
+            "name": name,
+            "status": if o.as_ref().is_some_and(|o| o.metadata.deletion_timestamp.is_some()) { "Unregistering" } else { "Unregistered" },
+        }),
+    ))
+}

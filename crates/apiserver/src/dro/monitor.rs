@@ -1,0 +1,519 @@
+//! The data plane and monitoring interfaces of the draft:
+//!
+//! - `PUT /api/v1/metrics` (6.3.1): a domain's figures. They land in its Cluster's status
+//!   (`status.metrics`, and the usage the Resource Water Level is computed from), so the
+//!   scheduler sees them. A member's agent may report only its own cluster.
+//! - `POST /api/v1/metrics/events` (6.3.1): a domain event, recorded as a Kubernetes Event on
+//!   the Cluster, and in the failure history when it is a failure.
+//! - `PUT /api/v1/sync/configs` (6.3.2): a domain's configuration (labels, capabilities,
+//!   taints, properties).
+//! - `GET /api/v1/monitor/realtime` (6.4.1) and `GET /api/v1/history/failures` (6.4.2).
+
+use std::collections::BTreeMap;
+
+use http::StatusCode;
+use orrery_api::cluster::{self, ClusterSpec, ClusterStatus, MetricsSummary, Taint};
+use orrery_api::history::{self, FailureRecord};
+use orrery_api::{Object, Quantity, Time, conditions, keys};
+use orrery_store::{ListOptions, StoreError};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::DroError;
+use crate::app::App;
+use crate::auth::Identity;
+use crate::http::{self as h, Body};
+
+fn bad(message: impl Into<String>, field: &str) -> DroError {
+    DroError::validation(message).with_details(json!({ "fields": [{"field": field}] }))
+}
+
+fn internal(e: impl std::fmt::Display) -> DroError {
+    DroError::new(500, "INTERNAL", e.to_string())
+}
+
+/// Only an administrator, or the cluster's own agent, may speak for a cluster.
+fn authorize(who: &Identity, cluster: &str) -> Result<(), DroError> {
+    match who {
+        Identity::Admin { .. } => Ok(()),
+        Identity::Cluster { name } if name == cluster => Ok(()),
+        _ => Err(DroError::new(
+            403,
+            "FORBIDDEN",
+            format!("{} may not report for cluster {cluster:?}", who.user()),
+        )
+        .with_details(json!({ "clusterName": cluster }))),
+    }
+}
+
+fn admin_only(who: &Identity) -> Result<(), DroError> {
+    match who {
+        Identity::Admin { .. } => Ok(()),
+        _ => Err(DroError::new(
+            403,
+            "FORBIDDEN",
+            format!("{} may not read the fleet's monitoring data", who.user()),
+        )),
+    }
+}
+
+/// Reads, changes and writes one Cluster with compare-and-swap, validated like any update.
+async fn update_cluster(
+    app: &App,
+    name: &str,
+    mut change: impl FnMut(&mut Object) -> Result<(), DroError>,
+) -> Result<Object, DroError> {
+    let key = keys::well_known::cluster(name);
+    let reg = app.resources.snapshot();
+    let rt = reg
+        .by_kind(cluster::GROUP, "Cluster")
+        .ok_or_else(|| internal("the Cluster kind is not registered"))?;
+    for _ in 0..5 {
+        let current = match app.store.get(&key).await {
+            Ok(o) => o,
+            Err(StoreError::NotFound { .. }) => {
+                return Err(DroError::new(
+                    404,
+                    "CLUSTER_NOT_FOUND",
+                    format!("no cluster {name:?} is registered"),
+                )
+                .with_details(json!({ "clusterName": name })));
+            }
+            Err(e) => return Err(internal(e)),
+        };
+        let mut next = current.clone();
+        change(&mut next)?;
+        crate::rest::validate_object(app, &rt, &next, Some(&current)).map_err(DroError::from)?;
+        match app.store.update(&key, next, current.revision()).await {
+            Ok(o) => return Ok((*o).clone()),
+            Err(StoreError::Conflict { .. }) => continue,
+            Err(e) => return Err(internal(e)),
+        }
+    }
+    Err(DroError::new(
+        409,
+        "CONFLICT",
+        format!("cluster {name:?} kept changing; try again"),
+    ))
+}
+
+/// The draft's resource report, with Orrery's optional figures.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Report {
+    cluster: String,
+    timestamp: String,
+    /// Percent of the cpu in use (0-100).
+    cpu_usage: f64,
+    /// GiB of memory free.
+    memory_available: f64,
+    #[serde(default)]
+    gpu_usage: Option<f64>,
+    #[serde(default)]
+    pods: Option<i64>,
+    /// Bytes per second, in and out.
+    #[serde(default)]
+    network_traffic: Option<f64>,
+    /// Round-trip latency to other clusters, milliseconds.
+    #[serde(default)]
+    latencies: BTreeMap<String, f64>,
+}
+
+pub async fn metrics(
+    app: &App,
+    who: &Identity,
+    body: &[u8],
+) -> Result<http::Response<Body>, DroError> {
+    let r: Report = serde_json::from_slice(body).map_err(|e| {
+        DroError::validation(format!("the body is not a valid metrics report: {e}"))
+    })?;
+    authorize(who, &r.cluster)?;
+    let ts: Time = r.timestamp.parse().map_err(|_| {
+        bad(
+            format!("timestamp {:?} is not an ISO 8601 time", r.timestamp),
+            "timestamp",
+        )
+    })?;
+    if !(0.0..=100.0).contains(&r.cpu_usage) {
+        return Err(bad("cpuUsage is a percentage, 0 to 100", "cpuUsage"));
+    }
+    if !(r.memory_available >= 0.0 && r.memory_available.is_finite()) {
+        return Err(bad(
+            "memoryAvailable is GiB, not negative",
+            "memoryAvailable",
+        ));
+    }
+    if r.gpu_usage.is_some_and(|g| !(0.0..=100.0).contains(&g)) {
+        return Err(bad("gpuUsage is a percentage, 0 to 100", "gpuUsage"));
+    }
+    if r.pods.is_some_and(|p| p < 0) {
+        return Err(bad("pods must not be negative", "pods"));
+    }
+    if r.network_traffic
+        .is_some_and(|t| !(t >= 0.0 && t.is_finite()))
+    {
+        return Err(bad(
+            "networkTraffic is bytes per second, not negative",
+            "networkTraffic",
+        ));
+    }
+    if r.latencies.values().any(|l| !(*l >= 0.0 && l.is_finite())) {
+        return Err(bad("latencies are milliseconds, not negative", "latencies"));
+    }
+    let summary = MetricsSummary {
+        timestamp: ts,
+        cpu_usage: r.cpu_usage,
+        memory_available: r.memory_available,
+        gpu_usage: r.gpu_usage,
+        pods: r.pods,
+        network_traffic: r.network_traffic,
+    };
+    let o = update_cluster(app, &r.cluster, |c| {
+        let mut st = ClusterStatus::of(c);
+        // The report's usage feeds the water level the scheduler reads.
+        if let Some(rs) = st.resource_summary.as_mut() {
+            if let Some(cpu) = rs.allocatable.get("cpu") {
+                let used = (cpu.nanos() as f64 * r.cpu_usage / 100.0) as i128;
+                if let Ok(q) = Quantity::from_nanos(used, orrery_api::Format::DecimalSI) {
+                    rs.usage.insert("cpu".into(), q);
+                }
+            }
+            if let Some(mem) = rs.allocatable.get("memory") {
+                let free = (r.memory_available * (1u64 << 30) as f64 * 1e9) as i128;
+                let used = (mem.nanos() - free).max(0);
+                if let Ok(q) = Quantity::from_nanos(used, orrery_api::Format::BinarySI) {
+                    rs.usage.insert("memory".into(), q);
+                }
+            }
+            st.water_level = Some(cluster::water_level(rs));
+        }
+        if r.network_traffic.is_some() || !r.latencies.is_empty() {
+            let n = st.network.get_or_insert_with(Default::default);
+            if let Some(t) = r.network_traffic {
+                n.ingress_bytes_per_second = t / 2.0;
+                n.egress_bytes_per_second = t / 2.0;
+            }
+            if !r.latencies.is_empty() {
+                n.latency_ms = r.latencies.clone();
+            }
+        }
+        st.metrics = Some(summary.clone());
+        c.status = Some(serde_json::to_value(&st).map_err(internal)?);
+        Ok(())
+    })
+    .await?;
+    let st = ClusterStatus::of(&o);
+    Ok(h::json(
+        StatusCode::OK,
+        &json!({ "cluster": r.cluster, "accepted": true, "waterLevel": st.water_level }),
+    ))
+}
+
+/// A domain event (6.3.1 `POST /events`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct DomainEvent {
+    cluster: String,
+    /// Normal, Warning or Failure.
+    #[serde(rename = "type")]
+    type_: String,
+    reason: String,
+    #[serde(default)]
+    message: String,
+    #[serde(default)]
+    timestamp: Option<String>,
+}
+
+pub async fn event(
+    app: &App,
+    who: &Identity,
+    body: &[u8],
+) -> Result<http::Response<Body>, DroError> {
+    let e: DomainEvent = serde_json::from_slice(body)
+        .map_err(|e| DroError::validation(format!("the body is not a valid event: {e}")))?;
+    authorize(who, &e.cluster)?;
+    if !["Normal", "Warning", "Failure"].contains(&e.type_.as_str()) {
+        return Err(bad("type must be Normal, Warning or Failure", "type"));
+    }
+    if e.reason.is_empty() || e.reason.len() > 128 {
+        return Err(bad("reason must be 1 to 128 characters", "reason"));
+    }
+    if e.message.len() > 4096 {
+        return Err(bad("message must be at most 4096 characters", "message"));
+    }
+    let time = match &e.timestamp {
+        Some(t) => t.parse::<Time>().map_err(|_| {
+            bad(
+                format!("timestamp {t:?} is not an ISO 8601 time"),
+                "timestamp",
+            )
+        })?,
+        None => Time::now(),
+    };
+    let cluster = match app.store.get(&keys::well_known::cluster(&e.cluster)).await {
+        Ok(c) => c,
+        Err(StoreError::NotFound { .. }) => {
+            return Err(DroError::new(
+                404,
+                "CLUSTER_NOT_FOUND",
+                format!("no cluster {:?} is registered", e.cluster),
+            )
+            .with_details(json!({ "clusterName": e.cluster })));
+        }
+        Err(err) => return Err(internal(err)),
+    };
+    let unique = uuid::Uuid::new_v4().simple().to_string();
+    let failure = e.type_ == "Failure";
+    if failure {
+        let rec = FailureRecord {
+            time,
+            cluster: e.cluster.clone(),
+            type_: e.reason.clone(),
+            reason: e.reason.clone(),
+            message: e.message.clone(),
+        };
+        let (key, o) = history::failure_entry(&rec, &unique[..8]);
+        app.store.create(&key, o).await.map_err(internal)?;
+    }
+    // A Kubernetes Event too, so `kubectl describe cluster` shows it.
+    let name = format!("{}.{}", e.cluster, &unique[..16]);
+    let mut ev = Object::new("v1", "Event").with_name(&name);
+    ev.metadata.namespace = "default".into();
+    ev.metadata.uid = uuid::Uuid::new_v4().to_string();
+    ev.metadata.creation_timestamp = Some(Time::now());
+    let fields = [
+        (
+            "involvedObject",
+            json!({"apiVersion": cluster::API_VERSION, "kind": "Cluster", "name": e.cluster, "uid": cluster.metadata.uid}),
+        ),
+        ("reason", json!(e.reason)),
+        ("message", json!(e.message)),
+        (
+            "type",
+            json!(if e.type_ == "Normal" {
+                "Normal"
+            } else {
+                "Warning"
+            }),
+        ),
+        ("source", json!({"component": "dro-events"})),
+        ("firstTimestamp", json!(time.to_string())),
+        ("lastTimestamp", json!(time.to_string())),
+        ("count", json!(1)),
+    ];
+    for (k, v) in fields {
+        ev.other.insert(k.into(), v);
+    }
+    app.store
+        .create(&keys::well_known::event("default", &name), ev)
+        .await
+        .map_err(internal)?;
+    Ok(h::json(
+        StatusCode::CREATED,
+        &json!({ "cluster": e.cluster, "recorded": true, "failure": failure }),
+    ))
+}
+
+/// A domain's configuration (6.3.2 `PUT /configs`): what is given replaces what was there.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct Config {
+    cluster: String,
+    #[serde(default)]
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    capabilities: Option<Vec<String>>,
+    #[serde(default)]
+    taints: Option<Vec<Taint>>,
+    #[serde(default)]
+    properties: Option<BTreeMap<String, String>>,
+}
+
+pub async fn configs(
+    app: &App,
+    who: &Identity,
+    body: &[u8],
+) -> Result<http::Response<Body>, DroError> {
+    let c: Config = serde_json::from_slice(body)
+        .map_err(|e| DroError::validation(format!("the body is not a valid configuration: {e}")))?;
+    authorize(who, &c.cluster)?;
+    let o = update_cluster(app, &c.cluster, |o| {
+        if let Some(l) = &c.labels {
+            o.metadata.labels = l.clone();
+        }
+        let mut spec = ClusterSpec::of(o);
+        if let Some(caps) = &c.capabilities {
+            spec.capabilities = caps.clone();
+        }
+        if let Some(t) = &c.taints {
+            spec.taints = t.clone();
+        }
+        let mut spec_v = o.spec.clone().unwrap_or(json!({}));
+        if let (Some(m), Ok(Value::Object(n))) =
+            (spec_v.as_object_mut(), serde_json::to_value(&spec))
+        {
+            m.insert(
+                "capabilities".into(),
+                n.get("capabilities").cloned().unwrap_or(json!([])),
+            );
+            m.insert(
+                "taints".into(),
+                n.get("taints").cloned().unwrap_or(json!([])),
+            );
+        }
+        o.spec = Some(spec_v);
+        if let Some(p) = &c.properties {
+            let mut st = ClusterStatus::of(o);
+            st.properties = p.clone();
+            o.status = Some(serde_json::to_value(&st).map_err(internal)?);
+        }
+        Ok(())
+    })
+    .await?;
+    Ok(h::json(StatusCode::OK, &super::clusters::view(&o)))
+}
+
+/// `GET /api/v1/monitor/realtime`: the fleet now.
+pub async fn realtime(app: &App, who: &Identity) -> Result<http::Response<Body>, DroError> {
+    admin_only(who)?;
+    let list = app
+        .store
+        .list(&keys::well_known::clusters(), &ListOptions::default())
+        .await
+        .map_err(internal)?;
+    let (mut active, mut pods, mut traffic) = (0usize, 0i64, 0.0f64);
+    let mut clusters = Vec::new();
+    let (mut taken, mut cap) = (
+        BTreeMap::<String, f64>::new(),
+        BTreeMap::<String, f64>::new(),
+    );
+    for c in &list.items {
+        let st = ClusterStatus::of(c);
+        let ready =
+            conditions::find(&st.conditions, cluster::CONDITION_READY).is_some_and(|r| r.is_true());
+        if ready {
+            active += 1;
+        }
+        let running = st
+            .metrics
+            .as_ref()
+            .and_then(|m| m.pods)
+            .or_else(|| {
+                st.resource_summary
+                    .as_ref()
+                    .and_then(|r| r.allocated.get("pods"))
+                    .map(|q| q.value() as i64)
+            })
+            .unwrap_or(0);
+        pods += running;
+        let t = st
+            .network
+            .as_ref()
+            .map(|n| n.ingress_bytes_per_second + n.egress_bytes_per_second)
+            .unwrap_or(0.0);
+        traffic += t;
+        if ready && let Some(rs) = &st.resource_summary {
+            for (res, q) in &rs.allocatable {
+                if let Some(d) = cluster::dimension_of(res) {
+                    *cap.entry(d.into()).or_default() += q.as_f64();
+                    let used = rs
+                        .allocated
+                        .get(res)
+                        .map(|x| x.as_f64())
+                        .unwrap_or(0.0)
+                        .max(rs.usage.get(res).map(|x| x.as_f64()).unwrap_or(0.0));
+                    *taken.entry(d.into()).or_default() += used;
+                }
+            }
+        }
+        clusters.push(json!({
+            "name": c.name(),
+            "ready": ready,
+            "pods": running,
+            "waterLevel": st.water_level,
+            "networkBytesPerSecond": t,
+        }));
+    }
+    let fleet: BTreeMap<String, f64> = cap
+        .iter()
+        .filter(|(_, c)| **c > 0.0)
+        .map(|(d, c)| {
+            (
+                d.clone(),
+                ((taken.get(d).copied().unwrap_or(0.0) / c) * 1000.0).round() / 1000.0,
+            )
+        })
+        .collect();
+    Ok(h::json(
+        StatusCode::OK,
+        &json!({
+            "activeClusters": active,
+            "totalClusters": list.items.len(),
+            "totalPods": pods,
+            "networkTraffic": bits_per_second(traffic * 8.0),
+            "networkBytesPerSecond": traffic,
+            "fleetWaterLevel": fleet,
+            "clusters": clusters,
+        }),
+    ))
+}
+
+/// `1.2Gbps`, as the draft writes traffic.
+fn bits_per_second(bps: f64) -> String {
+    let units = [("Tbps", 1e12), ("Gbps", 1e9), ("Mbps", 1e6), ("Kbps", 1e3)];
+    for (u, f) in units {
+        if bps >= f {
+            return format!("{:.1}{u}", bps / f);
+        }
+    }
+    format!("{bps:.0}bps")
+}
+
+/// `GET /api/v1/history/failures`: failure records, newest first.
+pub async fn failures(
+    app: &App,
+    who: &Identity,
+    query: &str,
+) -> Result<http::Response<Body>, DroError> {
+    admin_only(who)?;
+    let (start, end, max) = super::history::parse_query(query)?;
+    let list = app
+        .store
+        .list(history::FAILURES_PREFIX, &ListOptions::default())
+        .await
+        .map_err(internal)?;
+    let mut out: Vec<FailureRecord> = Vec::new();
+    for o in list.items.iter().rev() {
+        let Some(rec) = o
+            .spec
+            .clone()
+            .and_then(|s| serde_json::from_value::<FailureRecord>(s).ok())
+        else {
+            continue;
+        };
+        let t = rec.time.unix_seconds();
+        if start.is_some_and(|s| t < s) || end.is_some_and(|x| t > x) {
+            continue;
+        }
+        out.push(rec);
+        if out.len() >= max {
+            break;
+        }
+    }
+    Ok(h::json(
+        StatusCode::OK,
+        &json!({ "entries": out, "count": out.len() }),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn traffic_reads_like_the_draft() {
+        assert_eq!(bits_per_second(1.2e9), "1.2Gbps");
+        assert_eq!(bits_per_second(2_500_000.0), "2.5Mbps");
+        assert_eq!(bits_per_second(12.0), "12bps");
+    }
+}

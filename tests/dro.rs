@@ -1,0 +1,343 @@
+//! The DRO-DS REST API (draft section 6) end to end: a real server, the draft's own request
+//! examples, and kubectl to check that the REST calls and the Kubernetes view are one store.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Agent, Server, eventually, req, send};
+use serde_json::{Value, json};
+
+const JSON: &str = "application/json";
+
+async fn call(c: &kube::Client, method: &str, path: &str, body: Value) -> (u16, Value) {
+    let (code, _, v) = send(c, req(method, path, JSON, body), None).await;
+    (code, v)
+}
+
+/// Every error has the draft's shape.
+fn assert_error(code: u16, v: &Value, want_status: u16, want_code: &str) {
+    assert_eq!(code, want_status, "{v}");
+    assert_eq!(v["code"], want_code, "{v}");
+    assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(v["details"].is_object(), "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusters_and_policies_through_the_drafts_examples() {
+    let s = Server::start();
+    let c = s.client().await;
+
+    // 6.2.1: the draft's registration example, verbatim.
+    let gcp = json!({"name": "gcp-production", "endpoint": "https://k8s.gcp.example", "capabilities": ["gpu", "tls-encryption"]});
+    let (code, v) = call(&c, "POST", "/api/v1/clusters", gcp.clone()).await;
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["name"], "gcp-production");
+    assert_eq!(v["capabilities"], json!(["gpu", "tls-encryption"]));
+    // kubectl sees the same Cluster.
+    let k = s.get_json(&["cluster", "gcp-production"]);
+    assert_eq!(k["spec"]["apiEndpoint"], "https://k8s.gcp.example");
+    assert_eq!(k["spec"]["capabilities"], json!(["gpu", "tls-encryption"]));
+    // And the reverse: one made with kubectl is listed.
+    s.apply("apiVersion: multicluster.io/v1alpha1\nkind: Cluster\nmetadata: {name: aws-us-east}\nspec: {region: us-east-1}\n");
+    let (code, v) = call(&c, "GET", "/api/v1/clusters", Value::Null).await;
+    assert_eq!(code, 200, "{v}");
+    let names: Vec<&str> = v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["aws-us-east", "gcp-production"]);
+    // Twice: CLUSTER_EXISTS, with the name.
+    let (code, v) = call(&c, "POST", "/api/v1/clusters", gcp).await;
+    assert_error(code, &v, 409, "CLUSTER_EXISTS");
+    assert_eq!(v["details"]["clusterName"], "gcp-production");
+    // Bad input: each a documented code, nothing stored.
+    for (body, field) in [
+        (
+            json!({"name": "Bad_Name", "endpoint": "https://x.example"}),
+            "name",
+        ),
+        (
+            json!({"name": "ok-name", "endpoint": "ftp://x.example"}),
+            "endpoint",
+        ),
+    ] {
+        let (code, v) = call(&c, "POST", "/api/v1/clusters", body).await;
+        assert_error(code, &v, 400, "VALIDATION_FAILED");
+        assert_eq!(v["details"]["fields"][0]["field"], field, "{v}");
+    }
+    for body in [
+        json!({"name": 42}),
+        json!({"endpoint": "https://x.example"}),
+        json!({"name": "x", "colour": "blue"}),
+    ] {
+        let (code, v) = call(&c, "POST", "/api/v1/clusters", body).await;
+        assert_error(code, &v, 400, "VALIDATION_FAILED");
+    }
+    assert!(!s.kubectl(&["get", "cluster", "ok-name"]).status.success());
+    let (code, _, v) = send(
+        &c,
+        req(
+            "POST",
+            "/api/v1/clusters",
+            "text/plain",
+            json!({"name": "x"}),
+        ),
+        None,
+    )
+    .await;
+    assert_error(code, &v, 415, "UNSUPPORTED_MEDIA_TYPE");
+
+    // 6.2.2: the draft's policy example, verbatim.
+    let policy = json!({"name": "cross-region-policy", "resourceType": "Deployment", "targetClusters": ["aws-us-east", "azure-europe"]});
+    let (code, v) = call(&c, "POST", "/api/v1/propagationpolicies", policy.clone()).await;
+    assert_eq!(code, 201, "{v}");
+    assert_eq!(v["targetClusters"], json!(["aws-us-east", "azure-europe"]));
+    let k = s.get_json(&["clusterpropagationpolicy", "cross-region-policy"]);
+    assert_eq!(
+        k["spec"]["resourceSelectors"][0],
+        json!({"apiVersion": "apps/v1", "kind": "Deployment"})
+    );
+    assert_eq!(
+        k["spec"]["placement"]["clusterAffinity"]["clusterNames"],
+        json!(["aws-us-east", "azure-europe"])
+    );
+    // The draft's conflict example.
+    let (code, v) = call(&c, "POST", "/api/v1/propagationpolicies", policy).await;
+    assert_error(code, &v, 409, "POLICY_CONFLICT");
+    assert_eq!(v["message"], "Policy name already exists");
+    assert_eq!(v["details"], json!({"policyName": "cross-region-policy"}));
+    // PATCH with merge-patch+json.
+    let (code, _, v) = send(
+        &c,
+        req(
+            "PATCH",
+            "/api/v1/propagationpolicies/cross-region-policy",
+            "application/merge-patch+json",
+            json!({"targetClusters": ["gcp-production"]}),
+        ),
+        None,
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["targetClusters"], json!(["gcp-production"]));
+    let k = s.get_json(&["clusterpropagationpolicy", "cross-region-policy"]);
+    assert_eq!(
+        k["spec"]["placement"]["clusterAffinity"]["clusterNames"],
+        json!(["gcp-production"])
+    );
+    // Other patch types are refused.
+    let (code, _, v) = send(
+        &c,
+        req(
+            "PATCH",
+            "/api/v1/propagationpolicies/cross-region-policy",
+            JSON,
+            json!({"targetClusters": []}),
+        ),
+        None,
+    )
+    .await;
+    assert_error(code, &v, 415, "UNSUPPORTED_MEDIA_TYPE");
+    // A kind that does not exist, a missing policy.
+    let (code, v) = call(
+        &c,
+        "POST",
+        "/api/v1/propagationpolicies",
+        json!({"name": "p2", "resourceType": "Spaceship"}),
+    )
+    .await;
+    assert_error(code, &v, 400, "VALIDATION_FAILED");
+    let (code, v) = call(&c, "GET", "/api/v1/propagationpolicies/nope", Value::Null).await;
+    assert_error(code, &v, 404, "POLICY_NOT_FOUND");
+    let (code, v) = call(&c, "GET", "/api/v1/propagationpolicies", Value::Null).await;
+    assert_eq!((code, v["count"].as_u64()), (200, Some(1)), "{v}");
+    let (code, v) = call(
+        &c,
+        "DELETE",
+        "/api/v1/propagationpolicies/cross-region-policy",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+    eventually(Duration::from_secs(10), "the policy gone", || {
+        !s.kubectl(&["get", "clusterpropagationpolicy", "cross-region-policy"])
+            .status
+            .success()
+    });
+
+    // DELETE a cluster; an unknown one is CLUSTER_NOT_FOUND.
+    let (code, v) = call(&c, "DELETE", "/api/v1/clusters/gcp-production", Value::Null).await;
+    assert_eq!(code, 200, "{v}");
+    eventually(Duration::from_secs(20), "the cluster gone", || {
+        !s.kubectl(&["get", "cluster", "gcp-production"])
+            .status
+            .success()
+    });
+    let (code, v) = call(&c, "DELETE", "/api/v1/clusters/nowhere", Value::Null).await;
+    assert_error(code, &v, 404, "CLUSTER_NOT_FOUND");
+    // A bad token: 401 in the draft's shape.
+    let ca = std::fs::read_to_string(s.dir.join("tls/ca.crt")).unwrap();
+    let stranger = orrery_client::connect(&s.url, "not-a-token", &ca)
+        .await
+        .unwrap();
+    let (code, v) = call(&stranger, "GET", "/api/v1/clusters", Value::Null).await;
+    assert_error(code, &v, 401, "UNAUTHORIZED");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_events_configs_and_the_monitoring_view() {
+    let s = Server::start();
+    let token = s.token("aws-us-east");
+    let _a = Agent::start(
+        &s,
+        "aws-us-east",
+        &[
+            "--cluster",
+            "aws-us-east",
+            "--token",
+            &token,
+            "--simulate",
+            "nodes=2,cpu=8,memory=32Gi,load=0.1",
+            "--heartbeat-interval",
+            "1s",
+        ],
+    );
+    eventually(Duration::from_secs(20), "Ready", || {
+        s.cluster_condition("aws-us-east", "Ready") == "True"
+    });
+    s.apply("apiVersion: multicluster.io/v1alpha1\nkind: Cluster\nmetadata: {name: azure-europe}\nspec: {region: westeurope}\n");
+    let c = s.client().await;
+
+    // 6.3.1: the draft's metrics example, verbatim.
+    let report = json!({"cluster": "aws-us-east", "timestamp": "2023-07-20T08:30:00Z", "cpuUsage": 72.4, "memoryAvailable": 15.2});
+    let (code, v) = call(&c, "PUT", "/api/v1/metrics", report).await;
+    assert_eq!(code, 200, "{v}");
+    let k = s.get_json(&["cluster", "aws-us-east"]);
+    assert_eq!(k["status"]["metrics"]["cpuUsage"], 72.4, "{k}");
+    assert_eq!(k["status"]["metrics"]["timestamp"], "2023-07-20T08:30:00Z");
+    // Bad reports: documented codes, nothing stored.
+    for (body, status, code_name) in [
+        (
+            json!({"cluster": "aws-us-east", "timestamp": "yesterday", "cpuUsage": 1.0, "memoryAvailable": 1.0}),
+            400,
+            "VALIDATION_FAILED",
+        ),
+        (
+            json!({"cluster": "aws-us-east", "timestamp": "2023-07-20T08:30:00Z", "cpuUsage": "high", "memoryAvailable": 1.0}),
+            400,
+            "VALIDATION_FAILED",
+        ),
+        (
+            json!({"cluster": "aws-us-east", "timestamp": "2023-07-20T08:30:00Z", "cpuUsage": 140.0, "memoryAvailable": 1.0}),
+            400,
+            "VALIDATION_FAILED",
+        ),
+        (
+            json!({"cluster": "aws-us-east", "cpuUsage": 1.0, "memoryAvailable": 1.0}),
+            400,
+            "VALIDATION_FAILED",
+        ),
+        (
+            json!({"cluster": "nowhere", "timestamp": "2023-07-20T08:30:00Z", "cpuUsage": 1.0, "memoryAvailable": 1.0}),
+            404,
+            "CLUSTER_NOT_FOUND",
+        ),
+    ] {
+        let (code, v) = call(&c, "PUT", "/api/v1/metrics", body.clone()).await;
+        assert_error(code, &v, status, code_name);
+    }
+    let k = s.get_json(&["cluster", "aws-us-east"]);
+    assert_eq!(
+        k["status"]["metrics"]["cpuUsage"], 72.4,
+        "nothing stored: {k}"
+    );
+
+    // An agent reports only for its own cluster.
+    let state: Value = serde_json::from_str(
+        &std::fs::read_to_string(s.dir.join("agents/aws-us-east/state/state.json")).unwrap(),
+    )
+    .unwrap();
+    let ca = std::fs::read_to_string(s.dir.join("tls/ca.crt")).unwrap();
+    let agent = orrery_client::connect(&s.url, state["token"].as_str().unwrap(), &ca)
+        .await
+        .unwrap();
+    let theirs = json!({"cluster": "azure-europe", "timestamp": "2023-07-20T08:30:00Z", "cpuUsage": 1.0, "memoryAvailable": 1.0});
+    let (code, v) = call(&agent, "PUT", "/api/v1/metrics", theirs).await;
+    assert_error(code, &v, 403, "FORBIDDEN");
+    let mine = json!({"cluster": "aws-us-east", "timestamp": "2023-07-20T08:31:00Z", "cpuUsage": 10.0, "memoryAvailable": 20.0, "networkTraffic": 150000000.0, "pods": 12});
+    let (code, v) = call(&agent, "PUT", "/api/v1/metrics", mine).await;
+    assert_eq!(code, 200, "{v}");
+
+    // Domain events: a failure lands in the failure history and as an Event.
+    let ev = json!({"cluster": "aws-us-east", "type": "Failure", "reason": "StorageDegraded", "message": "disk array rebuilding"});
+    let (code, v) = call(&c, "POST", "/api/v1/metrics/events", ev).await;
+    assert_eq!(code, 201, "{v}");
+    let (code, v) = call(
+        &c,
+        "GET",
+        "/api/v1/history/failures?maxEntries=10",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+    assert!(
+        v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "StorageDegraded" && e["cluster"] == "aws-us-east"),
+        "{v}"
+    );
+    let events = s.ok(&["get", "events", "-n", "default", "-o", "json"]);
+    assert!(events.contains("StorageDegraded"), "{events}");
+    let (code, v) = call(
+        &c,
+        "POST",
+        "/api/v1/metrics/events",
+        json!({"cluster": "aws-us-east", "type": "Mystery", "reason": "x"}),
+    )
+    .await;
+    assert_error(code, &v, 400, "VALIDATION_FAILED");
+
+    // 6.3.2: a domain's configuration.
+    let cfg = json!({"cluster": "azure-europe", "labels": {"tier": "gold"}, "capabilities": ["gpu"],
+        "taints": [{"key": "maintenance", "effect": "NoSchedule"}]});
+    let (code, v) = call(&c, "PUT", "/api/v1/sync/configs", cfg).await;
+    assert_eq!(code, 200, "{v}");
+    let k = s.get_json(&["cluster", "azure-europe"]);
+    assert_eq!(k["metadata"]["labels"]["tier"], "gold");
+    assert_eq!(k["spec"]["capabilities"], json!(["gpu"]));
+    assert_eq!(k["spec"]["taints"][0]["key"], "maintenance");
+    let bad = json!({"cluster": "azure-europe", "taints": [{"key": "x", "effect": "Sometimes"}]});
+    let (code, v) = call(&c, "PUT", "/api/v1/sync/configs", bad).await;
+    assert_error(code, &v, 400, "VALIDATION_FAILED");
+    let (code, v) = call(
+        &agent,
+        "PUT",
+        "/api/v1/sync/configs",
+        json!({"cluster": "azure-europe", "capabilities": []}),
+    )
+    .await;
+    assert_error(code, &v, 403, "FORBIDDEN");
+
+    // 6.4.1: the realtime view has the draft's fields.
+    let (code, v) = call(&c, "GET", "/api/v1/monitor/realtime", Value::Null).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["activeClusters"], 1, "{v}");
+    assert!(v["totalPods"].is_number(), "{v}");
+    assert!(
+        v["networkTraffic"]
+            .as_str()
+            .is_some_and(|t| t.ends_with("bps")),
+        "{v}"
+    );
+    assert_eq!(v["clusters"].as_array().unwrap().len(), 2, "{v}");
+    // Agents do not read the fleet's monitoring view.
+    let (code, v) = call(&agent, "GET", "/api/v1/monitor/realtime", Value::Null).await;
+    assert_error(code, &v, 403, "FORBIDDEN");
+}
