@@ -170,6 +170,30 @@ async fn clusters_and_policies_through_the_drafts_examples() {
             .success()
     });
 
+    // 6.2.5: a task for a template no policy places, a status nobody asked for.
+    let task = json!({"resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "default", "name": "nobody"}});
+    let (code, v) = call(&c, "POST", "/api/v1/bindings", task).await;
+    assert_error(code, &v, 404, "BINDING_NOT_FOUND");
+    assert_eq!(v["details"]["bindingId"], "default.nobody-deployment");
+    let (code, v) = call(
+        &c,
+        "POST",
+        "/api/v1/bindings",
+        json!({"resource": {"kind": "Deployment"}}),
+    )
+    .await;
+    assert_error(code, &v, 400, "VALIDATION_FAILED");
+    for id in ["default.nobody-deployment", "no-dot-here"] {
+        let (code, v) = call(
+            &c,
+            "GET",
+            &format!("/api/v1/bindings/{id}/status"),
+            Value::Null,
+        )
+        .await;
+        assert_error(code, &v, 404, "BINDING_NOT_FOUND");
+    }
+
     // DELETE a cluster; an unknown one is CLUSTER_NOT_FOUND.
     let (code, v) = call(&c, "DELETE", "/api/v1/clusters/gcp-production", Value::Null).await;
     assert_eq!(code, 200, "{v}");

@@ -127,6 +127,56 @@ fn replicas_follow_the_water_levels() {
     let described = f.s.ok(&["describe", "resourcebinding", "web-deployment"]);
     assert!(described.contains("Balance"), "{described}");
 
+    // The DRO-DS task interface: ask for a fresh decision, then read its status.
+    let task = common::write(
+        &f.s.dir,
+        "task.json",
+        r#"{"resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "default", "name": "web"}}"#,
+    );
+    let out = f.s.ok(&[
+        "create",
+        "--raw",
+        "/api/v1/bindings",
+        "-f",
+        task.to_str().unwrap(),
+    ]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["bindingId"], "default.web-deployment", "{v}");
+    eventually(Duration::from_secs(10), "the task answered", || {
+        let raw = f.s.ok(&[
+            "get",
+            "--raw",
+            "/api/v1/bindings/default.web-deployment/status",
+        ]);
+        let st: Value = serde_json::from_str(&raw).unwrap();
+        st["state"] == "Scheduled"
+            && st["clusters"].as_array().is_some_and(|c| !c.is_empty())
+            && st["reasons"].as_array().is_some_and(|r| r.len() == 3)
+            && st["taskId"].as_str().is_some_and(|t| !t.is_empty())
+    });
+    let missing = common::write(
+        &f.s.dir,
+        "missing.json",
+        r#"{"resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "default", "name": "nobody"}}"#,
+    );
+    let out = f.s.kubectl(&[
+        "create",
+        "--raw",
+        "/api/v1/bindings",
+        "-f",
+        missing.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("NotFound"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eventually(Duration::from_secs(20), "12 replicas still running", || {
+        running(&f, &members).values().sum::<i64>() == 12
+    });
+    let first = decided(&f);
+
     // The quiet cluster's background load jumps past the limit: after the shed window its
     // share moves to the others, and nothing is lost.
     let (code, body) = http(

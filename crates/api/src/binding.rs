@@ -26,6 +26,9 @@ pub const BINDING_ANNOTATION: &str = "multicluster.io/binding";
 pub const BINDING_NAMESPACE_LABEL: &str = "multicluster.io/binding-namespace";
 /// Annotation on templates: whose policy placed it.
 pub const POLICY_ANNOTATION: &str = "multicluster.io/policy";
+/// Set (to any new value, e.g. a time) to ask the scheduler for a fresh decision; the value
+/// it answered is in `status.rescheduleObserved` (`POST /api/v1/bindings` uses it).
+pub const RESCHEDULE_ANNOTATION: &str = "multicluster.io/reschedule";
 
 /// The template a binding is for.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -198,6 +201,9 @@ pub struct BindingStatus {
     /// The id of the last scheduling task, as in the schedule history.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub task_id: String,
+    /// The value of the reschedule annotation last answered.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reschedule_observed: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scheduled_time: Option<Time>,
 }

@@ -13,6 +13,7 @@ use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::http::{self as h, Body};
 
+mod bindings;
 mod clusters;
 mod forward;
 mod history;
@@ -27,6 +28,7 @@ pub const MAX_BATCH: usize = 1000;
 const DRO_SEGMENTS: &[&str] = &[
     "clusters",
     "propagationpolicies",
+    "bindings",
     "metrics",
     "sync",
     "monitor",
@@ -179,6 +181,13 @@ pub async fn serve(
         }
         (&Method::DELETE, ["propagationpolicies", name]) => policies::delete(app, who, name).await,
         (_, ["propagationpolicies", _]) => Err(method_not_allowed("GET, PATCH or DELETE")),
+        (&Method::POST, ["bindings"]) => match json_body() {
+            Ok(()) => bindings::submit(app, who, &body).await,
+            Err(e) => Err(e),
+        },
+        (_, ["bindings"]) => Err(method_not_allowed("POST")),
+        (&Method::GET, ["bindings", id, "status"]) => bindings::status(app, who, id).await,
+        (_, ["bindings", _, "status"]) => Err(method_not_allowed("GET")),
         (&Method::PUT, ["metrics"]) => match json_body() {
             Ok(()) => monitor::metrics(app, who, &body).await,
             Err(e) => Err(e),

@@ -169,6 +169,8 @@ enum Trigger {
     Retry,
     /// Moved replicas' old copies are due to go.
     Cleanup,
+    /// Someone asked for a fresh decision (`POST /api/v1/bindings`).
+    Requested,
 }
 
 impl Trigger {
@@ -181,6 +183,7 @@ impl Trigger {
             Trigger::Recovered => "Recovered",
             Trigger::Retry => "Retry",
             Trigger::Cleanup => "Cleanup",
+            Trigger::Requested => "Requested",
         }
     }
     /// Whether the decision moves replicas the user did not ask to move (make-before-break).
@@ -658,6 +661,24 @@ impl Scheduler {
             .as_ref()
             .and_then(|s| s.get("schedulerObservedGeneration"))
             .and_then(serde_json::Value::as_i64);
+        // A fresh decision someone asked for (`POST /api/v1/bindings`), not yet answered.
+        let requested = b
+            .metadata
+            .annotations
+            .get(binding::RESCHEDULE_ANNOTATION)
+            .filter(|v| {
+                b.status
+                    .as_ref()
+                    .and_then(|s| s.get("rescheduleObserved"))
+                    .and_then(serde_json::Value::as_str)
+                    != Some(v.as_str())
+            })
+            .cloned();
+        let why = if requested.is_some() {
+            Trigger::Requested
+        } else {
+            why
+        };
         if why == Trigger::Binding && observed == Some(generation) {
             return Outcome::Skip;
         }
@@ -721,7 +742,9 @@ impl Scheduler {
             .as_ref()
             .map(|r| r.resource_request.clone())
             .unwrap_or_default();
-        let mode = if why == Trigger::Recovered && spec.placement.rebalance_on_recovery {
+        let mode = if why == Trigger::Requested
+            || (why == Trigger::Recovered && spec.placement.rebalance_on_recovery)
+        {
             Mode::Fresh
         } else {
             Mode::Steady
@@ -815,7 +838,8 @@ impl Scheduler {
             || status.scheduler_observed_generation != Some(generation)
             || status.scheduler_observed_affinity_name != decision.affinity_name
             || status.strategy != decision.strategy
-            || status.unplaced_replicas != unplaced;
+            || status.unplaced_replicas != unplaced
+            || requested.is_some();
         let failed = decision.error.is_some();
         if !clusters_changed && !status_changed && !evictions_changed {
             return if failed {
@@ -876,6 +900,9 @@ impl Scheduler {
         status.strategy = decision.strategy.to_string();
         status.unplaced_replicas = unplaced;
         status.task_id = task_id;
+        if let Some(r) = requested {
+            status.reschedule_observed = r;
+        }
         status.scheduler_observed_generation = Some(generation);
         status.scheduler_observed_affinity_name = decision.affinity_name.clone();
         if clusters_changed {
