@@ -7,6 +7,9 @@
 //! - [`schema`], [`patch`], [`strategy`], [`crd`]: validation and patching;
 //! - [`auth`]: bearer tokens and authorization; [`table`]: `kubectl get` output.
 
+// The OpenAPI document of the DRO-DS endpoints is one large `json!` literal.
+#![recursion_limit = "512"]
+
 pub mod agent_api;
 pub mod app;
 pub mod auth;

@@ -64,6 +64,23 @@ pub async fn submit(
                 .with_details(json!({ "fields": [{"field": field, "message": "required"}] })));
         }
     }
+    let mut bad: Vec<Value> = Vec::new();
+    if !r.namespace.is_empty() && !orrery_api::validation::is_dns1123_label(&r.namespace).is_empty()
+    {
+        bad.push(json!({"field": "resource.namespace", "message": "not a namespace name"}));
+    }
+    if !orrery_api::validation::is_dns1123_subdomain(&r.name).is_empty() {
+        bad.push(json!({"field": "resource.name", "message": "not an object name"}));
+    }
+    if r.kind.chars().any(|c| !c.is_ascii_alphanumeric()) {
+        bad.push(json!({"field": "resource.kind", "message": "not a kind"}));
+    }
+    if !bad.is_empty() {
+        return Err(
+            DroError::validation("the task names no object that can exist")
+                .with_details(json!({ "fields": bad })),
+        );
+    }
     let ns = if r.namespace.is_empty() {
         SYSTEM_NAMESPACE
     } else {
@@ -154,7 +171,10 @@ pub async fn status(
     id: &str,
 ) -> Result<http::Response<Body>, DroError> {
     // Namespaces never contain a dot; binding names may.
-    let Some((ns, name)) = id.split_once('.') else {
+    let Some((ns, name)) = id.split_once('.').filter(|(ns, name)| {
+        orrery_api::validation::is_dns1123_label(ns).is_empty()
+            && orrery_api::validation::is_dns1123_subdomain(name).is_empty()
+    }) else {
         return Err(not_found(
             id,
             format!("{id:?} is not a binding id (<namespace>.<name>)"),

@@ -143,6 +143,14 @@ pub async fn unregister(
     who: &Identity,
     name: &str,
 ) -> Result<http::Response<Body>, DroError> {
+    if !cluster::validate_name(name).is_empty() {
+        return Err(DroError::new(
+            404,
+            "CLUSTER_NOT_FOUND",
+            format!("no cluster {name:?} is registered"),
+        )
+        .with_details(json!({ "clusterName": name })));
+    }
     let r = forward::call(
         app,
         who,

@@ -58,7 +58,12 @@ impl Reply {
             );
         }
         DroError {
-            status: self.status,
+            status: if code == "VALIDATION_FAILED" {
+                400
+            } else {
+                self.status
+            },
+            allow: None,
             code,
             message: self.body["message"]
                 .as_str()

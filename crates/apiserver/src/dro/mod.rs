@@ -18,6 +18,7 @@ mod clusters;
 mod forward;
 mod history;
 mod monitor;
+pub mod openapi;
 mod policies;
 mod sync;
 
@@ -33,6 +34,7 @@ const DRO_SEGMENTS: &[&str] = &[
     "sync",
     "monitor",
     "history",
+    "openapi.json",
 ];
 
 /// Whether a request path is one of the DRO-DS endpoints.
@@ -49,6 +51,8 @@ pub struct DroError {
     pub code: &'static str,
     pub message: String,
     pub details: Value,
+    /// For 405: the methods the endpoint takes (the `Allow` header).
+    pub allow: Option<&'static str>,
 }
 
 impl DroError {
@@ -58,6 +62,7 @@ impl DroError {
             code,
             message: message.into(),
             details: json!({}),
+            allow: None,
         }
     }
 
@@ -72,10 +77,15 @@ impl DroError {
 
     pub fn response(&self) -> Response<Body> {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        h::json(
+        let mut r = h::json(
             status,
             &json!({ "code": self.code, "message": self.message, "details": self.details }),
-        )
+        );
+        if let Some(allow) = self.allow {
+            r.headers_mut()
+                .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
+        }
+        r
     }
 }
 
@@ -111,10 +121,16 @@ impl From<ApiError> for DroError {
             }
         }
         DroError {
-            status: e.code,
+            // One status per code: a validation failure is a 400 wherever it was found.
+            status: if code == "VALIDATION_FAILED" {
+                400
+            } else {
+                e.code
+            },
             code,
             message: e.message,
             details: Value::Object(details),
+            allow: None,
         }
     }
 }
@@ -141,12 +157,14 @@ fn require_json(headers: &http::HeaderMap) -> Result<(), DroError> {
     }
 }
 
-fn method_not_allowed(allowed: &str) -> DroError {
-    DroError::new(
+fn method_not_allowed(allowed: &'static str) -> DroError {
+    let mut e = DroError::new(
         405,
         "METHOD_NOT_ALLOWED",
         format!("this endpoint takes {allowed}"),
-    )
+    );
+    e.allow = Some(allowed);
+    e
 }
 
 /// Serves one DRO-DS request (the path after `/api/v1/`).
@@ -166,7 +184,7 @@ pub async fn serve(
             Ok(()) => clusters::register(app, who, &body).await,
             Err(e) => Err(e),
         },
-        (_, ["clusters"]) => Err(method_not_allowed("GET or POST")),
+        (_, ["clusters"]) => Err(method_not_allowed("GET, POST")),
         (&Method::DELETE, ["clusters", name]) => clusters::unregister(app, who, name).await,
         (_, ["clusters", _]) => Err(method_not_allowed("DELETE")),
         (&Method::GET, ["propagationpolicies"]) => policies::list(app, who).await,
@@ -174,13 +192,13 @@ pub async fn serve(
             Ok(()) => policies::create(app, who, &body).await,
             Err(e) => Err(e),
         },
-        (_, ["propagationpolicies"]) => Err(method_not_allowed("GET or POST")),
+        (_, ["propagationpolicies"]) => Err(method_not_allowed("GET, POST")),
         (&Method::GET, ["propagationpolicies", name]) => policies::get(app, who, name).await,
         (&Method::PATCH, ["propagationpolicies", name]) => {
             policies::patch(app, who, headers, name, &body).await
         }
         (&Method::DELETE, ["propagationpolicies", name]) => policies::delete(app, who, name).await,
-        (_, ["propagationpolicies", _]) => Err(method_not_allowed("GET, PATCH or DELETE")),
+        (_, ["propagationpolicies", _]) => Err(method_not_allowed("GET, PATCH, DELETE")),
         (&Method::POST, ["bindings"]) => match json_body() {
             Ok(()) => bindings::submit(app, who, &body).await,
             Err(e) => Err(e),
@@ -213,6 +231,8 @@ pub async fn serve(
         (&Method::GET, ["history", "schedules"]) => history::schedules(app, who, query).await,
         (&Method::GET, ["history", "failures"]) => monitor::failures(app, who, query).await,
         (_, ["history", "schedules" | "failures"]) => Err(method_not_allowed("GET")),
+        (&Method::GET, ["openapi.json"]) => Ok(h::json(StatusCode::OK, &openapi::document())),
+        (_, ["openapi.json"]) => Err(method_not_allowed("GET")),
         _ => Err(DroError::new(404, "NOT_FOUND", "no such endpoint")),
     };
     result.unwrap_or_else(|e| e.response())

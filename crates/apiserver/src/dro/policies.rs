@@ -104,7 +104,7 @@ fn view(o: &Object) -> Value {
         "targetClusters": spec["placement"]["clusterAffinity"]["clusterNames"].as_array().cloned().unwrap_or_default(),
         "createdAt": o.metadata.creation_timestamp,
         "resourceVersion": o.metadata.resource_version,
-        "boundResources": o.status.as_ref().and_then(|s| s.get("boundResources")).cloned().unwrap_or(json!([])),
+        "boundResources": o.status.as_ref().and_then(|s| s.get("boundResources")).and_then(Value::as_i64).unwrap_or(0),
     })
 }
 
@@ -113,6 +113,9 @@ fn is_ours(o: &Object) -> bool {
 }
 
 async fn get_ours(app: &Arc<App>, who: &Identity, name: &str) -> Result<Object, DroError> {
+    if !orrery_api::validation::is_dns1123_subdomain(name).is_empty() {
+        return Err(not_found(name));
+    }
     let r = forward::call(
         app,
         who,

@@ -1,0 +1,381 @@
+//! The OpenAPI 3 description of the DRO-DS endpoints, served at `/api/v1/openapi.json`.
+
+use serde_json::{Value, json};
+
+/// The stable error codes (draft 6.1), each with the HTTP status it comes with.
+pub const ERROR_CODES: &[(&str, u16)] = &[
+    ("VALIDATION_FAILED", 400),
+    ("UNAUTHORIZED", 401),
+    ("FORBIDDEN", 403),
+    ("NOT_FOUND", 404),
+    ("CLUSTER_NOT_FOUND", 404),
+    ("POLICY_NOT_FOUND", 404),
+    ("BINDING_NOT_FOUND", 404),
+    ("METHOD_NOT_ALLOWED", 405),
+    ("CLUSTER_EXISTS", 409),
+    ("POLICY_CONFLICT", 409),
+    ("CONFLICT", 409),
+    ("PAYLOAD_TOO_LARGE", 413),
+    ("BATCH_TOO_LARGE", 413),
+    ("UNSUPPORTED_MEDIA_TYPE", 415),
+    ("INTERNAL", 500),
+    ("UNAVAILABLE", 503),
+];
+
+fn error(description: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    })
+}
+
+fn ok(description: &str, schema: &str) -> Value {
+    json!({
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}},
+    })
+}
+
+fn body(schema: &str, content_type: &str) -> Value {
+    json!({
+        "required": true,
+        "content": {content_type: {"schema": {"$ref": format!("#/components/schemas/{schema}")}}},
+    })
+}
+
+/// Responses every call may give.
+fn common(mut responses: serde_json::Map<String, Value>) -> Value {
+    responses.insert(
+        "401".into(),
+        error("UNAUTHORIZED: no or a bad bearer token"),
+    );
+    responses.insert("403".into(), error("FORBIDDEN: the token may not do this"));
+    responses.insert("500".into(), error("INTERNAL"));
+    Value::Object(responses)
+}
+
+fn responses(pairs: &[(&str, Value)]) -> Value {
+    common(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
+    )
+}
+
+fn history_params() -> Value {
+    json!([
+        {"name": "startTime", "in": "query", "schema": {"type": "string", "format": "date-time"}, "description": "ISO 8601; entries at or after it"},
+        {"name": "endTime", "in": "query", "schema": {"type": "string", "format": "date-time"}, "description": "ISO 8601; entries at or before it"},
+        {"name": "maxEntries", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 10000, "default": 100}},
+    ])
+}
+
+/// The document.
+pub fn document() -> Value {
+    let doc = json!({
+        "openapi": "3.0.3",
+        "info": {
+            "title": "Orrery DRO-DS API",
+            "version": "v1",
+            "description": "The REST interface of draft-zhou-crosscloud-orchestration-01 (section 6), over the same store as the Kubernetes-style API. Every error is {code, message, details}.",
+        },
+        "servers": [{"url": "/"}],
+        "security": [{"bearerAuth": []}],
+        "paths": {
+            "/api/v1/clusters": {
+                "get": {"operationId": "listClusters", "summary": "Registered domains (6.2.1)",
+                    "responses": responses(&[("200", ok("The domains", "ClusterList"))])},
+                "post": {"operationId": "registerCluster", "summary": "Register a domain (6.2.1)",
+                    "requestBody": body("RegisterCluster", "application/json"),
+                    "responses": responses(&[("201", ok("Registered", "Cluster")), ("400", error("VALIDATION_FAILED")),
+                        ("409", error("CLUSTER_EXISTS")), ("413", error("PAYLOAD_TOO_LARGE")), ("415", error("UNSUPPORTED_MEDIA_TYPE"))])},
+            },
+            "/api/v1/clusters/{clusterName}": {
+                "delete": {"operationId": "unregisterCluster", "summary": "Unregister a domain; its namespace, Works and tokens go with it",
+                    "parameters": [{"name": "clusterName", "in": "path", "required": true, "schema": {"type": "string"}}],
+                    "responses": responses(&[("200", ok("Unregistering", "Deleted")), ("404", error("CLUSTER_NOT_FOUND"))])},
+            },
+            "/api/v1/propagationpolicies": {
+                "get": {"operationId": "listPolicies", "summary": "Policies made through this API (6.2.2)",
+                    "responses": responses(&[("200", ok("The policies", "PolicyList"))])},
+                "post": {"operationId": "createPolicy", "summary": "Create a propagation policy (6.2.2)",
+                    "requestBody": body("Policy", "application/json"),
+                    "responses": responses(&[("201", ok("Created", "PolicyView")), ("400", error("VALIDATION_FAILED")),
+                        ("409", error("POLICY_CONFLICT")), ("413", error("PAYLOAD_TOO_LARGE")), ("415", error("UNSUPPORTED_MEDIA_TYPE"))])},
+            },
+            "/api/v1/propagationpolicies/{policyName}": {
+                "parameters": [{"name": "policyName", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "get": {"operationId": "getPolicy", "responses": responses(&[("200", ok("The policy", "PolicyView")), ("404", error("POLICY_NOT_FOUND"))])},
+                "patch": {"operationId": "patchPolicy", "summary": "Update with a JSON merge patch (RFC 7386)",
+                    "requestBody": body("PolicyPatch", "application/merge-patch+json"),
+                    "responses": responses(&[("200", ok("Updated", "PolicyView")), ("400", error("VALIDATION_FAILED")),
+                        ("404", error("POLICY_NOT_FOUND")), ("409", error("CONFLICT")), ("415", error("UNSUPPORTED_MEDIA_TYPE"))])},
+                "delete": {"operationId": "deletePolicy", "responses": responses(&[("200", ok("Deleted", "Deleted")), ("404", error("POLICY_NOT_FOUND"))])},
+            },
+            "/api/v1/bindings": {
+                "post": {"operationId": "submitTask", "summary": "Trigger a cross-domain scheduling task for a template a policy places (6.2.5)",
+                    "requestBody": body("TaskRequest", "application/json"),
+                    "responses": responses(&[("202", ok("Accepted", "TaskAccepted")), ("400", error("VALIDATION_FAILED")),
+                        ("404", error("BINDING_NOT_FOUND")), ("415", error("UNSUPPORTED_MEDIA_TYPE"))])},
+            },
+            "/api/v1/bindings/{bindingId}/status": {
+                "get": {"operationId": "taskStatus", "summary": "A scheduling task's state, domains and reasons (6.2.5)",
+                    "parameters": [{"name": "bindingId", "in": "path", "required": true, "schema": {"type": "string"}, "description": "<namespace>.<binding name>"}],
+                    "responses": responses(&[("200", ok("The task", "TaskStatus")), ("404", error("BINDING_NOT_FOUND"))])},
+            },
+            "/api/v1/metrics": {
+                "put": {"operationId": "reportMetrics", "summary": "Report a domain's resource figures (6.3.1); an agent only for its own cluster",
+                    "requestBody": body("MetricsReport", "application/json"),
+                    "responses": responses(&[("200", ok("Accepted", "MetricsAccepted")), ("400", error("VALIDATION_FAILED")),
+                        ("404", error("CLUSTER_NOT_FOUND")), ("409", error("CONFLICT")), ("415", error("UNSUPPORTED_MEDIA_TYPE"))])},
+            },
+            "/api/v1/metrics/events": {
+                "post": {"operationId": "pushEvent", "summary": "Push a domain event (6.3.1); failures join the failure history",
+                    "requestBody": body("DomainEvent", "application/json"),
+                    "responses": responses(&[("201", ok("Recorded", "EventRecorded")), ("400", error("VALIDATION_FAILED")),
+                        ("404", error("CLUSTER_NOT_FOUND")), ("415", error("UNSUPPORTED_MEDIA_TYPE"))])},
+            },
+            "/api/v1/sync/configs": {
+                "put": {"operationId": "syncConfig", "summary": "Synchronize a domain's configuration (6.3.2)",
+                    "requestBody": body("DomainConfig", "application/json"),
+                    "responses": responses(&[("200", ok("The domain", "Cluster")), ("400", error("VALIDATION_FAILED")),
+                        ("404", error("CLUSTER_NOT_FOUND")), ("409", error("CONFLICT")), ("415", error("UNSUPPORTED_MEDIA_TYPE"))])},
+            },
+            "/api/v1/sync/batch": {
+                "post": {"operationId": "syncBatch", "summary": "Status of up to 1,000 objects, each applied atomically (6.3.2)",
+                    "requestBody": body("Batch", "application/json"),
+                    "responses": responses(&[("200", ok("Each item's outcome", "BatchResult")), ("400", error("VALIDATION_FAILED")),
+                        ("413", error("BATCH_TOO_LARGE or PAYLOAD_TOO_LARGE")), ("415", error("UNSUPPORTED_MEDIA_TYPE"))])},
+            },
+            "/api/v1/monitor/realtime": {
+                "get": {"operationId": "realtime", "summary": "The fleet now (6.4.1)",
+                    "responses": responses(&[("200", ok("The fleet", "Realtime"))])},
+            },
+            "/api/v1/history/schedules": {
+                "get": {"operationId": "scheduleHistory", "summary": "Scheduling decisions, newest first (6.4.2)",
+                    "parameters": history_params(),
+                    "responses": responses(&[("200", ok("Decisions", "ScheduleHistory")), ("400", error("VALIDATION_FAILED"))])},
+            },
+            "/api/v1/history/failures": {
+                "get": {"operationId": "failureHistory", "summary": "Failures, newest first (6.4.2)",
+                    "parameters": history_params(),
+                    "responses": responses(&[("200", ok("Failures", "FailureHistory")), ("400", error("VALIDATION_FAILED"))])},
+            },
+            "/api/v1/openapi.json": {
+                "get": {"operationId": "openapi", "summary": "This document",
+                    "responses": responses(&[("200", {
+                        let mut r = ok("OpenAPI 3", "Error");
+                        r["content"]["application/json"]["schema"] = json!({"type": "object"});
+                        r
+                    })])},
+            },
+        },
+        "components": {
+            "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {"type": "object", "required": ["code", "message", "details"], "properties": {
+                    "code": {"type": "string", "enum": ERROR_CODES.iter().map(|(c, _)| *c).collect::<Vec<_>>()},
+                    "message": {"type": "string"},
+                    "details": {"type": "object"},
+                }},
+                "RegisterCluster": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
+                    "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 48},
+                    "endpoint": {"type": "string", "description": "http(s)://host[:port][/path]"},
+                    "capabilities": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 63}},
+                    "provider": {"type": "string"}, "region": {"type": "string"},
+                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                }, "example": {"name": "gcp-production", "endpoint": "https://k8s.gcp.example", "capabilities": ["gpu", "tls-encryption"]}},
+                "Cluster": {"type": "object", "required": ["name"], "properties": {
+                    "name": {"type": "string"}, "endpoint": {"type": "string"},
+                    "capabilities": {"type": "array", "items": {"type": "string"}},
+                    "provider": {"type": "string"}, "region": {"type": "string"},
+                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "syncMode": {"type": "string", "enum": ["Pull", "Push"]},
+                    "ready": {"type": "string", "enum": ["True", "False", "Unknown"]},
+                    "waterLevel": {"type": "object", "nullable": true, "additionalProperties": {"type": "number"}},
+                    "lastHeartbeatTime": {"type": "string", "nullable": true},
+                    "createdAt": {"type": "string", "nullable": true},
+                }},
+                "ClusterList": {"type": "object", "required": ["items", "count"], "properties": {
+                    "items": {"type": "array", "items": {"$ref": "#/components/schemas/Cluster"}},
+                    "count": {"type": "integer"},
+                }},
+                "Deleted": {"type": "object", "required": ["name", "status"], "properties": {
+                    "name": {"type": "string"}, "status": {"type": "string"},
+                }},
+                "Policy": {"type": "object", "required": ["name", "resourceType"], "additionalProperties": false, "properties": {
+                    "name": {"type": "string"}, "resourceType": {"type": "string", "description": "A kind the server serves, e.g. Deployment"},
+                    "targetClusters": {"type": "array", "items": {"type": "string", "minLength": 1}},
+                }, "example": {"name": "cross-region-policy", "resourceType": "Deployment", "targetClusters": ["aws-us-east", "azure-europe"]}},
+                "PolicyPatch": {"type": "object", "additionalProperties": false, "properties": {
+                    "name": {"type": "string"}, "resourceType": {"type": "string"},
+                    "targetClusters": {"type": "array", "nullable": true, "items": {"type": "string"}},
+                }},
+                "PolicyView": {"type": "object", "required": ["name", "resourceType", "targetClusters"], "properties": {
+                    "name": {"type": "string"}, "resourceType": {"type": "string"},
+                    "targetClusters": {"type": "array", "items": {"type": "string"}},
+                    "createdAt": {"type": "string", "nullable": true},
+                    "resourceVersion": {"type": "string"},
+                    "boundResources": {"type": "integer", "description": "How many templates the policy places"},
+                }},
+                "PolicyList": {"type": "object", "required": ["items", "count"], "properties": {
+                    "items": {"type": "array", "items": {"$ref": "#/components/schemas/PolicyView"}},
+                    "count": {"type": "integer"},
+                }},
+                "TaskRequest": {"type": "object", "required": ["resource"], "additionalProperties": false, "properties": {
+                    "resource": {"type": "object", "required": ["apiVersion", "kind", "name"], "additionalProperties": false, "properties": {
+                        "apiVersion": {"type": "string", "minLength": 1}, "kind": {"type": "string", "minLength": 1},
+                        "namespace": {"type": "string"}, "name": {"type": "string", "minLength": 1},
+                    }},
+                }},
+                "TaskAccepted": {"type": "object", "required": ["bindingId", "state", "statusUrl"], "properties": {
+                    "bindingId": {"type": "string"}, "state": {"type": "string"}, "statusUrl": {"type": "string"},
+                }},
+                "TaskStatus": {"type": "object", "required": ["bindingId", "state", "clusters"], "properties": {
+                    "bindingId": {"type": "string"}, "taskId": {"type": "string"},
+                    "state": {"type": "string", "enum": ["Pending", "Scheduled", "PartiallyScheduled", "Unschedulable"]},
+                    "resource": {"type": "object"}, "replicas": {"type": "integer", "nullable": true},
+                    "clusters": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}, "replicas": {"type": "integer"}}}},
+                    "message": {"type": "string"}, "strategy": {"type": "string"},
+                    "unplacedReplicas": {"type": "integer"},
+                    "reasons": {"type": "array", "items": {"$ref": "#/components/schemas/ClusterDecision"}},
+                    "filtered": {"type": "object", "additionalProperties": {"type": "integer"}},
+                    "lastScheduledTime": {"type": "string", "nullable": true},
+                    "fullyApplied": {"type": "boolean"},
+                }},
+                "ClusterDecision": {"type": "object", "required": ["name"], "properties": {
+                    "name": {"type": "string"}, "replicas": {"type": "integer"}, "reason": {"type": "string"},
+                    "filter": {"type": "string"}, "score": {"type": "number"},
+                    "scores": {"type": "object", "additionalProperties": {"type": "number"}},
+                }},
+                "MetricsReport": {"type": "object", "required": ["cluster", "timestamp", "cpuUsage", "memoryAvailable"], "additionalProperties": false, "properties": {
+                    "cluster": {"type": "string"}, "timestamp": {"type": "string", "format": "date-time"},
+                    "cpuUsage": {"type": "number", "minimum": 0, "maximum": 100, "description": "percent"},
+                    "memoryAvailable": {"type": "number", "minimum": 0, "description": "GiB"},
+                    "gpuUsage": {"type": "number", "minimum": 0, "maximum": 100},
+                    "pods": {"type": "integer", "minimum": 0},
+                    "networkTraffic": {"type": "number", "minimum": 0, "description": "bytes per second, in and out"},
+                    "latencies": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}},
+                }, "example": {"cluster": "aws-us-east", "timestamp": "2023-07-20T08:30:00Z", "cpuUsage": 72.4, "memoryAvailable": 15.2}},
+                "MetricsAccepted": {"type": "object", "required": ["cluster", "accepted"], "properties": {
+                    "cluster": {"type": "string"}, "accepted": {"type": "boolean"},
+                    "waterLevel": {"type": "object", "nullable": true, "additionalProperties": {"type": "number"}},
+                }},
+                "DomainEvent": {"type": "object", "required": ["cluster", "type", "reason"], "additionalProperties": false, "properties": {
+                    "cluster": {"type": "string"}, "type": {"type": "string", "enum": ["Normal", "Warning", "Failure"]},
+                    "reason": {"type": "string", "minLength": 1, "maxLength": 128},
+                    "message": {"type": "string", "maxLength": 4096},
+                    "timestamp": {"type": "string", "format": "date-time"},
+                }},
+                "EventRecorded": {"type": "object", "required": ["cluster", "recorded", "failure"], "properties": {
+                    "cluster": {"type": "string"}, "recorded": {"type": "boolean"}, "failure": {"type": "boolean"},
+                }},
+                "DomainConfig": {"type": "object", "required": ["cluster"], "additionalProperties": false, "properties": {
+                    "cluster": {"type": "string"},
+                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "capabilities": {"type": "array", "items": {"type": "string"}},
+                    "taints": {"type": "array", "items": {"type": "object", "required": ["key", "effect"], "properties": {
+                        "key": {"type": "string"}, "value": {"type": "string"},
+                        "effect": {"type": "string", "enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]},
+                        "timeAdded": {"type": "string", "format": "date-time"},
+                    }}},
+                    "properties": {"type": "object", "additionalProperties": {"type": "string"}},
+                }},
+                "Batch": {"type": "object", "required": ["items"], "additionalProperties": false, "properties": {
+                    "items": {"type": "array", "maxItems": 1000, "items": {"type": "object", "required": ["kind", "name", "status"], "additionalProperties": false, "properties": {
+                        "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "namespace": {"type": "string"},
+                        "name": {"type": "string"}, "status": {"type": "object"}, "resourceVersion": {"type": "string"},
+                    }}},
+                }},
+                "BatchResult": {"type": "object", "required": ["applied", "failed", "results"], "properties": {
+                    "applied": {"type": "integer"}, "failed": {"type": "integer"},
+                    "results": {"type": "array", "items": {"type": "object", "required": ["kind", "name", "code"], "properties": {
+                        "kind": {"type": "string"}, "name": {"type": "string"}, "namespace": {"type": "string"},
+                        "code": {"type": "string"}, "message": {"type": "string"}, "resourceVersion": {"type": "string"},
+                    }}},
+                }},
+                "Realtime": {"type": "object", "required": ["activeClusters", "totalPods", "networkTraffic"], "properties": {
+                    "activeClusters": {"type": "integer"}, "totalClusters": {"type": "integer"},
+                    "totalPods": {"type": "integer"}, "networkTraffic": {"type": "string", "example": "1.2Gbps"},
+                    "networkBytesPerSecond": {"type": "number"},
+                    "fleetWaterLevel": {"type": "object", "additionalProperties": {"type": "number"}},
+                    "clusters": {"type": "array", "items": {"type": "object", "properties": {
+                        "name": {"type": "string"}, "ready": {"type": "boolean"}, "pods": {"type": "integer"},
+                        "waterLevel": {"type": "object", "nullable": true, "additionalProperties": {"type": "number"}},
+                        "networkBytesPerSecond": {"type": "number"},
+                    }}},
+                }},
+                "ScheduleHistory": {"type": "object", "required": ["entries", "count"], "properties": {
+                    "entries": {"type": "array", "items": {"type": "object", "required": ["id", "time", "binding", "result"], "properties": {
+                        "id": {"type": "string"}, "time": {"type": "string"}, "binding": {"type": "string"},
+                        "resource": {"type": "object"}, "replicas": {"type": "integer"}, "trigger": {"type": "string"},
+                        "strategy": {"type": "string"}, "fleetLevel": {"type": "number"},
+                        "result": {"type": "string", "enum": ["Scheduled", "PartiallyScheduled", "Unschedulable"]},
+                        "message": {"type": "string"},
+                        "clusters": {"type": "array", "items": {"type": "object"}},
+                        "unplaced": {"type": "integer"},
+                        "decisions": {"type": "array", "items": {"$ref": "#/components/schemas/ClusterDecision"}},
+                        "filtered": {"type": "object", "additionalProperties": {"type": "integer"}},
+                    }}},
+                    "count": {"type": "integer"},
+                }},
+                "FailureHistory": {"type": "object", "required": ["entries", "count"], "properties": {
+                    "entries": {"type": "array", "items": {"type": "object", "required": ["time", "cluster", "type", "reason", "message"], "properties": {
+                        "time": {"type": "string"}, "cluster": {"type": "string"}, "type": {"type": "string"},
+                        "reason": {"type": "string"}, "message": {"type": "string"},
+                    }}},
+                    "count": {"type": "integer"},
+                }},
+            },
+        },
+    });
+    doc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_endpoint_is_described() {
+        let doc = document();
+        let paths = doc["paths"].as_object().unwrap();
+        for p in [
+            "/api/v1/clusters",
+            "/api/v1/clusters/{clusterName}",
+            "/api/v1/propagationpolicies",
+            "/api/v1/propagationpolicies/{policyName}",
+            "/api/v1/bindings",
+            "/api/v1/bindings/{bindingId}/status",
+            "/api/v1/metrics",
+            "/api/v1/metrics/events",
+            "/api/v1/sync/configs",
+            "/api/v1/sync/batch",
+            "/api/v1/monitor/realtime",
+            "/api/v1/history/schedules",
+            "/api/v1/history/failures",
+            "/api/v1/openapi.json",
+        ] {
+            assert!(paths.contains_key(p), "{p}");
+        }
+        // Every reference resolves.
+        let text = doc.to_string();
+        let schemas = doc["components"]["schemas"].as_object().unwrap();
+        for part in text.split("#/components/schemas/").skip(1) {
+            let name: String = part.chars().take_while(|c| c.is_alphanumeric()).collect();
+            assert!(schemas.contains_key(&name), "{name}");
+        }
+        // Every operation documents its success and the error body.
+        for (p, item) in paths {
+            for (verb, op) in item.as_object().unwrap() {
+                if verb == "parameters" {
+                    continue;
+                }
+                let r = op["responses"].as_object().unwrap();
+                assert!(r.keys().any(|k| k.starts_with('2')), "{verb} {p}");
+                assert!(r.contains_key("401"), "{verb} {p}");
+            }
+        }
+    }
+}
