@@ -69,7 +69,7 @@ impl Reply {
                 .as_str()
                 .unwrap_or("the request failed")
                 .to_string(),
-            details: Value::Object(d),
+            details: Box::new(Value::Object(d)),
         }
     }
 }

@@ -50,7 +50,8 @@ pub struct DroError {
     pub status: u16,
     pub code: &'static str,
     pub message: String,
-    pub details: Value,
+    /// Boxed: errors travel in every `Result` and should stay small.
+    pub details: Box<Value>,
     /// For 405: the methods the endpoint takes (the `Allow` header).
     pub allow: Option<&'static str>,
 }
@@ -61,13 +62,13 @@ impl DroError {
             status,
             code,
             message: message.into(),
-            details: json!({}),
+            details: Box::new(json!({})),
             allow: None,
         }
     }
 
     pub fn with_details(mut self, details: Value) -> Self {
-        self.details = details;
+        self.details = Box::new(details);
         self
     }
 
@@ -79,7 +80,7 @@ impl DroError {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut r = h::json(
             status,
-            &json!({ "code": self.code, "message": self.message, "details": self.details }),
+            &json!({ "code": self.code, "message": self.message, "details": *self.details }),
         );
         if let Some(allow) = self.allow {
             r.headers_mut()
@@ -129,7 +130,7 @@ impl From<ApiError> for DroError {
             },
             code,
             message: e.message,
-            details: Value::Object(details),
+            details: Box::new(Value::Object(details)),
             allow: None,
         }
     }
