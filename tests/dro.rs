@@ -361,6 +361,54 @@ async fn metrics_events_configs_and_the_monitoring_view() {
         "{v}"
     );
     assert_eq!(v["clusters"].as_array().unwrap().len(), 2, "{v}");
+    // Prometheus exposition: request latencies, water levels, the scheduler.
+    let (code, headers, _) = send(&c, req("GET", "/metrics", JSON, Value::Null), None).await;
+    assert_eq!(code, 200);
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text"),
+        "{headers:?}"
+    );
+    let text = c
+        .request_text(req("GET", "/metrics", JSON, Value::Null))
+        .await
+        .unwrap();
+    for family in [
+        "orrery_http_request_duration_seconds_bucket{",
+        "orrery_cluster_water_level{cluster=\"aws-us-east\",dimension=\"cpu\"}",
+        "orrery_cluster_heartbeat_age_seconds{cluster=\"aws-us-east\"}",
+        "orrery_clusters_ready 1",
+        "orrery_works_pending ",
+        "orrery_scheduler_queue_depth ",
+        "orrery_scheduler_decision_duration_seconds_bucket{",
+    ] {
+        assert!(text.contains(family), "{family} missing:\n{text}");
+    }
+    assert!(text.trim_end().ends_with("# EOF"), "{text}");
+    // Every sample line is `name{labels} value`.
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        assert!(
+            value.parse::<f64>().is_ok() || ["NaN", "+Inf", "-Inf"].contains(&value),
+            "{line}"
+        );
+        let name = series.split('{').next().unwrap();
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == ':'),
+            "{line}"
+        );
+    }
+    let (code, _, _) = send(&agent, req("GET", "/metrics", JSON, Value::Null), None).await;
+    assert_eq!(code, 403);
+
     // Agents do not read the fleet's monitoring view.
     let (code, v) = call(&agent, "GET", "/api/v1/monitor/realtime", Value::Null).await;
     assert_error(code, &v, 403, "FORBIDDEN");

@@ -30,6 +30,9 @@ pub struct ApiConfig {
     pub server_address: String,
     /// The CA bundle (PEM) that signed the serving certificate, handed out at `/cacerts`.
     pub ca_pem: String,
+    /// The metrics registry shared with the other components (`/metrics`); a fresh one when
+    /// `None`.
+    pub metrics_registry: Option<crate::metrics::SharedRegistry>,
 }
 
 impl Default for ApiConfig {
@@ -40,6 +43,7 @@ impl Default for ApiConfig {
             min_request_timeout: Duration::from_secs(1800),
             server_address: "127.0.0.1:6443".into(),
             ca_pem: String::new(),
+            metrics_registry: None,
         }
     }
 }
@@ -56,6 +60,7 @@ pub struct App {
     pub shutdown: watch::Receiver<bool>,
     openapi: openapi::Cache,
     crd_lock: tokio::sync::Mutex<()>,
+    pub metrics: crate::metrics::Metrics,
 }
 
 /// Namespaces that always exist.
@@ -69,7 +74,10 @@ impl App {
         config: ApiConfig,
         shutdown: watch::Receiver<bool>,
     ) -> Result<Arc<App>, StoreError> {
+        let metrics =
+            crate::metrics::Metrics::new(config.metrics_registry.clone().unwrap_or_default());
         let app = Arc::new(App {
+            metrics,
             store,
             resources: Arc::new(Resources::new()),
             schemas: Arc::new(Schemas::new()),
@@ -146,6 +154,12 @@ impl App {
             Err((e, user)) => (h::error(&e), user),
         };
         let status = response.status().as_u16();
+        self.metrics.observe(
+            method.as_str(),
+            &path,
+            status,
+            started.elapsed().as_secs_f64(),
+        );
         if status >= 500 {
             tracing::warn!(%method, %path, status, user, elapsed_ms = started.elapsed().as_millis() as u64, "request failed");
         } else {
@@ -216,6 +230,28 @@ impl App {
         };
         let reg = self.resources.snapshot();
         match segments.as_slice() {
+            ["metrics"] => {
+                read_only(&parts.method)?;
+                if !matches!(who, Identity::Admin { .. }) {
+                    return Err(ApiError::forbidden(format!(
+                        "{} may not read the server's metrics",
+                        who.user()
+                    )));
+                }
+                let text = self
+                    .metrics
+                    .render(self.store.as_ref())
+                    .await
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                let mut r = Response::new(h::full(text));
+                r.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static(
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    ),
+                );
+                Ok(r)
+            }
             ["version"] => {
                 read_only(&parts.method)?;
                 Ok(h::json(StatusCode::OK, &discovery::version()))

@@ -19,6 +19,7 @@ pub mod dro;
 pub mod error;
 pub mod http;
 pub mod managed;
+pub mod metrics;
 pub mod openapi;
 pub mod patch;
 pub mod resources;

@@ -212,7 +212,11 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         .context("loading tokens")?;
 
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let registry: orrery_apiserver::metrics::SharedRegistry = Default::default();
+    let scheduler_metrics =
+        Arc::new(orrery_controllers::propagation::scheduling::SchedulerMetrics::new(&registry));
     let config = ApiConfig {
+        metrics_registry: Some(registry),
         server_address: args.listen.to_string(),
         ca_pem: pki.ca_pem.clone(),
         bookmark_interval: args.watch_bookmark_interval,
@@ -237,6 +241,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
                 water_level_limit: args.water_level_limit,
                 shed_window: args.shed_window,
                 move_grace: args.move_grace_period,
+                metrics: scheduler_metrics,
                 ..Default::default()
             },
         },

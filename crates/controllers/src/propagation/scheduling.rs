@@ -47,6 +47,60 @@ use crate::record;
 
 const COMPONENT: &str = "orrery-scheduler";
 
+/// What the scheduler reports at `/metrics`.
+#[derive(Debug)]
+pub struct SchedulerMetrics {
+    queue_depth: prometheus_client::metrics::gauge::Gauge,
+    decisions: prometheus_client::metrics::counter::Counter,
+    unschedulable: prometheus_client::metrics::counter::Counter,
+    decision_seconds: prometheus_client::metrics::histogram::Histogram,
+}
+
+impl Default for SchedulerMetrics {
+    /// Unregistered (for a scheduler nobody scrapes).
+    fn default() -> Self {
+        SchedulerMetrics {
+            queue_depth: Default::default(),
+            decisions: Default::default(),
+            unschedulable: Default::default(),
+            decision_seconds: prometheus_client::metrics::histogram::Histogram::new(
+                prometheus_client::metrics::histogram::exponential_buckets(0.000_01, 2.0, 16),
+            ),
+        }
+    }
+}
+
+impl SchedulerMetrics {
+    /// Registers the scheduler's families.
+    pub fn new(
+        registry: &std::sync::Mutex<prometheus_client::registry::Registry>,
+    ) -> SchedulerMetrics {
+        let m = SchedulerMetrics::default();
+        let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
+        r.register(
+            "orrery_scheduler_queue_depth",
+            "Bindings waiting for a scheduling decision",
+            m.queue_depth.clone(),
+        );
+        r.register(
+            "orrery_scheduler_decisions",
+            "Scheduling decisions made",
+            m.decisions.clone(),
+        );
+        r.register(
+            "orrery_scheduler_unschedulable",
+            "Decisions that could not place every replica",
+            m.unschedulable.clone(),
+        );
+        r.register(
+            "orrery_scheduler_decision_duration_seconds",
+            "Time the engine took per decision",
+            m.decision_seconds.clone(),
+        );
+        m
+    }
+}
+
 /// The scheduler's knobs (`orrery server --scheduler-*`).
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -62,6 +116,7 @@ pub struct Settings {
     pub assume_settle: Duration,
     /// Assumptions nobody confirmed are dropped after this.
     pub assume_ttl: Duration,
+    pub metrics: Arc<SchedulerMetrics>,
 }
 
 impl Default for Settings {
@@ -73,6 +128,7 @@ impl Default for Settings {
             move_grace: Duration::from_secs(300),
             assume_settle: Duration::from_secs(5),
             assume_ttl: Duration::from_secs(60),
+            metrics: Arc::default(),
         }
     }
 }
@@ -602,6 +658,10 @@ impl Scheduler {
         let mut writing: std::collections::VecDeque<tokio::task::JoinHandle<()>> =
             std::collections::VecDeque::new();
         while !self.queue.is_empty() {
+            self.settings
+                .metrics
+                .queue_depth
+                .set(self.queue.len() as i64);
             let mut jobs: Vec<Job<BKey>> = Vec::new();
             let mut failed: Vec<BKey> = Vec::new();
             while jobs.len() < CHUNK {
@@ -641,6 +701,7 @@ impl Scheduler {
                 let _ = run_jobs(jobs).await;
             }));
         }
+        self.settings.metrics.queue_depth.set(0);
         for h in writing {
             let _ = h.await;
         }
@@ -766,7 +827,15 @@ impl Scheduler {
             now: now.unix_seconds(),
             seed: seed_of(&b.metadata.uid),
         };
+        let engine_started = Instant::now();
         let decision = schedule_cached(&self.fleet, &task, &self.engine, &mut self.filter_cache);
+        let m = &self.settings.metrics;
+        m.decision_seconds
+            .observe(engine_started.elapsed().as_secs_f64());
+        m.decisions.inc();
+        if decision.error.is_some() {
+            m.unschedulable.inc();
+        }
         let changed_spec_generation = status.scheduler_observed_generation != Some(generation);
         let new_clusters = match &decision.error {
             // Clusters going away must not empty a placement that stands; a changed spec
