@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 mod api;
+mod dro;
 mod members;
 mod propagation;
 mod quality;
@@ -213,6 +214,32 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// DRO-DS metrics ingestion: many clusters each reporting every second.
+    DroMetrics {
+        #[arg(long, default_value_t = 1000)]
+        clusters: usize,
+        #[arg(long, default_value_t = 30)]
+        seconds: u64,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// DRO-DS status batches of many objects.
+    DroBatch {
+        #[arg(long, default_value_t = 1000)]
+        objects: usize,
+        #[arg(long, default_value_t = 50)]
+        requests: usize,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Internal: the fresh process of `store-memory`.
     #[command(hide = true)]
     StoreMemoryProbe { path: String },
@@ -276,6 +303,38 @@ fn main() -> anyhow::Result<()> {
                 .await
             }
             Command::StoreMemoryProbe { path } => store::memory_probe(&path).await,
+            Command::DroMetrics {
+                clusters,
+                seconds,
+                runs,
+                server_bin,
+                dir,
+            } => {
+                dro::metrics(dro::MetricsArgs {
+                    clusters,
+                    seconds,
+                    runs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::DroBatch {
+                objects,
+                requests,
+                runs,
+                server_bin,
+                dir,
+            } => {
+                dro::batch(dro::BatchArgs {
+                    objects,
+                    requests,
+                    runs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
             Command::SchedulerQuality {
                 seed,
                 clusters,
