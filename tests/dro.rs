@@ -215,7 +215,7 @@ async fn clusters_and_policies_through_the_drafts_examples() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_events_configs_and_the_monitoring_view() {
-    let s = Server::start();
+    let s = Server::start_with(&["--monitoring-interval", "1s"]);
     let token = s.token("aws-us-east");
     let _a = Agent::start(
         &s,
@@ -408,6 +408,50 @@ async fn metrics_events_configs_and_the_monitoring_view() {
     }
     let (code, _, _) = send(&agent, req("GET", "/metrics", JSON, Value::Null), None).await;
     assert_eq!(code, 403);
+
+    // The time series: samples every second here, the last report in the newest.
+    let mut last = Value::Null;
+    for _ in 0..50 {
+        let (code, v) = call(
+            &c,
+            "GET",
+            "/api/v1/monitor/history?cluster=aws-us-east",
+            Value::Null,
+        )
+        .await;
+        assert_eq!(code, 200, "{v}");
+        last = v;
+        let points = last["points"].as_array().unwrap();
+        if points.len() >= 2
+            && points.last().unwrap()["clusters"]["aws-us-east"]["cpuUsage"] == 10.0
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let points = last["points"].as_array().unwrap();
+    assert!(points.len() >= 2, "{last}");
+    let newest = points.last().unwrap();
+    assert_eq!(
+        newest["clusters"]["aws-us-east"]["cpuUsage"], 10.0,
+        "{last}"
+    );
+    assert!(
+        newest["clusters"].get("azure-europe").is_none(),
+        "filtered to one cluster"
+    );
+    assert!(
+        points[0]["time"].as_str() <= newest["time"].as_str(),
+        "oldest first"
+    );
+    let (code, v) = call(
+        &c,
+        "GET",
+        "/api/v1/monitor/history?resolution=hourly",
+        Value::Null,
+    )
+    .await;
+    assert_error(code, &v, 400, "VALIDATION_FAILED");
 
     // Agents do not read the fleet's monitoring view.
     let (code, v) = call(&agent, "GET", "/api/v1/monitor/realtime", Value::Null).await;

@@ -125,3 +125,141 @@ pub fn failure_entry(rec: &FailureRecord, unique: &str) -> (String, crate::Objec
     o.metadata.creation_timestamp = Some(rec.time);
     (format!("{FAILURES_PREFIX}{name}"), o)
 }
+
+/// The monitoring time series (draft 5.1): one record per sampling of the whole fleet, under
+/// keys that sort by time. Raw samples are kept for hours, 5-minute averages for weeks.
+pub mod series {
+    use std::collections::BTreeMap;
+
+    use serde::{Deserialize, Serialize};
+
+    use crate::time::Time;
+
+    pub const RAW_PREFIX: &str = "/internal/monitoring/raw/";
+    pub const AVERAGE_PREFIX: &str = "/internal/monitoring/5m/";
+
+    /// A record's key under `prefix` for `unix_seconds`.
+    pub fn key(prefix: &str, unix_seconds: i64) -> String {
+        format!("{prefix}{:012}", unix_seconds.max(0))
+    }
+
+    /// One cluster's figures at one time.
+    #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ClusterSample {
+        pub ready: bool,
+        /// Overall water level, and per dimension.
+        pub level: f64,
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        pub levels: BTreeMap<String, f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub cpu_usage: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub memory_available: Option<f64>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub pods: Option<i64>,
+        /// Bytes per second, in and out.
+        #[serde(default)]
+        pub traffic: f64,
+    }
+
+    /// The fleet at one time.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct FleetSample {
+        pub time: Time,
+        pub clusters: BTreeMap<String, ClusterSample>,
+    }
+
+    fn mean(v: &[f64]) -> f64 {
+        if v.is_empty() {
+            0.0
+        } else {
+            v.iter().sum::<f64>() / v.len() as f64
+        }
+    }
+
+    fn mean_of(v: &[Option<f64>]) -> Option<f64> {
+        let xs: Vec<f64> = v.iter().flatten().copied().collect();
+        (!xs.is_empty()).then(|| mean(&xs))
+    }
+
+    /// The average of several samples, stamped with the last one's time: levels, usage and
+    /// traffic averaged per cluster over the samples that have it; readiness as last seen.
+    pub fn average(samples: &[FleetSample]) -> Option<FleetSample> {
+        let last = samples.last()?;
+        let mut names: Vec<&String> = samples.iter().flat_map(|s| s.clusters.keys()).collect();
+        names.sort();
+        names.dedup();
+        let mut clusters = BTreeMap::new();
+        for n in names {
+            let of: Vec<&ClusterSample> =
+                samples.iter().filter_map(|s| s.clusters.get(n)).collect();
+            let mut dims: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+            for c in &of {
+                for (d, v) in &c.levels {
+                    dims.entry(d.clone()).or_default().push(*v);
+                }
+            }
+            let round = |x: f64| (x * 1000.0).round() / 1000.0;
+            clusters.insert(
+                n.clone(),
+                ClusterSample {
+                    ready: of.last().is_some_and(|c| c.ready),
+                    level: round(mean(&of.iter().map(|c| c.level).collect::<Vec<_>>())),
+                    levels: dims
+                        .into_iter()
+                        .map(|(d, v)| (d, round(mean(&v))))
+                        .collect(),
+                    cpu_usage: mean_of(&of.iter().map(|c| c.cpu_usage).collect::<Vec<_>>()),
+                    memory_available: mean_of(
+                        &of.iter().map(|c| c.memory_available).collect::<Vec<_>>(),
+                    ),
+                    pods: of.last().and_then(|c| c.pods),
+                    traffic: mean(&of.iter().map(|c| c.traffic).collect::<Vec<_>>()),
+                },
+            );
+        }
+        Some(FleetSample {
+            time: last.time,
+            clusters,
+        })
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        fn s(t: i64, level: f64, ready: bool) -> FleetSample {
+            let mut clusters = BTreeMap::new();
+            clusters.insert(
+                "a".to_string(),
+                ClusterSample {
+                    ready,
+                    level,
+                    levels: [("cpu".to_string(), level)].into(),
+                    traffic: level * 10.0,
+                    ..Default::default()
+                },
+            );
+            FleetSample {
+                time: Time::from_unix_seconds(t).unwrap(),
+                clusters,
+            }
+        }
+
+        #[test]
+        fn averages_keep_the_last_time_and_readiness() {
+            let mut b = s(3, 0.9, false);
+            b.clusters.insert("b".into(), ClusterSample::default());
+            let avg = average(&[s(1, 0.2, true), s(2, 0.4, true), b]).unwrap();
+            assert_eq!(avg.time.unix_seconds(), 3);
+            let a = &avg.clusters["a"];
+            assert_eq!((a.level, a.levels["cpu"], a.ready), (0.5, 0.5, false));
+            assert!((a.traffic - 5.0).abs() < 1e-9);
+            assert!(avg.clusters.contains_key("b"));
+            assert!(average(&[]).is_none());
+            assert!(key(RAW_PREFIX, 5) < key(RAW_PREFIX, 40));
+        }
+    }
+}

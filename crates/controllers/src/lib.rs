@@ -16,6 +16,7 @@ use tokio::task::JoinHandle;
 pub mod health;
 pub mod informer;
 pub mod inventory;
+pub mod monitoring;
 pub mod propagation;
 pub mod record;
 
@@ -26,6 +27,7 @@ pub struct Config {
     /// Where template kinds are stored; without it nothing is propagated.
     pub kinds: Option<Arc<dyn propagation::Kinds>>,
     pub scheduler: propagation::scheduling::Settings,
+    pub monitoring: monitoring::MonitoringConfig,
 }
 
 /// Starts every controller.
@@ -37,6 +39,11 @@ pub fn spawn(
     let mut tasks = vec![
         tokio::spawn(health::run(store.clone(), cfg.health, shutdown.clone())),
         tokio::spawn(inventory::run(store.clone(), shutdown.clone())),
+        tokio::spawn(monitoring::run(
+            store.clone(),
+            cfg.monitoring,
+            shutdown.clone(),
+        )),
     ];
     if let Some(kinds) = cfg.kinds {
         tasks.push(tokio::spawn(propagation::detector::run(

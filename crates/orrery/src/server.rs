@@ -57,6 +57,10 @@ pub struct ServerArgs {
     /// How long the old copy of replicas moved off a cluster stays while the new ones start.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub move_grace_period: Duration,
+    /// How often the monitoring system samples the fleet's figures (kept 6 h raw, 14 days as
+    /// 5-minute averages).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub monitoring_interval: Duration,
     /// How much history the store keeps before compacting (watch resumption window).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub compaction_interval: Duration,
@@ -242,6 +246,10 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
                 shed_window: args.shed_window,
                 move_grace: args.move_grace_period,
                 metrics: scheduler_metrics,
+                ..Default::default()
+            },
+            monitoring: orrery_controllers::monitoring::MonitoringConfig {
+                interval: args.monitoring_interval,
                 ..Default::default()
             },
         },

@@ -163,6 +163,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         water_level_limit: orrery_scheduler::DEFAULT_WATER_LEVEL_LIMIT,
         shed_window: Duration::from_secs(60),
         move_grace_period: Duration::from_secs(300),
+        monitoring_interval: Duration::from_secs(15),
     };
     let started = Instant::now();
     let running = crate::server::start(&server_args).await?;

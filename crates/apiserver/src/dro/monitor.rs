@@ -506,6 +506,89 @@ pub async fn failures(
     ))
 }
 
+/// `GET /api/v1/monitor/history`: the monitoring time series, oldest first (the newest
+/// `maxEntries`). `resolution=raw` (default; kept hours) or `5m` (kept weeks); `cluster=NAME`
+/// keeps one cluster.
+pub async fn series(
+    app: &App,
+    who: &Identity,
+    query: &str,
+) -> Result<http::Response<Body>, DroError> {
+    admin_only(who)?;
+    let (mut resolution, mut only) = ("raw".to_string(), None::<String>);
+    // The serializer is not `Send`: done with before anything is awaited.
+    let rest = {
+        let mut rest = form_urlencoded::Serializer::new(String::new());
+        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+            match k.as_ref() {
+                "resolution" => resolution = v.into_owned(),
+                "cluster" => only = Some(v.into_owned()),
+                _ => {
+                    rest.append_pair(&k, &v);
+                }
+            }
+        }
+        rest.finish()
+    };
+    let prefix = match resolution.as_str() {
+        "raw" => history::series::RAW_PREFIX,
+        "5m" => history::series::AVERAGE_PREFIX,
+        other => {
+            return Err(bad(
+                format!("resolution must be raw or 5m, got {other:?}"),
+                "resolution",
+            ));
+        }
+    };
+    let (start, end, max) = super::history::parse_query(&rest)?;
+    let list = app
+        .store
+        .list(prefix, &ListOptions::default())
+        .await
+        .map_err(internal)?;
+    let mut points: Vec<Value> = Vec::new();
+    for o in list.items.iter().rev() {
+        let Some(mut s) = o
+            .spec
+            .clone()
+            .and_then(|s| serde_json::from_value::<history::series::FleetSample>(s).ok())
+        else {
+            continue;
+        };
+        let t = s.time.unix_seconds();
+        if start.is_some_and(|x| t < x) || end.is_some_and(|x| t > x) {
+            continue;
+        }
+        if let Some(c) = &only {
+            s.clusters.retain(|name, _| name == c);
+        }
+        let ready: Vec<f64> = s
+            .clusters
+            .values()
+            .filter(|c| c.ready)
+            .map(|c| c.level)
+            .collect();
+        let mean = if ready.is_empty() {
+            0.0
+        } else {
+            ready.iter().sum::<f64>() / ready.len() as f64
+        };
+        points.push(json!({
+            "time": s.time,
+            "meanLevel": (mean * 1000.0).round() / 1000.0,
+            "clusters": s.clusters,
+        }));
+        if points.len() >= max {
+            break;
+        }
+    }
+    points.reverse();
+    Ok(h::json(
+        StatusCode::OK,
+        &json!({ "resolution": resolution, "points": points, "count": points.len() }),
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -73,6 +73,11 @@ fn history_params() -> Value {
 
 /// The document.
 pub fn document() -> Value {
+    let mut monitor_params = history_params();
+    if let Some(a) = monitor_params.as_array_mut() {
+        a.push(json!({"name": "resolution", "in": "query", "schema": {"type": "string", "enum": ["raw", "5m"], "default": "raw"}}));
+        a.push(json!({"name": "cluster", "in": "query", "schema": {"type": "string"}}));
+    }
     let doc = json!({
         "openapi": "3.0.3",
         "info": {
@@ -151,6 +156,11 @@ pub fn document() -> Value {
             "/api/v1/monitor/realtime": {
                 "get": {"operationId": "realtime", "summary": "The fleet now (6.4.1)",
                     "responses": responses(&[("200", ok("The fleet", "Realtime"))])},
+            },
+            "/api/v1/monitor/history": {
+                "get": {"operationId": "monitorHistory", "summary": "The monitoring time series, oldest first (5.1)",
+                    "parameters": monitor_params,
+                    "responses": responses(&[("200", ok("Samples", "MonitorHistory")), ("400", error("VALIDATION_FAILED"))])},
             },
             "/api/v1/history/schedules": {
                 "get": {"operationId": "scheduleHistory", "summary": "Scheduling decisions, newest first (6.4.2)",
@@ -306,6 +316,19 @@ pub fn document() -> Value {
                         "networkBytesPerSecond": {"type": "number"},
                     }}},
                 }},
+                "MonitorHistory": {"type": "object", "required": ["resolution", "points", "count"], "properties": {
+                    "resolution": {"type": "string"},
+                    "count": {"type": "integer"},
+                    "points": {"type": "array", "items": {"type": "object", "required": ["time", "meanLevel", "clusters"], "properties": {
+                        "time": {"type": "string"}, "meanLevel": {"type": "number"},
+                        "clusters": {"type": "object", "additionalProperties": {"type": "object", "properties": {
+                            "ready": {"type": "boolean"}, "level": {"type": "number"},
+                            "levels": {"type": "object", "additionalProperties": {"type": "number"}},
+                            "cpuUsage": {"type": "number"}, "memoryAvailable": {"type": "number"},
+                            "pods": {"type": "integer"}, "traffic": {"type": "number"},
+                        }}},
+                    }}},
+                }},
                 "ScheduleHistory": {"type": "object", "required": ["entries", "count"], "properties": {
                     "entries": {"type": "array", "items": {"type": "object", "required": ["id", "time", "binding", "result"], "properties": {
                         "id": {"type": "string"}, "time": {"type": "string"}, "binding": {"type": "string"},
@@ -355,6 +378,7 @@ mod tests {
             "/api/v1/monitor/realtime",
             "/api/v1/history/schedules",
             "/api/v1/history/failures",
+            "/api/v1/monitor/history",
             "/api/v1/openapi.json",
         ] {
             assert!(paths.contains_key(p), "{p}");
