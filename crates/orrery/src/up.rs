@@ -223,7 +223,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     println!("  export KUBECONFIG={kc}");
     println!();
     println!("  kubectl get clusters");
-    println!("  kubectl get clusterprofiles -n orrery-system");
+    println!("  kubectl apply -f examples/web.yaml        # a web app placed by water level");
+    println!("  kubectl describe resourcebinding web-deployment");
     println!();
     println!("Ctrl-C stops everything; `orrery up` on the same data directory resumes.");
     stop.await;

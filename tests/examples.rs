@@ -1,0 +1,162 @@
+//! The examples of `examples/`, as a newcomer runs them: `orrery up`, then the real kubectl
+//! and the REST script against it. Each must place what it says, so none of them rots.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::eventually;
+use serde_json::Value;
+
+struct Up {
+    child: Child,
+    dir: tempfile::TempDir,
+    url: String,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn up(clusters: usize) -> Up {
+    let dir = tempfile::tempdir().unwrap();
+    let port = common::free_port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["up", "--clusters", &clusters.to_string(), "--data-dir"])
+        .arg(dir.path())
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for l in lines.by_ref() {
+        if l.unwrap().starts_with("Ctrl-C stops everything") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    Up {
+        child,
+        dir,
+        url: format!("https://127.0.0.1:{port}"),
+    }
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+impl Up {
+    fn kubeconfig(&self) -> PathBuf {
+        self.dir.path().join("admin.kubeconfig")
+    }
+
+    fn kubectl(&self, args: &[&str]) -> (bool, String) {
+        let o = Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", self.kubeconfig())
+            .env("HOME", self.dir.path())
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        )
+    }
+
+    /// Replicas per cluster of a binding's decision.
+    fn placed(&self, binding: &str) -> BTreeMap<String, i64> {
+        let (ok, out) = self.kubectl(&["get", "resourcebinding", binding, "-o", "json"]);
+        if !ok {
+            return BTreeMap::new();
+        }
+        let v: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
+        v["spec"]["clusters"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|c| {
+                        (
+                            c["name"].as_str().unwrap_or("").to_string(),
+                            c["replicas"].as_i64().unwrap_or(0),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+#[test]
+fn every_example_places_what_it_says() {
+    let u = up(4);
+    for f in ["web.yaml", "karmada.yaml", "statefulset.yaml", "job.yaml"] {
+        let path = examples().join(f);
+        let (ok, out) = u.kubectl(&["apply", "-f", path.to_str().unwrap()]);
+        assert!(ok, "{f}: {out}");
+    }
+    // web: by water level over the clusters with TLS, all 12 replicas.
+    eventually(Duration::from_secs(30), "web placed", || {
+        let p = u.placed("web-deployment");
+        p.values().sum::<i64>() == 12 && p.keys().all(|c| c == "aws-us-east" || c == "gcp-europe")
+    });
+    eventually(Duration::from_secs(60), "web ready in the members", || {
+        let (_, out) = u.kubectl(&[
+            "get",
+            "deploy",
+            "web",
+            "-o",
+            "jsonpath={.status.readyReplicas}",
+        ]);
+        out.trim() == "12"
+    });
+    // karmada: static weights 2:1.
+    eventually(Duration::from_secs(30), "api placed 4 + 2", || {
+        u.placed("api-deployment")
+            == BTreeMap::from([
+                ("aws-us-east".to_string(), 4),
+                ("gcp-europe".to_string(), 2),
+            ])
+    });
+    // statefulset: one cluster, all of it.
+    eventually(Duration::from_secs(30), "cache in one cluster", || {
+        let p = u.placed("cache-statefulset");
+        p.len() == 1 && p.values().all(|n| *n == 3)
+    });
+    // job: only where there are GPUs.
+    eventually(Duration::from_secs(30), "train on the GPU cluster", || {
+        let p = u.placed("train-job");
+        p.keys().map(String::as_str).collect::<Vec<_>>() == ["onprem-gpu"]
+    });
+    // The draft's REST calls, as the script makes them.
+    let out = Command::new("bash")
+        .arg(examples().join("dro-rest.sh"))
+        .env("ORRERY_DATA", u.dir.path())
+        .env("ORRERY_URL", &u.url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "dro-rest.sh failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("\"activeClusters\":4"), "{stdout}");
+}
