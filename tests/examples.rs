@@ -144,6 +144,29 @@ fn every_example_places_what_it_says() {
         let p = u.placed("train-job");
         p.keys().map(String::as_str).collect::<Vec<_>>() == ["onprem-gpu"]
     });
+    // `orrery status` shows the fleet and where the workloads run.
+    let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["status", "--kubeconfig"])
+        .arg(u.kubeconfig())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("CLUSTERS (4 registered, 4 ready)"), "{text}");
+    assert!(text.contains("onprem-gpu"), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("default/web")
+            && l.contains("Deployment")
+            && l.contains("aws-us-east(")
+            || l.starts_with("default/web") && l.contains("gcp-europe(")),
+        "{text}"
+    );
+    assert!(text.contains("default/train"), "{text}");
+
     // The draft's REST calls, as the script makes them.
     let out = Command::new("bash")
         .arg(examples().join("dro-rest.sh"))

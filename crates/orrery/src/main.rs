@@ -8,6 +8,7 @@ mod agent;
 mod join;
 mod push;
 mod server;
+mod status;
 mod token;
 mod up;
 
@@ -44,6 +45,8 @@ enum Command {
     /// Bootstrap tokens for agents.
     #[command(subcommand)]
     Token(token::TokenCommand),
+    /// The fleet in the terminal: clusters, water levels, workloads and where they run.
+    Status(status::StatusArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -69,6 +72,7 @@ fn main() -> anyhow::Result<()> {
             Command::Server(args) => server::run(args).await,
             Command::Agent(args) => agent::run(args).await,
             Command::Token(cmd) => token::run(cmd).await,
+            Command::Status(args) => status::run(args).await,
             Command::Join(args) => join::run(args).await,
         }
     })

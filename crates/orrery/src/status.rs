@@ -1,0 +1,245 @@
+//! `orrery status`: the fleet in the terminal. Clusters with their readiness and water levels
+//! as bars, the fleet's level, and the workloads with where they run.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use serde_json::Value;
+
+use crate::token::admin_kubeconfig;
+
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// The admin kubeconfig (default: $KUBECONFIG, else ./orrery-data/admin.kubeconfig).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// Width of the water level bars.
+    #[arg(long, default_value_t = 12)]
+    pub bar: usize,
+}
+
+/// `████░░░░ 0.42` (the level is clamped to the bar; the figure is exact).
+pub fn bar(level: f64, width: usize) -> String {
+    let filled = ((level.clamp(0.0, 1.0) * width as f64).round() as usize).min(width);
+    format!(
+        "{}{} {:.2}",
+        "█".repeat(filled),
+        "░".repeat(width - filled),
+        level
+    )
+}
+
+fn get(v: &Value, path: &[&str]) -> Value {
+    let mut cur = v;
+    for p in path {
+        cur = &cur[*p];
+    }
+    cur.clone()
+}
+
+async fn list(client: &kube::Client, path: &str) -> anyhow::Result<Vec<Value>> {
+    let req = http::Request::get(path).body(Vec::new())?;
+    let text = client.request_text(req).await.map_err(|e| match e {
+        kube::Error::Api(s) => anyhow::anyhow!("the server refused: {}", s.message),
+        other => anyhow::anyhow!("reaching the server: {other}"),
+    })?;
+    let v: Value = serde_json::from_str(&text)?;
+    Ok(v["items"].as_array().cloned().unwrap_or_default())
+}
+
+/// Renders the fleet from the Cluster and ResourceBinding lists.
+pub fn render(clusters: &[Value], bindings: &[Value], width: usize) -> String {
+    let mut out = String::new();
+    let ready = |c: &Value| {
+        c["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|x| x["type"] == "Ready"))
+            .and_then(|x| x["status"].as_str())
+            .unwrap_or("Unknown")
+            .to_string()
+    };
+    let n_ready = clusters.iter().filter(|c| ready(c) == "True").count();
+    out.push_str(&format!(
+        "CLUSTERS ({} registered, {} ready)\n",
+        clusters.len(),
+        n_ready
+    ));
+    let name_w = clusters
+        .iter()
+        .filter_map(|c| c["metadata"]["name"].as_str())
+        .map(str::len)
+        .max()
+        .unwrap_or(4)
+        .max(4);
+    let region_w = clusters
+        .iter()
+        .filter_map(|c| c["spec"]["region"].as_str())
+        .map(str::len)
+        .max()
+        .unwrap_or(6)
+        .max(6);
+    let col = width + 5;
+    out.push_str(&format!(
+        "{:name_w$}  {:region_w$}  {:7}  {:col$}  {:col$}  {:col$}\n",
+        "NAME", "REGION", "READY", "CPU", "MEMORY", "OVERALL"
+    ));
+    let (mut sum, mut n) = (0.0, 0);
+    for c in clusters {
+        let wl = get(c, &["status", "waterLevel"]);
+        let level = |d: &str| wl[d].as_f64();
+        let cell = |x: Option<f64>| x.map(|v| bar(v, width)).unwrap_or_else(|| "-".into());
+        if ready(c) == "True"
+            && let Some(o) = level("overall")
+        {
+            sum += o;
+            n += 1;
+        }
+        out.push_str(&format!(
+            "{:name_w$}  {:region_w$}  {:7}  {:col$}  {:col$}  {:col$}\n",
+            c["metadata"]["name"].as_str().unwrap_or(""),
+            c["spec"]["region"].as_str().unwrap_or("-"),
+            ready(c),
+            cell(level("cpu")),
+            cell(level("memory")),
+            cell(level("overall")),
+        ));
+    }
+    if n > 0 {
+        out.push_str(&format!(
+            "fleet (mean of the ready clusters): {}\n",
+            bar(sum / n as f64, width)
+        ));
+    }
+    out.push_str(&format!("\nWORKLOADS ({})\n", bindings.len()));
+    if bindings.is_empty() {
+        out.push_str("  none yet: kubectl apply -f examples/web.yaml\n");
+        return out;
+    }
+    let rows: Vec<[String; 5]> = bindings
+        .iter()
+        .map(|b| {
+            let r = &b["spec"]["resource"];
+            let ns = r["namespace"].as_str().unwrap_or("");
+            let name = r["name"].as_str().unwrap_or("");
+            let placed: Vec<String> = b["spec"]["clusters"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|c| {
+                            format!(
+                                "{}({})",
+                                c["name"].as_str().unwrap_or(""),
+                                c["replicas"].as_i64().unwrap_or(0)
+                            )
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            let cond = |t: &str| {
+                b["status"]["conditions"]
+                    .as_array()
+                    .and_then(|cs| cs.iter().find(|x| x["type"] == t))
+                    .map(|x| {
+                        (
+                            x["status"].as_str().unwrap_or("") == "True",
+                            x["reason"].as_str().unwrap_or("").to_string(),
+                        )
+                    })
+            };
+            let state = match (cond("Scheduled"), cond("FullyApplied")) {
+                (Some((false, reason)), _) => reason,
+                (_, Some((true, _))) => "Running".into(),
+                (Some((true, _)), _) => "Applying".into(),
+                _ => "Pending".into(),
+            };
+            [
+                if ns.is_empty() {
+                    name.to_string()
+                } else {
+                    format!("{ns}/{name}")
+                },
+                r["kind"].as_str().unwrap_or("").to_string(),
+                b["spec"]["replicas"]
+                    .as_i64()
+                    .map(|x| x.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                if placed.is_empty() {
+                    "-".into()
+                } else {
+                    placed.join(" ")
+                },
+                state,
+            ]
+        })
+        .collect();
+    let header = ["NAME", "KIND", "REPLICAS", "PLACEMENT", "STATUS"];
+    let widths: Vec<usize> = (0..5)
+        .map(|i| {
+            rows.iter()
+                .map(|r| r[i].chars().count())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let line = |cells: [&str; 5]| {
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i == 4 {
+                l.push_str(c);
+            } else {
+                l.push_str(&format!("{c:w$}  ", w = widths[i]));
+            }
+        }
+        l.trim_end().to_string() + "\n"
+    };
+    out.push_str(&line(header));
+    for r in &rows {
+        out.push_str(&line([&r[0], &r[1], &r[2], &r[3], &r[4]]));
+    }
+    out
+}
+
+pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
+    let path = admin_kubeconfig(args.kubeconfig);
+    let client = orrery_client::from_kubeconfig(&path)
+        .await
+        .with_context(|| format!("using the admin kubeconfig {}", path.display()))?;
+    let clusters = list(&client, "/apis/multicluster.io/v1alpha1/clusters").await?;
+    let bindings = list(&client, "/apis/multicluster.io/v1alpha1/resourcebindings").await?;
+    print!("{}", render(&clusters, &bindings, args.bar.clamp(4, 60)));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn bars_and_tables() {
+        assert_eq!(bar(0.5, 4), "██░░ 0.50");
+        assert_eq!(bar(1.3, 4), "████ 1.30");
+        assert_eq!(bar(-0.1, 4), "░░░░ -0.10");
+        let clusters = vec![json!({
+            "metadata": {"name": "east"}, "spec": {"region": "us-east-1"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                "waterLevel": {"cpu": 0.25, "memory": 0.5, "overall": 0.5}}
+        })];
+        let bindings = vec![json!({
+            "spec": {"resource": {"kind": "Deployment", "namespace": "default", "name": "web"},
+                "replicas": 4, "clusters": [{"name": "east", "replicas": 4}]},
+            "status": {"conditions": [{"type": "Scheduled", "status": "True", "reason": "Success"},
+                {"type": "FullyApplied", "status": "True"}]}
+        })];
+        let out = render(&clusters, &bindings, 4);
+        assert!(out.contains("CLUSTERS (1 registered, 1 ready)"), "{out}");
+        assert!(out.contains("east  us-east-1  True"), "{out}");
+        assert!(out.contains("█░░░ 0.25"), "{out}");
+        assert!(
+            out.contains("default/web  Deployment  4         east(4)    Running"),
+            "{out}"
+        );
+        assert!(render(&clusters, &[], 4).contains("none yet"));
+    }
+}
