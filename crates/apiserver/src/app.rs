@@ -185,6 +185,13 @@ impl App {
             );
             return Ok((r, String::new()));
         }
+        if path == "/ui" || path == "/ui/" {
+            // The page is public and holds no data; everything it shows it fetches with the
+            // token the user gives it.
+            return crate::ui::page(req.method())
+                .map(|r| (r, String::new()))
+                .map_err(|e| (e, String::new()));
+        }
         if path == "/cacerts" {
             // Public by design: agents verify it against the hash in their bootstrap token.
             return crate::agent_api::cacerts(self, req.method())

@@ -27,6 +27,7 @@ pub mod rest;
 pub mod schema;
 pub mod strategy;
 pub mod table;
+pub mod ui;
 
 pub use app::{ApiConfig, App};
 pub mod lifecycle;

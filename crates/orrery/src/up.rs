@@ -221,6 +221,19 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     println!();
     println!("  kubeconfig: {kc}");
     println!("  export KUBECONFIG={kc}");
+    // The login link carries the admin token in the fragment, which browsers never send.
+    let token = std::fs::read_to_string(&kc_path)
+        .ok()
+        .and_then(|k| {
+            k.lines().find_map(|l| {
+                l.trim()
+                    .strip_prefix("token:")
+                    .map(|t| t.trim().to_string())
+            })
+        })
+        .unwrap_or_default();
+    println!("  dashboard: {}/ui", running.url);
+    println!("  sign in:   {}/ui#token={token}", running.url);
     println!();
     println!("  kubectl get clusters");
     println!("  kubectl apply -f examples/web.yaml        # a web app placed by water level");

@@ -1,0 +1,286 @@
+//! The global view in a real browser: headless Chromium (Debian's `chromium` and
+//! `chromium-driver`, installed by the test command) driven over WebDriver. The page shows
+//! nothing without a token; with one it shows every cluster with its water level, a workload
+//! applied during the test appears with its placement without a reload, and the schedule
+//! history opens. A screenshot is saved with the test output.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::fleet::Fleet;
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+
+struct Driver(Child);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn chromedriver() -> (Driver, u16) {
+    let port = common::free_port();
+    let bin = std::env::var("ORRERY_CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
+    let child = Command::new(&bin)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot start {bin} ({e}); ./scripts/test installs chromium-driver")
+        });
+    (Driver(child), port)
+}
+
+async fn browser(port: u16) -> Client {
+    let chrome = std::env::var("ORRERY_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": chrome,
+            // The server's certificate is from its own CA, on loopback.
+            "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--ignore-certificate-errors", "--window-size=1366,900"],
+        }),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        match ClientBuilder::new(connector)
+            .capabilities(caps.clone())
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+        {
+            Ok(c) => return c,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("chromedriver did not take a session: {e}"),
+        }
+    }
+}
+
+/// Waits until `script` (which returns a boolean) is true in the page.
+async fn until(c: &Client, what: &str, script: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let v = c.execute(script, vec![]).await.unwrap();
+        if v.as_bool() == Some(true) {
+            return;
+        }
+        if Instant::now() > deadline {
+            let html = c.source().await.unwrap_or_default();
+            panic!(
+                "timed out waiting for {what}:\n{}",
+                &html[..html.len().min(4000)]
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+const WEB: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: shop, namespace: default}
+spec:
+  replicas: 6
+  selector: {matchLabels: {app: shop}}
+  template:
+    metadata: {labels: {app: shop}}
+    spec:
+      containers:
+      - {name: shop, image: nginx:1.25, resources: {requests: {cpu: 250m, memory: 128Mi}}}
+---
+apiVersion: multicluster.io/v1alpha1
+kind: ResourcePlacementPolicy
+metadata: {name: shop, namespace: default}
+spec:
+  resourceSelector: {apiVersion: apps/v1, kind: Deployment, name: shop, namespace: default}
+  placement:
+    replicaScheduling: {replicaSchedulingType: Divided}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_global_view_shows_the_fleet_live() {
+    let f = Fleet::start_with(
+        &[
+            ("east", "us-east"),
+            ("west", "us-west"),
+            ("europe", "eu-west"),
+        ],
+        &["--monitoring-interval", "1s"],
+    );
+    let url = f.s.url.clone();
+    let kubeconfig = std::fs::read_to_string(&f.s.kubeconfig).unwrap();
+    let token = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("token:"))
+        .map(|t| t.trim().to_string())
+        .unwrap();
+    let (_driver, port) = chromedriver();
+    let c = browser(port).await;
+
+    // Without a token: the login form, and no data at all.
+    c.goto(&format!("{url}/ui")).await.unwrap();
+    until(
+        &c,
+        "the login form",
+        "return !document.getElementById('login').hidden",
+    )
+    .await;
+    let shown = c
+        .execute(
+            "return [document.getElementById('app').hidden, document.querySelectorAll('#clusters tbody tr').length]",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(shown, json!([true, 0]), "nothing without a token");
+    // A wrong token is refused.
+    c.find(Locator::Id("token"))
+        .await
+        .unwrap()
+        .send_keys("not-a-token")
+        .await
+        .unwrap();
+    c.find(Locator::Css("#login-form button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until(
+        &c,
+        "the refusal",
+        "return document.getElementById('login-err').textContent.length > 0",
+    )
+    .await;
+
+    // The login link `orrery up` prints: every cluster with its water level.
+    let started = Instant::now();
+    c.goto(&format!("{url}/ui#token={token}")).await.unwrap();
+    until(
+        &c,
+        "three clusters with water levels",
+        "const rows = [...document.querySelectorAll('#clusters tbody tr')];
+         return rows.length === 3 && rows.every(r => r.querySelector('td[data-level]').dataset.level !== '');",
+    )
+    .await;
+    let first_render_ms = started.elapsed().as_millis();
+    let names = c
+        .execute(
+            "return [...document.querySelectorAll('#clusters tbody tr')].map(r => r.dataset.cluster)",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(names, json!(["east", "europe", "west"]));
+    // The token does not stay in the address bar.
+    assert!(!c.current_url().await.unwrap().as_str().contains("token"));
+
+    // A workload applied now appears, with its placement, without a reload.
+    c.find(Locator::Id("tab-workloads"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    c.execute("window.__marker = 42", vec![]).await.unwrap();
+    f.s.apply(WEB);
+    until(
+        &c,
+        "the workload with its placement",
+        "const r = document.querySelector('#workloads tr[data-workload=\"default/shop\"]');
+         return !!r && r.querySelectorAll('.chip').length > 0;",
+    )
+    .await;
+    let same_page = c.execute("return window.__marker", vec![]).await.unwrap();
+    assert_eq!(same_page, json!(42), "the page was not reloaded");
+
+    // The schedule history, with the decision's reasons.
+    c.find(Locator::Id("tab-schedules"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until(
+        &c,
+        "the decision in the history",
+        "return [...document.querySelectorAll('#schedules tbody tr')].some(r => r.textContent.includes('default/shop-deployment'))",
+    )
+    .await;
+    // Keyboard: the tabs are buttons that take focus.
+    let focusable = c
+        .execute(
+            "const b = document.getElementById('tab-failures'); b.focus(); return document.activeElement === b",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(focusable, json!(true));
+
+    // A fleet of 1,000: the figure is recorded (docs/benchmarks.md), not asserted.
+    let kc = f.s.client().await;
+    let mut jobs = Vec::new();
+    for i in 0..997 {
+        let kc = kc.clone();
+        jobs.push(async move {
+            let body = serde_json::to_vec(&json!({
+                "apiVersion": "multicluster.io/v1alpha1", "kind": "Cluster",
+                "metadata": {"name": format!("fleet-{i:04}")}, "spec": {"region": "sim"}}))
+            .unwrap();
+            kc.request_text(common::req(
+                "POST",
+                "/apis/multicluster.io/v1alpha1/clusters",
+                "application/json",
+                serde_json::from_slice(&body).unwrap(),
+            ))
+            .await
+            .unwrap();
+        });
+        if jobs.len() == 32 {
+            futures_util::future::join_all(std::mem::take(&mut jobs)).await;
+        }
+    }
+    futures_util::future::join_all(jobs).await;
+    c.goto("about:blank").await.unwrap();
+    c.goto(&format!("{url}/ui#token={token}")).await.unwrap();
+    let mut render_ms = 0.0;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        let v = c
+            .execute(
+                "return [document.querySelectorAll('#clusters tbody tr').length, performance.now()]",
+                vec![],
+            )
+            .await
+            .unwrap();
+        if v[0].as_u64() == Some(1000) {
+            render_ms = v[1].as_f64().unwrap();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(render_ms > 0.0, "1,000 clusters never rendered");
+    eprintln!("global view: 1,000 clusters rendered {render_ms:.0} ms after navigation");
+
+    let png = c.screenshot().await.unwrap();
+    let out = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-schedule-history.png");
+    std::fs::write(&out, &png).unwrap();
+    assert!(png.len() > 1000);
+    eprintln!(
+        "global view: first render of the fleet {first_render_ms} ms; screenshot {}",
+        out.display()
+    );
+    c.close().await.unwrap();
+}
