@@ -58,23 +58,7 @@ pub fn view(o: &Object) -> Value {
 }
 
 pub async fn list(app: &Arc<App>, who: &Identity) -> Result<http::Response<Body>, DroError> {
-    let r = forward::call(app, who, Method::GET, PATH, "application/json", None).await?;
-    if !r.ok() {
-        return Err(r.error("NOT_FOUND", "CONFLICT", json!({})));
-    }
-    let items: Vec<Value> = r.body["items"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|o| serde_json::from_value::<Object>(o.clone()).ok())
-                .map(|o| view(&o))
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok(h::json(
-        StatusCode::OK,
-        &json!({ "items": items, "count": items.len() }),
-    ))
+    forward::list(app, who, PATH, view).await
 }
 
 pub async fn register(

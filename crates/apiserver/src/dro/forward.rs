@@ -105,6 +105,33 @@ pub async fn call(
     Ok(Reply { status, body })
 }
 
+/// Lists through the Kubernetes handlers and answers `{items, count}`, each item in the
+/// DRO-DS shape `view` gives it.
+pub async fn list(
+    app: &Arc<App>,
+    who: &Identity,
+    path: &str,
+    view: impl Fn(&orrery_api::Object) -> Value,
+) -> Result<http::Response<crate::http::Body>, DroError> {
+    let r = call(app, who, Method::GET, path, "application/json", None).await?;
+    if !r.ok() {
+        return Err(r.error("NOT_FOUND", "CONFLICT", json!({})));
+    }
+    let items: Vec<Value> = r.body["items"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|o| serde_json::from_value::<orrery_api::Object>(o.clone()).ok())
+                .map(|o| view(&o))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok(crate::http::json(
+        http::StatusCode::OK,
+        &json!({ "items": items, "count": items.len() }),
+    ))
+}
+
 fn internal(e: impl std::fmt::Display) -> DroError {
     DroError::new(500, "INTERNAL", e.to_string())
 }

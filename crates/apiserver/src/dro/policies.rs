@@ -146,23 +146,7 @@ async fn get_ours(app: &Arc<App>, who: &Identity, name: &str) -> Result<Object, 
 
 pub async fn list(app: &Arc<App>, who: &Identity) -> Result<http::Response<Body>, DroError> {
     let path = format!("{PATH}?labelSelector={LABEL}%3D{LABEL_VALUE}");
-    let r = forward::call(app, who, Method::GET, &path, "application/json", None).await?;
-    if !r.ok() {
-        return Err(r.error("POLICY_NOT_FOUND", "POLICY_CONFLICT", json!({})));
-    }
-    let items: Vec<Value> = r.body["items"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|o| serde_json::from_value::<Object>(o.clone()).ok())
-                .map(|o| view(&o))
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok(h::json(
-        StatusCode::OK,
-        &json!({ "items": items, "count": items.len() }),
-    ))
+    forward::list(app, who, &path, view).await
 }
 
 pub async fn get(
