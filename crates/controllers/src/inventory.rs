@@ -214,9 +214,35 @@ async fn remove(store: &dyn Store, name: &str) {
 }
 
 /// Runs the inventory controller until shutdown.
+/// A hash of what a Cluster's profile is made of, read from the raw object: its identity,
+/// labels, spec, and from its status the version, properties and conditions (without their
+/// times).
+fn profile_input(c: &Object) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    c.metadata.uid.hash(&mut h);
+    c.metadata.labels.hash(&mut h);
+    c.spec.as_ref().map(|s| s.to_string()).hash(&mut h);
+    if let Some(st) = &c.status {
+        st.get("kubernetesVersion")
+            .map(|v| v.to_string())
+            .hash(&mut h);
+        st.get("properties").map(|v| v.to_string()).hash(&mut h);
+        if let Some(cs) = st.get("conditions").and_then(Value::as_array) {
+            for cond in cs {
+                for k in ["type", "status", "reason", "message"] {
+                    cond.get(k).map(|v| v.to_string()).hash(&mut h);
+                }
+            }
+        }
+    }
+    h.finish()
+}
+
 pub async fn run(store: Arc<dyn Store>, shutdown: watch::Receiver<bool>) {
     let mut events = informer::spawn(store.clone(), keys::well_known::clusters(), shutdown);
     let mut known = Known::new();
+    let mut last: HashMap<String, (u64, std::time::Instant)> = HashMap::new();
     while let Some(ev) = events.recv().await {
         let items = match ev {
             Event::Listed(items) => {
@@ -246,6 +272,7 @@ pub async fn run(store: Arc<dyn Store>, shutdown: watch::Receiver<bool>) {
             Event::Upsert(o) => vec![o],
             Event::Delete(o) => {
                 known.remove(o.name());
+                last.remove(o.name());
                 remove(store.as_ref(), o.name()).await;
                 continue;
             }
@@ -254,6 +281,17 @@ pub async fn run(store: Arc<dyn Store>, shutdown: watch::Receiver<bool>) {
             if c.metadata.deletion_timestamp.is_some() {
                 continue;
             }
+            // Heartbeats and figures do not change a profile: skip the work unless what it is
+            // made of changed, or a minute passed (which also repairs edits to the profile).
+            let input = profile_input(&c);
+            let now = std::time::Instant::now();
+            if let Some((seen, at)) = last.get(c.name())
+                && *seen == input
+                && now.duration_since(*at) < std::time::Duration::from_secs(60)
+            {
+                continue;
+            }
+            last.insert(c.name().to_string(), (input, now));
             if let Err(e) = sync_one(store.as_ref(), &c, &mut known).await {
                 tracing::warn!(cluster = c.name(), error = %e, "updating the ClusterProfile failed");
             }

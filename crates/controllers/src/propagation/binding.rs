@@ -289,8 +289,9 @@ impl Controller {
                 }
             }
             Src::Cluster => {
-                let before = self.prints.clone();
-                match ev {
+                // Whether anything overrides read changed (compared per event: copying the
+                // whole map per heartbeat costs too much in a large fleet).
+                let changed = match ev {
                     Event::Listed(items) => {
                         self.clusters.clear();
                         self.prints.clear();
@@ -300,20 +301,22 @@ impl Controller {
                             self.clusters.insert(s.name.clone(), s);
                         }
                         self.synced.insert("clusters");
+                        true
                     }
                     Event::Upsert(c) => {
                         let s = snapshot_of(&c);
-                        self.prints.insert(s.name.clone(), view_print(&s));
+                        let print = view_print(&s);
+                        let changed = self.prints.insert(s.name.clone(), print) != Some(print);
                         self.clusters.insert(s.name.clone(), s);
+                        changed
                     }
                     Event::Delete(c) => {
                         self.clusters.remove(c.name());
-                        self.prints.remove(c.name());
+                        self.prints.remove(c.name()).is_some()
                     }
-                }
-                if before != self.prints {
+                };
+                if changed {
                     // Labels and properties feed overrides and template expansion.
-                    self.epoch += 1;
                     self.epoch += 1;
                     self.dirty.extend(self.bindings.keys().cloned());
                 }
