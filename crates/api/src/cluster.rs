@@ -297,6 +297,29 @@ impl ClusterStatus {
             .and_then(|s| serde_json::from_value(s).ok())
             .unwrap_or_default()
     }
+
+    /// Whether the cluster is Ready.
+    pub fn ready(&self) -> bool {
+        crate::conditions::find(&self.conditions, CONDITION_READY).is_some_and(|r| r.is_true())
+    }
+
+    /// Pods it runs: as last reported through `PUT /api/v1/metrics`, else as placed.
+    pub fn pods(&self) -> Option<i64> {
+        self.metrics.as_ref().and_then(|m| m.pods).or_else(|| {
+            self.resource_summary
+                .as_ref()
+                .and_then(|r| r.allocated.get("pods"))
+                .map(|q| q.value() as i64)
+        })
+    }
+
+    /// Network traffic in and out, bytes per second.
+    pub fn traffic(&self) -> f64 {
+        self.network
+            .as_ref()
+            .map(|n| n.ingress_bytes_per_second + n.egress_bytes_per_second)
+            .unwrap_or(0.0)
+    }
 }
 
 /// The water level dimension of a resource name, if it is one.

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use orrery_api::cluster::{self, ClusterStatus};
+use orrery_api::cluster::ClusterStatus;
 use orrery_api::history::series::{self, ClusterSample, FleetSample};
-use orrery_api::{Object, Time, conditions, keys};
+use orrery_api::{Object, Time, keys};
 use orrery_store::{ListOptions, Store, StoreError};
 use tokio::sync::watch;
 
@@ -41,29 +41,18 @@ const AVERAGE_EVERY: Duration = Duration::from_secs(300);
 /// One cluster's figures now.
 pub fn sample_of(c: &Object) -> ClusterSample {
     let st = ClusterStatus::of(c);
-    let ready =
-        conditions::find(&st.conditions, cluster::CONDITION_READY).is_some_and(|r| r.is_true());
     let (level, levels) = match &st.water_level {
         Some(w) => (w.overall, w.dimensions.clone()),
         None => (0.0, BTreeMap::new()),
     };
     ClusterSample {
-        ready,
+        ready: st.ready(),
         level,
         levels,
         cpu_usage: st.metrics.as_ref().map(|m| m.cpu_usage),
         memory_available: st.metrics.as_ref().map(|m| m.memory_available),
-        pods: st.metrics.as_ref().and_then(|m| m.pods).or_else(|| {
-            st.resource_summary
-                .as_ref()
-                .and_then(|r| r.allocated.get("pods"))
-                .map(|q| q.value() as i64)
-        }),
-        traffic: st
-            .network
-            .as_ref()
-            .map(|n| n.ingress_bytes_per_second + n.egress_bytes_per_second)
-            .unwrap_or(0.0),
+        pods: st.pods(),
+        traffic: st.traffic(),
     }
 }
 

@@ -38,9 +38,7 @@ use orrery_api::binding::{ClusterDecision, TargetCluster};
 use orrery_api::cluster::ResourceList;
 use orrery_api::labels::Selector;
 use orrery_api::overrides::CompiledAffinity;
-use orrery_api::policy::{
-    AGGREGATED, AVAILABLE_REPLICAS, ClusterAffinity, Placement, Target, WATER_LEVEL,
-};
+use orrery_api::policy::{AGGREGATED, AVAILABLE_REPLICAS, ClusterAffinity, Placement, Target};
 
 pub use divide::divide;
 pub use filter::Filter;
@@ -466,19 +464,23 @@ fn round2(x: f64) -> f64 {
 
 /// How a placement divides replicas.
 fn strategy_of(task: &Task<'_>) -> &'static str {
-    let p = task.placement;
-    if !task.divisible || !p.divided() {
+    strategy(task.placement, task.divisible)
+}
+
+/// How a placement divides the replicas of a kind (`divisible`: whether the kind's replicas
+/// can be split): Duplicated, Aggregated, AvailableReplicas, StaticWeight or WaterLevel.
+pub fn strategy(p: &Placement, divisible: bool) -> &'static str {
+    if !divisible || !p.divided() {
         return "Duplicated";
     }
     let rs = p.replica_scheduling.as_ref();
     if rs.is_some_and(|r| r.replica_division_preference == AGGREGATED) {
         return "Aggregated";
     }
-    let w = rs.and_then(|r| r.weight_preference.as_ref());
-    match w {
+    match rs.and_then(|r| r.weight_preference.as_ref()) {
         Some(w) if w.dynamic_weight == AVAILABLE_REPLICAS => "AvailableReplicas",
         Some(w) if !w.static_weight_list.is_empty() => "StaticWeight",
-        Some(w) if w.dynamic_weight == WATER_LEVEL || w.dynamic_weight.is_empty() => "WaterLevel",
+        // No weights, or `dynamicWeight: WaterLevel`.
         _ => "WaterLevel",
     }
 }

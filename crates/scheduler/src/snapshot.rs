@@ -77,26 +77,6 @@ impl ClusterSnapshot {
             properties: &self.properties,
         }
     }
-
-    /// How many more replicas of `request` fit by requests alone (Karmada's view, which
-    /// ignores actual usage); `None` when the cluster reports no capacity or the replica asks
-    /// for nothing.
-    pub fn available_replicas(&self, request: &ResourceList) -> Option<i64> {
-        if self.allocatable.is_empty() {
-            return None;
-        }
-        let mut fit: Option<i64> = None;
-        for (k, need) in request {
-            if need.nanos() <= 0 {
-                continue;
-            }
-            let have = self.allocatable.get(k).map(|q| q.nanos()).unwrap_or(0);
-            let used = self.allocated.get(k).map(|q| q.nanos()).unwrap_or(0);
-            let n = ((have - used).max(0) / need.nanos()) as i64;
-            fit = Some(fit.map_or(n, |f| f.min(n)));
-        }
-        fit
-    }
 }
 
 /// The numbers of one cluster, ready for arithmetic.

@@ -195,7 +195,6 @@ pub async fn status(
     if !reply.ok() {
         return Err(reply.error("BINDING_NOT_FOUND", "CONFLICT", json!({ "bindingId": id })));
     }
-    let b: Object = serde_json::from_value(reply.body)
-        .map_err(|e| DroError::new(500, "INTERNAL", e.to_string()))?;
+    let b = reply.object()?;
     Ok(h::json(StatusCode::OK, &status_view(id, &b)))
 }

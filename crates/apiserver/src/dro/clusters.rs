@@ -117,8 +117,7 @@ pub async fn register(
         }
         return Err(e);
     }
-    let o: Object = serde_json::from_value(r.body)
-        .map_err(|e| DroError::new(500, "INTERNAL", e.to_string()))?;
+    let o = r.object()?;
     Ok(h::json(StatusCode::CREATED, &view(&o)))
 }
 

@@ -26,6 +26,11 @@ impl Reply {
         self.status < 300
     }
 
+    /// The object a successful call answered with.
+    pub fn object(self) -> Result<orrery_api::Object, DroError> {
+        serde_json::from_value(self.body).map_err(DroError::internal)
+    }
+
     /// The DRO-DS error for a failed call: `not_found` and `exists` name the codes for a
     /// missing object and a name already taken; `details` are added to what the Status says.
     pub fn error(&self, not_found: &'static str, exists: &'static str, details: Value) -> DroError {
@@ -84,7 +89,7 @@ pub async fn call(
     body: Option<&Value>,
 ) -> Result<Reply, DroError> {
     let bytes = match body {
-        Some(v) => Bytes::from(serde_json::to_vec(v).map_err(internal)?),
+        Some(v) => Bytes::from(serde_json::to_vec(v).map_err(DroError::internal)?),
         None => Bytes::new(),
     };
     let req = Request::builder()
@@ -92,15 +97,19 @@ pub async fn call(
         .uri(path)
         .header(http::header::CONTENT_TYPE, content_type)
         .header(http::header::ACCEPT, "application/json");
-    let req = req.body(Full::new(bytes)).map_err(internal)?;
+    let req = req.body(Full::new(bytes)).map_err(DroError::internal)?;
     let resp = app.kube_call(who, req).await;
     let status = resp.status().as_u16();
-    let collected = resp.into_body().collect().await.map_err(internal)?;
+    let collected = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(DroError::internal)?;
     let raw = collected.to_bytes();
     let body = if raw.is_empty() {
         Value::Null
     } else {
-        serde_json::from_slice(&raw).map_err(internal)?
+        serde_json::from_slice(&raw).map_err(DroError::internal)?
     };
     Ok(Reply { status, body })
 }
@@ -130,8 +139,4 @@ pub async fn list(
         http::StatusCode::OK,
         &json!({ "items": items, "count": items.len() }),
     ))
-}
-
-fn internal(e: impl std::fmt::Display) -> DroError {
-    DroError::new(500, "INTERNAL", e.to_string())
 }

@@ -73,7 +73,7 @@ pub async fn schedules(
         .store
         .list(history::PREFIX, &ListOptions::default())
         .await
-        .map_err(|e| DroError::new(500, "INTERNAL", e.to_string()))?;
+        .map_err(DroError::internal)?;
     let mut out: Vec<ScheduleEntry> = Vec::new();
     'records: for o in list.items.iter().rev() {
         let Some(spec) = o

@@ -72,6 +72,11 @@ impl DroError {
         self
     }
 
+    /// A fault of the server.
+    pub fn internal(e: impl std::fmt::Display) -> Self {
+        DroError::new(500, "INTERNAL", e.to_string())
+    }
+
     pub fn validation(message: impl Into<String>) -> Self {
         DroError::new(400, "VALIDATION_FAILED", message)
     }

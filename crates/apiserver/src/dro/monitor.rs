@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use http::StatusCode;
 use orrery_api::cluster::{self, ClusterSpec, ClusterStatus, MetricsSummary, Taint};
 use orrery_api::history::{self, FailureRecord};
-use orrery_api::{Object, Quantity, Time, conditions, keys};
+use orrery_api::{Object, Quantity, Time, keys};
 use orrery_store::{ListOptions, StoreError};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -26,10 +26,6 @@ use crate::http::{self as h, Body};
 
 fn bad(message: impl Into<String>, field: &str) -> DroError {
     DroError::validation(message).with_details(json!({ "fields": [{"field": field}] }))
-}
-
-fn internal(e: impl std::fmt::Display) -> DroError {
-    DroError::new(500, "INTERNAL", e.to_string())
 }
 
 /// Only an administrator, or the cluster's own agent, may speak for a cluster.
@@ -67,7 +63,7 @@ async fn update_cluster(
     let reg = app.resources.snapshot();
     let rt = reg
         .by_kind(cluster::GROUP, "Cluster")
-        .ok_or_else(|| internal("the Cluster kind is not registered"))?;
+        .ok_or_else(|| DroError::internal("the Cluster kind is not registered"))?;
     for _ in 0..5 {
         let current = match app.store.get(&key).await {
             Ok(o) => o,
@@ -79,7 +75,7 @@ async fn update_cluster(
                 )
                 .with_details(json!({ "clusterName": name })));
             }
-            Err(e) => return Err(internal(e)),
+            Err(e) => return Err(DroError::internal(e)),
         };
         let mut next = current.clone();
         change(&mut next)?;
@@ -87,7 +83,7 @@ async fn update_cluster(
         match app.store.update(&key, next, current.revision()).await {
             Ok(o) => return Ok((*o).clone()),
             Err(StoreError::Conflict { .. }) => continue,
-            Err(e) => return Err(internal(e)),
+            Err(e) => return Err(DroError::internal(e)),
         }
     }
     Err(DroError::new(
@@ -198,7 +194,7 @@ pub async fn metrics(
             }
         }
         st.metrics = Some(summary.clone());
-        c.status = Some(serde_json::to_value(&st).map_err(internal)?);
+        c.status = Some(serde_json::to_value(&st).map_err(DroError::internal)?);
         Ok(())
     })
     .await?;
@@ -260,7 +256,7 @@ pub async fn event(
             )
             .with_details(json!({ "clusterName": e.cluster })));
         }
-        Err(err) => return Err(internal(err)),
+        Err(err) => return Err(DroError::internal(err)),
     };
     let unique = uuid::Uuid::new_v4().simple().to_string();
     let failure = e.type_ == "Failure";
@@ -273,7 +269,10 @@ pub async fn event(
             message: e.message.clone(),
         };
         let (key, o) = history::failure_entry(&rec, &unique[..8]);
-        app.store.create(&key, o).await.map_err(internal)?;
+        app.store
+            .create(&key, o)
+            .await
+            .map_err(DroError::internal)?;
     }
     // A Kubernetes Event too, so `kubectl describe cluster` shows it.
     let name = format!("{}.{}", e.cluster, &unique[..16]);
@@ -307,7 +306,7 @@ pub async fn event(
     app.store
         .create(&keys::well_known::event("default", &name), ev)
         .await
-        .map_err(internal)?;
+        .map_err(DroError::internal)?;
     Ok(h::json(
         StatusCode::CREATED,
         &json!({ "cluster": e.cluster, "recorded": true, "failure": failure }),
@@ -365,7 +364,7 @@ pub async fn configs(
         if let Some(p) = &c.properties {
             let mut st = ClusterStatus::of(o);
             st.properties = p.clone();
-            o.status = Some(serde_json::to_value(&st).map_err(internal)?);
+            o.status = Some(serde_json::to_value(&st).map_err(DroError::internal)?);
         }
         Ok(())
     })
@@ -380,7 +379,7 @@ pub async fn realtime(app: &App, who: &Identity) -> Result<http::Response<Body>,
         .store
         .list(&keys::well_known::clusters(), &ListOptions::default())
         .await
-        .map_err(internal)?;
+        .map_err(DroError::internal)?;
     let (mut active, mut pods, mut traffic) = (0usize, 0i64, 0.0f64);
     let mut clusters = Vec::new();
     let (mut taken, mut cap) = (
@@ -389,28 +388,13 @@ pub async fn realtime(app: &App, who: &Identity) -> Result<http::Response<Body>,
     );
     for c in &list.items {
         let st = ClusterStatus::of(c);
-        let ready =
-            conditions::find(&st.conditions, cluster::CONDITION_READY).is_some_and(|r| r.is_true());
+        let ready = st.ready();
         if ready {
             active += 1;
         }
-        let running = st
-            .metrics
-            .as_ref()
-            .and_then(|m| m.pods)
-            .or_else(|| {
-                st.resource_summary
-                    .as_ref()
-                    .and_then(|r| r.allocated.get("pods"))
-                    .map(|q| q.value() as i64)
-            })
-            .unwrap_or(0);
+        let running = st.pods().unwrap_or(0);
         pods += running;
-        let t = st
-            .network
-            .as_ref()
-            .map(|n| n.ingress_bytes_per_second + n.egress_bytes_per_second)
-            .unwrap_or(0.0);
+        let t = st.traffic();
         traffic += t;
         if ready && let Some(rs) = &st.resource_summary {
             for (res, q) in &rs.allocatable {
@@ -481,7 +465,7 @@ pub async fn failures(
         .store
         .list(history::FAILURES_PREFIX, &ListOptions::default())
         .await
-        .map_err(internal)?;
+        .map_err(DroError::internal)?;
     let mut out: Vec<FailureRecord> = Vec::new();
     for o in list.items.iter().rev() {
         let Some(rec) = o
@@ -545,7 +529,7 @@ pub async fn series(
         .store
         .list(prefix, &ListOptions::default())
         .await
-        .map_err(internal)?;
+        .map_err(DroError::internal)?;
     let mut points: Vec<Value> = Vec::new();
     for o in list.items.iter().rev() {
         let Some(mut s) = o

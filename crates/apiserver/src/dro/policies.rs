@@ -135,8 +135,7 @@ async fn get_ours(app: &Arc<App>, who: &Identity, name: &str) -> Result<Object, 
             json!({ "policyName": name }),
         ));
     }
-    let o: Object = serde_json::from_value(r.body)
-        .map_err(|e| DroError::new(500, "INTERNAL", e.to_string()))?;
+    let o = r.object()?;
     // Policies made with kubectl are not this API's to show in the short form.
     if !is_ours(&o) {
         return Err(not_found(name));
@@ -184,8 +183,7 @@ pub async fn create(
         }
         return Err(e);
     }
-    let o: Object = serde_json::from_value(r.body)
-        .map_err(|e| DroError::new(500, "INTERNAL", e.to_string()))?;
+    let o = r.object()?;
     Ok(h::json(StatusCode::CREATED, &view(&o)))
 }
 
@@ -229,8 +227,7 @@ pub async fn patch(
             .with_details(json!({ "policyName": name, "fields": [{"field": "name", "message": "cannot change"}] })));
     }
     let spec = spec_of(app, &s)?;
-    let mut next = serde_json::to_value(&current)
-        .map_err(|e| DroError::new(500, "INTERNAL", e.to_string()))?;
+    let mut next = serde_json::to_value(&current).map_err(DroError::internal)?;
     next["spec"]["resourceSelectors"] = spec["resourceSelectors"].clone();
     next["spec"]["placement"]["clusterAffinity"] = spec["placement"]["clusterAffinity"].clone();
     if next["spec"]["placement"]["clusterAffinity"].is_null()
@@ -255,8 +252,7 @@ pub async fn patch(
             json!({ "policyName": name }),
         ));
     }
-    let o: Object = serde_json::from_value(r.body)
-        .map_err(|e| DroError::new(500, "INTERNAL", e.to_string()))?;
+    let o = r.object()?;
     Ok(h::json(StatusCode::OK, &view(&o)))
 }
 

@@ -26,7 +26,7 @@ use orrery_api::binding::{
     self, AggregatedStatusItem, BindingSpec, BindingStatus, CONDITION_SCHEDULED, Eviction,
     TargetCluster,
 };
-use orrery_api::cluster::{CONDITION_READY, ClusterSpec, ClusterStatus};
+use orrery_api::cluster::{ClusterSpec, ClusterStatus};
 use orrery_api::conditions::{self, Condition};
 use orrery_api::history::{self, ScheduleEntry};
 use orrery_api::policy::DEFAULT_FAILOVER_TOLERATION_SECONDS;
@@ -143,7 +143,13 @@ enum Src {
 pub fn snapshot_of(c: &Object) -> ClusterSnapshot {
     let spec = ClusterSpec::of(c);
     let st = ClusterStatus::of(c);
-    let ready = conditions::find(&st.conditions, CONDITION_READY).is_some_and(|r| r.is_true());
+    let ready = st.ready();
+    let traffic = st.traffic();
+    let latency_ms = st
+        .network
+        .as_ref()
+        .map(|n| n.latency_ms.clone())
+        .unwrap_or_default();
     let api_kinds = (!st.api_enablements.is_empty()).then(|| {
         st.api_enablements
             .iter()
@@ -166,13 +172,7 @@ pub fn snapshot_of(c: &Object) -> ClusterSnapshot {
         }
         None => Default::default(),
     };
-    let (latency_ms, traffic) = match st.network {
-        Some(n) => (
-            n.latency_ms,
-            n.ingress_bytes_per_second + n.egress_bytes_per_second,
-        ),
-        None => Default::default(),
-    };
+
     ClusterSnapshot {
         name: c.name().to_string(),
         labels: c.metadata.labels.clone(),
@@ -1050,17 +1050,7 @@ fn placed_on(b: &Object) -> Vec<String> {
 /// Whether the scheduler may move a binding's replicas for load: only those it divides by
 /// water level (Karmada's modes keep Karmada's behaviour).
 fn sheddable(spec: &BindingSpec) -> bool {
-    let p = &spec.placement;
-    let Some(rs) = &p.replica_scheduling else {
-        return false;
-    };
-    if !p.divided() || rs.replica_division_preference == orrery_api::policy::AGGREGATED {
-        return false;
-    }
-    rs.weight_preference.as_ref().is_none_or(|w| {
-        w.static_weight_list.is_empty()
-            && w.dynamic_weight != orrery_api::policy::AVAILABLE_REPLICAS
-    })
+    orrery_scheduler::strategy(&spec.placement, true) == "WaterLevel"
 }
 
 fn placed_message(clusters: &[TargetCluster]) -> String {
