@@ -361,8 +361,16 @@ async fn metrics_events_configs_and_the_monitoring_view() {
         "{v}"
     );
     assert_eq!(v["clusters"].as_array().unwrap().len(), 2, "{v}");
-    // Prometheus exposition: request latencies, water levels, the scheduler.
-    let (code, headers, _) = send(&c, req("GET", "/metrics", JSON, Value::Null), None).await;
+    // Prometheus exposition: request latencies, water levels, the scheduler. OpenMetrics for
+    // a scraper that asks for it (Prometheus does), the classic text format otherwise.
+    let mut om = req("GET", "/metrics", JSON, Value::Null);
+    om.headers_mut().insert(
+        "Accept",
+        "application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"
+            .parse()
+            .unwrap(),
+    );
+    let (code, headers, _) = send(&c, om.clone(), None).await;
     assert_eq!(code, 200);
     assert!(
         headers["content-type"]
@@ -371,10 +379,29 @@ async fn metrics_events_configs_and_the_monitoring_view() {
             .starts_with("application/openmetrics-text"),
         "{headers:?}"
     );
+    let openmetrics = c.request_text(om).await.unwrap();
+    assert!(openmetrics.trim_end().ends_with("# EOF"), "{openmetrics}");
+    assert!(
+        openmetrics.contains("# TYPE orrery_scheduler_decisions counter"),
+        "{openmetrics}"
+    );
+    let (code, headers, _) = send(&c, req("GET", "/metrics", JSON, Value::Null), None).await;
+    assert_eq!(code, 200);
+    assert!(
+        headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4"),
+        "{headers:?}"
+    );
     let text = c
         .request_text(req("GET", "/metrics", JSON, Value::Null))
         .await
         .unwrap();
+    assert!(
+        text.contains("# TYPE orrery_scheduler_decisions_total counter"),
+        "{text}"
+    );
     for family in [
         "orrery_http_request_duration_seconds_bucket{",
         "orrery_cluster_water_level{cluster=\"aws-us-east\",dimension=\"cpu\"}",
@@ -386,7 +413,6 @@ async fn metrics_events_configs_and_the_monitoring_view() {
     ] {
         assert!(text.contains(family), "{family} missing:\n{text}");
     }
-    assert!(text.trim_end().ends_with("# EOF"), "{text}");
     // Every sample line is `name{labels} value`.
     for line in text
         .lines()
@@ -406,6 +432,28 @@ async fn metrics_events_configs_and_the_monitoring_view() {
             "{line}"
         );
     }
+    // Prometheus' own linter accepts it (`./scripts/test` provides promtool).
+    let promtool = std::env::var("ORRERY_PROMTOOL").unwrap_or_else(|_| "promtool".into());
+    let mut child = std::process::Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {promtool} ({e}); ./scripts/test provides it, or set ORRERY_PROMTOOL")
+        });
+    {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let (code, _, _) = send(&agent, req("GET", "/metrics", JSON, Value::Null), None).await;
     assert_eq!(code, 403);
 
@@ -456,4 +504,117 @@ async fn metrics_events_configs_and_the_monitoring_view() {
     // Agents do not read the fleet's monitoring view.
     let (code, v) = call(&agent, "GET", "/api/v1/monitor/realtime", Value::Null).await;
     assert_error(code, &v, 403, "FORBIDDEN");
+}
+
+/// 6.2.5, a standalone task (draft 7.1: requirements and priority, no template): placed like
+/// any binding, shown by kubectl, never rendered into Works, ended by DELETE.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_tasks_are_placed_and_ended() {
+    let sim = "nodes=2,cpu=8,memory=32Gi,load=0.2,start=100ms";
+    let f = common::fleet::Fleet::start_sims(
+        &[("east", "us-east", sim), ("west", "eu-west", sim)],
+        &[],
+    );
+    let c = f.s.client().await;
+    let task = json!({"task": {"name": "train", "replicas": 4, "priority": 5,
+        "requirements": {"cpu": "1", "memory": "1Gi"}}});
+    let (code, v) = call(&c, "POST", "/api/v1/bindings", task.clone()).await;
+    assert_eq!(code, 202, "{v}");
+    let id = v["bindingId"].as_str().unwrap().to_string();
+    assert_eq!(id, "orrery-system.train-task");
+    let status = format!("/api/v1/bindings/{id}/status");
+    let mut st = Value::Null;
+    for _ in 0..100 {
+        let (code, v) = call(&c, "GET", &status, Value::Null).await;
+        assert_eq!(code, 200, "{v}");
+        st = v;
+        if st["state"] == "Scheduled" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(st["state"], "Scheduled", "{st}");
+    assert_eq!((st["standalone"].as_bool(), st["priority"].as_i64()), (Some(true), Some(5)));
+    let placed: i64 = st["clusters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["replicas"].as_i64().unwrap())
+        .sum();
+    assert_eq!(placed, 4, "{st}");
+    assert_eq!(st["reasons"].as_array().map(Vec::len), Some(2), "{st}");
+    // kubectl sees the binding; no Work was rendered for it, and the controller that binds
+    // templates has left it alone.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rb = f.s.get_json(&["resourcebinding", "-n", "orrery-system", "train-task"]);
+    assert_eq!(rb["metadata"]["labels"]["multicluster.io/task"], "standalone", "{rb}");
+    assert_eq!(rb["spec"]["replicaRequirements"]["resourceRequest"]["cpu"], "1", "{rb}");
+    let works = f.s.get_json(&["works", "-A"]);
+    assert!(
+        !works.to_string().contains("train-task"),
+        "a standalone task got a Work: {works}"
+    );
+    // The same name twice; bad input.
+    let (code, v) = call(&c, "POST", "/api/v1/bindings", task).await;
+    assert_error(code, &v, 409, "BINDING_EXISTS");
+    assert_eq!(v["details"]["bindingId"], id.as_str());
+    for (body, field) in [
+        (json!({"task": {"name": "x", "replicas": 0}}), "task.replicas"),
+        (json!({"task": {"name": "x", "requirements": {"cpu": "-2"}}}), "task.requirements[cpu]"),
+        (json!({"task": {"name": "x", "namespace": "nowhere"}}), "task.namespace"),
+        (json!({"task": {"name": "x", "placement": {"waterLevelLimit": 7}}}), "task.placement.waterLevelLimit"),
+        (json!({"task": {"name": "x"}, "resource": {"apiVersion": "v1", "kind": "ConfigMap", "name": "c"}}), "task"),
+    ] {
+        let (code, v) = call(&c, "POST", "/api/v1/bindings", body.clone()).await;
+        assert_error(code, &v, 400, "VALIDATION_FAILED");
+        assert!(
+            v["details"]["fields"].as_array().is_some_and(|f| f.iter().any(|e| e["field"] == field)),
+            "{body}: {v}"
+        );
+    }
+    let (code, v) = call(&c, "POST", "/api/v1/bindings", json!({"task": {"name": "x", "gpus": 1}})).await;
+    assert_error(code, &v, 400, "VALIDATION_FAILED");
+    // More than the fleet has: unschedulable, and why.
+    let huge = json!({"task": {"name": "huge", "requirements": {"cpu": "64"}}});
+    let (code, v) = call(&c, "POST", "/api/v1/bindings", huge).await;
+    assert_eq!(code, 202, "{v}");
+    let huge_status = "/api/v1/bindings/orrery-system.huge-task/status";
+    let mut st = Value::Null;
+    for _ in 0..100 {
+        st = call(&c, "GET", huge_status, Value::Null).await.1;
+        if st["state"] != "Pending" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(st["state"], "Unschedulable", "{st}");
+    assert!(st["filtered"].as_object().is_some_and(|f| !f.is_empty()), "{st}");
+    assert!(st["clusters"].as_array().unwrap().is_empty(), "{st}");
+
+    // A template's binding is not a task to end.
+    f.s.apply(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cfg, namespace: default}\ndata: {a: b}\n---\n\
+         apiVersion: policy.karmada.io/v1alpha1\nkind: PropagationPolicy\nmetadata: {name: cfg, namespace: default}\n\
+         spec:\n  resourceSelectors: [{apiVersion: v1, kind: ConfigMap, name: cfg}]\n  placement: {clusterAffinity: {clusterNames: [east]}}\n",
+    );
+    let mut code = 0;
+    for _ in 0..100 {
+        code = call(&c, "GET", "/api/v1/bindings/default.cfg-configmap/status", Value::Null).await.0;
+        if code == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(code, 200);
+    let (code, v) = call(&c, "DELETE", "/api/v1/bindings/default.cfg-configmap", Value::Null).await;
+    assert_error(code, &v, 409, "CONFLICT");
+    assert!(f.s.kubectl(&["get", "resourcebinding", "-n", "default", "cfg-configmap"]).status.success());
+
+    // DELETE ends the task; then it is gone, and a second DELETE finds nothing.
+    let (code, v) = call(&c, "DELETE", &format!("/api/v1/bindings/{id}"), Value::Null).await;
+    assert_eq!((code, &v["state"]), (200, &json!("Deleted")), "{v}");
+    let (code, v) = call(&c, "GET", &status, Value::Null).await;
+    assert_error(code, &v, 404, "BINDING_NOT_FOUND");
+    let (code, v) = call(&c, "DELETE", &format!("/api/v1/bindings/{id}"), Value::Null).await;
+    assert_error(code, &v, 404, "BINDING_NOT_FOUND");
 }

@@ -8,8 +8,13 @@ use serde_json::Value;
 
 use crate::cluster::ResourceList;
 use crate::conditions::Condition;
-use crate::policy::{ApplicationFailover, Placement, PolicyRef, Suspension, Target};
+use crate::policy::{
+    ApplicationFailover, DIVIDED, Placement, PolicyRef, ReplicaScheduling, Suspension, Target,
+};
 use crate::time::Time;
+use crate::validation::{
+    ErrorList, FieldError, is_dns1123_label, is_dns1123_subdomain, is_qualified_name,
+};
 use crate::work::{ConflictResolution, Health};
 
 pub const API_VERSION: &str = "multicluster.io/v1alpha1";
@@ -30,6 +35,13 @@ pub const POLICY_ANNOTATION: &str = "multicluster.io/policy";
 /// it answered is in `status.rescheduleObserved` (`POST /api/v1/bindings` uses it).
 pub const RESCHEDULE_ANNOTATION: &str = "multicluster.io/reschedule";
 
+/// `spec.resource.kind` of a standalone task's binding (`POST /api/v1/bindings` with a
+/// `task`): the scheduler places it like any binding, but there is no template and no Work;
+/// whoever submitted the task runs it where the decision says.
+pub const TASK_KIND: &str = "Task";
+/// Label on a standalone task's binding.
+pub const TASK_LABEL: &str = "multicluster.io/task";
+
 /// The template a binding is for.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -44,6 +56,132 @@ pub struct ObjectReference {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub resource_version: String,
 }
+
+impl ObjectReference {
+    /// Whether this names a standalone task rather than a template.
+    pub fn is_task(&self) -> bool {
+        self.kind == TASK_KIND && self.api_version == API_VERSION
+    }
+}
+
+/// A standalone scheduling task (draft 7.1): how many replicas, what each needs, how urgent it
+/// is, and where it may go. It becomes a ResourceBinding without a template.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Task {
+    pub name: String,
+    /// Where its binding lives; `orrery-system` when empty.
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default = "one")]
+    pub replicas: i64,
+    /// What each replica needs (`cpu`, `memory`, `nvidia.com/gpu`...).
+    #[serde(default)]
+    pub requirements: ResourceList,
+    /// Higher is decided first.
+    #[serde(default)]
+    pub priority: i32,
+    /// Where it may go and how its replicas divide; by default divided by water level over
+    /// every ready cluster.
+    #[serde(default)]
+    pub placement: Option<Placement>,
+}
+
+fn one() -> i64 {
+    1
+}
+
+/// Most replicas one task may ask for.
+pub const TASK_MAX_REPLICAS: i64 = 100_000;
+
+impl Task {
+    /// Field errors, with paths under `task.`.
+    pub fn validate(&self) -> ErrorList {
+        let mut errs = ErrorList::new();
+        if self.name.is_empty() {
+            errs.push(FieldError::required("task.name", ""));
+        } else {
+            for m in is_dns1123_subdomain(&self.name) {
+                errs.push(FieldError::invalid("task.name", &self.name, m));
+            }
+            // Room for the binding name's suffix.
+            if self.name.len() > 240 {
+                errs.push(FieldError::too_long("task.name", 240));
+            }
+        }
+        if !self.namespace.is_empty() {
+            for m in is_dns1123_label(&self.namespace) {
+                errs.push(FieldError::invalid("task.namespace", &self.namespace, m));
+            }
+        }
+        if !(1..=TASK_MAX_REPLICAS).contains(&self.replicas) {
+            errs.push(FieldError::invalid(
+                "task.replicas",
+                self.replicas,
+                format!("must be between 1 and {TASK_MAX_REPLICAS}"),
+            ));
+        }
+        for (name, q) in &self.requirements {
+            let path = format!("task.requirements[{name}]");
+            for m in is_qualified_name(name) {
+                errs.push(FieldError::invalid(&path, name, m));
+            }
+            if q.is_negative() {
+                errs.push(FieldError::invalid(&path, q, "must not be negative"));
+            }
+        }
+        if let Some(p) = &self.placement {
+            p.validate("task.placement", &mut errs);
+        }
+        errs
+    }
+
+    /// The namespace of the task's binding.
+    pub fn binding_namespace(&self) -> &str {
+        if self.namespace.is_empty() {
+            SYSTEM_NAMESPACE
+        } else {
+            &self.namespace
+        }
+    }
+
+    /// The binding's name: the task's name with a suffix no template kind produces.
+    pub fn binding_name(&self) -> String {
+        name_for(TASK_KIND, &self.name)
+    }
+
+    /// The binding spec the scheduler decides for.
+    pub fn spec(&self) -> BindingSpec {
+        let mut placement = self.placement.clone().unwrap_or_default();
+        // A task's replicas are divided unless it says otherwise (Karmada's default,
+        // Duplicated, would run every replica count in every cluster).
+        if placement.replica_scheduling.is_none() {
+            placement.replica_scheduling = Some(ReplicaScheduling {
+                replica_scheduling_type: DIVIDED.into(),
+                ..Default::default()
+            });
+        }
+        BindingSpec {
+            resource: ObjectReference {
+                api_version: API_VERSION.into(),
+                kind: TASK_KIND.into(),
+                namespace: self.binding_namespace().to_string(),
+                name: self.name.clone(),
+                ..Default::default()
+            },
+            replicas: self.replicas,
+            replica_requirements: (!self.requirements.is_empty()).then(|| ReplicaRequirements {
+                resource_request: self.requirements.clone(),
+            }),
+            placement,
+            priority: self.priority,
+            ..Default::default()
+        }
+    }
+}
+
+/// Where bindings of cluster-scoped templates and standalone tasks without a namespace live.
+pub const SYSTEM_NAMESPACE: &str = "orrery-system";
 
 /// Another object a template needs in the same cluster (a ConfigMap it mounts...).
 #[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -237,6 +375,59 @@ pub fn work_name(namespace: &str, binding: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn task(v: serde_json::Value) -> Result<Task, serde_json::Error> {
+        serde_json::from_value(v)
+    }
+
+    #[test]
+    fn standalone_tasks() {
+        let t = task(serde_json::json!({
+            "name": "train", "replicas": 4, "priority": 7,
+            "requirements": {"cpu": "2", "nvidia.com/gpu": "1"},
+        }))
+        .unwrap();
+        assert!(t.validate().is_empty(), "{:?}", t.validate());
+        assert_eq!(t.binding_namespace(), SYSTEM_NAMESPACE);
+        assert_eq!(t.binding_name(), "train-task");
+        let spec = t.spec();
+        assert!(spec.resource.is_task());
+        assert_eq!((spec.replicas, spec.priority), (4, 7));
+        // Divided by default: a task's replicas are a total, not a count per cluster.
+        assert!(spec.placement.divided());
+        let req = &spec.replica_requirements.unwrap().resource_request;
+        assert_eq!(req["cpu"].milli_value(), 2000);
+        // An explicit Duplicated stays.
+        let t = task(serde_json::json!({"name": "d", "placement": {"replicaScheduling": {"replicaSchedulingType": "Duplicated"}}})).unwrap();
+        assert_eq!(t.replicas, 1);
+        assert!(!t.spec().placement.divided());
+        // A template's reference is not a task's.
+        let r = ObjectReference { api_version: "apps/v1".into(), kind: TASK_KIND.into(), ..Default::default() };
+        assert!(!r.is_task());
+    }
+
+    #[test]
+    fn bad_tasks() {
+        for (body, field) in [
+            (serde_json::json!({"name": ""}), "task.name"),
+            (serde_json::json!({"name": "Not_A_Name"}), "task.name"),
+            (serde_json::json!({"name": "a", "namespace": "a.b"}), "task.namespace"),
+            (serde_json::json!({"name": "a", "replicas": 0}), "task.replicas"),
+            (serde_json::json!({"name": "a", "replicas": 100_001}), "task.replicas"),
+            (serde_json::json!({"name": "a", "requirements": {"cpu": "-1"}}), "task.requirements[cpu]"),
+            (serde_json::json!({"name": "a", "requirements": {"bad name!": "1"}}), "task.requirements[bad name!]"),
+            (
+                serde_json::json!({"name": "a", "placement": {"waterLevelLimit": 2.0}}),
+                "task.placement.waterLevelLimit",
+            ),
+        ] {
+            let errs = task(body.clone()).unwrap().validate();
+            assert!(errs.iter().any(|e| e.field == field), "{body}: {errs:?}");
+        }
+        // Unknown fields and wrong types do not parse.
+        assert!(task(serde_json::json!({"name": "a", "gpu": 1})).is_err());
+        assert!(task(serde_json::json!({"name": "a", "requirements": {"cpu": "lots"}})).is_err());
+    }
 
     #[test]
     fn names() {

@@ -290,7 +290,8 @@ pub struct Placement {
 }
 
 impl Placement {
-    fn validate(&self, path: &str, errs: &mut ErrorList) {
+    /// Appends the errors of the placement at `path` to `errs`.
+    pub fn validate(&self, path: &str, errs: &mut ErrorList) {
         if self.cluster_affinity.is_some() && !self.cluster_affinities.is_empty() {
             errs.push(FieldError::forbidden(
                 format!("{path}.clusterAffinities"),

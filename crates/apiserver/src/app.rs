@@ -250,12 +250,22 @@ impl App {
                     .render(self.store.as_ref())
                     .await
                     .map_err(|e| ApiError::internal(e.to_string()))?;
+                let accept = parts
+                    .headers
+                    .get(http::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok());
+                let (text, ct) = if crate::metrics::wants_openmetrics(accept) {
+                    (text, crate::metrics::OPENMETRICS)
+                } else {
+                    (
+                        crate::metrics::to_prometheus_text(&text),
+                        crate::metrics::PROMETHEUS_TEXT,
+                    )
+                };
                 let mut r = Response::new(h::full(text));
                 r.headers_mut().insert(
                     http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static(
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    ),
+                    http::HeaderValue::from_static(ct),
                 );
                 Ok(r)
             }

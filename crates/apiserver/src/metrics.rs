@@ -176,6 +176,82 @@ impl Metrics {
     }
 }
 
+/// The content type of the OpenMetrics exposition.
+pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of Prometheus' classic text exposition.
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Whether a scraper's `Accept` header asks for OpenMetrics (Prometheus does; `curl` and
+/// `promtool` read the classic text format, as `client_golang` serves them by default).
+pub fn wants_openmetrics(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| {
+        a.split(',').any(|part| {
+            let mut fields = part.split(';').map(str::trim);
+            let ty = fields.next().unwrap_or("");
+            // `q=0` refuses the type.
+            let refused = fields.any(|f| {
+                f.strip_prefix("q=")
+                    .and_then(|q| q.parse::<f64>().ok())
+                    .is_some_and(|q| q <= 0.0)
+            });
+            ty.eq_ignore_ascii_case("application/openmetrics-text") && !refused
+        })
+    })
+}
+
+/// Rewrites an OpenMetrics text exposition (what `prometheus-client` encodes) in Prometheus'
+/// classic text format 0.0.4: a counter family is named with its `_total` suffix, its
+/// `_created` samples go, `unknown` becomes `untyped`, and `# UNIT` and `# EOF` lines go.
+pub fn to_prometheus_text(openmetrics: &str) -> String {
+    use std::collections::HashSet;
+    let meta = |line: &str, tag: &str| -> Option<(String, String)> {
+        let rest = line.strip_prefix(tag)?;
+        let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+        Some((name.to_string(), tail.to_string()))
+    };
+    let counters: HashSet<String> = openmetrics
+        .lines()
+        .filter_map(|l| meta(l, "# TYPE "))
+        .filter(|(_, t)| t == "counter")
+        .map(|(n, _)| n)
+        .collect();
+    let created: HashSet<String> = counters.iter().map(|c| format!("{c}_created")).collect();
+    let mut out = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if let Some((name, tail)) = meta(line, "# HELP ").or_else(|| meta(line, "# TYPE ")) {
+            let tag = &line[..7];
+            let name = if counters.contains(&name) {
+                format!("{name}_total")
+            } else {
+                name
+            };
+            let tail = if tag == "# TYPE " && tail == "unknown" {
+                "untyped".to_string()
+            } else {
+                tail
+            };
+            out.push_str(tag);
+            out.push_str(&name);
+            if !tail.is_empty() || tag == "# TYPE " {
+                out.push(' ');
+                out.push_str(&tail);
+            }
+            out.push('\n');
+            continue;
+        }
+        let sample = line.split(['{', ' ']).next().unwrap_or("");
+        if created.contains(sample) {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 /// The resource a request path names: the plural of a Kubernetes resource, the first segment
 /// of a DRO-DS path, or the path's first segment.
 pub fn resource_of(path: &str) -> String {
@@ -199,6 +275,41 @@ pub fn resource_of(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn openmetrics_to_classic_text() {
+        let om = "# HELP a_requests Requests.\n# TYPE a_requests counter\n\
+                  a_requests_total{verb=\"get\"} 3\na_requests_created{verb=\"get\"} 1.7e9\n\
+                  # HELP b_bytes Size.\n# TYPE b_bytes gauge\n# UNIT b_bytes bytes\nb_bytes 5\n\
+                  # HELP c Whatever.\n# TYPE c unknown\nc 1\n\
+                  # HELP d_seconds Latency.\n# TYPE d_seconds histogram\n\
+                  d_seconds_bucket{le=\"+Inf\"} 2\nd_seconds_sum 0.5\nd_seconds_count 2\n\
+                  # EOF\n";
+        let want = "# HELP a_requests_total Requests.\n# TYPE a_requests_total counter\n\
+                    a_requests_total{verb=\"get\"} 3\n\
+                    # HELP b_bytes Size.\n# TYPE b_bytes gauge\nb_bytes 5\n\
+                    # HELP c Whatever.\n# TYPE c untyped\nc 1\n\
+                    # HELP d_seconds Latency.\n# TYPE d_seconds histogram\n\
+                    d_seconds_bucket{le=\"+Inf\"} 2\nd_seconds_sum 0.5\nd_seconds_count 2\n";
+        assert_eq!(to_prometheus_text(om), want);
+    }
+
+    #[test]
+    fn negotiation() {
+        for (accept, om) in [
+            (None, false),
+            (Some("*/*"), false),
+            (Some("text/plain"), false),
+            (
+                Some("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"),
+                true,
+            ),
+            (Some("text/plain, application/openmetrics-text; q=0"), false),
+            (Some("Application/OpenMetrics-Text"), true),
+        ] {
+            assert_eq!(wants_openmetrics(accept), om, "{accept:?}");
+        }
+    }
 
     #[test]
     fn paths_reduce_to_resources() {

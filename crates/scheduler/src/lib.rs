@@ -66,6 +66,7 @@ pub enum Mode {
 /// What to schedule.
 #[derive(Clone, Debug)]
 pub struct Task<'a> {
+    /// The API the workload needs in a member; empty for a standalone task, which needs none.
     pub api_version: &'a str,
     pub kind: &'a str,
     /// Replicas to place; for kinds without replicas, 0 (placed whole in each cluster).

@@ -513,6 +513,22 @@ fn targets_and_api_enablement() {
     );
 }
 
+/// A standalone task (no API named) is not held back by what the members serve; a workload
+/// is.
+#[test]
+fn standalone_tasks_need_no_api() {
+    let mut c = fleet();
+    for x in c.iter_mut() {
+        x.api_kinds = Some([("batch/v1".to_string(), "Job".to_string())].into());
+    }
+    let t = T::new(json!({"replicaScheduling": {"replicaSchedulingType": "Divided"}}), 3);
+    assert!(shares(&t.run(&c)).is_empty());
+    let mut task = t.task();
+    task.api_version = "";
+    let d = schedule(&Fleet::new(c.clone()), &task, &Config::default());
+    assert_eq!(d.clusters.iter().map(|x| x.replicas).sum::<i64>(), 3);
+}
+
 /// The property the issue asks of water-filling: after placing, no eligible cluster that
 /// received replicas sits higher than another eligible cluster could have taken them to.
 #[test]

@@ -1,15 +1,24 @@
-//! Task scheduling (draft 6.2.5): `POST /api/v1/bindings` asks for a fresh cross-domain
-//! decision for a template that a policy places, and returns the task's id;
-//! `GET /api/v1/bindings/{bindingId}/status` says where it stands, where it went and why.
+//! Task scheduling (draft 6.2.5): `POST /api/v1/bindings` starts a cross-domain scheduling
+//! task and returns its id; `GET /api/v1/bindings/{bindingId}/status` says where it stands,
+//! where it went and why; `DELETE /api/v1/bindings/{bindingId}` ends a standalone task.
 //!
-//! A task is a ResourceBinding: the request sets its reschedule annotation (through the
-//! Kubernetes handlers, as the caller), the scheduler answers with a fresh division, and the
-//! answer is the binding's status. The id is `<namespace>.<binding name>`.
+//! A task is a ResourceBinding, of one of two sorts:
+//! - `{"resource": {...}}`: a fresh decision for a template a policy already places. The
+//!   request sets the binding's reschedule annotation (through the Kubernetes handlers, as the
+//!   caller), and the scheduler answers with a fresh division.
+//! - `{"task": {...}}`: a standalone task (draft 7.1: requirements and priority, no template).
+//!   A binding is created for it; the scheduler places it like any other and counts it against
+//!   the clusters it chose; no Work is rendered, the submitter runs it where it was placed.
+//!
+//! Either way the answer is the binding's status. The id is `<namespace>.<binding name>`.
 
 use std::sync::Arc;
 
 use http::{Method, StatusCode};
-use orrery_api::binding::{self, BindingStatus, CONDITION_SCHEDULED, RESCHEDULE_ANNOTATION};
+use orrery_api::binding::{
+    self, BindingStatus, CONDITION_SCHEDULED, RESCHEDULE_ANNOTATION, SYSTEM_NAMESPACE, TASK_LABEL,
+    Task,
+};
 use orrery_api::{Object, Time, conditions};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -18,9 +27,6 @@ use super::{DroError, forward};
 use crate::app::App;
 use crate::auth::Identity;
 use crate::http::{self as h, Body};
-
-/// Cluster-scoped templates' bindings live here.
-const SYSTEM_NAMESPACE: &str = "orrery-system";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -32,18 +38,45 @@ struct Resource {
     name: String,
 }
 
+/// Exactly one of the two.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Submit {
-    resource: Resource,
+    #[serde(default)]
+    resource: Option<Resource>,
+    #[serde(default)]
+    task: Option<Task>,
+}
+
+fn collection(namespace: &str) -> String {
+    format!("/apis/multicluster.io/v1alpha1/namespaces/{namespace}/resourcebindings")
 }
 
 fn path(namespace: &str, name: &str) -> String {
-    format!("/apis/multicluster.io/v1alpha1/namespaces/{namespace}/resourcebindings/{name}")
+    format!("{}/{name}", collection(namespace))
 }
 
 fn not_found(id: &str, message: String) -> DroError {
     DroError::new(404, "BINDING_NOT_FOUND", message).with_details(json!({ "bindingId": id }))
+}
+
+fn accepted(id: &str) -> http::Response<Body> {
+    h::json(
+        StatusCode::ACCEPTED,
+        &json!({
+            "bindingId": id,
+            "state": "Pending",
+            "statusUrl": format!("/api/v1/bindings/{id}/status"),
+        }),
+    )
+}
+
+fn field_errors(errs: &[orrery_api::validation::FieldError]) -> Value {
+    json!(
+        errs.iter()
+            .map(|e| json!({"field": e.field, "message": e.detail}))
+            .collect::<Vec<_>>()
+    )
 }
 
 pub async fn submit(
@@ -53,7 +86,85 @@ pub async fn submit(
 ) -> Result<http::Response<Body>, DroError> {
     let s: Submit = serde_json::from_slice(body)
         .map_err(|e| DroError::validation(format!("the body is not a valid task: {e}")))?;
-    let r = &s.resource;
+    match (s.resource, s.task) {
+        (Some(r), None) => reschedule(app, who, &r).await,
+        (None, Some(t)) => standalone(app, who, &t).await,
+        _ => Err(DroError::validation(
+            "give either `resource` (a template a policy places) or `task` (a standalone task)",
+        )
+        .with_details(json!({ "fields": [
+            {"field": "resource", "message": "exactly one of resource and task"},
+            {"field": "task", "message": "exactly one of resource and task"},
+        ] }))),
+    }
+}
+
+/// A standalone task: its binding is created, and the scheduler takes it from there.
+async fn standalone(
+    app: &Arc<App>,
+    who: &Identity,
+    t: &Task,
+) -> Result<http::Response<Body>, DroError> {
+    let errs = t.validate();
+    if !errs.is_empty() {
+        return Err(DroError::validation(format!(
+            "the task is not valid: {}",
+            errs.iter()
+                .map(|e| format!("{}: {}", e.field, e.detail))
+                .collect::<Vec<_>>()
+                .join("; ")
+        ))
+        .with_details(json!({ "fields": field_errors(&errs) })));
+    }
+    let ns = t.binding_namespace();
+    let name = t.binding_name();
+    let id = format!("{ns}.{name}");
+    let spec = serde_json::to_value(t.spec()).map_err(DroError::internal)?;
+    let obj = json!({
+        "apiVersion": binding::API_VERSION,
+        "kind": binding::KIND,
+        "metadata": {"name": name, "namespace": ns, "labels": {TASK_LABEL: "standalone"}},
+        "spec": spec,
+    });
+    let reply = forward::call(
+        app,
+        who,
+        Method::POST,
+        &collection(ns),
+        "application/json",
+        Some(&obj),
+    )
+    .await?;
+    if reply.ok() {
+        return Ok(accepted(&id));
+    }
+    let mut e = reply.error(
+        "VALIDATION_FAILED",
+        "BINDING_EXISTS",
+        json!({ "bindingId": id }),
+    );
+    match e.code {
+        // The namespace is what was not found.
+        "VALIDATION_FAILED" if reply.status == 404 => {
+            e.status = 400;
+            e.message = format!("namespace {ns:?} does not exist");
+            e.details = Box::new(json!({
+                "bindingId": id,
+                "fields": [{"field": "task.namespace", "message": "no such namespace"}],
+            }));
+        }
+        "BINDING_EXISTS" => e.message = format!("a task {:?} exists already in {ns}", t.name),
+        _ => {}
+    }
+    Err(e)
+}
+
+/// A fresh decision for a template a policy places.
+async fn reschedule(
+    app: &Arc<App>,
+    who: &Identity,
+    r: &Resource,
+) -> Result<http::Response<Body>, DroError> {
     for (field, v) in [
         ("resource.kind", &r.kind),
         ("resource.name", &r.name),
@@ -118,14 +229,7 @@ pub async fn submit(
     if !reply.ok() {
         return Err(reply.error("BINDING_NOT_FOUND", "CONFLICT", json!({ "bindingId": id })));
     }
-    Ok(h::json(
-        StatusCode::ACCEPTED,
-        &json!({
-            "bindingId": id,
-            "state": "Pending",
-            "statusUrl": format!("/api/v1/bindings/{id}/status"),
-        }),
-    ))
+    Ok(accepted(&id))
 }
 
 /// Where a task stands.
@@ -162,14 +266,13 @@ pub fn status_view(id: &str, b: &Object) -> Value {
         "filtered": st.filtered,
         "lastScheduledTime": st.last_scheduled_time,
         "fullyApplied": applied,
+        "standalone": is_standalone(b),
+        "priority": spec["priority"].as_i64().unwrap_or(0),
     })
 }
 
-pub async fn status(
-    app: &Arc<App>,
-    who: &Identity,
-    id: &str,
-) -> Result<http::Response<Body>, DroError> {
+/// The binding a task id names, as the caller may read it.
+async fn get(app: &Arc<App>, who: &Identity, id: &str) -> Result<(String, String, Object), DroError> {
     // Namespaces never contain a dot; binding names may.
     let Some((ns, name)) = id.split_once('.').filter(|(ns, name)| {
         orrery_api::validation::is_dns1123_label(ns).is_empty()
@@ -195,6 +298,62 @@ pub async fn status(
     if !reply.ok() {
         return Err(reply.error("BINDING_NOT_FOUND", "CONFLICT", json!({ "bindingId": id })));
     }
-    let b = reply.object()?;
+    Ok((ns.to_string(), name.to_string(), reply.object()?))
+}
+
+pub async fn status(
+    app: &Arc<App>,
+    who: &Identity,
+    id: &str,
+) -> Result<http::Response<Body>, DroError> {
+    let (_, _, b) = get(app, who, id).await?;
     Ok(h::json(StatusCode::OK, &status_view(id, &b)))
+}
+
+fn is_standalone(b: &Object) -> bool {
+    b.spec
+        .as_ref()
+        .and_then(|s| serde_json::from_value::<binding::ObjectReference>(s["resource"].clone()).ok())
+        .is_some_and(|r| r.is_task())
+}
+
+/// Ends a standalone task: its binding goes, and the capacity it held is free again. A
+/// template's binding is the policy's to remove, not this endpoint's.
+pub async fn delete(
+    app: &Arc<App>,
+    who: &Identity,
+    id: &str,
+) -> Result<http::Response<Body>, DroError> {
+    let (ns, name, b) = get(app, who, id).await?;
+    if !is_standalone(&b) {
+        return Err(DroError::new(
+            409,
+            "CONFLICT",
+            format!(
+                "{id} places a template: it goes when the template or its policy does, not on request"
+            ),
+        )
+        .with_details(json!({ "bindingId": id })));
+    }
+    // Only the binding that was read: a task deleted and submitted again meanwhile stays.
+    let options = json!({
+        "apiVersion": "v1", "kind": "DeleteOptions",
+        "preconditions": {"uid": b.metadata.uid},
+    });
+    let reply = forward::call(
+        app,
+        who,
+        Method::DELETE,
+        &path(&ns, &name),
+        "application/json",
+        Some(&options),
+    )
+    .await?;
+    if reply.status == 404 {
+        return Err(not_found(id, format!("no binding {id:?}")));
+    }
+    if !reply.ok() {
+        return Err(reply.error("BINDING_NOT_FOUND", "CONFLICT", json!({ "bindingId": id })));
+    }
+    Ok(h::json(StatusCode::OK, &json!({ "bindingId": id, "state": "Deleted" })))
 }

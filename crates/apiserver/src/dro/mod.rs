@@ -212,6 +212,8 @@ pub async fn serve(
         (_, ["bindings"]) => Err(method_not_allowed("POST")),
         (&Method::GET, ["bindings", id, "status"]) => bindings::status(app, who, id).await,
         (_, ["bindings", _, "status"]) => Err(method_not_allowed("GET")),
+        (&Method::DELETE, ["bindings", id]) => bindings::delete(app, who, id).await,
+        (_, ["bindings", _]) => Err(method_not_allowed("DELETE")),
         (&Method::PUT, ["metrics"]) => match json_body() {
             Ok(()) => monitor::metrics(app, who, &body).await,
             Err(e) => Err(e),

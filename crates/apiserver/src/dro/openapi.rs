@@ -14,6 +14,7 @@ pub const ERROR_CODES: &[(&str, u16)] = &[
     ("METHOD_NOT_ALLOWED", 405),
     ("CLUSTER_EXISTS", 409),
     ("POLICY_CONFLICT", 409),
+    ("BINDING_EXISTS", 409),
     ("CONFLICT", 409),
     ("PAYLOAD_TOO_LARGE", 413),
     ("BATCH_TOO_LARGE", 413),
@@ -119,10 +120,16 @@ pub fn document() -> Value {
                 "delete": {"operationId": "deletePolicy", "responses": responses(&[("200", ok("Deleted", "Deleted")), ("404", error("POLICY_NOT_FOUND"))])},
             },
             "/api/v1/bindings": {
-                "post": {"operationId": "submitTask", "summary": "Trigger a cross-domain scheduling task for a template a policy places (6.2.5)",
+                "post": {"operationId": "submitTask", "summary": "Trigger a cross-domain scheduling task (6.2.5): a fresh decision for a template a policy places, or a standalone task with requirements and priority",
                     "requestBody": body("TaskRequest", "application/json"),
                     "responses": responses(&[("202", ok("Accepted", "TaskAccepted")), ("400", error("VALIDATION_FAILED")),
-                        ("404", error("BINDING_NOT_FOUND")), ("415", error("UNSUPPORTED_MEDIA_TYPE"))])},
+                        ("404", error("BINDING_NOT_FOUND")), ("409", error("BINDING_EXISTS")), ("415", error("UNSUPPORTED_MEDIA_TYPE"))])},
+            },
+            "/api/v1/bindings/{bindingId}": {
+                "delete": {"operationId": "deleteTask", "summary": "End a standalone task and free what it held",
+                    "parameters": [{"name": "bindingId", "in": "path", "required": true, "schema": {"type": "string"}, "description": "<namespace>.<binding name>"}],
+                    "responses": responses(&[("200", ok("Deleted", "TaskDeleted")), ("404", error("BINDING_NOT_FOUND")),
+                        ("409", error("CONFLICT: the binding places a template"))])},
             },
             "/api/v1/bindings/{bindingId}/status": {
                 "get": {"operationId": "taskStatus", "summary": "A scheduling task's state, domains and reasons (6.2.5)",
@@ -233,11 +240,30 @@ pub fn document() -> Value {
                     "items": {"type": "array", "items": {"$ref": "#/components/schemas/PolicyView"}},
                     "count": {"type": "integer"},
                 }},
-                "TaskRequest": {"type": "object", "required": ["resource"], "additionalProperties": false, "properties": {
-                    "resource": {"type": "object", "required": ["apiVersion", "kind", "name"], "additionalProperties": false, "properties": {
-                        "apiVersion": {"type": "string", "minLength": 1}, "kind": {"type": "string", "minLength": 1},
-                        "namespace": {"type": "string"}, "name": {"type": "string", "minLength": 1},
+                "TaskRequest": {"oneOf": [
+                    {"type": "object", "required": ["resource"], "additionalProperties": false, "properties": {
+                        "resource": {"type": "object", "required": ["apiVersion", "kind", "name"], "additionalProperties": false, "properties": {
+                            "apiVersion": {"type": "string", "minLength": 1}, "kind": {"type": "string", "minLength": 1},
+                            "namespace": {"type": "string"}, "name": {"type": "string", "minLength": 1},
+                        }},
                     }},
+                    {"type": "object", "required": ["task"], "additionalProperties": false, "properties": {
+                        "task": {"$ref": "#/components/schemas/Task"},
+                    }},
+                ]},
+                "Task": {"type": "object", "required": ["name"], "additionalProperties": false,
+                    "description": "A standalone task (draft 7.1): placed like any binding and counted against the clusters chosen; no Work is rendered",
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1, "maxLength": 240},
+                        "namespace": {"type": "string", "description": "Where its binding lives; orrery-system when empty"},
+                        "replicas": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 1},
+                        "requirements": {"type": "object", "additionalProperties": {"type": "string"},
+                            "description": "What each replica needs, as Kubernetes quantities (cpu, memory, nvidia.com/gpu...)"},
+                        "priority": {"type": "integer", "format": "int32", "description": "Higher is decided first"},
+                        "placement": {"type": "object", "description": "A Karmada placement (clusterAffinity, spreadConstraints, replicaScheduling...) with Orrery's capabilities and waterLevelLimit; divided by water level when replicaScheduling is unset"},
+                    }},
+                "TaskDeleted": {"type": "object", "required": ["bindingId", "state"], "properties": {
+                    "bindingId": {"type": "string"}, "state": {"type": "string", "enum": ["Deleted"]},
                 }},
                 "TaskAccepted": {"type": "object", "required": ["bindingId", "state", "statusUrl"], "properties": {
                     "bindingId": {"type": "string"}, "state": {"type": "string"}, "statusUrl": {"type": "string"},
@@ -253,6 +279,8 @@ pub fn document() -> Value {
                     "filtered": {"type": "object", "additionalProperties": {"type": "integer"}},
                     "lastScheduledTime": {"type": "string", "nullable": true},
                     "fullyApplied": {"type": "boolean"},
+                    "standalone": {"type": "boolean", "description": "A standalone task rather than a template's binding"},
+                    "priority": {"type": "integer"},
                 }},
                 "ClusterDecision": {"type": "object", "required": ["name"], "properties": {
                     "name": {"type": "string"}, "replicas": {"type": "integer"}, "reason": {"type": "string"},
@@ -371,6 +399,7 @@ mod tests {
             "/api/v1/propagationpolicies/{policyName}",
             "/api/v1/bindings",
             "/api/v1/bindings/{bindingId}/status",
+            "/api/v1/bindings/{bindingId}",
             "/api/v1/metrics",
             "/api/v1/metrics/events",
             "/api/v1/sync/configs",

@@ -414,10 +414,16 @@ impl Controller {
         let dirty = std::mem::take(&mut self.dirty);
         // Templates are read from the store (the detector keeps them; this controller only
         // needs the ones it is about to render).
+        let mut tasks = BTreeSet::new();
         let wanted: Vec<(BKey, String)> = dirty
             .iter()
             .filter_map(|k| {
                 let spec = parse_spec(self.bindings.get(k)?)?;
+                if spec.resource.is_task() {
+                    // A standalone task has no template and no Works.
+                    tasks.insert(k.clone());
+                    return None;
+                }
                 let info = self
                     .kinds
                     .resolve(&spec.resource.api_version, &spec.resource.kind)?;
@@ -447,6 +453,7 @@ impl Controller {
         let mut later = BTreeSet::new();
         for k in dirty {
             match templates.get(&k) {
+                _ if tasks.contains(&k) => jobs.extend(self.reconcile(&k, None)),
                 Some(t) => jobs.extend(self.reconcile(&k, t.as_ref())),
                 None if self.bindings.contains_key(&k)
                     && parse_spec(&self.bindings[&k]).is_some() =>

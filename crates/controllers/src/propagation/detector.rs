@@ -720,8 +720,13 @@ fn policy_of(b: &Object) -> Option<PolicyRef> {
 }
 
 /// The template a binding is for.
+/// The template a binding is for; none for a standalone task's binding, which this
+/// controller neither makes nor removes.
 fn template_of(b: &Object) -> Option<TKey> {
     let r = b.spec.as_ref()?.get("resource")?;
     let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    if s("kind") == binding::TASK_KIND && s("apiVersion") == binding::API_VERSION {
+        return None;
+    }
     Some((s("apiVersion"), s("kind"), s("namespace"), s("name")))
 }

@@ -812,7 +812,12 @@ impl Scheduler {
         };
         let previous = spec.clusters.clone();
         let task = Task {
-            api_version: &spec.resource.api_version,
+            // A standalone task runs outside Orrery and needs no API of the member.
+            api_version: if spec.resource.is_task() {
+                ""
+            } else {
+                &spec.resource.api_version
+            },
             kind: &kind,
             replicas: spec.replicas,
             divisible,
@@ -987,13 +992,19 @@ impl Scheduler {
             != Some((&cond.status, &cond.message))
             || !evicted_now.is_empty();
         let r = spec.resource.clone();
+        let uid = b.metadata.uid.clone();
         let job: Job<BKey> = Box::pin(async move {
             store
                 .update(&bkey, next, b.revision())
                 .await
                 .map_err(|e| (key.clone(), e.to_string()))?;
             if announce {
-                let about = subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid);
+                // A standalone task has no template: its binding is what the event is about.
+                let about = if r.is_task() {
+                    subject(binding::API_VERSION, binding::KIND, &key.0, &key.1, &uid)
+                } else {
+                    subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid)
+                };
                 let (type_, reason) = if cond.is_true() {
                     ("Normal", "Scheduled")
                 } else {
