@@ -441,11 +441,18 @@ async fn metrics_events_configs_and_the_monitoring_view() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap_or_else(|e| {
-            panic!("cannot run {promtool} ({e}); ./scripts/test provides it, or set ORRERY_PROMTOOL")
+            panic!(
+                "cannot run {promtool} ({e}); ./scripts/test provides it, or set ORRERY_PROMTOOL"
+            )
         });
     {
         use std::io::Write;
-        child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
     }
     let out = child.wait_with_output().unwrap();
     assert!(
@@ -534,7 +541,10 @@ async fn standalone_tasks_are_placed_and_ended() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(st["state"], "Scheduled", "{st}");
-    assert_eq!((st["standalone"].as_bool(), st["priority"].as_i64()), (Some(true), Some(5)));
+    assert_eq!(
+        (st["standalone"].as_bool(), st["priority"].as_i64()),
+        (Some(true), Some(5))
+    );
     let placed: i64 = st["clusters"]
         .as_array()
         .unwrap()
@@ -546,9 +556,16 @@ async fn standalone_tasks_are_placed_and_ended() {
     // kubectl sees the binding; no Work was rendered for it, and the controller that binds
     // templates has left it alone.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let rb = f.s.get_json(&["resourcebinding", "-n", "orrery-system", "train-task"]);
-    assert_eq!(rb["metadata"]["labels"]["multicluster.io/task"], "standalone", "{rb}");
-    assert_eq!(rb["spec"]["replicaRequirements"]["resourceRequest"]["cpu"], "1", "{rb}");
+    let rb =
+        f.s.get_json(&["resourcebinding", "-n", "orrery-system", "train-task"]);
+    assert_eq!(
+        rb["metadata"]["labels"]["multicluster.io/task"], "standalone",
+        "{rb}"
+    );
+    assert_eq!(
+        rb["spec"]["replicaRequirements"]["resourceRequest"]["cpu"], "1",
+        "{rb}"
+    );
     let works = f.s.get_json(&["works", "-A"]);
     assert!(
         !works.to_string().contains("train-task"),
@@ -559,20 +576,43 @@ async fn standalone_tasks_are_placed_and_ended() {
     assert_error(code, &v, 409, "BINDING_EXISTS");
     assert_eq!(v["details"]["bindingId"], id.as_str());
     for (body, field) in [
-        (json!({"task": {"name": "x", "replicas": 0}}), "task.replicas"),
-        (json!({"task": {"name": "x", "requirements": {"cpu": "-2"}}}), "task.requirements[cpu]"),
-        (json!({"task": {"name": "x", "namespace": "nowhere"}}), "task.namespace"),
-        (json!({"task": {"name": "x", "placement": {"waterLevelLimit": 7}}}), "task.placement.waterLevelLimit"),
-        (json!({"task": {"name": "x"}, "resource": {"apiVersion": "v1", "kind": "ConfigMap", "name": "c"}}), "task"),
+        (
+            json!({"task": {"name": "x", "replicas": 0}}),
+            "task.replicas",
+        ),
+        (
+            json!({"task": {"name": "x", "requirements": {"cpu": "-2"}}}),
+            "task.requirements[cpu]",
+        ),
+        (
+            json!({"task": {"name": "x", "namespace": "nowhere"}}),
+            "task.namespace",
+        ),
+        (
+            json!({"task": {"name": "x", "placement": {"waterLevelLimit": 7}}}),
+            "task.placement.waterLevelLimit",
+        ),
+        (
+            json!({"task": {"name": "x"}, "resource": {"apiVersion": "v1", "kind": "ConfigMap", "name": "c"}}),
+            "task",
+        ),
     ] {
         let (code, v) = call(&c, "POST", "/api/v1/bindings", body.clone()).await;
         assert_error(code, &v, 400, "VALIDATION_FAILED");
         assert!(
-            v["details"]["fields"].as_array().is_some_and(|f| f.iter().any(|e| e["field"] == field)),
+            v["details"]["fields"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|e| e["field"] == field)),
             "{body}: {v}"
         );
     }
-    let (code, v) = call(&c, "POST", "/api/v1/bindings", json!({"task": {"name": "x", "gpus": 1}})).await;
+    let (code, v) = call(
+        &c,
+        "POST",
+        "/api/v1/bindings",
+        json!({"task": {"name": "x", "gpus": 1}}),
+    )
+    .await;
     assert_error(code, &v, 400, "VALIDATION_FAILED");
     // More than the fleet has: unschedulable, and why.
     let huge = json!({"task": {"name": "huge", "requirements": {"cpu": "64"}}});
@@ -588,7 +628,10 @@ async fn standalone_tasks_are_placed_and_ended() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(st["state"], "Unschedulable", "{st}");
-    assert!(st["filtered"].as_object().is_some_and(|f| !f.is_empty()), "{st}");
+    assert!(
+        st["filtered"].as_object().is_some_and(|f| !f.is_empty()),
+        "{st}"
+    );
     assert!(st["clusters"].as_array().unwrap().is_empty(), "{st}");
 
     // A template's binding is not a task to end.
@@ -599,16 +642,33 @@ async fn standalone_tasks_are_placed_and_ended() {
     );
     let mut code = 0;
     for _ in 0..100 {
-        code = call(&c, "GET", "/api/v1/bindings/default.cfg-configmap/status", Value::Null).await.0;
+        code = call(
+            &c,
+            "GET",
+            "/api/v1/bindings/default.cfg-configmap/status",
+            Value::Null,
+        )
+        .await
+        .0;
         if code == 200 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(code, 200);
-    let (code, v) = call(&c, "DELETE", "/api/v1/bindings/default.cfg-configmap", Value::Null).await;
+    let (code, v) = call(
+        &c,
+        "DELETE",
+        "/api/v1/bindings/default.cfg-configmap",
+        Value::Null,
+    )
+    .await;
     assert_error(code, &v, 409, "CONFLICT");
-    assert!(f.s.kubectl(&["get", "resourcebinding", "-n", "default", "cfg-configmap"]).status.success());
+    assert!(
+        f.s.kubectl(&["get", "resourcebinding", "-n", "default", "cfg-configmap"])
+            .status
+            .success()
+    );
 
     // DELETE ends the task; then it is gone, and a second DELETE finds nothing.
     let (code, v) = call(&c, "DELETE", &format!("/api/v1/bindings/{id}"), Value::Null).await;

@@ -402,7 +402,11 @@ mod tests {
         assert_eq!(t.replicas, 1);
         assert!(!t.spec().placement.divided());
         // A template's reference is not a task's.
-        let r = ObjectReference { api_version: "apps/v1".into(), kind: TASK_KIND.into(), ..Default::default() };
+        let r = ObjectReference {
+            api_version: "apps/v1".into(),
+            kind: TASK_KIND.into(),
+            ..Default::default()
+        };
         assert!(!r.is_task());
     }
 
@@ -411,11 +415,26 @@ mod tests {
         for (body, field) in [
             (serde_json::json!({"name": ""}), "task.name"),
             (serde_json::json!({"name": "Not_A_Name"}), "task.name"),
-            (serde_json::json!({"name": "a", "namespace": "a.b"}), "task.namespace"),
-            (serde_json::json!({"name": "a", "replicas": 0}), "task.replicas"),
-            (serde_json::json!({"name": "a", "replicas": 100_001}), "task.replicas"),
-            (serde_json::json!({"name": "a", "requirements": {"cpu": "-1"}}), "task.requirements[cpu]"),
-            (serde_json::json!({"name": "a", "requirements": {"bad name!": "1"}}), "task.requirements[bad name!]"),
+            (
+                serde_json::json!({"name": "a", "namespace": "a.b"}),
+                "task.namespace",
+            ),
+            (
+                serde_json::json!({"name": "a", "replicas": 0}),
+                "task.replicas",
+            ),
+            (
+                serde_json::json!({"name": "a", "replicas": 100_001}),
+                "task.replicas",
+            ),
+            (
+                serde_json::json!({"name": "a", "requirements": {"cpu": "-1"}}),
+                "task.requirements[cpu]",
+            ),
+            (
+                serde_json::json!({"name": "a", "requirements": {"bad name!": "1"}}),
+                "task.requirements[bad name!]",
+            ),
             (
                 serde_json::json!({"name": "a", "placement": {"waterLevelLimit": 2.0}}),
                 "task.placement.waterLevelLimit",

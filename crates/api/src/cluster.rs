@@ -282,9 +282,10 @@ pub struct ClusterStatus {
 impl ClusterSpec {
     /// A Cluster object's spec (defaults where it is missing or malformed).
     pub fn of(c: &crate::Object) -> ClusterSpec {
+        // Read in place: copying the JSON tree first cost more than parsing it.
         c.spec
-            .clone()
-            .and_then(|s| serde_json::from_value(s).ok())
+            .as_ref()
+            .and_then(|s| ClusterSpec::deserialize(s).ok())
             .unwrap_or_default()
     }
 }
@@ -293,8 +294,8 @@ impl ClusterStatus {
     /// A Cluster object's status (defaults where it is missing or malformed).
     pub fn of(c: &crate::Object) -> ClusterStatus {
         c.status
-            .clone()
-            .and_then(|s| serde_json::from_value(s).ok())
+            .as_ref()
+            .and_then(|s| ClusterStatus::deserialize(s).ok())
             .unwrap_or_default()
     }
 
@@ -633,7 +634,7 @@ pub fn validate_status(status: Option<&Value>) -> ErrorList {
         ));
     }
     if errs.is_empty()
-        && let Err(e) = serde_json::from_value::<ClusterStatus>(status.clone())
+        && let Err(e) = ClusterStatus::deserialize(status)
     {
         errs.push(FieldError::invalid("status", "", e.to_string()));
     }

@@ -65,7 +65,7 @@ pub fn prepare_create(rt: &ResourceType, obj: &mut Object) {
 /// Server-owned parts of a status write: a Cluster's water levels are computed here from what
 /// its member reports, and a heartbeat is stamped with the server's clock (so members' clocks
 /// do not decide their health).
-pub fn prepare_status(rt: &ResourceType, old: &Object, new: &mut Object) {
+pub fn prepare_status(rt: &ResourceType, old_status: Option<&Value>, new: &mut Object) {
     if (rt.group.as_str(), rt.kind.as_str()) != ("multicluster.io", "Cluster") {
         return;
     }
@@ -85,11 +85,7 @@ pub fn prepare_status(rt: &ResourceType, old: &Object, new: &mut Object) {
             status.remove("waterLevel");
         }
     }
-    let before = old
-        .status
-        .as_ref()
-        .and_then(|s| s.get("lastHeartbeatTime"))
-        .cloned();
+    let before = old_status.and_then(|s| s.get("lastHeartbeatTime")).cloned();
     if let Some(hb) = status.get("lastHeartbeatTime")
         && !hb.is_null()
         && Some(hb) != before.as_ref()

@@ -69,18 +69,13 @@ impl Seen {
     /// Takes in a new version of the Cluster; returns the readiness it had before, if the
     /// new one differs.
     fn observe(&mut self, o: &Object, now: Instant) -> Option<String> {
-        let st = status_of(o);
+        let st = ClusterStatus::of(o);
         if st.last_heartbeat_time.is_some() && st.last_heartbeat_time != self.heartbeat {
             self.heartbeat = st.last_heartbeat_time;
             self.heartbeat_at = now;
         }
         self.deleting = o.metadata.deletion_timestamp.is_some();
-        self.taints = o
-            .spec
-            .clone()
-            .and_then(|v| serde_json::from_value::<cluster::ClusterSpec>(v).ok())
-            .unwrap_or_default()
-            .taints;
+        self.taints = cluster::ClusterSpec::of(o).taints;
         let ready = ready_of(&st).cloned();
         let before = self
             .ready
@@ -97,13 +92,6 @@ impl Seen {
     fn ready_status(&self) -> &str {
         self.ready.as_ref().map(|c| c.status.as_str()).unwrap_or("")
     }
-}
-
-fn status_of(o: &Object) -> ClusterStatus {
-    o.status
-        .clone()
-        .and_then(|s| serde_json::from_value(s).ok())
-        .unwrap_or_default()
 }
 
 fn ready_of(s: &ClusterStatus) -> Option<&Condition> {
@@ -163,7 +151,7 @@ pub fn reconcile_taints(
 async fn set_unknown(store: &dyn Store, name: &str, grace: Duration) -> Result<(), StoreError> {
     let key = keys::well_known::cluster(name);
     let r = update_with(store, &key, |mut o| {
-        let mut st = status_of(&o);
+        let mut st = ClusterStatus::of(&o);
         if ready_of(&st).is_some_and(|c| c.status == conditions::UNKNOWN) {
             return Ok(None);
         }
@@ -207,7 +195,7 @@ async fn set_taints(store: &dyn Store, name: &str, eviction: Duration) -> Result
             return Ok(None);
         }
         let now = Time::now();
-        let st = status_of(&o);
+        let st = ClusterStatus::of(&o);
         let spec: cluster::ClusterSpec = o
             .spec
             .clone()
@@ -293,7 +281,7 @@ pub async fn run(store: Arc<dyn Store>, cfg: HealthConfig, shutdown: watch::Rece
                         seen = items
                             .into_iter()
                             .map(|o| {
-                                let st = status_of(&o);
+                                let st = ClusterStatus::of(&o);
                                 let at = instant_of(st.last_heartbeat_time.or(o.metadata.creation_timestamp), now);
                                 (o.name().to_string(), Seen::new(&o, at))
                             })

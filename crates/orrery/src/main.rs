@@ -12,6 +12,11 @@ mod status;
 mod token;
 mod up;
 
+/// mimalloc: per-thread free lists suit a server that builds and drops JSON trees on every
+/// core (see docs/benchmarks.md for what it changed).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "orrery",

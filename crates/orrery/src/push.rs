@@ -108,13 +108,6 @@ async fn report_failure(app: &App, name: &str, why: &str) {
     }
 }
 
-fn spec_of(o: &Object) -> ClusterSpec {
-    o.spec
-        .clone()
-        .and_then(|s| serde_json::from_value(s).ok())
-        .unwrap_or_default()
-}
-
 async fn start(
     app: &Arc<App>,
     url: &str,
@@ -123,7 +116,7 @@ async fn start(
     wanted: Wanted,
     shutdown: &watch::Receiver<bool>,
 ) -> Option<Running> {
-    let spec = spec_of(c);
+    let spec = ClusterSpec::of(c);
     let (client, _) = match member_client(app, &spec).await {
         Ok(x) => x,
         Err(why) => {
@@ -179,7 +172,7 @@ async fn start(
 }
 
 async fn wanted_of(app: &App, c: &Object) -> Option<Wanted> {
-    let spec = spec_of(c);
+    let spec = ClusterSpec::of(c);
     if spec.sync_mode != SyncMode::Push || c.metadata.deletion_timestamp.is_some() {
         return None;
     }

@@ -521,7 +521,10 @@ fn standalone_tasks_need_no_api() {
     for x in c.iter_mut() {
         x.api_kinds = Some([("batch/v1".to_string(), "Job".to_string())].into());
     }
-    let t = T::new(json!({"replicaScheduling": {"replicaSchedulingType": "Divided"}}), 3);
+    let t = T::new(
+        json!({"replicaScheduling": {"replicaSchedulingType": "Divided"}}),
+        3,
+    );
     assert!(shares(&t.run(&c)).is_empty());
     let mut task = t.task();
     task.api_version = "";

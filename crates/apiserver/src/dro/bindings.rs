@@ -272,7 +272,11 @@ pub fn status_view(id: &str, b: &Object) -> Value {
 }
 
 /// The binding a task id names, as the caller may read it.
-async fn get(app: &Arc<App>, who: &Identity, id: &str) -> Result<(String, String, Object), DroError> {
+async fn get(
+    app: &Arc<App>,
+    who: &Identity,
+    id: &str,
+) -> Result<(String, String, Object), DroError> {
     // Namespaces never contain a dot; binding names may.
     let Some((ns, name)) = id.split_once('.').filter(|(ns, name)| {
         orrery_api::validation::is_dns1123_label(ns).is_empty()
@@ -313,7 +317,9 @@ pub async fn status(
 fn is_standalone(b: &Object) -> bool {
     b.spec
         .as_ref()
-        .and_then(|s| serde_json::from_value::<binding::ObjectReference>(s["resource"].clone()).ok())
+        .and_then(|s| {
+            serde_json::from_value::<binding::ObjectReference>(s["resource"].clone()).ok()
+        })
         .is_some_and(|r| r.is_task())
 }
 
@@ -355,5 +361,8 @@ pub async fn delete(
     if !reply.ok() {
         return Err(reply.error("BINDING_NOT_FOUND", "CONFLICT", json!({ "bindingId": id })));
     }
-    Ok(h::json(StatusCode::OK, &json!({ "bindingId": id, "state": "Deleted" })))
+    Ok(h::json(
+        StatusCode::OK,
+        &json!({ "bindingId": id, "state": "Deleted" }),
+    ))
 }

@@ -53,12 +53,21 @@ fn admin_only(who: &Identity) -> Result<(), DroError> {
     }
 }
 
+fn cluster_not_found(name: &str) -> DroError {
+    DroError::new(
+        404,
+        "CLUSTER_NOT_FOUND",
+        format!("no cluster {name:?} is registered"),
+    )
+    .with_details(json!({ "clusterName": name }))
+}
+
 /// Reads, changes and writes one Cluster with compare-and-swap, validated like any update.
 async fn update_cluster(
     app: &App,
     name: &str,
     mut change: impl FnMut(&mut Object) -> Result<(), DroError>,
-) -> Result<Object, DroError> {
+) -> Result<std::sync::Arc<Object>, DroError> {
     let key = keys::well_known::cluster(name);
     let reg = app.resources.snapshot();
     let rt = reg
@@ -67,21 +76,14 @@ async fn update_cluster(
     for _ in 0..5 {
         let current = match app.store.get(&key).await {
             Ok(o) => o,
-            Err(StoreError::NotFound { .. }) => {
-                return Err(DroError::new(
-                    404,
-                    "CLUSTER_NOT_FOUND",
-                    format!("no cluster {name:?} is registered"),
-                )
-                .with_details(json!({ "clusterName": name })));
-            }
+            Err(StoreError::NotFound { .. }) => return Err(cluster_not_found(name)),
             Err(e) => return Err(DroError::internal(e)),
         };
         let mut next = current.clone();
         change(&mut next)?;
         crate::rest::validate_object(app, &rt, &next, Some(&current)).map_err(DroError::from)?;
         match app.store.update(&key, next, current.revision()).await {
-            Ok(o) => return Ok((*o).clone()),
+            Ok(o) => return Ok(o),
             Err(StoreError::Conflict { .. }) => continue,
             Err(e) => return Err(DroError::internal(e)),
         }
@@ -164,7 +166,13 @@ pub async fn metrics(
         pods: r.pods,
         network_traffic: r.network_traffic,
     };
-    let o = update_cluster(app, &r.cluster, |c| {
+    let mut level = None;
+    let reg = app.resources.snapshot();
+    let rt = reg
+        .by_kind(cluster::GROUP, "Cluster")
+        .ok_or_else(|| DroError::internal("the Cluster kind is not registered"))?;
+    // A status write: the report changes nothing else of the Cluster.
+    crate::rest::write::update_status(app, &rt, None, &r.cluster, None, |c| {
         let mut st = ClusterStatus::of(c);
         // The report's usage feeds the water level the scheduler reads.
         if let Some(rs) = st.resource_summary.as_mut() {
@@ -194,14 +202,20 @@ pub async fn metrics(
             }
         }
         st.metrics = Some(summary.clone());
-        c.status = Some(serde_json::to_value(&st).map_err(DroError::internal)?);
-        Ok(())
+        level = st.water_level.clone();
+        serde_json::to_value(&st).map_err(|e| crate::error::ApiError::internal(e.to_string()))
     })
-    .await?;
-    let st = ClusterStatus::of(&o);
+    .await
+    .map_err(|e| {
+        if e.code == 404 {
+            cluster_not_found(&r.cluster)
+        } else {
+            DroError::from(e)
+        }
+    })?;
     Ok(h::json(
         StatusCode::OK,
-        &json!({ "cluster": r.cluster, "accepted": true, "waterLevel": st.water_level }),
+        &json!({ "cluster": r.cluster, "accepted": true, "waterLevel": level }),
     ))
 }
 

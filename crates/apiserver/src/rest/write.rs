@@ -172,7 +172,7 @@ fn merge_for_update(
     if subresource == Some("status") {
         let mut next = current.clone();
         next.status = incoming.status;
-        strategy::prepare_status(rt, current, &mut next);
+        strategy::prepare_status(rt, current.status.as_ref(), &mut next);
         return Ok(next);
     }
     if !incoming.metadata.uid.is_empty() && incoming.metadata.uid != current.metadata.uid {
@@ -457,11 +457,20 @@ async fn store_update(
 }
 
 fn same_object(a: &Object, b: &Object) -> bool {
-    let mut a = a.clone();
-    let mut b = b.clone();
-    a.metadata.resource_version.clear();
-    b.metadata.resource_version.clear();
-    a == b
+    if a.metadata.resource_version == b.metadata.resource_version {
+        return a == b;
+    }
+    // Only the metadata is copied to set the revision aside: copying whole objects cost a
+    // tenth of a status batch.
+    let (mut am, mut bm) = (a.metadata.clone(), b.metadata.clone());
+    am.resource_version.clear();
+    bm.resource_version.clear();
+    am == bm
+        && a.api_version == b.api_version
+        && a.kind == b.kind
+        && a.spec == b.spec
+        && a.status == b.status
+        && a.other == b.other
 }
 
 /// `DeleteOptions` from the body and the query.
@@ -668,7 +677,20 @@ pub async fn write_status(
     name: &str,
     status: Value,
     expected: Option<Revision>,
-) -> ApiResult<Object> {
+) -> ApiResult<std::sync::Arc<Object>> {
+    update_status(app, rt, namespace, name, expected, |_| Ok(status.clone())).await
+}
+
+/// Like [`write_status`], with the new status computed from the stored object by `f` (again
+/// on each retry after a conflict).
+pub async fn update_status(
+    app: &crate::app::App,
+    rt: &ResourceType,
+    namespace: Option<&str>,
+    name: &str,
+    expected: Option<Revision>,
+    mut f: impl FnMut(&Object) -> ApiResult<Value>,
+) -> ApiResult<std::sync::Arc<Object>> {
     let key = rt.key(namespace.unwrap_or(""), name);
     for _ in 0..RETRIES {
         let current = app
@@ -680,15 +702,22 @@ pub async fn write_status(
         if expected.is_some_and(|p| p != current_rv) {
             return Err(ApiError::stale(rt, name));
         }
-        let mut next = current.clone();
-        next.status = Some(status.clone());
-        strategy::prepare_status(rt, &current, &mut next);
-        if same_object(&current, &next) {
-            return Ok(present(rt, current));
+        let status = f(&current)?;
+        // The stored object becomes the new one without a copy: a status write changes only
+        // the status.
+        let mut next = current;
+        let old_status = std::mem::replace(&mut next.status, Some(status));
+        strategy::prepare_status(rt, old_status.as_ref(), &mut next);
+        if next.status == old_status {
+            next.status = old_status;
+            return Ok(std::sync::Arc::new(present(rt, next)));
         }
-        super::validate_object(app, rt, &next, Some(&current))?;
+        // Validation reads the old object's spec and other fields, never its status, and those
+        // are the new object's: it stands in for the old one.
+        super::validate_object(app, rt, &next, Some(&next))?;
         match app.store.update(&key, next, Some(current_rv)).await {
-            Ok(stored) => return Ok(present(rt, (*stored).clone())),
+            // As stored: the caller reads the revision, not the type.
+            Ok(stored) => return Ok(stored),
             Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
             Err(e) => return Err(ApiError::from_store(e, rt, name)),
         }

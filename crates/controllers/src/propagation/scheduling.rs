@@ -423,8 +423,13 @@ impl Scheduler {
                     }
                     Event::Upsert(c) => {
                         let s = snapshot_of(&c);
-                        let hb = ClusterStatus::of(&c)
-                            .last_heartbeat_time
+                        // Read alone: parsing the whole status again cost more.
+                        let hb = c
+                            .status
+                            .as_ref()
+                            .and_then(|st| {
+                                st.get("lastHeartbeatTime")?.as_str()?.parse::<Time>().ok()
+                            })
                             .map(|t| t.unix_seconds());
                         let name = s.name.clone();
                         let was_ready = self.fleet.get(&name).is_some_and(|x| x.ready);
