@@ -460,3 +460,174 @@ fn replicas_leave_a_cluster_that_goes_dark() {
     let why = rb["status"]["decisions"].to_string();
     assert!(why.contains("member2"), "{why}");
 }
+
+/// A member already runs an object of the template's name that Orrery does not manage: it is
+/// left alone and the conflict is reported in the binding, per cluster; the other member gets
+/// the template; `conflictResolution: Overwrite` then takes the object over.
+#[test]
+fn an_unmanaged_member_object_is_left_alone_until_the_policy_says_overwrite() {
+    let f = Fleet::start(&[("east", "us-east"), ("west", "eu-west")]);
+    let s = &f.s;
+    // Someone else's ConfigMap of the same name, in east only.
+    let theirs = r#"{"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "settings", "namespace": "default"}, "data": {"owner": "someone-else"}}"#;
+    let (code, body) = common::http("POST", f.admin("east"), "/clusters/east/objects", theirs);
+    assert_eq!(code, 201, "{body}");
+    let policy = |resolution: &str| {
+        format!(
+            "apiVersion: policy.karmada.io/v1alpha1\nkind: PropagationPolicy\n\
+             metadata: {{name: settings, namespace: default}}\n\
+             spec:\n  conflictResolution: {resolution}\n\
+             \x20 resourceSelectors: [{{apiVersion: v1, kind: ConfigMap, name: settings}}]\n\
+             \x20 placement: {{clusterAffinity: {{clusterNames: [east, west]}}}}\n"
+        )
+    };
+    s.apply("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: default}\ndata: {owner: orrery}\n");
+    s.apply(&policy("Abort"));
+    eventually(
+        Duration::from_secs(20),
+        "west runs Orrery's ConfigMap",
+        || {
+            f.find("west", "ConfigMap", "settings")
+                .is_some_and(|c| c["data"]["owner"] == "orrery")
+        },
+    );
+    // East reports the conflict; its object is untouched.
+    let conflict_of = || -> Option<String> {
+        let rb = s.get_json(&["resourcebinding", "settings-configmap"]);
+        rb["status"]["aggregatedStatus"]
+            .as_array()?
+            .iter()
+            .find(|a| a["clusterName"] == "east" && a["applied"] != true)
+            .map(|a| a["message"].as_str().unwrap_or("").to_string())
+    };
+    eventually(
+        Duration::from_secs(20),
+        "the conflict reported for east",
+        || conflict_of().is_some_and(|m| m.contains("not managed by Orrery")),
+    );
+    let rb = s.get_json(&["resourcebinding", "settings-configmap"]);
+    let fully = rb["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "FullyApplied")
+        .cloned()
+        .unwrap_or(Value::Null);
+    assert_ne!(fully["status"], "True", "{rb}");
+    let east = f.find("east", "ConfigMap", "settings").unwrap();
+    assert_eq!(east["data"]["owner"], "someone-else", "{east}");
+
+    // The policy says Overwrite: Orrery takes the object over.
+    s.apply(&policy("Overwrite"));
+    eventually(
+        Duration::from_secs(20),
+        "east runs Orrery's ConfigMap",
+        || {
+            f.find("east", "ConfigMap", "settings")
+                .is_some_and(|c| c["data"]["owner"] == "orrery")
+        },
+    );
+    eventually(Duration::from_secs(20), "the conflict gone", || {
+        conflict_of().is_none()
+    });
+}
+
+/// Karmada's application failover: the workload turns unhealthy in one member (its nodes are
+/// lost, so its pods cannot run) while the member itself stays Ready; after
+/// `tolerationSeconds` its replicas move to the healthy member, and the binding says why.
+#[test]
+fn an_unhealthy_application_fails_over_to_a_healthy_member() {
+    let f = Fleet::start(&[("east", "us-east"), ("west", "eu-west")]);
+    let s = &f.s;
+    s.apply(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: api, namespace: default}
+spec:
+  replicas: 4
+  selector: {matchLabels: {app: api}}
+  template:
+    metadata: {labels: {app: api}}
+    spec:
+      containers:
+      - {name: api, image: api:1, resources: {requests: {cpu: 100m, memory: 64Mi}}}
+---
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata: {name: api, namespace: default}
+spec:
+  resourceSelectors: [{apiVersion: apps/v1, kind: Deployment, name: api}]
+  placement:
+    clusterAffinity: {clusterNames: [east, west]}
+    replicaScheduling: {replicaSchedulingType: Divided, replicaDivisionPreference: Weighted,
+      weightPreference: {staticWeightList: [{targetCluster: {clusterNames: [east]}, weight: 1},
+                                            {targetCluster: {clusterNames: [west]}, weight: 1}]}}
+  failover:
+    application:
+      decisionConditions: {tolerationSeconds: 2}
+      purgeMode: Immediately
+"#,
+    );
+    let running = |m: &str| {
+        f.find(m, "Deployment", "api")
+            .map(|d| d["spec"]["replicas"].as_i64().unwrap_or(0))
+            .unwrap_or(0)
+    };
+    eventually(Duration::from_secs(20), "2 replicas in each member", || {
+        running("east") == 2 && running("west") == 2
+    });
+    // East loses its nodes: its pods cannot run, the cluster still answers.
+    let (code, body) = common::http(
+        "PUT",
+        f.admin("east"),
+        "/clusters/east/faults",
+        r#"{"lostNodes": 4}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while running("west") != 4 {
+        if Instant::now() > deadline {
+            panic!(
+                "replicas did not move to west:\nbinding: {}\neast: {:?}",
+                s.get_json(&["resourcebinding", "api-deployment"]),
+                f.find("east", "Deployment", "api")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(s.cluster_condition("east", "Ready"), "True");
+    let rb = s.get_json(&["resourcebinding", "api-deployment"]);
+    let evictions = rb["spec"]["evictions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        evictions.iter().any(|e| e["cluster"] == "east"
+            && e["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("unhealthy for more than 2s"))),
+        "{rb}"
+    );
+    let clusters: Vec<&str> = rb["spec"]["clusters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["replicas"].as_i64().unwrap_or(0) > 0)
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(clusters, ["west"], "{rb}");
+    // The template's events say so.
+    let events = s.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "involvedObject.name=api",
+    ]);
+    assert!(events.contains("application failover"), "{events}");
+    // Purged immediately: nothing of it is left in east.
+    eventually(Duration::from_secs(20), "east cleaned up", || {
+        f.find("east", "Deployment", "api").is_none()
+    });
+}

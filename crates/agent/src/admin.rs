@@ -6,6 +6,8 @@
 //! - `PUT /clusters/{name}/faults` `{"outage": true, "latencyMs": 200, "lostNodes": 2}`: sets
 //!   the faults (what is left out is cleared); `DELETE /clusters/{name}/faults` clears them;
 //! - `PUT /clusters/{name}/load` `{"load": 0.8}`: the background load, a fraction of capacity;
+//! - `POST /clusters/{name}/objects` with a manifest: an object made in the member by someone
+//!   else than Orrery (unmanaged, unless its labels say otherwise), to test conflicts;
 //! - `GET /stats` (`?reset=true` to start afresh): heartbeat and report round-trip times.
 
 use std::collections::HashMap;
@@ -94,6 +96,16 @@ async fn handle(
                 (&Method::GET, ["objects"]) => {
                     reply(StatusCode::OK, json!({"items": sim.objects()}))
                 }
+                (&Method::POST, ["objects"]) => match serde_json::from_slice::<Value>(&body) {
+                    Ok(m) => match crate::backend::Backend::apply(sim.as_ref(), &m, false).await {
+                        Ok(()) => reply(StatusCode::CREATED, m),
+                        Err(crate::backend::BackendError::Conflict(what)) => {
+                            error(StatusCode::CONFLICT, format!("{what} exists already"))
+                        }
+                        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+                    },
+                    Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid manifest: {e}")),
+                },
                 (&Method::PUT, ["faults"]) => match serde_json::from_slice::<FaultsBody>(&body) {
                     Ok(f) => {
                         sim.set_faults(Faults {

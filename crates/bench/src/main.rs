@@ -21,6 +21,11 @@ mod scheduler;
 mod stats;
 mod store;
 
+/// The allocator the `orrery` binary runs with: in-process scenarios (the scheduler, the store)
+/// measure what the server does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "orrery-bench",

@@ -262,7 +262,11 @@ impl History for SqliteStore {
 impl Store for SqliteStore {
     async fn get(&self, key: &str) -> Result<Object> {
         let key = key.to_string();
-        self.inner.readers.with(move |c| reader::get(c, &key)).await
+        // One SELECT: its own snapshot.
+        self.inner
+            .readers
+            .with_statement(move |c| reader::get(c, &key))
+            .await
     }
 
     async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult> {

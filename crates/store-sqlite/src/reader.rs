@@ -51,6 +51,25 @@ impl Readers {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
+        self.run(true, f).await
+    }
+
+    /// Runs one statement's read `f` without an explicit transaction: SQLite reads each
+    /// statement from one snapshot anyway, and the `BEGIN`/`COMMIT` pair cost as much as a
+    /// point read.
+    pub async fn with_statement<T, F>(self: &Arc<Self>, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        self.run(false, f).await
+    }
+
+    async fn run<T, F>(self: &Arc<Self>, transaction: bool, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
         let this = self.clone();
         tokio::task::spawn_blocking(move || {
             let conn = match this.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
@@ -58,9 +77,15 @@ impl Readers {
                 None => schema::open_reader(&this.path)?,
             };
             // One snapshot for the whole read, so multi-statement reads are consistent.
-            conn.execute_batch("BEGIN").map_err(sql)?;
+            if transaction {
+                conn.execute_batch("BEGIN").map_err(sql)?;
+            }
             let out = f(&conn);
-            let ended = conn.execute_batch("COMMIT");
+            let ended = if transaction {
+                conn.execute_batch("COMMIT")
+            } else {
+                Ok(())
+            };
             if ended.is_ok() {
                 let mut idle = this.idle.lock().unwrap_or_else(|p| p.into_inner());
                 if idle.len() < MAX_IDLE {

@@ -706,7 +706,7 @@ pub async fn update_status(
         // The stored object becomes the new one without a copy: a status write changes only
         // the status.
         let mut next = current;
-        let old_status = std::mem::replace(&mut next.status, Some(status));
+        let old_status = next.status.replace(status);
         strategy::prepare_status(rt, old_status.as_ref(), &mut next);
         if next.status == old_status {
             next.status = old_status;
