@@ -631,3 +631,108 @@ spec:
         f.find("east", "Deployment", "api").is_none()
     });
 }
+
+/// A custom resource, with a `ResourceInterpreter` saying where its replicas, requests and
+/// dependencies are: the CRD goes to the members first (a ClusterPropagationPolicy), then the
+/// resource is divided by its own replica field and takes its Secret along.
+#[test]
+fn a_custom_resource_is_divided_as_its_interpreter_says() {
+    let f = Fleet::start(&[("east", "us-east"), ("west", "eu-west")]);
+    let s = &f.s;
+    s.apply(
+        r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: databases.example.com}
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: databases, singular: database, kind: Database}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+---
+apiVersion: policy.karmada.io/v1alpha1
+kind: ClusterPropagationPolicy
+metadata: {name: crds}
+spec:
+  resourceSelectors: [{apiVersion: apiextensions.k8s.io/v1, kind: CustomResourceDefinition, name: databases.example.com}]
+  placement: {clusterAffinity: {clusterNames: [east, west]}}
+---
+apiVersion: multicluster.io/v1alpha1
+kind: ResourceInterpreter
+metadata: {name: databases}
+spec:
+  target: {apiVersion: example.com/v1, kind: Database}
+  replicas: .spec.size
+  requests: .spec.resources
+  statusSum: [.status.ready]
+  dependencies:
+  - {kind: Secret, namePath: .spec.credentialsSecret}
+"#,
+    );
+    eventually(
+        Duration::from_secs(20),
+        "both members serve Database",
+        || {
+            ["east", "west"].iter().all(|m| {
+                f.find(m, "CustomResourceDefinition", "databases.example.com")
+                    .is_some()
+            })
+        },
+    );
+    s.apply(
+        r#"
+apiVersion: v1
+kind: Secret
+metadata: {name: db-credentials, namespace: default}
+stringData: {password: hunter2}
+---
+apiVersion: example.com/v1
+kind: Database
+metadata: {name: orders, namespace: default}
+spec:
+  size: 4
+  resources: {cpu: 500m, memory: 1Gi}
+  credentialsSecret: db-credentials
+---
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata: {name: orders, namespace: default}
+spec:
+  propagateDeps: true
+  resourceSelectors: [{apiVersion: example.com/v1, kind: Database, name: orders}]
+  placement:
+    clusterAffinity: {clusterNames: [east, west]}
+    replicaScheduling: {replicaSchedulingType: Divided, replicaDivisionPreference: Weighted,
+      weightPreference: {staticWeightList: [{targetCluster: {clusterNames: [east]}, weight: 1},
+                                            {targetCluster: {clusterNames: [west]}, weight: 1}]}}
+"#,
+    );
+    eventually(
+        Duration::from_secs(20),
+        "2 of 4 in each member, with the Secret",
+        || {
+            ["east", "west"].iter().all(|m| {
+                f.find(m, "Database", "orders")
+                    .is_some_and(|d| d["spec"]["size"] == 2)
+                    && f.find(m, "Secret", "db-credentials").is_some()
+            })
+        },
+    );
+    // The binding carries what the interpreter read.
+    let rb = s.get_json(&["resourcebinding", "orders-database"]);
+    assert_eq!(rb["spec"]["replicas"], 4, "{rb}");
+    assert_eq!(
+        rb["spec"]["replicaRequirements"]["resourceRequest"]["cpu"], "500m",
+        "{rb}"
+    );
+    assert!(
+        rb["spec"]["dependencies"]
+            .to_string()
+            .contains("db-credentials"),
+        "{rb}"
+    );
+}

@@ -883,8 +883,44 @@ fn is_managed(obj: &Value) -> bool {
         == Some(orrery_api::work::MANAGED_VALUE)
 }
 
-/// What the simulated API serves.
-fn api_enablements() -> Vec<ApiEnablement> {
+/// What the simulated API serves: the built-in kinds, and the kinds of the
+/// CustomResourceDefinitions applied to it (as a real API server starts serving them).
+fn api_enablements<'a>(objects: impl Iterator<Item = &'a Value>) -> Vec<ApiEnablement> {
+    let mut all = builtin_enablements();
+    for crd in objects.filter(|o| {
+        o["kind"] == "CustomResourceDefinition"
+            && o["apiVersion"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("apiextensions.k8s.io/"))
+    }) {
+        let spec = &crd["spec"];
+        let (Some(group), Some(plural), Some(kind)) = (
+            spec["group"].as_str(),
+            spec["names"]["plural"].as_str(),
+            spec["names"]["kind"].as_str(),
+        ) else {
+            continue;
+        };
+        for v in spec["versions"].as_array().into_iter().flatten() {
+            if v["served"] == false {
+                continue;
+            }
+            let Some(version) = v["name"].as_str() else {
+                continue;
+            };
+            all.push(ApiEnablement {
+                group_version: format!("{group}/{version}"),
+                resources: vec![ApiResourceRef {
+                    name: plural.into(),
+                    kind: kind.into(),
+                }],
+            });
+        }
+    }
+    all
+}
+
+fn builtin_enablements() -> Vec<ApiEnablement> {
     let gv = |gv: &str, rs: &[(&str, &str)]| ApiEnablement {
         group_version: gv.into(),
         resources: rs
@@ -919,6 +955,10 @@ fn api_enablements() -> Vec<ApiEnablement> {
         ),
         gv("batch/v1", &[("jobs", "Job"), ("cronjobs", "CronJob")]),
         gv("networking.k8s.io/v1", &[("ingresses", "Ingress")]),
+        gv(
+            "apiextensions.k8s.io/v1",
+            &[("customresourcedefinitions", "CustomResourceDefinition")],
+        ),
     ]
 }
 
@@ -1069,7 +1109,7 @@ impl Backend for SimCluster {
                 st.nodes.len()
             ),
             kubernetes_version: "v1.32.0+orrery-sim".into(),
-            api_enablements: api_enablements(),
+            api_enablements: api_enablements(st.objects.values().map(|o| &o.manifest)),
             node_summary: NodeSummary {
                 total_num: st.nodes.len() as i64,
                 ready_num: ready.len() as i64,
@@ -1103,6 +1143,40 @@ impl Backend for SimCluster {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn applied_crds_are_served() {
+        let crd = serde_json::json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "databases.example.com"},
+            "spec": {"group": "example.com", "names": {"plural": "databases", "kind": "Database"},
+                "versions": [{"name": "v1", "served": true}, {"name": "v0", "served": false}]},
+        });
+        let cm =
+            serde_json::json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}});
+        let served = |objs: &[Value]| -> Vec<String> {
+            api_enablements(objs.iter())
+                .into_iter()
+                .flat_map(|e| {
+                    e.resources
+                        .into_iter()
+                        .map(move |r| format!("{}/{}", e.group_version, r.kind))
+                })
+                .collect()
+        };
+        let before = served(std::slice::from_ref(&cm));
+        assert!(before.contains(&"apps/v1/Deployment".to_string()));
+        assert!(!before.iter().any(|k| k.contains("Database")));
+        let after = served(&[cm, crd]);
+        assert!(
+            after.contains(&"example.com/v1/Database".to_string()),
+            "{after:?}"
+        );
+        assert!(
+            !after.contains(&"example.com/v0/Database".to_string()),
+            "{after:?}"
+        );
+    }
+
     use super::*;
     use orrery_api::work::{MANAGED_LABEL, MANAGED_VALUE};
 
