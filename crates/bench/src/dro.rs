@@ -222,11 +222,18 @@ pub async fn batch(args: BatchArgs) -> anyhow::Result<()> {
                 anyhow::bail!("a batch was not fully applied: {}", v["failed"]);
             }
         }
+        let slowest = lat
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map(|(i, _)| i + 1)
+            .unwrap_or(0);
         progress(format!(
-            "run {}: p50 {:.1} ms, p99 {:.1} ms",
+            "run {}: p50 {:.1} ms, p99 {:.1} ms (slowest: request {slowest} of {})",
             run + 1,
             percentile(&lat, 50.0),
-            percentile(&lat, 99.0)
+            percentile(&lat, 99.0),
+            lat.len()
         ));
         p50s.push(percentile(&lat, 50.0));
         p99s.push(percentile(&lat, 99.0));
