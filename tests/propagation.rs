@@ -531,6 +531,32 @@ fn an_unmanaged_member_object_is_left_alone_until_the_policy_says_overwrite() {
     eventually(Duration::from_secs(20), "the conflict gone", || {
         conflict_of().is_none()
     });
+
+    // Template expansion follows the cluster's labels: relabelling east renders its Work
+    // again (heartbeats, which change no label, do not).
+    s.ok(&["label", "cluster", "east", "tier=gold"]);
+    s.apply(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: tiered\n  namespace: default\n\
+         \x20 annotations: {multicluster.io/expand-templates: \"true\"}\n\
+         data: {tier: \"{{ .labels.tier }}\"}\n---\n\
+         apiVersion: policy.karmada.io/v1alpha1\nkind: PropagationPolicy\n\
+         metadata: {name: tiered, namespace: default}\n\
+         spec:\n  resourceSelectors: [{apiVersion: v1, kind: ConfigMap, name: tiered}]\n\
+         \x20 placement: {clusterAffinity: {clusterNames: [east]}}\n",
+    );
+    let tier = || {
+        f.find("east", "ConfigMap", "tiered")
+            .and_then(|c| c["data"]["tier"].as_str().map(str::to_string))
+    };
+    eventually(Duration::from_secs(20), "east's tier rendered", || {
+        tier().as_deref() == Some("gold")
+    });
+    s.ok(&["label", "cluster", "east", "tier=silver", "--overwrite"]);
+    eventually(
+        Duration::from_secs(20),
+        "east's tier rendered again",
+        || tier().as_deref() == Some("silver"),
+    );
 }
 
 /// Karmada's application failover: the workload turns unhealthy in one member (its nodes are

@@ -111,7 +111,7 @@ pub async fn run(
         keys::well_known::clusters(),
         shutdown.clone(),
     );
-    let mut now: BTreeMap<String, ClusterSample> = BTreeMap::new();
+    let mut now: BTreeMap<String, Arc<Object>> = BTreeMap::new();
     let mut synced = false;
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -122,12 +122,14 @@ pub async fn run(
             _ = shutdown.changed() => return,
             ev = rx.recv() => match ev {
                 None => return,
+                // The latest object is kept and read at the tick: a busy fleet changes each
+                // Cluster far more often than it is sampled.
                 Some(Event::Listed(items)) => {
-                    now = items.iter().map(|c| (c.name().to_string(), sample_of(c))).collect();
+                    now = items.into_iter().map(|c| (c.name().to_string(), c)).collect();
                     synced = true;
                 }
                 Some(Event::Upsert(c)) => {
-                    now.insert(c.name().to_string(), sample_of(&c));
+                    now.insert(c.name().to_string(), c);
                 }
                 Some(Event::Delete(c)) => {
                     now.remove(c.name());
@@ -137,7 +139,8 @@ pub async fn run(
                 if !synced {
                     continue;
                 }
-                let s = FleetSample { time: Time::now(), clusters: now.clone() };
+                let clusters = now.iter().map(|(n, c)| (n.clone(), sample_of(c))).collect();
+                let s = FleetSample { time: Time::now(), clusters };
                 if let Err(e) = write(store.as_ref(), series::RAW_PREFIX, &s).await {
                     tracing::warn!(error = %e, "writing a monitoring sample");
                 }

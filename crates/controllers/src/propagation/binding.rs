@@ -67,6 +67,8 @@ struct Controller {
     works_of: HashMap<BKey, BTreeSet<String>>,
     clusters: BTreeMap<String, ClusterSnapshot>,
     prints: HashMap<String, u64>,
+    /// The last version of each Cluster, to tell heartbeats from changes of its view.
+    seen: HashMap<String, Arc<Object>>,
     overrides: BTreeMap<PolicyRef, (usize, OverridePolicy)>,
     deps: HashMap<DKey, Arc<Object>>,
     dependents: HashMap<DKey, BTreeSet<BKey>>,
@@ -143,6 +145,7 @@ pub async fn run(
         works_of: HashMap::new(),
         clusters: BTreeMap::new(),
         prints: HashMap::new(),
+        seen: HashMap::new(),
         overrides: BTreeMap::new(),
         deps: HashMap::new(),
         dependents: HashMap::new(),
@@ -295,7 +298,9 @@ impl Controller {
                     Event::Listed(items) => {
                         self.clusters.clear();
                         self.prints.clear();
+                        self.seen.clear();
                         for c in items {
+                            self.seen.insert(c.name().to_string(), c.clone());
                             let s = snapshot_of(&c);
                             self.prints.insert(s.name.clone(), view_print(&s));
                             self.clusters.insert(s.name.clone(), s);
@@ -304,14 +309,29 @@ impl Controller {
                         true
                     }
                     Event::Upsert(c) => {
-                        let s = snapshot_of(&c);
-                        let print = view_print(&s);
-                        let changed = self.prints.insert(s.name.clone(), print) != Some(print);
-                        self.clusters.insert(s.name.clone(), s);
-                        changed
+                        // What rendering reads of a Cluster (its view) comes from its labels,
+                        // spec and properties; a heartbeat or a metrics report changes none of
+                        // them and is not parsed.
+                        let same_view = self.seen.get(c.name()).is_some_and(|old| {
+                            old.metadata.labels == c.metadata.labels
+                                && old.spec == c.spec
+                                && old.status.as_ref().and_then(|s| s.get("properties"))
+                                    == c.status.as_ref().and_then(|s| s.get("properties"))
+                        });
+                        self.seen.insert(c.name().to_string(), c.clone());
+                        if same_view {
+                            false
+                        } else {
+                            let s = snapshot_of(&c);
+                            let print = view_print(&s);
+                            let changed = self.prints.insert(s.name.clone(), print) != Some(print);
+                            self.clusters.insert(s.name.clone(), s);
+                            changed
+                        }
                     }
                     Event::Delete(c) => {
                         self.clusters.remove(c.name());
+                        self.seen.remove(c.name());
                         self.prints.remove(c.name()).is_some()
                     }
                 };
