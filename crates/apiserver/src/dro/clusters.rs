@@ -127,12 +127,7 @@ pub async fn unregister(
     name: &str,
 ) -> Result<http::Response<Body>, DroError> {
     if !cluster::validate_name(name).is_empty() {
-        return Err(DroError::new(
-            404,
-            "CLUSTER_NOT_FOUND",
-            format!("no cluster {name:?} is registered"),
-        )
-        .with_details(json!({ "clusterName": name })));
+        return Err(DroError::cluster_not_found(name));
     }
     let r = forward::call(
         app,
@@ -144,13 +139,13 @@ pub async fn unregister(
     )
     .await?;
     if !r.ok() {
-        let mut e = r.error(
+        let e = r.error(
             "CLUSTER_NOT_FOUND",
             "CONFLICT",
             json!({ "clusterName": name }),
         );
         if e.code == "CLUSTER_NOT_FOUND" {
-            e.message = format!("no cluster {name:?} is registered");
+            return Err(DroError::cluster_not_found(name));
         }
         return Err(e);
     }

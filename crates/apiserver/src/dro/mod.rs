@@ -77,6 +77,16 @@ impl DroError {
         DroError::new(500, "INTERNAL", e.to_string())
     }
 
+    /// No Cluster of that name (`details.clusterName`).
+    pub fn cluster_not_found(name: &str) -> Self {
+        DroError::new(
+            404,
+            "CLUSTER_NOT_FOUND",
+            format!("no cluster {name:?} is registered"),
+        )
+        .with_details(json!({ "clusterName": name }))
+    }
+
     pub fn validation(message: impl Into<String>) -> Self {
         DroError::new(400, "VALIDATION_FAILED", message)
     }

@@ -53,15 +53,6 @@ fn admin_only(who: &Identity) -> Result<(), DroError> {
     }
 }
 
-fn cluster_not_found(name: &str) -> DroError {
-    DroError::new(
-        404,
-        "CLUSTER_NOT_FOUND",
-        format!("no cluster {name:?} is registered"),
-    )
-    .with_details(json!({ "clusterName": name }))
-}
-
 /// Reads, changes and writes one Cluster with compare-and-swap, validated like any update.
 async fn update_cluster(
     app: &App,
@@ -76,7 +67,7 @@ async fn update_cluster(
     for _ in 0..5 {
         let current = match app.store.get(&key).await {
             Ok(o) => o,
-            Err(StoreError::NotFound { .. }) => return Err(cluster_not_found(name)),
+            Err(StoreError::NotFound { .. }) => return Err(DroError::cluster_not_found(name)),
             Err(e) => return Err(DroError::internal(e)),
         };
         let mut next = current.clone();
@@ -208,7 +199,7 @@ pub async fn metrics(
     .await
     .map_err(|e| {
         if e.code == 404 {
-            cluster_not_found(&r.cluster)
+            DroError::cluster_not_found(&r.cluster)
         } else {
             DroError::from(e)
         }
@@ -262,14 +253,7 @@ pub async fn event(
     };
     let cluster = match app.store.get(&keys::well_known::cluster(&e.cluster)).await {
         Ok(c) => c,
-        Err(StoreError::NotFound { .. }) => {
-            return Err(DroError::new(
-                404,
-                "CLUSTER_NOT_FOUND",
-                format!("no cluster {:?} is registered", e.cluster),
-            )
-            .with_details(json!({ "clusterName": e.cluster })));
-        }
+        Err(StoreError::NotFound { .. }) => return Err(DroError::cluster_not_found(&e.cluster)),
         Err(err) => return Err(DroError::internal(err)),
     };
     let unique = uuid::Uuid::new_v4().simple().to_string();
