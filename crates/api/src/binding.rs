@@ -57,10 +57,16 @@ pub struct ObjectReference {
     pub resource_version: String,
 }
 
+/// Whether a binding's `resource` of this API version and kind is a standalone task rather
+/// than a template.
+pub fn is_task(api_version: &str, kind: &str) -> bool {
+    kind == TASK_KIND && api_version == API_VERSION
+}
+
 impl ObjectReference {
     /// Whether this names a standalone task rather than a template.
     pub fn is_task(&self) -> bool {
-        self.kind == TASK_KIND && self.api_version == API_VERSION
+        is_task(&self.api_version, &self.kind)
     }
 }
 

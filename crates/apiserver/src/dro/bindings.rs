@@ -226,9 +226,7 @@ async fn reschedule(
             ),
         ));
     }
-    if !reply.ok() {
-        return Err(reply.error("BINDING_NOT_FOUND", "CONFLICT", json!({ "bindingId": id })));
-    }
+    reply.checked("BINDING_NOT_FOUND", "CONFLICT", json!({ "bindingId": id }))?;
     Ok(accepted(&id))
 }
 
@@ -299,10 +297,10 @@ async fn get(
     if reply.status == 404 {
         return Err(not_found(id, format!("no binding {id:?}")));
     }
-    if !reply.ok() {
-        return Err(reply.error("BINDING_NOT_FOUND", "CONFLICT", json!({ "bindingId": id })));
-    }
-    Ok((ns.to_string(), name.to_string(), reply.object()?))
+    let b = reply
+        .checked("BINDING_NOT_FOUND", "CONFLICT", json!({ "bindingId": id }))?
+        .object()?;
+    Ok((ns.to_string(), name.to_string(), b))
 }
 
 pub async fn status(
@@ -315,12 +313,13 @@ pub async fn status(
 }
 
 fn is_standalone(b: &Object) -> bool {
-    b.spec
-        .as_ref()
-        .and_then(|s| {
-            serde_json::from_value::<binding::ObjectReference>(s["resource"].clone()).ok()
-        })
-        .is_some_and(|r| r.is_task())
+    b.spec.as_ref().is_some_and(|s| {
+        let r = &s["resource"];
+        binding::is_task(
+            r["apiVersion"].as_str().unwrap_or(""),
+            r["kind"].as_str().unwrap_or(""),
+        )
+    })
 }
 
 /// Ends a standalone task: its binding goes, and the capacity it held is free again. A
@@ -358,9 +357,7 @@ pub async fn delete(
     if reply.status == 404 {
         return Err(not_found(id, format!("no binding {id:?}")));
     }
-    if !reply.ok() {
-        return Err(reply.error("BINDING_NOT_FOUND", "CONFLICT", json!({ "bindingId": id })));
-    }
+    reply.checked("BINDING_NOT_FOUND", "CONFLICT", json!({ "bindingId": id }))?;
     Ok(h::json(
         StatusCode::OK,
         &json!({ "bindingId": id, "state": "Deleted" }),

@@ -31,6 +31,20 @@ impl Reply {
         serde_json::from_value(self.body).map_err(DroError::internal)
     }
 
+    /// The reply if the call succeeded, else its DRO-DS error (see [`Reply::error`]).
+    pub fn checked(
+        self,
+        not_found: &'static str,
+        exists: &'static str,
+        details: Value,
+    ) -> Result<Reply, DroError> {
+        if self.ok() {
+            Ok(self)
+        } else {
+            Err(self.error(not_found, exists, details))
+        }
+    }
+
     /// The DRO-DS error for a failed call: `not_found` and `exists` name the codes for a
     /// missing object and a name already taken; `details` are added to what the Status says.
     pub fn error(&self, not_found: &'static str, exists: &'static str, details: Value) -> DroError {
@@ -122,10 +136,9 @@ pub async fn list(
     path: &str,
     view: impl Fn(&orrery_api::Object) -> Value,
 ) -> Result<http::Response<crate::http::Body>, DroError> {
-    let r = call(app, who, Method::GET, path, "application/json", None).await?;
-    if !r.ok() {
-        return Err(r.error("NOT_FOUND", "CONFLICT", json!({})));
-    }
+    let r = call(app, who, Method::GET, path, "application/json", None)
+        .await?
+        .checked("NOT_FOUND", "CONFLICT", json!({}))?;
     let items: Vec<Value> = r.body["items"]
         .as_array()
         .map(|a| {

@@ -128,13 +128,11 @@ async fn get_ours(app: &Arc<App>, who: &Identity, name: &str) -> Result<Object, 
     if r.status == 404 {
         return Err(not_found(name));
     }
-    if !r.ok() {
-        return Err(r.error(
-            "POLICY_NOT_FOUND",
-            "POLICY_CONFLICT",
-            json!({ "policyName": name }),
-        ));
-    }
+    let r = r.checked(
+        "POLICY_NOT_FOUND",
+        "POLICY_CONFLICT",
+        json!({ "policyName": name }),
+    )?;
     let o = r.object()?;
     // Policies made with kubectl are not this API's to show in the short form.
     if !is_ours(&o) {
@@ -245,13 +243,11 @@ pub async fn patch(
         Some(&next),
     )
     .await?;
-    if !r.ok() {
-        return Err(r.error(
-            "POLICY_NOT_FOUND",
-            "POLICY_CONFLICT",
-            json!({ "policyName": name }),
-        ));
-    }
+    let r = r.checked(
+        "POLICY_NOT_FOUND",
+        "POLICY_CONFLICT",
+        json!({ "policyName": name }),
+    )?;
     let o = r.object()?;
     Ok(h::json(StatusCode::OK, &view(&o)))
 }
@@ -274,13 +270,11 @@ pub async fn delete(
         })),
     )
     .await?;
-    if !r.ok() {
-        return Err(r.error(
-            "POLICY_NOT_FOUND",
-            "POLICY_CONFLICT",
-            json!({ "policyName": name }),
-        ));
-    }
+    r.checked(
+        "POLICY_NOT_FOUND",
+        "POLICY_CONFLICT",
+        json!({ "policyName": name }),
+    )?;
     Ok(h::json(
         StatusCode::OK,
         &json!({ "name": name, "status": "Deleted" }),

@@ -725,7 +725,7 @@ fn policy_of(b: &Object) -> Option<PolicyRef> {
 fn template_of(b: &Object) -> Option<TKey> {
     let r = b.spec.as_ref()?.get("resource")?;
     let s = |k: &str| r.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-    if s("kind") == binding::TASK_KIND && s("apiVersion") == binding::API_VERSION {
+    if binding::is_task(&s("apiVersion"), &s("kind")) {
         return None;
     }
     Some((s("apiVersion"), s("kind"), s("namespace"), s("name")))
