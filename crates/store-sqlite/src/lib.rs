@@ -22,6 +22,7 @@ use orrery_store::{
 use tokio::sync::{mpsc, oneshot};
 
 mod checkpoint;
+mod latest;
 mod reader;
 mod schema;
 mod writer;
@@ -43,6 +44,8 @@ pub struct SqliteConfig {
     pub compaction_step: usize,
     /// Run SQLite's `quick_check` over the whole file at open.
     pub integrity_check: bool,
+    /// Stored JSON bytes of recently written objects kept in memory for point reads (0: none).
+    pub object_cache_bytes: usize,
     pub watch: WatchCacheConfig,
 }
 
@@ -54,6 +57,7 @@ impl SqliteConfig {
             queue: 16 * 1024,
             compaction_step: 500,
             integrity_check: true,
+            object_cache_bytes: 64 << 20,
             watch: WatchCacheConfig::default(),
         }
     }
@@ -75,6 +79,9 @@ struct Inner {
     compaction_step: usize,
     compacting: AtomicBool,
     threads: Mutex<Vec<std::thread::JoinHandle<()>>>,
+    /// Held while the store is open: one process writes the file (the object cache relies on
+    /// it). Released by `close` or with the process.
+    lock: Mutex<Option<std::fs::File>>,
 }
 
 /// Write counters: how many writes, in how many transactions.
@@ -91,6 +98,7 @@ impl SqliteStore {
             std::fs::create_dir_all(dir)
                 .map_err(|e| StoreError::Backend(format!("creating {}: {e}", dir.display())))?;
         }
+        let lock = lock_file(&config.path)?;
         let conn = schema::open_writer(&config.path, config.integrity_check)?;
         let (rev, compacted, compact_done) =
             writer::initial_revisions(&conn).map_err(|e| schema::open_error(&config.path, e))?;
@@ -99,6 +107,7 @@ impl SqliteStore {
             compacted: compacted.into(),
             compact_done: compact_done.into(),
             stats: writer::Stats::default(),
+            latest: latest::Latest::new(config.object_cache_bytes),
         });
         let cache = WatchCache::new(config.watch, rev);
         cache.set_compacted(compacted);
@@ -144,6 +153,7 @@ impl SqliteStore {
                 compaction_step: config.compaction_step.max(1),
                 compacting: AtomicBool::new(false),
                 threads: Mutex::new(vec![writer_thread, dispatch_thread, checkpoint_thread]),
+                lock: Mutex::new(Some(lock)),
             }),
         };
         if compact_done < compacted {
@@ -242,6 +252,30 @@ impl SqliteStore {
     }
 }
 
+/// Locks `<store>.lock` exclusively, so a second process cannot open the same store.
+fn lock_file(path: &Path) -> Result<std::fs::File> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| StoreError::Backend(format!("opening {}: {e}", lock_path.display())))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Backend(format!(
+            "{} is in use by another process (another Orrery server on the same data directory?)",
+            path.display()
+        ))),
+        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Backend(format!(
+            "locking {}: {e}",
+            lock_path.display()
+        ))),
+    }
+}
+
 #[async_trait::async_trait]
 impl History for SqliteStore {
     async fn changes(
@@ -261,6 +295,9 @@ impl History for SqliteStore {
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn get(&self, key: &str) -> Result<Object> {
+        if let Some(o) = self.inner.shared.latest.get(key) {
+            return Ok((*o).clone());
+        }
         let key = key.to_string();
         // One SELECT: its own snapshot.
         self.inner
@@ -359,5 +396,10 @@ impl Store for SqliteStore {
             }
         })
         .await;
+        self.inner
+            .lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
     }
 }

@@ -15,6 +15,7 @@ use orrery_store::{Change, ChangeKind, Preconditions, Revision, StoreError, Watc
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::latest::Latest;
 use crate::schema;
 
 /// A queued write.
@@ -67,8 +68,11 @@ enum Applied {
         key: String,
         rev: Revision,
         kind: ChangeKind,
-        obj: Box<Object>,
+        /// With its new resourceVersion.
+        obj: Arc<Object>,
         prev: Option<Vec<u8>>,
+        /// The stored JSON's size.
+        weight: usize,
     },
     Deleted {
         key: String,
@@ -98,6 +102,8 @@ pub struct Shared {
     pub compacted: AtomicI64,
     /// How far physical compaction has got.
     pub compact_done: AtomicI64,
+    /// Recently written objects, for point reads.
+    pub latest: Latest,
     pub stats: Stats,
 }
 
@@ -182,6 +188,16 @@ impl Writer {
         let start_rev = self.rev;
         let (start_compacted, start_done) = (self.compacted, self.compact_done);
         let n = batch.len() as u64;
+        // The cached versions of what this group may change go before it commits, so a read
+        // never finds a version older than one already committed (latest.rs).
+        self.shared
+            .latest
+            .forget(batch.iter().filter_map(|r| match &r.op {
+                Op::Create { key, .. } | Op::Update { key, .. } | Op::Delete { key, .. } => {
+                    Some(key.as_str())
+                }
+                _ => None,
+            }));
         let result =
             (|| -> rusqlite::Result<Vec<(oneshot::Sender<_>, Result<Applied, StoreError>)>> {
                 let tx = self
@@ -215,6 +231,14 @@ impl Writer {
                 self.shared
                     .compact_done
                     .store(self.compact_done, Ordering::Release);
+                self.shared
+                    .latest
+                    .put(out.iter().filter_map(|(_, applied)| match applied {
+                        Ok(Applied::Put {
+                            key, obj, weight, ..
+                        }) => Some((key.clone(), obj.clone(), *weight)),
+                        _ => None,
+                    }));
                 self.commits += 1;
                 if self.commits.is_multiple_of(CHECKPOINT_EVERY) {
                     let _ = self.checkpoint.try_send(());
@@ -305,8 +329,9 @@ fn apply(
                     key,
                     rev: next,
                     kind: ChangeKind::Create,
-                    obj,
+                    obj: stamped(obj, next),
                     prev: None,
+                    weight: value.len(),
                 })
             }
         },
@@ -332,8 +357,9 @@ fn apply(
                     key,
                     rev: next,
                     kind: ChangeKind::Update,
-                    obj,
+                    obj: stamped(obj, next),
                     prev: Some(prev),
+                    weight: value.len(),
                 })
             }
         },
@@ -428,6 +454,12 @@ fn apply(
     })
 }
 
+/// A written object with the revision of its write.
+fn stamped(mut obj: Box<Object>, rev: Revision) -> Arc<Object> {
+    obj.metadata.resource_version = rev.to_string();
+    Arc::new(*obj)
+}
+
 /// The uid in stored object JSON, for delete preconditions.
 fn stored_uid(value: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
@@ -453,9 +485,7 @@ pub fn dispatch(rx: std::sync::mpsc::Receiver<Vec<Committed>>, cache: WatchCache
     for group in rx {
         for Committed { reply, applied } in group {
             let answer = applied.map(|a| match a {
-                Applied::Put { key, rev, kind, mut obj, prev } => {
-                    obj.metadata.resource_version = rev.to_string();
-                    let obj = Arc::new(*obj);
+                Applied::Put { key, rev, kind, obj, prev, .. } => {
                     cache.publish(Arc::new(Change::new(key, rev, kind, obj.clone(), prev)));
                     Reply::Object(obj)
                 }

@@ -188,3 +188,108 @@ async fn compaction_removes_dead_versions_in_the_background() {
     let next = s.create("/t/ns/next", obj("next")).await.unwrap();
     assert_eq!(next.revision(), Some(now + 1));
 }
+
+/// Point reads may come from the in-memory cache of recently written objects: they must still
+/// never be older than a write already acknowledged, never go back in time, and never show a
+/// deleted object, also when the cache is small enough to evict all the time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn point_reads_are_never_behind_acknowledged_writes() {
+    for budget in [64 << 20, 600, 0] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = SqliteConfig::new(dir.path().join("orrery.db"));
+        config.object_cache_bytes = budget;
+        let s = Arc::new(SqliteStore::open(config).unwrap());
+        let keys: Vec<String> = (0..4).map(|i| format!("/t/ns/k{i}")).collect();
+        for (i, k) in keys.iter().enumerate() {
+            s.create(k, obj(&format!("k{i}"))).await.unwrap();
+        }
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // Writers: each write is checked by a read right after its acknowledgement.
+        let mut writers = Vec::new();
+        for w in 0..4 {
+            let (s, keys) = (s.clone(), keys.clone());
+            writers.push(tokio::spawn(async move {
+                for i in 0..150 {
+                    let k = &keys[(w + i) % keys.len()];
+                    let written = orrery_store::update_with(s.as_ref(), k, |mut o| {
+                        o.metadata.labels.insert("n".into(), format!("{w}-{i}"));
+                        Ok(Some(o))
+                    })
+                    .await
+                    .unwrap();
+                    let read = s.get(k).await.unwrap();
+                    assert!(
+                        read.revision() >= written.revision(),
+                        "read {:?} after writing {:?}",
+                        read.revision(),
+                        written.revision()
+                    );
+                }
+            }));
+        }
+        // Readers: per key, revisions never go backwards.
+        let mut readers = Vec::new();
+        for _ in 0..2 {
+            let (s, keys, done) = (s.clone(), keys.clone(), done.clone());
+            readers.push(tokio::spawn(async move {
+                let mut last = vec![0i64; keys.len()];
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (i, k) in keys.iter().enumerate() {
+                        let rev = s.get(k).await.unwrap().revision().unwrap();
+                        assert!(rev >= last[i], "{k} went back from {} to {rev}", last[i]);
+                        last[i] = rev;
+                    }
+                    // A cached read completes without waiting: let the writers run.
+                    tokio::task::yield_now().await;
+                }
+            }));
+        }
+        for w in writers {
+            w.await.unwrap();
+        }
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        for r in readers {
+            r.await.unwrap();
+        }
+        // A deleted object is gone for point reads at once, and a new one of the same name is
+        // read as the new one.
+        let gone = s.delete(&keys[0], &Preconditions::default()).await.unwrap();
+        assert!(matches!(
+            s.get(&keys[0]).await,
+            Err(StoreError::NotFound { .. })
+        ));
+        let again = s.create(&keys[0], obj("k0")).await.unwrap();
+        assert!(again.revision() > gone.revision());
+        let read = s.get(&keys[0]).await.unwrap();
+        assert_eq!(read.revision(), again.revision());
+        assert!(read.metadata.labels.is_empty());
+        // What point reads return agrees with a list, read straight from SQLite.
+        let listed = s
+            .list("/t/ns/", &orrery_store::ListOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(listed.items.len(), keys.len());
+        for o in &listed.items {
+            let got = s.get(&format!("/t/ns/{}", o.name())).await.unwrap();
+            assert_eq!(got.revision(), o.revision(), "{}", o.name());
+            assert_eq!(got.metadata.labels, o.metadata.labels, "{}", o.name());
+        }
+        s.close().await;
+    }
+}
+
+#[tokio::test]
+async fn a_store_in_use_is_not_opened_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orrery.db");
+    let s = SqliteStore::open(SqliteConfig::new(&path)).unwrap();
+    s.create("/t/ns/a", obj("a")).await.unwrap();
+    match SqliteStore::open(SqliteConfig::new(&path)) {
+        Err(StoreError::Backend(msg)) => assert!(msg.contains("in use"), "{msg}"),
+        other => panic!("a second open must be refused, got {other:?}"),
+    }
+    // Closing releases it.
+    s.close().await;
+    let s = SqliteStore::open(SqliteConfig::new(&path)).unwrap();
+    assert_eq!(s.get("/t/ns/a").await.unwrap().name(), "a");
+}

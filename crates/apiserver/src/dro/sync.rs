@@ -44,7 +44,7 @@ struct Item {
 }
 
 /// How many items are written at once (the store commits concurrent writes together).
-const PARALLEL: usize = 128;
+const PARALLEL: usize = 1000;
 
 pub async fn batch(
     app: &Arc<App>,
