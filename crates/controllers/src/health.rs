@@ -69,14 +69,37 @@ impl Seen {
     /// Takes in a new version of the Cluster; returns the readiness it had before, if the
     /// new one differs.
     fn observe(&mut self, o: &Object, now: Instant) -> Option<String> {
-        let st = ClusterStatus::of(o);
+        // Every heartbeat and metrics report comes through here: read only what health needs,
+        // not the resource summaries.
+        #[derive(serde::Deserialize, Default)]
+        #[serde(rename_all = "camelCase", default)]
+        struct Beat {
+            conditions: Vec<Condition>,
+            last_heartbeat_time: Option<orrery_api::Time>,
+        }
+        #[derive(serde::Deserialize, Default)]
+        #[serde(default)]
+        struct Tainted {
+            taints: Vec<cluster::Taint>,
+        }
+        use serde::Deserialize;
+        let st = o
+            .status
+            .as_ref()
+            .and_then(|s| Beat::deserialize(s).ok())
+            .unwrap_or_default();
         if st.last_heartbeat_time.is_some() && st.last_heartbeat_time != self.heartbeat {
             self.heartbeat = st.last_heartbeat_time;
             self.heartbeat_at = now;
         }
         self.deleting = o.metadata.deletion_timestamp.is_some();
-        self.taints = cluster::ClusterSpec::of(o).taints;
-        let ready = ready_of(&st).cloned();
+        self.taints = o
+            .spec
+            .as_ref()
+            .and_then(|s| Tainted::deserialize(s).ok())
+            .unwrap_or_default()
+            .taints;
+        let ready = conditions::find(&st.conditions, CONDITION_READY).cloned();
         let before = self
             .ready
             .as_ref()

@@ -57,7 +57,7 @@ impl SqliteConfig {
             queue: 16 * 1024,
             compaction_step: 500,
             integrity_check: true,
-            object_cache_bytes: 64 << 20,
+            object_cache_bytes: 16 << 20,
             watch: WatchCacheConfig::default(),
         }
     }

@@ -60,6 +60,26 @@ impl Renderer {
         }
     }
 
+    /// One event's line. Plain JSON is written straight from the stored object (no copy and
+    /// no intermediate JSON tree): every watcher of a busy kind pays this per event.
+    fn event(&self, kind: &str, obj: &Object) -> Bytes {
+        #[derive(serde::Serialize)]
+        struct Line<'a> {
+            #[serde(rename = "type")]
+            kind: &'a str,
+            object: &'a Object,
+        }
+        if matches!(self.representation, Representation::Json)
+            && obj.kind == self.rt.kind
+            && obj.api_version == self.rt.api_version()
+        {
+            let mut out = serde_json::to_vec(&Line { kind, object: obj }).unwrap_or_default();
+            out.push(b'\n');
+            return Bytes::from(out);
+        }
+        line(kind, self.object(&present(&self.rt, obj.clone())))
+    }
+
     fn bookmark(&self, rv: Revision, initial_end: bool) -> Value {
         let mut meta = json!({ "resourceVersion": rv.to_string() });
         if initial_end {
@@ -196,11 +216,7 @@ pub async fn watch(call: Call<'_>) -> ApiResult<Response<Body>> {
     tokio::spawn(async move {
         let Some(mut w) = stream else { return };
         for obj in initial {
-            if tx
-                .send(line("ADDED", renderer.object(&present(&renderer.rt, obj))))
-                .await
-                .is_err()
-            {
+            if tx.send(renderer.event("ADDED", &obj)).await.is_err() {
                 return;
             }
         }
@@ -228,10 +244,7 @@ pub async fn watch(call: Call<'_>) -> ApiResult<Response<Body>> {
                 Some(Ok(ev)) => {
                     let kind = ev.type_name();
                     let Some(obj) = ev.object() else { continue };
-                    line(
-                        kind,
-                        renderer.object(&present(&renderer.rt, (**obj).clone())),
-                    )
+                    renderer.event(kind, obj)
                 }
                 Some(Err(e)) => {
                     let _ = tx.send(line("ERROR", ApiError::from(e).to_status())).await;
