@@ -99,7 +99,7 @@ impl Seen {
             .and_then(|s| Tainted::deserialize(s).ok())
             .unwrap_or_default()
             .taints;
-        let ready = conditions::find(&st.conditions, CONDITION_READY).cloned();
+        let ready = ready_of(&st.conditions).cloned();
         let before = self
             .ready
             .as_ref()
@@ -117,8 +117,8 @@ impl Seen {
     }
 }
 
-fn ready_of(s: &ClusterStatus) -> Option<&Condition> {
-    conditions::find(&s.conditions, CONDITION_READY)
+fn ready_of(conds: &[Condition]) -> Option<&Condition> {
+    conditions::find(conds, CONDITION_READY)
 }
 
 /// The local instant a wall-clock time corresponds to (for state found at start-up).
@@ -175,7 +175,7 @@ async fn set_unknown(store: &dyn Store, name: &str, grace: Duration) -> Result<(
     let key = keys::well_known::cluster(name);
     let r = update_with(store, &key, |mut o| {
         let mut st = ClusterStatus::of(&o);
-        if ready_of(&st).is_some_and(|c| c.status == conditions::UNKNOWN) {
+        if ready_of(&st.conditions).is_some_and(|c| c.status == conditions::UNKNOWN) {
             return Ok(None);
         }
         let changed = conditions::set(
@@ -219,12 +219,8 @@ async fn set_taints(store: &dyn Store, name: &str, eviction: Duration) -> Result
         }
         let now = Time::now();
         let st = ClusterStatus::of(&o);
-        let spec: cluster::ClusterSpec = o
-            .spec
-            .clone()
-            .and_then(|s| serde_json::from_value(s).ok())
-            .unwrap_or_default();
-        let wanted = wanted_taints(ready_of(&st), now, eviction);
+        let spec = cluster::ClusterSpec::of(&o);
+        let wanted = wanted_taints(ready_of(&st.conditions), now, eviction);
         let Some(taints) = reconcile_taints(&spec.taints, &wanted, now) else {
             return Ok(None);
         };

@@ -53,6 +53,14 @@ fn admin_only(who: &Identity) -> Result<(), DroError> {
     }
 }
 
+/// The Cluster kind as the API serves it.
+fn cluster_type(app: &App) -> Result<std::sync::Arc<crate::resources::ResourceType>, DroError> {
+    app.resources
+        .snapshot()
+        .by_kind(cluster::GROUP, "Cluster")
+        .ok_or_else(|| DroError::internal("the Cluster kind is not registered"))
+}
+
 /// Reads, changes and writes one Cluster with compare-and-swap, validated like any update.
 async fn update_cluster(
     app: &App,
@@ -60,10 +68,7 @@ async fn update_cluster(
     mut change: impl FnMut(&mut Object) -> Result<(), DroError>,
 ) -> Result<std::sync::Arc<Object>, DroError> {
     let key = keys::well_known::cluster(name);
-    let reg = app.resources.snapshot();
-    let rt = reg
-        .by_kind(cluster::GROUP, "Cluster")
-        .ok_or_else(|| DroError::internal("the Cluster kind is not registered"))?;
+    let rt = cluster_type(app)?;
     for _ in 0..5 {
         let current = match app.store.get(&key).await {
             Ok(o) => o,
@@ -158,10 +163,7 @@ pub async fn metrics(
         network_traffic: r.network_traffic,
     };
     let mut level = None;
-    let reg = app.resources.snapshot();
-    let rt = reg
-        .by_kind(cluster::GROUP, "Cluster")
-        .ok_or_else(|| DroError::internal("the Cluster kind is not registered"))?;
+    let rt = cluster_type(app)?;
     // A status write: the report changes nothing else of the Cluster.
     crate::rest::write::update_status(app, &rt, None, &r.cluster, None, |c| {
         let mut st = ClusterStatus::of(c);
