@@ -65,17 +65,21 @@ pub fn prepare_create(rt: &ResourceType, obj: &mut Object) {
 /// Server-owned parts of a status write: a Cluster's water levels are computed here from what
 /// its member reports, and a heartbeat is stamped with the server's clock (so members' clocks
 /// do not decide their health).
-pub fn prepare_status(rt: &ResourceType, old_status: Option<&Value>, new: &mut Object) {
+pub fn prepare_status(
+    rt: &ResourceType,
+    old_status: Option<&Value>,
+    new_status: &mut Option<Value>,
+) {
     if (rt.group.as_str(), rt.kind.as_str()) != ("multicluster.io", "Cluster") {
         return;
     }
-    let Some(Value::Object(status)) = new.status.as_mut() else {
+    let Some(Value::Object(status)) = new_status.as_mut() else {
         return;
     };
+    // Read in place: a copy of the summary first cost as much as parsing it.
     let summary = status
         .get("resourceSummary")
-        .cloned()
-        .and_then(|v| serde_json::from_value::<cluster::ResourceSummary>(v).ok());
+        .and_then(|v| <cluster::ResourceSummary as serde::Deserialize>::deserialize(v).ok());
     match summary {
         Some(s) => {
             let wl = serde_json::to_value(cluster::water_level(&s)).unwrap_or(Value::Null);

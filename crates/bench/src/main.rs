@@ -60,6 +60,10 @@ enum Command {
         /// Measure only Orrery's store (for profiling).
         #[arg(long)]
         skip_baselines: bool,
+        /// The store's longest wait for more writes before a commit, in microseconds (the
+        /// store's default when absent; 0 commits at once).
+        #[arg(long)]
+        commit_delay_us: Option<u64>,
     },
     /// Watch fan-out: many watchers on one prefix, latency from write to the last watcher.
     StoreWatch {
@@ -265,6 +269,7 @@ fn main() -> anyhow::Result<()> {
                 dir,
                 etcd,
                 skip_baselines,
+                commit_delay_us,
             } => {
                 store::writes(store::WriteArgs {
                     runs,
@@ -274,6 +279,7 @@ fn main() -> anyhow::Result<()> {
                     dir,
                     etcd,
                     skip_baselines,
+                    commit_delay: commit_delay_us.map(std::time::Duration::from_micros),
                 })
                 .await
             }

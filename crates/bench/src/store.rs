@@ -107,6 +107,7 @@ pub struct WriteArgs {
     pub dir: Option<PathBuf>,
     pub etcd: bool,
     pub skip_baselines: bool,
+    pub commit_delay: Option<std::time::Duration>,
 }
 
 fn tempdir_in(dir: &Option<PathBuf>) -> anyhow::Result<tempfile::TempDir> {
@@ -155,7 +156,11 @@ pub async fn writes(args: WriteArgs) -> anyhow::Result<()> {
         }
         for (i, &w) in args.writers.iter().enumerate() {
             let d = tempdir_in(&args.dir)?;
-            let store = open_sqlite(d.path())?;
+            let mut config = SqliteConfig::new(d.path().join("orrery.db"));
+            if let Some(delay) = args.commit_delay {
+                config.commit_delay = delay;
+            }
+            let store = SqliteStore::open(config)?;
             ours[i].push(store_rate(Arc::new(store.clone()), w, args.seconds, args.bytes).await?);
             let st = store.write_stats();
             progress(format!(
@@ -173,6 +178,7 @@ pub async fn writes(args: WriteArgs) -> anyhow::Result<()> {
             "backend": "sqlite",
             "writers": w,
             "object_bytes": args.bytes,
+            "commit_delay_us": args.commit_delay.map(|d| d.as_micros() as u64),
             "ops_per_sec": round(m, 0),
             "samples": ours[i].iter().map(|v| round(*v, 0)).collect::<Vec<_>>(),
             "baseline_a_one_row_per_txn_ops_per_sec": round(naive_m, 0),

@@ -61,6 +61,11 @@ pub struct ServerArgs {
     /// 5-minute averages).
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub monitoring_interval: Duration,
+    /// How long the SQLite store may wait for more writes to commit with one, while writes
+    /// arrive in a steady stream of separate requests (one fsync for several; 0 commits each
+    /// at once).
+    #[arg(long, default_value = "2ms", value_parser = parse_duration)]
+    pub commit_delay: Duration,
     /// How much history the store keeps before compacting (watch resumption window).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub compaction_interval: Duration,
@@ -97,7 +102,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 async fn open_store(args: &ServerArgs) -> anyhow::Result<Arc<dyn Store>> {
     match args.store {
         StoreKind::Sqlite => {
-            let store = orrery_store_sqlite::SqliteStore::open_dir(&args.data_dir)
+            let mut config =
+                orrery_store_sqlite::SqliteConfig::new(args.data_dir.join("orrery.db"));
+            config.commit_delay = args.commit_delay;
+            let store = orrery_store_sqlite::SqliteStore::open(config)
                 .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
             Ok(Arc::new(store))
         }
@@ -342,6 +350,20 @@ mod tests {
         assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
         assert!(parse_duration("5 minutes").is_err());
         assert!(parse_duration("x").is_err());
+    }
+
+    #[test]
+    fn the_commit_delay_flag_defaults_to_the_stores_default() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            server: ServerArgs,
+        }
+        let cli = <Cli as clap::Parser>::try_parse_from(["orrery"]).unwrap();
+        assert_eq!(
+            cli.server.commit_delay,
+            orrery_store_sqlite::DEFAULT_COMMIT_DELAY
+        );
     }
 
     #[test]

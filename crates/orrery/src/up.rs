@@ -164,6 +164,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         shed_window: Duration::from_secs(60),
         move_grace_period: Duration::from_secs(300),
         monitoring_interval: Duration::from_secs(15),
+        commit_delay: orrery_store_sqlite::DEFAULT_COMMIT_DELAY,
     };
     let started = Instant::now();
     let running = crate::server::start(&server_args).await?;

@@ -22,6 +22,7 @@ use orrery_store::{
 use tokio::sync::{mpsc, oneshot};
 
 mod checkpoint;
+mod gather;
 mod latest;
 mod reader;
 mod schema;
@@ -32,12 +33,18 @@ use writer::{Op, Reply, Request, Shared};
 
 pub use schema::APPLICATION_ID;
 
+/// The longest the writer waits for more writes to commit with one (gather.rs).
+pub const DEFAULT_COMMIT_DELAY: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// How to open a SQLite store.
 #[derive(Clone, Debug)]
 pub struct SqliteConfig {
     pub path: PathBuf,
     /// The most writes one transaction may carry.
     pub max_batch: usize,
+    /// The longest the writer waits for more writes before committing, while a steady stream
+    /// of writes makes waiting pay (gather.rs); zero commits at once.
+    pub commit_delay: std::time::Duration,
     /// How many writes may wait in the queue before writers are made to wait.
     pub queue: usize,
     /// Versions removed per compaction step (bounds how long one step holds the writer).
@@ -54,6 +61,7 @@ impl SqliteConfig {
         SqliteConfig {
             path: path.into(),
             max_batch: 1024,
+            commit_delay: DEFAULT_COMMIT_DELAY,
             queue: 16 * 1024,
             compaction_step: 500,
             integrity_check: true,
@@ -121,6 +129,7 @@ impl SqliteStore {
             compacted,
             compact_done,
             config.max_batch,
+            config.commit_delay,
             shared.clone(),
             checkpoint_tx,
         );
@@ -304,6 +313,18 @@ impl Store for SqliteStore {
             .readers
             .with_statement(move |c| reader::get(c, &key))
             .await
+    }
+
+    async fn get_shared(&self, key: &str) -> Result<Arc<Object>> {
+        if let Some(o) = self.inner.shared.latest.get(key) {
+            return Ok(o);
+        }
+        let key = key.to_string();
+        self.inner
+            .readers
+            .with_statement(move |c| reader::get(c, &key))
+            .await
+            .map(Arc::new)
     }
 
     async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult> {

@@ -9,12 +9,14 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use orrery_api::Object;
 use orrery_store::{Change, ChangeKind, Preconditions, Revision, StoreError, WatchCache};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::gather::Gather;
 use crate::latest::Latest;
 use crate::schema;
 
@@ -117,7 +119,11 @@ pub struct Writer {
     /// Nudges the checkpoint thread; full means a nudge is already pending.
     checkpoint: std::sync::mpsc::SyncSender<()>,
     commits: u64,
+    gather: Gather,
 }
+
+/// The longest sleep between looks at the queue while gathering a group.
+const NAP: Duration = Duration::from_micros(100);
 
 /// Commits between checkpoint nudges (it also runs on a timer).
 const CHECKPOINT_EVERY: u64 = 32;
@@ -129,6 +135,7 @@ impl Writer {
         compacted: Revision,
         compact_done: Revision,
         max_batch: usize,
+        commit_delay: Duration,
         shared: Arc<Shared>,
         checkpoint: std::sync::mpsc::SyncSender<()>,
     ) -> Self {
@@ -141,6 +148,7 @@ impl Writer {
             shared,
             checkpoint,
             commits: 0,
+            gather: Gather::new(commit_delay),
         }
     }
 
@@ -164,10 +172,16 @@ impl Writer {
                     next = rx.try_recv().ok();
                 }
             }
+            if stop.is_none() {
+                stop = self.gather_more(&mut rx, &mut batch);
+            }
             let mut committed = if batch.is_empty() {
                 Vec::new()
             } else {
-                self.commit_group(&mut batch)
+                let n = batch.len();
+                let out = self.commit_group(&mut batch);
+                self.gather.committed(n, Instant::now());
+                out
             };
             if let Some(reply) = stop.take() {
                 committed.push(Committed {
@@ -182,6 +196,34 @@ impl Writer {
             }
         }
         tracing::debug!("store writer stopped");
+    }
+
+    /// Waits a little for more writes when that has lately made groups larger (gather.rs).
+    /// Returns the reply of a shutdown request met on the way.
+    fn gather_more(
+        &mut self,
+        rx: &mut mpsc::Receiver<Request>,
+        batch: &mut Vec<Request>,
+    ) -> Option<oneshot::Sender<Result<Reply, StoreError>>> {
+        let wait = self
+            .gather
+            .wait(batch.len(), self.max_batch, Instant::now())?;
+        loop {
+            while batch.len() < self.max_batch {
+                match rx.try_recv() {
+                    Ok(req) if matches!(req.op, Op::Shutdown) => return Some(req.reply),
+                    Ok(req) => batch.push(req),
+                    Err(_) => break,
+                }
+            }
+            let now = Instant::now();
+            if batch.len() >= wait.enough || now >= wait.until {
+                return None;
+            }
+            // Short naps rather than one timed receive: the queue is a tokio channel, whose
+            // timers tick in milliseconds.
+            std::thread::sleep((wait.until - now).min(NAP));
+        }
     }
 
     fn commit_group(&mut self, batch: &mut Vec<Request>) -> Vec<Committed> {

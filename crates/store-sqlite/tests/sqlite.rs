@@ -123,6 +123,54 @@ async fn concurrent_writes_share_transactions() {
     );
 }
 
+/// Transactions a stream of `n` separate writes, one started every `every`, takes.
+async fn transactions_for_a_stream(
+    delay: std::time::Duration,
+    n: usize,
+    every: std::time::Duration,
+) -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = SqliteConfig::new(dir.path().join("orrery.db"));
+    config.commit_delay = delay;
+    let s = Arc::new(SqliteStore::open(config).unwrap());
+    let start = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        // Each write is its own client, started on a schedule (not when the last one is
+        // answered), like members reporting on their own clocks.
+        let at = start + every * i as u32;
+        if let Some(d) = at.checked_duration_since(std::time::Instant::now()) {
+            tokio::time::sleep(d).await;
+        }
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            s.create(&format!("/t/ns/{i}"), obj(&i.to_string()))
+                .await
+                .unwrap();
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let stats = s.write_stats();
+    assert_eq!(stats.writes, n as u64);
+    s.close().await;
+    stats.transactions
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_steady_stream_of_separate_writes_is_committed_in_groups() {
+    let every = std::time::Duration::from_millis(2);
+    let at_once = transactions_for_a_stream(std::time::Duration::ZERO, 300, every).await;
+    let gathered =
+        transactions_for_a_stream(std::time::Duration::from_millis(10), 300, every).await;
+    assert!(
+        gathered * 2 < at_once,
+        "waiting up to 10 ms for more writes should at least halve the commits of writes \
+         that come every 2 ms: {gathered} transactions, against {at_once} without waiting"
+    );
+}
+
 #[tokio::test]
 async fn one_failed_write_does_not_fail_its_group() {
     let dir = tempfile::tempdir().unwrap();

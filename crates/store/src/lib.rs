@@ -55,6 +55,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// The object at `key`, or [`StoreError::NotFound`].
     async fn get(&self, key: &str) -> Result<Object>;
 
+    /// Like [`Store::get`], shared: a store that keeps the object in memory hands out its own
+    /// copy instead of a new one (for readers that build a changed object from parts of it).
+    async fn get_shared(&self, key: &str) -> Result<Arc<Object>> {
+        self.get(key).await.map(Arc::new)
+    }
+
     /// Objects under `prefix` in key order, filtered by the options' selectors, one page at a
     /// time. All pages of one list reflect the same revision.
     async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult>;

@@ -23,6 +23,7 @@ use super::DroError;
 use crate::app::App;
 use crate::auth::Identity;
 use crate::http::{self as h, Body};
+use crate::rest::write::StatusCheck;
 
 fn bad(message: impl Into<String>, field: &str) -> DroError {
     DroError::validation(message).with_details(json!({ "fields": [{"field": field}] }))
@@ -162,42 +163,78 @@ pub async fn metrics(
         pods: r.pods,
         network_traffic: r.network_traffic,
     };
-    let mut level = None;
     let rt = cluster_type(app)?;
-    // A status write: the report changes nothing else of the Cluster.
-    crate::rest::write::update_status(app, &rt, None, &r.cluster, None, |c| {
-        let mut st = ClusterStatus::of(c);
-        // The report's usage feeds the water level the scheduler reads.
-        if let Some(rs) = st.resource_summary.as_mut() {
-            if let Some(cpu) = rs.allocatable.get("cpu") {
-                let used = (cpu.nanos() as f64 * r.cpu_usage / 100.0) as i128;
-                if let Ok(q) = Quantity::from_nanos(used, orrery_api::Format::DecimalSI) {
-                    rs.usage.insert("cpu".into(), q);
+    let metrics = serde_json::to_value(&summary).map_err(DroError::internal)?;
+    // A status write: the report changes nothing else of the Cluster. The status is edited as
+    // JSON, in place: parsing it whole and writing it back cost more than the rest of the
+    // handler, and fields this handler does not know stay as they are.
+    let stored = crate::rest::write::update_status(
+        app,
+        &rt,
+        None,
+        &r.cluster,
+        None,
+        StatusCheck::Trusted,
+        |c| {
+            let mut st = match &c.status {
+                Some(Value::Object(m)) => m.clone(),
+                _ => serde_json::Map::new(),
+            };
+            if let Some(Value::Object(rs)) = st.get_mut("resourceSummary") {
+                // The report's usage feeds the water level (computed from the summary when the
+                // status is written) the scheduler reads.
+                let allocatable = |name: &str| {
+                    rs.get("allocatable")
+                        .and_then(|a| a.get(name))
+                        .and_then(Value::as_str)
+                        .and_then(|q| q.parse::<Quantity>().ok())
+                };
+                let cpu = allocatable("cpu").and_then(|cpu| {
+                    let used = (cpu.nanos() as f64 * r.cpu_usage / 100.0) as i128;
+                    Quantity::from_nanos(used, orrery_api::Format::DecimalSI).ok()
+                });
+                let memory = allocatable("memory").and_then(|mem| {
+                    let free = (r.memory_available * (1u64 << 30) as f64 * 1e9) as i128;
+                    let used = (mem.nanos() - free).max(0);
+                    Quantity::from_nanos(used, orrery_api::Format::BinarySI).ok()
+                });
+                if cpu.is_some() || memory.is_some() {
+                    let usage = rs
+                        .entry("usage")
+                        .or_insert_with(|| Value::Object(Default::default()));
+                    if !usage.is_object() {
+                        *usage = Value::Object(Default::default());
+                    }
+                    if let Value::Object(usage) = usage {
+                        for (name, q) in [("cpu", cpu), ("memory", memory)] {
+                            if let Some(q) = q {
+                                usage.insert(name.into(), Value::String(q.to_string()));
+                            }
+                        }
+                    }
                 }
             }
-            if let Some(mem) = rs.allocatable.get("memory") {
-                let free = (r.memory_available * (1u64 << 30) as f64 * 1e9) as i128;
-                let used = (mem.nanos() - free).max(0);
-                if let Ok(q) = Quantity::from_nanos(used, orrery_api::Format::BinarySI) {
-                    rs.usage.insert("memory".into(), q);
+            if r.network_traffic.is_some() || !r.latencies.is_empty() {
+                let n = st
+                    .entry("network")
+                    .or_insert_with(|| Value::Object(Default::default()));
+                if !n.is_object() {
+                    *n = Value::Object(Default::default());
+                }
+                if let Value::Object(n) = n {
+                    if let Some(t) = r.network_traffic {
+                        n.insert("ingressBytesPerSecond".into(), json!(t / 2.0));
+                        n.insert("egressBytesPerSecond".into(), json!(t / 2.0));
+                    }
+                    if !r.latencies.is_empty() {
+                        n.insert("latencyMs".into(), json!(r.latencies));
+                    }
                 }
             }
-            st.water_level = Some(cluster::water_level(rs));
-        }
-        if r.network_traffic.is_some() || !r.latencies.is_empty() {
-            let n = st.network.get_or_insert_with(Default::default);
-            if let Some(t) = r.network_traffic {
-                n.ingress_bytes_per_second = t / 2.0;
-                n.egress_bytes_per_second = t / 2.0;
-            }
-            if !r.latencies.is_empty() {
-                n.latency_ms = r.latencies.clone();
-            }
-        }
-        st.metrics = Some(summary.clone());
-        level = st.water_level.clone();
-        serde_json::to_value(&st).map_err(|e| crate::error::ApiError::internal(e.to_string()))
-    })
+            st.insert("metrics".into(), metrics.clone());
+            Ok(Value::Object(st))
+        },
+    )
     .await
     .map_err(|e| {
         if e.code == 404 {
@@ -206,6 +243,12 @@ pub async fn metrics(
             DroError::from(e)
         }
     })?;
+    let level = stored
+        .status
+        .as_ref()
+        .and_then(|s| s.get("waterLevel"))
+        .cloned()
+        .unwrap_or(Value::Null);
     Ok(h::json(
         StatusCode::OK,
         &json!({ "cluster": r.cluster, "accepted": true, "waterLevel": level }),
