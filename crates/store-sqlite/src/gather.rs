@@ -80,7 +80,8 @@ impl Gather {
         } else {
             gap
         };
-        if self.delay.is_zero() || n >= max || !(self.gap < delay) {
+        // (The gap is a finite or an infinite number of seconds, never NaN.)
+        if self.delay.is_zero() || n >= max || self.gap >= delay {
             return None;
         }
         let until = now + self.delay;

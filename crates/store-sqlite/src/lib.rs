@@ -128,8 +128,7 @@ impl SqliteStore {
             rev,
             compacted,
             compact_done,
-            config.max_batch,
-            config.commit_delay,
+            (config.max_batch, config.commit_delay),
             shared.clone(),
             checkpoint_tx,
         );

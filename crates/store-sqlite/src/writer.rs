@@ -134,8 +134,7 @@ impl Writer {
         rev: Revision,
         compacted: Revision,
         compact_done: Revision,
-        max_batch: usize,
-        commit_delay: Duration,
+        (max_batch, commit_delay): (usize, Duration),
         shared: Arc<Shared>,
         checkpoint: std::sync::mpsc::SyncSender<()>,
     ) -> Self {
