@@ -303,15 +303,8 @@ impl History for SqliteStore {
 #[async_trait::async_trait]
 impl Store for SqliteStore {
     async fn get(&self, key: &str) -> Result<Object> {
-        if let Some(o) = self.inner.shared.latest.get(key) {
-            return Ok((*o).clone());
-        }
-        let key = key.to_string();
-        // One SELECT: its own snapshot.
-        self.inner
-            .readers
-            .with_statement(move |c| reader::get(c, &key))
-            .await
+        // A cached object is copied; one read from SQLite is not.
+        self.get_shared(key).await.map(Arc::unwrap_or_clone)
     }
 
     async fn get_shared(&self, key: &str) -> Result<Arc<Object>> {
@@ -319,6 +312,7 @@ impl Store for SqliteStore {
             return Ok(o);
         }
         let key = key.to_string();
+        // One SELECT: its own snapshot.
         self.inner
             .readers
             .with_statement(move |c| reader::get(c, &key))
