@@ -199,36 +199,22 @@ pub async fn metrics(
                     Quantity::from_nanos(used, orrery_api::Format::BinarySI).ok()
                 });
                 if cpu.is_some() || memory.is_some() {
-                    let usage = rs
-                        .entry("usage")
-                        .or_insert_with(|| Value::Object(Default::default()));
-                    if !usage.is_object() {
-                        *usage = Value::Object(Default::default());
-                    }
-                    if let Value::Object(usage) = usage {
-                        for (name, q) in [("cpu", cpu), ("memory", memory)] {
-                            if let Some(q) = q {
-                                usage.insert(name.into(), Value::String(q.to_string()));
-                            }
+                    let usage = object_field(rs, "usage");
+                    for (name, q) in [("cpu", cpu), ("memory", memory)] {
+                        if let Some(q) = q {
+                            usage.insert(name.into(), Value::String(q.to_string()));
                         }
                     }
                 }
             }
             if r.network_traffic.is_some() || !r.latencies.is_empty() {
-                let n = st
-                    .entry("network")
-                    .or_insert_with(|| Value::Object(Default::default()));
-                if !n.is_object() {
-                    *n = Value::Object(Default::default());
+                let n = object_field(&mut st, "network");
+                if let Some(t) = r.network_traffic {
+                    n.insert("ingressBytesPerSecond".into(), json!(t / 2.0));
+                    n.insert("egressBytesPerSecond".into(), json!(t / 2.0));
                 }
-                if let Value::Object(n) = n {
-                    if let Some(t) = r.network_traffic {
-                        n.insert("ingressBytesPerSecond".into(), json!(t / 2.0));
-                        n.insert("egressBytesPerSecond".into(), json!(t / 2.0));
-                    }
-                    if !r.latencies.is_empty() {
-                        n.insert("latencyMs".into(), json!(r.latencies));
-                    }
+                if !r.latencies.is_empty() {
+                    n.insert("latencyMs".into(), json!(r.latencies));
                 }
             }
             st.insert("metrics".into(), metrics.clone());
@@ -253,6 +239,22 @@ pub async fn metrics(
         StatusCode::OK,
         &json!({ "cluster": r.cluster, "accepted": true, "waterLevel": level }),
     ))
+}
+
+/// The object at `key` in `m`, made an empty one first when it is missing or not an object.
+fn object_field<'a>(
+    m: &'a mut serde_json::Map<String, Value>,
+    key: &str,
+) -> &'a mut serde_json::Map<String, Value> {
+    let v = m
+        .entry(key)
+        .or_insert_with(|| Value::Object(Default::default()));
+    if !v.is_object() {
+        *v = Value::Object(Default::default());
+    }
+    // Invariant: made an object just above.
+    #[allow(clippy::expect_used)]
+    v.as_object_mut().expect("an object")
 }
 
 /// A domain event (6.3.1 `POST /events`).
