@@ -717,6 +717,40 @@ fn unregistering_a_cluster_removes_its_works_and_stops_its_agent() {
     });
 }
 
+/// The agent sleeps through the whole unregistration (the Cluster and its tokens are gone when it
+/// wakes): its revoked token must still tell it that the cluster was unregistered, so it stops
+/// cleanly instead of failing to register again with a bootstrap token that was revoked too.
+#[test]
+fn an_agent_that_slept_through_its_unregistration_still_stops_cleanly() {
+    let s = Server::start();
+    let mut agent = sim_agent(&s, "napper", "r", &[]);
+    eventually(Duration::from_secs(10), "Ready", || {
+        s.cluster_condition("napper", "Ready") == "True"
+    });
+    s.stdin(
+        &["apply", "-n", "orrery-cluster-napper", "-f", "-"],
+        &work("app", 1),
+    );
+    eventually(Duration::from_secs(10), "running", || {
+        ready_replicas(&s, "orrery-cluster-napper", "app") == 1
+    });
+    agent.signal("STOP");
+    s.ok(&["delete", "cluster", "napper"]);
+    assert!(s.fails(&["get", "cluster", "napper"]).contains("NotFound"));
+    agent.signal("CONT");
+    let status = agent.wait_exit(Duration::from_secs(30));
+    assert!(status.success(), "{}", agent.log());
+    assert!(
+        agent
+            .output()
+            .iter()
+            .any(|l| l.contains("was unregistered")),
+        "{}",
+        agent.log()
+    );
+    assert!(!agent.dir.join("state/state.json").exists());
+}
+
 #[test]
 fn a_simulated_fleet_with_faults() {
     let s = Server::start_with(&["--cluster-grace-period", "3s"]);

@@ -406,6 +406,17 @@ impl Agent {
         }
     }
 
+    /// Freezes (`STOP`) or thaws (`CONT`) the agent process, as a long pause or a partition would.
+    pub fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("the agent is running").id();
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &pid.to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -{sig} {pid}");
+    }
+
     /// Starts the same agent again (same state directory and arguments).
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop the agent first");

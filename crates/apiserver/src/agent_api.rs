@@ -295,7 +295,9 @@ async fn register(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Response
     let obj = upsert_cluster(app, &rt, &req).await?;
     ensure_cluster_namespace(app, &req.cluster).await?;
     // One agent per cluster: a new registration retires the tokens of the previous one.
-    app.auth.revoke_cluster(&req.cluster, false).await?;
+    app.auth
+        .revoke_cluster(&req.cluster, crate::auth::Revoke::Retire)
+        .await?;
     let token = app
         .auth
         .issue(

@@ -8,6 +8,12 @@
 //! Identities: *admin* may do everything; *cluster* tokens (used by member agents) are scoped
 //! to one member cluster; *bootstrap* tokens (what `orrery token create` prints) may only
 //! register their one cluster, which trades them for a cluster token.
+//!
+//! When a cluster is unregistered its agent tokens are not deleted but kept as tombstones for
+//! [`TOMBSTONE_TTL`]: a request with one gets 404 "cluster ... was unregistered" instead of a bare
+//! 401, so an agent that missed the Cluster's deletion still learns why it was cut off (and
+//! stops and cleans up) rather than taking itself for a retired agent. Re-registering the
+//! name removes them.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
@@ -21,6 +27,9 @@ use sha2::{Digest, Sha256};
 use crate::error::ApiError;
 
 const PREFIX: &str = "/internal/tokens/";
+
+/// How long an unregistered cluster's agent tokens keep answering "unregistered".
+pub const TOMBSTONE_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
 
 /// Who is calling.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,6 +58,14 @@ struct Record {
     hash: [u8; 32],
     identity: Identity,
     expires: Option<Time>,
+    /// A tombstone: the token of an agent whose cluster was unregistered.
+    unregistered: bool,
+}
+
+impl Record {
+    fn expired(&self, now: Time) -> bool {
+        self.expires.is_some_and(|e| e <= now)
+    }
 }
 
 /// Verifies tokens against the stored hashes.
@@ -109,6 +126,7 @@ fn record_of(obj: &Object) -> Option<(String, Record)> {
             hash,
             identity,
             expires,
+            unregistered: spec.get("unregistered").is_some(),
         },
     ))
 }
@@ -187,21 +205,37 @@ impl Authenticator {
             })
             .map(str::trim)
             .ok_or_else(ApiError::unauthorized)?;
-        self.verify(token).ok_or_else(ApiError::unauthorized)
+        match self.lookup(token) {
+            Some(Record {
+                unregistered: true,
+                identity: Identity::Cluster { name },
+                ..
+            }) => Err(ApiError::new(
+                404,
+                "NotFound",
+                format!("cluster \"{name}\" was unregistered; this agent token no longer works"),
+            )),
+            Some(r) if !r.unregistered => Ok(r.identity),
+            _ => Err(ApiError::unauthorized()),
+        }
     }
 
     /// The identity a raw token grants, if it is valid.
     pub fn verify(&self, token: &str) -> Option<Identity> {
+        self.lookup(token)
+            .filter(|r| !r.unregistered)
+            .map(|r| r.identity)
+    }
+
+    /// The unexpired record a raw token matches (a tombstone included).
+    fn lookup(&self, token: &str) -> Option<Record> {
         let (id, secret) = token.split_once('.')?;
         let tokens = self.tokens.read().unwrap_or_else(|p| p.into_inner());
         let rec = tokens.get(id)?;
-        if !same(&rec.hash, &digest(secret)) {
+        if !same(&rec.hash, &digest(secret)) || rec.expired(Time::now()) {
             return None;
         }
-        if rec.expires.is_some_and(|e| e <= Time::now()) {
-            return None;
-        }
-        Some(rec.identity.clone())
+        Some(rec.clone())
     }
 
     /// Creates a token for `identity` and returns it; only its hash is stored.
@@ -244,30 +278,65 @@ impl Authenticator {
         Ok(format!("{id}.{secret}"))
     }
 
-    /// Removes the tokens of a cluster: its agents' (`bootstrap_too` = false, when an agent
-    /// registers anew), or all of them (when the cluster is unregistered).
-    pub async fn revoke_cluster(
-        &self,
-        cluster: &str,
-        bootstrap_too: bool,
-    ) -> Result<usize, StoreError> {
+    /// Revokes the tokens of a cluster. `Revoke::Retire` (an agent registers anew) deletes its
+    /// earlier agents' tokens; `Revoke::Unregister` deletes its bootstrap tokens and turns its
+    /// agent tokens into tombstones. Either way, expired records of any cluster are swept.
+    /// Returns how many of the cluster's tokens stopped working.
+    pub async fn revoke_cluster(&self, cluster: &str, how: Revoke) -> Result<usize, StoreError> {
         let list = self.store.list(PREFIX, &ListOptions::default()).await?;
+        let now = Time::now();
         let mut n = 0;
         for o in &list.items {
-            let hit = match record_of(o).map(|(_, r)| r.identity) {
-                Some(Identity::Cluster { name }) => name == cluster,
-                Some(Identity::Bootstrap { name }) => bootstrap_too && name == cluster,
-                _ => false,
+            let Some((id, rec)) = record_of(o) else {
+                continue;
             };
-            if hit {
-                self.store
-                    .delete(&format!("{PREFIX}{}", o.name()), &Default::default())
-                    .await?;
-                self.tokens
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(o.name());
+            let key = format!("{PREFIX}{id}");
+            let action = match (&rec.identity, how) {
+                _ if rec.expired(now) => Action::Delete,
+                (Identity::Cluster { name }, Revoke::Retire) if name == cluster => Action::Delete,
+                (Identity::Cluster { name }, Revoke::Unregister) if name == cluster => {
+                    if rec.unregistered {
+                        continue;
+                    }
+                    Action::Tombstone
+                }
+                (Identity::Bootstrap { name }, Revoke::Unregister) if name == cluster => {
+                    Action::Delete
+                }
+                _ => continue,
+            };
+            if !rec.unregistered && !rec.expired(now) {
                 n += 1;
+            }
+            match action {
+                Action::Delete => {
+                    match self.store.delete(&key, &Default::default()).await {
+                        Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                    self.tokens
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id);
+                }
+                Action::Tombstone => {
+                    let mut t = o.clone();
+                    if let Some(spec) = t.spec.as_mut().and_then(|s| s.as_object_mut()) {
+                        spec.insert("unregistered".into(), json!(now.to_string()));
+                        if let Some(at) = Time::from_unix_seconds(
+                            now.unix_seconds() + TOMBSTONE_TTL.as_secs() as i64,
+                        ) {
+                            spec.insert("expires".into(), json!(at.to_string()));
+                        }
+                    }
+                    let stored = self.store.update(&key, t, o.revision()).await?;
+                    if let Some((id, r)) = record_of(&stored) {
+                        self.tokens
+                            .write()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(id, r);
+                    }
+                }
             }
         }
         Ok(n)
@@ -281,6 +350,20 @@ impl Authenticator {
             .values()
             .any(|r| matches!(r.identity, Identity::Admin { .. }))
     }
+}
+
+/// Why a cluster's tokens are revoked (see [`Authenticator::revoke_cluster`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Revoke {
+    /// A new agent registered: the earlier agents' tokens go.
+    Retire,
+    /// The cluster was unregistered: every token goes; agent tokens leave tombstones.
+    Unregister,
+}
+
+enum Action {
+    Delete,
+    Tombstone,
 }
 
 /// What a request asks to do, for authorization.
@@ -354,6 +437,96 @@ pub fn authorize(who: &Identity, what: &Attributes<'_>) -> Result<(), ApiError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn unregistering_leaves_tombstones_that_say_why_and_reregistering_clears_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> = Arc::new(
+            orrery_store_sqlite::SqliteStore::open_dir(dir.path()).expect("open the store"),
+        );
+        let auth = Authenticator::start(store.clone()).await.expect("start");
+        let east = Identity::Cluster {
+            name: "east".into(),
+        };
+        let agent = auth.issue(&east, "agent", None).await.expect("issue");
+        let boot = Identity::Bootstrap {
+            name: "east".into(),
+        };
+        let bootstrap = auth.issue(&boot, "boot", None).await.expect("issue");
+        let west = Identity::Cluster {
+            name: "west".into(),
+        };
+        let other = auth.issue(&west, "west agent", None).await.expect("issue");
+        let header = |t: &str| format!("Bearer {t}");
+
+        assert_eq!(
+            auth.revoke_cluster("east", Revoke::Unregister)
+                .await
+                .expect("revoke"),
+            2
+        );
+        let err = auth
+            .authenticate(Some(&header(&agent)))
+            .expect_err("the agent token is refused");
+        assert_eq!(err.code, 404, "{err:?}");
+        assert!(err.message.contains("\"east\" was unregistered"), "{err:?}");
+        assert!(auth.verify(&agent).is_none(), "a tombstone grants nothing");
+        assert_eq!(
+            auth.authenticate(Some(&header(&bootstrap)))
+                .expect_err("bootstrap gone")
+                .code,
+            401
+        );
+        // A wrong secret with the tombstone's id learns nothing.
+        let (id, _) = agent.split_once('.').expect("id.secret");
+        assert_eq!(
+            auth.authenticate(Some(&format!("Bearer {id}.00")))
+                .expect_err("wrong secret")
+                .code,
+            401
+        );
+        assert_eq!(
+            auth.verify(&other),
+            Some(west.clone()),
+            "other clusters keep theirs"
+        );
+        // Unregistering again revokes nothing more and keeps the tombstone.
+        assert_eq!(
+            auth.revoke_cluster("east", Revoke::Unregister)
+                .await
+                .expect("revoke"),
+            0
+        );
+        assert_eq!(
+            auth.authenticate(Some(&header(&agent)))
+                .expect_err("still refused")
+                .code,
+            404
+        );
+        // A fresh Authenticator over the same store reads the tombstone back.
+        let again = Authenticator::start(store.clone()).await.expect("restart");
+        assert_eq!(
+            again
+                .authenticate(Some(&header(&agent)))
+                .expect_err("refused")
+                .code,
+            404
+        );
+        // Registering the name again retires the tombstone: a plain 401 from then on.
+        assert_eq!(
+            auth.revoke_cluster("east", Revoke::Retire)
+                .await
+                .expect("retire"),
+            0
+        );
+        assert_eq!(
+            auth.authenticate(Some(&header(&agent)))
+                .expect_err("refused")
+                .code,
+            401
+        );
+        assert_eq!(auth.verify(&other), Some(west));
+    }
 
     fn attrs<'a>(
         verb: &'a str,

@@ -136,7 +136,10 @@ async fn unregister(app: &App, c: &Object) -> Result<(), StoreError> {
         Err(StoreError::NotFound { .. }) => {}
         Err(e) => return Err(e),
     }
-    let revoked = app.auth.revoke_cluster(c.name(), true).await?;
+    let revoked = app
+        .auth
+        .revoke_cluster(c.name(), crate::auth::Revoke::Unregister)
+        .await?;
     remove_finalizer(
         app.store.as_ref(),
         &keys::well_known::cluster(c.name()),

@@ -15,7 +15,7 @@ use orrery_api::cluster::{self, ClusterSpec, SyncMode};
 use orrery_api::conditions::{self, Condition};
 use orrery_api::{Object, Time, keys};
 use orrery_apiserver::App;
-use orrery_apiserver::auth::Identity;
+use orrery_apiserver::auth::{Identity, Revoke};
 use orrery_controllers::informer::{self, Event};
 use orrery_store::{StoreError, update_with};
 use serde_json::Value;
@@ -126,7 +126,7 @@ async fn start(
         }
     };
     // One token per running push agent: a restart retires the previous one.
-    if let Err(e) = app.auth.revoke_cluster(c.name(), false).await {
+    if let Err(e) = app.auth.revoke_cluster(c.name(), Revoke::Retire).await {
         tracing::warn!(cluster = c.name(), error = %e, "revoking old push tokens failed");
     }
     let token = match app
