@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -17,6 +17,8 @@ use crate::stats::{emit, median, percentile, progress, round};
 /// A server process for one benchmark.
 pub struct ServerProcess {
     child: Child,
+    /// Set before the bench stops the server itself, so the watchdog stays quiet.
+    stopping: Arc<AtomicBool>,
     pub kubeconfig: PathBuf,
     pub url: String,
     _dir: tempfile::TempDir,
@@ -69,8 +71,11 @@ impl ServerProcess {
             }
         }
         std::thread::spawn(move || for _ in lines {});
+        let stopping = Arc::new(AtomicBool::new(false));
+        watchdog(child.id(), stopping.clone());
         Ok(ServerProcess {
             child,
+            stopping,
             kubeconfig: tmp.path().join("admin.kubeconfig"),
             url: format!("https://127.0.0.1:{port}"),
             _dir: tmp,
@@ -89,8 +94,25 @@ impl ServerProcess {
     }
 }
 
+/// Ends the bench with an error as soon as the server dies under it: a dead server would
+/// otherwise leave some phases waiting on retrying watches instead of failing.
+fn watchdog(pid: u32, stopping: Arc<AtomicBool>) {
+    std::thread::spawn(move || {
+        while !stopping.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(250));
+            if !crate::stats::process_alive(pid) && !stopping.load(Ordering::Relaxed) {
+                eprintln!(
+                    "orrery-bench: the server (pid {pid}) died during the benchmark; set ORRERY_BENCH_SERVER_LOG=<file> to keep its log"
+                );
+                std::process::exit(3);
+            }
+        }
+    });
+}
+
 impl Drop for ServerProcess {
     fn drop(&mut self) {
+        self.stopping.store(true, Ordering::Relaxed);
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

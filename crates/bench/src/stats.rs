@@ -53,6 +53,17 @@ pub fn progress(msg: impl AsRef<str>) {
 }
 
 /// (resident MiB, peak resident MiB, CPU seconds) of a process.
+/// Whether `pid` is still running (not gone, not a zombie waiting to be reaped).
+pub fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next().map(str::to_string))
+        })
+        .is_some_and(|state| state != "Z" && state != "X")
+}
+
 pub fn process_usage(pid: u32) -> (f64, f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib = |field: &str| -> f64 {
