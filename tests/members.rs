@@ -678,20 +678,24 @@ fn a_token_from_elsewhere_or_a_forged_ca_is_refused() {
     });
 }
 
+/// A server and one Ready simulated member `name` running a one-replica Work.
+fn member_running_a_work(name: &str) -> (Server, Agent) {
+    let s = Server::start();
+    let agent = sim_agent(&s, name, "r", &[]);
+    eventually(Duration::from_secs(10), "Ready", || {
+        s.cluster_condition(name, "Ready") == "True"
+    });
+    let ns = format!("orrery-cluster-{name}");
+    s.stdin(&["apply", "-n", &ns, "-f", "-"], &work("app", 1));
+    eventually(Duration::from_secs(10), "running", || {
+        ready_replicas(&s, &ns, "app") == 1
+    });
+    (s, agent)
+}
+
 #[test]
 fn unregistering_a_cluster_removes_its_works_and_stops_its_agent() {
-    let s = Server::start();
-    let mut agent = sim_agent(&s, "gone", "r", &[]);
-    eventually(Duration::from_secs(10), "Ready", || {
-        s.cluster_condition("gone", "Ready") == "True"
-    });
-    s.stdin(
-        &["apply", "-n", "orrery-cluster-gone", "-f", "-"],
-        &work("app", 1),
-    );
-    eventually(Duration::from_secs(10), "running", || {
-        ready_replicas(&s, "orrery-cluster-gone", "app") == 1
-    });
+    let (s, mut agent) = member_running_a_work("gone");
     s.ok(&["delete", "cluster", "gone"]);
     assert!(s.fails(&["get", "cluster", "gone"]).contains("NotFound"));
     assert!(
@@ -722,18 +726,7 @@ fn unregistering_a_cluster_removes_its_works_and_stops_its_agent() {
 /// cleanly instead of failing to register again with a bootstrap token that was revoked too.
 #[test]
 fn an_agent_that_slept_through_its_unregistration_still_stops_cleanly() {
-    let s = Server::start();
-    let mut agent = sim_agent(&s, "napper", "r", &[]);
-    eventually(Duration::from_secs(10), "Ready", || {
-        s.cluster_condition("napper", "Ready") == "True"
-    });
-    s.stdin(
-        &["apply", "-n", "orrery-cluster-napper", "-f", "-"],
-        &work("app", 1),
-    );
-    eventually(Duration::from_secs(10), "running", || {
-        ready_replicas(&s, "orrery-cluster-napper", "app") == 1
-    });
+    let (s, mut agent) = member_running_a_work("napper");
     agent.signal("STOP");
     s.ok(&["delete", "cluster", "napper"]);
     assert!(s.fails(&["get", "cluster", "napper"]).contains("NotFound"));
