@@ -1,6 +1,6 @@
 //! The water level scheduler end to end: a real server, three agents whose simulated members
 //! carry different background loads, the real kubectl. Replicas land as the water levels say,
-//! move away from a cluster whose load rises past the limit, leave a cluster that goes dark
+//! move away from a cluster whose load rises past the shed mark, leave a cluster that goes dark
 //! make-before-break, and every decision is in the schedule history.
 
 #![allow(clippy::unwrap_used)]
@@ -177,13 +177,13 @@ fn replicas_follow_the_water_levels() {
     });
     let first = decided(&f);
 
-    // The quiet cluster's background load jumps past the limit: after the shed window its
+    // The quiet cluster's background load jumps past the shed mark: after the shed window its
     // share moves to the others, and nothing is lost.
     let (code, body) = http(
         "PUT",
         f.admin("quiet"),
         "/clusters/quiet/load",
-        r#"{"load": 0.95}"#,
+        r#"{"load": 0.98}"#,
     );
     assert_eq!(code, 200, "{body}");
     eventually(Duration::from_secs(30), "quiet sheds its replicas", || {
@@ -285,4 +285,24 @@ fn replicas_follow_the_water_levels() {
     ]);
     let h: Value = serde_json::from_str(&raw).unwrap();
     assert_eq!(h["count"], 0, "{h}");
+}
+
+#[test]
+fn a_shed_mark_below_the_placement_limit_is_refused_at_start() {
+    // Every cluster filled to the limit would shed at once, round after round.
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path())
+        .args(["--water-level-limit", "0.8", "--shed-mark", "0.7"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--shed-mark 0.7 is below --water-level-limit 0.8"),
+        "{err}"
+    );
+    // Nothing was created for a server that never started.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }

@@ -211,6 +211,9 @@ enum Command {
         /// Five-minute steps (288 = one day).
         #[arg(long, default_value_t = 288)]
         steps: usize,
+        /// Water level above which Orrery's clusters shed replicas (the server's `--shed-mark`).
+        #[arg(long, default_value_t = orrery_scheduler::DEFAULT_SHED_MARK)]
+        shed_mark: f64,
     },
     /// The scheduling controller over a real store: bindings decided per second.
     SchedulerService {
@@ -350,10 +353,12 @@ fn main() -> anyhow::Result<()> {
                 seed,
                 clusters,
                 steps,
+                shed_mark,
             } => quality::quality(quality::QualityArgs {
                 seed,
                 clusters,
                 steps,
+                shed_mark,
             }),
             Command::SchedulerService {
                 clusters,

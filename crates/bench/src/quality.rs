@@ -25,6 +25,7 @@ pub struct QualityArgs {
     pub seed: u64,
     pub clusters: usize,
     pub steps: usize,
+    pub shed_mark: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -227,6 +228,7 @@ struct Sim<'a> {
     evacuated: i64,
     hot_for: Vec<usize>,
     cooldown: Vec<usize>,
+    shed_mark: f64,
 }
 
 impl Sim<'_> {
@@ -467,10 +469,10 @@ impl Sim<'_> {
         (levels, pending)
     }
 
-    /// Orrery only: clusters above the limit for three steps shed replicas of a few
+    /// Orrery only: clusters above the shed mark for three steps shed replicas of a few
     /// workloads (the controller's rule, at the simulation's time scale).
     fn shed(&mut self) {
-        let limit = self.config.water_level_limit;
+        let mark = self.shed_mark.max(self.config.water_level_limit);
         let placed = self.placed();
         let mut due = Vec::new();
         for (i, c) in self.clusters.iter().enumerate() {
@@ -478,7 +480,7 @@ impl Sim<'_> {
             let l = (0..2)
                 .map(|d| (bg * c.cap[d] + placed[i][d]) / c.cap[d])
                 .fold(0.0, f64::max);
-            if !self.dark[i] && l > limit {
+            if !self.dark[i] && l > mark {
                 self.hot_for[i] += 1;
             } else {
                 self.hot_for[i] = 0;
@@ -518,7 +520,12 @@ fn std_dev(v: &[f64]) -> f64 {
     (v.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / v.len().max(1) as f64).sqrt()
 }
 
-fn simulate(strategy: Strategy, clusters: &[SimCluster], trace: &[Vec<Ev>]) -> Value {
+fn simulate(
+    strategy: Strategy,
+    clusters: &[SimCluster],
+    trace: &[Vec<Ev>],
+    shed_mark: f64,
+) -> Value {
     let config = match strategy {
         Strategy::WaterLevel => Config::default(),
         _ => Config::karmada(),
@@ -540,6 +547,7 @@ fn simulate(strategy: Strategy, clusters: &[SimCluster], trace: &[Vec<Ev>]) -> V
         evacuated: 0,
         hot_for: vec![0; clusters.len()],
         cooldown: vec![0; clusters.len()],
+        shed_mark,
     };
     let (mut stds, mut maxes, mut pendings) = (Vec::new(), Vec::new(), Vec::new());
     let mut peak: f64 = 0.0;
@@ -646,10 +654,11 @@ pub fn quality(args: QualityArgs) -> anyhow::Result<()> {
         Strategy::WaterLevel,
     ] {
         progress(format!("simulating {}", s.name()));
-        let mut r = simulate(s, &clusters, &trace);
+        let mut r = simulate(s, &clusters, &trace, args.shed_mark);
         r["seed"] = json!(args.seed);
         r["clusters"] = json!(args.clusters);
         r["steps"] = json!(args.steps);
+        r["shed_mark"] = json!(args.shed_mark);
         emit(r.clone());
         results.push(r);
     }

@@ -51,9 +51,13 @@ pub struct ServerArgs {
     /// own `waterLevelLimit`.
     #[arg(long, default_value_t = orrery_scheduler::DEFAULT_WATER_LEVEL_LIMIT, value_parser = parse_level)]
     pub water_level_limit: f64,
-    /// How long a cluster stays above its water level limit before it sheds replicas.
+    /// How long a cluster stays above the shed mark before it sheds replicas.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub shed_window: Duration,
+    /// Water level (0-1, at least the limit) a cluster must stay above for the shed window
+    /// before replicas move off it; between the limit and this mark nothing moves.
+    #[arg(long, default_value_t = orrery_scheduler::DEFAULT_SHED_MARK, value_parser = parse_level)]
+    pub shed_mark: f64,
     /// How long the old copy of replicas moved off a cluster stays while the new ones start.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub move_grace_period: Duration,
@@ -205,6 +209,13 @@ impl orrery_controllers::propagation::Kinds for RegistryKinds {
 
 /// Starts everything and returns once the server accepts connections.
 pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
+    if args.shed_mark < args.water_level_limit {
+        anyhow::bail!(
+            "--shed-mark {} is below --water-level-limit {}: a cluster filled to the limit would shed at once",
+            args.shed_mark,
+            args.water_level_limit
+        );
+    }
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let store = open_store(args).await?;
@@ -252,6 +263,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
             scheduler: orrery_controllers::propagation::scheduling::Settings {
                 water_level_limit: args.water_level_limit,
                 shed_window: args.shed_window,
+                shed_mark: args.shed_mark,
                 move_grace: args.move_grace_period,
                 metrics: scheduler_metrics,
                 ..Default::default()

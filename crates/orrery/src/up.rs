@@ -162,6 +162,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         compaction_interval: Duration::from_secs(300),
         water_level_limit: orrery_scheduler::DEFAULT_WATER_LEVEL_LIMIT,
         shed_window: Duration::from_secs(60),
+        shed_mark: orrery_scheduler::DEFAULT_SHED_MARK,
         move_grace_period: Duration::from_secs(300),
         monitoring_interval: Duration::from_secs(15),
         commit_delay: orrery_store_sqlite::DEFAULT_COMMIT_DELAY,

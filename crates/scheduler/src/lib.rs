@@ -54,6 +54,11 @@ pub const DEFAULT_LOW_MARK: f64 = 0.3;
 pub const DEFAULT_SCORE_SAMPLE: usize = 128;
 /// How far under the limit a cluster that sheds replicas is brought, so it does not flap.
 pub const DEFAULT_HYSTERESIS: f64 = 0.05;
+/// Water level a cluster must stay above (for the shed window) before it sheds replicas.
+/// Above the placement limit on purpose: between the two every pod still runs, and a
+/// background load that drifts into that band comes back out of it on its own, so moving
+/// replicas there would be churn with nothing gained. New replicas still avoid the band.
+pub const DEFAULT_SHED_MARK: f64 = 0.95;
 
 /// Steady keeps what runs and moves only the difference; Fresh recomputes everything.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -11,8 +11,9 @@
 //! - Rescheduling: a cluster that is dark or tainted NoExecute (past the placement's
 //!   `tolerationSeconds`) loses its replicas, make-before-break: the old copy stays until the
 //!   new placement is healthy or a grace period ends. A cluster whose water level stays above
-//!   the limit for a window sheds replicas of water-level bindings, a few bindings per window
-//!   (rate limit), down to the limit less a hysteresis margin. A recovered cluster is
+//!   the shed mark (0.95, above the placement limit) for a window sheds replicas of
+//!   water-level bindings, a few bindings per window (rate limit), down to the limit less a
+//!   hysteresis margin. A recovered cluster is
 //!   divided onto afresh only for placements with `rebalanceOnRecovery`.
 //! - Application failover (Karmada's): an application unhealthy in a cluster past its
 //!   toleration is evicted from it.
@@ -106,8 +107,10 @@ impl SchedulerMetrics {
 pub struct Settings {
     /// Water level no cluster is filled beyond, unless a policy sets its own.
     pub water_level_limit: f64,
-    /// How long a cluster stays above the limit before it sheds replicas.
+    /// How long a cluster stays above the shed mark before it sheds replicas.
     pub shed_window: Duration,
+    /// Water level above which a cluster sheds (never below `water_level_limit`).
+    pub shed_mark: f64,
     /// Bindings moved off one hot cluster per window.
     pub shed_per_window: usize,
     /// How long the old copy of moved replicas stays while the new ones start.
@@ -124,6 +127,7 @@ impl Default for Settings {
         Settings {
             water_level_limit: orrery_scheduler::DEFAULT_WATER_LEVEL_LIMIT,
             shed_window: Duration::from_secs(60),
+            shed_mark: orrery_scheduler::DEFAULT_SHED_MARK,
             shed_per_window: 10,
             move_grace: Duration::from_secs(300),
             assume_settle: Duration::from_secs(5),
@@ -583,12 +587,12 @@ impl Scheduler {
         }
     }
 
-    /// Clusters above the limit for a whole window shed replicas of a few bindings.
+    /// Clusters above the shed mark for a whole window shed replicas of a few bindings.
     fn check_hot(&mut self, now: Instant) {
-        let limit = self.settings.water_level_limit;
+        let mark = self.settings.shed_mark.max(self.settings.water_level_limit);
         let mut due = Vec::new();
         for (c, f) in self.fleet.clusters().iter().zip(self.fleet.facts()) {
-            if f.known() && f.level() > limit {
+            if f.known() && f.level() > mark {
                 let since = *self.hot_since.entry(c.name.clone()).or_insert(now);
                 let last = self.last_shed.get(&c.name).copied();
                 if now.duration_since(since) >= self.settings.shed_window
@@ -614,7 +618,7 @@ impl Scheduler {
                 .collect();
             on.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
             on.truncate(self.settings.shed_per_window);
-            tracing::info!(cluster = %c, bindings = on.len(), "a cluster above its water level limit sheds replicas");
+            tracing::info!(cluster = %c, bindings = on.len(), "a cluster above the shed mark sheds replicas");
             for (_, k) in on {
                 self.shed.entry(k.clone()).or_default().push(c.clone());
                 self.triggers.insert(k.clone(), Trigger::Shed);
