@@ -299,43 +299,43 @@ impl Decision {
         config: &Config,
         max: usize,
     ) -> (Vec<ClusterDecision>, BTreeMap<String, i64>) {
-        // Counted by index first (a string map per cluster costs too much in a large fleet).
+        // Counted by index first (a string map per cluster costs too much in a large fleet),
+        // and without walking the fleet: the clusters not looked at closely are counted once
+        // per placement in the static pass, corrected here for those that were.
         let mut by_filter = vec![0i64; config.filters.len()];
         let (mut spread_out, mut not_sampled) = (0i64, 0i64);
+        match &self.outcomes.statics {
+            Some(s) => {
+                for (f, n) in s.turned_away.iter().enumerate() {
+                    by_filter[f] += n;
+                }
+                not_sampled += s.passing.len() as i64;
+            }
+            None => not_sampled += self.outcomes.len() as i64,
+        }
         let mut chosen: Vec<(f64, usize)> = Vec::new();
         let mut others: Vec<(f64, usize)> = Vec::new();
+        for (i, o) in &self.outcomes.entries {
+            match self.outcomes.unlooked(*i) {
+                Outcome::Filtered(f) => by_filter[f] -= 1,
+                _ => not_sampled -= 1,
+            }
+            match *o {
+                Outcome::Scored { total, replicas } if replicas > 0 => chosen.push((total, *i)),
+                Outcome::Scored { total, .. } => others.push((total, *i)),
+                Outcome::Filtered(f) => by_filter[f] += 1,
+                Outcome::Spread(..) => spread_out += 1,
+                Outcome::NotSampled => not_sampled += 1,
+            }
+        }
+        // The first `max` clusters turned away, in fleet order: usually found in a few steps.
         let mut turned_away: Vec<usize> = Vec::new();
-        let mut entries = self.outcomes.entries.iter().peekable();
         for i in 0..self.outcomes.len() {
-            let o = match entries.peek() {
-                Some((at, o)) if *at == i => {
-                    let o = *o;
-                    entries.next();
-                    o
-                }
-                _ => self.outcomes.get(i),
-            };
-            match o {
-                Outcome::Scored { total, replicas } if replicas > 0 => chosen.push((total, i)),
-                Outcome::Scored { total, .. } => others.push((total, i)),
-                Outcome::Filtered(f) => {
-                    by_filter[f] += 1;
-                    if turned_away.len() < max {
-                        turned_away.push(i);
-                    }
-                }
-                Outcome::Spread(..) => {
-                    spread_out += 1;
-                    if turned_away.len() < max {
-                        turned_away.push(i);
-                    }
-                }
-                Outcome::NotSampled => {
-                    not_sampled += 1;
-                    if turned_away.len() < max {
-                        turned_away.push(i);
-                    }
-                }
+            if turned_away.len() >= max {
+                break;
+            }
+            if !matches!(self.outcomes.get(i), Outcome::Scored { .. }) {
+                turned_away.push(i);
             }
         }
         let mut filtered: BTreeMap<String, i64> = BTreeMap::new();
@@ -593,6 +593,9 @@ pub struct StaticPass {
     first: Vec<u8>,
     /// The clusters that pass them all, in fleet order.
     passing: Vec<usize>,
+    /// How many clusters each static filter turned away (by filter index), so a decision's
+    /// summary counts them without walking the fleet.
+    turned_away: Vec<i64>,
 }
 
 fn static_pass(
@@ -616,7 +619,17 @@ fn static_pass(
         })
         .collect();
     let passing = (0..fleet.len()).filter(|i| first[*i] == PASSED).collect();
-    StaticPass { first, passing }
+    let mut turned_away = vec![0i64; n_static];
+    for f in &first {
+        if *f != PASSED {
+            turned_away[*f as usize] += 1;
+        }
+    }
+    StaticPass {
+        first,
+        passing,
+        turned_away,
+    }
 }
 
 /// What became of each cluster: stored for the clusters that were looked at closely; the
@@ -643,6 +656,11 @@ impl Outcomes {
         if let Ok(k) = self.entries.binary_search_by_key(&i, |e| e.0) {
             return self.entries[k].1;
         }
+        self.unlooked(i)
+    }
+
+    /// What cluster `i`'s outcome is when it was not looked at closely.
+    fn unlooked(&self, i: usize) -> Outcome {
         match &self.statics {
             Some(s) if s.first[i] != PASSED => Outcome::Filtered(s.first[i] as usize),
             _ => Outcome::NotSampled,

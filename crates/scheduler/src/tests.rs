@@ -695,3 +695,100 @@ fn summaries_explain_the_chosen_first_and_count_the_rest() {
         filtered["Sample"]
     );
 }
+
+#[test]
+fn summary_counts_agree_with_every_outcome() {
+    // A fleet where every kind of outcome occurs: not ready, tainted, excluded by affinity,
+    // full (water level), left out of the sample, scored; and tasks running on clusters that
+    // the placement now turns away.
+    let mut c: Vec<ClusterSnapshot> = (0..400)
+        .map(|i| {
+            cluster(
+                &format!("k{i:03}"),
+                "r",
+                100,
+                if i % 7 == 0 { 99 } else { 10 },
+            )
+        })
+        .collect();
+    for (i, x) in c.iter_mut().enumerate() {
+        if i % 11 == 0 {
+            x.ready = false;
+        }
+        if i % 13 == 0 {
+            x.taints.push(Taint::new(
+                "maintenance",
+                TaintEffect::NoSchedule,
+                Time::now(),
+            ));
+        }
+    }
+    let f = Fleet::new(c);
+    let affinity = json!({"clusterAffinity": {"labelSelector": {"matchLabels": {"env": "prod"}}},
+                          "replicaScheduling": {"replicaSchedulingType": DIVIDED}});
+    let cases: Vec<(&str, serde_json::Value, Vec<TargetCluster>, usize)> = vec![
+        ("divided, sampled", divided(), vec![], DEFAULT_SCORE_SAMPLE),
+        ("divided, all scored", divided(), vec![], 0),
+        ("affinity", affinity.clone(), vec![], DEFAULT_SCORE_SAMPLE),
+        (
+            // k003 has env=edge, k011 is not ready, k013 tainted, k014 full.
+            "running where it is now turned away",
+            affinity,
+            prev(&[
+                ("k003", 2),
+                ("k011", 1),
+                ("k013", 1),
+                ("k014", 1),
+                ("k100", 1),
+            ]),
+            DEFAULT_SCORE_SAMPLE,
+        ),
+        ("duplicated, all scored", json!({}), vec![], 0),
+    ];
+    for (what, p, previous, sample) in cases {
+        let config = Config {
+            score_sample: sample,
+            ..Config::default()
+        };
+        let mut t = T::new(p, 30);
+        t.previous = previous;
+        let mut cache = FilterCache::new();
+        let d = schedule_cached(&f, &t.task(), &config, &mut cache);
+        let (kept, filtered) = d.summary(&f, &t.task(), &config, 10);
+        // The same counts by walking every cluster's outcome.
+        let mut want: BTreeMap<String, i64> = BTreeMap::new();
+        let mut first_away: Vec<String> = Vec::new();
+        for (i, o) in d.outcomes.to_vec().into_iter().enumerate() {
+            let key = match o {
+                Outcome::Scored { .. } => continue,
+                Outcome::Filtered(k) => config.filters[k].name().to_string(),
+                Outcome::Spread(..) => "SpreadConstraint".to_string(),
+                Outcome::NotSampled => "Sample".to_string(),
+            };
+            *want.entry(key).or_default() += 1;
+            first_away.push(f.clusters()[i].name.clone());
+        }
+        assert_eq!(filtered, want, "{what}");
+        assert!(
+            want.len() >= 2 || what.starts_with("duplicated"),
+            "{what}: {want:?}"
+        );
+        // The explained ones: every chosen cluster first, then (room left) the first turned
+        // away in fleet order.
+        let chosen = d.clusters.len().min(10);
+        assert_eq!(
+            kept.iter().filter(|k| k.replicas.is_some()).count(),
+            chosen,
+            "{what}"
+        );
+        let away: Vec<&String> = kept
+            .iter()
+            .filter(|k| !k.filter.is_empty())
+            .map(|k| &k.name)
+            .collect();
+        for n in &away {
+            let at = first_away.iter().position(|x| x == *n).unwrap();
+            assert!(at < 10, "{what}: {n} is not among the first turned away");
+        }
+    }
+}
