@@ -1,7 +1,7 @@
 //! The historical data interface (draft 6.4.2): `GET /api/v1/history/schedules`.
 
 use orrery_api::Time;
-use orrery_api::history::{self, RecordSpec, ScheduleEntry};
+use orrery_api::history::{self, ScheduleEntry};
 use orrery_store::ListOptions;
 use serde_json::json;
 
@@ -76,14 +76,15 @@ pub async fn schedules(
         .map_err(DroError::internal)?;
     let mut out: Vec<ScheduleEntry> = Vec::new();
     'records: for o in list.items.iter().rev() {
-        let Some(spec) = o
-            .spec
-            .clone()
-            .and_then(|s| serde_json::from_value::<RecordSpec>(s).ok())
-        else {
-            continue;
+        let entries = match o.spec.as_ref().map(history::record_entries) {
+            Some(Ok(entries)) => entries,
+            Some(Err(e)) => {
+                tracing::warn!(record = %o.name(), error = %e, "an unreadable schedule record is skipped");
+                continue;
+            }
+            None => continue,
         };
-        for e in spec.entries.into_iter().rev() {
+        for e in entries.into_iter().rev() {
             let t = e.time.unix_seconds();
             if start.is_some_and(|s| t < s) || end.is_some_and(|x| t > x) {
                 continue;

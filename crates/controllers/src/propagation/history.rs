@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use orrery_api::history::{self, RecordSpec, ScheduleEntry};
+use orrery_api::history::{self, ScheduleEntry};
 use orrery_api::{Object, Time};
 use orrery_store::{ListOptions, Store, StoreError};
 use tokio::sync::mpsc;
@@ -37,10 +37,13 @@ pub async fn write(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Vec<Sc
             let name = history::record_name(now.timestamp().as_nanosecond(), seq % 1_000_000);
             let mut o = Object::new(history::API_VERSION, history::KIND).with_name(&name);
             o.metadata.creation_timestamp = Some(now);
-            o.spec = serde_json::to_value(RecordSpec {
-                entries: chunk.to_vec(),
-            })
-            .ok();
+            o.spec = match history::record_spec(chunk) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::warn!(error = %e, "encoding the schedule history");
+                    continue;
+                }
+            };
             match store.create(&history::key(&name), o).await {
                 Ok(_) => names.push_back((name, now.unix_seconds())),
                 Err(e) => tracing::warn!(error = %e, "writing the schedule history"),
