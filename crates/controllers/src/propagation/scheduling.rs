@@ -991,9 +991,6 @@ impl Scheduler {
         if clusters_changed {
             status.last_scheduled_time = Some(now);
         }
-        let mut next = (*b).clone();
-        next.spec = serde_json::to_value(&spec).ok();
-        next.status = serde_json::to_value(&status).ok();
         let store = self.store.clone();
         let key = k.clone();
         let bkey = binding_key(&k.0, &k.1);
@@ -1003,6 +1000,18 @@ impl Scheduler {
         let r = spec.resource.clone();
         let uid = b.metadata.uid.clone();
         let job: Job<BKey> = Box::pin(async move {
+            // Built here, in the writers' task, not in the loop that decides one binding
+            // after another: copying the binding and encoding its spec and status is about
+            // as much work as the decision itself.
+            // (The old spec and status, the bulk of the binding, are not copied at all.)
+            let next = Object {
+                api_version: b.api_version.clone(),
+                kind: b.kind.clone(),
+                metadata: b.metadata.clone(),
+                spec: serde_json::to_value(&spec).ok(),
+                status: serde_json::to_value(&status).ok(),
+                other: b.other.clone(),
+            };
             store
                 .update(&bkey, next, b.revision())
                 .await
