@@ -22,9 +22,7 @@ struct Up {
 
 impl Drop for Up {
     fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status();
+        common::signal(self.child.id(), "INT");
         let _ = self.child.wait();
     }
 }

@@ -702,18 +702,7 @@ fn unregistering_a_cluster_removes_its_works_and_stops_its_agent() {
         s.fails(&["get", "namespace", "orrery-cluster-gone"])
             .contains("NotFound")
     );
-    let status = agent.wait_exit(Duration::from_secs(30));
-    assert!(status.success(), "{}", agent.log());
-    assert!(
-        agent
-            .output()
-            .iter()
-            .any(|l| l.contains("was unregistered"))
-    );
-    assert!(
-        !agent.dir.join("state/state.json").exists(),
-        "the agent forgot its state"
-    );
+    stops_as_unregistered(&mut agent);
     eventually(Duration::from_secs(5), "its ClusterProfile to go", || {
         !s.kubectl(&["get", "clusterprofile", "gone", "-n", "orrery-system"])
             .status
@@ -731,6 +720,11 @@ fn an_agent_that_slept_through_its_unregistration_still_stops_cleanly() {
     s.ok(&["delete", "cluster", "napper"]);
     assert!(s.fails(&["get", "cluster", "napper"]).contains("NotFound"));
     agent.signal("CONT");
+    stops_as_unregistered(&mut agent);
+}
+
+/// The agent exits cleanly, saying its cluster was unregistered, and forgets its state.
+fn stops_as_unregistered(agent: &mut Agent) {
     let status = agent.wait_exit(Duration::from_secs(30));
     assert!(status.success(), "{}", agent.log());
     assert!(
@@ -741,7 +735,10 @@ fn an_agent_that_slept_through_its_unregistration_still_stops_cleanly() {
         "{}",
         agent.log()
     );
-    assert!(!agent.dir.join("state/state.json").exists());
+    assert!(
+        !agent.dir.join("state/state.json").exists(),
+        "the agent forgot its state"
+    );
 }
 
 #[test]
@@ -973,9 +970,7 @@ fn orrery_up_starts_a_fleet_and_resumes() {
         );
     }
     // Ctrl-C stops everything cleanly; a second run resumes the same fleet.
-    let _ = std::process::Command::new("kill")
-        .args(["-INT", &child.id().to_string()])
-        .status();
+    common::signal(child.id(), "INT");
     assert!(child.wait().unwrap().success());
     let (mut again, out) = run();
     assert!(out.join("\n").contains("3 simulated clusters"));
@@ -984,8 +979,6 @@ fn orrery_up_starts_a_fleet_and_resumes() {
         3,
         "the same three, not new ones"
     );
-    let _ = std::process::Command::new("kill")
-        .args(["-INT", &again.id().to_string()])
-        .status();
+    common::signal(again.id(), "INT");
     assert!(again.wait().unwrap().success());
 }

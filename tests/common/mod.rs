@@ -11,6 +11,15 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A free loopback port (released before use; a clash is retried by the caller).
+/// Sends `sig` (`TERM`, `INT`, `STOP`, `CONT`...) to process `pid` with the real `kill`;
+/// whether it was delivered.
+pub fn signal(pid: u32, sig: &str) -> bool {
+    Command::new("kill")
+        .args([&format!("-{sig}"), &pid.to_string()])
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -201,9 +210,7 @@ impl Server {
         let Some(mut c) = self.child.take() else {
             return true;
         };
-        let _ = Command::new("kill")
-            .args(["-TERM", &c.id().to_string()])
-            .status();
+        signal(c.id(), "TERM");
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Some(status) = c.try_wait().unwrap() {
@@ -409,12 +416,7 @@ impl Agent {
     /// Freezes (`STOP`) or thaws (`CONT`) the agent process, as a long pause or a partition would.
     pub fn signal(&self, sig: &str) {
         let pid = self.child.as_ref().expect("the agent is running").id();
-        let ok = Command::new("kill")
-            .args([&format!("-{sig}"), &pid.to_string()])
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill -{sig} {pid}");
+        assert!(signal(pid, sig), "kill -{sig} {pid}");
     }
 
     /// Starts the same agent again (same state directory and arguments).

@@ -458,6 +458,12 @@ mod tests {
         };
         let other = auth.issue(&west, "west agent", None).await.expect("issue");
         let header = |t: &str| format!("Bearer {t}");
+        // The status a refused token gets.
+        let refused = |a: &Authenticator, t: &str| {
+            a.authenticate(Some(&header(t)))
+                .expect_err("the token is refused")
+                .code
+        };
 
         assert_eq!(
             auth.revoke_cluster("east", Revoke::Unregister)
@@ -471,20 +477,10 @@ mod tests {
         assert_eq!(err.code, 404, "{err:?}");
         assert!(err.message.contains("\"east\" was unregistered"), "{err:?}");
         assert!(auth.verify(&agent).is_none(), "a tombstone grants nothing");
-        assert_eq!(
-            auth.authenticate(Some(&header(&bootstrap)))
-                .expect_err("bootstrap gone")
-                .code,
-            401
-        );
+        assert_eq!(refused(&auth, &bootstrap), 401, "bootstrap gone");
         // A wrong secret with the tombstone's id learns nothing.
         let (id, _) = agent.split_once('.').expect("id.secret");
-        assert_eq!(
-            auth.authenticate(Some(&format!("Bearer {id}.00")))
-                .expect_err("wrong secret")
-                .code,
-            401
-        );
+        assert_eq!(refused(&auth, &format!("{id}.00")), 401, "wrong secret");
         assert_eq!(
             auth.verify(&other),
             Some(west.clone()),
@@ -497,21 +493,10 @@ mod tests {
                 .expect("revoke"),
             0
         );
-        assert_eq!(
-            auth.authenticate(Some(&header(&agent)))
-                .expect_err("still refused")
-                .code,
-            404
-        );
+        assert_eq!(refused(&auth, &agent), 404, "still refused");
         // A fresh Authenticator over the same store reads the tombstone back.
         let again = Authenticator::start(store.clone()).await.expect("restart");
-        assert_eq!(
-            again
-                .authenticate(Some(&header(&agent)))
-                .expect_err("refused")
-                .code,
-            404
-        );
+        assert_eq!(refused(&again, &agent), 404);
         // Registering the name again retires the tombstone: a plain 401 from then on.
         assert_eq!(
             auth.revoke_cluster("east", Revoke::Retire)
@@ -519,12 +504,7 @@ mod tests {
                 .expect("retire"),
             0
         );
-        assert_eq!(
-            auth.authenticate(Some(&header(&agent)))
-                .expect_err("refused")
-                .code,
-            401
-        );
+        assert_eq!(refused(&auth, &agent), 401);
         assert_eq!(auth.verify(&other), Some(west));
     }
 

@@ -52,7 +52,6 @@ pub fn progress(msg: impl AsRef<str>) {
     eprintln!("[bench] {}", msg.as_ref());
 }
 
-/// (resident MiB, peak resident MiB, CPU seconds) of a process.
 /// Whether `pid` is still running (not gone, not a zombie waiting to be reaped).
 pub fn process_alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -64,6 +63,7 @@ pub fn process_alive(pid: u32) -> bool {
         .is_some_and(|state| state != "Z" && state != "X")
 }
 
+/// (resident MiB, peak resident MiB, CPU seconds) of a process.
 pub fn process_usage(pid: u32) -> (f64, f64, f64) {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let kib = |field: &str| -> f64 {

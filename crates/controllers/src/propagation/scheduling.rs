@@ -13,8 +13,8 @@
 //!   new placement is healthy or a grace period ends. A cluster whose water level stays above
 //!   the shed mark (0.95, above the placement limit) for a window sheds replicas of
 //!   water-level bindings, a few bindings per window (rate limit), down to the limit less a
-//!   hysteresis margin. A recovered cluster is
-//!   divided onto afresh only for placements with `rebalanceOnRecovery`.
+//!   hysteresis margin. A recovered cluster is divided onto afresh only for placements with
+//!   `rebalanceOnRecovery`.
 //! - Application failover (Karmada's): an application unhealthy in a cluster past its
 //!   toleration is evicted from it.
 
@@ -1001,9 +1001,8 @@ impl Scheduler {
         let uid = b.metadata.uid.clone();
         let job: Job<BKey> = Box::pin(async move {
             // Built here, in the writers' task, not in the loop that decides one binding
-            // after another: copying the binding and encoding its spec and status is about
-            // as much work as the decision itself.
-            // (The old spec and status, the bulk of the binding, are not copied at all.)
+            // after another: encoding the spec and status is about as much work as the
+            // decision. The old spec and status, the bulk of the binding, are not copied.
             let next = Object {
                 api_version: b.api_version.clone(),
                 kind: b.kind.clone(),
