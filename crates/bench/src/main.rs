@@ -262,7 +262,7 @@ fn main() -> anyhow::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         match cli.command {
             Command::StoreWrites {
                 runs,
@@ -508,5 +508,9 @@ fn main() -> anyhow::Result<()> {
                 .await
             }
         }
-    })
+    });
+    // Scenarios leave watchers and readers running; the figures are out, so end now rather
+    // than wait for every task to notice (a process left behind skews the next run).
+    rt.shutdown_background();
+    result
 }

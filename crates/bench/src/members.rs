@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
 use crate::api::{ServerProcess, request};
@@ -40,7 +40,9 @@ fn ready_times(client: kube::Client) -> Arc<Mutex<HashMap<String, Instant>>> {
     let out = seen.clone();
     let api: Api<DynamicObject> = orrery_client::api(&client, &orrery_client::kinds::CLUSTER, None);
     tokio::spawn(async move {
-        let mut s = watcher::watcher(api, watcher::Config::default()).boxed();
+        let mut s = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
         while let Some(ev) = s.next().await {
             let objs = match ev {
                 Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => vec![o],

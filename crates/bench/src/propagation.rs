@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
 use kube::api::{Api, DynamicObject};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
 
 use crate::api::{ServerProcess, request};
@@ -105,7 +105,9 @@ fn stage_times(client: kube::Client) -> Seen {
         let seen = seen.clone();
         let is_work = kind.kind == "Work";
         tokio::spawn(async move {
-            let mut s = watcher::watcher(api, watcher::Config::default()).boxed();
+            let mut s = watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
             while let Some(ev) = s.next().await {
                 let o = match ev {
                     Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => o,
@@ -269,7 +271,9 @@ pub async fn throughput(args: Args) -> anyhow::Result<()> {
         let applied = applied.clone();
         tokio::spawn(async move {
             let mut done = std::collections::HashSet::new();
-            let mut s = watcher::watcher(api, watcher::Config::default()).boxed();
+            let mut s = watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
             while let Some(ev) = s.next().await {
                 let Ok(watcher::Event::Apply(o)) = ev else {
                     continue;
@@ -293,7 +297,9 @@ pub async fn throughput(args: Args) -> anyhow::Result<()> {
         let api: Api<DynamicObject> = orrery_client::api(&admin, &orrery_client::kinds::WORK, None);
         let seen = works_seen.clone();
         tokio::spawn(async move {
-            let mut s = watcher::watcher(api, watcher::Config::default()).boxed();
+            let mut s = watcher::watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
             while let Some(ev) = s.next().await {
                 let Ok(watcher::Event::Apply(o)) = ev else {
                     continue;
