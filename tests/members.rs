@@ -338,6 +338,7 @@ fn an_agent_rides_out_a_minute_without_the_server() {
     });
     let before = summary(&admin, "edge");
     assert_eq!(before["podsRunning"], 3);
+    let reported = s.get_json(&["work", "shop", "-n", "orrery-cluster-edge"]);
 
     // The server goes away for a minute; the member keeps running what it has.
     assert!(s.terminate());
@@ -361,11 +362,18 @@ fn an_agent_rides_out_a_minute_without_the_server() {
                 && agent.log().matches("connected").count() >= 2
         },
     );
-    // Nothing was recreated on return.
+    // Nothing was recreated on return, and nothing reported again: the listing after the
+    // reconnect showed the server had the member's status already.
     let after = summary(&admin, "edge");
     assert_eq!(
         after["podsCreated"], before["podsCreated"],
         "no pod was recreated on reconnect"
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    let again = s.get_json(&["work", "shop", "-n", "orrery-cluster-edge"]);
+    assert_eq!(
+        again["metadata"]["resourceVersion"], reported["metadata"]["resourceVersion"],
+        "the Work's status was not written again: {again}"
     );
     // And it converges on changes made after it: one more replica is one more pod.
     s.stdin(
@@ -380,6 +388,56 @@ fn an_agent_rides_out_a_minute_without_the_server() {
         scaled["podsCreated"].as_u64().unwrap(),
         before["podsCreated"].as_u64().unwrap() + 1
     );
+}
+
+/// A member whose Works do not change sends no status; a change is sent once.
+#[test]
+fn a_quiet_member_reports_only_changes() {
+    let s = Server::start();
+    let agent = sim_agent(&s, "calm", "eu-west", &["--admin-listen", "127.0.0.1:0"]);
+    let admin = agent.admin();
+    eventually(Duration::from_secs(10), "Ready", || {
+        s.cluster_condition("calm", "Ready") == "True"
+    });
+    s.stdin(
+        &["apply", "-n", "orrery-cluster-calm", "-f", "-"],
+        &work("steady", 2),
+    );
+    eventually(Duration::from_secs(10), "the workload to run", || {
+        ready_replicas(&s, "orrery-cluster-calm", "steady") == 2
+    });
+    let items = |reset: bool| -> u64 {
+        let (code, body) = http(
+            "GET",
+            &admin,
+            if reset { "/stats?reset=true" } else { "/stats" },
+            "",
+        );
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str::<Value>(&body).unwrap()["statusItems"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(items(true) >= 1, "the status went out at least once");
+    let rv =
+        s.get_json(&["work", "steady", "-n", "orrery-cluster-calm"])["metadata"]["resourceVersion"]
+            .clone();
+    // Ten report intervals with nothing new.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(items(false), 0, "a quiet member sends no status");
+    assert_eq!(
+        s.get_json(&["work", "steady", "-n", "orrery-cluster-calm"])["metadata"]["resourceVersion"],
+        rv
+    );
+    // A change (one more replica, starting after 200 ms) goes out.
+    s.stdin(
+        &["apply", "-n", "orrery-cluster-calm", "-f", "-"],
+        &work("steady", 3),
+    );
+    eventually(Duration::from_secs(10), "the scale-up reported", || {
+        ready_replicas(&s, "orrery-cluster-calm", "steady") == 3
+    });
+    assert!(items(false) >= 1);
 }
 
 #[test]

@@ -125,9 +125,82 @@ struct Inner {
     errors: Mutex<HashMap<String, BTreeMap<usize, String>>>,
     /// Works whose last apply hit an unavailable member.
     retry: Mutex<HashSet<String>>,
-    /// Per Work: the digest of the status last reported, and its conditions.
+    /// Per Work: the digest of the status the server has (what was last reported, or what a
+    /// listing or watch event showed), and its conditions (their transition times).
     reported: Mutex<HashMap<String, (u64, Vec<Condition>)>>,
+    /// Per Work: what its status was last computed from. Lock order: `computed`, then
+    /// `reported`.
+    computed: Mutex<HashMap<String, Computed>>,
     report_now: Notify,
+}
+
+/// What a Work's status was last computed from, so that a Work none of whose objects
+/// changed is not read again (a member runs thousands; reports come several times a second).
+#[derive(Debug, Clone)]
+struct Computed {
+    /// The applied Work (its digest) and generation.
+    digest: String,
+    generation: i64,
+    ids: Vec<Option<ResourceIdentifier>>,
+    /// The backend's stamps of those objects, taken before they were read.
+    stamps: Vec<Option<u64>>,
+    /// The digest of the status computed then.
+    status: u64,
+}
+
+impl Computed {
+    /// Whether the status would come out the same now.
+    fn still(&self, backend: &dyn Backend, digest: &str, generation: i64) -> bool {
+        self.digest == digest
+            && self.generation == generation
+            && self
+                .ids
+                .iter()
+                .zip(&self.stamps)
+                .all(|(id, stamp)| match (id, stamp) {
+                    (None, _) => true,
+                    (Some(id), Some(s)) => backend.state_stamp(id) == Some(*s),
+                    (Some(_), None) => false,
+                })
+    }
+}
+
+/// A digest of a Work status, transition times left out (they do not make a change alone).
+fn status_digest(s: &WorkStatus) -> u64 {
+    use std::hash::{Hash, Hasher};
+    /// Feeds serialized bytes straight into the hasher (no intermediate string).
+    struct Feed<'a>(&'a mut std::collections::hash_map::DefaultHasher);
+    impl std::io::Write for Feed<'_> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.write(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for c in &s.conditions {
+        (
+            &c.type_,
+            &c.status,
+            &c.reason,
+            &c.message,
+            c.observed_generation,
+        )
+            .hash(&mut h);
+    }
+    // Serializing plain data into a writer that cannot fail does not fail.
+    let _ = serde_json::to_writer(Feed(&mut h), &s.manifest_statuses);
+    s.observed_generation.hash(&mut h);
+    h.finish()
+}
+
+/// The server's copy of a Work's status, as a digest and its conditions (`None`: it has none).
+fn server_status(w: &Object) -> Option<(u64, Vec<Condition>)> {
+    use serde::Deserialize;
+    let st = WorkStatus::deserialize(w.status.as_ref()?).ok()?;
+    Some((status_digest(&st), st.conditions))
 }
 
 fn digest_of(v: &Value) -> String {
@@ -136,13 +209,6 @@ fn digest_of(v: &Value) -> String {
         .take(16)
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-fn quick_hash(v: &Value) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    v.to_string().hash(&mut h);
-    h.finish()
 }
 
 /// The manifest as applied: Orrery's label and the Work it comes from.
@@ -206,6 +272,34 @@ impl Inner {
         cluster::namespace_of(&self.cfg.cluster)
     }
 
+    /// Records a Work's apply errors; its status is computed afresh.
+    fn set_errors(&self, name: String, errors: BTreeMap<usize, String>) {
+        self.computed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&name);
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(name, errors);
+    }
+
+    /// Takes the server's copy of a Work's status as what it has, so that only what differs
+    /// from it is reported (after a listing, after someone else wrote it).
+    fn observe_server_status(&self, w: &Object) {
+        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        match server_status(w) {
+            Some(seen) => {
+                if reported.get(w.name()).map(|r| r.0) != Some(seen.0) {
+                    reported.insert(w.name().to_string(), seen);
+                }
+            }
+            None => {
+                reported.remove(w.name());
+            }
+        }
+    }
+
     /// Applies manifests; returns the errors by ordinal, and whether any was the member
     /// being unavailable (worth retrying).
     async fn apply_manifests(
@@ -244,10 +338,7 @@ impl Inner {
             Err(e) => {
                 let mut errs = BTreeMap::new();
                 errs.insert(0, format!("the Work's spec is not valid: {e}"));
-                self.errors
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(name, errs);
+                self.set_errors(name, errs);
                 self.report_now.notify_one();
                 return;
             }
@@ -301,10 +392,7 @@ impl Inner {
         if !errors.is_empty() {
             tracing::warn!(cluster = %self.cfg.cluster, work = %name, errors = errors.len(), first = %errors.values().next().cloned().unwrap_or_default(), "applying a Work failed in part");
         }
-        self.errors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name, errors);
+        self.set_errors(name, errors);
         self.report_now.notify_one();
     }
 
@@ -329,9 +417,15 @@ impl Inner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(name);
+        self.computed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
     }
 
-    /// After a (re)list: apply what changed, remove what is gone, report everything again.
+    /// After a (re)list: apply what changed, remove what is gone, and take the listed
+    /// statuses as what the server has (a listing after a broken watch must not make every
+    /// Work's status be sent again, with new transition times).
     async fn sync_all(&self, works: Vec<Object>) {
         let listed: HashSet<String> = works.iter().map(|w| w.name().to_string()).collect();
         let stale: Vec<String> = self
@@ -346,11 +440,8 @@ impl Inner {
         }
         for w in &works {
             self.apply_work(w).await;
+            self.observe_server_status(w);
         }
-        self.reported
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
         self.report_now.notify_one();
     }
 
@@ -370,10 +461,7 @@ impl Inner {
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(name.clone());
             }
-            self.errors
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(name, errors);
+            self.set_errors(name, errors);
         }
     }
 
@@ -396,10 +484,7 @@ impl Inner {
                     .unwrap_or_else(|p| p.into_inner())
                     .remove(&name);
             }
-            self.errors
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(name, errors);
+            self.set_errors(name, errors);
         }
     }
 
@@ -503,26 +588,70 @@ impl Inner {
         }
     }
 
-    /// Status items of the Works whose status changed since last reported.
-    async fn changed_statuses(&self) -> Vec<(String, u64, Vec<Condition>, Value)> {
-        // Names, generations and object identifiers only: copying every Work's manifests on
-        // every report would cost more than the statuses.
-        let works: Vec<(String, i64, Vec<Option<ResourceIdentifier>>)> = self
+    /// Status items of the Works whose status differs from what the server has. A Work is
+    /// read again only if it, its apply errors or the backend's stamp of one of its objects
+    /// changed since last time, or with `everything` (the periodic resync).
+    async fn changed_statuses(
+        &self,
+        everything: bool,
+    ) -> Vec<(String, u64, Vec<Condition>, Value)> {
+        let works: Vec<(String, String, i64)> = self
             .lock_state()
             .works
             .iter()
-            .map(|(k, v)| (k.clone(), v.generation, identifiers(&v.manifests)))
+            .map(|(k, v)| (k.clone(), v.digest.clone(), v.generation))
             .collect();
+        // Which Works need reading: cheap checks under the locks, no awaits.
+        let todo: Vec<(String, String, i64, Option<Vec<Option<ResourceIdentifier>>>)> = {
+            let computed = self.computed.lock().unwrap_or_else(|p| p.into_inner());
+            let reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+            works
+                .into_iter()
+                .filter_map(|(name, digest, generation)| {
+                    let c = computed.get(&name);
+                    let same = !everything
+                        && c.is_some_and(|c| {
+                            c.still(self.backend.as_ref(), &digest, generation)
+                                && reported.get(&name).map(|r| r.0) == Some(c.status)
+                        });
+                    if same {
+                        return None;
+                    }
+                    let ids = c.filter(|c| c.digest == digest).map(|c| c.ids.clone());
+                    Some((name, digest, generation, ids))
+                })
+                .collect()
+        };
         let now = Time::now();
         let mut out = Vec::new();
-        for (name, generation, ids) in works {
-            let status = self.work_status(&name, generation, ids, now).await;
-            // The digest leaves out transition times, which do not make a change on their own.
-            let mut bare = status.clone();
-            bare.conditions
-                .iter_mut()
-                .for_each(|c| c.last_transition_time = None);
-            let h = quick_hash(&serde_json::to_value(&bare).unwrap_or_default());
+        for (name, digest, generation, ids) in todo {
+            let ids = match ids {
+                Some(ids) => ids,
+                None => match self.lock_state().works.get(&name) {
+                    Some(w) => identifiers(&w.manifests),
+                    None => continue,
+                },
+            };
+            // Stamps before reading: a change during the read shows next time.
+            let stamps: Vec<Option<u64>> = ids
+                .iter()
+                .map(|id| id.as_ref().and_then(|id| self.backend.state_stamp(id)))
+                .collect();
+            let status = self.work_status(&name, generation, ids.clone(), now).await;
+            let h = status_digest(&status);
+            self.computed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(
+                    name.clone(),
+                    Computed {
+                        digest,
+                        generation,
+                        ids,
+                        stamps,
+                        status: h,
+                    },
+                );
             let same = self
                 .reported
                 .lock()
@@ -647,6 +776,7 @@ pub async fn run(
         errors: Mutex::new(HashMap::new()),
         retry: Mutex::new(HashSet::new()),
         reported: Mutex::new(HashMap::new()),
+        computed: Mutex::new(HashMap::new()),
         report_now: Notify::new(),
     });
     inner.resume().await;
@@ -864,6 +994,7 @@ async fn works_loop(inner: &Inner, t: &Transport) -> End {
                     Ok(WorkEvent::Applied(w)) => {
                         rv = w.metadata.resource_version.clone();
                         inner.apply_work(&w).await;
+                        inner.observe_server_status(&w);
                     }
                     Ok(WorkEvent::Deleted(w)) => {
                         rv = w.metadata.resource_version.clone();
@@ -914,28 +1045,31 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
             flush_cost = started.elapsed();
             last_flush = Instant::now();
         }
-        if last_full.elapsed() >= inner.cfg.resync_interval {
-            inner
-                .reported
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clear();
+        // Now and then every object is read again, stamps or not; still only what differs
+        // from the server's copy is sent.
+        let everything = last_full.elapsed() >= inner.cfg.resync_interval;
+        if everything {
             last_full = Instant::now();
         }
-        let items = inner.changed_statuses().await;
+        let items = inner.changed_statuses(everything).await;
         for chunk in items.chunks(crate::MAX_BATCH) {
             let payload: Vec<Value> = chunk.iter().map(|(_, _, _, item)| item.clone()).collect();
             let sent = Instant::now();
             let answer = t.report(payload).await;
-            crate::stats::report(sent.elapsed());
+            crate::stats::report(sent.elapsed(), chunk.len());
             match answer {
-                Ok((failed, first)) => {
-                    if failed > 0 {
-                        tracing::warn!(cluster = %inner.cfg.cluster, failed, first = %first.unwrap_or_default(), "some status reports were refused");
+                Ok(refused) => {
+                    if let Some((name, why)) = refused.first() {
+                        tracing::warn!(cluster = %inner.cfg.cluster, failed = refused.len(), first = %format!("{name}: {why}"), "some status reports were refused");
                     }
                     let mut reported = inner.reported.lock().unwrap_or_else(|p| p.into_inner());
                     for (name, h, conds, _) in chunk {
-                        reported.insert(name.clone(), (*h, conds.clone()));
+                        // A refused one is not what the server has: it goes again next time.
+                        if refused.iter().any(|(n, _)| n == name) {
+                            reported.remove(name);
+                        } else {
+                            reported.insert(name.clone(), (*h, conds.clone()));
+                        }
                     }
                 }
                 Err(e) => return e.into(),

@@ -11,11 +11,14 @@ const KEEP: usize = 20_000;
 struct Samples {
     heartbeats: VecDeque<f64>,
     reports: VecDeque<f64>,
+    /// Status items sent since the last reset (a quiet member sends none).
+    items: u64,
 }
 
 static SAMPLES: Mutex<Samples> = Mutex::new(Samples {
     heartbeats: VecDeque::new(),
     reports: VecDeque::new(),
+    items: 0,
 });
 
 fn push(q: &mut VecDeque<f64>, d: Duration) {
@@ -32,11 +35,11 @@ pub fn heartbeat(d: Duration) {
     );
 }
 
-pub fn report(d: Duration) {
-    push(
-        &mut SAMPLES.lock().unwrap_or_else(|p| p.into_inner()).reports,
-        d,
-    );
+/// One status report of `items` Work statuses that took `d`.
+pub fn report(d: Duration, items: usize) {
+    let mut s = SAMPLES.lock().unwrap_or_else(|p| p.into_inner());
+    push(&mut s.reports, d);
+    s.items += items as u64;
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -61,11 +64,15 @@ fn summary(q: &VecDeque<f64>) -> serde_json::Value {
 /// The latest samples' percentiles; `reset` starts afresh (to measure a steady state).
 pub fn snapshot(reset: bool) -> serde_json::Value {
     let mut s = SAMPLES.lock().unwrap_or_else(|p| p.into_inner());
-    let out =
-        serde_json::json!({ "heartbeat": summary(&s.heartbeats), "report": summary(&s.reports) });
+    let out = serde_json::json!({
+        "heartbeat": summary(&s.heartbeats),
+        "report": summary(&s.reports),
+        "statusItems": s.items,
+    });
     if reset {
         s.heartbeats.clear();
         s.reports.clear();
+        s.items = 0;
     }
     out
 }

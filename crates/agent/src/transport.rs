@@ -151,12 +151,9 @@ impl Transport {
         to_object(o)
     }
 
-    /// Sends up to 1,000 status items in one request (`POST /api/v1/sync/batch`); returns how
-    /// many the server refused, with the first reason.
-    pub async fn report(
-        &self,
-        items: Vec<Value>,
-    ) -> Result<(usize, Option<String>), TransportError> {
+    /// Sends up to 1,000 status items in one request (`POST /api/v1/sync/batch`); returns the
+    /// items the server refused (name and why).
+    pub async fn report(&self, items: Vec<Value>) -> Result<Vec<(String, String)>, TransportError> {
         let body = serde_json::to_vec(&json!({ "items": items }))
             .map_err(|e| TransportError::Protocol(e.to_string()))?;
         let req = http::Request::post("/api/v1/sync/batch")
@@ -166,13 +163,18 @@ impl Transport {
         let text = self.client.request_text(req).await?;
         let v: Value =
             serde_json::from_str(&text).map_err(|e| TransportError::Protocol(e.to_string()))?;
-        let failed = v.get("failed").and_then(Value::as_u64).unwrap_or(0) as usize;
-        let first = v
+        let refused = v
             .get("results")
             .and_then(Value::as_array)
-            .and_then(|rs| rs.iter().find(|r| r["code"] != "OK"))
-            .map(|r| format!("{}: {}", r["name"], r["message"]));
-        Ok((failed, first))
+            .into_iter()
+            .flatten()
+            .filter(|r| r["code"] != "OK")
+            .map(|r| {
+                let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+                (s("name"), s("message"))
+            })
+            .collect();
+        Ok(refused)
     }
 }
 

@@ -18,7 +18,7 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
 };
 use kube::discovery::Scope;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use orrery_api::Quantity;
 use orrery_api::cluster::{
     ApiEnablement, ApiResourceRef, GPU_RESOURCE, NodeSummary, ResourceList, ResourceSummary,
@@ -327,7 +327,7 @@ impl KubeMember {
         let changed = self.changed.clone();
         let cfg = watcher::Config::default().labels(&format!("{MANAGED_LABEL}={MANAGED_VALUE}"));
         let task = tokio::spawn(async move {
-            let mut stream = watcher::watcher(api, cfg).boxed();
+            let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
             while let Some(ev) = stream.next().await {
                 let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
                 match ev {
@@ -517,6 +517,21 @@ impl Backend for KubeMember {
             .unwrap_or_else(|p| p.into_inner())
             .remove(&key_of(id));
         Ok(())
+    }
+
+    /// A watched object's `resourceVersion` (any change of it is a new one); `None` for an
+    /// object not in the cache, which `state` reads from the member.
+    fn state_stamp(&self, id: &ResourceIdentifier) -> Option<u64> {
+        use std::hash::{Hash, Hasher};
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let rv = cache
+            .get(&key_of(id))?
+            .pointer("/metadata/resourceVersion")?
+            .as_str()?;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        rv.hash(&mut h);
+        // 0 stands for an absent object elsewhere; keep clear of it.
+        Some(h.finish().max(1))
     }
 
     async fn state(&self, id: &ResourceIdentifier) -> Result<Option<ObjectState>, BackendError> {

@@ -63,6 +63,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// The state of an applied object; `None` if the member does not have it.
     async fn state(&self, id: &ResourceIdentifier) -> Result<Option<ObjectState>, BackendError>;
 
+    /// A number that stays the same for as long as [`Backend::state`] would answer the same
+    /// for `id`, so the agent reads and reports only what changed (a member with thousands
+    /// of objects, reported several times a second). `None`: the backend cannot tell now;
+    /// the agent asks `state` every time.
+    fn state_stamp(&self, _id: &ResourceIdentifier) -> Option<u64> {
+        None
+    }
+
     /// The member's health, capacity and inventory.
     async fn report(&self) -> Result<MemberReport, BackendError>;
 

@@ -361,6 +361,9 @@ struct SimObject {
     succeeded: i64,
     /// Pods that could not be placed at the last scheduling pass.
     unschedulable: i64,
+    /// Changes whenever the object's state (as [`SimCluster::object_state`] renders it) may
+    /// have: the agent re-reads only objects whose stamp moved.
+    stamp: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -388,6 +391,21 @@ struct State {
     /// Whether any pod is Pending or Starting (ticks have work to do).
     busy: bool,
     peers: Vec<(String, String)>,
+    /// The next object stamp (never 0, which stands for an absent object).
+    next_stamp: u64,
+    /// Objects with pods that found no node at the last pass (so a pass visits only these,
+    /// not every object).
+    stuck: std::collections::BTreeSet<Key>,
+}
+
+impl State {
+    /// Marks an object's state as changed.
+    fn touch(&mut self, key: &Key) {
+        if let Some(o) = self.objects.get_mut(key) {
+            self.next_stamp += 1;
+            o.stamp = self.next_stamp;
+        }
+    }
 }
 
 /// One simulated member cluster.
@@ -450,6 +468,8 @@ impl SimCluster {
                 load: spec.load,
                 busy: false,
                 peers: Vec::new(),
+                next_stamp: 0,
+                stuck: Default::default(),
             }),
             spec,
             changed: tx,
@@ -527,10 +547,18 @@ impl SimCluster {
             }
             st.busy = true;
         }
+        let outage_flips = st.faults.outage != f.outage;
         st.faults = Faults {
             lost_nodes: lost,
             ..f
         };
+        if moved || outage_flips {
+            // Node readiness shows in DaemonSets and pods; an outage in every state read.
+            let keys: Vec<Key> = st.objects.keys().cloned().collect();
+            for k in &keys {
+                st.touch(k);
+            }
+        }
         advance(&mut st, &self.spec, Instant::now());
         drop(st);
         self.bump();
@@ -731,6 +759,7 @@ fn reconcile_pods(st: &mut State, key: &Key, now: Instant) {
     let Some(obj) = st.objects.get(key) else {
         // Gone: its pods go too.
         st.pods.retain(|_, p| &p.owner != key);
+        st.stuck.remove(key);
         return;
     };
     let Some(shape) = obj.shape.clone() else {
@@ -738,8 +767,10 @@ fn reconcile_pods(st: &mut State, key: &Key, now: Instant) {
     };
     let succeeded = obj.succeeded;
     // Pods of an older template are replaced (the simulation does not stage rollouts).
+    let before = st.pods.len();
     st.pods
         .retain(|_, p| &p.owner != key || p.template == shape.template);
+    let mut changed = st.pods.len() != before;
     let mine: Vec<u64> = st
         .pods
         .iter()
@@ -765,6 +796,10 @@ fn reconcile_pods(st: &mut State, key: &Key, now: Instant) {
         for id in order.into_iter().take((have - want) as usize) {
             st.pods.remove(&id);
         }
+        changed = true;
+    }
+    if want > have {
+        changed = true;
     }
     for _ in have..want {
         let id = st.next_pod;
@@ -781,6 +816,9 @@ fn reconcile_pods(st: &mut State, key: &Key, now: Instant) {
             },
         );
         st.busy = true;
+    }
+    if changed {
+        st.touch(key);
     }
 }
 
@@ -811,6 +849,8 @@ fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
     let mut unschedulable: BTreeMap<Key, i64> = BTreeMap::new();
     let mut busy = false;
     let mut finished_jobs: Vec<Key> = Vec::new();
+    // Owners whose pods moved (placed, started): their states changed.
+    let mut moved: Vec<Key> = Vec::new();
     for p in st.pods.values_mut() {
         match p.phase {
             Phase::Pending => {
@@ -829,6 +869,7 @@ fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
                         p.since = now;
                         changed = true;
                         busy = true;
+                        moved.push(p.owner.clone());
                     }
                     None => {
                         *unschedulable.entry(p.owner.clone()).or_default() += 1;
@@ -841,6 +882,7 @@ fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
                     p.phase = Phase::Running;
                     p.since = now;
                     changed = true;
+                    moved.push(p.owner.clone());
                 }
                 busy = true;
             }
@@ -855,12 +897,32 @@ fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
             _ => {}
         }
     }
-    for (key, obj) in st.objects.iter_mut() {
-        let n = unschedulable.get(key).copied().unwrap_or(0);
-        if obj.unschedulable != n {
+    // Only objects stuck before or now can have a count to change.
+    let candidates: std::collections::BTreeSet<Key> = st
+        .stuck
+        .iter()
+        .chain(unschedulable.keys())
+        .cloned()
+        .collect();
+    for key in candidates {
+        let n = unschedulable.get(&key).copied().unwrap_or(0);
+        if let Some(obj) = st.objects.get_mut(&key)
+            && obj.unschedulable != n
+        {
             obj.unschedulable = n;
             changed = true;
+            moved.push(key.clone());
         }
+        if n > 0 {
+            st.stuck.insert(key);
+        } else {
+            st.stuck.remove(&key);
+        }
+    }
+    moved.sort();
+    moved.dedup();
+    for key in &moved {
+        st.touch(key);
     }
     if !finished_jobs.is_empty() {
         st.pods.retain(|_, p| p.phase != Phase::Succeeded);
@@ -868,6 +930,7 @@ fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
             if let Some(o) = st.objects.get_mut(&key) {
                 o.succeeded += 1;
             }
+            st.touch(&key);
             reconcile_pods(st, &key, now);
             busy = true;
         }
@@ -995,10 +1058,12 @@ impl Backend for SimCluster {
                             shape,
                             succeeded: 0,
                             unschedulable: 0,
+                            stamp: 0,
                         },
                     );
                 }
             }
+            st.touch(&key);
             reconcile_pods(&mut st, &key, now);
             advance(&mut st, &self.spec, now);
         }
@@ -1031,6 +1096,15 @@ impl Backend for SimCluster {
             .objects
             .get(&key)
             .map(|o| self.object_state(&st, &key, o)))
+    }
+
+    fn state_stamp(&self, id: &ResourceIdentifier) -> Option<u64> {
+        let st = self.lock();
+        if st.faults.outage {
+            // Every read fails now; the outage's end touches every object.
+            return None;
+        }
+        Some(st.objects.get(&key_of(id)).map_or(0, |o| o.stamp))
     }
 
     async fn report(&self) -> Result<MemberReport, BackendError> {
@@ -1383,6 +1457,98 @@ mod tests {
             sim.state(&id(&d)).await.unwrap().unwrap().health,
             Health::Healthy,
             "nodes came back"
+        );
+    }
+
+    /// The stamp contract: whenever an object's state reads differently, its stamp moved
+    /// (the agent trusts an unchanged stamp and reports nothing); a tick that changes nothing
+    /// leaves every stamp alone.
+    #[tokio::test(start_paused = true)]
+    async fn a_state_never_changes_under_the_same_stamp() {
+        let sim = SimCluster::new(
+            "c",
+            "r",
+            spec("nodes=2,cpu=4,memory=8Gi,load=0,start=1s,job=2s"),
+        );
+        let web = deployment("web", 3, "1500m", "1Gi");
+        let big = deployment("big", 2, "3", "1Gi");
+        let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "default",
+            "labels": {MANAGED_LABEL: MANAGED_VALUE}},
+            "spec": {"completions": 2, "parallelism": 1, "template": {"spec": {"containers": [{"name": "c"}]}}}});
+        let ds = json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "ds", "namespace": "default",
+            "labels": {MANAGED_LABEL: MANAGED_VALUE}},
+            "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}});
+        let ids = [id(&web), id(&big), id(&job), id(&ds)];
+        let mut seen: Vec<Option<(u64, Option<ObjectState>)>> = vec![None; ids.len()];
+        // Checks every object against what was seen last; returns how many stamps moved.
+        async fn check(
+            sim: &SimCluster,
+            ids: &[ResourceIdentifier],
+            seen: &mut [Option<(u64, Option<ObjectState>)>],
+            step: &str,
+        ) -> usize {
+            let mut moved = 0;
+            for (i, id) in ids.iter().enumerate() {
+                let Some(stamp) = sim.state_stamp(id) else {
+                    seen[i] = None;
+                    continue;
+                };
+                let state = sim.state(id).await.unwrap();
+                match &seen[i] {
+                    Some((s, old)) if *s == stamp => assert_eq!(
+                        old, &state,
+                        "{step}: {} changed under stamp {stamp}",
+                        id.name
+                    ),
+                    _ => moved += 1,
+                }
+                seen[i] = Some((stamp, state));
+            }
+            moved
+        }
+        check(&sim, &ids, &mut seen, "start").await;
+        sim.apply(&web, false).await.unwrap();
+        check(&sim, &ids, &mut seen, "web applied").await;
+        for m in [&big, &job, &ds] {
+            sim.apply(m, false).await.unwrap();
+            check(&sim, &ids, &mut seen, "applied").await;
+        }
+        for step in 0..12 {
+            tokio::time::advance(Duration::from_millis(500)).await;
+            sim.tick();
+            check(&sim, &ids, &mut seen, &format!("tick {step}")).await;
+        }
+        // Settled (the Job is done, big waits for room): a tick changes nothing, and no
+        // stamp moves.
+        sim.tick();
+        assert_eq!(check(&sim, &ids, &mut seen, "quiet tick").await, 0);
+        sim.set_faults(Faults {
+            lost_nodes: 1,
+            ..Default::default()
+        });
+        check(&sim, &ids, &mut seen, "a node lost").await;
+        sim.set_faults(Faults {
+            outage: true,
+            lost_nodes: 1,
+            ..Default::default()
+        });
+        assert_eq!(sim.state_stamp(&ids[0]), None, "no stamp in an outage");
+        sim.set_faults(Faults::default());
+        for step in 0..4 {
+            tokio::time::advance(Duration::from_millis(500)).await;
+            sim.tick();
+            check(&sim, &ids, &mut seen, &format!("recovery {step}")).await;
+        }
+        sim.apply(&deployment("web", 1, "1500m", "1Gi"), false)
+            .await
+            .unwrap();
+        assert!(check(&sim, &ids, &mut seen, "web scaled down").await >= 1);
+        sim.delete(&ids[1]).await.unwrap();
+        check(&sim, &ids, &mut seen, "big deleted").await;
+        assert_eq!(
+            sim.state_stamp(&ids[1]),
+            Some(0),
+            "an absent object's stamp"
         );
     }
 
