@@ -190,6 +190,18 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// The binding controller alone: scheduled bindings already stored, Works written per
+    /// second (SQLite store, in this process).
+    PropagationWorks {
+        #[arg(long, default_value_t = 3)]
+        clusters: usize,
+        #[arg(long, default_value_t = 10_000)]
+        templates: usize,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// The scheduling engine alone: decisions per second and latency per decision.
     SchedulerEngine {
         #[arg(long, value_delimiter = ',', default_value = "100,1000,5000")]
@@ -407,6 +419,20 @@ fn main() -> anyhow::Result<()> {
                     clusters,
                     templates,
                     server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::PropagationWorks {
+                clusters,
+                templates,
+                runs,
+                dir,
+            } => {
+                propagation::works(propagation::WorksArgs {
+                    clusters,
+                    templates,
+                    runs,
                     dir,
                 })
                 .await

@@ -11,16 +11,20 @@
 //! single cluster's copied as it is).
 //!
 //! A binding being deleted keeps its finalizer until its Works are gone.
+//!
+//! The controller keeps what it renders from in memory, templates included (it follows the
+//! kinds its bindings name), and takes the objects its own writes return into that view at
+//! once: a round never works from a version older than what the last one wrote, so a status
+//! is not written twice for one change.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures_util::StreamExt;
 use orrery_api::binding::{
     self, AggregatedStatusItem, BINDING_ANNOTATION, BINDING_NAMESPACE_LABEL, BindingSpec,
-    CONDITION_FULLY_APPLIED, Dependency,
+    BindingStatus, CONDITION_FULLY_APPLIED, Dependency,
 };
 use orrery_api::cluster::namespace_of;
 use orrery_api::conditions::{self, Condition};
@@ -32,10 +36,11 @@ use orrery_api::{Object, Time, keys};
 use orrery_scheduler::ClusterSnapshot;
 use orrery_store::ops::{delete_object, remove_finalizer};
 use orrery_store::{Store, StoreError, update_with};
+use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
-use super::detector::{binding_key, interpreters_prefix};
+use super::detector::{binding_key, interpreters_prefix, same_but_status};
 use super::scheduling::{parse_spec, parse_status, snapshot_of};
 use super::{Job, Kinds, follow, next_batch, run_jobs, subject};
 use crate::informer::Event;
@@ -51,16 +56,59 @@ enum Src {
     Override(usize),
     Dependency(usize),
     Interpreter,
+    /// Templates of one kind (a slot of `Controller::followed`).
+    Template(usize),
 }
 
 type BKey = (String, String);
 /// A dependency: kind, namespace, name.
 type DKey = (String, String, String);
 
+/// A template as last seen, and the revision of its last change other than its status
+/// (what renderings depend on: this controller's own status writes do not re-render).
+#[derive(Debug)]
+struct Template {
+    obj: Arc<Object>,
+    content: String,
+}
+
+/// An object one of this controller's writes stored.
+#[derive(Debug)]
+enum Written {
+    Binding(BKey, Arc<Object>),
+    /// (cluster, Work name).
+    Work((String, String), Arc<Object>),
+    /// The template's store key.
+    Template(String, Arc<Object>),
+}
+
+/// What this round's writes stored, shared with the write jobs.
+type WrittenLog = Arc<Mutex<Vec<Written>>>;
+
+fn log_written(log: &WrittenLog, w: Written) {
+    log.lock().unwrap_or_else(|p| p.into_inner()).push(w);
+}
+
 struct Controller {
     store: Arc<dyn Store>,
     kinds: Arc<dyn Kinds>,
+    tx: mpsc::UnboundedSender<(Src, Event)>,
+    shutdown: watch::Receiver<bool>,
     bindings: HashMap<BKey, Arc<Object>>,
+    /// Each binding's spec, parsed once per version.
+    specs: HashMap<BKey, Arc<BindingSpec>>,
+    /// Template kinds followed, (apiVersion, kind) → slot; each slot's store prefix; slots
+    /// whose first listing came.
+    followed: HashMap<(String, String), usize>,
+    prefixes: Vec<String>,
+    listed: HashSet<usize>,
+    /// Templates by store key, and the binding each belongs to.
+    templates: HashMap<String, Template>,
+    bound: HashMap<String, BKey>,
+    /// Objects this controller's last round wrote, and deletions seen since (key →
+    /// revision), so that what is taken in is never older than what the watch showed.
+    written: WrittenLog,
+    deleted: HashMap<String, i64>,
     /// Works by (cluster, work name).
     works: HashMap<(String, String), Arc<Object>>,
     /// The clusters holding a Work of each binding.
@@ -89,7 +137,7 @@ pub async fn run(
     kinds: Arc<dyn Kinds>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = mpsc::unbounded_channel::<(Src, Event)>();
     let sd = || shutdown.clone();
     follow(
         store.clone(),
@@ -134,13 +182,23 @@ pub async fn run(
         store.clone(),
         interpreters_prefix(),
         Src::Interpreter,
-        tx,
+        tx.clone(),
         sd(),
     );
     let mut c = Controller {
         store,
         kinds,
+        tx,
+        shutdown: shutdown.clone(),
         bindings: HashMap::new(),
+        specs: HashMap::new(),
+        followed: HashMap::new(),
+        prefixes: Vec::new(),
+        listed: HashSet::new(),
+        templates: HashMap::new(),
+        bound: HashMap::new(),
+        written: Arc::default(),
+        deleted: HashMap::new(),
         works: HashMap::new(),
         works_of: HashMap::new(),
         clusters: BTreeMap::new(),
@@ -170,6 +228,8 @@ pub async fn run(
             c.on_event(src, ev);
         }
         if ticked {
+            // Kinds that could not be resolved yet (a CRD arriving later) are tried again.
+            c.follow_template_kinds();
             c.dirty.append(&mut retry);
             // Graceful evictions end by time.
             for (k, b) in &c.bindings {
@@ -213,33 +273,61 @@ fn view_print(s: &ClusterSnapshot) -> u64 {
 impl Controller {
     fn on_event(&mut self, src: Src, ev: Event) {
         match src {
-            Src::Binding => {
-                let put = |c: &mut Controller, b: Arc<Object>| {
+            Src::Binding => match ev {
+                Event::Listed(items) => {
+                    let old: Vec<BKey> = self.bindings.keys().cloned().collect();
+                    for k in old {
+                        self.put_binding(&k, None);
+                        self.dirty.insert(k);
+                    }
+                    for b in items {
+                        let k = (b.namespace().to_string(), b.name().to_string());
+                        self.put_binding(&k, Some(b));
+                        self.dirty.insert(k);
+                    }
+                    self.synced.insert("bindings");
+                }
+                Event::Upsert(b) => {
                     let k = (b.namespace().to_string(), b.name().to_string());
-                    c.index_dependencies(&k, Some(&b));
-                    c.dirty.insert(k.clone());
-                    c.bindings.insert(k, b);
-                };
+                    self.put_binding(&k, Some(b));
+                    self.dirty.insert(k);
+                }
+                Event::Delete(b) => {
+                    let k = (b.namespace().to_string(), b.name().to_string());
+                    self.deleted
+                        .insert(binding_key(&k.0, &k.1), b.revision().unwrap_or(0));
+                    self.put_binding(&k, None);
+                    // Works left by a binding removed without us (forced): clean up.
+                    self.dirty.insert(k);
+                }
+            },
+            Src::Template(slot) => {
+                let mut touched = Vec::new();
                 match ev {
                     Event::Listed(items) => {
-                        let old: Vec<BKey> = self.bindings.keys().cloned().collect();
-                        for k in old {
-                            self.index_dependencies(&k, None);
-                            self.dirty.insert(k);
+                        self.listed.insert(slot);
+                        // A listing replaces what was known of this kind.
+                        if let Some(prefix) = self.prefixes.get(slot) {
+                            self.templates
+                                .retain(|k, _| !k.starts_with(prefix.as_str()));
                         }
-                        self.bindings.clear();
-                        for b in items {
-                            put(self, b);
+                        for o in items {
+                            touched.push(self.put_template(o));
                         }
-                        self.synced.insert("bindings");
+                        touched.extend(self.bound.keys().cloned());
                     }
-                    Event::Upsert(b) => put(self, b),
-                    Event::Delete(b) => {
-                        let k = (b.namespace().to_string(), b.name().to_string());
-                        self.index_dependencies(&k, None);
-                        self.bindings.remove(&k);
-                        // Works left by a binding removed without us (forced): clean up.
-                        self.dirty.insert(k);
+                    Event::Upsert(o) => touched.push(self.put_template(o)),
+                    Event::Delete(o) => {
+                        if let Some(key) = self.template_key(&o) {
+                            self.templates.remove(&key);
+                            self.deleted.insert(key.clone(), o.revision().unwrap_or(0));
+                            touched.push(key);
+                        }
+                    }
+                }
+                for key in touched {
+                    if let Some(k) = self.bound.get(&key) {
+                        self.dirty.insert(k.clone());
                     }
                 }
             }
@@ -273,6 +361,8 @@ impl Controller {
                     }
                     Event::Upsert(w) => put(self, w),
                     Event::Delete(w) => {
+                        self.deleted
+                            .insert(Self::work_key_of(&w), w.revision().unwrap_or(0));
                         if let Some(cluster) =
                             orrery_api::cluster::cluster_of_namespace(w.namespace())
                         {
@@ -407,11 +497,22 @@ impl Controller {
         }
     }
 
-    /// Keeps the index from dependencies to the bindings that need them.
-    fn index_dependencies(&mut self, k: &BKey, b: Option<&Object>) {
-        if let Some(old) = self.bindings.get(k).and_then(|b| parse_spec(b)) {
-            for d in old.dependencies {
-                let dk = (d.kind, d.namespace, d.name);
+    /// Puts (or with `None` removes) a binding, keeping its parsed spec and the indexes
+    /// from dependencies and templates to it.
+    fn put_binding(&mut self, k: &BKey, b: Option<Arc<Object>>) {
+        let same_spec = match (self.bindings.get(k), &b) {
+            (Some(old), Some(new)) => old.spec == new.spec,
+            _ => false,
+        };
+        if same_spec {
+            if let Some(b) = b {
+                self.bindings.insert(k.clone(), b);
+            }
+            return;
+        }
+        if let Some(old) = self.specs.remove(k) {
+            for d in &old.dependencies {
+                let dk = (d.kind.clone(), d.namespace.clone(), d.name.clone());
                 if let Some(set) = self.dependents.get_mut(&dk) {
                     set.remove(k);
                     if set.is_empty() {
@@ -419,70 +520,185 @@ impl Controller {
                     }
                 }
             }
+            if let Some(info) = self
+                .kinds
+                .resolve(&old.resource.api_version, &old.resource.kind)
+            {
+                let tkey = info.key(&old.resource.namespace, &old.resource.name);
+                if self.bound.get(&tkey) == Some(k) {
+                    self.bound.remove(&tkey);
+                }
+            }
         }
-        if let Some(new) = b.and_then(parse_spec) {
-            for d in new.dependencies {
+        let Some(b) = b else {
+            self.bindings.remove(k);
+            return;
+        };
+        if let Some(new) = parse_spec(&b) {
+            for d in &new.dependencies {
                 self.dependents
-                    .entry((d.kind, d.namespace, d.name))
+                    .entry((d.kind.clone(), d.namespace.clone(), d.name.clone()))
                     .or_default()
                     .insert(k.clone());
+            }
+            if !new.resource.is_task() {
+                self.follow_kind(&new.resource.api_version, &new.resource.kind);
+                if let Some(info) = self
+                    .kinds
+                    .resolve(&new.resource.api_version, &new.resource.kind)
+                {
+                    self.bound.insert(
+                        info.key(&new.resource.namespace, &new.resource.name),
+                        k.clone(),
+                    );
+                }
+            }
+            self.specs.insert(k.clone(), Arc::new(new));
+        }
+        self.bindings.insert(k.clone(), b);
+    }
+
+    /// Starts following a template kind (once), if the API serves it yet.
+    fn follow_kind(&mut self, api_version: &str, kind: &str) {
+        let id = (api_version.to_string(), kind.to_string());
+        if self.followed.contains_key(&id) {
+            return;
+        }
+        let Some(info) = self.kinds.resolve(api_version, kind) else {
+            return;
+        };
+        let slot = self.followed.len();
+        self.followed.insert(id, slot);
+        self.prefixes.push(info.prefix());
+        follow(
+            self.store.clone(),
+            info.prefix(),
+            Src::Template(slot),
+            self.tx.clone(),
+            self.shutdown.clone(),
+        );
+    }
+
+    /// Follows the kinds of bindings whose kind could not be resolved before.
+    fn follow_template_kinds(&mut self) {
+        let wanted: BTreeSet<(String, String)> = self
+            .specs
+            .values()
+            .filter(|s| !s.resource.is_task())
+            .map(|s| (s.resource.api_version.clone(), s.resource.kind.clone()))
+            .filter(|k| !self.followed.contains_key(k))
+            .collect();
+        for (api_version, kind) in wanted {
+            self.follow_kind(&api_version, &kind);
+            if self
+                .followed
+                .contains_key(&(api_version.clone(), kind.clone()))
+            {
+                // Their templates' keys are known now.
+                let keys: Vec<BKey> = self
+                    .specs
+                    .iter()
+                    .filter(|(_, s)| {
+                        s.resource.api_version == api_version && s.resource.kind == kind
+                    })
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                for k in keys {
+                    if let Some(b) = self.bindings.get(&k).cloned() {
+                        self.specs.remove(&k);
+                        self.put_binding(&k, Some(b));
+                    }
+                }
+            }
+        }
+    }
+
+    fn template_key(&self, o: &Object) -> Option<String> {
+        let info = self.kinds.resolve(&o.api_version, &o.kind)?;
+        Some(info.key(o.namespace(), o.name()))
+    }
+
+    /// Puts a template; returns its key.
+    fn put_template(&mut self, o: Arc<Object>) -> String {
+        let Some(key) = self.template_key(&o) else {
+            return String::new();
+        };
+        let content = match self.templates.get(&key) {
+            Some(old) if same_but_status(&old.obj, &o) => old.content.clone(),
+            _ => o.metadata.resource_version.clone(),
+        };
+        self.templates
+            .insert(key.clone(), Template { obj: o, content });
+        key
+    }
+
+    /// Takes in what the last round's writes stored, unless the watch has shown something
+    /// newer (a later write, a deletion) already.
+    fn take_written(&mut self) {
+        let written = std::mem::take(&mut *self.written.lock().unwrap_or_else(|p| p.into_inner()));
+        let deleted = std::mem::take(&mut self.deleted);
+        let newer = |have: Option<&Arc<Object>>, key: &str, o: &Object| {
+            let rev = o.revision().unwrap_or(0);
+            have.is_none_or(|h| h.revision().unwrap_or(0) < rev)
+                && deleted.get(key).is_none_or(|d| *d < rev)
+        };
+        for w in written {
+            match w {
+                Written::Binding(k, o) => {
+                    if self.bindings.contains_key(&k)
+                        && newer(self.bindings.get(&k), &binding_key(&k.0, &k.1), &o)
+                    {
+                        self.put_binding(&k, Some(o));
+                    }
+                }
+                Written::Work(wk, o) => {
+                    if newer(self.works.get(&wk), &Self::work_key_of(&o), &o) {
+                        if let Some(k) = bkey_of_work(&o) {
+                            self.works_of.entry(k).or_default().insert(wk.0.clone());
+                        }
+                        self.works.insert(wk, o);
+                    }
+                }
+                Written::Template(key, o) => {
+                    if self.templates.contains_key(&key)
+                        && newer(self.templates.get(&key).map(|t| &t.obj), &key, &o)
+                    {
+                        self.put_template(o);
+                    }
+                }
             }
         }
     }
 
     async fn reconcile_dirty(&mut self) -> BTreeSet<BKey> {
+        self.take_written();
         let dirty = std::mem::take(&mut self.dirty);
-        // Templates are read from the store (the detector keeps them; this controller only
-        // needs the ones it is about to render).
-        let mut tasks = BTreeSet::new();
-        let wanted: Vec<(BKey, String)> = dirty
-            .iter()
-            .filter_map(|k| {
-                let spec = parse_spec(self.bindings.get(k)?)?;
-                if spec.resource.is_task() {
-                    // A standalone task has no template and no Works.
-                    tasks.insert(k.clone());
-                    return None;
-                }
-                let info = self
-                    .kinds
-                    .resolve(&spec.resource.api_version, &spec.resource.kind)?;
-                Some((
-                    k.clone(),
-                    info.key(&spec.resource.namespace, &spec.resource.name),
-                ))
-            })
-            .collect();
-        let store = self.store.clone();
-        let templates: HashMap<BKey, Option<Object>> = futures_util::stream::iter(wanted)
-            .map(|(k, key)| {
-                let store = store.clone();
-                async move {
-                    match store.get(&key).await {
-                        Ok(o) => (k, Some(Some(o))),
-                        Err(StoreError::NotFound { .. }) => (k, Some(None)),
-                        Err(_) => (k, None),
-                    }
-                }
-            })
-            .buffer_unordered(256)
-            .filter_map(|(k, r)| async move { r.map(|r| (k, r)) })
-            .collect()
-            .await;
         let mut jobs: Vec<Job<BKey>> = Vec::new();
         let mut later = BTreeSet::new();
         for k in dirty {
-            match templates.get(&k) {
-                _ if tasks.contains(&k) => jobs.extend(self.reconcile(&k, None)),
-                Some(t) => jobs.extend(self.reconcile(&k, t.as_ref())),
-                None if self.bindings.contains_key(&k)
-                    && parse_spec(&self.bindings[&k]).is_some() =>
-                {
-                    // The template could not be read now; try again.
-                    later.insert(k);
+            let template = match self.specs.get(&k) {
+                // Gone (its Works go), or a standalone task (no template, no Works).
+                None => None,
+                Some(spec) if spec.resource.is_task() => None,
+                Some(spec) => {
+                    let r = &spec.resource;
+                    let kind = (r.api_version.clone(), r.kind.clone());
+                    let info = self.kinds.resolve(&r.api_version, &r.kind);
+                    let listed = self
+                        .followed
+                        .get(&kind)
+                        .is_some_and(|s| self.listed.contains(s));
+                    let Some(info) = info.filter(|_| listed) else {
+                        // Not served yet, or its templates not listed yet: the listing marks
+                        // it again, the tick retries.
+                        later.insert(k);
+                        continue;
+                    };
+                    // None: no template (the detector unbinds it; a deletion still goes on).
+                    self.templates.get(&info.key(&r.namespace, &r.name))
                 }
-                None => jobs.extend(self.reconcile(&k, None)),
-            }
+            };
+            jobs.extend(self.reconcile(&k, template));
         }
         let mut failed = run_jobs(jobs).await;
         {
@@ -497,11 +713,15 @@ impl Controller {
         failed
     }
 
+    fn work_key_of(w: &Object) -> String {
+        keys::well_known::work(w.namespace(), w.name())
+    }
+
     fn work_key(cluster: &str, name: &str) -> String {
         keys::well_known::work(&namespace_of(cluster), name)
     }
 
-    fn reconcile(&self, k: &BKey, template: Option<&Object>) -> Vec<Job<BKey>> {
+    fn reconcile(&self, k: &BKey, template: Option<&Template>) -> Vec<Job<BKey>> {
         let mut jobs: Vec<Job<BKey>> = Vec::new();
         let work_name = binding::work_name(&k.0, &k.1);
         let have: Vec<String> = self
@@ -541,10 +761,13 @@ impl Controller {
                     .map_err(|e| (key, e.to_string()))
             })];
         }
-        let Some(spec) = parse_spec(&b) else {
+        let Some(spec) = self.specs.get(k).cloned() else {
             return jobs;
         };
-        let Some(t) = template else { return jobs };
+        let Some(template) = template else {
+            return jobs;
+        };
+        let t = template.obj.as_ref();
         if !spec.resource.uid.is_empty() && t.metadata.uid != spec.resource.uid {
             // A different object of the same name: the detector rebinds it.
             return jobs;
@@ -558,7 +781,7 @@ impl Controller {
         let targets: BTreeSet<&str> = spec.clusters.iter().map(|c| c.name.as_str()).collect();
         // Rendering is skipped when none of its inputs changed (a Work status coming back
         // changes none of them).
-        let fp = self.render_inputs(&b, t, &have, &work_name);
+        let fp = self.render_inputs(&b, template, &have, &work_name);
         let cached = self
             .rendered
             .lock()
@@ -566,10 +789,13 @@ impl Controller {
             .get(k)
             .filter(|c| c.0 == fp)
             .cloned();
+        // Clusters whose Works this round writes (they count as created).
+        let mut writing = BTreeSet::new();
         let (errors, missing_deps) = match cached {
             Some((_, e, m)) => (e, m),
             None => {
-                let (e, m) = self.render_works(k, &spec, t, interp, &work_name, &mut jobs);
+                let (e, m) =
+                    self.render_works(k, &spec, t, interp, &work_name, &mut jobs, &mut writing);
                 self.rendered
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
@@ -579,14 +805,12 @@ impl Controller {
         };
         // Works of clusters no longer targeted go, unless an eviction keeps them a while.
         let now = Time::now();
-        let new_all_healthy = {
-            let st = parse_status(&b);
-            spec.clusters.iter().all(|c| {
-                st.aggregated_status
-                    .iter()
-                    .any(|a| a.cluster_name == c.name && a.health == Health::Healthy)
-            })
-        };
+        let old = parse_status(&b);
+        let new_all_healthy = spec.clusters.iter().all(|c| {
+            old.aggregated_status
+                .iter()
+                .any(|a| a.cluster_name == c.name && a.health == Health::Healthy)
+        });
         for c in &have {
             if targets.contains(c.as_str()) {
                 continue;
@@ -599,20 +823,35 @@ impl Controller {
                 jobs.push(j);
             }
         }
-        jobs.extend(self.status_jobs(k, &b, &spec, t, interp, &errors, &missing_deps, &work_name));
+        jobs.extend(self.status_jobs(
+            k,
+            &b,
+            &old,
+            &spec,
+            template,
+            interp,
+            Rendering {
+                errors: &errors,
+                missing_deps: &missing_deps,
+                writing: &writing,
+                work_name: &work_name,
+            },
+        ));
         jobs
     }
 
     /// A hash of everything a binding's Works are rendered from.
-    fn render_inputs(&self, b: &Object, t: &Object, have: &[String], work_name: &str) -> u64 {
+    fn render_inputs(&self, b: &Object, t: &Template, have: &[String], work_name: &str) -> u64 {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         b.metadata.generation.hash(&mut h);
         if let Some(s) = &b.spec {
             s.get("clusters").map(|v| v.to_string()).hash(&mut h);
             s.get("suspension").map(|v| v.to_string()).hash(&mut h);
         }
-        t.metadata.uid.hash(&mut h);
-        t.metadata.resource_version.hash(&mut h);
+        t.obj.metadata.uid.hash(&mut h);
+        // Not the template's resourceVersion: its status (this controller writes it) is not
+        // rendered.
+        t.content.hash(&mut h);
         self.epoch.hash(&mut h);
         for c in have {
             c.hash(&mut h);
@@ -634,6 +873,7 @@ impl Controller {
         interp: Interpreter<'_>,
         work_name: &str,
         jobs: &mut Vec<Job<BKey>>,
+        writing: &mut BTreeSet<String>,
     ) -> (BTreeMap<String, String>, Vec<String>) {
         let work_name = work_name.to_string();
         let all_overrides: Vec<&OverridePolicy> = self.overrides.values().map(|(_, p)| p).collect();
@@ -709,6 +949,9 @@ impl Controller {
             let wname = work_name.clone();
             let bref = format!("{}/{}", k.0, k.1);
             let bns = k.0.clone();
+            let log = self.written.clone();
+            let wk = (tc.name.clone(), work_name.clone());
+            writing.insert(tc.name.clone());
             jobs.push(Box::pin(async move {
                 let err = |e: StoreError| (key.clone(), e.to_string());
                 match existing {
@@ -716,7 +959,8 @@ impl Controller {
                         let mut next = (*w).clone();
                         next.spec = Some(ws_value);
                         next.metadata.generation = Some(next.metadata.generation.unwrap_or(1) + 1);
-                        store.update(&wkey, next, w.revision()).await.map_err(err)?;
+                        let stored = store.update(&wkey, next, w.revision()).await.map_err(err)?;
+                        log_written(&log, Written::Work(wk, stored));
                     }
                     None => {
                         let mut w = new_object(
@@ -735,7 +979,8 @@ impl Controller {
                         }
                         w.spec = Some(ws_value);
                         match store.create(&wkey, w).await {
-                            Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+                            Ok(stored) => log_written(&log, Written::Work(wk, stored)),
+                            Err(StoreError::AlreadyExists { .. }) => {}
                             Err(e) => return Err(err(e)),
                         }
                     }
@@ -747,29 +992,27 @@ impl Controller {
     }
 
     /// Aggregates member status into the binding and the template.
-    #[allow(clippy::too_many_arguments)]
     fn status_jobs(
         &self,
         k: &BKey,
         b: &Arc<Object>,
+        old: &BindingStatus,
         spec: &BindingSpec,
-        t: &Object,
+        template: &Template,
         interp: Interpreter<'_>,
-        errors: &BTreeMap<String, String>,
-        missing_deps: &[String],
-        work_name: &str,
+        r: Rendering<'_>,
     ) -> Vec<Job<BKey>> {
+        let t = template.obj.as_ref();
         let mut jobs: Vec<Job<BKey>> = Vec::new();
-        let old = parse_status(b);
         let now = Time::now();
         let mut items = Vec::new();
         let mut all_applied = !spec.clusters.is_empty();
         let mut reasons = Vec::new();
         for tc in &spec.clusters {
-            let w = self.works.get(&(tc.name.clone(), work_name.to_string()));
+            let w = self.works.get(&(tc.name.clone(), r.work_name.to_string()));
             let ws: Option<WorkStatus> = w
-                .and_then(|w| w.status.clone())
-                .and_then(|s| serde_json::from_value(s).ok());
+                .and_then(|w| w.status.as_ref())
+                .and_then(|s| WorkStatus::deserialize(s).ok());
             let current = match (w, &ws) {
                 (Some(w), Some(s)) => s.observed_generation == w.metadata.generation,
                 _ => false,
@@ -794,13 +1037,13 @@ impl Controller {
                 item.status = m.status.clone();
                 item.message = m.message.clone();
             }
-            if let Some(e) = errors.get(&tc.name) {
+            if let Some(e) = r.errors.get(&tc.name) {
                 item.applied = false;
                 item.message = e.clone();
             } else if spec.suspension.holds(&tc.name) {
                 item.message = "dispatching is suspended".into();
             } else if ms.is_none() {
-                item.message = if w.is_none() {
+                item.message = if w.is_none() && !r.writing.contains(&tc.name) {
                     "the Work is not created yet".into()
                 } else {
                     "the member has not reported yet".into()
@@ -815,14 +1058,6 @@ impl Controller {
             {
                 item.message = c.message.clone();
             }
-            let prev = old
-                .aggregated_status
-                .iter()
-                .find(|a| a.cluster_name == tc.name);
-            item.health_since = match prev {
-                Some(p) if p.health == item.health => p.health_since.or(Some(now)),
-                _ => Some(now),
-            };
             if !item.applied {
                 all_applied = false;
                 reasons.push(format!(
@@ -837,10 +1072,13 @@ impl Controller {
             }
             items.push(item);
         }
-        if !missing_deps.is_empty() {
-            reasons.push(format!("missing dependencies: {}", missing_deps.join(", ")));
+        if !r.missing_deps.is_empty() {
+            reasons.push(format!(
+                "missing dependencies: {}",
+                r.missing_deps.join(", ")
+            ));
         }
-        let cond = if all_applied && missing_deps.is_empty() {
+        let cond = if all_applied && r.missing_deps.is_empty() {
             Condition::new(
                 CONDITION_FULLY_APPLIED,
                 conditions::TRUE,
@@ -862,25 +1100,13 @@ impl Controller {
                 reasons.join("; "),
             )
         };
-        let mut conds = old.conditions.clone();
-        conditions::set(&mut conds, cond.clone(), now);
-        // Times alone do not make a status change worth a write.
-        let strip = |v: &[AggregatedStatusItem]| -> Vec<AggregatedStatusItem> {
-            v.iter()
-                .cloned()
-                .map(|mut i| {
-                    i.health_since = None;
-                    i
-                })
-                .collect()
-        };
-        if conds != old.conditions || strip(&items) != strip(&old.aggregated_status) {
+        if with_status(old, &cond, &items, now).is_some() {
             let store = self.store.clone();
             let key = k.clone();
             let bkey = binding_key(&k.0, &k.1);
             // Events for what a person must look at: an error in some cluster. (Placement
             // has its own Event; a normal rollout needs none per binding.)
-            let trouble = !errors.is_empty()
+            let trouble = !r.errors.is_empty()
                 || items
                     .iter()
                     .any(|i| !i.applied && i.message.contains("conflict"));
@@ -888,40 +1114,56 @@ impl Controller {
                 && conditions::find(&old.conditions, CONDITION_FULLY_APPLIED)
                     .map(|c| c.message.clone())
                     != Some(cond.message.clone());
-            let r = spec.resource.clone();
-            let items = items.clone();
-            let cond2 = cond.clone();
+            let res = spec.resource.clone();
             let cond = cond.clone();
+            let items = items.clone();
             let seen = b.clone();
+            let log = self.written.clone();
             jobs.push(Box::pin(async move {
-                let with_status = |mut cur: Object| {
-                    let mut st = parse_status(&cur);
-                    conditions::set(&mut st.conditions, cond2.clone(), now);
-                    st.aggregated_status = items.clone();
-                    cur.status = serde_json::to_value(&st).ok();
-                    cur
+                // The status as computed against the stored one: health times carried over,
+                // nothing written when nothing but times would change.
+                let next = |cur: &Object| -> Option<Object> {
+                    if cur.metadata.deletion_timestamp.is_some() {
+                        return None;
+                    }
+                    let st = with_status(&parse_status(cur), &cond, &items, now)?;
+                    Some(Object {
+                        api_version: cur.api_version.clone(),
+                        kind: cur.kind.clone(),
+                        metadata: cur.metadata.clone(),
+                        spec: cur.spec.clone(),
+                        status: serde_json::to_value(&st).ok(),
+                        other: cur.other.clone(),
+                    })
                 };
                 // The binding as this controller saw it is usually current: write over it,
                 // and read afresh only when someone wrote in between.
-                let first = store
-                    .update(&bkey, with_status((*seen).clone()), seen.revision())
-                    .await;
-                match first {
-                    Ok(_) => {}
-                    Err(StoreError::Conflict { .. }) => {
-                        update_with(store.as_ref(), &bkey, |cur| {
-                            if cur.metadata.deletion_timestamp.is_some() {
-                                return Ok(None);
+                let stored = match next(&seen) {
+                    None => None,
+                    Some(o) => match store.update(&bkey, o, seen.revision()).await {
+                        Ok(stored) => Some(stored),
+                        Err(StoreError::Conflict { .. }) => {
+                            let r = update_with(store.as_ref(), &bkey, |cur| Ok(next(&cur))).await;
+                            match r {
+                                Ok(stored) => Some(stored),
+                                Err(StoreError::NotFound { .. }) => None,
+                                Err(e) => return Err((key.clone(), e.to_string())),
                             }
-                            Ok(Some(with_status(cur)))
-                        })
-                        .await
-                        .map_err(|e| (key.clone(), e.to_string()))?;
-                    }
-                    Err(e) => return Err((key.clone(), e.to_string())),
+                        }
+                        Err(e) => return Err((key.clone(), e.to_string())),
+                    },
+                };
+                if let Some(stored) = stored {
+                    log_written(&log, Written::Binding(key.clone(), stored));
                 }
                 if announce {
-                    let about = subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid);
+                    let about = subject(
+                        &res.api_version,
+                        &res.kind,
+                        &res.namespace,
+                        &res.name,
+                        &res.uid,
+                    );
                     let _ = record::event(
                         store.as_ref(),
                         &about,
@@ -955,23 +1197,184 @@ impl Controller {
                 let store = self.store.clone();
                 let key = k.clone();
                 let tkey = info.key(t.namespace(), t.name());
-                let uid = t.metadata.uid.clone();
+                let seen = template.obj.clone();
+                let log = self.written.clone();
                 jobs.push(Box::pin(async move {
-                    let r = update_with(store.as_ref(), &tkey, |mut cur| {
+                    let uid = seen.metadata.uid.clone();
+                    let next = |cur: &Object| -> Option<Object> {
                         if cur.metadata.uid != uid || cur.status.as_ref() == Some(&agg) {
-                            return Ok(None);
+                            return None;
                         }
-                        cur.status = Some(agg.clone());
-                        Ok(Some(cur))
-                    })
-                    .await;
+                        let mut o = Object {
+                            api_version: cur.api_version.clone(),
+                            kind: cur.kind.clone(),
+                            metadata: cur.metadata.clone(),
+                            spec: cur.spec.clone(),
+                            status: None,
+                            other: cur.other.clone(),
+                        };
+                        o.status = Some(agg.clone());
+                        Some(o)
+                    };
+                    // Over the version this controller has, read afresh only on a conflict.
+                    let r = match next(&seen) {
+                        None => return Ok(()),
+                        Some(o) => match store.update(&tkey, o, seen.revision()).await {
+                            Err(StoreError::Conflict { .. }) => {
+                                update_with(store.as_ref(), &tkey, |cur| Ok(next(&cur))).await
+                            }
+                            other => other,
+                        },
+                    };
                     match r {
-                        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+                        Ok(stored) => {
+                            log_written(&log, Written::Template(tkey, stored));
+                            Ok(())
+                        }
+                        Err(StoreError::NotFound { .. }) => Ok(()),
                         Err(e) => Err((key, e.to_string())),
                     }
                 }));
             }
         }
         jobs
+    }
+}
+
+/// What a binding's rendering came to, for its status.
+#[derive(Debug, Clone, Copy)]
+struct Rendering<'a> {
+    /// Clusters whose rendering failed, and why.
+    errors: &'a BTreeMap<String, String>,
+    missing_deps: &'a [String],
+    /// Clusters whose Works this round writes.
+    writing: &'a BTreeSet<String>,
+    work_name: &'a str,
+}
+
+/// `old` with the `FullyApplied` condition and the aggregated items set, health times carried
+/// over from `old` where the health is the same; `None` when that changes nothing but times.
+fn with_status(
+    old: &BindingStatus,
+    cond: &Condition,
+    items: &[AggregatedStatusItem],
+    now: Time,
+) -> Option<BindingStatus> {
+    let mut st = old.clone();
+    conditions::set(&mut st.conditions, cond.clone(), now);
+    st.aggregated_status = items
+        .iter()
+        .map(|i| {
+            let mut i = i.clone();
+            let prev = old
+                .aggregated_status
+                .iter()
+                .find(|a| a.cluster_name == i.cluster_name);
+            i.health_since = match prev {
+                Some(p) if p.health == i.health => p.health_since.or(Some(now)),
+                _ => Some(now),
+            };
+            i
+        })
+        .collect();
+    (st != *old).then_some(st)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn item(cluster: &str, health: Health, since: Option<Time>) -> AggregatedStatusItem {
+        AggregatedStatusItem {
+            cluster_name: cluster.into(),
+            applied: health == Health::Healthy,
+            health,
+            health_since: since,
+            ..Default::default()
+        }
+    }
+
+    /// A status is written only for a change, and a health keeps the time it began, whatever
+    /// version of the binding the status was computed from.
+    #[test]
+    fn statuses_change_only_with_what_they_say() {
+        let t0: Time = "2026-01-01T00:00:00Z".parse().unwrap();
+        let t1: Time = "2026-01-01T00:01:00Z".parse().unwrap();
+        let applied = Condition::new(
+            CONDITION_FULLY_APPLIED,
+            conditions::TRUE,
+            "FullyApplied",
+            "applied in every target cluster",
+        );
+        let waiting = Condition::new(
+            CONDITION_FULLY_APPLIED,
+            conditions::FALSE,
+            "NotFullyApplied",
+            "b: not applied yet",
+        );
+        let mut stored = BindingStatus::default();
+        conditions::set(&mut stored.conditions, applied.clone(), t0);
+        stored.aggregated_status = vec![
+            item("a", Health::Healthy, Some(t0)),
+            item("b", Health::Healthy, Some(t0)),
+        ];
+        // (condition, items computed (their times do not matter), expected: None, or each
+        // cluster's health time)
+        type Case = (Condition, Vec<AggregatedStatusItem>, Option<Vec<Time>>);
+        let cases: Vec<(&str, Case)> = vec![
+            (
+                "the same, computed from an older version (other times)",
+                (
+                    applied.clone(),
+                    vec![
+                        item("a", Health::Healthy, Some(t1)),
+                        item("b", Health::Healthy, None),
+                    ],
+                    None,
+                ),
+            ),
+            (
+                "one cluster turns unhealthy: its time is now, the other keeps its own",
+                (
+                    waiting.clone(),
+                    vec![
+                        item("a", Health::Healthy, None),
+                        item("b", Health::Unhealthy, None),
+                    ],
+                    Some(vec![t0, t1]),
+                ),
+            ),
+            (
+                "a new cluster",
+                (
+                    applied.clone(),
+                    vec![
+                        item("a", Health::Healthy, None),
+                        item("b", Health::Healthy, None),
+                        item("c", Health::Healthy, None),
+                    ],
+                    Some(vec![t0, t0, t1]),
+                ),
+            ),
+        ];
+        for (what, (cond, items, want)) in cases {
+            let got = with_status(&stored, &cond, &items, t1);
+            match want {
+                None => assert!(got.is_none(), "{what}: {got:?}"),
+                Some(times) => {
+                    let got = got.unwrap_or_else(|| panic!("{what}: no change"));
+                    let since: Vec<Time> = got
+                        .aggregated_status
+                        .iter()
+                        .map(|i| i.health_since.unwrap())
+                        .collect();
+                    assert_eq!(since, times, "{what}");
+                    let c = conditions::find(&got.conditions, CONDITION_FULLY_APPLIED).unwrap();
+                    assert_eq!((&c.status, &c.message), (&cond.status, &cond.message));
+                }
+            }
+        }
     }
 }

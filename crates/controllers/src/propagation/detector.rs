@@ -704,7 +704,7 @@ impl Detector {
 }
 
 /// Whether two versions of a template differ in their status (or version) only.
-fn same_but_status(a: &Object, b: &Object) -> bool {
+pub(crate) fn same_but_status(a: &Object, b: &Object) -> bool {
     a.spec == b.spec
         && a.other == b.other
         && a.metadata.labels == b.metadata.labels
