@@ -72,6 +72,55 @@ struct Template {
     content: String,
 }
 
+/// What this controller keeps of a Work: enough to compare a rendering with, to delete it,
+/// and to read its member's report; not its manifests, which are most of it (a parsed Work
+/// takes about nine times its JSON in memory, and this controller holds every Work).
+#[derive(Debug)]
+struct WorkView {
+    uid: String,
+    revision: i64,
+    generation: Option<i64>,
+    deleting: bool,
+    /// A digest of the spec as stored (see [`spec_digest`]).
+    spec: u64,
+    status: Option<WorkStatus>,
+}
+
+impl WorkView {
+    fn of(w: &Object) -> WorkView {
+        WorkView {
+            uid: w.metadata.uid.clone(),
+            revision: w.revision().unwrap_or(0),
+            generation: w.metadata.generation,
+            deleting: w.metadata.deletion_timestamp.is_some(),
+            spec: spec_digest(w.spec.as_ref()),
+            status: w
+                .status
+                .as_ref()
+                .and_then(|s| WorkStatus::deserialize(s).ok()),
+        }
+    }
+}
+
+/// A digest of a JSON value's text (the same text, the same digest).
+fn spec_digest(v: Option<&Value>) -> u64 {
+    /// Feeds serialized bytes straight into the hasher (no intermediate string).
+    struct Feed<'a>(&'a mut std::collections::hash_map::DefaultHasher);
+    impl std::io::Write for Feed<'_> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.write(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    // Serializing a JSON value into a writer that cannot fail does not fail.
+    let _ = serde_json::to_writer(Feed(&mut h), &v);
+    h.finish()
+}
+
 /// An object one of this controller's writes stored.
 #[derive(Debug)]
 enum Written {
@@ -110,7 +159,7 @@ struct Controller {
     written: WrittenLog,
     deleted: HashMap<String, i64>,
     /// Works by (cluster, work name).
-    works: HashMap<(String, String), Arc<Object>>,
+    works: HashMap<(String, String), WorkView>,
     /// The clusters holding a Work of each binding.
     works_of: HashMap<BKey, BTreeSet<String>>,
     clusters: BTreeMap<String, ClusterSnapshot>,
@@ -345,7 +394,8 @@ impl Controller {
                             .insert(cluster.clone());
                         c.dirty.insert(k);
                     }
-                    c.works.insert((cluster, w.name().to_string()), w);
+                    c.works
+                        .insert((cluster, w.name().to_string()), WorkView::of(&w));
                 };
                 match ev {
                     Event::Listed(items) => {
@@ -637,31 +687,35 @@ impl Controller {
     fn take_written(&mut self) {
         let written = std::mem::take(&mut *self.written.lock().unwrap_or_else(|p| p.into_inner()));
         let deleted = std::mem::take(&mut self.deleted);
-        let newer = |have: Option<&Arc<Object>>, key: &str, o: &Object| {
+        let newer = |have: Option<i64>, key: &str, o: &Object| {
             let rev = o.revision().unwrap_or(0);
-            have.is_none_or(|h| h.revision().unwrap_or(0) < rev)
-                && deleted.get(key).is_none_or(|d| *d < rev)
+            have.is_none_or(|h| h < rev) && deleted.get(key).is_none_or(|d| *d < rev)
         };
+        let rev = |o: &Arc<Object>| o.revision().unwrap_or(0);
         for w in written {
             match w {
                 Written::Binding(k, o) => {
                     if self.bindings.contains_key(&k)
-                        && newer(self.bindings.get(&k), &binding_key(&k.0, &k.1), &o)
+                        && newer(self.bindings.get(&k).map(rev), &binding_key(&k.0, &k.1), &o)
                     {
                         self.put_binding(&k, Some(o));
                     }
                 }
                 Written::Work(wk, o) => {
-                    if newer(self.works.get(&wk), &Self::work_key_of(&o), &o) {
+                    if newer(
+                        self.works.get(&wk).map(|w| w.revision),
+                        &Self::work_key_of(&o),
+                        &o,
+                    ) {
                         if let Some(k) = bkey_of_work(&o) {
                             self.works_of.entry(k).or_default().insert(wk.0.clone());
                         }
-                        self.works.insert(wk, o);
+                        self.works.insert(wk, WorkView::of(&o));
                     }
                 }
                 Written::Template(key, o) => {
                     if self.templates.contains_key(&key)
-                        && newer(self.templates.get(&key).map(|t| &t.obj), &key, &o)
+                        && newer(self.templates.get(&key).map(|t| rev(&t.obj)), &key, &o)
                     {
                         self.put_template(o);
                     }
@@ -731,17 +785,27 @@ impl Controller {
             .unwrap_or_default();
         let b = self.bindings.get(k).cloned();
         let delete_work = |cluster: &str| -> Option<Job<BKey>> {
-            let w = self
-                .works
-                .get(&(cluster.to_string(), work_name.clone()))?
-                .clone();
+            let w = self.works.get(&(cluster.to_string(), work_name.clone()))?;
+            if w.deleting {
+                return None;
+            }
+            let uid = w.uid.clone();
             let store = self.store.clone();
             let key = k.clone();
             let wkey = Self::work_key(cluster, &work_name);
             Some(Box::pin(async move {
-                delete_object(store.as_ref(), &wkey, &w)
-                    .await
-                    .map_err(|e| (key, e.to_string()))
+                let err = |e: StoreError| (key.clone(), e.to_string());
+                // The Work as stored (this controller keeps only a view of it), if it is
+                // still the one it saw.
+                let w = match store.get(&wkey).await {
+                    Ok(w) => w,
+                    Err(StoreError::NotFound { .. }) => return Ok(()),
+                    Err(e) => return Err(err(e)),
+                };
+                if w.metadata.uid != uid {
+                    return Ok(());
+                }
+                delete_object(store.as_ref(), &wkey, &w).await.map_err(err)
             }))
         };
         let Some(b) = b else {
@@ -857,7 +921,7 @@ impl Controller {
             c.hash(&mut h);
             self.works
                 .get(&(c.clone(), work_name.to_string()))
-                .and_then(|w| w.metadata.generation)
+                .and_then(|w| w.generation)
                 .hash(&mut h);
         }
         h.finish()
@@ -935,11 +999,9 @@ impl Controller {
             let existing = self
                 .works
                 .get(&(tc.name.clone(), work_name.clone()))
-                .cloned();
-            if existing
-                .as_ref()
-                .is_some_and(|w| w.spec.as_ref() == Some(&ws_value))
-            {
+                .map(|w| (w.uid.clone(), w.spec));
+            let digest = spec_digest(Some(&ws_value));
+            if existing.as_ref().is_some_and(|(_, d)| *d == digest) {
                 continue;
             }
             let store = self.store.clone();
@@ -955,12 +1017,22 @@ impl Controller {
             jobs.push(Box::pin(async move {
                 let err = |e: StoreError| (key.clone(), e.to_string());
                 match existing {
-                    Some(w) => {
-                        let mut next = (*w).clone();
-                        next.spec = Some(ws_value);
-                        next.metadata.generation = Some(next.metadata.generation.unwrap_or(1) + 1);
-                        let stored = store.update(&wkey, next, w.revision()).await.map_err(err)?;
-                        log_written(&log, Written::Work(wk, stored));
+                    Some((uid, _)) => {
+                        let stored = update_with(store.as_ref(), &wkey, |mut cur| {
+                            if cur.metadata.uid != uid || cur.spec.as_ref() == Some(&ws_value) {
+                                return Ok(None);
+                            }
+                            cur.spec = Some(ws_value.clone());
+                            cur.metadata.generation =
+                                Some(cur.metadata.generation.unwrap_or(1) + 1);
+                            Ok(Some(cur))
+                        })
+                        .await;
+                        match stored {
+                            Ok(stored) => log_written(&log, Written::Work(wk, stored)),
+                            Err(StoreError::NotFound { .. }) => {}
+                            Err(e) => return Err(err(e)),
+                        }
                     }
                     None => {
                         let mut w = new_object(
@@ -1010,14 +1082,12 @@ impl Controller {
         let mut reasons = Vec::new();
         for tc in &spec.clusters {
             let w = self.works.get(&(tc.name.clone(), r.work_name.to_string()));
-            let ws: Option<WorkStatus> = w
-                .and_then(|w| w.status.as_ref())
-                .and_then(|s| WorkStatus::deserialize(s).ok());
-            let current = match (w, &ws) {
-                (Some(w), Some(s)) => s.observed_generation == w.metadata.generation,
+            let ws: Option<&WorkStatus> = w.and_then(|w| w.status.as_ref());
+            let current = match (w, ws) {
+                (Some(w), Some(s)) => s.observed_generation == w.generation,
                 _ => false,
             };
-            let ms = ws.as_ref().and_then(|s| {
+            let ms = ws.and_then(|s| {
                 s.manifest_statuses.iter().find(|m| {
                     m.identifier.kind == t.kind
                         && m.identifier.name == t.name()
@@ -1052,7 +1122,7 @@ impl Controller {
             // Work-level failures (a conflict, a refused manifest) explain an unapplied item.
             if !item.applied
                 && item.message.is_empty()
-                && let Some(c) = ws.as_ref().and_then(|s| {
+                && let Some(c) = ws.and_then(|s| {
                     conditions::find(&s.conditions, orrery_api::work::CONDITION_APPLIED)
                 })
             {
