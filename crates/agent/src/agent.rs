@@ -49,7 +49,8 @@ pub struct AgentConfig {
     pub heartbeat_interval: Duration,
     /// Least time between two status reports.
     pub report_interval: Duration,
-    /// How often everything is re-read and re-sent, even without a change.
+    /// How often every object is read again, whatever the backend's stamps say (what differs
+    /// from the server's copy is sent, as always).
     pub resync_interval: Duration,
 }
 
@@ -121,17 +122,38 @@ struct Inner {
     backend: Arc<dyn Backend>,
     state: Mutex<AgentState>,
     state_dirty: AtomicBool,
-    /// Per Work: the apply error of each manifest (by ordinal).
-    errors: Mutex<HashMap<String, BTreeMap<usize, String>>>,
+    /// Per Work: a number that changes with each change of its apply errors (from
+    /// `errors_seq`), and the error of each manifest by ordinal.
+    errors: Mutex<HashMap<String, (u64, ApplyErrors)>>,
+    errors_seq: std::sync::atomic::AtomicU64,
+    /// Works whose last report the server refused, and when: held back a while, then sent
+    /// again.
+    refused: Mutex<HashMap<String, Instant>>,
     /// Works whose last apply hit an unavailable member.
     retry: Mutex<HashSet<String>>,
     /// Per Work: the digest of the status the server has (what was last reported, or what a
     /// listing or watch event showed), and its conditions (their transition times).
     reported: Mutex<HashMap<String, (u64, Vec<Condition>)>>,
     /// Per Work: what its status was last computed from. Lock order: `computed`, then
-    /// `reported`.
+    /// `reported`, then `refused`.
     computed: Mutex<HashMap<String, Computed>>,
     report_now: Notify,
+}
+
+/// A Work's apply errors, by manifest ordinal.
+type ApplyErrors = BTreeMap<usize, String>;
+
+/// How long a Work whose report the server refused waits before it is sent again.
+const REFUSED_HOLD: Duration = Duration::from_secs(10);
+
+/// A Work whose status is to be read again: its name, applied digest and generation, and
+/// the identifiers of its objects when they are known already.
+#[derive(Debug)]
+struct Stale {
+    name: String,
+    digest: String,
+    generation: i64,
+    ids: Option<Vec<Option<ResourceIdentifier>>>,
 }
 
 /// What a Work's status was last computed from, so that a Work none of whose objects
@@ -168,17 +190,6 @@ impl Computed {
 /// A digest of a Work status, transition times left out (they do not make a change alone).
 fn status_digest(s: &WorkStatus) -> u64 {
     use std::hash::{Hash, Hasher};
-    /// Feeds serialized bytes straight into the hasher (no intermediate string).
-    struct Feed<'a>(&'a mut std::collections::hash_map::DefaultHasher);
-    impl std::io::Write for Feed<'_> {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.write(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for c in &s.conditions {
         (
@@ -190,8 +201,7 @@ fn status_digest(s: &WorkStatus) -> u64 {
         )
             .hash(&mut h);
     }
-    // Serializing plain data into a writer that cannot fail does not fail.
-    let _ = serde_json::to_writer(Feed(&mut h), &s.manifest_statuses);
+    orrery_api::object::json_digest(&s.manifest_statuses).hash(&mut h);
     s.observed_generation.hash(&mut h);
     h.finish()
 }
@@ -278,10 +288,20 @@ impl Inner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&name);
+        let seq = self.errors_seq.fetch_add(1, Ordering::AcqRel) + 1;
         self.errors
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(name, errors);
+            .insert(name, (seq, errors));
+    }
+
+    /// Which version of a Work's apply errors is recorded (`None`: the Work has none).
+    fn errors_version(&self, name: &str) -> Option<u64> {
+        self.errors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .map(|e| e.0)
     }
 
     /// Takes the server's copy of a Work's status as what it has, so that only what differs
@@ -421,6 +441,10 @@ impl Inner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(name);
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
     }
 
     /// After a (re)list: apply what changed, remove what is gone, and take the listed
@@ -501,7 +525,7 @@ impl Inner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(name)
-            .cloned()
+            .map(|e| e.1.clone())
             .unwrap_or_default();
         let mut statuses = Vec::with_capacity(ids.len());
         for (i, id) in ids.into_iter().enumerate() {
@@ -602,12 +626,19 @@ impl Inner {
             .map(|(k, v)| (k.clone(), v.digest.clone(), v.generation))
             .collect();
         // Which Works need reading: cheap checks under the locks, no awaits.
-        let todo: Vec<(String, String, i64, Option<Vec<Option<ResourceIdentifier>>>)> = {
+        let todo: Vec<Stale> = {
             let computed = self.computed.lock().unwrap_or_else(|p| p.into_inner());
             let reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+            let refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
             works
                 .into_iter()
                 .filter_map(|(name, digest, generation)| {
+                    if refused
+                        .get(&name)
+                        .is_some_and(|t| t.elapsed() < REFUSED_HOLD)
+                    {
+                        return None;
+                    }
                     let c = computed.get(&name);
                     let same = !everything
                         && c.is_some_and(|c| {
@@ -618,13 +649,24 @@ impl Inner {
                         return None;
                     }
                     let ids = c.filter(|c| c.digest == digest).map(|c| c.ids.clone());
-                    Some((name, digest, generation, ids))
+                    Some(Stale {
+                        name,
+                        digest,
+                        generation,
+                        ids,
+                    })
                 })
                 .collect()
         };
         let now = Time::now();
         let mut out = Vec::new();
-        for (name, digest, generation, ids) in todo {
+        for Stale {
+            name,
+            digest,
+            generation,
+            ids,
+        } in todo
+        {
             let ids = match ids {
                 Some(ids) => ids,
                 None => match self.lock_state().works.get(&name) {
@@ -632,26 +674,31 @@ impl Inner {
                     None => continue,
                 },
             };
-            // Stamps before reading: a change during the read shows next time.
+            // Stamps and the errors' version before reading: a change during the read (the
+            // reads await) shows next time.
             let stamps: Vec<Option<u64>> = ids
                 .iter()
                 .map(|id| id.as_ref().and_then(|id| self.backend.state_stamp(id)))
                 .collect();
+            let errors = self.errors_version(&name);
             let status = self.work_status(&name, generation, ids.clone(), now).await;
             let h = status_digest(&status);
-            self.computed
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(
-                    name.clone(),
-                    Computed {
-                        digest,
-                        generation,
-                        ids,
-                        stamps,
-                        status: h,
-                    },
-                );
+            let still_there = self.lock_state().works.contains_key(&name);
+            if still_there && self.errors_version(&name) == errors {
+                self.computed
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(
+                        name.clone(),
+                        Computed {
+                            digest,
+                            generation,
+                            ids,
+                            stamps,
+                            status: h,
+                        },
+                    );
+            }
             let same = self
                 .reported
                 .lock()
@@ -774,6 +821,8 @@ pub async fn run(
         state: Mutex::new(state),
         state_dirty: AtomicBool::new(true),
         errors: Mutex::new(HashMap::new()),
+        errors_seq: std::sync::atomic::AtomicU64::new(0),
+        refused: Mutex::new(HashMap::new()),
         retry: Mutex::new(HashSet::new()),
         reported: Mutex::new(HashMap::new()),
         computed: Mutex::new(HashMap::new()),
@@ -1058,17 +1107,25 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
             let answer = t.report(payload).await;
             crate::stats::report(sent.elapsed(), chunk.len());
             match answer {
-                Ok(refused) => {
-                    if let Some((name, why)) = refused.first() {
-                        tracing::warn!(cluster = %inner.cfg.cluster, failed = refused.len(), first = %format!("{name}: {why}"), "some status reports were refused");
+                Ok(results) => {
+                    let failed = results.iter().filter(|r| r.is_some()).count();
+                    if let Some((i, why)) = results
+                        .iter()
+                        .enumerate()
+                        .find_map(|(i, r)| Some((i, r.as_ref()?)))
+                    {
+                        tracing::warn!(cluster = %inner.cfg.cluster, failed, first = %format!("{}: {why}", chunk[i].0), "some status reports were refused");
                     }
                     let mut reported = inner.reported.lock().unwrap_or_else(|p| p.into_inner());
-                    for (name, h, conds, _) in chunk {
-                        // A refused one is not what the server has: it goes again next time.
-                        if refused.iter().any(|(n, _)| n == name) {
+                    let mut refused = inner.refused.lock().unwrap_or_else(|p| p.into_inner());
+                    for ((name, h, conds, _), result) in chunk.iter().zip(&results) {
+                        if result.is_some() {
+                            // Not what the server has: sent again after a while.
                             reported.remove(name);
+                            refused.insert(name.clone(), Instant::now());
                         } else {
                             reported.insert(name.clone(), (*h, conds.clone()));
+                            refused.remove(name);
                         }
                     }
                 }

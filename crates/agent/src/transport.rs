@@ -151,9 +151,10 @@ impl Transport {
         to_object(o)
     }
 
-    /// Sends up to 1,000 status items in one request (`POST /api/v1/sync/batch`); returns the
-    /// items the server refused (name and why).
-    pub async fn report(&self, items: Vec<Value>) -> Result<Vec<(String, String)>, TransportError> {
+    /// Sends up to 1,000 status items in one request (`POST /api/v1/sync/batch`); returns,
+    /// per item in the order sent, `None` when the server took it or why it refused it.
+    pub async fn report(&self, items: Vec<Value>) -> Result<Vec<Option<String>>, TransportError> {
+        let sent = items.len();
         let body = serde_json::to_vec(&json!({ "items": items }))
             .map_err(|e| TransportError::Protocol(e.to_string()))?;
         let req = http::Request::post("/api/v1/sync/batch")
@@ -163,18 +164,19 @@ impl Transport {
         let text = self.client.request_text(req).await?;
         let v: Value =
             serde_json::from_str(&text).map_err(|e| TransportError::Protocol(e.to_string()))?;
-        let refused = v
-            .get("results")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter(|r| r["code"] != "OK")
-            .map(|r| {
-                let s = |k: &str| r[k].as_str().unwrap_or_default().to_string();
-                (s("name"), s("message"))
+        // Results come in the items' order (an item whose handler failed has no name).
+        let results = v.get("results").and_then(Value::as_array);
+        Ok((0..sent)
+            .map(|i| match results.and_then(|r| r.get(i)) {
+                Some(r) if r["code"] == "OK" => None,
+                Some(r) => Some(format!(
+                    "{}: {}",
+                    r["code"].as_str().unwrap_or("?"),
+                    r["message"].as_str().unwrap_or_default()
+                )),
+                None => Some("the server gave no result for it".into()),
             })
-            .collect();
-        Ok(refused)
+            .collect())
     }
 }
 

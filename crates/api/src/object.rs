@@ -258,6 +258,28 @@ impl Object {
     }
 }
 
+/// A digest of a value's JSON text, for telling in memory whether two values would be
+/// written the same (the same text, the same digest); not stable across builds. The text is
+/// fed straight into the hasher, never built.
+pub fn json_digest<T: Serialize + ?Sized>(v: &T) -> u64 {
+    use std::hash::Hasher;
+    struct Feed<'a>(&'a mut std::collections::hash_map::DefaultHasher);
+    impl std::io::Write for Feed<'_> {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.write(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    // Only a value whose Serialize fails (a map with non-string keys) can fail here; its
+    // digest is then of the text written so far, which is still deterministic.
+    let _ = serde_json::to_writer(Feed(&mut h), v);
+    h.finish()
+}
+
 impl Serialize for Object {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut map = s.serialize_map(None)?;

@@ -505,11 +505,14 @@ pub async fn works(args: WorksArgs) -> anyhow::Result<()> {
             let ev = tokio::time::timeout(Duration::from_secs(120), watch.next())
                 .await
                 .map_err(|_| anyhow::anyhow!("no Work for 120 s ({} of {want})", seen.len()))?;
-            let Some(ev) = ev else { break };
-            if let orrery_store::WatchEvent::Added(o) = ev? {
-                if seen.insert(format!("{}/{}", o.namespace(), o.name())) && first.is_none() {
-                    first = Some(started.elapsed().as_secs_f64());
-                }
+            let Some(ev) = ev else {
+                anyhow::bail!("the store's watch ended at {} of {want} Works", seen.len());
+            };
+            if let orrery_store::WatchEvent::Added(o) = ev?
+                && seen.insert(format!("{}/{}", o.namespace(), o.name()))
+                && first.is_none()
+            {
+                first = Some(started.elapsed().as_secs_f64());
             }
             if last_report.elapsed() >= Duration::from_secs(2) {
                 last_report = Instant::now();

@@ -18,7 +18,7 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
 };
 use kube::discovery::Scope;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use orrery_api::Quantity;
 use orrery_api::cluster::{
     ApiEnablement, ApiResourceRef, GPU_RESOURCE, NodeSummary, ResourceList, ResourceSummary,
@@ -327,7 +327,7 @@ impl KubeMember {
         let changed = self.changed.clone();
         let cfg = watcher::Config::default().labels(&format!("{MANAGED_LABEL}={MANAGED_VALUE}"));
         let task = tokio::spawn(async move {
-            let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+            let mut stream = watcher::watcher(api, cfg).boxed();
             while let Some(ev) = stream.next().await {
                 let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
                 match ev {

@@ -29,6 +29,7 @@ use orrery_api::binding::{
 use orrery_api::cluster::namespace_of;
 use orrery_api::conditions::{self, Condition};
 use orrery_api::interpret::{DEPENDENCY_KINDS, Interpreter, InterpreterSpec};
+use orrery_api::object::json_digest;
 use orrery_api::overrides::{self, OVERRIDE_KINDS, OverridePolicy};
 use orrery_api::policy::PolicyRef;
 use orrery_api::work::{Health, WorkSpec, WorkStatus, Workload};
@@ -81,7 +82,7 @@ struct WorkView {
     revision: i64,
     generation: Option<i64>,
     deleting: bool,
-    /// A digest of the spec as stored (see [`spec_digest`]).
+    /// A digest of the spec as stored ([`json_digest`]).
     spec: u64,
     status: Option<WorkStatus>,
 }
@@ -93,32 +94,13 @@ impl WorkView {
             revision: w.revision().unwrap_or(0),
             generation: w.metadata.generation,
             deleting: w.metadata.deletion_timestamp.is_some(),
-            spec: spec_digest(w.spec.as_ref()),
+            spec: json_digest(&w.spec),
             status: w
                 .status
                 .as_ref()
                 .and_then(|s| WorkStatus::deserialize(s).ok()),
         }
     }
-}
-
-/// A digest of a JSON value's text (the same text, the same digest).
-fn spec_digest(v: Option<&Value>) -> u64 {
-    /// Feeds serialized bytes straight into the hasher (no intermediate string).
-    struct Feed<'a>(&'a mut std::collections::hash_map::DefaultHasher);
-    impl std::io::Write for Feed<'_> {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.write(buf);
-            Ok(buf.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    // Serializing a JSON value into a writer that cannot fail does not fail.
-    let _ = serde_json::to_writer(Feed(&mut h), &v);
-    h.finish()
 }
 
 /// An object one of this controller's writes stored.
@@ -399,6 +381,12 @@ impl Controller {
                 };
                 match ev {
                     Event::Listed(items) => {
+                        // The listing and the watch after it show the Works as they are; one
+                        // the last round wrote may be gone since (its deletion unseen).
+                        self.written
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .retain(|w| !matches!(w, Written::Work(..)));
                         for k in self.works_of.keys() {
                             self.dirty.insert(k.clone());
                         }
@@ -654,9 +642,11 @@ impl Controller {
                     .map(|(k, _)| k.clone())
                     .collect();
                 for k in keys {
-                    if let Some(b) = self.bindings.get(&k).cloned() {
-                        self.specs.remove(&k);
+                    // Put again from scratch (an unchanged spec is otherwise not indexed
+                    // again), and rendered.
+                    if let Some(b) = self.bindings.remove(&k) {
                         self.put_binding(&k, Some(b));
+                        self.dirty.insert(k);
                     }
                 }
             }
@@ -730,9 +720,15 @@ impl Controller {
         let mut jobs: Vec<Job<BKey>> = Vec::new();
         let mut later = BTreeSet::new();
         for k in dirty {
+            let deleting = self
+                .bindings
+                .get(&k)
+                .is_some_and(|b| b.metadata.deletion_timestamp.is_some());
             let template = match self.specs.get(&k) {
-                // Gone (its Works go), or a standalone task (no template, no Works).
+                // Gone or going (its Works go; no template needed, nor its kind served), or a
+                // standalone task (no template, no Works).
                 None => None,
+                _ if deleting => None,
                 Some(spec) if spec.resource.is_task() => None,
                 Some(spec) => {
                     let r = &spec.resource;
@@ -853,18 +849,16 @@ impl Controller {
             .get(k)
             .filter(|c| c.0 == fp)
             .cloned();
-        // Clusters whose Works this round writes (they count as created).
-        let mut writing = BTreeSet::new();
-        let (errors, missing_deps) = match cached {
-            Some((_, e, m)) => (e, m),
+        // `writing`: clusters whose Works this round writes (they count as created).
+        let (errors, missing_deps, writing) = match cached {
+            Some((_, e, m)) => (e, m, BTreeSet::new()),
             None => {
-                let (e, m) =
-                    self.render_works(k, &spec, t, interp, &work_name, &mut jobs, &mut writing);
+                let (e, m, w) = self.render_works(k, &spec, t, interp, &work_name, &mut jobs);
                 self.rendered
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .insert(k.clone(), (fp, e.clone(), m.clone()));
-                (e, m)
+                (e, m, w)
             }
         };
         // Works of clusters no longer targeted go, unless an eviction keeps them a while.
@@ -888,12 +882,14 @@ impl Controller {
             }
         }
         jobs.extend(self.status_jobs(
-            k,
-            &b,
-            &old,
-            &spec,
-            template,
-            interp,
+            Subject {
+                k,
+                b: &b,
+                old: &old,
+                spec: &spec,
+                template,
+                interp,
+            },
             Rendering {
                 errors: &errors,
                 missing_deps: &missing_deps,
@@ -928,7 +924,8 @@ impl Controller {
     }
 
     /// Renders each target cluster's Work, queueing the writes of those that changed;
-    /// returns the clusters whose rendering failed (and why) and the missing dependencies.
+    /// returns the clusters whose rendering failed (and why), the missing dependencies, and
+    /// the clusters whose Works it writes.
     fn render_works(
         &self,
         k: &BKey,
@@ -937,9 +934,9 @@ impl Controller {
         interp: Interpreter<'_>,
         work_name: &str,
         jobs: &mut Vec<Job<BKey>>,
-        writing: &mut BTreeSet<String>,
-    ) -> (BTreeMap<String, String>, Vec<String>) {
+    ) -> (BTreeMap<String, String>, Vec<String>, BTreeSet<String>) {
         let work_name = work_name.to_string();
+        let mut writing = BTreeSet::new();
         let all_overrides: Vec<&OverridePolicy> = self.overrides.values().map(|(_, p)| p).collect();
         let template_ops = overrides::applicable(all_overrides.iter().copied(), t);
         let mut errors: BTreeMap<String, String> = BTreeMap::new();
@@ -1000,7 +997,7 @@ impl Controller {
                 .works
                 .get(&(tc.name.clone(), work_name.clone()))
                 .map(|w| (w.uid.clone(), w.spec));
-            let digest = spec_digest(Some(&ws_value));
+            let digest = json_digest(&Some(&ws_value));
             if existing.as_ref().is_some_and(|(_, d)| *d == digest) {
                 continue;
             }
@@ -1060,20 +1057,19 @@ impl Controller {
                 Ok(())
             }));
         }
-        (errors, missing_deps)
+        (errors, missing_deps, writing)
     }
 
     /// Aggregates member status into the binding and the template.
-    fn status_jobs(
-        &self,
-        k: &BKey,
-        b: &Arc<Object>,
-        old: &BindingStatus,
-        spec: &BindingSpec,
-        template: &Template,
-        interp: Interpreter<'_>,
-        r: Rendering<'_>,
-    ) -> Vec<Job<BKey>> {
+    fn status_jobs(&self, x: Subject<'_>, r: Rendering<'_>) -> Vec<Job<BKey>> {
+        let Subject {
+            k,
+            b,
+            old,
+            spec,
+            template,
+            interp,
+        } = x;
         let t = template.obj.as_ref();
         let mut jobs: Vec<Job<BKey>> = Vec::new();
         let now = Time::now();
@@ -1311,6 +1307,18 @@ impl Controller {
     }
 }
 
+/// The binding whose status is aggregated, and what it is read with.
+#[derive(Clone, Copy)]
+struct Subject<'a> {
+    k: &'a BKey,
+    b: &'a Arc<Object>,
+    /// Its status as this controller saw it.
+    old: &'a BindingStatus,
+    spec: &'a BindingSpec,
+    template: &'a Template,
+    interp: Interpreter<'a>,
+}
+
 /// What a binding's rendering came to, for its status.
 #[derive(Debug, Clone, Copy)]
 struct Rendering<'a> {
@@ -1364,6 +1372,104 @@ mod tests {
             health_since: since,
             ..Default::default()
         }
+    }
+
+    /// Serves Deployments only once told to (a CRD's kind, registered after its bindings).
+    #[derive(Debug, Default)]
+    struct LateKinds(std::sync::atomic::AtomicBool);
+
+    impl Kinds for LateKinds {
+        fn resolve(&self, api_version: &str, kind: &str) -> Option<super::super::KindInfo> {
+            (self.0.load(std::sync::atomic::Ordering::SeqCst)
+                && api_version == "apps/v1"
+                && kind == "Deployment")
+                .then(|| super::super::KindInfo {
+                    group: "apps".into(),
+                    plural: "deployments".into(),
+                    namespaced: true,
+                })
+        }
+    }
+
+    async fn eventually<F: Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
+        let start = std::time::Instant::now();
+        while !f().await {
+            assert!(start.elapsed() < Duration::from_secs(10), "{what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A binding whose template kind the API serves only later is rendered once it does; a
+    /// binding being deleted loses its Works and its finalizer even when its kind is no longer
+    /// served (a CRD removed).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kinds_served_late_and_deletions_without_a_kind() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(orrery_store_sqlite::SqliteStore::open_dir(dir.path()).unwrap());
+        let mut c = Object::new("multicluster.io/v1alpha1", "Cluster").with_name("m-0");
+        c.spec = Some(serde_json::json!({"region": "r"}));
+        store
+            .create(&keys::well_known::cluster("m-0"), c)
+            .await
+            .unwrap();
+        let mut t = Object::new("apps/v1", "Deployment").with_name("web");
+        t.metadata.namespace = "default".into();
+        t.metadata.uid = "t-uid".into();
+        t.spec = Some(serde_json::json!({"replicas": 1, "template": {"spec": {"containers": []}}}));
+        store
+            .create(
+                &keys::object("apps", "deployments", Some("default"), "web"),
+                t,
+            )
+            .await
+            .unwrap();
+        let bkey = binding_key("default", "web-deployment");
+        let mut b = Object::new(binding::API_VERSION, binding::KIND).with_name("web-deployment");
+        b.metadata.namespace = "default".into();
+        b.metadata.uid = "b-uid".into();
+        b.metadata.generation = Some(1);
+        b.metadata.finalizers.push(binding::FINALIZER.into());
+        b.spec = Some(serde_json::json!({
+            "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "default",
+                "name": "web", "uid": "t-uid"},
+            "replicas": 1,
+            "placement": {"replicaScheduling": {"replicaSchedulingType": "Duplicated"}},
+            "policy": {"apiVersion": "policy.karmada.io/v1alpha1", "kind": "PropagationPolicy",
+                "namespace": "default", "name": "p"},
+            "clusters": [{"name": "m-0", "replicas": 1}],
+        }));
+        store.create(&bkey, b).await.unwrap();
+        let wkey = keys::well_known::work(&namespace_of("m-0"), "default.web-deployment");
+
+        let kinds = Arc::new(LateKinds::default());
+        let (stop, stopped) = watch::channel(false);
+        let ctl = tokio::spawn(run(store.clone(), kinds.clone(), stopped));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            store.get(&wkey).await.is_err(),
+            "no Work while the kind is not served"
+        );
+        kinds.0.store(true, std::sync::atomic::Ordering::SeqCst);
+        eventually("the Work once the kind is served", || async {
+            store.get(&wkey).await.is_ok()
+        })
+        .await;
+
+        kinds.0.store(false, std::sync::atomic::Ordering::SeqCst);
+        let b = store.get(&bkey).await.unwrap();
+        delete_object(store.as_ref(), &bkey, &b).await.unwrap();
+        eventually("the Work to go", || async {
+            store.get(&wkey).await.is_err()
+        })
+        .await;
+        eventually("the binding to go", || async {
+            store.get(&bkey).await.is_err()
+        })
+        .await;
+        let _ = stop.send(true);
+        let _ = ctl.await;
+        store.close().await;
     }
 
     /// A status is written only for a change, and a health keeps the time it began, whatever
