@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 mod api;
 mod dro;
+mod inproc;
 mod members;
 mod propagation;
 mod quality;

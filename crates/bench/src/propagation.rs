@@ -412,16 +412,10 @@ impl orrery_controllers::propagation::Kinds for Deployments {
 /// bindings run in the same time), through a SQLite store in a temporary directory.
 pub async fn works(args: WorksArgs) -> anyhow::Result<()> {
     use orrery_api::{Object, keys};
-    use orrery_store::Store;
     let mut rates = Vec::new();
     let mut firsts = Vec::new();
     for run in 0..args.runs {
-        let tmp = match &args.dir {
-            Some(d) => tempfile::tempdir_in(d)?,
-            None => tempfile::tempdir()?,
-        };
-        let store: Arc<dyn Store> =
-            Arc::new(orrery_store_sqlite::SqliteStore::open_dir(tmp.path())?);
+        let (_tmp, store) = crate::inproc::store(&args.dir)?;
         let names: Vec<String> = (0..args.clusters).map(|i| format!("m-{i}")).collect();
         for n in &names {
             let mut c = Object::new("multicluster.io/v1alpha1", "Cluster").with_name(n);
@@ -519,10 +513,7 @@ pub async fn works(args: WorksArgs) -> anyhow::Result<()> {
                 progress(format!("{} of {want} Works", seen.len()));
             }
         }
-        let secs = started.elapsed().as_secs_f64();
-        let _ = stop_tx.send(true);
-        let _ = ctl.await;
-        store.close().await;
+        let secs = crate::inproc::finish(started, stop_tx, ctl, &store).await;
         rates.push(seen.len() as f64 / secs);
         firsts.push(first.unwrap_or(f64::NAN));
         progress(format!(

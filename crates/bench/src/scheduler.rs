@@ -344,18 +344,12 @@ pub struct ServiceArgs {
 /// schedule history and Events included).
 pub async fn service(args: ServiceArgs) -> anyhow::Result<()> {
     use orrery_api::keys;
-    use orrery_store::Store;
     let placements = placements();
     for &n in &args.clusters {
         let mut rates = Vec::new();
         let mut firsts = Vec::new();
         for run in 0..args.runs {
-            let tmp = match &args.dir {
-                Some(d) => tempfile::tempdir_in(d)?,
-                None => tempfile::tempdir()?,
-            };
-            let store: std::sync::Arc<dyn Store> =
-                std::sync::Arc::new(orrery_store_sqlite::SqliteStore::open_dir(tmp.path())?);
+            let (_tmp, store) = crate::inproc::store(&args.dir)?;
             let mut rng = Rng::new(7 + run as u64);
             progress(format!("{n} clusters: storing clusters"));
             for i in 0..n {
@@ -430,10 +424,7 @@ pub async fn service(args: ServiceArgs) -> anyhow::Result<()> {
                     progress(format!("{} of {} decided", decided.len(), specs.len()));
                 }
             }
-            let secs = started.elapsed().as_secs_f64();
-            let _ = stop_tx.send(true);
-            let _ = ctl.await;
-            store.close().await;
+            let secs = crate::inproc::finish(started, stop_tx, ctl, &store).await;
             rates.push(decided.len() as f64 / secs);
             firsts.push(first.unwrap_or(f64::NAN));
             progress(format!(

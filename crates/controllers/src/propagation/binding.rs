@@ -43,7 +43,7 @@ use tokio::sync::{mpsc, watch};
 
 use super::detector::{binding_key, interpreters_prefix, same_but_status};
 use super::scheduling::{parse_spec, parse_status, snapshot_of};
-use super::{Job, Kinds, follow, next_batch, run_jobs, subject};
+use super::{Job, Kinds, TemplateKinds, follow, next_batch, run_jobs, subject};
 use crate::informer::Event;
 use crate::record::{self, new_object};
 
@@ -123,15 +123,11 @@ fn log_written(log: &WrittenLog, w: Written) {
 struct Controller {
     store: Arc<dyn Store>,
     kinds: Arc<dyn Kinds>,
-    tx: mpsc::UnboundedSender<(Src, Event)>,
-    shutdown: watch::Receiver<bool>,
     bindings: HashMap<BKey, Arc<Object>>,
     /// Each binding's spec, parsed once per version.
     specs: HashMap<BKey, Arc<BindingSpec>>,
-    /// Template kinds followed, (apiVersion, kind) → slot; each slot's store prefix; slots
-    /// whose first listing came.
-    followed: HashMap<(String, String), usize>,
-    prefixes: Vec<String>,
+    /// Template kinds followed, and the slots whose first listing came.
+    followed: TemplateKinds<Src>,
     listed: HashSet<usize>,
     /// Templates by store key, and the binding each belongs to.
     templates: HashMap<String, Template>,
@@ -216,15 +212,19 @@ pub async fn run(
         tx.clone(),
         sd(),
     );
+    let followed = TemplateKinds::new(
+        store.clone(),
+        kinds.clone(),
+        tx.clone(),
+        Src::Template,
+        shutdown.clone(),
+    );
     let mut c = Controller {
         store,
         kinds,
-        tx,
-        shutdown: shutdown.clone(),
         bindings: HashMap::new(),
         specs: HashMap::new(),
-        followed: HashMap::new(),
-        prefixes: Vec::new(),
+        followed,
         listed: HashSet::new(),
         templates: HashMap::new(),
         bound: HashMap::new(),
@@ -338,9 +338,8 @@ impl Controller {
                     Event::Listed(items) => {
                         self.listed.insert(slot);
                         // A listing replaces what was known of this kind.
-                        if let Some(prefix) = self.prefixes.get(slot) {
-                            self.templates
-                                .retain(|k, _| !k.starts_with(prefix.as_str()));
+                        if let Some(prefix) = self.followed.prefix(slot) {
+                            self.templates.retain(|k, _| !k.starts_with(prefix));
                         }
                         for o in items {
                             touched.push(self.put_template(o));
@@ -596,25 +595,10 @@ impl Controller {
         self.bindings.insert(k.clone(), b);
     }
 
-    /// Starts following a template kind (once), if the API serves it yet.
-    fn follow_kind(&mut self, api_version: &str, kind: &str) {
-        let id = (api_version.to_string(), kind.to_string());
-        if self.followed.contains_key(&id) {
-            return;
-        }
-        let Some(info) = self.kinds.resolve(api_version, kind) else {
-            return;
-        };
-        let slot = self.followed.len();
-        self.followed.insert(id, slot);
-        self.prefixes.push(info.prefix());
-        follow(
-            self.store.clone(),
-            info.prefix(),
-            Src::Template(slot),
-            self.tx.clone(),
-            self.shutdown.clone(),
-        );
+    /// Starts following a template kind (once), if the API serves it yet; returns whether it
+    /// is followed.
+    fn follow_kind(&mut self, api_version: &str, kind: &str) -> bool {
+        self.followed.follow(api_version, kind)
     }
 
     /// Follows the kinds of bindings whose kind could not be resolved before.
@@ -624,14 +608,10 @@ impl Controller {
             .values()
             .filter(|s| !s.resource.is_task())
             .map(|s| (s.resource.api_version.clone(), s.resource.kind.clone()))
-            .filter(|k| !self.followed.contains_key(k))
+            .filter(|(a, k)| self.followed.slot(a, k).is_none())
             .collect();
         for (api_version, kind) in wanted {
-            self.follow_kind(&api_version, &kind);
-            if self
-                .followed
-                .contains_key(&(api_version.clone(), kind.clone()))
-            {
+            if self.follow_kind(&api_version, &kind) {
                 // Their templates' keys are known now.
                 let keys: Vec<BKey> = self
                     .specs
@@ -732,12 +712,11 @@ impl Controller {
                 Some(spec) if spec.resource.is_task() => None,
                 Some(spec) => {
                     let r = &spec.resource;
-                    let kind = (r.api_version.clone(), r.kind.clone());
                     let info = self.kinds.resolve(&r.api_version, &r.kind);
                     let listed = self
                         .followed
-                        .get(&kind)
-                        .is_some_and(|s| self.listed.contains(s));
+                        .slot(&r.api_version, &r.kind)
+                        .is_some_and(|s| self.listed.contains(&s));
                     let Some(info) = info.filter(|_| listed) else {
                         // Not served yet, or its templates not listed yet: the listing marks
                         // it again, the tick retries.

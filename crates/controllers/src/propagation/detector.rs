@@ -16,7 +16,9 @@ use orrery_store::{Store, StoreError};
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
-use super::{Job, Kinds, content_digest, follow, is_system_namespace, next_batch, run_jobs};
+use super::{
+    Job, Kinds, TemplateKinds, content_digest, follow, is_system_namespace, next_batch, run_jobs,
+};
 use crate::informer::Event;
 use crate::record::new_object;
 
@@ -54,8 +56,6 @@ pub fn binding_namespace(template_ns: &str) -> &str {
 struct Detector {
     store: Arc<dyn Store>,
     kinds: Arc<dyn Kinds>,
-    tx: mpsc::UnboundedSender<(Src, Event)>,
-    shutdown: watch::Receiver<bool>,
     policies: BTreeMap<PolicyRef, PlacementPolicy>,
     policy_slots: HashMap<PolicyRef, usize>,
     /// What each policy's status says it binds.
@@ -66,7 +66,7 @@ struct Detector {
     /// The templates each policy holds (from the bindings).
     bound_by: HashMap<PolicyRef, BTreeSet<TKey>>,
     /// Template kinds followed: (apiVersion, kind) → slot.
-    watched: HashMap<(String, String), usize>,
+    watched: TemplateKinds<Src>,
     templates: HashMap<TKey, Arc<Object>>,
     /// Bindings by (namespace, name).
     bindings: HashMap<(String, String), Arc<Object>>,
@@ -105,17 +105,22 @@ pub async fn run(
         tx.clone(),
         shutdown.clone(),
     );
+    let watched = TemplateKinds::new(
+        store.clone(),
+        kinds.clone(),
+        tx.clone(),
+        Src::Template,
+        shutdown.clone(),
+    );
     let mut d = Detector {
         store,
         kinds,
-        tx,
-        shutdown: shutdown.clone(),
         policies: BTreeMap::new(),
         policy_slots: HashMap::new(),
         policy_bound: HashMap::new(),
         policy_sent: HashMap::new(),
         bound_by: HashMap::new(),
-        watched: HashMap::new(),
+        watched,
         templates: HashMap::new(),
         bindings: HashMap::new(),
         interpreters: HashMap::new(),
@@ -253,7 +258,7 @@ impl Detector {
                     let gone: Vec<TKey> = self
                         .templates
                         .keys()
-                        .filter(|k| self.watched.get(&(k.0.clone(), k.1.clone())) == Some(&slot))
+                        .filter(|k| self.watched.slot(&k.0, &k.1) == Some(slot))
                         .cloned()
                         .collect();
                     for k in gone {
@@ -383,24 +388,7 @@ impl Detector {
             })
             .collect();
         for (api_version, kind) in wanted {
-            if self
-                .watched
-                .contains_key(&(api_version.clone(), kind.clone()))
-            {
-                continue;
-            }
-            let Some(info) = self.kinds.resolve(&api_version, &kind) else {
-                continue;
-            };
-            let slot = self.watched.len();
-            self.watched.insert((api_version, kind), slot);
-            follow(
-                self.store.clone(),
-                info.prefix(),
-                Src::Template(slot),
-                self.tx.clone(),
-                self.shutdown.clone(),
-            );
+            self.watched.follow(&api_version, &kind);
         }
     }
 

@@ -80,6 +80,82 @@ pub(crate) fn follow<S: Clone + Send + 'static>(
     })
 }
 
+/// The template kinds a controller follows (those its policies or bindings name), each
+/// under a slot of its own, so its events say which kind they are of.
+pub(crate) struct TemplateKinds<S> {
+    store: Arc<dyn Store>,
+    kinds: Arc<dyn Kinds>,
+    /// The controller's event channel, and how a slot's events are tagged.
+    tx: mpsc::UnboundedSender<(S, Event)>,
+    src: fn(usize) -> S,
+    shutdown: watch::Receiver<bool>,
+    slots: std::collections::HashMap<(String, String), usize>,
+    prefixes: Vec<String>,
+}
+
+impl<S: Clone + Send + 'static> TemplateKinds<S> {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        kinds: Arc<dyn Kinds>,
+        tx: mpsc::UnboundedSender<(S, Event)>,
+        src: fn(usize) -> S,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        TemplateKinds {
+            store,
+            kinds,
+            tx,
+            src,
+            shutdown,
+            slots: Default::default(),
+            prefixes: Vec::new(),
+        }
+    }
+
+    /// Starts following a kind, once, if the API serves it. Returns whether the kind is
+    /// followed (now or before).
+    pub(crate) fn follow(&mut self, api_version: &str, kind: &str) -> bool {
+        let id = (api_version.to_string(), kind.to_string());
+        if self.slots.contains_key(&id) {
+            return true;
+        }
+        let Some(info) = self.kinds.resolve(api_version, kind) else {
+            return false;
+        };
+        let slot = self.prefixes.len();
+        self.slots.insert(id, slot);
+        self.prefixes.push(info.prefix());
+        follow(
+            self.store.clone(),
+            info.prefix(),
+            (self.src)(slot),
+            self.tx.clone(),
+            self.shutdown.clone(),
+        );
+        true
+    }
+
+    /// The slot of a followed kind.
+    pub(crate) fn slot(&self, api_version: &str, kind: &str) -> Option<usize> {
+        self.slots
+            .get(&(api_version.to_string(), kind.to_string()))
+            .copied()
+    }
+
+    /// Where the objects of a slot's kind are stored.
+    pub(crate) fn prefix(&self, slot: usize) -> Option<&str> {
+        self.prefixes.get(slot).map(String::as_str)
+    }
+}
+
+impl<S> std::fmt::Debug for TemplateKinds<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TemplateKinds")
+            .field("slots", &self.slots)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Waits for the next event (or `tick`), then takes whatever else is already queued.
 /// `None` when the controller should stop.
 pub(crate) async fn next_batch<S>(
