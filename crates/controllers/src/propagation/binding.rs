@@ -1436,8 +1436,14 @@ mod tests {
         .await;
 
         kinds.0.store(false, std::sync::atomic::Ordering::SeqCst);
-        let b = store.get(&bkey).await.unwrap();
-        delete_object(store.as_ref(), &bkey, &b).await.unwrap();
+        // Deleted as the API server deletes an object with a finalizer (the controller may be
+        // writing the binding's status meanwhile: read afresh on a conflict).
+        update_with(store.as_ref(), &bkey, |mut cur| {
+            cur.metadata.deletion_timestamp = Some(Time::now());
+            Ok(Some(cur))
+        })
+        .await
+        .unwrap();
         eventually("the Work to go", || async {
             store.get(&wkey).await.is_err()
         })
