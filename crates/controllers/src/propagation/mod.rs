@@ -188,7 +188,7 @@ pub(crate) fn follow_interpreters(
 ) {
     let read = |o: &Object| -> Option<((String, String), orrery_api::interpret::InterpreterSpec)> {
         let s: orrery_api::interpret::InterpreterSpec =
-            serde_json::from_value(o.spec.clone()?).ok()?;
+            serde::Deserialize::deserialize(o.spec.as_ref()?).ok()?;
         Some(((s.target.api_version.clone(), s.target.kind.clone()), s))
     };
     match ev {

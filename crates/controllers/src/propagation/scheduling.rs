@@ -39,6 +39,7 @@ use orrery_scheduler::{
     ClusterSnapshot, Config as Engine, FilterCache, Fleet, Mode, Task, demand_of, schedule_cached,
 };
 use orrery_store::Store;
+use serde::Deserialize;
 use tokio::sync::{mpsc, watch};
 
 use super::detector::binding_key;
@@ -752,7 +753,8 @@ impl Scheduler {
         if why == Trigger::Binding && observed == Some(generation) {
             return Outcome::Skip;
         }
-        let mut spec = match b.spec.clone().map(serde_json::from_value::<BindingSpec>) {
+        // Read in place: copying the spec's JSON first cost as much as reading it.
+        let mut spec = match b.spec.as_ref().map(BindingSpec::deserialize) {
             Some(Ok(s)) => s,
             other => {
                 let error = match other {
@@ -764,6 +766,7 @@ impl Scheduler {
             }
         };
         let mut status = parse_status(&b);
+        let old_evictions = spec.evictions.clone();
         let now = Time::now();
         // Failover: an application unhealthy past its toleration leaves that cluster.
         let mut evicted_now = Vec::new();
@@ -914,7 +917,7 @@ impl Scheduler {
         let mut conds = status.conditions.clone();
         conditions::set(&mut conds, cond.clone(), now);
         let clusters_changed = new_clusters != spec.clusters;
-        let evictions_changed = parse_spec(&b).is_some_and(|o| o.evictions != spec.evictions);
+        let evictions_changed = old_evictions != spec.evictions;
         let unplaced = (decision.unplaced > 0).then_some(decision.unplaced);
         let status_changed = conds != status.conditions
             || status.decisions != summary
@@ -1100,12 +1103,12 @@ fn unhealthy_for(a: &AggregatedStatusItem, now: Time) -> Option<i64> {
 }
 
 pub(crate) fn parse_spec(b: &Object) -> Option<BindingSpec> {
-    serde_json::from_value(b.spec.clone()?).ok()
+    BindingSpec::deserialize(b.spec.as_ref()?).ok()
 }
 
 pub(crate) fn parse_status(b: &Object) -> BindingStatus {
     b.status
-        .clone()
-        .and_then(|s| serde_json::from_value(s).ok())
+        .as_ref()
+        .and_then(|s| BindingStatus::deserialize(s).ok())
         .unwrap_or_default()
 }
