@@ -42,8 +42,19 @@ spec:
     replicaScheduling: {replicaSchedulingType: Divided}
 "#;
 
+/// Pods take a second to start, so that a move that broke the old copy before the new one
+/// was ready would be seen.
 fn sim(load: f64) -> String {
-    format!("nodes=4,cpu=8,memory=32Gi,load={load},start=100ms")
+    format!("nodes=4,cpu=8,memory=32Gi,load={load},start=1s")
+}
+
+/// Ready replicas per member, as the members report them.
+fn ready(f: &Fleet, members: &[&str]) -> i64 {
+    members
+        .iter()
+        .filter_map(|m| f.find(m, "Deployment", "web"))
+        .map(|d| d["status"]["readyReplicas"].as_i64().unwrap_or(0))
+        .sum()
 }
 
 /// Replicas per member, as the members run them.
@@ -219,24 +230,36 @@ fn replicas_follow_the_water_levels() {
             && e["keepUntil"].is_string()),
         "make-before-break keeps the old copy a while: {rb}"
     );
+    // Busy's Work goes only once the others have all 12 ready: whenever it is seen gone,
+    // the readiness read after must already be complete (it only grows meanwhile).
+    let busy_work = || {
+        f.s.kubectl(&[
+            "get",
+            "work",
+            "-n",
+            "orrery-cluster-busy",
+            "default.web-deployment",
+        ])
+        .status
+        .success()
+    };
+    let mut seen_kept = false;
     eventually(
         Duration::from_secs(20),
         "the others run all 12, then busy's Work goes",
         || {
-            let r = running(&f, &["quiet", "busier"]);
-            r.values().sum::<i64>() == 12
-                && !f
-                    .s
-                    .kubectl(&[
-                        "get",
-                        "work",
-                        "-n",
-                        "orrery-cluster-busy",
-                        "default.web-deployment",
-                    ])
-                    .status
-                    .success()
+            if busy_work() {
+                seen_kept = true;
+                return false;
+            }
+            let r = ready(&f, &["quiet", "busier"]);
+            assert_eq!(r, 12, "busy's Work went before the new replicas were ready");
+            true
         },
+    );
+    assert!(
+        seen_kept,
+        "busy's Work was kept while the new replicas started"
     );
 
     // The schedule history has every decision, newest first, with its reasons.
@@ -305,4 +328,34 @@ fn a_shed_mark_below_the_placement_limit_is_refused_at_start() {
     );
     // Nothing was created for a server that never started.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[test]
+fn score_weights_that_cannot_be_read_are_refused_at_start() {
+    for (weights, why) in [
+        (
+            "balance=-1",
+            "the weight of balance must be a number of at least 0, not `-1`",
+        ),
+        ("cost=2", "unknown score plugin `cost`"),
+        (
+            "headroom=0,balance=0,locality=0,priority=0,network=0",
+            "every weight is 0",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_orrery"))
+            .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path())
+            .args(["--score-weights", weights])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{weights}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--score-weights") && err.contains(why),
+            "{err}"
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
 }

@@ -32,7 +32,7 @@ use orrery_api::interpret::{DEPENDENCY_KINDS, Interpreter, InterpreterSpec};
 use orrery_api::object::json_digest;
 use orrery_api::overrides::{self, OVERRIDE_KINDS, OverridePolicy};
 use orrery_api::policy::PolicyRef;
-use orrery_api::work::{Health, WorkSpec, WorkStatus, Workload};
+use orrery_api::work::{Health, ManifestStatus, WorkSpec, WorkStatus, Workload};
 use orrery_api::{Object, Time, keys};
 use orrery_scheduler::ClusterSnapshot;
 use orrery_store::ops::{delete_object, remove_finalizer};
@@ -85,6 +85,18 @@ struct WorkView {
     /// A digest of the spec as stored ([`json_digest`]).
     spec: u64,
     status: Option<WorkStatus>,
+}
+
+/// How healthy the template is in a member, as its interpreter judges the member's report.
+fn health_of(interp: Interpreter<'_>, t: &Object, m: &ManifestStatus) -> Health {
+    // The built-in kinds' health is judged in the member already.
+    if matches!(interp, Interpreter::BuiltIn) {
+        return m.health;
+    }
+    let as_object = serde_json::json!({
+        "kind": t.kind, "spec": t.spec, "status": m.status.clone().unwrap_or(Value::Null)
+    });
+    interp.health(&as_object, m.health)
 }
 
 impl WorkView {
@@ -843,10 +855,17 @@ impl Controller {
         // Works of clusters no longer targeted go, unless an eviction keeps them a while.
         let now = Time::now();
         let old = parse_status(&b);
+        // Make-before-break: the new placement counts as healthy once every target's member
+        // runs its current Work (not one written this round) and reports the template
+        // healthy. The binding's stored status will not do: it may describe the Works from
+        // before the move.
         let new_all_healthy = spec.clusters.iter().all(|c| {
-            old.aggregated_status
-                .iter()
-                .any(|a| a.cluster_name == c.name && a.health == Health::Healthy)
+            !writing.contains(&c.name)
+                && !errors.contains_key(&c.name)
+                && matches!(
+                    self.member_status(&c.name, &work_name, t),
+                    (_, true, Some(m)) if m.applied && health_of(interp, t, m) == Health::Healthy
+                )
         });
         for c in &have {
             if targets.contains(c.as_str()) {
@@ -1039,6 +1058,32 @@ impl Controller {
         (errors, missing_deps, writing)
     }
 
+    /// A cluster's Work, whether its member's report is of the Work's current generation, and
+    /// the template's entry in that report.
+    fn member_status(
+        &self,
+        cluster: &str,
+        work_name: &str,
+        t: &Object,
+    ) -> (Option<&WorkView>, bool, Option<&ManifestStatus>) {
+        let w = self
+            .works
+            .get(&(cluster.to_string(), work_name.to_string()));
+        let ws: Option<&WorkStatus> = w.and_then(|w| w.status.as_ref());
+        let current = match (w, ws) {
+            (Some(w), Some(s)) => s.observed_generation == w.generation,
+            _ => false,
+        };
+        let ms = ws.and_then(|s| {
+            s.manifest_statuses.iter().find(|m| {
+                m.identifier.kind == t.kind
+                    && m.identifier.name == t.name()
+                    && m.identifier.namespace == t.namespace()
+            })
+        });
+        (w, current, ms)
+    }
+
     /// Aggregates member status into the binding and the template.
     fn status_jobs(&self, x: Subject<'_>, r: Rendering<'_>) -> Vec<Job<BKey>> {
         let Subject {
@@ -1056,29 +1101,15 @@ impl Controller {
         let mut all_applied = !spec.clusters.is_empty();
         let mut reasons = Vec::new();
         for tc in &spec.clusters {
-            let w = self.works.get(&(tc.name.clone(), r.work_name.to_string()));
-            let ws: Option<&WorkStatus> = w.and_then(|w| w.status.as_ref());
-            let current = match (w, ws) {
-                (Some(w), Some(s)) => s.observed_generation == w.generation,
-                _ => false,
-            };
-            let ms = ws.and_then(|s| {
-                s.manifest_statuses.iter().find(|m| {
-                    m.identifier.kind == t.kind
-                        && m.identifier.name == t.name()
-                        && m.identifier.namespace == t.namespace()
-                })
-            });
+            let (w, current, ms) = self.member_status(&tc.name, r.work_name, t);
+            let ws = w.and_then(|w| w.status.as_ref());
             let mut item = AggregatedStatusItem {
                 cluster_name: tc.name.clone(),
                 ..Default::default()
             };
             if let Some(m) = ms {
                 item.applied = m.applied && current;
-                let as_object = serde_json::json!({
-                    "kind": t.kind, "spec": t.spec, "status": m.status.clone().unwrap_or(Value::Null)
-                });
-                item.health = interp.health(&as_object, m.health);
+                item.health = health_of(interp, t, m);
                 item.status = m.status.clone();
                 item.message = m.message.clone();
             }
