@@ -98,6 +98,9 @@ pub fn health(obj: &Value) -> (Health, String) {
                 ))
             }
         }
+        // A CronJob's runs are Jobs of their own, judged as Jobs; the CronJob itself is
+        // healthy once its member has it, suspended or not (Karmada judges it the same way).
+        "CronJob" => (Health::Healthy, String::new()),
         "Pod" => match obj.pointer("/status/phase").and_then(Value::as_str) {
             Some("Succeeded") => (Health::Healthy, String::new()),
             Some("Running") if condition(obj, "Ready") != Some("False") => {
@@ -524,6 +527,7 @@ impl Interpreter<'_> {
                 if sum_fields.is_empty()
                     && matches!(self, Interpreter::BuiltIn)
                     && !is_summable(kind)
+                    && kind != "CronJob"
                 {
                     return None;
                 }
@@ -541,6 +545,9 @@ impl Interpreter<'_> {
                     m.remove("observedGeneration");
                     if kind == "Job" {
                         job_times(m, parts);
+                    }
+                    if kind == "CronJob" && matches!(self, Interpreter::BuiltIn) {
+                        cron_job_status(m, parts);
                     }
                 }
                 Some(out)
@@ -612,6 +619,33 @@ fn job_times(m: &mut serde_json::Map<String, Value>, parts: &[(&str, &Value)]) {
         if let Some(Value::Array(conds)) = m.get_mut("conditions") {
             conds.retain(|c| c.get("type").and_then(Value::as_str) != Some("Complete"));
         }
+    }
+}
+
+/// A CronJob over several clusters: the Jobs running in any of them, and its latest
+/// scheduled and successful times across them.
+fn cron_job_status(m: &mut serde_json::Map<String, Value>, parts: &[(&str, &Value)]) {
+    let active: Vec<Value> = parts
+        .iter()
+        .filter_map(|(_, s)| s.get("active").and_then(Value::as_array))
+        .flatten()
+        .cloned()
+        .collect();
+    if active.is_empty() {
+        m.remove("active");
+    } else {
+        m.insert("active".into(), Value::Array(active));
+    }
+    for f in ["lastScheduleTime", "lastSuccessfulTime"] {
+        // RFC 3339 times in UTC, as the API writes them, order as text.
+        match parts
+            .iter()
+            .filter_map(|(_, s)| s.get(f).and_then(Value::as_str))
+            .max()
+        {
+            Some(t) => m.insert(f.into(), Value::from(t)),
+            None => m.remove(f),
+        };
     }
 }
 
@@ -697,6 +731,23 @@ mod tests {
             "{s}"
         );
         assert_eq!(s["active"], 1);
+        let c1 = json!({"active": [{"kind": "Job", "namespace": "ns", "name": "backup-1"}],
+            "lastScheduleTime": "2026-01-01T01:00:00Z", "lastSuccessfulTime": "2026-01-01T00:00:40Z"});
+        let c2 = json!({"active": [{"kind": "Job", "namespace": "ns", "name": "backup-2"}],
+            "lastScheduleTime": "2026-01-01T02:00:00Z"});
+        let c3 = json!({});
+        let s = i
+            .aggregate("CronJob", &[("a", &c1), ("b", &c2), ("c", &c3)])
+            .unwrap();
+        assert_eq!(
+            s["active"],
+            json!([{"kind": "Job", "namespace": "ns", "name": "backup-1"},
+                   {"kind": "Job", "namespace": "ns", "name": "backup-2"}])
+        );
+        assert_eq!(s["lastScheduleTime"], "2026-01-01T02:00:00Z");
+        assert_eq!(s["lastSuccessfulTime"], "2026-01-01T00:00:40Z");
+        let idle = i.aggregate("CronJob", &[("b", &c3), ("a", &c3)]).unwrap();
+        assert_eq!(idle, json!({}), "nothing running anywhere: no active list");
     }
 
     #[test]
@@ -803,6 +854,10 @@ mod tests {
             (
                 json!({"kind": "Job", "status": {"active": 1}}),
                 Health::Progressing,
+            ),
+            (
+                json!({"kind": "CronJob", "spec": {"suspend": true}, "status": {}}),
+                Health::Healthy,
             ),
             (
                 json!({"kind": "Pod", "status": {"phase": "Running"}}),
