@@ -58,6 +58,12 @@ pub struct ServerArgs {
     /// before replicas move off it; between the limit and this mark nothing moves.
     #[arg(long, default_value_t = orrery_scheduler::DEFAULT_SHED_MARK, value_parser = parse_level)]
     pub shed_mark: f64,
+    /// Weights of the score plugins, e.g. `balance=3,locality=0.5`: comma-separated
+    /// PLUGIN=WEIGHT for headroom, balance, locality, priority and network; those not named
+    /// keep their default (headroom 1, balance 2, locality 1, priority 1, network 1).
+    /// Monitoring raises the network weight when traffic surges.
+    #[arg(long)]
+    pub score_weights: Option<orrery_scheduler::Weights>,
     /// How long the old copy of replicas moved off a cluster stays while the new ones start.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub move_grace_period: Duration,
@@ -265,6 +271,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
                 shed_window: args.shed_window,
                 shed_mark: args.shed_mark,
                 move_grace: args.move_grace_period,
+                weights: args.score_weights.unwrap_or_default(),
                 metrics: scheduler_metrics,
                 ..Default::default()
             },

@@ -81,6 +81,63 @@ impl Weights {
     }
 }
 
+/// Why a weights setting (`--score-weights`) cannot be taken.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum WeightsError {
+    #[error("`{0}` is not PLUGIN=WEIGHT")]
+    Malformed(String),
+    #[error("unknown score plugin `{0}` (known: headroom, balance, locality, priority, network)")]
+    UnknownPlugin(String),
+    #[error("the weight of {plugin} must be a number of at least 0, not `{value}`")]
+    BadWeight { plugin: String, value: String },
+    #[error("{0} is named twice")]
+    Repeated(String),
+    #[error("every weight is 0: nothing would rank the clusters")]
+    AllZero,
+}
+
+impl std::str::FromStr for Weights {
+    type Err = WeightsError;
+
+    /// `balance=3,network=0.5`: comma-separated `PLUGIN=WEIGHT` (plugin names in any case);
+    /// plugins not named keep their default weight. An empty text is the defaults.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut w = Weights::default();
+        let mut seen: Vec<String> = Vec::new();
+        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, value) = part
+                .split_once('=')
+                .ok_or_else(|| WeightsError::Malformed(part.to_string()))?;
+            let name = name.trim().to_ascii_lowercase();
+            let slot = match name.as_str() {
+                "headroom" => &mut w.headroom,
+                "balance" => &mut w.balance,
+                "locality" => &mut w.locality,
+                "priority" => &mut w.priority,
+                "network" => &mut w.network,
+                _ => return Err(WeightsError::UnknownPlugin(name)),
+            };
+            if seen.contains(&name) {
+                return Err(WeightsError::Repeated(name));
+            }
+            let value = value.trim();
+            *slot = value
+                .parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .ok_or_else(|| WeightsError::BadWeight {
+                    plugin: name.clone(),
+                    value: value.to_string(),
+                })?;
+            seen.push(name);
+        }
+        if w.headroom + w.balance + w.locality + w.priority + w.network == 0.0 {
+            return Err(WeightsError::AllZero);
+        }
+        Ok(w)
+    }
+}
+
 pub fn default_scores() -> Vec<Box<dyn Score>> {
     vec![
         Box::new(Headroom),
@@ -237,6 +294,72 @@ mod tests {
             });
             assert_eq!(a.network, w.network * factor, "{now}/{base}");
             assert_eq!(a.balance, w.balance);
+        }
+    }
+
+    #[test]
+    fn weights_are_read_from_their_setting() {
+        let d = Weights::default();
+        let ok = [
+            ("", d),
+            ("balance=3", Weights { balance: 3.0, ..d }),
+            (
+                " Locality = 0 , network=0.5,",
+                Weights {
+                    locality: 0.0,
+                    network: 0.5,
+                    ..d
+                },
+            ),
+            (
+                "headroom=2,balance=0,locality=0,priority=0,network=0",
+                Weights {
+                    headroom: 2.0,
+                    balance: 0.0,
+                    locality: 0.0,
+                    priority: 0.0,
+                    network: 0.0,
+                },
+            ),
+        ];
+        for (text, want) in ok {
+            assert_eq!(text.parse::<Weights>(), Ok(want), "{text:?}");
+        }
+        let bad = [
+            ("balance", WeightsError::Malformed("balance".into())),
+            ("cost=1", WeightsError::UnknownPlugin("cost".into())),
+            (
+                "balance=-1",
+                WeightsError::BadWeight {
+                    plugin: "balance".into(),
+                    value: "-1".into(),
+                },
+            ),
+            (
+                "network=NaN",
+                WeightsError::BadWeight {
+                    plugin: "network".into(),
+                    value: "NaN".into(),
+                },
+            ),
+            (
+                "network=inf",
+                WeightsError::BadWeight {
+                    plugin: "network".into(),
+                    value: "inf".into(),
+                },
+            ),
+            (
+                "balance=1,Balance=2",
+                WeightsError::Repeated("balance".into()),
+            ),
+            (
+                "headroom=0,balance=0,locality=0,priority=0,network=0",
+                WeightsError::AllZero,
+            ),
+        ];
+        for (text, want) in bad {
+            assert_eq!(text.parse::<Weights>(), Err(want), "{text:?}");
         }
     }
 }

@@ -464,6 +464,27 @@ fn scores_rank_the_feasible_clusters() {
 }
 
 #[test]
+fn weights_decide_between_staying_and_moving() {
+    // One replica runs on c; b is emptier. Locality alone keeps it on c, balance and
+    // headroom alone move it to b.
+    let c = loaded([50, 10, 50]);
+    let mut t = T::new(
+        json!({"spreadConstraints": [{"spreadByField": "cluster", "maxGroups": 1}]}),
+        1,
+    );
+    t.previous = prev(&[("c", 1)]);
+    t.mode = Mode::Fresh;
+    let with = |w: &str| Config {
+        weights: w.parse().unwrap(),
+        ..Config::default()
+    };
+    let stay = with("headroom=0,balance=0,locality=1,priority=0,network=0");
+    let go = with("headroom=1,balance=1,locality=0,priority=0,network=0");
+    assert_eq!(shares(&t.run_with(&c, &stay)), s(&[("c", 1)]));
+    assert_eq!(shares(&t.run_with(&c, &go)), s(&[("b", 1)]));
+}
+
+#[test]
 fn spread_constraints() {
     let mut c = fleet();
     c.push(cluster("m4", "us", 50, 0));

@@ -120,6 +120,8 @@ pub struct Settings {
     pub assume_settle: Duration,
     /// Assumptions nobody confirmed are dropped after this.
     pub assume_ttl: Duration,
+    /// The score plugins' weights before monitoring adjusts them.
+    pub weights: orrery_scheduler::Weights,
     pub metrics: Arc<SchedulerMetrics>,
 }
 
@@ -133,6 +135,7 @@ impl Default for Settings {
             move_grace: Duration::from_secs(300),
             assume_settle: Duration::from_secs(5),
             assume_ttl: Duration::from_secs(60),
+            weights: orrery_scheduler::Weights::default(),
             metrics: Arc::default(),
         }
     }
@@ -302,6 +305,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
     tokio::spawn(super::history::write(store.clone(), history_rx));
     let engine = Engine {
         water_level_limit: settings.water_level_limit,
+        weights: settings.weights,
         ..Engine::default()
     };
     let mut s = Scheduler {
@@ -573,7 +577,7 @@ impl Scheduler {
             None => traffic,
         };
         self.traffic_baseline = Some(baseline);
-        let weights = orrery_scheduler::Weights::default().adjusted(&orrery_scheduler::Signals {
+        let weights = self.settings.weights.adjusted(&orrery_scheduler::Signals {
             traffic,
             traffic_baseline: baseline,
         });
