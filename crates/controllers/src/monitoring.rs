@@ -24,6 +24,9 @@ pub struct MonitoringConfig {
     pub raw_retention: Duration,
     /// 5-minute averages older than this go.
     pub average_retention: Duration,
+    /// Between averages (5 minutes; the API calls their resolution `5m`), and between
+    /// prunings.
+    pub average_every: Duration,
 }
 
 impl Default for MonitoringConfig {
@@ -32,11 +35,10 @@ impl Default for MonitoringConfig {
             interval: Duration::from_secs(15),
             raw_retention: Duration::from_secs(6 * 3600),
             average_retention: Duration::from_secs(14 * 86400),
+            average_every: Duration::from_secs(300),
         }
     }
 }
-
-const AVERAGE_EVERY: Duration = Duration::from_secs(300);
 
 /// One cluster's figures now.
 pub fn sample_of(c: &Object) -> ClusterSample {
@@ -145,7 +147,7 @@ pub async fn run(
                     tracing::warn!(error = %e, "writing a monitoring sample");
                 }
                 since_average.push(s);
-                if last_average.elapsed() >= AVERAGE_EVERY {
+                if last_average.elapsed() >= cfg.average_every {
                     last_average = tokio::time::Instant::now();
                     if let Some(avg) = series::average(&std::mem::take(&mut since_average))
                         && let Err(e) = write(store.as_ref(), series::AVERAGE_PREFIX, &avg).await
@@ -165,5 +167,106 @@ pub async fn run(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(level: f64, at: i64) -> FleetSample {
+        let c = ClusterSample {
+            ready: true,
+            level,
+            ..Default::default()
+        };
+        FleetSample {
+            time: Time::from_unix_seconds(at).unwrap(),
+            clusters: [("m-0".to_string(), c)].into(),
+        }
+    }
+
+    async fn levels(store: &dyn Store, prefix: &str) -> Vec<(i64, f64)> {
+        let page = store.list(prefix, &ListOptions::default()).await.unwrap();
+        page.items
+            .iter()
+            .map(|o| {
+                let s: FleetSample = serde_json::from_value(o.spec.clone().unwrap()).unwrap();
+                (s.time.unix_seconds(), s.clusters["m-0"].level)
+            })
+            .collect()
+    }
+
+    /// Samples are taken, averaged and pruned as configured: records past their retention
+    /// go, younger ones stay, and the averages are those of the samples.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn samples_are_averaged_and_pruned() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(orrery_store_sqlite::SqliteStore::open_dir(dir.path()).unwrap());
+        let now = Time::now().unix_seconds();
+        // Left by an earlier run: one raw sample past its retention, one within it, and an
+        // average past its own.
+        write(store.as_ref(), series::RAW_PREFIX, &sample(0.9, now - 7200))
+            .await
+            .unwrap();
+        write(store.as_ref(), series::RAW_PREFIX, &sample(0.8, now - 600))
+            .await
+            .unwrap();
+        write(
+            store.as_ref(),
+            series::AVERAGE_PREFIX,
+            &sample(0.7, now - 30 * 86400),
+        )
+        .await
+        .unwrap();
+        let mut c = Object::new("multicluster.io/v1alpha1", "Cluster").with_name("m-0");
+        c.status = Some(serde_json::json!({
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "waterLevel": {"cpu": 0.25, "overall": 0.25},
+        }));
+        store
+            .create(&keys::well_known::cluster("m-0"), c)
+            .await
+            .unwrap();
+        let cfg = MonitoringConfig {
+            interval: Duration::from_millis(200),
+            raw_retention: Duration::from_secs(3600),
+            average_retention: Duration::from_secs(14 * 86400),
+            average_every: Duration::from_millis(1500),
+        };
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(store.clone(), cfg, stopped));
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !levels(store.as_ref(), series::AVERAGE_PREFIX)
+            .await
+            .iter()
+            .any(|(t, _)| *t >= now)
+            && std::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let _ = stop.send(true);
+        task.await.unwrap();
+        // The average went in before the pruning of its round.
+        let averages = levels(store.as_ref(), series::AVERAGE_PREFIX).await;
+        assert!(!averages.is_empty());
+        assert!(
+            averages.iter().all(|(t, l)| *t >= now && *l == 0.25),
+            "the old average is pruned, the new one is of the samples: {averages:?}"
+        );
+        let raw = levels(store.as_ref(), series::RAW_PREFIX).await;
+        assert!(
+            raw.contains(&(now - 600, 0.8)),
+            "a sample within its retention stays: {raw:?}"
+        );
+        assert!(
+            !raw.iter().any(|(t, _)| *t == now - 7200),
+            "a sample past its retention goes: {raw:?}"
+        );
+        assert!(
+            raw.iter().filter(|(t, l)| *t >= now && *l == 0.25).count() >= 2,
+            "samples are taken every interval: {raw:?}"
+        );
     }
 }
