@@ -637,8 +637,10 @@ async fn cluster_tokens_stay_in_their_lane() {
         s.get_json(&["cluster", "alpha"])["status"]["resourceSummary"],
         before
     );
-    // 1,001 items: refused whole.
-    let many: Vec<Value> = (0..1001).map(|i| json!({"kind": "Work", "namespace": "orrery-cluster-alpha", "name": format!("w{i}"), "status": {}})).collect();
+    // 1,001 items: refused whole, the valid first one included.
+    let valid = json!({"kind": "Cluster", "name": "alpha", "status": {"nodeSummary": {"totalNum": 77, "readyNum": 77}}});
+    let mut many = vec![valid.clone()];
+    many.extend((1..1001).map(|i| json!({"kind": "Work", "namespace": "orrery-cluster-alpha", "name": format!("w{i}"), "status": {}})));
     match alpha.request_text(batch(json!(many))).await {
         Err(kube::Error::Api(st)) => assert_eq!(
             (st.code, st.message.contains("BATCH_TOO_LARGE")),
@@ -646,6 +648,18 @@ async fn cluster_tokens_stay_in_their_lane() {
         ),
         other => panic!("expected 413, got {other:?}"),
     }
+    let total =
+        |s: &Server| s.get_json(&["cluster", "alpha"])["status"]["nodeSummary"]["totalNum"].clone();
+    assert_ne!(total(&s), 77, "nothing of a refused batch is applied");
+    // The same item alone is applied (alpha's agent may report its own figures over it
+    // at any moment after, so the answer is what is checked).
+    let r: Value =
+        serde_json::from_str(&alpha.request_text(batch(json!([valid]))).await.unwrap()).unwrap();
+    assert_eq!(
+        (&r["applied"], &r["results"][0]["code"]),
+        (&json!(1), &json!("OK")),
+        "{r}"
+    );
     // A bootstrap token for alpha registers alpha only, and reads nothing.
     let boot = s.token("alpha");
     let (_, cred) = orrery_api::token::parse(&boot);

@@ -392,6 +392,116 @@ fn bad_policies_are_refused_with_the_field_named() {
     );
 }
 
+/// Karmada's `suspension` holds back one member's Work while the other follows, and lets it
+/// go when lifted; `preserveResourcesOnDeletion` keeps the members' objects when the template
+/// goes; deleting a policy unbinds its template and empties the members.
+#[test]
+fn suspension_preservation_and_a_deleted_policy() {
+    let f = Fleet::start(&[("member1", "us-east"), ("member2", "eu-west")]);
+    let s = &f.s;
+    let policy = |extra: &str| {
+        POLICY.replace(
+            "  propagateDeps: true",
+            &format!("  propagateDeps: false{extra}"),
+        )
+    };
+    let spread = |want: [i64; 2]| {
+        ["member1", "member2"].iter().zip(want).all(|(m, n)| {
+            f.find(m, "Deployment", "nginx")
+                .is_some_and(|d| replicas(&d) == n)
+        })
+    };
+    s.apply(NGINX);
+    s.apply(&policy(""));
+    eventually(Duration::from_secs(20), "2 + 2 replicas", || spread([2, 2]));
+
+    // Dispatching to member2 suspended: a scale reaches member1 only.
+    s.apply(&policy(
+        "\n  suspension: {dispatchingOnClusters: {clusterNames: [member2]}}",
+    ));
+    eventually(
+        Duration::from_secs(20),
+        "member2 reported suspended",
+        || {
+            let rb = s.get_json(&["resourcebinding", "nginx-deployment"]);
+            rb["status"]["aggregatedStatus"]
+                .as_array()
+                .is_some_and(|a| {
+                    a.iter().any(|a| {
+                        a["clusterName"] == "member2" && a["message"] == "dispatching is suspended"
+                    })
+                })
+        },
+    );
+    s.ok(&["scale", "deploy", "nginx", "--replicas", "6"]);
+    eventually(Duration::from_secs(20), "member1 at 3", || {
+        f.find("member1", "Deployment", "nginx")
+            .is_some_and(|d| replicas(&d) == 3)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(spread([3, 2]), "member2 held at its old share");
+    s.apply(&policy(""));
+    eventually(Duration::from_secs(20), "3 + 3 once lifted", || {
+        spread([3, 3])
+    });
+
+    // preserveResourcesOnDeletion: the template goes, its Works go, the members keep it.
+    s.apply(&policy("\n  preserveResourcesOnDeletion: true"));
+    eventually(Duration::from_secs(20), "the Works say preserve", || {
+        s.ok(&[
+            "get",
+            "works",
+            "-A",
+            "-o",
+            "jsonpath={.items[*].spec.preserveResourcesOnDeletion}",
+        ]) == "true true"
+    });
+    s.ok(&["delete", "deploy", "nginx", "--wait=true", "--timeout=30s"]);
+    eventually(Duration::from_secs(20), "the Works gone", || {
+        s.ok(&["get", "works", "-A", "-o", "name"]).is_empty()
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(spread([3, 3]), "the members keep what they ran");
+
+    // Deleting a policy unbinds its template: binding, Works and member objects go; the
+    // template stays in the control plane.
+    s.apply(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: settings, namespace: default}\ndata: {a: b}\n---\n\
+         apiVersion: policy.karmada.io/v1alpha1\nkind: PropagationPolicy\n\
+         metadata: {name: settings, namespace: default}\n\
+         spec:\n  resourceSelectors: [{apiVersion: v1, kind: ConfigMap, name: settings}]\n\
+         \x20 placement: {clusterAffinity: {clusterNames: [member1, member2]}}\n",
+    );
+    eventually(Duration::from_secs(20), "settings in both members", || {
+        ["member1", "member2"]
+            .iter()
+            .all(|m| f.find(m, "ConfigMap", "settings").is_some())
+    });
+    s.ok(&[
+        "delete",
+        "propagationpolicy",
+        "settings",
+        "--wait=true",
+        "--timeout=30s",
+    ]);
+    eventually(
+        Duration::from_secs(20),
+        "settings gone from the members",
+        || {
+            ["member1", "member2"]
+                .iter()
+                .all(|m| f.find(m, "ConfigMap", "settings").is_none())
+        },
+    );
+    eventually(Duration::from_secs(20), "its binding gone", || {
+        !s.kubectl(&["get", "resourcebinding", "settings-configmap"])
+            .status
+            .success()
+    });
+    assert!(s.ok(&["get", "works", "-A", "-o", "name"]).is_empty());
+    assert_eq!(s.get_json(&["configmap", "settings"])["data"]["a"], "b");
+}
+
 #[test]
 fn a_delete_interrupted_by_a_crash_finishes_after_restart() {
     let mut f = Fleet::start(&[("member1", "us-east"), ("member2", "eu-west")]);
@@ -533,7 +643,8 @@ fn an_unmanaged_member_object_is_left_alone_until_the_policy_says_overwrite() {
     });
 
     // Template expansion follows the cluster's labels: relabelling east renders its Work
-    // again (heartbeats, which change no label, do not).
+    // again (heartbeats, which change no label, do not). West has no tier label: its Work is
+    // stopped and the error reported, east's goes ahead.
     s.ok(&["label", "cluster", "east", "tier=gold"]);
     s.apply(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: tiered\n  namespace: default\n\
@@ -542,7 +653,7 @@ fn an_unmanaged_member_object_is_left_alone_until_the_policy_says_overwrite() {
          apiVersion: policy.karmada.io/v1alpha1\nkind: PropagationPolicy\n\
          metadata: {name: tiered, namespace: default}\n\
          spec:\n  resourceSelectors: [{apiVersion: v1, kind: ConfigMap, name: tiered}]\n\
-         \x20 placement: {clusterAffinity: {clusterNames: [east]}}\n",
+         \x20 placement: {clusterAffinity: {clusterNames: [east, west]}}\n",
     );
     let tier = || {
         f.find("east", "ConfigMap", "tiered")
@@ -551,12 +662,88 @@ fn an_unmanaged_member_object_is_left_alone_until_the_policy_says_overwrite() {
     eventually(Duration::from_secs(20), "east's tier rendered", || {
         tier().as_deref() == Some("gold")
     });
+    let west_error = || -> Option<String> {
+        let rb = s.get_json(&["resourcebinding", "tiered-configmap"]);
+        rb["status"]["aggregatedStatus"]
+            .as_array()?
+            .iter()
+            .find(|a| a["clusterName"] == "west" && a["applied"] != true)
+            .map(|a| a["message"].as_str().unwrap_or("").to_string())
+    };
+    eventually(Duration::from_secs(20), "west's expansion error", || {
+        west_error().is_some_and(|m| m.contains("cluster west has no label \"tier\""))
+    });
+    assert!(f.find("west", "ConfigMap", "tiered").is_none());
+    assert!(
+        !s.kubectl(&[
+            "get",
+            "work",
+            "-n",
+            "orrery-cluster-west",
+            "default.tiered-configmap"
+        ])
+        .status
+        .success(),
+        "no Work for west"
+    );
+    eventually(Duration::from_secs(20), "a NotYetAvailable Event", || {
+        s.ok(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.name=tiered",
+        ])
+        .contains("NotYetAvailable")
+    });
+    // Heartbeats (every second) do not rewrite east's Work.
+    let east_work = || {
+        let w = s.get_json(&[
+            "work",
+            "-n",
+            "orrery-cluster-east",
+            "default.tiered-configmap",
+        ]);
+        (
+            w["metadata"]["generation"].clone(),
+            w["metadata"]["resourceVersion"].clone(),
+        )
+    };
+    eventually(
+        Duration::from_secs(20),
+        "east's Work applied and reported",
+        || {
+            let rb = s.get_json(&["resourcebinding", "tiered-configmap"]);
+            rb["status"]["aggregatedStatus"]
+                .as_array()
+                .is_some_and(|a| {
+                    a.iter().any(|a| {
+                        a["clusterName"] == "east"
+                            && a["applied"] == true
+                            && a["health"] == "Healthy"
+                    })
+                })
+        },
+    );
+    let before = east_work();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(east_work(), before, "east's Work rewritten with no change");
     s.ok(&["label", "cluster", "east", "tier=silver", "--overwrite"]);
     eventually(
         Duration::from_secs(20),
         "east's tier rendered again",
         || tier().as_deref() == Some("silver"),
     );
+    assert_ne!(
+        east_work().0,
+        before.0,
+        "a new generation for the new label"
+    );
+    // Labelling west lets its Work go ahead.
+    s.ok(&["label", "cluster", "west", "tier=bronze"]);
+    eventually(Duration::from_secs(20), "west's tier rendered", || {
+        f.find("west", "ConfigMap", "tiered")
+            .is_some_and(|c| c["data"]["tier"] == "bronze")
+    });
 }
 
 /// Karmada's application failover: the workload turns unhealthy in one member (its nodes are

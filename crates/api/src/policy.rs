@@ -1114,7 +1114,7 @@ mod tests {
         .unwrap();
         let cluster_name = from_object(&pp(
             "",
-            "d-cluster",
+            "aa-cluster",
             json!({"resourceSelectors": [sel(json!({"name": "web"}))]}),
         ))
         .unwrap();
@@ -1136,11 +1136,24 @@ mod tests {
             by_name.clone(),
             cluster_name.clone(),
         ];
+        // Namespaced before cluster-scoped at equal specificity, though name order would
+        // pick the cluster-scoped one.
         assert_eq!(choose(&all, &t, None).unwrap().reference.name, "c-name");
+        // A label selector before kind only, though name order would pick kind only.
+        let label_or_kind = [kind_only.clone(), by_label.clone()];
+        assert_eq!(
+            choose(&label_or_kind, &t, None).unwrap().reference.name,
+            "b-label"
+        );
+        // Name order last: of two equal policies, the first name.
+        let mut twin = kind_only.clone();
+        twin.reference.name = "z-kind".into();
+        let twins = [twin, kind_only.clone()];
+        assert_eq!(choose(&twins, &t, None).unwrap().reference.name, "a-kind");
         let no_ns = [kind_only.clone(), cluster_name.clone()];
         assert_eq!(
             choose(&no_ns, &t, None).unwrap().reference.name,
-            "d-cluster"
+            "aa-cluster"
         );
         let with_high = [by_name.clone(), high.clone()];
         assert_eq!(
