@@ -228,12 +228,19 @@ enum Command {
         #[arg(long, default_value_t = orrery_scheduler::DEFAULT_SHED_MARK)]
         shed_mark: f64,
     },
-    /// The scheduling controller over a real store: bindings decided per second.
+    /// The scheduling controller over a real store: bindings decided per second, then the
+    /// latency of single decisions arriving at a steady rate.
     SchedulerService {
         #[arg(long, value_delimiter = ',', default_value = "100,1000,5000")]
         clusters: Vec<usize>,
         #[arg(long, default_value_t = 100_000)]
         bindings: usize,
+        /// Bindings created one by one after the bulk, for the latency per decision.
+        #[arg(long, default_value_t = 2000)]
+        latency_bindings: usize,
+        /// Their arrival rate, per second.
+        #[arg(long, default_value_t = 500)]
+        latency_rate: u64,
         #[arg(long, default_value_t = 3)]
         runs: usize,
         #[arg(long)]
@@ -376,12 +383,16 @@ fn main() -> anyhow::Result<()> {
             Command::SchedulerService {
                 clusters,
                 bindings,
+                latency_bindings,
+                latency_rate,
                 runs,
                 dir,
             } => {
                 scheduler::service(scheduler::ServiceArgs {
                     clusters,
                     bindings,
+                    latency_bindings,
+                    latency_rate,
                     runs,
                     dir,
                 })

@@ -313,7 +313,11 @@ impl Sim<'_> {
         };
         let before: BTreeMap<usize, i64> = w.placed.clone();
         let after: BTreeMap<usize, i64> = if self.strategy == Strategy::RoundRobin {
-            self.round_robin(&w)
+            // Timed like the engine's decisions, so the table compares like with like.
+            let t0 = Instant::now();
+            let placed = self.round_robin(&w);
+            self.decide_secs += t0.elapsed().as_secs_f64();
+            placed
         } else {
             let previous: Vec<TargetCluster> = w
                 .placed

@@ -297,7 +297,9 @@ pub fn engine(args: EngineArgs) -> anyhow::Result<()> {
                 percentile(&lat, 99.0)
             ));
             // The same work split over threads, each deciding its share on its own copy of
-            // the fleet (how the controller spreads a round over the cores).
+            // the fleet: what the engine could give if decisions were made in parallel. The
+            // controller decides one binding at a time and puts the rest of the work (encoding,
+            // store writes, history) on the other cores; `scheduler-service` measures that.
             if args.threads > 1 {
                 let started = Instant::now();
                 std::thread::scope(|scope| {
@@ -335,19 +337,34 @@ pub fn engine(args: EngineArgs) -> anyhow::Result<()> {
 pub struct ServiceArgs {
     pub clusters: Vec<usize>,
     pub bindings: usize,
+    pub latency_bindings: usize,
+    pub latency_rate: u64,
     pub runs: usize,
     pub dir: Option<std::path::PathBuf>,
 }
 
 /// The scheduling controller over a real SQLite store: bindings already stored, the
 /// controller started, time until every binding carries its decision (store writes, the
-/// schedule history and Events included).
+/// schedule history and Events included), and the cores the process used meanwhile. Then
+/// single bindings arrive at a steady rate: the latency from each one's creation to its
+/// decision in the store.
 pub async fn service(args: ServiceArgs) -> anyhow::Result<()> {
     use orrery_api::keys;
     let placements = placements();
+    let binding_key = |name: &str| {
+        keys::object(
+            "multicluster.io",
+            "resourcebindings",
+            Some("bench"),
+            &format!("{name}-deployment"),
+        )
+    };
     for &n in &args.clusters {
         let mut rates = Vec::new();
         let mut firsts = Vec::new();
+        let mut cores = Vec::new();
+        let mut p50s = Vec::new();
+        let mut p99s = Vec::new();
         for run in 0..args.runs {
             let (_tmp, store) = crate::inproc::store(&args.dir)?;
             let mut rng = Rng::new(7 + run as u64);
@@ -362,13 +379,8 @@ pub async fn service(args: ServiceArgs) -> anyhow::Result<()> {
             let specs = tasks(args.bindings, &mut rng, placements.len());
             let mut pending = Vec::new();
             for (i, s) in specs.iter().enumerate() {
-                let key = keys::object(
-                    "multicluster.io",
-                    "resourcebindings",
-                    Some("bench"),
-                    &format!("w{i:06}-deployment"),
-                );
-                let obj = binding_object(i, s, &placements[s.placement].1);
+                let key = binding_key(&format!("w{i:06}"));
+                let obj = binding_object(&format!("w{i:06}"), i, s, &placements[s.placement].1);
                 let st = store.clone();
                 pending.push(async move { st.create(&key, obj).await.map(|_| ()) });
                 if pending.len() == 512 {
@@ -389,6 +401,7 @@ pub async fn service(args: ServiceArgs) -> anyhow::Result<()> {
                 )
                 .await?;
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            let cpu_before = crate::stats::process_usage(std::process::id()).2;
             let started = Instant::now();
             let ctl = tokio::spawn(orrery_controllers::propagation::scheduling::run(
                 store.clone(),
@@ -424,15 +437,30 @@ pub async fn service(args: ServiceArgs) -> anyhow::Result<()> {
                     progress(format!("{} of {} decided", decided.len(), specs.len()));
                 }
             }
-            let secs = crate::inproc::finish(started, stop_tx, ctl, &store).await;
+            let secs = started.elapsed().as_secs_f64();
+            cores.push((crate::stats::process_usage(std::process::id()).2 - cpu_before) / secs);
             rates.push(decided.len() as f64 / secs);
             firsts.push(first.unwrap_or(f64::NAN));
             progress(format!(
-                "{n} clusters, run {}: {:.0} bindings/s ({} in {secs:.1} s)",
+                "{n} clusters, run {}: {:.0} bindings/s ({} in {secs:.1} s), {:.2} cores",
                 run + 1,
                 decided.len() as f64 / secs,
-                decided.len()
+                decided.len(),
+                cores.last().copied().unwrap_or(0.0),
             ));
+            let lat = latencies(&store, &mut watch, &args, &specs, &placements, |i| {
+                binding_key(&format!("l{i:06}"))
+            })
+            .await?;
+            p50s.push(percentile(&lat, 50.0));
+            p99s.push(percentile(&lat, 99.0));
+            progress(format!(
+                "{n} clusters, run {}: decision latency p50 {:.1} ms, p99 {:.1} ms",
+                run + 1,
+                percentile(&lat, 50.0),
+                percentile(&lat, 99.0)
+            ));
+            crate::inproc::finish(started, stop_tx, ctl, &store).await;
         }
         emit(json!({
             "scenario": "scheduler-service",
@@ -443,6 +471,12 @@ pub async fn service(args: ServiceArgs) -> anyhow::Result<()> {
             "bindings_per_second_median": round(median(&rates), 0),
             "bindings_per_second_runs": rates.iter().map(|r| round(*r, 0)).collect::<Vec<_>>(),
             "first_decision_seconds_median": round(median(&firsts), 2),
+            "cores_used_median": round(median(&cores), 2),
+            "latency_bindings": args.latency_bindings,
+            "latency_rate_per_second": args.latency_rate,
+            "decision_latency_ms_p50_median": round(median(&p50s), 1),
+            "decision_latency_ms_p99_median": round(median(&p99s), 1),
+            "decision_latency_ms_p99_runs": p99s.iter().map(|p| round(*p, 1)).collect::<Vec<_>>(),
         }));
     }
     Ok(())
@@ -466,15 +500,103 @@ fn cluster_object(c: &ClusterSnapshot) -> orrery_api::Object {
     o
 }
 
-fn binding_object(i: usize, s: &Spec, placement: &Placement) -> orrery_api::Object {
+/// Creates `latency_bindings` bindings at `latency_rate` per second while the controller runs,
+/// and returns each one's milliseconds from creation to its decision seen in the store.
+async fn latencies(
+    store: &std::sync::Arc<dyn orrery_store::Store>,
+    watch: &mut orrery_store::WatchStream,
+    args: &ServiceArgs,
+    specs: &[Spec],
+    placements: &[(&'static str, Placement)],
+    key: impl Fn(usize) -> String,
+) -> anyhow::Result<Vec<f64>> {
+    let sent: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>> =
+        Default::default();
+    let total = args.latency_bindings.min(specs.len());
+    let creator = {
+        let store = store.clone();
+        let sent = sent.clone();
+        let jobs: Vec<(String, orrery_api::Object)> = (0..total)
+            .map(|i| {
+                let s = &specs[i];
+                // Uids apart from the bulk's.
+                let obj = binding_object(
+                    &format!("l{i:06}"),
+                    1_000_000 + i,
+                    s,
+                    &placements[s.placement].1,
+                );
+                (key(i), obj)
+            })
+            .collect();
+        let every = std::time::Duration::from_secs_f64(1.0 / args.latency_rate.max(1) as f64);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            for (k, obj) in jobs {
+                tick.tick().await;
+                let name = obj.name().to_string();
+                let store = store.clone();
+                let sent = sent.clone();
+                // Each create on its own, so a slow commit does not hold back the next arrival.
+                tokio::spawn(async move {
+                    let at = Instant::now();
+                    if store.create(&k, obj).await.is_ok()
+                        && let Ok(mut m) = sent.lock()
+                    {
+                        m.insert(name, at);
+                    }
+                });
+            }
+        })
+    };
+    let mut lat = Vec::with_capacity(total);
+    let mut early: std::collections::HashMap<String, Instant> = Default::default();
+    let mut done = std::collections::HashSet::new();
+    let deadline = Instant::now() + std::time::Duration::from_secs(120);
+    while done.len() < total {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ev = tokio::time::timeout(left, watch.next())
+            .await
+            .map_err(|_| anyhow::anyhow!("{} of {total} single decisions in 120 s", done.len()))?;
+        let Some(ev) = ev else { break };
+        let now = Instant::now();
+        if let orrery_store::WatchEvent::Modified(o) = ev? {
+            let name = o.name();
+            if !name.starts_with('l')
+                || o.status
+                    .as_ref()
+                    .and_then(|s| s.get("schedulerObservedGeneration"))
+                    .is_none()
+                || done.contains(name)
+            {
+                continue;
+            }
+            // The decision may be seen before the creator has noted its time.
+            early.insert(name.to_string(), now);
+            done.insert(name.to_string());
+        }
+    }
+    let _ = creator.await;
+    let sent = sent
+        .lock()
+        .map_err(|_| anyhow::anyhow!("a creator panicked"))?;
+    for (name, seen) in early {
+        if let Some(at) = sent.get(&name) {
+            lat.push(seen.saturating_duration_since(*at).as_secs_f64() * 1e3);
+        }
+    }
+    Ok(lat)
+}
+
+fn binding_object(name: &str, i: usize, s: &Spec, placement: &Placement) -> orrery_api::Object {
     let mut o = orrery_api::Object::new("multicluster.io/v1alpha1", "ResourceBinding")
-        .with_name(format!("w{i:06}-deployment"));
+        .with_name(format!("{name}-deployment"));
     o.metadata.namespace = "bench".into();
     o.metadata.generation = Some(1);
     o.metadata.uid = format!("00000000-0000-0000-0000-{i:012}");
     o.spec = Some(json!({
         "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "bench",
-            "name": format!("w{i:06}"), "uid": format!("t-{i}")},
+            "name": name, "uid": format!("t-{i}")},
         "replicas": s.replicas,
         "replicaRequirements": {"resourceRequest": s.request},
         "placement": placement,
