@@ -359,3 +359,39 @@ fn score_weights_that_cannot_be_read_are_refused_at_start() {
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     }
 }
+
+/// A binding that fits nowhere waits Unschedulable, with the reason, and is placed once the
+/// fleet makes room (the member's load falls), without anything else asking.
+#[test]
+fn an_unschedulable_binding_is_placed_once_room_is_made() {
+    let hot = sim(0.95);
+    let f = Fleet::start_sims(&[("only", "us-east", hot.as_str())], &[]);
+    f.s.ok(&["label", "cluster", "only", "tier=app"]);
+    f.s.apply(WEB);
+    let scheduled = || {
+        f.s.ok(&[
+            "get",
+            "resourcebinding",
+            "web-deployment",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Scheduled\")].status} {.status.conditions[?(@.type==\"Scheduled\")].message}",
+        ])
+    };
+    eventually(Duration::from_secs(20), "Unschedulable, with why", || {
+        let s = scheduled();
+        s.starts_with("False") && s.contains("filtered: 1 WaterLevel")
+    });
+    assert!(f.find("only", "Deployment", "web").is_none());
+    let (code, body) = http(
+        "PUT",
+        f.admin("only"),
+        "/clusters/only/load",
+        r#"{"load": 0.1}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    eventually(Duration::from_secs(30), "placed once room is made", || {
+        scheduled().starts_with("True")
+            && f.find("only", "Deployment", "web")
+                .is_some_and(|d| d["spec"]["replicas"] == 12)
+    });
+}

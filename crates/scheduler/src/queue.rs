@@ -1,5 +1,6 @@
 //! The scheduling queue: higher priority first; within a priority, namespaces take turns so
-//! that one namespace's burst does not starve the others; retries back off exponentially.
+//! that one namespace's burst does not starve the others; fresh work goes before retries
+//! ([`Lanes`]); retries back off exponentially.
 //!
 //! Pure data structures; the caller supplies times in milliseconds.
 
@@ -82,6 +83,70 @@ impl<K: Clone + Eq + Hash + Ord> Queue<K> {
     }
 }
 
+/// Two queues: fresh work (bindings that changed, or that the fleet's changes concern) before
+/// retries of bindings that found no room, whatever their priorities, so that a storm of
+/// retries cannot hold back new arrivals (kube-scheduler's active and backoff queues).
+#[derive(Debug)]
+pub struct Lanes<K: Clone + Eq + Hash + Ord> {
+    fresh: Queue<K>,
+    retry: Queue<K>,
+    /// Keys whose retry is still wanted: a key pushed fresh meanwhile leaves its retry entry
+    /// behind, skipped when it comes up.
+    retrying: HashSet<K>,
+}
+
+impl<K: Clone + Eq + Hash + Ord> Default for Lanes<K> {
+    fn default() -> Self {
+        Lanes {
+            fresh: Queue::new(),
+            retry: Queue::new(),
+            retrying: HashSet::new(),
+        }
+    }
+}
+
+impl<K: Clone + Eq + Hash + Ord> Lanes<K> {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `key` to the fresh lane (taking it out of the retry lane), or to the retry lane
+    /// unless it waits in the fresh one already.
+    pub fn push(&mut self, priority: i32, namespace: &str, key: K, retry: bool) {
+        if retry {
+            if !self.fresh.queued.contains(&key) {
+                self.retrying.insert(key.clone());
+                self.retry.push(priority, namespace, key);
+            }
+        } else {
+            self.retrying.remove(&key);
+            self.fresh.push(priority, namespace, key);
+        }
+    }
+
+    /// The next key: fresh work first, then retries.
+    pub fn pop(&mut self) -> Option<K> {
+        if let Some(k) = self.fresh.pop() {
+            return Some(k);
+        }
+        while let Some(k) = self.retry.pop() {
+            if self.retrying.remove(&k) {
+                return Some(k);
+            }
+        }
+        None
+    }
+
+    /// Keys waiting, in both lanes.
+    pub fn len(&self) -> usize {
+        self.fresh.len() + self.retrying.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// Exponential backoff per key: `base`, doubled per failure, capped at `max`.
 #[derive(Debug)]
 pub struct Backoff<K: Eq + Hash> {
@@ -135,6 +200,31 @@ mod tests {
         let order: Vec<String> = std::iter::from_fn(|| q.pop()).map(|k| k.1).collect();
         assert_eq!(order, ["urgent", "b0", "q0", "b1", "b2"]);
         assert!(q.is_empty());
+    }
+
+    #[test]
+    fn fresh_work_goes_before_retries() {
+        let mut q: Lanes<(String, String)> = Lanes::new();
+        let k = |n: &str| ("ns".to_string(), n.to_string());
+        q.push(100, "ns", k("urgent-retry"), true);
+        q.push(0, "ns", k("retry"), true);
+        q.push(0, "ns", k("moved"), true);
+        q.push(0, "ns", k("new"), false);
+        // A retry that turns fresh is taken once, as fresh work.
+        q.push(0, "ns", k("moved"), false);
+        // A fresh key asked to retry stays fresh.
+        q.push(0, "ns", k("new"), true);
+        assert_eq!(q.len(), 4);
+        let order: Vec<String> = std::iter::from_fn(|| q.pop()).map(|k| k.1).collect();
+        assert_eq!(order, ["new", "moved", "urgent-retry", "retry"]);
+        assert!(q.is_empty());
+        // A key retried again after its stale entry was skipped is taken.
+        q.push(0, "ns", k("again"), true);
+        q.push(0, "ns", k("again"), false);
+        assert_eq!(q.pop().unwrap().1, "again");
+        q.push(0, "ns", k("again"), true);
+        assert_eq!(q.pop().unwrap().1, "again");
+        assert_eq!(q.pop(), None);
     }
 
     #[test]

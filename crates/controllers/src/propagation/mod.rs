@@ -169,16 +169,37 @@ pub(crate) async fn next_batch<S>(
         _ = tokio::time::sleep(tick) => {}
         _ = shutdown.changed() => return None,
     }
-    while out.len() < 10_000 {
-        match rx.try_recv() {
-            Ok(ev) => out.push(ev),
-            Err(_) => break,
-        }
-    }
+    drain(rx, &mut out);
     if *shutdown.borrow() {
         return None;
     }
     Some(out)
+}
+
+/// What has arrived, without waiting (for a controller with work of its own waiting); `None`
+/// at shutdown or once the senders are gone.
+pub(crate) fn ready_batch<S>(
+    rx: &mut mpsc::UnboundedReceiver<(S, Event)>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Option<Vec<(S, Event)>> {
+    let mut out = Vec::new();
+    let open = drain(rx, &mut out);
+    if *shutdown.borrow() || (!open && out.is_empty()) {
+        return None;
+    }
+    Some(out)
+}
+
+/// Takes up to 10,000 waiting events; false once the channel is closed and empty.
+fn drain<S>(rx: &mut mpsc::UnboundedReceiver<(S, Event)>, out: &mut Vec<(S, Event)>) -> bool {
+    while out.len() < 10_000 {
+        match rx.try_recv() {
+            Ok(ev) => out.push(ev),
+            Err(mpsc::error::TryRecvError::Empty) => return true,
+            Err(mpsc::error::TryRecvError::Disconnected) => return false,
+        }
+    }
+    true
 }
 
 /// Keeps a map of `ResourceInterpreter`s, by target (apiVersion, kind), from their events.

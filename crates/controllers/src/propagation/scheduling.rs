@@ -34,7 +34,7 @@ use orrery_api::policy::DEFAULT_FAILOVER_TOLERATION_SECONDS;
 use orrery_api::work::Health;
 use orrery_api::{Object, Time, keys};
 use orrery_scheduler::assume::AssumeCache;
-use orrery_scheduler::queue::{Backoff, Queue};
+use orrery_scheduler::queue::{Backoff, Lanes};
 use orrery_scheduler::{
     ClusterSnapshot, Config as Engine, FilterCache, Fleet, Mode, Task, demand_of, schedule_cached,
 };
@@ -43,11 +43,19 @@ use serde::Deserialize;
 use tokio::sync::{mpsc, watch};
 
 use super::detector::binding_key;
-use super::{Job, follow, next_batch, run_jobs, subject};
+use super::{Job, follow, next_batch, ready_batch, run_jobs, subject};
 use crate::informer::Event;
 use crate::record;
 
 const COMPONENT: &str = "orrery-scheduler";
+
+/// Bindings decided between two looks at the event stream (and one chunk of writes).
+const CHUNK: usize = 1000;
+/// Chunks whose writes may be in flight at once.
+const IN_FLIGHT: usize = 4;
+/// A binding that found no room is retried after this even when nothing that could make room
+/// was seen to change (kube-scheduler's flush of unschedulable pods).
+const RETRY_ANYWAY: Duration = Duration::from_secs(300);
 
 /// What the scheduler reports at `/metrics`.
 #[derive(Debug)]
@@ -265,11 +273,20 @@ struct Scheduler {
     prints: HashMap<String, u64>,
     heartbeats: HashMap<String, i64>,
     bindings: HashMap<BKey, Arc<Object>>,
-    queue: Queue<BKey>,
+    queue: Lanes<BKey>,
     triggers: HashMap<BKey, Trigger>,
     shed: HashMap<BKey, Vec<String>>,
     backoff: Backoff<BKey>,
     retry_at: HashMap<BKey, Instant>,
+    /// Counts what may have made room in the fleet: resources freed or reported, assumptions
+    /// released, weights changed.
+    room_epoch: u64,
+    /// Bindings that found no room: the room epoch then, and when.
+    unplaced: HashMap<BKey, (u64, Instant)>,
+    /// Writes of decided chunks still in flight.
+    writing: std::collections::VecDeque<tokio::task::JoinHandle<()>>,
+    /// Since when the queue has been busy, and how many it held then.
+    round: Option<(usize, Instant)>,
     /// Bindings holding moved replicas' old copies, and when the first is due to go.
     moves: HashMap<BKey, i64>,
     assume: AssumeCache,
@@ -317,11 +334,15 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         prints: HashMap::new(),
         heartbeats: HashMap::new(),
         bindings: HashMap::new(),
-        queue: Queue::new(),
+        queue: Lanes::new(),
         triggers: HashMap::new(),
         shed: HashMap::new(),
         backoff: Backoff::new(1_000, 60_000),
         retry_at: HashMap::new(),
+        room_epoch: 0,
+        unplaced: HashMap::new(),
+        writing: Default::default(),
+        round: None,
         moves: HashMap::new(),
         assume: AssumeCache::new(),
         hot_since: HashMap::new(),
@@ -335,7 +356,14 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
     };
     let mut last_tick = Instant::now();
     loop {
-        let Some(batch) = next_batch(&mut rx, Duration::from_secs(1), &mut shutdown).await else {
+        // While decisions wait, what has arrived is taken in between chunks without waiting
+        // for more: new bindings join the queue instead of waiting for it to empty.
+        let batch = if s.synced == (true, true) && !s.queue.is_empty() {
+            ready_batch(&mut rx, &mut shutdown)
+        } else {
+            next_batch(&mut rx, Duration::from_secs(1), &mut shutdown).await
+        };
+        let Some(batch) = batch else {
             return;
         };
         for (src, ev) in batch {
@@ -346,12 +374,16 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
             last_tick = Instant::now();
             s.on_tick();
         }
-        if s.synced != (true, true) || s.queue.is_empty() {
+        if s.synced != (true, true) {
             continue;
         }
-        let (n, started) = (s.queue.len(), Instant::now());
-        s.reconcile_queue().await;
-        super::log_round("scheduling", n, started);
+        if s.queue.is_empty() {
+            s.end_round().await;
+            continue;
+        }
+        s.reconcile_chunk().await;
+        // Let the tasks sharing this thread (the informers feeding us) run.
+        tokio::task::yield_now().await;
     }
 }
 
@@ -394,7 +426,12 @@ impl Scheduler {
         let p = priority_of(b);
         self.triggers.entry(k.clone()).or_insert(why);
         let ns = k.0.clone();
-        self.queue.push(p, &ns, k);
+        self.queue.push(p, &ns, k, why == Trigger::Retry);
+    }
+
+    /// Something happened that may make room for bindings that found none.
+    fn room_changed(&mut self) {
+        self.room_epoch += 1;
     }
 
     fn enqueue_all(&mut self, why: Trigger) {
@@ -427,6 +464,7 @@ impl Scheduler {
                         self.fleet = Fleet::new(snaps);
                         let names: Vec<String> = self.prints.keys().cloned().collect();
                         self.refresh_assumed(&names);
+                        self.room_changed();
                         self.synced.0 = true;
                         (true, false)
                     }
@@ -445,6 +483,16 @@ impl Scheduler {
                         let recovered = s.ready && !was_ready;
                         let print = fingerprint(&s);
                         let changed = self.prints.insert(name.clone(), print) != Some(print);
+                        if self.fleet.get(&name).is_none_or(|old| {
+                            (
+                                &old.allocatable,
+                                &old.allocated,
+                                &old.usage,
+                                &old.largest_node_free,
+                            ) != (&s.allocatable, &s.allocated, &s.usage, &s.largest_node_free)
+                        }) {
+                            self.room_changed();
+                        }
                         self.fleet.upsert(s);
                         if let Some(hb) = hb
                             && self.heartbeats.insert(name.clone(), hb) != Some(hb)
@@ -458,7 +506,10 @@ impl Scheduler {
                                 measured,
                                 self.settings.assume_settle.as_millis() as u64,
                             );
-                            self.refresh_assumed(&confirmed);
+                            if !confirmed.is_empty() {
+                                self.refresh_assumed(&confirmed);
+                                self.room_changed();
+                            }
                         }
                         (changed, recovered)
                     }
@@ -506,9 +557,13 @@ impl Scheduler {
                     self.bindings.remove(&k);
                     self.moves.remove(&k);
                     self.retry_at.remove(&k);
+                    self.unplaced.remove(&k);
                     self.backoff.reset(&k);
                     let changed = self.assume.forget(&format!("{}/{}", k.0, k.1));
-                    self.refresh_assumed(&changed);
+                    if !changed.is_empty() {
+                        self.refresh_assumed(&changed);
+                        self.room_changed();
+                    }
                 }
             },
         }
@@ -526,7 +581,17 @@ impl Scheduler {
             .collect();
         for k in due {
             self.retry_at.remove(&k);
-            self.enqueue(k, Trigger::Retry);
+            // Retried only if something may have made room since it failed: a saturated
+            // fleet is not asked the same question again and again.
+            let worth = self.unplaced.get(&k).is_none_or(|(epoch, at)| {
+                *epoch != self.room_epoch || now.duration_since(*at) >= RETRY_ANYWAY
+            });
+            if worth {
+                self.enqueue(k, Trigger::Retry);
+            } else {
+                let wait = self.backoff.fail(&k);
+                self.retry_at.insert(k, now + Duration::from_millis(wait));
+            }
         }
         self.check_failover();
         let wall = Time::now().unix_seconds();
@@ -561,7 +626,10 @@ impl Scheduler {
         let changed = self
             .assume
             .expire(self.now_ms(), self.settings.assume_ttl.as_millis() as u64);
-        self.refresh_assumed(&changed);
+        if !changed.is_empty() {
+            self.refresh_assumed(&changed);
+            self.room_changed();
+        }
         self.check_hot(now);
         self.adjust_weights();
     }
@@ -589,6 +657,7 @@ impl Scheduler {
                 "score weights adjusted to the fleet's traffic"
             );
             self.engine.weights = weights;
+            self.room_changed();
         }
     }
 
@@ -664,60 +733,68 @@ impl Scheduler {
         }
     }
 
-    /// Decides what waits in the queue, a chunk at a time; each chunk's writes run while the
-    /// next is decided (a few chunks in flight at most).
-    async fn reconcile_queue(&mut self) {
-        const CHUNK: usize = 1000;
-        const IN_FLIGHT: usize = 4;
-        let mut writing: std::collections::VecDeque<tokio::task::JoinHandle<()>> =
-            std::collections::VecDeque::new();
-        while !self.queue.is_empty() {
-            self.settings
-                .metrics
-                .queue_depth
-                .set(self.queue.len() as i64);
-            let mut jobs: Vec<Job<BKey>> = Vec::new();
-            let mut failed: Vec<BKey> = Vec::new();
-            while jobs.len() < CHUNK {
-                let Some(k) = self.queue.pop() else { break };
-                let why = self.triggers.remove(&k).unwrap_or(Trigger::Binding);
-                let shed = self.shed.remove(&k).unwrap_or_default();
-                match self.reconcile(&k, why, &shed) {
-                    Outcome::Skip => {}
-                    Outcome::Write(j) => {
-                        self.backoff.reset(&k);
-                        self.retry_at.remove(&k);
+    /// Decides one chunk of what waits in the queue; its writes run while the next chunk is
+    /// decided (a few chunks in flight at most).
+    async fn reconcile_chunk(&mut self) {
+        if self.round.is_none() {
+            self.round = Some((self.queue.len(), Instant::now()));
+        }
+        self.settings
+            .metrics
+            .queue_depth
+            .set(self.queue.len() as i64);
+        let mut jobs: Vec<Job<BKey>> = Vec::new();
+        let mut failed: Vec<(BKey, u64)> = Vec::new();
+        while jobs.len() < CHUNK {
+            let Some(k) = self.queue.pop() else { break };
+            let why = self.triggers.remove(&k).unwrap_or(Trigger::Binding);
+            let shed = self.shed.remove(&k).unwrap_or_default();
+            match self.reconcile(&k, why, &shed) {
+                Outcome::Skip => {}
+                Outcome::Write(j) => {
+                    self.backoff.reset(&k);
+                    self.retry_at.remove(&k);
+                    self.unplaced.remove(&k);
+                    jobs.push(j);
+                }
+                Outcome::Unschedulable(j) => {
+                    // The room epoch as this decision saw it.
+                    failed.push((k.clone(), self.room_epoch));
+                    if let Some(j) = j {
                         jobs.push(j);
-                    }
-                    Outcome::Unschedulable(j) => {
-                        failed.push(k.clone());
-                        if let Some(j) = j {
-                            jobs.push(j);
-                        }
                     }
                 }
             }
-            for k in failed {
-                let wait = self.backoff.fail(&k);
-                self.retry_at
-                    .insert(k, Instant::now() + Duration::from_millis(wait));
-            }
-            if !self.history.is_empty() {
-                let _ = self.history_tx.send(std::mem::take(&mut self.history));
-            }
-            if writing.len() >= IN_FLIGHT
-                && let Some(h) = writing.pop_front()
-            {
-                let _ = h.await;
-            }
-            // Store conflicts: the binding changed under us; its update event queues it again.
-            writing.push_back(tokio::spawn(async move {
-                let _ = run_jobs(jobs).await;
-            }));
         }
-        self.settings.metrics.queue_depth.set(0);
-        for h in writing {
+        let now = Instant::now();
+        for (k, epoch) in failed {
+            let wait = self.backoff.fail(&k);
+            self.retry_at
+                .insert(k.clone(), now + Duration::from_millis(wait));
+            self.unplaced.insert(k, (epoch, now));
+        }
+        if !self.history.is_empty() {
+            let _ = self.history_tx.send(std::mem::take(&mut self.history));
+        }
+        if self.writing.len() >= IN_FLIGHT
+            && let Some(h) = self.writing.pop_front()
+        {
             let _ = h.await;
+        }
+        // Store conflicts: the binding changed under us; its update event queues it again.
+        self.writing.push_back(tokio::spawn(async move {
+            let _ = run_jobs(jobs).await;
+        }));
+    }
+
+    /// The queue is empty: the round's writes are waited for.
+    async fn end_round(&mut self) {
+        for h in std::mem::take(&mut self.writing) {
+            let _ = h.await;
+        }
+        if let Some((n, started)) = self.round.take() {
+            self.settings.metrics.queue_depth.set(0);
+            super::log_round("scheduling", n, started);
         }
     }
 
@@ -948,6 +1025,15 @@ impl Scheduler {
                 self.now_ms(),
             );
             self.refresh_assumed(&changed);
+            // Replicas taken off a cluster make room there.
+            if spec.clusters.iter().any(|old| {
+                new_clusters
+                    .iter()
+                    .find(|c| c.name == old.name)
+                    .is_none_or(|c| c.replicas < old.replicas)
+            }) {
+                self.room_changed();
+            }
         }
         self.seq += 1;
         let task_id = format!("{}-{}", b.metadata.uid, self.seq);
