@@ -150,10 +150,13 @@ pub fn open_writer(path: &Path, quick_check: bool) -> Result<Connection, StoreEr
     // Checkpoints run on their own thread (see checkpoint.rs), never inside a commit.
     conn.pragma_update(None, "wal_autocheckpoint", 0)
         .map_err(err)?;
-    conn.pragma_update(None, "journal_size_limit", 64 * 1024 * 1024)
+    conn.pragma_update(None, "journal_size_limit", JOURNAL_SIZE_LIMIT)
         .map_err(err)?;
     Ok(conn)
 }
+
+/// Bytes of WAL file kept once a checkpoint has caught up; beyond them the file is truncated.
+pub const JOURNAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
 /// Opens a read-only connection for the reader pool.
 pub fn open_reader(path: &Path) -> Result<Connection, StoreError> {
