@@ -345,9 +345,9 @@ pub struct ServiceArgs {
 
 /// The scheduling controller over a real SQLite store: bindings already stored, the
 /// controller started, time until every binding carries its decision (store writes, the
-/// schedule history and Events included), and the cores the process used meanwhile. Then
-/// single bindings arrive at a steady rate: the latency from each one's creation to its
-/// decision in the store.
+/// schedule history and Events included), and the cores the process used meanwhile. Then,
+/// once the controller is idle again, single bindings arrive at a steady rate: the latency
+/// from each one's creation to its decision in the store.
 pub async fn service(args: ServiceArgs) -> anyhow::Result<()> {
     use orrery_api::keys;
     let placements = placements();
@@ -448,7 +448,11 @@ pub async fn service(args: ServiceArgs) -> anyhow::Result<()> {
                 decided.len(),
                 cores.last().copied().unwrap_or(0.0),
             ));
-            let lat = latencies(&store, &mut watch, &args, &specs, &placements, |i| {
+            // The controller still takes in the events of its own last writes for a moment
+            // after the bulk: the steady arrivals start once that is done.
+            tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            drop(watch);
+            let lat = latencies(&store, &args, &specs, &placements, |i| {
                 binding_key(&format!("l{i:06}"))
             })
             .await?;
@@ -504,12 +508,20 @@ fn cluster_object(c: &ClusterSnapshot) -> orrery_api::Object {
 /// and returns each one's milliseconds from creation to its decision seen in the store.
 async fn latencies(
     store: &std::sync::Arc<dyn orrery_store::Store>,
-    watch: &mut orrery_store::WatchStream,
     args: &ServiceArgs,
     specs: &[Spec],
     placements: &[(&'static str, Placement)],
     key: impl Fn(usize) -> String,
 ) -> anyhow::Result<Vec<f64>> {
+    // A watch of its own, from now: the bulk's watch may have fallen behind the Events and
+    // history written after it, and would replay them first.
+    let mut watch = store
+        .watch(
+            &orrery_api::keys::prefix("multicluster.io", "resourcebindings", None),
+            store.current_revision().await?,
+            Default::default(),
+        )
+        .await?;
     let sent: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>> =
         Default::default();
     let total = args.latency_bindings.min(specs.len());
