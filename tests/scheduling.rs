@@ -395,3 +395,76 @@ fn an_unschedulable_binding_is_placed_once_room_is_made() {
                 .is_some_and(|d| d["spec"]["replicas"] == 12)
     });
 }
+
+/// A cluster that comes back after its replicas moved away gets its share back only from a
+/// placement that asks for it (`rebalanceOnRecovery`); elsewhere what runs stays put.
+#[test]
+fn a_recovered_cluster_takes_a_share_back_only_when_asked() {
+    // Both halfway loaded: the fleet sits between the water level marks, so replicas are
+    // divided by score rather than gathered into one cluster.
+    let load = sim(0.45);
+    let mut f = Fleet::start_sims(
+        &[
+            ("east", "us-east", load.as_str()),
+            ("west", "eu-west", load.as_str()),
+        ],
+        &[
+            "--cluster-grace-period",
+            "2s",
+            "--cluster-eviction-timeout",
+            "2s",
+        ],
+    );
+    for m in ["east", "west"] {
+        f.s.ok(&["label", "cluster", m, "tier=app"]);
+    }
+    let app = |name: &str, rebalance: bool| {
+        WEB.replace("name: web,", &format!("name: {name},"))
+            .replace("kind: Deployment, name: web,", &format!("kind: Deployment, name: {name},"))
+            .replace(
+                "replicaScheduling: {replicaSchedulingType: Divided}",
+                &format!("replicaScheduling: {{replicaSchedulingType: Divided}}\n    rebalanceOnRecovery: {rebalance}"),
+            )
+    };
+    f.s.apply(&app("again", true));
+    f.s.apply(&app("stays", false));
+    let decided_for = |name: &str| -> BTreeMap<String, i64> {
+        let rb =
+            f.s.get_json(&["resourcebinding", &format!("{name}-deployment")]);
+        rb["spec"]["clusters"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|c| {
+                        (
+                            c["name"].as_str().unwrap().to_string(),
+                            c["replicas"].as_i64().unwrap(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    eventually(Duration::from_secs(20), "both spread over both", || {
+        ["again", "stays"]
+            .iter()
+            .all(|n| decided_for(n).len() == 2 && decided_for(n).values().sum::<i64>() == 12)
+    });
+    f.agents[1].1.kill9();
+    eventually(Duration::from_secs(30), "everything moved to east", || {
+        ["again", "stays"]
+            .iter()
+            .all(|n| decided_for(n) == BTreeMap::from([("east".to_string(), 12)]))
+    });
+    f.agents[1].1.restart();
+    eventually(
+        Duration::from_secs(30),
+        "west takes its share of again back",
+        || decided_for("again").get("west").copied().unwrap_or(0) > 0,
+    );
+    assert_eq!(
+        decided_for("stays"),
+        BTreeMap::from([("east".to_string(), 12)]),
+        "without rebalanceOnRecovery what runs stays put"
+    );
+}

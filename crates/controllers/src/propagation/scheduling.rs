@@ -27,7 +27,7 @@ use orrery_api::binding::{
     self, AggregatedStatusItem, BindingSpec, BindingStatus, CONDITION_SCHEDULED, Eviction,
     TargetCluster,
 };
-use orrery_api::cluster::{ClusterSpec, ClusterStatus};
+use orrery_api::cluster::{ClusterSpec, ClusterStatus, TAINT_NOT_READY, TAINT_UNREACHABLE};
 use orrery_api::conditions::{self, Condition};
 use orrery_api::history::{self, ScheduleEntry};
 use orrery_api::policy::DEFAULT_FAILOVER_TOLERATION_SECONDS;
@@ -207,6 +207,15 @@ pub fn snapshot_of(c: &Object) -> ClusterSnapshot {
         latency_ms,
         traffic,
     }
+}
+
+/// Ready and without the health controller's taints: a cluster that can take replicas.
+fn serving(s: &ClusterSnapshot) -> bool {
+    s.ready
+        && !s
+            .taints
+            .iter()
+            .any(|t| t.key == TAINT_NOT_READY || t.key == TAINT_UNREACHABLE)
 }
 
 /// The facts placement depends on, hashed.
@@ -479,8 +488,11 @@ impl Scheduler {
                             })
                             .map(|t| t.unix_seconds());
                         let name = s.name.clone();
-                        let was_ready = self.fleet.get(&name).is_some_and(|x| x.ready);
-                        let recovered = s.ready && !was_ready;
+                        // Back to Ready is not enough: the health controller lifts its taints
+                        // in a later update, and a placement decided before that still passes
+                        // the cluster over.
+                        let was_serving = self.fleet.get(&name).is_some_and(serving);
+                        let recovered = serving(&s) && !was_serving;
                         let print = fingerprint(&s);
                         let changed = self.prints.insert(name.clone(), print) != Some(print);
                         if self.fleet.get(&name).is_none_or(|old| {
