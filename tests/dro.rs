@@ -361,6 +361,14 @@ async fn metrics_events_configs_and_the_monitoring_view() {
         "{v}"
     );
     assert_eq!(v["clusters"].as_array().unwrap().len(), 2, "{v}");
+    // Each reporting cluster with its water levels.
+    assert!(
+        v["clusters"].as_array().unwrap().iter().any(|c| {
+            c["waterLevel"]["overall"].as_f64().is_some_and(|l| l > 0.0)
+                && c["waterLevel"]["cpu"].is_number()
+        }),
+        "{v}"
+    );
     // Prometheus exposition: request latencies, water levels, the scheduler. OpenMetrics for
     // a scraper that asks for it (Prometheus does), the classic text format otherwise.
     let mut om = req("GET", "/metrics", JSON, Value::Null);

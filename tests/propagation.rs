@@ -529,6 +529,15 @@ fn a_delete_interrupted_by_a_crash_finishes_after_restart() {
         "the template gone from the control plane",
         || !f.s.kubectl(&["get", "deploy", "nginx"]).status.success(),
     );
+    // Nothing of it is left in the control plane either.
+    eventually(
+        Duration::from_secs(20),
+        "its binding and Works gone",
+        || {
+            f.s.ok(&["get", "resourcebindings,works", "-A", "-o", "name"])
+                .is_empty()
+        },
+    );
     // The ConfigMap was never selected (no propagateDeps) and stays in the control plane only.
     assert!(f.find("member1", "ConfigMap", "web-config").is_none());
 }
