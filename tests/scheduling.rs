@@ -71,7 +71,13 @@ fn running(f: &Fleet, members: &[&str]) -> BTreeMap<String, i64> {
 
 /// Replicas per cluster in the binding's decision.
 fn decided(f: &Fleet) -> BTreeMap<String, i64> {
-    let rb = f.s.get_json(&["resourcebinding", "web-deployment"]);
+    decided_for(f, "web")
+}
+
+/// Replicas per cluster in the decision for Deployment `name`.
+fn decided_for(f: &Fleet, name: &str) -> BTreeMap<String, i64> {
+    let rb =
+        f.s.get_json(&["resourcebinding", &format!("{name}-deployment")]);
     rb["spec"]["clusters"]
         .as_array()
         .map(|a| {
@@ -428,42 +434,26 @@ fn a_recovered_cluster_takes_a_share_back_only_when_asked() {
     };
     f.s.apply(&app("again", true));
     f.s.apply(&app("stays", false));
-    let decided_for = |name: &str| -> BTreeMap<String, i64> {
-        let rb =
-            f.s.get_json(&["resourcebinding", &format!("{name}-deployment")]);
-        rb["spec"]["clusters"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .map(|c| {
-                        (
-                            c["name"].as_str().unwrap().to_string(),
-                            c["replicas"].as_i64().unwrap(),
-                        )
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     eventually(Duration::from_secs(20), "both spread over both", || {
-        ["again", "stays"]
-            .iter()
-            .all(|n| decided_for(n).len() == 2 && decided_for(n).values().sum::<i64>() == 12)
+        ["again", "stays"].iter().all(|n| {
+            let d = decided_for(&f, n);
+            d.len() == 2 && d.values().sum::<i64>() == 12
+        })
     });
     f.agents[1].1.kill9();
     eventually(Duration::from_secs(30), "everything moved to east", || {
         ["again", "stays"]
             .iter()
-            .all(|n| decided_for(n) == BTreeMap::from([("east".to_string(), 12)]))
+            .all(|n| decided_for(&f, n) == BTreeMap::from([("east".to_string(), 12)]))
     });
     f.agents[1].1.restart();
     eventually(
         Duration::from_secs(30),
         "west takes its share of again back",
-        || decided_for("again").get("west").copied().unwrap_or(0) > 0,
+        || decided_for(&f, "again").get("west").copied().unwrap_or(0) > 0,
     );
     assert_eq!(
-        decided_for("stays"),
+        decided_for(&f, "stays"),
         BTreeMap::from([("east".to_string(), 12)]),
         "without rebalanceOnRecovery what runs stays put"
     );
