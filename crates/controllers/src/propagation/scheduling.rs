@@ -286,12 +286,11 @@ struct Scheduler {
     triggers: HashMap<BKey, Trigger>,
     shed: HashMap<BKey, Vec<String>>,
     backoff: Backoff<BKey>,
-    retry_at: HashMap<BKey, Instant>,
     /// Counts what may have made room in the fleet: resources freed or reported, assumptions
     /// released, weights changed.
     room_epoch: u64,
-    /// Bindings that found no room: the room epoch then, and when.
-    unplaced: HashMap<BKey, (u64, Instant)>,
+    /// Bindings that found no room.
+    unplaced: HashMap<BKey, Unplaced>,
     /// Writes of decided chunks still in flight.
     writing: std::collections::VecDeque<tokio::task::JoinHandle<()>>,
     /// Since when the queue has been busy, and how many it held then.
@@ -347,7 +346,6 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         triggers: HashMap::new(),
         shed: HashMap::new(),
         backoff: Backoff::new(1_000, 60_000),
-        retry_at: HashMap::new(),
         room_epoch: 0,
         unplaced: HashMap::new(),
         writing: Default::default(),
@@ -394,6 +392,15 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         // Let the tasks sharing this thread (the informers feeding us) run.
         tokio::task::yield_now().await;
     }
+}
+
+/// A binding that found no room at its last attempt.
+struct Unplaced {
+    /// When it is due to be tried again; none while it waits in the queue.
+    retry_at: Option<Instant>,
+    /// The room epoch that attempt saw, and when it was made.
+    epoch: u64,
+    at: Instant,
 }
 
 fn key_of(b: &Object) -> BKey {
@@ -568,7 +575,6 @@ impl Scheduler {
                     let k = key_of(&b);
                     self.bindings.remove(&k);
                     self.moves.remove(&k);
-                    self.retry_at.remove(&k);
                     self.unplaced.remove(&k);
                     self.backoff.reset(&k);
                     let changed = self.assume.forget(&format!("{}/{}", k.0, k.1));
@@ -586,23 +592,22 @@ impl Scheduler {
     fn on_tick(&mut self) {
         let now = Instant::now();
         let due: Vec<BKey> = self
-            .retry_at
+            .unplaced
             .iter()
-            .filter(|(_, t)| **t <= now)
+            .filter(|(_, u)| u.retry_at.is_some_and(|t| t <= now))
             .map(|(k, _)| k.clone())
             .collect();
         for k in due {
-            self.retry_at.remove(&k);
+            let Some(u) = self.unplaced.get_mut(&k) else {
+                continue;
+            };
             // Retried only if something may have made room since it failed: a saturated
             // fleet is not asked the same question again and again.
-            let worth = self.unplaced.get(&k).is_none_or(|(epoch, at)| {
-                *epoch != self.room_epoch || now.duration_since(*at) >= RETRY_ANYWAY
-            });
-            if worth {
+            if u.epoch != self.room_epoch || now.duration_since(u.at) >= RETRY_ANYWAY {
+                u.retry_at = None;
                 self.enqueue(k, Trigger::Retry);
             } else {
-                let wait = self.backoff.fail(&k);
-                self.retry_at.insert(k, now + Duration::from_millis(wait));
+                u.retry_at = Some(now + Duration::from_millis(self.backoff.fail(&k)));
             }
         }
         self.check_failover();
@@ -765,7 +770,6 @@ impl Scheduler {
                 Outcome::Skip => {}
                 Outcome::Write(j) => {
                     self.backoff.reset(&k);
-                    self.retry_at.remove(&k);
                     self.unplaced.remove(&k);
                     jobs.push(j);
                 }
@@ -781,9 +785,15 @@ impl Scheduler {
         let now = Instant::now();
         for (k, epoch) in failed {
             let wait = self.backoff.fail(&k);
-            self.retry_at
-                .insert(k.clone(), now + Duration::from_millis(wait));
-            self.unplaced.insert(k, (epoch, now));
+            let retry_at = Some(now + Duration::from_millis(wait));
+            self.unplaced.insert(
+                k,
+                Unplaced {
+                    retry_at,
+                    epoch,
+                    at: now,
+                },
+            );
         }
         if !self.history.is_empty() {
             let _ = self.history_tx.send(std::mem::take(&mut self.history));
