@@ -562,14 +562,14 @@ async fn latencies(
         })
     };
     let mut lat = Vec::with_capacity(total);
-    let mut early: std::collections::HashMap<String, Instant> = Default::default();
-    let mut done = std::collections::HashSet::new();
+    // When each decision was seen (it may be seen before the creator has noted its start).
+    let mut seen: std::collections::HashMap<String, Instant> = Default::default();
     let deadline = Instant::now() + std::time::Duration::from_secs(120);
-    while done.len() < total {
+    while seen.len() < total {
         let left = deadline.saturating_duration_since(Instant::now());
         let ev = tokio::time::timeout(left, watch.next())
             .await
-            .map_err(|_| anyhow::anyhow!("{} of {total} single decisions in 120 s", done.len()))?;
+            .map_err(|_| anyhow::anyhow!("{} of {total} single decisions in 120 s", seen.len()))?;
         let Some(ev) = ev else { break };
         let now = Instant::now();
         if let orrery_store::WatchEvent::Modified(o) = ev? {
@@ -579,22 +579,20 @@ async fn latencies(
                     .as_ref()
                     .and_then(|s| s.get("schedulerObservedGeneration"))
                     .is_none()
-                || done.contains(name)
+                || seen.contains_key(name)
             {
                 continue;
             }
-            // The decision may be seen before the creator has noted its time.
-            early.insert(name.to_string(), now);
-            done.insert(name.to_string());
+            seen.insert(name.to_string(), now);
         }
     }
     let _ = creator.await;
     let sent = sent
         .lock()
         .map_err(|_| anyhow::anyhow!("a creator panicked"))?;
-    for (name, seen) in early {
+    for (name, decided) in seen {
         if let Some(at) = sent.get(&name) {
-            lat.push(seen.saturating_duration_since(*at).as_secs_f64() * 1e3);
+            lat.push(decided.saturating_duration_since(*at).as_secs_f64() * 1e3);
         }
     }
     Ok(lat)
