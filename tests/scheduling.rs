@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use common::eventually;
 use common::fleet::Fleet;
-use common::http;
 use serde_json::Value;
 
 const WEB: &str = r#"
@@ -196,13 +195,7 @@ fn replicas_follow_the_water_levels() {
 
     // The quiet cluster's background load jumps past the shed mark: after the shed window its
     // share moves to the others, and nothing is lost.
-    let (code, body) = http(
-        "PUT",
-        f.admin("quiet"),
-        "/clusters/quiet/load",
-        r#"{"load": 0.98}"#,
-    );
-    assert_eq!(code, 200, "{body}");
+    f.set_load("quiet", 0.98);
     eventually(Duration::from_secs(30), "quiet sheds its replicas", || {
         let d = decided(&f);
         d.get("quiet").copied().unwrap_or(0) < first["quiet"] && d.values().sum::<i64>() == 12
@@ -388,13 +381,7 @@ fn an_unschedulable_binding_is_placed_once_room_is_made() {
         s.starts_with("False") && s.contains("filtered: 1 WaterLevel")
     });
     assert!(f.find("only", "Deployment", "web").is_none());
-    let (code, body) = http(
-        "PUT",
-        f.admin("only"),
-        "/clusters/only/load",
-        r#"{"load": 0.1}"#,
-    );
-    assert_eq!(code, 200, "{body}");
+    f.set_load("only", 0.1);
     eventually(Duration::from_secs(30), "placed once room is made", || {
         scheduled().starts_with("True")
             && f.find("only", "Deployment", "web")

@@ -71,6 +71,17 @@ impl Fleet {
         &self.agents.iter().find(|(n, _, _)| n == cluster).unwrap().2
     }
 
+    /// Sets a simulated member's background load (0-1 of its capacity).
+    pub fn set_load(&self, cluster: &str, load: f64) {
+        let (code, body) = http(
+            "PUT",
+            self.admin(cluster),
+            &format!("/clusters/{cluster}/load"),
+            &format!(r#"{{"load": {load}}}"#),
+        );
+        assert_eq!(code, 200, "{body}");
+    }
+
     /// The objects a member runs.
     pub fn objects(&self, cluster: &str) -> Vec<Value> {
         let (code, body) = http(
