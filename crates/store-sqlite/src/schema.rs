@@ -16,7 +16,10 @@ use rusqlite::{Connection, ErrorCode, OpenFlags};
 
 /// `ORRY`, written into the SQLite header so that our files are recognised and others are not.
 pub const APPLICATION_ID: i64 = 0x4F52_5259;
-pub const SCHEMA_VERSION: i64 = 1;
+/// 2: files of version 1 may hold versions that compaction wrongly kept (see
+/// [`repair_compaction`]); they are repaired once at open and marked 2, so a build that still
+/// compacts the old way refuses them.
+pub const SCHEMA_VERSION: i64 = 2;
 
 const SCHEMA: &str = "
 CREATE TABLE kv (
@@ -79,6 +82,7 @@ pub fn open_writer(path: &Path, quick_check: bool) -> Result<Connection, StoreEr
     let objects: i64 = conn
         .query_row("SELECT count(*) FROM sqlite_schema", [], |r| r.get(0))
         .map_err(err)?;
+    let mut repair = false;
     if app_id == 0 && objects == 0 {
         let mode: String = conn
             .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
@@ -107,7 +111,8 @@ pub fn open_writer(path: &Path, quick_check: bool) -> Result<Connection, StoreEr
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(err)?;
-        if version != SCHEMA_VERSION {
+        repair = version == 1;
+        if version != SCHEMA_VERSION && !repair {
             return Err(StoreError::Corrupt(format!(
                 "{} has store schema version {version}; this build of Orrery reads version {SCHEMA_VERSION}",
                 path.display()
@@ -147,12 +152,42 @@ pub fn open_writer(path: &Path, quick_check: bool) -> Result<Connection, StoreEr
     // Acknowledged writes must survive power loss: fsync the WAL at every commit.
     conn.pragma_update(None, "synchronous", "FULL")
         .map_err(err)?;
+    if repair {
+        let removed = repair_compaction(&mut conn).map_err(err)?;
+        tracing::info!(
+            path = %path.display(),
+            removed,
+            "repaired versions an earlier compaction kept past a newer version of their key"
+        );
+    }
     // Checkpoints run on their own thread (see checkpoint.rs), never inside a commit.
     conn.pragma_update(None, "wal_autocheckpoint", 0)
         .map_err(err)?;
     conn.pragma_update(None, "journal_size_limit", JOURNAL_SIZE_LIMIT)
         .map_err(err)?;
     Ok(conn)
+}
+
+/// Removes what compaction before schema version 2 wrongly kept, and marks the file version 2.
+///
+/// A pass then looked only at the versions written since the last pass, so a version kept
+/// because it was its key's latest was never looked at again: once a later pass removed a newer
+/// tombstone, the deleted object was back. Every version at or before the revision physical
+/// compaction reached that has a newer version of its key also at or before it is unreachable
+/// and goes (later versions are handled by compaction itself). A tombstone that an earlier pass
+/// already removed left nothing to tell its object from a live one; those cannot be repaired.
+/// Returns how many versions were removed.
+pub fn repair_compaction(conn: &mut Connection) -> rusqlite::Result<usize> {
+    let tx = conn.transaction()?;
+    let done: i64 = meta(&tx, "compact_done")?;
+    let removed = tx.execute(
+        "DELETE FROM kv WHERE rev <= ?1 AND EXISTS \
+         (SELECT 1 FROM kv b WHERE b.key = kv.key AND b.rev > kv.rev AND b.rev <= ?1)",
+        [done],
+    )?;
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+    tx.commit()?;
+    Ok(removed)
 }
 
 /// Bytes of WAL file kept once a checkpoint has caught up; beyond them the file is truncated.

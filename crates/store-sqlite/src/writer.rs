@@ -462,19 +462,19 @@ fn apply(
                     rows.push((r.get(0)?, r.get(1)?, r.get::<_, i64>(2)? != 0));
                 }
             }
-            let mut superseded = tx.prepare_cached(
-                "SELECT 1 FROM kv WHERE key = ?1 AND rev > ?2 AND rev <= ?3 LIMIT 1",
-            )?;
+            // Each version looked at supersedes every older version of its key: no read at or
+            // after the compacted revision can see those (this one is at or before it). They go
+            // whatever pass kept them: a version kept by an earlier pass, because it was the
+            // latest then, must not outlive the newer version or tombstone found now, or it
+            // would be current again once that tombstone goes.
+            let mut older = tx.prepare_cached("DELETE FROM kv WHERE key = ?1 AND rev < ?2")?;
             let mut delete = tx.prepare_cached("DELETE FROM kv WHERE rev = ?1")?;
             // In revision order, so a key's older versions go before (or with) its tombstone,
             // and a reader never sees an old version reappear.
             for (r, key, deleted) in &rows {
-                if *deleted
-                    || superseded
-                        .query_row(params![key, r, target], |_| Ok(()))
-                        .optional()?
-                        .is_some()
-                {
+                older.execute(params![key, r])?;
+                // A tombstone at or before the compacted revision hides nothing any more.
+                if *deleted {
                     delete.execute([r])?;
                 }
             }

@@ -341,3 +341,54 @@ async fn a_store_in_use_is_not_opened_twice() {
     let s = SqliteStore::open(SqliteConfig::new(&path)).unwrap();
     assert_eq!(s.get("/t/ns/a").await.unwrap().name(), "a");
 }
+
+/// A file written before schema version 2 may hold versions that compaction kept although a
+/// newer version of their key is compacted too (a pass looked only at what was written since
+/// the last one): they are removed at open, once, and compaction in progress goes on correctly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_from_the_old_compaction_is_repaired_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orrery.db");
+    {
+        let s = SqliteStore::open(SqliteConfig::new(&path)).unwrap();
+        s.create("/t/ns/k", obj("k")).await.unwrap(); // 1
+        s.create("/t/ns/g", obj("g")).await.unwrap(); // 2
+        s.update("/t/ns/k", obj("k"), None).await.unwrap(); // 3
+        s.delete("/t/ns/g", &Preconditions::default())
+            .await
+            .unwrap(); // 4
+        s.create("/t/ns/f", obj("f")).await.unwrap(); // 5
+        s.close().await;
+    }
+    // What the old compaction left after one pass to 2 and part of a pass to 5 that got as far
+    // as 3: it had kept k@1 and g@2 (the latest then) and never looked at them again.
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch(
+            "UPDATE meta SET value = 5 WHERE name = 'compact_rev';
+             UPDATE meta SET value = 3 WHERE name = 'compact_done';
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let s = SqliteStore::open(SqliteConfig::new(&path)).unwrap();
+    s.wait_for_compaction().await;
+    assert!(
+        s.get("/t/ns/g").await.unwrap_err().is_not_found(),
+        "the deleted object stays deleted once compaction passes its tombstone"
+    );
+    assert_eq!(s.get("/t/ns/k").await.unwrap().revision(), Some(3));
+    // k@3 and f@5 are all that any read at or after revision 5 can see.
+    assert_eq!(s.stored_versions().await.unwrap(), 2);
+    s.close().await;
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let version: i64 = c
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 2, "the file is marked repaired");
+    drop(c);
+    // A build that reads only version 1 refuses it; this one opens it without repairing again.
+    let s = SqliteStore::open(SqliteConfig::new(&path)).unwrap();
+    assert_eq!(s.get("/t/ns/k").await.unwrap().revision(), Some(3));
+    s.close().await;
+}

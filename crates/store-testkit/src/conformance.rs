@@ -746,6 +746,82 @@ pub async fn compaction_expires_old_revisions(h: &dyn Harness) {
     assert!(evs[0].revision() > target);
 }
 
+/// A version kept by one compaction (it was its key's latest then) must not come back when a
+/// later compaction removes the newer tombstone or version, nor after a restart.
+pub async fn compaction_across_windows_keeps_deletes_deleted(h: &dyn Harness) {
+    let s = h.open().await;
+    let fill = |round: usize| {
+        let s = s.clone();
+        async move {
+            for i in 0..10 {
+                s.create(
+                    &format!("/t/fill/{round}-{i}"),
+                    object(&format!("{round}-{i}"), "fill", ""),
+                )
+                .await
+                .unwrap();
+            }
+        }
+    };
+    s.create("/t/ns/ghost", object("ghost", "web", "old"))
+        .await
+        .unwrap();
+    s.create("/t/ns/changed", object("changed", "web", "old"))
+        .await
+        .unwrap();
+    s.create("/t/ns/kept", object("kept", "web", "old"))
+        .await
+        .unwrap();
+    fill(0).await;
+    // The first window covers all three while each is its key's latest version.
+    s.compact(s.current_revision().await.unwrap())
+        .await
+        .unwrap();
+    h.settle().await;
+    s.delete("/t/ns/ghost", &Preconditions::default())
+        .await
+        .unwrap();
+    let changed = s
+        .update("/t/ns/changed", object("changed", "web", "new"), None)
+        .await
+        .unwrap();
+    fill(1).await;
+    // The second covers the tombstone and the newer version.
+    s.compact(s.current_revision().await.unwrap())
+        .await
+        .unwrap();
+    h.settle().await;
+    fill(2).await;
+    s.compact(s.current_revision().await.unwrap())
+        .await
+        .unwrap();
+    h.settle().await;
+    let mut s = s;
+    for restart in [false, true] {
+        if restart {
+            s.close().await;
+            s = h.open().await;
+        }
+        assert!(
+            s.get("/t/ns/ghost").await.unwrap_err().is_not_found(),
+            "a deleted object stays deleted"
+        );
+        let got = s.get("/t/ns/changed").await.unwrap();
+        assert_eq!(payload(&got), "new", "the newer version stays the latest");
+        assert_eq!(rev(&got), rev(&changed));
+        assert_eq!(payload(&s.get("/t/ns/kept").await.unwrap()), "old");
+        let names: Vec<String> = s
+            .list("/t/ns/", &ListOptions::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|o| o.name().to_string())
+            .collect();
+        assert_eq!(names, ["changed", "kept"]);
+    }
+}
+
 pub async fn slow_watcher_is_cut_off(h: &dyn Harness) {
     let s = h.open().await;
     let from = s.current_revision().await.unwrap();
@@ -877,7 +953,7 @@ macro_rules! store_conformance_tests {
             crud, cas_and_preconditions, concurrent_writers, list_pagination_is_consistent,
             list_selectors_and_revisions, raw_lists_match_parsed_lists, watch_replays_later_events_in_order,
             watch_sees_deletes_and_prefixes, watch_selectors, compaction_expires_old_revisions,
-            slow_watcher_is_cut_off, bookmarks, reopen_keeps_everything);
+            compaction_across_windows_keeps_deletes_deleted, slow_watcher_is_cut_off, bookmarks, reopen_keeps_everything);
     };
     (@each $harness:expr; $($name:ident),*) => {
         $(
