@@ -199,6 +199,17 @@ impl SqliteStore {
             .await
     }
 
+    /// Waits until physical compaction has caught up with the compacted revision (it runs in
+    /// the background after [`Store::compact`]), or the store is closed.
+    pub async fn wait_for_compaction(&self) {
+        let s = &self.inner.shared;
+        while s.compact_done.load(Ordering::Acquire) < s.compacted.load(Ordering::Acquire)
+            && !self.inner.queue.is_closed()
+        {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+
     async fn submit(&self, op: Op) -> Result<Reply> {
         let (reply, rx) = oneshot::channel();
         self.inner
@@ -271,16 +282,28 @@ fn lock_file(path: &Path) -> Result<std::fs::File> {
         .write(true)
         .open(&lock_path)
         .map_err(|e| StoreError::Backend(format!("opening {}: {e}", lock_path.display())))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::Backend(format!(
-            "{} is in use by another process (another Orrery server on the same data directory?)",
-            path.display()
-        ))),
-        Err(std::fs::TryLockError::Error(e)) => Err(StoreError::Backend(format!(
-            "locking {}: {e}",
-            lock_path.display()
-        ))),
+    // A lock released a moment ago can still be held by a process this one has just forked
+    // (the descriptor lives until that child's exec closes it), so a refusal waits a little.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::Backend(format!(
+                    "{} is in use by another process (another Orrery server on the same data directory?)",
+                    path.display()
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => {
+                return Err(StoreError::Backend(format!(
+                    "locking {}: {e}",
+                    lock_path.display()
+                )));
+            }
+        }
     }
 }
 
