@@ -152,11 +152,51 @@ impl EtcdStore {
             }),
         };
         let rev = store.current_revision().await?;
+        let compacted = store.find_compacted(rev).await?;
+        store.inner.compacted.store(compacted, Ordering::Release);
+        store.inner.cache.set_compacted(compacted);
         store.inner.cache.reset(rev);
         let feed = tokio::spawn(feed(store.clone(), rev));
         *store.inner.feed.lock().unwrap_or_else(|p| p.into_inner()) = Some(feed);
         tracing::info!(endpoints = %config.endpoints.join(","), prefix = %store.inner.prefix, revision = rev, "connected to etcd");
         Ok(store)
+    }
+
+    /// The revision etcd's history starts at: the oldest revision still readable (etcd keeps
+    /// the revision it was compacted to), found by bisection, since etcd reports it only when a
+    /// read falls before it. 0 when nothing was ever compacted.
+    async fn find_compacted(&self, current: Revision) -> Result<Revision> {
+        let key = self.full(FENCE_KEY);
+        let readable = |rev: Revision| {
+            let key = key.clone();
+            async move {
+                let opts = GetOptions::new().with_revision(rev).with_count_only();
+                match self.client()?.get(key, Some(opts)).await {
+                    Ok(_) => Ok(true),
+                    Err(e)
+                        if e.to_string()
+                            .contains("required revision has been compacted") =>
+                    {
+                        Ok(false)
+                    }
+                    Err(e) => Err(backend(e)),
+                }
+            }
+        };
+        if current <= 1 || readable(1).await? {
+            return Ok(0);
+        }
+        // Revision `lo` is gone and `hi` (the current one) is readable.
+        let (mut lo, mut hi) = (1, current);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if readable(mid).await? {
+                hi = mid;
+            } else {
+                lo = mid;
+            }
+        }
+        Ok(hi)
     }
 
     /// One page of matching stored values: (key, revision, stored JSON), the list revision,
