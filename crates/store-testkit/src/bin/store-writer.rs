@@ -10,6 +10,9 @@
 //! ```
 //!
 //! Output: `ready`, then `C key rev` per create and `U key rev n` per counter update.
+//!
+//! `store-writer script sqlite PATH [--compaction-step N]` instead runs the writes given as
+//! JSON lines on standard input, for the model test's crash step (see `crash.rs`).
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -18,7 +21,11 @@ use anyhow::{Context, bail};
 use orrery_store::{Store, StoreError};
 
 fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    let script = args.first().is_some_and(|a| a == "script");
+    if script {
+        args.remove(0);
+    }
     let flag = |name: &str, default: usize| -> anyhow::Result<usize> {
         match args.iter().position(|a| a == name) {
             Some(i) => args
@@ -30,6 +37,7 @@ fn main() -> anyhow::Result<()> {
         }
     };
     let writers = flag("--writers", 64)?;
+    let compaction_step = flag("--compaction-step", 500)?;
     let round = flag("--round", 0)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -38,9 +46,9 @@ fn main() -> anyhow::Result<()> {
         let store: Arc<dyn Store> = match args.first().map(String::as_str) {
             Some("sqlite") => {
                 let path = args.get(1).context("sqlite PATH")?;
-                Arc::new(orrery_store_sqlite::SqliteStore::open(
-                    orrery_store_sqlite::SqliteConfig::new(path),
-                )?)
+                let mut config = orrery_store_sqlite::SqliteConfig::new(path);
+                config.compaction_step = compaction_step;
+                Arc::new(orrery_store_sqlite::SqliteStore::open(config)?)
             }
             #[cfg(feature = "etcd")]
             Some("etcd") => {
@@ -52,6 +60,9 @@ fn main() -> anyhow::Result<()> {
             }
             other => bail!("unknown backend {other:?}"),
         };
+        if script {
+            return orrery_store_testkit::crash::serve(store).await;
+        }
         let out = Arc::new(Mutex::new(std::io::stdout()));
         let say = move |line: String| {
             let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
