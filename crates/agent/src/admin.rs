@@ -3,6 +3,9 @@
 //!
 //! - `GET /clusters`, `GET /clusters/{name}`: what each simulation holds;
 //! - `GET /clusters/{name}/objects`: the objects it runs, as applied, with their status;
+//! - `GET /clusters/{name}/journal` (`?since=N`): every create, update and delete the member
+//!   carried out for its agent after entry `N`, each with the Work (uid, generation,
+//!   revision) it came from and why;
 //! - `PUT /clusters/{name}/faults` `{"outage": true, "latencyMs": 200, "lostNodes": 2}`: sets
 //!   the faults (what is left out is cleared); `DELETE /clusters/{name}/faults` clears them;
 //! - `PUT /clusters/{name}/load` `{"load": 0.8}`: the background load, a fraction of capacity;
@@ -96,8 +99,31 @@ async fn handle(
                 (&Method::GET, ["objects"]) => {
                     reply(StatusCode::OK, json!({"items": sim.objects()}))
                 }
+                (&Method::GET, ["journal"]) => {
+                    let since = form_urlencoded::parse(query.as_bytes())
+                        .find(|(k, _)| k == "since")
+                        .map(|(_, v)| v.parse::<u64>());
+                    match since {
+                        Some(Err(_)) => error(
+                            StatusCode::BAD_REQUEST,
+                            "since must be a journal sequence number",
+                        ),
+                        Some(Ok(n)) => reply(StatusCode::OK, json!({"items": sim.journal(n)})),
+                        None => reply(StatusCode::OK, json!({"items": sim.journal(0)})),
+                    }
+                }
                 (&Method::POST, ["objects"]) => match serde_json::from_slice::<Value>(&body) {
-                    Ok(m) => match crate::backend::Backend::apply(sim.as_ref(), &m, false).await {
+                    Ok(m) => match crate::backend::Backend::apply(
+                        sim.as_ref(),
+                        &m,
+                        false,
+                        &crate::backend::Cause {
+                            reason: "made through the admin endpoint",
+                            ..Default::default()
+                        },
+                    )
+                    .await
+                    {
                         Ok(()) => reply(StatusCode::CREATED, m),
                         Err(crate::backend::BackendError::Conflict(what)) => {
                             error(StatusCode::CONFLICT, format!("{what} exists already"))

@@ -26,9 +26,9 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
-use crate::backend::{Backend, BackendError, MemberReport};
+use crate::backend::{Backend, BackendError, Cause, MemberReport};
 use crate::backoff::Backoff;
-use crate::state::{AgentState, AppliedWork, StateError, StateFile};
+use crate::state::{AgentState, AppliedWork, PendingDelete, StateError, StateFile};
 use crate::transport::{self, Transport, TransportError, WorkEvent};
 
 /// How one agent runs.
@@ -282,6 +282,28 @@ impl Inner {
         cluster::namespace_of(&self.cfg.cluster)
     }
 
+    /// Why a Work is carried out now.
+    fn cause(&self, w: &Object, reason: &'static str) -> Cause {
+        Cause {
+            work: format!("{}/{}", self.namespace(), w.name()),
+            uid: w.metadata.uid.clone(),
+            generation: w.metadata.generation.unwrap_or(1),
+            revision: w.metadata.resource_version.clone(),
+            reason,
+        }
+    }
+
+    /// The cause of applying again what the state file says was applied.
+    fn applied_cause(&self, name: &str, w: &AppliedWork, reason: &'static str) -> Cause {
+        Cause {
+            work: format!("{}/{name}", self.namespace()),
+            uid: w.uid.clone(),
+            generation: w.generation,
+            revision: String::new(),
+            reason,
+        }
+    }
+
     /// Records a Work's apply errors; its status is computed afresh.
     fn set_errors(&self, name: String, errors: BTreeMap<usize, String>) {
         self.computed
@@ -326,11 +348,12 @@ impl Inner {
         &self,
         manifests: &[Value],
         overwrite: bool,
+        cause: &Cause,
     ) -> (BTreeMap<usize, String>, bool) {
         let mut errors = BTreeMap::new();
         let mut unavailable = false;
         for (i, m) in manifests.iter().enumerate() {
-            if let Err(e) = self.backend.apply(m, overwrite).await {
+            if let Err(e) = self.backend.apply(m, overwrite, cause).await {
                 unavailable |= matches!(e, BackendError::Unavailable(_));
                 errors.insert(i, e.to_string());
             }
@@ -339,15 +362,70 @@ impl Inner {
     }
 
     /// Deletes the objects of `old` that `new` no longer has.
-    async fn delete_dropped(&self, old: &[Value], new: &[Value]) {
+    async fn delete_dropped(&self, old: &[Value], new: &[Value], cause: &Cause) {
         let keep: Vec<ResourceIdentifier> = identifiers(new).into_iter().flatten().collect();
-        for id in identifiers(old).into_iter().flatten() {
-            if !keep.iter().any(|k| same_object(k, &id))
-                && let Err(e) = self.backend.delete(&id).await
-            {
-                tracing::warn!(cluster = %self.cfg.cluster, object = %id.describe(), error = %e, "deleting a dropped object failed");
+        for (m, id) in old.iter().zip(identifiers(old)) {
+            let Some(id) = id else { continue };
+            if keep.iter().any(|k| same_object(k, &id)) {
+                continue;
+            }
+            if let Err(e) = self.backend.delete(&id, cause).await {
+                tracing::warn!(cluster = %self.cfg.cluster, object = %id.describe(), error = %e, "deleting a dropped object failed; it is tried again");
+                // Not forgotten: an object Orrery took out of the member must not stay there
+                // because the member was away when it was.
+                let mut st = self.lock_state();
+                st.pending_deletes.retain(|p| {
+                    ResourceIdentifier::of(0, &p.manifest).is_none_or(|o| !same_object(&o, &id))
+                });
+                st.pending_deletes.push(PendingDelete {
+                    manifest: m.clone(),
+                    work: cause.work.clone(),
+                    uid: cause.uid.clone(),
+                    generation: cause.generation,
+                    revision: cause.revision.clone(),
+                });
+                drop(st);
+                self.mark_dirty();
             }
         }
+    }
+
+    /// Deletes again what could not be deleted before, unless a Work applies it again now.
+    async fn retry_deletes(&self) {
+        let pending = std::mem::take(&mut self.lock_state().pending_deletes);
+        if pending.is_empty() {
+            return;
+        }
+        let applied: Vec<ResourceIdentifier> = self
+            .lock_state()
+            .works
+            .values()
+            .flat_map(|w| identifiers(&w.manifests).into_iter().flatten())
+            .collect();
+        let mut left = Vec::new();
+        for p in pending {
+            let Some(id) = ResourceIdentifier::of(0, &p.manifest) else {
+                continue;
+            };
+            if applied.iter().any(|a| same_object(a, &id)) {
+                continue;
+            }
+            let cause = Cause {
+                work: p.work.clone(),
+                uid: p.uid.clone(),
+                generation: p.generation,
+                revision: p.revision.clone(),
+                reason: "retried: the member was unavailable",
+            };
+            if self.backend.delete(&id, &cause).await.is_err() {
+                left.push(p);
+            }
+        }
+        let mut st = self.lock_state();
+        left.append(&mut st.pending_deletes);
+        st.pending_deletes = left;
+        drop(st);
+        self.mark_dirty();
     }
 
     /// Brings the member in line with one Work.
@@ -387,9 +465,12 @@ impl Inner {
             // Unchanged (typically after a reconnect): nothing to do to the member.
             return;
         }
-        let (errors, unavailable) = self.apply_manifests(&manifests, overwrite).await;
+        let mut cause = self.cause(w, "applied");
+        let (errors, unavailable) = self.apply_manifests(&manifests, overwrite, &cause).await;
         if let Some(prev) = &previous {
-            self.delete_dropped(&prev.manifests, &manifests).await;
+            cause.reason = "dropped from the Work";
+            self.delete_dropped(&prev.manifests, &manifests, &cause)
+                .await;
         }
         let applied = AppliedWork {
             uid: w.metadata.uid.clone(),
@@ -417,11 +498,18 @@ impl Inner {
     }
 
     /// Removes a Work's objects from the member (unless it asked to keep them).
-    async fn remove_work(&self, name: &str) {
+    async fn remove_work(&self, name: &str, revision: &str, reason: &'static str) {
         let old = self.lock_state().works.remove(name);
         if let Some(old) = old {
             if !old.preserve {
-                self.delete_dropped(&old.manifests, &[]).await;
+                let cause = Cause {
+                    work: format!("{}/{name}", self.namespace()),
+                    uid: old.uid.clone(),
+                    generation: old.generation,
+                    revision: revision.to_string(),
+                    reason,
+                };
+                self.delete_dropped(&old.manifests, &[], &cause).await;
             }
             self.mark_dirty();
         }
@@ -460,7 +548,8 @@ impl Inner {
             .cloned()
             .collect();
         for name in stale {
-            self.remove_work(&name).await;
+            self.remove_work(&name, "", "Work gone when listed again")
+                .await;
         }
         for w in &works {
             self.apply_work(w).await;
@@ -478,7 +567,23 @@ impl Inner {
         }
         tracing::info!(cluster = %self.cfg.cluster, works = works.len(), "resuming the Works applied before");
         for (name, w) in works {
-            let (errors, unavailable) = self.apply_manifests(&w.manifests, w.overwrite).await;
+            // Only what the member lacks: objects it still has are left as they are, so an
+            // agent restart is no operation in a member that kept its objects.
+            let mut missing = Vec::new();
+            for m in &w.manifests {
+                let present = match ResourceIdentifier::of(0, m) {
+                    Some(id) => matches!(self.backend.state(&id).await, Ok(Some(_))),
+                    None => false,
+                };
+                if !present {
+                    missing.push(m.clone());
+                }
+            }
+            if missing.is_empty() {
+                continue;
+            }
+            let cause = self.applied_cause(&name, &w, "resumed: the member lacked it");
+            let (errors, unavailable) = self.apply_manifests(&missing, w.overwrite, &cause).await;
             if unavailable {
                 self.retry
                     .lock()
@@ -490,6 +595,7 @@ impl Inner {
     }
 
     async fn retry_failed(&self) {
+        self.retry_deletes().await;
         let names: Vec<String> = self
             .retry
             .lock()
@@ -501,7 +607,10 @@ impl Inner {
             let Some(w) = self.lock_state().works.get(&name).cloned() else {
                 continue;
             };
-            let (errors, unavailable) = self.apply_manifests(&w.manifests, w.overwrite).await;
+            let cause = self.applied_cause(&name, &w, "retried: the member was unavailable");
+            let (errors, unavailable) = self
+                .apply_manifests(&w.manifests, w.overwrite, &cause)
+                .await;
             if !unavailable {
                 self.retry
                     .lock()
@@ -722,7 +831,7 @@ impl Inner {
     async fn forget_everything(&self) {
         let names: Vec<String> = self.lock_state().works.keys().cloned().collect();
         for n in names {
-            self.remove_work(&n).await;
+            self.remove_work(&n, "", "cluster unregistered").await;
         }
         self.cfg.state.remove();
     }
@@ -1047,7 +1156,9 @@ async fn works_loop(inner: &Inner, t: &Transport) -> End {
                     }
                     Ok(WorkEvent::Deleted(w)) => {
                         rv = w.metadata.resource_version.clone();
-                        inner.remove_work(w.name()).await;
+                        inner
+                            .remove_work(w.name(), &w.metadata.resource_version, "Work deleted")
+                            .await;
                         inner.report_now.notify_one();
                     }
                     Ok(WorkEvent::Bookmark(r)) => rv = r,

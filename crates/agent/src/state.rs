@@ -37,6 +37,21 @@ pub struct AgentState {
     pub ca_pem: String,
     #[serde(default)]
     pub works: BTreeMap<String, AppliedWork>,
+    /// Objects Orrery removed from the member whose deletion has not succeeded yet (the
+    /// member was unavailable): tried again until it does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_deletes: Vec<PendingDelete>,
+}
+
+/// An object still to be deleted from the member, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingDelete {
+    pub manifest: Value,
+    pub work: String,
+    pub uid: String,
+    pub generation: i64,
+    pub revision: String,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -27,7 +27,7 @@ use orrery_api::work::{MANAGED_LABEL, MANAGED_VALUE, ResourceIdentifier};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::{Backend, BackendError, MemberReport, ObjectState};
+use super::{Backend, BackendError, Cause, MemberReport, ObjectState};
 
 const FIELD_MANAGER: &str = "orrery";
 /// Items per page when listing nodes and pods: small pages keep the agent's memory flat.
@@ -448,7 +448,12 @@ impl KubeMember {
 
 #[async_trait]
 impl Backend for KubeMember {
-    async fn apply(&self, manifest: &Value, overwrite: bool) -> Result<(), BackendError> {
+    async fn apply(
+        &self,
+        manifest: &Value,
+        overwrite: bool,
+        _cause: &Cause,
+    ) -> Result<(), BackendError> {
         let id = ResourceIdentifier::of(0, manifest).ok_or_else(|| BackendError::Rejected {
             what: "a manifest".into(),
             message: "it has no apiVersion, kind or name".into(),
@@ -494,7 +499,7 @@ impl Backend for KubeMember {
         Ok(())
     }
 
-    async fn delete(&self, id: &ResourceIdentifier) -> Result<(), BackendError> {
+    async fn delete(&self, id: &ResourceIdentifier, _cause: &Cause) -> Result<(), BackendError> {
         let (ar, namespaced) = self.resolve(&id.group, &id.version, &id.kind).await?;
         let api = self.api(&ar, namespaced, &id.namespace);
         let what = id.describe();

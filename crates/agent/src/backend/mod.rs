@@ -49,16 +49,36 @@ pub struct MemberReport {
     pub properties: BTreeMap<String, String>,
 }
 
+/// Why the agent acts on its member: the Work an operation carries out (`namespace/name`),
+/// as the agent saw it then. The simulated member keeps these in its journal; an operation
+/// with the same cause as the last one for that Work did not come from a change of the Work.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Cause {
+    pub work: String,
+    pub uid: String,
+    pub generation: i64,
+    /// The Work's resourceVersion (of its deletion, for objects removed with it).
+    pub revision: String,
+    /// Why, in a few words (`applied`, `dropped from the Work`, `Work deleted`...).
+    pub reason: &'static str,
+}
+
 /// A member cluster, as the agent drives it. Objects passed to [`Backend::apply`] already
 /// carry Orrery's managed-by label and Work annotation.
 #[async_trait]
 pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Creates or updates one object. With `overwrite` false, an existing object that Orrery
     /// does not manage is left alone ([`BackendError::Conflict`]).
-    async fn apply(&self, manifest: &Value, overwrite: bool) -> Result<(), BackendError>;
+    async fn apply(
+        &self,
+        manifest: &Value,
+        overwrite: bool,
+        cause: &Cause,
+    ) -> Result<(), BackendError>;
 
     /// Deletes one object Orrery applied (absent objects are fine).
-    async fn delete(&self, id: &ResourceIdentifier) -> Result<(), BackendError>;
+    async fn delete(&self, id: &ResourceIdentifier, cause: &Cause) -> Result<(), BackendError>;
 
     /// The state of an applied object; `None` if the member does not have it.
     async fn state(&self, id: &ResourceIdentifier) -> Result<Option<ObjectState>, BackendError>;

@@ -27,7 +27,7 @@ use orrery_api::work::{Health, ResourceIdentifier};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use super::{Backend, BackendError, MemberReport, ObjectState};
+use super::{Backend, BackendError, Cause, MemberReport, ObjectState};
 
 /// How a simulated cluster's background load varies over time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -380,6 +380,30 @@ pub struct Faults {
     pub lost_nodes: usize,
 }
 
+/// One operation the simulated member carried out for its agent: what, on which object, and
+/// why (the Work and the version of it the agent was carrying out).
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JournalEntry {
+    /// Numbers every operation of this member, from 1.
+    pub seq: u64,
+    /// Milliseconds since the Unix epoch.
+    pub time_ms: u64,
+    /// `create`, `update` or `delete`.
+    pub op: &'static str,
+    pub api_version: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    /// Whether the object changed: an update that applies what the member has already
+    /// changes nothing, but is an operation all the same.
+    pub changed: bool,
+    pub cause: Cause,
+}
+
+/// Journal entries kept per member (the oldest go first).
+const JOURNAL_LIMIT: usize = 100_000;
+
 #[derive(Debug)]
 struct State {
     nodes: Vec<Node>,
@@ -396,9 +420,38 @@ struct State {
     /// Objects with pods that found no node at the last pass (so a pass visits only these,
     /// not every object).
     stuck: std::collections::BTreeSet<Key>,
+    journal: std::collections::VecDeque<JournalEntry>,
+    journal_seq: u64,
 }
 
 impl State {
+    fn record(&mut self, op: &'static str, id: &ResourceIdentifier, changed: bool, cause: &Cause) {
+        self.journal_seq += 1;
+        if self.journal.len() >= JOURNAL_LIMIT {
+            self.journal.pop_front();
+        }
+        let time_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or_default();
+        let api_version = if id.group.is_empty() {
+            id.version.clone()
+        } else {
+            format!("{}/{}", id.group, id.version)
+        };
+        self.journal.push_back(JournalEntry {
+            seq: self.journal_seq,
+            time_ms,
+            op,
+            api_version,
+            kind: id.kind.clone(),
+            namespace: id.namespace.clone(),
+            name: id.name.clone(),
+            changed,
+            cause: cause.clone(),
+        });
+    }
+
     /// Marks an object's state as changed.
     fn touch(&mut self, key: &Key) {
         if let Some(o) = self.objects.get_mut(key) {
@@ -470,6 +523,8 @@ impl SimCluster {
                 peers: Vec::new(),
                 next_stamp: 0,
                 stuck: Default::default(),
+                journal: Default::default(),
+                journal_seq: 0,
             }),
             spec,
             changed: tx,
@@ -596,6 +651,16 @@ impl SimCluster {
             outage: st.faults.outage,
             latency_ms: st.faults.latency.as_millis() as u64,
         }
+    }
+
+    /// The operations carried out after `since` (a journal sequence number), oldest first.
+    pub fn journal(&self, since: u64) -> Vec<JournalEntry> {
+        let st = self.lock();
+        st.journal
+            .iter()
+            .filter(|e| e.seq > since)
+            .cloned()
+            .collect()
     }
 
     /// Every object the member holds, as applied, with its current status (sorted by kind,
@@ -1027,7 +1092,12 @@ fn builtin_enablements() -> Vec<ApiEnablement> {
 
 #[async_trait]
 impl Backend for SimCluster {
-    async fn apply(&self, manifest: &Value, overwrite: bool) -> Result<(), BackendError> {
+    async fn apply(
+        &self,
+        manifest: &Value,
+        overwrite: bool,
+        cause: &Cause,
+    ) -> Result<(), BackendError> {
         self.gate().await?;
         let id = ResourceIdentifier::of(0, manifest).ok_or_else(|| BackendError::Rejected {
             what: "a manifest".into(),
@@ -1038,7 +1108,7 @@ impl Backend for SimCluster {
         {
             let mut st = self.lock();
             let shape = shape_of(manifest);
-            match st.objects.get_mut(&key) {
+            let (op, changed) = match st.objects.get_mut(&key) {
                 Some(existing) => {
                     if !is_managed(&existing.manifest) && !overwrite {
                         return Err(BackendError::Conflict(id.describe()));
@@ -1046,8 +1116,10 @@ impl Backend for SimCluster {
                     if existing.manifest.get("spec") != manifest.get("spec") {
                         existing.generation += 1;
                     }
+                    let changed = existing.manifest != *manifest;
                     existing.manifest = manifest.clone();
                     existing.shape = shape;
+                    ("update", changed)
                 }
                 None => {
                     st.objects.insert(
@@ -1061,8 +1133,10 @@ impl Backend for SimCluster {
                             stamp: 0,
                         },
                     );
+                    ("create", true)
                 }
-            }
+            };
+            st.record(op, &id, changed, cause);
             st.touch(&key);
             reconcile_pods(&mut st, &key, now);
             advance(&mut st, &self.spec, now);
@@ -1071,7 +1145,7 @@ impl Backend for SimCluster {
         Ok(())
     }
 
-    async fn delete(&self, id: &ResourceIdentifier) -> Result<(), BackendError> {
+    async fn delete(&self, id: &ResourceIdentifier, cause: &Cause) -> Result<(), BackendError> {
         self.gate().await?;
         let key = key_of(id);
         {
@@ -1079,6 +1153,7 @@ impl Backend for SimCluster {
             if st.objects.remove(&key).is_none() {
                 return Ok(());
             }
+            st.record("delete", id, true, cause);
             reconcile_pods(&mut st, &key, Instant::now());
             // Freed room may let pending pods of others in.
             st.busy = true;
@@ -1311,7 +1386,7 @@ mod tests {
     async fn pods_bin_pack_wait_and_start() {
         let sim = SimCluster::new("c", "r", spec("nodes=2,cpu=4,memory=8Gi,load=0,start=1s"));
         let d = deployment("web", 3, "1500m", "1Gi");
-        sim.apply(&d, false).await.unwrap();
+        sim.apply(&d, false, &Cause::default()).await.unwrap();
         // 2 nodes x 4 cpu: two 1.5-cpu pods fit on each node.
         let s = sim.state(&id(&d)).await.unwrap().unwrap();
         assert_eq!(s.health, Health::Progressing);
@@ -1322,9 +1397,13 @@ mod tests {
         assert_eq!(s.status.as_ref().unwrap()["readyReplicas"], 3);
         assert_eq!(s.health, Health::Healthy, "{s:?}");
         // Scale beyond capacity: one pod fits (4 pods of 1.5 cpu), the fifth waits.
-        sim.apply(&deployment("web", 5, "1500m", "1Gi"), false)
-            .await
-            .unwrap();
+        sim.apply(
+            &deployment("web", 5, "1500m", "1Gi"),
+            false,
+            &Cause::default(),
+        )
+        .await
+        .unwrap();
         tokio::time::advance(Duration::from_millis(1100)).await;
         sim.tick();
         let s = sim.state(&id(&d)).await.unwrap().unwrap();
@@ -1340,7 +1419,7 @@ mod tests {
         assert_eq!(r.resource_summary.allocated["cpu"].milli_value(), 6000);
         assert_eq!(r.largest_node_free["cpu"].milli_value(), 1000);
         // Deleting frees the room.
-        sim.delete(&id(&d)).await.unwrap();
+        sim.delete(&id(&d), &Cause::default()).await.unwrap();
         let r = sim.report().await.unwrap();
         assert_eq!(r.resource_summary.allocated["cpu"].milli_value(), 0);
         assert!(sim.state(&id(&d)).await.unwrap().is_none());
@@ -1354,7 +1433,7 @@ mod tests {
             spec("nodes=1,cpu=10,memory=10Gi,load=0.5,start=0s"),
         );
         let d = deployment("big", 1, "6", "1Gi");
-        sim.apply(&d, false).await.unwrap();
+        sim.apply(&d, false, &Cause::default()).await.unwrap();
         let s = sim.state(&id(&d)).await.unwrap().unwrap();
         assert_eq!(
             s.health,
@@ -1367,7 +1446,7 @@ mod tests {
         let wl = orrery_api::cluster::water_level(&r.resource_summary);
         assert_eq!(wl.dimensions["cpu"], 0.5);
         sim.set_load(0.2);
-        sim.apply(&d, false).await.unwrap();
+        sim.apply(&d, false, &Cause::default()).await.unwrap();
         tokio::time::advance(Duration::from_millis(10)).await;
         sim.tick();
         assert_eq!(
@@ -1385,7 +1464,7 @@ mod tests {
         );
         let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j", "namespace": "d"},
             "spec": {"completions": 3, "parallelism": 2, "template": {"spec": {"containers": [{"name": "c"}]}}}});
-        sim.apply(&job, false).await.unwrap();
+        sim.apply(&job, false, &Cause::default()).await.unwrap();
         // Two rounds of 2 s each, plus a tick per transition.
         for _ in 0..16 {
             tokio::time::advance(Duration::from_millis(500)).await;
@@ -1397,7 +1476,7 @@ mod tests {
 
         let ds = json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "ds", "namespace": "d"},
             "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}});
-        sim.apply(&ds, false).await.unwrap();
+        sim.apply(&ds, false, &Cause::default()).await.unwrap();
         tokio::time::advance(Duration::from_millis(10)).await;
         sim.tick();
         let st = sim.state(&id(&ds)).await.unwrap().unwrap().status.unwrap();
@@ -1414,7 +1493,7 @@ mod tests {
     async fn faults_lose_nodes_stop_the_api_and_add_latency() {
         let sim = SimCluster::new("c", "r", spec("nodes=2,cpu=4,memory=4Gi,load=0,start=0s"));
         let d = deployment("web", 2, "3", "1Gi");
-        sim.apply(&d, false).await.unwrap();
+        sim.apply(&d, false, &Cause::default()).await.unwrap();
         tokio::time::advance(Duration::from_millis(10)).await;
         sim.tick();
         assert_eq!(
@@ -1441,7 +1520,7 @@ mod tests {
             Err(BackendError::Unavailable(_))
         ));
         assert!(matches!(
-            sim.apply(&d, false).await,
+            sim.apply(&d, false, &Cause::default()).await,
             Err(BackendError::Unavailable(_))
         ));
         sim.set_faults(Faults {
@@ -1507,10 +1586,10 @@ mod tests {
             moved
         }
         check(&sim, &ids, &mut seen, "start").await;
-        sim.apply(&web, false).await.unwrap();
+        sim.apply(&web, false, &Cause::default()).await.unwrap();
         check(&sim, &ids, &mut seen, "web applied").await;
         for m in [&big, &job, &ds] {
-            sim.apply(m, false).await.unwrap();
+            sim.apply(m, false, &Cause::default()).await.unwrap();
             check(&sim, &ids, &mut seen, "applied").await;
         }
         for step in 0..12 {
@@ -1539,11 +1618,15 @@ mod tests {
             sim.tick();
             check(&sim, &ids, &mut seen, &format!("recovery {step}")).await;
         }
-        sim.apply(&deployment("web", 1, "1500m", "1Gi"), false)
-            .await
-            .unwrap();
+        sim.apply(
+            &deployment("web", 1, "1500m", "1Gi"),
+            false,
+            &Cause::default(),
+        )
+        .await
+        .unwrap();
         assert!(check(&sim, &ids, &mut seen, "web scaled down").await >= 1);
-        sim.delete(&ids[1]).await.unwrap();
+        sim.delete(&ids[1], &Cause::default()).await.unwrap();
         check(&sim, &ids, &mut seen, "big deleted").await;
         assert_eq!(
             sim.state_stamp(&ids[1]),
@@ -1557,14 +1640,14 @@ mod tests {
         let sim = SimCluster::new("c", "r", SimSpec::default());
         let mut theirs = deployment("web", 1, "1", "1Gi");
         theirs["metadata"]["labels"] = json!({});
-        sim.apply(&theirs, true).await.unwrap();
+        sim.apply(&theirs, true, &Cause::default()).await.unwrap();
         let ours = deployment("web", 2, "1", "1Gi");
         assert!(matches!(
-            sim.apply(&ours, false).await,
+            sim.apply(&ours, false, &Cause::default()).await,
             Err(BackendError::Conflict(_))
         ));
-        sim.apply(&ours, true).await.unwrap();
-        sim.apply(&ours, false).await.unwrap();
+        sim.apply(&ours, true, &Cause::default()).await.unwrap();
+        sim.apply(&ours, false, &Cause::default()).await.unwrap();
     }
 
     #[test]
