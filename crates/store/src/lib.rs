@@ -22,6 +22,7 @@ use orrery_api::Object;
 mod error;
 mod list;
 pub mod ops;
+pub mod stamp;
 mod watch;
 
 pub use error::{Result, StoreError};

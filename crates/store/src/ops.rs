@@ -1,5 +1,8 @@
 //! Deletion as the API server does it, for components that write the store directly:
 //! finalizers hold an object back until each one is removed.
+//!
+//! A conflict (the object changed since the caller read it) is returned, never taken as done:
+//! the caller decides again from the newer version, or the deletion would be lost.
 
 use orrery_api::{Object, Time};
 use serde_json::Value;
@@ -7,7 +10,8 @@ use serde_json::Value;
 use crate::{Preconditions, Store, StoreError};
 
 /// Deletes an object as a client with `propagationPolicy: Background` would: objects with
-/// finalizers are marked for deletion, others removed.
+/// finalizers are marked for deletion, others removed. `obj` is the version the decision was
+/// made from: if the stored one is newer, [`StoreError::Conflict`].
 pub async fn delete_object(store: &dyn Store, key: &str, obj: &Object) -> Result<(), StoreError> {
     if obj.metadata.deletion_timestamp.is_some() {
         return Ok(());
@@ -19,7 +23,7 @@ pub async fn delete_object(store: &dyn Store, key: &str, obj: &Object) -> Result
             revision: rev,
         };
         return match store.delete(key, &pre).await {
-            Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => Ok(()),
+            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
             Err(e) => Err(e),
         };
     }
@@ -27,18 +31,19 @@ pub async fn delete_object(store: &dyn Store, key: &str, obj: &Object) -> Result
     next.metadata.deletion_timestamp = Some(Time::now());
     next.metadata.deletion_grace_period_seconds = Some(0);
     match store.update(key, next, rev).await {
-        Ok(_) | Err(StoreError::NotFound { .. }) | Err(StoreError::Conflict { .. }) => Ok(()),
+        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
         Err(e) => Err(e),
     }
 }
 
 /// Removes `finalizer` from the object at `key`; an object being deleted that is left with no
-/// finalizer is removed.
+/// finalizer is removed. Conflicts are retried a few times, then returned.
 pub async fn remove_finalizer(
     store: &dyn Store,
     key: &str,
     finalizer: &str,
 ) -> Result<(), StoreError> {
+    let mut last = None;
     for _ in 0..8 {
         let obj = match store.get(key).await {
             Ok(o) => o,
@@ -70,11 +75,13 @@ pub async fn remove_finalizer(
         };
         match result {
             Ok(()) | Err(StoreError::NotFound { .. }) => return Ok(()),
-            Err(StoreError::Conflict { .. }) => continue,
+            Err(e @ StoreError::Conflict { .. }) => last = Some(e),
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    Err(last.unwrap_or_else(|| {
+        StoreError::Backend(format!("removing a finalizer of {key} kept conflicting"))
+    }))
 }
 
 pub fn namespace_spec_finalized(obj: &Object) -> bool {
