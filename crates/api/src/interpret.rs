@@ -158,6 +158,23 @@ pub fn has_divisible_replicas(kind: &str) -> bool {
     replica_pointer(kind).is_some()
 }
 
+/// Whether a member's status of this kind counts the pods it has (see [`pods_reported`]).
+pub fn counts_pods(kind: &str) -> bool {
+    matches!(kind, "Deployment" | "StatefulSet" | "ReplicaSet" | "Job")
+}
+
+/// The pods a member reports a workload has created (running or waiting for a node; a Job's
+/// finished ones included, which take nothing any more), from the workload's status there.
+/// `None` for kinds whose status does not say.
+pub fn pods_reported(kind: &str, status: &Value) -> Option<i64> {
+    let n = |k: &str| status.get(k).and_then(Value::as_i64).unwrap_or(0);
+    match kind {
+        "Deployment" | "StatefulSet" | "ReplicaSet" => Some(n("replicas")),
+        "Job" => Some(n("active") + n("succeeded") + n("failed")),
+        _ => None,
+    }
+}
+
 /// What one replica asks for: the sum of its containers' requests (a limit stands in for a
 /// missing request, as Kubernetes defaults it), and at least the largest init container's.
 pub fn pod_requests(pod_spec: &Value) -> ResourceList {

@@ -67,6 +67,60 @@ pub struct ClusterSnapshot {
 }
 
 impl ClusterSnapshot {
+    /// What the scheduler reads of a stored Cluster.
+    pub fn of(c: &orrery_api::Object) -> ClusterSnapshot {
+        let spec = orrery_api::cluster::ClusterSpec::of(c);
+        let st = orrery_api::cluster::ClusterStatus::of(c);
+        let ready = st.ready();
+        let traffic = st.traffic();
+        let latency_ms = st
+            .network
+            .as_ref()
+            .map(|n| n.latency_ms.clone())
+            .unwrap_or_default();
+        let api_kinds = (!st.api_enablements.is_empty()).then(|| {
+            st.api_enablements
+                .iter()
+                .flat_map(|e| {
+                    e.resources
+                        .iter()
+                        .map(|r| (e.group_version.clone(), r.kind.clone()))
+                })
+                .collect::<std::collections::HashSet<_>>()
+        });
+        // What is taken: placed and pending (waiting for a node) alike.
+        let (allocatable, allocated, usage) = match st.resource_summary {
+            Some(r) => {
+                let mut taken = r.allocated;
+                for (k, q) in r.allocating {
+                    let total = taken.get(&k).map(|a| *a + q).unwrap_or(q);
+                    taken.insert(k, total);
+                }
+                (r.allocatable, taken, r.usage)
+            }
+            None => Default::default(),
+        };
+
+        ClusterSnapshot {
+            name: c.name().to_string(),
+            labels: c.metadata.labels.clone(),
+            provider: spec.provider,
+            region: spec.region,
+            zones: spec.zones,
+            properties: st.properties,
+            capabilities: spec.capabilities,
+            taints: spec.taints,
+            ready,
+            api_kinds,
+            allocatable,
+            allocated,
+            usage,
+            largest_node_free: st.largest_node_free,
+            latency_ms,
+            traffic,
+        }
+    }
+
     pub fn view(&self) -> ClusterView<'_> {
         ClusterView {
             name: &self.name,
@@ -110,9 +164,11 @@ impl Facts {
         }
     }
 
-    /// What is taken in dimension `d`: the larger of requests (with assumptions) and usage.
+    /// What is taken in dimension `d`: the larger of requests and usage, plus what decisions
+    /// assigned that the member's figures do not include yet (those pods will take at least
+    /// their requests on top of either).
     pub fn taken(&self, d: usize) -> f64 {
-        (self.allocated[d] + self.assumed[d]).max(self.usage[d])
+        self.allocated[d].max(self.usage[d]) + self.assumed[d]
     }
 
     /// How many more replicas of `demand` fit by requests alone (Karmada's view, which
@@ -334,8 +390,9 @@ mod tests {
         assert_eq!(f.taken(0), 6.0);
         assert_eq!(f.taken(1), (30i64 << 30) as f64);
         assert!((f.level() - 0.75).abs() < 1e-9);
+        // Assumed pods come on top of the larger of the two.
         f.assumed[0] = 5.0;
-        assert_eq!(f.taken(0), 7.0);
+        assert_eq!(f.taken(0), 11.0);
         assert_eq!(demand_of(&list(1, 1))[PODS], 1.0);
     }
 

@@ -813,3 +813,57 @@ fn summary_counts_agree_with_every_outcome() {
         }
     }
 }
+
+/// The second finding of issue 21: a partial placement retried before its pods exist must
+/// stay partial. The assume cache keeps the first decision's replicas counted until the member
+/// reports their pods and then figures measured after that; whatever the order of reports,
+/// no retry fills the cluster beyond its limit.
+#[test]
+fn retries_never_fill_a_cluster_beyond_its_limit_before_its_pods_exist() {
+    use crate::assume::AssumeCache;
+    // 100 cores, 10 taken by others: 70 replicas of one core fit under 0.8.
+    let base = vec![cluster("a", "us", 100, 10)];
+    let mut t = T::new(divided(), 100);
+    t.placement.water_level_limit = Some(0.8);
+    let demand = demand_of(&t.request);
+    let mut fleet = Fleet::new(base.clone());
+    let first = schedule(&fleet, &t.task(), &Config::default());
+    assert_eq!((shares(&first), first.unplaced), (s(&[("a", 70)]), 30));
+    let mut cache = AssumeCache::new();
+    cache.assume("ns/big", demand, &[], &first.clusters, true, 0);
+    // The decision is retried in every state the member's figures and pod reports can be in:
+    // (figures include the pods, pods reported, report measured after the pods were seen).
+    t.previous = first.clusters.clone();
+    for (step, (figures_include_pods, pods_reported, measured_after)) in [
+        (false, false, true),
+        (false, true, false),
+        (true, false, true),
+        (true, true, true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut c = cache.clone();
+        let mut member = base.clone();
+        if figures_include_pods {
+            member[0].allocated.insert("cpu".into(), cpu(80));
+        }
+        if pods_reported {
+            c.observe("ns/big", "a", 70, 1000);
+        }
+        c.confirm("a", if measured_after { 60_000 } else { 1000 }, 1000, 5000);
+        // A report measured after pods were seen means the figures include them.
+        if pods_reported && measured_after && !figures_include_pods {
+            continue;
+        }
+        fleet = Fleet::new(member);
+        fleet.set_assumed("a", c.total("a"));
+        let again = schedule(&fleet, &t.task(), &Config::default());
+        assert_eq!(
+            (shares(&again), again.unplaced),
+            (s(&[("a", 70)]), 30),
+            "step {step}: a retry places nothing more"
+        );
+        assert!(again.error.is_some(), "step {step}: still partial");
+    }
+}
