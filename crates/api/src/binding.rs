@@ -352,6 +352,23 @@ pub struct BindingStatus {
     pub last_scheduled_time: Option<Time>,
 }
 
+impl BindingSpec {
+    /// A binding's spec, read in place; `None` if it has none or it does not parse.
+    pub fn of(b: &crate::Object) -> Option<BindingSpec> {
+        BindingSpec::deserialize(b.spec.as_ref()?).ok()
+    }
+}
+
+impl BindingStatus {
+    /// A binding's status, read in place (empty if it has none or it does not parse).
+    pub fn of(b: &crate::Object) -> BindingStatus {
+        b.status
+            .as_ref()
+            .and_then(|s| BindingStatus::deserialize(s).ok())
+            .unwrap_or_default()
+    }
+}
+
 fn short_hash(s: &str) -> String {
     crate::token::ca_hash(s)[..10].to_string()
 }

@@ -58,6 +58,15 @@ pub mod well_known {
     pub fn cluster_profiles(namespace: Option<&str>) -> String {
         super::prefix("multicluster.x-k8s.io", "clusterprofiles", namespace)
     }
+    pub fn binding(namespace: &str, name: &str) -> String {
+        super::object("multicluster.io", "resourcebindings", Some(namespace), name)
+    }
+    pub fn bindings(namespace: Option<&str>) -> String {
+        super::prefix("multicluster.io", "resourcebindings", namespace)
+    }
+    pub fn interpreters() -> String {
+        super::prefix("multicluster.io", "resourceinterpreters", None)
+    }
 }
 
 #[cfg(test)]

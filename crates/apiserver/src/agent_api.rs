@@ -204,9 +204,8 @@ async fn upsert_cluster(app: &App, rt: &ResourceType, req: &Registration) -> Api
                     conditions::set(&mut status.conditions, c, now);
                 }
                 next.status = serde_json::to_value(&status).ok();
-                if next.spec != current.spec {
-                    next.metadata.generation = Some(current.metadata.generation.unwrap_or(1) + 1);
-                }
+                next.metadata.generation =
+                    Some(orrery_store::stamp::next_generation(&current, &next));
                 crate::rest::validate_object(app, rt, &next, Some(&current))?;
                 match app.store.update(&key, next, current.revision()).await {
                     Ok(o) => return Ok((*o).clone()),
@@ -219,9 +218,7 @@ async fn upsert_cluster(app: &App, rt: &ResourceType, req: &Registration) -> Api
                     .with_name(&req.cluster)
                     .with_spec(Value::Object(agent_spec(req)));
                 obj.metadata.labels = req.facts.labels.clone();
-                obj.metadata.uid = uuid::Uuid::new_v4().to_string();
-                obj.metadata.creation_timestamp = Some(now);
-                obj.metadata.generation = Some(1);
+                orrery_store::stamp::stamp_new(&mut obj.metadata);
                 strategy::prepare_create(rt, &mut obj);
                 obj.status = serde_json::to_value(cluster::ClusterStatus {
                     conditions: joined(now),
@@ -260,9 +257,7 @@ pub async fn ensure_cluster_namespace(app: &App, cluster_name: &str) -> ApiResul
             let mut ns = Object::new("v1", "Namespace")
                 .with_name(&name)
                 .with_label("multicluster.io/cluster", cluster_name);
-            ns.metadata.uid = uuid::Uuid::new_v4().to_string();
-            ns.metadata.creation_timestamp = Some(Time::now());
-            ns.metadata.generation = Some(1);
+            orrery_store::stamp::stamp_new(&mut ns.metadata);
             strategy::prepare_create(&ns_rt, &mut ns);
             match app.store.create(&key, ns).await {
                 Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
-use orrery_api::{Object, Time};
+use orrery_api::Object;
 use orrery_store::{ListOptions, Store, StoreError};
 use tokio::sync::watch;
 
@@ -125,9 +125,7 @@ impl App {
         };
         for name in SYSTEM_NAMESPACES {
             let mut ns = Object::new("v1", "Namespace").with_name(*name);
-            ns.metadata.uid = uuid::Uuid::new_v4().to_string();
-            ns.metadata.creation_timestamp = Some(Time::now());
-            ns.metadata.generation = Some(1);
+            orrery_store::stamp::stamp_new(&mut ns.metadata);
             crate::strategy::prepare_create(&ns_rt, &mut ns);
             match self.store.create(&ns_rt.key("", name), ns).await {
                 Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}

@@ -30,7 +30,6 @@ pub mod table;
 pub mod ui;
 
 pub use app::{ApiConfig, App};
-pub mod lifecycle;
 pub mod openapi_v2pb;
 pub mod pki;
 pub mod protobuf;

@@ -490,6 +490,7 @@ pub async fn works(args: WorksArgs) -> anyhow::Result<()> {
         let ctl = tokio::spawn(orrery_controllers::propagation::binding::run(
             store.clone(),
             Arc::new(Deployments),
+            Arc::default(),
             stop_rx,
         ));
         let mut seen = std::collections::HashSet::new();

@@ -21,8 +21,8 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::informer::{self, Event};
 use crate::record::{self, FailureRecord};
+use crate::runtime::reflector::{self as informer, Event};
 
 const COMPONENT: &str = "orrery-cluster-health";
 
@@ -237,6 +237,7 @@ async fn set_taints(store: &dyn Store, name: &str, eviction: Duration) -> Result
                 );
             }
         }
+        // Taints are in the spec.
         o.metadata.generation = Some(o.metadata.generation.unwrap_or(1) + 1);
         Ok(Some(o))
     })
@@ -279,7 +280,18 @@ async fn transition(store: &dyn Store, obj: &Object, from: &str, to: &Condition)
 }
 
 /// Runs the health controller until shutdown.
-pub async fn run(store: Arc<dyn Store>, cfg: HealthConfig, shutdown: watch::Receiver<bool>) {
+pub async fn run(
+    store: Arc<dyn Store>,
+    cfg: HealthConfig,
+    metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let metrics = metrics.of("health");
+    // Every cluster gets a whole grace period from our start (as Kubernetes' node lifecycle
+    // controller does): heartbeats that could not arrive while the control plane was down
+    // say nothing about the members.
+    let started = Instant::now();
+    let mut listed = false;
     let mut events = informer::spawn(
         store.clone(),
         keys::well_known::clusters(),
@@ -297,11 +309,16 @@ pub async fn run(store: Arc<dyn Store>, cfg: HealthConfig, shutdown: watch::Rece
                 let now = Instant::now();
                 match ev {
                     Event::Listed(items) => {
+                        listed = true;
                         seen = items
                             .into_iter()
                             .map(|o| {
                                 let st = ClusterStatus::of(&o);
-                                let at = instant_of(st.last_heartbeat_time.or(o.metadata.creation_timestamp), now);
+                                let mut at = instant_of(st.last_heartbeat_time.or(o.metadata.creation_timestamp), now).max(started);
+                                // Listed again: what this controller saw arrive stands.
+                                if let Some(old) = seen.get(o.name()) {
+                                    at = at.max(old.heartbeat_at);
+                                }
                                 (o.name().to_string(), Seen::new(&o, at))
                             })
                             .collect();
@@ -328,6 +345,12 @@ pub async fn run(store: Arc<dyn Store>, cfg: HealthConfig, shutdown: watch::Rece
                 }
             }
             _ = ticker.tick() => {
+                // Nothing is judged before the Clusters are listed.
+                if !listed {
+                    continue;
+                }
+                let round = Instant::now().into_std();
+                let mut failed = 0;
                 let now_t = Time::now();
                 for (name, s) in &seen {
                     if s.deleting {
@@ -337,14 +360,17 @@ pub async fn run(store: Arc<dyn Store>, cfg: HealthConfig, shutdown: watch::Rece
                         && let Err(e) = set_unknown(store.as_ref(), name, cfg.grace_period).await
                     {
                         tracing::warn!(cluster = %name, error = %e, "marking the cluster unknown failed");
+                        failed += 1;
                     }
                     let wanted = wanted_taints(s.ready.as_ref(), now_t, cfg.eviction_timeout);
                     if reconcile_taints(&s.taints, &wanted, now_t).is_some()
                         && let Err(e) = set_taints(store.as_ref(), name, cfg.eviction_timeout).await
                     {
                         tracing::warn!(cluster = %name, error = %e, "updating the cluster's taints failed");
+                        failed += 1;
                     }
                 }
+                metrics.round(round, failed, 0);
                 if last_prune.elapsed() > Duration::from_secs(3600) {
                     last_prune = Instant::now();
                     if let Err(e) = record::prune_failures(&store, 30 * 86400).await {

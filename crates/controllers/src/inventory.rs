@@ -13,8 +13,8 @@ use orrery_store::{Preconditions, Store, StoreError};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::informer::{self, Event};
-use crate::record::new_object;
+use crate::runtime::reflector::{self as informer, Event};
+use orrery_store::stamp::new_object;
 
 /// Where ClusterProfiles live.
 pub const NAMESPACE: &str = "orrery-system";
@@ -206,6 +206,15 @@ async fn sync_one(store: &dyn Store, c: &Object, known: &mut Known) -> Result<()
 }
 
 async fn remove(store: &dyn Store, name: &str) {
+    // Decided from the Cluster as stored now: a profile goes only with its Cluster.
+    match store.get(&keys::well_known::cluster(name)).await {
+        Err(StoreError::NotFound { .. }) => {}
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(cluster = name, error = %e, "reading the Cluster of a profile failed");
+            return;
+        }
+    }
     let key = keys::well_known::cluster_profile(NAMESPACE, name);
     match store.delete(&key, &Preconditions::default()).await {
         Ok(_) | Err(StoreError::NotFound { .. }) => {}
@@ -213,7 +222,6 @@ async fn remove(store: &dyn Store, name: &str) {
     }
 }
 
-/// Runs the inventory controller until shutdown.
 /// A hash of what a Cluster's profile is made of, read from the raw object: its identity,
 /// labels, spec, and from its status the version, properties and conditions (without their
 /// times).

@@ -5,7 +5,8 @@
 //!   history;
 //! - [`inventory`]: a `ClusterProfile` (KEP-4322) per Cluster;
 //! - [`propagation`]: policies to bindings, scheduling, bindings to Works, status back;
-//! - [`record`]: Events and failure records; [`informer`]: list-then-watch for controllers.
+//! - [`record`]: Events and failure records; [`runtime`]: reflectors, sync barriers, work
+//!   queues and metrics, what every controller stands on.
 
 use std::sync::Arc;
 
@@ -14,11 +15,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub mod health;
-pub mod informer;
 pub mod inventory;
+pub mod lifecycle;
 pub mod monitoring;
 pub mod propagation;
 pub mod record;
+pub mod runtime;
 
 /// Settings of the controllers.
 #[derive(Debug, Clone, Default)]
@@ -28,6 +30,8 @@ pub struct Config {
     pub kinds: Option<Arc<dyn propagation::Kinds>>,
     pub scheduler: propagation::scheduling::Settings,
     pub monitoring: monitoring::MonitoringConfig,
+    /// Per-controller figures on `/metrics`.
+    pub metrics: Arc<runtime::metrics::ControllerMetrics>,
 }
 
 /// Starts every controller.
@@ -37,7 +41,12 @@ pub fn spawn(
     shutdown: watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>> {
     let mut tasks = vec![
-        tokio::spawn(health::run(store.clone(), cfg.health, shutdown.clone())),
+        tokio::spawn(health::run(
+            store.clone(),
+            cfg.health,
+            cfg.metrics.clone(),
+            shutdown.clone(),
+        )),
         tokio::spawn(inventory::run(store.clone(), shutdown.clone())),
         tokio::spawn(monitoring::run(
             store.clone(),
@@ -49,6 +58,7 @@ pub fn spawn(
         tasks.push(tokio::spawn(propagation::detector::run(
             store.clone(),
             kinds.clone(),
+            cfg.metrics.clone(),
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(propagation::scheduling::run(
@@ -57,7 +67,10 @@ pub fn spawn(
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(propagation::binding::run(
-            store, kinds, shutdown,
+            store,
+            kinds,
+            cfg.metrics.clone(),
+            shutdown,
         )));
     }
     tasks

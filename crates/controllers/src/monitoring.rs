@@ -13,7 +13,7 @@ use orrery_api::{Object, Time, keys};
 use orrery_store::{ListOptions, Store, StoreError};
 use tokio::sync::watch;
 
-use crate::informer::{self, Event};
+use crate::runtime::reflector::{self as informer, Event};
 
 /// How often and for how long.
 #[derive(Clone, Debug)]

@@ -5,23 +5,12 @@
 use std::sync::Arc;
 
 use orrery_api::{Object, Time, keys};
+use orrery_store::stamp::new_object;
 use orrery_store::{ListOptions, Store, StoreError};
 use serde_json::{Value, json};
 
 /// Where failure records live (a key space the REST API does not expose as objects).
 pub use orrery_api::history::FAILURES_PREFIX;
-
-/// A fresh object with the metadata the API server would give it.
-pub fn new_object(api_version: &str, kind: &str, namespace: Option<&str>, name: &str) -> Object {
-    let mut o = Object::new(api_version, kind).with_name(name);
-    if let Some(ns) = namespace {
-        o.metadata.namespace = ns.to_string();
-    }
-    o.metadata.uid = uuid::Uuid::new_v4().to_string();
-    o.metadata.creation_timestamp = Some(Time::now());
-    o.metadata.generation = Some(1);
-    o
-}
 
 /// Records a Kubernetes Event about `about` (in `default` for cluster-scoped objects).
 pub async fn event(

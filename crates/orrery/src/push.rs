@@ -16,7 +16,7 @@ use orrery_api::conditions::{self, Condition};
 use orrery_api::{Object, Time, keys};
 use orrery_apiserver::App;
 use orrery_apiserver::auth::{Identity, Revoke};
-use orrery_controllers::informer::{self, Event};
+use orrery_controllers::runtime::reflector::{self as informer, Event};
 use orrery_store::{StoreError, update_with};
 use serde_json::Value;
 use tokio::sync::watch;

@@ -181,14 +181,23 @@ pub struct Running {
     pub kubeconfig: PathBuf,
     shutdown: tokio::sync::watch::Sender<bool>,
     serving: tokio::task::JoinHandle<()>,
+    controllers: Vec<tokio::task::JoinHandle<()>>,
     store: Arc<dyn Store>,
 }
 
 impl Running {
-    /// Stops serving (watches end, in-flight requests finish) and closes the store.
+    /// Stops serving (watches end, in-flight requests finish), lets the controllers finish
+    /// the writes they have begun (they take no new work), and closes the store.
     pub async fn stop(self) {
         let _ = self.shutdown.send(true);
         let _ = self.serving.await;
+        let controllers = futures_util::future::join_all(self.controllers);
+        if tokio::time::timeout(Duration::from_secs(10), controllers)
+            .await
+            .is_err()
+        {
+            tracing::warn!("controllers did not stop within 10 s; closing the store anyway");
+        }
         self.store.close().await;
     }
 }
@@ -210,6 +219,67 @@ impl orrery_controllers::propagation::Kinds for RegistryKinds {
             plural: rt.plural.clone(),
             namespaced: rt.namespaced,
         })
+    }
+}
+
+/// What the lifecycle controllers need of the API server: its registry of kinds, its CRDs,
+/// its tokens and each cluster's namespace.
+#[derive(Debug)]
+struct LifecycleApi(Arc<App>);
+
+fn kind_info(
+    rt: &orrery_apiserver::resources::ResourceType,
+) -> orrery_controllers::propagation::KindInfo {
+    orrery_controllers::propagation::KindInfo {
+        group: rt.group.clone(),
+        plural: rt.plural.clone(),
+        namespaced: rt.namespaced,
+    }
+}
+
+#[async_trait::async_trait]
+impl orrery_controllers::lifecycle::Api for LifecycleApi {
+    fn kind(&self, group: &str, kind: &str) -> Option<orrery_controllers::propagation::KindInfo> {
+        let rt = self.0.resources.snapshot().by_kind(group, kind)?;
+        Some(kind_info(&rt))
+    }
+
+    fn namespaced_kinds(&self) -> Vec<orrery_controllers::propagation::KindInfo> {
+        self.0
+            .resources
+            .snapshot()
+            .stored()
+            .iter()
+            .filter(|t| t.namespaced)
+            .map(|t| kind_info(t))
+            .collect()
+    }
+
+    fn crd_kind(
+        &self,
+        crd: &orrery_api::Object,
+    ) -> Option<orrery_controllers::propagation::KindInfo> {
+        orrery_apiserver::crd::types_of(crd)
+            .into_iter()
+            .find(|(rt, _)| rt.storage)
+            .map(|(rt, _)| kind_info(&rt))
+    }
+
+    async fn refresh_crds(&self) -> Result<(), orrery_store::StoreError> {
+        self.0.refresh_crds().await
+    }
+
+    async fn revoke_cluster(&self, cluster: &str) -> Result<usize, orrery_store::StoreError> {
+        self.0
+            .auth
+            .revoke_cluster(cluster, orrery_apiserver::auth::Revoke::Unregister)
+            .await
+    }
+
+    async fn ensure_cluster_namespace(&self, cluster: &str) -> Result<(), String> {
+        orrery_apiserver::agent_api::ensure_cluster_namespace(&self.0, cluster)
+            .await
+            .map_err(|e| e.message)
     }
 }
 
@@ -244,6 +314,8 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     let registry: orrery_apiserver::metrics::SharedRegistry = Default::default();
     let scheduler_metrics =
         Arc::new(orrery_controllers::propagation::scheduling::SchedulerMetrics::new(&registry));
+    let controller_metrics =
+        Arc::new(orrery_controllers::runtime::metrics::ControllerMetrics::new(&registry));
     let config = ApiConfig {
         metrics_registry: Some(registry),
         server_address: args.listen.to_string(),
@@ -257,8 +329,13 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     app.ensure_namespaces()
         .await
         .context("creating the default namespaces")?;
-    orrery_apiserver::lifecycle::spawn(app.clone());
-    orrery_controllers::spawn(
+    let mut controllers = orrery_controllers::lifecycle::spawn(
+        store.clone(),
+        Arc::new(LifecycleApi(app.clone())),
+        controller_metrics.clone(),
+        shutdown_rx.clone(),
+    );
+    controllers.extend(orrery_controllers::spawn(
         store.clone(),
         orrery_controllers::Config {
             health: orrery_controllers::health::HealthConfig {
@@ -279,9 +356,10 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
                 interval: args.monitoring_interval,
                 ..Default::default()
             },
+            metrics: controller_metrics,
         },
         shutdown_rx.clone(),
-    );
+    ));
     orrery_store::spawn_compactor(store.clone(), args.compaction_interval);
 
     let url = client_url(&args.listen);
@@ -314,6 +392,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         kubeconfig,
         shutdown: shutdown_tx,
         serving,
+        controllers,
         store,
     })
 }

@@ -321,10 +321,7 @@ pub async fn event(
     }
     // A Kubernetes Event too, so `kubectl describe cluster` shows it.
     let name = format!("{}.{}", e.cluster, &unique[..16]);
-    let mut ev = Object::new("v1", "Event").with_name(&name);
-    ev.metadata.namespace = "default".into();
-    ev.metadata.uid = uuid::Uuid::new_v4().to_string();
-    ev.metadata.creation_timestamp = Some(Time::now());
+    let mut ev = orrery_store::stamp::new_object("v1", "Event", Some("default"), &name);
     let fields = [
         (
             "involvedObject",

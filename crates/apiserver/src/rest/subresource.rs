@@ -132,7 +132,7 @@ async fn write_replicas(
         set_pointer(&mut v, &spec.spec_replicas, json!(replicas));
         let mut next: Object =
             serde_json::from_value(v).map_err(|e| ApiError::internal(e.to_string()))?;
-        next.metadata.generation = Some(current.metadata.generation.unwrap_or(1) + 1);
+        next.metadata.generation = Some(orrery_store::stamp::next_generation(&current, &next));
         // The scaler now owns the replica count.
         super::write::track(call, Some(&current), &mut next);
         if dry {

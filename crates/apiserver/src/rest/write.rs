@@ -30,10 +30,6 @@ fn random_suffix() -> String {
         .collect()
 }
 
-fn new_uid() -> String {
-    uuid::Uuid::new_v4().to_string()
-}
-
 fn set_meta_string(raw: &mut Value, field: &str, value: &str) {
     if let Value::Object(m) = raw {
         let meta = m.entry("metadata").or_insert_with(|| json!({}));
@@ -121,13 +117,8 @@ pub async fn create(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body
         check_namespace(&call, &obj.metadata.namespace.clone()).await?;
     }
     let meta = &mut obj.metadata;
-    meta.uid = new_uid();
-    meta.creation_timestamp = Some(Time::now());
-    meta.generation = Some(1);
-    meta.deletion_timestamp = None;
-    meta.deletion_grace_period_seconds = None;
+    orrery_store::stamp::stamp_new(meta);
     meta.managed_fields.clear();
-    meta.self_link.clear();
     if rt.status {
         // Status belongs to the server and the controllers, not to the creator.
         obj.status = None;
@@ -195,9 +186,7 @@ fn merge_for_update(
         // Field ownership: the server's record, updated with what this write changed.
         track(call, Some(current), &mut incoming);
     }
-    let changed = current.spec != incoming.spec || current.other != incoming.other;
-    let generation = current.metadata.generation.unwrap_or(1);
-    incoming.metadata.generation = Some(if changed { generation + 1 } else { generation });
+    incoming.metadata.generation = Some(orrery_store::stamp::next_generation(current, &incoming));
     if rt.status {
         incoming.status = current.status.clone();
     }
@@ -853,11 +842,7 @@ async fn server_side_apply(mut call: Call<'_>, body: &Bytes) -> ApiResult<Respon
             if rt.namespaced {
                 check_namespace(&call, &obj.metadata.namespace.clone()).await?;
             }
-            let meta = &mut obj.metadata;
-            meta.uid = new_uid();
-            meta.creation_timestamp = Some(Time::now());
-            meta.generation = Some(1);
-            meta.resource_version.clear();
+            orrery_store::stamp::stamp_new(&mut obj.metadata);
             if rt.status {
                 obj.status = None;
             }

@@ -41,11 +41,12 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
-use super::detector::{binding_key, interpreters_prefix, same_but_status};
-use super::scheduling::{parse_spec, parse_status, snapshot_of};
+use super::same_but_status;
 use super::{Job, Kinds, TemplateKinds, follow, next_batch, run_jobs, subject};
-use crate::informer::Event;
-use crate::record::{self, new_object};
+use crate::record;
+use crate::runtime::queue::WorkQueue;
+use crate::runtime::{Barrier, Event};
+use orrery_store::stamp::new_object;
 
 const COMPONENT: &str = "orrery-binding-controller";
 
@@ -160,8 +161,12 @@ struct Controller {
     deps: HashMap<DKey, Arc<Object>>,
     dependents: HashMap<DKey, BTreeSet<BKey>>,
     interpreters: HashMap<(String, String), InterpreterSpec>,
+    /// What events touched since the last round (it goes into the queue then).
     dirty: BTreeSet<BKey>,
-    synced: BTreeSet<&'static str>,
+    queue: WorkQueue<BKey>,
+    /// Every source is listed before anything is rendered or judged missing.
+    barrier: Barrier,
+    metrics: crate::runtime::metrics::Handle,
     /// Bumped when overrides, dependencies, interpreters or clusters' labels change.
     epoch: u64,
     /// Per binding: the render inputs last rendered, and what failed then.
@@ -174,8 +179,19 @@ type Rendered = (u64, BTreeMap<String, String>, Vec<String>);
 pub async fn run(
     store: Arc<dyn Store>,
     kinds: Arc<dyn Kinds>,
+    metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut barrier = Barrier::new();
+    for source in ["bindings", "works", "clusters", "interpreters"] {
+        barrier.expect(source);
+    }
+    for i in 0..OVERRIDE_KINDS.len() {
+        barrier.expect(format!("overrides/{i}"));
+    }
+    for i in 0..DEPENDENCY_KINDS.len() {
+        barrier.expect(format!("dependencies/{i}"));
+    }
     let (tx, mut rx) = mpsc::unbounded_channel::<(Src, Event)>();
     let sd = || shutdown.clone();
     follow(
@@ -219,7 +235,7 @@ pub async fn run(
     }
     follow(
         store.clone(),
-        interpreters_prefix(),
+        keys::well_known::interpreters(),
         Src::Interpreter,
         tx.clone(),
         sd(),
@@ -252,14 +268,23 @@ pub async fn run(
         dependents: HashMap::new(),
         interpreters: HashMap::new(),
         dirty: BTreeSet::new(),
-        synced: BTreeSet::new(),
+        queue: WorkQueue::new(Duration::from_millis(200), Duration::from_secs(30)),
+        barrier,
+        metrics: metrics.of("binding"),
         epoch: 0,
         rendered: Default::default(),
     };
-    let mut retry = BTreeSet::new();
     let mut last_tick = std::time::Instant::now();
     loop {
-        let Some(batch) = next_batch(&mut rx, Duration::from_secs(1), &mut shutdown).await else {
+        let now = std::time::Instant::now();
+        let wait = c
+            .queue
+            .next_due()
+            .map(|t| t.saturating_duration_since(now))
+            .unwrap_or(Duration::from_secs(1))
+            .min(Duration::from_secs(1));
+        let Some(batch) = next_batch(&mut rx, wait, &mut shutdown).await else {
+            c.queue.shut_down();
             return;
         };
         // Time-driven work runs on a clock, however busy the event stream is.
@@ -273,7 +298,6 @@ pub async fn run(
         if ticked {
             // Kinds that could not be resolved yet (a CRD arriving later) are tried again.
             c.follow_template_kinds();
-            c.dirty.append(&mut retry);
             // Graceful evictions end by time.
             for (k, b) in &c.bindings {
                 if b.spec.as_ref().and_then(|s| s.get("evictions")).is_some() {
@@ -281,15 +305,34 @@ pub async fn run(
                 }
             }
         }
-        // Works and bindings must both be known before anything is judged missing.
-        if !(c.synced.contains("bindings")
-            && c.synced.contains("works")
-            && c.synced.contains("clusters"))
-        {
+        for k in std::mem::take(&mut c.dirty) {
+            c.queue.add(k);
+        }
+        // Works and bindings must both be known before anything is judged missing, and
+        // overrides and dependencies before anything is rendered.
+        if !c.barrier.is_synced() {
             continue;
         }
-        let (n, started) = (c.dirty.len(), std::time::Instant::now());
-        retry = c.reconcile_dirty().await;
+        let keys = c.queue.pop_batch(std::time::Instant::now(), usize::MAX);
+        if keys.is_empty() {
+            continue;
+        }
+        let (n, started) = (keys.len(), std::time::Instant::now());
+        let (failed, later) = c.reconcile_keys(keys.clone()).await;
+        let now = std::time::Instant::now();
+        for k in &keys {
+            if failed.contains(k) {
+                c.queue.retry(k.clone(), now);
+            } else {
+                c.queue.forget(k);
+            }
+            c.queue.done(k);
+            if later.contains(k) {
+                // Its kind is not served, or not listed, yet: the listing marks it again.
+                c.queue.after(k.clone(), now + Duration::from_secs(1));
+            }
+        }
+        c.metrics.round(started, failed.len(), c.queue.len());
         super::log_round("binding", n, started);
     }
 }
@@ -328,7 +371,7 @@ impl Controller {
                         self.put_binding(&k, Some(b));
                         self.dirty.insert(k);
                     }
-                    self.synced.insert("bindings");
+                    self.barrier.listed("bindings");
                 }
                 Event::Upsert(b) => {
                     let k = (b.namespace().to_string(), b.name().to_string());
@@ -337,8 +380,10 @@ impl Controller {
                 }
                 Event::Delete(b) => {
                     let k = (b.namespace().to_string(), b.name().to_string());
-                    self.deleted
-                        .insert(binding_key(&k.0, &k.1), b.revision().unwrap_or(0));
+                    self.deleted.insert(
+                        keys::well_known::binding(&k.0, &k.1),
+                        b.revision().unwrap_or(0),
+                    );
                     self.put_binding(&k, None);
                     // Works left by a binding removed without us (forced): clean up.
                     self.dirty.insert(k);
@@ -406,7 +451,7 @@ impl Controller {
                         for w in items {
                             put(self, w);
                         }
-                        self.synced.insert("works");
+                        self.barrier.listed("works");
                     }
                     Event::Upsert(w) => put(self, w),
                     Event::Delete(w) => {
@@ -440,11 +485,11 @@ impl Controller {
                         self.seen.clear();
                         for c in items {
                             self.seen.insert(c.name().to_string(), c.clone());
-                            let s = snapshot_of(&c);
+                            let s = ClusterSnapshot::of(&c);
                             self.prints.insert(s.name.clone(), view_print(&s));
                             self.clusters.insert(s.name.clone(), s);
                         }
-                        self.synced.insert("clusters");
+                        self.barrier.listed("clusters");
                         true
                     }
                     Event::Upsert(c) => {
@@ -461,7 +506,7 @@ impl Controller {
                         if same_view {
                             false
                         } else {
-                            let s = snapshot_of(&c);
+                            let s = ClusterSnapshot::of(&c);
                             let print = view_print(&s);
                             let changed = self.prints.insert(s.name.clone(), print) != Some(print);
                             self.clusters.insert(s.name.clone(), s);
@@ -483,6 +528,7 @@ impl Controller {
             Src::Override(slot) => {
                 match ev {
                     Event::Listed(items) => {
+                        self.barrier.listed(format!("overrides/{slot}"));
                         self.overrides.retain(|_, (s, _)| *s != slot);
                         for o in items {
                             if let Ok(p) = overrides::from_object(&o) {
@@ -515,6 +561,7 @@ impl Controller {
                 let mut touched = Vec::new();
                 match ev {
                     Event::Listed(items) => {
+                        self.barrier.listed(format!("dependencies/{slot}"));
                         self.deps.retain(|k, _| k.0 != kind);
                         for o in items {
                             touched.push(key(&o));
@@ -539,6 +586,9 @@ impl Controller {
                 }
             }
             Src::Interpreter => {
+                if matches!(ev, Event::Listed(_)) {
+                    self.barrier.listed("interpreters");
+                }
                 super::follow_interpreters(&mut self.interpreters, ev);
                 self.epoch += 1;
                 self.dirty.extend(self.bindings.keys().cloned());
@@ -583,7 +633,7 @@ impl Controller {
             self.bindings.remove(k);
             return;
         };
-        if let Some(new) = parse_spec(&b) {
+        if let Some(new) = BindingSpec::of(&b) {
             for d in &new.dependencies {
                 self.dependents
                     .entry((d.kind.clone(), d.namespace.clone(), d.name.clone()))
@@ -678,7 +728,11 @@ impl Controller {
             match w {
                 Written::Binding(k, o) => {
                     if self.bindings.contains_key(&k)
-                        && newer(self.bindings.get(&k).map(rev), &binding_key(&k.0, &k.1), &o)
+                        && newer(
+                            self.bindings.get(&k).map(rev),
+                            &keys::well_known::binding(&k.0, &k.1),
+                            &o,
+                        )
                     {
                         self.put_binding(&k, Some(o));
                     }
@@ -706,12 +760,13 @@ impl Controller {
         }
     }
 
-    async fn reconcile_dirty(&mut self) -> BTreeSet<BKey> {
+    /// Reconciles `keys`; returns those that failed and those that must wait for their
+    /// template kind.
+    async fn reconcile_keys(&mut self, keys: Vec<BKey>) -> (BTreeSet<BKey>, BTreeSet<BKey>) {
         self.take_written();
-        let dirty = std::mem::take(&mut self.dirty);
         let mut jobs: Vec<Job<BKey>> = Vec::new();
         let mut later = BTreeSet::new();
-        for k in dirty {
+        for k in keys {
             let deleting = self
                 .bindings
                 .get(&k)
@@ -741,7 +796,7 @@ impl Controller {
             };
             jobs.extend(self.reconcile(&k, template));
         }
-        let mut failed = run_jobs(jobs).await;
+        let failed = run_jobs(jobs).await;
         {
             // What failed is rendered again next time.
             let mut r = self.rendered.lock().unwrap_or_else(|p| p.into_inner());
@@ -750,8 +805,7 @@ impl Controller {
             }
             r.retain(|k, _| self.bindings.contains_key(k));
         }
-        failed.append(&mut later);
-        failed
+        (failed, later)
     }
 
     fn work_key_of(w: &Object) -> String {
@@ -780,8 +834,31 @@ impl Controller {
             let store = self.store.clone();
             let key = k.clone();
             let wkey = Self::work_key(cluster, &work_name);
+            let bkey = keys::well_known::binding(&k.0, &k.1);
+            let cluster = cluster.to_string();
             Some(Box::pin(async move {
                 let err = |e: StoreError| (key.clone(), e.to_string());
+                // Deleting a Work takes its objects out of the member: the binding it is
+                // decided from is read afresh first.
+                match store.get(&bkey).await {
+                    Ok(b) if b.metadata.deletion_timestamp.is_none() => {
+                        let spec = BindingSpec::of(&b);
+                        let wanted = spec.as_ref().is_some_and(|s| {
+                            s.clusters.iter().any(|c| c.name == cluster)
+                                || s.evictions.iter().any(|e| e.cluster == cluster && e.keep)
+                        });
+                        if wanted {
+                            return Err((
+                                key.clone(),
+                                format!(
+                                    "the stored binding still targets {cluster}; the view was behind"
+                                ),
+                            ));
+                        }
+                    }
+                    Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                    Err(e) => return Err(err(e)),
+                }
                 // The Work as stored (this controller keeps only a view of it), if it is
                 // still the one it saw.
                 let w = match store.get(&wkey).await {
@@ -805,7 +882,7 @@ impl Controller {
             }
             let store = self.store.clone();
             let key = k.clone();
-            let bkey = binding_key(&k.0, &k.1);
+            let bkey = keys::well_known::binding(&k.0, &k.1);
             return vec![Box::pin(async move {
                 remove_finalizer(store.as_ref(), &bkey, binding::FINALIZER)
                     .await
@@ -854,7 +931,7 @@ impl Controller {
         };
         // Works of clusters no longer targeted go, unless an eviction keeps them a while.
         let now = Time::now();
-        let old = parse_status(&b);
+        let old = BindingStatus::of(&b);
         // Make-before-break: the new placement counts as healthy once every target's member
         // runs its current Work (not one written this round) and reports the template
         // healthy. The binding's stored status will not do: it may describe the Works from
@@ -1179,7 +1256,7 @@ impl Controller {
         if with_status(old, &cond, &items, now).is_some() {
             let store = self.store.clone();
             let key = k.clone();
-            let bkey = binding_key(&k.0, &k.1);
+            let bkey = keys::well_known::binding(&k.0, &k.1);
             // Events for what a person must look at: an error in some cluster. (Placement
             // has its own Event; a normal rollout needs none per binding.)
             let trouble = !r.errors.is_empty()
@@ -1202,7 +1279,7 @@ impl Controller {
                     if cur.metadata.deletion_timestamp.is_some() {
                         return None;
                     }
-                    let st = with_status(&parse_status(cur), &cond, &items, now)?;
+                    let st = with_status(&BindingStatus::of(cur), &cond, &items, now)?;
                     Some(Object {
                         api_version: cur.api_version.clone(),
                         kind: cur.kind.clone(),
@@ -1434,7 +1511,7 @@ mod tests {
             )
             .await
             .unwrap();
-        let bkey = binding_key("default", "web-deployment");
+        let bkey = keys::well_known::binding("default", "web-deployment");
         let mut b = Object::new(binding::API_VERSION, binding::KIND).with_name("web-deployment");
         b.metadata.namespace = "default".into();
         b.metadata.uid = "b-uid".into();
@@ -1454,7 +1531,7 @@ mod tests {
 
         let kinds = Arc::new(LateKinds::default());
         let (stop, stopped) = watch::channel(false);
-        let ctl = tokio::spawn(run(store.clone(), kinds.clone(), stopped));
+        let ctl = tokio::spawn(run(store.clone(), kinds.clone(), Arc::default(), stopped));
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert!(
             store.get(&wkey).await.is_err(),

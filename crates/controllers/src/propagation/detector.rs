@@ -18,20 +18,14 @@ use tokio::sync::{mpsc, watch};
 
 use super::{
     Job, Kinds, TemplateKinds, content_digest, follow, is_system_namespace, next_batch, run_jobs,
+    same_but_status,
 };
-use crate::informer::Event;
-use crate::record::new_object;
+use crate::runtime::queue::WorkQueue;
+use crate::runtime::{Barrier, Event};
+use orrery_store::stamp::new_object;
 
 /// Annotation on a binding: the content digest of the template version it describes.
 pub const DIGEST_ANNOTATION: &str = "multicluster.io/template-digest";
-
-pub(crate) fn binding_key(ns: &str, name: &str) -> String {
-    keys::object("multicluster.io", "resourcebindings", Some(ns), name)
-}
-
-pub(crate) fn interpreters_prefix() -> String {
-    keys::prefix("multicluster.io", "resourceinterpreters", None)
-}
 
 /// A template: apiVersion, kind, namespace, name.
 type TKey = (String, String, String, String);
@@ -71,17 +65,29 @@ struct Detector {
     /// Bindings by (namespace, name).
     bindings: HashMap<(String, String), Arc<Object>>,
     interpreters: HashMap<(String, String), InterpreterSpec>,
-    dirty: BTreeSet<TKey>,
-    synced_bindings: bool,
+    queue: WorkQueue<TKey>,
+    /// Policies, bindings, interpreters and every template kind followed must be listed
+    /// before anything is decided.
+    barrier: Barrier,
+    /// Templates whose kind's first listing has not come yet, by slot.
+    parked: HashMap<usize, BTreeSet<TKey>>,
+    metrics: crate::runtime::metrics::Handle,
 }
 
 /// Runs the policy controller until shutdown.
 pub async fn run(
     store: Arc<dyn Store>,
     kinds: Arc<dyn Kinds>,
+    metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut barrier = Barrier::new();
+    for i in 0..PLACEMENT_KINDS.len() {
+        barrier.expect(format!("policies/{i}"));
+    }
+    barrier.expect("bindings");
+    barrier.expect("interpreters");
     for (i, (group, _, plural)) in PLACEMENT_KINDS.iter().enumerate() {
         follow(
             store.clone(),
@@ -100,7 +106,7 @@ pub async fn run(
     );
     follow(
         store.clone(),
-        interpreters_prefix(),
+        keys::well_known::interpreters(),
         Src::Interpreter,
         tx.clone(),
         shutdown.clone(),
@@ -124,13 +130,22 @@ pub async fn run(
         templates: HashMap::new(),
         bindings: HashMap::new(),
         interpreters: HashMap::new(),
-        dirty: BTreeSet::new(),
-        synced_bindings: false,
+        queue: WorkQueue::new(Duration::from_millis(200), Duration::from_secs(30)),
+        barrier,
+        parked: HashMap::new(),
+        metrics: metrics.of("policy"),
     };
-    let mut retry: BTreeSet<TKey> = BTreeSet::new();
     let mut last_tick = std::time::Instant::now();
     loop {
-        let Some(batch) = next_batch(&mut rx, Duration::from_secs(2), &mut shutdown).await else {
+        let now = std::time::Instant::now();
+        let wait = d
+            .queue
+            .next_due()
+            .map(|t| t.saturating_duration_since(now))
+            .unwrap_or(Duration::from_secs(2))
+            .min(Duration::from_secs(2));
+        let Some(batch) = next_batch(&mut rx, wait, &mut shutdown).await else {
+            d.queue.shut_down();
             return;
         };
         // Time-driven work runs on a clock, however busy the event stream is.
@@ -142,16 +157,31 @@ pub async fn run(
             d.on_event(src, ev);
         }
         if ticked {
-            // Kinds that could not be resolved yet (a CRD arriving later), and failed writes.
+            // Kinds that could not be resolved yet (a CRD arriving later).
             d.follow_policy_kinds();
-            d.dirty.append(&mut retry);
             d.policy_sent.clear();
         }
-        if !d.synced_bindings {
+        if !d.barrier.is_synced() {
             continue;
         }
-        let (n, started) = (d.dirty.len(), std::time::Instant::now());
-        retry = d.reconcile_dirty().await;
+        let keys = d.queue.pop_batch(std::time::Instant::now(), usize::MAX);
+        if keys.is_empty() {
+            // A policy that places nothing says so too.
+            d.report_policies();
+            continue;
+        }
+        let (n, started) = (keys.len(), std::time::Instant::now());
+        let failed = d.reconcile_keys(&keys).await;
+        let now = std::time::Instant::now();
+        for k in &keys {
+            if failed.contains(k) {
+                d.queue.retry(k.clone(), now);
+            } else {
+                d.queue.forget(k);
+            }
+            d.queue.done(k);
+        }
+        d.metrics.round(started, failed.len(), d.queue.len());
         super::log_round("policy", n, started);
     }
 }
@@ -205,6 +235,7 @@ impl Detector {
                 };
                 match ev {
                     Event::Listed(items) => {
+                        self.barrier.listed(format!("policies/{slot}"));
                         let gone: Vec<PolicyRef> = self
                             .policy_slots
                             .iter()
@@ -251,10 +282,11 @@ impl Detector {
                     dirty.extend(self.bindings.values().filter_map(|b| template_of(b)));
                 }
                 dirty.extend(held);
-                self.dirty.extend(dirty);
+                self.mark_all(dirty);
             }
             Src::Template(slot) => match ev {
                 Event::Listed(items) => {
+                    self.barrier.listed(format!("templates/{slot}"));
                     let gone: Vec<TKey> = self
                         .templates
                         .keys()
@@ -263,13 +295,18 @@ impl Detector {
                         .collect();
                     for k in gone {
                         self.templates.remove(&k);
-                        self.dirty.insert(k);
+                        self.mark(k);
                     }
                     for o in items {
                         if let Some(k) = self.template_key(&o) {
-                            self.dirty.insert(k.clone());
+                            self.mark(k.clone());
                             self.templates.insert(k, o);
                         }
+                    }
+                    // What waited for this kind's listing (bindings of templates that may be
+                    // gone) is decided now.
+                    for k in self.parked.remove(&slot).unwrap_or_default() {
+                        self.mark(k);
                     }
                 }
                 Event::Upsert(o) => {
@@ -280,7 +317,7 @@ impl Detector {
                             .get(&k)
                             .is_some_and(|old| same_but_status(old, &o))
                         {
-                            self.dirty.insert(k.clone());
+                            self.mark(k.clone());
                         }
                         self.templates.insert(k, o);
                     }
@@ -288,23 +325,24 @@ impl Detector {
                 Event::Delete(o) => {
                     if let Some(k) = self.template_key(&o) {
                         self.templates.remove(&k);
-                        self.dirty.insert(k);
+                        self.mark(k);
                     }
                 }
             },
             Src::Binding => match ev {
                 Event::Listed(items) => {
-                    for b in self.bindings.values() {
-                        if let Some(k) = template_of(b) {
-                            self.dirty.insert(k);
-                        }
-                    }
+                    let before: Vec<TKey> = self
+                        .bindings
+                        .values()
+                        .filter_map(|b| template_of(b))
+                        .collect();
+                    self.mark_all(before);
                     self.bindings.clear();
                     self.bound_by.clear();
                     for b in items {
                         self.put_binding(b);
                     }
-                    self.synced_bindings = true;
+                    self.barrier.listed("bindings");
                 }
                 Event::Upsert(b) => {
                     let k = (b.namespace().to_string(), b.name().to_string());
@@ -325,7 +363,7 @@ impl Detector {
                 }
                 Event::Delete(b) => {
                     if let Some(k) = template_of(&b) {
-                        self.dirty.insert(k);
+                        self.mark(k);
                     }
                     if let Some(old) = self
                         .bindings
@@ -336,15 +374,29 @@ impl Detector {
                 }
             },
             Src::Interpreter => {
+                if matches!(ev, Event::Listed(_)) {
+                    self.barrier.listed("interpreters");
+                }
                 super::follow_interpreters(&mut self.interpreters, ev);
-                self.dirty.extend(self.templates.keys().cloned());
+                let all: Vec<TKey> = self.templates.keys().cloned().collect();
+                self.mark_all(all);
             }
+        }
+    }
+
+    fn mark(&mut self, k: TKey) {
+        self.queue.add(k);
+    }
+
+    fn mark_all(&mut self, keys: impl IntoIterator<Item = TKey>) {
+        for k in keys {
+            self.queue.add(k);
         }
     }
 
     fn put_binding(&mut self, b: Arc<Object>) {
         if let Some(k) = template_of(&b) {
-            self.dirty.insert(k.clone());
+            self.mark(k.clone());
             if let Some(p) = policy_of(&b) {
                 self.bound_by.entry(p).or_default().insert(k);
             }
@@ -388,15 +440,28 @@ impl Detector {
             })
             .collect();
         for (api_version, kind) in wanted {
-            self.watched.follow(&api_version, &kind);
+            let new = self.watched.slot(&api_version, &kind).is_none();
+            if self.watched.follow(&api_version, &kind)
+                && new
+                && let Some(slot) = self.watched.slot(&api_version, &kind)
+            {
+                self.barrier.expect(format!("templates/{slot}"));
+            }
         }
     }
 
-    async fn reconcile_dirty(&mut self) -> BTreeSet<TKey> {
-        let dirty = std::mem::take(&mut self.dirty);
+    async fn reconcile_keys(&mut self, keys: &[TKey]) -> BTreeSet<TKey> {
         let mut jobs: Vec<Job<TKey>> = Vec::new();
-        for k in dirty {
-            if let Some(j) = self.reconcile(&k) {
+        for k in keys {
+            // A template of a kind followed but not listed yet: it may exist. Decided once
+            // its kind's listing comes.
+            if let Some(slot) = self.watched.slot(&k.0, &k.1)
+                && !self.barrier.has_listed(&format!("templates/{slot}"))
+            {
+                self.parked.entry(slot).or_default().insert(k.clone());
+                continue;
+            }
+            if let Some(j) = self.reconcile(k) {
                 jobs.push(j);
             }
         }
@@ -457,7 +522,7 @@ impl Detector {
         let bns = binding_namespace(ns).to_string();
         let bname = binding::name_for(kind, name);
         let existing = self.bindings.get(&(bns.clone(), bname.clone())).cloned();
-        let bkey = binding_key(&bns, &bname);
+        let bkey = keys::well_known::binding(&bns, &bname);
         let template = self.templates.get(k).cloned();
         let info = self.kinds.resolve(api_version, kind);
         let unbind = |existing: Option<Arc<Object>>, template: Option<Arc<Object>>| {
@@ -520,7 +585,7 @@ impl Detector {
                     next.metadata
                         .annotations
                         .insert(DIGEST_ANNOTATION.into(), digest);
-                    next.metadata.generation = Some(next.metadata.generation.unwrap_or(1) + 1);
+                    next.metadata.generation = Some(orrery_store::stamp::next_generation(b, &next));
                     Some(next)
                 }
             }
@@ -594,7 +659,21 @@ impl Detector {
                     return None;
                 }
                 let bkey = bkey.to_string();
+                let kinds = self.kinds.clone();
                 Some(Box::pin(async move {
+                    // Deleting a binding takes its workload out of every member: the decision
+                    // is read afresh from the store before it is carried out.
+                    let claimant = policy_of(&b);
+                    match unbind_still_holds(store.as_ref(), kinds.as_ref(), &key, claimant).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            return Err((
+                                key,
+                                "the store still places the template; the view was behind".into(),
+                            ));
+                        }
+                        Err(e) => return Err((key, e.to_string())),
+                    }
                     delete_object(store.as_ref(), &bkey, &b)
                         .await
                         .map_err(|e| (key, e.to_string()))
@@ -691,15 +770,42 @@ impl Detector {
     }
 }
 
-/// Whether two versions of a template differ in their status (or version) only.
-pub(crate) fn same_but_status(a: &Object, b: &Object) -> bool {
-    a.spec == b.spec
-        && a.other == b.other
-        && a.metadata.labels == b.metadata.labels
-        && a.metadata.annotations == b.metadata.annotations
-        && a.metadata.finalizers == b.metadata.finalizers
-        && a.metadata.deletion_timestamp == b.metadata.deletion_timestamp
-        && a.metadata.uid == b.metadata.uid
+/// Whether a template's binding should go, read afresh from the store: the template is gone or
+/// being deleted, or no placement policy places it any more.
+async fn unbind_still_holds(
+    store: &dyn Store,
+    kinds: &dyn Kinds,
+    k: &TKey,
+    claimant: Option<PolicyRef>,
+) -> Result<bool, StoreError> {
+    let (api_version, kind, ns, name) = k;
+    let Some(info) = kinds.resolve(api_version, kind) else {
+        // A kind no longer served has no templates.
+        return Ok(true);
+    };
+    let t = match store.get(&info.key(ns, name)).await {
+        Ok(t) => t,
+        Err(StoreError::NotFound { .. }) => return Ok(true),
+        Err(e) => return Err(e),
+    };
+    if t.metadata.deletion_timestamp.is_some() {
+        return Ok(true);
+    }
+    let mut policies = Vec::new();
+    for (group, _, plural) in PLACEMENT_KINDS {
+        let list = store
+            .list(
+                &keys::prefix(group, plural, None),
+                &orrery_store::ListOptions::default(),
+            )
+            .await?;
+        policies.extend(
+            list.items
+                .iter()
+                .filter_map(|o| policy::from_object(o).ok()),
+        );
+    }
+    Ok(policy::choose(policies.iter(), &t, claimant.as_ref()).is_none())
 }
 
 /// The policy a binding follows.

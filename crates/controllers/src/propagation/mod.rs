@@ -26,7 +26,7 @@ use orrery_api::Object;
 use orrery_store::Store;
 use tokio::sync::{mpsc, watch};
 
-use crate::informer::{self, Event};
+use crate::runtime::reflector::{self as informer, Event};
 
 pub mod binding;
 pub mod detector;
@@ -270,6 +270,17 @@ pub fn content_digest(o: &Object) -> String {
         .to_string()
         .hash(&mut h);
     format!("{:016x}", h.finish())
+}
+
+/// Whether two versions of a template differ in their status (or version) only.
+pub(crate) fn same_but_status(a: &Object, b: &Object) -> bool {
+    a.spec == b.spec
+        && a.other == b.other
+        && a.metadata.labels == b.metadata.labels
+        && a.metadata.annotations == b.metadata.annotations
+        && a.metadata.finalizers == b.metadata.finalizers
+        && a.metadata.deletion_timestamp == b.metadata.deletion_timestamp
+        && a.metadata.uid == b.metadata.uid
 }
 
 /// An Object with just enough to be the subject of an Event.

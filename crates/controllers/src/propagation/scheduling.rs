@@ -27,7 +27,7 @@ use orrery_api::binding::{
     self, AggregatedStatusItem, BindingSpec, BindingStatus, CONDITION_SCHEDULED, Eviction,
     TargetCluster,
 };
-use orrery_api::cluster::{ClusterSpec, ClusterStatus, TAINT_NOT_READY, TAINT_UNREACHABLE};
+use orrery_api::cluster::{TAINT_NOT_READY, TAINT_UNREACHABLE};
 use orrery_api::conditions::{self, Condition};
 use orrery_api::history::{self, ScheduleEntry};
 use orrery_api::policy::DEFAULT_FAILOVER_TOLERATION_SECONDS;
@@ -42,10 +42,9 @@ use orrery_store::Store;
 use serde::Deserialize;
 use tokio::sync::{mpsc, watch};
 
-use super::detector::binding_key;
 use super::{Job, follow, next_batch, ready_batch, run_jobs, subject};
-use crate::informer::Event;
 use crate::record;
+use crate::runtime::{Barrier, Event};
 
 const COMPONENT: &str = "orrery-scheduler";
 
@@ -56,6 +55,9 @@ const IN_FLIGHT: usize = 4;
 /// A binding that found no room is retried after this even when nothing that could make room
 /// was seen to change (kube-scheduler's flush of unschedulable pods).
 const RETRY_ANYWAY: Duration = Duration::from_secs(300);
+/// Pods seen reported this long before a member's resource figures were measured are in them
+/// (heartbeat times have whole seconds).
+const ASSUME_MARGIN: Duration = Duration::from_secs(1);
 
 /// What the scheduler reports at `/metrics`.
 #[derive(Debug)]
@@ -156,59 +158,6 @@ enum Src {
 }
 
 /// What the scheduler reads from a Cluster object.
-pub fn snapshot_of(c: &Object) -> ClusterSnapshot {
-    let spec = ClusterSpec::of(c);
-    let st = ClusterStatus::of(c);
-    let ready = st.ready();
-    let traffic = st.traffic();
-    let latency_ms = st
-        .network
-        .as_ref()
-        .map(|n| n.latency_ms.clone())
-        .unwrap_or_default();
-    let api_kinds = (!st.api_enablements.is_empty()).then(|| {
-        st.api_enablements
-            .iter()
-            .flat_map(|e| {
-                e.resources
-                    .iter()
-                    .map(|r| (e.group_version.clone(), r.kind.clone()))
-            })
-            .collect::<HashSet<_>>()
-    });
-    // What is taken: placed and pending (waiting for a node) alike.
-    let (allocatable, allocated, usage) = match st.resource_summary {
-        Some(r) => {
-            let mut taken = r.allocated;
-            for (k, q) in r.allocating {
-                let total = taken.get(&k).map(|a| *a + q).unwrap_or(q);
-                taken.insert(k, total);
-            }
-            (r.allocatable, taken, r.usage)
-        }
-        None => Default::default(),
-    };
-
-    ClusterSnapshot {
-        name: c.name().to_string(),
-        labels: c.metadata.labels.clone(),
-        provider: spec.provider,
-        region: spec.region,
-        zones: spec.zones,
-        properties: st.properties,
-        capabilities: spec.capabilities,
-        taints: spec.taints,
-        ready,
-        api_kinds,
-        allocatable,
-        allocated,
-        usage,
-        largest_node_free: st.largest_node_free,
-        latency_ms,
-        traffic,
-    }
-}
-
 /// Ready and without the health controller's taints: a cluster that can take replicas.
 fn serving(s: &ClusterSnapshot) -> bool {
     s.ready
@@ -306,7 +255,8 @@ struct Scheduler {
     history_tx: mpsc::UnboundedSender<Vec<ScheduleEntry>>,
     seq: u64,
     started: Instant,
-    synced: (bool, bool),
+    /// Clusters and bindings are both listed before anything is decided.
+    barrier: Barrier,
 }
 
 /// Runs the scheduling controller until shutdown.
@@ -359,18 +309,25 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         history_tx,
         seq: 0,
         started: Instant::now(),
-        synced: (false, false),
+        barrier: {
+            let mut b = Barrier::new();
+            b.expect("clusters");
+            b.expect("bindings");
+            b
+        },
     };
     let mut last_tick = Instant::now();
     loop {
         // While decisions wait, what has arrived is taken in between chunks without waiting
         // for more: new bindings join the queue instead of waiting for it to empty.
-        let batch = if s.synced == (true, true) && !s.queue.is_empty() {
+        let batch = if s.barrier.is_synced() && !s.queue.is_empty() {
             ready_batch(&mut rx, &mut shutdown)
         } else {
             next_batch(&mut rx, Duration::from_secs(1), &mut shutdown).await
         };
         let Some(batch) = batch else {
+            // Shutdown: what was decided is written before the controller stops.
+            s.end_round().await;
             return;
         };
         for (src, ev) in batch {
@@ -381,7 +338,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
             last_tick = Instant::now();
             s.on_tick();
         }
-        if s.synced != (true, true) {
+        if !s.barrier.is_synced() {
             continue;
         }
         if s.queue.is_empty() {
@@ -464,6 +421,58 @@ impl Scheduler {
         }
     }
 
+    /// Counts what a binding has placed as assumed (at start).
+    fn load_assumed(&mut self, k: &BKey, b: &Object, now: u64) -> Vec<String> {
+        let Some(spec) = BindingSpec::of(b) else {
+            return Vec::new();
+        };
+        if spec.clusters.is_empty() || spec.resource.is_task() {
+            return Vec::new();
+        }
+        let request = spec
+            .replica_requirements
+            .as_ref()
+            .map(|r| r.resource_request.clone())
+            .unwrap_or_default();
+        let bkey = format!("{}/{}", k.0, k.1);
+        let changed = self.assume.load(
+            &bkey,
+            demand_of(&request),
+            &spec.clusters,
+            orrery_api::interpret::counts_pods(&spec.resource.kind),
+            now,
+        );
+        self.observe_pods(k, b);
+        changed
+    }
+
+    /// Takes in the pods the members report for a binding's workload, while some of its
+    /// replicas are assumed.
+    fn observe_pods(&mut self, k: &BKey, b: &Object) {
+        let bkey = format!("{}/{}", k.0, k.1);
+        if !self.assume.has(&bkey) {
+            return;
+        }
+        let kind = b
+            .spec
+            .as_ref()
+            .and_then(|s| s.get("resource"))
+            .and_then(|r| r.get("kind"))
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let now = self.now_ms();
+        for item in BindingStatus::of(b).aggregated_status {
+            if let Some(pods) = item
+                .status
+                .as_ref()
+                .and_then(|st| orrery_api::interpret::pods_reported(&kind, st))
+            {
+                self.assume.observe(&bkey, &item.cluster_name, pods, now);
+            }
+        }
+    }
+
     fn on_event(&mut self, src: Src, ev: Event) {
         match src {
             Src::Cluster => {
@@ -472,7 +481,7 @@ impl Scheduler {
                 let (changed, recovered) = match ev {
                     Event::Listed(items) => {
                         let snaps: Vec<ClusterSnapshot> =
-                            items.iter().map(|c| snapshot_of(c)).collect();
+                            items.iter().map(|c| ClusterSnapshot::of(c)).collect();
                         self.prints = snaps
                             .iter()
                             .map(|s| (s.name.clone(), fingerprint(s)))
@@ -481,11 +490,11 @@ impl Scheduler {
                         let names: Vec<String> = self.prints.keys().cloned().collect();
                         self.refresh_assumed(&names);
                         self.room_changed();
-                        self.synced.0 = true;
+                        self.barrier.listed("clusters");
                         (true, false)
                     }
                     Event::Upsert(c) => {
-                        let s = snapshot_of(&c);
+                        let s = ClusterSnapshot::of(&c);
                         // Read alone: parsing the whole status again cost more.
                         let hb = c
                             .status
@@ -523,6 +532,7 @@ impl Scheduler {
                             let confirmed = self.assume.confirm(
                                 &name,
                                 measured,
+                                ASSUME_MARGIN.as_millis() as u64,
                                 self.settings.assume_settle.as_millis() as u64,
                             );
                             if !confirmed.is_empty() {
@@ -541,7 +551,7 @@ impl Scheduler {
                 };
                 if changed {
                     self.backoff.clear();
-                    self.enqueue_all(if recovered && self.synced.1 {
+                    self.enqueue_all(if recovered && self.barrier.has_listed("bindings") {
                         Trigger::Recovered
                     } else {
                         Trigger::ClustersChanged
@@ -552,15 +562,21 @@ impl Scheduler {
                 Event::Listed(items) => {
                     self.bindings.clear();
                     self.moves.clear();
+                    let now = self.now_ms();
+                    let mut touched = Vec::new();
                     for b in items {
                         let k = key_of(&b);
                         if let Some(t) = earliest_move(&b) {
                             self.moves.insert(k.clone(), t);
                         }
+                        // What is placed now counts as assumed until the members' figures
+                        // are known to include it (nothing is known of that at start).
+                        touched.extend(self.load_assumed(&k, &b, now));
                         self.bindings.insert(k.clone(), b);
                         self.enqueue(k, Trigger::Binding);
                     }
-                    self.synced.1 = true;
+                    self.refresh_assumed(&touched);
+                    self.barrier.listed("bindings");
                 }
                 Event::Upsert(b) => {
                     let k = key_of(&b);
@@ -568,6 +584,7 @@ impl Scheduler {
                         Some(t) => self.moves.insert(k.clone(), t),
                         None => self.moves.remove(&k),
                     };
+                    self.observe_pods(&k, &b);
                     self.bindings.insert(k.clone(), b);
                     self.enqueue(k, Trigger::Binding);
                 }
@@ -702,7 +719,7 @@ impl Scheduler {
                 .bindings
                 .iter()
                 .filter_map(|(k, b)| {
-                    let spec = parse_spec(b)?;
+                    let spec = BindingSpec::of(b)?;
                     let n = spec.clusters.iter().find(|t| t.name == c)?.replicas;
                     sheddable(&spec).then(|| (n, k.clone()))
                 })
@@ -726,13 +743,15 @@ impl Scheduler {
             if b.spec.as_ref().is_none_or(|s| s.get("failover").is_none()) {
                 continue;
             }
-            let Some(spec) = parse_spec(b) else { continue };
+            let Some(spec) = BindingSpec::of(b) else {
+                continue;
+            };
             let Some(f) = &spec.failover else { continue };
             let tolerate = f
                 .decision_conditions
                 .toleration_seconds
                 .unwrap_or(DEFAULT_FAILOVER_TOLERATION_SECONDS);
-            let st = parse_status(b);
+            let st = BindingStatus::of(b);
             if st
                 .aggregated_status
                 .iter()
@@ -868,7 +887,7 @@ impl Scheduler {
                 return Outcome::Skip;
             }
         };
-        let mut status = parse_status(&b);
+        let mut status = BindingStatus::of(&b);
         let old_evictions = spec.evictions.clone();
         let now = Time::now();
         // Failover: an application unhealthy past its toleration leaves that cluster.
@@ -1044,6 +1063,7 @@ impl Scheduler {
                 demand_of(&request),
                 &spec.clusters,
                 &new_clusters,
+                orrery_api::interpret::counts_pods(&kind),
                 self.now_ms(),
             );
             self.refresh_assumed(&changed);
@@ -1108,7 +1128,7 @@ impl Scheduler {
         }
         let store = self.store.clone();
         let key = k.clone();
-        let bkey = binding_key(&k.0, &k.1);
+        let bkey = keys::well_known::binding(&k.0, &k.1);
         let announce = old_cond.as_ref().map(|c| (&c.status, &c.message))
             != Some((&cond.status, &cond.message))
             || !evicted_now.is_empty();
@@ -1212,15 +1232,4 @@ fn unhealthy_for(a: &AggregatedStatusItem, now: Time) -> Option<i64> {
         return None;
     }
     Some(now.seconds_since(a.health_since?))
-}
-
-pub(crate) fn parse_spec(b: &Object) -> Option<BindingSpec> {
-    BindingSpec::deserialize(b.spec.as_ref()?).ok()
-}
-
-pub(crate) fn parse_status(b: &Object) -> BindingStatus {
-    b.status
-        .as_ref()
-        .and_then(|s| BindingStatus::deserialize(s).ok())
-        .unwrap_or_default()
 }

@@ -1,0 +1,146 @@
+//! Member clusters: every Cluster has the namespace of its Works; an unregistered (deleted)
+//! Cluster loses that namespace (and with it its Works) first, then its tokens, then its
+//! finalizer. Looked at again every second while an unregistration is under way.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use orrery_api::{cluster, keys};
+use orrery_store::ops::{delete_object, remove_finalizer};
+use orrery_store::{Store, StoreError};
+use tokio::sync::watch;
+
+use super::Api;
+use crate::runtime::metrics::Handle;
+use crate::runtime::{Event, reflector};
+
+struct Clusters {
+    store: Arc<dyn Store>,
+    api: Arc<dyn Api>,
+    /// Clusters and whether each is being deleted.
+    clusters: HashMap<String, bool>,
+    /// Clusters whose namespace is known to exist.
+    known: HashSet<String>,
+}
+
+#[async_trait::async_trait]
+impl super::Reconciler for Clusters {
+    type Key = String;
+
+    fn on_event(&mut self, ev: Event, keys: &mut Vec<String>) {
+        match ev {
+            Event::Listed(items) => {
+                self.clusters = items
+                    .iter()
+                    .map(|c| {
+                        (
+                            c.name().to_string(),
+                            c.metadata.deletion_timestamp.is_some(),
+                        )
+                    })
+                    .collect();
+                let clusters = &self.clusters;
+                self.known.retain(|c| clusters.contains_key(c));
+                keys.extend(self.clusters.keys().cloned());
+            }
+            Event::Upsert(c) => {
+                let deleting = c.metadata.deletion_timestamp.is_some();
+                // Heartbeats change Clusters often: only what matters here queues a key.
+                if self.clusters.insert(c.name().to_string(), deleting) != Some(deleting)
+                    || (!deleting && !self.known.contains(c.name()))
+                {
+                    keys.push(c.name().to_string());
+                }
+            }
+            Event::Delete(c) => {
+                self.clusters.remove(c.name());
+                self.known.remove(c.name());
+            }
+        }
+    }
+
+    async fn reconcile(&mut self, name: &String) -> Result<Option<Duration>, StoreError> {
+        match self.clusters.get(name) {
+            None => Ok(None),
+            Some(false) => {
+                if self.known.contains(name) {
+                    return Ok(None);
+                }
+                match self.api.ensure_cluster_namespace(name).await {
+                    Ok(()) => {
+                        self.known.insert(name.clone());
+                        Ok(None)
+                    }
+                    Err(e) => Err(StoreError::Backend(format!(
+                        "creating the namespace of cluster {name}: {e}"
+                    ))),
+                }
+            }
+            Some(true) => {
+                self.known.remove(name);
+                unregister(self.store.as_ref(), self.api.as_ref(), name).await
+            }
+        }
+    }
+}
+
+pub async fn run(
+    store: Arc<dyn Store>,
+    api: Arc<dyn Api>,
+    metrics: Handle,
+    shutdown: watch::Receiver<bool>,
+) {
+    let events = reflector::spawn(
+        store.clone(),
+        keys::well_known::clusters(),
+        shutdown.clone(),
+    );
+    let mut r = Clusters {
+        store,
+        api,
+        clusters: HashMap::new(),
+        known: HashSet::new(),
+    };
+    super::drive(events, &mut r, &metrics, shutdown).await;
+}
+
+async fn unregister(
+    store: &dyn Store,
+    api: &dyn Api,
+    name: &str,
+) -> Result<Option<Duration>, StoreError> {
+    let key = keys::well_known::cluster(name);
+    let c = match store.get(&key).await {
+        Ok(c) => c,
+        Err(StoreError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if c.metadata.deletion_timestamp.is_none()
+        || !c
+            .metadata
+            .finalizers
+            .iter()
+            .any(|f| f == cluster::FINALIZER)
+    {
+        return Ok(None);
+    }
+    let ns_key = keys::well_known::namespace(&cluster::namespace_of(name));
+    match store.get(&ns_key).await {
+        Ok(ns) => {
+            // The namespace controller deletes the Works, then the namespace; come back after.
+            delete_object(store, &ns_key, &ns).await?;
+            return Ok(Some(Duration::from_secs(1)));
+        }
+        Err(StoreError::NotFound { .. }) => {}
+        Err(e) => return Err(e),
+    }
+    let revoked = api.revoke_cluster(name).await?;
+    remove_finalizer(store, &key, cluster::FINALIZER).await?;
+    tracing::info!(
+        cluster = name,
+        tokens_revoked = revoked,
+        "cluster unregistered"
+    );
+    Ok(None)
+}

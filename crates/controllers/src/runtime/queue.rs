@@ -1,0 +1,280 @@
+//! The work queue of a controller: keys to reconcile (client-go's rate-limited work queue).
+//!
+//! - A key waits at most once, however often it is added.
+//! - A key handed out is not handed out again until [`WorkQueue::done`]; added meanwhile, it
+//!   comes back after (one reconcile of a key at a time, and none lost).
+//! - A failed key is retried after a per-key exponential backoff, in a lane behind fresh work,
+//!   so retries never hold up new keys; success resets its backoff.
+//! - After [`WorkQueue::shut_down`] no key is handed out; what was taken can still finish.
+//!
+//! Time is passed in, so the queue is plain data and tested without a clock.
+
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::hash::Hash;
+use std::time::{Duration, Instant};
+
+#[derive(Debug)]
+pub struct WorkQueue<K> {
+    fresh: VecDeque<K>,
+    retry: VecDeque<K>,
+    /// Keys waiting in a lane.
+    queued: HashSet<K>,
+    /// Keys handed out and not yet done; `true` when added again meanwhile.
+    processing: HashMap<K, bool>,
+    /// Failed keys waiting for their backoff to pass, by when they are due.
+    waiting: BTreeMap<(Instant, u64), K>,
+    waiting_keys: HashMap<K, (Instant, u64)>,
+    failures: HashMap<K, u32>,
+    seq: u64,
+    base: Duration,
+    max: Duration,
+    shut: bool,
+}
+
+impl<K: Clone + Eq + Hash> WorkQueue<K> {
+    /// Retries wait `base`, doubling per failure up to `max`.
+    pub fn new(base: Duration, max: Duration) -> Self {
+        WorkQueue {
+            fresh: VecDeque::new(),
+            retry: VecDeque::new(),
+            queued: HashSet::new(),
+            processing: HashMap::new(),
+            waiting: BTreeMap::new(),
+            waiting_keys: HashMap::new(),
+            failures: HashMap::new(),
+            seq: 0,
+            base,
+            max,
+            shut: false,
+        }
+    }
+
+    /// Queues `k` for a reconcile (a key waiting for a retry goes now).
+    pub fn add(&mut self, k: K) {
+        if self.shut {
+            return;
+        }
+        if let Some(again) = self.processing.get_mut(&k) {
+            *again = true;
+            return;
+        }
+        if let Some(at) = self.waiting_keys.remove(&k) {
+            self.waiting.remove(&at);
+        }
+        if self.queued.insert(k.clone()) {
+            self.fresh.push_back(k);
+        }
+    }
+
+    /// A reconcile of `k` failed: it comes back after its backoff.
+    pub fn retry(&mut self, k: K, now: Instant) {
+        let n = self.failures.entry(k.clone()).or_insert(0);
+        let wait = self.base.saturating_mul(1u32 << (*n).min(20)).min(self.max);
+        *n += 1;
+        self.after(k, now + wait);
+    }
+
+    /// Queues `k` at `when` (time-driven work: a grace period ending).
+    pub fn after(&mut self, k: K, when: Instant) {
+        if self.shut || self.queued.contains(&k) {
+            return;
+        }
+        if let Some(at) = self.waiting_keys.get(&k)
+            && at.0 <= when
+        {
+            return;
+        }
+        if let Some(at) = self.waiting_keys.remove(&k) {
+            self.waiting.remove(&at);
+        }
+        self.seq += 1;
+        self.waiting.insert((when, self.seq), k.clone());
+        self.waiting_keys.insert(k, (when, self.seq));
+    }
+
+    /// A reconcile of `k` succeeded: its backoff starts afresh.
+    pub fn forget(&mut self, k: &K) {
+        self.failures.remove(k);
+    }
+
+    /// How often `k` has failed in a row.
+    pub fn failures(&self, k: &K) -> u32 {
+        self.failures.get(k).copied().unwrap_or(0)
+    }
+
+    /// Moves retries that are due into their lane.
+    fn promote(&mut self, now: Instant) {
+        while let Some((&(at, seq), _)) = self.waiting.first_key_value() {
+            if at > now {
+                break;
+            }
+            let Some(k) = self.waiting.remove(&(at, seq)) else {
+                break;
+            };
+            self.waiting_keys.remove(&k);
+            if let Some(again) = self.processing.get_mut(&k) {
+                // Still being reconciled: it comes back when that is done.
+                *again = true;
+            } else if self.queued.insert(k.clone()) {
+                self.retry.push_back(k);
+            }
+        }
+    }
+
+    /// The next key to reconcile, fresh work first; `None` when nothing is due (or after
+    /// shutdown). The key counts as being processed until [`WorkQueue::done`].
+    pub fn pop(&mut self, now: Instant) -> Option<K> {
+        if self.shut {
+            return None;
+        }
+        self.promote(now);
+        let k = self.fresh.pop_front().or_else(|| self.retry.pop_front())?;
+        self.queued.remove(&k);
+        self.processing.insert(k.clone(), false);
+        Some(k)
+    }
+
+    /// Up to `n` keys (see [`WorkQueue::pop`]).
+    pub fn pop_batch(&mut self, now: Instant, n: usize) -> Vec<K> {
+        let mut out = Vec::new();
+        while out.len() < n {
+            match self.pop(now) {
+                Some(k) => out.push(k),
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// The reconcile of `k` is over; added meanwhile, it is queued again.
+    pub fn done(&mut self, k: &K) {
+        if self.processing.remove(k) == Some(true) {
+            self.add(k.clone());
+        }
+    }
+
+    /// Keys waiting in a lane (not those waiting for their backoff).
+    pub fn len(&self) -> usize {
+        self.fresh.len() + self.retry.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// When the next retry is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.waiting.first_key_value().map(|(k, _)| k.0)
+    }
+
+    /// Stops handing out keys; keys being processed may still be marked done.
+    pub fn shut_down(&mut self) {
+        self.shut = true;
+    }
+
+    pub fn is_shut_down(&self) -> bool {
+        self.shut
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q() -> WorkQueue<&'static str> {
+        WorkQueue::new(Duration::from_millis(10), Duration::from_secs(1))
+    }
+
+    #[test]
+    fn keys_wait_once_and_in_order() {
+        let now = Instant::now();
+        let mut q = q();
+        q.add("a");
+        q.add("b");
+        q.add("a");
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.pop_batch(now, 10), ["a", "b"]);
+        assert!(q.pop(now).is_none());
+    }
+
+    #[test]
+    fn a_key_is_never_reconciled_twice_at_once_and_never_lost() {
+        let now = Instant::now();
+        let mut q = q();
+        q.add("a");
+        assert_eq!(q.pop(now), Some("a"));
+        q.add("a");
+        assert!(
+            q.pop(now).is_none(),
+            "not again while it is being reconciled"
+        );
+        q.done(&"a");
+        assert_eq!(q.pop(now), Some("a"), "added meanwhile: it comes back");
+        q.done(&"a");
+        assert!(q.pop(now).is_none());
+    }
+
+    #[test]
+    fn failures_back_off_exponentially_behind_fresh_work_and_success_resets() {
+        let t0 = Instant::now();
+        let mut q = q();
+        q.add("bad");
+        assert_eq!(q.pop(t0), Some("bad"));
+        q.retry("bad", t0);
+        q.done(&"bad");
+        assert!(q.pop(t0).is_none(), "not before its backoff");
+        assert_eq!(q.next_due(), Some(t0 + Duration::from_millis(10)));
+        let t1 = t0 + Duration::from_millis(10);
+        q.add("new");
+        assert_eq!(q.pop_batch(t1, 10), ["new", "bad"], "fresh work first");
+        q.retry("bad", t1);
+        q.done(&"bad");
+        q.done(&"new");
+        assert_eq!(
+            q.next_due(),
+            Some(t1 + Duration::from_millis(20)),
+            "doubled"
+        );
+        for _ in 0..20 {
+            q.retry("bad", t1);
+        }
+        assert_eq!(q.failures(&"bad"), 22);
+        assert!(
+            q.next_due().unwrap() <= t1 + Duration::from_secs(1),
+            "capped"
+        );
+        q.forget(&"bad");
+        assert_eq!(q.failures(&"bad"), 0);
+        // Added again, a waiting key goes at once.
+        q.add("bad");
+        assert_eq!(q.pop(t1), Some("bad"));
+    }
+
+    #[test]
+    fn timed_keys_come_when_due_and_the_earliest_time_wins() {
+        let t0 = Instant::now();
+        let mut q = q();
+        q.after("grace", t0 + Duration::from_secs(5));
+        q.after("grace", t0 + Duration::from_secs(2));
+        q.after("grace", t0 + Duration::from_secs(9));
+        assert!(q.pop(t0 + Duration::from_secs(1)).is_none());
+        assert_eq!(q.pop(t0 + Duration::from_secs(2)), Some("grace"));
+        q.done(&"grace");
+        assert!(q.pop(t0 + Duration::from_secs(10)).is_none(), "once");
+    }
+
+    #[test]
+    fn shutdown_hands_out_nothing_more() {
+        let now = Instant::now();
+        let mut q = q();
+        q.add("a");
+        q.add("b");
+        assert_eq!(q.pop(now), Some("a"));
+        q.shut_down();
+        assert!(q.pop(now).is_none());
+        q.add("c");
+        q.done(&"a");
+        assert!(q.pop(now).is_none());
+        assert!(q.is_shut_down());
+    }
+}

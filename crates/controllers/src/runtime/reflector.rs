@@ -1,0 +1,138 @@
+//! A reflector: one store prefix, listed and then watched, as a stream of events for a
+//! controller (and, optionally, kept in an indexed [`Cache`]).
+//!
+//! - The first event is always [`Event::Listed`], everything under the prefix: the controller
+//!   replaces what it knew (and counts the source as synced).
+//! - Then every change, in revision order. A watch that ends for any other reason than lost
+//!   history resumes from the last revision delivered, so nothing is missed and nothing is
+//!   listed again needlessly; one that ends with `Expired` (410: the store compacted past it,
+//!   or the watcher fell too far behind) lists again, and the controller gets a fresh
+//!   [`Event::Listed`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orrery_api::Object;
+use orrery_store::{ListOptions, Revision, Store, StoreError, WatchEvent, WatchOptions};
+use tokio::sync::{mpsc, watch};
+
+use super::cache::Cache;
+
+#[derive(Debug)]
+pub enum Event {
+    /// Everything under the prefix now: replace what you knew.
+    Listed(Vec<Arc<Object>>),
+    Upsert(Arc<Object>),
+    Delete(Arc<Object>),
+}
+
+/// The longest pause between attempts after a failure.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Starts following `prefix`; the receiver ends when the store closes or on shutdown.
+pub fn spawn(
+    store: Arc<dyn Store>,
+    prefix: String,
+    shutdown: watch::Receiver<bool>,
+) -> mpsc::UnboundedReceiver<Event> {
+    spawn_cached(store, prefix, None, shutdown)
+}
+
+/// Like [`spawn`], keeping `cache` in step before each event is sent.
+pub fn spawn_cached(
+    store: Arc<dyn Store>,
+    prefix: String,
+    cache: Option<Arc<Cache>>,
+    mut shutdown: watch::Receiver<bool>,
+) -> mpsc::UnboundedReceiver<Event> {
+    // Unbounded: the store ends a watcher that falls behind, and a controller in the middle
+    // of a long round must not make its watch fall behind (and list everything again). The
+    // backlog holds `Arc`s of objects the store already shares.
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(100);
+        'list: loop {
+            if *shutdown.borrow() {
+                return;
+            }
+            let list = match store.list(&prefix, &ListOptions::default()).await {
+                Ok(l) => l,
+                Err(StoreError::Closed) => return,
+                Err(e) => {
+                    tracing::warn!(prefix = %prefix, error = %e, "listing failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(MAX_BACKOFF);
+                    continue;
+                }
+            };
+            let items: Vec<Arc<Object>> = list.items.into_iter().map(Arc::new).collect();
+            if let Some(c) = &cache {
+                c.replace(&items, list.revision);
+            }
+            if tx.send(Event::Listed(items)).is_err() {
+                return;
+            }
+            let mut last: Revision = list.revision;
+            loop {
+                let mut w = match store.watch(&prefix, last, WatchOptions::default()).await {
+                    Ok(w) => w,
+                    Err(StoreError::Closed) => return,
+                    Err(e) if e.is_expired() => continue 'list,
+                    Err(e) => {
+                        tracing::warn!(prefix = %prefix, error = %e, "watching failed; retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(MAX_BACKOFF);
+                        continue;
+                    }
+                };
+                backoff = Duration::from_millis(100);
+                loop {
+                    let ev = tokio::select! {
+                        ev = w.next() => ev,
+                        _ = shutdown.changed() => return,
+                    };
+                    let out = match ev {
+                        Some(Ok(WatchEvent::Added(o))) | Some(Ok(WatchEvent::Modified(o))) => {
+                            last = last.max(o.revision().unwrap_or(last));
+                            if let Some(c) = &cache {
+                                c.upsert(o.clone(), last);
+                            }
+                            Event::Upsert(o)
+                        }
+                        Some(Ok(WatchEvent::Deleted(o))) => {
+                            last = last.max(o.revision().unwrap_or(last));
+                            if let Some(c) = &cache {
+                                c.remove(&o, last);
+                            }
+                            Event::Delete(o)
+                        }
+                        Some(Ok(WatchEvent::Bookmark(r))) => {
+                            last = last.max(r);
+                            continue;
+                        }
+                        Some(Err(e)) if e.is_expired() => {
+                            tracing::info!(prefix = %prefix, error = %e, "a controller's watch lost its history; listing again");
+                            continue 'list;
+                        }
+                        Some(Err(StoreError::Closed)) => return,
+                        Some(Err(e)) => {
+                            tracing::warn!(prefix = %prefix, error = %e, "a controller's watch broke; resuming");
+                            break;
+                        }
+                        // The store is closing, or the stream ended: resume if it is not.
+                        None => match store.current_revision().await {
+                            Err(StoreError::Closed) => return,
+                            _ => break,
+                        },
+                    };
+                    if tx.send(out).is_err() {
+                        return;
+                    }
+                }
+                // Not at once: a stream that keeps ending must not spin.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    });
+    rx
+}
