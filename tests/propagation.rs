@@ -970,3 +970,67 @@ spec:
         "{rb}"
     );
 }
+
+/// A third-party client writes milliseconds apart: a Deployment with one replica, its policy,
+/// then a scale to four. Whatever the interleaving with the controllers' watches, every
+/// binding and every member ends up with four replicas (a controller that missed the update
+/// once used to keep one replica for good). Five times over.
+#[test]
+fn a_scale_right_after_the_policy_is_followed() {
+    let f = Fleet::start(&[("a", "r1"), ("b", "r2")]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use k8s_openapi::api::apps::v1::Deployment;
+        use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+        let client = f.s.client().await;
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+        let ar = kube::api::ApiResource {
+            group: "policy.karmada.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "policy.karmada.io/v1alpha1".into(),
+            kind: "PropagationPolicy".into(),
+            plural: "propagationpolicies".into(),
+        };
+        let policies: Api<DynamicObject> = Api::namespaced_with(client, "default", &ar);
+        for i in 0..5 {
+            let name = format!("quick-{i}");
+            let d: Deployment = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                    "template": {"metadata": {"labels": {"app": name}},
+                        "spec": {"containers": [{"name": "c", "image": "nginx",
+                            "resources": {"requests": {"cpu": "100m"}}}]}}}
+            }))
+            .unwrap();
+            deployments.create(&PostParams::default(), &d).await.unwrap();
+            let p: DynamicObject = serde_json::from_value(serde_json::json!({
+                "apiVersion": "policy.karmada.io/v1alpha1", "kind": "PropagationPolicy",
+                "metadata": {"name": name},
+                "spec": {"resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name}],
+                    "placement": {"replicaScheduling": {"replicaSchedulingType": "Divided"}}}
+            }))
+            .unwrap();
+            policies.create(&PostParams::default(), &p).await.unwrap();
+            deployments
+                .patch(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"spec": {"replicas": 4}})),
+                )
+                .await
+                .unwrap();
+        }
+    });
+    eventually(Duration::from_secs(30), "every binding and member at 4 replicas", || {
+        (0..5).all(|i| {
+            let name = format!("quick-{i}");
+            let b = f.s.get_json(&["resourcebinding", &format!("{name}-deployment")]);
+            let in_members: i64 = ["a", "b"]
+                .iter()
+                .filter_map(|m| f.find(m, "Deployment", &name))
+                .map(|d| replicas(&d))
+                .sum();
+            b["spec"]["replicas"] == 4 && in_members == 4
+        })
+    });
+}

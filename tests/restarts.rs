@@ -1,0 +1,746 @@
+//! Fault injection: a control plane that restarts, crashes and retries disturbs nothing.
+//!
+//! A server and four simulated members run a churn of templates and policies: Deployments
+//! created with one replica and scaled milliseconds after their policy appears, scale
+//! changes, policy edits that move replicas, StatefulSets, ConfigMaps copied everywhere, a
+//! Deployment too large for the fleet, and members that stop answering for a while. Meanwhile
+//! the server is restarted 20 times at random moments, half with SIGTERM and half with
+//! SIGKILL (14 during the churn, 6 once it has settled).
+//!
+//! Each member keeps a journal of every create, update and delete it carried out and why (the
+//! Work and its version), and counts the pods it created. The checker asserts, from the
+//! journals and the store:
+//! - no operation without a change: an apply of a Work in which no object changed came from
+//!   a restart, a reconnect or a retry, not from a decision;
+//! - no restart once settled causes any operation in any member, creates any pod, or gives
+//!   any ResourceBinding or Work a new uid;
+//! - no cluster is filled beyond the water level limit (0.8), counting pending pods, and the
+//!   Deployment that cannot fit stays partially placed (`Scheduled=False`);
+//! - convergence: every binding and every member ends up with the latest replicas.
+//!
+//! It prints every operation that broke them.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::fleet::Fleet;
+use common::{eventually, http, req};
+use serde_json::{Value, json};
+
+const MEMBERS: [(&str, &str); 4] = [
+    ("m1", "eu-west"),
+    ("m2", "eu-west"),
+    ("m3", "us-east"),
+    ("m4", "ap-south"),
+];
+/// 4 nodes of 8 cores, 10 % background load.
+const SIM: &str = "nodes=4,cpu=8,memory=32Gi,load=0.1,start=200ms";
+const LIMIT: f64 = 0.8;
+const BIG_LIMIT: f64 = 0.5;
+const DEPLOYMENTS: usize = 8;
+
+/// A small deterministic generator (the seed is printed), so a failing run can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+fn deployment(name: &str, replicas: i64) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "nginx",
+                    "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}}}]}
+            }
+        }
+    })
+}
+
+fn statefulset(name: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "replicas": 2, "serviceName": name,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "db", "image": "postgres",
+                    "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}]}
+            }
+        }
+    })
+}
+
+/// A Karmada PropagationPolicy for one object, divided by water level (`Duplicated` for
+/// ConfigMaps), optionally keeping replicas off `exclude`.
+fn policy(name: &str, kind: &str, target: &str, exclude: Option<&str>) -> Value {
+    // The Deployment too large for the fleet fills it only halfway, leaving room for the rest.
+    let limit = if target == "big" { BIG_LIMIT } else { LIMIT };
+    let mut placement = json!({"waterLevelLimit": limit});
+    if kind != "ConfigMap" {
+        placement["replicaScheduling"] = json!({"replicaSchedulingType": "Divided"});
+    }
+    if let Some(x) = exclude {
+        placement["clusterAffinity"] = json!({"exclude": [x]});
+    }
+    json!({
+        "apiVersion": "policy.karmada.io/v1alpha1", "kind": "PropagationPolicy",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "resourceSelectors": [{"apiVersion": if kind == "ConfigMap" { "v1" } else { "apps/v1" },
+                "kind": kind, "name": target}],
+            "placement": placement
+        }
+    })
+}
+
+fn path_of(o: &Value) -> String {
+    let name = o["metadata"]["name"].as_str().unwrap();
+    match o["kind"].as_str().unwrap() {
+        "Deployment" => format!("/apis/apps/v1/namespaces/default/deployments/{name}"),
+        "StatefulSet" => format!("/apis/apps/v1/namespaces/default/statefulsets/{name}"),
+        "ConfigMap" => format!("/api/v1/namespaces/default/configmaps/{name}"),
+        "PropagationPolicy" => {
+            format!(
+                "/apis/policy.karmada.io/v1alpha1/namespaces/default/propagationpolicies/{name}"
+            )
+        }
+        k => panic!("no path for {k}"),
+    }
+}
+
+/// The churn's client: requests are retried while the server restarts.
+#[derive(Clone)]
+struct Api {
+    kubeconfig: std::path::PathBuf,
+    client: Arc<tokio::sync::Mutex<Option<kube::Client>>>,
+}
+
+impl Api {
+    async fn call(&self, method: &str, path: &str, ct: &str, body: Value) -> (u16, Value) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let client = {
+                let mut c = self.client.lock().await;
+                if c.is_none() {
+                    *c = orrery_client::from_kubeconfig(&self.kubeconfig).await.ok();
+                }
+                c.clone()
+            };
+            if let Some(c) = client {
+                let r = req(method, path, ct, body.clone());
+                let sent = tokio::time::timeout(Duration::from_secs(10), async {
+                    use http_body_util::BodyExt;
+                    let (parts, b) = r.into_parts();
+                    let r = http::Request::from_parts(parts, kube::client::Body::from(b));
+                    let resp = c.send(r).await.ok()?;
+                    let status = resp.status().as_u16();
+                    let bytes = resp.into_body().collect().await.ok()?.to_bytes();
+                    Some((
+                        status,
+                        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+                    ))
+                })
+                .await;
+                match sent {
+                    Ok(Some((code, v))) if code < 500 => return (code, v),
+                    _ => *self.client.lock().await = None,
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{method} {path}: the server did not answer"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn create(&self, o: &Value) {
+        let path = path_of(o);
+        let collection = path.rsplit_once('/').unwrap().0.to_string();
+        let (code, v) = self
+            .call("POST", &collection, "application/json", o.clone())
+            .await;
+        // A create retried after a restart may find its first attempt done.
+        assert!(code == 201 || code == 409, "create {path}: {code} {v}");
+    }
+
+    async fn patch(&self, o: &Value, patch: Value) {
+        let path = path_of(o);
+        let (code, v) = self
+            .call("PATCH", &path, "application/merge-patch+json", patch)
+            .await;
+        assert_eq!(code, 200, "patch {path}: {v}");
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let (code, v) = self
+            .call("GET", path, "application/json", Value::Null)
+            .await;
+        assert_eq!(code, 200, "get {path}: {v}");
+        v
+    }
+}
+
+/// What the checker found, by invariant, with when.
+#[derive(Default)]
+struct Findings {
+    started: Option<Instant>,
+    by: BTreeMap<&'static str, Vec<String>>,
+}
+
+impl Findings {
+    fn add(&mut self, invariant: &'static str, line: String) {
+        let at = self
+            .started
+            .map(|s| s.elapsed().as_secs_f64())
+            .unwrap_or(0.0);
+        self.by
+            .entry(invariant)
+            .or_default()
+            .push(format!("[{at:6.1}s] {line}"));
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by.is_empty()
+    }
+
+    /// Each invariant broken, how often, and its first instances.
+    fn report(&self) -> String {
+        let mut out = String::new();
+        for (inv, lines) in &self.by {
+            out.push_str(&format!("== {inv}: {} finding(s)\n", lines.len()));
+            for l in lines.iter().take(25) {
+                out.push_str(l);
+                out.push('\n');
+            }
+            if lines.len() > 25 {
+                out.push_str(&format!("   ... and {} more\n", lines.len() - 25));
+            }
+        }
+        out
+    }
+}
+
+/// Reads the new journal entries of every member.
+fn read_journals(fleet: &Fleet, seen: &mut BTreeMap<String, u64>) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for (name, _, admin) in &fleet.agents {
+        let since = seen.get(name).copied().unwrap_or(0);
+        let (code, body) = http(
+            "GET",
+            admin,
+            &format!("/clusters/{name}/journal?since={since}"),
+            "",
+        );
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        for e in v["items"].as_array().unwrap() {
+            seen.insert(name.clone(), e["seq"].as_u64().unwrap());
+            out.push((name.clone(), e.clone()));
+        }
+    }
+    out
+}
+
+/// Applies of one Work version in which nothing changed, of a Work (same uid) the member had
+/// already applied: operations no decision asked for (a restart, a reconnect, a retry). A
+/// Work made anew (another uid) may find its objects in place, after a deletion the member
+/// missed while it was away: that one is not counted here.
+fn unchanged_applies(entries: &[(String, Value)]) -> Vec<String> {
+    let object = |m: &str, e: &Value| {
+        format!(
+            "{m} {} {}/{}",
+            e["kind"].as_str().unwrap_or(""),
+            e["namespace"].as_str().unwrap_or(""),
+            e["name"].as_str().unwrap_or("")
+        )
+    };
+    let cause = |e: &Value| {
+        (
+            e["cause"]["work"].as_str().unwrap_or("").to_string(),
+            e["cause"]["uid"].as_str().unwrap_or("").to_string(),
+        )
+    };
+    // For each apply, the cause of the operation on the same object before it.
+    let mut last: BTreeMap<String, (String, String)> = BTreeMap::new();
+    // (member, Work, uid, revision) -> its applies, each with whether the operation before it
+    // on that object came from the same Work.
+    type Group<'a> = Vec<(&'a Value, bool)>;
+    let mut groups: BTreeMap<(String, String, String, String), Group> = BTreeMap::new();
+    for (m, e) in entries {
+        let obj = object(m, e);
+        let reason = e["cause"]["reason"].as_str().unwrap_or("");
+        let before = last.insert(obj, cause(e));
+        // Retries after the member was unavailable redo what failed.
+        if e["op"] == "delete" || reason.starts_with("retried") {
+            continue;
+        }
+        let (work, uid) = cause(e);
+        groups
+            .entry((
+                m.clone(),
+                work.clone(),
+                uid.clone(),
+                e["cause"]["revision"].as_str().unwrap_or("").to_string(),
+            ))
+            .or_default()
+            .push((e, before == Some((work, uid))));
+    }
+    groups
+        .into_iter()
+        .filter(|(_, es)| es.iter().all(|(e, same)| e["changed"] == false && *same))
+        .map(|((m, work, uid, rev), es)| {
+            let objs: Vec<String> = es.iter().map(|(e, _)| object(&m, e)).collect();
+            format!(
+                "{m}: Work {work} (uid {uid}, revision {rev}) applied again without a change ({}): {}",
+                es[0].0["cause"]["reason"].as_str().unwrap_or(""),
+                objs.join(", ")
+            )
+        })
+        .collect()
+}
+
+fn quantity(v: &Value) -> f64 {
+    v.as_str()
+        .and_then(|s| s.parse::<orrery_api::Quantity>().ok())
+        .map(|q| q.milli_value() as f64 / 1000.0)
+        .unwrap_or(0.0)
+}
+
+/// Each cluster's water level counting pending pods: (allocated + allocating) / allocatable,
+/// the highest of cpu and memory.
+fn levels(clusters: &Value) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    for c in clusters["items"].as_array().into_iter().flatten() {
+        let s = &c["status"]["resourceSummary"];
+        let mut level: f64 = 0.0;
+        for d in ["cpu", "memory"] {
+            let a = quantity(&s["allocatable"][d]);
+            if a > 0.0 {
+                level =
+                    level.max((quantity(&s["allocated"][d]) + quantity(&s["allocating"][d])) / a);
+            }
+        }
+        out.push((c["metadata"]["name"].as_str().unwrap().to_string(), level));
+    }
+    out
+}
+
+/// Uids of every ResourceBinding and Work.
+async fn uids(api: &Api) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for path in [
+        "/apis/multicluster.io/v1alpha1/resourcebindings",
+        "/apis/multicluster.io/v1alpha1/works",
+    ] {
+        let v = api.get(path).await;
+        for o in v["items"].as_array().unwrap() {
+            out.insert(
+                format!(
+                    "{} {}/{}",
+                    o["kind"].as_str().unwrap_or(""),
+                    o["metadata"]["namespace"].as_str().unwrap_or(""),
+                    o["metadata"]["name"].as_str().unwrap_or("")
+                ),
+                o["metadata"]["uid"].as_str().unwrap_or("").to_string(),
+            );
+        }
+    }
+    out
+}
+
+fn pods_created(fleet: &Fleet) -> BTreeMap<String, u64> {
+    fleet
+        .agents
+        .iter()
+        .map(|(name, _, admin)| {
+            let (_, body) = http("GET", admin, &format!("/clusters/{name}"), "");
+            let v: Value = serde_json::from_str(&body).unwrap();
+            (name.clone(), v["podsCreated"].as_u64().unwrap())
+        })
+        .collect()
+}
+
+/// Restarts the server: SIGTERM or SIGKILL, then start it again on the same directory.
+fn restart(fleet: &Mutex<Fleet>, kill: bool) {
+    let mut f = fleet.lock().unwrap();
+    if kill {
+        f.s.kill9();
+    } else {
+        assert!(f.s.terminate(), "the server stops cleanly on SIGTERM");
+    }
+    f.s.restart();
+}
+
+#[test]
+fn restarts_crashes_and_retries_disturb_nothing() {
+    let seed: u64 = std::env::var("ORRERY_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    eprintln!("restarts: seed {seed} (ORRERY_SEED={seed} replays the churn)");
+    let members: Vec<(&str, &str, &str)> = MEMBERS.iter().map(|(n, r)| (*n, *r, SIM)).collect();
+    let fleet = Fleet::start_sims(
+        &members,
+        &[
+            "--water-level-limit",
+            "0.8",
+            "--cluster-grace-period",
+            "4s",
+            "--cluster-eviction-timeout",
+            "4s",
+            "--move-grace-period",
+            "20s",
+        ],
+    );
+    let api = Api {
+        kubeconfig: fleet.s.kubeconfig.clone(),
+        client: Arc::default(),
+    };
+    let admins: BTreeMap<String, String> = fleet
+        .agents
+        .iter()
+        .map(|(n, _, a)| (n.clone(), a.clone()))
+        .collect();
+    let fleet = Arc::new(Mutex::new(fleet));
+    let findings = Arc::new(Mutex::new(Findings {
+        started: Some(Instant::now()),
+        ..Default::default()
+    }));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut journal_seen = BTreeMap::new();
+    let mut journal: Vec<(String, Value)> = Vec::new();
+
+    // The checker's sampler: water levels and the partial placement, twice a second.
+    let sampler = {
+        let (api, findings, done) = (api.clone(), findings.clone(), done.clone());
+        rt.spawn(async move {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let clusters = api
+                    .call("GET", "/apis/cluster.orrery.io/v1alpha1/clusters", "application/json", Value::Null)
+                    .await
+                    .1;
+                for (c, level) in levels(&clusters) {
+                    if level > LIMIT + 0.01 {
+                        findings.lock().unwrap().add("water level", format!(
+                            "{c} is filled to {level:.3}, beyond the water level limit {LIMIT}"
+                        ));
+                    }
+                }
+                let (code, b) = api
+                    .call(
+                        "GET",
+                        "/apis/multicluster.io/v1alpha1/namespaces/default/resourcebindings/big-deployment",
+                        "application/json",
+                        Value::Null,
+                    )
+                    .await;
+                if code == 200 {
+                    let scheduled = b["status"]["conditions"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|c| c["type"] == "Scheduled")
+                        .map(|c| c["status"].as_str().unwrap_or("").to_string());
+                    let placed: i64 = b["spec"]["clusters"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|c| c["replicas"].as_i64().unwrap_or(0))
+                        .sum();
+                    let want = b["spec"]["replicas"].as_i64().unwrap_or(0);
+                    if scheduled.as_deref() == Some("True") || placed >= want {
+                        findings.lock().unwrap().add("partial placement", format!(
+                            "big ({want} replicas, more than fits under its limit) is Scheduled={scheduled:?} with {placed} placed"
+                        ));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        })
+    };
+
+    // The churn.
+    let churn = {
+        let (api, admins) = (api.clone(), admins.clone());
+        let mut rng = Rng(seed);
+        rt.spawn(async move {
+            let mut replicas: BTreeMap<String, i64> = BTreeMap::new();
+            for i in 0..3 {
+                let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": format!("cfg-{i}"), "namespace": "default"}, "data": {"v": "1"}});
+                api.create(&cm).await;
+                api.create(&policy(&format!("cfg-{i}"), "ConfigMap", &format!("cfg-{i}"), None))
+                    .await;
+                let s = statefulset(&format!("db-{i}"));
+                api.create(&s).await;
+                api.create(&policy(&format!("db-{i}"), "StatefulSet", &format!("db-{i}"), None))
+                    .await;
+            }
+            for i in 0..DEPLOYMENTS {
+                let name = format!("web-{i}");
+                let d = deployment(&name, 1);
+                api.create(&d).await;
+                api.create(&policy(&name, "Deployment", &name, None)).await;
+                // Scaled milliseconds after the policy is created.
+                let n = 2 + rng.below(6) as i64;
+                api.patch(&d, json!({"spec": {"replicas": n}})).await;
+                replicas.insert(name, n);
+            }
+            api.create(&deployment("big", 600)).await;
+            api.create(&policy("big", "Deployment", "big", None)).await;
+            replicas.insert("big".into(), 600);
+            let started = Instant::now();
+            let mut outages = 0;
+            let mut slow = 0;
+            while started.elapsed() < Duration::from_secs(40) {
+                match rng.below(10) {
+                    0..=4 => {
+                        let name = format!("web-{}", rng.below(DEPLOYMENTS as u64));
+                        let n = 1 + rng.below(10) as i64;
+                        api.patch(&deployment(&name, n), json!({"spec": {"replicas": n}}))
+                            .await;
+                        replicas.insert(name, n);
+                    }
+                    5..=7 => {
+                        // Keep a Deployment's replicas off one member (they move), or let them back.
+                        let name = format!("web-{}", rng.below(DEPLOYMENTS as u64));
+                        let exclude = match rng.below(5) {
+                            4 => None,
+                            m => Some(MEMBERS[m as usize].0),
+                        };
+                        let p = policy(&name, "Deployment", &name, exclude);
+                        let affinity = p["spec"]["placement"]
+                            .get("clusterAffinity")
+                            .cloned()
+                            .unwrap_or(Value::Null);
+                        api.patch(&p, json!({"spec": {"placement": {"clusterAffinity": affinity}}}))
+                            .await;
+                    }
+                    8 if rng.below(2) == 0 => {
+                        // The Deployment that cannot fit is scaled: decided again, and retried.
+                        // 400 or more: never fits under its limit (0.5 of 128 cores).
+                        let n = 400 + 100 * rng.below(5) as i64;
+                        api.patch(&deployment("big", n), json!({"spec": {"replicas": n}}))
+                            .await;
+                        replicas.insert("big".into(), n);
+                        if slow < 1 {
+                            // A member answers slowly for a while: its Works are applied late.
+                            slow += 1;
+                            let m = MEMBERS[rng.below(4) as usize].0;
+                            let admin = admins[m].clone();
+                            let path = format!("/clusters/{m}/faults");
+                            let (code, body) =
+                                http("PUT", &admin, &path, r#"{"latencyMs": 3000}"#);
+                            assert_eq!(code, 200, "{body}");
+                            tokio::spawn(async move {
+                                tokio::time::sleep(Duration::from_secs(15)).await;
+                                let _ = tokio::task::spawn_blocking(move || {
+                                    http("DELETE", &admin, &path, "")
+                                })
+                                .await;
+                            });
+                        }
+                    }
+                    8 if outages < 2 => {
+                        // A member stops answering for a while: Unknown, tainted, replicas move.
+                        outages += 1;
+                        let m = MEMBERS[rng.below(4) as usize].0;
+                        let admin = admins[m].clone();
+                        let path = format!("/clusters/{m}/faults");
+                        let (code, body) = http("PUT", &admin, &path, r#"{"outage": true}"#);
+                        assert_eq!(code, 200, "{body}");
+                        let admin2 = admin.clone();
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_secs(12)).await;
+                            let _ = tokio::task::spawn_blocking(move || {
+                                http("DELETE", &admin2, &path, "")
+                            })
+                            .await;
+                        });
+                    }
+                    _ => {}
+                }
+                tokio::time::sleep(Duration::from_millis(200 + rng.below(600))).await;
+            }
+            replicas
+        })
+    };
+
+    // 14 restarts during the churn, every 1 to 3 seconds.
+    let mut rng = Rng(seed.rotate_left(17) | 1);
+    for i in 0..14 {
+        std::thread::sleep(Duration::from_millis(1000 + rng.below(2000)));
+        restart(&fleet, i % 2 == 1);
+        journal.extend(read_journals(&fleet.lock().unwrap(), &mut journal_seen));
+    }
+    let replicas = rt.block_on(churn).unwrap();
+
+    // Convergence: every binding and every member follows the latest replicas.
+    let converged = |api: &Api| {
+        let replicas = replicas.clone();
+        let api = api.clone();
+        let fleet = fleet.clone();
+        rt.block_on(async move {
+            let mut stuck = Vec::new();
+            for (name, want) in &replicas {
+                if name == "big" {
+                    continue;
+                }
+                let b = api
+                    .get(&format!(
+                        "/apis/multicluster.io/v1alpha1/namespaces/default/resourcebindings/{name}-deployment"
+                    ))
+                    .await;
+                let in_binding = b["spec"]["replicas"].as_i64().unwrap_or(-1);
+                let placed: i64 = b["spec"]["clusters"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| c["replicas"].as_i64().unwrap_or(0))
+                    .sum();
+                let mut in_members = 0;
+                let f = fleet.lock().unwrap();
+                for (m, _) in MEMBERS {
+                    if let Some(d) = f.find(m, "Deployment", name) {
+                        in_members += d["spec"]["replicas"].as_i64().unwrap_or(0);
+                    }
+                }
+                if in_binding != *want || placed != *want || in_members != *want {
+                    stuck.push(format!(
+                        "{name}: template {want}, binding {in_binding}, placed {placed}, members {in_members}"
+                    ));
+                }
+            }
+            stuck
+        })
+    };
+    let mut stuck = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while Instant::now() < deadline {
+        stuck = converged(&api);
+        if stuck.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    for s in &stuck {
+        findings
+            .lock()
+            .unwrap()
+            .add("convergence", format!("did not converge: {s}"));
+    }
+    // Settled: old copies of moved replicas gone, members quiet.
+    std::thread::sleep(Duration::from_secs(5));
+    journal.extend(read_journals(&fleet.lock().unwrap(), &mut journal_seen));
+
+    // 6 restarts once settled: nothing may happen in any member.
+    for i in 0..6 {
+        let before_uids = rt.block_on(uids(&api));
+        let before_pods = pods_created(&fleet.lock().unwrap());
+        restart(&fleet, i % 2 == 0);
+        {
+            let f = fleet.lock().unwrap();
+            eventually(Duration::from_secs(30), "every cluster Ready", || {
+                MEMBERS
+                    .iter()
+                    .all(|(n, _)| f.s.cluster_condition(n, "Ready") == "True")
+            });
+        }
+        std::thread::sleep(Duration::from_secs(6));
+        let after = read_journals(&fleet.lock().unwrap(), &mut journal_seen);
+        let how = if i % 2 == 0 { "SIGKILL" } else { "SIGTERM" };
+        for (m, e) in &after {
+            findings.lock().unwrap().add(
+                "no operation after a settled restart",
+                format!(
+                    "after a settled restart ({how}) {m} did: {} {} {}/{} ({}, Work {} uid {})",
+                    e["op"].as_str().unwrap_or(""),
+                    e["kind"].as_str().unwrap_or(""),
+                    e["namespace"].as_str().unwrap_or(""),
+                    e["name"].as_str().unwrap_or(""),
+                    e["cause"]["reason"].as_str().unwrap_or(""),
+                    e["cause"]["work"].as_str().unwrap_or(""),
+                    e["cause"]["uid"].as_str().unwrap_or(""),
+                ),
+            );
+        }
+        journal.extend(after);
+        let after_pods = pods_created(&fleet.lock().unwrap());
+        if after_pods != before_pods {
+            findings.lock().unwrap().add(
+                "no pods created by a settled restart",
+                format!(
+                    "a settled restart ({how}) created pods: {before_pods:?} -> {after_pods:?}"
+                ),
+            );
+        }
+        let after_uids = rt.block_on(uids(&api));
+        for (k, uid) in &before_uids {
+            match after_uids.get(k) {
+                Some(u) if u == uid => {}
+                Some(u) => findings.lock().unwrap().add(
+                    "bindings and Works keep their uid",
+                    format!("a settled restart ({how}) re-created {k}: uid {uid} -> {u}"),
+                ),
+                None => findings.lock().unwrap().add(
+                    "bindings and Works keep their uid",
+                    format!("a settled restart ({how}) deleted {k}"),
+                ),
+            }
+        }
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    rt.block_on(sampler).unwrap();
+
+    for line in unchanged_applies(&journal) {
+        findings
+            .lock()
+            .unwrap()
+            .add("no operation without a change", line);
+    }
+    let f = findings.lock().unwrap();
+    let ops: BTreeSet<&str> = journal.iter().map(|(m, _)| m.as_str()).collect();
+    eprintln!(
+        "restarts: {} member operations in {} members checked",
+        journal.len(),
+        ops.len()
+    );
+    eprintln!("restarts: checker report (seed {seed}):\n{}", f.report());
+    assert!(
+        f.is_empty(),
+        "invariants broken (seed {seed}):\n{}",
+        f.report()
+    );
+}
