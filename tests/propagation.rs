@@ -1021,16 +1021,21 @@ fn a_scale_right_after_the_policy_is_followed() {
                 .unwrap();
         }
     });
-    eventually(Duration::from_secs(30), "every binding and member at 4 replicas", || {
-        (0..5).all(|i| {
-            let name = format!("quick-{i}");
-            let b = f.s.get_json(&["resourcebinding", &format!("{name}-deployment")]);
-            let in_members: i64 = ["a", "b"]
-                .iter()
-                .filter_map(|m| f.find(m, "Deployment", &name))
-                .map(|d| replicas(&d))
-                .sum();
-            b["spec"]["replicas"] == 4 && in_members == 4
-        })
-    });
+    eventually(
+        Duration::from_secs(30),
+        "every binding and member at 4 replicas",
+        || {
+            (0..5).all(|i| {
+                let name = format!("quick-{i}");
+                let b =
+                    f.s.get_json(&["resourcebinding", &format!("{name}-deployment")]);
+                let in_members: i64 = ["a", "b"]
+                    .iter()
+                    .filter_map(|m| f.find(m, "Deployment", &name))
+                    .map(|d| replicas(&d))
+                    .sum();
+                b["spec"]["replicas"] == 4 && in_members == 4
+            })
+        },
+    );
 }

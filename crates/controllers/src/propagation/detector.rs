@@ -165,9 +165,10 @@ pub async fn run(
             continue;
         }
         let keys = d.queue.pop_batch(std::time::Instant::now(), usize::MAX);
+        d.metrics.synced(keys.len() + d.queue.len());
         if keys.is_empty() {
             // A policy that places nothing says so too.
-            d.report_policies();
+            d.report_policies().await;
             continue;
         }
         let (n, started) = (keys.len(), std::time::Instant::now());
@@ -466,13 +467,14 @@ impl Detector {
             }
         }
         let failed = run_jobs(jobs).await;
-        self.report_policies();
+        self.report_policies().await;
         failed
     }
 
     /// Tells each policy, in its status, how many templates it places: a selector that
     /// matches nothing is accepted and shows here. The writes run in the background.
-    fn report_policies(&mut self) {
+    async fn report_policies(&mut self) {
+        let mut writes = Vec::new();
         for r in self.policies.keys() {
             let n = self.bound_by.get(r).map(|s| s.len() as i64).unwrap_or(0);
             if self.policy_bound.get(r) == Some(&Some(n)) || self.policy_sent.get(r) == Some(&n) {
@@ -497,7 +499,8 @@ impl Detector {
             };
             let body = serde_json::json!({"boundResources": n, "conditions": [{"type": "Bound", "status": status,
                 "reason": reason, "message": message, "lastTransitionTime": orrery_api::Time::now()}]});
-            tokio::spawn(async move {
+            // Awaited, not spawned: a write of an older count must never land after a newer one.
+            writes.push(async move {
                 let r = orrery_store::update_with(store.as_ref(), &key, |mut cur| {
                     if cur.status.as_ref().and_then(|s| s.get("boundResources"))
                         == body.get("boundResources")
@@ -515,6 +518,7 @@ impl Detector {
                 }
             });
         }
+        futures_util::future::join_all(writes).await;
     }
 
     fn reconcile(&self, k: &TKey) -> Option<Job<TKey>> {
