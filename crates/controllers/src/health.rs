@@ -350,6 +350,7 @@ pub async fn run(
                     continue;
                 }
                 let round = Instant::now().into_std();
+                metrics.synced(0);
                 let mut failed = 0;
                 let now_t = Time::now();
                 for (name, s) in &seen {

@@ -61,9 +61,11 @@ pub fn spawn(
             cfg.metrics.clone(),
             shutdown.clone(),
         )));
+        let mut scheduler = cfg.scheduler;
+        scheduler.controller_metrics = cfg.metrics.clone();
         tasks.push(tokio::spawn(propagation::scheduling::run(
             store.clone(),
-            cfg.scheduler,
+            scheduler,
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(propagation::binding::run(

@@ -139,6 +139,7 @@ pub(crate) async fn drive<R: Reconciler>(
         if !listed {
             continue;
         }
+        metrics.synced(queue.len());
         let started = Instant::now();
         let mut failed = 0;
         while let Some(k) = queue.pop(Instant::now()) {

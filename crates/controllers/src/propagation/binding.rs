@@ -314,6 +314,7 @@ pub async fn run(
             continue;
         }
         let keys = c.queue.pop_batch(std::time::Instant::now(), usize::MAX);
+        c.metrics.synced(keys.len() + c.queue.len());
         if keys.is_empty() {
             continue;
         }

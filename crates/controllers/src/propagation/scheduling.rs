@@ -133,6 +133,8 @@ pub struct Settings {
     /// The score plugins' weights before monitoring adjusts them.
     pub weights: orrery_scheduler::Weights,
     pub metrics: Arc<SchedulerMetrics>,
+    /// The runtime's figures (synced, queue depth, rounds), as every controller has them.
+    pub controller_metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
 }
 
 impl Default for Settings {
@@ -147,6 +149,7 @@ impl Default for Settings {
             assume_ttl: Duration::from_secs(60),
             weights: orrery_scheduler::Weights::default(),
             metrics: Arc::default(),
+            controller_metrics: Arc::default(),
         }
     }
 }
@@ -257,6 +260,7 @@ struct Scheduler {
     started: Instant,
     /// Clusters and bindings are both listed before anything is decided.
     barrier: Barrier,
+    runtime: crate::runtime::metrics::Handle,
 }
 
 /// Runs the scheduling controller until shutdown.
@@ -283,6 +287,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         weights: settings.weights,
         ..Engine::default()
     };
+    let runtime = settings.controller_metrics.of("scheduling");
     let mut s = Scheduler {
         store,
         settings,
@@ -309,6 +314,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         history_tx,
         seq: 0,
         started: Instant::now(),
+        runtime,
         barrier: {
             let mut b = Barrier::new();
             b.expect("clusters");
@@ -341,6 +347,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         if !s.barrier.is_synced() {
             continue;
         }
+        s.runtime.synced(s.queue.len());
         if s.queue.is_empty() {
             s.end_round().await;
             continue;
@@ -835,6 +842,7 @@ impl Scheduler {
         }
         if let Some((n, started)) = self.round.take() {
             self.settings.metrics.queue_depth.set(0);
+            self.runtime.round(started, 0, 0);
             super::log_round("scheduling", n, started);
         }
     }

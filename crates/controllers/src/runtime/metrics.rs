@@ -18,6 +18,7 @@ fn histogram() -> Histogram {
 /// The families, shared by every controller.
 #[derive(Debug)]
 pub struct ControllerMetrics {
+    synced: Family<Labels, Gauge>,
     depth: Family<Labels, Gauge>,
     duration: Family<Labels, Histogram, fn() -> Histogram>,
     errors: Family<Labels, Counter>,
@@ -28,6 +29,7 @@ impl Default for ControllerMetrics {
     /// Unregistered (for controllers nobody scrapes).
     fn default() -> Self {
         ControllerMetrics {
+            synced: Family::default(),
             depth: Family::default(),
             duration: Family::new_with_constructor(histogram),
             errors: Family::default(),
@@ -41,6 +43,11 @@ impl ControllerMetrics {
     pub fn new(registry: &Mutex<Registry>) -> ControllerMetrics {
         let m = ControllerMetrics::default();
         let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
+        r.register(
+            "orrery_controller_synced",
+            "1 once every source a controller reads has been listed (it acts only then)",
+            m.synced.clone(),
+        );
         r.register(
             "orrery_controller_queue_depth",
             "Keys waiting for a controller to reconcile them",
@@ -68,6 +75,7 @@ impl ControllerMetrics {
     pub fn of(&self, controller: &str) -> Handle {
         let l: Labels = vec![("controller".to_string(), controller.to_string())];
         Handle {
+            synced: self.synced.get_or_create(&l).clone(),
             depth: self.depth.get_or_create(&l).clone(),
             duration: self.duration.get_or_create(&l).clone(),
             errors: self.errors.get_or_create(&l).clone(),
@@ -79,6 +87,7 @@ impl ControllerMetrics {
 /// One controller's figures.
 #[derive(Debug, Clone)]
 pub struct Handle {
+    pub synced: Gauge,
     pub depth: Gauge,
     pub duration: Histogram,
     pub errors: Counter,
@@ -86,6 +95,12 @@ pub struct Handle {
 }
 
 impl Handle {
+    /// The controller's barrier passed: it acts from now on, with `waiting` keys to do.
+    pub fn synced(&self, waiting: usize) {
+        self.synced.set(1);
+        self.depth.set(waiting as i64);
+    }
+
     /// Records a round: how long it took, how many keys failed (and are retried), and how
     /// many wait now.
     pub fn round(&self, started: std::time::Instant, failed: usize, waiting: usize) {
