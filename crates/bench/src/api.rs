@@ -21,6 +21,8 @@ pub struct ServerProcess {
     stopping: Arc<AtomicBool>,
     pub kubeconfig: PathBuf,
     pub url: String,
+    bin: PathBuf,
+    port: u16,
     _dir: tempfile::TempDir,
 }
 
@@ -45,9 +47,39 @@ impl ServerProcess {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let mut child = Command::new(&bin)
+        let (child, stopping) = Self::launch(&bin, tmp.path(), port)?;
+        Ok(ServerProcess {
+            child,
+            stopping,
+            kubeconfig: tmp.path().join("admin.kubeconfig"),
+            url: format!("https://127.0.0.1:{port}"),
+            bin,
+            port,
+            _dir: tmp,
+        })
+    }
+
+    /// Stops the server with SIGTERM and starts it again on the same data directory and
+    /// port; returns once it says it is ready.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.stopping.store(true, Ordering::Relaxed);
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        self.child.wait()?;
+        let (child, stopping) = Self::launch(&self.bin, self._dir.path(), self.port)?;
+        self.child = child;
+        self.stopping = stopping;
+        Ok(())
+    }
+
+    fn launch(
+        bin: &std::path::Path,
+        dir: &std::path::Path,
+        port: u16,
+    ) -> anyhow::Result<(Child, Arc<AtomicBool>)> {
+        let mut child = Command::new(bin)
             .args(["server", "--data-dir"])
-            .arg(tmp.path())
+            .arg(dir)
             .args(["--listen", &format!("127.0.0.1:{port}")])
             .env(
                 "ORRERY_LOG",
@@ -73,13 +105,7 @@ impl ServerProcess {
         std::thread::spawn(move || for _ in lines {});
         let stopping = Arc::new(AtomicBool::new(false));
         watchdog(child.id(), stopping.clone());
-        Ok(ServerProcess {
-            child,
-            stopping,
-            kubeconfig: tmp.path().join("admin.kubeconfig"),
-            url: format!("https://127.0.0.1:{port}"),
-            _dir: tmp,
-        })
+        Ok((child, stopping))
     }
 
     /// (resident MiB, peak resident MiB, CPU seconds) of the server so far.

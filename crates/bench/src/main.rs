@@ -191,6 +191,20 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// A restart with every template placed and applied: time to serving, time until every
+    /// controller is synced and idle, and the operations the members carried out (goal 0).
+    PropagationRestart {
+        #[arg(long, default_value_t = 100)]
+        clusters: usize,
+        #[arg(long, default_value_t = 10_000)]
+        templates: usize,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// The binding controller alone: scheduled bindings already stored, Works written per
     /// second (SQLite store, in this process).
     PropagationWorks {
@@ -445,6 +459,22 @@ fn main() -> anyhow::Result<()> {
                     clusters,
                     templates,
                     runs,
+                    dir,
+                })
+                .await
+            }
+            Command::PropagationRestart {
+                clusters,
+                templates,
+                runs,
+                server_bin,
+                dir,
+            } => {
+                propagation::restart(propagation::RestartArgs {
+                    clusters,
+                    templates,
+                    runs,
+                    server_bin,
                     dir,
                 })
                 .await

@@ -129,7 +129,7 @@ pub async fn register(args: RegisterArgs) -> anyhow::Result<()> {
 /// An `orrery agent` process.
 pub(crate) struct AgentProcess {
     child: Child,
-    admin: String,
+    pub(crate) admin: String,
     _state: tempfile::TempDir,
 }
 
@@ -186,7 +186,7 @@ pub(crate) fn start_agent(
 }
 
 /// `GET` on the agent's admin endpoint.
-fn admin_get(addr: &str, path: &str) -> anyhow::Result<Value> {
+pub(crate) fn admin_get(addr: &str, path: &str) -> anyhow::Result<Value> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(addr)?;
     write!(

@@ -540,3 +540,173 @@ pub async fn works(args: WorksArgs) -> anyhow::Result<()> {
     }));
     Ok(())
 }
+
+pub struct RestartArgs {
+    pub clusters: usize,
+    pub templates: usize,
+    pub runs: usize,
+    pub server_bin: Option<PathBuf>,
+    pub dir: Option<PathBuf>,
+}
+
+/// Every controller's figures on `/metrics`: whether all are synced and all queues empty.
+async fn controllers_idle(c: &kube::Client) -> anyhow::Result<bool> {
+    let text = c
+        .request_text(request("GET", "/metrics", "text/plain", Vec::new()))
+        .await?;
+    let mut synced = 0;
+    let mut idle = true;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let v: f64 = value.parse().unwrap_or(0.0);
+        if name.starts_with("orrery_controller_synced{") {
+            if v < 1.0 {
+                return Ok(false);
+            }
+            synced += 1;
+        }
+        if (name.starts_with("orrery_controller_queue_depth{")
+            || name == "orrery_scheduler_queue_depth")
+            && v > 0.0
+        {
+            idle = false;
+        }
+    }
+    // The policy, binding, scheduling, health and four lifecycle controllers.
+    Ok(synced >= 8 && idle)
+}
+
+/// Operations the members carried out so far, and pods they created.
+fn member_totals(admin: &str) -> anyhow::Result<(u64, u64)> {
+    let all = crate::members::admin_get(admin, "/clusters")?;
+    let mut ops = 0;
+    let mut pods = 0;
+    for c in all.as_array().into_iter().flatten() {
+        ops += c["operations"].as_u64().unwrap_or(0);
+        pods += c["podsCreated"].as_u64().unwrap_or(0);
+    }
+    Ok((ops, pods))
+}
+
+/// A restart of a control plane holding `templates` Deployments placed over `clusters`
+/// members: time until it serves again, until every controller is synced and idle, and what
+/// the members did because of it (the goal: nothing).
+pub async fn restart(args: RestartArgs) -> anyhow::Result<()> {
+    let base = Args {
+        clusters: args.clusters,
+        templates: args.templates,
+        server_bin: args.server_bin.clone(),
+        dir: args.dir.clone(),
+    };
+    progress(format!("restart: {} simulated clusters", args.clusters));
+    let (mut server, admin, agent) = fleet(&base, "1s").await?;
+    progress(format!("restart: creating {} Deployments", args.templates));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (c, next, total) = (admin.clone(), next.clone(), args.templates);
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= total {
+                    return Ok::<_, anyhow::Error>(());
+                }
+                post(
+                    &c,
+                    "/apis/apps/v1/namespaces/default/deployments",
+                    &deployment(&format!("t-{i}"), 2),
+                )
+                .await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    post(
+        &admin,
+        "/apis/policy.karmada.io/v1alpha1/namespaces/default/propagationpolicies",
+        &json!({
+        "apiVersion": "policy.karmada.io/v1alpha1", "kind": "PropagationPolicy",
+        "metadata": {"name": "all", "namespace": "default"},
+        "spec": {"resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}],
+            "placement": {"replicaScheduling": {"replicaSchedulingType": "Divided"}}}}),
+    )
+    .await?;
+    // Settled: every binding FullyApplied, members quiet.
+    let started = Instant::now();
+    loop {
+        let list = admin
+            .request_text(request(
+                "GET",
+                "/apis/multicluster.io/v1alpha1/resourcebindings",
+                "application/json",
+                Vec::new(),
+            ))
+            .await?;
+        let v: Value = serde_json::from_str(&list)?;
+        let applied = v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|b| {
+                b.pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .is_some_and(|cs| {
+                        cs.iter()
+                            .any(|c| c["type"] == "FullyApplied" && c["status"] == "True")
+                    })
+            })
+            .count();
+        if applied >= args.templates {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < Duration::from_secs(900),
+            "only {applied} bindings FullyApplied after 15 minutes"
+        );
+        progress(format!(
+            "restart: {applied} of {} bindings FullyApplied",
+            args.templates
+        ));
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    for run in 1..=args.runs {
+        let (ops0, pods0) = member_totals(&agent.admin)?;
+        let t0 = Instant::now();
+        server.restart()?;
+        let ready = t0.elapsed().as_secs_f64();
+        let client = orrery_client::from_kubeconfig(&server.kubeconfig).await?;
+        let converged = loop {
+            if controllers_idle(&client).await.unwrap_or(false) {
+                break t0.elapsed().as_secs_f64();
+            }
+            anyhow::ensure!(
+                t0.elapsed() < Duration::from_secs(300),
+                "the controllers were not synced and idle 5 minutes after the restart"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // Whatever a restart would make the members do happens within seconds.
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        let (ops1, pods1) = member_totals(&agent.admin)?;
+        let (rss, _) = server.usage();
+        emit(json!({
+            "scenario": "restart.converge",
+            "run": run,
+            "clusters": args.clusters,
+            "templates": args.templates,
+            "seconds_to_ready": round(ready, 2),
+            "seconds_to_converged": round(converged, 2),
+            "member_operations": ops1 - ops0,
+            "pods_created": pods1 - pods0,
+            "server_rss_mib": round(rss, 1),
+            "measures": "SIGTERM and start again with every template placed and applied: time until the server serves, until every controller has listed its sources and emptied its queue (/metrics), and the operations the members carried out in the 15 s after",
+            "goals": {"seconds_to_converged": 5, "member_operations": 0},
+        }));
+    }
+    Ok(())
+}

@@ -485,6 +485,8 @@ pub struct SimSummary {
     pub objects: usize,
     /// Pods created since the simulation started (a workload recreated shows here).
     pub pods_created: u64,
+    /// Operations carried out for the agent so far (the journal's last sequence number).
+    pub operations: u64,
     pub load: f64,
     pub outage: bool,
     pub latency_ms: u64,
@@ -647,6 +649,7 @@ impl SimCluster {
                 .count(),
             objects: st.objects.len(),
             pods_created: st.next_pod,
+            operations: st.journal_seq,
             load: st.load,
             outage: st.faults.outage,
             latency_ms: st.faults.latency.as_millis() as u64,
