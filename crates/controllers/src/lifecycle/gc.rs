@@ -178,13 +178,23 @@ pub async fn run(
     metrics: Handle,
     shutdown: watch::Receiver<bool>,
 ) {
-    let events = reflector::spawn(store.clone(), ROOT.to_string(), shutdown.clone());
+    let events =
+        reflector::spawn_filtered(store.clone(), ROOT.to_string(), listed, shutdown.clone());
     let mut r = Collector {
         store,
         api,
         graph: Graph::default(),
     };
     super::drive(events, &mut r, &metrics, shutdown).await;
+}
+
+/// Whether a listed object can matter to the graph (see [`Graph::concerns`]: a fresh graph
+/// holds nothing, so only dependents and objects being deleted). Stored objects are written
+/// by serializing an [`Object`], so these keys appear literally if the fields are set (and
+/// never escaped); a mention elsewhere only costs a parse.
+fn listed(json: &[u8]) -> bool {
+    memchr::memmem::find(json, b"\"ownerReferences\"").is_some()
+        || memchr::memmem::find(json, b"\"deletionTimestamp\"").is_some()
 }
 
 /// The store key of the object an owner reference points at.
@@ -285,4 +295,39 @@ async fn handle_owner(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listing_keeps_exactly_the_objects_the_graph_can_use() {
+        let plain = Object::new("v1", "ConfigMap");
+        let mut dependent = plain.clone();
+        dependent.metadata.owner_references.push(OwnerReference {
+            api_version: "v1".into(),
+            kind: "ConfigMap".into(),
+            name: "owner".into(),
+            uid: "u1".into(),
+            controller: None,
+            block_owner_deletion: None,
+        });
+        let mut deleting = plain.clone();
+        deleting.metadata.deletion_timestamp = Some(orrery_api::Time::now());
+        // A mention elsewhere is parsed for nothing, and dropped by the graph.
+        let mentions = plain
+            .clone()
+            .with_spec(serde_json::json!({"note": "ownerReferences"}));
+        for (o, kept, concerns) in [
+            (&plain, false, false),
+            (&dependent, true, true),
+            (&deleting, true, true),
+            (&mentions, true, false),
+        ] {
+            let json = serde_json::to_vec(o).unwrap();
+            assert_eq!(listed(&json), kept, "{}", String::from_utf8_lossy(&json));
+            assert_eq!(Graph::default().concerns(o), concerns);
+        }
+    }
 }

@@ -1,7 +1,8 @@
 //! Per-controller figures on `/metrics`: how many keys wait, how long reconciles take, how
 //! many fail and how many are retried, labelled by controller.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -75,6 +76,8 @@ impl ControllerMetrics {
     pub fn of(&self, controller: &str) -> Handle {
         let l: Labels = vec![("controller".to_string(), controller.to_string())];
         Handle {
+            name: controller.to_string(),
+            idle_once: Arc::new(AtomicBool::new(false)),
             synced: self.synced.get_or_create(&l).clone(),
             depth: self.depth.get_or_create(&l).clone(),
             duration: self.duration.get_or_create(&l).clone(),
@@ -87,6 +90,10 @@ impl ControllerMetrics {
 /// One controller's figures.
 #[derive(Debug, Clone)]
 pub struct Handle {
+    name: String,
+    /// Set once the queue first ran empty after the barrier (logged once: the end of a
+    /// start-up's catch-up).
+    idle_once: Arc<AtomicBool>,
     pub synced: Gauge,
     pub depth: Gauge,
     pub duration: Histogram,
@@ -97,8 +104,18 @@ pub struct Handle {
 impl Handle {
     /// The controller's barrier passed: it acts from now on, with `waiting` keys to do.
     pub fn synced(&self, waiting: usize) {
-        self.synced.set(1);
+        let before = self.synced.set(1);
         self.depth.set(waiting as i64);
+        if before == 0 {
+            tracing::info!(controller = %self.name, waiting, "controller synced");
+        }
+        self.note_idle(waiting);
+    }
+
+    fn note_idle(&self, waiting: usize) {
+        if waiting == 0 && !self.idle_once.swap(true, Ordering::Relaxed) {
+            tracing::info!(controller = %self.name, "controller caught up");
+        }
     }
 
     /// Records a round: how long it took, how many keys failed (and are retried), and how
@@ -108,5 +125,6 @@ impl Handle {
         self.errors.inc_by(failed as u64);
         self.retries.inc_by(failed as u64);
         self.depth.set(waiting as i64);
+        self.note_idle(waiting);
     }
 }

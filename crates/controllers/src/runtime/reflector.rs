@@ -43,6 +43,55 @@ pub fn spawn_cached(
     store: Arc<dyn Store>,
     prefix: String,
     cache: Option<Arc<Cache>>,
+    shutdown: watch::Receiver<bool>,
+) -> mpsc::UnboundedReceiver<Event> {
+    run(store, prefix, cache, None, shutdown)
+}
+
+/// Whether a listed object, as its stored JSON, may matter to a controller.
+pub type Keep = fn(&[u8]) -> bool;
+
+/// Like [`spawn`], for a controller that cares about few of the objects under a wide prefix:
+/// a listing parses only the stored objects `keep` accepts (a listing of the whole registry
+/// is most of a start-up's work otherwise); changes are delivered whole, as they come
+/// parsed already.
+pub fn spawn_filtered(
+    store: Arc<dyn Store>,
+    prefix: String,
+    keep: Keep,
+    shutdown: watch::Receiver<bool>,
+) -> mpsc::UnboundedReceiver<Event> {
+    run(store, prefix, None, Some(keep), shutdown)
+}
+
+/// Everything under `prefix` now, and the revision it was read at.
+async fn list(
+    store: &dyn Store,
+    prefix: &str,
+    keep: Option<Keep>,
+) -> Result<(Vec<Arc<Object>>, Revision), StoreError> {
+    let Some(keep) = keep else {
+        let list = store.list(prefix, &ListOptions::default()).await?;
+        return Ok((
+            list.items.into_iter().map(Arc::new).collect(),
+            list.revision,
+        ));
+    };
+    let list = store.list_raw(prefix, &ListOptions::default()).await?;
+    let mut items = Vec::new();
+    for raw in list.items.iter().filter(|r| keep(&r.json)) {
+        let o: Object = serde_json::from_slice(&raw.json)
+            .map_err(|e| StoreError::Corrupt(format!("an object under {prefix}: {e}")))?;
+        items.push(Arc::new(o));
+    }
+    Ok((items, list.revision))
+}
+
+fn run(
+    store: Arc<dyn Store>,
+    prefix: String,
+    cache: Option<Arc<Cache>>,
+    keep: Option<Keep>,
     mut shutdown: watch::Receiver<bool>,
 ) -> mpsc::UnboundedReceiver<Event> {
     // Unbounded: the store ends a watcher that falls behind, and a controller in the middle
@@ -55,7 +104,7 @@ pub fn spawn_cached(
             if *shutdown.borrow() {
                 return;
             }
-            let list = match store.list(&prefix, &ListOptions::default()).await {
+            let (items, revision) = match list(store.as_ref(), &prefix, keep).await {
                 Ok(l) => l,
                 Err(StoreError::Closed) => return,
                 Err(e) => {
@@ -65,14 +114,13 @@ pub fn spawn_cached(
                     continue;
                 }
             };
-            let items: Vec<Arc<Object>> = list.items.into_iter().map(Arc::new).collect();
             if let Some(c) = &cache {
-                c.replace(&items, list.revision);
+                c.replace(&items, revision);
             }
             if tx.send(Event::Listed(items)).is_err() {
                 return;
             }
-            let mut last: Revision = list.revision;
+            let mut last: Revision = revision;
             loop {
                 let mut w = match store.watch(&prefix, last, WatchOptions::default()).await {
                     Ok(w) => w,
