@@ -206,9 +206,15 @@ impl Api {
 struct Findings {
     started: Option<Instant>,
     by: BTreeMap<&'static str, Vec<String>>,
+    /// How many times each invariant was checked (the report says so when it held).
+    checks: BTreeMap<&'static str, usize>,
 }
 
 impl Findings {
+    fn checked(&mut self, invariant: &'static str, n: usize) {
+        *self.checks.entry(invariant).or_default() += n;
+    }
+
     fn add(&mut self, invariant: &'static str, line: String) {
         let at = self
             .started
@@ -227,6 +233,11 @@ impl Findings {
     /// Each invariant broken, how often, and its first instances.
     fn report(&self) -> String {
         let mut out = String::new();
+        for (inv, n) in &self.checks {
+            if !self.by.contains_key(inv) {
+                out.push_str(&format!("== {inv}: held ({n} checks)\n"));
+            }
+        }
         for (inv, lines) in &self.by {
             out.push_str(&format!("== {inv}: {} finding(s)\n", lines.len()));
             for l in lines.iter().take(25) {
@@ -446,12 +457,16 @@ fn restarts_crashes_and_retries_disturb_nothing() {
     let sampler = {
         let (api, findings, done) = (api.clone(), findings.clone(), done.clone());
         rt.spawn(async move {
+            let mut peak: f64 = 0.0;
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
                 let clusters = api
-                    .call("GET", "/apis/cluster.orrery.io/v1alpha1/clusters", "application/json", Value::Null)
+                    .call("GET", "/apis/multicluster.io/v1alpha1/clusters", "application/json", Value::Null)
                     .await
                     .1;
-                for (c, level) in levels(&clusters) {
+                let levels = levels(&clusters);
+                findings.lock().unwrap().checked("water level", levels.len());
+                for (c, level) in levels {
+                    peak = peak.max(level);
                     if level > LIMIT + 0.01 {
                         findings.lock().unwrap().add("water level", format!(
                             "{c} is filled to {level:.3}, beyond the water level limit {LIMIT}"
@@ -467,6 +482,7 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                     )
                     .await;
                 if code == 200 {
+                    findings.lock().unwrap().checked("partial placement", 1);
                     let scheduled = b["status"]["conditions"]
                         .as_array()
                         .into_iter()
@@ -488,6 +504,7 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
+            peak
         })
     };
 
@@ -655,6 +672,10 @@ fn restarts_crashes_and_retries_disturb_nothing() {
         }
         std::thread::sleep(Duration::from_secs(1));
     }
+    findings
+        .lock()
+        .unwrap()
+        .checked("convergence", replicas.len() - 1);
     for s in &stuck {
         findings
             .lock()
@@ -681,6 +702,11 @@ fn restarts_crashes_and_retries_disturb_nothing() {
         std::thread::sleep(Duration::from_secs(6));
         let after = read_journals(&fleet.lock().unwrap(), &mut journal_seen);
         let how = if i % 2 == 0 { "SIGKILL" } else { "SIGTERM" };
+        {
+            let mut f = findings.lock().unwrap();
+            f.checked("no operation after a settled restart", 1);
+            f.checked("no pods created by a settled restart", 1);
+        }
         for (m, e) in &after {
             findings.lock().unwrap().add(
                 "no operation after a settled restart",
@@ -707,6 +733,10 @@ fn restarts_crashes_and_retries_disturb_nothing() {
             );
         }
         let after_uids = rt.block_on(uids(&api));
+        findings
+            .lock()
+            .unwrap()
+            .checked("bindings and Works keep their uid", before_uids.len());
         for (k, uid) in &before_uids {
             match after_uids.get(k) {
                 Some(u) if u == uid => {}
@@ -722,8 +752,12 @@ fn restarts_crashes_and_retries_disturb_nothing() {
         }
     }
     done.store(true, std::sync::atomic::Ordering::Relaxed);
-    rt.block_on(sampler).unwrap();
+    let peak = rt.block_on(sampler).unwrap();
 
+    findings
+        .lock()
+        .unwrap()
+        .checked("no operation without a change", journal.len());
     for line in unchanged_applies(&journal) {
         findings
             .lock()
@@ -737,7 +771,14 @@ fn restarts_crashes_and_retries_disturb_nothing() {
         journal.len(),
         ops.len()
     );
+    eprintln!(
+        "restarts: the fullest cluster seen was at {peak:.3} of its allocatable (limit {LIMIT})"
+    );
     eprintln!("restarts: checker report (seed {seed}):\n{}", f.report());
+    // A check that never ran would pass for nothing.
+    for (inv, n) in &f.checks {
+        assert!(*n > 0, "the checker never checked {inv:?}");
+    }
     assert!(
         f.is_empty(),
         "invariants broken (seed {seed}):\n{}",

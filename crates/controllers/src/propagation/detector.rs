@@ -57,6 +57,8 @@ struct Detector {
     /// What each policy's status was last sent as (cleared each tick, so a lost write is
     /// sent again).
     policy_sent: HashMap<PolicyRef, i64>,
+    /// Policy statuses to write, in order, by [`write_reports`].
+    reports: tokio::sync::mpsc::UnboundedSender<(String, serde_json::Value)>,
     /// The templates each policy holds (from the bindings).
     bound_by: HashMap<PolicyRef, BTreeSet<TKey>>,
     /// Template kinds followed: (apiVersion, kind) → slot.
@@ -118,6 +120,8 @@ pub async fn run(
         Src::Template,
         shutdown.clone(),
     );
+    let (reports_tx, reports_rx) = tokio::sync::mpsc::unbounded_channel();
+    let reporter = tokio::spawn(write_reports(store.clone(), reports_rx));
     let mut d = Detector {
         store,
         kinds,
@@ -125,6 +129,7 @@ pub async fn run(
         policy_slots: HashMap::new(),
         policy_bound: HashMap::new(),
         policy_sent: HashMap::new(),
+        reports: reports_tx,
         bound_by: HashMap::new(),
         watched,
         templates: HashMap::new(),
@@ -146,6 +151,9 @@ pub async fn run(
             .min(Duration::from_secs(2));
         let Some(batch) = next_batch(&mut rx, wait, &mut shutdown).await else {
             d.queue.shut_down();
+            // The statuses decided so far are written before the controller stops.
+            drop(d);
+            let _ = reporter.await;
             return;
         };
         // Time-driven work runs on a clock, however busy the event stream is.
@@ -168,7 +176,7 @@ pub async fn run(
         d.metrics.synced(keys.len() + d.queue.len());
         if keys.is_empty() {
             // A policy that places nothing says so too.
-            d.report_policies().await;
+            d.report_policies();
             continue;
         }
         let (n, started) = (keys.len(), std::time::Instant::now());
@@ -467,14 +475,13 @@ impl Detector {
             }
         }
         let failed = run_jobs(jobs).await;
-        self.report_policies().await;
+        self.report_policies();
         failed
     }
 
     /// Tells each policy, in its status, how many templates it places: a selector that
     /// matches nothing is accepted and shows here. The writes run in the background.
-    async fn report_policies(&mut self) {
-        let mut writes = Vec::new();
+    fn report_policies(&mut self) {
         for r in self.policies.keys() {
             let n = self.bound_by.get(r).map(|s| s.len() as i64).unwrap_or(0);
             if self.policy_bound.get(r) == Some(&Some(n)) || self.policy_sent.get(r) == Some(&n) {
@@ -487,7 +494,6 @@ impl Detector {
             };
             let ns = (!r.namespace.is_empty()).then_some(r.namespace.as_str());
             let key = keys::object(group, plural, ns, &r.name);
-            let store = self.store.clone();
             let (status, reason, message) = if n > 0 {
                 ("True", "Bound", format!("places {n} resource(s)"))
             } else {
@@ -499,26 +505,8 @@ impl Detector {
             };
             let body = serde_json::json!({"boundResources": n, "conditions": [{"type": "Bound", "status": status,
                 "reason": reason, "message": message, "lastTransitionTime": orrery_api::Time::now()}]});
-            // Awaited, not spawned: a write of an older count must never land after a newer one.
-            writes.push(async move {
-                let r = orrery_store::update_with(store.as_ref(), &key, |mut cur| {
-                    if cur.status.as_ref().and_then(|s| s.get("boundResources"))
-                        == body.get("boundResources")
-                    {
-                        return Ok(None);
-                    }
-                    cur.status = Some(body.clone());
-                    Ok(Some(cur))
-                })
-                .await;
-                if let Err(e) = r
-                    && !e.is_not_found()
-                {
-                    tracing::debug!(policy = %key, error = %e, "writing a policy's status failed; retrying");
-                }
-            });
+            let _ = self.reports.send((key, body));
         }
-        futures_util::future::join_all(writes).await;
     }
 
     fn reconcile(&self, k: &TKey) -> Option<Job<TKey>> {
@@ -827,4 +815,41 @@ fn template_of(b: &Object) -> Option<TKey> {
         return None;
     }
     Some((s("apiVersion"), s("kind"), s("namespace"), s("name")))
+}
+
+/// Writes policy statuses in the order they were decided, off the detector's path (a round
+/// must not wait for them). One writer: a count written late can never overwrite a newer one;
+/// what queued up meanwhile is written together, each policy's latest only.
+async fn write_reports(
+    store: Arc<dyn Store>,
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<(String, serde_json::Value)>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut latest: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+        latest.insert(first.0, first.1);
+        while let Ok((k, body)) = rx.try_recv() {
+            latest.insert(k, body);
+        }
+        let writes = latest.into_iter().map(|(key, body)| {
+            let store = store.clone();
+            async move {
+                let r = orrery_store::update_with(store.as_ref(), &key, |mut cur| {
+                    if cur.status.as_ref().and_then(|s| s.get("boundResources"))
+                        == body.get("boundResources")
+                    {
+                        return Ok(None);
+                    }
+                    cur.status = Some(body.clone());
+                    Ok(Some(cur))
+                })
+                .await;
+                if let Err(e) = r
+                    && !e.is_not_found()
+                {
+                    tracing::debug!(policy = %key, error = %e, "writing a policy's status failed; retrying");
+                }
+            }
+        });
+        futures_util::future::join_all(writes).await;
+    }
 }
