@@ -157,6 +157,78 @@ pub struct FleetConfig {
     pub state_dir: Option<PathBuf>,
     pub heartbeat_interval: Duration,
     pub report_interval: Duration,
+    /// Whether the simulated members keep their objects across restarts of this process, in
+    /// `<state_dir>/<name>/member.json` (`orrery up`, whose members stop and start with the
+    /// control plane: real members would not lose their workloads when it stops).
+    pub keep_members: bool,
+}
+
+/// Where a simulated member's objects are kept.
+fn member_file(dir: &Path, name: &str) -> PathBuf {
+    dir.join(name).join("member.json")
+}
+
+/// The objects a simulated member held when it last stopped. A file that cannot be read is
+/// set aside (`member.json.unreadable`), not overwritten, and the member starts empty.
+fn load_member(file: &Path) -> Option<crate::backend::sim::SimSnapshot> {
+    let bytes = match std::fs::read(file) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+        Err(e) => {
+            tracing::warn!(file = %file.display(), error = %e, "a simulated member's objects cannot be read; it starts empty");
+            return None;
+        }
+    };
+    match serde_json::from_slice(&bytes) {
+        Ok(s) => Some(s),
+        Err(e) => {
+            let aside = file.with_extension("json.unreadable");
+            let _ = std::fs::rename(file, &aside);
+            tracing::warn!(file = %file.display(), set_aside = %aside.display(), error = %e, "a simulated member's objects are unreadable; it starts empty");
+            None
+        }
+    }
+}
+
+/// Writes a member's objects whole (a new file renamed over the old: a crash midway leaves
+/// the previous one).
+fn save_member(file: &Path, sim: &SimCluster) -> std::io::Result<()> {
+    if let Some(dir) = file.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let json = serde_json::to_vec(&sim.snapshot()).map_err(std::io::Error::other)?;
+    let tmp = file.with_extension("json.tmp");
+    std::fs::write(&tmp, json)?;
+    std::fs::rename(&tmp, file)
+}
+
+/// Keeps the members' files current: each one written again once a second while it changes.
+fn spawn_keeper(
+    dir: PathBuf,
+    sims: Vec<Arc<SimCluster>>,
+    mut shutdown: watch::Receiver<bool>,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut saved: Vec<Option<u64>> = vec![None; sims.len()];
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = shutdown.changed() => return,
+            }
+            for (sim, last) in sims.iter().zip(saved.iter_mut()) {
+                let v = sim.version();
+                if *last == Some(v) {
+                    continue;
+                }
+                match save_member(&member_file(&dir, sim.name()), sim) {
+                    Ok(()) => *last = Some(v),
+                    Err(e) => {
+                        tracing::warn!(cluster = sim.name(), error = %e, "keeping a simulated member's objects failed")
+                    }
+                }
+            }
+        }
+    })
 }
 
 /// A running fleet.
@@ -165,6 +237,8 @@ pub struct Fleet {
     pub sims: Vec<Arc<SimCluster>>,
     pub agents: Vec<(String, JoinHandle<Result<Stopped, AgentError>>)>,
     ticker: JoinHandle<()>,
+    /// Where the members' objects are kept, and the task keeping them.
+    keeper: Option<(PathBuf, JoinHandle<()>)>,
 }
 
 impl Fleet {
@@ -182,6 +256,12 @@ impl Fleet {
         let mut agents = Vec::with_capacity(members.len());
         for m in members {
             let sim = Arc::new(SimCluster::new(&m.name, &m.info.region, m.spec.clone()));
+            if cfg.keep_members
+                && let Some(dir) = &cfg.state_dir
+                && let Some(snap) = load_member(&member_file(dir, &m.name))
+            {
+                sim.restore(snap);
+            }
             if peers.len() <= 64 {
                 // Latency figures to every peer; large fleets leave them out (they grow as n²).
                 sim.set_peers(peers.clone());
@@ -202,11 +282,19 @@ impl Fleet {
             agents.push((name, handle));
             sims.push(sim);
         }
+        let keeper = match &cfg.state_dir {
+            Some(dir) if cfg.keep_members => Some((
+                dir.clone(),
+                spawn_keeper(dir.clone(), sims.clone(), shutdown.clone()),
+            )),
+            _ => None,
+        };
         let ticker = crate::backend::sim::spawn_clock(sims.clone(), shutdown.clone());
         Fleet {
             sims,
             agents,
             ticker,
+            keeper,
         }
     }
 
@@ -224,6 +312,15 @@ impl Fleet {
             }
         }
         self.ticker.abort();
+        // What the members hold once their agents have stopped.
+        if let Some((dir, keeper)) = self.keeper {
+            let _ = keeper.await;
+            for sim in &self.sims {
+                if let Err(e) = save_member(&member_file(&dir, sim.name()), sim) {
+                    tracing::warn!(cluster = sim.name(), error = %e, "keeping a simulated member's objects failed");
+                }
+            }
+        }
         failed
     }
 }

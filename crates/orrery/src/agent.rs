@@ -129,6 +129,9 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             ),
             heartbeat_interval: args.heartbeat_interval,
             report_interval: args.report_interval,
+            // Here the simulated members live and die with the agent process (a restart of
+            // it is a member that lost everything); `orrery up` keeps them.
+            keep_members: false,
         };
         let fleet = Fleet::start(members, &cfg, shutdown.clone());
         if let Some(addr) = args.admin_listen {

@@ -194,6 +194,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             state_dir: Some(args.data_dir.join("agents")),
             heartbeat_interval: Duration::from_secs(5),
             report_interval: Duration::from_millis(500),
+            keep_members: true,
         },
         shutdown,
     );

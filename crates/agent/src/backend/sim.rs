@@ -422,6 +422,8 @@ struct State {
     stuck: std::collections::BTreeSet<Key>,
     journal: std::collections::VecDeque<JournalEntry>,
     journal_seq: u64,
+    /// Pods put back by [`SimCluster::restore`] (not created: they were running already).
+    restored_pods: u64,
 }
 
 impl State {
@@ -471,6 +473,23 @@ pub struct SimCluster {
     started: Instant,
     state: Mutex<State>,
     changed: tokio::sync::watch::Sender<u64>,
+}
+
+/// What a simulated member holds, kept across restarts of the process that simulates it
+/// (`orrery up`): a real cluster keeps its objects and running pods when its agent or the
+/// control plane stops.
+#[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SimSnapshot {
+    pub objects: Vec<SnapshotObject>,
+}
+
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct SnapshotObject {
+    pub manifest: Value,
+    pub generation: i64,
+    /// Completed pods of a Job.
+    #[serde(default)]
+    pub succeeded: i64,
 }
 
 /// A snapshot of a simulated cluster, for the admin endpoint and tests.
@@ -527,6 +546,7 @@ impl SimCluster {
                 stuck: Default::default(),
                 journal: Default::default(),
                 journal_seq: 0,
+                restored_pods: 0,
             }),
             spec,
             changed: tx,
@@ -648,12 +668,74 @@ impl SimCluster {
                 .filter(|p| p.phase == Phase::Pending)
                 .count(),
             objects: st.objects.len(),
-            pods_created: st.next_pod,
+            pods_created: st.next_pod - st.restored_pods,
             operations: st.journal_seq,
             load: st.load,
             outage: st.faults.outage,
             latency_ms: st.faults.latency.as_millis() as u64,
         }
+    }
+
+    /// A counter that moves whenever the member's state may have changed.
+    pub fn version(&self) -> u64 {
+        *self.changed.borrow()
+    }
+
+    /// The objects the member holds, to start it again where it was.
+    pub fn snapshot(&self) -> SimSnapshot {
+        let st = self.lock();
+        SimSnapshot {
+            objects: st
+                .objects
+                .values()
+                .map(|o| SnapshotObject {
+                    manifest: o.manifest.clone(),
+                    generation: o.generation,
+                    succeeded: o.succeeded,
+                })
+                .collect(),
+        }
+    }
+
+    /// Puts back what a snapshot holds, as it was: the objects, their pods placed and running
+    /// at once. Nothing is journaled and no pod counts as created: nothing was done to the
+    /// member. Meant for a member that holds nothing yet.
+    pub fn restore(&self, snap: SimSnapshot) {
+        let now = Instant::now();
+        let mut st = self.lock();
+        for o in snap.objects {
+            let Some(id) = ResourceIdentifier::of(0, &o.manifest) else {
+                continue;
+            };
+            let key = key_of(&id);
+            let shape = shape_of(&o.manifest);
+            st.objects.insert(
+                key.clone(),
+                SimObject {
+                    manifest: o.manifest,
+                    generation: o.generation,
+                    shape,
+                    succeeded: o.succeeded,
+                    unschedulable: 0,
+                    stamp: 0,
+                },
+            );
+            st.touch(&key);
+            reconcile_pods(&mut st, &key, now);
+        }
+        advance(&mut st, &self.spec, now);
+        for p in st.pods.values_mut() {
+            if p.phase == Phase::Starting {
+                p.phase = Phase::Running;
+            }
+        }
+        let owners: Vec<Key> = st.objects.keys().cloned().collect();
+        for k in &owners {
+            st.touch(k);
+        }
+        st.restored_pods = st.next_pod;
+        drop(st);
+        self.bump();
     }
 
     /// The operations carried out after `since` (a journal sequence number), oldest first.
@@ -1383,6 +1465,39 @@ mod tests {
             "initContainers": [{"resources": {"requests": {"cpu": "2", "memory": "1Mi"}}}]
         }));
         assert_eq!((r.cpu_m, r.mem, r.pods), (2000, 64 << 20, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_restored_member_holds_what_it_held_with_nothing_done() {
+        let sim = SimCluster::new("c", "r", spec("nodes=2,cpu=4,memory=8Gi,load=0,start=1s"));
+        let d = deployment("web", 3, "1500m", "1Gi");
+        sim.apply(&d, false, &Cause::default()).await.unwrap();
+        sim.apply(&deployment("web", 3, "1", "1Gi"), false, &Cause::default())
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(1100)).await;
+        sim.tick();
+        let before = sim.state(&id(&d)).await.unwrap().unwrap();
+        let snap: SimSnapshot =
+            serde_json::from_value(serde_json::to_value(sim.snapshot()).unwrap()).unwrap();
+
+        let again = SimCluster::new("c", "r", spec("nodes=2,cpu=4,memory=8Gi,load=0,start=1s"));
+        again.restore(snap);
+        let after = again.state(&id(&d)).await.unwrap().unwrap();
+        assert_eq!(after.health, Health::Healthy, "running at once: {after:?}");
+        assert_eq!(after.status, before.status);
+        let s = again.summary();
+        assert_eq!((s.objects, s.pods_running), (1, 3));
+        assert_eq!(s.pods_created, 0, "restored pods were not created");
+        assert_eq!(s.operations, 0, "a restore is no operation");
+        assert!(again.journal(0).is_empty());
+        // The generation carries on: the next change of the spec is the third.
+        again
+            .apply(&deployment("web", 4, "1", "1Gi"), false, &Cause::default())
+            .await
+            .unwrap();
+        assert_eq!(again.snapshot().objects[0].generation, 3);
+        assert_eq!(again.summary().pods_created, 1);
     }
 
     #[tokio::test(start_paused = true)]
