@@ -28,7 +28,11 @@ impl Drop for Up {
 }
 
 fn up(clusters: usize) -> Up {
-    let dir = tempfile::tempdir().unwrap();
+    up_in(tempfile::tempdir().unwrap(), clusters)
+}
+
+/// `orrery up` on a data directory (a new one, or one a stopped `orrery up` left).
+fn up_in(dir: tempfile::TempDir, clusters: usize) -> Up {
     let port = common::free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_orrery"))
         .args(["up", "--clusters", &clusters.to_string(), "--data-dir"])
@@ -57,6 +61,48 @@ fn examples() -> PathBuf {
 }
 
 impl Up {
+    /// Stops it with SIGINT (Ctrl-C) or SIGKILL; the data directory is handed back.
+    fn stop(mut self, how: &str) -> tempfile::TempDir {
+        common::signal(self.child.id(), how);
+        let _ = self.child.wait();
+        let dir = tempfile::tempdir().unwrap();
+        std::mem::replace(&mut self.dir, dir)
+    }
+
+    /// Every binding and Work: uid, generation, placement, and the times of their conditions
+    /// and of their members' health (a workload recreated in a member shows in those).
+    fn state(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for kind in ["resourcebindings", "works"] {
+            let (ok, json) = self.kubectl(&["get", kind, "-A", "-o", "json"]);
+            assert!(ok, "{json}");
+            let v: Value = serde_json::from_str(&json).unwrap();
+            for o in v["items"].as_array().unwrap() {
+                let times = |path: &str, key: &str| -> Vec<String> {
+                    o.pointer(path)
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .map(|c| format!("{}", c[key]))
+                        .collect()
+                };
+                out.push(format!(
+                    "{} {}/{} uid {} generation {} clusters {} conditions {:?} health {:?}",
+                    o["kind"],
+                    o["metadata"]["namespace"],
+                    o["metadata"]["name"],
+                    o["metadata"]["uid"],
+                    o["metadata"]["generation"],
+                    o["spec"]["clusters"],
+                    times("/status/conditions", "lastTransitionTime"),
+                    times("/status/aggregatedStatus", "healthSince"),
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+
     fn kubeconfig(&self) -> PathBuf {
         self.dir.path().join("admin.kubeconfig")
     }
@@ -180,4 +226,37 @@ fn every_example_places_what_it_says() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("\"activeClusters\":4"), "{stdout}");
+}
+
+#[test]
+fn orrery_up_started_again_moves_nothing() {
+    let u = up(3);
+    for f in ["web.yaml", "statefulset.yaml"] {
+        let path = examples().join(f);
+        let (ok, out) = u.kubectl(&["apply", "-f", path.to_str().unwrap()]);
+        assert!(ok, "{f}: {out}");
+    }
+    eventually(Duration::from_secs(60), "web and cache ready", || {
+        ["deploy/web", "statefulset/cache"].iter().all(|o| {
+            let (_, ready) = u.kubectl(&["get", o, "-o", "jsonpath={.status.readyReplicas}"]);
+            let (_, want) = u.kubectl(&["get", o, "-o", "jsonpath={.spec.replicas}"]);
+            !want.trim().is_empty() && ready.trim() == want.trim()
+        })
+    });
+    // Settled: the members' health reported.
+    std::thread::sleep(Duration::from_secs(3));
+    let before = u.state();
+    assert!(before.len() >= 4, "bindings and Works: {before:#?}");
+    let mut u = u;
+    for how in ["INT", "KILL"] {
+        let dir = u.stop(how);
+        u = up_in(dir, 3);
+        // Long enough for every agent to reconnect, resume and report twice.
+        std::thread::sleep(Duration::from_secs(8));
+        let after = u.state();
+        assert_eq!(
+            before, after,
+            "started again after SIG{how}: bindings, Works, placements or the members' workloads changed"
+        );
+    }
 }
