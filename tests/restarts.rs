@@ -682,6 +682,22 @@ fn restarts_crashes_and_retries_disturb_nothing() {
             .unwrap()
             .add("convergence", format!("did not converge: {s}"));
     }
+    if !stuck.is_empty() {
+        // What the stuck bindings said, and the server's log, for whoever reads the failure.
+        for s in &stuck {
+            let name = s.split(':').next().unwrap_or_default();
+            let b = rt.block_on(api.get(&format!(
+                "/apis/multicluster.io/v1alpha1/namespaces/default/resourcebindings/{name}-deployment"
+            )));
+            eprintln!(
+                "restarts: binding {name}-deployment: spec.clusters {} status {}",
+                b["spec"]["clusters"], b["status"]
+            );
+        }
+        let log = std::env::temp_dir().join(format!("restarts-{seed}-server.log"));
+        let _ = std::fs::write(&log, fleet.lock().unwrap().s.log());
+        eprintln!("restarts: the server's log is in {}", log.display());
+    }
     // Settled: old copies of moved replicas gone, members quiet.
     std::thread::sleep(Duration::from_secs(5));
     journal.extend(read_journals(&fleet.lock().unwrap(), &mut journal_seen));

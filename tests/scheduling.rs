@@ -389,6 +389,38 @@ fn an_unschedulable_binding_is_placed_once_room_is_made() {
     });
 }
 
+/// The same across a restart: a binding left Unschedulable by the server before it was
+/// killed is tried again by the next one once room is made (its generation was already
+/// decided, and the next server did not know it waited for room: it stayed unplaced).
+#[test]
+fn an_unschedulable_binding_is_tried_again_after_a_restart() {
+    let hot = sim(0.95);
+    let mut f = Fleet::start_sims(&[("only", "us-east", hot.as_str())], &[]);
+    f.s.ok(&["label", "cluster", "only", "tier=app"]);
+    f.s.apply(WEB);
+    let scheduled = |f: &Fleet| {
+        f.s.ok(&[
+            "get",
+            "resourcebinding",
+            "web-deployment",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Scheduled\")].status}",
+        ])
+    };
+    eventually(Duration::from_secs(20), "Unschedulable", || {
+        scheduled(&f) == "False"
+    });
+    f.s.kill9();
+    // Room is made while no server runs: nothing but the binding's status says it waits.
+    f.set_load("only", 0.1);
+    f.s.restart();
+    eventually(Duration::from_secs(30), "placed once room is made", || {
+        scheduled(&f) == "True"
+            && f.find("only", "Deployment", "web")
+                .is_some_and(|d| d["spec"]["replicas"] == 12)
+    });
+}
+
 /// A cluster that comes back after its replicas moved away gets its share back only from a
 /// placement that asks for it (`rebalanceOnRecovery`); elsewhere what runs stays put.
 #[test]

@@ -379,6 +379,21 @@ fn priority_of(b: &Object) -> i32 {
         .unwrap_or(0) as i32
 }
 
+/// Whether the binding's last decision left replicas unplaced (`Scheduled=False`), read
+/// without parsing.
+fn found_no_room(b: &Object) -> bool {
+    b.status
+        .as_ref()
+        .and_then(|s| s.get("conditions"))
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c.get("type").and_then(serde_json::Value::as_str) == Some(CONDITION_SCHEDULED)
+                && c.get("status").and_then(serde_json::Value::as_str) == Some(conditions::FALSE)
+        })
+}
+
 /// The earliest `keepUntil` of the binding's rescheduled evictions, read without parsing.
 fn earliest_move(b: &Object) -> Option<i64> {
     let ev = b.spec.as_ref()?.get("evictions")?.as_array()?;
@@ -579,8 +594,17 @@ impl Scheduler {
                         // What is placed now counts as assumed until the members' figures
                         // are known to include it (nothing is known of that at start).
                         touched.extend(self.load_assumed(&k, &b, now));
+                        // A binding that found no room before is tried again: its generation
+                        // is already observed, and when to retry it was not kept (without
+                        // this, a partial placement decided just before a restart stayed
+                        // partial however much room was made).
+                        let why = if found_no_room(&b) {
+                            Trigger::Retry
+                        } else {
+                            Trigger::Binding
+                        };
                         self.bindings.insert(k.clone(), b);
-                        self.enqueue(k, Trigger::Binding);
+                        self.enqueue(k, why);
                     }
                     self.refresh_assumed(&touched);
                     self.barrier.listed("bindings");
