@@ -690,13 +690,50 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                 "/apis/multicluster.io/v1alpha1/namespaces/default/resourcebindings/{name}-deployment"
             )));
             eprintln!(
-                "restarts: binding {name}-deployment: spec.clusters {} status {}",
-                b["spec"]["clusters"], b["status"]
+                "restarts: binding {name}-deployment: spec {} status {}",
+                b["spec"], b["status"]
             );
+            let works = rt.block_on(api.get("/apis/multicluster.io/v1alpha1/works"));
+            for w in works["items"].as_array().into_iter().flatten() {
+                if w["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with(&format!(".{name}-deployment")))
+                {
+                    eprintln!(
+                        "restarts: Work {}/{} uid {} generation {} deleting {}",
+                        w["metadata"]["namespace"],
+                        w["metadata"]["name"],
+                        w["metadata"]["uid"],
+                        w["metadata"]["generation"],
+                        w["metadata"]["deletionTimestamp"]
+                    );
+                }
+            }
+            let f = fleet.lock().unwrap();
+            for (m, _) in MEMBERS {
+                if let Some(d) = f.find(m, "Deployment", name) {
+                    eprintln!(
+                        "restarts: {m} runs {name} with {} replicas",
+                        d["spec"]["replicas"]
+                    );
+                }
+            }
+            for (m, e) in read_journals(&f, &mut journal_seen.clone())
+                .iter()
+                .chain(journal.iter())
+                .filter(|(_, e)| e["name"] == name)
+            {
+                eprintln!("restarts: journal {m}: {e}");
+            }
         }
         let log = std::env::temp_dir().join(format!("restarts-{seed}-server.log"));
         let _ = std::fs::write(&log, fleet.lock().unwrap().s.log());
         eprintln!("restarts: the server's log is in {}", log.display());
+        for (m, a, _) in &fleet.lock().unwrap().agents {
+            let log = std::env::temp_dir().join(format!("restarts-{seed}-{m}.log"));
+            let _ = std::fs::write(&log, a.log());
+            eprintln!("restarts: {m}'s agent log is in {}", log.display());
+        }
     }
     // Settled: old copies of moved replicas gone, members quiet.
     std::thread::sleep(Duration::from_secs(5));

@@ -3,9 +3,11 @@
 //! owner with an Event, and reschedules when clusters change.
 //!
 //! - Queue: bindings wait in a priority queue (higher `priority` first, namespaces in turn);
-//!   one that fits nowhere is retried with exponential backoff, and at once when a cluster
-//!   fact that placement depends on changes (readiness, taints, labels, location, served
-//!   APIs, capabilities). Heartbeats that only move figures reschedule nothing.
+//!   one that fits nowhere is retried once something that may make room changed (within a
+//!   second while few wait; at most 1,000 a second), with exponential backoff while nothing
+//!   did, and at once when a cluster fact that placement depends on changes (readiness,
+//!   taints, labels, location, served APIs, capabilities). Heartbeats that only move
+//!   figures reschedule nothing. A binding left `Scheduled=False` is tried again at start.
 //! - Assume: a decision's new replicas count against their clusters until the member reports
 //!   figures measured after it (or a timeout), so a burst cannot overcommit a cluster.
 //! - Rescheduling: a cluster that is dark or tainted NoExecute (past the placement's
@@ -55,6 +57,8 @@ const IN_FLIGHT: usize = 4;
 /// A binding that found no room is retried after this even when nothing that could make room
 /// was seen to change (kube-scheduler's flush of unschedulable pods).
 const RETRY_ANYWAY: Duration = Duration::from_secs(300);
+/// Bindings waiting for room tried again per second at most, once room may have been made.
+const RETRIES_PER_SECOND: u64 = 1_000;
 /// Pods seen reported this long before a member's resource figures were measured are in them
 /// (heartbeat times have whole seconds).
 const ASSUME_MARGIN: Duration = Duration::from_secs(1);
@@ -639,10 +643,22 @@ impl Scheduler {
     /// assumptions, hot clusters, old copies of moved replicas.
     fn on_tick(&mut self) {
         let now = Instant::now();
+        // Once something that may make room changed, a binding waiting for room is tried
+        // again within a second while few wait, not only when its backoff runs out: a
+        // decision already due must not wait a minute (a restart in between would make it
+        // at once, and look like the restart's doing). Many waiting share a budget.
+        let spacing = Duration::from_millis(
+            (self.unplaced.len() as u64 * 1000 / RETRIES_PER_SECOND).clamp(1_000, 60_000),
+        );
+        let epoch = self.room_epoch;
         let due: Vec<BKey> = self
             .unplaced
             .iter()
-            .filter(|(_, u)| u.retry_at.is_some_and(|t| t <= now))
+            .filter(|(_, u)| {
+                u.retry_at.is_some_and(|t| {
+                    t <= now || (u.epoch != epoch && now.duration_since(u.at) >= spacing)
+                })
+            })
             .map(|(k, _)| k.clone())
             .collect();
         for k in due {
