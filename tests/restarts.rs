@@ -735,9 +735,36 @@ fn restarts_crashes_and_retries_disturb_nothing() {
             eprintln!("restarts: {m}'s agent log is in {}", log.display());
         }
     }
-    // Settled: old copies of moved replicas gone, members quiet.
-    std::thread::sleep(Duration::from_secs(5));
-    journal.extend(read_journals(&fleet.lock().unwrap(), &mut journal_seen));
+    // Settled: no old copy of moved replicas waits to go, and the members have been quiet
+    // for longer than a retry waits once room is made (an old copy going, or a pod
+    // starting, makes room, and the Deployment that cannot fit is tried again: a decision,
+    // not a restart's doing).
+    let settled_by = Instant::now() + Duration::from_secs(60);
+    let mut quiet_since = Instant::now();
+    loop {
+        let news = read_journals(&fleet.lock().unwrap(), &mut journal_seen);
+        if !news.is_empty() {
+            quiet_since = Instant::now();
+        }
+        journal.extend(news);
+        let bindings = rt.block_on(api.get("/apis/multicluster.io/v1alpha1/resourcebindings"));
+        let moving = bindings["items"].as_array().into_iter().flatten().any(|b| {
+            b["spec"]["evictions"]
+                .as_array()
+                .is_some_and(|e| !e.is_empty())
+        });
+        if moving {
+            quiet_since = Instant::now();
+        }
+        if quiet_since.elapsed() >= Duration::from_secs(8) {
+            break;
+        }
+        assert!(
+            Instant::now() < settled_by,
+            "the fleet did not settle within a minute of converging"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
 
     // 6 restarts once settled: nothing may happen in any member.
     for i in 0..6 {
