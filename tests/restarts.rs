@@ -865,3 +865,72 @@ fn restarts_crashes_and_retries_disturb_nothing() {
         f.report()
     );
 }
+
+/// A member away while its replicas move off it, its Work changed and then deleted, and the
+/// server killed meanwhile: once back, the member keeps nothing of that workload.
+#[test]
+fn a_member_away_while_its_work_goes_keeps_nothing() {
+    let members: Vec<(&str, &str, &str)> =
+        MEMBERS[..2].iter().map(|(n, r)| (*n, *r, SIM)).collect();
+    let fleet = Fleet::start_sims(
+        &members,
+        &[
+            "--cluster-grace-period",
+            "2s",
+            "--cluster-eviction-timeout",
+            "2s",
+            "--move-grace-period",
+            "20s",
+        ],
+    );
+    let api = Api {
+        kubeconfig: fleet.s.kubeconfig.clone(),
+        client: Arc::default(),
+    };
+    let fleet = Mutex::new(fleet);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    for round in 0..4 {
+        let name = format!("away-{round}");
+        rt.block_on(api.create(&deployment(&name, 4)));
+        let mut p = policy(&name, "Deployment", &name, None);
+        p["spec"]["placement"]["replicaScheduling"] =
+            json!({"replicaSchedulingType": "Duplicated"});
+        rt.block_on(api.create(&p));
+        eventually(Duration::from_secs(20), "on both members", || {
+            let f = fleet.lock().unwrap();
+            f.find("m1", "Deployment", &name).is_some()
+                && f.find("m2", "Deployment", &name).is_some()
+        });
+        let admin = fleet.lock().unwrap().admin("m1").to_string();
+        let (code, body) = http("PUT", &admin, "/clusters/m1/faults", r#"{"outage": true}"#);
+        assert_eq!(code, 200, "{body}");
+        // Changed while m1 is away (its Work too), the server killed, then moved off m1.
+        rt.block_on(api.patch(&deployment(&name, 6), json!({"spec": {"replicas": 6}})));
+        std::thread::sleep(Duration::from_millis(300 * round as u64));
+        restart(&fleet, round % 2 == 0);
+        let work = format!(
+            "/apis/multicluster.io/v1alpha1/namespaces/orrery-cluster-m1/works/default.{name}-deployment"
+        );
+        eventually(Duration::from_secs(30), "m1's Work gone", || {
+            rt.block_on(api.call("GET", &work, "application/json", Value::Null))
+                .0
+                == 404
+        });
+        if round >= 2 {
+            restart(&fleet, round % 2 == 1);
+        }
+        let (code, body) = http("DELETE", &admin, "/clusters/m1/faults", "");
+        assert_eq!(code, 200, "{body}");
+        eventually(Duration::from_secs(30), "m1 keeps nothing of it", || {
+            fleet
+                .lock()
+                .unwrap()
+                .find("m1", "Deployment", &name)
+                .is_none()
+        });
+    }
+}
