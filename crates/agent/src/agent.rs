@@ -246,6 +246,17 @@ fn identifiers(manifests: &[Value]) -> Vec<Option<ResourceIdentifier>> {
 }
 
 /// The same object, whatever its position in the Work.
+/// Whether two owed deletions are of the same object.
+fn same_target(a: &PendingDelete, b: &PendingDelete) -> bool {
+    match (
+        ResourceIdentifier::of(0, &a.manifest),
+        ResourceIdentifier::of(0, &b.manifest),
+    ) {
+        (Some(x), Some(y)) => same_object(&x, &y),
+        _ => false,
+    }
+}
+
 fn same_object(a: &ResourceIdentifier, b: &ResourceIdentifier) -> bool {
     a.group == b.group && a.kind == b.kind && a.namespace == b.namespace && a.name == b.name
 }
@@ -499,19 +510,58 @@ impl Inner {
 
     /// Removes a Work's objects from the member (unless it asked to keep them).
     async fn remove_work(&self, name: &str, revision: &str, reason: &'static str) {
-        let old = self.lock_state().works.remove(name);
-        if let Some(old) = old {
-            if !old.preserve {
+        let work = format!("{}/{name}", self.namespace());
+        // The Work leaves the state and its objects become owed deletions in one step, before
+        // anything is deleted: a removal cut short (the session ends while a slow member
+        // answers, and this future is dropped) leaves them to be retried, not forgotten with
+        // the objects still in the member.
+        let owed: Option<Vec<PendingDelete>> = {
+            let mut st = self.lock_state();
+            st.works.remove(name).map(|old| {
+                if old.preserve {
+                    return Vec::new();
+                }
+                let owed: Vec<PendingDelete> = old
+                    .manifests
+                    .iter()
+                    .map(|m| PendingDelete {
+                        manifest: m.clone(),
+                        work: work.clone(),
+                        uid: old.uid.clone(),
+                        generation: old.generation,
+                        revision: revision.to_string(),
+                    })
+                    .collect();
+                for p in &owed {
+                    st.pending_deletes.retain(|q| !same_target(q, p));
+                    st.pending_deletes.push(p.clone());
+                }
+                owed
+            })
+        };
+        if let Some(owed) = owed {
+            self.mark_dirty();
+            for p in owed {
+                let Some(id) = ResourceIdentifier::of(0, &p.manifest) else {
+                    continue;
+                };
                 let cause = Cause {
-                    work: format!("{}/{name}", self.namespace()),
-                    uid: old.uid.clone(),
-                    generation: old.generation,
-                    revision: revision.to_string(),
+                    work: p.work.clone(),
+                    uid: p.uid.clone(),
+                    generation: p.generation,
+                    revision: p.revision.clone(),
                     reason,
                 };
-                self.delete_dropped(&old.manifests, &[], &cause).await;
+                match self.backend.delete(&id, &cause).await {
+                    Ok(()) => {
+                        self.lock_state().pending_deletes.retain(|q| q != &p);
+                        self.mark_dirty();
+                    }
+                    Err(e) => {
+                        tracing::warn!(cluster = %self.cfg.cluster, object = %id.describe(), error = %e, "deleting an object of a removed Work failed; it is tried again");
+                    }
+                }
             }
-            self.mark_dirty();
         }
         self.errors
             .lock()
