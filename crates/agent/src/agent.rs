@@ -245,7 +245,6 @@ fn identifiers(manifests: &[Value]) -> Vec<Option<ResourceIdentifier>> {
         .collect()
 }
 
-/// The same object, whatever its position in the Work.
 /// Whether two owed deletions are of the same object.
 fn same_target(a: &PendingDelete, b: &PendingDelete) -> bool {
     match (
@@ -257,6 +256,7 @@ fn same_target(a: &PendingDelete, b: &PendingDelete) -> bool {
     }
 }
 
+/// The same object, whatever its position in the Work.
 fn same_object(a: &ResourceIdentifier, b: &ResourceIdentifier) -> bool {
     a.group == b.group && a.kind == b.kind && a.namespace == b.namespace && a.name == b.name
 }
