@@ -245,15 +245,37 @@ fn identifiers(manifests: &[Value]) -> Vec<Option<ResourceIdentifier>> {
         .collect()
 }
 
-/// Whether two owed deletions are of the same object.
-fn same_target(a: &PendingDelete, b: &PendingDelete) -> bool {
-    match (
-        ResourceIdentifier::of(0, &a.manifest),
-        ResourceIdentifier::of(0, &b.manifest),
-    ) {
-        (Some(x), Some(y)) => same_object(&x, &y),
-        _ => false,
+/// Records the objects of `old` that `new` no longer has as owed deletions, in the same
+/// step as the caller's change to the Works it holds: a deletion cut short (the session ends
+/// while a slow member answers, and the future is dropped) or failed (the member is away) is
+/// retried, not forgotten with the object still in the member. Returns what to delete now.
+fn owe_dropped(
+    st: &mut AgentState,
+    old: &[Value],
+    new: &[Value],
+    cause: &Cause,
+) -> Vec<(ResourceIdentifier, PendingDelete)> {
+    let keep: Vec<ResourceIdentifier> = identifiers(new).into_iter().flatten().collect();
+    let mut owed = Vec::new();
+    for (m, id) in old.iter().zip(identifiers(old)) {
+        let Some(id) = id else { continue };
+        if keep.iter().any(|k| same_object(k, &id)) {
+            continue;
+        }
+        let p = PendingDelete {
+            manifest: m.clone(),
+            work: cause.work.clone(),
+            uid: cause.uid.clone(),
+            generation: cause.generation,
+            revision: cause.revision.clone(),
+        };
+        st.pending_deletes.retain(|q| {
+            ResourceIdentifier::of(0, &q.manifest).is_none_or(|o| !same_object(&o, &id))
+        });
+        st.pending_deletes.push(p.clone());
+        owed.push((id, p));
     }
+    owed
 }
 
 /// The same object, whatever its position in the Work.
@@ -372,31 +394,18 @@ impl Inner {
         (errors, unavailable)
     }
 
-    /// Deletes the objects of `old` that `new` no longer has.
-    async fn delete_dropped(&self, old: &[Value], new: &[Value], cause: &Cause) {
-        let keep: Vec<ResourceIdentifier> = identifiers(new).into_iter().flatten().collect();
-        for (m, id) in old.iter().zip(identifiers(old)) {
-            let Some(id) = id else { continue };
-            if keep.iter().any(|k| same_object(k, &id)) {
-                continue;
-            }
-            if let Err(e) = self.backend.delete(&id, cause).await {
-                tracing::warn!(cluster = %self.cfg.cluster, object = %id.describe(), error = %e, "deleting a dropped object failed; it is tried again");
-                // Not forgotten: an object Orrery took out of the member must not stay there
-                // because the member was away when it was.
-                let mut st = self.lock_state();
-                st.pending_deletes.retain(|p| {
-                    ResourceIdentifier::of(0, &p.manifest).is_none_or(|o| !same_object(&o, &id))
-                });
-                st.pending_deletes.push(PendingDelete {
-                    manifest: m.clone(),
-                    work: cause.work.clone(),
-                    uid: cause.uid.clone(),
-                    generation: cause.generation,
-                    revision: cause.revision.clone(),
-                });
-                drop(st);
-                self.mark_dirty();
+    /// Deletes objects owed by [`owe_dropped`]; each is struck off once deleted, and left
+    /// to [`Self::retry_deletes`] when the member fails it.
+    async fn delete_owed(&self, owed: Vec<(ResourceIdentifier, PendingDelete)>, cause: &Cause) {
+        for (id, p) in owed {
+            match self.backend.delete(&id, cause).await {
+                Ok(()) => {
+                    self.lock_state().pending_deletes.retain(|q| q != &p);
+                    self.mark_dirty();
+                }
+                Err(e) => {
+                    tracing::warn!(cluster = %self.cfg.cluster, object = %id.describe(), error = %e, "deleting a dropped object failed; it is tried again");
+                }
             }
         }
     }
@@ -478,21 +487,26 @@ impl Inner {
         }
         let mut cause = self.cause(w, "applied");
         let (errors, unavailable) = self.apply_manifests(&manifests, overwrite, &cause).await;
-        if let Some(prev) = &previous {
-            cause.reason = "dropped from the Work";
-            self.delete_dropped(&prev.manifests, &manifests, &cause)
-                .await;
-        }
-        let applied = AppliedWork {
-            uid: w.metadata.uid.clone(),
-            generation: w.metadata.generation.unwrap_or(1),
-            digest,
-            manifests,
-            preserve: spec.preserve_resources_on_deletion,
-            overwrite,
+        cause.reason = "dropped from the Work";
+        let dropped = {
+            let mut st = self.lock_state();
+            let dropped = previous
+                .as_ref()
+                .map(|prev| owe_dropped(&mut st, &prev.manifests, &manifests, &cause))
+                .unwrap_or_default();
+            let applied = AppliedWork {
+                uid: w.metadata.uid.clone(),
+                generation: w.metadata.generation.unwrap_or(1),
+                digest,
+                manifests,
+                preserve: spec.preserve_resources_on_deletion,
+                overwrite,
+            };
+            st.works.insert(name.clone(), applied);
+            dropped
         };
-        self.lock_state().works.insert(name.clone(), applied);
         self.mark_dirty();
+        self.delete_owed(dropped, &cause).await;
         {
             let mut retry = self.retry.lock().unwrap_or_else(|p| p.into_inner());
             if unavailable {
@@ -510,58 +524,27 @@ impl Inner {
 
     /// Removes a Work's objects from the member (unless it asked to keep them).
     async fn remove_work(&self, name: &str, revision: &str, reason: &'static str) {
-        let work = format!("{}/{name}", self.namespace());
-        // The Work leaves the state and its objects become owed deletions in one step, before
-        // anything is deleted: a removal cut short (the session ends while a slow member
-        // answers, and this future is dropped) leaves them to be retried, not forgotten with
-        // the objects still in the member.
-        let owed: Option<Vec<PendingDelete>> = {
+        let removed = {
             let mut st = self.lock_state();
             st.works.remove(name).map(|old| {
-                if old.preserve {
-                    return Vec::new();
-                }
-                let owed: Vec<PendingDelete> = old
-                    .manifests
-                    .iter()
-                    .map(|m| PendingDelete {
-                        manifest: m.clone(),
-                        work: work.clone(),
-                        uid: old.uid.clone(),
-                        generation: old.generation,
-                        revision: revision.to_string(),
-                    })
-                    .collect();
-                for p in &owed {
-                    st.pending_deletes.retain(|q| !same_target(q, p));
-                    st.pending_deletes.push(p.clone());
-                }
-                owed
-            })
-        };
-        if let Some(owed) = owed {
-            self.mark_dirty();
-            for p in owed {
-                let Some(id) = ResourceIdentifier::of(0, &p.manifest) else {
-                    continue;
-                };
                 let cause = Cause {
-                    work: p.work.clone(),
-                    uid: p.uid.clone(),
-                    generation: p.generation,
-                    revision: p.revision.clone(),
+                    work: format!("{}/{name}", self.namespace()),
+                    uid: old.uid.clone(),
+                    generation: old.generation,
+                    revision: revision.to_string(),
                     reason,
                 };
-                match self.backend.delete(&id, &cause).await {
-                    Ok(()) => {
-                        self.lock_state().pending_deletes.retain(|q| q != &p);
-                        self.mark_dirty();
-                    }
-                    Err(e) => {
-                        tracing::warn!(cluster = %self.cfg.cluster, object = %id.describe(), error = %e, "deleting an object of a removed Work failed; it is tried again");
-                    }
-                }
-            }
+                let dropped = if old.preserve {
+                    Vec::new()
+                } else {
+                    owe_dropped(&mut st, &old.manifests, &[], &cause)
+                };
+                (dropped, cause)
+            })
+        };
+        if let Some((dropped, cause)) = removed {
+            self.mark_dirty();
+            self.delete_owed(dropped, &cause).await;
         }
         self.errors
             .lock()
