@@ -558,12 +558,18 @@ impl Store for EtcdStore {
     ) -> Result<Arc<Object>> {
         let value = encode(&mut obj)?;
         let full = self.full(key);
-        let cond = match expected {
-            Some(rev) => Compare::mod_revision(full.clone(), CompareOp::Equal, rev),
-            None => Compare::create_revision(full.clone(), CompareOp::Greater, 0),
-        };
+        // The key must exist in both cases: etcd compares a missing key's mod_revision as 0,
+        // so an update expecting revision 0 would otherwise create the object.
+        let mut when = vec![Compare::create_revision(
+            full.clone(),
+            CompareOp::Greater,
+            0,
+        )];
+        if let Some(rev) = expected {
+            when.push(Compare::mod_revision(full.clone(), CompareOp::Equal, rev));
+        }
         let txn = Txn::new()
-            .when([cond])
+            .when(when)
             .and_then([TxnOp::put(full.clone(), value, None)])
             .or_else([TxnOp::get(full, None)]);
         let resp = self.client()?.txn(txn).await.map_err(backend)?;

@@ -174,6 +174,20 @@ pub async fn cas_and_preconditions(h: &dyn Harness) {
     };
     s.delete("/t/ns/a", &right).await.unwrap();
     assert!(s.get("/t/ns/a").await.unwrap_err().is_not_found());
+
+    // An update of a missing key is NotFound whatever revision it expects, 0 included (etcd
+    // compares a missing key's revision as 0), and creates nothing.
+    for expected in [None, Some(0), Some(r1), Some(r2)] {
+        let e = s.update("/t/ns/a", o.clone(), expected).await.unwrap_err();
+        assert!(e.is_not_found(), "update expecting {expected:?}: {e:?}");
+        let e = s
+            .update("/t/ns/never", o.clone(), expected)
+            .await
+            .unwrap_err();
+        assert!(e.is_not_found(), "update expecting {expected:?}: {e:?}");
+    }
+    assert!(s.get("/t/ns/a").await.unwrap_err().is_not_found());
+    assert!(s.get("/t/ns/never").await.unwrap_err().is_not_found());
 }
 
 pub async fn concurrent_writers(h: &dyn Harness) {
