@@ -6,6 +6,9 @@
 //! - `GET /clusters/{name}/journal` (`?since=N`): every create, update and delete the member
 //!   carried out for its agent after entry `N`, each with the Work (uid, generation,
 //!   revision) it came from and why;
+//! - `GET /clusters/{name}/data` (`?since=N`): what happened to the member's volumes: pods
+//!   started and stopped on them (with the data version they started on), volumes made and
+//!   removed, snapshots taken and copies started and finished for volume transfers;
 //! - `PUT /clusters/{name}/faults` `{"outage": true, "latencyMs": 200, "lostNodes": 2}`: sets
 //!   the faults (what is left out is cleared); `DELETE /clusters/{name}/faults` clears them;
 //! - `PUT /clusters/{name}/load` `{"load": 0.8}`: the background load, a fraction of capacity;
@@ -99,17 +102,23 @@ async fn handle(
                 (&Method::GET, ["objects"]) => {
                     reply(StatusCode::OK, json!({"items": sim.objects()}))
                 }
-                (&Method::GET, ["journal"]) => {
+                (&Method::GET, [log @ ("journal" | "data")]) => {
                     let since = form_urlencoded::parse(query.as_bytes())
                         .find(|(k, _)| k == "since")
                         .map(|(_, v)| v.parse::<u64>());
                     match since {
-                        Some(Err(_)) => error(
-                            StatusCode::BAD_REQUEST,
-                            "since must be a journal sequence number",
-                        ),
-                        Some(Ok(n)) => reply(StatusCode::OK, json!({"items": sim.journal(n)})),
-                        None => reply(StatusCode::OK, json!({"items": sim.journal(0)})),
+                        Some(Err(_)) => {
+                            error(StatusCode::BAD_REQUEST, "since must be a sequence number")
+                        }
+                        since => {
+                            let n = since.and_then(Result::ok).unwrap_or(0);
+                            let items = if *log == "journal" {
+                                json!(sim.journal(n))
+                            } else {
+                                json!(sim.data_log(n))
+                            };
+                            reply(StatusCode::OK, json!({"items": items}))
+                        }
                     }
                 }
                 (&Method::POST, ["objects"]) => match serde_json::from_slice::<Value>(&body) {

@@ -17,6 +17,7 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use orrery_api::cluster::{self, CONDITION_JOINED, CONDITION_READY, ClusterFacts, Registration};
 use orrery_api::conditions::{self, Condition};
+use orrery_api::stateful::{Transfer, TransferRole};
 use orrery_api::work::{
     self, ConflictResolution, Health, ManifestStatus, ResourceIdentifier, WorkSpec, WorkStatus,
 };
@@ -146,6 +147,10 @@ type ApplyErrors = BTreeMap<usize, String>;
 /// How long a Work whose report the server refused waits before it is sent again.
 const REFUSED_HOLD: Duration = Duration::from_secs(10);
 
+/// Where a Work's apply errors keep the failure of its transfers (the others are keyed by
+/// manifest ordinal).
+const TRANSFER_ERROR: usize = usize::MAX;
+
 /// A Work whose status is to be read again: its name, applied digest and generation, and
 /// the identifiers of its objects when they are known already.
 #[derive(Debug)]
@@ -166,6 +171,8 @@ struct Computed {
     ids: Vec<Option<ResourceIdentifier>>,
     /// The backend's stamps of those objects, taken before they were read.
     stamps: Vec<Option<u64>>,
+    /// The backend's stamp of transfers then, for a Work with any.
+    transfers: Option<Option<u64>>,
     /// The digest of the status computed then.
     status: u64,
 }
@@ -184,6 +191,11 @@ impl Computed {
                     (Some(id), Some(s)) => backend.state_stamp(id) == Some(*s),
                     (Some(_), None) => false,
                 })
+            && match self.transfers {
+                None => true,
+                Some(Some(s)) => backend.transfer_stamp() == Some(s),
+                Some(None) => false,
+            }
     }
 }
 
@@ -202,6 +214,7 @@ fn status_digest(s: &WorkStatus) -> u64 {
             .hash(&mut h);
     }
     orrery_api::object::json_digest(&s.manifest_statuses).hash(&mut h);
+    orrery_api::object::json_digest(&s.transfers).hash(&mut h);
     s.observed_generation.hash(&mut h);
     h.finish()
 }
@@ -473,7 +486,8 @@ impl Inner {
             w.metadata.uid,
             manifests,
             overwrite,
-            spec.preserve_resources_on_deletion
+            spec.preserve_resources_on_deletion,
+            spec.transfers,
         ]));
         let previous = self.lock_state().works.get(&name).cloned();
         let retrying = self
@@ -486,7 +500,23 @@ impl Inner {
             return;
         }
         let mut cause = self.cause(w, "applied");
-        let (errors, unavailable) = self.apply_manifests(&manifests, overwrite, &cause).await;
+        // Transfers first: a target's workload may wait for a copy they start.
+        let transfer_error = self
+            .backend
+            .set_transfers(&name, &spec.transfers)
+            .await
+            .err();
+        let (manifests, held) = if self.copy_pending(&name, &spec.transfers).await {
+            (Vec::new(), manifests)
+        } else {
+            (manifests, Vec::new())
+        };
+        let (mut errors, mut unavailable) =
+            self.apply_manifests(&manifests, overwrite, &cause).await;
+        if let Some(e) = transfer_error {
+            unavailable |= matches!(e, BackendError::Unavailable(_));
+            errors.insert(TRANSFER_ERROR, format!("volume transfers: {e}"));
+        }
         cause.reason = "dropped from the Work";
         let dropped = {
             let mut st = self.lock_state();
@@ -501,6 +531,8 @@ impl Inner {
                 manifests,
                 preserve: spec.preserve_resources_on_deletion,
                 overwrite,
+                transfers: spec.transfers.clone(),
+                held,
             };
             st.works.insert(name.clone(), applied);
             dropped
@@ -520,6 +552,64 @@ impl Inner {
         }
         self.set_errors(name, errors);
         self.report_now.notify_one();
+    }
+
+    /// Whether one of `transfers` holds the Work's manifests back: a Receive with
+    /// `holdWorkload` whose round is not in yet.
+    async fn copy_pending(&self, name: &str, transfers: &[Transfer]) -> bool {
+        if !transfers
+            .iter()
+            .any(|t| t.role == TransferRole::Receive && t.hold_workload)
+        {
+            return false;
+        }
+        let statuses = self.backend.transfer_statuses(name, transfers).await;
+        transfers
+            .iter()
+            .filter(|t| t.role == TransferRole::Receive && t.hold_workload)
+            .any(|t| {
+                !statuses
+                    .iter()
+                    .any(|s| s.id == t.id && s.complete && s.round >= t.round)
+            })
+    }
+
+    /// Applies the manifests of Works that waited for a copy that is now in: the target
+    /// starts on the copied data without waiting for the control plane.
+    async fn release_held(&self) {
+        let waiting: Vec<(String, AppliedWork)> = self
+            .lock_state()
+            .works
+            .iter()
+            .filter(|(_, w)| !w.held.is_empty())
+            .map(|(n, w)| (n.clone(), w.clone()))
+            .collect();
+        for (name, w) in waiting {
+            if self.copy_pending(&name, &w.transfers).await {
+                continue;
+            }
+            let cause = self.applied_cause(&name, &w, "applied: the volume copy is in");
+            let (errors, unavailable) = self.apply_manifests(&w.held, w.overwrite, &cause).await;
+            {
+                let mut st = self.lock_state();
+                // Unless the Work changed meanwhile (it was applied anew then).
+                if let Some(cur) = st.works.get_mut(&name)
+                    && cur.digest == w.digest
+                {
+                    cur.manifests = std::mem::take(&mut cur.held);
+                }
+            }
+            self.mark_dirty();
+            if unavailable {
+                self.retry
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(name.clone());
+            }
+            tracing::info!(cluster = %self.cfg.cluster, work = %name, "the volume copy is in: the Work's manifests are applied");
+            self.set_errors(name, errors);
+            self.report_now.notify_one();
+        }
     }
 
     /// Removes a Work's objects from the member (unless it asked to keep them).
@@ -545,6 +635,9 @@ impl Inner {
         if let Some((dropped, cause)) = removed {
             self.mark_dirty();
             self.delete_owed(dropped, &cause).await;
+        }
+        if let Err(e) = self.backend.set_transfers(name, &[]).await {
+            tracing::warn!(cluster = %self.cfg.cluster, work = %name, error = %e, "ending a removed Work's transfers failed");
         }
         self.errors
             .lock()
@@ -600,6 +693,13 @@ impl Inner {
         }
         tracing::info!(cluster = %self.cfg.cluster, works = works.len(), "resuming the Works applied before");
         for (name, w) in works {
+            // The member's part in transfers carries on where it is (a member that kept
+            // them changes nothing).
+            if !w.transfers.is_empty()
+                && let Err(e) = self.backend.set_transfers(&name, &w.transfers).await
+            {
+                tracing::warn!(cluster = %self.cfg.cluster, work = %name, error = %e, "resuming a Work's transfers failed");
+            }
             // Only what the member lacks: objects it still has are left as they are, so an
             // agent restart is no operation in a member that kept its objects.
             let mut missing = Vec::new();
@@ -685,6 +785,7 @@ impl Inner {
                         ms.health = s.health;
                         ms.status = s.status;
                         ms.message = s.message;
+                        ms.volumes = s.volumes;
                     }
                     Ok(None) => ms.message = "not present in the member".into(),
                     Err(e) => ms.message = e.to_string(),
@@ -708,10 +809,12 @@ impl Inner {
                 "every manifest is applied",
             )
         } else {
-            let first = statuses
-                .iter()
-                .find(|s| !s.applied)
-                .map(|s| format!("{}: {}", s.identifier.describe(), s.message));
+            let first = errors.get(&TRANSFER_ERROR).cloned().or_else(|| {
+                statuses
+                    .iter()
+                    .find(|s| !s.applied)
+                    .map(|s| format!("{}: {}", s.identifier.describe(), s.message))
+            });
             Condition::new(
                 work::CONDITION_APPLIED,
                 conditions::FALSE,
@@ -747,10 +850,20 @@ impl Inner {
             )
         };
         conditions::set(&mut conds, available, now);
+        let transfers = match self.lock_state().works.get(name) {
+            Some(w) if !w.transfers.is_empty() => w.transfers.clone(),
+            _ => Vec::new(),
+        };
+        let transfers = if transfers.is_empty() {
+            Vec::new()
+        } else {
+            self.backend.transfer_statuses(name, &transfers).await
+        };
         WorkStatus {
             conditions: conds,
             manifest_statuses: statuses,
             observed_generation: Some(generation),
+            transfers,
         }
     }
 
@@ -822,6 +935,12 @@ impl Inner {
                 .iter()
                 .map(|id| id.as_ref().and_then(|id| self.backend.state_stamp(id)))
                 .collect();
+            let has_transfers = self
+                .lock_state()
+                .works
+                .get(&name)
+                .is_some_and(|w| !w.transfers.is_empty());
+            let transfer_stamp = has_transfers.then(|| self.backend.transfer_stamp());
             let errors = self.errors_version(&name);
             let status = self.work_status(&name, generation, ids.clone(), now).await;
             let h = status_digest(&status);
@@ -837,6 +956,7 @@ impl Inner {
                             generation,
                             ids,
                             stamps,
+                            transfers: transfer_stamp,
                             status: h,
                         },
                     );
@@ -928,6 +1048,9 @@ fn cluster_status(
             s["network"] = json!(n);
         }
         s["properties"] = json!(r.properties);
+        if !r.storage_classes.is_empty() {
+            s["storageClasses"] = json!(r.storage_classes);
+        }
     }
     status
 }
@@ -1229,6 +1352,7 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
         }
         last = Instant::now();
         inner.retry_failed().await;
+        inner.release_held().await;
         // The state file holds every applied Work: with thousands of them, rewriting it on
         // every report would cost more than the reports. Saving is paced to take at most a
         // tenth of the time (a small state is saved on every report, as before).

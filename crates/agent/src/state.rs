@@ -23,6 +23,13 @@ pub struct AppliedWork {
     pub preserve: bool,
     #[serde(default)]
     pub overwrite: bool,
+    /// The volume transfers the Work asks for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transfers: Vec<orrery_api::stateful::Transfer>,
+    /// Manifests held back until a transfer's copy is in (`holdWorkload`); `manifests` is
+    /// what the member has meanwhile.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<Value>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

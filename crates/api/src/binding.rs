@@ -11,6 +11,7 @@ use crate::conditions::Condition;
 use crate::policy::{
     ApplicationFailover, DIVIDED, Placement, PolicyRef, ReplicaScheduling, Suspension, Target,
 };
+use crate::stateful::{AffinityGroups, Transfer, VolumeClaim, VolumeStatus};
 use crate::time::Time;
 use crate::validation::{
     ErrorList, FieldError, is_dns1123_label, is_dns1123_subdomain, is_qualified_name,
@@ -268,6 +269,44 @@ pub struct BindingSpec {
     pub clusters: Vec<TargetCluster>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub evictions: Vec<Eviction>,
+    /// The volumes the template's pods own (from the template): a binding with any is
+    /// stateful, and moves only through a Migration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeClaim>,
+    /// Karmada's affinity groups, from the placement's `workloadAffinity` and the template's
+    /// labels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity_groups: Option<AffinityGroups>,
+    /// The Migration moving the workload now (the scheduler leaves the binding alone until it
+    /// is done).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub migration: String,
+    /// Clusters whose copy must run no pods (a migration's fence): rendered with no
+    /// replicas, volumes kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fenced: Vec<String>,
+    /// Volume transfers, each rendered into its cluster's Work (a cluster may take part in
+    /// one without running the workload).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transfers: Vec<ClusterTransfer>,
+    /// Where a standby copy of a stateful workload is kept (`placement.stateful.standby`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub standby: String,
+}
+
+/// A transfer one cluster takes part in.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterTransfer {
+    pub cluster: String,
+    pub transfer: Transfer,
+}
+
+impl BindingSpec {
+    /// Whether the template's pods own persistent volumes.
+    pub fn is_stateful(&self) -> bool {
+        !self.volumes.is_empty()
+    }
 }
 
 fn is_abort(c: &ConflictResolution) -> bool {
@@ -294,6 +333,9 @@ pub struct AggregatedStatusItem {
     /// Since when the health has been what it is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_since: Option<Time>,
+    /// The persistent volumes the template's pods use there.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeStatus>,
 }
 
 /// Why a cluster was or was not chosen, in short.

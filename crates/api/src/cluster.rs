@@ -220,6 +220,9 @@ pub struct NetworkStatus {
     pub ingress_bytes_per_second: f64,
     #[serde(default)]
     pub egress_bytes_per_second: f64,
+    /// The member's data uplink, bytes per second (what volume transfers share).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bandwidth_bytes_per_second: Option<i64>,
 }
 
 /// What a domain last reported through `PUT /api/v1/metrics` (the draft's 6.3.1 figures).
@@ -275,6 +278,9 @@ pub struct ClusterStatus {
     /// KEP-2149 ClusterProperty values reported by the member, by property name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub properties: BTreeMap<String, String>,
+    /// The storage classes the member offers; the first is its default.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub storage_classes: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<Time>,
 }

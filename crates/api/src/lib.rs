@@ -8,6 +8,7 @@
 //! - [`cluster`], [`work`], [`conditions`]: Orrery's member-cluster kinds and their rules;
 //! - [`policy`], [`binding`], [`overrides`], [`interpret`]: placement policies, bindings,
 //!   per-cluster overrides and what Orrery knows about workload kinds;
+//! - [`stateful`]: volumes, the data mover's transfers, and migrations of stateful workloads;
 //! - [`history`]: the schedule history's records;
 //! - [`keys`]: where each object lives in the store.
 
@@ -24,6 +25,7 @@ pub mod object;
 pub mod overrides;
 pub mod policy;
 pub mod quantity;
+pub mod stateful;
 pub mod time;
 pub mod token;
 pub mod validation;

@@ -287,6 +287,17 @@ pub struct Placement {
     /// again; by default what runs stays where it is.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub rebalance_on_recovery: bool,
+    /// Orrery (the draft's follow-up scheduling): run where this workload of the same
+    /// namespace runs; if those clusters cannot hold it, in the nearest by latency. When the
+    /// leader moves, this one follows once the leader serves at its new place.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub follow_up: Option<crate::stateful::FollowUp>,
+    /// Karmada's inter-workload affinity (KEP-521): groups kept together or apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload_affinity: Option<crate::stateful::WorkloadAffinity>,
+    /// Orrery: a stateful workload's standby copy and what to do when its data is lost.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stateful: Option<crate::stateful::StatefulPlacement>,
 }
 
 impl Placement {
@@ -410,6 +421,15 @@ impl Placement {
                     "must be 0 (no limit) or at least minGroups",
                 ));
             }
+        }
+        if let Some(f) = &self.follow_up {
+            f.validate(&format!("{path}.followUp"), errs);
+        }
+        if let Some(w) = &self.workload_affinity {
+            w.validate(&format!("{path}.workloadAffinity"), errs);
+        }
+        if let Some(st) = &self.stateful {
+            st.validate(&format!("{path}.stateful"), errs);
         }
         if let Some(r) = &self.replica_scheduling {
             let p = format!("{path}.replicaScheduling");

@@ -45,6 +45,10 @@ pub struct WorkSpec {
     /// Keep the objects in the member when the Work is deleted.
     #[serde(default)]
     pub preserve_resources_on_deletion: bool,
+    /// Volume transfers the member takes part in (Orrery's data mover): carried out by the
+    /// agent, never applied as objects.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transfers: Vec<crate::stateful::Transfer>,
 }
 
 /// Which object of a Work a status is about.
@@ -130,6 +134,9 @@ pub struct ManifestStatus {
     pub status: Option<Value>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The persistent volumes the object's pods use, for workloads.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::stateful::VolumeStatus>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -142,6 +149,9 @@ pub struct WorkStatus {
     /// The Work generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Where each of the spec's transfers stands.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transfers: Vec<crate::stateful::TransferStatus>,
 }
 
 /// Validates a Work's spec: every manifest names its apiVersion, kind and a valid name, the

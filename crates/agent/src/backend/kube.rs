@@ -444,6 +444,46 @@ impl KubeMember {
             Err(_) => BTreeMap::new(),
         }
     }
+
+    /// The member's StorageClasses, the default one (annotated
+    /// `storageclass.kubernetes.io/is-default-class`) first.
+    async fn storage_classes(&self) -> Vec<String> {
+        let mut classes: Vec<(bool, String)> = Vec::new();
+        let listed = self
+            .each_page(
+                "/apis/storage.k8s.io/v1/storageclasses",
+                |c: MiniStorageClass| {
+                    let default = c
+                        .metadata
+                        .annotations
+                        .get("storageclass.kubernetes.io/is-default-class")
+                        .is_some_and(|v| v == "true");
+                    classes.push((!default, c.metadata.name));
+                },
+            )
+            .await;
+        if listed.is_err() {
+            // A member that serves no StorageClasses has none to offer.
+            return Vec::new();
+        }
+        classes.sort();
+        classes.into_iter().map(|(_, n)| n).collect()
+    }
+}
+
+/// A StorageClass: its name and annotations.
+#[derive(Debug, serde::Deserialize)]
+struct MiniStorageClass {
+    #[serde(default)]
+    metadata: ClassMeta,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct ClassMeta {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
 }
 
 #[async_trait]
@@ -566,6 +606,7 @@ impl Backend for KubeMember {
             health,
             status: obj.get("status").cloned(),
             message,
+            volumes: Vec::new(),
         }))
     }
 
@@ -679,6 +720,7 @@ impl Backend for KubeMember {
             largest_node_free: largest,
             network: None,
             properties: self.properties().await,
+            storage_classes: self.storage_classes().await,
         })
     }
 

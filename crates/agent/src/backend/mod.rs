@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use orrery_api::cluster::{
     ApiEnablement, NetworkStatus, NodeSummary, ResourceList, ResourceSummary,
 };
+use orrery_api::stateful::{Transfer, TransferStatus, VolumeStatus};
 use orrery_api::work::{Health, ResourceIdentifier};
 use serde_json::Value;
 
@@ -26,12 +27,14 @@ pub enum BackendError {
 }
 
 /// How one applied object is doing in the member.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ObjectState {
     pub health: Health,
     /// The object's own status there.
     pub status: Option<Value>,
     pub message: String,
+    /// The persistent volumes a workload's pods use.
+    pub volumes: Vec<VolumeStatus>,
 }
 
 /// What the member says about itself: health, capacity and what it serves.
@@ -47,6 +50,8 @@ pub struct MemberReport {
     pub network: Option<NetworkStatus>,
     /// KEP-2149 ClusterProperty values (`cluster.clusterset.k8s.io`...).
     pub properties: BTreeMap<String, String>,
+    /// The storage classes offered, the default first.
+    pub storage_classes: Vec<String>,
 }
 
 /// Why the agent acts on its member: the Work an operation carries out (`namespace/name`),
@@ -93,6 +98,29 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// The member's health, capacity and inventory.
     async fn report(&self) -> Result<MemberReport, BackendError>;
+
+    /// Takes part in the volume transfers a Work asks for (`work` is its name), replacing
+    /// what it asked before; an empty list ends its transfers. A backend that cannot move
+    /// volume data refuses any.
+    async fn set_transfers(&self, _work: &str, transfers: &[Transfer]) -> Result<(), BackendError> {
+        if transfers.is_empty() {
+            return Ok(());
+        }
+        Err(BackendError::Rejected {
+            what: "volume transfers".into(),
+            message: "this member's backend cannot move volume data".into(),
+        })
+    }
+
+    /// Where the transfers a Work asked for stand, in its order.
+    async fn transfer_statuses(&self, _work: &str, _transfers: &[Transfer]) -> Vec<TransferStatus> {
+        Vec::new()
+    }
+
+    /// Like [`Backend::state_stamp`], for every transfer's status at once.
+    fn transfer_stamp(&self) -> Option<u64> {
+        Some(0)
+    }
 
     /// Changes when object states may have changed, so the agent re-reads and reports them.
     fn changed(&self) -> tokio::sync::watch::Receiver<u64>;

@@ -1065,6 +1065,7 @@ impl Controller {
                 workload: Workload { manifests },
                 conflict_resolution: spec.conflict_resolution,
                 preserve_resources_on_deletion: spec.preserve_resources_on_deletion,
+                transfers: Vec::new(),
             };
             let Ok(ws_value) = serde_json::to_value(&ws) else {
                 continue;

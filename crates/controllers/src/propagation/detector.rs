@@ -756,8 +756,25 @@ impl Detector {
             preserve_resources_on_deletion: p.preserve_resources_on_deletion,
             suspension: p.suspension.clone(),
             failover: p.failover.clone(),
-            clusters: old.as_ref().map(|o| o.clusters.clone()).unwrap_or_default(),
-            evictions: old.map(|o| o.evictions).unwrap_or_default(),
+            volumes: orrery_api::stateful::claims_of(&v),
+            affinity_groups: p
+                .placement
+                .workload_affinity
+                .as_ref()
+                .map(|w| w.groups(&t.metadata.labels))
+                .filter(|g| !g.is_empty()),
+            // What the scheduler and the migration controller decided stays theirs.
+            ..old
+                .map(|o| BindingSpec {
+                    clusters: o.clusters,
+                    evictions: o.evictions,
+                    migration: o.migration,
+                    fenced: o.fenced,
+                    transfers: o.transfers,
+                    standby: o.standby,
+                    ..Default::default()
+                })
+                .unwrap_or_default()
         }
     }
 }

@@ -29,6 +29,8 @@ use tokio::time::Instant;
 
 use super::{Backend, BackendError, Cause, MemberReport, ObjectState};
 
+pub mod data;
+
 /// How a simulated cluster's background load varies over time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Profile {
@@ -54,7 +56,14 @@ pub struct SimSpec {
     pub start_delay: Duration,
     /// How long a Job's pod runs before it succeeds.
     pub job_duration: Duration,
+    /// The data uplink, bytes per second, shared by the member's volume transfers.
+    pub bandwidth: i64,
+    /// The storage classes the member offers; the first is its default.
+    pub storage_classes: Vec<String>,
 }
+
+/// The default data uplink: 1 Gbit/s.
+pub const DEFAULT_BANDWIDTH: i64 = 125 << 20;
 
 impl Default for SimSpec {
     fn default() -> Self {
@@ -69,6 +78,8 @@ impl Default for SimSpec {
             period: Duration::from_secs(24 * 3600),
             start_delay: Duration::from_millis(500),
             job_duration: Duration::from_secs(5),
+            bandwidth: DEFAULT_BANDWIDTH,
+            storage_classes: vec!["standard".into()],
         }
     }
 }
@@ -92,7 +103,8 @@ impl FromStr for SimSpec {
     type Err = String;
 
     /// `nodes=8,cpu=32,memory=128Gi,gpu=0,pods=110,load=0.3,profile=flat` (any subset; also
-    /// `period=`, `start=` and `job=` durations).
+    /// `period=`, `start=` and `job=` durations, `bandwidth=` a quantity of bytes per second,
+    /// and `storageclasses=` names separated by `:`, the default first).
     fn from_str(s: &str) -> Result<Self, String> {
         let mut spec = SimSpec::default();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -147,9 +159,33 @@ impl FromStr for SimSpec {
                 "period" => spec.period = parse_duration(v)?.max(Duration::from_secs(1)),
                 "start" => spec.start_delay = parse_duration(v)?,
                 "job" => spec.job_duration = parse_duration(v)?,
+                "bandwidth" => {
+                    let q: Quantity = v.parse().map_err(|e| bad(&format!("{e}")))?;
+                    if q.value() < 1 {
+                        return Err(bad("must be at least 1 byte per second"));
+                    }
+                    spec.bandwidth = q.value() as i64;
+                }
+                "storageclasses" => {
+                    let classes: Vec<String> = v
+                        .split(':')
+                        .map(str::trim)
+                        .filter(|c| !c.is_empty())
+                        .map(str::to_string)
+                        .collect();
+                    if classes.is_empty() {
+                        return Err(bad("one or more names separated by ':'"));
+                    }
+                    for c in &classes {
+                        if let Some(m) = orrery_api::validation::is_dns1123_subdomain(c).first() {
+                            return Err(bad(m));
+                        }
+                    }
+                    spec.storage_classes = classes;
+                }
                 _ => {
                     return Err(format!(
-                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, start, job)"
+                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, start, job, bandwidth, storageclasses)"
                     ));
                 }
             }
@@ -286,7 +322,24 @@ struct Shape {
     request: Res,
     /// Changes when the pod template changes (pods are replaced).
     template: u64,
+    /// The persistent volumes its pods own (a StatefulSet's claim templates) or mount.
+    claims: Vec<orrery_api::stateful::VolumeClaim>,
+    /// Bytes a new volume starts with (`sim.orrery.io/volume-used`; half its capacity by
+    /// default).
+    volume_used: Option<i64>,
+    /// Bytes a second each running pod writes to each of its volumes
+    /// (`sim.orrery.io/write-rate`).
+    write_rate: f64,
+    /// `persistentVolumeClaimRetentionPolicy`: volumes go with the workload, and with the
+    /// ordinals a scale-down removes (both kept by default, as in Kubernetes).
+    delete_when_deleted: bool,
+    delete_when_scaled: bool,
 }
+
+/// Pod template annotation: the bytes a new volume holds.
+pub const VOLUME_USED_ANNOTATION: &str = "sim.orrery.io/volume-used";
+/// Pod template annotation: bytes a second a running pod writes to each of its volumes.
+pub const WRITE_RATE_ANNOTATION: &str = "sim.orrery.io/write-rate";
 
 fn hash_value(v: &Value) -> u64 {
     use std::hash::{Hash, Hasher};
@@ -313,6 +366,19 @@ fn shape_of(obj: &Value) -> Option<Shape> {
         template.get("spec")?
     };
     let int = |k: &str, d: i64| spec.get(k).and_then(Value::as_i64).unwrap_or(d).max(0);
+    let annotation = |name: &str| -> Option<Quantity> {
+        let a = if wk == WorkloadKind::Pod {
+            obj.pointer("/metadata/annotations")
+        } else {
+            template.pointer("/metadata/annotations")
+        };
+        a?.get(name)?.as_str()?.parse().ok()
+    };
+    let retention = |when: &str| {
+        spec.pointer(&format!("/persistentVolumeClaimRetentionPolicy/{when}"))
+            .and_then(Value::as_str)
+            == Some("Delete")
+    };
     Some(Shape {
         kind: wk,
         replicas: int("replicas", 1),
@@ -320,7 +386,35 @@ fn shape_of(obj: &Value) -> Option<Shape> {
         parallelism: int("parallelism", 1),
         request: pod_request(pod_spec),
         template: hash_value(template),
+        claims: orrery_api::stateful::claims_of(obj),
+        volume_used: annotation(VOLUME_USED_ANNOTATION).map(|q| q.value() as i64),
+        write_rate: annotation(WRITE_RATE_ANNOTATION).map_or(0.0, |q| q.value() as f64),
+        delete_when_deleted: retention("whenDeleted"),
+        delete_when_scaled: retention("whenScaled"),
     })
+}
+
+impl Shape {
+    /// The volumes a pod of `workload` (at `ordinal`, for a StatefulSet) runs on: namespace
+    /// and claim name.
+    fn volumes_of(
+        &self,
+        namespace: &str,
+        workload: &str,
+        ordinal: Option<i64>,
+    ) -> Vec<data::VolumeKey> {
+        self.claims
+            .iter()
+            .filter_map(|c| {
+                let name = if c.per_ordinal {
+                    orrery_api::stateful::ordinal_volume(&c.name, workload, ordinal?)
+                } else {
+                    c.name.clone()
+                };
+                Some((namespace.to_string(), name))
+            })
+            .collect()
+    }
 }
 
 type Key = (String, String, String, String);
@@ -345,6 +439,8 @@ enum Phase {
 #[derive(Debug, Clone)]
 struct Pod {
     owner: Key,
+    /// A StatefulSet pod's ordinal.
+    ordinal: Option<i64>,
     template: u64,
     request: Res,
     node: Option<usize>,
@@ -361,6 +457,8 @@ struct SimObject {
     succeeded: i64,
     /// Pods that could not be placed at the last scheduling pass.
     unschedulable: i64,
+    /// Why its pods wait for a volume, if they do.
+    volume_block: Option<String>,
     /// Changes whenever the object's state (as [`SimCluster::object_state`] renders it) may
     /// have: the agent re-reads only objects whose stamp moved.
     stamp: u64,
@@ -424,6 +522,15 @@ struct State {
     journal_seq: u64,
     /// Pods put back by [`SimCluster::restore`] (not created: they were running already).
     restored_pods: u64,
+    /// Volumes and transfers.
+    data: data::DataPlane,
+    /// The storage classes offered, and the default one.
+    storage_classes: Vec<String>,
+    storage_default: String,
+    /// Running pods and the volumes they are attached to (with their write rate).
+    attached: BTreeMap<u64, (Key, Vec<data::VolumeKey>, f64)>,
+    /// When the data last moved on.
+    data_clock: Instant,
 }
 
 impl State {
@@ -481,6 +588,9 @@ pub struct SimCluster {
 #[derive(Debug, Default, Clone, serde::Serialize, serde::Deserialize)]
 pub struct SimSnapshot {
     pub objects: Vec<SnapshotObject>,
+    /// Volumes (with their data's size and version) and transfers under way.
+    #[serde(default)]
+    pub data: data::DataSnapshot,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -547,6 +657,11 @@ impl SimCluster {
                 journal: Default::default(),
                 journal_seq: 0,
                 restored_pods: 0,
+                data: data::DataPlane::new(spec.bandwidth as f64),
+                storage_default: spec.storage_classes.first().cloned().unwrap_or_default(),
+                storage_classes: spec.storage_classes.clone(),
+                attached: BTreeMap::new(),
+                data_clock: Instant::now(),
             }),
             spec,
             changed: tx,
@@ -590,10 +705,11 @@ impl SimCluster {
     pub fn tick(&self) -> bool {
         let now = Instant::now();
         let mut st = self.lock();
-        if !st.busy {
-            return false;
+        let mut changed = catch_up(&mut st, now);
+        changed |= step_transfers(&mut st);
+        if st.busy {
+            changed |= advance(&mut st, &self.spec, now);
         }
-        let changed = advance(&mut st, &self.spec, now);
         drop(st);
         if changed {
             self.bump();
@@ -603,6 +719,7 @@ impl SimCluster {
 
     pub fn set_faults(&self, f: Faults) {
         let mut st = self.lock();
+        catch_up(&mut st, Instant::now());
         let n = st.nodes.len();
         let lost = f.lost_nodes.min(n);
         let mut moved = false;
@@ -694,6 +811,7 @@ impl SimCluster {
                     succeeded: o.succeeded,
                 })
                 .collect(),
+            data: st.data.snapshot_state(),
         }
     }
 
@@ -703,6 +821,7 @@ impl SimCluster {
     pub fn restore(&self, snap: SimSnapshot) {
         let now = Instant::now();
         let mut st = self.lock();
+        st.data.restore(snap.data);
         for o in snap.objects {
             let Some(id) = ResourceIdentifier::of(0, &o.manifest) else {
                 continue;
@@ -717,6 +836,7 @@ impl SimCluster {
                     shape,
                     succeeded: o.succeeded,
                     unschedulable: 0,
+                    volume_block: None,
                     stamp: 0,
                 },
             );
@@ -736,6 +856,11 @@ impl SimCluster {
         st.restored_pods = st.next_pod;
         drop(st);
         self.bump();
+    }
+
+    /// What happened to the member's data after `since` (a sequence number), oldest first.
+    pub fn data_log(&self, since: u64) -> Vec<data::DataEvent> {
+        self.lock().data.log(since)
     }
 
     /// The operations carried out after `since` (a journal sequence number), oldest first.
@@ -758,8 +883,12 @@ impl SimCluster {
             .map(|k| {
                 let o = &st.objects[k];
                 let mut m = o.manifest.clone();
-                if let Some(status) = self.object_state(&st, k, o).status {
+                let state = self.object_state(&st, k, o);
+                if let Some(status) = state.status {
                     m["status"] = status;
+                }
+                if !state.volumes.is_empty() {
+                    m["status"]["volumes"] = json!(state.volumes);
                 }
                 m
             })
@@ -786,10 +915,24 @@ impl SimCluster {
     /// The object's status in the style of its kind's controller.
     fn object_state(&self, st: &State, key: &Key, obj: &SimObject) -> ObjectState {
         let Some(shape) = &obj.shape else {
+            // A claim shows its volume, as a bound PersistentVolumeClaim's status shows its
+            // capacity.
+            let volumes = if key.1 == "PersistentVolumeClaim" {
+                st.data
+                    .volume(&key.2, &key.3)
+                    .map(|v| vec![v.status()])
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let status = volumes
+                .first()
+                .map(|v| json!({"phase": "Bound", "capacity": {"storage": v.capacity}}));
             return ObjectState {
                 health: Health::Healthy,
-                status: None,
+                status,
                 message: String::new(),
+                volumes,
             };
         };
         let pods: Vec<&Pod> = st.pods.values().filter(|p| &p.owner == key).collect();
@@ -874,12 +1017,43 @@ impl SimCluster {
                 }
             );
         }
+        if let Some(why) = &obj.volume_block {
+            health = Health::Unhealthy;
+            message = format!("pods wait for a volume: {why}");
+        }
         ObjectState {
             health,
             status: Some(status),
             message,
+            volumes: workload_volumes(st, key, shape),
         }
     }
+}
+
+/// The volumes a workload's pods use: a StatefulSet's (every ordinal's, kept ones too), then
+/// the claims its pod template mounts.
+fn workload_volumes(
+    st: &State,
+    key: &Key,
+    shape: &Shape,
+) -> Vec<orrery_api::stateful::VolumeStatus> {
+    if shape.claims.is_empty() {
+        return Vec::new();
+    }
+    let owner = format!("{}/{}", key.1, key.3);
+    let mut out: Vec<orrery_api::stateful::VolumeStatus> = st
+        .data
+        .volumes()
+        .filter(|v| v.namespace == key.2 && v.owner.as_deref() == Some(owner.as_str()))
+        .map(data::Volume::status)
+        .collect();
+    out.sort_by(|a, b| (a.ordinal, &a.name).cmp(&(b.ordinal, &b.name)));
+    for c in shape.claims.iter().filter(|c| !c.per_ordinal) {
+        if let Some(v) = st.data.volume(&key.2, &c.name) {
+            out.push(v.status());
+        }
+    }
+    out
 }
 
 /// Moves the simulations along (pods start, Jobs finish) five times a second, until shutdown.
@@ -904,7 +1078,10 @@ fn background(node: &Node, load: f64) -> Res {
     node.allocatable.scale(load)
 }
 
-/// Creates and removes pods so each workload has what its spec asks for.
+/// Creates and removes pods so each workload has what its spec asks for. A StatefulSet's
+/// pods have ordinals (the lowest missing ones are made, the highest go first, as Kubernetes
+/// does) and each new ordinal gets its claim templates' volumes, unless the member has them
+/// already (a scale back up, or volumes copied in by a migration).
 fn reconcile_pods(st: &mut State, key: &Key, now: Instant) {
     let Some(obj) = st.objects.get(key) else {
         // Gone: its pods go too.
@@ -915,6 +1092,7 @@ fn reconcile_pods(st: &mut State, key: &Key, now: Instant) {
     let Some(shape) = obj.shape.clone() else {
         return;
     };
+    let stateful = key.1 == "StatefulSet";
     let succeeded = obj.succeeded;
     // Pods of an older template are replaced (the simulation does not stage rollouts).
     let before = st.pods.len();
@@ -935,14 +1113,19 @@ fn reconcile_pods(st: &mut State, key: &Key, now: Instant) {
     };
     let have = mine.len() as i64;
     if have > want {
-        // Remove pending pods first, then the newest.
         let mut order = mine.clone();
-        order.sort_by_key(|id| {
-            (
-                st.pods.get(id).map(|p| p.phase != Phase::Pending),
-                std::cmp::Reverse(*id),
-            )
-        });
+        if stateful {
+            // The highest ordinals go first.
+            order.sort_by_key(|id| std::cmp::Reverse(st.pods.get(id).and_then(|p| p.ordinal)));
+        } else {
+            // Pending pods first, then the newest.
+            order.sort_by_key(|id| {
+                (
+                    st.pods.get(id).map(|p| p.phase != Phase::Pending),
+                    std::cmp::Reverse(*id),
+                )
+            });
+        }
         for id in order.into_iter().take((have - want) as usize) {
             st.pods.remove(&id);
         }
@@ -951,13 +1134,22 @@ fn reconcile_pods(st: &mut State, key: &Key, now: Instant) {
     if want > have {
         changed = true;
     }
+    let taken: std::collections::BTreeSet<i64> = st
+        .pods
+        .values()
+        .filter(|p| &p.owner == key && p.phase != Phase::Succeeded)
+        .filter_map(|p| p.ordinal)
+        .collect();
+    let mut free_ordinals = (0..).filter(|o| !taken.contains(o));
     for _ in have..want {
         let id = st.next_pod;
         st.next_pod += 1;
+        let ordinal = if stateful { free_ordinals.next() } else { None };
         st.pods.insert(
             id,
             Pod {
                 owner: key.clone(),
+                ordinal,
                 template: shape.template,
                 request: shape.request,
                 node: None,
@@ -967,8 +1159,160 @@ fn reconcile_pods(st: &mut State, key: &Key, now: Instant) {
         );
         st.busy = true;
     }
+    if stateful {
+        // Every ordinal below the replica count has its volumes; those above it keep theirs
+        // unless the retention policy says otherwise.
+        let owner = format!("StatefulSet/{}", key.3);
+        for c in shape.claims.iter().filter(|c| c.per_ordinal) {
+            let capacity = c.capacity.map_or(1 << 30, |q| q.value() as i64);
+            let class = if c.storage_class.is_empty() {
+                st.storage_default.clone()
+            } else {
+                c.storage_class.clone()
+            };
+            let used = shape.volume_used.unwrap_or(capacity / 2) as f64;
+            for ordinal in 0..want {
+                let name = orrery_api::stateful::ordinal_volume(&c.name, &key.3, ordinal);
+                st.data.ensure_volume(
+                    &key.2,
+                    &name,
+                    Some(ordinal),
+                    Some(&owner),
+                    capacity,
+                    &class,
+                    used,
+                );
+            }
+            if shape.delete_when_scaled {
+                let gone: Vec<String> = st
+                    .data
+                    .volumes()
+                    .filter(|v| {
+                        v.namespace == key.2
+                            && v.owner.as_deref() == Some(owner.as_str())
+                            && v.ordinal.is_some_and(|o| o >= want)
+                    })
+                    .map(|v| v.name.clone())
+                    .collect();
+                for n in gone {
+                    st.data.delete_volume(&key.2, &n);
+                }
+            }
+        }
+    }
     if changed {
         st.touch(key);
+    }
+}
+
+/// Attaches the volumes of pods that run and detaches those of pods that stopped (or went),
+/// so that volumes are written only while a pod runs on them.
+fn sync_volumes(st: &mut State) {
+    let mut want: BTreeMap<u64, (Key, Vec<data::VolumeKey>, f64)> = BTreeMap::new();
+    for (id, p) in &st.pods {
+        if p.phase != Phase::Running {
+            continue;
+        }
+        let Some(shape) = st.objects.get(&p.owner).and_then(|o| o.shape.as_ref()) else {
+            continue;
+        };
+        if shape.claims.is_empty() {
+            continue;
+        }
+        let vols = shape.volumes_of(&p.owner.2, &p.owner.3, p.ordinal);
+        want.insert(*id, (p.owner.clone(), vols, shape.write_rate));
+    }
+    let had = std::mem::take(&mut st.attached);
+    for (id, (owner, vols, rate)) in &had {
+        if want.get(id).is_some_and(|w| w.1 == *vols) {
+            continue;
+        }
+        let workload = format!("{}/{}", owner.1, owner.3);
+        for (ns, name) in vols {
+            st.data.detach(ns, name, &workload, *rate);
+        }
+        st.touch(owner);
+    }
+    for (id, (owner, vols, rate)) in &want {
+        if had.get(id).is_some_and(|h| h.1 == *vols) {
+            continue;
+        }
+        let workload = format!("{}/{}", owner.1, owner.3);
+        for (ns, name) in vols {
+            st.data.attach(ns, name, &workload, *rate);
+        }
+        st.touch(owner);
+    }
+    st.attached = want;
+}
+
+/// Whether every pod of `workload` (`Kind/name`) in `namespace` has gone: the fence holds.
+fn no_pods(pods: &BTreeMap<u64, Pod>, namespace: &str, workload: &str) -> bool {
+    let Some((kind, name)) = workload.split_once('/') else {
+        return true;
+    };
+    !pods.values().any(|p| {
+        p.owner.1 == kind
+            && p.owner.2 == namespace
+            && p.owner.3 == name
+            && p.phase != Phase::Succeeded
+    })
+}
+
+/// Lets the data move on to `now` (writes, copies), so that what changes next starts from
+/// the right moment. Returns whether anything changed.
+fn catch_up(st: &mut State, now: Instant) -> bool {
+    let dt = now.duration_since(st.data_clock).as_secs_f64();
+    st.data_clock = now;
+    if !st.data.busy() {
+        return false;
+    }
+    let (volumes, _) = st.data.advance(dt);
+    touch_volume_users(st, &volumes);
+    true
+}
+
+/// Starts what transfers wait for (a snapshot once the fence holds, a copy of a new round);
+/// returns whether anything changed.
+fn step_transfers(st: &mut State) -> bool {
+    if !st.data.has_transfers() {
+        return false;
+    }
+    let pods = &st.pods;
+    let changed = st.data.step(&|ns, w| no_pods(pods, ns, w));
+    if changed {
+        st.data.transfer_stamp += 1;
+    }
+    changed
+}
+
+/// Marks the workloads whose volumes' data changed (their states show the volumes).
+fn touch_volume_users(st: &mut State, volumes: &[data::VolumeKey]) {
+    if volumes.is_empty() {
+        return;
+    }
+    let mut owners: Vec<Key> = st
+        .attached
+        .values()
+        .filter(|(_, vols, _)| vols.iter().any(|v| volumes.contains(v)))
+        .map(|(k, _, _)| k.clone())
+        .collect();
+    for (ns, name) in volumes {
+        if let Some(owner) = st.data.volume(ns, name).and_then(|v| v.owner.clone())
+            && let Some((kind, wname)) = owner.split_once('/')
+        {
+            owners.extend(
+                st.objects
+                    .keys()
+                    .filter(|k| k.1 == kind && k.2 == *ns && k.3 == wname)
+                    .cloned(),
+            );
+        }
+    }
+    owners.sort();
+    owners.dedup();
+    for k in &owners {
+        st.touch(k);
     }
 }
 
@@ -997,6 +1341,8 @@ fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
         }
     }
     let mut unschedulable: BTreeMap<Key, i64> = BTreeMap::new();
+    // Pods waiting for a volume: why, by workload.
+    let mut blocked: BTreeMap<Key, String> = BTreeMap::new();
     let mut busy = false;
     let mut finished_jobs: Vec<Key> = Vec::new();
     // Owners whose pods moved (placed, started): their states changed.
@@ -1004,6 +1350,16 @@ fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
     for p in st.pods.values_mut() {
         match p.phase {
             Phase::Pending => {
+                if let Some(why) = st
+                    .objects
+                    .get(&p.owner)
+                    .and_then(|o| o.shape.as_ref())
+                    .and_then(|shape| volume_block(shape, p, &st.data, &st.storage_classes))
+                {
+                    blocked.entry(p.owner.clone()).or_insert(why);
+                    busy = true;
+                    continue;
+                }
                 // Best fit: the node left with the least cpu, so large holes stay open.
                 let best = free
                     .iter()
@@ -1069,6 +1425,23 @@ fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
             st.stuck.remove(&key);
         }
     }
+    // Objects whose pods wait for a volume, or waited until now.
+    let waiting: Vec<Key> = st
+        .objects
+        .iter()
+        .filter(|(k, o)| o.volume_block.is_some() || blocked.contains_key(*k))
+        .map(|(k, _)| k.clone())
+        .collect();
+    for key in waiting {
+        let why = blocked.get(&key).cloned();
+        if let Some(obj) = st.objects.get_mut(&key)
+            && obj.volume_block != why
+        {
+            obj.volume_block = why;
+            changed = true;
+            moved.push(key);
+        }
+    }
     moved.sort();
     moved.dedup();
     for key in &moved {
@@ -1086,7 +1459,33 @@ fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
         }
     }
     st.busy = busy;
+    sync_volumes(st);
     changed
+}
+
+/// Why a pending pod cannot start for want of a volume: a claim it mounts does not exist, or
+/// its volume's storage class is not offered here.
+fn volume_block(
+    shape: &Shape,
+    p: &Pod,
+    data: &data::DataPlane,
+    classes: &[String],
+) -> Option<String> {
+    for c in &shape.claims {
+        if !c.storage_class.is_empty() && !classes.contains(&c.storage_class) {
+            return Some(format!(
+                "storageclass.storage.k8s.io {:?} not found (this cluster offers {})",
+                c.storage_class,
+                classes.join(", ")
+            ));
+        }
+    }
+    for (ns, name) in shape.volumes_of(&p.owner.2, &p.owner.3, p.ordinal) {
+        if data.volume(&ns, &name).is_none() {
+            return Some(format!("persistentvolumeclaim {name:?} not found"));
+        }
+    }
+    None
 }
 
 fn is_managed(obj: &Value) -> bool {
@@ -1192,6 +1591,7 @@ impl Backend for SimCluster {
         let now = Instant::now();
         {
             let mut st = self.lock();
+            catch_up(&mut st, now);
             let shape = shape_of(manifest);
             let (op, changed) = match st.objects.get_mut(&key) {
                 Some(existing) => {
@@ -1215,6 +1615,7 @@ impl Backend for SimCluster {
                             shape,
                             succeeded: 0,
                             unschedulable: 0,
+                            volume_block: None,
                             stamp: 0,
                         },
                     );
@@ -1222,9 +1623,34 @@ impl Backend for SimCluster {
                 }
             };
             st.record(op, &id, changed, cause);
+            if id.kind == "PersistentVolumeClaim" && id.group.is_empty() {
+                // A claim is bound at once to a volume of its size and class.
+                let capacity = orrery_api::stateful::storage_request(manifest.get("spec"))
+                    .map_or(1 << 30, |q| q.value() as i64);
+                let class = manifest
+                    .pointer("/spec/storageClassName")
+                    .and_then(Value::as_str)
+                    .map_or_else(|| st.storage_default.clone(), str::to_string);
+                let used = manifest
+                    .pointer("/metadata/annotations")
+                    .and_then(|a| a.get(VOLUME_USED_ANNOTATION))
+                    .and_then(Value::as_str)
+                    .and_then(|q| q.parse::<Quantity>().ok())
+                    .map_or(capacity / 2, |q| q.value() as i64);
+                st.data.ensure_volume(
+                    &id.namespace,
+                    &id.name,
+                    None,
+                    None,
+                    capacity,
+                    &class,
+                    used as f64,
+                );
+            }
             st.touch(&key);
             reconcile_pods(&mut st, &key, now);
             advance(&mut st, &self.spec, now);
+            step_transfers(&mut st);
         }
         self.bump();
         Ok(())
@@ -1235,10 +1661,22 @@ impl Backend for SimCluster {
         let key = key_of(id);
         {
             let mut st = self.lock();
-            if st.objects.remove(&key).is_none() {
+            catch_up(&mut st, Instant::now());
+            let Some(gone) = st.objects.remove(&key) else {
                 return Ok(());
-            }
+            };
             st.record("delete", id, true, cause);
+            if id.kind == "StatefulSet" {
+                // The claim templates' volumes stay unless the retention policy says they go.
+                let owner = format!("StatefulSet/{}", id.name);
+                if gone.shape.is_some_and(|s| s.delete_when_deleted) {
+                    st.data.delete_owned(&id.namespace, &owner);
+                } else {
+                    st.data.release_owned(&id.namespace, &owner);
+                }
+            } else if id.kind == "PersistentVolumeClaim" && id.group.is_empty() {
+                st.data.delete_volume(&id.namespace, &id.name);
+            }
             reconcile_pods(&mut st, &key, Instant::now());
             // Freed room may let pending pods of others in.
             st.busy = true;
@@ -1365,13 +1803,50 @@ impl Backend for SimCluster {
                 latency_ms,
                 ingress_bytes_per_second: running * 12_000.0 * factor,
                 egress_bytes_per_second: running * 8_000.0 * factor,
+                bandwidth_bytes_per_second: Some(self.spec.bandwidth),
             }),
             properties,
+            storage_classes: st.storage_classes.clone(),
         })
     }
 
     fn changed(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changed.subscribe()
+    }
+
+    async fn set_transfers(
+        &self,
+        work: &str,
+        transfers: &[orrery_api::stateful::Transfer],
+    ) -> Result<(), BackendError> {
+        self.gate().await?;
+        let changed = {
+            let mut st = self.lock();
+            catch_up(&mut st, Instant::now());
+            let State { data, pods, .. } = &mut *st;
+            if transfers.is_empty() {
+                data.drop_work(work)
+            } else {
+                data.set_transfers(work, transfers, &|ns, w| no_pods(pods, ns, w))
+            }
+        };
+        if changed {
+            self.bump();
+        }
+        Ok(())
+    }
+
+    async fn transfer_statuses(
+        &self,
+        work: &str,
+        transfers: &[orrery_api::stateful::Transfer],
+    ) -> Vec<orrery_api::stateful::TransferStatus> {
+        self.lock().data.statuses(work, transfers)
+    }
+
+    fn transfer_stamp(&self) -> Option<u64> {
+        let st = self.lock();
+        (!st.faults.outage).then_some(st.data.transfer_stamp)
     }
 }
 
@@ -1498,6 +1973,224 @@ mod tests {
             .unwrap();
         assert_eq!(again.snapshot().objects[0].generation, 3);
         assert_eq!(again.summary().pods_created, 1);
+    }
+
+    fn statefulset(name: &str, replicas: i64, extra: Value) -> Value {
+        let mut s = json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": name, "namespace": "default", "labels": {MANAGED_LABEL: MANAGED_VALUE}},
+            "spec": {"replicas": replicas, "serviceName": name, "selector": {"matchLabels": {"app": name}},
+                "template": {"metadata": {"labels": {"app": name}, "annotations": {
+                        VOLUME_USED_ANNOTATION: "100Mi", WRITE_RATE_ANNOTATION: "1Mi"}},
+                    "spec": {"containers": [{"name": "c", "image": "x", "resources": {"requests": {"cpu": "100m"}}}]}},
+                "volumeClaimTemplates": [{"metadata": {"name": "data"},
+                    "spec": {"resources": {"requests": {"storage": "1Gi"}}}}]}
+        });
+        if let (Some(spec), Some(extra)) = (s["spec"].as_object_mut(), extra.as_object()) {
+            for (k, v) in extra {
+                spec.insert(k.clone(), v.clone());
+            }
+        }
+        s
+    }
+
+    const MI: i64 = 1 << 20;
+
+    #[tokio::test(start_paused = true)]
+    async fn statefulsets_own_a_volume_per_ordinal_written_while_their_pods_run() {
+        let sim = SimCluster::new("c", "r", spec("nodes=2,cpu=4,memory=8Gi,load=0,start=1s"));
+        let db = statefulset("db", 2, json!({}));
+        sim.apply(&db, false, &Cause::default()).await.unwrap();
+        let vols = sim.state(&id(&db)).await.unwrap().unwrap().volumes;
+        let names: Vec<(&str, Option<i64>)> =
+            vols.iter().map(|v| (v.name.as_str(), v.ordinal)).collect();
+        assert_eq!(names, [("data-db-0", Some(0)), ("data-db-1", Some(1))]);
+        assert_eq!(vols[0].used_bytes, 100 * MI);
+        assert_eq!(
+            vols[0].storage_class, "standard",
+            "the member's default class"
+        );
+        assert_eq!(vols[0].started_version, None, "no pod runs yet");
+        tokio::time::advance(Duration::from_millis(1100)).await;
+        sim.tick();
+        let v = &sim.state(&id(&db)).await.unwrap().unwrap().volumes[0];
+        assert_eq!(v.started_version, Some(1));
+        // Two seconds of writing at 1 MiB/s.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        sim.tick();
+        let v = &sim.state(&id(&db)).await.unwrap().unwrap().volumes[0];
+        assert_eq!(v.used_bytes, 102 * MI);
+        assert!(v.data_version > 1);
+        // A scale-down removes the highest ordinal; its volume stays, unwritten.
+        sim.apply(&statefulset("db", 1, json!({})), false, &Cause::default())
+            .await
+            .unwrap();
+        let kept = sim.state(&id(&db)).await.unwrap().unwrap().volumes;
+        assert_eq!(kept.len(), 2);
+        assert_eq!(kept[1].started_version, None);
+        let frozen = kept[1].data_version;
+        tokio::time::advance(Duration::from_secs(1)).await;
+        sim.tick();
+        let kept = sim.state(&id(&db)).await.unwrap().unwrap().volumes;
+        assert_eq!(kept[1].data_version, frozen, "no pod, no writes");
+        assert!(kept[0].data_version > frozen);
+        // Deleting the StatefulSet keeps its volumes (Kubernetes' default retention).
+        sim.delete(&id(&db), &Cause::default()).await.unwrap();
+        assert!(sim.lock().data.volume("default", "data-db-0").is_some());
+        // With `whenDeleted: Delete` they go with it.
+        let owned = statefulset(
+            "db",
+            1,
+            json!({"persistentVolumeClaimRetentionPolicy": {"whenDeleted": "Delete"}}),
+        );
+        sim.apply(&owned, false, &Cause::default()).await.unwrap();
+        sim.delete(&id(&owned), &Cause::default()).await.unwrap();
+        let left: Vec<String> = sim.lock().data.volumes().map(|v| v.name.clone()).collect();
+        assert_eq!(left, ["data-db-1"], "ordinal 0 went with it; 1 was not its");
+        let events: Vec<&str> = sim.data_log(0).iter().map(|e| e.event).collect();
+        assert!(events.contains(&"pod-started") && events.contains(&"pod-stopped"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_missing_storage_class_or_claim_keeps_pods_waiting() {
+        let sim = SimCluster::new(
+            "c",
+            "r",
+            spec("nodes=2,cpu=4,memory=8Gi,load=0,storageclasses=standard:fast"),
+        );
+        assert_eq!(
+            sim.report().await.unwrap().storage_classes,
+            ["standard", "fast"]
+        );
+        let mut db = statefulset("db", 1, json!({}));
+        db["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"] = json!("ultra");
+        sim.apply(&db, false, &Cause::default()).await.unwrap();
+        let s = sim.state(&id(&db)).await.unwrap().unwrap();
+        assert_eq!(s.health, Health::Unhealthy);
+        assert!(s.message.contains("\"ultra\" not found"), "{}", s.message);
+        // A Deployment mounting a claim waits for the claim, and starts once it exists.
+        let mut d = deployment("files", 1, "100m", "64Mi");
+        d["spec"]["template"]["spec"]["volumes"] =
+            json!([{"name": "v", "persistentVolumeClaim": {"claimName": "shared"}}]);
+        sim.apply(&d, false, &Cause::default()).await.unwrap();
+        let s = sim.state(&id(&d)).await.unwrap().unwrap();
+        assert!(s.message.contains("\"shared\" not found"), "{}", s.message);
+        let pvc = json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "shared", "namespace": "default", "labels": {MANAGED_LABEL: MANAGED_VALUE}},
+            "spec": {"storageClassName": "fast", "resources": {"requests": {"storage": "10Gi"}}}});
+        sim.apply(&pvc, false, &Cause::default()).await.unwrap();
+        tokio::time::advance(Duration::from_millis(600)).await;
+        sim.tick();
+        let s = sim.state(&id(&d)).await.unwrap().unwrap();
+        assert_eq!(s.health, Health::Healthy, "{s:?}");
+        assert_eq!(s.volumes[0].storage_class, "fast");
+        assert_eq!(
+            s.volumes[0].used_bytes,
+            5 << 30,
+            "half the claim by default"
+        );
+        let claim = sim.state(&id(&pvc)).await.unwrap().unwrap();
+        assert_eq!(claim.status.unwrap()["phase"], "Bound");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_statefulset_moves_with_its_data_between_two_members() {
+        use orrery_api::stateful::{Transfer, TransferRole, TransferVolume};
+        let a = SimCluster::new(
+            "a",
+            "r",
+            spec("nodes=2,cpu=4,memory=8Gi,load=0,start=1s,bandwidth=50Mi"),
+        );
+        let b = SimCluster::new(
+            "b",
+            "r",
+            spec("nodes=2,cpu=4,memory=8Gi,load=0,start=1s,bandwidth=100Mi"),
+        );
+        let db = statefulset("db", 1, json!({}));
+        a.apply(&db, false, &Cause::default()).await.unwrap();
+        tokio::time::advance(Duration::from_millis(1100)).await;
+        a.tick();
+        let vol = |tv: &TransferVolume| TransferVolume { ..tv.clone() };
+        let base = TransferVolume {
+            name: "data-db-0".into(),
+            ordinal: Some(0),
+            capacity: Some(Quantity::from_int(1 << 30, orrery_api::Format::BinarySI)),
+            ..Default::default()
+        };
+        let send = |round: u32, after_fence: bool| Transfer {
+            id: "m".into(),
+            role: TransferRole::Send,
+            namespace: "default".into(),
+            peer: "b".into(),
+            round,
+            after_fence,
+            workload: "StatefulSet/db".into(),
+            volumes: vec![vol(&base)],
+            ..Default::default()
+        };
+        a.set_transfers("w", &[send(1, false)]).await.unwrap();
+        let s1 = a.transfer_statuses("w", &[send(1, false)]).await[0].clone();
+        assert_eq!(s1.volumes[0].bytes, 100 * MI, "everything it held");
+        // The fence: replicas 0; the final snapshot is taken once the pod is gone.
+        a.set_transfers("w", &[send(2, true)]).await.unwrap();
+        assert_eq!(a.transfer_statuses("w", &[send(2, true)]).await[0].round, 1);
+        a.apply(&statefulset("db", 0, json!({})), false, &Cause::default())
+            .await
+            .unwrap();
+        let s2 = a.transfer_statuses("w", &[send(2, true)]).await[0].clone();
+        assert!(s2.complete && s2.fenced, "{s2:?}");
+        let fenced = s2.volumes[0].data_version;
+        // The target copies the final state in one go and then runs the workload on it.
+        let receive = Transfer {
+            id: "m".into(),
+            role: TransferRole::Receive,
+            namespace: "default".into(),
+            peer: "a".into(),
+            round: 2,
+            volumes: vec![TransferVolume {
+                bytes: s2.volumes[0].used_bytes,
+                data_version: fenced,
+                used_bytes: s2.volumes[0].used_bytes,
+                ..vol(&base)
+            }],
+            rate: 50 * MI,
+            hold_workload: true,
+            ..Default::default()
+        };
+        b.set_transfers("w", std::slice::from_ref(&receive))
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        b.tick();
+        let r = b
+            .transfer_statuses("w", std::slice::from_ref(&receive))
+            .await[0]
+            .clone();
+        assert!(!r.complete, "100 MiB at 50 MiB/s takes two seconds");
+        assert_eq!(r.volumes[0].copied, 50 * MI);
+        tokio::time::advance(Duration::from_millis(1100)).await;
+        b.tick();
+        assert!(b.transfer_statuses("w", &[receive]).await[0].complete);
+        b.apply(&statefulset("db", 1, json!({})), false, &Cause::default())
+            .await
+            .unwrap();
+        tokio::time::advance(Duration::from_millis(1100)).await;
+        b.tick();
+        let v = &b.state(&id(&db)).await.unwrap().unwrap().volumes[0];
+        assert_eq!(
+            v.started_version,
+            Some(fenced),
+            "the target starts on the fenced data"
+        );
+        let created = b
+            .data_log(0)
+            .iter()
+            .filter(|e| e.event == "volume-created")
+            .count();
+        assert_eq!(
+            created, 1,
+            "the StatefulSet took the copied volume, made none"
+        );
     }
 
     #[tokio::test(start_paused = true)]
