@@ -67,6 +67,12 @@ pub mod well_known {
     pub fn interpreters() -> String {
         super::prefix("multicluster.io", "resourceinterpreters", None)
     }
+    pub fn migration(namespace: &str, name: &str) -> String {
+        super::object("multicluster.io", "migrations", Some(namespace), name)
+    }
+    pub fn migrations(namespace: Option<&str>) -> String {
+        super::prefix("multicluster.io", "migrations", namespace)
+    }
 }
 
 #[cfg(test)]

@@ -337,6 +337,9 @@ pub struct MigrationVolume {
     pub source_version: u64,
     #[serde(default)]
     pub target_version: u64,
+    /// The version the last snapshot's round applies on top of (0: a full copy).
+    #[serde(default)]
+    pub round_base: u64,
     /// The version at the fence, and the version the target's pod started on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fenced_version: Option<u64>,
@@ -389,12 +392,15 @@ pub struct Estimate {
     pub candidates: Vec<Candidate>,
 }
 
-/// Data written at the source after the last copy a failover started from.
+/// Data written at the source after the last copy a failover started from (all of it when
+/// it started empty).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DataLoss {
     pub bytes: i64,
-    pub seconds: f64,
+    /// How much time of writes that is, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -419,6 +425,12 @@ pub struct MigrationStatus {
     /// Copy rounds finished (the final one included).
     #[serde(default)]
     pub rounds: u32,
+    /// The round of the last snapshot taken at the source.
+    #[serde(default)]
+    pub snapshot_round: u32,
+    /// Bytes per second of the path, as the current round uses it.
+    #[serde(default)]
+    pub rate: i64,
     /// From the fence until the target reported the workload ready, seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downtime_seconds: Option<f64>,

@@ -445,6 +445,14 @@ fn builtin_defs() -> Vec<Def> {
     own_def("multicluster.io", "Work", "works", true, &[], true);
     own_def(
         "multicluster.io",
+        "Migration",
+        "migrations",
+        true,
+        &["mig"],
+        true,
+    );
+    own_def(
+        "multicluster.io",
         "ResourceInterpreter",
         "resourceinterpreters",
         false,
@@ -681,6 +689,46 @@ fn own_columns(kind: &str) -> Printer {
                 0,
                 "Templates this policy places",
             ),
+            age,
+        ],
+        "Migration" => vec![
+            Column::new(
+                "Resource",
+                "string",
+                ".spec.resource.name",
+                0,
+                "The template it moves",
+            ),
+            Column::new(
+                "Phase",
+                "string",
+                ".status.phase",
+                0,
+                "Where the move stands",
+            ),
+            Column::new(
+                "Source",
+                "string",
+                ".status.source",
+                0,
+                "The cluster it leaves",
+            ),
+            Column::new(
+                "Target",
+                "string",
+                ".status.target",
+                0,
+                "The cluster it moves to",
+            ),
+            Column::new("Rounds", "integer", ".status.rounds", 0, "Copy rounds done"),
+            Column::new(
+                "Downtime",
+                "number",
+                ".status.downtimeSeconds",
+                0,
+                "Seconds from the fence until the target was ready",
+            ),
+            Column::new("Reason", "string", ".spec.reason", 1, "Why it moves"),
             age,
         ],
         "Work" => vec![

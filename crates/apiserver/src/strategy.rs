@@ -404,6 +404,21 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
             errs.extend(cluster::validate_status(obj.status.as_ref()));
         }
         ("multicluster.io", "Work") => errs.extend(work::validate_spec(spec)),
+        ("multicluster.io", "Migration") => {
+            if let Err(e) = orrery_api::stateful::migration_spec(spec) {
+                errs.extend(e);
+            }
+            // A move under way cannot be redirected; delete it and start another.
+            if let Some(old) = old
+                && old.spec != obj.spec
+            {
+                errs.push(orrery_api::validation::FieldError::invalid(
+                    "spec",
+                    "",
+                    "field is immutable",
+                ));
+            }
+        }
         ("multicluster.io", "ResourcePlacementPolicy")
         | ("policy.karmada.io", "PropagationPolicy" | "ClusterPropagationPolicy") => {
             if let Err(e) = orrery_api::policy::from_object(obj) {

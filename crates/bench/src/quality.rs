@@ -342,6 +342,7 @@ impl Sim<'_> {
                 mode: Mode::Steady,
                 now: 1_000_000,
                 seed: id as u64,
+                relations: Default::default(),
             };
             let t0 = Instant::now();
             let d = schedule_cached(&self.fleet, &task, &self.config, &mut self.cache);

@@ -242,6 +242,7 @@ fn run_engine(
             mode: Mode::Steady,
             now: 0,
             seed: s.seed,
+            relations: Default::default(),
         };
         let d = schedule_cached(fleet, &task, config, &mut cache);
         placed += usize::from(d.error.is_none());

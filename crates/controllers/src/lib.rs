@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 pub mod health;
 pub mod inventory;
 pub mod lifecycle;
+pub mod migration;
 pub mod monitoring;
 pub mod propagation;
 pub mod record;

@@ -35,9 +35,73 @@ pub fn default_filters() -> Vec<Box<dyn Filter>> {
         Box::new(TargetClusters),
         Box::new(TaintToleration),
         Box::new(Capabilities),
+        Box::new(StorageClass),
+        Box::new(WorkloadAffinity),
         Box::new(NodeFit),
         Box::new(WaterLevel),
     ]
+}
+
+/// The storage classes the task's volumes need must be offered (a cluster that has not said
+/// which it offers is not turned away).
+#[derive(Debug)]
+pub struct StorageClass;
+
+impl StorageClass {
+    fn missing<'a>(ctx: &Ctx<'a>, i: usize) -> Option<&'a str> {
+        let offered = &ctx.fleet.clusters()[i].storage_classes;
+        if offered.is_empty() {
+            return None;
+        }
+        ctx.task
+            .relations
+            .storage_classes
+            .iter()
+            .find(|c| !c.is_empty() && !offered.contains(c))
+            .map(String::as_str)
+    }
+}
+
+impl Filter for StorageClass {
+    fn name(&self) -> &'static str {
+        "StorageClass"
+    }
+    fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool {
+        Self::missing(ctx, i).is_none()
+    }
+    fn why(&self, ctx: &Ctx<'_>, i: usize) -> String {
+        format!(
+            "the cluster offers no storage class {:?} (it has {})",
+            Self::missing(ctx, i).unwrap_or(""),
+            ctx.fleet.clusters()[i].storage_classes.join(", ")
+        )
+    }
+}
+
+/// Where the task must run or must not run because of other workloads: its follow-up
+/// leader's clusters, its affinity group's, away from its anti-affinity group's.
+#[derive(Debug)]
+pub struct WorkloadAffinity;
+
+impl Filter for WorkloadAffinity {
+    fn name(&self) -> &'static str {
+        "WorkloadAffinity"
+    }
+    fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool {
+        let name = &ctx.fleet.clusters()[i].name;
+        let r = &ctx.task.relations;
+        r.within.is_none_or(|(w, _)| w.contains(name))
+            && r.avoid.is_none_or(|(a, _)| !a.contains(name))
+    }
+    fn why(&self, ctx: &Ctx<'_>, i: usize) -> String {
+        let name = &ctx.fleet.clusters()[i].name;
+        let r = &ctx.task.relations;
+        match (r.within, r.avoid) {
+            (Some((w, why)), _) if !w.contains(name) => why.to_string(),
+            (_, Some((_, why))) => why.to_string(),
+            _ => String::new(),
+        }
+    }
 }
 
 /// Karmada's filters: placement only, with no view of water levels or nodes (the quality

@@ -28,6 +28,7 @@
 pub mod assume;
 pub mod divide;
 pub mod filter;
+pub mod moves;
 pub mod queue;
 pub mod score;
 mod snapshot;
@@ -98,6 +99,22 @@ pub struct Task<'a> {
     /// [`Config::score_sample`] (the caller passes something stable per binding, so the same
     /// input gives the same output and different bindings see different samples).
     pub seed: u64,
+    /// What ties the task to its data and to other workloads.
+    pub relations: Relations<'a>,
+}
+
+/// What ties a task to its data and to other workloads (none by default).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Relations<'a> {
+    /// The storage classes its volumes need (empty: the member's default).
+    pub storage_classes: &'a [String],
+    /// The only clusters it may run in, and why (its leader's, for follow-up scheduling;
+    /// its affinity group's); `None`: any.
+    pub within: Option<(&'a [String], &'a str)>,
+    /// Clusters it may not run in, and why (its anti-affinity group's).
+    pub avoid: Option<(&'a [String], &'a str)>,
+    /// Clusters it should be close to, by latency (its leader's, when they cannot hold it).
+    pub near: &'a [String],
 }
 
 /// The engine's settings: the plugins and their weights, and the water level marks.

@@ -27,6 +27,7 @@ pub struct Weights {
     pub locality: f64,
     pub priority: f64,
     pub network: f64,
+    pub proximity: f64,
 }
 
 impl Default for Weights {
@@ -37,6 +38,9 @@ impl Default for Weights {
             locality: 1.0,
             priority: 1.0,
             network: 1.0,
+            // Above balance and locality together: a workload stays close to what it
+            // follows unless nothing close can hold it.
+            proximity: 4.0,
         }
     }
 }
@@ -76,6 +80,7 @@ impl Weights {
             "Locality" => self.locality,
             "Priority" => self.priority,
             "Network" => self.network,
+            "Proximity" => self.proximity,
             _ => 0.0,
         }
     }
@@ -86,7 +91,9 @@ impl Weights {
 pub enum WeightsError {
     #[error("`{0}` is not PLUGIN=WEIGHT")]
     Malformed(String),
-    #[error("unknown score plugin `{0}` (known: headroom, balance, locality, priority, network)")]
+    #[error(
+        "unknown score plugin `{0}` (known: headroom, balance, locality, priority, network, proximity)"
+    )]
     UnknownPlugin(String),
     #[error("the weight of {plugin} must be a number of at least 0, not `{value}`")]
     BadWeight { plugin: String, value: String },
@@ -115,6 +122,7 @@ impl std::str::FromStr for Weights {
                 "locality" => &mut w.locality,
                 "priority" => &mut w.priority,
                 "network" => &mut w.network,
+                "proximity" => &mut w.proximity,
                 _ => return Err(WeightsError::UnknownPlugin(name)),
             };
             if seen.contains(&name) {
@@ -131,7 +139,7 @@ impl std::str::FromStr for Weights {
                 })?;
             seen.push(name);
         }
-        if w.headroom + w.balance + w.locality + w.priority + w.network == 0.0 {
+        if w.headroom + w.balance + w.locality + w.priority + w.network + w.proximity == 0.0 {
             return Err(WeightsError::AllZero);
         }
         Ok(w)
@@ -145,6 +153,7 @@ pub fn default_scores() -> Vec<Box<dyn Score>> {
         Box::new(Locality),
         Box::new(Priority),
         Box::new(Network),
+        Box::new(Proximity),
     ]
 }
 
@@ -273,6 +282,59 @@ impl Score for Network {
     }
 }
 
+/// Closer (by round-trip latency) to the clusters the task should be near scores higher:
+/// 100 for the closest feasible cluster (or one of them), 0 for the farthest; a cluster
+/// whose latency to them nobody reports scores in the middle.
+#[derive(Debug)]
+pub struct Proximity;
+
+impl Proximity {
+    /// The mean latency from cluster `i` to the clusters the task should be near.
+    fn mean_latency(ctx: &Ctx<'_>, i: usize) -> Option<f64> {
+        let near = ctx.task.relations.near;
+        let clusters = ctx.fleet.clusters();
+        let c = &clusters[i];
+        let mut sum = 0.0;
+        let mut n = 0;
+        for name in near {
+            let Some(j) = ctx.fleet.position(name) else {
+                continue;
+            };
+            if let Some(l) = c.latency_to(&clusters[j]) {
+                sum += l;
+                n += 1;
+            }
+        }
+        (n > 0).then(|| sum / n as f64)
+    }
+}
+
+impl Score for Proximity {
+    fn name(&self) -> &'static str {
+        "Proximity"
+    }
+    fn score(&self, ctx: &Ctx<'_>, feasible: &[usize], out: &mut [f64]) {
+        let lat: Vec<Option<f64>> = feasible
+            .iter()
+            .map(|i| Self::mean_latency(ctx, *i))
+            .collect();
+        let (min, max) = lat
+            .iter()
+            .flatten()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), l| (lo.min(*l), hi.max(*l)));
+        for (o, l) in out.iter_mut().zip(&lat) {
+            *o = match l {
+                Some(l) if max > min => 100.0 * (1.0 - (l - min) / (max - min)),
+                Some(_) => 100.0,
+                None => 50.0,
+            };
+        }
+    }
+    fn constant(&self, ctx: &Ctx<'_>, _: &[usize]) -> Option<f64> {
+        ctx.task.relations.near.is_empty().then_some(50.0)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,6 +381,7 @@ mod tests {
                     locality: 0.0,
                     priority: 0.0,
                     network: 0.0,
+                    proximity: d.proximity,
                 },
             ),
         ];
@@ -354,7 +417,7 @@ mod tests {
                 WeightsError::Repeated("balance".into()),
             ),
             (
-                "headroom=0,balance=0,locality=0,priority=0,network=0",
+                "headroom=0,balance=0,locality=0,priority=0,network=0,proximity=0",
                 WeightsError::AllZero,
             ),
         ];

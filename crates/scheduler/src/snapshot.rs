@@ -64,6 +64,10 @@ pub struct ClusterSnapshot {
     pub latency_ms: BTreeMap<String, f64>,
     /// Ingress plus egress, bytes per second.
     pub traffic: f64,
+    /// The storage classes it offers, the default first; empty when it has not said.
+    pub storage_classes: Vec<String>,
+    /// Its data uplink, bytes per second, when it says.
+    pub bandwidth: Option<i64>,
 }
 
 impl ClusterSnapshot {
@@ -78,6 +82,10 @@ impl ClusterSnapshot {
             .as_ref()
             .map(|n| n.latency_ms.clone())
             .unwrap_or_default();
+        let bandwidth = st
+            .network
+            .as_ref()
+            .and_then(|n| n.bandwidth_bytes_per_second);
         let api_kinds = (!st.api_enablements.is_empty()).then(|| {
             st.api_enablements
                 .iter()
@@ -118,7 +126,20 @@ impl ClusterSnapshot {
             largest_node_free: st.largest_node_free,
             latency_ms,
             traffic,
+            storage_classes: st.storage_classes,
+            bandwidth,
         }
+    }
+
+    /// The round-trip latency to `other`, as either of the two reports it (0 to itself).
+    pub fn latency_to(&self, other: &ClusterSnapshot) -> Option<f64> {
+        if self.name == other.name {
+            return Some(0.0);
+        }
+        self.latency_ms
+            .get(&other.name)
+            .or_else(|| other.latency_ms.get(&self.name))
+            .copied()
     }
 
     pub fn view(&self) -> ClusterView<'_> {

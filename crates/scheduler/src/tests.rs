@@ -52,6 +52,10 @@ struct T {
     mode: Mode,
     priority: i32,
     now: i64,
+    storage_classes: Vec<String>,
+    within: Option<Vec<String>>,
+    avoid: Option<Vec<String>>,
+    near: Vec<String>,
 }
 
 impl T {
@@ -66,6 +70,10 @@ impl T {
             mode: Mode::Steady,
             priority: 0,
             now: Time::now().unix_seconds(),
+            storage_classes: vec![],
+            within: None,
+            avoid: None,
+            near: vec![],
         }
     }
     fn task(&self) -> Task<'_> {
@@ -84,6 +92,18 @@ impl T {
             mode: self.mode,
             now: self.now,
             seed: 0,
+            relations: crate::Relations {
+                storage_classes: &self.storage_classes,
+                within: self
+                    .within
+                    .as_deref()
+                    .map(|w| (w, "the leader db runs in a")),
+                avoid: self
+                    .avoid
+                    .as_deref()
+                    .map(|a| (a, "its anti-affinity group runs there")),
+                near: &self.near,
+            },
         }
     }
     fn run(&self, clusters: &[ClusterSnapshot]) -> Decision {
@@ -333,6 +353,56 @@ fn shedding_cuts_a_hot_cluster_to_under_its_limit() {
 }
 
 #[test]
+fn storage_classes_and_workload_relations_filter_and_proximity_ranks() {
+    let mut c = fleet();
+    c[0].storage_classes = vec!["standard".into(), "fast".into()];
+    c[1].storage_classes = vec!["standard".into()];
+    // m3 reports none: not turned away for it.
+    let mut t = T::new(json!({}), 1);
+    t.storage_classes = vec!["fast".into(), String::new()];
+    let why = t.explain(&c);
+    assert_eq!(why["m2"].filter, "StorageClass");
+    assert_eq!(
+        why["m2"].reason,
+        "the cluster offers no storage class \"fast\" (it has standard)"
+    );
+    assert!(why["m1"].filter.is_empty() && why["m3"].filter.is_empty());
+    // Follow-up: only where the leader runs.
+    let mut t = T::new(json!({}), 1);
+    t.within = Some(vec!["m2".into()]);
+    assert_eq!(shares(&t.run(&c)), s(&[("m2", 1)]));
+    assert_eq!(t.explain(&c)["m1"].reason, "the leader db runs in a");
+    // Anti-affinity: never where the group runs.
+    let mut t = T::new(json!({}), 1);
+    t.avoid = Some(vec!["m3".into(), "m2".into()]);
+    assert_eq!(shares(&t.run(&c)), s(&[("m1", 1)]));
+    assert_eq!(t.explain(&c)["m3"].filter, "WorkloadAffinity");
+    // Proximity: near m1, the closer of m2 (10 ms) and m3 (200 ms) wins, though m3 is the
+    // roomier; as reported by either end.
+    let mut c = fleet();
+    c[0].ready = false;
+    c[1].latency_ms.insert("m1".into(), 10.0);
+    c[0].latency_ms.insert("m3".into(), 200.0);
+    let one = json!({"spreadConstraints": [{"spreadByField": "cluster", "maxGroups": 1}]});
+    let mut t = T::new(one, 1);
+    assert_eq!(
+        shares(&t.run(&c)),
+        s(&[("m3", 1)]),
+        "without it, room decides"
+    );
+    t.near = vec!["m1".into()];
+    assert_eq!(shares(&t.run(&c)), s(&[("m2", 1)]));
+    let why = t.explain(&c);
+    assert_eq!(why["m2"].scores["Proximity"], 100.0);
+    assert!(
+        why["m2"].score > why["m3"].score,
+        "{:?} {:?}",
+        why["m2"],
+        why["m3"]
+    );
+}
+
+#[test]
 fn filters_explain_themselves() {
     let mut c = fleet();
     c[0].ready = false;
@@ -351,7 +421,7 @@ fn filters_explain_themselves() {
         "taint maintenance:NoSchedule is not tolerated"
     );
     assert_eq!(why["m3"].reason, "selected");
-    assert!(why["m3"].score.is_some() && why["m3"].scores.len() == 5);
+    assert!(why["m3"].score.is_some() && why["m3"].scores.len() == 6);
     // A cluster that stops being Ready keeps what it already runs (until a NoExecute taint).
     let mut t = T::new(json!({}), 1);
     t.previous = prev(&[("m1", 1)]);

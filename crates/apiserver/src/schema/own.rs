@@ -139,8 +139,11 @@ fn cluster() -> Value {
                     "latencyMs": { "type": "object", "additionalProperties": { "type": "number" } },
                     "ingressBytesPerSecond": { "type": "number" },
                     "egressBytesPerSecond": { "type": "number" },
+                    "bandwidthBytesPerSecond": { "type": "integer", "format": "int64",
+                                                 "description": "The member's data uplink, which volume transfers share." },
                 },
             },
+            "storageClasses": strings("The storage classes the member offers; the first is its default."),
             "metrics": {
                 "type": "object",
                 "description": "The last report of PUT /api/v1/metrics.",
@@ -193,6 +196,8 @@ fn work() -> Value {
             "conflictResolution": { "type": "string", "enum": ["Abort", "Overwrite"], "default": "Abort",
                                     "description": "What to do when the member already has an object Orrery does not manage." },
             "preserveResourcesOnDeletion": { "type": "boolean", "description": "Keep the objects in the member when the Work goes." },
+            "transfers": { "type": "array", "items": transfer(),
+                           "description": "Volume transfers the member takes part in (Orrery's data mover), carried out by its agent." },
         },
     });
     let status = json!({
@@ -210,9 +215,13 @@ fn work() -> Value {
                         "health": { "type": "string", "enum": ["Healthy", "Progressing", "Unhealthy", "Unknown"] },
                         "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
                         "message": { "type": "string" },
+                        "volumes": { "type": "array", "items": volume_status(),
+                                     "description": "The persistent volumes the object's pods use." },
                     },
                 },
             },
+            "transfers": { "type": "array", "items": transfer_status(),
+                           "description": "Where each of the spec's transfers stands." },
         },
     });
     kind(
@@ -220,6 +229,163 @@ fn work() -> Value {
         "v1alpha1",
         "Work",
         "The objects one member cluster must run, and their status there.",
+        spec,
+        Some(status),
+    )
+}
+
+fn int(description: &str) -> Value {
+    json!({ "type": "integer", "format": "int64", "description": description })
+}
+
+fn volume_status() -> Value {
+    json!({
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": string("The PersistentVolumeClaim's name."),
+            "ordinal": int("The StatefulSet ordinal it belongs to."),
+            "capacity": reference(QUANTITY),
+            "storageClass": string("Its storage class."),
+            "usedBytes": int("Bytes of data it holds."),
+            "dataVersion": int("Changes whenever data is written."),
+            "startedVersion": int("The data version when the pod now using it started."),
+        },
+    })
+}
+
+fn transfer_volume() -> Value {
+    json!({
+        "type": "object",
+        "required": ["name"],
+        "properties": {
+            "name": string("The PersistentVolumeClaim's name."),
+            "ordinal": int("The StatefulSet ordinal it belongs to."),
+            "capacity": reference(QUANTITY),
+            "storageClass": string("Its storage class."),
+            "bytes": int("Receive: the bytes this round copies."),
+            "dataVersion": int("Receive: the source's data version at this round's snapshot."),
+            "usedBytes": int("Receive: the volume's size at that snapshot."),
+            "baseVersion": int("Receive: the data version the round applies on top of (0: a full copy)."),
+        },
+    })
+}
+
+fn transfer() -> Value {
+    json!({
+        "type": "object",
+        "required": ["id", "role", "namespace", "peer", "round", "volumes"],
+        "properties": {
+            "id": string("Names the transfer."),
+            "role": { "type": "string", "enum": ["Send", "Receive"],
+                      "description": "Send: snapshots per round; Receive: copies each round from the peer." },
+            "namespace": string("The namespace of the volumes."),
+            "peer": string("The cluster at the other end."),
+            "round": { "type": "integer", "minimum": 0, "description": "The round wanted." },
+            "afterFence": { "type": "boolean", "description": "Send: snapshot only once the workload's pods have stopped." },
+            "workload": string("Send: the workload whose pods must have stopped (Kind/name)."),
+            "volumes": { "type": "array", "items": transfer_volume() },
+            "rate": int("Receive: bytes per second the path allows."),
+            "holdWorkload": { "type": "boolean", "description": "Receive: the Work's manifests wait until this round is in." },
+        },
+    })
+}
+
+fn transfer_status() -> Value {
+    json!({
+        "type": "object",
+        "required": ["id", "role", "round"],
+        "properties": {
+            "id": string("The transfer."),
+            "role": { "type": "string", "enum": ["Send", "Receive"] },
+            "round": { "type": "integer", "minimum": 0, "description": "The round these figures are of." },
+            "complete": { "type": "boolean", "description": "That round is done." },
+            "fenced": { "type": "boolean", "description": "Send after the fence: the workload's pods have all stopped." },
+            "volumes": { "type": "array", "items": { "type": "object", "properties": {
+                "name": { "type": "string" }, "dataVersion": { "type": "integer" },
+                "usedBytes": { "type": "integer" }, "bytes": { "type": "integer" },
+                "copied": { "type": "integer" } } } },
+            "message": string("Why it does not progress, if it does not."),
+        },
+    })
+}
+
+fn migration() -> Value {
+    let spec = json!({
+        "type": "object",
+        "required": ["resource"],
+        "description": "What to move, and where to.",
+        "properties": {
+            "resource": {
+                "type": "object",
+                "required": ["apiVersion", "kind", "name"],
+                "description": "The template to move, in the Migration's namespace.",
+                "properties": {
+                    "apiVersion": string("Its API version, e.g. apps/v1."),
+                    "kind": string("Its kind, e.g. StatefulSet."),
+                    "name": string("Its name."),
+                },
+            },
+            "targetClusters": strings("Where to move it; empty: Orrery picks the cluster."),
+            "sourceCluster": string("The cluster to leave; empty: the one it runs in."),
+            "reason": { "type": "string",
+                        "enum": ["User", "PolicyChange", "Drain", "Shed", "ApplicationFailover", "ClusterFailover"],
+                        "description": "Why it moves (set by Orrery when it starts a move itself)." },
+        },
+    });
+    let phase = json!({ "type": "string",
+        "enum": ["Pending", "Replicating", "Fencing", "FinalSync", "Starting", "Switching", "Cleaning", "Succeeded", "Failed"] });
+    let status = json!({
+        "type": "object",
+        "description": "How the move goes.",
+        "properties": {
+            "phase": phase,
+            "conditions": conditions(),
+            "source": string("The cluster it leaves."),
+            "target": string("The cluster it moves to."),
+            "replicas": int("The replicas that move."),
+            "binding": string("The ResourceBinding of the template."),
+            "volumes": { "type": "array", "items": { "type": "object", "properties": {
+                "name": { "type": "string" }, "ordinal": { "type": "integer" },
+                "bytes": int("The volume's size at the last snapshot."),
+                "copied": int("Bytes copied over every round so far."),
+                "roundBytes": int("Bytes of the round in flight."),
+                "roundCopied": int("Of which copied."),
+                "sourceVersion": int("The source's version at the last snapshot."),
+                "targetVersion": int("The version the target holds."),
+                "roundBase": int("The version the last snapshot's round applies on top of."),
+                "fencedVersion": int("The version at the fence."),
+                "startedVersion": int("The version the target's pod started on."),
+            } } },
+            "rounds": int("Copy rounds finished, the final one included."),
+            "snapshotRound": int("The round of the last snapshot taken at the source."),
+            "rate": int("Bytes per second of the path, as the current round uses it."),
+            "downtimeSeconds": { "type": "number", "description": "From the fence until the target reported the workload ready." },
+            "fencedAt": { "type": "string", "format": "date-time" },
+            "phases": { "type": "array", "items": { "type": "object", "properties": {
+                "phase": phase,
+                "started": { "type": "string", "format": "date-time" },
+                "finished": { "type": "string", "format": "date-time" },
+                "durationMs": { "type": "integer" } } } },
+            "estimate": { "type": "object", "properties": {
+                "bytes": { "type": "integer" }, "bandwidth": { "type": "integer" }, "seconds": { "type": "number" },
+                "candidates": { "type": "array", "items": { "type": "object", "properties": {
+                    "cluster": { "type": "string" }, "estimatedSeconds": { "type": "number" },
+                    "latencyMs": { "type": "number" }, "waterLevel": { "type": "number" },
+                    "score": { "type": "number" }, "reason": { "type": "string" } } } } } },
+            "dataLoss": { "type": "object", "description": "A failover's recovery point: what was written after the copy it started from.",
+                          "properties": { "bytes": { "type": "integer" }, "seconds": { "type": "number" } } },
+            "startedEmpty": { "type": "boolean", "description": "The target started with empty volumes (onDataLoss: StartEmpty)." },
+            "message": string("What happens now, or why it failed."),
+            "startTime": { "type": "string", "format": "date-time" },
+            "completionTime": { "type": "string", "format": "date-time" },
+        },
+    });
+    kind(
+        "multicluster.io",
+        "v1alpha1",
+        "Migration",
+        "The move of a stateful workload and its data to another cluster: copy, fence, final sync, start, switch, clean up.",
         spec,
         Some(status),
     )
@@ -279,6 +445,7 @@ pub fn schemas() -> Vec<(&'static str, &'static str, Value)> {
     vec![
         ("multicluster.io", "Cluster", cluster()),
         ("multicluster.io", "Work", work()),
+        ("multicluster.io", "Migration", migration()),
         ("multicluster.x-k8s.io", "ClusterProfile", cluster_profile()),
         ("about.k8s.io", "ClusterProperty", cluster_property()),
     ]

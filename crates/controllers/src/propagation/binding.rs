@@ -845,7 +845,7 @@ impl Controller {
                     Ok(b) if b.metadata.deletion_timestamp.is_none() => {
                         let spec = BindingSpec::of(&b);
                         let wanted = spec.as_ref().is_some_and(|s| {
-                            s.clusters.iter().any(|c| c.name == cluster)
+                            work_plan(s).contains_key(cluster.as_str())
                                 || s.evictions.iter().any(|e| e.cluster == cluster && e.keep)
                         });
                         if wanted {
@@ -907,7 +907,8 @@ impl Controller {
         let interp = custom
             .map(Interpreter::Custom)
             .unwrap_or(Interpreter::BuiltIn);
-        let targets: BTreeSet<&str> = spec.clusters.iter().map(|c| c.name.as_str()).collect();
+        // Clusters whose Works stay: targets, fenced copies and ends of transfers.
+        let targets: BTreeSet<&str> = work_plan(&spec).into_keys().collect();
         // Rendering is skipped when none of its inputs changed (a Work status coming back
         // changes none of them).
         let fp = self.render_inputs(&b, template, &have, &work_name);
@@ -981,8 +982,9 @@ impl Controller {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         b.metadata.generation.hash(&mut h);
         if let Some(s) = &b.spec {
-            s.get("clusters").map(|v| v.to_string()).hash(&mut h);
-            s.get("suspension").map(|v| v.to_string()).hash(&mut h);
+            for f in ["clusters", "suspension", "fenced", "transfers"] {
+                s.get(f).map(|v| v.to_string()).hash(&mut h);
+            }
         }
         t.obj.metadata.uid.hash(&mut h);
         // Not the template's resourceVersion: its status (this controller writes it) is not
@@ -1034,45 +1036,53 @@ impl Controller {
             && interp
                 .replicas(&serde_json::to_value(t).unwrap_or(Value::Null))
                 .is_some();
-        for tc in &spec.clusters {
-            if spec.suspension.holds(&tc.name) {
+        for (name, part) in work_plan(spec) {
+            if spec.suspension.holds(name) {
                 continue;
             }
-            let Some(cluster) = self.clusters.get(&tc.name) else {
-                errors.insert(tc.name.clone(), "the cluster is not registered".into());
+            let Some(cluster) = self.clusters.get(name) else {
+                errors.insert(name.to_string(), "the cluster is not registered".into());
                 continue;
             };
             let view = cluster.view();
             let mut manifests = Vec::new();
             let mut failed = None;
-            for d in &dep_objects {
-                let ops = overrides::applicable(all_overrides.iter().copied(), d);
-                match overrides::render(d, Interpreter::BuiltIn, None, &view, &ops) {
-                    Ok(m) => manifests.push(m),
+            if let Some(replicas) = part.workload {
+                for d in &dep_objects {
+                    let ops = overrides::applicable(all_overrides.iter().copied(), d);
+                    match overrides::render(d, Interpreter::BuiltIn, None, &view, &ops) {
+                        Ok(m) => manifests.push(m),
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                let share = divided.then_some(replicas);
+                match overrides::render(t, interp, share, &view, &template_ops) {
+                    Ok(mut m) => {
+                        if part.fenced {
+                            fence(interp, &mut m);
+                        }
+                        manifests.push(m)
+                    }
                     Err(e) => failed = Some(e),
                 }
             }
-            let share = divided.then_some(tc.replicas);
-            match overrides::render(t, interp, share, &view, &template_ops) {
-                Ok(m) => manifests.push(m),
-                Err(e) => failed = Some(e),
-            }
             if let Some(e) = failed {
-                errors.insert(tc.name.clone(), e);
+                errors.insert(name.to_string(), e);
                 continue;
             }
             let ws = WorkSpec {
                 workload: Workload { manifests },
                 conflict_resolution: spec.conflict_resolution,
                 preserve_resources_on_deletion: spec.preserve_resources_on_deletion,
-                transfers: Vec::new(),
+                transfers: part.transfers,
             };
+            let cluster_name = name.to_string();
             let Ok(ws_value) = serde_json::to_value(&ws) else {
                 continue;
             };
             let existing = self
                 .works
-                .get(&(tc.name.clone(), work_name.clone()))
+                .get(&(cluster_name.clone(), work_name.clone()))
                 .map(|w| (w.uid.clone(), w.spec));
             let digest = json_digest(&Some(&ws_value));
             if existing.as_ref().is_some_and(|(_, d)| *d == digest) {
@@ -1080,14 +1090,14 @@ impl Controller {
             }
             let store = self.store.clone();
             let key = k.clone();
-            let wkey = Self::work_key(&tc.name, &work_name);
-            let cluster_ns = namespace_of(&tc.name);
+            let wkey = Self::work_key(&cluster_name, &work_name);
+            let cluster_ns = namespace_of(&cluster_name);
             let wname = work_name.clone();
             let bref = format!("{}/{}", k.0, k.1);
             let bns = k.0.clone();
             let log = self.written.clone();
-            let wk = (tc.name.clone(), work_name.clone());
-            writing.insert(tc.name.clone());
+            let wk = (cluster_name.clone(), work_name.clone());
+            writing.insert(cluster_name.clone());
             jobs.push(Box::pin(async move {
                 let err = |e: StoreError| (key.clone(), e.to_string());
                 match existing {
@@ -1191,6 +1201,7 @@ impl Controller {
                 item.health = health_of(interp, t, m);
                 item.status = m.status.clone();
                 item.message = m.message.clone();
+                item.volumes = m.volumes.clone();
             }
             if let Some(e) = r.errors.get(&tc.name) {
                 item.applied = false;
@@ -1421,6 +1432,51 @@ struct Rendering<'a> {
 
 /// `old` with the `FullyApplied` condition and the aggregated items set, health times carried
 /// over from `old` where the health is the same; `None` when that changes nothing but times.
+/// What one cluster's Work holds.
+#[derive(Debug, Default)]
+struct WorkPart {
+    /// The template, with this many replicas (`None`: the Work carries only transfers).
+    workload: Option<i64>,
+    /// A migration's fence: the copy runs no pods, and its volumes go with it.
+    fenced: bool,
+    transfers: Vec<orrery_api::stateful::Transfer>,
+}
+
+/// The Works a binding calls for, by cluster: its targets, the copies a migration fenced
+/// (kept until it is done), and the clusters at either end of a transfer.
+fn work_plan(spec: &BindingSpec) -> BTreeMap<&str, WorkPart> {
+    let mut plan: BTreeMap<&str, WorkPart> = BTreeMap::new();
+    for tc in &spec.clusters {
+        plan.entry(&tc.name).or_default().workload = Some(tc.replicas);
+    }
+    for c in &spec.fenced {
+        let part = plan.entry(c).or_default();
+        part.fenced = true;
+        part.workload.get_or_insert(0);
+    }
+    for t in &spec.transfers {
+        plan.entry(&t.cluster)
+            .or_default()
+            .transfers
+            .push(t.transfer.clone());
+    }
+    plan
+}
+
+/// A fenced copy: no replicas (a StatefulSet keeps its volumes when scaled down), and its
+/// volumes deleted with it when the migration is done and its Work goes.
+fn fence(interp: Interpreter<'_>, m: &mut Value) {
+    interp.set_replicas(m, 0);
+    if m.get("kind").and_then(Value::as_str) == Some("StatefulSet")
+        && let Some(spec) = m.get_mut("spec").and_then(Value::as_object_mut)
+    {
+        spec.insert(
+            "persistentVolumeClaimRetentionPolicy".into(),
+            serde_json::json!({"whenDeleted": "Delete", "whenScaled": "Retain"}),
+        );
+    }
+}
+
 fn with_status(
     old: &BindingStatus,
     cond: &Condition,

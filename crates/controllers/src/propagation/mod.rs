@@ -32,6 +32,7 @@ pub mod binding;
 pub mod detector;
 pub mod history;
 pub mod scheduling;
+mod stateful;
 
 /// Where a kind's objects are stored.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -38,7 +38,8 @@ use orrery_api::{Object, Time, keys};
 use orrery_scheduler::assume::AssumeCache;
 use orrery_scheduler::queue::{Backoff, Lanes};
 use orrery_scheduler::{
-    ClusterSnapshot, Config as Engine, FilterCache, Fleet, Mode, Task, demand_of, schedule_cached,
+    ClusterSnapshot, Config as Engine, Decision, FilterCache, Fleet, Mode, Task, demand_of,
+    schedule_cached,
 };
 use orrery_store::Store;
 use serde::Deserialize;
@@ -162,6 +163,7 @@ impl Default for Settings {
 enum Src {
     Cluster,
     Binding,
+    Migration,
 }
 
 /// What the scheduler reads from a Cluster object.
@@ -208,6 +210,10 @@ enum Trigger {
     Cleanup,
     /// Someone asked for a fresh decision (`POST /api/v1/bindings`).
     Requested,
+    /// A workload it follows or shares a group with now serves elsewhere.
+    LeaderMoved,
+    /// A user's Migration waits for its target.
+    UserMove,
 }
 
 impl Trigger {
@@ -221,6 +227,8 @@ impl Trigger {
             Trigger::Retry => "Retry",
             Trigger::Cleanup => "Cleanup",
             Trigger::Requested => "Requested",
+            Trigger::LeaderMoved => "LeaderMoved",
+            Trigger::UserMove => "Migration",
         }
     }
     /// Whether the decision moves replicas the user did not ask to move (make-before-break).
@@ -262,7 +270,11 @@ struct Scheduler {
     history_tx: mpsc::UnboundedSender<Vec<ScheduleEntry>>,
     seq: u64,
     started: Instant,
-    /// Clusters and bindings are both listed before anything is decided.
+    /// Follow-up and group relations, and migrations under way.
+    graph: super::stateful::Graph,
+    /// Users' Migrations waiting for a target, by binding.
+    user_moves: HashMap<BKey, Arc<Object>>,
+    /// Clusters, bindings and migrations are listed before anything is decided.
     barrier: Barrier,
     runtime: crate::runtime::metrics::Handle,
 }
@@ -281,6 +293,13 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         store.clone(),
         keys::prefix("multicluster.io", "resourcebindings", None),
         Src::Binding,
+        tx.clone(),
+        shutdown.clone(),
+    );
+    follow(
+        store.clone(),
+        keys::well_known::migrations(None),
+        Src::Migration,
         tx,
         shutdown.clone(),
     );
@@ -319,10 +338,13 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         seq: 0,
         started: Instant::now(),
         runtime,
+        graph: Default::default(),
+        user_moves: HashMap::new(),
         barrier: {
             let mut b = Barrier::new();
             b.expect("clusters");
             b.expect("bindings");
+            b.expect("migrations");
             b
         },
     };
@@ -584,10 +606,12 @@ impl Scheduler {
                     });
                 }
             }
+            Src::Migration => self.on_migration(ev),
             Src::Binding => match ev {
                 Event::Listed(items) => {
                     self.bindings.clear();
                     self.moves.clear();
+                    self.graph.clear_bindings();
                     let now = self.now_ms();
                     let mut touched = Vec::new();
                     for b in items {
@@ -607,6 +631,7 @@ impl Scheduler {
                         } else {
                             Trigger::Binding
                         };
+                        self.graph.put(&k, Some(&b));
                         self.bindings.insert(k.clone(), b);
                         self.enqueue(k, why);
                     }
@@ -620,11 +645,19 @@ impl Scheduler {
                         None => self.moves.remove(&k),
                     };
                     self.observe_pods(&k, &b);
+                    let served = self.bindings.get(&k).map(|old| self.graph.serving(old));
+                    self.graph.put(&k, Some(&b));
+                    let moved = served.is_some_and(|s| s != self.graph.serving(&b));
                     self.bindings.insert(k.clone(), b);
-                    self.enqueue(k, Trigger::Binding);
+                    self.enqueue(k.clone(), Trigger::Binding);
+                    if moved {
+                        self.enqueue_dependents(&k);
+                    }
                 }
                 Event::Delete(b) => {
                     let k = key_of(&b);
+                    self.graph.put(&k, None);
+                    self.enqueue_dependents(&k);
                     self.bindings.remove(&k);
                     self.moves.remove(&k);
                     self.unplaced.remove(&k);
@@ -636,6 +669,67 @@ impl Scheduler {
                     }
                 }
             },
+        }
+    }
+
+    /// The workloads whose decisions depend on where `k` serves are decided again.
+    fn enqueue_dependents(&mut self, k: &BKey) {
+        for d in self.graph.dependents(k) {
+            self.triggers.insert(d.clone(), Trigger::LeaderMoved);
+            self.enqueue(d, Trigger::LeaderMoved);
+        }
+    }
+
+    fn on_migration(&mut self, ev: Event) {
+        let put = |s: &mut Scheduler, m: &Object| {
+            let mk = (m.namespace().to_string(), m.name().to_string());
+            let mut state = super::stateful::MoveState::of(m);
+            if state.binding.is_empty()
+                && let Ok(spec) = orrery_api::stateful::migration_spec(m.spec.as_ref())
+            {
+                state.binding = binding::name_for(&spec.resource.kind, &spec.resource.name);
+            }
+            let bk = (mk.0.clone(), state.binding.clone());
+            let crossed = s.graph.migrations.get(&mk).is_none_or(|old| {
+                (old.phase < orrery_api::stateful::MigrationPhase::Switching)
+                    != (state.phase < orrery_api::stateful::MigrationPhase::Switching)
+                    || old.phase.is_done() != state.phase.is_done()
+            });
+            if state.needs_target {
+                s.user_moves.insert(bk.clone(), Arc::new(m.clone()));
+                s.triggers.insert(bk.clone(), Trigger::UserMove);
+                s.enqueue(bk.clone(), Trigger::UserMove);
+            } else if s.user_moves.get(&bk).is_some_and(|u| u.name() == mk.1) {
+                s.user_moves.remove(&bk);
+            }
+            s.graph.migrations.insert(mk, state);
+            if crossed {
+                // Where it serves changed: what follows it decides again, and so does the
+                // binding itself once its move is over.
+                s.enqueue_dependents(&bk);
+                s.enqueue(bk, Trigger::Binding);
+            }
+        };
+        match ev {
+            Event::Listed(items) => {
+                self.graph.migrations.clear();
+                for m in &items {
+                    put(self, m);
+                }
+                self.barrier.listed("migrations");
+            }
+            Event::Upsert(m) => put(self, &m),
+            Event::Delete(m) => {
+                let mk = (m.namespace().to_string(), m.name().to_string());
+                if let Some(state) = self.graph.migrations.remove(&mk) {
+                    let bk = (mk.0.clone(), state.binding);
+                    if self.user_moves.get(&bk).is_some_and(|u| u.name() == mk.1) {
+                        self.user_moves.remove(&bk);
+                    }
+                    self.enqueue_dependents(&bk);
+                    self.enqueue(bk, Trigger::Binding);
+                }
+            }
         }
     }
 
@@ -894,6 +988,15 @@ impl Scheduler {
         if b.metadata.deletion_timestamp.is_some() {
             return Outcome::Skip;
         }
+        if why == Trigger::UserMove
+            && let Some(m) = self.user_moves.remove(k)
+        {
+            return self.user_move(k, &b, &m);
+        }
+        // A binding being moved is left to its migration until the move is over.
+        if self.graph.moving(&b).is_some() {
+            return Outcome::Skip;
+        }
         let generation = b.metadata.generation.unwrap_or(1);
         // Decided for this generation already, and nothing else asks for a decision: skip
         // without parsing (the binding controller's status writes land here).
@@ -993,6 +1096,7 @@ impl Scheduler {
             Mode::Steady
         };
         let previous = spec.clusters.clone();
+        let ties = super::stateful::ties(&self.graph, &self.bindings, k, &spec);
         let task = Task {
             // A standalone task runs outside Orrery and needs no API of the member.
             api_version: if spec.resource.is_task() {
@@ -1013,9 +1117,17 @@ impl Scheduler {
             mode,
             now: now.unix_seconds(),
             seed: seed_of(&b.metadata.uid),
+            relations: ties.relations(),
         };
         let engine_started = Instant::now();
-        let decision = schedule_cached(&self.fleet, &task, &self.engine, &mut self.filter_cache);
+        let mut decision =
+            schedule_cached(&self.fleet, &task, &self.engine, &mut self.filter_cache);
+        if decision.error.is_some()
+            && ties.follows
+            && let Some(d) = self.nearest_to_leader(&task, &ties)
+        {
+            decision = d;
+        }
         let m = &self.settings.metrics;
         m.decision_seconds
             .observe(engine_started.elapsed().as_secs_f64());
@@ -1036,6 +1148,23 @@ impl Scheduler {
             }
             _ => decision.clusters.clone(),
         };
+        // A stateful workload never moves by being started empty elsewhere: a decision that
+        // takes it off a cluster and onto another starts a Migration that carries its data.
+        if spec.is_stateful() && !spec.resource.is_task() {
+            let added = new_clusters
+                .iter()
+                .any(|n| n.replicas > 0 && !spec.clusters.iter().any(|c| c.name == n.name));
+            let dropped = spec.clusters.iter().find(|c| {
+                c.replicas > 0
+                    && !new_clusters
+                        .iter()
+                        .any(|n| n.name == c.name && n.replicas > 0)
+            });
+            if added && let Some(source) = dropped {
+                let source = source.clone();
+                return self.start_move(k, &b, &spec, &task, &decision, &ties, &source, why, None);
+            }
+        }
         // Make-before-break: clusters the scheduler took replicas away from keep the old
         // copy until the new placement is healthy or the grace period ends.
         if why.moves() {
@@ -1227,6 +1356,469 @@ impl Scheduler {
             Outcome::Write(job)
         }
     }
+}
+
+/// How long after a failed migration the scheduler waits before it moves the workload again.
+const MOVE_RETRY: i64 = 300;
+
+impl Scheduler {
+    /// A follower whose leader's clusters cannot hold it: the nearest cluster (by latency to
+    /// them) that can, of the eight nearest.
+    fn nearest_to_leader(
+        &mut self,
+        task: &Task<'_>,
+        ties: &super::stateful::Ties,
+    ) -> Option<Decision> {
+        if ties.near.is_empty() {
+            return None;
+        }
+        let mut by_latency: Vec<(f64, String)> = (0..self.fleet.len())
+            .filter(|i| !ties.near.contains(&self.fleet.clusters()[*i].name))
+            .filter_map(|i| {
+                let l = orrery_scheduler::moves::mean_latency(&self.fleet, i, &ties.near)?;
+                Some((l, self.fleet.clusters()[i].name.clone()))
+            })
+            .collect();
+        by_latency.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        let why = format!(
+            "its leader's clusters ({}) cannot hold it: the nearest that can",
+            ties.near.join(", ")
+        );
+        for (_, c) in by_latency.into_iter().take(8) {
+            let only = [c];
+            let mut relations = ties.relations();
+            relations.within = Some((&only, &why));
+            let t = Task {
+                relations,
+                ..task.clone()
+            };
+            let d = schedule_cached(&self.fleet, &t, &self.engine, &mut self.filter_cache);
+            if d.error.is_none() {
+                return Some(d);
+            }
+        }
+        None
+    }
+
+    /// A user's Migration: the source it leaves, and the target Orrery picks (among its
+    /// `targetClusters`, when it names some).
+    fn user_move(&mut self, k: &BKey, b: &Arc<Object>, m: &Arc<Object>) -> Outcome {
+        let spec = BindingSpec::of(b);
+        let Ok(ms) = orrery_api::stateful::migration_spec(m.spec.as_ref()) else {
+            return Outcome::Skip;
+        };
+        let what = format!("{} {}", ms.resource.kind, ms.resource.name);
+        let fail = |msg: String| -> Outcome {
+            Outcome::Write(fail_migration(self.store.clone(), m.clone(), msg))
+        };
+        let Some(spec) = spec else {
+            return fail(format!(
+                "{what} has no ResourceBinding: no policy places it"
+            ));
+        };
+        if spec.resource.kind != ms.resource.kind
+            || spec.resource.api_version != ms.resource.api_version
+        {
+            return fail(format!("the ResourceBinding {} is not of {what}", k.1));
+        }
+        if !spec.is_stateful() {
+            return fail(format!(
+                "{what} owns no persistent volumes: there is no data to move (change its placement to move it)"
+            ));
+        }
+        if let Some(other) = self.graph.moving(b) {
+            return fail(format!(
+                "{what} is being moved already (from {} to {})",
+                other.source, other.target
+            ));
+        }
+        let placed: Vec<&TargetCluster> = spec.clusters.iter().filter(|c| c.replicas > 0).collect();
+        let source = if ms.source_cluster.is_empty() {
+            match placed.as_slice() {
+                [one] => (*one).clone(),
+                [] => return fail(format!("{what} runs in no cluster yet")),
+                many => {
+                    let names: Vec<&str> = many.iter().map(|c| c.name.as_str()).collect();
+                    return fail(format!(
+                        "{what} runs in {}: say which to leave in spec.sourceCluster",
+                        names.join(", ")
+                    ));
+                }
+            }
+        } else {
+            match placed.iter().find(|c| c.name == ms.source_cluster) {
+                Some(c) => (*c).clone(),
+                None => {
+                    return fail(format!(
+                        "{what} does not run in {} (it runs in {})",
+                        ms.source_cluster,
+                        placed
+                            .iter()
+                            .map(|c| c.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                }
+            }
+        };
+        let mut ties = super::stateful::ties(&self.graph, &self.bindings, k, &spec);
+        if !ms.target_clusters.is_empty() {
+            let why = format!(
+                "not among the Migration's targetClusters ({})",
+                ms.target_clusters.join(", ")
+            );
+            ties.within = Some(match ties.within.take() {
+                Some((w, r)) => (
+                    w.into_iter()
+                        .filter(|c| ms.target_clusters.contains(c))
+                        .collect(),
+                    format!("{r}, and {why}"),
+                ),
+                None => (ms.target_clusters.clone(), why),
+            });
+        }
+        let request = spec
+            .replica_requirements
+            .as_ref()
+            .map(|r| r.resource_request.clone())
+            .unwrap_or_default();
+        let mut evicted: Vec<String> = spec
+            .evictions
+            .iter()
+            .filter(|e| !e.rescheduled)
+            .map(|e| e.cluster.clone())
+            .collect();
+        evicted.push(source.name.clone());
+        let kind = spec.resource.kind.clone();
+        let task = Task {
+            api_version: &spec.resource.api_version,
+            kind: &kind,
+            replicas: spec.replicas,
+            divisible: spec.replicas > 0 || orrery_api::interpret::has_divisible_replicas(&kind),
+            request: &request,
+            placement: &spec.placement,
+            targets: &spec.target_clusters,
+            priority: spec.priority,
+            previous: &spec.clusters,
+            evicted: &evicted,
+            shed: &[],
+            mode: Mode::Steady,
+            now: Time::now().unix_seconds(),
+            seed: seed_of(&b.metadata.uid),
+            relations: ties.relations(),
+        };
+        let decision = schedule_cached(&self.fleet, &task, &self.engine, &mut self.filter_cache);
+        self.start_move(
+            k,
+            b,
+            &spec,
+            &task,
+            &decision,
+            &ties,
+            &source,
+            Trigger::UserMove,
+            Some(m.clone()),
+        )
+    }
+
+    /// Moves a stateful workload's replicas off `source` with their data: picks the target
+    /// (copy time over the path, latency to what it depends on, water level), records the
+    /// decision, and starts (or, for a user's Migration, completes) the Migration that
+    /// carries it out. The placement stays as it is until the migration switches it.
+    #[allow(clippy::too_many_arguments)]
+    fn start_move(
+        &mut self,
+        k: &BKey,
+        b: &Arc<Object>,
+        spec: &BindingSpec,
+        task: &Task<'_>,
+        decision: &Decision,
+        ties: &super::stateful::Ties,
+        source: &TargetCluster,
+        why: Trigger,
+        user: Option<Arc<Object>>,
+    ) -> Outcome {
+        let now = Time::now();
+        if user.is_none()
+            && self.graph.migrations.iter().any(|((ns, _), m)| {
+                *ns == k.0
+                    && m.binding == k.1
+                    && m.phase == orrery_api::stateful::MigrationPhase::Failed
+                    && m.ended.is_some_and(|e| now.unix_seconds() - e < MOVE_RETRY)
+            })
+        {
+            // Tried and failed lately: the workload stays where it is for a while.
+            return Outcome::Unschedulable(None);
+        }
+        let explained = decision.explain(&self.fleet, task, &self.engine);
+        let mut feasible = Vec::new();
+        let mut turned = Vec::new();
+        for (i, c) in explained.iter().enumerate() {
+            if c.filter.is_empty() {
+                feasible.push(i);
+            } else {
+                turned.push((i, c.reason.clone()));
+            }
+        }
+        let status = BindingStatus::of(b);
+        let bytes: i64 = status
+            .aggregated_status
+            .iter()
+            .filter(|a| a.cluster_name == source.name)
+            .flat_map(|a| &a.volumes)
+            .filter(|v| v.ordinal.is_none_or(|o| o < source.replicas))
+            .map(|v| v.used_bytes)
+            .sum();
+        let request = task.request.clone();
+        let limit = spec
+            .placement
+            .water_level_limit
+            .unwrap_or(self.engine.water_level_limit);
+        let ranking = orrery_scheduler::moves::rank(
+            &self.fleet,
+            &feasible,
+            &turned,
+            &orrery_scheduler::moves::MoveRequest {
+                source: &source.name,
+                replicas: source.replicas,
+                demand: demand_of(&request),
+                bytes,
+                near: &ties.near,
+                limit,
+            },
+        );
+        let reason = {
+            use orrery_api::stateful::reason;
+            let src = self.fleet.get(&source.name);
+            if user.is_some() {
+                reason::USER
+            } else if src.is_none_or(|c| !serving(c)) {
+                reason::CLUSTER_FAILOVER
+            } else if why == Trigger::Failover {
+                reason::APPLICATION_FAILOVER
+            } else if why == Trigger::Shed {
+                reason::SHED
+            } else if src.is_some_and(|c| c.taints.iter().any(|t| t.effect.as_str() == "NoExecute"))
+            {
+                reason::DRAIN
+            } else {
+                reason::POLICY_CHANGE
+            }
+        };
+        let estimate = orrery_api::stateful::Estimate {
+            bytes,
+            bandwidth: ranking.bandwidth,
+            seconds: ranking.seconds,
+            candidates: ranking.candidates.clone(),
+        };
+        let what = format!("{} {}", spec.resource.kind, spec.resource.name);
+        let Some(target) = ranking.chosen.clone() else {
+            let first = ranking
+                .candidates
+                .iter()
+                .take(3)
+                .map(|c| format!("{}: {}", c.cluster, c.reason))
+                .collect::<Vec<_>>()
+                .join("; ");
+            let msg = format!(
+                "cannot move {} replica(s) of {what} off {} with their data: no cluster can take them ({first})",
+                source.replicas, source.name
+            );
+            if let Some(m) = user {
+                return Outcome::Write(fail_migration(self.store.clone(), m, msg));
+            }
+            return Outcome::Unschedulable(Some(self.write_condition(k, b, "MoveBlocked", msg)));
+        };
+        let message = format!(
+            "moving {} replica(s) of {what} from {} to {target} with their data ({} bytes, about {:.0}s at {} bytes/s; {})",
+            source.replicas, source.name, bytes, ranking.seconds, ranking.bandwidth, reason
+        );
+        let migration = match &user {
+            Some(m) => {
+                let mut next = (**m).clone();
+                let mut st = orrery_api::stateful::MigrationStatus::of(m);
+                st.source = source.name.clone();
+                st.target = target.clone();
+                st.replicas = source.replicas;
+                st.binding = k.1.clone();
+                st.estimate = Some(estimate);
+                st.message = message.clone();
+                st.start_time = Some(now);
+                next.status = serde_json::to_value(st).ok();
+                next
+            }
+            None => super::stateful::new_migration(
+                &k.0,
+                &spec.resource,
+                &k.1,
+                &source.name,
+                &target,
+                source.replicas,
+                reason,
+                estimate,
+                message.clone(),
+            ),
+        };
+        let mname = migration.name().to_string();
+        // The target's room is held from now on: the move will need it.
+        let mut planned: Vec<TargetCluster> = spec
+            .clusters
+            .iter()
+            .filter(|c| c.name != source.name)
+            .cloned()
+            .collect();
+        planned.push(TargetCluster {
+            name: target.clone(),
+            replicas: source.replicas,
+        });
+        planned.sort_by(|a, b| a.name.cmp(&b.name));
+        let bkey_str = format!("{}/{}", k.0, k.1);
+        let changed = self.assume.assume(
+            &bkey_str,
+            demand_of(&request),
+            &spec.clusters,
+            &planned,
+            orrery_api::interpret::counts_pods(&spec.resource.kind),
+            self.now_ms(),
+        );
+        self.refresh_assumed(&changed);
+        self.seq += 1;
+        let task_id = format!("{}-{}", b.metadata.uid, self.seq);
+        let (summary, filtered) =
+            decision.summary(&self.fleet, task, &self.engine, history::MAX_EXPLAINED);
+        self.history.push(ScheduleEntry {
+            id: task_id.clone(),
+            time: now,
+            binding: bkey_str,
+            resource: binding::ObjectReference {
+                resource_version: String::new(),
+                ..spec.resource.clone()
+            },
+            replicas: spec.replicas,
+            trigger: why.as_str().to_string(),
+            strategy: "Migration".to_string(),
+            fleet_level: (decision.fleet_level * 1000.0).round() / 1000.0,
+            result: "Migrating".to_string(),
+            message: format!("{message}; migration {mname}"),
+            clusters: planned,
+            unplaced: 0,
+            decisions: summary.clone(),
+            filtered: filtered.clone(),
+        });
+        let mut next_spec = spec.clone();
+        next_spec.migration = mname.clone();
+        let mut st = status;
+        let cond = Condition::new(
+            CONDITION_SCHEDULED,
+            conditions::TRUE,
+            "Migrating",
+            format!("{message}; migration {mname}"),
+        );
+        conditions::set(&mut st.conditions, cond, now);
+        st.decisions = summary;
+        st.filtered = filtered;
+        st.task_id = task_id;
+        st.scheduler_observed_generation = b.metadata.generation.or(Some(1));
+        let store = self.store.clone();
+        let key = k.clone();
+        let b = b.clone();
+        let creating = user.is_none();
+        let r = spec.resource.clone();
+        Outcome::Write(Box::pin(async move {
+            let err = |e: orrery_store::StoreError| (key.clone(), e.to_string());
+            // The binding first: it names the migration, so no second move can start; a
+            // migration that then fails to be written leaves a name nobody follows, which
+            // the next decision replaces.
+            let mut next = (*b).clone();
+            next.spec = serde_json::to_value(&next_spec).ok();
+            next.status = serde_json::to_value(&st).ok();
+            store
+                .update(
+                    &keys::well_known::binding(&key.0, &key.1),
+                    next,
+                    b.revision(),
+                )
+                .await
+                .map_err(err)?;
+            let mkey = keys::well_known::migration(&key.0, migration.name());
+            if creating {
+                store.create(&mkey, migration).await.map_err(err)?;
+            } else {
+                let rev = migration.revision();
+                store.update(&mkey, migration, rev).await.map_err(err)?;
+            }
+            let about = subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid);
+            let _ = record::event(
+                store.as_ref(),
+                &about,
+                "Normal",
+                "MigrationStarted",
+                &message,
+                COMPONENT,
+            )
+            .await;
+            Ok(())
+        }))
+    }
+
+    /// A job that sets the binding's Scheduled condition (the placement stays).
+    fn write_condition(&self, k: &BKey, b: &Arc<Object>, reason: &str, msg: String) -> Job<BKey> {
+        let store = self.store.clone();
+        let key = k.clone();
+        let reason = reason.to_string();
+        let uid = b.metadata.uid.clone();
+        Box::pin(async move {
+            let bkey = keys::well_known::binding(&key.0, &key.1);
+            orrery_store::update_with(store.as_ref(), &bkey, |mut cur| {
+                if cur.metadata.uid != uid {
+                    return Ok(None);
+                }
+                let mut st = BindingStatus::of(&cur);
+                let cond =
+                    Condition::new(CONDITION_SCHEDULED, conditions::FALSE, &reason, msg.clone());
+                if !conditions::set(&mut st.conditions, cond, Time::now()) {
+                    return Ok(None);
+                }
+                cur.status = serde_json::to_value(st).ok();
+                Ok(Some(cur))
+            })
+            .await
+            .map(|_| ())
+            .map_err(|e| (key, e.to_string()))
+        })
+    }
+}
+
+/// A job that ends a Migration as Failed, with why.
+fn fail_migration(store: Arc<dyn Store>, m: Arc<Object>, msg: String) -> Job<BKey> {
+    let key = (m.namespace().to_string(), m.name().to_string());
+    Box::pin(async move {
+        let mkey = keys::well_known::migration(&key.0, &key.1);
+        let uid = m.metadata.uid.clone();
+        orrery_store::update_with(store.as_ref(), &mkey, |mut cur| {
+            if cur.metadata.uid != uid {
+                return Ok(None);
+            }
+            let mut st = orrery_api::stateful::MigrationStatus::of(&cur);
+            if st.phase.is_done() {
+                return Ok(None);
+            }
+            let now = Time::now();
+            st.phase = orrery_api::stateful::MigrationPhase::Failed;
+            st.message = msg.clone();
+            st.completion_time = Some(now);
+            conditions::set(
+                &mut st.conditions,
+                Condition::new("Succeeded", conditions::FALSE, "Refused", msg.clone()),
+                now,
+            );
+            cur.status = serde_json::to_value(st).ok();
+            Ok(Some(cur))
+        })
+        .await
+        .map(|_| ())
+        .map_err(|e| (key, e.to_string()))
+    })
 }
 
 enum Outcome {

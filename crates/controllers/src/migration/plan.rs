@@ -1,0 +1,917 @@
+//! A migration's phases as a function of what is stored: the Migration's status, the
+//! template's binding, what each member reports in its Work, and whether each cluster
+//! serves. No clock of its own and no I/O: a server that restarts in any phase computes the
+//! same next step from the same stored facts, so a copy is never started again from zero
+//! and a fence is never lost.
+//!
+//! The binding overlay each phase wants (where the workload runs, which copy is fenced,
+//! which transfers each Work carries) is rebuilt from the status every time, so what is
+//! written is the same whoever writes it and however often.
+//!
+//! ```text
+//! Pending ─► Replicating ─(a round short enough)─► Fencing ─► FinalSync ─► Starting ─► Switching ─► Cleaning ─► Succeeded
+//!               │ rounds: snapshot at the source,      │ the source's pods stop;   │ the target   │ followers     │ after a grace,
+//!               │ copy of what changed to the target   │ last snapshot after that  │ runs the same│ move to the   │ the source's copy
+//!               ▼                                      ▼                           │ ordinals on  │ target        │ and its volumes go
+//!             Failed (the workload stays at the source, which is started again) ◄─┘ the copy      │               │
+//! ```
+
+use orrery_api::Time;
+use orrery_api::binding::{BindingSpec, ClusterTransfer, Eviction, TargetCluster};
+use orrery_api::conditions::{self, Condition};
+use orrery_api::stateful::{
+    DataLoss, MigrationPhase as Phase, MigrationStatus, MigrationVolume, PhaseTime, Transfer,
+    TransferRole, TransferStatus, TransferVolume,
+};
+use orrery_api::work::{Health, ManifestStatus};
+
+/// The condition a Migration carries: Unknown while it runs, then True or False.
+pub const CONDITION: &str = "Migrated";
+
+/// The migration controller's knobs.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// A round whose copy took at most this long (at the path's rate) is the last before the
+    /// fence: what is written meanwhile is copied while the workload is stopped.
+    pub final_round_seconds: f64,
+    /// The fence comes after this many rounds at the latest (writes faster than the path).
+    pub max_rounds: u32,
+    /// How long the target may take to run the workload once its data is in.
+    pub start_timeout_seconds: i64,
+    /// How long the source may take to confirm its pods stopped.
+    pub fence_timeout_seconds: i64,
+    /// How long followers have to move to the target before cleaning starts anyway.
+    pub switch_timeout_seconds: i64,
+    /// How long the source's (fenced) copy and its volumes stay after the switch.
+    pub cleanup_grace_seconds: i64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            final_round_seconds: 1.0,
+            max_rounds: 10,
+            start_timeout_seconds: 300,
+            fence_timeout_seconds: 120,
+            switch_timeout_seconds: 60,
+            cleanup_grace_seconds: 30,
+        }
+    }
+}
+
+/// What a member reports in the binding's Work there.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WorkSeen {
+    /// The member reported the Work's current generation.
+    pub current: bool,
+    /// This migration's transfer there.
+    pub transfer: Option<TransferStatus>,
+    /// The template's status there.
+    pub workload: Option<ManifestStatus>,
+    /// Why the Work is not applied, if it is not.
+    pub error: Option<String>,
+}
+
+/// One end of the move.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct End {
+    /// Ready and without the health controller's taints: it can act and report.
+    pub serving: bool,
+    /// The binding's Work there, if there is one.
+    pub work: Option<WorkSeen>,
+}
+
+#[derive(Debug)]
+pub struct Input<'a> {
+    pub now: Time,
+    pub name: &'a str,
+    /// Names the migration's transfers (its uid).
+    pub id: &'a str,
+    pub namespace: &'a str,
+    /// The template, `Kind/name`.
+    pub workload: &'a str,
+    /// The Migration is being deleted.
+    pub deleting: bool,
+    pub status: &'a MigrationStatus,
+    pub binding: Option<&'a BindingSpec>,
+    pub source: End,
+    pub target: End,
+    /// Bytes per second the path allows this migration now.
+    pub rate: i64,
+    /// Every workload following this one runs at the target (or none follows it).
+    pub followers_at_target: bool,
+    /// `placement.stateful.onDataLoss: StartEmpty`.
+    pub starts_empty: bool,
+    pub settings: &'a Settings,
+}
+
+/// An Event to record on the template.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Event {
+    pub type_: &'static str,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+#[derive(Debug, PartialEq)]
+pub struct Output {
+    pub status: MigrationStatus,
+    /// The binding's spec, when the overlay must change.
+    pub binding: Option<BindingSpec>,
+    pub events: Vec<Event>,
+    /// Nothing of the migration is left in the binding (its finalizer may go).
+    pub released: bool,
+}
+
+fn started(st: &MigrationStatus, phase: Phase) -> Option<Time> {
+    st.phases
+        .iter()
+        .rev()
+        .find(|p| p.phase == phase)
+        .map(|p| p.started)
+}
+
+/// Moves to `phase`, closing the time of the one before.
+fn enter(st: &mut MigrationStatus, phase: Phase, now: Time) {
+    if st.phase == phase && !st.phases.is_empty() {
+        return;
+    }
+    if let Some(last) = st.phases.last_mut()
+        && last.finished.is_none()
+    {
+        last.finished = Some(now);
+        last.duration_ms =
+            Some(now.timestamp().as_millisecond() - last.started.timestamp().as_millisecond());
+    }
+    st.phase = phase;
+    if !phase.is_done() {
+        st.phases.push(PhaseTime {
+            phase,
+            started: now,
+            finished: None,
+            duration_ms: None,
+        });
+    }
+}
+
+fn condition(status: &str, reason: &str, message: &str, now: Time, st: &mut MigrationStatus) {
+    conditions::set(
+        &mut st.conditions,
+        Condition::new(CONDITION, status, reason, message),
+        now,
+    );
+    st.message = message.to_string();
+}
+
+/// Fails the move; the rollback is the Failed phase's overlay.
+fn fail(message: String, now: Time, ev: &mut Vec<Event>, st: &mut MigrationStatus) {
+    enter(st, Phase::Failed, now);
+    st.completion_time = Some(now);
+    condition(conditions::FALSE, "Failed", &message, now, st);
+    ev.push(Event {
+        type_: "Warning",
+        reason: "MigrationFailed",
+        message,
+    });
+}
+
+fn volumes_of(st: &MigrationStatus) -> impl Iterator<Item = &MigrationVolume> {
+    st.volumes.iter()
+}
+
+/// The source's part: a snapshot of `round` (after the fence, for the final one).
+fn send(i: &Input<'_>, st: &MigrationStatus, round: u32, after_fence: bool) -> Transfer {
+    Transfer {
+        id: i.id.to_string(),
+        role: TransferRole::Send,
+        namespace: i.namespace.to_string(),
+        peer: st.target.clone(),
+        round,
+        after_fence,
+        workload: i.workload.to_string(),
+        volumes: volumes_of(st)
+            .map(|v| TransferVolume {
+                name: v.name.clone(),
+                ordinal: v.ordinal,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// The target's part: the copy of the last snapshot's round (held workload for the final).
+fn receive(
+    i: &Input<'_>,
+    st: &MigrationStatus,
+    capacity: &[(String, TransferVolume)],
+    hold: bool,
+) -> Transfer {
+    Transfer {
+        id: i.id.to_string(),
+        role: TransferRole::Receive,
+        namespace: i.namespace.to_string(),
+        peer: st.source.clone(),
+        round: st.snapshot_round,
+        volumes: volumes_of(st)
+            .map(|v| {
+                let base = capacity
+                    .iter()
+                    .find(|(n, _)| *n == v.name)
+                    .map(|(_, t)| t.clone())
+                    .unwrap_or_default();
+                TransferVolume {
+                    name: v.name.clone(),
+                    ordinal: v.ordinal,
+                    capacity: base.capacity,
+                    storage_class: base.storage_class,
+                    bytes: v.round_bytes,
+                    data_version: v.source_version,
+                    used_bytes: v.bytes,
+                    base_version: v.round_base,
+                }
+            })
+            .collect(),
+        rate: st.rate,
+        hold_workload: hold,
+        ..Default::default()
+    }
+}
+
+/// The moved volumes' capacity and class, as the source reports them.
+fn capacities(i: &Input<'_>) -> Vec<(String, TransferVolume)> {
+    i.source
+        .work
+        .as_ref()
+        .and_then(|w| w.workload.as_ref())
+        .map(|m| {
+            m.volumes
+                .iter()
+                .map(|v| {
+                    (
+                        v.name.clone(),
+                        TransferVolume {
+                            capacity: v.capacity,
+                            storage_class: v.storage_class.clone(),
+                            ..Default::default()
+                        },
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Takes in the source's snapshot of the round in flight, if it is there and new.
+fn take_snapshot(i: &Input<'_>, st: &mut MigrationStatus) -> bool {
+    let round = st.rounds + 1;
+    if st.snapshot_round >= round {
+        return false;
+    }
+    let Some(t) = i.source.work.as_ref().and_then(|w| w.transfer.as_ref()) else {
+        return false;
+    };
+    if t.round != round || !t.complete {
+        return false;
+    }
+    for v in st.volumes.iter_mut() {
+        if let Some(s) = t.volumes.iter().find(|s| s.name == v.name) {
+            v.round_base = v.target_version;
+            v.round_bytes = s.bytes;
+            v.round_copied = 0;
+            v.source_version = s.data_version;
+            v.bytes = s.used_bytes;
+        }
+    }
+    st.snapshot_round = round;
+    st.rate = i.rate.max(1);
+    true
+}
+
+/// Takes in the target's copy of the round in flight; `true` once it is in.
+fn take_copy(i: &Input<'_>, st: &mut MigrationStatus) -> bool {
+    let round = st.rounds + 1;
+    if st.snapshot_round != round {
+        return false;
+    }
+    let Some(t) = i.target.work.as_ref().and_then(|w| w.transfer.as_ref()) else {
+        return false;
+    };
+    if t.round != round {
+        return false;
+    }
+    for v in st.volumes.iter_mut() {
+        if let Some(s) = t.volumes.iter().find(|s| s.name == v.name) {
+            v.round_copied = s.copied.min(v.round_bytes.max(s.bytes));
+        }
+    }
+    if !t.complete {
+        return false;
+    }
+    for v in st.volumes.iter_mut() {
+        if let Some(s) = t.volumes.iter().find(|s| s.name == v.name) {
+            // A target that held another version copied the whole volume.
+            v.copied += s.bytes;
+            v.round_copied = s.bytes;
+            v.target_version = s.data_version;
+        }
+    }
+    st.rounds = round;
+    true
+}
+
+/// How long the last round's copy took at the path's rate.
+fn last_round_seconds(st: &MigrationStatus) -> f64 {
+    let bytes: i64 = st.volumes.iter().map(|v| v.round_bytes).sum();
+    bytes as f64 / st.rate.max(1) as f64
+}
+
+/// The binding as the phase wants it. `fence_target`: the target's copy runs no pods (a
+/// rollback after it started); `release`: the migration lets go of the binding.
+fn overlay(
+    i: &Input<'_>,
+    spec: &BindingSpec,
+    st: &MigrationStatus,
+    transfers: (Option<Transfer>, Option<Transfer>),
+    fence_target: bool,
+    release: bool,
+) -> BindingSpec {
+    let (a, t) = (st.source.as_str(), st.target.as_str());
+    let mut s = spec.clone();
+    let at_target = matches!(
+        st.phase,
+        Phase::FinalSync | Phase::Starting | Phase::Switching | Phase::Cleaning | Phase::Succeeded
+    );
+    s.clusters.retain(|c| c.name != a && c.name != t);
+    s.clusters.push(TargetCluster {
+        name: if at_target { t } else { a }.to_string(),
+        replicas: st.replicas,
+    });
+    s.clusters.sort_by(|x, y| x.name.cmp(&y.name));
+    // The source's copy stays fenced from the fence until cleaning lets it go.
+    let cleaned = st.phase == Phase::Succeeded
+        || (st.phase == Phase::Cleaning
+            && started(st, Phase::Cleaning).is_some_and(|c| {
+                i.deleting || i.now.seconds_since(c) >= i.settings.cleanup_grace_seconds
+            }));
+    let fence_source = matches!(
+        st.phase,
+        Phase::Fencing | Phase::FinalSync | Phase::Starting | Phase::Switching | Phase::Cleaning
+    ) && !cleaned;
+    s.fenced.retain(|c| c != a && c != t);
+    if fence_source {
+        s.fenced.push(a.to_string());
+    }
+    if fence_target {
+        s.fenced.push(t.to_string());
+    }
+    s.fenced.sort();
+    let marker = format!("migration {}", i.name);
+    s.evictions
+        .retain(|e| !(e.cluster == a && e.keep && e.reason.starts_with(&marker)));
+    if at_target && fence_source {
+        s.evictions.push(Eviction {
+            cluster: a.to_string(),
+            reason: format!("{marker}: its data moved to {t}"),
+            since: st.fenced_at.unwrap_or(i.now),
+            keep_until: None,
+            keep: true,
+            rescheduled: false,
+        });
+    }
+    s.transfers.retain(|x| x.transfer.id != i.id);
+    if let Some(x) = transfers.0 {
+        s.transfers.push(ClusterTransfer {
+            cluster: a.to_string(),
+            transfer: x,
+        });
+    }
+    if let Some(x) = transfers.1 {
+        s.transfers.push(ClusterTransfer {
+            cluster: t.to_string(),
+            transfer: x,
+        });
+    }
+    s.migration = if release {
+        String::new()
+    } else {
+        i.name.to_string()
+    };
+    s
+}
+
+/// The next step of one migration.
+pub fn step(i: &Input<'_>) -> Output {
+    let now = i.now;
+    let mut st = i.status.clone();
+    let mut ev = Vec::new();
+    let done = |st: MigrationStatus, ev: Vec<Event>, released: bool| Output {
+        status: st,
+        binding: None,
+        events: ev,
+        released,
+    };
+    // A user's Migration waits for the scheduler to choose its target.
+    if st.target.is_empty() || st.source.is_empty() {
+        return done(st, ev, true);
+    }
+    let Some(spec) = i.binding else {
+        if !st.phase.is_done() {
+            fail(
+                "the template's ResourceBinding is gone".into(),
+                now,
+                &mut ev,
+                &mut st,
+            );
+        }
+        return done(st, ev, true);
+    };
+    if spec.migration != i.name {
+        // The binding follows another migration, or none: this one has nothing to act on.
+        if !st.phase.is_done() {
+            fail(
+                format!(
+                    "the binding no longer names this migration (it names {:?})",
+                    spec.migration
+                ),
+                now,
+                &mut ev,
+                &mut st,
+            );
+        }
+        return done(st, ev, true);
+    }
+    if st.phases.is_empty() {
+        enter(&mut st, Phase::Pending, now);
+        st.start_time.get_or_insert(now);
+        condition(
+            conditions::UNKNOWN,
+            "Pending",
+            &format!("moving from {} to {}", st.source, st.target),
+            now,
+            &mut st,
+        );
+    }
+    // Deleted before it switched: the move is called off; after: it finishes at once.
+    if i.deleting && st.phase < Phase::Switching {
+        fail(
+            format!(
+                "the Migration was deleted: the workload stays in {}",
+                st.source
+            ),
+            now,
+            &mut ev,
+            &mut st,
+        );
+    }
+    let caps = capacities(i);
+    let mut transfers: (Option<Transfer>, Option<Transfer>) = (None, None);
+    let mut fence_target = false;
+    let mut release = false;
+    // Each phase may lead to the next in the same step when nothing needs waiting for.
+    for _ in 0..8 {
+        // What the phase reached last wants, not what a phase passed through wanted.
+        transfers = (None, None);
+        fence_target = false;
+        release = false;
+        let phase = st.phase;
+        match phase {
+            Phase::Pending => {
+                if !i.source.serving {
+                    if unplanned(i, &mut st, &mut ev) {
+                        continue;
+                    }
+                    break;
+                }
+                let Some(w) = i.source.work.as_ref().and_then(|w| w.workload.as_ref()) else {
+                    condition(
+                        conditions::UNKNOWN,
+                        "WaitingForSource",
+                        &format!("waiting for {} to report the workload", st.source),
+                        now,
+                        &mut st,
+                    );
+                    break;
+                };
+                if !i.target.serving {
+                    condition(
+                        conditions::UNKNOWN,
+                        "WaitingForTarget",
+                        &format!("waiting for {} to be ready", st.target),
+                        now,
+                        &mut st,
+                    );
+                    break;
+                }
+                // The volumes of the ordinals that move (kept volumes of ordinals beyond the
+                // replica count stay behind with the source's copy).
+                st.volumes = w
+                    .volumes
+                    .iter()
+                    .filter(|v| v.ordinal.is_none_or(|o| o < st.replicas))
+                    .map(|v| MigrationVolume {
+                        name: v.name.clone(),
+                        ordinal: v.ordinal,
+                        bytes: v.used_bytes,
+                        ..Default::default()
+                    })
+                    .collect();
+                enter(&mut st, Phase::Replicating, now);
+                condition(
+                    conditions::UNKNOWN,
+                    "Replicating",
+                    &format!(
+                        "copying {} volume(s) from {} to {} while the workload runs",
+                        st.volumes.len(),
+                        st.source,
+                        st.target
+                    ),
+                    now,
+                    &mut st,
+                );
+                ev.push(Event {
+                    type_: "Normal",
+                    reason: "Replicating",
+                    message: format!(
+                        "copying {} bytes of {} from {} to {}",
+                        st.volumes.iter().map(|v| v.bytes).sum::<i64>(),
+                        i.workload,
+                        st.source,
+                        st.target
+                    ),
+                });
+            }
+            Phase::Replicating => {
+                if !i.source.serving {
+                    if unplanned(i, &mut st, &mut ev) {
+                        continue;
+                    }
+                    transfers = (Some(send(i, &st, st.rounds + 1, false)), None);
+                    break;
+                }
+                if !i.target.serving {
+                    fail(
+                        format!(
+                            "the target {} stopped serving while the data was copied",
+                            st.target
+                        ),
+                        now,
+                        &mut ev,
+                        &mut st,
+                    );
+                    continue;
+                }
+                if let Some(e) = target_error(i) {
+                    fail(e, now, &mut ev, &mut st);
+                    continue;
+                }
+                take_snapshot(i, &mut st);
+                if take_copy(i, &mut st)
+                    && (last_round_seconds(&st) <= i.settings.final_round_seconds
+                        || st.rounds >= i.settings.max_rounds)
+                {
+                    st.fenced_at = Some(now);
+                    enter(&mut st, Phase::Fencing, now);
+                    condition(
+                        conditions::UNKNOWN,
+                        "Fencing",
+                        &format!(
+                            "after {} round(s), stopping the workload in {} for the last copy",
+                            st.rounds, st.source
+                        ),
+                        now,
+                        &mut st,
+                    );
+                    continue;
+                }
+                let round = st.rounds + 1;
+                let recv = (st.snapshot_round >= 1).then(|| receive(i, &st, &caps, false));
+                transfers = (Some(send(i, &st, round, false)), recv);
+                break;
+            }
+            Phase::Fencing => {
+                transfers = (
+                    Some(send(i, &st, st.rounds + 1, true)),
+                    (st.snapshot_round >= 1).then(|| receive(i, &st, &caps, false)),
+                );
+                if take_snapshot(i, &mut st) {
+                    for v in st.volumes.iter_mut() {
+                        v.fenced_version = Some(v.source_version);
+                    }
+                    enter(&mut st, Phase::FinalSync, now);
+                    condition(
+                        conditions::UNKNOWN,
+                        "FinalSync",
+                        &format!(
+                            "the workload stopped in {}; copying the last {} bytes",
+                            st.source,
+                            st.volumes.iter().map(|v| v.round_bytes).sum::<i64>()
+                        ),
+                        now,
+                        &mut st,
+                    );
+                    continue;
+                }
+                if !i.source.serving && unplanned(i, &mut st, &mut ev) {
+                    continue;
+                }
+                if started(&st, Phase::Fencing)
+                    .is_some_and(|t| now.seconds_since(t) >= i.settings.fence_timeout_seconds)
+                    && i.source.serving
+                {
+                    fail(
+                        format!(
+                            "{} did not confirm within {}s that the workload stopped",
+                            st.source, i.settings.fence_timeout_seconds
+                        ),
+                        now,
+                        &mut ev,
+                        &mut st,
+                    );
+                    continue;
+                }
+                break;
+            }
+            Phase::FinalSync => {
+                transfers = (
+                    Some(send(i, &st, st.snapshot_round, true)),
+                    Some(receive(i, &st, &caps, true)),
+                );
+                if let Some(e) = target_error(i) {
+                    fail(e, now, &mut ev, &mut st);
+                    continue;
+                }
+                if take_copy(i, &mut st) {
+                    enter(&mut st, Phase::Starting, now);
+                    condition(
+                        conditions::UNKNOWN,
+                        "Starting",
+                        &format!("the data is in {}: starting the workload there", st.target),
+                        now,
+                        &mut st,
+                    );
+                    continue;
+                }
+                if !i.target.serving {
+                    // The source stays fenced: with the target out of reach nobody can tell
+                    // whether it started, and two writers must never run.
+                    condition(
+                        conditions::UNKNOWN,
+                        "WaitingForTarget",
+                        &format!(
+                            "{} is unreachable; the workload stays stopped in {} until it answers",
+                            st.target, st.source
+                        ),
+                        now,
+                        &mut st,
+                    );
+                }
+                break;
+            }
+            Phase::Starting => {
+                // The copy is in and the workload applied: its Work keeps the last receive
+                // (without holding: nothing waits any more).
+                if !st.started_empty {
+                    transfers = (
+                        Some(send(i, &st, st.snapshot_round, true)),
+                        Some(receive(i, &st, &caps, true)),
+                    );
+                }
+                if let Some(e) = target_error(i) {
+                    fail(e, now, &mut ev, &mut st);
+                    continue;
+                }
+                let Some(w) = i.target.work.as_ref() else {
+                    break;
+                };
+                let Some(m) = w.workload.as_ref().filter(|_| w.current) else {
+                    break;
+                };
+                // Every moved volume must run on exactly the data fenced at the source.
+                let mut wrong = None;
+                let mut all_started = true;
+                for v in st.volumes.iter_mut() {
+                    match m
+                        .volumes
+                        .iter()
+                        .find(|x| x.name == v.name)
+                        .and_then(|x| x.started_version)
+                    {
+                        Some(s) => {
+                            v.started_version = Some(s);
+                            if !st.started_empty && Some(s) != v.fenced_version {
+                                wrong = Some(format!(
+                                    "{} started on data version {s}, not the fenced {}",
+                                    v.name,
+                                    v.fenced_version.unwrap_or_default()
+                                ));
+                            }
+                        }
+                        None => all_started = false,
+                    }
+                }
+                if let Some(e) = wrong {
+                    fail(e, now, &mut ev, &mut st);
+                    continue;
+                }
+                if m.health == Health::Healthy && all_started {
+                    let downtime = st.fenced_at.map(|f| {
+                        (now.timestamp().as_millisecond() - f.timestamp().as_millisecond()) as f64
+                            / 1000.0
+                    });
+                    st.downtime_seconds = downtime;
+                    enter(&mut st, Phase::Switching, now);
+                    condition(
+                        conditions::UNKNOWN,
+                        "Switching",
+                        &format!(
+                            "running in {} on the copied data; what follows it moves there",
+                            st.target
+                        ),
+                        now,
+                        &mut st,
+                    );
+                    ev.push(Event {
+                        type_: "Normal",
+                        reason: "MigrationSwitched",
+                        message: format!(
+                            "{} runs in {} (down {:.1}s)",
+                            i.workload,
+                            st.target,
+                            downtime.unwrap_or_default()
+                        ),
+                    });
+                    continue;
+                }
+                if started(&st, Phase::Starting)
+                    .is_some_and(|t| now.seconds_since(t) >= i.settings.start_timeout_seconds)
+                    && i.target.serving
+                {
+                    fail(
+                        format!(
+                            "{} did not run the workload within {}s: {}",
+                            st.target, i.settings.start_timeout_seconds, m.message
+                        ),
+                        now,
+                        &mut ev,
+                        &mut st,
+                    );
+                    continue;
+                }
+                break;
+            }
+            Phase::Switching => {
+                let waited = started(&st, Phase::Switching)
+                    .is_some_and(|t| now.seconds_since(t) >= i.settings.switch_timeout_seconds);
+                if i.followers_at_target || waited || i.deleting {
+                    enter(&mut st, Phase::Cleaning, now);
+                    condition(
+                        conditions::UNKNOWN,
+                        "Cleaning",
+                        &format!(
+                            "the copy in {} and its volumes go in {}s",
+                            st.source, i.settings.cleanup_grace_seconds
+                        ),
+                        now,
+                        &mut st,
+                    );
+                    continue;
+                }
+                break;
+            }
+            Phase::Cleaning => {
+                let due = started(&st, Phase::Cleaning).is_some_and(|c| {
+                    i.deleting || now.seconds_since(c) >= i.settings.cleanup_grace_seconds
+                });
+                // Once the source's Work is gone (with its volumes), nothing is left to do.
+                if due && i.source.work.is_none() {
+                    enter(&mut st, Phase::Succeeded, now);
+                    st.completion_time = Some(now);
+                    let msg = format!(
+                        "moved to {} in {} round(s), {} bytes copied, down {:.1}s",
+                        st.target,
+                        st.rounds,
+                        st.volumes.iter().map(|v| v.copied).sum::<i64>(),
+                        st.downtime_seconds.unwrap_or_default()
+                    );
+                    condition(conditions::TRUE, "Succeeded", &msg, now, &mut st);
+                    ev.push(Event {
+                        type_: "Normal",
+                        reason: "Migrated",
+                        message: msg,
+                    });
+                    release = true;
+                }
+                break;
+            }
+            Phase::Succeeded => {
+                release = true;
+                break;
+            }
+            Phase::Failed => {
+                // Rolled back: the workload runs at the source again. A target that may have
+                // started is fenced until its member confirms, then let go.
+                let had_workload = st
+                    .phases
+                    .iter()
+                    .any(|p| p.phase >= Phase::FinalSync && p.phase < Phase::Failed);
+                let confirmed = !had_workload
+                    || !i.target.serving
+                    || i.target.work.as_ref().is_none_or(|w| {
+                        w.current
+                            && w.workload.as_ref().is_none_or(|m| {
+                                m.status
+                                    .as_ref()
+                                    .and_then(|s| s.get("replicas"))
+                                    .and_then(serde_json::Value::as_i64)
+                                    .unwrap_or(0)
+                                    == 0
+                            })
+                    });
+                fence_target = had_workload && !confirmed;
+                release = !fence_target;
+                break;
+            }
+        }
+    }
+    let mut next = overlay(i, spec, &st, transfers, fence_target, release);
+    // A failed move puts the workload back where it was.
+    if st.phase == Phase::Failed {
+        next.clusters.retain(|c| c.name != st.target);
+        if !next.clusters.iter().any(|c| c.name == st.source) {
+            next.clusters.push(TargetCluster {
+                name: st.source.clone(),
+                replicas: st.replicas,
+            });
+            next.clusters.sort_by(|x, y| x.name.cmp(&y.name));
+        }
+    }
+    let binding = (next != *spec).then_some(next);
+    Output {
+        status: st,
+        binding,
+        events: ev,
+        released: release,
+    }
+}
+
+/// Why the target's Work is not applied, if it is not (a storage class it lacks...).
+fn target_error(i: &Input<'_>) -> Option<String> {
+    let w = i.target.work.as_ref()?;
+    if let Some(e) = &w.error {
+        return Some(format!("the target cannot take the workload: {e}"));
+    }
+    let t = w.transfer.as_ref()?;
+    (!t.message.is_empty() && !t.complete).then(|| format!("the copy failed: {}", t.message))
+}
+
+/// The source is lost: start empty elsewhere if the placement says so, else wait for it.
+/// Returns whether the phase changed.
+fn unplanned(i: &Input<'_>, st: &mut MigrationStatus, ev: &mut Vec<Event>) -> bool {
+    let now = i.now;
+    if i.starts_empty && i.target.serving {
+        let lost: i64 = i
+            .source
+            .work
+            .as_ref()
+            .and_then(|w| w.workload.as_ref())
+            .map(|m| m.volumes.iter().map(|v| v.used_bytes).sum())
+            .unwrap_or_else(|| st.volumes.iter().map(|v| v.bytes).sum());
+        st.started_empty = true;
+        st.data_loss = Some(DataLoss {
+            bytes: lost,
+            seconds: None,
+        });
+        st.fenced_at = Some(now);
+        // Nothing of the source's data reaches the target.
+        for v in st.volumes.iter_mut() {
+            v.round_bytes = 0;
+        }
+        enter(st, Phase::Starting, now);
+        let msg = format!(
+            "{} is lost and the placement says StartEmpty: starting in {} without its data ({lost} bytes lost)",
+            st.source, st.target
+        );
+        condition(conditions::UNKNOWN, "StartingEmpty", &msg, now, st);
+        ev.push(Event {
+            type_: "Warning",
+            reason: "DataLost",
+            message: msg,
+        });
+        return true;
+    }
+    condition(
+        conditions::UNKNOWN,
+        "WaitingForSource",
+        &format!(
+            "{} is unreachable and no standby copy exists: waiting for it to come back (placement.stateful.onDataLoss: StartEmpty would start {} elsewhere without its data)",
+            st.source, i.workload
+        ),
+        now,
+        st,
+    );
+    false
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,531 @@
+use super::*;
+use orrery_api::stateful::{TransferVolumeStatus, VolumeStatus};
+use serde_json::json;
+
+/// Two members as the plan sees them: what each reports, driven by the binding it writes.
+struct Fleet {
+    /// The source's volume: (version, used bytes, bytes written since its last snapshot).
+    src_version: u64,
+    src_used: i64,
+    written_since: i64,
+    /// What the target holds.
+    tgt_version: u64,
+    /// Rounds the target copies in one step (0: copies do not finish).
+    copy_speed: u32,
+    copy_progress: u32,
+    /// Snapshots taken, by round.
+    last_snapshot: Option<TransferStatus>,
+    target_started_on: Option<u64>,
+    target_serving: bool,
+    source_serving: bool,
+    source_work: bool,
+    /// Whether the target's pods ever start.
+    target_starts: bool,
+}
+
+fn base_spec() -> BindingSpec {
+    serde_json::from_value(json!({
+        "resource": {"apiVersion": "apps/v1", "kind": "StatefulSet", "namespace": "ns", "name": "db"},
+        "policy": {"apiVersion": "multicluster.io/v1alpha1", "kind": "ResourcePlacementPolicy", "name": "p"},
+        "replicas": 1,
+        "clusters": [{"name": "a", "replicas": 1}],
+        "volumes": [{"name": "data", "perOrdinal": true}],
+        "migration": "db-1",
+    }))
+    .unwrap()
+}
+
+fn started_status() -> MigrationStatus {
+    MigrationStatus {
+        source: "a".into(),
+        target: "b".into(),
+        replicas: 1,
+        binding: "db-statefulset".into(),
+        ..Default::default()
+    }
+}
+
+fn t(s: i64) -> Time {
+    Time::from_unix_seconds(1_700_000_000 + s).unwrap()
+}
+
+impl Fleet {
+    fn new() -> Fleet {
+        Fleet {
+            src_version: 10,
+            src_used: 1000,
+            written_since: 0,
+            tgt_version: 0,
+            copy_speed: 1,
+            copy_progress: 0,
+            last_snapshot: None,
+            target_started_on: None,
+            target_serving: true,
+            source_serving: true,
+            source_work: true,
+            target_starts: true,
+        }
+    }
+
+    /// The source writes `bytes` between two steps.
+    fn write(&mut self, bytes: i64) {
+        self.src_version += 1;
+        self.src_used += bytes;
+        self.written_since += bytes;
+    }
+
+    fn transfer_of<'a>(spec: &'a BindingSpec, cluster: &str) -> Option<&'a Transfer> {
+        spec.transfers
+            .iter()
+            .find(|x| x.cluster == cluster)
+            .map(|x| &x.transfer)
+    }
+
+    /// What each member reports now, after acting on `spec`.
+    fn report(&mut self, spec: &BindingSpec) -> (End, End) {
+        let fenced = spec.fenced.contains(&"a".to_string());
+        // The source: a snapshot for each round asked (after the fence only once fenced).
+        let mut src_transfer = self.last_snapshot.clone();
+        if let Some(x) = Self::transfer_of(spec, "a")
+            && self
+                .last_snapshot
+                .as_ref()
+                .is_none_or(|s| s.round < x.round)
+            && (!x.after_fence || fenced)
+        {
+            let first = self.last_snapshot.is_none();
+            let snap = TransferStatus {
+                id: x.id.clone(),
+                role: TransferRole::Send,
+                round: x.round,
+                complete: true,
+                fenced,
+                volumes: vec![TransferVolumeStatus {
+                    name: "data-db-0".into(),
+                    data_version: self.src_version,
+                    used_bytes: self.src_used,
+                    bytes: if first {
+                        self.src_used
+                    } else {
+                        self.written_since
+                    },
+                    copied: 0,
+                }],
+                ..Default::default()
+            };
+            self.written_since = 0;
+            self.last_snapshot = Some(snap.clone());
+            src_transfer = Some(snap);
+        }
+        let workload = |started: Option<u64>, version: u64, replicas: i64| ManifestStatus {
+            applied: true,
+            health: if replicas > 0 && started.is_some() {
+                Health::Healthy
+            } else {
+                Health::Progressing
+            },
+            status: Some(json!({"replicas": replicas})),
+            volumes: vec![VolumeStatus {
+                name: "data-db-0".into(),
+                ordinal: Some(0),
+                used_bytes: 1000,
+                data_version: version,
+                started_version: started,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let src_running = spec.clusters.iter().any(|c| c.name == "a") && !fenced;
+        let source = End {
+            serving: self.source_serving,
+            work: self.source_work.then(|| WorkSeen {
+                current: true,
+                transfer: src_transfer,
+                workload: Some(workload(
+                    src_running.then_some(10),
+                    self.src_version,
+                    i64::from(src_running),
+                )),
+                error: None,
+            }),
+        };
+        // The target: copies each round asked; runs the workload once it is in, if held.
+        let recv = Self::transfer_of(spec, "b");
+        let in_plan = spec.clusters.iter().any(|c| c.name == "b");
+        let target_fenced = spec.fenced.contains(&"b".to_string());
+        let mut tgt_transfer = None;
+        if let Some(x) = recv {
+            let done = self.copy_speed > 0 && {
+                self.copy_progress += 1;
+                self.copy_progress >= self.copy_speed
+            };
+            if done {
+                self.tgt_version = x.volumes[0].data_version;
+                self.copy_progress = 0;
+            }
+            tgt_transfer = Some(TransferStatus {
+                id: x.id.clone(),
+                role: TransferRole::Receive,
+                round: x.round,
+                complete: done,
+                volumes: vec![TransferVolumeStatus {
+                    name: "data-db-0".into(),
+                    data_version: self.tgt_version,
+                    used_bytes: x.volumes[0].used_bytes,
+                    bytes: x.volumes[0].bytes,
+                    copied: if done { x.volumes[0].bytes } else { 0 },
+                }],
+                ..Default::default()
+            });
+            if done
+                && x.hold_workload
+                && in_plan
+                && self.target_started_on.is_none()
+                && self.target_starts
+            {
+                self.target_started_on = Some(self.tgt_version);
+            }
+        }
+        if in_plan && recv.is_none() && self.target_started_on.is_none() {
+            // Started without a copy (StartEmpty).
+            self.target_started_on = Some(1);
+        }
+        let target = End {
+            serving: self.target_serving,
+            work: (recv.is_some() || in_plan || target_fenced).then(|| WorkSeen {
+                current: true,
+                transfer: tgt_transfer,
+                workload: (in_plan || target_fenced).then(|| {
+                    let running = in_plan && !target_fenced;
+                    workload(
+                        self.target_started_on.filter(|_| running),
+                        self.tgt_version,
+                        i64::from(running && self.target_started_on.is_some()),
+                    )
+                }),
+                error: None,
+            }),
+        };
+        (source, target)
+    }
+}
+
+struct Run {
+    fleet: Fleet,
+    spec: BindingSpec,
+    status: MigrationStatus,
+    settings: Settings,
+    now: i64,
+    events: Vec<Event>,
+    deleting: bool,
+    starts_empty: bool,
+}
+
+impl Run {
+    fn new() -> Run {
+        Run {
+            fleet: Fleet::new(),
+            spec: base_spec(),
+            status: started_status(),
+            settings: Settings::default(),
+            now: 0,
+            events: Vec::new(),
+            deleting: false,
+            starts_empty: false,
+        }
+    }
+
+    /// One step of the controller, one second later; what it writes is what the members see.
+    fn step(&mut self) -> bool {
+        self.now += 1;
+        let (source, target) = self.fleet.report(&self.spec);
+        let input = Input {
+            now: t(self.now),
+            name: "db-1",
+            id: "uid-1",
+            namespace: "ns",
+            workload: "StatefulSet/db",
+            deleting: self.deleting,
+            status: &self.status,
+            binding: Some(&self.spec),
+            source: source.clone(),
+            target: target.clone(),
+            rate: 100,
+            followers_at_target: true,
+            starts_empty: self.starts_empty,
+            settings: &self.settings,
+        };
+        let out = step(&input);
+        // A restart right after computes the same again from what is stored.
+        let stored_spec = out.binding.clone().unwrap_or_else(|| self.spec.clone());
+        let again = step(&Input {
+            status: &out.status,
+            binding: Some(&stored_spec),
+            ..input
+        });
+        if let Some(b) = &again.binding {
+            panic!(
+                "a second look changes the binding again:\n{}\n{}\nphases {:?} then {:?}",
+                serde_json::to_string(&stored_spec).unwrap(),
+                serde_json::to_string(b).unwrap(),
+                out.status.phase,
+                again.status.phase
+            );
+        }
+        let changed = out.binding.is_some() || out.status != self.status;
+        if let Some(b) = out.binding {
+            self.spec = b;
+        }
+        self.status = out.status;
+        self.events.extend(out.events);
+        changed
+    }
+
+    /// Steps until `phase` is reached or passed (several may pass in one step).
+    fn until(&mut self, phase: Phase, max: usize) {
+        for _ in 0..max {
+            if self.status.phase >= phase && self.status.phase != Phase::Failed {
+                return;
+            }
+            self.step();
+        }
+        panic!("not {phase:?} after {max} steps: {:?}", self.status);
+    }
+}
+
+#[test]
+fn a_planned_move_copies_in_rounds_fences_and_starts_on_the_fenced_data() {
+    let mut r = Run::new();
+    r.fleet.copy_speed = 3;
+    r.step();
+    assert_eq!(r.status.phase, Phase::Replicating);
+    assert_eq!(r.status.volumes.len(), 1);
+    // Round 1: a snapshot of everything at the source, then the copy to the target.
+    let send = Fleet::transfer_of(&r.spec, "a").unwrap().clone();
+    assert_eq!(
+        (send.role, send.round, send.after_fence),
+        (TransferRole::Send, 1, false)
+    );
+    assert!(
+        Fleet::transfer_of(&r.spec, "b").is_none(),
+        "no copy before the snapshot"
+    );
+    r.step();
+    let recv = Fleet::transfer_of(&r.spec, "b").unwrap().clone();
+    assert_eq!(
+        (
+            recv.round,
+            recv.volumes[0].bytes,
+            recv.volumes[0].base_version
+        ),
+        (1, 1000, 0)
+    );
+    assert_eq!(recv.rate, 100);
+    assert!(r.spec.fenced.is_empty(), "it runs while copied");
+    // 10 s at 100 bytes/s: not short enough; the workload writes meanwhile.
+    r.fleet.write(40);
+    r.until(Phase::Replicating, 1);
+    for _ in 0..3 {
+        r.step();
+    }
+    assert_eq!(r.status.rounds, 1);
+    // Round 2: only what was written (40 bytes, 0.4 s): the last before the fence.
+    r.until(Phase::Fencing, 10);
+    assert_eq!(r.status.rounds, 2);
+    let v = &r.status.volumes[0];
+    assert_eq!((v.copied, v.round_bytes, v.round_base), (1040, 40, 10));
+    assert_eq!(r.spec.fenced, vec!["a".to_string()]);
+    let send = Fleet::transfer_of(&r.spec, "a").unwrap();
+    assert!(send.after_fence && send.round == 3);
+    assert!(r.status.fenced_at.is_some());
+    // The last write before the pods stop.
+    r.fleet.write(5);
+    r.until(Phase::FinalSync, 3);
+    let fenced = r.status.volumes[0].fenced_version.unwrap();
+    assert_eq!(fenced, r.fleet.src_version);
+    // The target now runs it, holding the workload until the last copy is in; the source's
+    // copy is kept (fenced) by an eviction until the migration lets it go.
+    assert_eq!(
+        r.spec.clusters,
+        vec![TargetCluster {
+            name: "b".into(),
+            replicas: 1
+        }]
+    );
+    let recv = Fleet::transfer_of(&r.spec, "b").unwrap();
+    assert!(recv.hold_workload && recv.round == 3 && recv.volumes[0].bytes == 5);
+    assert!(r.spec.evictions.iter().any(|e| e.cluster == "a" && e.keep));
+    r.until(Phase::Switching, 10);
+    assert_eq!(r.status.volumes[0].started_version, Some(fenced));
+    assert!(r.status.downtime_seconds.unwrap() > 0.0);
+    assert!(r.spec.transfers.is_empty(), "the copy is done");
+    r.until(Phase::Cleaning, 3);
+    // The source's copy stays for the grace period, then goes.
+    r.step();
+    assert!(r.spec.fenced.contains(&"a".to_string()));
+    r.now += r.settings.cleanup_grace_seconds;
+    r.step();
+    assert!(r.spec.fenced.is_empty() && r.spec.evictions.is_empty());
+    assert_eq!(
+        r.status.phase,
+        Phase::Cleaning,
+        "until the source's Work is gone"
+    );
+    r.fleet.source_work = false;
+    r.step();
+    assert_eq!(r.status.phase, Phase::Succeeded);
+    assert!(r.spec.migration.is_empty(), "the binding is let go");
+    assert_eq!(
+        r.spec.clusters,
+        vec![TargetCluster {
+            name: "b".into(),
+            replicas: 1
+        }]
+    );
+    let phases: Vec<Phase> = r.status.phases.iter().map(|p| p.phase).collect();
+    use Phase::*;
+    assert_eq!(
+        phases,
+        [
+            Pending,
+            Replicating,
+            Fencing,
+            FinalSync,
+            Starting,
+            Switching,
+            Cleaning
+        ]
+    );
+    assert!(r.status.phases.iter().all(|p| p.duration_ms.is_some()));
+    let reasons: Vec<&str> = r.events.iter().map(|e| e.reason).collect();
+    assert_eq!(reasons, ["Replicating", "MigrationSwitched", "Migrated"]);
+    assert_eq!(
+        conditions::find(&r.status.conditions, CONDITION)
+            .unwrap()
+            .status,
+        "True"
+    );
+}
+
+#[test]
+fn writes_faster_than_the_path_fence_after_the_last_round_allowed() {
+    let mut r = Run::new();
+    r.settings.max_rounds = 3;
+    r.fleet.src_used = 100_000;
+    for _ in 0..40 {
+        r.fleet.write(50_000);
+        r.step();
+        if r.status.phase == Phase::Fencing {
+            break;
+        }
+    }
+    assert_eq!((r.status.phase, r.status.rounds), (Phase::Fencing, 3));
+}
+
+#[test]
+fn a_target_that_fails_to_start_rolls_back_and_the_source_runs_again() {
+    let mut r = Run::new();
+    // The target never runs the workload.
+    r.fleet.target_starts = false;
+    r.until(Phase::Starting, 20);
+    r.step();
+    assert_eq!(r.status.phase, Phase::Starting);
+    r.now += r.settings.start_timeout_seconds;
+    r.step();
+    assert_eq!(r.status.phase, Phase::Failed);
+    assert_eq!(
+        r.spec.clusters,
+        vec![TargetCluster {
+            name: "a".into(),
+            replicas: 1
+        }]
+    );
+    assert!(
+        !r.spec.fenced.contains(&"a".to_string()),
+        "the source runs again"
+    );
+    assert!(r.spec.transfers.is_empty());
+    // Let go once the target's copy is fenced (its member reports no pods).
+    for _ in 0..3 {
+        r.step();
+    }
+    assert!(
+        r.spec.migration.is_empty() && r.spec.fenced.is_empty(),
+        "{:?}",
+        r.spec
+    );
+    assert_eq!(r.events.last().unwrap().reason, "MigrationFailed");
+}
+
+#[test]
+fn a_lost_source_waits_unless_the_placement_starts_empty_and_a_lost_target_keeps_the_fence() {
+    let mut r = Run::new();
+    r.fleet.source_serving = false;
+    r.step();
+    assert_eq!(r.status.phase, Phase::Pending);
+    assert!(
+        r.status
+            .message
+            .contains("a is unreachable and no standby copy exists"),
+        "{}",
+        r.status.message
+    );
+    assert!(r.spec.fenced.is_empty());
+
+    let mut r = Run::new();
+    r.starts_empty = true;
+    r.fleet.source_serving = false;
+    r.until(Phase::Cleaning, 5);
+    assert!(r.status.started_empty);
+    assert_eq!(r.status.data_loss.as_ref().unwrap().bytes, 1000);
+    assert_eq!(
+        r.spec.fenced,
+        vec!["a".to_string()],
+        "fenced for when it comes back"
+    );
+    assert!(r.spec.transfers.is_empty());
+
+    // The target goes dark after the fence: the source stays fenced, the move waits.
+    let mut r = Run::new();
+    r.until(Phase::FinalSync, 10);
+    r.fleet.target_serving = false;
+    r.fleet.copy_speed = 0;
+    for _ in 0..5 {
+        r.step();
+    }
+    assert_eq!(r.status.phase, Phase::FinalSync);
+    assert!(r.spec.fenced.contains(&"a".to_string()));
+    assert!(
+        r.status.message.contains("b is unreachable"),
+        "{}",
+        r.status.message
+    );
+}
+
+#[test]
+fn deleting_a_migration_before_the_switch_calls_it_off() {
+    let mut r = Run::new();
+    r.until(Phase::Fencing, 10);
+    r.deleting = true;
+    r.step();
+    assert_eq!(r.status.phase, Phase::Failed);
+    assert!(r.spec.migration.is_empty());
+    assert!(r.spec.fenced.is_empty() && r.spec.transfers.is_empty());
+    assert_eq!(
+        r.spec.clusters,
+        vec![TargetCluster {
+            name: "a".into(),
+            replicas: 1
+        }]
+    );
+}
+
+#[test]
+fn a_binding_that_names_another_migration_fails_this_one_untouched() {
+    let mut r = Run::new();
+    r.spec.migration = "db-2".into();
+    let before = r.spec.clone();
+    r.step();
+    assert_eq!(r.status.phase, Phase::Failed);
+    assert_eq!(r.spec, before);
+}
