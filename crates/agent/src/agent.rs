@@ -139,7 +139,14 @@ struct Inner {
     /// `reported`, then `refused`.
     computed: Mutex<HashMap<String, Computed>>,
     report_now: Notify,
+    /// Works released from a hold on a copy (a migration's target), and since when: each of
+    /// their changes is reported at once until their workload is healthy, since the
+    /// workload is down until the control plane hears so.
+    urgent: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long a Work released from a hold is reported without the rate limit at most.
+const URGENT_FOR: Duration = Duration::from_secs(60);
 
 /// A Work's apply errors, by manifest ordinal.
 type ApplyErrors = BTreeMap<usize, String>;
@@ -574,6 +581,18 @@ impl Inner {
             })
     }
 
+    /// Whether something must be reported without waiting for the next report slot: a
+    /// transfer's milestone since `last_milestone`, or a Work released from a hold whose
+    /// workload is not reported healthy yet.
+    fn urgent(&self, last_milestone: u64) -> bool {
+        if self.backend.milestone() != last_milestone {
+            return true;
+        }
+        let mut urgent = self.urgent.lock().unwrap_or_else(|p| p.into_inner());
+        urgent.retain(|_, since| since.elapsed() < URGENT_FOR);
+        !urgent.is_empty()
+    }
+
     /// Applies the manifests of Works that waited for a copy that is now in: the target
     /// starts on the copied data without waiting for the control plane.
     async fn release_held(&self) {
@@ -607,6 +626,10 @@ impl Inner {
                     .insert(name.clone());
             }
             tracing::info!(cluster = %self.cfg.cluster, work = %name, "the volume copy is in: the Work's manifests are applied");
+            self.urgent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(name.clone(), Instant::now());
             self.set_errors(name, errors);
             self.report_now.notify_one();
         }
@@ -1092,6 +1115,7 @@ pub async fn run(
         reported: Mutex::new(HashMap::new()),
         computed: Mutex::new(HashMap::new()),
         report_now: Notify::new(),
+        urgent: Mutex::new(HashMap::new()),
     });
     inner.resume().await;
     inner.flush_state();
@@ -1336,6 +1360,7 @@ async fn works_loop(inner: &Inner, t: &Transport) -> End {
 async fn report_loop(inner: &Inner, t: &Transport) -> End {
     let mut changed = inner.backend.changed();
     let mut last = Instant::now() - inner.cfg.report_interval;
+    let mut last_milestone = inner.backend.milestone();
     let mut last_full = Instant::now();
     let mut last_flush = Instant::now();
     let mut flush_cost = Duration::ZERO;
@@ -1345,11 +1370,26 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
             _ = inner.report_now.notified() => {}
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
-        // Rate limit: at most one report per interval, whatever the churn.
+        // Rate limit: at most one report per interval, whatever the churn; a transfer's
+        // milestone, or any change of a workload just released from a hold, goes at once
+        // (a migration waits for them with its workload stopped), even one that comes while
+        // this waits.
         let since = last.elapsed();
-        if since < inner.cfg.report_interval {
-            tokio::time::sleep(inner.cfg.report_interval - since).await;
+        if since < inner.cfg.report_interval && !inner.urgent(last_milestone) {
+            let until = tokio::time::sleep(inner.cfg.report_interval - since);
+            tokio::pin!(until);
+            loop {
+                tokio::select! {
+                    _ = &mut until => break,
+                    _ = changed.changed() => {
+                        if inner.urgent(last_milestone) {
+                            break;
+                        }
+                    }
+                }
+            }
         }
+        last_milestone = inner.backend.milestone();
         last = Instant::now();
         inner.retry_failed().await;
         inner.release_held().await;
@@ -1386,7 +1426,15 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
                     }
                     let mut reported = inner.reported.lock().unwrap_or_else(|p| p.into_inner());
                     let mut refused = inner.refused.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut urgent = inner.urgent.lock().unwrap_or_else(|p| p.into_inner());
                     for ((name, h, conds, _), result) in chunk.iter().zip(&results) {
+                        // A released workload reported available needs no haste any more.
+                        if result.is_none()
+                            && conditions::find(conds, work::CONDITION_AVAILABLE)
+                                .is_some_and(Condition::is_true)
+                        {
+                            urgent.remove(name);
+                        }
                         if result.is_some() {
                             // Not what the server has: sent again after a while.
                             reported.remove(name);

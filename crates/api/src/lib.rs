@@ -33,4 +33,4 @@ pub mod work;
 
 pub use object::{Object, ObjectMeta, OwnerReference};
 pub use quantity::{Format, Quantity, QuantityError};
-pub use time::Time;
+pub use time::{MicroTime, Time};

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::Quantity;
 use crate::conditions::Condition;
-use crate::time::Time;
+use crate::time::{MicroTime, Time};
 use crate::validation::{ErrorList, FieldError, is_dns1123_subdomain};
 
 pub const MIGRATION_KIND: &str = "Migration";
@@ -352,9 +352,9 @@ pub struct MigrationVolume {
 #[serde(rename_all = "camelCase")]
 pub struct PhaseTime {
     pub phase: MigrationPhase,
-    pub started: Time,
+    pub started: MicroTime,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub finished: Option<Time>,
+    pub finished: Option<MicroTime>,
     /// Milliseconds, once finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration_ms: Option<i64>,
@@ -435,7 +435,7 @@ pub struct MigrationStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub downtime_seconds: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fenced_at: Option<Time>,
+    pub fenced_at: Option<MicroTime>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub phases: Vec<PhaseTime>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

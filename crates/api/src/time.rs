@@ -81,9 +81,93 @@ impl<'de> Deserialize<'de> for Time {
     }
 }
 
+/// `metav1.MicroTime`: an instant to the microsecond (`2006-01-02T15:04:05.000000Z`), for
+/// what whole seconds cannot tell apart (a migration's phases, its downtime).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MicroTime(pub Timestamp);
+
+impl MicroTime {
+    pub fn now() -> Self {
+        MicroTime(Timestamp::now())
+    }
+
+    /// Milliseconds from `earlier` to this time.
+    pub fn millis_since(&self, earlier: MicroTime) -> i64 {
+        self.0.as_millisecond() - earlier.0.as_millisecond()
+    }
+
+    /// Whole seconds from `earlier` to this time (rounded down).
+    pub fn seconds_since(&self, earlier: MicroTime) -> i64 {
+        self.millis_since(earlier).div_euclid(1000)
+    }
+
+    /// `ms` milliseconds later.
+    pub fn add_millis(&self, ms: i64) -> Self {
+        self.0
+            .checked_add(jiff::SignedDuration::from_millis(ms))
+            .map(MicroTime)
+            .unwrap_or(*self)
+    }
+
+    /// To the second, as a `Time`.
+    pub fn time(&self) -> Time {
+        Time(self.0)
+    }
+}
+
+impl From<Time> for MicroTime {
+    fn from(t: Time) -> Self {
+        MicroTime(t.0)
+    }
+}
+
+impl fmt::Display for MicroTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let micros = self.0.as_microsecond();
+        let t = Timestamp::from_microsecond(micros).unwrap_or(self.0);
+        write!(f, "{}", t.strftime("%Y-%m-%dT%H:%M:%S%.6fZ"))
+    }
+}
+
+impl FromStr for MicroTime {
+    type Err = TimeParseError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        s.parse::<Time>().map(|t| MicroTime(t.0))
+    }
+}
+
+impl Serialize for MicroTime {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for MicroTime {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn micro_times_keep_microseconds() {
+        let t: MicroTime = "2024-03-01T10:20:30.987654321+02:00".parse().unwrap();
+        assert_eq!(t.to_string(), "2024-03-01T08:20:30.987654Z");
+        let whole: MicroTime = "2024-03-01T08:20:31Z".parse().unwrap();
+        assert_eq!(whole.to_string(), "2024-03-01T08:20:31.000000Z");
+        assert_eq!(whole.millis_since(t), 13);
+        assert_eq!(whole.seconds_since(t), 0);
+        assert_eq!(
+            t.add_millis(1500).to_string(),
+            "2024-03-01T08:20:32.487654Z"
+        );
+        let back: MicroTime = serde_json::from_str(&serde_json::to_string(&t).unwrap()).unwrap();
+        assert_eq!(back, "2024-03-01T08:20:30.987654Z".parse().unwrap());
+    }
 
     #[test]
     fn formats_whole_seconds_utc() {

@@ -5,6 +5,7 @@
 //!   history;
 //! - [`inventory`]: a `ClusterProfile` (KEP-4322) per Cluster;
 //! - [`propagation`]: policies to bindings, scheduling, bindings to Works, status back;
+//! - [`migration`]: moves of stateful workloads with their data;
 //! - [`record`]: Events and failure records; [`runtime`]: reflectors, sync barriers, work
 //!   queues and metrics, what every controller stands on.
 
@@ -31,6 +32,7 @@ pub struct Config {
     pub kinds: Option<Arc<dyn propagation::Kinds>>,
     pub scheduler: propagation::scheduling::Settings,
     pub monitoring: monitoring::MonitoringConfig,
+    pub migration: migration::Settings,
     /// Per-controller figures on `/metrics`.
     pub metrics: Arc<runtime::metrics::ControllerMetrics>,
 }
@@ -67,6 +69,12 @@ pub fn spawn(
         tasks.push(tokio::spawn(propagation::scheduling::run(
             store.clone(),
             scheduler,
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(migration::run(
+            store.clone(),
+            cfg.migration,
+            cfg.metrics.clone(),
             shutdown.clone(),
         )));
         tasks.push(tokio::spawn(propagation::binding::run(

@@ -67,6 +67,10 @@ pub struct ServerArgs {
     /// How long the old copy of replicas moved off a cluster stays while the new ones start.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub move_grace_period: Duration,
+    /// How long the fenced copy of a migrated stateful workload (and its volumes) stays in
+    /// the cluster it left once the target serves.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub migration_cleanup_grace: Duration,
     /// How often the monitoring system samples the fleet's figures (kept 6 h raw, 14 days as
     /// 5-minute averages).
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
@@ -354,6 +358,10 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
             },
             monitoring: orrery_controllers::monitoring::MonitoringConfig {
                 interval: args.monitoring_interval,
+                ..Default::default()
+            },
+            migration: orrery_controllers::migration::Settings {
+                cleanup_grace_seconds: args.migration_cleanup_grace.as_secs() as i64,
                 ..Default::default()
             },
             metrics: controller_metrics,

@@ -122,6 +122,13 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         Some(0)
     }
 
+    /// Moves when a transfer reaches a milestone the control plane waits for (a snapshot
+    /// taken, a copy in, a fence confirmed): the agent reports it without waiting for its
+    /// next report slot, since a migration's downtime is made of such waits.
+    fn milestone(&self) -> u64 {
+        0
+    }
+
     /// Changes when object states may have changed, so the agent re-reads and reports them.
     fn changed(&self) -> tokio::sync::watch::Receiver<u64>;
 }

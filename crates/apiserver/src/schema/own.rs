@@ -361,7 +361,7 @@ fn migration() -> Value {
             "snapshotRound": int("The round of the last snapshot taken at the source."),
             "rate": int("Bytes per second of the path, as the current round uses it."),
             "downtimeSeconds": { "type": "number", "description": "From the fence until the target reported the workload ready." },
-            "fencedAt": { "type": "string", "format": "date-time" },
+            "fencedAt": { "type": "string", "format": "date-time", "description": "When the source's pods were told to stop (to the microsecond)." },
             "phases": { "type": "array", "items": { "type": "object", "properties": {
                 "phase": phase,
                 "started": { "type": "string", "format": "date-time" },

@@ -1,3 +1,514 @@
-//! Migrations: the move of a stateful workload and its data to another cluster.
+//! Migrations: the move of a stateful workload and its data to another cluster (the draft's
+//! follow-up scheduling with "smooth migration strategies, ensuring service continuity, data
+//! consistency, and fault recovery").
+//!
+//! The scheduler starts a Migration when a decision moves a stateful workload (a policy
+//! change, a drain, shedding, a failover), or chooses the target of one a user made. This
+//! controller carries it out: it reads what the members report in the binding's Works at
+//! both ends, asks [`plan::step`] for the next step, and writes the Migration's status, the
+//! binding's overlay (which copy is fenced, which transfers each Work carries, where the
+//! workload runs) and Events. Everything it acts on is stored, so a restart in any phase
+//! carries on where the move was.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use orrery_api::binding::{self, BindingSpec, BindingStatus};
+use orrery_api::cluster::{TAINT_NOT_READY, TAINT_UNREACHABLE};
+use orrery_api::stateful::{MigrationPhase, MigrationStatus};
+use orrery_api::work::{self, Health, WorkStatus};
+use orrery_api::{Object, keys};
+use orrery_store::{Store, StoreError};
+use serde::Deserialize;
+use tokio::sync::{mpsc, watch};
+
+use crate::propagation::{follow, next_batch, subject};
+use crate::record;
+use crate::runtime::{Barrier, Event};
 
 pub mod plan;
+
+pub use plan::Settings;
+
+/// Keeps Migrations until their overlay is out of the binding.
+pub const FINALIZER: &str = "multicluster.io/migration";
+const COMPONENT: &str = "orrery-migration";
+
+type MKey = (String, String);
+type BKey = (String, String);
+
+#[derive(Clone, Debug)]
+enum Src {
+    Migration,
+    Binding,
+    Work,
+    Cluster,
+}
+
+/// What the controller keeps of a cluster.
+#[derive(Clone, Copy, Debug, Default)]
+struct ClusterFacts {
+    serving: bool,
+    bandwidth: i64,
+}
+
+struct Controller {
+    store: Arc<dyn Store>,
+    settings: Settings,
+    migrations: HashMap<MKey, Arc<Object>>,
+    /// The migration under way for each binding (by its status).
+    active: HashMap<BKey, MKey>,
+    /// Leaders' followers (for the switch).
+    followers: HashMap<BKey, BTreeSet<BKey>>,
+    leader_of: HashMap<BKey, BKey>,
+    clusters: HashMap<String, ClusterFacts>,
+    dirty: BTreeSet<MKey>,
+    barrier: Barrier,
+    runtime: crate::runtime::metrics::Handle,
+}
+
+/// Runs the migration controller until shutdown.
+pub async fn run(
+    store: Arc<dyn Store>,
+    settings: Settings,
+    metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    for (prefix, src) in [
+        (keys::well_known::migrations(None), Src::Migration),
+        (keys::well_known::bindings(None), Src::Binding),
+        (keys::well_known::works(None), Src::Work),
+        (keys::well_known::clusters(), Src::Cluster),
+    ] {
+        follow(store.clone(), prefix, src, tx.clone(), shutdown.clone());
+    }
+    drop(tx);
+    let mut c = Controller {
+        store,
+        settings,
+        migrations: HashMap::new(),
+        active: HashMap::new(),
+        followers: HashMap::new(),
+        leader_of: HashMap::new(),
+        clusters: HashMap::new(),
+        dirty: BTreeSet::new(),
+        barrier: {
+            let mut b = Barrier::new();
+            for s in ["migrations", "bindings", "works", "clusters"] {
+                b.expect(s);
+            }
+            b
+        },
+        runtime: metrics.of("migration"),
+    };
+    let mut last_tick = Instant::now();
+    loop {
+        let Some(batch) = next_batch(&mut rx, Duration::from_millis(500), &mut shutdown).await
+        else {
+            return;
+        };
+        for (src, ev) in batch {
+            c.on_event(src, ev);
+        }
+        // Timeouts and grace periods: every migration under way is looked at each second.
+        if last_tick.elapsed() >= Duration::from_secs(1) {
+            last_tick = Instant::now();
+            let active: Vec<MKey> = c.active.values().cloned().collect();
+            c.dirty.extend(active);
+        }
+        if !c.barrier.is_synced() {
+            continue;
+        }
+        c.runtime.synced(c.dirty.len());
+        if c.dirty.is_empty() {
+            continue;
+        }
+        let started = Instant::now();
+        let keys: Vec<MKey> = std::mem::take(&mut c.dirty).into_iter().collect();
+        let mut failed = 0;
+        for k in keys {
+            if let Err(e) = c.reconcile(&k).await {
+                failed += 1;
+                tracing::debug!(namespace = %k.0, migration = %k.1, error = %e, "a migration step failed; it is tried again");
+                c.dirty.insert(k);
+            }
+        }
+        c.runtime.round(started, failed, c.dirty.len());
+    }
+}
+
+/// A binding's leader, read without parsing the whole spec.
+fn leader_of(b: &Object) -> Option<BKey> {
+    let f = b.spec.as_ref()?.pointer("/placement/followUp")?;
+    Some((
+        b.namespace().to_string(),
+        binding::name_for(f.get("kind")?.as_str()?, f.get("name")?.as_str()?),
+    ))
+}
+
+fn serving(c: &Object) -> ClusterFacts {
+    let spec = orrery_api::cluster::ClusterSpec::of(c);
+    let st = orrery_api::cluster::ClusterStatus::of(c);
+    ClusterFacts {
+        serving: st.ready()
+            && !spec
+                .taints
+                .iter()
+                .any(|t| t.key == TAINT_NOT_READY || t.key == TAINT_UNREACHABLE),
+        bandwidth: st
+            .network
+            .as_ref()
+            .and_then(|n| n.bandwidth_bytes_per_second)
+            .filter(|b| *b > 0)
+            .unwrap_or(orrery_scheduler::moves::DEFAULT_BANDWIDTH),
+    }
+}
+
+impl Controller {
+    fn on_event(&mut self, src: Src, ev: Event) {
+        match src {
+            Src::Migration => match ev {
+                Event::Listed(items) => {
+                    self.migrations.clear();
+                    self.active.clear();
+                    for m in items {
+                        self.put_migration(m);
+                    }
+                    self.barrier.listed("migrations");
+                }
+                Event::Upsert(m) => self.put_migration(m),
+                Event::Delete(m) => {
+                    let k = (m.namespace().to_string(), m.name().to_string());
+                    self.migrations.remove(&k);
+                    self.active.retain(|_, v| *v != k);
+                }
+            },
+            Src::Binding => {
+                let put = |s: &mut Controller, b: &Object, gone: bool| {
+                    let k = (b.namespace().to_string(), b.name().to_string());
+                    if let Some(old) = s.leader_of.remove(&k)
+                        && let Some(f) = s.followers.get_mut(&old)
+                    {
+                        f.remove(&k);
+                    }
+                    if !gone && let Some(l) = leader_of(b) {
+                        s.followers.entry(l.clone()).or_default().insert(k.clone());
+                        s.leader_of.insert(k.clone(), l);
+                    }
+                    // The binding of a migration under way, or a follower of one.
+                    if let Some(m) = s.active.get(&k) {
+                        s.dirty.insert(m.clone());
+                    }
+                    if let Some(l) = s.leader_of.get(&k)
+                        && let Some(m) = s.active.get(l)
+                    {
+                        s.dirty.insert(m.clone());
+                    }
+                };
+                match ev {
+                    Event::Listed(items) => {
+                        self.followers.clear();
+                        self.leader_of.clear();
+                        for b in &items {
+                            put(self, b, false);
+                        }
+                        self.barrier.listed("bindings");
+                    }
+                    Event::Upsert(b) => put(self, &b, false),
+                    Event::Delete(b) => put(self, &b, true),
+                }
+            }
+            Src::Work => {
+                let wake = |s: &mut Controller, w: &Object| {
+                    let Some((ns, name)) = w
+                        .metadata
+                        .annotations
+                        .get(binding::BINDING_ANNOTATION)
+                        .and_then(|b| b.split_once('/'))
+                    else {
+                        return;
+                    };
+                    if let Some(m) = s.active.get(&(ns.to_string(), name.to_string())) {
+                        s.dirty.insert(m.clone());
+                    }
+                };
+                match ev {
+                    Event::Listed(items) => {
+                        for w in &items {
+                            wake(self, w);
+                        }
+                        self.barrier.listed("works");
+                    }
+                    Event::Upsert(w) | Event::Delete(w) => wake(self, &w),
+                }
+            }
+            Src::Cluster => match ev {
+                Event::Listed(items) => {
+                    self.clusters = items
+                        .iter()
+                        .map(|c| (c.name().to_string(), serving(c)))
+                        .collect();
+                    self.barrier.listed("clusters");
+                }
+                Event::Upsert(c) => {
+                    let f = serving(&c);
+                    let old = self.clusters.insert(c.name().to_string(), f);
+                    if old.is_none_or(|o| o.serving != f.serving || o.bandwidth != f.bandwidth) {
+                        let all: Vec<MKey> = self.active.values().cloned().collect();
+                        self.dirty.extend(all);
+                    }
+                }
+                Event::Delete(c) => {
+                    self.clusters.remove(c.name());
+                    let all: Vec<MKey> = self.active.values().cloned().collect();
+                    self.dirty.extend(all);
+                }
+            },
+        }
+    }
+
+    fn put_migration(&mut self, m: Arc<Object>) {
+        let k = (m.namespace().to_string(), m.name().to_string());
+        let st = MigrationStatus::of(&m);
+        let b = if st.binding.is_empty() {
+            orrery_api::stateful::migration_spec(m.spec.as_ref())
+                .map(|s| binding::name_for(&s.resource.kind, &s.resource.name))
+                .unwrap_or_default()
+        } else {
+            st.binding.clone()
+        };
+        let bk = (k.0.clone(), b);
+        let holds = m.metadata.finalizers.iter().any(|f| f == FINALIZER);
+        if !st.phase.is_done() || holds {
+            self.active.insert(bk, k.clone());
+        } else if self.active.get(&bk) == Some(&k) {
+            self.active.remove(&bk);
+        }
+        self.dirty.insert(k.clone());
+        self.migrations.insert(k, m);
+    }
+
+    /// What the member reports in the binding's Work in `cluster`.
+    async fn work_seen(
+        &self,
+        cluster: &str,
+        bk: &BKey,
+        id: &str,
+        template: &binding::ObjectReference,
+    ) -> Result<Option<plan::WorkSeen>, StoreError> {
+        let key = keys::well_known::work(
+            &orrery_api::cluster::namespace_of(cluster),
+            &binding::work_name(&bk.0, &bk.1),
+        );
+        let w = match self.store.get(&key).await {
+            Ok(w) => w,
+            Err(StoreError::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let st = w
+            .status
+            .as_ref()
+            .and_then(|s| WorkStatus::deserialize(s).ok())
+            .unwrap_or_default();
+        let applied = orrery_api::conditions::find(&st.conditions, work::CONDITION_APPLIED);
+        let current = st.observed_generation == w.metadata.generation;
+        Ok(Some(plan::WorkSeen {
+            current,
+            transfer: st.transfers.iter().find(|t| t.id == id).cloned(),
+            workload: st
+                .manifest_statuses
+                .iter()
+                .find(|m| {
+                    m.identifier.kind == template.kind
+                        && m.identifier.name == template.name
+                        && m.identifier.namespace == template.namespace
+                })
+                .cloned(),
+            error: applied
+                .filter(|c| current && !c.is_true() && c.reason == "AppliedFailed")
+                .map(|c| c.message.clone()),
+        }))
+    }
+
+    /// Whether every binding following `bk` runs healthy at `target`.
+    async fn followers_at(&self, bk: &BKey, target: &str) -> Result<bool, StoreError> {
+        for f in self.followers.get(bk).into_iter().flatten() {
+            let b = match self.store.get(&keys::well_known::binding(&f.0, &f.1)).await {
+                Ok(b) => b,
+                Err(StoreError::NotFound { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            let there = BindingSpec::of(&b).is_some_and(|s| {
+                s.clusters
+                    .iter()
+                    .any(|c| c.name == target && c.replicas > 0)
+            });
+            let healthy = BindingStatus::of(&b)
+                .aggregated_status
+                .iter()
+                .any(|a| a.cluster_name == target && a.health == Health::Healthy);
+            if !there || !healthy {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    async fn reconcile(&mut self, k: &MKey) -> Result<(), StoreError> {
+        let Some(m) = self.migrations.get(k).cloned() else {
+            return Ok(());
+        };
+        let st = MigrationStatus::of(&m);
+        let deleting = m.metadata.deletion_timestamp.is_some();
+        let holds = m.metadata.finalizers.iter().any(|f| f == FINALIZER);
+        if st.phase.is_done() && !holds {
+            return Ok(());
+        }
+        let Ok(spec) = orrery_api::stateful::migration_spec(m.spec.as_ref()) else {
+            return Ok(());
+        };
+        let bname = if st.binding.is_empty() {
+            binding::name_for(&spec.resource.kind, &spec.resource.name)
+        } else {
+            st.binding.clone()
+        };
+        let bk = (k.0.clone(), bname);
+        let bkey = keys::well_known::binding(&bk.0, &bk.1);
+        let b = match self.store.get(&bkey).await {
+            Ok(b) => Some(b),
+            Err(StoreError::NotFound { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let bspec = b.as_ref().and_then(BindingSpec::of);
+        // The finalizer goes on before the move touches anything, so that a deletion
+        // always finds the binding put back.
+        if !holds && !deleting && !st.phase.is_done() && !st.target.is_empty() {
+            let mut next = (*m).clone();
+            next.metadata.finalizers.push(FINALIZER.to_string());
+            self.store
+                .update(&keys::well_known::migration(&k.0, &k.1), next, m.revision())
+                .await?;
+            return Ok(());
+        }
+        let template = bspec
+            .as_ref()
+            .map(|s| s.resource.clone())
+            .unwrap_or_default();
+        let id = m.metadata.uid.clone();
+        let end = |c: &str| self.clusters.get(c).copied().unwrap_or_default();
+        let source = plan::End {
+            serving: end(&st.source).serving,
+            work: if st.source.is_empty() {
+                None
+            } else {
+                self.work_seen(&st.source, &bk, &id, &template).await?
+            },
+        };
+        let target = plan::End {
+            serving: end(&st.target).serving,
+            work: if st.target.is_empty() {
+                None
+            } else {
+                self.work_seen(&st.target, &bk, &id, &template).await?
+            },
+        };
+        // The path: the smaller of the target's uplink and the source's share of its own
+        // among the moves leaving it now.
+        let leaving = self
+            .migrations
+            .values()
+            .filter(|o| {
+                let s = MigrationStatus::of(o);
+                s.source == st.source
+                    && matches!(
+                        s.phase,
+                        MigrationPhase::Replicating
+                            | MigrationPhase::Fencing
+                            | MigrationPhase::FinalSync
+                    )
+            })
+            .count()
+            .max(1) as i64;
+        let rate = (end(&st.source).bandwidth / leaving).min(end(&st.target).bandwidth);
+        let followers_at_target = if st.phase == MigrationPhase::Switching {
+            self.followers_at(&bk, &st.target).await?
+        } else {
+            false
+        };
+        let workload = format!("{}/{}", template.kind, template.name);
+        let input = plan::Input {
+            now: orrery_api::MicroTime::now(),
+            name: &k.1,
+            id: &id,
+            namespace: &k.0,
+            workload: &workload,
+            deleting,
+            status: &st,
+            binding: bspec.as_ref(),
+            source,
+            target,
+            rate,
+            followers_at_target,
+            starts_empty: bspec
+                .as_ref()
+                .and_then(|s| s.placement.stateful.as_ref())
+                .is_some_and(|s| s.starts_empty()),
+            settings: &self.settings,
+        };
+        let out = plan::step(&input);
+        // The status first: a fence is recorded before it takes effect.
+        let mut current = m.clone();
+        if out.status != st {
+            let mut next = (*m).clone();
+            next.status = serde_json::to_value(&out.status).ok();
+            let stored = self
+                .store
+                .update(&keys::well_known::migration(&k.0, &k.1), next, m.revision())
+                .await?;
+            current = stored;
+        }
+        if let (Some(spec), Some(b)) = (&out.binding, &b) {
+            let mut next = b.clone();
+            next.spec = serde_json::to_value(spec).ok();
+            self.store.update(&bkey, next, b.revision()).await?;
+        }
+        for e in &out.events {
+            let about = subject(
+                &template.api_version,
+                &template.kind,
+                &template.namespace,
+                &template.name,
+                &template.uid,
+            );
+            let _ = record::event(
+                self.store.as_ref(),
+                &about,
+                e.type_,
+                e.reason,
+                &e.message,
+                COMPONENT,
+            )
+            .await;
+            tracing::info!(namespace = %k.0, migration = %k.1, reason = e.reason, message = %e.message, "migration");
+        }
+        if out.released && holds {
+            let mut next = (*current).clone();
+            next.metadata.finalizers.retain(|f| f != FINALIZER);
+            match self
+                .store
+                .update(
+                    &keys::well_known::migration(&k.0, &k.1),
+                    next,
+                    current.revision(),
+                )
+                .await
+            {
+                Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}

@@ -16,7 +16,7 @@
 //!             Failed (the workload stays at the source, which is started again) ◄─┘ the copy      │               │
 //! ```
 
-use orrery_api::Time;
+use orrery_api::MicroTime;
 use orrery_api::binding::{BindingSpec, ClusterTransfer, Eviction, TargetCluster};
 use orrery_api::conditions::{self, Condition};
 use orrery_api::stateful::{
@@ -83,7 +83,7 @@ pub struct End {
 
 #[derive(Debug)]
 pub struct Input<'a> {
-    pub now: Time,
+    pub now: MicroTime,
     pub name: &'a str,
     /// Names the migration's transfers (its uid).
     pub id: &'a str,
@@ -123,7 +123,7 @@ pub struct Output {
     pub released: bool,
 }
 
-fn started(st: &MigrationStatus, phase: Phase) -> Option<Time> {
+fn started(st: &MigrationStatus, phase: Phase) -> Option<MicroTime> {
     st.phases
         .iter()
         .rev()
@@ -132,7 +132,7 @@ fn started(st: &MigrationStatus, phase: Phase) -> Option<Time> {
 }
 
 /// Moves to `phase`, closing the time of the one before.
-fn enter(st: &mut MigrationStatus, phase: Phase, now: Time) {
+fn enter(st: &mut MigrationStatus, phase: Phase, now: MicroTime) {
     if st.phase == phase && !st.phases.is_empty() {
         return;
     }
@@ -140,8 +140,7 @@ fn enter(st: &mut MigrationStatus, phase: Phase, now: Time) {
         && last.finished.is_none()
     {
         last.finished = Some(now);
-        last.duration_ms =
-            Some(now.timestamp().as_millisecond() - last.started.timestamp().as_millisecond());
+        last.duration_ms = Some(now.millis_since(last.started));
     }
     st.phase = phase;
     if !phase.is_done() {
@@ -154,19 +153,19 @@ fn enter(st: &mut MigrationStatus, phase: Phase, now: Time) {
     }
 }
 
-fn condition(status: &str, reason: &str, message: &str, now: Time, st: &mut MigrationStatus) {
+fn condition(status: &str, reason: &str, message: &str, now: MicroTime, st: &mut MigrationStatus) {
     conditions::set(
         &mut st.conditions,
         Condition::new(CONDITION, status, reason, message),
-        now,
+        now.time(),
     );
     st.message = message.to_string();
 }
 
 /// Fails the move; the rollback is the Failed phase's overlay.
-fn fail(message: String, now: Time, ev: &mut Vec<Event>, st: &mut MigrationStatus) {
+fn fail(message: String, now: MicroTime, ev: &mut Vec<Event>, st: &mut MigrationStatus) {
     enter(st, Phase::Failed, now);
-    st.completion_time = Some(now);
+    st.completion_time = Some(now.time());
     condition(conditions::FALSE, "Failed", &message, now, st);
     ev.push(Event {
         type_: "Warning",
@@ -373,7 +372,7 @@ fn overlay(
         s.evictions.push(Eviction {
             cluster: a.to_string(),
             reason: format!("{marker}: its data moved to {t}"),
-            since: st.fenced_at.unwrap_or(i.now),
+            since: st.fenced_at.unwrap_or(i.now).time(),
             keep_until: None,
             keep: true,
             rescheduled: false,
@@ -443,7 +442,7 @@ pub fn step(i: &Input<'_>) -> Output {
     }
     if st.phases.is_empty() {
         enter(&mut st, Phase::Pending, now);
-        st.start_time.get_or_insert(now);
+        st.start_time.get_or_insert(now.time());
         condition(
             conditions::UNKNOWN,
             "Pending",
@@ -715,10 +714,7 @@ pub fn step(i: &Input<'_>) -> Output {
                     continue;
                 }
                 if m.health == Health::Healthy && all_started {
-                    let downtime = st.fenced_at.map(|f| {
-                        (now.timestamp().as_millisecond() - f.timestamp().as_millisecond()) as f64
-                            / 1000.0
-                    });
+                    let downtime = st.fenced_at.map(|f| now.millis_since(f) as f64 / 1000.0);
                     st.downtime_seconds = downtime;
                     enter(&mut st, Phase::Switching, now);
                     condition(
@@ -786,7 +782,7 @@ pub fn step(i: &Input<'_>) -> Output {
                 // Once the source's Work is gone (with its volumes), nothing is left to do.
                 if due && i.source.work.is_none() {
                     enter(&mut st, Phase::Succeeded, now);
-                    st.completion_time = Some(now);
+                    st.completion_time = Some(now.time());
                     let msg = format!(
                         "moved to {} in {} round(s), {} bytes copied, down {:.1}s",
                         st.target,

@@ -214,6 +214,8 @@ enum Trigger {
     LeaderMoved,
     /// A user's Migration waits for its target.
     UserMove,
+    /// A migration of the binding ended: its status says where it runs now.
+    MoveDone,
 }
 
 impl Trigger {
@@ -229,11 +231,15 @@ impl Trigger {
             Trigger::Requested => "Requested",
             Trigger::LeaderMoved => "LeaderMoved",
             Trigger::UserMove => "Migration",
+            Trigger::MoveDone => "MigrationDone",
         }
     }
     /// Whether the decision moves replicas the user did not ask to move (make-before-break).
     fn moves(&self) -> bool {
-        !matches!(self, Trigger::Binding | Trigger::Failover)
+        !matches!(
+            self,
+            Trigger::Binding | Trigger::Failover | Trigger::MoveDone
+        )
     }
 }
 
@@ -417,6 +423,20 @@ fn found_no_room(b: &Object) -> bool {
         .any(|c| {
             c.get("type").and_then(serde_json::Value::as_str) == Some(CONDITION_SCHEDULED)
                 && c.get("status").and_then(serde_json::Value::as_str) == Some(conditions::FALSE)
+        })
+}
+
+/// Whether the binding's Scheduled condition tells of a migration, read without parsing.
+fn says_migrating(b: &Object) -> bool {
+    b.status
+        .as_ref()
+        .and_then(|s| s.get("conditions"))
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c.get("type").and_then(serde_json::Value::as_str) == Some(CONDITION_SCHEDULED)
+                && c.get("reason").and_then(serde_json::Value::as_str) == Some("Migrating")
         })
 }
 
@@ -707,7 +727,8 @@ impl Scheduler {
                 // Where it serves changed: what follows it decides again, and so does the
                 // binding itself once its move is over.
                 s.enqueue_dependents(&bk);
-                s.enqueue(bk, Trigger::Binding);
+                s.triggers.insert(bk.clone(), Trigger::MoveDone);
+                s.enqueue(bk, Trigger::MoveDone);
             }
         };
         match ev {
@@ -727,7 +748,8 @@ impl Scheduler {
                         self.user_moves.remove(&bk);
                     }
                     self.enqueue_dependents(&bk);
-                    self.enqueue(bk, Trigger::Binding);
+                    self.triggers.insert(bk.clone(), Trigger::MoveDone);
+                    self.enqueue(bk, Trigger::MoveDone);
                 }
             }
         }
@@ -1020,6 +1042,9 @@ impl Scheduler {
             .cloned();
         let why = if requested.is_some() {
             Trigger::Requested
+        } else if why == Trigger::Binding && says_migrating(&b) {
+            // Its status still tells of a move that is over (level-based: whatever woke it).
+            Trigger::MoveDone
         } else {
             why
         };

@@ -147,6 +147,9 @@ pub struct DataPlane {
     seq: u64,
     /// Moves when a transfer's status may have changed.
     pub transfer_stamp: u64,
+    /// Moves when a transfer reaches a milestone (a snapshot taken, a copy in, a fence
+    /// confirmed): what the control plane waits for, reported at once.
+    pub milestone: u64,
 }
 
 fn now_ms() -> u64 {
@@ -165,6 +168,7 @@ impl DataPlane {
             log: VecDeque::new(),
             seq: 0,
             transfer_stamp: 0,
+            milestone: 0,
         }
     }
 
@@ -394,6 +398,7 @@ impl DataPlane {
         };
         t.copying.clear();
         t.status.complete = true;
+        self.milestone += 1;
         let (ns, round, spec_volumes) = (
             t.spec.namespace.clone(),
             t.spec.round,
@@ -495,6 +500,7 @@ impl DataPlane {
                         && let Some(t) = self.transfers.get_mut(&id)
                     {
                         t.status.fenced = f;
+                        self.milestone += 1;
                         changed = true;
                     }
                 }
@@ -544,6 +550,7 @@ impl DataPlane {
             });
             events.push((v.clone(), bytes.ceil() as i64));
         }
+        self.milestone += 1;
         if let Some(t) = self.transfers.get_mut(id) {
             t.last_written = last_written;
             t.status.round = round;

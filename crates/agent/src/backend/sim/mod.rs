@@ -1848,6 +1848,10 @@ impl Backend for SimCluster {
         let st = self.lock();
         (!st.faults.outage).then_some(st.data.transfer_stamp)
     }
+
+    fn milestone(&self) -> u64 {
+        self.lock().data.milestone
+    }
 }
 
 #[cfg(test)]

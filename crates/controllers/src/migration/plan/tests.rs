@@ -45,8 +45,10 @@ fn started_status() -> MigrationStatus {
     }
 }
 
-fn t(s: i64) -> Time {
-    Time::from_unix_seconds(1_700_000_000 + s).unwrap()
+fn t(s: i64) -> MicroTime {
+    orrery_api::Time::from_unix_seconds(1_700_000_000 + s)
+        .unwrap()
+        .into()
 }
 
 impl Fleet {
