@@ -468,30 +468,32 @@ impl Controller {
                 .update(&keys::well_known::migration(&k.0, &k.1), next, m.revision())
                 .await?;
             current = stored;
+            // The transitions are on record: their Events go now (a failed binding write
+            // below is retried from the new status, which makes no transition again).
+            for e in &out.events {
+                let about = subject(
+                    &template.api_version,
+                    &template.kind,
+                    &template.namespace,
+                    &template.name,
+                    &template.uid,
+                );
+                let _ = record::event(
+                    self.store.as_ref(),
+                    &about,
+                    e.type_,
+                    e.reason,
+                    &e.message,
+                    COMPONENT,
+                )
+                .await;
+                tracing::info!(namespace = %k.0, migration = %k.1, reason = e.reason, message = %e.message, "migration");
+            }
         }
         if let (Some(spec), Some(b)) = (&out.binding, &b) {
             let mut next = b.clone();
             next.spec = serde_json::to_value(spec).ok();
             self.store.update(&bkey, next, b.revision()).await?;
-        }
-        for e in &out.events {
-            let about = subject(
-                &template.api_version,
-                &template.kind,
-                &template.namespace,
-                &template.name,
-                &template.uid,
-            );
-            let _ = record::event(
-                self.store.as_ref(),
-                &about,
-                e.type_,
-                e.reason,
-                &e.message,
-                COMPONENT,
-            )
-            .await;
-            tracing::info!(namespace = %k.0, migration = %k.1, reason = e.reason, message = %e.message, "migration");
         }
         if out.released && holds {
             let mut next = (*current).clone();

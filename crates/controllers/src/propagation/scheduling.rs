@@ -280,6 +280,8 @@ struct Scheduler {
     graph: super::stateful::Graph,
     /// Users' Migrations waiting for a target, by binding.
     user_moves: HashMap<BKey, Arc<Object>>,
+    /// Bindings naming a migration not seen yet, and since when.
+    unknown_moves: HashMap<BKey, Instant>,
     /// Clusters, bindings and migrations are listed before anything is decided.
     barrier: Barrier,
     runtime: crate::runtime::metrics::Handle,
@@ -346,6 +348,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         runtime,
         graph: Default::default(),
         user_moves: HashMap::new(),
+        unknown_moves: HashMap::new(),
         barrier: {
             let mut b = Barrier::new();
             b.expect("clusters");
@@ -710,25 +713,31 @@ impl Scheduler {
                 state.binding = binding::name_for(&spec.resource.kind, &spec.resource.name);
             }
             let bk = (mk.0.clone(), state.binding.clone());
-            let crossed = s.graph.migrations.get(&mk).is_none_or(|old| {
-                (old.phase < orrery_api::stateful::MigrationPhase::Switching)
-                    != (state.phase < orrery_api::stateful::MigrationPhase::Switching)
-                    || old.phase.is_done() != state.phase.is_done()
-            });
-            if state.needs_target {
-                s.user_moves.insert(bk.clone(), Arc::new(m.clone()));
-                s.triggers.insert(bk.clone(), Trigger::UserMove);
-                s.enqueue(bk.clone(), Trigger::UserMove);
-            } else if s.user_moves.get(&bk).is_some_and(|u| u.name() == mk.1) {
-                s.user_moves.remove(&bk);
-            }
-            s.graph.migrations.insert(mk, state);
+            use orrery_api::stateful::MigrationPhase;
+            let serves_at_target = |p: MigrationPhase| p >= MigrationPhase::Switching;
+            // Where the workload serves changed (or a move first seen serves already).
+            let crossed = match s.graph.migrations.get(&mk) {
+                Some(old) => {
+                    serves_at_target(old.phase) != serves_at_target(state.phase)
+                        || old.phase.is_done() != state.phase.is_done()
+                }
+                None => serves_at_target(state.phase),
+            };
+            let needs_target = state.needs_target;
+            s.graph.migrations.insert(mk.clone(), state);
             if crossed {
-                // Where it serves changed: what follows it decides again, and so does the
-                // binding itself once its move is over.
+                // What follows it decides again, and so does the binding itself once its
+                // move is over.
                 s.enqueue_dependents(&bk);
                 s.triggers.insert(bk.clone(), Trigger::MoveDone);
-                s.enqueue(bk, Trigger::MoveDone);
+                s.enqueue(bk.clone(), Trigger::MoveDone);
+            }
+            if needs_target {
+                s.user_moves.insert(bk.clone(), Arc::new(m.clone()));
+                s.triggers.insert(bk.clone(), Trigger::UserMove);
+                s.enqueue(bk, Trigger::UserMove);
+            } else if s.user_moves.get(&bk).is_some_and(|u| u.name() == mk.1) {
+                s.user_moves.remove(&bk);
             }
         };
         match ev {
@@ -1015,9 +1024,22 @@ impl Scheduler {
         {
             return self.user_move(k, &b, &m);
         }
-        // A binding being moved is left to its migration until the move is over.
+        // A binding being moved is left to its migration until the move is over; one that
+        // names a migration not seen yet waits for it (its event may be on its way), unless
+        // that migration never comes.
         if self.graph.moving(&b).is_some() {
             return Outcome::Skip;
+        }
+        if self.graph.names_unknown(&b) {
+            let since = *self
+                .unknown_moves
+                .entry(k.clone())
+                .or_insert_with(Instant::now);
+            if since.elapsed() < UNKNOWN_MOVE_WAIT {
+                return Outcome::Unschedulable(None);
+            }
+        } else {
+            self.unknown_moves.remove(k);
         }
         let generation = b.metadata.generation.unwrap_or(1);
         // Decided for this generation already, and nothing else asks for a decision: skip
@@ -1385,6 +1407,8 @@ impl Scheduler {
 
 /// How long after a failed migration the scheduler waits before it moves the workload again.
 const MOVE_RETRY: i64 = 300;
+/// How long a binding naming a migration nobody has seen waits for it.
+const UNKNOWN_MOVE_WAIT: Duration = Duration::from_secs(30);
 
 impl Scheduler {
     /// A follower whose leader's clusters cannot hold it: the nearest cluster (by latency to
@@ -1451,10 +1475,9 @@ impl Scheduler {
                 "{what} owns no persistent volumes: there is no data to move (change its placement to move it)"
             ));
         }
-        if let Some(other) = self.graph.moving(b) {
+        if let Some(other) = super::stateful::Graph::named(b).filter(|n| *n != m.name()) {
             return fail(format!(
-                "{what} is being moved already (from {} to {})",
-                other.source, other.target
+                "{what} is being moved already (by migration {other})"
             ));
         }
         let placed: Vec<&TargetCluster> = spec.clusters.iter().filter(|c| c.replicas > 0).collect();
@@ -1579,7 +1602,8 @@ impl Scheduler {
         let mut feasible = Vec::new();
         let mut turned = Vec::new();
         for (i, c) in explained.iter().enumerate() {
-            if c.filter.is_empty() {
+            // What moves goes to one cluster whole: spreading and sampling do not apply.
+            if c.filter.is_empty() || c.filter == "SpreadConstraint" || c.filter == "Sample" {
                 feasible.push(i);
             } else {
                 turned.push((i, c.reason.clone()));

@@ -144,6 +144,25 @@ impl Graph {
         out.into_iter().collect()
     }
 
+    /// The name of the migration a binding says moves it, whether or not it is known.
+    pub fn named(b: &Object) -> Option<&str> {
+        b.spec
+            .as_ref()?
+            .get("migration")?
+            .as_str()
+            .filter(|n| !n.is_empty())
+    }
+
+    /// Whether the binding names a migration this graph has not seen (just written, its
+    /// watch event not here yet; or never written).
+    pub fn names_unknown(&self, b: &Object) -> bool {
+        Self::named(b).is_some_and(|n| {
+            !self
+                .migrations
+                .contains_key(&(b.namespace().to_string(), n.to_string()))
+        })
+    }
+
     /// The migration moving a binding now, if one is under way.
     pub fn moving(&self, b: &Object) -> Option<&MoveState> {
         let name = b.spec.as_ref()?.get("migration")?.as_str()?;
