@@ -392,6 +392,9 @@ pub struct BindingStatus {
     pub reschedule_observed: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scheduled_time: Option<Time>,
+    /// A stateful workload's standby copy (`placement.stateful.standby`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub standby: Option<crate::stateful::StandbyStatus>,
 }
 
 impl BindingSpec {

@@ -124,6 +124,10 @@ pub struct VolumeStatus {
     /// pod runs on it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_version: Option<u64>,
+    /// Every byte ever written to it (overwrites included): what is lost between two of its
+    /// readings is their difference.
+    #[serde(default)]
+    pub written_bytes: i64,
 }
 
 /// Which end of a transfer a member is.
@@ -220,6 +224,9 @@ pub struct TransferVolumeStatus {
     /// Receive: bytes of this round copied so far.
     #[serde(default)]
     pub copied: i64,
+    /// Send: every byte written to the volume up to the snapshot.
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub written_bytes: i64,
 }
 
 /// Where a transfer stands in a member.
@@ -238,6 +245,64 @@ pub struct TransferStatus {
     pub fenced: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<TransferVolumeStatus>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// A standby copy's volume: what the standby holds, and the snapshot being copied.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StandbyVolume {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ordinal: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<Quantity>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub storage_class: String,
+    /// The version the standby holds, and the source's written bytes at that snapshot.
+    #[serde(default)]
+    pub synced_version: u64,
+    #[serde(default)]
+    pub synced_written: i64,
+    /// The last snapshot taken at the source.
+    #[serde(default)]
+    pub snapshot_version: u64,
+    #[serde(default)]
+    pub snapshot_written: i64,
+    #[serde(default)]
+    pub snapshot_used: i64,
+    #[serde(default)]
+    pub round_bytes: i64,
+    #[serde(default)]
+    pub round_base: u64,
+}
+
+/// Where a stateful workload's standby copy stands (`ResourceBinding.status.standby`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StandbyStatus {
+    pub cluster: String,
+    /// The cluster the copy is taken from.
+    pub source: String,
+    /// Rounds copied; the last is what a failover starts from.
+    #[serde(default)]
+    pub rounds: u32,
+    /// When the snapshot the standby holds was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synced_at: Option<MicroTime>,
+    #[serde(default)]
+    pub snapshot_round: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_at: Option<MicroTime>,
+    /// Bytes per second of the path, as the round in flight uses it.
+    #[serde(default)]
+    pub rate: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<StandbyVolume>,
+    /// How far behind the source the copy was at the last look, seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<f64>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
 }
@@ -446,6 +511,9 @@ pub struct MigrationStatus {
     /// The target started with empty volumes (`onDataLoss: StartEmpty`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub started_empty: bool,
+    /// The source was lost and the target started on its standby copy.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub standby_failover: bool,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -139,7 +139,8 @@ impl std::str::FromStr for Weights {
                 })?;
             seen.push(name);
         }
-        if w.headroom + w.balance + w.locality + w.priority + w.network + w.proximity == 0.0 {
+        // Proximity ranks only workloads tied to others: it cannot rank clusters alone.
+        if w.headroom + w.balance + w.locality + w.priority + w.network == 0.0 {
             return Err(WeightsError::AllZero);
         }
         Ok(w)
@@ -417,7 +418,7 @@ mod tests {
                 WeightsError::Repeated("balance".into()),
             ),
             (
-                "headroom=0,balance=0,locality=0,priority=0,network=0,proximity=0",
+                "headroom=0,balance=0,locality=0,priority=0,network=0",
                 WeightsError::AllZero,
             ),
         ];

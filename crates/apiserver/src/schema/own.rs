@@ -376,6 +376,7 @@ fn migration() -> Value {
             "dataLoss": { "type": "object", "description": "A failover's recovery point: what was written after the copy it started from.",
                           "properties": { "bytes": { "type": "integer" }, "seconds": { "type": "number" } } },
             "startedEmpty": { "type": "boolean", "description": "The target started with empty volumes (onDataLoss: StartEmpty)." },
+            "standbyFailover": { "type": "boolean", "description": "The source was lost and the target started on its standby copy." },
             "message": string("What happens now, or why it failed."),
             "startTime": { "type": "string", "format": "date-time" },
             "completionTime": { "type": "string", "format": "date-time" },

@@ -28,6 +28,7 @@ use crate::record;
 use crate::runtime::{Barrier, Event};
 
 pub mod plan;
+pub mod standby;
 
 pub use plan::Settings;
 
@@ -51,6 +52,11 @@ enum Src {
 struct ClusterFacts {
     serving: bool,
     bandwidth: i64,
+    /// When it was last heard from: its last heartbeat's time, or when this controller saw
+    /// that heartbeat arrive (finer).
+    heard: Option<orrery_api::MicroTime>,
+    /// The heartbeat's own time, whole seconds.
+    heard_time: Option<i64>,
 }
 
 struct Controller {
@@ -64,6 +70,9 @@ struct Controller {
     leader_of: HashMap<BKey, BKey>,
     clusters: HashMap<String, ClusterFacts>,
     dirty: BTreeSet<MKey>,
+    /// Bindings that keep a standby copy, and those to look at again.
+    standbys: BTreeSet<BKey>,
+    dirty_standbys: BTreeSet<BKey>,
     barrier: Barrier,
     runtime: crate::runtime::metrics::Handle,
 }
@@ -94,6 +103,8 @@ pub async fn run(
         leader_of: HashMap::new(),
         clusters: HashMap::new(),
         dirty: BTreeSet::new(),
+        standbys: BTreeSet::new(),
+        dirty_standbys: BTreeSet::new(),
         barrier: {
             let mut b = Barrier::new();
             for s in ["migrations", "bindings", "works", "clusters"] {
@@ -117,12 +128,14 @@ pub async fn run(
             last_tick = Instant::now();
             let active: Vec<MKey> = c.active.values().cloned().collect();
             c.dirty.extend(active);
+            let standbys = c.standbys.clone();
+            c.dirty_standbys.extend(standbys);
         }
         if !c.barrier.is_synced() {
             continue;
         }
         c.runtime.synced(c.dirty.len());
-        if c.dirty.is_empty() {
+        if c.dirty.is_empty() && c.dirty_standbys.is_empty() {
             continue;
         }
         let started = Instant::now();
@@ -133,6 +146,14 @@ pub async fn run(
                 failed += 1;
                 tracing::debug!(namespace = %k.0, migration = %k.1, error = %e, "a migration step failed; it is tried again");
                 c.dirty.insert(k);
+            }
+        }
+        let standbys: Vec<BKey> = std::mem::take(&mut c.dirty_standbys).into_iter().collect();
+        for k in standbys {
+            if let Err(e) = c.reconcile_standby(&k).await {
+                failed += 1;
+                tracing::debug!(namespace = %k.0, binding = %k.1, error = %e, "a standby step failed; it is tried again");
+                c.dirty_standbys.insert(k);
             }
         }
         c.runtime.round(started, failed, c.dirty.len());
@@ -163,10 +184,98 @@ fn serving(c: &Object) -> ClusterFacts {
             .and_then(|n| n.bandwidth_bytes_per_second)
             .filter(|b| *b > 0)
             .unwrap_or(orrery_scheduler::moves::DEFAULT_BANDWIDTH),
+        heard: st.last_heartbeat_time.map(Into::into),
+        heard_time: st.last_heartbeat_time.map(|t| t.unix_seconds()),
     }
 }
 
 impl Controller {
+    /// Keeps a binding's standby copy: a round whenever it falls half its allowed lag behind.
+    async fn reconcile_standby(&mut self, bk: &BKey) -> Result<(), StoreError> {
+        let key = keys::well_known::binding(&bk.0, &bk.1);
+        let b = match self.store.get(&key).await {
+            Ok(b) => b,
+            Err(StoreError::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let Some(spec) = BindingSpec::of(&b) else {
+            return Ok(());
+        };
+        let status = BindingStatus::of(&b);
+        let id = standby::transfer_id(&b.metadata.uid);
+        let template = spec.resource.clone();
+        let source_cluster = standby::source_of(&spec).unwrap_or_default().to_string();
+        let source = plan::End {
+            serving: self
+                .clusters
+                .get(&source_cluster)
+                .is_some_and(|c| c.serving),
+            work: if source_cluster.is_empty() {
+                None
+            } else {
+                self.work_seen(&source_cluster, bk, &id, &template).await?
+            },
+        };
+        let standby_end = plan::End {
+            serving: self.clusters.get(&spec.standby).is_some_and(|c| c.serving),
+            work: if spec.standby.is_empty() {
+                None
+            } else {
+                self.work_seen(&spec.standby, bk, &id, &template).await?
+            },
+        };
+        let bw = |c: &str| {
+            self.clusters
+                .get(c)
+                .map_or(orrery_scheduler::moves::DEFAULT_BANDWIDTH, |f| f.bandwidth)
+        };
+        let max_lag = spec
+            .placement
+            .stateful
+            .as_ref()
+            .and_then(|s| s.standby.as_ref())
+            .map_or(30, |s| s.max_lag_seconds);
+        let workload = format!("{}/{}", template.kind, template.name);
+        let out = standby::step(&standby::Input {
+            now: orrery_api::MicroTime::now(),
+            id: &id,
+            namespace: &bk.0,
+            workload: &workload,
+            spec: &spec,
+            moving: (!spec.migration.is_empty()).then(|| {
+                self.migrations
+                    .get(&(bk.0.clone(), spec.migration.clone()))
+                    .map(|m| MigrationStatus::of(m).phase)
+                    .unwrap_or_default()
+            }),
+            status: status.standby.as_ref(),
+            max_lag_seconds: max_lag,
+            source,
+            standby: standby_end,
+            rate: bw(&source_cluster).min(bw(&spec.standby)),
+        });
+        let next_spec = standby::with_transfers(&spec, &id, out.transfers);
+        // Rounds come from the Works' reports; the lag alone does not need writing each time.
+        let same_status = match (&out.status, &status.standby) {
+            (Some(a), Some(b)) => {
+                let mut a = a.clone();
+                a.lag_seconds = b.lag_seconds;
+                a == *b
+            }
+            (a, b) => a == b,
+        };
+        if next_spec == spec && same_status {
+            return Ok(());
+        }
+        let mut next = b.clone();
+        next.spec = serde_json::to_value(&next_spec).ok();
+        let mut st = status;
+        st.standby = out.status;
+        next.status = serde_json::to_value(&st).ok();
+        self.store.update(&key, next, b.revision()).await?;
+        Ok(())
+    }
+
     fn on_event(&mut self, src: Src, ev: Event) {
         match src {
             Src::Migration => match ev {
@@ -196,6 +305,19 @@ impl Controller {
                     if !gone && let Some(l) = leader_of(b) {
                         s.followers.entry(l.clone()).or_default().insert(k.clone());
                         s.leader_of.insert(k.clone(), l);
+                    }
+                    // A standby copy is kept (and let go) from the binding's spec.
+                    let keeps = !gone
+                        && b.spec
+                            .as_ref()
+                            .and_then(|sp| sp.get("standby"))
+                            .and_then(serde_json::Value::as_str)
+                            .is_some_and(|c| !c.is_empty());
+                    if keeps || s.standbys.remove(&k) {
+                        s.dirty_standbys.insert(k.clone());
+                    }
+                    if keeps {
+                        s.standbys.insert(k.clone());
                     }
                     // The binding of a migration under way, or a follower of one.
                     if let Some(m) = s.active.get(&k) {
@@ -230,8 +352,12 @@ impl Controller {
                     else {
                         return;
                     };
-                    if let Some(m) = s.active.get(&(ns.to_string(), name.to_string())) {
+                    let bk = (ns.to_string(), name.to_string());
+                    if let Some(m) = s.active.get(&bk) {
                         s.dirty.insert(m.clone());
+                    }
+                    if s.standbys.contains(&bk) {
+                        s.dirty_standbys.insert(bk);
                     }
                 };
                 match ev {
@@ -253,7 +379,16 @@ impl Controller {
                     self.barrier.listed("clusters");
                 }
                 Event::Upsert(c) => {
-                    let f = serving(&c);
+                    let mut f = serving(&c);
+                    // A heartbeat's time has whole seconds; when one arrives is known finer.
+                    if let Some(old) = self.clusters.get(c.name())
+                        && old.heard_time != f.heard_time
+                        && f.heard_time.is_some()
+                    {
+                        f.heard = Some(orrery_api::MicroTime::now());
+                    } else if let Some(old) = self.clusters.get(c.name()) {
+                        f.heard = old.heard.max(f.heard);
+                    }
                     let old = self.clusters.insert(c.name().to_string(), f);
                     if old.is_none_or(|o| o.serving != f.serving || o.bandwidth != f.bandwidth) {
                         let all: Vec<MKey> = self.active.values().cloned().collect();
@@ -382,6 +517,7 @@ impl Controller {
             Err(e) => return Err(e),
         };
         let bspec = b.as_ref().and_then(BindingSpec::of);
+        let bstatus = b.as_ref().map(BindingStatus::of).unwrap_or_default();
         // The finalizer goes on before the move touches anything, so that a deletion
         // always finds the binding put back.
         if !holds && !deleting && !st.phase.is_done() && !st.target.is_empty() {
@@ -455,6 +591,15 @@ impl Controller {
                 .as_ref()
                 .and_then(|s| s.placement.stateful.as_ref())
                 .is_some_and(|s| s.starts_empty()),
+            standby: bstatus.standby.as_ref(),
+            source_written: bstatus
+                .aggregated_status
+                .iter()
+                .filter(|a| a.cluster_name == st.source)
+                .flat_map(|a| &a.volumes)
+                .map(|v| (v.name.clone(), v.written_bytes))
+                .collect(),
+            source_last_heard: self.clusters.get(&st.source).and_then(|c| c.heard),
             settings: &self.settings,
         };
         let out = plan::step(&input);

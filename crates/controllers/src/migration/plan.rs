@@ -20,8 +20,8 @@ use orrery_api::MicroTime;
 use orrery_api::binding::{BindingSpec, ClusterTransfer, Eviction, TargetCluster};
 use orrery_api::conditions::{self, Condition};
 use orrery_api::stateful::{
-    DataLoss, MigrationPhase as Phase, MigrationStatus, MigrationVolume, PhaseTime, Transfer,
-    TransferRole, TransferStatus, TransferVolume,
+    DataLoss, MigrationPhase as Phase, MigrationStatus, MigrationVolume, PhaseTime, StandbyStatus,
+    Transfer, TransferRole, TransferStatus, TransferVolume,
 };
 use orrery_api::work::{Health, ManifestStatus};
 
@@ -102,6 +102,12 @@ pub struct Input<'a> {
     pub followers_at_target: bool,
     /// `placement.stateful.onDataLoss: StartEmpty`.
     pub starts_empty: bool,
+    /// The workload's standby copy, if it keeps one.
+    pub standby: Option<&'a StandbyStatus>,
+    /// What the source last said of its volumes (name, written bytes), and when it was last
+    /// heard from: the recovery point of a failover is measured against them.
+    pub source_written: Vec<(String, i64)>,
+    pub source_last_heard: Option<MicroTime>,
     pub settings: &'a Settings,
 }
 
@@ -670,7 +676,7 @@ pub fn step(i: &Input<'_>) -> Output {
             Phase::Starting => {
                 // The copy is in and the workload applied: its Work keeps the last receive
                 // (without holding: nothing waits any more).
-                if !st.started_empty {
+                if !st.started_empty && !st.standby_failover {
                     transfers = (
                         Some(send(i, &st, st.snapshot_round, true)),
                         Some(receive(i, &st, &caps, true)),
@@ -861,10 +867,70 @@ fn target_error(i: &Input<'_>) -> Option<String> {
     (!t.message.is_empty() && !t.complete).then(|| format!("the copy failed: {}", t.message))
 }
 
-/// The source is lost: start empty elsewhere if the placement says so, else wait for it.
-/// Returns whether the phase changed.
+/// The source is lost: fail over to the standby copy if the target keeps one, start empty
+/// elsewhere if the placement says so, else wait for it. Returns whether the phase changed.
 fn unplanned(i: &Input<'_>, st: &mut MigrationStatus, ev: &mut Vec<Event>) -> bool {
     let now = i.now;
+    if let Some(sb) = i
+        .standby
+        .filter(|s| s.cluster == st.target && s.rounds >= 1)
+        && i.target.serving
+    {
+        // What was written after the last round the standby holds is lost.
+        let lost: i64 = sb
+            .volumes
+            .iter()
+            .map(|v| {
+                let last = i
+                    .source_written
+                    .iter()
+                    .find(|(n, _)| *n == v.name)
+                    .map_or(v.synced_written, |(_, w)| *w);
+                (last - v.synced_written).max(0)
+            })
+            .sum();
+        let seconds = match (i.source_last_heard, sb.synced_at) {
+            (Some(heard), Some(synced)) => {
+                Some((heard.millis_since(synced) as f64 / 1000.0).max(0.0))
+            }
+            _ => None,
+        };
+        st.volumes = sb
+            .volumes
+            .iter()
+            .map(|v| MigrationVolume {
+                name: v.name.clone(),
+                ordinal: v.ordinal,
+                bytes: v.snapshot_used,
+                target_version: v.synced_version,
+                source_version: v.synced_version,
+                fenced_version: Some(v.synced_version),
+                ..Default::default()
+            })
+            .collect();
+        st.rounds = sb.rounds;
+        st.data_loss = Some(DataLoss {
+            bytes: lost,
+            seconds,
+        });
+        st.fenced_at = Some(now);
+        st.standby_failover = true;
+        enter(st, Phase::Starting, now);
+        let msg = format!(
+            "{} is lost: starting in {} on its standby copy ({} bytes written in the last {:.1}s before it was lost are not in it)",
+            st.source,
+            st.target,
+            lost,
+            seconds.unwrap_or_default()
+        );
+        condition(conditions::UNKNOWN, "FailingOver", &msg, now, st);
+        ev.push(Event {
+            type_: "Warning",
+            reason: "FailedOver",
+            message: msg,
+        });
+        return true;
+    }
     if i.starts_empty && i.target.serving {
         let lost: i64 = i
             .source

@@ -1183,7 +1183,7 @@ impl Scheduler {
             m.unschedulable.inc();
         }
         let changed_spec_generation = status.scheduler_observed_generation != Some(generation);
-        let new_clusters = match &decision.error {
+        let mut new_clusters = match &decision.error {
             // Clusters going away must not empty a placement that stands; a changed spec
             // with no fit does.
             Some(_)
@@ -1208,8 +1208,24 @@ impl Scheduler {
                         .any(|n| n.name == c.name && n.replicas > 0)
             });
             if added && let Some(source) = dropped {
-                let source = source.clone();
-                return self.start_move(k, &b, &spec, &task, &decision, &ties, &source, why, None);
+                // Only when it must: its cluster fails a filter (the policy, a taint, a lost
+                // cluster), sheds, or fails over; a better score elsewhere moves no data.
+                let forced = matches!(why, Trigger::Shed | Trigger::Failover)
+                    || decision
+                        .explain(&self.fleet, &task, &self.engine)
+                        .iter()
+                        .find(|c| c.name == source.name)
+                        .is_some_and(|c| {
+                            !c.filter.is_empty()
+                                && c.filter != "SpreadConstraint"
+                                && c.filter != "Sample"
+                        });
+                if forced {
+                    let source = source.clone();
+                    return self
+                        .start_move(k, &b, &spec, &task, &decision, &ties, &source, why, None);
+                }
+                new_clusters = spec.clusters.clone();
             }
         }
         // Make-before-break: clusters the scheduler took replicas away from keep the old
@@ -1263,7 +1279,10 @@ impl Scheduler {
         let mut conds = status.conditions.clone();
         conditions::set(&mut conds, cond.clone(), now);
         let clusters_changed = new_clusters != spec.clusters;
-        let evictions_changed = old_evictions != spec.evictions;
+        let standby = self.choose_standby(&spec, &task, &decision, &new_clusters, &ties);
+        let standby_changed = standby != spec.standby;
+        spec.standby = standby;
+        let evictions_changed = old_evictions != spec.evictions || standby_changed;
         let unplaced = (decision.unplaced > 0).then_some(decision.unplaced);
         let status_changed = conds != status.conditions
             || status.decisions != summary
@@ -1661,7 +1680,18 @@ impl Scheduler {
             candidates: ranking.candidates.clone(),
         };
         let what = format!("{} {}", spec.resource.kind, spec.resource.name);
-        let Some(target) = ranking.chosen.clone() else {
+        // A lost source fails over to its standby copy, if it keeps one that can take it.
+        let lost = self.fleet.get(&source.name).is_none_or(|c| !serving(c));
+        let standby_fits = ranking
+            .candidates
+            .iter()
+            .any(|c| c.cluster == spec.standby && c.score.is_some());
+        let chosen = if lost && standby_fits {
+            Some(spec.standby.clone())
+        } else {
+            ranking.chosen.clone()
+        };
+        let Some(target) = chosen else {
             let first = ranking
                 .candidates
                 .iter()
@@ -1808,6 +1838,64 @@ impl Scheduler {
             .await;
             Ok(())
         }))
+    }
+
+    /// Where a stateful workload placed in one cluster keeps its standby copy
+    /// (`placement.stateful.standby`): the one it has while that still serves and passes the
+    /// workload's filters, else the cluster its data would reach soonest (as a move's
+    /// target is chosen). Empty when it keeps none.
+    fn choose_standby(
+        &self,
+        spec: &BindingSpec,
+        task: &Task<'_>,
+        decision: &Decision,
+        placed: &[TargetCluster],
+        ties: &super::stateful::Ties,
+    ) -> String {
+        let wants = spec.is_stateful()
+            && spec
+                .placement
+                .stateful
+                .as_ref()
+                .is_some_and(|s| s.standby.is_some());
+        let mut running = placed.iter().filter(|c| c.replicas > 0);
+        let (Some(source), None) = (running.next(), running.next()) else {
+            return String::new();
+        };
+        if !wants {
+            return String::new();
+        }
+        let explained = decision.explain(&self.fleet, task, &self.engine);
+        let passes = |i: usize| {
+            let f = &explained[i].filter;
+            f.is_empty() || f == "SpreadConstraint" || f == "Sample"
+        };
+        if !spec.standby.is_empty()
+            && spec.standby != source.name
+            && let Some(i) = self.fleet.position(&spec.standby)
+            && serving(&self.fleet.clusters()[i])
+            && passes(i)
+        {
+            return spec.standby.clone();
+        }
+        let feasible: Vec<usize> = (0..explained.len())
+            .filter(|i| passes(*i) && serving(&self.fleet.clusters()[*i]))
+            .collect();
+        let ranking = orrery_scheduler::moves::rank(
+            &self.fleet,
+            &feasible,
+            &[],
+            &orrery_scheduler::moves::MoveRequest {
+                source: &source.name,
+                // A standby runs no pods: only its volumes need room.
+                replicas: 0,
+                demand: [0.0; 5],
+                bytes: 0,
+                near: &ties.near,
+                limit: 1.0,
+            },
+        );
+        ranking.chosen.unwrap_or_default()
     }
 
     /// A job that sets the binding's Scheduled condition (the placement stays).

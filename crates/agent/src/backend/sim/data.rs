@@ -62,6 +62,7 @@ impl Volume {
             used_bytes: self.used as i64,
             data_version: self.version,
             started_version: self.started_version,
+            written_bytes: self.written as i64,
         }
     }
 }
@@ -125,6 +126,9 @@ pub struct SimTransfer {
     /// Receive: the round being copied, by volume.
     #[serde(default)]
     pub copying: BTreeMap<String, Copying>,
+    /// Receive: the volumes it made (they go with it unless a workload took them).
+    #[serde(default)]
+    pub created: Vec<String>,
 }
 
 /// What a member keeps of its data across restarts of the process that simulates it.
@@ -442,10 +446,16 @@ impl DataPlane {
         fenced: &dyn Fn(&str, &str) -> bool,
     ) -> bool {
         let ids: BTreeSet<&str> = wanted.iter().map(|t| t.id.as_str()).collect();
-        let before = self.transfers.len();
-        self.transfers
-            .retain(|id, t| t.work != work || ids.contains(id.as_str()));
-        let mut changed = before != self.transfers.len();
+        let gone: Vec<String> = self
+            .transfers
+            .iter()
+            .filter(|(id, t)| t.work == work && !ids.contains(id.as_str()))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut changed = !gone.is_empty();
+        for id in gone {
+            self.end_transfer(&id);
+        }
         for t in wanted {
             match self.transfers.get_mut(&t.id) {
                 Some(cur) if cur.spec == *t && cur.work == work => {}
@@ -467,6 +477,7 @@ impl DataPlane {
                             },
                             last_written: BTreeMap::new(),
                             copying: BTreeMap::new(),
+                            created: Vec::new(),
                         },
                     );
                     changed = true;
@@ -547,6 +558,7 @@ impl DataPlane {
                 used_bytes: v.used as i64,
                 bytes: bytes.ceil() as i64,
                 copied: 0,
+                written_bytes: v.written as i64,
             });
             events.push((v.clone(), bytes.ceil() as i64));
         }
@@ -579,6 +591,7 @@ impl DataPlane {
         let mut copying = BTreeMap::new();
         let mut statuses = Vec::new();
         let mut events = Vec::new();
+        let mut created = Vec::new();
         for tv in &spec_volumes {
             let key = (ns.clone(), tv.name.clone());
             let have = self.volumes.get(&key).map(|v| v.version);
@@ -594,6 +607,7 @@ impl DataPlane {
                 tv.used_bytes
             };
             if have.is_none() {
+                created.push(tv.name.clone());
                 let capacity = tv
                     .capacity
                     .map(|q| q.value() as i64)
@@ -626,6 +640,7 @@ impl DataPlane {
                 used_bytes: self.volumes.get(&key).map_or(0, |v| v.used as i64),
                 bytes: bytes.max(0),
                 copied: 0,
+                written_bytes: 0,
             });
             if let Some(v) = self.volumes.get(&key) {
                 events.push((v.clone(), bytes.max(0)));
@@ -638,6 +653,7 @@ impl DataPlane {
             t.status.volumes = statuses;
             t.status.message.clear();
             t.copying = copying;
+            t.created.extend(created);
         }
         for (v, bytes) in events {
             self.event("copy-started", &v, |e| {
@@ -672,13 +688,36 @@ impl DataPlane {
 
     /// Forgets the transfers of a Work that is gone.
     pub fn drop_work(&mut self, work: &str) -> bool {
-        let before = self.transfers.len();
-        self.transfers.retain(|_, t| t.work != work);
-        let changed = before != self.transfers.len();
+        let gone: Vec<String> = self
+            .transfers
+            .iter()
+            .filter(|(_, t)| t.work == work)
+            .map(|(id, _)| id.clone())
+            .collect();
+        let changed = !gone.is_empty();
+        for id in gone {
+            self.end_transfer(&id);
+        }
         if changed {
             self.transfer_stamp += 1;
         }
         changed
+    }
+
+    /// Ends a transfer; a Receive's volumes that no workload took go with it (a copy
+    /// abandoned, a standby replaced), as a data mover removes its scratch claims.
+    fn end_transfer(&mut self, id: &str) {
+        let Some(t) = self.transfers.remove(id) else {
+            return;
+        };
+        for name in &t.created {
+            let unused = self
+                .volume(&t.spec.namespace, name)
+                .is_some_and(|v| v.owner.is_none() && v.users == 0);
+            if unused {
+                self.delete_volume(&t.spec.namespace, name);
+            }
+        }
     }
 
     pub fn snapshot_state(&self) -> DataSnapshot {
@@ -866,6 +905,7 @@ mod tests {
                 used_bytes: 2000,
                 bytes: 50,
                 copied: 0,
+                written_bytes: 0,
             }],
             ..Default::default()
         };
@@ -899,6 +939,7 @@ mod tests {
                 used_bytes: 1000,
                 bytes: 1000,
                 copied: 0,
+                written_bytes: 0,
             }],
             ..Default::default()
         };
@@ -946,6 +987,28 @@ mod tests {
         );
         assert!(again.drop_work("w"));
         assert!(again.statuses("w", &[send(2, false)]).is_empty());
+        // An abandoned copy's volumes go with it; a copy a workload took stays.
+        let mut b = DataPlane::new(100.0);
+        let snap = a.statuses("w", &[send(1, false)])[0].clone();
+        b.set_transfers("w", &[receive(&snap, 0, 0)], &never);
+        assert!(b.volume("ns", "data-db-0").is_some());
+        b.drop_work("w");
+        assert!(b.volume("ns", "data-db-0").is_none(), "nobody took it");
+        b.set_transfers("w", &[receive(&snap, 0, 0)], &never);
+        b.ensure_volume(
+            "ns",
+            "data-db-0",
+            Some(0),
+            Some("StatefulSet/db"),
+            0,
+            "",
+            0.0,
+        );
+        b.set_transfers("w", &[], &never);
+        assert!(
+            b.volume("ns", "data-db-0").is_some(),
+            "the StatefulSet took it"
+        );
         a.delete_owned("ns", "StatefulSet/db");
         assert!(a.volume("ns", "data-db-0").is_none());
     }

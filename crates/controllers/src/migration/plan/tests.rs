@@ -21,6 +21,8 @@ struct Fleet {
     source_work: bool,
     /// Whether the target's pods ever start.
     target_starts: bool,
+    /// Every byte the source wrote.
+    src_written: i64,
 }
 
 fn base_spec() -> BindingSpec {
@@ -66,11 +68,13 @@ impl Fleet {
             source_serving: true,
             source_work: true,
             target_starts: true,
+            src_written: 1000,
         }
     }
 
     /// The source writes `bytes` between two steps.
     fn write(&mut self, bytes: i64) {
+        self.src_written += bytes;
         self.src_version += 1;
         self.src_used += bytes;
         self.written_since += bytes;
@@ -112,6 +116,7 @@ impl Fleet {
                         self.written_since
                     },
                     copied: 0,
+                    written_bytes: self.src_written,
                 }],
                 ..Default::default()
             };
@@ -176,6 +181,7 @@ impl Fleet {
                     used_bytes: x.volumes[0].used_bytes,
                     bytes: x.volumes[0].bytes,
                     copied: if done { x.volumes[0].bytes } else { 0 },
+                    written_bytes: 0,
                 }],
                 ..Default::default()
             });
@@ -189,8 +195,8 @@ impl Fleet {
             }
         }
         if in_plan && recv.is_none() && self.target_started_on.is_none() {
-            // Started without a copy (StartEmpty).
-            self.target_started_on = Some(1);
+            // Started without a copy: on what it holds (a standby's data, or nothing).
+            self.target_started_on = Some(self.tgt_version);
         }
         let target = End {
             serving: self.target_serving,
@@ -221,6 +227,8 @@ struct Run {
     events: Vec<Event>,
     deleting: bool,
     starts_empty: bool,
+    standby: Option<StandbyStatus>,
+    heard_at: i64,
 }
 
 impl Run {
@@ -234,6 +242,8 @@ impl Run {
             events: Vec::new(),
             deleting: false,
             starts_empty: false,
+            standby: None,
+            heard_at: 0,
         }
     }
 
@@ -255,6 +265,9 @@ impl Run {
             rate: 100,
             followers_at_target: true,
             starts_empty: self.starts_empty,
+            standby: self.standby.as_ref(),
+            source_written: vec![("data-db-0".to_string(), self.fleet.src_written)],
+            source_last_heard: Some(t(self.heard_at)),
             settings: &self.settings,
         };
         let out = step(&input);
@@ -530,4 +543,57 @@ fn a_binding_that_names_another_migration_fails_this_one_untouched() {
     r.step();
     assert_eq!(r.status.phase, Phase::Failed);
     assert_eq!(r.spec, before);
+}
+
+#[test]
+fn a_lost_source_fails_over_to_the_standby_and_reports_what_is_lost() {
+    let mut r = Run::new();
+    r.fleet.source_serving = false;
+    // The standby holds version 9 of the volume, taken at second -4 when 900 bytes had
+    // been written; the source was last heard at second 1 with 1000 written.
+    r.fleet.tgt_version = 9;
+    r.fleet.src_written = 1000;
+    r.heard_at = 1;
+    r.standby = Some(StandbyStatus {
+        cluster: "b".into(),
+        source: "a".into(),
+        rounds: 3,
+        synced_at: Some(t(-4)),
+        volumes: vec![orrery_api::stateful::StandbyVolume {
+            name: "data-db-0".into(),
+            ordinal: Some(0),
+            synced_version: 9,
+            synced_written: 900,
+            snapshot_version: 9,
+            snapshot_used: 800,
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    r.until(Phase::Cleaning, 5);
+    assert!(r.status.standby_failover && !r.status.started_empty);
+    let loss = r.status.data_loss.clone().unwrap();
+    assert_eq!((loss.bytes, loss.seconds), (100, Some(5.0)));
+    assert_eq!(r.status.volumes[0].started_version, Some(9));
+    assert_eq!(r.status.volumes[0].fenced_version, Some(9));
+    assert!(
+        r.spec.transfers.is_empty(),
+        "nothing is copied: the data is there"
+    );
+    assert_eq!(
+        r.spec.fenced,
+        vec!["a".to_string()],
+        "fenced for when it comes back"
+    );
+    assert!(r.events.iter().any(|e| e.reason == "FailedOver"));
+    // A standby elsewhere than the target is no help: the move waits for the source.
+    let mut r = Run::new();
+    r.fleet.source_serving = false;
+    r.standby = Some(StandbyStatus {
+        cluster: "c".into(),
+        rounds: 2,
+        ..Default::default()
+    });
+    r.step();
+    assert_eq!(r.status.phase, Phase::Pending);
 }
