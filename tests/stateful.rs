@@ -256,6 +256,29 @@ fn a_policy_change_moves_a_statefulset_and_its_follower_to_the_faster_link_with_
                     .is_some_and(|s| s["status"]["readyReplicas"] == 2)
         },
     );
+    // Members in separate processes measure no latency to one another: the control plane
+    // estimates every pair from their round trips to it, and kubectl shows it.
+    eventually(
+        Duration::from_secs(20),
+        "latency estimates for every pair",
+        || {
+            ["src", "slow", "fast"].iter().all(|c| {
+                let cl = f.s.get_json(&["cluster", c]);
+                let est = &cl["status"]["network"]["estimatedLatencyMs"];
+                cl["status"]["network"]["serverLatencyMs"]
+                    .as_f64()
+                    .is_some()
+                    && est
+                        .as_object()
+                        .is_some_and(|e| e.len() == 2 && !e.contains_key(*c))
+            })
+        },
+    );
+    let described = f.s.ok(&["describe", "cluster", "fast"]);
+    assert!(
+        described.contains("Estimated Latency Ms") && described.contains("Server Latency Ms"),
+        "{described}"
+    );
     let sts = f.find("src", "StatefulSet", "db").unwrap();
     let vols = sts["status"]["volumes"].as_array().unwrap();
     assert_eq!(vols.len(), 2, "{sts:#}");
@@ -285,6 +308,8 @@ fn a_policy_change_moves_a_statefulset_and_its_follower_to_the_faster_link_with_
             .starts_with("copying its data takes"),
         "{slow}"
     );
+    // Its follower ran in src: each candidate's latency to it counted.
+    assert!(slow["latencyMs"].as_f64().is_some(), "{slow}");
     check_versions(&m);
     let downtime = m["status"]["downtimeSeconds"].as_f64().unwrap();
     assert!(downtime > 0.0 && downtime < 10.0, "downtime {downtime}");

@@ -143,7 +143,12 @@ struct Inner {
     /// their changes is reported at once until their workload is healthy, since the
     /// workload is down until the control plane hears so.
     urgent: Mutex<HashMap<String, Instant>>,
+    /// Round trips of the last heartbeats, milliseconds.
+    round_trips: Mutex<std::collections::VecDeque<f64>>,
 }
+
+/// Heartbeats whose round trips make the reported latency to the control plane.
+const ROUND_TRIPS: usize = 10;
 
 /// How long a Work released from a hold is reported without the rate limit at most.
 const URGENT_FOR: Duration = Duration::from_secs(60);
@@ -1018,6 +1023,7 @@ fn cluster_status(
     conds: &mut Vec<Condition>,
     now: Time,
     push: bool,
+    server_latency: Option<f64>,
 ) -> Value {
     let ready = match report {
         Ok(r) if r.healthy => Condition::new(
@@ -1070,6 +1076,12 @@ fn cluster_status(
         if let Some(n) = &r.network {
             s["network"] = json!(n);
         }
+        if let Some(l) = server_latency {
+            if !s["network"].is_object() {
+                s["network"] = json!({});
+            }
+            s["network"]["serverLatencyMs"] = json!(l);
+        }
         s["properties"] = json!(r.properties);
         if !r.storage_classes.is_empty() {
             s["storageClasses"] = json!(r.storage_classes);
@@ -1116,6 +1128,7 @@ pub async fn run(
         computed: Mutex::new(HashMap::new()),
         report_now: Notify::new(),
         urgent: Mutex::new(HashMap::new()),
+        round_trips: Mutex::new(std::collections::VecDeque::new()),
     });
     inner.resume().await;
     inner.flush_state();
@@ -1272,15 +1285,32 @@ async fn heartbeat(
     conds: &mut Vec<Condition>,
 ) -> Result<Option<Stopped>, End> {
     let report = inner.backend.report().await;
+    // The lowest recent round trip: the network's share, without the server's work.
+    let server_latency = inner
+        .round_trips
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .copied()
+        .reduce(f64::min);
     let status = cluster_status(
         &report,
         conds,
         Time::now(),
         inner.cfg.cluster_token.is_some(),
+        server_latency,
     );
     let sent = Instant::now();
     let answer = t.heartbeat(status).await;
-    crate::stats::heartbeat(sent.elapsed());
+    let took = sent.elapsed();
+    crate::stats::heartbeat(took);
+    {
+        let mut rt = inner.round_trips.lock().unwrap_or_else(|p| p.into_inner());
+        rt.push_back((took.as_secs_f64() * 10_000.0).round() / 10.0);
+        while rt.len() > ROUND_TRIPS {
+            rt.pop_front();
+        }
+    }
     match answer {
         Ok(c) if c.metadata.deletion_timestamp.is_some() => Ok(Some(Stopped::Unregistered)),
         Ok(c) => {

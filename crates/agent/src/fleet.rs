@@ -13,7 +13,8 @@
 //!   - name: gpu-west
 //!     region: us-west
 //!     zones: [us-west-1a]
-//!     simulate: nodes=4,cpu=64,memory=256Gi,gpu=8
+//!     simulate: nodes=4,cpu=64,memory=256Gi,gpu=8,bandwidth=1Gi
+//!     latency: {edge-0: 12}    # optional: round trips in ms (else from the regions)
 //!     token: ORR1...           # optional: this cluster's own bootstrap token
 //! ```
 
@@ -59,6 +60,9 @@ pub struct FleetEntry {
     pub simulate: String,
     #[serde(default)]
     pub token: Option<String>,
+    /// Round-trip latency to other clusters, milliseconds (instead of what the regions give).
+    #[serde(default)]
+    pub latency: BTreeMap<String, f64>,
 }
 
 /// One simulated cluster of a fleet, ready to run.
@@ -68,6 +72,7 @@ pub struct Member {
     pub info: ClusterFacts,
     pub spec: SimSpec,
     pub token: Option<String>,
+    pub latency: BTreeMap<String, f64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +140,7 @@ impl FleetFile {
                     },
                     spec: spec.clone(),
                     token: e.token.clone(),
+                    latency: e.latency.clone(),
                 });
             }
         }
@@ -265,6 +271,9 @@ impl Fleet {
             if peers.len() <= 64 {
                 // Latency figures to every peer; large fleets leave them out (they grow as n²).
                 sim.set_peers(peers.clone());
+            }
+            if !m.latency.is_empty() {
+                sim.set_latency(m.latency.clone());
             }
             let mut ac = AgentConfig::new(&cfg.server, &m.name);
             ac.bootstrap_token = m.token.clone().or_else(|| cfg.token.clone());

@@ -89,6 +89,15 @@ pub fn prepare_status(
             status.remove("waterLevel");
         }
     }
+    // The control plane's latency estimates are its own: an agent's report keeps them.
+    if let Some(est) = old_status
+        .and_then(|s| s.pointer("/network/estimatedLatencyMs"))
+        .filter(|e| !e.is_null())
+        && let Some(Value::Object(n)) = status.get_mut("network")
+        && !n.contains_key("estimatedLatencyMs")
+    {
+        n.insert("estimatedLatencyMs".into(), est.clone());
+    }
     let before = old_status.and_then(|s| s.get("lastHeartbeatTime")).cloned();
     if let Some(hb) = status.get("lastHeartbeatTime")
         && !hb.is_null()

@@ -4,6 +4,7 @@
 //! - [`health`]: member readiness from heartbeats, health taints, Events and the failure
 //!   history;
 //! - [`inventory`]: a `ClusterProfile` (KEP-4322) per Cluster;
+//! - [`network`]: latency estimates for the pairs of clusters nobody measures;
 //! - [`propagation`]: policies to bindings, scheduling, bindings to Works, status back;
 //! - [`migration`]: moves of stateful workloads with their data;
 //! - [`record`]: Events and failure records; [`runtime`]: reflectors, sync barriers, work
@@ -20,6 +21,7 @@ pub mod inventory;
 pub mod lifecycle;
 pub mod migration;
 pub mod monitoring;
+pub mod network;
 pub mod propagation;
 pub mod record;
 pub mod runtime;
@@ -51,6 +53,7 @@ pub fn spawn(
             shutdown.clone(),
         )),
         tokio::spawn(inventory::run(store.clone(), shutdown.clone())),
+        tokio::spawn(network::run(store.clone(), shutdown.clone())),
         tokio::spawn(monitoring::run(
             store.clone(),
             cfg.monitoring,

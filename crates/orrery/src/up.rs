@@ -44,7 +44,7 @@ const PRESETS: &[Preset] = &[
         "us-east-1",
         "us-east-1a",
         "nyc",
-        "nodes=8,cpu=32,memory=128Gi,load=0.35,profile=diurnal,period=10m",
+        "nodes=8,cpu=32,memory=128Gi,load=0.35,profile=diurnal,period=10m,bandwidth=125Mi",
         &["tls-encryption"],
     ),
     (
@@ -53,7 +53,7 @@ const PRESETS: &[Preset] = &[
         "europe-west1",
         "europe-west1-b",
         "bru",
-        "nodes=6,cpu=16,memory=64Gi,load=0.2,profile=flat",
+        "nodes=6,cpu=16,memory=64Gi,load=0.2,profile=flat,bandwidth=250Mi",
         &["tls-encryption"],
     ),
     (
@@ -62,7 +62,7 @@ const PRESETS: &[Preset] = &[
         "southeastasia",
         "southeastasia-1",
         "sin",
-        "nodes=10,cpu=32,memory=128Gi,load=0.55,profile=spikes,period=10m",
+        "nodes=10,cpu=32,memory=128Gi,load=0.55,profile=spikes,period=10m,bandwidth=125Mi",
         &[],
     ),
     (
@@ -71,7 +71,7 @@ const PRESETS: &[Preset] = &[
         "us-west",
         "dc-1",
         "sjc",
-        "nodes=4,cpu=64,memory=256Gi,gpu=8,load=0.4,profile=flat",
+        "nodes=4,cpu=64,memory=256Gi,gpu=8,load=0.4,profile=flat,bandwidth=1Gi",
         &["gpu"],
     ),
     (
@@ -80,7 +80,7 @@ const PRESETS: &[Preset] = &[
         "eu-central",
         "ber-1",
         "ber",
-        "nodes=3,cpu=8,memory=32Gi,load=0.15,profile=diurnal,period=10m",
+        "nodes=3,cpu=8,memory=32Gi,load=0.15,profile=diurnal,period=10m,bandwidth=12Mi",
         &[],
     ),
     (
@@ -89,7 +89,7 @@ const PRESETS: &[Preset] = &[
         "us-west-2",
         "us-west-2b",
         "sea",
-        "nodes=12,cpu=16,memory=64Gi,load=0.6,profile=diurnal,period=10m",
+        "nodes=12,cpu=16,memory=64Gi,load=0.6,profile=diurnal,period=10m,bandwidth=125Mi",
         &["tls-encryption"],
     ),
     (
@@ -138,6 +138,7 @@ pub fn members(n: usize) -> anyhow::Result<Vec<Member>> {
                 },
                 spec: sim.parse().map_err(|e: String| anyhow::anyhow!(e))?,
                 token: None,
+                latency: Default::default(),
             })
         })
         .collect()

@@ -62,6 +62,8 @@ pub struct ClusterSnapshot {
     pub largest_node_free: ResourceList,
     /// Round-trip latency to other clusters in milliseconds, by name.
     pub latency_ms: BTreeMap<String, f64>,
+    /// The control plane's estimates for the clusters nobody measures.
+    pub estimated_latency_ms: BTreeMap<String, f64>,
     /// Ingress plus egress, bytes per second.
     pub traffic: f64,
     /// The storage classes it offers, the default first; empty when it has not said.
@@ -86,6 +88,11 @@ impl ClusterSnapshot {
             .network
             .as_ref()
             .and_then(|n| n.bandwidth_bytes_per_second);
+        let estimated_latency_ms = st
+            .network
+            .as_ref()
+            .map(|n| n.estimated_latency_ms.clone())
+            .unwrap_or_default();
         let api_kinds = (!st.api_enablements.is_empty()).then(|| {
             st.api_enablements
                 .iter()
@@ -125,6 +132,7 @@ impl ClusterSnapshot {
             usage,
             largest_node_free: st.largest_node_free,
             latency_ms,
+            estimated_latency_ms,
             traffic,
             storage_classes: st.storage_classes,
             bandwidth,
@@ -139,6 +147,8 @@ impl ClusterSnapshot {
         self.latency_ms
             .get(&other.name)
             .or_else(|| other.latency_ms.get(&self.name))
+            .or_else(|| self.estimated_latency_ms.get(&other.name))
+            .or_else(|| other.estimated_latency_ms.get(&self.name))
             .copied()
     }
 

@@ -531,6 +531,8 @@ struct State {
     attached: BTreeMap<u64, (Key, Vec<data::VolumeKey>, f64)>,
     /// When the data last moved on.
     data_clock: Instant,
+    /// Latency to other clusters set by a fleet file.
+    latency_overrides: BTreeMap<String, f64>,
 }
 
 impl State {
@@ -662,6 +664,7 @@ impl SimCluster {
                 storage_classes: spec.storage_classes.clone(),
                 attached: BTreeMap::new(),
                 data_clock: Instant::now(),
+                latency_overrides: BTreeMap::new(),
             }),
             spec,
             changed: tx,
@@ -683,6 +686,12 @@ impl SimCluster {
     /// Other clusters of the fleet (name, region), for the network figures.
     pub fn set_peers(&self, peers: Vec<(String, String)>) {
         self.lock().peers = peers;
+    }
+
+    /// Latency to other clusters, milliseconds, as a fleet file sets it (instead of what the
+    /// regions would give).
+    pub fn set_latency(&self, latency: BTreeMap<String, f64>) {
+        self.lock().latency_overrides = latency;
     }
 
     /// The multiplier of the base load at `elapsed` (1.0 for flat).
@@ -1054,6 +1063,18 @@ fn workload_volumes(
         }
     }
     out
+}
+
+/// The simulated round-trip latency between two clusters, milliseconds: 2 within a region,
+/// 30 to 150 (stable per pair) between regions.
+pub fn region_latency(a: &str, region_a: &str, b: &str, region_b: &str) -> f64 {
+    if region_a == region_b {
+        2.0
+    } else {
+        // The same both ways.
+        let (x, y) = if a < b { (a, b) } else { (b, a) };
+        30.0 + (hash_value(&json!([x, y])) % 120) as f64
+    }
 }
 
 /// Moves the simulations along (pods start, Jobs finish) five times a second, until shutdown.
@@ -1757,19 +1778,19 @@ impl Backend for SimCluster {
             .values()
             .filter(|p| p.phase == Phase::Running)
             .count() as f64;
-        let latency_ms = st
+        let mut latency_ms: BTreeMap<String, f64> = st
             .peers
             .iter()
             .filter(|(n, _)| *n != self.name)
             .map(|(n, region)| {
-                let base = if *region == self.region {
-                    2.0
-                } else {
-                    30.0 + (hash_value(&json!([n, self.name])) % 120) as f64
-                };
-                (n.clone(), base)
+                (
+                    n.clone(),
+                    region_latency(&self.name, &self.region, n, region),
+                )
             })
             .collect();
+        // What a fleet file sets stands for a measurement (also of peers elsewhere).
+        latency_ms.extend(st.latency_overrides.iter().map(|(k, v)| (k.clone(), *v)));
         let mut properties = BTreeMap::new();
         properties.insert("cluster.clusterset.k8s.io".into(), self.name.clone());
         properties.insert("clusterset.k8s.io".into(), "orrery".into());
@@ -1804,6 +1825,7 @@ impl Backend for SimCluster {
                 ingress_bytes_per_second: running * 12_000.0 * factor,
                 egress_bytes_per_second: running * 8_000.0 * factor,
                 bandwidth_bytes_per_second: Some(self.spec.bandwidth),
+                ..Default::default()
             }),
             properties,
             storage_classes: st.storage_classes.clone(),
@@ -2053,6 +2075,33 @@ mod tests {
         assert_eq!(left, ["data-db-1"], "ordinal 0 went with it; 1 was not its");
         let events: Vec<&str> = sim.data_log(0).iter().map(|e| e.event).collect();
         assert!(events.contains(&"pod-started") && events.contains(&"pod-stopped"));
+    }
+
+    #[tokio::test]
+    async fn latency_comes_from_regions_or_what_the_fleet_file_says() {
+        let sim = SimCluster::new("a", "eu", spec("nodes=1"));
+        sim.set_peers(vec![
+            ("a".into(), "eu".into()),
+            ("b".into(), "eu".into()),
+            ("c".into(), "us".into()),
+        ]);
+        let l = sim.report().await.unwrap().network.unwrap().latency_ms;
+        assert_eq!(l["b"], 2.0);
+        assert!((30.0..150.0).contains(&l["c"]), "{l:?}");
+        assert_eq!(
+            l["c"],
+            region_latency("c", "us", "a", "eu"),
+            "the same both ways"
+        );
+        assert!(!l.contains_key("a"));
+        sim.set_latency([("c".to_string(), 7.5), ("far".to_string(), 300.0)].into());
+        let l = sim.report().await.unwrap().network.unwrap().latency_ms;
+        assert_eq!((l["c"], l["far"], l["b"]), (7.5, 300.0, 2.0));
+        let fleet = crate::fleet::FleetFile::parse(
+            "clusters:\n- {name: x, region: eu, simulate: nodes=1, latency: {y: 12}}\n",
+        )
+        .unwrap();
+        assert_eq!(fleet[0].latency["y"], 12.0);
     }
 
     #[tokio::test(start_paused = true)]
