@@ -23,11 +23,21 @@ pub struct ServerProcess {
     pub url: String,
     bin: PathBuf,
     port: u16,
+    extra: Vec<String>,
     _dir: tempfile::TempDir,
 }
 
 impl ServerProcess {
     pub fn start(bin: &Option<PathBuf>, dir: &Option<PathBuf>) -> anyhow::Result<Self> {
+        Self::start_with(bin, dir, &[])
+    }
+
+    /// A server with more flags (`--migration-cleanup-grace 1s`...).
+    pub fn start_with(
+        bin: &Option<PathBuf>,
+        dir: &Option<PathBuf>,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
         let bin = match bin {
             Some(b) => b.clone(),
             None => std::env::current_exe()?.with_file_name("orrery"),
@@ -47,7 +57,8 @@ impl ServerProcess {
         let port = std::net::TcpListener::bind("127.0.0.1:0")?
             .local_addr()?
             .port();
-        let (child, stopping) = Self::launch(&bin, tmp.path(), port)?;
+        let extra: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+        let (child, stopping) = Self::launch(&bin, tmp.path(), port, &extra)?;
         Ok(ServerProcess {
             child,
             stopping,
@@ -55,6 +66,7 @@ impl ServerProcess {
             url: format!("https://127.0.0.1:{port}"),
             bin,
             port,
+            extra,
             _dir: tmp,
         })
     }
@@ -66,7 +78,7 @@ impl ServerProcess {
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
         self.child.wait()?;
-        let (child, stopping) = Self::launch(&self.bin, self._dir.path(), self.port)?;
+        let (child, stopping) = Self::launch(&self.bin, self._dir.path(), self.port, &self.extra)?;
         self.child = child;
         self.stopping = stopping;
         Ok(())
@@ -76,11 +88,13 @@ impl ServerProcess {
         bin: &std::path::Path,
         dir: &std::path::Path,
         port: u16,
+        extra: &[String],
     ) -> anyhow::Result<(Child, Arc<AtomicBool>)> {
         let mut child = Command::new(bin)
             .args(["server", "--data-dir"])
             .arg(dir)
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(extra)
             .env(
                 "ORRERY_LOG",
                 std::env::var("ORRERY_BENCH_SERVER_LOG_LEVEL").unwrap_or_else(|_| "warn".into()),

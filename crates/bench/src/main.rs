@@ -19,6 +19,7 @@ mod members;
 mod propagation;
 mod quality;
 mod scheduler;
+mod stateful;
 mod stats;
 mod store;
 
@@ -286,6 +287,28 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Planned moves of a StatefulSet: end to end on two simulated members (downtime, the
+    /// control plane's latency per hop), then modelled at 10 GiB, 100 GiB and 1 TiB over the
+    /// link at several write rates, against stop-and-copy and Karmada's re-creation.
+    StatefulMigration {
+        /// Moves end to end.
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        #[arg(long, value_delimiter = ',', default_value = "10,100,1024")]
+        sizes_gib: Vec<u64>,
+        #[arg(long, value_delimiter = ',', default_value = "0,1,20")]
+        write_percents: Vec<f64>,
+        /// Bytes per second of the link (1 Gbit/s).
+        #[arg(long, default_value_t = 125_000_000.0)]
+        link: f64,
+        /// Seconds a pod takes to start, in the model.
+        #[arg(long, default_value_t = 5.0)]
+        pod_start: f64,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// Internal: the fresh process of `store-memory`.
     #[command(hide = true)]
     StoreMemoryProbe { path: String },
@@ -351,6 +374,26 @@ fn main() -> anyhow::Result<()> {
                 .await
             }
             Command::StoreMemoryProbe { path } => store::memory_probe(&path).await,
+            Command::StatefulMigration {
+                runs,
+                sizes_gib,
+                write_percents,
+                link,
+                pod_start,
+                server_bin,
+                dir,
+            } => {
+                stateful::run(stateful::Args {
+                    runs,
+                    sizes_gib,
+                    write_percents,
+                    link,
+                    pod_start,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
             Command::DroMetrics {
                 clusters,
                 seconds,
