@@ -260,3 +260,54 @@ fn orrery_up_started_again_moves_nothing() {
         );
     }
 }
+
+/// `examples/stateful.yaml` and `examples/migration.yaml`: the database runs in one of its
+/// clusters with a standby copy in another and its API beside it; the Migration moves it with
+/// its data, and the API follows.
+#[test]
+fn the_stateful_example_moves_the_database_with_its_data_and_the_api_follows() {
+    let u = up(4);
+    let apply = |f: &str| {
+        let path = examples().join(f);
+        let (ok, out) = u.kubectl(&["apply", "-f", path.to_str().unwrap()]);
+        assert!(ok, "{f}: {out}");
+    };
+    apply("stateful.yaml");
+    let mut first = String::new();
+    eventually(
+        Duration::from_secs(60),
+        "db and its API together, with a standby",
+        || {
+            let db = u.placed("db-statefulset");
+            let api = u.placed("orders-api-deployment");
+            let (_, b) = u.kubectl(&["get", "resourcebinding", "db-statefulset", "-o", "json"]);
+            let b: Value = serde_json::from_str(&b).unwrap_or(Value::Null);
+            let Some((c, 2)) = db.iter().next().map(|(c, n)| (c.clone(), *n)) else {
+                return false;
+            };
+            first = c.clone();
+            api == BTreeMap::from([(c.clone(), 3)])
+                && b["spec"]["standby"]
+                    .as_str()
+                    .is_some_and(|s| !s.is_empty() && s != c)
+                && b["status"]["standby"]["rounds"].as_u64().unwrap_or(0) >= 1
+        },
+    );
+    apply("migration.yaml");
+    eventually(Duration::from_secs(90), "the move done", || {
+        let (_, m) = u.kubectl(&["get", "migration", "db-move", "-o", "json"]);
+        let m: Value = serde_json::from_str(&m).unwrap_or(Value::Null);
+        assert_ne!(m["status"]["phase"], "Failed", "{m:#}");
+        matches!(
+            m["status"]["phase"].as_str(),
+            Some("Cleaning" | "Succeeded")
+        ) && m["status"]["volumes"].as_array().is_some_and(|v| {
+            v.len() == 2 && v.iter().all(|v| v["startedVersion"] == v["fencedVersion"])
+        })
+    });
+    eventually(Duration::from_secs(60), "the API followed", || {
+        let db = u.placed("db-statefulset");
+        let api = u.placed("orders-api-deployment");
+        db.len() == 1 && !db.contains_key(&first) && api.keys().eq(db.keys())
+    });
+}

@@ -1019,8 +1019,11 @@ impl Scheduler {
         if b.metadata.deletion_timestamp.is_some() {
             return Outcome::Skip;
         }
-        if why == Trigger::UserMove
-            && let Some(m) = self.user_moves.remove(k)
+        // A user's Migration waiting for its target, whatever woke the binding: it stays
+        // waiting until its status names the target (a write that lost a race is tried
+        // again), unless the binding names it already (that write is on its way).
+        if let Some(m) = self.user_moves.get(k).cloned()
+            && super::stateful::Graph::named(&b) != Some(m.name())
         {
             return self.user_move(k, &b, &m);
         }
@@ -1823,8 +1826,20 @@ impl Scheduler {
             if creating {
                 store.create(&mkey, migration).await.map_err(err)?;
             } else {
-                let rev = migration.revision();
-                store.update(&mkey, migration, rev).await.map_err(err)?;
+                // The user's Migration gets its target even if it changed meanwhile (its
+                // labels, say): the binding names it now, and nothing else would.
+                let uid = migration.metadata.uid.clone();
+                let status = migration.status.clone();
+                orrery_store::update_with(store.as_ref(), &mkey, |mut cur| {
+                    let st = orrery_api::stateful::MigrationStatus::of(&cur);
+                    if cur.metadata.uid != uid || !st.target.is_empty() || st.phase.is_done() {
+                        return Ok(None);
+                    }
+                    cur.status = status.clone();
+                    Ok(Some(cur))
+                })
+                .await
+                .map_err(err)?;
             }
             let about = subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid);
             let _ = record::event(
