@@ -310,4 +310,20 @@ fn the_stateful_example_moves_the_database_with_its_data_and_the_api_follows() {
         let api = u.placed("orders-api-deployment");
         db.len() == 1 && !db.contains_key(&first) && api.keys().eq(db.keys())
     });
+    // Its Service went along, and the switch did not wait out its timeout for it.
+    let svc = u.placed("db-service");
+    assert!(svc.keys().eq(u.placed("db-statefulset").keys()), "{svc:?}");
+    let (_, m) = u.kubectl(&["get", "migration", "db-move", "-o", "json"]);
+    let m: Value = serde_json::from_str(&m).unwrap();
+    let switching = m["status"]["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["phase"] == "Switching")
+        .unwrap()
+        .clone();
+    assert!(
+        switching["durationMs"].as_i64().unwrap() < 30_000,
+        "the switch waited for nothing it had: {m:#}"
+    );
 }

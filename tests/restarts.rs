@@ -75,7 +75,7 @@ fn deployment(name: &str, replicas: i64) -> Value {
 }
 
 fn statefulset(name: &str) -> Value {
-    json!({
+    let mut s = json!({
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
@@ -87,8 +87,22 @@ fn statefulset(name: &str) -> Value {
                     "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}]}
             }
         }
-    })
+    });
+    if name == STATEFUL {
+        // Volumes that fill while it runs: every move of it is a Migration carrying them.
+        s["spec"]["volumeClaimTemplates"] = json!([{"metadata": {"name": "data"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}]);
+        s["spec"]["template"]["metadata"]["annotations"] = json!({
+            "sim.orrery.io/volume-used": "24Mi", "sim.orrery.io/write-rate": "256Ki"});
+        // Small enough to find room somewhere in a fleet the churn keeps busy.
+        s["spec"]["template"]["spec"]["containers"][0]["resources"] =
+            json!({"requests": {"cpu": "100m", "memory": "128Mi"}});
+    }
+    s
 }
+
+/// The StatefulSet with data, moved by Migrations during the churn.
+const STATEFUL: &str = "db-0";
 
 /// A Karmada PropagationPolicy for one object, divided by water level (`Duplicated` for
 /// ConfigMaps), optionally keeping replicas off `exclude`.
@@ -101,6 +115,11 @@ fn policy(name: &str, kind: &str, target: &str, exclude: Option<&str>) -> Value 
     }
     if let Some(x) = exclude {
         placement["clusterAffinity"] = json!({"exclude": [x]});
+    }
+    if target == STATEFUL {
+        // The database runs whole in one cluster.
+        placement["spreadConstraints"] =
+            json!([{"spreadByField": "cluster", "maxGroups": 1, "minGroups": 1}]);
     }
     json!({
         "apiVersion": "policy.karmada.io/v1alpha1", "kind": "PropagationPolicy",
@@ -123,6 +142,9 @@ fn path_of(o: &Value) -> String {
             format!(
                 "/apis/policy.karmada.io/v1alpha1/namespaces/default/propagationpolicies/{name}"
             )
+        }
+        "Migration" => {
+            format!("/apis/multicluster.io/v1alpha1/namespaces/default/migrations/{name}")
         }
         k => panic!("no path for {k}"),
     }
@@ -428,6 +450,8 @@ fn restarts_crashes_and_retries_disturb_nothing() {
             "4s",
             "--move-grace-period",
             "20s",
+            "--migration-cleanup-grace",
+            "2s",
         ],
     );
     let api = Api {
@@ -541,7 +565,22 @@ fn restarts_crashes_and_retries_disturb_nothing() {
             let started = Instant::now();
             let mut outages = 0;
             let mut slow = 0;
+            let mut moves = 0;
+            let mut next_move = Duration::from_secs(4);
             while started.elapsed() < Duration::from_secs(40) {
+                if started.elapsed() >= next_move {
+                    // The database moves with its data, wherever Orrery picks; the server is
+                    // restarted in whatever phase the move is.
+                    moves += 1;
+                    next_move = started.elapsed() + Duration::from_secs(6 + rng.below(5));
+                    api.create(&json!({
+                        "apiVersion": "multicluster.io/v1alpha1", "kind": "Migration",
+                        "metadata": {"name": format!("move-{moves}"), "namespace": "default"},
+                        "spec": {"resource": {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                            "name": STATEFUL}}
+                    }))
+                    .await;
+                }
                 match rng.below(10) {
                     0..=4 => {
                         let name = format!("web-{}", rng.below(DEPLOYMENTS as u64));
@@ -753,7 +792,13 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                 .as_array()
                 .is_some_and(|e| !e.is_empty())
         });
-        if moving {
+        let migrations = rt.block_on(api.get("/apis/multicluster.io/v1alpha1/migrations"));
+        let migrating = migrations["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|m| !matches!(m["status"]["phase"].as_str(), Some("Succeeded" | "Failed")));
+        if moving || migrating {
             quiet_since = Instant::now();
         }
         if quiet_since.elapsed() >= Duration::from_secs(8) {
@@ -844,6 +889,12 @@ fn restarts_crashes_and_retries_disturb_nothing() {
             .unwrap()
             .add("no operation without a change", line);
     }
+    check_data(
+        &fleet.lock().unwrap(),
+        &api,
+        &rt,
+        &mut findings.lock().unwrap(),
+    );
     let f = findings.lock().unwrap();
     let ops: BTreeSet<&str> = journal.iter().map(|(m, _)| m.as_str()).collect();
     eprintln!(
@@ -866,6 +917,111 @@ fn restarts_crashes_and_retries_disturb_nothing() {
     );
 }
 
+/// The stateful invariants, from every member's data log (pods started and stopped on each
+/// volume with its version, copies) and the Migrations: never two clusters running the same
+/// ordinal, every start on the version its data was left at (the fence), no copy round
+/// started twice (a restart resumes the copy), and every move ended.
+fn check_data(fleet: &Fleet, api: &Api, rt: &tokio::runtime::Runtime, f: &mut Findings) {
+    let workload = format!("StatefulSet/{STATEFUL}");
+    // (time, cluster, event, volume, version, transfer, round)
+    let mut events: Vec<(u64, String, String, String, u64, String, u64)> = Vec::new();
+    for (name, _, admin) in &fleet.agents {
+        let (code, body) = http("GET", admin, &format!("/clusters/{name}/data"), "");
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        for e in v["items"].as_array().unwrap() {
+            let ev = e["event"].as_str().unwrap_or("").to_string();
+            if e["workload"] != workload.as_str() && !ev.starts_with("copy") {
+                continue;
+            }
+            events.push((
+                e["timeMs"].as_u64().unwrap_or(0),
+                name.clone(),
+                ev,
+                e["volume"].as_str().unwrap_or("").to_string(),
+                e["dataVersion"].as_u64().unwrap_or(0),
+                e["transfer"].as_str().unwrap_or("").to_string(),
+                e["round"].as_u64().unwrap_or(0),
+            ));
+        }
+    }
+    events.sort();
+    let mut running: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
+    let mut left_at: BTreeMap<String, (u64, String)> = BTreeMap::new();
+    let mut copies: BTreeMap<(String, String, u64, String), u32> = BTreeMap::new();
+    let mut starts = 0;
+    let mut moved = 0;
+    for (t, cluster, ev, vol, version, transfer, round) in &events {
+        let on = running.entry(vol.clone()).or_default();
+        match ev.as_str() {
+            "pod-started" => {
+                starts += 1;
+                *on.entry(cluster.clone()).or_default() += 1;
+                let at: Vec<&String> = on.iter().filter(|(_, n)| **n > 0).map(|(c, _)| c).collect();
+                if at.len() > 1 {
+                    f.add(
+                        "one running copy of an ordinal",
+                        format!("{vol} runs in {at:?} at once (at {t} ms)"),
+                    );
+                }
+                if let Some((last, from)) = left_at.get(vol) {
+                    if from != cluster {
+                        moved += 1;
+                    }
+                    if version != last {
+                        f.add(
+                            "a move starts on the fenced data",
+                            format!(
+                                "{vol} started in {cluster} on version {version}, but {from} left it at {last} (at {t} ms)"
+                            ),
+                        );
+                    }
+                }
+            }
+            "pod-stopped" => {
+                *on.entry(cluster.clone()).or_default() -= 1;
+                left_at.insert(vol.clone(), (*version, cluster.clone()));
+            }
+            "copy-started" => {
+                *copies
+                    .entry((cluster.clone(), transfer.clone(), *round, vol.clone()))
+                    .or_default() += 1;
+            }
+            _ => {}
+        }
+    }
+    f.checked("one running copy of an ordinal", starts);
+    f.checked("a move starts on the fenced data", moved);
+    f.checked("a copy round runs once", copies.len());
+    for ((cluster, transfer, round, vol), n) in copies {
+        if n > 1 {
+            f.add(
+                "a copy round runs once",
+                format!("{cluster} started round {round} of {vol} ({transfer}) {n} times"),
+            );
+        }
+    }
+    let migrations = rt.block_on(api.get("/apis/multicluster.io/v1alpha1/migrations"));
+    let mut phases: BTreeMap<String, u32> = BTreeMap::new();
+    for m in migrations["items"].as_array().into_iter().flatten() {
+        let phase = m["status"]["phase"].as_str().unwrap_or("none").to_string();
+        if phase == "Failed" {
+            eprintln!(
+                "restarts: {} failed: {}",
+                m["metadata"]["name"], m["status"]["message"]
+            );
+        }
+        *phases.entry(phase).or_default() += 1;
+    }
+    eprintln!("restarts: migrations by phase {phases:?}, {moved} start(s) in another cluster");
+    f.checked("moves end", phases.values().sum::<u32>() as usize);
+    for (p, n) in &phases {
+        if p != "Succeeded" && p != "Failed" {
+            f.add("moves end", format!("{n} migration(s) still {p}"));
+        }
+    }
+}
+
 /// A member away while its replicas move off it, its Work changed and then deleted, and the
 /// server killed meanwhile: once back, the member keeps nothing of that workload.
 #[test]
@@ -881,6 +1037,8 @@ fn a_member_away_while_its_work_goes_keeps_nothing() {
             "2s",
             "--move-grace-period",
             "20s",
+            "--migration-cleanup-grace",
+            "2s",
         ],
     );
     let api = Api {

@@ -394,7 +394,12 @@ fn a_policy_change_moves_a_statefulset_and_its_follower_to_the_faster_link_with_
 fn a_noexecute_taint_drains_a_statefulset_with_its_data() {
     let f = Fleet::start_sims(
         &[("a", "eu", &sim("200Mi")), ("b", "eu", &sim("200Mi"))],
-        &["--migration-cleanup-grace", "1s"],
+        &[
+            "--migration-cleanup-grace",
+            "1s",
+            "--migration-switch-timeout",
+            "4s",
+        ],
     );
     f.s.apply(&format!(
         "{}---{}",
@@ -415,6 +420,30 @@ fn a_noexecute_taint_drains_a_statefulset_with_its_data() {
         },
     );
     let other = if placed == "a" { "b" } else { "a" };
+    // A Service for its pods, kept in its first cluster by its policy: it cannot follow,
+    // and the switch says so once it stops waiting for it.
+    f.s.apply(&format!(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {{name: db, namespace: default}}
+spec:
+  selector: {{app: db}}
+  ports: [{{port: 5432}}]
+---
+apiVersion: multicluster.io/v1alpha1
+kind: ResourcePlacementPolicy
+metadata: {{name: db-service, namespace: default}}
+spec:
+  resourceSelector: {{apiVersion: v1, kind: Service, name: db, namespace: default}}
+  placement:
+    clusterAffinity: {{clusterNames: [{placed}]}}
+    clusterTolerations: [{{key: maintenance, operator: Exists, effect: NoExecute}}]
+"#
+    ));
+    eventually(Duration::from_secs(20), "the Service in place", || {
+        f.find(&placed, "Service", "db").is_some()
+    });
     f.s.ok(&[
         "patch",
         "cluster",
@@ -426,6 +455,27 @@ fn a_noexecute_taint_drains_a_statefulset_with_its_data() {
     ]);
     let m = wait_migration(&f, Some("Succeeded"), Duration::from_secs(60));
     assert_eq!(m["spec"]["reason"], "Drain", "{m:#}");
+    let cleaning = m["status"]["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["phase"] == "Switching")
+        .unwrap()["durationMs"]
+        .as_i64()
+        .unwrap();
+    assert!(cleaning >= 4000, "the switch waited for the Service: {m:#}");
+    let events = f.s.get_json(&["events", "-n", "default"]);
+    assert!(
+        events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "MigrationSwitchIncomplete"
+                && e["message"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("Service db still not serving"))),
+        "{events:#}"
+    );
     assert_eq!(
         (
             m["status"]["source"].as_str(),

@@ -205,6 +205,18 @@ async fn the_global_view_shows_the_fleet_live() {
     .await;
     let same_page = c.execute("return window.__marker", vec![]).await.unwrap();
     assert_eq!(same_page, json!(42), "the page was not reloaded");
+    // A Migration shows up live, with its phase and why (a Deployment without volumes has
+    // no data to move: refused at once).
+    f.s.apply(
+        "apiVersion: multicluster.io/v1alpha1\nkind: Migration\nmetadata: {name: shop-move, namespace: default}\nspec:\n  resource: {apiVersion: apps/v1, kind: Deployment, name: shop}\n",
+    );
+    until(
+        &c,
+        "the migration and its outcome",
+        "const r = document.querySelector('#migrations tr[data-migration=\"default/shop-move\"]');
+         return !!r && r.dataset.phase === 'Failed' && r.querySelector('td[title]').title.includes('no data to move');",
+    )
+    .await;
 
     // The schedule history, with the decision's reasons.
     c.find(Locator::Id("tab-schedules"))

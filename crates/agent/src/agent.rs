@@ -523,8 +523,29 @@ impl Inner {
         } else {
             (manifests, Vec::new())
         };
-        let (mut errors, mut unavailable) =
-            self.apply_manifests(&manifests, overwrite, &cause).await;
+        // Only the transfers changed (a copy round, a fence elsewhere): the member's objects
+        // are left alone, and so are the errors they gave.
+        let same_objects = !retrying
+            && previous.as_ref().is_some_and(|p| {
+                p.uid == w.metadata.uid
+                    && p.overwrite == overwrite
+                    && p.preserve == spec.preserve_resources_on_deletion
+                    && p.held == held
+                    && p.manifests == manifests
+            });
+        let (mut errors, mut unavailable) = if same_objects {
+            let mut kept = self
+                .errors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&name)
+                .map(|(_, e)| e.clone())
+                .unwrap_or_default();
+            kept.remove(&TRANSFER_ERROR);
+            (kept, false)
+        } else {
+            self.apply_manifests(&manifests, overwrite, &cause).await
+        };
         if let Some(e) = transfer_error {
             unavailable |= matches!(e, BackendError::Unavailable(_));
             errors.insert(TRANSFER_ERROR, format!("volume transfers: {e}"));

@@ -456,7 +456,7 @@ fn precopy(size: f64, write: f64, link: f64, hop: f64, pod_start: f64) -> Outcom
             source: seen_views.0.clone(),
             target: seen_views.1.clone(),
             rate: link as i64,
-            followers_at_target: true,
+            switch_waits: Vec::new(),
             starts_empty: false,
             standby: None,
             source_written: Vec::new(),

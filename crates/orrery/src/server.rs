@@ -72,6 +72,11 @@ pub struct ServerArgs {
     /// the cluster it left once the target serves.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub migration_cleanup_grace: Duration,
+    /// How long a migration waits, once the target serves, for what follows it (followers,
+    /// Services selecting its pods) to be there too before it cleans up anyway, with a
+    /// warning naming what did not follow.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub migration_switch_timeout: Duration,
     /// How often the monitoring system samples the fleet's figures (kept 6 h raw, 14 days as
     /// 5-minute averages).
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
@@ -363,6 +368,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
             },
             migration: orrery_controllers::migration::Settings {
                 cleanup_grace_seconds: args.migration_cleanup_grace.as_secs() as i64,
+                switch_timeout_seconds: args.migration_switch_timeout.as_secs() as i64,
                 ..Default::default()
             },
             metrics: controller_metrics,

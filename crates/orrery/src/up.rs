@@ -166,6 +166,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         shed_mark: orrery_scheduler::DEFAULT_SHED_MARK,
         move_grace_period: Duration::from_secs(300),
         migration_cleanup_grace: Duration::from_secs(30),
+        migration_switch_timeout: Duration::from_secs(60),
         score_weights: None,
         monitoring_interval: Duration::from_secs(15),
         commit_delay: orrery_store_sqlite::DEFAULT_COMMIT_DELAY,

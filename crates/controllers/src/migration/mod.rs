@@ -468,27 +468,130 @@ impl Controller {
     }
 
     /// Whether every binding following `bk` runs healthy at `target`.
-    async fn followers_at(&self, bk: &BKey, target: &str) -> Result<bool, StoreError> {
+    /// What does not serve at the target yet, for the switch: followers (`followUp`) not
+    /// running healthy there, and Services selecting the workload's pods that are placed at
+    /// the source but not applied at the target (clients there would lose them).
+    async fn switch_waits(
+        &self,
+        bk: &BKey,
+        st: &MigrationStatus,
+        template: &binding::ObjectReference,
+    ) -> Result<Vec<String>, StoreError> {
+        let mut waits = Vec::new();
         for f in self.followers.get(bk).into_iter().flatten() {
             let b = match self.store.get(&keys::well_known::binding(&f.0, &f.1)).await {
                 Ok(b) => b,
                 Err(StoreError::NotFound { .. }) => continue,
                 Err(e) => return Err(e),
             };
-            let there = BindingSpec::of(&b).is_some_and(|s| {
-                s.clusters
-                    .iter()
-                    .any(|c| c.name == target && c.replicas > 0)
-            });
+            let Some(spec) = BindingSpec::of(&b) else {
+                continue;
+            };
+            let there = spec
+                .clusters
+                .iter()
+                .any(|c| c.name == st.target && c.replicas > 0);
             let healthy = BindingStatus::of(&b)
                 .aggregated_status
                 .iter()
-                .any(|a| a.cluster_name == target && a.health == Health::Healthy);
+                .any(|a| a.cluster_name == st.target && a.health == Health::Healthy);
             if !there || !healthy {
-                return Ok(false);
+                waits.push(format!("{} {}", spec.resource.kind, spec.resource.name));
             }
         }
-        Ok(true)
+        // The pods' labels, as the target runs them.
+        let Some(labels) = self
+            .manifest_at(&st.target, bk, &template.kind, &template.name)
+            .await?
+            .and_then(|m| m.pointer("/spec/template/metadata/labels").cloned())
+        else {
+            return Ok(waits);
+        };
+        let bindings = self
+            .store
+            .list(
+                &keys::well_known::bindings(Some(&bk.0)),
+                &orrery_store::ListOptions::default(),
+            )
+            .await?;
+        for b in &bindings.items {
+            let Some(r) = b.spec.as_ref().and_then(|s| s.get("resource")) else {
+                continue;
+            };
+            if r.get("kind").and_then(serde_json::Value::as_str) != Some("Service")
+                || r.get("apiVersion").and_then(serde_json::Value::as_str) != Some("v1")
+            {
+                continue;
+            }
+            let name = r
+                .get("name")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("");
+            let sk = (bk.0.clone(), b.name().to_string());
+            let Some(svc) = self.manifest_at(&st.source, &sk, "Service", name).await? else {
+                continue;
+            };
+            if !selects(svc.pointer("/spec/selector"), &labels) {
+                continue;
+            }
+            if !self.applied_at(&st.target, &sk).await? {
+                waits.push(format!("Service {name}"));
+            }
+        }
+        Ok(waits)
+    }
+
+    /// The manifest of `kind`/`name` in the Work a cluster has of a binding.
+    async fn manifest_at(
+        &self,
+        cluster: &str,
+        bk: &BKey,
+        kind: &str,
+        name: &str,
+    ) -> Result<Option<serde_json::Value>, StoreError> {
+        let key = keys::well_known::work(
+            &orrery_api::cluster::namespace_of(cluster),
+            &binding::work_name(&bk.0, &bk.1),
+        );
+        let w = match self.store.get(&key).await {
+            Ok(w) => w,
+            Err(StoreError::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        Ok(w.spec
+            .as_ref()
+            .and_then(|s| s.pointer("/workload/manifests"))
+            .and_then(serde_json::Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|m| {
+                m.get("kind").and_then(serde_json::Value::as_str) == Some(kind)
+                    && m.pointer("/metadata/name")
+                        .and_then(serde_json::Value::as_str)
+                        == Some(name)
+            })
+            .cloned())
+    }
+
+    /// Whether a cluster's Work of a binding is applied at its current generation.
+    async fn applied_at(&self, cluster: &str, bk: &BKey) -> Result<bool, StoreError> {
+        let key = keys::well_known::work(
+            &orrery_api::cluster::namespace_of(cluster),
+            &binding::work_name(&bk.0, &bk.1),
+        );
+        let w = match self.store.get(&key).await {
+            Ok(w) => w,
+            Err(StoreError::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let st = w
+            .status
+            .as_ref()
+            .and_then(|s| WorkStatus::deserialize(s).ok())
+            .unwrap_or_default();
+        Ok(st.observed_generation == w.metadata.generation
+            && orrery_api::conditions::find(&st.conditions, work::CONDITION_APPLIED)
+                .is_some_and(|c| c.status == orrery_api::conditions::TRUE))
     }
 
     async fn reconcile(&mut self, k: &MKey) -> Result<(), StoreError> {
@@ -568,10 +671,14 @@ impl Controller {
             .count()
             .max(1) as i64;
         let rate = (end(&st.source).bandwidth / leaving).min(end(&st.target).bandwidth);
-        let followers_at_target = if st.phase == MigrationPhase::Switching {
-            self.followers_at(&bk, &st.target).await?
+        // Starting too: one step may pass through Switching.
+        let switch_waits = if matches!(
+            st.phase,
+            MigrationPhase::Starting | MigrationPhase::Switching
+        ) {
+            self.switch_waits(&bk, &st, &template).await?
         } else {
-            false
+            Vec::new()
         };
         let workload = format!("{}/{}", template.kind, template.name);
         let input = plan::Input {
@@ -586,7 +693,7 @@ impl Controller {
             source,
             target,
             rate,
-            followers_at_target,
+            switch_waits,
             starts_empty: bspec
                 .as_ref()
                 .and_then(|s| s.placement.stateful.as_ref())
@@ -657,5 +764,37 @@ impl Controller {
             }
         }
         Ok(())
+    }
+}
+
+/// Whether a Service's selector (its `spec.selector`, a map) picks pods with these labels;
+/// a Service without a selector picks none (its endpoints are managed by hand).
+fn selects(selector: Option<&serde_json::Value>, labels: &serde_json::Value) -> bool {
+    let Some(sel) = selector.and_then(serde_json::Value::as_object) else {
+        return false;
+    };
+    !sel.is_empty() && sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn a_service_selects_pods_whose_labels_hold_its_whole_selector() {
+        let labels = json!({"app": "db", "tier": "data"});
+        for (selector, want) in [
+            (json!({"app": "db"}), true),
+            (json!({"app": "db", "tier": "data"}), true),
+            (json!({"app": "db", "tier": "web"}), false),
+            (json!({"app": "api"}), false),
+            (json!({"zone": "a"}), false),
+            // No selector, or an empty one: endpoints managed by hand, no pods picked.
+            (json!({}), false),
+            (serde_json::Value::Null, false),
+        ] {
+            assert_eq!(super::selects(Some(&selector), &labels), want, "{selector}");
+        }
+        assert!(!super::selects(None, &labels));
     }
 }

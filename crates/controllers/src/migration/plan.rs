@@ -98,8 +98,9 @@ pub struct Input<'a> {
     pub target: End,
     /// Bytes per second the path allows this migration now.
     pub rate: i64,
-    /// Every workload following this one runs at the target (or none follows it).
-    pub followers_at_target: bool,
+    /// In `Switching`: what does not serve at the target yet (followers, Services selecting
+    /// the workload's pods), as `Kind name`; empty when everything does.
+    pub switch_waits: Vec<String>,
     /// `placement.stateful.onDataLoss: StartEmpty`.
     pub starts_empty: bool,
     /// The workload's standby copy, if it keeps one.
@@ -765,20 +766,37 @@ pub fn step(i: &Input<'_>) -> Output {
             Phase::Switching => {
                 let waited = started(&st, Phase::Switching)
                     .is_some_and(|t| now.seconds_since(t) >= i.settings.switch_timeout_seconds);
-                if i.followers_at_target || waited || i.deleting {
+                if i.switch_waits.is_empty() || waited || i.deleting {
                     enter(&mut st, Phase::Cleaning, now);
-                    condition(
-                        conditions::UNKNOWN,
-                        "Cleaning",
-                        &format!(
-                            "the copy in {} and its volumes go in {}s",
-                            st.source, i.settings.cleanup_grace_seconds
-                        ),
-                        now,
-                        &mut st,
+                    let mut msg = format!(
+                        "the copy in {} and its volumes go in {}s",
+                        st.source, i.settings.cleanup_grace_seconds
                     );
+                    if !i.switch_waits.is_empty() && !i.deleting {
+                        msg.push_str(&format!(
+                            "; {} still not serving in {} after {}s (give its policy followUp to {}, or admit {})",
+                            i.switch_waits.join(", "),
+                            st.target,
+                            i.settings.switch_timeout_seconds,
+                            i.workload,
+                            st.target
+                        ));
+                        ev.push(Event {
+                            type_: "Warning",
+                            reason: "MigrationSwitchIncomplete",
+                            message: msg.clone(),
+                        });
+                    }
+                    condition(conditions::UNKNOWN, "Cleaning", &msg, now, &mut st);
                     continue;
                 }
+                // Say what the switch waits for (once it changes: the status is level-based).
+                let msg = format!(
+                    "running in {} on the copied data; waiting for {} to serve there",
+                    st.target,
+                    i.switch_waits.join(", ")
+                );
+                condition(conditions::UNKNOWN, "Switching", &msg, now, &mut st);
                 break;
             }
             Phase::Cleaning => {

@@ -229,6 +229,8 @@ struct Run {
     starts_empty: bool,
     standby: Option<StandbyStatus>,
     heard_at: i64,
+    /// What does not serve at the target yet, as the controller would find it.
+    waits: Vec<String>,
 }
 
 impl Run {
@@ -244,6 +246,7 @@ impl Run {
             starts_empty: false,
             standby: None,
             heard_at: 0,
+            waits: Vec::new(),
         }
     }
 
@@ -263,7 +266,7 @@ impl Run {
             source: source.clone(),
             target: target.clone(),
             rate: 100,
-            followers_at_target: true,
+            switch_waits: self.waits.clone(),
             starts_empty: self.starts_empty,
             standby: self.standby.as_ref(),
             source_written: vec![("data-db-0".to_string(), self.fleet.src_written)],
@@ -596,4 +599,47 @@ fn a_lost_source_fails_over_to_the_standby_and_reports_what_is_lost() {
     });
     r.step();
     assert_eq!(r.status.phase, Phase::Pending);
+}
+
+#[test]
+fn the_switch_waits_for_what_serves_the_workload_then_cleans_up_anyway() {
+    let mut r = Run::new();
+    r.fleet.copy_speed = 3;
+    r.waits = vec!["Service db".to_string(), "Deployment api".to_string()];
+    r.until(Phase::Switching, 40);
+    let at = r.now;
+    // Waiting, and saying for what.
+    for _ in 0..10 {
+        r.step();
+    }
+    assert_eq!(r.status.phase, Phase::Switching);
+    assert!(
+        r.status
+            .message
+            .contains("waiting for Service db, Deployment api"),
+        "{}",
+        r.status.message
+    );
+    // The follower moves; the Service never does: cleaning starts after the timeout, with a
+    // warning naming it.
+    r.waits = vec!["Service db".to_string()];
+    r.until(Phase::Cleaning, 100);
+    assert!(
+        r.now - at >= r.settings.switch_timeout_seconds,
+        "{}",
+        r.now - at
+    );
+    assert!(
+        r.events
+            .iter()
+            .any(|e| e.reason == "MigrationSwitchIncomplete" && e.message.contains("Service db")),
+        "{:?}",
+        r.events.iter().map(|e| e.reason).collect::<Vec<_>>()
+    );
+    // Nothing to wait for: straight on.
+    let mut r = Run::new();
+    r.fleet.copy_speed = 3;
+    r.until(Phase::Switching, 40);
+    r.step();
+    assert!(r.status.phase >= Phase::Cleaning, "{:?}", r.status.phase);
 }
