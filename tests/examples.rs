@@ -327,3 +327,62 @@ fn the_stateful_example_moves_the_database_with_its_data_and_the_api_follows() {
         "the switch waited for nothing it had: {m:#}"
     );
 }
+
+/// `orrery up` stopped in the middle of a move (Ctrl-C, then `kill -9`), members and all:
+/// started again, the move goes on from where it was and ends on the fenced data.
+#[test]
+fn orrery_up_stopped_during_a_move_resumes_it() {
+    let mut u = up(4);
+    let (ok, out) = u.kubectl(&[
+        "apply",
+        "-f",
+        examples().join("stateful.yaml").to_str().unwrap(),
+    ]);
+    assert!(ok, "{out}");
+    eventually(Duration::from_secs(60), "db placed", || {
+        u.placed("db-statefulset").values().sum::<i64>() == 2
+    });
+    let migration = |u: &Up, name: &str| -> Value {
+        let (_, m) = u.kubectl(&["get", "migration", name, "-o", "json"]);
+        serde_json::from_str(&m).unwrap_or(Value::Null)
+    };
+    for (i, how) in ["INT", "KILL"].into_iter().enumerate() {
+        let name = format!("move-{i}");
+        let m = format!(
+            "apiVersion: multicluster.io/v1alpha1\nkind: Migration\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  resource: {{apiVersion: apps/v1, kind: StatefulSet, name: db}}\n"
+        );
+        let file = u.dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&file, m).unwrap();
+        let (ok, out) = u.kubectl(&["apply", "-f", file.to_str().unwrap()]);
+        assert!(ok, "{out}");
+        // (The second waits for the first to finish cleaning up.)
+        eventually(Duration::from_secs(60), "the first round under way", || {
+            let m = migration(&u, &name);
+            m["status"]["phase"] == "Replicating"
+                && m["status"]["volumes"]
+                    .as_array()
+                    .is_some_and(|v| v.iter().any(|v| v["roundCopied"].as_i64().unwrap_or(0) > 0))
+        });
+        let dir = u.stop(how);
+        u = up_in(dir, 4);
+        let mut m = Value::Null;
+        eventually(Duration::from_secs(120), "the move done", || {
+            m = migration(&u, &name);
+            assert_ne!(m["status"]["phase"], "Failed", "after SIG{how}: {m:#}");
+            // Cleaning: the target serves; the source's copy goes after its grace period.
+            matches!(
+                m["status"]["phase"].as_str(),
+                Some("Cleaning" | "Succeeded")
+            )
+        });
+        for v in m["status"]["volumes"].as_array().unwrap() {
+            assert_eq!(v["startedVersion"], v["fencedVersion"], "SIG{how}: {v}");
+            // Copied once, with what was written meanwhile: not again from zero.
+            let (bytes, copied) = (v["bytes"].as_i64().unwrap(), v["copied"].as_i64().unwrap());
+            assert!(
+                copied < bytes + bytes / 2,
+                "after SIG{how} the copy started again: {copied} of {bytes}: {m:#}"
+            );
+        }
+    }
+}

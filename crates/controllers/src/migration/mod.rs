@@ -416,7 +416,10 @@ impl Controller {
         };
         let bk = (k.0.clone(), b);
         let holds = m.metadata.finalizers.iter().any(|f| f == FINALIZER);
-        if !st.phase.is_done() || holds {
+        // Only a move that started (its target chosen) holds the binding's slot: a second
+        // Migration of the same workload, waiting for its target, must not take the first
+        // one's place (which would then never be looked at again).
+        if holds || (!st.phase.is_done() && !st.target.is_empty()) {
             self.active.insert(bk, k.clone());
         } else if self.active.get(&bk) == Some(&k) {
             self.active.remove(&bk);
@@ -487,10 +490,11 @@ impl Controller {
             let Some(spec) = BindingSpec::of(&b) else {
                 continue;
             };
+            // Kinds without replicas (a Service, a ConfigMap) are placed with 0.
             let there = spec
                 .clusters
                 .iter()
-                .any(|c| c.name == st.target && c.replicas > 0);
+                .any(|c| c.name == st.target && (c.replicas > 0 || spec.replicas == 0));
             let healthy = BindingStatus::of(&b)
                 .aggregated_status
                 .iter()

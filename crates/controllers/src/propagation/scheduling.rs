@@ -1497,7 +1497,17 @@ impl Scheduler {
                 "{what} owns no persistent volumes: there is no data to move (change its placement to move it)"
             ));
         }
-        if let Some(other) = super::stateful::Graph::named(b).filter(|n| *n != m.name()) {
+        let other = super::stateful::Graph::named(b)
+            .filter(|n| *n != m.name())
+            .map(|n| (n, self.graph.migrations.get(&(k.0.clone(), n.to_string()))));
+        if let Some((other, state)) = other
+            && state.is_none_or(|o| !o.phase.is_done())
+        {
+            // A move that only cleans up is as good as done: this one waits for it (its end
+            // wakes the binding again).
+            if state.is_some_and(|o| o.phase == orrery_api::stateful::MigrationPhase::Cleaning) {
+                return Outcome::Skip;
+            }
             return fail(format!(
                 "{what} is being moved already (by migration {other})"
             ));
