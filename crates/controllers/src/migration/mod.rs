@@ -428,6 +428,19 @@ impl Controller {
         self.migrations.insert(k, m);
     }
 
+    /// The binding's Work in `cluster`, if there is one.
+    async fn work_in(&self, cluster: &str, bk: &BKey) -> Result<Option<Object>, StoreError> {
+        let key = keys::well_known::work(
+            &orrery_api::cluster::namespace_of(cluster),
+            &binding::work_name(&bk.0, &bk.1),
+        );
+        match self.store.get(&key).await {
+            Ok(w) => Ok(Some(w)),
+            Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// What the member reports in the binding's Work in `cluster`.
     async fn work_seen(
         &self,
@@ -436,20 +449,10 @@ impl Controller {
         id: &str,
         template: &binding::ObjectReference,
     ) -> Result<Option<plan::WorkSeen>, StoreError> {
-        let key = keys::well_known::work(
-            &orrery_api::cluster::namespace_of(cluster),
-            &binding::work_name(&bk.0, &bk.1),
-        );
-        let w = match self.store.get(&key).await {
-            Ok(w) => w,
-            Err(StoreError::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(e),
+        let Some(w) = self.work_in(cluster, bk).await? else {
+            return Ok(None);
         };
-        let st = w
-            .status
-            .as_ref()
-            .and_then(|s| WorkStatus::deserialize(s).ok())
-            .unwrap_or_default();
+        let st = work_status(&w);
         let applied = orrery_api::conditions::find(&st.conditions, work::CONDITION_APPLIED);
         let current = st.observed_generation == w.metadata.generation;
         Ok(Some(plan::WorkSeen {
@@ -553,14 +556,8 @@ impl Controller {
         kind: &str,
         name: &str,
     ) -> Result<Option<serde_json::Value>, StoreError> {
-        let key = keys::well_known::work(
-            &orrery_api::cluster::namespace_of(cluster),
-            &binding::work_name(&bk.0, &bk.1),
-        );
-        let w = match self.store.get(&key).await {
-            Ok(w) => w,
-            Err(StoreError::NotFound { .. }) => return Ok(None),
-            Err(e) => return Err(e),
+        let Some(w) = self.work_in(cluster, bk).await? else {
+            return Ok(None);
         };
         Ok(w.spec
             .as_ref()
@@ -579,20 +576,10 @@ impl Controller {
 
     /// Whether a cluster's Work of a binding is applied at its current generation.
     async fn applied_at(&self, cluster: &str, bk: &BKey) -> Result<bool, StoreError> {
-        let key = keys::well_known::work(
-            &orrery_api::cluster::namespace_of(cluster),
-            &binding::work_name(&bk.0, &bk.1),
-        );
-        let w = match self.store.get(&key).await {
-            Ok(w) => w,
-            Err(StoreError::NotFound { .. }) => return Ok(false),
-            Err(e) => return Err(e),
+        let Some(w) = self.work_in(cluster, bk).await? else {
+            return Ok(false);
         };
-        let st = w
-            .status
-            .as_ref()
-            .and_then(|s| WorkStatus::deserialize(s).ok())
-            .unwrap_or_default();
+        let st = work_status(&w);
         Ok(st.observed_generation == w.metadata.generation
             && orrery_api::conditions::find(&st.conditions, work::CONDITION_APPLIED)
                 .is_some_and(|c| c.status == orrery_api::conditions::TRUE))
@@ -769,6 +756,14 @@ impl Controller {
         }
         Ok(())
     }
+}
+
+/// A Work's status as its member reported it (empty if none, or it does not parse).
+fn work_status(w: &Object) -> WorkStatus {
+    w.status
+        .as_ref()
+        .and_then(|s| WorkStatus::deserialize(s).ok())
+        .unwrap_or_default()
 }
 
 /// Whether a Service's selector (its `spec.selector`, a map) picks pods with these labels;
