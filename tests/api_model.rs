@@ -500,12 +500,12 @@ impl Run<'_> {
                         .body(serde_json::to_vec(&ops).unwrap())
                         .unwrap();
                 let got: kube::Result<ConfigMap> = self.client.request(req).await;
-                // A failed `test` is an invalid patch (422; 400 from older servers), not a
-                // conflict.
+                // A failed `test` is an invalid patch (422, as kube-apiserver answers and kopf
+                // retries on), not a conflict.
                 if let (Some(c), Some(g)) = (&current, given)
                     && c.0 != g
                 {
-                    return expect_code(&format!("guarded JSON patch of {name}"), got, &[400, 422]);
+                    return expect_code(&format!("guarded JSON patch of {name}"), got, &[422]);
                 }
                 self.written(started, &name, current, None, value, got, "JSON patch")
             }

@@ -86,7 +86,8 @@ async fn discovery_content_types_and_field_validation_modes() {
     .await;
     assert_eq!(code, 201);
     assert!(headers.get("warning").is_none());
-    // Strict: refused.
+    // Strict: refused as kube-apiserver does, a decoding error (400), not an invalid
+    // object (422).
     let (code, _, body) = send(
         &c,
         req(
@@ -98,8 +99,11 @@ async fn discovery_content_types_and_field_validation_modes() {
         None,
     )
     .await;
-    assert_eq!((code, body["reason"].as_str()), (422, Some("Invalid")));
-    assert_eq!(body["details"]["causes"][0]["field"], "bogus");
+    assert_eq!((code, body["reason"].as_str()), (400, Some("BadRequest")));
+    assert_eq!(
+        body["message"],
+        "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: strict decoding error: unknown field \"bogus\""
+    );
     let (code, _, _) = send(
         &c,
         req(

@@ -39,7 +39,7 @@ fn up_in(dir: tempfile::TempDir, clusters: usize) -> Up {
         .arg(dir.path())
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(dir.path().join("up.log")).unwrap())
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
@@ -226,6 +226,12 @@ fn every_example_places_what_it_says() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("\"activeClusters\":4"), "{stdout}");
+
+    // A newcomer's first run warns of nothing (the agents' CA fetch, checked against the
+    // token's pin, is not a warning).
+    let log = std::fs::read_to_string(u.dir.path().join("up.log")).unwrap();
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains("WARN")).collect();
+    assert!(warnings.is_empty(), "{warnings:#?}");
 }
 
 #[test]

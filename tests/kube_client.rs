@@ -468,7 +468,17 @@ async fn status_errors_and_expired_watches() {
         ))
         .await;
     assert_eq!(status(r), (400, "BadRequest".into()));
-    // A bad JSON patch: 400.
+    // A JSON patch that does not decode: 400. One whose operation fails on the object (a
+    // missing path, a `test` that does not hold): 422 Invalid, as kube-apiserver answers.
+    let r = client
+        .request_text(send(
+            "PATCH",
+            "/api/v1/namespaces/default/configmaps/a",
+            "application/json-patch+json",
+            r#"[{"op":"remove"}]"#,
+        ))
+        .await;
+    assert_eq!(status(r), (400, "BadRequest".into()));
     let r = client
         .request_text(send(
             "PATCH",
@@ -477,7 +487,16 @@ async fn status_errors_and_expired_watches() {
             r#"[{"op":"remove","path":"/nope"}]"#,
         ))
         .await;
-    assert_eq!(status(r), (400, "BadRequest".into()));
+    assert_eq!(status(r), (422, "Invalid".into()));
+    let r = client
+        .request_text(send(
+            "PATCH",
+            "/api/v1/namespaces/default/configmaps/a",
+            "application/json-patch+json",
+            r#"[{"op":"test","path":"/metadata/name","value":"b"}]"#,
+        ))
+        .await;
+    assert_eq!(status(r), (422, "Invalid".into()));
     // Unknown fields with fieldValidation=Warn: accepted, dropped, and warned about.
     let r = client
         .request_text(send(
@@ -497,7 +516,7 @@ async fn status_errors_and_expired_watches() {
             r#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"s"},"bogus":1}"#,
         ))
         .await;
-    assert_eq!(status(r), (422, "Invalid".into()));
+    assert_eq!(status(r), (400, "BadRequest".into()));
 
     // History expires: a watch from before the compacted revision gets a 410 event.
     for i in 0..5 {

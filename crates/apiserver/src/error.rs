@@ -179,6 +179,12 @@ impl ApiError {
         ApiError::new(400, "BadRequest", message)
     }
 
+    /// A well-formed request that cannot be carried out on this object (kube-apiserver's
+    /// answer to a JSON patch operation that fails).
+    pub fn unprocessable(message: impl Into<String>) -> Self {
+        ApiError::new(422, "Invalid", message)
+    }
+
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
         ApiError::new(405, "MethodNotAllowed", message)
     }

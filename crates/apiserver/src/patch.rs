@@ -46,11 +46,22 @@ fn err(msg: impl Into<String>) -> PatchError {
     PatchError(msg.into())
 }
 
+/// Why a JSON patch was not applied: it does not decode (a bad request), or one of its
+/// operations fails on this object (a `test` that does not hold, a path that is not there),
+/// which kube-apiserver answers 422 and clients such as kopf retry on.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum JsonPatchError {
+    #[error("invalid JSON patch: {0}")]
+    Decode(String),
+    #[error("the JSON patch failed: {0}")]
+    Failed(String),
+}
+
 /// Applies an RFC 6902 JSON patch.
-pub fn json_patch(doc: &mut Value, patch: &Value) -> Result<(), PatchError> {
-    let ops: json_patch::Patch = serde_json::from_value(patch.clone())
-        .map_err(|e| err(format!("invalid JSON patch: {e}")))?;
-    json_patch::patch(doc, &ops).map_err(|e| err(format!("the JSON patch failed: {e}")))
+pub fn json_patch(doc: &mut Value, patch: &Value) -> Result<(), JsonPatchError> {
+    let ops: json_patch::Patch =
+        serde_json::from_value(patch.clone()).map_err(|e| JsonPatchError::Decode(e.to_string()))?;
+    json_patch::patch(doc, &ops).map_err(|e| JsonPatchError::Failed(e.to_string()))
 }
 
 /// Applies an RFC 7386 merge patch.
@@ -653,8 +664,21 @@ mod tests {
         let mut doc = json!({"a": {"b": 1, "c": [1, 2]}});
         json_patch(&mut doc, &json!([{"op": "replace", "path": "/a/b", "value": 2}, {"op": "add", "path": "/a/c/-", "value": 3}])).unwrap();
         assert_eq!(doc, json!({"a": {"b": 2, "c": [1, 2, 3]}}));
-        assert!(json_patch(&mut doc, &json!([{"op": "remove", "path": "/missing"}])).is_err());
-        assert!(json_patch(&mut doc, &json!({"op": "add"})).is_err());
+        assert!(matches!(
+            json_patch(&mut doc, &json!([{"op": "remove", "path": "/missing"}])),
+            Err(JsonPatchError::Failed(_))
+        ));
+        assert!(matches!(
+            json_patch(
+                &mut doc,
+                &json!([{"op": "test", "path": "/a/b", "value": 7}])
+            ),
+            Err(JsonPatchError::Failed(_))
+        ));
+        assert!(matches!(
+            json_patch(&mut doc, &json!({"op": "add"})),
+            Err(JsonPatchError::Decode(_))
+        ));
         merge_patch(&mut doc, &json!({"a": {"b": null, "c": [9]}})).unwrap();
         assert_eq!(doc, json!({"a": {"c": [9]}}));
         assert!(merge_patch(&mut doc, &json!([1])).is_err());

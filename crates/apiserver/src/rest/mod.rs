@@ -7,7 +7,7 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{HeaderMap, Method, Response, StatusCode};
 use orrery_api::Object;
-use orrery_api::validation::{FieldError, validate_object_meta};
+use orrery_api::validation::validate_object_meta;
 use serde_json::Value;
 
 use crate::app::App;
@@ -294,12 +294,26 @@ pub fn admit(
         .and_then(Value::as_str)
         .unwrap_or(call.target.name())
         .to_string();
-    let mut field_errors = findings.errors;
+    let field_errors = findings.errors;
     match validation {
-        FieldValidation::Strict => {
-            field_errors.extend(findings.unknown.iter().map(FieldError::unknown));
-            field_errors.extend(dups.iter().map(|d| FieldError::duplicate(d, "")));
+        // As kube-apiserver: a decoding error (400), found before validation, whatever
+        // else is wrong (clients such as kopf and the Python client tell the two apart).
+        FieldValidation::Strict if !findings.unknown.is_empty() || !dups.is_empty() => {
+            let mut what: Vec<String> = findings
+                .unknown
+                .iter()
+                .map(|u| format!("unknown field \"{u}\""))
+                .collect();
+            what.extend(dups.iter().map(|d| format!("duplicate field \"{d}\"")));
+            return Err(ApiError::bad_request(format!(
+                "{} in version \"{}\" cannot be handled as a {}: strict decoding error: {}",
+                rt.kind,
+                rt.version,
+                rt.kind,
+                what.join(", ")
+            )));
         }
+        FieldValidation::Strict => {}
         FieldValidation::Warn => {
             call.warnings.extend(
                 findings

@@ -303,9 +303,10 @@ pub fn apply_patch(
 ) -> ApiResult<Value> {
     let mut out = doc.clone();
     match ptype {
-        PatchType::Json => {
-            patch::json_patch(&mut out, patch_doc).map_err(|e| ApiError::bad_request(e.0))?
-        }
+        PatchType::Json => patch::json_patch(&mut out, patch_doc).map_err(|e| match e {
+            patch::JsonPatchError::Decode(_) => ApiError::bad_request(e.to_string()),
+            patch::JsonPatchError::Failed(_) => ApiError::unprocessable(e.to_string()),
+        })?,
         PatchType::Merge => {
             patch::merge_patch(&mut out, patch_doc).map_err(|e| ApiError::bad_request(e.0))?
         }
