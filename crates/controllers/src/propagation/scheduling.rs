@@ -271,6 +271,8 @@ struct Scheduler {
     hot_since: HashMap<String, Instant>,
     /// The fleet's usual network traffic (a slow moving average), for weight adjustment.
     traffic_baseline: Option<f64>,
+    /// The network weight last logged at info level.
+    weights_told: Option<f64>,
     last_shed: HashMap<String, Instant>,
     history: Vec<ScheduleEntry>,
     history_tx: mpsc::UnboundedSender<Vec<ScheduleEntry>>,
@@ -340,6 +342,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         assume: AssumeCache::new(),
         hot_since: HashMap::new(),
         traffic_baseline: None,
+        weights_told: None,
         last_shed: HashMap::new(),
         history: Vec::new(),
         history_tx,
@@ -856,12 +859,25 @@ impl Scheduler {
             traffic_baseline: baseline,
         });
         if weights != self.engine.weights {
-            tracing::info!(
-                network_weight = weights.network,
-                traffic,
-                baseline,
-                "score weights adjusted to the fleet's traffic"
-            );
+            // The weight follows the traffic continuously: only a step of a tenth or more
+            // from what was last told is worth a line at info level.
+            let told = self.weights_told.unwrap_or(self.settings.weights.network);
+            if (weights.network - told).abs() >= 0.1 * told.abs().max(0.1) {
+                self.weights_told = Some(weights.network);
+                tracing::info!(
+                    network_weight = weights.network,
+                    traffic,
+                    baseline,
+                    "score weights adjusted to the fleet's traffic"
+                );
+            } else {
+                tracing::debug!(
+                    network_weight = weights.network,
+                    traffic,
+                    baseline,
+                    "score weights adjusted"
+                );
+            }
             self.engine.weights = weights;
             self.room_changed();
         }
