@@ -804,10 +804,32 @@ fn restarts_crashes_and_retries_disturb_nothing() {
         if quiet_since.elapsed() >= Duration::from_secs(8) {
             break;
         }
-        assert!(
-            Instant::now() < settled_by,
-            "the fleet did not settle within a minute of converging"
-        );
+        if Instant::now() >= settled_by {
+            let stuck: Vec<String> = migrations["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| {
+                    format!(
+                        "{} {}: {}",
+                        m["metadata"]["name"], m["status"]["phase"], m["status"]["message"]
+                    )
+                })
+                .chain(
+                    bindings["items"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|b| {
+                            let e = &b["spec"]["evictions"];
+                            e.as_array()
+                                .is_some_and(|e| !e.is_empty())
+                                .then(|| format!("{} evictions {e}", b["metadata"]["name"]))
+                        }),
+                )
+                .collect();
+            panic!("the fleet did not settle within a minute of converging: {stuck:#?}");
+        }
         std::thread::sleep(Duration::from_millis(500));
     }
 

@@ -1036,11 +1036,11 @@ impl Scheduler {
             return Outcome::Skip;
         }
         // A user's Migration waiting for its target, whatever woke the binding: it stays
-        // waiting until its status names the target (a write that lost a race is tried
-        // again), unless the binding names it already (that write is on its way).
-        if let Some(m) = self.user_moves.get(k).cloned()
-            && super::stateful::Graph::named(&b) != Some(m.name())
-        {
+        // waiting until its status names the target. A write that lost a race is tried
+        // again, and so is one cut short by a restart after the binding named it but before
+        // the Migration got its target (deciding again only rewrites the same names; the
+        // target is written to the Migration once).
+        if let Some(m) = self.user_moves.get(k).cloned() {
             return self.user_move(k, &b, &m);
         }
         // A binding being moved is left to its migration until the move is over; one that
