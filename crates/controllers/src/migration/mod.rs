@@ -10,7 +10,7 @@
 //! workload runs) and Events. Everything it acts on is stored, so a restart in any phase
 //! carries on where the move was.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -68,6 +68,9 @@ struct Controller {
     /// Leaders' followers (for the switch).
     followers: HashMap<BKey, BTreeSet<BKey>>,
     leader_of: HashMap<BKey, BKey>,
+    /// Bindings of Services, with the Service's name (for the switch: those selecting a
+    /// moved workload's pods).
+    services: BTreeMap<BKey, String>,
     clusters: HashMap<String, ClusterFacts>,
     dirty: BTreeSet<MKey>,
     /// Bindings that keep a standby copy, and those to look at again.
@@ -101,6 +104,7 @@ pub async fn run(
         active: HashMap::new(),
         followers: HashMap::new(),
         leader_of: HashMap::new(),
+        services: BTreeMap::new(),
         clusters: HashMap::new(),
         dirty: BTreeSet::new(),
         standbys: BTreeSet::new(),
@@ -158,6 +162,14 @@ pub async fn run(
         }
         c.runtime.round(started, failed, c.dirty.len());
     }
+}
+
+/// The Service a binding places, if it places one, read without parsing the whole spec.
+fn service_of(b: &Object) -> Option<String> {
+    let r = b.spec.as_ref()?.get("resource")?;
+    (r.get("kind")?.as_str()? == "Service" && r.get("apiVersion")?.as_str()? == "v1")
+        .then(|| r.get("name")?.as_str().map(str::to_string))
+        .flatten()
 }
 
 /// A binding's leader, read without parsing the whole spec.
@@ -302,6 +314,10 @@ impl Controller {
                     {
                         f.remove(&k);
                     }
+                    s.services.remove(&k);
+                    if !gone && let Some(name) = service_of(b) {
+                        s.services.insert(k.clone(), name);
+                    }
                     if !gone && let Some(l) = leader_of(b) {
                         s.followers.entry(l.clone()).or_default().insert(k.clone());
                         s.leader_of.insert(k.clone(), l);
@@ -333,6 +349,7 @@ impl Controller {
                     Event::Listed(items) => {
                         self.followers.clear();
                         self.leader_of.clear();
+                        self.services.clear();
                         for b in &items {
                             put(self, b, false);
                         }
@@ -514,34 +531,18 @@ impl Controller {
         else {
             return Ok(waits);
         };
-        let bindings = self
-            .store
-            .list(
-                &keys::well_known::bindings(Some(&bk.0)),
-                &orrery_store::ListOptions::default(),
-            )
-            .await?;
-        for b in &bindings.items {
-            let Some(r) = b.spec.as_ref().and_then(|s| s.get("resource")) else {
-                continue;
-            };
-            if r.get("kind").and_then(serde_json::Value::as_str) != Some("Service")
-                || r.get("apiVersion").and_then(serde_json::Value::as_str) != Some("v1")
-            {
-                continue;
-            }
-            let name = r
-                .get("name")
-                .and_then(serde_json::Value::as_str)
-                .unwrap_or("");
-            let sk = (bk.0.clone(), b.name().to_string());
-            let Some(svc) = self.manifest_at(&st.source, &sk, "Service", name).await? else {
+        let in_namespace = self
+            .services
+            .range((bk.0.clone(), String::new())..)
+            .take_while(|((ns, _), _)| *ns == bk.0);
+        for (sk, name) in in_namespace {
+            let Some(svc) = self.manifest_at(&st.source, sk, "Service", name).await? else {
                 continue;
             };
             if !selects(svc.pointer("/spec/selector"), &labels) {
                 continue;
             }
-            if !self.applied_at(&st.target, &sk).await? {
+            if !self.applied_at(&st.target, sk).await? {
                 waits.push(format!("Service {name}"));
             }
         }
