@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::{Agent, Server, eventually};
@@ -298,4 +299,520 @@ fn push_clusters_with_bad_credentials_say_so() {
         "apiVersion: multicluster.io/v1alpha1\nkind: Cluster\nmetadata: {name: nocreds}\nspec: {syncMode: Push}\n",
     );
     assert!(err.contains("spec.secretRef"), "{err}");
+}
+
+/// The CRD of CSI snapshots (snapshot.storage.k8s.io), as a cluster with the external
+/// snapshotter serves it.
+const SNAPSHOT_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: volumesnapshots.snapshot.storage.k8s.io}
+spec:
+  group: snapshot.storage.k8s.io
+  scope: Namespaced
+  names: {plural: volumesnapshots, singular: volumesnapshot, kind: VolumeSnapshot, shortNames: [vs]}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    subresources: {status: {}}
+    schema:
+      openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"#;
+
+const MOVER_SECRET: &str = r#"
+apiVersion: v1
+kind: Namespace
+metadata: {name: orrery-system}
+---
+apiVersion: v1
+kind: Secret
+metadata:
+  name: orrery-data-mover
+  namespace: orrery-system
+  annotations: {orrery.io/volume-snapshot-class: csi-snapclass}
+stringData: {RESTIC_REPOSITORY: "s3:https://objects.example/fleet", RESTIC_PASSWORD: hunter2}
+"#;
+
+const DB: &str = r#"
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: db, namespace: default}
+spec:
+  replicas: 2
+  serviceName: db
+  selector: {matchLabels: {app: db}}
+  template:
+    metadata: {labels: {app: db}}
+    spec:
+      containers:
+      - {name: pg, image: "postgres:16", resources: {requests: {cpu: 500m, memory: 512Mi}}}
+  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec: {resources: {requests: {storage: 2Gi}}}
+---
+apiVersion: multicluster.io/v1alpha1
+kind: ResourcePlacementPolicy
+metadata: {name: db, namespace: default}
+spec:
+  resourceSelector: {apiVersion: apps/v1, kind: StatefulSet, name: db, namespace: default}
+  placement:
+    clusterAffinity: {clusterNames: [a, b]}
+    spreadConstraints: [{spreadByField: cluster, maxGroups: 1}]
+"#;
+
+const CONTENT: &str = "test.orrery.io/content";
+
+/// What a real member runs and the stand-in does not: a StatefulSet controller, a kubelet
+/// (pods run at once; a running pod writes its claims), the CSI snapshotter and restic. A
+/// claim's data is the string in its annotation `test.orrery.io/content`; the repository
+/// maps restic's (host, tags) to the data backed up under them, as both members share it.
+#[derive(Default)]
+struct Plant {
+    /// (member, snapshot) → the data the snapshot holds.
+    snapshots: BTreeMap<(String, String), String>,
+    repository: BTreeMap<(String, String), String>,
+    /// Every mover Job run, by member.
+    jobs: Vec<(String, String)>,
+    writes: u64,
+    /// (member, claim) → the data its last pod started on.
+    started_on: BTreeMap<(String, String), String>,
+    /// While set, mover Jobs do not run (the test restarts an agent meanwhile).
+    paused: bool,
+}
+
+fn items(all: &Value, kind: &str) -> Vec<Value> {
+    all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|o| o["kind"] == kind)
+        .cloned()
+        .collect()
+}
+
+fn env_of(job: &Value, name: &str) -> String {
+    job["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .map(|e| e["value"].as_str().unwrap().to_string())
+        .unwrap()
+}
+
+fn status_patch(m: &Server, what: &[&str], status: Value) {
+    let mut args = vec!["patch"];
+    args.extend_from_slice(what);
+    let patch = status.to_string();
+    args.extend_from_slice(&[
+        "-n",
+        "default",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ]);
+    m.ok(&args);
+}
+
+fn claims_mounted(pod: &Value) -> Vec<String> {
+    pod["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v["persistentVolumeClaim"]["claimName"].as_str())
+        .map(str::to_string)
+        .collect()
+}
+
+impl Plant {
+    fn tick(&mut self, cluster: &str, m: &Server) {
+        let all: Value = serde_json::from_str(&m.ok(&[
+            "get",
+            "statefulsets,persistentvolumeclaims,pods,volumesnapshots,jobs",
+            "-n",
+            "default",
+            "-o",
+            "json",
+        ]))
+        .unwrap();
+        let claims = items(&all, "PersistentVolumeClaim");
+        let pods = items(&all, "Pod");
+        let content = |claim: &str| {
+            claims
+                .iter()
+                .find(|c| c["metadata"]["name"] == claim)
+                .and_then(|c| c["metadata"]["annotations"][CONTENT].as_str())
+                .unwrap_or("")
+                .to_string()
+        };
+        let mover = |o: &Value| {
+            o["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "orrery-data-mover"
+        };
+        // The StatefulSet controller and the kubelet.
+        for sts in items(&all, "StatefulSet") {
+            let name = sts["metadata"]["name"].as_str().unwrap();
+            let replicas = sts["spec"]["replicas"].as_i64().unwrap_or(1);
+            let mut running = 0;
+            for o in 0..replicas {
+                let claim = format!("data-{name}-{o}");
+                if !claims
+                    .iter()
+                    .any(|c| c["metadata"]["name"] == claim.as_str())
+                {
+                    m.apply(&format!("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {{name: {claim}, namespace: default, labels: {{app: db}}}}\nspec: {{accessModes: [ReadWriteOnce], resources: {{requests: {{storage: 2Gi}}}}}}\n"));
+                }
+                let pod = format!("{name}-{o}");
+                match pods.iter().find(|p| p["metadata"]["name"] == pod.as_str()) {
+                    None => {
+                        self.started_on
+                            .insert((cluster.to_string(), claim.clone()), content(&claim));
+                        m.apply(&format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {pod}, namespace: default, labels: {{app: db}}}}\nspec:\n  containers: [{{name: pg, image: 'postgres:16'}}]\n  volumes: [{{name: data, persistentVolumeClaim: {{claimName: {claim}}}}}]\n"));
+                        status_patch(m, &["pod", &pod], json!({"status": {"phase": "Running"}}));
+                    }
+                    Some(_) => running += 1,
+                }
+            }
+            for p in &pods {
+                let pname = p["metadata"]["name"].as_str().unwrap();
+                if let Some(o) = pname
+                    .strip_prefix(&format!("{name}-"))
+                    .and_then(|o| o.parse::<i64>().ok())
+                    && o >= replicas
+                {
+                    m.ok(&["delete", "pod", pname, "-n", "default", "--wait=false"]);
+                }
+            }
+            status_patch(
+                m,
+                &["statefulset", name],
+                json!({"status": {
+                    "observedGeneration": sts["metadata"]["generation"],
+                    "replicas": running, "readyReplicas": running, "currentReplicas": running,
+                    "updatedReplicas": running, "availableReplicas": running,
+                }}),
+            );
+        }
+        // Running pods write their claims.
+        for p in pods
+            .iter()
+            .filter(|p| !mover(p) && p["status"]["phase"] == "Running")
+        {
+            for claim in claims_mounted(p) {
+                self.writes += 1;
+                let ann = json!({"metadata": {"annotations": {CONTENT: format!("{cluster}:{claim}:w{}", self.writes)}}});
+                m.ok(&[
+                    "patch",
+                    "pvc",
+                    &claim,
+                    "-n",
+                    "default",
+                    "--type=merge",
+                    "-p",
+                    &ann.to_string(),
+                ]);
+            }
+        }
+        // The CSI snapshotter: a snapshot holds its claim's data as it is now.
+        for vs in items(&all, "VolumeSnapshot") {
+            if vs["status"]["readyToUse"] == true {
+                continue;
+            }
+            assert_eq!(vs["spec"]["volumeSnapshotClassName"], "csi-snapclass");
+            let name = vs["metadata"]["name"].as_str().unwrap().to_string();
+            let source = vs["spec"]["source"]["persistentVolumeClaimName"]
+                .as_str()
+                .unwrap();
+            self.snapshots
+                .insert((cluster.to_string(), name.clone()), content(source));
+            status_patch(
+                m,
+                &["volumesnapshot", &name],
+                json!({"status": {"readyToUse": true, "restoreSize": "2Gi"}}),
+            );
+        }
+        if self.paused {
+            return;
+        }
+        // restic, run by the mover's Jobs.
+        for job in items(&all, "Job") {
+            let name = job["metadata"]["name"].as_str().unwrap().to_string();
+            if !mover(&job) || job["status"]["conditions"].to_string().contains("Complete") {
+                continue;
+            }
+            let claim =
+                job["spec"]["template"]["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+            let key = (env_of(&job, "ORRERY_HOST"), env_of(&job, "ORRERY_TAGS"));
+            let outcome = if name.ends_with("-up") {
+                let clone = claims
+                    .iter()
+                    .find(|c| c["metadata"]["name"] == claim.as_str())
+                    .unwrap();
+                let snapshot = clone["spec"]["dataSource"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                let data = self.snapshots[&(cluster.to_string(), snapshot)].clone();
+                self.repository.insert(key, data);
+                "Complete"
+            } else {
+                assert!(
+                    !pods.iter().any(|p| !mover(p)
+                        && p["status"]["phase"] == "Running"
+                        && claims_mounted(p).contains(&claim)),
+                    "a restore into {claim} while a pod runs on it"
+                );
+                match self.repository.get(&key) {
+                    Some(data) => {
+                        let ann = json!({"metadata": {"annotations": {CONTENT: data}}});
+                        m.ok(&[
+                            "patch",
+                            "pvc",
+                            &claim,
+                            "-n",
+                            "default",
+                            "--type=merge",
+                            "-p",
+                            &ann.to_string(),
+                        ]);
+                        "Complete"
+                    }
+                    None => "Failed",
+                }
+            };
+            let pod = format!("{name}-p");
+            m.apply(&format!("apiVersion: v1\nkind: Pod\nmetadata: {{name: {pod}, namespace: default, labels: {{job-name: {name}, app.kubernetes.io/managed-by: orrery-data-mover}}}}\nspec: {{containers: [{{name: restic, image: restic}}]}}\n"));
+            let summary = json!({"message_type": "summary", "data_added": 4096, "total_bytes_processed": 1_000_000}).to_string();
+            status_patch(
+                m,
+                &["pod", &pod],
+                json!({"status": {"phase": "Succeeded", "containerStatuses": [{"name": "restic", "image": "restic", "imageID": "restic@sha256:0", "ready": false, "restartCount": 0, "state": {"terminated": {"exitCode": 0, "message": summary}}}]}}),
+            );
+            status_patch(
+                m,
+                &["job", &name],
+                json!({"status": {"conditions": [{"type": outcome, "status": "True"}]}}),
+            );
+            self.jobs.push((cluster.to_string(), name));
+        }
+    }
+}
+
+#[test]
+fn the_kube_backend_moves_a_statefulset_with_its_data() {
+    let members = [("a", member()), ("b", member())];
+    for (_, m) in &members {
+        m.apply(SNAPSHOT_CRD);
+    }
+    let s = Server::start();
+    let mut agents = BTreeMap::new();
+    for (name, m) in &members {
+        let token = s.token(name);
+        let mk = m.kubeconfig.display().to_string();
+        let args: Vec<String> = [
+            "--cluster",
+            name,
+            "--token",
+            &token,
+            "--kubeconfig",
+            &mk,
+            "--heartbeat-interval",
+            "1s",
+            "--report-interval",
+            "200ms",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        agents.insert(*name, Agent::start(&s, name, &args));
+    }
+    for (name, _) in &members {
+        eventually(Duration::from_secs(20), "Ready", || {
+            s.cluster_condition(name, "Ready") == "True"
+        });
+    }
+    s.apply(DB);
+    let plant = std::sync::Mutex::new(Plant::default());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for (name, m) in &members {
+                    plant.lock().unwrap().tick(name, m);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let (a, b) = (&members[0].1, &members[1].1);
+        eventually(
+            Duration::from_secs(30),
+            "db running in a, reporting its volumes",
+            || {
+                let w = s.get_json(&["work", "-n", "orrery-cluster-a", "-o", "json"]);
+                w.to_string().contains("\"startedVersion\":1")
+            },
+        );
+
+        // A member without a data mover refuses the move; the workload runs on.
+        s.apply("apiVersion: multicluster.io/v1alpha1\nkind: Migration\nmetadata: {name: nomover, namespace: default}\nspec:\n  resource: {apiVersion: apps/v1, kind: StatefulSet, name: db}\n  targetClusters: [b]\n");
+        eventually(Duration::from_secs(30), "the move refused", || {
+            let m = s.get_json(&["migration", "nomover", "-n", "default"]);
+            m["status"]["phase"] == "Failed"
+        });
+        let msg =
+            s.get_json(&["migration", "nomover", "-n", "default"])["status"]["message"].to_string();
+        assert!(
+            msg.contains("no data mover") && msg.contains("orrery-system/orrery-data-mover"),
+            "{msg}"
+        );
+        eventually(
+            Duration::from_secs(20),
+            "db back at two replicas in a",
+            || a.ok(&["get", "sts", "db", "-o", "jsonpath={.spec.replicas}"]) == "2",
+        );
+
+        for (_, m) in &members {
+            m.apply(MOVER_SECRET);
+        }
+        // Stop the Jobs, so the source's agent is killed with its first round under way.
+        plant.lock().unwrap().paused = true;
+        s.apply("apiVersion: multicluster.io/v1alpha1\nkind: Migration\nmetadata: {name: move, namespace: default}\nspec:\n  resource: {apiVersion: apps/v1, kind: StatefulSet, name: db}\n  targetClusters: [b]\n");
+        eventually(Duration::from_secs(30), "the first backup Jobs", || {
+            a.ok(&["get", "jobs", "-n", "default", "-o", "name"])
+                .lines()
+                .count()
+                == 2
+        });
+        let src = agents.get_mut("a").unwrap();
+        src.kill9();
+        src.restart();
+        std::thread::sleep(Duration::from_secs(2));
+        plant.lock().unwrap().paused = false;
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        let done = loop {
+            assert!(!plant.is_poisoned(), "the stand-in plant failed");
+            let m = s.get_json(&["migration", "move", "-n", "default"]);
+            assert_ne!(m["status"]["phase"], "Failed", "{m:#}");
+            if m["status"]["phase"] == "Succeeded" {
+                break m;
+            }
+            if std::time::Instant::now() > deadline {
+                let works = s.get_json(&["works", "-A"]);
+                panic!(
+                    "the move did not end: {m:#}\nworks: {works:#}\na: {}\nb: {}",
+                    a.ok(&[
+                        "get",
+                        "all,pvc,volumesnapshots",
+                        "-n",
+                        "default",
+                        "-o",
+                        "yaml"
+                    ]),
+                    b.ok(&[
+                        "get",
+                        "all,pvc,volumesnapshots",
+                        "-n",
+                        "default",
+                        "-o",
+                        "yaml"
+                    ]),
+                );
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        };
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+
+        // The target runs on exactly what the source held when it stopped.
+        for o in 0..2 {
+            let claim = format!("data-db-{o}");
+            let get = |m: &Server| -> Value {
+                serde_json::from_str(&m.ok(&["get", "pvc", &claim, "-o", "json"])).unwrap()
+            };
+            let (src, dst) = (get(a), get(b));
+            let data = src["metadata"]["annotations"][CONTENT].as_str().unwrap();
+            assert!(data.starts_with("a:"), "{data}");
+            assert_eq!(
+                plant.lock().unwrap().started_on[&("b".to_string(), claim.clone())],
+                data,
+                "b started on the last write in a"
+            );
+            let fenced = done["status"]["volumes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|v| v["name"] == claim.as_str())
+                .unwrap()["fencedVersion"]
+                .clone();
+            assert_eq!(
+                dst["metadata"]["annotations"]["orrery.io/data-version"],
+                fenced.as_u64().unwrap().to_string()
+            );
+            assert_eq!(
+                src["metadata"]["annotations"]["orrery.io/data-version"],
+                dst["metadata"]["annotations"]["orrery.io/data-version"]
+            );
+        }
+        assert!(
+            b.ok(&["get", "pods", "-n", "default", "-o", "name"])
+                .contains("pod/db-1")
+        );
+        assert!(
+            !a.kubectl(&["get", "sts", "db"]).status.success(),
+            "the source's copy is gone"
+        );
+        // Every Job ran once (a restarted agent resumed its round), and nothing is left.
+        let rounds = done["status"]["rounds"].as_u64().unwrap() as usize;
+        assert!(
+            rounds >= 2,
+            "a round while it ran, the last after the fence"
+        );
+        let p = plant.lock().unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        for j in &p.jobs {
+            assert!(seen.insert(j), "{j:?} ran twice: {:?}", p.jobs);
+        }
+        assert_eq!(
+            p.jobs
+                .iter()
+                .filter(|(c, n)| c == "a" && n.ends_with("-up"))
+                .count(),
+            2 * rounds,
+            "two volumes, {rounds} rounds: {:?}",
+            p.jobs
+        );
+        assert_eq!(
+            p.jobs
+                .iter()
+                .filter(|(c, n)| c == "b" && n.ends_with("-down"))
+                .count(),
+            2 * rounds,
+            "two volumes, {rounds} rounds: {:?}",
+            p.jobs
+        );
+        drop(p);
+        for (_, m) in &members {
+            eventually(
+                Duration::from_secs(20),
+                "the mover's objects removed",
+                || {
+                    let left = m.ok(&[
+                        "get",
+                        "jobs,volumesnapshots,secrets,pvc",
+                        "-n",
+                        "default",
+                        "-l",
+                        "app.kubernetes.io/managed-by=orrery-data-mover",
+                        "-o",
+                        "name",
+                    ]);
+                    left.trim().is_empty()
+                },
+            );
+        }
+    });
 }

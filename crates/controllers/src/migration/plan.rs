@@ -567,7 +567,7 @@ pub fn step(i: &Input<'_>) -> Output {
                     );
                     continue;
                 }
-                if let Some(e) = target_error(i) {
+                if let Some(e) = target_error(i).or_else(|| source_error(i, &st)) {
                     fail(e, now, &mut ev, &mut st);
                     continue;
                 }
@@ -600,6 +600,10 @@ pub fn step(i: &Input<'_>) -> Output {
                     Some(send(i, &st, st.rounds + 1, true)),
                     (st.snapshot_round >= 1).then(|| receive(i, &st, &caps, false)),
                 );
+                if let Some(e) = source_error(i, &st) {
+                    fail(e, now, &mut ev, &mut st);
+                    continue;
+                }
                 if take_snapshot(i, &mut st) {
                     for v in st.volumes.iter_mut() {
                         v.fenced_version = Some(v.source_version);
@@ -883,6 +887,14 @@ fn target_error(i: &Input<'_>) -> Option<String> {
     }
     let t = w.transfer.as_ref()?;
     (!t.message.is_empty() && !t.complete).then(|| format!("the copy failed: {}", t.message))
+}
+
+/// Why the source cannot take the snapshot the round needs, if it says so (a member with no
+/// data mover, a snapshot or backup that failed).
+fn source_error(i: &Input<'_>, st: &MigrationStatus) -> Option<String> {
+    let t = i.source.work.as_ref()?.transfer.as_ref()?;
+    (!t.message.is_empty() && !t.complete)
+        .then(|| format!("the snapshot at {} failed: {}", st.source, t.message))
 }
 
 /// The source is lost: fail over to the standby copy if the target keeps one, start empty

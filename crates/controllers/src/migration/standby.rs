@@ -175,6 +175,15 @@ pub fn step(i: &Input<'_>) -> Output {
             st.cluster
         ),
     };
+    // A member that cannot take part says why; the copy goes on once it can.
+    for (cluster, end) in [(source, &i.source), (spec.standby.as_str(), &i.standby)] {
+        if let Some(t) = end.work.as_ref().and_then(|w| w.transfer.as_ref())
+            && !t.complete
+            && !t.message.is_empty()
+        {
+            st.message = format!("the copy is stuck at {cluster}: {}", t.message);
+        }
+    }
     let mut transfers = Vec::new();
     if send_round >= 1 {
         transfers.push(ClusterTransfer {
@@ -331,6 +340,31 @@ mod tests {
             standby: sb,
             rate: 100,
         })
+    }
+
+    #[test]
+    fn a_member_that_cannot_copy_says_why_and_the_copy_is_asked_again() {
+        let mut src = source(None);
+        if let Some(w) = src.work.as_mut() {
+            w.transfer = Some(TransferStatus {
+                id: "standby-u".into(),
+                role: TransferRole::Send,
+                round: 1,
+                message: "this member has no data mover".into(),
+                ..Default::default()
+            });
+        }
+        let o = run(None, 0, src, standby(None));
+        let st = o.status.unwrap();
+        assert_eq!(
+            st.message,
+            "the copy is stuck at a: this member has no data mover"
+        );
+        assert_eq!(
+            o.transfers.len(),
+            1,
+            "still asked for: it goes on once it can"
+        );
     }
 
     #[test]

@@ -23,6 +23,8 @@ struct Fleet {
     target_starts: bool,
     /// Every byte the source wrote.
     src_written: i64,
+    /// The source cannot take snapshots: its transfer says why.
+    snapshot_error: Option<String>,
 }
 
 fn base_spec() -> BindingSpec {
@@ -69,6 +71,7 @@ impl Fleet {
             source_work: true,
             target_starts: true,
             src_written: 1000,
+            snapshot_error: None,
         }
     }
 
@@ -142,6 +145,18 @@ impl Fleet {
             }],
             ..Default::default()
         };
+        if let (Some(e), Some(x)) = (&self.snapshot_error, Self::transfer_of(spec, "a"))
+            && (!x.after_fence || fenced)
+        {
+            src_transfer = Some(TransferStatus {
+                id: x.id.clone(),
+                role: TransferRole::Send,
+                round: x.round,
+                fenced,
+                message: e.clone(),
+                ..Default::default()
+            });
+        }
         let src_running = spec.clusters.iter().any(|c| c.name == "a") && !fenced;
         let source = End {
             serving: self.source_serving,
@@ -473,6 +488,35 @@ fn a_target_that_fails_to_start_rolls_back_and_the_source_runs_again() {
         r.spec
     );
     assert_eq!(r.events.last().unwrap().reason, "MigrationFailed");
+}
+
+#[test]
+fn a_snapshot_the_source_cannot_take_fails_the_move_and_the_source_runs_on() {
+    for fencing in [false, true] {
+        let mut r = Run::new();
+        if fencing {
+            r.until(Phase::Fencing, 20);
+        } else {
+            r.until(Phase::Replicating, 5);
+        }
+        r.fleet.snapshot_error = Some("this member has no data mover".into());
+        for _ in 0..3 {
+            r.step();
+        }
+        assert_eq!(r.status.phase, Phase::Failed, "fencing: {fencing}");
+        assert!(
+            r.status
+                .message
+                .contains("the snapshot at a failed: this member has no data mover"),
+            "{}",
+            r.status.message
+        );
+        assert!(
+            !r.spec.fenced.contains(&"a".to_string()),
+            "the source runs again"
+        );
+        assert!(r.spec.transfers.is_empty());
+    }
 }
 
 #[test]

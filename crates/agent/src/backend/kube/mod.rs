@@ -7,6 +7,7 @@
 //! - Capacity comes from Nodes (allocatable, readiness) and Pods (requests of placed and of
 //!   pending pods); the largest free node is computed per node. Usage, without a metrics API,
 //!   is what is requested.
+//! - Volume data moves between members through [`mover`] (CSI snapshots and restic Jobs).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,9 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use super::{Backend, BackendError, Cause, MemberReport, ObjectState};
+use orrery_api::stateful::{Transfer, TransferStatus};
+
+pub mod mover;
 
 const FIELD_MANAGER: &str = "orrery";
 /// Items per page when listing nodes and pods: small pages keep the agent's memory flat.
@@ -43,7 +47,8 @@ pub struct KubeMember {
     watched: Mutex<HashSet<Gvk>>,
     cache: Arc<Mutex<HashMap<Key, Value>>>,
     enablements: Mutex<Option<(Instant, Vec<ApiEnablement>)>>,
-    changed: tokio::sync::watch::Sender<u64>,
+    changed: Arc<tokio::sync::watch::Sender<u64>>,
+    mover: Arc<mover::Mover>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -231,13 +236,20 @@ fn pod_requests(spec: &MiniPodSpec) -> ResourceList {
 impl KubeMember {
     pub fn new(client: kube::Client) -> Self {
         let (tx, _) = tokio::sync::watch::channel(0);
+        let changed = Arc::new(tx);
+        let cache = Arc::new(Mutex::new(HashMap::new()));
         KubeMember {
+            mover: Arc::new(mover::Mover::new(
+                client.clone(),
+                cache.clone(),
+                changed.clone(),
+            )),
             client,
             resources: Mutex::new(HashMap::new()),
             watched: Mutex::new(HashSet::new()),
-            cache: Arc::new(Mutex::new(HashMap::new())),
+            cache,
             enablements: Mutex::new(None),
-            changed: tx,
+            changed,
             tasks: Mutex::new(Vec::new()),
         }
     }
@@ -575,6 +587,13 @@ impl Backend for KubeMember {
             .as_str()?;
         let mut h = std::collections::hash_map::DefaultHasher::new();
         rv.hash(&mut h);
+        // A workload's volumes change when the mover writes their claims.
+        if id.kind == "StatefulSet" || id.kind == "Deployment" {
+            self.mover
+                .volumes_epoch
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .hash(&mut h);
+        }
         // 0 stands for an absent object elsewhere; keep clear of it.
         Some(h.finish().max(1))
     }
@@ -602,11 +621,19 @@ impl Backend for KubeMember {
             }
         };
         let (health, message) = orrery_api::interpret::health(&obj);
+        let volumes = if orrery_api::stateful::claims_of(&obj).is_empty() {
+            Vec::new()
+        } else {
+            self.mover
+                .volumes_of(&obj, &id.namespace)
+                .await
+                .map_err(|e| member_error(&format!("the volumes of {}", id.describe()), e))?
+        };
         Ok(Some(ObjectState {
             health,
             status: obj.get("status").cloned(),
             message,
-            volumes: Vec::new(),
+            volumes,
         }))
     }
 
@@ -722,6 +749,24 @@ impl Backend for KubeMember {
             properties: self.properties().await,
             storage_classes: self.storage_classes().await,
         })
+    }
+
+    /// Volume transfers run as snapshots and restic Jobs in the member ([`mover`]).
+    async fn set_transfers(&self, work: &str, transfers: &[Transfer]) -> Result<(), BackendError> {
+        self.mover.set(work, transfers).await;
+        Ok(())
+    }
+
+    async fn transfer_statuses(&self, _work: &str, transfers: &[Transfer]) -> Vec<TransferStatus> {
+        self.mover.statuses(transfers)
+    }
+
+    fn transfer_stamp(&self) -> Option<u64> {
+        Some(self.mover.stamp())
+    }
+
+    fn milestone(&self) -> u64 {
+        self.mover.milestone()
     }
 
     fn changed(&self) -> tokio::sync::watch::Receiver<u64> {
