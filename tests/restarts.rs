@@ -111,7 +111,8 @@ fn policy(name: &str, kind: &str, target: &str, exclude: Option<&str>) -> Value 
     let limit = if target == "big" { BIG_LIMIT } else { LIMIT };
     let mut placement = json!({"waterLevelLimit": limit});
     if kind != "ConfigMap" {
-        placement["replicaScheduling"] = json!({"replicaSchedulingType": "Divided"});
+        placement["replicaScheduling"] = json!({"replicaSchedulingType": "Divided",
+            "weightPreference": {"dynamicWeight": "WaterLevel"}});
     }
     if let Some(x) = exclude {
         placement["clusterAffinity"] = json!({"exclude": [x]});
@@ -827,6 +828,56 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                                 .then(|| format!("{} evictions {e}", b["metadata"]["name"]))
                         }),
                 )
+                .chain(
+                    // What a stuck move asks of the members, and what they answer.
+                    bindings["items"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter(|b| {
+                            b["spec"]["migration"]
+                                .as_str()
+                                .is_some_and(|m| !m.is_empty())
+                        })
+                        .map(|b| {
+                            format!(
+                                "{} clusters {} fenced {} transfers {}",
+                                b["metadata"]["name"],
+                                b["spec"]["clusters"],
+                                b["spec"]["fenced"],
+                                b["spec"]["transfers"]
+                            )
+                        }),
+                )
+                .chain({
+                    let works = rt.block_on(api.get("/apis/multicluster.io/v1alpha1/works"));
+                    let clusters =
+                        rt.block_on(api.get("/apis/multicluster.io/v1alpha1/clusters"));
+                    works["items"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter(|w| {
+                            w["metadata"]["name"]
+                                .as_str()
+                                .is_some_and(|n| n.contains(STATEFUL))
+                        })
+                        .map(|w| {
+                            format!(
+                                "work {}/{} status {}",
+                                w["metadata"]["namespace"], w["metadata"]["name"], w["status"]
+                            )
+                        })
+                        .chain(clusters["items"].as_array().into_iter().flatten().map(|c| {
+                            format!(
+                                "cluster {} taints {} conditions {}",
+                                c["metadata"]["name"],
+                                c["spec"]["taints"],
+                                c["status"]["conditions"]
+                            )
+                        }))
+                        .collect::<Vec<_>>()
+                })
                 .collect();
             panic!("the fleet did not settle within a minute of converging: {stuck:#?}");
         }

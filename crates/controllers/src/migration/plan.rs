@@ -473,6 +473,7 @@ pub fn step(i: &Input<'_>) -> Output {
     let caps = capacities(i);
     let mut transfers: (Option<Transfer>, Option<Transfer>) = (None, None);
     let mut fence_target = false;
+    let mut hold_source = false;
     let mut release = false;
     // Each phase may lead to the next in the same step when nothing needs waiting for.
     for _ in 0..8 {
@@ -834,31 +835,53 @@ pub fn step(i: &Input<'_>) -> Output {
             }
             Phase::Failed => {
                 // Rolled back: the workload runs at the source again. A target that may have
-                // started is fenced until its member confirms, then let go.
+                // started is fenced until its member confirms that nothing runs there; until
+                // then the source stays fenced too (a target out of reach, or one whose
+                // member does not answer, may still run it: two writers must never run).
                 let had_workload = st
                     .phases
                     .iter()
                     .any(|p| p.phase >= Phase::FinalSync && p.phase < Phase::Failed);
                 let confirmed = !had_workload
-                    || !i.target.serving
-                    || i.target.work.as_ref().is_none_or(|w| {
-                        w.current
-                            && w.workload.as_ref().is_none_or(|m| {
-                                m.status
-                                    .as_ref()
-                                    .and_then(|s| s.get("replicas"))
-                                    .and_then(serde_json::Value::as_i64)
-                                    .unwrap_or(0)
-                                    == 0
-                            })
-                    });
+                    || match i.target.work.as_ref() {
+                        // Its Work is gone (the cluster was removed): nothing is asked there.
+                        None => true,
+                        Some(w) => {
+                            i.target.serving
+                                && w.current
+                                && w.error.is_none()
+                                && w.workload.as_ref().is_none_or(|m| {
+                                    m.status
+                                        .as_ref()
+                                        .and_then(|s| s.get("replicas"))
+                                        .and_then(serde_json::Value::as_i64)
+                                        .unwrap_or(0)
+                                        == 0
+                                })
+                        }
+                    };
                 fence_target = had_workload && !confirmed;
+                hold_source = fence_target;
                 release = !fence_target;
+                const HELD: &str = "; the workload stays stopped in ";
+                let base = st.message.split(HELD).next().unwrap_or("").to_string();
+                st.message = if hold_source {
+                    format!(
+                        "{base}{HELD}{} until {} confirms it runs nothing there",
+                        st.source, st.target
+                    )
+                } else {
+                    base
+                };
                 break;
             }
         }
     }
     let mut next = overlay(i, spec, &st, transfers, fence_target, release);
+    if hold_source && !next.fenced.contains(&st.source) {
+        next.fenced.push(st.source.clone());
+        next.fenced.sort();
+    }
     // A failed move puts the workload back where it was.
     if st.phase == Phase::Failed {
         next.clusters.retain(|c| c.name != st.target);

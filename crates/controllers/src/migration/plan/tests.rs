@@ -25,6 +25,8 @@ struct Fleet {
     src_written: i64,
     /// The source cannot take snapshots: its transfer says why.
     snapshot_error: Option<String>,
+    /// The target's member does not answer its agent: its Work says why.
+    target_error: Option<String>,
 }
 
 fn base_spec() -> BindingSpec {
@@ -72,6 +74,7 @@ impl Fleet {
             target_starts: true,
             src_written: 1000,
             snapshot_error: None,
+            target_error: None,
         }
     }
 
@@ -226,7 +229,7 @@ impl Fleet {
                         i64::from(running && self.target_started_on.is_some()),
                     )
                 }),
-                error: None,
+                error: self.target_error.clone(),
             }),
         };
         (source, target)
@@ -517,6 +520,54 @@ fn a_snapshot_the_source_cannot_take_fails_the_move_and_the_source_runs_on() {
         );
         assert!(r.spec.transfers.is_empty());
     }
+}
+
+#[test]
+fn a_failed_move_keeps_the_source_stopped_until_the_target_confirms_it_runs_nothing() {
+    let mut r = Run::new();
+    r.fleet.target_starts = false;
+    r.until(Phase::Starting, 20);
+    // The target started, then its member stopped answering.
+    r.fleet.target_started_on = Some(r.fleet.tgt_version);
+    r.fleet.target_error = Some("the member cluster is unavailable".into());
+    r.fleet.target_serving = false;
+    for _ in 0..5 {
+        r.step();
+        assert_eq!(r.status.phase, Phase::Failed);
+        assert_eq!(
+            r.spec.fenced,
+            vec!["a".to_string(), "b".to_string()],
+            "neither runs while b cannot say"
+        );
+        assert_eq!(r.spec.migration, "db-1", "not let go");
+    }
+    assert!(
+        r.status
+            .message
+            .contains("stays stopped in a until b confirms"),
+        "{}",
+        r.status.message
+    );
+    // Back: b applies its fence and reports nothing running; then a runs again.
+    r.fleet.target_serving = true;
+    r.fleet.target_error = None;
+    for _ in 0..3 {
+        r.step();
+    }
+    assert!(r.spec.fenced.is_empty(), "{:?}", r.spec);
+    assert!(r.spec.migration.is_empty());
+    assert_eq!(
+        r.spec.clusters,
+        vec![TargetCluster {
+            name: "a".into(),
+            replicas: 1
+        }]
+    );
+    assert!(
+        !r.status.message.contains("stays stopped"),
+        "{}",
+        r.status.message
+    );
 }
 
 #[test]
