@@ -1039,3 +1039,159 @@ fn a_scale_right_after_the_policy_is_followed() {
         },
     );
 }
+
+/// Karmada's meaning, as in its progressive-rollout sample: `Divided` without a preference is
+/// an equal split (its webhook makes it `Weighted`, its scheduler weighs every cluster 1),
+/// however loaded the clusters are; `dynamicWeight: WaterLevel` asks for Orrery's division.
+#[test]
+fn a_karmada_division_without_weights_splits_equally_unless_it_asks_for_water_level() {
+    let f = Fleet::start_sims(
+        &[
+            (
+                "member1",
+                "r1",
+                "nodes=4,cpu=8,memory=32Gi,load=0.1,start=100ms",
+            ),
+            (
+                "member2",
+                "r2",
+                "nodes=4,cpu=8,memory=32Gi,load=0.5,start=100ms",
+            ),
+            (
+                "member3",
+                "r3",
+                "nodes=4,cpu=8,memory=32Gi,load=0.6,start=100ms",
+            ),
+        ],
+        &[],
+    );
+    for (name, weights) in [
+        ("even", ""),
+        (
+            "level",
+            "\n      weightPreference: {dynamicWeight: WaterLevel}",
+        ),
+    ] {
+        f.s.apply(&format!(
+            r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: default}}
+spec:
+  replicas: 20
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      containers: [{{name: c, image: nginx, resources: {{requests: {{cpu: 100m, memory: 64Mi}}}}}}]
+---
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata: {{name: {name}, namespace: default}}
+spec:
+  resourceSelectors: [{{apiVersion: apps/v1, kind: Deployment, name: {name}}}]
+  placement:
+    clusterAffinity: {{clusterNames: [member1, member2, member3]}}
+    replicaScheduling:
+      replicaSchedulingType: Divided{weights}
+"#
+        ));
+    }
+    let split = |name: &str| -> Vec<(String, i64)> {
+        let b =
+            f.s.get_json(&["resourcebinding", &format!("{name}-deployment")]);
+        b["spec"]["clusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_string(),
+                    c["replicas"].as_i64().unwrap_or(0),
+                )
+            })
+            .collect()
+    };
+    eventually(Duration::from_secs(20), "both placed", || {
+        [split("even"), split("level")]
+            .iter()
+            .all(|s| s.iter().map(|(_, n)| n).sum::<i64>() == 20)
+    });
+    let even = split("even");
+    assert_eq!(
+        even,
+        vec![
+            ("member1".to_string(), 7),
+            ("member2".to_string(), 7),
+            ("member3".to_string(), 6)
+        ],
+        "Karmada's equal split, the remainder to the first by name"
+    );
+    let level = split("level");
+    let of = |c: &str| level.iter().find(|(n, _)| n == c).map_or(0, |(_, n)| *n);
+    assert!(
+        of("member1") > of("member3"),
+        "the water level division favours the emptiest cluster: {level:?} {:#}",
+        f.s.get_json(&["resourcebinding", "level-deployment"])["status"]
+    );
+    let b = f.s.get_json(&["resourcebinding", "even-deployment"]);
+    assert_eq!(b["status"]["strategy"], "StaticWeight", "{b}");
+}
+
+/// Karmada's deprecated `association` and another scheduler's `schedulerName` are accepted
+/// with kubectl warnings; a template whose policy names another scheduler is left to it.
+#[test]
+fn another_schedulers_policy_is_accepted_and_its_templates_wait_for_it() {
+    let f = Fleet::start(&[("a", "r1")]);
+    f.s.apply(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web, namespace: default}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: web}}\n  template:\n    metadata: {labels: {app: web}}\n    spec: {containers: [{name: c, image: nginx}]}\n",
+    );
+    let policy = |scheduler: &str| {
+        format!(
+            "apiVersion: policy.karmada.io/v1alpha1\nkind: PropagationPolicy\nmetadata: {{name: web, namespace: default}}\nspec:\n  association: true\n  schedulerName: {scheduler}\n  resourceSelectors: [{{apiVersion: apps/v1, kind: Deployment, name: web}}]\n"
+        )
+    };
+    let out =
+        f.s.run_stdin(&["apply", "-f", "-"], &policy("batch-scheduler"));
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "Warning: spec.association is deprecated and has no effect: use spec.propagateDeps"
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr
+            .contains("Warning: spec.schedulerName \"batch-scheduler\" is not Orrery's scheduler"),
+        "{stderr}"
+    );
+    eventually(
+        Duration::from_secs(15),
+        "the binding left to the other scheduler",
+        || {
+            let b = f.s.get_json(&["resourcebinding", "web-deployment"]);
+            b["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| {
+                    c["type"] == "Scheduled"
+                        && c["status"] == "False"
+                        && c["reason"] == "OtherScheduler"
+                        && c["message"]
+                            .as_str()
+                            .unwrap_or("")
+                            .contains("batch-scheduler")
+                })
+        },
+    );
+    let b = f.s.get_json(&["resourcebinding", "web-deployment"]);
+    assert!(b["spec"]["clusters"].is_null(), "{b}");
+    assert!(f.find("a", "Deployment", "web").is_none());
+    // Named Orrery's: placed.
+    f.s.apply(&policy("default-scheduler"));
+    eventually(Duration::from_secs(15), "web placed in a", || {
+        f.find("a", "Deployment", "web").is_some()
+    });
+}

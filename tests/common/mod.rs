@@ -161,7 +161,7 @@ impl Server {
         String::from_utf8_lossy(&out.stderr).into_owned()
     }
 
-    fn run_stdin(&self, args: &[&str], input: &str) -> Output {
+    pub fn run_stdin(&self, args: &[&str], input: &str) -> Output {
         use std::io::Write;
         let mut child = Command::new("kubectl")
             .args(args)

@@ -292,6 +292,9 @@ pub struct BindingSpec {
     /// Where a standby copy of a stateful workload is kept (`placement.stateful.standby`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub standby: String,
+    /// Karmada's `schedulerName`, from the policy: another scheduler's bindings are left to it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub scheduler_name: String,
 }
 
 /// A transfer one cluster takes part in.

@@ -198,15 +198,14 @@ impl Toleration {
         if !self.effect.is_empty() && self.effect != effect {
             return false;
         }
-        if self.key.is_empty() {
-            return self.operator == "Exists";
-        }
-        if self.key != key {
+        // As Kubernetes' `ToleratesTaint`: an empty key matches every key.
+        if !self.key.is_empty() && self.key != key {
             return false;
         }
         match self.operator.as_str() {
             "Exists" => true,
-            _ => self.value == value,
+            "" | "Equal" => self.value == value,
+            _ => false,
         }
     }
 }
@@ -328,15 +327,9 @@ impl Placement {
         for (i, t) in self.cluster_tolerations.iter().enumerate() {
             let p = format!("{path}.clusterTolerations[{i}]");
             match t.operator.as_str() {
-                "" | "Equal" => {
-                    if t.key.is_empty() {
-                        errs.push(FieldError::invalid(
-                            format!("{p}.operator"),
-                            &t.operator,
-                            "operator must be Exists when key is empty",
-                        ));
-                    }
-                }
+                // Karmada accepts an empty key here (it matches taints of any key with
+                // the same value), unlike a pod's toleration.
+                "" | "Equal" => {}
                 "Exists" => {
                     if !t.value.is_empty() {
                         errs.push(FieldError::invalid(
@@ -601,6 +594,10 @@ pub struct PropagationSpec {
     pub dependent_overrides: Vec<String>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub scheduler_name: String,
+    /// Deprecated by Karmada in favour of `propagateDeps`, and ignored there: accepted with a
+    /// warning.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub association: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover: Option<FailoverBehavior>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -707,7 +704,42 @@ pub struct PlacementPolicy {
     pub preserve_resources_on_deletion: bool,
     pub suspension: Suspension,
     pub failover: Option<ApplicationFailover>,
+    /// Karmada's `schedulerName`: a name other than Orrery's leaves the templates the policy
+    /// selects to that scheduler (empty: Orrery's).
+    pub scheduler_name: String,
     pub deleting: bool,
+}
+
+/// The scheduler names Orrery answers to (Karmada's default, and its own).
+pub const SCHEDULER_NAMES: &[&str] = &["", "default-scheduler", "orrery"];
+
+/// Whether Orrery's scheduler decides for a policy or binding naming `scheduler`.
+pub fn is_orrery_scheduler(scheduler: &str) -> bool {
+    SCHEDULER_NAMES.contains(&scheduler)
+}
+
+/// What a write of a placement policy is warned about (kubectl prints them): accepted fields
+/// that do not do what they may seem to.
+pub fn warnings(api_version: &str, kind: &str, spec: Option<&Value>) -> Vec<String> {
+    let group = api_version.split('/').next().unwrap_or("");
+    if group != KARMADA_GROUP || !matches!(kind, "PropagationPolicy" | "ClusterPropagationPolicy") {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let Some(spec) = spec else { return out };
+    if spec.get("association").is_some() {
+        out.push(
+            "spec.association is deprecated and has no effect: use spec.propagateDeps".to_string(),
+        );
+    }
+    if let Some(s) = spec.get("schedulerName").and_then(Value::as_str)
+        && !is_orrery_scheduler(s)
+    {
+        out.push(format!(
+            "spec.schedulerName {s:?} is not Orrery's scheduler (default-scheduler): what this policy selects stays unscheduled until a scheduler of that name places it"
+        ));
+    }
+    out
 }
 
 /// The placement kinds, `(group, kind, plural)`.
@@ -784,6 +816,34 @@ fn validate_failover(
     Some(a)
 }
 
+/// A Karmada placement as Karmada reads it: its webhook makes a `Divided` placement without
+/// a preference `Weighted`, and its scheduler gives every feasible cluster a weight of 1 when
+/// a `Weighted` division names no weights (an equal split). Orrery's division by water level
+/// is asked for with `weightPreference.dynamicWeight: WaterLevel`; it stays the default of
+/// the draft's ResourcePlacementPolicy.
+pub fn karmada_meaning(mut p: Placement) -> Placement {
+    let Some(r) = p.replica_scheduling.as_mut() else {
+        return p;
+    };
+    if r.replica_scheduling_type == DUPLICATED {
+        return p;
+    }
+    if r.replica_division_preference.is_empty() && r.weight_preference.is_none() {
+        r.replica_division_preference = WEIGHTED.to_string();
+    }
+    if r.replica_division_preference == WEIGHTED {
+        let w = r.weight_preference.get_or_insert_with(Default::default);
+        if w.static_weight_list.is_empty() && w.dynamic_weight.is_empty() {
+            w.static_weight_list.push(StaticClusterWeight {
+                // An empty affinity matches every cluster.
+                target_cluster: ClusterAffinity::default(),
+                weight: 1,
+            });
+        }
+    }
+    p
+}
+
 /// Reads any placement kind; the errors are what a create or update must be refused with.
 pub fn from_object(obj: &Object) -> Result<PlacementPolicy, ErrorList> {
     let group = obj.api_version.split('/').next().unwrap_or("");
@@ -845,6 +905,7 @@ pub fn from_object(obj: &Object) -> Result<PlacementPolicy, ErrorList> {
                 preserve_resources_on_deletion: s.preserve_resources_on_deletion.unwrap_or(false),
                 suspension: s.suspension.clone().unwrap_or_default(),
                 failover: validate_failover(&s.failover, &mut errs),
+                scheduler_name: String::new(),
                 deleting: false,
             }
         }
@@ -879,13 +940,6 @@ pub fn from_object(obj: &Object) -> Result<PlacementPolicy, ErrorList> {
                     "not supported yet: overrides apply as soon as they exist",
                 ));
             }
-            if !["", "default-scheduler", "orrery"].contains(&s.scheduler_name.as_str()) {
-                errs.push(FieldError::not_supported(
-                    "spec.schedulerName",
-                    &s.scheduler_name,
-                    &["default-scheduler", "orrery"],
-                ));
-            }
             if !s.activation_preference.is_empty() {
                 errs.push(FieldError::not_supported(
                     "spec.activationPreference",
@@ -900,7 +954,7 @@ pub fn from_object(obj: &Object) -> Result<PlacementPolicy, ErrorList> {
                 priority: s.priority,
                 preemption: preemption(&s.preemption, "spec.preemption", &mut errs),
                 propagate_deps: s.propagate_deps,
-                placement: s.placement.clone(),
+                placement: karmada_meaning(s.placement.clone()),
                 targets: vec![],
                 conflict_resolution: conflict(
                     &s.conflict_resolution,
@@ -910,6 +964,7 @@ pub fn from_object(obj: &Object) -> Result<PlacementPolicy, ErrorList> {
                 preserve_resources_on_deletion: s.preserve_resources_on_deletion.unwrap_or(false),
                 suspension: s.suspension.clone().unwrap_or_default(),
                 failover: validate_failover(&s.failover, &mut errs),
+                scheduler_name: s.scheduler_name.clone(),
                 deleting: false,
             }
         }
@@ -1243,9 +1298,99 @@ mod tests {
             ),
             (t("", "Exists", "", ""), ("anything", "", "NoExecute"), true),
             (t("b", "", "", ""), ("a", "", "NoSchedule"), false),
+            // Empty key and operator: any key, the same (empty) value.
+            (t("", "", "", ""), ("a", "", "NoSchedule"), true),
+            (t("", "", "", ""), ("a", "x", "NoSchedule"), false),
+            (
+                t("", "Equal", "x", "NoSchedule"),
+                ("b", "x", "NoSchedule"),
+                true,
+            ),
+            (t("a", "Lt", "1", ""), ("a", "1", "NoSchedule"), false),
         ];
         for (tol, (k, v, e), want) in cases {
             assert_eq!(tol.tolerates(k, v, e), want, "{tol:?} vs {k}={v}:{e}");
         }
+    }
+
+    #[test]
+    fn karmada_placements_keep_karmadas_meaning() {
+        let equal = || {
+            Some(WeightPreference {
+                static_weight_list: vec![StaticClusterWeight {
+                    target_cluster: ClusterAffinity::default(),
+                    weight: 1,
+                }],
+                dynamic_weight: String::new(),
+            })
+        };
+        let rs = |t: &str, p: &str, w: Option<WeightPreference>| ReplicaScheduling {
+            replica_scheduling_type: t.into(),
+            replica_division_preference: p.into(),
+            weight_preference: w,
+        };
+        let dynamic = |d: &str| {
+            Some(WeightPreference {
+                dynamic_weight: d.into(),
+                ..Default::default()
+            })
+        };
+        let cases = [
+            // Divided, nothing more: Weighted, every cluster 1.
+            (rs(DIVIDED, "", None), rs(DIVIDED, WEIGHTED, equal())),
+            // The type defaults to Divided.
+            (rs("", "", None), rs("", WEIGHTED, equal())),
+            (rs(DIVIDED, WEIGHTED, None), rs(DIVIDED, WEIGHTED, equal())),
+            // Asked for: kept.
+            (rs(DIVIDED, AGGREGATED, None), rs(DIVIDED, AGGREGATED, None)),
+            (
+                rs(DIVIDED, "", dynamic(WATER_LEVEL)),
+                rs(DIVIDED, "", dynamic(WATER_LEVEL)),
+            ),
+            (
+                rs(DIVIDED, WEIGHTED, dynamic(AVAILABLE_REPLICAS)),
+                rs(DIVIDED, WEIGHTED, dynamic(AVAILABLE_REPLICAS)),
+            ),
+            (rs(DUPLICATED, "", None), rs(DUPLICATED, "", None)),
+        ];
+        for (given, want) in cases {
+            let p = karmada_meaning(Placement {
+                replica_scheduling: Some(given.clone()),
+                ..Default::default()
+            });
+            assert_eq!(p.replica_scheduling, Some(want), "{given:?}");
+        }
+        assert_eq!(karmada_meaning(Placement::default()), Placement::default());
+        // Read from a PropagationPolicy, not from the draft's ResourcePlacementPolicy.
+        let spec =
+            json!({"placement": {"replicaScheduling": {"replicaSchedulingType": "Divided"}}});
+        let pp = from_object(&obj(json!({"apiVersion": "policy.karmada.io/v1alpha1", "kind": "PropagationPolicy",
+            "metadata": {"name": "p", "namespace": "d"},
+            "spec": {"resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}], "placement": spec["placement"]}})))
+        .unwrap();
+        assert_eq!(
+            pp.placement.replica_scheduling.unwrap().weight_preference,
+            equal()
+        );
+        let rpp = from_object(&obj(json!({"apiVersion": "multicluster.io/v1alpha1", "kind": "ResourcePlacementPolicy",
+            "metadata": {"name": "p", "namespace": "d"},
+            "spec": {"resourceSelector": {"apiVersion": "apps/v1", "kind": "Deployment"}, "placement": spec["placement"]}})))
+        .unwrap();
+        assert_eq!(
+            rpp.placement.replica_scheduling.unwrap().weight_preference,
+            None
+        );
+        // Karmada accepts a toleration with neither key nor operator; only Lt/Gt are refused.
+        let with = |tol: Value| {
+            from_object(&obj(
+                json!({"apiVersion": "policy.karmada.io/v1alpha1", "kind": "PropagationPolicy",
+                "metadata": {"name": "p", "namespace": "d"},
+                "spec": {"resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}],
+                    "placement": {"clusterTolerations": [tol]}}}),
+            ))
+        };
+        assert!(with(json!({"effect": "NoSchedule"})).is_ok());
+        let e = with(json!({"key": "a", "operator": "Gt", "value": "1"})).unwrap_err();
+        assert_eq!(e[0].field, "spec.placement.clusterTolerations[0].operator");
     }
 }

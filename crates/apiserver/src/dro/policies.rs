@@ -85,7 +85,9 @@ fn spec_of(app: &App, s: &Short) -> Result<Value, DroError> {
         return Err(DroError::validation("the policy is not valid")
             .with_details(json!({ "policyName": s.name, "fields": fields })));
     }
-    let mut placement = json!({"replicaScheduling": {"replicaSchedulingType": "Divided"}});
+    // The draft's division by water level (a Karmada kind divides equally unless told).
+    let mut placement = json!({"replicaScheduling": {"replicaSchedulingType": "Divided",
+        "weightPreference": {"dynamicWeight": "WaterLevel"}}});
     if !s.target_clusters.is_empty() {
         placement["clusterAffinity"] = json!({ "clusterNames": s.target_clusters });
     }

@@ -337,6 +337,11 @@ pub fn admit(
     })?;
     obj.api_version = rt.api_version();
     obj.kind = rt.kind.clone();
+    call.warnings.extend(orrery_api::policy::warnings(
+        &obj.api_version,
+        &obj.kind,
+        obj.spec.as_ref(),
+    ));
     Ok(obj)
 }
 

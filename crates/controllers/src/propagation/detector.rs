@@ -756,6 +756,7 @@ impl Detector {
             preserve_resources_on_deletion: p.preserve_resources_on_deletion,
             suspension: p.suspension.clone(),
             failover: p.failover.clone(),
+            scheduler_name: p.scheduler_name.clone(),
             volumes: orrery_api::stateful::claims_of(&v),
             affinity_groups: p
                 .placement

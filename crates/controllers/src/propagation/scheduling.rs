@@ -1104,6 +1104,14 @@ impl Scheduler {
                 return Outcome::Skip;
             }
         };
+        if !orrery_api::policy::is_orrery_scheduler(&spec.scheduler_name) {
+            // As Karmada's scheduler: another scheduler's binding is not ours to decide.
+            let msg = format!(
+                "left to the scheduler {:?} that the policy names in spec.schedulerName",
+                spec.scheduler_name
+            );
+            return Outcome::Write(self.write_condition(k, &b, "OtherScheduler", msg));
+        }
         let mut status = BindingStatus::of(&b);
         let old_evictions = spec.evictions.clone();
         let now = Time::now();
