@@ -136,7 +136,10 @@ async fn generated_names_and_generations() {
     assert_eq!(code, 201);
     let name = made["metadata"]["name"].as_str().unwrap();
     assert!(name.starts_with("job-") && name.len() == 9, "{name}");
-    assert_eq!(made["metadata"]["generation"], 1);
+    assert!(
+        made["metadata"]["generation"].is_null(),
+        "kube-apiserver gives a ConfigMap no generation: {made}"
+    );
     assert!(
         made["metadata"]["uid"]
             .as_str()
@@ -168,6 +171,64 @@ async fn generated_names_and_generations() {
         "2",
         "spec changes bump it"
     );
+}
+
+/// As kube-apiserver: a terminating namespace's conditions say what it waits for, and a
+/// Namespace has no generation.
+#[test]
+fn a_terminating_namespace_says_what_it_waits_for() {
+    let s = Server::start();
+    s.ok(&["create", "namespace", "going"]);
+    assert_eq!(
+        s.ok(&[
+            "get",
+            "ns",
+            "going",
+            "-o",
+            "jsonpath={.metadata.generation}"
+        ]),
+        ""
+    );
+    s.apply("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: kept, namespace: going, finalizers: [example.com/keep]}\n");
+    s.ok(&["delete", "ns", "going", "--wait=false"]);
+    eventually(
+        Duration::from_secs(10),
+        "the conditions of a terminating namespace",
+        || {
+            let ns = s.get_json(&["ns", "going"]);
+            let conds = ns["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let by = |t: &str| {
+                conds
+                    .iter()
+                    .find(|c| c["type"] == t)
+                    .cloned()
+                    .unwrap_or(Value::Null)
+            };
+            ns["status"]["phase"] == "Terminating"
+                && by("NamespaceContentRemaining")["status"] == "True"
+                && by("NamespaceContentRemaining")["message"]
+                    == "Some resources are remaining: configmaps. has 1 resource instances"
+                && by("NamespaceFinalizersRemaining")["message"]
+                    == "Some content in the namespace has finalizers remaining: example.com/keep in 1 resource instances"
+                && by("NamespaceDeletionDiscoveryFailure")["status"] == "False"
+        },
+    );
+    s.ok(&[
+        "patch",
+        "cm",
+        "kept",
+        "-n",
+        "going",
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ]);
+    eventually(Duration::from_secs(10), "the namespace gone", || {
+        !s.kubectl(&["get", "ns", "going"]).status.success()
+    });
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -851,8 +851,7 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                 )
                 .chain({
                     let works = rt.block_on(api.get("/apis/multicluster.io/v1alpha1/works"));
-                    let clusters =
-                        rt.block_on(api.get("/apis/multicluster.io/v1alpha1/clusters"));
+                    let clusters = rt.block_on(api.get("/apis/multicluster.io/v1alpha1/clusters"));
                     works["items"]
                         .as_array()
                         .into_iter()

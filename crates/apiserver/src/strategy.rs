@@ -29,8 +29,32 @@ fn spec_mut(obj: &mut Object) -> &mut serde_json::Map<String, Value> {
 }
 
 /// Defaults and server-owned fields for a new object.
+/// Kinds kube-apiserver gives no `metadata.generation`: nothing in them is a spec that a
+/// controller observes (clients such as kopf tell changes apart by it).
+pub fn without_generation(group: &str, kind: &str) -> bool {
+    matches!(
+        (group, kind),
+        (
+            "",
+            "ConfigMap"
+                | "Secret"
+                | "Event"
+                | "Namespace"
+                | "ServiceAccount"
+                | "Endpoints"
+                | "Service"
+                | "PersistentVolumeClaim"
+        ) | ("events.k8s.io", "Event")
+            | ("coordination.k8s.io", "Lease")
+            | ("discovery.k8s.io", "EndpointSlice")
+    )
+}
+
 pub fn prepare_create(rt: &ResourceType, obj: &mut Object) {
     apply_defaults(rt, obj);
+    if without_generation(&rt.group, &rt.kind) {
+        obj.metadata.generation = None;
+    }
     match (rt.group.as_str(), rt.kind.as_str()) {
         ("", "Namespace") => {
             let spec = spec_mut(obj);
@@ -277,6 +301,9 @@ pub fn apply_defaults(rt: &ResourceType, obj: &mut Object) {
 /// Carries server-owned values from the stored object into an update.
 pub fn prepare_update(rt: &ResourceType, old: &Object, new: &mut Object) {
     apply_defaults(rt, new);
+    if without_generation(&rt.group, &rt.kind) {
+        new.metadata.generation = None;
+    }
     match (rt.group.as_str(), rt.kind.as_str()) {
         ("", "Namespace") => {
             // spec.finalizers change only through the finalize subresource.

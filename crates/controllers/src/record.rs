@@ -30,6 +30,8 @@ pub async fn event(
     let suffix = uuid::Uuid::new_v4().simple().to_string();
     let name = format!("{}.{}", about.name(), &suffix[..16]);
     let mut e = new_object("v1", "Event", Some(ns), &name);
+    // As kube-apiserver: an Event has no generation.
+    e.metadata.generation = None;
     let fields = [
         (
             "involvedObject",
