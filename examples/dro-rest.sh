@@ -1,34 +1,72 @@
 #!/usr/bin/env bash
-# The DRO-DS draft's REST calls (section 6) against a running Orrery, with curl.
+# The DRO-DS draft's REST calls (section 6) against a running Orrery, with curl. It works on
+# objects of its own (a custom kind, a domain without an agent) and removes them at the end:
+# your workloads and clusters are left as they were.
 #
-#   ORRERY_DATA=./orrery-data ORRERY_URL=https://127.0.0.1:6443 examples/dro-rest.sh
+#   examples/dro-rest.sh                     # ORRERY_DATA defaults to ./orrery-data
+#   ORRERY_DATA=/path/to/data examples/dro-rest.sh
 set -euo pipefail
 data="${ORRERY_DATA:-./orrery-data}"
-url="${ORRERY_URL:-https://127.0.0.1:6443}"
-token=$(awk '/token:/ {print $2}' "$data/admin.kubeconfig")
-call() {
-    local method=$1 path=$2 body=${3:-}
-    echo "==> $method $path" >&2
+# The server and token of the admin kubeconfig (ORRERY_URL overrides the server).
+url="${ORRERY_URL:-$(awk '/server:/ {print $2; exit}' "$data/admin.kubeconfig")}"
+token=$(awk '/token:/ {print $2; exit}' "$data/admin.kubeconfig")
+req() {
+    local method=$1 path=$2 type=$3 body=${4:-}
     curl -sS --fail-with-body --cacert "$data/tls/ca.crt" -H "Authorization: Bearer $token" \
-        -H 'Content-Type: application/json' -X "$method" ${body:+-d "$body"} "$url$path"
+        -H "Content-Type: $type" -X "$method" ${body:+-d "$body"} "$url$path"
+}
+call() {
+    echo "==> $1 $2" >&2
+    req "$1" "$2" application/json "${3:-}"
     echo
 }
-# 6.2.1: register a domain (its agent joins with `orrery token create --cluster gcp-production`).
+cleanup() {
+    echo "==> cleaning up" >&2
+    req DELETE /api/v1/propagationpolicies/dro-example application/json >/dev/null 2>&1 || true
+    req DELETE /apis/apiextensions.k8s.io/v1/customresourcedefinitions/droexamples.examples.orrery.io \
+        application/json >/dev/null 2>&1 || true
+    req DELETE /api/v1/clusters/gcp-production application/json >/dev/null 2>&1 || true
+}
+trap cleanup EXIT
+
+# A kind of its own, so that the policy below selects nothing of yours.
+echo "==> a custom kind, DroExample, and one object of it" >&2
+req POST /apis/apiextensions.k8s.io/v1/customresourcedefinitions application/json '{
+  "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+  "metadata": {"name": "droexamples.examples.orrery.io"},
+  "spec": {"group": "examples.orrery.io", "scope": "Namespaced",
+    "names": {"plural": "droexamples", "singular": "droexample", "kind": "DroExample"},
+    "versions": [{"name": "v1", "served": true, "storage": true,
+      "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}]}}' >/dev/null
+for _ in $(seq 50); do
+    req GET /apis/examples.orrery.io/v1/namespaces/default/droexamples application/json >/dev/null 2>&1 && break
+    sleep 0.2
+done
+req POST /apis/examples.orrery.io/v1/namespaces/default/droexamples application/json \
+    '{"apiVersion": "examples.orrery.io/v1", "kind": "DroExample", "metadata": {"name": "hello"}, "spec": {"greeting": "hi"}}' >/dev/null
+
+# 6.2.1: register a domain (its agent would join with `orrery token create --cluster gcp-production`).
 call POST /api/v1/clusters '{"name": "gcp-production", "endpoint": "https://k8s.gcp.example", "capabilities": ["gpu", "tls-encryption"]}'
 call GET /api/v1/clusters
-# 6.2.2: a policy in the draft's short form, then a merge patch.
-call POST /api/v1/propagationpolicies '{"name": "cross-region-policy", "resourceType": "Deployment", "targetClusters": ["aws-us-east", "azure-asia"]}'
-curl -sS --fail-with-body --cacert "$data/tls/ca.crt" -H "Authorization: Bearer $token" \
-    -H 'Content-Type: application/merge-patch+json' -X PATCH \
-    -d '{"targetClusters": ["aws-us-east", "gcp-europe"]}' "$url/api/v1/propagationpolicies/cross-region-policy"
+# 6.2.2: a policy in the draft's short form (every DroExample), then a merge patch.
+call POST /api/v1/propagationpolicies '{"name": "dro-example", "resourceType": "DroExample", "targetClusters": ["aws-us-east", "azure-asia"]}'
+echo "==> PATCH /api/v1/propagationpolicies/dro-example" >&2
+req PATCH /api/v1/propagationpolicies/dro-example application/merge-patch+json \
+    '{"targetClusters": ["aws-us-east", "gcp-europe"]}'
 echo
-# 6.3.1: a domain's figures and an event.
-call PUT /api/v1/metrics "{\"cluster\": \"aws-us-east\", \"timestamp\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\", \"cpuUsage\": 72.4, \"memoryAvailable\": 15.2}"
-call POST /api/v1/metrics/events '{"cluster": "aws-us-east", "type": "Warning", "reason": "LinkFlapping", "message": "uplink flapped twice"}'
+# Where the policy put the DroExample (its ResourceBinding, once the scheduler decided).
+echo "==> the placement of DroExample hello" >&2
+for _ in $(seq 50); do
+    placed=$(req GET /apis/multicluster.io/v1alpha1/namespaces/default/resourcebindings/hello-droexample \
+        application/json 2>/dev/null | grep -o '"clusters":\[[^]]*\]' || true)
+    [ -n "$placed" ] && break
+    sleep 0.2
+done
+echo "${placed:-not placed yet}"
+# 6.3.1: the new domain's figures and an event.
+call PUT /api/v1/metrics "{\"cluster\": \"gcp-production\", \"timestamp\": \"$(date -u +%Y-%m-%dT%H:%M:%SZ)\", \"cpuUsage\": 72.4, \"memoryAvailable\": 15.2}"
+call POST /api/v1/metrics/events '{"cluster": "gcp-production", "type": "Warning", "reason": "LinkFlapping", "message": "uplink flapped twice"}'
 # 6.4: the fleet now, and the history.
 call GET /api/v1/monitor/realtime
 call GET '/api/v1/history/schedules?maxEntries=5'
 call GET /api/v1/history/failures
-# Clean up what this script made.
-call DELETE /api/v1/propagationpolicies/cross-region-policy
-call DELETE /api/v1/clusters/gcp-production

@@ -211,11 +211,14 @@ fn every_example_places_what_it_says() {
     );
     assert!(text.contains("default/train"), "{text}");
 
-    // The draft's REST calls, as the script makes them.
+    // The draft's REST calls, as the script makes them: on objects of its own, removed at
+    // the end; a Deployment no policy places stays unplaced, and the rest where it was.
+    let (ok, out) = u.kubectl(&["create", "deployment", "loner", "--image", "nginx"]);
+    assert!(ok, "{out}");
+    let before = (u.placed("web-deployment"), u.placed("api-deployment"));
     let out = Command::new("bash")
         .arg(examples().join("dro-rest.sh"))
         .env("ORRERY_DATA", u.dir.path())
-        .env("ORRERY_URL", &u.url)
         .output()
         .unwrap();
     assert!(
@@ -226,6 +229,19 @@ fn every_example_places_what_it_says() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("\"activeClusters\":4"), "{stdout}");
+    assert_eq!(
+        (u.placed("web-deployment"), u.placed("api-deployment")),
+        before
+    );
+    assert!(
+        u.placed("loner-deployment").is_empty(),
+        "the script placed a Deployment of yours"
+    );
+    eventually(Duration::from_secs(20), "the script's objects gone", || {
+        let (_, crds) = u.kubectl(&["get", "crd", "-o", "name"]);
+        let (_, clusters) = u.kubectl(&["get", "clusters", "-o", "name"]);
+        !crds.contains("droexamples") && !clusters.contains("gcp-production")
+    });
 
     // A newcomer's first run warns of nothing (the agents' CA fetch, checked against the
     // token's pin, is not a warning).
