@@ -17,7 +17,6 @@ use serde_json::Value;
 struct Up {
     child: Child,
     dir: tempfile::TempDir,
-    url: String,
 }
 
 impl Drop for Up {
@@ -49,11 +48,7 @@ fn up_in(dir: tempfile::TempDir, clusters: usize) -> Up {
         }
     }
     std::thread::spawn(move || for _ in lines {});
-    Up {
-        child,
-        dir,
-        url: format!("https://127.0.0.1:{port}"),
-    }
+    Up { child, dir }
 }
 
 fn examples() -> PathBuf {
@@ -407,4 +402,81 @@ fn orrery_up_stopped_during_a_move_resumes_it() {
             );
         }
     }
+}
+
+/// `orrery sim` drives `orrery up`'s simulated clusters: faults and load, undone again.
+#[test]
+fn orrery_sim_drives_the_fleet_of_orrery_up() {
+    let u = up(2);
+    let sim = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
+            .arg("sim")
+            .args(args)
+            .arg("--data-dir")
+            .arg(u.dir.path())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, list, err) = sim(&["list"]);
+    assert!(ok, "{err}");
+    assert!(list.contains("aws-us-east"), "{list}");
+    assert_eq!(list.lines().count(), 3, "a header and two clusters: {list}");
+
+    let (ok, out, err) = sim(&["fault", "aws-us-east", "load", "0.9"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("aws-us-east runs at a background load of 0.9"),
+        "{out}"
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the load in the cluster's water level",
+        || {
+            let (_, level) = u.kubectl(&[
+                "get",
+                "cluster",
+                "aws-us-east",
+                "-o",
+                "jsonpath={.status.waterLevel.cpu}",
+            ]);
+            level.trim().parse::<f64>().is_ok_and(|l| l >= 0.85)
+        },
+    );
+
+    let (ok, _, err) = sim(&["fault", "aws-us-east", "outage"]);
+    assert!(ok, "{err}");
+    let (_, list, _) = sim(&["list"]);
+    let line = list.lines().find(|l| l.starts_with("aws-us-east")).unwrap();
+    assert!(line.ends_with("outage"), "{list}");
+    let (ok, _, err) = sim(&["fault", "aws-us-east", "recover"]);
+    assert!(ok, "{err}");
+    let (_, list, _) = sim(&["list"]);
+    let line = list.lines().find(|l| l.starts_with("aws-us-east")).unwrap();
+    assert!(line.ends_with('-'), "{list}");
+
+    let (ok, _, err) = sim(&["fault", "nowhere", "outage"]);
+    assert!(!ok);
+    assert!(
+        err.contains("no simulated cluster is called \"nowhere\""),
+        "{err}"
+    );
+    let (ok, _, err) = sim(&["fault", "aws-us-east", "load", "1.5"]);
+    assert!(!ok && err.contains("between 0 and 1"), "{err}");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["sim", "list", "--data-dir"])
+        .arg(elsewhere.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("is `orrery up` running on this data directory?"),
+        "{out:?}"
+    );
 }

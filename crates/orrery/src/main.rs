@@ -8,6 +8,7 @@ mod agent;
 mod join;
 mod push;
 mod server;
+mod sim;
 mod status;
 mod token;
 mod up;
@@ -52,6 +53,8 @@ enum Command {
     Token(token::TokenCommand),
     /// The fleet in the terminal: clusters, water levels, workloads and where they run.
     Status(status::StatusArgs),
+    /// The simulated clusters of `orrery up`: list them, inject faults, change their load.
+    Sim(sim::SimArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -83,6 +86,7 @@ fn main() -> anyhow::Result<()> {
             Command::Token(cmd) => token::run(cmd).await,
             Command::Status(args) => status::run(args).await,
             Command::Join(args) => join::run(args).await,
+            Command::Sim(args) => sim::run(args).await,
         }
     })
 }

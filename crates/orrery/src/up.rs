@@ -188,6 +188,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let members = members(args.clusters)?;
     let n = members.len();
     let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
+    let admin_shutdown = shutdown.clone();
     let fleet = Fleet::start(
         members,
         &FleetConfig {
@@ -201,6 +202,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         },
         shutdown,
     );
+    // The simulated clusters' fault injection, on loopback, for `orrery sim`.
+    let admin_addr =
+        orrery_agent::admin::serve("127.0.0.1:0".parse()?, fleet.sims.clone(), admin_shutdown)
+            .await?;
+    let admin_file = args.data_dir.join(crate::sim::ADMIN_FILE);
+    std::fs::write(&admin_file, format!("{admin_addr}\n"))
+        .with_context(|| format!("writing {}", admin_file.display()))?;
     let mut last = usize::MAX;
     loop {
         let ready = orrery_client::ready_clusters(&admin).await.unwrap_or(0);
@@ -245,10 +253,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     println!("  kubectl get clusters");
     println!("  kubectl apply -f examples/web.yaml        # a web app placed by water level");
     println!("  kubectl describe resourcebinding web-deployment");
+    println!("  orrery sim fault aws-us-east outage       # a cluster goes dark (recover: undo)");
     println!();
     println!("Ctrl-C stops everything; `orrery up` on the same data directory resumes.");
     stop.await;
     println!("stopping");
+    let _ = std::fs::remove_file(&admin_file);
     let _ = shutdown_tx.send(true);
     for (name, e) in fleet.wait().await {
         eprintln!("agent of {name}: {e}");
