@@ -1195,3 +1195,60 @@ fn another_schedulers_policy_is_accepted_and_its_templates_wait_for_it() {
         f.find("a", "Deployment", "web").is_some()
     });
 }
+
+/// A Deployment that no policy selects says so: one Warning Event on it (not repeated by a
+/// restart), and `orrery status` lists it as NoPlacementPolicy.
+#[test]
+fn a_workload_no_policy_selects_says_so() {
+    let mut f = Fleet::start(&[("a", "r1")]);
+    f.s.apply(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: loner, namespace: default}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: loner}}\n  template:\n    metadata: {labels: {app: loner}}\n    spec: {containers: [{name: c, image: nginx}]}\n",
+    );
+    f.s.apply("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: plain, namespace: default}\ndata: {k: v}\n");
+    let told = |f: &Fleet| -> Vec<Value> {
+        f.s.get_json(&["events", "-n", "default"])["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["reason"] == "NoPlacementPolicy")
+            .cloned()
+            .collect()
+    };
+    eventually(
+        Duration::from_secs(15),
+        "the NoPlacementPolicy event",
+        || !told(&f).is_empty(),
+    );
+    let events = told(&f);
+    assert_eq!(
+        events.len(),
+        1,
+        "one event, for the Deployment only: {events:#?}"
+    );
+    assert_eq!(events[0]["involvedObject"]["name"], "loner");
+    assert_eq!(events[0]["type"], "Warning");
+    assert!(
+        events[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("runs in no cluster")
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["status", "--kubeconfig"])
+        .arg(&f.s.kubeconfig)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.lines().any(|l| l.starts_with("default/loner")
+            && l.contains("Deployment")
+            && l.ends_with("NoPlacementPolicy")),
+        "{text}"
+    );
+    assert!(!text.contains("default/plain"), "{text}");
+    // A restart does not say it again.
+    f.s.terminate();
+    f.s.restart();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(told(&f).len(), 1);
+}

@@ -47,8 +47,57 @@ async fn list(client: &kube::Client, path: &str) -> anyhow::Result<Vec<Value>> {
     Ok(v["items"].as_array().cloned().unwrap_or_default())
 }
 
-/// Renders the fleet from the Cluster and ResourceBinding lists.
-pub fn render(clusters: &[Value], bindings: &[Value], width: usize) -> String {
+/// The workload kinds a newcomer expects to run somewhere, `(group/version, plural)`.
+const WORKLOADS: &[(&str, &str, &str)] = &[
+    ("apps/v1", "deployments", "Deployment"),
+    ("apps/v1", "statefulsets", "StatefulSet"),
+    ("apps/v1", "daemonsets", "DaemonSet"),
+    ("batch/v1", "jobs", "Job"),
+    ("batch/v1", "cronjobs", "CronJob"),
+];
+
+/// Workloads no placement policy selects: they have no binding, and run nowhere. Orrery's
+/// own namespaces are left out.
+pub fn unselected(workloads: &[Value], bindings: &[Value]) -> Vec<Value> {
+    let bound: std::collections::HashSet<(String, String)> = bindings
+        .iter()
+        .map(|b| {
+            let r = &b["spec"]["resource"];
+            (
+                r["namespace"].as_str().unwrap_or("").to_string(),
+                format!(
+                    "{}/{}",
+                    r["kind"].as_str().unwrap_or(""),
+                    r["name"].as_str().unwrap_or("")
+                ),
+            )
+        })
+        .collect();
+    workloads
+        .iter()
+        .filter(|w| {
+            let ns = w["metadata"]["namespace"].as_str().unwrap_or("");
+            let id = format!(
+                "{}/{}",
+                w["kind"].as_str().unwrap_or(""),
+                w["metadata"]["name"].as_str().unwrap_or("")
+            );
+            !ns.starts_with("orrery-")
+                && !ns.starts_with("kube-")
+                && !bound.contains(&(ns.to_string(), id))
+        })
+        .cloned()
+        .collect()
+}
+
+/// Renders the fleet from the Cluster and ResourceBinding lists, and the workloads no policy
+/// selects.
+pub fn render(
+    clusters: &[Value],
+    bindings: &[Value],
+    unselected: &[Value],
+    width: usize,
+) -> String {
     let mut out = String::new();
     let ready = |c: &Value| {
         c["status"]["conditions"]
@@ -110,12 +159,15 @@ pub fn render(clusters: &[Value], bindings: &[Value], width: usize) -> String {
             bar(sum / n as f64, width)
         ));
     }
-    out.push_str(&format!("\nWORKLOADS ({})\n", bindings.len()));
-    if bindings.is_empty() {
+    out.push_str(&format!(
+        "\nWORKLOADS ({})\n",
+        bindings.len() + unselected.len()
+    ));
+    if bindings.is_empty() && unselected.is_empty() {
         out.push_str("  none yet: kubectl apply -f examples/web.yaml\n");
         return out;
     }
-    let rows: Vec<[String; 5]> = bindings
+    let mut rows: Vec<[String; 5]> = bindings
         .iter()
         .map(|b| {
             let r = &b["spec"]["resource"];
@@ -172,6 +224,22 @@ pub fn render(clusters: &[Value], bindings: &[Value], width: usize) -> String {
             ]
         })
         .collect();
+    rows.extend(unselected.iter().map(|w| {
+        [
+            format!(
+                "{}/{}",
+                w["metadata"]["namespace"].as_str().unwrap_or(""),
+                w["metadata"]["name"].as_str().unwrap_or("")
+            ),
+            w["kind"].as_str().unwrap_or("").to_string(),
+            w["spec"]["replicas"]
+                .as_i64()
+                .map(|x| x.to_string())
+                .unwrap_or_else(|| "-".into()),
+            "-".into(),
+            "NoPlacementPolicy".into(),
+        ]
+    }));
     let header = ["NAME", "KIND", "REPLICAS", "PLACEMENT", "STATUS"];
     let widths: Vec<usize> = (0..5)
         .map(|i| {
@@ -197,6 +265,12 @@ pub fn render(clusters: &[Value], bindings: &[Value], width: usize) -> String {
     for r in &rows {
         out.push_str(&line([&r[0], &r[1], &r[2], &r[3], &r[4]]));
     }
+    if !unselected.is_empty() {
+        out.push_str(
+            "NoPlacementPolicy: no placement policy selects it, so it runs in no cluster \
+             (docs/policies.md: a ResourcePlacementPolicy or PropagationPolicy)\n",
+        );
+    }
     out
 }
 
@@ -207,7 +281,24 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         .with_context(|| format!("using the admin kubeconfig {}", path.display()))?;
     let clusters = list(&client, "/apis/multicluster.io/v1alpha1/clusters").await?;
     let bindings = list(&client, "/apis/multicluster.io/v1alpha1/resourcebindings").await?;
-    print!("{}", render(&clusters, &bindings, args.bar.clamp(4, 60)));
+    let mut workloads = Vec::new();
+    for (gv, plural, kind) in WORKLOADS {
+        // List items need not carry their kind.
+        workloads.extend(
+            list(&client, &format!("/apis/{gv}/{plural}"))
+                .await?
+                .into_iter()
+                .map(|mut w| {
+                    w["kind"] = Value::from(*kind);
+                    w
+                }),
+        );
+    }
+    let unselected = unselected(&workloads, &bindings);
+    print!(
+        "{}",
+        render(&clusters, &bindings, &unselected, args.bar.clamp(4, 60))
+    );
     Ok(())
 }
 
@@ -232,7 +323,7 @@ mod tests {
             "status": {"conditions": [{"type": "Scheduled", "status": "True", "reason": "Success"},
                 {"type": "FullyApplied", "status": "True"}]}
         })];
-        let out = render(&clusters, &bindings, 4);
+        let out = render(&clusters, &bindings, &[], 4);
         assert!(out.contains("CLUSTERS (1 registered, 1 ready)"), "{out}");
         assert!(out.contains("east  us-east-1  True"), "{out}");
         assert!(out.contains("█░░░ 0.25"), "{out}");
@@ -240,6 +331,6 @@ mod tests {
             out.contains("default/web  Deployment  4         east(4)    Running"),
             "{out}"
         );
-        assert!(render(&clusters, &[], 4).contains("none yet"));
+        assert!(render(&clusters, &[], &[], 4).contains("none yet"));
     }
 }

@@ -73,7 +73,20 @@ struct Detector {
     barrier: Barrier,
     /// Templates whose kind's first listing has not come yet, by slot.
     parked: HashMap<usize, BTreeSet<TKey>>,
+    /// Workloads told (by uid) that no policy selects them.
+    told_unselected: std::sync::Mutex<std::collections::HashSet<String>>,
     metrics: crate::runtime::metrics::Handle,
+}
+
+/// The Event reason on a workload that no placement policy selects.
+pub const NO_POLICY_REASON: &str = "NoPlacementPolicy";
+
+/// Kinds whose templates a newcomer expects to run somewhere (told when nothing places them).
+fn is_workload(kind: &str) -> bool {
+    matches!(
+        kind,
+        "Deployment" | "StatefulSet" | "DaemonSet" | "Job" | "CronJob" | "ReplicaSet"
+    )
 }
 
 /// Runs the policy controller until shutdown.
@@ -138,6 +151,7 @@ pub async fn run(
         queue: WorkQueue::new(Duration::from_millis(200), Duration::from_secs(30)),
         barrier,
         parked: HashMap::new(),
+        told_unselected: Default::default(),
         metrics: metrics.of("policy"),
     };
     let mut last_tick = std::time::Instant::now();
@@ -437,7 +451,8 @@ impl Detector {
         ))
     }
 
-    /// Starts following every template kind a policy names (once each).
+    /// Starts following every template kind a policy names (once each), and the workload
+    /// kinds always (one that no policy selects is told so).
     fn follow_policy_kinds(&mut self) {
         let wanted: BTreeSet<(String, String)> = self
             .policies
@@ -447,6 +462,16 @@ impl Detector {
                     .iter()
                     .map(|s| (s.api_version.clone(), s.kind.clone()))
             })
+            .chain(
+                [
+                    ("apps/v1", "Deployment"),
+                    ("apps/v1", "StatefulSet"),
+                    ("apps/v1", "DaemonSet"),
+                    ("batch/v1", "Job"),
+                    ("batch/v1", "CronJob"),
+                ]
+                .map(|(v, k)| (v.to_string(), k.to_string())),
+            )
             .collect();
         for (api_version, kind) in wanted {
             let new = self.watched.slot(&api_version, &kind).is_none();
@@ -532,7 +557,9 @@ impl Detector {
             .and_then(|b| b.spec.as_ref()?.get("policy").cloned())
             .and_then(|p| serde_json::from_value(p).ok());
         let Some(p) = policy::choose(self.policies.values(), &t, claimant.as_ref()) else {
-            return unbind(existing, Some(t));
+            let bound = existing.is_some();
+            return unbind(existing, Some(t.clone()))
+                .or_else(|| (!bound).then(|| self.tell_unselected(k, &t)).flatten());
         };
         if existing
             .as_ref()
@@ -635,6 +662,63 @@ impl Detector {
 
     /// Unbinding: delete the binding first; its Works go with it (the binding controller
     /// holds it until they are gone); then release the template.
+    /// A workload that no policy selects runs nowhere: an Event on it says so, once (also
+    /// across restarts: one already recorded is not recorded again).
+    fn tell_unselected(&self, k: &TKey, t: &Arc<Object>) -> Option<Job<TKey>> {
+        let ns = t.namespace();
+        if !is_workload(&t.kind)
+            || ns.is_empty()
+            || ns.starts_with("orrery-")
+            || ns.starts_with("kube-")
+        {
+            return None;
+        }
+        if !self
+            .told_unselected
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(t.metadata.uid.clone())
+        {
+            return None;
+        }
+        let store = self.store.clone();
+        let (key, t) = (k.clone(), t.clone());
+        Some(Box::pin(async move {
+            let events = store
+                .list(
+                    &keys::prefix("", "events", Some(t.namespace())),
+                    &orrery_store::ListOptions::default(),
+                )
+                .await
+                .map_err(|e| (key.clone(), e.to_string()))?;
+            let already = events.items.iter().any(|e| {
+                e.other.get("reason").and_then(serde_json::Value::as_str) == Some(NO_POLICY_REASON)
+                    && e.other
+                        .get("involvedObject")
+                        .and_then(|o| o.get("uid"))
+                        .and_then(serde_json::Value::as_str)
+                        == Some(t.metadata.uid.as_str())
+            });
+            if already {
+                return Ok(());
+            }
+            let message = format!(
+                "no placement policy selects this {}: it runs in no cluster (create a ResourcePlacementPolicy or PropagationPolicy that selects it; see docs/policies.md)",
+                t.kind
+            );
+            crate::record::event(
+                store.as_ref(),
+                &t,
+                "Warning",
+                NO_POLICY_REASON,
+                &message,
+                "orrery-policy-controller",
+            )
+            .await
+            .map_err(|e| (key, e.to_string()))
+        }))
+    }
+
     fn unbind(
         &self,
         k: &TKey,
