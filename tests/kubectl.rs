@@ -247,6 +247,27 @@ fn output_formats_describe_and_watch() {
         plain.contains("READY") && plain.contains("0/2") && !plain.contains("IMAGES"),
         "{plain}"
     );
+    // Orrery's own kinds have -o wide columns too.
+    s.apply("apiVersion: multicluster.io/v1alpha1\nkind: Cluster\nmetadata: {name: edge-1}\nspec: {provider: aws, region: eu-west-1, zones: [eu-west-1a, eu-west-1b]}\n");
+    s.apply("apiVersion: multicluster.io/v1alpha1\nkind: ResourcePlacementPolicy\nmetadata: {name: lonely, namespace: default}\nspec:\n  priority: 5\n  resourceSelector: {apiVersion: apps/v1, kind: Deployment, name: nothing-here}\n");
+    let wide = s.ok(&["get", "clusters", "-o", "wide"]);
+    let header = wide.lines().next().unwrap_or("");
+    for c in [
+        "PROVIDER", "ZONES", "VERSION", "NODES", "CPU", "MEMORY", "TAINTS",
+    ] {
+        assert!(header.contains(c), "{wide}");
+    }
+    assert!(wide.contains("eu-west-1a,eu-west-1b"), "{wide}");
+    assert!(!s.ok(&["get", "clusters"]).contains("PROVIDER"));
+    eventually(Duration::from_secs(10), "the policy's wide columns", || {
+        let wide = s.ok(&["get", "resourceplacementpolicies", "-o", "wide"]);
+        wide.lines()
+            .next()
+            .is_some_and(|h| h.contains("PRIORITY") && h.contains("REASON"))
+            && wide.lines().any(|l| {
+                l.starts_with("lonely") && l.contains(" 5 ") && l.trim_end().ends_with("NoMatch")
+            })
+    });
     let described = s.ok(&["describe", "deploy", "web"]);
     assert!(
         described.contains("Name:")

@@ -649,6 +649,50 @@ fn own_columns(kind: &str) -> Printer {
                 "The cluster's overall Resource Water Level",
             ),
             age,
+            // `-o wide`.
+            Column::new(
+                "Provider",
+                "string",
+                ".spec.provider",
+                1,
+                "The cluster's provider",
+            ),
+            Column::new("Zones", "string", ".spec.zones[*]", 1, "The zones it spans"),
+            Column::new(
+                "Version",
+                "string",
+                ".status.kubernetesVersion",
+                1,
+                "The member's Kubernetes version",
+            ),
+            Column::new(
+                "Nodes",
+                "integer",
+                ".status.nodeSummary.readyNum",
+                1,
+                "Ready nodes",
+            ),
+            Column::new(
+                "CPU",
+                "string",
+                ".status.waterLevel.cpu",
+                1,
+                "CPU water level",
+            ),
+            Column::new(
+                "Memory",
+                "string",
+                ".status.waterLevel.memory",
+                1,
+                "Memory water level",
+            ),
+            Column::new(
+                "Taints",
+                "string",
+                ".spec.taints[*].key",
+                1,
+                "The cluster's taints",
+            ),
         ],
         "ResourceBinding" => vec![
             Column::new(
@@ -680,6 +724,34 @@ fn own_columns(kind: &str) -> Printer {
                 "Where it was placed",
             ),
             age,
+            Column::new(
+                "Replicas",
+                "integer",
+                ".spec.replicas",
+                1,
+                "Desired replicas",
+            ),
+            Column::new(
+                "Policy",
+                "string",
+                ".spec.policy.name",
+                1,
+                "The placement policy that places it",
+            ),
+            Column::new(
+                "Strategy",
+                "string",
+                ".status.strategy",
+                1,
+                "How the replicas were divided",
+            ),
+            Column::new(
+                "Migration",
+                "string",
+                ".spec.migration",
+                1,
+                "The Migration moving it now",
+            ),
         ],
         "ResourcePlacementPolicy" | "PropagationPolicy" | "ClusterPropagationPolicy" => vec![
             Column::new(
@@ -690,6 +762,14 @@ fn own_columns(kind: &str) -> Printer {
                 "Templates this policy places",
             ),
             age,
+            Column::new("Priority", "integer", ".spec.priority", 1, "Its priority"),
+            Column::new(
+                "Reason",
+                "string",
+                ".status.conditions[?(@.type==\"Bound\")].reason",
+                1,
+                "Why it binds what it binds (NoMatch: its selectors match nothing)",
+            ),
         ],
         "Migration" => vec![
             Column::new(
@@ -740,6 +820,20 @@ fn own_columns(kind: &str) -> Printer {
                 "Whether the member applied every manifest",
             ),
             age,
+            Column::new(
+                "Available",
+                "string",
+                ".status.conditions[?(@.type==\"Available\")].status",
+                1,
+                "Whether every manifest is healthy in the member",
+            ),
+            Column::new(
+                "Manifests",
+                "string",
+                ".spec.workload.manifests[*].kind",
+                1,
+                "The kinds it carries",
+            ),
         ],
         _ => vec![age],
     };

@@ -1027,14 +1027,30 @@ mod tests {
         let obj: Object = serde_json::from_value(json!({
             "apiVersion": "multicluster.io/v1alpha1", "kind": "Cluster",
             "metadata": {"name": "east"},
-            "spec": {"syncMode": "Pull", "region": "us-east-1"},
+            "spec": {"syncMode": "Pull", "region": "us-east-1", "zones": ["a", "b"],
+                     "taints": [{"key": "x", "effect": "NoSchedule"}, {"key": "y", "effect": "NoExecute"}]},
             "status": {"conditions": [{"type": "Joined", "status": "True"}, {"type": "Ready", "status": "False"}],
-                       "waterLevel": {"overall": 0.42}}
+                       "waterLevel": {"overall": 0.42, "cpu": 0.5}, "nodeSummary": {"readyNum": 3}}
         })).unwrap();
         let r = row(&rt, &obj, IncludeObject::None, Time::now());
+        // The columns of `-o wide` (priority 1) follow Age; lists of values are joined.
         assert_eq!(
             r["cells"],
-            json!(["east", "Pull", "False", "us-east-1", 0.42, null])
+            json!([
+                "east",
+                "Pull",
+                "False",
+                "us-east-1",
+                0.42,
+                null,
+                null,
+                "a,b",
+                null,
+                3,
+                0.5,
+                null,
+                "x,y"
+            ])
         );
         assert!(r.get("object").is_none());
     }
