@@ -416,6 +416,21 @@ fn status_patch(m: &Server, what: &[&str], status: Value) {
     m.ok(&args);
 }
 
+/// Merges `annotations` into a claim of the member's `default` namespace.
+fn annotate_claim(m: &Server, claim: &str, annotations: Value) {
+    let patch = json!({"metadata": {"annotations": annotations}}).to_string();
+    m.ok(&[
+        "patch",
+        "pvc",
+        claim,
+        "-n",
+        "default",
+        "--type=merge",
+        "-p",
+        &patch,
+    ]);
+}
+
 fn claims_mounted(pod: &Value) -> Vec<String> {
     pod["spec"]["volumes"]
         .as_array()
@@ -501,17 +516,11 @@ impl Plant {
         {
             for claim in claims_mounted(p) {
                 self.writes += 1;
-                let ann = json!({"metadata": {"annotations": {CONTENT: format!("{cluster}:{claim}:w{}", self.writes)}}});
-                m.ok(&[
-                    "patch",
-                    "pvc",
+                annotate_claim(
+                    m,
                     &claim,
-                    "-n",
-                    "default",
-                    "--type=merge",
-                    "-p",
-                    &ann.to_string(),
-                ]);
+                    json!({CONTENT: format!("{cluster}:{claim}:w{}", self.writes)}),
+                );
             }
         }
         // The CSI snapshotter: a snapshot holds its claim's data as it is now.
@@ -568,17 +577,7 @@ impl Plant {
                 );
                 match self.repository.get(&key) {
                     Some(data) => {
-                        let ann = json!({"metadata": {"annotations": {CONTENT: data}}});
-                        m.ok(&[
-                            "patch",
-                            "pvc",
-                            &claim,
-                            "-n",
-                            "default",
-                            "--type=merge",
-                            "-p",
-                            &ann.to_string(),
-                        ]);
+                        annotate_claim(m, &claim, json!({CONTENT: data}));
                         "Complete"
                     }
                     None => "Failed",

@@ -1097,21 +1097,7 @@ spec:
 "#
         ));
     }
-    let split = |name: &str| -> Vec<(String, i64)> {
-        let b =
-            f.s.get_json(&["resourcebinding", &format!("{name}-deployment")]);
-        b["spec"]["clusters"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|c| {
-                (
-                    c["name"].as_str().unwrap().to_string(),
-                    c["replicas"].as_i64().unwrap_or(0),
-                )
-            })
-            .collect()
-    };
+    let split = |name: &str| f.clusters_of(&format!("{name}-deployment"));
     eventually(Duration::from_secs(20), "both placed", || {
         [split("even"), split("level")]
             .iter()

@@ -120,21 +120,6 @@ fn wait_migration(f: &Fleet, phase: Option<&str>, timeout: Duration) -> Value {
     found
 }
 
-fn clusters_of(f: &Fleet, binding: &str) -> Vec<(String, i64)> {
-    let b = f.s.get_json(&["resourcebinding", binding, "-n", "default"]);
-    b["spec"]["clusters"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            (
-                c["name"].as_str().unwrap().to_string(),
-                c["replicas"].as_i64().unwrap_or(0),
-            )
-        })
-        .collect()
-}
-
 /// A member's data log (volumes, pods on them, snapshots, copies).
 fn data_log(f: &Fleet, cluster: &str) -> Vec<Value> {
     let (code, body) = common::http(
@@ -250,8 +235,8 @@ fn a_policy_change_moves_a_statefulset_and_its_follower_to_the_faster_link_with_
         Duration::from_secs(30),
         "db and its follower in src",
         || {
-            clusters_of(&f, "db-statefulset") == vec![("src".to_string(), 2)]
-                && clusters_of(&f, "app-deployment") == vec![("src".to_string(), 2)]
+            f.clusters_of("db-statefulset") == vec![("src".to_string(), 2)]
+                && f.clusters_of("app-deployment") == vec![("src".to_string(), 2)]
                 && f.find("src", "StatefulSet", "db")
                     .is_some_and(|s| s["status"]["readyReplicas"] == 2)
         },
@@ -337,7 +322,7 @@ fn a_policy_change_moves_a_statefulset_and_its_follower_to_the_faster_link_with_
         Duration::from_secs(30),
         "the follower in fast, nothing left in src",
         || {
-            clusters_of(&f, "app-deployment") == vec![("fast".to_string(), 2)]
+            f.clusters_of("app-deployment") == vec![("fast".to_string(), 2)]
                 && f.find("fast", "Deployment", "app")
                     .is_some_and(|d| d["status"]["readyReplicas"] == 2)
                 && f.find("src", "Deployment", "app").is_none()
@@ -407,18 +392,16 @@ fn a_noexecute_taint_drains_a_statefulset_with_its_data() {
         db_policy(&["a", "b"])
     ));
     let mut placed = String::new();
-    eventually(
-        Duration::from_secs(30),
-        "db placed",
-        || match clusters_of(&f, "db-statefulset").first() {
+    eventually(Duration::from_secs(30), "db placed", || {
+        match f.clusters_of("db-statefulset").first() {
             Some((c, 2)) => {
                 placed = c.clone();
                 f.find(c, "StatefulSet", "db")
                     .is_some_and(|s| s["status"]["readyReplicas"] == 2)
             }
             _ => false,
-        },
-    );
+        }
+    });
     let other = if placed == "a" { "b" } else { "a" };
     // A Service for its pods, kept in its first cluster by its policy: it cannot follow,
     // and the switch says so once it stops waiting for it.
@@ -523,18 +506,16 @@ fn a_server_killed_while_replicating_and_while_fencing_resumes_the_move() {
         db_policy(&["src", "dst"])
     ));
     let mut from = String::new();
-    eventually(
-        Duration::from_secs(30),
-        "db placed",
-        || match clusters_of(&f, "db-statefulset").first() {
+    eventually(Duration::from_secs(30), "db placed", || {
+        match f.clusters_of("db-statefulset").first() {
             Some((c, 2)) => {
                 from = c.clone();
                 f.find(c, "StatefulSet", "db")
                     .is_some_and(|s| s["status"]["readyReplicas"] == 2)
             }
             _ => false,
-        },
-    );
+        }
+    });
     let to = if from == "src" { "dst" } else { "src" };
 
     // A user's Migration; the server is killed while the first round is being copied.
@@ -612,7 +593,7 @@ fn a_server_killed_while_replicating_and_while_fencing_resumes_the_move() {
     };
     check_versions(&m);
     check_data(&f, &["src", "dst"]);
-    assert_eq!(clusters_of(&f, "db-statefulset"), vec![(from.clone(), 2)]);
+    assert_eq!(f.clusters_of("db-statefulset"), vec![(from.clone(), 2)]);
 }
 
 #[test]
@@ -634,7 +615,7 @@ spec:
 "#,
     );
     eventually(Duration::from_secs(30), "app placed", || {
-        clusters_of(&f, "app-deployment") == vec![("a".to_string(), 2)]
+        f.clusters_of("app-deployment") == vec![("a".to_string(), 2)]
     });
     f.s.apply(
         r#"
@@ -698,7 +679,7 @@ spec:
         || {
             let b =
                 f.s.get_json(&["resourcebinding", "db-statefulset", "-n", "default"]);
-            let placed = clusters_of(&f, "db-statefulset");
+            let placed = f.clusters_of("db-statefulset");
             let Some((p, 2)) = placed.first().cloned() else {
                 return false;
             };

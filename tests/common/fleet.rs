@@ -66,6 +66,24 @@ impl Fleet {
         Fleet { s, agents }
     }
 
+    /// Where a ResourceBinding in `default` places its template: (cluster, replicas).
+    pub fn clusters_of(&self, binding: &str) -> Vec<(String, i64)> {
+        let b = self
+            .s
+            .get_json(&["resourcebinding", binding, "-n", "default"]);
+        b["spec"]["clusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_string(),
+                    c["replicas"].as_i64().unwrap_or(0),
+                )
+            })
+            .collect()
+    }
+
     /// The admin endpoint of a member's agent.
     pub fn admin(&self, cluster: &str) -> &str {
         &self.agents.iter().find(|(n, _, _)| n == cluster).unwrap().2
