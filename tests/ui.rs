@@ -205,6 +205,17 @@ async fn the_global_view_shows_the_fleet_live() {
     .await;
     let same_page = c.execute("return window.__marker", vec![]).await.unwrap();
     assert_eq!(same_page, json!(42), "the page was not reloaded");
+    // A Job ends: Completed, not Running, once every cluster's copy completed.
+    f.s.apply(
+        "apiVersion: batch/v1\nkind: Job\nmetadata: {name: once, namespace: default}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      containers: [{name: c, image: busybox}]\n---\napiVersion: multicluster.io/v1alpha1\nkind: ResourcePlacementPolicy\nmetadata: {name: once, namespace: default}\nspec:\n  resourceSelector: {apiVersion: batch/v1, kind: Job, name: once, namespace: default}\n  placement: {clusterAffinity: {clusterNames: [east]}}\n",
+    );
+    until(
+        &c,
+        "the Job completed",
+        "const r = document.querySelector('#workloads tr[data-workload=\"default/once\"]');
+         return !!r && r.lastElementChild.textContent === 'Completed';",
+    )
+    .await;
     // A Migration shows up live, with its phase and why (a Deployment without volumes has
     // no data to move: refused at once).
     f.s.apply(

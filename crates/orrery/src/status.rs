@@ -198,8 +198,32 @@ pub fn render(
                         )
                     })
             };
+            // A Job has an end: Completed once every cluster's copy completed.
+            let job_ended = |t: &str| {
+                let agg = b["status"]["aggregatedStatus"].as_array();
+                r["kind"] == "Job"
+                    && agg.is_some_and(|a| !a.is_empty())
+                    && agg.into_iter().flatten().all(|a| {
+                        a["status"]["conditions"].as_array().is_some_and(|cs| {
+                            cs.iter().any(|c| c["type"] == t && c["status"] == "True")
+                        })
+                    })
+            };
+            let job_failed = r["kind"] == "Job"
+                && b["status"]["aggregatedStatus"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|a| {
+                        a["status"]["conditions"].as_array().is_some_and(|cs| {
+                            cs.iter()
+                                .any(|c| c["type"] == "Failed" && c["status"] == "True")
+                        })
+                    });
             let state = match (cond("Scheduled"), cond("FullyApplied")) {
                 (Some((false, reason)), _) => reason,
+                _ if job_failed => "Failed".into(),
+                _ if job_ended("Complete") => "Completed".into(),
                 (_, Some((true, _))) => "Running".into(),
                 (Some((true, _)), _) => "Applying".into(),
                 _ => "Pending".into(),
@@ -332,5 +356,59 @@ mod tests {
             "{out}"
         );
         assert!(render(&clusters, &[], &[], 4).contains("none yet"));
+    }
+
+    #[test]
+    fn jobs_end_and_unselected_workloads_show() {
+        let job = |conds: Vec<Value>| {
+            json!({
+                "spec": {"resource": {"kind": "Job", "namespace": "ml", "name": "train"},
+                    "replicas": 1, "clusters": [{"name": "a", "replicas": 1}, {"name": "b", "replicas": 1}]},
+                "status": {"conditions": [{"type": "Scheduled", "status": "True"}, {"type": "FullyApplied", "status": "True"}],
+                    "aggregatedStatus": conds.into_iter().map(|c| json!({"status": {"conditions": c}})).collect::<Vec<_>>()}
+            })
+        };
+        let complete = json!([{"type": "Complete", "status": "True"}]);
+        let state = |b: Value| {
+            let out = render(&[], &[b], &[], 4);
+            out.lines()
+                .find(|l| l.starts_with("ml/train"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .last()
+                .unwrap_or_default()
+                .to_string()
+        };
+        assert_eq!(
+            state(job(vec![complete.clone(), complete.clone()])),
+            "Completed"
+        );
+        assert_eq!(
+            state(job(vec![complete.clone(), json!([])])),
+            "Running",
+            "one still runs"
+        );
+        assert_eq!(
+            state(job(vec![
+                complete,
+                json!([{"type": "Failed", "status": "True"}])
+            ])),
+            "Failed"
+        );
+        let loner = json!({"kind": "Deployment", "metadata": {"namespace": "default", "name": "loner"}, "spec": {"replicas": 2}});
+        let system =
+            json!({"kind": "Deployment", "metadata": {"namespace": "orrery-system", "name": "x"}});
+        let placed =
+            json!({"kind": "Deployment", "metadata": {"namespace": "default", "name": "web"}});
+        let web = json!({"spec": {"resource": {"kind": "Deployment", "namespace": "default", "name": "web"}}});
+        let left = unselected(&[loner, system, placed], std::slice::from_ref(&web));
+        assert_eq!(left.len(), 1);
+        let out = render(&[], &[web], &left, 4);
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("default/loner") && l.ends_with("NoPlacementPolicy")),
+            "{out}"
+        );
+        assert!(out.contains("WORKLOADS (2)"), "{out}");
     }
 }
