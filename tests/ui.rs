@@ -205,6 +205,14 @@ async fn the_global_view_shows_the_fleet_live() {
     .await;
     let same_page = c.execute("return window.__marker", vec![]).await.unwrap();
     assert_eq!(same_page, json!(42), "the page was not reloaded");
+    // READY sums what the members report.
+    until(
+        &c,
+        "the workload's ready replicas",
+        "const r = document.querySelector('#workloads tr[data-workload=\"default/shop\"] td[data-ready]');
+         return !!r && r.dataset.ready === '6/6';",
+    )
+    .await;
     // A Job ends: Completed, not Running, once every cluster's copy completed.
     f.s.apply(
         "apiVersion: batch/v1\nkind: Job\nmetadata: {name: once, namespace: default}\nspec:\n  template:\n    spec:\n      restartPolicy: Never\n      containers: [{name: c, image: busybox}]\n---\napiVersion: multicluster.io/v1alpha1\nkind: ResourcePlacementPolicy\nmetadata: {name: once, namespace: default}\nspec:\n  resourceSelector: {apiVersion: batch/v1, kind: Job, name: once, namespace: default}\n  placement: {clusterAffinity: {clusterNames: [east]}}\n",
