@@ -633,7 +633,7 @@ pub struct Mover {
     milestone: AtomicU64,
     /// Moves when the mover changes a claim's annotations (its workload's state changes).
     pub volumes_epoch: AtomicU64,
-    kick: tokio::sync::Notify,
+    kick: Arc<tokio::sync::Notify>,
     changed: Arc<tokio::sync::watch::Sender<u64>>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -672,7 +672,7 @@ impl Mover {
             stamp: AtomicU64::new(0),
             milestone: AtomicU64::new(0),
             volumes_epoch: AtomicU64::new(0),
-            kick: tokio::sync::Notify::new(),
+            kick: Arc::new(tokio::sync::Notify::new()),
             changed,
             task: Mutex::new(None),
         }
@@ -762,14 +762,15 @@ impl Mover {
             loop {
                 let Some(m) = me.upgrade() else { return };
                 m.reconcile().await;
-                let idle = lock(&m.wanted).is_empty();
-                let wait = if idle {
+                let wait = if lock(&m.wanted).is_empty() {
                     Duration::from_secs(3600)
                 } else {
                     POLL
                 };
-                let kicked = async { m.kick.notified().await };
-                let _ = tokio::time::timeout(wait, kicked).await;
+                // Waits without holding the mover, so that a dropped backend lets it go.
+                let kick = m.kick.clone();
+                drop(m);
+                let _ = tokio::time::timeout(wait, kick.notified()).await;
             }
         }));
     }
@@ -788,9 +789,22 @@ impl Mover {
             .values()
             .map(|(_, t)| t.clone())
             .collect();
+        // The configuration is read once a pass, for every transfer.
+        let cfg = match self.config().await {
+            Ok(c) => Ok(c),
+            Err(StepError::Failed(m)) => Err(m),
+            Err(StepError::Unavailable(e)) => {
+                tracing::debug!(error = %e, "the member did not answer; trying again");
+                return;
+            }
+        };
         let mut changed = false;
         for t in wanted {
-            let status = match self.step(&t).await {
+            let result = match &cfg {
+                Ok(c) => self.step(c, &t).await,
+                Err(m) => Err(StepError::Failed(m.clone())),
+            };
+            let status = match result {
                 Ok(s) => s,
                 Err(StepError::Failed(m)) => TransferStatus {
                     id: t.id.clone(),
@@ -874,10 +888,9 @@ impl Mover {
         Ok(())
     }
 
-    async fn step(&self, t: &Transfer) -> Result<TransferStatus, StepError> {
-        let cfg = self.config().await?;
+    async fn step(&self, cfg: &MoverConfig, t: &Transfer) -> Result<TransferStatus, StepError> {
         let th = transfer_hash(&t.id);
-        self.ensure_secret(&cfg, t, &th).await?;
+        self.ensure_secret(cfg, t, &th).await?;
         let pods = self.pods(&t.namespace).await?;
         let fenced = t.role == TransferRole::Send && t.after_fence && self.fenced(t, &pods);
         let mut status = TransferStatus {
@@ -890,8 +903,8 @@ impl Mover {
         let mut complete = true;
         for tv in &t.volumes {
             let p = match t.role {
-                TransferRole::Send => self.send_volume(&cfg, t, &th, tv, fenced, &pods).await?,
-                TransferRole::Receive => self.receive_volume(&cfg, t, &th, tv, &pods).await?,
+                TransferRole::Send => self.send_volume(cfg, t, &th, tv, fenced, &pods).await?,
+                TransferRole::Receive => self.receive_volume(cfg, t, &th, tv, &pods).await?,
             };
             match p {
                 Progress::Done(v) => status.volumes.push(v),
