@@ -21,14 +21,59 @@ pub async fn event(
     message: &str,
     component: &str,
 ) -> Result<(), StoreError> {
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    create_event(
+        store,
+        about,
+        &suffix[..16],
+        type_,
+        reason,
+        message,
+        component,
+    )
+    .await
+}
+
+/// Records an Event about `about` that is told once for its `reason`: named after the
+/// object's uid and the reason, so that one already stored (before a restart) stays the only one.
+pub async fn event_once(
+    store: &dyn Store,
+    about: &Object,
+    type_: &str,
+    reason: &str,
+    message: &str,
+    component: &str,
+) -> Result<(), StoreError> {
+    let uid: String = about
+        .metadata
+        .uid
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(16)
+        .collect();
+    let suffix = format!("{uid}.{}", reason.to_lowercase());
+    match create_event(store, about, &suffix, type_, reason, message, component).await {
+        Err(StoreError::AlreadyExists { .. }) => Ok(()),
+        other => other,
+    }
+}
+
+async fn create_event(
+    store: &dyn Store,
+    about: &Object,
+    suffix: &str,
+    type_: &str,
+    reason: &str,
+    message: &str,
+    component: &str,
+) -> Result<(), StoreError> {
     let ns = if about.namespace().is_empty() {
         "default"
     } else {
         about.namespace()
     };
     let now = Time::now();
-    let suffix = uuid::Uuid::new_v4().simple().to_string();
-    let name = format!("{}.{}", about.name(), &suffix[..16]);
+    let name = format!("{}.{suffix}", about.name());
     let mut e = new_object("v1", "Event", Some(ns), &name);
     // As kube-apiserver: an Event has no generation.
     e.metadata.generation = None;

@@ -684,29 +684,11 @@ impl Detector {
         let store = self.store.clone();
         let (key, t) = (k.clone(), t.clone());
         Some(Box::pin(async move {
-            let events = store
-                .list(
-                    &keys::prefix("", "events", Some(t.namespace())),
-                    &orrery_store::ListOptions::default(),
-                )
-                .await
-                .map_err(|e| (key.clone(), e.to_string()))?;
-            let already = events.items.iter().any(|e| {
-                e.other.get("reason").and_then(serde_json::Value::as_str) == Some(NO_POLICY_REASON)
-                    && e.other
-                        .get("involvedObject")
-                        .and_then(|o| o.get("uid"))
-                        .and_then(serde_json::Value::as_str)
-                        == Some(t.metadata.uid.as_str())
-            });
-            if already {
-                return Ok(());
-            }
             let message = format!(
                 "no placement policy selects this {}: it runs in no cluster (create a ResourcePlacementPolicy or PropagationPolicy that selects it; see docs/policies.md)",
                 t.kind
             );
-            crate::record::event(
+            crate::record::event_once(
                 store.as_ref(),
                 &t,
                 "Warning",
