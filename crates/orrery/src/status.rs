@@ -198,32 +198,25 @@ pub fn render(
                         )
                     })
             };
-            // A Job has an end: Completed once every cluster's copy completed.
-            let job_ended = |t: &str| {
-                let agg = b["status"]["aggregatedStatus"].as_array();
-                r["kind"] == "Job"
-                    && agg.is_some_and(|a| !a.is_empty())
-                    && agg.into_iter().flatten().all(|a| {
-                        a["status"]["conditions"].as_array().is_some_and(|cs| {
-                            cs.iter().any(|c| c["type"] == t && c["status"] == "True")
-                        })
-                    })
-            };
-            let job_failed = r["kind"] == "Job"
-                && b["status"]["aggregatedStatus"]
+            // A Job has an end: Completed once every cluster's copy completed, Failed if one
+            // failed.
+            let has = |a: &Value, t: &str| {
+                a["status"]["conditions"]
                     .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|a| {
-                        a["status"]["conditions"].as_array().is_some_and(|cs| {
-                            cs.iter()
-                                .any(|c| c["type"] == "Failed" && c["status"] == "True")
-                        })
-                    });
+                    .is_some_and(|cs| cs.iter().any(|c| c["type"] == t && c["status"] == "True"))
+            };
+            let copies = b["status"]["aggregatedStatus"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let is_job = r["kind"] == "Job";
+            let job_failed = is_job && copies.iter().any(|a| has(a, "Failed"));
+            let job_done =
+                is_job && !copies.is_empty() && copies.iter().all(|a| has(a, "Complete"));
             let state = match (cond("Scheduled"), cond("FullyApplied")) {
                 (Some((false, reason)), _) => reason,
                 _ if job_failed => "Failed".into(),
-                _ if job_ended("Complete") => "Completed".into(),
+                _ if job_done => "Completed".into(),
                 (_, Some((true, _))) => "Running".into(),
                 (Some((true, _)), _) => "Applying".into(),
                 _ => "Pending".into(),
