@@ -360,10 +360,13 @@ fn overlay(
             && started(st, Phase::Cleaning).is_some_and(|c| {
                 i.deleting || i.now.seconds_since(c) >= i.settings.cleanup_grace_seconds
             }));
-    let fence_source = matches!(
+    // A rolled-back move whose target is still fenced keeps the source fenced as well: until
+    // the target confirms, two writers could run.
+    let fence_source = (matches!(
         st.phase,
         Phase::Fencing | Phase::FinalSync | Phase::Starting | Phase::Switching | Phase::Cleaning
-    ) && !cleaned;
+    ) && !cleaned)
+        || (st.phase == Phase::Failed && fence_target);
     s.fenced.retain(|c| c != a && c != t);
     if fence_source {
         s.fenced.push(a.to_string());
@@ -473,7 +476,6 @@ pub fn step(i: &Input<'_>) -> Output {
     let caps = capacities(i);
     let mut transfers: (Option<Transfer>, Option<Transfer>) = (None, None);
     let mut fence_target = false;
-    let mut hold_source = false;
     let mut release = false;
     // Each phase may lead to the next in the same step when nothing needs waiting for.
     for _ in 0..8 {
@@ -861,11 +863,10 @@ pub fn step(i: &Input<'_>) -> Output {
                         }
                     };
                 fence_target = had_workload && !confirmed;
-                hold_source = fence_target;
                 release = !fence_target;
                 const HELD: &str = "; the workload stays stopped in ";
                 let base = st.message.split(HELD).next().unwrap_or("").to_string();
-                st.message = if hold_source {
+                st.message = if fence_target {
                     format!(
                         "{base}{HELD}{} until {} confirms it runs nothing there",
                         st.source, st.target
@@ -878,10 +879,6 @@ pub fn step(i: &Input<'_>) -> Output {
         }
     }
     let mut next = overlay(i, spec, &st, transfers, fence_target, release);
-    if hold_source && !next.fenced.contains(&st.source) {
-        next.fenced.push(st.source.clone());
-        next.fenced.sort();
-    }
     // A failed move puts the workload back where it was.
     if st.phase == Phase::Failed {
         next.clusters.retain(|c| c.name != st.target);
