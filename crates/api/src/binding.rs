@@ -44,16 +44,22 @@ pub const TASK_KIND: &str = "Task";
 pub const TASK_LABEL: &str = "multicluster.io/task";
 
 /// The template a binding is for.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ObjectReference {
+    /// The template's API version.
     pub api_version: String,
+    /// The template's kind.
     pub kind: String,
+    /// The template's namespace.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub namespace: String,
+    /// The template's name.
     pub name: String,
+    /// The template's uid.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub uid: String,
+    /// The template's version this binding was last written for.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub resource_version: String,
 }
@@ -191,37 +197,59 @@ impl Task {
 pub const SYSTEM_NAMESPACE: &str = "orrery-system";
 
 /// Another object a template needs in the same cluster (a ConfigMap it mounts...).
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub struct Dependency {
+    /// Its API version (v1).
     pub api_version: String,
+    /// Its kind.
     pub kind: String,
+    /// Its namespace.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub namespace: String,
+    /// Its name.
     pub name: String,
 }
 
 /// How many replicas one cluster runs.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 pub struct TargetCluster {
+    /// The cluster.
     pub name: String,
+    /// The replicas it runs.
     #[serde(default)]
     pub replicas: i64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReplicaRequirements {
+    /// What one replica requests (cpu, memory, nvidia.com/gpu...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub resource_request: ResourceList,
 }
 
 /// A cluster the application was moved away from, and until when its old copy may stay.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Eviction {
+    /// The cluster left.
     pub cluster: String,
+    /// Why: ApplicationFailure, ClusterFailure, Shed...
     pub reason: String,
+    /// When the move started.
     pub since: Time,
     /// The old copy is kept until the new placement is healthy or this time passes; `None`
     /// removes it at once.
@@ -237,36 +265,48 @@ pub struct Eviction {
     pub rescheduled: bool,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// The template, what its policy says of its placement, and where the scheduler placed it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BindingSpec {
+    /// The template bound.
     pub resource: ObjectReference,
     /// Desired replicas of a divisible workload; 0 for kinds without replicas.
     #[serde(default)]
     pub replicas: i64,
+    /// What one replica needs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_requirements: Option<ReplicaRequirements>,
+    /// Objects the template uses, propagated with it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dependencies: Vec<Dependency>,
+    /// The placement of the policy, as the scheduler applies it.
     #[serde(default)]
     pub placement: Placement,
     /// The draft's `targetClusters` of a ResourcePlacementPolicy (ORed).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub target_clusters: Vec<Target>,
+    /// The policy that placed the template.
     pub policy: PolicyRef,
+    /// The policy's priority.
     #[serde(default)]
     pub priority: i32,
+    /// Abort or Overwrite, from the policy.
     #[serde(default, skip_serializing_if = "is_abort")]
     pub conflict_resolution: ConflictResolution,
+    /// Keep the objects in the members when the template is deleted.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub preserve_resources_on_deletion: bool,
+    /// Works held back, from the policy.
     #[serde(default, skip_serializing_if = "is_default")]
     pub suspension: Suspension,
+    /// Application failover, from the policy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover: Option<ApplicationFailover>,
     /// Where the scheduler placed the template.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<TargetCluster>,
+    /// Clusters the workload is moving away from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub evictions: Vec<Eviction>,
     /// The volumes the template's pods own (from the template): a binding with any is
@@ -298,10 +338,12 @@ pub struct BindingSpec {
 }
 
 /// A transfer one cluster takes part in.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterTransfer {
+    /// The cluster taking part.
     pub cluster: String,
+    /// What it does.
     pub transfer: Transfer,
 }
 
@@ -321,16 +363,21 @@ fn is_default<T: Default + PartialEq>(v: &T) -> bool {
 }
 
 /// How the template is doing in one cluster.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AggregatedStatusItem {
+    /// The cluster.
     pub cluster_name: String,
+    /// Whether the member applied the Work.
     #[serde(default)]
     pub applied: bool,
+    /// Healthy, Progressing, Unhealthy or Unknown.
     #[serde(default)]
     pub health: Health,
+    /// The template's status there.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<Value>,
+    /// Why it is not applied or healthy.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
     /// Since when the health has been what it is.
@@ -342,12 +389,15 @@ pub struct AggregatedStatusItem {
 }
 
 /// Why a cluster was or was not chosen, in short.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterDecision {
+    /// The cluster.
     pub name: String,
+    /// Replicas given to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<i64>,
+    /// Why it was or was not chosen.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
     /// The filter plugin that turned the cluster away.
@@ -361,16 +411,21 @@ pub struct ClusterDecision {
     pub scores: std::collections::BTreeMap<String, f64>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// How the template was placed and how it runs: written by the scheduler and the binding
+/// controller.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BindingStatus {
+    /// Scheduled, FullyApplied and others.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+    /// How the template runs in each cluster.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub aggregated_status: Vec<AggregatedStatusItem>,
     /// The spec generation the scheduler last decided for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduler_observed_generation: Option<i64>,
+    /// The affinity term of `clusterAffinities` the last decision used.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub scheduler_observed_affinity_name: String,
     /// The last decision, cluster by cluster (the chosen ones, then the best of the others,
@@ -393,6 +448,7 @@ pub struct BindingStatus {
     /// The value of the reschedule annotation last answered.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reschedule_observed: String,
+    /// When the scheduler last decided.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_scheduled_time: Option<Time>,
     /// A stateful workload's standby copy (`placement.stateful.standby`).

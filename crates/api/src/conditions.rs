@@ -6,18 +6,24 @@ use serde::{Deserialize, Serialize};
 use crate::time::Time;
 
 /// One condition (`type`, `status` True/False/Unknown, why, since when).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
+    /// The condition's type, e.g. Ready.
     #[serde(rename = "type")]
     pub type_: String,
+    /// True, False or Unknown.
     pub status: String,
+    /// Why, in one CamelCase word.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// Why, for people.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// When the status last changed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_transition_time: Option<Time>,
+    /// The generation the condition was set for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
 }

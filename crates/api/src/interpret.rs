@@ -298,9 +298,12 @@ pub const DEPENDENCY_API_VERSION: &str = "v1";
 
 /// How a custom kind is interpreted (`ResourceInterpreter`, multicluster.io/v1alpha1):
 /// JSONPath-like field paths instead of code.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InterpreterSpec {
+    /// The kind interpreted.
     pub target: InterpreterTarget,
     /// Path of the replica count that may be divided among clusters (`.spec.replicas`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -311,38 +314,52 @@ pub struct InterpreterSpec {
     /// Path of a per-replica resource list, when there is no pod spec.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub requests: String,
+    /// When an object of the kind is healthy; absent: when it exists.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<HealthRule>,
     /// Status fields summed over clusters (the rest comes from the first cluster).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub status_sum: Vec<String>,
+    /// Fields naming other objects it needs, propagated with it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dependencies: Vec<DependencyRule>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct InterpreterTarget {
+    /// The kind's API version, e.g. example.com/v1.
     pub api_version: String,
+    /// The kind's name.
     pub kind: String,
 }
 
 /// Healthy when the number at `readyPath` reaches the replica count, or when the condition
 /// of type `condition` is True.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct HealthRule {
+    /// Path of the number of ready replicas (.status.readyReplicas).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub ready_path: String,
+    /// Type of a status condition that is True when healthy.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub condition: String,
 }
 
 /// A field naming another object the custom resource needs.
-#[derive(Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DependencyRule {
+    /// The kind named: ConfigMap, Secret, ServiceAccount or PersistentVolumeClaim.
     pub kind: String,
+    /// Path of the field holding the name (.spec.configName).
     pub name_path: String,
 }
 

@@ -111,103 +111,131 @@ impl DraftClusterSelector {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PlaintextOverrider {
+    /// A JSON pointer into the object (/spec/replicas).
     pub path: String,
+    /// add, remove or replace.
     pub operator: String,
+    /// The value added or replacing (not for remove).
     #[serde(default)]
     pub value: Value,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ImagePredicate {
+    /// A JSON pointer to the image field to change (/spec/template/spec/containers/0/image).
     pub path: String,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ImageOverrider {
+    /// Which image field; absent: every container's image in the pod template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub predicate: Option<ImagePredicate>,
+    /// The part of the image changed: Registry, Repository or Tag.
     pub component: String,
+    /// add, remove or replace.
     pub operator: String,
+    /// The new part (or what is added to it).
     #[serde(default)]
     pub value: String,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CommandArgsOverrider {
+    /// The container whose command or args change.
     pub container_name: String,
+    /// add (appended) or remove (each value taken out).
     pub operator: String,
+    /// The arguments added or removed.
     #[serde(default)]
     pub value: Vec<String>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MapOverrider {
+    /// add, remove or replace.
     pub operator: String,
+    /// The keys and values.
     #[serde(default)]
     pub value: BTreeMap<String, String>,
 }
 
 /// Karmada's `Overriders`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Overriders {
+    /// JSON-pointer changes of any field.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub plaintext: Vec<PlaintextOverrider>,
+    /// Changes of container images.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub image_overrider: Vec<ImageOverrider>,
+    /// Changes of container commands.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub command_overrider: Vec<CommandArgsOverrider>,
+    /// Changes of container arguments.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args_overrider: Vec<CommandArgsOverrider>,
+    /// Changes of the object's labels.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub labels_overrider: Vec<MapOverrider>,
+    /// Changes of the object's annotations.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub annotations_overrider: Vec<MapOverrider>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RuleWithCluster {
+    /// The clusters where the rule applies; absent: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_cluster: Option<ClusterAffinity>,
+    /// The changes made there.
     pub overriders: Overriders,
 }
 
 /// Karmada's `OverrideSpec`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct KarmadaOverrideSpec {
+    /// The templates changed; empty: every template in scope.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub resource_selectors: Vec<ResourceSelector>,
+    /// Rules applied in order, each in its clusters.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub override_rules: Vec<RuleWithCluster>,
     /// Deprecated in Karmada in favour of `overrideRules`; still accepted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_cluster: Option<ClusterAffinity>,
+    /// Deprecated in Karmada in favour of `overrideRules`; still accepted, with `targetCluster`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub overriders: Option<Overriders>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DraftOverride {
+    /// The clusters where the patches apply.
     #[serde(default)]
     pub cluster_selector: DraftClusterSelector,
+    /// The fields set there.
     pub field_patches: Vec<FieldPatch>,
 }
 
 /// The draft's `ClusterOverridePolicy` spec.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DraftOverrideSpec {
+    /// The templates changed.
     pub resource_selector: ResourceSelector,
+    /// Patches per group of clusters, applied in order.
     pub overrides: Vec<DraftOverride>,
 }
 

@@ -48,15 +48,20 @@ pub fn decode<T: DeserializeOwned>(value: &Value, base: &str) -> Result<T, Field
 }
 
 /// What a policy selects: a kind, optionally narrowed by name or labels.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ResourceSelector {
+    /// The API version of the templates selected, e.g. apps/v1.
     pub api_version: String,
+    /// The kind of the templates selected, e.g. Deployment.
     pub kind: String,
+    /// Only templates of this namespace (cluster-wide policies); empty: any.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub namespace: String,
+    /// Only the template of this name; empty: any.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
+    /// Only templates whose labels match; ignored when `name` is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_selector: Option<LabelSelector>,
 }
@@ -115,15 +120,19 @@ impl ResourceSelector {
 }
 
 /// Karmada's `ClusterAffinity`: the conditions are ANDed.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterAffinity {
+    /// Clusters whose labels match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_selector: Option<LabelSelector>,
+    /// Clusters whose provider, region or zone match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field_selector: Option<FieldSelector>,
+    /// Clusters by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cluster_names: Vec<String>,
+    /// Clusters never chosen, by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude: Vec<String>,
 }
@@ -131,16 +140,21 @@ pub struct ClusterAffinity {
 /// A named affinity term of `clusterAffinities`, tried in order. It repeats
 /// `ClusterAffinity`'s fields because serde cannot combine `flatten` with
 /// `deny_unknown_fields`, and unknown fields must be refused.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ClusterAffinityTerm {
+    /// Names the term; the binding's status says which term the scheduler used.
     pub affinity_name: String,
+    /// Clusters whose labels match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub label_selector: Option<LabelSelector>,
+    /// Clusters whose provider, region or zone match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub field_selector: Option<FieldSelector>,
+    /// Clusters by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cluster_names: Vec<String>,
+    /// Clusters never chosen, by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude: Vec<String>,
 }
@@ -157,18 +171,22 @@ impl ClusterAffinityTerm {
 }
 
 /// Selection by the cluster's `provider`, `region` or `zone`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FieldSelector {
+    /// Requirements on the cluster's fields, ANDed.
     #[serde(default)]
     pub match_expressions: Vec<FieldRequirement>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FieldRequirement {
+    /// The cluster field: provider, region or zone.
     pub key: String,
+    /// In or NotIn.
     pub operator: String,
+    /// The values the field is compared with.
     #[serde(default)]
     pub values: Vec<String>,
 }
@@ -177,17 +195,22 @@ pub const FIELD_KEYS: &[&str] = &["provider", "region", "zone"];
 pub const FIELD_OPERATORS: &[&str] = &["In", "NotIn"];
 
 /// A toleration of a cluster taint (`corev1.Toleration`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Toleration {
+    /// The taint key tolerated; empty with operator Exists: every taint.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub key: String,
+    /// Exists (any value) or Equal (the default: the value must match).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub operator: String,
+    /// The taint value tolerated (operator Equal).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub value: String,
+    /// The taint effect tolerated (NoSchedule, PreferNoSchedule, NoExecute); empty: all.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub effect: String,
+    /// With NoExecute: how long the workload stays on a cluster tainted after it was placed; unset: forever.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub toleration_seconds: Option<i64>,
 }
@@ -211,44 +234,55 @@ impl Toleration {
 }
 
 /// Karmada's `SpreadConstraint`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SpreadConstraint {
+    /// Spread over groups of clusters sharing this field: cluster, region, zone or provider.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub spread_by_field: String,
+    /// Spread over groups of clusters sharing this label's value.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub spread_by_label: String,
+    /// At most this many groups.
     #[serde(default)]
     pub max_groups: i64,
+    /// At least this many groups, or the template is not scheduled.
     #[serde(default)]
     pub min_groups: i64,
 }
 
 pub const SPREAD_FIELDS: &[&str] = &["cluster", "region", "zone", "provider"];
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StaticClusterWeight {
+    /// The clusters this weight applies to.
     pub target_cluster: ClusterAffinity,
+    /// Their weight (at least 1): replicas divide in proportion.
     pub weight: i64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WeightPreference {
+    /// Fixed weights per group of clusters.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub static_weight_list: Vec<StaticClusterWeight>,
+    /// Weights from each cluster's state: AvailableReplicas (Karmada: how many replicas fit) or WaterLevel (Orrery: by Resource Water Level). Overrides the static list.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub dynamic_weight: String,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ReplicaScheduling {
+    /// Duplicated (every cluster runs all replicas, Karmada's default) or Divided (the replicas are shared out).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub replica_scheduling_type: String,
+    /// How Divided shares replicas: Aggregated (in as few clusters as possible) or Weighted (by weightPreference). Without a preference, Karmada's kinds divide equally and a ResourcePlacementPolicy divides by water level.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub replica_division_preference: String,
+    /// The weights of Weighted division; absent: equal weights.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_preference: Option<WeightPreference>,
 }
@@ -262,17 +296,22 @@ pub const AVAILABLE_REPLICAS: &str = "AvailableReplicas";
 pub const WATER_LEVEL: &str = "WaterLevel";
 
 /// Karmada's `Placement` (the same block in a ResourcePlacementPolicy).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Placement {
+    /// The clusters the template may go to; absent: every cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_affinity: Option<ClusterAffinity>,
+    /// Affinity terms tried in order: the first under which the template fits is used.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cluster_affinities: Vec<ClusterAffinityTerm>,
+    /// The cluster taints the template tolerates.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cluster_tolerations: Vec<Toleration>,
+    /// How many groups of clusters (regions, zones, providers) the template spreads over.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub spread_constraints: Vec<SpreadConstraint>,
+    /// Whether replicas are duplicated or divided, and how.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica_scheduling: Option<ReplicaScheduling>,
     /// Orrery: capabilities every chosen cluster must offer (`gpu`...).
@@ -522,18 +561,21 @@ fn validate_affinity(a: &ClusterAffinity, path: &str, errs: &mut ErrorList) {
 }
 
 /// Karmada's `Suspension`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Suspension {
+    /// True: no Work is sent or updated in any cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dispatching: Option<bool>,
+    /// Clusters whose Works are held back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dispatching_on_clusters: Option<SuspendClusters>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SuspendClusters {
+    /// The clusters, by name.
     #[serde(default)]
     pub cluster_names: Vec<String>,
 }
@@ -550,26 +592,31 @@ impl Suspension {
 }
 
 /// Karmada's `FailoverBehavior`: what happens when the application is unhealthy in a cluster.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FailoverBehavior {
+    /// Move the application away from a cluster where it stays unhealthy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub application: Option<ApplicationFailover>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ApplicationFailover {
+    /// When an unhealthy application is moved.
     pub decision_conditions: DecisionConditions,
+    /// What becomes of the old copy: Immediately (removed at once), Graciously (kept until the new one is healthy or gracePeriodSeconds pass) or Never (kept).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub purge_mode: String,
+    /// With Graciously: the longest the old copy is kept.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grace_period_seconds: Option<i64>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DecisionConditions {
+    /// How long the application may be unhealthy before it moves (300 by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub toleration_seconds: Option<i64>,
 }
@@ -578,80 +625,133 @@ pub struct DecisionConditions {
 pub const DEFAULT_FAILOVER_TOLERATION_SECONDS: i64 = 300;
 
 /// Karmada's `PropagationSpec` (PropagationPolicy and ClusterPropagationPolicy).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PropagationSpec {
+    /// The templates the policy places; a name beats labels beats a kind alone when policies compete.
     pub resource_selectors: Vec<ResourceSelector>,
+    /// Also propagate what the templates use (ConfigMaps, Secrets, ServiceAccounts, PersistentVolumeClaims) to the same clusters.
     #[serde(default)]
     pub propagate_deps: bool,
+    /// Where the templates go and how their replicas divide.
     #[serde(default)]
     pub placement: Placement,
+    /// Among policies matching a template equally, the higher wins.
     #[serde(default)]
     pub priority: i32,
+    /// Always: take templates from policies of lower priority; Never (the default): leave them.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub preemption: String,
+    /// Karmada's wait for named OverridePolicies before propagating; refused: overrides apply as soon as they exist.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dependent_overrides: Vec<String>,
+    /// The scheduler that places these templates; another scheduler's are left to it (Scheduled=False, reason OtherScheduler).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub scheduler_name: String,
     /// Deprecated by Karmada in favour of `propagateDeps`, and ignored there: accepted with a
     /// warning.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub association: Option<bool>,
+    /// What happens when the application is unhealthy in a cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover: Option<FailoverBehavior>,
+    /// Abort (the default): leave an object a member already has and Orrery does not manage; Overwrite: take it over.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub conflict_resolution: String,
+    /// Karmada's Lazy activation; not supported (must be empty).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub activation_preference: String,
+    /// Hold back the Works of all or some clusters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspension: Option<Suspension>,
+    /// Keep the objects in the members when the template is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preserve_resources_on_deletion: Option<bool>,
 }
 
 /// One entry of the draft's `targetClusters`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TargetClusters {
+    /// name: values are cluster names; label: values are label selectors (env=prod,tier in (a,b)).
     pub selector_type: String,
+    /// The names or selectors; any of them qualifies a cluster.
     #[serde(default)]
     pub values: Vec<String>,
 }
 
 /// The `ResourcePlacementPolicy` spec: the draft's fields, then Orrery's.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PlacementPolicySpec {
+    /// The templates the policy places.
     pub resource_selector: ResourceSelector,
+    /// The clusters the templates may go to (the entries are ORed); absent: every cluster.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub target_clusters: Vec<TargetClusters>,
+    /// Karmada's placement block: affinities, tolerations, spread and replica division.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
+    /// Also propagate what the templates use (ConfigMaps, Secrets, ServiceAccounts, PersistentVolumeClaims).
     #[serde(default)]
     pub propagate_deps: bool,
+    /// Among policies matching a template equally, the higher wins.
     #[serde(default)]
     pub priority: i32,
+    /// Always: take templates from policies of lower priority; Never (the default): leave them.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub preemption: String,
+    /// Abort (the default): leave an object a member already has and Orrery does not manage; Overwrite: take it over.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub conflict_resolution: String,
+    /// Hold back the Works of all or some clusters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub suspension: Option<Suspension>,
+    /// Keep the objects in the members when the template is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preserve_resources_on_deletion: Option<bool>,
+    /// What happens when the application is unhealthy in a cluster.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failover: Option<FailoverBehavior>,
 }
 
+/// A placement policy's status: how many templates it places (a selector that matches
+/// nothing is accepted, and shows here).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyStatus {
+    /// How many templates the policy places now.
+    #[serde(default)]
+    pub bound_resources: i64,
+    /// `Bound`: True when it places at least one template.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<crate::conditions::Condition>,
+}
+
 /// Names the policy a binding follows.
-#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase")]
 pub struct PolicyRef {
+    /// The policy's API version.
     pub api_version: String,
+    /// The policy's kind.
     pub kind: String,
+    /// The policy's namespace (empty for cluster-wide policies).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub namespace: String,
+    /// The policy's name.
     pub name: String,
 }
 
@@ -679,9 +779,10 @@ impl std::fmt::Display for PolicyRef {
 
 /// One of the draft's `targetClusters` entries, compiled: clusters by name, or by any of
 /// several label selectors. The entries of a policy are ORed.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Target {
+    /// Clusters by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub names: Vec<String>,
     /// Label selectors in the string form (`env=prod,tier in (a,b)`).
@@ -1029,20 +1130,24 @@ pub fn choose<'a>(
 }
 
 /// The draft's `fieldPatches` entry.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FieldPatch {
+    /// The field to set, as a dotted path with list indexes (spec.template.spec.containers[0].image).
     pub path: String,
+    /// The value it gets.
     #[serde(default)]
     pub value: Value,
 }
 
 /// The draft's cluster selector of an override (names or labels; both ANDed when both set).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct DraftClusterSelector {
+    /// Clusters by name; empty: any.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub names: Vec<String>,
+    /// Labels the clusters must all have.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
 }

@@ -423,6 +423,24 @@ impl fmt::Display for Quantity {
     }
 }
 
+/// Published as Kubernetes' own `Quantity` component, which servers and clients already know
+/// (a string, or a number on input).
+impl schemars::JsonSchema for Quantity {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Quantity".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "$ref": "#/components/schemas/io.k8s.apimachinery.pkg.api.resource.Quantity"
+        })
+    }
+}
+
 impl Serialize for Quantity {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)

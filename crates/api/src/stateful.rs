@@ -21,7 +21,7 @@ pub const MIGRATION_KIND: &str = "Migration";
 pub const MIGRATION_PLURAL: &str = "migrations";
 
 /// A persistent volume a workload's pods use, as its template declares it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeClaim {
     /// A StatefulSet's claim template (volumes `<name>-<workload>-<ordinal>`), or the name of
@@ -104,17 +104,21 @@ pub fn ordinal_volume(claim: &str, workload: &str, ordinal: i64) -> String {
 }
 
 /// A volume as its member reports it, in the status of the workload that uses it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeStatus {
     /// The PersistentVolumeClaim's name.
     pub name: String,
+    /// The StatefulSet ordinal it belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordinal: Option<i64>,
+    /// Its size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Quantity>,
+    /// Its storage class.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub storage_class: String,
+    /// Bytes of data it holds.
     #[serde(default)]
     pub used_bytes: i64,
     /// Changes whenever data is written.
@@ -132,7 +136,18 @@ pub struct VolumeStatus {
 
 /// Which end of a transfer a member is.
 #[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
 )]
 pub enum TransferRole {
     /// Takes snapshots of its volumes, one per round, for the peer to copy.
@@ -143,14 +158,18 @@ pub enum TransferRole {
 }
 
 /// One volume of a transfer.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TransferVolume {
+    /// The PersistentVolumeClaim's name.
     pub name: String,
+    /// The StatefulSet ordinal it belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordinal: Option<i64>,
+    /// Its size, for a claim the receiver creates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Quantity>,
+    /// Its storage class at the receiver; empty: the member's default.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub storage_class: String,
     /// Receive: the bytes this round copies (what the source's snapshot says changed).
@@ -179,11 +198,12 @@ fn is_zero_u64(n: &u64) -> bool {
 
 /// What the data mover asks of one member, carried in its Work (`spec.transfers`) and done
 /// by its agent, never applied as an object.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Transfer {
     /// Names the transfer (the migration's uid, or `standby-<binding uid>`).
     pub id: String,
+    /// Send or Receive.
     pub role: TransferRole,
     /// The namespace of the volumes.
     pub namespace: String,
@@ -197,6 +217,7 @@ pub struct Transfer {
     /// Send: the workload whose pods must have stopped (`Kind/name`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub workload: String,
+    /// The volumes transferred.
     pub volumes: Vec<TransferVolume>,
     /// Receive: bytes per second the path allows this transfer.
     #[serde(default, skip_serializing_if = "is_zero_i64")]
@@ -250,38 +271,48 @@ pub struct TransferStatus {
 }
 
 /// A standby copy's volume: what the standby holds, and the snapshot being copied.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StandbyVolume {
+    /// The PersistentVolumeClaim's name.
     pub name: String,
+    /// The StatefulSet ordinal it belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ordinal: Option<i64>,
+    /// Its size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Quantity>,
+    /// Its storage class at the standby.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub storage_class: String,
     /// The version the standby holds, and the source's written bytes at that snapshot.
     #[serde(default)]
     pub synced_version: u64,
+    /// The source's bytes written at the snapshot the standby holds.
     #[serde(default)]
     pub synced_written: i64,
     /// The last snapshot taken at the source.
     #[serde(default)]
     pub snapshot_version: u64,
+    /// The source's bytes written at the last snapshot.
     #[serde(default)]
     pub snapshot_written: i64,
+    /// The volume's size at the last snapshot.
     #[serde(default)]
     pub snapshot_used: i64,
+    /// Bytes the round in flight copies.
     #[serde(default)]
     pub round_bytes: i64,
+    /// The version the round in flight applies on top of.
     #[serde(default)]
     pub round_base: u64,
 }
 
 /// Where a stateful workload's standby copy stands (`ResourceBinding.status.standby`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct StandbyStatus {
+    /// The cluster keeping the copy.
     pub cluster: String,
     /// The cluster the copy is taken from.
     pub source: String,
@@ -291,18 +322,22 @@ pub struct StandbyStatus {
     /// When the snapshot the standby holds was taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synced_at: Option<MicroTime>,
+    /// The round of the last snapshot taken at the source.
     #[serde(default)]
     pub snapshot_round: u32,
+    /// When that snapshot was taken.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_at: Option<MicroTime>,
     /// Bytes per second of the path, as the round in flight uses it.
     #[serde(default)]
     pub rate: i64,
+    /// The copy, volume by volume.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<StandbyVolume>,
     /// How far behind the source the copy was at the last look, seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lag_seconds: Option<f64>,
+    /// Why the copy does not progress, if it does not.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
 }
@@ -596,7 +631,7 @@ pub fn migration_spec(spec: Option<&Value>) -> Result<MigrationSpec, ErrorList> 
 }
 
 /// What a placement says about a stateful workload (Orrery's `placement.stateful`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct StatefulPlacement {
     /// Keep an asynchronously replicated copy elsewhere, to fail over to when the cluster
@@ -609,7 +644,7 @@ pub struct StatefulPlacement {
     pub on_data_loss: String,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Standby {
     /// How many clusters keep a copy (only 1 is supported).
@@ -664,11 +699,26 @@ impl StatefulPlacement {
 }
 
 /// A placement's `followUp`: run where another workload (its leader, same namespace) runs.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(
+    Clone,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FollowUp {
+    /// The leader's API version.
     pub api_version: String,
+    /// The leader's kind.
     pub kind: String,
+    /// The leader's name, in this template's namespace.
     pub name: String,
 }
 
@@ -689,18 +739,21 @@ impl FollowUp {
 /// Karmada's `placement.workloadAffinity` (KEP-521): workloads whose templates carry the
 /// same value of `groupByLabelKey` (in one namespace) form a group, kept together
 /// (affinity) or apart (anti-affinity). The first of a group goes anywhere.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkloadAffinity {
+    /// Keep the workloads of a group in the same clusters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<GroupTerm>,
+    /// Keep the workloads of a group in different clusters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub anti_affinity: Option<GroupTerm>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct GroupTerm {
+    /// Templates with the same value of this label form a group.
     pub group_by_label_key: String,
 }
 
@@ -741,11 +794,13 @@ impl WorkloadAffinity {
 }
 
 /// The groups a binding belongs to (Karmada's `ResourceBinding.spec.affinityGroups`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AffinityGroups {
+    /// The group kept together (`<key>=<value>`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub affinity_group: String,
+    /// The group kept apart (`<key>=<value>`).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub anti_affinity_group: String,
 }

@@ -68,6 +68,34 @@ impl FromStr for Time {
     }
 }
 
+impl schemars::JsonSchema for MicroTime {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "MicroTime".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "string", "format": "date-time" })
+    }
+}
+
+impl schemars::JsonSchema for Time {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Time".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "type": "string", "format": "date-time" })
+    }
+}
+
 impl Serialize for Time {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)

@@ -20,7 +20,9 @@ pub const CONDITION_AVAILABLE: &str = "Available";
 /// Most manifests one Work may carry.
 pub const MAX_MANIFESTS: usize = 1000;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum ConflictResolution {
     /// Leave an object the member already has, and that Orrery does not manage, alone.
     #[default]
@@ -111,7 +113,9 @@ impl ResourceIdentifier {
 }
 
 /// How a workload is doing in its member.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum Health {
     Healthy,
     /// Still starting or rolling out.

@@ -200,7 +200,6 @@ pub const OWN_GROUPS: &[(&str, &str)] = &[
     ("policy.karmada.io", "v1alpha1"),
     ("multicluster.x-k8s.io", "v1alpha1"),
     ("about.k8s.io", "v1alpha1"),
-    ("galaxy.kubestellar.io", "v1alpha1"),
 ];
 
 fn builtin_defs() -> Vec<Def> {
@@ -390,7 +389,8 @@ fn builtin_defs() -> Vec<Def> {
             "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition",
         ),
     ];
-    // Orrery's own kinds: registered now, their full schemas arrive with their features.
+    // Orrery's own kinds. Kinds of features not built yet (MCS services, Kueue inventory,
+    // OCM placement decisions) are registered with their features, not before.
     let mut own_def = |group: &'static str,
                        kind: &'static str,
                        plural: &'static str,
@@ -500,52 +500,12 @@ fn builtin_defs() -> Vec<Def> {
         true,
     );
     own_def(
-        "multicluster.x-k8s.io",
-        "ServiceExport",
-        "serviceexports",
-        true,
-        &["svcex"],
-        true,
-    );
-    own_def(
-        "multicluster.x-k8s.io",
-        "ServiceImport",
-        "serviceimports",
-        true,
-        &["svcim"],
-        true,
-    );
-    own_def(
-        "multicluster.x-k8s.io",
-        "PlacementDecision",
-        "placementdecisions",
-        true,
-        &["pd"],
-        false,
-    );
-    own_def(
         "about.k8s.io",
         "ClusterProperty",
         "clusterproperties",
         false,
         &["cprop"],
         false,
-    );
-    own_def(
-        "galaxy.kubestellar.io",
-        "ClusterResourceClaim",
-        "clusterresourceclaims",
-        true,
-        &["crc"],
-        true,
-    );
-    own_def(
-        "galaxy.kubestellar.io",
-        "ClusterMetrics",
-        "clustermetrics",
-        false,
-        &["cm-metrics"],
-        true,
     );
     v
 }

@@ -6,13 +6,14 @@
 //! - Built-in kinds: generated from `k8s-openapi` (the upstream API definitions) with
 //!   `schemars`, then annotated with the upstream patch tags of [`patch_tags::PATCH_TAGS`].
 //! - CustomResourceDefinitions: their `openAPIV3Schema`, with standard metadata added.
-//! - Orrery's own kinds: explicit schemas for the kinds whose fields are specified ([`own`]),
-//!   open ones for the rest until their features define them.
+//! - Orrery's own kinds ([`own`]): generated from the Rust types users' objects are read with
+//!   ([`generated`]), or written out.
 
 use std::sync::{Arc, OnceLock, RwLock};
 
 use serde_json::{Map, Value, json};
 
+mod generated;
 mod own;
 pub mod patch_tags;
 pub mod validate;
@@ -143,22 +144,6 @@ fn builtin_components() -> Components {
     components
 }
 
-/// An open schema for one of Orrery's own kinds (their fields arrive with their features).
-fn own_kind_schema(group: &str, version: &str, kind: &str) -> Value {
-    json!({
-        "description": format!("{kind} ({group}/{version}), one of Orrery's own kinds."),
-        "type": "object",
-        "properties": {
-            "apiVersion": { "type": "string" },
-            "kind": { "type": "string" },
-            "metadata": { "allOf": [reference(OBJECT_META)], "default": {} },
-            "spec": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
-            "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
-        },
-        "x-kubernetes-group-version-kind": gvk(group, version, kind),
-    })
-}
-
 static BUILTIN: OnceLock<Arc<Components>> = OnceLock::new();
 
 /// The built-in components, generated once per process.
@@ -166,14 +151,6 @@ pub fn builtin() -> Arc<Components> {
     BUILTIN
         .get_or_init(|| {
             let mut c = builtin_components();
-            for rt in crate::resources::builtin() {
-                if rt.origin == crate::resources::Origin::Own {
-                    c.insert(
-                        rt.schema.clone(),
-                        own_kind_schema(&rt.group, &rt.version, &rt.kind),
-                    );
-                }
-            }
             for (group, kind, schema) in own::schemas() {
                 c.insert(
                     crate::resources::own_schema_name(group, "v1alpha1", kind),
@@ -339,6 +316,66 @@ mod tests {
             assert_eq!(gvk["group"], rt.group.as_str());
         }
         assert!(set.get(OBJECT_META).is_some());
+    }
+
+    /// Every own kind documents its spec field by field (what `kubectl explain` shows), and
+    /// every object node of it is structural: typed, with declared fields or explicitly open.
+    #[test]
+    fn own_kinds_have_structural_schemas_with_descriptions() {
+        fn check(path: &str, s: &Value, undocumented: &mut Vec<String>) {
+            let Value::Object(m) = s else { return };
+            if m.contains_key("$ref") || m.contains_key("allOf") {
+                return;
+            }
+            assert!(
+                m.contains_key("type")
+                    || m.contains_key("x-kubernetes-preserve-unknown-fields")
+                    || m.contains_key("x-kubernetes-int-or-string"),
+                "{path} has no type: {s}"
+            );
+            for bad in ["nullable", "$schema", "$defs", "definitions"] {
+                assert!(!m.contains_key(bad), "{path} has {bad}");
+            }
+            assert_ne!(
+                m.get("additionalProperties"),
+                Some(&Value::Bool(false)),
+                "{path}"
+            );
+            if let Some(Value::Object(props)) = m.get("properties") {
+                for (k, p) in props {
+                    let child = format!("{path}.{k}");
+                    if p.get("description").is_none() && p.get("$ref").is_none() {
+                        undocumented.push(child.clone());
+                    }
+                    check(&child, p, undocumented);
+                }
+            }
+            if let Some(items) = m.get("items") {
+                check(&format!("{path}[]"), items, undocumented);
+            }
+        }
+        let set = Schemas::new().set();
+        let mut undocumented = Vec::new();
+        for rt in crate::resources::builtin() {
+            if rt.origin != crate::resources::Origin::Own {
+                continue;
+            }
+            let s = set.get(&rt.schema).unwrap();
+            assert!(
+                s["properties"]["spec"]["properties"].is_object(),
+                "{}: an open spec",
+                rt.kind
+            );
+            check(
+                &format!("{}.spec", rt.kind),
+                &s["properties"]["spec"],
+                &mut undocumented,
+            );
+        }
+        assert!(
+            undocumented.is_empty(),
+            "fields without a description: {undocumented:#?}"
+        );
     }
 
     #[test]

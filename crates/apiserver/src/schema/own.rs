@@ -1,8 +1,14 @@
-//! OpenAPI schemas of Orrery's own kinds whose fields are specified. Kinds not listed here are
-//! served with an open schema until their feature defines them.
+//! OpenAPI schemas of Orrery's own kinds: generated from the Rust types for the kinds users
+//! write (policies, interpreters) and for bindings, written out here for the rest.
 
 use serde_json::{Value, json};
 
+use orrery_api::binding::{BindingSpec, BindingStatus};
+use orrery_api::interpret::InterpreterSpec;
+use orrery_api::overrides::{DraftOverrideSpec, KarmadaOverrideSpec};
+use orrery_api::policy::{PlacementPolicySpec, PolicyStatus, PropagationSpec};
+
+use super::generated::{open_schema_of, schema_of};
 use super::{OBJECT_META, QUANTITY, gvk, reference};
 
 fn string(description: &str) -> Value {
@@ -70,8 +76,9 @@ fn cluster() -> Value {
         "properties": {
             "key": string("The taint key."),
             "value": string("The taint value."),
-            "effect": { "type": "string", "enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"] },
-            "timeAdded": { "type": "string", "format": "date-time" },
+            "effect": { "type": "string", "enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"],
+                        "description": "What the taint does to workloads that do not tolerate it." },
+            "timeAdded": { "type": "string", "format": "date-time", "description": "When the taint was added." },
         },
     });
     let spec = json!({
@@ -84,7 +91,7 @@ fn cluster() -> Value {
             "secretRef": {
                 "type": "object",
                 "description": "The Secret holding push-mode credentials: a kubeconfig under the key `kubeconfig`.",
-                "properties": { "namespace": { "type": "string" }, "name": { "type": "string" } },
+                "properties": { "namespace": string("The Secret's namespace."), "name": string("The Secret's name.") },
             },
             "provider": string("The cloud provider, e.g. aws, gcp, azure, on-prem."),
             "region": string("The region the member runs in."),
@@ -188,6 +195,7 @@ fn work() -> Value {
         "properties": {
             "workload": {
                 "type": "object",
+                "description": "What the member runs.",
                 "properties": {
                     "manifests": {
                         "type": "array",
@@ -287,7 +295,7 @@ fn transfer() -> Value {
             "round": { "type": "integer", "minimum": 0, "description": "The round wanted." },
             "afterFence": { "type": "boolean", "description": "Send: snapshot only once the workload's pods have stopped." },
             "workload": string("Send: the workload whose pods must have stopped (Kind/name)."),
-            "volumes": { "type": "array", "items": transfer_volume() },
+            "volumes": { "type": "array", "items": transfer_volume(), "description": "The volumes transferred." },
             "rate": int("Receive: bytes per second the path allows."),
             "holdWorkload": { "type": "boolean", "description": "Receive: the Work's manifests wait until this round is in." },
         },
@@ -400,7 +408,7 @@ fn cluster_profile() -> Value {
         "type": "object",
         "properties": {
             "displayName": string("A human-readable name of the cluster."),
-            "clusterManager": { "type": "object", "required": ["name"],
+            "clusterManager": { "type": "object", "required": ["name"], "description": "What manages the cluster.",
                                 "properties": { "name": string("The manager of the cluster (orrery).") } },
         },
     });
@@ -438,19 +446,128 @@ fn cluster_property() -> Value {
         p.insert(
             "spec".into(),
             json!({ "type": "object", "required": ["value"], "properties": {
-                "value": { "type": "string", "maxLength": 128000 } } }),
+                "value": { "type": "string", "maxLength": 128000, "description": "The property's value." } } }),
         );
     }
     s
 }
 
+/// The kinds whose schemas are generated from the Rust types their specs are read with.
+fn generated() -> Vec<(&'static str, &'static str, Value)> {
+    let karmada = "policy.karmada.io";
+    let own = "multicluster.io";
+    let propagation = |kind: &str, scope: &str| {
+        kind_of(
+            karmada,
+            kind,
+            &format!(
+                "Karmada's {kind}: which templates {scope} go to which member clusters, and how their replicas divide."
+            ),
+            schema_of::<PropagationSpec>(),
+            Some(schema_of::<PolicyStatus>()),
+        )
+    };
+    let overrides = |kind: &str, scope: &str| {
+        kind_of(
+            karmada,
+            kind,
+            &format!(
+                "Karmada's {kind}: how templates {scope} are changed for some member clusters."
+            ),
+            schema_of::<KarmadaOverrideSpec>(),
+            None,
+        )
+    };
+    vec![
+        (
+            karmada,
+            "PropagationPolicy",
+            propagation("PropagationPolicy", "of its namespace"),
+        ),
+        (
+            karmada,
+            "ClusterPropagationPolicy",
+            propagation(
+                "ClusterPropagationPolicy",
+                "of any namespace, or cluster-scoped,",
+            ),
+        ),
+        (
+            karmada,
+            "OverridePolicy",
+            overrides("OverridePolicy", "of its namespace"),
+        ),
+        (
+            karmada,
+            "ClusterOverridePolicy",
+            overrides("ClusterOverridePolicy", "of any namespace"),
+        ),
+        (
+            own,
+            "ResourcePlacementPolicy",
+            kind_of(
+                own,
+                "ResourcePlacementPolicy",
+                "The draft's placement policy: which templates of its namespace go to which member clusters. Replicas divide by Resource Water Level unless the placement says otherwise.",
+                schema_of::<PlacementPolicySpec>(),
+                Some(schema_of::<PolicyStatus>()),
+            ),
+        ),
+        (
+            own,
+            "ClusterOverridePolicy",
+            kind_of(
+                own,
+                "ClusterOverridePolicy",
+                "The draft's override policy: field patches applied to a template in the clusters a selector names.",
+                schema_of::<DraftOverrideSpec>(),
+                None,
+            ),
+        ),
+        (
+            own,
+            "ResourceInterpreter",
+            kind_of(
+                own,
+                "ResourceInterpreter",
+                "How Orrery reads a custom kind: where its replicas, requests, health and dependencies are.",
+                schema_of::<InterpreterSpec>(),
+                None,
+            ),
+        ),
+        (
+            own,
+            "ResourceBinding",
+            kind_of(
+                own,
+                "ResourceBinding",
+                "A template bound to its policy: where the scheduler placed it, why, and how it runs there. Written by Orrery.",
+                open_schema_of::<BindingSpec>(),
+                Some(open_schema_of::<BindingStatus>()),
+            ),
+        ),
+    ]
+}
+
+fn kind_of(
+    group: &str,
+    kind_name: &str,
+    description: &str,
+    spec: Value,
+    status: Option<Value>,
+) -> Value {
+    kind(group, "v1alpha1", kind_name, description, spec, status)
+}
+
 /// Schemas of own kinds, by kind (keyed by the component name the registry gives them).
 pub fn schemas() -> Vec<(&'static str, &'static str, Value)> {
-    vec![
+    let mut v = generated();
+    v.extend([
         ("multicluster.io", "Cluster", cluster()),
         ("multicluster.io", "Work", work()),
         ("multicluster.io", "Migration", migration()),
         ("multicluster.x-k8s.io", "ClusterProfile", cluster_profile()),
         ("about.k8s.io", "ClusterProperty", cluster_property()),
-    ]
+    ]);
+    v
 }

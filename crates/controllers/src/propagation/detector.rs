@@ -528,8 +528,16 @@ impl Detector {
                     "no resource matches the selectors (or another policy holds them)".to_string(),
                 )
             };
-            let body = serde_json::json!({"boundResources": n, "conditions": [{"type": "Bound", "status": status,
-                "reason": reason, "message": message, "lastTransitionTime": orrery_api::Time::now()}]});
+            let mut condition =
+                orrery_api::conditions::Condition::new("Bound", status, reason, message);
+            condition.last_transition_time = Some(orrery_api::Time::now());
+            let report = orrery_api::policy::PolicyStatus {
+                bound_resources: n,
+                conditions: vec![condition],
+            };
+            let Ok(body) = serde_json::to_value(&report) else {
+                continue;
+            };
             let _ = self.reports.send((key, body));
         }
     }
