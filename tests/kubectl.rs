@@ -118,6 +118,134 @@ fn discovery_and_versions() {
     );
 }
 
+/// `kubectl explain` documents the policy kinds field by field, and Orrery's own kinds are
+/// described by CustomResourceDefinitions that tools can read but nobody can change.
+#[test]
+fn own_kinds_are_explained_and_described_by_read_only_crds() {
+    let s = Server::start();
+    let explained = s.ok(&[
+        "explain",
+        "propagationpolicy.spec.placement.replicaScheduling",
+    ]);
+    for text in [
+        "KIND:       PropagationPolicy",
+        "replicaDivisionPreference\t<string>",
+        "Weighted (by weightPreference)",
+        "weightPreference\t<Object>",
+    ] {
+        assert!(explained.contains(text), "{text}:\n{explained}");
+    }
+    let recursive = s.ok(&["explain", "resourceplacementpolicies.spec", "--recursive"]);
+    for text in [
+        "targetClusters\t<[]Object>",
+        "selectorType\t<string>",
+        "waterLevelLimit\t<number>",
+        "clusterTolerations\t<[]Object>",
+    ] {
+        assert!(recursive.contains(text), "{text}:\n{recursive}");
+    }
+    let overrides = s.ok(&[
+        "explain",
+        "clusteroverridepolicies.spec.overrideRules.overriders",
+        "--api-version=policy.karmada.io/v1alpha1",
+    ]);
+    assert!(
+        overrides.contains("imageOverrider\t<[]Object>")
+            && overrides.contains("Changes of container images."),
+        "{overrides}"
+    );
+
+    // Read-only CRDs: listed, with schemas and printer columns, and refused every change.
+    let crds = s.ok(&["get", "crd", "-o", "name"]);
+    for name in [
+        "propagationpolicies.policy.karmada.io",
+        "clusteroverridepolicies.policy.karmada.io",
+        "clusteroverridepolicies.multicluster.io",
+        "clusters.multicluster.io",
+        "resourcebindings.multicluster.io",
+    ] {
+        assert!(
+            crds.lines()
+                .any(|l| l == format!("customresourcedefinition.apiextensions.k8s.io/{name}")),
+            "{name}:\n{crds}"
+        );
+    }
+    let crd: serde_json::Value = serde_json::from_str(&s.ok(&[
+        "get",
+        "crd",
+        "propagationpolicies.policy.karmada.io",
+        "-o",
+        "json",
+    ]))
+    .unwrap();
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    assert_eq!(
+        crd["spec"]["names"]["shortNames"],
+        serde_json::json!(["pp"])
+    );
+    let version = &crd["spec"]["versions"][0];
+    let spec = &version["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    assert_eq!(
+        spec["properties"]["placement"]["properties"]["clusterTolerations"]["type"],
+        "array"
+    );
+    assert!(
+        !version.to_string().contains("$ref"),
+        "a CRD schema inlines everything"
+    );
+    assert!(
+        version["additionalPrinterColumns"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty())
+    );
+    assert!(
+        crd["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["type"] == "Established" && c["status"] == "True")
+    );
+    let err = s.fails(&["delete", "crd", "propagationpolicies.policy.karmada.io"]);
+    assert!(err.contains("read-only"), "{err}");
+    let err = s.fails(&["label", "crd", "clusters.multicluster.io", "team=x"]);
+    assert!(err.contains("read-only"), "{err}");
+    // The kind is still served, and policies work as before.
+    s.apply("apiVersion: policy.karmada.io/v1alpha1\nkind: PropagationPolicy\nmetadata: {name: p}\nspec:\n  resourceSelectors: [{apiVersion: apps/v1, kind: Deployment}]\n");
+    assert_eq!(
+        s.ok(&["get", "pp", "p", "-o", "name"]).trim(),
+        "propagationpolicy.policy.karmada.io/p"
+    );
+    // Deleting every CRD (kubectl deletes one by one) keeps these, and says why; the
+    // user's own CRD goes.
+    s.apply(CRD);
+    let out = s.kubectl(&["delete", "crd", "--all"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("propagationpolicies.policy.karmada.io\" describes one of Orrery's own kinds and is read-only"), "{stderr}");
+    // A delete-collection call (client libraries) keeps them too, with a warning.
+    let out = s.kubectl(&[
+        "delete",
+        "--raw",
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "clusters.multicluster.io\" describes one of Orrery's own kinds and was kept"
+        ),
+        "{stderr}"
+    );
+    let left = s.ok(&["get", "crd", "-o", "name"]);
+    assert!(
+        left.contains("propagationpolicies.policy.karmada.io"),
+        "{left}"
+    );
+    assert!(!left.contains("crontabs"), "{left}");
+    // Kinds of features not built yet are not advertised.
+    let resources = s.ok(&["api-resources"]);
+    assert!(!resources.contains("serviceexports"), "{resources}");
+}
+
 #[test]
 fn apply_deployment_then_change_image_and_env() {
     let s = Server::start();
@@ -499,6 +627,16 @@ fn restart_keeps_objects_credentials_and_certificates() {
     let mut s = Server::start();
     s.apply(DEPLOYMENT);
     let kubeconfig_before = std::fs::read_to_string(&s.kubeconfig).unwrap();
+    let crd_version = |s: &Server| {
+        s.ok(&[
+            "get",
+            "crd",
+            "propagationpolicies.policy.karmada.io",
+            "-o",
+            "jsonpath={.metadata.resourceVersion}",
+        ])
+    };
+    let crd_before = crd_version(&s);
     assert!(s.terminate(), "SIGTERM ends the server cleanly");
     s.restart();
     assert_eq!(
@@ -506,6 +644,7 @@ fn restart_keeps_objects_credentials_and_certificates() {
         kubeconfig_before,
         "same token, same CA"
     );
+    assert_eq!(crd_version(&s), crd_before, "a restart rewrites no own CRD");
     assert_eq!(
         s.ok(&["get", "deploy", "web", "-o", "jsonpath={.spec.replicas}"]),
         "2"

@@ -117,6 +117,55 @@ impl App {
         Ok(())
     }
 
+    /// Stores the read-only CRDs describing Orrery's own kinds. One is rewritten only when
+    /// what it says has changed (a new version of Orrery), so a restart writes nothing.
+    pub async fn ensure_own_crds(&self) -> Result<(), StoreError> {
+        let reg = self.resources.snapshot();
+        let Some(crd_rt) = reg.get("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+        else {
+            return Ok(());
+        };
+        let set = self.schemas.set();
+        let own = crate::resources::builtin()
+            .into_iter()
+            .filter(|t| t.origin == crate::resources::Origin::Own);
+        for rt in own {
+            let Some(mut want) = crate::crd::for_own_kind(&rt, &set) else {
+                continue;
+            };
+            crate::strategy::prepare_create(&crd_rt, &mut want);
+            let key = crd_rt.key("", want.name());
+            match self.store.get(&key).await {
+                Ok(current) => {
+                    if current.spec == want.spec && current.metadata.labels == want.metadata.labels
+                    {
+                        continue;
+                    }
+                    let mut next = current.clone();
+                    next.spec = want.spec.take();
+                    next.metadata.labels = want.metadata.labels.clone();
+                    next.metadata.generation = Some(current.metadata.generation.unwrap_or(1) + 1);
+                    next.status = Some(crate::crd::status(&next, current.status.as_ref()));
+                    match self.store.update(&key, next, current.revision()).await {
+                        // Another server wrote it first: the same content.
+                        Ok(_) | Err(StoreError::Conflict { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(StoreError::NotFound { .. }) => {
+                    orrery_store::stamp::stamp_new(&mut want.metadata);
+                    want.status = Some(crate::crd::status(&want, None));
+                    match self.store.create(&key, want).await {
+                        Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     /// Creates the system namespaces that are missing.
     pub async fn ensure_namespaces(&self) -> Result<(), StoreError> {
         let reg = self.resources.snapshot();

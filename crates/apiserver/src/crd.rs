@@ -1,5 +1,7 @@
 //! CustomResourceDefinitions: validating them, and turning each served version into a
-//! resource type with its schema, so that creating a CRD starts serving its kind.
+//! resource type with its schema, so that creating a CRD starts serving its kind. Orrery's
+//! own kinds are described by read-only CRDs too ([`for_own_kind`]), for tools that discover
+//! Karmada's API through them; those never define a served type.
 
 use orrery_api::validation::{
     ErrorList, FieldError, NameRule, is_dns1123_label, is_dns1123_subdomain,
@@ -7,8 +9,117 @@ use orrery_api::validation::{
 use orrery_api::{Object, Time};
 use serde_json::{Value, json};
 
-use crate::resources::{Column, Origin, Printer, ResourceType, ScaleSpec, own_schema_name};
-use crate::schema;
+use crate::resources::{
+    Column, OWN_GROUPS, Origin, Printer, ResourceType, ScaleSpec, own_schema_name,
+};
+use crate::schema::{self, OBJECT_META, QUANTITY, SchemaSet, ref_name};
+
+/// Label on the CRDs describing Orrery's own kinds.
+pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "orrery");
+
+/// Whether a CRD is one of those describing Orrery's own kinds: users cannot create CRDs in
+/// their groups, so the group alone tells.
+pub fn is_own(crd: &Object) -> bool {
+    let group = crd
+        .spec
+        .as_ref()
+        .and_then(|s| s.get("group"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    OWN_GROUPS.iter().any(|(g, _)| *g == group)
+}
+
+/// The read-only CRD describing one of Orrery's own kinds: its names, scope, printer columns
+/// and schema (references inlined, as a CRD's schema must be).
+pub fn for_own_kind(rt: &ResourceType, set: &SchemaSet) -> Option<Object> {
+    let component = set.get(&rt.schema)?;
+    let mut schema = inline_refs(component, set, 0);
+    if let Value::Object(m) = &mut schema {
+        m.remove("x-kubernetes-group-version-kind");
+        if let Some(Value::Object(p)) = m.get_mut("properties") {
+            p.insert("metadata".into(), json!({ "type": "object" }));
+        }
+    }
+    let columns: Vec<Value> = match &rt.printer {
+        Printer::Columns(cols) => cols
+            .iter()
+            .filter(|c| !c.json_path.is_empty() && c.name != "Name")
+            .map(|c| {
+                let mut col = json!({ "name": c.name, "type": c.type_, "jsonPath": c.json_path,
+                                      "description": c.description, "priority": c.priority });
+                if !c.format.is_empty() {
+                    col["format"] = json!(c.format);
+                }
+                col
+            })
+            .collect(),
+        Printer::BuiltIn => Vec::new(),
+    };
+    let mut version = json!({
+        "name": rt.version, "served": true, "storage": true,
+        "schema": { "openAPIV3Schema": schema },
+        "additionalPrinterColumns": columns,
+    });
+    if rt.status {
+        version["subresources"] = json!({ "status": {} });
+    }
+    let spec = json!({
+        "group": rt.group,
+        "names": { "plural": rt.plural, "singular": rt.singular, "kind": rt.kind,
+                   "listKind": rt.list_kind, "shortNames": rt.short_names, "categories": rt.categories },
+        "scope": if rt.namespaced { "Namespaced" } else { "Cluster" },
+        "versions": [version],
+    });
+    let mut crd = Object::new("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+        .with_name(format!("{}.{}", rt.plural, rt.group));
+    crd.metadata
+        .labels
+        .insert(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string());
+    crd.spec = Some(spec);
+    Some(crd)
+}
+
+/// A schema with its `$ref`s replaced by what they name: Quantity by Kubernetes' int-or-string
+/// form, ObjectMeta by an object (as CRD schemas declare them).
+fn inline_refs(v: &Value, set: &SchemaSet, depth: usize) -> Value {
+    match v {
+        Value::Object(m) => {
+            let single_ref = match (m.get("$ref"), m.get("allOf")) {
+                (Some(Value::String(r)), _) => Some(r.as_str()),
+                (None, Some(Value::Array(all))) if all.len() == 1 => {
+                    all[0].get("$ref").and_then(Value::as_str)
+                }
+                _ => None,
+            };
+            if let Some(r) = single_ref {
+                let name = ref_name(r);
+                let mut out = match name {
+                    QUANTITY => json!({
+                        "anyOf": [{ "type": "integer" }, { "type": "string" }],
+                        "x-kubernetes-int-or-string": true,
+                    }),
+                    OBJECT_META => json!({ "type": "object" }),
+                    _ if depth < 16 => set
+                        .get(name)
+                        .map(|s| inline_refs(s, set, depth + 1))
+                        .unwrap_or_else(|| json!({ "x-kubernetes-preserve-unknown-fields": true })),
+                    _ => json!({ "x-kubernetes-preserve-unknown-fields": true }),
+                };
+                if let (Value::Object(o), Some(d)) = (&mut out, m.get("description")) {
+                    o.insert("description".into(), d.clone());
+                }
+                return out;
+            }
+            Value::Object(
+                m.iter()
+                    .map(|(k, x)| (k.clone(), inline_refs(x, set, depth)))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.iter().map(|x| inline_refs(x, set, depth)).collect()),
+        other => other.clone(),
+    }
+}
 
 fn s<'a>(v: &'a Value, path: &str) -> Option<&'a str> {
     v.pointer(path).and_then(Value::as_str)
@@ -251,6 +362,10 @@ pub fn types_of(crd: &Object) -> Vec<(ResourceType, Value)> {
     let Some(spec) = crd.spec.as_ref() else {
         return Vec::new();
     };
+    // Orrery serves its own kinds itself; their CRDs only describe them.
+    if is_own(crd) {
+        return Vec::new();
+    }
     let (Some(group), Some(plural), Some(kind)) = (
         s(spec, "/group"),
         s(spec, "/names/plural"),

@@ -339,6 +339,9 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     app.ensure_namespaces()
         .await
         .context("creating the default namespaces")?;
+    app.ensure_own_crds()
+        .await
+        .context("describing Orrery's own kinds as CustomResourceDefinitions")?;
     let mut controllers = orrery_controllers::lifecycle::spawn(
         store.clone(),
         Arc::new(LifecycleApi(app.clone())),

@@ -360,6 +360,11 @@ pub fn validate_object(
     let mut errs = validate_object_meta(&obj.metadata, rt.namespaced, rt.name_rule);
     errs.extend(crate::strategy::validate(rt, obj, old));
     if rt.group == "apiextensions.k8s.io" {
+        if let Some(old) = old
+            && crate::crd::is_own(old)
+        {
+            return Err(read_only(rt, old.name()));
+        }
         let resources = app.resources.clone();
         let reserved = move |g: &str| resources.is_builtin_group(g);
         errs.extend(crate::crd::validate(obj, old, &reserved));
@@ -369,6 +374,14 @@ pub fn validate_object(
     } else {
         Err(ApiError::invalid(rt, obj.name(), &errs))
     }
+}
+
+/// The refusal to change a CRD describing one of Orrery's own kinds.
+pub fn read_only(rt: &ResourceType, name: &str) -> ApiError {
+    ApiError::method_not_allowed(format!(
+        "{} \"{name}\" describes one of Orrery's own kinds and is read-only",
+        rt.plural
+    ))
 }
 
 /// Serves one object in the representation asked for.

@@ -531,6 +531,9 @@ async fn delete_one(
             .get(key)
             .await
             .map_err(|e| ApiError::from_store(e, rt, name))?;
+        if rt.group == "apiextensions.k8s.io" && crate::crd::is_own(&current) {
+            return Err(super::read_only(rt, name));
+        }
         if let Some(uid) = &opts.uid
             && uid != &current.metadata.uid
         {
@@ -644,7 +647,17 @@ pub async fn delete_collection(call: Call<'_>, body: &Bytes) -> ApiResult<Respon
         )
         .await?;
     let mut items = Vec::new();
+    let mut call = call;
     for o in list.items {
+        // "Delete them all" leaves what cannot be deleted, and says so.
+        if rt.group == "apiextensions.k8s.io" && crate::crd::is_own(&o) {
+            call.warnings.push(format!(
+                "{} \"{}\" describes one of Orrery's own kinds and was kept",
+                rt.plural,
+                o.name()
+            ));
+            continue;
+        }
         let key = rt.key(o.namespace(), o.name());
         match delete_one(&call, &key, o.name(), &opts).await {
             Ok((_, obj)) => items.push(obj.to_value()),
