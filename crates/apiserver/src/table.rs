@@ -2,6 +2,9 @@
 //! columns for custom resources and Orrery's own kinds. All columns are returned; kubectl hides
 //! those with priority above 0 unless asked for `-o wide`.
 
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
 use jsonpath_rust::JsonPath;
 use orrery_api::{Object, Time};
 use serde_json::{Value, json};
@@ -215,610 +218,732 @@ fn access_modes(v: Option<&Value>) -> String {
     modes.join(",")
 }
 
-/// The columns and the cells of one object, for built-in kinds.
-fn builtin_columns(kind: &str) -> Vec<Column> {
-    let containers = col(
-        "Containers",
-        "string",
-        1,
-        "Names of each container in the template.",
-    );
-    let images = col(
-        "Images",
-        "string",
-        1,
-        "Images referenced by each container in the template.",
-    );
-    let selector = col("Selector", "string", 1, "Label selector for pods.");
+/// What a built-in kind's cells are computed from.
+struct Row<'a> {
+    kind: &'a str,
+    o: &'a Value,
+    obj: &'a Object,
+    now: Time,
+}
+
+impl<'a> Row<'a> {
+    fn spec(&self, path: &[&str]) -> Option<&'a Value> {
+        at(self.o.get("spec")?, path)
+    }
+
+    fn status(&self, path: &[&str]) -> Option<&'a Value> {
+        at(self.o.get("status")?, path)
+    }
+
+    fn spec_str(&self, path: &[&str]) -> Option<&'a str> {
+        s(self.spec(path))
+    }
+
+    fn status_int(&self, path: &[&str]) -> Value {
+        json!(int(self.status(path)))
+    }
+
+    /// The pod spec of a workload's template.
+    fn pod_spec(&self) -> Option<&'a Value> {
+        match self.kind {
+            "CronJob" => self.spec(&["jobTemplate", "spec", "template", "spec"]),
+            _ => self.spec(&["template", "spec"]),
+        }
+    }
+
+    fn selector(&self) -> Value {
+        let sel = match self.kind {
+            "CronJob" => self.spec(&["jobTemplate", "spec", "selector"]),
+            _ => self.spec(&["selector"]),
+        };
+        json!(label_selector_string(sel))
+    }
+
+    fn containers(&self) -> Value {
+        json!(containers_images(self.pod_spec()).0)
+    }
+
+    fn images(&self) -> Value {
+        json!(containers_images(self.pod_spec()).1)
+    }
+
+    fn desired_replicas(&self) -> i64 {
+        self.spec(&["replicas"])
+            .and_then(Value::as_i64)
+            .unwrap_or(1)
+    }
+
+    /// `ready/desired` replicas.
+    fn ready_of_desired(&self) -> Value {
+        json!(format!(
+            "{}/{}",
+            int(self.status(&["readyReplicas"])),
+            self.desired_replicas()
+        ))
+    }
+}
+
+/// One column of a built-in kind's table: what kubectl shows, and how its cell is computed,
+/// side by side so that the two cannot fall out of step.
+struct Printed {
+    column: Column,
+    cell: fn(&Row) -> Value,
+}
+
+fn printed(
+    name: &str,
+    type_: &str,
+    priority: i32,
+    description: &str,
+    cell: fn(&Row) -> Value,
+) -> Printed {
+    Printed {
+        column: Column::new(name, type_, "", priority, description),
+        cell,
+    }
+}
+
+fn name_printed() -> Printed {
+    Printed {
+        column: name_col(),
+        cell: |r| json!(r.obj.name()),
+    }
+}
+
+fn age_printed() -> Printed {
+    Printed {
+        column: age_col(),
+        cell: |r| json!(since(r.obj.metadata.creation_timestamp, r.now)),
+    }
+}
+
+/// The `-o wide` columns kubectl shows for workloads.
+fn template_printed(with_selector: bool) -> Vec<Printed> {
+    let mut v = vec![
+        printed(
+            "Containers",
+            "string",
+            1,
+            "Names of each container in the template.",
+            |r| r.containers(),
+        ),
+        printed(
+            "Images",
+            "string",
+            1,
+            "Images referenced by each container in the template.",
+            |r| r.images(),
+        ),
+    ];
+    if with_selector {
+        v.push(printed(
+            "Selector",
+            "string",
+            1,
+            "Label selector for pods.",
+            |r| r.selector(),
+        ));
+    }
+    v
+}
+
+/// Kinds with a printer of their own; any other built-in kind shows its name and age.
+const PRINTED_KINDS: &[&str] = &[
+    "Namespace",
+    "ConfigMap",
+    "Secret",
+    "Service",
+    "ServiceAccount",
+    "PersistentVolumeClaim",
+    "Event",
+    "Pod",
+    "Deployment",
+    "StatefulSet",
+    "DaemonSet",
+    "ReplicaSet",
+    "Job",
+    "CronJob",
+    "Ingress",
+    "CustomResourceDefinition",
+];
+
+/// The printer of a built-in kind, as kube-apiserver's (`pkg/printers/internalversion`).
+fn builtin_printer(kind: &str) -> Vec<Printed> {
+    let mut v = vec![name_printed()];
     match kind {
-        "Namespace" => vec![
-            name_col(),
-            col("Status", "string", 0, "The status of the namespace"),
-            age_col(),
-        ],
-        "ConfigMap" => vec![
-            name_col(),
-            col("Data", "string", 0, "Number of data entries"),
-            age_col(),
-        ],
-        "Secret" => vec![
-            name_col(),
-            col("Type", "string", 0, "The type of the secret"),
-            col("Data", "string", 0, "The number of entries in the secret"),
-            age_col(),
-        ],
-        "Service" => vec![
-            name_col(),
-            col("Type", "string", 0, "The type of the service."),
-            col("Cluster-IP", "string", 0, "The cluster IP of the service."),
-            col(
+        "Namespace" => v.extend([
+            printed("Status", "string", 0, "The status of the namespace", |r| {
+                json!(s(r.status(&["phase"])).unwrap_or("Active"))
+            }),
+            age_printed(),
+        ]),
+        "ConfigMap" => v.extend([
+            printed("Data", "string", 0, "Number of data entries", |r| {
+                json!(entries(r.o, &["data", "binaryData"]))
+            }),
+            age_printed(),
+        ]),
+        "Secret" => v.extend([
+            printed("Type", "string", 0, "The type of the secret", |r| {
+                json!(s(r.o.get("type")).unwrap_or("Opaque"))
+            }),
+            printed(
+                "Data",
+                "string",
+                0,
+                "The number of entries in the secret",
+                |r| json!(entries(r.o, &["data", "stringData"])),
+            ),
+            age_printed(),
+        ]),
+        "Service" => v.extend([
+            printed("Type", "string", 0, "The type of the service.", |r| {
+                json!(r.spec_str(&["type"]).unwrap_or("ClusterIP"))
+            }),
+            printed(
+                "Cluster-IP",
+                "string",
+                0,
+                "The cluster IP of the service.",
+                |r| json!(or_none(r.spec_str(&["clusterIP"]).map(str::to_string))),
+            ),
+            printed(
                 "External-IP",
                 "string",
                 0,
                 "The external IP of the service.",
+                service_external_ips,
             ),
-            col("Port(s)", "string", 0, "The ports of the service."),
-            age_col(),
-            selector,
-        ],
-        "ServiceAccount" => vec![
-            name_col(),
-            col("Secrets", "string", 0, "The number of secrets"),
-            age_col(),
-        ],
-        "PersistentVolumeClaim" => vec![
-            name_col(),
-            col("Status", "string", 0, "The phase of the claim."),
-            col("Volume", "string", 0, "The bound volume."),
-            col("Capacity", "string", 0, "The capacity of the bound volume."),
-            col("Access Modes", "string", 0, "The access modes."),
-            col("StorageClass", "string", 0, "The storage class."),
-            col(
+            printed(
+                "Port(s)",
+                "string",
+                0,
+                "The ports of the service.",
+                service_ports,
+            ),
+            age_printed(),
+            printed("Selector", "string", 1, "Label selector for pods.", |r| {
+                json!(map_selector_string(r.spec(&["selector"])))
+            }),
+        ]),
+        "ServiceAccount" => v.extend([
+            printed("Secrets", "string", 0, "The number of secrets", |r| {
+                json!(
+                    r.o.get("secrets")
+                        .and_then(Value::as_array)
+                        .map_or(0, Vec::len)
+                )
+            }),
+            age_printed(),
+        ]),
+        "PersistentVolumeClaim" => v.extend([
+            printed("Status", "string", 0, "The phase of the claim.", |r| {
+                json!(s(r.status(&["phase"])).unwrap_or("Pending"))
+            }),
+            printed("Volume", "string", 0, "The bound volume.", |r| {
+                json!(r.spec_str(&["volumeName"]).unwrap_or(""))
+            }),
+            printed(
+                "Capacity",
+                "string",
+                0,
+                "The capacity of the bound volume.",
+                |r| json!(s(r.status(&["capacity", "storage"])).unwrap_or("")),
+            ),
+            printed("Access Modes", "string", 0, "The access modes.", |r| {
+                json!(access_modes(r.status(&["accessModes"])))
+            }),
+            printed("StorageClass", "string", 0, "The storage class.", |r| {
+                json!(r.spec_str(&["storageClassName"]).unwrap_or("<unset>"))
+            }),
+            printed(
                 "VolumeAttributesClass",
                 "string",
                 0,
                 "The volume attributes class.",
+                |r| {
+                    json!(
+                        r.spec_str(&["volumeAttributesClassName"])
+                            .unwrap_or("<unset>")
+                    )
+                },
             ),
-            age_col(),
-            col("VolumeMode", "string", 1, "The volume mode."),
-        ],
-        "Event" => vec![
-            col(
-                "Last Seen",
+            age_printed(),
+            printed("VolumeMode", "string", 1, "The volume mode.", |r| {
+                json!(r.spec_str(&["volumeMode"]).unwrap_or("Filesystem"))
+            }),
+        ]),
+        // kubectl's event table starts with when, not the name (which is wide).
+        "Event" => {
+            v = vec![
+                printed(
+                    "Last Seen",
+                    "string",
+                    0,
+                    "The last time the event was seen.",
+                    |r| {
+                        json!(
+                            since_str(r.o.get("lastTimestamp"), r.now)
+                                .or_else(|| since_str(r.o.get("eventTime"), r.now))
+                                .or_else(|| since_str(
+                                    at(r.o, &["series", "lastObservedTime"]),
+                                    r.now
+                                ))
+                                .unwrap_or_else(|| "<unknown>".into())
+                        )
+                    },
+                ),
+                printed("Type", "string", 0, "The type of the event.", |r| {
+                    json!(s(r.o.get("type")).unwrap_or(""))
+                }),
+                printed("Reason", "string", 0, "The reason for the event.", |r| {
+                    json!(s(r.o.get("reason")).unwrap_or(""))
+                }),
+                printed(
+                    "Object",
+                    "string",
+                    0,
+                    "The object the event is about.",
+                    |r| {
+                        let involved = r.o.get("involvedObject");
+                        json!(format!(
+                            "{}/{}",
+                            s(involved.and_then(|i| i.get("kind")))
+                                .unwrap_or("")
+                                .to_lowercase(),
+                            s(involved.and_then(|i| i.get("name"))).unwrap_or("")
+                        ))
+                    },
+                ),
+                printed("Message", "string", 0, "The message of the event.", |r| {
+                    json!(s(r.o.get("message")).unwrap_or(""))
+                }),
+                printed(
+                    "Subobject",
+                    "string",
+                    1,
+                    "The part of the object the event is about.",
+                    |r| json!(s(at(r.o, &["involvedObject", "fieldPath"])).unwrap_or("")),
+                ),
+                printed(
+                    "Source",
+                    "string",
+                    1,
+                    "The component that reported the event.",
+                    |r| {
+                        json!(
+                            s(at(r.o, &["source", "component"]))
+                                .or_else(|| s(r.o.get("reportingComponent")))
+                                .unwrap_or("")
+                        )
+                    },
+                ),
+                printed(
+                    "First Seen",
+                    "string",
+                    1,
+                    "The first time the event was seen.",
+                    |r| {
+                        json!(
+                            since_str(r.o.get("firstTimestamp"), r.now)
+                                .or_else(|| since_str(r.o.get("eventTime"), r.now))
+                                .unwrap_or_else(|| "<unknown>".into())
+                        )
+                    },
+                ),
+                printed("Count", "string", 1, "How often the event happened.", |r| {
+                    json!(r.o.get("count").and_then(Value::as_i64).unwrap_or(1))
+                }),
+                printed("Name", "string", 1, "The event's name.", |r| {
+                    json!(r.obj.name())
+                }),
+            ];
+        }
+        "Pod" => v.extend([
+            printed(
+                "Ready",
                 "string",
                 0,
-                "The last time the event was seen.",
+                "Ready containers of all containers.",
+                |r| {
+                    let total = r
+                        .spec(&["containers"])
+                        .and_then(Value::as_array)
+                        .map_or(0, Vec::len);
+                    let ready = container_statuses(r)
+                        .filter(|c| c.get("ready") == Some(&Value::Bool(true)))
+                        .count();
+                    json!(format!("{ready}/{total}"))
+                },
             ),
-            col("Type", "string", 0, "The type of the event."),
-            col("Reason", "string", 0, "The reason for the event."),
-            col("Object", "string", 0, "The object the event is about."),
-            col("Message", "string", 0, "The message of the event."),
-            col(
-                "Subobject",
+            printed(
+                "Status",
                 "string",
-                1,
-                "The part of the object the event is about.",
+                0,
+                "The phase or reason of the pod.",
+                |r| {
+                    if r.obj.metadata.deletion_timestamp.is_some() {
+                        return json!("Terminating");
+                    }
+                    json!(
+                        s(r.status(&["reason"]))
+                            .or_else(|| s(r.status(&["phase"])))
+                            .unwrap_or("Pending")
+                    )
+                },
             ),
-            col(
-                "Source",
-                "string",
-                1,
-                "The component that reported the event.",
-            ),
-            col(
-                "First Seen",
-                "string",
-                1,
-                "The first time the event was seen.",
-            ),
-            col("Count", "string", 1, "How often the event happened."),
-            col("Name", "string", 1, "The event's name."),
-        ],
-        "Pod" => vec![
-            name_col(),
-            col("Ready", "string", 0, "Ready containers of all containers."),
-            col("Status", "string", 0, "The phase or reason of the pod."),
-            col("Restarts", "string", 0, "Container restarts."),
-            age_col(),
-            col("IP", "string", 1, "The pod's IP address."),
-            col("Node", "string", 1, "The node the pod runs on."),
-            col(
+            printed("Restarts", "string", 0, "Container restarts.", |r| {
+                json!(
+                    container_statuses(r)
+                        .map(|c| int(c.get("restartCount")))
+                        .sum::<i64>()
+                )
+            }),
+            age_printed(),
+            printed("IP", "string", 1, "The pod's IP address.", |r| {
+                json!(or_none(s(r.status(&["podIP"])).map(str::to_string)))
+            }),
+            printed("Node", "string", 1, "The node the pod runs on.", |r| {
+                json!(or_none(r.spec_str(&["nodeName"]).map(str::to_string)))
+            }),
+            printed(
                 "Nominated Node",
                 "string",
                 1,
                 "The node nominated for the pod.",
+                |r| {
+                    json!(or_none(
+                        s(r.status(&["nominatedNodeName"])).map(str::to_string)
+                    ))
+                },
             ),
-            col("Readiness Gates", "string", 1, "Readiness gates that hold."),
-        ],
-        "Deployment" => vec![
-            name_col(),
-            col("Ready", "string", 0, "Ready replicas of desired replicas."),
-            col(
-                "Up-to-date",
-                "integer",
-                0,
-                "Replicas updated to the latest template.",
-            ),
-            col("Available", "integer", 0, "Available replicas."),
-            age_col(),
-            containers,
-            images,
-            selector,
-        ],
-        "StatefulSet" => vec![
-            name_col(),
-            col("Ready", "string", 0, "Ready replicas of desired replicas."),
-            age_col(),
-            containers,
-            images,
-        ],
-        "DaemonSet" => vec![
-            name_col(),
-            col(
-                "Desired",
-                "integer",
-                0,
-                "Nodes that should run the daemon pod.",
-            ),
-            col("Current", "integer", 0, "Nodes running the daemon pod."),
-            col("Ready", "integer", 0, "Nodes whose daemon pod is ready."),
-            col(
-                "Up-to-date",
-                "integer",
-                0,
-                "Nodes running the latest template.",
-            ),
-            col(
-                "Available",
-                "integer",
-                0,
-                "Nodes whose daemon pod is available.",
-            ),
-            col("Node Selector", "string", 0, "The node selector."),
-            age_col(),
-            containers,
-            images,
-            selector,
-        ],
-        "ReplicaSet" => vec![
-            name_col(),
-            col("Desired", "integer", 0, "Desired replicas."),
-            col("Current", "integer", 0, "Current replicas."),
-            col("Ready", "integer", 0, "Ready replicas."),
-            age_col(),
-            containers,
-            images,
-            selector,
-        ],
-        "Job" => vec![
-            name_col(),
-            col("Status", "string", 0, "The status of the job."),
-            col(
-                "Completions",
+            printed(
+                "Readiness Gates",
                 "string",
-                0,
-                "Successful completions of desired completions.",
+                1,
+                "Readiness gates that hold.",
+                |_| json!("<none>"),
             ),
-            col("Duration", "string", 0, "How long the job ran."),
-            age_col(),
-            containers,
-            images,
-            selector,
-        ],
-        "CronJob" => vec![
-            name_col(),
-            col("Schedule", "string", 0, "The schedule."),
-            col("Timezone", "string", 0, "The time zone of the schedule."),
-            col(
-                "Suspend",
-                "boolean",
-                0,
-                "Whether the cron job is suspended.",
-            ),
-            col("Active", "integer", 0, "Active jobs."),
-            col(
-                "Last Schedule",
-                "string",
-                0,
-                "When a job was last scheduled.",
-            ),
-            age_col(),
-            containers,
-            images,
-            selector,
-        ],
-        "Ingress" => vec![
-            name_col(),
-            col("Class", "string", 0, "The ingress class."),
-            col("Hosts", "string", 0, "The hosts the ingress serves."),
-            col("Address", "string", 0, "The load balancer address."),
-            col("Ports", "string", 0, "The ports."),
-            age_col(),
-        ],
-        "CustomResourceDefinition" => vec![
-            name_col(),
-            col("Created At", "date", 0, "When the definition was created."),
-        ],
-        _ => vec![name_col(), age_col()],
-    }
-}
-
-fn builtin_cells(kind: &str, o: &Value, obj: &Object, now: Time) -> Vec<Value> {
-    let name = json!(obj.name());
-    let age = json!(since(obj.metadata.creation_timestamp, now));
-    let spec = o.get("spec");
-    let status = o.get("status");
-    let template_spec = spec.and_then(|sp| at(sp, &["template", "spec"]));
-    match kind {
-        "Namespace" => vec![
-            name,
-            json!(s(status.and_then(|st| st.get("phase"))).unwrap_or("Active")),
-            age,
-        ],
-        "ConfigMap" => {
-            let n = o
-                .get("data")
-                .and_then(Value::as_object)
-                .map_or(0, |m| m.len())
-                + o.get("binaryData")
-                    .and_then(Value::as_object)
-                    .map_or(0, |m| m.len());
-            vec![name, json!(n), age]
+        ]),
+        "Deployment" => {
+            v.extend([
+                printed(
+                    "Ready",
+                    "string",
+                    0,
+                    "Ready replicas of desired replicas.",
+                    |r| r.ready_of_desired(),
+                ),
+                printed(
+                    "Up-to-date",
+                    "integer",
+                    0,
+                    "Replicas updated to the latest template.",
+                    |r| r.status_int(&["updatedReplicas"]),
+                ),
+                printed("Available", "integer", 0, "Available replicas.", |r| {
+                    r.status_int(&["availableReplicas"])
+                }),
+                age_printed(),
+            ]);
+            v.extend(template_printed(true));
         }
-        "Secret" => {
-            let n = o
-                .get("data")
-                .and_then(Value::as_object)
-                .map_or(0, |m| m.len())
-                + o.get("stringData")
-                    .and_then(Value::as_object)
-                    .map_or(0, |m| m.len());
-            vec![
-                name,
-                json!(s(o.get("type")).unwrap_or("Opaque")),
-                json!(n),
-                age,
-            ]
-        }
-        "Service" => {
-            let ty = s(spec.and_then(|x| x.get("type"))).unwrap_or("ClusterIP");
-            let cluster_ip = or_none(s(spec.and_then(|x| x.get("clusterIP"))).map(str::to_string));
-            let mut external: Vec<String> = spec
-                .and_then(|x| x.get("externalIPs"))
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_string)
-                        .collect()
-                })
-                .unwrap_or_default();
-            if let Some(ing) = status
-                .and_then(|st| at(st, &["loadBalancer", "ingress"]))
-                .and_then(Value::as_array)
-            {
-                external.extend(
-                    ing.iter()
-                        .filter_map(|i| s(i.get("ip")).or_else(|| s(i.get("hostname"))))
-                        .map(str::to_string),
-                );
-            }
-            if ty == "ExternalName" {
-                external = s(spec.and_then(|x| x.get("externalName")))
-                    .map(|e| vec![e.to_string()])
-                    .unwrap_or_default();
-            }
-            let ports: Vec<String> = spec
-                .and_then(|x| x.get("ports"))
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .map(|p| {
-                            let proto = s(p.get("protocol")).unwrap_or("TCP");
-                            match p.get("nodePort").and_then(Value::as_i64) {
-                                Some(np) => format!("{}:{np}/{proto}", int(p.get("port"))),
-                                None => format!("{}/{proto}", int(p.get("port"))),
-                            }
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            vec![
-                name,
-                json!(ty),
-                json!(cluster_ip),
-                json!(or_none(Some(external.join(",")))),
-                json!(or_none(Some(ports.join(",")))),
-                age,
-                json!(map_selector_string(spec.and_then(|x| x.get("selector")))),
-            ]
-        }
-        "ServiceAccount" => vec![
-            name,
-            json!(
-                o.get("secrets")
-                    .and_then(Value::as_array)
-                    .map_or(0, Vec::len)
-            ),
-            age,
-        ],
-        "PersistentVolumeClaim" => vec![
-            name,
-            json!(s(status.and_then(|x| x.get("phase"))).unwrap_or("Pending")),
-            json!(s(spec.and_then(|x| x.get("volumeName"))).unwrap_or("")),
-            json!(s(status.and_then(|x| at(x, &["capacity", "storage"]))).unwrap_or("")),
-            json!(access_modes(status.and_then(|x| x.get("accessModes")))),
-            json!(s(spec.and_then(|x| x.get("storageClassName"))).unwrap_or("<unset>")),
-            json!(s(spec.and_then(|x| x.get("volumeAttributesClassName"))).unwrap_or("<unset>")),
-            age,
-            json!(s(spec.and_then(|x| x.get("volumeMode"))).unwrap_or("Filesystem")),
-        ],
-        "Event" => {
-            let last = since_str(o.get("lastTimestamp"), now)
-                .or_else(|| since_str(o.get("eventTime"), now))
-                .or_else(|| since_str(at(o, &["series", "lastObservedTime"]), now))
-                .unwrap_or_else(|| "<unknown>".into());
-            let first = since_str(o.get("firstTimestamp"), now)
-                .or_else(|| since_str(o.get("eventTime"), now))
-                .unwrap_or_else(|| "<unknown>".into());
-            let involved = o.get("involvedObject");
-            let object = format!(
-                "{}/{}",
-                s(involved.and_then(|i| i.get("kind")))
-                    .unwrap_or("")
-                    .to_lowercase(),
-                s(involved.and_then(|i| i.get("name"))).unwrap_or("")
-            );
-            let source = s(at(o, &["source", "component"]))
-                .or_else(|| s(o.get("reportingComponent")))
-                .unwrap_or("");
-            vec![
-                json!(last),
-                json!(s(o.get("type")).unwrap_or("")),
-                json!(s(o.get("reason")).unwrap_or("")),
-                json!(object),
-                json!(s(o.get("message")).unwrap_or("")),
-                json!(s(involved.and_then(|i| i.get("fieldPath"))).unwrap_or("")),
-                json!(source),
-                json!(first),
-                json!(o.get("count").and_then(Value::as_i64).unwrap_or(1)),
-                json!(obj.name()),
-            ]
-        }
-        "Pod" => {
-            let statuses = status
-                .and_then(|x| x.get("containerStatuses"))
-                .and_then(Value::as_array);
-            let total = spec
-                .and_then(|x| x.get("containers"))
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            let ready = statuses.map_or(0, |l| {
-                l.iter()
-                    .filter(|c| c.get("ready") == Some(&Value::Bool(true)))
-                    .count()
-            });
-            let restarts: i64 =
-                statuses.map_or(0, |l| l.iter().map(|c| int(c.get("restartCount"))).sum());
-            let phase = s(status.and_then(|x| x.get("reason")))
-                .or_else(|| s(status.and_then(|x| x.get("phase"))))
-                .unwrap_or("Pending");
-            let phase = if o
-                .get("metadata")
-                .and_then(|m| m.get("deletionTimestamp"))
-                .is_some()
-            {
-                "Terminating"
-            } else {
-                phase
-            };
-            vec![
-                name,
-                json!(format!("{ready}/{total}")),
-                json!(phase),
-                json!(restarts),
-                age,
-                json!(or_none(
-                    s(status.and_then(|x| x.get("podIP"))).map(str::to_string)
-                )),
-                json!(or_none(
-                    s(spec.and_then(|x| x.get("nodeName"))).map(str::to_string)
-                )),
-                json!(or_none(
-                    s(status.and_then(|x| x.get("nominatedNodeName"))).map(str::to_string)
-                )),
-                json!("<none>"),
-            ]
-        }
-        "Deployment" | "StatefulSet" | "ReplicaSet" => {
-            let desired = spec
-                .and_then(|x| x.get("replicas"))
-                .and_then(Value::as_i64)
-                .unwrap_or(1);
-            let ready = int(status.and_then(|x| x.get("readyReplicas")));
-            let (containers, images) = containers_images(template_spec);
-            let selector = json!(label_selector_string(spec.and_then(|x| x.get("selector"))));
-            match kind {
-                "Deployment" => vec![
-                    name,
-                    json!(format!("{ready}/{desired}")),
-                    json!(int(status.and_then(|x| x.get("updatedReplicas")))),
-                    json!(int(status.and_then(|x| x.get("availableReplicas")))),
-                    age,
-                    json!(containers),
-                    json!(images),
-                    selector,
-                ],
-                "StatefulSet" => vec![
-                    name,
-                    json!(format!("{ready}/{desired}")),
-                    age,
-                    json!(containers),
-                    json!(images),
-                ],
-                _ => vec![
-                    name,
-                    json!(desired),
-                    json!(int(status.and_then(|x| x.get("replicas")))),
-                    json!(ready),
-                    age,
-                    json!(containers),
-                    json!(images),
-                    selector,
-                ],
-            }
+        "StatefulSet" => {
+            v.extend([
+                printed(
+                    "Ready",
+                    "string",
+                    0,
+                    "Ready replicas of desired replicas.",
+                    |r| r.ready_of_desired(),
+                ),
+                age_printed(),
+            ]);
+            v.extend(template_printed(false));
         }
         "DaemonSet" => {
-            let (containers, images) = containers_images(template_spec);
-            vec![
-                name,
-                json!(int(status.and_then(|x| x.get("desiredNumberScheduled")))),
-                json!(int(status.and_then(|x| x.get("currentNumberScheduled")))),
-                json!(int(status.and_then(|x| x.get("numberReady")))),
-                json!(int(status.and_then(|x| x.get("updatedNumberScheduled")))),
-                json!(int(status.and_then(|x| x.get("numberAvailable")))),
-                json!(map_selector_string(
-                    template_spec.and_then(|t| t.get("nodeSelector"))
-                )),
-                age,
-                json!(containers),
-                json!(images),
-                json!(label_selector_string(spec.and_then(|x| x.get("selector")))),
-            ]
+            v.extend([
+                printed(
+                    "Desired",
+                    "integer",
+                    0,
+                    "Nodes that should run the daemon pod.",
+                    |r| r.status_int(&["desiredNumberScheduled"]),
+                ),
+                printed(
+                    "Current",
+                    "integer",
+                    0,
+                    "Nodes running the daemon pod.",
+                    |r| r.status_int(&["currentNumberScheduled"]),
+                ),
+                printed(
+                    "Ready",
+                    "integer",
+                    0,
+                    "Nodes whose daemon pod is ready.",
+                    |r| r.status_int(&["numberReady"]),
+                ),
+                printed(
+                    "Up-to-date",
+                    "integer",
+                    0,
+                    "Nodes running the latest template.",
+                    |r| r.status_int(&["updatedNumberScheduled"]),
+                ),
+                printed(
+                    "Available",
+                    "integer",
+                    0,
+                    "Nodes whose daemon pod is available.",
+                    |r| r.status_int(&["numberAvailable"]),
+                ),
+                printed("Node Selector", "string", 0, "The node selector.", |r| {
+                    json!(map_selector_string(
+                        r.pod_spec().and_then(|t| t.get("nodeSelector"))
+                    ))
+                }),
+                age_printed(),
+            ]);
+            v.extend(template_printed(true));
+        }
+        "ReplicaSet" => {
+            v.extend([
+                printed("Desired", "integer", 0, "Desired replicas.", |r| {
+                    json!(r.desired_replicas())
+                }),
+                printed("Current", "integer", 0, "Current replicas.", |r| {
+                    r.status_int(&["replicas"])
+                }),
+                printed("Ready", "integer", 0, "Ready replicas.", |r| {
+                    r.status_int(&["readyReplicas"])
+                }),
+                age_printed(),
+            ]);
+            v.extend(template_printed(true));
         }
         "Job" => {
-            let conditions = status
-                .and_then(|x| x.get("conditions"))
-                .and_then(Value::as_array);
-            let has = |t: &str| {
-                conditions.is_some_and(|c| {
-                    c.iter()
-                        .any(|x| s(x.get("type")) == Some(t) && s(x.get("status")) == Some("True"))
-                })
-            };
-            let state = if has("Complete") {
-                "Complete"
-            } else if has("Failed") {
-                "Failed"
-            } else if spec.and_then(|x| x.get("suspend")) == Some(&Value::Bool(true)) {
-                "Suspended"
-            } else {
-                "Running"
-            };
-            let completions = spec
-                .and_then(|x| x.get("completions"))
-                .and_then(Value::as_i64);
-            let succeeded = int(status.and_then(|x| x.get("succeeded")));
-            let completions = match completions {
-                Some(c) => format!("{succeeded}/{c}"),
-                None => format!(
-                    "{succeeded}/1 of {}",
-                    spec.and_then(|x| x.get("parallelism"))
-                        .and_then(Value::as_i64)
-                        .unwrap_or(1)
+            v.extend([
+                printed("Status", "string", 0, "The status of the job.", job_status),
+                printed(
+                    "Completions",
+                    "string",
+                    0,
+                    "Successful completions of desired completions.",
+                    |r| {
+                        let succeeded = int(r.status(&["succeeded"]));
+                        json!(match r.spec(&["completions"]).and_then(Value::as_i64) {
+                            Some(c) => format!("{succeeded}/{c}"),
+                            None => format!(
+                                "{succeeded}/1 of {}",
+                                r.spec(&["parallelism"])
+                                    .and_then(Value::as_i64)
+                                    .unwrap_or(1)
+                            ),
+                        })
+                    },
                 ),
-            };
-            let start: Option<Time> =
-                s(status.and_then(|x| x.get("startTime"))).and_then(|t| t.parse().ok());
-            let end: Option<Time> =
-                s(status.and_then(|x| x.get("completionTime"))).and_then(|t| t.parse().ok());
-            let duration = match (start, end) {
-                (Some(a), Some(b)) => human_duration(b.unix_seconds() - a.unix_seconds()),
-                (Some(a), None) => human_duration(now.unix_seconds() - a.unix_seconds()),
-                _ => String::new(),
-            };
-            let (containers, images) = containers_images(template_spec);
-            vec![
-                name,
-                json!(state),
-                json!(completions),
-                json!(duration),
-                age,
-                json!(containers),
-                json!(images),
-                json!(label_selector_string(spec.and_then(|x| x.get("selector")))),
-            ]
+                printed("Duration", "string", 0, "How long the job ran.", |r| {
+                    let time = |k: &str| -> Option<Time> { s(r.status(&[k]))?.parse().ok() };
+                    json!(match (time("startTime"), time("completionTime")) {
+                        (Some(a), Some(b)) => human_duration(b.unix_seconds() - a.unix_seconds()),
+                        (Some(a), None) => human_duration(r.now.unix_seconds() - a.unix_seconds()),
+                        _ => String::new(),
+                    })
+                }),
+                age_printed(),
+            ]);
+            v.extend(template_printed(true));
         }
         "CronJob" => {
-            let job_template_spec =
-                spec.and_then(|x| at(x, &["jobTemplate", "spec", "template", "spec"]));
-            let (containers, images) = containers_images(job_template_spec);
-            vec![
-                name,
-                json!(s(spec.and_then(|x| x.get("schedule"))).unwrap_or("")),
-                json!(or_none(
-                    s(spec.and_then(|x| x.get("timeZone"))).map(str::to_string)
-                )),
-                json!(
-                    spec.and_then(|x| x.get("suspend"))
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false)
+            v.extend([
+                printed("Schedule", "string", 0, "The schedule.", |r| {
+                    json!(r.spec_str(&["schedule"]).unwrap_or(""))
+                }),
+                printed(
+                    "Timezone",
+                    "string",
+                    0,
+                    "The time zone of the schedule.",
+                    |r| json!(or_none(r.spec_str(&["timeZone"]).map(str::to_string))),
                 ),
-                json!(
-                    status
-                        .and_then(|x| x.get("active"))
-                        .and_then(Value::as_array)
-                        .map_or(0, Vec::len)
+                printed(
+                    "Suspend",
+                    "boolean",
+                    0,
+                    "Whether the cron job is suspended.",
+                    |r| {
+                        json!(
+                            r.spec(&["suspend"])
+                                .and_then(Value::as_bool)
+                                .unwrap_or(false)
+                        )
+                    },
                 ),
-                json!(
-                    since_str(status.and_then(|x| x.get("lastScheduleTime")), now)
-                        .unwrap_or_else(|| "<none>".into())
+                printed("Active", "integer", 0, "Active jobs.", |r| {
+                    json!(
+                        r.status(&["active"])
+                            .and_then(Value::as_array)
+                            .map_or(0, Vec::len)
+                    )
+                }),
+                printed(
+                    "Last Schedule",
+                    "string",
+                    0,
+                    "When a job was last scheduled.",
+                    |r| {
+                        json!(
+                            since_str(r.status(&["lastScheduleTime"]), r.now)
+                                .unwrap_or_else(|| "<none>".into())
+                        )
+                    },
                 ),
-                age,
-                json!(containers),
-                json!(images),
-                json!(label_selector_string(
-                    spec.and_then(|x| at(x, &["jobTemplate", "spec", "selector"]))
-                )),
-            ]
+                age_printed(),
+            ]);
+            v.extend(template_printed(true));
         }
-        "Ingress" => {
-            let hosts: Vec<&str> = spec
-                .and_then(|x| x.get("rules"))
-                .and_then(Value::as_array)
-                .map(|r| r.iter().filter_map(|x| s(x.get("host"))).collect())
-                .unwrap_or_default();
-            let address: Vec<&str> = status
-                .and_then(|x| at(x, &["loadBalancer", "ingress"]))
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|i| s(i.get("ip")).or_else(|| s(i.get("hostname"))))
-                        .collect()
-                })
-                .unwrap_or_default();
-            let tls = spec
-                .and_then(|x| x.get("tls"))
-                .and_then(Value::as_array)
-                .is_some_and(|t| !t.is_empty());
-            vec![
-                name,
+        "Ingress" => v.extend([
+            printed("Class", "string", 0, "The ingress class.", |r| {
                 json!(or_none(
-                    s(spec.and_then(|x| x.get("ingressClassName"))).map(str::to_string)
-                )),
+                    r.spec_str(&["ingressClassName"]).map(str::to_string)
+                ))
+            }),
+            printed("Hosts", "string", 0, "The hosts the ingress serves.", |r| {
+                let hosts: Vec<&str> = r
+                    .spec(&["rules"])
+                    .and_then(Value::as_array)
+                    .map(|rules| rules.iter().filter_map(|x| s(x.get("host"))).collect())
+                    .unwrap_or_default();
                 json!(if hosts.is_empty() {
                     "*".to_string()
                 } else {
                     hosts.join(",")
-                }),
-                json!(address.join(",")),
-                json!(if tls { "80, 443" } else { "80" }),
-                age,
-            ]
-        }
-        "CustomResourceDefinition" => {
-            vec![
-                name,
+                })
+            }),
+            printed("Address", "string", 0, "The load balancer address.", |r| {
+                json!(load_balancer_addresses(r).join(","))
+            }),
+            printed("Ports", "string", 0, "The ports.", |r| {
+                let tls = r
+                    .spec(&["tls"])
+                    .and_then(Value::as_array)
+                    .is_some_and(|t| !t.is_empty());
+                json!(if tls { "80, 443" } else { "80" })
+            }),
+            age_printed(),
+        ]),
+        "CustomResourceDefinition" => v.push(printed(
+            "Created At",
+            "date",
+            0,
+            "When the definition was created.",
+            |r| {
                 json!(
-                    obj.metadata
+                    r.obj
+                        .metadata
                         .creation_timestamp
                         .map(|t| t.to_string())
                         .unwrap_or_default()
-                ),
-            ]
-        }
-        _ => vec![name, age],
+                )
+            },
+        )),
+        _ => v.push(age_printed()),
     }
+    v
+}
+
+/// The printer of a built-in kind, built once per process.
+fn printer_of(kind: &str) -> &'static [Printed] {
+    static PRINTERS: OnceLock<HashMap<&'static str, Vec<Printed>>> = OnceLock::new();
+    static DEFAULT: OnceLock<Vec<Printed>> = OnceLock::new();
+    PRINTERS
+        .get_or_init(|| {
+            PRINTED_KINDS
+                .iter()
+                .map(|k| (*k, builtin_printer(k)))
+                .collect()
+        })
+        .get(kind)
+        .map(Vec::as_slice)
+        .unwrap_or_else(|| DEFAULT.get_or_init(|| builtin_printer("")))
+}
+
+/// How many entries the maps at these keys hold together.
+fn entries(o: &Value, keys: &[&str]) -> usize {
+    keys.iter()
+        .map(|k| o.get(*k).and_then(Value::as_object).map_or(0, |m| m.len()))
+        .sum()
+}
+
+fn container_statuses<'a>(r: &Row<'a>) -> impl Iterator<Item = &'a Value> {
+    r.status(&["containerStatuses"])
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+}
+
+fn load_balancer_addresses<'a>(r: &Row<'a>) -> Vec<&'a str> {
+    r.status(&["loadBalancer", "ingress"])
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|i| s(i.get("ip")).or_else(|| s(i.get("hostname"))))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn service_external_ips(r: &Row) -> Value {
+    if r.spec_str(&["type"]) == Some("ExternalName") {
+        return json!(or_none(r.spec_str(&["externalName"]).map(str::to_string)));
+    }
+    let mut external: Vec<&str> = r
+        .spec(&["externalIPs"])
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    external.extend(load_balancer_addresses(r));
+    json!(or_none(Some(external.join(","))))
+}
+
+fn service_ports(r: &Row) -> Value {
+    let ports: Vec<String> = r
+        .spec(&["ports"])
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|p| {
+                    let proto = s(p.get("protocol")).unwrap_or("TCP");
+                    match p.get("nodePort").and_then(Value::as_i64) {
+                        Some(np) => format!("{}:{np}/{proto}", int(p.get("port"))),
+                        None => format!("{}/{proto}", int(p.get("port"))),
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    json!(or_none(Some(ports.join(","))))
+}
+
+fn job_status(r: &Row) -> Value {
+    let has = |t: &str| {
+        r.status(&["conditions"])
+            .and_then(Value::as_array)
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|x| s(x.get("type")) == Some(t) && s(x.get("status")) == Some("True"))
+            })
+    };
+    json!(if has("Complete") {
+        "Complete"
+    } else if has("Failed") {
+        "Failed"
+    } else if r.spec(&["suspend"]) == Some(&Value::Bool(true)) {
+        "Suspended"
+    } else {
+        "Running"
+    })
 }
 
 /// Evaluates a Kubernetes-style JSONPath (`.status.conditions[?(@.type=="Ready")].status`).
@@ -860,7 +985,10 @@ fn declared_cell(c: &Column, o: &Value, now: Time) -> Value {
 /// The column definitions for a resource.
 pub fn columns(rt: &ResourceType) -> Vec<Column> {
     match &rt.printer {
-        Printer::BuiltIn => builtin_columns(&rt.kind),
+        Printer::BuiltIn => printer_of(&rt.kind)
+            .iter()
+            .map(|p| p.column.clone())
+            .collect(),
         Printer::Columns(cols) => {
             let mut all = vec![name_col()];
             all.extend(cols.iter().cloned());
@@ -905,7 +1033,15 @@ fn row_of(
     now: Time,
 ) -> Value {
     let cells = match &rt.printer {
-        Printer::BuiltIn => builtin_cells(&rt.kind, &value, obj, now),
+        Printer::BuiltIn => {
+            let r = Row {
+                kind: &rt.kind,
+                o: &value,
+                obj,
+                now,
+            };
+            printer_of(&rt.kind).iter().map(|p| (p.cell)(&r)).collect()
+        }
         Printer::Columns(cols) => {
             let mut cells = vec![json!(obj.name())];
             cells.extend(cols.iter().map(|c| declared_cell(c, &value, now)));
@@ -1018,6 +1154,70 @@ mod tests {
         );
         assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
         assert_eq!(t["metadata"]["resourceVersion"], "10");
+    }
+
+    /// Job, Service and Event rows, whose cells are computed (not read at a path).
+    #[test]
+    fn computed_cells_of_built_in_kinds() {
+        let reg = Registry::new(builtin());
+        let now = Time::now();
+        let cells = |plural: &str, group: &str, v: Value| {
+            let rt = reg.get(group, "v1", plural).unwrap();
+            let obj: Object = serde_json::from_value(v).unwrap();
+            let r = row(&rt, &obj, IncludeObject::None, now);
+            assert_eq!(
+                r["cells"].as_array().unwrap().len(),
+                columns(&rt).len(),
+                "{plural}"
+            );
+            r["cells"].clone()
+        };
+        let job = cells(
+            "jobs",
+            "batch",
+            json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+                   "spec": {"completions": 3, "template": {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}},
+                   "status": {"succeeded": 3, "conditions": [{"type": "Complete", "status": "True"}],
+                              "startTime": "2026-01-01T00:00:00Z", "completionTime": "2026-01-01T00:02:05Z"}}),
+        );
+        assert_eq!(job[1], "Complete");
+        assert_eq!(job[2], "3/3");
+        assert_eq!(job[3], "2m5s");
+        assert_eq!(job[5], "c");
+        let svc = cells(
+            "services",
+            "",
+            json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
+                   "spec": {"type": "LoadBalancer", "clusterIP": "10.0.0.1", "selector": {"app": "web"},
+                            "ports": [{"port": 80, "nodePort": 30080}]},
+                   "status": {"loadBalancer": {"ingress": [{"ip": "1.2.3.4"}]}}}),
+        );
+        assert_eq!(
+            svc,
+            json!([
+                "s",
+                "LoadBalancer",
+                "10.0.0.1",
+                "1.2.3.4",
+                "80:30080/TCP",
+                "<unknown>",
+                "app=web"
+            ])
+        );
+        let event = cells(
+            "events",
+            "",
+            json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "web.1"},
+                   "involvedObject": {"kind": "Deployment", "name": "web"}, "type": "Warning",
+                   "reason": "NoPlacementPolicy", "message": "m", "count": 2}),
+        );
+        assert_eq!(event[3], "deployment/web");
+        assert_eq!(event[8], 2);
+        assert_eq!(event[9], "web.1");
+        // A kind without a printer of its own: name and age.
+        let rt = reg.get("", "v1", "nodes").unwrap();
+        let names: Vec<String> = columns(&rt).iter().map(|c| c.name.clone()).collect();
+        assert_eq!(names, ["Name", "Age"]);
     }
 
     #[test]
