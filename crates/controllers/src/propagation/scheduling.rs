@@ -1311,11 +1311,19 @@ impl Scheduler {
         spec.standby = standby;
         let evictions_changed = old_evictions != spec.evictions || standby_changed;
         let unplaced = (decision.unplaced > 0).then_some(decision.unplaced);
+        // The strategy names how the replicas now running were divided: a decision that moves
+        // nothing keeps the one that placed them (the fleet's level, which picks the strategy,
+        // may have moved since), so the status and the history tell the same story.
+        let strategy = if clusters_changed || status.strategy.is_empty() {
+            decision.strategy.to_string()
+        } else {
+            status.strategy.clone()
+        };
         let status_changed = conds != status.conditions
             || status.decisions != summary
             || status.scheduler_observed_generation != Some(generation)
             || status.scheduler_observed_affinity_name != decision.affinity_name
-            || status.strategy != decision.strategy
+            || status.strategy != strategy
             || status.unplaced_replicas != unplaced
             || requested.is_some();
         let failed = decision.error.is_some();
@@ -1356,10 +1364,17 @@ impl Scheduler {
         } else {
             "PartiallyScheduled"
         };
+        // The history records decisions, not evaluations: a restart, a retry or a change of
+        // the fleet that leaves the same placement for the same spec adds no entry. A fresh
+        // decision someone asked for does.
         if clusters_changed
             || old_cond.as_ref().map(|c| (&c.status, &c.message))
                 != Some((&cond.status, &cond.message))
-            || why != Trigger::ClustersChanged
+            || status.scheduler_observed_generation != Some(generation)
+            || status.unplaced_replicas != unplaced
+            || status.strategy != strategy
+            || requested.is_some()
+            || why == Trigger::Requested
         {
             self.history.push(ScheduleEntry {
                 id: task_id.clone(),
@@ -1371,7 +1386,7 @@ impl Scheduler {
                 },
                 replicas: spec.replicas,
                 trigger: why.as_str().to_string(),
-                strategy: decision.strategy.to_string(),
+                strategy: strategy.clone(),
                 fleet_level: (decision.fleet_level * 1000.0).round() / 1000.0,
                 result: result.to_string(),
                 message: cond.message.clone(),
@@ -1385,7 +1400,7 @@ impl Scheduler {
         status.conditions = conds;
         status.decisions = summary;
         status.filtered = filtered;
-        status.strategy = decision.strategy.to_string();
+        status.strategy = strategy;
         status.unplaced_replicas = unplaced;
         status.task_id = task_id;
         if let Some(r) = requested {
