@@ -1,8 +1,11 @@
 //! The global view in a real browser: headless Chromium (Debian's `chromium` and
 //! `chromium-driver`, installed by the test command) driven over WebDriver. The page shows
 //! nothing without a token; with one it shows every cluster with its water level, a workload
-//! applied during the test appears with its placement without a reload, and the schedule
-//! history opens. A screenshot is saved with the test output.
+//! applied during the test appears with its placement without a reload (so do workloads no
+//! policy selects, and replicas that fit nowhere), the chart draws a line per cluster over
+//! labelled axes, the schedule history and the workloads name the same strategy, and a
+//! cluster's outage is one failure with its recovery. Every tab is checked and saved as a
+//! screenshot at 1366 and 800 px.
 
 #![allow(clippy::unwrap_used)]
 
@@ -77,10 +80,16 @@ async fn until(c: &Client, what: &str, script: &str) {
             return;
         }
         if Instant::now() > deadline {
-            let html = c.source().await.unwrap_or_default();
+            // What the reader sees says more than the markup.
+            let text = c
+                .execute("return document.body.innerText", vec![])
+                .await
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
             panic!(
                 "timed out waiting for {what}:\n{}",
-                &html[..html.len().min(4000)]
+                &text[..text.len().min(6000)]
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -117,7 +126,12 @@ async fn the_global_view_shows_the_fleet_live() {
             ("west", "us-west"),
             ("europe", "eu-west"),
         ],
-        &["--monitoring-interval", "1s"],
+        &[
+            "--monitoring-interval",
+            "1s",
+            "--cluster-grace-period",
+            "2s",
+        ],
     );
     let url = f.s.url.clone();
     let kubeconfig = std::fs::read_to_string(&f.s.kubeconfig).unwrap();
@@ -224,6 +238,28 @@ async fn the_global_view_shows_the_fleet_live() {
          return !!r && r.lastElementChild.textContent === 'Completed';",
     )
     .await;
+    // A workload no policy selects is listed, and says why it runs nowhere.
+    f.s.apply(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: lonely, namespace: default}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: lonely}}\n  template:\n    metadata: {labels: {app: lonely}}\n    spec:\n      containers: [{name: c, image: nginx}]\n",
+    );
+    until(
+        &c,
+        "the unselected workload",
+        "const r = document.querySelector('#workloads tr[data-workload=\"default/lonely\"]');
+         return !!r && r.lastElementChild.textContent === 'NoPlacementPolicy' && r.children[2].textContent === '2';",
+    )
+    .await;
+    // Replicas that fit nowhere are counted.
+    f.s.apply(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: huge, namespace: default}\nspec:\n  replicas: 500\n  selector: {matchLabels: {app: huge}}\n  template:\n    metadata: {labels: {app: huge}}\n    spec:\n      containers: [{name: c, image: nginx, resources: {requests: {cpu: '2'}}}]\n---\napiVersion: multicluster.io/v1alpha1\nkind: ResourcePlacementPolicy\nmetadata: {name: huge, namespace: default}\nspec:\n  resourceSelector: {apiVersion: apps/v1, kind: Deployment, name: huge, namespace: default}\n  placement:\n    replicaScheduling: {replicaSchedulingType: Divided}\n",
+    );
+    until(
+        &c,
+        "the unplaced replicas",
+        "const r = document.querySelector('#workloads tr[data-workload=\"default/huge\"]');
+         return !!r && / · 500 unplaced$/.test(r.lastElementChild.textContent);",
+    )
+    .await;
     // A Migration shows up live, with its phase and why (a Deployment without volumes has
     // no data to move: refused at once).
     f.s.apply(
@@ -250,6 +286,25 @@ async fn the_global_view_shows_the_fleet_live() {
         "return [...document.querySelectorAll('#schedules tbody tr')].some(r => r.textContent.includes('default/shop-deployment'))",
     )
     .await;
+    // The strategy of the decision in force reads the same on both tabs, and the history
+    // holds decisions, not repeats of the same one.
+    let (history_strategy, workload_strategy, repeats) = {
+        let v = c
+            .execute(
+                "const rows = [...document.querySelectorAll('#schedules tbody tr')].filter(r => r.children[1].textContent === 'default/shop-deployment');
+                 const key = (r) => [3, 4].map(i => r.children[i].textContent).join('|') + '|' + r.children[5].firstChild.textContent;
+                 let repeats = 0;
+                 for (let i = 1; i < rows.length; i++) if (key(rows[i]) === key(rows[i - 1])) repeats++;
+                 const w = document.querySelector('#workloads tr[data-workload=\"default/shop\"]');
+                 return [rows[0].children[4].textContent, w.children[5].textContent, repeats];",
+                vec![],
+            )
+            .await
+            .unwrap();
+        (v[0].clone(), v[1].clone(), v[2].clone())
+    };
+    assert_eq!(history_strategy, workload_strategy);
+    assert_eq!(repeats, json!(0));
     // Keyboard: the tabs are buttons that take focus.
     let focusable = c
         .execute(
@@ -259,6 +314,91 @@ async fn the_global_view_shows_the_fleet_live() {
         .await
         .unwrap();
     assert_eq!(focusable, json!(true));
+
+    // The chart: a line per cluster, named in the legend, over labelled axes.
+    c.find(Locator::Id("tab-fleet"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until(
+        &c,
+        "a line per cluster with axes",
+        "const lines = new Set([...document.querySelectorAll('#chart .cluster-line')].map(l => l.dataset.cluster));
+         const legend = [...document.querySelectorAll('#chart-legend li[data-cluster]')].map(l => l.dataset.cluster);
+         const texts = [...document.querySelectorAll('#chart text')].map(t => t.textContent);
+         return lines.size === 3 && legend.join() === 'east,europe,west'
+             && texts.includes('100%') && texts.includes('0%')
+             && document.querySelectorAll('#chart text.x-label').length >= 2;",
+    )
+    .await;
+
+    // Every tab at two widths: nothing runs off the page or out of its table, and each is
+    // kept as a screenshot with the test output.
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    for width in [1366u32, 800] {
+        c.set_window_size(width, 900).await.unwrap();
+        for tab in ["fleet", "workloads", "schedules", "failures"] {
+            c.find(Locator::Id(&format!("tab-{tab}")))
+                .await
+                .unwrap()
+                .click()
+                .await
+                .unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let overflow = c
+                .execute(
+                    "const out = [];
+                     if (document.documentElement.scrollWidth > window.innerWidth) out.push('page ' + document.documentElement.scrollWidth + ' > ' + window.innerWidth);
+                     for (const s of document.querySelectorAll('section.panel:not([hidden]) .scroll'))
+                       if (s.scrollWidth > s.clientWidth + 1) out.push(s.firstElementChild.id + ' ' + s.scrollWidth + ' > ' + s.clientWidth);
+                     return out;",
+                    vec![],
+                )
+                .await
+                .unwrap();
+            assert_eq!(overflow, json!([]), "{tab} at {width} px");
+            let png = c.screenshot().await.unwrap();
+            assert!(png.len() > 1000);
+            std::fs::write(dir.join(format!("{tab}-{width}.png")), &png).unwrap();
+        }
+    }
+    eprintln!("global view: screenshots in {}", dir.display());
+    c.set_window_size(1366, 900).await.unwrap();
+
+    // A cluster that goes dark and comes back is one failure, with its recovery.
+    let admin = f.admin("west").to_string();
+    let (code, body) = common::http(
+        "PUT",
+        &admin,
+        "/clusters/west/faults",
+        r#"{"outage": true}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    c.find(Locator::Id("tab-failures"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    until(
+        &c,
+        "west's failure, not yet recovered",
+        "return [...document.querySelectorAll('#failures tbody tr[data-cluster=\"west\"]')].some(r => r.lastElementChild.dataset.recovered === 'false')",
+    )
+    .await;
+    let (code, body) = common::http("DELETE", &admin, "/clusters/west/faults", "");
+    assert_eq!(code, 200, "{body}");
+    until(
+        &c,
+        "west's failure with its recovery, and no recovery listed as a failure",
+        "const rows = [...document.querySelectorAll('#failures tbody tr[data-cluster=\"west\"]')];
+         return rows.length > 0 && rows.every(r => r.lastElementChild.dataset.recovered === 'true')
+             && !rows.some(r => r.children[2].textContent === 'ClusterRecovered');",
+    )
+    .await;
 
     // A fleet of 1,000: the figure is recorded (docs/benchmarks.md), not asserted.
     let kc = f.s.client().await;
