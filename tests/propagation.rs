@@ -383,6 +383,14 @@ fn bad_policies_are_refused_with_the_field_named() {
         };
         assert!(err.contains(how) && err.contains(field), "{field}: {err}");
     }
+    // Without strict validation, an unknown field of a policy is still refused, never
+    // dropped: the policy would place differently than its author meant.
+    let err = s.fails_stdin(&["apply", "--validate=warn", "-f", "-"], cases[0].0);
+    assert!(
+        err.contains("is invalid")
+            && err.contains("spec.placement.galaxy: Forbidden: field not declared in the schema"),
+        "{err}"
+    );
     // A selector matching nothing is accepted and says so in the policy's status.
     s.apply("apiVersion: policy.karmada.io/v1alpha1\nkind: PropagationPolicy\nmetadata: {name: lonely}\nspec:\n  resourceSelectors: [{apiVersion: apps/v1, kind: Deployment, name: nobody}]\n");
     eventually(

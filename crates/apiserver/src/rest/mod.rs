@@ -7,13 +7,13 @@ use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
 use http::{HeaderMap, Method, Response, StatusCode};
 use orrery_api::Object;
-use orrery_api::validation::validate_object_meta;
+use orrery_api::validation::{FieldError, validate_object_meta};
 use serde_json::Value;
 
 use crate::app::App;
 use crate::error::{ApiError, ApiResult};
 use crate::http::{self as h, Body, Query, Representation};
-use crate::resources::{Registry, ResourceType};
+use crate::resources::{Origin, Registry, ResourceType};
 use crate::schema::validate::{self as schema_check, Mode};
 use crate::table::{self, IncludeObject};
 
@@ -314,6 +314,22 @@ pub fn admit(
             )));
         }
         FieldValidation::Strict => {}
+        // The spec of Orrery's own kinds (Karmada's policies among them) loses a field only when
+        // the client says so (Ignore): a policy stored without a field Orrery does not know
+        // would place differently than its author meant. Kubernetes would prune it with a
+        // warning, as is done here for the rest of the object.
+        FieldValidation::Warn
+            if rt.origin == Origin::Own
+                && findings.unknown.iter().any(|u| u.starts_with("spec.")) =>
+        {
+            let errs: Vec<FieldError> = findings
+                .unknown
+                .iter()
+                .filter(|u| u.starts_with("spec."))
+                .map(|u| FieldError::forbidden(u, "field not declared in the schema"))
+                .collect();
+            return Err(ApiError::invalid(&rt, &name, &errs));
+        }
         FieldValidation::Warn => {
             call.warnings.extend(
                 findings
