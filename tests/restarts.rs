@@ -982,6 +982,25 @@ fn restarts_crashes_and_retries_disturb_nothing() {
     for (inv, n) in &f.checks {
         assert!(*n > 0, "the checker never checked {inv:?}");
     }
+    if !f.is_empty() {
+        // What the server and each agent did, for the findings above.
+        let fleet = fleet.lock().unwrap();
+        let log = std::env::temp_dir().join(format!("restarts-{seed}-server.log"));
+        let _ = std::fs::write(&log, fleet.s.log());
+        eprintln!("restarts: the server's log is in {}", log.display());
+        for (m, a, _) in &fleet.agents {
+            let log = std::env::temp_dir().join(format!("restarts-{seed}-{m}.log"));
+            let _ = std::fs::write(&log, a.log());
+            let lines: Vec<String> = journal
+                .iter()
+                .filter(|(who, _)| who == m)
+                .map(|(_, e)| e.to_string())
+                .collect();
+            let path = std::env::temp_dir().join(format!("restarts-{seed}-{m}.journal"));
+            let _ = std::fs::write(&path, lines.join("\n"));
+            eprintln!("restarts: {m}'s agent log is in {}", log.display());
+        }
+    }
     assert!(
         f.is_empty(),
         "invariants broken (seed {seed}):\n{}",

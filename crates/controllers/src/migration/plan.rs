@@ -555,7 +555,12 @@ pub fn step(i: &Input<'_>) -> Output {
                     if unplanned(i, &mut st, &mut ev) {
                         continue;
                     }
-                    transfers = (Some(send(i, &st, st.rounds + 1, false)), None);
+                    // The target keeps its round while the source is away: dropped from its
+                    // Work, the round would start again from nothing when the source is back.
+                    transfers = (
+                        Some(send(i, &st, st.rounds + 1, false)),
+                        (st.snapshot_round >= 1).then(|| receive(i, &st, &caps, false)),
+                    );
                     break;
                 }
                 if !i.target.serving {

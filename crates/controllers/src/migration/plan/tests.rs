@@ -615,6 +615,37 @@ fn a_lost_source_waits_unless_the_placement_starts_empty_and_a_lost_target_keeps
     );
 }
 
+/// A source that stops serving for a while during the copy (a missed heartbeat, a restart of
+/// the control plane) takes nothing from the target: its round stays in its Work, so it goes
+/// on where it was instead of starting again.
+#[test]
+fn a_source_away_for_a_while_leaves_the_targets_round_in_place() {
+    let mut r = Run::new();
+    r.fleet.copy_speed = 0;
+    for _ in 0..20 {
+        r.step();
+        if Fleet::transfer_of(&r.spec, "b").is_some() {
+            break;
+        }
+    }
+    let before = Fleet::transfer_of(&r.spec, "b")
+        .cloned()
+        .expect("the target copies a round");
+    assert_eq!(r.status.phase, Phase::Replicating);
+    r.fleet.source_serving = false;
+    r.step();
+    assert_eq!(r.status.phase, Phase::Replicating);
+    assert_eq!(
+        Fleet::transfer_of(&r.spec, "b"),
+        Some(&before),
+        "the target's round is kept while the source is away"
+    );
+    r.fleet.source_serving = true;
+    r.fleet.copy_speed = 1;
+    r.until(Phase::Cleaning, 40);
+    assert_eq!(r.status.rounds, 3, "no round was copied twice");
+}
+
 #[test]
 fn deleting_a_migration_before_the_switch_calls_it_off() {
     let mut r = Run::new();
