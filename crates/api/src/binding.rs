@@ -335,6 +335,9 @@ pub struct BindingSpec {
     /// Karmada's `schedulerName`, from the policy: another scheduler's bindings are left to it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub scheduler_name: String,
+    /// What the template reads and how much work it is (its pod template's annotations).
+    #[serde(default, skip_serializing_if = "crate::data::WorkloadData::is_empty")]
+    pub data: crate::data::WorkloadData,
 }
 
 /// A transfer one cluster takes part in.
@@ -409,6 +412,45 @@ pub struct ClusterDecision {
     /// Each score plugin's rating.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub scores: std::collections::BTreeMap<String, f64>,
+    /// For a workload that reads data sets: its completion here, in its parts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub estimate: Option<CompletionEstimate>,
+}
+
+/// A data-aware workload's completion in one cluster: the transfer of the inputs it does not
+/// hold, the wait for room, and the compute at its GPU performance.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CompletionEstimate {
+    /// Transfer, wait and compute together.
+    pub total_seconds: f64,
+    /// Copying the inputs it does not hold.
+    pub transfer_seconds: f64,
+    /// Waiting for room: the rounds its replicas run in beyond the first.
+    pub wait_seconds: f64,
+    /// Computing, at its GPU performance.
+    pub compute_seconds: f64,
+    /// Bytes copied to it.
+    #[serde(default)]
+    pub transfer_bytes: i64,
+    /// What those bytes cost leaving their sources.
+    #[serde(default)]
+    pub egress_cost: f64,
+    /// Where each input would come from.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fetches: Vec<DataFetch>,
+}
+
+/// One input's way to a cluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataFetch {
+    /// The data set.
+    pub dataset: String,
+    /// The cluster it comes from.
+    pub from: String,
+    /// Its bytes.
+    pub bytes: i64,
 }
 
 /// How the template was placed and how it runs: written by the scheduler and the binding

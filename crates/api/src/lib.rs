@@ -15,6 +15,7 @@
 pub mod binding;
 pub mod cluster;
 pub mod conditions;
+pub mod data;
 pub mod fieldpath;
 pub mod fields;
 pub mod history;

@@ -336,6 +336,11 @@ pub struct Placement {
     /// Orrery: a stateful workload's standby copy and what to do when its data is lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stateful: Option<crate::stateful::StatefulPlacement>,
+    /// Orrery: what to optimize for a workload that reads data sets (the pod template's
+    /// `orrery.io/datasets`): its completion time (the default) or the egress its inputs
+    /// cost, and the most that may be copied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_policy: Option<crate::data::DataPolicy>,
 }
 
 impl Placement {
@@ -462,6 +467,9 @@ impl Placement {
         }
         if let Some(st) = &self.stateful {
             st.validate(&format!("{path}.stateful"), errs);
+        }
+        if let Some(d) = &self.data_policy {
+            d.validate(&format!("{path}.dataPolicy"), errs);
         }
         if let Some(r) = &self.replica_scheduling {
             let p = format!("{path}.replicaScheduling");

@@ -453,6 +453,14 @@ fn builtin_defs() -> Vec<Def> {
     );
     own_def(
         "multicluster.io",
+        "DataSet",
+        "datasets",
+        true,
+        &["dset"],
+        false,
+    );
+    own_def(
+        "multicluster.io",
         "ResourceInterpreter",
         "resourceinterpreters",
         false,
@@ -793,6 +801,24 @@ fn own_columns(kind: &str) -> Printer {
                 ".spec.workload.manifests[*].kind",
                 1,
                 "The kinds it carries",
+            ),
+        ],
+        "DataSet" => vec![
+            Column::new("Size", "string", ".spec.size", 0, "How big it is"),
+            Column::new(
+                "Locations",
+                "string",
+                ".spec.locations[*].cluster",
+                0,
+                "The clusters holding an authoritative copy",
+            ),
+            age,
+            Column::new(
+                "Tiers",
+                "string",
+                ".spec.locations[*].tier",
+                1,
+                "The tiers of those copies",
             ),
         ],
         _ => vec![age],

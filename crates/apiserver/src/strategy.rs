@@ -9,7 +9,7 @@ use orrery_api::validation::{ErrorList, FieldError};
 use orrery_api::{cluster, work};
 use serde_json::{Value, json};
 
-use crate::resources::ResourceType;
+use crate::resources::{Origin, ResourceType};
 
 /// Finalizer that keeps a namespace until its contents are gone.
 pub const NAMESPACE_FINALIZER: &str = "kubernetes";
@@ -348,6 +348,15 @@ fn config_key_ok(k: &str) -> bool {
 pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorList {
     let mut errs = ErrorList::new();
     let spec = obj.spec.as_ref();
+    // What a workload says of its data and work (data-aware scheduling), checked here so a
+    // bad annotation is an error to its author, not a silent default.
+    if rt.origin == Origin::BuiltIn
+        && let Some((_, path)) = orrery_api::data::template_annotations(&rt.kind)
+        && let Err(e) =
+            orrery_api::data::of_parts(&rt.kind, &obj.metadata.annotations, obj.spec.as_ref())
+    {
+        errs.push(FieldError::invalid(path, "", e));
+    }
     match (rt.group.as_str(), rt.kind.as_str()) {
         ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet") => {
             if let Some(r) = spec.and_then(|s| s.get("replicas")).and_then(Value::as_i64)
@@ -440,6 +449,11 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
             errs.extend(cluster::validate_status(obj.status.as_ref()));
         }
         ("multicluster.io", "Work") => errs.extend(work::validate_spec(spec)),
+        ("multicluster.io", "DataSet") => {
+            if let Err(e) = orrery_api::data::DataSetSpec::parse(spec) {
+                errs.extend(e);
+            }
+        }
         ("multicluster.io", "Migration") => {
             if let Err(e) = orrery_api::stateful::migration_spec(spec) {
                 errs.extend(e);

@@ -59,9 +59,10 @@ pub struct ServerArgs {
     #[arg(long, default_value_t = orrery_scheduler::DEFAULT_SHED_MARK, value_parser = parse_level)]
     pub shed_mark: f64,
     /// Weights of the score plugins, e.g. `balance=3,locality=0.5`: comma-separated
-    /// PLUGIN=WEIGHT for headroom, balance, locality, priority, network and proximity; those
-    /// not named keep their default (headroom 1, balance 2, locality 1, priority 1, network
-    /// 1, proximity 4: closeness to what a workload follows). Monitoring raises the network
+    /// PLUGIN=WEIGHT for headroom, balance, locality, priority, network, proximity and
+    /// completion; those not named keep their default (headroom 1, balance 2, locality 1,
+    /// priority 1, network 1, proximity 4: closeness to what a workload follows, completion
+    /// 6: when a workload reading data sets would finish). Monitoring raises the network
     /// weight when traffic surges.
     #[arg(long)]
     pub score_weights: Option<orrery_scheduler::Weights>,

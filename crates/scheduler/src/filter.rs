@@ -36,9 +36,13 @@ pub fn default_filters() -> Vec<Box<dyn Filter>> {
         Box::new(TaintToleration),
         Box::new(Capabilities),
         Box::new(StorageClass),
+        Box::new(crate::data::StorageTier),
+        Box::new(crate::data::Network),
         Box::new(WorkloadAffinity),
         Box::new(NodeFit),
         Box::new(WaterLevel),
+        // Last: it estimates each transfer, and only tasks that read data sets pay for it.
+        Box::new(crate::data::DataReach),
     ]
 }
 

@@ -26,6 +26,7 @@
 #![allow(clippy::needless_range_loop)]
 
 pub mod assume;
+pub mod data;
 pub mod divide;
 pub mod filter;
 pub mod moves;
@@ -115,6 +116,8 @@ pub struct Relations<'a> {
     pub avoid: Option<(&'a [String], &'a str)>,
     /// Clusters it should be close to, by latency (its leader's, when they cannot hold it).
     pub near: &'a [String],
+    /// The data sets it reads and its work (data-aware scheduling).
+    pub data: Option<&'a data::DataNeeds>,
 }
 
 /// The engine's settings: the plugins and their weights, and the water level marks.
@@ -444,6 +447,12 @@ impl Decision {
                 ..Default::default()
             },
             Outcome::Scored { total, replicas } => ClusterDecision {
+                estimate: ctx
+                    .task
+                    .relations
+                    .data
+                    .filter(|d| !d.is_empty())
+                    .map(|d| data::estimate(ctx, i, d).summary()),
                 name,
                 replicas: (replicas > 0).then_some(replicas),
                 reason: if replicas > 0 {

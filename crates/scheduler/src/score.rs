@@ -2,8 +2,8 @@
 //! the total is the weighted mean. Weights are configurable and follow monitoring: see
 //! [`Weights::adjusted`].
 //!
-//! Room is left for further plugins (data locality, cost, prediction): a plugin is a name, a
-//! weight and a function over the feasible clusters.
+//! A plugin is a name, a weight and a function over the feasible clusters; the data-aware
+//! one ([`crate::data::Completion`]) lives with its filters in `data.rs`.
 
 use crate::Ctx;
 
@@ -28,6 +28,8 @@ pub struct Weights {
     pub priority: f64,
     pub network: f64,
     pub proximity: f64,
+    /// Completion time of a task that reads data sets ([`crate::data::Completion`]).
+    pub completion: f64,
 }
 
 impl Default for Weights {
@@ -41,6 +43,9 @@ impl Default for Weights {
             // Above balance and locality together: a workload stays close to what it
             // follows unless nothing close can hold it.
             proximity: 4.0,
+            // A task that reads data sets goes where it finishes first: the estimate outweighs
+            // the load-based plugins together.
+            completion: 6.0,
         }
     }
 }
@@ -81,6 +86,7 @@ impl Weights {
             "Priority" => self.priority,
             "Network" => self.network,
             "Proximity" => self.proximity,
+            "Completion" => self.completion,
             _ => 0.0,
         }
     }
@@ -92,7 +98,7 @@ pub enum WeightsError {
     #[error("`{0}` is not PLUGIN=WEIGHT")]
     Malformed(String),
     #[error(
-        "unknown score plugin `{0}` (known: headroom, balance, locality, priority, network, proximity)"
+        "unknown score plugin `{0}` (known: headroom, balance, locality, priority, network, proximity, completion)"
     )]
     UnknownPlugin(String),
     #[error("the weight of {plugin} must be a number of at least 0, not `{value}`")]
@@ -123,6 +129,7 @@ impl std::str::FromStr for Weights {
                 "priority" => &mut w.priority,
                 "network" => &mut w.network,
                 "proximity" => &mut w.proximity,
+                "completion" => &mut w.completion,
                 _ => return Err(WeightsError::UnknownPlugin(name)),
             };
             if seen.contains(&name) {
@@ -155,6 +162,7 @@ pub fn default_scores() -> Vec<Box<dyn Score>> {
         Box::new(Priority),
         Box::new(Network),
         Box::new(Proximity),
+        Box::new(crate::data::Completion),
     ]
 }
 
@@ -383,6 +391,7 @@ mod tests {
                     priority: 0.0,
                     network: 0.0,
                     proximity: d.proximity,
+                    completion: d.completion,
                 },
             ),
         ];

@@ -56,6 +56,7 @@ struct T {
     within: Option<Vec<String>>,
     avoid: Option<Vec<String>>,
     near: Vec<String>,
+    data: Option<data::DataNeeds>,
 }
 
 impl T {
@@ -74,6 +75,7 @@ impl T {
             within: None,
             avoid: None,
             near: vec![],
+            data: None,
         }
     }
     fn task(&self) -> Task<'_> {
@@ -103,6 +105,7 @@ impl T {
                     .as_deref()
                     .map(|a| (a, "its anti-affinity group runs there")),
                 near: &self.near,
+                data: self.data.as_ref(),
             },
         }
     }
@@ -421,7 +424,7 @@ fn filters_explain_themselves() {
         "taint maintenance:NoSchedule is not tolerated"
     );
     assert_eq!(why["m3"].reason, "selected");
-    assert!(why["m3"].score.is_some() && why["m3"].scores.len() == 6);
+    assert!(why["m3"].score.is_some() && why["m3"].scores.len() == 7);
     // A cluster that stops being Ready keeps what it already runs (until a NoExecute taint).
     let mut t = T::new(json!({}), 1);
     t.previous = prev(&[("m1", 1)]);
@@ -936,4 +939,162 @@ fn retries_never_fill_a_cluster_beyond_its_limit_before_its_pods_exist() {
         );
         assert!(again.error.is_some(), "step {step}: still partial");
     }
+}
+
+/// A fleet for data-aware decisions: `gpu` the GPU performance, `gbit` the uplink, `price`
+/// the egress price per GiB; every cluster roomy and equally loaded.
+fn data_cluster(name: &str, gpu: f64, gbit: f64, price: f64) -> ClusterSnapshot {
+    let mut c = cluster(name, "r", 64, 8);
+    c.bandwidth = Some((gbit * 125_000_000.0) as i64);
+    c.properties.insert(
+        orrery_api::data::GPU_PERFORMANCE_PROPERTY.into(),
+        gpu.to_string(),
+    );
+    c.properties.insert(
+        orrery_api::data::EGRESS_PRICE_PROPERTY.into(),
+        price.to_string(),
+    );
+    c
+}
+
+fn input(name: &str, bytes: i64, holders: &[&str]) -> data::Input {
+    data::Input {
+        name: name.into(),
+        bytes,
+        holders: holders
+            .iter()
+            .map(|h| (h.to_string(), orrery_api::data::Tier::Warm))
+            .collect(),
+    }
+}
+
+const GIB: i64 = 1 << 30;
+
+#[test]
+fn data_aware_placement_weighs_transfer_against_compute() {
+    // `slow` holds the data and has a slow GPU; `fast` has a GPU 4× faster, 10 Gbit/s away.
+    let clusters = vec![
+        data_cluster("slow", 1.0, 10.0, 0.02),
+        data_cluster("fast", 4.0, 10.0, 0.09),
+    ];
+    let job = |bytes: i64, hours: f64| {
+        let mut t = T::new(divided(), 1);
+        t.data = Some(data::DataNeeds {
+            inputs: vec![input("in", bytes, &["slow"])],
+            gpu_hours: hours,
+            ..Default::default()
+        });
+        t
+    };
+    // (input, GPU hours, where it runs): heavy compute on a small input follows the GPU;
+    // a huge input with light compute stays with its data.
+    let cases = [
+        (10 * GIB, 8.0, "fast"),
+        (2048 * GIB, 0.5, "slow"),
+        (0, 1.0, "fast"),
+    ];
+    for (bytes, hours, want) in cases {
+        let t = job(bytes, hours);
+        let d = t.run(&clusters);
+        assert_eq!(shares(&d), s(&[(want, 1)]), "{bytes} bytes, {hours} h");
+        let e = t.explain(&clusters);
+        let est = e[want].estimate.as_ref().expect("an estimate");
+        let other = e[if want == "fast" { "slow" } else { "fast" }]
+            .estimate
+            .as_ref()
+            .unwrap();
+        assert!(
+            est.total_seconds <= other.total_seconds,
+            "{est:?} vs {other:?}"
+        );
+    }
+    // The parts: 10 GiB over 10 Gbit/s is 8.6 s; 8 hours on a 4× GPU is 2 h.
+    let e = job(10 * GIB, 8.0).explain(&clusters);
+    let fast = e["fast"].estimate.clone().unwrap();
+    assert_eq!(fast.transfer_seconds, 8.6);
+    assert_eq!(fast.compute_seconds, 7200.0);
+    assert_eq!(fast.wait_seconds, 0.0);
+    assert_eq!(fast.transfer_bytes, 10 * GIB);
+    assert_eq!(fast.egress_cost, 0.2, "10 GiB at the source's 0.02");
+    assert_eq!(fast.fetches[0].from, "slow");
+    let slow = e["slow"].estimate.clone().unwrap();
+    assert_eq!(
+        (slow.transfer_seconds, slow.compute_seconds),
+        (0.0, 28800.0)
+    );
+}
+
+#[test]
+fn data_filters_tier_network_reach_and_transfer_cost() {
+    let mut clusters = vec![
+        data_cluster("a", 1.0, 1.0, 0.10),
+        data_cluster("b", 1.0, 1.0, 0.01),
+        data_cluster("c", 1.0, 1.0, 0.05),
+    ];
+    clusters[0]
+        .labels
+        .insert(orrery_api::data::STORAGE_TIER_KEY.into(), "hot".into());
+    clusters[1]
+        .labels
+        .insert(orrery_api::data::STORAGE_TIER_KEY.into(), "cold".into());
+    clusters[0]
+        .labels
+        .insert(orrery_api::data::NETWORK_KEY.into(), "lab".into());
+    let with = |clusters: &[ClusterSnapshot], f: &dyn Fn(&mut data::DataNeeds)| {
+        let mut t = T::new(divided(), 1);
+        let mut n = data::DataNeeds {
+            inputs: vec![input("in", 100 * GIB, &["a", "b"])],
+            ..Default::default()
+        };
+        f(&mut n);
+        t.data = Some(n);
+        t.explain(clusters)
+    };
+    // A warm tier: `b` (cold) and `c` (no label) are turned away, with why.
+    let e = with(&clusters, &|n| n.tier = Some(orrery_api::data::Tier::Warm));
+    assert_eq!(e["a"].replicas, Some(1));
+    assert_eq!(e["b"].filter, "StorageTier");
+    assert!(
+        e["b"].reason.contains("slower than the warm"),
+        "{}",
+        e["b"].reason
+    );
+    assert!(e["c"].reason.contains("no orrery.io/storage-tier label"));
+    // A network.
+    let e = with(&clusters, &|n| n.network = "lab".into());
+    assert_eq!(e["b"].filter, "Network");
+    assert_eq!(e["a"].replicas, Some(1));
+    // maxTransfer: `c` would need 100 GiB copied.
+    let e = with(&clusters, &|n| n.max_transfer = Some(10 * GIB));
+    assert_eq!(e["c"].filter, "DataReach");
+    assert!(e["c"].reason.contains("100 GiB"), "{}", e["c"].reason);
+    // An input nobody holds: nothing can start.
+    let e = with(&clusters, &|n| n.missing = vec!["ghost".into()]);
+    assert!(e.values().all(|c| c.filter == "DataReach"));
+    assert!(e["a"].reason.contains("ghost"));
+    // Transfer cost first: the copy comes from the cheaper holder.
+    let e = with(&clusters, &|n| n.cost_first = true);
+    assert_eq!(e["c"].estimate.as_ref().unwrap().fetches[0].from, "b");
+    // A holder that is not ready is no source.
+    clusters[1].ready = false;
+    let e = with(&clusters, &|_| {});
+    assert_eq!(e["c"].estimate.as_ref().unwrap().fetches[0].from, "a");
+}
+
+#[test]
+fn replicas_that_do_not_fit_at_once_wait_for_room() {
+    // 4 replicas of 12 cores; under the limit (0.85 of 64 cores, 8 used) 3 fit at once, so
+    // the fourth runs in a second round.
+    let clusters = vec![data_cluster("only", 2.0, 10.0, 0.0)];
+    let mut t = T::new(divided(), 4);
+    t.request = [("cpu".to_string(), cpu(12))].into();
+    t.data = Some(data::DataNeeds {
+        gpu_hours: 4.0,
+        ..Default::default()
+    });
+    let est = t.explain(&clusters)["only"].estimate.clone().unwrap();
+    // Each replica does an hour of reference work: half an hour on this GPU.
+    assert_eq!(est.compute_seconds, 1800.0);
+    assert_eq!(est.wait_seconds, 1800.0);
+    assert_eq!(est.total_seconds, 3600.0);
 }

@@ -88,12 +88,13 @@ fn normalize(v: &mut Value) {
     if let Some(Value::Array(all)) = m.get_mut("allOf") {
         all.iter_mut().for_each(normalize);
         // `allOf` of one inlined schema (schemars' way of adding a description): the schema.
-        if all.len() == 1 && all[0].get("$ref").is_none() {
-            if let Some(Value::Object(inner)) = all.pop() {
-                m.remove("allOf");
-                for (k, x) in inner {
-                    m.entry(k).or_insert(x);
-                }
+        if all.len() == 1
+            && all[0].get("$ref").is_none()
+            && let Some(Value::Object(inner)) = all.pop()
+        {
+            m.remove("allOf");
+            for (k, x) in inner {
+                m.entry(k).or_insert(x);
             }
         }
     }

@@ -526,6 +526,17 @@ fn generated() -> Vec<(&'static str, &'static str, Value)> {
         ),
         (
             own,
+            "DataSet",
+            kind_of(
+                own,
+                "DataSet",
+                "A data set workloads read (the pod template's orrery.io/datasets): its size and the clusters holding authoritative copies. The scheduler weighs moving the work to the data against moving the data to the work.",
+                schema_of::<orrery_api::data::DataSetSpec>(),
+                None,
+            ),
+        ),
+        (
+            own,
             "ResourceInterpreter",
             kind_of(
                 own,

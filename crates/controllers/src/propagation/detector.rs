@@ -832,6 +832,9 @@ impl Detector {
             failover: p.failover.clone(),
             scheduler_name: p.scheduler_name.clone(),
             volumes: orrery_api::stateful::claims_of(&v),
+            // Admission refuses bad annotations on the built-in kinds; on others they are
+            // left out.
+            data: orrery_api::data::of_template(&t.kind, &v).unwrap_or_default(),
             affinity_groups: p
                 .placement
                 .workload_affinity

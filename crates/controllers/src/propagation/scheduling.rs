@@ -164,6 +164,7 @@ enum Src {
     Cluster,
     Binding,
     Migration,
+    DataSet,
 }
 
 /// What the scheduler reads from a Cluster object.
@@ -216,6 +217,8 @@ enum Trigger {
     UserMove,
     /// A migration of the binding ended: its status says where it runs now.
     MoveDone,
+    /// A data set it reads changed (its copies, or it appeared).
+    DataChanged,
 }
 
 impl Trigger {
@@ -232,6 +235,7 @@ impl Trigger {
             Trigger::LeaderMoved => "LeaderMoved",
             Trigger::UserMove => "Migration",
             Trigger::MoveDone => "MigrationDone",
+            Trigger::DataChanged => "DataChanged",
         }
     }
     /// Whether the decision moves replicas the user did not ask to move (make-before-break).
@@ -282,6 +286,8 @@ struct Scheduler {
     graph: super::stateful::Graph,
     /// Users' Migrations waiting for a target, by binding.
     user_moves: HashMap<BKey, Arc<Object>>,
+    /// Data sets, by namespace and name: their size and copies (data-aware scheduling).
+    datasets: super::stateful::DataSets,
     /// Bindings naming a migration not seen yet, and since when.
     unknown_moves: HashMap<BKey, Instant>,
     /// Clusters, bindings and migrations are listed before anything is decided.
@@ -310,6 +316,17 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         store.clone(),
         keys::well_known::migrations(None),
         Src::Migration,
+        tx.clone(),
+        shutdown.clone(),
+    );
+    follow(
+        store.clone(),
+        keys::prefix(
+            orrery_api::cluster::GROUP,
+            orrery_api::data::DATASETS_PLURAL,
+            None,
+        ),
+        Src::DataSet,
         tx,
         shutdown.clone(),
     );
@@ -352,11 +369,13 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         graph: Default::default(),
         user_moves: HashMap::new(),
         unknown_moves: HashMap::new(),
+        datasets: Default::default(),
         barrier: {
             let mut b = Barrier::new();
             b.expect("clusters");
             b.expect("bindings");
             b.expect("migrations");
+            b.expect("datasets");
             b
         },
     };
@@ -633,6 +652,7 @@ impl Scheduler {
                 }
             }
             Src::Migration => self.on_migration(ev),
+            Src::DataSet => self.on_dataset(ev),
             Src::Binding => match ev {
                 Event::Listed(items) => {
                     self.bindings.clear();
@@ -695,6 +715,46 @@ impl Scheduler {
                     }
                 }
             },
+        }
+    }
+
+    /// A data set changed: the workloads reading it are decided again (those placed stay
+    /// where they are unless a filter now turns their cluster away).
+    fn on_dataset(&mut self, ev: Event) {
+        let changed: Vec<(String, String)> = match ev {
+            Event::Listed(items) => {
+                self.datasets.clear();
+                for d in &items {
+                    self.datasets.put(d);
+                }
+                self.barrier.listed("datasets");
+                return;
+            }
+            Event::Upsert(d) => {
+                self.datasets.put(&d);
+                vec![(d.namespace().to_string(), d.name().to_string())]
+            }
+            Event::Delete(d) => {
+                let k = (d.namespace().to_string(), d.name().to_string());
+                self.datasets.remove(&k);
+                vec![k]
+            }
+        };
+        let readers: Vec<BKey> = self
+            .bindings
+            .iter()
+            .filter(|(k, b)| {
+                BindingSpec::of(b).is_some_and(|s| {
+                    changed
+                        .iter()
+                        .any(|(ns, n)| *ns == k.0 && s.data.datasets.contains(n))
+                })
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in readers {
+            self.triggers.insert(k.clone(), Trigger::DataChanged);
+            self.enqueue(k, Trigger::DataChanged);
         }
     }
 
@@ -1170,7 +1230,7 @@ impl Scheduler {
             Mode::Steady
         };
         let previous = spec.clusters.clone();
-        let ties = super::stateful::ties(&self.graph, &self.bindings, k, &spec);
+        let ties = super::stateful::ties(&self.graph, &self.bindings, &self.datasets, k, &spec);
         let task = Task {
             // A standalone task runs outside Orrery and needs no API of the member.
             api_version: if spec.resource.is_task() {
@@ -1580,7 +1640,7 @@ impl Scheduler {
                 }
             }
         };
-        let mut ties = super::stateful::ties(&self.graph, &self.bindings, k, &spec);
+        let mut ties = super::stateful::ties(&self.graph, &self.bindings, &self.datasets, k, &spec);
         if !ms.target_clusters.is_empty() {
             let why = format!(
                 "not among the Migration's targetClusters ({})",

@@ -208,6 +208,8 @@ pub(super) struct Ties {
     pub near: Vec<String>,
     /// It follows a leader: when the leader's clusters cannot hold it, the nearest can.
     pub follows: bool,
+    /// The data sets it reads and its work.
+    pub data: Option<orrery_scheduler::data::DataNeeds>,
 }
 
 impl Ties {
@@ -220,7 +222,75 @@ impl Ties {
                 .map(|(w, r)| (w.as_slice(), r.as_str())),
             avoid: self.avoid.as_ref().map(|(a, r)| (a.as_slice(), r.as_str())),
             near: &self.near,
+            data: self.data.as_ref(),
         }
+    }
+}
+
+/// The data sets the scheduler knows of: size and copies, by namespace and name.
+#[derive(Debug, Default)]
+pub(super) struct DataSets(HashMap<(String, String), orrery_scheduler::data::Input>);
+
+impl DataSets {
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    /// Takes a DataSet in; one whose spec does not parse is as if it did not exist (admission
+    /// refuses such specs).
+    pub fn put(&mut self, d: &Object) {
+        let k = (d.namespace().to_string(), d.name().to_string());
+        match orrery_api::data::DataSetSpec::parse(d.spec.as_ref()) {
+            Ok(spec) => {
+                let input = orrery_scheduler::data::Input {
+                    name: k.1.clone(),
+                    bytes: spec.bytes(),
+                    holders: spec
+                        .locations
+                        .iter()
+                        .map(|l| (l.cluster.clone(), l.tier))
+                        .collect(),
+                };
+                self.0.insert(k, input);
+            }
+            Err(_) => {
+                self.0.remove(&k);
+            }
+        }
+    }
+
+    pub fn remove(&mut self, k: &(String, String)) {
+        self.0.remove(k);
+    }
+
+    /// What a binding's template reads and asks for, resolved against the data sets.
+    fn needs(
+        &self,
+        namespace: &str,
+        spec: &BindingSpec,
+    ) -> Option<orrery_scheduler::data::DataNeeds> {
+        let d = &spec.data;
+        let policy = spec.placement.data_policy.clone().unwrap_or_default();
+        if d.is_empty() {
+            return None;
+        }
+        let mut needs = orrery_scheduler::data::DataNeeds {
+            gpu_hours: d.gpu_hours.unwrap_or(0.0),
+            cost_first: policy.cost_first(),
+            max_transfer: policy
+                .max_transfer
+                .map(|q| i64::try_from(q.value()).unwrap_or(i64::MAX)),
+            tier: d.storage_tier,
+            network: d.network.clone(),
+            ..Default::default()
+        };
+        for name in &d.datasets {
+            match self.0.get(&(namespace.to_string(), name.clone())) {
+                Some(i) => needs.inputs.push(i.clone()),
+                None => needs.missing.push(name.clone()),
+            }
+        }
+        Some(needs)
     }
 }
 
@@ -228,10 +298,14 @@ impl Ties {
 pub(super) fn ties(
     graph: &Graph,
     bindings: &HashMap<BKey, Arc<Object>>,
+    datasets: &DataSets,
     k: &BKey,
     spec: &BindingSpec,
 ) -> Ties {
-    let mut t = Ties::default();
+    let mut t = Ties {
+        data: datasets.needs(&k.0, spec),
+        ..Default::default()
+    };
     let mut classes: BTreeSet<String> = BTreeSet::new();
     for v in &spec.volumes {
         classes.insert(v.storage_class.clone());
@@ -423,7 +497,7 @@ mod tests {
         let ak = ("ns".to_string(), "app-deployment".to_string());
         let lk = ("ns".to_string(), "db-statefulset".to_string());
         assert_eq!(g.dependents(&lk), vec![ak.clone()]);
-        let t = ties(&g, &all, &ak, &spec_of(&app));
+        let t = ties(&g, &all, &DataSets::default(), &ak, &spec_of(&app));
         assert!(t.follows);
         assert_eq!(
             t.within,
@@ -434,7 +508,7 @@ mod tests {
         );
         assert_eq!(t.near, vec!["a".to_string()]);
         // The leader sees its follower's cluster as one to be near, and its storage class.
-        let t = ties(&g, &all, &lk, &spec_of(&leader));
+        let t = ties(&g, &all, &DataSets::default(), &lk, &spec_of(&leader));
         assert_eq!(
             (t.near.clone(), t.storage_classes.clone()),
             (vec!["c".to_string()], vec!["fast".to_string()])
@@ -462,7 +536,7 @@ mod tests {
         assert_eq!(g.serving(&moving), vec!["b".to_string()]);
         // A leader without a binding, and a cycle.
         all.remove(&lk);
-        let t = ties(&g, &all, &ak, &spec_of(&app));
+        let t = ties(&g, &all, &DataSets::default(), &ak, &spec_of(&app));
         assert_eq!(
             t.within.unwrap().1,
             "its leader StatefulSet/db has no binding (no policy places it)"
@@ -475,7 +549,7 @@ mod tests {
         );
         g.put(&lk, Some(&looped));
         all.insert(lk.clone(), looped);
-        let t = ties(&g, &all, &ak, &spec_of(&app));
+        let t = ties(&g, &all, &DataSets::default(), &ak, &spec_of(&app));
         assert_eq!(
             t.within,
             Some((
@@ -506,7 +580,7 @@ mod tests {
         g.put(&k1, Some(&first));
         all.insert(k1.clone(), first.clone());
         // Alone in its groups: anywhere.
-        let t = ties(&g, &all, &k1, &spec_of(&first));
+        let t = ties(&g, &all, &DataSets::default(), &k1, &spec_of(&first));
         assert!(t.within.is_none() && t.avoid.is_none());
         let second = mk(
             "b-deployment",
@@ -525,7 +599,7 @@ mod tests {
         let k3 = ("other".to_string(), "b-deployment".to_string());
         g.put(&k3, Some(&other_ns));
         all.insert(k3, other_ns);
-        let t = ties(&g, &all, &k1, &spec_of(&first));
+        let t = ties(&g, &all, &DataSets::default(), &k1, &spec_of(&first));
         assert_eq!(
             t.within,
             Some((
@@ -547,5 +621,61 @@ mod tests {
         );
         g.put(&k2, None);
         assert!(g.dependents(&k1).is_empty());
+    }
+
+    /// A binding's data needs resolve its data sets in its own namespace; one not there (or
+    /// whose spec does not parse) is missing, and a binding that says nothing has none.
+    #[test]
+    fn data_needs_resolve_data_sets_of_the_namespace() {
+        let mut ds = DataSets::default();
+        let set = |ns: &str, name: &str, spec: serde_json::Value| {
+            let mut o = Object::new("multicluster.io/v1alpha1", "DataSet")
+                .with_name(name)
+                .with_namespace(ns);
+            o.spec = Some(spec);
+            o
+        };
+        ds.put(&set(
+            "ml",
+            "tokens",
+            json!({"size": "10Gi", "locations": [{"cluster": "a", "tier": "hot"}]}),
+        ));
+        ds.put(&set(
+            "other",
+            "images",
+            json!({"size": "1Gi", "locations": [{"cluster": "b"}]}),
+        ));
+        ds.put(&set("ml", "broken", json!({"size": "1Gi"})));
+        let k = ("ml".to_string(), "job-job".to_string());
+        let spec = spec_of(&b(
+            "ml",
+            "job-job",
+            base(
+                json!({"data": {"datasets": ["tokens", "images", "broken"], "gpuHours": 2.0},
+                        "placement": {"dataPolicy": {"optimizeFor": "TransferCost", "maxTransfer": "5Gi"}}}),
+            ),
+        ));
+        let t = ties(&Graph::default(), &HashMap::new(), &ds, &k, &spec);
+        let n = t.data.unwrap();
+        assert_eq!(n.inputs.len(), 1);
+        assert_eq!(n.inputs[0].bytes, 10 << 30);
+        assert_eq!(
+            n.inputs[0].holders,
+            vec![("a".to_string(), orrery_api::data::Tier::Hot)]
+        );
+        assert_eq!(n.missing, ["images", "broken"]);
+        assert_eq!(
+            (n.gpu_hours, n.cost_first, n.max_transfer),
+            (2.0, true, Some(5 << 30))
+        );
+        let plain = spec_of(&b("ml", "x", base(json!({}))));
+        assert!(
+            ties(&Graph::default(), &HashMap::new(), &ds, &k, &plain)
+                .data
+                .is_none()
+        );
+        ds.remove(&("ml".to_string(), "tokens".to_string()));
+        let t = ties(&Graph::default(), &HashMap::new(), &ds, &k, &spec);
+        assert!(t.data.unwrap().missing.contains(&"tokens".to_string()));
     }
 }

@@ -60,6 +60,12 @@ pub struct SimSpec {
     pub bandwidth: i64,
     /// The storage classes the member offers; the first is its default.
     pub storage_classes: Vec<String>,
+    /// The GPU model of its nodes, and its performance against the reference GPU (reported
+    /// as the properties `gpu.orrery.io/model` and `gpu.orrery.io/performance`).
+    pub gpu_model: String,
+    pub gpu_performance: Option<f64>,
+    /// The price of a GiB leaving the member (`cost.orrery.io/egress-per-gib`).
+    pub egress_per_gib: Option<f64>,
 }
 
 /// The default data uplink: 1 Gbit/s.
@@ -80,6 +86,9 @@ impl Default for SimSpec {
             job_duration: Duration::from_secs(5),
             bandwidth: DEFAULT_BANDWIDTH,
             storage_classes: vec!["standard".into()],
+            gpu_model: String::new(),
+            gpu_performance: None,
+            egress_per_gib: None,
         }
     }
 }
@@ -104,7 +113,8 @@ impl FromStr for SimSpec {
 
     /// `nodes=8,cpu=32,memory=128Gi,gpu=0,pods=110,load=0.3,profile=flat` (any subset; also
     /// `period=`, `start=` and `job=` durations, `bandwidth=` a quantity of bytes per second,
-    /// and `storageclasses=` names separated by `:`, the default first).
+    /// `storageclasses=` names separated by `:`, the default first, `gpuModel=`, `gpuPerf=` a
+    /// factor against the reference GPU, and `egressPerGiB=` a price).
     fn from_str(s: &str) -> Result<Self, String> {
         let mut spec = SimSpec::default();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -183,9 +193,30 @@ impl FromStr for SimSpec {
                     }
                     spec.storage_classes = classes;
                 }
+                "gpuModel" => {
+                    if v.is_empty() || v.len() > 63 || v.contains(char::is_whitespace) {
+                        return Err(bad("a model name such as NVIDIA-H100-80GB-HBM3"));
+                    }
+                    spec.gpu_model = v.to_string();
+                }
+                "gpuPerf" | "egressPerGiB" => {
+                    let f: f64 = v
+                        .parse()
+                        .ok()
+                        .filter(|f: &f64| f.is_finite() && *f >= 0.0)
+                        .ok_or_else(|| bad("a number of at least 0"))?;
+                    if k == "gpuPerf" {
+                        if f == 0.0 {
+                            return Err(bad("must be above 0"));
+                        }
+                        spec.gpu_performance = Some(f);
+                    } else {
+                        spec.egress_per_gib = Some(f);
+                    }
+                }
                 _ => {
                     return Err(format!(
-                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, start, job, bandwidth, storageclasses)"
+                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, start, job, bandwidth, storageclasses, gpuModel, gpuPerf, egressPerGiB)"
                     ));
                 }
             }
@@ -1794,6 +1825,24 @@ impl Backend for SimCluster {
         let mut properties = BTreeMap::new();
         properties.insert("cluster.clusterset.k8s.io".into(), self.name.clone());
         properties.insert("clusterset.k8s.io".into(), "orrery".into());
+        if !self.spec.gpu_model.is_empty() {
+            properties.insert(
+                orrery_api::data::GPU_MODEL_PROPERTY.into(),
+                self.spec.gpu_model.clone(),
+            );
+        }
+        if let Some(p) = self.spec.gpu_performance {
+            properties.insert(
+                orrery_api::data::GPU_PERFORMANCE_PROPERTY.into(),
+                p.to_string(),
+            );
+        }
+        if let Some(p) = self.spec.egress_per_gib {
+            properties.insert(
+                orrery_api::data::EGRESS_PRICE_PROPERTY.into(),
+                p.to_string(),
+            );
+        }
         Ok(MemberReport {
             healthy: true,
             message: format!(

@@ -1,0 +1,391 @@
+//! Data-aware scheduling (draft 4.2 item 4, 5.1 and 7.3.1): data sets and where their copies
+//! live, what a workload reads and how much work it is, and the facts of clusters the
+//! scheduler weighs against them (GPU performance, links, egress price).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::quantity::Quantity;
+use crate::validation::{ErrorList, FieldError, is_dns1123_subdomain};
+
+pub const DATASET_KIND: &str = "DataSet";
+pub const DATASETS_PLURAL: &str = "datasets";
+
+/// Pod template annotation: the data sets a workload reads (comma-separated names in its
+/// namespace).
+pub const DATASETS_ANNOTATION: &str = "orrery.io/datasets";
+/// Pod template annotation: how much work the workload is, in hours of the reference GPU.
+pub const GPU_HOURS_ANNOTATION: &str = "orrery.io/gpu-hours";
+/// Pod template annotation of the tier the workload's storage needs, and the Cluster label
+/// of the best tier a cluster offers (`hot` > `warm` > `cold`).
+pub const STORAGE_TIER_KEY: &str = "orrery.io/storage-tier";
+/// Pod template annotation of the network the workload must be on, and the Cluster label
+/// naming a cluster's network.
+pub const NETWORK_KEY: &str = "orrery.io/network";
+/// Cluster property (KEP-2149): the GPU model of the member's nodes.
+pub const GPU_MODEL_PROPERTY: &str = "gpu.orrery.io/model";
+/// Cluster property: the GPU performance, a factor against the reference GPU (1.0).
+pub const GPU_PERFORMANCE_PROPERTY: &str = "gpu.orrery.io/performance";
+/// Cluster property: the price of a GiB leaving the cluster.
+pub const EGRESS_PRICE_PROPERTY: &str = "cost.orrery.io/egress-per-gib";
+
+/// GPU performance against the reference GPU (an NVIDIA A100 is 1.0), by the product name
+/// nodes carry in `nvidia.com/gpu.product`. Relative FP16 tensor throughput, rounded; a model
+/// not listed counts as the reference.
+pub const GPU_PERFORMANCE: &[(&str, f64)] = &[
+    ("NVIDIA-H200", 3.2),
+    ("NVIDIA-H100-80GB-HBM3", 3.0),
+    ("NVIDIA-H100-PCIe", 2.4),
+    ("NVIDIA-L40S", 1.2),
+    ("NVIDIA-A100-SXM4-80GB", 1.0),
+    ("NVIDIA-A100-SXM4-40GB", 1.0),
+    ("NVIDIA-A100-PCIE-40GB", 1.0),
+    ("NVIDIA-A10G", 0.4),
+    ("NVIDIA-L4", 0.4),
+    ("Tesla-V100-SXM2-16GB", 0.4),
+    ("Tesla-T4", 0.2),
+];
+
+/// The performance factor of a GPU model (1.0 when the model is not in the table).
+pub fn gpu_performance(model: &str) -> f64 {
+    GPU_PERFORMANCE
+        .iter()
+        .find(|(m, _)| m.eq_ignore_ascii_case(model))
+        .map_or(1.0, |(_, p)| *p)
+}
+
+/// A storage tier: how fast the storage holding a copy is.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    /// Archive storage: cheap, slow to read.
+    Cold,
+    /// Standard storage.
+    #[default]
+    Warm,
+    /// Fast local or NVMe storage.
+    Hot,
+}
+
+impl Tier {
+    pub fn parse(s: &str) -> Option<Tier> {
+        match s {
+            "hot" => Some(Tier::Hot),
+            "warm" => Some(Tier::Warm),
+            "cold" => Some(Tier::Cold),
+            _ => None,
+        }
+    }
+
+    /// Whether storage of this tier serves a need for `wanted` (a faster tier does).
+    pub fn serves(self, wanted: Tier) -> bool {
+        self >= wanted
+    }
+}
+
+pub const TIERS: &[&str] = &["hot", "warm", "cold"];
+
+/// Where an authoritative copy of a data set lives.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DataLocation {
+    /// The cluster holding the copy.
+    pub cluster: String,
+    /// The tier of the storage holding it (warm by default).
+    #[serde(default)]
+    pub tier: Tier,
+}
+
+/// A data set workloads read: its size and where its authoritative copies are.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DataSetSpec {
+    /// How big it is (bytes, e.g. 2Ti).
+    pub size: Quantity,
+    /// The clusters holding an authoritative copy.
+    #[serde(default)]
+    pub locations: Vec<DataLocation>,
+}
+
+impl DataSetSpec {
+    /// A DataSet's spec, checked; errors name the field.
+    pub fn parse(spec: Option<&Value>) -> Result<DataSetSpec, ErrorList> {
+        let v = spec.cloned().unwrap_or(Value::Null);
+        let s: DataSetSpec = crate::policy::decode(&v, "spec").map_err(|e| vec![e])?;
+        let mut errs = ErrorList::new();
+        if s.size.is_negative() || s.size.is_zero() {
+            errs.push(FieldError::invalid("spec.size", s.size, "must be positive"));
+        }
+        if s.locations.is_empty() {
+            errs.push(FieldError::required(
+                "spec.locations",
+                "where at least one authoritative copy lives",
+            ));
+        }
+        let mut seen = Vec::new();
+        for (i, l) in s.locations.iter().enumerate() {
+            let p = format!("spec.locations[{i}].cluster");
+            if l.cluster.is_empty() {
+                errs.push(FieldError::required(&p, ""));
+            } else if seen.contains(&&l.cluster) {
+                errs.push(FieldError::invalid(&p, &l.cluster, "named twice"));
+            }
+            seen.push(&l.cluster);
+        }
+        if errs.is_empty() { Ok(s) } else { Err(errs) }
+    }
+
+    pub fn bytes(&self) -> i64 {
+        i64::try_from(self.size.value()).unwrap_or(i64::MAX)
+    }
+}
+
+/// What a placement's `dataPolicy` optimizes when the workload reads data sets.
+pub const COMPLETION_TIME: &str = "CompletionTime";
+pub const TRANSFER_COST: &str = "TransferCost";
+
+/// A placement's `dataPolicy` (Orrery): what to optimize when the workload reads data sets.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DataPolicy {
+    /// CompletionTime (the default): the cluster where the workload would finish first, its
+    /// inputs' transfer included; TransferCost: the cheapest in egress, then the fastest.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub optimize_for: String,
+    /// No cluster is chosen that would need more than this copied to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_transfer: Option<Quantity>,
+}
+
+impl DataPolicy {
+    pub fn validate(&self, path: &str, errs: &mut ErrorList) {
+        if !["", COMPLETION_TIME, TRANSFER_COST].contains(&self.optimize_for.as_str()) {
+            errs.push(FieldError::not_supported(
+                format!("{path}.optimizeFor"),
+                &self.optimize_for,
+                &[COMPLETION_TIME, TRANSFER_COST],
+            ));
+        }
+        if let Some(m) = &self.max_transfer
+            && m.is_negative()
+        {
+            errs.push(FieldError::invalid(
+                format!("{path}.maxTransfer"),
+                m,
+                "must not be negative",
+            ));
+        }
+    }
+
+    pub fn cost_first(&self) -> bool {
+        self.optimize_for == TRANSFER_COST
+    }
+}
+
+/// What a workload's template says of its data and work (from its pod template's
+/// annotations), carried in its binding.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadData {
+    /// The data sets it reads, in its namespace.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub datasets: Vec<String>,
+    /// Its work, in hours of the reference GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_hours: Option<f64>,
+    /// The storage tier every chosen cluster must offer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_tier: Option<Tier>,
+    /// The network every chosen cluster must be on.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub network: String,
+}
+
+impl WorkloadData {
+    pub fn is_empty(&self) -> bool {
+        *self == WorkloadData::default()
+    }
+
+    /// Read from a pod template's annotations; errors name the annotation.
+    pub fn of_annotations(a: &BTreeMap<String, String>) -> Result<WorkloadData, String> {
+        let mut d = WorkloadData::default();
+        if let Some(list) = a.get(DATASETS_ANNOTATION) {
+            for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                if let Some(m) = is_dns1123_subdomain(name).first() {
+                    return Err(format!("{DATASETS_ANNOTATION}: {name:?}: {m}"));
+                }
+                if !d.datasets.iter().any(|x| x == name) {
+                    d.datasets.push(name.to_string());
+                }
+            }
+        }
+        if let Some(h) = a.get(GPU_HOURS_ANNOTATION) {
+            let v: f64 = h
+                .trim()
+                .parse()
+                .ok()
+                .filter(|v: &f64| v.is_finite() && *v >= 0.0)
+                .ok_or_else(|| {
+                    format!("{GPU_HOURS_ANNOTATION}: {h:?} is not a number of hours of at least 0")
+                })?;
+            d.gpu_hours = Some(v);
+        }
+        if let Some(t) = a.get(STORAGE_TIER_KEY) {
+            d.storage_tier = Some(Tier::parse(t.trim()).ok_or_else(|| {
+                format!("{STORAGE_TIER_KEY}: {t:?} is not one of hot, warm, cold")
+            })?);
+        }
+        if let Some(n) = a.get(NETWORK_KEY) {
+            d.network = n.trim().to_string();
+        }
+        Ok(d)
+    }
+}
+
+/// Where a built-in workload kind keeps its pod template's annotations (a JSON pointer), and
+/// the field path of that map for errors.
+pub fn template_annotations(kind: &str) -> Option<(String, String)> {
+    let spec = crate::interpret::pod_spec_pointer(kind)?;
+    let template = spec.strip_suffix("/spec").unwrap_or("");
+    let pointer = format!("{template}/metadata/annotations");
+    let path = pointer.trim_start_matches('/').replace('/', ".");
+    Some((pointer, path))
+}
+
+/// What a template says of its data and work: its own annotations, and those of its pod
+/// template (which win).
+pub fn of_template(kind: &str, template: &Value) -> Result<WorkloadData, String> {
+    let own: BTreeMap<String, String> = template
+        .pointer("/metadata/annotations")
+        .and_then(|a| serde_json::from_value(a.clone()).ok())
+        .unwrap_or_default();
+    of_parts(kind, &own, template.get("spec"))
+}
+
+/// The same, from an object's annotations and its spec.
+pub fn of_parts(
+    kind: &str,
+    annotations: &BTreeMap<String, String>,
+    spec: Option<&Value>,
+) -> Result<WorkloadData, String> {
+    let mut a: BTreeMap<String, String> = annotations
+        .iter()
+        .filter(|(k, _)| k.starts_with("orrery.io/"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if let Some((pointer, _)) = template_annotations(kind)
+        && let Some(rest) = pointer.strip_prefix("/spec")
+        && let Some(Value::Object(m)) = spec.and_then(|s| s.pointer(rest))
+    {
+        for (k, x) in m {
+            if let (true, Some(v)) = (k.starts_with("orrery.io/"), x.as_str()) {
+                a.insert(k.clone(), v.to_string());
+            }
+        }
+    }
+    WorkloadData::of_annotations(&a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tiers_serve_slower_needs() {
+        assert!(Tier::Hot.serves(Tier::Warm));
+        assert!(Tier::Warm.serves(Tier::Warm));
+        assert!(!Tier::Cold.serves(Tier::Warm));
+        assert_eq!(Tier::parse("cold"), Some(Tier::Cold));
+        assert_eq!(Tier::parse("lukewarm"), None);
+    }
+
+    #[test]
+    fn data_sets_are_checked() {
+        let ok = DataSetSpec::parse(Some(
+            &json!({"size": "2Ti", "locations": [{"cluster": "east", "tier": "hot"}]}),
+        ))
+        .unwrap();
+        assert_eq!(ok.bytes(), 2 << 40);
+        assert_eq!(ok.locations[0].tier, Tier::Hot);
+        let cases = [
+            (
+                json!({"size": "0", "locations": [{"cluster": "a"}]}),
+                "spec.size",
+            ),
+            (json!({"size": "1Gi"}), "spec.locations"),
+            (
+                json!({"size": "1Gi", "locations": [{"cluster": "a"}, {"cluster": "a"}]}),
+                "spec.locations[1].cluster",
+            ),
+            (
+                json!({"size": "1Gi", "locations": [{"cluster": "a", "tier": "lukewarm"}]}),
+                "spec.locations[0].tier",
+            ),
+            (
+                json!({"size": "1Gi", "locations": [], "extra": 1}),
+                "spec.extra",
+            ),
+        ];
+        for (spec, field) in cases {
+            let errs = DataSetSpec::parse(Some(&spec)).unwrap_err();
+            assert!(errs.iter().any(|e| e.field == field), "{field}: {errs:?}");
+        }
+    }
+
+    #[test]
+    fn workload_data_from_annotations() {
+        let a: BTreeMap<String, String> = [
+            (DATASETS_ANNOTATION, "imagenet, tokens,imagenet"),
+            (GPU_HOURS_ANNOTATION, "12.5"),
+            (STORAGE_TIER_KEY, "hot"),
+            (NETWORK_KEY, "research"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let d = WorkloadData::of_annotations(&a).unwrap();
+        assert_eq!(d.datasets, ["imagenet", "tokens"]);
+        assert_eq!(d.gpu_hours, Some(12.5));
+        assert_eq!(d.storage_tier, Some(Tier::Hot));
+        assert_eq!(d.network, "research");
+        for (k, v) in [
+            (GPU_HOURS_ANNOTATION, "-1"),
+            (GPU_HOURS_ANNOTATION, "lots"),
+            (STORAGE_TIER_KEY, "tepid"),
+            (DATASETS_ANNOTATION, "Not_A_Name"),
+        ] {
+            let a = BTreeMap::from([(k.to_string(), v.to_string())]);
+            let e = WorkloadData::of_annotations(&a).unwrap_err();
+            assert!(e.starts_with(k), "{e}");
+        }
+        let job = json!({"metadata": {"annotations": {GPU_HOURS_ANNOTATION: "1"}},
+            "spec": {"template": {"metadata": {"annotations": {GPU_HOURS_ANNOTATION: "2", DATASETS_ANNOTATION: "a"}}}}});
+        let d = of_template("Job", &job).unwrap();
+        assert_eq!(
+            (d.gpu_hours, d.datasets),
+            (Some(2.0), vec!["a".to_string()])
+        );
+        assert_eq!(
+            template_annotations("CronJob").unwrap().1,
+            "spec.jobTemplate.spec.template.metadata.annotations"
+        );
+        assert_eq!(gpu_performance("NVIDIA-H100-80GB-HBM3"), 3.0);
+        assert_eq!(gpu_performance("unknown"), 1.0);
+    }
+}
