@@ -13,8 +13,9 @@ use std::time::Duration;
 use common::{Agent, Server, eventually};
 use serde_json::{Value, json};
 
-/// A member with two ready nodes, one that is not, a running pod, an object Orrery must not
-/// touch, and its cluster id as a ClusterProperty.
+/// A member with two ready nodes (one with 8 H100 GPUs, as NVIDIA's feature discovery labels
+/// it), one that is not, a running pod, an object Orrery must not touch, and its cluster id as
+/// a ClusterProperty.
 fn member() -> Server {
     let m = Server::start();
     for (name, cpu, ready) in [
@@ -22,12 +23,13 @@ fn member() -> Server {
         ("n2", "8", "True"),
         ("n3", "16", "False"),
     ] {
+        let gpus = if name == "n2" { "8" } else { "0" };
         m.apply(&format!(
-            "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n"
+            "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, labels: {{nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}}}}\n"
         ));
         let status = json!({"status": {
-            "allocatable": {"cpu": cpu, "memory": "16Gi", "pods": "110"},
-            "capacity": {"cpu": cpu, "memory": "16Gi", "pods": "110"},
+            "allocatable": {"cpu": cpu, "memory": "16Gi", "pods": "110", "nvidia.com/gpu": gpus},
+            "capacity": {"cpu": cpu, "memory": "16Gi", "pods": "110", "nvidia.com/gpu": gpus},
             "conditions": [{"type": "Ready", "status": ready}],
         }});
         m.ok(&[
@@ -114,6 +116,13 @@ fn the_kube_backend_drives_a_member_api() {
     assert_eq!(st["largestNodeFree"]["cpu"], "8");
     assert!((st["waterLevel"]["cpu"].as_f64().unwrap() - 1.0 / 12.0).abs() < 0.001);
     assert_eq!(st["properties"]["cluster.clusterset.k8s.io"], "member-one");
+    // Its GPUs, for data-aware scheduling: the model from the nodes' labels, its
+    // performance from Orrery's table.
+    assert_eq!(
+        st["properties"]["gpu.orrery.io/model"],
+        "NVIDIA-H100-80GB-HBM3"
+    );
+    assert_eq!(st["properties"]["gpu.orrery.io/performance"], "3");
     assert!(st["kubernetesVersion"].as_str().unwrap().starts_with('v'));
     assert!(st["apiEnablements"].to_string().contains("deployments"));
 

@@ -983,7 +983,11 @@ fn restarts_crashes_and_retries_disturb_nothing() {
         assert!(*n > 0, "the checker never checked {inv:?}");
     }
     if !f.is_empty() {
-        // What the server and each agent did, for the findings above.
+        // What the server and each agent did, for the findings above, and every decision.
+        let history = rt.block_on(api.get("/api/v1/history/schedules?maxEntries=1000"));
+        let path = std::env::temp_dir().join(format!("restarts-{seed}-schedules.json"));
+        let _ = std::fs::write(&path, history.to_string());
+        eprintln!("restarts: the schedule history is in {}", path.display());
         let fleet = fleet.lock().unwrap();
         let log = std::env::temp_dir().join(format!("restarts-{seed}-server.log"));
         let _ = std::fs::write(&log, fleet.s.log());

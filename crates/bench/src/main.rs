@@ -21,6 +21,7 @@ mod quality;
 mod scheduler;
 mod stateful;
 mod stats;
+mod stci;
 mod store;
 
 /// The allocator the `orrery` binary runs with: in-process scenarios (the scheduler, the store)
@@ -230,6 +231,14 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         threads: usize,
     },
+    /// Data-aware scheduling: four strategies on one trace of jobs reading data sets over a
+    /// simulated fleet (completion time, bytes moved, egress cost, GPU utilization).
+    Stci {
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        #[arg(long, default_value_t = 500)]
+        jobs: usize,
+    },
     /// Scheduling quality: five strategies on one trace over a simulated fleet.
     SchedulerQuality {
         #[arg(long, default_value_t = 1)]
@@ -426,6 +435,7 @@ fn main() -> anyhow::Result<()> {
                 })
                 .await
             }
+            Command::Stci { seed, jobs } => stci::stci(stci::StciArgs { seed, jobs }),
             Command::SchedulerQuality {
                 seed,
                 clusters,

@@ -4,8 +4,9 @@
 //! For each candidate cluster the estimate is the task's completion time there:
 //!
 //! - **transfer**: every input the cluster holds no copy of comes from the ready holder it
-//!   would arrive from first: latency, plus its bytes over the slower of the two uplinks. The
-//!   cluster's own downlink is shared: the transfer takes at least all the bytes over it.
+//!   would arrive from first: what is already booked on either end's link, latency, plus its
+//!   bytes over the slower of the two uplinks. The cluster's own downlink is shared: the
+//!   transfer takes at least all the bytes over it.
 //! - **compute**: the work (hours of the reference GPU) over the replicas, at the cluster's
 //!   GPU performance; when fewer replicas fit than the task has, they run in rounds, and the
 //!   rounds but the first are the **wait**.
@@ -170,7 +171,9 @@ pub fn estimate(ctx: &Ctx<'_>, i: usize, needs: &DataNeeds) -> Estimate {
             .map(|s| {
                 let link = uplink(ctx, s).min(down);
                 let lat = here.latency_to(&clusters[s]).unwrap_or(0.0) / 1000.0;
-                let secs = lat + input.bytes as f64 / link;
+                // Transfers booked on either end go first.
+                let queued = clusters[s].busy_out_seconds.max(here.busy_in_seconds);
+                let secs = queued + lat + input.bytes as f64 / link;
                 let cost =
                     gib(input.bytes) * property(ctx, s, EGRESS_PRICE_PROPERTY).unwrap_or(0.0);
                 (s, secs, cost, lat, link)
@@ -192,7 +195,8 @@ pub fn estimate(ctx: &Ctx<'_>, i: usize, needs: &DataNeeds) -> Estimate {
             Some((s, _, cost, lat, link)) => {
                 e.transfer_bytes += input.bytes;
                 e.egress_cost += cost;
-                latency = latency.max(lat);
+                let queued = clusters[s].busy_out_seconds.max(here.busy_in_seconds);
+                latency = latency.max(lat + queued);
                 let send = input.bytes as f64 / link;
                 match per_source.iter_mut().find(|(x, _)| *x == s) {
                     Some((_, t)) => *t += send,

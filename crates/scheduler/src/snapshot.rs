@@ -70,6 +70,10 @@ pub struct ClusterSnapshot {
     pub storage_classes: Vec<String>,
     /// Its data uplink, bytes per second, when it says.
     pub bandwidth: Option<i64>,
+    /// Seconds of data transfers already booked on its link, out and in: a new transfer from
+    /// or to it starts after them (data-aware scheduling; 0 when nothing is booked).
+    pub busy_out_seconds: f64,
+    pub busy_in_seconds: f64,
 }
 
 impl ClusterSnapshot {
@@ -136,6 +140,8 @@ impl ClusterSnapshot {
             traffic,
             storage_classes: st.storage_classes,
             bandwidth,
+            busy_out_seconds: 0.0,
+            busy_in_seconds: 0.0,
         }
     }
 

@@ -1075,6 +1075,18 @@ fn data_filters_tier_network_reach_and_transfer_cost() {
     // Transfer cost first: the copy comes from the cheaper holder.
     let e = with(&clusters, &|n| n.cost_first = true);
     assert_eq!(e["c"].estimate.as_ref().unwrap().fetches[0].from, "b");
+    // Transfers booked on a holder's link go first: the copy comes from the free one.
+    clusters[1].busy_out_seconds = 10_000.0;
+    let e = with(&clusters, &|n| n.cost_first = false);
+    let c = e["c"].estimate.as_ref().unwrap();
+    assert_eq!(c.fetches[0].from, "a");
+    clusters[0].busy_out_seconds = 20_000.0;
+    let e = with(&clusters, &|_| {});
+    let c = e["c"].estimate.as_ref().unwrap();
+    assert_eq!(c.fetches[0].from, "b");
+    assert!(c.transfer_seconds > 10_000.0, "{c:?}");
+    clusters[0].busy_out_seconds = 0.0;
+    clusters[1].busy_out_seconds = 0.0;
     // A holder that is not ready is no source.
     clusters[1].ready = false;
     let e = with(&clusters, &|_| {});

@@ -129,21 +129,53 @@ struct PageMeta {
     next: Option<String>,
 }
 
-#[derive(Debug, Default, serde::Deserialize)]
-struct MiniMeta {
-    #[serde(default)]
-    name: String,
-}
-
 #[derive(Debug, serde::Deserialize)]
 struct MiniNode {
     #[serde(default)]
-    metadata: MiniMeta,
+    metadata: MiniNodeMeta,
     #[serde(default)]
     spec: MiniNodeSpec,
     #[serde(default)]
     status: MiniNodeStatus,
 }
+
+/// A node's name, and the one label read (the GPU product NVIDIA's feature discovery sets).
+#[derive(Debug, Default, serde::Deserialize)]
+struct MiniNodeMeta {
+    #[serde(default)]
+    name: String,
+    #[serde(default, deserialize_with = "gpu_product_only")]
+    labels: Option<String>,
+}
+
+/// The label `nvidia.com/gpu.product` of a node's labels, the rest skipped.
+fn gpu_product_only<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    let labels: BTreeMap<String, String> = serde::Deserialize::deserialize(d)?;
+    Ok(labels.get(GPU_PRODUCT_LABEL).cloned())
+}
+
+/// The member's GPU facts for data-aware scheduling: the model most of its GPUs are (from
+/// the nodes' labels) and its performance from Orrery's table, unless the member's own
+/// ClusterProperty objects already say.
+fn with_gpu_facts(
+    mut properties: BTreeMap<String, String>,
+    models: &BTreeMap<String, i128>,
+) -> BTreeMap<String, String> {
+    let Some((model, _)) = models.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))) else {
+        return properties;
+    };
+    properties
+        .entry(orrery_api::data::GPU_MODEL_PROPERTY.to_string())
+        .or_insert_with(|| model.clone());
+    let model = properties[orrery_api::data::GPU_MODEL_PROPERTY].clone();
+    properties
+        .entry(orrery_api::data::GPU_PERFORMANCE_PROPERTY.to_string())
+        .or_insert_with(|| orrery_api::data::gpu_performance(&model).to_string());
+    properties
+}
+
+/// Where NVIDIA's GPU feature discovery names a node's GPU model.
+const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 
 #[derive(Debug, Default, serde::Deserialize)]
 struct MiniNodeSpec {
@@ -650,6 +682,8 @@ impl Backend for KubeMember {
         let mut per_node: HashMap<String, [i128; 3]> = HashMap::new();
         const LARGEST: [&str; 3] = ["cpu", "memory", GPU_RESOURCE];
         let (mut total_nodes, mut ready_nodes) = (0i64, 0i64);
+        // GPUs per model, over the ready nodes: the model with the most is the member's.
+        let mut gpu_models: BTreeMap<String, i128> = BTreeMap::new();
         self.each_page("/api/v1/nodes", |n: MiniNode| {
             total_nodes += 1;
             let is_ready = n
@@ -668,6 +702,11 @@ impl Backend for KubeMember {
                 if let Some(i) = LARGEST.iter().position(|r| r == k) {
                     mine[i] = q.nanos();
                 }
+            }
+            if let Some(model) = n.metadata.labels
+                && mine[2] > 0
+            {
+                *gpu_models.entry(model).or_default() += mine[2];
             }
             per_node.insert(n.metadata.name, mine);
         })
@@ -746,7 +785,7 @@ impl Backend for KubeMember {
             },
             largest_node_free: largest,
             network: None,
-            properties: self.properties().await,
+            properties: with_gpu_facts(self.properties().await, &gpu_models),
             storage_classes: self.storage_classes().await,
         })
     }
