@@ -13,7 +13,8 @@
 //! - **egress**: the bytes leaving each source, at its price per GiB.
 //!
 //! Completion is transfer + wait + compute. Moving the compute to the data and the data to
-//! the compute are the same comparison: a holder of the data needs no transfer.
+//! the compute are the same comparison: a holder of the data needs no transfer. A task that
+//! reads no data is not scored by [`Completion`] at all (it takes no part in the mean).
 
 use orrery_api::data::{EGRESS_PRICE_PROPERTY, GPU_PERFORMANCE_PROPERTY, NETWORK_KEY, Tier};
 use orrery_api::data::{STORAGE_TIER_KEY, gpu_performance};
@@ -385,7 +386,7 @@ impl Score for Completion {
         };
         out.copy_from_slice(&result);
     }
-    fn constant(&self, ctx: &Ctx<'_>, _: &[usize]) -> Option<f64> {
-        needs(ctx).is_none_or(DataNeeds::is_empty).then_some(50.0)
+    fn applies(&self, ctx: &Ctx<'_>) -> bool {
+        needs(ctx).is_some_and(|n| !n.is_empty())
     }
 }

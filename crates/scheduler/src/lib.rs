@@ -285,6 +285,8 @@ pub enum PluginScores {
     Each(Vec<f64>),
     /// The plugin rates every cluster the same (it cannot change the ranking).
     All(f64),
+    /// The plugin has nothing to say of this task ([`score::Score::applies`]).
+    NotApplicable,
 }
 
 impl PluginScores {
@@ -292,6 +294,7 @@ impl PluginScores {
         match self {
             PluginScores::Each(v) => v.get(k).copied().unwrap_or(0.0),
             PluginScores::All(x) => *x,
+            PluginScores::NotApplicable => 0.0,
         }
     }
 }
@@ -468,6 +471,7 @@ impl Decision {
                             .scores
                             .iter()
                             .zip(&self.plugin_scores)
+                            .filter(|(_, v)| !matches!(v, PluginScores::NotApplicable))
                             .map(|(p, v)| (p.name().to_string(), round2(v.get(*k))))
                             .collect()
                     })
@@ -855,8 +859,19 @@ fn schedule_term(
     let weights = &config.weights;
     let mut plugin_scores: Vec<PluginScores> = Vec::with_capacity(config.scores.len());
     let mut totals = vec![0.0; feasible.len()];
-    let weight_sum: f64 = config.scores.iter().map(|s| weights.of(s.name())).sum();
-    for s in &config.scores {
+    let applies: Vec<bool> = config.scores.iter().map(|s| s.applies(&ctx)).collect();
+    let weight_sum: f64 = config
+        .scores
+        .iter()
+        .zip(&applies)
+        .filter(|(_, a)| **a)
+        .map(|(s, _)| weights.of(s.name()))
+        .sum();
+    for (s, applies) in config.scores.iter().zip(applies) {
+        if !applies {
+            plugin_scores.push(PluginScores::NotApplicable);
+            continue;
+        }
         let w = if weight_sum > 0.0 {
             weights.of(s.name()) / weight_sum
         } else {

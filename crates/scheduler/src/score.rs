@@ -17,6 +17,12 @@ pub trait Score: Send + Sync + std::fmt::Debug {
     fn constant(&self, _ctx: &Ctx<'_>, _feasible: &[usize]) -> Option<f64> {
         None
     }
+    /// Whether the plugin has anything to say of this task at all. One that has not takes no
+    /// part in the weighted mean: its weight would only pull every total towards the middle,
+    /// and division by score would come out flatter.
+    fn applies(&self, _ctx: &Ctx<'_>) -> bool {
+        true
+    }
 }
 
 /// Weights of the built-in plugins.

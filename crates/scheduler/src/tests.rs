@@ -424,7 +424,7 @@ fn filters_explain_themselves() {
         "taint maintenance:NoSchedule is not tolerated"
     );
     assert_eq!(why["m3"].reason, "selected");
-    assert!(why["m3"].score.is_some() && why["m3"].scores.len() == 7);
+    assert!(why["m3"].score.is_some() && why["m3"].scores.len() == 6);
     // A cluster that stops being Ready keeps what it already runs (until a NoExecute taint).
     let mut t = T::new(json!({}), 1);
     t.previous = prev(&[("m1", 1)]);
@@ -1109,4 +1109,24 @@ fn replicas_that_do_not_fit_at_once_wait_for_room() {
     assert_eq!(est.compute_seconds, 1800.0);
     assert_eq!(est.wait_seconds, 1800.0);
     assert_eq!(est.total_seconds, 3600.0);
+}
+
+/// A task that reads no data is scored as if the Completion plugin did not exist: its weight
+/// does not flatten the totals (which score-weighted division follows).
+#[test]
+fn a_plugin_with_nothing_to_say_takes_no_part_in_the_mean() {
+    let t = T::new(divided(), 12);
+    let totals = |config: &Config| {
+        let d = t.run_with(&fleet(), config);
+        let f = Fleet::new(fleet());
+        d.explain(&f, &t.task(), config)
+            .into_iter()
+            .map(|c| (c.name, c.score, c.scores.contains_key("Completion")))
+            .collect::<Vec<_>>()
+    };
+    let with = totals(&Config::default());
+    let mut without = Config::default();
+    without.weights.completion = 0.0;
+    assert_eq!(with, totals(&without));
+    assert!(with.iter().all(|(_, _, completion)| !completion));
 }
