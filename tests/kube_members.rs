@@ -647,7 +647,16 @@ fn the_kube_backend_moves_a_statefulset_with_its_data() {
     s.apply(DB);
     let plant = std::sync::Mutex::new(Plant::default());
     let stop = std::sync::atomic::AtomicBool::new(false);
+    /// Stops the stand-in plant when the test body ends, by a panic too: otherwise the scope
+    /// would wait for the plant forever and a failure would hang the test instead.
+    struct StopOnDrop<'a>(&'a std::sync::atomic::AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
     std::thread::scope(|scope| {
+        let _stop = StopOnDrop(&stop);
         scope.spawn(|| {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 for (name, m) in &members {
