@@ -96,6 +96,16 @@ async fn until(c: &Client, what: &str, script: &str) {
     }
 }
 
+/// Opens a tab of the global view (`fleet`, `workloads`, `schedules`, `failures`).
+async fn open_tab(c: &Client, tab: &str) {
+    c.find(Locator::Id(&format!("tab-{tab}")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
 const WEB: &str = r#"
 apiVersion: apps/v1
 kind: Deployment
@@ -202,12 +212,7 @@ async fn the_global_view_shows_the_fleet_live() {
     assert!(!c.current_url().await.unwrap().as_str().contains("token"));
 
     // A workload applied now appears, with its placement, without a reload.
-    c.find(Locator::Id("tab-workloads"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    open_tab(&c, "workloads").await;
     c.execute("window.__marker = 42", vec![]).await.unwrap();
     f.s.apply(WEB);
     until(
@@ -274,12 +279,7 @@ async fn the_global_view_shows_the_fleet_live() {
     .await;
 
     // The schedule history, with the decision's reasons.
-    c.find(Locator::Id("tab-schedules"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    open_tab(&c, "schedules").await;
     until(
         &c,
         "the decision in the history",
@@ -316,12 +316,7 @@ async fn the_global_view_shows_the_fleet_live() {
     assert_eq!(focusable, json!(true));
 
     // The chart: a line per cluster, named in the legend, over labelled axes.
-    c.find(Locator::Id("tab-fleet"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    open_tab(&c, "fleet").await;
     until(
         &c,
         "a line per cluster with axes",
@@ -341,12 +336,7 @@ async fn the_global_view_shows_the_fleet_live() {
     for width in [1366u32, 800] {
         c.set_window_size(width, 900).await.unwrap();
         for tab in ["fleet", "workloads", "schedules", "failures"] {
-            c.find(Locator::Id(&format!("tab-{tab}")))
-                .await
-                .unwrap()
-                .click()
-                .await
-                .unwrap();
+            open_tab(&c, tab).await;
             tokio::time::sleep(Duration::from_millis(300)).await;
             let overflow = c
                 .execute(
@@ -377,12 +367,7 @@ async fn the_global_view_shows_the_fleet_live() {
         r#"{"outage": true}"#,
     );
     assert_eq!(code, 200, "{body}");
-    c.find(Locator::Id("tab-failures"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    open_tab(&c, "failures").await;
     until(
         &c,
         "west's failure, not yet recovered",

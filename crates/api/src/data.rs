@@ -267,17 +267,8 @@ pub fn template_annotations(kind: &str) -> Option<(String, String)> {
     Some((pointer, path))
 }
 
-/// What a template says of its data and work: its own annotations, and those of its pod
-/// template (which win).
-pub fn of_template(kind: &str, template: &Value) -> Result<WorkloadData, String> {
-    let own: BTreeMap<String, String> = template
-        .pointer("/metadata/annotations")
-        .and_then(|a| serde_json::from_value(a.clone()).ok())
-        .unwrap_or_default();
-    of_parts(kind, &own, template.get("spec"))
-}
-
-/// The same, from an object's annotations and its spec.
+/// What a template says of its data and work, from its annotations and those of its pod
+/// template in its spec (which win).
 pub fn of_parts(
     kind: &str,
     annotations: &BTreeMap<String, String>,
@@ -374,9 +365,9 @@ mod tests {
             let e = WorkloadData::of_annotations(&a).unwrap_err();
             assert!(e.starts_with(k), "{e}");
         }
-        let job = json!({"metadata": {"annotations": {GPU_HOURS_ANNOTATION: "1"}},
-            "spec": {"template": {"metadata": {"annotations": {GPU_HOURS_ANNOTATION: "2", DATASETS_ANNOTATION: "a"}}}}});
-        let d = of_template("Job", &job).unwrap();
+        let own = BTreeMap::from([(GPU_HOURS_ANNOTATION.to_string(), "1".to_string())]);
+        let spec = json!({"template": {"metadata": {"annotations": {GPU_HOURS_ANNOTATION: "2", DATASETS_ANNOTATION: "a"}}}});
+        let d = of_parts("Job", &own, Some(&spec)).unwrap();
         assert_eq!(
             (d.gpu_hours, d.datasets),
             (Some(2.0), vec!["a".to_string()])

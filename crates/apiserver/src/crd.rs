@@ -29,6 +29,11 @@ pub fn is_own(crd: &Object) -> bool {
     OWN_GROUPS.iter().any(|(g, _)| *g == group)
 }
 
+/// Whether `obj`, of resource type `rt`, is one of those read-only CRDs.
+pub fn is_own_crd(rt: &ResourceType, obj: &Object) -> bool {
+    rt.group == "apiextensions.k8s.io" && is_own(obj)
+}
+
 /// The read-only CRD describing one of Orrery's own kinds: its names, scope, printer columns
 /// and schema (references inlined, as a CRD's schema must be).
 pub fn for_own_kind(rt: &ResourceType, set: &SchemaSet) -> Option<Object> {

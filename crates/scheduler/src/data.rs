@@ -171,10 +171,10 @@ pub fn estimate(ctx: &Ctx<'_>, i: usize, needs: &DataNeeds) -> Estimate {
             .filter(|s| clusters[*s].ready)
             .map(|s| {
                 let link = uplink(ctx, s).min(down);
-                let lat = here.latency_to(&clusters[s]).unwrap_or(0.0) / 1000.0;
-                // Transfers booked on either end go first.
-                let queued = clusters[s].busy_out_seconds.max(here.busy_in_seconds);
-                let secs = queued + lat + input.bytes as f64 / link;
+                // Transfers booked on either end go first, then the latency.
+                let lat = clusters[s].busy_out_seconds.max(here.busy_in_seconds)
+                    + here.latency_to(&clusters[s]).unwrap_or(0.0) / 1000.0;
+                let secs = lat + input.bytes as f64 / link;
                 let cost =
                     gib(input.bytes) * property(ctx, s, EGRESS_PRICE_PROPERTY).unwrap_or(0.0);
                 (s, secs, cost, lat, link)
@@ -196,8 +196,7 @@ pub fn estimate(ctx: &Ctx<'_>, i: usize, needs: &DataNeeds) -> Estimate {
             Some((s, _, cost, lat, link)) => {
                 e.transfer_bytes += input.bytes;
                 e.egress_cost += cost;
-                let queued = clusters[s].busy_out_seconds.max(here.busy_in_seconds);
-                latency = latency.max(lat + queued);
+                latency = latency.max(lat);
                 let send = input.bytes as f64 / link;
                 match per_source.iter_mut().find(|(x, _)| *x == s) {
                     Some((_, t)) => *t += send,

@@ -375,12 +375,12 @@ pub fn validate_object(
 ) -> ApiResult<()> {
     let mut errs = validate_object_meta(&obj.metadata, rt.namespaced, rt.name_rule);
     errs.extend(crate::strategy::validate(rt, obj, old));
+    if let Some(old) = old
+        && crate::crd::is_own_crd(rt, old)
+    {
+        return Err(read_only(rt, old.name()));
+    }
     if rt.group == "apiextensions.k8s.io" {
-        if let Some(old) = old
-            && crate::crd::is_own(old)
-        {
-            return Err(read_only(rt, old.name()));
-        }
         let resources = app.resources.clone();
         let reserved = move |g: &str| resources.is_builtin_group(g);
         errs.extend(crate::crd::validate(obj, old, &reserved));

@@ -531,7 +531,7 @@ async fn delete_one(
             .get(key)
             .await
             .map_err(|e| ApiError::from_store(e, rt, name))?;
-        if rt.group == "apiextensions.k8s.io" && crate::crd::is_own(&current) {
+        if crate::crd::is_own_crd(rt, &current) {
             return Err(super::read_only(rt, name));
         }
         if let Some(uid) = &opts.uid
@@ -630,7 +630,7 @@ pub async fn delete(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
     respond_object(&call, status, &obj)
 }
 
-pub async fn delete_collection(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+pub async fn delete_collection(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
     let rt = call.target.rt.clone();
     let opts = delete_options(&call, body)?;
     let (labels, fields) = selectors(&call)?;
@@ -647,10 +647,9 @@ pub async fn delete_collection(call: Call<'_>, body: &Bytes) -> ApiResult<Respon
         )
         .await?;
     let mut items = Vec::new();
-    let mut call = call;
     for o in list.items {
         // "Delete them all" leaves what cannot be deleted, and says so.
-        if rt.group == "apiextensions.k8s.io" && crate::crd::is_own(&o) {
+        if crate::crd::is_own_crd(&rt, &o) {
             call.warnings.push(format!(
                 "{} \"{}\" describes one of Orrery's own kinds and was kept",
                 rt.plural,

@@ -834,7 +834,8 @@ impl Detector {
             volumes: orrery_api::stateful::claims_of(&v),
             // Admission refuses bad annotations on the built-in kinds; on others they are
             // left out.
-            data: orrery_api::data::of_template(&t.kind, &v).unwrap_or_default(),
+            data: orrery_api::data::of_parts(&t.kind, &t.metadata.annotations, t.spec.as_ref())
+                .unwrap_or_default(),
             affinity_groups: p
                 .placement
                 .workload_affinity

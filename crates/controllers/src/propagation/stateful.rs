@@ -270,10 +270,10 @@ impl DataSets {
         spec: &BindingSpec,
     ) -> Option<orrery_scheduler::data::DataNeeds> {
         let d = &spec.data;
-        let policy = spec.placement.data_policy.clone().unwrap_or_default();
         if d.is_empty() {
             return None;
         }
+        let policy = spec.placement.data_policy.clone().unwrap_or_default();
         let mut needs = orrery_scheduler::data::DataNeeds {
             gpu_hours: d.gpu_hours.unwrap_or(0.0),
             cost_first: policy.cost_first(),

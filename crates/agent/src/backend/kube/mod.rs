@@ -164,10 +164,10 @@ fn with_gpu_facts(
     let Some((model, _)) = models.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))) else {
         return properties;
     };
-    properties
+    let model = properties
         .entry(orrery_api::data::GPU_MODEL_PROPERTY.to_string())
-        .or_insert_with(|| model.clone());
-    let model = properties[orrery_api::data::GPU_MODEL_PROPERTY].clone();
+        .or_insert_with(|| model.clone())
+        .clone();
     properties
         .entry(orrery_api::data::GPU_PERFORMANCE_PROPERTY.to_string())
         .or_insert_with(|| orrery_api::data::gpu_performance(&model).to_string());
