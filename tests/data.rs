@@ -164,3 +164,150 @@ fn work_goes_to_the_fast_gpus_or_stays_with_its_data() {
     );
     assert!(err.contains("spec.locations"), "{err}");
 }
+
+/// Every DataTransfer in `default`.
+fn transfers(f: &Fleet) -> Vec<Value> {
+    f.s.get_json(&["datatransfers", "-n", "default"])["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[test]
+fn data_follows_its_readers_on_booked_links_and_is_cached_in_their_region() {
+    // 2 GiB over 200 MiB/s: each cross-region copy takes about ten seconds.
+    const LINK: i64 = 200 << 20;
+    let slow = "nodes=4,cpu=32,memory=128Gi,gpu=4,load=0.1,start=100ms,job=60s,bandwidth=200Mi";
+    let archive = format!("{slow},gpuModel=Tesla-T4,egressPerGiB=0.02");
+    let fast = format!("{slow},gpuModel=NVIDIA-H100-80GB-HBM3,gpuPerf=3,cache=20Gi");
+    let f = Fleet::start_sims(
+        &[
+            ("archive", "us-east", &archive),
+            ("w1", "us-west", &fast),
+            ("w2", "us-west", &fast),
+        ],
+        &[],
+    );
+    eventually(Duration::from_secs(20), "the cache tiers reported", || {
+        ["w1", "w2"].iter().all(|c| {
+            f.s.get_json(&["cluster", c])["status"]["properties"]["cache.orrery.io/capacity"]
+                == "20Gi"
+        })
+    });
+    f.s.apply(
+        r#"
+apiVersion: multicluster.io/v1alpha1
+kind: DataSet
+metadata: {name: tokens, namespace: default}
+spec: {size: 2Gi, locations: [{cluster: archive}]}
+---
+apiVersion: multicluster.io/v1alpha1
+kind: DataSet
+metadata: {name: images, namespace: default}
+spec: {size: 2Gi, locations: [{cluster: archive}]}
+---
+apiVersion: multicluster.io/v1alpha1
+kind: ResourcePlacementPolicy
+metadata: {name: jobs, namespace: default}
+spec:
+  resourceSelector: {apiVersion: batch/v1, kind: Job, namespace: default}
+  placement:
+    replicaScheduling: {replicaSchedulingType: Divided}
+"#,
+    );
+    // Two jobs with heavy compute at once: both go west, and both inputs leave the archive
+    // together on its one uplink.
+    f.s.apply(&job("a", "tokens", "8"));
+    f.s.apply(&job("c", "images", "8"));
+    let mut seen_waiting = false;
+    eventually(Duration::from_secs(90), "both copies in", || {
+        let ts = transfers(&f);
+        // Never booked beyond a link's bandwidth, at either end.
+        let mut out = std::collections::BTreeMap::<String, i64>::new();
+        let mut inn = std::collections::BTreeMap::<String, i64>::new();
+        for t in &ts {
+            let phase = t["status"]["phase"].as_str().unwrap_or("");
+            if phase == "Snapshot" || phase == "Copying" {
+                let rate = t["status"]["rate"].as_i64().unwrap_or(0);
+                *out.entry(t["status"]["source"].as_str().unwrap().to_string())
+                    .or_default() += rate;
+                *inn.entry(t["spec"]["destination"].as_str().unwrap().to_string())
+                    .or_default() += rate;
+            }
+        }
+        for (c, r) in out.iter().chain(inn.iter()) {
+            assert!(*r <= LINK, "{c} booked at {r}: {ts:?}");
+        }
+        // While a copy is under way, its reader's pods wait for it, and say so.
+        if !seen_waiting {
+            let a = f.s.get_json(&["resourcebinding", "a-job", "-n", "default"]);
+            seen_waiting = a["status"]["aggregatedStatus"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|s| {
+                    s.to_string()
+                        .contains("waiting for data set \\\"tokens\\\"")
+                });
+        }
+        ts.len() == 2 && ts.iter().all(|t| t["status"]["phase"] == "Succeeded")
+    });
+    assert!(seen_waiting, "job a's pods waited for their input");
+    let placed_a = f.clusters_of("a-job");
+    assert!(
+        placed_a.len() == 1 && placed_a[0].0.starts_with('w'),
+        "{placed_a:?}"
+    );
+    for t in transfers(&f) {
+        assert_eq!(t["status"]["source"], "archive", "{t}");
+        assert_eq!(t["status"]["bytes"], 2_i64 << 30, "{t}");
+    }
+    eventually(Duration::from_secs(30), "job a runs on its copy", || {
+        let b = f.s.get_json(&["resourcebinding", "a-job", "-n", "default"]);
+        b["status"]["aggregatedStatus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["status"]["active"] == 1 && s["health"] != "Unhealthy")
+    });
+    // The copy is a cache in the west: the data set says so, and `kubectl get` shows it.
+    let tokens = f.s.get_json(&["dataset", "tokens", "-n", "default"]);
+    let copies = tokens["status"]["copies"].as_array().unwrap();
+    assert!(
+        copies.iter().any(|c| c["cluster"] == placed_a[0].0.as_str()
+            && c["role"] == "Cache"
+            && c["present"] == true),
+        "{tokens}"
+    );
+    assert!(
+        f.s.ok(&["get", "datasets", "-o", "wide"])
+            .contains(placed_a[0].0.as_str()),
+        "the wide listing shows the copies"
+    );
+    // A second job reading tokens in the west starts without another cross-region copy.
+    f.s.apply(&job("b", "tokens", "8"));
+    eventually(Duration::from_secs(30), "job b runs", || {
+        let b = f.s.get_json(&["resourcebinding", "b-job", "-n", "default"]);
+        b["status"]["aggregatedStatus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["status"]["active"] == 1 && s["health"] != "Unhealthy")
+    });
+    let placed_b = f.clusters_of("b-job");
+    assert!(placed_b[0].0.starts_with('w'), "{placed_b:?}");
+    let from_archive: Vec<Value> = transfers(&f)
+        .into_iter()
+        .filter(|t| t["status"]["source"] == "archive" && t["spec"]["dataSet"] == "tokens")
+        .collect();
+    assert_eq!(from_archive.len(), 1, "{from_archive:?}");
+    let tokens = f.s.get_json(&["dataset", "tokens", "-n", "default"]);
+    let west = tokens["status"]["regions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["region"] == "us-west")
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(west["lastHour"], 2, "{tokens}");
+}

@@ -515,7 +515,7 @@ impl BindingStatus {
     }
 }
 
-fn short_hash(s: &str) -> String {
+pub fn short_hash(s: &str) -> String {
     crate::token::ca_hash(s)[..10].to_string()
 }
 

@@ -155,6 +155,288 @@ impl DataSetSpec {
     }
 }
 
+/// A DataSet's status: every copy, who reads it where, and the transfers under way.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataSetStatus {
+    /// Every copy: the authoritative ones of the spec and the caches Orrery made.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub copies: Vec<DataCopy>,
+    /// The workloads reading it now, and where.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub readers: Vec<DataReader>,
+    /// Reads per cluster over the last day (the hotspot signal).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accesses: Vec<DataAccess>,
+    /// Reads per region over the last hour and day.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<RegionAccess>,
+    /// The DataTransfers of this data set not finished yet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub transfers: Vec<String>,
+}
+
+impl DataSetStatus {
+    pub fn of(o: &crate::Object) -> DataSetStatus {
+        o.status
+            .as_ref()
+            .and_then(|s| serde_json::from_value(s.clone()).ok())
+            .unwrap_or_default()
+    }
+
+    pub fn copy(&self, cluster: &str) -> Option<&DataCopy> {
+        self.copies.iter().find(|c| c.cluster == cluster)
+    }
+}
+
+/// What a copy is to Orrery.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
+pub enum CopyRole {
+    /// Named in `spec.locations`: never evicted, the source of every cache.
+    #[default]
+    Authoritative,
+    /// Made by Orrery for a workload reading it there, or because its region reads it often;
+    /// held in the cluster's cache tier and evicted least recently used first.
+    Cache,
+}
+
+/// One copy of a data set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataCopy {
+    /// The cluster holding it.
+    pub cluster: String,
+    /// Authoritative or Cache.
+    pub role: CopyRole,
+    /// The tier of the storage holding it.
+    #[serde(default)]
+    pub tier: Tier,
+    /// Whether it holds data workloads can read (a cache's first copy is in).
+    #[serde(default)]
+    pub present: bool,
+    /// Bytes it holds.
+    #[serde(default)]
+    pub bytes: i64,
+    /// The version of the data it holds (the source's at the last copy).
+    #[serde(default)]
+    pub data_version: u64,
+    /// Cache: the copy it was made from.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+    /// Cache: the copy rounds started (the first copies everything, the next what changed).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub round: u32,
+    /// Cache: the latest round's figures: bytes it copies, the version it brings and the
+    /// one it applies on top of, and the data's size at the source.
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub round_bytes: i64,
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub round_version: u64,
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub round_base: u64,
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub round_used: i64,
+    /// The latest round's rate, bytes per second.
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub round_rate: i64,
+    /// When a workload last read it (or it was made).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_used: Option<crate::Time>,
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
+}
+
+fn is_zero_i64(n: &i64) -> bool {
+    *n == 0
+}
+
+/// A workload reading a data set in a cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataReader {
+    /// `Kind/name`.
+    pub workload: String,
+    pub cluster: String,
+}
+
+/// Reads of a data set from one cluster.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataAccess {
+    pub cluster: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub region: String,
+    /// When each read of the last day began (a workload placed there), newest last.
+    #[serde(default)]
+    pub times: Vec<crate::Time>,
+}
+
+/// Reads of a data set from one region.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RegionAccess {
+    pub region: String,
+    pub last_hour: u32,
+    pub last_day: u32,
+}
+
+pub const DATATRANSFER_KIND: &str = "DataTransfer";
+pub const DATATRANSFERS_PLURAL: &str = "datatransfers";
+/// Label of a data set's claim in a member: the data set it holds.
+pub const DATASET_LABEL: &str = "orrery.io/dataset";
+/// Label of a data set's claim in a member: `authoritative` or `cache`.
+pub const COPY_LABEL: &str = "orrery.io/dataset-copy";
+/// Cluster property: the bytes of its cache tier (for copies of data sets read there).
+pub const CACHE_PROPERTY: &str = "cache.orrery.io/capacity";
+
+/// The PersistentVolumeClaim holding a copy of data set `name` in a member (in the data set's
+/// namespace): what its readers' pods mount.
+pub fn claim_name(name: &str) -> String {
+    let full = format!("dataset-{name}");
+    if full.len() <= 253 {
+        full
+    } else {
+        format!("{}-{}", &full[..240], crate::binding::short_hash(&full))
+    }
+}
+
+/// A copy of a data set to a cluster: made by Orrery for a workload placed there that reads
+/// it, to refresh a cache, or to cache it in a region that reads it often; or asked by a user
+/// (a prefetch).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DataTransferSpec {
+    /// The data set, in the transfer's namespace.
+    pub data_set: String,
+    /// The cluster receiving the copy.
+    pub destination: String,
+    /// The cluster it comes from; empty: Orrery picks the copy it arrives from first.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+    /// Why it is made: the workload that reads it, `refresh`, `cache`, or a user's words.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
+}
+
+impl DataTransferSpec {
+    pub fn parse(spec: Option<&Value>) -> Result<DataTransferSpec, ErrorList> {
+        let v = spec.cloned().unwrap_or(Value::Null);
+        let s: DataTransferSpec = crate::policy::decode(&v, "spec").map_err(|e| vec![e])?;
+        let mut errs = ErrorList::new();
+        for (field, value) in [
+            ("spec.dataSet", &s.data_set),
+            ("spec.destination", &s.destination),
+        ] {
+            if value.is_empty() {
+                errs.push(FieldError::required(field, ""));
+            } else if let Some(m) = is_dns1123_subdomain(value).first() {
+                errs.push(FieldError::invalid(field, value, m));
+            }
+        }
+        if !s.source.is_empty() && s.source == s.destination {
+            errs.push(FieldError::invalid(
+                "spec.source",
+                &s.source,
+                "is the destination",
+            ));
+        }
+        if errs.is_empty() { Ok(s) } else { Err(errs) }
+    }
+}
+
+/// Where a DataTransfer stands.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    schemars::JsonSchema,
+)]
+pub enum TransferPhase {
+    /// Waiting for bandwidth on its links, for a source, or for a copy arriving in its region.
+    #[default]
+    Queued,
+    /// The source takes a snapshot of the data.
+    Snapshot,
+    /// The destination copies what the snapshot says it lacks, at the booked rate.
+    Copying,
+    Succeeded,
+    Failed,
+}
+
+impl TransferPhase {
+    pub fn is_done(self) -> bool {
+        matches!(self, TransferPhase::Succeeded | TransferPhase::Failed)
+    }
+
+    /// Whether it holds bandwidth on its links.
+    pub fn books(self) -> bool {
+        matches!(self, TransferPhase::Snapshot | TransferPhase::Copying)
+    }
+}
+
+/// A DataTransfer's status.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataTransferStatus {
+    pub phase: TransferPhase,
+    /// The cluster it comes from.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub source: String,
+    /// The clusters the data passes through, source first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<String>,
+    /// The copy round it is (1: the first copy, everything; then what changed).
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub round: u32,
+    /// Bytes it sends: all of the data for a first copy, what changed since the
+    /// destination's version for a refresh.
+    #[serde(default)]
+    pub bytes: i64,
+    #[serde(default)]
+    pub copied_bytes: i64,
+    /// The data's size at the source's snapshot.
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub used_bytes: i64,
+    /// Bytes per second booked on the source's uplink and the destination's downlink.
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub rate: i64,
+    /// The version the destination held before (0: none) and the one it gets.
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub base_version: u64,
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub data_version: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<crate::Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<crate::Time>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+impl DataTransferStatus {
+    pub fn of(o: &crate::Object) -> DataTransferStatus {
+        o.status
+            .as_ref()
+            .and_then(|s| serde_json::from_value(s.clone()).ok())
+            .unwrap_or_default()
+    }
+}
+
 /// What a placement's `dataPolicy` optimizes when the workload reads data sets.
 pub const COMPLETION_TIME: &str = "CompletionTime";
 pub const TRANSFER_COST: &str = "TransferCost";

@@ -73,6 +73,18 @@ pub mod well_known {
     pub fn migrations(namespace: Option<&str>) -> String {
         super::prefix("multicluster.io", "migrations", namespace)
     }
+    pub fn dataset(namespace: &str, name: &str) -> String {
+        super::object("multicluster.io", "datasets", Some(namespace), name)
+    }
+    pub fn datasets(namespace: Option<&str>) -> String {
+        super::prefix("multicluster.io", "datasets", namespace)
+    }
+    pub fn datatransfer(namespace: &str, name: &str) -> String {
+        super::object("multicluster.io", "datatransfers", Some(namespace), name)
+    }
+    pub fn datatransfers(namespace: Option<&str>) -> String {
+        super::prefix("multicluster.io", "datatransfers", namespace)
+    }
 }
 
 #[cfg(test)]

@@ -457,7 +457,15 @@ fn builtin_defs() -> Vec<Def> {
         "datasets",
         true,
         &["dset"],
-        false,
+        true,
+    );
+    own_def(
+        "multicluster.io",
+        "DataTransfer",
+        "datatransfers",
+        true,
+        &["dtr"],
+        true,
     );
     own_def(
         "multicluster.io",
@@ -820,6 +828,54 @@ fn own_columns(kind: &str) -> Printer {
                 1,
                 "The tiers of those copies",
             ),
+            Column::new(
+                "Copies",
+                "string",
+                ".status.copies[?(@.present==true)].cluster",
+                1,
+                "The clusters holding a readable copy, caches included",
+            ),
+        ],
+        "DataTransfer" => vec![
+            Column::new(
+                "Data Set",
+                "string",
+                ".spec.dataSet",
+                0,
+                "The data set copied",
+            ),
+            Column::new(
+                "Source",
+                "string",
+                ".status.source",
+                0,
+                "Where it comes from",
+            ),
+            Column::new(
+                "Destination",
+                "string",
+                ".spec.destination",
+                0,
+                "The cluster receiving it",
+            ),
+            Column::new("Phase", "string", ".status.phase", 0, "Where it stands"),
+            Column::new("Bytes", "integer", ".status.bytes", 0, "What it sends"),
+            Column::new(
+                "Copied",
+                "integer",
+                ".status.copiedBytes",
+                0,
+                "What is in so far",
+            ),
+            age,
+            Column::new(
+                "Rate",
+                "integer",
+                ".status.rate",
+                1,
+                "Bytes per second booked on its links",
+            ),
+            Column::new("Reason", "string", ".spec.reason", 1, "Why it is made"),
         ],
         _ => vec![age],
     };

@@ -454,6 +454,21 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
                 errs.extend(e);
             }
         }
+        ("multicluster.io", "DataTransfer") => {
+            if let Err(e) = orrery_api::data::DataTransferSpec::parse(spec) {
+                errs.extend(e);
+            }
+            // A transfer is not redirected: delete it and ask for another.
+            if let Some(old) = old
+                && old.spec != obj.spec
+            {
+                errs.push(orrery_api::validation::FieldError::invalid(
+                    "spec",
+                    "",
+                    "field is immutable",
+                ));
+            }
+        }
         ("multicluster.io", "Migration") => {
             if let Err(e) = orrery_api::stateful::migration_spec(spec) {
                 errs.extend(e);

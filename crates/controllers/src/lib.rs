@@ -7,6 +7,7 @@
 //! - [`network`]: latency estimates for the pairs of clusters nobody measures;
 //! - [`propagation`]: policies to bindings, scheduling, bindings to Works, status back;
 //! - [`migration`]: moves of stateful workloads with their data;
+//! - [`data`]: copies of data sets to their readers, caches, refreshes, link booking;
 //! - [`record`]: Events and failure records; [`runtime`]: reflectors, sync barriers, work
 //!   queues and metrics, what every controller stands on.
 
@@ -16,6 +17,7 @@ use orrery_store::Store;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub mod data;
 pub mod health;
 pub mod inventory;
 pub mod lifecycle;
@@ -35,6 +37,7 @@ pub struct Config {
     pub scheduler: propagation::scheduling::Settings,
     pub monitoring: monitoring::MonitoringConfig,
     pub migration: migration::Settings,
+    pub data: data::Settings,
     /// Per-controller figures on `/metrics`.
     pub metrics: Arc<runtime::metrics::ControllerMetrics>,
 }
@@ -77,6 +80,12 @@ pub fn spawn(
         tasks.push(tokio::spawn(migration::run(
             store.clone(),
             cfg.migration,
+            cfg.metrics.clone(),
+            shutdown.clone(),
+        )));
+        tasks.push(tokio::spawn(data::run(
+            store.clone(),
+            cfg.data,
             cfg.metrics.clone(),
             shutdown.clone(),
         )));

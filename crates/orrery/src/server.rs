@@ -375,6 +375,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
                 switch_timeout_seconds: args.migration_switch_timeout.as_secs() as i64,
                 ..Default::default()
             },
+            data: orrery_controllers::data::Settings::default(),
             metrics: controller_metrics,
         },
         shutdown_rx.clone(),

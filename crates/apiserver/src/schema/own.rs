@@ -532,7 +532,18 @@ fn generated() -> Vec<(&'static str, &'static str, Value)> {
                 "DataSet",
                 "A data set workloads read (the pod template's orrery.io/datasets): its size and the clusters holding authoritative copies. The scheduler weighs moving the work to the data against moving the data to the work.",
                 schema_of::<orrery_api::data::DataSetSpec>(),
-                None,
+                Some(schema_of::<orrery_api::data::DataSetStatus>()),
+            ),
+        ),
+        (
+            own,
+            "DataTransfer",
+            kind_of(
+                own,
+                "DataTransfer",
+                "A copy of a data set to a cluster, planned and run by Orrery (for a workload placed there, a cache, a refresh) or asked by a user (a prefetch): its source, the bandwidth booked on its links, and its progress.",
+                schema_of::<orrery_api::data::DataTransferSpec>(),
+                Some(schema_of::<orrery_api::data::DataTransferStatus>()),
             ),
         ),
         (

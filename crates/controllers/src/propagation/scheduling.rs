@@ -731,7 +731,9 @@ impl Scheduler {
                 return;
             }
             Event::Upsert(d) => {
-                self.datasets.put(&d);
+                if !self.datasets.put(&d) {
+                    return;
+                }
                 vec![(d.namespace().to_string(), d.name().to_string())]
             }
             Event::Delete(d) => {

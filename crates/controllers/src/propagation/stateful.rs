@@ -236,27 +236,42 @@ impl DataSets {
         self.0.clear();
     }
 
-    /// Takes a DataSet in; one whose spec does not parse is as if it did not exist (admission
-    /// refuses such specs).
-    pub fn put(&mut self, d: &Object) {
+    /// Takes a DataSet in: its authoritative copies and the caches holding its data; one
+    /// whose spec does not parse is as if it did not exist (admission refuses such specs).
+    /// Whether what the scheduler sees of it changed (a status write that only moves a
+    /// transfer's progress does not).
+    pub fn put(&mut self, d: &Object) -> bool {
         let k = (d.namespace().to_string(), d.name().to_string());
-        match orrery_api::data::DataSetSpec::parse(d.spec.as_ref()) {
-            Ok(spec) => {
-                let input = orrery_scheduler::data::Input {
+        let next = orrery_api::data::DataSetSpec::parse(d.spec.as_ref())
+            .ok()
+            .map(|spec| {
+                let mut holders: Vec<(String, orrery_api::data::Tier)> = spec
+                    .locations
+                    .iter()
+                    .map(|l| (l.cluster.clone(), l.tier))
+                    .collect();
+                let status = orrery_api::data::DataSetStatus::of(d);
+                for c in &status.copies {
+                    if c.present && !holders.iter().any(|(h, _)| *h == c.cluster) {
+                        holders.push((c.cluster.clone(), c.tier));
+                    }
+                }
+                orrery_scheduler::data::Input {
                     name: k.1.clone(),
                     bytes: spec.bytes(),
-                    holders: spec
-                        .locations
-                        .iter()
-                        .map(|l| (l.cluster.clone(), l.tier))
-                        .collect(),
-                };
+                    holders,
+                }
+            });
+        let changed = self.0.get(&k) != next.as_ref();
+        match next {
+            Some(input) => {
                 self.0.insert(k, input);
             }
-            Err(_) => {
+            None => {
                 self.0.remove(&k);
             }
         }
+        changed
     }
 
     pub fn remove(&mut self, k: &(String, String)) {

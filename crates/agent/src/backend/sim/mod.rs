@@ -66,6 +66,8 @@ pub struct SimSpec {
     pub gpu_performance: Option<f64>,
     /// The price of a GiB leaving the member (`cost.orrery.io/egress-per-gib`).
     pub egress_per_gib: Option<f64>,
+    /// Bytes of its cache tier for copies of data sets (`cache.orrery.io/capacity`).
+    pub cache: Option<Quantity>,
 }
 
 /// The default data uplink: 1 Gbit/s.
@@ -89,6 +91,7 @@ impl Default for SimSpec {
             gpu_model: String::new(),
             gpu_performance: None,
             egress_per_gib: None,
+            cache: None,
         }
     }
 }
@@ -169,6 +172,13 @@ impl FromStr for SimSpec {
                 "period" => spec.period = parse_duration(v)?.max(Duration::from_secs(1)),
                 "start" => spec.start_delay = parse_duration(v)?,
                 "job" => spec.job_duration = parse_duration(v)?,
+                "cache" => {
+                    let q: Quantity = v.parse().map_err(|e| bad(&format!("{e}")))?;
+                    if q.is_negative() {
+                        return Err(bad("must not be negative"));
+                    }
+                    spec.cache = Some(q);
+                }
                 "bandwidth" => {
                     let q: Quantity = v.parse().map_err(|e| bad(&format!("{e}")))?;
                     if q.value() < 1 {
@@ -216,7 +226,7 @@ impl FromStr for SimSpec {
                 }
                 _ => {
                     return Err(format!(
-                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, start, job, bandwidth, storageclasses, gpuModel, gpuPerf, egressPerGiB)"
+                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, start, job, bandwidth, storageclasses, gpuModel, gpuPerf, egressPerGiB, cache)"
                     ));
                 }
             }
@@ -365,6 +375,9 @@ struct Shape {
     /// ordinals a scale-down removes (both kept by default, as in Kubernetes).
     delete_when_deleted: bool,
     delete_when_scaled: bool,
+    /// The data sets its pods read (`orrery.io/datasets`): they start once the claim holding
+    /// each one's copy is here with its data, as a pod mounting that claim would.
+    datasets: Vec<String>,
 }
 
 /// Pod template annotation: the bytes a new volume holds.
@@ -422,6 +435,23 @@ fn shape_of(obj: &Value) -> Option<Shape> {
         write_rate: annotation(WRITE_RATE_ANNOTATION).map_or(0.0, |q| q.value() as f64),
         delete_when_deleted: retention("whenDeleted"),
         delete_when_scaled: retention("whenScaled"),
+        datasets: {
+            let a = if wk == WorkloadKind::Pod {
+                obj.pointer("/metadata/annotations")
+            } else {
+                template.pointer("/metadata/annotations")
+            };
+            a.and_then(|a| a.get(orrery_api::data::DATASETS_ANNOTATION))
+                .and_then(Value::as_str)
+                .map(|l| {
+                    l.split(',')
+                        .map(str::trim)
+                        .filter(|n| !n.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default()
+        },
     })
 }
 
@@ -1537,6 +1567,18 @@ fn volume_block(
             return Some(format!("persistentvolumeclaim {name:?} not found"));
         }
     }
+    for set in &shape.datasets {
+        let claim = orrery_api::data::claim_name(set);
+        // A copy being filled for the first time has no data version yet.
+        if data
+            .volume(&p.owner.2, &claim)
+            .is_none_or(|v| v.version == 0)
+        {
+            return Some(format!(
+                "waiting for data set {set:?}: its copy (persistentvolumeclaim {claim:?}) is not in this cluster yet"
+            ));
+        }
+    }
     None
 }
 
@@ -1842,6 +1884,9 @@ impl Backend for SimCluster {
                 orrery_api::data::EGRESS_PRICE_PROPERTY.into(),
                 p.to_string(),
             );
+        }
+        if let Some(q) = &self.spec.cache {
+            properties.insert(orrery_api::data::CACHE_PROPERTY.into(), q.to_string());
         }
         Ok(MemberReport {
             healthy: true,
