@@ -2,7 +2,9 @@
 //! (with its GPU model and performance, uplink and egress price), the real kubectl. A job
 //! with a small input and heavy compute goes to the fast GPUs; one with a huge input and
 //! light compute runs where its data is; each decision shows every candidate's estimate in
-//! its parts, and a workload whose annotations cannot be read is refused.
+//! its parts, and a workload whose annotations cannot be read is refused. The data follows:
+//! copies on links never booked beyond their bandwidth, readers' pods waiting for them, a
+//! cache in the region that a second reader uses, and a server killed mid-copy carrying on.
 
 #![allow(clippy::unwrap_used)]
 
@@ -10,8 +12,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::eventually;
 use common::fleet::Fleet;
+use common::{eventually, http};
 use serde_json::Value;
 
 const NODES: &str =
@@ -180,7 +182,7 @@ fn data_follows_its_readers_on_booked_links_and_is_cached_in_their_region() {
     let slow = "nodes=4,cpu=32,memory=128Gi,gpu=4,load=0.1,start=100ms,job=60s,bandwidth=200Mi";
     let archive = format!("{slow},gpuModel=Tesla-T4,egressPerGiB=0.02");
     let fast = format!("{slow},gpuModel=NVIDIA-H100-80GB-HBM3,gpuPerf=3,cache=20Gi");
-    let f = Fleet::start_sims(
+    let mut f = Fleet::start_sims(
         &[
             ("archive", "us-east", &archive),
             ("w1", "us-west", &fast),
@@ -219,6 +221,15 @@ spec:
     // together on its one uplink.
     f.s.apply(&job("a", "tokens", "8"));
     f.s.apply(&job("c", "images", "8"));
+    // The server is killed while the first copy is under way: it carries on from what is
+    // stored, and no copy starts over.
+    eventually(Duration::from_secs(30), "a copy under way", || {
+        transfers(&f).iter().any(|t| {
+            t["status"]["phase"] == "Copying" && t["status"]["copiedBytes"].as_i64() > Some(0)
+        })
+    });
+    f.s.kill9();
+    f.s.restart();
     let mut seen_waiting = false;
     eventually(Duration::from_secs(90), "both copies in", || {
         let ts = transfers(&f);
@@ -253,6 +264,20 @@ spec:
         ts.len() == 2 && ts.iter().all(|t| t["status"]["phase"] == "Succeeded")
     });
     assert!(seen_waiting, "job a's pods waited for their input");
+    // Each copy started once at its destination: one round, never again from zero.
+    for t in transfers(&f) {
+        let dest = t["spec"]["destination"].as_str().unwrap();
+        let (code, body) = http("GET", f.admin(dest), &format!("/clusters/{dest}/data"), "");
+        assert_eq!(code, 200, "{body}");
+        let log: Value = serde_json::from_str(&body).unwrap();
+        let starts = log["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|e| e["event"] == "copy-started")
+            .count();
+        assert_eq!(starts, 1, "{dest}: {log}");
+    }
     let placed_a = f.clusters_of("a-job");
     assert!(
         placed_a.len() == 1 && placed_a[0].0.starts_with('w'),

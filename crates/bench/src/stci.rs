@@ -11,7 +11,14 @@
 //! destination's downlink carry one transfer at a time at the slower of the two rates (a link
 //! is never booked beyond its capacity), then it computes at the cluster's GPU performance.
 //! Its GPUs are taken from the decision until it ends. A job nothing can take now waits for
-//! the next job to end. Nothing is cached, for any strategy.
+//! the next job to end.
+//!
+//! Orrery's data mover keeps what it copied as a cache in the destination's cache tier (1 TiB
+//! per cluster, least recently used out first): later jobs see a cache copy as a holder, a
+//! job placed where a copy is arriving waits for it, and a copy comes from the holder in the
+//! destination's region first. The other strategies have no data mover: every job away from
+//! its data copies it from its home. `orrery-joint-estimate-no-cache` is Orrery's scheduler
+//! without the caches, to show what each part brings.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
@@ -65,7 +72,19 @@ enum Strategy {
     WaterLevel,
     ToTheData,
     AvailableReplicas,
+    OrreryNoCache,
     Orrery,
+}
+
+/// Each cluster's cache tier for Orrery's copies.
+const CACHE_BYTES: f64 = 1024.0 * GIB;
+
+/// A cache copy: the data set, when it is in, and when a job last read it.
+#[derive(Clone, Copy, Debug)]
+struct CacheCopy {
+    dataset: usize,
+    ready: f64,
+    used: f64,
 }
 
 impl Strategy {
@@ -74,6 +93,7 @@ impl Strategy {
             Strategy::WaterLevel => "water-level-only",
             Strategy::ToTheData => "always-to-the-data",
             Strategy::AvailableReplicas => "karmada-available-replicas",
+            Strategy::OrreryNoCache => "orrery-joint-estimate-no-cache",
             Strategy::Orrery => "orrery-joint-estimate",
         }
     }
@@ -199,7 +219,7 @@ fn placement(strategy: Strategy, home: &str) -> Placement {
         Strategy::AvailableReplicas => {
             p["replicaScheduling"]["replicaDivisionPreference"] = json!("Aggregated");
         }
-        Strategy::WaterLevel | Strategy::Orrery => {}
+        Strategy::WaterLevel | Strategy::Orrery | Strategy::OrreryNoCache => {}
     }
     serde_json::from_value(p).unwrap_or_default()
 }
@@ -223,6 +243,8 @@ fn run(strategy: Strategy, sites: &[Site], data: &[DataSet], jobs: &[Job]) -> Ou
     // Running jobs: (end, cluster, gpus).
     let mut running: Vec<(f64, usize, i64)> = Vec::new();
     let mut waiting: VecDeque<usize> = VecDeque::new();
+    let caching = strategy == Strategy::Orrery;
+    let mut copies: Vec<Vec<CacheCopy>> = vec![Vec::new(); sites.len()];
     let mut out = Outcome {
         completion: Vec::new(),
         bytes: 0.0,
@@ -272,11 +294,21 @@ fn run(strategy: Strategy, sites: &[Site], data: &[DataSet], jobs: &[Job]) -> Ou
             let ds = &data[job.dataset];
             let home = &sites[ds.home].name;
             let p = placement(strategy, home);
+            // The home and every cache copy that is in.
+            let mut holders = vec![(home.clone(), Tier::Warm)];
+            for (i, cs) in copies.iter().enumerate() {
+                if cs
+                    .iter()
+                    .any(|x| x.dataset == job.dataset && x.ready <= now)
+                {
+                    holders.push((sites[i].name.clone(), Tier::Warm));
+                }
+            }
             let needs = DataNeeds {
                 inputs: vec![Input {
                     name: ds.name.clone(),
                     bytes: ds.bytes,
-                    holders: vec![(home.clone(), Tier::Warm)],
+                    holders,
                 }],
                 gpu_hours: job.gpu_hours,
                 ..Default::default()
@@ -301,7 +333,8 @@ fn run(strategy: Strategy, sites: &[Site], data: &[DataSet], jobs: &[Job]) -> Ou
                 now: 0,
                 seed: j as u64,
                 relations: Relations {
-                    data: (strategy == Strategy::Orrery).then_some(&needs),
+                    data: matches!(strategy, Strategy::Orrery | Strategy::OrreryNoCache)
+                        .then_some(&needs),
                     ..Default::default()
                 },
             };
@@ -319,15 +352,65 @@ fn run(strategy: Strategy, sites: &[Site], data: &[DataSet], jobs: &[Job]) -> Ou
                 continue;
             };
             let mut ready = now;
-            if c != ds.home {
-                let start = now.max(up_free[ds.home]).max(down_free[c]);
-                let rate = sites[ds.home].uplink.min(sites[c].uplink);
-                let secs = latency_ms(&sites[ds.home], &sites[c]) / 1000.0 + ds.bytes as f64 / rate;
-                up_free[ds.home] = start + secs;
+            let cached = copies[c].iter_mut().find(|x| x.dataset == job.dataset);
+            if let Some(x) = cached {
+                // In, or arriving: the job waits for it.
+                ready = now.max(x.ready);
+                x.used = now;
+            } else if c != ds.home {
+                // From a copy in the destination's region first, then over the fastest link.
+                let src = if caching {
+                    (0..sites.len())
+                        .filter(|i| {
+                            *i == ds.home
+                                || copies[*i]
+                                    .iter()
+                                    .any(|x| x.dataset == job.dataset && x.ready <= now)
+                        })
+                        .min_by(|a, b| {
+                            let key = |i: usize| {
+                                (
+                                    sites[i].region != sites[c].region,
+                                    -(sites[i].uplink.min(sites[c].uplink)),
+                                )
+                            };
+                            let (ka, kb) = (key(*a), key(*b));
+                            ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+                        })
+                        .unwrap_or(ds.home)
+                } else {
+                    ds.home
+                };
+                let start = now.max(up_free[src]).max(down_free[c]);
+                let rate = sites[src].uplink.min(sites[c].uplink);
+                let secs = latency_ms(&sites[src], &sites[c]) / 1000.0 + ds.bytes as f64 / rate;
+                up_free[src] = start + secs;
                 down_free[c] = start + secs;
                 ready = start + secs;
                 out.bytes += ds.bytes as f64;
-                out.egress += ds.bytes as f64 / GIB * sites[ds.home].price;
+                out.egress += ds.bytes as f64 / GIB * sites[src].price;
+                if caching {
+                    let cs = &mut copies[c];
+                    cs.push(CacheCopy {
+                        dataset: job.dataset,
+                        ready,
+                        used: now,
+                    });
+                    // Beyond the cache tier, the least recently used copies that are in go.
+                    let size = |x: &CacheCopy| data[x.dataset].bytes as f64;
+                    while cs.iter().map(size).sum::<f64>() > CACHE_BYTES {
+                        let Some(oldest) = cs
+                            .iter()
+                            .enumerate()
+                            .filter(|(_, x)| x.ready <= now && x.dataset != job.dataset)
+                            .min_by(|a, b| a.1.used.total_cmp(&b.1.used))
+                            .map(|(i, _)| i)
+                        else {
+                            break;
+                        };
+                        cs.remove(oldest);
+                    }
+                }
             }
             let compute = job.gpu_hours * 3600.0 / (sites[c].perf * job.gpus as f64);
             let end = ready + compute;
@@ -353,6 +436,7 @@ pub fn stci(args: StciArgs) -> anyhow::Result<()> {
         Strategy::WaterLevel,
         Strategy::ToTheData,
         Strategy::AvailableReplicas,
+        Strategy::OrreryNoCache,
         Strategy::Orrery,
     ] {
         progress(format!(
@@ -380,7 +464,7 @@ pub fn stci(args: StciArgs) -> anyhow::Result<()> {
     let orrery = &rows["orrery-joint-estimate"];
     let best_other = rows
         .iter()
-        .filter(|(k, _)| **k != "orrery-joint-estimate")
+        .filter(|(k, _)| !k.starts_with("orrery-"))
         .map(|(_, v)| v["mean"].as_f64().unwrap_or(f64::MAX))
         .fold(f64::MAX, f64::min);
     let water_bytes = rows["water-level-only"]["bytes"].as_f64().unwrap_or(0.0);

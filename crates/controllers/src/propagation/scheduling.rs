@@ -165,6 +165,7 @@ enum Src {
     Binding,
     Migration,
     DataSet,
+    DataTransfer,
 }
 
 /// What the scheduler reads from a Cluster object.
@@ -288,6 +289,8 @@ struct Scheduler {
     user_moves: HashMap<BKey, Arc<Object>>,
     /// Data sets, by namespace and name: their size and copies (data-aware scheduling).
     datasets: super::stateful::DataSets,
+    /// Data set copies under way: (source, destination, bytes still to send), by transfer.
+    booked: HashMap<(String, String), (String, String, f64)>,
     /// Bindings naming a migration not seen yet, and since when.
     unknown_moves: HashMap<BKey, Instant>,
     /// Clusters, bindings and migrations are listed before anything is decided.
@@ -327,6 +330,13 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
             None,
         ),
         Src::DataSet,
+        tx.clone(),
+        shutdown.clone(),
+    );
+    follow(
+        store.clone(),
+        keys::well_known::datatransfers(None),
+        Src::DataTransfer,
         tx,
         shutdown.clone(),
     );
@@ -370,12 +380,14 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         user_moves: HashMap::new(),
         unknown_moves: HashMap::new(),
         datasets: Default::default(),
+        booked: HashMap::new(),
         barrier: {
             let mut b = Barrier::new();
             b.expect("clusters");
             b.expect("bindings");
             b.expect("migrations");
             b.expect("datasets");
+            b.expect("datatransfers");
             b
         },
     };
@@ -573,8 +585,10 @@ impl Scheduler {
                 // back to Ready.
                 let (changed, recovered) = match ev {
                     Event::Listed(items) => {
-                        let snaps: Vec<ClusterSnapshot> =
-                            items.iter().map(|c| ClusterSnapshot::of(c)).collect();
+                        let snaps: Vec<ClusterSnapshot> = items
+                            .iter()
+                            .map(|c| self.with_bookings(ClusterSnapshot::of(c)))
+                            .collect();
                         self.prints = snaps
                             .iter()
                             .map(|s| (s.name.clone(), fingerprint(s)))
@@ -587,7 +601,7 @@ impl Scheduler {
                         (true, false)
                     }
                     Event::Upsert(c) => {
-                        let s = ClusterSnapshot::of(&c);
+                        let s = self.with_bookings(ClusterSnapshot::of(&c));
                         // Read alone: parsing the whole status again cost more.
                         let hb = c
                             .status
@@ -653,6 +667,7 @@ impl Scheduler {
             }
             Src::Migration => self.on_migration(ev),
             Src::DataSet => self.on_dataset(ev),
+            Src::DataTransfer => self.on_transfer(ev),
             Src::Binding => match ev {
                 Event::Listed(items) => {
                     self.bindings.clear();
@@ -716,6 +731,88 @@ impl Scheduler {
                 }
             },
         }
+    }
+
+    /// A data set copy started, progressed or ended: the links it books are the fleet's
+    /// `busy_*_seconds` for the next decisions (nothing is decided again for it).
+    fn on_transfer(&mut self, ev: Event) {
+        let booking = |t: &Object| -> Option<(String, String, f64)> {
+            let st = orrery_api::data::DataTransferStatus::of(t);
+            if st.phase != orrery_api::data::TransferPhase::Copying {
+                return None;
+            }
+            let dest = t.spec.as_ref()?.get("destination")?.as_str()?.to_string();
+            Some((st.source, dest, (st.bytes - st.copied_bytes).max(0) as f64))
+        };
+        let mut touched: Vec<String> = Vec::new();
+        let mut put = |s: &mut Scheduler, k: (String, String), b: Option<(String, String, f64)>| {
+            let old = match b {
+                Some(b) => {
+                    touched.extend([b.0.clone(), b.1.clone()]);
+                    s.booked.insert(k, b)
+                }
+                None => s.booked.remove(&k),
+            };
+            if let Some(o) = old {
+                touched.extend([o.0, o.1]);
+            }
+        };
+        match ev {
+            Event::Listed(items) => {
+                let keys: Vec<(String, String)> = self.booked.keys().cloned().collect();
+                for k in keys {
+                    put(self, k, None);
+                }
+                for t in &items {
+                    put(
+                        self,
+                        (t.namespace().to_string(), t.name().to_string()),
+                        booking(t),
+                    );
+                }
+                self.barrier.listed("datatransfers");
+            }
+            Event::Upsert(t) => {
+                put(
+                    self,
+                    (t.namespace().to_string(), t.name().to_string()),
+                    booking(&t),
+                );
+            }
+            Event::Delete(t) => put(
+                self,
+                (t.namespace().to_string(), t.name().to_string()),
+                None,
+            ),
+        }
+        touched.sort();
+        touched.dedup();
+        for name in touched {
+            if let Some(c) = self.fleet.get(&name).cloned() {
+                let c = self.with_bookings(c);
+                self.fleet.upsert(c);
+            }
+        }
+    }
+
+    /// A cluster's snapshot with the seconds its link needs for the copies booked on it.
+    fn with_bookings(&self, mut c: ClusterSnapshot) -> ClusterSnapshot {
+        let bandwidth = c
+            .bandwidth
+            .filter(|b| *b > 0)
+            .map_or(orrery_scheduler::data::DEFAULT_BANDWIDTH, |b| b as f64);
+        let (mut out, mut inn) = (0.0, 0.0);
+        for (source, dest, bytes) in self.booked.values() {
+            if *source == c.name {
+                out += bytes;
+            }
+            if *dest == c.name {
+                inn += bytes;
+            }
+        }
+        c.busy_out_seconds = out / bandwidth;
+        c.busy_in_seconds = inn / bandwidth;
+        c
     }
 
     /// A data set changed: the workloads reading it are decided again (those placed stay
