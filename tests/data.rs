@@ -162,9 +162,9 @@ fn work_goes_to_the_fast_gpus_or_stays_with_its_data() {
     );
     let err = f.s.fails_stdin(
         &["apply", "-f", "-"],
-        "apiVersion: multicluster.io/v1alpha1\nkind: DataSet\nmetadata: {name: empty, namespace: default}\nspec: {size: 1Gi}\n",
+        "apiVersion: multicluster.io/v1alpha1\nkind: DataSet\nmetadata: {name: twice, namespace: default}\nspec: {size: 1Gi, locations: [{cluster: fast}, {cluster: fast}]}\n",
     );
-    assert!(err.contains("spec.locations"), "{err}");
+    assert!(err.contains("spec.locations[1].cluster"), "{err}");
 }
 
 /// Every DataTransfer in `default`.
@@ -267,14 +267,17 @@ spec:
     // Each copy started once at its destination: one round, never again from zero.
     for t in transfers(&f) {
         let dest = t["spec"]["destination"].as_str().unwrap();
+        let set = t["spec"]["dataSet"].as_str().unwrap();
         let (code, body) = http("GET", f.admin(dest), &format!("/clusters/{dest}/data"), "");
         assert_eq!(code, 200, "{body}");
         let log: Value = serde_json::from_str(&body).unwrap();
+        // Both copies may go to one member: count this one's.
+        let id = format!("dataset-default-{set}-{dest}");
         let starts = log["items"]
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|e| e["event"] == "copy-started")
+            .filter(|e| e["event"] == "copy-started" && e["transfer"] == id.as_str())
             .count();
         assert_eq!(starts, 1, "{dest}: {log}");
     }
@@ -335,4 +338,141 @@ spec:
         .cloned()
         .unwrap_or_default();
     assert_eq!(west["lastHour"], 2, "{tokens}");
+}
+
+#[test]
+fn a_data_set_a_member_holds_is_read_there_and_relayed_around_a_slow_path() {
+    // `lab` holds the data set in a claim of its own; its path to `far` carries a tenth of
+    // their uplinks, while `mid` reaches both at full speed and has a cache tier.
+    const LINK: i64 = 200 << 20;
+    let base = "nodes=4,cpu=32,memory=128Gi,gpu=4,load=0.1,start=100ms,job=60s,bandwidth=200Mi";
+    let lab = format!("{base},gpuModel=Tesla-T4");
+    let mid = format!("{base},cache=20Gi");
+    let far = format!("{base},gpuModel=NVIDIA-H100-80GB-HBM3,gpuPerf=3,path.lab=20Mi");
+    let f = Fleet::start_sims(
+        &[
+            ("lab", "us-east", &lab),
+            ("mid", "us-central", &mid),
+            ("far", "us-west", &far),
+        ],
+        &[],
+    );
+    let claim = r#"{"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "corpus-v3", "namespace": "default",
+                     "labels": {"orrery.io/dataset": "corpus"},
+                     "annotations": {"sim.orrery.io/volume-used": "2Gi"}},
+        "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "2Gi"}}}}"#;
+    let (code, body) = http("POST", f.admin("lab"), "/clusters/lab/objects", claim);
+    assert_eq!(code, 201, "{body}");
+    eventually(
+        Duration::from_secs(20),
+        "the paths and cache reported",
+        || {
+            let far = f.s.get_json(&["cluster", "far"]);
+            let mid = f.s.get_json(&["cluster", "mid"]);
+            far["status"]["network"]["pathBandwidthBytesPerSecond"]["lab"] == 20 << 20
+                && mid["status"]["properties"]["cache.orrery.io/capacity"] == "20Gi"
+                && f.s.get_json(&["cluster", "lab"])["status"]["dataSets"][0]["claim"]
+                    == "corpus-v3"
+        },
+    );
+    // A data set no location names: the member's report says where it is.
+    f.s.apply(
+        r#"
+apiVersion: multicluster.io/v1alpha1
+kind: DataSet
+metadata: {name: corpus, namespace: default}
+spec: {size: 2Gi}
+---
+apiVersion: multicluster.io/v1alpha1
+kind: ResourcePlacementPolicy
+metadata: {name: jobs, namespace: default}
+spec:
+  resourceSelector: {apiVersion: batch/v1, kind: Job, namespace: default}
+  placement:
+    replicaScheduling: {replicaSchedulingType: Divided}
+"#,
+    );
+    eventually(Duration::from_secs(20), "lab's copy in the status", || {
+        let d = f.s.get_json(&["dataset", "corpus", "-n", "default"]);
+        d["status"]["copies"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["cluster"] == "lab" && c["role"] == "Reported" && c["present"] == true)
+    });
+    // A job that only reads runs where the data is, with nothing copied.
+    f.s.apply(&job("scan", "corpus", "0"));
+    eventually(Duration::from_secs(30), "scan runs at lab", || {
+        f.clusters_of("scan-job").first().map(|c| c.0.as_str()) == Some("lab")
+            && f.s.get_json(&["resourcebinding", "scan-job", "-n", "default"])["status"]
+                ["aggregatedStatus"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|s| s["status"]["active"] == 1 || s["status"]["succeeded"] == 1)
+    });
+    assert!(transfers(&f).is_empty(), "{:?}", transfers(&f));
+    // Heavy compute goes to the fast GPUs, and its input goes through mid: two hops at
+    // 200 MiB/s beat one at 20.
+    f.s.apply(&job("train", "corpus", "8"));
+    eventually(Duration::from_secs(30), "train placed", || {
+        !f.clusters_of("train-job").is_empty()
+    });
+    assert_eq!(f.clusters_of("train-job")[0].0, "far");
+    let chosen = estimates(&f, "train-job")
+        .into_iter()
+        .find(|d| d["name"] == "far")
+        .unwrap();
+    let fetch = &chosen["estimate"]["fetches"][0];
+    assert_eq!(
+        (fetch["from"].as_str(), fetch["via"].as_str()),
+        (Some("lab"), Some("mid")),
+        "{chosen}"
+    );
+    eventually(Duration::from_secs(90), "both hops in", || {
+        let ts = transfers(&f);
+        for t in &ts {
+            let phase = t["status"]["phase"].as_str().unwrap_or("");
+            if phase == "Snapshot" || phase == "Copying" {
+                assert!(t["status"]["rate"].as_i64().unwrap() <= LINK, "{t}");
+            }
+        }
+        ts.len() == 2 && ts.iter().all(|t| t["status"]["phase"] == "Succeeded")
+    });
+    let ts = transfers(&f);
+    let hop = |dest: &str| {
+        ts.iter()
+            .find(|t| t["spec"]["destination"] == dest)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(hop("mid")["status"]["source"], "lab", "{ts:?}");
+    assert_eq!(hop("mid")["spec"]["reason"], "relay: on to far", "{ts:?}");
+    assert_eq!(hop("far")["status"]["source"], "mid", "{ts:?}");
+    assert_eq!(
+        hop("far")["status"]["path"],
+        serde_json::json!(["lab", "mid", "far"]),
+        "{ts:?}"
+    );
+    eventually(Duration::from_secs(30), "train runs on its copy", || {
+        f.s.get_json(&["resourcebinding", "train-job", "-n", "default"])["status"]
+            ["aggregatedStatus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["status"]["active"] == 1 && s["health"] != "Unhealthy")
+    });
+    // The member's own claim was copied from and never touched: its one journal entry is
+    // the one that made it.
+    let (code, body) = http("GET", f.admin("lab"), "/clusters/lab/journal", "");
+    assert_eq!(code, 200, "{body}");
+    let journal: Value = serde_json::from_str(&body).unwrap();
+    let touched: Vec<&Value> = journal["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "corpus-v3")
+        .collect();
+    assert_eq!(touched.len(), 1, "{touched:?}");
 }

@@ -1107,6 +1107,9 @@ fn cluster_status(
         if !r.storage_classes.is_empty() {
             s["storageClasses"] = json!(r.storage_classes);
         }
+        if !r.data_sets.is_empty() {
+            s["dataSets"] = json!(r.data_sets);
+        }
     }
     status
 }

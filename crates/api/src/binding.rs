@@ -449,6 +449,10 @@ pub struct DataFetch {
     pub dataset: String,
     /// The cluster it comes from.
     pub from: String,
+    /// The cluster it is relayed through, when the path from its source is slower than two
+    /// hops through it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub via: String,
     /// Its bytes.
     pub bytes: i64,
 }

@@ -223,6 +223,11 @@ pub struct NetworkStatus {
     /// The member's data uplink, bytes per second (what volume transfers share).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bandwidth_bytes_per_second: Option<i64>,
+    /// What the path to another cluster carries, bytes per second, by name, where it is
+    /// slower than both uplinks (a long-haul route, a congested peering). Elsewhere a path
+    /// carries the slower of its two uplinks.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub path_bandwidth_bytes_per_second: BTreeMap<String, i64>,
     /// Round-trip time from the member's agent to the control plane, milliseconds (the
     /// lowest of its recent heartbeats).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -289,6 +294,9 @@ pub struct ClusterStatus {
     /// The storage classes the member offers; the first is its default.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub storage_classes: Vec<String>,
+    /// The copies of data sets the member holds: its claims labelled `orrery.io/dataset`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data_sets: Vec<crate::data::HeldDataSet>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<Time>,
 }

@@ -117,7 +117,8 @@ pub struct DataLocation {
 pub struct DataSetSpec {
     /// How big it is (bytes, e.g. 2Ti).
     pub size: Quantity,
-    /// The clusters holding an authoritative copy.
+    /// The clusters holding an authoritative copy. None for a data set that only members
+    /// report holding (claims labelled `orrery.io/dataset=<name>`).
     #[serde(default)]
     pub locations: Vec<DataLocation>,
 }
@@ -130,12 +131,6 @@ impl DataSetSpec {
         let mut errs = ErrorList::new();
         if s.size.is_negative() || s.size.is_zero() {
             errs.push(FieldError::invalid("spec.size", s.size, "must be positive"));
-        }
-        if s.locations.is_empty() {
-            errs.push(FieldError::required(
-                "spec.locations",
-                "where at least one authoritative copy lives",
-            ));
         }
         let mut seen = Vec::new();
         for (i, l) in s.locations.iter().enumerate() {
@@ -200,6 +195,9 @@ pub enum CopyRole {
     /// Made by Orrery for a workload reading it there, or because its region reads it often;
     /// held in the cluster's cache tier and evicted least recently used first.
     Cache,
+    /// A member's own claim labelled `orrery.io/dataset`, which it reports: read and copied
+    /// from, never changed or evicted by Orrery.
+    Reported,
 }
 
 /// One copy of a data set.
@@ -307,6 +305,26 @@ pub fn claim_name(name: &str) -> String {
         format!("{}-{}", &full[..240], crate::binding::short_hash(&full))
     }
 }
+
+/// A copy of a data set a member holds and reports: a claim labelled `orrery.io/dataset`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldDataSet {
+    pub namespace: String,
+    /// The data set (the label's value).
+    pub name: String,
+    /// The claim holding it.
+    pub claim: String,
+    #[serde(default)]
+    pub bytes: i64,
+    /// The version of its data, when the member knows it (the `orrery.io/data-version`
+    /// annotation on a real member's claim).
+    #[serde(default)]
+    pub data_version: u64,
+}
+
+/// Annotation on a member's claim: the version of the data set it holds.
+pub const DATA_VERSION_ANNOTATION: &str = "orrery.io/data-version";
 
 /// A copy of a data set to a cluster: made by Orrery for a workload placed there that reads
 /// it, to refresh a cache, or to cache it in a region that reads it often; or asked by a user
@@ -596,12 +614,14 @@ mod tests {
         .unwrap();
         assert_eq!(ok.bytes(), 2 << 40);
         assert_eq!(ok.locations[0].tier, Tier::Hot);
+        // A data set only members report holding names no location.
+        let reported = DataSetSpec::parse(Some(&json!({"size": "1Gi"}))).unwrap();
+        assert!(reported.locations.is_empty());
         let cases = [
             (
                 json!({"size": "0", "locations": [{"cluster": "a"}]}),
                 "spec.size",
             ),
-            (json!({"size": "1Gi"}), "spec.locations"),
             (
                 json!({"size": "1Gi", "locations": [{"cluster": "a"}, {"cluster": "a"}]}),
                 "spec.locations[1].cluster",

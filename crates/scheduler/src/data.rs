@@ -5,8 +5,11 @@
 //!
 //! - **transfer**: every input the cluster holds no copy of comes from the ready holder it
 //!   would arrive from first: what is already booked on either end's link, latency, plus its
-//!   bytes over the slower of the two uplinks. The cluster's own downlink is shared: the
-//!   transfer takes at least all the bytes over it.
+//!   bytes over the path (the slower of the two uplinks, or less where a member reports the
+//!   path slower). Where the path is slower than both uplinks, it may come through a relay
+//!   whose cache tier holds the copy in between, when the two hops one after the other beat
+//!   the direct path. The cluster's own downlink is shared: the transfer takes at least all
+//!   the bytes over it.
 //! - **compute**: the work (hours of the reference GPU) over the replicas, at the cluster's
 //!   GPU performance; when fewer replicas fit than the task has, they run in rounds, and the
 //!   rounds but the first are the **wait**.
@@ -16,7 +19,8 @@
 //! the compute are the same comparison: a holder of the data needs no transfer. A task that
 //! reads no data is not scored by [`Completion`] at all (it takes no part in the mean).
 
-use orrery_api::data::{EGRESS_PRICE_PROPERTY, GPU_PERFORMANCE_PROPERTY, NETWORK_KEY, Tier};
+use orrery_api::data::{CACHE_PROPERTY, EGRESS_PRICE_PROPERTY, GPU_PERFORMANCE_PROPERTY};
+use orrery_api::data::{NETWORK_KEY, Tier};
 use orrery_api::data::{STORAGE_TIER_KEY, gpu_performance};
 
 use crate::Ctx;
@@ -68,6 +72,8 @@ impl DataNeeds {
 pub struct Fetch {
     pub input: String,
     pub from: String,
+    /// The cluster it is relayed through, when two hops beat the direct path.
+    pub via: Option<String>,
     pub bytes: i64,
 }
 
@@ -108,6 +114,7 @@ impl Estimate {
                 .map(|f| orrery_api::binding::DataFetch {
                     dataset: f.input.clone(),
                     from: f.from.clone(),
+                    via: f.via.clone().unwrap_or_default(),
                     bytes: f.bytes,
                 })
                 .collect(),
@@ -151,60 +158,126 @@ fn uplink(ctx: &Ctx<'_>, i: usize) -> f64 {
         .map_or(DEFAULT_BANDWIDTH, |b| b as f64)
 }
 
+/// What the path between clusters `a` and `b` carries, bytes per second.
+fn path(ctx: &Ctx<'_>, a: usize, b: usize) -> f64 {
+    let clusters = ctx.fleet.clusters();
+    clusters[a].path_bandwidth_to(&clusters[b], DEFAULT_BANDWIDTH as i64) as f64
+}
+
+/// Bytes of cluster `i`'s cache tier (`cache.orrery.io/capacity`), 0 when it has none.
+fn cache_bytes(ctx: &Ctx<'_>, i: usize) -> i64 {
+    ctx.fleet.clusters()[i]
+        .properties
+        .get(CACHE_PROPERTY)
+        .and_then(|v| v.parse::<orrery_api::Quantity>().ok())
+        .map_or(0, |q| q.value() as i64)
+}
+
+/// One way an input may come: from holder `from`, straight or through `via`.
+#[derive(Clone, Copy, Debug)]
+struct Way {
+    from: usize,
+    via: Option<usize>,
+    /// Until its first byte arrives: what is booked on the links, then the latency.
+    lead: f64,
+    /// Sending its bytes: over the path, or over both hops one after the other (a relay
+    /// holds the whole copy before it passes it on).
+    send: f64,
+    cost: f64,
+}
+
+impl Way {
+    fn seconds(&self) -> f64 {
+        self.lead + self.send
+    }
+}
+
+/// The ways an input of `bytes` may reach cluster `i` from holder `s`: straight, and, where
+/// that path is slower than both uplinks, through each ready cluster whose cache tier can
+/// hold a copy and whose two hops together beat it.
+fn ways(ctx: &Ctx<'_>, i: usize, s: usize, bytes: i64, out: &mut Vec<Way>) {
+    let clusters = ctx.fleet.clusters();
+    let here = &clusters[i];
+    let price = |c: usize| gib(bytes) * property(ctx, c, EGRESS_PRICE_PROPERTY).unwrap_or(0.0);
+    let latency = |a: usize, b: usize| clusters[a].latency_to(&clusters[b]).unwrap_or(0.0) / 1000.0;
+    let booked = clusters[s].busy_out_seconds.max(here.busy_in_seconds);
+    let direct = Way {
+        from: s,
+        via: None,
+        lead: booked + latency(s, i),
+        send: bytes as f64 / path(ctx, s, i),
+        cost: price(s),
+    };
+    out.push(direct);
+    if path(ctx, s, i) >= uplink(ctx, s).min(uplink(ctx, i)) {
+        return;
+    }
+    for r in 0..clusters.len() {
+        if r == s || r == i || !clusters[r].ready || cache_bytes(ctx, r) < bytes {
+            continue;
+        }
+        let relayed = Way {
+            from: s,
+            via: Some(r),
+            lead: booked + latency(s, r) + latency(r, i),
+            send: bytes as f64 / path(ctx, s, r) + bytes as f64 / path(ctx, r, i),
+            cost: price(s) + price(r),
+        };
+        if relayed.seconds() < direct.seconds() {
+            out.push(relayed);
+        }
+    }
+}
+
 /// The task's completion in cluster `i`.
 pub fn estimate(ctx: &Ctx<'_>, i: usize, needs: &DataNeeds) -> Estimate {
     let clusters = ctx.fleet.clusters();
     let here = &clusters[i];
     let down = uplink(ctx, i);
     let mut e = Estimate::default();
-    // Seconds each source spends sending, and the longest latency.
+    // Seconds each source spends sending, and the longest lead.
     let mut per_source: Vec<(usize, f64)> = Vec::new();
-    let mut latency: f64 = 0.0;
+    let mut lead: f64 = 0.0;
+    let mut candidates = Vec::new();
     for input in &needs.inputs {
         if input.holders.iter().any(|(c, _)| *c == here.name) {
             continue;
         }
-        let best = input
+        candidates.clear();
+        for s in input
             .holders
             .iter()
             .filter_map(|(c, _)| ctx.fleet.position(c))
             .filter(|s| clusters[*s].ready)
-            .map(|s| {
-                let link = uplink(ctx, s).min(down);
-                // Transfers booked on either end go first, then the latency.
-                let lat = clusters[s].busy_out_seconds.max(here.busy_in_seconds)
-                    + here.latency_to(&clusters[s]).unwrap_or(0.0) / 1000.0;
-                let secs = lat + input.bytes as f64 / link;
-                let cost =
-                    gib(input.bytes) * property(ctx, s, EGRESS_PRICE_PROPERTY).unwrap_or(0.0);
-                (s, secs, cost, lat, link)
-            })
-            .min_by(|a, b| {
-                let key = |x: &(usize, f64, f64, f64, f64)| {
-                    if needs.cost_first {
-                        (x.2, x.1)
-                    } else {
-                        (x.1, x.2)
-                    }
-                };
-                let (ka, kb) = (key(a), key(b));
-                ka.0.total_cmp(&kb.0)
-                    .then(ka.1.total_cmp(&kb.1))
-                    .then(a.0.cmp(&b.0))
-            });
+        {
+            ways(ctx, i, s, input.bytes, &mut candidates);
+        }
+        let best = candidates.iter().min_by(|a, b| {
+            let key = |x: &Way| {
+                if needs.cost_first {
+                    (x.cost, x.seconds())
+                } else {
+                    (x.seconds(), x.cost)
+                }
+            };
+            let (ka, kb) = (key(a), key(b));
+            ka.0.total_cmp(&kb.0)
+                .then(ka.1.total_cmp(&kb.1))
+                .then((a.from, a.via).cmp(&(b.from, b.via)))
+        });
         match best {
-            Some((s, _, cost, lat, link)) => {
+            Some(w) => {
                 e.transfer_bytes += input.bytes;
-                e.egress_cost += cost;
-                latency = latency.max(lat);
-                let send = input.bytes as f64 / link;
-                match per_source.iter_mut().find(|(x, _)| *x == s) {
-                    Some((_, t)) => *t += send,
-                    None => per_source.push((s, send)),
+                e.egress_cost += w.cost;
+                lead = lead.max(w.lead);
+                match per_source.iter_mut().find(|(x, _)| *x == w.from) {
+                    Some((_, t)) => *t += w.send,
+                    None => per_source.push((w.from, w.send)),
                 }
                 e.fetches.push(Fetch {
                     input: input.name.clone(),
-                    from: clusters[s].name.clone(),
+                    from: clusters[w.from].name.clone(),
+                    via: w.via.map(|r| clusters[r].name.clone()),
                     bytes: input.bytes,
                 });
             }
@@ -214,7 +287,7 @@ pub fn estimate(ctx: &Ctx<'_>, i: usize, needs: &DataNeeds) -> Estimate {
     e.unreachable.extend(needs.missing.iter().cloned());
     if e.transfer_bytes > 0 {
         let slowest_source = per_source.iter().map(|(_, t)| *t).fold(0.0, f64::max);
-        e.transfer_seconds = latency + slowest_source.max(e.transfer_bytes as f64 / down);
+        e.transfer_seconds = lead + slowest_source.max(e.transfer_bytes as f64 / down);
     }
     if needs.gpu_hours > 0.0 {
         let replicas = ctx.task.replicas.max(1);

@@ -41,16 +41,20 @@ pub struct Ranking {
     pub seconds: f64,
 }
 
-/// The path between two clusters: the smaller of their uplinks.
+/// The path between two clusters: the smaller of their uplinks, or less where either reports
+/// the path between them slower.
 pub fn path_bandwidth(fleet: &Fleet, a: &str, b: &str) -> i64 {
-    let bw = |n: &str| {
-        fleet
-            .get(n)
-            .and_then(|c| c.bandwidth)
-            .filter(|b| *b > 0)
-            .unwrap_or(DEFAULT_BANDWIDTH)
-    };
-    bw(a).min(bw(b))
+    match (fleet.get(a), fleet.get(b)) {
+        (Some(x), Some(y)) => x.path_bandwidth_to(y, DEFAULT_BANDWIDTH),
+        (x, y) => {
+            let up = |c: Option<&crate::snapshot::ClusterSnapshot>| {
+                c.and_then(|c| c.bandwidth)
+                    .filter(|b| *b > 0)
+                    .unwrap_or(DEFAULT_BANDWIDTH)
+            };
+            up(x).min(up(y))
+        }
+    }
 }
 
 /// Ranks the clusters `feasible` (fleet indexes that passed the filters); `turned_away` are

@@ -70,6 +70,9 @@ pub struct ClusterSnapshot {
     pub storage_classes: Vec<String>,
     /// Its data uplink, bytes per second, when it says.
     pub bandwidth: Option<i64>,
+    /// What the paths to other clusters carry, bytes per second, by name, where it reports
+    /// them slower than both uplinks.
+    pub path_bandwidth: BTreeMap<String, i64>,
     /// Seconds of data transfers already booked on its link, out and in: a new transfer from
     /// or to it starts after them (data-aware scheduling; 0 when nothing is booked).
     pub busy_out_seconds: f64,
@@ -92,6 +95,11 @@ impl ClusterSnapshot {
             .network
             .as_ref()
             .and_then(|n| n.bandwidth_bytes_per_second);
+        let path_bandwidth = st
+            .network
+            .as_ref()
+            .map(|n| n.path_bandwidth_bytes_per_second.clone())
+            .unwrap_or_default();
         let estimated_latency_ms = st
             .network
             .as_ref()
@@ -140,6 +148,7 @@ impl ClusterSnapshot {
             traffic,
             storage_classes: st.storage_classes,
             bandwidth,
+            path_bandwidth,
             busy_out_seconds: 0.0,
             busy_in_seconds: 0.0,
         }
@@ -156,6 +165,21 @@ impl ClusterSnapshot {
             .or_else(|| self.estimated_latency_ms.get(&other.name))
             .or_else(|| other.estimated_latency_ms.get(&self.name))
             .copied()
+    }
+
+    /// What the path between this cluster and `other` carries, bytes per second: the slower
+    /// of the two uplinks (`default` for one that does not say), or less where either end
+    /// reports the path slower.
+    pub fn path_bandwidth_to(&self, other: &ClusterSnapshot, default: i64) -> i64 {
+        let up = |c: &ClusterSnapshot| c.bandwidth.filter(|b| *b > 0).unwrap_or(default);
+        [
+            self.path_bandwidth.get(&other.name),
+            other.path_bandwidth.get(&self.name),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|p| **p > 0)
+        .fold(up(self).min(up(other)), |bw, p| bw.min(*p))
     }
 
     pub fn view(&self) -> ClusterView<'_> {

@@ -1094,6 +1094,60 @@ fn data_filters_tier_network_reach_and_transfer_cost() {
 }
 
 #[test]
+fn an_input_comes_through_a_relay_when_two_hops_beat_a_slow_path() {
+    // `home` holds 100 GiB; its path to `far` carries 1 Gbit/s of their 10 Gbit/s uplinks,
+    // while `mid` reaches both at 10 Gbit/s and has a cache tier to hold the copy in between.
+    let mut clusters = vec![
+        data_cluster("home", 0.1, 10.0, 0.02),
+        data_cluster("mid", 0.1, 10.0, 0.01),
+        data_cluster("far", 4.0, 10.0, 0.05),
+    ];
+    clusters[0].path_bandwidth.insert("far".into(), 125_000_000);
+    let job = || {
+        let mut t = T::new(divided(), 1);
+        t.data = Some(data::DataNeeds {
+            inputs: vec![input("in", 100 * GIB, &["home"])],
+            gpu_hours: 8.0,
+            ..Default::default()
+        });
+        t
+    };
+    // No cache tier at `mid`: no relay, the slow path it is (100 GiB at 1 Gbit/s: 859 s).
+    let e = job().explain(&clusters);
+    let far = e["far"].estimate.clone().unwrap();
+    assert_eq!(far.fetches[0].via, "");
+    assert_eq!(far.transfer_seconds, 859.0);
+    // With one, through `mid`: two hops of 85.9 s, and both pay egress.
+    clusters[1]
+        .properties
+        .insert(orrery_api::data::CACHE_PROPERTY.into(), "1Ti".into());
+    let e = job().explain(&clusters);
+    let far = e["far"].estimate.clone().unwrap();
+    assert_eq!(
+        (far.fetches[0].from.as_str(), far.fetches[0].via.as_str()),
+        ("home", "mid")
+    );
+    assert_eq!(far.transfer_seconds, 171.8);
+    assert_eq!(far.egress_cost, 3.0, "100 GiB at 0.02, then at 0.01");
+    assert_eq!(shares(&job().run(&clusters)), s(&[("far", 1)]));
+    // The path as the far end reports it counts the same.
+    clusters[0].path_bandwidth.clear();
+    clusters[2]
+        .path_bandwidth
+        .insert("home".into(), 125_000_000);
+    let e = job().explain(&clusters);
+    assert_eq!(e["far"].estimate.as_ref().unwrap().fetches[0].via, "mid");
+    // A relay that is not ready, or two hops that are no faster, are not taken.
+    clusters[1].ready = false;
+    let e = job().explain(&clusters);
+    assert_eq!(e["far"].estimate.as_ref().unwrap().fetches[0].via, "");
+    clusters[1].ready = true;
+    clusters[1].bandwidth = Some(200_000_000);
+    let e = job().explain(&clusters);
+    assert_eq!(e["far"].estimate.as_ref().unwrap().fetches[0].via, "");
+}
+
+#[test]
 fn replicas_that_do_not_fit_at_once_wait_for_room() {
     // 4 replicas of 12 cores; under the limit (0.85 of 64 cores, 8 used) 3 fit at once, so
     // the fourth runs in a second round.

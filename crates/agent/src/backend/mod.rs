@@ -52,6 +52,8 @@ pub struct MemberReport {
     pub properties: BTreeMap<String, String>,
     /// The storage classes offered, the default first.
     pub storage_classes: Vec<String>,
+    /// The copies of data sets held: claims labelled `orrery.io/dataset`.
+    pub data_sets: Vec<orrery_api::data::HeldDataSet>,
 }
 
 /// Why the agent acts on its member: the Work an operation carries out (`namespace/name`),

@@ -148,12 +148,28 @@ fn cluster() -> Value {
                     "egressBytesPerSecond": { "type": "number" },
                     "bandwidthBytesPerSecond": { "type": "integer", "format": "int64",
                                                  "description": "The member's data uplink, which volume transfers share." },
+                    "pathBandwidthBytesPerSecond": { "type": "object", "additionalProperties": { "type": "integer", "format": "int64" },
+                                                     "description": "What the path to another cluster carries, by name, where it is slower than both uplinks." },
                     "serverLatencyMs": { "type": "number", "description": "Round trip from the member's agent to the control plane (the lowest of its recent heartbeats)." },
                     "estimatedLatencyMs": { "type": "object", "additionalProperties": { "type": "number" },
                                             "description": "The control plane's estimate of the latency to clusters neither end measures, by name." },
                 },
             },
             "storageClasses": strings("The storage classes the member offers; the first is its default."),
+            "dataSets": {
+                "type": "array",
+                "description": "The copies of data sets the member holds: its claims labelled orrery.io/dataset.",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "namespace": { "type": "string" },
+                        "name": { "type": "string", "description": "The data set." },
+                        "claim": { "type": "string", "description": "The claim holding it." },
+                        "bytes": { "type": "integer", "format": "int64" },
+                        "dataVersion": { "type": "integer", "format": "int64" },
+                    },
+                },
+            },
             "metrics": {
                 "type": "object",
                 "description": "The last report of PUT /api/v1/metrics.",

@@ -156,6 +156,12 @@ fn cluster_facts(c: &Object) -> plan::Cluster {
             .get(orrery_api::data::STORAGE_TIER_KEY)
             .and_then(|t| Tier::parse(t))
             .unwrap_or_default(),
+        held: st.data_sets.clone(),
+        paths: st
+            .network
+            .as_ref()
+            .map(|n| n.path_bandwidth_bytes_per_second.clone())
+            .unwrap_or_default(),
     }
 }
 

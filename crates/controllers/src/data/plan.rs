@@ -64,6 +64,24 @@ pub struct Cluster {
     pub cache_bytes: i64,
     /// The best storage tier it offers.
     pub tier: Tier,
+    /// The copies of data sets it holds of its own (its claims labelled `orrery.io/dataset`).
+    pub held: Vec<orrery_api::data::HeldDataSet>,
+    /// What the paths to other clusters carry, bytes per second, where it reports them
+    /// slower than both uplinks.
+    pub paths: BTreeMap<String, i64>,
+}
+
+/// What the path between clusters `a` and `b` carries: the slower uplink, or less where either
+/// end reports the path slower.
+fn path(clusters: &BTreeMap<String, Cluster>, a: &str, b: &str) -> i64 {
+    let (Some(x), Some(y)) = (clusters.get(a), clusters.get(b)) else {
+        return 0;
+    };
+    [x.paths.get(b), y.paths.get(a)]
+        .into_iter()
+        .flatten()
+        .filter(|p| **p > 0)
+        .fold(x.bandwidth.min(y.bandwidth).max(0), |bw, p| bw.min(*p))
 }
 
 /// What a member reports in a data set's Work.
@@ -159,6 +177,9 @@ pub fn work_name(namespace: &str, set: &str) -> String {
     }
 }
 
+/// What the reason of a transfer to a relay begins with.
+pub const RELAY_REASON: &str = "relay:";
+
 /// What the names of data set Works begin with.
 pub const WORK_PREFIX: &str = "orrery-dataset.";
 
@@ -167,24 +188,37 @@ const DAY: i64 = 24 * HOUR;
 /// Reads kept per cluster and data set.
 const MAX_TIMES: usize = 64;
 
-/// Bytes per second booked on each cluster's uplink, each way.
+/// Bytes per second booked on each cluster's uplink, each way, and on each path between two.
 #[derive(Debug, Default)]
 struct Links {
     out: BTreeMap<String, i64>,
     inn: BTreeMap<String, i64>,
+    paths: BTreeMap<(String, String), i64>,
 }
 
 impl Links {
+    fn pair(s: &str, d: &str) -> (String, String) {
+        if s <= d {
+            (s.to_string(), d.to_string())
+        } else {
+            (d.to_string(), s.to_string())
+        }
+    }
+
+    /// What a transfer from `s` to `d` may book now, and what the path carries at most.
     fn free(&self, clusters: &BTreeMap<String, Cluster>, s: &str, d: &str) -> (i64, i64) {
         let bw = |c: &str| clusters.get(c).map_or(0, |c| c.bandwidth.max(0));
+        let most = path(clusters, s, d);
         let out = bw(s) - self.out.get(s).copied().unwrap_or(0);
         let inn = bw(d) - self.inn.get(d).copied().unwrap_or(0);
-        (out.max(0).min(inn.max(0)), bw(s).min(bw(d)))
+        let on_path = most - self.paths.get(&Self::pair(s, d)).copied().unwrap_or(0);
+        (out.min(inn).min(on_path).max(0), most)
     }
 
     fn book(&mut self, s: &str, d: &str, rate: i64) {
         *self.out.entry(s.to_string()).or_default() += rate;
         *self.inn.entry(d.to_string()).or_default() += rate;
+        *self.paths.entry(Self::pair(s, d)).or_default() += rate;
     }
 }
 
@@ -263,6 +297,8 @@ struct SetState<'a> {
     filling: BTreeSet<String>,
     /// Regions a copy is arriving in (from a transfer under way or queued).
     arriving: BTreeMap<String, String>,
+    /// Relays to fill, each with the destination it passes the copy on to.
+    relays: BTreeMap<String, String>,
 }
 
 impl<'a> SetState<'a> {
@@ -305,6 +341,32 @@ impl<'a> SetState<'a> {
                     present: true,
                     bytes: size,
                     data_version: version.unwrap_or(0),
+                    last_used: Some(now),
+                    ..Default::default()
+                }),
+            }
+        }
+        // Copies members report of their own, where Orrery has none.
+        st.copies.retain(|c| {
+            c.role != CopyRole::Reported || Self::reported(i, set, &c.cluster).is_some()
+        });
+        for name in i.clusters.keys() {
+            let Some(h) = Self::reported(i, set, name) else {
+                continue;
+            };
+            match st.copies.iter_mut().find(|c| c.cluster == *name) {
+                Some(c) if c.role == CopyRole::Reported => {
+                    c.bytes = h.bytes;
+                    c.data_version = h.data_version;
+                }
+                Some(_) => {}
+                None => st.copies.push(DataCopy {
+                    cluster: name.clone(),
+                    role: CopyRole::Reported,
+                    tier: i.clusters.get(name).map_or(Tier::Warm, |c| c.tier),
+                    present: true,
+                    bytes: h.bytes,
+                    data_version: h.data_version,
                     last_used: Some(now),
                     ..Default::default()
                 }),
@@ -370,7 +432,21 @@ impl<'a> SetState<'a> {
             sending: BTreeMap::new(),
             filling: BTreeSet::new(),
             arriving: BTreeMap::new(),
+            relays: BTreeMap::new(),
         }
+    }
+
+    /// What cluster `c` reports holding of the data set, of its own.
+    fn reported<'i>(
+        i: &'i Input<'_>,
+        set: &Set,
+        c: &str,
+    ) -> Option<&'i orrery_api::data::HeldDataSet> {
+        i.clusters
+            .get(c)?
+            .held
+            .iter()
+            .find(|h| h.namespace == set.namespace && h.name == set.name)
     }
 
     fn region(i: &Input<'_>, c: &str) -> String {
@@ -388,7 +464,7 @@ impl<'a> SetState<'a> {
     /// in the destination's region first, then over the fastest link.
     fn source_for(&self, i: &Input<'_>, dest: &str, wanted: &str) -> Option<String> {
         let region = Self::region(i, dest);
-        let bw = |c: &str| i.clusters.get(c).map_or(0, |c| c.bandwidth);
+        let bw = |c: &str| path(i.clusters, c, dest);
         self.status
             .copies
             .iter()
@@ -397,12 +473,53 @@ impl<'a> SetState<'a> {
             .min_by_key(|c| {
                 (
                     Self::region(i, &c.cluster) != region,
-                    std::cmp::Reverse(bw(&c.cluster).min(bw(dest))),
+                    std::cmp::Reverse(bw(&c.cluster)),
                     c.role != CopyRole::Authoritative,
                     c.cluster.clone(),
                 )
             })
             .map(|c| c.cluster.clone())
+    }
+
+    /// The cluster a copy from `source` to `dest` should pass through, when the path between
+    /// them is slower than both uplinks and two hops through a serving cluster whose cache
+    /// tier can hold the copy beat it (the hops one after the other: the relay holds the whole
+    /// copy before it passes it on).
+    fn relay_for(&self, i: &Input<'_>, source: &str, dest: &str) -> Option<String> {
+        let direct = path(i.clusters, source, dest);
+        let up = |c: &str| i.clusters.get(c).map_or(0, |c| c.bandwidth);
+        if direct <= 0 || direct >= up(source).min(up(dest)) {
+            return None;
+        }
+        let size = self.set.spec.bytes();
+        let secs = |bw: i64| {
+            if bw > 0 {
+                1.0 / bw as f64
+            } else {
+                f64::INFINITY
+            }
+        };
+        i.clusters
+            .iter()
+            .filter(|(n, c)| {
+                n.as_str() != source
+                    && n.as_str() != dest
+                    && c.serving
+                    && (c.cache_bytes >= size
+                        || self
+                            .status
+                            .copy(n)
+                            .is_some_and(|c| c.role == CopyRole::Cache))
+            })
+            .map(|(n, _)| {
+                (
+                    secs(path(i.clusters, source, n)) + secs(path(i.clusters, n, dest)),
+                    n,
+                )
+            })
+            .filter(|(two, _)| *two < secs(direct))
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(b.1)))
+            .map(|(_, n)| n.clone())
     }
 
     /// One transfer's next step.
@@ -429,12 +546,9 @@ impl<'a> SetState<'a> {
         match st.phase {
             TransferPhase::Queued => {
                 let copy = self.status.copy(&dest).cloned();
-                if copy
-                    .as_ref()
-                    .is_some_and(|c| c.role == CopyRole::Authoritative)
-                {
+                if copy.as_ref().is_some_and(|c| c.role != CopyRole::Cache) {
                     st.phase = TransferPhase::Succeeded;
-                    st.message = format!("{dest} holds an authoritative copy");
+                    st.message = format!("{dest} holds a copy of its own");
                     st.completion_time = Some(i.now);
                     return st;
                 }
@@ -458,6 +572,19 @@ impl<'a> SetState<'a> {
                     st.message = format!(
                         "waiting for the copy arriving at {other} in region {region}, to copy from there"
                     );
+                    return st;
+                }
+                // Where the path from the source is slow and two hops through a relay are
+                // faster, the copy goes to the relay first and on from there.
+                if t.spec.source.is_empty()
+                    && !t.spec.reason.starts_with(RELAY_REASON)
+                    && let Some(relay) = self.relay_for(i, &source, &dest)
+                {
+                    st.message = format!(
+                        "waiting for the copy arriving at {relay}, to relay it: the path from {source} carries {} MiB/s",
+                        path(i.clusters, &source, &dest) >> 20
+                    );
+                    self.relays.entry(relay).or_insert(dest.clone());
                     return st;
                 }
                 self.arriving.entry(region).or_insert(dest.clone());
@@ -498,7 +625,13 @@ impl<'a> SetState<'a> {
                 }
                 st.phase = TransferPhase::Snapshot;
                 st.source = source.clone();
-                st.path = vec![source.clone(), dest.clone()];
+                // A copy from a relay: the path the bytes took.
+                st.path = match self.status.copy(&source) {
+                    Some(c) if c.role == CopyRole::Cache && !c.source.is_empty() => {
+                        vec![c.source.clone(), source.clone(), dest.clone()]
+                    }
+                    _ => vec![source.clone(), dest.clone()],
+                };
                 st.round = round;
                 st.base_version = base;
                 st.rate = free;
@@ -653,12 +786,12 @@ impl<'a> SetState<'a> {
                 wanted.push((r.cluster.clone(), r.workload.clone()));
             }
         }
-        // The newest data is the authoritative copies'.
+        // The newest data is the authoritative copies' (and those members hold of their own).
         let newest = self
             .status
             .copies
             .iter()
-            .filter(|c| c.role == CopyRole::Authoritative)
+            .filter(|c| c.role != CopyRole::Cache)
             .map(|c| c.data_version)
             .max()
             .unwrap_or(0);
@@ -668,6 +801,12 @@ impl<'a> SetState<'a> {
             }
             if newest > c.data_version {
                 wanted.push((c.cluster.clone(), "refresh".into()));
+            }
+        }
+        for (relay, dest) in &self.relays {
+            // A relay whose copy came in this step has it already.
+            if !self.status.copy(relay).is_some_and(|c| c.present) {
+                wanted.push((relay.clone(), format!("{RELAY_REASON} on to {dest}")));
             }
         }
         let size = self.set.spec.bytes();
@@ -764,6 +903,7 @@ impl<'a> SetState<'a> {
     /// copy being filled.
     fn pinned(&self, cluster: &str) -> bool {
         self.filling.contains(cluster)
+            || self.relays.contains_key(cluster)
             || self.status.readers.iter().any(|r| r.cluster == cluster)
             || self
                 .status
@@ -782,7 +922,14 @@ impl<'a> SetState<'a> {
             if !i.clusters.contains_key(&c.cluster) {
                 continue;
             }
-            let authoritative = c.role == CopyRole::Authoritative;
+            // The claim this copy's snapshots are taken of: a member's own keeps its name.
+            let own_claim = match c.role {
+                CopyRole::Reported => match Self::reported(i, set, &c.cluster) {
+                    Some(h) => h.claim.clone(),
+                    None => continue,
+                },
+                _ => claim.clone(),
+            };
             let mut transfers = Vec::new();
             // Sends to every cache this copy is the source of.
             for d in &self.status.copies {
@@ -800,18 +947,25 @@ impl<'a> SetState<'a> {
                     peer: d.cluster.clone(),
                     round,
                     volumes: vec![TransferVolume {
-                        name: claim.clone(),
+                        name: own_claim.clone(),
                         ..Default::default()
                     }],
                     ..Default::default()
                 });
             }
-            if !authoritative {
-                if c.round == 0 {
-                    // Nothing to copy into yet: no Work until the first snapshot is in.
-                    continue;
-                }
-                {
+            let spec = match c.role {
+                // The claim Orrery adopts: it stays when the data set goes.
+                CopyRole::Authoritative => WorkSpec {
+                    workload: Workload {
+                        manifests: vec![claim_manifest(ns, &set.name, &claim, size, true)],
+                    },
+                    conflict_resolution: ConflictResolution::Overwrite,
+                    preserve_resources_on_deletion: true,
+                    transfers,
+                },
+                // Nothing to copy into until the first snapshot is in.
+                CopyRole::Cache if c.round == 0 => continue,
+                CopyRole::Cache => {
                     transfers.push(Transfer {
                         id: transfer_id(ns, &set.name, &c.cluster),
                         role: TransferRole::Receive,
@@ -832,26 +986,23 @@ impl<'a> SetState<'a> {
                         hold_workload: !c.present,
                         ..Default::default()
                     });
+                    WorkSpec {
+                        workload: Workload {
+                            manifests: vec![claim_manifest(ns, &set.name, &claim, size, false)],
+                        },
+                        transfers,
+                        ..Default::default()
+                    }
                 }
-            }
-            let pvc = claim_manifest(ns, &set.name, &claim, size, authoritative);
-            out.works.insert(
-                (c.cluster.clone(), ns.clone(), set.name.clone()),
-                WorkSpec {
-                    workload: Workload {
-                        manifests: vec![pvc],
-                    },
-                    // An authoritative claim the member already has is adopted, and stays
-                    // when the data set goes.
-                    conflict_resolution: if authoritative {
-                        ConflictResolution::Overwrite
-                    } else {
-                        ConflictResolution::Abort
-                    },
-                    preserve_resources_on_deletion: authoritative,
+                // A member's own claim is never touched: a Work only while it is copied from.
+                CopyRole::Reported if transfers.is_empty() => continue,
+                CopyRole::Reported => WorkSpec {
                     transfers,
+                    ..Default::default()
                 },
-            );
+            };
+            out.works
+                .insert((c.cluster.clone(), ns.clone(), set.name.clone()), spec);
         }
     }
 }

@@ -660,7 +660,7 @@ mod tests {
             "images",
             json!({"size": "1Gi", "locations": [{"cluster": "b"}]}),
         ));
-        ds.put(&set("ml", "broken", json!({"size": "1Gi"})));
+        ds.put(&set("ml", "broken", json!({"size": "0"})));
         let k = ("ml".to_string(), "job-job".to_string());
         let spec = spec_of(&b(
             "ml",

@@ -50,6 +50,9 @@ pub struct KubeMember {
     changed: Arc<tokio::sync::watch::Sender<u64>>,
     mover: Arc<mover::Mover>,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The data sets last listed: a list that fails reports these, so that a passing error
+    /// does not make a copy vanish (and a reader there ask for another).
+    held: Mutex<Vec<orrery_api::data::HeldDataSet>>,
 }
 
 impl std::fmt::Debug for KubeMember {
@@ -283,6 +286,7 @@ impl KubeMember {
             enablements: Mutex::new(None),
             changed,
             tasks: Mutex::new(Vec::new()),
+            held: Mutex::new(Vec::new()),
         }
     }
 
@@ -294,9 +298,10 @@ impl KubeMember {
     ) -> Result<(), BackendError> {
         let mut next: Option<String> = None;
         loop {
+            let sep = if path.contains('?') { '&' } else { '?' };
             let uri = match &next {
-                Some(c) => format!("{path}?limit={PAGE}&continue={c}"),
-                None => format!("{path}?limit={PAGE}"),
+                Some(c) => format!("{path}{sep}limit={PAGE}&continue={c}"),
+                None => format!("{path}{sep}limit={PAGE}"),
             };
             let req = http::Request::get(uri)
                 .body(Vec::new())
@@ -489,6 +494,53 @@ impl KubeMember {
         }
     }
 
+    /// The copies of data sets the member holds of its own: its bound claims labelled
+    /// `orrery.io/dataset` that Orrery did not make, their capacity as their size.
+    async fn data_sets(&self) -> Vec<orrery_api::data::HeldDataSet> {
+        let mut out = Vec::new();
+        let path = format!(
+            "/api/v1/persistentvolumeclaims?labelSelector={}",
+            orrery_api::data::DATASET_LABEL.replace('/', "%2F")
+        );
+        let listed = self
+            .each_page(&path, |c: MiniClaim| {
+                let Some(set) = c.metadata.labels.get(orrery_api::data::DATASET_LABEL) else {
+                    return;
+                };
+                // Orrery's own copies are known to it.
+                if c.status.phase != "Bound"
+                    || c.metadata
+                        .labels
+                        .contains_key(orrery_api::work::MANAGED_LABEL)
+                {
+                    return;
+                }
+                out.push(orrery_api::data::HeldDataSet {
+                    namespace: c.metadata.namespace,
+                    name: set.clone(),
+                    claim: c.metadata.name,
+                    bytes: c.status.capacity.get("storage").map_or(0, |q| {
+                        i64::try_from(quantity_of(q).value()).unwrap_or(i64::MAX)
+                    }),
+                    data_version: c
+                        .metadata
+                        .annotations
+                        .get(orrery_api::data::DATA_VERSION_ANNOTATION)
+                        .and_then(|v| v.parse().ok())
+                        .unwrap_or(0),
+                });
+            })
+            .await;
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = listed {
+            tracing::warn!(error = %e, "listing the claims labelled orrery.io/dataset failed; reporting the last list");
+            return held.clone();
+        }
+        out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        *held = out.clone();
+        out
+    }
+
     /// The member's StorageClasses, the default one (annotated
     /// `storageclass.kubernetes.io/is-default-class`) first.
     async fn storage_classes(&self) -> Vec<String> {
@@ -513,6 +565,35 @@ impl KubeMember {
         classes.sort();
         classes.into_iter().map(|(_, n)| n).collect()
     }
+}
+
+/// A claim: where it is, what it holds and how big it is.
+#[derive(Debug, serde::Deserialize)]
+struct MiniClaim {
+    #[serde(default)]
+    metadata: ClaimMeta,
+    #[serde(default)]
+    status: ClaimStatus,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct ClaimMeta {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    namespace: String,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct ClaimStatus {
+    #[serde(default)]
+    phase: String,
+    #[serde(default)]
+    capacity: BTreeMap<String, Value>,
 }
 
 /// A StorageClass: its name and annotations.
@@ -787,6 +868,7 @@ impl Backend for KubeMember {
             network: None,
             properties: with_gpu_facts(self.properties().await, &gpu_models),
             storage_classes: self.storage_classes().await,
+            data_sets: self.data_sets().await,
         })
     }
 

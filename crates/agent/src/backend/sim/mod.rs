@@ -68,6 +68,9 @@ pub struct SimSpec {
     pub egress_per_gib: Option<f64>,
     /// Bytes of its cache tier for copies of data sets (`cache.orrery.io/capacity`).
     pub cache: Option<Quantity>,
+    /// What the paths to other clusters carry, bytes per second, where they are slower than
+    /// both uplinks (`path.<cluster>=`).
+    pub paths: BTreeMap<String, i64>,
 }
 
 /// The default data uplink: 1 Gbit/s.
@@ -92,6 +95,7 @@ impl Default for SimSpec {
             gpu_performance: None,
             egress_per_gib: None,
             cache: None,
+            paths: BTreeMap::new(),
         }
     }
 }
@@ -117,7 +121,8 @@ impl FromStr for SimSpec {
     /// `nodes=8,cpu=32,memory=128Gi,gpu=0,pods=110,load=0.3,profile=flat` (any subset; also
     /// `period=`, `start=` and `job=` durations, `bandwidth=` a quantity of bytes per second,
     /// `storageclasses=` names separated by `:`, the default first, `gpuModel=`, `gpuPerf=` a
-    /// factor against the reference GPU, and `egressPerGiB=` a price).
+    /// factor against the reference GPU, `egressPerGiB=` a price, `cache=` a quantity of
+    /// bytes, and `path.<cluster>=` what the path to that cluster carries, bytes per second).
     fn from_str(s: &str) -> Result<Self, String> {
         let mut spec = SimSpec::default();
         for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -224,9 +229,20 @@ impl FromStr for SimSpec {
                         spec.egress_per_gib = Some(f);
                     }
                 }
+                _ if k.starts_with("path.") => {
+                    let peer = &k["path.".len()..];
+                    if let Some(m) = orrery_api::validation::is_dns1123_subdomain(peer).first() {
+                        return Err(bad(&format!("the cluster name: {m}")));
+                    }
+                    let q: Quantity = v.parse().map_err(|e| bad(&format!("{e}")))?;
+                    if q.value() < 1 {
+                        return Err(bad("must be at least 1 byte per second"));
+                    }
+                    spec.paths.insert(peer.to_string(), q.value() as i64);
+                }
                 _ => {
                     return Err(format!(
-                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, start, job, bandwidth, storageclasses, gpuModel, gpuPerf, egressPerGiB, cache)"
+                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, start, job, bandwidth, storageclasses, gpuModel, gpuPerf, egressPerGiB, cache, path.<cluster>)"
                     ));
                 }
             }
@@ -1126,6 +1142,46 @@ fn workload_volumes(
     out
 }
 
+/// The claims in the member labelled `orrery.io/dataset` (namespace, claim, data set), and
+/// whether Orrery made them.
+fn data_set_claims(
+    objects: &BTreeMap<Key, SimObject>,
+) -> impl Iterator<Item = (&str, &str, &str, bool)> {
+    objects.iter().filter_map(|(key, o)| {
+        if key.1 != "PersistentVolumeClaim" || !key.0.is_empty() {
+            return None;
+        }
+        let set = o
+            .manifest
+            .pointer("/metadata/labels")?
+            .get(orrery_api::data::DATASET_LABEL)?
+            .as_str()?;
+        Some((key.2.as_str(), key.3.as_str(), set, is_managed(&o.manifest)))
+    })
+}
+
+/// The copies of data sets the member holds of its own: its claims labelled
+/// `orrery.io/dataset` that Orrery did not make, with data in.
+fn held_data_sets(st: &State) -> Vec<orrery_api::data::HeldDataSet> {
+    let mut out = Vec::new();
+    // Orrery's own copies are known to it; the member reports those it holds of its own.
+    for (ns, claim, set, managed) in data_set_claims(&st.objects) {
+        if managed {
+            continue;
+        }
+        if let Some(v) = st.data.volume(ns, claim).filter(|v| v.version > 0) {
+            out.push(orrery_api::data::HeldDataSet {
+                namespace: ns.to_string(),
+                name: set.to_string(),
+                claim: claim.to_string(),
+                bytes: v.used as i64,
+                data_version: v.version,
+            });
+        }
+    }
+    out
+}
+
 /// The simulated round-trip latency between two clusters, milliseconds: 2 within a region,
 /// 30 to 150 (stable per pair) between regions.
 pub fn region_latency(a: &str, region_a: &str, b: &str, region_b: &str) -> f64 {
@@ -1436,7 +1492,9 @@ fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
                     .objects
                     .get(&p.owner)
                     .and_then(|o| o.shape.as_ref())
-                    .and_then(|shape| volume_block(shape, p, &st.data, &st.storage_classes))
+                    .and_then(|shape| {
+                        volume_block(shape, p, &st.data, &st.storage_classes, &st.objects)
+                    })
                 {
                     blocked.entry(p.owner.clone()).or_insert(why);
                     busy = true;
@@ -1552,6 +1610,7 @@ fn volume_block(
     p: &Pod,
     data: &data::DataPlane,
     classes: &[String],
+    objects: &BTreeMap<Key, SimObject>,
 ) -> Option<String> {
     for c in &shape.claims {
         if !c.storage_class.is_empty() && !classes.contains(&c.storage_class) {
@@ -1569,11 +1628,12 @@ fn volume_block(
     }
     for set in &shape.datasets {
         let claim = orrery_api::data::claim_name(set);
-        // A copy being filled for the first time has no data version yet.
-        if data
-            .volume(&p.owner.2, &claim)
-            .is_none_or(|v| v.version == 0)
-        {
+        // A copy being filled for the first time has no data version yet; a claim of the
+        // member's own labelled with the data set holds it too.
+        let has = |name: &str| data.volume(&p.owner.2, name).is_some_and(|v| v.version > 0);
+        let own = data_set_claims(objects)
+            .any(|(ns, c, s, managed)| !managed && ns == p.owner.2 && s == set && has(c));
+        if !has(&claim) && !own {
             return Some(format!(
                 "waiting for data set {set:?}: its copy (persistentvolumeclaim {claim:?}) is not in this cluster yet"
             ));
@@ -1919,10 +1979,12 @@ impl Backend for SimCluster {
                 ingress_bytes_per_second: running * 12_000.0 * factor,
                 egress_bytes_per_second: running * 8_000.0 * factor,
                 bandwidth_bytes_per_second: Some(self.spec.bandwidth),
+                path_bandwidth_bytes_per_second: self.spec.paths.clone(),
                 ..Default::default()
             }),
             properties,
             storage_classes: st.storage_classes.clone(),
+            data_sets: held_data_sets(&st),
         })
     }
 
@@ -2038,6 +2100,9 @@ mod tests {
             spec("profile=diurnal,period=60s").period,
             Duration::from_secs(60)
         );
+        let paths = spec("bandwidth=1Gi,path.archive=20Mi,path.w-2=100Mi").paths;
+        assert_eq!(paths["archive"], 20 << 20);
+        assert_eq!(paths["w-2"], 100 << 20);
         for bad in [
             "nodes=0",
             "cpu=-1",
@@ -2047,6 +2112,8 @@ mod tests {
             "nodes",
             "memory=lots",
             "start=5 years",
+            "path.Bad_Name=1Gi",
+            "path.archive=0",
         ] {
             assert!(bad.parse::<SimSpec>().is_err(), "{bad}");
         }

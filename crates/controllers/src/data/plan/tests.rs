@@ -13,6 +13,7 @@ fn cluster(region: &str, bandwidth: i64, cache: i64) -> Cluster {
         bandwidth,
         cache_bytes: cache,
         tier: Tier::Warm,
+        ..Default::default()
     }
 }
 
@@ -569,4 +570,122 @@ fn a_round_whose_writes_were_lost_is_taken_up_again() {
     w.step();
     let c = w.copy("tokens", "fast").unwrap();
     assert!(c.present && c.data_version == t.data_version);
+}
+
+#[test]
+fn a_copy_a_member_reports_of_its_own_is_read_and_copied_from_but_never_touched() {
+    let mut lab = cluster("east", 1000 * MIB, 0);
+    lab.held = vec![orrery_api::data::HeldDataSet {
+        namespace: "ml".into(),
+        name: "corpus".into(),
+        claim: "corpus-v3".into(),
+        bytes: 8 * GIB,
+        data_version: 3,
+    }];
+    let mut w = World::new(&[("lab", lab), ("fast", cluster("west", 500 * MIB, 20 * GIB))]);
+    // Named by no location: only the member's report says where it is.
+    w.set("corpus", 8 * GIB, &[]);
+    w.versions.insert("lab".into(), 3);
+    w.step();
+    let c = w.copy("corpus", "lab").unwrap();
+    assert_eq!(c.role, CopyRole::Reported);
+    assert!(c.present);
+    assert_eq!((c.bytes, c.data_version), (8 * GIB, 3));
+    // Its claim is the member's: no Work while nothing is copied from it.
+    assert!(w.works.is_empty(), "{:?}", w.works);
+
+    // A reader there needs no copy.
+    w.read("corpus", "Job/scan", "lab");
+    w.step();
+    assert!(w.transfers.is_empty());
+
+    // A reader elsewhere gets one, from the member's own claim, and is refreshed from nothing
+    // newer (the member's version is the newest).
+    w.read("corpus", "Job/train", "fast");
+    w.run(2);
+    let send = &w.works[&("lab".into(), "ml".into(), "corpus".into())];
+    assert!(
+        send.workload.manifests.is_empty(),
+        "the member's claim is not Orrery's"
+    );
+    assert_eq!(send.transfers[0].role, TransferRole::Send);
+    assert_eq!(send.transfers[0].volumes[0].name, "corpus-v3");
+    w.run(4);
+    let t = &w.transfers_into("fast")[0];
+    assert_eq!(t.status.phase, TransferPhase::Succeeded);
+    assert_eq!(t.status.source, "lab");
+    let fast = w.copy("corpus", "fast").unwrap();
+    assert!(fast.present && fast.role == CopyRole::Cache && fast.data_version == 3);
+    assert_eq!(w.transfers_into("fast").len(), 1);
+    // Its Work keeps the Send of the copy taken from it (the base of the next round's
+    // changes), and never a manifest.
+    w.step();
+    let send = &w.works[&("lab".into(), "ml".into(), "corpus".into())];
+    assert!(send.workload.manifests.is_empty());
+    assert_eq!(send.transfers.len(), 1);
+
+    // A cluster that stops reporting it no longer holds a copy.
+    w.clusters.get_mut("lab").unwrap().held.clear();
+    w.step();
+    assert!(w.copy("corpus", "lab").is_none());
+    assert!(w.copy("corpus", "fast").is_some_and(|c| c.present));
+}
+
+#[test]
+fn a_copy_goes_through_a_relay_when_the_direct_path_is_slow() {
+    // The path from `home` to `far` carries 100 MiB/s of their 1000 MiB/s uplinks.
+    let mut far = cluster("west", 1000 * MIB, 0);
+    far.paths.insert("home".into(), 100 * MIB);
+    let clusters = [
+        ("home", cluster("east", 1000 * MIB, 0)),
+        ("far", far),
+        ("mid", cluster("central", 1000 * MIB, 0)),
+    ];
+    // With nowhere to hold a copy in between, it goes straight, booked at what the path
+    // carries, not what the uplinks have free.
+    let mut w = World::new(&clusters);
+    w.set("tokens", 10 * GIB, &["home"]);
+    w.read("tokens", "Job/train", "far");
+    w.run(2);
+    let t = &w.transfers_into("far")[0];
+    assert_eq!(t.status.source, "home");
+    assert_eq!(t.status.rate, 100 * MIB);
+    assert_eq!(t.status.path, vec!["home".to_string(), "far".to_string()]);
+
+    // `mid` has a cache tier: the copy goes there first, then on to `far`.
+    let mut clusters = clusters.clone();
+    clusters[2].1.cache_bytes = 20 * GIB;
+    let mut w = World::new(&clusters);
+    w.set("tokens", 10 * GIB, &["home"]);
+    w.read("tokens", "Job/train", "far");
+    w.run(2);
+    let to_far = &w.transfers_into("far")[0];
+    assert_eq!(to_far.status.phase, TransferPhase::Queued);
+    assert!(
+        to_far
+            .status
+            .message
+            .contains("arriving at mid, to relay it"),
+        "{}",
+        to_far.status.message
+    );
+    let to_mid = &w.transfers_into("mid")[0];
+    assert_eq!(to_mid.spec.reason, "relay: on to far");
+    w.run(16);
+    let to_mid = &w.transfers_into("mid")[0];
+    assert_eq!(to_mid.status.phase, TransferPhase::Succeeded);
+    assert_eq!(to_mid.status.source, "home");
+    let to_far = &w.transfers_into("far")[0];
+    assert_eq!(to_far.status.phase, TransferPhase::Succeeded);
+    assert_eq!(to_far.status.source, "mid");
+    assert_eq!(to_far.status.rate, 1000 * MIB);
+    assert_eq!(
+        to_far.status.path,
+        vec!["home".to_string(), "mid".to_string(), "far".to_string()]
+    );
+    assert!(w.copy("tokens", "far").is_some_and(|c| c.present));
+    // Nothing more is copied once it is in: two transfers, no more.
+    let out = w.step();
+    assert!(out.create.is_empty());
+    assert_eq!(w.transfers.len(), 2, "{:#?}", w.transfers);
 }
