@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 mod api;
 mod dro;
+mod forecast;
 mod inproc;
 mod members;
 mod propagation;
@@ -239,6 +240,19 @@ enum Command {
         #[arg(long, default_value_t = 500)]
         jobs: usize,
     },
+    /// Forecasts of simulated members' load (diurnal, with a trend, spikes, flat with noise):
+    /// MASE, sMAPE and interval coverage of the model Orrery chooses, against naive and
+    /// seasonal naive, 1 and 6 hours ahead.
+    ForecastAccuracy {
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Days of history before the first forecast.
+        #[arg(long, default_value_t = 14)]
+        history: usize,
+        /// Days forecast, from an origin each hour.
+        #[arg(long, default_value_t = 3)]
+        test: usize,
+    },
     /// Scheduling quality: five strategies on one trace over a simulated fleet.
     SchedulerQuality {
         #[arg(long, default_value_t = 1)]
@@ -436,6 +450,15 @@ fn main() -> anyhow::Result<()> {
                 .await
             }
             Command::Stci { seed, jobs } => stci::stci(stci::StciArgs { seed, jobs }),
+            Command::ForecastAccuracy {
+                seed,
+                history,
+                test,
+            } => forecast::forecast_accuracy(forecast::ForecastArgs {
+                seed,
+                history,
+                test,
+            }),
             Command::SchedulerQuality {
                 seed,
                 clusters,

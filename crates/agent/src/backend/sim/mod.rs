@@ -52,6 +52,10 @@ pub struct SimSpec {
     pub profile: Profile,
     /// The period of the diurnal profile (and the spike cycle).
     pub period: Duration,
+    /// How much the load grows each period, a share of the base load (`trend=`).
+    pub trend: f64,
+    /// The standard deviation of the load's noise, a share of the base load (`noise=`).
+    pub noise: f64,
     /// How long a scheduled pod takes to become Running.
     pub start_delay: Duration,
     /// How long a Job's pod runs before it succeeds.
@@ -87,6 +91,8 @@ impl Default for SimSpec {
             load: 0.3,
             profile: Profile::Flat,
             period: Duration::from_secs(24 * 3600),
+            trend: 0.0,
+            noise: 0.0,
             start_delay: Duration::from_millis(500),
             job_duration: Duration::from_secs(5),
             bandwidth: DEFAULT_BANDWIDTH,
@@ -119,7 +125,8 @@ impl FromStr for SimSpec {
     type Err = String;
 
     /// `nodes=8,cpu=32,memory=128Gi,gpu=0,pods=110,load=0.3,profile=flat` (any subset; also
-    /// `period=`, `start=` and `job=` durations, `bandwidth=` a quantity of bytes per second,
+    /// `period=`, `start=` and `job=` durations, `trend=` and `noise=` shares of the base
+    /// load, `bandwidth=` a quantity of bytes per second,
     /// `storageclasses=` names separated by `:`, the default first, `gpuModel=`, `gpuPerf=` a
     /// factor against the reference GPU, `egressPerGiB=` a price, `cache=` a quantity of
     /// bytes, and `path.<cluster>=` what the path to that cluster carries, bytes per second).
@@ -175,6 +182,26 @@ impl FromStr for SimSpec {
                     }
                 }
                 "period" => spec.period = parse_duration(v)?.max(Duration::from_secs(1)),
+                "trend" | "noise" => {
+                    let f: f64 = v
+                        .parse()
+                        .ok()
+                        .filter(|f: &f64| f.is_finite())
+                        .ok_or_else(|| bad("a number"))?;
+                    if k == "trend" {
+                        if !(-1.0..=1.0).contains(&f) {
+                            return Err(bad(
+                                "between -1 and 1 (a share of the base load per period)",
+                            ));
+                        }
+                        spec.trend = f;
+                    } else {
+                        if !(0.0..=1.0).contains(&f) {
+                            return Err(bad("between 0 and 1"));
+                        }
+                        spec.noise = f;
+                    }
+                }
                 "start" => spec.start_delay = parse_duration(v)?,
                 "job" => spec.job_duration = parse_duration(v)?,
                 "cache" => {
@@ -242,7 +269,7 @@ impl FromStr for SimSpec {
                 }
                 _ => {
                     return Err(format!(
-                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, start, job, bandwidth, storageclasses, gpuModel, gpuPerf, egressPerGiB, cache, path.<cluster>)"
+                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, trend, noise, start, job, bandwidth, storageclasses, gpuModel, gpuPerf, egressPerGiB, cache, path.<cluster>)"
                     ));
                 }
             }
@@ -773,18 +800,7 @@ impl SimCluster {
 
     /// The multiplier of the base load at `elapsed` (1.0 for flat).
     fn profile_factor(&self, elapsed: Duration) -> f64 {
-        let t = elapsed.as_secs_f64();
-        let period = self.spec.period.as_secs_f64();
-        match self.spec.profile {
-            Profile::Flat => 1.0,
-            Profile::Diurnal => 1.0 + 0.6 * (2.0 * std::f64::consts::PI * t / period).sin(),
-            Profile::Spikes => {
-                // 24 windows per period; about one in seven spikes, chosen by the seed.
-                let window = (t / (period / 24.0)) as u64;
-                let h = hash_value(&json!([self.seed, window]));
-                if h.is_multiple_of(7) { 2.5 } else { 1.0 }
-            }
-        }
+        profile_factor(&self.spec, self.seed, elapsed)
     }
 
     /// Applies the current faults and moves pods along; returns whether anything changed.
@@ -1180,6 +1196,38 @@ fn held_data_sets(st: &State) -> Vec<orrery_api::data::HeldDataSet> {
         }
     }
     out
+}
+
+/// The multiplier of a simulation's base load `elapsed` into it: its profile (flat; diurnal,
+/// a sine of ±60 % over the period; spikes, 2.5× in about one of 24 windows a period), plus
+/// its trend (a share of the base load per period, added as time goes) and its noise (a
+/// normal deviate per 1/96 of the period, times `noise`), both fixed by `seed`. Never below 0.
+pub fn profile_factor(spec: &SimSpec, seed: u64, elapsed: Duration) -> f64 {
+    let t = elapsed.as_secs_f64();
+    let period = spec.period.as_secs_f64();
+    let shape = match spec.profile {
+        Profile::Flat => 1.0,
+        Profile::Diurnal => 1.0 + 0.6 * (2.0 * std::f64::consts::PI * t / period).sin(),
+        Profile::Spikes => {
+            // 24 windows per period; about one in seven spikes, chosen by the seed.
+            let window = (t / (period / 24.0)) as u64;
+            let h = hash_value(&json!([seed, window]));
+            if h.is_multiple_of(7) { 2.5 } else { 1.0 }
+        }
+    };
+    let trend = spec.trend * t / period;
+    let noise = if spec.noise > 0.0 {
+        // Box-Muller over two uniforms drawn from the seed and the window.
+        let window = (t / (period / 96.0)) as u64;
+        let uniform = |k: u64| {
+            ((hash_value(&json!([seed, window, k])) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        let (u, v) = (uniform(0), uniform(1));
+        spec.noise * (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    } else {
+        0.0
+    };
+    (shape + trend + noise).max(0.0)
 }
 
 /// The simulated round-trip latency between two clusters, milliseconds: 2 within a region,
@@ -2687,5 +2735,25 @@ mod tests {
             .map(|w| s.profile_factor(Duration::from_secs(w * 10)))
             .collect();
         assert!(factors.iter().any(|f| *f > 1.0) && factors.contains(&1.0));
+        // A trend adds its share each period; noise is the same for the same seed and time.
+        let t = spec("profile=flat,period=100s,trend=0.2");
+        assert!((profile_factor(&t, 1, Duration::from_secs(250)) - 1.5).abs() < 1e-9);
+        let n = spec("profile=diurnal,period=100s,noise=0.1");
+        let at = |seed, s| profile_factor(&n, seed, Duration::from_secs(s));
+        assert_eq!(at(7, 33), at(7, 33));
+        let spread: Vec<f64> = (0..96)
+            .map(|w| {
+                at(7, w)
+                    - profile_factor(
+                        &spec("profile=diurnal,period=100s"),
+                        7,
+                        Duration::from_secs(w),
+                    )
+            })
+            .collect();
+        assert!(spread.iter().any(|d| d.abs() > 0.01), "{spread:?}");
+        for bad in ["trend=2", "noise=-0.1", "noise=lots"] {
+            assert!(bad.parse::<SimSpec>().is_err(), "{bad}");
+        }
     }
 }
