@@ -169,6 +169,10 @@ pub struct DataSetStatus {
     /// The DataTransfers of this data set not finished yet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub transfers: Vec<String>,
+    /// The last copy round into each cluster, kept when its copy goes: a copy made there
+    /// again goes on from it, so a member never takes a new round for one it finished.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub rounds: std::collections::BTreeMap<String, u32>,
 }
 
 impl DataSetStatus {

@@ -252,6 +252,13 @@ pub fn step(i: &Input<'_>) -> Output {
             finish(i, t, st, &mut out);
         }
     }
+    // Every transfer's name: a new one takes a name no other has (two data sets' names and
+    // destinations can run together: `a-b` to `c`, `a` to `b-c`).
+    let mut names: BTreeSet<NKey> = i
+        .transfers
+        .iter()
+        .map(|t| (t.namespace.clone(), t.name.clone()))
+        .collect();
     let mut states: Vec<SetState> = Vec::new();
     for set in i.sets {
         let k = (set.namespace.clone(), set.name.clone());
@@ -261,11 +268,19 @@ pub fn step(i: &Input<'_>) -> Output {
             let st = s.advance(i, t, &mut links);
             finish(i, t, st, &mut out);
         }
-        s.ask(i, &transfers, &mut out);
+        s.ask(i, &transfers, &mut names, &mut out);
         states.push(s);
     }
     evict(i, &mut states);
-    for s in states {
+    for mut s in states {
+        let SetState { status, .. } = &mut s;
+        status.rounds.retain(|c, _| i.clusters.contains_key(c));
+        for c in &status.copies {
+            if c.round > 0 {
+                let r = status.rounds.entry(c.cluster.clone()).or_default();
+                *r = (*r).max(c.round);
+            }
+        }
         s.works(i, &mut out);
         out.statuses
             .insert((s.set.namespace.clone(), s.set.name.clone()), s.status);
@@ -309,7 +324,7 @@ impl<'a> SetState<'a> {
         // Authoritative copies are the spec's; a cache where one is now named becomes it.
         st.copies.retain(|c| {
             i.clusters.contains_key(&c.cluster)
-                && (c.role == CopyRole::Cache
+                && (c.role != CopyRole::Authoritative
                     || set.spec.locations.iter().any(|l| l.cluster == c.cluster))
         });
         for l in &set.spec.locations {
@@ -460,16 +475,31 @@ impl<'a> SetState<'a> {
         i.clusters.get(c).is_some_and(|c| c.serving)
     }
 
-    /// The copy a transfer to `dest` should come from: a readable copy in a serving cluster,
-    /// in the destination's region first, then over the fastest link.
+    /// The copy a transfer to `dest` should come from: a readable copy of the newest data in
+    /// a serving cluster, in the destination's region first, then over the fastest link. (A
+    /// cache behind the newest is no source: two stale caches would refresh each other for
+    /// ever.)
     fn source_for(&self, i: &Input<'_>, dest: &str, wanted: &str) -> Option<String> {
         let region = Self::region(i, dest);
         let bw = |c: &str| path(i.clusters, c, dest);
+        let readable = |c: &&DataCopy| {
+            c.present
+                && c.cluster != dest
+                && Self::serving(i, &c.cluster)
+                && (wanted.is_empty() || c.cluster == wanted)
+        };
+        let newest = self
+            .status
+            .copies
+            .iter()
+            .filter(readable)
+            .map(|c| c.data_version)
+            .max()?;
         self.status
             .copies
             .iter()
-            .filter(|c| c.present && c.cluster != dest && Self::serving(i, &c.cluster))
-            .filter(|c| wanted.is_empty() || c.cluster == wanted)
+            .filter(readable)
+            .filter(|c| c.data_version >= newest)
             .min_by_key(|c| {
                 (
                     Self::region(i, &c.cluster) != region,
@@ -552,7 +582,13 @@ impl<'a> SetState<'a> {
                     st.completion_time = Some(i.now);
                     return st;
                 }
-                let Some(source) = self.source_for(i, &dest, &t.spec.source) else {
+                // One copy into a cluster at a time (a user's DataTransfer may ask for one
+                // that is under way already).
+                if self.filling.contains(&dest) {
+                    st.message = format!("waiting for the copy under way into {dest}");
+                    return st;
+                }
+                let Some(mut source) = self.source_for(i, &dest, &t.spec.source) else {
                     st.message = if t.spec.source.is_empty() {
                         "waiting for a serving cluster holding a copy".into()
                     } else {
@@ -580,11 +616,34 @@ impl<'a> SetState<'a> {
                     && !t.spec.reason.starts_with(RELAY_REASON)
                     && let Some(relay) = self.relay_for(i, &source, &dest)
                 {
-                    st.message = format!(
-                        "waiting for the copy arriving at {relay}, to relay it: the path from {source} carries {} MiB/s",
-                        path(i.clusters, &source, &dest) >> 20
-                    );
-                    self.relays.entry(relay).or_insert(dest.clone());
+                    let relayed = self.status.copy(&relay).is_some_and(|c| {
+                        c.present
+                            && Self::serving(i, &relay)
+                            && self
+                                .status
+                                .copy(&source)
+                                .is_some_and(|s| c.data_version >= s.data_version)
+                    });
+                    if relayed {
+                        // In already (the source ranked first by region, not by speed).
+                        source = relay;
+                    } else {
+                        st.message = format!(
+                            "waiting for the copy arriving at {relay}, to relay it: the path from {source} carries {} MiB/s",
+                            path(i.clusters, &source, &dest) >> 20
+                        );
+                        self.relays.entry(relay).or_insert(dest.clone());
+                        return st;
+                    }
+                }
+                // A refresh of a copy holding what the source holds has nothing to copy.
+                if let (Some(c), Some(s)) = (copy.as_ref(), self.status.copy(&source))
+                    && c.present
+                    && c.data_version >= s.data_version
+                {
+                    st.phase = TransferPhase::Succeeded;
+                    st.message = format!("{dest} holds version {} already", c.data_version);
+                    st.completion_time = Some(i.now);
                     return st;
                 }
                 self.arriving.entry(region).or_insert(dest.clone());
@@ -598,16 +657,17 @@ impl<'a> SetState<'a> {
                     return st;
                 }
                 links.book(&source, &dest, free);
+                let last = self.status.rounds.get(&dest).copied().unwrap_or(0);
                 let (round, base) = match &copy {
                     Some(c) => (
-                        c.round + 1,
+                        c.round.max(last) + 1,
                         if c.present && c.source == source {
                             c.data_version
                         } else {
                             0
                         },
                     ),
-                    None => (1, 0),
+                    None => (last + 1, 0),
                 };
                 match self.status.copies.iter_mut().find(|c| c.cluster == dest) {
                     Some(c) => c.source = source.clone(),
@@ -639,6 +699,31 @@ impl<'a> SetState<'a> {
                 st.message = format!("{source} takes a snapshot");
                 self.sending.insert(dest.clone(), round);
                 self.filling.insert(dest);
+            }
+            TransferPhase::Snapshot | TransferPhase::Copying
+                if !self.status.copy(&st.source).is_some_and(|c| c.present) =>
+            {
+                let message = format!("the copy at {} it was taken from is gone", st.source);
+                fail(&mut st, message);
+            }
+            TransferPhase::Snapshot | TransferPhase::Copying
+                if self
+                    .status
+                    .copy(&dest)
+                    .is_some_and(|c| c.role != CopyRole::Cache) =>
+            {
+                st.phase = TransferPhase::Succeeded;
+                st.message = format!("{dest} holds a copy of its own");
+                st.completion_time = Some(i.now);
+                st.rate = 0;
+            }
+            TransferPhase::Snapshot | TransferPhase::Copying
+                if self
+                    .status
+                    .copy(&dest)
+                    .is_some_and(|c| c.role == CopyRole::Cache && c.round > st.round) =>
+            {
+                fail(&mut st, format!("a later round into {dest} replaced it"));
             }
             TransferPhase::Snapshot => {
                 self.sending.insert(dest.clone(), st.round);
@@ -768,14 +853,19 @@ impl<'a> SetState<'a> {
 
     /// Transfers the data set needs and has not got: its readers' inputs, refreshes of caches
     /// behind their source, and a cache copy in a region that reads it often.
-    fn ask(&mut self, i: &Input<'_>, transfers: &[&Xfer], out: &mut Output) {
+    fn ask(
+        &mut self,
+        i: &Input<'_>,
+        transfers: &[&Xfer],
+        names: &mut BTreeSet<NKey>,
+        out: &mut Output,
+    ) {
         let ns = self.set.namespace.clone();
         let open: BTreeSet<&str> = transfers
             .iter()
             .filter(|t| out_pending(out, t))
             .map(|t| t.spec.destination.as_str())
             .collect();
-        let existing: BTreeSet<&str> = transfers.iter().map(|t| t.name.as_str()).collect();
         let mut wanted: Vec<(String, String)> = Vec::new();
         for r in &self.status.readers {
             let has = self
@@ -786,12 +876,13 @@ impl<'a> SetState<'a> {
                 wanted.push((r.cluster.clone(), r.workload.clone()));
             }
         }
-        // The newest data is the authoritative copies' (and those members hold of their own).
+        // The newest data is the authoritative copies' (and those members hold of their own)
+        // that can be read now: a cache is not refreshed towards a copy no transfer can reach.
         let newest = self
             .status
             .copies
             .iter()
-            .filter(|c| c.role != CopyRole::Cache)
+            .filter(|c| c.role != CopyRole::Cache && c.present && Self::serving(i, &c.cluster))
             .map(|c| c.data_version)
             .max()
             .unwrap_or(0);
@@ -855,10 +946,11 @@ impl<'a> SetState<'a> {
             if failed {
                 continue;
             }
-            let mut n = self.status.copy(&dest).map_or(0, |c| c.round) + 1;
+            let last = self.status.rounds.get(&dest).copied().unwrap_or(0);
+            let mut n = self.status.copy(&dest).map_or(0, |c| c.round).max(last) + 1;
             let name = loop {
                 let name = transfer_name(&self.set.name, &dest, n);
-                if !existing.contains(name.as_str()) {
+                if names.insert((ns.clone(), name.clone())) {
                     break name;
                 }
                 n += 1;

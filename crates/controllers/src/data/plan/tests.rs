@@ -181,7 +181,13 @@ impl World {
                         complete: true,
                         volumes: vec![TransferVolumeStatus {
                             name: t.volumes[0].name.clone(),
-                            data_version: self.versions.get(cluster).copied().unwrap_or(1),
+                            // A cache sends the version it holds.
+                            data_version: self.versions.get(cluster).copied().unwrap_or_else(
+                                || {
+                                    let s = self.sets.iter().find(|s| s.name == *set).unwrap();
+                                    s.status.copy(cluster).map_or(1, |c| c.data_version.max(1))
+                                },
+                            ),
                             used_bytes: size,
                             // The first round is all of it, the next what changed.
                             bytes: if t.round == 1 { size } else { size / 10 },
@@ -688,4 +694,193 @@ fn a_copy_goes_through_a_relay_when_the_direct_path_is_slow() {
     let out = w.step();
     assert!(out.create.is_empty());
     assert_eq!(w.transfers.len(), 2, "{:#?}", w.transfers);
+}
+
+#[test]
+fn stale_caches_are_refreshed_from_the_newest_copy_never_from_each_other() {
+    let mut w = World::new(&[
+        ("archive", cluster("east", 1000 * MIB, 0)),
+        ("w1", cluster("west", 1000 * MIB, 100 * GIB)),
+        ("w2", cluster("west", 1000 * MIB, 100 * GIB)),
+    ]);
+    w.set("tokens", 10 * GIB, &["archive"]);
+    w.read("tokens", "Job/a", "w1");
+    w.read("tokens", "Job/b", "w2");
+    w.run(20);
+    assert!(
+        ["w1", "w2"]
+            .iter()
+            .all(|c| w.copy("tokens", c).is_some_and(|c| c.present))
+    );
+    let before = w.transfers.len();
+    // The data changes at the archive: each cache is refreshed once, from a copy of the new
+    // data (the archive, or the other cache once it holds it), never from a stale one.
+    w.versions.insert("archive".into(), 2);
+    w.run(30);
+    let refreshes: Vec<&Xfer> = w
+        .transfers
+        .iter()
+        .filter(|t| t.spec.reason == "refresh")
+        .collect();
+    assert_eq!(refreshes.len(), 2, "{:#?}", w.transfers);
+    assert!(
+        refreshes
+            .iter()
+            .all(|t| t.status.phase == TransferPhase::Succeeded && t.status.data_version == 2),
+        "{refreshes:#?}"
+    );
+    assert_eq!(w.transfers.len(), before + 2);
+    for c in ["w1", "w2"] {
+        assert_eq!(w.copy("tokens", c).unwrap().data_version, 2);
+    }
+    // A newer copy no one can reach is no reason to copy.
+    w.versions.insert("archive".into(), 3);
+    w.clusters.get_mut("archive").unwrap().serving = false;
+    let out = w.step();
+    assert!(out.create.is_empty(), "{:?}", out.create);
+}
+
+#[test]
+fn a_reported_copy_keeps_its_status_from_step_to_step() {
+    let mut lab = cluster("east", 1000 * MIB, 0);
+    lab.held = vec![orrery_api::data::HeldDataSet {
+        namespace: "ml".into(),
+        name: "corpus".into(),
+        claim: "corpus-v3".into(),
+        bytes: 8 * GIB,
+        data_version: 3,
+    }];
+    let mut w = World::new(&[("lab", lab)]);
+    w.set("corpus", 8 * GIB, &[]);
+    w.step();
+    let first = w.status("corpus").clone();
+    w.run(3);
+    // Nothing changed, so nothing is written again (a changing status would be written
+    // every round, and each write would start another).
+    assert_eq!(w.status("corpus"), &first);
+}
+
+#[test]
+fn a_copy_whose_source_goes_fails_and_a_second_copy_into_a_cluster_waits() {
+    let mut lab = cluster("east", 1000 * MIB, 0);
+    lab.held = vec![orrery_api::data::HeldDataSet {
+        namespace: "ml".into(),
+        name: "corpus".into(),
+        claim: "corpus-v3".into(),
+        bytes: 8 * GIB,
+        data_version: 3,
+    }];
+    let mut w = World::new(&[("lab", lab), ("fast", cluster("west", 500 * MIB, 20 * GIB))]);
+    w.set("corpus", 8 * GIB, &[]);
+    w.versions.insert("lab".into(), 3);
+    w.copy_steps = 20;
+    // Two prefetches into one cluster: the second waits for the first.
+    for n in ["p1", "p2"] {
+        w.transfers.push(Xfer {
+            namespace: "ml".into(),
+            name: n.into(),
+            spec: DataTransferSpec {
+                data_set: "corpus".into(),
+                destination: "fast".into(),
+                source: String::new(),
+                reason: "prefetch".into(),
+            },
+            status: Default::default(),
+            created: Some(Time::from_unix_seconds(w.now).unwrap()),
+        });
+    }
+    w.run(3);
+    fn by(w: &World, n: &str) -> DataTransferStatus {
+        w.transfers
+            .iter()
+            .find(|t| t.name == n)
+            .unwrap()
+            .status
+            .clone()
+    }
+    assert_eq!(by(&w, "p1").phase, TransferPhase::Copying);
+    assert_eq!(by(&w, "p2").phase, TransferPhase::Queued);
+    assert!(
+        by(&w, "p2").message.contains("under way into fast"),
+        "{}",
+        by(&w, "p2").message
+    );
+    // The member stops holding it mid-copy: the copy fails, and gives its bandwidth back.
+    w.clusters.get_mut("lab").unwrap().held.clear();
+    w.step();
+    let p1 = by(&w, "p1");
+    assert_eq!(p1.phase, TransferPhase::Failed);
+    assert!(
+        p1.message.contains("lab it was taken from is gone"),
+        "{}",
+        p1.message
+    );
+    assert_eq!(p1.rate, 0);
+}
+
+#[test]
+fn a_relay_in_the_destinations_region_is_used_once_its_copy_is_in() {
+    // `home` and `far` share a region, but the path between them is slow; `mid` is fast to both.
+    let mut far = cluster("west", 1000 * MIB, 0);
+    far.paths.insert("home".into(), 100 * MIB);
+    let mut w = World::new(&[
+        ("home", cluster("west", 1000 * MIB, 0)),
+        ("far", far),
+        ("mid", cluster("central", 1000 * MIB, 20 * GIB)),
+    ]);
+    w.set("tokens", 10 * GIB, &["home"]);
+    w.read("tokens", "Job/train", "far");
+    w.run(24);
+    let to_far = &w.transfers_into("far")[0];
+    assert_eq!(
+        to_far.status.phase,
+        TransferPhase::Succeeded,
+        "{:?}",
+        to_far.status
+    );
+    assert_eq!(to_far.status.source, "mid");
+}
+
+#[test]
+fn transfer_names_never_run_together() {
+    let mut w = World::new(&[
+        ("archive", cluster("east", 1000 * MIB, 0)),
+        ("c", cluster("west", 1000 * MIB, 100 * GIB)),
+        ("b-c", cluster("west", 1000 * MIB, 100 * GIB)),
+    ]);
+    w.set("a-b", GIB, &["archive"]);
+    w.set("a", GIB, &["archive"]);
+    w.read("a-b", "Job/x", "c");
+    w.read("a", "Job/y", "b-c");
+    w.run(2);
+    let mut names: Vec<&str> = w.transfers.iter().map(|t| t.name.as_str()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), 2, "{names:?}");
+}
+
+#[test]
+fn a_copy_made_again_after_eviction_goes_on_from_its_last_round() {
+    let mut w = World::new(&[
+        ("archive", cluster("east", 1000 * MIB, 0)),
+        ("w1", cluster("west", 1000 * MIB, 100 * GIB)),
+    ]);
+    w.set("tokens", 10 * GIB, &["archive"]);
+    w.read("tokens", "Job/a", "w1");
+    w.run(8);
+    assert_eq!(w.copy("tokens", "w1").unwrap().round, 1);
+    assert_eq!(w.status("tokens").rounds["w1"], 1);
+    // The copy is evicted, and its record goes; a reader there needs it again.
+    let s = w.sets.iter_mut().find(|s| s.name == "tokens").unwrap();
+    s.status.copies.retain(|c| c.cluster != "w1");
+    w.now += w.settings.keep_done_seconds;
+    w.run(8);
+    let again = w.transfers_into("w1");
+    assert_eq!(again.len(), 1, "{again:#?}");
+    assert_eq!(again[0].name, "tokens-w1-2");
+    assert_eq!(
+        again[0].status.round, 2,
+        "a member never takes round 1 again"
+    );
+    assert_eq!(again[0].status.base_version, 0, "the whole copy");
 }
