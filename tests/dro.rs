@@ -521,6 +521,146 @@ async fn metrics_events_configs_and_the_monitoring_view() {
     assert_error(code, &v, 403, "FORBIDDEN");
 }
 
+/// The monitoring system forecasts every cluster's water levels and traffic from its history
+/// (a 20-second season here, samples every second), serves them with their intervals and
+/// model, and keeps them through a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forecasts_of_every_cluster_are_served_and_kept_through_a_restart() {
+    let mut s = Server::start_with(&[
+        "--monitoring-interval",
+        "1s",
+        "--forecast-season",
+        "20s",
+        "--forecast-horizon",
+        "10s",
+    ]);
+    let token = s.token("edge");
+    let _a = Agent::start(
+        &s,
+        "edge",
+        &[
+            "--cluster",
+            "edge",
+            "--token",
+            &token,
+            "--simulate",
+            "nodes=2,cpu=8,memory=32Gi,load=0.3,profile=diurnal,period=20s,noise=0.05",
+            "--heartbeat-interval",
+            "1s",
+        ],
+    );
+    eventually(Duration::from_secs(20), "Ready", || {
+        s.cluster_condition("edge", "Ready") == "True"
+    });
+    let c = s.client().await;
+    let mut last = Value::Null;
+    for _ in 0..150 {
+        let (code, v) = call(
+            &c,
+            "GET",
+            "/api/v1/monitor/forecast?cluster=edge",
+            Value::Null,
+        )
+        .await;
+        assert_eq!(code, 200, "{v}");
+        last = v;
+        if last["clusters"][0]["series"]["cpu"]["points"]
+            .as_array()
+            .is_some_and(|p| p.len() == 10)
+            && last["clusters"][0]["series"]["cpu"]["backtestMase"].is_number()
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let edge = &last["clusters"][0];
+    assert_eq!(edge["cluster"], "edge", "{last}");
+    assert_eq!(
+        (edge["stepSeconds"].as_u64(), edge["seasonSeconds"].as_u64()),
+        (Some(1), Some(20)),
+        "{last}"
+    );
+    for name in ["cpu", "memory", "pods", "traffic"] {
+        let series = &edge["series"][name];
+        assert!(
+            ["naive", "seasonal-naive", "ets", "mstl-ets"]
+                .contains(&series["model"].as_str().unwrap_or("")),
+            "{name}: {last}"
+        );
+        for p in series["points"].as_array().unwrap() {
+            let f = |k: &str| p[k].as_f64().unwrap();
+            assert!(
+                f("lower95") <= f("lower80") && f("lower80") <= f("mean"),
+                "{p}"
+            );
+            assert!(
+                f("mean") <= f("upper80") && f("upper80") <= f("upper95"),
+                "{p}"
+            );
+        }
+    }
+    assert!(
+        edge["series"]["cpu"]["backtestMase"].as_f64().is_some(),
+        "{last}"
+    );
+    let first = edge["series"]["cpu"]["points"][0]["time"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        first.as_str() > edge["time"].as_str().unwrap(),
+        "points come after the sample"
+    );
+
+    // A horizon cuts the points; bad parameters and unknown clusters get the draft's errors.
+    let (code, v) = call(
+        &c,
+        "GET",
+        "/api/v1/monitor/forecast?horizon=5s",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(
+        v["clusters"][0]["series"]["cpu"]["points"]
+            .as_array()
+            .unwrap()
+            .len(),
+        5,
+        "{v}"
+    );
+    let (code, v) = call(
+        &c,
+        "GET",
+        "/api/v1/monitor/forecast?horizon=soon",
+        Value::Null,
+    )
+    .await;
+    assert_error(code, &v, 400, "VALIDATION_FAILED");
+    let (code, v) = call(
+        &c,
+        "GET",
+        "/api/v1/monitor/forecast?cluster=nowhere",
+        Value::Null,
+    )
+    .await;
+    assert_error(code, &v, 404, "CLUSTER_NOT_FOUND");
+
+    // Stored: a restarted server serves them before it has sampled anything.
+    s.kill9();
+    s.restart();
+    let c = s.client().await;
+    let (code, v) = call(
+        &c,
+        "GET",
+        "/api/v1/monitor/forecast?cluster=edge",
+        Value::Null,
+    )
+    .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["clusters"][0]["cluster"], "edge", "{v}");
+}
+
 /// 6.2.5, a standalone task (draft 7.1: requirements and priority, no template): placed like
 /// any binding, shown by kubectl, never rendered into Works, ended by DELETE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

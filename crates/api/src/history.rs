@@ -198,6 +198,55 @@ pub mod series {
 
     pub const RAW_PREFIX: &str = "/internal/monitoring/raw/";
     pub const AVERAGE_PREFIX: &str = "/internal/monitoring/5m/";
+    /// Each cluster's latest forecasts, under its name.
+    pub const FORECAST_PREFIX: &str = "/internal/monitoring/forecast/";
+
+    /// The series forecast for each cluster: the water level of each dimension, and traffic.
+    pub const FORECAST_SERIES: &[&str] = &["cpu", "memory", "gpu", "pods", "traffic"];
+
+    /// One step of a forecast: the mean and the bounds of its 80 % and 95 % intervals.
+    #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ForecastPoint {
+        pub mean: f64,
+        pub lower80: f64,
+        pub upper80: f64,
+        pub lower95: f64,
+        pub upper95: f64,
+    }
+
+    /// One series' forecast and how it was made.
+    #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct SeriesForecast {
+        /// `naive`, `seasonal-naive`, `ets` or `mstl-ets`.
+        pub model: String,
+        /// The model's mean absolute scaled error over its backtest (below 1 beats the
+        /// seasonal naive one step ahead); absent while the history is too short.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub backtest_mase: Option<f64>,
+        /// One point per step after the forecast's time.
+        pub points: Vec<ForecastPoint>,
+    }
+
+    /// A cluster's forecasts, made at the sample of `time`, a point every `step_seconds`.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ClusterForecast {
+        pub cluster: String,
+        pub time: Time,
+        pub step_seconds: u64,
+        /// The season the models were given (a day unless `--forecast-season` says).
+        pub season_seconds: u64,
+        /// Samples of history the forecasts were made from.
+        pub history: usize,
+        pub series: BTreeMap<String, SeriesForecast>,
+    }
+
+    /// A cluster's forecast key.
+    pub fn forecast_key(cluster: &str) -> String {
+        format!("{FORECAST_PREFIX}{cluster}")
+    }
 
     /// A record's key under `prefix` for `unix_seconds`.
     pub fn key(prefix: &str, unix_seconds: i64) -> String {

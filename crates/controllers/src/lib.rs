@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 pub mod data;
+pub mod forecasting;
 pub mod health;
 pub mod inventory;
 pub mod lifecycle;
@@ -36,6 +37,7 @@ pub struct Config {
     pub kinds: Option<Arc<dyn propagation::Kinds>>,
     pub scheduler: propagation::scheduling::Settings,
     pub monitoring: monitoring::MonitoringConfig,
+    pub forecast: forecasting::ForecastConfig,
     pub migration: migration::Settings,
     pub data: data::Settings,
     /// Per-controller figures on `/metrics`.
@@ -57,12 +59,24 @@ pub fn spawn(
         )),
         tokio::spawn(inventory::run(store.clone(), shutdown.clone())),
         tokio::spawn(network::run(store.clone(), shutdown.clone())),
-        tokio::spawn(monitoring::run(
-            store.clone(),
-            cfg.monitoring,
-            shutdown.clone(),
-        )),
     ];
+    // The monitoring loop hands its samples to the forecaster, which works apart from it (a
+    // round over a large fleet takes longer than a sampling interval).
+    let (samples, to_forecast) = tokio::sync::mpsc::channel(64);
+    tasks.push(tokio::spawn(forecasting::run(
+        store.clone(),
+        cfg.forecast,
+        cfg.monitoring.interval,
+        cfg.monitoring.average_every,
+        to_forecast,
+        shutdown.clone(),
+    )));
+    tasks.push(tokio::spawn(monitoring::run(
+        store.clone(),
+        cfg.monitoring,
+        Some(samples),
+        shutdown.clone(),
+    )));
     if let Some(kinds) = cfg.kinds {
         tasks.push(tokio::spawn(propagation::detector::run(
             store.clone(),

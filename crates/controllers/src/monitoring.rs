@@ -11,7 +11,7 @@ use orrery_api::cluster::ClusterStatus;
 use orrery_api::history::series::{self, ClusterSample, FleetSample};
 use orrery_api::{Object, Time, keys};
 use orrery_store::{ListOptions, Store, StoreError};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 
 use crate::runtime::reflector::{self as informer, Event};
 
@@ -106,8 +106,15 @@ async fn prune(store: &dyn Store, prefix: &str, keep: Duration) -> Result<usize,
 pub async fn run(
     store: Arc<dyn Store>,
     cfg: MonitoringConfig,
+    forecaster: Option<mpsc::Sender<(FleetSample, bool)>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    // A forecaster that falls behind misses samples rather than holding up the sampling.
+    let hand = |s: &FleetSample, average: bool| {
+        if let Some(f) = &forecaster {
+            let _ = f.try_send((s.clone(), average));
+        }
+    };
     let mut rx = informer::spawn(
         store.clone(),
         keys::well_known::clusters(),
@@ -146,13 +153,15 @@ pub async fn run(
                 if let Err(e) = write(store.as_ref(), series::RAW_PREFIX, &s).await {
                     tracing::warn!(error = %e, "writing a monitoring sample");
                 }
+                hand(&s, false);
                 since_average.push(s);
                 if last_average.elapsed() >= cfg.average_every {
                     last_average = tokio::time::Instant::now();
-                    if let Some(avg) = series::average(&std::mem::take(&mut since_average))
-                        && let Err(e) = write(store.as_ref(), series::AVERAGE_PREFIX, &avg).await
-                    {
-                        tracing::warn!(error = %e, "writing a monitoring average");
+                    if let Some(avg) = series::average(&std::mem::take(&mut since_average)) {
+                        if let Err(e) = write(store.as_ref(), series::AVERAGE_PREFIX, &avg).await {
+                            tracing::warn!(error = %e, "writing a monitoring average");
+                        }
+                        hand(&avg, true);
                     }
                     for (prefix, keep) in [
                         (series::RAW_PREFIX, cfg.raw_retention),
@@ -236,7 +245,7 @@ mod tests {
             average_every: Duration::from_millis(1500),
         };
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(run(store.clone(), cfg, stopped));
+        let task = tokio::spawn(run(store.clone(), cfg, None, stopped));
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while !levels(store.as_ref(), series::AVERAGE_PREFIX)
             .await

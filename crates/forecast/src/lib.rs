@@ -365,7 +365,10 @@ fn backtest(
     let mut count = 0usize;
     let mut ratios = Vec::new();
     for k in (1..=folds.max(1)).rev() {
-        let end = y.len().checked_sub(k * horizon)?;
+        // Folds reaching back before the model's first fit are left out.
+        let Some(end) = y.len().checked_sub(k * horizon) else {
+            continue;
+        };
         if end < model.min_points(season) {
             continue;
         }

@@ -153,6 +153,9 @@ fn bad_histories_are_refused_and_short_ones_get_the_simplest_model() {
         forecast(&[1.0, f64::NAN, 2.0], 3, &s),
         Err(ForecastError::NotFinite)
     ));
+    // Twelve points backtest one fold of ten; three folds do not fit, one does.
+    let f = forecast(&(0..12).map(f64::from).collect::<Vec<_>>(), 10, &s).unwrap();
+    assert!(f.backtest_mase.is_some(), "{f:?}");
     let f = forecast(&[0.2, 0.4], 3, &s).unwrap();
     assert_eq!(f.model, Model::Naive);
     assert_eq!(f.backtest_mase, None);

@@ -82,6 +82,13 @@ pub struct ServerArgs {
     /// 5-minute averages).
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub monitoring_interval: Duration,
+    /// The season of the fleet's load that forecasts look for (a day; shorter for tests and
+    /// demonstrations).
+    #[arg(long, default_value = "24h", value_parser = parse_duration)]
+    pub forecast_season: Duration,
+    /// How far ahead the monitoring system forecasts each cluster's water levels and traffic.
+    #[arg(long, default_value = "6h", value_parser = parse_duration)]
+    pub forecast_horizon: Duration,
     /// How long the SQLite store may wait for more writes to commit with one, while writes
     /// arrive in a steady stream of separate requests (one fsync for several; 0 commits each
     /// at once).
@@ -368,6 +375,11 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
             },
             monitoring: orrery_controllers::monitoring::MonitoringConfig {
                 interval: args.monitoring_interval,
+                ..Default::default()
+            },
+            forecast: orrery_controllers::forecasting::ForecastConfig {
+                season: args.forecast_season,
+                horizon: args.forecast_horizon,
                 ..Default::default()
             },
             migration: orrery_controllers::migration::Settings {

@@ -169,6 +169,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         migration_switch_timeout: Duration::from_secs(60),
         score_weights: None,
         monitoring_interval: Duration::from_secs(15),
+        // The simulated fleet's load cycles every 10 minutes: the forecasts look for that
+        // season, a season ahead.
+        forecast_season: Duration::from_secs(600),
+        forecast_horizon: Duration::from_secs(600),
         commit_delay: orrery_store_sqlite::DEFAULT_COMMIT_DELAY,
     };
     let started = Instant::now();

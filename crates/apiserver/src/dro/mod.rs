@@ -15,6 +15,7 @@ use crate::http::{self as h, Body};
 
 mod bindings;
 mod clusters;
+mod forecast;
 mod forward;
 mod history;
 mod monitor;
@@ -246,7 +247,8 @@ pub async fn serve(
         (_, ["sync", "batch"]) => Err(method_not_allowed("POST")),
         (&Method::GET, ["monitor", "realtime"]) => monitor::realtime(app, who).await,
         (&Method::GET, ["monitor", "history"]) => monitor::series(app, who, query).await,
-        (_, ["monitor", "realtime" | "history"]) => Err(method_not_allowed("GET")),
+        (&Method::GET, ["monitor", "forecast"]) => forecast::forecast(app, who, query).await,
+        (_, ["monitor", "realtime" | "history" | "forecast"]) => Err(method_not_allowed("GET")),
         (&Method::GET, ["history", "schedules"]) => history::schedules(app, who, query).await,
         (&Method::GET, ["history", "failures"]) => monitor::failures(app, who, query).await,
         (_, ["history", "schedules" | "failures"]) => Err(method_not_allowed("GET")),

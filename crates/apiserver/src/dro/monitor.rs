@@ -43,7 +43,7 @@ fn authorize(who: &Identity, cluster: &str) -> Result<(), DroError> {
     }
 }
 
-fn admin_only(who: &Identity) -> Result<(), DroError> {
+pub(super) fn admin_only(who: &Identity) -> Result<(), DroError> {
     match who {
         Identity::Admin { .. } => Ok(()),
         _ => Err(DroError::new(

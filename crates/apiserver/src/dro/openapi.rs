@@ -169,6 +169,14 @@ pub fn document() -> Value {
                     "parameters": monitor_params,
                     "responses": responses(&[("200", ok("Samples", "MonitorHistory")), ("400", error("VALIDATION_FAILED"))])},
             },
+            "/api/v1/monitor/forecast": {
+                "get": {"operationId": "monitorForecast", "summary": "Each cluster's forecast water levels per dimension and traffic, with 80 % and 95 % intervals (3.1, 5.1)",
+                    "parameters": [
+                        {"name": "cluster", "in": "query", "schema": {"type": "string"}, "description": "Only this cluster's forecasts."},
+                        {"name": "horizon", "in": "query", "schema": {"type": "string", "pattern": "^[1-9][0-9]{0,5}[smhd]$"}, "description": "How far ahead: 90s, 30m, 6h, 1d."},
+                    ],
+                    "responses": responses(&[("200", ok("Forecasts", "MonitorForecast")), ("400", error("VALIDATION_FAILED")), ("404", error("CLUSTER_NOT_FOUND"))])},
+            },
             "/api/v1/history/schedules": {
                 "get": {"operationId": "scheduleHistory", "summary": "Scheduling decisions, newest first (6.4.2)",
                     "parameters": history_params(),
@@ -344,6 +352,23 @@ pub fn document() -> Value {
                         "networkBytesPerSecond": {"type": "number"},
                     }}},
                 }},
+                "MonitorForecast": {"type": "object", "required": ["clusters", "count"], "properties": {
+                    "count": {"type": "integer"},
+                    "clusters": {"type": "array", "items": {"type": "object", "required": ["cluster", "time", "stepSeconds", "seasonSeconds", "history", "series"], "properties": {
+                        "cluster": {"type": "string"}, "time": {"type": "string"},
+                        "stepSeconds": {"type": "integer"}, "seasonSeconds": {"type": "integer"}, "history": {"type": "integer"},
+                        "series": {"type": "object", "description": "By series: cpu, memory, gpu and pods water levels, and traffic (bytes per second).",
+                            "additionalProperties": {"type": "object", "required": ["model", "points"], "properties": {
+                                "model": {"type": "string", "enum": ["naive", "seasonal-naive", "ets", "mstl-ets"]},
+                                "backtestMase": {"type": "number"},
+                                "points": {"type": "array", "items": {"type": "object", "required": ["time", "mean", "lower80", "upper80", "lower95", "upper95"], "properties": {
+                                    "time": {"type": "string"}, "mean": {"type": "number"},
+                                    "lower80": {"type": "number"}, "upper80": {"type": "number"},
+                                    "lower95": {"type": "number"}, "upper95": {"type": "number"},
+                                }}},
+                            }}},
+                    }}},
+                }},
                 "MonitorHistory": {"type": "object", "required": ["resolution", "points", "count"], "properties": {
                     "resolution": {"type": "string"},
                     "count": {"type": "integer"},
@@ -408,6 +433,7 @@ mod tests {
             "/api/v1/history/schedules",
             "/api/v1/history/failures",
             "/api/v1/monitor/history",
+            "/api/v1/monitor/forecast",
             "/api/v1/openapi.json",
         ] {
             assert!(paths.contains_key(p), "{p}");
