@@ -4,7 +4,8 @@
 //!
 //! - **Models.** Naive (the last value), seasonal naive (the value one season ago), ETS
 //!   (exponential smoothing, the best of its error/trend forms by likelihood) and MSTL-ETS
-//!   (the series less its seasonal component, forecast by ETS, the season added back). ETS and
+//!   (the series less its seasonal component, forecast by simple exponential smoothing fitted
+//!   to its errors a few steps ahead, the season added back). ETS and
 //!   MSTL are Grafana's `augurs`; the two naive models are a line each.
 //! - **Choice.** Each series gets the model that forecast its own recent past best: a rolling
 //!   backtest over its last few horizons, scored by MASE (the error over that of the seasonal
@@ -18,6 +19,10 @@
 //! No clock and no I/O: the same history gives the same forecast.
 
 use augurs::ets::AutoETS;
+use augurs::ets::model::{
+    ErrorComponent, ModelType, OptimizationCriteria, SeasonalComponent, TrendComponent,
+    Unfit as ModelUnfit,
+};
 use augurs::mstl::MSTLModel;
 use augurs::{Fit, Predict};
 use serde::{Deserialize, Serialize};
@@ -434,9 +439,19 @@ pub fn predict(
                 .zip(parts.remainder())
                 .map(|(t, r)| f64::from(*t) + f64::from(*r))
                 .collect();
-            let fit = ets()
-                .fit(&rest[rest.len().saturating_sub(ETS_TAIL)..])
-                .map_err(|e| fit_error(model, e))?;
+            // The rest is a level and noise; its smoothing is fitted to the errors of the
+            // forecasts a few steps ahead, not of the next step alone: a level that chases the last few points (what likelihood picks when the
+            // noise lingers a while) forecasts an hour ahead no better than seasonal naive.
+            let fit = ModelUnfit::new(ModelType {
+                error: ErrorComponent::Additive,
+                trend: TrendComponent::None,
+                season: SeasonalComponent::None,
+            })
+            .opt_crit(OptimizationCriteria::AMSE)
+            .nmse(horizon.clamp(1, AMSE_STEPS))
+            .max_iterations(AMSE_ITERATIONS)
+            .fit(&rest[rest.len().saturating_sub(AMSE_TAIL)..])
+            .map_err(|e| fit_error(model, e))?;
             let mut out = bands(model, &fit, horizon)?;
             let n = seasonal.len();
             for (h, b) in out.iter_mut().enumerate() {
@@ -454,6 +469,11 @@ pub fn predict(
 
 /// The points ETS is fitted to: the most recent.
 const ETS_TAIL: usize = 576;
+/// The multi-step fit of MSTL-ETS's rest costs its points × steps × iterations: these keep a
+/// fit to a few milliseconds.
+const AMSE_TAIL: usize = 288;
+const AMSE_STEPS: usize = 6;
+const AMSE_ITERATIONS: usize = 300;
 
 /// Exponential smoothing with additive errors, the trend none, additive or damped, whichever
 /// fits best by likelihood.
