@@ -17,6 +17,19 @@ fn cluster(region: &str, bandwidth: i64, cache: i64) -> Cluster {
     }
 }
 
+/// `lab`, a member holding 8 GiB of data set `corpus` (version 3) in a claim of its own.
+fn lab_holding_corpus() -> Cluster {
+    let mut lab = cluster("east", 1000 * MIB, 0);
+    lab.held = vec![orrery_api::data::HeldDataSet {
+        namespace: "ml".into(),
+        name: "corpus".into(),
+        claim: "corpus-v3".into(),
+        bytes: 8 * GIB,
+        data_version: 3,
+    }];
+    lab
+}
+
 /// A fleet, its data sets and transfers, and members that do what the Works ask: a Send's
 /// snapshot is taken at once, a Receive's round is in after `copy_steps` steps.
 struct World {
@@ -580,14 +593,7 @@ fn a_round_whose_writes_were_lost_is_taken_up_again() {
 
 #[test]
 fn a_copy_a_member_reports_of_its_own_is_read_and_copied_from_but_never_touched() {
-    let mut lab = cluster("east", 1000 * MIB, 0);
-    lab.held = vec![orrery_api::data::HeldDataSet {
-        namespace: "ml".into(),
-        name: "corpus".into(),
-        claim: "corpus-v3".into(),
-        bytes: 8 * GIB,
-        data_version: 3,
-    }];
+    let lab = lab_holding_corpus();
     let mut w = World::new(&[("lab", lab), ("fast", cluster("west", 500 * MIB, 20 * GIB))]);
     // Named by no location: only the member's report says where it is.
     w.set("corpus", 8 * GIB, &[]);
@@ -742,14 +748,7 @@ fn stale_caches_are_refreshed_from_the_newest_copy_never_from_each_other() {
 
 #[test]
 fn a_reported_copy_keeps_its_status_from_step_to_step() {
-    let mut lab = cluster("east", 1000 * MIB, 0);
-    lab.held = vec![orrery_api::data::HeldDataSet {
-        namespace: "ml".into(),
-        name: "corpus".into(),
-        claim: "corpus-v3".into(),
-        bytes: 8 * GIB,
-        data_version: 3,
-    }];
+    let lab = lab_holding_corpus();
     let mut w = World::new(&[("lab", lab)]);
     w.set("corpus", 8 * GIB, &[]);
     w.step();
@@ -762,14 +761,7 @@ fn a_reported_copy_keeps_its_status_from_step_to_step() {
 
 #[test]
 fn a_copy_whose_source_goes_fails_and_a_second_copy_into_a_cluster_waits() {
-    let mut lab = cluster("east", 1000 * MIB, 0);
-    lab.held = vec![orrery_api::data::HeldDataSet {
-        namespace: "ml".into(),
-        name: "corpus".into(),
-        claim: "corpus-v3".into(),
-        bytes: 8 * GIB,
-        data_version: 3,
-    }];
+    let lab = lab_holding_corpus();
     let mut w = World::new(&[("lab", lab), ("fast", cluster("west", 500 * MIB, 20 * GIB))]);
     w.set("corpus", 8 * GIB, &[]);
     w.versions.insert("lab".into(), 3);
