@@ -259,6 +259,15 @@ pub fn step(i: &Input<'_>) -> Output {
         .iter()
         .map(|t| (t.namespace.clone(), t.name.clone()))
         .collect();
+    // The cache bytes each cluster's readers hold now (copies no eviction may take).
+    let mut held: BTreeMap<String, i64> = BTreeMap::new();
+    for set in i.sets {
+        for c in &set.status.copies {
+            if c.role == CopyRole::Cache && set.readers.iter().any(|r| r.cluster == c.cluster) {
+                *held.entry(c.cluster.clone()).or_default() += set.spec.bytes();
+            }
+        }
+    }
     let mut states: Vec<SetState> = Vec::new();
     for set in i.sets {
         let k = (set.namespace.clone(), set.name.clone());
@@ -268,7 +277,7 @@ pub fn step(i: &Input<'_>) -> Output {
             let st = s.advance(i, t, &mut links);
             finish(i, t, st, &mut out);
         }
-        s.ask(i, &transfers, &mut names, &mut out);
+        s.ask(i, &transfers, &mut names, &held, &mut out);
         states.push(s);
     }
     evict(i, &mut states);
@@ -858,6 +867,7 @@ impl<'a> SetState<'a> {
         i: &Input<'_>,
         transfers: &[&Xfer],
         names: &mut BTreeSet<NKey>,
+        held: &BTreeMap<String, i64>,
         out: &mut Output,
     ) {
         let ns = self.set.namespace.clone();
@@ -914,11 +924,15 @@ impl<'a> SetState<'a> {
             if has {
                 continue;
             }
+            // The cluster with the most cache room left once the copies read there now are
+            // counted: a copy put where readers' copies fill the cache would go again at once
+            // (and the region, still hot, ask for it again).
+            let free = |n: &str, c: &Cluster| c.cache_bytes - held.get(n).copied().unwrap_or(0);
             let best = i
                 .clusters
                 .iter()
-                .filter(|(_, c)| c.serving && c.region == r.region && c.cache_bytes >= size)
-                .max_by_key(|(n, c)| (c.cache_bytes, std::cmp::Reverse((*n).clone())))
+                .filter(|(n, c)| c.serving && c.region == r.region && free(n, c) >= size)
+                .max_by_key(|(n, c)| (free(n, c), std::cmp::Reverse((*n).clone())))
                 .map(|(n, _)| n.clone());
             if let Some(dest) = best {
                 wanted.push((

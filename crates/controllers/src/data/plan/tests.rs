@@ -876,3 +876,37 @@ fn a_copy_made_again_after_eviction_goes_on_from_its_last_round() {
     );
     assert_eq!(again[0].status.base_version, 0, "the whole copy");
 }
+
+#[test]
+fn a_hot_regions_copy_goes_where_the_cache_has_room_left() {
+    // w1 has the bigger cache, but a copy its reader holds fills it; w2's is smaller and free.
+    let mut w = World::new(&[
+        ("archive", cluster("east", 1000 * MIB, 0)),
+        ("w1", cluster("west", 1000 * MIB, 12 * GIB)),
+        ("w2", cluster("west", 1000 * MIB, 11 * GIB)),
+    ]);
+    w.set("images", 10 * GIB, &["archive"]);
+    w.set("tokens", 10 * GIB, &["archive"]);
+    w.read("images", "Job/keep", "w1");
+    w.run(8);
+    assert!(w.copy("images", "w1").is_some_and(|c| c.present));
+    // Two reads of tokens from the west, at a cluster without a copy of it kept.
+    for job in ["Job/a", "Job/b"] {
+        w.read("tokens", job, "w1");
+        w.run(8);
+        let s = w.sets.iter_mut().find(|s| s.name == "tokens").unwrap();
+        s.readers.clear();
+        w.run(2);
+    }
+    w.run(10);
+    let cached = w.copy("tokens", "w2").expect("the hot copy at w2");
+    assert!(cached.present);
+    assert!(
+        w.copy("images", "w1").is_some_and(|c| c.present),
+        "the read copy stays"
+    );
+    // Settled: nothing is copied again.
+    let n = w.transfers.len();
+    w.run(10);
+    assert_eq!(w.transfers.len(), n, "{:#?}", w.transfers);
+}
