@@ -10,7 +10,7 @@
 //! once at start, then fed by the monitoring loop sample by sample. A series' model is chosen
 //! again every `choose_every`; in between each round only fits the chosen one.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -264,7 +264,7 @@ pub async fn run(
         }
         Err(e) => tracing::warn!(error = %e, "reading the monitoring history to forecast from"),
     }
-    let mut stale: BTreeMap<String, ()> = BTreeMap::new();
+    let mut stale: BTreeSet<String> = BTreeSet::new();
     loop {
         let got = tokio::select! {
             _ = shutdown.changed() => return,
@@ -301,8 +301,8 @@ pub async fn run(
             }
         }
         // Forecasts of clusters that left go.
-        let now: BTreeMap<String, ()> = forecasts.iter().map(|c| (c.cluster.clone(), ())).collect();
-        for gone in stale.keys().filter(|c| !now.contains_key(*c)) {
+        let now: BTreeSet<String> = forecasts.iter().map(|c| c.cluster.clone()).collect();
+        for gone in stale.difference(&now) {
             let _ = store
                 .delete(&series::forecast_key(gone), &Default::default())
                 .await;

@@ -201,15 +201,16 @@ fn ways(ctx: &Ctx<'_>, i: usize, s: usize, bytes: i64, out: &mut Vec<Way>) {
     let price = |c: usize| gib(bytes) * property(ctx, c, EGRESS_PRICE_PROPERTY).unwrap_or(0.0);
     let latency = |a: usize, b: usize| clusters[a].latency_to(&clusters[b]).unwrap_or(0.0) / 1000.0;
     let booked = clusters[s].busy_out_seconds.max(here.busy_in_seconds);
+    let straight = path(ctx, s, i);
     let direct = Way {
         from: s,
         via: None,
         lead: booked + latency(s, i),
-        send: bytes as f64 / path(ctx, s, i),
+        send: bytes as f64 / straight,
         cost: price(s),
     };
     out.push(direct);
-    if path(ctx, s, i) >= uplink(ctx, s).min(uplink(ctx, i)) {
+    if straight >= uplink(ctx, s).min(uplink(ctx, i)) {
         return;
     }
     for r in 0..clusters.len() {

@@ -10,13 +10,10 @@ use orrery_store::{ListOptions, StoreError};
 use serde_json::{Value, json};
 
 use super::DroError;
+use super::monitor::bad;
 use crate::app::App;
 use crate::auth::Identity;
 use crate::http::{self as h, Body};
-
-fn bad(message: impl Into<String>, field: &str) -> DroError {
-    DroError::validation(message).with_details(json!({ "fields": [{"field": field}] }))
-}
 
 /// A horizon: a whole number of seconds, minutes, hours or days (`90s`, `30m`, `6h`, `1d`).
 pub fn parse_horizon(s: &str) -> Result<i64, String> {

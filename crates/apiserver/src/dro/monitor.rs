@@ -25,7 +25,7 @@ use crate::auth::Identity;
 use crate::http::{self as h, Body};
 use crate::rest::write::StatusCheck;
 
-fn bad(message: impl Into<String>, field: &str) -> DroError {
+pub(super) fn bad(message: impl Into<String>, field: &str) -> DroError {
     DroError::validation(message).with_details(json!({ "fields": [{"field": field}] }))
 }
 
