@@ -415,6 +415,9 @@ pub struct ClusterDecision {
     /// For a workload that reads data sets: its completion here, in its parts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub estimate: Option<CompletionEstimate>,
+    /// Its water level now and, judged by the forecast, over the prediction horizon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub water_level: Option<crate::prediction::LevelSeen>,
 }
 
 /// A data-aware workload's completion in one cluster: the transfer of the inputs it does not
@@ -485,6 +488,9 @@ pub struct BindingStatus {
     /// StaticWeight...).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub strategy: String,
+    /// How the last decision judged the clusters' water levels: by their forecast (`Upper80 over 30m`) or by their present level, and why.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prediction: String,
     /// Replicas that fit in no cluster under the water level limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unplaced_replicas: Option<i64>,

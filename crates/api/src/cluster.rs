@@ -297,6 +297,9 @@ pub struct ClusterStatus {
     /// The copies of data sets the member holds: its claims labelled `orrery.io/dataset`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data_sets: Vec<crate::data::HeldDataSet>,
+    /// The monitoring system's forecast: the next hour's peak (written by the control plane).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forecast: Option<crate::prediction::ForecastSummary>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_heartbeat_time: Option<Time>,
 }

@@ -61,6 +61,12 @@ pub struct ScheduleEntry {
     /// How many clusters each filter turned away.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub filtered: BTreeMap<String, i64>,
+    /// How the clusters' water levels were judged: `Upper80 over 30m for 4 of 5 clusters; present level for c (less than a season of history)`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prediction: String,
+    /// The forecast that moved replicas ahead of a peak (trigger `Forecast`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forecast: Option<crate::prediction::ForecastTrigger>,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -146,6 +152,8 @@ mod tests {
                 ..Default::default()
             }],
             filtered: [("Readiness".to_string(), 2)].into(),
+            prediction: String::new(),
+            forecast: None,
         };
         let entries = vec![entry("u-1"), entry("u-2")];
         let spec = record_spec(&entries).unwrap();
@@ -227,6 +235,10 @@ pub mod series {
         pub backtest_mase: Option<f64>,
         /// One point per step after the forecast's time.
         pub points: Vec<ForecastPoint>,
+        /// The series' last value, the forecast's starting point: the scheduler reads a
+        /// forecast as the change from it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub last: Option<f64>,
     }
 
     /// A cluster's forecasts, made at the sample of `time`, a point every `step_seconds`.
@@ -271,6 +283,10 @@ pub mod series {
         /// Bytes per second, in and out.
         #[serde(default)]
         pub traffic: f64,
+        /// What the forecasts made one prediction horizon before said of this time, per
+        /// series, beside what was measured (`levels`, `traffic`).
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        pub forecast: crate::prediction::ForecastChecks,
     }
 
     /// The fleet at one time.
@@ -327,6 +343,8 @@ pub mod series {
                     ),
                     pods: of.last().and_then(|c| c.pods),
                     traffic: mean(&of.iter().map(|c| c.traffic).collect::<Vec<_>>()),
+                    // Set by the monitoring loop, which knows the forecasts.
+                    forecast: Default::default(),
                 },
             );
         }

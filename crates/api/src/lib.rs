@@ -10,6 +10,8 @@
 //!   per-cluster overrides and what Orrery knows about workload kinds;
 //! - [`stateful`]: volumes, the data mover's transfers, and migrations of stateful workloads;
 //! - [`history`]: the schedule history's records;
+//! - [`prediction`]: scheduling ahead of the load (a placement's `prediction`, and what
+//!   decisions and the histories say of the forecasts they used);
 //! - [`keys`]: where each object lives in the store.
 
 pub mod binding;
@@ -25,6 +27,7 @@ pub mod labels;
 pub mod object;
 pub mod overrides;
 pub mod policy;
+pub mod prediction;
 pub mod quantity;
 pub mod stateful;
 pub mod time;

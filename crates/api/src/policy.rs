@@ -341,6 +341,9 @@ pub struct Placement {
     /// cost, and the most that may be copied.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_policy: Option<crate::data::DataPolicy>,
+    /// Orrery: judge clusters by their forecast water level over a horizon (the larger of the present level and the forecast), so a cluster about to peak receives no new replicas and sheds replicas before it crosses the shed mark. Absent: the server's default (30m, Upper80) for clusters with a season of history.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<crate::prediction::Prediction>,
 }
 
 impl Placement {
@@ -470,6 +473,9 @@ impl Placement {
         }
         if let Some(d) = &self.data_policy {
             d.validate(&format!("{path}.dataPolicy"), errs);
+        }
+        if let Some(p) = &self.prediction {
+            p.validate(&format!("{path}.prediction"), errs);
         }
         if let Some(r) = &self.replica_scheduling {
             let p = format!("{path}.replicaScheduling");

@@ -122,6 +122,14 @@ pub fn prepare_status(
     {
         n.insert("estimatedLatencyMs".into(), est.clone());
     }
+    // So is the monitoring system's forecast.
+    if let Some(f) = old_status
+        .and_then(|s| s.get("forecast"))
+        .filter(|f| !f.is_null())
+        && !status.contains_key("forecast")
+    {
+        status.insert("forecast".into(), f.clone());
+    }
     let before = old_status.and_then(|s| s.get("lastHeartbeatTime")).cloned();
     if let Some(hb) = status.get("lastHeartbeatTime")
         && !hb.is_null()

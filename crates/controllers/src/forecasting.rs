@@ -17,6 +17,7 @@ use std::time::Duration;
 use orrery_api::history::series::{
     self, ClusterForecast, ClusterSample, FleetSample, ForecastPoint, SeriesForecast,
 };
+use orrery_api::prediction::{ForecastCheck, ForecastChecks, ForecastSummary};
 use orrery_api::{Object, Time};
 use orrery_forecast::{Choice, Settings};
 use orrery_store::{ListOptions, Store, StoreError};
@@ -33,6 +34,9 @@ pub struct ForecastConfig {
     pub choose_every: Duration,
     /// Seasons of history a series keeps (older points are dropped).
     pub seasons_kept: usize,
+    /// How long before a sample the forecast set beside it in the monitoring history was
+    /// made (the scheduler's default prediction horizon; at most `horizon`).
+    pub check_lead: Duration,
 }
 
 impl Default for ForecastConfig {
@@ -42,6 +46,7 @@ impl Default for ForecastConfig {
             horizon: Duration::from_secs(6 * 3600),
             choose_every: Duration::from_secs(3600),
             seasons_kept: 14,
+            check_lead: Duration::from_secs(orrery_api::prediction::DEFAULT_HORIZON_SECONDS as u64),
         }
     }
 }
@@ -199,11 +204,166 @@ impl Forecaster {
                                 upper95: round(b.upper95),
                             })
                             .collect(),
+                        last: y.last().copied().map(round),
                     },
                 );
         }
         out.into_values().collect()
     }
+}
+
+/// What the forecasts said of times still to come, kept for the monitoring loop to set beside
+/// what it measures when those times come (forecast against actual in the monitoring
+/// history). Shared between the forecaster, which puts, and the monitoring loop, which takes.
+#[derive(Debug, Default)]
+pub struct Checks {
+    inner: std::sync::Mutex<ChecksInner>,
+}
+
+#[derive(Debug, Default)]
+struct ChecksInner {
+    /// Whether the forecasts are of the 5-minute averages (else of the raw samples).
+    averages: bool,
+    step: i64,
+    /// By cluster, then the time a forecast is of.
+    due: BTreeMap<String, BTreeMap<i64, ForecastChecks>>,
+}
+
+impl Checks {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ChecksInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_series(&self, averages: bool, step: i64) {
+        let mut c = self.lock();
+        c.averages = averages;
+        c.step = step.max(1);
+    }
+
+    /// Keeps what a round's forecasts say of the time one lead ahead.
+    fn put(&self, forecasts: &[ClusterForecast], lead_steps: usize) {
+        let mut c = self.lock();
+        let k = lead_steps.max(1);
+        for f in forecasts {
+            let mut checks = ForecastChecks::new();
+            for (name, s) in &f.series {
+                if let Some(p) = s.points.get(k - 1) {
+                    checks.insert(
+                        name.clone(),
+                        ForecastCheck {
+                            mean: p.mean,
+                            lower80: p.lower80,
+                            upper80: p.upper80,
+                            made_at: f.time,
+                        },
+                    );
+                }
+            }
+            let at = f.time.unix_seconds() + f.step_seconds.max(1) as i64 * k as i64;
+            // The first forecast of a time stands: later ones are made closer to it.
+            c.due
+                .entry(f.cluster.clone())
+                .or_default()
+                .entry(at)
+                .or_insert(checks);
+        }
+        let clusters: BTreeSet<&String> = forecasts.iter().map(|f| &f.cluster).collect();
+        c.due.retain(|name, _| clusters.contains(name));
+    }
+
+    /// Sets the forecasts made of each cluster's sample time beside it (within half a step),
+    /// when `s` is of the series that is forecast; forgets what is older.
+    pub fn annotate(&self, s: &mut FleetSample, average: bool) {
+        let mut c = self.lock();
+        if c.step == 0 || c.averages != average {
+            return;
+        }
+        let (t, half) = (s.time.unix_seconds(), c.step / 2);
+        for (name, sample) in s.clusters.iter_mut() {
+            let Some(due) = c.due.get_mut(name) else {
+                continue;
+            };
+            if let Some((&at, _)) = due.range(t - half..=t + half).next()
+                && let Some(checks) = due.remove(&at)
+            {
+                sample.forecast = checks;
+            }
+            due.retain(|at, _| *at > t - half);
+        }
+    }
+}
+
+/// What `kubectl describe cluster` shows: the highest mean water level the forecast gives
+/// over the next hour (or as far as it reaches), of any dimension.
+pub fn summary(f: &ClusterForecast) -> Option<ForecastSummary> {
+    let step = f.step_seconds.max(1) as i64;
+    let steps = (3600 / step).max(1) as usize;
+    let mut best: Option<(f64, &str, usize, &SeriesForecast)> = None;
+    for (name, s) in &f.series {
+        if !["cpu", "memory", "gpu", "pods"].contains(&name.as_str()) {
+            continue;
+        }
+        for (k, p) in s.points.iter().take(steps).enumerate() {
+            if best.is_none_or(|b| p.mean > b.0) {
+                best = Some((p.mean, name, k, s));
+            }
+        }
+    }
+    let (peak, dim, k, s) = best?;
+    let reach = s.points.len().min(steps) as i64 * step;
+    Some(ForecastSummary {
+        time: f.time,
+        horizon_seconds: reach,
+        peak,
+        peak_dimension: dim.to_string(),
+        peak_time: f.time.add_seconds(step * (k as i64 + 1)),
+        peak_upper80: s.points[k].upper80,
+        model: s.model.clone(),
+        history_seconds: f.history as i64 * step,
+        season_seconds: f.season_seconds as i64,
+    })
+}
+
+/// Whether a Cluster's summary should be written over: its figures moved by a hundredth, its
+/// peak's dimension, model or the history's coming of age changed, or it is older than
+/// `max_age` seconds.
+fn summary_differs(old: Option<&ForecastSummary>, new: &ForecastSummary, max_age: i64) -> bool {
+    let Some(old) = old else { return true };
+    let moved = |a: f64, b: f64| (a - b).abs() >= 0.01;
+    moved(old.peak, new.peak)
+        || moved(old.peak_upper80, new.peak_upper80)
+        || old.peak_dimension != new.peak_dimension
+        || old.model != new.model
+        || (old.history_seconds >= old.season_seconds)
+            != (new.history_seconds >= new.season_seconds)
+        || new.time.seconds_since(old.time) >= max_age
+}
+
+/// Writes a cluster's summary into its status, unless what is there says the same.
+async fn write_summary(store: &dyn Store, f: &ClusterForecast) -> Result<(), StoreError> {
+    let Some(next) = summary(f) else {
+        return Ok(());
+    };
+    let max_age = (f.step_seconds as i64 * 3).max(300);
+    let key = orrery_api::keys::well_known::cluster(&f.cluster);
+    orrery_store::update_with(store, &key, |mut cur| {
+        let old = cur
+            .status
+            .as_ref()
+            .and_then(|s| s.get("forecast"))
+            .and_then(|v| serde_json::from_value::<ForecastSummary>(v.clone()).ok());
+        if !summary_differs(old.as_ref(), &next, max_age) {
+            return Ok(None);
+        }
+        let status = cur.status.get_or_insert_with(|| serde_json::json!({}));
+        if !status.is_object() {
+            *status = serde_json::json!({});
+        }
+        status["forecast"] = serde_json::to_value(&next).unwrap_or_default();
+        Ok(Some(cur))
+    })
+    .await
+    .map(|_| ())
 }
 
 /// Reads the stored history the forecaster works on, oldest first.
@@ -241,10 +401,14 @@ pub async fn run(
     raw_interval: Duration,
     average_every: Duration,
     mut samples: mpsc::Receiver<(FleetSample, bool)>,
+    checks: Arc<Checks>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let lead = cfg.check_lead.min(cfg.horizon).as_secs();
     let mut f = Forecaster::new(cfg, raw_interval, average_every);
     let averages = f.uses_averages(raw_interval);
+    checks.set_series(averages, f.step as i64);
+    let lead_steps = lead.div_ceil(f.step).max(1) as usize;
     let prefix = if averages {
         series::AVERAGE_PREFIX
     } else {
@@ -295,9 +459,17 @@ pub async fn run(
             }
         };
         f = back;
+        checks.put(&forecasts, lead_steps);
         for c in &forecasts {
             if let Err(e) = write(store.as_ref(), c).await {
                 tracing::warn!(cluster = %c.cluster, error = %e, "writing a forecast");
+            }
+            match write_summary(store.as_ref(), c).await {
+                // The cluster left while its forecast was made.
+                Ok(()) | Err(StoreError::NotFound { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(cluster = %c.cluster, error = %e, "writing a forecast's summary")
+                }
             }
         }
         // Forecasts of clusters that left go.
@@ -400,5 +572,114 @@ mod tests {
         });
         assert!(f.forecast_all().is_empty());
         assert!(f.choices.is_empty());
+    }
+
+    fn point(mean: f64) -> ForecastPoint {
+        ForecastPoint {
+            mean,
+            lower80: mean - 0.1,
+            upper80: mean + 0.1,
+            lower95: mean - 0.2,
+            upper95: mean + 0.2,
+        }
+    }
+
+    fn forecast(t: i64, step: u64, series: &[(&str, Vec<f64>)]) -> ClusterForecast {
+        ClusterForecast {
+            cluster: "m-0".into(),
+            time: Time::from_unix_seconds(t).unwrap(),
+            step_seconds: step,
+            season_seconds: 20,
+            history: 40,
+            series: series
+                .iter()
+                .map(|(name, means)| {
+                    (
+                        name.to_string(),
+                        SeriesForecast {
+                            model: "seasonal-naive".into(),
+                            backtest_mase: None,
+                            points: means.iter().map(|m| point(*m)).collect(),
+                            last: Some(0.5),
+                        },
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_forecast_is_set_beside_the_sample_of_the_time_it_was_made_for() {
+        let checks = Checks::default();
+        checks.set_series(false, 1);
+        // Made at 1000, three steps ahead: of 1003.
+        let means: Vec<f64> = (1..=10).map(|k| 0.5 + k as f64 / 100.0).collect();
+        checks.put(&[forecast(1_000, 1, &[("cpu", means.clone())])], 3);
+        checks.put(&[forecast(1_001, 1, &[("cpu", means)])], 3);
+        let mut early = sample(1_002, 0.5);
+        checks.annotate(&mut early, false);
+        assert!(
+            early.clusters["m-0"].forecast.is_empty(),
+            "nothing was forecast of 1002"
+        );
+        // An average is not what is forecast here.
+        let mut avg = sample(1_003, 0.5);
+        checks.annotate(&mut avg, true);
+        assert!(avg.clusters["m-0"].forecast.is_empty());
+        let mut s = sample(1_003, 0.55);
+        checks.annotate(&mut s, false);
+        let c = &s.clusters["m-0"].forecast["cpu"];
+        assert_eq!((c.mean, c.made_at.unix_seconds()), (0.53, 1_000));
+        // Taken once; a later sample gets the next forecast's.
+        let mut again = sample(1_004, 0.55);
+        checks.annotate(&mut again, false);
+        assert_eq!(
+            again.clusters["m-0"].forecast["cpu"].made_at.unix_seconds(),
+            1_001
+        );
+        assert!(
+            checks.lock().due["m-0"].is_empty(),
+            "what is past is forgotten"
+        );
+        // A cluster gone from the forecasts goes from what is kept.
+        checks.put(&[], 3);
+        assert!(checks.lock().due.is_empty());
+    }
+
+    #[test]
+    fn the_summary_is_the_next_hours_highest_mean() {
+        // Five-minute steps: an hour is twelve. Memory peaks higher, but after the hour.
+        let cpu: Vec<f64> = (0..24).map(|k| if k == 5 { 0.8 } else { 0.5 }).collect();
+        let memory: Vec<f64> = (0..24).map(|k| if k == 20 { 0.95 } else { 0.6 }).collect();
+        let f = forecast(
+            10_000,
+            300,
+            &[("cpu", cpu), ("memory", memory), ("traffic", vec![9e9; 24])],
+        );
+        let s = summary(&f).unwrap();
+        assert_eq!(
+            (
+                s.peak,
+                s.peak_dimension.as_str(),
+                s.peak_time.unix_seconds()
+            ),
+            (0.8, "cpu", 10_000 + 6 * 300)
+        );
+        assert_eq!((s.peak_upper80, s.horizon_seconds), (0.9, 3600));
+        assert_eq!((s.history_seconds, s.season_seconds), (12_000, 20));
+        // Written again only when it says something new, or has aged.
+        assert!(!summary_differs(Some(&s), &s, 300));
+        let mut later = s.clone();
+        later.time = s.time.add_seconds(60);
+        later.peak += 0.004;
+        assert!(!summary_differs(Some(&s), &later, 300));
+        later.peak += 0.01;
+        assert!(summary_differs(Some(&s), &later, 300));
+        let mut aged = s.clone();
+        aged.time = s.time.add_seconds(300);
+        assert!(summary_differs(Some(&s), &aged, 300));
+        assert!(summary_differs(None, &s, 300));
+        // A forecast of traffic alone has no water level to summarize.
+        assert!(summary(&forecast(10_000, 300, &[("traffic", vec![1.0; 3])])).is_none());
     }
 }

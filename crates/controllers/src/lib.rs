@@ -62,19 +62,22 @@ pub fn spawn(
     ];
     // The monitoring loop hands its samples to the forecaster, which works apart from it (a
     // round over a large fleet takes longer than a sampling interval).
+    // What the forecasts said of times to come goes beside what is measured then.
     let (samples, to_forecast) = tokio::sync::mpsc::channel(64);
+    let checks = Arc::new(forecasting::Checks::default());
     tasks.push(tokio::spawn(forecasting::run(
         store.clone(),
         cfg.forecast,
         cfg.monitoring.interval,
         cfg.monitoring.average_every,
         to_forecast,
+        checks.clone(),
         shutdown.clone(),
     )));
     tasks.push(tokio::spawn(monitoring::run(
         store.clone(),
         cfg.monitoring,
-        Some(samples),
+        Some((samples, checks)),
         shutdown.clone(),
     )));
     if let Some(kinds) = cfg.kinds {

@@ -55,6 +55,7 @@ pub fn sample_of(c: &Object) -> ClusterSample {
         memory_available: st.metrics.as_ref().map(|m| m.memory_available),
         pods: st.pods(),
         traffic: st.traffic(),
+        forecast: Default::default(),
     }
 }
 
@@ -106,13 +107,22 @@ async fn prune(store: &dyn Store, prefix: &str, keep: Duration) -> Result<usize,
 pub async fn run(
     store: Arc<dyn Store>,
     cfg: MonitoringConfig,
-    forecaster: Option<mpsc::Sender<(FleetSample, bool)>>,
+    forecaster: Option<(
+        mpsc::Sender<(FleetSample, bool)>,
+        Arc<crate::forecasting::Checks>,
+    )>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     // A forecaster that falls behind misses samples rather than holding up the sampling.
     let hand = |s: &FleetSample, average: bool| {
-        if let Some(f) = &forecaster {
+        if let Some((f, _)) = &forecaster {
             let _ = f.try_send((s.clone(), average));
+        }
+    };
+    // What the forecasts said of a sample's time is stored with it.
+    let annotate = |s: &mut FleetSample, average: bool| {
+        if let Some((_, checks)) = &forecaster {
+            checks.annotate(s, average);
         }
     };
     let mut rx = informer::spawn(
@@ -149,7 +159,8 @@ pub async fn run(
                     continue;
                 }
                 let clusters = now.iter().map(|(n, c)| (n.clone(), sample_of(c))).collect();
-                let s = FleetSample { time: Time::now(), clusters };
+                let mut s = FleetSample { time: Time::now(), clusters };
+                annotate(&mut s, false);
                 if let Err(e) = write(store.as_ref(), series::RAW_PREFIX, &s).await {
                     tracing::warn!(error = %e, "writing a monitoring sample");
                 }
@@ -157,7 +168,8 @@ pub async fn run(
                 since_average.push(s);
                 if last_average.elapsed() >= cfg.average_every {
                     last_average = tokio::time::Instant::now();
-                    if let Some(avg) = series::average(&std::mem::take(&mut since_average)) {
+                    if let Some(mut avg) = series::average(&std::mem::take(&mut since_average)) {
+                        annotate(&mut avg, true);
                         if let Err(e) = write(store.as_ref(), series::AVERAGE_PREFIX, &avg).await {
                             tracing::warn!(error = %e, "writing a monitoring average");
                         }

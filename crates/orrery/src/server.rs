@@ -89,6 +89,15 @@ pub struct ServerArgs {
     /// How far ahead the monitoring system forecasts each cluster's water levels and traffic.
     #[arg(long, default_value = "6h", value_parser = parse_duration)]
     pub forecast_horizon: Duration,
+    /// How far ahead the scheduler judges clusters by their forecast water level when a
+    /// placement's `prediction` does not say (30m; 0s judges them by their present level),
+    /// and how far ahead proactive rebalancing looks for a crossing of the shed mark.
+    #[arg(long, default_value = "30m", value_parser = parse_prediction_horizon)]
+    pub prediction_horizon: i64,
+    /// Which forecast the scheduler judges clusters by when a placement does not say: Mean,
+    /// Upper80 (the upper end of the 80 % interval) or Upper95.
+    #[arg(long, default_value = "Upper80", value_parser = parse_bound)]
+    pub prediction_bound: orrery_api::prediction::Bound,
     /// How long the SQLite store may wait for more writes to commit with one, while writes
     /// arrive in a steady stream of separate requests (one fsync for several; 0 commits each
     /// at once).
@@ -106,6 +115,14 @@ fn parse_level(s: &str) -> Result<f64, String> {
             "invalid water level {s:?}: expected a number in (0, 1]"
         )),
     }
+}
+
+fn parse_prediction_horizon(s: &str) -> Result<i64, String> {
+    orrery_api::prediction::parse_horizon(s).map_err(|e| format!("invalid horizon {s:?}: {e}"))
+}
+
+fn parse_bound(s: &str) -> Result<orrery_api::prediction::Bound, String> {
+    s.parse()
 }
 
 /// Durations like `40s`, `5m`, `1h`, `250ms`.
@@ -370,6 +387,10 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
                 shed_mark: args.shed_mark,
                 move_grace: args.move_grace_period,
                 weights: args.score_weights.unwrap_or_default(),
+                prediction: orrery_api::prediction::Ahead {
+                    horizon_seconds: args.prediction_horizon,
+                    bound: args.prediction_bound,
+                },
                 metrics: scheduler_metrics,
                 ..Default::default()
             },
@@ -380,6 +401,9 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
             forecast: orrery_controllers::forecasting::ForecastConfig {
                 season: args.forecast_season,
                 horizon: args.forecast_horizon,
+                // Forecasts are checked at the lead the scheduler reads them at.
+                check_lead: Duration::from_secs(args.prediction_horizon.max(0) as u64)
+                    .max(Duration::from_secs(1)),
                 ..Default::default()
             },
             migration: orrery_controllers::migration::Settings {

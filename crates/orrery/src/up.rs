@@ -173,6 +173,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         // season, a season ahead.
         forecast_season: Duration::from_secs(600),
         forecast_horizon: Duration::from_secs(600),
+        // Scaled like the season: two minutes of a ten-minute day, as 30 minutes is of a
+        // day, a little more.
+        prediction_horizon: 120,
+        prediction_bound: orrery_api::prediction::Bound::Upper80,
         commit_delay: orrery_store_sqlite::DEFAULT_COMMIT_DELAY,
     };
     let started = Instant::now();

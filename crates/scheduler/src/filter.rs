@@ -393,6 +393,16 @@ impl Filter for WaterLevel {
             return "the cluster reports no capacity to weigh its water level by".into();
         }
         let level = ctx.level_after(i, 1);
+        let now = ctx.level_after_now(i, 1);
+        if level > now + 5e-3 {
+            return format!(
+                "its water level would reach {:.2} by the forecast ({}), above the limit {:.2} ({:.2} by its present level)",
+                level,
+                ctx.ahead.describe(),
+                ctx.limit,
+                now
+            );
+        }
         format!(
             "its water level would reach {:.2}, above the limit {:.2}",
             level, ctx.limit

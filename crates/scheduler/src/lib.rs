@@ -41,11 +41,15 @@ use orrery_api::cluster::ResourceList;
 use orrery_api::labels::Selector;
 use orrery_api::overrides::CompiledAffinity;
 use orrery_api::policy::{AGGREGATED, AVAILABLE_REPLICAS, ClusterAffinity, Placement, Target};
+use orrery_api::prediction::{Ahead, LevelSeen};
 
 pub use divide::divide;
 pub use filter::Filter;
 pub use score::{Score, Signals, Weights};
-pub use snapshot::{ClusterSnapshot, DIMENSIONS, Facts, Fleet, Vector, demand_of, vector_of};
+pub use snapshot::{
+    ClusterSnapshot, Crossing, DIMENSIONS, Facts, Fleet, Outlook, Present, Vector, demand_of,
+    vector_of,
+};
 
 /// Water level limit when the policy sets none: no cluster is filled beyond it.
 pub const DEFAULT_WATER_LEVEL_LIMIT: f64 = 0.85;
@@ -134,6 +138,9 @@ pub struct Config {
     /// (evenly strided from a per-task offset, plus every cluster the task runs in), as
     /// Kubernetes' `percentageOfNodesToScore` does; 0 scores them all.
     pub score_sample: usize,
+    /// How far ahead, and at which bound, clusters are judged when a placement does not say
+    /// (`placement.prediction`).
+    pub prediction: Ahead,
 }
 
 impl Default for Config {
@@ -147,6 +154,7 @@ impl Default for Config {
             low_mark: DEFAULT_LOW_MARK,
             hysteresis: DEFAULT_HYSTERESIS,
             score_sample: DEFAULT_SCORE_SAMPLE,
+            prediction: Ahead::default(),
         }
     }
 }
@@ -182,6 +190,8 @@ pub struct Ctx<'a> {
     pub water_division: bool,
     /// Whether any cluster reports capacity.
     pub any_known: bool,
+    /// How far ahead clusters are judged (by the placement, else the config).
+    pub ahead: Ahead,
 }
 
 impl Ctx<'_> {
@@ -190,9 +200,30 @@ impl Ctx<'_> {
         self.task.replicas > 0
     }
 
-    /// What is taken in cluster `i`, dimension `d`, not counting this task's own replicas.
+    /// What is taken in cluster `i`, dimension `d`, not counting this task's own replicas;
+    /// with what the forecast adds over the horizon where the cluster is judged by it.
     pub fn base(&self, i: usize, d: usize) -> f64 {
-        (self.fleet.facts()[i].taken(d) - self.previous[i] as f64 * self.demand[d]).max(0.0)
+        let f = &self.fleet.facts()[i];
+        (f.taken(d) - self.previous[i] as f64 * self.demand[d]).max(0.0)
+            + f.rise(d, self.task.now, &self.ahead)
+    }
+
+    /// What a decision saw of cluster `i`'s water level.
+    pub fn level_seen(&self, i: usize) -> LevelSeen {
+        let f = &self.fleet.facts()[i];
+        let round = |x: f64| (x * 1000.0).round() / 1000.0;
+        match f.outlook_step(self.task.now, &self.ahead) {
+            Ok(_) => LevelSeen {
+                now: round(f.level()),
+                ahead: Some(round(f.level_ahead(self.task.now, &self.ahead))),
+                basis: self.ahead.describe(),
+            },
+            Err(why) => LevelSeen {
+                now: round(f.level()),
+                ahead: None,
+                basis: format!("present level ({})", why.reason()),
+            },
+        }
     }
 
     /// Cluster `i`'s water level, over the dimensions the task needs, with `n` of its
@@ -203,6 +234,19 @@ impl Ctx<'_> {
         for d in 0..5 {
             if self.demand[d] > 0.0 && f.allocatable[d] > 0.0 {
                 level = level.max((self.base(i, d) + n as f64 * self.demand[d]) / f.allocatable[d]);
+            }
+        }
+        level
+    }
+
+    /// [`Ctx::level_after`] by the present level alone, whatever the forecast says.
+    pub fn level_after_now(&self, i: usize, n: i64) -> f64 {
+        let f = &self.fleet.facts()[i];
+        let mut level: f64 = 0.0;
+        for d in 0..5 {
+            if self.demand[d] > 0.0 && f.allocatable[d] > 0.0 {
+                let base = (f.taken(d) - self.previous[i] as f64 * self.demand[d]).max(0.0);
+                level = level.max((base + n as f64 * self.demand[d]) / f.allocatable[d]);
             }
         }
         level
@@ -411,7 +455,8 @@ impl Decision {
         i: usize,
     ) -> ClusterDecision {
         let name = ctx.fleet.clusters()[i].name.clone();
-        match self.outcomes.get(i) {
+        let outcome = self.outcomes.get(i);
+        let mut out = match outcome {
             Outcome::Filtered(f) => ClusterDecision {
                 name,
                 replicas: None,
@@ -478,7 +523,72 @@ impl Decision {
                     .unwrap_or_default(),
                 ..Default::default()
             },
+        };
+        // The level it was judged by, where the level mattered: it was scored, or turned away
+        // for want of room.
+        let judged = match outcome {
+            Outcome::Scored { .. } => true,
+            Outcome::Filtered(f) => !config.filters[f].is_static(),
+            _ => false,
+        };
+        if judged && ctx.needs_room() && ctx.fleet.facts()[i].known() {
+            out.water_level = Some(ctx.level_seen(i));
         }
+        out
+    }
+
+    /// How the decision judged the water levels of the clusters it looked at closely: `Upper80
+    /// over 30m: forecast for 4 of 5 clusters; present level for 1 (less than a season of
+    /// history: c)`. Empty for a task that takes no room.
+    pub fn prediction(&self, fleet: &Fleet, task: &Task<'_>, config: &Config) -> String {
+        if task.replicas <= 0 || self.outcomes.entries.is_empty() {
+            return String::new();
+        }
+        let affinity = self.affinity(task);
+        let ctx = context(fleet, task, config, affinity.as_ref());
+        if ctx.ahead.is_off() {
+            return format!("present level ({})", Present::Off.reason());
+        }
+        let mut forecast = 0usize;
+        let mut present: BTreeMap<Present, Vec<&str>> = BTreeMap::new();
+        let mut looked = 0usize;
+        for (i, o) in &self.outcomes.entries {
+            let judged = match o {
+                Outcome::Scored { .. } => true,
+                Outcome::Filtered(f) => !config.filters[*f].is_static(),
+                _ => false,
+            };
+            let f = &fleet.facts()[*i];
+            if !judged || !f.known() {
+                continue;
+            }
+            looked += 1;
+            match f.outlook_step(task.now, &ctx.ahead) {
+                Ok(_) => forecast += 1,
+                Err(why) => present
+                    .entry(why)
+                    .or_default()
+                    .push(&fleet.clusters()[*i].name),
+            }
+        }
+        if looked == 0 {
+            return String::new();
+        }
+        let mut msg = format!(
+            "{}: forecast for {forecast} of {looked} clusters",
+            ctx.ahead.describe()
+        );
+        for (why, names) in present {
+            let shown: Vec<&str> = names.iter().take(3).copied().collect();
+            let more = if names.len() > 3 { ", ..." } else { "" };
+            msg.push_str(&format!(
+                "; present level for {} ({}: {}{more})",
+                names.len(),
+                why.reason(),
+                shown.join(", ")
+            ));
+        }
+        msg
     }
 
     fn affinity(&self, task: &Task<'_>) -> Option<ClusterAffinity> {
@@ -560,6 +670,11 @@ fn context<'a>(
         divided: strategy != "Duplicated",
         water_division: strategy == "WaterLevel",
         any_known: fleet.facts().iter().any(Facts::known),
+        ahead: task
+            .placement
+            .prediction
+            .as_ref()
+            .map_or(config.prediction, |p| p.resolve(config.prediction)),
     };
     ctx.room = vec![None; fleet.len()];
     ctx

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use orrery_api::cluster::{ResourceList, Taint, dimension_of};
 use orrery_api::overrides::ClusterView;
+use orrery_api::prediction::{Ahead, Bound};
 
 /// The water level dimensions, in the order of a [`Vector`].
 pub const DIMENSIONS: [&str; 5] = ["cpu", "memory", "gpu", "pods", "storage"];
@@ -207,6 +208,8 @@ pub struct Facts {
     /// Mean round-trip latency to the other clusters it reports, in milliseconds.
     pub latency: Option<f64>,
     pub traffic: f64,
+    /// The monitoring system's forecast of its water levels, when there is one.
+    pub outlook: Option<std::sync::Arc<Outlook>>,
 }
 
 impl Facts {
@@ -222,6 +225,7 @@ impl Facts {
                 .then(|| vector_of(&c.largest_node_free)),
             latency,
             traffic: c.traffic,
+            outlook: None,
         }
     }
 
@@ -263,6 +267,209 @@ impl Facts {
             .map(|d| self.taken(d) / self.allocatable[d])
             .fold(0.0, f64::max)
     }
+
+    /// Which step of its forecast a look `ahead` from `now` reaches, or why the present level
+    /// stands in for the forecast.
+    pub fn outlook_step(&self, now: i64, ahead: &Ahead) -> Result<(&Outlook, usize), Present> {
+        if ahead.is_off() {
+            return Err(Present::Off);
+        }
+        let o = self.outlook.as_deref().ok_or(Present::NoForecast)?;
+        o.step(now, ahead.horizon_seconds).map(|k| (o, k))
+    }
+
+    /// What the forecast adds to dimension `d` over the look `ahead` (0 where the present
+    /// level stands), in the dimension's units.
+    pub fn rise(&self, d: usize, now: i64, ahead: &Ahead) -> f64 {
+        match self.outlook_step(now, ahead) {
+            Ok((o, k)) => o.rise(ahead.bound, k, d) * self.allocatable[d],
+            Err(_) => 0.0,
+        }
+    }
+
+    /// The overall water level the look `ahead` judges the cluster by: the larger of the
+    /// present level and the forecast, per dimension.
+    pub fn level_ahead(&self, now: i64, ahead: &Ahead) -> f64 {
+        let step = self.outlook_step(now, ahead).ok();
+        (0..5)
+            .filter(|d| self.allocatable[*d] > 0.0)
+            .map(|d| {
+                let rise = step.map_or(0.0, |(o, k)| o.rise(ahead.bound, k, d));
+                self.taken(d) / self.allocatable[d] + rise
+            })
+            .fold(0.0, f64::max)
+    }
+
+    /// Where the forecast has the cluster cross `mark` within the look `ahead`: the first
+    /// dimension and step to cross it, unless it is above the mark already.
+    pub fn crossing(&self, now: i64, ahead: &Ahead, mark: f64) -> Option<Crossing> {
+        let (o, last) = self.outlook_step(now, ahead).ok()?;
+        let mut first: Option<Crossing> = None;
+        for d in (0..5).filter(|d| self.allocatable[*d] > 0.0) {
+            let level = self.taken(d) / self.allocatable[d];
+            if level > mark {
+                return None;
+            }
+            // The rises are running maxima: the first step above the mark is found by
+            // bisection.
+            let peak = level + o.rise(ahead.bound, last, d);
+            if peak <= mark {
+                continue;
+            }
+            let k = o.rise[ahead.bound.index()][..=last]
+                .partition_point(|r| level + widen(r[d]) <= mark);
+            if first.as_ref().is_none_or(|c| k < c.step) {
+                first = Some(Crossing {
+                    dimension: d,
+                    level,
+                    peak,
+                    step: k,
+                    at: o.time + o.step * (k as i64 + 1),
+                });
+            }
+        }
+        first
+    }
+}
+
+/// Why a decision judged a cluster by its present level rather than its forecast.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Present {
+    /// The placement (or the server) looks no time ahead.
+    Off,
+    NoForecast,
+    /// Its forecast holds less than one season of history.
+    YoungHistory,
+    /// Its forecast was made too long ago to say anything of now.
+    Stale,
+}
+
+impl Present {
+    pub fn reason(self) -> &'static str {
+        match self {
+            Present::Off => "prediction off",
+            Present::NoForecast => "no forecast yet",
+            Present::YoungHistory => "less than a season of history",
+            Present::Stale => "its forecast is stale",
+        }
+    }
+}
+
+/// Where a cluster's forecast crosses a mark.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Crossing {
+    /// The dimension (an index of [`DIMENSIONS`]).
+    pub dimension: usize,
+    /// Its level in that dimension now, and the highest the forecast takes it.
+    pub level: f64,
+    pub peak: f64,
+    /// The forecast's step that crosses, and its time (unix seconds).
+    pub step: usize,
+    pub at: i64,
+}
+
+/// A cluster's forecast as the scheduler reads it: per bound and dimension, how far above its
+/// starting point the forecast rises over its first steps (running maxima, never below 0), so
+/// the peak over any horizon is one lookup.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Outlook {
+    /// When the forecast was made (unix seconds) and the seconds between its steps.
+    pub time: i64,
+    pub step: i64,
+    /// Seconds of history it was made from, and the season it was given.
+    pub history_seconds: i64,
+    pub season_seconds: i64,
+    /// The model of each dimension's series (empty where there is none).
+    pub models: [String; 5],
+    /// `rise[bound][k][d]`: the highest (forecast at that bound - last value) over steps
+    /// `0..=k` of dimension `d`, a share of its capacity.
+    rise: [Vec<[f32; 5]>; 3],
+}
+
+impl Outlook {
+    /// What the scheduler reads of a stored forecast; `None` when it forecasts no dimension.
+    pub fn of(f: &orrery_api::history::series::ClusterForecast) -> Option<Outlook> {
+        let len = f
+            .series
+            .iter()
+            .filter(|(name, _)| DIMENSIONS.contains(&name.as_str()))
+            .map(|(_, s)| s.points.len())
+            .max()
+            .filter(|n| *n > 0)?;
+        let mut rise: [Vec<[f32; 5]>; 3] = std::array::from_fn(|_| vec![[0.0f32; 5]; len]);
+        let mut models: [String; 5] = Default::default();
+        for (name, s) in &f.series {
+            let Some(d) = DIMENSIONS.iter().position(|x| x == name) else {
+                continue;
+            };
+            models[d] = s.model.clone();
+            // A forecast without its starting point (written before it was kept) rises from
+            // its first step.
+            let Some(start) = s.last.or(s.points.first().map(|p| p.mean)) else {
+                continue;
+            };
+            for (b, bound) in rise.iter_mut().enumerate() {
+                let mut high = 0.0f64;
+                for k in 0..len {
+                    if let Some(p) = s.points.get(k) {
+                        let v = [p.mean, p.upper80, p.upper95][b];
+                        if v.is_finite() {
+                            high = high.max(v - start);
+                        }
+                    }
+                    bound[k][d] = high as f32;
+                }
+            }
+        }
+        let step = f.step_seconds.max(1) as i64;
+        Some(Outlook {
+            time: f.time.unix_seconds(),
+            step,
+            history_seconds: f.history as i64 * step,
+            season_seconds: f.season_seconds as i64,
+            models,
+            rise,
+        })
+    }
+
+    /// Steps the forecast holds.
+    pub fn len(&self) -> usize {
+        self.rise[0].len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The last step a horizon from `now` reaches (the forecast's last, if it reaches less
+    /// far), or why the forecast cannot be used. A forecast older than three of its steps (and
+    /// a minute) is stale: the forecaster has stopped or fallen behind.
+    pub fn step(&self, now: i64, horizon: i64) -> Result<usize, Present> {
+        if self.history_seconds < self.season_seconds {
+            return Err(Present::YoungHistory);
+        }
+        if now - self.time > (3 * self.step).max(60) {
+            return Err(Present::Stale);
+        }
+        if self.is_empty() {
+            return Err(Present::NoForecast);
+        }
+        let reach = (now + horizon - self.time).max(1);
+        let k = (reach + self.step - 1) / self.step - 1;
+        Ok((k.max(0) as usize).min(self.len() - 1))
+    }
+
+    /// The rise of dimension `d` over steps `0..=k` at `bound`, a share of capacity.
+    pub fn rise(&self, bound: Bound, k: usize, d: usize) -> f64 {
+        self.rise[bound.index()].get(k).map_or(0.0, |r| widen(r[d]))
+    }
+}
+
+/// A rise as kept (`f32`, half the memory of a large fleet's forecasts) read back as the
+/// value it was made from: forecasts are stored to four decimals, and the float's own error
+/// would otherwise take a replica off a room computed to the core.
+fn widen(x: f32) -> f64 {
+    (f64::from(x) * 1e5).round() / 1e5
 }
 
 /// The member clusters, in name order, with their numbers.
@@ -349,6 +556,7 @@ impl Fleet {
         match self.position(&c.name) {
             Some(i) => {
                 f.assumed = self.facts[i].assumed;
+                f.outlook = self.facts[i].outlook.take();
                 self.facts[i] = f;
                 if !same_placement_facts(&self.clusters[i], &c) {
                     self.generation = next_generation();
@@ -381,6 +589,13 @@ impl Fleet {
             .enumerate()
             .map(|(i, c)| (c.name.clone(), i))
             .collect();
+    }
+
+    /// Sets a cluster's forecast (`None`: it has none).
+    pub fn set_outlook(&mut self, name: &str, outlook: Option<std::sync::Arc<Outlook>>) {
+        if let Some(i) = self.position(name) {
+            self.facts[i].outlook = outlook;
+        }
     }
 
     /// Sets what the assume cache holds against a cluster.

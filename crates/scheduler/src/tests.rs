@@ -1184,3 +1184,305 @@ fn a_plugin_with_nothing_to_say_takes_no_part_in_the_mean() {
     assert_eq!(with, totals(&without));
     assert!(with.iter().all(|(_, _, completion)| !completion));
 }
+
+// Scheduling ahead of the load (`placement.prediction`).
+
+/// A forecast of cluster cpu levels made at `time`: one point a minute, `means` for the mean,
+/// each bound `spread` above it, a day of history against a day's season unless `history`
+/// says otherwise, starting from `last`.
+fn forecast_of(
+    time: i64,
+    last: f64,
+    means: &[f64],
+    spread: f64,
+    history_points: usize,
+) -> orrery_api::history::series::ClusterForecast {
+    use orrery_api::history::series::{ClusterForecast, ForecastPoint, SeriesForecast};
+    ClusterForecast {
+        cluster: "x".into(),
+        time: Time::from_unix_seconds(time).unwrap(),
+        step_seconds: 60,
+        season_seconds: 86_400,
+        history: history_points,
+        series: [(
+            "cpu".to_string(),
+            SeriesForecast {
+                model: "mstl-ets".into(),
+                backtest_mase: Some(0.6),
+                points: means
+                    .iter()
+                    .map(|m| ForecastPoint {
+                        mean: *m,
+                        lower80: m - spread,
+                        upper80: m + spread,
+                        lower95: m - 2.0 * spread,
+                        upper95: m + 2.0 * spread,
+                    })
+                    .collect(),
+                last: Some(last),
+            },
+        )]
+        .into(),
+    }
+}
+
+const NOW: i64 = 1_800_000_000;
+const DAY: usize = 1440;
+
+/// `a` and `b` at 60 % of 100 cores (the fleet is busy: water-filling); `a`'s forecast climbs
+/// by 0.305 over the next hour, evenly (its history as given), `b`'s stays flat (and sure).
+fn peaking(history_points: usize, made: i64) -> Fleet {
+    let mut fleet = Fleet::new(vec![
+        cluster("a", "us", 100, 60),
+        cluster("b", "eu", 100, 60),
+    ]);
+    let rising: Vec<f64> = (1..=60).map(|m| 0.6 + 0.305 * m as f64 / 60.0).collect();
+    let flat = vec![0.6; 60];
+    for (name, means, spread) in [("a", rising, 0.02), ("b", flat, 0.0)] {
+        let f = forecast_of(made, 0.6, &means, spread, history_points);
+        fleet.set_outlook(name, Outlook::of(&f).map(std::sync::Arc::new));
+    }
+    fleet
+}
+
+fn prediction(horizon: &str, bound: &str) -> serde_json::Value {
+    let mut p = divided();
+    p["prediction"] = json!({"horizon": horizon, "bound": bound});
+    p
+}
+
+#[test]
+fn a_cluster_about_to_peak_receives_no_new_replicas() {
+    // 24 replicas of 1 core, water-filled: each where the level it makes is lowest. By the
+    // present level a and b are alike and share them. a is judged at 60 % plus its forecast's
+    // rise over the horizon (+0.1525 in 30 minutes, +0.2033 in 40, +0.305 in an hour by the
+    // mean; Upper80 adds 0.02, Upper95 0.04): b fills to a's level first, and a takes none
+    // once the rise leaves no room under the limit (0.85).
+    let cases: &[(&str, serde_json::Value, usize, i64, &[(&str, i64)])] = &[
+        (
+            "present level",
+            prediction("0s", "Mean"),
+            DAY,
+            NOW,
+            &[("a", 12), ("b", 12)],
+        ),
+        (
+            "30m mean",
+            prediction("30m", "Mean"),
+            DAY,
+            NOW,
+            &[("a", 4), ("b", 20)],
+        ),
+        (
+            "40m mean",
+            prediction("40m", "Mean"),
+            DAY,
+            NOW,
+            &[("a", 2), ("b", 22)],
+        ),
+        (
+            "40m upper80",
+            prediction("40m", "Upper80"),
+            DAY,
+            NOW,
+            &[("a", 1), ("b", 23)],
+        ),
+        (
+            "40m upper95",
+            prediction("40m", "Upper95"),
+            DAY,
+            NOW,
+            &[("b", 24)],
+        ),
+        ("1h mean", prediction("1h", "Mean"), DAY, NOW, &[("b", 24)]),
+        // The server's default: 30m, Upper80 (+0.1725).
+        ("default", divided(), DAY, NOW, &[("a", 3), ("b", 21)]),
+        // Less than a season of history: the present level stands.
+        (
+            "young history",
+            prediction("1h", "Mean"),
+            DAY - 1,
+            NOW,
+            &[("a", 12), ("b", 12)],
+        ),
+        // A forecast made 10 minutes ago (more than three steps): stale.
+        (
+            "stale",
+            prediction("1h", "Mean"),
+            DAY,
+            NOW - 600,
+            &[("a", 12), ("b", 12)],
+        ),
+        // Made 2 minutes ago: an hour from now is past its end: its last point stands in.
+        (
+            "2 minutes old",
+            prediction("1h", "Mean"),
+            DAY,
+            NOW - 120,
+            &[("b", 24)],
+        ),
+    ];
+    for (what, p, history, made, want) in cases {
+        let fleet = peaking(*history, *made);
+        let mut t = T::new(p.clone(), 24);
+        t.now = NOW;
+        let d = schedule(&fleet, &t.task(), &Config::default());
+        assert_eq!(shares(&d), s(want), "{what}: {d:?}");
+        assert_eq!(d.strategy, "WaterFilling", "{what}");
+        assert!(d.error.is_none(), "{what}: {:?}", d.error);
+    }
+}
+
+#[test]
+fn decisions_say_how_each_level_was_judged() {
+    let config = Config::default();
+    let fleet = peaking(DAY, NOW);
+    let mut t = T::new(prediction("1h", "Upper80"), 4);
+    t.now = NOW;
+    let d = schedule(&fleet, &t.task(), &config);
+    let why: BTreeMap<String, ClusterDecision> = d
+        .explain(&fleet, &t.task(), &config)
+        .into_iter()
+        .map(|x| (x.name.clone(), x))
+        .collect();
+    assert_eq!(why["a"].filter, "WaterLevel");
+    assert_eq!(
+        why["a"].reason,
+        "its water level would reach 0.94 by the forecast (Upper80 over 1h), above the limit 0.85 (0.61 by its present level)"
+    );
+    assert_eq!(
+        why["a"].water_level,
+        Some(LevelSeen {
+            now: 0.6,
+            ahead: Some(0.925),
+            basis: "Upper80 over 1h".into()
+        })
+    );
+    assert_eq!(why["b"].water_level.as_ref().unwrap().ahead, Some(0.6));
+    assert_eq!(
+        d.prediction(&fleet, &t.task(), &config),
+        "Upper80 over 1h: forecast for 2 of 2 clusters"
+    );
+    // b has too little history, and its level is the present one; off, both are.
+    let mut fleet = peaking(DAY, NOW);
+    let young = forecast_of(NOW, 0.6, &[0.6; 60], 0.02, 10);
+    fleet.set_outlook("b", Outlook::of(&young).map(std::sync::Arc::new));
+    let d = schedule(&fleet, &t.task(), &config);
+    assert_eq!(
+        d.prediction(&fleet, &t.task(), &config),
+        "Upper80 over 1h: forecast for 1 of 2 clusters; present level for 1 (less than a season of history: b)"
+    );
+    let b = &d.explain(&fleet, &t.task(), &config)[1];
+    assert_eq!(
+        b.water_level,
+        Some(LevelSeen {
+            now: 0.6,
+            ahead: None,
+            basis: "present level (less than a season of history)".into()
+        })
+    );
+    let off = T {
+        now: NOW,
+        ..T::new(prediction("0s", ""), 4)
+    };
+    let d = schedule(&fleet, &off.task(), &config);
+    assert_eq!(
+        d.prediction(&fleet, &off.task(), &config),
+        "present level (prediction off)"
+    );
+}
+
+#[test]
+fn shedding_ahead_keeps_only_what_fits_at_the_forecast_peak() {
+    // a runs 30 of our replicas (70 of 100 cores taken); its forecast rises by 0.2 within
+    // the hour. Shed with the forecast, a keeps what fits under 0.80 at the peak: 80 - 20 -
+    // 40 (the others) = 20, and none of the 10 it gives up go anywhere the forecast says
+    // would cross the limit.
+    let mut fleet = Fleet::new(vec![
+        cluster("a", "us", 100, 70),
+        cluster("b", "eu", 100, 30),
+        cluster("c", "asia", 100, 30),
+    ]);
+    let up: Vec<f64> = (1..=60).map(|m| 0.7 + 0.2 * m as f64 / 60.0).collect();
+    fleet.set_outlook(
+        "a",
+        Outlook::of(&forecast_of(NOW, 0.7, &up, 0.0, DAY)).map(std::sync::Arc::new),
+    );
+    // c's forecast climbs to 0.84: it takes no more than 1 replica of the ten.
+    let c_up: Vec<f64> = (1..=60).map(|m| 0.3 + 0.54 * m as f64 / 60.0).collect();
+    fleet.set_outlook(
+        "c",
+        Outlook::of(&forecast_of(NOW, 0.3, &c_up, 0.0, DAY)).map(std::sync::Arc::new),
+    );
+    let mut t = T::new(prediction("1h", "Mean"), 34);
+    t.now = NOW;
+    t.previous = prev(&[("a", 30), ("b", 2), ("c", 2)]);
+    t.shed = vec!["a".into()];
+    let got: BTreeMap<String, i64> = shares(&schedule(&fleet, &t.task(), &Config::default()))
+        .into_iter()
+        .collect();
+    assert_eq!(got["a"], 20, "{got:?}");
+    // c takes at most 1 of them (28 + 54 by its forecast + 3 = 85), b the rest.
+    assert!(got["c"] <= 3, "{got:?}");
+    assert_eq!(got["b"] + got["c"], 14, "{got:?}");
+    // Without the forecast, a keeps what fits under 0.80 by its present level: 80 - 40.
+    let mut t = t;
+    t.placement.prediction = Some(orrery_api::prediction::Prediction {
+        horizon: "0s".into(),
+        bound: String::new(),
+    });
+    let got: BTreeMap<String, i64> = shares(&schedule(&fleet, &t.task(), &Config::default()))
+        .into_iter()
+        .collect();
+    assert_eq!(got["a"], 30, "{got:?}");
+}
+
+#[test]
+fn a_forecast_crossing_is_found_at_its_first_step() {
+    let up: Vec<f64> = (1..=60).map(|m| 0.5 + 0.5 * m as f64 / 60.0).collect();
+    let o = Outlook::of(&forecast_of(NOW, 0.5, &up, 0.0, DAY)).unwrap();
+    let mut f = Fleet::new(vec![cluster("a", "us", 100, 50)]);
+    f.set_outlook("a", Some(std::sync::Arc::new(o)));
+    let facts = &f.facts()[0];
+    let ahead = |h: i64| Ahead {
+        horizon_seconds: h,
+        bound: orrery_api::prediction::Bound::Mean,
+    };
+    // 0.5 + m/120 > 0.95 from the 55th minute (step 54).
+    let c = facts.crossing(NOW, &ahead(3600), 0.95).unwrap();
+    assert_eq!((c.dimension, c.step, c.at), (0, 54, NOW + 55 * 60));
+    assert!((c.level - 0.5).abs() < 1e-9 && (c.peak - 1.0).abs() < 1e-6);
+    // Not within 50 minutes; nor with the present level alone.
+    assert!(facts.crossing(NOW, &ahead(3000), 0.95).is_none());
+    assert!(facts.crossing(NOW, &ahead(0), 0.95).is_none());
+    // A cluster above the mark already is not a crossing (shedding by the present level
+    // takes it).
+    let mut hot = Fleet::new(vec![cluster("a", "us", 100, 96)]);
+    hot.set_outlook("a", f.facts()[0].outlook.clone());
+    assert!(hot.facts()[0].crossing(NOW, &ahead(3600), 0.95).is_none());
+}
+
+#[test]
+fn outlooks_keep_running_maxima_of_the_rise_per_bound() {
+    // Up, down, up again; below the starting point it counts as no rise.
+    let means = [0.45, 0.6, 0.5, 0.3, 0.7];
+    let o = Outlook::of(&forecast_of(NOW, 0.5, &means, 0.1, DAY)).unwrap();
+    let mean: Vec<f64> = (0..5)
+        .map(|k| (o.rise(orrery_api::prediction::Bound::Mean, k, 0) * 100.0).round() / 100.0)
+        .collect();
+    assert_eq!(mean, [0.0, 0.1, 0.1, 0.1, 0.2]);
+    let u95: Vec<f64> = (0..5)
+        .map(|k| (o.rise(orrery_api::prediction::Bound::Upper95, k, 0) * 100.0).round() / 100.0)
+        .collect();
+    assert_eq!(u95, [0.15, 0.3, 0.3, 0.3, 0.4]);
+    // Dimensions not forecast rise by nothing; neither does a forecast of traffic alone.
+    assert_eq!(o.rise(orrery_api::prediction::Bound::Upper95, 4, 1), 0.0);
+    let mut traffic_only = forecast_of(NOW, 0.5, &means, 0.1, DAY);
+    let s = traffic_only.series.remove("cpu").unwrap();
+    traffic_only.series.insert("traffic".into(), s);
+    assert!(Outlook::of(&traffic_only).is_none());
+    assert_eq!(
+        (o.len(), o.time, o.step, o.history_seconds),
+        (5, NOW, 60, 86_400)
+    );
+}

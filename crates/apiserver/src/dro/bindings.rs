@@ -262,6 +262,7 @@ pub fn status_view(id: &str, b: &Object) -> Value {
         "unplacedReplicas": st.unplaced_replicas.unwrap_or(0),
         "reasons": st.decisions,
         "filtered": st.filtered,
+        "prediction": st.prediction,
         "lastScheduledTime": st.last_scheduled_time,
         "fullyApplied": applied,
         "standalone": is_standalone(b),

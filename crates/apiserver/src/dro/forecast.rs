@@ -155,6 +155,7 @@ mod tests {
                     model: "naive".into(),
                     backtest_mase: None,
                     points: vec![ForecastPoint::default(); 12],
+                    last: Some(0.5),
                 },
             )]
             .into(),

@@ -184,6 +184,21 @@ fn cluster() -> Value {
             },
             "properties": { "type": "object", "additionalProperties": { "type": "string" },
                             "description": "ClusterProperty values (KEP-2149) the member reports." },
+            "forecast": {
+                "type": "object",
+                "description": "The monitoring system's forecast of the cluster's water levels: the highest mean level of the next hour (written by the control plane).",
+                "properties": {
+                    "time": { "type": "string", "format": "date-time", "description": "When the forecast was made." },
+                    "horizonSeconds": { "type": "integer", "format": "int64", "description": "How far the peak is looked for: an hour, or less where the forecast reaches less far." },
+                    "peak": { "type": "number", "description": "The highest mean water level forecast over the horizon, of any dimension." },
+                    "peakDimension": { "type": "string", "description": "Its dimension." },
+                    "peakTime": { "type": "string", "format": "date-time", "description": "When it comes." },
+                    "peakUpper80": { "type": "number", "description": "The upper end of that step's 80 % interval." },
+                    "model": { "type": "string", "description": "The model of that dimension's series." },
+                    "historySeconds": { "type": "integer", "format": "int64", "description": "Seconds of history the forecast was made from; the scheduler reads it once that is a season." },
+                    "seasonSeconds": { "type": "integer", "format": "int64", "description": "The season the models were given." },
+                },
+            },
             "lastHeartbeatTime": { "type": "string", "format": "date-time" },
         },
     });

@@ -33,13 +33,14 @@ use orrery_api::cluster::{TAINT_NOT_READY, TAINT_UNREACHABLE};
 use orrery_api::conditions::{self, Condition};
 use orrery_api::history::{self, ScheduleEntry};
 use orrery_api::policy::DEFAULT_FAILOVER_TOLERATION_SECONDS;
+use orrery_api::prediction::{Ahead, ForecastTrigger};
 use orrery_api::work::Health;
 use orrery_api::{Object, Time, keys};
 use orrery_scheduler::assume::AssumeCache;
 use orrery_scheduler::queue::{Backoff, Lanes};
 use orrery_scheduler::{
-    ClusterSnapshot, Config as Engine, Decision, FilterCache, Fleet, Mode, Task, demand_of,
-    schedule_cached,
+    ClusterSnapshot, Config as Engine, Decision, FilterCache, Fleet, Mode, Outlook, Task,
+    demand_of, schedule_cached,
 };
 use orrery_store::Store;
 use serde::Deserialize;
@@ -137,6 +138,9 @@ pub struct Settings {
     pub assume_ttl: Duration,
     /// The score plugins' weights before monitoring adjusts them.
     pub weights: orrery_scheduler::Weights,
+    /// How far ahead, and at which bound, clusters are judged when a placement does not say;
+    /// also what proactive rebalancing looks at.
+    pub prediction: Ahead,
     pub metrics: Arc<SchedulerMetrics>,
     /// The runtime's figures (synced, queue depth, rounds), as every controller has them.
     pub controller_metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
@@ -153,6 +157,7 @@ impl Default for Settings {
             assume_settle: Duration::from_secs(5),
             assume_ttl: Duration::from_secs(60),
             weights: orrery_scheduler::Weights::default(),
+            prediction: Ahead::default(),
             metrics: Arc::default(),
             controller_metrics: Arc::default(),
         }
@@ -162,6 +167,8 @@ impl Default for Settings {
 #[derive(Clone, Debug)]
 enum Src {
     Cluster,
+    /// The monitoring system's forecasts of each cluster.
+    Forecast,
     Binding,
     Migration,
     DataSet,
@@ -206,6 +213,9 @@ enum Trigger {
     ClustersChanged,
     Failover,
     Shed,
+    /// A cluster's forecast crosses the shed mark within the horizon: replicas move ahead of
+    /// the peak.
+    Forecast,
     Recovered,
     Retry,
     /// Moved replicas' old copies are due to go.
@@ -229,6 +239,7 @@ impl Trigger {
             Trigger::ClustersChanged => "ClustersChanged",
             Trigger::Failover => "Failover",
             Trigger::Shed => "Shed",
+            Trigger::Forecast => "Forecast",
             Trigger::Recovered => "Recovered",
             Trigger::Retry => "Retry",
             Trigger::Cleanup => "Cleanup",
@@ -279,6 +290,10 @@ struct Scheduler {
     /// The network weight last logged at info level.
     weights_told: Option<f64>,
     last_shed: HashMap<String, Instant>,
+    /// Each cluster's forecast, as the engine reads it.
+    outlooks: HashMap<String, Arc<Outlook>>,
+    /// The forecasts that made bindings move ahead of a peak, for the history.
+    forecast_moves: HashMap<BKey, ForecastTrigger>,
     history: Vec<ScheduleEntry>,
     history_tx: mpsc::UnboundedSender<Vec<ScheduleEntry>>,
     seq: u64,
@@ -305,6 +320,13 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         store.clone(),
         keys::well_known::clusters(),
         Src::Cluster,
+        tx.clone(),
+        shutdown.clone(),
+    );
+    follow(
+        store.clone(),
+        orrery_api::history::series::FORECAST_PREFIX.to_string(),
+        Src::Forecast,
         tx.clone(),
         shutdown.clone(),
     );
@@ -345,6 +367,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
     let engine = Engine {
         water_level_limit: settings.water_level_limit,
         weights: settings.weights,
+        prediction: settings.prediction,
         ..Engine::default()
     };
     let runtime = settings.controller_metrics.of("scheduling");
@@ -371,6 +394,8 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         traffic_baseline: None,
         weights_told: None,
         last_shed: HashMap::new(),
+        outlooks: HashMap::new(),
+        forecast_moves: HashMap::new(),
         history: Vec::new(),
         history_tx,
         seq: 0,
@@ -384,6 +409,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         barrier: {
             let mut b = Barrier::new();
             b.expect("clusters");
+            b.expect("forecasts");
             b.expect("bindings");
             b.expect("migrations");
             b.expect("datasets");
@@ -596,6 +622,9 @@ impl Scheduler {
                         self.fleet = Fleet::new(snaps);
                         let names: Vec<String> = self.prints.keys().cloned().collect();
                         self.refresh_assumed(&names);
+                        for n in &names {
+                            self.fleet.set_outlook(n, self.outlooks.get(n).cloned());
+                        }
                         self.room_changed();
                         self.barrier.listed("clusters");
                         (true, false)
@@ -629,6 +658,9 @@ impl Scheduler {
                             self.room_changed();
                         }
                         self.fleet.upsert(s);
+                        // A cluster new to the fleet gets the forecast that came before it.
+                        self.fleet
+                            .set_outlook(&name, self.outlooks.get(&name).cloned());
                         if let Some(hb) = hb
                             && self.heartbeats.insert(name.clone(), hb) != Some(hb)
                         {
@@ -665,6 +697,7 @@ impl Scheduler {
                     });
                 }
             }
+            Src::Forecast => self.on_forecast(ev),
             Src::Migration => self.on_migration(ev),
             Src::DataSet => self.on_dataset(ev),
             Src::DataTransfer => self.on_transfer(ev),
@@ -731,6 +764,46 @@ impl Scheduler {
                 }
             },
         }
+    }
+
+    /// A cluster's forecast was made (or went with its cluster): decisions from now on read
+    /// it, and bindings waiting for room may find some (nothing else is decided again).
+    fn on_forecast(&mut self, ev: Event) {
+        let outlook = |o: &Object| -> Option<(String, Arc<Outlook>)> {
+            let f: orrery_api::history::series::ClusterForecast =
+                serde_json::from_value(o.spec.clone()?).ok()?;
+            Some((f.cluster.clone(), Arc::new(Outlook::of(&f)?)))
+        };
+        match ev {
+            Event::Listed(items) => {
+                self.outlooks = items.iter().filter_map(|o| outlook(o)).collect();
+                let names: Vec<String> = self
+                    .fleet
+                    .clusters()
+                    .iter()
+                    .map(|c| c.name.clone())
+                    .collect();
+                for n in names {
+                    self.fleet.set_outlook(&n, self.outlooks.get(&n).cloned());
+                }
+                self.barrier.listed("forecasts");
+            }
+            Event::Upsert(o) => match outlook(&o) {
+                Some((name, out)) => {
+                    self.fleet.set_outlook(&name, Some(out.clone()));
+                    self.outlooks.insert(name, out);
+                }
+                None => {
+                    self.outlooks.remove(o.name());
+                    self.fleet.set_outlook(o.name(), None);
+                }
+            },
+            Event::Delete(o) => {
+                self.outlooks.remove(o.name());
+                self.fleet.set_outlook(o.name(), None);
+            }
+        }
+        self.room_changed();
     }
 
     /// A data set copy started, progressed or ended: the links it books are the fleet's
@@ -1042,11 +1115,24 @@ impl Scheduler {
         }
     }
 
-    /// Clusters above the shed mark for a whole window shed replicas of a few bindings.
+    /// Clusters above the shed mark for a whole window shed replicas of a few bindings; so do
+    /// clusters whose forecast crosses the mark within the horizon, ahead of the peak.
     fn check_hot(&mut self, now: Instant) {
         let mark = self.settings.shed_mark.max(self.settings.water_level_limit);
         let mut due = Vec::new();
+        let wall = Time::now();
+        let mut ahead: Vec<(String, orrery_scheduler::Crossing)> = Vec::new();
         for (c, f) in self.fleet.clusters().iter().zip(self.fleet.facts()) {
+            if f.known()
+                && f.level() <= mark
+                && self
+                    .last_shed
+                    .get(&c.name)
+                    .is_none_or(|l| now.duration_since(*l) >= self.settings.shed_window)
+                && let Some(x) = f.crossing(wall.unix_seconds(), &self.settings.prediction, mark)
+            {
+                ahead.push((c.name.clone(), x));
+            }
             if f.known() && f.level() > mark {
                 let since = *self.hot_since.entry(c.name.clone()).or_insert(now);
                 let last = self.last_shed.get(&c.name).copied();
@@ -1078,6 +1164,61 @@ impl Scheduler {
                 self.shed.entry(k.clone()).or_default().push(c.clone());
                 self.triggers.insert(k.clone(), Trigger::Shed);
                 self.enqueue(k, Trigger::Shed);
+            }
+        }
+        for (c, x) in ahead {
+            // The bindings with the most replicas there that judge clusters by their
+            // forecast (a placement that looks no time ahead keeps its replicas).
+            let mut on: Vec<(i64, BKey)> = self
+                .bindings
+                .iter()
+                .filter_map(|(k, b)| {
+                    let spec = BindingSpec::of(b)?;
+                    let n = spec.clusters.iter().find(|t| t.name == c)?.replicas;
+                    let off = spec
+                        .placement
+                        .prediction
+                        .as_ref()
+                        .is_some_and(|p| p.resolve(self.settings.prediction).is_off());
+                    (sheddable(&spec) && !off && n > 0).then(|| (n, k.clone()))
+                })
+                .collect();
+            if on.is_empty() {
+                continue;
+            }
+            self.last_shed.insert(c.clone(), now);
+            on.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            on.truncate(self.settings.shed_per_window);
+            let outlook = self.outlooks.get(&c);
+            let trigger = ForecastTrigger {
+                cluster: c.clone(),
+                dimension: orrery_scheduler::DIMENSIONS[x.dimension].to_string(),
+                level: (x.level * 1000.0).round() / 1000.0,
+                forecast: (x.peak * 1000.0).round() / 1000.0,
+                crosses_at: Time::from_unix_seconds(x.at).unwrap_or(wall),
+                mark,
+                basis: self.settings.prediction.describe(),
+                model: outlook
+                    .map(|o| o.models[x.dimension].clone())
+                    .unwrap_or_default(),
+                made_at: outlook
+                    .and_then(|o| Time::from_unix_seconds(o.time))
+                    .unwrap_or(wall),
+            };
+            tracing::info!(
+                cluster = %c,
+                bindings = on.len(),
+                dimension = %trigger.dimension,
+                level = trigger.level,
+                forecast = trigger.forecast,
+                crosses_at = %trigger.crosses_at,
+                "a cluster's forecast crosses the shed mark: replicas move ahead of the peak"
+            );
+            for (_, k) in on {
+                self.shed.entry(k.clone()).or_default().push(c.clone());
+                self.forecast_moves.insert(k.clone(), trigger.clone());
+                self.triggers.insert(k.clone(), Trigger::Forecast);
+                self.enqueue(k, Trigger::Forecast);
             }
         }
     }
@@ -1396,7 +1537,7 @@ impl Scheduler {
             if added && let Some(source) = dropped {
                 // Only when it must: its cluster fails a filter (the policy, a taint, a lost
                 // cluster), sheds, or fails over; a better score elsewhere moves no data.
-                let forced = matches!(why, Trigger::Shed | Trigger::Failover)
+                let forced = matches!(why, Trigger::Shed | Trigger::Forecast | Trigger::Failover)
                     || decision
                         .explain(&self.fleet, &task, &self.engine)
                         .iter()
@@ -1441,6 +1582,11 @@ impl Scheduler {
         });
         let (summary, filtered) =
             decision.summary(&self.fleet, &task, &self.engine, history::MAX_EXPLAINED);
+        let prediction = decision.prediction(&self.fleet, &task, &self.engine);
+        let forecast = self
+            .forecast_moves
+            .remove(k)
+            .filter(|_| why == Trigger::Forecast);
         let cond = match &decision.error {
             None => Condition::new(
                 CONDITION_SCHEDULED,
@@ -1484,6 +1630,7 @@ impl Scheduler {
             || status.scheduler_observed_affinity_name != decision.affinity_name
             || status.strategy != strategy
             || status.unplaced_replicas != unplaced
+            || status.prediction != prediction
             || requested.is_some();
         let failed = decision.error.is_some();
         if !clusters_changed && !status_changed && !evictions_changed {
@@ -1553,6 +1700,8 @@ impl Scheduler {
                 unplaced: decision.unplaced,
                 decisions: summary.clone(),
                 filtered: filtered.clone(),
+                prediction: prediction.clone(),
+                forecast: if clusters_changed { forecast } else { None },
             });
         }
         spec.clusters = new_clusters;
@@ -1561,6 +1710,7 @@ impl Scheduler {
         status.filtered = filtered;
         status.strategy = strategy;
         status.unplaced_replicas = unplaced;
+        status.prediction = prediction;
         status.task_id = task_id;
         if let Some(r) = requested {
             status.reschedule_observed = r;
@@ -1875,7 +2025,7 @@ impl Scheduler {
                 reason::CLUSTER_FAILOVER
             } else if why == Trigger::Failover {
                 reason::APPLICATION_FAILOVER
-            } else if why == Trigger::Shed {
+            } else if matches!(why, Trigger::Shed | Trigger::Forecast) {
                 reason::SHED
             } else if src.is_some_and(|c| c.taints.iter().any(|t| t.effect.as_str() == "NoExecute"))
             {
@@ -1994,6 +2144,11 @@ impl Scheduler {
             unplaced: 0,
             decisions: summary.clone(),
             filtered: filtered.clone(),
+            prediction: decision.prediction(&self.fleet, task, &self.engine),
+            forecast: self
+                .forecast_moves
+                .remove(k)
+                .filter(|_| why == Trigger::Forecast),
         });
         let mut next_spec = spec.clone();
         next_spec.migration = mname.clone();
