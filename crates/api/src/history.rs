@@ -287,6 +287,11 @@ pub mod series {
         /// series, beside what was measured (`levels`, `traffic`).
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         pub forecast: crate::prediction::ForecastChecks,
+        /// Orrery's own part of each level: the requests of the replicas it placed there, over
+        /// allocatable. The forecasts are of the rest (the load Orrery does not move), so a
+        /// move of Orrery's is not taken for a change in the cluster's load.
+        #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+        pub placed: BTreeMap<String, f64>,
     }
 
     /// The fleet at one time.
@@ -322,9 +327,13 @@ pub mod series {
             let of: Vec<&ClusterSample> =
                 samples.iter().filter_map(|s| s.clusters.get(n)).collect();
             let mut dims: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+            let mut placed: BTreeMap<String, Vec<f64>> = BTreeMap::new();
             for c in &of {
                 for (d, v) in &c.levels {
                     dims.entry(d.clone()).or_default().push(*v);
+                }
+                for (d, v) in &c.placed {
+                    placed.entry(d.clone()).or_default().push(*v);
                 }
             }
             let round = |x: f64| (x * 1000.0).round() / 1000.0;
@@ -345,6 +354,10 @@ pub mod series {
                     traffic: mean(&of.iter().map(|c| c.traffic).collect::<Vec<_>>()),
                     // Set by the monitoring loop, which knows the forecasts.
                     forecast: Default::default(),
+                    placed: placed
+                        .into_iter()
+                        .map(|(d, v)| (d, round(mean(&v))))
+                        .collect(),
                 },
             );
         }

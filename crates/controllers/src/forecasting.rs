@@ -8,7 +8,14 @@
 //! The series are the 5-minute averages when the season holds at least 24 of them (a day:
 //! 288), else the raw samples (a test's short season). The history is read from the store
 //! once at start, then fed by the monitoring loop sample by sample. A series' model is chosen
-//! again every `choose_every`; in between each round only fits the chosen one.
+//! again every `choose_every` (at most a 24th of a season); in between each round only fits
+//! the chosen one.
+//!
+//! A water level series is the level less Orrery's own part of it (the requests of the
+//! replicas it placed there, `ClusterSample::placed`): the load Orrery does not move. Moving
+//! replicas off a cluster ahead of its peak would otherwise look like a change of the
+//! cluster's daily pattern, and seasonal models would lose a season to it. The forecast is
+//! shown with Orrery's part at its time added back: the level, should placements stay.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -30,7 +37,8 @@ pub struct ForecastConfig {
     pub season: Duration,
     /// How far ahead.
     pub horizon: Duration,
-    /// How often each series' model is chosen again.
+    /// How often each series' model is chosen again (at most every 24th of a season: an hour
+    /// of a day).
     pub choose_every: Duration,
     /// Seasons of history a series keeps (older points are dropped).
     pub seasons_kept: usize,
@@ -55,8 +63,14 @@ impl Default for ForecastConfig {
 fn value_of(c: &ClusterSample, name: &str) -> Option<f64> {
     match name {
         "traffic" => Some(c.traffic),
-        dim => c.levels.get(dim).copied(),
+        // The load Orrery does not move: the level less its own part.
+        dim => c.levels.get(dim).map(|l| (l - placed_of(c, dim)).max(0.0)),
     }
+}
+
+/// Orrery's own part of series `name` in a sample (none of traffic).
+fn placed_of(c: &ClusterSample, name: &str) -> f64 {
+    c.placed.get(name).copied().unwrap_or(0.0)
 }
 
 /// The forecaster's state: every series' recent history and chosen model.
@@ -69,7 +83,12 @@ pub struct Forecaster {
     season: usize,
     keep: usize,
     horizon: usize,
+    /// Seconds between choices of a series' model.
+    choose_every: i64,
     history: BTreeMap<(String, String), VecDeque<f64>>,
+    /// Orrery's part of each series in the last sample: forecasts are of the rest, and shown
+    /// with it added back (the level, should Orrery's placements stay as they are).
+    placed: BTreeMap<(String, String), f64>,
     /// Each series' model, when it was chosen and on how many points.
     choices: BTreeMap<(String, String), (Choice, i64, usize)>,
     /// The time of the last point taken.
@@ -91,8 +110,10 @@ impl Forecaster {
             season,
             keep: season * cfg.seasons_kept.max(2),
             horizon: (cfg.horizon.as_secs() / step).max(1) as usize,
+            choose_every: (cfg.choose_every.as_secs() as i64).min(season_s as i64 / 24),
             cfg,
             history: BTreeMap::new(),
+            placed: BTreeMap::new(),
             choices: BTreeMap::new(),
             last: None,
         }
@@ -115,6 +136,8 @@ impl Forecaster {
                 let Some(v) = value_of(c, name).filter(|v| v.is_finite()) else {
                     continue;
                 };
+                self.placed
+                    .insert((cluster.clone(), (*name).to_string()), placed_of(c, name));
                 let h = self
                     .history
                     .entry((cluster.clone(), (*name).to_string()))
@@ -127,6 +150,7 @@ impl Forecaster {
         }
         // Clusters gone from the fleet go from the forecasts.
         self.history.retain(|(c, _), _| s.clusters.contains_key(c));
+        self.placed.retain(|(c, _), _| s.clusters.contains_key(c));
         self.choices.retain(|(c, _), _| s.clusters.contains_key(c));
     }
 
@@ -152,16 +176,14 @@ impl Forecaster {
             let fresh = self
                 .choices
                 .get(&key)
-                .filter(|(_, at, n)| {
-                    now - at < self.cfg.choose_every.as_secs() as i64 && y.len() < 2 * n
-                })
+                .filter(|(_, at, n)| now - at < self.choose_every && y.len() < 2 * n)
                 .map(|(c, _, _)| c.clone());
             let choice = match fresh {
                 Some(c) => c,
                 None => match orrery_forecast::choose(&y, self.horizon.min(self.season), &settings)
                 {
                     Ok(c) => {
-                        self.choices.insert(key, (c.clone(), now, y.len()));
+                        self.choices.insert(key.clone(), (c.clone(), now, y.len()));
                         c
                     }
                     Err(e) => {
@@ -178,6 +200,8 @@ impl Forecaster {
                 }
             };
             let round = |x: f64| (x * 10_000.0).round() / 10_000.0;
+            let placed = self.placed.get(&key).copied().unwrap_or(0.0);
+            let add = |x: f64| round(x + placed);
             out.entry(cluster.clone())
                 .or_insert_with(|| ClusterForecast {
                     cluster: cluster.clone(),
@@ -197,14 +221,14 @@ impl Forecaster {
                             .points
                             .iter()
                             .map(|b| ForecastPoint {
-                                mean: round(b.mean),
-                                lower80: round(b.lower80),
-                                upper80: round(b.upper80),
-                                lower95: round(b.lower95),
-                                upper95: round(b.upper95),
+                                mean: add(b.mean),
+                                lower80: add(b.lower80),
+                                upper80: add(b.upper80),
+                                lower95: add(b.lower95),
+                                upper95: add(b.upper95),
                             })
                             .collect(),
-                        last: y.last().copied().map(round),
+                        last: y.last().copied().map(add),
                     },
                 );
         }
@@ -681,5 +705,62 @@ mod tests {
         assert!(summary_differs(None, &s, 300));
         // A forecast of traffic alone has no water level to summarize.
         assert!(summary(&forecast(10_000, 300, &[("traffic", vec![1.0; 3])])).is_none());
+    }
+
+    /// A level series is forecast without Orrery's part, which is added back as it stands at
+    /// the forecast's time: replicas moved off a cluster do not show as a change of its load.
+    #[test]
+    fn orrerys_part_is_left_out_of_what_is_forecast() {
+        let mut f = Forecaster::new(
+            ForecastConfig {
+                season: Duration::from_secs(20),
+                horizon: Duration::from_secs(10),
+                ..Default::default()
+            },
+            Duration::from_secs(1),
+            Duration::from_secs(300),
+        );
+        // A background cycle; Orrery's replicas add 0.2 for the first 50 samples, then
+        // move away.
+        for t in 0..80 {
+            let phase = std::f64::consts::TAU * t as f64 / 20.0;
+            let background = 0.5 + 0.2 * phase.sin();
+            let part = if t < 50 { 0.2 } else { 0.0 };
+            let mut s = sample(1_000 + t, background + part);
+            let c = s.clusters.get_mut("m-0").unwrap();
+            if part > 0.0 {
+                c.placed.insert("cpu".into(), part);
+            }
+            f.push(&s);
+        }
+        let series: Vec<f64> = f.history[&("m-0".into(), "cpu".into())]
+            .iter()
+            .copied()
+            .collect();
+        assert!(
+            series.iter().all(|v| (0.29..=0.71).contains(v)),
+            "the background alone: {series:?}"
+        );
+        let out = f.forecast_all();
+        let cpu = &out[0].series["cpu"];
+        // Next: 0.5 + 0.2 sin(2π·80/20) = 0.5, with nothing of Orrery's there now.
+        assert!(
+            (cpu.points[0].mean - 0.5).abs() < 0.05,
+            "{:?}",
+            cpu.points[0]
+        );
+        let at_79 = 0.5 + 0.2 * (std::f64::consts::TAU * 79.0 / 20.0).sin();
+        assert!((cpu.last.unwrap() - at_79).abs() < 1e-3, "{:?}", cpu.last);
+        // With Orrery's part back, the forecast is shown on top of it.
+        let mut s = sample(1_080, 0.5 + 0.3);
+        s.clusters
+            .get_mut("m-0")
+            .unwrap()
+            .placed
+            .insert("cpu".into(), 0.3);
+        f.push(&s);
+        let cpu = &f.forecast_all()[0].series["cpu"];
+        assert!((cpu.last.unwrap() - 0.8).abs() < 1e-3, "{:?}", cpu.last);
+        assert!(cpu.points[0].mean > 0.75, "{:?}", cpu.points[0]);
     }
 }

@@ -7,9 +7,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::collections::HashMap;
+
+use orrery_api::binding::BindingSpec;
 use orrery_api::cluster::ClusterStatus;
 use orrery_api::history::series::{self, ClusterSample, FleetSample};
 use orrery_api::{Object, Time, keys};
+use orrery_scheduler::Vector;
 use orrery_store::{ListOptions, Store, StoreError};
 use tokio::sync::{mpsc, watch};
 
@@ -40,6 +44,95 @@ impl Default for MonitoringConfig {
     }
 }
 
+/// The dimensions whose levels are forecast, as [`orrery_scheduler::DIMENSIONS`] names them.
+const FORECAST_DIMENSIONS: [(usize, &str); 4] =
+    [(0, "cpu"), (1, "memory"), (2, "gpu"), (3, "pods")];
+
+/// What Orrery itself placed in each cluster: the requests of the replicas its bindings give
+/// it (one pod each), in base units per water level dimension.
+#[derive(Debug, Default)]
+pub struct Placed {
+    /// Each binding's generation and what it places where.
+    by_binding: HashMap<(String, String), (i64, Vec<(String, Vector)>)>,
+    by_cluster: HashMap<String, Vector>,
+}
+
+impl Placed {
+    /// Takes a binding in (`None`: it is gone).
+    pub fn put(&mut self, key: (String, String), b: Option<&Object>) {
+        let generation = b.and_then(|b| b.metadata.generation).unwrap_or(0);
+        if b.is_some()
+            && self
+                .by_binding
+                .get(&key)
+                .is_some_and(|(g, _)| *g == generation && generation > 0)
+        {
+            // Only its status changed: what it places is the same.
+            return;
+        }
+        if let Some((_, old)) = self.by_binding.remove(&key) {
+            for (c, v) in old {
+                if let Some(t) = self.by_cluster.get_mut(&c) {
+                    for d in 0..5 {
+                        t[d] = (t[d] - v[d]).max(0.0);
+                    }
+                }
+            }
+        }
+        let Some(spec) = b.and_then(BindingSpec::of) else {
+            return;
+        };
+        // A standalone task runs outside the members: it takes nothing there.
+        if spec.resource.is_task() {
+            return;
+        }
+        let request = spec
+            .replica_requirements
+            .map(|r| r.resource_request)
+            .unwrap_or_default();
+        let demand = orrery_scheduler::demand_of(&request);
+        let mut parts = Vec::new();
+        for t in spec.clusters.iter().filter(|t| t.replicas > 0) {
+            let v: Vector = std::array::from_fn(|d| demand[d] * t.replicas as f64);
+            let total = self.by_cluster.entry(t.name.clone()).or_insert([0.0; 5]);
+            for d in 0..5 {
+                total[d] += v[d];
+            }
+            parts.push((t.name.clone(), v));
+        }
+        self.by_binding.insert(key, (generation, parts));
+    }
+
+    /// Starts again from a listing.
+    pub fn reset(&mut self, items: &[Arc<Object>]) {
+        self.by_binding.clear();
+        self.by_cluster.clear();
+        for b in items {
+            self.put((b.namespace().to_string(), b.name().to_string()), Some(b));
+        }
+    }
+
+    /// Orrery's share of each of a cluster's forecast dimensions: what it placed over what
+    /// the cluster can give.
+    pub fn shares(&self, c: &Object) -> BTreeMap<String, f64> {
+        let Some(placed) = self.by_cluster.get(c.name()) else {
+            return BTreeMap::new();
+        };
+        let allocatable = ClusterStatus::of(c)
+            .resource_summary
+            .map(|r| orrery_scheduler::vector_of(&r.allocatable))
+            .unwrap_or_default();
+        FORECAST_DIMENSIONS
+            .iter()
+            .filter(|(d, _)| allocatable[*d] > 0.0 && placed[*d] > 0.0)
+            .map(|(d, name)| {
+                let share = (placed[*d] / allocatable[*d] * 1000.0).round() / 1000.0;
+                (name.to_string(), share)
+            })
+            .collect()
+    }
+}
+
 /// One cluster's figures now.
 pub fn sample_of(c: &Object) -> ClusterSample {
     let st = ClusterStatus::of(c);
@@ -56,6 +149,7 @@ pub fn sample_of(c: &Object) -> ClusterSample {
         pods: st.pods(),
         traffic: st.traffic(),
         forecast: Default::default(),
+        placed: BTreeMap::new(),
     }
 }
 
@@ -130,8 +224,16 @@ pub async fn run(
         keys::well_known::clusters(),
         shutdown.clone(),
     );
+    let mut bindings = informer::spawn(
+        store.clone(),
+        keys::prefix("multicluster.io", "resourcebindings", None),
+        shutdown.clone(),
+    );
+    let mut placed = Placed::default();
     let mut now: BTreeMap<String, Arc<Object>> = BTreeMap::new();
-    let mut synced = false;
+    // Nothing is sampled before both listings are in (Orrery's part of a level unknown, the
+    // forecasts would see a step where there is none).
+    let (mut synced, mut placed_synced) = (false, false);
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut since_average: Vec<FleetSample> = Vec::new();
@@ -154,11 +256,31 @@ pub async fn run(
                     now.remove(c.name());
                 }
             },
+            ev = bindings.recv() => match ev {
+                None => return,
+                Some(Event::Listed(items)) => {
+                    placed.reset(&items);
+                    placed_synced = true;
+                }
+                Some(Event::Upsert(b)) => {
+                    placed.put((b.namespace().to_string(), b.name().to_string()), Some(&b));
+                }
+                Some(Event::Delete(b)) => {
+                    placed.put((b.namespace().to_string(), b.name().to_string()), None);
+                }
+            },
             _ = tick.tick() => {
-                if !synced {
+                if !synced || !placed_synced {
                     continue;
                 }
-                let clusters = now.iter().map(|(n, c)| (n.clone(), sample_of(c))).collect();
+                let clusters = now
+                    .iter()
+                    .map(|(n, c)| {
+                        let mut sample = sample_of(c);
+                        sample.placed = placed.shares(c);
+                        (n.clone(), sample)
+                    })
+                    .collect();
                 let mut s = FleetSample { time: Time::now(), clusters };
                 annotate(&mut s, false);
                 if let Err(e) = write(store.as_ref(), series::RAW_PREFIX, &s).await {
@@ -289,5 +411,62 @@ mod tests {
             raw.iter().filter(|(t, l)| *t >= now && *l == 0.25).count() >= 2,
             "samples are taken every interval: {raw:?}"
         );
+    }
+
+    fn binding(name: &str, generation: i64, clusters: serde_json::Value) -> Object {
+        let mut b = Object::new("multicluster.io/v1alpha1", "ResourceBinding").with_name(name);
+        b.metadata.namespace = "default".into();
+        b.metadata.generation = Some(generation);
+        b.spec = Some(serde_json::json!({
+            "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "default", "name": name},
+            "replicas": 4,
+            "replicaRequirements": {"resourceRequest": {"cpu": "500m", "memory": "1Gi"}},
+            "policy": {"apiVersion": "multicluster.io/v1alpha1", "kind": "ResourcePlacementPolicy", "name": "web"},
+            "clusters": clusters,
+        }));
+        b
+    }
+
+    fn member(name: &str) -> Object {
+        let mut c = Object::new("multicluster.io/v1alpha1", "Cluster").with_name(name);
+        c.status = Some(serde_json::json!({
+            "resourceSummary": {"allocatable": {"cpu": "10", "memory": "8Gi", "pods": "100"}},
+        }));
+        c
+    }
+
+    /// Orrery's part of each cluster's levels follows what its bindings place there: a new
+    /// decision replaces the old one, a status write changes nothing, a deletion takes it away.
+    #[test]
+    fn orrerys_part_of_each_level_follows_the_bindings() {
+        let mut p = Placed::default();
+        let key = ("default".to_string(), "web".to_string());
+        let b = binding(
+            "web",
+            1,
+            serde_json::json!([{"name": "a", "replicas": 3}, {"name": "b", "replicas": 1}]),
+        );
+        p.put(key.clone(), Some(&b));
+        let a = p.shares(&member("a"));
+        assert_eq!(a["cpu"], 0.15);
+        assert_eq!(a["memory"], 0.375);
+        assert_eq!(a["pods"], 0.03);
+        assert!(!a.contains_key("gpu"));
+        assert_eq!(p.shares(&member("b"))["cpu"], 0.05);
+        // The next generation moves everything to b.
+        let moved = binding("web", 2, serde_json::json!([{"name": "b", "replicas": 4}]));
+        p.put(key.clone(), Some(&moved));
+        assert!(p.shares(&member("a")).is_empty());
+        assert_eq!(p.shares(&member("b"))["cpu"], 0.2);
+        // The same generation again (a status write) is not read again.
+        let mut stale = binding("web", 2, serde_json::json!([{"name": "a", "replicas": 4}]));
+        stale.status = Some(serde_json::json!({"conditions": []}));
+        p.put(key.clone(), Some(&stale));
+        assert_eq!(p.shares(&member("b"))["cpu"], 0.2);
+        p.put(key, None);
+        assert!(p.shares(&member("b")).is_empty());
+        // A listing starts again.
+        p.reset(&[Arc::new(b)]);
+        assert_eq!(p.shares(&member("a"))["cpu"], 0.15);
     }
 }
