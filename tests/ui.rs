@@ -141,6 +141,11 @@ async fn the_global_view_shows_the_fleet_live() {
             "1s",
             "--cluster-grace-period",
             "2s",
+            // A "day" of 20 seconds: forecasts within seconds, drawn after the history.
+            "--forecast-season",
+            "20s",
+            "--forecast-horizon",
+            "10s",
         ],
     );
     let url = f.s.url.clone();
@@ -326,6 +331,23 @@ async fn the_global_view_shows_the_fleet_live() {
          return lines.size === 3 && legend.join() === 'east,europe,west'
              && texts.includes('100%') && texts.includes('0%')
              && document.querySelectorAll('#chart text.x-label').length >= 2;",
+    )
+    .await;
+    // Each cluster's forecast band after its history, right of the present.
+    until(
+        &c,
+        "a forecast band per cluster after the history",
+        "const bands = [...document.querySelectorAll('#chart .forecast-band')];
+         const names = new Set(bands.map(b => b.dataset.cluster));
+         const now = document.querySelector('#chart line.now');
+         if (names.size !== 3 || !now) return false;
+         const x = Number(now.getAttribute('x1'));
+         // Each band starts where its forecast was made (the last sample or so) and runs on
+         // right of the present.
+         const xs = b => b.getAttribute('points').split(' ').map(p => Number(p.split(',')[0]));
+         return bands.every(b => Math.max(...xs(b)) > x + 10 && xs(b).filter(v => v > x).length * 2 >= xs(b).length)
+             && document.querySelectorAll('#chart .forecast-mean').length === 3
+             && document.getElementById('chart-note').textContent.includes('80 % interval');",
     )
     .await;
 

@@ -253,7 +253,8 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         test: usize,
     },
-    /// Scheduling quality: five strategies on one trace over a simulated fleet.
+    /// Scheduling quality: six strategies on one trace over a simulated fleet (Orrery with and
+    /// without prediction among them).
     SchedulerQuality {
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -265,6 +266,10 @@ enum Command {
         /// Water level above which Orrery's clusters shed replicas (the server's `--shed-mark`).
         #[arg(long, default_value_t = orrery_scheduler::DEFAULT_SHED_MARK)]
         shed_mark: f64,
+        /// How far each cluster's background load swings over the day, as a multiple of the
+        /// default (±5–20 % of capacity around its base).
+        #[arg(long, default_value_t = 1.0)]
+        swing: f64,
     },
     /// The scheduling controller over a real store: bindings decided per second, then the
     /// latency of single decisions arriving at a steady rate.
@@ -464,11 +469,13 @@ fn main() -> anyhow::Result<()> {
                 clusters,
                 steps,
                 shed_mark,
+                swing,
             } => quality::quality(quality::QualityArgs {
                 seed,
                 clusters,
                 steps,
                 shed_mark,
+                swing,
             }),
             Command::SchedulerService {
                 clusters,

@@ -1,21 +1,36 @@
 //! The scheduling-quality simulation: one heterogeneous fleet with a diurnal background load,
-//! one workload trace (arrivals, scaling, deletions, a cluster outage), and five strategies
-//! on the same trace. Deterministic for a seed; runs in one process with the real engine.
+//! one workload trace (arrivals, scaling, deletions, a cluster outage), and six strategies
+//! on the same trace: Orrery's water level with and without prediction among them.
+//! Deterministic for a seed; runs in one process with the real engine and, for prediction,
+//! the real forecasting models.
 //!
 //! Model: each cluster has cpu and memory capacity and a background load that follows the
 //! sun in its region. A replica takes its requests. A cluster's Resource Water Level is
 //! (background + requests placed) / capacity, highest dimension; what does not fit in what
 //! the background leaves free is Pending, as a member would report it. Replicas the scheduler
 //! places nowhere are Pending too.
+//!
+//! Prediction: each cluster's background load (what Orrery does not place) has three days of
+//! history before the trace starts; every step it is forecast six hours ahead by the model its
+//! own backtest chooses (chosen again every four hours), as the server's forecaster does, and the
+//! engine reads the forecast as the server's scheduler does (30 minutes, Upper80): the water
+//! level filter and scores on the forecast, and replicas shed from a cluster whose forecast
+//! crosses the shed mark.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use std::sync::Arc;
+
 use orrery_api::Time;
 use orrery_api::binding::TargetCluster;
 use orrery_api::cluster::{ResourceList, Taint, TaintEffect};
+use orrery_api::history::series::{ClusterForecast, ForecastPoint, SeriesForecast};
 use orrery_api::policy::Placement;
-use orrery_scheduler::{ClusterSnapshot, Config, FilterCache, Fleet, Mode, Task, schedule_cached};
+use orrery_api::prediction::Ahead;
+use orrery_scheduler::{
+    ClusterSnapshot, Config, FilterCache, Fleet, Mode, Outlook, Task, schedule_cached,
+};
 use serde_json::{Value, json};
 
 use crate::scheduler::{REGIONS, Rng, cores, mib, millis};
@@ -26,6 +41,8 @@ pub struct QualityArgs {
     pub clusters: usize,
     pub steps: usize,
     pub shed_mark: f64,
+    /// How far the background load swings over a day, against the default (1: ±5–20 %).
+    pub swing: f64,
 }
 
 #[derive(Clone, Debug)]
@@ -42,6 +59,11 @@ struct SimCluster {
 impl SimCluster {
     /// Background load at `step` (a day is 288 steps of 5 minutes).
     fn background(&self, step: usize) -> f64 {
+        self.background_at(step as i64)
+    }
+
+    /// The same at any step, before the trace too.
+    fn background_at(&self, step: i64) -> f64 {
         let t = step as f64 / 288.0 * std::f64::consts::TAU;
         (self.base + self.amp * (t + self.phase).sin()).clamp(0.0, 0.95)
     }
@@ -70,7 +92,7 @@ enum Ev {
     },
 }
 
-fn fleet(seed: u64, n: usize) -> Vec<SimCluster> {
+fn fleet(seed: u64, n: usize, swing: f64) -> Vec<SimCluster> {
     let mut rng = Rng::new(seed);
     (0..n)
         .map(|i| {
@@ -82,7 +104,7 @@ fn fleet(seed: u64, n: usize) -> Vec<SimCluster> {
                 region: region.to_string(),
                 cap: [nodes * node_cpu, nodes * node_cpu * 4096.0],
                 base: 0.15 + 0.25 * rng.unit(),
-                amp: 0.05 + 0.15 * rng.unit(),
+                amp: (0.05 + 0.15 * rng.unit()) * swing,
                 // Regions sit in different time zones.
                 phase: (i % REGIONS.len()) as f64 * std::f64::consts::TAU / REGIONS.len() as f64,
             }
@@ -157,6 +179,8 @@ enum Strategy {
     KarmadaDynamic,
     RoundRobin,
     WaterLevel,
+    /// Orrery's water level, judging clusters by their forecast.
+    WaterLevelAhead,
 }
 
 impl Strategy {
@@ -167,10 +191,17 @@ impl Strategy {
             Strategy::KarmadaDynamic => "karmada-dynamic-available-replicas",
             Strategy::RoundRobin => "round-robin",
             Strategy::WaterLevel => "orrery-water-level",
+            Strategy::WaterLevelAhead => "orrery-water-level-predictive",
         }
     }
     fn load_aware(&self) -> bool {
-        matches!(self, Strategy::KarmadaDynamic | Strategy::WaterLevel)
+        matches!(
+            self,
+            Strategy::KarmadaDynamic | Strategy::WaterLevel | Strategy::WaterLevelAhead
+        )
+    }
+    fn orrery(&self) -> bool {
+        matches!(self, Strategy::WaterLevel | Strategy::WaterLevelAhead)
     }
 }
 
@@ -195,7 +226,7 @@ fn placement_for(s: Strategy, clusters: &[SimCluster]) -> Placement {
             json!({"replicaScheduling": {"replicaSchedulingType": "Divided",
             "replicaDivisionPreference": "Weighted", "weightPreference": {"dynamicWeight": "AvailableReplicas"}}})
         }
-        Strategy::RoundRobin | Strategy::WaterLevel => {
+        Strategy::RoundRobin | Strategy::WaterLevel | Strategy::WaterLevelAhead => {
             json!({"replicaScheduling": {"replicaSchedulingType": "Divided"}})
         }
     };
@@ -229,6 +260,106 @@ struct Sim<'a> {
     hot_for: Vec<usize>,
     cooldown: Vec<usize>,
     shed_mark: f64,
+    /// The forecasts of each cluster's background, when the strategy reads them.
+    forecasts: Option<Forecasts>,
+    /// Replicas moved ahead of a forecast peak (counted in `moved` too).
+    moved_ahead: i64,
+}
+
+/// Unix seconds of step 0 (the engine reads forecasts against the clock).
+const T0: i64 = 1_800_000_000;
+const STEP_SECONDS: i64 = 300;
+const DAY: usize = 288;
+/// History before the trace: three days.
+const WARM_UP: usize = 3 * DAY;
+/// Steps forecast ahead (six hours, as the server does), and between choices of a model (four
+/// hours: the server chooses hourly; a choice costs a fit of every model on three days of
+/// history).
+const AHEAD: usize = 72;
+const CHOOSE_EVERY: usize = 48;
+
+/// Each cluster's background series and the model its backtest chose, forecast every step
+/// (what the server's forecaster does with the history Orrery does not move).
+struct Forecasts {
+    history: Vec<Vec<f64>>,
+    choices: Vec<Option<orrery_forecast::Choice>>,
+    outlooks: Vec<Option<Arc<Outlook>>>,
+    settings: orrery_forecast::Settings,
+    /// Time spent forecasting, seconds.
+    secs: f64,
+}
+
+impl Forecasts {
+    fn new(clusters: &[SimCluster]) -> Forecasts {
+        Forecasts {
+            history: clusters
+                .iter()
+                .map(|c| {
+                    (0..WARM_UP)
+                        .map(|k| c.background_at(k as i64 - WARM_UP as i64))
+                        .collect()
+                })
+                .collect(),
+            choices: vec![None; clusters.len()],
+            outlooks: vec![None; clusters.len()],
+            settings: orrery_forecast::Settings {
+                season: Some(DAY),
+                ..Default::default()
+            },
+            secs: 0.0,
+        }
+    }
+
+    /// Takes step `step`'s background and forecasts every cluster from it.
+    fn step(&mut self, clusters: &[SimCluster], step: usize) {
+        let t0 = Instant::now();
+        for (i, c) in clusters.iter().enumerate() {
+            let h = &mut self.history[i];
+            h.push(c.background(step));
+            if step % CHOOSE_EVERY == 0 || self.choices[i].is_none() {
+                self.choices[i] = orrery_forecast::choose(h, AHEAD, &self.settings).ok();
+            }
+            let Some(choice) = &self.choices[i] else {
+                continue;
+            };
+            let Ok(f) = orrery_forecast::forecast_with(choice, h, AHEAD, &self.settings) else {
+                continue;
+            };
+            let points: Vec<ForecastPoint> = f
+                .points
+                .iter()
+                .map(|b| ForecastPoint {
+                    mean: b.mean,
+                    lower80: b.lower80,
+                    upper80: b.upper80,
+                    lower95: b.lower95,
+                    upper95: b.upper95,
+                })
+                .collect();
+            let series = SeriesForecast {
+                model: f.model.name().to_string(),
+                backtest_mase: f.backtest_mase,
+                points,
+                last: h.last().copied(),
+            };
+            let cf = ClusterForecast {
+                cluster: c.name.clone(),
+                time: Time::from_unix_seconds(T0 + step as i64 * STEP_SECONDS)
+                    .unwrap_or(Time::now()),
+                step_seconds: STEP_SECONDS as u64,
+                season_seconds: (DAY as i64 * STEP_SECONDS) as u64,
+                history: h.len(),
+                // The background is a share of both cpu and memory.
+                series: [
+                    ("cpu".to_string(), series.clone()),
+                    ("memory".to_string(), series),
+                ]
+                .into(),
+            };
+            self.outlooks[i] = Outlook::of(&cf).map(Arc::new);
+        }
+        self.secs += t0.elapsed().as_secs_f64();
+    }
 }
 
 impl Sim<'_> {
@@ -292,6 +423,15 @@ impl Sim<'_> {
                 .map(|i| self.snapshot(i, placed[i]))
                 .collect(),
         );
+        if let Some(f) = &self.forecasts {
+            for (c, o) in self.clusters.iter().zip(&f.outlooks) {
+                self.fleet.set_outlook(&c.name, o.clone());
+            }
+        }
+    }
+
+    fn now(&self) -> i64 {
+        T0 + self.step as i64 * STEP_SECONDS
     }
 
     fn refresh(&mut self, touched: &[usize]) {
@@ -307,7 +447,7 @@ impl Sim<'_> {
     }
 
     /// Decides workload `id` again (after a change), and applies the decision.
-    fn decide(&mut self, id: usize, shed: &[String]) {
+    fn decide(&mut self, id: usize, shed: &[String], shed_ahead: bool) {
         let Some(w) = self.workloads.get(&id).cloned() else {
             return;
         };
@@ -339,8 +479,9 @@ impl Sim<'_> {
                 previous: &previous,
                 evicted: &[],
                 shed,
+                shed_ahead,
                 mode: Mode::Steady,
-                now: 1_000_000,
+                now: self.now(),
                 seed: id as u64,
                 relations: Default::default(),
             };
@@ -475,11 +616,14 @@ impl Sim<'_> {
     }
 
     /// Orrery only: clusters above the shed mark for three steps shed replicas of a few
-    /// workloads (the controller's rule, at the simulation's time scale).
+    /// workloads (the controller's rule, at the simulation's time scale); with prediction, so
+    /// do clusters whose forecast (its mean) crosses the mark within the horizon and stays
+    /// above it for three steps.
     fn shed(&mut self) {
         let mark = self.shed_mark.max(self.config.water_level_limit);
         let placed = self.placed();
         let mut due = Vec::new();
+        let mut ahead = Vec::new();
         for (i, c) in self.clusters.iter().enumerate() {
             let bg = c.background(self.step);
             let l = (0..2)
@@ -494,20 +638,42 @@ impl Sim<'_> {
                 self.cooldown[i] -= 1;
             } else if self.hot_for[i] >= 3 {
                 due.push(i);
+            } else if self.forecasts.is_some()
+                && !self.dark[i]
+                && let Some(f) = self.fleet.position(&c.name).map(|k| &self.fleet.facts()[k])
+                && f.crossing(
+                    self.now(),
+                    self.config.prediction.horizon_seconds,
+                    mark,
+                    3 * STEP_SECONDS,
+                )
+                .is_some()
+            {
+                ahead.push(i);
             }
         }
+        for i in &ahead {
+            let before = self.moved;
+            self.shed_from(*i, true);
+            self.moved_ahead += self.moved - before;
+        }
         for i in due {
-            self.cooldown[i] = 3;
-            let mut on: Vec<(i64, usize)> = self
-                .workloads
-                .iter()
-                .filter_map(|(id, w)| Some((*w.placed.get(&i)?, *id)))
-                .collect();
-            on.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-            let name = vec![self.clusters[i].name.clone()];
-            for (_, id) in on.into_iter().take(5) {
-                self.decide(id, &name);
-            }
+            self.shed_from(i, false);
+        }
+    }
+
+    /// The workloads with the most replicas on cluster `i` are decided again without it.
+    fn shed_from(&mut self, i: usize, ahead: bool) {
+        self.cooldown[i] = 3;
+        let mut on: Vec<(i64, usize)> = self
+            .workloads
+            .iter()
+            .filter_map(|(id, w)| Some((*w.placed.get(&i)?, *id)))
+            .collect();
+        on.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let name = vec![self.clusters[i].name.clone()];
+        for (_, id) in on.into_iter().take(5) {
+            self.decide(id, &name, ahead);
         }
     }
 }
@@ -532,7 +698,19 @@ fn simulate(
     shed_mark: f64,
 ) -> Value {
     let config = match strategy {
-        Strategy::WaterLevel => Config::default(),
+        // Judged by the present level alone.
+        Strategy::WaterLevel => Config {
+            prediction: Ahead {
+                horizon_seconds: 0,
+                ..Ahead::default()
+            },
+            ..Config::default()
+        },
+        // The server's default: 30 minutes ahead, Upper80.
+        Strategy::WaterLevelAhead => Config {
+            shed_mark,
+            ..Config::default()
+        },
         _ => Config::karmada(),
     };
     let mut sim = Sim {
@@ -553,11 +731,17 @@ fn simulate(
         hot_for: vec![0; clusters.len()],
         cooldown: vec![0; clusters.len()],
         shed_mark,
+        forecasts: (strategy == Strategy::WaterLevelAhead).then(|| Forecasts::new(clusters)),
+        moved_ahead: 0,
     };
     let (mut stds, mut maxes, mut pendings) = (Vec::new(), Vec::new(), Vec::new());
     let mut peak: f64 = 0.0;
+    let mut overload_steps = 0usize;
     for (step, evs) in trace.iter().enumerate() {
         sim.step = step;
+        if let Some(f) = sim.forecasts.as_mut() {
+            f.step(clusters, step);
+        }
         sim.rebuild();
         for ev in evs {
             match ev {
@@ -580,12 +764,12 @@ fn simulate(
                             placed: BTreeMap::new(),
                         },
                     );
-                    sim.decide(*id, &[]);
+                    sim.decide(*id, &[], false);
                 }
                 Ev::Scale { id, replicas } => {
                     if let Some(w) = sim.workloads.get_mut(id) {
                         w.replicas = *replicas;
-                        sim.decide(*id, &[]);
+                        sim.decide(*id, &[], false);
                     }
                 }
                 Ev::Delete { id } => {
@@ -604,7 +788,7 @@ fn simulate(
                         .map(|(id, _)| *id)
                         .collect();
                     for id in on {
-                        sim.decide(id, &[]);
+                        sim.decide(id, &[], false);
                     }
                 }
                 Ev::Recover { cluster } => {
@@ -613,12 +797,15 @@ fn simulate(
                 }
             }
         }
-        if strategy == Strategy::WaterLevel {
+        if strategy.orrery() {
             sim.shed();
         }
         let (levels, pending) = sim.measure();
         stds.push(std_dev(&levels));
         let m = levels.iter().copied().fold(0.0, f64::max);
+        if m > 1.0 {
+            overload_steps += 1;
+        }
         maxes.push(m);
         peak = peak.max(m);
         pendings.push(pending as f64);
@@ -632,8 +819,11 @@ fn simulate(
         "rwl_max_peak": round(peak, 4),
         "pending_replicas_mean": round(mean(&pendings), 2),
         "pending_replicas_max": pendings.iter().copied().fold(0.0, f64::max),
+        "overload_minutes": overload_steps as i64 * STEP_SECONDS / 60,
         "replicas_moved": sim.moved,
+        "replicas_moved_ahead": sim.moved_ahead,
         "replicas_evacuated": sim.evacuated,
+        "forecasting_seconds": sim.forecasts.as_ref().map(|f| round(f.secs, 2)),
         "decisions": sim.decisions,
         "decisions_per_second": if sim.decide_secs > 0.0 { json!(round(sim.decisions as f64 / sim.decide_secs, 0)) } else { json!(null) },
     })
@@ -642,7 +832,7 @@ fn simulate(
 /// Runs every strategy on the same fleet and trace and prints one line per strategy, then
 /// a line saying whether Orrery met the goals.
 pub fn quality(args: QualityArgs) -> anyhow::Result<()> {
-    let clusters = fleet(args.seed, args.clusters);
+    let clusters = fleet(args.seed, args.clusters, args.swing);
     let trace = trace(args.seed, args.steps, &clusters);
     let events: usize = trace.iter().map(Vec::len).sum();
     progress(format!(
@@ -657,6 +847,7 @@ pub fn quality(args: QualityArgs) -> anyhow::Result<()> {
         Strategy::KarmadaDynamic,
         Strategy::RoundRobin,
         Strategy::WaterLevel,
+        Strategy::WaterLevelAhead,
     ] {
         progress(format!("simulating {}", s.name()));
         let mut r = simulate(s, &clusters, &trace, args.shed_mark);
@@ -664,16 +855,28 @@ pub fn quality(args: QualityArgs) -> anyhow::Result<()> {
         r["clusters"] = json!(args.clusters);
         r["steps"] = json!(args.steps);
         r["shed_mark"] = json!(args.shed_mark);
+        r["swing"] = json!(args.swing);
         emit(r.clone());
         results.push(r);
     }
     let num = |r: &Value, k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+    // Orrery's goals against the other projects' strategies, without prediction (as before
+    // it existed); then prediction against none.
     let (ours, others): (Vec<&Value>, Vec<&Value>) = results
         .iter()
+        .filter(|r| r["strategy"] != Strategy::WaterLevelAhead.name())
         .partition(|r| r["strategy"] == Strategy::WaterLevel.name());
     let Some(ours) = ours.first() else {
         return Ok(());
     };
+    let Some(ahead) = results
+        .iter()
+        .find(|r| r["strategy"] == Strategy::WaterLevelAhead.name())
+    else {
+        return Ok(());
+    };
+    // At least halved: no more than half (nothing where there was nothing).
+    let halved = |k: &str| num(ahead, k) <= num(ours, k) / 2.0;
     let lowest = |k: &str| others.iter().all(|r| num(ours, k) < num(r, k));
     let no_more = |k: &str| others.iter().all(|r| num(ours, k) <= num(r, k));
     let fewest_moves = others
@@ -687,6 +890,17 @@ pub fn quality(args: QualityArgs) -> anyhow::Result<()> {
         "lowest_rwl_max": lowest("rwl_max_mean") && lowest("rwl_max_peak"),
         "no_more_pending": no_more("pending_replicas_mean"),
         "fewest_moves_among_load_aware": fewest_moves,
+    }));
+    emit(json!({
+        "scenario": "scheduler-quality-prediction-goals",
+        "seed": args.seed,
+        "overload_minutes": [num(ours, "overload_minutes"), num(ahead, "overload_minutes")],
+        "replicas_moved": [num(ours, "replicas_moved"), num(ahead, "replicas_moved")],
+        "pending_replicas_mean": [num(ours, "pending_replicas_mean"), num(ahead, "pending_replicas_mean")],
+        "rwl_max_peak": [num(ours, "rwl_max_peak"), num(ahead, "rwl_max_peak")],
+        "overload_minutes_halved": halved("overload_minutes"),
+        "moves_halved": halved("replicas_moved"),
+        "no_more_pending": num(ahead, "pending_replicas_mean") <= num(ours, "pending_replicas_mean"),
     }));
     Ok(())
 }

@@ -239,6 +239,7 @@ fn run_engine(
             previous: &[],
             evicted: &[],
             shed: &[],
+            shed_ahead: false,
             mode: Mode::Steady,
             now: 0,
             seed: s.seed,

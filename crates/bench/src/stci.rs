@@ -329,6 +329,7 @@ fn run(strategy: Strategy, sites: &[Site], data: &[DataSet], jobs: &[Job]) -> Ou
                 previous: &[] as &[TargetCluster],
                 evicted: &[],
                 shed: &[],
+                shed_ahead: false,
                 mode: Mode::Steady,
                 now: 0,
                 seed: j as u64,

@@ -41,7 +41,7 @@ use orrery_api::cluster::ResourceList;
 use orrery_api::labels::Selector;
 use orrery_api::overrides::CompiledAffinity;
 use orrery_api::policy::{AGGREGATED, AVAILABLE_REPLICAS, ClusterAffinity, Placement, Target};
-use orrery_api::prediction::{Ahead, LevelSeen};
+use orrery_api::prediction::{Ahead, Bound, LevelSeen};
 
 pub use divide::divide;
 pub use filter::Filter;
@@ -97,6 +97,11 @@ pub struct Task<'a> {
     /// Clusters over their limit for too long: their share is cut to what fits under the
     /// limit less the hysteresis.
     pub shed: &'a [String],
+    /// The clusters in `shed` are not above the shed mark yet but their forecast crosses it:
+    /// each keeps what its forecast (the placement's horizon and bound) has fit under the
+    /// shed mark less the hysteresis. Moving ahead of a peak is prevention, so it moves no
+    /// more than keeps the cluster from crossing the mark.
+    pub shed_ahead: bool,
     pub mode: Mode,
     /// Unix seconds, for taints tolerated for a while.
     pub now: i64,
@@ -141,6 +146,9 @@ pub struct Config {
     /// How far ahead, and at which bound, clusters are judged when a placement does not say
     /// (`placement.prediction`).
     pub prediction: Ahead,
+    /// The water level above which clusters shed replicas (at least the limit): no replica
+    /// is placed where the mean of the cluster's forecast would take it above this.
+    pub shed_mark: f64,
 }
 
 impl Default for Config {
@@ -155,6 +163,7 @@ impl Default for Config {
             hysteresis: DEFAULT_HYSTERESIS,
             score_sample: DEFAULT_SCORE_SAMPLE,
             prediction: Ahead::default(),
+            shed_mark: DEFAULT_SHED_MARK,
         }
     }
 }
@@ -192,6 +201,9 @@ pub struct Ctx<'a> {
     pub any_known: bool,
     /// How far ahead clusters are judged (by the placement, else the config).
     pub ahead: Ahead,
+    /// Above this water level clusters shed replicas: none is placed where the forecast
+    /// says it would have to move again.
+    pub mark: f64,
 }
 
 impl Ctx<'_> {
@@ -274,6 +286,32 @@ impl Ctx<'_> {
             room = room.min(((free / self.demand[d]) + 1e-9).floor().max(0.0) as i64);
         }
         Some(room)
+    }
+
+    /// Replicas that fit in cluster `i` before the mean of its forecast, over all the
+    /// forecast reaches, takes it above the shed mark: a replica placed beyond that would be
+    /// moved again before long. `None` where the cluster is not judged by its forecast.
+    fn room_before_mark(&self, i: usize) -> Option<i64> {
+        let f = &self.fleet.facts()[i];
+        let (o, _) = f.outlook_step(self.task.now, &self.ahead).ok()?;
+        let last = o.len().checked_sub(1)?;
+        let mut room = i64::MAX;
+        for d in 0..5 {
+            if self.demand[d] <= 0.0 || f.allocatable[d] <= 0.0 {
+                continue;
+            }
+            let base = (f.taken(d) - self.previous[i] as f64 * self.demand[d]).max(0.0)
+                + o.rise(Bound::Mean, last, d) * f.allocatable[d];
+            let free = self.mark * f.allocatable[d] - base;
+            room = room.min(((free / self.demand[d]) + 1e-9).floor().max(0.0) as i64);
+        }
+        Some(room)
+    }
+
+    /// The room of cluster `i` under `limit`, and before its forecast crosses the shed mark.
+    fn room_for(&self, i: usize, limit: f64) -> Option<i64> {
+        let room = self.room_under(i, limit)?;
+        Some(self.room_before_mark(i).map_or(room, |m| room.min(m)))
     }
 }
 
@@ -675,6 +713,7 @@ fn context<'a>(
             .prediction
             .as_ref()
             .map_or(config.prediction, |p| p.resolve(config.prediction)),
+        mark: config.shed_mark.max(limit),
     };
     ctx.room = vec![None; fleet.len()];
     ctx
@@ -683,7 +722,7 @@ fn context<'a>(
 impl Ctx<'_> {
     fn fill_room(&mut self, clusters: impl Iterator<Item = usize>) {
         for i in clusters {
-            self.room[i] = self.room_under(i, self.limit);
+            self.room[i] = self.room_for(i, self.limit);
         }
     }
 }
@@ -1221,10 +1260,16 @@ fn allocate(
         room: kept.iter().map(|i| ctx.room[*i]).collect(),
         score: kept.iter().map(|i| score_of[*i]).collect(),
     };
-    // Shedding: a cluster over its limit keeps only what fits under limit - hysteresis.
+    // Shedding: a cluster over its limit keeps only what fits under limit - hysteresis; one
+    // shed ahead of its forecast peak, what fits under the shed mark - hysteresis then.
+    let shed_to = if task.shed_ahead {
+        ctx.mark - config.hysteresis
+    } else {
+        ctx.limit - config.hysteresis
+    };
     for (j, i) in kept.iter().enumerate() {
         if task.shed.contains(&clusters[*i].name)
-            && let Some(r) = ctx.room_under(*i, ctx.limit - config.hysteresis)
+            && let Some(r) = ctx.room_under(*i, shed_to)
         {
             shares.n[j] = shares.n[j].min(r);
             shares.room[j] = Some(r);

@@ -300,33 +300,43 @@ impl Facts {
             .fold(0.0, f64::max)
     }
 
-    /// Where the forecast has the cluster cross `mark` within the look `ahead`: the first
-    /// dimension and step to cross it, unless it is above the mark already.
-    pub fn crossing(&self, now: i64, ahead: &Ahead, mark: f64) -> Option<Crossing> {
-        let (o, last) = self.outlook_step(now, ahead).ok()?;
+    /// Where the forecast's mean has the cluster cross `mark` within `horizon` seconds of
+    /// `now` and stay above it for `window` seconds (at least one of its steps): the first
+    /// dimension and step to do so, unless it is above the mark already (shedding by the
+    /// present level takes it then). The mean, not an upper bound: moving replicas costs
+    /// something, and a cluster is shed by what it is expected to do; new replicas are kept
+    /// away by the placement's bound.
+    pub fn crossing(&self, now: i64, horizon: i64, mark: f64, window: i64) -> Option<Crossing> {
+        let ahead = Ahead {
+            horizon_seconds: horizon,
+            bound: Bound::Mean,
+        };
+        let (o, last) = self.outlook_step(now, &ahead).ok()?;
+        let w = ((window.max(1) + o.step - 1) / o.step).max(1) as usize;
         let mut first: Option<Crossing> = None;
         for d in (0..5).filter(|d| self.allocatable[*d] > 0.0) {
             let level = self.taken(d) / self.allocatable[d];
             if level > mark {
                 return None;
             }
-            // The rises are running maxima: the first step above the mark is found by
-            // bisection.
-            let peak = level + o.rise(ahead.bound, last, d);
-            if peak <= mark {
+            let above = |k: usize| level + widen(o.mean[k][d]) > mark;
+            // The first step within the horizon from which it stays above for the window.
+            let Some(k) = (0..=last).find(|k| k + w <= o.len() && (*k..k + w).all(above)) else {
+                continue;
+            };
+            if first.as_ref().is_some_and(|c| c.step <= k) {
                 continue;
             }
-            let k = o.rise[ahead.bound.index()][..=last]
-                .partition_point(|r| level + widen(r[d]) <= mark);
-            if first.as_ref().is_none_or(|c| k < c.step) {
-                first = Some(Crossing {
-                    dimension: d,
-                    level,
-                    peak,
-                    step: k,
-                    at: o.time + o.step * (k as i64 + 1),
-                });
-            }
+            let peak = (0..(last + w).min(o.len()))
+                .map(|j| level + widen(o.mean[j][d]))
+                .fold(level, f64::max);
+            first = Some(Crossing {
+                dimension: d,
+                level,
+                peak,
+                step: k,
+                at: o.time + o.step * (k as i64 + 1),
+            });
         }
         first
     }
@@ -384,6 +394,8 @@ pub struct Outlook {
     /// `rise[bound][k][d]`: the highest (forecast at that bound - last value) over steps
     /// `0..=k` of dimension `d`, a share of its capacity.
     rise: [Vec<[f32; 5]>; 3],
+    /// `mean[k][d]`: step `k`'s mean less the last value (what proactive rebalancing reads).
+    mean: Vec<[f32; 5]>,
 }
 
 impl Outlook {
@@ -397,6 +409,7 @@ impl Outlook {
             .max()
             .filter(|n| *n > 0)?;
         let mut rise: [Vec<[f32; 5]>; 3] = std::array::from_fn(|_| vec![[0.0f32; 5]; len]);
+        let mut mean = vec![[0.0f32; 5]; len];
         let mut models: [String; 5] = Default::default();
         for (name, s) in &f.series {
             let Some(d) = DIMENSIONS.iter().position(|x| x == name) else {
@@ -408,6 +421,11 @@ impl Outlook {
             let Some(start) = s.last.or(s.points.first().map(|p| p.mean)) else {
                 continue;
             };
+            for (k, p) in s.points.iter().enumerate().take(len) {
+                if p.mean.is_finite() {
+                    mean[k][d] = (p.mean - start) as f32;
+                }
+            }
             for (b, bound) in rise.iter_mut().enumerate() {
                 let mut high = 0.0f64;
                 for k in 0..len {
@@ -429,6 +447,7 @@ impl Outlook {
             season_seconds: f.season_seconds as i64,
             models,
             rise,
+            mean,
         })
     }
 

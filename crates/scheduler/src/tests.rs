@@ -91,6 +91,7 @@ impl T {
             previous: &self.previous,
             evicted: &[],
             shed: &self.shed,
+            shed_ahead: false,
             mode: self.mode,
             now: self.now,
             seed: 0,
@@ -1438,28 +1439,43 @@ fn shedding_ahead_keeps_only_what_fits_at_the_forecast_peak() {
 }
 
 #[test]
-fn a_forecast_crossing_is_found_at_its_first_step() {
+fn a_forecast_crossing_is_found_where_it_stays_above_the_mark() {
+    // The mean rises from 0.5 by 0.5 over the hour; the upper bounds are 0.2 and 0.4 above
+    // it, and do not count: proactive rebalancing follows the mean.
     let up: Vec<f64> = (1..=60).map(|m| 0.5 + 0.5 * m as f64 / 60.0).collect();
-    let o = Outlook::of(&forecast_of(NOW, 0.5, &up, 0.0, DAY)).unwrap();
+    let o = Outlook::of(&forecast_of(NOW, 0.5, &up, 0.2, DAY)).unwrap();
     let mut f = Fleet::new(vec![cluster("a", "us", 100, 50)]);
     f.set_outlook("a", Some(std::sync::Arc::new(o)));
     let facts = &f.facts()[0];
-    let ahead = |h: i64| Ahead {
-        horizon_seconds: h,
-        bound: orrery_api::prediction::Bound::Mean,
-    };
-    // 0.5 + m/120 > 0.95 from the 55th minute (step 54).
-    let c = facts.crossing(NOW, &ahead(3600), 0.95).unwrap();
+    // 0.5 + m/120 > 0.95 from the 55th minute (step 54), and stays there.
+    let c = facts.crossing(NOW, 3600, 0.95, 60).unwrap();
     assert_eq!((c.dimension, c.step, c.at), (0, 54, NOW + 55 * 60));
     assert!((c.level - 0.5).abs() < 1e-9 && (c.peak - 1.0).abs() < 1e-6);
-    // Not within 50 minutes; nor with the present level alone.
-    assert!(facts.crossing(NOW, &ahead(3000), 0.95).is_none());
-    assert!(facts.crossing(NOW, &ahead(0), 0.95).is_none());
+    // Not within 50 minutes; nor with no time ahead; nor for a window longer than what is
+    // left of the forecast after the crossing (6 minutes).
+    assert!(facts.crossing(NOW, 3000, 0.95, 60).is_none());
+    assert!(facts.crossing(NOW, 0, 0.95, 60).is_none());
+    assert!(facts.crossing(NOW, 3600, 0.95, 420).is_none());
+    assert_eq!(facts.crossing(NOW, 3600, 0.95, 360).unwrap().step, 54);
     // A cluster above the mark already is not a crossing (shedding by the present level
     // takes it).
     let mut hot = Fleet::new(vec![cluster("a", "us", 100, 96)]);
     hot.set_outlook("a", f.facts()[0].outlook.clone());
-    assert!(hot.facts()[0].crossing(NOW, &ahead(3600), 0.95).is_none());
+    assert!(hot.facts()[0].crossing(NOW, 3600, 0.95, 60).is_none());
+    // A brief peak above the mark crosses only for a window it fills.
+    let blip: Vec<f64> = (1..=60)
+        .map(|m| if (20..23).contains(&m) { 0.97 } else { 0.5 })
+        .collect();
+    let mut b = Fleet::new(vec![cluster("a", "us", 100, 50)]);
+    b.set_outlook(
+        "a",
+        Outlook::of(&forecast_of(NOW, 0.5, &blip, 0.0, DAY)).map(std::sync::Arc::new),
+    );
+    assert_eq!(
+        b.facts()[0].crossing(NOW, 3600, 0.95, 180).unwrap().step,
+        19
+    );
+    assert!(b.facts()[0].crossing(NOW, 3600, 0.95, 240).is_none());
 }
 
 #[test]

@@ -61,6 +61,9 @@ fn shown(f: &ClusterForecast, horizon: Option<i64>) -> Value {
             if let Some(m) = s.backtest_mase {
                 v["backtestMase"] = json!(m);
             }
+            if let Some(l) = s.last {
+                v["last"] = json!(l);
+            }
             (name.clone(), v)
         })
         .collect();

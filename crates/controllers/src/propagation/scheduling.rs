@@ -368,6 +368,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         water_level_limit: settings.water_level_limit,
         weights: settings.weights,
         prediction: settings.prediction,
+        shed_mark: settings.shed_mark,
         ..Engine::default()
     };
     let runtime = settings.controller_metrics.of("scheduling");
@@ -1116,7 +1117,8 @@ impl Scheduler {
     }
 
     /// Clusters above the shed mark for a whole window shed replicas of a few bindings; so do
-    /// clusters whose forecast crosses the mark within the horizon, ahead of the peak.
+    /// clusters whose forecast (its mean) crosses the mark within the horizon and stays above
+    /// it for a window, ahead of the peak.
     fn check_hot(&mut self, now: Instant) {
         let mark = self.settings.shed_mark.max(self.settings.water_level_limit);
         let mut due = Vec::new();
@@ -1129,7 +1131,12 @@ impl Scheduler {
                     .last_shed
                     .get(&c.name)
                     .is_none_or(|l| now.duration_since(*l) >= self.settings.shed_window)
-                && let Some(x) = f.crossing(wall.unix_seconds(), &self.settings.prediction, mark)
+                && let Some(x) = f.crossing(
+                    wall.unix_seconds(),
+                    self.settings.prediction.horizon_seconds,
+                    mark,
+                    self.settings.shed_window.as_secs() as i64,
+                )
             {
                 ahead.push((c.name.clone(), x));
             }
@@ -1197,7 +1204,11 @@ impl Scheduler {
                 forecast: (x.peak * 1000.0).round() / 1000.0,
                 crosses_at: Time::from_unix_seconds(x.at).unwrap_or(wall),
                 mark,
-                basis: self.settings.prediction.describe(),
+                basis: Ahead {
+                    bound: orrery_api::prediction::Bound::Mean,
+                    ..self.settings.prediction
+                }
+                .describe(),
                 model: outlook
                     .map(|o| o.models[x.dimension].clone())
                     .unwrap_or_default(),
@@ -1488,6 +1499,7 @@ impl Scheduler {
             previous: &previous,
             evicted: &evicted,
             shed,
+            shed_ahead: why == Trigger::Forecast,
             mode,
             now: now.unix_seconds(),
             seed: seed_of(&b.metadata.uid),
@@ -1930,6 +1942,7 @@ impl Scheduler {
             previous: &spec.clusters,
             evicted: &evicted,
             shed: &[],
+            shed_ahead: false,
             mode: Mode::Steady,
             now: Time::now().unix_seconds(),
             seed: seed_of(&b.metadata.uid),
