@@ -23,8 +23,9 @@ const SERVER: &[&str] = &[
     "--forecast-horizon",
     "20s",
     "--prediction-horizon",
-    "10s",
-    // Shedding by the present level would wait an hour: only the forecast moves replicas.
+    "8s",
+    // Shedding by the present level would wait an hour: only the forecast moves replicas (a
+    // forecast above the shed mark for the horizon's 8 seconds: peak's is for about 10).
     "--shed-window",
     "1h",
 ];
@@ -142,7 +143,7 @@ fn replicas_keep_ahead_of_a_forecast_peak() {
     let b = s.get_json(&["resourcebinding", "early-deployment"]);
     let said = b["status"]["prediction"].as_str().unwrap_or("");
     assert!(
-        said.starts_with("Upper80 over 10s: forecast for 0 of 1 clusters; present level for 1"),
+        said.starts_with("Upper80 over 8s: forecast for 0 of 1 clusters; present level for 1"),
         "{b}"
     );
     let _calm = member(&s, "calm", CALM);
@@ -178,7 +179,7 @@ fn replicas_keep_ahead_of_a_forecast_peak() {
         (Some("peak"), Some(0.95)),
         "{moved}"
     );
-    assert_eq!(f["basis"], "Upper80 over 10s", "{moved}");
+    assert_eq!(f["basis"], "Mean over 8s", "{moved}");
     let (level, ahead) = (
         f["level"].as_f64().unwrap(),
         f["forecast"].as_f64().unwrap(),
@@ -228,7 +229,7 @@ fn replicas_keep_ahead_of_a_forecast_peak() {
     });
 
     // A new Deployment while peak is low but about to rise: by its present level one replica
-    // fits under the limit, by its forecast over the next 10 seconds it does not.
+    // fits under the limit, by its forecast over the next 8 seconds it does not.
     eventually(
         Duration::from_secs(90),
         "peak low now, forecast above the limit",
@@ -247,7 +248,7 @@ fn replicas_keep_ahead_of_a_forecast_peak() {
     assert_eq!(at_peak["filter"], "WaterLevel", "{late}");
     let reason = at_peak["reason"].as_str().unwrap();
     assert!(
-        reason.contains("by the forecast (Upper80 over 10s)"),
+        reason.contains("by the forecast (Upper80 over 8s)"),
         "{reason}"
     );
     let wl = &at_peak["waterLevel"];
@@ -259,7 +260,7 @@ fn replicas_keep_ahead_of_a_forecast_peak() {
         late["status"]["prediction"]
             .as_str()
             .unwrap()
-            .starts_with("Upper80 over 10s: forecast for"),
+            .starts_with("Upper80 over 8s: forecast for"),
         "{late}"
     );
     // Judged by its present level, peak was open to the same Deployment at the same moment.
@@ -299,7 +300,7 @@ fn replicas_keep_ahead_of_a_forecast_peak() {
             })
         },
     );
-    // Forecast against actual: samples carry what was forecast of them 10 seconds before.
+    // Forecast against actual: samples carry what was forecast of them 8 seconds before.
     let h = raw(&s, "/api/v1/monitor/history?cluster=peak&maxEntries=30");
     let checked: Vec<&Value> = h["points"]
         .as_array()

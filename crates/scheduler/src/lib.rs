@@ -98,9 +98,9 @@ pub struct Task<'a> {
     /// limit less the hysteresis.
     pub shed: &'a [String],
     /// The clusters in `shed` are not above the shed mark yet but their forecast crosses it:
-    /// each keeps what its forecast (the placement's horizon and bound) has fit under the
-    /// shed mark less the hysteresis. Moving ahead of a peak is prevention, so it moves no
-    /// more than keeps the cluster from crossing the mark.
+    /// each keeps what the mean of its forecast, as far as it reaches, has under the shed
+    /// mark less the hysteresis. Moving ahead of a peak is prevention: it moves what keeps
+    /// the cluster from crossing the mark, not what would bring it under the limit.
     pub shed_ahead: bool,
     pub mode: Mode,
     /// Unix seconds, for taints tolerated for a while.
@@ -292,6 +292,12 @@ impl Ctx<'_> {
     /// forecast reaches, takes it above the shed mark: a replica placed beyond that would be
     /// moved again before long. `None` where the cluster is not judged by its forecast.
     fn room_before_mark(&self, i: usize) -> Option<i64> {
+        self.room_before(i, self.mark)
+    }
+
+    /// Replicas that fit in cluster `i` with the mean of its forecast, over all the forecast
+    /// reaches, at most `level`; `None` where the cluster is not judged by its forecast.
+    fn room_before(&self, i: usize, level: f64) -> Option<i64> {
         let f = &self.fleet.facts()[i];
         let (o, _) = f.outlook_step(self.task.now, &self.ahead).ok()?;
         let last = o.len().checked_sub(1)?;
@@ -302,7 +308,7 @@ impl Ctx<'_> {
             }
             let base = (f.taken(d) - self.previous[i] as f64 * self.demand[d]).max(0.0)
                 + o.rise(Bound::Mean, last, d) * f.allocatable[d];
-            let free = self.mark * f.allocatable[d] - base;
+            let free = level * f.allocatable[d] - base;
             room = room.min(((free / self.demand[d]) + 1e-9).floor().max(0.0) as i64);
         }
         Some(room)
@@ -1261,15 +1267,18 @@ fn allocate(
         score: kept.iter().map(|i| score_of[*i]).collect(),
     };
     // Shedding: a cluster over its limit keeps only what fits under limit - hysteresis; one
-    // shed ahead of its forecast peak, what fits under the shed mark - hysteresis then.
-    let shed_to = if task.shed_ahead {
-        ctx.mark - config.hysteresis
-    } else {
-        ctx.limit - config.hysteresis
-    };
+    // shed ahead of its forecast peak, what keeps its forecast's mean under the shed mark -
+    // hysteresis as far as the forecast reaches (the rule new replicas are placed by, with a
+    // margin).
     for (j, i) in kept.iter().enumerate() {
+        let room = if task.shed_ahead {
+            let to = ctx.mark - config.hysteresis;
+            ctx.room_before(*i, to).or_else(|| ctx.room_under(*i, to))
+        } else {
+            ctx.room_under(*i, ctx.limit - config.hysteresis)
+        };
         if task.shed.contains(&clusters[*i].name)
-            && let Some(r) = ctx.room_under(*i, shed_to)
+            && let Some(r) = room
         {
             shares.n[j] = shares.n[j].min(r);
             shares.room[j] = Some(r);

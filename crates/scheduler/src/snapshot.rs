@@ -301,7 +301,8 @@ impl Facts {
     }
 
     /// Where the forecast's mean has the cluster cross `mark` within `horizon` seconds of
-    /// `now` and stay above it for `window` seconds (at least one of its steps): the first
+    /// `now` and stay above it for `window` seconds (at least one of its steps, at most as
+    /// many as the horizon holds: a forecast confirms no more than its horizon): the first
     /// dimension and step to do so, unless it is above the mark already (shedding by the
     /// present level takes it then). The mean, not an upper bound: moving replicas costs
     /// something, and a cluster is shed by what it is expected to do; new replicas are kept
@@ -312,7 +313,7 @@ impl Facts {
             bound: Bound::Mean,
         };
         let (o, last) = self.outlook_step(now, &ahead).ok()?;
-        let w = ((window.max(1) + o.step - 1) / o.step).max(1) as usize;
+        let w = (((window.max(1) + o.step - 1) / o.step).max(1) as usize).min(last + 1);
         let mut first: Option<Crossing> = None;
         for d in (0..5).filter(|d| self.allocatable[*d] > 0.0) {
             let level = self.taken(d) / self.allocatable[d];

@@ -1476,6 +1476,15 @@ fn a_forecast_crossing_is_found_where_it_stays_above_the_mark() {
         19
     );
     assert!(b.facts()[0].crossing(NOW, 3600, 0.95, 240).is_none());
+    // A window longer than the horizon asks for the horizon's steps: above from the 6th
+    // minute on, 10 minutes ahead, an hour's window.
+    let from_6: Vec<f64> = (1..=60).map(|m| if m >= 6 { 0.97 } else { 0.5 }).collect();
+    b.set_outlook(
+        "a",
+        Outlook::of(&forecast_of(NOW, 0.5, &from_6, 0.0, DAY)).map(std::sync::Arc::new),
+    );
+    assert_eq!(b.facts()[0].crossing(NOW, 600, 0.95, 3600).unwrap().step, 5);
+    assert!(b.facts()[0].crossing(NOW, 240, 0.95, 3600).is_none());
 }
 
 #[test]
