@@ -232,7 +232,7 @@ pub struct ForecastSummary {
     /// When it comes.
     pub peak_time: Time,
     /// The upper end of that step's 80 % interval.
-    pub peak_upper80: f64,
+    pub peak_upper_bound: f64,
     /// The model of that dimension's series.
     pub model: String,
     /// Seconds of history the forecast was made from; the scheduler reads it once that is a season.

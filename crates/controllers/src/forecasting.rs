@@ -341,7 +341,7 @@ pub fn summary(f: &ClusterForecast) -> Option<ForecastSummary> {
         peak,
         peak_dimension: dim.to_string(),
         peak_time: f.time.add_seconds(step * (k as i64 + 1)),
-        peak_upper80: s.points[k].upper80,
+        peak_upper_bound: s.points[k].upper80,
         model: s.model.clone(),
         history_seconds: f.history as i64 * step,
         season_seconds: f.season_seconds as i64,
@@ -355,7 +355,7 @@ fn summary_differs(old: Option<&ForecastSummary>, new: &ForecastSummary, max_age
     let Some(old) = old else { return true };
     let moved = |a: f64, b: f64| (a - b).abs() >= 0.01;
     moved(old.peak, new.peak)
-        || moved(old.peak_upper80, new.peak_upper80)
+        || moved(old.peak_upper_bound, new.peak_upper_bound)
         || old.peak_dimension != new.peak_dimension
         || old.model != new.model
         || (old.history_seconds >= old.season_seconds)
@@ -689,7 +689,7 @@ mod tests {
             ),
             (0.8, "cpu", 10_000 + 6 * 300)
         );
-        assert_eq!((s.peak_upper80, s.horizon_seconds), (0.9, 3600));
+        assert_eq!((s.peak_upper_bound, s.horizon_seconds), (0.9, 3600));
         assert_eq!((s.history_seconds, s.season_seconds), (12_000, 20));
         // Written again only when it says something new, or has aged.
         assert!(!summary_differs(Some(&s), &s, 300));

@@ -132,6 +132,10 @@ pub struct Settings {
     pub season_range: (usize, usize),
     /// Backtest folds: each forecasts one horizon from a point further back.
     pub folds: usize,
+    /// Folds the chosen model's intervals are calibrated on (at least `folds`): a load's
+    /// deviations last, so the errors within one fold are alike, and three folds say little
+    /// of how wide the band must be.
+    pub calibration_folds: usize,
     /// The models tried.
     pub candidates: Vec<Model>,
     /// Clamp the forecast at 0 (water levels, traffic and counts are never negative).
@@ -144,6 +148,7 @@ impl Default for Settings {
             season: None,
             season_range: (4, 2048),
             folds: 3,
+            calibration_folds: 8,
             candidates: Model::ALL.to_vec(),
             non_negative: true,
         }
@@ -240,12 +245,20 @@ pub fn choose(y: &[f64], horizon: usize, settings: &Settings) -> Result<Choice, 
         }
     }
     Ok(match best {
-        Some((model, b)) => Choice {
-            model,
-            season,
-            backtest_mase: Some(b.mase),
-            interval_scale: b.interval_scale(),
-        },
+        Some((model, b)) => {
+            // The intervals from more folds than the choice was made on (the model that won
+            // the choice also looks better on its own folds than it will do next).
+            let calibrated = (settings.calibration_folds > settings.folds)
+                .then(|| backtest(model, y, season, horizon, settings.calibration_folds, scale))
+                .flatten()
+                .unwrap_or(b.clone());
+            Choice {
+                model,
+                season,
+                backtest_mase: Some(b.mase),
+                interval_scale: calibrated.interval_scale(),
+            }
+        }
         // Too short to backtest: the simplest model that fits.
         None => Choice {
             model: if season >= 2 && y.len() >= Model::SeasonalNaive.min_points(season) {
@@ -313,7 +326,7 @@ impl Band {
 }
 
 /// What a model's backtest found.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Backtest {
     mase: f64,
     /// Each held-out point's error over the half-width of its 80 % band.

@@ -193,7 +193,7 @@ fn cluster() -> Value {
                     "peak": { "type": "number", "description": "The highest mean water level forecast over the horizon, of any dimension." },
                     "peakDimension": { "type": "string", "description": "Its dimension." },
                     "peakTime": { "type": "string", "format": "date-time", "description": "When it comes." },
-                    "peakUpper80": { "type": "number", "description": "The upper end of that step's 80 % interval." },
+                    "peakUpperBound": { "type": "number", "description": "The upper end of that step's 80 % interval." },
                     "model": { "type": "string", "description": "The model of that dimension's series." },
                     "historySeconds": { "type": "integer", "format": "int64", "description": "Seconds of history the forecast was made from; the scheduler reads it once that is a season." },
                     "seasonSeconds": { "type": "integer", "format": "int64", "description": "The season the models were given." },

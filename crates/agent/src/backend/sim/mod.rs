@@ -56,6 +56,10 @@ pub struct SimSpec {
     pub trend: f64,
     /// The standard deviation of the load's noise, a share of the base load (`noise=`).
     pub noise: f64,
+    /// How much of the noise of one 96th of the period carries into the next (`persistence=`,
+    /// 0.9 by default: a busy morning stays busy for hours, as real load does; 0: independent
+    /// draws).
+    pub persistence: f64,
     /// How long a scheduled pod takes to become Running.
     pub start_delay: Duration,
     /// How long a Job's pod runs before it succeeds.
@@ -77,6 +81,9 @@ pub struct SimSpec {
     pub paths: BTreeMap<String, i64>,
 }
 
+/// How much of the load's noise carries from one 96th of the period to the next.
+pub const DEFAULT_PERSISTENCE: f64 = 0.9;
+
 /// The default data uplink: 1 Gbit/s.
 pub const DEFAULT_BANDWIDTH: i64 = 125 << 20;
 
@@ -93,6 +100,7 @@ impl Default for SimSpec {
             period: Duration::from_secs(24 * 3600),
             trend: 0.0,
             noise: 0.0,
+            persistence: DEFAULT_PERSISTENCE,
             start_delay: Duration::from_millis(500),
             job_duration: Duration::from_secs(5),
             bandwidth: DEFAULT_BANDWIDTH,
@@ -182,6 +190,14 @@ impl FromStr for SimSpec {
                     }
                 }
                 "period" => spec.period = parse_duration(v)?.max(Duration::from_secs(1)),
+                "persistence" => {
+                    let f: f64 = v
+                        .parse()
+                        .ok()
+                        .filter(|f: &f64| (0.0..1.0).contains(f))
+                        .ok_or_else(|| bad("a fraction from 0 up to (not including) 1"))?;
+                    spec.persistence = f;
+                }
                 "trend" | "noise" => {
                     let f: f64 = v
                         .parse()
@@ -269,7 +285,7 @@ impl FromStr for SimSpec {
                 }
                 _ => {
                     return Err(format!(
-                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, trend, noise, start, job, bandwidth, storageclasses, gpuModel, gpuPerf, egressPerGiB, cache, path.<cluster>)"
+                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, trend, noise, persistence, start, job, bandwidth, storageclasses, gpuModel, gpuPerf, egressPerGiB, cache, path.<cluster>)"
                     ));
                 }
             }
@@ -1201,7 +1217,8 @@ fn held_data_sets(st: &State) -> Vec<orrery_api::data::HeldDataSet> {
 /// The multiplier of a simulation's base load `elapsed` into it: its profile (flat; diurnal,
 /// a sine of ±60 % over the period; spikes, 2.5× in about one of 24 windows a period), plus
 /// its trend (a share of the base load per period, added as time goes) and its noise (a
-/// normal deviate per 1/96 of the period, times `noise`), both fixed by `seed`. Never below 0.
+/// standard normal deviate per 1/96 of the period, each carrying `persistence` of the one
+/// before, times `noise`), both fixed by `seed`. Never below 0.
 pub fn profile_factor(spec: &SimSpec, seed: u64, elapsed: Duration) -> f64 {
     let t = elapsed.as_secs_f64();
     let period = spec.period.as_secs_f64();
@@ -1217,17 +1234,48 @@ pub fn profile_factor(spec: &SimSpec, seed: u64, elapsed: Duration) -> f64 {
     };
     let trend = spec.trend * t / period;
     let noise = if spec.noise > 0.0 {
-        // Box-Muller over two uniforms drawn from the seed and the window.
         let window = (t / (period / 96.0)) as u64;
-        let uniform = |k: u64| {
-            ((hash_value(&json!([seed, window, k])) >> 11) as f64 + 0.5) / (1u64 << 53) as f64
-        };
-        let (u, v) = (uniform(0), uniform(1));
-        spec.noise * (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+        spec.noise * persistent_noise(seed, window, spec.persistence)
     } else {
         0.0
     };
     (shape + trend + noise).max(0.0)
+}
+
+/// A standard normal deviate per window, each the last's times `rho` plus a fresh draw (an
+/// AR(1) process, unit variance): the sum of the fresh draws of the windows before it, each
+/// weighed by `rho` to its age, so any window is computed alone. Draws older than where the
+/// weight falls below 1/1000 (at most 200 windows) are left out, and the sum is scaled to unit
+/// variance.
+fn persistent_noise(seed: u64, window: u64, rho: f64) -> f64 {
+    let rho = rho.clamp(0.0, 0.999);
+    let terms = if rho > 0.0 {
+        ((1e-3f64.ln() / rho.ln()).ceil() as u64).clamp(1, 200)
+    } else {
+        1
+    };
+    let (mut sum, mut norm, mut w) = (0.0, 0.0, 1.0);
+    for age in 0..terms.min(window + 1) {
+        sum += w * standard_normal(seed, window - age);
+        norm += w * w;
+        w *= rho;
+    }
+    if norm > 0.0 { sum / norm.sqrt() } else { 0.0 }
+}
+
+/// A standard normal deviate fixed by `seed` and `window` (Box-Muller over two uniforms from
+/// SplitMix64).
+fn standard_normal(seed: u64, window: u64) -> f64 {
+    let mix = |mut z: u64| {
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    let base = mix(seed ^ mix(window));
+    let uniform = |k: u64| ((mix(base ^ k) >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    let (u, v) = (uniform(1), uniform(2));
+    (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
 }
 
 /// The simulated round-trip latency between two clusters, milliseconds: 2 within a region,
@@ -2752,7 +2800,34 @@ mod tests {
             })
             .collect();
         assert!(spread.iter().any(|d| d.abs() > 0.01), "{spread:?}");
-        for bad in ["trend=2", "noise=-0.1", "noise=lots"] {
+        // Persistent noise: windows next to each other are alike, far apart they are not;
+        // without persistence they are independent. Unit variance either way.
+        let corr = |rho: f64, lag: u64| {
+            let xs: Vec<f64> = (0..20_000).map(|w| persistent_noise(3, w, rho)).collect();
+            let var = xs.iter().map(|x| x * x).sum::<f64>() / xs.len() as f64;
+            let c = (lag as usize..xs.len())
+                .map(|w| xs[w] * xs[w - lag as usize])
+                .sum::<f64>()
+                / (xs.len() - lag as usize) as f64;
+            (var, c / var)
+        };
+        let (var, c1) = corr(0.9, 1);
+        assert!(
+            (var - 1.0).abs() < 0.1 && (c1 - 0.9).abs() < 0.05,
+            "{var} {c1}"
+        );
+        let (_, c20) = corr(0.9, 20);
+        assert!(c20.abs() < 0.25, "{c20}");
+        let (var, c1) = corr(0.0, 1);
+        assert!((var - 1.0).abs() < 0.1 && c1.abs() < 0.05, "{var} {c1}");
+        assert_eq!(spec("persistence=0.5").persistence, 0.5);
+        for bad in [
+            "trend=2",
+            "noise=-0.1",
+            "noise=lots",
+            "persistence=1",
+            "persistence=-0.2",
+        ] {
             assert!(bad.parse::<SimSpec>().is_err(), "{bad}");
         }
     }
