@@ -140,3 +140,124 @@ pub fn forecast_accuracy(args: ForecastArgs) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[derive(Debug)]
+pub struct LoadArgs {
+    pub clusters: usize,
+    pub days: usize,
+    /// Clusters whose rounds are timed (the cost per series is the same for any number).
+    pub timed: usize,
+}
+
+/// A fleet sample of the server's 5-minute averages: every cluster's cpu, memory, gpu and
+/// pods levels (diurnal with lasting noise, phases spread) and its traffic.
+fn fleet_sample(
+    clusters: usize,
+    step: usize,
+    seed: u64,
+) -> orrery_api::history::series::FleetSample {
+    use orrery_api::history::series::{ClusterSample, FleetSample};
+    let spec: SimSpec = "profile=diurnal,period=24h,noise=0.05"
+        .parse()
+        .unwrap_or_default();
+    let at = STEP * step as u32;
+    let clusters = (0..clusters)
+        .map(|c| {
+            // Each cluster its own phase (a region) and noise.
+            let shift = Duration::from_secs((c as u64 % 24) * 3600);
+            let level = 0.4 * profile_factor(&spec, seed ^ c as u64, at + shift);
+            let levels = [
+                ("cpu".to_string(), level),
+                ("memory".to_string(), 0.8 * level + 0.1),
+                ("gpu".to_string(), 0.5 * level),
+                ("pods".to_string(), 0.3 * level),
+            ]
+            .into();
+            (
+                format!("member-{c:04}"),
+                ClusterSample {
+                    ready: true,
+                    level,
+                    levels,
+                    traffic: 1e6 * level,
+                    ..Default::default()
+                },
+            )
+        })
+        .collect();
+    FleetSample {
+        time: orrery_api::Time::from_unix_seconds(1_800_000_000 + 300 * step as i64)
+            .unwrap_or(orrery_api::Time::now()),
+        clusters,
+    }
+}
+
+/// What forecasting a fleet costs the server: the memory its forecaster holds for `clusters`
+/// clusters × 5 series with `days` of 5-minute history, and the CPU of its rounds (a model
+/// chosen hourly per series, a forecast every 5 minutes), from the server's own forecaster
+/// (`orrery_controllers::forecasting::Forecaster`).
+pub fn forecast_load(args: LoadArgs) -> anyhow::Result<()> {
+    use orrery_controllers::forecasting::{ForecastConfig, Forecaster};
+    let points = args.days * SEASON;
+    let config = ForecastConfig::default();
+    let raw = Duration::from_secs(15);
+    let before = crate::stats::rss_mib();
+    let mut f = Forecaster::new(config.clone(), raw, STEP);
+    progress(format!(
+        "forecast-load: {} clusters, {} days of history",
+        args.clusters, args.days
+    ));
+    for step in 0..points {
+        f.push(&fleet_sample(args.clusters, step, 1));
+    }
+    let held = crate::stats::rss_mib() - before;
+    drop(f);
+    // Rounds over a few clusters: the first chooses every series' model and forecasts, the
+    // next only forecasts.
+    let mut t = Forecaster::new(config, raw, STEP);
+    for step in 0..points {
+        t.push(&fleet_sample(args.timed, step, 1));
+    }
+    let series = (args.timed * 5) as f64;
+    let cpu = cpu_now();
+    let started = Instant::now();
+    let first = t.forecast_all();
+    let choose_and_forecast = cpu_now() - cpu;
+    let first_wall = started.elapsed().as_secs_f64();
+    t.push(&fleet_sample(args.timed, points, 1));
+    let cpu = cpu_now();
+    let next = t.forecast_all();
+    let forecast_only = cpu_now() - cpu;
+    let record_bytes = first
+        .first()
+        .map(|c| serde_json::to_vec(c).map(|v| v.len()).unwrap_or(0))
+        .unwrap_or(0);
+    let per_series_forecast = forecast_only / series;
+    let per_series_choice = (choose_and_forecast - forecast_only).max(0.0) / series;
+    let n = (args.clusters * 5) as f64;
+    emit(json!({
+        "scenario": "forecast-load",
+        "clusters": args.clusters,
+        "series": args.clusters * 5,
+        "history_days": args.days,
+        "history_points_per_series": points,
+        "memory_mib": round(held, 1),
+        "timed_clusters": args.timed,
+        "forecasts_made": first.len() + next.len(),
+        "choose_ms_per_series": round(per_series_choice * 1000.0, 2),
+        "forecast_ms_per_series": round(per_series_forecast * 1000.0, 2),
+        "first_round_wall_seconds_timed": round(first_wall, 2),
+        // Steady: each series' model chosen hourly, a forecast every 5 minutes.
+        "cpu_seconds_per_minute": round(n * (per_series_choice / 60.0 + per_series_forecast / 5.0), 1),
+        // At start every model is chosen at once.
+        "cpu_seconds_first_round": round(n * (per_series_choice + per_series_forecast), 0),
+        "record_bytes_per_cluster": record_bytes,
+        "written_bytes_per_minute": record_bytes * args.clusters / 5,
+    }));
+    Ok(())
+}
+
+/// This process's CPU seconds so far (user and system).
+fn cpu_now() -> f64 {
+    crate::stats::process_usage(std::process::id()).2
+}

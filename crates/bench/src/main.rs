@@ -253,6 +253,18 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         test: usize,
     },
+    /// What forecasting a fleet costs the server's forecaster: memory for the history of
+    /// 1,000 clusters × 5 series, CPU per minute of its rounds.
+    ForecastLoad {
+        #[arg(long, default_value_t = 1000)]
+        clusters: usize,
+        /// Days of 5-minute history each series holds.
+        #[arg(long, default_value_t = 14)]
+        days: usize,
+        /// Clusters whose rounds are timed.
+        #[arg(long, default_value_t = 20)]
+        timed: usize,
+    },
     /// Scheduling quality: six strategies on one trace over a simulated fleet (Orrery with and
     /// without prediction among them).
     SchedulerQuality {
@@ -463,6 +475,15 @@ fn main() -> anyhow::Result<()> {
                 seed,
                 history,
                 test,
+            }),
+            Command::ForecastLoad {
+                clusters,
+                days,
+                timed,
+            } => forecast::forecast_load(forecast::LoadArgs {
+                clusters,
+                days,
+                timed,
             }),
             Command::SchedulerQuality {
                 seed,
