@@ -316,7 +316,7 @@ impl Forecasts {
         for (i, c) in clusters.iter().enumerate() {
             let h = &mut self.history[i];
             h.push(c.background(step));
-            if step % CHOOSE_EVERY == 0 || self.choices[i].is_none() {
+            if step.is_multiple_of(CHOOSE_EVERY) || self.choices[i].is_none() {
                 self.choices[i] = orrery_forecast::choose(h, AHEAD, &self.settings).ok();
             }
             let Some(choice) = &self.choices[i] else {

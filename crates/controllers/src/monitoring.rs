@@ -48,12 +48,22 @@ impl Default for MonitoringConfig {
 const FORECAST_DIMENSIONS: [(usize, &str); 4] =
     [(0, "cpu"), (1, "memory"), (2, "gpu"), (3, "pods")];
 
+/// What one binding places: per cluster, the requests of its replicas there.
+type Parts = Vec<(String, Vector)>;
+
+/// Where the monitoring loop hands its samples to be forecast, and where it finds what the
+/// forecasts said of them.
+pub type ToForecaster = (
+    mpsc::Sender<(FleetSample, bool)>,
+    Arc<crate::forecasting::Checks>,
+);
+
 /// What Orrery itself placed in each cluster: the requests of the replicas its bindings give
 /// it (one pod each), in base units per water level dimension.
 #[derive(Debug, Default)]
 pub struct Placed {
     /// Each binding's generation and what it places where.
-    by_binding: HashMap<(String, String), (i64, Vec<(String, Vector)>)>,
+    by_binding: HashMap<(String, String), (i64, Parts)>,
     by_cluster: HashMap<String, Vector>,
 }
 
@@ -201,10 +211,7 @@ async fn prune(store: &dyn Store, prefix: &str, keep: Duration) -> Result<usize,
 pub async fn run(
     store: Arc<dyn Store>,
     cfg: MonitoringConfig,
-    forecaster: Option<(
-        mpsc::Sender<(FleetSample, bool)>,
-        Arc<crate::forecasting::Checks>,
-    )>,
+    forecaster: Option<ToForecaster>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     // A forecaster that falls behind misses samples rather than holding up the sampling.

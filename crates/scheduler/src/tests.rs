@@ -1259,7 +1259,9 @@ fn a_cluster_about_to_peak_receives_no_new_replicas() {
     // rise over the horizon (+0.1525 in 30 minutes, +0.2033 in 40, +0.305 in an hour by the
     // mean; Upper80 adds 0.02, Upper95 0.04): b fills to a's level first, and a takes none
     // once the rise leaves no room under the limit (0.85).
-    let cases: &[(&str, serde_json::Value, usize, i64, &[(&str, i64)])] = &[
+    // (what, placement, points of history, when the forecast was made, shares)
+    type Case<'a> = (&'a str, serde_json::Value, usize, i64, &'a [(&'a str, i64)]);
+    let cases: &[Case] = &[
         (
             "present level",
             prediction("0s", "Mean"),
@@ -1427,7 +1429,6 @@ fn shedding_ahead_keeps_only_what_fits_at_the_forecast_peak() {
     assert!(got["c"] <= 3, "{got:?}");
     assert_eq!(got["b"] + got["c"], 14, "{got:?}");
     // Without the forecast, a keeps what fits under 0.80 by its present level: 80 - 40.
-    let mut t = t;
     t.placement.prediction = Some(orrery_api::prediction::Prediction {
         horizon: "0s".into(),
         bound: String::new(),
