@@ -231,6 +231,10 @@ enum Command {
         /// Also split the same work over this many threads.
         #[arg(long, default_value_t = 2)]
         threads: usize,
+        /// Every cluster has a forecast with a season of history, so decisions judge clusters
+        /// by it (the cost of scheduling ahead).
+        #[arg(long)]
+        forecasts: bool,
     },
     /// Data-aware scheduling: four strategies on one trace of jobs reading data sets over a
     /// simulated fleet (completion time, bytes moved, egress cost, GPU utilization).
@@ -521,11 +525,13 @@ fn main() -> anyhow::Result<()> {
                 bindings,
                 runs,
                 threads,
+                forecasts,
             } => scheduler::engine(scheduler::EngineArgs {
                 clusters,
                 bindings,
                 runs,
                 threads,
+                forecasts,
             }),
             Command::MembersRegister {
                 clusters,

@@ -215,6 +215,7 @@ fn run_engine(
     specs: &[Spec],
     placements: &[(&'static str, Placement)],
     config: &Config,
+    now: i64,
 ) -> (Vec<f64>, f64, usize) {
     let mut lat = Vec::with_capacity(specs.len());
     // Bindings come and go: at most this many are live, older ones are deleted and give
@@ -241,7 +242,7 @@ fn run_engine(
             shed: &[],
             shed_ahead: false,
             mode: Mode::Steady,
-            now: 0,
+            now,
             seed: s.seed,
             relations: Default::default(),
         };
@@ -269,6 +270,53 @@ pub struct EngineArgs {
     pub bindings: usize,
     pub runs: usize,
     pub threads: usize,
+    pub forecasts: bool,
+}
+
+/// When the synthetic forecasts were made (and the decisions are made).
+const FORECAST_TIME: i64 = 1_800_000_000;
+
+/// Every cluster a forecast of its cpu and memory over 6 hours in 5-minute steps, made now
+/// from a day of history: a rise of up to a fifth of its capacity, at a phase of its own.
+fn with_forecasts(fleet: &mut Fleet, clusters: &[ClusterSnapshot]) {
+    use orrery_api::history::series::{ClusterForecast, ForecastPoint, SeriesForecast};
+    for (i, c) in clusters.iter().enumerate() {
+        let phase = i as f64 * 0.7;
+        let points: Vec<ForecastPoint> = (1..=72)
+            .map(|k| {
+                let mean = 0.4 + 0.2 * ((k as f64 / 72.0) * std::f64::consts::PI + phase).sin();
+                ForecastPoint {
+                    mean,
+                    lower80: mean - 0.03,
+                    upper80: mean + 0.03,
+                    lower95: mean - 0.05,
+                    upper95: mean + 0.05,
+                }
+            })
+            .collect();
+        let series = SeriesForecast {
+            model: "mstl-ets".into(),
+            backtest_mase: Some(0.6),
+            points,
+            last: Some(0.4 + 0.2 * phase.sin()),
+        };
+        let f = ClusterForecast {
+            cluster: c.name.clone(),
+            time: Time::from_unix_seconds(FORECAST_TIME).unwrap_or(Time::now()),
+            step_seconds: 300,
+            season_seconds: 86_400,
+            history: 288,
+            series: [
+                ("cpu".to_string(), series.clone()),
+                ("memory".to_string(), series),
+            ]
+            .into(),
+        };
+        fleet.set_outlook(
+            &c.name,
+            orrery_scheduler::Outlook::of(&f).map(std::sync::Arc::new),
+        );
+    }
 }
 
 /// Decisions per second of the engine alone, per fleet size.
@@ -287,7 +335,11 @@ pub fn engine(args: EngineArgs) -> anyhow::Result<()> {
                 (0..n).map(|i| synthetic_cluster(i, &mut rng)).collect();
             let specs = tasks(args.bindings, &mut rng, placements.len());
             let mut fleet = Fleet::new(clusters.clone());
-            let (lat, secs, placed) = run_engine(&mut fleet, &specs, &placements, &config);
+            if args.forecasts {
+                with_forecasts(&mut fleet, &clusters);
+            }
+            let (lat, secs, placed) =
+                run_engine(&mut fleet, &specs, &placements, &config, FORECAST_TIME);
             scheduled = placed;
             rates.push(specs.len() as f64 / secs);
             p50s.push(percentile(&lat, 50.0));
@@ -309,9 +361,13 @@ pub fn engine(args: EngineArgs) -> anyhow::Result<()> {
                         let placements = &placements;
                         let config = &config;
                         let clusters = clusters.clone();
+                        let forecasts = args.forecasts;
                         scope.spawn(move || {
-                            let mut f = Fleet::new(clusters);
-                            run_engine(&mut f, chunk, placements, config)
+                            let mut f = Fleet::new(clusters.clone());
+                            if forecasts {
+                                with_forecasts(&mut f, &clusters);
+                            }
+                            run_engine(&mut f, chunk, placements, config, FORECAST_TIME)
                         });
                     }
                 });
@@ -330,6 +386,7 @@ pub fn engine(args: EngineArgs) -> anyhow::Result<()> {
             "p50_us_median": round(median(&p50s), 1),
             "p99_us_median": round(median(&p99s), 1),
             "threads": args.threads,
+            "forecasts": args.forecasts,
             "parallel_decisions_per_second_median": if parallel.is_empty() { json!(null) } else { json!(round(median(&parallel), 0)) },
         }));
     }

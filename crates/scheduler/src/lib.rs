@@ -41,7 +41,7 @@ use orrery_api::cluster::ResourceList;
 use orrery_api::labels::Selector;
 use orrery_api::overrides::CompiledAffinity;
 use orrery_api::policy::{AGGREGATED, AVAILABLE_REPLICAS, ClusterAffinity, Placement, Target};
-use orrery_api::prediction::{Ahead, Bound, LevelSeen};
+use orrery_api::prediction::{Ahead, LevelSeen};
 
 pub use divide::divide;
 pub use filter::Filter;
@@ -204,6 +204,12 @@ pub struct Ctx<'a> {
     /// Above this water level clusters shed replicas: none is placed where the forecast
     /// says it would have to move again.
     pub mark: f64,
+    /// What the forecast adds to the dimensions of the clusters whose room is worked out,
+    /// over the horizon and, by its mean, over all it reaches (in the dimensions' units);
+    /// `None` where the present level stands. `rise_slot` holds each cluster's index into it
+    /// (`u32::MAX`: not worked out); both are empty when no cluster has a forecast.
+    pub rise: Vec<Option<(Vector, Vector)>>,
+    pub rise_slot: Vec<u32>,
 }
 
 impl Ctx<'_> {
@@ -216,8 +222,27 @@ impl Ctx<'_> {
     /// with what the forecast adds over the horizon where the cluster is judged by it.
     pub fn base(&self, i: usize, d: usize) -> f64 {
         let f = &self.fleet.facts()[i];
-        (f.taken(d) - self.previous[i] as f64 * self.demand[d]).max(0.0)
-            + f.rise(d, self.task.now, &self.ahead)
+        (f.taken(d) - self.previous[i] as f64 * self.demand[d]).max(0.0) + self.rise_of(i, d)
+    }
+
+    /// What the forecast adds to cluster `i`'s dimension `d` over the horizon.
+    pub fn rise_of(&self, i: usize, d: usize) -> f64 {
+        match self.rise_slot.get(i) {
+            Some(&k) if k != u32::MAX => self.rise[k as usize].map_or(0.0, |r| r.0[d]),
+            Some(_) => self.fleet.facts()[i].rise(d, self.task.now, &self.ahead),
+            // No cluster has a forecast.
+            None => 0.0,
+        }
+    }
+
+    /// Cluster `i`'s overall water level as the task judges it (the larger of the present
+    /// level and the forecast over the horizon, per dimension).
+    pub fn level_ahead(&self, i: usize) -> f64 {
+        let f = &self.fleet.facts()[i];
+        (0..5)
+            .filter(|d| f.allocatable[*d] > 0.0)
+            .map(|d| (f.taken(d) + self.rise_of(i, d)) / f.allocatable[d])
+            .fold(0.0, f64::max)
     }
 
     /// What a decision saw of cluster `i`'s water level.
@@ -299,15 +324,16 @@ impl Ctx<'_> {
     /// reaches, at most `level`; `None` where the cluster is not judged by its forecast.
     fn room_before(&self, i: usize, level: f64) -> Option<i64> {
         let f = &self.fleet.facts()[i];
-        let (o, _) = f.outlook_step(self.task.now, &self.ahead).ok()?;
-        let last = o.len().checked_sub(1)?;
+        let (_, reach) = match self.rise_slot.get(i) {
+            Some(&k) if k != u32::MAX => self.rise[k as usize]?,
+            _ => f.rises(self.task.now, &self.ahead)?,
+        };
         let mut room = i64::MAX;
         for d in 0..5 {
             if self.demand[d] <= 0.0 || f.allocatable[d] <= 0.0 {
                 continue;
             }
-            let base = (f.taken(d) - self.previous[i] as f64 * self.demand[d]).max(0.0)
-                + o.rise(Bound::Mean, last, d) * f.allocatable[d];
+            let base = (f.taken(d) - self.previous[i] as f64 * self.demand[d]).max(0.0) + reach[d];
             let free = level * f.allocatable[d] - base;
             room = room.min(((free / self.demand[d]) + 1e-9).floor().max(0.0) as i64);
         }
@@ -720,6 +746,8 @@ fn context<'a>(
             .as_ref()
             .map_or(config.prediction, |p| p.resolve(config.prediction)),
         mark: config.shed_mark.max(limit),
+        rise: Vec::new(),
+        rise_slot: Vec::new(),
     };
     ctx.room = vec![None; fleet.len()];
     ctx
@@ -727,7 +755,16 @@ fn context<'a>(
 
 impl Ctx<'_> {
     fn fill_room(&mut self, clusters: impl Iterator<Item = usize>) {
+        let ahead = self.fleet.has_outlooks() && !self.ahead.is_off();
+        if ahead && self.rise_slot.is_empty() {
+            self.rise_slot = vec![u32::MAX; self.fleet.len()];
+        }
         for i in clusters {
+            if ahead && self.rise_slot[i] == u32::MAX {
+                self.rise_slot[i] = self.rise.len() as u32;
+                self.rise
+                    .push(self.fleet.facts()[i].rises(self.task.now, &self.ahead));
+            }
             self.room[i] = self.room_for(i, self.limit);
         }
     }

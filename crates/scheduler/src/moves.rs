@@ -4,6 +4,7 @@
 //! workloads it depends on and that depend on it, and least loaded. Every other candidate
 //! gets the reason it lost.
 
+use orrery_api::prediction::Ahead;
 use orrery_api::stateful::Candidate;
 
 use crate::snapshot::{Fleet, Vector};
@@ -29,6 +30,11 @@ pub struct MoveRequest<'a> {
     pub near: &'a [String],
     /// No candidate may end above this water level.
     pub limit: f64,
+    /// How far ahead candidates are judged, and the time now: a cluster with a usable
+    /// forecast is judged by the larger of its present level and the forecast, as a
+    /// placement is (`Ahead` with a horizon of 0: by the present level).
+    pub ahead: Ahead,
+    pub now: i64,
 }
 
 /// The ranking: every cluster looked at, best first, and the estimate for the best.
@@ -95,7 +101,10 @@ pub fn rank(
                 if f.allocatable[d] <= 0.0 {
                     continue;
                 }
-                let after = (f.taken(d) + req.replicas as f64 * req.demand[d]) / f.allocatable[d];
+                let after = (f.taken(d)
+                    + f.rise(d, req.now, &req.ahead)
+                    + req.replicas as f64 * req.demand[d])
+                    / f.allocatable[d];
                 if req.demand[d] > 0.0 {
                     fits &= after <= req.limit + 1e-9;
                 }
@@ -258,6 +267,11 @@ mod tests {
             bytes: 10 << 30,
             near,
             limit: 0.8,
+            ahead: Ahead {
+                horizon_seconds: 0,
+                ..Ahead::default()
+            },
+            now: 0,
         }
     }
 

@@ -246,7 +246,7 @@ impl Score for Priority {
     fn score(&self, ctx: &Ctx<'_>, feasible: &[usize], out: &mut [f64]) {
         let p = (ctx.task.priority.clamp(0, 100)) as f64 / 100.0;
         for (o, i) in out.iter_mut().zip(feasible) {
-            let level = ctx.fleet.facts()[*i].level_ahead(ctx.task.now, &ctx.ahead);
+            let level = ctx.level_ahead(*i);
             let free = (1.0 - level).clamp(0.0, 1.0);
             *o = 100.0 * (p * free + (1.0 - p) * 0.5);
         }

@@ -287,6 +287,17 @@ impl Facts {
         }
     }
 
+    /// [`Facts::rise`] of every dimension, and the rise of the forecast's mean over all it
+    /// reaches (what the shed-mark rule reads); `None` where the present level stands.
+    pub fn rises(&self, now: i64, ahead: &Ahead) -> Option<(Vector, Vector)> {
+        let (o, k) = self.outlook_step(now, ahead).ok()?;
+        let at = o.rise[ahead.bound.index()].get(k)?;
+        Some((
+            std::array::from_fn(|d| widen(at[d]) * self.allocatable[d]),
+            std::array::from_fn(|d| o.reach[d] * self.allocatable[d]),
+        ))
+    }
+
     /// The overall water level the look `ahead` judges the cluster by: the larger of the
     /// present level and the forecast, per dimension.
     pub fn level_ahead(&self, now: i64, ahead: &Ahead) -> f64 {
@@ -393,10 +404,30 @@ pub struct Outlook {
     /// The model of each dimension's series (empty where there is none).
     pub models: [String; 5],
     /// `rise[bound][k][d]`: the highest (forecast at that bound - last value) over steps
-    /// `0..=k` of dimension `d`, a share of its capacity.
-    rise: [Vec<[f32; 5]>; 3],
+    /// `0..=k` of dimension `d`, a share of its capacity, in [`Fixed`] units.
+    rise: [Vec<[Fixed; 5]>; 3],
     /// `mean[k][d]`: step `k`'s mean less the last value (what proactive rebalancing reads).
-    mean: Vec<[f32; 5]>,
+    mean: Vec<[Fixed; 5]>,
+    /// The mean's rise over all the forecast reaches (`rise[Mean]` at its last step), per
+    /// dimension: what the shed-mark rule reads for every decision.
+    reach: [f64; 5],
+}
+
+/// A share of capacity in hundred-thousandths: a large fleet's forecasts in half the memory
+/// of `f64`, exact for the four decimals forecasts are stored with (a float's own error would
+/// take a replica off a room computed to the core).
+type Fixed = i32;
+
+fn fixed(x: f64) -> Fixed {
+    (x * 1e5)
+        .round()
+        .clamp(f64::from(i32::MIN), f64::from(i32::MAX)) as Fixed
+}
+
+/// Within a few units in the last place of the value (far inside the 1e-9 of a replica
+/// that rooms are rounded with).
+fn widen(x: Fixed) -> f64 {
+    f64::from(x) * 1e-5
 }
 
 impl Outlook {
@@ -409,8 +440,8 @@ impl Outlook {
             .map(|(_, s)| s.points.len())
             .max()
             .filter(|n| *n > 0)?;
-        let mut rise: [Vec<[f32; 5]>; 3] = std::array::from_fn(|_| vec![[0.0f32; 5]; len]);
-        let mut mean = vec![[0.0f32; 5]; len];
+        let mut rise: [Vec<[Fixed; 5]>; 3] = std::array::from_fn(|_| vec![[0; 5]; len]);
+        let mut mean = vec![[0; 5]; len];
         let mut models: [String; 5] = Default::default();
         for (name, s) in &f.series {
             let Some(d) = DIMENSIONS.iter().position(|x| x == name) else {
@@ -424,7 +455,7 @@ impl Outlook {
             };
             for (k, p) in s.points.iter().enumerate().take(len) {
                 if p.mean.is_finite() {
-                    mean[k][d] = (p.mean - start) as f32;
+                    mean[k][d] = fixed(p.mean - start);
                 }
             }
             for (b, bound) in rise.iter_mut().enumerate() {
@@ -436,11 +467,12 @@ impl Outlook {
                             high = high.max(v - start);
                         }
                     }
-                    bound[k][d] = high as f32;
+                    bound[k][d] = fixed(high);
                 }
             }
         }
         let step = f.step_seconds.max(1) as i64;
+        let reach = std::array::from_fn(|d| widen(rise[0][len - 1][d]));
         Some(Outlook {
             time: f.time.unix_seconds(),
             step,
@@ -449,6 +481,7 @@ impl Outlook {
             models,
             rise,
             mean,
+            reach,
         })
     }
 
@@ -485,13 +518,6 @@ impl Outlook {
     }
 }
 
-/// A rise as kept (`f32`, half the memory of a large fleet's forecasts) read back as the
-/// value it was made from: forecasts are stored to four decimals, and the float's own error
-/// would otherwise take a replica off a room computed to the core.
-fn widen(x: f32) -> f64 {
-    (f64::from(x) * 1e5).round() / 1e5
-}
-
 /// The member clusters, in name order, with their numbers.
 #[derive(Clone, Debug, Default)]
 pub struct Fleet {
@@ -501,6 +527,8 @@ pub struct Fleet {
     /// Changes whenever a cluster comes or goes or its placement facts change; unique across
     /// fleets, so a filter cache can tell.
     generation: u64,
+    /// Clusters with a forecast (a fleet with none skips what prediction costs).
+    outlooks: usize,
 }
 
 static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -538,6 +566,7 @@ impl Fleet {
             facts,
             index,
             generation: next_generation(),
+            outlooks: 0,
         }
     }
 
@@ -595,6 +624,9 @@ impl Fleet {
 
     pub fn remove(&mut self, name: &str) {
         if let Some(i) = self.position(name) {
+            if self.facts[i].outlook.is_some() {
+                self.outlooks -= 1;
+            }
             self.clusters.remove(i);
             self.facts.remove(i);
             self.reindex();
@@ -614,8 +646,15 @@ impl Fleet {
     /// Sets a cluster's forecast (`None`: it has none).
     pub fn set_outlook(&mut self, name: &str, outlook: Option<std::sync::Arc<Outlook>>) {
         if let Some(i) = self.position(name) {
+            let had = self.facts[i].outlook.is_some();
+            self.outlooks = self.outlooks + usize::from(outlook.is_some()) - usize::from(had);
             self.facts[i].outlook = outlook;
         }
+    }
+
+    /// Whether any cluster has a forecast.
+    pub fn has_outlooks(&self) -> bool {
+        self.outlooks > 0
     }
 
     /// Sets what the assume cache holds against a cluster.

@@ -755,6 +755,7 @@ impl Scheduler {
                     self.enqueue_dependents(&k);
                     self.bindings.remove(&k);
                     self.moves.remove(&k);
+                    self.forecast_moves.remove(&k);
                     self.unplaced.remove(&k);
                     self.backoff.reset(&k);
                     let changed = self.assume.forget(&format!("{}/{}", k.0, k.1));
@@ -2027,6 +2028,15 @@ impl Scheduler {
                 bytes,
                 near: &ties.near,
                 limit,
+                // Judged ahead as the placement judges clusters.
+                ahead: spec
+                    .placement
+                    .prediction
+                    .as_ref()
+                    .map_or(self.engine.prediction, |p| {
+                        p.resolve(self.engine.prediction)
+                    }),
+                now: task.now,
             },
         );
         let reason = {
@@ -2284,6 +2294,8 @@ impl Scheduler {
                 bytes: 0,
                 near: &ties.near,
                 limit: 1.0,
+                ahead: self.engine.prediction,
+                now: Time::now().unix_seconds(),
             },
         );
         ranking.chosen.unwrap_or_default()
