@@ -775,6 +775,39 @@ fn restarts_crashes_and_retries_disturb_nothing() {
             eprintln!("restarts: {m}'s agent log is in {}", log.display());
         }
     }
+    // Every move during the churn may have found no room (the churn keeps the fleet busy, and
+    // what a decision assumed counts until the members report it): then one more, once the
+    // churn is over, so that copy rounds are checked whatever the churn did.
+    let succeeded = |api: &Api| {
+        let m = rt.block_on(api.get("/apis/multicluster.io/v1alpha1/migrations"));
+        m["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|m| m["status"]["phase"] == "Succeeded")
+            .count()
+    };
+    if succeeded(&api) == 0 {
+        eprintln!("restarts: no move during the churn succeeded: one more after it");
+        rt.block_on(api.create(&json!({
+            "apiVersion": "multicluster.io/v1alpha1", "kind": "Migration",
+            "metadata": {"name": "move-after", "namespace": "default"},
+            "spec": {"resource": {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                "name": STATEFUL}}
+        })));
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let before = succeeded(&api);
+        while Instant::now() < deadline && succeeded(&api) == before {
+            let m = rt.block_on(
+                api.get("/apis/multicluster.io/v1alpha1/namespaces/default/migrations/move-after"),
+            );
+            if m["status"]["phase"] == "Failed" {
+                eprintln!("restarts: move-after failed: {}", m["status"]["message"]);
+                break;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
     // Settled: no old copy of moved replicas waits to go, and the members have been quiet
     // for longer than a retry waits once room is made (an old copy going, or a pod
     // starting, makes room, and the Deployment that cannot fit is tried again: a decision,
