@@ -92,18 +92,7 @@ fn raw(s: &Server, path: &str) -> Value {
 }
 
 fn placed(s: &Server, name: &str) -> Vec<(String, i64)> {
-    let b = s.get_json(&["resourcebinding", &format!("{name}-deployment")]);
-    b["spec"]["clusters"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            (
-                c["name"].as_str().unwrap().to_string(),
-                c["replicas"].as_i64().unwrap_or(0),
-            )
-        })
-        .collect()
+    s.clusters_of(&format!("{name}-deployment"))
 }
 
 /// `peak`'s cpu forecast: its level now (the forecast's starting point), and the highest

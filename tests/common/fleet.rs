@@ -68,20 +68,7 @@ impl Fleet {
 
     /// Where a ResourceBinding in `default` places its template: (cluster, replicas).
     pub fn clusters_of(&self, binding: &str) -> Vec<(String, i64)> {
-        let b = self
-            .s
-            .get_json(&["resourcebinding", binding, "-n", "default"]);
-        b["spec"]["clusters"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|c| {
-                (
-                    c["name"].as_str().unwrap().to_string(),
-                    c["replicas"].as_i64().unwrap_or(0),
-                )
-            })
-            .collect()
+        self.s.clusters_of(binding)
     }
 
     /// The admin endpoint of a member's agent.

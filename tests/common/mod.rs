@@ -307,6 +307,22 @@ impl Server {
         serde_json::from_str(&self.ok(&a)).unwrap()
     }
 
+    /// Where a ResourceBinding in `default` places its template: (cluster, replicas).
+    pub fn clusters_of(&self, binding: &str) -> Vec<(String, i64)> {
+        let b = self.get_json(&["resourcebinding", binding, "-n", "default"]);
+        b["spec"]["clusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_string(),
+                    c["replicas"].as_i64().unwrap_or(0),
+                )
+            })
+            .collect()
+    }
+
     /// The status of a condition of a cluster ("" if absent or no such cluster).
     pub fn cluster_condition(&self, cluster: &str, type_: &str) -> String {
         let out = self.kubectl(&[

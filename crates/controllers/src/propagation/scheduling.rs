@@ -1155,48 +1155,28 @@ impl Scheduler {
         }
         for c in due {
             self.last_shed.insert(c.clone(), now);
-            // The bindings with the most replicas there, divided by water level.
-            let mut on: Vec<(i64, BKey)> = self
-                .bindings
-                .iter()
-                .filter_map(|(k, b)| {
-                    let spec = BindingSpec::of(b)?;
-                    let n = spec.clusters.iter().find(|t| t.name == c)?.replicas;
-                    sheddable(&spec).then(|| (n, k.clone()))
-                })
-                .collect();
-            on.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-            on.truncate(self.settings.shed_per_window);
+            let on = self.most_replicas_on(&c, |_| true);
             tracing::info!(cluster = %c, bindings = on.len(), "a cluster above the shed mark sheds replicas");
-            for (_, k) in on {
+            for k in on {
                 self.shed.entry(k.clone()).or_default().push(c.clone());
                 self.triggers.insert(k.clone(), Trigger::Shed);
                 self.enqueue(k, Trigger::Shed);
             }
         }
         for (c, x) in ahead {
-            // The bindings with the most replicas there that judge clusters by their
-            // forecast (a placement that looks no time ahead keeps its replicas).
-            let mut on: Vec<(i64, BKey)> = self
-                .bindings
-                .iter()
-                .filter_map(|(k, b)| {
-                    let spec = BindingSpec::of(b)?;
-                    let n = spec.clusters.iter().find(|t| t.name == c)?.replicas;
-                    let off = spec
-                        .placement
-                        .prediction
-                        .as_ref()
-                        .is_some_and(|p| p.resolve(self.settings.prediction).is_off());
-                    (sheddable(&spec) && !off && n > 0).then(|| (n, k.clone()))
-                })
-                .collect();
+            // Of those that judge clusters by their forecast (a placement that looks no time
+            // ahead keeps its replicas).
+            let default = self.settings.prediction;
+            let on = self.most_replicas_on(&c, |spec| {
+                spec.placement
+                    .prediction
+                    .as_ref()
+                    .is_none_or(|p| !p.resolve(default).is_off())
+            });
             if on.is_empty() {
                 continue;
             }
             self.last_shed.insert(c.clone(), now);
-            on.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-            on.truncate(self.settings.shed_per_window);
             let outlook = self.outlooks.get(&c);
             let trigger = ForecastTrigger {
                 cluster: c.clone(),
@@ -1226,13 +1206,30 @@ impl Scheduler {
                 crosses_at = %trigger.crosses_at,
                 "a cluster's forecast crosses the shed mark: replicas move ahead of the peak"
             );
-            for (_, k) in on {
+            for k in on {
                 self.shed.entry(k.clone()).or_default().push(c.clone());
                 self.forecast_moves.insert(k.clone(), trigger.clone());
                 self.triggers.insert(k.clone(), Trigger::Forecast);
                 self.enqueue(k, Trigger::Forecast);
             }
         }
+    }
+
+    /// The bindings a cluster sheds: of those divided by water level that run replicas there
+    /// and that `also` keeps, the `shed_per_window` with the most replicas there.
+    fn most_replicas_on(&self, cluster: &str, also: impl Fn(&BindingSpec) -> bool) -> Vec<BKey> {
+        let mut on: Vec<(i64, BKey)> = self
+            .bindings
+            .iter()
+            .filter_map(|(k, b)| {
+                let spec = BindingSpec::of(b)?;
+                let n = spec.clusters.iter().find(|t| t.name == cluster)?.replicas;
+                (n > 0 && sheddable(&spec) && also(&spec)).then(|| (n, k.clone()))
+            })
+            .collect();
+        on.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        on.truncate(self.settings.shed_per_window);
+        on.into_iter().map(|(_, k)| k).collect()
     }
 
     /// Marks applications that stayed unhealthy in a cluster past their toleration.
