@@ -124,9 +124,25 @@ fn replicas_keep_ahead_of_a_forecast_peak() {
     let s = Server::start_with(SERVER);
     let _peak = member(&s, "peak", PEAK);
 
-    // Placed while nothing is known of the cycle: by the present level, on the only member.
+    // Placed while nothing is known of the cycle: by the present level, on the only member,
+    // in the low half of its first cycle, where its four cores fit under the limit (0.55 +
+    // 0.25), before a season of history is in (after it, no replica goes where the forecast
+    // has the cluster cross the shed mark).
+    eventually(
+        Duration::from_secs(40),
+        "peak in the low half of its cycle",
+        || {
+            let h = raw(&s, "/api/v1/monitor/history?cluster=peak&maxEntries=30");
+            let points = h["points"].as_array().unwrap();
+            assert!(points.len() < 26, "no low half in the first cycle: {h}");
+            points
+                .last()
+                .and_then(|p| p["clusters"]["peak"]["levels"]["cpu"].as_f64())
+                .is_some_and(|l| l <= 0.56)
+        },
+    );
     s.apply(&deployment("early", 4, ""));
-    eventually(Duration::from_secs(60), "early placed on peak", || {
+    eventually(Duration::from_secs(30), "early placed on peak", || {
         placed(&s, "early") == [("peak".to_string(), 4)]
     });
     let b = s.get_json(&["resourcebinding", "early-deployment"]);

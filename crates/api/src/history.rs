@@ -239,6 +239,24 @@ pub mod series {
         /// forecast as the change from it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub last: Option<f64>,
+        /// How the model was chosen, so a restarted forecaster goes on with it rather than
+        /// choosing every series' model again at once (a different choice would be a change
+        /// the restart made).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub choice: Option<ModelChoice>,
+    }
+
+    /// A series' model as its backtest chose it.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ModelChoice {
+        /// Samples per season the model was given (0: none).
+        pub season: usize,
+        /// The factor the model's intervals are scaled by.
+        pub interval_scale: f64,
+        /// When it was chosen, and on how many points.
+        pub chosen_at: Time,
+        pub history: usize,
     }
 
     /// A cluster's forecasts, made at the sample of `time`, a point every `step_seconds`.
@@ -354,9 +372,10 @@ pub mod series {
                     traffic: mean(&of.iter().map(|c| c.traffic).collect::<Vec<_>>()),
                     // Set by the monitoring loop, which knows the forecasts.
                     forecast: Default::default(),
+                    // A sample without a dimension's part had none of it there.
                     placed: placed
                         .into_iter()
-                        .map(|(d, v)| (d, round(mean(&v))))
+                        .map(|(d, v)| (d, round(v.iter().sum::<f64>() / of.len() as f64)))
                         .collect(),
                 },
             );
@@ -393,7 +412,13 @@ pub mod series {
         fn averages_keep_the_last_time_and_readiness() {
             let mut b = s(3, 0.9, false);
             b.clusters.insert("b".into(), ClusterSample::default());
-            let avg = average(&[s(1, 0.2, true), s(2, 0.4, true), b]).unwrap();
+            // Orrery's part of a's cpu: 0.3 in one sample of three, none in the others.
+            let mut first = s(1, 0.2, true);
+            if let Some(a) = first.clusters.get_mut("a") {
+                a.placed.insert("cpu".into(), 0.3);
+            }
+            let avg = average(&[first, s(2, 0.4, true), b]).unwrap();
+            assert_eq!(avg.clusters["a"].placed["cpu"], 0.1);
             assert_eq!(avg.time.unix_seconds(), 3);
             let a = &avg.clusters["a"];
             assert_eq!((a.level, a.levels["cpu"], a.ready), (0.5, 0.5, false));

@@ -341,6 +341,7 @@ impl Forecasts {
                 backtest_mase: f.backtest_mase,
                 points,
                 last: h.last().copied(),
+                choice: None,
             };
             let cf = ClusterForecast {
                 cluster: c.name.clone(),
@@ -447,7 +448,7 @@ impl Sim<'_> {
     }
 
     /// Decides workload `id` again (after a change), and applies the decision.
-    fn decide(&mut self, id: usize, shed: &[String], shed_ahead: bool) {
+    fn decide(&mut self, id: usize, shed: &[String], shed_ahead: &[String]) {
         let Some(w) = self.workloads.get(&id).cloned() else {
             return;
         };
@@ -673,7 +674,11 @@ impl Sim<'_> {
         on.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
         let name = vec![self.clusters[i].name.clone()];
         for (_, id) in on.into_iter().take(5) {
-            self.decide(id, &name, ahead);
+            if ahead {
+                self.decide(id, &[], &name);
+            } else {
+                self.decide(id, &name, &[]);
+            }
         }
     }
 }
@@ -764,12 +769,12 @@ fn simulate(
                             placed: BTreeMap::new(),
                         },
                     );
-                    sim.decide(*id, &[], false);
+                    sim.decide(*id, &[], &[]);
                 }
                 Ev::Scale { id, replicas } => {
                     if let Some(w) = sim.workloads.get_mut(id) {
                         w.replicas = *replicas;
-                        sim.decide(*id, &[], false);
+                        sim.decide(*id, &[], &[]);
                     }
                 }
                 Ev::Delete { id } => {
@@ -788,7 +793,7 @@ fn simulate(
                         .map(|(id, _)| *id)
                         .collect();
                     for id in on {
-                        sim.decide(id, &[], false);
+                        sim.decide(id, &[], &[]);
                     }
                 }
                 Ev::Recover { cluster } => {

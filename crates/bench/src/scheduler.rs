@@ -240,7 +240,7 @@ fn run_engine(
             previous: &[],
             evicted: &[],
             shed: &[],
-            shed_ahead: false,
+            shed_ahead: &[],
             mode: Mode::Steady,
             now,
             seed: s.seed,
@@ -299,6 +299,7 @@ fn with_forecasts(fleet: &mut Fleet, clusters: &[ClusterSnapshot]) {
             backtest_mase: Some(0.6),
             points,
             last: Some(0.4 + 0.2 * phase.sin()),
+            choice: None,
         };
         let f = ClusterForecast {
             cluster: c.name.clone(),

@@ -329,7 +329,7 @@ fn run(strategy: Strategy, sites: &[Site], data: &[DataSet], jobs: &[Job]) -> Ou
                 previous: &[] as &[TargetCluster],
                 evicted: &[],
                 shed: &[],
-                shed_ahead: false,
+                shed_ahead: &[],
                 mode: Mode::Steady,
                 now: 0,
                 seed: j as u64,

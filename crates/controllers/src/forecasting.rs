@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orrery_api::history::series::{
-    self, ClusterForecast, ClusterSample, FleetSample, ForecastPoint, SeriesForecast,
+    self, ClusterForecast, ClusterSample, FleetSample, ForecastPoint, ModelChoice, SeriesForecast,
 };
 use orrery_api::prediction::{ForecastCheck, ForecastChecks, ForecastSummary};
 use orrery_api::{Object, Time};
@@ -118,6 +118,31 @@ impl Forecaster {
             placed: BTreeMap::new(),
             choices: BTreeMap::new(),
             last: None,
+        }
+    }
+
+    /// Goes on with the models stored forecasts were made with (the choices of the server
+    /// that ran before this one), as long as they are not due to be chosen again.
+    pub fn resume(&mut self, stored: &[ClusterForecast]) {
+        for f in stored {
+            for (name, s) in &f.series {
+                let (Some(c), Ok(model)) = (
+                    &s.choice,
+                    serde_json::from_value::<orrery_forecast::Model>(serde_json::json!(s.model)),
+                ) else {
+                    continue;
+                };
+                let choice = Choice {
+                    model,
+                    season: c.season,
+                    backtest_mase: s.backtest_mase,
+                    interval_scale: c.interval_scale,
+                };
+                self.choices.insert(
+                    (f.cluster.clone(), name.clone()),
+                    (choice, c.chosen_at.unix_seconds(), c.history),
+                );
+            }
         }
     }
 
@@ -231,6 +256,12 @@ impl Forecaster {
                             })
                             .collect(),
                         last: y.last().copied().map(add),
+                        choice: self.choices.get(&key).map(|(c, at, n)| ModelChoice {
+                            season: c.season,
+                            interval_scale: c.interval_scale,
+                            chosen_at: Time::from_unix_seconds(*at).unwrap_or(time),
+                            history: *n,
+                        }),
                     },
                 );
         }
@@ -392,6 +423,18 @@ async fn write_summary(store: &dyn Store, f: &ClusterForecast) -> Result<(), Sto
     .map(|_| ())
 }
 
+/// The forecasts stored by the last round (of this server or the one before it).
+async fn stored_forecasts(store: &dyn Store) -> Result<Vec<ClusterForecast>, StoreError> {
+    let list = store
+        .list(series::FORECAST_PREFIX, &ListOptions::default())
+        .await?;
+    Ok(list
+        .items
+        .iter()
+        .filter_map(|o| serde_json::from_value(o.spec.clone()?).ok())
+        .collect())
+}
+
 /// Reads the stored history the forecaster works on, oldest first.
 async fn load(store: &dyn Store, prefix: &str) -> Result<Vec<FleetSample>, StoreError> {
     let list = store.list(prefix, &ListOptions::default()).await?;
@@ -432,6 +475,7 @@ pub async fn run(
 ) {
     let lead = cfg.check_lead.min(cfg.horizon).as_secs();
     let mut f = Forecaster::new(cfg, raw_interval, average_every);
+    let mut stale: BTreeSet<String> = BTreeSet::new();
     let averages = f.uses_averages(raw_interval);
     checks.set_series(averages, f.step as i64);
     let lead_steps = lead.div_ceil(f.step).max(1) as usize;
@@ -445,6 +489,15 @@ pub async fn run(
             for s in &history {
                 f.push(s);
             }
+            match stored_forecasts(store.as_ref()).await {
+                Ok(stored) => {
+                    f.resume(&stored);
+                    // Forecasts of clusters gone while the server was down go at its first
+                    // round.
+                    stale = stored.into_iter().map(|c| c.cluster).collect();
+                }
+                Err(e) => tracing::warn!(error = %e, "reading the stored forecasts"),
+            }
             tracing::info!(
                 samples = history.len(),
                 step_seconds = f.step,
@@ -454,7 +507,6 @@ pub async fn run(
         }
         Err(e) => tracing::warn!(error = %e, "reading the monitoring history to forecast from"),
     }
-    let mut stale: BTreeSet<String> = BTreeSet::new();
     loop {
         let got = tokio::select! {
             _ = shutdown.changed() => return,
@@ -627,6 +679,7 @@ mod tests {
                             backtest_mase: None,
                             points: means.iter().map(|m| point(*m)).collect(),
                             last: Some(0.5),
+                            choice: None,
                         },
                     )
                 })
@@ -764,5 +817,51 @@ mod tests {
         let cpu = &f.forecast_all()[0].series["cpu"];
         assert!((cpu.last.unwrap() - 0.8).abs() < 1e-3, "{:?}", cpu.last);
         assert!(cpu.points[0].mean > 0.75, "{:?}", cpu.points[0]);
+    }
+
+    /// A restarted forecaster goes on with the models the stored forecasts were made with
+    /// instead of choosing every series' again at once.
+    #[test]
+    fn a_restarted_forecaster_goes_on_with_the_stored_choices() {
+        // A four-minute season: a choice stands for ten seconds.
+        let cfg = ForecastConfig {
+            season: Duration::from_secs(240),
+            horizon: Duration::from_secs(10),
+            ..Default::default()
+        };
+        let new = || {
+            Forecaster::new(
+                cfg.clone(),
+                Duration::from_secs(1),
+                Duration::from_secs(300),
+            )
+        };
+        let mut f = new();
+        for t in 0..60 {
+            let phase = std::f64::consts::TAU * t as f64 / 20.0;
+            f.push(&sample(1_000 + t, 0.5 + 0.3 * phase.sin()));
+        }
+        let stored = f.forecast_all();
+        let key = ("m-0".to_string(), "cpu".to_string());
+        let chosen = stored[0].series["cpu"].choice.clone().unwrap();
+        assert_eq!(
+            (chosen.chosen_at.unix_seconds(), chosen.history),
+            (1_059, 60)
+        );
+        let mut g = new();
+        for t in 0..61 {
+            let phase = std::f64::consts::TAU * t as f64 / 20.0;
+            g.push(&sample(1_000 + t, 0.5 + 0.3 * phase.sin()));
+        }
+        g.resume(&stored);
+        let (a, b) = (&g.choices[&key], &f.choices[&key]);
+        assert_eq!(
+            (a.0.model, a.0.season, a.0.interval_scale, a.1, a.2),
+            (b.0.model, b.0.season, b.0.interval_scale, b.1, b.2)
+        );
+        // Its next round forecasts with the same model, not one chosen again.
+        let next = g.forecast_all();
+        assert_eq!(next[0].series["cpu"].model, stored[0].series["cpu"].model);
+        assert_eq!(g.choices[&key].1, 1_059, "not chosen again");
     }
 }

@@ -48,6 +48,19 @@ impl Default for MonitoringConfig {
 const FORECAST_DIMENSIONS: [(usize, &str); 4] =
     [(0, "cpu"), (1, "memory"), (2, "gpu"), (3, "pods")];
 
+/// A hash of what a binding's placement is read from (its clusters, the request of one
+/// replica and its resource), without parsing it.
+fn placement_print(b: &Object) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    if let Some(spec) = &b.spec {
+        for field in ["clusters", "replicaRequirements", "resource"] {
+            spec.get(field).map(|v| v.to_string()).hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
 /// What one binding places: per cluster, the requests of its replicas there.
 type Parts = Vec<(String, Vector)>;
 
@@ -62,21 +75,18 @@ pub type ToForecaster = (
 /// it (one pod each), in base units per water level dimension.
 #[derive(Debug, Default)]
 pub struct Placed {
-    /// Each binding's generation and what it places where.
-    by_binding: HashMap<(String, String), (i64, Parts)>,
+    /// Each binding's placement fingerprint ([`placement_print`]) and what it places where.
+    by_binding: HashMap<(String, String), (u64, Parts)>,
     by_cluster: HashMap<String, Vector>,
 }
 
 impl Placed {
     /// Takes a binding in (`None`: it is gone).
     pub fn put(&mut self, key: (String, String), b: Option<&Object>) {
-        let generation = b.and_then(|b| b.metadata.generation).unwrap_or(0);
-        if b.is_some()
-            && self
-                .by_binding
-                .get(&key)
-                .is_some_and(|(g, _)| *g == generation && generation > 0)
-        {
+        // The scheduler writes its decisions into the spec without a new generation: what a
+        // binding places is told by the fields it is read from.
+        let print = b.map(placement_print).unwrap_or(0);
+        if b.is_some() && self.by_binding.get(&key).is_some_and(|(p, _)| *p == print) {
             // Only its status changed: what it places is the same.
             return;
         }
@@ -110,7 +120,7 @@ impl Placed {
             }
             parts.push((t.name.clone(), v));
         }
-        self.by_binding.insert(key, (generation, parts));
+        self.by_binding.insert(key, (print, parts));
     }
 
     /// Starts again from a listing.
@@ -443,7 +453,8 @@ mod tests {
     }
 
     /// Orrery's part of each cluster's levels follows what its bindings place there: a new
-    /// decision replaces the old one, a status write changes nothing, a deletion takes it away.
+    /// decision replaces the old one (the scheduler writes it without a new generation), a
+    /// status write changes nothing, a deletion takes it away.
     #[test]
     fn orrerys_part_of_each_level_follows_the_bindings() {
         let mut p = Placed::default();
@@ -460,15 +471,15 @@ mod tests {
         assert_eq!(a["pods"], 0.03);
         assert!(!a.contains_key("gpu"));
         assert_eq!(p.shares(&member("b"))["cpu"], 0.05);
-        // The next generation moves everything to b.
-        let moved = binding("web", 2, serde_json::json!([{"name": "b", "replicas": 4}]));
+        // A decision moves everything to b (the same generation: the scheduler's write).
+        let moved = binding("web", 1, serde_json::json!([{"name": "b", "replicas": 4}]));
         p.put(key.clone(), Some(&moved));
         assert!(p.shares(&member("a")).is_empty());
         assert_eq!(p.shares(&member("b"))["cpu"], 0.2);
-        // The same generation again (a status write) is not read again.
-        let mut stale = binding("web", 2, serde_json::json!([{"name": "a", "replicas": 4}]));
-        stale.status = Some(serde_json::json!({"conditions": []}));
-        p.put(key.clone(), Some(&stale));
+        // A status write changes nothing.
+        let mut status = binding("web", 1, serde_json::json!([{"name": "b", "replicas": 4}]));
+        status.status = Some(serde_json::json!({"conditions": []}));
+        p.put(key.clone(), Some(&status));
         assert_eq!(p.shares(&member("b"))["cpu"], 0.2);
         p.put(key, None);
         assert!(p.shares(&member("b")).is_empty());

@@ -394,7 +394,14 @@ impl Filter for WaterLevel {
         }
         let level = ctx.level_after(i, 1);
         let now = ctx.level_after_now(i, 1);
-        if level <= ctx.limit + 1e-9 {
+        let need = if ctx.divided {
+            1
+        } else {
+            ctx.task.replicas.max(1)
+        };
+        if ctx.room_under(i, ctx.limit).is_some_and(|r| r >= need)
+            && ctx.room_before_mark(i).is_some_and(|m| m < need)
+        {
             // Room under the limit, but not before the forecast crosses the shed mark.
             return format!(
                 "the mean of its forecast would take it above the shed mark {:.2} within the forecast's reach: a replica placed there would have to move again",

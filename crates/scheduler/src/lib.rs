@@ -47,8 +47,8 @@ pub use divide::divide;
 pub use filter::Filter;
 pub use score::{Score, Signals, Weights};
 pub use snapshot::{
-    ClusterSnapshot, Crossing, DIMENSIONS, Facts, Fleet, Outlook, Present, Vector, demand_of,
-    vector_of,
+    ClusterSnapshot, Crossing, DIMENSIONS, Facts, Fleet, Outlook, Present, Vector, Window,
+    demand_of, vector_of,
 };
 
 /// Water level limit when the policy sets none: no cluster is filled beyond it.
@@ -97,11 +97,11 @@ pub struct Task<'a> {
     /// Clusters over their limit for too long: their share is cut to what fits under the
     /// limit less the hysteresis.
     pub shed: &'a [String],
-    /// The clusters in `shed` are not above the shed mark yet but their forecast crosses it:
-    /// each keeps what the mean of its forecast, as far as it reaches, has under the shed
-    /// mark less the hysteresis. Moving ahead of a peak is prevention: it moves what keeps
-    /// the cluster from crossing the mark, not what would bring it under the limit.
-    pub shed_ahead: bool,
+    /// Clusters not above the shed mark yet whose forecast crosses it: each keeps what the
+    /// mean of its forecast, as far as it reaches, has under the shed mark less the
+    /// hysteresis. Moving ahead of a peak is prevention: it moves what keeps the cluster from
+    /// crossing the mark, not what would bring it under the limit.
+    pub shed_ahead: &'a [String],
     pub mode: Mode,
     /// Unix seconds, for taints tolerated for a while.
     pub now: i64,
@@ -290,7 +290,7 @@ impl Ctx<'_> {
     }
 
     /// Replicas of the task that fit in cluster `i` with its level at most `limit`.
-    fn room_under(&self, i: usize, limit: f64) -> Option<i64> {
+    pub(crate) fn room_under(&self, i: usize, limit: f64) -> Option<i64> {
         let f = &self.fleet.facts()[i];
         if !f.known() {
             return None;
@@ -316,7 +316,7 @@ impl Ctx<'_> {
     /// Replicas that fit in cluster `i` before the mean of its forecast, over all the
     /// forecast reaches, takes it above the shed mark: a replica placed beyond that would be
     /// moved again before long. `None` where the cluster is not judged by its forecast.
-    fn room_before_mark(&self, i: usize) -> Option<i64> {
+    pub(crate) fn room_before_mark(&self, i: usize) -> Option<i64> {
         self.room_before(i, self.mark)
     }
 
@@ -1308,17 +1308,19 @@ fn allocate(
     // hysteresis as far as the forecast reaches (the rule new replicas are placed by, with a
     // margin).
     for (j, i) in kept.iter().enumerate() {
-        let room = if task.shed_ahead {
+        let name = &clusters[*i].name;
+        let room = if task.shed.contains(name) {
+            ctx.room_under(*i, ctx.limit - config.hysteresis)
+        } else if task.shed_ahead.contains(name) {
             let to = ctx.mark - config.hysteresis;
             ctx.room_before(*i, to).or_else(|| ctx.room_under(*i, to))
         } else {
-            ctx.room_under(*i, ctx.limit - config.hysteresis)
+            continue;
         };
-        if task.shed.contains(&clusters[*i].name)
-            && let Some(r) = room
-        {
+        if let Some(r) = room {
             shares.n[j] = shares.n[j].min(r);
-            shares.room[j] = Some(r);
+            // What it keeps may be above its room under the limit; it takes nothing more.
+            shares.room[j] = Some(shares.room[j].map_or(r, |limit| limit.min(r)));
         }
     }
     let have: i64 = shares.n.iter().sum();

@@ -35,6 +35,9 @@ pub struct MoveRequest<'a> {
     /// placement is (`Ahead` with a horizon of 0: by the present level).
     pub ahead: Ahead,
     pub now: i64,
+    /// Nor may the forecast's mean, over all it reaches, take a candidate above this (the
+    /// shed mark): it would be moved off again.
+    pub mark: f64,
 }
 
 /// The ranking: every cluster looked at, best first, and the estimate for the best.
@@ -97,16 +100,16 @@ pub fn rank(
         let mut fits = true;
         if f.known() {
             level = 0.0;
+            let (rise, reach) = f.rises(req.now, &req.ahead).unwrap_or(([0.0; 5], [0.0; 5]));
             for d in 0..5 {
                 if f.allocatable[d] <= 0.0 {
                     continue;
                 }
-                let after = (f.taken(d)
-                    + f.rise(d, req.now, &req.ahead)
-                    + req.replicas as f64 * req.demand[d])
-                    / f.allocatable[d];
+                let moved = f.taken(d) + req.replicas as f64 * req.demand[d];
+                let after = (moved + rise[d]) / f.allocatable[d];
                 if req.demand[d] > 0.0 {
-                    fits &= after <= req.limit + 1e-9;
+                    fits &= after <= req.limit + 1e-9
+                        && (moved + reach[d]) / f.allocatable[d] <= req.mark + 1e-9;
                 }
                 level = level.max(after);
             }
@@ -272,6 +275,7 @@ mod tests {
                 ..Ahead::default()
             },
             now: 0,
+            mark: 0.95,
         }
     }
 

@@ -268,21 +268,21 @@ impl Facts {
             .fold(0.0, f64::max)
     }
 
-    /// Which step of its forecast a look `ahead` from `now` reaches, or why the present level
+    /// The steps of its forecast a look `ahead` from `now` covers, or why the present level
     /// stands in for the forecast.
-    pub fn outlook_step(&self, now: i64, ahead: &Ahead) -> Result<(&Outlook, usize), Present> {
+    pub fn outlook_step(&self, now: i64, ahead: &Ahead) -> Result<(&Outlook, Window), Present> {
         if ahead.is_off() {
             return Err(Present::Off);
         }
         let o = self.outlook.as_deref().ok_or(Present::NoForecast)?;
-        o.step(now, ahead.horizon_seconds).map(|k| (o, k))
+        o.window(now, ahead.horizon_seconds).map(|w| (o, w))
     }
 
     /// What the forecast adds to dimension `d` over the look `ahead` (0 where the present
     /// level stands), in the dimension's units.
     pub fn rise(&self, d: usize, now: i64, ahead: &Ahead) -> f64 {
         match self.outlook_step(now, ahead) {
-            Ok((o, k)) => o.rise(ahead.bound, k, d) * self.allocatable[d],
+            Ok((o, w)) => o.rise(ahead.bound, w, d) * self.allocatable[d],
             Err(_) => 0.0,
         }
     }
@@ -290,11 +290,10 @@ impl Facts {
     /// [`Facts::rise`] of every dimension, and the rise of the forecast's mean over all it
     /// reaches (what the shed-mark rule reads); `None` where the present level stands.
     pub fn rises(&self, now: i64, ahead: &Ahead) -> Option<(Vector, Vector)> {
-        let (o, k) = self.outlook_step(now, ahead).ok()?;
-        let at = o.rise[ahead.bound.index()].get(k)?;
+        let (o, w) = self.outlook_step(now, ahead).ok()?;
         Some((
-            std::array::from_fn(|d| widen(at[d]) * self.allocatable[d]),
-            std::array::from_fn(|d| o.reach[d] * self.allocatable[d]),
+            std::array::from_fn(|d| o.rise(ahead.bound, w, d) * self.allocatable[d]),
+            std::array::from_fn(|d| o.reach(w, d) * self.allocatable[d]),
         ))
     }
 
@@ -305,7 +304,7 @@ impl Facts {
         (0..5)
             .filter(|d| self.allocatable[*d] > 0.0)
             .map(|d| {
-                let rise = step.map_or(0.0, |(o, k)| o.rise(ahead.bound, k, d));
+                let rise = step.map_or(0.0, |(o, w)| o.rise(ahead.bound, w, d));
                 self.taken(d) / self.allocatable[d] + rise
             })
             .fold(0.0, f64::max)
@@ -323,24 +322,29 @@ impl Facts {
             horizon_seconds: horizon,
             bound: Bound::Mean,
         };
-        let (o, last) = self.outlook_step(now, &ahead).ok()?;
-        let w = (((window.max(1) + o.step - 1) / o.step).max(1) as usize).min(last + 1);
+        let (o, win) = self.outlook_step(now, &ahead).ok()?;
+        let steps = win.last + 1 - win.first;
+        let w = (((window.max(1) + o.step - 1) / o.step).max(1) as usize).min(steps);
         let mut first: Option<Crossing> = None;
         for d in (0..5).filter(|d| self.allocatable[*d] > 0.0) {
             let level = self.taken(d) / self.allocatable[d];
             if level > mark {
                 return None;
             }
-            let above = |k: usize| level + widen(o.mean[k][d]) > mark;
+            // Each step's mean as a change from what the forecast expected of now.
+            let base = o.expected_now(win, d);
+            let at = |k: usize| level + widen(o.steps[0][k][d]) - base;
             // The first step within the horizon from which it stays above for the window.
-            let Some(k) = (0..=last).find(|k| k + w <= o.len() && (*k..k + w).all(above)) else {
+            let Some(k) = (win.first..=win.last)
+                .find(|k| k + w <= o.len() && (*k..k + w).all(|j| at(j) > mark))
+            else {
                 continue;
             };
             if first.as_ref().is_some_and(|c| c.step <= k) {
                 continue;
             }
-            let peak = (0..(last + w).min(o.len()))
-                .map(|j| level + widen(o.mean[j][d]))
+            let peak = (win.first..(win.last + w).min(o.len()))
+                .map(at)
                 .fold(level, f64::max);
             first = Some(Crossing {
                 dimension: d,
@@ -352,6 +356,14 @@ impl Facts {
         }
         first
     }
+}
+
+/// The steps of a forecast a look ahead covers: from the first still to come to the last the
+/// horizon reaches (the forecast's last, if it reaches less far).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub first: usize,
+    pub last: usize,
 }
 
 /// Why a decision judged a cluster by its present level rather than its forecast.
@@ -404,10 +416,12 @@ pub struct Outlook {
     /// The model of each dimension's series (empty where there is none).
     pub models: [String; 5],
     /// `rise[bound][k][d]`: the highest (forecast at that bound - last value) over steps
-    /// `0..=k` of dimension `d`, a share of its capacity, in [`Fixed`] units.
+    /// `0..=k` of dimension `d`, never below 0, a share of its capacity, in [`Fixed`] units:
+    /// the peak over a horizon from the forecast's time is one lookup.
     rise: [Vec<[Fixed; 5]>; 3],
-    /// `mean[k][d]`: step `k`'s mean less the last value (what proactive rebalancing reads).
-    mean: Vec<[Fixed; 5]>,
+    /// `steps[bound][k][d]`: step `k` at that bound less the last value, for a look that
+    /// starts after the forecast's first step (made a step or more before now).
+    steps: [Vec<[Fixed; 5]>; 3],
     /// The mean's rise over all the forecast reaches (`rise[Mean]` at its last step), per
     /// dimension: what the shed-mark rule reads for every decision.
     reach: [f64; 5],
@@ -441,7 +455,7 @@ impl Outlook {
             .max()
             .filter(|n| *n > 0)?;
         let mut rise: [Vec<[Fixed; 5]>; 3] = std::array::from_fn(|_| vec![[0; 5]; len]);
-        let mut mean = vec![[0; 5]; len];
+        let mut steps: [Vec<[Fixed; 5]>; 3] = std::array::from_fn(|_| vec![[0; 5]; len]);
         let mut models: [String; 5] = Default::default();
         for (name, s) in &f.series {
             let Some(d) = DIMENSIONS.iter().position(|x| x == name) else {
@@ -453,21 +467,21 @@ impl Outlook {
             let Some(start) = s.last.or(s.points.first().map(|p| p.mean)) else {
                 continue;
             };
-            for (k, p) in s.points.iter().enumerate().take(len) {
-                if p.mean.is_finite() {
-                    mean[k][d] = fixed(p.mean - start);
-                }
-            }
-            for (b, bound) in rise.iter_mut().enumerate() {
+            for b in 0..3 {
                 let mut high = 0.0f64;
+                let mut previous = 0.0f64;
                 for k in 0..len {
-                    if let Some(p) = s.points.get(k) {
-                        let v = [p.mean, p.upper80, p.upper95][b];
-                        if v.is_finite() {
-                            high = high.max(v - start);
-                        }
-                    }
-                    bound[k][d] = fixed(high);
+                    // A missing or broken point repeats the one before.
+                    let v = s
+                        .points
+                        .get(k)
+                        .map(|p| [p.mean, p.upper80, p.upper95][b] - start)
+                        .filter(|v| v.is_finite())
+                        .unwrap_or(previous);
+                    previous = v;
+                    high = high.max(v);
+                    steps[b][k][d] = fixed(v);
+                    rise[b][k][d] = fixed(high);
                 }
             }
         }
@@ -480,7 +494,7 @@ impl Outlook {
             season_seconds: f.season_seconds as i64,
             models,
             rise,
-            mean,
+            steps,
             reach,
         })
     }
@@ -494,10 +508,10 @@ impl Outlook {
         self.len() == 0
     }
 
-    /// The last step a horizon from `now` reaches (the forecast's last, if it reaches less
-    /// far), or why the forecast cannot be used. A forecast older than three of its steps (and
-    /// a minute) is stale: the forecaster has stopped or fallen behind.
-    pub fn step(&self, now: i64, horizon: i64) -> Result<usize, Present> {
+    /// The steps a horizon from `now` covers, or why the forecast cannot be used. A forecast
+    /// older than three of its steps (and a minute) is stale: the forecaster has stopped or
+    /// fallen behind.
+    pub fn window(&self, now: i64, horizon: i64) -> Result<Window, Present> {
         if self.history_seconds < self.season_seconds {
             return Err(Present::YoungHistory);
         }
@@ -507,14 +521,56 @@ impl Outlook {
         if self.is_empty() {
             return Err(Present::NoForecast);
         }
+        let len = self.len() as i64;
+        // Step k is of time + step·(k+1): the first after now, the last at or before now +
+        // horizon (at least the first).
+        let first = ((now - self.time).max(0) / self.step).min(len - 1);
         let reach = (now + horizon - self.time).max(1);
-        let k = (reach + self.step - 1) / self.step - 1;
-        Ok((k.max(0) as usize).min(self.len() - 1))
+        let last = ((reach + self.step - 1) / self.step - 1).clamp(first, len - 1);
+        Ok(Window {
+            first: first as usize,
+            last: last as usize,
+        })
     }
 
-    /// The rise of dimension `d` over steps `0..=k` at `bound`, a share of capacity.
-    pub fn rise(&self, bound: Bound, k: usize, d: usize) -> f64 {
-        self.rise[bound.index()].get(k).map_or(0.0, |r| widen(r[d]))
+    /// What the forecast expected of now in dimension `d`, as a change from its last value:
+    /// 0 until its first step has passed, then the mean of the last step passed.
+    fn expected_now(&self, w: Window, d: usize) -> f64 {
+        match w.first {
+            0 => 0.0,
+            k => widen(self.steps[0][k - 1][d]),
+        }
+    }
+
+    /// How far dimension `d` climbs at `bound` over window `w`, from what the forecast
+    /// expected of now (never below 0), a share of capacity: the larger of the present level
+    /// and the forecast, read as a change applied to the present level.
+    pub fn rise(&self, bound: Bound, w: Window, d: usize) -> f64 {
+        if w.first == 0 {
+            return self.rise[bound.index()]
+                .get(w.last)
+                .map_or(0.0, |r| widen(r[d]));
+        }
+        let base = self.expected_now(w, d);
+        self.steps[bound.index()][w.first..=w.last]
+            .iter()
+            .map(|r| widen(r[d]) - base)
+            .fold(0.0, f64::max)
+    }
+
+    /// The mean's climb over all the forecast reaches from now, in dimension `d`.
+    pub fn reach(&self, w: Window, d: usize) -> f64 {
+        if w.first == 0 {
+            return self.reach[d];
+        }
+        self.rise(
+            Bound::Mean,
+            Window {
+                first: w.first,
+                last: self.len() - 1,
+            },
+            d,
+        )
     }
 }
 

@@ -91,7 +91,7 @@ impl T {
             previous: &self.previous,
             evicted: &[],
             shed: &self.shed,
-            shed_ahead: false,
+            shed_ahead: &[],
             mode: self.mode,
             now: self.now,
             seed: 0,
@@ -1221,6 +1221,7 @@ fn forecast_of(
                     })
                     .collect(),
                 last: Some(last),
+                choice: None,
             },
         )]
         .into(),
@@ -1494,15 +1495,38 @@ fn outlooks_keep_running_maxima_of_the_rise_per_bound() {
     let means = [0.45, 0.6, 0.5, 0.3, 0.7];
     let o = Outlook::of(&forecast_of(NOW, 0.5, &means, 0.1, DAY)).unwrap();
     let mean: Vec<f64> = (0..5)
-        .map(|k| (o.rise(orrery_api::prediction::Bound::Mean, k, 0) * 100.0).round() / 100.0)
+        .map(|k| {
+            (o.rise(
+                orrery_api::prediction::Bound::Mean,
+                Window { first: 0, last: k },
+                0,
+            ) * 100.0)
+                .round()
+                / 100.0
+        })
         .collect();
     assert_eq!(mean, [0.0, 0.1, 0.1, 0.1, 0.2]);
     let u95: Vec<f64> = (0..5)
-        .map(|k| (o.rise(orrery_api::prediction::Bound::Upper95, k, 0) * 100.0).round() / 100.0)
+        .map(|k| {
+            (o.rise(
+                orrery_api::prediction::Bound::Upper95,
+                Window { first: 0, last: k },
+                0,
+            ) * 100.0)
+                .round()
+                / 100.0
+        })
         .collect();
     assert_eq!(u95, [0.15, 0.3, 0.3, 0.3, 0.4]);
     // Dimensions not forecast rise by nothing; neither does a forecast of traffic alone.
-    assert_eq!(o.rise(orrery_api::prediction::Bound::Upper95, 4, 1), 0.0);
+    assert_eq!(
+        o.rise(
+            orrery_api::prediction::Bound::Upper95,
+            Window { first: 0, last: 4 },
+            1
+        ),
+        0.0
+    );
     let mut traffic_only = forecast_of(NOW, 0.5, &means, 0.1, DAY);
     let s = traffic_only.series.remove("cpu").unwrap();
     traffic_only.series.insert("traffic".into(), s);
@@ -1511,4 +1535,37 @@ fn outlooks_keep_running_maxima_of_the_rise_per_bound() {
         (o.len(), o.time, o.step, o.history_seconds),
         (5, NOW, 60, 86_400)
     );
+}
+
+#[test]
+fn what_the_forecast_saw_before_now_counts_for_nothing() {
+    // Made three minutes ago: a blip to 0.97 a minute after it (passed), then a climb from
+    // 0.5 by 0.01 a minute from the 4th minute on. Now the climb is measured from what the
+    // forecast expected of now (0.5 at the 3rd minute), not from its start, and the blip is
+    // neither a rise nor a crossing.
+    let means: Vec<f64> = (1..=60)
+        .map(|m| match m {
+            1 => 0.97,
+            m if m <= 3 => 0.5,
+            m => 0.5 + 0.01 * (m - 3) as f64,
+        })
+        .collect();
+    let o = Outlook::of(&forecast_of(NOW - 180, 0.5, &means, 0.0, DAY)).unwrap();
+    let w = o.window(NOW, 600).unwrap();
+    assert_eq!((w.first, w.last), (3, 12));
+    let mean = orrery_api::prediction::Bound::Mean;
+    // Ten minutes ahead: up to the 13th minute, 0.6.
+    assert!(
+        (o.rise(mean, w, 0) - 0.1).abs() < 1e-9,
+        "{}",
+        o.rise(mean, w, 0)
+    );
+    // From its own time the blip would have counted.
+    let from_start = Window { first: 0, last: 12 };
+    assert!((o.rise(mean, from_start, 0) - 0.47).abs() < 1e-9);
+    let mut f = Fleet::new(vec![cluster("a", "us", 100, 50)]);
+    f.set_outlook("a", Some(std::sync::Arc::new(o)));
+    assert!(f.facts()[0].crossing(NOW, 600, 0.95, 60).is_none());
+    // Over everything it reaches (the 60th minute, 0.5 + 0.57), from now.
+    assert!((f.facts()[0].outlook.as_ref().unwrap().reach(w, 0) - 0.57).abs() < 1e-9);
 }

@@ -159,6 +159,7 @@ mod tests {
                     backtest_mase: None,
                     points: vec![ForecastPoint::default(); 12],
                     last: Some(0.5),
+                    choice: None,
                 },
             )]
             .into(),

@@ -271,6 +271,8 @@ struct Scheduler {
     queue: Lanes<BKey>,
     triggers: HashMap<BKey, Trigger>,
     shed: HashMap<BKey, Vec<String>>,
+    /// Clusters a binding is to shed ahead of their forecast peak.
+    shed_ahead: HashMap<BKey, Vec<String>>,
     backoff: Backoff<BKey>,
     /// Counts what may have made room in the fleet: resources freed or reported, assumptions
     /// released, weights changed.
@@ -384,6 +386,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         queue: Lanes::new(),
         triggers: HashMap::new(),
         shed: HashMap::new(),
+        shed_ahead: HashMap::new(),
         backoff: Backoff::new(1_000, 60_000),
         room_epoch: 0,
         unplaced: HashMap::new(),
@@ -756,6 +759,8 @@ impl Scheduler {
                     self.bindings.remove(&k);
                     self.moves.remove(&k);
                     self.forecast_moves.remove(&k);
+                    self.shed.remove(&k);
+                    self.shed_ahead.remove(&k);
                     self.unplaced.remove(&k);
                     self.backoff.reset(&k);
                     let changed = self.assume.forget(&format!("{}/{}", k.0, k.1));
@@ -1125,13 +1130,17 @@ impl Scheduler {
         let mut due = Vec::new();
         let wall = Time::now();
         let mut ahead: Vec<(String, orrery_scheduler::Crossing)> = Vec::new();
+        // A cluster is shed ahead at most once a window (no longer than the horizon, which is
+        // all a forecast confirms); the controller's start counts as a shed, since the last
+        // one before it is not remembered: a restart sheds nothing sooner than it would have.
+        let ahead_window = self.settings.shed_window.min(Duration::from_secs(
+            self.settings.prediction.horizon_seconds.max(0) as u64,
+        ));
         for (c, f) in self.fleet.clusters().iter().zip(self.fleet.facts()) {
+            let last = self.last_shed.get(&c.name).copied().unwrap_or(self.started);
             if f.known()
                 && f.level() <= mark
-                && self
-                    .last_shed
-                    .get(&c.name)
-                    .is_none_or(|l| now.duration_since(*l) >= self.settings.shed_window)
+                && now.duration_since(last) >= ahead_window
                 && let Some(x) = f.crossing(
                     wall.unix_seconds(),
                     self.settings.prediction.horizon_seconds,
@@ -1207,9 +1216,15 @@ impl Scheduler {
                 "a cluster's forecast crosses the shed mark: replicas move ahead of the peak"
             );
             for k in on {
-                self.shed.entry(k.clone()).or_default().push(c.clone());
+                self.shed_ahead
+                    .entry(k.clone())
+                    .or_default()
+                    .push(c.clone());
                 self.forecast_moves.insert(k.clone(), trigger.clone());
-                self.triggers.insert(k.clone(), Trigger::Forecast);
+                // A cluster above the mark now says more than one about to cross it.
+                if self.triggers.get(&k) != Some(&Trigger::Shed) {
+                    self.triggers.insert(k.clone(), Trigger::Forecast);
+                }
                 self.enqueue(k, Trigger::Forecast);
             }
         }
@@ -1282,7 +1297,8 @@ impl Scheduler {
             let Some(k) = self.queue.pop() else { break };
             let why = self.triggers.remove(&k).unwrap_or(Trigger::Binding);
             let shed = self.shed.remove(&k).unwrap_or_default();
-            match self.reconcile(&k, why, &shed) {
+            let ahead = self.shed_ahead.remove(&k).unwrap_or_default();
+            match self.reconcile(&k, why, &shed, &ahead) {
                 Outcome::Skip => {}
                 Outcome::Write(j) => {
                     self.backoff.reset(&k);
@@ -1337,7 +1353,13 @@ impl Scheduler {
         }
     }
 
-    fn reconcile(&mut self, k: &BKey, why: Trigger, shed: &[String]) -> Outcome {
+    fn reconcile(
+        &mut self,
+        k: &BKey,
+        why: Trigger,
+        shed: &[String],
+        shed_ahead: &[String],
+    ) -> Outcome {
         let Some(b) = self.bindings.get(k).cloned() else {
             return Outcome::Skip;
         };
@@ -1497,7 +1519,7 @@ impl Scheduler {
             previous: &previous,
             evicted: &evicted,
             shed,
-            shed_ahead: why == Trigger::Forecast,
+            shed_ahead,
             mode,
             now: now.unix_seconds(),
             seed: seed_of(&b.metadata.uid),
@@ -1940,7 +1962,7 @@ impl Scheduler {
             previous: &spec.clusters,
             evicted: &evicted,
             shed: &[],
-            shed_ahead: false,
+            shed_ahead: &[],
             mode: Mode::Steady,
             now: Time::now().unix_seconds(),
             seed: seed_of(&b.metadata.uid),
@@ -2034,6 +2056,7 @@ impl Scheduler {
                         p.resolve(self.engine.prediction)
                     }),
                 now: task.now,
+                mark: self.engine.shed_mark.max(limit),
             },
         );
         let reason = {
@@ -2293,6 +2316,7 @@ impl Scheduler {
                 limit: 1.0,
                 ahead: self.engine.prediction,
                 now: Time::now().unix_seconds(),
+                mark: 1.0,
             },
         );
         ranking.chosen.unwrap_or_default()
