@@ -87,6 +87,21 @@ fn member(s: &Server, name: &str, sim: &str) -> Agent {
     a
 }
 
+/// The water level limit (the server's default), and what one replica (a core) adds to peak's.
+const LIMIT: f64 = 0.85;
+const REPLICA: f64 = 1.0 / 16.0;
+
+/// The decision a binding's last scheduling made about `peak`.
+fn peak_decision(b: &Value) -> Value {
+    b["status"]["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "peak")
+        .cloned()
+        .unwrap_or_else(|| panic!("no decision about peak: {b}"))
+}
+
 fn raw(s: &Server, path: &str) -> Value {
     serde_json::from_str(&s.ok(&["get", "--raw", path])).unwrap()
 }
@@ -234,63 +249,98 @@ fn replicas_keep_ahead_of_a_forecast_peak() {
     });
 
     // A new Deployment while peak is low but about to rise: by its present level one replica
-    // fits under the limit, by its forecast over the next 8 seconds it does not.
-    eventually(
-        Duration::from_secs(90),
-        "peak low now, forecast above the limit",
-        || peak_outlook(&s, 10).is_some_and(|(now, ahead)| now + 1.0 / 16.0 < 0.8 && ahead > 0.9),
-    );
-    s.apply(&deployment("late", 2, ""));
-    s.apply(&deployment("control", 2, "    prediction: {horizon: 0s}"));
-    let total = |name: &str| placed(&s, name).iter().map(|(_, n)| n).sum::<i64>();
-    eventually(Duration::from_secs(30), "late and control placed", || {
-        total("late") == 2 && total("control") == 2
+    // fits under the limit, by its forecast over the next 8 seconds it does not. The forecast
+    // moves on between the test's look and the scheduler's decision (further on a slow
+    // machine), so every decision is checked against the levels it records, and the trial is
+    // made again, with new Deployments, until one decision had the rise in view.
+    let mut witness: Option<String> = None;
+    for attempt in 1..=4 {
+        // Peak low now, its Upper80 (with a replica) above the limit within the horizon.
+        let started = Instant::now();
+        let mut seen = Vec::new();
+        loop {
+            let o = peak_outlook(&s, 8);
+            if o.is_some_and(|(now, ahead)| {
+                now + REPLICA < LIMIT - 0.03 && ahead + REPLICA > LIMIT + 0.04
+            }) {
+                break;
+            }
+            seen.push(o);
+            assert!(
+                started.elapsed() < Duration::from_secs(90),
+                "peak never low with its forecast above the limit; (now, Upper80 ahead): {seen:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let (late, control) = (format!("late-{attempt}"), format!("control-{attempt}"));
+        s.apply(&deployment(&late, 2, ""));
+        s.apply(&deployment(&control, 2, "    prediction: {horizon: 0s}"));
+        let total = |name: &str| placed(&s, name).iter().map(|(_, n)| n).sum::<i64>();
+        eventually(Duration::from_secs(30), "late and control placed", || {
+            total(&late) == 2 && total(&control) == 2
+        });
+        let b = s.get_json(&["resourcebinding", &format!("{late}-deployment")]);
+        assert!(
+            b["status"]["prediction"]
+                .as_str()
+                .unwrap()
+                .starts_with("Upper80 over 8s: forecast for"),
+            "{b}"
+        );
+        let at_peak = peak_decision(&b);
+        let wl = &at_peak["waterLevel"];
+        let (now, ahead) = (wl["now"].as_f64().unwrap(), wl["ahead"].as_f64().unwrap());
+        eprintln!(
+            "trial {attempt}: peak judged at {now} now, {ahead} ahead: {}",
+            at_peak["reason"]
+        );
+        // Judged by the forecast: peak is closed when a replica on it would pass the limit
+        // ahead, open when it would not (no claim within the rounding of the recorded levels).
+        if ahead + REPLICA > LIMIT + 0.01 {
+            assert_eq!(at_peak["filter"], "WaterLevel", "{b}");
+            let reason = at_peak["reason"].as_str().unwrap();
+            assert!(
+                reason.contains("by the forecast (Upper80 over 8s)"),
+                "{reason}"
+            );
+            assert_eq!(placed(&s, &late), [("calm".to_string(), 2)], "{b}");
+        } else if ahead + REPLICA < LIMIT - 0.01 {
+            assert_ne!(at_peak["filter"], "WaterLevel", "{b}");
+        }
+        // Judged by its present level, the same way.
+        let c = s.get_json(&["resourcebinding", &format!("{control}-deployment")]);
+        assert_eq!(
+            c["status"]["prediction"], "present level (prediction off)",
+            "{c}"
+        );
+        let c_peak = peak_decision(&c);
+        let c_now = c_peak["waterLevel"]["now"].as_f64().unwrap();
+        if c_now + REPLICA < LIMIT - 0.01 {
+            assert!(c_peak["filter"].as_str().unwrap_or("").is_empty(), "{c}");
+        }
+        if ahead + REPLICA > LIMIT + 0.01 && now + REPLICA < LIMIT - 0.01 {
+            let decided = b["status"]["lastScheduledTime"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            witness = Some(decided);
+            break;
+        }
+        // The rise had left the forecast's view by the time of the decision: the trial's
+        // replicas leave, so the next one starts from the same levels.
+        for name in [&late, &control] {
+            s.ok(&["delete", "deployment", name]);
+            s.ok(&["delete", "resourceplacementpolicy", name]);
+        }
+    }
+    let decided = witness.unwrap_or_else(|| {
+        panic!(
+            "no decision in four cycles saw peak's rise; log:\n{}",
+            s.log()
+        )
     });
-    assert_eq!(placed(&s, "late"), [("calm".to_string(), 2)]);
-    let late = s.get_json(&["resourcebinding", "late-deployment"]);
-    let decisions = late["status"]["decisions"].as_array().unwrap();
-    let at_peak = decisions.iter().find(|d| d["name"] == "peak").unwrap();
-    assert_eq!(at_peak["filter"], "WaterLevel", "{late}");
-    let reason = at_peak["reason"].as_str().unwrap();
-    assert!(
-        reason.contains("by the forecast (Upper80 over 8s)"),
-        "{reason}"
-    );
-    let wl = &at_peak["waterLevel"];
-    assert!(
-        wl["now"].as_f64().unwrap() < 0.85 && wl["ahead"].as_f64().unwrap() > 0.85,
-        "{late}"
-    );
-    assert!(
-        late["status"]["prediction"]
-            .as_str()
-            .unwrap()
-            .starts_with("Upper80 over 8s: forecast for"),
-        "{late}"
-    );
-    // Judged by its present level, peak was open to the same Deployment at the same moment.
-    let control = s.get_json(&["resourcebinding", "control-deployment"]);
-    let at_peak = control["status"]["decisions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|d| d["name"] == "peak")
-        .unwrap()
-        .clone();
-    assert!(
-        at_peak["filter"].as_str().unwrap_or("").is_empty(),
-        "{control}"
-    );
-    assert_eq!(
-        control["status"]["prediction"], "present level (prediction off)",
-        "{control}"
-    );
 
     // The forecast proved right: peak's level did reach the limit within the horizon.
-    let decided = late["status"]["lastScheduledTime"]
-        .as_str()
-        .unwrap()
-        .to_string();
     eventually(
         Duration::from_secs(20),
         "peak's level passes the limit",
@@ -301,7 +351,7 @@ fn replicas_keep_ahead_of_a_forecast_peak() {
                     && p["clusters"]["peak"]["levels"]["cpu"]
                         .as_f64()
                         .unwrap_or(0.0)
-                        > 0.85
+                        > LIMIT
             })
         },
     );

@@ -239,6 +239,10 @@ pub mod series {
         /// forecast as the change from it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub last: Option<f64>,
+        /// The highest the series went over its last season, with Orrery's part as it stands
+        /// at the forecast's time: where its daily peak takes it, however far ahead that is.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub season_peak: Option<f64>,
         /// How the model was chosen, so a restarted forecaster goes on with it rather than
         /// choosing every series' model again at once (a different choice would be a change
         /// the restart made).

@@ -341,6 +341,7 @@ impl Forecasts {
                 backtest_mase: f.backtest_mase,
                 points,
                 last: h.last().copied(),
+                season_peak: h.iter().rev().take(DAY).copied().reduce(f64::max),
                 choice: None,
             };
             let cf = ClusterForecast {

@@ -299,6 +299,7 @@ fn with_forecasts(fleet: &mut Fleet, clusters: &[ClusterSnapshot]) {
             backtest_mase: Some(0.6),
             points,
             last: Some(0.4 + 0.2 * phase.sin()),
+            season_peak: None,
             choice: None,
         };
         let f = ClusterForecast {

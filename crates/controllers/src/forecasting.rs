@@ -256,6 +256,13 @@ impl Forecaster {
                             })
                             .collect(),
                         last: y.last().copied().map(add),
+                        season_peak: y
+                            .iter()
+                            .rev()
+                            .take(self.season)
+                            .copied()
+                            .reduce(f64::max)
+                            .map(add),
                         choice: self.choices.get(&key).map(|(c, at, n)| ModelChoice {
                             season: c.season,
                             interval_scale: c.interval_scale,
@@ -679,6 +686,7 @@ mod tests {
                             backtest_mase: None,
                             points: means.iter().map(|m| point(*m)).collect(),
                             last: Some(0.5),
+                            season_peak: None,
                             choice: None,
                         },
                     )

@@ -394,20 +394,6 @@ impl Filter for WaterLevel {
         }
         let level = ctx.level_after(i, 1);
         let now = ctx.level_after_now(i, 1);
-        let need = if ctx.divided {
-            1
-        } else {
-            ctx.task.replicas.max(1)
-        };
-        if ctx.room_under(i, ctx.limit).is_some_and(|r| r >= need)
-            && ctx.room_before_mark(i).is_some_and(|m| m < need)
-        {
-            // Room under the limit, but not before the forecast crosses the shed mark.
-            return format!(
-                "the mean of its forecast would take it above the shed mark {:.2} within the forecast's reach: a replica placed there would have to move again",
-                ctx.mark
-            );
-        }
         if level > now + 5e-3 {
             return format!(
                 "its water level would reach {:.2} by the forecast ({}), above the limit {:.2} ({:.2} by its present level)",

@@ -210,6 +210,12 @@ pub struct Ctx<'a> {
     /// (`u32::MAX`: not worked out); both are empty when no cluster has a forecast.
     pub rise: Vec<Option<(Vector, Vector)>>,
     pub rise_slot: Vec<u32>,
+    /// Replicas that fit in each cluster (by fleet index) before its forecast crosses the
+    /// shed mark ([`Ctx::room_before_mark`]), worked out with `room`; `None` where the cluster
+    /// is not judged by a forecast. A division fills this room first, and the rest of `room`
+    /// only with what fits nowhere else: a replica placed there would likely have to move
+    /// again, but one placed nowhere is Pending now.
+    pub mark_room: Vec<Option<i64>>,
 }
 
 impl Ctx<'_> {
@@ -340,10 +346,11 @@ impl Ctx<'_> {
         Some(room)
     }
 
-    /// The room of cluster `i` under `limit`, and before its forecast crosses the shed mark.
-    fn room_for(&self, i: usize, limit: f64) -> Option<i64> {
-        let room = self.room_under(i, limit)?;
-        Some(self.room_before_mark(i).map_or(room, |m| room.min(m)))
+    /// The room of cluster `i` both under the limit and before its forecast crosses the
+    /// shed mark (what a division fills first).
+    pub fn room_ahead(&self, i: usize) -> Option<i64> {
+        let room = self.room[i]?;
+        Some(self.mark_room[i].map_or(room, |m| room.min(m)))
     }
 }
 
@@ -575,6 +582,13 @@ impl Decision {
                 replicas: (replicas > 0).then_some(replicas),
                 reason: if replicas > 0 {
                     "selected".into()
+                } else if ctx.mark_room.get(i).copied().flatten() == Some(0)
+                    && ctx.room[i].is_some_and(|r| r > 0)
+                {
+                    format!(
+                        "feasible, but its forecast takes it above the shed mark {:.2} within the forecast's reach (its mean, or the last season's peak): it takes replicas only when they fit nowhere else",
+                        ctx.mark
+                    )
                 } else {
                     "feasible, but its share rounds to 0 replicas".into()
                 },
@@ -748,8 +762,10 @@ fn context<'a>(
         mark: config.shed_mark.max(limit),
         rise: Vec::new(),
         rise_slot: Vec::new(),
+        mark_room: Vec::new(),
     };
     ctx.room = vec![None; fleet.len()];
+    ctx.mark_room = vec![None; fleet.len()];
     ctx
 }
 
@@ -765,7 +781,10 @@ impl Ctx<'_> {
                 self.rise
                     .push(self.fleet.facts()[i].rises(self.task.now, &self.ahead));
             }
-            self.room[i] = self.room_for(i, self.limit);
+            self.room[i] = self.room_under(i, self.limit);
+            if ahead {
+                self.mark_room[i] = self.room_before_mark(i);
+            }
         }
     }
 }
@@ -1382,14 +1401,35 @@ fn allocate(
             if delta < 0 {
                 shares.drain(-delta);
             } else if delta > 0 {
-                let placed = match decision.strategy {
-                    "WaterFilling" => shares.water_fill(delta),
-                    "Aggregation" => {
-                        let (groups, min) = spread_groups(ctx, kept);
-                        shares.aggregate(delta, &groups, min)
+                // First where no forecast has the cluster cross the shed mark; then, for what
+                // fits nowhere else, wherever the limit still holds it.
+                let limits = shares.room.clone();
+                let marks: Vec<Option<i64>> = kept.iter().map(|i| ctx.mark_room[*i]).collect();
+                let soft = marks.iter().any(Option::is_some);
+                if soft {
+                    for (room, m) in shares.room.iter_mut().zip(&marks) {
+                        if let (Some(r), Some(m)) = (room.as_mut(), m) {
+                            *r = (*r).min(*m);
+                        }
                     }
-                    _ => shares.by_score(delta),
-                };
+                }
+                let mut placed = 0;
+                for pass in 0..if soft { 2 } else { 1 } {
+                    if pass == 1 {
+                        if placed == delta {
+                            break;
+                        }
+                        shares.room = limits.clone();
+                    }
+                    placed += match decision.strategy {
+                        "WaterFilling" => shares.water_fill(delta - placed),
+                        "Aggregation" => {
+                            let (groups, min) = spread_groups(ctx, kept);
+                            shares.aggregate(delta - placed, &groups, min)
+                        }
+                        _ => shares.by_score(delta - placed),
+                    };
+                }
                 unplaced = delta - placed;
             }
         }

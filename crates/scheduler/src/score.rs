@@ -181,13 +181,14 @@ impl Score for Headroom {
         "Headroom"
     }
     fn score(&self, ctx: &Ctx<'_>, feasible: &[usize], out: &mut [f64]) {
+        // The room before the forecast crosses the shed mark, where there is a forecast.
         let max = feasible
             .iter()
-            .filter_map(|i| ctx.room[*i])
+            .filter_map(|i| ctx.room_ahead(*i))
             .max()
             .unwrap_or(0);
         for (o, i) in out.iter_mut().zip(feasible) {
-            *o = match ctx.room[*i] {
+            *o = match ctx.room_ahead(*i) {
                 _ if max == 0 => 50.0,
                 Some(r) => 100.0 * r as f64 / max as f64,
                 None => 50.0,

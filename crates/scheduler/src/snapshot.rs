@@ -422,8 +422,13 @@ pub struct Outlook {
     /// `steps[bound][k][d]`: step `k` at that bound less the last value, for a look that
     /// starts after the forecast's first step (made a step or more before now).
     steps: [Vec<[Fixed; 5]>; 3],
-    /// The mean's rise over all the forecast reaches (`rise[Mean]` at its last step), per
-    /// dimension: what the shed-mark rule reads for every decision.
+    /// How far above its last value each dimension's series went at its peak over the last
+    /// season (`-inf` where it is not known): the daily peak that comes back, however far
+    /// ahead.
+    peak: [f64; 5],
+    /// What the shed-mark rule reads for every decision, per dimension: the higher of the
+    /// mean's rise over all the forecast reaches (`rise[Mean]` at its last step) and the
+    /// season's peak, never below 0.
     reach: [f64; 5],
 }
 
@@ -457,6 +462,7 @@ impl Outlook {
         let mut rise: [Vec<[Fixed; 5]>; 3] = std::array::from_fn(|_| vec![[0; 5]; len]);
         let mut steps: [Vec<[Fixed; 5]>; 3] = std::array::from_fn(|_| vec![[0; 5]; len]);
         let mut models: [String; 5] = Default::default();
+        let mut peak = [f64::NEG_INFINITY; 5];
         for (name, s) in &f.series {
             let Some(d) = DIMENSIONS.iter().position(|x| x == name) else {
                 continue;
@@ -467,6 +473,9 @@ impl Outlook {
             let Some(start) = s.last.or(s.points.first().map(|p| p.mean)) else {
                 continue;
             };
+            if let Some(p) = s.season_peak.filter(|p| p.is_finite()) {
+                peak[d] = p - start;
+            }
             for b in 0..3 {
                 let mut high = 0.0f64;
                 let mut previous = 0.0f64;
@@ -486,7 +495,7 @@ impl Outlook {
             }
         }
         let step = f.step_seconds.max(1) as i64;
-        let reach = std::array::from_fn(|d| widen(rise[0][len - 1][d]));
+        let reach = std::array::from_fn(|d| widen(rise[0][len - 1][d]).max(peak[d]));
         Some(Outlook {
             time: f.time.unix_seconds(),
             step,
@@ -495,6 +504,7 @@ impl Outlook {
             models,
             rise,
             steps,
+            peak,
             reach,
         })
     }
@@ -558,19 +568,21 @@ impl Outlook {
             .fold(0.0, f64::max)
     }
 
-    /// The mean's climb over all the forecast reaches from now, in dimension `d`.
+    /// How far dimension `d` climbs from now by the mean over all the forecast reaches, or to
+    /// the season's peak if that is higher: where no replica may take it past the shed mark.
     pub fn reach(&self, w: Window, d: usize) -> f64 {
         if w.first == 0 {
             return self.reach[d];
         }
-        self.rise(
+        let ahead = self.rise(
             Bound::Mean,
             Window {
                 first: w.first,
                 last: self.len() - 1,
             },
             d,
-        )
+        );
+        ahead.max(self.peak[d] - self.expected_now(w, d))
     }
 }
 

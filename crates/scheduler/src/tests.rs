@@ -1221,6 +1221,7 @@ fn forecast_of(
                     })
                     .collect(),
                 last: Some(last),
+                season_peak: None,
                 choice: None,
             },
         )]
@@ -1568,4 +1569,53 @@ fn what_the_forecast_saw_before_now_counts_for_nothing() {
     assert!(f.facts()[0].crossing(NOW, 600, 0.95, 60).is_none());
     // Over everything it reaches (the 60th minute, 0.5 + 0.57), from now.
     assert!((f.facts()[0].outlook.as_ref().unwrap().reach(w, 0) - 0.57).abs() < 1e-9);
+}
+
+#[test]
+fn a_cluster_its_forecast_takes_past_the_shed_mark_takes_only_what_fits_nowhere_else() {
+    // a and b at 60 of 100 cores. a's forecast is flat for the next hour, but its series went
+    // 0.4 higher at its peak over the last season: it is past the shed mark (0.95) when that
+    // peak comes back, whatever is added.
+    let mut fleet = Fleet::new(vec![
+        cluster("a", "us", 100, 60),
+        cluster("b", "eu", 100, 60),
+    ]);
+    let mut fa = forecast_of(NOW, 0.6, &[0.6; 60], 0.0, DAY);
+    if let Some(s) = fa.series.get_mut("cpu") {
+        s.season_peak = Some(0.6 + 0.4);
+    }
+    let fb = forecast_of(NOW, 0.6, &[0.6; 60], 0.0, DAY);
+    fleet.set_outlook("a", Outlook::of(&fa).map(std::sync::Arc::new));
+    fleet.set_outlook("b", Outlook::of(&fb).map(std::sync::Arc::new));
+    let config = Config::default();
+    let run = |n: i64| {
+        let mut t = T::new(prediction("30m", "Upper80"), n);
+        t.now = NOW;
+        let d = schedule(&fleet, &t.task(), &config);
+        (shares(&d), d.unplaced, t)
+    };
+    // 20 fit in b under the limit: a gets none, and says why.
+    let (got, unplaced, t) = run(20);
+    assert_eq!((got, unplaced), (s(&[("b", 20)]), 0));
+    let d = schedule(&fleet, &t.task(), &config);
+    let why = d.explain(&fleet, &t.task(), &config);
+    assert!(
+        why[0].reason.contains("above the shed mark 0.95"),
+        "{why:?}"
+    );
+    // 40: b takes its 25 under the limit, a the rest rather than leave them Pending.
+    let (got, unplaced, _) = run(40);
+    assert_eq!((got, unplaced), (s(&[("a", 15), ("b", 25)]), 0));
+    // With a peak of +0.3, a's first 5 fit before the mark (60 + 30 + 5 = 95).
+    if let Some(s) = fa.series.get_mut("cpu") {
+        s.season_peak = Some(0.6 + 0.3);
+    }
+    let mut fleet = fleet;
+    fleet.set_outlook("a", Outlook::of(&fa).map(std::sync::Arc::new));
+    let mut t = T::new(prediction("30m", "Upper80"), 20);
+    t.now = NOW;
+    assert_eq!(
+        shares(&schedule(&fleet, &t.task(), &config)),
+        s(&[("a", 5), ("b", 15)])
+    );
 }

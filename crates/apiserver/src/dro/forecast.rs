@@ -64,6 +64,9 @@ fn shown(f: &ClusterForecast, horizon: Option<i64>) -> Value {
             if let Some(l) = s.last {
                 v["last"] = json!(l);
             }
+            if let Some(p) = s.season_peak {
+                v["seasonPeak"] = json!(p);
+            }
             (name.clone(), v)
         })
         .collect();
@@ -159,6 +162,7 @@ mod tests {
                     backtest_mase: None,
                     points: vec![ForecastPoint::default(); 12],
                     last: Some(0.5),
+                    season_peak: None,
                     choice: None,
                 },
             )]

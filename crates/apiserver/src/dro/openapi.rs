@@ -365,6 +365,7 @@ pub fn document() -> Value {
                                 "model": {"type": "string", "enum": ["naive", "seasonal-naive", "ets", "mstl-ets"]},
                                 "backtestMase": {"type": "number"},
                                 "last": {"type": "number", "description": "The series' value at the forecast's time, where the points start from"},
+                                "seasonPeak": {"type": "number", "description": "The highest the series went over its last season (a water level with Orrery's part as it stands): where its daily peak takes it"},
                                 "points": {"type": "array", "items": {"type": "object", "required": ["time", "mean", "lower80", "upper80", "lower95", "upper95"], "properties": {
                                     "time": {"type": "string"}, "mean": {"type": "number"},
                                     "lower80": {"type": "number"}, "upper80": {"type": "number"},
