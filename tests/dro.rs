@@ -130,6 +130,74 @@ async fn clusters_and_policies_through_the_drafts_examples() {
         k["spec"]["placement"]["clusterAffinity"]["clusterNames"],
         json!(["gcp-production"])
     );
+    // A merge patch names no resourceVersion: another writer changing the policy meanwhile
+    // (here kubectl, labelling it as fast as it can) makes it apply again, never a 409.
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    let (stop, labelled) = (
+        std::sync::Arc::new(AtomicBool::new(false)),
+        std::sync::Arc::new(AtomicUsize::new(0)),
+    );
+    let writer = {
+        let (stop, labelled, kubeconfig) = (stop.clone(), labelled.clone(), s.kubeconfig.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let n = labelled.load(Ordering::Relaxed) + 1;
+                let out = std::process::Command::new("kubectl")
+                    .env("KUBECONFIG", &kubeconfig)
+                    .args(["label", "--overwrite"])
+                    .args(["clusterpropagationpolicy", "cross-region-policy"])
+                    .arg(format!("writer={n}"))
+                    .output()
+                    .unwrap();
+                assert!(out.status.success(), "{out:?}");
+                labelled.store(n, Ordering::Relaxed);
+            }
+        })
+    };
+    let mut i = 0;
+    while i < 20 || labelled.load(Ordering::Relaxed) < 10 {
+        let to = ["aws-us-east", "gcp-production"][i % 2];
+        let (code, _, v) = send(
+            &c,
+            req(
+                "PATCH",
+                "/api/v1/propagationpolicies/cross-region-policy",
+                "application/merge-patch+json",
+                json!({"targetClusters": [to]}),
+            ),
+            None,
+        )
+        .await;
+        assert_eq!(code, 200, "patch {i} with a concurrent writer: {v}");
+        assert_eq!(v["targetClusters"], json!([to]));
+        i += 1;
+    }
+    if i % 2 == 1 {
+        // The last patch named aws-us-east: one more, so the policy ends as before.
+        let (code, _, v) = send(
+            &c,
+            req(
+                "PATCH",
+                "/api/v1/propagationpolicies/cross-region-policy",
+                "application/merge-patch+json",
+                json!({"targetClusters": ["gcp-production"]}),
+            ),
+            None,
+        )
+        .await;
+        assert_eq!(code, 200, "{v}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.join().unwrap();
+    eprintln!(
+        "{i} patches while kubectl labelled the policy {} times",
+        labelled.load(Ordering::Relaxed)
+    );
+    let k = s.get_json(&["clusterpropagationpolicy", "cross-region-policy"]);
+    assert_eq!(
+        k["spec"]["placement"]["clusterAffinity"]["clusterNames"],
+        json!(["gcp-production"])
+    );
     // Other patch types are refused.
     let (code, _, v) = send(
         &c,

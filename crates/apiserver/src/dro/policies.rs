@@ -211,14 +211,55 @@ pub async fn patch(
     if !patch.is_object() {
         return Err(DroError::validation("a merge patch must be a JSON object"));
     }
-    let current = get_ours(app, who, name).await?;
-    let v = view(&current);
+    // A merge patch carries no resourceVersion: as Kubernetes's patch handler does, it is
+    // applied again to the fresh object when another writer (a controller updating the
+    // policy's status, say) got in between the read and the write. Each write is still
+    // guarded by the resourceVersion it read, so nothing is lost.
+    let mut attempt = 0;
+    let r = loop {
+        attempt += 1;
+        let current = get_ours(app, who, name).await?;
+        let next = patched(app, name, &current, &patch)?;
+        let r = forward::call(
+            app,
+            who,
+            Method::PUT,
+            &format!("{PATH}/{name}"),
+            "application/json",
+            Some(&next),
+        )
+        .await?;
+        let conflict = r.status == 409 && r.body["reason"] != "AlreadyExists";
+        if !conflict || attempt == PATCH_ATTEMPTS {
+            break r;
+        }
+    };
+    let r = r.checked(
+        "POLICY_NOT_FOUND",
+        "POLICY_CONFLICT",
+        json!({ "policyName": name }),
+    )?;
+    let o = r.object()?;
+    Ok(h::json(StatusCode::OK, &view(&o)))
+}
+
+/// How often a merge patch is tried against a policy other writers keep changing.
+const PATCH_ATTEMPTS: u32 = 5;
+
+/// `current` with the merge patch applied to its short form.
+fn patched(
+    app: &Arc<App>,
+    name: &str,
+    current: &orrery_api::Object,
+    patch: &Value,
+) -> Result<Value, DroError> {
+    let v = view(current);
     let mut short = json!({
         "name": v["name"],
         "resourceType": v["resourceType"],
         "targetClusters": v["targetClusters"],
     });
-    crate::patch::merge_patch(&mut short, &patch)
+    crate::patch::merge_patch(&mut short, patch)
         .map_err(|e| DroError::validation(format!("the patch does not apply: {e}")))?;
     let s: Short = serde_json::from_value(short)
         .map_err(|e| DroError::validation(format!("the patched policy is not valid: {e}")))?;
@@ -227,7 +268,7 @@ pub async fn patch(
             .with_details(json!({ "policyName": name, "fields": [{"field": "name", "message": "cannot change"}] })));
     }
     let spec = spec_of(app, &s)?;
-    let mut next = serde_json::to_value(&current).map_err(DroError::internal)?;
+    let mut next = serde_json::to_value(current).map_err(DroError::internal)?;
     next["spec"]["resourceSelectors"] = spec["resourceSelectors"].clone();
     next["spec"]["placement"]["clusterAffinity"] = spec["placement"]["clusterAffinity"].clone();
     if next["spec"]["placement"]["clusterAffinity"].is_null()
@@ -235,23 +276,7 @@ pub async fn patch(
     {
         p.remove("clusterAffinity");
     }
-    // The resourceVersion read above makes a concurrent change a 409, never a lost update.
-    let r = forward::call(
-        app,
-        who,
-        Method::PUT,
-        &format!("{PATH}/{name}"),
-        "application/json",
-        Some(&next),
-    )
-    .await?;
-    let r = r.checked(
-        "POLICY_NOT_FOUND",
-        "POLICY_CONFLICT",
-        json!({ "policyName": name }),
-    )?;
-    let o = r.object()?;
-    Ok(h::json(StatusCode::OK, &view(&o)))
+    Ok(next)
 }
 
 pub async fn delete(
