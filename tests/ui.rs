@@ -229,6 +229,14 @@ async fn the_global_view_shows_the_fleet_live() {
     .await;
     let same_page = c.execute("return window.__marker", vec![]).await.unwrap();
     assert_eq!(same_page, json!(42), "the page was not reloaded");
+    // What its replicas cost (the members' prices), now and over time.
+    until(
+        &c,
+        "the fleet's hourly cost and its line",
+        "const v = Number(document.getElementById('s-cost').textContent);
+         return v > 0 && !!document.querySelector('#cost-spark .cost-line');",
+    )
+    .await;
     // READY sums what the members report.
     until(
         &c,

@@ -7,8 +7,10 @@ use serde_json::Value;
 
 use super::{Agent, Server, eventually, http};
 
-/// The default member: 4 nodes of 8 cores, a light background load, quick pod start.
-pub const SIM: &str = "nodes=4,cpu=8,memory=32Gi,load=0.1,start=100ms";
+/// The default member: 4 nodes of 8 cores, a light background load, quick pod start, a
+/// cloud's on-demand prices.
+pub const SIM: &str =
+    "nodes=4,cpu=8,memory=32Gi,load=0.1,start=100ms,cpuCoreHour=0.04,memoryGiBHour=0.005";
 
 pub struct Fleet {
     pub s: Server,

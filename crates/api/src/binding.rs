@@ -418,6 +418,24 @@ pub struct ClusterDecision {
     /// Its water level now and, judged by the forecast, over the prediction horizon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub water_level: Option<crate::prediction::LevelSeen>,
+    /// What one replica costs there per hour, where the cluster has prices for what the
+    /// workload requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_hourly: Option<f64>,
+}
+
+/// What a binding's replicas cost per hour.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BindingCost {
+    /// All its priced replicas together.
+    pub hourly: f64,
+    /// Per cluster with prices.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub clusters: std::collections::BTreeMap<String, f64>,
+    /// Clusters it runs in that have no price for what it requests (not counted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unpriced: Vec<String>,
 }
 
 /// A data-aware workload's completion in one cluster: the transfer of the inputs it does not
@@ -491,6 +509,10 @@ pub struct BindingStatus {
     /// How the last decision judged the clusters' water levels: by their forecast (`Upper80 over 30m`) or by their present level, and why.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub prediction: String,
+    /// What the placed replicas cost per hour, in the fleet's prices' currency: in all and
+    /// per cluster. Absent when no cluster it runs in has prices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<BindingCost>,
     /// Replicas that fit in no cluster under the water level limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unplaced_replicas: Option<i64>,

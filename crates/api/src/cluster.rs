@@ -165,6 +165,10 @@ pub struct ClusterSpec {
     pub capabilities: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<Taint>,
+    /// Orrery's: properties the platform team sets (prices, `cost.orrery.io/...`), over
+    /// those the member reports, key by key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub properties: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -516,6 +520,25 @@ pub fn validate_spec(spec: Option<&Value>) -> ErrorList {
     if let Some(Value::Array(taints)) = spec.get("taints") {
         errs.extend(validate_taints(taints));
     }
+    if let Some(Value::Object(props)) = spec.get("properties") {
+        let mut strings = BTreeMap::new();
+        for (k, v) in props {
+            for m in validation::is_qualified_name(k) {
+                errs.push(FieldError::invalid(format!("spec.properties[{k}]"), k, m));
+            }
+            match v.as_str() {
+                Some(s) => {
+                    strings.insert(k.clone(), s.to_string());
+                }
+                None => errs.push(FieldError::invalid(
+                    format!("spec.properties[{k}]"),
+                    v,
+                    "must be a string",
+                )),
+            }
+        }
+        crate::cost::validate_properties(&strings, "spec.properties", &mut errs);
+    }
     errs
 }
 
@@ -767,6 +790,28 @@ mod tests {
                 vec![],
             ),
             (json!({"syncMode": "Sideways"}), vec!["spec.syncMode"]),
+            (
+                json!({"properties": {"cost.orrery.io/cpu-core-hour": "0.04",
+                                      "cost.orrery.io/capacity-type": "spot",
+                                      "cost.orrery.io/interruption-rate": "0.05",
+                                      "tier": "gold"}}),
+                vec![],
+            ),
+            (
+                json!({"properties": {"cost.orrery.io/cpu-core-hour": "cheap"}}),
+                vec!["spec.properties[cost.orrery.io/cpu-core-hour]"],
+            ),
+            (
+                json!({"properties": {"cost.orrery.io/capacity-type": "reserved", "n": 1}}),
+                vec![
+                    "spec.properties[n]",
+                    "spec.properties[cost.orrery.io/capacity-type]",
+                ],
+            ),
+            (
+                json!({"properties": {"bad key!": "x"}}),
+                vec!["spec.properties[bad key!]"],
+            ),
             (json!({"syncMode": "Push"}), vec!["spec.secretRef"]),
             (
                 json!({"syncMode": "Push", "secretRef": {"namespace": "x", "name": ""}}),

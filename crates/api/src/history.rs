@@ -208,6 +208,37 @@ pub mod series {
     pub const AVERAGE_PREFIX: &str = "/internal/monitoring/5m/";
     /// Each cluster's latest forecasts, under its name.
     pub const FORECAST_PREFIX: &str = "/internal/monitoring/forecast/";
+    /// What Orrery's replicas cost per hour, fleet-wide and per cluster, as of the newest
+    /// sample ([`FleetCost`]); written when it changes.
+    pub const COST_KEY: &str = "/internal/monitoring/cost";
+
+    /// What Orrery's replicas cost per hour, by the clusters' prices.
+    #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct FleetCost {
+        pub time: Option<Time>,
+        /// All of them, in the fleet's prices' currency.
+        pub hourly: f64,
+        /// Per cluster with prices.
+        #[serde(default)]
+        pub clusters: BTreeMap<String, f64>,
+    }
+
+    impl FleetCost {
+        /// The cost in a sample.
+        pub fn of(s: &FleetSample) -> FleetCost {
+            let clusters: BTreeMap<String, f64> = s
+                .clusters
+                .iter()
+                .filter_map(|(n, c)| c.cost.map(|x| (n.clone(), x)))
+                .collect();
+            FleetCost {
+                time: Some(s.time),
+                hourly: (clusters.values().sum::<f64>() * 10_000.0).round() / 10_000.0,
+                clusters,
+            }
+        }
+    }
 
     /// The series forecast for each cluster: the water level of each dimension, and traffic.
     pub const FORECAST_SERIES: &[&str] = &["cpu", "memory", "gpu", "pods", "traffic"];
@@ -314,6 +345,10 @@ pub mod series {
         /// move of Orrery's is not taken for a change in the cluster's load.
         #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
         pub placed: BTreeMap<String, f64>,
+        /// What Orrery's replicas there cost per hour, by the cluster's prices (absent when
+        /// it has none for what they request).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub cost: Option<f64>,
     }
 
     /// The fleet at one time.
@@ -381,6 +416,8 @@ pub mod series {
                         .into_iter()
                         .map(|(d, v)| (d, round(v.iter().sum::<f64>() / of.len() as f64)))
                         .collect(),
+                    cost: mean_of(&of.iter().map(|c| c.cost).collect::<Vec<_>>())
+                        .map(|x| (x * 10_000.0).round() / 10_000.0),
                 },
             );
         }

@@ -17,6 +17,7 @@
 pub mod binding;
 pub mod cluster;
 pub mod conditions;
+pub mod cost;
 pub mod data;
 pub mod fieldpath;
 pub mod fields;

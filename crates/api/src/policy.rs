@@ -344,6 +344,9 @@ pub struct Placement {
     /// Orrery: judge clusters by their forecast water level over a horizon (the larger of the present level and the forecast), so a cluster about to peak receives no new replicas and sheds replicas before it crosses the shed mark. Absent: the server's default (30m, Upper80) for clusters with a season of history.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prediction: Option<crate::prediction::Prediction>,
+    /// Orrery's: how much price counts, a budget and an on-demand floor (docs/cost.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<crate::cost::CostPolicy>,
 }
 
 impl Placement {
@@ -476,6 +479,9 @@ impl Placement {
         }
         if let Some(p) = &self.prediction {
             p.validate(&format!("{path}.prediction"), errs);
+        }
+        if let Some(c) = &self.cost {
+            c.validate(&format!("{path}.cost"), errs);
         }
         if let Some(r) = &self.replica_scheduling {
             let p = format!("{path}.replicaScheduling");

@@ -31,6 +31,8 @@ pub struct MonitoringConfig {
     /// Between averages (5 minutes; the API calls their resolution `5m`), and between
     /// prunings.
     pub average_every: Duration,
+    /// Where the fleet's cost is exported (`None`: not on `/metrics`).
+    pub cost_metrics: Option<Arc<CostMetrics>>,
 }
 
 impl Default for MonitoringConfig {
@@ -40,6 +42,7 @@ impl Default for MonitoringConfig {
             raw_retention: Duration::from_secs(6 * 3600),
             average_retention: Duration::from_secs(14 * 86400),
             average_every: Duration::from_secs(300),
+            cost_metrics: None,
         }
     }
 }
@@ -132,6 +135,24 @@ impl Placed {
         }
     }
 
+    /// What Orrery's replicas in a cluster cost per hour, by its prices (its own properties
+    /// over its member's); `None` where it has no price for what they request.
+    pub fn cost(&self, c: &Object) -> Option<f64> {
+        let spec = orrery_api::cluster::ClusterSpec::of(c);
+        let st = ClusterStatus::of(c);
+        let (prices, _) = orrery_api::cost::Prices::of(orrery_api::cost::merged(
+            &st.properties,
+            &spec.properties,
+        ));
+        if !prices.is_priced() {
+            return None;
+        }
+        let placed = self.by_cluster.get(c.name()).copied().unwrap_or_default();
+        orrery_scheduler::cost::unit_hourly(&prices, &placed)
+            .ok()
+            .map(|x| (x * 10_000.0).round() / 10_000.0)
+    }
+
     /// Orrery's share of each of a cluster's forecast dimensions: what it placed over what
     /// the cluster can give.
     pub fn shares(&self, c: &Object) -> BTreeMap<String, f64> {
@@ -170,6 +191,60 @@ pub fn sample_of(c: &Object) -> ClusterSample {
         traffic: st.traffic(),
         forecast: Default::default(),
         placed: BTreeMap::new(),
+        cost: None,
+    }
+}
+
+/// Writes the fleet's cost over what was there.
+async fn put_cost(store: &dyn Store, cost: &series::FleetCost) -> Result<(), StoreError> {
+    let mut o = Object::new("internal.orrery.io/v1", "FleetCost").with_name("cost");
+    o.spec = serde_json::to_value(cost).ok();
+    match store.get(series::COST_KEY).await {
+        Ok(mut old) => {
+            old.spec = o.spec;
+            store.update(series::COST_KEY, old, None).await.map(|_| ())
+        }
+        Err(StoreError::NotFound { .. }) => store.create(series::COST_KEY, o).await.map(|_| ()),
+        Err(e) => Err(e),
+    }
+}
+
+/// What Orrery's replicas cost per hour, on `/metrics`.
+#[derive(Debug, Default)]
+pub struct CostMetrics {
+    fleet: prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
+    clusters: prometheus_client::metrics::family::Family<
+        Vec<(String, String)>,
+        prometheus_client::metrics::gauge::Gauge<f64, std::sync::atomic::AtomicU64>,
+    >,
+}
+
+impl CostMetrics {
+    /// Registers the families.
+    pub fn new(registry: &std::sync::Mutex<prometheus_client::registry::Registry>) -> CostMetrics {
+        let m = CostMetrics::default();
+        let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
+        r.register(
+            "orrery_fleet_hourly_cost",
+            "What the replicas Orrery placed cost per hour, by the clusters' prices",
+            m.fleet.clone(),
+        );
+        r.register(
+            "orrery_cluster_hourly_cost",
+            "What the replicas Orrery placed in a cluster cost per hour, by its prices",
+            m.clusters.clone(),
+        );
+        m
+    }
+
+    fn set(&self, cost: &series::FleetCost) {
+        self.fleet.set(cost.hourly);
+        self.clusters.clear();
+        for (name, x) in &cost.clusters {
+            self.clusters
+                .get_or_create(&vec![("cluster".to_string(), name.clone())])
+                .set(*x);
+        }
     }
 }
 
@@ -254,6 +329,8 @@ pub async fn run(
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut since_average: Vec<FleetSample> = Vec::new();
+    // The cost last written (none yet: written at the first sample).
+    let mut last_cost: Option<series::FleetCost> = None;
     let mut last_average = tokio::time::Instant::now();
     loop {
         tokio::select! {
@@ -295,11 +372,22 @@ pub async fn run(
                     .map(|(n, c)| {
                         let mut sample = sample_of(c);
                         sample.placed = placed.shares(c);
+                        sample.cost = placed.cost(c);
                         (n.clone(), sample)
                     })
                     .collect();
                 let mut s = FleetSample { time: Time::now(), clusters };
                 annotate(&mut s, false);
+                let cost = series::FleetCost::of(&s);
+                if let Some(m) = &cfg.cost_metrics {
+                    m.set(&cost);
+                }
+                if last_cost.as_ref().is_none_or(|c| (&c.hourly, &c.clusters) != (&cost.hourly, &cost.clusters)) {
+                    match put_cost(store.as_ref(), &cost).await {
+                        Ok(()) => last_cost = Some(cost),
+                        Err(e) => tracing::warn!(error = %e, "writing the fleet's cost"),
+                    }
+                }
                 if let Err(e) = write(store.as_ref(), series::RAW_PREFIX, &s).await {
                     tracing::warn!(error = %e, "writing a monitoring sample");
                 }
@@ -394,6 +482,7 @@ mod tests {
             raw_retention: Duration::from_secs(3600),
             average_retention: Duration::from_secs(14 * 86400),
             average_every: Duration::from_millis(1500),
+            cost_metrics: None,
         };
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(run(store.clone(), cfg, None, stopped));
@@ -486,5 +575,40 @@ mod tests {
         // A listing starts again.
         p.reset(&[Arc::new(b)]);
         assert_eq!(p.shares(&member("a"))["cpu"], 0.15);
+    }
+
+    /// What Orrery's replicas cost in a cluster: what they request at its prices, the
+    /// Cluster's own over its member's; nothing where it has no prices.
+    #[test]
+    fn orrerys_replicas_cost_what_they_request_at_the_clusters_prices() {
+        let mut p = Placed::default();
+        let b = binding(
+            "web",
+            1,
+            serde_json::json!([{"name": "a", "replicas": 3}, {"name": "b", "replicas": 1}]),
+        );
+        p.put(("default".to_string(), "web".to_string()), Some(&b));
+        let priced = |name: &str, status: serde_json::Value, spec: serde_json::Value| {
+            let mut c = member(name);
+            c.status.as_mut().unwrap()["properties"] = status;
+            c.spec = Some(serde_json::json!({ "properties": spec }));
+            c
+        };
+        let prices = serde_json::json!({"cost.orrery.io/cpu-core-hour": "0.04", "cost.orrery.io/memory-gib-hour": "0.01"});
+        // 3 replicas of 0.5 core and 1 GiB: 1.5 x 0.04 + 3 x 0.01.
+        let a = priced("a", prices.clone(), serde_json::json!({}));
+        assert_eq!(p.cost(&a), Some(0.09));
+        let a = priced(
+            "a",
+            prices.clone(),
+            serde_json::json!({"cost.orrery.io/cpu-core-hour": "0.02"}),
+        );
+        assert_eq!(p.cost(&a), Some(0.06));
+        // Priced, nothing placed: nothing spent.
+        assert_eq!(
+            p.cost(&priced("c", prices, serde_json::json!({}))),
+            Some(0.0)
+        );
+        assert_eq!(p.cost(&member("a")), None);
     }
 }

@@ -351,6 +351,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         Arc::new(orrery_controllers::propagation::scheduling::SchedulerMetrics::new(&registry));
     let controller_metrics =
         Arc::new(orrery_controllers::runtime::metrics::ControllerMetrics::new(&registry));
+    let cost_metrics = Arc::new(orrery_controllers::monitoring::CostMetrics::new(&registry));
     let config = ApiConfig {
         metrics_registry: Some(registry),
         server_address: args.listen.to_string(),
@@ -396,6 +397,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
             },
             monitoring: orrery_controllers::monitoring::MonitoringConfig {
                 interval: args.monitoring_interval,
+                cost_metrics: Some(cost_metrics),
                 ..Default::default()
             },
             forecast: orrery_controllers::forecasting::ForecastConfig {

@@ -50,6 +50,12 @@ pub(crate) struct Shares<'c, 'a> {
     /// Replicas that fit under the limit; `None` when unbounded.
     pub room: Vec<Option<i64>>,
     pub score: Vec<f64>,
+    /// What water-filling and draining add to each level for its price
+    /// ([`crate::cost::lean`]); 0 where price does not count.
+    pub lean: Vec<f64>,
+    /// What score-weighted division multiplies each score by for its price
+    /// ([`crate::cost::thrift`]); 1 where price does not count.
+    pub thrift: Vec<f64>,
 }
 
 /// Heap order for water-filling: the lowest level first, then the best score, then the
@@ -118,7 +124,7 @@ impl Shares<'_, '_> {
             .filter(|j| self.open(*j))
             .map(|j| {
                 Fill(
-                    self.ctx.level_after(self.idx[j], self.n[j] + 1),
+                    self.ctx.level_after(self.idx[j], self.n[j] + 1) + self.lean[j],
                     self.score[j],
                     j,
                 )
@@ -133,7 +139,7 @@ impl Shares<'_, '_> {
             placed += 1;
             if self.open(j) {
                 heap.push(Fill(
-                    self.ctx.level_after(self.idx[j], self.n[j] + 1),
+                    self.ctx.level_after(self.idx[j], self.n[j] + 1) + self.lean[j],
                     self.score[j],
                     j,
                 ));
@@ -149,7 +155,7 @@ impl Shares<'_, '_> {
             .filter(|j| self.n[*j] > 0)
             .map(|j| {
                 Drain(
-                    self.ctx.level_after(self.idx[j], self.n[j]),
+                    self.ctx.level_after(self.idx[j], self.n[j]) + self.lean[j],
                     self.score[j],
                     j,
                 )
@@ -164,7 +170,7 @@ impl Shares<'_, '_> {
             left -= 1;
             if self.n[j] > 0 {
                 heap.push(Drain(
-                    self.ctx.level_after(self.idx[j], self.n[j]),
+                    self.ctx.level_after(self.idx[j], self.n[j]) + self.lean[j],
                     self.score[j],
                     j,
                 ));
@@ -219,7 +225,7 @@ impl Shares<'_, '_> {
             }
             let weights: Vec<i64> = open
                 .iter()
-                .map(|j| ((self.score[*j] * 100.0).round() as i64).max(1))
+                .map(|j| ((self.score[*j] * self.thrift[*j] * 100.0).round() as i64).max(1))
                 .collect();
             let shares = divide(k - placed, &weights);
             let mut given = 0;

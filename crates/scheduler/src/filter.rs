@@ -40,6 +40,7 @@ pub fn default_filters() -> Vec<Box<dyn Filter>> {
         Box::new(crate::data::Network),
         Box::new(WorkloadAffinity),
         Box::new(NodeFit),
+        Box::new(crate::cost::Priced),
         Box::new(WaterLevel),
         // Last: it estimates each transfer, and only tasks that read data sets pay for it.
         Box::new(crate::data::DataReach),

@@ -26,6 +26,7 @@
 #![allow(clippy::needless_range_loop)]
 
 pub mod assume;
+pub mod cost;
 pub mod data;
 pub mod divide;
 pub mod filter;
@@ -218,6 +219,37 @@ pub struct Ctx<'a> {
     pub mark_room: Vec<Option<i64>>,
 }
 
+impl<'a> Ctx<'a> {
+    /// What one replica costs per hour in cluster `i`; `None` where it has no price for what
+    /// the task requests.
+    pub fn unit_cost(&self, i: usize) -> Option<f64> {
+        cost::unit_hourly(&self.fleet.facts()[i].prices, &self.demand).ok()
+    }
+
+    /// The placement's `cost.weight` (0 when it has none).
+    pub fn cost_weight(&self) -> f64 {
+        self.task
+            .placement
+            .cost
+            .as_ref()
+            .map_or(0.0, orrery_api::cost::CostPolicy::weight)
+    }
+
+    /// Whether the placement has a budget (`cost.maxHourly`).
+    pub fn has_budget(&self) -> bool {
+        self.task
+            .placement
+            .cost
+            .as_ref()
+            .is_some_and(|c| c.max_hourly.is_some())
+    }
+
+    /// The task's data needs, when it reads data sets.
+    pub fn data_needs(&self) -> Option<&'a data::DataNeeds> {
+        self.task.relations.data
+    }
+}
+
 impl Ctx<'_> {
     /// Whether the task takes resources (kinds without replicas do not).
     pub fn needs_room(&self) -> bool {
@@ -323,7 +355,18 @@ impl Ctx<'_> {
     /// forecast reaches, takes it above the shed mark: a replica placed beyond that would be
     /// moved again before long. `None` where the cluster is not judged by its forecast.
     pub(crate) fn room_before_mark(&self, i: usize) -> Option<i64> {
-        self.room_before(i, self.mark)
+        self.room_before(i, self.fill_mark())
+    }
+
+    /// Where a division stops filling a cluster by its forecast's reach before it looks
+    /// elsewhere: the shed mark; for a placement that weighs price, the limit (it packs the
+    /// cheaper clusters fuller, and their daily peak must not take them past the limit).
+    pub fn fill_mark(&self) -> f64 {
+        if self.cost_weight() > 0.0 {
+            self.limit
+        } else {
+            self.mark
+        }
     }
 
     /// Replicas that fit in cluster `i` with the mean of its forecast, over all the forecast
@@ -586,8 +629,13 @@ impl Decision {
                     && ctx.room[i].is_some_and(|r| r > 0)
                 {
                     format!(
-                        "feasible, but its forecast takes it above the shed mark {:.2} within the forecast's reach (its mean, or the last season's peak): it takes replicas only when they fit nowhere else",
-                        ctx.mark
+                        "feasible, but its forecast takes it above {} {:.2} within the forecast's reach (its mean, or the last season's peak): it takes replicas only when they fit nowhere else",
+                        if ctx.fill_mark() < ctx.mark {
+                            "the limit"
+                        } else {
+                            "the shed mark"
+                        },
+                        ctx.fill_mark()
                     )
                 } else {
                     "feasible, but its share rounds to 0 replicas".into()
@@ -617,6 +665,9 @@ impl Decision {
         };
         if judged && ctx.needs_room() && ctx.fleet.facts()[i].known() {
             out.water_level = Some(ctx.level_seen(i));
+        }
+        if ctx.needs_room() {
+            out.replica_hourly = ctx.unit_cost(i).map(round_cost);
         }
         out
     }
@@ -1081,7 +1132,7 @@ fn schedule_term(
         .iter()
         .zip(&applies)
         .filter(|(_, a)| **a)
-        .map(|(s, _)| weights.of(s.name()))
+        .map(|(s, _)| s.weight(&ctx).unwrap_or_else(|| weights.of(s.name())))
         .sum();
     for (s, applies) in config.scores.iter().zip(applies) {
         if !applies {
@@ -1089,7 +1140,7 @@ fn schedule_term(
             continue;
         }
         let w = if weight_sum > 0.0 {
-            weights.of(s.name()) / weight_sum
+            s.weight(&ctx).unwrap_or_else(|| weights.of(s.name())) / weight_sum
         } else {
             0.0
         };
@@ -1291,15 +1342,43 @@ fn allocate(
     let task = ctx.task;
     let clusters = ctx.fleet.clusters();
     let name = |i: usize| clusters[i].name.clone();
+    let policy = task.placement.cost.as_ref();
+    let budget = policy.and_then(|c| c.max_hourly);
+    let floor = policy.and_then(|c| c.min_on_demand).filter(|f| *f > 0.0);
     if decision.strategy == "Duplicated" {
-        decision.clusters = kept
+        // A copy each: a budget keeps the best-ranked copies that fit in it.
+        let mut spent = 0.0;
+        let mut over = 0;
+        let mut order = kept.to_vec();
+        order.sort_by(|a, b| score_of[*b].total_cmp(&score_of[*a]).then(a.cmp(b)));
+        decision.clusters = order
             .iter()
+            .filter(|i| match budget {
+                Some(b) => {
+                    let c = task.replicas as f64 * ctx.unit_cost(**i).unwrap_or(f64::INFINITY);
+                    let fits = spent + c <= b + 1e-9;
+                    if fits {
+                        spent += c;
+                    } else {
+                        over += 1;
+                    }
+                    fits
+                }
+                None => true,
+            })
             .map(|i| TargetCluster {
                 name: name(*i),
                 replicas: task.replicas,
             })
             .collect();
         decision.clusters.sort_by(|a, b| a.name.cmp(&b.name));
+        if over > 0 {
+            return Err(format!(
+                "{over} of {} feasible clusters left out: a copy there would take the workload past its budget of {} an hour",
+                kept.len(),
+                budget.unwrap_or_default()
+            ));
+        }
         return Ok(());
     }
     // Aggregation fills in rank order; the other divisions break ties by score themselves.
@@ -1321,7 +1400,26 @@ fn allocate(
             .collect(),
         room: kept.iter().map(|i| ctx.room[*i]).collect(),
         score: kept.iter().map(|i| score_of[*i]).collect(),
+        lean: vec![0.0; kept.len()],
+        thrift: vec![1.0; kept.len()],
     };
+    let weight = ctx.cost_weight();
+    if weight > 0.0 && ctx.fleet.has_prices() {
+        let prices: Vec<Option<f64>> = kept.iter().map(|i| cost::ranked_price(ctx, *i)).collect();
+        let cheapest = prices
+            .iter()
+            .flatten()
+            .copied()
+            .fold(f64::INFINITY, f64::min);
+        shares.lean = prices
+            .iter()
+            .map(|p| cost::lean(weight, *p, cheapest))
+            .collect();
+        shares.thrift = prices
+            .iter()
+            .map(|p| cost::thrift(weight, *p, cheapest))
+            .collect();
+    }
     // Shedding: a cluster over its limit keeps only what fits under limit - hysteresis; one
     // shed ahead of its forecast peak, what keeps its forecast's mean under the shed mark -
     // hysteresis as far as the forecast reaches (the rule new replicas are placed by, with a
@@ -1434,6 +1532,28 @@ fn allocate(
             }
         }
     }
+    // The budget, then the on-demand floor (which keeps to the budget), over what the
+    // division gave; the Priced filter left only clusters with prices when there is a budget.
+    let mut over_budget = 0;
+    let mut under_floor = 0;
+    if budget.is_some() || floor.is_some() {
+        let unit: Vec<f64> = kept
+            .iter()
+            .map(|i| ctx.unit_cost(*i).unwrap_or(0.0))
+            .collect();
+        let limits: Vec<Option<i64>> = kept.iter().map(|i| ctx.room[*i]).collect();
+        if let Some(b) = budget {
+            over_budget = cost::keep_budget(&mut shares.n, &limits, &unit, b);
+        }
+        if let Some(f) = floor {
+            let capacity: Vec<orrery_api::cost::Capacity> = kept
+                .iter()
+                .map(|i| ctx.fleet.facts()[*i].prices.capacity)
+                .collect();
+            under_floor = cost::keep_floor(&mut shares.n, &limits, &unit, &capacity, f, budget);
+        }
+        unplaced += over_budget + under_floor;
+    }
     decision.unplaced = unplaced;
     decision.clusters = kept
         .iter()
@@ -1445,6 +1565,20 @@ fn allocate(
         })
         .collect();
     decision.clusters.sort_by(|a, b| a.name.cmp(&b.name));
+    if over_budget > 0 {
+        return Err(format!(
+            "{over_budget} of {} replicas are beyond the budget of {} an hour (cost.maxHourly)",
+            task.replicas,
+            budget.unwrap_or_default()
+        ));
+    }
+    if under_floor > 0 {
+        return Err(format!(
+            "{under_floor} of {} replicas left out: on-demand capacity has no room for the share cost.minOnDemand ({}) asks for beside them",
+            task.replicas,
+            floor.unwrap_or_default()
+        ));
+    }
     if unplaced > 0 {
         return Err(format!(
             "{unplaced} of {} replicas fit in no cluster under the water level limit {:.2}",
@@ -1455,6 +1589,43 @@ fn allocate(
         return Err("no cluster received a replica".into());
     }
     Ok(())
+}
+
+/// What `clusters`' replicas of the task cost per hour, in all and per cluster; `None` when
+/// none of them has prices.
+pub fn cost_of(
+    fleet: &Fleet,
+    task: &Task<'_>,
+    clusters: &[TargetCluster],
+) -> Option<orrery_api::binding::BindingCost> {
+    if !fleet.has_prices() || task.replicas <= 0 {
+        return None;
+    }
+    let demand = demand_of(task.request);
+    let mut out = orrery_api::binding::BindingCost::default();
+    for t in clusters {
+        let Some(i) = fleet.position(&t.name) else {
+            continue;
+        };
+        match cost::unit_hourly(&fleet.facts()[i].prices, &demand) {
+            Ok(u) => {
+                let c = u * t.replicas as f64;
+                out.hourly += c;
+                out.clusters.insert(t.name.clone(), round_cost(c));
+            }
+            Err(_) => out.unpriced.push(t.name.clone()),
+        }
+    }
+    if out.clusters.is_empty() {
+        return None;
+    }
+    out.hourly = round_cost(out.hourly);
+    Some(out)
+}
+
+/// A price to a ten-thousandth, as status shows it.
+fn round_cost(x: f64) -> f64 {
+    (x * 10_000.0).round() / 10_000.0
 }
 
 /// The water level of the kept clusters together, over the task's dimensions.

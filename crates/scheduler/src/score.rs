@@ -23,6 +23,11 @@ pub trait Score: Send + Sync + std::fmt::Debug {
     fn applies(&self, _ctx: &Ctx<'_>) -> bool {
         true
     }
+    /// The plugin's weight for this task, where the task sets it (the placement's
+    /// `cost.weight`); otherwise the configured [`Weights`].
+    fn weight(&self, _ctx: &Ctx<'_>) -> Option<f64> {
+        None
+    }
 }
 
 /// Weights of the built-in plugins.
@@ -169,6 +174,7 @@ pub fn default_scores() -> Vec<Box<dyn Score>> {
         Box::new(Network),
         Box::new(Proximity),
         Box::new(crate::data::Completion),
+        Box::new(crate::cost::CostScore),
     ]
 }
 

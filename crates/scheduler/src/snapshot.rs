@@ -135,7 +135,13 @@ impl ClusterSnapshot {
             provider: spec.provider,
             region: spec.region,
             zones: spec.zones,
-            properties: st.properties,
+            // The Cluster's own properties over the member's, key by key (prices a platform
+            // team knows better than the member).
+            properties: {
+                let mut p = st.properties;
+                p.extend(spec.properties);
+                p
+            },
             capabilities: spec.capabilities,
             taints: spec.taints,
             ready,
@@ -210,6 +216,8 @@ pub struct Facts {
     pub traffic: f64,
     /// The monitoring system's forecast of its water levels, when there is one.
     pub outlook: Option<std::sync::Arc<Outlook>>,
+    /// Its prices, from its properties ([`orrery_api::cost`]).
+    pub prices: orrery_api::cost::Prices,
 }
 
 impl Facts {
@@ -226,6 +234,10 @@ impl Facts {
             latency,
             traffic: c.traffic,
             outlook: None,
+            prices: orrery_api::cost::Prices::of(
+                c.properties.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            )
+            .0,
         }
     }
 
@@ -597,6 +609,8 @@ pub struct Fleet {
     generation: u64,
     /// Clusters with a forecast (a fleet with none skips what prediction costs).
     outlooks: usize,
+    /// How many clusters have prices.
+    priced: usize,
 }
 
 static GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -623,18 +637,20 @@ impl Fleet {
     pub fn new(mut clusters: Vec<ClusterSnapshot>) -> Fleet {
         clusters.sort_by(|a, b| a.name.cmp(&b.name));
         clusters.dedup_by(|a, b| a.name == b.name);
-        let facts = clusters.iter().map(Facts::of).collect();
+        let facts: Vec<Facts> = clusters.iter().map(Facts::of).collect();
         let index = clusters
             .iter()
             .enumerate()
             .map(|(i, c)| (c.name.clone(), i))
             .collect();
+        let priced = facts.iter().filter(|f| f.prices.is_priced()).count();
         Fleet {
             clusters,
             facts,
             index,
             generation: next_generation(),
             outlooks: 0,
+            priced,
         }
     }
 
@@ -674,6 +690,8 @@ impl Fleet {
             Some(i) => {
                 f.assumed = self.facts[i].assumed;
                 f.outlook = self.facts[i].outlook.take();
+                self.priced = self.priced + usize::from(f.prices.is_priced())
+                    - usize::from(self.facts[i].prices.is_priced());
                 self.facts[i] = f;
                 if !same_placement_facts(&self.clusters[i], &c) {
                     self.generation = next_generation();
@@ -681,6 +699,7 @@ impl Fleet {
                 self.clusters[i] = c;
             }
             None => {
+                self.priced += usize::from(f.prices.is_priced());
                 let at = self.clusters.partition_point(|x| x.name < c.name);
                 self.clusters.insert(at, c);
                 self.facts.insert(at, f);
@@ -694,6 +713,9 @@ impl Fleet {
         if let Some(i) = self.position(name) {
             if self.facts[i].outlook.is_some() {
                 self.outlooks -= 1;
+            }
+            if self.facts[i].prices.is_priced() {
+                self.priced -= 1;
             }
             self.clusters.remove(i);
             self.facts.remove(i);
@@ -718,6 +740,11 @@ impl Fleet {
             self.outlooks = self.outlooks + usize::from(outlook.is_some()) - usize::from(had);
             self.facts[i].outlook = outlook;
         }
+    }
+
+    /// Whether any cluster has prices.
+    pub fn has_prices(&self) -> bool {
+        self.priced > 0
     }
 
     /// Whether any cluster has a forecast.

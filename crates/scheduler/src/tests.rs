@@ -1619,3 +1619,222 @@ fn a_cluster_its_forecast_takes_past_the_shed_mark_takes_only_what_fits_nowhere_
         s(&[("a", 5), ("b", 15)])
     );
 }
+
+fn priced(mut c: ClusterSnapshot, props: &[(&str, &str)]) -> ClusterSnapshot {
+    for (k, v) in props {
+        c.properties.insert((*k).into(), (*v).into());
+    }
+    c
+}
+
+fn cost_placement(cost: serde_json::Value) -> serde_json::Value {
+    json!({"replicaScheduling": {"replicaSchedulingType": "Divided"}, "cost": cost})
+}
+
+use orrery_api::cost::{CAPACITY_TYPE, CPU_CORE_HOUR, INTERRUPTION_RATE};
+
+#[test]
+fn the_cost_weight_sends_replicas_to_cheaper_clusters() {
+    // Two clusters alike but for the price; 10 replicas. (used cores, replicas on cheap by
+    // weight 0, 5, 10): water-filling (fleet above the high mark), score-weighted between
+    // the marks, aggregation below the low mark.
+    for (used, by_weight) in [(70, [5, 10, 10]), (40, [5, 7, 9]), (10, [10, 10, 10])] {
+        let fleet = [
+            priced(
+                cluster("cheap", "us", 100, used),
+                &[(CPU_CORE_HOUR, "0.02")],
+            ),
+            priced(cluster("dear", "eu", 100, used), &[(CPU_CORE_HOUR, "0.04")]),
+        ];
+        let mut got = Vec::new();
+        for w in [0, 5, 10] {
+            let t = T::new(cost_placement(json!({"weight": w})), 10);
+            let d = t.run(&fleet);
+            assert_eq!(d.unplaced, 0);
+            got.push(
+                shares(&d)
+                    .iter()
+                    .find(|(n, _)| n == "cheap")
+                    .map_or(0, |x| x.1),
+            );
+            let why = t.explain(&fleet);
+            // The plugin takes part only with a weight.
+            assert_eq!(why["cheap"].scores.contains_key("Cost"), w > 0, "{why:?}");
+            if w > 0 {
+                assert_eq!(
+                    (why["cheap"].scores["Cost"], why["dear"].scores["Cost"]),
+                    (100.0, 50.0)
+                );
+            }
+            assert_eq!(
+                (why["cheap"].replica_hourly, why["dear"].replica_hourly),
+                (Some(0.02), Some(0.04))
+            );
+        }
+        assert_eq!(got, by_weight, "used {used}");
+    }
+}
+
+#[test]
+fn a_budget_keeps_the_hourly_cost_and_says_what_it_left_out() {
+    let fleet = [
+        priced(cluster("cheap", "us", 10, 5), &[(CPU_CORE_HOUR, "1")]),
+        priced(cluster("dear", "eu", 100, 50), &[(CPU_CORE_HOUR, "2")]),
+        cluster("unpriced", "asia", 100, 0),
+    ];
+    // (budget, replicas placed, error)
+    for (budget, placed, error) in [
+        (100.0, 10, None),
+        // 3 fit in cheap under the limit (8.5 of 10), the rest in dear at 2: 3 + 2 x 7 = 17.
+        (17.0, 10, None),
+        (
+            16.0,
+            9,
+            Some("1 of 10 replicas are beyond the budget of 16 an hour"),
+        ),
+        (2.5, 2, Some("8 of 10 replicas are beyond the budget")),
+        (0.0, 0, Some("10 of 10 replicas are beyond the budget")),
+    ] {
+        let t = T::new(cost_placement(json!({"maxHourly": budget})), 10);
+        let d = t.run(&fleet);
+        let total: i64 = d.clusters.iter().map(|c| c.replicas).sum();
+        assert_eq!(total, placed, "budget {budget}: {:?}", d.clusters);
+        assert_eq!(d.unplaced, 10 - placed);
+        match error {
+            None => assert_eq!(d.error, None),
+            Some(e) => assert!(
+                d.error.as_deref().unwrap_or("").contains(e),
+                "{:?}",
+                d.error
+            ),
+        }
+        let f = Fleet::new(fleet.to_vec());
+        let cost = crate::cost_of(&f, &t.task(), &d.clusters);
+        let hourly = cost.as_ref().map_or(0.0, |c| c.hourly);
+        assert!(hourly <= budget + 1e-9, "{hourly} over {budget}");
+        // A cluster without prices takes none of a budgeted workload's replicas, and says why.
+        let why = t.explain(&fleet);
+        let u = &why["unpriced"];
+        assert_eq!(u.filter, "Priced");
+        assert!(u.reason.contains("no price for cpu"), "{}", u.reason);
+    }
+    // Without a budget the unpriced cluster is a candidate as any other, and status lists it
+    // apart.
+    let t = T::new(cost_placement(json!({})), 10);
+    assert_eq!(t.explain(&fleet)["unpriced"].filter, "");
+    let placed = [
+        TargetCluster {
+            name: "cheap".into(),
+            replicas: 2,
+        },
+        TargetCluster {
+            name: "dear".into(),
+            replicas: 1,
+        },
+        TargetCluster {
+            name: "unpriced".into(),
+            replicas: 3,
+        },
+    ];
+    let cost = crate::cost_of(&Fleet::new(fleet.to_vec()), &t.task(), &placed).unwrap();
+    assert_eq!(cost.hourly, 4.0);
+    assert_eq!(cost.clusters["cheap"], 2.0);
+    assert_eq!(cost.unpriced, ["unpriced"]);
+}
+
+#[test]
+fn an_on_demand_floor_holds_beside_spot_capacity() {
+    let fleet = [
+        priced(
+            cluster("spot", "us", 100, 0),
+            &[
+                (CPU_CORE_HOUR, "0.01"),
+                (CAPACITY_TYPE, "spot"),
+                (INTERRUPTION_RATE, "0.05"),
+            ],
+        ),
+        priced(cluster("od", "eu", 100, 0), &[(CPU_CORE_HOUR, "0.04")]),
+    ];
+    // (floor, replicas on on-demand of 10), all placed; cost weighs so that spot is
+    // preferred.
+    for (floor, on_demand) in [(0.0, 0), (0.3, 3), (0.55, 6), (1.0, 10)] {
+        let t = T::new(
+            cost_placement(json!({"weight": 10, "minOnDemand": floor})),
+            10,
+        );
+        let d = t.run(&fleet);
+        assert_eq!(d.unplaced, 0);
+        let od = shares(&d)
+            .iter()
+            .find(|(n, _)| n == "od")
+            .map_or(0, |x| x.1);
+        assert_eq!(od, on_demand, "floor {floor}: {:?}", d.clusters);
+    }
+    // With a budget that cannot pay for the floor, spot replicas are left out instead.
+    let t = T::new(
+        cost_placement(json!({"weight": 10, "minOnDemand": 0.5, "maxHourly": 0.1})),
+        10,
+    );
+    let d = t.run(&fleet);
+    let od = shares(&d)
+        .iter()
+        .find(|(n, _)| n == "od")
+        .map_or(0, |x| x.1);
+    let spot = shares(&d)
+        .iter()
+        .find(|(n, _)| n == "spot")
+        .map_or(0, |x| x.1);
+    assert!(od >= spot && od * 4 + spot <= 10, "{:?}", d.clusters);
+    assert!(d.error.unwrap().contains("cost.m"));
+}
+
+#[test]
+fn a_budget_keeps_the_best_copies_of_a_duplicated_workload() {
+    let fleet = [
+        priced(cluster("m1", "us", 100, 0), &[(CPU_CORE_HOUR, "1")]),
+        priced(cluster("m2", "eu", 100, 0), &[(CPU_CORE_HOUR, "1")]),
+        priced(cluster("m3", "asia", 100, 0), &[(CPU_CORE_HOUR, "5")]),
+    ];
+    let t = T::new(
+        json!({"replicaScheduling": {"replicaSchedulingType": "Duplicated"}, "cost": {"weight": 5, "maxHourly": 4.5}}),
+        2,
+    );
+    let d = t.run(&fleet);
+    assert_eq!(shares(&d), s(&[("m1", 2), ("m2", 2)]));
+    assert!(
+        d.error
+            .unwrap()
+            .contains("1 of 3 feasible clusters left out")
+    );
+}
+
+#[test]
+fn a_placement_that_weighs_price_fills_a_cluster_first_only_to_the_limit_by_its_peak() {
+    // a (cheap) at 60 and b (dear) at 40 of 100 cores, flat forecasts, 20 replicas weighing
+    // price heavily. With a's series 0.2 higher at its peak over the last season, a takes
+    // only its room before the limit by that peak (60 + 20 + 5 = 85), however cheap it is;
+    // without that peak, price gives it more.
+    let run = |peak: Option<f64>| {
+        let mut fleet = Fleet::new(vec![
+            priced(cluster("a", "us", 100, 60), &[(CPU_CORE_HOUR, "0.02")]),
+            priced(cluster("b", "eu", 100, 40), &[(CPU_CORE_HOUR, "0.04")]),
+        ]);
+        let mut fa = forecast_of(NOW, 0.6, &[0.6; 60], 0.0, DAY);
+        if let Some(s) = fa.series.get_mut("cpu") {
+            s.season_peak = peak;
+        }
+        let fb = forecast_of(NOW, 0.4, &[0.4; 60], 0.0, DAY);
+        fleet.set_outlook("a", Outlook::of(&fa).map(std::sync::Arc::new));
+        fleet.set_outlook("b", Outlook::of(&fb).map(std::sync::Arc::new));
+        let mut p = prediction("30m", "Upper80");
+        p["cost"] = json!({"weight": 10});
+        let mut t = T::new(p, 20);
+        t.now = NOW;
+        let d = schedule(&fleet, &t.task(), &Config::default());
+        let on_a = shares(&d).iter().find(|(n, _)| n == "a").map_or(0, |x| x.1);
+        (on_a, d.unplaced)
+    };
+    assert_eq!(run(Some(0.8)), (5, 0));
+    let (free, unplaced) = run(None);
+    assert!(free > 5 && unplaced == 0, "{free}");
+}

@@ -470,9 +470,27 @@ pub async fn realtime(app: &App, who: &Identity) -> Result<http::Response<Body>,
             )
         })
         .collect();
+    // What Orrery's replicas cost, as of the newest monitoring sample.
+    let cost = match app.store.get(history::series::COST_KEY).await {
+        Ok(o) => o
+            .spec
+            .and_then(|s| serde_json::from_value::<history::series::FleetCost>(s).ok()),
+        Err(orrery_store::StoreError::NotFound { .. }) => None,
+        Err(e) => return Err(DroError::internal(e)),
+    };
+    for c in &mut clusters {
+        if let Some(x) = cost
+            .as_ref()
+            .and_then(|f| c["name"].as_str().and_then(|n| f.clusters.get(n)))
+        {
+            c["hourlyCost"] = json!(x);
+        }
+    }
     Ok(h::json(
         StatusCode::OK,
         &json!({
+            "hourlyCost": cost.as_ref().map(|c| c.hourly),
+            "costTime": cost.as_ref().and_then(|c| c.time),
             "activeClusters": active,
             "totalClusters": list.items.len(),
             "totalPods": pods,
@@ -599,11 +617,16 @@ pub async fn series(
         } else {
             ready.iter().sum::<f64>() / ready.len() as f64
         };
-        points.push(json!({
+        let cost = history::series::FleetCost::of(&s);
+        let mut p = json!({
             "time": s.time,
             "meanLevel": (mean * 1000.0).round() / 1000.0,
             "clusters": s.clusters,
-        }));
+        });
+        if !cost.clusters.is_empty() {
+            p["hourlyCost"] = json!(cost.hourly);
+        }
+        points.push(p);
         if points.len() >= max {
             break;
         }

@@ -349,10 +349,13 @@ pub fn document() -> Value {
                     "totalPods": {"type": "integer"}, "networkTraffic": {"type": "string", "example": "1.2Gbps"},
                     "networkBytesPerSecond": {"type": "number"},
                     "fleetWaterLevel": {"type": "object", "additionalProperties": {"type": "number"}},
+                    "hourlyCost": {"type": "number", "nullable": true, "description": "What the replicas Orrery placed cost per hour, by the clusters' prices, as of costTime (the newest monitoring sample); null before the first sample"},
+                    "costTime": {"type": "string", "format": "date-time", "nullable": true},
                     "clusters": {"type": "array", "items": {"type": "object", "properties": {
                         "name": {"type": "string"}, "ready": {"type": "boolean"}, "pods": {"type": "integer"},
                         "waterLevel": {"type": "object", "nullable": true, "additionalProperties": {"type": "number"}},
                         "networkBytesPerSecond": {"type": "number"},
+                        "hourlyCost": {"type": "number", "description": "What Orrery's replicas there cost per hour; absent where the cluster has no prices"},
                     }}},
                 }},
                 "MonitorForecast": {"type": "object", "required": ["clusters", "count"], "properties": {
@@ -379,7 +382,10 @@ pub fn document() -> Value {
                     "count": {"type": "integer"},
                     "points": {"type": "array", "items": {"type": "object", "required": ["time", "meanLevel", "clusters"], "properties": {
                         "time": {"type": "string"}, "meanLevel": {"type": "number"},
+                        "hourlyCost": {"type": "number", "description": "What Orrery's replicas cost per hour then, over the clusters with prices"},
                         "clusters": {"type": "object", "additionalProperties": {"type": "object", "properties": {
+                            "cost": {"type": "number", "description": "What Orrery's replicas there cost per hour"},
+                            "placed": {"type": "object", "additionalProperties": {"type": "number"}, "description": "Orrery's part of each level"},
                             "ready": {"type": "boolean"}, "level": {"type": "number"},
                             "levels": {"type": "object", "additionalProperties": {"type": "number"}},
                             "cpuUsage": {"type": "number"}, "memoryAvailable": {"type": "number"},

@@ -98,6 +98,8 @@ fn cluster() -> Value {
             "zones": strings("The zones the member spans."),
             "capabilities": strings("What the member offers workloads, e.g. gpu, tls-encryption."),
             "taints": { "type": "array", "items": taint, "description": "Taints keep workloads away unless they tolerate them." },
+            "properties": { "type": "object", "additionalProperties": { "type": "string" },
+                            "description": "Orrery's: properties over those the member reports, key by key, e.g. prices (cost.orrery.io/cpu-core-hour, cost.orrery.io/memory-gib-hour, cost.orrery.io/gpu-hour, cost.orrery.io/egress-per-gib, cost.orrery.io/capacity-type: on-demand or spot, cost.orrery.io/interruption-rate)." },
         },
     });
     let status = json!({

@@ -1743,6 +1743,7 @@ impl Scheduler {
         status.strategy = strategy;
         status.unplaced_replicas = unplaced;
         status.prediction = prediction;
+        status.cost = orrery_scheduler::cost_of(&self.fleet, &task, &spec.clusters);
         status.task_id = task_id;
         if let Some(r) = requested {
             status.reschedule_observed = r;

@@ -74,6 +74,11 @@ pub struct SimSpec {
     pub gpu_performance: Option<f64>,
     /// The price of a GiB leaving the member (`cost.orrery.io/egress-per-gib`).
     pub egress_per_gib: Option<f64>,
+    /// Its prices, reported as the `cost.orrery.io/...` properties: per core-hour
+    /// (`cpuCoreHour=`), per GiB-hour of memory (`memoryGiBHour=`), per GPU-hour (`gpuHour=`),
+    /// its capacity type (`capacityType=on-demand|spot`) and, for spot, the share of its
+    /// replicas interrupted in an hour (`interruptionRate=`).
+    pub prices: BTreeMap<&'static str, String>,
     /// Bytes of its cache tier for copies of data sets (`cache.orrery.io/capacity`).
     pub cache: Option<Quantity>,
     /// What the paths to other clusters carry, bytes per second, where they are slower than
@@ -108,6 +113,7 @@ impl Default for SimSpec {
             gpu_model: String::new(),
             gpu_performance: None,
             egress_per_gib: None,
+            prices: BTreeMap::new(),
             cache: None,
             paths: BTreeMap::new(),
         }
@@ -136,7 +142,9 @@ impl FromStr for SimSpec {
     /// `period=`, `start=` and `job=` durations, `trend=` and `noise=` shares of the base
     /// load, `bandwidth=` a quantity of bytes per second,
     /// `storageclasses=` names separated by `:`, the default first, `gpuModel=`, `gpuPerf=` a
-    /// factor against the reference GPU, `egressPerGiB=` a price, `cache=` a quantity of
+    /// factor against the reference GPU, `egressPerGiB=` a price, `cpuCoreHour=`,
+    /// `memoryGiBHour=`, `gpuHour=` prices, `capacityType=` on-demand or spot and
+    /// `interruptionRate=` (spot: the share interrupted in an hour), `cache=` a quantity of
     /// bytes, and `path.<cluster>=` what the path to that cluster carries, bytes per second).
     fn from_str(s: &str) -> Result<Self, String> {
         let mut spec = SimSpec::default();
@@ -257,6 +265,24 @@ impl FromStr for SimSpec {
                     }
                     spec.gpu_model = v.to_string();
                 }
+                "cpuCoreHour" | "memoryGiBHour" | "gpuHour" | "capacityType"
+                | "interruptionRate" => {
+                    use orrery_api::cost as c;
+                    let key = match k {
+                        "cpuCoreHour" => c::CPU_CORE_HOUR,
+                        "memoryGiBHour" => c::MEMORY_GIB_HOUR,
+                        "gpuHour" => c::GPU_HOUR,
+                        "capacityType" => c::CAPACITY_TYPE,
+                        _ => c::INTERRUPTION_RATE,
+                    };
+                    spec.prices.insert(key, v.to_string());
+                    let (_, errs) =
+                        c::Prices::of(spec.prices.iter().map(|(k, v)| (*k, v.as_str())));
+                    // Whether a rate goes with spot capacity is checked once all is read.
+                    if let Some(e) = errs.iter().find(|e| **e != c::PriceError::RateOnDemand) {
+                        return Err(bad(&e.to_string()));
+                    }
+                }
                 "gpuPerf" | "egressPerGiB" => {
                     let f: f64 = v
                         .parse()
@@ -285,10 +311,15 @@ impl FromStr for SimSpec {
                 }
                 _ => {
                     return Err(format!(
-                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, trend, noise, persistence, start, job, bandwidth, storageclasses, gpuModel, gpuPerf, egressPerGiB, cache, path.<cluster>)"
+                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, trend, noise, persistence, start, job, bandwidth, storageclasses, gpuModel, gpuPerf, egressPerGiB, cpuCoreHour, memoryGiBHour, gpuHour, capacityType, interruptionRate, cache, path.<cluster>)"
                     ));
                 }
             }
+        }
+        let (_, errs) =
+            orrery_api::cost::Prices::of(spec.prices.iter().map(|(k, v)| (*k, v.as_str())));
+        if let Some(e) = errs.first() {
+            return Err(format!("invalid prices: {e}"));
         }
         Ok(spec)
     }
@@ -2044,6 +2075,9 @@ impl Backend for SimCluster {
         if let Some(q) = &self.spec.cache {
             properties.insert(orrery_api::data::CACHE_PROPERTY.into(), q.to_string());
         }
+        for (k, v) in &self.spec.prices {
+            properties.insert((*k).to_string(), v.clone());
+        }
         Ok(MemberReport {
             healthy: true,
             message: format!(
@@ -2199,7 +2233,19 @@ mod tests {
         let paths = spec("bandwidth=1Gi,path.archive=20Mi,path.w-2=100Mi").paths;
         assert_eq!(paths["archive"], 20 << 20);
         assert_eq!(paths["w-2"], 100 << 20);
+        let priced =
+            spec("cpuCoreHour=0.04,memoryGiBHour=0.005,capacityType=spot,interruptionRate=0.05");
+        assert_eq!(priced.prices[orrery_api::cost::CPU_CORE_HOUR], "0.04");
+        assert_eq!(priced.prices[orrery_api::cost::CAPACITY_TYPE], "spot");
+        // In any order.
+        spec("interruptionRate=0.05,capacityType=spot");
         for bad in [
+            "cpuCoreHour=cheap",
+            "gpuHour=-2",
+            "capacityType=reserved",
+            "interruptionRate=0.1",
+            "interruptionRate=0.1,capacityType=on-demand",
+            "capacityType=spot,interruptionRate=3",
             "nodes=0",
             "cpu=-1",
             "load=1.5",
