@@ -22,31 +22,11 @@ const DEAR: &str =
 const SPOT: &str = "nodes=4,cpu=8,memory=32Gi,load=0.1,start=100ms,cpuCoreHour=0.008,memoryGiBHour=0.001,capacityType=spot,interruptionRate=0.05";
 
 fn deployment(name: &str, replicas: i64, cost: &str) -> String {
-    format!(
-        r#"
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: {name}, namespace: default}}
-spec:
-  replicas: {replicas}
-  selector: {{matchLabels: {{app: {name}}}}}
-  template:
-    metadata: {{labels: {{app: {name}}}}}
-    spec:
-      containers:
-      - name: app
-        image: nginx:1.25
-        resources: {{requests: {{cpu: "1", memory: 1Gi}}}}
----
-apiVersion: multicluster.io/v1alpha1
-kind: ResourcePlacementPolicy
-metadata: {{name: {name}, namespace: default}}
-spec:
-  resourceSelector: {{apiVersion: apps/v1, kind: Deployment, name: {name}, namespace: default}}
-  placement:
-    replicaScheduling: {{replicaSchedulingType: Divided}}
-    cost: {cost}
-"#
+    common::divided_deployment(
+        name,
+        replicas,
+        r#"{cpu: "1", memory: 1Gi}"#,
+        &format!("    cost: {cost}"),
     )
 }
 

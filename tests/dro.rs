@@ -112,17 +112,19 @@ async fn clusters_and_policies_through_the_drafts_examples() {
     assert_eq!(v["message"], "Policy name already exists");
     assert_eq!(v["details"], json!({"policyName": "cross-region-policy"}));
     // PATCH with merge-patch+json.
-    let (code, _, v) = send(
-        &c,
-        req(
-            "PATCH",
-            "/api/v1/propagationpolicies/cross-region-policy",
-            "application/merge-patch+json",
-            json!({"targetClusters": ["gcp-production"]}),
-        ),
-        None,
-    )
-    .await;
+    let patch_targets = |to: &'static str| {
+        send(
+            &c,
+            req(
+                "PATCH",
+                "/api/v1/propagationpolicies/cross-region-policy",
+                "application/merge-patch+json",
+                json!({"targetClusters": [to]}),
+            ),
+            None,
+        )
+    };
+    let (code, _, v) = patch_targets("gcp-production").await;
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["targetClusters"], json!(["gcp-production"]));
     let k = s.get_json(&["clusterpropagationpolicy", "cross-region-policy"]);
@@ -157,34 +159,14 @@ async fn clusters_and_policies_through_the_drafts_examples() {
     let mut i = 0;
     while i < 20 || labelled.load(Ordering::Relaxed) < 10 {
         let to = ["aws-us-east", "gcp-production"][i % 2];
-        let (code, _, v) = send(
-            &c,
-            req(
-                "PATCH",
-                "/api/v1/propagationpolicies/cross-region-policy",
-                "application/merge-patch+json",
-                json!({"targetClusters": [to]}),
-            ),
-            None,
-        )
-        .await;
+        let (code, _, v) = patch_targets(to).await;
         assert_eq!(code, 200, "patch {i} with a concurrent writer: {v}");
         assert_eq!(v["targetClusters"], json!([to]));
         i += 1;
     }
     if i % 2 == 1 {
         // The last patch named aws-us-east: one more, so the policy ends as before.
-        let (code, _, v) = send(
-            &c,
-            req(
-                "PATCH",
-                "/api/v1/propagationpolicies/cross-region-policy",
-                "application/merge-patch+json",
-                json!({"targetClusters": ["gcp-production"]}),
-            ),
-            None,
-        )
-        .await;
+        let (code, _, v) = patch_targets("gcp-production").await;
         assert_eq!(code, 200, "{v}");
     }
     stop.store(true, Ordering::Relaxed);

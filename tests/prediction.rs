@@ -35,32 +35,7 @@ const PEAK: &str = "nodes=2,cpu=8,memory=64Gi,load=0.55,profile=diurnal,period=3
 const CALM: &str = "nodes=4,cpu=8,memory=128Gi,load=0.3,start=100ms";
 
 fn deployment(name: &str, replicas: i64, prediction: &str) -> String {
-    format!(
-        r#"
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: {name}, namespace: default}}
-spec:
-  replicas: {replicas}
-  selector: {{matchLabels: {{app: {name}}}}}
-  template:
-    metadata: {{labels: {{app: {name}}}}}
-    spec:
-      containers:
-      - name: app
-        image: nginx:1.25
-        resources: {{requests: {{cpu: "1", memory: 256Mi}}}}
----
-apiVersion: multicluster.io/v1alpha1
-kind: ResourcePlacementPolicy
-metadata: {{name: {name}, namespace: default}}
-spec:
-  resourceSelector: {{apiVersion: apps/v1, kind: Deployment, name: {name}, namespace: default}}
-  placement:
-    replicaScheduling: {{replicaSchedulingType: Divided}}
-{prediction}
-"#
-    )
+    common::divided_deployment(name, replicas, r#"{cpu: "1", memory: 256Mi}"#, prediction)
 }
 
 fn member(s: &Server, name: &str, sim: &str) -> Agent {

@@ -525,3 +525,35 @@ pub async fn send(
     let v = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
     (parts.status.as_u16(), parts.headers, v)
 }
+
+/// A Deployment of `replicas` pods requesting `requests` (`{cpu: "1", memory: 1Gi}`), and a
+/// ResourcePlacementPolicy dividing it with `placement` (further lines of its placement,
+/// indented by four spaces).
+pub fn divided_deployment(name: &str, replicas: i64, requests: &str, placement: &str) -> String {
+    format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: default}}
+spec:
+  replicas: {replicas}
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      containers:
+      - name: app
+        image: nginx:1.25
+        resources: {{requests: {requests}}}
+---
+apiVersion: multicluster.io/v1alpha1
+kind: ResourcePlacementPolicy
+metadata: {{name: {name}, namespace: default}}
+spec:
+  resourceSelector: {{apiVersion: apps/v1, kind: Deployment, name: {name}, namespace: default}}
+  placement:
+    replicaScheduling: {{replicaSchedulingType: Divided}}
+{placement}
+"#
+    )
+}
