@@ -1181,6 +1181,14 @@ fn a_member_away_while_its_work_goes_keeps_nothing() {
         .unwrap();
     for round in 0..4 {
         let name = format!("away-{round}");
+        // m1 back from the round before: Ready, and its taints for being away gone (on a busy
+        // machine that takes a few heartbeats), so a Duplicated workload goes to both.
+        eventually(Duration::from_secs(60), "m1 back", || {
+            let f = fleet.lock().unwrap();
+            let c = f.s.get_json(&["cluster", "m1"]);
+            f.s.cluster_condition("m1", "Ready") == "True"
+                && c["spec"]["taints"].as_array().is_none_or(Vec::is_empty)
+        });
         rt.block_on(api.create(&deployment(&name, 4)));
         let mut p = policy(&name, "Deployment", &name, None);
         p["spec"]["placement"]["replicaScheduling"] =

@@ -14,6 +14,7 @@
 //!   decisions and the histories say of the forecasts they used);
 //! - [`keys`]: where each object lives in the store.
 
+pub mod autoscaling;
 pub mod binding;
 pub mod cluster;
 pub mod conditions;

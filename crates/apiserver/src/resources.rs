@@ -198,6 +198,7 @@ fn def(
 pub const OWN_GROUPS: &[(&str, &str)] = &[
     ("multicluster.io", "v1alpha1"),
     ("policy.karmada.io", "v1alpha1"),
+    ("autoscaling.karmada.io", "v1alpha1"),
     ("multicluster.x-k8s.io", "v1alpha1"),
     ("about.k8s.io", "v1alpha1"),
 ];
@@ -474,6 +475,14 @@ fn builtin_defs() -> Vec<Def> {
         false,
         &["ri"],
         false,
+    );
+    own_def(
+        orrery_api::autoscaling::GROUP,
+        orrery_api::autoscaling::CRON_KIND,
+        orrery_api::autoscaling::CRON_PLURAL,
+        true,
+        &["cronfhpa"],
+        true,
     );
     own_def(
         "policy.karmada.io",

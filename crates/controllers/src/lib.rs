@@ -17,6 +17,7 @@ use orrery_store::Store;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub mod autoscaling;
 pub mod data;
 pub mod forecasting;
 pub mod health;
@@ -58,6 +59,7 @@ pub fn spawn(
             shutdown.clone(),
         )),
         tokio::spawn(inventory::run(store.clone(), shutdown.clone())),
+        tokio::spawn(autoscaling::run(store.clone(), shutdown.clone())),
         tokio::spawn(network::run(store.clone(), shutdown.clone())),
     ];
     // The monitoring loop hands its samples to the forecaster, which works apart from it (a

@@ -1440,6 +1440,9 @@ fn allocate(
             shares.room[j] = Some(shares.room[j].map_or(r, |limit| limit.min(r)));
         }
     }
+    // Each cluster's room under the limit (less, for one being shed): what the budget and
+    // the floor may move replicas into.
+    let room_under_limit = shares.room.clone();
     let have: i64 = shares.n.iter().sum();
     let delta = task.replicas - have;
     let mut unplaced = 0;
@@ -1541,16 +1544,16 @@ fn allocate(
             .iter()
             .map(|i| ctx.unit_cost(*i).unwrap_or(0.0))
             .collect();
-        let limits: Vec<Option<i64>> = kept.iter().map(|i| ctx.room[*i]).collect();
+        let limits = &room_under_limit;
         if let Some(b) = budget {
-            over_budget = cost::keep_budget(&mut shares.n, &limits, &unit, b);
+            over_budget = cost::keep_budget(&mut shares.n, limits, &unit, b);
         }
         if let Some(f) = floor {
             let capacity: Vec<orrery_api::cost::Capacity> = kept
                 .iter()
                 .map(|i| ctx.fleet.facts()[*i].prices.capacity)
                 .collect();
-            under_floor = cost::keep_floor(&mut shares.n, &limits, &unit, &capacity, f, budget);
+            under_floor = cost::keep_floor(&mut shares.n, limits, &unit, &capacity, f, budget);
         }
         unplaced += over_budget + under_floor;
     }

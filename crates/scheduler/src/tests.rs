@@ -1838,3 +1838,20 @@ fn a_placement_that_weighs_price_fills_a_cluster_first_only_to_the_limit_by_its_
     let (free, unplaced) = run(None);
     assert!(free > 5 && unplaced == 0, "{free}");
 }
+
+#[test]
+fn a_budget_moves_nothing_into_a_cluster_being_shed() {
+    // cheap is above the limit and sheds this workload's 10 replicas; staying within the
+    // budget would be easiest there, but a cluster being shed takes nothing back: what dear
+    // cannot hold within the budget is left out.
+    let fleet = [
+        priced(cluster("cheap", "us", 100, 90), &[(CPU_CORE_HOUR, "1")]),
+        priced(cluster("dear", "eu", 100, 10), &[(CPU_CORE_HOUR, "2")]),
+    ];
+    let mut t = T::new(cost_placement(json!({"maxHourly": 12})), 10);
+    t.previous = prev(&[("cheap", 10)]);
+    t.shed = vec!["cheap".into()];
+    let d = t.run(&fleet);
+    assert_eq!(shares(&d), s(&[("dear", 6)]));
+    assert_eq!(d.unplaced, 4);
+}

@@ -580,6 +580,17 @@ fn generated() -> Vec<(&'static str, &'static str, Value)> {
             ),
         ),
         (
+            orrery_api::autoscaling::GROUP,
+            orrery_api::autoscaling::CRON_KIND,
+            kind_of(
+                orrery_api::autoscaling::GROUP,
+                orrery_api::autoscaling::CRON_KIND,
+                "Karmada's CronFederatedHPA: rules that set a workload template's replicas on a cron schedule, in a time zone; Orrery divides the change among the clusters as its placement says.",
+                schema_of::<orrery_api::autoscaling::CronFederatedHPASpec>(),
+                Some(schema_of::<orrery_api::autoscaling::CronFederatedHPAStatus>()),
+            ),
+        ),
+        (
             own,
             "ResourceInterpreter",
             kind_of(

@@ -1,0 +1,431 @@
+//! Karmada's CronFederatedHPA: each rule sets its workload template's replicas at the times
+//! its schedule names, in its time zone; the scheduler then divides the change among the
+//! clusters as the template's placement says. Executions are recorded in status, newest
+//! first, as many as the rule keeps.
+//!
+//! Restart safety: a rule's next time is kept in status. A time that passed while the server
+//! was down runs once when it comes back, if no more than [`CATCH_UP`] late (setting replicas is
+//! idempotent: running it twice changes nothing); a later one is recorded as missed, not run.
+//! A new or changed rule starts from now: nothing runs for a time before it existed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use orrery_api::autoscaling::{
+    self as a, CronFederatedHPARule, CronFederatedHPASpec, CronFederatedHPAStatus,
+    ExecutionHistory, FailedExecution, Schedule, SuccessfulExecution,
+};
+use orrery_api::{Object, Time, keys};
+use orrery_store::{Store, StoreError, update_with};
+use tokio::sync::watch;
+
+use crate::runtime::reflector::{self as informer, Event};
+
+/// How late a scheduled time may still run (the server was down, or busy).
+pub const CATCH_UP: Duration = Duration::from_secs(300);
+
+/// Where a rule's scale target's template is stored.
+fn target_key(ns: &str, spec: &CronFederatedHPASpec) -> Option<String> {
+    let r = &spec.scale_target_ref;
+    let plural = match r.kind.as_str() {
+        "Deployment" => "deployments",
+        "StatefulSet" => "statefulsets",
+        "ReplicaSet" => "replicasets",
+        _ => return None,
+    };
+    Some(keys::object("apps", plural, Some(ns), &r.name))
+}
+
+/// What one pass over an object decided: replicas to set (per rule that is due, with its
+/// scheduled time), and the status to write.
+#[derive(Debug, PartialEq)]
+pub struct Plan {
+    pub due: Vec<(String, Time, i32)>,
+    pub missed: Vec<(String, Time)>,
+    pub status: CronFederatedHPAStatus,
+}
+
+/// A rule's next time after `t` (none if suspended, or its schedule names none).
+fn next_of(rule: &CronFederatedHPARule, t: jiff::Timestamp) -> Option<Time> {
+    if rule.suspended() {
+        return None;
+    }
+    let s = Schedule::parse(&rule.schedule).ok()?;
+    let tz = rule.zone().ok()?;
+    s.next_after(t, &tz).map(Time)
+}
+
+/// Whether `next` is a time `rule` names (it is not, once the rule's schedule or zone changed).
+fn names(rule: &CronFederatedHPARule, next: Time) -> bool {
+    let before = next.0 - jiff::SignedDuration::from_secs(1);
+    next_of(rule, before) == Some(next)
+}
+
+/// Which rules are due at `now`, and each rule's next time. Pure: the tests drive it with
+/// clocks of their own.
+pub fn plan(spec: &CronFederatedHPASpec, status: &CronFederatedHPAStatus, now: Time) -> Plan {
+    let mut out = Plan {
+        due: Vec::new(),
+        missed: Vec::new(),
+        status: CronFederatedHPAStatus::default(),
+    };
+    for rule in &spec.rules {
+        let mut h = status
+            .execution_histories
+            .iter()
+            .find(|h| h.rule_name == rule.name)
+            .cloned()
+            .unwrap_or_else(|| ExecutionHistory {
+                rule_name: rule.name.clone(),
+                ..Default::default()
+            });
+        match h.next_execution_time {
+            Some(next) if !rule.suspended() && names(rule, next) && next.0 <= now.0 => {
+                if now.unix_seconds() - next.unix_seconds() <= CATCH_UP.as_secs() as i64 {
+                    // Admission made sure a rule for a workload has its replicas.
+                    if let Some(n) = rule.target_replicas {
+                        out.due.push((rule.name.clone(), next, n));
+                    }
+                } else {
+                    out.missed.push((rule.name.clone(), next));
+                }
+                h.next_execution_time = next_of(rule, now.0);
+            }
+            Some(next) if !rule.suspended() && names(rule, next) => {}
+            // New, resumed, suspended or changed: from now on.
+            _ => h.next_execution_time = next_of(rule, now.0),
+        }
+        out.status.execution_histories.push(h);
+    }
+    out
+}
+
+/// Records an execution in a rule's history, newest first, trimmed to its limits.
+fn record(
+    status: &mut CronFederatedHPAStatus,
+    rule: &CronFederatedHPARule,
+    outcome: Result<SuccessfulExecution, FailedExecution>,
+) {
+    let Some(h) = status
+        .execution_histories
+        .iter_mut()
+        .find(|h| h.rule_name == rule.name)
+    else {
+        return;
+    };
+    match outcome {
+        Ok(s) => {
+            h.successful_executions.insert(0, s);
+            let keep = rule
+                .successful_history_limit
+                .unwrap_or(a::DEFAULT_HISTORY_LIMIT)
+                .max(1) as usize;
+            h.successful_executions.truncate(keep);
+        }
+        Err(f) => {
+            h.failed_executions.insert(0, f);
+            let keep = rule
+                .failed_history_limit
+                .unwrap_or(a::DEFAULT_HISTORY_LIMIT)
+                .max(0) as usize;
+            h.failed_executions.truncate(keep);
+        }
+    }
+}
+
+/// Sets the template's replicas (a no-op if it has them already).
+async fn scale(store: &dyn Store, key: &str, replicas: i32) -> Result<(), String> {
+    let r = update_with(store, key, |o| {
+        let current = o
+            .spec
+            .as_ref()
+            .and_then(|s| s.get("replicas"))
+            .and_then(serde_json::Value::as_i64);
+        if current == Some(i64::from(replicas)) {
+            return Ok(None);
+        }
+        let mut next = o.clone();
+        if let Some(spec) = next.spec.as_mut().and_then(|s| s.as_object_mut()) {
+            spec.insert("replicas".into(), replicas.into());
+        }
+        next.metadata.generation = Some(orrery_store::stamp::next_generation(&o, &next));
+        Ok(Some(next))
+    })
+    .await;
+    match r {
+        Ok(_) => Ok(()),
+        Err(StoreError::NotFound { .. }) => Err("the scale target does not exist".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+async fn reconcile(store: &dyn Store, o: &Object, now: Time) {
+    let Ok(spec) = CronFederatedHPASpec::parse(o.spec.as_ref()) else {
+        return;
+    };
+    let status: CronFederatedHPAStatus = o
+        .status
+        .clone()
+        .and_then(|s| serde_json::from_value(s).ok())
+        .unwrap_or_default();
+    let mut p = plan(&spec, &status, now);
+    let ns = o.namespace();
+    for (name, at, n) in &p.due {
+        let Some(rule) = spec.rules.iter().find(|r| &r.name == name) else {
+            continue;
+        };
+        let result = match target_key(ns, &spec) {
+            Some(key) => scale(store, &key, *n).await,
+            None => Err(format!(
+                "{} is not a kind whose replicas a rule sets",
+                spec.scale_target_ref.kind
+            )),
+        };
+        let executed = Time::now();
+        match result {
+            Ok(()) => {
+                tracing::info!(cronfederatedhpa = %format!("{ns}/{}", o.name()), rule = %name, replicas = n, "scaled at its schedule");
+                record(
+                    &mut p.status,
+                    rule,
+                    Ok(SuccessfulExecution {
+                        schedule_time: *at,
+                        execution_time: executed,
+                        applied_replicas: Some(*n),
+                        applied_max_replicas: None,
+                        applied_min_replicas: None,
+                    }),
+                );
+            }
+            Err(message) => {
+                tracing::warn!(cronfederatedhpa = %format!("{ns}/{}", o.name()), rule = %name, %message, "scaling at its schedule failed");
+                record(
+                    &mut p.status,
+                    rule,
+                    Err(FailedExecution {
+                        schedule_time: *at,
+                        execution_time: executed,
+                        message,
+                    }),
+                );
+            }
+        }
+    }
+    for (name, at) in &p.missed {
+        if let Some(rule) = spec.rules.iter().find(|r| &r.name == name) {
+            let late = now.unix_seconds() - at.unix_seconds();
+            record(
+                &mut p.status,
+                rule,
+                Err(FailedExecution {
+                    schedule_time: *at,
+                    execution_time: now,
+                    message: format!(
+                        "missed: the server was not running at the scheduled time ({late}s ago, more than {}s)",
+                        CATCH_UP.as_secs()
+                    ),
+                }),
+            );
+        }
+    }
+    if p.status == status {
+        return;
+    }
+    let key = keys::object(a::GROUP, a::CRON_PLURAL, Some(ns), o.name());
+    let Ok(value) = serde_json::to_value(&p.status) else {
+        return;
+    };
+    // Written against the object as read: a change meanwhile is planned again next round.
+    let mut next = o.clone();
+    next.status = Some(value);
+    match store.update(&key, next, o.revision()).await {
+        Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => {}
+        Err(e) => tracing::warn!(error = %e, "writing a CronFederatedHPA's status"),
+    }
+}
+
+/// Runs every CronFederatedHPA's rules until shutdown.
+pub async fn run(store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
+    let mut events = informer::spawn(
+        store.clone(),
+        keys::prefix(a::GROUP, a::CRON_PLURAL, None),
+        shutdown.clone(),
+    );
+    let mut objects: BTreeMap<(String, String), Arc<Object>> = BTreeMap::new();
+    let mut synced = false;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            ev = events.recv() => match ev {
+                None => return,
+                Some(Event::Listed(items)) => {
+                    synced = true;
+                    objects = items
+                        .into_iter()
+                        .map(|o| ((o.namespace().to_string(), o.name().to_string()), o))
+                        .collect();
+                }
+                Some(Event::Upsert(o)) => {
+                    objects.insert((o.namespace().to_string(), o.name().to_string()), o);
+                }
+                Some(Event::Delete(o)) => {
+                    objects.remove(&(o.namespace().to_string(), o.name().to_string()));
+                }
+            },
+            _ = tick.tick() => {
+                if !synced {
+                    continue;
+                }
+                let now = Time::now();
+                for o in objects.values() {
+                    if o.metadata.deletion_timestamp.is_none() {
+                        reconcile(store.as_ref(), o, now).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> Time {
+        Time(s.parse().unwrap())
+    }
+
+    fn spec(rules: serde_json::Value) -> CronFederatedHPASpec {
+        CronFederatedHPASpec::parse(Some(&serde_json::json!({
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
+            "rules": rules,
+        })))
+        .unwrap()
+    }
+
+    /// A rule runs once per scheduled time, however often it is looked at; a new rule waits
+    /// for its next time; a time missed by more than the catch-up window is recorded, not run.
+    #[test]
+    fn rules_run_once_at_their_times() {
+        let s = spec(
+            serde_json::json!([{"name": "up", "schedule": "*/10 * * * *", "targetReplicas": 5}]),
+        );
+        // First sight at 10:03: the next time is 10:10, nothing runs.
+        let p = plan(&s, &Default::default(), t("2026-11-26T10:03:00Z"));
+        assert!(p.due.is_empty());
+        assert_eq!(
+            p.status.execution_histories[0].next_execution_time,
+            Some(t("2026-11-26T10:10:00Z"))
+        );
+        // Looked at again before then: the same.
+        let again = plan(&s, &p.status, t("2026-11-26T10:09:59Z"));
+        assert!(again.due.is_empty());
+        assert_eq!(again.status, p.status);
+        // At 10:10:01: due once, the next at 10:20.
+        let at = plan(&s, &p.status, t("2026-11-26T10:10:01Z"));
+        assert_eq!(at.due, [("up".to_string(), t("2026-11-26T10:10:00Z"), 5)]);
+        assert_eq!(
+            at.status.execution_histories[0].next_execution_time,
+            Some(t("2026-11-26T10:20:00Z"))
+        );
+        let after = plan(&s, &at.status, t("2026-11-26T10:10:02Z"));
+        assert!(after.due.is_empty());
+        // Down from 10:15 to 10:24: 10:20 runs on the way back, 4 minutes late.
+        let back = plan(&s, &at.status, t("2026-11-26T10:24:00Z"));
+        assert_eq!(back.due, [("up".to_string(), t("2026-11-26T10:20:00Z"), 5)]);
+        // Down until 10:28: 8 minutes late, missed.
+        let late = plan(&s, &at.status, t("2026-11-26T10:28:00Z"));
+        assert!(late.due.is_empty());
+        assert_eq!(late.missed, [("up".to_string(), t("2026-11-26T10:20:00Z"))]);
+        assert_eq!(
+            late.status.execution_histories[0].next_execution_time,
+            Some(t("2026-11-26T10:30:00Z"))
+        );
+    }
+
+    #[test]
+    fn changed_suspended_and_removed_rules_start_again_from_now() {
+        let s = spec(serde_json::json!([
+            {"name": "up", "schedule": "0 * * * *", "targetReplicas": 5},
+            {"name": "down", "schedule": "30 * * * *", "targetReplicas": 1}
+        ]));
+        let p = plan(&s, &Default::default(), t("2026-11-26T10:05:00Z"));
+        // `up` moves to another zone: its stored next time (11:00 UTC, 16:30 in Kolkata) is
+        // not one its schedule names there, so it starts again from now (10:40 UTC, 16:10 in
+        // Kolkata: next 17:00 there, 11:30 UTC), and nothing runs.
+        let mut changed = s.clone();
+        changed.rules[0].time_zone = Some("Asia/Kolkata".into());
+        let c = plan(&changed, &p.status, t("2026-11-26T10:40:00Z"));
+        assert!(c.due.is_empty());
+        assert_eq!(
+            c.status.execution_histories[0].next_execution_time,
+            Some(t("2026-11-26T11:30:00Z"))
+        );
+        // Suspended: no next time, nothing runs, even past it.
+        let mut suspended = s.clone();
+        suspended.rules[1].suspend = Some(true);
+        let sp = plan(&suspended, &p.status, t("2026-11-26T10:31:00Z"));
+        assert!(sp.due.is_empty());
+        assert_eq!(sp.status.execution_histories[1].next_execution_time, None);
+        // Resumed at 10:45: from then on (11:30), not the 10:30 it slept through.
+        let r = plan(&s, &sp.status, t("2026-11-26T10:45:00Z"));
+        assert!(r.due.is_empty());
+        assert_eq!(
+            r.status.execution_histories[1].next_execution_time,
+            Some(t("2026-11-26T11:30:00Z"))
+        );
+        // A removed rule's history goes.
+        let mut one = s.clone();
+        one.rules.truncate(1);
+        assert_eq!(
+            plan(&one, &p.status, t("2026-11-26T10:06:00Z"))
+                .status
+                .execution_histories
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn histories_keep_what_their_rules_say() {
+        let s = spec(
+            serde_json::json!([{"name": "up", "schedule": "@hourly", "targetReplicas": 5,
+                                          "successfulHistoryLimit": 2, "failedHistoryLimit": 0}]),
+        );
+        let mut st = plan(&s, &Default::default(), t("2026-11-26T10:05:00Z")).status;
+        for i in 0..4 {
+            let at = t("2026-11-26T11:00:00Z");
+            record(
+                &mut st,
+                &s.rules[0],
+                Ok(SuccessfulExecution {
+                    schedule_time: at,
+                    execution_time: Time(at.0 + jiff::SignedDuration::from_secs(i)),
+                    applied_replicas: Some(5),
+                    applied_max_replicas: None,
+                    applied_min_replicas: None,
+                }),
+            );
+            record(
+                &mut st,
+                &s.rules[0],
+                Err(FailedExecution {
+                    schedule_time: at,
+                    execution_time: at,
+                    message: "no".into(),
+                }),
+            );
+        }
+        let h = &st.execution_histories[0];
+        assert_eq!(h.successful_executions.len(), 2);
+        assert_eq!(
+            h.successful_executions[0].execution_time,
+            t("2026-11-26T11:00:03Z")
+        );
+        assert!(h.failed_executions.is_empty());
+    }
+}
