@@ -308,10 +308,11 @@ fn field(text: &str, lo: u32, hi: u32, names: &[&str], what: &str) -> Result<u64
         if a < lo || b > hi || a > b {
             return Err(format!("{what}: {part:?} is outside {lo}-{hi}"));
         }
-        let mut v = a;
-        while v <= b {
+        // In u64: a step near u32::MAX must end the loop, not wrap.
+        let mut v = u64::from(a);
+        while v <= u64::from(b) {
             bits |= 1 << v;
-            v += step;
+            v += u64::from(step);
         }
     }
     Ok(bits)
@@ -336,7 +337,8 @@ impl Schedule {
                 f.len()
             ));
         }
-        let star = |s: &str| s == "*" || s == "?";
+        // `*/1` is every value, as `*` (robfig's cron, which Kubernetes and Karmada use).
+        let star = |s: &str| s == "*" || s == "?" || s == "*/1";
         let dom = if f[2] == "?" { "*" } else { f[2] };
         let dow = if f[4] == "?" { "*" } else { f[4] };
         Ok(Schedule {
@@ -371,9 +373,14 @@ impl Schedule {
         tz: &jiff::tz::TimeZone,
     ) -> Option<jiff::Timestamp> {
         use jiff::ToSpan;
+        // The scan starts a few hours early in local time: a local time a DST gap skipped runs
+        // at the instant after the gap, which may be just after `after` while its local time
+        // is well before `after`'s (times not after `after` are passed over below).
         let start = after.to_zoned(tz.clone()).datetime();
-        // The next whole minute after it.
-        let mut t = start
+        let from = (after - jiff::SignedDuration::from_hours(3))
+            .to_zoned(tz.clone())
+            .datetime();
+        let mut t = from
             .with()
             .second(0)
             .subsec_nanosecond(0)
@@ -544,6 +551,40 @@ mod tests {
                     "2026-03-29T01:30:00Z",
                     "2026-03-30T00:30:00Z",
                     "2026-03-31T00:30:00Z",
+                ],
+            ),
+            // ...and is found again from just before it (as the controller checks a stored
+            // time).
+            (
+                "30 2 * * *",
+                "Europe/Berlin",
+                "2026-03-29T01:29:59Z",
+                [
+                    "2026-03-29T01:30:00Z",
+                    "2026-03-30T00:30:00Z",
+                    "2026-03-31T00:30:00Z",
+                ],
+            ),
+            // `*/1` in a day field is every day: the other day field alone decides.
+            (
+                "0 0 */1 * 1",
+                "UTC",
+                "2026-11-26T00:00:00Z",
+                [
+                    "2026-11-30T00:00:00Z",
+                    "2026-12-07T00:00:00Z",
+                    "2026-12-14T00:00:00Z",
+                ],
+            ),
+            // A step far beyond the field is just its start.
+            (
+                "10/4294967290 * * * *",
+                "UTC",
+                "2026-11-26T00:00:00Z",
+                [
+                    "2026-11-26T00:10:00Z",
+                    "2026-11-26T01:10:00Z",
+                    "2026-11-26T02:10:00Z",
                 ],
             ),
         ];

@@ -89,6 +89,18 @@ pub fn plan(spec: &CronFederatedHPASpec, status: &CronFederatedHPAStatus, now: T
                     }
                 } else {
                     out.missed.push((rule.name.clone(), next));
+                    // The latest time within the catch-up window still runs (down from 10:55
+                    // to 11:02, an hourly rule misses 10:00 and runs 11:00).
+                    let window = jiff::SignedDuration::from_secs(CATCH_UP.as_secs() as i64);
+                    let mut latest = None;
+                    let mut t = next_of(rule, now.0 - window);
+                    while let Some(x) = t.filter(|x| x.0 <= now.0) {
+                        latest = Some(x);
+                        t = next_of(rule, x.0);
+                    }
+                    if let (Some(x), Some(n)) = (latest, rule.target_replicas) {
+                        out.due.push((rule.name.clone(), x, n));
+                    }
                 }
                 h.next_execution_time = next_of(rule, now.0);
             }
@@ -341,9 +353,47 @@ mod tests {
         let late = plan(&s, &at.status, t("2026-11-26T10:28:00Z"));
         assert!(late.due.is_empty());
         assert_eq!(late.missed, [("up".to_string(), t("2026-11-26T10:20:00Z"))]);
+        // Down until 10:33: 10:20 missed, 10:30 (3 minutes late) runs.
+        let later = plan(&s, &at.status, t("2026-11-26T10:33:00Z"));
+        assert_eq!(
+            later.missed,
+            [("up".to_string(), t("2026-11-26T10:20:00Z"))]
+        );
+        assert_eq!(
+            later.due,
+            [("up".to_string(), t("2026-11-26T10:30:00Z"), 5)]
+        );
+        assert_eq!(
+            later.status.execution_histories[0].next_execution_time,
+            Some(t("2026-11-26T10:40:00Z"))
+        );
         assert_eq!(
             late.status.execution_histories[0].next_execution_time,
             Some(t("2026-11-26T10:30:00Z"))
+        );
+    }
+
+    /// 02:30 in Berlin does not exist on 29 March 2026: the rule runs when the gap ends
+    /// (01:30 UTC), once.
+    #[test]
+    fn a_time_a_dst_gap_skips_runs_when_the_gap_ends() {
+        let s = spec(
+            serde_json::json!([{"name": "night", "schedule": "30 2 * * *",
+                                          "timeZone": "Europe/Berlin", "targetReplicas": 2}]),
+        );
+        let p = plan(&s, &Default::default(), t("2026-03-28T12:00:00Z"));
+        assert_eq!(
+            p.status.execution_histories[0].next_execution_time,
+            Some(t("2026-03-29T01:30:00Z"))
+        );
+        let at = plan(&s, &p.status, t("2026-03-29T01:30:20Z"));
+        assert_eq!(
+            at.due,
+            [("night".to_string(), t("2026-03-29T01:30:00Z"), 2)]
+        );
+        assert_eq!(
+            at.status.execution_histories[0].next_execution_time,
+            Some(t("2026-03-30T00:30:00Z"))
         );
     }
 

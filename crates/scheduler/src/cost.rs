@@ -172,8 +172,10 @@ pub fn keep_floor(
         };
         n[j] -= 1;
         let total: f64 = n.iter().zip(unit).map(|(k, u)| *k as f64 * u).sum();
+        // An on-demand cluster without a price is not known to be on-demand capacity at a
+        // price: it takes none (its unit is infinite).
         match cheapest_open(n, room, unit, |k| {
-            !spot(k) && budget.is_none_or(|b| total + unit[k] <= b + 1e-9)
+            !spot(k) && unit[k].is_finite() && budget.is_none_or(|b| total + unit[k] <= b + 1e-9)
         }) {
             Some(k) => n[k] += 1,
             None => dropped += 1,
@@ -303,6 +305,17 @@ mod tests {
                 Some(4.0),
                 &[2, 4],
                 4,
+            ),
+            // An unpriced cluster (infinite unit) is no on-demand capacity to move to.
+            (
+                &[0, 10, 0],
+                &[None, None, None],
+                &[1.0, 0.3, f64::INFINITY],
+                &[D, S, D],
+                0.3,
+                None,
+                &[3, 7, 0],
+                0,
             ),
             // A floor of 1: all on on-demand.
             (

@@ -1540,9 +1540,11 @@ fn allocate(
     let mut over_budget = 0;
     let mut under_floor = 0;
     if budget.is_some() || floor.is_some() {
+        // A cluster without a price (only without a budget: `Priced` turns it away otherwise)
+        // is no on-demand capacity the floor can count on.
         let unit: Vec<f64> = kept
             .iter()
-            .map(|i| ctx.unit_cost(*i).unwrap_or(0.0))
+            .map(|i| ctx.unit_cost(*i).unwrap_or(f64::INFINITY))
             .collect();
         let limits = &room_under_limit;
         if let Some(b) = budget {
