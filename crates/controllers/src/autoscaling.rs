@@ -46,20 +46,28 @@ pub struct Plan {
     pub status: CronFederatedHPAStatus,
 }
 
-/// A rule's next time after `t` (none if suspended, or its schedule names none).
-fn next_of(rule: &CronFederatedHPARule, t: jiff::Timestamp) -> Option<Time> {
+/// A rule's schedule and zone, read once per pass; `None` while it is suspended (admission
+/// made sure both read).
+type Timing = Option<(Schedule, jiff::tz::TimeZone)>;
+
+fn timing(rule: &CronFederatedHPARule) -> Timing {
     if rule.suspended() {
         return None;
     }
-    let s = Schedule::parse(&rule.schedule).ok()?;
-    let tz = rule.zone().ok()?;
-    s.next_after(t, &tz).map(Time)
+    Some((Schedule::parse(&rule.schedule).ok()?, rule.zone().ok()?))
 }
 
-/// Whether `next` is a time `rule` names (it is not, once the rule's schedule or zone changed).
-fn names(rule: &CronFederatedHPARule, next: Time) -> bool {
+/// The next time after `t` (none if suspended, or the schedule names none).
+fn next_of(timing: &Timing, t: jiff::Timestamp) -> Option<Time> {
+    let (s, tz) = timing.as_ref()?;
+    s.next_after(t, tz).map(Time)
+}
+
+/// Whether `next` is a time the rule names (it is not, once its schedule or zone changed, or
+/// while it is suspended).
+fn names(timing: &Timing, next: Time) -> bool {
     let before = next.0 - jiff::SignedDuration::from_secs(1);
-    next_of(rule, before) == Some(next)
+    next_of(timing, before) == Some(next)
 }
 
 /// Which rules are due at `now`, and each rule's next time. Pure: the tests drive it with
@@ -71,6 +79,7 @@ pub fn plan(spec: &CronFederatedHPASpec, status: &CronFederatedHPAStatus, now: T
         status: CronFederatedHPAStatus::default(),
     };
     for rule in &spec.rules {
+        let when = timing(rule);
         let mut h = status
             .execution_histories
             .iter()
@@ -81,7 +90,7 @@ pub fn plan(spec: &CronFederatedHPASpec, status: &CronFederatedHPAStatus, now: T
                 ..Default::default()
             });
         match h.next_execution_time {
-            Some(next) if !rule.suspended() && names(rule, next) && next.0 <= now.0 => {
+            Some(next) if names(&when, next) && next.0 <= now.0 => {
                 if now.unix_seconds() - next.unix_seconds() <= CATCH_UP.as_secs() as i64 {
                     // Admission made sure a rule for a workload has its replicas.
                     if let Some(n) = rule.target_replicas {
@@ -93,20 +102,20 @@ pub fn plan(spec: &CronFederatedHPASpec, status: &CronFederatedHPAStatus, now: T
                     // to 11:02, an hourly rule misses 10:00 and runs 11:00).
                     let window = jiff::SignedDuration::from_secs(CATCH_UP.as_secs() as i64);
                     let mut latest = None;
-                    let mut t = next_of(rule, now.0 - window);
+                    let mut t = next_of(&when, now.0 - window);
                     while let Some(x) = t.filter(|x| x.0 <= now.0) {
                         latest = Some(x);
-                        t = next_of(rule, x.0);
+                        t = next_of(&when, x.0);
                     }
                     if let (Some(x), Some(n)) = (latest, rule.target_replicas) {
                         out.due.push((rule.name.clone(), x, n));
                     }
                 }
-                h.next_execution_time = next_of(rule, now.0);
+                h.next_execution_time = next_of(&when, now.0);
             }
-            Some(next) if !rule.suspended() && names(rule, next) => {}
+            Some(next) if names(&when, next) => {}
             // New, resumed, suspended or changed: from now on.
-            _ => h.next_execution_time = next_of(rule, now.0),
+            _ => h.next_execution_time = next_of(&when, now.0),
         }
         out.status.execution_histories.push(h);
     }

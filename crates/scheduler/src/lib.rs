@@ -1504,7 +1504,6 @@ fn allocate(
             } else if delta > 0 {
                 // First where no forecast has the cluster cross the shed mark; then, for what
                 // fits nowhere else, wherever the limit still holds it.
-                let limits = shares.room.clone();
                 let marks: Vec<Option<i64>> = kept.iter().map(|i| ctx.mark_room[*i]).collect();
                 let soft = marks.iter().any(Option::is_some);
                 if soft {
@@ -1520,7 +1519,7 @@ fn allocate(
                         if placed == delta {
                             break;
                         }
-                        shares.room = limits.clone();
+                        shares.room = room_under_limit.clone();
                     }
                     placed += match decision.strategy {
                         "WaterFilling" => shares.water_fill(delta - placed),
