@@ -426,6 +426,19 @@ fn restart(fleet: &Mutex<Fleet>, kill: bool) {
     f.s.restart();
 }
 
+/// The server's and the agents' logs, kept in the temporary directory for whoever reads a
+/// failure.
+fn dump_logs(f: &Fleet, seed: u64) {
+    let log = std::env::temp_dir().join(format!("restarts-{seed}-server.log"));
+    let _ = std::fs::write(&log, f.s.log());
+    eprintln!("restarts: the server's log is in {}", log.display());
+    for (m, a, _) in &f.agents {
+        let log = std::env::temp_dir().join(format!("restarts-{seed}-{m}.log"));
+        let _ = std::fs::write(&log, a.log());
+        eprintln!("restarts: {m}'s agent log is in {}", log.display());
+    }
+}
+
 #[test]
 fn restarts_crashes_and_retries_disturb_nothing() {
     let seed: u64 = std::env::var("ORRERY_SEED")
@@ -766,14 +779,7 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                 eprintln!("restarts: journal {m}: {e}");
             }
         }
-        let log = std::env::temp_dir().join(format!("restarts-{seed}-server.log"));
-        let _ = std::fs::write(&log, fleet.lock().unwrap().s.log());
-        eprintln!("restarts: the server's log is in {}", log.display());
-        for (m, a, _) in &fleet.lock().unwrap().agents {
-            let log = std::env::temp_dir().join(format!("restarts-{seed}-{m}.log"));
-            let _ = std::fs::write(&log, a.log());
-            eprintln!("restarts: {m}'s agent log is in {}", log.display());
-        }
+        dump_logs(&fleet.lock().unwrap(), seed);
     }
     // Every move during the churn may have found no room (the churn keeps the fleet busy, and
     // what a decision assumed counts until the members report it): then one more, once the
@@ -896,8 +902,11 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                         })
                         .map(|w| {
                             format!(
-                                "work {}/{} status {}",
-                                w["metadata"]["namespace"], w["metadata"]["name"], w["status"]
+                                "work {}/{} transfer {} status {}",
+                                w["metadata"]["namespace"],
+                                w["metadata"]["name"],
+                                w["spec"]["transfers"],
+                                w["status"]
                             )
                         })
                         .chain(clusters["items"].as_array().into_iter().flatten().map(|c| {
@@ -911,6 +920,7 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                         .collect::<Vec<_>>()
                 })
                 .collect();
+            dump_logs(&fleet.lock().unwrap(), seed);
             panic!("the fleet did not settle within a minute of converging: {stuck:#?}");
         }
         std::thread::sleep(Duration::from_millis(500));

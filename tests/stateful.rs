@@ -597,6 +597,71 @@ fn a_server_killed_while_replicating_and_while_fencing_resumes_the_move() {
 }
 
 #[test]
+fn a_copy_refused_while_the_data_mover_is_down_starts_once_it_is_back() {
+    let f = Fleet::start_sims(
+        &[("src", "eu", &sim("64Mi")), ("dst", "eu", &sim("64Mi"))],
+        &["--migration-cleanup-grace", "1s"],
+    );
+    f.s.apply(&format!(
+        "{}---{}",
+        statefulset("32Mi", "64Ki"),
+        db_policy(&["src", "dst"])
+    ));
+    let mut from = String::new();
+    eventually(Duration::from_secs(30), "db placed", || {
+        match f.clusters_of("db-statefulset").first() {
+            Some((c, 2)) => {
+                from = c.clone();
+                f.find(c, "StatefulSet", "db")
+                    .is_some_and(|s| s["status"]["readyReplicas"] == 2)
+            }
+            _ => false,
+        }
+    });
+    let to = if from == "src" { "dst" } else { "src" };
+    // The source's API answers (the cluster stays Ready), its data mover does not: the
+    // first round's snapshot is refused as unavailable.
+    let path = format!("/clusters/{from}/faults");
+    let (code, body) = common::http("PUT", f.admin(&from), &path, r#"{"dataMoverOutage": true}"#);
+    assert_eq!(code, 200, "{body}");
+    migrate(&f, "late", to);
+    let ns = format!("orrery-cluster-{from}");
+    eventually(Duration::from_secs(30), "the transfer refused", || {
+        let w = f.s.get_json(&["work", "default.db-statefulset", "-n", &ns]);
+        w["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("data mover"))
+            })
+    });
+    // Retried while the Work stays as it is: nothing starts while the mover is down.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !data_log(&f, &from).iter().any(|e| e["event"] == "snapshot"),
+        "no snapshot while the data mover is down"
+    );
+    assert_eq!(migration(&f, "late")["status"]["phase"], "Replicating");
+    let (code, body) = common::http("DELETE", f.admin(&from), &path, "");
+    assert_eq!(code, 200, "{body}");
+    let m = {
+        let mut m = Value::Null;
+        eventually(Duration::from_secs(60), "the move done", || {
+            m = migration(&f, "late");
+            assert_ne!(m["status"]["phase"], "Failed", "{m:#}");
+            m["status"]["phase"] == "Succeeded"
+        });
+        m
+    };
+    check_versions(&m);
+    check_data(&f, &["src", "dst"]);
+    assert_eq!(f.clusters_of("db-statefulset"), vec![(to.to_string(), 2)]);
+}
+
+#[test]
 fn a_migration_that_cannot_be_done_says_why() {
     let f = Fleet::start_sims(
         &[("a", "eu", &sim("100Mi")), ("b", "eu", &sim("100Mi"))],

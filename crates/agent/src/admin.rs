@@ -9,8 +9,9 @@
 //! - `GET /clusters/{name}/data` (`?since=N`): what happened to the member's volumes: pods
 //!   started and stopped on them (with the data version they started on), volumes made and
 //!   removed, snapshots taken and copies started and finished for volume transfers;
-//! - `PUT /clusters/{name}/faults` `{"outage": true, "latencyMs": 200, "lostNodes": 2}`: sets
-//!   the faults (what is left out is cleared); `DELETE /clusters/{name}/faults` clears them;
+//! - `PUT /clusters/{name}/faults` `{"outage": true, "latencyMs": 200, "lostNodes": 2,
+//!   "dataMoverOutage": true}`: sets the faults (what is left out is cleared); `DELETE
+//!   /clusters/{name}/faults` clears them;
 //! - `PUT /clusters/{name}/load` `{"load": 0.8}`: the background load, a fraction of capacity;
 //! - `POST /clusters/{name}/objects` with a manifest: an object made in the member by someone
 //!   else than Orrery (unmanaged, unless its labels say otherwise), to test conflicts;
@@ -42,6 +43,8 @@ struct FaultsBody {
     latency_ms: u64,
     #[serde(default)]
     lost_nodes: usize,
+    #[serde(default)]
+    data_mover_outage: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -147,8 +150,9 @@ async fn handle(
                             outage: f.outage,
                             latency: Duration::from_millis(f.latency_ms),
                             lost_nodes: f.lost_nodes,
+                            data_mover_outage: f.data_mover_outage,
                         });
-                        tracing::info!(cluster = %name, outage = f.outage, latency_ms = f.latency_ms, lost_nodes = f.lost_nodes, "faults set");
+                        tracing::info!(cluster = %name, outage = f.outage, latency_ms = f.latency_ms, lost_nodes = f.lost_nodes, data_mover_outage = f.data_mover_outage, "faults set");
                         reply(StatusCode::OK, json!(sim.summary()))
                     }
                     Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid faults: {e}")),

@@ -145,6 +145,10 @@ struct Inner {
     urgent: Mutex<HashMap<String, Instant>>,
     /// Round trips of the last heartbeats, milliseconds.
     round_trips: Mutex<std::collections::VecDeque<f64>>,
+    /// Held by whatever changes the member (a Work applied or removed, a failed apply
+    /// retried, held manifests released): their steps await the member, and interleaved, a
+    /// retry that read a Work before it was removed would bring its deleted objects back.
+    member: tokio::sync::Mutex<()>,
 }
 
 /// Heartbeats whose round trips make the reported latency to the control plane.
@@ -790,9 +794,16 @@ impl Inner {
                 continue;
             };
             let cause = self.applied_cause(&name, &w, "retried: the member was unavailable");
-            let (errors, unavailable) = self
+            // The member's part in the Work's transfers too: a copy round asked for while the
+            // member was away starts once it is back (the Work itself does not change).
+            let transfer_error = self.backend.set_transfers(&name, &w.transfers).await.err();
+            let (mut errors, mut unavailable) = self
                 .apply_manifests(&w.manifests, w.overwrite, &cause)
                 .await;
+            if let Some(e) = transfer_error {
+                unavailable |= matches!(e, BackendError::Unavailable(_));
+                errors.insert(TRANSFER_ERROR, format!("volume transfers: {e}"));
+            }
             if !unavailable {
                 self.retry
                     .lock()
@@ -1031,6 +1042,7 @@ impl Inner {
 
     /// Removes everything applied (the cluster was unregistered) and forgets the state.
     async fn forget_everything(&self) {
+        let _member = self.member.lock().await;
         let names: Vec<String> = self.lock_state().works.keys().cloned().collect();
         for n in names {
             self.remove_work(&n, "", "cluster unregistered").await;
@@ -1153,6 +1165,7 @@ pub async fn run(
         report_now: Notify::new(),
         urgent: Mutex::new(HashMap::new()),
         round_trips: Mutex::new(std::collections::VecDeque::new()),
+        member: tokio::sync::Mutex::new(()),
     });
     inner.resume().await;
     inner.flush_state();
@@ -1372,7 +1385,10 @@ async fn works_loop(inner: &Inner, t: &Transport) -> End {
             Ok(x) => x,
             Err(e) => return e.into(),
         };
-        inner.sync_all(items).await;
+        {
+            let _member = inner.member.lock().await;
+            inner.sync_all(items).await;
+        }
         inner.flush_state();
         loop {
             let stream = match t.watch_works(&rv).await {
@@ -1386,11 +1402,13 @@ async fn works_loop(inner: &Inner, t: &Transport) -> End {
                 match ev {
                     Ok(WorkEvent::Applied(w)) => {
                         rv = w.metadata.resource_version.clone();
+                        let _member = inner.member.lock().await;
                         inner.apply_work(&w).await;
                         inner.observe_server_status(&w);
                     }
                     Ok(WorkEvent::Deleted(w)) => {
                         rv = w.metadata.resource_version.clone();
+                        let _member = inner.member.lock().await;
                         inner
                             .remove_work(w.name(), &w.metadata.resource_version, "Work deleted")
                             .await;
@@ -1446,8 +1464,12 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
         }
         last_milestone = inner.backend.milestone();
         last = Instant::now();
-        inner.retry_failed().await;
-        inner.release_held().await;
+        // Not while a Work is being applied (its statuses are reported meanwhile); the next
+        // report retries.
+        if let Ok(_member) = inner.member.try_lock() {
+            inner.retry_failed().await;
+            inner.release_held().await;
+        }
         // The state file holds every applied Work: with thousands of them, rewriting it on
         // every report would cost more than the reports. Saving is paced to take at most a
         // tenth of the time (a small state is saved on every report, as before).

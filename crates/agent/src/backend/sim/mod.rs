@@ -627,6 +627,9 @@ pub struct Faults {
     pub outage: bool,
     pub latency: Duration,
     pub lost_nodes: usize,
+    /// The member's data mover (its volume snapshots and copies) does not answer, while its
+    /// API does: the transfers a Work asks for are refused as unavailable.
+    pub data_mover_outage: bool,
 }
 
 /// One operation the simulated member carried out for its agent: what, on which object, and
@@ -2130,6 +2133,12 @@ impl Backend for SimCluster {
         self.gate().await?;
         let changed = {
             let mut st = self.lock();
+            if st.faults.data_mover_outage {
+                return Err(BackendError::Unavailable(format!(
+                    "simulated outage of {}'s data mover",
+                    self.name
+                )));
+            }
             catch_up(&mut st, Instant::now());
             let State { data, pods, .. } = &mut *st;
             if transfers.is_empty() {
