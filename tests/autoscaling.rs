@@ -1,7 +1,14 @@
-//! Karmada's CronFederatedHPA end to end: the real server and kubectl, two simulated members.
-//! A rule scales a Deployment at its schedule and the scheduler divides the new replicas; a
-//! suspended rule never runs; each execution is recorded once, also across a `kill -9` of the
-//! server; bad rules are refused at admission.
+//! Karmada's autoscalers end to end: the real server and kubectl, two simulated members.
+//!
+//! CronFederatedHPA: a rule scales a Deployment at its schedule and the scheduler divides the
+//! new replicas; a suspended rule never runs; each execution is recorded once, also across a
+//! `kill -9` of the server; bad rules are refused at admission; a rule for a FederatedHPA sets
+//! its bounds.
+//!
+//! FederatedHPA: the members report the usage of the workload's pods (the sim's load profile,
+//! a 40-second "day"); the replicas follow it up and down, divided among the members; a
+//! predictive one, once it has recorded a season and a quarter of usage, runs more replicas
+//! than the reactive one while the demand rises toward its peak.
 
 #![allow(clippy::unwrap_used)]
 
@@ -151,4 +158,214 @@ fn a_cron_federated_hpa_scales_at_its_schedule_once_per_time() {
     assert_eq!(seconds(&times[0]) - seconds(&times[1]), 60, "{c}");
     let d = f.s.get_json(&["deployment", "web"]);
     assert_eq!(d["spec"]["replicas"], 6);
+}
+
+/// A Deployment whose pods see a diurnal demand over a 40 s "day" in each member (trough at
+/// the start of each period, peak halfway), kept in both members.
+fn loaded(name: &str) -> String {
+    format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: default}}
+spec:
+  replicas: 2
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata:
+      labels: {{app: {name}}}
+      annotations: {{sim.orrery.io/load-profile: diurnal, sim.orrery.io/load-period: 40s,
+                    sim.orrery.io/load-peak: 1500m, sim.orrery.io/load-base: 100m}}
+    spec:
+      containers:
+      - name: app
+        image: nginx:1.25
+        resources: {{requests: {{cpu: 500m, memory: 64Mi}}}}
+---
+apiVersion: multicluster.io/v1alpha1
+kind: ResourcePlacementPolicy
+metadata: {{name: {name}, namespace: default}}
+spec:
+  resourceSelector: {{apiVersion: apps/v1, kind: Deployment, name: {name}, namespace: default}}
+  placement:
+    replicaScheduling: {{replicaSchedulingType: Divided}}
+    spreadConstraints: [{{spreadByField: cluster, minGroups: 2, maxGroups: 2}}]
+"#
+    )
+}
+
+fn fhpa(name: &str, predictive: &str) -> String {
+    format!(
+        r#"
+apiVersion: autoscaling.karmada.io/v1alpha1
+kind: FederatedHPA
+metadata: {{name: {name}, namespace: default}}
+spec:
+  scaleTargetRef: {{apiVersion: apps/v1, kind: Deployment, name: {name}}}
+  minReplicas: 2
+  maxReplicas: 12
+  metrics:
+  - type: Resource
+    resource: {{name: cpu, target: {{type: Utilization, averageUtilization: 50}}}}
+{predictive}
+"#
+    )
+}
+
+/// Where in its 40 s period the demand is now: 0 at the trough, 0.5 at the peak.
+fn phase() -> f64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    (t % 40.0) / 40.0
+}
+
+fn replicas(f: &Fleet, name: &str) -> i64 {
+    f.s.get_json(&["deployment", name])["spec"]["replicas"]
+        .as_i64()
+        .unwrap()
+}
+
+fn condition<'a>(o: &'a Value, type_: &str) -> &'a Value {
+    o["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == type_))
+        .unwrap_or(&Value::Null)
+}
+
+#[test]
+fn a_federated_hpa_follows_its_members_usage_and_a_predictive_one_scales_ahead() {
+    let f = Fleet::start_with(
+        &[("east", "us-east"), ("west", "eu-west")],
+        &[
+            "--hpa-sync-period",
+            "1s",
+            "--hpa-downscale-stabilization",
+            "4s",
+            "--forecast-season",
+            "40s",
+        ],
+    );
+    // Refused at admission, with the field.
+    for (bad, field) in [
+        (
+            fhpa("react", "").replace("maxReplicas: 12", "maxReplicas: 1"),
+            "spec.maxReplicas",
+        ),
+        (
+            fhpa("react", "").replace("name: cpu", "name: gpu"),
+            "spec.metrics[0].resource.name",
+        ),
+        (
+            fhpa("react", "  predictive: {horizon: 2d}"),
+            "spec.predictive.horizon",
+        ),
+    ] {
+        let e = f.s.fails_stdin(&["apply", "-f", "-"], &bad);
+        assert!(e.contains(field), "{field}: {e}");
+    }
+    f.s.apply(&loaded("react"));
+    f.s.apply(&loaded("ahead"));
+    f.s.apply(&fhpa("react", ""));
+    f.s.apply(&fhpa(
+        "ahead",
+        "  predictive: {horizon: 8s, bound: Upper80}",
+    ));
+    // A rule raises the reactive one's floor at the next minute.
+    f.s.apply(
+        r#"
+apiVersion: autoscaling.karmada.io/v1alpha1
+kind: CronFederatedHPA
+metadata: {name: floor, namespace: default}
+spec:
+  scaleTargetRef: {apiVersion: autoscaling.karmada.io/v1alpha1, kind: FederatedHPA, name: react}
+  rules:
+  - {name: raise, schedule: "* * * * *", targetMinReplicas: 3}
+"#,
+    );
+    let started = std::time::Instant::now();
+
+    // One period and a half: the reactive one rises toward the peak and falls after it.
+    let mut samples: Vec<(f64, i64)> = Vec::new();
+    while started.elapsed() < Duration::from_secs(62) {
+        samples.push((phase(), replicas(&f, "react")));
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let near_peak = samples
+        .iter()
+        .filter(|(p, _)| (0.45..0.7).contains(p))
+        .map(|s| s.1)
+        .max()
+        .unwrap_or(0);
+    let near_trough = samples
+        .iter()
+        .filter(|(p, _)| *p > 0.95 || *p < 0.15)
+        .map(|s| s.1)
+        .min()
+        .unwrap_or(99);
+    eprintln!("reactive (phase, replicas): {samples:?}");
+    assert!(near_peak >= 8, "up toward the peak: {samples:?}");
+    assert!(near_trough <= 4, "down at the trough: {samples:?}");
+    let h = f.s.get_json(&["fhpa", "react"]);
+    assert_eq!(
+        condition(&h, "ScalingActive")["reason"],
+        "ValidMetricFound",
+        "{h:#}"
+    );
+    assert!(
+        h["status"]["currentMetrics"][0]["resource"]["current"]["averageUtilization"].is_i64(),
+        "{h:#}"
+    );
+    assert!(
+        condition(&h, "ScalingLimited")["status"].is_string(),
+        "{h:#}"
+    );
+    assert!(h["status"]["lastScaleTime"].is_string(), "{h:#}");
+    // Divided among the members as the template says.
+    eventually(Duration::from_secs(20), "the replicas placed", || {
+        let want = replicas(&f, "react");
+        let placed = f.clusters_of("react-deployment");
+        placed.len() == 2 && placed.iter().map(|(_, n)| n).sum::<i64>() == want
+    });
+
+    // Once the predictive one forecasts, it runs more replicas than the reactive one on the
+    // way up to the peak (its forecast sees 8 s ahead).
+    eventually(Duration::from_secs(60), "a forecast", || {
+        let a = f.s.get_json(&["fhpa", "ahead"]);
+        a["status"]["prediction"]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("forecast by"))
+    });
+    let mut ahead_of = Vec::new();
+    let until = std::time::Instant::now() + Duration::from_secs(42);
+    while std::time::Instant::now() < until {
+        let p = phase();
+        let (r, a) = (replicas(&f, "react"), replicas(&f, "ahead"));
+        if (0.2..0.45).contains(&p) {
+            ahead_of.push((p, r, a));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("rising (phase, reactive, predictive): {ahead_of:?}");
+    assert!(
+        ahead_of.iter().any(|(_, r, a)| *a >= r + 2),
+        "the predictive one ahead while the demand rises: {ahead_of:?}"
+    );
+    let a = f.s.get_json(&["fhpa", "ahead"]);
+    assert!(
+        a["status"]["prediction"]["replicas"].as_i64().unwrap() > 0,
+        "{a:#}"
+    );
+
+    // The rule ran at its minute: the floor is 3.
+    eventually(Duration::from_secs(30), "the floor raised", || {
+        f.s.get_json(&["fhpa", "react"])["spec"]["minReplicas"] == 3
+    });
+    let c = f.s.get_json(&["cronfhpa", "floor"]);
+    assert_eq!(
+        history(&c, "raise")["successfulExecutions"][0]["appliedMinReplicas"],
+        3,
+        "{c:#}"
+    );
 }

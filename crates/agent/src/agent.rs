@@ -846,6 +846,7 @@ impl Inner {
                         ms.status = s.status;
                         ms.message = s.message;
                         ms.volumes = s.volumes;
+                        ms.usage = s.usage;
                     }
                     Ok(None) => ms.message = "not present in the member".into(),
                     Err(e) => ms.message = e.to_string(),

@@ -9,6 +9,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub mod federated;
+
 use crate::time::Time;
 use crate::validation::{ErrorList, FieldError};
 
@@ -41,7 +43,7 @@ pub struct CrossVersionObjectReference {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CronFederatedHPASpec {
-    /// The workload template the rules scale (a Deployment, StatefulSet or ReplicaSet in this namespace).
+    /// What the rules scale: a workload template (a Deployment, StatefulSet or ReplicaSet in this namespace), or a FederatedHPA (its minReplicas and maxReplicas).
     pub scale_target_ref: CrossVersionObjectReference,
     /// When to set how many replicas.
     pub rules: Vec<CronFederatedHPARule>,
@@ -54,13 +56,13 @@ pub struct CronFederatedHPARule {
     pub name: String,
     /// When the rule runs: a five-field cron schedule (minute hour day-of-month month day-of-week) or @hourly, @daily, @weekly, @monthly, @yearly.
     pub schedule: String,
-    /// The replicas the workload template is set to.
+    /// The replicas the workload template is set to (ignored for a FederatedHPA target).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_replicas: Option<i32>,
-    /// For a FederatedHPA target: its minReplicas. Orrery does not serve FederatedHPA yet, so a rule with it is refused.
+    /// For a FederatedHPA target: the minReplicas it is set to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_min_replicas: Option<i32>,
-    /// For a FederatedHPA target: its maxReplicas. Refused, as targetMinReplicas.
+    /// For a FederatedHPA target: the maxReplicas it is set to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_max_replicas: Option<i32>,
     /// A suspended rule does not run (its nextExecutionTime is empty).
@@ -149,7 +151,7 @@ impl CronFederatedHPASpec {
         if errs.is_empty() { Ok(s) } else { Err(errs) }
     }
 
-    /// Karmada's rules (its webhook's), for a workload target.
+    /// Karmada's rules (its webhook's).
     pub fn validate(&self) -> ErrorList {
         let mut errs = ErrorList::new();
         let r = &self.scale_target_ref;
@@ -157,16 +159,11 @@ impl CronFederatedHPASpec {
         if r.name.is_empty() {
             errs.push(FieldError::required(format!("{path}.name"), ""));
         }
-        let to_hpa = r.api_version == API_VERSION || r.kind == "FederatedHPA";
-        if to_hpa {
-            errs.push(FieldError::not_supported(
-                format!("{path}.kind"),
-                &r.kind,
-                &SCALABLE.map(|(_, k)| k),
-            ));
-        } else if !SCALABLE
-            .iter()
-            .any(|(v, k)| *k == r.kind && (r.api_version.is_empty() || r.api_version == *v))
+        let to_hpa = federated::is_reference(r);
+        if !to_hpa
+            && !SCALABLE
+                .iter()
+                .any(|(v, k)| *k == r.kind && (r.api_version.is_empty() || r.api_version == *v))
         {
             errs.push(FieldError::not_supported(
                 format!("{path}.kind"),
@@ -203,27 +200,58 @@ impl CronFederatedHPASpec {
                     e,
                 ));
             }
-            match rule.target_replicas {
-                None => errs.push(FieldError::required(
-                    format!("{p}.targetReplicas"),
-                    "a rule for a workload sets its replicas",
-                )),
-                Some(n) if n < 0 => errs.push(FieldError::invalid(
-                    format!("{p}.targetReplicas"),
-                    n,
-                    "must be greater than or equal to 0",
-                )),
-                Some(_) => {}
-            }
-            for (f, v) in [
-                ("targetMinReplicas", rule.target_min_replicas),
-                ("targetMaxReplicas", rule.target_max_replicas),
-            ] {
-                if v.is_some() {
-                    errs.push(FieldError::forbidden(
-                        format!("{p}.{f}"),
-                        "is for a FederatedHPA target, which Orrery does not serve yet",
+            if to_hpa {
+                let (min, max) = (rule.target_min_replicas, rule.target_max_replicas);
+                if min.unwrap_or(0) <= 0 && max.unwrap_or(0) <= 0 {
+                    errs.push(FieldError::required(
+                        format!("{p}.targetMinReplicas"),
+                        "a rule for a FederatedHPA sets targetMinReplicas or targetMaxReplicas, greater than 0",
                     ));
+                }
+                for (f, v) in [("targetMinReplicas", min), ("targetMaxReplicas", max)] {
+                    if let Some(v) = v
+                        && v < 1
+                    {
+                        errs.push(FieldError::invalid(
+                            format!("{p}.{f}"),
+                            v,
+                            "must be greater than or equal to 1",
+                        ));
+                    }
+                }
+                if let (Some(lo), Some(hi)) = (min, max)
+                    && hi >= 1
+                    && lo > hi
+                {
+                    errs.push(FieldError::invalid(
+                        format!("{p}.targetMaxReplicas"),
+                        hi,
+                        "must be greater than or equal to targetMinReplicas",
+                    ));
+                }
+            } else {
+                match rule.target_replicas {
+                    None => errs.push(FieldError::required(
+                        format!("{p}.targetReplicas"),
+                        "a rule for a workload sets its replicas",
+                    )),
+                    Some(n) if n < 0 => errs.push(FieldError::invalid(
+                        format!("{p}.targetReplicas"),
+                        n,
+                        "must be greater than or equal to 0",
+                    )),
+                    Some(_) => {}
+                }
+                for (f, v) in [
+                    ("targetMinReplicas", rule.target_min_replicas),
+                    ("targetMaxReplicas", rule.target_max_replicas),
+                ] {
+                    if v.is_some() {
+                        errs.push(FieldError::forbidden(
+                            format!("{p}.{f}"),
+                            "is for a FederatedHPA target; a workload's rule sets targetReplicas",
+                        ));
+                    }
                 }
             }
             for (f, v, min) in [
@@ -668,9 +696,23 @@ mod tests {
                 "spec.rules[1].targetMinReplicas"
             ]
         );
+        // A FederatedHPA's rules set its bounds: one of them at least, min no more than max.
         let mut v = ok.clone();
         v["scaleTargetRef"] = serde_json::json!({"apiVersion": "autoscaling.karmada.io/v1alpha1", "kind": "FederatedHPA", "name": "x"});
-        assert_eq!(fields(v), ["spec.scaleTargetRef.kind"]);
+        v["rules"][0]["targetMaxReplicas"] = 8.into();
+        assert!(CronFederatedHPASpec::parse(Some(&v)).is_err());
+        v["rules"][1]["targetMinReplicas"] = 9.into();
+        v["rules"][1]["targetMaxReplicas"] = 3.into();
+        assert_eq!(fields(v.clone()), ["spec.rules[1].targetMaxReplicas"]);
+        v["rules"][1]["targetMaxReplicas"] = 0.into();
+        assert_eq!(fields(v.clone()), ["spec.rules[1].targetMaxReplicas"]);
+        v["rules"][1]["targetMaxReplicas"] = 12.into();
+        assert!(CronFederatedHPASpec::parse(Some(&v)).is_ok());
+        v["rules"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("targetMaxReplicas");
+        assert_eq!(fields(v), ["spec.rules[0].targetMinReplicas"]);
         let mut v = ok;
         v["rules"] = serde_json::json!([]);
         assert_eq!(fields(v), ["spec.rules"]);

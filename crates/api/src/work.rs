@@ -141,6 +141,25 @@ pub struct ManifestStatus {
     /// The persistent volumes the object's pods use, for workloads.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::stateful::VolumeStatus>,
+    /// What a workload's pods use, for members that measure it (their metrics server): what
+    /// a FederatedHPA scales on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<WorkloadUsage>,
+}
+
+/// The usage of a workload's ready pods in one member, summed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadUsage {
+    /// Pods running and ready: their usage is counted.
+    pub ready_pods: i64,
+    /// Pods not ready yet (starting): no usage of theirs is known.
+    #[serde(default)]
+    pub unready_pods: i64,
+    pub cpu_milli: i64,
+    pub cpu_request_milli: i64,
+    pub memory_bytes: i64,
+    pub memory_request_bytes: i64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -478,6 +478,14 @@ fn builtin_defs() -> Vec<Def> {
     );
     own_def(
         orrery_api::autoscaling::GROUP,
+        orrery_api::autoscaling::federated::KIND,
+        orrery_api::autoscaling::federated::PLURAL,
+        true,
+        &["fhpa"],
+        true,
+    );
+    own_def(
+        orrery_api::autoscaling::GROUP,
         orrery_api::autoscaling::CRON_KIND,
         orrery_api::autoscaling::CRON_PLURAL,
         true,

@@ -457,6 +457,11 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
             errs.extend(cluster::validate_status(obj.status.as_ref()));
         }
         ("multicluster.io", "Work") => errs.extend(work::validate_spec(spec)),
+        (orrery_api::autoscaling::GROUP, orrery_api::autoscaling::federated::KIND) => {
+            if let Err(e) = orrery_api::autoscaling::federated::FederatedHPASpec::parse(spec) {
+                errs.extend(e);
+            }
+        }
         (orrery_api::autoscaling::GROUP, orrery_api::autoscaling::CRON_KIND) => {
             if let Err(e) = orrery_api::autoscaling::CronFederatedHPASpec::parse(spec) {
                 errs.extend(e);

@@ -41,6 +41,7 @@ pub struct Config {
     pub forecast: forecasting::ForecastConfig,
     pub migration: migration::Settings,
     pub data: data::Settings,
+    pub autoscaling: autoscaling::federated::Settings,
     /// Per-controller figures on `/metrics`.
     pub metrics: Arc<runtime::metrics::ControllerMetrics>,
 }
@@ -59,7 +60,12 @@ pub fn spawn(
             shutdown.clone(),
         )),
         tokio::spawn(inventory::run(store.clone(), shutdown.clone())),
-        tokio::spawn(autoscaling::run(store.clone(), shutdown.clone())),
+        tokio::spawn(autoscaling::cron::run(store.clone(), shutdown.clone())),
+        tokio::spawn(autoscaling::federated::run(
+            store.clone(),
+            cfg.autoscaling,
+            shutdown.clone(),
+        )),
         tokio::spawn(network::run(store.clone(), shutdown.clone())),
     ];
     // The monitoring loop hands its samples to the forecaster, which works apart from it (a

@@ -98,6 +98,13 @@ pub struct ServerArgs {
     /// Upper80 (the upper end of the 80 % interval) or Upper95.
     #[arg(long, default_value = "Upper80", value_parser = parse_bound)]
     pub prediction_bound: orrery_api::prediction::Bound,
+    /// How often each FederatedHPA is looked at (Karmada's default: 15s).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub hpa_sync_period: Duration,
+    /// How long a FederatedHPA looks back before scaling down, unless its behavior says
+    /// (the highest recommendation of the window wins).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub hpa_downscale_stabilization: Duration,
     /// How long the SQLite store may wait for more writes to commit with one, while writes
     /// arrive in a steady stream of separate requests (one fsync for several; 0 commits each
     /// at once).
@@ -414,6 +421,16 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
                 ..Default::default()
             },
             data: orrery_controllers::data::Settings::default(),
+            autoscaling: orrery_controllers::autoscaling::federated::Settings {
+                sync_period: args.hpa_sync_period,
+                downscale_window: args.hpa_downscale_stabilization,
+                season: args.forecast_season,
+                ahead: orrery_api::prediction::Ahead {
+                    horizon_seconds: args.prediction_horizon,
+                    bound: args.prediction_bound,
+                },
+                ..Default::default()
+            },
             metrics: controller_metrics,
         },
         shutdown_rx.clone(),

@@ -178,6 +178,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         prediction_horizon: 120,
         prediction_bound: orrery_api::prediction::Bound::Upper80,
         commit_delay: orrery_store_sqlite::DEFAULT_COMMIT_DELAY,
+        hpa_sync_period: Duration::from_secs(15),
+        hpa_downscale_stabilization: Duration::from_secs(300),
     };
     let started = Instant::now();
     let running = crate::server::start(&server_args).await?;

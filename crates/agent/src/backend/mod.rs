@@ -35,6 +35,8 @@ pub struct ObjectState {
     pub message: String,
     /// The persistent volumes a workload's pods use.
     pub volumes: Vec<VolumeStatus>,
+    /// What a workload's pods use, when the member measures it.
+    pub usage: Option<orrery_api::work::WorkloadUsage>,
 }
 
 /// What the member says about itself: health, capacity and what it serves.

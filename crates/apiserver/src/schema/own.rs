@@ -591,6 +591,19 @@ fn generated() -> Vec<(&'static str, &'static str, Value)> {
             ),
         ),
         (
+            orrery_api::autoscaling::GROUP,
+            orrery_api::autoscaling::federated::KIND,
+            kind_of(
+                orrery_api::autoscaling::GROUP,
+                orrery_api::autoscaling::federated::KIND,
+                "Karmada's FederatedHPA: a workload template's replicas follow the usage its pods report from every member cluster (autoscaling/v2 metrics, behavior and status); Orrery's predictive block also covers the forecast of that usage over a horizon.",
+                schema_of::<orrery_api::autoscaling::federated::FederatedHPASpec>(),
+                Some(schema_of::<
+                    orrery_api::autoscaling::federated::FederatedHPAStatus,
+                >()),
+            ),
+        ),
+        (
             own,
             "ResourceInterpreter",
             kind_of(

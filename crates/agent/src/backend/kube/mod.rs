@@ -747,6 +747,7 @@ impl Backend for KubeMember {
             status: obj.get("status").cloned(),
             message,
             volumes,
+            usage: None,
         }))
     }
 

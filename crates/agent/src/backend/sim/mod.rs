@@ -468,6 +468,101 @@ struct Shape {
     /// The data sets its pods read (`orrery.io/datasets`): they start once the claim holding
     /// each one's copy is here with its data, as a pod mounting that claim would.
     datasets: Vec<String>,
+    /// The demand on its pods over time (`sim.orrery.io/load-profile`...): their usage, as a
+    /// metrics server would report it.
+    load: Option<LoadProfile>,
+}
+
+/// The cpu a workload's users in this member ask of it, over wall-clock time (so every member
+/// and the control plane agree on the phase): traffic routed to the nearest cluster that
+/// runs it, and spread evenly over its ready pods there.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadProfile {
+    pub profile: Profile,
+    pub period: Duration,
+    /// Millicores asked at the peak, and at the trough.
+    pub peak_m: i64,
+    pub base_m: i64,
+}
+
+/// Pod template annotations: the shape of a workload's demand (`flat`, `diurnal`, `spikes`),
+/// its period (default 24h), the cpu asked at the peak in each member it runs in, and at the
+/// trough (default a quarter of the peak). A diurnal demand is at its trough at the start of
+/// each period (counted from the Unix epoch) and at its peak halfway.
+pub const LOAD_PROFILE_ANNOTATION: &str = "sim.orrery.io/load-profile";
+pub const LOAD_PERIOD_ANNOTATION: &str = "sim.orrery.io/load-period";
+pub const LOAD_PEAK_ANNOTATION: &str = "sim.orrery.io/load-peak";
+pub const LOAD_BASE_ANNOTATION: &str = "sim.orrery.io/load-base";
+
+/// How far a pod's usage may go beyond its cpu request (it bursts into the node's spare room).
+const BURST: f64 = 2.0;
+
+impl LoadProfile {
+    fn of(annotations: Option<&Value>) -> Option<LoadProfile> {
+        let a = annotations?;
+        let get = |k: &str| a.get(k).and_then(Value::as_str);
+        let profile = match get(LOAD_PROFILE_ANNOTATION)? {
+            "flat" => Profile::Flat,
+            "diurnal" => Profile::Diurnal,
+            "spikes" => Profile::Spikes,
+            _ => return None,
+        };
+        let period = get(LOAD_PERIOD_ANNOTATION)
+            .and_then(|p| parse_duration(p).ok())
+            .filter(|p| !p.is_zero())
+            .unwrap_or(Duration::from_secs(24 * 3600));
+        let milli = |k: &str| {
+            get(k)
+                .and_then(|q| q.parse::<Quantity>().ok())
+                .map(|q| q.milli_value() as i64)
+        };
+        let peak_m = milli(LOAD_PEAK_ANNOTATION)?.max(0);
+        let base_m = milli(LOAD_BASE_ANNOTATION)
+            .unwrap_or(peak_m / 4)
+            .clamp(0, peak_m);
+        Some(LoadProfile {
+            profile,
+            period,
+            peak_m,
+            base_m,
+        })
+    }
+
+    /// The usage figures change once per window: a 288th of the period, at least a second.
+    fn window(&self) -> Duration {
+        (self.period / 288).max(Duration::from_secs(1))
+    }
+
+    fn window_at(&self, unix: Duration) -> u64 {
+        (unix.as_millis() / self.window().as_millis().max(1)) as u64
+    }
+
+    /// Millicores asked at wall-clock time `unix` (since the epoch), as of its window's start.
+    pub fn demand_m(&self, unix: Duration) -> i64 {
+        let w = self.window_at(unix);
+        let t = (w as u128 * self.window().as_millis()) as f64 / 1000.0;
+        let period = self.period.as_secs_f64();
+        let phase = (t % period) / period;
+        let share = match self.profile {
+            Profile::Flat => 1.0,
+            Profile::Diurnal => (1.0 - (2.0 * std::f64::consts::PI * phase).cos()) / 2.0,
+            Profile::Spikes => {
+                let slot = (t / (period / 24.0)) as u64;
+                if hash_value(&json!(["load", slot])).is_multiple_of(7) {
+                    1.0
+                } else {
+                    0.0
+                }
+            }
+        };
+        self.base_m + ((self.peak_m - self.base_m) as f64 * share).round() as i64
+    }
+}
+
+fn unix_now() -> Duration {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
 }
 
 /// Pod template annotation: the bytes a new volume holds.
@@ -513,7 +608,13 @@ fn shape_of(obj: &Value) -> Option<Shape> {
             .and_then(Value::as_str)
             == Some("Delete")
     };
+    let load = LoadProfile::of(if wk == WorkloadKind::Pod {
+        obj.pointer("/metadata/annotations")
+    } else {
+        template.pointer("/metadata/annotations")
+    });
     Some(Shape {
+        load,
         kind: wk,
         replicas: int("replicas", 1),
         completions: int("completions", 1),
@@ -613,6 +714,8 @@ struct SimObject {
     /// Changes whenever the object's state (as [`SimCluster::object_state`] renders it) may
     /// have: the agent re-reads only objects whose stamp moved.
     stamp: u64,
+    /// The load profile's window its usage was last rendered for.
+    load_window: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -862,6 +965,23 @@ impl SimCluster {
         if st.busy {
             changed |= advance(&mut st, &self.spec, now);
         }
+        // A workload's usage follows its demand: read again when its window moves.
+        let unix = unix_now();
+        let moved: Vec<Key> = st
+            .objects
+            .iter_mut()
+            .filter_map(|(k, o)| {
+                let w = o.shape.as_ref()?.load?.window_at(unix);
+                (w != o.load_window).then(|| {
+                    o.load_window = w;
+                    k.clone()
+                })
+            })
+            .collect();
+        for k in &moved {
+            st.touch(k);
+        }
+        changed |= !moved.is_empty();
         drop(st);
         if changed {
             self.bump();
@@ -990,6 +1110,7 @@ impl SimCluster {
                     unschedulable: 0,
                     volume_block: None,
                     stamp: 0,
+                    load_window: 0,
                 },
             );
             st.touch(&key);
@@ -1085,6 +1206,7 @@ impl SimCluster {
                 status,
                 message: String::new(),
                 volumes,
+                usage: None,
             };
         };
         let pods: Vec<&Pod> = st.pods.values().filter(|p| &p.owner == key).collect();
@@ -1173,11 +1295,37 @@ impl SimCluster {
             health = Health::Unhealthy;
             message = format!("pods wait for a volume: {why}");
         }
+        let usage = shape.load.map(|l| {
+            // The demand spreads over the ready pods, each using up to BURST times its request;
+            // memory follows the cpu a little (caches, buffers).
+            let cpu_request = ready * shape.request.cpu_m;
+            let used = if ready == 0 {
+                0
+            } else {
+                l.demand_m(unix_now())
+                    .min((cpu_request as f64 * BURST) as i64)
+            };
+            let busy = if cpu_request > 0 {
+                (used as f64 / cpu_request as f64).min(1.0)
+            } else {
+                0.0
+            };
+            let memory_request = ready * shape.request.mem;
+            orrery_api::work::WorkloadUsage {
+                ready_pods: ready,
+                unready_pods: (pods.len() as i64 - ready).max(0),
+                cpu_milli: used,
+                cpu_request_milli: cpu_request,
+                memory_bytes: (memory_request as f64 * (0.4 + 0.4 * busy)) as i64,
+                memory_request_bytes: memory_request,
+            }
+        });
         ObjectState {
             health,
             status: Some(status),
             message,
             volumes: workload_volumes(st, key, shape),
+            usage,
         }
     }
 }
@@ -1901,6 +2049,7 @@ impl Backend for SimCluster {
                             unschedulable: 0,
                             volume_block: None,
                             stamp: 0,
+                            load_window: 0,
                         },
                     );
                     ("create", true)

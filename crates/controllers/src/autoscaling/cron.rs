@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use orrery_api::autoscaling::{
     self as a, CronFederatedHPARule, CronFederatedHPASpec, CronFederatedHPAStatus,
-    ExecutionHistory, FailedExecution, Schedule, SuccessfulExecution,
+    ExecutionHistory, FailedExecution, Schedule, SuccessfulExecution, federated,
 };
 use orrery_api::{Object, Time, keys};
 use orrery_store::{Store, StoreError, update_with};
@@ -24,18 +24,6 @@ use crate::runtime::reflector::{self as informer, Event};
 
 /// How late a scheduled time may still run (the server was down, or busy).
 pub const CATCH_UP: Duration = Duration::from_secs(300);
-
-/// Where a rule's scale target's template is stored.
-fn target_key(ns: &str, spec: &CronFederatedHPASpec) -> Option<String> {
-    let r = &spec.scale_target_ref;
-    let plural = match r.kind.as_str() {
-        "Deployment" => "deployments",
-        "StatefulSet" => "statefulsets",
-        "ReplicaSet" => "replicasets",
-        _ => return None,
-    };
-    Some(keys::object("apps", plural, Some(ns), &r.name))
-}
 
 /// What one pass over an object decided: replicas to set (per rule that is due, with its
 /// scheduled time), and the status to write.
@@ -92,10 +80,10 @@ pub fn plan(spec: &CronFederatedHPASpec, status: &CronFederatedHPAStatus, now: T
         match h.next_execution_time {
             Some(next) if names(&when, next) && next.0 <= now.0 => {
                 if now.unix_seconds() - next.unix_seconds() <= CATCH_UP.as_secs() as i64 {
-                    // Admission made sure a rule for a workload has its replicas.
-                    if let Some(n) = rule.target_replicas {
-                        out.due.push((rule.name.clone(), next, n));
-                    }
+                    // Admission made sure a rule for a workload has its replicas (a rule for a
+                    // FederatedHPA sets its bounds instead).
+                    out.due
+                        .push((rule.name.clone(), next, rule.target_replicas.unwrap_or(0)));
                 } else {
                     out.missed.push((rule.name.clone(), next));
                     // The latest time within the catch-up window still runs (down from 10:55
@@ -107,8 +95,9 @@ pub fn plan(spec: &CronFederatedHPASpec, status: &CronFederatedHPAStatus, now: T
                         latest = Some(x);
                         t = next_of(&when, x.0);
                     }
-                    if let (Some(x), Some(n)) = (latest, rule.target_replicas) {
-                        out.due.push((rule.name.clone(), x, n));
+                    if let Some(x) = latest {
+                        out.due
+                            .push((rule.name.clone(), x, rule.target_replicas.unwrap_or(0)));
                     }
                 }
                 h.next_execution_time = next_of(&when, now.0);
@@ -155,20 +144,43 @@ fn record(
     }
 }
 
-/// Sets the template's replicas (a no-op if it has them already).
-async fn scale(store: &dyn Store, key: &str, replicas: i32) -> Result<(), String> {
-    let r = update_with(store, key, |o| {
-        let current = o
-            .spec
-            .as_ref()
-            .and_then(|s| s.get("replicas"))
-            .and_then(serde_json::Value::as_i64);
-        if current == Some(i64::from(replicas)) {
-            return Ok(None);
-        }
+/// Sets a FederatedHPA's bounds as a rule says (Karmada: the ones it names; the result must
+/// still have min no more than max).
+async fn set_bounds(
+    store: &dyn Store,
+    ns: &str,
+    name: &str,
+    rule: &CronFederatedHPARule,
+) -> Result<(), String> {
+    let key = keys::object(a::GROUP, federated::PLURAL, Some(ns), name);
+    let r = update_with(store, &key, |o| {
         let mut next = o.clone();
-        if let Some(spec) = next.spec.as_mut().and_then(|s| s.as_object_mut()) {
-            spec.insert("replicas".into(), replicas.into());
+        let Some(spec) = next.spec.as_mut().and_then(|s| s.as_object_mut()) else {
+            return Err(StoreError::InvalidArgument(
+                "the FederatedHPA has no spec".into(),
+            ));
+        };
+        if let Some(min) = rule.target_min_replicas {
+            spec.insert("minReplicas".into(), min.into());
+        }
+        if let Some(max) = rule.target_max_replicas {
+            spec.insert("maxReplicas".into(), max.into());
+        }
+        let min = spec
+            .get("minReplicas")
+            .and_then(serde_json::Value::as_i64)
+            .unwrap_or(1);
+        let max = spec
+            .get("maxReplicas")
+            .and_then(serde_json::Value::as_i64)
+            .unwrap_or(0);
+        if min > max {
+            return Err(StoreError::InvalidArgument(format!(
+                "the FederatedHPA would have minReplicas {min} above maxReplicas {max}"
+            )));
+        }
+        if next.spec == o.spec {
+            return Ok(None);
         }
         next.metadata.generation = Some(orrery_store::stamp::next_generation(&o, &next));
         Ok(Some(next))
@@ -176,7 +188,8 @@ async fn scale(store: &dyn Store, key: &str, replicas: i32) -> Result<(), String
     .await;
     match r {
         Ok(_) => Ok(()),
-        Err(StoreError::NotFound { .. }) => Err("the scale target does not exist".into()),
+        Err(StoreError::NotFound { .. }) => Err("the FederatedHPA does not exist".into()),
+        Err(StoreError::InvalidArgument(m)) => Err(m),
         Err(e) => Err(e.to_string()),
     }
 }
@@ -196,26 +209,31 @@ async fn reconcile(store: &dyn Store, o: &Object, now: Time) {
         let Some(rule) = spec.rules.iter().find(|r| &r.name == name) else {
             continue;
         };
-        let result = match target_key(ns, &spec) {
-            Some(key) => scale(store, &key, *n).await,
-            None => Err(format!(
-                "{} is not a kind whose replicas a rule sets",
-                spec.scale_target_ref.kind
-            )),
+        let to_hpa = federated::is_reference(&spec.scale_target_ref);
+        let result = if to_hpa {
+            set_bounds(store, ns, &spec.scale_target_ref.name, rule).await
+        } else {
+            match super::target_key(ns, &spec.scale_target_ref) {
+                Some(key) => super::scale(store, &key, *n).await.map(|_| ()),
+                None => Err(format!(
+                    "{} is not a kind whose replicas a rule sets",
+                    spec.scale_target_ref.kind
+                )),
+            }
         };
         let executed = Time::now();
         match result {
             Ok(()) => {
-                tracing::info!(cronfederatedhpa = %format!("{ns}/{}", o.name()), rule = %name, replicas = n, "scaled at its schedule");
+                tracing::info!(cronfederatedhpa = %format!("{ns}/{}", o.name()), rule = %name, replicas = n, min = ?rule.target_min_replicas, max = ?rule.target_max_replicas, "scaled at its schedule");
                 record(
                     &mut p.status,
                     rule,
                     Ok(SuccessfulExecution {
                         schedule_time: *at,
                         execution_time: executed,
-                        applied_replicas: Some(*n),
-                        applied_max_replicas: None,
-                        applied_min_replicas: None,
+                        applied_replicas: (!to_hpa).then_some(*n),
+                        applied_max_replicas: rule.target_max_replicas.filter(|_| to_hpa),
+                        applied_min_replicas: rule.target_min_replicas.filter(|_| to_hpa),
                     }),
                 );
             }

@@ -1,0 +1,669 @@
+//! Karmada's FederatedHPA: every sync period, the usage of the workload's pods as its members
+//! report it (summed over the clusters of its binding) gives the replicas the workload needs
+//! ([`super::recommend`], Kubernetes' algorithm); the template is scaled to them and the
+//! scheduler divides the change. With `predictive`, the workload's own usage is recorded (a
+//! point per 288th of the forecast season) and forecast, and the replicas also cover the
+//! forecast's bound over the horizon, so they are running before a daily peak.
+//!
+//! Restart safety: the recommendations behind the stabilization windows live in memory; a
+//! restarted controller starts each window as if it had recommended the current replicas
+//! all along, so a restart never shortens a window (it delays a scale-down by one window at
+//! most). The recorded usage is stored, so a forecast survives restarts.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use orrery_api::autoscaling::federated::{
+    self as f, FederatedHPASpec, FederatedHPAStatus, MetricStatus, MetricValueStatus,
+    PredictionStatus, ResourceMetricStatus, Target,
+};
+use orrery_api::binding::{self, BindingSpec};
+use orrery_api::conditions::{self, Condition};
+use orrery_api::prediction::{Ahead, Bound};
+use orrery_api::work::{WorkStatus, WorkloadUsage};
+use orrery_api::{Object, Time, keys};
+use orrery_store::{Store, StoreError};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::recommend::{self, Stamped};
+use crate::runtime::reflector::{self as informer, Event};
+
+/// Where each FederatedHPA's recorded usage is kept.
+pub const USAGE_PREFIX: &str = "/internal/autoscaling/usage/";
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How often each FederatedHPA is looked at (`--hpa-sync-period`; Karmada's 15s).
+    pub sync_period: Duration,
+    /// The scale-down stabilization window when a behavior sets none
+    /// (`--hpa-downscale-stabilization`; 5 minutes).
+    pub downscale_window: Duration,
+    /// The season of the workloads' usage, as of the fleet's load (`--forecast-season`).
+    pub season: Duration,
+    /// What `predictive` leaves out.
+    pub ahead: Ahead,
+    /// Seasons of usage kept.
+    pub seasons_kept: usize,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            sync_period: Duration::from_secs(15),
+            downscale_window: Duration::from_secs(300),
+            season: Duration::from_secs(24 * 3600),
+            ahead: Ahead::default(),
+            seasons_kept: 3,
+        }
+    }
+}
+
+/// Points per season of the recorded usage.
+pub const SEASON_POINTS: usize = 288;
+
+/// A FederatedHPA's recorded usage: per resource, the mean over each step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageSeries {
+    /// Seconds per point.
+    pub step: i64,
+    /// The unix second the last point's step starts at.
+    pub last_step: i64,
+    /// Oldest first; cpu in cores, memory in bytes, summed over the pods.
+    pub points: BTreeMap<String, Vec<f64>>,
+}
+
+impl UsageSeries {
+    /// Adds a reading taken at `now`: the current step's point is the mean of its readings
+    /// (`n` of them so far); steps missed are filled with the last point.
+    fn push(&mut self, now: i64, readings: &BTreeMap<String, f64>, n: &mut u32, keep: usize) {
+        let step_start = now - now.rem_euclid(self.step);
+        let gap = if self.last_step == 0 {
+            1
+        } else {
+            (step_start - self.last_step) / self.step
+        };
+        for (resource, v) in readings {
+            let series = self.points.entry(resource.clone()).or_default();
+            if gap <= 0 && !series.is_empty() {
+                let last = series.len() - 1;
+                series[last] = (series[last] * f64::from(*n) + v) / f64::from(*n + 1);
+                continue;
+            }
+            let fill = series.last().copied();
+            for _ in 1..gap.min(keep as i64) {
+                if let Some(x) = fill {
+                    series.push(x);
+                }
+            }
+            series.push(*v);
+            if series.len() > keep {
+                let cut = series.len() - keep;
+                series.drain(..cut);
+            }
+        }
+        if gap > 0 || self.last_step == 0 {
+            *n = 1;
+            self.last_step = step_start;
+        } else {
+            *n += 1;
+        }
+    }
+}
+
+/// What the controller remembers of one FederatedHPA between passes.
+#[derive(Debug, Default)]
+struct Memory {
+    recommendations: VecDeque<Stamped>,
+    scaled_up: VecDeque<Stamped>,
+    scaled_down: VecDeque<Stamped>,
+    series: Option<UsageSeries>,
+    /// Readings in the series' current step.
+    in_step: u32,
+    /// The forecast's peak per resource over the horizon, and the step it was made at.
+    forecast: Option<(i64, Result<Peaks, String>)>,
+}
+
+type Key = (String, String);
+
+/// Per resource: the forecast's peak over the horizon, and the model that made it.
+type Peaks = BTreeMap<String, (f64, String)>;
+
+fn usage_key(ns: &str, name: &str) -> String {
+    format!("{USAGE_PREFIX}{ns}/{name}")
+}
+
+/// The usage the members report for the template, summed over its binding's clusters;
+/// `None` when no member reports any.
+async fn gather(
+    store: &dyn Store,
+    ns: &str,
+    kind: &str,
+    name: &str,
+) -> Result<Option<WorkloadUsage>, StoreError> {
+    let bname = binding::name_for(kind, name);
+    let b = match store.get(&keys::well_known::binding(ns, &bname)).await {
+        Ok(b) => b,
+        Err(StoreError::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let Some(spec) = BindingSpec::of(&b) else {
+        return Ok(None);
+    };
+    let mut total: Option<WorkloadUsage> = None;
+    for c in &spec.clusters {
+        let key = keys::well_known::work(
+            &orrery_api::cluster::namespace_of(&c.name),
+            &binding::work_name(ns, &bname),
+        );
+        let w = match store.get(&key).await {
+            Ok(w) => w,
+            Err(StoreError::NotFound { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        let Some(st) = w
+            .status
+            .as_ref()
+            .and_then(|s| WorkStatus::deserialize(s).ok())
+        else {
+            continue;
+        };
+        for m in &st.manifest_statuses {
+            if m.identifier.kind != kind || m.identifier.name != name {
+                continue;
+            }
+            if let Some(u) = &m.usage {
+                let t = total.get_or_insert_with(WorkloadUsage::default);
+                t.ready_pods += u.ready_pods;
+                t.unready_pods += u.unready_pods;
+                t.cpu_milli += u.cpu_milli;
+                t.cpu_request_milli += u.cpu_request_milli;
+                t.memory_bytes += u.memory_bytes;
+                t.memory_request_bytes += u.memory_request_bytes;
+            }
+        }
+    }
+    Ok(total)
+}
+
+/// A resource's total usage in its base unit, and its request per ready pod.
+fn reading(u: &WorkloadUsage, resource: &str) -> (f64, Option<f64>) {
+    let (used, req) = match resource {
+        "cpu" => (
+            u.cpu_milli as f64 / 1000.0,
+            u.cpu_request_milli as f64 / 1000.0,
+        ),
+        _ => (u.memory_bytes as f64, u.memory_request_bytes as f64),
+    };
+    let per_pod = (u.ready_pods > 0 && req > 0.0).then(|| req / u.ready_pods as f64);
+    (used, per_pod)
+}
+
+/// The forecast's bound, highest over the next `horizon` points, per resource.
+fn forecast_peaks(
+    series: &UsageSeries,
+    season_points: usize,
+    horizon_points: usize,
+    bound: Bound,
+) -> Result<Peaks, String> {
+    let mut out = BTreeMap::new();
+    for (resource, y) in &series.points {
+        if y.len() < season_points + season_points / 4 {
+            return Err(format!(
+                "recording the workload's usage: {} of the {} points a forecast needs",
+                y.len(),
+                season_points + season_points / 4
+            ));
+        }
+        let settings = orrery_forecast::Settings {
+            season: Some(season_points),
+            ..Default::default()
+        };
+        let fc = orrery_forecast::forecast(y, horizon_points.max(1), &settings)
+            .map_err(|e| format!("no forecast of its {resource} usage: {e}"))?;
+        let peak = fc
+            .points
+            .iter()
+            .map(|b| match bound {
+                Bound::Mean => b.mean,
+                Bound::Upper80 => b.upper80,
+                Bound::Upper95 => b.upper95,
+            })
+            .fold(0.0_f64, f64::max);
+        out.insert(resource.clone(), (peak, fc.model.name().to_string()));
+    }
+    if out.is_empty() {
+        return Err("no usage recorded yet".into());
+    }
+    Ok(out)
+}
+
+struct Controller {
+    store: Arc<dyn Store>,
+    settings: Settings,
+    memory: BTreeMap<Key, Memory>,
+}
+
+impl Controller {
+    fn step_seconds(&self) -> i64 {
+        (self.settings.season.as_secs() as i64 / SEASON_POINTS as i64)
+            .max(self.settings.sync_period.as_secs().max(1) as i64)
+    }
+
+    fn season_points(&self) -> usize {
+        (self.settings.season.as_secs() as i64 / self.step_seconds()).max(4) as usize
+    }
+
+    async fn reconcile(&mut self, o: &Object) {
+        let Ok(spec) = FederatedHPASpec::parse(o.spec.as_ref()) else {
+            return;
+        };
+        let ns = o.namespace().to_string();
+        let name = o.name().to_string();
+        let now = Time::now();
+        let secs = now.unix_seconds();
+        let old: FederatedHPAStatus = o
+            .status
+            .clone()
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default();
+        let mut st = old.clone();
+        st.observed_generation = o.metadata.generation;
+        let r = &spec.scale_target_ref;
+        let template = match super::target_key(&ns, r) {
+            Some(k) => self.store.get(&k).await.map(|t| (k, t)),
+            None => Err(StoreError::NotFound {
+                key: r.kind.clone(),
+            }),
+        };
+        let (tkey, template) = match template {
+            Ok(x) => x,
+            Err(e) => {
+                let msg = match e {
+                    StoreError::NotFound { .. } => {
+                        format!("the scale target {} {} does not exist", r.kind, r.name)
+                    }
+                    e => format!("the scale target could not be read: {e}"),
+                };
+                set(&mut st, "AbleToScale", false, "FailedGetScale", &msg, now);
+                self.write(o, &old, st).await;
+                return;
+            }
+        };
+        let current = template
+            .spec
+            .as_ref()
+            .and_then(|s| s.get("replicas"))
+            .and_then(serde_json::Value::as_i64)
+            .unwrap_or(1) as i32;
+        st.current_replicas = current;
+        let usage = match gather(self.store.as_ref(), &ns, &r.kind, &r.name).await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!(federatedhpa = %format!("{ns}/{name}"), error = %e, "reading the members' usage");
+                return;
+            }
+        };
+        let targets = spec.targets();
+        let step = self.step_seconds();
+        let season_points = self.season_points();
+        let keep = season_points * self.settings.seasons_kept.max(2);
+        let ahead = spec
+            .predictive
+            .as_ref()
+            .map(|p| p.resolve(self.settings.ahead));
+        let key = (ns.clone(), name.clone());
+        // The usage is recorded for a predictive FederatedHPA only.
+        if ahead.is_some() && self.memory.get(&key).is_none_or(|m| m.series.is_none()) {
+            let stored = match self.store.get(&usage_key(&ns, &name)).await {
+                Ok(s) => s
+                    .spec
+                    .clone()
+                    .and_then(|v| serde_json::from_value::<UsageSeries>(v).ok())
+                    .filter(|s| s.step == step),
+                Err(_) => None,
+            };
+            self.memory.entry(key.clone()).or_default().series =
+                Some(stored.unwrap_or(UsageSeries {
+                    step,
+                    ..Default::default()
+                }));
+        }
+        let mem = self.memory.entry(key.clone()).or_default();
+        if mem.recommendations.is_empty() {
+            // First sight since the start: as if `current` had been recommended all along.
+            mem.recommendations.push_back(Stamped {
+                at: secs,
+                replicas: current,
+            });
+        }
+        let mut predicted = None;
+        let mut prediction_status = None;
+        if let (Some(ahead), Some(u)) = (ahead, usage.as_ref()) {
+            let readings: BTreeMap<String, f64> = targets
+                .iter()
+                .map(|t| (t.resource().to_string(), reading(u, t.resource()).0))
+                .collect();
+            let series = mem.series.get_or_insert_with(UsageSeries::default);
+            let before = series.last_step;
+            series.push(secs, &readings, &mut mem.in_step, keep);
+            let stepped = series.last_step != before;
+            if stepped {
+                // A step ended: store the series and forecast again.
+                let mut so = Object::new("internal.orrery.io/v1", "UsageSeries").with_name(&name);
+                so.spec = serde_json::to_value(&*series).ok();
+                let k = usage_key(&ns, &name);
+                let w = match self.store.get(&k).await {
+                    Ok(mut prev) => {
+                        prev.spec = so.spec;
+                        self.store.update(&k, prev, None).await.map(|_| ())
+                    }
+                    Err(StoreError::NotFound { .. }) => self.store.create(&k, so).await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = w {
+                    tracing::warn!(federatedhpa = %format!("{ns}/{name}"), error = %e, "storing the recorded usage");
+                }
+                let horizon_points = (ahead.horizon_seconds as usize).div_ceil(step as usize);
+                mem.forecast = Some((
+                    series.last_step,
+                    forecast_peaks(series, season_points, horizon_points, ahead.bound),
+                ));
+            }
+            let mut ps = PredictionStatus {
+                horizon: orrery_api::prediction::format_seconds(ahead.horizon_seconds),
+                bound: ahead.bound.as_str().to_string(),
+                ..Default::default()
+            };
+            match mem.forecast.as_ref().map(|(_, f)| f) {
+                Some(Ok(peaks)) => {
+                    let mut models = Vec::new();
+                    for t in &targets {
+                        if let (Some((peak, model)), (_, Some(per_pod))) =
+                            (peaks.get(t.resource()), reading(u, t.resource()))
+                            && let Some(n) = recommend::replicas_for(t, *peak, per_pod)
+                        {
+                            predicted = Some(predicted.map_or(n, |p: i32| p.max(n)));
+                            models.push(format!("{} {model}", t.resource()));
+                        }
+                    }
+                    ps.replicas = predicted.unwrap_or(0);
+                    ps.message = format!("forecast by {}", models.join(", "));
+                }
+                Some(Err(why)) => ps.message = why.clone(),
+                None => {
+                    ps.message = format!(
+                        "recording the workload's usage: a point every {step}s, a forecast once a season and a quarter are in"
+                    )
+                }
+            }
+            prediction_status = Some(ps);
+        }
+        let window = self.settings.downscale_window.as_secs() as i64;
+        let longest = spec
+            .behavior
+            .iter()
+            .flat_map(|b| [&b.scale_up, &b.scale_down])
+            .flatten()
+            .filter_map(|r| r.stabilization_window_seconds)
+            .map(i64::from)
+            .chain([window])
+            .max()
+            .unwrap_or(window)
+            .max(1800);
+        while mem
+            .recommendations
+            .front()
+            .is_some_and(|r| r.at <= secs - longest)
+        {
+            mem.recommendations.pop_front();
+        }
+        for q in [&mut mem.scaled_up, &mut mem.scaled_down] {
+            while q.front().is_some_and(|r| r.at <= secs - 1800) {
+                q.pop_front();
+            }
+        }
+        let recs: Vec<Stamped> = mem.recommendations.iter().copied().collect();
+        let ups: Vec<Stamped> = mem.scaled_up.iter().copied().collect();
+        let downs: Vec<Stamped> = mem.scaled_down.iter().copied().collect();
+        let d = recommend::decide(&recommend::Input {
+            spec: &spec,
+            current,
+            usage: usage.as_ref(),
+            predicted,
+            recommendations: &recs,
+            scaled_up: &ups,
+            scaled_down: &downs,
+            now: secs,
+            downscale_window: window,
+        });
+        if let Some(r) = d.recommendation {
+            mem.recommendations.push_back(Stamped {
+                at: secs,
+                replicas: r,
+            });
+        }
+        st.prediction = prediction_status;
+        st.current_metrics = d
+            .readings
+            .iter()
+            .map(|r| MetricStatus {
+                type_: "Resource".into(),
+                resource: Some(ResourceMetricStatus {
+                    name: r.resource.clone(),
+                    current: MetricValueStatus {
+                        average_value: Some(average_text(&r.resource, r.average)),
+                        average_utilization: r.utilization,
+                    },
+                }),
+            })
+            .collect();
+        match &d.inactive {
+            Some((reason, msg)) => set(&mut st, "ScalingActive", false, reason, msg, now),
+            None => {
+                let what = targets
+                    .iter()
+                    .map(|t| match t {
+                        Target::Utilization { resource, .. } => {
+                            format!("{resource} resource utilization (percentage of request)")
+                        }
+                        Target::AverageValue { resource, .. } => {
+                            format!("{resource} resource")
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                set(
+                    &mut st,
+                    "ScalingActive",
+                    true,
+                    "ValidMetricFound",
+                    &format!(
+                        "the HPA was able to successfully calculate a replica count from {what}"
+                    ),
+                    now,
+                );
+            }
+        }
+        match &d.limited {
+            Some((reason, msg)) => set(&mut st, "ScalingLimited", true, reason, msg, now),
+            None => set(
+                &mut st,
+                "ScalingLimited",
+                false,
+                "DesiredWithinRange",
+                "the desired count is within the acceptable range",
+                now,
+            ),
+        }
+        st.desired_replicas = d.desired;
+        if d.desired != current && d.inactive.is_none() {
+            match super::scale(self.store.as_ref(), &tkey, d.desired).await {
+                Ok(_) => {
+                    tracing::info!(federatedhpa = %format!("{ns}/{name}"), from = current, to = d.desired, predicted = ?predicted, "scaled");
+                    let delta = Stamped {
+                        at: secs,
+                        replicas: (d.desired - current).abs(),
+                    };
+                    if d.desired > current {
+                        mem.scaled_up.push_back(delta);
+                    } else {
+                        mem.scaled_down.push_back(delta);
+                    }
+                    st.last_scale_time = Some(now);
+                    st.current_replicas = d.desired;
+                    set(
+                        &mut st,
+                        "AbleToScale",
+                        true,
+                        "SucceededRescale",
+                        &format!(
+                            "the HPA controller was able to update the target scale to {}",
+                            d.desired
+                        ),
+                        now,
+                    );
+                }
+                Err(e) => set(&mut st, "AbleToScale", false, "FailedUpdateScale", &e, now),
+            }
+        } else {
+            set(
+                &mut st,
+                "AbleToScale",
+                true,
+                "ReadyForNewScale",
+                "recommended size matches current size",
+                now,
+            );
+        }
+        self.write(o, &old, st).await;
+    }
+
+    async fn write(&self, o: &Object, old: &FederatedHPAStatus, st: FederatedHPAStatus) {
+        if &st == old {
+            return;
+        }
+        let Ok(value) = serde_json::to_value(&st) else {
+            return;
+        };
+        let key = keys::object(
+            orrery_api::autoscaling::GROUP,
+            f::PLURAL,
+            Some(o.namespace()),
+            o.name(),
+        );
+        let mut next = o.clone();
+        next.status = Some(value);
+        // Against the object as read: a change meanwhile is looked at again next pass.
+        match self.store.update(&key, next, o.revision()).await {
+            Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => tracing::warn!(error = %e, "writing a FederatedHPA's status"),
+        }
+    }
+}
+
+fn average_text(resource: &str, v: f64) -> String {
+    if resource == "cpu" {
+        format!("{}m", (v * 1000.0).round() as i64)
+    } else {
+        format!("{}", v.round() as i64)
+    }
+}
+
+fn set(st: &mut FederatedHPAStatus, type_: &str, ok: bool, reason: &str, msg: &str, now: Time) {
+    let status = if ok {
+        conditions::TRUE
+    } else {
+        conditions::FALSE
+    };
+    conditions::set(
+        &mut st.conditions,
+        Condition::new(type_, status, reason, msg),
+        now,
+    );
+}
+
+/// Runs every FederatedHPA until shutdown.
+pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch::Receiver<bool>) {
+    let mut events = informer::spawn(
+        store.clone(),
+        keys::prefix(orrery_api::autoscaling::GROUP, f::PLURAL, None),
+        shutdown.clone(),
+    );
+    let mut objects: BTreeMap<Key, Arc<Object>> = BTreeMap::new();
+    let mut synced = false;
+    let mut tick = tokio::time::interval(settings.sync_period.max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut c = Controller {
+        store,
+        settings,
+        memory: BTreeMap::new(),
+    };
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            ev = events.recv() => match ev {
+                None => return,
+                Some(Event::Listed(items)) => {
+                    synced = true;
+                    objects = items
+                        .into_iter()
+                        .map(|o| ((o.namespace().to_string(), o.name().to_string()), o))
+                        .collect();
+                    c.memory.retain(|k, _| objects.contains_key(k));
+                }
+                Some(Event::Upsert(o)) => {
+                    objects.insert((o.namespace().to_string(), o.name().to_string()), o);
+                }
+                Some(Event::Delete(o)) => {
+                    let k = (o.namespace().to_string(), o.name().to_string());
+                    objects.remove(&k);
+                    c.memory.remove(&k);
+                    let _ = c.store.delete(&usage_key(&k.0, &k.1), &Default::default()).await;
+                }
+            },
+            _ = tick.tick() => {
+                if !synced {
+                    continue;
+                }
+                let all: Vec<Arc<Object>> = objects.values().cloned().collect();
+                for o in all {
+                    if o.metadata.deletion_timestamp.is_none() {
+                        c.reconcile(&o).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Readings within a step make its mean; a missed step is filled with the last point;
+    /// the series keeps what it is told to.
+    #[test]
+    fn the_usage_series_keeps_a_mean_per_step() {
+        let mut s = UsageSeries {
+            step: 10,
+            ..Default::default()
+        };
+        let mut n = 0;
+        let r = |v: f64| BTreeMap::from([("cpu".to_string(), v)]);
+        s.push(100, &r(2.0), &mut n, 5);
+        s.push(105, &r(4.0), &mut n, 5);
+        assert_eq!(s.points["cpu"], vec![3.0]);
+        s.push(111, &r(1.0), &mut n, 5);
+        assert_eq!(s.points["cpu"], vec![3.0, 1.0]);
+        // 120 and 130 missed: filled with 1.0.
+        s.push(140, &r(5.0), &mut n, 5);
+        assert_eq!(s.points["cpu"], vec![3.0, 1.0, 1.0, 1.0, 5.0]);
+        s.push(150, &r(6.0), &mut n, 5);
+        assert_eq!(s.points["cpu"], vec![1.0, 1.0, 1.0, 5.0, 6.0]);
+        assert_eq!(s.last_step, 150);
+    }
+}
