@@ -151,6 +151,7 @@ fn every_example_places_what_it_says() {
         "statefulset.yaml",
         "job.yaml",
         "cost.yaml",
+        "autoscaling.yaml",
     ] {
         let path = examples().join(f);
         let (ok, out) = u.kubectl(&["apply", "-f", path.to_str().unwrap()]);
@@ -206,6 +207,32 @@ fn every_example_places_what_it_says() {
     assert!(ok, "{out}");
     let hourly: f64 = out.trim().parse().unwrap();
     assert!(hourly > 0.0 && hourly <= 0.2, "{hourly}");
+    // autoscaling: the members report the shop's usage (above its target whatever the time
+    // of the simulated day), and its FederatedHPA scales it up; the scheduler places them.
+    eventually(
+        Duration::from_secs(90),
+        "the shop scaled on its usage",
+        || {
+            let (_, out) = u.kubectl(&[
+            "get",
+            "fhpa",
+            "shop",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"ScalingActive\")].reason} {.status.desiredReplicas}",
+        ]);
+            let mut it = out.split_whitespace();
+            it.next() == Some("ValidMetricFound")
+                && it
+                    .next()
+                    .and_then(|n| n.parse::<i64>().ok())
+                    .is_some_and(|n| n > 2)
+        },
+    );
+    eventually(
+        Duration::from_secs(30),
+        "the shop's replicas placed",
+        || u.placed("shop-deployment").values().sum::<i64>() > 2,
+    );
     // `orrery status` shows the fleet and where the workloads run.
     let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
         .args(["status", "--kubeconfig"])

@@ -205,6 +205,75 @@ fn the_kube_backend_drives_a_member_api() {
             ms["health"] == "Healthy" && ms["status"]["readyReplicas"] == 2
         },
     );
+    // No metrics server in the member: no usage.
+    assert!(
+        manifest_status(&s, "orrery-cluster-m1", 0)["usage"].is_null(),
+        "usage without a metrics API"
+    );
+    // Now it has one (metrics.k8s.io PodMetrics, served here as a custom resource), and the
+    // workload two pods: one ready with metrics, one not yet measured.
+    m.apply(
+        r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: pods.metrics.k8s.io}
+spec:
+  group: metrics.k8s.io
+  names: {kind: PodMetrics, plural: pods, singular: podmetrics}
+  scope: Namespaced
+  versions:
+  - name: v1beta1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
+"#,
+    );
+    for pod in ["web-1", "web-2"] {
+        m.apply(&format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {pod}, namespace: shop, labels: {{app: web}}}}\nspec:\n  nodeName: n1\n  containers:\n  - {{name: web, image: x, resources: {{requests: {{cpu: 250m, memory: 128Mi}}}}}}\n"
+        ));
+        m.ok(&[
+            "patch",
+            "pod",
+            pod,
+            "-n",
+            "shop",
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}"#,
+        ]);
+    }
+    eventually(Duration::from_secs(10), "the metrics API served", || {
+        m.kubectl(&["get", "podmetrics", "-n", "shop"])
+            .status
+            .success()
+    });
+    m.apply(
+        "apiVersion: metrics.k8s.io/v1beta1\nkind: PodMetrics\nmetadata: {name: web-1, namespace: shop, labels: {app: web}}\nwindow: 30s\ncontainers:\n- {name: web, usage: {cpu: 200m, memory: 100Mi}}\n",
+    );
+    // The workload's next change of status brings its usage along.
+    m.ok(&[
+        "patch",
+        "deploy",
+        "web",
+        "-n",
+        "shop",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status": {"availableReplicas": 1}}"#,
+    ]);
+    eventually(
+        Duration::from_secs(10),
+        "the pods' usage in the Work",
+        || {
+            manifest_status(&s, "orrery-cluster-m1", 0)["usage"]
+                == json!({"readyPods": 1, "unreadyPods": 1, "cpuMilli": 200,
+                      "cpuRequestMilli": 250, "memoryBytes": 100 << 20,
+                      "memoryRequestBytes": 128 << 20})
+        },
+    );
     // Deleting the Work deletes what Orrery applied, and only that.
     s.ok(&["delete", "work", "shop", "-n", "orrery-cluster-m1"]);
     eventually(Duration::from_secs(10), "the Deployment to go", || {

@@ -894,6 +894,62 @@ fn own_columns(kind: &str) -> Printer {
             ),
             Column::new("Reason", "string", ".spec.reason", 1, "Why it is made"),
         ],
+        // Karmada's columns.
+        "FederatedHPA" => vec![
+            Column::new(
+                "Reference-Kind",
+                "string",
+                ".spec.scaleTargetRef.kind",
+                0,
+                "The kind of the scaled workload",
+            ),
+            Column::new(
+                "Reference-Name",
+                "string",
+                ".spec.scaleTargetRef.name",
+                0,
+                "The scaled workload",
+            ),
+            Column::new(
+                "MinPods",
+                "integer",
+                ".spec.minReplicas",
+                0,
+                "The fewest replicas",
+            ),
+            Column::new(
+                "MaxPods",
+                "integer",
+                ".spec.maxReplicas",
+                0,
+                "The most replicas",
+            ),
+            Column::new(
+                "Replicas",
+                "integer",
+                ".status.currentReplicas",
+                0,
+                "The replicas now",
+            ),
+            age,
+        ],
+        "CronFederatedHPA" => vec![
+            Column::new(
+                "Reference-Kind",
+                "string",
+                ".spec.scaleTargetRef.kind",
+                0,
+                "The kind of what the rules scale",
+            ),
+            Column::new(
+                "Reference-Name",
+                "string",
+                ".spec.scaleTargetRef.name",
+                0,
+                "What the rules scale",
+            ),
+            age,
+        ],
         _ => vec![age],
     };
     Printer::Columns(cols)

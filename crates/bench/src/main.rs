@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 mod api;
 mod dro;
+mod elastic;
 mod forecast;
 mod inproc;
 mod members;
@@ -257,6 +258,28 @@ enum Command {
         #[arg(long, default_value_t = 3)]
         test: usize,
     },
+    /// A FederatedHPA reactive vs predictive over simulated business days: minutes
+    /// under-provisioned and replica-hours (Orrery's autoscaler code on a simulated clock).
+    Elastic {
+        #[arg(long, value_delimiter = ',', default_value = "1,2,3,4,5")]
+        seeds: Vec<u64>,
+        /// Days before the measured ones (the predictive one forecasts after a day and a
+        /// quarter).
+        #[arg(long, default_value_t = 2)]
+        history: usize,
+        /// Days measured.
+        #[arg(long, default_value_t = 3)]
+        test: usize,
+        /// Seconds from a pod being asked for to its being ready.
+        #[arg(long, default_value_t = 120)]
+        pod_start: i64,
+        /// The predictive one's `predictive.horizon`.
+        #[arg(long, default_value = "10m")]
+        horizon: String,
+        /// Its `predictive.bound`.
+        #[arg(long, default_value = "Mean")]
+        bound: String,
+    },
     /// What forecasting a fleet costs the server's forecaster: memory for the history of
     /// 1,000 clusters × 5 series, CPU per minute of its rounds.
     ForecastLoad {
@@ -479,6 +502,21 @@ fn main() -> anyhow::Result<()> {
                 seed,
                 history,
                 test,
+            }),
+            Command::Elastic {
+                seeds,
+                history,
+                test,
+                pod_start,
+                horizon,
+                bound,
+            } => elastic::elastic(elastic::ElasticArgs {
+                seeds,
+                history,
+                test,
+                pod_start_seconds: pod_start,
+                horizon,
+                bound,
             }),
             Command::ForecastLoad {
                 clusters,

@@ -585,7 +585,7 @@ fn generated() -> Vec<(&'static str, &'static str, Value)> {
             kind_of(
                 orrery_api::autoscaling::GROUP,
                 orrery_api::autoscaling::CRON_KIND,
-                "Karmada's CronFederatedHPA: rules that set a workload template's replicas on a cron schedule, in a time zone; Orrery divides the change among the clusters as its placement says.",
+                "Karmada's CronFederatedHPA: rules that set a workload template's replicas, or a FederatedHPA's bounds, on a cron schedule, in a time zone; Orrery divides the change among the clusters as its placement says.",
                 schema_of::<orrery_api::autoscaling::CronFederatedHPASpec>(),
                 Some(schema_of::<orrery_api::autoscaling::CronFederatedHPAStatus>()),
             ),

@@ -10,7 +10,7 @@
 //! all along, so a restart never shortens a window (it delays a scale-down by one window at
 //! most). The recorded usage is stored, so a forecast survives restarts.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +27,7 @@ use orrery_store::{Store, StoreError};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use super::recommend::{self, Stamped};
+use super::recommend;
 use crate::runtime::reflector::{self as informer, Event};
 
 /// Where each FederatedHPA's recorded usage is kept.
@@ -78,7 +78,7 @@ pub struct UsageSeries {
 impl UsageSeries {
     /// Adds a reading taken at `now`: the current step's point is the mean of its readings
     /// (`n` of them so far); steps missed are filled with the last point.
-    fn push(&mut self, now: i64, readings: &BTreeMap<String, f64>, n: &mut u32, keep: usize) {
+    pub fn push(&mut self, now: i64, readings: &BTreeMap<String, f64>, n: &mut u32, keep: usize) {
         let step_start = now - now.rem_euclid(self.step);
         let gap = if self.last_step == 0 {
             1
@@ -116,9 +116,7 @@ impl UsageSeries {
 /// What the controller remembers of one FederatedHPA between passes.
 #[derive(Debug, Default)]
 struct Memory {
-    recommendations: VecDeque<Stamped>,
-    scaled_up: VecDeque<Stamped>,
-    scaled_down: VecDeque<Stamped>,
+    history: recommend::History,
     series: Option<UsageSeries>,
     /// Readings in the series' current step.
     in_step: u32,
@@ -129,7 +127,7 @@ struct Memory {
 type Key = (String, String);
 
 /// Per resource: the forecast's peak over the horizon, and the model that made it.
-type Peaks = BTreeMap<String, (f64, String)>;
+pub type Peaks = BTreeMap<String, (f64, String)>;
 
 fn usage_key(ns: &str, name: &str) -> String {
     format!("{USAGE_PREFIX}{ns}/{name}")
@@ -189,7 +187,7 @@ async fn gather(
 }
 
 /// A resource's total usage in its base unit, and its request per ready pod.
-fn reading(u: &WorkloadUsage, resource: &str) -> (f64, Option<f64>) {
+pub fn reading(u: &WorkloadUsage, resource: &str) -> (f64, Option<f64>) {
     let (used, req) = match resource {
         "cpu" => (
             u.cpu_milli as f64 / 1000.0,
@@ -202,7 +200,7 @@ fn reading(u: &WorkloadUsage, resource: &str) -> (f64, Option<f64>) {
 }
 
 /// The forecast's bound, highest over the next `horizon` points, per resource.
-fn forecast_peaks(
+pub fn forecast_peaks(
     series: &UsageSeries,
     season_points: usize,
     horizon_points: usize,
@@ -232,7 +230,23 @@ fn forecast_peaks(
                 Bound::Upper95 => b.upper95,
             })
             .fold(0.0_f64, f64::max);
-        out.insert(resource.clone(), (peak, fc.model.name().to_string()));
+        // What the workload used over the same stretch a season ago: a model chosen for
+        // being right most of the day smooths away a ramp that comes at the same time each
+        // day, and the autoscaler must not miss that one.
+        let h = horizon_points.max(1);
+        let last_season = y[y.len() - season_points..]
+            .iter()
+            .take(h)
+            .fold(0.0_f64, |m, v| m.max(*v));
+        let (peak, model) = if last_season > peak {
+            (
+                last_season,
+                format!("{} (last season's peak)", fc.model.name()),
+            )
+        } else {
+            (peak, fc.model.name().to_string())
+        };
+        out.insert(resource.clone(), (peak, model));
     }
     if out.is_empty() {
         return Err("no usage recorded yet".into());
@@ -332,13 +346,6 @@ impl Controller {
                 }));
         }
         let mem = self.memory.entry(key.clone()).or_default();
-        if mem.recommendations.is_empty() {
-            // First sight since the start: as if `current` had been recommended all along.
-            mem.recommendations.push_back(Stamped {
-                at: secs,
-                replicas: current,
-            });
-        }
         let mut predicted = None;
         let mut prediction_status = None;
         if let (Some(ahead), Some(u)) = (ahead, usage.as_ref()) {
@@ -402,49 +409,9 @@ impl Controller {
             prediction_status = Some(ps);
         }
         let window = self.settings.downscale_window.as_secs() as i64;
-        let longest = spec
-            .behavior
-            .iter()
-            .flat_map(|b| [&b.scale_up, &b.scale_down])
-            .flatten()
-            .filter_map(|r| r.stabilization_window_seconds)
-            .map(i64::from)
-            .chain([window])
-            .max()
-            .unwrap_or(window)
-            .max(1800);
-        while mem
-            .recommendations
-            .front()
-            .is_some_and(|r| r.at <= secs - longest)
-        {
-            mem.recommendations.pop_front();
-        }
-        for q in [&mut mem.scaled_up, &mut mem.scaled_down] {
-            while q.front().is_some_and(|r| r.at <= secs - 1800) {
-                q.pop_front();
-            }
-        }
-        let recs: Vec<Stamped> = mem.recommendations.iter().copied().collect();
-        let ups: Vec<Stamped> = mem.scaled_up.iter().copied().collect();
-        let downs: Vec<Stamped> = mem.scaled_down.iter().copied().collect();
-        let d = recommend::decide(&recommend::Input {
-            spec: &spec,
-            current,
-            usage: usage.as_ref(),
-            predicted,
-            recommendations: &recs,
-            scaled_up: &ups,
-            scaled_down: &downs,
-            now: secs,
-            downscale_window: window,
-        });
-        if let Some(r) = d.recommendation {
-            mem.recommendations.push_back(Stamped {
-                at: secs,
-                replicas: r,
-            });
-        }
+        let d = mem
+            .history
+            .decide(&spec, current, usage.as_ref(), predicted, secs, window);
         st.prediction = prediction_status;
         st.current_metrics = d
             .readings
@@ -503,15 +470,7 @@ impl Controller {
             match super::scale(self.store.as_ref(), &tkey, d.desired).await {
                 Ok(_) => {
                     tracing::info!(federatedhpa = %format!("{ns}/{name}"), from = current, to = d.desired, predicted = ?predicted, "scaled");
-                    let delta = Stamped {
-                        at: secs,
-                        replicas: (d.desired - current).abs(),
-                    };
-                    if d.desired > current {
-                        mem.scaled_up.push_back(delta);
-                    } else {
-                        mem.scaled_down.push_back(delta);
-                    }
+                    mem.history.scaled(current, d.desired, secs);
                     st.last_scale_time = Some(now);
                     st.current_replicas = d.desired;
                     set(
@@ -643,6 +602,34 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// A ramp that comes at the same point of every season is in the forecast's peak, even
+    /// when the model chosen for the rest of the season smooths it away.
+    #[test]
+    fn last_seasons_ramp_is_in_the_peak() {
+        let season = 12;
+        let mut y = Vec::new();
+        for i in 0..season * 2 + 4 {
+            let at = i % season;
+            y.push(if (6..9).contains(&at) {
+                10.0
+            } else {
+                1.0 + 0.01 * (i % 3) as f64
+            });
+        }
+        // The last point is at 3 of its season: of the next 4 (4 to 7), 6 and 7 are in the
+        // ramp.
+        let series = UsageSeries {
+            step: 1,
+            last_step: 0,
+            points: BTreeMap::from([("cpu".to_string(), y)]),
+        };
+        let p = forecast_peaks(&series, season, 4, Bound::Mean).unwrap();
+        assert!(p["cpu"].0 >= 9.9, "{p:?}");
+        // Two points ahead only (4, 5): no ramp then.
+        let p = forecast_peaks(&series, season, 2, Bound::Mean).unwrap();
+        assert!(p["cpu"].0 < 5.0, "{p:?}");
+    }
 
     /// Readings within a step make its mean; a missed step is filled with the last point;
     /// the series keeps what it is told to.

@@ -406,6 +406,98 @@ fn with_behavior(
     (stabilized, None)
 }
 
+/// What an autoscaler remembers between passes: its recommendations (for the stabilization
+/// windows) and its changes of replicas (for the policies' rates).
+#[derive(Debug, Default, Clone)]
+pub struct History {
+    recommendations: std::collections::VecDeque<Stamped>,
+    scaled_up: std::collections::VecDeque<Stamped>,
+    scaled_down: std::collections::VecDeque<Stamped>,
+}
+
+impl History {
+    /// One pass: what to set, remembering the recommendation. A history that starts (a new
+    /// autoscaler, or a restarted controller) starts as if `current` had been recommended all
+    /// along, so a restart never shortens a window.
+    pub fn decide(
+        &mut self,
+        spec: &FederatedHPASpec,
+        current: i32,
+        usage: Option<&WorkloadUsage>,
+        predicted: Option<i32>,
+        now: i64,
+        downscale_window: i64,
+    ) -> Decision {
+        if self.recommendations.is_empty() {
+            self.recommendations.push_back(Stamped {
+                at: now,
+                replicas: current,
+            });
+        }
+        let longest = spec
+            .behavior
+            .iter()
+            .flat_map(|b| [&b.scale_up, &b.scale_down])
+            .flatten()
+            .filter_map(|r| r.stabilization_window_seconds)
+            .map(i64::from)
+            .chain([downscale_window, POLICY_PERIOD_MAX])
+            .max()
+            .unwrap_or(downscale_window);
+        // The newest stays: it stands for what was recommended since.
+        while self.recommendations.len() > 1
+            && self
+                .recommendations
+                .front()
+                .is_some_and(|r| r.at <= now - longest)
+        {
+            self.recommendations.pop_front();
+        }
+        for q in [&mut self.scaled_up, &mut self.scaled_down] {
+            while q.front().is_some_and(|r| r.at <= now - POLICY_PERIOD_MAX) {
+                q.pop_front();
+            }
+        }
+        self.recommendations.make_contiguous();
+        self.scaled_up.make_contiguous();
+        self.scaled_down.make_contiguous();
+        let d = decide(&Input {
+            spec,
+            current,
+            usage,
+            predicted,
+            recommendations: self.recommendations.as_slices().0,
+            scaled_up: self.scaled_up.as_slices().0,
+            scaled_down: self.scaled_down.as_slices().0,
+            now,
+            downscale_window,
+        });
+        if let Some(r) = d.recommendation {
+            self.recommendations.push_back(Stamped {
+                at: now,
+                replicas: r,
+            });
+        }
+        d
+    }
+
+    /// The replicas were changed from `from` to `to` at `now`.
+    pub fn scaled(&mut self, from: i32, to: i32, now: i64) {
+        let delta = Stamped {
+            at: now,
+            replicas: (to - from).abs(),
+        };
+        if to > from {
+            self.scaled_up.push_back(delta);
+        } else if to < from {
+            self.scaled_down.push_back(delta);
+        }
+    }
+}
+
+/// The longest period a scaling policy may have (autoscaling/v2: 1800 s).
+const POLICY_PERIOD_MAX: i64 = 1800;
+
 /// The replicas that serve `usage` (the forecast's, in the resource's base unit summed over
 /// the pods) at the metric's target, with pods requesting `request_per_pod` each.
 pub fn replicas_for(target: &Target, usage: f64, request_per_pod: f64) -> Option<i32> {

@@ -117,6 +117,87 @@ fn add_to(list: &mut ResourceList, name: &str, q: Quantity) {
     *slot = slot.checked_add(&q).unwrap_or(*slot);
 }
 
+/// A pod as the usage of a workload needs it.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UsagePod {
+    #[serde(default)]
+    metadata: UsageMeta,
+    #[serde(default)]
+    spec: UsagePodSpec,
+    #[serde(default)]
+    status: UsagePodStatus,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UsageMeta {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    deletion_timestamp: Option<String>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct UsagePodSpec {
+    #[serde(default)]
+    containers: Vec<UsageContainer>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct UsageContainer {
+    #[serde(default)]
+    resources: UsageResources,
+    /// In a PodMetrics: what the container uses.
+    #[serde(default)]
+    usage: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct UsageResources {
+    #[serde(default)]
+    requests: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct UsagePodStatus {
+    #[serde(default)]
+    conditions: Vec<UsageCondition>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct UsageCondition {
+    #[serde(rename = "type", default)]
+    type_: String,
+    #[serde(default)]
+    status: String,
+}
+
+/// A PodMetrics (metrics.k8s.io/v1beta1).
+#[derive(Debug, Default, serde::Deserialize)]
+struct PodMetrics {
+    #[serde(default)]
+    metadata: UsageMeta,
+    #[serde(default)]
+    containers: Vec<UsageContainer>,
+}
+
+/// Millicores of cpu and bytes of memory, summed over resource lists (requests or usage).
+fn sum_of<'a>(containers: impl Iterator<Item = &'a BTreeMap<String, String>>) -> (i64, i64) {
+    let mut cpu = 0;
+    let mut memory = 0;
+    for m in containers {
+        let q = |k: &str| m.get(k).and_then(|v| v.parse::<Quantity>().ok());
+        if let Some(c) = q("cpu") {
+            cpu += c.milli_value() as i64;
+        }
+        if let Some(b) = q("memory") {
+            memory += b.value() as i64;
+        }
+    }
+    (cpu, memory)
+}
+
 /// A page of a list, with only what the capacity figures need (serde skips the rest).
 #[derive(Debug, Default, serde::Deserialize)]
 struct Page<T> {
@@ -351,6 +432,70 @@ impl KubeMember {
             .unwrap_or_else(|p| p.into_inner())
             .insert(gvk, r.clone());
         Ok(r)
+    }
+
+    /// The usage of a workload's ready pods, from the member's metrics server (its
+    /// metrics.k8s.io PodMetrics) and the pods' requests: what a FederatedHPA scales on.
+    /// `None` for other kinds, and when the member serves no metrics API (or it fails: the
+    /// workload's status is reported all the same).
+    async fn workload_usage(
+        &self,
+        obj: &Value,
+        ns: &str,
+    ) -> Option<orrery_api::work::WorkloadUsage> {
+        let kind = obj.get("kind")?.as_str()?;
+        if !matches!(kind, "Deployment" | "StatefulSet" | "ReplicaSet") {
+            return None;
+        }
+        let sel: orrery_api::labels::LabelSelector =
+            serde_json::from_value(obj.pointer("/spec/selector")?.clone()).ok()?;
+        let selector = sel.to_selector().ok()?.to_string();
+        if selector.is_empty() {
+            return None;
+        }
+        let q: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair("labelSelector", &selector)
+            .finish();
+        // The metrics first: a member without a metrics server is asked nothing more.
+        let mut metrics: HashMap<String, (i64, i64)> = HashMap::new();
+        self.each_page::<PodMetrics>(
+            &format!("/apis/metrics.k8s.io/v1beta1/namespaces/{ns}/pods?{q}"),
+            |m| {
+                metrics.insert(
+                    m.metadata.name,
+                    sum_of(m.containers.iter().map(|c| &c.usage)),
+                );
+            },
+        )
+        .await
+        .ok()?;
+        let mut u = orrery_api::work::WorkloadUsage::default();
+        self.each_page::<UsagePod>(&format!("/api/v1/namespaces/{ns}/pods?{q}"), |p| {
+            if p.metadata.deletion_timestamp.is_some() {
+                return;
+            }
+            let ready = p
+                .status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            match metrics.get(&p.metadata.name) {
+                Some((cpu, memory)) if ready => {
+                    let (cpu_req, mem_req) =
+                        sum_of(p.spec.containers.iter().map(|c| &c.resources.requests));
+                    u.ready_pods += 1;
+                    u.cpu_milli += cpu;
+                    u.memory_bytes += memory;
+                    u.cpu_request_milli += cpu_req;
+                    u.memory_request_bytes += mem_req;
+                }
+                // Ready without metrics yet counts as starting, as the HPA reads it.
+                _ => u.unready_pods += 1,
+            }
+        })
+        .await
+        .ok()?;
+        Some(u)
     }
 
     fn api(&self, ar: &ApiResource, namespaced: bool, ns: &str) -> Api<DynamicObject> {
@@ -742,12 +887,13 @@ impl Backend for KubeMember {
                 .await
                 .map_err(|e| member_error(&format!("the volumes of {}", id.describe()), e))?
         };
+        let usage = self.workload_usage(&obj, &id.namespace).await;
         Ok(Some(ObjectState {
             health,
             status: obj.get("status").cloned(),
             message,
             volumes,
-            usage: None,
+            usage,
         }))
     }
 
