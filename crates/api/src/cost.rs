@@ -73,13 +73,26 @@ pub enum PriceError {
     RateOnDemand,
 }
 
-/// The properties `spec` over those of `status`, key by key.
+/// The names one price goes by (Orrery's, KubeFleet's).
+const SAME_PRICE: [[&str; 2]; 2] = [
+    [CPU_CORE_HOUR, FLEET_CPU_CORE],
+    [MEMORY_GIB_HOUR, FLEET_MEMORY_GIB],
+];
+
+/// The properties `spec` over those of `status`, key by key; a price the spec sets under
+/// either of its names hides the member's under both.
 pub fn merged<'a>(
     status: &'a BTreeMap<String, String>,
     spec: &'a BTreeMap<String, String>,
 ) -> BTreeMap<&'a str, &'a str> {
+    let hidden = |k: &str| {
+        SAME_PRICE
+            .iter()
+            .any(|names| names.contains(&k) && names.iter().any(|n| spec.contains_key(*n)))
+    };
     let mut out: BTreeMap<&str, &str> = status
         .iter()
+        .filter(|(k, _)| !hidden(k))
         .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
     out.extend(spec.iter().map(|(k, v)| (k.as_str(), v.as_str())));
@@ -346,6 +359,15 @@ mod tests {
         let spec = props(&[(CPU_CORE_HOUR, "0.03")]);
         let (p, _) = Prices::of(merged(&status, &spec));
         assert_eq!((p.cpu_core_hour, p.gpu_hour), (Some(0.03), Some(2.0)));
+        // The Cluster's price under KubeFleet's name beats the member's under Orrery's, and
+        // the other way round.
+        let spec = props(&[(FLEET_CPU_CORE, "0.02")]);
+        let (p, _) = Prices::of(merged(&status, &spec));
+        assert_eq!((p.cpu_core_hour, p.gpu_hour), (Some(0.02), Some(2.0)));
+        let status = props(&[(FLEET_MEMORY_GIB, "0.01")]);
+        let spec = props(&[(MEMORY_GIB_HOUR, "0.004")]);
+        let (p, _) = Prices::of(merged(&status, &spec));
+        assert_eq!(p.memory_gib_hour, Some(0.004));
     }
 
     #[test]

@@ -81,6 +81,14 @@ pub struct Placed {
     /// Each binding's placement fingerprint ([`placement_print`]) and what it places where.
     by_binding: HashMap<(String, String), (u64, Parts)>,
     by_cluster: HashMap<String, Vector>,
+    /// The same, apart by which priced dimensions (cpu, memory, gpu) the replicas request:
+    /// a cluster with no price for gpus still prices the replicas that request none.
+    by_priced: HashMap<String, [Vector; 8]>,
+}
+
+/// Which of the priced dimensions (cpu, memory, gpu: bits 0 to 2) a demand asks for.
+fn priced_mask(v: &Vector) -> usize {
+    (0..3).filter(|d| v[*d] > 0.0).map(|d| 1 << d).sum()
 }
 
 impl Placed {
@@ -96,6 +104,12 @@ impl Placed {
         if let Some((_, old)) = self.by_binding.remove(&key) {
             for (c, v) in old {
                 if let Some(t) = self.by_cluster.get_mut(&c) {
+                    for d in 0..5 {
+                        t[d] = (t[d] - v[d]).max(0.0);
+                    }
+                }
+                if let Some(t) = self.by_priced.get_mut(&c) {
+                    let t = &mut t[priced_mask(&v)];
                     for d in 0..5 {
                         t[d] = (t[d] - v[d]).max(0.0);
                     }
@@ -121,6 +135,13 @@ impl Placed {
             for d in 0..5 {
                 total[d] += v[d];
             }
+            let part = &mut self
+                .by_priced
+                .entry(t.name.clone())
+                .or_insert([[0.0; 5]; 8])[priced_mask(&v)];
+            for d in 0..5 {
+                part[d] += v[d];
+            }
             parts.push((t.name.clone(), v));
         }
         self.by_binding.insert(key, (print, parts));
@@ -130,13 +151,16 @@ impl Placed {
     pub fn reset(&mut self, items: &[Arc<Object>]) {
         self.by_binding.clear();
         self.by_cluster.clear();
+        self.by_priced.clear();
         for b in items {
             self.put((b.namespace().to_string(), b.name().to_string()), Some(b));
         }
     }
 
     /// What Orrery's replicas in a cluster cost per hour, by its prices (its own properties
-    /// over its member's); `None` where it has no price for what they request.
+    /// over its member's): those it has prices for (replicas requesting what it does not
+    /// price are left out, as a binding's status lists the cluster apart); `None` where it
+    /// has no price at all.
     pub fn cost(&self, c: &Object) -> Option<f64> {
         let spec = orrery_api::cluster::ClusterSpec::of(c);
         let st = ClusterStatus::of(c);
@@ -147,10 +171,14 @@ impl Placed {
         if !prices.is_priced() {
             return None;
         }
-        let placed = self.by_cluster.get(c.name()).copied().unwrap_or_default();
-        orrery_scheduler::cost::unit_hourly(&prices, &placed)
-            .ok()
-            .map(|x| (x * 10_000.0).round() / 10_000.0)
+        let total: f64 = self
+            .by_priced
+            .get(c.name())
+            .into_iter()
+            .flatten()
+            .filter_map(|v| orrery_scheduler::cost::unit_hourly(&prices, v).ok())
+            .sum();
+        Some((total * 10_000.0).round() / 10_000.0)
     }
 
     /// Orrery's share of each of a cluster's forecast dimensions: what it placed over what
@@ -606,9 +634,30 @@ mod tests {
         assert_eq!(p.cost(&a), Some(0.06));
         // Priced, nothing placed: nothing spent.
         assert_eq!(
-            p.cost(&priced("c", prices, serde_json::json!({}))),
+            p.cost(&priced("c", prices.clone(), serde_json::json!({}))),
             Some(0.0)
         );
         assert_eq!(p.cost(&member("a")), None);
+        // A training job requesting GPUs there, which a has no price for: the replicas it
+        // prices still count (its status lists a apart for the job).
+        let mut gpu = binding(
+            "train",
+            1,
+            serde_json::json!([{"name": "a", "replicas": 2}]),
+        );
+        gpu.spec.as_mut().unwrap()["replicaRequirements"]["resourceRequest"]["nvidia.com/gpu"] =
+            "1".into();
+        p.put(("default".to_string(), "train".to_string()), Some(&gpu));
+        let a = priced("a", prices.clone(), serde_json::json!({}));
+        assert_eq!(p.cost(&a), Some(0.09));
+        let with_gpu = priced(
+            "a",
+            prices,
+            serde_json::json!({"cost.orrery.io/gpu-hour": "2"}),
+        );
+        // + 2 x (0.5 x 0.04 + 1 x 0.01 + 2).
+        assert_eq!(p.cost(&with_gpu), Some(4.15));
+        p.put(("default".to_string(), "train".to_string()), None);
+        assert_eq!(p.cost(&a), Some(0.09));
     }
 }

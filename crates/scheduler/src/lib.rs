@@ -1371,13 +1371,50 @@ fn allocate(
                 replicas: task.replicas,
             })
             .collect();
+        // The on-demand floor counts copies: the lowest-ranked spot copies go until enough of
+        // those left are on on-demand capacity (a cluster without a price is not known to be).
+        let mut off_spot = 0;
+        if let Some(f) = floor {
+            let on_demand = |c: &TargetCluster| {
+                kept.iter()
+                    .find(|i| clusters[**i].name == c.name)
+                    .is_some_and(|i| {
+                        ctx.unit_cost(*i).is_some()
+                            && ctx.fleet.facts()[*i].prices.capacity
+                                != orrery_api::cost::Capacity::Spot
+                    })
+            };
+            loop {
+                let total = decision.clusters.len();
+                let od = decision.clusters.iter().filter(|c| on_demand(c)).count();
+                if od == total || od as f64 >= (f * total as f64 - 1e-9).ceil() {
+                    break;
+                }
+                // The clusters are in rank order: the last spot one is the lowest ranked.
+                let Some(j) = decision.clusters.iter().rposition(|c| !on_demand(c)) else {
+                    break;
+                };
+                decision.clusters.remove(j);
+                off_spot += 1;
+            }
+        }
         decision.clusters.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut why = Vec::new();
         if over > 0 {
-            return Err(format!(
+            why.push(format!(
                 "{over} of {} feasible clusters left out: a copy there would take the workload past its budget of {} an hour",
                 kept.len(),
                 budget.unwrap_or_default()
             ));
+        }
+        if off_spot > 0 {
+            why.push(format!(
+                "{off_spot} copies on spot capacity left out: cost.minOnDemand keeps {} of the copies on on-demand capacity",
+                floor.unwrap_or_default()
+            ));
+        }
+        if !why.is_empty() {
+            return Err(why.join("; "));
         }
         return Ok(());
     }
@@ -1446,6 +1483,8 @@ fn allocate(
     let have: i64 = shares.n.iter().sum();
     let delta = task.replicas - have;
     let mut unplaced = 0;
+    // Clusters a static weight of 0 keeps out: the budget and the floor move nothing there.
+    let mut weighed_out = vec![false; kept.len()];
     match decision.strategy {
         "StaticWeight" => {
             let of: Vec<&ClusterSnapshot> = kept.iter().map(|i| &clusters[*i]).collect();
@@ -1453,6 +1492,7 @@ fn allocate(
             if w.iter().all(|x| *x <= 0) {
                 return Err("every feasible cluster has a static weight of 0".into());
             }
+            weighed_out = w.iter().map(|x| *x <= 0).collect();
             shares.n = divide(task.replicas, &w);
         }
         "AvailableReplicas" | "Aggregated" => {
@@ -1545,7 +1585,11 @@ fn allocate(
             .iter()
             .map(|i| ctx.unit_cost(*i).unwrap_or(f64::INFINITY))
             .collect();
-        let limits = &room_under_limit;
+        let limits: &Vec<Option<i64>> = &room_under_limit
+            .iter()
+            .zip(&weighed_out)
+            .map(|(r, out)| if *out { Some(0) } else { *r })
+            .collect();
         if let Some(b) = budget {
             over_budget = cost::keep_budget(&mut shares.n, limits, &unit, b);
         }

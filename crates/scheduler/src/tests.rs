@@ -1788,6 +1788,49 @@ fn an_on_demand_floor_holds_beside_spot_capacity() {
     assert!(d.error.unwrap().contains("cost.m"));
 }
 
+/// Static weights say where replicas may go: a budget or a floor never moves one to a
+/// cluster weighed 0, however cheap; it leaves the replica out instead.
+#[test]
+fn a_budget_and_a_floor_keep_to_static_weights() {
+    let fleet = [
+        priced(cluster("dear", "us", 100, 0), &[(CPU_CORE_HOUR, "2")]),
+        priced(cluster("cheap", "eu", 100, 0), &[(CPU_CORE_HOUR, "1")]),
+        priced(
+            cluster("spot", "asia", 100, 0),
+            &[(CPU_CORE_HOUR, "0.5"), (CAPACITY_TYPE, "spot")],
+        ),
+    ];
+    let weights = |cost: serde_json::Value| {
+        json!({"replicaScheduling": {"replicaSchedulingType": "Divided",
+            "weightPreference": {"staticWeightList": [
+                {"targetCluster": {"clusterNames": ["dear"]}, "weight": 1},
+                {"targetCluster": {"clusterNames": ["spot"]}, "weight": 1},
+                {"targetCluster": {"clusterNames": ["cheap"]}, "weight": 0}]}},
+            "cost": cost})
+    };
+    // 5 + 5 cost 12.5: a budget of 10 moves replicas from dear to spot, never to cheap;
+    // one of 4 leaves some out rather than use cheap.
+    for (budget, unplaced) in [(10.0, 0), (4.0, 2)] {
+        let t = T::new(weights(json!({"maxHourly": budget})), 10);
+        let d = t.run(&fleet);
+        assert!(
+            shares(&d).iter().all(|(n, _)| n != "cheap"),
+            "{:?}",
+            d.clusters
+        );
+        assert_eq!(d.unplaced, unplaced, "{budget}: {:?}", d.clusters);
+        let cost = crate::cost_of(&Fleet::new(fleet.to_vec()), &t.task(), &d.clusters).unwrap();
+        assert!(cost.hourly <= budget, "{budget}: {:?}", d.clusters);
+    }
+    // A floor of 80 % on on-demand capacity: only dear is, 8 there at most from spot's 5.
+    let d = T::new(weights(json!({"minOnDemand": 0.8})), 10).run(&fleet);
+    assert!(
+        shares(&d).iter().all(|(n, _)| n != "cheap"),
+        "{:?}",
+        d.clusters
+    );
+}
+
 #[test]
 fn a_budget_keeps_the_best_copies_of_a_duplicated_workload() {
     let fleet = [
@@ -1806,6 +1849,53 @@ fn a_budget_keeps_the_best_copies_of_a_duplicated_workload() {
             .unwrap()
             .contains("1 of 3 feasible clusters left out")
     );
+}
+
+/// A Duplicated workload's floor counts copies: the lowest-ranked spot copies go until
+/// enough of the rest are on on-demand capacity.
+#[test]
+fn an_on_demand_floor_counts_the_copies_of_a_duplicated_workload() {
+    let spot = |name: &str, region: &str| {
+        priced(
+            cluster(name, region, 100, 0),
+            &[(CPU_CORE_HOUR, "0.5"), (CAPACITY_TYPE, "spot")],
+        )
+    };
+    let fleet = [
+        priced(cluster("od", "us", 100, 0), &[(CPU_CORE_HOUR, "1")]),
+        spot("s1", "eu"),
+        spot("s2", "asia"),
+        spot("s3", "sa"),
+    ];
+    // (floor, copies kept, of which on spot)
+    for (floor, copies, on_spot) in [
+        (0.0, 4, 3),
+        (0.25, 4, 3),
+        (0.3, 3, 2),
+        (0.5, 2, 1),
+        (1.0, 1, 0),
+    ] {
+        let t = T::new(
+            json!({"replicaScheduling": {"replicaSchedulingType": "Duplicated"},
+                   "cost": {"weight": 5, "minOnDemand": floor}}),
+            2,
+        );
+        let d = t.run(&fleet);
+        let got = shares(&d);
+        assert_eq!(got.len(), copies, "floor {floor}: {got:?}");
+        assert!(got.iter().any(|(n, _)| n == "od"), "floor {floor}: {got:?}");
+        assert_eq!(
+            got.iter().filter(|(n, _)| n.starts_with('s')).count(),
+            on_spot,
+            "floor {floor}: {got:?}"
+        );
+        assert_eq!(
+            d.error.is_some(),
+            copies < 4,
+            "floor {floor}: {:?}",
+            d.error
+        );
+    }
 }
 
 #[test]
