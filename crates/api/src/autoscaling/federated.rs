@@ -47,17 +47,22 @@ pub struct MetricSpec {
     /// Resource, ContainerResource, Pods, Object or External; Orrery serves Resource.
     #[serde(rename = "type")]
     pub type_: String,
+    /// A resource of the pods (cpu or memory), averaged over them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resource: Option<ResourceMetricSource>,
+    /// A resource of one container of the pods: not served (members report per workload).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
     pub container_resource: Option<serde_json::Value>,
+    /// A custom metric of the pods: not served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
     pub pods: Option<serde_json::Value>,
+    /// A metric of another object: not served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
     pub object: Option<serde_json::Value>,
+    /// A metric from outside the cluster: not served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
     pub external: Option<serde_json::Value>,
@@ -68,6 +73,7 @@ pub struct MetricSpec {
 pub struct ResourceMetricSource {
     /// cpu or memory.
     pub name: String,
+    /// What the replicas aim at.
     pub target: MetricTarget,
 }
 
@@ -77,10 +83,13 @@ pub struct MetricTarget {
     /// Utilization (averageUtilization, a percentage of the pods' requests) or AverageValue (averageValue per pod, a quantity).
     #[serde(rename = "type")]
     pub type_: String,
+    /// A total value (Value targets, which Resource metrics do not take).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// The usage per pod aimed at, a quantity (AverageValue targets).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub average_value: Option<String>,
+    /// The usage aimed at, a percentage of the pods' requests (Utilization targets).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub average_utilization: Option<i32>,
 }
@@ -88,8 +97,10 @@ pub struct MetricTarget {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Behavior {
+    /// How replicas are added.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale_up: Option<ScalingRules>,
+    /// How replicas are removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scale_down: Option<ScalingRules>,
 }

@@ -360,6 +360,7 @@ impl Controller {
             if stepped {
                 // A step ended: store the series and forecast again.
                 let mut so = Object::new("internal.orrery.io/v1", "UsageSeries").with_name(&name);
+                so.metadata.namespace = ns.clone();
                 so.spec = serde_json::to_value(&*series).ok();
                 let k = usage_key(&ns, &name);
                 let w = match self.store.get(&k).await {
@@ -572,6 +573,15 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
                         .map(|o| ((o.namespace().to_string(), o.name().to_string()), o))
                         .collect();
                     c.memory.retain(|k, _| objects.contains_key(k));
+                    // The usage of FederatedHPAs deleted while the server was down goes too.
+                    if let Ok(page) = c.store.list(USAGE_PREFIX, &Default::default()).await {
+                        for s in page.items {
+                            let k = (s.namespace().to_string(), s.name().to_string());
+                            if !objects.contains_key(&k) {
+                                let _ = c.store.delete(&usage_key(&k.0, &k.1), &Default::default()).await;
+                            }
+                        }
+                    }
                 }
                 Some(Event::Upsert(o)) => {
                     objects.insert((o.namespace().to_string(), o.name().to_string()), o);
@@ -602,6 +612,143 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    async fn put(store: &dyn Store, key: &str, o: Object) {
+        match store.get(key).await {
+            Ok(old) => {
+                let mut next = o;
+                next.metadata = old.metadata.clone();
+                store.update(key, next, None).await.unwrap();
+            }
+            Err(_) => {
+                store.create(key, o).await.unwrap();
+            }
+        }
+    }
+
+    /// A Work in `cluster` reporting `cpu` millicores used by `ready` pods of 500m each.
+    async fn report(store: &dyn Store, cluster: &str, ready: i64, cpu: i64) {
+        let mut w = Object::new("multicluster.io/v1alpha1", "Work")
+            .with_name(binding::work_name("default", "web-deployment"))
+            .with_namespace(orrery_api::cluster::namespace_of(cluster));
+        w.status = Some(serde_json::json!({"manifestStatuses": [{
+            "identifier": {"ordinal": 0, "group": "apps", "version": "v1", "kind": "Deployment",
+                           "namespace": "default", "name": "web"},
+            "usage": {"readyPods": ready, "unreadyPods": 0, "cpuMilli": cpu,
+                      "cpuRequestMilli": ready * 500, "memoryBytes": 0, "memoryRequestBytes": 0}}]}));
+        let key = keys::well_known::work(
+            &orrery_api::cluster::namespace_of(cluster),
+            &binding::work_name("default", "web-deployment"),
+        );
+        put(store, &key, w).await;
+    }
+
+    fn replicas(o: &Object) -> i64 {
+        o.spec.as_ref().unwrap()["replicas"].as_i64().unwrap()
+    }
+
+    /// The controller against a store: it scales the template on the usage the Works
+    /// report, writes status, and a restarted controller scales nothing down before a
+    /// window has passed; the usage series of a FederatedHPA gone while it was down goes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn scales_on_reported_usage_and_a_restart_shortens_no_window() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(orrery_store_sqlite::SqliteStore::open_dir(dir.path()).unwrap());
+        let tkey = keys::object("apps", "deployments", Some("default"), "web");
+        let mut d = Object::new("apps/v1", "Deployment")
+            .with_name("web")
+            .with_namespace("default");
+        d.spec = Some(serde_json::json!({"replicas": 2}));
+        store.create(&tkey, d).await.unwrap();
+        let mut b = Object::new("multicluster.io/v1alpha1", "ResourceBinding")
+            .with_name("web-deployment")
+            .with_namespace("default");
+        b.spec = Some(serde_json::json!({
+            "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "default", "name": "web"},
+            "replicas": 2,
+            "policy": {"apiVersion": "multicluster.io/v1alpha1", "kind": "ResourcePlacementPolicy", "name": "web"},
+            "clusters": [{"name": "a", "replicas": 1}, {"name": "b", "replicas": 1}],
+        }));
+        store
+            .create(&keys::well_known::binding("default", "web-deployment"), b)
+            .await
+            .unwrap();
+        // 2 pods of 500m using 1600m: 160 % of requests against 80 %: 4 replicas.
+        report(store.as_ref(), "a", 1, 800).await;
+        report(store.as_ref(), "b", 1, 800).await;
+        let mut h = Object::new("autoscaling.karmada.io/v1alpha1", "FederatedHPA")
+            .with_name("web")
+            .with_namespace("default");
+        h.spec = Some(serde_json::json!({
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
+            "minReplicas": 1, "maxReplicas": 10}));
+        let hkey = keys::object(
+            orrery_api::autoscaling::GROUP,
+            f::PLURAL,
+            Some("default"),
+            "web",
+        );
+        store.create(&hkey, h).await.unwrap();
+        // The usage of a FederatedHPA deleted while the controller was down.
+        let mut orphan = Object::new("internal.orrery.io/v1", "UsageSeries")
+            .with_name("gone")
+            .with_namespace("default");
+        orphan.spec = Some(serde_json::json!({"step": 1, "lastStep": 0, "points": {}}));
+        store
+            .create(&usage_key("default", "gone"), orphan)
+            .await
+            .unwrap();
+        let settings = Settings {
+            sync_period: Duration::from_millis(100),
+            downscale_window: Duration::from_secs(60),
+            ..Default::default()
+        };
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(run(store.clone(), settings.clone(), rx));
+        let mut scaled = 0;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            scaled = replicas(&store.get(&tkey).await.unwrap());
+            if scaled != 2 {
+                break;
+            }
+        }
+        assert_eq!(scaled, 4, "{:?}", store.get(&hkey).await.unwrap().status);
+        let st: FederatedHPAStatus =
+            serde_json::from_value(store.get(&hkey).await.unwrap().status.clone().unwrap())
+                .unwrap();
+        assert_eq!(
+            st.current_metrics[0]
+                .resource
+                .as_ref()
+                .unwrap()
+                .current
+                .average_utilization,
+            Some(160)
+        );
+        assert!(st.last_scale_time.is_some());
+        assert!(matches!(
+            store.get(&usage_key("default", "gone")).await,
+            Err(StoreError::NotFound { .. })
+        ));
+        stop.send(true).unwrap();
+        task.await.unwrap();
+        // The load falls away while the controller is down (4 pods at 10 %): started again,
+        // it keeps 4 for its 60-second window, as it would have without the restart.
+        report(store.as_ref(), "a", 2, 100).await;
+        report(store.as_ref(), "b", 2, 100).await;
+        let (stop, rx) = watch::channel(false);
+        let task = tokio::spawn(run(store.clone(), settings, rx));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert_eq!(replicas(&store.get(&tkey).await.unwrap()), 4);
+        let st: FederatedHPAStatus =
+            serde_json::from_value(store.get(&hkey).await.unwrap().status.clone().unwrap())
+                .unwrap();
+        assert_eq!(st.desired_replicas, 4, "{st:?}");
+        stop.send(true).unwrap();
+        task.await.unwrap();
+    }
 
     /// A ramp that comes at the same point of every season is in the forecast's peak, even
     /// when the model chosen for the rest of the season smooths it away.
