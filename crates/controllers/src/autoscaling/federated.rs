@@ -270,7 +270,7 @@ impl Controller {
         (self.settings.season.as_secs() as i64 / self.step_seconds()).max(4) as usize
     }
 
-    async fn reconcile(&mut self, o: &Object) {
+    async fn reconcile(&mut self, o: &Object, rivals: &[String]) {
         let Ok(spec) = FederatedHPASpec::parse(o.spec.as_ref()) else {
             return;
         };
@@ -286,6 +286,24 @@ impl Controller {
         let mut st = old.clone();
         st.observed_generation = o.metadata.generation;
         let r = &spec.scale_target_ref;
+        if !rivals.is_empty() {
+            // Kubernetes' reading: two autoscalers on one workload would fight; neither scales.
+            set(
+                &mut st,
+                "ScalingActive",
+                false,
+                "AmbiguousSelector",
+                &format!(
+                    "{} {} is scaled by more than one FederatedHPA ({name}, {}): none of them scales it",
+                    r.kind,
+                    r.name,
+                    rivals.join(", ")
+                ),
+                now,
+            );
+            self.write(o, &old, st).await;
+            return;
+        }
         let template = match super::target_key(&ns, r) {
             Some(k) => self.store.get(&k).await.map(|t| (k, t)),
             None => Err(StoreError::NotFound {
@@ -597,11 +615,30 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
                 if !synced {
                     continue;
                 }
-                let all: Vec<Arc<Object>> = objects.values().cloned().collect();
-                for o in all {
-                    if o.metadata.deletion_timestamp.is_none() {
-                        c.reconcile(&o).await;
+                let all: Vec<Arc<Object>> = objects
+                    .values()
+                    .filter(|o| o.metadata.deletion_timestamp.is_none())
+                    .cloned()
+                    .collect();
+                // Which FederatedHPAs scale each workload.
+                let target = |o: &Object| {
+                    FederatedHPASpec::parse(o.spec.as_ref()).ok().map(|s| {
+                        let r = s.scale_target_ref;
+                        (o.namespace().to_string(), r.kind, r.name)
+                    })
+                };
+                let mut by_target: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
+                for o in &all {
+                    if let Some(t) = target(o) {
+                        by_target.entry(t).or_default().push(o.name().to_string());
                     }
+                }
+                for o in all {
+                    let rivals: Vec<String> = target(&o)
+                        .and_then(|t| by_target.get(&t))
+                        .map(|names| names.iter().filter(|n| *n != o.name()).cloned().collect())
+                        .unwrap_or_default();
+                    c.reconcile(&o, &rivals).await;
                 }
             }
         }
@@ -746,6 +783,42 @@ mod tests {
             serde_json::from_value(store.get(&hkey).await.unwrap().status.clone().unwrap())
                 .unwrap();
         assert_eq!(st.desired_replicas, 4, "{st:?}");
+        // A second FederatedHPA on the same Deployment: neither scales it, both say why.
+        let mut rival = Object::new("autoscaling.karmada.io/v1alpha1", "FederatedHPA")
+            .with_name("web-too")
+            .with_namespace("default");
+        rival.spec = Some(serde_json::json!({
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"},
+            "minReplicas": 7, "maxReplicas": 10}));
+        let rkey = keys::object(
+            orrery_api::autoscaling::GROUP,
+            f::PLURAL,
+            Some("default"),
+            "web-too",
+        );
+        store.create(&rkey, rival).await.unwrap();
+        let ambiguous = |o: &Object| {
+            o.status.as_ref().is_some_and(|s| {
+                s["conditions"]
+                    .as_array()
+                    .is_some_and(|c| c.iter().any(|c| c["reason"] == "AmbiguousSelector"))
+            })
+        };
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if ambiguous(&store.get(&hkey).await.unwrap())
+                && ambiguous(&store.get(&rkey).await.unwrap())
+            {
+                break;
+            }
+        }
+        assert!(ambiguous(&store.get(&hkey).await.unwrap()));
+        assert!(ambiguous(&store.get(&rkey).await.unwrap()));
+        assert_eq!(
+            replicas(&store.get(&tkey).await.unwrap()),
+            4,
+            "the rival's minimum of 7 is not applied"
+        );
         stop.send(true).unwrap();
         task.await.unwrap();
     }
