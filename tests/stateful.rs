@@ -97,6 +97,22 @@ fn migrations(f: &Fleet) -> Vec<Value> {
         .clone()
 }
 
+/// The cluster db runs in, once it is placed whole there and its pods are ready.
+fn db_placed(f: &Fleet) -> String {
+    let mut placed = String::new();
+    eventually(Duration::from_secs(30), "db placed", || {
+        match f.clusters_of("db-statefulset").first() {
+            Some((c, 2)) => {
+                placed = c.clone();
+                f.find(c, "StatefulSet", "db")
+                    .is_some_and(|s| s["status"]["readyReplicas"] == 2)
+            }
+            _ => false,
+        }
+    });
+    placed
+}
+
 /// The one migration of the test, once it reached `phase` (or any, with `None`).
 fn wait_migration(f: &Fleet, phase: Option<&str>, timeout: Duration) -> Value {
     let mut found = Value::Null;
@@ -391,17 +407,7 @@ fn a_noexecute_taint_drains_a_statefulset_with_its_data() {
         statefulset("32Mi", "512Ki"),
         db_policy(&["a", "b"])
     ));
-    let mut placed = String::new();
-    eventually(Duration::from_secs(30), "db placed", || {
-        match f.clusters_of("db-statefulset").first() {
-            Some((c, 2)) => {
-                placed = c.clone();
-                f.find(c, "StatefulSet", "db")
-                    .is_some_and(|s| s["status"]["readyReplicas"] == 2)
-            }
-            _ => false,
-        }
-    });
+    let placed = db_placed(&f);
     let other = if placed == "a" { "b" } else { "a" };
     // A Service for its pods, kept in its first cluster by its policy: it cannot follow,
     // and the switch says so once it stops waiting for it.
@@ -505,17 +511,7 @@ fn a_server_killed_while_replicating_and_while_fencing_resumes_the_move() {
         statefulset("96Mi", "256Ki"),
         db_policy(&["src", "dst"])
     ));
-    let mut from = String::new();
-    eventually(Duration::from_secs(30), "db placed", || {
-        match f.clusters_of("db-statefulset").first() {
-            Some((c, 2)) => {
-                from = c.clone();
-                f.find(c, "StatefulSet", "db")
-                    .is_some_and(|s| s["status"]["readyReplicas"] == 2)
-            }
-            _ => false,
-        }
-    });
+    let from = db_placed(&f);
     let to = if from == "src" { "dst" } else { "src" };
 
     // A user's Migration; the server is killed while the first round is being copied.
@@ -607,17 +603,7 @@ fn a_copy_refused_while_the_data_mover_is_down_starts_once_it_is_back() {
         statefulset("32Mi", "64Ki"),
         db_policy(&["src", "dst"])
     ));
-    let mut from = String::new();
-    eventually(Duration::from_secs(30), "db placed", || {
-        match f.clusters_of("db-statefulset").first() {
-            Some((c, 2)) => {
-                from = c.clone();
-                f.find(c, "StatefulSet", "db")
-                    .is_some_and(|s| s["status"]["readyReplicas"] == 2)
-            }
-            _ => false,
-        }
-    });
+    let from = db_placed(&f);
     let to = if from == "src" { "dst" } else { "src" };
     // The source's API answers (the cluster stays Ready), its data mover does not: the
     // first round's snapshot is refused as unavailable.
