@@ -27,6 +27,17 @@ pub const SCALABLE: [(&str, &str); 3] = [
     ("apps/v1", "ReplicaSet"),
 ];
 
+/// A stored spec decoded strictly (an error names its field) and then validated.
+fn parse_spec<T: serde::de::DeserializeOwned>(
+    spec: Option<&serde_json::Value>,
+    validate: impl Fn(&T) -> ErrorList,
+) -> Result<T, ErrorList> {
+    let spec = spec.cloned().unwrap_or(serde_json::Value::Null);
+    let s: T = crate::policy::decode(&spec, "spec").map_err(|e| vec![e])?;
+    let errs = validate(&s);
+    if errs.is_empty() { Ok(s) } else { Err(errs) }
+}
+
 /// autoscaling/v2 `CrossVersionObjectReference`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -144,11 +155,7 @@ pub struct FailedExecution {
 impl CronFederatedHPASpec {
     /// The spec of a stored object, when it reads as one.
     pub fn parse(spec: Option<&serde_json::Value>) -> Result<CronFederatedHPASpec, ErrorList> {
-        let spec = spec.cloned().unwrap_or(serde_json::Value::Null);
-        let s: CronFederatedHPASpec = serde_json::from_value(spec)
-            .map_err(|e| vec![FieldError::invalid("spec", "", e.to_string())])?;
-        let errs = s.validate();
-        if errs.is_empty() { Ok(s) } else { Err(errs) }
+        parse_spec(spec, Self::validate)
     }
 
     /// Karmada's rules (its webhook's).

@@ -217,11 +217,7 @@ impl Target {
 impl FederatedHPASpec {
     /// The spec of a stored object, when it reads as one.
     pub fn parse(spec: Option<&serde_json::Value>) -> Result<FederatedHPASpec, ErrorList> {
-        let spec = spec.cloned().unwrap_or(serde_json::Value::Null);
-        let s: FederatedHPASpec = serde_json::from_value(spec)
-            .map_err(|e| vec![FieldError::invalid("spec", "", e.to_string())])?;
-        let errs = s.validate();
-        if errs.is_empty() { Ok(s) } else { Err(errs) }
+        super::parse_spec(spec, Self::validate)
     }
 
     pub fn min(&self) -> i32 {
