@@ -8,7 +8,6 @@
 //! idempotent: running it twice changes nothing); a later one is recorded as missed, not run.
 //! A new or changed rule starts from now: nothing runs for a time before it existed.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +19,8 @@ use orrery_api::{Object, Time, keys};
 use orrery_store::{Store, StoreError, update_with};
 use tokio::sync::watch;
 
-use crate::runtime::reflector::{self as informer, Event};
+use crate::runtime::cache::Cache;
+use crate::runtime::reflector as informer;
 
 /// How late a scheduled time may still run (the server was down, or busy).
 pub const CATCH_UP: Duration = Duration::from_secs(300);
@@ -286,42 +286,30 @@ async fn reconcile(store: &dyn Store, o: &Object, now: Time) {
 
 /// Runs every CronFederatedHPA's rules until shutdown.
 pub async fn run(store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
-    let mut events = informer::spawn(
+    let objects = Arc::new(Cache::new(&[]));
+    let mut events = informer::spawn_cached(
         store.clone(),
         keys::prefix(a::GROUP, a::CRON_PLURAL, None),
+        Some(objects.clone()),
         shutdown.clone(),
     );
-    let mut objects: BTreeMap<(String, String), Arc<Object>> = BTreeMap::new();
-    let mut synced = false;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
-            ev = events.recv() => match ev {
-                None => return,
-                Some(Event::Listed(items)) => {
-                    synced = true;
-                    objects = items
-                        .into_iter()
-                        .map(|o| ((o.namespace().to_string(), o.name().to_string()), o))
-                        .collect();
-                }
-                Some(Event::Upsert(o)) => {
-                    objects.insert((o.namespace().to_string(), o.name().to_string()), o);
-                }
-                Some(Event::Delete(o)) => {
-                    objects.remove(&(o.namespace().to_string(), o.name().to_string()));
-                }
+            // The cache follows the events; the rules run on the tick.
+            ev = events.recv() => if ev.is_none() {
+                return;
             },
             _ = tick.tick() => {
-                if !synced {
+                if !objects.is_listed() {
                     continue;
                 }
                 let now = Time::now();
-                for o in objects.values() {
+                for o in objects.list() {
                     if o.metadata.deletion_timestamp.is_none() {
-                        reconcile(store.as_ref(), o, now).await;
+                        reconcile(store.as_ref(), &o, now).await;
                     }
                 }
             }

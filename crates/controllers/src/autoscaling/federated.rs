@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::recommend;
+use crate::runtime::cache::Cache;
 use crate::runtime::reflector::{self as informer, Event};
 
 /// Where each FederatedHPA's recorded usage is kept.
@@ -270,10 +271,7 @@ impl Controller {
         (self.settings.season.as_secs() as i64 / self.step_seconds()).max(4) as usize
     }
 
-    async fn reconcile(&mut self, o: &Object, rivals: &[String]) {
-        let Ok(spec) = FederatedHPASpec::parse(o.spec.as_ref()) else {
-            return;
-        };
+    async fn reconcile(&mut self, o: &Object, spec: &FederatedHPASpec, rivals: &[String]) {
         let ns = o.namespace().to_string();
         let name = o.name().to_string();
         let now = Time::now();
@@ -430,7 +428,7 @@ impl Controller {
         let window = self.settings.downscale_window.as_secs() as i64;
         let d = mem
             .history
-            .decide(&spec, current, usage.as_ref(), predicted, secs, window);
+            .decide(spec, current, usage.as_ref(), predicted, secs, window);
         st.prediction = prediction_status;
         st.current_metrics = d
             .readings
@@ -565,13 +563,13 @@ fn set(st: &mut FederatedHPAStatus, type_: &str, ok: bool, reason: &str, msg: &s
 
 /// Runs every FederatedHPA until shutdown.
 pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch::Receiver<bool>) {
-    let mut events = informer::spawn(
+    let objects = Arc::new(Cache::new(&[]));
+    let mut events = informer::spawn_cached(
         store.clone(),
         keys::prefix(orrery_api::autoscaling::GROUP, f::PLURAL, None),
+        Some(objects.clone()),
         shutdown.clone(),
     );
-    let mut objects: BTreeMap<Key, Arc<Object>> = BTreeMap::new();
-    let mut synced = false;
     let mut tick = tokio::time::interval(settings.sync_period.max(Duration::from_millis(100)));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut c = Controller {
@@ -579,66 +577,64 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         settings,
         memory: BTreeMap::new(),
     };
+    let key_of = |o: &Object| (o.namespace().to_string(), o.name().to_string());
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
+            // The cache follows the events; what is remembered of a FederatedHPA goes with it.
             ev = events.recv() => match ev {
                 None => return,
                 Some(Event::Listed(items)) => {
-                    synced = true;
-                    objects = items
-                        .into_iter()
-                        .map(|o| ((o.namespace().to_string(), o.name().to_string()), o))
-                        .collect();
-                    c.memory.retain(|k, _| objects.contains_key(k));
+                    let listed: std::collections::BTreeSet<Key> =
+                        items.iter().map(|o| key_of(o)).collect();
+                    c.memory.retain(|k, _| listed.contains(k));
                     // The usage of FederatedHPAs deleted while the server was down goes too.
                     if let Ok(page) = c.store.list(USAGE_PREFIX, &Default::default()).await {
                         for s in page.items {
-                            let k = (s.namespace().to_string(), s.name().to_string());
-                            if !objects.contains_key(&k) {
+                            let k = key_of(&s);
+                            if !listed.contains(&k) {
                                 let _ = c.store.delete(&usage_key(&k.0, &k.1), &Default::default()).await;
                             }
                         }
                     }
                 }
-                Some(Event::Upsert(o)) => {
-                    objects.insert((o.namespace().to_string(), o.name().to_string()), o);
-                }
+                Some(Event::Upsert(_)) => {}
                 Some(Event::Delete(o)) => {
-                    let k = (o.namespace().to_string(), o.name().to_string());
-                    objects.remove(&k);
+                    let k = key_of(&o);
                     c.memory.remove(&k);
                     let _ = c.store.delete(&usage_key(&k.0, &k.1), &Default::default()).await;
                 }
             },
             _ = tick.tick() => {
-                if !synced {
+                if !objects.is_listed() {
                     continue;
                 }
-                let all: Vec<Arc<Object>> = objects
-                    .values()
+                // Each spec read once a pass (admission checked them: one that does not read
+                // is skipped).
+                let all: Vec<(Arc<Object>, FederatedHPASpec)> = objects
+                    .list()
+                    .into_iter()
                     .filter(|o| o.metadata.deletion_timestamp.is_none())
-                    .cloned()
+                    .filter_map(|o| FederatedHPASpec::parse(o.spec.as_ref()).ok().map(|s| (o, s)))
                     .collect();
                 // Which FederatedHPAs scale each workload.
-                let target = |o: &Object| {
-                    FederatedHPASpec::parse(o.spec.as_ref()).ok().map(|s| {
-                        let r = s.scale_target_ref;
-                        (o.namespace().to_string(), r.kind, r.name)
-                    })
+                let target = |o: &Object, s: &FederatedHPASpec| {
+                    let r = &s.scale_target_ref;
+                    (o.namespace().to_string(), r.kind.clone(), r.name.clone())
                 };
                 let mut by_target: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
-                for o in &all {
-                    if let Some(t) = target(o) {
-                        by_target.entry(t).or_default().push(o.name().to_string());
-                    }
+                for (o, s) in &all {
+                    by_target.entry(target(o, s)).or_default().push(o.name().to_string());
                 }
-                for o in all {
-                    let rivals: Vec<String> = target(&o)
-                        .and_then(|t| by_target.get(&t))
-                        .map(|names| names.iter().filter(|n| *n != o.name()).cloned().collect())
-                        .unwrap_or_default();
-                    c.reconcile(&o, &rivals).await;
+                for (o, spec) in all {
+                    let rivals: Vec<String> = by_target
+                        .get(&target(&o, &spec))
+                        .into_iter()
+                        .flatten()
+                        .filter(|n| *n != o.name())
+                        .cloned()
+                        .collect();
+                    c.reconcile(&o, &spec, &rivals).await;
                 }
             }
         }
