@@ -157,10 +157,7 @@ pub struct DataPlane {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or_default()
+    super::unix_now().as_millis() as u64
 }
 
 impl DataPlane {

@@ -559,6 +559,7 @@ impl LoadProfile {
     }
 }
 
+/// Wall-clock time since the Unix epoch (what members agree on; the journals' times).
 fn unix_now() -> Duration {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -798,10 +799,7 @@ impl State {
         if self.journal.len() >= JOURNAL_LIMIT {
             self.journal.pop_front();
         }
-        let time_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or_default();
+        let time_ms = unix_now().as_millis() as u64;
         let api_version = if id.group.is_empty() {
             id.version.clone()
         } else {
