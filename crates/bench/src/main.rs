@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p orrery-bench -- store-writes
-//! cargo run --release -p orrery-bench --features etcd -- store-writes --etcd
+//! cargo run --release -p orrery-bench -- store-writes --etcd
 //! cargo run --release -p orrery-bench -- store-watch
 //! cargo run --release -p orrery-bench -- store-memory
 //! ```
@@ -59,7 +59,7 @@ enum Command {
         /// Where the databases go (defaults to the system temp dir).
         #[arg(long)]
         dir: Option<PathBuf>,
-        /// Also measure a single local etcd member (needs --features etcd).
+        /// Also measure a single local etcd member (Debian's etcd-server).
         #[arg(long)]
         etcd: bool,
         /// Measure only Orrery's store (for profiling).

@@ -196,7 +196,6 @@ pub async fn writes(args: WriteArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[cfg(feature = "etcd")]
 async fn etcd_writes(args: &WriteArgs) -> anyhow::Result<()> {
     let server = orrery_store_testkit::etcd::EtcdServer::start()?;
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); args.writers.len()];
@@ -223,11 +222,6 @@ async fn etcd_writes(args: &WriteArgs) -> anyhow::Result<()> {
         }));
     }
     Ok(())
-}
-
-#[cfg(not(feature = "etcd"))]
-async fn etcd_writes(_: &WriteArgs) -> anyhow::Result<()> {
-    anyhow::bail!("this bench binary was built without etcd; rebuild with --features etcd")
 }
 
 pub struct FanoutArgs {

@@ -161,7 +161,6 @@ async fn open_store(args: &ServerArgs) -> anyhow::Result<Arc<dyn Store>> {
                 .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
             Ok(Arc::new(store))
         }
-        #[cfg(feature = "etcd")]
         StoreKind::Etcd => {
             let config = orrery_store_etcd::EtcdConfig::new(args.etcd_endpoints.clone())
                 .with_prefix(args.etcd_prefix.clone());
@@ -169,11 +168,6 @@ async fn open_store(args: &ServerArgs) -> anyhow::Result<Arc<dyn Store>> {
                 orrery_store_etcd::EtcdStore::connect(config).await?,
             ))
         }
-        #[cfg(not(feature = "etcd"))]
-        StoreKind::Etcd => anyhow::bail!(
-            "this build of orrery has no etcd support; rebuild with `cargo build --release -p orrery --features etcd` \
-             (needs protoc, Debian package protobuf-compiler)"
-        ),
     }
 }
 

@@ -9,16 +9,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use etcd_client::{
-    Client, CompactionOptions, Compare, CompareOp, ConnectOptions, DeleteOptions, EventType,
-    GetOptions, Txn, TxnOp, TxnOpResponse,
-};
+mod client;
+#[allow(unreachable_pub)]
+mod rpc;
+
+use client::{Client, Connect, EtcdError, created, delete_op, get_op, modified, put_op, revision};
 use orrery_api::Object;
 use orrery_store::{
     Change, ChangeKind, History, ListOptions, ListResult, Preconditions, RawListResult, RawObject,
     Result, Revision, Store, StoreError, WatchCache, WatchCacheConfig, WatchOptions, WatchStream,
     decode_continue, encode_continue, prefix_end, with_resource_version,
 };
+use rpc::etcdserverpb::{
+    RangeRequest, TxnRequest, WatchCreateRequest, compare::CompareResult, response_op,
+};
+use rpc::mvccpb::event::EventType;
 
 /// How to reach etcd.
 #[derive(Clone, Debug)]
@@ -80,19 +85,18 @@ const SCAN_PAGE: i64 = 500;
 /// Page size for unfiltered lists.
 const DEFAULT_PAGE: i64 = 10_000;
 
-fn backend(e: etcd_client::Error) -> StoreError {
+fn backend(e: EtcdError) -> StoreError {
     StoreError::Backend(format!("etcd: {e}"))
 }
 
 /// Maps etcd's revision errors to the store's.
-fn revision_error(e: etcd_client::Error, requested: Revision, compacted: Revision) -> StoreError {
-    let msg = e.to_string();
-    if msg.contains("required revision has been compacted") {
+fn revision_error(e: EtcdError, requested: Revision, compacted: Revision) -> StoreError {
+    if e.is_compacted() {
         StoreError::Expired {
             requested,
             compacted: compacted.max(requested + 1),
         }
-    } else if msg.contains("required revision is a future revision") {
+    } else if e.is_future() {
         StoreError::FutureRevision {
             requested,
             current: requested - 1,
@@ -129,18 +133,17 @@ fn stored_uid(value: &[u8]) -> Option<String> {
 impl EtcdStore {
     /// Connects, reads the current revision and starts the watch feed.
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
-        let options = ConnectOptions::new()
-            .with_connect_timeout(config.connect_timeout)
-            .with_timeout(config.request_timeout)
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
-        let client = Client::connect(&config.endpoints, Some(options))
-            .await
-            .map_err(|e| {
-                StoreError::Backend(format!(
-                    "connecting to etcd at {}: {e}",
-                    config.endpoints.join(",")
-                ))
-            })?;
+        let options = Connect {
+            connect_timeout: config.connect_timeout,
+            request_timeout: config.request_timeout,
+            keep_alive: (Duration::from_secs(10), Duration::from_secs(5)),
+        };
+        let client = Client::new(&config.endpoints, &options).map_err(|e| {
+            StoreError::Backend(format!(
+                "connecting to etcd at {}: {e}",
+                config.endpoints.join(",")
+            ))
+        })?;
         let store = EtcdStore {
             inner: Arc::new(Inner {
                 client,
@@ -151,7 +154,12 @@ impl EtcdStore {
                 feed: std::sync::Mutex::new(None),
             }),
         };
-        let rev = store.current_revision().await?;
+        let rev = store.current_revision().await.map_err(|e| {
+            StoreError::Backend(format!(
+                "connecting to etcd at {}: {e}",
+                config.endpoints.join(",")
+            ))
+        })?;
         let compacted = store.find_compacted(rev).await?;
         store.inner.compacted.store(compacted, Ordering::Release);
         store.inner.cache.set_compacted(compacted);
@@ -170,15 +178,15 @@ impl EtcdStore {
         let readable = |rev: Revision| {
             let key = key.clone();
             async move {
-                let opts = GetOptions::new().with_revision(rev).with_count_only();
-                match self.client()?.get(key, Some(opts)).await {
+                let req = RangeRequest {
+                    key: key.into_bytes(),
+                    revision: rev,
+                    count_only: true,
+                    ..Default::default()
+                };
+                match self.client()?.range(req).await {
                     Ok(_) => Ok(true),
-                    Err(e)
-                        if e.to_string()
-                            .contains("required revision has been compacted") =>
-                    {
-                        Ok(false)
-                    }
+                    Err(e) if e.is_compacted() => Ok(false),
                     Err(e) => Err(backend(e)),
                 }
             }
@@ -230,22 +238,25 @@ impl EtcdStore {
         let mut last_key: Option<String> = None;
         let mut more = false;
         'pages: loop {
-            let mut o = GetOptions::new().with_range(end.clone()).with_limit(page);
-            if revision > 0 {
-                o = o.with_revision(revision);
-            }
+            let req = RangeRequest {
+                key: from.clone().into_bytes(),
+                range_end: end.clone().into_bytes(),
+                limit: page,
+                revision,
+                ..Default::default()
+            };
             let requested = revision;
             let resp = self
                 .client()?
-                .get(from.clone(), Some(o))
+                .range(req)
                 .await
                 .map_err(|e| revision_error(e, requested, compacted))?;
             if revision == 0 {
-                revision = resp.header().map(|h| h.revision()).unwrap_or(0);
+                revision = client::revision(resp.header.as_ref());
             }
-            let kvs = resp.kvs();
+            let kvs = &resp.kvs;
             for kv in kvs {
-                let Some(key) = self.strip(kv.key()) else {
+                let Some(key) = self.strip(&kv.key) else {
                     continue;
                 };
                 if limit.is_some_and(|l| items.len() >= l) {
@@ -253,14 +264,14 @@ impl EtcdStore {
                     break 'pages;
                 }
                 // Without selectors nothing needs parsing here.
-                if !filtered || opts.matches(&decode(key, kv.mod_revision(), kv.value())?) {
-                    items.push((key.to_string(), kv.mod_revision(), kv.value().to_vec()));
+                if !filtered || opts.matches(&decode(key, kv.mod_revision, &kv.value)?) {
+                    items.push((key.to_string(), kv.mod_revision, kv.value.clone()));
                     last_key = Some(key.to_string());
                 }
             }
             match kvs.last() {
-                Some(kv) if resp.more() => {
-                    let mut next = kv.key().to_vec();
+                Some(kv) if resp.more => {
+                    let mut next = kv.key.clone();
                     next.push(0);
                     from = String::from_utf8(next)
                         .map_err(|_| StoreError::Corrupt("non-UTF-8 key in etcd".into()))?;
@@ -296,10 +307,10 @@ impl EtcdStore {
     }
 
     /// Turns one etcd watch event into a store change.
-    fn change_of(&self, ev: &etcd_client::Event) -> Option<Change> {
-        let kv = ev.kv()?;
-        let key = self.strip(kv.key())?.to_string();
-        let rev = kv.mod_revision();
+    fn change_of(&self, ev: &rpc::mvccpb::Event) -> Option<Change> {
+        let kv = ev.kv.as_ref()?;
+        let key = self.strip(&kv.key)?.to_string();
+        let rev = kv.mod_revision;
         let parsed = |value: &[u8]| match decode(&key, rev, value) {
             Ok(o) => Some(o),
             Err(e) => {
@@ -307,20 +318,20 @@ impl EtcdStore {
                 None
             }
         };
-        match ev.event_type() {
+        match ev.r#type() {
             EventType::Put => {
-                let obj = parsed(kv.value())?;
-                let kind = if kv.version() == 1 {
+                let obj = parsed(&kv.value)?;
+                let kind = if kv.version == 1 {
                     ChangeKind::Create
                 } else {
                     ChangeKind::Update
                 };
-                let prev = ev.prev_kv().map(|p| p.value().to_vec());
+                let prev = ev.prev_kv.as_ref().map(|p| p.value.clone());
                 Some(Change::new(key, rev, kind, Arc::new(obj), prev))
             }
             EventType::Delete => {
-                let obj = match ev.prev_kv() {
-                    Some(p) => parsed(p.value())?,
+                let obj = match &ev.prev_kv {
+                    Some(p) => parsed(&p.value)?,
                     None => {
                         let mut o = Object::default();
                         o.metadata.resource_version = rev.to_string();
@@ -346,18 +357,15 @@ async fn feed(store: EtcdStore, mut last: Revision) {
     let prefix = format!("{}/", store.inner.prefix);
     let mut backoff = Duration::from_millis(100);
     loop {
-        let opts = etcd_client::WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(last + 1)
-            .with_prev_key()
-            .with_progress_notify();
-        let mut stream = match store
-            .inner
-            .client
-            .clone()
-            .watch(prefix.clone(), Some(opts))
-            .await
-        {
+        let create = WatchCreateRequest {
+            key: prefix.clone().into_bytes(),
+            range_end: prefix_end_bytes(&prefix),
+            start_revision: last + 1,
+            prev_kv: true,
+            progress_notify: true,
+            ..Default::default()
+        };
+        let mut stream = match store.inner.client.watch(create).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "etcd watch failed; retrying");
@@ -370,15 +378,15 @@ async fn feed(store: EtcdStore, mut last: Revision) {
             match stream.message().await {
                 Ok(Some(resp)) => {
                     backoff = Duration::from_millis(100);
-                    if resp.canceled() {
-                        if resp.compact_revision() > 0 {
+                    if resp.canceled {
+                        if resp.compact_revision > 0 {
                             let now = store
                                 .current_revision()
                                 .await
-                                .unwrap_or(resp.compact_revision());
+                                .unwrap_or(resp.compact_revision);
                             tracing::warn!(
                                 last,
-                                compacted = resp.compact_revision(),
+                                compacted = resp.compact_revision,
                                 "etcd history lost; watchers must re-list"
                             );
                             store.inner.cache.reset(now);
@@ -386,21 +394,21 @@ async fn feed(store: EtcdStore, mut last: Revision) {
                         }
                         break;
                     }
-                    for ev in resp.events() {
+                    for ev in &resp.events {
                         if let Some(change) = store.change_of(ev) {
                             last = change.revision;
                             store.inner.cache.publish(Arc::new(change));
-                        } else if let Some(kv) = ev.kv() {
-                            last = kv.mod_revision();
+                        } else if let Some(kv) = &ev.kv {
+                            last = kv.mod_revision;
                             store.inner.cache.advance(last);
                         }
                     }
-                    if resp.events().is_empty()
-                        && let Some(h) = resp.header()
-                        && !resp.created()
+                    if resp.events.is_empty()
+                        && let Some(h) = &resp.header
+                        && !resp.created
                     {
                         // A progress notification: nothing of ours changed up to here.
-                        store.inner.cache.advance(h.revision());
+                        store.inner.cache.advance(h.revision);
                     }
                 }
                 Ok(None) => break,
@@ -429,27 +437,29 @@ impl History for EtcdStore {
         if until <= after {
             return Ok(out);
         }
-        let opts = etcd_client::WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(after + 1)
-            .with_prev_key();
-        let mut stream = self
+        let watched = format!("{}/", self.inner.prefix);
+        let create = WatchCreateRequest {
+            range_end: prefix_end_bytes(&watched),
+            key: watched.into_bytes(),
+            start_revision: after + 1,
+            prev_kv: true,
+            ..Default::default()
+        };
+        let mut stream = self.client()?.watch(create).await.map_err(backend)?;
+        let fence = match self
             .client()?
-            .watch(format!("{}/", self.inner.prefix), Some(opts))
-            .await
-            .map_err(backend)?;
-        let fence = self
-            .client()?
-            .put(self.full(FENCE_KEY), Vec::new(), None)
+            .put(self.full(FENCE_KEY), Vec::new())
             .await
             .map_err(backend)?
-            .header()
-            .map(|h| h.revision())
-            .unwrap_or(Revision::MAX);
+            .header
+        {
+            Some(h) => h.revision,
+            None => Revision::MAX,
+        };
         let collect = async {
             while let Some(resp) = stream.message().await.map_err(backend)? {
-                if resp.canceled() {
-                    let compacted = resp.compact_revision();
+                if resp.canceled {
+                    let compacted = resp.compact_revision;
                     return Err(if compacted > 0 {
                         StoreError::Expired {
                             requested: after,
@@ -458,16 +468,16 @@ impl History for EtcdStore {
                     } else {
                         StoreError::Backend(format!(
                             "etcd cancelled a history watch: {}",
-                            resp.cancel_reason()
+                            resp.cancel_reason
                         ))
                     });
                 }
-                for ev in resp.events() {
-                    let Some(kv) = ev.kv() else { continue };
-                    if kv.mod_revision() >= fence {
+                for ev in &resp.events {
+                    let Some(kv) = &ev.kv else { continue };
+                    if kv.mod_revision >= fence {
                         return Ok(());
                     }
-                    if kv.mod_revision() > until {
+                    if kv.mod_revision > until {
                         continue;
                     }
                     if let Some(change) = self.change_of(ev)
@@ -491,13 +501,13 @@ impl History for EtcdStore {
 #[async_trait::async_trait]
 impl Store for EtcdStore {
     async fn get(&self, key: &str) -> Result<Object> {
-        let resp = self
-            .client()?
-            .get(self.full(key), None)
-            .await
-            .map_err(backend)?;
-        match resp.kvs().first() {
-            Some(kv) => decode(key, kv.mod_revision(), kv.value()),
+        let req = RangeRequest {
+            key: self.full(key).into_bytes(),
+            ..Default::default()
+        };
+        let resp = self.client()?.range(req).await.map_err(backend)?;
+        match resp.kvs.first() {
+            Some(kv) => decode(key, kv.mod_revision, &kv.value),
             None => Err(StoreError::NotFound {
                 key: key.to_string(),
             }),
@@ -536,17 +546,18 @@ impl Store for EtcdStore {
     async fn create(&self, key: &str, mut obj: Object) -> Result<Arc<Object>> {
         let value = encode(&mut obj)?;
         let full = self.full(key);
-        let txn = Txn::new()
-            .when([Compare::create_revision(full.clone(), CompareOp::Equal, 0)])
-            .and_then([TxnOp::put(full, value, None)]);
+        let txn = TxnRequest {
+            compare: vec![created(&full, CompareResult::Equal, 0)],
+            success: vec![put_op(&full, value)],
+            failure: Vec::new(),
+        };
         let resp = self.client()?.txn(txn).await.map_err(backend)?;
-        if !resp.succeeded() {
+        if !resp.succeeded {
             return Err(StoreError::AlreadyExists {
                 key: key.to_string(),
             });
         }
-        obj.metadata.resource_version =
-            resp.header().map(|h| h.revision()).unwrap_or(0).to_string();
+        obj.metadata.resource_version = revision(resp.header.as_ref()).to_string();
         Ok(Arc::new(obj))
     }
 
@@ -560,22 +571,21 @@ impl Store for EtcdStore {
         let full = self.full(key);
         // The key must exist in both cases: etcd compares a missing key's mod_revision as 0,
         // so an update expecting revision 0 would otherwise create the object.
-        let mut when = vec![Compare::create_revision(
-            full.clone(),
-            CompareOp::Greater,
-            0,
-        )];
+        let mut when = vec![created(&full, CompareResult::Greater, 0)];
         if let Some(rev) = expected {
-            when.push(Compare::mod_revision(full.clone(), CompareOp::Equal, rev));
+            when.push(modified(&full, CompareResult::Equal, rev));
         }
-        let txn = Txn::new()
-            .when(when)
-            .and_then([TxnOp::put(full.clone(), value, None)])
-            .or_else([TxnOp::get(full, None)]);
+        let txn = TxnRequest {
+            compare: when,
+            success: vec![put_op(&full, value)],
+            failure: vec![get_op(&full)],
+        };
         let resp = self.client()?.txn(txn).await.map_err(backend)?;
-        if !resp.succeeded() {
-            let current = resp.op_responses().into_iter().find_map(|r| match r {
-                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.mod_revision()),
+        if !resp.succeeded {
+            let current = resp.responses.iter().find_map(|r| match &r.response {
+                Some(response_op::Response::ResponseRange(g)) => {
+                    g.kvs.first().map(|kv| kv.mod_revision)
+                }
                 _ => None,
             });
             return Err(match current {
@@ -589,25 +599,24 @@ impl Store for EtcdStore {
                 },
             });
         }
-        obj.metadata.resource_version =
-            resp.header().map(|h| h.revision()).unwrap_or(0).to_string();
+        obj.metadata.resource_version = revision(resp.header.as_ref()).to_string();
         Ok(Arc::new(obj))
     }
 
     async fn delete(&self, key: &str, pre: &Preconditions) -> Result<Arc<Object>> {
         let full = self.full(key);
         loop {
-            let resp = self
-                .client()?
-                .get(full.clone(), None)
-                .await
-                .map_err(backend)?;
-            let Some(kv) = resp.kvs().first() else {
+            let req = RangeRequest {
+                key: full.clone().into_bytes(),
+                ..Default::default()
+            };
+            let resp = self.client()?.range(req).await.map_err(backend)?;
+            let Some(kv) = resp.kvs.first() else {
                 return Err(StoreError::NotFound {
                     key: key.to_string(),
                 });
             };
-            let current = kv.mod_revision();
+            let current = kv.mod_revision;
             if let Some(expected) = pre.revision
                 && expected != current
             {
@@ -618,7 +627,7 @@ impl Store for EtcdStore {
                 });
             }
             if let Some(uid) = &pre.uid {
-                let stored = stored_uid(kv.value());
+                let stored = stored_uid(&kv.value);
                 if stored.as_deref() != Some(uid.as_str()) {
                     return Err(StoreError::PreconditionFailed {
                         key: key.to_string(),
@@ -629,27 +638,24 @@ impl Store for EtcdStore {
                     });
                 }
             }
-            let txn = Txn::new()
-                .when([Compare::mod_revision(
-                    full.clone(),
-                    CompareOp::Equal,
-                    current,
-                )])
-                .and_then([TxnOp::delete(
-                    full.clone(),
-                    Some(DeleteOptions::new().with_prev_key()),
-                )]);
+            let txn = TxnRequest {
+                compare: vec![modified(&full, CompareResult::Equal, current)],
+                success: vec![delete_op(&full)],
+                failure: Vec::new(),
+            };
             let resp = self.client()?.txn(txn).await.map_err(backend)?;
-            if !resp.succeeded() {
+            if !resp.succeeded {
                 // Changed between our read and the delete: check the preconditions again.
                 continue;
             }
-            let rev = resp.header().map(|h| h.revision()).unwrap_or(0);
-            let prev = resp.op_responses().into_iter().find_map(|r| match r {
-                TxnOpResponse::Delete(d) => d.prev_kvs().first().map(|kv| kv.value().to_vec()),
+            let rev = revision(resp.header.as_ref());
+            let prev = resp.responses.into_iter().find_map(|r| match r.response {
+                Some(response_op::Response::ResponseDeleteRange(d)) => {
+                    d.prev_kvs.into_iter().next().map(|kv| kv.value)
+                }
                 _ => None,
             });
-            let value = prev.unwrap_or_else(|| kv.value().to_vec());
+            let value = prev.unwrap_or_else(|| kv.value.clone());
             return Ok(Arc::new(decode(key, rev, &value)?));
         }
     }
@@ -659,16 +665,14 @@ impl Store for EtcdStore {
     }
 
     async fn current_revision(&self) -> Result<Revision> {
-        let resp = self
-            .client()?
-            .get(
-                format!("{}/", self.inner.prefix),
-                Some(GetOptions::new().with_count_only()),
-            )
-            .await
-            .map_err(backend)?;
-        resp.header()
-            .map(|h| h.revision())
+        let req = RangeRequest {
+            key: format!("{}/", self.inner.prefix).into_bytes(),
+            count_only: true,
+            ..Default::default()
+        };
+        let resp = self.client()?.range(req).await.map_err(backend)?;
+        resp.header
+            .map(|h| h.revision)
             .ok_or_else(|| StoreError::Backend("etcd: response without a header".into()))
     }
 
@@ -683,16 +687,10 @@ impl Store for EtcdStore {
         if revision <= self.inner.compacted.load(Ordering::Acquire) {
             return Ok(());
         }
-        match self
-            .client()?
-            .compact(revision, Some(CompactionOptions::new()))
-            .await
-        {
-            Ok(_) => {}
+        match self.client()?.compact(revision).await {
+            Ok(()) => {}
             // Another installation sharing this etcd compacted further already.
-            Err(e)
-                if e.to_string()
-                    .contains("required revision has been compacted") => {}
+            Err(e) if e.is_compacted() => {}
             Err(e) => return Err(backend(e)),
         }
         self.inner.compacted.fetch_max(revision, Ordering::AcqRel);
@@ -717,4 +715,10 @@ impl Store for EtcdStore {
         }
         self.inner.cache.close();
     }
+}
+
+/// The end of the key range that holds every key starting with `prefix` (etcd's `\0`, the end
+/// of the keyspace, when there is none).
+fn prefix_end_bytes(prefix: &str) -> Vec<u8> {
+    prefix_end(prefix).map_or(vec![0], String::into_bytes)
 }

@@ -164,14 +164,12 @@ impl Harness for SqliteHarness {
 /// An etcd store under a prefix, on its own etcd server (compaction is global to an etcd, so
 /// conformance tests do not share one) or on a shared one (the model test gives each sequence
 /// its own prefix: its revisions are only compared with its own writes).
-#[cfg(feature = "etcd")]
 #[derive(Debug)]
 pub struct EtcdHarness {
     pub server: Arc<etcd::EtcdServer>,
     pub prefix: String,
 }
 
-#[cfg(feature = "etcd")]
 impl EtcdHarness {
     pub fn new() -> Self {
         EtcdHarness {
@@ -189,14 +187,12 @@ impl EtcdHarness {
     }
 }
 
-#[cfg(feature = "etcd")]
 impl Default for EtcdHarness {
     fn default() -> Self {
         Self::new()
     }
 }
 
-#[cfg(feature = "etcd")]
 #[async_trait::async_trait]
 impl Harness for EtcdHarness {
     async fn open(&self) -> Arc<dyn Store> {

@@ -141,7 +141,6 @@ fn sqlite_keeps_every_acknowledged_write_across_kill_9() {
     assert!(all.creates.len() >= 4500);
 }
 
-#[cfg(feature = "etcd")]
 #[test]
 fn etcd_keeps_every_acknowledged_write_across_kill_9() {
     let etcd = orrery_store_testkit::etcd::EtcdServer::start().unwrap();

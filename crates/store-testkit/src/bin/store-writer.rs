@@ -50,7 +50,6 @@ fn main() -> anyhow::Result<()> {
                 config.compaction_step = compaction_step;
                 Arc::new(orrery_store_sqlite::SqliteStore::open(config)?)
             }
-            #[cfg(feature = "etcd")]
             Some("etcd") => {
                 let endpoint = args.get(1).context("etcd ENDPOINT PREFIX")?;
                 let prefix = args.get(2).context("etcd ENDPOINT PREFIX")?;
