@@ -324,6 +324,9 @@ impl From<StoreError> for ApiError {
             }
             StoreError::InvalidArgument(m) => ApiError::bad_request(m),
             StoreError::Closed => ApiError::service_unavailable("the server is shutting down"),
+            StoreError::Fenced { .. } => {
+                ApiError::service_unavailable("this server no longer leads; try again")
+            }
             StoreError::NotFound { key } => {
                 ApiError::new(404, "NotFound", format!("{key} not found"))
             }

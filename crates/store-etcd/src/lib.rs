@@ -16,12 +16,12 @@ mod rpc;
 use client::{Client, Connect, EtcdError, created, delete_op, get_op, modified, put_op, revision};
 use orrery_api::Object;
 use orrery_store::{
-    Change, ChangeKind, History, ListOptions, ListResult, Preconditions, RawListResult, RawObject,
-    Result, Revision, Store, StoreError, WatchCache, WatchCacheConfig, WatchOptions, WatchStream,
-    decode_continue, encode_continue, prefix_end, with_resource_version,
+    Change, ChangeKind, Fence, History, ListOptions, ListResult, Preconditions, RawListResult,
+    RawObject, Result, Revision, Store, StoreError, WatchCache, WatchCacheConfig, WatchOptions,
+    WatchStream, decode_continue, encode_continue, prefix_end, with_resource_version,
 };
 use rpc::etcdserverpb::{
-    RangeRequest, TxnRequest, WatchCreateRequest, compare::CompareResult, response_op,
+    RangeRequest, TxnRequest, TxnResponse, WatchCreateRequest, compare::CompareResult, response_op,
 };
 use rpc::mvccpb::event::EventType;
 
@@ -58,6 +58,8 @@ impl EtcdConfig {
 #[derive(Clone, Debug)]
 pub struct EtcdStore {
     inner: Arc<Inner>,
+    /// Set on a fenced view: every write also compares the leader lease's revision.
+    fence: Option<Fence>,
 }
 
 struct Inner {
@@ -145,6 +147,7 @@ impl EtcdStore {
             ))
         })?;
         let store = EtcdStore {
+            fence: None,
             inner: Arc::new(Inner {
                 client,
                 prefix: config.prefix.trim_end_matches('/').to_string(),
@@ -296,6 +299,50 @@ impl EtcdStore {
             .ok()?
             .strip_prefix(&self.inner.prefix)
             .filter(|k| *k != FENCE_KEY)
+    }
+
+    /// Runs a write transaction, on a fenced view with the fence's compare added. A fence that
+    /// moved only because its holder renewed the lease is followed; one that another holder or
+    /// term took is [`StoreError::Fenced`]. A failed response is the write's own (the fence
+    /// held); the fence's read is taken off it.
+    async fn fenced_txn(&self, mut txn: TxnRequest) -> Result<TxnResponse> {
+        let Some(fence) = &self.fence else {
+            return self.client()?.txn(txn).await.map_err(backend);
+        };
+        let lease = self.full(&fence.key);
+        let own = txn.compare.len();
+        txn.failure.push(get_op(&lease));
+        loop {
+            let expected = fence.revision.load(Ordering::Acquire);
+            txn.compare.truncate(own);
+            txn.compare
+                .push(modified(&lease, CompareResult::Equal, expected));
+            let mut resp = self.client()?.txn(txn.clone()).await.map_err(backend)?;
+            if resp.succeeded {
+                return Ok(resp);
+            }
+            let lease_kv = match resp.responses.pop().and_then(|r| r.response) {
+                Some(response_op::Response::ResponseRange(r)) => r.kvs.into_iter().next(),
+                _ => None,
+            };
+            let fenced = || StoreError::Fenced {
+                key: fence.key.clone(),
+                holder: fence.holder.clone(),
+            };
+            let Some(kv) = lease_kv else {
+                return Err(fenced());
+            };
+            if kv.mod_revision == expected {
+                return Ok(resp);
+            }
+            let holds = decode(&fence.key, kv.mod_revision, &kv.value)
+                .map(|o| fence.holds(&o))
+                .unwrap_or(false);
+            if !holds {
+                return Err(fenced());
+            }
+            fence.revision.fetch_max(kv.mod_revision, Ordering::AcqRel);
+        }
     }
 
     /// A client handle, or `Closed` once the store has been closed.
@@ -546,12 +593,13 @@ impl Store for EtcdStore {
     async fn create(&self, key: &str, mut obj: Object) -> Result<Arc<Object>> {
         let value = encode(&mut obj)?;
         let full = self.full(key);
-        let txn = TxnRequest {
-            compare: vec![created(&full, CompareResult::Equal, 0)],
-            success: vec![put_op(&full, value)],
-            failure: Vec::new(),
-        };
-        let resp = self.client()?.txn(txn).await.map_err(backend)?;
+        let resp = self
+            .fenced_txn(TxnRequest {
+                compare: vec![created(&full, CompareResult::Equal, 0)],
+                success: vec![put_op(&full, value)],
+                failure: Vec::new(),
+            })
+            .await?;
         if !resp.succeeded {
             return Err(StoreError::AlreadyExists {
                 key: key.to_string(),
@@ -580,7 +628,7 @@ impl Store for EtcdStore {
             success: vec![put_op(&full, value)],
             failure: vec![get_op(&full)],
         };
-        let resp = self.client()?.txn(txn).await.map_err(backend)?;
+        let resp = self.fenced_txn(txn).await?;
         if !resp.succeeded {
             let current = resp.responses.iter().find_map(|r| match &r.response {
                 Some(response_op::Response::ResponseRange(g)) => {
@@ -643,7 +691,7 @@ impl Store for EtcdStore {
                 success: vec![delete_op(&full)],
                 failure: Vec::new(),
             };
-            let resp = self.client()?.txn(txn).await.map_err(backend)?;
+            let resp = self.fenced_txn(txn).await?;
             if !resp.succeeded {
                 // Changed between our read and the delete: check the preconditions again.
                 continue;
@@ -700,6 +748,13 @@ impl Store for EtcdStore {
 
     async fn compacted_revision(&self) -> Result<Revision> {
         Ok(self.inner.compacted.load(Ordering::Acquire))
+    }
+
+    fn fenced(&self, fence: Fence) -> Option<Arc<dyn Store>> {
+        Some(Arc::new(EtcdStore {
+            inner: self.inner.clone(),
+            fence: Some(fence),
+        }))
     }
 
     async fn close(&self) {

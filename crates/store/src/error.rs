@@ -52,6 +52,11 @@ pub enum StoreError {
 
     #[error("store is closed")]
     Closed,
+
+    /// A fenced write found its fence gone: the leader lease it was made under is held by
+    /// another server, or by another term of this one. Nothing was written.
+    #[error("fenced: {key} is no longer held by {holder}")]
+    Fenced { key: String, holder: String },
 }
 
 impl StoreError {

@@ -47,6 +47,34 @@ pub struct Preconditions {
     pub revision: Option<Revision>,
 }
 
+/// What a fenced store's writes are conditional on: the leader lease at `key` (a
+/// `coordination.k8s.io/v1` Lease) still held by `holder` in the same term (`transitions`,
+/// its `spec.leaseTransitions` when this holder acquired it).
+///
+/// `revision` is the lease's revision as its holder last wrote it (acquired or renewed); the
+/// elector keeps it current. A write whose fence check fails because of the holder's own
+/// renewal is tried again at the lease's new revision; one that finds another holder or term
+/// fails with [`StoreError::Fenced`].
+#[derive(Clone, Debug)]
+pub struct Fence {
+    pub key: String,
+    pub holder: String,
+    pub transitions: i64,
+    pub revision: Arc<std::sync::atomic::AtomicI64>,
+}
+
+impl Fence {
+    /// Whether the lease object `lease` is this fence's holder in this fence's term.
+    pub fn holds(&self, lease: &Object) -> bool {
+        let field = |name: &str| lease.spec.as_ref().and_then(|s| s.get(name));
+        field("holderIdentity").and_then(|v| v.as_str()) == Some(self.holder.as_str())
+            && field("leaseTransitions")
+                .and_then(|v| v.as_i64())
+                .unwrap_or(0)
+                == self.transitions
+    }
+}
+
 /// A store of versioned objects under string keys (`/registry/apps/deployments/ns/name`).
 ///
 /// Objects are stored without `resourceVersion`; reads and write results carry the revision of
@@ -116,6 +144,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Stops background work and ends all watches cleanly.
     async fn close(&self);
+
+    /// A view of this store whose writes (create, update, delete) commit only while `fence`
+    /// holds, checked in the same transaction as the write; reads and watches are the same as
+    /// this store's. `None` when the backend cannot fence (SQLite: one server owns the file).
+    fn fenced(&self, fence: Fence) -> Option<Arc<dyn Store>> {
+        let _ = fence;
+        None
+    }
 }
 
 /// Reads `key`, applies `f`, and writes the result with compare-and-swap, retrying on
