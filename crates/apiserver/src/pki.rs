@@ -175,6 +175,43 @@ pub fn ensure(data_dir: &Path, sans: &[String]) -> Result<Pki, PkiError> {
     })
 }
 
+/// The CA's certificate and key as kept under `data_dir` (after [`ensure`]).
+pub fn read_ca(data_dir: &Path) -> Result<(String, String), PkiError> {
+    let dir = data_dir.join("tls");
+    let (crt, key) = (dir.join("ca.crt"), dir.join("ca.key"));
+    Ok((
+        std::fs::read_to_string(&crt).map_err(io(&crt))?,
+        std::fs::read_to_string(&key).map_err(io(&key))?,
+    ))
+}
+
+/// Makes `data_dir` hold the given CA (the installation's, shared by its replicas). A serving
+/// certificate issued by another CA is dropped, so [`ensure`] issues one from this CA.
+/// Returns whether anything changed.
+pub fn install_ca(data_dir: &Path, ca_pem: &str, key_pem: &str) -> Result<bool, PkiError> {
+    let dir = data_dir.join("tls");
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    KeyPair::from_pem(key_pem).map_err(|e| PkiError::Pem {
+        path: dir.join("ca.key"),
+        reason: e.to_string(),
+    })?;
+    if read_ca(data_dir).is_ok_and(|(c, k)| c == ca_pem && k == key_pem) {
+        return Ok(false);
+    }
+    write_private(&dir.join("ca.key"), key_pem)?;
+    write_private(&dir.join("ca.crt"), ca_pem)?;
+    for stale in ["server.crt", "server.key", "server.json"] {
+        let path = dir.join(stale);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(PkiError::Io { path, source: e }),
+        }
+    }
+    tracing::info!(path = %dir.display(), "installed the installation's certificate authority");
+    Ok(true)
+}
+
 fn ymd(unix: i64) -> (i32, u8, u8) {
     let date = jiff::Timestamp::from_second(unix)
         .unwrap_or(jiff::Timestamp::UNIX_EPOCH)

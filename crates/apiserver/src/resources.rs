@@ -380,6 +380,16 @@ fn builtin_defs() -> Vec<Def> {
             true,
             "io.k8s.api.networking.v1.Ingress",
         ),
+        // The leader Lease of the server replicas (orrery-system/orrery-controllers).
+        def(
+            "coordination.k8s.io",
+            "Lease",
+            "leases",
+            true,
+            &[],
+            false,
+            "io.k8s.api.coordination.v1.Lease",
+        ),
         def(
             "apiextensions.k8s.io",
             "CustomResourceDefinition",
@@ -545,7 +555,12 @@ fn builtin_defs() -> Vec<Def> {
 
 fn version_of(group: &str) -> &'static str {
     match group {
-        "" | "apps" | "batch" | "networking.k8s.io" | "apiextensions.k8s.io" => "v1",
+        ""
+        | "apps"
+        | "batch"
+        | "networking.k8s.io"
+        | "coordination.k8s.io"
+        | "apiextensions.k8s.io" => "v1",
         _ => "v1alpha1",
     }
 }

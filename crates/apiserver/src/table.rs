@@ -364,6 +364,7 @@ const PRINTED_KINDS: &[&str] = &[
     "Job",
     "CronJob",
     "Ingress",
+    "Lease",
     "CustomResourceDefinition",
 ];
 
@@ -803,6 +804,12 @@ fn builtin_printer(kind: &str) -> Vec<Printed> {
             ]);
             v.extend(template_printed(true));
         }
+        "Lease" => v.extend([
+            printed("Holder", "string", 0, "The holder of the lease.", |r| {
+                json!(r.spec_str(&["holderIdentity"]).unwrap_or_default())
+            }),
+            age_printed(),
+        ]),
         "Ingress" => v.extend([
             printed("Class", "string", 0, "The ingress class.", |r| {
                 json!(or_none(

@@ -22,6 +22,7 @@ pub mod data;
 pub mod forecasting;
 pub mod health;
 pub mod inventory;
+pub mod leader;
 pub mod lifecycle;
 pub mod migration;
 pub mod monitoring;

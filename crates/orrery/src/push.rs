@@ -191,7 +191,12 @@ async fn wanted_of(app: &App, c: &Object) -> Option<Wanted> {
 }
 
 /// Runs the push agents of all Push clusters until shutdown.
-pub fn spawn(app: Arc<App>, url: String, ca_pem: String, shutdown: watch::Receiver<bool>) {
+pub fn spawn(
+    app: Arc<App>,
+    url: String,
+    ca_pem: String,
+    shutdown: watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut events = informer::spawn(
             app.store.clone(),
@@ -261,5 +266,5 @@ pub fn spawn(app: Arc<App>, url: String, ca_pem: String, shutdown: watch::Receiv
         for (_, r) in running {
             let _ = r.stop.send(true);
         }
-    });
+    })
 }

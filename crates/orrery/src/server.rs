@@ -17,7 +17,7 @@ pub enum StoreKind {
     Etcd,
 }
 
-#[derive(Debug, clap::Args)]
+#[derive(Clone, Debug, clap::Args)]
 pub struct ServerArgs {
     /// Where the store, certificates and the admin kubeconfig live.
     #[arg(long, default_value = "./orrery-data", env = "ORRERY_DATA_DIR")]
@@ -113,6 +113,59 @@ pub struct ServerArgs {
     /// How much history the store keeps before compacting (watch resumption window).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub compaction_interval: Duration,
+    /// The installation's secret, the same for every server replica on one etcd: the first
+    /// replica keeps the CA and the admin token in the store sealed with a key derived from
+    /// it, the others load them (one kubeconfig, every agent's token, against any replica).
+    #[arg(
+        long,
+        env = "ORRERY_CLUSTER_SECRET",
+        hide_env_values = true,
+        conflicts_with = "cluster_secret_file"
+    )]
+    pub cluster_secret: Option<String>,
+    /// A file holding the installation's secret (see --cluster-secret).
+    #[arg(long)]
+    pub cluster_secret_file: Option<PathBuf>,
+    /// Whether this server runs the controllers only while it holds the leader Lease
+    /// (orrery-system/orrery-controllers); on by default with --store etcd, where several
+    /// servers may share the store.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true")]
+    pub leader_elect: Option<bool>,
+    /// How long a leader's Lease is honoured by the others without a renewal.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// How long a leader keeps leading while its renewals fail.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// How often the Lease is renewed, and how often followers try to take it.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
+}
+
+impl ServerArgs {
+    /// The cluster secret, from the flag or its file (trailing newline removed).
+    fn cluster_secret(&self) -> anyhow::Result<Option<Vec<u8>>> {
+        let secret = match (&self.cluster_secret, &self.cluster_secret_file) {
+            (Some(s), _) => s.clone().into_bytes(),
+            (None, Some(path)) => {
+                let mut s = std::fs::read(path)
+                    .with_context(|| format!("reading --cluster-secret-file {}", path.display()))?;
+                while s.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+                    s.pop();
+                }
+                s
+            }
+            (None, None) => return Ok(None),
+        };
+        if secret.len() < 16 {
+            anyhow::bail!("the cluster secret must be at least 16 bytes long");
+        }
+        Ok(Some(secret))
+    }
+
+    fn elects(&self) -> bool {
+        self.leader_elect.unwrap_or(self.store == StoreKind::Etcd)
+    }
 }
 
 fn parse_level(s: &str) -> Result<f64, String> {
@@ -319,61 +372,29 @@ impl orrery_controllers::lifecycle::Api for LifecycleApi {
     }
 }
 
-/// Starts everything and returns once the server accepts connections.
-pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
-    if args.shed_mark < args.water_level_limit {
-        anyhow::bail!(
-            "--shed-mark {} is below --water-level-limit {}: a cluster filled to the limit would shed at once",
-            args.shed_mark,
-            args.water_level_limit
-        );
-    }
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("creating {}", args.data_dir.display()))?;
-    let store = open_store(args).await?;
-    let mut sans = vec![
-        "localhost".to_string(),
-        "127.0.0.1".to_string(),
-        "::1".to_string(),
-    ];
-    if !args.listen.ip().is_unspecified() {
-        sans.push(args.listen.ip().to_string());
-    }
-    sans.extend(args.tls_san.iter().cloned());
-    let pki = pki::ensure(&args.data_dir, &sans).context("preparing TLS certificates")?;
-    let tls = pki::server_config(&pki).map_err(|e| anyhow::anyhow!("TLS configuration: {e}"))?;
-    let auth = Authenticator::start(store.clone())
-        .await
-        .context("loading tokens")?;
+/// What every term's controllers share (the metrics outlive a term).
+struct TermShared {
+    controllers: Arc<orrery_controllers::runtime::metrics::ControllerMetrics>,
+    scheduler: Arc<orrery_controllers::propagation::scheduling::SchedulerMetrics>,
+    cost: Arc<orrery_controllers::monitoring::CostMetrics>,
+    url: String,
+    ca_pem: String,
+}
 
-    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    let registry: orrery_apiserver::metrics::SharedRegistry = Default::default();
-    let scheduler_metrics =
-        Arc::new(orrery_controllers::propagation::scheduling::SchedulerMetrics::new(&registry));
-    let controller_metrics =
-        Arc::new(orrery_controllers::runtime::metrics::ControllerMetrics::new(&registry));
-    let cost_metrics = Arc::new(orrery_controllers::monitoring::CostMetrics::new(&registry));
-    let config = ApiConfig {
-        metrics_registry: Some(registry),
-        server_address: args.listen.to_string(),
-        ca_pem: pki.ca_pem.clone(),
-        bookmark_interval: args.watch_bookmark_interval,
-        ..ApiConfig::default()
-    };
-    let app = App::new(store.clone(), auth.clone(), config, shutdown_rx.clone())
-        .await
-        .context("starting the API")?;
-    app.ensure_namespaces()
-        .await
-        .context("creating the default namespaces")?;
-    app.ensure_own_crds()
-        .await
-        .context("describing Orrery's own kinds as CustomResourceDefinitions")?;
+/// Starts the controllers, the scheduler, monitoring and push-mode agents on `store` until
+/// `shutdown`: one term of leadership (or the server's whole life without election).
+fn spawn_controllers(
+    args: &ServerArgs,
+    store: Arc<dyn Store>,
+    app: &Arc<App>,
+    m: &TermShared,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let mut controllers = orrery_controllers::lifecycle::spawn(
         store.clone(),
         Arc::new(LifecycleApi(app.clone())),
-        controller_metrics.clone(),
-        shutdown_rx.clone(),
+        m.controllers.clone(),
+        shutdown.clone(),
     );
     controllers.extend(orrery_controllers::spawn(
         store.clone(),
@@ -393,12 +414,12 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
                     horizon_seconds: args.prediction_horizon,
                     bound: args.prediction_bound,
                 },
-                metrics: scheduler_metrics,
+                metrics: m.scheduler.clone(),
                 ..Default::default()
             },
             monitoring: orrery_controllers::monitoring::MonitoringConfig {
                 interval: args.monitoring_interval,
-                cost_metrics: Some(cost_metrics),
+                cost_metrics: Some(m.cost.clone()),
                 ..Default::default()
             },
             forecast: orrery_controllers::forecasting::ForecastConfig {
@@ -425,15 +446,168 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
                 },
                 ..Default::default()
             },
-            metrics: controller_metrics,
+            metrics: m.controllers.clone(),
         },
-        shutdown_rx.clone(),
+        shutdown.clone(),
     ));
+    controllers.push(crate::push::spawn(
+        app.clone(),
+        m.url.clone(),
+        m.ca_pem.clone(),
+        shutdown,
+    ));
+    controllers
+}
+
+/// Runs the controllers while this server leads: each term gets a fenced view of the store
+/// (its writes commit only while the term's Lease stands) and a shutdown of its own, fired when
+/// the term ends or the server stops; a term's controllers are stopped and joined before the
+/// next term starts theirs.
+async fn lead(
+    args: ServerArgs,
+    store: Arc<dyn Store>,
+    app: Arc<App>,
+    m: TermShared,
+    mut leading: orrery_controllers::leader::Leading,
+    leader: orrery_controllers::leader::LeaderMetric,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        let fence = tokio::select! {
+            r = leading.wait_for(Option::is_some) => match r {
+                Ok(f) => f.clone(),
+                Err(_) => return,
+            },
+            _ = shutdown.wait_for(|s| *s) => return,
+        };
+        let Some(fence) = fence else { continue };
+        let term_store = store.fenced(fence).unwrap_or_else(|| store.clone());
+        let (term_tx, term_rx) = tokio::sync::watch::channel(false);
+        leader.set(true);
+        let handles = spawn_controllers(&args, term_store, &app, &m, term_rx);
+        let stopping = tokio::select! {
+            _ = leading.wait_for(Option::is_none) => false,
+            _ = shutdown.wait_for(|s| *s) => true,
+        };
+        leader.set(false);
+        let _ = term_tx.send(true);
+        stop_all(handles).await;
+        if stopping {
+            return;
+        }
+        tracing::warn!("this server no longer leads; its controllers stopped");
+    }
+}
+
+/// Joins controller tasks, giving them 10 s to finish the writes they have begun.
+async fn stop_all(handles: Vec<tokio::task::JoinHandle<()>>) {
+    let aborts: Vec<_> = handles.iter().map(|h| h.abort_handle()).collect();
+    let joined = futures_util::future::join_all(handles);
+    if tokio::time::timeout(Duration::from_secs(10), joined)
+        .await
+        .is_err()
+    {
+        tracing::warn!("controllers did not stop within 10 s; stopping them");
+        for a in aborts {
+            a.abort();
+        }
+    }
+}
+
+/// Starts everything and returns once the server accepts connections.
+pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
+    if args.shed_mark < args.water_level_limit {
+        anyhow::bail!(
+            "--shed-mark {} is below --water-level-limit {}: a cluster filled to the limit would shed at once",
+            args.shed_mark,
+            args.water_level_limit
+        );
+    }
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let secret = args.cluster_secret()?;
+    let store = open_store(args).await?;
+    let sealer = secret
+        .map(|s| orrery_apiserver::seal::Sealer::new(&s, orrery_apiserver::identity::PURPOSE))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("--cluster-secret: {e}"))?;
+    // Another replica's identity, if one is stored: its CA replaces this data directory's.
+    let mut shared = match &sealer {
+        Some(sealer) => orrery_apiserver::identity::load(&*store, sealer)
+            .await
+            .context("loading the installation's identity (is --cluster-secret the one the other replicas use?)")?,
+        None => None,
+    };
+    if let Some(id) = &shared {
+        orrery_apiserver::identity::adopt(&args.data_dir, id)
+            .context("installing the installation's CA")?;
+    }
+    let mut sans = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    if !args.listen.ip().is_unspecified() {
+        sans.push(args.listen.ip().to_string());
+    }
+    sans.extend(args.tls_san.iter().cloned());
+    let mut pki = pki::ensure(&args.data_dir, &sans).context("preparing TLS certificates")?;
+    let auth = Authenticator::start(store.clone())
+        .await
+        .context("loading tokens")?;
+    let kubeconfig = args.data_dir.join("admin.kubeconfig");
+    let token = match &shared {
+        Some(id) => id.admin_token.clone(),
+        None => admin_token(&auth, &kubeconfig).await?,
+    };
+    if let (Some(sealer), None) = (&sealer, &shared) {
+        let (ca_cert, ca_key) = pki::read_ca(&args.data_dir)?;
+        let mine = orrery_apiserver::identity::Shared {
+            ca_cert,
+            ca_key,
+            admin_token: token.clone(),
+        };
+        // Two replicas starting at once on an empty store: the one whose identity was stored
+        // first wins, the other adopts it.
+        shared = orrery_apiserver::identity::publish(&*store, sealer, &mine)
+            .await
+            .context("storing the installation's identity")?;
+        if let Some(id) = &shared {
+            orrery_apiserver::identity::adopt(&args.data_dir, id)
+                .context("installing the installation's CA")?;
+            pki = pki::ensure(&args.data_dir, &sans).context("preparing TLS certificates")?;
+        }
+    }
+    let token = shared.map_or(token, |id| id.admin_token);
+    let tls = pki::server_config(&pki).map_err(|e| anyhow::anyhow!("TLS configuration: {e}"))?;
+
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let registry: orrery_apiserver::metrics::SharedRegistry = Default::default();
+    let scheduler_metrics =
+        Arc::new(orrery_controllers::propagation::scheduling::SchedulerMetrics::new(&registry));
+    let controller_metrics =
+        Arc::new(orrery_controllers::runtime::metrics::ControllerMetrics::new(&registry));
+    let cost_metrics = Arc::new(orrery_controllers::monitoring::CostMetrics::new(&registry));
+    let leader_metric = orrery_controllers::leader::LeaderMetric::register(&registry);
+    let config = ApiConfig {
+        metrics_registry: Some(registry),
+        server_address: args.listen.to_string(),
+        ca_pem: pki.ca_pem.clone(),
+        bookmark_interval: args.watch_bookmark_interval,
+        ..ApiConfig::default()
+    };
+    let app = App::new(store.clone(), auth.clone(), config, shutdown_rx.clone())
+        .await
+        .context("starting the API")?;
+    app.ensure_namespaces()
+        .await
+        .context("creating the default namespaces")?;
+    app.ensure_own_crds()
+        .await
+        .context("describing Orrery's own kinds as CustomResourceDefinitions")?;
     orrery_store::spawn_compactor(store.clone(), args.compaction_interval);
 
     let url = client_url(&args.listen);
-    let kubeconfig = args.data_dir.join("admin.kubeconfig");
-    let token = admin_token(&auth, &kubeconfig).await?;
     pki::write_kubeconfig(
         &kubeconfig,
         &pki::kubeconfig(&url, &pki.ca_pem, "admin", &token),
@@ -443,18 +617,42 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
-    crate::push::spawn(
-        app.clone(),
-        url.clone(),
-        pki.ca_pem.clone(),
-        shutdown_rx.clone(),
-    );
     let serving = tokio::spawn(orrery_apiserver::server::serve(
         app.clone(),
         listener,
         tls,
-        shutdown_rx,
+        shutdown_rx.clone(),
     ));
+    let term = TermShared {
+        controllers: controller_metrics,
+        scheduler: scheduler_metrics,
+        cost: cost_metrics,
+        url: url.clone(),
+        ca_pem: pki.ca_pem.clone(),
+    };
+    let controllers = if args.elects() {
+        let identity = orrery_controllers::leader::process_identity();
+        let mut election = orrery_controllers::leader::ElectionConfig::new(identity.clone());
+        election.lease_duration = args.leader_elect_lease_duration;
+        election.renew_deadline = args.leader_elect_renew_deadline;
+        election.retry_period = args.leader_elect_retry_period;
+        let (leading, elector) =
+            orrery_controllers::leader::spawn(store.clone(), election, shutdown_rx.clone());
+        tracing::info!(%identity, "campaigning for the leader Lease orrery-system/orrery-controllers");
+        let terms = tokio::spawn(lead(
+            args.clone(),
+            store.clone(),
+            app.clone(),
+            term,
+            leading,
+            leader_metric,
+            shutdown_rx,
+        ));
+        vec![terms, elector]
+    } else {
+        leader_metric.set(true);
+        spawn_controllers(args, store.clone(), &app, &term, shutdown_rx)
+    };
     tracing::info!(url = %url, kubeconfig = %kubeconfig.display(), "serving");
     Ok(Running {
         url,

@@ -180,6 +180,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         commit_delay: orrery_store_sqlite::DEFAULT_COMMIT_DELAY,
         hpa_sync_period: Duration::from_secs(15),
         hpa_downscale_stabilization: Duration::from_secs(300),
+        cluster_secret: None,
+        cluster_secret_file: None,
+        leader_elect: None,
+        leader_elect_lease_duration: Duration::from_secs(15),
+        leader_elect_renew_deadline: Duration::from_secs(10),
+        leader_elect_retry_period: Duration::from_secs(2),
     };
     let started = Instant::now();
     let running = crate::server::start(&server_args).await?;

@@ -61,34 +61,11 @@ impl EtcdServer {
             "--log-outputs".into(),
             dir.path().join("etcd.log").display().to_string(),
         ];
-        // `sh` runs etcd and kills it as soon as our end of its stdin closes (we exit or drop).
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg("\"$@\" </dev/null & pid=$!; read _; kill $pid 2>/dev/null; wait $pid")
-            .arg("sh")
-            .arg(etcd_binary())
-            .args(&args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot run etcd ({}): {e}; install Debian's etcd-server",
-                    etcd_binary()
-                )
-            })?;
+        let mut child = spawn(&args)?;
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = child.try_wait()? {
-                let mut msg = String::new();
-                if let Some(err) = child.stderr.take() {
-                    for line in BufReader::new(err).lines().map_while(Result::ok).take(20) {
-                        msg.push_str(&line);
-                        msg.push('\n');
-                    }
-                }
-                anyhow::bail!("etcd exited with {status}: {msg}");
+                anyhow::bail!("etcd exited with {status}: {}", stderr_of(&mut child));
             }
             if health(client) {
                 return Ok(EtcdServer {
@@ -102,6 +79,196 @@ impl EtcdServer {
                 anyhow::bail!("etcd did not become healthy on {endpoint} within 20 s");
             }
             std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Runs etcd under `sh`, which kills it as soon as our end of its stdin closes (we exit or
+/// drop), and prints etcd's own pid first (for `kill -9`).
+fn spawn(args: &[String]) -> anyhow::Result<Child> {
+    Command::new("sh")
+        .arg("-c")
+        .arg("\"$@\" </dev/null & pid=$!; echo $pid; read _; kill $pid 2>/dev/null; wait $pid")
+        .arg("sh")
+        .arg(etcd_binary())
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "cannot run etcd ({}): {e}; install Debian's etcd-server",
+                etcd_binary()
+            )
+        })
+}
+
+fn stderr_of(child: &mut Child) -> String {
+    let mut msg = String::new();
+    if let Some(err) = child.stderr.take() {
+        for line in BufReader::new(err).lines().map_while(Result::ok).take(20) {
+            msg.push_str(&line);
+            msg.push('\n');
+        }
+    }
+    msg
+}
+
+/// One member of an [`EtcdCluster`].
+#[derive(Debug)]
+struct Member {
+    name: String,
+    client: u16,
+    peer: u16,
+    /// The wrapper and etcd's pid, while it runs.
+    running: Option<(Child, u32)>,
+}
+
+/// A cluster of etcd members on loopback ports, for fault tests: members can be killed with
+/// `SIGKILL` and started again on their data. Killed with the test process, as [`EtcdServer`].
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits until every one answers healthy.
+    pub fn start(n: usize) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let mut members = Vec::new();
+        for i in 0..n {
+            members.push(Member {
+                name: format!("m{i}"),
+                client: free_port()?,
+                peer: free_port()?,
+                running: None,
+            });
+        }
+        let mut cluster = EtcdCluster { members, dir };
+        for i in 0..n {
+            cluster.launch(i)?;
+        }
+        for i in 0..n {
+            cluster.wait_healthy(i, Duration::from_secs(30))?;
+        }
+        Ok(cluster)
+    }
+
+    fn initial_cluster(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn launch(&mut self, i: usize) -> anyhow::Result<()> {
+        let initial = self.initial_cluster();
+        let m = &self.members[i];
+        let endpoint = format!("http://127.0.0.1:{}", m.client);
+        let peer = format!("http://127.0.0.1:{}", m.peer);
+        let data = self.dir.path().join(&m.name);
+        let args: Vec<String> = vec![
+            "--name".into(),
+            m.name.clone(),
+            "--data-dir".into(),
+            data.display().to_string(),
+            "--listen-client-urls".into(),
+            endpoint.clone(),
+            "--advertise-client-urls".into(),
+            endpoint,
+            "--listen-peer-urls".into(),
+            peer.clone(),
+            "--initial-advertise-peer-urls".into(),
+            peer,
+            "--initial-cluster".into(),
+            initial,
+            "--initial-cluster-token".into(),
+            "orrery-test".into(),
+            "--logger".into(),
+            "zap".into(),
+            "--log-outputs".into(),
+            self.dir
+                .path()
+                .join(format!("{}.log", m.name))
+                .display()
+                .to_string(),
+        ];
+        let mut child = spawn(&args)?;
+        let mut line = String::new();
+        if let Some(out) = child.stdout.take() {
+            BufReader::new(out).read_line(&mut line)?;
+        }
+        let pid: u32 = line
+            .trim()
+            .parse()
+            .map_err(|_| anyhow::anyhow!("etcd's wrapper printed no pid: {line:?}"))?;
+        self.members[i].running = Some((child, pid));
+        Ok(())
+    }
+
+    fn wait_healthy(&mut self, i: usize, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let m = &mut self.members[i];
+            if let Some((child, _)) = m.running.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                anyhow::bail!("etcd {} exited with {status}: {}", m.name, stderr_of(child));
+            }
+            if health(m.client) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!("etcd {} did not become healthy", m.name);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Every member's client URL.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.client))
+            .collect()
+    }
+
+    /// `kill -9` of member `i`.
+    pub fn kill9(&mut self, i: usize) {
+        if let Some((mut child, pid)) = self.members[i].running.take() {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            drop(child.stdin.take());
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data; waits until it is healthy when `wait` (a member
+    /// alone without quorum never is).
+    pub fn restart(&mut self, i: usize, wait: bool) -> anyhow::Result<()> {
+        anyhow::ensure!(self.members[i].running.is_none(), "member {i} is running");
+        self.launch(i)?;
+        if wait {
+            self.wait_healthy(i, Duration::from_secs(30))?;
+        }
+        Ok(())
+    }
+
+    /// Whether member `i` answers healthy (it has a leader and quorum).
+    pub fn healthy(&self, i: usize) -> bool {
+        health(self.members[i].client)
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for m in &mut self.members {
+            if let Some((mut child, _)) = m.running.take() {
+                drop(child.stdin.take());
+                let _ = child.wait();
+            }
         }
     }
 }

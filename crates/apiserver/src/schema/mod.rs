@@ -47,7 +47,7 @@ fn gvk(group: &str, version: &str, kind: &str) -> Value {
 
 /// Built-in kinds and their group/version, for schema generation.
 fn builtin_components() -> Components {
-    use k8s_openapi::api::{apps, batch, core, networking};
+    use k8s_openapi::api::{apps, batch, coordination, core, networking};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
@@ -89,6 +89,12 @@ fn builtin_components() -> Components {
         "networking.k8s.io",
         "v1",
         "Ingress"
+    );
+    kind!(
+        coordination::v1::Lease,
+        "coordination.k8s.io",
+        "v1",
+        "Lease"
     );
     kind!(
         apiext::CustomResourceDefinition,

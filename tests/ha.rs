@@ -1,0 +1,306 @@
+//! High availability end to end: several `orrery server` replicas on one etcd cluster (real
+//! etcd members on loopback ports), one leader elected through a Lease, fenced controller
+//! writes, and the faults an installation must survive.
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed test
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Agent, Server, eventually, http, signal};
+use orrery_store::Store;
+use orrery_store_testkit::etcd::EtcdCluster;
+
+const SECRET: &str = "an installation secret of some length";
+/// Short leases, so that a test need not wait Kubernetes' 15 seconds.
+const LEASE: Duration = Duration::from_secs(4);
+
+fn replica(etcd: &EtcdCluster, extra: &[&str]) -> Server {
+    replica_retrying(etcd, "500ms", extra)
+}
+
+/// A replica trying for the Lease every `retry`.
+fn replica_retrying(etcd: &EtcdCluster, retry: &str, extra: &[&str]) -> Server {
+    let endpoints = etcd.endpoints().join(",");
+    let mut args = vec![
+        "--store",
+        "etcd",
+        "--etcd-endpoints",
+        &endpoints,
+        "--cluster-secret",
+        SECRET,
+        "--leader-elect-lease-duration",
+        "4s",
+        "--leader-elect-renew-deadline",
+        "3s",
+        "--leader-elect-retry-period",
+        retry,
+    ];
+    args.extend_from_slice(extra);
+    Server::start_with(&args)
+}
+
+/// Runs kubectl with `via`'s kubeconfig against `at`'s address.
+fn on(via: &Server, at: &Server, args: &[&str]) -> std::process::Output {
+    let mut a = vec!["--server", at.url.as_str()];
+    a.extend_from_slice(args);
+    via.kubectl(&a)
+}
+
+/// Whether replica `s` says it leads (`orrery_leader 1` on its /metrics); `None` when it
+/// does not answer.
+fn leads(s: &Server) -> Option<bool> {
+    let out = s.kubectl(&["get", "--raw", "/metrics"]);
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix("orrery_leader "))
+        .map(|v| v.trim() == "1")
+}
+
+/// The index of the one replica that leads, once exactly one does.
+fn the_leader(replicas: &[&Server], timeout: Duration) -> usize {
+    let mut found = None;
+    eventually(timeout, "exactly one replica leading", || {
+        let leading: Vec<usize> = replicas
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| leads(s) == Some(true))
+            .map(|(i, _)| i)
+            .collect();
+        found = (leading.len() == 1).then(|| leading[0]);
+        found.is_some()
+    });
+    found.unwrap()
+}
+
+fn sim_member(s: &Server, name: &str) -> (Agent, String) {
+    let token = s.token(name);
+    let a = Agent::start(
+        s,
+        name,
+        &[
+            "--cluster",
+            name,
+            "--token",
+            &token,
+            "--simulate",
+            "nodes=4,cpu=8,memory=32Gi,load=0.1,start=100ms",
+            "--heartbeat-interval",
+            "1s",
+            "--report-interval",
+            "100ms",
+            "--admin-listen",
+            "127.0.0.1:0",
+        ],
+    );
+    let admin = a.admin();
+    eventually(Duration::from_secs(30), "the member Ready", || {
+        s.cluster_condition(name, "Ready") == "True"
+    });
+    (a, admin)
+}
+
+fn deployment(name: &str) -> String {
+    common::divided_deployment(name, 3, "{cpu: 100m, memory: 64Mi}", "")
+}
+
+fn member_runs(admin: &str, cluster: &str, name: &str) -> bool {
+    let (code, body) = http("GET", admin, &format!("/clusters/{cluster}/objects"), "");
+    code == 200
+        && serde_json::from_str::<serde_json::Value>(&body).is_ok_and(|v| {
+            v["items"].as_array().is_some_and(|items| {
+                items
+                    .iter()
+                    .any(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == name)
+            })
+        })
+}
+
+async fn etcd_store(etcd: &EtcdCluster) -> orrery_store_etcd::EtcdStore {
+    orrery_store_etcd::EtcdStore::connect(orrery_store_etcd::EtcdConfig::new(etcd.endpoints()))
+        .await
+        .unwrap()
+}
+
+#[test]
+fn replicas_share_one_identity_and_a_killed_leader_is_replaced_losing_no_write() {
+    let etcd = EtcdCluster::start(3).unwrap();
+    let a = replica(&etcd, &[]);
+    let b = replica(&etcd, &[]);
+    let c = replica(&etcd, &[]);
+    // One CA and one admin token: any replica's kubeconfig works against every replica.
+    let ca = |s: &Server| std::fs::read_to_string(s.dir.join("tls/ca.crt")).unwrap();
+    assert_eq!(ca(&a), ca(&b));
+    assert_eq!(ca(&a), ca(&c));
+    for at in [&a, &b, &c] {
+        let out = on(&a, at, &["get", "namespaces"]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut replicas = vec![a, b, c];
+    let refs: Vec<&Server> = replicas.iter().collect();
+    let leader = the_leader(&refs, Duration::from_secs(20));
+    let holder = refs[0].ok(&[
+        "get",
+        "lease",
+        "-n",
+        "orrery-system",
+        "orrery-controllers",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert!(!holder.is_empty());
+    let follower = (leader + 1) % 3;
+    let (_agent, admin) = sim_member(&replicas[follower], "m1");
+
+    // Writers send creates to every replica throughout; each acknowledged one must survive.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let stop = stop.clone();
+        let kubeconfig = replicas[follower].kubeconfig.clone();
+        let urls: Vec<String> = replicas.iter().map(|s| s.url.clone()).collect();
+        std::thread::spawn(move || {
+            let mut acknowledged = Vec::new();
+            let mut n = 0;
+            while !stop.load(Ordering::Acquire) {
+                let name = format!("w-{n}");
+                let out = std::process::Command::new("kubectl")
+                    .args(["--server", &urls[n % urls.len()], "--request-timeout", "5s"])
+                    .args(["create", "configmap", &name, "--from-literal", "k=v"])
+                    .env("KUBECONFIG", &kubeconfig)
+                    .output()
+                    .unwrap();
+                if out.status.success() {
+                    acknowledged.push(name);
+                }
+                n += 1;
+            }
+            acknowledged
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    replicas[leader].kill9();
+    let killed_at = Instant::now();
+    let survivors: Vec<&Server> = replicas
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != leader)
+        .map(|(_, s)| s)
+        .collect();
+    let next = the_leader(&survivors, Duration::from_secs(30));
+    let failover = killed_at.elapsed();
+    // Within the lease duration and a few retry periods (a loaded machine is slow to answer).
+    assert!(
+        failover < LEASE + Duration::from_secs(5),
+        "a new leader after {failover:?}"
+    );
+    let new_holder = survivors[0].ok(&[
+        "get",
+        "lease",
+        "-n",
+        "orrery-system",
+        "orrery-controllers",
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert_ne!(new_holder, holder);
+    eprintln!("failover took {failover:?}; replica {next} of the survivors leads");
+
+    // The new leader's controllers place a new Deployment on the member.
+    survivors[0].apply(&deployment("after"));
+    eventually(
+        Duration::from_secs(40),
+        "the Deployment made after the failover running in the member",
+        || member_runs(&admin, "m1", "after"),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Release);
+    let acknowledged = writer.join().unwrap();
+    assert!(
+        acknowledged.len() > 10,
+        "only {} writes",
+        acknowledged.len()
+    );
+    let listed = survivors[0].ok(&["get", "configmaps", "-o", "name"]);
+    for name in &acknowledged {
+        assert!(
+            listed.contains(&format!("configmap/{name}\n")),
+            "acknowledged {name} is gone"
+        );
+    }
+    replicas.clear();
+}
+
+#[test]
+fn a_paused_leader_commits_nothing_when_it_wakes() {
+    let etcd = EtcdCluster::start(3).unwrap();
+    // The third replica, started once another leads, tries for the Lease once an hour: it
+    // only serves, so that the test knows who acts.
+    let replicas = [
+        replica(&etcd, &[]),
+        replica(&etcd, &[]),
+        replica_retrying(&etcd, "1h", &[]),
+    ];
+    let refs: Vec<&Server> = replicas.iter().collect();
+    let first = the_leader(&refs[..2], Duration::from_secs(20));
+    let (new, api) = (1 - first, 2);
+    assert_eq!(leads(&replicas[api]), Some(false));
+    let (agent, admin) = sim_member(&replicas[api], "m1");
+
+    // The leader freezes past its lease: the other takes over.
+    assert!(signal(replicas[first].pid(), "STOP"));
+    eventually(Duration::from_secs(20), "the other replica leading", || {
+        leads(&replicas[new]) == Some(true)
+    });
+    replicas[api].apply(&deployment("one"));
+    eventually(
+        Duration::from_secs(30),
+        "one placed by the new leader",
+        || member_runs(&admin, "m1", "one"),
+    );
+
+    // Freeze the new leader and the member too, so that nobody but the old leader may write;
+    // then give the old leader work (a Deployment to place) and wake it.
+    assert!(signal(replicas[new].pid(), "STOP"));
+    agent.signal("STOP");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = rt.block_on(etcd_store(&etcd));
+    replicas[api].apply(&deployment("two"));
+    let before = rt.block_on(store.current_revision()).unwrap();
+    assert!(signal(replicas[first].pid(), "CONT"));
+    // Less than the lease duration as the old leader observes it once awake (4 s): it may
+    // not take the Lease over in this time, and it must not commit anything as leader.
+    std::thread::sleep(Duration::from_secs(3));
+    let after = rt.block_on(store.current_revision()).unwrap();
+    let changes = rt
+        .block_on(orrery_store::History::changes(&store, "/", before, after))
+        .unwrap();
+    let keys: Vec<&str> = changes.iter().map(|c| c.key.as_str()).collect();
+    assert!(
+        changes.is_empty(),
+        "the old leader committed after waking: {keys:?}\nits log:\n{}",
+        replicas[first].log()
+    );
+    assert_eq!(
+        leads(&replicas[first]),
+        Some(false),
+        "the old leader still leads:\n{}",
+        replicas[first].log()
+    );
+
+    // Everyone back: the Deployment is placed by whoever leads now.
+    assert!(signal(replicas[new].pid(), "CONT"));
+    agent.signal("CONT");
+    eventually(Duration::from_secs(40), "two placed after the thaw", || {
+        member_runs(&admin, "m1", "two")
+    });
+    the_leader(&refs[..2], Duration::from_secs(20));
+}
