@@ -79,9 +79,15 @@ fn the_leader(replicas: &[&Server], timeout: Duration) -> usize {
 }
 
 fn sim_member(s: &Server, name: &str) -> (Agent, String) {
+    sim_member_at(s, &s.url, name)
+}
+
+/// A simulated member whose agent is given `urls` (several replicas, comma-separated).
+fn sim_member_at(s: &Server, urls: &str, name: &str) -> (Agent, String) {
     let token = s.token(name);
-    let a = Agent::start(
+    let a = Agent::start_at(
         s,
+        urls,
         name,
         &[
             "--cluster",
@@ -97,6 +103,7 @@ fn sim_member(s: &Server, name: &str) -> (Agent, String) {
             "--admin-listen",
             "127.0.0.1:0",
         ],
+        &[],
     );
     let admin = a.admin();
     eventually(Duration::from_secs(30), "the member Ready", || {
@@ -107,6 +114,31 @@ fn sim_member(s: &Server, name: &str) -> (Agent, String) {
 
 fn deployment(name: &str) -> String {
     common::divided_deployment(name, 3, "{cpu: 100m, memory: 64Mi}", "")
+}
+
+/// The member's journal of operations after `since`: (seq, op, kind, name).
+fn journal(admin: &str, cluster: &str, since: u64) -> Vec<(u64, String, String, String)> {
+    let (code, body) = http(
+        "GET",
+        admin,
+        &format!("/clusters/{cluster}/journal?since={since}"),
+        "",
+    );
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["seq"].as_u64().unwrap(),
+                e["op"].as_str().unwrap_or_default().to_string(),
+                e["kind"].as_str().unwrap_or_default().to_string(),
+                e["name"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
 }
 
 fn member_runs(admin: &str, cluster: &str, name: &str) -> bool {
@@ -159,7 +191,17 @@ fn replicas_share_one_identity_and_a_killed_leader_is_replaced_losing_no_write()
     ]);
     assert!(!holder.is_empty());
     let follower = (leader + 1) % 3;
-    let (_agent, admin) = sim_member(&replicas[follower], "m1");
+    // The member's agent knows every replica and uses the leader's first.
+    let urls: Vec<String> = std::iter::once(leader)
+        .chain((0..3).filter(|i| *i != leader))
+        .map(|i| replicas[i].url.clone())
+        .collect();
+    let (agent, admin) = sim_member_at(&replicas[leader], &urls.join(","), "m1");
+    replicas[follower].apply(&deployment("before"));
+    eventually(Duration::from_secs(30), "before running in the member", || {
+        member_runs(&admin, "m1", "before")
+    });
+    let seen = journal(&admin, "m1", 0).last().map_or(0, |e| e.0);
 
     // Writers send creates to every replica throughout; each acknowledged one must survive.
     let stop = Arc::new(AtomicBool::new(false));
@@ -213,6 +255,10 @@ fn replicas_share_one_identity_and_a_killed_leader_is_replaced_losing_no_write()
     ]);
     assert_ne!(new_holder, holder);
     eprintln!("failover took {failover:?}; replica {next} of the survivors leads");
+    // The agent lost its replica and moved to another.
+    eventually(Duration::from_secs(30), "the agent on another replica", || {
+        agent.log().matches(" connected ").count() >= 2
+    });
 
     // The new leader's controllers place a new Deployment on the member.
     survivors[0].apply(&deployment("after"));
@@ -222,6 +268,14 @@ fn replicas_share_one_identity_and_a_killed_leader_is_replaced_losing_no_write()
         || member_runs(&admin, "m1", "after"),
     );
     std::thread::sleep(Duration::from_secs(1));
+    // Moving to another replica and the new leader changed nothing in the member: the only
+    // operations since are the new Deployment's.
+    let since = journal(&admin, "m1", seen);
+    assert!(
+        since.iter().all(|(_, _, _, name)| name == "after"),
+        "operations no decision asked for: {since:?}"
+    );
+    assert!(agent.log().contains(&replicas[leader].url));
     stop.store(true, Ordering::Release);
     let acknowledged = writer.join().unwrap();
     assert!(

@@ -353,6 +353,18 @@ impl Agent {
     }
 
     pub fn start_env(server: &Server, name: &str, args: &[&str], env: &[(&str, &str)]) -> Agent {
+        Self::start_at(server, &server.url, name, args, env)
+    }
+
+    /// An agent given `urls` (comma-separated: several replicas) for its `--server`, with its
+    /// state under `server`'s directory.
+    pub fn start_at(
+        server: &Server,
+        urls: &str,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
         let dir = server.dir.join("agents").join(name);
         std::fs::create_dir_all(&dir).unwrap();
         let mut a = Agent {
@@ -360,7 +372,7 @@ impl Agent {
             dir,
             lines: Default::default(),
             args: args.iter().map(|s| s.to_string()).collect(),
-            server_url: server.url.clone(),
+            server_url: urls.to_string(),
             env: env
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -35,6 +35,8 @@ use crate::transport::{self, Transport, TransportError, WorkEvent};
 /// How one agent runs.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
+    /// The server's URL, or several replicas' URLs separated by commas: the agent moves to
+    /// the next when the one it uses fails.
     pub server: String,
     pub cluster: String,
     /// A bootstrap token (`ORR1<ca hash>::<id>.<secret>`), needed when no cluster token is
@@ -56,6 +58,15 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
+    /// The servers' URLs, in the order they are tried.
+    pub fn servers(&self) -> Vec<&str> {
+        self.server
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect()
+    }
+
     pub fn new(server: &str, cluster: &str) -> Self {
         AgentConfig {
             server: server.to_string(),
@@ -120,6 +131,8 @@ impl From<TransportError> for End {
 #[derive(Debug)]
 struct Inner {
     cfg: AgentConfig,
+    /// Which of the servers' URLs the agent uses (counts up on each lost connection).
+    current: std::sync::atomic::AtomicUsize,
     backend: Arc<dyn Backend>,
     state: Mutex<AgentState>,
     state_dirty: AtomicBool,
@@ -313,6 +326,15 @@ fn same_object(a: &ResourceIdentifier, b: &ResourceIdentifier) -> bool {
 }
 
 impl Inner {
+    /// The server URL in use.
+    fn server(&self) -> String {
+        let servers = self.cfg.servers();
+        if servers.is_empty() {
+            return self.cfg.server.clone();
+        }
+        servers[self.current.load(Ordering::Acquire) % servers.len()].to_string()
+    }
+
     fn lock_state(&self) -> std::sync::MutexGuard<'_, AgentState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -1167,6 +1189,7 @@ pub async fn run(
         urgent: Mutex::new(HashMap::new()),
         round_trips: Mutex::new(std::collections::VecDeque::new()),
         member: tokio::sync::Mutex::new(()),
+        current: std::sync::atomic::AtomicUsize::new(0),
     });
     inner.resume().await;
     inner.flush_state();
@@ -1192,7 +1215,10 @@ pub async fn run(
             }
             End::Transient(why) => {
                 let d = backoff.delay();
-                tracing::warn!(cluster = %inner.cfg.cluster, error = %why, retry_in_ms = d.as_millis() as u64, "lost the server; the member keeps running what it has");
+                let failed = inner.server();
+                // Another replica, if there are several: the next attempt goes there.
+                inner.current.fetch_add(1, Ordering::AcqRel);
+                tracing::warn!(cluster = %inner.cfg.cluster, server = %failed, next = %inner.server(), error = %why, retry_in_ms = d.as_millis() as u64, "lost the server; the member keeps running what it has");
                 if sleep_or_shutdown(d, &mut shutdown).await {
                     break Ok(Stopped::Shutdown);
                 }
@@ -1213,7 +1239,7 @@ async fn connect(inner: &Inner) -> Result<kube::Client, End> {
     let cfg = &inner.cfg;
     if let Some(token) = &cfg.cluster_token {
         let ca = cfg.ca_pem.clone().unwrap_or_default();
-        return orrery_client::connect(&cfg.server, token, &ca)
+        return orrery_client::connect(&inner.server(), token, &ca)
             .await
             .map_err(|e| End::Transient(e.to_string()));
     }
@@ -1222,7 +1248,7 @@ async fn connect(inner: &Inner) -> Result<kube::Client, End> {
         (s.token.clone(), s.ca_pem.clone())
     };
     if !token.is_empty() && !ca.is_empty() {
-        return orrery_client::connect(&cfg.server, &token, &ca)
+        return orrery_client::connect(&inner.server(), &token, &ca)
             .await
             .map_err(|e| End::Transient(e.to_string()));
     }
@@ -1246,16 +1272,16 @@ async fn connect(inner: &Inner) -> Result<kube::Client, End> {
         }
         (Some(pem), _) => pem.clone(),
         (None, Some(hash)) => {
-            let fetched = orrery_client::fetch_ca_unverified(&cfg.server)
+            let fetched = orrery_client::fetch_ca_unverified(&inner.server())
                 .await
                 .map_err(|e| End::Transient(format!("fetching the server's CA: {e}")))?;
             if orrery_api::token::ca_hash(&fetched) != hash {
                 return Err(fatal(format!(
                     "the server at {} presented a CA that does not match the token's CA hash; refusing to trust it",
-                    cfg.server
+                    inner.server()
                 )));
             }
-            tracing::debug!(server = %cfg.server, "fetched the server's CA without verifying the connection; it matches the hash the token pins");
+            tracing::debug!(server = %inner.server(), "fetched the server's CA without verifying the connection; it matches the hash the token pins");
             fetched
         }
         (None, None) => {
@@ -1264,7 +1290,7 @@ async fn connect(inner: &Inner) -> Result<kube::Client, End> {
             ));
         }
     };
-    let client = orrery_client::connect(&cfg.server, credential, &ca)
+    let client = orrery_client::connect(&inner.server(), credential, &ca)
         .await
         .map_err(|e| End::Transient(e.to_string()))?;
     let request = Registration {
@@ -1284,7 +1310,7 @@ async fn connect(inner: &Inner) -> Result<kube::Client, End> {
     }
     inner.mark_dirty();
     inner.flush_state();
-    orrery_client::connect(&cfg.server, &reg.token, &ca)
+    orrery_client::connect(&inner.server(), &reg.token, &ca)
         .await
         .map_err(|e| End::Transient(e.to_string()))
 }
@@ -1304,7 +1330,7 @@ async fn session(
         Err(e) => return e,
     }
     backoff.reset();
-    tracing::info!(cluster = %inner.cfg.cluster, server = %inner.cfg.server, "connected");
+    tracing::info!(cluster = %inner.cfg.cluster, server = %inner.server(), "connected");
     let works = works_loop(inner, &t);
     let beats = heartbeat_loop(inner, &t, conds);
     let reports = report_loop(inner, &t);

@@ -19,9 +19,11 @@ use crate::server::parse_duration;
 
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
-    /// The server's URL, e.g. https://orrery.example:6443.
-    #[arg(long)]
-    pub server: String,
+    /// The server's URL, e.g. https://orrery.example:6443; several replicas' URLs separated by
+    /// commas (or the flag repeated): the agent moves to the next when the one it uses fails,
+    /// with backoff and jitter, without applying anything again.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub server: Vec<String>,
     /// A bootstrap token from `orrery token create` (needed to register; a restarted agent
     /// uses the token it stored).
     #[arg(long, env = "ORRERY_TOKEN")]
@@ -119,7 +121,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         let members = FleetFile::load(file)?;
         let n = members.len();
         let cfg = FleetConfig {
-            server: args.server.clone(),
+            server: args.server.join(","),
             token: args.token.clone(),
             ca_pem,
             state_dir: Some(
@@ -141,7 +143,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         }
         println!(
             "orrery agent running {n} simulated clusters against {}",
-            args.server
+            args.server.join(",")
         );
         let failed = fleet.wait().await;
         for (name, e) in &failed {
@@ -185,7 +187,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         let bound = orrery_agent::admin::serve(addr, sims, shutdown.clone()).await?;
         println!("admin endpoint at http://{bound}");
     }
-    let mut cfg = AgentConfig::new(&args.server, &cluster);
+    let mut cfg = AgentConfig::new(&args.server.join(","), &cluster);
     cfg.bootstrap_token = args.token.clone();
     cfg.ca_pem = ca_pem;
     cfg.info = args.facts.info()?;
@@ -198,7 +200,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     cfg.report_interval = args.report_interval;
     println!(
         "orrery agent for cluster {cluster} connecting to {} (state in {})",
-        args.server,
+        args.server.join(","),
         dir.display()
     );
     match orrery_agent::run(cfg, backend, shutdown).await? {
