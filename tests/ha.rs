@@ -198,9 +198,11 @@ fn replicas_share_one_identity_and_a_killed_leader_is_replaced_losing_no_write()
         .collect();
     let (agent, admin) = sim_member_at(&replicas[leader], &urls.join(","), "m1");
     replicas[follower].apply(&deployment("before"));
-    eventually(Duration::from_secs(30), "before running in the member", || {
-        member_runs(&admin, "m1", "before")
-    });
+    eventually(
+        Duration::from_secs(30),
+        "before running in the member",
+        || member_runs(&admin, "m1", "before"),
+    );
     let seen = journal(&admin, "m1", 0).last().map_or(0, |e| e.0);
 
     // Writers send creates to every replica throughout; each acknowledged one must survive.
@@ -256,9 +258,11 @@ fn replicas_share_one_identity_and_a_killed_leader_is_replaced_losing_no_write()
     assert_ne!(new_holder, holder);
     eprintln!("failover took {failover:?}; replica {next} of the survivors leads");
     // The agent lost its replica and moved to another.
-    eventually(Duration::from_secs(30), "the agent on another replica", || {
-        agent.log().matches(" connected ").count() >= 2
-    });
+    eventually(
+        Duration::from_secs(30),
+        "the agent on another replica",
+        || agent.log().matches(" connected ").count() >= 2,
+    );
 
     // The new leader's controllers place a new Deployment on the member.
     survivors[0].apply(&deployment("after"));
@@ -357,4 +361,157 @@ fn a_paused_leader_commits_nothing_when_it_wakes() {
         member_runs(&admin, "m1", "two")
     });
     the_leader(&refs[..2], Duration::from_secs(20));
+}
+
+/// A kube client of `s` that does not retry (kube's default client retries a 503 up to 15
+/// times, minding Retry-After): what a single request gets.
+async fn single_shot(s: &Server) -> kube::Client {
+    let kubeconfig = kube::config::Kubeconfig::read_from(&s.kubeconfig).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kubeconfig,
+        &kube::config::KubeConfigOptions::default(),
+    )
+    .await
+    .unwrap();
+    config.default_retry = false;
+    kube::Client::try_from(config).unwrap()
+}
+
+/// A ConfigMap create through a client that does not retry: status, Retry-After, and how
+/// long it took.
+async fn create_configmap(c: &kube::Client, name: &str) -> (u16, Option<String>, Duration) {
+    let started = Instant::now();
+    let (code, headers, _) = common::send(
+        c,
+        common::req(
+            "POST",
+            "/api/v1/namespaces/default/configmaps",
+            "application/json",
+            serde_json::json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": name}, "data": {"k": "v"},
+            }),
+        ),
+        None,
+    )
+    .await;
+    let retry = headers
+        .get("Retry-After")
+        .map(|v| v.to_str().unwrap().to_string());
+    (code, retry, started.elapsed())
+}
+
+async fn get_namespaces(c: &kube::Client) -> (u16, Option<String>) {
+    let (code, headers, _) = common::send(
+        c,
+        common::req(
+            "GET",
+            "/api/v1/namespaces",
+            "application/json",
+            serde_json::Value::Null,
+        ),
+        None,
+    )
+    .await;
+    let warning = headers
+        .get("Warning")
+        .map(|v| v.to_str().unwrap().to_string());
+    (code, warning)
+}
+
+async fn readyz(c: &kube::Client) -> u16 {
+    common::send(
+        c,
+        common::req(
+            "GET",
+            "/readyz",
+            "application/json",
+            serde_json::Value::Null,
+        ),
+        None,
+    )
+    .await
+    .0
+}
+
+#[test]
+fn etcd_losing_one_member_serves_losing_quorum_fails_fast_then_recovers() {
+    let mut etcd = EtcdCluster::start(3).unwrap();
+    let a = replica(&etcd, &[]);
+    let b = replica(&etcd, &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (ca, cb) = rt.block_on(async { (single_shot(&a).await, single_shot(&b).await) });
+    let mut n = 0;
+    let mut next = || {
+        n += 1;
+        format!("cm-{n}")
+    };
+
+    // One member lost: both replicas go on taking writes (a call in flight on the lost
+    // member may fail; the next goes to another).
+    etcd.kill9(0);
+    for c in [&ca, &cb] {
+        let mut ok = 0;
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while ok < 5 {
+            assert!(
+                Instant::now() < deadline,
+                "writes failing with one member lost"
+            );
+            if rt.block_on(create_configmap(c, &next())).0 == 201 {
+                ok += 1;
+            }
+        }
+        assert_eq!(rt.block_on(readyz(c)), 200);
+    }
+
+    // Quorum lost: writes fail within 5 s with 503 and Retry-After; reads are served and
+    // say they may be stale; the replicas are not ready.
+    etcd.kill9(1);
+    std::thread::sleep(Duration::from_secs(3));
+    for c in [&ca, &cb] {
+        let (code, retry, took) = rt.block_on(create_configmap(c, &next()));
+        assert_eq!(code, 503, "a write without quorum");
+        assert!(retry.is_some(), "503 without Retry-After");
+        assert!(took < Duration::from_secs(5), "the write took {took:?}");
+        let (code, warning) = rt.block_on(get_namespaces(c));
+        assert_eq!(code, 200);
+        let warning = warning.expect("a read without quorum says it may be stale");
+        assert!(warning.contains("stale"), "{warning}");
+        assert_eq!(rt.block_on(readyz(c)), 503);
+    }
+    eventually(
+        Duration::from_secs(15),
+        "no replica leading without quorum",
+        || leads(&a) == Some(false) && leads(&b) == Some(false),
+    );
+
+    // Quorum back: everything resumes by itself.
+    etcd.restart(1, true).unwrap();
+    etcd.restart(0, true).unwrap();
+    for c in [&ca, &cb] {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (code, ..) = rt.block_on(create_configmap(c, &next()));
+            if code == 201 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "writes still fail after quorum returned: {code}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let (code, warning) = rt.block_on(get_namespaces(c));
+        assert_eq!((code, warning), (200, None));
+        assert_eq!(rt.block_on(readyz(c)), 200);
+    }
+    the_leader(&[&a, &b], Duration::from_secs(30));
+    let (_agent, admin) = sim_member(&a, "m1");
+    b.apply(&deployment("after"));
+    eventually(
+        Duration::from_secs(30),
+        "a Deployment placed after recovery",
+        || member_runs(&admin, "m1", "after"),
+    );
 }

@@ -193,13 +193,21 @@ impl App {
         let started = Instant::now();
         let method = req.method().clone();
         let path = req.uri().path().to_string();
-        let (response, user) = match self.route(req).await {
+        let (mut response, user) = match self.route(req).await {
             Ok((r, user)) => (r, user),
             Err((e, user)) if crate::dro::is_dro_path(&path) => {
                 (crate::dro::error_response(&e), user)
             }
             Err((e, user)) => (h::error(&e), user),
         };
+        // What was read may be stale: say so as Kubernetes says such things, with a warning
+        // (kubectl prints it).
+        if let Some(why) = self.store.degraded() {
+            let text = format!("299 - \"{}\"", why.replace(['"', '\\'], "'"));
+            if let Ok(v) = http::HeaderValue::from_str(&text) {
+                response.headers_mut().append(http::header::WARNING, v);
+            }
+        }
         let status = response.status().as_u16();
         self.metrics.observe(
             method.as_str(),
@@ -225,6 +233,15 @@ impl App {
     {
         let path = req.uri().path().to_string();
         if matches!(path.as_str(), "/healthz" | "/livez" | "/readyz") {
+            // Ready means able to take writes: not while the store has no quorum. Alive means
+            // serving at all.
+            if path == "/readyz"
+                && let Some(why) = self.store.degraded()
+            {
+                let mut r = Response::new(h::full(format!("not ready: {why}")));
+                *r.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+                return Ok((r, String::new()));
+            }
             let mut r = Response::new(h::full("ok"));
             r.headers_mut().insert(
                 http::header::CONTENT_TYPE,

@@ -327,6 +327,13 @@ impl From<StoreError> for ApiError {
             StoreError::Fenced { .. } => {
                 ApiError::service_unavailable("this server no longer leads; try again")
             }
+            StoreError::Unavailable(m) => {
+                let mut e = ApiError::service_unavailable(format!(
+                    "the store cannot commit writes now ({m}); nothing was written, try again"
+                ));
+                e.details_mut().retry_after_seconds = Some(5);
+                e
+            }
             StoreError::NotFound { key } => {
                 ApiError::new(404, "NotFound", format!("{key} not found"))
             }

@@ -21,7 +21,8 @@ use orrery_store::{
     WatchStream, decode_continue, encode_continue, prefix_end, with_resource_version,
 };
 use rpc::etcdserverpb::{
-    RangeRequest, TxnRequest, TxnResponse, WatchCreateRequest, compare::CompareResult, response_op,
+    RangeRequest, RangeResponse, TxnRequest, TxnResponse, WatchCreateRequest,
+    compare::CompareResult, response_op,
 };
 use rpc::mvccpb::event::EventType;
 
@@ -34,7 +35,14 @@ pub struct EtcdConfig {
     pub prefix: String,
     pub watch: WatchCacheConfig,
     pub connect_timeout: Duration,
+    /// The longest any call may take before an answer starts (watches then live on).
     pub request_timeout: Duration,
+    /// How long a read waits for etcd's answer; a member without a leader refuses at once
+    /// and the read is served by one member, stale.
+    pub read_timeout: Duration,
+    /// How long a write waits: past it, it fails as unavailable (503 through the API) rather
+    /// than hang while etcd has no quorum.
+    pub write_timeout: Duration,
 }
 
 impl EtcdConfig {
@@ -45,6 +53,8 @@ impl EtcdConfig {
             watch: WatchCacheConfig::default(),
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
+            read_timeout: Duration::from_secs(10),
+            write_timeout: Duration::from_secs(4),
         }
     }
 
@@ -68,6 +78,8 @@ struct Inner {
     cache: WatchCache,
     compacted: AtomicI64,
     closed: std::sync::atomic::AtomicBool,
+    /// Set while etcd has no quorum (reads served stale, writes refused): why.
+    degraded: std::sync::Mutex<Option<String>>,
     feed: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -88,7 +100,11 @@ const SCAN_PAGE: i64 = 500;
 const DEFAULT_PAGE: i64 = 10_000;
 
 fn backend(e: EtcdError) -> StoreError {
-    StoreError::Backend(format!("etcd: {e}"))
+    if e.is_unavailable() {
+        StoreError::Unavailable(format!("etcd: {e}"))
+    } else {
+        StoreError::Backend(format!("etcd: {e}"))
+    }
 }
 
 /// Maps etcd's revision errors to the store's.
@@ -138,6 +154,8 @@ impl EtcdStore {
         let options = Connect {
             connect_timeout: config.connect_timeout,
             request_timeout: config.request_timeout,
+            read_timeout: config.read_timeout,
+            write_timeout: config.write_timeout,
             keep_alive: (Duration::from_secs(10), Duration::from_secs(5)),
         };
         let client = Client::new(&config.endpoints, &options).map_err(|e| {
@@ -154,6 +172,7 @@ impl EtcdStore {
                 cache: WatchCache::new(config.watch, 0),
                 compacted: AtomicI64::new(0),
                 closed: std::sync::atomic::AtomicBool::new(false),
+                degraded: std::sync::Mutex::new(None),
                 feed: std::sync::Mutex::new(None),
             }),
         };
@@ -187,7 +206,7 @@ impl EtcdStore {
                     count_only: true,
                     ..Default::default()
                 };
-                match self.client()?.range(req).await {
+                match self.read(req).await {
                     Ok(_) => Ok(true),
                     Err(e) if e.is_compacted() => Ok(false),
                     Err(e) => Err(backend(e)),
@@ -250,8 +269,7 @@ impl EtcdStore {
             };
             let requested = revision;
             let resp = self
-                .client()?
-                .range(req)
+                .read(req)
                 .await
                 .map_err(|e| revision_error(e, requested, compacted))?;
             if revision == 0 {
@@ -307,7 +325,7 @@ impl EtcdStore {
     /// held); the fence's read is taken off it.
     async fn fenced_txn(&self, mut txn: TxnRequest) -> Result<TxnResponse> {
         let Some(fence) = &self.fence else {
-            return self.client()?.txn(txn).await.map_err(backend);
+            return self.write(txn).await;
         };
         let lease = self.full(&fence.key);
         let own = txn.compare.len();
@@ -317,7 +335,7 @@ impl EtcdStore {
             txn.compare.truncate(own);
             txn.compare
                 .push(modified(&lease, CompareResult::Equal, expected));
-            let mut resp = self.client()?.txn(txn.clone()).await.map_err(backend)?;
+            let mut resp = self.write(txn.clone()).await?;
             if resp.succeeded {
                 return Ok(resp);
             }
@@ -343,6 +361,62 @@ impl EtcdStore {
             }
             fence.revision.fetch_max(kv.mod_revision, Ordering::AcqRel);
         }
+    }
+
+    /// A read: linearizable while etcd has a leader; when the member has none (no quorum) or
+    /// no member answers in time, served by one member without consensus (possibly stale),
+    /// and the store says so ([`Store::degraded`]) until a linearizable call succeeds again.
+    async fn read(&self, mut req: RangeRequest) -> std::result::Result<RangeResponse, EtcdError> {
+        let client = self
+            .client()
+            .map_err(|e| EtcdError::Status(tonic::Status::unavailable(e.to_string())))?;
+        match client.range(req.clone()).await {
+            Ok(r) => {
+                self.set_degraded(None);
+                Ok(r)
+            }
+            Err(e) if e.is_unavailable() => {
+                req.serializable = true;
+                let r = client.range(req).await?;
+                self.set_degraded(Some(format!(
+                    "etcd has no quorum ({e}): reads are served by one member and may be stale; writes fail"
+                )));
+                Ok(r)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A write transaction; a refused or unanswered one marks the store degraded.
+    async fn write(&self, txn: TxnRequest) -> Result<TxnResponse> {
+        match self.client()?.txn(txn).await {
+            Ok(r) => {
+                self.set_degraded(None);
+                Ok(r)
+            }
+            Err(e) => {
+                if e.is_unavailable() {
+                    self.set_degraded(Some(format!(
+                        "etcd has no quorum ({e}): writes fail; reads may be stale"
+                    )));
+                }
+                Err(backend(e))
+            }
+        }
+    }
+
+    fn set_degraded(&self, why: Option<String>) {
+        let mut d = self
+            .inner
+            .degraded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match (&*d, &why) {
+            (None, Some(w)) => tracing::warn!(reason = %w, "the store is degraded"),
+            (Some(_), None) => tracing::info!("etcd has quorum again"),
+            _ => {}
+        }
+        *d = why;
     }
 
     /// A client handle, or `Closed` once the store has been closed.
@@ -461,6 +535,8 @@ async fn feed(store: EtcdStore, mut last: Revision) {
                 Ok(None) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, "etcd watch stream broke; resuming");
+                    // The member may have lost its leader: resume on another.
+                    store.inner.client.next_member();
                     break;
                 }
             }
@@ -552,7 +628,7 @@ impl Store for EtcdStore {
             key: self.full(key).into_bytes(),
             ..Default::default()
         };
-        let resp = self.client()?.range(req).await.map_err(backend)?;
+        let resp = self.read(req).await.map_err(backend)?;
         match resp.kvs.first() {
             Some(kv) => decode(key, kv.mod_revision, &kv.value),
             None => Err(StoreError::NotFound {
@@ -658,7 +734,7 @@ impl Store for EtcdStore {
                 key: full.clone().into_bytes(),
                 ..Default::default()
             };
-            let resp = self.client()?.range(req).await.map_err(backend)?;
+            let resp = self.read(req).await.map_err(backend)?;
             let Some(kv) = resp.kvs.first() else {
                 return Err(StoreError::NotFound {
                     key: key.to_string(),
@@ -718,7 +794,7 @@ impl Store for EtcdStore {
             count_only: true,
             ..Default::default()
         };
-        let resp = self.client()?.range(req).await.map_err(backend)?;
+        let resp = self.read(req).await.map_err(backend)?;
         resp.header
             .map(|h| h.revision)
             .ok_or_else(|| StoreError::Backend("etcd: response without a header".into()))
@@ -748,6 +824,14 @@ impl Store for EtcdStore {
 
     async fn compacted_revision(&self) -> Result<Revision> {
         Ok(self.inner.compacted.load(Ordering::Acquire))
+    }
+
+    fn degraded(&self) -> Option<String> {
+        self.inner
+            .degraded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn fenced(&self, fence: Fence) -> Option<Arc<dyn Store>> {

@@ -53,6 +53,10 @@ pub enum StoreError {
     #[error("store is closed")]
     Closed,
 
+    /// The backend cannot commit now (etcd without quorum): nothing was written; try again.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+
     /// A fenced write found its fence gone: the leader lease it was made under is held by
     /// another server, or by another term of this one. Nothing was written.
     #[error("fenced: {key} is no longer held by {holder}")]

@@ -145,6 +145,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Stops background work and ends all watches cleanly.
     async fn close(&self);
 
+    /// Why reads may be stale now (etcd without quorum: reads are served by one member
+    /// without consensus), or `None` when the store is whole.
+    fn degraded(&self) -> Option<String> {
+        None
+    }
+
     /// A view of this store whose writes (create, update, delete) commit only while `fence`
     /// holds, checked in the same transaction as the write; reads and watches are the same as
     /// this store's. `None` when the backend cannot fence (SQLite: one server owns the file).
