@@ -515,3 +515,115 @@ fn etcd_losing_one_member_serves_losing_quorum_fails_fast_then_recovers() {
         || member_runs(&admin, "m1", "after"),
     );
 }
+
+/// `orrery up --ha`: three etcd members and three replicas, one leading; another leads when
+/// the leading replica's process is killed, and Ctrl-C leaves nothing running.
+#[test]
+fn orrery_up_ha_runs_three_replicas_on_three_etcd_members() {
+    use std::io::BufRead;
+
+    let dir = tempfile::tempdir().unwrap();
+    // Three consecutive free ports are likely near a free one; the test retries elsewhere if
+    // `up` cannot bind them.
+    let port = common::free_port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["up", "--ha", "--clusters", "2", "--data-dir"])
+        .arg(dir.path())
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(dir.path().join("up.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut said = Vec::new();
+    for l in lines.by_ref() {
+        let l = l.unwrap();
+        let done = l.starts_with("Ctrl-C stops everything");
+        said.push(l);
+        if done {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let text = said.join("\n");
+    assert!(text.contains("etcd: 3 members at"), "{text}");
+    assert!(text.contains("three control-plane replicas"), "{text}");
+    let kubeconfig = dir.path().join("replica-0/admin.kubeconfig");
+    let kubectl = |args: &[&str]| {
+        let out = std::process::Command::new("kubectl")
+            .args(args)
+            .env("KUBECONFIG", &kubeconfig)
+            .env("HOME", dir.path())
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let holder = || {
+        kubectl(&[
+            "get",
+            "lease",
+            "-n",
+            "orrery-system",
+            "orrery-controllers",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ])
+        .1
+    };
+    eventually(Duration::from_secs(20), "a leader", || !holder().is_empty());
+    let first = holder();
+    // Kill the leading replica's process: another takes the Lease.
+    let pid = |i: usize| -> Option<u32> {
+        let out = std::process::Command::new("pgrep")
+            .args(["-f", &format!("{}/replica-{i} ", dir.path().display())])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+    };
+    let leading = (0..3)
+        .find(|i| {
+            let log = std::fs::read_to_string(dir.path().join(format!("replica-{i}.log")))
+                .unwrap_or_default();
+            log.contains("became leader") && log.contains(&first)
+        })
+        .expect("the leader's log");
+    signal(pid(leading).expect("the leader's pid"), "KILL");
+    let other = (leading + 1) % 3;
+    let kubeconfig_other = dir.path().join(format!("replica-{other}/admin.kubeconfig"));
+    eventually(Duration::from_secs(40), "another replica leading", || {
+        let out = std::process::Command::new("kubectl")
+            .args([
+                "get",
+                "lease",
+                "-n",
+                "orrery-system",
+                "orrery-controllers",
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ])
+            .env("KUBECONFIG", &kubeconfig_other)
+            .env("HOME", dir.path())
+            .output()
+            .unwrap();
+        let h = String::from_utf8_lossy(&out.stdout).into_owned();
+        out.status.success() && !h.is_empty() && h != first
+    });
+    signal(child.id(), "INT");
+    let status = child.wait().unwrap();
+    assert!(status.success(), "orrery up exited with {status}");
+    let left = std::process::Command::new("pgrep")
+        .args(["-f", &dir.path().display().to_string()])
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&left.stdout).trim().is_empty(),
+        "processes left running: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+}

@@ -12,6 +12,7 @@ mod sim;
 mod status;
 mod token;
 mod up;
+mod up_ha;
 
 /// mimalloc: per-thread free lists suit a server that builds and drops JSON trees on every
 /// core (see docs/benchmarks.md for what it changed).

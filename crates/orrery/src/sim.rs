@@ -94,9 +94,19 @@ async fn call(
     path: &str,
     body: Option<Value>,
 ) -> anyhow::Result<(http::StatusCode, Value)> {
-    let stream = tokio::net::TcpStream::connect(addr)
+    loopback(addr, method, path, body)
         .await
-        .with_context(|| format!("the simulated clusters' admin endpoint at {addr} does not answer: has `orrery up` stopped?"))?;
+        .with_context(|| format!("the simulated clusters' admin endpoint at {addr} does not answer: has `orrery up` stopped?"))
+}
+
+/// One plain HTTP/1.1 request to a loopback address: (status, body as JSON, or as a string).
+pub async fn loopback(
+    addr: &str,
+    method: http::Method,
+    path: &str,
+    body: Option<Value>,
+) -> anyhow::Result<(http::StatusCode, Value)> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(conn);
     let bytes = body.map(|b| b.to_string()).unwrap_or_default();

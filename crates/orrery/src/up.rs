@@ -21,8 +21,43 @@ pub struct UpArgs {
     pub clusters: usize,
     #[arg(long, default_value = "./orrery-data", env = "ORRERY_DATA_DIR")]
     pub data_dir: PathBuf,
+    /// Where the control plane serves (with --ha, the three replicas serve on this port and
+    /// the next two).
     #[arg(long, default_value = "127.0.0.1:6443")]
     pub listen: SocketAddr,
+    /// A highly available control plane: a local three-member etcd cluster (Debian's
+    /// etcd-server must be installed) and three server replicas on it, one leading.
+    #[arg(long)]
+    pub ha: bool,
+}
+
+/// The control plane `orrery up` started.
+enum Plane {
+    One(crate::server::Running),
+    Ha(crate::up_ha::HaPlane),
+}
+
+impl Plane {
+    fn urls(&self) -> Vec<String> {
+        match self {
+            Plane::One(r) => vec![r.url.clone()],
+            Plane::Ha(h) => h.urls.clone(),
+        }
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        match self {
+            Plane::One(r) => r.kubeconfig.clone(),
+            Plane::Ha(h) => h.kubeconfig.clone(),
+        }
+    }
+
+    async fn stop(self) {
+        match self {
+            Plane::One(r) => r.stop().await,
+            Plane::Ha(h) => h.stop().await,
+        }
+    }
 }
 
 /// A member of the demo fleet: (name, provider, region, zone, city code, simulate spec,
@@ -188,9 +223,24 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         leader_elect_retry_period: Duration::from_secs(2),
     };
     let started = Instant::now();
-    let running = crate::server::start(&server_args).await?;
-    println!("control plane serving at {}", running.url);
-    let admin = orrery_client::from_kubeconfig(&running.kubeconfig).await?;
+    let running = if args.ha {
+        std::fs::create_dir_all(&args.data_dir)
+            .with_context(|| format!("creating {}", args.data_dir.display()))?;
+        let plane = crate::up_ha::start(&args.data_dir, args.listen).await?;
+        println!(
+            "control plane: 3 replicas at {} on etcd {}",
+            plane.urls.join(", "),
+            plane.etcd_endpoints.join(",")
+        );
+        Plane::Ha(plane)
+    } else {
+        let r = crate::server::start(&server_args).await?;
+        println!("control plane serving at {}", r.url);
+        Plane::One(r)
+    };
+    let urls = running.urls();
+    let url = urls[0].clone();
+    let admin = orrery_client::from_kubeconfig(&running.kubeconfig()).await?;
     // One bootstrap token for the whole local fleet.
     let body = serde_json::to_vec(&json!({ "cluster": "*", "ttl": "1h" }))?;
     let req = http::Request::post("/agent/v1/tokens")
@@ -208,7 +258,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let fleet = Fleet::start(
         members,
         &FleetConfig {
-            server: running.url.clone(),
+            // Each agent knows every replica and moves to another when its own fails.
+            server: urls.join(","),
             token: Some(token),
             ca_pem: None,
             state_dir: Some(args.data_dir.join("agents")),
@@ -243,10 +294,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     }
     // Absolute, so that the export line works from any directory.
     let kc_path =
-        std::fs::canonicalize(&running.kubeconfig).unwrap_or_else(|_| running.kubeconfig.clone());
+        std::fs::canonicalize(running.kubeconfig()).unwrap_or_else(|_| running.kubeconfig());
     let kc = kc_path.display();
     println!(
-        "orrery is up: a control plane and {n} simulated clusters, ready in {:.1} s",
+        "orrery is up: {} and {n} simulated clusters, ready in {:.1} s",
+        if args.ha {
+            "three control-plane replicas on a three-member etcd"
+        } else {
+            "a control plane"
+        },
         started.elapsed().as_secs_f64()
     );
     println!();
@@ -263,8 +319,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             })
         })
         .unwrap_or_default();
-    println!("  dashboard: {}/ui", running.url);
-    println!("  sign in:   {}/ui#token={token}", running.url);
+    println!("  dashboard: {url}/ui");
+    println!("  sign in:   {url}/ui#token={token}");
+    if args.ha {
+        println!("  replicas:  {}", urls.join(" "));
+        println!("  kubectl get lease -n orrery-system     # which replica leads");
+    }
     println!();
     println!("  kubectl get clusters");
     println!("  kubectl apply -f examples/web.yaml        # a web app placed by water level");
