@@ -177,6 +177,44 @@ fn replicas_share_one_identity_and_a_killed_leader_is_replaced_losing_no_write()
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // Each replica's watch cache is fed by etcd: a watch on one sees a write made through
+    // another.
+    let mut watch = std::process::Command::new("kubectl")
+        .args([
+            "--server",
+            &c.url,
+            "get",
+            "configmaps",
+            "--watch-only",
+            "-o",
+            "name",
+        ])
+        .env("KUBECONFIG", &a.kubeconfig)
+        .env("HOME", a.dir.join("watch-home"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    a.ok(&[
+        "create",
+        "configmap",
+        "seen-elsewhere",
+        "--from-literal",
+        "k=v",
+    ]);
+    let seen_line = {
+        use std::io::BufRead;
+        let out = watch.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                let _ = tx.send(l);
+            }
+        });
+        rx.recv_timeout(Duration::from_secs(10))
+    };
+    let _ = watch.kill();
+    assert_eq!(seen_line.ok().as_deref(), Some("configmap/seen-elsewhere"));
     let mut replicas = vec![a, b, c];
     let refs: Vec<&Server> = replicas.iter().collect();
     let leader = the_leader(&refs, Duration::from_secs(20));
@@ -625,5 +663,83 @@ fn orrery_up_ha_runs_three_replicas_on_three_etcd_members() {
         String::from_utf8_lossy(&left.stdout).trim().is_empty(),
         "processes left running: {}",
         String::from_utf8_lossy(&left.stdout)
+    );
+}
+
+/// A Deployment's `spec.replicas` in the member, if it runs it.
+fn member_replicas(admin: &str, cluster: &str, name: &str) -> Option<i64> {
+    let (code, body) = http("GET", admin, &format!("/clusters/{cluster}/objects"), "");
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["items"]
+        .as_array()?
+        .iter()
+        .find(|o| o["kind"] == "Deployment" && o["metadata"]["name"] == name)
+        .and_then(|o| o["spec"]["replicas"].as_i64())
+}
+
+/// A partition between a member's agent and every server replica (a loopback proxy that
+/// stops passing bytes: see `common::proxy`): the member keeps running what it has, nothing in
+/// it is undone, and once the partition heals it converges to what changed meanwhile.
+#[test]
+fn a_member_cut_off_from_the_servers_keeps_running_and_converges_after() {
+    use common::proxy::Partition;
+
+    let etcd = EtcdCluster::start(3).unwrap();
+    // The member turns not Ready soon, and nothing is moved off it for the test's length.
+    let flags = [
+        "--cluster-grace-period",
+        "3s",
+        "--cluster-eviction-timeout",
+        "1h",
+    ];
+    let a = replica(&etcd, &flags);
+    let b = replica(&etcd, &flags);
+    let links: Vec<Partition> = [&a, &b]
+        .iter()
+        .map(|s| Partition::to(std::net::SocketAddr::from(([127, 0, 0, 1], s.port))))
+        .collect();
+    let urls: Vec<String> = links.iter().map(Partition::url).collect();
+    let (_agent, admin) = sim_member_at(&a, &urls.join(","), "m1");
+    a.apply(&deployment("web"));
+    eventually(Duration::from_secs(30), "web running in the member", || {
+        member_replicas(&admin, "m1", "web") == Some(3)
+    });
+    let seen = journal(&admin, "m1", 0).last().map_or(0, |e| e.0);
+
+    for l in &links {
+        l.cut();
+    }
+    eventually(Duration::from_secs(30), "the member not Ready", || {
+        let ready = a.cluster_condition("m1", "Ready");
+        !ready.is_empty() && ready != "True"
+    });
+    // A change made while the member cannot hear of it.
+    a.ok(&["scale", "deployment", "web", "--replicas", "5"]);
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(member_replicas(&admin, "m1", "web"), Some(3));
+    assert!(
+        journal(&admin, "m1", seen).is_empty(),
+        "the member did something while cut off"
+    );
+
+    for l in &links {
+        l.heal();
+    }
+    eventually(
+        Duration::from_secs(60),
+        "the member converged after the partition",
+        || {
+            member_replicas(&admin, "m1", "web") == Some(5)
+                && a.cluster_condition("m1", "Ready") == "True"
+        },
+    );
+    // Converging was updating web, nothing else: nothing was deleted or made again.
+    let since = journal(&admin, "m1", seen);
+    assert!(
+        since
+            .iter()
+            .all(|(_, op, kind, name)| op == "update" && kind == "Deployment" && name == "web"),
+        "{since:?}"
     );
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod fleet;
+pub mod proxy;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
