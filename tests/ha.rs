@@ -214,6 +214,7 @@ fn replicas_share_one_identity_and_a_killed_leader_is_replaced_losing_no_write()
         rx.recv_timeout(Duration::from_secs(10))
     };
     let _ = watch.kill();
+    let _ = watch.wait();
     assert_eq!(seen_line.ok().as_deref(), Some("configmap/seen-elsewhere"));
     let mut replicas = vec![a, b, c];
     let refs: Vec<&Server> = replicas.iter().collect();
