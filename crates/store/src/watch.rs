@@ -2,10 +2,12 @@
 //!
 //! A backend calls [`WatchCache::publish`] with every committed change, in revision order. The
 //! cache keeps a ring of recent changes (so most watches that start in the past replay from
-//! memory) and one broadcast channel per watched key prefix. Each watcher reads its channel
-//! at its own pace; its backlog is bounded by the channel capacity, and a watcher that falls
-//! further behind is ended with [`StoreError::Expired`], never silently dropped and never
-//! slowing the writer or other watchers. Watches that start before the ring fetch the gap from
+//! memory) and a bounded queue per watcher, registered under its key prefix. Each watcher
+//! reads its queue at its own pace; its backlog is bounded by the queue's capacity, and a
+//! watcher that falls further behind is ended with [`StoreError::Expired`], never silently
+//! dropped and never slowing the writer or other watchers. A queue holds only what its watcher
+//! has not read yet (a broadcast channel per prefix, used before, kept its last `capacity`
+//! changes alive whether read or not: gigabytes under a fleet's heartbeats). Watches that start before the ring fetch the gap from
 //! the backend through [`History`].
 
 use std::collections::{HashMap, VecDeque};
@@ -14,8 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use orrery_api::{Object, fields, labels};
-use tokio::sync::broadcast;
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::mpsc;
 
 use crate::{Result, Revision, StoreError};
 
@@ -175,10 +176,9 @@ pub struct WatchCacheConfig {
     /// How many undelivered events one watcher of a whole kind (or more) may have before it
     /// is ended as expired.
     pub watcher_buffer: usize,
-    /// The same for watchers of a narrower prefix (a namespace, one object). Each watched
-    /// prefix has one channel whose slots are allocated up front, and a fleet has a namespace
-    /// per cluster, each watched by its agent: this keeps that cost small, while such a
-    /// prefix sees only its own, far fewer, events.
+    /// The same for watchers of a narrower prefix (a namespace, one object), which sees only
+    /// its own, far fewer, events: a fleet has a namespace per cluster, each watched by its
+    /// agent. (Queues take memory only for what they hold.)
     pub narrow_watcher_buffer: usize,
 }
 
@@ -225,7 +225,17 @@ struct State {
     /// The ring holds every change with a revision above this.
     ring_start: Revision,
     compacted: Revision,
-    channels: HashMap<String, broadcast::Sender<Arc<Change>>>,
+    /// Per watched prefix, its watchers' queues.
+    channels: HashMap<String, Vec<Feed>>,
+}
+
+/// One watcher's end of the cache.
+#[derive(Debug)]
+struct Feed {
+    tx: mpsc::Sender<Arc<Change>>,
+    /// Set when its queue was full: the watcher is ended as expired once it has read what the
+    /// queue holds.
+    lagged: Arc<AtomicBool>,
 }
 
 impl WatchCache {
@@ -278,16 +288,26 @@ impl WatchCache {
         st.ring.push_back(change.clone());
         if !st.channels.is_empty() {
             let key = change.key.as_str();
-            let mut dead = Vec::new();
+            let mut emptied = Vec::new();
             for prefix in std::iter::once("").chain(key.match_indices('/').map(|(i, _)| &key[..=i]))
             {
-                if let Some(tx) = st.channels.get(prefix)
-                    && tx.send(change.clone()).is_err()
-                {
-                    dead.push(prefix.to_string());
+                let Some(feeds) = st.channels.get_mut(prefix) else {
+                    continue;
+                };
+                // A full queue ends its watcher (lagged); a closed one lost its watcher.
+                feeds.retain(|f| match f.tx.try_send(change.clone()) {
+                    Ok(()) => true,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        f.lagged.store(true, Ordering::Release);
+                        false
+                    }
+                    Err(mpsc::error::TrySendError::Closed(_)) => false,
+                });
+                if feeds.is_empty() {
+                    emptied.push(prefix.to_string());
                 }
             }
-            for p in dead {
+            for p in emptied {
                 st.channels.remove(&p);
             }
         }
@@ -331,6 +351,8 @@ impl WatchCache {
     }
 
     /// Number of prefixes with live watchers (for metrics).
+    ///
+    /// A watcher that went away is noticed at the next change under its prefix.
     pub fn watched_prefixes(&self) -> usize {
         self.lock().channels.len()
     }
@@ -361,11 +383,16 @@ impl WatchCache {
                 });
             }
             let buffer = self.shared.config.buffer_for(prefix);
-            let rx = st
-                .channels
+            let (tx, rx) = mpsc::channel(buffer);
+            let lagged = Arc::new(AtomicBool::new(false));
+            st.channels
                 .entry(prefix.to_string())
-                .or_insert_with(|| broadcast::channel(buffer).0)
-                .subscribe();
+                .or_default()
+                .push(Feed {
+                    tx,
+                    lagged: lagged.clone(),
+                });
+            let rx = (rx, lagged);
             let replay: VecDeque<Arc<Change>> = st
                 .ring
                 .iter()
@@ -391,7 +418,8 @@ impl WatchCache {
             prefix: prefix.to_string(),
             opts,
             replay,
-            rx,
+            rx: rx.0,
+            lagged: rx.1,
             last: from,
             bookmark,
             done: false,
@@ -406,7 +434,8 @@ pub struct WatchStream {
     prefix: String,
     opts: WatchOptions,
     replay: VecDeque<Arc<Change>>,
-    rx: broadcast::Receiver<Arc<Change>>,
+    rx: mpsc::Receiver<Arc<Change>>,
+    lagged: Arc<AtomicBool>,
     /// The highest revision delivered (or known to hold nothing for this watcher).
     last: Revision,
     bookmark: Option<tokio::time::Interval>,
@@ -420,6 +449,16 @@ impl WatchStream {
             return None;
         }
         loop {
+            // A watcher that fell behind re-lists anyway: it is told at once, not after
+            // reading what its queue still holds.
+            if self.lagged.load(Ordering::Acquire) {
+                self.done = true;
+                tracing::debug!(prefix = %self.prefix, "watcher fell behind; ending it");
+                return Some(Err(StoreError::Expired {
+                    requested: self.last,
+                    compacted: self.last + 1,
+                }));
+            }
             while let Some(change) = self.replay.pop_front() {
                 if let Some(ev) = self.accept(&change) {
                     return Some(Ok(ev));
@@ -441,20 +480,15 @@ impl WatchStream {
                 None => self.rx.recv().await,
             };
             match received {
-                Ok(change) => {
+                Some(change) => {
                     if let Some(ev) = self.accept(&change) {
                         return Some(Ok(ev));
                     }
                 }
-                Err(RecvError::Lagged(missed)) => {
-                    self.done = true;
-                    tracing::debug!(prefix = %self.prefix, missed, "watcher fell behind; ending it");
-                    return Some(Err(StoreError::Expired {
-                        requested: self.last,
-                        compacted: self.last + 1,
-                    }));
-                }
-                Err(RecvError::Closed) => {
+                None => {
+                    if self.lagged.load(Ordering::Acquire) {
+                        continue;
+                    }
                     self.done = true;
                     if self.shared.closed.load(Ordering::Acquire) {
                         return None;
