@@ -13,13 +13,19 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::schema;
 
-/// Connections kept idle at most; more are opened under load and closed after.
-const MAX_IDLE: usize = 8;
+/// Reads running at once. Each runs on a blocking thread with a connection of its own (and its
+/// page cache): unbounded, a thousand agents registering at once had the runtime start
+/// hundreds of threads and connections, and the server peaked at 2 GiB. More cannot run on a
+/// machine's cores anyway; the rest wait their turn without a thread.
+const MAX_READERS: usize = 16;
+/// Connections kept idle at most (as many as may run, so none is opened twice under load).
+const MAX_IDLE: usize = MAX_READERS;
 
 #[derive(Debug)]
 pub struct Readers {
     path: PathBuf,
     idle: Mutex<Vec<Connection>>,
+    permits: Arc<tokio::sync::Semaphore>,
 }
 
 fn sql(e: rusqlite::Error) -> StoreError {
@@ -42,6 +48,7 @@ impl Readers {
         Readers {
             path,
             idle: Mutex::new(Vec::new()),
+            permits: Arc::new(tokio::sync::Semaphore::new(MAX_READERS)),
         }
     }
 
@@ -71,7 +78,15 @@ impl Readers {
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         let this = self.clone();
+        // The semaphore is never closed, so acquiring fails only if it were.
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| StoreError::Closed)?;
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             let conn = match this.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
                 Some(c) => c,
                 None => schema::open_reader(&this.path)?,
