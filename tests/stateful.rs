@@ -257,29 +257,24 @@ fn a_policy_change_moves_a_statefulset_and_its_follower_to_the_faster_link_with_
                     .is_some_and(|s| s["status"]["readyReplicas"] == 2)
         },
     );
-    // Members in separate processes measure no latency to one another: the control plane
-    // estimates every pair from their round trips to it, and kubectl shows it.
+    // Members in separate processes measure no latency to one another: each reports its
+    // round trip to the control plane (the scheduler estimates a pair from both), and no
+    // Cluster carries a matrix of every other cluster.
     eventually(
         Duration::from_secs(20),
-        "latency estimates for every pair",
+        "every member's round trip to the control plane",
         || {
             ["src", "slow", "fast"].iter().all(|c| {
                 let cl = f.s.get_json(&["cluster", c]);
-                let est = &cl["status"]["network"]["estimatedLatencyMs"];
                 cl["status"]["network"]["serverLatencyMs"]
                     .as_f64()
                     .is_some()
-                    && est
-                        .as_object()
-                        .is_some_and(|e| e.len() == 2 && !e.contains_key(*c))
+                    && cl["status"]["network"]["estimatedLatencyMs"].is_null()
             })
         },
     );
     let described = f.s.ok(&["describe", "cluster", "fast"]);
-    assert!(
-        described.contains("Estimated Latency Ms") && described.contains("Server Latency Ms"),
-        "{described}"
-    );
+    assert!(described.contains("Server Latency Ms"), "{described}");
     let sts = f.find("src", "StatefulSet", "db").unwrap();
     let vols = sts["status"]["volumes"].as_array().unwrap();
     assert_eq!(vols.len(), 2, "{sts:#}");

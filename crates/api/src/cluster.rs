@@ -236,10 +236,6 @@ pub struct NetworkStatus {
     /// lowest of its recent heartbeats).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub server_latency_ms: Option<f64>,
-    /// The control plane's estimate of the latency to clusters neither end measures (the
-    /// sum of both ends' round trips to the control plane), by name. Kept by the server.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub estimated_latency_ms: BTreeMap<String, f64>,
 }
 
 /// What a domain last reported through `PUT /api/v1/metrics` (the draft's 6.3.1 figures).

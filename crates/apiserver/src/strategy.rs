@@ -113,15 +113,6 @@ pub fn prepare_status(
             status.remove("waterLevel");
         }
     }
-    // The control plane's latency estimates are its own: an agent's report keeps them.
-    if let Some(est) = old_status
-        .and_then(|s| s.pointer("/network/estimatedLatencyMs"))
-        .filter(|e| !e.is_null())
-        && let Some(Value::Object(n)) = status.get_mut("network")
-        && !n.contains_key("estimatedLatencyMs")
-    {
-        n.insert("estimatedLatencyMs".into(), est.clone());
-    }
     // So is the monitoring system's forecast.
     if let Some(f) = old_status
         .and_then(|s| s.get("forecast"))

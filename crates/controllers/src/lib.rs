@@ -4,7 +4,6 @@
 //! - [`health`]: member readiness from heartbeats, health taints, Events and the failure
 //!   history;
 //! - [`inventory`]: a `ClusterProfile` (KEP-4322) per Cluster;
-//! - [`network`]: latency estimates for the pairs of clusters nobody measures;
 //! - [`propagation`]: policies to bindings, scheduling, bindings to Works, status back;
 //! - [`migration`]: moves of stateful workloads with their data;
 //! - [`data`]: copies of data sets to their readers, caches, refreshes, link booking;
@@ -26,7 +25,6 @@ pub mod leader;
 pub mod lifecycle;
 pub mod migration;
 pub mod monitoring;
-pub mod network;
 pub mod propagation;
 pub mod record;
 pub mod runtime;
@@ -67,7 +65,6 @@ pub fn spawn(
             cfg.autoscaling,
             shutdown.clone(),
         )),
-        tokio::spawn(network::run(store.clone(), shutdown.clone())),
     ];
     // The monitoring loop hands its samples to the forecaster, which works apart from it (a
     // round over a large fleet takes longer than a sampling interval).

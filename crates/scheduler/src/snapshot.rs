@@ -63,8 +63,10 @@ pub struct ClusterSnapshot {
     pub largest_node_free: ResourceList,
     /// Round-trip latency to other clusters in milliseconds, by name.
     pub latency_ms: BTreeMap<String, f64>,
-    /// The control plane's estimates for the clusters nobody measures.
-    pub estimated_latency_ms: BTreeMap<String, f64>,
+    /// Its member's round trip to the control plane: the latency to a cluster neither end
+    /// measures is estimated as the sum of the two (an upper bound by the triangle
+    /// inequality; members behind NAT cannot reach each other to measure).
+    pub server_latency_ms: Option<f64>,
     /// Ingress plus egress, bytes per second.
     pub traffic: f64,
     /// The storage classes it offers, the default first; empty when it has not said.
@@ -101,11 +103,7 @@ impl ClusterSnapshot {
             .as_ref()
             .map(|n| n.path_bandwidth_bytes_per_second.clone())
             .unwrap_or_default();
-        let estimated_latency_ms = st
-            .network
-            .as_ref()
-            .map(|n| n.estimated_latency_ms.clone())
-            .unwrap_or_default();
+        let server_latency_ms = st.network.as_ref().and_then(|n| n.server_latency_ms);
         let api_kinds = (!st.api_enablements.is_empty()).then(|| {
             st.api_enablements
                 .iter()
@@ -151,7 +149,7 @@ impl ClusterSnapshot {
             usage,
             largest_node_free: st.largest_node_free,
             latency_ms,
-            estimated_latency_ms,
+            server_latency_ms,
             traffic,
             storage_classes: st.storage_classes,
             bandwidth,
@@ -161,7 +159,8 @@ impl ClusterSnapshot {
         }
     }
 
-    /// The round-trip latency to `other`, as either of the two reports it (0 to itself).
+    /// The round-trip latency to `other`, as either of the two measures it, else estimated
+    /// from both ends' round trips to the control plane (0 to itself).
     pub fn latency_to(&self, other: &ClusterSnapshot) -> Option<f64> {
         if self.name == other.name {
             return Some(0.0);
@@ -169,9 +168,11 @@ impl ClusterSnapshot {
         self.latency_ms
             .get(&other.name)
             .or_else(|| other.latency_ms.get(&self.name))
-            .or_else(|| self.estimated_latency_ms.get(&other.name))
-            .or_else(|| other.estimated_latency_ms.get(&self.name))
             .copied()
+            .or_else(|| {
+                let (a, b) = (self.server_latency_ms?, other.server_latency_ms?);
+                Some(((a + b) * 10.0).round() / 10.0)
+            })
     }
 
     /// What the path between this cluster and `other` carries, bytes per second: the slower
@@ -805,6 +806,34 @@ mod tests {
             Quantity::from_int(mem_gi << 30, Format::BinarySI),
         );
         l
+    }
+
+    #[test]
+    fn latency_is_measured_by_either_end_else_estimated_through_the_control_plane() {
+        let named = |name: &str, server: Option<f64>, measured: &[(&str, f64)]| ClusterSnapshot {
+            name: name.into(),
+            server_latency_ms: server,
+            latency_ms: measured.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+            ..Default::default()
+        };
+        let a = named("a", Some(12.04), &[("c", 3.0)]);
+        let b = named("b", Some(30.0), &[]);
+        let c = named("c", Some(50.0), &[]);
+        let d = named("d", None, &[]);
+        let table = [
+            (&a, &a, Some(0.0)),
+            (&a, &c, Some(3.0)),
+            // Measured by the other end only.
+            (&c, &a, Some(3.0)),
+            // Neither measures: both round trips to the control plane, rounded to 0.1 ms.
+            (&a, &b, Some(42.0)),
+            (&b, &c, Some(80.0)),
+            // One end never reported its round trip: unknown.
+            (&b, &d, None),
+        ];
+        for (x, y, want) in table {
+            assert_eq!(x.latency_to(y), want, "{} to {}", x.name, y.name);
+        }
     }
 
     #[test]

@@ -154,7 +154,7 @@ fn cluster() -> Value {
                                                      "description": "What the path to another cluster carries, by name, where it is slower than both uplinks." },
                     "serverLatencyMs": { "type": "number", "description": "Round trip from the member's agent to the control plane (the lowest of its recent heartbeats)." },
                     "estimatedLatencyMs": { "type": "object", "additionalProperties": { "type": "number" },
-                                            "description": "The control plane's estimate of the latency to clusters neither end measures, by name." },
+                                            "description": "No longer kept (earlier versions stored an estimate for every other cluster here): the latency between clusters neither end measures is the sum of both ends' serverLatencyMs." },
                 },
             },
             "storageClasses": strings("The storage classes the member offers; the first is its default."),
