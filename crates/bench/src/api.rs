@@ -122,6 +122,21 @@ impl ServerProcess {
         Ok((child, stopping))
     }
 
+    /// `kill -9`, for failover benchmarks; [`ServerProcess::relaunch`] starts it again.
+    pub fn kill9(&mut self) {
+        self.stopping.store(true, Ordering::Relaxed);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts a killed server again on its data directory and port.
+    pub fn relaunch(&mut self) -> anyhow::Result<()> {
+        let (child, stopping) = Self::launch(&self.bin, self._dir.path(), self.port, &self.extra)?;
+        self.child = child;
+        self.stopping = stopping;
+        Ok(())
+    }
+
     /// (resident MiB, peak resident MiB, CPU seconds) of the server so far.
     pub fn usage_full(&self) -> (f64, f64, f64) {
         crate::stats::process_usage(self.child.id())

@@ -16,6 +16,7 @@ mod api;
 mod dro;
 mod elastic;
 mod forecast;
+mod ha;
 mod inproc;
 mod members;
 mod propagation;
@@ -147,6 +148,29 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Leader failover on a three-member etcd with three replicas (Kubernetes' lease
+    /// timings): time from `kill -9` of the leader to another replica leading.
+    HaFailover {
+        #[arg(long, default_value_t = 20)]
+        kills: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Create throughput on a three-member etcd through one replica and through three.
+    HaWrites {
+        #[arg(long, default_value_t = 64)]
+        clients: usize,
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
     /// One agent process hosting a fleet of simulated clusters: steady-state costs.
     MembersFleet {
         #[arg(long, default_value_t = 1000)]
@@ -157,6 +181,10 @@ enum Command {
         steady_secs: u64,
         #[arg(long, default_value = "10s")]
         heartbeat: String,
+        /// Server replicas: 1 on SQLite, more on a three-member etcd (an agent process per
+        /// replica, each hosting its share of the clusters).
+        #[arg(long, default_value_t = 1)]
+        replicas: usize,
         #[arg(long)]
         server_bin: Option<PathBuf>,
         #[arg(long)]
@@ -641,11 +669,40 @@ fn main() -> anyhow::Result<()> {
                 })
                 .await
             }
+            Command::HaFailover {
+                kills,
+                server_bin,
+                dir,
+            } => {
+                ha::failover(ha::FailoverArgs {
+                    kills,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::HaWrites {
+                clients,
+                seconds,
+                runs,
+                server_bin,
+                dir,
+            } => {
+                ha::writes(ha::WritesArgs {
+                    clients,
+                    seconds,
+                    runs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
             Command::MembersFleet {
                 clusters,
                 nodes,
                 steady_secs,
                 heartbeat,
+                replicas,
                 server_bin,
                 dir,
             } => {
@@ -654,6 +711,7 @@ fn main() -> anyhow::Result<()> {
                     nodes,
                     steady_secs,
                     heartbeat,
+                    replicas,
                     server_bin,
                     dir,
                 })

@@ -204,6 +204,9 @@ pub struct FleetArgs {
     pub nodes: usize,
     pub steady_secs: u64,
     pub heartbeat: String,
+    /// 1: one server on SQLite; more: that many replicas on a three-member etcd, each with
+    /// an agent process hosting its share of the clusters (and knowing the other replicas).
+    pub replicas: usize,
     pub server_bin: Option<PathBuf>,
     pub dir: Option<PathBuf>,
 }
@@ -221,36 +224,66 @@ pub(crate) fn orrery_bin(server_bin: &Option<PathBuf>) -> anyhow::Result<PathBuf
 /// then the steady state (server CPU and memory, agent memory, heartbeat and report latency).
 pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     let bin = orrery_bin(&args.server_bin)?;
-    let server = ServerProcess::start(&args.server_bin, &args.dir)?;
+    let n = args.replicas.max(1);
+    let (_etcd, servers) = if n == 1 {
+        (
+            None,
+            vec![ServerProcess::start(&args.server_bin, &args.dir)?],
+        )
+    } else {
+        let etcd = orrery_store_testkit::etcd::EtcdCluster::start(3)?;
+        let servers = crate::ha::replicas(&etcd, n, &[], &args.server_bin, &args.dir)?;
+        (Some(etcd), servers)
+    };
+    let server = &servers[0];
     let admin = orrery_client::from_kubeconfig(&server.kubeconfig).await?;
     let token = bootstrap_token(&admin, "fleet-*").await?;
     let dir = tempfile::tempdir()?;
-    let file = dir.path().join("fleet.yaml");
-    std::fs::write(
-        &file,
-        format!(
-            "clusters:\n  - name: fleet-{{i}}\n    count: {}\n    regions: [us-east, us-west, eu-central, ap-south]\n    provider: sim\n    simulate: nodes={},cpu=16,memory=64Gi,load=0.3,profile=diurnal,period=600s\n",
-            args.clusters, args.nodes
-        ),
-    )?;
+    // Cluster j is hosted by agent j % n, which uses replica j % n first.
+    let name_of = move |j: usize| {
+        if n == 1 {
+            format!("fleet-{j}")
+        } else {
+            format!("fleet-{}-{}", j % n, j / n)
+        }
+    };
     progress(format!(
-        "members fleet: starting {} simulated clusters of {} nodes",
+        "members fleet: starting {} simulated clusters of {} nodes over {n} server(s)",
         args.clusters, args.nodes
     ));
     let started = Instant::now();
-    let agent = start_agent(
-        &bin,
-        &server.url,
-        &[
-            "--simulate-fleet".into(),
-            file.display().to_string(),
-            "--token".into(),
-            token,
-            "--heartbeat-interval".into(),
-            args.heartbeat.clone(),
-        ],
-        true,
-    )?;
+    let mut agents = Vec::new();
+    for k in 0..n {
+        let count = (0..args.clusters).filter(|j| j % n == k).count();
+        let file = dir.path().join(format!("fleet-{k}.yaml"));
+        let pattern = if n == 1 {
+            "fleet-{i}".to_string()
+        } else {
+            format!("fleet-{k}-{{i}}")
+        };
+        std::fs::write(
+            &file,
+            format!(
+                "clusters:\n  - name: {pattern}\n    count: {count}\n    regions: [us-east, us-west, eu-central, ap-south]\n    provider: sim\n    simulate: nodes={},cpu=16,memory=64Gi,load=0.3,profile=diurnal,period=600s\n",
+                args.nodes
+            ),
+        )?;
+        let urls: Vec<&str> = (0..n).map(|i| servers[(k + i) % n].url.as_str()).collect();
+        agents.push(start_agent(
+            &bin,
+            &urls.join(","),
+            &[
+                "--simulate-fleet".into(),
+                file.display().to_string(),
+                "--token".into(),
+                token.clone(),
+                "--heartbeat-interval".into(),
+                args.heartbeat.clone(),
+            ],
+            true,
+        )?);
+    }
+
     loop {
         let n = orrery_client::ready_clusters(&admin).await?;
         if n >= args.clusters {
@@ -264,15 +297,23 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let all_ready = started.elapsed().as_secs_f64();
+
     progress(format!(
         "members fleet: all Ready after {all_ready:.1} s; measuring {} s of steady state",
         args.steady_secs
     ));
     // Let the registration burst settle, then measure.
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let _ = admin_get(&agent.admin, "/stats?reset=true")?;
-    let (_, _, server_cpu0) = server.usage_full();
-    let (_, _, agent_cpu0) = process_usage(agent.child.id());
+    // Heartbeats while the fleet registered, then afresh for the steady state.
+    let mut registering = Vec::new();
+    for agent in &agents {
+        registering.push(admin_get(&agent.admin, "/stats?reset=true")?["heartbeat"].clone());
+    }
+    let server_cpu0: Vec<f64> = servers.iter().map(|s| s.usage_full().2).collect();
+    let agent_cpu0: Vec<f64> = agents
+        .iter()
+        .map(|a| process_usage(a.child.id()).2)
+        .collect();
     let t0 = Instant::now();
     // A Work per cluster, so that statuses are reported too.
     progress(format!(
@@ -283,13 +324,14 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     let mut tasks = Vec::new();
     for _ in 0..16 {
         let (c, next, total) = (admin.clone(), next.clone(), args.clusters);
+        let name_of = name_of.clone();
         tasks.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if i >= total {
                     return Ok::<_, kube::Error>(());
                 }
-                let ns = format!("orrery-cluster-fleet-{i}");
+                let ns = format!("orrery-cluster-{}", name_of(i));
                 let work = json!({"apiVersion": "multicluster.io/v1alpha1", "kind": "Work",
                     "metadata": {"name": "bench", "namespace": ns},
                     "spec": {"workload": {"manifests": [
@@ -332,13 +374,39 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         tokio::time::sleep(rest).await;
     }
     let wall = t0.elapsed().as_secs_f64();
-    let (server_rss, server_peak, server_cpu1) = server.usage_full();
-    let (agent_rss, agent_peak, agent_cpu1) = process_usage(agent.child.id());
-    let stats = admin_get(&agent.admin, "/stats")?;
+    let per_server: Vec<Value> = servers
+        .iter()
+        .zip(&server_cpu0)
+        .map(|(s, cpu0)| {
+            let (rss, peak, cpu1) = s.usage_full();
+            json!({
+                "cpu_cores": round((cpu1 - cpu0) / wall, 3),
+                "rss_mib": round(rss, 1),
+                "peak_rss_mib": round(peak, 1),
+            })
+        })
+        .collect();
+    let mut per_agent = Vec::new();
+    let mut heartbeat_p99: f64 = 0.0;
+    for (a, cpu0) in agents.iter().zip(&agent_cpu0) {
+        let (rss, peak, cpu1) = process_usage(a.child.id());
+        let stats = admin_get(&a.admin, "/stats")?;
+        heartbeat_p99 = heartbeat_p99.max(stats["heartbeat"]["p99_ms"].as_f64().unwrap_or(0.0));
+        per_agent.push(json!({
+            "cpu_cores": round((cpu1 - cpu0) / wall, 3),
+            "rss_mib": round(rss, 1),
+            "peak_rss_mib": round(peak, 1),
+            "heartbeat_ms": stats["heartbeat"],
+            "report_ms": stats["report"],
+        }));
+    }
     let still_ready = orrery_client::ready_clusters(&admin).await?;
+    let first = |v: &[Value], k: &str| v.first().map(|x| x[k].clone()).unwrap_or(Value::Null);
     emit(json!({
         "scenario": "members.fleet",
         "clusters": args.clusters,
+        "servers": n,
+        "store": if n == 1 { "sqlite" } else { "etcd (3 members)" },
         "nodes_per_cluster": args.nodes,
         "heartbeat_interval": args.heartbeat,
         "seconds_to_all_ready": round(all_ready, 1),
@@ -346,15 +414,15 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         "ready_at_end": still_ready,
         "works_available": available,
         "seconds_to_works_available": round(works_available_after, 1),
-        "server_cpu_cores": round((server_cpu1 - server_cpu0) / wall, 3),
-        "server_rss_mib": round(server_rss, 1),
-        "server_peak_rss_mib": round(server_peak, 1),
-        "agent_cpu_cores": round((agent_cpu1 - agent_cpu0) / wall, 3),
-        "agent_rss_mib": round(agent_rss, 1),
-        "agent_peak_rss_mib": round(agent_peak, 1),
-        "agent_rss_kib_per_cluster": round(agent_rss * 1024.0 / args.clusters as f64, 1),
-        "heartbeat_ms": stats["heartbeat"],
-        "report_ms": stats["report"],
+        "server_cpu_cores": first(&per_server, "cpu_cores"),
+        "server_rss_mib": first(&per_server, "rss_mib"),
+        "server_peak_rss_mib": first(&per_server, "peak_rss_mib"),
+        "per_server": per_server,
+        "agents": per_agent,
+        "heartbeat_p99_ms_max": round(heartbeat_p99, 1),
+        "heartbeat_ms_while_registering": registering,
+        "agent_rss_kib_per_cluster": round(
+            agents.iter().map(|a| process_usage(a.child.id()).0).sum::<f64>() * 1024.0 / args.clusters as f64, 1),
         "goals": {"server_rss_mib": 1024, "server_cpu_cores": 1.0, "agent_kib_per_cluster": 1024},
     }));
     Ok(())
