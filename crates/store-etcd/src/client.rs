@@ -185,8 +185,11 @@ impl Client {
                 match call(member).await {
                     Ok(r) => return Ok(r.into_inner()),
                     Err(s) => {
+                        // A read may be asked again anywhere: it changes nothing.
                         let elsewhere = not_served(&s)
-                            || (kind == Kind::Read && s.code() == tonic::Code::Unavailable);
+                            || (kind == Kind::Read
+                                && (s.code() == tonic::Code::Unavailable
+                                    || s.message().contains("transport error")));
                         if !elsewhere {
                             return Err(EtcdError::Status(s));
                         }

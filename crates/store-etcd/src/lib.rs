@@ -96,8 +96,9 @@ impl std::fmt::Debug for Inner {
 
 /// Page size when a filtered list must read more than it returns.
 const SCAN_PAGE: i64 = 500;
-/// Page size for unfiltered lists.
-const DEFAULT_PAGE: i64 = 10_000;
+/// Page size for unfiltered lists: a response of 10,000 Clusters (tens of MiB) held a loaded
+/// etcd long enough for the connection to be taken for dead.
+const DEFAULT_PAGE: i64 = 1_000;
 
 fn backend(e: EtcdError) -> StoreError {
     if e.is_unavailable() {
@@ -156,7 +157,8 @@ impl EtcdStore {
             request_timeout: config.request_timeout,
             read_timeout: config.read_timeout,
             write_timeout: config.write_timeout,
-            keep_alive: (Duration::from_secs(10), Duration::from_secs(5)),
+            // A busy member answers pings late; a connection given up on fails what it carries.
+            keep_alive: (Duration::from_secs(10), Duration::from_secs(20)),
         };
         let client = Client::new(&config.endpoints, &options).map_err(|e| {
             StoreError::Backend(format!(

@@ -117,3 +117,61 @@ fn fenced_writes_stop_when_the_lease_changes_hands() {
         store.update(key, config(7), None).await.unwrap();
     });
 }
+
+/// Lists larger than one etcd range page (1,000 keys) come whole and in order, with and
+/// without a limit, at one revision.
+#[test]
+fn lists_span_several_etcd_pages() {
+    use orrery_store::ListOptions;
+    use orrery_store_testkit::Harness;
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let h = orrery_store_testkit::EtcdHarness::new();
+        let store = h.open().await;
+        for i in 0..2_500 {
+            let mut o = orrery_store::stamp::new_object(
+                "v1",
+                "ConfigMap",
+                Some("big"),
+                &format!("c{i:05}"),
+            );
+            o.other
+                .insert("data".into(), serde_json::json!({"i": i.to_string()}));
+            store
+                .create(&format!("/registry/core/configmaps/big/c{i:05}"), o)
+                .await
+                .unwrap();
+        }
+        let all = store
+            .list("/registry/core/configmaps/big/", &ListOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(all.items.len(), 2_500);
+        assert!(all.continue_token.is_none());
+        let names: Vec<&str> = all.items.iter().map(|o| o.name()).collect();
+        let mut sorted = names.clone();
+        sorted.sort();
+        assert_eq!(names, sorted);
+        // Pages of 1,500 at the first page's revision.
+        let mut opts = ListOptions {
+            limit: Some(1_500),
+            ..Default::default()
+        };
+        let first = store
+            .list("/registry/core/configmaps/big/", &opts)
+            .await
+            .unwrap();
+        assert_eq!(first.items.len(), 1_500);
+        opts.continue_token = first.continue_token.clone();
+        assert!(opts.continue_token.is_some());
+        let second = store
+            .list("/registry/core/configmaps/big/", &opts)
+            .await
+            .unwrap();
+        assert_eq!(second.items.len(), 1_000);
+        assert!(second.continue_token.is_none());
+        assert_eq!(first.revision, second.revision);
+        assert_eq!(second.items[0].name(), "c01500");
+    });
+}
