@@ -49,6 +49,32 @@ fn on(via: &Server, at: &Server, args: &[&str]) -> std::process::Output {
     via.kubectl(&a)
 }
 
+/// The holder of the leader Lease, as `kubeconfig` reads it ("" when none; `None` when the
+/// replica does not answer).
+fn lease_holder(kubeconfig: &std::path::Path, home: &std::path::Path) -> Option<String> {
+    let out = std::process::Command::new("kubectl")
+        .args([
+            "get",
+            "lease",
+            "-n",
+            "orrery-system",
+            "orrery-controllers",
+            "-o",
+            "jsonpath={.spec.holderIdentity}",
+        ])
+        .env("KUBECONFIG", kubeconfig)
+        .env("HOME", home)
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn holder_of(s: &Server) -> String {
+    lease_holder(&s.kubeconfig, &s.dir).expect("the Lease")
+}
+
 /// Whether replica `s` says it leads (`orrery_leader 1` on its /metrics); `None` when it
 /// does not answer.
 fn leads(s: &Server) -> Option<bool> {
@@ -219,15 +245,7 @@ fn replicas_share_one_identity_and_a_killed_leader_is_replaced_losing_no_write()
     let mut replicas = vec![a, b, c];
     let refs: Vec<&Server> = replicas.iter().collect();
     let leader = the_leader(&refs, Duration::from_secs(20));
-    let holder = refs[0].ok(&[
-        "get",
-        "lease",
-        "-n",
-        "orrery-system",
-        "orrery-controllers",
-        "-o",
-        "jsonpath={.spec.holderIdentity}",
-    ]);
+    let holder = holder_of(refs[0]);
     assert!(!holder.is_empty());
     let follower = (leader + 1) % 3;
     // The member's agent knows every replica and uses the leader's first.
@@ -285,15 +303,7 @@ fn replicas_share_one_identity_and_a_killed_leader_is_replaced_losing_no_write()
         failover < LEASE + Duration::from_secs(5),
         "a new leader after {failover:?}"
     );
-    let new_holder = survivors[0].ok(&[
-        "get",
-        "lease",
-        "-n",
-        "orrery-system",
-        "orrery-controllers",
-        "-o",
-        "jsonpath={.spec.holderIdentity}",
-    ]);
+    let new_holder = holder_of(survivors[0]);
     assert_ne!(new_holder, holder);
     eprintln!("failover took {failover:?}; replica {next} of the survivors leads");
     // The agent lost its replica and moved to another.
@@ -588,30 +598,7 @@ fn orrery_up_ha_runs_three_replicas_on_three_etcd_members() {
     assert!(text.contains("etcd: 3 members at"), "{text}");
     assert!(text.contains("three control-plane replicas"), "{text}");
     let kubeconfig = dir.path().join("replica-0/admin.kubeconfig");
-    let kubectl = |args: &[&str]| {
-        let out = std::process::Command::new("kubectl")
-            .args(args)
-            .env("KUBECONFIG", &kubeconfig)
-            .env("HOME", dir.path())
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
-    let holder = || {
-        kubectl(&[
-            "get",
-            "lease",
-            "-n",
-            "orrery-system",
-            "orrery-controllers",
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ])
-        .1
-    };
+    let holder = || lease_holder(&kubeconfig, dir.path()).unwrap_or_default();
     eventually(Duration::from_secs(20), "a leader", || !holder().is_empty());
     let first = holder();
     // Kill the leading replica's process: another takes the Lease.
@@ -636,22 +623,7 @@ fn orrery_up_ha_runs_three_replicas_on_three_etcd_members() {
     let other = (leading + 1) % 3;
     let kubeconfig_other = dir.path().join(format!("replica-{other}/admin.kubeconfig"));
     eventually(Duration::from_secs(40), "another replica leading", || {
-        let out = std::process::Command::new("kubectl")
-            .args([
-                "get",
-                "lease",
-                "-n",
-                "orrery-system",
-                "orrery-controllers",
-                "-o",
-                "jsonpath={.spec.holderIdentity}",
-            ])
-            .env("KUBECONFIG", &kubeconfig_other)
-            .env("HOME", dir.path())
-            .output()
-            .unwrap();
-        let h = String::from_utf8_lossy(&out.stdout).into_owned();
-        out.status.success() && !h.is_empty() && h != first
+        lease_holder(&kubeconfig_other, dir.path()).is_some_and(|h| !h.is_empty() && h != first)
     });
     signal(child.id(), "INT");
     let status = child.wait().unwrap();

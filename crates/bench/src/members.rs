@@ -324,7 +324,6 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     let mut tasks = Vec::new();
     for _ in 0..16 {
         let (c, next, total) = (admin.clone(), next.clone(), args.clusters);
-        let name_of = name_of.clone();
         tasks.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
