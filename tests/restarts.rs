@@ -309,14 +309,18 @@ fn unchanged_applies(entries: &[(String, Value)]) -> Vec<String> {
             e["name"].as_str().unwrap_or("")
         )
     };
+    // A Work's version as the member saw it: a generation the agent could not apply (the member
+    // was away) may be followed by one that asks for what the member still has (replicas
+    // scaled up and back meanwhile): applying that is a decision's, though nothing changes.
     let cause = |e: &Value| {
         (
             e["cause"]["work"].as_str().unwrap_or("").to_string(),
             e["cause"]["uid"].as_str().unwrap_or("").to_string(),
+            e["cause"]["generation"].as_i64().unwrap_or(0),
         )
     };
     // For each apply, the cause of the operation on the same object before it.
-    let mut last: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let mut last: BTreeMap<String, (String, String, i64)> = BTreeMap::new();
     // (member, Work, uid, revision) -> its applies, each with whether the operation before it
     // on that object came from the same Work.
     type Group<'a> = Vec<(&'a Value, bool)>;
@@ -329,16 +333,18 @@ fn unchanged_applies(entries: &[(String, Value)]) -> Vec<String> {
         if e["op"] == "delete" || reason.starts_with("retried") {
             continue;
         }
-        let (work, uid) = cause(e);
+        let this = cause(e);
+        let same = before.as_ref() == Some(&this);
+        let (work, uid, _) = this;
         groups
             .entry((
                 m.clone(),
-                work.clone(),
-                uid.clone(),
+                work,
+                uid,
                 e["cause"]["revision"].as_str().unwrap_or("").to_string(),
             ))
             .or_default()
-            .push((e, before == Some((work, uid))));
+            .push((e, same));
     }
     groups
         .into_iter()
@@ -1258,4 +1264,37 @@ fn a_member_away_while_its_work_goes_keeps_nothing() {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+}
+
+/// The checker of operations without a change: a Work version applied again is flagged; a
+/// later version of the Work that asks for what the member still has is not.
+#[test]
+fn unchanged_applies_flags_a_version_applied_again_not_a_new_one() {
+    let op = |seq: u64, generation: i64, revision: &str, changed: bool| {
+        (
+            "m1".to_string(),
+            serde_json::json!({
+                "seq": seq, "op": if seq == 1 { "create" } else { "update" }, "changed": changed,
+                "kind": "Deployment", "namespace": "default", "name": "web",
+                "cause": {"work": "ns/web", "uid": "u1", "generation": generation,
+                          "revision": revision, "reason": "applied"},
+            }),
+        )
+    };
+    // Generation 1, then 5 (2 to 4 never reached the member) asking for the same: a decision.
+    assert!(unchanged_applies(&[op(1, 1, "10", true), op(2, 5, "50", false)]).is_empty());
+    // A version's group that changed something once is not counted...
+    let again = unchanged_applies(&[op(1, 1, "10", true), op(2, 1, "10", false)]);
+    assert!(
+        again.is_empty(),
+        "the group holds a changed apply: {again:?}"
+    );
+    // ...but the same generation applied again at a later revision without a change (a
+    // reconnect re-applying what the member has) is.
+    let again = unchanged_applies(&[
+        op(1, 1, "10", true),
+        op(2, 2, "20", true),
+        op(3, 2, "21", false),
+    ]);
+    assert_eq!(again.len(), 1, "{again:?}");
 }
