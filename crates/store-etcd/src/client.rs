@@ -29,6 +29,9 @@ pub enum EtcdError {
     Status(#[from] tonic::Status),
     #[error("no answer within {0:?}")]
     Timeout(Duration),
+    /// The store was closed: no call is made.
+    #[error("the store is closed")]
+    Closed,
 }
 
 impl EtcdError {
@@ -53,7 +56,7 @@ impl EtcdError {
                     || s.message().contains("request timed out")
                     || s.message().contains("leader changed")
             }
-            EtcdError::Endpoint { .. } => false,
+            EtcdError::Endpoint { .. } | EtcdError::Closed => false,
         }
     }
 

@@ -80,6 +80,8 @@ struct Inner {
     closed: std::sync::atomic::AtomicBool,
     /// Set while etcd has no quorum (reads served stale, writes refused): why.
     degraded: std::sync::Mutex<Option<String>>,
+    /// Whether `degraded` is set: every call looks, few change it.
+    is_degraded: std::sync::atomic::AtomicBool,
     feed: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -101,7 +103,9 @@ const SCAN_PAGE: i64 = 500;
 const DEFAULT_PAGE: i64 = 1_000;
 
 fn backend(e: EtcdError) -> StoreError {
-    if e.is_unavailable() {
+    if matches!(e, EtcdError::Closed) {
+        StoreError::Closed
+    } else if e.is_unavailable() {
         StoreError::Unavailable(format!("etcd: {e}"))
     } else {
         StoreError::Backend(format!("etcd: {e}"))
@@ -160,12 +164,13 @@ impl EtcdStore {
             // A busy member answers pings late; a connection given up on fails what it carries.
             keep_alive: (Duration::from_secs(10), Duration::from_secs(20)),
         };
-        let client = Client::new(&config.endpoints, &options).map_err(|e| {
+        let connecting = |e: &dyn std::fmt::Display| {
             StoreError::Backend(format!(
                 "connecting to etcd at {}: {e}",
                 config.endpoints.join(",")
             ))
-        })?;
+        };
+        let client = Client::new(&config.endpoints, &options).map_err(|e| connecting(&e))?;
         let store = EtcdStore {
             fence: None,
             inner: Arc::new(Inner {
@@ -175,15 +180,11 @@ impl EtcdStore {
                 compacted: AtomicI64::new(0),
                 closed: std::sync::atomic::AtomicBool::new(false),
                 degraded: std::sync::Mutex::new(None),
+                is_degraded: std::sync::atomic::AtomicBool::new(false),
                 feed: std::sync::Mutex::new(None),
             }),
         };
-        let rev = store.current_revision().await.map_err(|e| {
-            StoreError::Backend(format!(
-                "connecting to etcd at {}: {e}",
-                config.endpoints.join(",")
-            ))
-        })?;
+        let rev = store.current_revision().await.map_err(|e| connecting(&e))?;
         let compacted = store.find_compacted(rev).await?;
         store.inner.compacted.store(compacted, Ordering::Release);
         store.inner.cache.set_compacted(compacted);
@@ -369,9 +370,10 @@ impl EtcdStore {
     /// no member answers in time, served by one member without consensus (possibly stale),
     /// and the store says so ([`Store::degraded`]) until a linearizable call succeeds again.
     async fn read(&self, mut req: RangeRequest) -> std::result::Result<RangeResponse, EtcdError> {
-        let client = self
-            .client()
-            .map_err(|e| EtcdError::Status(tonic::Status::unavailable(e.to_string())))?;
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(EtcdError::Closed);
+        }
+        let client = &self.inner.client;
         match client.range(req.clone()).await {
             Ok(r) => {
                 self.set_degraded(None);
@@ -408,6 +410,9 @@ impl EtcdStore {
     }
 
     fn set_degraded(&self, why: Option<String>) {
+        if why.is_none() && !self.inner.is_degraded.load(Ordering::Acquire) {
+            return;
+        }
         let mut d = self
             .inner
             .degraded
@@ -418,6 +423,9 @@ impl EtcdStore {
             (Some(_), None) => tracing::info!("etcd has quorum again"),
             _ => {}
         }
+        self.inner
+            .is_degraded
+            .store(why.is_some(), Ordering::Release);
         *d = why;
     }
 
@@ -829,6 +837,9 @@ impl Store for EtcdStore {
     }
 
     fn degraded(&self) -> Option<String> {
+        if !self.inner.is_degraded.load(Ordering::Acquire) {
+            return None;
+        }
         self.inner
             .degraded
             .lock()
