@@ -352,7 +352,8 @@ impl WatchCache {
 
     /// Number of prefixes with live watchers (for metrics).
     ///
-    /// A watcher that went away is noticed at the next change under its prefix.
+    /// A watcher that went away is noticed at the next change under its prefix, or the next
+    /// watch of it.
     pub fn watched_prefixes(&self) -> usize {
         self.lock().channels.len()
     }
@@ -385,13 +386,14 @@ impl WatchCache {
             let buffer = self.shared.config.buffer_for(prefix);
             let (tx, rx) = mpsc::channel(buffer);
             let lagged = Arc::new(AtomicBool::new(false));
-            st.channels
-                .entry(prefix.to_string())
-                .or_default()
-                .push(Feed {
-                    tx,
-                    lagged: lagged.clone(),
-                });
+            let feeds = st.channels.entry(prefix.to_string()).or_default();
+            // Watchers gone from a quiet prefix (no change came to find them gone) go now, so
+            // one that watches again and again does not pile up feeds.
+            feeds.retain(|f| !f.tx.is_closed());
+            feeds.push(Feed {
+                tx,
+                lagged: lagged.clone(),
+            });
             let rx = (rx, lagged);
             let replay: VecDeque<Arc<Change>> = st
                 .ring
