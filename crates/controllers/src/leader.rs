@@ -228,14 +228,22 @@ pub fn spawn(
         let mut fence: Option<Fence> = None;
         let mut renewed = Instant::now();
         let mut last_holder = String::new();
+        // Ends this server's term, if it has one, and says why.
+        let step_down = |fence: &mut Option<Fence>, why: &str| {
+            if fence.take().is_some() {
+                tracing::warn!(identity = %config.identity, "{why}; stepping down");
+                let _ = tx.send(None);
+            }
+        };
         loop {
             // A leader that slept past its renew deadline (paused, starved) steps down before
             // anything else: its lease may already be another's (its writes were fenced
             // meanwhile).
-            if fence.is_some() && renewed.elapsed() >= config.renew_deadline {
-                tracing::warn!(identity = %config.identity, "leader lease not renewed within the renew deadline; stepping down");
-                fence = None;
-                let _ = tx.send(None);
+            if renewed.elapsed() >= config.renew_deadline {
+                step_down(
+                    &mut fence,
+                    "leader lease not renewed within the renew deadline",
+                );
             }
             // An attempt may not outlast the renew deadline: a store that does not answer
             // must not keep a leader leading.
@@ -280,10 +288,7 @@ pub fn spawn(
                     let _ = tx.send(Some(f));
                 }
                 (Ok(Attempt::Held { holder }), _) => {
-                    if fence.take().is_some() {
-                        tracing::warn!(identity = %config.identity, %holder, "lost the leader lease");
-                        let _ = tx.send(None);
-                    }
+                    step_down(&mut fence, &format!("the leader lease is held by {holder}"));
                     if *holder != last_holder {
                         tracing::info!(%holder, "following the leader");
                         last_holder = holder.clone();
@@ -291,10 +296,11 @@ pub fn spawn(
                 }
                 (Err(e), _) => {
                     tracing::warn!(error = %e, "leader election: the Lease could not be read or written");
-                    if fence.is_some() && renewed.elapsed() >= config.renew_deadline {
-                        tracing::warn!(identity = %config.identity, "could not renew the leader lease within the renew deadline; stepping down");
-                        fence = None;
-                        let _ = tx.send(None);
+                    if renewed.elapsed() >= config.renew_deadline {
+                        step_down(
+                            &mut fence,
+                            "could not renew the leader lease within the renew deadline",
+                        );
                     }
                 }
             }
