@@ -250,6 +250,46 @@ async fn admin_token(auth: &Authenticator, kubeconfig: &Path) -> anyhow::Result<
     Ok(token)
 }
 
+/// The installation's identity on a shared store: the one another replica stored (its CA
+/// replaces this data directory's), or this replica's own, stored for the others. Two replicas
+/// starting at once on an empty store: the one stored first wins, the other adopts it.
+/// Returns the admin token.
+async fn shared_identity(
+    store: &dyn Store,
+    sealer: &orrery_apiserver::seal::Sealer,
+    data_dir: &Path,
+    sans: &[String],
+    auth: &Authenticator,
+    kubeconfig: &Path,
+) -> anyhow::Result<String> {
+    use orrery_apiserver::identity;
+    let adopt = |id: identity::Shared| -> anyhow::Result<String> {
+        identity::adopt(data_dir, &id).context("installing the installation's CA")?;
+        Ok(id.admin_token)
+    };
+    let stored = identity::load(store, sealer).await.context(
+        "loading the installation's identity (is --cluster-secret the one the other replicas use?)",
+    )?;
+    if let Some(id) = stored {
+        return adopt(id);
+    }
+    // This replica's own CA, made now if it has none.
+    pki::ensure(data_dir, sans).context("preparing TLS certificates")?;
+    let (ca_cert, ca_key) = pki::read_ca(data_dir)?;
+    let mine = identity::Shared {
+        ca_cert,
+        ca_key,
+        admin_token: admin_token(auth, kubeconfig).await?,
+    };
+    match identity::publish(store, sealer, &mine)
+        .await
+        .context("storing the installation's identity")?
+    {
+        None => Ok(mine.admin_token),
+        Some(theirs) => adopt(theirs),
+    }
+}
+
 /// The URL clients use to reach `listen`.
 pub fn client_url(listen: &SocketAddr) -> String {
     let host = if listen.ip().is_unspecified() {
@@ -531,17 +571,6 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         .map(|s| orrery_apiserver::seal::Sealer::new(&s, orrery_apiserver::identity::PURPOSE))
         .transpose()
         .map_err(|e| anyhow::anyhow!("--cluster-secret: {e}"))?;
-    // Another replica's identity, if one is stored: its CA replaces this data directory's.
-    let mut shared = match &sealer {
-        Some(sealer) => orrery_apiserver::identity::load(&*store, sealer)
-            .await
-            .context("loading the installation's identity (is --cluster-secret the one the other replicas use?)")?,
-        None => None,
-    };
-    if let Some(id) = &shared {
-        orrery_apiserver::identity::adopt(&args.data_dir, id)
-            .context("installing the installation's CA")?;
-    }
     let mut sans = vec![
         "localhost".to_string(),
         "127.0.0.1".to_string(),
@@ -551,34 +580,17 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         sans.push(args.listen.ip().to_string());
     }
     sans.extend(args.tls_san.iter().cloned());
-    let mut pki = pki::ensure(&args.data_dir, &sans).context("preparing TLS certificates")?;
     let auth = Authenticator::start(store.clone())
         .await
         .context("loading tokens")?;
     let kubeconfig = args.data_dir.join("admin.kubeconfig");
-    let token = match &shared {
-        Some(id) => id.admin_token.clone(),
+    let token = match &sealer {
+        Some(sealer) => {
+            shared_identity(&*store, sealer, &args.data_dir, &sans, &auth, &kubeconfig).await?
+        }
         None => admin_token(&auth, &kubeconfig).await?,
     };
-    if let (Some(sealer), None) = (&sealer, &shared) {
-        let (ca_cert, ca_key) = pki::read_ca(&args.data_dir)?;
-        let mine = orrery_apiserver::identity::Shared {
-            ca_cert,
-            ca_key,
-            admin_token: token.clone(),
-        };
-        // Two replicas starting at once on an empty store: the one whose identity was stored
-        // first wins, the other adopts it.
-        shared = orrery_apiserver::identity::publish(&*store, sealer, &mine)
-            .await
-            .context("storing the installation's identity")?;
-        if let Some(id) = &shared {
-            orrery_apiserver::identity::adopt(&args.data_dir, id)
-                .context("installing the installation's CA")?;
-            pki = pki::ensure(&args.data_dir, &sans).context("preparing TLS certificates")?;
-        }
-    }
-    let token = shared.map_or(token, |id| id.admin_token);
+    let pki = pki::ensure(&args.data_dir, &sans).context("preparing TLS certificates")?;
     let tls = pki::server_config(&pki).map_err(|e| anyhow::anyhow!("TLS configuration: {e}"))?;
 
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
