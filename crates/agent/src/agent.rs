@@ -326,6 +326,26 @@ fn same_object(a: &ResourceIdentifier, b: &ResourceIdentifier) -> bool {
 }
 
 impl Inner {
+    fn new(cfg: AgentConfig, backend: Arc<dyn Backend>, state: AgentState) -> Inner {
+        Inner {
+            cfg,
+            backend,
+            state: Mutex::new(state),
+            state_dirty: AtomicBool::new(true),
+            errors: Mutex::new(HashMap::new()),
+            errors_seq: std::sync::atomic::AtomicU64::new(0),
+            refused: Mutex::new(HashMap::new()),
+            retry: Mutex::new(HashSet::new()),
+            reported: Mutex::new(HashMap::new()),
+            computed: Mutex::new(HashMap::new()),
+            report_now: Notify::new(),
+            urgent: Mutex::new(HashMap::new()),
+            round_trips: Mutex::new(std::collections::VecDeque::new()),
+            member: tokio::sync::Mutex::new(()),
+            current: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
     /// The server URL in use.
     fn server(&self) -> String {
         let servers = self.cfg.servers();
@@ -462,8 +482,11 @@ impl Inner {
     }
 
     /// Deletes again what could not be deleted before, unless a Work applies it again now.
+    /// Each entry stays owed until its deletion succeeds: a retry cut short (the session
+    /// ends while a slow member answers, and this future is dropped) is tried again, not
+    /// forgotten with the object still in the member.
     async fn retry_deletes(&self) {
-        let pending = std::mem::take(&mut self.lock_state().pending_deletes);
+        let pending = self.lock_state().pending_deletes.clone();
         if pending.is_empty() {
             return;
         }
@@ -473,30 +496,26 @@ impl Inner {
             .values()
             .flat_map(|w| identifiers(&w.manifests).into_iter().flatten())
             .collect();
-        let mut left = Vec::new();
         for p in pending {
-            let Some(id) = ResourceIdentifier::of(0, &p.manifest) else {
-                continue;
+            let settled = match ResourceIdentifier::of(0, &p.manifest) {
+                None => true,
+                Some(id) if applied.iter().any(|a| same_object(a, &id)) => true,
+                Some(id) => {
+                    let cause = Cause {
+                        work: p.work.clone(),
+                        uid: p.uid.clone(),
+                        generation: p.generation,
+                        revision: p.revision.clone(),
+                        reason: "retried: the member was unavailable",
+                    };
+                    self.backend.delete(&id, &cause).await.is_ok()
+                }
             };
-            if applied.iter().any(|a| same_object(a, &id)) {
-                continue;
-            }
-            let cause = Cause {
-                work: p.work.clone(),
-                uid: p.uid.clone(),
-                generation: p.generation,
-                revision: p.revision.clone(),
-                reason: "retried: the member was unavailable",
-            };
-            if self.backend.delete(&id, &cause).await.is_err() {
-                left.push(p);
+            if settled {
+                self.lock_state().pending_deletes.retain(|q| q != &p);
+                self.mark_dirty();
             }
         }
-        let mut st = self.lock_state();
-        left.append(&mut st.pending_deletes);
-        st.pending_deletes = left;
-        drop(st);
-        self.mark_dirty();
     }
 
     /// Brings the member in line with one Work.
@@ -1174,23 +1193,7 @@ pub async fn run(
         };
     }
     state.server = cfg.server.clone();
-    let inner = Arc::new(Inner {
-        cfg,
-        backend,
-        state: Mutex::new(state),
-        state_dirty: AtomicBool::new(true),
-        errors: Mutex::new(HashMap::new()),
-        errors_seq: std::sync::atomic::AtomicU64::new(0),
-        refused: Mutex::new(HashMap::new()),
-        retry: Mutex::new(HashSet::new()),
-        reported: Mutex::new(HashMap::new()),
-        computed: Mutex::new(HashMap::new()),
-        report_now: Notify::new(),
-        urgent: Mutex::new(HashMap::new()),
-        round_trips: Mutex::new(std::collections::VecDeque::new()),
-        member: tokio::sync::Mutex::new(()),
-        current: std::sync::atomic::AtomicUsize::new(0),
-    });
+    let inner = Arc::new(Inner::new(cfg, backend, state));
     inner.resume().await;
     inner.flush_state();
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
@@ -1552,5 +1555,55 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
                 Err(e) => return e.into(),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::sim::{Faults, SimCluster, SimSpec};
+
+    fn cause() -> Cause {
+        Cause {
+            work: "orrery-cluster-m1/default.web-deployment".into(),
+            uid: "u1".into(),
+            generation: 1,
+            revision: "7".into(),
+            reason: "Work deleted",
+        }
+    }
+
+    /// A retried deletion cut short (the session ends while the member answers slowly, and
+    /// the future is dropped) stays owed, and is carried out by the next retry.
+    #[tokio::test]
+    async fn a_retried_delete_cut_short_stays_owed() {
+        let sim = Arc::new(SimCluster::new("m1", "r1", SimSpec::default()));
+        let m = stamped(
+            &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "web", "namespace": "default"}, "data": {"v": "1"}}),
+            "orrery-cluster-m1/default.web-deployment",
+        );
+        let id = ResourceIdentifier::of(0, &m).expect("a manifest with a kind and a name");
+        sim.apply(&m, false, &cause()).await.expect("applied");
+        let mut state = AgentState::default();
+        let owed = owe_dropped(&mut state, std::slice::from_ref(&m), &[], &cause());
+        assert_eq!(owed.len(), 1);
+        let inner = Inner::new(
+            AgentConfig::new("https://127.0.0.1:1", "m1"),
+            sim.clone(),
+            state,
+        );
+        sim.set_faults(Faults {
+            latency: Duration::from_millis(500),
+            ..Faults::default()
+        });
+        let cut = tokio::time::timeout(Duration::from_millis(50), inner.retry_deletes()).await;
+        assert!(cut.is_err(), "the slow member outlasts the session");
+        assert_eq!(inner.lock_state().pending_deletes.len(), 1, "still owed");
+        assert!(matches!(sim.state(&id).await, Ok(Some(_))));
+        sim.set_faults(Faults::default());
+        inner.retry_deletes().await;
+        assert!(inner.lock_state().pending_deletes.is_empty());
+        assert!(matches!(sim.state(&id).await, Ok(None)), "deleted");
     }
 }
