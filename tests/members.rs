@@ -249,15 +249,31 @@ fn works_run_and_report_and_a_silent_cluster_is_tainted_then_heals() {
         },
     );
 
-    // Silence: after the grace period, Unknown and tainted; later NoExecute too.
+    // Silence: after the grace period, Unknown and tainted; later NoExecute too. The agent is
+    // killed just after a heartbeat arrives; that heartbeat came after `quiet_from` (the start
+    // of the last read that did not show it), so no Unknown may come before `quiet_from` plus
+    // the grace period, however slow the reads are.
+    let heard =
+        |s: &Server| s.get_json(&["cluster", "east"])["status"]["lastHeartbeatTime"].clone();
+    let before = heard(&s);
+    let mut quiet_from = Instant::now();
+    let deadline = quiet_from + Duration::from_secs(10);
+    loop {
+        let read_at = Instant::now();
+        if heard(&s) != before {
+            break;
+        }
+        quiet_from = read_at;
+        assert!(read_at < deadline, "no heartbeat");
+    }
     east.kill9();
-    let killed = Instant::now();
     eventually(Duration::from_secs(10), "Ready=Unknown", || {
         s.cluster_condition("east", "Ready") == "Unknown"
     });
     assert!(
-        killed.elapsed() >= Duration::from_millis(1500),
-        "not before the grace period"
+        quiet_from.elapsed() >= Duration::from_millis(1950),
+        "not before the grace period: Unknown {:?} after the last heartbeat",
+        quiet_from.elapsed()
     );
     let taints = |s: &Server| -> Vec<(String, String)> {
         s.get_json(&["cluster", "east"])["spec"]["taints"]

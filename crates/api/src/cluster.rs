@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use crate::conditions::Condition;
 use crate::quantity::Quantity;
-use crate::time::Time;
+use crate::time::{MicroTime, Time};
 use crate::validation::{self, ErrorList, FieldError};
 
 pub const GROUP: &str = "multicluster.io";
@@ -301,7 +301,8 @@ pub struct ClusterStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forecast: Option<crate::prediction::ForecastSummary>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_heartbeat_time: Option<Time>,
+    /// When the server last heard the member, to the microsecond.
+    pub last_heartbeat_time: Option<MicroTime>,
 }
 
 impl ClusterSpec {

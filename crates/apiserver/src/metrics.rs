@@ -144,7 +144,7 @@ impl Metrics {
                     .get_or_create(&ClusterLabels {
                         cluster: c.name().to_string(),
                     })
-                    .set(now.seconds_since(hb).max(0) as f64);
+                    .set(orrery_api::MicroTime::from(now).millis_since(hb).max(0) as f64 / 1000.0);
             }
         }
         self.clusters_ready.set(ready);

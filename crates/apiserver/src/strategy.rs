@@ -126,9 +126,12 @@ pub fn prepare_status(
         && !hb.is_null()
         && Some(hb) != before.as_ref()
     {
+        // To the microsecond: heartbeats a second apart or less must each be told apart
+        // (whole seconds made two beats in one second look like one, and a silent member
+        // was declared Unknown up to a second before its grace period ended).
         status.insert(
             "lastHeartbeatTime".into(),
-            json!(orrery_api::Time::now().to_string()),
+            json!(orrery_api::MicroTime::now().to_string()),
         );
     }
 }
@@ -579,6 +582,28 @@ mod tests {
         Registry::new(builtin())
             .get(group, version, plural)
             .unwrap()
+    }
+
+    /// Every heartbeat is stamped anew, two in the same second too (each must move the
+    /// member's last-heard time, or a silent member is declared Unknown early).
+    #[test]
+    fn heartbeats_in_one_second_are_told_apart() {
+        let r = rt("multicluster.io", "clusters");
+        let beat = |old: Option<&Value>| {
+            let mut st = Some(json!({"lastHeartbeatTime": "2026-01-01T00:00:00Z"}));
+            prepare_status(&r, old, &mut st);
+            st.unwrap()
+        };
+        let first = beat(None);
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        let second = beat(Some(&first));
+        assert_ne!(first["lastHeartbeatTime"], second["lastHeartbeatTime"]);
+        let stamped: orrery_api::MicroTime = second["lastHeartbeatTime"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(orrery_api::MicroTime::now().millis_since(stamped) < 1_000);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use orrery_api::cluster::{
     self, CONDITION_READY, ClusterStatus, TAINT_NOT_READY, TAINT_UNREACHABLE, Taint, TaintEffect,
 };
 use orrery_api::conditions::{self, Condition};
-use orrery_api::{Object, Time, keys};
+use orrery_api::{MicroTime, Object, Time, keys};
 use orrery_store::{Store, StoreError, update_with};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -45,7 +45,7 @@ impl Default for HealthConfig {
 
 #[derive(Debug)]
 struct Seen {
-    heartbeat: Option<Time>,
+    heartbeat: Option<MicroTime>,
     heartbeat_at: Instant,
     deleting: bool,
     /// Derived from the object when it arrives, so that ticks parse nothing.
@@ -75,7 +75,7 @@ impl Seen {
         #[serde(rename_all = "camelCase", default)]
         struct Beat {
             conditions: Vec<Condition>,
-            last_heartbeat_time: Option<orrery_api::Time>,
+            last_heartbeat_time: Option<MicroTime>,
         }
         #[derive(serde::Deserialize, Default)]
         #[serde(default)]
@@ -122,10 +122,10 @@ fn ready_of(conds: &[Condition]) -> Option<&Condition> {
 }
 
 /// The local instant a wall-clock time corresponds to (for state found at start-up).
-fn instant_of(t: Option<Time>, now: Instant) -> Instant {
+fn instant_of(t: Option<MicroTime>, now: Instant) -> Instant {
     let Some(t) = t else { return now };
-    let ago = (Time::now().unix_seconds() - t.unix_seconds()).max(0) as u64;
-    now.checked_sub(Duration::from_secs(ago)).unwrap_or(now)
+    let ago = MicroTime::now().millis_since(t).max(0) as u64;
+    now.checked_sub(Duration::from_millis(ago)).unwrap_or(now)
 }
 
 /// The taints readiness calls for: `(key, effect)`.
@@ -314,7 +314,7 @@ pub async fn run(
                             .into_iter()
                             .map(|o| {
                                 let st = ClusterStatus::of(&o);
-                                let mut at = instant_of(st.last_heartbeat_time.or(o.metadata.creation_timestamp), now).max(started);
+                                let mut at = instant_of(st.last_heartbeat_time.or(o.metadata.creation_timestamp.map(Into::into)), now).max(started);
                                 // Listed again: what this controller saw arrive stands.
                                 if let Some(old) = seen.get(o.name()) {
                                     at = at.max(old.heartbeat_at);

@@ -197,7 +197,7 @@ fn serving(c: &Object) -> ClusterFacts {
             .filter(|b| *b > 0)
             .unwrap_or(orrery_scheduler::moves::DEFAULT_BANDWIDTH),
         heard: st.last_heartbeat_time.map(Into::into),
-        heard_time: st.last_heartbeat_time.map(|t| t.unix_seconds()),
+        heard_time: st.last_heartbeat_time.map(|t| t.time().unix_seconds()),
     }
 }
 
