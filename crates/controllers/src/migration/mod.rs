@@ -196,7 +196,7 @@ fn serving(c: &Object) -> ClusterFacts {
             .and_then(|n| n.bandwidth_bytes_per_second)
             .filter(|b| *b > 0)
             .unwrap_or(orrery_scheduler::moves::DEFAULT_BANDWIDTH),
-        heard: st.last_heartbeat_time.map(Into::into),
+        heard: st.last_heartbeat_time,
         heard_time: st.last_heartbeat_time.map(|t| t.time().unix_seconds()),
     }
 }
