@@ -9,6 +9,12 @@
 //! to one member cluster; *bootstrap* tokens (what `orrery token create` prints) may only
 //! register their one cluster, which trades them for a cluster token.
 //!
+//! A member cluster's tokens (its agents' and its bootstrap tokens) are kept under
+//! `/internal/tokens/clusters/<cluster>/<id>`, so that revoking them reads that cluster's
+//! tokens only: a fleet registering at once no longer reads every token once per cluster.
+//! Tokens stored directly under `/internal/tokens/<id>` (admin tokens, and every token of
+//! earlier versions) are found through the in-memory copy.
+//!
 //! When a cluster is unregistered its agent tokens are not deleted but kept as tombstones for
 //! [`TOMBSTONE_TTL`]: a request with one gets 404 "cluster ... was unregistered" instead of a bare
 //! 401, so an agent that missed the Cluster's deletion still learns why it was cut off (and
@@ -27,6 +33,25 @@ use sha2::{Digest, Sha256};
 use crate::error::ApiError;
 
 const PREFIX: &str = "/internal/tokens/";
+
+/// Where a member cluster's tokens are kept.
+fn cluster_prefix(cluster: &str) -> String {
+    format!("{PREFIX}clusters/{cluster}/")
+}
+
+/// The keys a token may be stored under, the likeliest first: a member cluster's under the
+/// cluster, anything else (and tokens of earlier versions) directly under [`PREFIX`].
+fn keys_of(id: &str, identity: &Identity) -> Vec<String> {
+    match identity {
+        Identity::Cluster { name } | Identity::Bootstrap { name } => {
+            vec![
+                format!("{}{id}", cluster_prefix(name)),
+                format!("{PREFIX}{id}"),
+            ]
+        }
+        Identity::Admin { .. } => vec![format!("{PREFIX}{id}")],
+    }
+}
 
 /// How long an unregistered cluster's agent tokens keep answering "unregistered".
 pub const TOMBSTONE_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -267,7 +292,8 @@ impl Authenticator {
             .with_name(&id)
             .with_spec(spec);
         obj.metadata.creation_timestamp = Some(Time::now());
-        let stored = self.store.create(&format!("{PREFIX}{id}"), obj).await?;
+        let key = keys_of(&id, identity).swap_remove(0);
+        let stored = self.store.create(&key, obj).await?;
         // Make the token usable at once, before the watch delivers it.
         if let Some((id, r)) = record_of(&stored) {
             self.tokens
@@ -283,14 +309,31 @@ impl Authenticator {
     /// agent tokens into tombstones. Either way, expired records of any cluster are swept.
     /// Returns how many of the cluster's tokens stopped working.
     pub async fn revoke_cluster(&self, cluster: &str, how: Revoke) -> Result<usize, StoreError> {
-        let list = self.store.list(PREFIX, &ListOptions::default()).await?;
         let now = Time::now();
+        // The cluster's own tokens as the store has them now (one issued a moment ago through
+        // another replica included); then, from the in-memory copy, its tokens stored where
+        // earlier versions kept them, and expired tokens of any cluster.
+        let mut targets: Vec<(String, Record, Option<(String, Object)>)> = Vec::new();
+        let prefix = cluster_prefix(cluster);
+        let own = self.store.list(&prefix, &ListOptions::default()).await?;
+        for o in own.items {
+            if let Some((id, rec)) = record_of(&o) {
+                let key = format!("{prefix}{id}");
+                targets.push((id, rec, Some((key, o))));
+            }
+        }
+        {
+            let tokens = self.tokens.read().unwrap_or_else(|p| p.into_inner());
+            for (id, rec) in tokens.iter() {
+                let mine = matches!(&rec.identity,
+                    Identity::Cluster { name } | Identity::Bootstrap { name } if name == cluster);
+                if (mine || rec.expired(now)) && !targets.iter().any(|(t, _, _)| t == id) {
+                    targets.push((id.clone(), rec.clone(), None));
+                }
+            }
+        }
         let mut n = 0;
-        for o in &list.items {
-            let Some((id, rec)) = record_of(o) else {
-                continue;
-            };
-            let key = format!("{PREFIX}{id}");
+        for (id, rec, found) in targets {
             let action = match (&rec.identity, how) {
                 _ if rec.expired(now) => Action::Delete,
                 (Identity::Cluster { name }, Revoke::Retire) if name == cluster => Action::Delete,
@@ -305,6 +348,15 @@ impl Authenticator {
                 }
                 _ => continue,
             };
+            let found = match found {
+                Some(f) => Some(f),
+                None => self.locate(&id, &rec.identity).await?,
+            };
+            let Some((key, o)) = found else {
+                // Gone from the store already (deleted through another replica).
+                self.forget(&id);
+                continue;
+            };
             if !rec.unregistered && !rec.expired(now) {
                 n += 1;
             }
@@ -314,10 +366,7 @@ impl Authenticator {
                         Ok(_) | Err(StoreError::NotFound { .. }) => {}
                         Err(e) => return Err(e),
                     }
-                    self.tokens
-                        .write()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&id);
+                    self.forget(&id);
                 }
                 Action::Tombstone => {
                     let mut t = o.clone();
@@ -340,6 +389,29 @@ impl Authenticator {
             }
         }
         Ok(n)
+    }
+
+    /// Where a token is stored, and what is stored there.
+    async fn locate(
+        &self,
+        id: &str,
+        identity: &Identity,
+    ) -> Result<Option<(String, Object)>, StoreError> {
+        for key in keys_of(id, identity) {
+            match self.store.get(&key).await {
+                Ok(o) => return Ok(Some((key, o))),
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
+    }
+
+    fn forget(&self, id: &str) {
+        self.tokens
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
     }
 
     /// Whether any admin token exists (first start creates one).
@@ -506,6 +578,83 @@ mod tests {
         );
         assert_eq!(refused(&auth, &agent), 401);
         assert_eq!(auth.verify(&other), Some(west));
+    }
+
+    /// Tokens stored where earlier versions kept them (directly under the prefix) are still
+    /// retired and tombstoned; a new token goes under its cluster; expired tokens of any
+    /// cluster are swept.
+    #[tokio::test]
+    async fn tokens_kept_by_earlier_versions_are_revoked_too() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> = Arc::new(
+            orrery_store_sqlite::SqliteStore::open_dir(dir.path()).expect("open the store"),
+        );
+        let stored = |id: &str, cluster: &str, expires: Option<&str>| {
+            let hash: String = digest("s3cret")
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let mut spec = json!({"secretHash": hash, "role": "cluster", "cluster": cluster});
+            if let Some(e) = expires {
+                spec["expires"] = json!(e);
+            }
+            Object::new("internal.orrery.io/v1", "Token")
+                .with_name(id)
+                .with_spec(spec)
+        };
+        store
+            .create(
+                "/internal/tokens/0ld0ld00",
+                stored("0ld0ld00", "east", None),
+            )
+            .await
+            .expect("create");
+        store
+            .create(
+                "/internal/tokens/ex0ired0",
+                stored("ex0ired0", "west", Some("2020-01-01T00:00:00Z")),
+            )
+            .await
+            .expect("create");
+        let auth = Authenticator::start(store.clone()).await.expect("start");
+        let east = Identity::Cluster {
+            name: "east".into(),
+        };
+        assert_eq!(auth.verify("0ld0ld00.s3cret"), Some(east.clone()));
+        let new = auth.issue(&east, "agent", None).await.expect("issue");
+        let (new_id, _) = new.split_once('.').expect("id.secret");
+        store
+            .get(&format!("/internal/tokens/clusters/east/{new_id}"))
+            .await
+            .expect("stored under its cluster");
+        assert_eq!(
+            auth.revoke_cluster("east", Revoke::Unregister)
+                .await
+                .expect("revoke"),
+            2
+        );
+        assert_eq!(
+            auth.authenticate(Some("Bearer 0ld0ld00.s3cret"))
+                .expect_err("refused")
+                .code,
+            404,
+            "the old token is a tombstone"
+        );
+        assert!(matches!(
+            store.get("/internal/tokens/ex0ired0").await,
+            Err(StoreError::NotFound { .. })
+        ));
+        assert_eq!(
+            auth.revoke_cluster("east", Revoke::Retire)
+                .await
+                .expect("retire"),
+            0
+        );
+        let left = store
+            .list("/internal/tokens/", &ListOptions::default())
+            .await
+            .expect("list");
+        assert!(left.items.is_empty(), "{:?}", left.items);
     }
 
     fn attrs<'a>(
