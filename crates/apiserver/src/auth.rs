@@ -34,6 +34,9 @@ use crate::error::ApiError;
 
 const PREFIX: &str = "/internal/tokens/";
 
+/// A token's key and what is stored there.
+type Stored = (String, Object);
+
 /// Where a member cluster's tokens are kept.
 fn cluster_prefix(cluster: &str) -> String {
     format!("{PREFIX}clusters/{cluster}/")
@@ -313,7 +316,7 @@ impl Authenticator {
         // The cluster's own tokens as the store has them now (one issued a moment ago through
         // another replica included); then, from the in-memory copy, its tokens stored where
         // earlier versions kept them, and expired tokens of any cluster.
-        let mut targets: Vec<(String, Record, Option<(String, Object)>)> = Vec::new();
+        let mut targets: Vec<(String, Record, Option<Stored>)> = Vec::new();
         let prefix = cluster_prefix(cluster);
         let own = self.store.list(&prefix, &ListOptions::default()).await?;
         for o in own.items {
@@ -396,7 +399,7 @@ impl Authenticator {
         &self,
         id: &str,
         identity: &Identity,
-    ) -> Result<Option<(String, Object)>, StoreError> {
+    ) -> Result<Option<Stored>, StoreError> {
         for key in keys_of(id, identity) {
             match self.store.get(&key).await {
                 Ok(o) => return Ok(Some((key, o))),
