@@ -395,11 +395,7 @@ impl Authenticator {
     }
 
     /// Where a token is stored, and what is stored there.
-    async fn locate(
-        &self,
-        id: &str,
-        identity: &Identity,
-    ) -> Result<Option<Stored>, StoreError> {
+    async fn locate(&self, id: &str, identity: &Identity) -> Result<Option<Stored>, StoreError> {
         for key in keys_of(id, identity) {
             match self.store.get(&key).await {
                 Ok(o) => return Ok(Some((key, o))),

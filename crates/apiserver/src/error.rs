@@ -334,6 +334,15 @@ impl From<StoreError> for ApiError {
                 e.details_mut().retry_after_seconds = Some(5);
                 e
             }
+            StoreError::Busy(m) => {
+                let mut e = ApiError::new(
+                    429,
+                    "TooManyRequests",
+                    format!("the store is overloaded ({m}); nothing was written, try again"),
+                );
+                e.details_mut().retry_after_seconds = Some(1);
+                e
+            }
             StoreError::NotFound { key } => {
                 ApiError::new(404, "NotFound", format!("{key} not found"))
             }
@@ -347,6 +356,42 @@ impl From<StoreError> for ApiError {
                 ApiError::new(409, "Conflict", message)
             }
             StoreError::Corrupt(m) | StoreError::Backend(m) => ApiError::internal(m),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a client is told when the store cannot take a write now: the status, and how long
+    /// to wait before trying again.
+    #[test]
+    fn store_refusals_say_when_to_try_again() {
+        let cases = [
+            (
+                StoreError::Busy("etcd: too many requests".into()),
+                429,
+                "TooManyRequests",
+                Some(1),
+            ),
+            (
+                StoreError::Unavailable("etcd: no leader".into()),
+                503,
+                "ServiceUnavailable",
+                Some(5),
+            ),
+            (
+                StoreError::Backend("disk".into()),
+                500,
+                "InternalError",
+                None,
+            ),
+        ];
+        for (err, code, reason, retry) in cases {
+            let e = ApiError::from(err);
+            assert_eq!((e.code, &*e.reason), (code, reason), "{e:?}");
+            assert_eq!(e.retry_after_seconds(), retry, "{e:?}");
         }
     }
 }

@@ -60,6 +60,13 @@ impl EtcdError {
         }
     }
 
+    /// etcd refused the request unapplied because it is overloaded ("too many requests":
+    /// its apply lags its commits by thousands of entries).
+    pub fn is_busy(&self) -> bool {
+        matches!(self, EtcdError::Status(s) if s.code() == tonic::Code::ResourceExhausted
+            && s.message().contains("too many requests"))
+    }
+
     /// etcd's "required revision is a future revision".
     pub fn is_future(&self) -> bool {
         self.to_string()

@@ -107,6 +107,8 @@ fn backend(e: EtcdError) -> StoreError {
         StoreError::Closed
     } else if e.is_unavailable() {
         StoreError::Unavailable(format!("etcd: {e}"))
+    } else if e.is_busy() {
+        StoreError::Busy(format!("etcd: {e}"))
     } else {
         StoreError::Backend(format!("etcd: {e}"))
     }

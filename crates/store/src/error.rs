@@ -57,6 +57,12 @@ pub enum StoreError {
     #[error("store unavailable: {0}")]
     Unavailable(String),
 
+    /// The backend is overloaded and refused the request before carrying it out (etcd's
+    /// "too many requests": its apply falls behind its log). Nothing was written; try again
+    /// shortly.
+    #[error("store busy: {0}")]
+    Busy(String),
+
     /// A fenced write found its fence gone: the leader lease it was made under is held by
     /// another server, or by another term of this one. Nothing was written.
     #[error("fenced: {key} is no longer held by {holder}")]
