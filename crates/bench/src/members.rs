@@ -321,9 +321,11 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         args.clusters
     ));
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let throttled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..16 {
         let (c, next, total) = (admin.clone(), next.clone(), args.clusters);
+        let throttled = throttled.clone();
         tasks.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -341,8 +343,19 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
                                                         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}}}},
                         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "web", "namespace": "default"}, "data": {"a": "b"}}
                     ]}}});
-                c.request_text(request("POST", &format!("/apis/multicluster.io/v1alpha1/namespaces/{ns}/works"),
-                    "application/json", serde_json::to_vec(&work).unwrap_or_default())).await?;
+                // As a client should: told to wait (429, 503), it waits and tries again.
+                let body = serde_json::to_vec(&work).unwrap_or_default();
+                loop {
+                    let path = format!("/apis/multicluster.io/v1alpha1/namespaces/{ns}/works");
+                    match c.request_text(request("POST", &path, "application/json", body.clone())).await {
+                        Ok(_) => break,
+                        Err(kube::Error::Api(e)) if e.code == 429 || e.code == 503 => {
+                            throttled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
             }
         }));
     }
@@ -412,6 +425,7 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         "steady_seconds": args.steady_secs,
         "ready_at_end": still_ready,
         "works_available": available,
+        "work_creates_told_to_wait": throttled.load(std::sync::atomic::Ordering::Relaxed),
         "seconds_to_works_available": round(works_available_after, 1),
         "server_cpu_cores": first(&per_server, "cpu_cores"),
         "server_rss_mib": first(&per_server, "rss_mib"),
