@@ -390,7 +390,7 @@ mod tests {
         ];
         for (err, code, reason, retry) in cases {
             let e = ApiError::from(err);
-            assert_eq!((e.code, &*e.reason), (code, reason), "{e:?}");
+            assert_eq!((e.code, e.reason), (code, reason), "{e:?}");
             assert_eq!(e.retry_after_seconds(), retry, "{e:?}");
         }
     }
