@@ -18,7 +18,7 @@ use http::{Method, Response, StatusCode};
 use orrery_api::cluster::{self, CONDITION_JOINED, Registration};
 use orrery_api::conditions::{self, Condition};
 use orrery_api::{Object, Time, keys};
-use orrery_store::StoreError;
+use orrery_store::{Store, StoreError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -239,14 +239,19 @@ async fn upsert_cluster(app: &App, rt: &ResourceType, req: &Registration) -> Api
 }
 
 /// Creates the namespace that holds a cluster's Works, if it is missing.
-pub async fn ensure_cluster_namespace(app: &App, cluster_name: &str) -> ApiResult<()> {
+/// Writes through `store` (the leader's fenced store, when a controller asks).
+pub async fn ensure_cluster_namespace(
+    app: &App,
+    store: &dyn Store,
+    cluster_name: &str,
+) -> ApiResult<()> {
     let reg = app.resources.snapshot();
     let ns_rt = reg
         .get("", "v1", "namespaces")
         .ok_or_else(|| ApiError::internal("the Namespace kind is not registered"))?;
     let name = cluster::namespace_of(cluster_name);
     let key = keys::well_known::namespace(&name);
-    match app.store.get(&key).await {
+    match store.get(&key).await {
         Ok(ns) if ns.metadata.deletion_timestamp.is_some() => Err(ApiError::conflict(
             &ns_rt,
             &name,
@@ -259,7 +264,7 @@ pub async fn ensure_cluster_namespace(app: &App, cluster_name: &str) -> ApiResul
                 .with_label("multicluster.io/cluster", cluster_name);
             orrery_store::stamp::stamp_new(&mut ns.metadata);
             strategy::prepare_create(&ns_rt, &mut ns);
-            match app.store.create(&key, ns).await {
+            match store.create(&key, ns).await {
                 Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
                 Err(e) => Err(e.into()),
             }
@@ -288,7 +293,7 @@ async fn register(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Response
         return Err(ApiError::invalid(&rt, &req.cluster, &errs));
     }
     let obj = upsert_cluster(app, &rt, &req).await?;
-    ensure_cluster_namespace(app, &req.cluster).await?;
+    ensure_cluster_namespace(app, app.store.as_ref(), &req.cluster).await?;
     // One agent per cluster: a new registration retires the tokens of the previous one.
     app.auth
         .revoke_cluster(&req.cluster, crate::auth::Revoke::Retire)

@@ -224,6 +224,15 @@ impl Authenticator {
         Ok(list.revision)
     }
 
+    /// The same tokens, with writes (issuing, revoking) made through `store`: the leader's
+    /// controllers pass their fenced store, so a former leader revokes nothing.
+    pub fn writing_through(&self, store: Arc<dyn Store>) -> Authenticator {
+        Authenticator {
+            store,
+            tokens: self.tokens.clone(),
+        }
+    }
+
     /// The identity behind an `Authorization` header value.
     pub fn authenticate(&self, header: Option<&str>) -> Result<Identity, ApiError> {
         let token = header

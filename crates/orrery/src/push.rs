@@ -17,7 +17,7 @@ use orrery_api::{Object, Time, keys};
 use orrery_apiserver::App;
 use orrery_apiserver::auth::{Identity, Revoke};
 use orrery_controllers::runtime::reflector::{self as informer, Event};
-use orrery_store::{StoreError, update_with};
+use orrery_store::{Store, StoreError, update_with};
 use serde_json::Value;
 use tokio::sync::watch;
 
@@ -76,9 +76,9 @@ async fn member_client(app: &App, c: &ClusterSpec) -> Result<(kube::Client, Stri
 }
 
 /// Marks a Push cluster not Ready with why its agent cannot run.
-async fn report_failure(app: &App, name: &str, why: &str) {
+async fn report_failure(store: &dyn Store, name: &str, why: &str) {
     let key = keys::well_known::cluster(name);
-    let r = update_with(app.store.as_ref(), &key, |mut o| {
+    let r = update_with(store, &key, |mut o| {
         let mut st: cluster::ClusterStatus = o
             .status
             .clone()
@@ -110,6 +110,7 @@ async fn report_failure(app: &App, name: &str, why: &str) {
 
 async fn start(
     app: &Arc<App>,
+    store: &Arc<dyn Store>,
     url: &str,
     ca_pem: &str,
     c: &Object,
@@ -121,16 +122,17 @@ async fn start(
         Ok(x) => x,
         Err(why) => {
             tracing::warn!(cluster = c.name(), error = %why, "cannot drive the Push cluster");
-            report_failure(app, c.name(), &why).await;
+            report_failure(store.as_ref(), c.name(), &why).await;
             return None;
         }
     };
-    // One token per running push agent: a restart retires the previous one.
-    if let Err(e) = app.auth.revoke_cluster(c.name(), Revoke::Retire).await {
+    // One token per running push agent: a restart retires the previous one. Through the
+    // term's store: a former leader neither revokes nor issues.
+    let auth = app.auth.writing_through(store.clone());
+    if let Err(e) = auth.revoke_cluster(c.name(), Revoke::Retire).await {
         tracing::warn!(cluster = c.name(), error = %e, "revoking old push tokens failed");
     }
-    let token = match app
-        .auth
+    let token = match auth
         .issue(
             &Identity::Cluster {
                 name: c.name().to_string(),
@@ -193,6 +195,7 @@ async fn wanted_of(app: &App, c: &Object) -> Option<Wanted> {
 /// Runs the push agents of all Push clusters until shutdown.
 pub fn spawn(
     app: Arc<App>,
+    store: Arc<dyn Store>,
     url: String,
     ca_pem: String,
     shutdown: watch::Receiver<bool>,
@@ -255,7 +258,8 @@ pub fn spawn(
                         if let Some(r) = running.remove(&name) {
                             let _ = r.stop.send(true);
                         }
-                        if let Some(r) = start(&app, &url, &ca_pem, &c, w, &shutdown).await {
+                        if let Some(r) = start(&app, &store, &url, &ca_pem, &c, w, &shutdown).await
+                        {
                             running.insert(name, r);
                         }
                     }

@@ -354,7 +354,11 @@ impl orrery_controllers::propagation::Kinds for RegistryKinds {
 /// What the lifecycle controllers need of the API server: its registry of kinds, its CRDs,
 /// its tokens and each cluster's namespace.
 #[derive(Debug)]
-struct LifecycleApi(Arc<App>);
+struct LifecycleApi {
+    app: Arc<App>,
+    /// The term's store: fenced under leader election, so a former leader writes nothing.
+    store: Arc<dyn Store>,
+}
 
 fn kind_info(
     rt: &orrery_apiserver::resources::ResourceType,
@@ -369,12 +373,12 @@ fn kind_info(
 #[async_trait::async_trait]
 impl orrery_controllers::lifecycle::Api for LifecycleApi {
     fn kind(&self, group: &str, kind: &str) -> Option<orrery_controllers::propagation::KindInfo> {
-        let rt = self.0.resources.snapshot().by_kind(group, kind)?;
+        let rt = self.app.resources.snapshot().by_kind(group, kind)?;
         Some(kind_info(&rt))
     }
 
     fn namespaced_kinds(&self) -> Vec<orrery_controllers::propagation::KindInfo> {
-        self.0
+        self.app
             .resources
             .snapshot()
             .stored()
@@ -395,20 +399,25 @@ impl orrery_controllers::lifecycle::Api for LifecycleApi {
     }
 
     async fn refresh_crds(&self) -> Result<(), orrery_store::StoreError> {
-        self.0.refresh_crds().await
+        self.app.refresh_crds().await
     }
 
     async fn revoke_cluster(&self, cluster: &str) -> Result<usize, orrery_store::StoreError> {
-        self.0
+        self.app
             .auth
+            .writing_through(self.store.clone())
             .revoke_cluster(cluster, orrery_apiserver::auth::Revoke::Unregister)
             .await
     }
 
     async fn ensure_cluster_namespace(&self, cluster: &str) -> Result<(), String> {
-        orrery_apiserver::agent_api::ensure_cluster_namespace(&self.0, cluster)
-            .await
-            .map_err(|e| e.message)
+        orrery_apiserver::agent_api::ensure_cluster_namespace(
+            &self.app,
+            self.store.as_ref(),
+            cluster,
+        )
+        .await
+        .map_err(|e| e.message)
     }
 }
 
@@ -432,7 +441,10 @@ fn spawn_controllers(
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let mut controllers = orrery_controllers::lifecycle::spawn(
         store.clone(),
-        Arc::new(LifecycleApi(app.clone())),
+        Arc::new(LifecycleApi {
+            app: app.clone(),
+            store: store.clone(),
+        }),
         m.controllers.clone(),
         shutdown.clone(),
     );
@@ -492,6 +504,7 @@ fn spawn_controllers(
     ));
     controllers.push(crate::push::spawn(
         app.clone(),
+        store.clone(),
         m.url.clone(),
         m.ca_pem.clone(),
         shutdown,
