@@ -339,7 +339,18 @@ pub async fn serve(
 ) -> ApiResult<Response<Body>> {
     match (method, rest) {
         (&Method::POST, ["tokens"]) => create_token(app, who, &body).await,
-        (&Method::POST, ["register"]) => register(app, who, &body).await,
+        (&Method::POST, ["register"]) => {
+            let Ok(_slot) = app.registrations.try_acquire() else {
+                let mut e = ApiError::new(
+                    429,
+                    "TooManyRequests",
+                    "too many clusters are registering at once; try again shortly",
+                );
+                e.details_mut().retry_after_seconds = Some(1);
+                return Err(e);
+            };
+            register(app, who, &body).await
+        }
         (_, ["tokens"] | ["register"]) => Err(ApiError::method_not_allowed("use POST")),
         _ => Err(ApiError::new(
             404,
@@ -352,6 +363,51 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Beyond the registrations one server carries out at once, a cluster is told to come
+    /// back (429 with Retry-After) and nothing is written; once a slot is free it registers.
+    #[tokio::test]
+    async fn registrations_beyond_the_limit_are_told_to_come_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> = Arc::new(
+            orrery_store_sqlite::SqliteStore::open_dir(dir.path()).expect("open the store"),
+        );
+        let auth = crate::auth::Authenticator::start(store.clone())
+            .await
+            .expect("auth");
+        let (_tx, shutdown) = tokio::sync::watch::channel(false);
+        let app = App::new(
+            store.clone(),
+            auth,
+            crate::app::ApiConfig::default(),
+            shutdown,
+        )
+        .await
+        .expect("app");
+        let admin = Identity::Admin {
+            name: "admin".into(),
+        };
+        let body = Bytes::from(r#"{"cluster": "east"}"#);
+        let busy = app
+            .registrations
+            .try_acquire_many(crate::app::CONCURRENT_REGISTRATIONS as u32)
+            .expect("every slot");
+        let refused = serve(&app, &admin, &Method::POST, &["register"], body.clone())
+            .await
+            .expect_err("no slot left");
+        assert_eq!(refused.code, 429);
+        assert_eq!(refused.retry_after_seconds(), Some(1));
+        assert!(store.get(&keys::well_known::cluster("east")).await.is_err());
+        drop(busy);
+        let ok = serve(&app, &admin, &Method::POST, &["register"], body)
+            .await
+            .expect("registered");
+        assert_eq!(ok.status(), StatusCode::OK);
+        store
+            .get(&keys::well_known::cluster("east"))
+            .await
+            .expect("the Cluster exists");
+    }
 
     #[test]
     fn patterns() {

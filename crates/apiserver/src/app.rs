@@ -60,8 +60,14 @@ pub struct App {
     pub shutdown: watch::Receiver<bool>,
     openapi: openapi::Cache,
     crd_lock: tokio::sync::Mutex<()>,
+    /// Registrations carried out at once; more are told to come back (429), so that a fleet
+    /// registering together does not crowd out the heartbeats of clusters already in.
+    pub registrations: tokio::sync::Semaphore,
     pub metrics: crate::metrics::Metrics,
 }
+
+/// How many registrations one server carries out at once.
+pub const CONCURRENT_REGISTRATIONS: usize = 32;
 
 /// Namespaces that always exist.
 pub const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "orrery-system"];
@@ -86,6 +92,7 @@ impl App {
             shutdown,
             openapi: openapi::Cache::default(),
             crd_lock: tokio::sync::Mutex::new(()),
+            registrations: tokio::sync::Semaphore::new(CONCURRENT_REGISTRATIONS),
         });
         app.refresh_crds().await?;
         Ok(app)
