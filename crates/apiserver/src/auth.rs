@@ -282,7 +282,18 @@ impl Authenticator {
         description: &str,
         ttl: Option<Duration>,
     ) -> Result<String, ApiError> {
-        let id = random_hex(4)?;
+        // Ids are unique across every key a token may live under (the store's create only
+        // refuses a duplicate under the same key): one not in use, as far as this server
+        // knows.
+        let mut id = random_hex(4)?;
+        while self
+            .tokens
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(&id)
+        {
+            id = random_hex(4)?;
+        }
         let secret = random_hex(16)?;
         let hash: String = digest(&secret).iter().map(|b| format!("{b:02x}")).collect();
         let (role, extra) = match identity {
