@@ -917,22 +917,10 @@ impl Inner {
                     .find(|s| !s.applied)
                     .map(|s| format!("{}: {}", s.identifier.describe(), s.message))
             });
-            // Failed because the member did not answer (the Work is retried once it does):
-            // not a refusal, and whatever it ran before may still run there. A move must not
-            // take it for the target refusing the workload and start the source again.
-            let unavailable = self
-                .retry
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .contains(name);
             Condition::new(
                 work::CONDITION_APPLIED,
                 conditions::FALSE,
-                if unavailable {
-                    work::REASON_MEMBER_UNAVAILABLE
-                } else {
-                    "AppliedFailed"
-                },
+                "AppliedFailed",
                 first.unwrap_or_default(),
             )
         };
@@ -1583,44 +1571,6 @@ mod tests {
             revision: "7".into(),
             reason: "Work deleted",
         }
-    }
-
-    /// A Work the member could not take because it did not answer says so
-    /// (`MemberUnavailable`), not that it was refused (`AppliedFailed`): a move must not take
-    /// an outage at its target for a refusal.
-    #[tokio::test]
-    async fn an_apply_failed_for_an_outage_is_not_a_refusal() {
-        let sim = Arc::new(SimCluster::new("m1", "r1", SimSpec::default()));
-        let inner = Inner::new(
-            AgentConfig::new("https://127.0.0.1:1", "m1"),
-            sim.clone(),
-            AgentState::default(),
-        );
-        let work = |name: &str| {
-            Object::from_value(json!({
-                "apiVersion": "multicluster.io/v1alpha1", "kind": "Work",
-                "metadata": {"name": name, "namespace": "orrery-cluster-m1", "uid": name, "generation": 1},
-                "spec": {"workload": {"manifests": [
-                    {"apiVersion": "v1", "kind": "ConfigMap",
-                     "metadata": {"name": name, "namespace": "default"}, "data": {"v": "1"}}]}}
-            }))
-            .expect("a Work")
-        };
-        let reason = |st: &WorkStatus| {
-            orrery_api::conditions::find(&st.conditions, work::CONDITION_APPLIED)
-                .map(|c| (c.status.clone(), c.reason.clone()))
-        };
-        sim.set_faults(Faults {
-            outage: true,
-            ..Faults::default()
-        });
-        inner.apply_work(&work("away")).await;
-        let ids = identifiers(&inner.lock_state().works["away"].manifests);
-        let st = inner.work_status("away", 1, ids, Time::now()).await;
-        assert_eq!(
-            reason(&st),
-            Some(("False".into(), work::REASON_MEMBER_UNAVAILABLE.into()))
-        );
     }
 
     /// A retried deletion cut short (the session ends while the member answers slowly, and
