@@ -341,13 +341,9 @@ pub async fn serve(
         (&Method::POST, ["tokens"]) => create_token(app, who, &body).await,
         (&Method::POST, ["register"]) => {
             let Ok(_slot) = app.registrations.try_acquire() else {
-                let mut e = ApiError::new(
-                    429,
-                    "TooManyRequests",
+                return Err(ApiError::too_many_requests(
                     "too many clusters are registering at once; try again shortly",
-                );
-                e.details_mut().retry_after_seconds = Some(1);
-                return Err(e);
+                ));
             };
             register(app, who, &body).await
         }

@@ -238,6 +238,13 @@ impl ApiError {
         e
     }
 
+    /// 429: come back in a second; nothing was done.
+    pub fn too_many_requests(message: impl Into<String>) -> Self {
+        let mut e = ApiError::new(429, "TooManyRequests", message);
+        e.details_mut().retry_after_seconds = Some(1);
+        e
+    }
+
     pub fn service_unavailable(message: impl Into<String>) -> Self {
         ApiError::new(503, "ServiceUnavailable", message)
     }
@@ -334,15 +341,9 @@ impl From<StoreError> for ApiError {
                 e.details_mut().retry_after_seconds = Some(5);
                 e
             }
-            StoreError::Busy(m) => {
-                let mut e = ApiError::new(
-                    429,
-                    "TooManyRequests",
-                    format!("the store is overloaded ({m}); nothing was written, try again"),
-                );
-                e.details_mut().retry_after_seconds = Some(1);
-                e
-            }
+            StoreError::Busy(m) => ApiError::too_many_requests(format!(
+                "the store is overloaded ({m}); nothing was written, try again"
+            )),
             StoreError::NotFound { key } => {
                 ApiError::new(404, "NotFound", format!("{key} not found"))
             }
