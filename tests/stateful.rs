@@ -803,3 +803,58 @@ spec:
         !s.is_empty() && s != primary && s != standby
     });
 }
+
+/// The target goes dark while it starts the workload on the copied data: the move waits for
+/// it rather than failing back (the source started again while the target may run the
+/// workload would be two writers), and finishes once the target answers. At no moment do
+/// both clusters run an ordinal.
+#[test]
+fn a_target_dark_while_it_starts_the_workload_is_waited_for() {
+    let f = Fleet::start_sims(
+        &[
+            (
+                "src",
+                "eu",
+                "nodes=4,cpu=8,memory=32Gi,load=0.1,start=3s,bandwidth=64Mi",
+            ),
+            (
+                "dst",
+                "eu",
+                "nodes=4,cpu=8,memory=32Gi,load=0.1,start=3s,bandwidth=64Mi",
+            ),
+        ],
+        &["--migration-cleanup-grace", "1s"],
+    );
+    f.s.apply(&format!(
+        "{}---{}",
+        statefulset("16Mi", "64Ki"),
+        db_policy(&["src", "dst"])
+    ));
+    let from = db_placed(&f);
+    let to = if from == "src" { "dst" } else { "src" };
+    migrate(&f, "dark", to);
+    // Pods take 3 s to start: the outage comes while they do.
+    eventually(
+        Duration::from_secs(60),
+        "the workload released at the target",
+        || migration(&f, "dark")["status"]["phase"] == "Starting",
+    );
+    let path = format!("/clusters/{to}/faults");
+    let (code, body) = common::http("PUT", f.admin(to), &path, r#"{"outage": true}"#);
+    assert_eq!(code, 200, "{body}");
+    std::thread::sleep(Duration::from_secs(6));
+    let m = migration(&f, "dark");
+    assert_eq!(m["status"]["phase"], "Starting", "{m:#}");
+    check_data(&f, &["src", "dst"]);
+    let (code, body) = common::http("DELETE", f.admin(to), &path, "");
+    assert_eq!(code, 200, "{body}");
+    let mut m = Value::Null;
+    eventually(Duration::from_secs(60), "the move done", || {
+        m = migration(&f, "dark");
+        assert_ne!(m["status"]["phase"], "Failed", "{m:#}");
+        m["status"]["phase"] == "Succeeded"
+    });
+    check_versions(&m);
+    check_data(&f, &["src", "dst"]);
+    assert_eq!(f.clusters_of("db-statefulset"), vec![(to.to_string(), 2)]);
+}

@@ -871,6 +871,8 @@ impl Inner {
             .map(|e| e.1.clone())
             .unwrap_or_default();
         let mut statuses = Vec::with_capacity(ids.len());
+        // A status the member did not answer for: what it runs is unknown, not refused.
+        let mut unread = false;
         for (i, id) in ids.into_iter().enumerate() {
             let Some(id) = id else { continue };
             let mut ms = ManifestStatus {
@@ -890,7 +892,10 @@ impl Inner {
                         ms.usage = s.usage;
                     }
                     Ok(None) => ms.message = "not present in the member".into(),
-                    Err(e) => ms.message = e.to_string(),
+                    Err(e) => {
+                        unread |= matches!(e, BackendError::Unavailable(_));
+                        ms.message = e.to_string();
+                    }
                 }
             }
             statuses.push(ms);
@@ -917,10 +922,23 @@ impl Inner {
                     .find(|s| !s.applied)
                     .map(|s| format!("{}: {}", s.identifier.describe(), s.message))
             });
+            // Failed because the member did not answer (the Work is retried once it does):
+            // not a refusal, and whatever it ran before may still run there. A move must not
+            // take it for the target refusing the workload and start the source again.
+            let unavailable = unread
+                || self
+                    .retry
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains(name);
             Condition::new(
                 work::CONDITION_APPLIED,
                 conditions::FALSE,
-                "AppliedFailed",
+                if unavailable {
+                    work::REASON_MEMBER_UNAVAILABLE
+                } else {
+                    "AppliedFailed"
+                },
                 first.unwrap_or_default(),
             )
         };
@@ -1571,6 +1589,74 @@ mod tests {
             revision: "7".into(),
             reason: "Work deleted",
         }
+    }
+
+    /// A Work the member could not take because it did not answer says so
+    /// (`MemberUnavailable`), not that it was refused (`AppliedFailed`): a move must not take
+    /// an outage at its target for a refusal.
+    #[tokio::test]
+    async fn an_apply_failed_for_an_outage_is_not_a_refusal() {
+        let sim = Arc::new(SimCluster::new("m1", "r1", SimSpec::default()));
+        let inner = Inner::new(
+            AgentConfig::new("https://127.0.0.1:1", "m1"),
+            sim.clone(),
+            AgentState::default(),
+        );
+        let work = |name: &str| {
+            Object::from_value(json!({
+                "apiVersion": "multicluster.io/v1alpha1", "kind": "Work",
+                "metadata": {"name": name, "namespace": "orrery-cluster-m1", "uid": name, "generation": 1},
+                "spec": {"workload": {"manifests": [
+                    {"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"name": name, "namespace": "default"}, "data": {"v": "1"}}]}}
+            }))
+            .expect("a Work")
+        };
+        let reason = |st: &WorkStatus| {
+            orrery_api::conditions::find(&st.conditions, work::CONDITION_APPLIED)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+        };
+        // Applied, then the member stops answering: its status cannot be read.
+        inner.apply_work(&work("before")).await;
+        let ids = |n: &str| identifiers(&inner.lock_state().works[n].manifests);
+        let st = inner
+            .work_status("before", 1, ids("before"), Time::now())
+            .await;
+        assert_eq!(
+            reason(&st),
+            Some(("True".into(), "AppliedSuccessful".into()))
+        );
+        sim.set_faults(Faults {
+            outage: true,
+            ..Faults::default()
+        });
+        let st = inner
+            .work_status("before", 1, ids("before"), Time::now())
+            .await;
+        assert_eq!(
+            reason(&st),
+            Some(("False".into(), work::REASON_MEMBER_UNAVAILABLE.into()))
+        );
+        // Applied while it does not answer.
+        inner.apply_work(&work("away")).await;
+        let st = inner.work_status("away", 1, ids("away"), Time::now()).await;
+        assert_eq!(
+            reason(&st),
+            Some(("False".into(), work::REASON_MEMBER_UNAVAILABLE.into()))
+        );
+        // A refusal is still a refusal.
+        sim.set_faults(Faults::default());
+        let mut refused = work("refused");
+        // A manifest without a kind is refused.
+        refused.spec.as_mut().expect("a spec")["workload"]["manifests"][0]
+            .as_object_mut()
+            .expect("a manifest")
+            .remove("kind");
+        inner.apply_work(&refused).await;
+        let st = inner
+            .work_status("refused", 1, ids("refused"), Time::now())
+            .await;
+        assert_eq!(reason(&st), Some(("False".into(), "AppliedFailed".into())));
     }
 
     /// A retried deletion cut short (the session ends while the member answers slowly, and

@@ -484,6 +484,8 @@ impl Controller {
                         && m.identifier.namespace == template.namespace
                 })
                 .cloned(),
+            // A refusal only: a member that did not answer (`MemberUnavailable`) may run what
+            // it was given before, so the move waits for it rather than failing back.
             error: applied
                 .filter(|c| current && !c.is_true() && c.reason == "AppliedFailed")
                 .map(|c| c.message.clone()),

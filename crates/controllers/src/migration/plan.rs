@@ -853,17 +853,19 @@ pub fn step(i: &Input<'_>) -> Output {
                     || match i.target.work.as_ref() {
                         // Its Work is gone (the cluster was removed): nothing is asked there.
                         None => true,
+                        // The member applied the fence and reads back no pods: a status it
+                        // could not read (an outage) confirms nothing.
                         Some(w) => {
                             i.target.serving
                                 && w.current
                                 && w.error.is_none()
-                                && w.workload.as_ref().is_none_or(|m| {
-                                    m.status
-                                        .as_ref()
-                                        .and_then(|s| s.get("replicas"))
-                                        .and_then(serde_json::Value::as_i64)
-                                        .unwrap_or(0)
-                                        == 0
+                                && w.workload.as_ref().is_some_and(|m| {
+                                    m.applied
+                                        && m.status
+                                            .as_ref()
+                                            .and_then(|s| s.get("replicas"))
+                                            .and_then(serde_json::Value::as_i64)
+                                            == Some(0)
                                 })
                         }
                     };

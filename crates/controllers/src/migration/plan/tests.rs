@@ -25,8 +25,11 @@ struct Fleet {
     src_written: i64,
     /// The source cannot take snapshots: its transfer says why.
     snapshot_error: Option<String>,
-    /// The target's member does not answer its agent: its Work says why.
+    /// The target's member refuses the Work: its Work says why.
     target_error: Option<String>,
+    /// The target's member does not answer its agent (which still heartbeats): its Work
+    /// reports the workload neither applied nor read, with no refusal.
+    target_unreadable: bool,
 }
 
 fn base_spec() -> BindingSpec {
@@ -75,6 +78,7 @@ impl Fleet {
             src_written: 1000,
             snapshot_error: None,
             target_error: None,
+            target_unreadable: false,
         }
     }
 
@@ -223,6 +227,12 @@ impl Fleet {
                 transfer: tgt_transfer,
                 workload: (in_plan || target_fenced).then(|| {
                     let running = in_plan && !target_fenced;
+                    if self.target_unreadable {
+                        return ManifestStatus {
+                            message: "the member cluster is unavailable".into(),
+                            ..Default::default()
+                        };
+                    }
                     workload(
                         self.target_started_on.filter(|_| running),
                         self.tgt_version,
@@ -568,6 +578,46 @@ fn a_failed_move_keeps_the_source_stopped_until_the_target_confirms_it_runs_noth
         "{}",
         r.status.message
     );
+}
+
+#[test]
+fn a_target_that_does_not_answer_neither_fails_the_move_nor_confirms_a_fence() {
+    // Released at the target, whose member then stops answering: the move waits for it
+    // (failing back would start the source while the target may run the workload).
+    let mut r = Run::new();
+    r.fleet.target_starts = false;
+    r.until(Phase::Starting, 20);
+    r.fleet.target_unreadable = true;
+    r.fleet.target_started_on = Some(r.fleet.tgt_version);
+    for _ in 0..5 {
+        r.step();
+        assert_eq!(r.status.phase, Phase::Starting);
+        assert_eq!(r.spec.fenced, vec!["a".to_string()]);
+        assert_eq!(r.spec.clusters[0].name, "b");
+    }
+    r.fleet.target_unreadable = false;
+    r.until(Phase::Switching, 5);
+
+    // A move the target refused: its fence holds until the target reads back no pods; a
+    // status it could not read confirms nothing.
+    let mut r = Run::new();
+    r.fleet.target_starts = false;
+    r.until(Phase::Starting, 20);
+    r.fleet.target_started_on = Some(r.fleet.tgt_version);
+    r.fleet.target_error = Some("no storage class fast".into());
+    r.step();
+    assert_eq!(r.status.phase, Phase::Failed);
+    r.fleet.target_error = None;
+    r.fleet.target_unreadable = true;
+    for _ in 0..5 {
+        r.step();
+        assert_eq!(r.spec.fenced, vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(r.spec.migration, "db-1", "not let go");
+    }
+    r.fleet.target_unreadable = false;
+    r.step();
+    assert!(r.spec.fenced.is_empty(), "{:?}", r.spec);
+    assert_eq!(r.spec.clusters[0].name, "a");
 }
 
 #[test]
