@@ -21,7 +21,7 @@ use orrery_api::{Object, Quantity, keys};
 use orrery_store::stamp::new_object;
 use orrery_store::{Preconditions, Store, StoreError};
 use serde::Deserialize;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::propagation::{follow, next_batch};
 use crate::runtime::{Barrier, Event};
@@ -33,7 +33,7 @@ pub use plan::Settings;
 /// Annotation on a data set's Work: the data set it carries (`<namespace>/<name>`).
 pub const WORK_ANNOTATION: &str = "multicluster.io/dataset";
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Src {
     DataSet,
     Transfer,
@@ -66,7 +66,7 @@ pub async fn run(
     metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = crate::runtime::inbox::inbox::<Src>();
     let sources = [
         (keys::well_known::datasets(None), Src::DataSet, "datasets"),
         (

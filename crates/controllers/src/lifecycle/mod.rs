@@ -98,7 +98,7 @@ pub(crate) trait Reconciler: Send {
 /// Drives a work queue from one reflector's events until shutdown. Nothing is reconciled
 /// before the first listing; failed keys are retried with backoff.
 pub(crate) async fn drive<R: Reconciler>(
-    mut events: tokio::sync::mpsc::UnboundedReceiver<crate::runtime::Event>,
+    mut events: crate::runtime::inbox::Events,
     r: &mut R,
     metrics: &crate::runtime::metrics::Handle,
     mut shutdown: watch::Receiver<bool>,

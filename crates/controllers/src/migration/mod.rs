@@ -21,7 +21,7 @@ use orrery_api::work::{self, Health, WorkStatus};
 use orrery_api::{Object, keys};
 use orrery_store::{Store, StoreError};
 use serde::Deserialize;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use crate::propagation::{follow, next_batch, subject};
 use crate::record;
@@ -39,7 +39,7 @@ const COMPONENT: &str = "orrery-migration";
 type MKey = (String, String);
 type BKey = (String, String);
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Src {
     Migration,
     Binding,
@@ -87,7 +87,7 @@ pub async fn run(
     metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = crate::runtime::inbox::inbox::<Src>();
     for (prefix, src) in [
         (keys::well_known::migrations(None), Src::Migration),
         (keys::well_known::bindings(None), Src::Binding),

@@ -39,7 +39,7 @@ use orrery_store::ops::{delete_object, remove_finalizer};
 use orrery_store::{Store, StoreError, update_with};
 use serde::Deserialize;
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use super::same_but_status;
 use super::{Job, Kinds, TemplateKinds, follow, next_batch, run_jobs, subject};
@@ -50,7 +50,7 @@ use orrery_store::stamp::new_object;
 
 const COMPONENT: &str = "orrery-binding-controller";
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Src {
     Binding,
     Work,
@@ -192,7 +192,7 @@ pub async fn run(
     for i in 0..DEPENDENCY_KINDS.len() {
         barrier.expect(format!("dependencies/{i}"));
     }
-    let (tx, mut rx) = mpsc::unbounded_channel::<(Src, Event)>();
+    let (tx, mut rx) = crate::runtime::inbox::inbox::<Src>();
     let sd = || shutdown.clone();
     follow(
         store.clone(),

@@ -14,7 +14,7 @@ use orrery_api::{Object, keys};
 use orrery_store::ops::{delete_object, remove_finalizer};
 use orrery_store::{Store, StoreError};
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use super::{
     Job, Kinds, TemplateKinds, content_digest, follow, is_system_namespace, next_batch, run_jobs,
@@ -30,7 +30,7 @@ pub const DIGEST_ANNOTATION: &str = "multicluster.io/template-digest";
 /// A template: apiVersion, kind, namespace, name.
 type TKey = (String, String, String, String);
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Src {
     Policy(usize),
     Template(usize),
@@ -96,7 +96,7 @@ pub async fn run(
     metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = crate::runtime::inbox::inbox::<Src>();
     let mut barrier = Barrier::new();
     for i in 0..PLACEMENT_KINDS.len() {
         barrier.expect(format!("policies/{i}"));

@@ -24,8 +24,9 @@ use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use orrery_api::Object;
 use orrery_store::Store;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
+use crate::runtime::inbox::{Inbox, InboxSender, TryRecvError};
 use crate::runtime::reflector::{self as informer, Event};
 
 pub mod binding;
@@ -64,11 +65,11 @@ pub fn is_system_namespace(ns: &str) -> bool {
 }
 
 /// Follows `prefix` and forwards its events, tagged with `src`, into `tx`.
-pub(crate) fn follow<S: Clone + Send + 'static>(
+pub(crate) fn follow<S: Clone + Eq + Hash + Send + 'static>(
     store: Arc<dyn Store>,
     prefix: String,
     src: S,
-    tx: mpsc::UnboundedSender<(S, Event)>,
+    tx: InboxSender<S>,
     shutdown: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let mut rx = informer::spawn(store, prefix, shutdown);
@@ -87,18 +88,18 @@ pub(crate) struct TemplateKinds<S> {
     store: Arc<dyn Store>,
     kinds: Arc<dyn Kinds>,
     /// The controller's event channel, and how a slot's events are tagged.
-    tx: mpsc::UnboundedSender<(S, Event)>,
+    tx: InboxSender<S>,
     src: fn(usize) -> S,
     shutdown: watch::Receiver<bool>,
     slots: std::collections::HashMap<(String, String), usize>,
     prefixes: Vec<String>,
 }
 
-impl<S: Clone + Send + 'static> TemplateKinds<S> {
+impl<S: Clone + Eq + Hash + Send + 'static> TemplateKinds<S> {
     pub(crate) fn new(
         store: Arc<dyn Store>,
         kinds: Arc<dyn Kinds>,
-        tx: mpsc::UnboundedSender<(S, Event)>,
+        tx: InboxSender<S>,
         src: fn(usize) -> S,
         shutdown: watch::Receiver<bool>,
     ) -> Self {
@@ -159,8 +160,8 @@ impl<S> std::fmt::Debug for TemplateKinds<S> {
 
 /// Waits for the next event (or `tick`), then takes whatever else is already queued.
 /// `None` when the controller should stop.
-pub(crate) async fn next_batch<S>(
-    rx: &mut mpsc::UnboundedReceiver<(S, Event)>,
+pub(crate) async fn next_batch<S: Clone + Eq + Hash>(
+    rx: &mut Inbox<S>,
     tick: Duration,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Option<Vec<(S, Event)>> {
@@ -179,8 +180,8 @@ pub(crate) async fn next_batch<S>(
 
 /// What has arrived, without waiting (for a controller with work of its own waiting); `None`
 /// at shutdown or once the senders are gone.
-pub(crate) fn ready_batch<S>(
-    rx: &mut mpsc::UnboundedReceiver<(S, Event)>,
+pub(crate) fn ready_batch<S: Clone + Eq + Hash>(
+    rx: &mut Inbox<S>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Option<Vec<(S, Event)>> {
     let mut out = Vec::new();
@@ -192,12 +193,12 @@ pub(crate) fn ready_batch<S>(
 }
 
 /// Takes up to 10,000 waiting events; false once the channel is closed and empty.
-fn drain<S>(rx: &mut mpsc::UnboundedReceiver<(S, Event)>, out: &mut Vec<(S, Event)>) -> bool {
+fn drain<S: Clone + Eq + Hash>(rx: &mut Inbox<S>, out: &mut Vec<(S, Event)>) -> bool {
     while out.len() < 10_000 {
         match rx.try_recv() {
             Ok(ev) => out.push(ev),
-            Err(mpsc::error::TryRecvError::Empty) => return true,
-            Err(mpsc::error::TryRecvError::Disconnected) => return false,
+            Err(TryRecvError::Empty) => return true,
+            Err(TryRecvError::Disconnected) => return false,
         }
     }
     true

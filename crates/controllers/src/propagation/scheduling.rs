@@ -164,7 +164,7 @@ impl Default for Settings {
     }
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Src {
     Cluster,
     /// The monitoring system's forecasts of each cluster.
@@ -317,7 +317,7 @@ struct Scheduler {
 
 /// Runs the scheduling controller until shutdown.
 pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch::Receiver<bool>) {
-    let (tx, mut rx) = mpsc::unbounded_channel();
+    let (tx, mut rx) = crate::runtime::inbox::inbox::<Src>();
     follow(
         store.clone(),
         keys::well_known::clusters(),

@@ -4,6 +4,9 @@
 //! - [`reflector`]: list, then watch from the list's revision; a broken watch resumes from the
 //!   last revision seen, and only a 410 (history gone) makes it list again. Its events go to
 //!   the controller, and optionally into an indexed [`cache::Cache`].
+//! - [`inbox`]: what a controller's reflectors saw waits there, one change per object (the
+//!   newest, in the place of the first), so a controller that falls behind a busy source
+//!   holds at most one change per object.
 //! - [`Barrier`]: a controller does not reconcile until every source it reads has delivered its
 //!   first listing; a decision to delete something is never taken from a partial view.
 //! - [`queue::WorkQueue`]: keys to reconcile, each once however often it is added, never two
@@ -20,6 +23,7 @@
 use std::collections::BTreeSet;
 
 pub mod cache;
+pub mod inbox;
 pub mod metrics;
 pub mod queue;
 pub mod reflector;

@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use orrery_api::Object;
 use orrery_store::{ListOptions, Revision, Store, StoreError, WatchEvent, WatchOptions};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use super::cache::Cache;
+use super::inbox::{Events, inbox};
 
 #[derive(Debug)]
 pub enum Event {
@@ -30,11 +31,7 @@ pub enum Event {
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// Starts following `prefix`; the receiver ends when the store closes or on shutdown.
-pub fn spawn(
-    store: Arc<dyn Store>,
-    prefix: String,
-    shutdown: watch::Receiver<bool>,
-) -> mpsc::UnboundedReceiver<Event> {
+pub fn spawn(store: Arc<dyn Store>, prefix: String, shutdown: watch::Receiver<bool>) -> Events {
     spawn_cached(store, prefix, None, shutdown)
 }
 
@@ -44,7 +41,7 @@ pub fn spawn_cached(
     prefix: String,
     cache: Option<Arc<Cache>>,
     shutdown: watch::Receiver<bool>,
-) -> mpsc::UnboundedReceiver<Event> {
+) -> Events {
     run(store, prefix, cache, None, shutdown)
 }
 
@@ -60,7 +57,7 @@ pub fn spawn_filtered(
     prefix: String,
     keep: Keep,
     shutdown: watch::Receiver<bool>,
-) -> mpsc::UnboundedReceiver<Event> {
+) -> Events {
     run(store, prefix, None, Some(keep), shutdown)
 }
 
@@ -93,11 +90,12 @@ fn run(
     cache: Option<Arc<Cache>>,
     keep: Option<Keep>,
     mut shutdown: watch::Receiver<bool>,
-) -> mpsc::UnboundedReceiver<Event> {
-    // Unbounded: the store ends a watcher that falls behind, and a controller in the middle
-    // of a long round must not make its watch fall behind (and list everything again). The
-    // backlog holds `Arc`s of objects the store already shares.
-    let (tx, rx) = mpsc::unbounded_channel();
+) -> Events {
+    // Not a bounded channel: the store ends a watcher that falls behind, and a controller in
+    // the middle of a long round must not make its watch fall behind (and list everything
+    // again). The inbox keeps one change per object, so the backlog is bounded by what is
+    // stored, not by how often it changes.
+    let (tx, rx) = inbox::<()>();
     tokio::spawn(async move {
         let mut backoff = Duration::from_millis(100);
         'list: loop {
@@ -117,7 +115,7 @@ fn run(
             if let Some(c) = &cache {
                 c.replace(&items, revision);
             }
-            if tx.send(Event::Listed(items)).is_err() {
+            if tx.send(((), Event::Listed(items))).is_err() {
                 return;
             }
             let mut last: Revision = revision;
@@ -173,7 +171,7 @@ fn run(
                             _ => break,
                         },
                     };
-                    if tx.send(out).is_err() {
+                    if tx.send(((), out)).is_err() {
                         return;
                     }
                 }
@@ -182,5 +180,5 @@ fn run(
             }
         }
     });
-    rx
+    Events::new(rx)
 }
