@@ -3,6 +3,7 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod fleet;
+pub mod netns;
 pub mod proxy;
 
 use std::io::{BufRead, BufReader};
@@ -39,6 +40,8 @@ pub struct Server {
     pub kubeconfig: PathBuf,
     cache: tempfile::TempDir,
     extra: Vec<String>,
+    /// The loopback address it listens on.
+    host: String,
 }
 
 impl Server {
@@ -48,10 +51,16 @@ impl Server {
     }
 
     pub fn start_with(extra: &[&str]) -> Server {
+        Self::start_on("127.0.0.1", extra)
+    }
+
+    /// Listening on another loopback address (one a network namespace reaches).
+    pub fn start_on(host: &str, extra: &[&str]) -> Server {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().to_path_buf();
         let mut s = Server::launch(
             dir,
+            host,
             free_port(),
             extra.iter().map(|s| s.to_string()).collect(),
         );
@@ -59,11 +68,11 @@ impl Server {
         s
     }
 
-    fn launch(dir: PathBuf, port: u16, extra: Vec<String>) -> Server {
+    fn launch(dir: PathBuf, host: &str, port: u16, extra: Vec<String>) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_orrery"))
             .args(["server", "--data-dir"])
             .arg(&dir)
-            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--listen", &format!("{host}:{port}")])
             .args(&extra)
             .env("ORRERY_LOG", "info")
             .stdout(Stdio::piped())
@@ -101,12 +110,13 @@ impl Server {
         Server {
             child: Some(child),
             kubeconfig: dir.join("admin.kubeconfig"),
-            url: format!("https://127.0.0.1:{port}"),
+            url: format!("https://{host}:{port}"),
             dir,
             _tmp: None,
             port,
             cache: tempfile::tempdir().unwrap(),
             extra,
+            host: host.to_string(),
         }
     }
 
@@ -229,7 +239,7 @@ impl Server {
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop the server first");
         let tmp = self._tmp.take();
-        let mut again = Server::launch(self.dir.clone(), self.port, self.extra.clone());
+        let mut again = Server::launch(self.dir.clone(), &self.host, self.port, self.extra.clone());
         again._tmp = tmp;
         again.cache = std::mem::replace(&mut self.cache, tempfile::tempdir().unwrap());
         *self = again;
@@ -345,6 +355,8 @@ pub struct Agent {
     args: Vec<String>,
     server_url: String,
     env: Vec<(String, String)>,
+    /// A command the agent runs under (`ip netns exec <ns>`), if any.
+    wrapper: Vec<String>,
 }
 
 impl Agent {
@@ -366,6 +378,18 @@ impl Agent {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Agent {
+        Self::start_wrapped(server, urls, name, args, env, Vec::new())
+    }
+
+    /// Like [`Agent::start_at`], run under `wrapper` (a network namespace's `ip netns exec`).
+    pub fn start_wrapped(
+        server: &Server,
+        urls: &str,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+        wrapper: Vec<String>,
+    ) -> Agent {
         let dir = server.dir.join("agents").join(name);
         std::fs::create_dir_all(&dir).unwrap();
         let mut a = Agent {
@@ -378,13 +402,22 @@ impl Agent {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            wrapper,
         };
         a.launch();
         a
     }
 
     fn launch(&mut self) {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_orrery"));
+        let bin = env!("CARGO_BIN_EXE_orrery");
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(bin);
+                c
+            }
+            None => Command::new(bin),
+        };
         cmd.args(["agent", "--server", &self.server_url, "--state-dir"])
             .arg(self.dir.join("state"))
             .args(&self.args)
