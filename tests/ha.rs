@@ -115,8 +115,20 @@ fn sim_member(s: &Server, name: &str) -> (Agent, String) {
 
 /// A simulated member whose agent is given `urls` (several replicas, comma-separated).
 fn sim_member_at(s: &Server, urls: &str, name: &str) -> (Agent, String) {
+    sim_member_wrapped(s, urls, name, "127.0.0.1:0", Vec::new())
+}
+
+/// Like [`sim_member_at`], its admin endpoint on `admin_at`, run under `wrapper` (a network
+/// namespace's `ip netns exec`).
+fn sim_member_wrapped(
+    s: &Server,
+    urls: &str,
+    name: &str,
+    admin_at: &str,
+    wrapper: Vec<String>,
+) -> (Agent, String) {
     let token = s.token(name);
-    let a = Agent::start_at(
+    let a = Agent::start_wrapped(
         s,
         urls,
         name,
@@ -132,9 +144,10 @@ fn sim_member_at(s: &Server, urls: &str, name: &str) -> (Agent, String) {
             "--report-interval",
             "100ms",
             "--admin-listen",
-            "127.0.0.1:0",
+            admin_at,
         ],
         &[],
+        wrapper,
     );
     let admin = a.admin();
     eventually(Duration::from_secs(30), "the member Ready", || {
@@ -656,6 +669,15 @@ fn member_replicas(admin: &str, cluster: &str, name: &str) -> Option<i64> {
         .and_then(|o| o["spec"]["replicas"].as_i64())
 }
 
+/// The servers of the partition tests: the member turns not Ready soon, and nothing is moved
+/// off it for the test's length.
+const CUT_OFF: [&str; 4] = [
+    "--cluster-grace-period",
+    "3s",
+    "--cluster-eviction-timeout",
+    "1h",
+];
+
 /// A partition between a member's agent and every server replica (a loopback proxy that
 /// stops passing bytes: see `common::proxy`): the member keeps running what it has, nothing in
 /// it is undone, and once the partition heals it converges to what changed meanwhile.
@@ -664,61 +686,21 @@ fn a_member_cut_off_from_the_servers_keeps_running_and_converges_after() {
     use common::proxy::Partition;
 
     let etcd = EtcdCluster::start(3).unwrap();
-    // The member turns not Ready soon, and nothing is moved off it for the test's length.
-    let flags = [
-        "--cluster-grace-period",
-        "3s",
-        "--cluster-eviction-timeout",
-        "1h",
-    ];
-    let a = replica(&etcd, &flags);
-    let b = replica(&etcd, &flags);
+    let a = replica(&etcd, &CUT_OFF);
+    let b = replica(&etcd, &CUT_OFF);
     let links: Vec<Partition> = [&a, &b]
         .iter()
         .map(|s| Partition::to(std::net::SocketAddr::from(([127, 0, 0, 1], s.port))))
         .collect();
     let urls: Vec<String> = links.iter().map(Partition::url).collect();
     let (_agent, admin) = sim_member_at(&a, &urls.join(","), "m1");
-    a.apply(&deployment("web"));
-    eventually(Duration::from_secs(30), "web running in the member", || {
-        member_replicas(&admin, "m1", "web") == Some(3)
-    });
-    let seen = journal(&admin, "m1", 0).last().map_or(0, |e| e.0);
-
-    for l in &links {
-        l.cut();
-    }
-    eventually(Duration::from_secs(30), "the member not Ready", || {
-        let ready = a.cluster_condition("m1", "Ready");
-        !ready.is_empty() && ready != "True"
-    });
-    // A change made while the member cannot hear of it.
-    a.ok(&["scale", "deployment", "web", "--replicas", "5"]);
-    std::thread::sleep(Duration::from_secs(3));
-    assert_eq!(member_replicas(&admin, "m1", "web"), Some(3));
-    assert!(
-        journal(&admin, "m1", seen).is_empty(),
-        "the member did something while cut off"
-    );
-
-    for l in &links {
-        l.heal();
-    }
-    eventually(
-        Duration::from_secs(60),
-        "the member converged after the partition",
-        || {
-            member_replicas(&admin, "m1", "web") == Some(5)
-                && a.cluster_condition("m1", "Ready") == "True"
-        },
-    );
-    // Converging was updating web, nothing else: nothing was deleted or made again.
-    let since = journal(&admin, "m1", seen);
-    assert!(
-        since
-            .iter()
-            .all(|(_, op, kind, name)| op == "update" && kind == "Deployment" && name == "web"),
-        "{since:?}"
+    // The proxy cuts the agent's links to the servers only: its admin endpoint still answers.
+    cut_off_and_back(
+        &a,
+        &admin,
+        || links.iter().for_each(Partition::cut),
+        || links.iter().for_each(Partition::heal),
+        true,
     );
 }
 
@@ -741,48 +723,37 @@ fn a_member_behind_a_veth_pair_taken_down_keeps_running_and_converges_after() {
         }
     };
     let etcd = EtcdCluster::start(3).unwrap();
-    let flags = [
-        "--cluster-grace-period",
-        "3s",
-        "--cluster-eviction-timeout",
-        "1h",
-    ];
-    let a = replica_on(&etcd, &ns.host_ip, "500ms", &flags);
-    let b = replica_on(&etcd, &ns.host_ip, "500ms", &flags);
-    let token = a.token("m1");
-    let admin_at = format!("{}:0", ns.ns_ip);
-    let agent = Agent::start_wrapped(
+    let a = replica_on(&etcd, &ns.host_ip, "500ms", &CUT_OFF);
+    let b = replica_on(&etcd, &ns.host_ip, "500ms", &CUT_OFF);
+    let (_agent, admin) = sim_member_wrapped(
         &a,
         &format!("{},{}", a.url, b.url),
         "m1",
-        &[
-            "--cluster",
-            "m1",
-            "--token",
-            &token,
-            "--simulate",
-            "nodes=4,cpu=8,memory=32Gi,load=0.1,start=100ms",
-            "--heartbeat-interval",
-            "1s",
-            "--report-interval",
-            "100ms",
-            "--admin-listen",
-            &admin_at,
-        ],
-        &[],
+        &format!("{}:0", ns.ns_ip),
         ns.wrap(),
     );
-    let admin = agent.admin();
-    eventually(Duration::from_secs(30), "the member Ready", || {
-        a.cluster_condition("m1", "Ready") == "True"
-    });
+    // The link down, the member's admin endpoint is out of reach too.
+    cut_off_and_back(&a, &admin, || ns.cut(), || ns.heal(), false);
+}
+
+/// Places web in the member, cuts the member off from the servers with `cut`, scales web
+/// meanwhile, and checks that the member kept running what it had, did nothing while cut off
+/// (read then if its admin endpoint is `reachable_while_cut`, else from its journal once the
+/// link is back), and after `heal` converged by updating web and nothing else.
+fn cut_off_and_back(
+    a: &Server,
+    admin: &str,
+    cut: impl Fn(),
+    heal: impl Fn(),
+    reachable_while_cut: bool,
+) {
     a.apply(&deployment("web"));
     eventually(Duration::from_secs(30), "web running in the member", || {
-        member_replicas(&admin, "m1", "web") == Some(3)
+        member_replicas(admin, "m1", "web") == Some(3)
     });
-    let seen = journal(&admin, "m1", 0).last().map_or(0, |e| e.0);
+    let seen = journal(admin, "m1", 0).last().map_or(0, |e| e.0);
 
-    ns.cut();
+    cut();
     eventually(Duration::from_secs(30), "the member not Ready", || {
         let ready = a.cluster_condition("m1", "Ready");
         !ready.is_empty() && ready != "True"
@@ -790,23 +761,30 @@ fn a_member_behind_a_veth_pair_taken_down_keeps_running_and_converges_after() {
     // A change made while the member cannot hear of it.
     a.ok(&["scale", "deployment", "web", "--replicas", "5"]);
     std::thread::sleep(Duration::from_secs(3));
+    if reachable_while_cut {
+        assert_eq!(member_replicas(admin, "m1", "web"), Some(3));
+        assert!(
+            journal(admin, "m1", seen).is_empty(),
+            "the member did something while cut off"
+        );
+    }
 
-    ns.heal();
-    // The neighbour entry failed during the cut: the first attempts are refused at once.
+    heal();
+    // A neighbour entry that failed during the cut refuses the first attempts at once.
     eventually(Duration::from_secs(30), "the link back", || {
-        std::net::TcpStream::connect(&admin).is_ok()
+        std::net::TcpStream::connect(admin).is_ok()
     });
     eventually(
         Duration::from_secs(60),
         "the member converged after the partition",
         || {
-            member_replicas(&admin, "m1", "web") == Some(5)
+            member_replicas(admin, "m1", "web") == Some(5)
                 && a.cluster_condition("m1", "Ready") == "True"
         },
     );
-    // Everything it did since before the cut (read once the link is back): updating web,
-    // nothing else; nothing was deleted or made again while it was cut off or after.
-    let since = journal(&admin, "m1", seen);
+    // Converging was updating web, nothing else: nothing was deleted or made again, while
+    // cut off or after.
+    let since = journal(admin, "m1", seen);
     assert!(
         since
             .iter()

@@ -21,22 +21,29 @@ pub struct Netns {
     pub ns_ip: String,
 }
 
-fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
-        .args(args)
+/// Runs `cmd`; `Err` says what failed and why.
+fn run(mut cmd: Command) -> Result<(), String> {
+    let what = format!("{cmd:?}");
+    let out = cmd
         .output()
-        .map_err(|e| format!("`ip` could not be run: {e}"))?;
+        .map_err(|e| format!("{what} could not be run: {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
         Err(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
+            "{what} failed: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ))
     }
 }
 
+fn ip(args: &[&str]) -> Result<(), String> {
+    let mut cmd = Command::new("ip");
+    cmd.args(args);
+    run(cmd)
+}
+
+/// Sets `key` to 1, in the namespace `ns` if given.
 fn sysctl_in(ns: Option<&str>, key: &str) -> Result<(), String> {
     let mut cmd = match ns {
         Some(ns) => {
@@ -46,18 +53,8 @@ fn sysctl_in(ns: Option<&str>, key: &str) -> Result<(), String> {
         }
         None => Command::new("sysctl"),
     };
-    let out = cmd
-        .args(["-qw", &format!("{key}=1")])
-        .output()
-        .map_err(|e| format!("sysctl could not be run: {e}"))?;
-    if out.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "setting {key} failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ))
-    }
+    cmd.args(["-qw", &format!("{key}=1")]);
+    run(cmd)
 }
 
 impl Netns {
