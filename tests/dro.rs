@@ -419,6 +419,30 @@ async fn metrics_events_configs_and_the_monitoring_view() {
         }),
         "{v}"
     );
+    // Requests for paths and methods made up by clients (without a token, and with the
+    // admin's): they must not make series of their own.
+    let ca = std::fs::read_to_string(s.dir.join("tls/ca.crt")).unwrap();
+    let stranger = orrery_client::connect(&s.url, "not-a-token", &ca)
+        .await
+        .unwrap();
+    for i in 0..20 {
+        for client in [&stranger, &c] {
+            let (code, _, _) = send(
+                client,
+                req("GET", &format!("/madeup{i}/x"), JSON, Value::Null),
+                None,
+            )
+            .await;
+            assert!(code == 401 || code == 404, "{code}");
+            let (code, _, _) = send(
+                client,
+                req("GET", &format!("/api/v1/madeup{i}"), JSON, Value::Null),
+                None,
+            )
+            .await;
+            assert!(code == 401 || code == 404, "{code}");
+        }
+    }
     // Prometheus exposition: request latencies, water levels, the scheduler. OpenMetrics for
     // a scraper that asks for it (Prometheus does), the classic text format otherwise.
     let mut om = req("GET", "/metrics", JSON, Value::Null);
@@ -460,6 +484,8 @@ async fn metrics_events_configs_and_the_monitoring_view() {
         text.contains("# TYPE orrery_scheduler_decisions_total counter"),
         "{text}"
     );
+    assert!(!text.contains("madeup"), "{text}");
+    assert!(text.contains("resource=\"other\""), "{text}");
     for family in [
         "orrery_http_request_duration_seconds_bucket{",
         "orrery_cluster_water_level{cluster=\"aws-us-east\",dimension=\"cpu\"}",

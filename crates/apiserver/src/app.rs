@@ -216,11 +216,13 @@ impl App {
             }
         }
         let status = response.status().as_u16();
+        let reg = self.resources.snapshot();
         self.metrics.observe(
             method.as_str(),
             &path,
             status,
             started.elapsed().as_secs_f64(),
+            |group, version, plural| reg.get(group, version, plural).is_some(),
         );
         if status >= 500 {
             tracing::warn!(%method, %path, status, user, elapsed_ms = started.elapsed().as_millis() as u64, "request failed");
