@@ -146,7 +146,8 @@ impl std::fmt::Display for FieldPath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         for (n, s) in self.0.iter().enumerate() {
             match s {
-                Segment::Key(k) if k.contains('.') => write!(f, "[\"{k}\"]")?,
+                // Quoted unless the bare form reads it back as it is.
+                Segment::Key(k) if k.contains(['.', '[', ']', '"', ' ']) => write!(f, "[\"{k}\"]")?,
                 Segment::Key(k) => {
                     if n > 0 {
                         f.write_str(".")?;
