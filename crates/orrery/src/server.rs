@@ -37,6 +37,10 @@ pub struct ServerArgs {
     /// Extra names or addresses for the serving certificate (repeatable).
     #[arg(long = "tls-san")]
     pub tls_san: Vec<String>,
+    /// An EncryptionConfiguration (apiserver.config.k8s.io/v1): which resources are
+    /// encrypted in the store, and with which keys (docs/security.md).
+    #[arg(long)]
+    pub encryption_provider_config: Option<PathBuf>,
     /// How long a member cluster that stops reporting stays Ready.
     #[arg(long, default_value = "40s", value_parser = parse_duration)]
     pub cluster_grace_period: Duration,
@@ -579,7 +583,18 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let secret = args.cluster_secret()?;
-    let store = open_store(args).await?;
+    // Read before the store opens: a bad configuration stops the server before it serves.
+    let encryption = args
+        .encryption_provider_config
+        .as_deref()
+        .map(orrery_apiserver::encryption::EncryptionConfig::load)
+        .transpose()
+        .context("--encryption-provider-config")?;
+    let mut store = open_store(args).await?;
+    if let Some(config) = encryption {
+        tracing::info!(?config, "encrypting at rest");
+        store = orrery_apiserver::encryption::EncryptingStore::wrap(store, Arc::new(config));
+    }
     let sealer = secret
         .map(|s| orrery_apiserver::seal::Sealer::new(&s, orrery_apiserver::identity::PURPOSE))
         .transpose()

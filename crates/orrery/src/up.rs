@@ -192,6 +192,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         etcd_endpoints: Vec::new(),
         etcd_prefix: "/orrery".into(),
         tls_san: Vec::new(),
+        encryption_provider_config: None,
         cluster_grace_period: parse_duration("40s").map_err(anyhow::Error::msg)?,
         cluster_eviction_timeout: parse_duration("30s").map_err(anyhow::Error::msg)?,
         watch_bookmark_interval: Duration::from_secs(60),

@@ -18,6 +18,13 @@ fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+impl EtcdServer {
+    /// Where the member keeps its data (its write-ahead log and database).
+    pub fn data_dir(&self) -> std::path::PathBuf {
+        self._dir.path().join("data")
+    }
+}
+
 /// The etcd binary: `$ORRERY_ETCD`, else `etcd` on the PATH.
 pub fn etcd_binary() -> String {
     std::env::var("ORRERY_ETCD").unwrap_or_else(|_| "etcd".to_string())

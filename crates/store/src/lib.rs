@@ -31,7 +31,7 @@ pub use list::{
     prefix_end, with_resource_version,
 };
 pub use watch::{
-    Change, ChangeKind, History, WatchCache, WatchCacheConfig, WatchEvent, WatchOptions,
+    Change, ChangeKind, History, MapObject, WatchCache, WatchCacheConfig, WatchEvent, WatchOptions,
     WatchStream,
 };
 

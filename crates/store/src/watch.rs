@@ -425,7 +425,20 @@ impl WatchCache {
             last: from,
             bookmark,
             done: false,
+            map: None,
         })
+    }
+}
+
+/// What a store layered over another does to each object a watch delivers (an encrypting
+/// store opens what it sealed).
+pub type MapObject = Arc<dyn Fn(Arc<Object>) -> Result<Arc<Object>> + Send + Sync>;
+
+struct Mapper(MapObject);
+
+impl std::fmt::Debug for Mapper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Mapper(..)")
     }
 }
 
@@ -442,11 +455,37 @@ pub struct WatchStream {
     last: Revision,
     bookmark: Option<tokio::time::Interval>,
     done: bool,
+    map: Option<Mapper>,
 }
 
 impl WatchStream {
+    /// This stream with `f` applied to every object it delivers, after its selectors (which
+    /// see the objects as stored); an object `f` refuses ends the stream with that error.
+    pub fn map_objects(mut self, f: MapObject) -> Self {
+        self.map = Some(Mapper(f));
+        self
+    }
+
     /// The next event; `None` when the stream has ended (store closed, or after an error).
     pub async fn next(&mut self) -> Option<Result<WatchEvent>> {
+        let ev = self.next_stored().await;
+        let Some(Mapper(f)) = &self.map else {
+            return ev;
+        };
+        let mapped = match ev? {
+            Ok(WatchEvent::Added(o)) => f(o).map(WatchEvent::Added),
+            Ok(WatchEvent::Modified(o)) => f(o).map(WatchEvent::Modified),
+            Ok(WatchEvent::Deleted(o)) => f(o).map(WatchEvent::Deleted),
+            other => other,
+        };
+        if mapped.is_err() {
+            self.done = true;
+        }
+        Some(mapped)
+    }
+
+    /// The next event as stored.
+    async fn next_stored(&mut self) -> Option<Result<WatchEvent>> {
         if self.done {
             return None;
         }
