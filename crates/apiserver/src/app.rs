@@ -33,6 +33,8 @@ pub struct ApiConfig {
     /// The metrics registry shared with the other components (`/metrics`); a fresh one when
     /// `None`.
     pub metrics_registry: Option<crate::metrics::SharedRegistry>,
+    /// The audit log, when one is kept (`--audit-log-path`, `--audit-policy-file`).
+    pub audit: Option<Arc<crate::audit::AuditLog>>,
 }
 
 impl Default for ApiConfig {
@@ -44,6 +46,7 @@ impl Default for ApiConfig {
             server_address: "127.0.0.1:6443".into(),
             ca_pem: String::new(),
             metrics_registry: None,
+            audit: None,
         }
     }
 }
@@ -200,12 +203,9 @@ impl App {
         let started = Instant::now();
         let method = req.method().clone();
         let path = req.uri().path().to_string();
-        let (mut response, user) = match self.route(req).await {
-            Ok((r, user)) => (r, user),
-            Err((e, user)) if crate::dro::is_dro_path(&path) => {
-                (crate::dro::error_response(&e), user)
-            }
-            Err((e, user)) => (h::error(&e), user),
+        let (mut response, user) = match &self.config.audit {
+            Some(log) => self.respond_audited(log, req).await,
+            None => self.respond(req).await,
         };
         // What was read may be stale: say so as Kubernetes says such things, with a warning
         // (kubectl prints it).
@@ -230,6 +230,142 @@ impl App {
             tracing::debug!(%method, %path, status, user, elapsed_ms = started.elapsed().as_millis() as u64, "request");
         }
         response
+    }
+
+    /// The response to a request, errors included; and who asked, as logs name them.
+    async fn respond<B>(self: &Arc<Self>, req: Request<B>) -> (Response<Body>, String)
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let dro = crate::dro::is_dro_path(req.uri().path());
+        match self.route(req).await {
+            Ok((r, user)) => (r, user),
+            Err((e, user)) if dro => (crate::dro::error_response(&e), user),
+            Err((e, user)) => (h::error(&e), user),
+        }
+    }
+
+    /// [`Self::respond`], recorded in the audit log as its policy says.
+    async fn respond_audited<B>(
+        self: &Arc<Self>,
+        log: &crate::audit::AuditLog,
+        req: Request<B>,
+    ) -> (Response<Body>, String)
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        use crate::audit::{Level, Record, Stage};
+        use http_body_util::BodyExt;
+        let header = |name: http::header::HeaderName| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        // The policy needs the user before the request is served (the router authenticates
+        // again: a hash and a lookup).
+        let who = self
+            .auth
+            .authenticate(header(http::header::AUTHORIZATION).as_deref())
+            .ok();
+        let info = crate::audit::request_info(req.method(), req.uri().path(), req.uri().query());
+        let decision = log.policy.decide(who.as_ref(), &info);
+        if decision.level == Level::None {
+            return self.respond(req).await;
+        }
+        let source_ips = req
+            .extensions()
+            .get::<crate::audit::Peer>()
+            .map(|p| vec![p.0.ip().to_string()])
+            .unwrap_or_default();
+        let uri = req
+            .uri()
+            .path_and_query()
+            .map_or_else(|| req.uri().path().to_string(), |p| p.to_string());
+        let mut rec = Record::new(
+            decision,
+            info,
+            who.as_ref(),
+            uri,
+            header(http::header::USER_AGENT).unwrap_or_default(),
+            source_ips,
+        );
+        if let Some(line) = rec.line(Stage::RequestReceived, None) {
+            log.write(line).await;
+        }
+        let with_body = matches!(
+            *req.method(),
+            Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+        );
+        let (response, user) = if rec.decision.level >= Level::Request && with_body {
+            let (parts, body) = req.into_parts();
+            match h::read_body(body, self.config.max_body_bytes).await {
+                Ok(bytes) => {
+                    rec.request_object =
+                        self.body_as_json(&parts, rec.info.object.as_ref(), &bytes);
+                    let req = Request::from_parts(parts, http_body_util::Full::new(bytes));
+                    self.respond(req).await
+                }
+                Err(e) => (
+                    h::error(&e),
+                    who.as_ref().map(Identity::user).unwrap_or_default(),
+                ),
+            }
+        } else {
+            self.respond(req).await
+        };
+        let code = response.status().as_u16();
+        if rec.info.verb == "watch" {
+            // The stream goes on: its start is what is logged.
+            if let Some(line) = rec.line(Stage::ResponseStarted, Some(code)) {
+                log.write(line).await;
+            }
+            return (response, user);
+        }
+        let response = if rec.decision.level >= Level::RequestResponse {
+            let (parts, body) = response.into_parts();
+            let bytes = match body.collect().await {
+                Ok(c) => c.to_bytes(),
+                Err(never) => match never {},
+            };
+            rec.response_object = serde_json::from_slice(&bytes).ok();
+            Response::from_parts(parts, h::full(bytes))
+        } else {
+            response
+        };
+        if let Some(line) = rec.line(Stage::ResponseComplete, Some(code)) {
+            log.write(line).await;
+        }
+        (response, user)
+    }
+
+    /// A request body as JSON for the audit log, whichever of JSON, YAML (server-side apply)
+    /// or protobuf (kubectl's creates of built-in kinds) it came in.
+    fn body_as_json(
+        &self,
+        parts: &http::request::Parts,
+        object: Option<&crate::audit::ObjectRef>,
+        bytes: &[u8],
+    ) -> Option<serde_json::Value> {
+        if let Ok(v) = serde_json::from_slice(bytes) {
+            return Some(v);
+        }
+        let ct = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if ct.contains("protobuf") {
+            let o = object?;
+            let rt = self
+                .resources
+                .snapshot()
+                .get(&o.api_group, &o.api_version, &o.resource)?;
+            return crate::protobuf::decode(bytes, &rt.schema).ok();
+        }
+        serde_saphyr::from_slice(bytes).ok()
     }
 
     async fn route<B>(

@@ -31,6 +31,7 @@ pub mod table;
 pub mod ui;
 
 pub use app::{ApiConfig, App};
+pub mod audit;
 pub mod encryption;
 pub mod openapi_v2pb;
 pub mod pki;

@@ -50,7 +50,8 @@ pub async fn serve(
                         }
                         Err(_) => return,
                     };
-                    let service = service_fn(move |req| {
+                    let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
+                        req.extensions_mut().insert(crate::audit::Peer(peer));
                         let app = app.clone();
                         async move { Ok::<_, Infallible>(app.handle(req).await) }
                     });

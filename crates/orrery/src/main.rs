@@ -44,7 +44,7 @@ enum Command {
     /// Start a control plane and a fleet of simulated member clusters on this machine.
     Up(up::UpArgs),
     /// Run the control plane: the Kubernetes-compatible API over the store.
-    Server(server::ServerArgs),
+    Server(Box<server::ServerArgs>),
     /// Run a member cluster's agent (pull mode): real, simulated, or a simulated fleet.
     Agent(agent::AgentArgs),
     /// Bring a member whose API the server can reach into the fleet (push mode).
@@ -82,7 +82,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async move {
         match cli.command {
             Command::Up(args) => up::run(args).await,
-            Command::Server(args) => server::run(args).await,
+            Command::Server(args) => server::run(*args).await,
             Command::Agent(args) => agent::run(args).await,
             Command::Token(cmd) => token::run(cmd).await,
             Command::Status(args) => status::run(args).await,

@@ -41,6 +41,19 @@ pub struct ServerArgs {
     /// encrypted in the store, and with which keys (docs/security.md).
     #[arg(long)]
     pub encryption_provider_config: Option<PathBuf>,
+    /// Where the audit log goes (audit.k8s.io/v1 Events, one JSON line each); needs
+    /// --audit-policy-file.
+    #[arg(long)]
+    pub audit_log_path: Option<PathBuf>,
+    /// An audit Policy (audit.k8s.io/v1): which requests are logged, at which level.
+    #[arg(long)]
+    pub audit_policy_file: Option<PathBuf>,
+    /// The audit log is rotated once it would pass this many MiB (0: never).
+    #[arg(long, default_value_t = 100)]
+    pub audit_log_maxsize: u64,
+    /// Rotated audit logs kept (0: all).
+    #[arg(long, default_value_t = 10)]
+    pub audit_log_maxbackup: usize,
     /// How long a member cluster that stops reporting stays Ready.
     #[arg(long, default_value = "40s", value_parser = parse_duration)]
     pub cluster_grace_period: Duration,
@@ -590,6 +603,28 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         .map(orrery_apiserver::encryption::EncryptionConfig::load)
         .transpose()
         .context("--encryption-provider-config")?;
+    let audit = match (&args.audit_log_path, &args.audit_policy_file) {
+        (Some(path), Some(policy)) => {
+            let policy =
+                orrery_apiserver::audit::Policy::load(policy).context("--audit-policy-file")?;
+            let log = orrery_apiserver::audit::AuditLog::open(
+                policy,
+                orrery_apiserver::audit::LogFile {
+                    path: path.clone(),
+                    max_bytes: args.audit_log_maxsize * 1024 * 1024,
+                    max_backups: args.audit_log_maxbackup,
+                },
+            )
+            .context("--audit-log-path")?;
+            tracing::info!(path = %path.display(), "keeping an audit log");
+            Some(Arc::new(log))
+        }
+        (None, None) => None,
+        (Some(_), None) => anyhow::bail!(
+            "--audit-log-path needs --audit-policy-file (which requests to log, at which level)"
+        ),
+        (None, Some(_)) => anyhow::bail!("--audit-policy-file needs --audit-log-path"),
+    };
     let mut store = open_store(args).await?;
     if let Some(config) = encryption {
         tracing::info!(?config, "encrypting at rest");
@@ -634,6 +669,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         server_address: args.listen.to_string(),
         ca_pem: pki.ca_pem.clone(),
         bookmark_interval: args.watch_bookmark_interval,
+        audit,
         ..ApiConfig::default()
     };
     let app = App::new(store.clone(), auth.clone(), config, shutdown_rx.clone())

@@ -1,0 +1,212 @@
+//! The audit log end to end: a real server with an audit Policy, the real kubectl, a simulated
+//! member's agent. Every mutation appears with its user, verb, object and answer; the policy's
+//! levels decide what else is recorded; an agent's reads are left out as the policy says.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Agent, Server, eventually};
+use serde_json::Value;
+
+const POLICY: &str = r#"
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: None
+  userGroups: ["system:clusters"]
+  verbs: [get, list, watch]
+- level: RequestResponse
+  resources: [{group: "", resources: [secrets]}]
+- level: Request
+  resources: [{group: apps, resources: [deployments]}]
+  verbs: [create, update, patch]
+- level: Metadata
+"#;
+
+fn events(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn find<'a>(evs: &'a [Value], verb: &str, resource: &str, name: &str) -> Option<&'a Value> {
+    evs.iter().find(|e| {
+        e["verb"] == verb
+            && e["objectRef"]["resource"] == resource
+            && e["objectRef"]["name"] == name
+    })
+}
+
+#[test]
+fn mutations_are_logged_with_their_user_at_the_policys_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.yaml");
+    std::fs::write(&policy, POLICY).unwrap();
+    let log = dir.path().join("logs/audit.log");
+    let s = Server::start_with(&[
+        "--audit-policy-file",
+        policy.to_str().unwrap(),
+        "--audit-log-path",
+        log.to_str().unwrap(),
+    ]);
+    let token = s.token("m1");
+    let _member = Agent::start(
+        &s,
+        "m1",
+        &[
+            "--cluster",
+            "m1",
+            "--token",
+            &token,
+            "--simulate",
+            "nodes=2,cpu=8,memory=32Gi,load=0.1",
+            "--heartbeat-interval",
+            "1s",
+        ],
+    );
+    eventually(Duration::from_secs(30), "m1 Ready", || {
+        s.cluster_condition("m1", "Ready") == "True"
+    });
+    s.ok(&["create", "namespace", "shop"]);
+    s.apply(&common::divided_deployment(
+        "web",
+        2,
+        "{cpu: 100m, memory: 64Mi}",
+        "",
+    ));
+    s.ok(&["scale", "deployment", "web", "--replicas", "3"]);
+    s.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "db",
+        "--from-literal=password=audited-4711",
+    ]);
+    s.ok(&["delete", "deployment", "web"]);
+    s.ok(&["get", "--raw", "/api/v1/clusters"]);
+    // Without a valid token: refused, and logged as anonymous.
+    let out = std::process::Command::new("kubectl")
+        .args(["--kubeconfig"])
+        .arg(&s.kubeconfig)
+        .args(["--token", "not-a-token", "get", "pods"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+
+    let mut evs = Vec::new();
+    eventually(Duration::from_secs(10), "the events written", || {
+        evs = events(&log);
+        find(&evs, "delete", "deployments", "web").is_some()
+            && evs
+                .iter()
+                .any(|e| e["user"]["username"] == "system:anonymous")
+    });
+    // No stage the policy omits; a watch (kubectl delete waits with one) when it starts.
+    assert!(
+        evs.iter().all(|e| e["stage"] == "ResponseComplete"
+            || (e["stage"] == "ResponseStarted" && e["verb"] == "watch")),
+        "{evs:#?}"
+    );
+    for e in &evs {
+        assert_eq!(e["apiVersion"], "audit.k8s.io/v1");
+        assert!(e["auditID"].as_str().is_some_and(|id| !id.is_empty()));
+        assert!(e["requestReceivedTimestamp"].is_string() && e["stageTimestamp"].is_string());
+        assert_eq!(e["sourceIPs"][0], "127.0.0.1");
+    }
+    // Every mutation of the admin's: user, verb, object, answer.
+    for (verb, resource, name, code) in [
+        ("create", "namespaces", "", 201),
+        ("create", "secrets", "", 201),
+        ("delete", "deployments", "web", 200),
+    ] {
+        let e = evs
+            .iter()
+            .find(|e| {
+                e["verb"] == verb
+                    && e["objectRef"]["resource"] == resource
+                    && (name.is_empty() || e["objectRef"]["name"] == name)
+            })
+            .unwrap_or_else(|| panic!("no {verb} {resource}: {evs:#?}"));
+        assert_eq!(e["user"]["username"], "admin", "{e}");
+        assert_eq!(e["responseStatus"]["code"], code, "{e}");
+    }
+    let apply = evs
+        .iter()
+        .find(|e| {
+            e["objectRef"]["resource"] == "deployments"
+                && (e["verb"] == "patch" || e["verb"] == "create")
+        })
+        .unwrap();
+    assert_eq!(apply["level"], "Request");
+    assert_eq!(apply["objectRef"]["apiGroup"], "apps");
+    assert!(apply["requestObject"].is_object(), "{apply}");
+    assert!(apply.get("responseObject").is_none());
+    let scale = find(&evs, "patch", "deployments", "web")
+        .into_iter()
+        .chain(
+            evs.iter()
+                .filter(|e| e["objectRef"]["subresource"] == "scale"),
+        )
+        .next();
+    assert!(scale.is_some(), "the scale is logged: {evs:#?}");
+    // Secrets at RequestResponse: the request and the answer.
+    let secret = evs
+        .iter()
+        .find(|e| e["verb"] == "create" && e["objectRef"]["resource"] == "secrets")
+        .unwrap();
+    assert_eq!(secret["level"], "RequestResponse");
+    assert_eq!(secret["responseObject"]["metadata"]["name"], "db");
+    assert!(secret["requestObject"].is_object());
+    // The DRO-DS API: a non-resource request, by its path.
+    assert!(
+        evs.iter()
+            .any(|e| e["requestURI"] == "/api/v1/clusters" && e["verb"] == "get"),
+        "{evs:#?}"
+    );
+    // The agent: its status writes are logged (Metadata), its reads are not.
+    let agent: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["user"]["username"] == "system:cluster:m1")
+        .collect();
+    assert!(
+        agent
+            .iter()
+            .any(|e| e["verb"] == "patch" && e["objectRef"]["subresource"] == "status"),
+        "{agent:#?}"
+    );
+    assert!(
+        agent
+            .iter()
+            .all(|e| !matches!(e["verb"].as_str(), Some("get" | "list" | "watch"))),
+        "{agent:#?}"
+    );
+    let anonymous: Vec<&Value> = evs
+        .iter()
+        .filter(|e| e["user"]["username"] == "system:anonymous")
+        .collect();
+    assert!(
+        anonymous.iter().any(|e| e["responseStatus"]["code"] == 401),
+        "{anonymous:#?}"
+    );
+}
+
+#[test]
+fn an_audit_log_without_a_policy_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["server", "--data-dir"])
+        .arg(dir.path().join("data"))
+        .args(["--listen", "127.0.0.1:0", "--audit-log-path"])
+        .arg(dir.path().join("audit.log"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--audit-policy-file"), "{err}");
+}
