@@ -210,3 +210,117 @@ fn an_audit_log_without_a_policy_is_refused_at_start() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--audit-policy-file"), "{err}");
 }
+
+/// `kubectl auth whoami` and `kubectl auth can-i` (with `--list`) for the admin and a member
+/// cluster's agent: answered as their requests are authorized.
+#[test]
+fn kubectl_auth_whoami_and_can_i_answer_as_requests_are_authorized() {
+    let s = Server::start();
+    let bootstrap = s.token("m1");
+    let _member = Agent::start(
+        &s,
+        "m1",
+        &[
+            "--cluster",
+            "m1",
+            "--token",
+            &bootstrap,
+            "--simulate",
+            "nodes=2,cpu=8,memory=32Gi,load=0.1",
+        ],
+    );
+    eventually(Duration::from_secs(30), "m1 Ready", || {
+        s.cluster_condition("m1", "Ready") == "True"
+    });
+    let state: Value = serde_json::from_str(
+        &std::fs::read_to_string(s.dir.join("agents/m1/state/state.json")).unwrap(),
+    )
+    .unwrap();
+    let agent = state["token"].as_str().unwrap().to_string();
+    let as_token = |token: Option<&str>, args: &[&str]| {
+        let mut a: Vec<&str> = Vec::new();
+        if let Some(t) = token {
+            a.extend(["--token", t]);
+        }
+        a.extend_from_slice(args);
+        let out = s.kubectl(&a);
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    // whoami
+    let (ok, out, err) = as_token(None, &["auth", "whoami", "-o", "json"]);
+    assert!(ok, "{err}");
+    let me: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(me["status"]["userInfo"]["username"], "admin");
+    let (ok, out, err) = as_token(Some(&agent), &["auth", "whoami", "-o", "json"]);
+    assert!(ok, "{err}");
+    let me: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(me["status"]["userInfo"]["username"], "system:cluster:m1");
+    assert_eq!(me["status"]["userInfo"]["groups"][0], "system:clusters");
+    // can-i: yes (exit 0) and no (exit 1), as the requests themselves would be answered.
+    let can = |token: Option<&str>, args: &[&str]| {
+        let mut a = vec!["auth", "can-i"];
+        a.extend_from_slice(args);
+        let (ok, out, err) = as_token(token, &a);
+        // A refusal says why, as the Forbidden of the request itself would.
+        assert!(out == "yes" || out.starts_with("no - "), "{out} {err}");
+        assert_eq!(ok, out == "yes", "{out} {err}");
+        ok
+    };
+    assert!(can(None, &["create", "deployments", "-n", "shop"]));
+    assert!(can(None, &["delete", "clusters.multicluster.io/m1"]));
+    assert!(can(
+        Some(&agent),
+        &["list", "works.multicluster.io", "-n", "orrery-cluster-m1"]
+    ));
+    assert!(!can(
+        Some(&agent),
+        &["list", "works.multicluster.io", "-n", "orrery-cluster-m2"]
+    ));
+    assert!(!can(
+        Some(&agent),
+        &["create", "deployments", "-n", "default"]
+    ));
+    assert!(can(
+        Some(&agent),
+        &[
+            "patch",
+            "clusters.multicluster.io/m1",
+            "--subresource",
+            "status"
+        ]
+    ));
+    assert!(!can(
+        Some(&agent),
+        &[
+            "patch",
+            "clusters.multicluster.io/m2",
+            "--subresource",
+            "status"
+        ]
+    ));
+    // And what the agent's token would be told if it tried: the same.
+    let (ok, _, err) = as_token(Some(&agent), &["create", "namespace", "nope"]);
+    assert!(!ok && err.contains("forbidden"), "{err}");
+    // --list: the rules of the namespace.
+    let (ok, out, err) = as_token(
+        Some(&agent),
+        &["auth", "can-i", "--list", "-n", "orrery-cluster-m1"],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("works.multicluster.io"), "{out}");
+    assert!(out.contains("clusters.multicluster.io/status"), "{out}");
+    let (ok, out, err) = as_token(None, &["auth", "can-i", "--list"]);
+    assert!(ok, "{err}");
+    assert!(out.lines().any(|l| l.starts_with("*.*")), "{out}");
+    // The review kinds are discovered, create only.
+    let (ok, out, err) = as_token(
+        None,
+        &["api-resources", "--api-group", "authorization.k8s.io"],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("selfsubjectaccessreviews"), "{out}");
+}

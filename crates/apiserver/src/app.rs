@@ -606,6 +606,28 @@ impl App {
                 self.resource(&parts, body, who, "", "v1", rest, query)
                     .await
             }
+            ["apis", group, version, plural]
+                if crate::reviews::kind_at(group, version, plural).is_some() =>
+            {
+                let kind = crate::reviews::kind_at(group, version, plural).ok_or_else(not_found)?;
+                if parts.method != Method::POST {
+                    return Err(ApiError::method_not_allowed(format!(
+                        "{} supports only create",
+                        kind.plural
+                    )));
+                }
+                let body = h::read_body(body, self.config.max_body_bytes).await?;
+                let component = format!(
+                    "io.k8s.api.{}.{}.{}",
+                    kind.group.trim_end_matches(".k8s.io"),
+                    kind.version,
+                    kind.kind
+                );
+                let (v, _) = rest::decode_body(&parts.headers, &body, &component)?;
+                let json = serde_json::to_vec(&v).map_err(|e| ApiError::internal(e.to_string()))?;
+                let answer = crate::reviews::review(kind, who, &json)?;
+                Ok(h::json(StatusCode::CREATED, &answer))
+            }
             ["apis", group, version, rest @ ..] => {
                 self.resource(&parts, body, who, group, version, rest, query)
                     .await

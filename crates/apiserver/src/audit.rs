@@ -148,22 +148,12 @@ pub struct Peer(pub std::net::SocketAddr);
 
 /// The user name and groups an Event shows for an identity (`None`: not authenticated).
 pub fn user_of(who: Option<&Identity>) -> (String, Vec<String>) {
-    let authenticated = "system:authenticated".to_string();
     match who {
         None => (
             "system:anonymous".into(),
             vec!["system:unauthenticated".into()],
         ),
-        Some(id @ Identity::Admin { .. }) => {
-            (id.user(), vec!["system:masters".into(), authenticated])
-        }
-        Some(id @ Identity::Cluster { .. }) => {
-            (id.user(), vec!["system:clusters".into(), authenticated])
-        }
-        Some(id @ Identity::Bootstrap { .. }) => (
-            id.user(),
-            vec!["system:bootstrappers".into(), authenticated],
-        ),
+        Some(id) => (id.user(), id.groups()),
     }
 }
 

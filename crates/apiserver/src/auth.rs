@@ -79,6 +79,16 @@ impl Identity {
             Identity::Bootstrap { name } => format!("system:bootstrap:{name}"),
         }
     }
+
+    /// The groups it is in, as Kubernetes names such groups (audit Events, `whoami`).
+    pub fn groups(&self) -> Vec<String> {
+        let group = match self {
+            Identity::Admin { .. } => "system:masters",
+            Identity::Cluster { .. } => "system:clusters",
+            Identity::Bootstrap { .. } => "system:bootstrappers",
+        };
+        vec![group.into(), "system:authenticated".into()]
+    }
 }
 
 #[derive(Clone, Debug)]

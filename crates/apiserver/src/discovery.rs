@@ -49,9 +49,32 @@ fn group_entry(group: &str, versions: &[String]) -> Value {
     json!({ "name": group, "versions": vs, "preferredVersion": vs.first().cloned().unwrap_or(Value::Null) })
 }
 
+/// The groups served: the registry's, and those of the review kinds (create only, nothing
+/// stored: see `reviews.rs`).
+fn all_groups(reg: &Registry) -> Vec<(String, Vec<String>)> {
+    let mut groups = reg.groups();
+    for k in crate::reviews::KINDS {
+        match groups.iter_mut().find(|(g, _)| g == k.group) {
+            Some((_, vs)) if !vs.iter().any(|v| v == k.version) => vs.push(k.version.into()),
+            Some(_) => {}
+            None => groups.push((k.group.into(), vec![k.version.into()])),
+        }
+    }
+    groups
+}
+
+fn reviews_in(
+    group: &str,
+    version: &str,
+) -> impl Iterator<Item = &'static crate::reviews::ReviewKind> {
+    let (group, version) = (group.to_string(), version.to_string());
+    crate::reviews::KINDS
+        .iter()
+        .filter(move |k| k.group == group && k.version == version)
+}
+
 pub fn group_list(reg: &Registry) -> Value {
-    let groups: Vec<Value> = reg
-        .groups()
+    let groups: Vec<Value> = all_groups(reg)
         .iter()
         .filter(|(g, _)| !g.is_empty())
         .map(|(g, vs)| group_entry(g, vs))
@@ -60,8 +83,7 @@ pub fn group_list(reg: &Registry) -> Value {
 }
 
 pub fn group(reg: &Registry, name: &str) -> Option<Value> {
-    let (g, vs) = reg
-        .groups()
+    let (g, vs) = all_groups(reg)
         .into_iter()
         .find(|(g, _)| g == name && !g.is_empty())?;
     let mut v = group_entry(&g, &vs);
@@ -81,10 +103,13 @@ fn subresource_verbs() -> Value {
 
 pub fn resource_list(reg: &Registry, group: &str, version: &str) -> Option<Value> {
     let types = reg.in_group_version(group, version);
-    if types.is_empty() {
+    let mut resources = Vec::new();
+    for k in reviews_in(group, version) {
+        resources.push(json!({"name": k.plural, "singularName": k.kind.to_lowercase(), "namespaced": false, "kind": k.kind, "verbs": ["create"]}));
+    }
+    if types.is_empty() && resources.is_empty() {
         return None;
     }
-    let mut resources = Vec::new();
     for rt in &types {
         resources.push(json!({
             "name": rt.plural,
@@ -143,8 +168,7 @@ fn aggregated_resource(rt: &ResourceType) -> Value {
 
 /// The aggregated discovery document: the core group (`core`) or all other groups.
 pub fn aggregated(reg: &Registry, core: bool, api_version: &str) -> Value {
-    let items: Vec<Value> = reg
-        .groups()
+    let items: Vec<Value> = all_groups(reg)
         .into_iter()
         .filter(|(g, _)| g.is_empty() == core)
         .map(|(g, vs)| {
@@ -155,6 +179,15 @@ pub fn aggregated(reg: &Registry, core: bool, api_version: &str) -> Value {
                         .in_group_version(&g, v)
                         .iter()
                         .map(|rt| aggregated_resource(rt))
+                        .chain(reviews_in(&g, v).map(|k| {
+                            json!({
+                                "resource": k.plural,
+                                "responseKind": {"group": k.group, "version": k.version, "kind": k.kind},
+                                "scope": "Cluster",
+                                "singularResource": k.kind.to_lowercase(),
+                                "verbs": ["create"],
+                            })
+                        }))
                         .collect();
                     json!({ "version": v, "resources": resources, "freshness": "Current" })
                 })

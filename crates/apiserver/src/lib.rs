@@ -36,5 +36,6 @@ pub mod encryption;
 pub mod openapi_v2pb;
 pub mod pki;
 pub mod protobuf;
+pub mod reviews;
 pub mod seal;
 pub mod server;

@@ -108,6 +108,32 @@ fn builtin_components() -> Components {
         "v1",
         "Scale"
     );
+    // The reviews (create only, never stored: reviews.rs); their schemas let protobuf bodies
+    // be decoded and `kubectl explain` describe them.
+    kind!(
+        k8s_openapi::api::authentication::v1::SelfSubjectReview,
+        "authentication.k8s.io",
+        "v1",
+        "SelfSubjectReview"
+    );
+    kind!(
+        k8s_openapi::api::authorization::v1::SelfSubjectAccessReview,
+        "authorization.k8s.io",
+        "v1",
+        "SelfSubjectAccessReview"
+    );
+    kind!(
+        k8s_openapi::api::authorization::v1::SelfSubjectRulesReview,
+        "authorization.k8s.io",
+        "v1",
+        "SelfSubjectRulesReview"
+    );
+    kind!(
+        k8s_openapi::api::authorization::v1::SubjectAccessReview,
+        "authorization.k8s.io",
+        "v1",
+        "SubjectAccessReview"
+    );
     kind!(meta::Status, "", "v1", "Status");
     kind!(meta::DeleteOptions, "", "v1", "DeleteOptions");
     kind!(meta::APIResourceList, "", "v1", "APIResourceList");
