@@ -1409,6 +1409,12 @@ async fn heartbeat(
             Ok(None)
         }
         Err(TransportError::NotRegistered(_)) => Ok(Some(Stopped::Unregistered)),
+        // An overloaded server: this beat is skipped, the session kept (ending it would add
+        // a reconnection to the load); the next beat comes at the usual time.
+        Err(TransportError::Busy(why)) => {
+            tracing::debug!(cluster = %inner.cfg.cluster, %why, "the server is busy; skipping a heartbeat");
+            Ok(None)
+        }
         Err(e) => Err(e.into()),
     }
 }

@@ -29,6 +29,9 @@ pub enum TransportError {
     /// Network trouble or a server error: retry later.
     #[error("the server is unreachable: {0}")]
     Unreachable(String),
+    /// The server is serving all it takes at once (429): come back shortly.
+    #[error("the server is busy: {0}")]
+    Busy(String),
     #[error("the server sent something unexpected: {0}")]
     Protocol(String),
 }
@@ -41,7 +44,8 @@ impl From<kube::Error> for TransportError {
                 403 => TransportError::Forbidden(s.message),
                 404 => TransportError::NotRegistered(s.message),
                 410 => TransportError::Expired(s.message),
-                c if (400..500).contains(&c) && c != 429 => TransportError::Refused {
+                429 => TransportError::Busy(s.message),
+                c if (400..500).contains(&c) => TransportError::Refused {
                     code: c,
                     message: s.message,
                 },
@@ -57,7 +61,7 @@ impl TransportError {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            TransportError::Unreachable(_) | TransportError::Expired(_)
+            TransportError::Unreachable(_) | TransportError::Expired(_) | TransportError::Busy(_)
         )
     }
 }

@@ -35,6 +35,10 @@ pub struct ApiConfig {
     pub metrics_registry: Option<crate::metrics::SharedRegistry>,
     /// The audit log, when one is kept (`--audit-log-path`, `--audit-policy-file`).
     pub audit: Option<Arc<crate::audit::AuditLog>>,
+    /// Requests served at once, beyond which others are told to come back (429), as
+    /// kube-apiserver's `--max-requests-inflight` and `--max-mutating-requests-inflight`:
+    /// (read-only, mutating); 0 is no limit. Watches and the admin are not counted.
+    pub max_in_flight: (usize, usize),
 }
 
 impl Default for ApiConfig {
@@ -47,6 +51,7 @@ impl Default for ApiConfig {
             ca_pem: String::new(),
             metrics_registry: None,
             audit: None,
+            max_in_flight: (400, 200),
         }
     }
 }
@@ -67,10 +72,21 @@ pub struct App {
     /// registering together does not crowd out the heartbeats of clusters already in.
     pub registrations: tokio::sync::Semaphore,
     pub metrics: crate::metrics::Metrics,
+    /// Slots for requests in flight: read-only, mutating (see [`ApiConfig::max_in_flight`]).
+    in_flight: (tokio::sync::Semaphore, tokio::sync::Semaphore),
 }
 
 /// How many registrations one server carries out at once.
 pub const CONCURRENT_REGISTRATIONS: usize = 32;
+
+/// A semaphore's size for a limit (0: no limit).
+fn limit_of(n: usize) -> usize {
+    if n == 0 {
+        tokio::sync::Semaphore::MAX_PERMITS
+    } else {
+        n
+    }
+}
 
 /// Namespaces that always exist.
 pub const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "orrery-system"];
@@ -85,6 +101,7 @@ impl App {
     ) -> Result<Arc<App>, StoreError> {
         let metrics =
             crate::metrics::Metrics::new(config.metrics_registry.clone().unwrap_or_default());
+        let config_in_flight = config.max_in_flight;
         let app = Arc::new(App {
             metrics,
             store,
@@ -96,6 +113,10 @@ impl App {
             openapi: openapi::Cache::default(),
             crd_lock: tokio::sync::Mutex::new(()),
             registrations: tokio::sync::Semaphore::new(CONCURRENT_REGISTRATIONS),
+            in_flight: (
+                tokio::sync::Semaphore::new(limit_of(config_in_flight.0)),
+                tokio::sync::Semaphore::new(limit_of(config_in_flight.1)),
+            ),
         });
         app.refresh_crds().await?;
         Ok(app)
@@ -416,10 +437,47 @@ impl App {
             .authenticate(auth_header)
             .map_err(|e| (e, String::new()))?;
         let user = who.user();
+        // Held until the answer is ready (a long list's body may still be on its way).
+        let _slot = match self.in_flight_slot(&who, &req) {
+            Ok(slot) => slot,
+            Err(e) => return Err((e, user)),
+        };
         self.dispatch(req, &who)
             .await
             .map(|r| (r, user.clone()))
             .map_err(|e| (e, user))
+    }
+
+    /// A slot for a request among those served at once; `None` for what is not counted (the
+    /// admin, who must always get an answer, and watches, which last); 429 when none is free.
+    fn in_flight_slot<B>(
+        &self,
+        who: &Identity,
+        req: &Request<B>,
+    ) -> ApiResult<Option<tokio::sync::SemaphorePermit<'_>>> {
+        if matches!(who, Identity::Admin { .. }) {
+            return Ok(None);
+        }
+        let watch = req.uri().path().contains("/watch/")
+            || req.uri().query().is_some_and(|q| {
+                form_urlencoded::parse(q.as_bytes())
+                    .any(|(k, v)| k == "watch" && (v == "true" || v == "1"))
+            });
+        if watch {
+            return Ok(None);
+        }
+        let mutating = !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+        let pool = if mutating {
+            &self.in_flight.1
+        } else {
+            &self.in_flight.0
+        };
+        match pool.try_acquire() {
+            Ok(p) => Ok(Some(p)),
+            Err(_) => Err(ApiError::too_many_requests(
+                "Too many requests, please try again later.",
+            )),
+        }
     }
 
     async fn dispatch<B>(
@@ -719,4 +777,106 @@ fn not_found() -> ApiError {
 /// A quick JSON body for tests and tools.
 pub fn json_body(v: serde_json::Value) -> http_body_util::Full<Bytes> {
     http_body_util::Full::new(Bytes::from(serde_json::to_vec(&v).unwrap_or_default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Beyond the requests served at once, others are told to come back; the admin and
+    /// watches are not counted, and read-only and mutating requests have limits of their own.
+    #[tokio::test]
+    async fn requests_beyond_the_in_flight_limit_are_told_to_come_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> = Arc::new(
+            orrery_store_sqlite::SqliteStore::open_dir(dir.path()).expect("open the store"),
+        );
+        let auth = Authenticator::start(store.clone()).await.expect("auth");
+        let (_tx, shutdown) = watch::channel(false);
+        let config = ApiConfig {
+            max_in_flight: (1, 1),
+            ..ApiConfig::default()
+        };
+        let app = App::new(store, auth.clone(), config, shutdown)
+            .await
+            .expect("app");
+        let agent = auth
+            .issue(
+                &Identity::Cluster {
+                    name: "east".into(),
+                },
+                "agent",
+                None,
+            )
+            .await
+            .expect("a token");
+        let admin = auth
+            .issue(
+                &Identity::Admin {
+                    name: "admin".into(),
+                },
+                "admin",
+                None,
+            )
+            .await
+            .expect("a token");
+        let call = |method: &str, uri: &str, token: &str| {
+            let app = app.clone();
+            let req = Request::builder()
+                .method(method)
+                .uri(uri)
+                .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+                .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
+                .body(json_body(serde_json::json!({"status": {}})))
+                .expect("a request");
+            async move { app.handle(req).await }
+        };
+        let status_of_east = "/apis/multicluster.io/v1alpha1/clusters/east/status";
+        let works = "/apis/multicluster.io/v1alpha1/namespaces/orrery-cluster-east/works";
+        // Every mutating slot taken.
+        let held = app.in_flight.1.try_acquire().expect("the slot");
+        let r = call("PATCH", status_of_east, &agent).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            r.headers()
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
+            Some("1")
+        );
+        // Reads have slots of their own; the admin always gets an answer.
+        assert_ne!(
+            call("GET", works, &agent).await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_ne!(
+            call("PATCH", status_of_east, &admin).await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        // Every read slot taken too: a watch is still served.
+        let held_read = app.in_flight.0.try_acquire().expect("the slot");
+        assert_eq!(
+            call("GET", works, &agent).await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            call("GET", &format!("{works}?watch=true"), &agent)
+                .await
+                .status(),
+            StatusCode::OK
+        );
+        drop((held, held_read));
+        // Many at once: some find no slot.
+        let many =
+            futures_util::future::join_all((0..50).map(|_| call("GET", works, &agent))).await;
+        let refused = many
+            .iter()
+            .filter(|r| r.status() == StatusCode::TOO_MANY_REQUESTS)
+            .count();
+        assert!(refused > 0, "{refused}");
+        // A slot free again: served (not found: the Cluster was never registered).
+        assert_eq!(
+            call("PATCH", status_of_east, &agent).await.status(),
+            StatusCode::NOT_FOUND
+        );
+    }
 }

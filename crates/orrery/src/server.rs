@@ -54,6 +54,13 @@ pub struct ServerArgs {
     /// Rotated audit logs kept (0: all).
     #[arg(long, default_value_t = 10)]
     pub audit_log_maxbackup: usize,
+    /// Read-only requests served at once; more are told to come back (429, Retry-After).
+    /// Watches and the admin are not counted (0: no limit).
+    #[arg(long, default_value_t = 400)]
+    pub max_requests_inflight: usize,
+    /// Mutating requests served at once, likewise.
+    #[arg(long, default_value_t = 200)]
+    pub max_mutating_requests_inflight: usize,
     /// How long a member cluster that stops reporting stays Ready.
     #[arg(long, default_value = "40s", value_parser = parse_duration)]
     pub cluster_grace_period: Duration,
@@ -670,6 +677,10 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         ca_pem: pki.ca_pem.clone(),
         bookmark_interval: args.watch_bookmark_interval,
         audit,
+        max_in_flight: (
+            args.max_requests_inflight,
+            args.max_mutating_requests_inflight,
+        ),
         ..ApiConfig::default()
     };
     let app = App::new(store.clone(), auth.clone(), config, shutdown_rx.clone())

@@ -58,6 +58,7 @@ impl Reply {
             (403, _) => "FORBIDDEN",
             (413, _) => "PAYLOAD_TOO_LARGE",
             (415, _) => "UNSUPPORTED_MEDIA_TYPE",
+            (429, _) => "TOO_MANY_REQUESTS",
             (503, _) => "UNAVAILABLE",
             _ => "INTERNAL",
         };

@@ -102,6 +102,12 @@ impl DroError {
             r.headers_mut()
                 .insert(http::header::ALLOW, http::HeaderValue::from_static(allow));
         }
+        if self.status == 429 {
+            r.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("1"),
+            );
+        }
         r
     }
 }
@@ -117,6 +123,7 @@ impl From<ApiError> for DroError {
             (415, _) => "UNSUPPORTED_MEDIA_TYPE",
             (400 | 422, _) => "VALIDATION_FAILED",
             (405, _) => "METHOD_NOT_ALLOWED",
+            (429, _) => "TOO_MANY_REQUESTS",
             (503, _) => "UNAVAILABLE",
             _ => "INTERNAL",
         };

@@ -19,6 +19,7 @@ pub const ERROR_CODES: &[(&str, u16)] = &[
     ("PAYLOAD_TOO_LARGE", 413),
     ("BATCH_TOO_LARGE", 413),
     ("UNSUPPORTED_MEDIA_TYPE", 415),
+    ("TOO_MANY_REQUESTS", 429),
     ("INTERNAL", 500),
     ("UNAVAILABLE", 503),
 ];
@@ -51,6 +52,10 @@ fn common(mut responses: serde_json::Map<String, Value>) -> Value {
         error("UNAUTHORIZED: no or a bad bearer token"),
     );
     responses.insert("403".into(), error("FORBIDDEN: the token may not do this"));
+    responses.insert(
+        "429".into(),
+        error("TOO_MANY_REQUESTS: the server serves as many requests as it takes at once; come back after Retry-After seconds"),
+    );
     responses.insert("500".into(), error("INTERNAL"));
     Value::Object(responses)
 }

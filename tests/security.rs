@@ -1,6 +1,6 @@
-//! The audit log end to end: a real server with an audit Policy, the real kubectl, a simulated
-//! member's agent. Every mutation appears with its user, verb, object and answer; the policy's
-//! levels decide what else is recorded; an agent's reads are left out as the policy says.
+//! Security end to end, with real servers, the real kubectl and simulated members' agents:
+//! the audit log (every mutation with its user, verb, object and answer, at the policy's
+//! levels), `kubectl auth whoami` and `can-i`, and a flood beyond the in-flight limits.
 
 #![allow(clippy::unwrap_used)]
 
@@ -323,4 +323,97 @@ fn kubectl_auth_whoami_and_can_i_answer_as_requests_are_authorized() {
     );
     assert!(ok, "{err}");
     assert!(out.contains("selfsubjectaccessreviews"), "{out}");
+}
+
+/// A flood of an agent's writes beyond the in-flight limit: some are told to come back (429
+/// with Retry-After), a client that waits and retries gets through, and the server keeps
+/// answering the admin.
+#[test]
+fn a_flood_beyond_the_in_flight_limit_is_told_to_come_back_and_the_server_stays_responsive() {
+    // Writes wait up to 50 ms to share a commit: they overlap, as a busy server's do.
+    let s = Server::start_with(&[
+        "--max-mutating-requests-inflight",
+        "2",
+        "--max-requests-inflight",
+        "4",
+        "--commit-delay",
+        "50ms",
+    ]);
+    let bootstrap = s.token("m1");
+    let _member = Agent::start(
+        &s,
+        "m1",
+        &[
+            "--cluster",
+            "m1",
+            "--token",
+            &bootstrap,
+            "--simulate",
+            "nodes=2,cpu=8,memory=32Gi,load=0.1",
+        ],
+    );
+    eventually(Duration::from_secs(30), "m1 Ready", || {
+        s.cluster_condition("m1", "Ready") == "True"
+    });
+    let state: Value = serde_json::from_str(
+        &std::fs::read_to_string(s.dir.join("agents/m1/state/state.json")).unwrap(),
+    )
+    .unwrap();
+    let token = state["token"].as_str().unwrap().to_string();
+    let ca = std::fs::read_to_string(s.dir.join("tls/ca.crt")).unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let codes: Vec<(u16, bool)> = rt.block_on(async {
+        // Connected first, then all at once: the writes overlap.
+        let mut clients = Vec::new();
+        for _ in 0..40 {
+            clients.push(orrery_client::connect(&s.url, &token, &ca).await.unwrap());
+        }
+        let start = std::sync::Arc::new(tokio::sync::Barrier::new(clients.len()));
+        let mut tasks = Vec::new();
+        for (i, c) in clients.into_iter().enumerate() {
+            let start = start.clone();
+            tasks.push(tokio::spawn(async move {
+                start.wait().await;
+                let mut out = Vec::new();
+                for j in 0..5 {
+                    let body = serde_json::to_vec(&serde_json::json!({"status": {"properties": {"flood": format!("{i}-{j}")}}})).unwrap();
+                    let req = http::Request::patch("/apis/multicluster.io/v1alpha1/clusters/m1/status")
+                        .header("Content-Type", "application/merge-patch+json")
+                        .body(body)
+                        .unwrap();
+                    let (code, headers, _) = common::send(&c, req, None).await;
+                    out.push((code, headers.get("retry-after").is_some()));
+                }
+                out
+            }));
+        }
+        let mut out = Vec::new();
+        for t in tasks {
+            out.extend(t.await.unwrap());
+        }
+        out
+    });
+    // kube-rs, as client-go, waits as Retry-After says and tries again: every write got
+    // through in the end.
+    assert!(codes.iter().all(|(c, _)| *c == 200), "{codes:?}");
+    // The server refused some at first: its metrics count the 429s.
+    let metrics = s.ok(&["get", "--raw", "/metrics"]);
+    let refused: f64 = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("orrery_http_request_duration_seconds_count")
+                && l.contains("code=\"429\"")
+                && l.contains("resource=\"clusters\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(refused > 0.0, "no 429 counted:\n{metrics}");
+    // The admin is not counted: answered at once, during a flood as after it.
+    s.ok(&["get", "clusters"]);
+    // And the member is still Ready: skipped heartbeats, not a lost session.
+    assert_eq!(s.cluster_condition("m1", "Ready"), "True");
 }
