@@ -39,6 +39,8 @@ pub struct ApiConfig {
     /// kube-apiserver's `--max-requests-inflight` and `--max-mutating-requests-inflight`:
     /// (read-only, mutating); 0 is no limit. Watches and the admin are not counted.
     pub max_in_flight: (usize, usize),
+    /// Watches one user may hold open at once (the admin is not counted); 0 is no limit.
+    pub max_watches_per_user: usize,
 }
 
 impl Default for ApiConfig {
@@ -52,6 +54,7 @@ impl Default for ApiConfig {
             metrics_registry: None,
             audit: None,
             max_in_flight: (400, 200),
+            max_watches_per_user: 1000,
         }
     }
 }
@@ -74,6 +77,35 @@ pub struct App {
     pub metrics: crate::metrics::Metrics,
     /// Slots for requests in flight: read-only, mutating (see [`ApiConfig::max_in_flight`]).
     in_flight: (tokio::sync::Semaphore, tokio::sync::Semaphore),
+    /// Watches open, by user (see [`ApiConfig::max_watches_per_user`]).
+    watches: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+}
+
+/// One open watch of a user's, counted until its response body is dropped.
+struct WatchSlot {
+    watches: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    user: String,
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        let mut w = self.watches.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = w.get_mut(&self.user) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                w.remove(&self.user);
+            }
+        }
+    }
+}
+
+/// Whether a request is a watch (`?watch=true`, or the legacy `/watch/` paths).
+fn is_watch<B>(req: &Request<B>) -> bool {
+    req.uri().path().contains("/watch/")
+        || req.uri().query().is_some_and(|q| {
+            form_urlencoded::parse(q.as_bytes())
+                .any(|(k, v)| k == "watch" && (v == "true" || v == "1"))
+        })
 }
 
 /// How many registrations one server carries out at once.
@@ -117,6 +149,7 @@ impl App {
                 tokio::sync::Semaphore::new(limit_of(config_in_flight.0)),
                 tokio::sync::Semaphore::new(limit_of(config_in_flight.1)),
             ),
+            watches: Arc::default(),
         });
         app.refresh_crds().await?;
         Ok(app)
@@ -442,10 +475,49 @@ impl App {
             Ok(slot) => slot,
             Err(e) => return Err((e, user)),
         };
-        self.dispatch(req, &who)
-            .await
-            .map(|r| (r, user.clone()))
-            .map_err(|e| (e, user))
+        // A watch is counted as long as its stream is open.
+        let watch = match self.watch_slot(&who, &req) {
+            Ok(w) => w,
+            Err(e) => return Err((e, user)),
+        };
+        match self.dispatch(req, &who).await {
+            Ok(r) => {
+                let r = match watch {
+                    Some(w) => r.map(|b| {
+                        use http_body_util::BodyExt;
+                        b.map_frame(move |f| {
+                            let _open = &w;
+                            f
+                        })
+                        .boxed()
+                    }),
+                    None => r,
+                };
+                Ok((r, user))
+            }
+            Err(e) => Err((e, user)),
+        }
+    }
+
+    /// A count among the user's open watches, for a watch; 429 beyond the limit.
+    fn watch_slot<B>(&self, who: &Identity, req: &Request<B>) -> ApiResult<Option<WatchSlot>> {
+        let limit = self.config.max_watches_per_user;
+        if limit == 0 || matches!(who, Identity::Admin { .. }) || !is_watch(req) {
+            return Ok(None);
+        }
+        let user = who.user();
+        let mut w = self.watches.lock().unwrap_or_else(|p| p.into_inner());
+        let n = w.entry(user.clone()).or_default();
+        if *n >= limit {
+            return Err(ApiError::too_many_requests(format!(
+                "{user} holds {limit} watches already (--max-watches-per-user)"
+            )));
+        }
+        *n += 1;
+        Ok(Some(WatchSlot {
+            watches: self.watches.clone(),
+            user,
+        }))
     }
 
     /// A slot for a request among those served at once; `None` for what is not counted (the
@@ -458,12 +530,7 @@ impl App {
         if matches!(who, Identity::Admin { .. }) {
             return Ok(None);
         }
-        let watch = req.uri().path().contains("/watch/")
-            || req.uri().query().is_some_and(|q| {
-                form_urlencoded::parse(q.as_bytes())
-                    .any(|(k, v)| k == "watch" && (v == "true" || v == "1"))
-            });
-        if watch {
+        if is_watch(req) {
             return Ok(None);
         }
         let mutating = !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
@@ -795,6 +862,7 @@ mod tests {
         let (_tx, shutdown) = watch::channel(false);
         let config = ApiConfig {
             max_in_flight: (1, 1),
+            max_watches_per_user: 1,
             ..ApiConfig::default()
         };
         let app = App::new(store, auth.clone(), config, shutdown)
@@ -873,6 +941,26 @@ mod tests {
             .filter(|r| r.status() == StatusCode::TOO_MANY_REQUESTS)
             .count();
         assert!(refused > 0, "{refused}");
+        // Watches: counted per user while their streams are open.
+        let first = call("GET", &format!("{works}?watch=true"), &agent).await;
+        let second = call("GET", &format!("{works}?watch=true"), &agent).await;
+        assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            String::from_utf8_lossy(
+                &http_body_util::BodyExt::collect(second.into_body())
+                    .await
+                    .expect("a body")
+                    .to_bytes()
+            )
+            .contains("holds 1 watches already")
+        );
+        drop(first);
+        assert_eq!(
+            call("GET", &format!("{works}?watch=true"), &agent)
+                .await
+                .status(),
+            StatusCode::OK
+        );
         // A slot free again: served (not found: the Cluster was never registered).
         assert_eq!(
             call("PATCH", status_of_east, &agent).await.status(),

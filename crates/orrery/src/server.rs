@@ -61,6 +61,10 @@ pub struct ServerArgs {
     /// Mutating requests served at once, likewise.
     #[arg(long, default_value_t = 200)]
     pub max_mutating_requests_inflight: usize,
+    /// Watches one user may hold open at once; more are told to come back (429). The admin
+    /// is not counted (0: no limit).
+    #[arg(long, default_value_t = 1000)]
+    pub max_watches_per_user: usize,
     /// How long a member cluster that stops reporting stays Ready.
     #[arg(long, default_value = "40s", value_parser = parse_duration)]
     pub cluster_grace_period: Duration,
@@ -681,6 +685,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
             args.max_requests_inflight,
             args.max_mutating_requests_inflight,
         ),
+        max_watches_per_user: args.max_watches_per_user,
         ..ApiConfig::default()
     };
     let app = App::new(store.clone(), auth.clone(), config, shutdown_rx.clone())

@@ -199,6 +199,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         audit_log_maxbackup: 10,
         max_requests_inflight: 400,
         max_mutating_requests_inflight: 200,
+        max_watches_per_user: 1000,
         cluster_grace_period: parse_duration("40s").map_err(anyhow::Error::msg)?,
         cluster_eviction_timeout: parse_duration("30s").map_err(anyhow::Error::msg)?,
         watch_bookmark_interval: Duration::from_secs(60),
