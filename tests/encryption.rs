@@ -51,24 +51,7 @@ fn secrets_are_unreadable_in_the_store_files_and_keys_rotate() {
     let cfg = cfg_dir.path().join("encryption.yaml");
     write_config(&cfg, &[("k1", KEY_1)]);
     let mut s = Server::start_with(&["--encryption-provider-config", cfg.to_str().unwrap()]);
-    let token = s.token("m1");
-    let _member = Agent::start(
-        &s,
-        "m1",
-        &[
-            "--cluster",
-            "m1",
-            "--token",
-            &token,
-            "--simulate",
-            "nodes=2,cpu=8,memory=32Gi,load=0.1",
-            "--heartbeat-interval",
-            "1s",
-        ],
-    );
-    eventually(Duration::from_secs(30), "m1 Ready", || {
-        s.cluster_condition("m1", "Ready") == "True"
-    });
+    let _member = Agent::sim_member(&s, "m1");
     // Applied with kubectl apply: its last-applied annotation holds the value as well.
     s.apply(&format!(
         r#"

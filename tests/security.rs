@@ -55,24 +55,7 @@ fn mutations_are_logged_with_their_user_at_the_policys_level() {
         "--audit-log-path",
         log.to_str().unwrap(),
     ]);
-    let token = s.token("m1");
-    let _member = Agent::start(
-        &s,
-        "m1",
-        &[
-            "--cluster",
-            "m1",
-            "--token",
-            &token,
-            "--simulate",
-            "nodes=2,cpu=8,memory=32Gi,load=0.1",
-            "--heartbeat-interval",
-            "1s",
-        ],
-    );
-    eventually(Duration::from_secs(30), "m1 Ready", || {
-        s.cluster_condition("m1", "Ready") == "True"
-    });
+    let _member = Agent::sim_member(&s, "m1");
     s.ok(&["create", "namespace", "shop"]);
     s.apply(&common::divided_deployment(
         "web",
@@ -216,27 +199,8 @@ fn an_audit_log_without_a_policy_is_refused_at_start() {
 #[test]
 fn kubectl_auth_whoami_and_can_i_answer_as_requests_are_authorized() {
     let s = Server::start();
-    let bootstrap = s.token("m1");
-    let _member = Agent::start(
-        &s,
-        "m1",
-        &[
-            "--cluster",
-            "m1",
-            "--token",
-            &bootstrap,
-            "--simulate",
-            "nodes=2,cpu=8,memory=32Gi,load=0.1",
-        ],
-    );
-    eventually(Duration::from_secs(30), "m1 Ready", || {
-        s.cluster_condition("m1", "Ready") == "True"
-    });
-    let state: Value = serde_json::from_str(
-        &std::fs::read_to_string(s.dir.join("agents/m1/state/state.json")).unwrap(),
-    )
-    .unwrap();
-    let agent = state["token"].as_str().unwrap().to_string();
+    let member = Agent::sim_member(&s, "m1");
+    let agent = member.cluster_token();
     let as_token = |token: Option<&str>, args: &[&str]| {
         let mut a: Vec<&str> = Vec::new();
         if let Some(t) = token {
@@ -339,27 +303,8 @@ fn a_flood_beyond_the_in_flight_limit_is_told_to_come_back_and_the_server_stays_
         "--commit-delay",
         "50ms",
     ]);
-    let bootstrap = s.token("m1");
-    let _member = Agent::start(
-        &s,
-        "m1",
-        &[
-            "--cluster",
-            "m1",
-            "--token",
-            &bootstrap,
-            "--simulate",
-            "nodes=2,cpu=8,memory=32Gi,load=0.1",
-        ],
-    );
-    eventually(Duration::from_secs(30), "m1 Ready", || {
-        s.cluster_condition("m1", "Ready") == "True"
-    });
-    let state: Value = serde_json::from_str(
-        &std::fs::read_to_string(s.dir.join("agents/m1/state/state.json")).unwrap(),
-    )
-    .unwrap();
-    let token = state["token"].as_str().unwrap().to_string();
+    let member = Agent::sim_member(&s, "m1");
+    let token = member.cluster_token();
     let ca = std::fs::read_to_string(s.dir.join("tls/ca.crt")).unwrap();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

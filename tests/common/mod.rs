@@ -506,6 +506,41 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// A simulated member `name` (2 nodes of 8 cores), registered with a fresh bootstrap
+    /// token and heartbeating every second, once its cluster is Ready.
+    pub fn sim_member(server: &Server, name: &str) -> Agent {
+        let token = server.token(name);
+        let a = Agent::start(
+            server,
+            name,
+            &[
+                "--cluster",
+                name,
+                "--token",
+                &token,
+                "--simulate",
+                "nodes=2,cpu=8,memory=32Gi,load=0.1",
+                "--heartbeat-interval",
+                "1s",
+            ],
+        );
+        eventually(Duration::from_secs(30), &format!("{name} Ready"), || {
+            server.cluster_condition(name, "Ready") == "True"
+        });
+        a
+    }
+
+    /// The cluster token the agent got when it registered (kept in its state directory).
+    pub fn cluster_token(&self) -> String {
+        let state: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(self.dir.join("state/state.json")).unwrap(),
+        )
+        .unwrap();
+        state["token"].as_str().unwrap().to_string()
+    }
+}
+
 impl Drop for Agent {
     fn drop(&mut self) {
         self.kill9();
