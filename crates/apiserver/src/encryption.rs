@@ -26,7 +26,7 @@ use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes128Gcm, Aes256Gcm, AesGcm};
 use base64::Engine;
 use cbc::cipher::block_padding::Pkcs7;
-use cbc::cipher::{BlockDecryptMut, BlockEncryptMut, KeyIvInit};
+use cbc::cipher::{BlockCipher, BlockDecryptMut, BlockEncryptMut, KeyIvInit};
 use orrery_api::Object;
 use orrery_store::{
     Fence, ListOptions, ListResult, Preconditions, RawListResult, RawObject, Revision, Store,
@@ -499,65 +499,70 @@ fn identity_of(obj: &Object) -> String {
     )
 }
 
-fn random<const N: usize>() -> Result<[u8; N], EncryptionError> {
-    let mut b = [0u8; N];
-    getrandom::fill(&mut b).map_err(|e| EncryptionError::Random(e.to_string()))?;
-    Ok(b)
-}
-
 type Aes192Gcm = AesGcm<aes::Aes192, U12>;
 
-fn gcm_seal(key: &[u8], nonce: &[u8; 12], plain: &[u8], aad: &[u8]) -> Option<Vec<u8>> {
-    let p = Payload { msg: plain, aad };
-    let n = aes_gcm::Nonce::from_slice(nonce);
-    match key.len() {
-        16 => Aes128Gcm::new_from_slice(key).ok()?.encrypt(n, p).ok(),
-        24 => Aes192Gcm::new_from_slice(key).ok()?.encrypt(n, p).ok(),
-        32 => Aes256Gcm::new_from_slice(key).ok()?.encrypt(n, p).ok(),
-        _ => None,
+/// Seals (or opens) `data` with the AEAD cipher `C`.
+fn aead<C: KeyInit + Aead>(
+    key: &[u8],
+    nonce: &[u8],
+    data: &[u8],
+    aad: &[u8],
+    seal: bool,
+) -> Option<Vec<u8>> {
+    let c = C::new_from_slice(key).ok()?;
+    let nonce = aes_gcm::aead::Nonce::<C>::from_slice(nonce);
+    let p = Payload { msg: data, aad };
+    if seal {
+        c.encrypt(nonce, p).ok()
+    } else {
+        c.decrypt(nonce, p).ok()
     }
 }
 
-fn gcm_open(key: &[u8], nonce: &[u8], sealed: &[u8], aad: &[u8]) -> Option<Vec<u8>> {
-    let p = Payload { msg: sealed, aad };
-    let n = aes_gcm::Nonce::from_slice(nonce);
-    match key.len() {
-        16 => Aes128Gcm::new_from_slice(key).ok()?.decrypt(n, p).ok(),
-        24 => Aes192Gcm::new_from_slice(key).ok()?.decrypt(n, p).ok(),
-        32 => Aes256Gcm::new_from_slice(key).ok()?.decrypt(n, p).ok(),
-        _ => None,
+/// Seals (or opens) `data` with the block cipher `C` in CBC mode, PKCS#7 padded.
+fn cbc<C>(key: &[u8], iv: &[u8], data: &[u8], seal: bool) -> Option<Vec<u8>>
+where
+    C: BlockCipher + BlockEncryptMut + BlockDecryptMut + KeyInit,
+{
+    if seal {
+        let e = cbc::Encryptor::<C>::new_from_slices(key, iv).ok()?;
+        Some(e.encrypt_padded_vec_mut::<Pkcs7>(data))
+    } else {
+        let d = cbc::Decryptor::<C>::new_from_slices(key, iv).ok()?;
+        d.decrypt_padded_vec_mut::<Pkcs7>(data).ok()
     }
 }
 
-fn cbc_seal(key: &[u8], iv: &[u8; 16], plain: &[u8]) -> Option<Vec<u8>> {
-    Some(match key.len() {
-        16 => cbc::Encryptor::<aes::Aes128>::new_from_slices(key, iv)
-            .ok()?
-            .encrypt_padded_vec_mut::<Pkcs7>(plain),
-        24 => cbc::Encryptor::<aes::Aes192>::new_from_slices(key, iv)
-            .ok()?
-            .encrypt_padded_vec_mut::<Pkcs7>(plain),
-        32 => cbc::Encryptor::<aes::Aes256>::new_from_slices(key, iv)
-            .ok()?
-            .encrypt_padded_vec_mut::<Pkcs7>(plain),
-        _ => return None,
-    })
+/// The nonce (or IV) a provider writes before its ciphertext.
+fn nonce_len(provider: &Provider) -> usize {
+    match provider {
+        Provider::AesGcm(_) => 12,
+        Provider::AesCbc(_) => 16,
+        Provider::Secretbox(_) => 24,
+        Provider::Identity => 0,
+    }
 }
 
-fn cbc_open(key: &[u8], iv: &[u8], sealed: &[u8]) -> Option<Vec<u8>> {
-    match key.len() {
-        16 => cbc::Decryptor::<aes::Aes128>::new_from_slices(key, iv)
-            .ok()?
-            .decrypt_padded_vec_mut::<Pkcs7>(sealed)
-            .ok(),
-        24 => cbc::Decryptor::<aes::Aes192>::new_from_slices(key, iv)
-            .ok()?
-            .decrypt_padded_vec_mut::<Pkcs7>(sealed)
-            .ok(),
-        32 => cbc::Decryptor::<aes::Aes256>::new_from_slices(key, iv)
-            .ok()?
-            .decrypt_padded_vec_mut::<Pkcs7>(sealed)
-            .ok(),
+/// Seals (or opens) `data` as `provider` does with `key`. AES-GCM binds it to `aad`;
+/// secretbox (as Kubernetes uses it) and CBC take none.
+fn cipher(
+    provider: &Provider,
+    key: &[u8],
+    nonce: &[u8],
+    data: &[u8],
+    aad: &[u8],
+    seal: bool,
+) -> Option<Vec<u8>> {
+    match (provider, key.len()) {
+        (Provider::AesGcm(_), 16) => aead::<Aes128Gcm>(key, nonce, data, aad, seal),
+        (Provider::AesGcm(_), 24) => aead::<Aes192Gcm>(key, nonce, data, aad, seal),
+        (Provider::AesGcm(_), 32) => aead::<Aes256Gcm>(key, nonce, data, aad, seal),
+        (Provider::AesCbc(_), 16) => cbc::<aes::Aes128>(key, nonce, data, seal),
+        (Provider::AesCbc(_), 24) => cbc::<aes::Aes192>(key, nonce, data, seal),
+        (Provider::AesCbc(_), 32) => cbc::<aes::Aes256>(key, nonce, data, seal),
+        (Provider::Secretbox(_), _) => {
+            aead::<crypto_secretbox::XSalsa20Poly1305>(key, nonce, data, b"", seal)
+        }
         _ => None,
     }
 }
@@ -569,51 +574,17 @@ fn encrypt(
     plain: &[u8],
     aad: &[u8],
 ) -> Result<Vec<u8>, EncryptionError> {
-    let failed = || EncryptionError::Seal(format!("{} could not encrypt", provider.tag()));
-    match provider {
-        Provider::AesGcm(_) => {
-            let nonce = random::<12>()?;
-            let ct = gcm_seal(&key.secret, &nonce, plain, aad).ok_or_else(failed)?;
-            Ok([nonce.as_slice(), &ct].concat())
-        }
-        Provider::AesCbc(_) => {
-            let iv = random::<16>()?;
-            let ct = cbc_seal(&key.secret, &iv, plain).ok_or_else(failed)?;
-            Ok([iv.as_slice(), &ct].concat())
-        }
-        Provider::Secretbox(_) => {
-            use crypto_secretbox::XSalsa20Poly1305;
-            let nonce = random::<24>()?;
-            let ct = XSalsa20Poly1305::new_from_slice(&key.secret)
-                .map_err(|_| failed())?
-                .encrypt(crypto_secretbox::Nonce::from_slice(&nonce), plain)
-                .map_err(|_| failed())?;
-            Ok([nonce.as_slice(), &ct].concat())
-        }
-        Provider::Identity => Ok(plain.to_vec()),
-    }
+    let mut out = vec![0u8; nonce_len(provider)];
+    getrandom::fill(&mut out).map_err(|e| EncryptionError::Random(e.to_string()))?;
+    let ct = cipher(provider, &key.secret, &out, plain, aad, true)
+        .ok_or_else(|| EncryptionError::Seal(format!("{} could not encrypt", provider.tag())))?;
+    out.extend(ct);
+    Ok(out)
 }
 
 fn decrypt(provider: &Provider, key: &NamedKey, sealed: &[u8], aad: &[u8]) -> Option<Vec<u8>> {
-    match provider {
-        Provider::AesGcm(_) => {
-            let (nonce, ct) = sealed.split_at_checked(12)?;
-            gcm_open(&key.secret, nonce, ct, aad)
-        }
-        Provider::AesCbc(_) => {
-            let (iv, ct) = sealed.split_at_checked(16)?;
-            cbc_open(&key.secret, iv, ct)
-        }
-        Provider::Secretbox(_) => {
-            use crypto_secretbox::XSalsa20Poly1305;
-            let (nonce, ct) = sealed.split_at_checked(24)?;
-            XSalsa20Poly1305::new_from_slice(&key.secret)
-                .ok()?
-                .decrypt(crypto_secretbox::Nonce::from_slice(nonce), ct)
-                .ok()
-        }
-        Provider::Identity => Some(sealed.to_vec()),
-    }
+    let (nonce, ct) = sealed.split_at_checked(nonce_len(provider))?;
+    cipher(provider, &key.secret, nonce, ct, aad, false)
 }
 
 /// A store that seals what its configuration covers on the way in and opens it on the way
@@ -632,13 +603,6 @@ impl EncryptingStore {
     fn open(&self, obj: Object) -> Result<Object, StoreError> {
         Ok(self.config.open(obj)?)
     }
-
-    fn open_shared(&self, obj: Arc<Object>) -> Result<Arc<Object>, StoreError> {
-        if !EncryptionConfig::is_sealed(&obj) {
-            return Ok(obj);
-        }
-        Ok(Arc::new(self.config.open(Object::clone(&obj))?))
-    }
 }
 
 #[async_trait::async_trait]
@@ -650,7 +614,7 @@ impl Store for EncryptingStore {
 
     async fn get_shared(&self, key: &str) -> Result<Arc<Object>, StoreError> {
         let o = self.inner.get_shared(key).await?;
-        self.open_shared(o)
+        open_shared(&self.config, o)
     }
 
     async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult, StoreError> {
@@ -689,7 +653,7 @@ impl Store for EncryptingStore {
     async fn create(&self, key: &str, obj: Object) -> Result<Arc<Object>, StoreError> {
         let sealed = self.config.seal(key, obj)?;
         let o = self.inner.create(key, sealed).await?;
-        self.open_shared(o)
+        open_shared(&self.config, o)
     }
 
     async fn update(
@@ -700,7 +664,7 @@ impl Store for EncryptingStore {
     ) -> Result<Arc<Object>, StoreError> {
         let sealed = self.config.seal(key, obj)?;
         let o = self.inner.update(key, sealed, expected).await?;
-        self.open_shared(o)
+        open_shared(&self.config, o)
     }
 
     async fn delete(
@@ -709,7 +673,7 @@ impl Store for EncryptingStore {
         preconditions: &Preconditions,
     ) -> Result<Arc<Object>, StoreError> {
         let o = self.inner.delete(key, preconditions).await?;
-        self.open_shared(o)
+        open_shared(&self.config, o)
     }
 
     async fn watch(
@@ -720,12 +684,7 @@ impl Store for EncryptingStore {
     ) -> Result<WatchStream, StoreError> {
         let w = self.inner.watch(prefix, from, opts).await?;
         let config = self.config.clone();
-        Ok(w.map_objects(Arc::new(move |o: Arc<Object>| {
-            if !EncryptionConfig::is_sealed(&o) {
-                return Ok(o);
-            }
-            Ok(Arc::new(config.open(Object::clone(&o))?))
-        })))
+        Ok(w.map_objects(Arc::new(move |o| open_shared(&config, o))))
     }
 
     async fn current_revision(&self) -> Result<Revision, StoreError> {
@@ -752,6 +711,14 @@ impl Store for EncryptingStore {
         let inner = self.inner.fenced(fence)?;
         Some(EncryptingStore::wrap(inner, self.config.clone()))
     }
+}
+
+/// A shared object opened (a copy only when it was sealed).
+fn open_shared(config: &EncryptionConfig, obj: Arc<Object>) -> Result<Arc<Object>, StoreError> {
+    if !EncryptionConfig::is_sealed(&obj) {
+        return Ok(obj);
+    }
+    Ok(Arc::new(config.open(Object::clone(&obj))?))
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
