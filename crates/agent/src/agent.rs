@@ -937,7 +937,7 @@ impl Inner {
                 if unavailable {
                     work::REASON_MEMBER_UNAVAILABLE
                 } else {
-                    "AppliedFailed"
+                    work::REASON_APPLIED_FAILED
                 },
                 first.unwrap_or_default(),
             )

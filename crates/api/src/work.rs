@@ -15,6 +15,9 @@ pub const MANAGED_VALUE: &str = "orrery";
 pub const WORK_ANNOTATION: &str = "multicluster.io/work";
 
 pub const CONDITION_APPLIED: &str = "Applied";
+/// The reason of `Applied=False` when the member refused a manifest (or the Work's transfer
+/// failed): a move takes it for the target refusing the workload.
+pub const REASON_APPLIED_FAILED: &str = "AppliedFailed";
 /// The reason of `Applied=False` when the member did not answer: the agent applies the Work
 /// again once it does, and what the member ran before may still run there.
 pub const REASON_MEMBER_UNAVAILABLE: &str = "MemberUnavailable";

@@ -53,8 +53,11 @@ impl Default for ApiConfig {
             ca_pem: String::new(),
             metrics_registry: None,
             audit: None,
-            max_in_flight: (400, 200),
-            max_watches_per_user: 1000,
+            max_in_flight: (
+                DEFAULT_MAX_REQUESTS_INFLIGHT,
+                DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT,
+            ),
+            max_watches_per_user: DEFAULT_MAX_WATCHES_PER_USER,
         }
     }
 }
@@ -99,14 +102,11 @@ impl Drop for WatchSlot {
     }
 }
 
-/// Whether a request is a watch (`?watch=true`, or the legacy `/watch/` paths).
-fn is_watch<B>(req: &Request<B>) -> bool {
-    req.uri().path().contains("/watch/")
-        || req.uri().query().is_some_and(|q| {
-            form_urlencoded::parse(q.as_bytes())
-                .any(|(k, v)| k == "watch" && (v == "true" || v == "1"))
-        })
-}
+/// Requests served at once by default: read-only, mutating, as kube-apiserver's defaults.
+pub const DEFAULT_MAX_REQUESTS_INFLIGHT: usize = 400;
+pub const DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT: usize = 200;
+/// Watches one user may hold open at once by default.
+pub const DEFAULT_MAX_WATCHES_PER_USER: usize = 1000;
 
 /// How many registrations one server carries out at once.
 pub const CONCURRENT_REGISTRATIONS: usize = 32;
@@ -470,13 +470,14 @@ impl App {
             .authenticate(auth_header)
             .map_err(|e| (e, String::new()))?;
         let user = who.user();
+        let is_watch = h::asks_to_watch(req.uri().query());
         // Held until the answer is ready (a long list's body may still be on its way).
-        let _slot = match self.in_flight_slot(&who, &req) {
+        let _slot = match self.in_flight_slot(&who, req.method(), is_watch) {
             Ok(slot) => slot,
             Err(e) => return Err((e, user)),
         };
         // A watch is counted as long as its stream is open.
-        let watch = match self.watch_slot(&who, &req) {
+        let watch = match self.watch_slot(&who, is_watch) {
             Ok(w) => w,
             Err(e) => return Err((e, user)),
         };
@@ -500,9 +501,9 @@ impl App {
     }
 
     /// A count among the user's open watches, for a watch; 429 beyond the limit.
-    fn watch_slot<B>(&self, who: &Identity, req: &Request<B>) -> ApiResult<Option<WatchSlot>> {
+    fn watch_slot(&self, who: &Identity, is_watch: bool) -> ApiResult<Option<WatchSlot>> {
         let limit = self.config.max_watches_per_user;
-        if limit == 0 || matches!(who, Identity::Admin { .. }) || !is_watch(req) {
+        if limit == 0 || matches!(who, Identity::Admin { .. }) || !is_watch {
             return Ok(None);
         }
         let user = who.user();
@@ -522,18 +523,16 @@ impl App {
 
     /// A slot for a request among those served at once; `None` for what is not counted (the
     /// admin, who must always get an answer, and watches, which last); 429 when none is free.
-    fn in_flight_slot<B>(
+    fn in_flight_slot(
         &self,
         who: &Identity,
-        req: &Request<B>,
+        method: &Method,
+        is_watch: bool,
     ) -> ApiResult<Option<tokio::sync::SemaphorePermit<'_>>> {
-        if matches!(who, Identity::Admin { .. }) {
+        if matches!(who, Identity::Admin { .. }) || is_watch {
             return Ok(None);
         }
-        if is_watch(req) {
-            return Ok(None);
-        }
-        let mutating = !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
+        let mutating = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
         let pool = if mutating {
             &self.in_flight.1
         } else {
@@ -742,15 +741,12 @@ impl App {
                     )));
                 }
                 let body = h::read_body(body, self.config.max_body_bytes).await?;
-                let component = format!(
-                    "io.k8s.api.{}.{}.{}",
-                    kind.group.trim_end_matches(".k8s.io"),
-                    kind.version,
-                    kind.kind
-                );
-                let (v, _) = rest::decode_body(&parts.headers, &body, &component)?;
-                let json = serde_json::to_vec(&v).map_err(|e| ApiError::internal(e.to_string()))?;
-                let answer = crate::reviews::review(kind, who, &json)?;
+                let v = if body.is_empty() {
+                    serde_json::json!({})
+                } else {
+                    rest::decode_body(&parts.headers, &body, &kind.schema())?.0
+                };
+                let answer = crate::reviews::review(kind, who, &v)?;
                 Ok(h::json(StatusCode::CREATED, &answer))
             }
             ["apis", group, version, rest @ ..] => {

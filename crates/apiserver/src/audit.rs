@@ -83,8 +83,9 @@ struct Rule {
 pub struct Policy {
     api_version: String,
     kind: String,
-    #[serde(default)]
-    metadata: Value,
+    /// Accepted, as Kubernetes accepts it; nothing in it is used.
+    #[serde(default, rename = "metadata")]
+    _metadata: serde::de::IgnoredAny,
     #[serde(default)]
     rules: Vec<Rule>,
     #[serde(default)]
@@ -226,7 +227,6 @@ impl Policy {
                 p.api_version, p.kind
             )));
         }
-        let _ = &p.metadata;
         Ok(p)
     }
 
@@ -270,9 +270,7 @@ pub fn request_info(method: &http::Method, path: &str, query: Option<&str>) -> R
         ["apis", g, v, rest @ ..] if !rest.is_empty() => (*g, *v, rest),
         _ => return non_resource(),
     };
-    let watch_param = query.is_some_and(|q| {
-        form_urlencoded::parse(q.as_bytes()).any(|(k, v)| k == "watch" && (v == "true" || v == "1"))
-    });
+    let watch_param = crate::http::asks_to_watch(query);
     let (legacy_watch, rest) = match rest {
         ["watch", r @ ..] => (true, r),
         r => (false, r),
@@ -472,6 +470,10 @@ pub struct AuditLog {
     pub policy: Policy,
     tx: tokio::sync::mpsc::Sender<String>,
 }
+
+/// The size (MiB) past which the log rotates, and the rotated files kept, by default.
+pub const DEFAULT_LOG_MAX_MIB: u64 = 100;
+pub const DEFAULT_LOG_MAX_BACKUPS: usize = 10;
 
 /// Where the log goes and when it rotates.
 #[derive(Clone, Debug)]

@@ -187,6 +187,12 @@ impl Query {
     }
 }
 
+/// Whether a query asks for a watch (`watch=true`, `1`, or the bare key), as the REST
+/// handlers read it.
+pub fn asks_to_watch(query: Option<&str>) -> bool {
+    Query::parse(query).flag("watch").unwrap_or(false)
+}
+
 /// Reads a request body up to `limit` bytes: 413 beyond it.
 pub async fn read_body<B>(body: B, limit: usize) -> Result<Bytes, ApiError>
 where

@@ -45,6 +45,18 @@ pub const KINDS: &[ReviewKind] = &[
     },
 ];
 
+impl ReviewKind {
+    /// Its OpenAPI component (`io.k8s.api.authorization.v1.SelfSubjectAccessReview`).
+    pub fn schema(&self) -> String {
+        format!(
+            "io.k8s.api.{}.{}.{}",
+            self.group.trim_end_matches(".k8s.io"),
+            self.version,
+            self.kind
+        )
+    }
+}
+
 /// The review kind at `group/version/plural`, if it is one.
 pub fn kind_at(group: &str, version: &str, plural: &str) -> Option<&'static ReviewKind> {
     KINDS
@@ -162,14 +174,8 @@ fn rules(who: &Identity, namespace: &str) -> (Vec<Value>, Vec<Value>) {
     }
 }
 
-/// Answers a review posted to `kind` by `who`.
-pub fn review(kind: &ReviewKind, who: &Identity, body: &[u8]) -> ApiResult<Value> {
-    let req: Value = if body.is_empty() {
-        json!({})
-    } else {
-        serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("the review is not JSON: {e}")))?
-    };
+/// Answers a review posted to `kind` by `who` (`req`: the decoded body).
+pub fn review(kind: &ReviewKind, who: &Identity, req: &Value) -> ApiResult<Value> {
     let api_version = format!("{}/{}", kind.group, kind.version);
     let spec = req.get("spec").cloned().unwrap_or_else(|| json!({}));
     let status = match kind.kind {
@@ -239,7 +245,7 @@ mod tests {
     }
 
     fn can(who: &Identity, attrs: Value) -> bool {
-        let body = serde_json::to_vec(&json!({"spec": attrs})).unwrap();
+        let body = json!({"spec": attrs});
         review(kind("selfsubjectaccessreviews"), who, &body).unwrap()["status"]["allowed"] == true
     }
 
@@ -284,7 +290,7 @@ mod tests {
             json!({"nonResourceAttributes": {"verb": "get", "path": "/metrics"}})
         ));
         // A refusal says why, as a Forbidden would.
-        let body = serde_json::to_vec(&json!({"spec": works("default", "get")})).unwrap();
+        let body = json!({"spec": works("default", "get")});
         let r = review(kind("selfsubjectaccessreviews"), &east, &body).unwrap();
         assert!(
             r["status"]["reason"]
@@ -293,7 +299,14 @@ mod tests {
                 .contains("cannot get resource \"works\""),
             "{r}"
         );
-        assert!(review(kind("selfsubjectaccessreviews"), &east, b"{\"spec\": {}}").is_err());
+        assert!(
+            review(
+                kind("selfsubjectaccessreviews"),
+                &east,
+                &json!({"spec": {}})
+            )
+            .is_err()
+        );
     }
 
     #[test]
@@ -301,14 +314,14 @@ mod tests {
         let east = Identity::Cluster {
             name: "east".into(),
         };
-        let me = review(kind("selfsubjectreviews"), &east, b"{}").unwrap();
+        let me = review(kind("selfsubjectreviews"), &east, &json!({})).unwrap();
         assert_eq!(me["status"]["userInfo"]["username"], "system:cluster:east");
         assert_eq!(
             me["status"]["userInfo"]["groups"],
             json!(["system:clusters", "system:authenticated"])
         );
         let rules = |ns: &str| {
-            let body = serde_json::to_vec(&json!({"spec": {"namespace": ns}})).unwrap();
+            let body = json!({"spec": {"namespace": ns}});
             review(kind("selfsubjectrulesreviews"), &east, &body).unwrap()["status"]
                 ["resourceRules"]
                 .as_array()
@@ -321,7 +334,7 @@ mod tests {
             name: "admin".into(),
         };
         let sar = |user: &str| {
-            let body = serde_json::to_vec(&json!({"spec": {"user": user, "resourceAttributes": {"verb": "list", "group": "multicluster.io", "resource": "works", "namespace": "orrery-cluster-east"}}})).unwrap();
+            let body = json!({"spec": {"user": user, "resourceAttributes": {"verb": "list", "group": "multicluster.io", "resource": "works", "namespace": "orrery-cluster-east"}}});
             review(kind("subjectaccessreviews"), &admin, &body).unwrap()["status"]["allowed"]
                 .clone()
         };
@@ -330,7 +343,7 @@ mod tests {
         assert_eq!(sar("mallory"), json!(false));
         // Only the admin asks about others.
         assert_eq!(
-            review(kind("subjectaccessreviews"), &east, b"{}")
+            review(kind("subjectaccessreviews"), &east, &json!({}))
                 .unwrap_err()
                 .code,
             403

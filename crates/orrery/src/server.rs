@@ -49,21 +49,21 @@ pub struct ServerArgs {
     #[arg(long)]
     pub audit_policy_file: Option<PathBuf>,
     /// The audit log is rotated once it would pass this many MiB (0: never).
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = orrery_apiserver::audit::DEFAULT_LOG_MAX_MIB)]
     pub audit_log_maxsize: u64,
     /// Rotated audit logs kept (0: all).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = orrery_apiserver::audit::DEFAULT_LOG_MAX_BACKUPS)]
     pub audit_log_maxbackup: usize,
     /// Read-only requests served at once; more are told to come back (429, Retry-After).
     /// Watches and the admin are not counted (0: no limit).
-    #[arg(long, default_value_t = 400)]
+    #[arg(long, default_value_t = orrery_apiserver::app::DEFAULT_MAX_REQUESTS_INFLIGHT)]
     pub max_requests_inflight: usize,
     /// Mutating requests served at once, likewise.
-    #[arg(long, default_value_t = 200)]
+    #[arg(long, default_value_t = orrery_apiserver::app::DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT)]
     pub max_mutating_requests_inflight: usize,
     /// Watches one user may hold open at once; more are told to come back (429). The admin
     /// is not counted (0: no limit).
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = orrery_apiserver::app::DEFAULT_MAX_WATCHES_PER_USER)]
     pub max_watches_per_user: usize,
     /// How long a member cluster that stops reporting stays Ready.
     #[arg(long, default_value = "40s", value_parser = parse_duration)]

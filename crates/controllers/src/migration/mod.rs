@@ -487,7 +487,7 @@ impl Controller {
             // A refusal only: a member that did not answer (`MemberUnavailable`) may run what
             // it was given before, so the move waits for it rather than failing back.
             error: applied
-                .filter(|c| current && !c.is_true() && c.reason == "AppliedFailed")
+                .filter(|c| current && !c.is_true() && c.reason == work::REASON_APPLIED_FAILED)
                 .map(|c| c.message.clone()),
         }))
     }
