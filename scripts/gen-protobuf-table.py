@@ -27,6 +27,7 @@ MODULES = {
     "api/autoscaling/v1": "io.k8s.api.autoscaling.v1",
     "api/authentication/v1": "io.k8s.api.authentication.v1",
     "api/authorization/v1": "io.k8s.api.authorization.v1",
+    "api/rbac/v1": "io.k8s.api.rbac.v1",
     "apiextensions_apiserver/pkg/apis/apiextensions/v1": "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1",
     "apimachinery/pkg/apis/meta/v1": "io.k8s.apimachinery.pkg.apis.meta.v1",
     "apimachinery/pkg/util/intstr": "io.k8s.apimachinery.pkg.util.intstr",

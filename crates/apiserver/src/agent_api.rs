@@ -94,12 +94,8 @@ fn parse_ttl(s: Option<&str>) -> ApiResult<Option<Duration>> {
 }
 
 async fn create_token(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Response<Body>> {
-    if !matches!(who, Identity::Admin { .. }) {
-        return Err(ApiError::forbidden(format!(
-            "User \"{}\" cannot create bootstrap tokens",
-            who.user()
-        )));
-    }
+    // A non-resource endpoint: RBAC's nonResourceURLs decide (cluster-admin holds "*").
+    app.authz.authorize_path(who, "post", "/agent/v1/tokens")?;
     let req: TokenRequest = parse(body)?;
     let rt = cluster_rt(app)?;
     // `edge-*` covers every cluster whose name starts with `edge-` (for fleets).
@@ -276,9 +272,10 @@ pub async fn ensure_cluster_namespace(
 async fn register(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Response<Body>> {
     let req: Registration = parse(body)?;
     let allowed = match who {
-        Identity::Admin { .. } => true,
+        _ if who.is_superuser() => true,
         Identity::Cluster { name } => *name == req.cluster,
         Identity::Bootstrap { name } => token_covers(name, &req.cluster),
+        _ => false,
     };
     if !allowed {
         return Err(ApiError::forbidden(format!(
@@ -329,6 +326,57 @@ pub fn token_covers(pattern: &str, cluster: &str) -> bool {
     }
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UserRequest {
+    name: String,
+    #[serde(default)]
+    groups: Vec<String>,
+    /// `720h`, `30d`; default 24h (a certificate cannot be revoked: keep it short).
+    #[serde(default)]
+    ttl: Option<String>,
+    /// The PEM certificate signing request for the user's key (the key never leaves them).
+    csr: String,
+}
+
+/// `POST /agent/v1/users`: signs a client certificate for a user (CN = name, O = groups), for
+/// `orrery user create`. RBAC decides what the user may then do.
+async fn create_user(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Response<Body>> {
+    app.authz.authorize_path(who, "post", "/agent/v1/users")?;
+    let req: UserRequest = parse(body)?;
+    let bad_name = |n: &str| n.is_empty() || n.len() > 256 || n.chars().any(char::is_control);
+    if bad_name(&req.name) || req.groups.iter().any(|g| bad_name(g)) {
+        return Err(ApiError::bad_request(
+            "name and groups must be 1 to 256 printable characters",
+        ));
+    }
+    let Some(ttl) = parse_ttl(req.ttl.as_deref())? else {
+        return Err(ApiError::bad_request(
+            "a user's certificate must expire (it cannot be revoked): give a ttl",
+        ));
+    };
+    let issuer = app.config.user_issuer.as_ref().ok_or_else(|| {
+        ApiError::new(
+            404,
+            "NotFound",
+            "this server holds no CA key to sign users' certificates with",
+        )
+    })?;
+    let cert = issuer
+        .issue(&req.csr, &req.name, &req.groups, ttl)
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let expires = Time::from_unix_seconds(Time::now().unix_seconds() + ttl.as_secs() as i64);
+    tracing::info!(user = %req.name, groups = ?req.groups, by = %who.user(), "issued a user certificate");
+    Ok(h::json(
+        StatusCode::CREATED,
+        &serde_json::json!({
+            "certificate": cert,
+            "ca": app.config.ca_pem,
+            "expires": expires.map(|t| t.to_string()),
+        }),
+    ))
+}
+
 /// Serves `/agent/v1/...`.
 pub async fn serve(
     app: &App,
@@ -347,7 +395,8 @@ pub async fn serve(
             };
             register(app, who, &body).await
         }
-        (_, ["tokens"] | ["register"]) => Err(ApiError::method_not_allowed("use POST")),
+        (&Method::POST, ["users"]) => create_user(app, who, &body).await,
+        (_, ["tokens"] | ["register"] | ["users"]) => Err(ApiError::method_not_allowed("use POST")),
         _ => Err(ApiError::new(
             404,
             "NotFound",

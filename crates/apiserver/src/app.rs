@@ -30,6 +30,9 @@ pub struct ApiConfig {
     pub server_address: String,
     /// The CA bundle (PEM) that signed the serving certificate, handed out at `/cacerts`.
     pub ca_pem: String,
+    /// Signs users' client certificates (`orrery user create`); `None` where the server holds
+    /// no CA key.
+    pub user_issuer: Option<Arc<crate::pki::UserIssuer>>,
     /// The metrics registry shared with the other components (`/metrics`); a fresh one when
     /// `None`.
     pub metrics_registry: Option<crate::metrics::SharedRegistry>,
@@ -51,6 +54,7 @@ impl Default for ApiConfig {
             min_request_timeout: Duration::from_secs(1800),
             server_address: "127.0.0.1:6443".into(),
             ca_pem: String::new(),
+            user_issuer: None,
             metrics_registry: None,
             audit: None,
             max_in_flight: (
@@ -69,6 +73,8 @@ pub struct App {
     pub resources: Arc<Resources>,
     pub schemas: Arc<Schemas>,
     pub auth: Arc<Authenticator>,
+    /// Who may do what: RBAC over the built-in rules (rbac.rs).
+    pub authz: Arc<crate::rbac::Authorizer>,
     pub config: ApiConfig,
     /// Becomes `true` when the server is shutting down; long requests end.
     pub shutdown: watch::Receiver<bool>,
@@ -134,7 +140,9 @@ impl App {
         let metrics =
             crate::metrics::Metrics::new(config.metrics_registry.clone().unwrap_or_default());
         let config_in_flight = config.max_in_flight;
+        let authz = crate::rbac::Authorizer::start(store.clone()).await?;
         let app = Arc::new(App {
+            authz,
             metrics,
             store,
             resources: Arc::new(Resources::new()),
@@ -179,6 +187,27 @@ impl App {
         self.schemas.set_custom(components);
         self.openapi.invalidate();
         Ok(())
+    }
+
+    /// Writes the default roles and bindings that are missing or out of date
+    /// ([`crate::rbac::defaults`]).
+    pub async fn ensure_default_roles(&self) -> Result<usize, StoreError> {
+        let reg = self.resources.snapshot();
+        let n = crate::rbac::defaults::ensure(self.store.as_ref(), |obj, new| {
+            let plural = if obj.kind == "ClusterRole" {
+                "clusterroles"
+            } else {
+                "clusterrolebindings"
+            };
+            if new && let Some(rt) = reg.get(crate::rbac::GROUP, "v1", plural) {
+                crate::strategy::prepare_create(&rt, obj);
+            }
+        })
+        .await?;
+        if n > 0 {
+            tracing::info!(written = n, "wrote the default RBAC roles and bindings");
+        }
+        Ok(n)
     }
 
     /// Stores the read-only CRDs describing Orrery's own kinds. One is rewritten only when
@@ -320,10 +349,7 @@ impl App {
         };
         // The policy needs the user before the request is served (the router authenticates
         // again: a hash and a lookup).
-        let who = self
-            .auth
-            .authenticate(header(http::header::AUTHORIZATION).as_deref())
-            .ok();
+        let who = self.authenticate(req.headers(), req.extensions()).ok();
         let info = crate::audit::request_info(req.method(), req.uri().path(), req.uri().query());
         let decision = log.policy.decide(who.as_ref(), &info);
         if decision.level == Level::None {
@@ -461,13 +487,8 @@ impl App {
                 .map(|r| (r, String::new()))
                 .map_err(|e| (e, String::new()));
         }
-        let auth_header = req
-            .headers()
-            .get(http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
         let who = self
-            .auth
-            .authenticate(auth_header)
+            .authenticate(req.headers(), req.extensions())
             .map_err(|e| (e, String::new()))?;
         let user = who.user();
         let is_watch = h::asks_to_watch(req.uri().query());
@@ -498,6 +519,38 @@ impl App {
             }
             Err(e) => Err((e, user)),
         }
+    }
+
+    /// Who sent a request: its bearer token's identity (a ServiceAccount's only while that
+    /// account exists), else its client certificate's subject (verified against Orrery's CA
+    /// by the TLS layer: CN is the user, each O a group, as in Kubernetes).
+    pub fn authenticate(
+        &self,
+        headers: &http::HeaderMap,
+        extensions: &http::Extensions,
+    ) -> ApiResult<Identity> {
+        let header = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if header.is_none()
+            && let Some(cert) = extensions.get::<crate::auth::ClientCert>()
+        {
+            return Ok(Identity::User {
+                name: cert.user.clone(),
+                groups: cert.groups.clone(),
+            });
+        }
+        let who = self.auth.authenticate(header)?;
+        if let Identity::ServiceAccount {
+            namespace,
+            name,
+            uid,
+        } = &who
+            && !self.authz.service_account_is(namespace, name, uid)
+        {
+            return Err(ApiError::unauthorized());
+        }
+        Ok(who)
     }
 
     /// A count among the user's open watches, for a watch; 429 beyond the limit.
@@ -569,15 +622,25 @@ impl App {
             }
         };
         let reg = self.resources.snapshot();
+        // Discovery, OpenAPI, the version and metrics are non-resource URLs: RBAC's
+        // `nonResourceURLs` rules decide (system:discovery grants the first three to everyone).
+        if matches!(
+            segments.as_slice(),
+            ["metrics"]
+                | ["version"]
+                | ["api"]
+                | ["apis"]
+                | ["api", "v1"]
+                | ["apis", _]
+                | ["apis", _, _]
+                | ["openapi", ..]
+        ) {
+            let verb = parts.method.as_str().to_ascii_lowercase();
+            self.authz.authorize_path(who, &verb, &path)?;
+        }
         match segments.as_slice() {
             ["metrics"] => {
                 read_only(&parts.method)?;
-                if !matches!(who, Identity::Admin { .. }) {
-                    return Err(ApiError::forbidden(format!(
-                        "{} may not read the server's metrics",
-                        who.user()
-                    )));
-                }
                 let text = self
                     .metrics
                     .render(self.store.as_ref())
@@ -740,13 +803,22 @@ impl App {
                         kind.plural
                     )));
                 }
+                self.authz.authorize(
+                    who,
+                    &crate::auth::Attributes {
+                        verb: "create",
+                        group: kind.group,
+                        resource: kind.plural,
+                        ..Default::default()
+                    },
+                )?;
                 let body = h::read_body(body, self.config.max_body_bytes).await?;
                 let v = if body.is_empty() {
                     serde_json::json!({})
                 } else {
                     rest::decode_body(&parts.headers, &body, &kind.schema())?.0
                 };
-                let answer = crate::reviews::review(kind, who, &v)?;
+                let answer = crate::reviews::review(&self.authz, kind, who, &v)?;
                 Ok(h::json(StatusCode::CREATED, &answer))
             }
             ["apis", group, version, rest @ ..] => {
@@ -802,6 +874,7 @@ impl App {
         let representation = h::representation(&parts.headers)?;
         let call = rest::Call {
             app: self,
+            who,
             target,
             query,
             headers: &parts.headers,

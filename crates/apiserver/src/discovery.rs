@@ -127,6 +127,9 @@ pub fn resource_list(reg: &Registry, group: &str, version: &str) -> Option<Value
         if rt.scale.is_some() {
             resources.push(json!({"name": format!("{}/scale", rt.plural), "singularName": "", "namespaced": rt.namespaced, "group": "autoscaling", "version": "v1", "kind": "Scale", "verbs": subresource_verbs()}));
         }
+        if rt.group.is_empty() && rt.kind == "ServiceAccount" {
+            resources.push(json!({"name": "serviceaccounts/token", "singularName": "", "namespaced": true, "group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest", "verbs": ["create"]}));
+        }
         if rt.group.is_empty() && rt.kind == "Namespace" {
             resources.push(json!({"name": "namespaces/finalize", "singularName": "", "namespaced": false, "kind": "Namespace", "verbs": ["update"]}));
         }
@@ -143,6 +146,9 @@ fn aggregated_resource(rt: &ResourceType) -> Value {
     }
     if rt.status {
         subs.push(json!({"subresource": "status", "responseKind": {"group": rt.group, "version": rt.version, "kind": rt.kind}, "verbs": subresource_verbs()}));
+    }
+    if rt.group.is_empty() && rt.kind == "ServiceAccount" {
+        subs.push(json!({"subresource": "token", "responseKind": {"group": "authentication.k8s.io", "version": "v1", "kind": "TokenRequest"}, "verbs": ["create"]}));
     }
     if rt.group.is_empty() && rt.kind == "Namespace" {
         subs.push(json!({"subresource": "finalize", "responseKind": {"group": "", "version": "v1", "kind": "Namespace"}, "verbs": ["update"]}));

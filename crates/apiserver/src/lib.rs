@@ -5,7 +5,8 @@
 //! - [`rest`]: the verbs (get, list, watch, create, update, patch, delete, subresources);
 //! - [`discovery`], [`openapi`]: what clients read to learn the API;
 //! - [`schema`], [`patch`], [`strategy`], [`crd`]: validation and patching;
-//! - [`auth`]: bearer tokens and authorization; [`table`]: `kubectl get` output.
+//! - [`auth`]: identities and bearer tokens; [`rbac`]: authorization; [`table`]: `kubectl get`
+//!   output.
 
 // The OpenAPI document of the DRO-DS endpoints is one large `json!` literal.
 #![recursion_limit = "512"]
@@ -36,6 +37,7 @@ pub mod encryption;
 pub mod openapi_v2pb;
 pub mod pki;
 pub mod protobuf;
+pub mod rbac;
 pub mod reviews;
 pub mod seal;
 pub mod server;

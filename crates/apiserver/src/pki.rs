@@ -220,7 +220,9 @@ fn ymd(unix: i64) -> (i32, u8, u8) {
     (date.year() as i32, date.month() as u8, date.day() as u8)
 }
 
-/// A rustls server configuration for the serving certificate (HTTP/2 and HTTP/1.1).
+/// A rustls server configuration for the serving certificate (HTTP/2 and HTTP/1.1). Clients
+/// may present a certificate signed by the CA (a user's, see [`issue_user_cert`]); those who
+/// do not authenticate with a token instead.
 pub fn server_config(pki: &Pki) -> Result<rustls::ServerConfig, String> {
     let certs: Vec<CertificateDer<'static>> =
         CertificateDer::pem_slice_iter(pki.cert_pem.as_bytes())
@@ -229,14 +231,111 @@ pub fn server_config(pki: &Pki) -> Result<rustls::ServerConfig, String> {
     let key = PrivateKeyDer::from_pem_slice(pki.key_pem.as_bytes())
         .map_err(|e| format!("serving key: {e}"))?;
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(pki.ca_pem.as_bytes()) {
+        roots
+            .add(ca.map_err(|e| format!("CA certificate: {e}"))?)
+            .map_err(|e| format!("CA certificate: {e}"))?;
+    }
+    let clients = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        std::sync::Arc::new(roots),
+        provider.clone(),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| format!("client certificate verifier: {e}"))?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
-        .with_no_client_auth()
+        .with_client_cert_verifier(clients)
         .with_single_cert(certs, key)
         .map_err(|e| e.to_string())?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
+}
+
+/// Signs users' client certificates with the CA; the key stays out of `Debug` output.
+pub struct UserIssuer {
+    key: KeyPair,
+}
+
+impl std::fmt::Debug for UserIssuer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UserIssuer { .. }")
+    }
+}
+
+/// Why a user's certificate was not issued.
+#[derive(Debug, thiserror::Error)]
+pub enum IssueError {
+    #[error("the certificate signing request is not valid: {0}")]
+    Csr(rcgen::Error),
+    #[error("signing failed: {0}")]
+    Sign(rcgen::Error),
+}
+
+impl UserIssuer {
+    /// The issuer for the CA whose key is `ca_key_pem`.
+    pub fn new(ca_key_pem: &str) -> Result<Self, rcgen::Error> {
+        Ok(UserIssuer {
+            key: KeyPair::from_pem(ca_key_pem)?,
+        })
+    }
+
+    /// A client certificate for the key in `csr_pem`, naming `user` (CN) in `groups` (O),
+    /// valid for `ttl`. What the request itself names is ignored: the caller decides.
+    pub fn issue(
+        &self,
+        csr_pem: &str,
+        user: &str,
+        groups: &[String],
+        ttl: std::time::Duration,
+    ) -> Result<String, IssueError> {
+        let mut csr =
+            rcgen::CertificateSigningRequestParams::from_pem(csr_pem).map_err(IssueError::Csr)?;
+        let mut params = CertificateParams::default();
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, user);
+        for g in groups {
+            dn.push(DnType::OrganizationName, g.as_str());
+        }
+        params.distinguished_name = dn;
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let epoch = rcgen::date_time_ymd(1970, 1, 1);
+        let now = now_unix().max(0) as u64;
+        // A little slack for clocks that run behind.
+        params.not_before = epoch + std::time::Duration::from_secs(now.saturating_sub(300));
+        params.not_after = epoch + std::time::Duration::from_secs(now) + ttl;
+        csr.params = params;
+        let issuer = Issuer::new(ca_params(), &self.key);
+        Ok(csr.signed_by(&issuer).map_err(IssueError::Sign)?.pem())
+    }
+}
+
+/// A new key pair and a certificate signing request for it: (key PEM, CSR PEM).
+pub fn key_and_csr() -> Result<(String, String), rcgen::Error> {
+    let key = KeyPair::generate()?;
+    let csr = CertificateParams::default().serialize_request(&key)?;
+    Ok((key.serialize_pem(), csr.pem()?))
+}
+
+/// A kubeconfig for a user with a client certificate.
+pub fn cert_kubeconfig(
+    server_url: &str,
+    ca_pem: &str,
+    user: &str,
+    cert_pem: &str,
+    key_pem: &str,
+) -> String {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s.as_bytes());
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: orrery\n  cluster:\n    server: {server_url}\n    certificate-authority-data: {}\nusers:\n- name: {user}\n  user:\n    client-certificate-data: {}\n    client-key-data: {}\ncontexts:\n- name: {user}@orrery\n  context:\n    cluster: orrery\n    user: {user}\ncurrent-context: {user}@orrery\n",
+        b64(ca_pem),
+        b64(cert_pem),
+        b64(key_pem)
+    )
 }
 
 /// A kubeconfig that kubectl uses as is.

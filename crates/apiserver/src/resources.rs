@@ -391,6 +391,42 @@ fn builtin_defs() -> Vec<Def> {
             "io.k8s.api.coordination.v1.Lease",
         ),
         def(
+            "rbac.authorization.k8s.io",
+            "ClusterRole",
+            "clusterroles",
+            false,
+            &[],
+            false,
+            "io.k8s.api.rbac.v1.ClusterRole",
+        ),
+        def(
+            "rbac.authorization.k8s.io",
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+            false,
+            &[],
+            false,
+            "io.k8s.api.rbac.v1.ClusterRoleBinding",
+        ),
+        def(
+            "rbac.authorization.k8s.io",
+            "Role",
+            "roles",
+            true,
+            &[],
+            false,
+            "io.k8s.api.rbac.v1.Role",
+        ),
+        def(
+            "rbac.authorization.k8s.io",
+            "RoleBinding",
+            "rolebindings",
+            true,
+            &[],
+            false,
+            "io.k8s.api.rbac.v1.RoleBinding",
+        ),
+        def(
             "apiextensions.k8s.io",
             "CustomResourceDefinition",
             "customresourcedefinitions",
@@ -560,6 +596,7 @@ fn version_of(group: &str) -> &'static str {
         | "batch"
         | "networking.k8s.io"
         | "coordination.k8s.io"
+        | "rbac.authorization.k8s.io"
         | "apiextensions.k8s.io" => "v1",
         _ => "v1alpha1",
     }
@@ -581,6 +618,10 @@ pub fn builtin() -> Vec<ResourceType> {
                 "Service" => NameRule::Dns1035,
                 // Events are named `<object>.<hash>`, which may contain upper case in Kubernetes.
                 "Event" => NameRule::PathSegment,
+                // RBAC names may hold colons (`system:basic-user`), as in Kubernetes.
+                "Role" | "ClusterRole" | "RoleBinding" | "ClusterRoleBinding" => {
+                    NameRule::PathSegment
+                }
                 _ => NameRule::Subdomain,
             };
             let printer = if d.origin == Origin::BuiltIn {

@@ -1,13 +1,14 @@
 //! Who am I, and what may I do: `SelfSubjectReview` (`kubectl auth whoami`),
 //! `SelfSubjectAccessReview` (`kubectl auth can-i`), `SelfSubjectRulesReview`
 //! (`kubectl auth can-i --list`) and, for the admin, `SubjectAccessReview` (may someone else).
-//! Answered by the same authorizer every request passes ([`crate::auth::authorize`]); nothing is
-//! stored (create is the only verb, as in Kubernetes).
+//! Answered by the same authorizer every request passes ([`crate::rbac::Authorizer`]); nothing
+//! is stored (create is the only verb, as in Kubernetes).
 
 use serde_json::{Value, json};
 
-use crate::auth::{Attributes, Identity, authorize, cluster_namespace};
+use crate::auth::{Attributes, Identity};
 use crate::error::{ApiError, ApiResult};
+use crate::rbac::{Authorizer, Decision};
 
 /// A review kind: group, version, plural, kind.
 #[derive(Debug)]
@@ -64,32 +65,20 @@ pub fn kind_at(group: &str, version: &str, plural: &str) -> Option<&'static Revi
         .find(|k| k.group == group && k.version == version && k.plural == plural)
 }
 
-/// Paths any authenticated identity may read: discovery, the version, health, OpenAPI.
-fn public_path(path: &str) -> bool {
-    matches!(
-        path,
-        "/api" | "/apis" | "/version" | "/healthz" | "/livez" | "/readyz"
-    ) || path.starts_with("/api/v1") && path.trim_start_matches("/api/v1").is_empty()
-        || path.starts_with("/apis/") && path.split('/').filter(|s| !s.is_empty()).count() <= 3
-        || path.starts_with("/openapi/")
-}
-
 fn user_info(who: &Identity) -> Value {
     json!({"username": who.user(), "groups": who.groups()})
 }
 
-/// The identity a SubjectAccessReview names (`user`, else its groups), as this server's
-/// identities are named.
-fn identity_named(user: &str, groups: &[String]) -> Option<Identity> {
-    if let Some(name) = user.strip_prefix("system:cluster:") {
-        return Some(Identity::Cluster { name: name.into() });
+/// The identity a SubjectAccessReview names: an agent's by its user name (agents have
+/// built-in rules), anyone else as a user with the groups given.
+fn identity_named(user: &str, groups: &[String]) -> Identity {
+    match user.strip_prefix("system:cluster:") {
+        Some(name) => Identity::Cluster { name: name.into() },
+        None => Identity::User {
+            name: user.to_string(),
+            groups: groups.to_vec(),
+        },
     }
-    if let Some(name) = user.strip_prefix("system:bootstrap:") {
-        return Some(Identity::Bootstrap { name: name.into() });
-    }
-    (user == "admin" || groups.iter().any(|g| g == "system:masters")).then(|| Identity::Admin {
-        name: user.to_string(),
-    })
 }
 
 fn field<'a>(v: &'a Value, name: &str) -> &'a str {
@@ -98,104 +87,57 @@ fn field<'a>(v: &'a Value, name: &str) -> &'a str {
 
 /// Whether `who` may do what `spec` asks (resourceAttributes or nonResourceAttributes), and
 /// why.
-fn decide(who: &Identity, spec: &Value) -> ApiResult<(bool, String)> {
+fn decide(authz: &Authorizer, who: &Identity, spec: &Value) -> ApiResult<Decision> {
     if let Some(r) = spec.get("resourceAttributes").filter(|r| r.is_object()) {
-        let verb = field(r, "verb");
         let namespace = field(r, "namespace");
         let name = field(r, "name");
         let subresource = field(r, "subresource");
         let what = Attributes {
-            verb,
+            verb: field(r, "verb"),
             group: field(r, "group"),
             resource: field(r, "resource"),
             subresource: (!subresource.is_empty()).then_some(subresource),
             namespace: (!namespace.is_empty()).then_some(namespace),
             name: (!name.is_empty()).then_some(name),
         };
-        return Ok(match authorize(who, &what) {
-            Ok(()) => (true, allowed_because(who)),
-            Err(e) => (false, e.message),
-        });
+        return Ok(authz.decide(who, &what));
     }
     if let Some(n) = spec.get("nonResourceAttributes").filter(|r| r.is_object()) {
-        let path = field(n, "path");
-        let verb = field(n, "verb");
-        return Ok(match who {
-            Identity::Admin { .. } => (true, allowed_because(who)),
-            Identity::Bootstrap { .. } => (
-                false,
-                "a bootstrap token may only register its cluster".into(),
-            ),
-            Identity::Cluster { .. } if verb == "get" && public_path(path) => (
-                true,
-                "discovery, version and health are open to every identity".into(),
-            ),
-            Identity::Cluster { .. } => (false, format!("{} may not {verb} {path}", who.user())),
-        });
+        return Ok(authz.decide_path(who, field(n, "verb"), field(n, "path")));
     }
     Err(ApiError::unprocessable(
         "spec: one of resourceAttributes and nonResourceAttributes is required",
     ))
 }
 
-fn allowed_because(who: &Identity) -> String {
-    match who {
-        Identity::Admin { .. } => "the admin token may do everything".into(),
-        Identity::Cluster { name } => format!(
-            "a member cluster's agent reads its own Works (in {}) and writes its own status",
-            cluster_namespace(name)
-        ),
-        Identity::Bootstrap { .. } => String::new(),
+fn answer(d: Decision) -> Value {
+    let mut v = json!({"allowed": d.allowed});
+    if !d.reason.is_empty() {
+        v["reason"] = json!(d.reason);
     }
-}
-
-/// What `who` may do in `namespace`, as rules (`SelfSubjectRulesReview`'s status).
-fn rules(who: &Identity, namespace: &str) -> (Vec<Value>, Vec<Value>) {
-    match who {
-        Identity::Admin { .. } => (
-            vec![json!({"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"]})],
-            vec![json!({"verbs": ["*"], "nonResourceURLs": ["*"]})],
-        ),
-        Identity::Bootstrap { .. } => (Vec::new(), Vec::new()),
-        Identity::Cluster { name } => {
-            let mut resource = vec![
-                json!({"verbs": ["get"], "apiGroups": ["multicluster.io"], "resources": ["clusters"], "resourceNames": [name]}),
-                json!({"verbs": ["get", "update", "patch"], "apiGroups": ["multicluster.io"], "resources": ["clusters/status"], "resourceNames": [name]}),
-            ];
-            if namespace == cluster_namespace(name) {
-                resource.push(json!({"verbs": ["get", "list", "watch"], "apiGroups": ["multicluster.io"], "resources": ["works"]}));
-                resource.push(json!({"verbs": ["get", "update", "patch"], "apiGroups": ["multicluster.io"], "resources": ["works/status"]}));
-            }
-            let non_resource = vec![json!({"verbs": ["get"], "nonResourceURLs": [
-                "/api", "/api/*", "/apis", "/apis/*", "/version", "/healthz", "/livez", "/readyz", "/openapi/*"
-            ]})];
-            (resource, non_resource)
-        }
-    }
+    v
 }
 
 /// Answers a review posted to `kind` by `who` (`req`: the decoded body).
-pub fn review(kind: &ReviewKind, who: &Identity, req: &Value) -> ApiResult<Value> {
+pub fn review(
+    authz: &Authorizer,
+    kind: &ReviewKind,
+    who: &Identity,
+    req: &Value,
+) -> ApiResult<Value> {
     let api_version = format!("{}/{}", kind.group, kind.version);
     let spec = req.get("spec").cloned().unwrap_or_else(|| json!({}));
     let status = match kind.kind {
         "SelfSubjectReview" => json!({"userInfo": user_info(who)}),
-        "SelfSubjectAccessReview" => {
-            let (allowed, reason) = decide(who, &spec)?;
-            json!({"allowed": allowed, "reason": reason})
-        }
+        "SelfSubjectAccessReview" => answer(decide(authz, who, &spec)?),
         "SelfSubjectRulesReview" => {
-            let (resource, non_resource) = rules(who, field(&spec, "namespace"));
+            let namespace = field(&spec, "namespace");
+            let (resource, non_resource) =
+                authz.rules_for(who, (!namespace.is_empty()).then_some(namespace));
             json!({"resourceRules": resource, "nonResourceRules": non_resource, "incomplete": false})
         }
         "SubjectAccessReview" => {
-            if !matches!(who, Identity::Admin { .. }) {
-                return Err(ApiError::forbidden(format!(
-                    "subjectaccessreviews.authorization.k8s.io is forbidden: User \"{}\" cannot create resource \"subjectaccessreviews\" in API group \"authorization.k8s.io\" at the cluster scope",
-                    who.user()
-                )));
-            }
-            let user = field(&spec, "user");
+            // Who may ask was decided by RBAC (create subjectaccessreviews) before.
             let groups: Vec<String> = spec
                 .get("groups")
                 .and_then(Value::as_array)
@@ -203,22 +145,8 @@ pub fn review(kind: &ReviewKind, who: &Identity, req: &Value) -> ApiResult<Value
                 .flatten()
                 .filter_map(|g| g.as_str().map(str::to_string))
                 .collect();
-            match identity_named(user, &groups) {
-                Some(subject) => {
-                    let (allowed, reason) = decide(&subject, &spec)?;
-                    json!({"allowed": allowed, "reason": reason})
-                }
-                None => {
-                    // Still a bad spec is refused as such.
-                    decide(
-                        &Identity::Bootstrap {
-                            name: String::new(),
-                        },
-                        &spec,
-                    )?;
-                    json!({"allowed": false, "reason": format!("no identity named {user:?} exists here (the admin, system:cluster:<name>, system:bootstrap:<name>)")})
-                }
-            }
+            let subject = identity_named(field(&spec, "user"), &groups);
+            answer(decide(authz, &subject, &spec)?)
         }
         other => {
             return Err(ApiError::internal(format!("no review named {other}")));
@@ -244,9 +172,14 @@ mod tests {
         KINDS.iter().find(|k| k.plural == plural).unwrap()
     }
 
+    fn authz() -> std::sync::Arc<Authorizer> {
+        Authorizer::from_objects(&crate::rbac::defaults::objects())
+    }
+
     fn can(who: &Identity, attrs: Value) -> bool {
         let body = json!({"spec": attrs});
-        review(kind("selfsubjectaccessreviews"), who, &body).unwrap()["status"]["allowed"] == true
+        review(&authz(), kind("selfsubjectaccessreviews"), who, &body).unwrap()["status"]["allowed"]
+            == true
     }
 
     #[test]
@@ -289,18 +222,21 @@ mod tests {
             &admin,
             json!({"nonResourceAttributes": {"verb": "get", "path": "/metrics"}})
         ));
-        // A refusal says why, as a Forbidden would.
-        let body = json!({"spec": works("default", "get")});
-        let r = review(kind("selfsubjectaccessreviews"), &east, &body).unwrap();
-        assert!(
-            r["status"]["reason"]
-                .as_str()
-                .unwrap()
-                .contains("cannot get resource \"works\""),
+        // An approval says what allowed it.
+        let alice = Identity::User {
+            name: "alice".into(),
+            groups: vec![],
+        };
+        let body = json!({"spec": {"resourceAttributes": {"verb": "create", "group": "authorization.k8s.io", "resource": "selfsubjectaccessreviews"}}});
+        let r = review(&authz(), kind("selfsubjectaccessreviews"), &alice, &body).unwrap();
+        assert_eq!(
+            r["status"]["reason"],
+            "RBAC: allowed by ClusterRoleBinding \"system:basic-user/system:basic-user\" of ClusterRole \"system:basic-user\" to Group \"system:authenticated\"",
             "{r}"
         );
         assert!(
             review(
+                &authz(),
                 kind("selfsubjectaccessreviews"),
                 &east,
                 &json!({"spec": {}})
@@ -311,10 +247,11 @@ mod tests {
 
     #[test]
     fn whoami_rules_and_reviews_of_others() {
+        let authz = authz();
         let east = Identity::Cluster {
             name: "east".into(),
         };
-        let me = review(kind("selfsubjectreviews"), &east, &json!({})).unwrap();
+        let me = review(&authz, kind("selfsubjectreviews"), &east, &json!({})).unwrap();
         assert_eq!(me["status"]["userInfo"]["username"], "system:cluster:east");
         assert_eq!(
             me["status"]["userInfo"]["groups"],
@@ -322,31 +259,27 @@ mod tests {
         );
         let rules = |ns: &str| {
             let body = json!({"spec": {"namespace": ns}});
-            review(kind("selfsubjectrulesreviews"), &east, &body).unwrap()["status"]
+            review(&authz, kind("selfsubjectrulesreviews"), &east, &body).unwrap()["status"]
                 ["resourceRules"]
                 .as_array()
                 .unwrap()
                 .len()
         };
-        assert_eq!(rules("orrery-cluster-east"), 4);
-        assert_eq!(rules("default"), 2);
+        // Its own two Cluster rules (and its Works' two where they are), and the basic
+        // user's two self-review rules.
+        assert_eq!(rules("orrery-cluster-east"), 6);
+        assert_eq!(rules("default"), 4);
         let admin = Identity::Admin {
             name: "admin".into(),
         };
         let sar = |user: &str| {
             let body = json!({"spec": {"user": user, "resourceAttributes": {"verb": "list", "group": "multicluster.io", "resource": "works", "namespace": "orrery-cluster-east"}}});
-            review(kind("subjectaccessreviews"), &admin, &body).unwrap()["status"]["allowed"]
+            review(&authz, kind("subjectaccessreviews"), &admin, &body).unwrap()["status"]
+                ["allowed"]
                 .clone()
         };
         assert_eq!(sar("system:cluster:east"), json!(true));
         assert_eq!(sar("system:cluster:west"), json!(false));
         assert_eq!(sar("mallory"), json!(false));
-        // Only the admin asks about others.
-        assert_eq!(
-            review(kind("subjectaccessreviews"), &east, &json!({}))
-                .unwrap_err()
-                .code,
-            403
-        );
     }
 }

@@ -50,8 +50,18 @@ pub async fn serve(
                         }
                         Err(_) => return,
                     };
+                    // A client certificate was verified against the CA in the handshake.
+                    let cert = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .and_then(|c| crate::auth::ClientCert::of_der(c.as_ref()));
                     let service = service_fn(move |mut req: http::Request<hyper::body::Incoming>| {
                         req.extensions_mut().insert(crate::audit::Peer(peer));
+                        if let Some(c) = &cert {
+                            req.extensions_mut().insert(c.clone());
+                        }
                         let app = app.clone();
                         async move { Ok::<_, Infallible>(app.handle(req).await) }
                     });

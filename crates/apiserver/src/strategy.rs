@@ -204,6 +204,24 @@ pub fn apply_defaults(rt: &ResourceType, obj: &mut Object) {
                 default_pod_spec(spec, true);
             }
         }
+        (crate::rbac::GROUP, "RoleBinding" | "ClusterRoleBinding") => {
+            // A subject's apiGroup: "" for a ServiceAccount, RBAC's for users and groups.
+            if let Some(Value::Array(subjects)) = obj.other.get_mut("subjects") {
+                for s in subjects.iter_mut().filter_map(Value::as_object_mut) {
+                    let group = match s.get("kind").and_then(Value::as_str) {
+                        Some("ServiceAccount") => "",
+                        Some("User" | "Group") => crate::rbac::GROUP,
+                        _ => continue,
+                    };
+                    if s.get("apiGroup")
+                        .and_then(Value::as_str)
+                        .is_none_or(str::is_empty)
+                    {
+                        s.insert("apiGroup".into(), json!(group));
+                    }
+                }
+            }
+        }
         ("", "Service") => {
             let spec = spec_mut(obj);
             set_default(spec, "type", json!("ClusterIP"));
@@ -404,6 +422,10 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
                 ));
             }
         }
+        (crate::rbac::GROUP, "Role" | "ClusterRole") => validate_rules(obj, &mut errs),
+        (crate::rbac::GROUP, "RoleBinding" | "ClusterRoleBinding") => {
+            validate_binding(obj, old, &mut errs)
+        }
         ("", "ConfigMap" | "Secret") => {
             let mut size = 0usize;
             for field in ["data", "binaryData"] {
@@ -564,6 +586,132 @@ fn check_selector(
     }
 }
 
+/// A Role's or ClusterRole's rules, as Kubernetes' `ValidatePolicyRule` checks them.
+fn validate_rules(obj: &Object, errs: &mut ErrorList) {
+    let namespaced = obj.kind == "Role";
+    let Some(Value::Array(rules)) = obj.other.get("rules") else {
+        return;
+    };
+    let len = |r: &Value, k: &str| r.get(k).and_then(Value::as_array).map_or(0, Vec::len);
+    for (i, r) in rules.iter().enumerate() {
+        let at = |f: &str| format!("rules[{i}].{f}");
+        if len(r, "verbs") == 0 {
+            errs.push(FieldError::required(
+                at("verbs"),
+                "verbs must contain at least one value",
+            ));
+        }
+        if len(r, "nonResourceURLs") > 0 {
+            if namespaced {
+                errs.push(FieldError::invalid(
+                    at("nonResourceURLs"),
+                    r["nonResourceURLs"].to_string(),
+                    "namespaced rules cannot apply to non-resource URLs",
+                ));
+            }
+            if len(r, "apiGroups") > 0 || len(r, "resources") > 0 {
+                errs.push(FieldError::invalid(
+                    at("nonResourceURLs"),
+                    r["nonResourceURLs"].to_string(),
+                    "rules cannot apply to both regular resources and non-resource URLs",
+                ));
+            }
+            continue;
+        }
+        if len(r, "apiGroups") == 0 {
+            errs.push(FieldError::required(
+                at("apiGroups"),
+                "resource rules must supply at least one api group",
+            ));
+        }
+        if len(r, "resources") == 0 {
+            errs.push(FieldError::required(
+                at("resources"),
+                "resource rules must supply at least one resource",
+            ));
+        }
+    }
+}
+
+/// A RoleBinding's or ClusterRoleBinding's roleRef (immutable) and subjects.
+fn validate_binding(obj: &Object, old: Option<&Object>, errs: &mut ErrorList) {
+    let cluster = obj.kind == "ClusterRoleBinding";
+    let role_ref = obj.other.get("roleRef");
+    let field = |v: Option<&Value>, k: &str| {
+        v.and_then(|v| v.get(k))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    match role_ref {
+        None | Some(Value::Null) => errs.push(FieldError::required("roleRef", "")),
+        Some(r) => {
+            let kind = field(Some(r), "kind");
+            let allowed: &[&str] = if cluster {
+                &["ClusterRole"]
+            } else {
+                &["Role", "ClusterRole"]
+            };
+            if !allowed.contains(&kind.as_str()) {
+                errs.push(FieldError::not_supported("roleRef.kind", &kind, allowed));
+            }
+            if field(Some(r), "apiGroup") != crate::rbac::GROUP {
+                errs.push(FieldError::not_supported(
+                    "roleRef.apiGroup",
+                    field(Some(r), "apiGroup"),
+                    &[crate::rbac::GROUP],
+                ));
+            }
+            if field(Some(r), "name").is_empty() {
+                errs.push(FieldError::required("roleRef.name", ""));
+            }
+        }
+    }
+    if let Some(old) = old
+        && old.other.get("roleRef") != role_ref
+    {
+        errs.push(FieldError::invalid(
+            "roleRef",
+            role_ref.map(Value::to_string).unwrap_or_default(),
+            "cannot change roleRef",
+        ));
+    }
+    let Some(Value::Array(subjects)) = obj.other.get("subjects") else {
+        return;
+    };
+    for (i, s) in subjects.iter().enumerate() {
+        let at = |f: &str| format!("subjects[{i}].{f}");
+        if field(Some(s), "name").is_empty() {
+            errs.push(FieldError::required(at("name"), ""));
+        }
+        let group = field(Some(s), "apiGroup");
+        match field(Some(s), "kind").as_str() {
+            "ServiceAccount" => {
+                if !group.is_empty() {
+                    errs.push(FieldError::not_supported(at("apiGroup"), &group, &[""]));
+                }
+                if cluster && field(Some(s), "namespace").is_empty() {
+                    errs.push(FieldError::required(at("namespace"), ""));
+                }
+            }
+            "User" | "Group" => {
+                if group != crate::rbac::GROUP {
+                    errs.push(FieldError::not_supported(
+                        at("apiGroup"),
+                        &group,
+                        &[crate::rbac::GROUP],
+                    ));
+                }
+            }
+            other => errs.push(FieldError::not_supported(
+                at("kind"),
+                other,
+                &["ServiceAccount", "User", "Group"],
+            )),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -574,6 +722,7 @@ mod tests {
             || group == "apps"
             || group == "batch"
             || group == "apiextensions.k8s.io"
+            || group == crate::rbac::GROUP
         {
             "v1"
         } else {
@@ -582,6 +731,97 @@ mod tests {
         Registry::new(builtin())
             .get(group, version, plural)
             .unwrap()
+    }
+
+    /// Roles and bindings are checked as Kubernetes checks them; subjects' apiGroup is
+    /// defaulted first.
+    #[test]
+    fn rbac_objects_are_validated_and_defaulted() {
+        let object = |kind: &str, ns: &str, rest: Value| {
+            let mut v = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": {"name": "x", "namespace": ns}});
+            if let (Some(m), Value::Object(r)) = (v.as_object_mut(), rest) {
+                m.extend(r);
+            }
+            Object::from_value(v).unwrap()
+        };
+        let errors = |plural: &str, obj: &Object, old: Option<&Object>| -> Vec<String> {
+            validate(&rt(crate::rbac::GROUP, plural), obj, old)
+                .iter()
+                .map(|e| e.to_string())
+                .collect()
+        };
+        let good = object(
+            "Role",
+            "a",
+            json!({"rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]}),
+        );
+        assert!(errors("roles", &good, None).is_empty());
+        let cases = [
+            (
+                json!([{"apiGroups": [""], "resources": ["pods"], "verbs": []}]),
+                "rules[0].verbs",
+            ),
+            (
+                json!([{"resources": ["pods"], "verbs": ["get"]}]),
+                "rules[0].apiGroups",
+            ),
+            (
+                json!([{"apiGroups": [""], "verbs": ["get"]}]),
+                "rules[0].resources",
+            ),
+            (
+                json!([{"nonResourceURLs": ["/x"], "verbs": ["get"]}]),
+                "namespaced rules cannot apply to non-resource URLs",
+            ),
+        ];
+        for (rules, want) in cases {
+            let errs = errors("roles", &object("Role", "a", json!({"rules": rules})), None);
+            assert!(errs.iter().any(|e| e.contains(want)), "{want}: {errs:?}");
+        }
+        let both = object(
+            "ClusterRole",
+            "",
+            json!({"rules": [{"nonResourceURLs": ["/x"], "apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]}),
+        );
+        assert!(
+            errors("clusterroles", &both, None)
+                .iter()
+                .any(|e| e.contains("both regular resources and non-resource URLs"))
+        );
+        // Bindings: the roleRef's kind and group, immutable; subjects defaulted, then checked.
+        let brt = rt(crate::rbac::GROUP, "clusterrolebindings");
+        let mut b = object(
+            "ClusterRoleBinding",
+            "",
+            json!({"roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"}, "subjects": [{"kind": "User", "name": "u"}, {"kind": "ServiceAccount", "name": "s"}]}),
+        );
+        apply_defaults(&brt, &mut b);
+        assert_eq!(
+            b.other["subjects"][0]["apiGroup"],
+            "rbac.authorization.k8s.io"
+        );
+        assert_eq!(b.other["subjects"][1]["apiGroup"], "");
+        let errs = errors("clusterrolebindings", &b, None);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert!(errs[0].contains("subjects[1].namespace"), "{errs:?}");
+        let mut to_role = b.clone();
+        to_role.other["roleRef"]["kind"] = json!("Role");
+        to_role.other["subjects"][1]["namespace"] = json!("n");
+        assert!(
+            errors("clusterrolebindings", &to_role, None)
+                .iter()
+                .any(|e| e.contains("roleRef.kind"))
+        );
+        let mut fixed = b.clone();
+        fixed.other["subjects"][1]["namespace"] = json!("n");
+        assert!(errors("clusterrolebindings", &fixed, None).is_empty());
+        let mut changed = fixed.clone();
+        changed.other["roleRef"]["name"] = json!("edit");
+        assert!(
+            errors("clusterrolebindings", &changed, Some(&fixed))
+                .iter()
+                .any(|e| e.contains("cannot change roleRef"))
+        );
     }
 
     /// Every heartbeat is stamped anew, two in the same second too (each must move the

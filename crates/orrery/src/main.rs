@@ -13,6 +13,7 @@ mod status;
 mod token;
 mod up;
 mod up_ha;
+mod user;
 
 /// mimalloc: per-thread free lists suit a server that builds and drops JSON trees on every
 /// core (see docs/benchmarks.md for what it changed).
@@ -52,6 +53,9 @@ enum Command {
     /// Bootstrap tokens for agents.
     #[command(subcommand)]
     Token(token::TokenCommand),
+    /// Users: a kubeconfig with a client certificate signed by Orrery's CA.
+    #[command(subcommand)]
+    User(user::UserCommand),
     /// The fleet in the terminal: clusters, water levels, workloads and where they run.
     Status(status::StatusArgs),
     /// The simulated clusters of `orrery up`: list them, inject faults, change their load.
@@ -85,6 +89,7 @@ fn main() -> anyhow::Result<()> {
             Command::Server(args) => server::run(*args).await,
             Command::Agent(args) => agent::run(args).await,
             Command::Token(cmd) => token::run(cmd).await,
+            Command::User(cmd) => user::run(cmd).await,
             Command::Status(args) => status::run(args).await,
             Command::Join(args) => join::run(args).await,
             Command::Sim(args) => sim::run(args).await,

@@ -679,6 +679,12 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         metrics_registry: Some(registry),
         server_address: args.listen.to_string(),
         ca_pem: pki.ca_pem.clone(),
+        user_issuer: Some(Arc::new(
+            pki::read_ca(&args.data_dir)
+                .map_err(anyhow::Error::from)
+                .and_then(|(_, key)| Ok(pki::UserIssuer::new(&key)?))
+                .context("reading the CA key users' certificates are signed with")?,
+        )),
         bookmark_interval: args.watch_bookmark_interval,
         audit,
         max_in_flight: (
@@ -697,6 +703,9 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     app.ensure_own_crds()
         .await
         .context("describing Orrery's own kinds as CustomResourceDefinitions")?;
+    app.ensure_default_roles()
+        .await
+        .context("writing the default RBAC roles and bindings")?;
     orrery_store::spawn_compactor(store.clone(), args.compaction_interval);
 
     let url = client_url(&args.listen);

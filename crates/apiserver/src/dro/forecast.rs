@@ -87,7 +87,7 @@ pub async fn forecast(
     who: &Identity,
     query: &str,
 ) -> Result<http::Response<Body>, DroError> {
-    super::monitor::admin_only(who)?;
+    super::monitor::may_read_fleet(app, who)?;
     let (mut only, mut horizon) = (None::<String>, None::<i64>);
     for (k, v) in form_urlencoded::parse(query.as_bytes()) {
         match k.as_ref() {

@@ -61,13 +61,18 @@ pub async fn schedules(
     who: &Identity,
     query: &str,
 ) -> Result<http::Response<Body>, DroError> {
-    if !matches!(who, Identity::Admin { .. }) {
-        return Err(DroError::new(
-            403,
-            "FORBIDDEN",
-            format!("{} may not read the schedule history", who.user()),
-        ));
-    }
+    // Scheduling decisions are the history of the fleet's bindings.
+    app.authz
+        .authorize(
+            who,
+            &crate::auth::Attributes {
+                verb: "list",
+                group: "multicluster.io",
+                resource: "resourcebindings",
+                ..Default::default()
+            },
+        )
+        .map_err(DroError::from)?;
     let (start, end, max) = parse_query(query)?;
     let list = app
         .store

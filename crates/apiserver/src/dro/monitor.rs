@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use super::DroError;
 use crate::app::App;
-use crate::auth::Identity;
+use crate::auth::{Attributes, Identity};
 use crate::http::{self as h, Body};
 use crate::rest::write::StatusCheck;
 
@@ -29,29 +29,37 @@ pub(super) fn bad(message: impl Into<String>, field: &str) -> DroError {
     DroError::validation(message).with_details(json!({ "fields": [{"field": field}] }))
 }
 
-/// Only an administrator, or the cluster's own agent, may speak for a cluster.
-fn authorize(who: &Identity, cluster: &str) -> Result<(), DroError> {
-    match who {
-        Identity::Admin { .. } => Ok(()),
-        Identity::Cluster { name } if name == cluster => Ok(()),
-        _ => Err(DroError::new(
-            403,
-            "FORBIDDEN",
-            format!("{} may not report for cluster {cluster:?}", who.user()),
+/// Speaking for a cluster (its metrics, events, latencies) is writing its status: its own
+/// agent may, and whoever RBAC lets update `clusters/status` of that cluster.
+fn authorize(app: &App, who: &Identity, cluster: &str) -> Result<(), DroError> {
+    app.authz
+        .authorize(
+            who,
+            &Attributes {
+                verb: "update",
+                group: "multicluster.io",
+                resource: "clusters",
+                subresource: Some("status"),
+                namespace: None,
+                name: Some(cluster),
+            },
         )
-        .with_details(json!({ "clusterName": cluster }))),
-    }
+        .map_err(|e| DroError::from(e).with_details(json!({ "clusterName": cluster })))
 }
 
-pub(super) fn admin_only(who: &Identity) -> Result<(), DroError> {
-    match who {
-        Identity::Admin { .. } => Ok(()),
-        _ => Err(DroError::new(
-            403,
-            "FORBIDDEN",
-            format!("{} may not read the fleet's monitoring data", who.user()),
-        )),
-    }
+/// Reading the fleet's monitoring data (and forecasts) is listing its clusters.
+pub(super) fn may_read_fleet(app: &App, who: &Identity) -> Result<(), DroError> {
+    app.authz
+        .authorize(
+            who,
+            &Attributes {
+                verb: "list",
+                group: "multicluster.io",
+                resource: "clusters",
+                ..Attributes::default()
+            },
+        )
+        .map_err(DroError::from)
 }
 
 /// The Cluster kind as the API serves it.
@@ -122,7 +130,7 @@ pub async fn metrics(
     let r: Report = serde_json::from_slice(body).map_err(|e| {
         DroError::validation(format!("the body is not a valid metrics report: {e}"))
     })?;
-    authorize(who, &r.cluster)?;
+    authorize(app, who, &r.cluster)?;
     let ts: Time = r.timestamp.parse().map_err(|_| {
         bad(
             format!("timestamp {:?} is not an ISO 8601 time", r.timestamp),
@@ -279,7 +287,7 @@ pub async fn event(
 ) -> Result<http::Response<Body>, DroError> {
     let e: DomainEvent = serde_json::from_slice(body)
         .map_err(|e| DroError::validation(format!("the body is not a valid event: {e}")))?;
-    authorize(who, &e.cluster)?;
+    authorize(app, who, &e.cluster)?;
     if !["Normal", "Warning", "Failure"].contains(&e.type_.as_str()) {
         return Err(bad("type must be Normal, Warning or Failure", "type"));
     }
@@ -377,7 +385,7 @@ pub async fn configs(
 ) -> Result<http::Response<Body>, DroError> {
     let c: Config = serde_json::from_slice(body)
         .map_err(|e| DroError::validation(format!("the body is not a valid configuration: {e}")))?;
-    authorize(who, &c.cluster)?;
+    authorize(app, who, &c.cluster)?;
     let o = update_cluster(app, &c.cluster, |o| {
         if let Some(l) = &c.labels {
             o.metadata.labels = l.clone();
@@ -416,7 +424,7 @@ pub async fn configs(
 
 /// `GET /api/v1/monitor/realtime`: the fleet now.
 pub async fn realtime(app: &App, who: &Identity) -> Result<http::Response<Body>, DroError> {
-    admin_only(who)?;
+    may_read_fleet(app, who)?;
     let list = app
         .store
         .list(&keys::well_known::clusters(), &ListOptions::default())
@@ -519,7 +527,7 @@ pub async fn failures(
     who: &Identity,
     query: &str,
 ) -> Result<http::Response<Body>, DroError> {
-    admin_only(who)?;
+    may_read_fleet(app, who)?;
     let (start, end, max) = super::history::parse_query(query)?;
     let list = app
         .store
@@ -558,7 +566,7 @@ pub async fn series(
     who: &Identity,
     query: &str,
 ) -> Result<http::Response<Body>, DroError> {
-    admin_only(who)?;
+    may_read_fleet(app, who)?;
     let (mut resolution, mut only) = ("raw".to_string(), None::<String>);
     // The serializer is not `Send`: done with before anything is awaited.
     let rest = {

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 
 use super::{DroError, MAX_BATCH};
 use crate::app::App;
-use crate::auth::{Attributes, Identity, authorize};
+use crate::auth::{Attributes, Identity};
 use crate::rest::write::write_status;
 
 #[derive(Debug, Deserialize)]
@@ -108,18 +108,19 @@ pub async fn batch(
             })?),
             None => None,
         };
-        authorize(
-            who,
-            &Attributes {
-                verb: "update",
-                group: &rt.group,
-                resource: &rt.plural,
-                subresource: Some("status"),
-                namespace,
-                name: Some(&item.name),
-            },
-        )
-        .map_err(|e| DroError::from(e).with_details(json!({ "index": i })))?;
+        app.authz
+            .authorize(
+                who,
+                &Attributes {
+                    verb: "update",
+                    group: &rt.group,
+                    resource: &rt.plural,
+                    subresource: Some("status"),
+                    namespace,
+                    name: Some(&item.name),
+                },
+            )
+            .map_err(|e| DroError::from(e).with_details(json!({ "index": i })))?;
         targets.push((rt, expected));
     }
     // Each item is a task of its own, so that decoding, validating and encoding use every

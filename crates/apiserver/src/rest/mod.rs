@@ -109,6 +109,7 @@ pub fn parse_target(reg: &Registry, group: &str, version: &str, seg: &[&str]) ->
             "status" => rt.status,
             "scale" => rt.scale.is_some(),
             "finalize" => rt.group.is_empty() && rt.kind == "Namespace",
+            "token" => rt.group.is_empty() && rt.kind == "ServiceAccount",
             _ => false,
         };
         if !ok {
@@ -147,6 +148,7 @@ pub fn verb(method: &Method, target: &Target, query: &Query) -> ApiResult<Verb> 
             }
         }
         (&Method::POST, false) if !sub => Verb::Create,
+        (&Method::POST, true) if target.subresource.as_deref() == Some("token") => Verb::Create,
         (&Method::PUT, true) => Verb::Update,
         (&Method::PATCH, true) => Verb::Patch,
         (&Method::DELETE, true) if !sub => Verb::Delete,
@@ -197,6 +199,8 @@ pub fn dry_run(q: &Query) -> ApiResult<bool> {
 #[derive(Debug)]
 pub struct Call<'a> {
     pub app: &'a Arc<App>,
+    /// Who asks (authorized already; RBAC writes are checked for escalation with it).
+    pub who: &'a crate::auth::Identity,
     pub target: Target,
     pub query: Query,
     pub headers: &'a HeaderMap,
@@ -363,7 +367,12 @@ pub fn admit(
 
 /// Metadata and kind validation of an object about to be stored.
 pub fn validate(call: &Call<'_>, obj: &Object, old: Option<&Object>) -> ApiResult<()> {
-    validate_object(call.app, &call.target.rt, obj, old)
+    validate_object(call.app, &call.target.rt, obj, old)?;
+    if call.target.rt.group == crate::rbac::GROUP {
+        // Nobody grants what they do not hold.
+        call.app.authz.admit(call.who, obj)?;
+    }
+    Ok(())
 }
 
 /// The same, for writes made outside a resource request (agent registration, batch status).
@@ -452,7 +461,7 @@ where
 {
     let verb = verb(method, &call.target, &call.query)?;
     let t = &call.target;
-    crate::auth::authorize(
+    call.app.authz.authorize(
         who,
         &crate::auth::Attributes {
             verb: verb.as_str(),
@@ -476,6 +485,7 @@ where
         (Verb::Get, None) => read::get(call).await,
         (Verb::List, _) => read::list(call).await,
         (Verb::Watch, _) => watch::watch(call).await,
+        (Verb::Create, Some("token")) => subresource::create_token(call, &body).await,
         (Verb::Create, _) => write::create(call, &body).await,
         (Verb::Update, None) => write::update(call, &body).await,
         (Verb::Patch, None) => write::patch(call, &body).await,

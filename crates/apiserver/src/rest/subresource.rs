@@ -1,5 +1,6 @@
-//! The `scale` subresource (autoscaling/v1 Scale, so `kubectl scale` works) and the
-//! namespace `finalize` subresource.
+//! The `scale` subresource (autoscaling/v1 Scale, so `kubectl scale` works), the namespace
+//! `finalize` subresource, and a ServiceAccount's `token` (TokenRequest, so `kubectl create
+//! token` works).
 
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -238,4 +239,90 @@ pub async fn finalize(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>>
         }
     }
     Err(ApiError::stale(&rt, &name))
+}
+
+/// Shortest and default lifetime of a ServiceAccount token, as Kubernetes has them.
+const TOKEN_MIN_SECONDS: i64 = 600;
+const TOKEN_DEFAULT_SECONDS: i64 = 3600;
+
+/// `POST .../serviceaccounts/<name>/token`: a token for the ServiceAccount, good until it
+/// expires or the account (this uid) is deleted. Only its hash is stored.
+pub async fn create_token(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+    const SCHEMA: &str = "io.k8s.api.authentication.v1.TokenRequest";
+    let (req, _) = decode_body(call.headers, body, SCHEMA)?;
+    let spec = req.get("spec").cloned().unwrap_or_else(|| json!({}));
+    let seconds = match spec.get("expirationSeconds") {
+        None | Some(Value::Null) => TOKEN_DEFAULT_SECONDS,
+        Some(v) => v
+            .as_i64()
+            .ok_or_else(|| ApiError::bad_request("spec.expirationSeconds must be an integer"))?,
+    };
+    if seconds < TOKEN_MIN_SECONDS {
+        let e = FieldError::invalid(
+            "spec.expirationSeconds",
+            seconds,
+            "may not specify a duration less than 10 minutes",
+        );
+        return Err(ApiError::new(
+            422,
+            "Invalid",
+            format!(
+                "TokenRequest.authentication.k8s.io \"{}\" is invalid: {e}",
+                call.target.name()
+            ),
+        ));
+    }
+    if spec.get("boundObjectRef").is_some_and(|b| !b.is_null()) {
+        return Err(ApiError::bad_request(
+            "spec.boundObjectRef: tokens are bound to their ServiceAccount only here",
+        ));
+    }
+    let sa = call
+        .app
+        .store
+        .get(&call.target.key())
+        .await
+        .map_err(|e| ApiError::from_store(e, &call.target.rt, call.target.name()))?;
+    let who = crate::auth::Identity::ServiceAccount {
+        namespace: sa.namespace().to_string(),
+        name: sa.name().to_string(),
+        uid: sa.metadata.uid.clone(),
+    };
+    // The token works at once only if this server knows the account (its watch may lag a
+    // write made a moment ago through another replica).
+    call.app.authz.observe(&sa, false);
+    let expires =
+        orrery_api::Time::from_unix_seconds(orrery_api::Time::now().unix_seconds() + seconds)
+            .ok_or_else(|| ApiError::bad_request("spec.expirationSeconds is too large"))?;
+    let audiences = spec
+        .get("audiences")
+        .filter(|a| a.as_array().is_some_and(|a| !a.is_empty()))
+        .cloned()
+        .unwrap_or_else(|| json!(["orrery"]));
+    let token = if dry_run(&call.query)? {
+        String::new()
+    } else {
+        call.app
+            .auth
+            .issue(
+                &who,
+                &format!("token of serviceaccount {}/{}", sa.namespace(), sa.name()),
+                Some(std::time::Duration::from_secs(seconds as u64)),
+            )
+            .await?
+    };
+    let mut out_spec = spec.clone();
+    out_spec["audiences"] = audiences;
+    out_spec["expirationSeconds"] = json!(seconds);
+    let out = json!({
+        "kind": "TokenRequest",
+        "apiVersion": "authentication.k8s.io/v1",
+        "metadata": {"name": sa.name(), "namespace": sa.namespace(), "creationTimestamp": orrery_api::Time::now().to_string()},
+        "spec": out_spec,
+        "status": {"token": token, "expirationTimestamp": expires.to_string()},
+    });
+    Ok(with_warnings(
+        h::json(StatusCode::CREATED, &out),
+        &call.warnings,
+    ))
 }

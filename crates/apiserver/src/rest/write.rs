@@ -86,7 +86,16 @@ async fn check_namespace(call: &Call<'_>, ns: &str) -> ApiResult<()> {
     }
 }
 
-async fn after_write(call: &Call<'_>) {
+async fn after_write(call: &Call<'_>, written: Option<(&Object, bool)>) {
+    // A role, binding or ServiceAccount written here counts for the writer's next request at
+    // once (other replicas learn of it from their watch).
+    if let Some((obj, deleted)) = written
+        && crate::rbac::Kind::of(&obj.kind).is_some()
+        && matches!(call.target.rt.group.as_str(), crate::rbac::GROUP | "")
+        && !dry_run(&call.query).unwrap_or(true)
+    {
+        call.app.authz.observe(obj, deleted);
+    }
     if call.target.rt.group == "apiextensions.k8s.io" {
         // Serve (or stop serving) the defined kinds at once, before answering.
         if let Err(e) = call.app.refresh_crds().await {
@@ -140,7 +149,7 @@ pub async fn create(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body
         let key = rt.key(&obj.metadata.namespace, &obj.metadata.name);
         match call.app.store.create(&key, obj.clone()).await {
             Ok(stored) => {
-                after_write(&call).await;
+                after_write(&call, Some((&stored, false))).await;
                 return respond_object(&call, StatusCode::CREATED, &stored);
             }
             Err(StoreError::AlreadyExists { .. }) if generate && attempt + 1 < RETRIES => continue,
@@ -283,7 +292,7 @@ pub async fn update(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body
         validate(&call, &next, Some(&current))?;
         match commit_update(&call, &current, next, current_rv, dry).await {
             Ok(stored) => {
-                after_write(&call).await;
+                after_write(&call, Some((&stored, false))).await;
                 return respond_object(&call, StatusCode::OK, &present(&rt, stored));
             }
             Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
@@ -438,7 +447,7 @@ async fn store_update(
     let current_rv = current.revision().unwrap_or(0);
     match commit_update(call, &current, next, current_rv, dry).await {
         Ok(stored) => {
-            after_write(call).await;
+            after_write(call, Some((&stored, false))).await;
             respond_object(call, StatusCode::OK, &present(rt, stored)).map(Some)
         }
         Err(StoreError::Conflict { .. }) if retry => Ok(None),
@@ -626,7 +635,7 @@ async fn delete_one(
 pub async fn delete(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
     let opts = delete_options(&call, body)?;
     let (status, obj) = delete_one(&call, &call.target.key(), call.target.name(), &opts).await?;
-    after_write(&call).await;
+    after_write(&call, Some((&obj, status == StatusCode::OK))).await;
     respond_object(&call, status, &obj)
 }
 
@@ -664,7 +673,7 @@ pub async fn delete_collection(mut call: Call<'_>, body: &Bytes) -> ApiResult<Re
             Err(e) => return Err(e),
         }
     }
-    after_write(&call).await;
+    after_write(&call, None).await;
     let out = json!({ "kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": {}, "items": items });
     Ok(with_warnings(h::json(StatusCode::OK, &out), &call.warnings))
 }
@@ -866,7 +875,7 @@ async fn server_side_apply(mut call: Call<'_>, body: &Bytes) -> ApiResult<Respon
             }
             match call.app.store.create(&call.target.key(), obj).await {
                 Ok(stored) => {
-                    after_write(&call).await;
+                    after_write(&call, Some((&stored, false))).await;
                     return respond_object(&call, StatusCode::CREATED, &stored);
                 }
                 Err(StoreError::AlreadyExists { .. }) => continue,

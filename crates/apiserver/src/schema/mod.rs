@@ -47,7 +47,7 @@ fn gvk(group: &str, version: &str, kind: &str) -> Value {
 
 /// Built-in kinds and their group/version, for schema generation.
 fn builtin_components() -> Components {
-    use k8s_openapi::api::{apps, batch, coordination, core, networking};
+    use k8s_openapi::api::{apps, batch, coordination, core, networking, rbac};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1 as meta;
 
@@ -95,6 +95,32 @@ fn builtin_components() -> Components {
         "coordination.k8s.io",
         "v1",
         "Lease"
+    );
+    kind!(
+        rbac::v1::ClusterRole,
+        "rbac.authorization.k8s.io",
+        "v1",
+        "ClusterRole"
+    );
+    kind!(
+        rbac::v1::ClusterRoleBinding,
+        "rbac.authorization.k8s.io",
+        "v1",
+        "ClusterRoleBinding"
+    );
+    kind!(rbac::v1::Role, "rbac.authorization.k8s.io", "v1", "Role");
+    kind!(
+        rbac::v1::RoleBinding,
+        "rbac.authorization.k8s.io",
+        "v1",
+        "RoleBinding"
+    );
+    // The ServiceAccount token subresource (`kubectl create token`).
+    kind!(
+        k8s_openapi::api::authentication::v1::TokenRequest,
+        "authentication.k8s.io",
+        "v1",
+        "TokenRequest"
     );
     kind!(
         apiext::CustomResourceDefinition,
