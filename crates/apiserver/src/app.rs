@@ -829,31 +829,6 @@ impl App {
         }
     }
 
-    /// A Kubernetes REST call made on behalf of `who`, already authenticated (the DRO-DS
-    /// endpoints write through here, so both views share one code path).
-    pub(crate) async fn kube_call(
-        self: &Arc<Self>,
-        who: &Identity,
-        req: Request<http_body_util::Full<Bytes>>,
-    ) -> Response<Body> {
-        let (parts, body) = req.into_parts();
-        let path = parts.uri.path().to_string();
-        let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-        let query = Query::parse(parts.uri.query());
-        let result = match segments.as_slice() {
-            ["api", "v1", rest @ ..] => {
-                self.resource(&parts, body, who, "", "v1", rest, query)
-                    .await
-            }
-            ["apis", group, version, rest @ ..] => {
-                self.resource(&parts, body, who, group, version, rest, query)
-                    .await
-            }
-            _ => Err(not_found()),
-        };
-        result.unwrap_or_else(|e| h::error(&e))
-    }
-
     #[allow(clippy::too_many_arguments)]
     async fn resource<B>(
         self: &Arc<Self>,
@@ -881,7 +856,7 @@ impl App {
             representation,
             warnings: Vec::new(),
         };
-        rest::serve(call, who, &parts.method, body).await
+        rest::serve(call, &parts.method, body).await
     }
 }
 

@@ -38,6 +38,7 @@ pub mod openapi_v2pb;
 pub mod pki;
 pub mod protobuf;
 pub mod rbac;
+pub mod registry;
 pub mod reviews;
 pub mod seal;
 pub mod server;

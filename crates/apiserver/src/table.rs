@@ -347,6 +347,22 @@ fn template_printed(with_selector: bool) -> Vec<Printed> {
     v
 }
 
+/// A binding's subjects of one kind, as kubectl prints them (`ns/name` for ServiceAccounts).
+fn subjects(r: &Row, kind: &str) -> Value {
+    let names: Vec<String> =
+        r.o.get("subjects")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|sub| s(sub.get("kind")) == Some(kind))
+            .map(|sub| match (s(sub.get("namespace")), s(sub.get("name"))) {
+                (Some(ns), Some(n)) if kind == "ServiceAccount" => format!("{ns}/{n}"),
+                (_, n) => n.unwrap_or_default().to_string(),
+            })
+            .collect();
+    json!(names.join(", "))
+}
+
 /// Kinds with a printer of their own; any other built-in kind shows its name and age.
 const PRINTED_KINDS: &[&str] = &[
     "Namespace",
@@ -366,6 +382,10 @@ const PRINTED_KINDS: &[&str] = &[
     "Ingress",
     "Lease",
     "CustomResourceDefinition",
+    "Role",
+    "ClusterRole",
+    "RoleBinding",
+    "ClusterRoleBinding",
 ];
 
 /// The printer of a built-in kind, as kube-apiserver's (`pkg/printers/internalversion`).
@@ -840,7 +860,30 @@ fn builtin_printer(kind: &str) -> Vec<Printed> {
             }),
             age_printed(),
         ]),
-        "CustomResourceDefinition" => v.push(printed(
+        "RoleBinding" | "ClusterRoleBinding" => {
+            v.push(printed("Role", "string", 0, "The role bound.", |r| {
+                let kind = s(at(r.o, &["roleRef", "kind"])).unwrap_or_default();
+                let name = s(at(r.o, &["roleRef", "name"])).unwrap_or_default();
+                json!(format!("{kind}/{name}"))
+            }));
+            v.push(age_printed());
+            v.extend([
+                printed("Users", "string", 1, "Users bound.", |r| {
+                    subjects(r, "User")
+                }),
+                printed("Groups", "string", 1, "Groups bound.", |r| {
+                    subjects(r, "Group")
+                }),
+                printed(
+                    "ServiceAccounts",
+                    "string",
+                    1,
+                    "ServiceAccounts bound.",
+                    |r| subjects(r, "ServiceAccount"),
+                ),
+            ]);
+        }
+        "CustomResourceDefinition" | "Role" | "ClusterRole" => v.push(printed(
             "Created At",
             "date",
             0,

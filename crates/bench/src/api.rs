@@ -197,6 +197,10 @@ fn configmap(name: &str, value: u64) -> Vec<u8> {
 }
 
 pub struct CrudArgs {
+    /// Run as a user RBAC decides for (bound to `edit` in the namespace), with this many
+    /// other RoleBindings in the store; `None`: as the admin (`system:masters`, which RBAC
+    /// does not consult).
+    pub as_user_with_bindings: Option<usize>,
     pub clients: usize,
     pub per_client: usize,
     pub rate: u64,
@@ -283,9 +287,13 @@ pub async fn crud(args: CrudArgs) -> anyhow::Result<()> {
             }
         ));
         let server = ServerProcess::start(&args.server_bin, &args.dir)?;
+        let kubeconfig = match args.as_user_with_bindings {
+            Some(n) => rbac_user(&server, n).await?,
+            None => server.kubeconfig.clone(),
+        };
         let mut clients = Vec::new();
         for _ in 0..args.clients {
-            clients.push(orrery_client::from_kubeconfig(&server.kubeconfig).await?);
+            clients.push(orrery_client::from_kubeconfig(&kubeconfig).await?);
         }
         let (_, cpu_before) = server.usage();
         let wall = Instant::now();
@@ -304,6 +312,8 @@ pub async fn crud(args: CrudArgs) -> anyhow::Result<()> {
         emit(json!({
             "scenario": "api.single_object",
             "verb": verb,
+            "identity": if args.as_user_with_bindings.is_some() { "rbac-user" } else { "admin" },
+            "rbac_bindings": args.as_user_with_bindings.unwrap_or(0),
             "clients": args.clients,
             "requests_per_run": args.clients * args.per_client,
             "target_rate_per_sec": args.rate,
@@ -317,6 +327,89 @@ pub async fn crud(args: CrudArgs) -> anyhow::Result<()> {
         }));
     }
     Ok(())
+}
+
+/// A user (client certificate from `orrery user create`) bound to `edit` in `default`, after
+/// `bindings` RoleBindings of other users and groups spread over 100 namespaces; its
+/// kubeconfig.
+async fn rbac_user(server: &ServerProcess, bindings: usize) -> anyhow::Result<PathBuf> {
+    progress(format!("api crud: writing {bindings} role bindings"));
+    let admin = orrery_client::from_kubeconfig(&server.kubeconfig).await?;
+    let namespaces = 100.min(bindings.max(1));
+    for i in 0..namespaces {
+        let body = serde_json::to_vec(
+            &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("team-{i}")}}),
+        )?;
+        admin
+            .request_text(request(
+                "POST",
+                "/api/v1/namespaces",
+                "application/json",
+                body,
+            ))
+            .await?;
+    }
+    let binding = |ns: &str, name: &str, kind: &str, subject: &str, role: &str| {
+        serde_json::to_vec(&json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": name, "namespace": ns},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": subject}],
+        }))
+        .unwrap_or_default()
+    };
+    let writers = 32;
+    let mut tasks = Vec::new();
+    for w in 0..writers {
+        let admin = admin.clone();
+        let bodies: Vec<(String, Vec<u8>)> = (w..bindings)
+            .step_by(writers)
+            .map(|i| {
+                let ns = format!("team-{}", i % namespaces);
+                let (kind, subject) = if i % 2 == 0 {
+                    ("User", format!("user-{}", i % 5000))
+                } else {
+                    ("Group", format!("group-{}", i % 500))
+                };
+                let roles = ["view", "edit", "admin"];
+                let body = binding(&ns, &format!("b-{i}"), kind, &subject, roles[i % 3]);
+                (
+                    format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings"),
+                    body,
+                )
+            })
+            .collect();
+        tasks.push(tokio::spawn(async move {
+            for (path, body) in bodies {
+                admin
+                    .request_text(request("POST", &path, "application/json", body))
+                    .await?;
+            }
+            Ok::<_, kube::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    admin
+        .request_text(request(
+            "POST",
+            "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings",
+            "application/json",
+            binding("default", "bench-edit", "User", "bench", "edit"),
+        ))
+        .await?;
+    let out = server.kubeconfig.with_file_name("bench-user.kubeconfig");
+    let status = Command::new(&server.bin)
+        .args(["user", "create", "bench", "--ttl", "2h", "--kubeconfig"])
+        .arg(&server.kubeconfig)
+        .arg("-o")
+        .arg(&out)
+        .stderr(Stdio::null())
+        .status()
+        .context("running orrery user create")?;
+    anyhow::ensure!(status.success(), "orrery user create failed");
+    Ok(out)
 }
 
 fn deployment(name: &str) -> Vec<u8> {

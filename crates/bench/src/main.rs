@@ -21,6 +21,7 @@ mod inproc;
 mod members;
 mod propagation;
 mod quality;
+mod rbac;
 mod scheduler;
 mod stateful;
 mod stats;
@@ -96,8 +97,21 @@ enum Command {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// The cost of one RBAC decision with many role bindings (in process).
+    RbacDecision {
+        #[arg(long, default_value_t = 10_000)]
+        bindings: usize,
+        #[arg(long, default_value_t = 1_000_000)]
+        checks: usize,
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+    },
     /// Single-object create/update/get through the API server with concurrent clients.
     ApiCrud {
+        /// Run as a user RBAC decides for, with this many other RoleBindings stored (without
+        /// it: as the admin, whom RBAC does not consult).
+        #[arg(long)]
+        as_user_with_bindings: Option<usize>,
         #[arg(long, default_value_t = 64)]
         clients: usize,
         #[arg(long, default_value_t = 100)]
@@ -731,7 +745,13 @@ fn main() -> anyhow::Result<()> {
                 })
                 .await
             }
+            Command::RbacDecision {
+                bindings,
+                checks,
+                runs,
+            } => rbac::decisions(bindings, checks, runs),
             Command::ApiCrud {
+                as_user_with_bindings,
                 clients,
                 per_client,
                 rate,
@@ -740,6 +760,7 @@ fn main() -> anyhow::Result<()> {
                 dir,
             } => {
                 api::crud(api::CrudArgs {
+                    as_user_with_bindings,
                     clients,
                     per_client,
                     rate,

@@ -150,7 +150,7 @@ pub async fn unregister(
         return Err(e);
     }
     // The Cluster's finalizer removes its namespace, Works and tokens before it goes.
-    let o: Option<Object> = serde_json::from_value(r.body.clone()).ok();
+    let o: Option<Object> = serde_json::from_value(r.value().clone()).ok();
     Ok(h::json(
         StatusCode::OK,
         &json!({

@@ -1,34 +1,46 @@
-//! DRO-DS calls that create, change or delete objects go through the Kubernetes REST handlers
-//! with the caller's own credentials: the same admission, validation, authorization and
-//! durability as `kubectl`, one source of truth with two views. Kubernetes `Status` errors
-//! come back as DRO-DS errors.
+//! DRO-DS calls that read, create, change or delete objects are registry operations
+//! ([`crate::registry`]) on behalf of the caller: the same authorization, admission,
+//! validation and durability as `kubectl`, one source of truth with two views. The registry's
+//! errors become DRO-DS errors here, in one mapping.
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Method, Request};
-use http_body_util::{BodyExt, Full};
+use http::{HeaderMap, HeaderValue, Method};
 use serde_json::{Value, json};
 
 use super::DroError;
 use crate::app::App;
 use crate::auth::Identity;
+use crate::error::ApiError;
+use crate::http::Query;
+use crate::registry::{self, Operation};
 
-/// What the Kubernetes handler answered.
+/// What an operation answered: its status and JSON, or the registry's error.
 #[derive(Debug)]
 pub struct Reply {
     pub status: u16,
-    pub body: Value,
+    result: Result<Value, ApiError>,
 }
 
 impl Reply {
     pub fn ok(&self) -> bool {
-        self.status < 300
+        self.result.is_ok()
+    }
+
+    /// The answer's JSON (`Null` for an error).
+    pub fn value(&self) -> &Value {
+        self.result.as_ref().unwrap_or(&Value::Null)
+    }
+
+    /// The refusal's reason (`AlreadyExists`, `Conflict`...), if it was refused.
+    pub fn reason(&self) -> Option<&'static str> {
+        self.result.as_ref().err().map(|e| e.reason)
     }
 
     /// The object a successful call answered with.
     pub fn object(self) -> Result<orrery_api::Object, DroError> {
-        serde_json::from_value(self.body).map_err(DroError::internal)
+        serde_json::from_value(self.result.map_err(DroError::from)?).map_err(DroError::internal)
     }
 
     /// The reply if the call succeeded, else its DRO-DS error (see [`Reply::error`]).
@@ -46,55 +58,32 @@ impl Reply {
     }
 
     /// The DRO-DS error for a failed call: `not_found` and `exists` name the codes for a
-    /// missing object and a name already taken; `details` are added to what the Status says.
+    /// missing object and a name already taken; `details` are added to the error's own (the
+    /// fields a validation failure names).
     pub fn error(&self, not_found: &'static str, exists: &'static str, details: Value) -> DroError {
-        let reason = self.body["reason"].as_str().unwrap_or("");
-        let code = match (self.status, reason) {
+        let Err(e) = &self.result else {
+            return DroError::internal("the call succeeded");
+        };
+        let mut out = DroError::from(e.clone());
+        out.code = match (e.code, e.reason) {
             (404, _) => not_found,
             (409, "AlreadyExists") => exists,
-            (409, _) => "CONFLICT",
-            (400 | 422, _) => "VALIDATION_FAILED",
-            (401, _) => "UNAUTHORIZED",
-            (403, _) => "FORBIDDEN",
-            (413, _) => "PAYLOAD_TOO_LARGE",
-            (415, _) => "UNSUPPORTED_MEDIA_TYPE",
-            (429, _) => "TOO_MANY_REQUESTS",
-            (503, _) => "UNAVAILABLE",
-            _ => "INTERNAL",
+            _ => out.code,
         };
         let mut d = match details {
             Value::Object(m) => m,
             _ => serde_json::Map::new(),
         };
-        if let Some(causes) = self.body["details"]["causes"].as_array() {
-            d.insert(
-                "fields".into(),
-                json!(
-                    causes
-                        .iter()
-                        .map(|c| json!({"field": c["field"], "message": c["message"]}))
-                        .collect::<Vec<_>>()
-                ),
-            );
+        if let Some(fields) = out.details.get("fields") {
+            d.insert("fields".into(), fields.clone());
         }
-        DroError {
-            status: if code == "VALIDATION_FAILED" {
-                400
-            } else {
-                self.status
-            },
-            allow: None,
-            code,
-            message: self.body["message"]
-                .as_str()
-                .unwrap_or("the request failed")
-                .to_string(),
-            details: Box::new(Value::Object(d)),
-        }
+        out.details = Box::new(Value::Object(d));
+        out
     }
 }
 
-/// Calls the Kubernetes REST API at `path` as the caller of the DRO-DS request.
+/// Runs the registry operation a Kubernetes API path and method name (`POST
+/// /apis/multicluster.io/v1alpha1/clusters`) as the caller of the DRO-DS request.
 pub async fn call(
     app: &Arc<App>,
     who: &Identity,
@@ -103,52 +92,60 @@ pub async fn call(
     content_type: &str,
     body: Option<&Value>,
 ) -> Result<Reply, DroError> {
-    let bytes = match body {
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    let query = Query::parse(Some(query).filter(|q| !q.is_empty()));
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_str(content_type).map_err(DroError::internal)?,
+    );
+    let body = match body {
         Some(v) => Bytes::from(serde_json::to_vec(v).map_err(DroError::internal)?),
         None => Bytes::new(),
     };
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header(http::header::CONTENT_TYPE, content_type)
-        .header(http::header::ACCEPT, "application/json");
-    let req = req.body(Full::new(bytes)).map_err(DroError::internal)?;
-    let resp = app.kube_call(who, req).await;
-    let status = resp.status().as_u16();
-    let collected = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(DroError::internal)?;
-    let raw = collected.to_bytes();
-    let body = if raw.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&raw).map_err(DroError::internal)?
-    };
-    Ok(Reply { status, body })
+    let result = async {
+        let target = registry::target_of(app, path)?;
+        let verb = crate::rest::verb(&method, &target, &query)?;
+        let authorized = registry::authorize(app, who, &target, verb)?;
+        let op = Operation {
+            who,
+            target,
+            verb,
+            query,
+            headers: &headers,
+            body,
+        };
+        registry::operate(app, op, authorized).await
+    }
+    .await;
+    Ok(match result {
+        Ok(out) => Reply {
+            status: out.status.as_u16(),
+            result: Ok(out.into_value()),
+        },
+        Err(e) => Reply {
+            status: e.code,
+            result: Err(e),
+        },
+    })
 }
 
-/// Lists through the Kubernetes handlers and answers `{items, count}`, each item in the
-/// DRO-DS shape `view` gives it.
+/// Lists what a Kubernetes API path names (with its selectors) and answers `{items, count}`,
+/// each item in the DRO-DS shape `view` gives it.
 pub async fn list(
     app: &Arc<App>,
     who: &Identity,
     path: &str,
     view: impl Fn(&orrery_api::Object) -> Value,
 ) -> Result<http::Response<crate::http::Body>, DroError> {
-    let r = call(app, who, Method::GET, path, "application/json", None)
+    let (path, query) = path.split_once('?').unwrap_or((path, ""));
+    let query = Query::parse(Some(query).filter(|q| !q.is_empty()));
+    let target = registry::target_of(app, path)?;
+    let items: Vec<Value> = registry::list(app, who, target, query)
         .await?
-        .checked("NOT_FOUND", "CONFLICT", json!({}))?;
-    let items: Vec<Value> = r.body["items"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|o| serde_json::from_value::<orrery_api::Object>(o.clone()).ok())
-                .map(|o| view(&o))
-                .collect()
-        })
-        .unwrap_or_default();
+        .iter()
+        .map(view)
+        .collect();
     Ok(crate::http::json(
         http::StatusCode::OK,
         &json!({ "items": items, "count": items.len() }),

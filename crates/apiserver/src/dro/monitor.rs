@@ -23,6 +23,7 @@ use super::DroError;
 use crate::app::App;
 use crate::auth::{Attributes, Identity};
 use crate::http::{self as h, Body};
+use crate::registry::{self, StatusGrant};
 use crate::rest::write::StatusCheck;
 
 pub(super) fn bad(message: impl Into<String>, field: &str) -> DroError {
@@ -31,19 +32,9 @@ pub(super) fn bad(message: impl Into<String>, field: &str) -> DroError {
 
 /// Speaking for a cluster (its metrics, events, latencies) is writing its status: its own
 /// agent may, and whoever RBAC lets update `clusters/status` of that cluster.
-fn authorize(app: &App, who: &Identity, cluster: &str) -> Result<(), DroError> {
-    app.authz
-        .authorize(
-            who,
-            &Attributes {
-                verb: "update",
-                group: "multicluster.io",
-                resource: "clusters",
-                subresource: Some("status"),
-                namespace: None,
-                name: Some(cluster),
-            },
-        )
+fn authorize(app: &App, who: &Identity, cluster: &str) -> Result<StatusGrant, DroError> {
+    let rt = cluster_type(app)?;
+    registry::authorize_status(app, who, &rt, None, cluster)
         .map_err(|e| DroError::from(e).with_details(json!({ "clusterName": cluster })))
 }
 
@@ -73,6 +64,7 @@ fn cluster_type(app: &App) -> Result<std::sync::Arc<crate::resources::ResourceTy
 /// Reads, changes and writes one Cluster with compare-and-swap, validated like any update.
 async fn update_cluster(
     app: &App,
+    _: &StatusGrant,
     name: &str,
     mut change: impl FnMut(&mut Object) -> Result<(), DroError>,
 ) -> Result<std::sync::Arc<Object>, DroError> {
@@ -130,7 +122,7 @@ pub async fn metrics(
     let r: Report = serde_json::from_slice(body).map_err(|e| {
         DroError::validation(format!("the body is not a valid metrics report: {e}"))
     })?;
-    authorize(app, who, &r.cluster)?;
+    let authorized = authorize(app, who, &r.cluster)?;
     let ts: Time = r.timestamp.parse().map_err(|_| {
         bad(
             format!("timestamp {:?} is not an ISO 8601 time", r.timestamp),
@@ -171,64 +163,55 @@ pub async fn metrics(
         pods: r.pods,
         network_traffic: r.network_traffic,
     };
-    let rt = cluster_type(app)?;
     let metrics = serde_json::to_value(&summary).map_err(DroError::internal)?;
     // A status write: the report changes nothing else of the Cluster. The status is edited as
     // JSON, in place: parsing it whole and writing it back cost more than the rest of the
     // handler, and fields this handler does not know stay as they are.
-    let stored = crate::rest::write::update_status(
-        app,
-        &rt,
-        None,
-        &r.cluster,
-        None,
-        StatusCheck::Trusted,
-        |c| {
-            let mut st = match &c.status {
-                Some(Value::Object(m)) => m.clone(),
-                _ => serde_json::Map::new(),
+    let stored = registry::update_status(app, &authorized, None, StatusCheck::Trusted, |c| {
+        let mut st = match &c.status {
+            Some(Value::Object(m)) => m.clone(),
+            _ => serde_json::Map::new(),
+        };
+        if let Some(Value::Object(rs)) = st.get_mut("resourceSummary") {
+            // The report's usage feeds the water level (computed from the summary when the
+            // status is written) the scheduler reads.
+            let allocatable = |name: &str| {
+                rs.get("allocatable")
+                    .and_then(|a| a.get(name))
+                    .and_then(Value::as_str)
+                    .and_then(|q| q.parse::<Quantity>().ok())
             };
-            if let Some(Value::Object(rs)) = st.get_mut("resourceSummary") {
-                // The report's usage feeds the water level (computed from the summary when the
-                // status is written) the scheduler reads.
-                let allocatable = |name: &str| {
-                    rs.get("allocatable")
-                        .and_then(|a| a.get(name))
-                        .and_then(Value::as_str)
-                        .and_then(|q| q.parse::<Quantity>().ok())
-                };
-                let cpu = allocatable("cpu").and_then(|cpu| {
-                    let used = (cpu.nanos() as f64 * r.cpu_usage / 100.0) as i128;
-                    Quantity::from_nanos(used, orrery_api::Format::DecimalSI).ok()
-                });
-                let memory = allocatable("memory").and_then(|mem| {
-                    let free = (r.memory_available * (1u64 << 30) as f64 * 1e9) as i128;
-                    let used = (mem.nanos() - free).max(0);
-                    Quantity::from_nanos(used, orrery_api::Format::BinarySI).ok()
-                });
-                if cpu.is_some() || memory.is_some() {
-                    let usage = object_field(rs, "usage");
-                    for (name, q) in [("cpu", cpu), ("memory", memory)] {
-                        if let Some(q) = q {
-                            usage.insert(name.into(), Value::String(q.to_string()));
-                        }
+            let cpu = allocatable("cpu").and_then(|cpu| {
+                let used = (cpu.nanos() as f64 * r.cpu_usage / 100.0) as i128;
+                Quantity::from_nanos(used, orrery_api::Format::DecimalSI).ok()
+            });
+            let memory = allocatable("memory").and_then(|mem| {
+                let free = (r.memory_available * (1u64 << 30) as f64 * 1e9) as i128;
+                let used = (mem.nanos() - free).max(0);
+                Quantity::from_nanos(used, orrery_api::Format::BinarySI).ok()
+            });
+            if cpu.is_some() || memory.is_some() {
+                let usage = object_field(rs, "usage");
+                for (name, q) in [("cpu", cpu), ("memory", memory)] {
+                    if let Some(q) = q {
+                        usage.insert(name.into(), Value::String(q.to_string()));
                     }
                 }
             }
-            if r.network_traffic.is_some() || !r.latencies.is_empty() {
-                let n = object_field(&mut st, "network");
-                if let Some(t) = r.network_traffic {
-                    n.insert("ingressBytesPerSecond".into(), json!(t / 2.0));
-                    n.insert("egressBytesPerSecond".into(), json!(t / 2.0));
-                }
-                if !r.latencies.is_empty() {
-                    n.insert("latencyMs".into(), json!(r.latencies));
-                }
+        }
+        if r.network_traffic.is_some() || !r.latencies.is_empty() {
+            let n = object_field(&mut st, "network");
+            if let Some(t) = r.network_traffic {
+                n.insert("ingressBytesPerSecond".into(), json!(t / 2.0));
+                n.insert("egressBytesPerSecond".into(), json!(t / 2.0));
             }
-            st.insert("metrics".into(), metrics.clone());
-            Ok(Value::Object(st))
-        },
-    )
+            if !r.latencies.is_empty() {
+                n.insert("latencyMs".into(), json!(r.latencies));
+            }
+        }
+        st.insert("metrics".into(), metrics.clone());
+        Ok(Value::Object(st))
+    })
     .await
     .map_err(|e| {
         if e.code == 404 {
@@ -385,8 +368,8 @@ pub async fn configs(
 ) -> Result<http::Response<Body>, DroError> {
     let c: Config = serde_json::from_slice(body)
         .map_err(|e| DroError::validation(format!("the body is not a valid configuration: {e}")))?;
-    authorize(app, who, &c.cluster)?;
-    let o = update_cluster(app, &c.cluster, |o| {
+    let authorized = authorize(app, who, &c.cluster)?;
+    let o = update_cluster(app, &authorized, &c.cluster, |o| {
         if let Some(l) = &c.labels {
             o.metadata.labels = l.clone();
         }

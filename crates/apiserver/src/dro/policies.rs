@@ -229,7 +229,7 @@ pub async fn patch(
             Some(&next),
         )
         .await?;
-        let conflict = r.status == 409 && r.body["reason"] != "AlreadyExists";
+        let conflict = r.status == 409 && r.reason() != Some("AlreadyExists");
         if !conflict || attempt == PATCH_ATTEMPTS {
             break r;
         }

@@ -20,8 +20,9 @@ use serde_json::{Value, json};
 
 use super::{DroError, MAX_BATCH};
 use crate::app::App;
-use crate::auth::{Attributes, Identity};
-use crate::rest::write::write_status;
+use crate::auth::Identity;
+use crate::registry;
+use crate::rest::write::StatusCheck;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -108,25 +109,14 @@ pub async fn batch(
             })?),
             None => None,
         };
-        app.authz
-            .authorize(
-                who,
-                &Attributes {
-                    verb: "update",
-                    group: &rt.group,
-                    resource: &rt.plural,
-                    subresource: Some("status"),
-                    namespace,
-                    name: Some(&item.name),
-                },
-            )
+        let authorized = registry::authorize_status(app, who, &rt, namespace, &item.name)
             .map_err(|e| DroError::from(e).with_details(json!({ "index": i })))?;
-        targets.push((rt, expected));
+        targets.push((expected, authorized));
     }
     // Each item is a task of its own, so that decoding, validating and encoding use every
     // core; results stay in the request's order.
     let results: Vec<Value> = futures_util::stream::iter(batch.items.into_iter().zip(targets))
-        .map(|(item, (rt, expected))| {
+        .map(|(item, (expected, authorized))| {
             let app = app.clone();
             tokio::spawn(async move {
                 let ns = item.namespace.as_deref().filter(|n| !n.is_empty());
@@ -134,7 +124,16 @@ pub async fn batch(
                 if let Some(ns) = ns {
                     out["namespace"] = json!(ns);
                 }
-                match write_status(&app, &rt, ns, &item.name, item.status, expected).await {
+                let status = item.status;
+                let written = registry::update_status(
+                    &app,
+                    &authorized,
+                    expected,
+                    StatusCheck::Validate,
+                    |_| Ok(status.clone()),
+                )
+                .await;
+                match written {
                     Ok(o) => {
                         out["code"] = json!("OK");
                         out["resourceVersion"] = json!(o.metadata.resource_version);

@@ -13,13 +13,14 @@ use serde_json::Value;
 use crate::app::App;
 use crate::error::{ApiError, ApiResult};
 use crate::http::{self as h, Body, Query, Representation};
+use crate::registry::{self, Operation, Outcome, Payload};
 use crate::resources::{Origin, Registry, ResourceType};
 use crate::schema::validate::{self as schema_check, Mode};
 use crate::table::{self, IncludeObject};
 
-mod read;
-mod subresource;
-mod watch;
+pub(crate) mod read;
+pub(crate) mod subresource;
+pub(crate) mod watch;
 pub(crate) mod write;
 
 /// What a resource request addresses.
@@ -409,32 +410,42 @@ pub fn read_only(rt: &ResourceType, name: &str) -> ApiError {
     ))
 }
 
-/// Serves one object in the representation asked for.
-pub fn respond_object(
-    call: &Call<'_>,
-    status: StatusCode,
-    obj: &Object,
+/// One object, as an operation's answer.
+pub fn respond_object(call: &Call<'_>, status: StatusCode, obj: &Object) -> ApiResult<Outcome> {
+    Ok(Outcome::object(call, status, obj.clone()))
+}
+
+/// An operation's answer in the representation the client asked for.
+pub fn encode(
+    rt: &ResourceType,
+    representation: Representation,
+    query: &Query,
+    out: Outcome,
 ) -> ApiResult<Response<Body>> {
-    let value = match call.representation {
-        Representation::Json => obj.to_value(),
-        Representation::Metadata => serde_json::json!({
-            "kind": "PartialObjectMetadata",
-            "apiVersion": "meta.k8s.io/v1",
-            "metadata": serde_json::to_value(&obj.metadata).unwrap_or_default(),
-        }),
-        Representation::Table => {
-            let include = IncludeObject::parse(call.query.get("includeObject"))
-                .map_err(ApiError::bad_request)?;
-            table::table(
-                &call.target.rt,
-                std::slice::from_ref(obj),
-                &obj.metadata.resource_version,
-                None,
-                include,
-            )
-        }
+    let value = match out.payload {
+        Payload::Encoded(r) => return Ok(r),
+        Payload::Value(v) => v,
+        Payload::Object(obj) => match representation {
+            Representation::Json => obj.to_value(),
+            Representation::Metadata => serde_json::json!({
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": serde_json::to_value(&obj.metadata).unwrap_or_default(),
+            }),
+            Representation::Table => {
+                let include = IncludeObject::parse(query.get("includeObject"))
+                    .map_err(ApiError::bad_request)?;
+                table::table(
+                    rt,
+                    std::slice::from_ref(&*obj),
+                    &obj.metadata.resource_version,
+                    None,
+                    include,
+                )
+            }
+        },
     };
-    Ok(with_warnings(h::json(status, &value), &call.warnings))
+    Ok(with_warnings(h::json(out.status, &value), &out.warnings))
 }
 
 /// Adds `Warning: 299` headers.
@@ -448,58 +459,30 @@ pub fn with_warnings(mut r: Response<Body>, warnings: &[String]) -> Response<Bod
     r
 }
 
-/// Runs one resource request.
-pub async fn serve<B>(
-    call: Call<'_>,
-    who: &crate::auth::Identity,
-    method: &Method,
-    body: B,
-) -> ApiResult<Response<Body>>
+/// Serves one resource request: the Kubernetes REST surface of the registry.
+pub async fn serve<B>(call: Call<'_>, method: &Method, body: B) -> ApiResult<Response<Body>>
 where
     B: hyper::body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let verb = verb(method, &call.target, &call.query)?;
-    let t = &call.target;
-    call.app.authz.authorize(
-        who,
-        &crate::auth::Attributes {
-            verb: verb.as_str(),
-            group: &t.rt.group,
-            resource: &t.rt.plural,
-            subresource: t.subresource.as_deref(),
-            namespace: t.namespace.as_deref(),
-            name: t.name.as_deref(),
-        },
-    )?;
-    let needs_body = matches!(
-        verb,
-        Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection
-    );
-    let body = if needs_body {
+    // Authorized before the body is read: a refused caller uploads nothing.
+    let authorized = registry::authorize(call.app, call.who, &call.target, verb)?;
+    let body = if registry::needs_body(verb) {
         h::read_body(body, call.app.config.max_body_bytes).await?
     } else {
         Bytes::new()
     };
-    match (verb, call.target.subresource.as_deref()) {
-        (Verb::Get, None) => read::get(call).await,
-        (Verb::List, _) => read::list(call).await,
-        (Verb::Watch, _) => watch::watch(call).await,
-        (Verb::Create, Some("token")) => subresource::create_token(call, &body).await,
-        (Verb::Create, _) => write::create(call, &body).await,
-        (Verb::Update, None) => write::update(call, &body).await,
-        (Verb::Patch, None) => write::patch(call, &body).await,
-        (Verb::Delete, _) => write::delete(call, &body).await,
-        (Verb::DeleteCollection, _) => write::delete_collection(call, &body).await,
-        (Verb::Get, Some("status")) => read::get(call).await,
-        (Verb::Update, Some("status")) => write::update(call, &body).await,
-        (Verb::Patch, Some("status")) => write::patch(call, &body).await,
-        (Verb::Get, Some("scale")) => subresource::get_scale(call).await,
-        (Verb::Update, Some("scale")) => subresource::update_scale(call, &body).await,
-        (Verb::Patch, Some("scale")) => subresource::patch_scale(call, &body).await,
-        (Verb::Update, Some("finalize")) => subresource::finalize(call, &body).await,
-        _ => Err(ApiError::method_not_allowed(
-            "the server does not allow this method on the requested resource",
-        )),
-    }
+    let rt = call.target.rt.clone();
+    let (representation, query) = (call.representation, call.query.clone());
+    let op = Operation {
+        who: call.who,
+        target: call.target,
+        verb,
+        query: call.query,
+        headers: call.headers,
+        body,
+    };
+    let out = registry::operate(call.app, op, authorized).await?;
+    encode(&rt, representation, &query, out)
 }

@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 
 use super::{Call, respond_object, with_warnings};
 use crate::error::{ApiError, ApiResult};
-use crate::http::{self as h, Body, Representation};
+use crate::http::{self as h, Representation};
+use crate::registry::Outcome;
 use crate::resources::ResourceType;
 use crate::table::{self, IncludeObject};
 
@@ -21,7 +22,7 @@ pub fn present(rt: &ResourceType, mut obj: Object) -> Object {
     obj
 }
 
-pub async fn get(call: Call<'_>) -> ApiResult<Response<Body>> {
+pub async fn get(call: Call<'_>) -> ApiResult<Outcome> {
     let rt = call.target.rt.clone();
     let obj = call
         .app
@@ -181,7 +182,19 @@ pub async fn list_options(call: &Call<'_>) -> ApiResult<ListOptions> {
     Ok(opts)
 }
 
-pub async fn list(call: Call<'_>) -> ApiResult<Response<Body>> {
+/// The objects a list names, parsed (for in-process callers: the DRO-DS API).
+pub async fn objects(call: &Call<'_>) -> ApiResult<Vec<Object>> {
+    let rt = &call.target.rt;
+    let opts = list_options(call).await?;
+    let list = call
+        .app
+        .store
+        .list(&rt.prefix(call.target.namespace.as_deref()), &opts)
+        .await?;
+    Ok(list.items.into_iter().map(|o| present(rt, o)).collect())
+}
+
+pub async fn list(call: Call<'_>) -> ApiResult<Outcome> {
     let rt = call.target.rt.clone();
     let opts = list_options(&call).await?;
     let prefix = rt.prefix(call.target.namespace.as_deref());
@@ -281,5 +294,5 @@ pub async fn list(call: Call<'_>) -> ApiResult<Response<Body>> {
             r
         }
     };
-    Ok(with_warnings(response, &call.warnings))
+    Ok(Outcome::encoded(with_warnings(response, &call.warnings)))
 }

@@ -3,7 +3,7 @@
 //! token` works).
 
 use bytes::Bytes;
-use http::{Response, StatusCode};
+use http::StatusCode;
 use orrery_api::Object;
 use orrery_api::labels::LabelSelector;
 use orrery_api::validation::FieldError;
@@ -11,9 +11,9 @@ use orrery_store::{Preconditions, Revision, StoreError};
 use serde_json::{Value, json};
 
 use super::write::{apply_patch, patch_type};
-use super::{Call, decode_body, dry_run, with_warnings};
+use super::{Call, decode_body, dry_run};
 use crate::error::{ApiError, ApiResult};
-use crate::http::{self as h, Body};
+use crate::registry::Outcome;
 use crate::resources::ScaleSpec;
 
 const SCALE_SCHEMA: &str = "io.k8s.api.autoscaling.v1.Scale";
@@ -86,7 +86,7 @@ fn set_pointer(v: &mut Value, pointer: &str, value: Value) {
     }
 }
 
-pub async fn get_scale(call: Call<'_>) -> ApiResult<Response<Body>> {
+pub async fn get_scale(call: Call<'_>) -> ApiResult<Outcome> {
     let spec = scale_spec(&call)?;
     let obj = call
         .app
@@ -94,14 +94,14 @@ pub async fn get_scale(call: Call<'_>) -> ApiResult<Response<Body>> {
         .get(&call.target.key())
         .await
         .map_err(|e| ApiError::from_store(e, &call.target.rt, call.target.name()))?;
-    Ok(h::json(StatusCode::OK, &scale_of(&spec, &obj)))
+    Ok(Outcome::value(&call, StatusCode::OK, scale_of(&spec, &obj)))
 }
 
 /// Writes `replicas` into the object (optionally only at revision `precondition`).
 async fn write_replicas(
     call: &Call<'_>,
     replicas_of: impl Fn(&Value) -> ApiResult<(i64, Option<Revision>)>,
-) -> ApiResult<Response<Body>> {
+) -> ApiResult<Outcome> {
     let spec = scale_spec(call)?;
     let rt = &call.target.rt;
     let name = call.target.name();
@@ -128,7 +128,11 @@ async fn write_replicas(
         }
         let mut v = current.to_value();
         if v.pointer(&spec.spec_replicas).and_then(Value::as_i64) == Some(replicas) {
-            return Ok(h::json(StatusCode::OK, &scale_of(&spec, &current)));
+            return Ok(Outcome::value(
+                call,
+                StatusCode::OK,
+                scale_of(&spec, &current),
+            ));
         }
         set_pointer(&mut v, &spec.spec_replicas, json!(replicas));
         let mut next: Object =
@@ -137,7 +141,7 @@ async fn write_replicas(
         // The scaler now owns the replica count.
         super::write::track(call, Some(&current), &mut next);
         if dry {
-            return Ok(h::json(StatusCode::OK, &scale_of(&spec, &next)));
+            return Ok(Outcome::value(call, StatusCode::OK, scale_of(&spec, &next)));
         }
         match call
             .app
@@ -146,10 +150,7 @@ async fn write_replicas(
             .await
         {
             Ok(o) => {
-                return Ok(with_warnings(
-                    h::json(StatusCode::OK, &scale_of(&spec, &o)),
-                    &call.warnings,
-                ));
+                return Ok(Outcome::value(call, StatusCode::OK, scale_of(&spec, &o)));
             }
             Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
             Err(e) => return Err(ApiError::from_store(e, rt, name)),
@@ -168,7 +169,7 @@ fn replicas_in(scale: &Value) -> ApiResult<i64> {
         .unwrap_or(Ok(0))
 }
 
-pub async fn update_scale(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+pub async fn update_scale(call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     let (scale, _) = decode_body(call.headers, body, crate::schema::SCALE)?;
     let replicas = replicas_in(&scale)?;
     let precondition = match scale
@@ -184,7 +185,7 @@ pub async fn update_scale(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Bo
     write_replicas(&call, |_| Ok((replicas, precondition))).await
 }
 
-pub async fn patch_scale(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+pub async fn patch_scale(call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     let ptype = patch_type(&call)?;
     let patch_doc: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?;
@@ -197,7 +198,7 @@ pub async fn patch_scale(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Bod
 
 /// PUT namespaces/<name>/finalize: sets `spec.finalizers`; a terminating namespace left with
 /// none is removed.
-pub async fn finalize(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+pub async fn finalize(call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     let rt = call.target.rt.clone();
     let name = call.target.name().to_string();
     let (v, _) = decode_body(call.headers, body, &call.target.rt.schema)?;
@@ -233,7 +234,7 @@ pub async fn finalize(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>>
                 .await
         };
         match result {
-            Ok(o) => return Ok(h::json(StatusCode::OK, &o.to_value())),
+            Ok(o) => return Ok(Outcome::value(&call, StatusCode::OK, o.to_value())),
             Err(StoreError::Conflict { .. }) => continue,
             Err(e) => return Err(ApiError::from_store(e, &rt, &name)),
         }
@@ -247,7 +248,7 @@ const TOKEN_DEFAULT_SECONDS: i64 = 3600;
 
 /// `POST .../serviceaccounts/<name>/token`: a token for the ServiceAccount, good until it
 /// expires or the account (this uid) is deleted. Only its hash is stored.
-pub async fn create_token(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+pub async fn create_token(call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     const SCHEMA: &str = "io.k8s.api.authentication.v1.TokenRequest";
     let (req, _) = decode_body(call.headers, body, SCHEMA)?;
     let spec = req.get("spec").cloned().unwrap_or_else(|| json!({}));
@@ -321,8 +322,5 @@ pub async fn create_token(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Bo
         "spec": out_spec,
         "status": {"token": token, "expirationTimestamp": expires.to_string()},
     });
-    Ok(with_warnings(
-        h::json(StatusCode::CREATED, &out),
-        &call.warnings,
-    ))
+    Ok(Outcome::value(&call, StatusCode::CREATED, out))
 }

@@ -22,7 +22,8 @@ use tokio::sync::mpsc;
 use super::Call;
 use super::read::{present, selectors, wait_for_revision};
 use crate::error::{ApiError, ApiResult};
-use crate::http::{Body, Representation};
+use crate::http::Representation;
+use crate::registry::Outcome;
 use crate::resources::ResourceType;
 use crate::table::{self, IncludeObject};
 
@@ -105,7 +106,7 @@ fn random_between(lo: Duration, hi: Duration) -> Duration {
     lo + Duration::from_millis(if span == 0 { 0 } else { r as u64 % span })
 }
 
-pub async fn watch(call: Call<'_>) -> ApiResult<Response<Body>> {
+pub async fn watch(call: Call<'_>) -> ApiResult<Outcome> {
     let rt = call.target.rt.clone();
     let (label, mut field) = selectors(&call)?;
     if let Some(name) = &call.target.name {
@@ -272,5 +273,5 @@ pub async fn watch(call: Call<'_>) -> ApiResult<Response<Body>> {
         "Cache-Control",
         http::HeaderValue::from_static("no-cache, private"),
     );
-    Ok(response)
+    Ok(Outcome::encoded(response))
 }

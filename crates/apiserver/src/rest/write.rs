@@ -1,19 +1,17 @@
 //! create, update, patch, delete, deletecollection.
 
 use bytes::Bytes;
+use http::StatusCode;
 use http::header::CONTENT_TYPE;
-use http::{Response, StatusCode};
 use orrery_api::{Object, Time};
 use orrery_store::{ListOptions, Preconditions, Revision, StoreError};
 use serde_json::{Value, json};
 
 use super::read::{present, selectors};
-use super::{
-    Call, FieldValidation, admit, decode_body, dry_run, respond_object, validate, with_warnings,
-};
+use super::{Call, FieldValidation, admit, decode_body, dry_run, respond_object, validate};
 use crate::error::{ApiError, ApiResult};
-use crate::http::{self as h, Body};
 use crate::patch::{self, Meta, PatchType};
+use crate::registry::Outcome;
 use crate::resources::ResourceType;
 use crate::strategy;
 
@@ -104,7 +102,7 @@ async fn after_write(call: &Call<'_>, written: Option<(&Object, bool)>) {
     }
 }
 
-pub async fn create(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+pub async fn create(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     let rt = call.target.rt.clone();
     if rt.terminating {
         return Err(ApiError::method_not_allowed(format!(
@@ -260,7 +258,7 @@ fn parse_rv(s: &str) -> ApiResult<Option<Revision>> {
         .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {s:?}")))
 }
 
-pub async fn update(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+pub async fn update(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     let rt = call.target.rt.clone();
     let validation = FieldValidation::parse(&call.query)?;
     let dry = dry_run(&call.query)?;
@@ -375,7 +373,7 @@ pub fn patch_type(call: &Call<'_>) -> ApiResult<PatchType> {
     }
 }
 
-pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     let rt = call.target.rt.clone();
     let ptype = patch_type(&call)?;
     if ptype == PatchType::Apply {
@@ -437,7 +435,7 @@ async fn store_update(
     next: Object,
     dry: bool,
     retry: bool,
-) -> ApiResult<Option<Response<Body>>> {
+) -> ApiResult<Option<Outcome>> {
     let rt = &call.target.rt;
     if same_object(&current, &next) {
         // Nothing changed: no write, no new revision.
@@ -632,14 +630,14 @@ async fn delete_one(
     Err(ApiError::stale(rt, name))
 }
 
-pub async fn delete(call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+pub async fn delete(call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     let opts = delete_options(&call, body)?;
     let (status, obj) = delete_one(&call, &call.target.key(), call.target.name(), &opts).await?;
     after_write(&call, Some((&obj, status == StatusCode::OK))).await;
     respond_object(&call, status, &obj)
 }
 
-pub async fn delete_collection(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+pub async fn delete_collection(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     let rt = call.target.rt.clone();
     let opts = delete_options(&call, body)?;
     let (labels, fields) = selectors(&call)?;
@@ -675,30 +673,7 @@ pub async fn delete_collection(mut call: Call<'_>, body: &Bytes) -> ApiResult<Re
     }
     after_write(&call, None).await;
     let out = json!({ "kind": rt.list_kind, "apiVersion": rt.api_version(), "metadata": {}, "items": items });
-    Ok(with_warnings(h::json(StatusCode::OK, &out), &call.warnings))
-}
-
-/// Replaces the status of one object (what a status update does), outside an HTTP request:
-/// the batch status endpoint and in-process writers use it. `expected` is an optional
-/// resourceVersion precondition.
-pub async fn write_status(
-    app: &crate::app::App,
-    rt: &ResourceType,
-    namespace: Option<&str>,
-    name: &str,
-    status: Value,
-    expected: Option<Revision>,
-) -> ApiResult<std::sync::Arc<Object>> {
-    update_status(
-        app,
-        rt,
-        namespace,
-        name,
-        expected,
-        StatusCheck::Validate,
-        |_| Ok(status.clone()),
-    )
-    .await
+    Ok(Outcome::value(&call, StatusCode::OK, out))
 }
 
 /// Whether a status write is validated against the kind's rules.
@@ -710,8 +685,9 @@ pub enum StatusCheck {
     Trusted,
 }
 
-/// Like [`write_status`], with the new status computed from the stored object by `f` (again
-/// on each retry after a conflict).
+/// Replaces the status of one object outside an HTTP request (through the registry: see
+/// `registry::update_status`), with the new status computed from the stored object by `f`
+/// (again on each retry after a conflict).
 pub async fn update_status(
     app: &crate::app::App,
     rt: &ResourceType,
@@ -803,7 +779,7 @@ fn applied_config(call: &Call<'_>, body: &Bytes) -> ApiResult<Value> {
 }
 
 /// Server-side apply (`application/apply-patch+yaml`): see [`crate::managed`].
-async fn server_side_apply(mut call: Call<'_>, body: &Bytes) -> ApiResult<Response<Body>> {
+async fn server_side_apply(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     let rt = call.target.rt.clone();
     let name = call.target.name().to_string();
     let manager = call
