@@ -625,8 +625,7 @@ impl Authorizer {
         ns: Option<&str>,
         built_in: impl FnOnce() -> bool,
     ) -> Decision {
-        let groups = who.groups();
-        if groups.iter().any(|g| g == "system:masters") {
+        if who.is_superuser() {
             return Decision {
                 allowed: true,
                 reason: "system:masters may do everything".into(),
@@ -639,6 +638,7 @@ impl Authorizer {
                     .into(),
             };
         }
+        let groups = who.groups();
         let p = self.policy.read().unwrap_or_else(|e| e.into_inner());
         match p.allowed(&who.user(), &groups, allows, ns) {
             Some(reason) => Decision {
@@ -677,7 +677,7 @@ impl Authorizer {
     /// non-resource rules (`SelfSubjectRulesReview`).
     pub fn rules_for(&self, who: &Identity, namespace: Option<&str>) -> (Vec<Rule>, Vec<Rule>) {
         let groups = who.groups();
-        let mut all = if groups.iter().any(|g| g == "system:masters") {
+        let mut all = if who.is_superuser() {
             vec![Rule::on(&["*"], &["*"], &["*"]), Rule::urls(&["*"], &["*"])]
         } else {
             match who {
@@ -708,7 +708,7 @@ impl Authorizer {
         let Some(kind) = Kind::of(&obj.kind) else {
             return Ok(());
         };
-        if who.groups().iter().any(|g| g == "system:masters") {
+        if who.is_superuser() {
             return Ok(());
         }
         let ns = (!obj.metadata.namespace.is_empty()).then_some(obj.metadata.namespace.as_str());

@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::app::App;
 use crate::auth::{Attributes, Identity};
 use crate::error::{ApiError, ApiResult};
-use crate::http::{Body, Query};
+use crate::http::{Body, Query, Representation};
 use crate::resources::ResourceType;
 use crate::rest::{self, Call, Target, Verb, read, subresource, watch, write};
 
@@ -31,8 +31,10 @@ pub struct Operation<'a> {
     pub verb: Verb,
     /// Options as Kubernetes takes them in the query (`dryRun`, `fieldManager`, selectors...).
     pub query: Query,
-    /// The body's content type (and, for lists and watches, the representation asked for).
+    /// The body's content type.
     pub headers: &'a HeaderMap,
+    /// How lists and watches are encoded (they are encoded while they are read).
+    pub representation: Representation,
     pub body: Bytes,
 }
 
@@ -47,8 +49,9 @@ pub struct Outcome {
 
 #[derive(Debug)]
 pub enum Payload {
-    /// One object (get, create, update, patch, delete, status).
-    Object(Box<Object>),
+    /// One object (get, create, update, patch, delete, status), shared with the store's cache
+    /// where it came from there.
+    Object(Arc<Object>),
     /// A value that is not a stored object: a Scale, a TokenRequest, what a deleted
     /// collection held.
     Value(Value),
@@ -58,10 +61,10 @@ pub enum Payload {
 }
 
 impl Outcome {
-    pub fn object(call: &Call<'_>, status: StatusCode, obj: Object) -> Self {
+    pub fn object(call: &Call<'_>, status: StatusCode, obj: Arc<Object>) -> Self {
         Outcome {
             status,
-            payload: Payload::Object(Box::new(obj)),
+            payload: Payload::Object(obj),
             warnings: call.warnings.clone(),
         }
     }
@@ -176,14 +179,13 @@ pub async fn update_status(
 
 /// Carries out an authorized operation.
 pub async fn operate(app: &Arc<App>, op: Operation<'_>, _: Authorized) -> ApiResult<Outcome> {
-    let representation = crate::http::representation(op.headers)?;
     let call = Call {
         app,
         who: op.who,
         target: op.target,
         query: op.query,
         headers: op.headers,
-        representation,
+        representation: op.representation,
         warnings: Vec::new(),
     };
     let body = &op.body;
@@ -226,7 +228,7 @@ pub async fn list(
         target,
         query,
         headers: &headers,
-        representation: crate::http::Representation::Json,
+        representation: Representation::Json,
         warnings: Vec::new(),
     };
     read::objects(&call).await

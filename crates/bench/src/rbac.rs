@@ -57,6 +57,11 @@ pub fn decisions(bindings: usize, checks: usize, runs: usize) -> anyhow::Result<
             ],
         })
         .collect();
+    // Each user's own binding is in this namespace: half the checks are asked there (where
+    // rules must be read), half elsewhere (where the index has to say no).
+    let homes: Vec<String> = (0..1000)
+        .map(|u| format!("team-{}", (u * 5 % 5000) % namespaces))
+        .collect();
     let verbs = ["get", "list", "create", "delete", "watch"];
     let resources = [
         ("apps", "deployments"),
@@ -83,7 +88,11 @@ pub fn decisions(bindings: usize, checks: usize, runs: usize) -> anyhow::Result<
                 group,
                 resource,
                 subresource: None,
-                namespace: Some(&nss[i % nss.len()]),
+                namespace: Some(if i % 2 == 0 {
+                    &homes[i % users.len()]
+                } else {
+                    &nss[i % nss.len()]
+                }),
                 name: None,
             };
             if black_box(authz.decide(&users[i % users.len()], &a)).allowed {

@@ -113,6 +113,7 @@ pub async fn call(
             verb,
             query,
             headers: &headers,
+            representation: crate::http::Representation::Json,
             body,
         };
         registry::operate(app, op, authorized).await

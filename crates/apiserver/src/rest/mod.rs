@@ -411,15 +411,19 @@ pub fn read_only(rt: &ResourceType, name: &str) -> ApiError {
 }
 
 /// One object, as an operation's answer.
-pub fn respond_object(call: &Call<'_>, status: StatusCode, obj: &Object) -> ApiResult<Outcome> {
-    Ok(Outcome::object(call, status, obj.clone()))
+pub fn respond_object(
+    call: &Call<'_>,
+    status: StatusCode,
+    obj: impl Into<Arc<Object>>,
+) -> ApiResult<Outcome> {
+    Ok(Outcome::object(call, status, obj.into()))
 }
 
 /// An operation's answer in the representation the client asked for.
 pub fn encode(
     rt: &ResourceType,
     representation: Representation,
-    query: &Query,
+    include_object: Option<&str>,
     out: Outcome,
 ) -> ApiResult<Response<Body>> {
     let value = match out.payload {
@@ -433,8 +437,8 @@ pub fn encode(
                 "metadata": serde_json::to_value(&obj.metadata).unwrap_or_default(),
             }),
             Representation::Table => {
-                let include = IncludeObject::parse(query.get("includeObject"))
-                    .map_err(ApiError::bad_request)?;
+                let include =
+                    IncludeObject::parse(include_object).map_err(ApiError::bad_request)?;
                 table::table(
                     rt,
                     std::slice::from_ref(&*obj),
@@ -474,15 +478,17 @@ where
         Bytes::new()
     };
     let rt = call.target.rt.clone();
-    let (representation, query) = (call.representation, call.query.clone());
+    let include = call.query.get("includeObject").map(str::to_string);
+    let representation = call.representation;
     let op = Operation {
         who: call.who,
         target: call.target,
         verb,
         query: call.query,
         headers: call.headers,
+        representation,
         body,
     };
     let out = registry::operate(call.app, op, authorized).await?;
-    encode(&rt, representation, &query, out)
+    encode(&rt, representation, include.as_deref(), out)
 }

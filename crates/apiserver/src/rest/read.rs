@@ -30,7 +30,7 @@ pub async fn get(call: Call<'_>) -> ApiResult<Outcome> {
         .get(&call.target.key())
         .await
         .map_err(|e| ApiError::from_store(e, &rt, call.target.name()))?;
-    respond_object(&call, StatusCode::OK, &present(&rt, obj))
+    respond_object(&call, StatusCode::OK, present(&rt, obj))
 }
 
 /// Field selectors a kind supports beyond `metadata.name` and `metadata.namespace`, with the

@@ -142,13 +142,13 @@ pub async fn create(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
             obj.metadata.name = format!("{}{}", obj.metadata.generate_name, random_suffix());
         }
         if dry {
-            return respond_object(&call, StatusCode::CREATED, &obj);
+            return respond_object(&call, StatusCode::CREATED, obj);
         }
         let key = rt.key(&obj.metadata.namespace, &obj.metadata.name);
         match call.app.store.create(&key, obj.clone()).await {
             Ok(stored) => {
                 after_write(&call, Some((&stored, false))).await;
-                return respond_object(&call, StatusCode::CREATED, &stored);
+                return respond_object(&call, StatusCode::CREATED, stored);
             }
             Err(StoreError::AlreadyExists { .. }) if generate && attempt + 1 < RETRIES => continue,
             Err(e) => return Err(ApiError::from_store(e, &rt, &obj.metadata.name)),
@@ -291,7 +291,7 @@ pub async fn update(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
         match commit_update(&call, &current, next, current_rv, dry).await {
             Ok(stored) => {
                 after_write(&call, Some((&stored, false))).await;
-                return respond_object(&call, StatusCode::OK, &present(&rt, stored));
+                return respond_object(&call, StatusCode::OK, present(&rt, stored));
             }
             Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
             Err(e) => return Err(ApiError::from_store(e, &rt, &url_name)),
@@ -439,14 +439,14 @@ async fn store_update(
     let rt = &call.target.rt;
     if same_object(&current, &next) {
         // Nothing changed: no write, no new revision.
-        return respond_object(call, StatusCode::OK, &present(rt, current)).map(Some);
+        return respond_object(call, StatusCode::OK, present(rt, current)).map(Some);
     }
     validate(call, &next, Some(&current))?;
     let current_rv = current.revision().unwrap_or(0);
     match commit_update(call, &current, next, current_rv, dry).await {
         Ok(stored) => {
             after_write(call, Some((&stored, false))).await;
-            respond_object(call, StatusCode::OK, &present(rt, stored)).map(Some)
+            respond_object(call, StatusCode::OK, present(rt, stored)).map(Some)
         }
         Err(StoreError::Conflict { .. }) if retry => Ok(None),
         Err(e) => Err(ApiError::from_store(e, rt, call.target.name())),
@@ -634,7 +634,7 @@ pub async fn delete(call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     let opts = delete_options(&call, body)?;
     let (status, obj) = delete_one(&call, &call.target.key(), call.target.name(), &opts).await?;
     after_write(&call, Some((&obj, status == StatusCode::OK))).await;
-    respond_object(&call, status, &obj)
+    respond_object(&call, status, obj)
 }
 
 pub async fn delete_collection(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
@@ -847,12 +847,12 @@ async fn server_side_apply(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcom
             strategy::prepare_create(&rt, &mut obj);
             validate(&call, &obj, None)?;
             if dry {
-                return respond_object(&call, StatusCode::CREATED, &obj);
+                return respond_object(&call, StatusCode::CREATED, obj);
             }
             match call.app.store.create(&call.target.key(), obj).await {
                 Ok(stored) => {
                     after_write(&call, Some((&stored, false))).await;
-                    return respond_object(&call, StatusCode::CREATED, &stored);
+                    return respond_object(&call, StatusCode::CREATED, stored);
                 }
                 Err(StoreError::AlreadyExists { .. }) => continue,
                 Err(e) => return Err(ApiError::from_store(e, &rt, &name)),
