@@ -73,6 +73,10 @@ fn mutations_are_logged_with_their_user_at_the_policys_level() {
     ]);
     s.ok(&["delete", "deployment", "web"]);
     s.ok(&["get", "--raw", "/api/v1/clusters"]);
+    s.stdin(
+        &["create", "--raw", "/api/v1/clusters", "-f", "-"],
+        r#"{"name": "audited-dro", "endpoint": "https://k8s.example"}"#,
+    );
     // Without a valid token: refused, and logged as anonymous.
     let out = std::process::Command::new("kubectl")
         .args(["--kubeconfig"])
@@ -146,12 +150,37 @@ fn mutations_are_logged_with_their_user_at_the_policys_level() {
     assert_eq!(secret["level"], "RequestResponse");
     assert_eq!(secret["responseObject"]["metadata"]["name"], "db");
     assert!(secret["requestObject"].is_object());
-    // The DRO-DS API: a non-resource request, by its path.
+    // The DRO-DS API: its request by its path, and each registry operation it ran as
+    // that operation (user, verb, object, code), from where the request came.
     assert!(
         evs.iter()
             .any(|e| e["requestURI"] == "/api/v1/clusters" && e["verb"] == "get"),
         "{evs:#?}"
     );
+    let listed = evs
+        .iter()
+        .find(|e| {
+            e["verb"] == "list"
+                && e["objectRef"]["resource"] == "clusters"
+                && e["requestURI"] == "/apis/multicluster.io/v1alpha1/clusters"
+        })
+        .unwrap_or_else(|| panic!("no list of clusters from the DRO-DS call: {evs:#?}"));
+    assert_eq!(listed["user"]["username"], "admin");
+    assert_eq!(listed["responseStatus"]["code"], 200);
+    assert!(
+        listed["userAgent"].as_str().unwrap().contains("kubectl"),
+        "{listed}"
+    );
+    let created = evs
+        .iter()
+        .find(|e| {
+            e["verb"] == "create"
+                && e["objectRef"]["resource"] == "clusters"
+                && e["objectRef"]["apiGroup"] == "multicluster.io"
+        })
+        .unwrap_or_else(|| panic!("no create of a cluster from the DRO-DS call: {evs:#?}"));
+    assert_eq!(created["user"]["username"], "admin");
+    assert_eq!(created["responseStatus"]["code"], 201);
     // The agent: its status writes are logged (Metadata), its reads are not.
     let agent: Vec<&Value> = evs
         .iter()

@@ -778,7 +778,21 @@ impl App {
             }
             ["api", "v1", rest @ ..] if crate::dro::is_dro_path(&path) => {
                 let body = h::read_body(body, self.config.max_body_bytes).await?;
-                Ok(crate::dro::serve(
+                // The operations the call runs are audited with where it came from.
+                let origin = crate::registry::Origin {
+                    source_ips: parts
+                        .extensions
+                        .get::<crate::audit::Peer>()
+                        .map(|p| vec![p.0.ip().to_string()])
+                        .unwrap_or_default(),
+                    user_agent: parts
+                        .headers
+                        .get(http::header::USER_AGENT)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_string(),
+                };
+                let served = crate::dro::serve(
                     self,
                     who,
                     &parts.method,
@@ -786,8 +800,8 @@ impl App {
                     rest,
                     parts.uri.query().unwrap_or(""),
                     body,
-                )
-                .await)
+                );
+                Ok(crate::registry::ORIGIN.scope(origin, served).await)
             }
             ["api", "v1", rest @ ..] => {
                 self.resource(&parts, body, who, "", "v1", rest, query)

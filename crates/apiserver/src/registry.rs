@@ -128,6 +128,7 @@ pub fn authorize(app: &App, who: &Identity, target: &Target, verb: Verb) -> ApiR
 /// Leave to write the status of one object, and of that object only.
 #[derive(Debug)]
 pub struct StatusGrant {
+    who: Identity,
     rt: Arc<ResourceType>,
     namespace: Option<String>,
     name: String,
@@ -150,6 +151,7 @@ pub fn authorize_status(
     };
     authorize(app, who, &target, Verb::Update)?;
     Ok(StatusGrant {
+        who: who.clone(),
         rt: rt.clone(),
         namespace: namespace.map(str::to_string),
         name: name.to_string(),
@@ -165,7 +167,7 @@ pub async fn update_status(
     check: write::StatusCheck,
     f: impl FnMut(&Object) -> ApiResult<Value>,
 ) -> ApiResult<Arc<Object>> {
-    write::update_status(
+    let written = write::update_status(
         app,
         &grant.rt,
         grant.namespace.as_deref(),
@@ -174,7 +176,28 @@ pub async fn update_status(
         check,
         f,
     )
-    .await
+    .await;
+    if app.config.audit.is_some() {
+        let target = Target {
+            rt: grant.rt.clone(),
+            namespace: grant.namespace.clone(),
+            name: Some(grant.name.clone()),
+            subresource: Some("status".into()),
+        };
+        let code = written.as_ref().map_or_else(|e| e.code, |_| 200);
+        let response = written.as_ref().ok().map(|o| o.to_value());
+        audit(
+            app,
+            &grant.who,
+            "update",
+            &target,
+            code,
+            None,
+            response.as_ref(),
+        )
+        .await;
+    }
+    written
 }
 
 /// Carries out an authorized operation.
@@ -232,6 +255,88 @@ pub async fn list(
         warnings: Vec::new(),
     };
     read::objects(&call).await
+}
+
+/// The Kubernetes API path of a target (what an audit Event shows as its `requestURI`).
+fn path_of(t: &Target) -> String {
+    let rt = &t.rt;
+    let mut p = if rt.group.is_empty() {
+        format!("/api/{}", rt.version)
+    } else {
+        format!("/apis/{}/{}", rt.group, rt.version)
+    };
+    if let Some(ns) = &t.namespace {
+        p.push_str(&format!("/namespaces/{ns}"));
+    }
+    p.push('/');
+    p.push_str(&rt.plural);
+    for part in [&t.name, &t.subresource].into_iter().flatten() {
+        p.push('/');
+        p.push_str(part);
+    }
+    p
+}
+
+/// Where the request that runs operations in process came from (for their audit Events).
+#[derive(Clone, Debug, Default)]
+pub struct Origin {
+    pub source_ips: Vec<String>,
+    pub user_agent: String,
+}
+
+tokio::task_local! {
+    /// The origin of the DRO-DS request being served, set around it by the router.
+    pub static ORIGIN: Origin;
+}
+
+/// Records an operation that a surface other than the Kubernetes REST API ran (the DRO-DS
+/// API: its own HTTP request is logged by its path) as the registry operation it was, with
+/// its user, verb, object and answer's code, at the level the audit policy gives it.
+pub async fn audit(
+    app: &App,
+    who: &Identity,
+    verb: &str,
+    target: &Target,
+    code: u16,
+    request: Option<&Value>,
+    response: Option<&Value>,
+) {
+    use crate::audit::{Level, ObjectRef, Record, RequestInfo, Stage};
+    let Some(log) = &app.config.audit else {
+        return;
+    };
+    let rt = &target.rt;
+    let info = RequestInfo {
+        verb: verb.to_string(),
+        path: path_of(target),
+        object: Some(ObjectRef {
+            resource: rt.plural.clone(),
+            namespace: target.namespace.clone().unwrap_or_default(),
+            name: target.name.clone().unwrap_or_default(),
+            api_group: rt.group.clone(),
+            api_version: rt.version.clone(),
+            subresource: target.subresource.clone().unwrap_or_default(),
+        }),
+    };
+    let decision = log.policy.decide(Some(who), &info);
+    if decision.level == Level::None {
+        return;
+    }
+    let uri = info.path.clone();
+    let origin = ORIGIN.try_with(Origin::clone).unwrap_or_default();
+    let mut rec = Record::new(
+        decision,
+        info,
+        Some(who),
+        uri,
+        origin.user_agent,
+        origin.source_ips,
+    );
+    rec.request_object = request.cloned();
+    rec.response_object = response.cloned();
+    if let Some(line) = rec.line(Stage::ResponseComplete, Some(code)) {
+        log.write(line).await;
+    }
 }
 
 /// The operation a path of the Kubernetes API names (`/api/v1/...`, `/apis/G/V/...`), for

@@ -99,13 +99,15 @@ pub async fn call(
         http::header::CONTENT_TYPE,
         HeaderValue::from_str(content_type).map_err(DroError::internal)?,
     );
+    let body_json = body;
     let body = match body {
         Some(v) => Bytes::from(serde_json::to_vec(v).map_err(DroError::internal)?),
         None => Bytes::new(),
     };
+    let target = registry::target_of(app, path)?;
+    let verb = crate::rest::verb(&method, &target, &query)?;
+    let audited = target.clone();
     let result = async {
-        let target = registry::target_of(app, path)?;
-        let verb = crate::rest::verb(&method, &target, &query)?;
         let authorized = registry::authorize(app, who, &target, verb)?;
         let op = Operation {
             who,
@@ -119,7 +121,7 @@ pub async fn call(
         registry::operate(app, op, authorized).await
     }
     .await;
-    Ok(match result {
+    let reply = match result {
         Ok(out) => Reply {
             status: out.status.as_u16(),
             result: Ok(out.into_value()),
@@ -128,7 +130,18 @@ pub async fn call(
             status: e.code,
             result: Err(e),
         },
-    })
+    };
+    registry::audit(
+        app,
+        who,
+        verb.as_str(),
+        &audited,
+        reply.status,
+        body_json,
+        reply.result.as_ref().ok(),
+    )
+    .await;
+    Ok(reply)
 }
 
 /// Lists what a Kubernetes API path names (with its selectors) and answers `{items, count}`,
@@ -142,11 +155,10 @@ pub async fn list(
     let (path, query) = path.split_once('?').unwrap_or((path, ""));
     let query = Query::parse(Some(query).filter(|q| !q.is_empty()));
     let target = registry::target_of(app, path)?;
-    let items: Vec<Value> = registry::list(app, who, target, query)
-        .await?
-        .iter()
-        .map(view)
-        .collect();
+    let listed = registry::list(app, who, target.clone(), query).await;
+    let code = listed.as_ref().map_or_else(|e| e.code, |_| 200);
+    registry::audit(app, who, "list", &target, code, None, None).await;
+    let items: Vec<Value> = listed?.iter().map(view).collect();
     Ok(crate::http::json(
         http::StatusCode::OK,
         &json!({ "items": items, "count": items.len() }),

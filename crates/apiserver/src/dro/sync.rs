@@ -115,10 +115,12 @@ pub async fn batch(
     }
     // Each item is a task of its own, so that decoding, validating and encoding use every
     // core; results stay in the request's order.
+    // Spawned tasks do not inherit the request's origin, which their audit Events show.
+    let origin = registry::ORIGIN.try_with(Clone::clone).unwrap_or_default();
     let results: Vec<Value> = futures_util::stream::iter(batch.items.into_iter().zip(targets))
         .map(|(item, (expected, authorized))| {
             let app = app.clone();
-            tokio::spawn(async move {
+            tokio::spawn(registry::ORIGIN.scope(origin.clone(), async move {
                 let ns = item.namespace.as_deref().filter(|n| !n.is_empty());
                 let mut out = json!({ "kind": item.kind, "name": item.name });
                 if let Some(ns) = ns {
@@ -145,7 +147,7 @@ pub async fn batch(
                     }
                 }
                 out
-            })
+            }))
         })
         .buffered(PARALLEL)
         .map(|joined| {
