@@ -202,7 +202,7 @@ async fn upsert_cluster(app: &App, rt: &ResourceType, req: &Registration) -> Api
                 next.status = serde_json::to_value(&status).ok();
                 next.metadata.generation =
                     Some(orrery_store::stamp::next_generation(&current, &next));
-                crate::rest::validate_object(app, rt, &next, Some(&current))?;
+                crate::registry::validate_object(app, rt, &next, Some(&current))?;
                 match app.store.update(&key, next, current.revision()).await {
                     Ok(o) => return Ok((*o).clone()),
                     Err(StoreError::Conflict { .. }) => continue,
@@ -221,7 +221,7 @@ async fn upsert_cluster(app: &App, rt: &ResourceType, req: &Registration) -> Api
                     ..Default::default()
                 })
                 .ok();
-                crate::rest::validate_object(app, rt, &obj, None)?;
+                crate::registry::validate_object(app, rt, &obj, None)?;
                 match app.store.create(&key, obj).await {
                     Ok(o) => return Ok((*o).clone()),
                     Err(StoreError::AlreadyExists { .. }) => continue,

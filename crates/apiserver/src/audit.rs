@@ -261,7 +261,7 @@ pub fn request_info(method: &http::Method, path: &str, query: Option<&str>) -> R
         path: path.to_string(),
         object: None,
     };
-    if crate::dro::is_dro_path(path) {
+    if crate::routes::is_dro_path(path) {
         return non_resource();
     }
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();

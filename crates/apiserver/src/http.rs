@@ -213,6 +213,17 @@ where
     }
 }
 
+/// Adds `Warning: 299` headers.
+pub fn with_warnings(mut r: Response<Body>, warnings: &[String]) -> Response<Body> {
+    for w in warnings {
+        let text = format!("299 - \"{}\"", w.replace('"', "\\\""));
+        if let Ok(v) = HeaderValue::from_str(&text) {
+            r.headers_mut().append("Warning", v);
+        }
+    }
+    r
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

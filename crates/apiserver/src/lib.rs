@@ -26,6 +26,8 @@ pub mod openapi;
 pub mod patch;
 pub mod resources;
 pub mod rest;
+pub mod router;
+pub mod routes;
 pub mod schema;
 pub mod strategy;
 pub mod table;

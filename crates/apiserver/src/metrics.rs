@@ -110,12 +110,12 @@ impl Metrics {
             "GET" | "HEAD" | "POST" | "PUT" | "PATCH" | "DELETE" | "OPTIONS" => {
                 method.to_ascii_lowercase()
             }
-            _ => OTHER.to_string(),
+            _ => crate::routes::OTHER.to_string(),
         };
         self.requests
             .get_or_create(&RequestLabels {
                 verb,
-                resource: resource_of(path, served),
+                resource: crate::routes::label(path, served),
                 code: code.to_string(),
             })
             .observe(seconds);
@@ -266,42 +266,6 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
     out
 }
 
-/// The label of what is not one of the server's resources or routes.
-const OTHER: &str = "other";
-
-/// The server's fixed routes, by first segment (`/api/v1/<segment>` for the DRO-DS API).
-const ROUTES: &[&str] = &[
-    "healthz", "livez", "readyz", "ui", "cacerts", "metrics", "version", "openapi", "agent",
-];
-
-/// The resource a request path names: the plural of a Kubernetes resource the server serves
-/// (`served(group, version, plural)`), the first segment of a DRO-DS path or of a fixed route,
-/// `discovery` or `root`; anything else is `other`.
-pub fn resource_of(path: &str, served: impl Fn(&str, &str, &str) -> bool) -> String {
-    let s: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let resource_in = |group: &str, version: &str, rest: &[&str]| -> String {
-        let plural = match rest {
-            ["namespaces", _, plural, ..] => *plural,
-            [plural, ..] => *plural,
-            [] => return "discovery".to_string(),
-        };
-        if served(group, version, plural) {
-            plural.to_string()
-        } else {
-            OTHER.to_string()
-        }
-    };
-    match s.as_slice() {
-        ["api", "v1", first, ..] if crate::dro::is_dro_path(path) => (*first).to_string(),
-        ["api", "v1", rest @ ..] => resource_in("", "v1", rest),
-        ["apis", group, version, rest @ ..] => resource_in(group, version, rest),
-        ["api"] | ["api", _] | ["apis"] | ["apis", _] => "discovery".into(),
-        [first, ..] if ROUTES.contains(first) => (*first).to_string(),
-        [] => "root".into(),
-        _ => OTHER.into(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,44 +302,6 @@ mod tests {
             (Some("Application/OpenMetrics-Text"), true),
         ] {
             assert_eq!(wants_openmetrics(accept), om, "{accept:?}");
-        }
-    }
-
-    #[test]
-    fn paths_reduce_to_resources() {
-        let cases = [
-            ("/api/v1/namespaces/default/configmaps/x", "configmaps"),
-            ("/api/v1/namespaces", "namespaces"),
-            ("/apis/apps/v1/namespaces/a/deployments", "deployments"),
-            (
-                "/apis/multicluster.io/v1alpha1/clusters/east/status",
-                "clusters",
-            ),
-            ("/api/v1/clusters", "clusters"),
-            ("/api/v1/history/schedules", "history"),
-            ("/apis", "discovery"),
-            ("/api/v1", "discovery"),
-            ("/version", "version"),
-            ("/openapi/v3/apis/apps/v1", "openapi"),
-            ("/", "root"),
-            // What a client makes up names no series of its own.
-            ("/api/v1/namespaces/default/madeup1", "other"),
-            ("/apis/apps/v1/madeup2", "other"),
-            ("/apis/madeup.io/v1/things", "other"),
-            ("/madeup3/x", "other"),
-            ("/.env", "other"),
-        ];
-        // Served here: configmaps, namespaces, deployments, clusters.
-        let served = |g: &str, v: &str, plural: &str| {
-            matches!(
-                (g, v, plural),
-                ("", "v1", "configmaps" | "namespaces")
-                    | ("apps", "v1", "deployments")
-                    | ("multicluster.io", "v1alpha1", "clusters")
-            )
-        };
-        for (p, want) in cases {
-            assert_eq!(resource_of(p, served), want, "{p}");
         }
     }
 }

@@ -26,24 +26,7 @@ mod sync;
 /// Most objects one `POST /api/v1/sync/batch` may carry.
 pub const MAX_BATCH: usize = 1000;
 
-/// First path segments after `/api/v1/` that belong to the DRO-DS API.
-const DRO_SEGMENTS: &[&str] = &[
-    "clusters",
-    "propagationpolicies",
-    "bindings",
-    "metrics",
-    "sync",
-    "monitor",
-    "history",
-    "openapi.json",
-];
-
-/// Whether a request path is one of the DRO-DS endpoints.
-pub fn is_dro_path(path: &str) -> bool {
-    path.strip_prefix("/api/v1/")
-        .and_then(|rest| rest.split('/').next())
-        .is_some_and(|first| DRO_SEGMENTS.contains(&first))
-}
+pub use crate::routes::is_dro_path;
 
 /// A DRO-DS error: HTTP status, stable code, message, details.
 #[derive(Clone, Debug, PartialEq)]

@@ -23,8 +23,8 @@ use super::DroError;
 use crate::app::App;
 use crate::auth::{Attributes, Identity};
 use crate::http::{self as h, Body};
+use crate::registry::write::StatusCheck;
 use crate::registry::{self, StatusGrant};
-use crate::rest::write::StatusCheck;
 
 pub(super) fn bad(message: impl Into<String>, field: &str) -> DroError {
     DroError::validation(message).with_details(json!({ "fields": [{"field": field}] }))
@@ -78,7 +78,8 @@ async fn update_cluster(
         };
         let mut next = current.clone();
         change(&mut next)?;
-        crate::rest::validate_object(app, &rt, &next, Some(&current)).map_err(DroError::from)?;
+        crate::registry::validate_object(app, &rt, &next, Some(&current))
+            .map_err(DroError::from)?;
         match app.store.update(&key, next, current.revision()).await {
             Ok(o) => return Ok(o),
             Err(StoreError::Conflict { .. }) => continue,

@@ -22,7 +22,7 @@ use super::{DroError, MAX_BATCH};
 use crate::app::App;
 use crate::auth::Identity;
 use crate::registry;
-use crate::rest::write::StatusCheck;
+use crate::registry::write::StatusCheck;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]

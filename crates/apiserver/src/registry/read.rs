@@ -8,10 +8,10 @@ use orrery_api::{Object, fields, labels};
 use orrery_store::{ListOptions, Revision};
 use serde_json::{Value, json};
 
-use super::{Call, respond_object, with_warnings};
+use super::Outcome;
+use super::{Call, respond_object};
 use crate::error::{ApiError, ApiResult};
 use crate::http::{self as h, Representation};
-use crate::registry::Outcome;
 use crate::resources::ResourceType;
 use crate::table::{self, IncludeObject};
 
@@ -294,5 +294,8 @@ pub async fn list(call: Call<'_>) -> ApiResult<Outcome> {
             r
         }
     };
-    Ok(Outcome::encoded(with_warnings(response, &call.warnings)))
+    Ok(Outcome::encoded(crate::http::with_warnings(
+        response,
+        &call.warnings,
+    )))
 }

@@ -7,11 +7,11 @@ use orrery_api::{Object, Time};
 use orrery_store::{ListOptions, Preconditions, Revision, StoreError};
 use serde_json::{Value, json};
 
+use super::Outcome;
 use super::read::{present, selectors};
 use super::{Call, FieldValidation, admit, decode_body, dry_run, respond_object, validate};
 use crate::error::{ApiError, ApiResult};
 use crate::patch::{self, Meta, PatchType};
-use crate::registry::Outcome;
 use crate::resources::ResourceType;
 use crate::strategy;
 

@@ -20,10 +20,10 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
 use super::Call;
+use super::Outcome;
 use super::read::{present, selectors, wait_for_revision};
 use crate::error::{ApiError, ApiResult};
 use crate::http::Representation;
-use crate::registry::Outcome;
 use crate::resources::ResourceType;
 use crate::table::{self, IncludeObject};
 

@@ -10,10 +10,10 @@ use orrery_api::validation::FieldError;
 use orrery_store::{Preconditions, Revision, StoreError};
 use serde_json::{Value, json};
 
+use super::Outcome;
 use super::write::{apply_patch, patch_type};
 use super::{Call, decode_body, dry_run};
 use crate::error::{ApiError, ApiResult};
-use crate::registry::Outcome;
 use crate::resources::ScaleSpec;
 
 const SCALE_SCHEMA: &str = "io.k8s.api.autoscaling.v1.Scale";

@@ -1,0 +1,725 @@
+//! The registry: one operation on the served resources (get, list, watch, create, update,
+//! patch, delete, delete a collection, write status, scale, a ServiceAccount's token) on
+//! behalf of an identity, with a typed answer. Authorization happens here, once, for every
+//! surface; admission (defaulting, validation, escalation checks, finalizers) and storage
+//! happen in the operations (`read`, `write`, `watch`, `subresource`), with the admission
+//! steps (`admit`, `validate`) they share.
+//!
+//! The surfaces are adapters: the Kubernetes REST API (`rest::serve`) decodes an HTTP request
+//! into an [`Operation`] and encodes the [`Outcome`] as the client asked (JSON, a Table,
+//! metadata only); the DRO-DS API (`dro::forward`) builds operations from its own requests and
+//! maps an [`ApiError`] to its error codes, with no HTTP round trip in between.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderMap, Response, StatusCode};
+use orrery_api::Object;
+use orrery_api::validation::{FieldError, validate_object_meta};
+use serde_json::Value;
+
+use crate::app::App;
+use crate::auth::{Attributes, Identity};
+use crate::error::{ApiError, ApiResult};
+use crate::http::{Body, Query, Representation};
+use crate::resources::{self, Registry, ResourceType};
+use crate::schema::validate::{self as schema_check, Mode};
+
+pub(crate) mod read;
+pub(crate) mod subresource;
+pub(crate) mod watch;
+pub(crate) mod write;
+
+/// What a resource request addresses.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub rt: Arc<ResourceType>,
+    pub namespace: Option<String>,
+    pub name: Option<String>,
+    pub subresource: Option<String>,
+}
+
+impl Target {
+    pub fn key(&self) -> String {
+        self.rt.key(
+            self.namespace.as_deref().unwrap_or(""),
+            self.name.as_deref().unwrap_or(""),
+        )
+    }
+    pub fn name(&self) -> &str {
+        self.name.as_deref().unwrap_or("")
+    }
+}
+
+/// The verb of a resource request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verb {
+    Get,
+    List,
+    Watch,
+    Create,
+    Update,
+    Patch,
+    Delete,
+    DeleteCollection,
+}
+
+impl Verb {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Verb::Get => "get",
+            Verb::List => "list",
+            Verb::Watch => "watch",
+            Verb::Create => "create",
+            Verb::Update => "update",
+            Verb::Patch => "patch",
+            Verb::Delete => "delete",
+            Verb::DeleteCollection => "deletecollection",
+        }
+    }
+}
+
+fn not_found_path() -> ApiError {
+    ApiError::new(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
+}
+
+/// Parses the path segments after `/api/v1` or `/apis/<group>/<version>`.
+pub fn parse_target(reg: &Registry, group: &str, version: &str, seg: &[&str]) -> ApiResult<Target> {
+    if seg.is_empty() || seg.iter().any(|s| s.is_empty()) {
+        return Err(not_found_path());
+    }
+    let core_ns_sub = group.is_empty()
+        && seg[0] == "namespaces"
+        && seg.len() == 3
+        && matches!(seg[2], "status" | "finalize");
+    let (namespace, rest) = if seg[0] == "namespaces" && seg.len() >= 3 && !core_ns_sub {
+        (Some(seg[1].to_string()), &seg[2..])
+    } else {
+        (None, seg)
+    };
+    if rest.len() > 3 {
+        return Err(not_found_path());
+    }
+    let rt = reg
+        .get(group, version, rest[0])
+        .ok_or_else(not_found_path)?;
+    if namespace.is_some() && !rt.namespaced {
+        return Err(not_found_path());
+    }
+    let name = rest.get(1).map(|s| s.to_string());
+    let subresource = rest.get(2).map(|s| s.to_string());
+    if let Some(sub) = &subresource {
+        let ok = match sub.as_str() {
+            "status" => rt.status,
+            "scale" => rt.scale.is_some(),
+            "finalize" => rt.group.is_empty() && rt.kind == "Namespace",
+            "token" => rt.group.is_empty() && rt.kind == "ServiceAccount",
+            _ => false,
+        };
+        if !ok {
+            return Err(not_found_path());
+        }
+    }
+    // A named namespaced object needs its namespace in the path.
+    if rt.namespaced && name.is_some() && namespace.is_none() {
+        return Err(not_found_path());
+    }
+    Ok(Target {
+        rt,
+        namespace,
+        name,
+        subresource,
+    })
+}
+
+/// How undeclared and duplicate fields are treated (`?fieldValidation=`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FieldValidation {
+    Ignore,
+    Warn,
+    Strict,
+}
+
+impl FieldValidation {
+    pub fn parse(q: &Query) -> ApiResult<Self> {
+        match q.get("fieldValidation") {
+            None | Some("Warn") => Ok(FieldValidation::Warn),
+            Some("Strict") => Ok(FieldValidation::Strict),
+            Some("Ignore") => Ok(FieldValidation::Ignore),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "fieldValidation must be one of \"Ignore\", \"Warn\" or \"Strict\", got {other:?}"
+            ))),
+        }
+    }
+}
+
+/// Whether the request only pretends to write (`?dryRun=All`).
+pub fn dry_run(q: &Query) -> ApiResult<bool> {
+    match q.get("dryRun") {
+        None => Ok(false),
+        Some("All") => Ok(true),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "dryRun must be \"All\", got {other:?}"
+        ))),
+    }
+}
+
+/// The parts of a request the handlers need.
+#[derive(Debug)]
+pub struct Call<'a> {
+    pub app: &'a Arc<App>,
+    /// Who asks (authorized already; RBAC writes are checked for escalation with it).
+    pub who: &'a crate::auth::Identity,
+    pub target: Target,
+    pub query: Query,
+    pub headers: &'a HeaderMap,
+    pub representation: Representation,
+    pub warnings: Vec<String>,
+}
+
+/// A request body (JSON, YAML, or the protobuf of a built-in kind whose OpenAPI component is
+/// `component`): parsed, with the paths of duplicate keys.
+pub fn decode_body(
+    headers: &HeaderMap,
+    body: &Bytes,
+    component: &str,
+) -> ApiResult<(Value, Vec<String>)> {
+    let ct = headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    let base = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    match base.as_str() {
+        "application/json" | "" => schema_check::parse_json(body)
+            .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}"))),
+        "application/vnd.kubernetes.protobuf" => crate::protobuf::decode(body, component)
+            .map(|v| (v, Vec::new()))
+            .map_err(|e| match e {
+                crate::protobuf::ProtobufError::Unknown(_) => ApiError::unsupported_media_type(ct),
+                other => ApiError::bad_request(format!(
+                    "the request body is not valid protobuf: {other}"
+                )),
+            }),
+        "application/yaml" | "application/x-yaml" | "text/yaml" => {
+            let v: Value = serde_saphyr::from_slice(body).map_err(|e| {
+                ApiError::bad_request(format!("the request body is not valid YAML: {e}"))
+            })?;
+            Ok((v, Vec::new()))
+        }
+        _ => Err(ApiError::unsupported_media_type(ct)),
+    }
+}
+
+/// Everything done to an incoming object before it is stored: type and schema checks,
+/// undeclared fields per `fieldValidation`, metadata rules, and the kind's own rules.
+pub fn admit(
+    call: &mut Call<'_>,
+    raw: &mut Value,
+    dups: &[String],
+    validation: FieldValidation,
+) -> ApiResult<Object> {
+    let rt = call.target.rt.clone();
+    let Value::Object(map) = &*raw else {
+        return Err(ApiError::bad_request(format!(
+            "the body must be a {} object",
+            rt.kind
+        )));
+    };
+    // apiVersion and kind, if given, must be this resource's.
+    if let Some(v) = map.get("apiVersion").and_then(Value::as_str)
+        && !v.is_empty()
+        && v != rt.api_version()
+    {
+        return Err(ApiError::bad_request(format!(
+            "the API version in the data ({v}) does not match the expected API version ({})",
+            rt.api_version()
+        )));
+    }
+    if let Some(k) = map.get("kind").and_then(Value::as_str)
+        && !k.is_empty()
+        && k != rt.kind
+    {
+        return Err(ApiError::bad_request(format!(
+            "the kind in the data ({k}) does not match the expected kind ({})",
+            rt.kind
+        )));
+    }
+    let set = call.app.schemas.set();
+    let findings = match set.get(&rt.schema) {
+        Some(schema) => {
+            let schema = schema.clone();
+            let mode = if rt.is_crd() {
+                Mode::Structural
+            } else {
+                Mode::Open
+            };
+            schema_check::check(&set, &schema, raw, mode)
+        }
+        None => Default::default(),
+    };
+    let name = raw
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or(call.target.name())
+        .to_string();
+    let field_errors = findings.errors;
+    match validation {
+        // As kube-apiserver: a decoding error (400), found before validation, whatever
+        // else is wrong (clients such as kopf and the Python client tell the two apart).
+        FieldValidation::Strict if !findings.unknown.is_empty() || !dups.is_empty() => {
+            let mut what: Vec<String> = findings
+                .unknown
+                .iter()
+                .map(|u| format!("unknown field \"{u}\""))
+                .collect();
+            what.extend(dups.iter().map(|d| format!("duplicate field \"{d}\"")));
+            return Err(ApiError::bad_request(format!(
+                "{} in version \"{}\" cannot be handled as a {}: strict decoding error: {}",
+                rt.kind,
+                rt.version,
+                rt.kind,
+                what.join(", ")
+            )));
+        }
+        FieldValidation::Strict => {}
+        // The spec of Orrery's own kinds (Karmada's policies among them) loses a field only when
+        // the client says so (Ignore): a policy stored without a field Orrery does not know
+        // would place differently than its author meant. Kubernetes would prune it with a
+        // warning, as is done here for the rest of the object.
+        FieldValidation::Warn
+            if rt.origin == resources::Origin::Own
+                && findings.unknown.iter().any(|u| u.starts_with("spec.")) =>
+        {
+            let errs: Vec<FieldError> = findings
+                .unknown
+                .iter()
+                .filter(|u| u.starts_with("spec."))
+                .map(|u| FieldError::forbidden(u, "field not declared in the schema"))
+                .collect();
+            return Err(ApiError::invalid(&rt, &name, &errs));
+        }
+        FieldValidation::Warn => {
+            call.warnings.extend(
+                findings
+                    .unknown
+                    .iter()
+                    .map(|u| format!("unknown field \"{u}\"")),
+            );
+            call.warnings
+                .extend(dups.iter().map(|d| format!("duplicate field \"{d}\"")));
+        }
+        FieldValidation::Ignore => {}
+    }
+    if !field_errors.is_empty() {
+        return Err(ApiError::invalid(&rt, &name, &field_errors));
+    }
+    let mut obj: Object = serde_json::from_value(raw.clone()).map_err(|e| {
+        ApiError::bad_request(format!(
+            "{} in version \"{}\" cannot be handled as a {}: {e}",
+            rt.kind, rt.version, rt.kind
+        ))
+    })?;
+    obj.api_version = rt.api_version();
+    obj.kind = rt.kind.clone();
+    call.warnings.extend(orrery_api::policy::warnings(
+        &obj.api_version,
+        &obj.kind,
+        obj.spec.as_ref(),
+    ));
+    Ok(obj)
+}
+
+/// Metadata and kind validation of an object about to be stored.
+pub fn validate(call: &Call<'_>, obj: &Object, old: Option<&Object>) -> ApiResult<()> {
+    validate_object(call.app, &call.target.rt, obj, old)?;
+    if call.target.rt.group == crate::rbac::GROUP {
+        // Nobody grants what they do not hold.
+        call.app.authz.admit(call.who, obj)?;
+    }
+    Ok(())
+}
+
+/// The same, for writes made outside a resource request (agent registration, batch status).
+pub fn validate_object(
+    app: &App,
+    rt: &ResourceType,
+    obj: &Object,
+    old: Option<&Object>,
+) -> ApiResult<()> {
+    let mut errs = validate_object_meta(&obj.metadata, rt.namespaced, rt.name_rule);
+    errs.extend(crate::strategy::validate(rt, obj, old));
+    if let Some(old) = old
+        && crate::crd::is_own_crd(rt, old)
+    {
+        return Err(read_only(rt, old.name()));
+    }
+    if rt.group == "apiextensions.k8s.io" {
+        let resources = app.resources.clone();
+        let reserved = move |g: &str| resources.is_builtin_group(g);
+        errs.extend(crate::crd::validate(obj, old, &reserved));
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(rt, obj.name(), &errs))
+    }
+}
+
+/// The refusal to change a CRD describing one of Orrery's own kinds.
+pub fn read_only(rt: &ResourceType, name: &str) -> ApiError {
+    ApiError::method_not_allowed(format!(
+        "{} \"{name}\" describes one of Orrery's own kinds and is read-only",
+        rt.plural
+    ))
+}
+
+/// One object, as an operation's answer.
+pub fn respond_object(
+    call: &Call<'_>,
+    status: StatusCode,
+    obj: impl Into<Arc<Object>>,
+) -> ApiResult<Outcome> {
+    Ok(Outcome::object(call, status, obj.into()))
+}
+
+/// One operation: who asks, on what, with which options and body.
+#[derive(Debug)]
+pub struct Operation<'a> {
+    pub who: &'a Identity,
+    pub target: Target,
+    pub verb: Verb,
+    /// Options as Kubernetes takes them in the query (`dryRun`, `fieldManager`, selectors...).
+    pub query: Query,
+    /// The body's content type.
+    pub headers: &'a HeaderMap,
+    /// How lists and watches are encoded (they are encoded while they are read).
+    pub representation: Representation,
+    pub body: Bytes,
+}
+
+/// What an operation answers, before a surface encodes it.
+#[derive(Debug)]
+pub struct Outcome {
+    pub status: StatusCode,
+    pub payload: Payload,
+    /// Warnings for the client (Kubernetes' `Warning: 299` headers).
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug)]
+pub enum Payload {
+    /// One object (get, create, update, patch, delete, status), shared with the store's cache
+    /// where it came from there.
+    Object(Arc<Object>),
+    /// A value that is not a stored object: a Scale, a TokenRequest, what a deleted
+    /// collection held.
+    Value(Value),
+    /// Lists and watches, encoded as the client asked while they are read from the store (a
+    /// large list never exists parsed all at once; a watch streams).
+    Encoded(Response<Body>),
+}
+
+impl Outcome {
+    pub fn object(call: &Call<'_>, status: StatusCode, obj: Arc<Object>) -> Self {
+        Outcome {
+            status,
+            payload: Payload::Object(obj),
+            warnings: call.warnings.clone(),
+        }
+    }
+
+    pub fn value(call: &Call<'_>, status: StatusCode, value: Value) -> Self {
+        Outcome {
+            status,
+            payload: Payload::Value(value),
+            warnings: call.warnings.clone(),
+        }
+    }
+
+    pub fn encoded(response: Response<Body>) -> Self {
+        Outcome {
+            status: response.status(),
+            payload: Payload::Encoded(response),
+            warnings: Vec::new(),
+        }
+    }
+
+    /// The answer as JSON (`Encoded` lists are read back; only in-process callers that list
+    /// ask for this).
+    pub fn into_value(self) -> Value {
+        match self.payload {
+            Payload::Object(o) => o.to_value(),
+            Payload::Value(v) => v,
+            Payload::Encoded(_) => Value::Null,
+        }
+    }
+}
+
+/// Whether a verb takes a body.
+pub fn needs_body(verb: Verb) -> bool {
+    matches!(
+        verb,
+        Verb::Create | Verb::Update | Verb::Patch | Verb::Delete | Verb::DeleteCollection
+    )
+}
+
+/// Proof that an operation was authorized: [`operate`] takes one, and only [`authorize`]
+/// makes one, so no operation runs unauthorized and none is authorized twice.
+#[derive(Debug)]
+pub struct Authorized(());
+
+/// Whether `who` may run `verb` on `target` (before its body is even read).
+pub fn authorize(app: &App, who: &Identity, target: &Target, verb: Verb) -> ApiResult<Authorized> {
+    app.authz.authorize(
+        who,
+        &Attributes {
+            verb: verb.as_str(),
+            group: &target.rt.group,
+            resource: &target.rt.plural,
+            subresource: target.subresource.as_deref(),
+            namespace: target.namespace.as_deref(),
+            name: target.name.as_deref(),
+        },
+    )?;
+    Ok(Authorized(()))
+}
+
+/// Leave to write the status of one object, and of that object only.
+#[derive(Debug)]
+pub struct StatusGrant {
+    who: Identity,
+    rt: Arc<ResourceType>,
+    namespace: Option<String>,
+    name: String,
+}
+
+/// Whether `who` may write the status of one object (`update` on `<plural>/status`): for the
+/// status writes that are not REST requests (the DRO-DS status sync and metrics reports).
+pub fn authorize_status(
+    app: &App,
+    who: &Identity,
+    rt: &Arc<ResourceType>,
+    namespace: Option<&str>,
+    name: &str,
+) -> ApiResult<StatusGrant> {
+    let target = Target {
+        rt: rt.clone(),
+        namespace: namespace.map(str::to_string),
+        name: Some(name.to_string()),
+        subresource: Some("status".into()),
+    };
+    authorize(app, who, &target, Verb::Update)?;
+    Ok(StatusGrant {
+        who: who.clone(),
+        rt: rt.clone(),
+        namespace: namespace.map(str::to_string),
+        name: name.to_string(),
+    })
+}
+
+/// Writes the status of the object `grant` names (see [`write::update_status`]: `f` computes
+/// the status from the stored object, again on each retry after a conflict).
+pub async fn update_status(
+    app: &App,
+    grant: &StatusGrant,
+    expected: Option<orrery_store::Revision>,
+    check: write::StatusCheck,
+    f: impl FnMut(&Object) -> ApiResult<Value>,
+) -> ApiResult<Arc<Object>> {
+    let written = write::update_status(
+        app,
+        &grant.rt,
+        grant.namespace.as_deref(),
+        &grant.name,
+        expected,
+        check,
+        f,
+    )
+    .await;
+    if app.config.audit.is_some() {
+        let target = Target {
+            rt: grant.rt.clone(),
+            namespace: grant.namespace.clone(),
+            name: Some(grant.name.clone()),
+            subresource: Some("status".into()),
+        };
+        let code = written.as_ref().map_or_else(|e| e.code, |_| 200);
+        let response = written.as_ref().ok().map(|o| o.to_value());
+        audit(
+            app,
+            &grant.who,
+            "update",
+            &target,
+            code,
+            None,
+            response.as_ref(),
+        )
+        .await;
+    }
+    written
+}
+
+/// Carries out an authorized operation.
+pub async fn operate(app: &Arc<App>, op: Operation<'_>, _: Authorized) -> ApiResult<Outcome> {
+    let call = Call {
+        app,
+        who: op.who,
+        target: op.target,
+        query: op.query,
+        headers: op.headers,
+        representation: op.representation,
+        warnings: Vec::new(),
+    };
+    let body = &op.body;
+    match (op.verb, call.target.subresource.as_deref()) {
+        (Verb::Get, None) => read::get(call).await,
+        (Verb::List, _) => read::list(call).await,
+        (Verb::Watch, _) => watch::watch(call).await,
+        (Verb::Create, Some("token")) => subresource::create_token(call, body).await,
+        (Verb::Create, _) => write::create(call, body).await,
+        (Verb::Update, None) => write::update(call, body).await,
+        (Verb::Patch, None) => write::patch(call, body).await,
+        (Verb::Delete, _) => write::delete(call, body).await,
+        (Verb::DeleteCollection, _) => write::delete_collection(call, body).await,
+        (Verb::Get, Some("status")) => read::get(call).await,
+        (Verb::Update, Some("status")) => write::update(call, body).await,
+        (Verb::Patch, Some("status")) => write::patch(call, body).await,
+        (Verb::Get, Some("scale")) => subresource::get_scale(call).await,
+        (Verb::Update, Some("scale")) => subresource::update_scale(call, body).await,
+        (Verb::Patch, Some("scale")) => subresource::patch_scale(call, body).await,
+        (Verb::Update, Some("finalize")) => subresource::finalize(call, body).await,
+        _ => Err(ApiError::method_not_allowed(
+            "the server does not allow this method on the requested resource",
+        )),
+    }
+}
+
+/// Lists the objects `target` names (`query`: selectors), authorized as `list`; parsed, for
+/// in-process callers (a REST list is encoded as it is read instead).
+pub async fn list(
+    app: &Arc<App>,
+    who: &Identity,
+    target: Target,
+    query: Query,
+) -> ApiResult<Vec<Object>> {
+    authorize(app, who, &target, Verb::List)?;
+    let headers = HeaderMap::new();
+    let call = Call {
+        app,
+        who,
+        target,
+        query,
+        headers: &headers,
+        representation: Representation::Json,
+        warnings: Vec::new(),
+    };
+    read::objects(&call).await
+}
+
+/// The Kubernetes API path of a target (what an audit Event shows as its `requestURI`).
+fn path_of(t: &Target) -> String {
+    let rt = &t.rt;
+    let mut p = if rt.group.is_empty() {
+        format!("/api/{}", rt.version)
+    } else {
+        format!("/apis/{}/{}", rt.group, rt.version)
+    };
+    if let Some(ns) = &t.namespace {
+        p.push_str(&format!("/namespaces/{ns}"));
+    }
+    p.push('/');
+    p.push_str(&rt.plural);
+    for part in [&t.name, &t.subresource].into_iter().flatten() {
+        p.push('/');
+        p.push_str(part);
+    }
+    p
+}
+
+/// Where the request that runs operations in process came from (for their audit Events).
+#[derive(Clone, Debug, Default)]
+pub struct RequestOrigin {
+    pub source_ips: Vec<String>,
+    pub user_agent: String,
+}
+
+tokio::task_local! {
+    /// The origin of the DRO-DS request being served, set around it by the router.
+    pub static ORIGIN: RequestOrigin;
+}
+
+/// Records an operation that a surface other than the Kubernetes REST API ran (the DRO-DS
+/// API: its own HTTP request is logged by its path) as the registry operation it was, with
+/// its user, verb, object and answer's code, at the level the audit policy gives it.
+pub async fn audit(
+    app: &App,
+    who: &Identity,
+    verb: &str,
+    target: &Target,
+    code: u16,
+    request: Option<&Value>,
+    response: Option<&Value>,
+) {
+    use crate::audit::{Level, ObjectRef, Record, RequestInfo, Stage};
+    let Some(log) = &app.config.audit else {
+        return;
+    };
+    let rt = &target.rt;
+    let info = RequestInfo {
+        verb: verb.to_string(),
+        path: path_of(target),
+        object: Some(ObjectRef {
+            resource: rt.plural.clone(),
+            namespace: target.namespace.clone().unwrap_or_default(),
+            name: target.name.clone().unwrap_or_default(),
+            api_group: rt.group.clone(),
+            api_version: rt.version.clone(),
+            subresource: target.subresource.clone().unwrap_or_default(),
+        }),
+    };
+    let decision = log.policy.decide(Some(who), &info);
+    if decision.level == Level::None {
+        return;
+    }
+    let uri = info.path.clone();
+    let origin = ORIGIN.try_with(RequestOrigin::clone).unwrap_or_default();
+    let mut rec = Record::new(
+        decision,
+        info,
+        Some(who),
+        uri,
+        origin.user_agent,
+        origin.source_ips,
+    );
+    rec.request_object = request.cloned();
+    rec.response_object = response.cloned();
+    if let Some(line) = rec.line(Stage::ResponseComplete, Some(code)) {
+        log.write(line).await;
+    }
+}
+
+/// The operation a path of the Kubernetes API names (`/api/v1/...`, `/apis/G/V/...`), for
+/// in-process callers that address resources as Kubernetes paths do.
+pub fn target_of(app: &App, path: &str) -> ApiResult<Target> {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    let reg = app.resources.snapshot();
+    match segments.as_slice() {
+        ["api", "v1", rest @ ..] => parse_target(&reg, "", "v1", rest),
+        ["apis", group, version, rest @ ..] => parse_target(&reg, group, version, rest),
+        _ => Err(ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )),
+    }
+}

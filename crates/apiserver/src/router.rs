@@ -1,0 +1,794 @@
+//! The request router: authentication, the in-flight and watch limits, the audit log, then
+//! the fixed routes (discovery, OpenAPI, metrics, the agent API, the DRO-DS API, the reviews)
+//! and, for everything else, the resource tree (`rest::serve`). The state it routes over is
+//! `app.rs`'s.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+
+use crate::app::App;
+use crate::auth::Identity;
+use crate::error::{ApiError, ApiResult};
+use crate::http::{self as h, Body, Query};
+use crate::routes::{self, Route};
+use crate::{discovery, openapi, rest};
+
+/// One open watch of a user's, counted until its response body is dropped.
+struct WatchSlot {
+    watches: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    user: String,
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        let mut w = self.watches.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = w.get_mut(&self.user) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                w.remove(&self.user);
+            }
+        }
+    }
+}
+
+impl App {
+    /// Serves one request.
+    pub async fn handle<B>(self: &Arc<Self>, req: Request<B>) -> Response<Body>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let started = Instant::now();
+        let method = req.method().clone();
+        let path = req.uri().path().to_string();
+        let (mut response, user) = match &self.config.audit {
+            Some(log) => self.respond_audited(log, req).await,
+            None => self.respond(req).await,
+        };
+        // What was read may be stale: say so as Kubernetes says such things, with a warning
+        // (kubectl prints it).
+        if let Some(why) = self.store.degraded() {
+            let text = format!("299 - \"{}\"", why.replace(['"', '\\'], "'"));
+            if let Ok(v) = http::HeaderValue::from_str(&text) {
+                response.headers_mut().append(http::header::WARNING, v);
+            }
+        }
+        let status = response.status().as_u16();
+        let reg = self.resources.snapshot();
+        self.metrics.observe(
+            method.as_str(),
+            &path,
+            status,
+            started.elapsed().as_secs_f64(),
+            |group, version, plural| reg.get(group, version, plural).is_some(),
+        );
+        if status >= 500 {
+            tracing::warn!(%method, %path, status, user, elapsed_ms = started.elapsed().as_millis() as u64, "request failed");
+        } else {
+            tracing::debug!(%method, %path, status, user, elapsed_ms = started.elapsed().as_millis() as u64, "request");
+        }
+        response
+    }
+
+    /// The response to a request, errors included; and who asked, as logs name them.
+    async fn respond<B>(self: &Arc<Self>, req: Request<B>) -> (Response<Body>, String)
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let dro = crate::dro::is_dro_path(req.uri().path());
+        match self.route(req).await {
+            Ok((r, user)) => (r, user),
+            Err((e, user)) if dro => (crate::dro::error_response(&e), user),
+            Err((e, user)) => (h::error(&e), user),
+        }
+    }
+
+    /// [`Self::respond`], recorded in the audit log as its policy says.
+    async fn respond_audited<B>(
+        self: &Arc<Self>,
+        log: &crate::audit::AuditLog,
+        req: Request<B>,
+    ) -> (Response<Body>, String)
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        use crate::audit::{Level, Record, Stage};
+        use http_body_util::BodyExt;
+        let header = |name: http::header::HeaderName| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        // The policy needs the user before the request is served (the router authenticates
+        // again: a hash and a lookup).
+        let who = self.authenticate(req.headers(), req.extensions()).ok();
+        let info = crate::audit::request_info(req.method(), req.uri().path(), req.uri().query());
+        let decision = log.policy.decide(who.as_ref(), &info);
+        if decision.level == Level::None {
+            return self.respond(req).await;
+        }
+        let source_ips = req
+            .extensions()
+            .get::<crate::audit::Peer>()
+            .map(|p| vec![p.0.ip().to_string()])
+            .unwrap_or_default();
+        let uri = req
+            .uri()
+            .path_and_query()
+            .map_or_else(|| req.uri().path().to_string(), |p| p.to_string());
+        let mut rec = Record::new(
+            decision,
+            info,
+            who.as_ref(),
+            uri,
+            header(http::header::USER_AGENT).unwrap_or_default(),
+            source_ips,
+        );
+        if let Some(line) = rec.line(Stage::RequestReceived, None) {
+            log.write(line).await;
+        }
+        let with_body = matches!(
+            *req.method(),
+            Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+        );
+        let (response, user) = if rec.decision.level >= Level::Request && with_body {
+            let (parts, body) = req.into_parts();
+            match h::read_body(body, self.config.max_body_bytes).await {
+                Ok(bytes) => {
+                    rec.request_object =
+                        self.body_as_json(&parts, rec.info.object.as_ref(), &bytes);
+                    let req = Request::from_parts(parts, http_body_util::Full::new(bytes));
+                    self.respond(req).await
+                }
+                Err(e) => (
+                    h::error(&e),
+                    who.as_ref().map(Identity::user).unwrap_or_default(),
+                ),
+            }
+        } else {
+            self.respond(req).await
+        };
+        let code = response.status().as_u16();
+        if rec.info.verb == "watch" {
+            // The stream goes on: its start is what is logged.
+            if let Some(line) = rec.line(Stage::ResponseStarted, Some(code)) {
+                log.write(line).await;
+            }
+            return (response, user);
+        }
+        let response = if rec.decision.level >= Level::RequestResponse {
+            let (parts, body) = response.into_parts();
+            let bytes = match body.collect().await {
+                Ok(c) => c.to_bytes(),
+                Err(never) => match never {},
+            };
+            rec.response_object = serde_json::from_slice(&bytes).ok();
+            Response::from_parts(parts, h::full(bytes))
+        } else {
+            response
+        };
+        if let Some(line) = rec.line(Stage::ResponseComplete, Some(code)) {
+            log.write(line).await;
+        }
+        (response, user)
+    }
+
+    /// A request body as JSON for the audit log, whichever of JSON, YAML (server-side apply)
+    /// or protobuf (kubectl's creates of built-in kinds) it came in.
+    fn body_as_json(
+        &self,
+        parts: &http::request::Parts,
+        object: Option<&crate::audit::ObjectRef>,
+        bytes: &[u8],
+    ) -> Option<serde_json::Value> {
+        if let Ok(v) = serde_json::from_slice(bytes) {
+            return Some(v);
+        }
+        let ct = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default();
+        if ct.contains("protobuf") {
+            let o = object?;
+            let rt = self
+                .resources
+                .snapshot()
+                .get(&o.api_group, &o.api_version, &o.resource)?;
+            return crate::protobuf::decode(bytes, &rt.schema).ok();
+        }
+        serde_saphyr::from_slice(bytes).ok()
+    }
+
+    async fn route<B>(
+        self: &Arc<Self>,
+        req: Request<B>,
+    ) -> Result<(Response<Body>, String), (ApiError, String)>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let path = req.uri().path().to_string();
+        // The public routes, before authentication.
+        match routes::route(&path) {
+            Some(Route::Health) => {
+                // Ready means able to take writes: not while the store has no quorum. Alive
+                // means serving at all.
+                if path == "/readyz"
+                    && let Some(why) = self.store.degraded()
+                {
+                    let mut r = Response::new(h::full(format!("not ready: {why}")));
+                    *r.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+                    return Ok((r, String::new()));
+                }
+                let mut r = Response::new(h::full("ok"));
+                r.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/plain"),
+                );
+                return Ok((r, String::new()));
+            }
+            Some(Route::Ui) => {
+                // The page is public and holds no data; everything it shows it fetches with
+                // the token the user gives it.
+                return crate::ui::page(req.method())
+                    .map(|r| (r, String::new()))
+                    .map_err(|e| (e, String::new()));
+            }
+            Some(Route::CaCerts) => {
+                // Public by design: agents verify it against the hash in their bootstrap
+                // token.
+                return crate::agent_api::cacerts(self, req.method())
+                    .map(|r| (r, String::new()))
+                    .map_err(|e| (e, String::new()));
+            }
+            _ => {}
+        }
+        let who = self
+            .authenticate(req.headers(), req.extensions())
+            .map_err(|e| (e, String::new()))?;
+        let user = who.user();
+        let is_watch = h::asks_to_watch(req.uri().query());
+        // Held until the answer is ready (a long list's body may still be on its way).
+        let _slot = match self.in_flight_slot(&who, req.method(), is_watch) {
+            Ok(slot) => slot,
+            Err(e) => return Err((e, user)),
+        };
+        // A watch is counted as long as its stream is open.
+        let watch = match self.watch_slot(&who, is_watch) {
+            Ok(w) => w,
+            Err(e) => return Err((e, user)),
+        };
+        match self.dispatch(req, &who).await {
+            Ok(r) => {
+                let r = match watch {
+                    Some(w) => r.map(|b| {
+                        use http_body_util::BodyExt;
+                        b.map_frame(move |f| {
+                            let _open = &w;
+                            f
+                        })
+                        .boxed()
+                    }),
+                    None => r,
+                };
+                Ok((r, user))
+            }
+            Err(e) => Err((e, user)),
+        }
+    }
+
+    /// Who sent a request: its bearer token's identity (a ServiceAccount's only while that
+    /// account exists), else its client certificate's subject (verified against Orrery's CA
+    /// by the TLS layer: CN is the user, each O a group, as in Kubernetes).
+    pub fn authenticate(
+        &self,
+        headers: &http::HeaderMap,
+        extensions: &http::Extensions,
+    ) -> ApiResult<Identity> {
+        let header = headers
+            .get(http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if header.is_none()
+            && let Some(cert) = extensions.get::<crate::auth::ClientCert>()
+        {
+            return Ok(Identity::User {
+                name: cert.user.clone(),
+                groups: cert.groups.clone(),
+            });
+        }
+        let who = self.auth.authenticate(header)?;
+        if let Identity::ServiceAccount {
+            namespace,
+            name,
+            uid,
+        } = &who
+            && !self.authz.service_account_is(namespace, name, uid)
+        {
+            return Err(ApiError::unauthorized());
+        }
+        Ok(who)
+    }
+
+    /// A count among the user's open watches, for a watch; 429 beyond the limit.
+    fn watch_slot(&self, who: &Identity, is_watch: bool) -> ApiResult<Option<WatchSlot>> {
+        let limit = self.config.max_watches_per_user;
+        if limit == 0 || matches!(who, Identity::Admin { .. }) || !is_watch {
+            return Ok(None);
+        }
+        let user = who.user();
+        let mut w = self.watches.lock().unwrap_or_else(|p| p.into_inner());
+        let n = w.entry(user.clone()).or_default();
+        if *n >= limit {
+            return Err(ApiError::too_many_requests(format!(
+                "{user} holds {limit} watches already (--max-watches-per-user)"
+            )));
+        }
+        *n += 1;
+        Ok(Some(WatchSlot {
+            watches: self.watches.clone(),
+            user,
+        }))
+    }
+
+    /// A slot for a request among those served at once; `None` for what is not counted (the
+    /// admin, who must always get an answer, and watches, which last); 429 when none is free.
+    fn in_flight_slot(
+        &self,
+        who: &Identity,
+        method: &Method,
+        is_watch: bool,
+    ) -> ApiResult<Option<tokio::sync::SemaphorePermit<'_>>> {
+        if matches!(who, Identity::Admin { .. }) || is_watch {
+            return Ok(None);
+        }
+        let mutating = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
+        let pool = if mutating {
+            &self.in_flight.1
+        } else {
+            &self.in_flight.0
+        };
+        match pool.try_acquire() {
+            Ok(p) => Ok(Some(p)),
+            Err(_) => Err(ApiError::too_many_requests(
+                "Too many requests, please try again later.",
+            )),
+        }
+    }
+
+    async fn dispatch<B>(
+        self: &Arc<Self>,
+        req: Request<B>,
+        who: &Identity,
+    ) -> ApiResult<Response<Body>>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let (parts, body) = req.into_parts();
+        let path = parts.uri.path().trim_end_matches('/').to_string();
+        let query = Query::parse(parts.uri.query());
+        let segments: Vec<&str> = path.split('/').skip(1).collect();
+        let read_only = |m: &Method| -> ApiResult<()> {
+            if m == Method::GET || m == Method::HEAD {
+                Ok(())
+            } else {
+                Err(ApiError::method_not_allowed(format!(
+                    "{m} is not allowed on {path}"
+                )))
+            }
+        };
+        let reg = self.resources.snapshot();
+        let route = routes::route(&path);
+        // Discovery, OpenAPI, the version and metrics are non-resource URLs: RBAC's
+        // `nonResourceURLs` rules decide (system:discovery grants the first three to everyone).
+        if matches!(
+            route,
+            Some(
+                Route::Metrics
+                    | Route::Version
+                    | Route::Discovery
+                    | Route::OpenApiV2
+                    | Route::OpenApiV3
+                    | Route::OpenApiV3Doc
+            )
+        ) {
+            let verb = parts.method.as_str().to_ascii_lowercase();
+            self.authz.authorize_path(who, &verb, &path)?;
+        }
+        match (route, segments.as_slice()) {
+            (Some(Route::Metrics), _) => {
+                read_only(&parts.method)?;
+                let text = self
+                    .metrics
+                    .render(self.store.as_ref())
+                    .await
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                let accept = parts
+                    .headers
+                    .get(http::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok());
+                let (text, ct) = if crate::metrics::wants_openmetrics(accept) {
+                    (text, crate::metrics::OPENMETRICS)
+                } else {
+                    (
+                        crate::metrics::to_prometheus_text(&text),
+                        crate::metrics::PROMETHEUS_TEXT,
+                    )
+                };
+                let mut r = Response::new(h::full(text));
+                r.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static(ct),
+                );
+                Ok(r)
+            }
+            (Some(Route::Version), _) => {
+                read_only(&parts.method)?;
+                Ok(h::json(StatusCode::OK, &discovery::version()))
+            }
+            (Some(Route::Discovery), ["api"]) => {
+                read_only(&parts.method)?;
+                Ok(match h::wants_aggregated_discovery(&parts.headers) {
+                    Some(ct) => h::json_typed(
+                        StatusCode::OK,
+                        &discovery::aggregated(&reg, true, discovery_api_version(ct)),
+                        ct,
+                    ),
+                    None => h::json(
+                        StatusCode::OK,
+                        &discovery::api_versions(&self.config.server_address),
+                    ),
+                })
+            }
+            (Some(Route::Discovery), ["apis"]) => {
+                read_only(&parts.method)?;
+                Ok(match h::wants_aggregated_discovery(&parts.headers) {
+                    Some(ct) => h::json_typed(
+                        StatusCode::OK,
+                        &discovery::aggregated(&reg, false, discovery_api_version(ct)),
+                        ct,
+                    ),
+                    None => h::json(StatusCode::OK, &discovery::group_list(&reg)),
+                })
+            }
+            (Some(Route::Discovery), ["api", "v1"]) => {
+                read_only(&parts.method)?;
+                discovery::resource_list(&reg, "", "v1")
+                    .map(|v| h::json(StatusCode::OK, &v))
+                    .ok_or_else(not_found)
+            }
+            (Some(Route::Discovery), ["apis", group]) => {
+                read_only(&parts.method)?;
+                discovery::group(&reg, group)
+                    .map(|v| h::json(StatusCode::OK, &v))
+                    .ok_or_else(not_found)
+            }
+            (Some(Route::Discovery), ["apis", group, version]) => {
+                read_only(&parts.method)?;
+                discovery::resource_list(&reg, group, version)
+                    .map(|v| h::json(StatusCode::OK, &v))
+                    .ok_or_else(not_found)
+            }
+            (Some(Route::OpenApiV2), _) => {
+                read_only(&parts.method)?;
+                let accepted = h::accept(&parts.headers);
+                let set = self.schemas.set();
+                if accepted
+                    .iter()
+                    .any(|m| m.essence == crate::openapi_v2pb::MEDIA_TYPE)
+                {
+                    // What client-go asks for (and the only form it reads).
+                    let doc = self.openapi.get_or_build_bytes("v2pb", || {
+                        crate::openapi_v2pb::encode(&openapi::v2_document(&reg, &set))
+                    });
+                    let mut r = Response::new(h::full(doc.bytes.clone()));
+                    r.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static(crate::openapi_v2pb::CONTENT_TYPE),
+                    );
+                    return Ok(r);
+                }
+                let accepts_json = accepted.is_empty()
+                    || accepted.iter().any(|m| {
+                        matches!(
+                            m.essence.as_str(),
+                            "application/json" | "*/*" | "application/*"
+                        )
+                    });
+                if !accepts_json {
+                    return Err(ApiError::not_acceptable(
+                        "the OpenAPI v2 document is served as application/json or as protobuf",
+                    ));
+                }
+                let doc = self
+                    .openapi
+                    .get_or_build("v2", || openapi::v2_document(&reg, &set));
+                Ok(bytes_json(doc.bytes.clone()))
+            }
+            (Some(Route::OpenApiV3), _) => {
+                read_only(&parts.method)?;
+                Ok(h::json(
+                    StatusCode::OK,
+                    &openapi::v3_index(&reg, &self.schemas.set(), &self.openapi),
+                ))
+            }
+            (Some(Route::OpenApiV3Doc), ["openapi", "v3", rest @ ..]) => {
+                read_only(&parts.method)?;
+                let (group, version) = match rest {
+                    ["api", v] => ("", *v),
+                    ["apis", g, v] => (*g, *v),
+                    _ => return Err(not_found()),
+                };
+                if reg.in_group_version(group, version).is_empty() {
+                    return Err(not_found());
+                }
+                let set = self.schemas.set();
+                let key = openapi::gv_path(group, version);
+                let doc = self.openapi.get_or_build(&key, || {
+                    openapi::v3_document(&reg, &set, group, version).unwrap_or_default()
+                });
+                Ok(bytes_json(doc.bytes.clone()))
+            }
+            (Some(Route::Agent), ["agent", "v1", rest @ ..]) => {
+                let body = h::read_body(body, self.config.max_body_bytes).await?;
+                crate::agent_api::serve(self, who, &parts.method, rest, body).await
+            }
+            (Some(Route::Dro), ["api", "v1", rest @ ..]) => {
+                let body = h::read_body(body, self.config.max_body_bytes).await?;
+                // The operations the call runs are audited with where it came from.
+                let origin = crate::registry::RequestOrigin {
+                    source_ips: parts
+                        .extensions
+                        .get::<crate::audit::Peer>()
+                        .map(|p| vec![p.0.ip().to_string()])
+                        .unwrap_or_default(),
+                    user_agent: parts
+                        .headers
+                        .get(http::header::USER_AGENT)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_string(),
+                };
+                let served = crate::dro::serve(
+                    self,
+                    who,
+                    &parts.method,
+                    &parts.headers,
+                    rest,
+                    parts.uri.query().unwrap_or(""),
+                    body,
+                );
+                Ok(crate::registry::ORIGIN.scope(origin, served).await)
+            }
+            (None, ["api", "v1", rest @ ..]) => {
+                self.resource(&parts, body, who, "", "v1", rest, query)
+                    .await
+            }
+            (Some(Route::Review), ["apis", group, version, plural]) => {
+                let kind = crate::reviews::kind_at(group, version, plural).ok_or_else(not_found)?;
+                if parts.method != Method::POST {
+                    return Err(ApiError::method_not_allowed(format!(
+                        "{} supports only create",
+                        kind.plural
+                    )));
+                }
+                self.authz.authorize(
+                    who,
+                    &crate::auth::Attributes {
+                        verb: "create",
+                        group: kind.group,
+                        resource: kind.plural,
+                        ..Default::default()
+                    },
+                )?;
+                let body = h::read_body(body, self.config.max_body_bytes).await?;
+                let v = if body.is_empty() {
+                    serde_json::json!({})
+                } else {
+                    crate::registry::decode_body(&parts.headers, &body, &kind.schema())?.0
+                };
+                let answer = crate::reviews::review(&self.authz, kind, who, &v)?;
+                Ok(h::json(StatusCode::CREATED, &answer))
+            }
+            (None, ["apis", group, version, rest @ ..]) => {
+                self.resource(&parts, body, who, group, version, rest, query)
+                    .await
+            }
+            _ => Err(not_found()),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn resource<B>(
+        self: &Arc<Self>,
+        parts: &http::request::Parts,
+        body: B,
+        who: &Identity,
+        group: &str,
+        version: &str,
+        rest: &[&str],
+        query: Query,
+    ) -> ApiResult<Response<Body>>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let reg = self.resources.snapshot();
+        let target = crate::registry::parse_target(&reg, group, version, rest)?;
+        let representation = h::representation(&parts.headers)?;
+        let call = crate::registry::Call {
+            app: self,
+            who,
+            target,
+            query,
+            headers: &parts.headers,
+            representation,
+            warnings: Vec::new(),
+        };
+        rest::serve(call, &parts.method, body).await
+    }
+}
+
+fn discovery_api_version(content_type: &str) -> &'static str {
+    if content_type == h::DISCOVERY_V2_BETA1 {
+        "apidiscovery.k8s.io/v2beta1"
+    } else {
+        "apidiscovery.k8s.io/v2"
+    }
+}
+
+fn bytes_json(bytes: Vec<u8>) -> Response<Body> {
+    let mut r = Response::new(h::full(bytes));
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(h::JSON),
+    );
+    r
+}
+
+fn not_found() -> ApiError {
+    ApiError::new(
+        404,
+        "NotFound",
+        "the server could not find the requested resource",
+    )
+}
+
+/// A quick JSON body for tests and tools.
+pub fn json_body(v: serde_json::Value) -> http_body_util::Full<Bytes> {
+    http_body_util::Full::new(Bytes::from(serde_json::to_vec(&v).unwrap_or_default()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::ApiConfig;
+    use crate::auth::Authenticator;
+    use orrery_store::Store;
+    use tokio::sync::watch;
+
+    /// Beyond the requests served at once, others are told to come back; the admin and
+    /// watches are not counted, and read-only and mutating requests have limits of their own.
+    #[tokio::test]
+    async fn requests_beyond_the_in_flight_limit_are_told_to_come_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> = Arc::new(
+            orrery_store_sqlite::SqliteStore::open_dir(dir.path()).expect("open the store"),
+        );
+        let auth = Authenticator::start(store.clone()).await.expect("auth");
+        let (_tx, shutdown) = watch::channel(false);
+        let config = ApiConfig {
+            max_in_flight: (1, 1),
+            max_watches_per_user: 1,
+            ..ApiConfig::default()
+        };
+        let app = App::new(store, auth.clone(), config, shutdown)
+            .await
+            .expect("app");
+        let agent = auth
+            .issue(
+                &Identity::Cluster {
+                    name: "east".into(),
+                },
+                "agent",
+                None,
+            )
+            .await
+            .expect("a token");
+        let admin = auth
+            .issue(
+                &Identity::Admin {
+                    name: "admin".into(),
+                },
+                "admin",
+                None,
+            )
+            .await
+            .expect("a token");
+        let call = |method: &str, uri: &str, token: &str| {
+            let app = app.clone();
+            let req = Request::builder()
+                .method(method)
+                .uri(uri)
+                .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+                .header(http::header::CONTENT_TYPE, "application/merge-patch+json")
+                .body(json_body(serde_json::json!({"status": {}})))
+                .expect("a request");
+            async move { app.handle(req).await }
+        };
+        let status_of_east = "/apis/multicluster.io/v1alpha1/clusters/east/status";
+        let works = "/apis/multicluster.io/v1alpha1/namespaces/orrery-cluster-east/works";
+        // Every mutating slot taken.
+        let held = app.in_flight.1.try_acquire().expect("the slot");
+        let r = call("PATCH", status_of_east, &agent).await;
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            r.headers()
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok()),
+            Some("1")
+        );
+        // Reads have slots of their own; the admin always gets an answer.
+        assert_ne!(
+            call("GET", works, &agent).await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_ne!(
+            call("PATCH", status_of_east, &admin).await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        // Every read slot taken too: a watch is still served.
+        let held_read = app.in_flight.0.try_acquire().expect("the slot");
+        assert_eq!(
+            call("GET", works, &agent).await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            call("GET", &format!("{works}?watch=true"), &agent)
+                .await
+                .status(),
+            StatusCode::OK
+        );
+        drop((held, held_read));
+        // Many at once: some find no slot.
+        let many =
+            futures_util::future::join_all((0..50).map(|_| call("GET", works, &agent))).await;
+        let refused = many
+            .iter()
+            .filter(|r| r.status() == StatusCode::TOO_MANY_REQUESTS)
+            .count();
+        assert!(refused > 0, "{refused}");
+        // Watches: counted per user while their streams are open.
+        let first = call("GET", &format!("{works}?watch=true"), &agent).await;
+        let second = call("GET", &format!("{works}?watch=true"), &agent).await;
+        assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(
+            String::from_utf8_lossy(
+                &http_body_util::BodyExt::collect(second.into_body())
+                    .await
+                    .expect("a body")
+                    .to_bytes()
+            )
+            .contains("holds 1 watches already")
+        );
+        drop(first);
+        assert_eq!(
+            call("GET", &format!("{works}?watch=true"), &agent)
+                .await
+                .status(),
+            StatusCode::OK
+        );
+        // A slot free again: served (not found: the Cluster was never registered).
+        assert_eq!(
+            call("PATCH", status_of_east, &agent).await.status(),
+            StatusCode::NOT_FOUND
+        );
+    }
+}
