@@ -456,6 +456,21 @@ fn a_user_bound_to_view_in_one_namespace_reads_there_and_nothing_more() {
         "--clusterrole=view",
         "--user=alice",
     ]);
+    // The aggregated role shows the rules it grants, as in Kubernetes.
+    eventually(
+        Duration::from_secs(10),
+        "view's aggregated rules written",
+        || {
+            let view = s.get_json(&["clusterrole", "view"]);
+            view["rules"].as_array().is_some_and(|rules| {
+                rules.iter().any(|r| {
+                    r["resources"]
+                        .as_array()
+                        .is_some_and(|v| v.contains(&"deployments".into()))
+                })
+            })
+        },
+    );
     let (ok, out, err) = as_alice(&["-n", "team-a", "get", "deployments", "-o", "name"]);
     assert!(ok, "{err}");
     assert_eq!(out, "deployment.apps/web");

@@ -15,19 +15,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Response, StatusCode};
-use orrery_api::cluster::{self, CONDITION_JOINED, Registration};
-use orrery_api::conditions::{self, Condition};
-use orrery_api::{Object, Time, keys};
-use orrery_store::{Store, StoreError};
+use orrery_api::Time;
+use orrery_api::cluster::{self, Registration};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use crate::app::App;
 use crate::auth::Identity;
 use crate::error::{ApiError, ApiResult};
 use crate::http::{self as h, Body};
+use crate::registry::register;
 use crate::resources::ResourceType;
-use crate::strategy;
 
 /// Serves `/cacerts`.
 pub fn cacerts(app: &App, method: &Method) -> ApiResult<Response<Body>> {
@@ -129,201 +127,19 @@ async fn create_token(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Resp
     ))
 }
 
-/// A Pull Cluster's spec fields from what its agent says.
-fn agent_spec(req: &Registration) -> serde_json::Map<String, Value> {
-    let mut spec = serde_json::Map::new();
-    spec.insert("syncMode".into(), json!("Pull"));
-    req.facts.apply_to_spec(&mut spec);
-    spec
-}
-
-fn joined(now: Time) -> Vec<Condition> {
-    let mut cs = Vec::new();
-    conditions::set(
-        &mut cs,
-        Condition::new(
-            CONDITION_JOINED,
-            conditions::TRUE,
-            "AgentRegistered",
-            "the cluster's agent registered",
-        ),
-        now,
-    );
-    cs
-}
-
-/// Creates the Cluster, or refreshes what the agent reports about it.
-async fn upsert_cluster(app: &App, rt: &ResourceType, req: &Registration) -> ApiResult<Object> {
-    let key = keys::well_known::cluster(&req.cluster);
-    let now = Time::now();
-    for _ in 0..8 {
-        match app.store.get(&key).await {
-            Ok(current) => {
-                if current.metadata.deletion_timestamp.is_some() {
-                    return Err(ApiError::conflict(
-                        rt,
-                        &req.cluster,
-                        "the cluster is being unregistered; register it again once it is gone",
-                    ));
-                }
-                let mode = current
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.get("syncMode"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("Pull");
-                if mode == "Push" {
-                    return Err(ApiError::conflict(
-                        rt,
-                        &req.cluster,
-                        "it is a Push cluster, which the server drives itself; agents serve Pull clusters",
-                    ));
-                }
-                let mut next = current.clone();
-                let spec = next
-                    .spec
-                    .get_or_insert_with(|| json!({}))
-                    .as_object_mut()
-                    .ok_or_else(|| {
-                        ApiError::internal("the stored Cluster spec is not an object")
-                    })?;
-                for (k, v) in agent_spec(req) {
-                    spec.insert(k, v);
-                }
-                next.metadata.labels.extend(req.facts.labels.clone());
-                let mut status: cluster::ClusterStatus = next
-                    .status
-                    .clone()
-                    .and_then(|s| serde_json::from_value(s).ok())
-                    .unwrap_or_default();
-                for c in joined(now) {
-                    conditions::set(&mut status.conditions, c, now);
-                }
-                next.status = serde_json::to_value(&status).ok();
-                next.metadata.generation =
-                    Some(orrery_store::stamp::next_generation(&current, &next));
-                crate::registry::validate_object(app, rt, &next, Some(&current))?;
-                match app.store.update(&key, next, current.revision()).await {
-                    Ok(o) => return Ok((*o).clone()),
-                    Err(StoreError::Conflict { .. }) => continue,
-                    Err(e) => return Err(ApiError::from_store(e, rt, &req.cluster)),
-                }
-            }
-            Err(StoreError::NotFound { .. }) => {
-                let mut obj = Object::new(cluster::API_VERSION, "Cluster")
-                    .with_name(&req.cluster)
-                    .with_spec(Value::Object(agent_spec(req)));
-                obj.metadata.labels = req.facts.labels.clone();
-                orrery_store::stamp::stamp_new(&mut obj.metadata);
-                strategy::prepare_create(rt, &mut obj);
-                obj.status = serde_json::to_value(cluster::ClusterStatus {
-                    conditions: joined(now),
-                    ..Default::default()
-                })
-                .ok();
-                crate::registry::validate_object(app, rt, &obj, None)?;
-                match app.store.create(&key, obj).await {
-                    Ok(o) => return Ok((*o).clone()),
-                    Err(StoreError::AlreadyExists { .. }) => continue,
-                    Err(e) => return Err(ApiError::from_store(e, rt, &req.cluster)),
-                }
-            }
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(ApiError::stale(rt, &req.cluster))
-}
-
-/// Creates the namespace that holds a cluster's Works, if it is missing.
-/// Writes through `store` (the leader's fenced store, when a controller asks).
-pub async fn ensure_cluster_namespace(
-    app: &App,
-    store: &dyn Store,
-    cluster_name: &str,
-) -> ApiResult<()> {
-    let reg = app.resources.snapshot();
-    let ns_rt = reg
-        .get("", "v1", "namespaces")
-        .ok_or_else(|| ApiError::internal("the Namespace kind is not registered"))?;
-    let name = cluster::namespace_of(cluster_name);
-    let key = keys::well_known::namespace(&name);
-    match store.get(&key).await {
-        Ok(ns) if ns.metadata.deletion_timestamp.is_some() => Err(ApiError::conflict(
-            &ns_rt,
-            &name,
-            "the namespace of the cluster's Works is still being deleted; retry shortly",
-        )),
-        Ok(_) => Ok(()),
-        Err(StoreError::NotFound { .. }) => {
-            let mut ns = Object::new("v1", "Namespace")
-                .with_name(&name)
-                .with_label("multicluster.io/cluster", cluster_name);
-            orrery_store::stamp::stamp_new(&mut ns.metadata);
-            strategy::prepare_create(&ns_rt, &mut ns);
-            match store.create(&key, ns).await {
-                Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
-                Err(e) => Err(e.into()),
-            }
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
 async fn register(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Response<Body>> {
     let req: Registration = parse(body)?;
-    let allowed = match who {
-        _ if who.is_superuser() => true,
-        Identity::Cluster { name } => *name == req.cluster,
-        Identity::Bootstrap { name } => token_covers(name, &req.cluster),
-        _ => false,
-    };
-    if !allowed {
-        return Err(ApiError::forbidden(format!(
-            "User \"{}\" cannot register cluster \"{}\": the token is for another cluster",
-            who.user(),
-            req.cluster
-        )));
-    }
-    let rt = cluster_rt(app)?;
-    let errs = cluster::validate_name(&req.cluster);
-    if !errs.is_empty() {
-        return Err(ApiError::invalid(&rt, &req.cluster, &errs));
-    }
-    let obj = upsert_cluster(app, &rt, &req).await?;
-    ensure_cluster_namespace(app, app.store.as_ref(), &req.cluster).await?;
-    // One agent per cluster: a new registration retires the tokens of the previous one.
-    app.auth
-        .revoke_cluster(&req.cluster, crate::auth::Revoke::Retire)
-        .await?;
-    let token = app
-        .auth
-        .issue(
-            &Identity::Cluster {
-                name: req.cluster.clone(),
-            },
-            &format!("agent token for cluster {}", req.cluster),
-            None,
-        )
-        .await?;
-    tracing::info!(cluster = %req.cluster, by = %who.user(), "cluster registered");
+    let grant = register::authorize(who, &req.cluster)?;
+    let done = register::register(app, grant, &req).await?;
     Ok(h::json(
         StatusCode::OK,
         &json!({
-            "token": token,
+            "token": done.token,
             "cluster": req.cluster,
-            "uid": obj.metadata.uid,
+            "uid": done.cluster.metadata.uid,
             "namespace": cluster::namespace_of(&req.cluster),
         }),
     ))
-}
-
-/// Whether a bootstrap token for `pattern` (a name, or a prefix ending in `*`) may register
-/// `cluster`.
-pub fn token_covers(pattern: &str, cluster: &str) -> bool {
-    match pattern.strip_suffix('*') {
-        Some(prefix) => cluster.starts_with(prefix),
-        None => pattern == cluster,
-    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -377,6 +193,8 @@ async fn create_user(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Respo
     ))
 }
 
+pub use crate::registry::register::ensure_cluster_namespace;
+
 /// Serves `/agent/v1/...`.
 pub async fn serve(
     app: &App,
@@ -408,6 +226,8 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use orrery_api::keys;
+    use orrery_store::Store;
 
     /// Beyond the registrations one server carries out at once, a cluster is told to come
     /// back (429 with Retry-After) and nothing is written; once a slot is free it registers.
@@ -456,11 +276,11 @@ mod tests {
 
     #[test]
     fn patterns() {
-        assert!(token_covers("east", "east"));
-        assert!(!token_covers("east", "east-2"));
-        assert!(token_covers("edge-*", "edge-17"));
-        assert!(!token_covers("edge-*", "core"));
-        assert!(token_covers("*", "anything"));
+        assert!(register::token_covers("east", "east"));
+        assert!(!register::token_covers("east", "east-2"));
+        assert!(register::token_covers("edge-*", "edge-17"));
+        assert!(!register::token_covers("edge-*", "core"));
+        assert!(register::token_covers("*", "anything"));
     }
 
     #[test]

@@ -503,6 +503,8 @@ pub struct Decision {
 #[derive(Debug, Default)]
 pub struct Authorizer {
     policy: RwLock<Policy>,
+    /// Told when a ClusterRole changed (the aggregation writer waits on it).
+    cluster_roles_changed: tokio::sync::Notify,
 }
 
 impl Authorizer {
@@ -588,8 +590,27 @@ impl Authorizer {
             return;
         };
         let key = key_of(kind, obj);
-        let mut p = self.policy.write().unwrap_or_else(|e| e.into_inner());
-        p.apply(kind, &key, (!deleted).then_some(obj), obj.revision());
+        {
+            let mut p = self.policy.write().unwrap_or_else(|e| e.into_inner());
+            p.apply(kind, &key, (!deleted).then_some(obj), obj.revision());
+        }
+        if kind == Kind::ClusterRole {
+            self.cluster_roles_changed.notify_one();
+        }
+    }
+
+    /// The aggregated ClusterRoles whose stored `rules` are not what they aggregate now, with
+    /// what they aggregate.
+    fn stale_aggregations(&self) -> Vec<(String, Vec<Rule>)> {
+        let p = self.policy.read().unwrap_or_else(|e| e.into_inner());
+        p.cluster_role_defs
+            .iter()
+            .filter(|(_, d)| d.aggregation.is_some())
+            .filter_map(|(name, d)| {
+                let now = p.cluster_roles.get(name)?;
+                (d.rules != **now).then(|| (name.clone(), now.to_vec()))
+            })
+            .collect()
     }
 
     /// Whether the ServiceAccount a token was issued for still exists, as the same account.
@@ -806,6 +827,49 @@ impl Authorizer {
             who.groups(),
             list.join("\n")
         )))
+    }
+}
+
+/// Writes each aggregated ClusterRole's rules into the object, as Kubernetes' aggregation
+/// controller does, so that what `kubectl get clusterrole view -o yaml` shows is what the
+/// authorizer decides with (it resolves aggregation itself and never reads these rules). The
+/// leader runs it through its fenced store; it runs until `shutdown`.
+pub async fn write_aggregated_rules(
+    authz: Arc<Authorizer>,
+    store: Arc<dyn Store>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    loop {
+        for (name, rules) in authz.stale_aggregations() {
+            let key = orrery_api::keys::object(GROUP, "clusterroles", None, &name);
+            let current = match store.get(&key).await {
+                Ok(o) => o,
+                Err(StoreError::NotFound { .. }) => continue,
+                Err(StoreError::Closed) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, role = %name, "reading an aggregated role failed");
+                    continue;
+                }
+            };
+            if rules_of(&current) == rules {
+                continue;
+            }
+            let mut next = current.clone();
+            next.other.insert(
+                "rules".into(),
+                serde_json::to_value(&rules).unwrap_or_default(),
+            );
+            match store.update(&key, next, current.revision()).await {
+                Ok(o) => authz.observe(&o, false),
+                // Changed meanwhile (or no longer leading): the next round sees it.
+                Err(e) => tracing::debug!(error = %e, role = %name, "aggregated rules not written"),
+            }
+        }
+        tokio::select! {
+            _ = authz.cluster_roles_changed.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(30)) => {}
+            _ = shutdown.changed() => return,
+        }
     }
 }
 

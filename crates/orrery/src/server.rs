@@ -467,7 +467,14 @@ fn spawn_controllers(
     m: &TermShared,
     shutdown: tokio::sync::watch::Receiver<bool>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
-    let mut controllers = orrery_controllers::lifecycle::spawn(
+    let mut controllers = vec![tokio::spawn(
+        orrery_apiserver::rbac::write_aggregated_rules(
+            app.authz.clone(),
+            store.clone(),
+            shutdown.clone(),
+        ),
+    )];
+    controllers.extend(orrery_controllers::lifecycle::spawn(
         store.clone(),
         Arc::new(LifecycleApi {
             app: app.clone(),
@@ -475,7 +482,7 @@ fn spawn_controllers(
         }),
         m.controllers.clone(),
         shutdown.clone(),
-    );
+    ));
     controllers.extend(orrery_controllers::spawn(
         store.clone(),
         orrery_controllers::Config {

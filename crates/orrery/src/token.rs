@@ -35,24 +35,36 @@ pub fn admin_kubeconfig(explicit: Option<PathBuf>) -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("./orrery-data/admin.kubeconfig"))
 }
 
+/// POSTs `body` to an admin endpoint of the server the admin kubeconfig names; the JSON
+/// answer.
+pub async fn admin_post(
+    kubeconfig: &std::path::Path,
+    path: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<serde_json::Value> {
+    let client = orrery_client::from_kubeconfig(kubeconfig)
+        .await
+        .with_context(|| format!("using the admin kubeconfig {}", kubeconfig.display()))?;
+    let req = http::Request::post(path)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(serde_json::to_vec(body)?)?;
+    let text = client.request_text(req).await.map_err(|e| match e {
+        kube::Error::Api(s) => anyhow::anyhow!("the server refused: {}", s.message),
+        other => anyhow::anyhow!("reaching the server: {other}"),
+    })?;
+    Ok(serde_json::from_str(&text)?)
+}
+
 pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
     match cmd {
         TokenCommand::Create(args) => {
             let path = admin_kubeconfig(args.kubeconfig);
-            let client = orrery_client::from_kubeconfig(&path)
-                .await
-                .with_context(|| format!("using the admin kubeconfig {}", path.display()))?;
-            let body = serde_json::to_vec(
+            let v = admin_post(
+                &path,
+                "/agent/v1/tokens",
                 &serde_json::json!({ "cluster": args.cluster, "ttl": args.ttl }),
-            )?;
-            let req = http::Request::post("/agent/v1/tokens")
-                .header(http::header::CONTENT_TYPE, "application/json")
-                .body(body)?;
-            let text = client.request_text(req).await.map_err(|e| match e {
-                kube::Error::Api(s) => anyhow::anyhow!("the server refused: {}", s.message),
-                other => anyhow::anyhow!("reaching the server: {other}"),
-            })?;
-            let v: serde_json::Value = serde_json::from_str(&text)?;
+            )
+            .await?;
             let token = v["token"].as_str().context("the server sent no token")?;
             println!("{token}");
             Ok(())

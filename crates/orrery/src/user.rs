@@ -35,9 +35,6 @@ pub struct CreateArgs {
 pub async fn run(cmd: UserCommand) -> anyhow::Result<()> {
     let UserCommand::Create(args) = cmd;
     let path = crate::token::admin_kubeconfig(args.kubeconfig);
-    let client = orrery_client::from_kubeconfig(&path)
-        .await
-        .with_context(|| format!("using the admin kubeconfig {}", path.display()))?;
     let kubeconfig = kube::config::Kubeconfig::read_from(&path)
         .with_context(|| format!("reading {}", path.display()))?;
     let server = kubeconfig
@@ -47,17 +44,14 @@ pub async fn run(cmd: UserCommand) -> anyhow::Result<()> {
         .and_then(|c| c.server.clone())
         .context("the admin kubeconfig names no server")?;
     let (key, csr) = orrery_apiserver::pki::key_and_csr().context("making a key")?;
-    let body = serde_json::to_vec(&serde_json::json!({
-        "name": args.name, "groups": args.groups, "ttl": args.ttl, "csr": csr,
-    }))?;
-    let req = http::Request::post("/agent/v1/users")
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(body)?;
-    let text = client.request_text(req).await.map_err(|e| match e {
-        kube::Error::Api(s) => anyhow::anyhow!("the server refused: {}", s.message),
-        other => anyhow::anyhow!("reaching the server: {other}"),
-    })?;
-    let v: serde_json::Value = serde_json::from_str(&text)?;
+    let v = crate::token::admin_post(
+        &path,
+        "/agent/v1/users",
+        &serde_json::json!({
+            "name": args.name, "groups": args.groups, "ttl": args.ttl, "csr": csr,
+        }),
+    )
+    .await?;
     let cert = v["certificate"]
         .as_str()
         .context("the server sent no certificate")?;

@@ -316,12 +316,18 @@ pub fn objects() -> Vec<Object> {
     ]
 }
 
-/// What of an object the defaults decide (the rest is the store's or the user's).
+/// What of an object the defaults decide (the rest is the store's or the user's; an
+/// aggregated role's rules are the aggregation writer's).
 fn substance(o: &Object) -> (Value, Value, Value, Value, Value) {
     let get = |k: &str| o.other.get(k).cloned().unwrap_or(Value::Null);
+    let rules = if o.other.contains_key("aggregationRule") {
+        Value::Null
+    } else {
+        get("rules")
+    };
     (
         serde_json::to_value(&o.metadata.labels).unwrap_or_default(),
-        get("rules"),
+        rules,
         get("aggregationRule"),
         get("roleRef"),
         get("subjects"),
@@ -354,7 +360,11 @@ pub async fn ensure(
                 }
                 let mut next = have.clone();
                 next.metadata.labels = want.metadata.labels.clone();
+                let aggregated = want.other.contains_key("aggregationRule");
                 for k in ["rules", "aggregationRule", "roleRef", "subjects"] {
+                    if k == "rules" && aggregated {
+                        continue;
+                    }
                     match want.other.remove(k) {
                         Some(v) => next.other.insert(k.into(), v),
                         None => next.other.remove(k),

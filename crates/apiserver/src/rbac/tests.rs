@@ -659,3 +659,58 @@ fn service_accounts_are_known_by_uid() {
     authz.observe(&sa, true);
     assert!(!authz.service_account_is("ops", "robot", "u1"));
 }
+
+/// The aggregation writer fills aggregated roles' `rules` as Kubernetes' controller does, and
+/// writing the defaults again at the next start leaves them be.
+#[tokio::test]
+async fn aggregated_rules_are_written_into_the_roles() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store: Arc<dyn Store> =
+        Arc::new(orrery_store_sqlite::SqliteStore::open_dir(dir.path()).expect("open the store"));
+    assert!(
+        defaults::ensure(store.as_ref(), |_, _| {})
+            .await
+            .expect("defaults")
+            > 0
+    );
+    let authz = Authorizer::start(store.clone()).await.expect("start");
+    let (stop, shutdown) = tokio::sync::watch::channel(false);
+    let writer = tokio::spawn(write_aggregated_rules(
+        authz.clone(),
+        store.clone(),
+        shutdown,
+    ));
+    let key = orrery_api::keys::object(GROUP, "clusterroles", None, "view");
+    let mut rules = Vec::new();
+    for _ in 0..100 {
+        rules = rules_of(&store.get(&key).await.expect("view"));
+        if !rules.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        rules
+            .iter()
+            .any(|r| r.resources.contains(&"configmaps".to_string())
+                && r.verbs.contains(&"list".to_string())),
+        "{rules:?}"
+    );
+    let admin_key = orrery_api::keys::object(GROUP, "clusterroles", None, "admin");
+    for _ in 0..100 {
+        if rules_of(&store.get(&admin_key).await.expect("admin")).len() > rules.len() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let before = store.get(&key).await.expect("view").revision();
+    assert_eq!(
+        defaults::ensure(store.as_ref(), |_, _| {})
+            .await
+            .expect("again"),
+        0
+    );
+    assert_eq!(store.get(&key).await.expect("view").revision(), before);
+    let _ = stop.send(true);
+    writer.await.expect("the writer stops");
+}

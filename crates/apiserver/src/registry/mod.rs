@@ -27,6 +27,7 @@ use crate::resources::{self, Registry, ResourceType};
 use crate::schema::validate::{self as schema_check, Mode};
 
 pub(crate) mod read;
+pub mod register;
 pub(crate) mod subresource;
 pub(crate) mod watch;
 pub(crate) mod write;
