@@ -492,6 +492,21 @@ pub fn agent_rules(cluster: &str, namespace: Option<&str>) -> Vec<Rule> {
     rules
 }
 
+/// The cluster whose agent `who` is, if it is one.
+fn agent_of(who: &Identity) -> Option<&str> {
+    match who {
+        Identity::Cluster { name } => Some(name),
+        _ => None,
+    }
+}
+
+fn superuser() -> Decision {
+    Decision {
+        allowed: true,
+        reason: "system:masters may do everything".into(),
+    }
+}
+
 /// A decision and its reason (as SubjectAccessReview reports them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Decision {
@@ -623,34 +638,65 @@ impl Authorizer {
 
     /// Whether `who` may do `what`, and why.
     pub fn decide(&self, who: &Identity, what: &Attributes<'_>) -> Decision {
+        if who.is_superuser() {
+            return superuser();
+        }
+        self.decide_as(&who.user(), &who.groups(), agent_of(who), what)
+    }
+
+    /// Whether the user `user` in exactly `groups` may do `what` (a SubjectAccessReview's
+    /// question); `agent_of` names the cluster whose agent it is, if it is one.
+    pub fn decide_as(
+        &self,
+        user: &str,
+        groups: &[String],
+        agent_of: Option<&str>,
+        what: &Attributes<'_>,
+    ) -> Decision {
         self.decide_by(
-            who,
+            user,
+            groups,
             |r| r.allows(what),
             what.namespace,
             || {
-                matches!(who, Identity::Cluster { name }
-                if agent_rules(name, what.namespace).iter().any(|r| r.allows(what)))
+                agent_of.is_some_and(|name| {
+                    agent_rules(name, what.namespace)
+                        .iter()
+                        .any(|r| r.allows(what))
+                })
             },
         )
     }
 
     /// Whether `who` may `verb` (a lower-case HTTP verb) the non-resource `path`, and why.
     pub fn decide_path(&self, who: &Identity, verb: &str, path: &str) -> Decision {
-        self.decide_by(who, |r| r.allows_url(verb, path), None, || false)
+        if who.is_superuser() {
+            return superuser();
+        }
+        self.decide_path_as(&who.user(), &who.groups(), verb, path)
+    }
+
+    /// [`Self::decide_path`] for a user in exactly `groups`.
+    pub fn decide_path_as(
+        &self,
+        user: &str,
+        groups: &[String],
+        verb: &str,
+        path: &str,
+    ) -> Decision {
+        self.decide_by(user, groups, |r| r.allows_url(verb, path), None, || false)
     }
 
     fn decide_by(
         &self,
-        who: &Identity,
+        user: &str,
+        groups: &[String],
         allows: impl Fn(&Rule) -> bool,
         ns: Option<&str>,
         built_in: impl FnOnce() -> bool,
     ) -> Decision {
-        if who.is_superuser() {
-            return Decision {
-                allowed: true,
-                reason: "system:masters may do everything".into(),
-            };
+        if groups.iter().any(|g| g == "system:masters") {
+            return superuser();
         }
         if built_in() {
             return Decision {
@@ -659,9 +705,8 @@ impl Authorizer {
                     .into(),
             };
         }
-        let groups = who.groups();
         let p = self.policy.read().unwrap_or_else(|e| e.into_inner());
-        match p.allowed(&who.user(), &groups, allows, ns) {
+        match p.allowed(user, groups, allows, ns) {
             Some(reason) => Decision {
                 allowed: true,
                 reason,

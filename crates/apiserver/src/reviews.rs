@@ -69,25 +69,19 @@ fn user_info(who: &Identity) -> Value {
     json!({"username": who.user(), "groups": who.groups()})
 }
 
-/// The identity a SubjectAccessReview names: an agent's by its user name (agents have
-/// built-in rules), anyone else as a user with the groups given.
-fn identity_named(user: &str, groups: &[String]) -> Identity {
-    match user.strip_prefix("system:cluster:") {
-        Some(name) => Identity::Cluster { name: name.into() },
-        None => Identity::User {
-            name: user.to_string(),
-            groups: groups.to_vec(),
-        },
-    }
-}
-
 fn field<'a>(v: &'a Value, name: &str) -> &'a str {
     v.get(name).and_then(Value::as_str).unwrap_or_default()
 }
 
-/// Whether `who` may do what `spec` asks (resourceAttributes or nonResourceAttributes), and
-/// why.
-fn decide(authz: &Authorizer, who: &Identity, spec: &Value) -> ApiResult<Decision> {
+/// Whom a review asks about: oneself, or (a SubjectAccessReview) the user and groups it names.
+enum About<'a> {
+    Me(&'a Identity),
+    Named { user: &'a str, groups: Vec<String> },
+}
+
+/// Whether the subject may do what `spec` asks (resourceAttributes or
+/// nonResourceAttributes), and why.
+fn decide(authz: &Authorizer, about: &About<'_>, spec: &Value) -> ApiResult<Decision> {
     if let Some(r) = spec.get("resourceAttributes").filter(|r| r.is_object()) {
         let namespace = field(r, "namespace");
         let name = field(r, "name");
@@ -100,10 +94,20 @@ fn decide(authz: &Authorizer, who: &Identity, spec: &Value) -> ApiResult<Decisio
             namespace: (!namespace.is_empty()).then_some(namespace),
             name: (!name.is_empty()).then_some(name),
         };
-        return Ok(authz.decide(who, &what));
+        return Ok(match about {
+            About::Me(who) => authz.decide(who, &what),
+            // An agent's user name carries its built-in rules, as its token does.
+            About::Named { user, groups } => {
+                authz.decide_as(user, groups, user.strip_prefix("system:cluster:"), &what)
+            }
+        });
     }
     if let Some(n) = spec.get("nonResourceAttributes").filter(|r| r.is_object()) {
-        return Ok(authz.decide_path(who, field(n, "verb"), field(n, "path")));
+        let (verb, path) = (field(n, "verb"), field(n, "path"));
+        return Ok(match about {
+            About::Me(who) => authz.decide_path(who, verb, path),
+            About::Named { user, groups } => authz.decide_path_as(user, groups, verb, path),
+        });
     }
     Err(ApiError::unprocessable(
         "spec: one of resourceAttributes and nonResourceAttributes is required",
@@ -129,7 +133,7 @@ pub fn review(
     let spec = req.get("spec").cloned().unwrap_or_else(|| json!({}));
     let status = match kind.kind {
         "SelfSubjectReview" => json!({"userInfo": user_info(who)}),
-        "SelfSubjectAccessReview" => answer(decide(authz, who, &spec)?),
+        "SelfSubjectAccessReview" => answer(decide(authz, &About::Me(who), &spec)?),
         "SelfSubjectRulesReview" => {
             let namespace = field(&spec, "namespace");
             let (resource, non_resource) =
@@ -137,7 +141,8 @@ pub fn review(
             json!({"resourceRules": resource, "nonResourceRules": non_resource, "incomplete": false})
         }
         "SubjectAccessReview" => {
-            // Who may ask was decided by RBAC (create subjectaccessreviews) before.
+            // Who may ask was decided by RBAC (create subjectaccessreviews) before. The
+            // subject's groups are taken as given, as Kubernetes takes them.
             let groups: Vec<String> = spec
                 .get("groups")
                 .and_then(Value::as_array)
@@ -145,8 +150,11 @@ pub fn review(
                 .flatten()
                 .filter_map(|g| g.as_str().map(str::to_string))
                 .collect();
-            let subject = identity_named(field(&spec, "user"), &groups);
-            answer(decide(authz, &subject, &spec)?)
+            let about = About::Named {
+                user: field(&spec, "user"),
+                groups,
+            };
+            answer(decide(authz, &about, &spec)?)
         }
         other => {
             return Err(ApiError::internal(format!("no review named {other}")));
@@ -281,5 +289,15 @@ mod tests {
         assert_eq!(sar("system:cluster:east"), json!(true));
         assert_eq!(sar("system:cluster:west"), json!(false));
         assert_eq!(sar("mallory"), json!(false));
+        // The subject's groups are what the review says, nothing added.
+        let basic = |groups: Value| {
+            let body = json!({"spec": {"user": "bob", "groups": groups, "resourceAttributes": {"verb": "create", "group": "authorization.k8s.io", "resource": "selfsubjectaccessreviews"}}});
+            review(&authz, kind("subjectaccessreviews"), &admin, &body).unwrap()["status"]
+                ["allowed"]
+                .clone()
+        };
+        assert_eq!(basic(json!(["system:authenticated"])), json!(true));
+        assert_eq!(basic(json!([])), json!(false));
+        assert_eq!(basic(json!(["system:masters"])), json!(true));
     }
 }
