@@ -173,12 +173,7 @@ impl App {
     pub async fn ensure_default_roles(&self) -> Result<usize, StoreError> {
         let reg = self.resources.snapshot();
         let n = crate::rbac::defaults::ensure(self.store.as_ref(), |obj, new| {
-            let plural = if obj.kind == "ClusterRole" {
-                "clusterroles"
-            } else {
-                "clusterrolebindings"
-            };
-            if new && let Some(rt) = reg.get(crate::rbac::GROUP, "v1", plural) {
+            if new && let Some(rt) = reg.by_kind(crate::rbac::GROUP, &obj.kind) {
                 crate::strategy::prepare_create(&rt, obj);
             }
         })

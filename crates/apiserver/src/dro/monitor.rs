@@ -64,10 +64,10 @@ fn cluster_type(app: &App) -> Result<std::sync::Arc<crate::resources::ResourceTy
 /// Reads, changes and writes one Cluster with compare-and-swap, validated like any update.
 async fn update_cluster(
     app: &App,
-    _: &StatusGrant,
-    name: &str,
+    grant: &StatusGrant,
     mut change: impl FnMut(&mut Object) -> Result<(), DroError>,
 ) -> Result<std::sync::Arc<Object>, DroError> {
+    let name = grant.name();
     let key = keys::well_known::cluster(name);
     let rt = cluster_type(app)?;
     for _ in 0..5 {
@@ -370,7 +370,7 @@ pub async fn configs(
     let c: Config = serde_json::from_slice(body)
         .map_err(|e| DroError::validation(format!("the body is not a valid configuration: {e}")))?;
     let authorized = authorize(app, who, &c.cluster)?;
-    let o = update_cluster(app, &authorized, &c.cluster, |o| {
+    let o = update_cluster(app, &authorized, |o| {
         if let Some(l) = &c.labels {
             o.metadata.labels = l.clone();
         }

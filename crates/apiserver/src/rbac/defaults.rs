@@ -234,21 +234,10 @@ pub fn objects() -> Vec<Object> {
         ),
         Rule::on(WRITE, &["policy"], &["poddisruptionbudgets"]),
     ];
+    let mut every_verb = [WRITE, READ].concat();
+    every_verb.sort_unstable();
     let admin = vec![
-        Rule::on(
-            &[
-                "create",
-                "delete",
-                "deletecollection",
-                "get",
-                "list",
-                "patch",
-                "update",
-                "watch",
-            ],
-            &[GROUP],
-            &["rolebindings", "roles"],
-        ),
+        Rule::on(&every_verb, &[GROUP], &["rolebindings", "roles"]),
         Rule::on(
             &["create"],
             &["authorization.k8s.io"],

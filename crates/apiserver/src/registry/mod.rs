@@ -499,9 +499,15 @@ pub fn authorize(app: &App, who: &Identity, target: &Target, verb: Verb) -> ApiR
 #[derive(Debug)]
 pub struct StatusGrant {
     who: Identity,
-    rt: Arc<ResourceType>,
-    namespace: Option<String>,
-    name: String,
+    /// The object's `status` subresource.
+    target: Target,
+}
+
+impl StatusGrant {
+    /// The name of the object whose status may be written.
+    pub fn name(&self) -> &str {
+        self.target.name.as_deref().unwrap_or_default()
+    }
 }
 
 /// Whether `who` may write the status of one object (`update` on `<plural>/status`): for the
@@ -522,9 +528,7 @@ pub fn authorize_status(
     authorize(app, who, &target, Verb::Update)?;
     Ok(StatusGrant {
         who: who.clone(),
-        rt: rt.clone(),
-        namespace: namespace.map(str::to_string),
-        name: name.to_string(),
+        target,
     })
 }
 
@@ -537,35 +541,21 @@ pub async fn update_status(
     check: write::StatusCheck,
     f: impl FnMut(&Object) -> ApiResult<Value>,
 ) -> ApiResult<Arc<Object>> {
+    let t = &grant.target;
     let written = write::update_status(
         app,
-        &grant.rt,
-        grant.namespace.as_deref(),
-        &grant.name,
+        &t.rt,
+        t.namespace.as_deref(),
+        grant.name(),
         expected,
         check,
         f,
     )
     .await;
     if app.config.audit.is_some() {
-        let target = Target {
-            rt: grant.rt.clone(),
-            namespace: grant.namespace.clone(),
-            name: Some(grant.name.clone()),
-            subresource: Some("status".into()),
-        };
         let code = written.as_ref().map_or_else(|e| e.code, |_| 200);
         let response = written.as_ref().ok().map(|o| o.to_value());
-        audit(
-            app,
-            &grant.who,
-            "update",
-            &target,
-            code,
-            None,
-            response.as_ref(),
-        )
-        .await;
+        audit(app, &grant.who, "update", t, code, None, response.as_ref()).await;
     }
     written
 }
