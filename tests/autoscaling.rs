@@ -323,7 +323,7 @@ spec:
     );
     assert!(h["status"]["lastScaleTime"].is_string(), "{h:#}");
     // Divided among the members as the template says.
-    eventually(Duration::from_secs(20), "the replicas placed", || {
+    eventually(Duration::from_secs(60), "the replicas placed", || {
         let want = replicas(&f, "react");
         let placed = f.clusters_of("react-deployment");
         placed.len() == 2 && placed.iter().map(|(_, n)| n).sum::<i64>() == want
@@ -331,7 +331,7 @@ spec:
 
     // Once the predictive one forecasts, it runs more replicas than the reactive one on the
     // way up to the peak (its forecast sees 8 s ahead).
-    eventually(Duration::from_secs(60), "a forecast", || {
+    eventually(Duration::from_secs(120), "a forecast", || {
         let a = f.s.get_json(&["fhpa", "ahead"]);
         a["status"]["prediction"]["message"]
             .as_str()
@@ -359,7 +359,7 @@ spec:
     );
 
     // The rule ran at its minute: the floor is 3.
-    eventually(Duration::from_secs(30), "the floor raised", || {
+    eventually(Duration::from_secs(90), "the floor raised", || {
         f.s.get_json(&["fhpa", "react"])["spec"]["minReplicas"] == 3
     });
     let c = f.s.get_json(&["cronfhpa", "floor"]);

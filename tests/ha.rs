@@ -590,13 +590,12 @@ fn orrery_up_ha_runs_three_replicas_on_three_etcd_members() {
     use std::io::BufRead;
 
     let dir = tempfile::tempdir().unwrap();
-    // Three consecutive free ports are likely near a free one; the test retries elsewhere if
-    // `up` cannot bind them.
-    let port = common::free_port();
+    // Port 0: each replica binds a free port of its own (three consecutive ports chosen here
+    // could be taken by another test's connection before the replicas bind them).
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_orrery"))
         .args(["up", "--ha", "--clusters", "2", "--data-dir"])
         .arg(dir.path())
-        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--listen", "127.0.0.1:0"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::fs::File::create(dir.path().join("up.log")).unwrap())
         .spawn()
@@ -613,8 +612,26 @@ fn orrery_up_ha_runs_three_replicas_on_three_etcd_members() {
     }
     std::thread::spawn(move || for _ in lines {});
     let text = said.join("\n");
-    assert!(text.contains("etcd: 3 members at"), "{text}");
-    assert!(text.contains("three control-plane replicas"), "{text}");
+    let logs = || {
+        ["up.log", "replica-0.log", "replica-1.log", "replica-2.log"]
+            .iter()
+            .map(|f| {
+                let log = std::fs::read_to_string(dir.path().join(f)).unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                format!(
+                    "--- {f}:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(text.contains("etcd: 3 members at"), "{text}\n{}", logs());
+    assert!(
+        text.contains("three control-plane replicas"),
+        "{text}\n{}",
+        logs()
+    );
     let kubeconfig = dir.path().join("replica-0/admin.kubeconfig");
     let holder = || lease_holder(&kubeconfig, dir.path()).unwrap_or_default();
     eventually(Duration::from_secs(20), "a leader", || !holder().is_empty());

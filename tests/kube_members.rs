@@ -716,7 +716,7 @@ fn the_kube_backend_moves_a_statefulset_with_its_data() {
         agents.insert(*name, Agent::start(&s, name, &args));
     }
     for (name, _) in &members {
-        eventually(Duration::from_secs(20), "Ready", || {
+        eventually(Duration::from_secs(60), "Ready", || {
             s.cluster_condition(name, "Ready") == "True"
         });
     }
@@ -743,7 +743,7 @@ fn the_kube_backend_moves_a_statefulset_with_its_data() {
         });
         let (a, b) = (&members[0].1, &members[1].1);
         eventually(
-            Duration::from_secs(30),
+            Duration::from_secs(60),
             "db running in a, reporting its volumes",
             || {
                 let w = s.get_json(&["work", "-n", "orrery-cluster-a", "-o", "json"]);
@@ -753,7 +753,7 @@ fn the_kube_backend_moves_a_statefulset_with_its_data() {
 
         // A member without a data mover refuses the move; the workload runs on.
         s.apply("apiVersion: multicluster.io/v1alpha1\nkind: Migration\nmetadata: {name: nomover, namespace: default}\nspec:\n  resource: {apiVersion: apps/v1, kind: StatefulSet, name: db}\n  targetClusters: [b]\n");
-        eventually(Duration::from_secs(30), "the move refused", || {
+        eventually(Duration::from_secs(60), "the move refused", || {
             let m = s.get_json(&["migration", "nomover", "-n", "default"]);
             m["status"]["phase"] == "Failed"
         });
@@ -764,7 +764,7 @@ fn the_kube_backend_moves_a_statefulset_with_its_data() {
             "{msg}"
         );
         eventually(
-            Duration::from_secs(20),
+            Duration::from_secs(60),
             "db back at two replicas in a",
             || a.ok(&["get", "sts", "db", "-o", "jsonpath={.spec.replicas}"]) == "2",
         );
@@ -775,7 +775,7 @@ fn the_kube_backend_moves_a_statefulset_with_its_data() {
         // Stop the Jobs, so the source's agent is killed with its first round under way.
         plant.lock().unwrap().paused = true;
         s.apply("apiVersion: multicluster.io/v1alpha1\nkind: Migration\nmetadata: {name: move, namespace: default}\nspec:\n  resource: {apiVersion: apps/v1, kind: StatefulSet, name: db}\n  targetClusters: [b]\n");
-        eventually(Duration::from_secs(30), "the first backup Jobs", || {
+        eventually(Duration::from_secs(60), "the first backup Jobs", || {
             a.ok(&["get", "jobs", "-n", "default", "-o", "name"])
                 .lines()
                 .count()

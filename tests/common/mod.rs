@@ -61,7 +61,8 @@ impl Server {
         let mut s = Server::launch(
             dir,
             host,
-            free_port(),
+            // A free port the server binds itself (one chosen here could be taken first).
+            0,
             extra.iter().map(|s| s.to_string()).collect(),
         );
         s._tmp = Some(tmp);
@@ -90,9 +91,17 @@ impl Server {
             }
         });
         let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        // "orrery server ready at https://HOST:PORT (kubeconfig: ...)"
+        let port = loop {
             match rx.recv_timeout(Duration::from_millis(200)) {
-                Ok(line) if line.contains("ready") => break,
+                Ok(line) if line.starts_with("orrery server ready at ") => {
+                    break line
+                        .split_whitespace()
+                        .nth(4)
+                        .and_then(|url| url.rsplit(':').next())
+                        .and_then(|p| p.parse::<u16>().ok())
+                        .unwrap_or_else(|| panic!("no port in {line:?}"));
+                }
                 Ok(_) => {}
                 Err(_) => {
                     if let Some(status) = child.try_wait().unwrap() {
@@ -106,7 +115,7 @@ impl Server {
                     );
                 }
             }
-        }
+        };
         Server {
             child: Some(child),
             kubeconfig: dir.join("admin.kubeconfig"),

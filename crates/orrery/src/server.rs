@@ -673,6 +673,14 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     };
     let pki = pki::ensure(&args.data_dir, &sans).context("preparing TLS certificates")?;
     let tls = pki::server_config(&pki).map_err(|e| anyhow::anyhow!("TLS configuration: {e}"))?;
+    // Bound now, so that port 0 means a free port and the address clients are given (the
+    // kubeconfig, discovery) is the one bound.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let listen = listener
+        .local_addr()
+        .with_context(|| format!("listening on {}", args.listen))?;
 
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let registry: orrery_apiserver::metrics::SharedRegistry = Default::default();
@@ -684,7 +692,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     let leader_metric = orrery_controllers::leader::LeaderMetric::register(&registry);
     let config = ApiConfig {
         metrics_registry: Some(registry),
-        server_address: args.listen.to_string(),
+        server_address: listen.to_string(),
         ca_pem: pki.ca_pem.clone(),
         user_issuer: Some(Arc::new(
             pki::read_ca(&args.data_dir)
@@ -715,16 +723,13 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         .context("writing the default RBAC roles and bindings")?;
     orrery_store::spawn_compactor(store.clone(), args.compaction_interval);
 
-    let url = client_url(&args.listen);
+    let url = client_url(&listen);
     pki::write_kubeconfig(
         &kubeconfig,
         &pki::kubeconfig(&url, &pki.ca_pem, "admin", &token),
     )
     .with_context(|| format!("writing {}", kubeconfig.display()))?;
 
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("listening on {}", args.listen))?;
     let serving = tokio::spawn(orrery_apiserver::server::serve(
         app.clone(),
         listener,

@@ -22,7 +22,7 @@ pub struct UpArgs {
     #[arg(long, default_value = "./orrery-data", env = "ORRERY_DATA_DIR")]
     pub data_dir: PathBuf,
     /// Where the control plane serves (with --ha, the three replicas serve on this port and
-    /// the next two).
+    /// the next two). Port 0 picks free ports.
     #[arg(long, default_value = "127.0.0.1:6443")]
     pub listen: SocketAddr,
     /// A highly available control plane: a local three-member etcd cluster (Debian's

@@ -161,7 +161,13 @@ pub async fn start(data_dir: &Path, listen: SocketAddr) -> anyhow::Result<HaPlan
     let mut urls = Vec::new();
     let mut ready = Vec::new();
     for i in 0..3u16 {
-        let addr = SocketAddr::new(listen.ip(), listen.port() + i);
+        // Port 0 gives each replica a free port of its own.
+        let port = if listen.port() == 0 {
+            0
+        } else {
+            listen.port() + i
+        };
+        let addr = SocketAddr::new(listen.ip(), port);
         let dir = data_dir.join(format!("replica-{i}"));
         let mut child = Command::new(&exe)
             .arg("server")
@@ -188,26 +194,26 @@ pub async fn start(data_dir: &Path, listen: SocketAddr) -> anyhow::Result<HaPlan
             let mut lines = tokio::io::BufReader::new(out).lines();
             let mut tx = Some(tx);
             while let Ok(Some(line)) = lines.next_line().await {
-                if line.contains("ready")
+                // "orrery server ready at URL (kubeconfig: ...)": the URL it serves on.
+                if let Some(url) = line
+                    .strip_prefix("orrery server ready at ")
+                    .and_then(|rest| rest.split_whitespace().next())
                     && let Some(tx) = tx.take()
                 {
-                    let _ = tx.send(());
+                    let _ = tx.send(url.to_string());
                 }
             }
         });
         ready.push(rx);
         replicas.push(child);
-        urls.push(crate::server::client_url(&addr));
     }
     for (i, rx) in ready.into_iter().enumerate() {
-        if tokio::time::timeout(Duration::from_secs(60), rx)
-            .await
-            .map_or(true, |r| r.is_err())
-        {
-            anyhow::bail!(
+        match tokio::time::timeout(Duration::from_secs(60), rx).await {
+            Ok(Ok(url)) => urls.push(url),
+            _ => anyhow::bail!(
                 "server replica {i} did not start; see {}",
                 data_dir.join(format!("replica-{i}.log")).display()
-            );
+            ),
         }
     }
     Ok(HaPlane {
