@@ -24,6 +24,7 @@ MODULES = {
     "api/apps/v1": "io.k8s.api.apps.v1",
     "api/batch/v1": "io.k8s.api.batch.v1",
     "api/networking/v1": "io.k8s.api.networking.v1",
+    "api/discovery/v1": "io.k8s.api.discovery.v1",
     "api/autoscaling/v1": "io.k8s.api.autoscaling.v1",
     "api/authentication/v1": "io.k8s.api.authentication.v1",
     "api/authorization/v1": "io.k8s.api.authorization.v1",

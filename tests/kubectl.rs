@@ -243,7 +243,8 @@ fn own_kinds_are_explained_and_described_by_read_only_crds() {
     assert!(!left.contains("crontabs"), "{left}");
     // Kinds of features not built yet are not advertised.
     let resources = s.ok(&["api-resources"]);
-    assert!(!resources.contains("serviceexports"), "{resources}");
+    assert!(resources.contains("serviceexports"), "{resources}");
+    assert!(!resources.contains("placementdecisions"), "{resources}");
 }
 
 #[test]

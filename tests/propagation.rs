@@ -1110,7 +1110,7 @@ spec:
         ));
     }
     let split = |name: &str| f.clusters_of(&format!("{name}-deployment"));
-    eventually(Duration::from_secs(20), "both placed", || {
+    eventually(Duration::from_secs(60), "both placed", || {
         [split("even"), split("level")]
             .iter()
             .all(|s| s.iter().map(|(_, n)| n).sum::<i64>() == 20)

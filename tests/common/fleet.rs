@@ -53,6 +53,9 @@ impl Fleet {
                     "100ms",
                     "--admin-listen",
                     "127.0.0.1:0",
+                    // Each member's clusterset DNS (what it imports).
+                    "--dns-listen",
+                    "127.0.0.1:0",
                     "--labels",
                     &format!("region={region}"),
                 ],
@@ -76,6 +79,22 @@ impl Fleet {
     /// The admin endpoint of a member's agent.
     pub fn admin(&self, cluster: &str) -> &str {
         &self.agents.iter().find(|(n, _, _)| n == cluster).unwrap().2
+    }
+
+    /// The address of a member's clusterset DNS (its agent's `--dns-listen`).
+    pub fn dns(&self, cluster: &str) -> String {
+        let (_, a, _) = self.agents.iter().find(|(n, _, _)| n == cluster).unwrap();
+        let mut found = None;
+        eventually(Duration::from_secs(10), "the agent's DNS address", || {
+            found = a
+                .output()
+                .iter()
+                .find_map(|l| l.strip_prefix("clusterset DNS at "))
+                .and_then(|rest| rest.split_whitespace().next())
+                .map(str::to_string);
+            found.is_some()
+        });
+        found.unwrap()
     }
 
     /// Sets a simulated member's background load (0-1 of its capacity).

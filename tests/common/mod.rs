@@ -42,6 +42,8 @@ pub struct Server {
     extra: Vec<String>,
     /// The loopback address it listens on.
     host: String,
+    /// What it printed before it was ready.
+    pub said: Vec<String>,
 }
 
 impl Server {
@@ -92,6 +94,7 @@ impl Server {
         });
         let deadline = Instant::now() + Duration::from_secs(60);
         // "orrery server ready at https://HOST:PORT (kubeconfig: ...)"
+        let mut said = Vec::new();
         let port = loop {
             match rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(line) if line.starts_with("orrery server ready at ") => {
@@ -102,7 +105,7 @@ impl Server {
                         .and_then(|p| p.parse::<u16>().ok())
                         .unwrap_or_else(|| panic!("no port in {line:?}"));
                 }
-                Ok(_) => {}
+                Ok(line) => said.push(line),
                 Err(_) => {
                     if let Some(status) = child.try_wait().unwrap() {
                         let log =
@@ -126,6 +129,7 @@ impl Server {
             cache: tempfile::tempdir().unwrap(),
             extra,
             host: host.to_string(),
+            said,
         }
     }
 

@@ -55,6 +55,10 @@ pub struct AgentConfig {
     /// How often every object is read again, whatever the backend's stamps say (what differs
     /// from the server's copy is sent, as always).
     pub resync_interval: Duration,
+    /// Where the agent publishes the multi-cluster services its member imports (the
+    /// ServiceImports and EndpointSlices of Orrery's `orrery-mcs.*` Works), for its clusterset
+    /// DNS.
+    pub services: Option<watch::Sender<Vec<Value>>>,
 }
 
 impl AgentConfig {
@@ -79,9 +83,13 @@ impl AgentConfig {
             heartbeat_interval: Duration::from_secs(10),
             report_interval: Duration::from_secs(1),
             resync_interval: Duration::from_secs(60),
+            services: None,
         }
     }
 }
+
+/// The Works of multi-cluster services a member imports.
+const SERVICES_WORK_PREFIX: &str = "orrery-mcs.";
 
 /// Why an agent stopped without an error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -372,6 +380,27 @@ impl Inner {
         self.state_dirty.store(true, Ordering::Release);
     }
 
+    /// Publishes the imported services' objects, after a change of a Work carrying them.
+    fn publish_services(&self) {
+        let Some(tx) = &self.cfg.services else {
+            return;
+        };
+        let objects: Vec<Value> = self
+            .lock_state()
+            .works
+            .iter()
+            .filter(|(name, _)| name.starts_with(SERVICES_WORK_PREFIX))
+            .flat_map(|(_, w)| w.manifests.iter().cloned())
+            .collect();
+        tx.send_if_modified(|cur| {
+            if *cur == objects {
+                return false;
+            }
+            *cur = objects;
+            true
+        });
+    }
+
     fn flush_state(&self) {
         if self.state_dirty.swap(false, Ordering::AcqRel) {
             let snapshot = self.lock_state().clone();
@@ -616,6 +645,9 @@ impl Inner {
             dropped
         };
         self.mark_dirty();
+        if name.starts_with(SERVICES_WORK_PREFIX) {
+            self.publish_services();
+        }
         self.delete_owed(dropped, &cause).await;
         {
             let mut retry = self.retry.lock().unwrap_or_else(|p| p.into_inner());
@@ -728,6 +760,9 @@ impl Inner {
         };
         if let Some((dropped, cause)) = removed {
             self.mark_dirty();
+            if name.starts_with(SERVICES_WORK_PREFIX) {
+                self.publish_services();
+            }
             self.delete_owed(dropped, &cause).await;
         }
         if let Err(e) = self.backend.set_transfers(name, &[]).await {
@@ -781,6 +816,7 @@ impl Inner {
     /// Re-applies what the state file says was applied (a restarted agent with a simulated
     /// member, or a member that lost objects while the agent was away).
     async fn resume(&self) {
+        self.publish_services();
         let works = self.works_snapshot();
         if works.is_empty() {
             return;
@@ -890,6 +926,7 @@ impl Inner {
                         ms.message = s.message;
                         ms.volumes = s.volumes;
                         ms.usage = s.usage;
+                        ms.endpoints = s.endpoints;
                     }
                     Ok(None) => ms.message = "not present in the member".into(),
                     Err(e) => {

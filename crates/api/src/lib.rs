@@ -12,6 +12,7 @@
 //! - [`history`]: the schedule history's records;
 //! - [`prediction`]: scheduling ahead of the load (a placement's `prediction`, and what
 //!   decisions and the histories say of the forecasts they used);
+//! - [`services`]: multi-cluster services (KEP-1645): exports merged into imports;
 //! - [`keys`]: where each object lives in the store.
 
 pub mod autoscaling;
@@ -31,6 +32,7 @@ pub mod overrides;
 pub mod policy;
 pub mod prediction;
 pub mod quantity;
+pub mod services;
 pub mod stateful;
 pub mod time;
 pub mod token;

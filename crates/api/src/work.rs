@@ -151,6 +151,9 @@ pub struct ManifestStatus {
     /// a FederatedHPA scales on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<WorkloadUsage>,
+    /// A Service's endpoints in the member (what multi-cluster services export).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<crate::services::ServiceEndpoints>,
 }
 
 /// The usage of a workload's ready pods in one member, summed.

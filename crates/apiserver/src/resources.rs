@@ -382,6 +382,15 @@ fn builtin_defs() -> Vec<Def> {
         ),
         // The leader Lease of the server replicas (orrery-system/orrery-controllers).
         def(
+            "discovery.k8s.io",
+            "EndpointSlice",
+            "endpointslices",
+            true,
+            &[],
+            false,
+            "io.k8s.api.discovery.v1.EndpointSlice",
+        ),
+        def(
             "coordination.k8s.io",
             "Lease",
             "leases",
@@ -436,8 +445,8 @@ fn builtin_defs() -> Vec<Def> {
             "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition",
         ),
     ];
-    // Orrery's own kinds. Kinds of features not built yet (MCS services, Kueue inventory,
-    // OCM placement decisions) are registered with their features, not before.
+    // Orrery's own kinds. Kinds of features not built yet (Kueue inventory, OCM placement
+    // decisions) are registered with their features, not before.
     let mut own_def = |group: &'static str,
                        kind: &'static str,
                        plural: &'static str,
@@ -579,6 +588,22 @@ fn builtin_defs() -> Vec<Def> {
         true,
     );
     own_def(
+        orrery_api::services::GROUP,
+        orrery_api::services::EXPORT_KIND,
+        orrery_api::services::EXPORT_PLURAL,
+        true,
+        &["svcex", "svcexport"],
+        true,
+    );
+    own_def(
+        orrery_api::services::GROUP,
+        orrery_api::services::IMPORT_KIND,
+        orrery_api::services::IMPORT_PLURAL,
+        true,
+        &["svcim", "svcimport"],
+        true,
+    );
+    own_def(
         "about.k8s.io",
         "ClusterProperty",
         "clusterproperties",
@@ -597,6 +622,7 @@ fn version_of(group: &str) -> &'static str {
         | "networking.k8s.io"
         | "coordination.k8s.io"
         | "rbac.authorization.k8s.io"
+        | "discovery.k8s.io"
         | "apiextensions.k8s.io" => "v1",
         _ => "v1alpha1",
     }
@@ -1005,6 +1031,41 @@ fn own_columns(kind: &str) -> Printer {
                 "What the rules scale",
             ),
             age,
+        ],
+        "ServiceExport" => vec![
+            Column::new(
+                "Ready",
+                "string",
+                ".status.conditions[?(@.type==\"Ready\")].status",
+                0,
+                "Whether the Service is exported",
+            ),
+            Column::new(
+                "Conflict",
+                "string",
+                ".status.conditions[?(@.type==\"Conflict\")].status",
+                0,
+                "Whether the exporting clusters' Services disagree",
+            ),
+            age,
+        ],
+        "ServiceImport" => vec![
+            Column::new(
+                "Type",
+                "string",
+                ".spec.type",
+                0,
+                "ClusterSetIP or Headless",
+            ),
+            Column::new("IP", "string", ".spec.ips", 0, "The ClusterSet IP"),
+            age,
+            Column::new(
+                "Clusters",
+                "string",
+                ".status.clusters[*].cluster",
+                1,
+                "The clusters it is exported from",
+            ),
         ],
         _ => vec![age],
     };

@@ -381,6 +381,7 @@ const PRINTED_KINDS: &[&str] = &[
     "CronJob",
     "Ingress",
     "Lease",
+    "EndpointSlice",
     "CustomResourceDefinition",
     "Role",
     "ClusterRole",
@@ -824,6 +825,62 @@ fn builtin_printer(kind: &str) -> Vec<Printed> {
             ]);
             v.extend(template_printed(true));
         }
+        "EndpointSlice" => v.extend([
+            printed(
+                "AddressType",
+                "string",
+                0,
+                "The type of the addresses.",
+                |r| json!(s(r.o.get("addressType")).unwrap_or_default()),
+            ),
+            printed(
+                "Ports",
+                "string",
+                0,
+                "The ports the endpoints serve on.",
+                |r| {
+                    let ports: Vec<String> =
+                        r.o.get("ports")
+                            .and_then(Value::as_array)
+                            .map(|ps| {
+                                ps.iter()
+                                    .filter_map(|p| p.get("port").and_then(Value::as_i64))
+                                    .map(|p| p.to_string())
+                                    .collect()
+                            })
+                            .unwrap_or_default();
+                    json!(if ports.is_empty() {
+                        "<unset>".to_string()
+                    } else {
+                        ports.join(",")
+                    })
+                },
+            ),
+            printed(
+                "Endpoints",
+                "string",
+                0,
+                "The endpoints' first addresses.",
+                |r| {
+                    let addrs: Vec<&str> = r
+                        .o
+                        .get("endpoints")
+                        .and_then(Value::as_array)
+                        .map(|es| {
+                            es.iter()
+                                .filter_map(|e| e.pointer("/addresses/0").and_then(Value::as_str))
+                                .collect()
+                        })
+                        .unwrap_or_default();
+                    json!(match addrs.len() {
+                        0 => "<unset>".to_string(),
+                        1..=3 => addrs.join(","),
+                        n => format!("{} + {} more...", addrs[..3].join(","), n - 3),
+                    })
+                },
+            ),
+            age_printed(),
+        ]),
         "Lease" => v.extend([
             printed("Holder", "string", 0, "The holder of the lease.", |r| {
                 json!(r.spec_str(&["holderIdentity"]).unwrap_or_default())

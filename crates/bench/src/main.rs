@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 mod api;
+mod dns;
 mod dro;
 mod elastic;
 mod forecast;
@@ -23,6 +24,7 @@ mod propagation;
 mod quality;
 mod rbac;
 mod scheduler;
+mod services;
 mod stateful;
 mod stats;
 mod stci;
@@ -94,6 +96,33 @@ enum Command {
         objects: usize,
         #[arg(long, default_value_t = 2048)]
         bytes: usize,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// Clusterset DNS queries per second: the responder agents and servers run, from a
+    /// directory of many services (or a running one at --addr).
+    DnsQps {
+        #[arg(long, default_value_t = 1000)]
+        services: usize,
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        #[arg(long, default_value_t = 5)]
+        seconds: u64,
+        #[arg(long, default_value_t = 5)]
+        runs: usize,
+        /// Ask this DNS server (an `orrery agent --dns-listen`) instead.
+        #[arg(long)]
+        addr: Option<std::net::SocketAddr>,
+    },
+    /// Multi-cluster services: from a pod starting in an exporting member to its
+    /// EndpointSlice applied in every consuming member.
+    McsPropagation {
+        #[arg(long, default_value_t = 100)]
+        clusters: usize,
+        #[arg(long, default_value_t = 30)]
+        rounds: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
         #[arg(long)]
         dir: Option<PathBuf>,
     },
@@ -750,6 +779,36 @@ fn main() -> anyhow::Result<()> {
                 checks,
                 runs,
             } => rbac::decisions(bindings, checks, runs),
+            Command::McsPropagation {
+                clusters,
+                rounds,
+                server_bin,
+                dir,
+            } => {
+                services::propagation(services::Args {
+                    clusters,
+                    rounds,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::DnsQps {
+                services,
+                clients,
+                seconds,
+                runs,
+                addr,
+            } => {
+                dns::qps(dns::Args {
+                    services,
+                    clients,
+                    seconds,
+                    runs,
+                    addr,
+                })
+                .await
+            }
             Command::ApiCrud {
                 as_user_with_bindings,
                 clients,

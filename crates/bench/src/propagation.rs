@@ -23,7 +23,7 @@ pub struct Args {
 }
 
 /// Starts a server and one agent process simulating `clusters` members; waits until Ready.
-async fn fleet(
+pub(crate) async fn fleet(
     args: &Args,
     report: &str,
 ) -> anyhow::Result<(ServerProcess, kube::Client, crate::members::AgentProcess)> {
@@ -79,7 +79,7 @@ fn deployment(name: &str, replicas: i64) -> Value {
                     "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}}})
 }
 
-async fn post(c: &kube::Client, path: &str, body: &Value) -> anyhow::Result<()> {
+pub(crate) async fn post(c: &kube::Client, path: &str, body: &Value) -> anyhow::Result<()> {
     c.request_text(request(
         "POST",
         path,

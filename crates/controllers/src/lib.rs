@@ -28,6 +28,7 @@ pub mod monitoring;
 pub mod propagation;
 pub mod record;
 pub mod runtime;
+pub mod services;
 
 /// Settings of the controllers.
 #[derive(Debug, Clone, Default)]
@@ -41,6 +42,7 @@ pub struct Config {
     pub migration: migration::Settings,
     pub data: data::Settings,
     pub autoscaling: autoscaling::federated::Settings,
+    pub services: services::Settings,
     /// Per-controller figures on `/metrics`.
     pub metrics: Arc<runtime::metrics::ControllerMetrics>,
 }
@@ -59,6 +61,7 @@ pub fn spawn(
             shutdown.clone(),
         )),
         tokio::spawn(inventory::run(store.clone(), shutdown.clone())),
+        tokio::spawn(services::run(store.clone(), cfg.services, shutdown.clone())),
         tokio::spawn(autoscaling::cron::run(store.clone(), shutdown.clone())),
         tokio::spawn(autoscaling::federated::run(
             store.clone(),

@@ -57,6 +57,11 @@ pub struct AgentArgs {
     /// Serve the fault-injection endpoint of simulated clusters here (loopback only).
     #[arg(long)]
     pub admin_listen: Option<SocketAddr>,
+    /// Answer clusterset DNS here (`<svc>.<ns>.svc.clusterset.local`, UDP and TCP) for the
+    /// multi-cluster services the member imports, e.g. 127.0.0.1:5353 (not with
+    /// --simulate-fleet).
+    #[arg(long, conflicts_with = "simulate_fleet")]
+    pub dns_listen: Option<SocketAddr>,
 }
 
 /// What a member says about itself: `orrery agent` and `orrery join` take the same flags.
@@ -198,6 +203,14 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     cfg.state = StateFile::at(&dir);
     cfg.heartbeat_interval = args.heartbeat_interval;
     cfg.report_interval = args.report_interval;
+    if let Some(addr) = args.dns_listen {
+        let (tx, rx) = tokio::sync::watch::channel(Vec::new());
+        cfg.services = Some(tx);
+        let bound = crate::dns::serve_imports(addr, rx, shutdown.clone())
+            .await
+            .with_context(|| format!("serving clusterset DNS on {addr}"))?;
+        println!("clusterset DNS at {bound} (udp and tcp)");
+    }
     println!(
         "orrery agent for cluster {cluster} connecting to {} (state in {})",
         args.server.join(","),

@@ -133,6 +133,14 @@ pub struct ServerArgs {
     /// (the highest recommendation of the window wins).
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub hpa_downscale_stabilization: Duration,
+    /// Where ClusterSet IPs of multi-cluster services (ServiceImports of type ClusterSetIP)
+    /// come from.
+    #[arg(long, default_value = orrery_api::services::DEFAULT_IP_RANGE)]
+    pub clusterset_ip_range: orrery_api::services::IpRange,
+    /// Where the server answers clusterset DNS for the whole fleet (`<svc>.<ns>.svc.
+    /// clusterset.local`, UDP and TCP), e.g. 127.0.0.1:5353; off by default.
+    #[arg(long)]
+    pub dns_listen: Option<SocketAddr>,
     /// How long the SQLite store may wait for more writes to commit with one, while writes
     /// arrive in a steady stream of separate requests (one fsync for several; 0 commits each
     /// at once).
@@ -533,6 +541,9 @@ fn spawn_controllers(
                 },
                 ..Default::default()
             },
+            services: orrery_controllers::services::Settings {
+                ip_range: args.clusterset_ip_range,
+            },
             metrics: m.controllers.clone(),
         },
         shutdown.clone(),
@@ -730,6 +741,12 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     )
     .with_context(|| format!("writing {}", kubeconfig.display()))?;
 
+    if let Some(addr) = args.dns_listen {
+        let bound = crate::dns::serve_fleet(store.clone(), addr, shutdown_rx.clone())
+            .await
+            .with_context(|| format!("serving clusterset DNS on {addr}"))?;
+        println!("clusterset DNS at {bound} (udp and tcp)");
+    }
     let serving = tokio::spawn(orrery_apiserver::server::serve(
         app.clone(),
         listener,

@@ -222,6 +222,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         prediction_horizon: 120,
         prediction_bound: orrery_api::prediction::Bound::Upper80,
         commit_delay: orrery_store_sqlite::DEFAULT_COMMIT_DELAY,
+        clusterset_ip_range: orrery_api::services::DEFAULT_IP_RANGE
+            .parse()
+            .map_err(anyhow::Error::msg)?,
+        dns_listen: None,
         hpa_sync_period: Duration::from_secs(15),
         hpa_downscale_stabilization: Duration::from_secs(300),
         cluster_secret: None,

@@ -37,6 +37,8 @@ pub struct ObjectState {
     pub volumes: Vec<VolumeStatus>,
     /// What a workload's pods use, when the member measures it.
     pub usage: Option<orrery_api::work::WorkloadUsage>,
+    /// A Service's endpoints there.
+    pub endpoints: Option<orrery_api::services::ServiceEndpoints>,
 }
 
 /// What the member says about itself: health, capacity and what it serves.

@@ -465,6 +465,75 @@ fn cluster_profile() -> Value {
     )
 }
 
+fn service_export() -> Value {
+    let labels = |what: &str| json!({ "type": "object", "additionalProperties": { "type": "string" }, "description": what });
+    let spec = json!({
+        "type": "object",
+        "description": "Exports the Service of the same name and namespace from every member cluster that runs it (KEP-1645).",
+        "properties": {
+            "exportedLabels": labels("Labels the ServiceImport made from this export carries."),
+            "exportedAnnotations": labels("Annotations the ServiceImport made from this export carries."),
+        },
+    });
+    let status = json!({
+        "type": "object",
+        "properties": {
+            "conditions": conditions(),
+        },
+    });
+    kind(
+        "multicluster.x-k8s.io",
+        "v1alpha1",
+        "ServiceExport",
+        "Exports a Service to the ClusterSet (KEP-1645). Conditions: Valid (the Service exists and can be exported), Ready (exported, and from where), Conflict (the members' Services disagree; the oldest export wins). Annotations: multicluster.orrery.io/traffic-policy (PreferLocal, LowestLatency, Weighted) and multicluster.orrery.io/consumer-selector (a label selector over Clusters that import it).",
+        spec,
+        Some(status),
+    )
+}
+
+fn service_import() -> Value {
+    let port = json!({
+        "type": "object",
+        "required": ["port"],
+        "properties": {
+            "name": string("The port's name (unique within the import)."),
+            "protocol": string("TCP, UDP or SCTP."),
+            "appProtocol": string("The application protocol."),
+            "port": { "type": "integer", "format": "int32", "description": "The port number." },
+        },
+    });
+    let spec = json!({
+        "type": "object",
+        "description": "The Service as the ClusterSet sees it (written by Orrery from the exports).",
+        "properties": {
+            "ports": { "type": "array", "items": port, "description": "The exported ports: their union over the exporting clusters." },
+            "ips": { "type": "array", "items": { "type": "string" }, "description": "The ClusterSet IP (a ClusterSetIP import)." },
+            "type": string("ClusterSetIP or Headless."),
+            "sessionAffinity": string("ClientIP or None."),
+            "sessionAffinityConfig": { "type": "object", "x-kubernetes-preserve-unknown-fields": true, "description": "Session affinity settings." },
+            "ipFamilies": { "type": "array", "items": { "type": "string" }, "description": "IPv4 and/or IPv6." },
+            "internalTrafficPolicy": string("Cluster or Local."),
+            "trafficDistribution": string("How traffic is distributed among endpoints."),
+        },
+    });
+    let status = json!({
+        "type": "object",
+        "properties": {
+            "clusters": { "type": "array", "items": { "type": "object", "required": ["cluster"],
+                "properties": { "cluster": { "type": "string" } } } },
+            "conditions": conditions(),
+        },
+    });
+    kind(
+        "multicluster.x-k8s.io",
+        "v1alpha1",
+        "ServiceImport",
+        "A Service exported to the ClusterSet (KEP-1645): its type, ports, ClusterSet IP and the clusters it is exported from. Orrery writes it from the ServiceExports and distributes it to the consuming clusters with its EndpointSlices.",
+        spec,
+        Some(status),
+    )
+}
+
 fn cluster_property() -> Value {
     let mut s = kind(
         "about.k8s.io",
@@ -647,6 +716,8 @@ pub fn schemas() -> Vec<(&'static str, &'static str, Value)> {
         ("multicluster.io", "Migration", migration()),
         ("multicluster.x-k8s.io", "ClusterProfile", cluster_profile()),
         ("about.k8s.io", "ClusterProperty", cluster_property()),
+        ("multicluster.x-k8s.io", "ServiceExport", service_export()),
+        ("multicluster.x-k8s.io", "ServiceImport", service_import()),
     ]);
     v
 }

@@ -438,6 +438,45 @@ impl KubeMember {
     /// metrics.k8s.io PodMetrics) and the pods' requests: what a FederatedHPA scales on.
     /// `None` for other kinds, and when the member serves no metrics API (or it fails: the
     /// workload's status is reported all the same).
+    /// A Service's endpoints: the member's EndpointSlices of it, merged (their address type is
+    /// the first slice's; Orrery's multi-cluster slices are not the Service's own).
+    async fn service_endpoints(
+        &self,
+        obj: &Value,
+        ns: &str,
+    ) -> Option<orrery_api::services::ServiceEndpoints> {
+        if obj.get("kind")?.as_str()? != "Service" || obj.get("apiVersion")?.as_str()? != "v1" {
+            return None;
+        }
+        let name = obj.pointer("/metadata/name")?.as_str()?;
+        let q: String = form_urlencoded::Serializer::new(String::new())
+            .append_pair(
+                "labelSelector",
+                &format!("kubernetes.io/service-name={name}"),
+            )
+            .finish();
+        let mut merged = orrery_api::services::ServiceEndpoints::default();
+        self.each_page::<orrery_api::services::ServiceEndpoints>(
+            &format!("/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?{q}"),
+            |slice| {
+                if merged.address_type.is_empty() {
+                    merged.address_type = slice.address_type.clone();
+                }
+                if slice.address_type == merged.address_type {
+                    merged.endpoints.extend(slice.endpoints);
+                    for p in slice.ports {
+                        if !merged.ports.contains(&p) {
+                            merged.ports.push(p);
+                        }
+                    }
+                }
+            },
+        )
+        .await
+        .ok()?;
+        Some(merged)
+    }
+
     async fn workload_usage(
         &self,
         obj: &Value,
@@ -888,12 +927,14 @@ impl Backend for KubeMember {
                 .map_err(|e| member_error(&format!("the volumes of {}", id.describe()), e))?
         };
         let usage = self.workload_usage(&obj, &id.namespace).await;
+        let endpoints = self.service_endpoints(&obj, &id.namespace).await;
         Ok(Some(ObjectState {
             health,
             status: obj.get("status").cloned(),
             message,
             volumes,
             usage,
+            endpoints,
         }))
     }
 

@@ -791,6 +791,9 @@ struct State {
     data_clock: Instant,
     /// Latency to other clusters set by a fleet file.
     latency_overrides: BTreeMap<String, f64>,
+    /// Moves whenever a workload of the namespace may have changed its pods: the endpoints of
+    /// the namespace's Services follow its pods.
+    pod_epochs: BTreeMap<String, u64>,
 }
 
 impl State {
@@ -823,6 +826,9 @@ impl State {
         if let Some(o) = self.objects.get_mut(key) {
             self.next_stamp += 1;
             o.stamp = self.next_stamp;
+            if o.shape.is_some() {
+                *self.pod_epochs.entry(key.2.clone()).or_default() += 1;
+            }
         }
     }
 }
@@ -920,6 +926,7 @@ impl SimCluster {
                 attached: BTreeMap::new(),
                 data_clock: Instant::now(),
                 latency_overrides: BTreeMap::new(),
+                pod_epochs: BTreeMap::new(),
             }),
             spec,
             changed: tx,
@@ -1199,12 +1206,16 @@ impl SimCluster {
             let status = volumes
                 .first()
                 .map(|v| json!({"phase": "Bound", "capacity": {"storage": v.capacity}}));
+            let endpoints = (key.0.is_empty() && key.1 == "Service")
+                .then(|| self.service_endpoints(st, &key.2, &obj.manifest))
+                .flatten();
             return ObjectState {
                 health: Health::Healthy,
                 status,
                 message: String::new(),
                 volumes,
                 usage: None,
+                endpoints,
             };
         };
         let pods: Vec<&Pod> = st.pods.values().filter(|p| &p.owner == key).collect();
@@ -1324,7 +1335,124 @@ impl SimCluster {
             message,
             volumes: workload_volumes(st, key, shape),
             usage,
+            endpoints: None,
         }
+    }
+
+    /// A pod's address: each member has a /16 of its own in 10.0.0.0/8 (from its name), and
+    /// each pod an address in it for as long as it lives.
+    fn pod_address(&self, pod: u64) -> String {
+        let net = 1 + (self.seed % 250);
+        let host = (pod % 65_534) + 1;
+        format!("10.{net}.{}.{}", host >> 8, host & 0xff)
+    }
+
+    /// A Service's endpoints, as the member's EndpointSlice controller would make them: the
+    /// pods of the namespace whose labels its selector matches, ready while they run.
+    fn service_endpoints(
+        &self,
+        st: &State,
+        namespace: &str,
+        service: &Value,
+    ) -> Option<orrery_api::services::ServiceEndpoints> {
+        use orrery_api::services::{Endpoint, EndpointConditions, Port, ServiceEndpoints};
+        let selector = service.pointer("/spec/selector")?.as_object()?;
+        if selector.is_empty() {
+            return None;
+        }
+        let matches = |labels: Option<&Value>| {
+            selector
+                .iter()
+                .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+        };
+        let mut endpoints = Vec::new();
+        let mut template = None;
+        for (id, pod) in &st.pods {
+            if pod.owner.2 != namespace {
+                continue;
+            }
+            let Some(owner) = st.objects.get(&pod.owner) else {
+                continue;
+            };
+            let pod_template = if pod.owner.1 == "Pod" {
+                &owner.manifest
+            } else {
+                match owner.manifest.pointer("/spec/template") {
+                    Some(t) => t,
+                    None => continue,
+                }
+            };
+            if !matches(pod_template.pointer("/metadata/labels")) {
+                continue;
+            }
+            template.get_or_insert(pod_template);
+            if pod.phase == Phase::Succeeded {
+                continue;
+            }
+            endpoints.push(Endpoint {
+                addresses: vec![self.pod_address(*id)],
+                // StatefulSet pods have stable host names, as their DNS records do.
+                hostname: pod.ordinal.map(|o| format!("{}-{o}", pod.owner.3)),
+                conditions: EndpointConditions {
+                    ready: Some(pod.phase == Phase::Running),
+                },
+                zone: None,
+            });
+        }
+        // Target ports: a number, or a container port's name in the pods' template.
+        let container_port = |name: &str| -> Option<i64> {
+            template?
+                .pointer("/spec/containers")?
+                .as_array()?
+                .iter()
+                .flat_map(|c| {
+                    c.get("ports")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                })
+                .find(|p| p.get("name").and_then(Value::as_str) == Some(name))?
+                .get("containerPort")?
+                .as_i64()
+        };
+        let ports = service
+            .pointer("/spec/ports")
+            .and_then(Value::as_array)
+            .map(|ps| {
+                ps.iter()
+                    .filter_map(|p| {
+                        let port = p.get("port")?.as_i64()?;
+                        let target = match p.get("targetPort") {
+                            Some(Value::Number(n)) => n.as_i64()?,
+                            Some(Value::String(name)) => container_port(name)?,
+                            _ => port,
+                        };
+                        Some(Port {
+                            name: p
+                                .get("name")
+                                .and_then(Value::as_str)
+                                .unwrap_or_default()
+                                .to_string(),
+                            protocol: p
+                                .get("protocol")
+                                .and_then(Value::as_str)
+                                .unwrap_or("TCP")
+                                .to_string(),
+                            app_protocol: p
+                                .get("appProtocol")
+                                .and_then(Value::as_str)
+                                .map(str::to_string),
+                            port: i32::try_from(target).ok()?,
+                        })
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(ServiceEndpoints {
+            address_type: "IPv4".into(),
+            endpoints,
+            ports,
+        })
     }
 }
 
@@ -2133,7 +2261,16 @@ impl Backend for SimCluster {
             // Every read fails now; the outage's end touches every object.
             return None;
         }
-        Some(st.objects.get(&key_of(id)).map_or(0, |o| o.stamp))
+        let key = key_of(id);
+        Some(st.objects.get(&key).map_or(0, |o| {
+            if key.0.is_empty() && key.1 == "Service" {
+                // Its endpoints follow the namespace's pods.
+                let epoch = st.pod_epochs.get(&key.2).copied().unwrap_or(0);
+                (o.stamp.rotate_left(32) ^ epoch).max(1)
+            } else {
+                o.stamp
+            }
+        }))
     }
 
     async fn report(&self) -> Result<MemberReport, BackendError> {

@@ -1,0 +1,967 @@
+//! Multi-cluster services (KEP-1645). A `ServiceExport` beside a template Service exports
+//! that Service from every member that runs it (the members its binding placed it in, as
+//! their Works carry it): the controller merges what each member runs
+//! ([`orrery_api::services::merge`]: the oldest export wins where they disagree), writes the
+//! `ServiceImport` (a ClusterSet IP from `--clusterset-ip-range` for a ClusterSetIP service)
+//! and one `EndpointSlice` per exporting cluster from the endpoints the members report, and
+//! distributes both to the consuming clusters in a Work per cluster
+//! (`orrery-mcs.<ns>.<svc>`), each slice weighed for that consumer by the export's traffic
+//! policy. Members taking part get the KEP-2149 ClusterProperties in a Work of their own
+//! (`orrery-clusterset`).
+//!
+//! Restart safety: what it decides comes from stored objects only (ClusterSet IPs are read
+//! back from the imports), and it writes only what differs from what is stored, so a restart
+//! writes nothing and no member sees an operation.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use orrery_api::cluster::{ClusterSpec, ClusterStatus, cluster_of_namespace, namespace_of};
+use orrery_api::conditions::{self, Condition};
+use orrery_api::labels::Selector;
+use orrery_api::services::{
+    self as mcs, ANNOTATION_CLUSTER_READY, ANNOTATION_CONSUMERS, ANNOTATION_TRAFFIC_POLICY,
+    ANNOTATION_WATER_LEVEL, ANNOTATION_WEIGHT, Export, Exported, IpRange, LABEL_MANAGED_BY,
+    LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, MANAGED_BY, ServiceEndpoints, Source, TrafficPolicy,
+};
+use orrery_api::work::WorkStatus;
+use orrery_api::{Object, OwnerReference, Time, keys};
+use orrery_store::stamp::new_object;
+use orrery_store::{Preconditions, Store, StoreError};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::runtime::cache::Cache;
+use crate::runtime::reflector::{self, Event};
+
+/// The consumer Works' names: `orrery-mcs.<namespace>.<service>`.
+pub const WORK_PREFIX: &str = "orrery-mcs.";
+/// The Work carrying a member's ClusterSet properties.
+pub const CLUSTERSET_WORK: &str = "orrery-clusterset";
+/// The ClusterSet's name (`clusterset.k8s.io`).
+pub const CLUSTERSET: &str = "orrery";
+
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    pub ip_range: IpRange,
+}
+
+type Key = (String, String);
+
+/// What one member runs of an exported Service.
+#[derive(Clone, Debug)]
+struct Running {
+    /// When its Work was made: the export's age.
+    since: String,
+    manifest: Value,
+    endpoints: Option<ServiceEndpoints>,
+}
+
+/// A cluster's routing facts, rounded so that heartbeats alone change nothing.
+#[derive(Clone, Debug, PartialEq)]
+struct ClusterFacts {
+    ready: bool,
+    /// Water level in hundredths.
+    water: u32,
+    latency_ms: f64,
+    labels: BTreeMap<String, String>,
+    deleting: bool,
+}
+
+fn facts_of(c: &Object) -> ClusterFacts {
+    let st = ClusterStatus::of(c);
+    let _ = ClusterSpec::of;
+    ClusterFacts {
+        ready: st.ready(),
+        water: st
+            .water_level
+            .as_ref()
+            .map_or(0, |w| (w.overall * 20.0).round() as u32 * 5),
+        latency_ms: st
+            .network
+            .as_ref()
+            .and_then(|n| n.server_latency_ms)
+            .map_or(0.0, |l| (l / 5.0).round() * 5.0),
+        labels: c.labels().clone(),
+        deleting: c.metadata.deletion_timestamp.is_some(),
+    }
+}
+
+struct Controller {
+    store: Arc<dyn Store>,
+    settings: Settings,
+    exports: Arc<Cache>,
+    services: Arc<Cache>,
+    imports: Arc<Cache>,
+    slices: Arc<Cache>,
+    /// Exported-or-not, every Service a member's Work carries: by (namespace, name), by cluster.
+    running: HashMap<Key, BTreeMap<String, Running>>,
+    /// The Services each member Work carries, to forget them when it changes.
+    work_services: HashMap<(String, String), Vec<Key>>,
+    /// Orrery's own Works of multi-cluster services, by (cluster, work name).
+    own_works: HashMap<(String, String), Arc<Object>>,
+    clusters: BTreeMap<String, ClusterFacts>,
+    /// Clusters whose ClusterSet properties Work is known to be as it should.
+    properties_done: HashSet<String>,
+}
+
+fn str_at<'a>(v: &'a Value, p: &str) -> &'a str {
+    v.pointer(p).and_then(Value::as_str).unwrap_or("")
+}
+
+/// Whether a stored Work may carry a Service (or be one of ours): the rest are not parsed.
+fn keep_work(json: &[u8]) -> bool {
+    memchr::memmem::find(json, b"\"Service").is_some()
+        || memchr::memmem::find(json, b"ClusterProperty").is_some()
+}
+
+impl Controller {
+    /// Takes in a Work (or its deletion, `None`), returning the services it concerns.
+    fn observe_work(&mut self, w: &Object, present: bool) -> Vec<Key> {
+        let Some(cluster) = cluster_of_namespace(w.namespace()).map(str::to_string) else {
+            return Vec::new();
+        };
+        let wk = (w.namespace().to_string(), w.name().to_string());
+        if w.name().starts_with(WORK_PREFIX) || w.name() == CLUSTERSET_WORK {
+            let own = (cluster.clone(), w.name().to_string());
+            if present {
+                self.own_works.insert(own, Arc::new(w.clone()));
+            } else {
+                self.own_works.remove(&own);
+                if w.name() == CLUSTERSET_WORK {
+                    self.properties_done.remove(&cluster);
+                }
+            }
+            return w
+                .name()
+                .strip_prefix(WORK_PREFIX)
+                .and_then(|rest| rest.split_once('.'))
+                .map(|(ns, svc)| vec![(ns.to_string(), svc.to_string())])
+                .unwrap_or_default();
+        }
+        let mut touched: Vec<Key> = self.work_services.remove(&wk).unwrap_or_default();
+        for k in &touched {
+            if let Some(m) = self.running.get_mut(k) {
+                m.remove(&cluster);
+                if m.is_empty() {
+                    self.running.remove(k);
+                }
+            }
+        }
+        if !present || w.metadata.deletion_timestamp.is_some() {
+            return touched;
+        }
+        let manifests = w
+            .spec
+            .as_ref()
+            .and_then(|s| s.pointer("/workload/manifests"))
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let status: WorkStatus = w
+            .status
+            .as_ref()
+            .and_then(|s| serde_json::from_value(s.clone()).ok())
+            .unwrap_or_default();
+        let since = w
+            .metadata
+            .creation_timestamp
+            .map(|t| t.to_string())
+            .unwrap_or_default();
+        let mut mine = Vec::new();
+        for m in manifests {
+            if str_at(&m, "/kind") != "Service" || str_at(&m, "/apiVersion") != "v1" {
+                continue;
+            }
+            let key = (
+                str_at(&m, "/metadata/namespace").to_string(),
+                str_at(&m, "/metadata/name").to_string(),
+            );
+            let endpoints = status
+                .manifest_statuses
+                .iter()
+                .find(|s| {
+                    s.identifier.kind == "Service"
+                        && s.identifier.namespace == key.0
+                        && s.identifier.name == key.1
+                        && s.applied
+                })
+                .and_then(|s| s.endpoints.clone());
+            self.running.entry(key.clone()).or_default().insert(
+                cluster.clone(),
+                Running {
+                    since: since.clone(),
+                    manifest: m,
+                    endpoints,
+                },
+            );
+            mine.push(key);
+        }
+        touched.extend(mine.iter().cloned());
+        if !mine.is_empty() {
+            self.work_services.insert(wk, mine);
+        }
+        touched
+    }
+
+    /// The consumers an export names (its selector over Clusters; every cluster without one).
+    fn consumers(&self, export: &Object) -> Result<Vec<String>, String> {
+        let selector = match export.metadata.annotations.get(ANNOTATION_CONSUMERS) {
+            Some(s) => Selector::parse(s).map_err(|e| format!("{ANNOTATION_CONSUMERS}: {e}"))?,
+            None => Selector::everything(),
+        };
+        Ok(self
+            .clusters
+            .iter()
+            .filter(|(_, f)| !f.deleting && selector.matches(&f.labels))
+            .map(|(n, _)| n.clone())
+            .collect())
+    }
+
+    fn latency(&self, a: &str, b: &str) -> f64 {
+        if a == b {
+            return 0.0;
+        }
+        let l = |c: &str| self.clusters.get(c).map_or(0.0, |f| f.latency_ms);
+        l(a) + l(b)
+    }
+
+    async fn reconcile(&mut self, key: &Key) -> Result<(), StoreError> {
+        let (ns, name) = key;
+        let export = self
+            .exports
+            .get(ns, name)
+            .filter(|e| e.metadata.deletion_timestamp.is_none());
+        let Some(export) = export else {
+            return self.withdraw(key, None).await;
+        };
+        let mut conds: Vec<Condition> = export
+            .status
+            .as_ref()
+            .and_then(|s| s.get("conditions"))
+            .and_then(|c| serde_json::from_value(c.clone()).ok())
+            .unwrap_or_default();
+        let now = Time::now();
+        let generation = export.metadata.generation;
+        let set = |c: Condition, conds: &mut Vec<Condition>| {
+            let mut c = c;
+            c.observed_generation = generation;
+            conditions::set(conds, c, now);
+        };
+        // The template must exist and be exportable.
+        let invalid = match self.services.get(ns, name) {
+            None => Some((
+                "NoService".to_string(),
+                format!("no Service {ns}/{name} in the control plane"),
+            )),
+            Some(s) => Exported::of(&serde_json::to_value(&*s).unwrap_or_default())
+                .err()
+                .map(|e| (e.reason.to_string(), e.message)),
+        };
+        let consumers = self.consumers(&export);
+        if let Some((reason, message)) = invalid.clone().or_else(|| {
+            consumers
+                .as_ref()
+                .err()
+                .map(|e| ("InvalidConsumerSelector".to_string(), e.clone()))
+        }) {
+            set(
+                Condition::new("Valid", conditions::FALSE, &reason, message.clone()),
+                &mut conds,
+            );
+            set(
+                Condition::new("Ready", conditions::FALSE, "Failed", message),
+                &mut conds,
+            );
+            conds.retain(|c| c.type_ != "Conflict");
+            self.write_export_status(&export, conds).await?;
+            return self.withdraw(key, Some(&export)).await;
+        }
+        let consumers = consumers.unwrap_or_default();
+        set(
+            Condition::new(
+                "Valid",
+                conditions::TRUE,
+                "Valid",
+                "the Service can be exported",
+            ),
+            &mut conds,
+        );
+        let policy: TrafficPolicy = export
+            .metadata
+            .annotations
+            .get(ANNOTATION_TRAFFIC_POLICY)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_default();
+        // What each member runs.
+        let running: Vec<(String, Running)> = self
+            .running
+            .get(key)
+            .map(|m| {
+                m.iter()
+                    .filter(|(c, _)| self.clusters.get(*c).is_some_and(|f| !f.deleting))
+                    .map(|(c, r)| (c.clone(), r.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let exports: Vec<Export> = running
+            .iter()
+            .filter_map(|(c, r)| {
+                Some(Export {
+                    cluster: c.clone(),
+                    since: r.since.clone(),
+                    service: Exported::of(&r.manifest).ok()?,
+                })
+            })
+            .collect();
+        let merged = mcs::merge(&exports);
+        if merged.clusters.is_empty() {
+            set(
+                Condition::new(
+                    "Ready",
+                    conditions::FALSE,
+                    "Pending",
+                    "no member cluster runs the Service yet",
+                ),
+                &mut conds,
+            );
+            conds.retain(|c| c.type_ != "Conflict");
+            self.write_export_status(&export, conds).await?;
+            return self.withdraw(key, Some(&export)).await;
+        }
+        if merged.conflicts.is_empty() {
+            set(
+                Condition::new(
+                    "Conflict",
+                    conditions::FALSE,
+                    "NoConflicts",
+                    "the exports agree",
+                ),
+                &mut conds,
+            );
+        } else {
+            let reasons: Vec<&str> = merged.conflicts.iter().map(|(r, _)| *r).collect();
+            let messages: Vec<&str> = merged.conflicts.iter().map(|(_, m)| m.as_str()).collect();
+            set(
+                Condition::new(
+                    "Conflict",
+                    conditions::TRUE,
+                    &reasons.join(","),
+                    messages.join(" "),
+                ),
+                &mut conds,
+            );
+        }
+        // The ClusterSet IP: the import's, else a free one.
+        let current = self.imports.get(ns, name);
+        let ips: Vec<String> = if merged.headless {
+            Vec::new()
+        } else {
+            let kept = current
+                .as_ref()
+                .and_then(|i| i.spec.as_ref())
+                .and_then(|s| s.pointer("/ips/0"))
+                .and_then(Value::as_str)
+                .and_then(|ip| ip.parse::<Ipv4Addr>().ok())
+                .filter(|ip| self.settings.ip_range.contains(*ip));
+            match kept {
+                Some(ip) => vec![ip.to_string()],
+                None => {
+                    let used: BTreeSet<Ipv4Addr> = self
+                        .imports
+                        .list()
+                        .iter()
+                        .filter_map(|i| i.spec.as_ref()?.pointer("/ips/0")?.as_str()?.parse().ok())
+                        .collect();
+                    match self
+                        .settings
+                        .ip_range
+                        .allocate(&format!("{ns}/{name}"), &used)
+                    {
+                        Some(ip) => vec![ip.to_string()],
+                        None => {
+                            set(
+                                Condition::new(
+                                    "Ready",
+                                    conditions::FALSE,
+                                    "Failed",
+                                    format!(
+                                        "the ClusterSet IP range {} is full",
+                                        self.settings.ip_range
+                                    ),
+                                ),
+                                &mut conds,
+                            );
+                            self.write_export_status(&export, conds).await?;
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+        };
+        let mut spec = json!({
+            "type": if merged.headless { "Headless" } else { "ClusterSetIP" },
+            "ports": merged.ports,
+            "sessionAffinity": merged.session_affinity,
+        });
+        if !ips.is_empty() {
+            spec["ips"] = json!(ips);
+        }
+        let status = json!({
+            "clusters": merged.clusters.iter().map(|c| json!({"cluster": c})).collect::<Vec<_>>(),
+        });
+        let import = self
+            .put_import(&export, current, spec.clone(), status.clone())
+            .await?;
+        // One slice per exporting cluster, in the control plane.
+        let sources: Vec<Source> = running
+            .iter()
+            .filter(|(c, _)| merged.clusters.contains(c))
+            .map(|(c, r)| Source {
+                cluster: c.clone(),
+                ready: self.clusters.get(c).is_some_and(|f| f.ready),
+                endpoints: r.endpoints.as_ref().map_or(0, |e| e.ready().count()),
+                water_level: self
+                    .clusters
+                    .get(c)
+                    .map_or(0.0, |f| f64::from(f.water) / 100.0),
+            })
+            .collect();
+        let slice_of = |cluster: &str, r: &Running, weight: Option<u32>| -> Value {
+            let facts = self.clusters.get(cluster);
+            let ready = facts.is_some_and(|f| f.ready);
+            let eps = r.endpoints.clone().unwrap_or_default();
+            let endpoints: Vec<Value> = eps
+                .endpoints
+                .iter()
+                .map(|e| {
+                    let mut e = serde_json::to_value(e).unwrap_or_default();
+                    // A cluster that stopped reporting serves nobody until it is back.
+                    if !ready {
+                        e["conditions"]["ready"] = json!(false);
+                    }
+                    e
+                })
+                .collect();
+            let mut annotations = json!({
+                ANNOTATION_CLUSTER_READY: ready.to_string(),
+                ANNOTATION_WATER_LEVEL: format!("{:.2}", facts.map_or(0.0, |f| f64::from(f.water) / 100.0)),
+            });
+            if let Some(w) = weight {
+                annotations[ANNOTATION_WEIGHT] = json!(w.to_string());
+            }
+            json!({
+                "apiVersion": "discovery.k8s.io/v1",
+                "kind": "EndpointSlice",
+                "metadata": {
+                    "name": slice_name(name, cluster),
+                    "namespace": ns,
+                    "labels": {
+                        LABEL_SERVICE_NAME: name,
+                        LABEL_SOURCE_CLUSTER: cluster,
+                        LABEL_MANAGED_BY: MANAGED_BY,
+                    },
+                    "annotations": annotations,
+                },
+                "addressType": if eps.address_type.is_empty() { "IPv4".to_string() } else { eps.address_type.clone() },
+                "endpoints": endpoints,
+                "ports": eps.ports,
+            })
+        };
+        let mut wanted_slices = BTreeMap::new();
+        for (c, r) in &running {
+            if merged.clusters.contains(c) {
+                wanted_slices.insert(slice_name(name, c), slice_of(c, r, None));
+            }
+        }
+        self.put_slices(ns, name, &import, wanted_slices).await?;
+        // The consumers' Works.
+        let work_name = format!("{WORK_PREFIX}{ns}.{name}");
+        let import_manifest = json!({
+            "apiVersion": mcs::API_VERSION,
+            "kind": mcs::IMPORT_KIND,
+            "metadata": {"name": name, "namespace": ns},
+            "spec": spec,
+            "status": status,
+        });
+        let mut writes = Vec::new();
+        for consumer in &consumers {
+            let weights = mcs::weights(policy, consumer, &sources, &|c| self.latency(consumer, c));
+            let mut manifests = vec![import_manifest.clone()];
+            for (c, r) in &running {
+                if merged.clusters.contains(c) {
+                    manifests.push(slice_of(c, r, weights.get(c).copied()));
+                }
+            }
+            let spec = json!({"workload": {"manifests": manifests}});
+            writes.push((consumer.clone(), spec));
+        }
+        let consumer_set: HashSet<&String> = consumers.iter().collect();
+        let stale: Vec<String> = self
+            .own_works
+            .keys()
+            .filter(|(c, w)| *w == work_name && !consumer_set.contains(c))
+            .map(|(c, _)| c.clone())
+            .collect();
+        self.put_works(&work_name, writes, stale).await?;
+        // Members taking part carry the ClusterSet properties.
+        for c in merged.clusters.iter().chain(consumers.iter()) {
+            self.ensure_properties(c).await?;
+        }
+        let n = consumers.len();
+        set(
+            Condition::new(
+                "Ready",
+                conditions::TRUE,
+                "Exported",
+                format!(
+                    "exported from {} cluster(s) ({}), imported into {n}",
+                    merged.clusters.len(),
+                    merged.clusters.join(", ")
+                ),
+            ),
+            &mut conds,
+        );
+        self.write_export_status(&export, conds).await
+    }
+
+    async fn write_export_status(
+        &self,
+        export: &Object,
+        conds: Vec<Condition>,
+    ) -> Result<(), StoreError> {
+        let status = json!({ "conditions": conds });
+        if export.status.as_ref() == Some(&status) {
+            return Ok(());
+        }
+        let key = keys::object(
+            mcs::GROUP,
+            mcs::EXPORT_PLURAL,
+            Some(export.namespace()),
+            export.name(),
+        );
+        let uid = export.metadata.uid.clone();
+        match orrery_store::update_with(self.store.as_ref(), &key, |mut cur| {
+            if cur.metadata.uid != uid || cur.status.as_ref() == Some(&status) {
+                return Ok(None);
+            }
+            cur.status = Some(status.clone());
+            Ok(Some(cur))
+        })
+        .await
+        {
+            Ok(stored) => {
+                self.exports
+                    .upsert(stored.clone(), stored.revision().unwrap_or(0));
+                Ok(())
+            }
+            Err(StoreError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn put_import(
+        &self,
+        export: &Object,
+        current: Option<Arc<Object>>,
+        spec: Value,
+        status: Value,
+    ) -> Result<Arc<Object>, StoreError> {
+        let (ns, name) = (export.namespace(), export.name());
+        let key = keys::object(mcs::GROUP, mcs::IMPORT_PLURAL, Some(ns), name);
+        if let Some(cur) = &current
+            && cur.spec.as_ref() == Some(&spec)
+            && cur.status.as_ref() == Some(&status)
+        {
+            return Ok(cur.clone());
+        }
+        let stored = match current {
+            Some(_) => {
+                orrery_store::update_with(self.store.as_ref(), &key, |mut cur| {
+                    if cur.spec.as_ref() == Some(&spec) && cur.status.as_ref() == Some(&status) {
+                        return Ok(None);
+                    }
+                    if cur.spec.as_ref() != Some(&spec) {
+                        cur.metadata.generation = Some(cur.metadata.generation.unwrap_or(1) + 1);
+                    }
+                    cur.spec = Some(spec.clone());
+                    cur.status = Some(status.clone());
+                    Ok(Some(cur))
+                })
+                .await?
+            }
+            None => {
+                let mut i = new_object(mcs::API_VERSION, mcs::IMPORT_KIND, Some(ns), name);
+                i.metadata.owner_references = vec![owner(export)];
+                i.spec = Some(spec);
+                i.status = Some(status);
+                self.store.create(&key, i).await?
+            }
+        };
+        self.imports
+            .upsert(stored.clone(), stored.revision().unwrap_or(0));
+        Ok(stored)
+    }
+
+    async fn put_slices(
+        &self,
+        ns: &str,
+        service: &str,
+        import: &Object,
+        wanted: BTreeMap<String, Value>,
+    ) -> Result<(), StoreError> {
+        let current: Vec<Arc<Object>> = self
+            .slices
+            .in_namespace(ns)
+            .into_iter()
+            .filter(|s| {
+                s.labels().get(LABEL_SERVICE_NAME).map(String::as_str) == Some(service)
+                    && s.labels().get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY)
+            })
+            .collect();
+        for s in &current {
+            if !wanted.contains_key(s.name()) {
+                self.delete(&slice_key(ns, s.name())).await?;
+            }
+        }
+        for (slice, value) in wanted {
+            let mut o = Object::from_value(value)
+                .map_err(|e| StoreError::InvalidArgument(format!("an EndpointSlice: {e}")))?;
+            let key = slice_key(ns, &slice);
+            match current.iter().find(|s| s.name() == slice) {
+                Some(cur) if same_slice(cur, &o) => {}
+                Some(cur) => {
+                    let mut next = (**cur).clone();
+                    next.metadata.labels = o.metadata.labels.clone();
+                    next.metadata.annotations = o.metadata.annotations.clone();
+                    next.other = o.other.clone();
+                    match self.store.update(&key, next, cur.revision()).await {
+                        Ok(stored) => self
+                            .slices
+                            .upsert(stored.clone(), stored.revision().unwrap_or(0)),
+                        // Changed meanwhile: the event brings it, and a retry settles it.
+                        Err(e) => return Err(e),
+                    }
+                }
+                None => {
+                    let mut fresh =
+                        new_object("discovery.k8s.io/v1", "EndpointSlice", Some(ns), &slice);
+                    fresh.metadata.labels = std::mem::take(&mut o.metadata.labels);
+                    fresh.metadata.annotations = std::mem::take(&mut o.metadata.annotations);
+                    fresh.metadata.owner_references = vec![owner(import)];
+                    fresh.other = o.other;
+                    match self.store.create(&key, fresh).await {
+                        Ok(stored) => self
+                            .slices
+                            .upsert(stored.clone(), stored.revision().unwrap_or(0)),
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the consumers' Works (concurrently: a change reaches every consumer at once) and
+    /// deletes those of clusters that no longer consume.
+    async fn put_works(
+        &mut self,
+        work_name: &str,
+        writes: Vec<(String, Value)>,
+        stale: Vec<String>,
+    ) -> Result<(), StoreError> {
+        let mut jobs = Vec::new();
+        for (cluster, spec) in writes {
+            let current = self
+                .own_works
+                .get(&(cluster.clone(), work_name.to_string()))
+                .cloned();
+            if current
+                .as_ref()
+                .is_some_and(|w| w.spec.as_ref() == Some(&spec))
+            {
+                continue;
+            }
+            let store = self.store.clone();
+            let work_name = work_name.to_string();
+            jobs.push(async move {
+                let key = keys::well_known::work(&namespace_of(&cluster), &work_name);
+                let r = match current {
+                    Some(_) => {
+                        orrery_store::update_with(store.as_ref(), &key, |mut cur| {
+                            if cur.spec.as_ref() == Some(&spec) {
+                                return Ok(None);
+                            }
+                            cur.spec = Some(spec.clone());
+                            cur.metadata.generation =
+                                Some(cur.metadata.generation.unwrap_or(1) + 1);
+                            Ok(Some(cur))
+                        })
+                        .await
+                    }
+                    None => {
+                        let mut w = new_object(
+                            "multicluster.io/v1alpha1",
+                            "Work",
+                            Some(&namespace_of(&cluster)),
+                            &work_name,
+                        );
+                        w.spec = Some(spec);
+                        store.create(&key, w).await
+                    }
+                };
+                (cluster, work_name, r)
+            });
+        }
+        let mut first_error = None;
+        for (cluster, work_name, r) in futures_util::future::join_all(jobs).await {
+            match r {
+                Ok(stored) => {
+                    self.own_works.insert((cluster, work_name), stored);
+                }
+                // The cluster's namespace is going, or someone wrote it first: read it again.
+                Err(StoreError::NotFound { .. }) => {}
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        for cluster in stale {
+            self.delete(&keys::well_known::work(&namespace_of(&cluster), work_name))
+                .await?;
+            self.own_works.remove(&(cluster, work_name.to_string()));
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    async fn ensure_properties(&mut self, cluster: &str) -> Result<(), StoreError> {
+        if self.properties_done.contains(cluster) {
+            return Ok(());
+        }
+        let property = |name: &str, value: &str| {
+            json!({
+                "apiVersion": "about.k8s.io/v1alpha1",
+                "kind": "ClusterProperty",
+                "metadata": {"name": name},
+                "spec": {"value": value},
+            })
+        };
+        let spec = json!({"workload": {"manifests": [
+            property(mcs::PROPERTY_CLUSTER, cluster),
+            property(mcs::PROPERTY_CLUSTERSET, CLUSTERSET),
+        ]}});
+        self.put_works(
+            CLUSTERSET_WORK,
+            vec![(cluster.to_string(), spec)],
+            Vec::new(),
+        )
+        .await?;
+        self.properties_done.insert(cluster.to_string());
+        Ok(())
+    }
+
+    /// Takes back what an export made: its import, slices and consumer Works (and the export
+    /// is gone or cannot be exported).
+    async fn withdraw(&mut self, key: &Key, export: Option<&Object>) -> Result<(), StoreError> {
+        let (ns, name) = key;
+        let _ = export;
+        if self.imports.get(ns, name).is_some() {
+            self.delete(&keys::object(
+                mcs::GROUP,
+                mcs::IMPORT_PLURAL,
+                Some(ns),
+                name,
+            ))
+            .await?;
+            if let Some(i) = self.imports.get(ns, name) {
+                self.imports.remove(&i, i.revision().unwrap_or(0));
+            }
+        }
+        self.put_slices(ns, name, &Object::default(), BTreeMap::new())
+            .await?;
+        let work_name = format!("{WORK_PREFIX}{ns}.{name}");
+        let stale: Vec<String> = self
+            .own_works
+            .keys()
+            .filter(|(_, w)| *w == work_name)
+            .map(|(c, _)| c.clone())
+            .collect();
+        self.put_works(&work_name, Vec::new(), stale).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        match self.store.delete(key, &Preconditions::default()).await {
+            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+fn owner(o: &Object) -> OwnerReference {
+    OwnerReference {
+        api_version: o.api_version.clone(),
+        kind: o.kind.clone(),
+        name: o.name().to_string(),
+        uid: o.metadata.uid.clone(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// `<service>-<cluster>-<hash>`: the hash keeps `a-b` of `c` apart from `a` of `b-c`.
+fn slice_name(service: &str, cluster: &str) -> String {
+    let h = format!("{service}/{cluster}")
+        .bytes()
+        .fold(0x811c_9dc5u32, |h, b| {
+            (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+        });
+    format!("{service}-{cluster}-{:06x}", h & 0xff_ffff)
+}
+
+fn slice_key(ns: &str, name: &str) -> String {
+    keys::object("discovery.k8s.io", "endpointslices", Some(ns), name)
+}
+
+fn same_slice(cur: &Object, want: &Object) -> bool {
+    cur.metadata.labels == want.metadata.labels
+        && cur.metadata.annotations == want.metadata.annotations
+        && cur.other == want.other
+}
+
+/// Runs the controller until shutdown.
+pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch::Receiver<bool>) {
+    let cache = || Arc::new(Cache::new(&[]));
+    let (exports, services, imports, slices, clusters) =
+        (cache(), cache(), cache(), cache(), cache());
+    let follow = |prefix: String, c: &Arc<Cache>| {
+        reflector::spawn_cached(store.clone(), prefix, Some(c.clone()), shutdown.clone())
+    };
+    let mut export_events = follow(keys::prefix(mcs::GROUP, mcs::EXPORT_PLURAL, None), &exports);
+    let mut service_events = follow(keys::prefix("", "services", None), &services);
+    let mut import_events = follow(keys::prefix(mcs::GROUP, mcs::IMPORT_PLURAL, None), &imports);
+    let mut slice_events = follow(
+        keys::prefix("discovery.k8s.io", "endpointslices", None),
+        &slices,
+    );
+    let mut cluster_events = follow(keys::well_known::clusters(), &clusters);
+    let mut work_events = reflector::spawn_filtered(
+        store.clone(),
+        keys::well_known::works(None),
+        keep_work,
+        shutdown.clone(),
+    );
+    let mut c = Controller {
+        store,
+        settings,
+        exports: exports.clone(),
+        services,
+        imports,
+        slices,
+        running: HashMap::new(),
+        work_services: HashMap::new(),
+        own_works: HashMap::new(),
+        clusters: BTreeMap::new(),
+        properties_done: HashSet::new(),
+    };
+    let mut listed: HashSet<&'static str> = HashSet::new();
+    let mut dirty: BTreeSet<Key> = BTreeSet::new();
+    let mut all_dirty = false;
+    let mut retry_at: Option<Instant> = None;
+    let key_of = |o: &Object| (o.namespace().to_string(), o.name().to_string());
+    loop {
+        let wait = retry_at.map_or(Duration::from_secs(3600), |t| {
+            t.saturating_duration_since(Instant::now())
+        });
+        tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = tokio::time::sleep(wait) => { retry_at = None; all_dirty = true; }
+            ev = export_events.recv() => match ev {
+                None => return,
+                Some(Event::Listed(_)) => { listed.insert("exports"); all_dirty = true; }
+                Some(Event::Upsert(o)) | Some(Event::Delete(o)) => { dirty.insert(key_of(&o)); }
+            },
+            ev = service_events.recv() => match ev {
+                None => return,
+                Some(Event::Listed(_)) => { listed.insert("services"); all_dirty = true; }
+                Some(Event::Upsert(o)) | Some(Event::Delete(o)) => { dirty.insert(key_of(&o)); }
+            },
+            ev = import_events.recv() => match ev {
+                None => return,
+                Some(Event::Listed(_)) => { listed.insert("imports"); all_dirty = true; }
+                Some(Event::Upsert(o)) | Some(Event::Delete(o)) => { dirty.insert(key_of(&o)); }
+            },
+            ev = slice_events.recv() => match ev {
+                None => return,
+                Some(Event::Listed(_)) => { listed.insert("slices"); all_dirty = true; }
+                Some(Event::Upsert(o)) | Some(Event::Delete(o)) => {
+                    if let Some(svc) = o.labels().get(LABEL_SERVICE_NAME) {
+                        dirty.insert((o.namespace().to_string(), svc.clone()));
+                    }
+                }
+            },
+            ev = cluster_events.recv() => match ev {
+                None => return,
+                Some(Event::Listed(items)) => {
+                    listed.insert("clusters");
+                    c.clusters = items.iter().map(|o| (o.name().to_string(), facts_of(o))).collect();
+                    c.properties_done.retain(|n| c.clusters.contains_key(n));
+                    all_dirty = true;
+                }
+                Some(Event::Upsert(o)) => {
+                    let f = facts_of(&o);
+                    if c.clusters.get(o.name()) != Some(&f) {
+                        c.clusters.insert(o.name().to_string(), f);
+                        all_dirty = true;
+                    }
+                }
+                Some(Event::Delete(o)) => {
+                    c.clusters.remove(o.name());
+                    c.properties_done.remove(o.name());
+                    all_dirty = true;
+                }
+            },
+            ev = work_events.recv() => match ev {
+                None => return,
+                Some(Event::Listed(items)) => {
+                    listed.insert("works");
+                    c.running.clear();
+                    c.work_services.clear();
+                    c.own_works.clear();
+                    c.properties_done.clear();
+                    for w in items {
+                        c.observe_work(&w, true);
+                    }
+                    all_dirty = true;
+                }
+                Some(Event::Upsert(w)) => dirty.extend(c.observe_work(&w, true)),
+                Some(Event::Delete(w)) => dirty.extend(c.observe_work(&w, false)),
+            },
+        }
+        // Nothing is decided before every source is listed.
+        if listed.len() < 6 {
+            continue;
+        }
+        if all_dirty {
+            all_dirty = false;
+            dirty.extend(exports.list().iter().map(|o| key_of(o)));
+            dirty.extend(c.imports.list().iter().map(|o| key_of(o)));
+            for (_, w) in c.own_works.keys() {
+                if let Some((ns, svc)) = w.strip_prefix(WORK_PREFIX).and_then(|r| r.split_once('.'))
+                {
+                    dirty.insert((ns.to_string(), svc.to_string()));
+                }
+            }
+        }
+        for key in std::mem::take(&mut dirty) {
+            if let Err(e) = c.reconcile(&key).await {
+                tracing::warn!(namespace = %key.0, service = %key.1, error = %e, "multi-cluster service: will retry");
+                retry_at.get_or_insert(Instant::now() + Duration::from_secs(1));
+            }
+        }
+    }
+}
