@@ -16,7 +16,8 @@
 //!   any ResourceBinding or Work a new uid;
 //! - no cluster is filled beyond the water level limit (0.8), counting pending pods, and the
 //!   Deployment that cannot fit stays partially placed (`Scheduled=False`);
-//! - convergence: every binding and every member ends up with the latest replicas.
+//! - convergence: every binding and every member ends up with the latest replicas, and every
+//!   member imports every ready pod of the exported Service (multi-cluster services).
 //!
 //! It prints every operation that broke them.
 #![allow(clippy::unwrap_used)]
@@ -110,7 +111,7 @@ fn policy(name: &str, kind: &str, target: &str, exclude: Option<&str>) -> Value 
     // The Deployment too large for the fleet fills it only halfway, leaving room for the rest.
     let limit = if target == "big" { BIG_LIMIT } else { LIMIT };
     let mut placement = json!({"waterLevelLimit": limit});
-    if kind != "ConfigMap" {
+    if !matches!(kind, "ConfigMap" | "Service") {
         placement["replicaScheduling"] = json!({"replicaSchedulingType": "Divided",
             "weightPreference": {"dynamicWeight": "WaterLevel"}});
     }
@@ -126,7 +127,7 @@ fn policy(name: &str, kind: &str, target: &str, exclude: Option<&str>) -> Value 
         "apiVersion": "policy.karmada.io/v1alpha1", "kind": "PropagationPolicy",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {
-            "resourceSelectors": [{"apiVersion": if kind == "ConfigMap" { "v1" } else { "apps/v1" },
+            "resourceSelectors": [{"apiVersion": if matches!(kind, "ConfigMap" | "Service") { "v1" } else { "apps/v1" },
                 "kind": kind, "name": target}],
             "placement": placement
         }
@@ -139,6 +140,10 @@ fn path_of(o: &Value) -> String {
         "Deployment" => format!("/apis/apps/v1/namespaces/default/deployments/{name}"),
         "StatefulSet" => format!("/apis/apps/v1/namespaces/default/statefulsets/{name}"),
         "ConfigMap" => format!("/api/v1/namespaces/default/configmaps/{name}"),
+        "Service" => format!("/api/v1/namespaces/default/services/{name}"),
+        "ServiceExport" => {
+            format!("/apis/multicluster.x-k8s.io/v1alpha1/namespaces/default/serviceexports/{name}")
+        }
         "PropagationPolicy" => {
             format!(
                 "/apis/policy.karmada.io/v1alpha1/namespaces/default/propagationpolicies/{name}"
@@ -579,6 +584,16 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                 api.patch(&d, json!({"spec": {"replicas": n}})).await;
                 replicas.insert(name, n);
             }
+            // web-0 is a multi-cluster service: its Service everywhere, exported, its
+            // endpoints imported by every member.
+            api.create(&json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "web-0", "namespace": "default"},
+                "spec": {"selector": {"app": "web-0"}, "ports": [{"name": "http", "port": 80}]}}))
+                .await;
+            api.create(&policy("svc-web-0", "Service", "web-0", None)).await;
+            api.create(&json!({"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
+                "metadata": {"name": "web-0", "namespace": "default"}}))
+                .await;
             api.create(&deployment("big", 600)).await;
             api.create(&policy("big", "Deployment", "big", None)).await;
             replicas.insert("big".into(), 600);
@@ -717,6 +732,24 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                     stuck.push(format!(
                         "{name}: template {want}, binding {in_binding}, placed {placed}, members {in_members}"
                     ));
+                }
+                // The exported one: every member imports every ready pod of it.
+                if name == "web-0" {
+                    for (m, _) in MEMBERS {
+                        let imported: usize = f
+                            .objects(m)
+                            .iter()
+                            .filter(|o| {
+                                o["kind"] == "EndpointSlice"
+                                    && o["metadata"]["labels"]["multicluster.kubernetes.io/service-name"] == "web-0"
+                            })
+                            .flat_map(|o| o["endpoints"].as_array().cloned().unwrap_or_default())
+                            .filter(|e| e["conditions"]["ready"] == true)
+                            .count();
+                        if imported as i64 != *want {
+                            stuck.push(format!("web-0: {m} imports {imported} ready endpoints of {want}"));
+                        }
+                    }
                 }
             }
             stuck

@@ -50,6 +50,8 @@ spec:
 apiVersion: multicluster.x-k8s.io/v1alpha1
 kind: ServiceExport
 metadata: {name: web, namespace: default}
+spec:
+  exportedLabels: {tier: frontend}
 "#;
 
 const DB: &str = r#"
@@ -197,10 +199,14 @@ fn a_service_exported_from_two_members_is_imported_into_a_third_and_resolves() {
     );
     let ip = import["spec"]["ips"][0].as_str().unwrap().to_string();
     assert!(ip.starts_with("10.254."), "{ip}");
-    // Owned by its export (it goes with it).
+    // Owned by its export (it goes with it), with the labels it exports.
     assert_eq!(
         import["metadata"]["ownerReferences"][0]["kind"],
         "ServiceExport"
+    );
+    assert_eq!(
+        import["metadata"]["labels"]["tier"], "frontend",
+        "{import:#}"
     );
     let export =
         f.s.get_json(&["serviceexport", "web", "-n", "default", "-o", "json"]);
@@ -430,4 +436,52 @@ fn a_headless_service_resolves_to_its_endpoints_and_prefer_local_keeps_traffic_h
     assert_eq!(weight("a", "b"), Some(Value::from("0")));
     assert_eq!(weight("a", "a"), Some(Value::from("100")));
     assert_eq!(weight("c", "b"), Some(Value::from("100")));
+
+    // A member's own export (made in c, not through Orrery): its Service is imported by the
+    // others, and c's export hears how it went.
+    for m in [
+        r#"{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "cache", "namespace": "default"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "cache"}},
+                     "template": {"metadata": {"labels": {"app": "cache"}},
+                                  "spec": {"containers": [{"name": "c", "image": "redis", "resources": {"requests": {"cpu": "50m"}}}]}}}}"#,
+        r#"{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "cache", "namespace": "default"},
+            "spec": {"selector": {"app": "cache"}, "ports": [{"name": "redis", "port": 6379}]}}"#,
+        r#"{"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
+            "metadata": {"name": "cache", "namespace": "default"}}"#,
+    ] {
+        let (code, body) = common::http("POST", f.admin("c"), "/clusters/c/objects", m);
+        assert_eq!(code, 201, "{body}");
+    }
+    eventually(
+        Duration::from_secs(30),
+        "the import of c's own export",
+        || {
+            let i =
+                f.s.get_json(&["serviceimports", "-n", "default", "-o", "json"]);
+            i["items"].as_array().is_some_and(|items| {
+                items.iter().any(|i| {
+                    i["metadata"]["name"] == "cache"
+                        && i["status"]["clusters"] == serde_json::json!([{"cluster": "c"}])
+                })
+            })
+        },
+    );
+    let cache =
+        f.s.get_json(&["serviceimport", "cache", "-n", "default", "-o", "json"]);
+    assert!(cache["metadata"]["ownerReferences"].is_null(), "{cache:#}");
+    let cache_ip = cache["spec"]["ips"][0].as_str().unwrap().to_string();
+    eventually(Duration::from_secs(20), "a resolves c's cache", || {
+        short(&a_dns, "cache.default.svc.clusterset.local", "A") == [cache_ip.clone()]
+    });
+    eventually(
+        Duration::from_secs(20),
+        "c's export says it is exported",
+        || {
+            f.find("c", "ServiceExport", "cache").is_some_and(|e| {
+                condition(&e, "Valid")["status"] == "True"
+                    && condition(&e, "Ready")["reason"] == "Exported"
+                    && condition(&e, "Conflict")["reason"] == "NoConflicts"
+            })
+        },
+    );
 }

@@ -380,6 +380,41 @@ impl Inner {
         self.state_dirty.store(true, Ordering::Release);
     }
 
+    /// Writes what the control plane decided of the member's own ServiceExports (carried on
+    /// the ServiceImports of a services Work) into their status.
+    async fn write_export_statuses(&self, work: &str) {
+        let imports: Vec<Value> = self
+            .lock_state()
+            .works
+            .get(work)
+            .map(|w| {
+                w.manifests
+                    .iter()
+                    .filter(|m| {
+                        m.get("kind").and_then(Value::as_str)
+                            == Some(orrery_api::services::IMPORT_KIND)
+                    })
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        for i in imports {
+            let Some(status) = i
+                .pointer("/metadata/annotations")
+                .and_then(|a| a.get(orrery_api::services::ANNOTATION_EXPORT_STATUS))
+                .and_then(Value::as_str)
+                .and_then(|s| serde_json::from_str::<Value>(s).ok())
+            else {
+                continue;
+            };
+            let at = |p: &str| i.pointer(p).and_then(Value::as_str).unwrap_or_default();
+            let (ns, name) = (at("/metadata/namespace"), at("/metadata/name"));
+            if let Err(e) = self.backend.set_export_status(ns, name, &status).await {
+                tracing::warn!(cluster = %self.cfg.cluster, namespace = ns, name, error = %e, "writing a ServiceExport's status failed");
+            }
+        }
+    }
+
     /// Publishes the imported services' objects, after a change of a Work carrying them.
     fn publish_services(&self) {
         let Some(tx) = &self.cfg.services else {
@@ -647,6 +682,7 @@ impl Inner {
         self.mark_dirty();
         if name.starts_with(SERVICES_WORK_PREFIX) {
             self.publish_services();
+            self.write_export_statuses(&name).await;
         }
         self.delete_owed(dropped, &cause).await;
         {
@@ -1218,6 +1254,9 @@ fn cluster_status(
         }
         if !r.data_sets.is_empty() {
             s["dataSets"] = json!(r.data_sets);
+        }
+        if !r.service_exports.is_empty() {
+            s["serviceExports"] = json!(r.service_exports);
         }
     }
     status

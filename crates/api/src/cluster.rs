@@ -297,6 +297,9 @@ pub struct ClusterStatus {
     /// The copies of data sets the member holds: its claims labelled `orrery.io/dataset`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub data_sets: Vec<crate::data::HeldDataSet>,
+    /// The ServiceExports the member made of its own (KEP-1645), with what they export.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub service_exports: Vec<crate::services::MemberExport>,
     /// The monitoring system's forecast: the next hour's peak (written by the control plane).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forecast: Option<crate::prediction::ForecastSummary>,

@@ -102,11 +102,70 @@ impl ServiceEndpoints {
 }
 
 /// What of a Service an export carries (the properties that may conflict).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Exported {
+    #[serde(default)]
     pub ports: Vec<Port>,
+    #[serde(default)]
     pub headless: bool,
+    #[serde(default)]
     pub session_affinity: String,
+}
+
+/// A ServiceExport a member cluster made of its own (not one Orrery applied), as its agent
+/// reports it: it exports that member's Service of the same name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberExport {
+    pub namespace: String,
+    pub name: String,
+    /// The ServiceExport's creationTimestamp in the member (the export's age).
+    #[serde(default)]
+    pub created: String,
+    /// The Service it exports; absent when the export is not valid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<Exported>,
+    /// Why not (`NoService`, `InvalidServiceType`), with a message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalid: Option<(String, String)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<ServiceEndpoints>,
+}
+
+/// On the ServiceImport a member imports: the conditions of the member's own ServiceExport
+/// of it (JSON), which the agent writes into that export's status.
+pub const ANNOTATION_EXPORT_STATUS: &str = "multicluster.orrery.io/export-status";
+
+impl MemberExport {
+    /// The report of a member's ServiceExport `namespace/name`, given its Service there.
+    pub fn of(
+        namespace: &str,
+        name: &str,
+        created: &str,
+        service: Option<&Value>,
+        endpoints: Option<ServiceEndpoints>,
+    ) -> MemberExport {
+        let (service, invalid) = match service.map(Exported::of) {
+            None => (
+                None,
+                Some((
+                    "NoService".to_string(),
+                    format!("no Service {namespace}/{name} in the cluster"),
+                )),
+            ),
+            Some(Err(e)) => (None, Some((e.reason.to_string(), e.message))),
+            Some(Ok(s)) => (Some(s), None),
+        };
+        MemberExport {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            created: created.to_string(),
+            endpoints: service.as_ref().and(endpoints),
+            service,
+            invalid,
+        }
+    }
 }
 
 /// Why a Service cannot be exported.

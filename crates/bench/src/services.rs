@@ -204,6 +204,17 @@ pub async fn propagation(args: Args) -> anyhow::Result<()> {
             }
             pending = still;
         }
+        // What arrived is the change: the last member holds as many ready pods as run now
+        // (a later report may still be on its way).
+        let far = members.last().map(String::as_str).unwrap_or(source);
+        let settle = Instant::now() + Duration::from_secs(10);
+        while imported(&admin, far, source)? != replicas as usize {
+            anyhow::ensure!(
+                Instant::now() < settle,
+                "round {round}: {far} holds another number of endpoints than {replicas}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         let latency = last.saturating_sub(t0) as f64;
         progress(format!(
             "round {}: every member has the new slice {latency} ms after the pod changed",

@@ -18,13 +18,14 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use orrery_api::cluster::{ClusterSpec, ClusterStatus, cluster_of_namespace, namespace_of};
+use orrery_api::cluster::{ClusterStatus, cluster_of_namespace, namespace_of};
 use orrery_api::conditions::{self, Condition};
 use orrery_api::labels::Selector;
 use orrery_api::services::{
-    self as mcs, ANNOTATION_CLUSTER_READY, ANNOTATION_CONSUMERS, ANNOTATION_TRAFFIC_POLICY,
-    ANNOTATION_WATER_LEVEL, ANNOTATION_WEIGHT, Export, Exported, IpRange, LABEL_MANAGED_BY,
-    LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, MANAGED_BY, ServiceEndpoints, Source, TrafficPolicy,
+    self as mcs, ANNOTATION_CLUSTER_READY, ANNOTATION_CONSUMERS, ANNOTATION_EXPORT_STATUS,
+    ANNOTATION_TRAFFIC_POLICY, ANNOTATION_WATER_LEVEL, ANNOTATION_WEIGHT, Export, Exported,
+    IpRange, LABEL_MANAGED_BY, LABEL_SERVICE_NAME, LABEL_SOURCE_CLUSTER, MANAGED_BY, MemberExport,
+    ServiceEndpoints, Source, TrafficPolicy,
 };
 use orrery_api::work::WorkStatus;
 use orrery_api::{Object, OwnerReference, Time, keys};
@@ -53,10 +54,18 @@ type Key = (String, String);
 /// What one member runs of an exported Service.
 #[derive(Clone, Debug)]
 struct Running {
-    /// When its Work was made: the export's age.
+    /// When its Work was made (or the member made its export): the export's age.
     since: String,
-    manifest: Value,
+    /// What its Service exports (`None`: it cannot be exported).
+    service: Option<Exported>,
     endpoints: Option<ServiceEndpoints>,
+}
+
+fn conditions_of(status: Option<&Value>) -> Vec<Condition> {
+    status
+        .and_then(|s| s.get("conditions"))
+        .and_then(|c| serde_json::from_value(c.clone()).ok())
+        .unwrap_or_default()
 }
 
 /// A cluster's routing facts, rounded so that heartbeats alone change nothing.
@@ -72,7 +81,6 @@ struct ClusterFacts {
 
 fn facts_of(c: &Object) -> ClusterFacts {
     let st = ClusterStatus::of(c);
-    let _ = ClusterSpec::of;
     ClusterFacts {
         ready: st.ready(),
         water: st
@@ -103,6 +111,10 @@ struct Controller {
     /// Orrery's own Works of multi-cluster services, by (cluster, work name).
     own_works: HashMap<(String, String), Arc<Object>>,
     clusters: BTreeMap<String, ClusterFacts>,
+    /// Members' own exports, by service, by cluster.
+    member_exports: HashMap<Key, BTreeMap<String, MemberExport>>,
+    /// The services each cluster exports of its own (to forget them when it stops).
+    exports_of: HashMap<String, Vec<Key>>,
     /// Clusters whose ClusterSet properties Work is known to be as it should.
     properties_done: HashSet<String>,
 }
@@ -193,7 +205,7 @@ impl Controller {
                 cluster.clone(),
                 Running {
                     since: since.clone(),
-                    manifest: m,
+                    service: Exported::of(&m).ok(),
                     endpoints,
                 },
             );
@@ -204,6 +216,41 @@ impl Controller {
             self.work_services.insert(wk, mine);
         }
         touched
+    }
+
+    /// Takes in what a cluster reports of its own exports (`None`: the cluster is gone);
+    /// returns the services whose exports changed.
+    fn observe_member_exports(&mut self, cluster: &str, c: Option<&Object>) -> Vec<Key> {
+        let reported: Vec<MemberExport> = c
+            .map(|c| ClusterStatus::of(c).service_exports)
+            .unwrap_or_default();
+        let before = self.exports_of.remove(cluster).unwrap_or_default();
+        let mut changed = Vec::new();
+        for k in &before {
+            if !reported.iter().any(|e| e.namespace == k.0 && e.name == k.1)
+                && let Some(m) = self.member_exports.get_mut(k)
+            {
+                m.remove(cluster);
+                if m.is_empty() {
+                    self.member_exports.remove(k);
+                }
+                changed.push(k.clone());
+            }
+        }
+        let mut now = Vec::new();
+        for e in reported {
+            let k = (e.namespace.clone(), e.name.clone());
+            now.push(k.clone());
+            let m = self.member_exports.entry(k.clone()).or_default();
+            if m.get(cluster) != Some(&e) {
+                m.insert(cluster.to_string(), e);
+                changed.push(k);
+            }
+        }
+        if !now.is_empty() {
+            self.exports_of.insert(cluster.to_string(), now);
+        }
+        changed
     }
 
     /// The consumers an export names (its selector over Clusters; every cluster without one).
@@ -230,135 +277,147 @@ impl Controller {
 
     async fn reconcile(&mut self, key: &Key) -> Result<(), StoreError> {
         let (ns, name) = key;
-        let export = self
+        let cp = self
             .exports
             .get(ns, name)
             .filter(|e| e.metadata.deletion_timestamp.is_none());
-        let Some(export) = export else {
-            return self.withdraw(key, None).await;
-        };
-        let mut conds: Vec<Condition> = export
-            .status
-            .as_ref()
-            .and_then(|s| s.get("conditions"))
-            .and_then(|c| serde_json::from_value(c.clone()).ok())
+        let live = |c: &String| self.clusters.get(c).is_some_and(|f| !f.deleting);
+        let members: Vec<(String, MemberExport)> = self
+            .member_exports
+            .get(key)
+            .map(|m| {
+                m.iter()
+                    .filter(|(c, _)| live(c))
+                    .map(|(c, e)| (c.clone(), e.clone()))
+                    .collect()
+            })
             .unwrap_or_default();
+        if cp.is_none() && members.is_empty() {
+            return self.withdraw(key).await;
+        }
         let now = Time::now();
-        let generation = export.metadata.generation;
-        let set = |c: Condition, conds: &mut Vec<Condition>| {
+        let set = |c: Condition, conds: &mut Vec<Condition>, generation: Option<i64>| {
             let mut c = c;
             c.observed_generation = generation;
             conditions::set(conds, c, now);
         };
-        // The template must exist and be exportable.
-        let invalid = match self.services.get(ns, name) {
-            None => Some((
-                "NoService".to_string(),
-                format!("no Service {ns}/{name} in the control plane"),
-            )),
-            Some(s) => Exported::of(&serde_json::to_value(&*s).unwrap_or_default())
-                .err()
-                .map(|e| (e.reason.to_string(), e.message)),
+        // The control plane's export: its template must exist and be exportable, and it names
+        // its consumers (every cluster without one, and for members' own exports).
+        let cp_invalid: Option<(String, String)> = cp.as_ref().and_then(|e| {
+            let template = match self.services.get(ns, name) {
+                None => Some((
+                    "NoService".to_string(),
+                    format!("no Service {ns}/{name} in the control plane"),
+                )),
+                Some(s) => Exported::of(&serde_json::to_value(&*s).unwrap_or_default())
+                    .err()
+                    .map(|e| (e.reason.to_string(), e.message)),
+            };
+            template.or_else(|| {
+                self.consumers(e)
+                    .err()
+                    .map(|m| ("InvalidConsumerSelector".to_string(), m))
+            })
+        });
+        let mut consumers: BTreeSet<String> = match &cp {
+            Some(e) if cp_invalid.is_none() => {
+                self.consumers(e).unwrap_or_default().into_iter().collect()
+            }
+            _ => self
+                .clusters
+                .iter()
+                .filter(|(_, f)| !f.deleting)
+                .map(|(n, _)| n.clone())
+                .collect(),
         };
-        let consumers = self.consumers(&export);
-        if let Some((reason, message)) = invalid.clone().or_else(|| {
-            consumers
-                .as_ref()
-                .err()
-                .map(|e| ("InvalidConsumerSelector".to_string(), e.clone()))
-        }) {
-            set(
-                Condition::new("Valid", conditions::FALSE, &reason, message.clone()),
-                &mut conds,
-            );
-            set(
-                Condition::new("Ready", conditions::FALSE, "Failed", message),
-                &mut conds,
-            );
-            conds.retain(|c| c.type_ != "Conflict");
-            self.write_export_status(&export, conds).await?;
-            return self.withdraw(key, Some(&export)).await;
-        }
-        let consumers = consumers.unwrap_or_default();
-        set(
-            Condition::new(
-                "Valid",
-                conditions::TRUE,
-                "Valid",
-                "the Service can be exported",
-            ),
-            &mut conds,
-        );
-        let policy: TrafficPolicy = export
-            .metadata
-            .annotations
-            .get(ANNOTATION_TRAFFIC_POLICY)
+        // Members that export of their own hear how it went through their copy.
+        consumers.extend(members.iter().map(|(c, _)| c.clone()));
+        let policy: TrafficPolicy = cp
+            .as_ref()
+            .and_then(|e| e.metadata.annotations.get(ANNOTATION_TRAFFIC_POLICY))
             .and_then(|p| p.parse().ok())
             .unwrap_or_default();
-        // What each member runs.
-        let running: Vec<(String, Running)> = self
-            .running
-            .get(key)
-            .map(|m| {
+        // What each exporting member runs: the template's copies (for a valid export in the
+        // control plane), and members' own exports.
+        let mut running: BTreeMap<String, Running> = BTreeMap::new();
+        if cp.is_some()
+            && cp_invalid.is_none()
+            && let Some(m) = self.running.get(key)
+        {
+            running.extend(
                 m.iter()
-                    .filter(|(c, _)| self.clusters.get(*c).is_some_and(|f| !f.deleting))
-                    .map(|(c, r)| (c.clone(), r.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
+                    .filter(|(c, _)| live(c))
+                    .map(|(c, r)| (c.clone(), r.clone())),
+            );
+        }
+        for (c, e) in &members {
+            if let Some(service) = &e.service {
+                running.insert(
+                    c.clone(),
+                    Running {
+                        since: e.created.clone(),
+                        service: Some(service.clone()),
+                        endpoints: e.endpoints.clone(),
+                    },
+                );
+            }
+        }
         let exports: Vec<Export> = running
             .iter()
             .filter_map(|(c, r)| {
                 Some(Export {
                     cluster: c.clone(),
                     since: r.since.clone(),
-                    service: Exported::of(&r.manifest).ok()?,
+                    service: r.service.clone()?,
                 })
             })
             .collect();
         let merged = mcs::merge(&exports);
-        if merged.clusters.is_empty() {
-            set(
-                Condition::new(
-                    "Ready",
-                    conditions::FALSE,
-                    "Pending",
-                    "no member cluster runs the Service yet",
+        // Ready and Conflict, for every export of this Service alike.
+        let mut ready = if merged.clusters.is_empty() {
+            Condition::new(
+                "Ready",
+                conditions::FALSE,
+                "Pending",
+                "no member cluster runs the Service yet",
+            )
+        } else {
+            Condition::new(
+                "Ready",
+                conditions::TRUE,
+                "Exported",
+                format!(
+                    "exported from {} cluster(s) ({}), imported into {}",
+                    merged.clusters.len(),
+                    merged.clusters.join(", "),
+                    consumers.len()
                 ),
-                &mut conds,
-            );
-            conds.retain(|c| c.type_ != "Conflict");
-            self.write_export_status(&export, conds).await?;
-            return self.withdraw(key, Some(&export)).await;
-        }
-        if merged.conflicts.is_empty() {
-            set(
+            )
+        };
+        let conflict = (!merged.clusters.is_empty()).then(|| {
+            if merged.conflicts.is_empty() {
                 Condition::new(
                     "Conflict",
                     conditions::FALSE,
                     "NoConflicts",
                     "the exports agree",
-                ),
-                &mut conds,
-            );
-        } else {
-            let reasons: Vec<&str> = merged.conflicts.iter().map(|(r, _)| *r).collect();
-            let messages: Vec<&str> = merged.conflicts.iter().map(|(_, m)| m.as_str()).collect();
-            set(
+                )
+            } else {
+                let reasons: Vec<&str> = merged.conflicts.iter().map(|(r, _)| *r).collect();
+                let messages: Vec<&str> =
+                    merged.conflicts.iter().map(|(_, m)| m.as_str()).collect();
                 Condition::new(
                     "Conflict",
                     conditions::TRUE,
                     &reasons.join(","),
                     messages.join(" "),
-                ),
-                &mut conds,
-            );
-        }
+                )
+            }
+        });
         // The ClusterSet IP: the import's, else a free one.
         let current = self.imports.get(ns, name);
-        let ips: Vec<String> = if merged.headless {
-            Vec::new()
-        } else {
+        let mut ips: Vec<String> = Vec::new();
+        if !merged.headless && !merged.clusters.is_empty() {
             let kept = current
                 .as_ref()
                 .and_then(|i| i.spec.as_ref())
@@ -366,41 +425,74 @@ impl Controller {
                 .and_then(Value::as_str)
                 .and_then(|ip| ip.parse::<Ipv4Addr>().ok())
                 .filter(|ip| self.settings.ip_range.contains(*ip));
-            match kept {
-                Some(ip) => vec![ip.to_string()],
+            let ip = kept.or_else(|| {
+                let used: BTreeSet<Ipv4Addr> = self
+                    .imports
+                    .list()
+                    .iter()
+                    .filter_map(|i| i.spec.as_ref()?.pointer("/ips/0")?.as_str()?.parse().ok())
+                    .collect();
+                self.settings
+                    .ip_range
+                    .allocate(&format!("{ns}/{name}"), &used)
+            });
+            match ip {
+                Some(ip) => ips.push(ip.to_string()),
                 None => {
-                    let used: BTreeSet<Ipv4Addr> = self
-                        .imports
-                        .list()
-                        .iter()
-                        .filter_map(|i| i.spec.as_ref()?.pointer("/ips/0")?.as_str()?.parse().ok())
-                        .collect();
-                    match self
-                        .settings
-                        .ip_range
-                        .allocate(&format!("{ns}/{name}"), &used)
-                    {
-                        Some(ip) => vec![ip.to_string()],
-                        None => {
-                            set(
-                                Condition::new(
-                                    "Ready",
-                                    conditions::FALSE,
-                                    "Failed",
-                                    format!(
-                                        "the ClusterSet IP range {} is full",
-                                        self.settings.ip_range
-                                    ),
-                                ),
-                                &mut conds,
-                            );
-                            self.write_export_status(&export, conds).await?;
-                            return Ok(());
-                        }
+                    ready = Condition::new(
+                        "Ready",
+                        conditions::FALSE,
+                        "Failed",
+                        format!("the ClusterSet IP range {} is full", self.settings.ip_range),
+                    );
+                }
+            }
+        }
+        let exporting = ready.status == conditions::TRUE;
+        // The control plane export's status.
+        let cp_conds = cp.as_ref().map(|e| {
+            let mut conds = conditions_of(e.status.as_ref());
+            let generation = e.metadata.generation;
+            match &cp_invalid {
+                Some((reason, message)) => {
+                    set(
+                        Condition::new("Valid", conditions::FALSE, reason, message.clone()),
+                        &mut conds,
+                        generation,
+                    );
+                    set(
+                        Condition::new("Ready", conditions::FALSE, "Failed", message.clone()),
+                        &mut conds,
+                        generation,
+                    );
+                    conds.retain(|c| c.type_ != "Conflict");
+                }
+                None => {
+                    set(
+                        Condition::new(
+                            "Valid",
+                            conditions::TRUE,
+                            "Valid",
+                            "the Service can be exported",
+                        ),
+                        &mut conds,
+                        generation,
+                    );
+                    set(ready.clone(), &mut conds, generation);
+                    match &conflict {
+                        Some(c) => set(c.clone(), &mut conds, generation),
+                        None => conds.retain(|c| c.type_ != "Conflict"),
                     }
                 }
             }
-        };
+            (e.clone(), conds)
+        });
+        if !exporting {
+            if let Some((e, conds)) = cp_conds {
+                self.write_export_status(&e, conds).await?;
+            }
+            return self.withdraw(key).await;
+        }
         let mut spec = json!({
             "type": if merged.headless { "Headless" } else { "ClusterSetIP" },
             "ports": merged.ports,
@@ -411,10 +503,44 @@ impl Controller {
         }
         let status = json!({
             "clusters": merged.clusters.iter().map(|c| json!({"cluster": c})).collect::<Vec<_>>(),
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
+                            "message": "the import's endpoints are distributed"}],
         });
+        let owner_export = cp.as_deref().filter(|_| cp_invalid.is_none());
         let import = self
-            .put_import(&export, current, spec.clone(), status.clone())
+            .put_import(
+                ns,
+                name,
+                owner_export,
+                current,
+                spec.clone(),
+                status.clone(),
+            )
             .await?;
+        // Each source's water level as the slices say it: the stored one while the cluster's
+        // level stays within 0.1 of it (a level wavering about a step's edge would rewrite
+        // every consumer's copy; kept in the store, so a restart keeps it too).
+        let water: BTreeMap<String, f64> = running
+            .keys()
+            .map(|c| {
+                let now = self
+                    .clusters
+                    .get(c)
+                    .map_or(0.0, |f| f64::from(f.water) / 100.0);
+                let stored = self.slices.get(ns, &slice_name(name, c)).and_then(|s| {
+                    s.metadata
+                        .annotations
+                        .get(ANNOTATION_WATER_LEVEL)?
+                        .parse::<f64>()
+                        .ok()
+                });
+                let level = match stored {
+                    Some(w) if (w - now).abs() < 0.1 - 1e-9 => w,
+                    _ => now,
+                };
+                (c.clone(), level)
+            })
+            .collect();
         // One slice per exporting cluster, in the control plane.
         let sources: Vec<Source> = running
             .iter()
@@ -423,10 +549,7 @@ impl Controller {
                 cluster: c.clone(),
                 ready: self.clusters.get(c).is_some_and(|f| f.ready),
                 endpoints: r.endpoints.as_ref().map_or(0, |e| e.ready().count()),
-                water_level: self
-                    .clusters
-                    .get(c)
-                    .map_or(0.0, |f| f64::from(f.water) / 100.0),
+                water_level: water.get(c).copied().unwrap_or(0.0),
             })
             .collect();
         let slice_of = |cluster: &str, r: &Running, weight: Option<u32>| -> Value {
@@ -447,7 +570,7 @@ impl Controller {
                 .collect();
             let mut annotations = json!({
                 ANNOTATION_CLUSTER_READY: ready.to_string(),
-                ANNOTATION_WATER_LEVEL: format!("{:.2}", facts.map_or(0.0, |f| f64::from(f.water) / 100.0)),
+                ANNOTATION_WATER_LEVEL: format!("{:.2}", water.get(cluster).copied().unwrap_or(0.0)),
             });
             if let Some(w) = weight {
                 annotations[ANNOTATION_WEIGHT] = json!(w.to_string());
@@ -479,17 +602,55 @@ impl Controller {
         self.put_slices(ns, name, &import, wanted_slices).await?;
         // The consumers' Works.
         let work_name = format!("{WORK_PREFIX}{ns}.{name}");
-        let import_manifest = json!({
-            "apiVersion": mcs::API_VERSION,
-            "kind": mcs::IMPORT_KIND,
-            "metadata": {"name": name, "namespace": ns},
-            "spec": spec,
-            "status": status,
-        });
         let mut writes = Vec::new();
         for consumer in &consumers {
             let weights = mcs::weights(policy, consumer, &sources, &|c| self.latency(consumer, c));
-            let mut manifests = vec![import_manifest.clone()];
+            let mut import_manifest = json!({
+                "apiVersion": mcs::API_VERSION,
+                "kind": mcs::IMPORT_KIND,
+                "metadata": {"name": name, "namespace": ns},
+                "spec": spec,
+                "status": status,
+            });
+            // A member's own export: how it went, kept with the times it last changed.
+            if let Some((_, e)) = members.iter().find(|(c, _)| c == consumer) {
+                let mut conds = self.member_conditions(consumer, &work_name);
+                match &e.invalid {
+                    Some((reason, message)) => {
+                        set(
+                            Condition::new("Valid", conditions::FALSE, reason, message.clone()),
+                            &mut conds,
+                            None,
+                        );
+                        set(
+                            Condition::new("Ready", conditions::FALSE, "Failed", message.clone()),
+                            &mut conds,
+                            None,
+                        );
+                        conds.retain(|c| c.type_ != "Conflict");
+                    }
+                    None => {
+                        set(
+                            Condition::new(
+                                "Valid",
+                                conditions::TRUE,
+                                "Valid",
+                                "the Service can be exported",
+                            ),
+                            &mut conds,
+                            None,
+                        );
+                        set(ready.clone(), &mut conds, None);
+                        if let Some(c) = &conflict {
+                            set(c.clone(), &mut conds, None);
+                        }
+                    }
+                }
+                import_manifest["metadata"]["annotations"] = json!({
+                    ANNOTATION_EXPORT_STATUS: json!({ "conditions": conds }).to_string(),
+                });
+            }
+            let mut manifests = vec![import_manifest];
             for (c, r) in &running {
                 if merged.clusters.contains(c) {
                     manifests.push(slice_of(c, r, weights.get(c).copied()));
@@ -498,11 +659,10 @@ impl Controller {
             let spec = json!({"workload": {"manifests": manifests}});
             writes.push((consumer.clone(), spec));
         }
-        let consumer_set: HashSet<&String> = consumers.iter().collect();
         let stale: Vec<String> = self
             .own_works
             .keys()
-            .filter(|(c, w)| *w == work_name && !consumer_set.contains(c))
+            .filter(|(c, w)| *w == work_name && !consumers.contains(c))
             .map(|(c, _)| c.clone())
             .collect();
         self.put_works(&work_name, writes, stale).await?;
@@ -510,21 +670,27 @@ impl Controller {
         for c in merged.clusters.iter().chain(consumers.iter()) {
             self.ensure_properties(c).await?;
         }
-        let n = consumers.len();
-        set(
-            Condition::new(
-                "Ready",
-                conditions::TRUE,
-                "Exported",
-                format!(
-                    "exported from {} cluster(s) ({}), imported into {n}",
-                    merged.clusters.len(),
-                    merged.clusters.join(", ")
-                ),
-            ),
-            &mut conds,
-        );
-        self.write_export_status(&export, conds).await
+        match cp_conds {
+            Some((e, conds)) => self.write_export_status(&e, conds).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The conditions last sent to `cluster` for its own export (so their times hold).
+    fn member_conditions(&self, cluster: &str, work_name: &str) -> Vec<Condition> {
+        self.own_works
+            .get(&(cluster.to_string(), work_name.to_string()))
+            .and_then(|w| w.spec.as_ref()?.pointer("/workload/manifests/0").cloned())
+            .and_then(|i| {
+                let text = i
+                    .pointer("/metadata/annotations")?
+                    .get(ANNOTATION_EXPORT_STATUS)?
+                    .as_str()?
+                    .to_string();
+                serde_json::from_str::<Value>(&text).ok()
+            })
+            .map(|s| conditions_of(Some(&s)))
+            .unwrap_or_default()
     }
 
     async fn write_export_status(
@@ -564,23 +730,37 @@ impl Controller {
 
     async fn put_import(
         &self,
-        export: &Object,
+        ns: &str,
+        name: &str,
+        export: Option<&Object>,
         current: Option<Arc<Object>>,
         spec: Value,
         status: Value,
     ) -> Result<Arc<Object>, StoreError> {
-        let (ns, name) = (export.namespace(), export.name());
         let key = keys::object(mcs::GROUP, mcs::IMPORT_PLURAL, Some(ns), name);
+        // The export's `exportedLabels` and `exportedAnnotations` go on the import.
+        let exported = |field: &str| -> BTreeMap<String, String> {
+            export
+                .and_then(|e| e.spec.as_ref()?.get(field).cloned())
+                .and_then(|v| serde_json::from_value(v).ok())
+                .unwrap_or_default()
+        };
+        let (labels, annotations) = (exported("exportedLabels"), exported("exportedAnnotations"));
+        let same = |cur: &Object| {
+            cur.spec.as_ref() == Some(&spec)
+                && cur.status.as_ref() == Some(&status)
+                && cur.metadata.labels == labels
+                && cur.metadata.annotations == annotations
+        };
         if let Some(cur) = &current
-            && cur.spec.as_ref() == Some(&spec)
-            && cur.status.as_ref() == Some(&status)
+            && same(cur)
         {
             return Ok(cur.clone());
         }
         let stored = match current {
             Some(_) => {
                 orrery_store::update_with(self.store.as_ref(), &key, |mut cur| {
-                    if cur.spec.as_ref() == Some(&spec) && cur.status.as_ref() == Some(&status) {
+                    if same(&cur) {
                         return Ok(None);
                     }
                     if cur.spec.as_ref() != Some(&spec) {
@@ -588,13 +768,19 @@ impl Controller {
                     }
                     cur.spec = Some(spec.clone());
                     cur.status = Some(status.clone());
+                    cur.metadata.labels = labels.clone();
+                    cur.metadata.annotations = annotations.clone();
                     Ok(Some(cur))
                 })
                 .await?
             }
             None => {
                 let mut i = new_object(mcs::API_VERSION, mcs::IMPORT_KIND, Some(ns), name);
-                i.metadata.owner_references = vec![owner(export)];
+                // Owned by the control plane's export (members' own exports are taken back
+                // by this controller when they go).
+                i.metadata.owner_references = export.map(owner).into_iter().collect();
+                i.metadata.labels = labels;
+                i.metadata.annotations = annotations;
                 i.spec = Some(spec);
                 i.status = Some(status);
                 self.store.create(&key, i).await?
@@ -767,9 +953,8 @@ impl Controller {
 
     /// Takes back what an export made: its import, slices and consumer Works (and the export
     /// is gone or cannot be exported).
-    async fn withdraw(&mut self, key: &Key, export: Option<&Object>) -> Result<(), StoreError> {
+    async fn withdraw(&mut self, key: &Key) -> Result<(), StoreError> {
         let (ns, name) = key;
-        let _ = export;
         if self.imports.get(ns, name).is_some() {
             self.delete(&keys::object(
                 mcs::GROUP,
@@ -866,6 +1051,8 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         work_services: HashMap::new(),
         own_works: HashMap::new(),
         clusters: BTreeMap::new(),
+        member_exports: HashMap::new(),
+        exports_of: HashMap::new(),
         properties_done: HashSet::new(),
     };
     let mut listed: HashSet<&'static str> = HashSet::new();
@@ -910,6 +1097,11 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
                     listed.insert("clusters");
                     c.clusters = items.iter().map(|o| (o.name().to_string(), facts_of(o))).collect();
                     c.properties_done.retain(|n| c.clusters.contains_key(n));
+                    c.member_exports.clear();
+                    c.exports_of.clear();
+                    for o in &items {
+                        c.observe_member_exports(o.name(), Some(o));
+                    }
                     all_dirty = true;
                 }
                 Some(Event::Upsert(o)) => {
@@ -918,10 +1110,12 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
                         c.clusters.insert(o.name().to_string(), f);
                         all_dirty = true;
                     }
+                    dirty.extend(c.observe_member_exports(o.name(), Some(&o)));
                 }
                 Some(Event::Delete(o)) => {
                     c.clusters.remove(o.name());
                     c.properties_done.remove(o.name());
+                    dirty.extend(c.observe_member_exports(o.name(), None));
                     all_dirty = true;
                 }
             },
@@ -950,6 +1144,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
             all_dirty = false;
             dirty.extend(exports.list().iter().map(|o| key_of(o)));
             dirty.extend(c.imports.list().iter().map(|o| key_of(o)));
+            dirty.extend(c.member_exports.keys().cloned());
             for (_, w) in c.own_works.keys() {
                 if let Some((ns, svc)) = w.strip_prefix(WORK_PREFIX).and_then(|r| r.split_once('.'))
                 {

@@ -58,6 +58,8 @@ pub struct MemberReport {
     pub storage_classes: Vec<String>,
     /// The copies of data sets held: claims labelled `orrery.io/dataset`.
     pub data_sets: Vec<orrery_api::data::HeldDataSet>,
+    /// The ServiceExports the member made of its own.
+    pub service_exports: Vec<orrery_api::services::MemberExport>,
 }
 
 /// Why the agent acts on its member: the Work an operation carries out (`namespace/name`),
@@ -133,6 +135,17 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// next report slot, since a migration's downtime is made of such waits.
     fn milestone(&self) -> u64 {
         0
+    }
+
+    /// Writes the status of one of the member's own ServiceExports (the conditions the
+    /// control plane decided). A member without the MCS API has none to write.
+    async fn set_export_status(
+        &self,
+        _namespace: &str,
+        _name: &str,
+        _status: &Value,
+    ) -> Result<(), BackendError> {
+        Ok(())
     }
 
     /// Changes when object states may have changed, so the agent re-reads and reports them.

@@ -172,6 +172,24 @@ fn cluster() -> Value {
                     },
                 },
             },
+            "serviceExports": {
+                "type": "array",
+                "description": "The ServiceExports the member made of its own (KEP-1645): each exports the member's Service of that name.",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "namespace": { "type": "string" },
+                        "name": { "type": "string" },
+                        "created": { "type": "string", "description": "The export's creationTimestamp in the member." },
+                        "service": { "type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                                     "description": "What the Service exports: ports, headless, sessionAffinity." },
+                        "invalid": { "type": "array", "items": { "type": "string" },
+                                     "description": "Why it cannot be exported: reason and message." },
+                        "endpoints": { "type": "object", "x-kubernetes-preserve-unknown-fields": true,
+                                       "description": "The Service's endpoints in the member." },
+                    },
+                },
+            },
             "metrics": {
                 "type": "object",
                 "description": "The last report of PUT /api/v1/metrics.",

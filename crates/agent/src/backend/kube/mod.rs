@@ -678,6 +678,63 @@ impl KubeMember {
         }
     }
 
+    fn service_export_resource() -> ApiResource {
+        ApiResource {
+            group: orrery_api::services::GROUP.into(),
+            version: orrery_api::services::VERSION.into(),
+            api_version: orrery_api::services::API_VERSION.into(),
+            kind: orrery_api::services::EXPORT_KIND.into(),
+            plural: orrery_api::services::EXPORT_PLURAL.into(),
+        }
+    }
+
+    /// The member's own ServiceExports (not Orrery's copies), each with its Service's
+    /// exported properties and endpoints. A member without the MCS API has none.
+    async fn service_exports(&self) -> Vec<orrery_api::services::MemberExport> {
+        let api: Api<DynamicObject> =
+            Api::all_with(self.client.clone(), &Self::service_export_resource());
+        let Ok(list) = api.list(&ListParams::default()).await else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for e in list.items {
+            let labels = e.metadata.labels.clone().unwrap_or_default();
+            if labels.get(MANAGED_LABEL).map(String::as_str) == Some(MANAGED_VALUE) {
+                continue;
+            }
+            let (Some(ns), Some(name)) = (e.metadata.namespace.clone(), e.metadata.name.clone())
+            else {
+                continue;
+            };
+            let services: Api<k8s_openapi::api::core::v1::Service> =
+                Api::namespaced(self.client.clone(), &ns);
+            let service = services
+                .get_opt(&name)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let endpoints = match &service {
+                Some(s) => self.service_endpoints(s, &ns).await,
+                None => None,
+            };
+            let created = e
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| t.0.to_string())
+                .unwrap_or_default();
+            out.push(orrery_api::services::MemberExport::of(
+                &ns,
+                &name,
+                &created,
+                service.as_ref(),
+                endpoints,
+            ));
+        }
+        out
+    }
+
     /// The copies of data sets the member holds of its own: its bound claims labelled
     /// `orrery.io/dataset` that Orrery did not make, their capacity as their size.
     async fn data_sets(&self) -> Vec<orrery_api::data::HeldDataSet> {
@@ -1057,6 +1114,33 @@ impl Backend for KubeMember {
             properties: with_gpu_facts(self.properties().await, &gpu_models),
             storage_classes: self.storage_classes().await,
             data_sets: self.data_sets().await,
+            service_exports: self.service_exports().await,
+        })
+    }
+
+    async fn set_export_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        status: &Value,
+    ) -> Result<(), BackendError> {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            namespace,
+            &Self::service_export_resource(),
+        );
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| {
+            member_error(
+                &format!("the status of ServiceExport {namespace}/{name}"),
+                e,
+            )
         })
     }
 

@@ -717,6 +717,8 @@ struct SimObject {
     stamp: u64,
     /// The load profile's window its usage was last rendered for.
     load_window: u64,
+    /// When it was made (its creationTimestamp, had the member an API server).
+    created: String,
 }
 
 #[derive(Debug, Clone)]
@@ -1116,6 +1118,7 @@ impl SimCluster {
                     volume_block: None,
                     stamp: 0,
                     load_window: 0,
+                    created: orrery_api::Time::now().to_string(),
                 },
             );
             st.touch(&key);
@@ -2176,6 +2179,7 @@ impl Backend for SimCluster {
                             volume_block: None,
                             stamp: 0,
                             load_window: 0,
+                            created: orrery_api::Time::now().to_string(),
                         },
                     );
                     ("create", true)
@@ -2365,6 +2369,28 @@ impl Backend for SimCluster {
         for (k, v) in &self.spec.prices {
             properties.insert((*k).to_string(), v.clone());
         }
+        // The member's own ServiceExports (Orrery's are applied copies, not the member's).
+        let service_exports = st
+            .objects
+            .iter()
+            .filter(|((g, k, _, _), o)| {
+                g == orrery_api::services::GROUP
+                    && k == orrery_api::services::EXPORT_KIND
+                    && !is_managed(&o.manifest)
+            })
+            .map(|((_, _, ns, name), o)| {
+                let service =
+                    st.objects
+                        .get(&(String::new(), "Service".into(), ns.clone(), name.clone()));
+                orrery_api::services::MemberExport::of(
+                    ns,
+                    name,
+                    &o.created,
+                    service.map(|s| &s.manifest),
+                    service.and_then(|s| self.service_endpoints(&st, ns, &s.manifest)),
+                )
+            })
+            .collect();
         Ok(MemberReport {
             healthy: true,
             message: format!(
@@ -2402,7 +2428,31 @@ impl Backend for SimCluster {
             properties,
             storage_classes: st.storage_classes.clone(),
             data_sets: held_data_sets(&st),
+            service_exports,
         })
+    }
+
+    async fn set_export_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        status: &Value,
+    ) -> Result<(), BackendError> {
+        self.gate().await?;
+        let key = (
+            orrery_api::services::GROUP.to_string(),
+            orrery_api::services::EXPORT_KIND.to_string(),
+            namespace.to_string(),
+            name.to_string(),
+        );
+        let mut st = self.lock();
+        if let Some(o) = st.objects.get_mut(&key)
+            && o.manifest.get("status") != Some(status)
+        {
+            o.manifest["status"] = status.clone();
+            st.touch(&key);
+        }
+        Ok(())
     }
 
     fn changed(&self) -> tokio::sync::watch::Receiver<u64> {
