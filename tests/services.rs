@@ -327,6 +327,16 @@ spec:
         condition(&e, "Conflict")["status"] == "False"
     });
 
+    // An exporting cluster that leaves takes its export along.
+    f.s.ok(&["delete", "cluster", "b", "--wait=false"]);
+    eventually(Duration::from_secs(60), "b's export gone", || {
+        let i =
+            f.s.get_json(&["serviceimport", "web", "-n", "default", "-o", "json"]);
+        i["status"]["clusters"] == serde_json::json!([{"cluster": "a"}])
+            && imported_addresses(&f, "c", "web", "b").is_empty()
+            && imported_addresses(&f, "c", "web", "a").len() == 2
+    });
+
     // The export goes with its Service: no import, no slices, no name.
     f.s.ok(&["delete", "service", "web", "-n", "default"]);
     eventually(Duration::from_secs(30), "the export invalid", || {

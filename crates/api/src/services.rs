@@ -82,6 +82,29 @@ fn tcp() -> String {
     "TCP".into()
 }
 
+impl Port {
+    /// A port of a Service's `spec.ports` (its `port`; `targetPort` is the member's business).
+    pub fn of_service_port(p: &Value) -> Option<Port> {
+        Some(Port {
+            name: p
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            protocol: p
+                .get("protocol")
+                .and_then(Value::as_str)
+                .unwrap_or("TCP")
+                .to_string(),
+            app_protocol: p
+                .get("appProtocol")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            port: i32::try_from(p.get("port")?.as_i64()?).ok()?,
+        })
+    }
+}
+
 /// What a member reports of a Service it runs: its endpoints there, in the Work's status.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -194,29 +217,7 @@ impl Exported {
         let ports = spec
             .get("ports")
             .and_then(Value::as_array)
-            .map(|ps| {
-                ps.iter()
-                    .filter_map(|p| {
-                        Some(Port {
-                            name: p
-                                .get("name")
-                                .and_then(Value::as_str)
-                                .unwrap_or_default()
-                                .to_string(),
-                            protocol: p
-                                .get("protocol")
-                                .and_then(Value::as_str)
-                                .unwrap_or("TCP")
-                                .to_string(),
-                            app_protocol: p
-                                .get("appProtocol")
-                                .and_then(Value::as_str)
-                                .map(str::to_string),
-                            port: i32::try_from(p.get("port")?.as_i64()?).ok()?,
-                        })
-                    })
-                    .collect()
-            })
+            .map(|ps| ps.iter().filter_map(Port::of_service_port).collect())
             .unwrap_or_default();
         Ok(Exported {
             ports,

@@ -61,6 +61,52 @@ struct Running {
     endpoints: Option<ServiceEndpoints>,
 }
 
+/// An export's conditions: invalid (`Valid` and `Ready` false, no `Conflict`), or valid with
+/// the Service's `Ready` and `Conflict`. Times of unchanged conditions are kept.
+fn export_conditions(
+    conds: &mut Vec<Condition>,
+    invalid: Option<&(String, String)>,
+    ready: &Condition,
+    conflict: Option<&Condition>,
+    generation: Option<i64>,
+    now: Time,
+) {
+    let mut set = |mut c: Condition| {
+        c.observed_generation = generation;
+        conditions::set(conds, c, now);
+    };
+    match invalid {
+        Some((reason, message)) => {
+            set(Condition::new(
+                "Valid",
+                conditions::FALSE,
+                reason,
+                message.clone(),
+            ));
+            set(Condition::new(
+                "Ready",
+                conditions::FALSE,
+                "Failed",
+                message.clone(),
+            ));
+            conds.retain(|c| c.type_ != "Conflict");
+        }
+        None => {
+            set(Condition::new(
+                "Valid",
+                conditions::TRUE,
+                "Valid",
+                "the Service can be exported",
+            ));
+            set(ready.clone());
+            match conflict {
+                Some(c) => set(c.clone()),
+                None => conds.retain(|c| c.type_ != "Conflict"),
+            }
+        }
+    }
+}
+
 fn conditions_of(status: Option<&Value>) -> Vec<Condition> {
     status
         .and_then(|s| s.get("conditions"))
@@ -296,11 +342,6 @@ impl Controller {
             return self.withdraw(key).await;
         }
         let now = Time::now();
-        let set = |c: Condition, conds: &mut Vec<Condition>, generation: Option<i64>| {
-            let mut c = c;
-            c.observed_generation = generation;
-            conditions::set(conds, c, now);
-        };
         // The control plane's export: its template must exist and be exportable, and it names
         // its consumers (every cluster without one, and for members' own exports).
         let cp_invalid: Option<(String, String)> = cp.as_ref().and_then(|e| {
@@ -452,39 +493,14 @@ impl Controller {
         // The control plane export's status.
         let cp_conds = cp.as_ref().map(|e| {
             let mut conds = conditions_of(e.status.as_ref());
-            let generation = e.metadata.generation;
-            match &cp_invalid {
-                Some((reason, message)) => {
-                    set(
-                        Condition::new("Valid", conditions::FALSE, reason, message.clone()),
-                        &mut conds,
-                        generation,
-                    );
-                    set(
-                        Condition::new("Ready", conditions::FALSE, "Failed", message.clone()),
-                        &mut conds,
-                        generation,
-                    );
-                    conds.retain(|c| c.type_ != "Conflict");
-                }
-                None => {
-                    set(
-                        Condition::new(
-                            "Valid",
-                            conditions::TRUE,
-                            "Valid",
-                            "the Service can be exported",
-                        ),
-                        &mut conds,
-                        generation,
-                    );
-                    set(ready.clone(), &mut conds, generation);
-                    match &conflict {
-                        Some(c) => set(c.clone(), &mut conds, generation),
-                        None => conds.retain(|c| c.type_ != "Conflict"),
-                    }
-                }
-            }
+            export_conditions(
+                &mut conds,
+                cp_invalid.as_ref(),
+                &ready,
+                conflict.as_ref(),
+                e.metadata.generation,
+                now,
+            );
             (e.clone(), conds)
         });
         if !exporting {
@@ -615,37 +631,14 @@ impl Controller {
             // A member's own export: how it went, kept with the times it last changed.
             if let Some((_, e)) = members.iter().find(|(c, _)| c == consumer) {
                 let mut conds = self.member_conditions(consumer, &work_name);
-                match &e.invalid {
-                    Some((reason, message)) => {
-                        set(
-                            Condition::new("Valid", conditions::FALSE, reason, message.clone()),
-                            &mut conds,
-                            None,
-                        );
-                        set(
-                            Condition::new("Ready", conditions::FALSE, "Failed", message.clone()),
-                            &mut conds,
-                            None,
-                        );
-                        conds.retain(|c| c.type_ != "Conflict");
-                    }
-                    None => {
-                        set(
-                            Condition::new(
-                                "Valid",
-                                conditions::TRUE,
-                                "Valid",
-                                "the Service can be exported",
-                            ),
-                            &mut conds,
-                            None,
-                        );
-                        set(ready.clone(), &mut conds, None);
-                        if let Some(c) = &conflict {
-                            set(c.clone(), &mut conds, None);
-                        }
-                    }
-                }
+                export_conditions(
+                    &mut conds,
+                    e.invalid.as_ref(),
+                    &ready,
+                    conflict.as_ref(),
+                    None,
+                    now,
+                );
                 import_manifest["metadata"]["annotations"] = json!({
                     ANNOTATION_EXPORT_STATUS: json!({ "conditions": conds }).to_string(),
                 });

@@ -1424,29 +1424,18 @@ impl SimCluster {
             .map(|ps| {
                 ps.iter()
                     .filter_map(|p| {
-                        let port = p.get("port")?.as_i64()?;
-                        let target = match p.get("targetPort") {
-                            Some(Value::Number(n)) => n.as_i64()?,
-                            Some(Value::String(name)) => container_port(name)?,
-                            _ => port,
-                        };
-                        Some(Port {
-                            name: p
-                                .get("name")
-                                .and_then(Value::as_str)
-                                .unwrap_or_default()
-                                .to_string(),
-                            protocol: p
-                                .get("protocol")
-                                .and_then(Value::as_str)
-                                .unwrap_or("TCP")
-                                .to_string(),
-                            app_protocol: p
-                                .get("appProtocol")
-                                .and_then(Value::as_str)
-                                .map(str::to_string),
-                            port: i32::try_from(target).ok()?,
-                        })
+                        let mut port = Port::of_service_port(p)?;
+                        // The endpoints serve on the target port.
+                        match p.get("targetPort") {
+                            Some(Value::Number(n)) => {
+                                port.port = i32::try_from(n.as_i64()?).ok()?
+                            }
+                            Some(Value::String(name)) => {
+                                port.port = i32::try_from(container_port(name)?).ok()?;
+                            }
+                            _ => {}
+                        }
+                        Some(port)
                     })
                     .collect()
             })
