@@ -201,6 +201,7 @@ pub const OWN_GROUPS: &[(&str, &str)] = &[
     ("autoscaling.karmada.io", "v1alpha1"),
     ("multicluster.x-k8s.io", "v1alpha1"),
     ("about.k8s.io", "v1alpha1"),
+    ("cluster.open-cluster-management.io", "v1beta1"),
 ];
 
 fn builtin_defs() -> Vec<Def> {
@@ -445,8 +446,8 @@ fn builtin_defs() -> Vec<Def> {
             "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition",
         ),
     ];
-    // Orrery's own kinds. Kinds of features not built yet (Kueue inventory, OCM placement
-    // decisions) are registered with their features, not before.
+    // Orrery's own kinds. Kinds of features not built yet (Kueue inventory) are registered
+    // with their features, not before.
     let mut own_def = |group: &'static str,
                        kind: &'static str,
                        plural: &'static str,
@@ -603,6 +604,23 @@ fn builtin_defs() -> Vec<Def> {
         &["svcim", "svcimport"],
         true,
     );
+    // Placement results for Argo CD and other consumers (OCM's shape, and KEP-5313's).
+    own_def(
+        "cluster.open-cluster-management.io",
+        "PlacementDecision",
+        "placementdecisions",
+        true,
+        &[],
+        true,
+    );
+    own_def(
+        orrery_api::services::GROUP,
+        "PlacementDecision",
+        "placementdecisions",
+        true,
+        &[],
+        false,
+    );
     own_def(
         "about.k8s.io",
         "ClusterProperty",
@@ -614,7 +632,7 @@ fn builtin_defs() -> Vec<Def> {
     v
 }
 
-fn version_of(group: &str) -> &'static str {
+pub(crate) fn version_of(group: &str) -> &'static str {
     match group {
         ""
         | "apps"
@@ -624,6 +642,7 @@ fn version_of(group: &str) -> &'static str {
         | "rbac.authorization.k8s.io"
         | "discovery.k8s.io"
         | "apiextensions.k8s.io" => "v1",
+        "cluster.open-cluster-management.io" => "v1beta1",
         _ => "v1alpha1",
     }
 }

@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 
 pub mod autoscaling;
 pub mod data;
+pub mod decisions;
 pub mod forecasting;
 pub mod health;
 pub mod inventory;
@@ -61,6 +62,7 @@ pub fn spawn(
             shutdown.clone(),
         )),
         tokio::spawn(inventory::run(store.clone(), shutdown.clone())),
+        tokio::spawn(decisions::run(store.clone(), shutdown.clone())),
         tokio::spawn(services::run(store.clone(), cfg.services, shutdown.clone())),
         tokio::spawn(autoscaling::cron::run(store.clone(), shutdown.clone())),
         tokio::spawn(autoscaling::federated::run(

@@ -217,7 +217,11 @@ pub fn builtin() -> Arc<Components> {
             let mut c = builtin_components();
             for (group, kind, schema) in own::schemas() {
                 c.insert(
-                    crate::resources::own_schema_name(group, "v1alpha1", kind),
+                    crate::resources::own_schema_name(
+                        group,
+                        crate::resources::version_of(group),
+                        kind,
+                    ),
                     schema,
                 );
             }
@@ -425,6 +429,20 @@ mod tests {
                 continue;
             }
             let s = set.get(&rt.schema).unwrap();
+            if s["properties"].get("spec").is_none() {
+                // A kind without a spec (PlacementDecision): its own top-level fields.
+                for (k, p) in s["properties"].as_object().unwrap() {
+                    if matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+                        continue;
+                    }
+                    let path = format!("{}.{k}", rt.kind);
+                    if p.get("description").is_none() && k != "status" {
+                        undocumented.push(path.clone());
+                    }
+                    check(&path, p, &mut undocumented);
+                }
+                continue;
+            }
             assert!(
                 s["properties"]["spec"]["properties"].is_object(),
                 "{}: an open spec",

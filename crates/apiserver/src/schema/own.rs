@@ -552,6 +552,84 @@ fn service_import() -> Value {
     )
 }
 
+fn ocm_placement_decision() -> Value {
+    let status = json!({
+        "type": "object",
+        "required": ["decisions"],
+        "properties": {
+            "decisions": {
+                "type": "array",
+                "description": "The clusters chosen (at most 100 per object; more are split across objects labelled with the same placement).",
+                "items": {
+                    "type": "object",
+                    "required": ["clusterName", "reason"],
+                    "properties": {
+                        "clusterName": string("The cluster's name."),
+                        "reason": string("Why it was chosen."),
+                        "score": { "type": "integer", "format": "int64", "description": "The cluster's score, where the scheduler gives one." },
+                    },
+                },
+            },
+        },
+    });
+    let mut s = kind(
+        "cluster.open-cluster-management.io",
+        "v1beta1",
+        "PlacementDecision",
+        "Where a placement put its workload, in Open Cluster Management's shape (what Argo CD's clusterDecisionResource generator reads). Orrery keeps one set per ResourceBinding, labelled cluster.open-cluster-management.io/placement=<binding>.",
+        json!({ "type": "object" }),
+        Some(status),
+    );
+    // No spec in this kind.
+    if let Some(p) = s["properties"].as_object_mut() {
+        p.remove("spec");
+    }
+    s
+}
+
+fn sig_placement_decision() -> Value {
+    let mut s = kind(
+        "multicluster.x-k8s.io",
+        "v1alpha1",
+        "PlacementDecision",
+        "Where a placement put its workload (SIG-Multicluster KEP-5313): references to the chosen clusters' ClusterProfiles. Orrery keeps one set per ResourceBinding, labelled multicluster.x-k8s.io/placement-key=<binding>.",
+        json!({ "type": "object" }),
+        None,
+    );
+    if let Some(p) = s["properties"].as_object_mut() {
+        p.remove("spec");
+        p.insert(
+            "decisions".into(),
+            json!({
+                "type": "array",
+                "maxItems": 100,
+                "description": "The clusters chosen (at most 100 per object; more are split across objects with the same decision key).",
+                "items": {
+                    "type": "object",
+                    "required": ["clusterProfileRef"],
+                    "properties": {
+                        "clusterProfileRef": {
+                            "type": "object",
+                            "required": ["name"],
+                            "description": "The chosen cluster's ClusterProfile.",
+                            "properties": {
+                                "name": string("The ClusterProfile's name."),
+                                "namespace": string("Its namespace (the decision's own when empty)."),
+                            },
+                        },
+                        "reason": string("Why it was chosen."),
+                    },
+                },
+            }),
+        );
+        p.insert(
+            "schedulerName".into(),
+            string("The scheduler that made the decisions."),
+        );
+    }
+    s
+}
+
 fn cluster_property() -> Value {
     let mut s = kind(
         "about.k8s.io",
@@ -736,6 +814,16 @@ pub fn schemas() -> Vec<(&'static str, &'static str, Value)> {
         ("about.k8s.io", "ClusterProperty", cluster_property()),
         ("multicluster.x-k8s.io", "ServiceExport", service_export()),
         ("multicluster.x-k8s.io", "ServiceImport", service_import()),
+        (
+            "cluster.open-cluster-management.io",
+            "PlacementDecision",
+            ocm_placement_decision(),
+        ),
+        (
+            "multicluster.x-k8s.io",
+            "PlacementDecision",
+            sig_placement_decision(),
+        ),
     ]);
     v
 }
