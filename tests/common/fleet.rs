@@ -63,7 +63,7 @@ impl Fleet {
             let admin = a.admin();
             agents.push((name.to_string(), a, admin));
         }
-        eventually(Duration::from_secs(20), "every cluster Ready", || {
+        eventually(Duration::from_secs(60), "every cluster Ready", || {
             members
                 .iter()
                 .all(|(n, _, _)| s.cluster_condition(n, "Ready") == "True")

@@ -104,8 +104,21 @@ fn encode(resp: &Message, udp: bool, req: &Message) -> Option<Vec<u8>> {
     if udp {
         enc.set_max_size(req.max_payload().max(512));
     }
-    resp.emit(&mut enc).ok()?;
-    Some(out)
+    if resp.emit(&mut enc).is_ok() {
+        return Some(out);
+    }
+    if !udp {
+        return None;
+    }
+    // Too large for what the client takes over UDP: the header and the question, truncated,
+    // so that it asks again over TCP.
+    let mut t = Message::response(resp.metadata.id, resp.metadata.op_code);
+    t.metadata = resp.metadata.clone();
+    t.metadata.truncation = true;
+    for q in &resp.queries {
+        t.add_query(q.clone());
+    }
+    t.to_vec().ok()
 }
 
 /// Serves DNS on `addr` (UDP and TCP; port 0 picks one free for both) until `shutdown`;
@@ -242,6 +255,36 @@ mod tests {
         assert_eq!(r.metadata.response_code, ResponseCode::FormErr);
         assert_eq!(r.metadata.id, 9);
         assert!(answer(&[1, 2, 3], &d, true).is_none());
+    }
+
+    #[test]
+    fn an_answer_too_large_for_udp_is_truncated_and_whole_over_tcp() {
+        let eps: Vec<serde_json::Value> = (0..200)
+            .map(|i| json!({"addresses": [format!("10.1.{}.{}", i / 250, i % 250 + 1)], "conditions": {"ready": true}}))
+            .collect();
+        let d = Directory::build(
+            &[json!({"metadata": {"namespace": "shop", "name": "db"},
+                     "spec": {"type": "Headless", "ports": [{"name": "pg", "protocol": "TCP", "port": 5432}]}})],
+            &[json!({"metadata": {"namespace": "shop", "name": "db-a",
+                                  "labels": {"multicluster.kubernetes.io/service-name": "db",
+                                             "multicluster.kubernetes.io/source-cluster": "a"}},
+                     "addressType": "IPv4", "endpoints": eps, "ports": []})],
+        );
+        let mut m = Message::query();
+        m.metadata.id = 3;
+        m.add_query(Query::query(
+            Name::from_ascii("db.shop.svc.clusterset.local.").unwrap(),
+            RecordType::A,
+        ));
+        let q = m.to_vec().unwrap();
+        let udp = answer(&q, &d, true).unwrap();
+        assert!(udp.len() <= 512, "{}", udp.len());
+        let r = Message::from_vec(&udp).unwrap();
+        assert!(r.metadata.truncation, "truncated over UDP");
+        assert_eq!(r.metadata.id, 3);
+        let tcp = Message::from_vec(&answer(&q, &d, false).unwrap()).unwrap();
+        assert!(!tcp.metadata.truncation);
+        assert_eq!(tcp.answers.len(), 200);
     }
 
     #[tokio::test]
