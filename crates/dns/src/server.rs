@@ -113,7 +113,7 @@ fn encode(resp: &Message, udp: bool, req: &Message) -> Option<Vec<u8>> {
     // Too large for what the client takes over UDP: the header and the question, truncated,
     // so that it asks again over TCP.
     let mut t = Message::response(resp.metadata.id, resp.metadata.op_code);
-    t.metadata = resp.metadata.clone();
+    t.metadata = resp.metadata;
     t.metadata.truncation = true;
     for q in &resp.queries {
         t.add_query(q.clone());
