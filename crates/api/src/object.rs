@@ -127,6 +127,21 @@ pub struct OwnerReference {
     pub block_owner_deletion: Option<bool>,
 }
 
+impl OwnerReference {
+    /// `owner` as the controller of what this reference is put on (garbage collection deletes
+    /// that with it, and foreground deletion waits for it).
+    pub fn controller_of(owner: &Object) -> OwnerReference {
+        OwnerReference {
+            api_version: owner.api_version.clone(),
+            kind: owner.kind.clone(),
+            name: owner.name().to_string(),
+            uid: owner.metadata.uid.clone(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }
+    }
+}
+
 /// Deserializes `null` as the type's default, the way Go's JSON decoder treats omitempty fields.
 fn nullable<'de, D, T>(d: D) -> Result<T, D::Error>
 where

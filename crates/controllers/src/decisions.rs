@@ -241,14 +241,7 @@ impl Controller {
                     None => {
                         let mut o = new_object(api_version(group), KIND, Some(ns), &w.name);
                         o.metadata.labels = w.labels.clone();
-                        o.metadata.owner_references = vec![OwnerReference {
-                            api_version: b.api_version.clone(),
-                            kind: b.kind.clone(),
-                            name: b.name().to_string(),
-                            uid: b.metadata.uid.clone(),
-                            controller: Some(true),
-                            block_owner_deletion: Some(true),
-                        }];
+                        o.metadata.owner_references = vec![OwnerReference::controller_of(b)];
                         put_body(&mut o, w);
                         self.store.create(&k, o).await
                     }

@@ -180,14 +180,7 @@ async fn sync_one(store: &dyn Store, c: &Object, known: &mut Known) -> Result<()
                 c.name(),
             );
             p.metadata.labels = serde_json::from_value(labels).unwrap_or_default();
-            p.metadata.owner_references = vec![OwnerReference {
-                api_version: c.api_version.clone(),
-                kind: c.kind.clone(),
-                name: c.name().to_string(),
-                uid: c.metadata.uid.clone(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            }];
+            p.metadata.owner_references = vec![OwnerReference::controller_of(c)];
             p.spec = Some(spec);
             p.status = Some(status);
             match store.create(&key, p).await {

@@ -31,6 +31,7 @@ use orrery_api::work::WorkStatus;
 use orrery_api::{Object, OwnerReference, Time, keys};
 use orrery_store::stamp::new_object;
 use orrery_store::{Preconditions, Store, StoreError};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -267,8 +268,10 @@ impl Controller {
     /// Takes in what a cluster reports of its own exports (`None`: the cluster is gone);
     /// returns the services whose exports changed.
     fn observe_member_exports(&mut self, cluster: &str, c: Option<&Object>) -> Vec<Key> {
+        // Only that field: this runs on every heartbeat of every cluster.
         let reported: Vec<MemberExport> = c
-            .map(|c| ClusterStatus::of(c).service_exports)
+            .and_then(|c| c.status.as_ref()?.get("serviceExports"))
+            .and_then(|v| Vec::<MemberExport>::deserialize(v).ok())
             .unwrap_or_default();
         let before = self.exports_of.remove(cluster).unwrap_or_default();
         let mut changed = Vec::new();
@@ -771,7 +774,10 @@ impl Controller {
                 let mut i = new_object(mcs::API_VERSION, mcs::IMPORT_KIND, Some(ns), name);
                 // Owned by the control plane's export (members' own exports are taken back
                 // by this controller when they go).
-                i.metadata.owner_references = export.map(owner).into_iter().collect();
+                i.metadata.owner_references = export
+                    .map(OwnerReference::controller_of)
+                    .into_iter()
+                    .collect();
                 i.metadata.labels = labels;
                 i.metadata.annotations = annotations;
                 i.spec = Some(spec);
@@ -829,7 +835,7 @@ impl Controller {
                         new_object("discovery.k8s.io/v1", "EndpointSlice", Some(ns), &slice);
                     fresh.metadata.labels = std::mem::take(&mut o.metadata.labels);
                     fresh.metadata.annotations = std::mem::take(&mut o.metadata.annotations);
-                    fresh.metadata.owner_references = vec![owner(import)];
+                    fresh.metadata.owner_references = vec![OwnerReference::controller_of(import)];
                     fresh.other = o.other;
                     match self.store.create(&key, fresh).await {
                         Ok(stored) => self
@@ -977,17 +983,6 @@ impl Controller {
             Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
             Err(e) => Err(e),
         }
-    }
-}
-
-fn owner(o: &Object) -> OwnerReference {
-    OwnerReference {
-        api_version: o.api_version.clone(),
-        kind: o.kind.clone(),
-        name: o.name().to_string(),
-        uid: o.metadata.uid.clone(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
     }
 }
 
