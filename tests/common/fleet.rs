@@ -63,11 +63,34 @@ impl Fleet {
             let admin = a.admin();
             agents.push((name.to_string(), a, admin));
         }
-        eventually(Duration::from_secs(60), "every cluster Ready", || {
-            members
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let not_ready: Vec<&str> = members
                 .iter()
-                .all(|(n, _, _)| s.cluster_condition(n, "Ready") == "True")
-        });
+                .map(|(n, _, _)| *n)
+                .filter(|n| s.cluster_condition(n, "Ready") != "True")
+                .collect();
+            if not_ready.is_empty() {
+                break;
+            }
+            if std::time::Instant::now() > deadline {
+                // Say why: what each agent printed, and its log's tail.
+                for (name, a, _) in agents
+                    .iter()
+                    .filter(|(n, _, _)| not_ready.contains(&n.as_str()))
+                {
+                    let log = a.log();
+                    let tail: Vec<&str> = log.lines().rev().take(30).collect();
+                    eprintln!("--- agent {name}: stdout {:?}", a.output());
+                    eprintln!(
+                        "--- agent {name}: log tail (newest first)\n{}",
+                        tail.join("\n")
+                    );
+                }
+                panic!("timed out waiting for clusters {not_ready:?} to be Ready");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
         Fleet { s, agents }
     }
 

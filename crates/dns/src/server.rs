@@ -128,13 +128,30 @@ pub async fn serve(
     directory: watch::Receiver<Arc<Directory>>,
     shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<SocketAddr> {
-    let udp = UdpSocket::bind(addr).await?;
+    let (udp, tcp) = bind_both(addr).await?;
     let bound = udp.local_addr()?;
-    let tcp = TcpListener::bind(bound).await?;
     tracing::info!(%bound, "clusterset DNS serving");
     tokio::spawn(serve_udp(udp, directory.clone(), shutdown.clone()));
     tokio::spawn(serve_tcp(tcp, directory, shutdown));
     Ok(bound)
+}
+
+/// Binds UDP and TCP on the same port. For port 0 the port UDP picks may be taken for TCP
+/// (an ephemeral port of some TCP connection): then another is tried.
+async fn bind_both(addr: SocketAddr) -> std::io::Result<(UdpSocket, TcpListener)> {
+    const ATTEMPTS: usize = 64;
+    let mut last = None;
+    for _ in 0..ATTEMPTS {
+        let udp = UdpSocket::bind(addr).await?;
+        match TcpListener::bind(udp.local_addr()?).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) if addr.port() == 0 && e.kind() == std::io::ErrorKind::AddrInUse => {
+                last = Some(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no free port for UDP and TCP")))
 }
 
 async fn serve_udp(
@@ -207,6 +224,17 @@ mod tests {
     use super::*;
     use hickory_proto::op::Query;
     use serde_json::json;
+
+    #[tokio::test]
+    async fn port_zero_binds_udp_and_tcp_on_one_port_and_a_taken_port_is_an_error() {
+        for _ in 0..20 {
+            let (udp, tcp) = bind_both("127.0.0.1:0".parse().unwrap()).await.unwrap();
+            assert_eq!(udp.local_addr().unwrap(), tcp.local_addr().unwrap());
+        }
+        let taken = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let err = bind_both(taken.local_addr().unwrap()).await.unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+    }
 
     fn directory() -> Directory {
         Directory::build(
