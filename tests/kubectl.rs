@@ -244,7 +244,7 @@ fn own_kinds_are_explained_and_described_by_read_only_crds() {
     // Kinds of features not built yet are not advertised.
     let resources = s.ok(&["api-resources"]);
     assert!(resources.contains("serviceexports"), "{resources}");
-    assert!(!resources.contains("clusterresourceclaims"), "{resources}");
+    assert!(resources.contains("clusterresourceclaims"), "{resources}");
 }
 
 #[test]

@@ -166,6 +166,8 @@ struct Inner {
     urgent: Mutex<HashMap<String, Instant>>,
     /// Round trips of the last heartbeats, milliseconds.
     round_trips: Mutex<std::collections::VecDeque<f64>>,
+    /// The nodes last written into the member's ClusterMetrics, and when.
+    metrics_sent: Mutex<Option<(Vec<orrery_api::quota::NodeInfo>, Instant)>>,
     /// Held by whatever changes the member (a Work applied or removed, a failed apply
     /// retried, held manifests released): their steps await the member, and interleaved, a
     /// retry that read a Work before it was removed would bring its deleted objects back.
@@ -349,6 +351,7 @@ impl Inner {
             report_now: Notify::new(),
             urgent: Mutex::new(HashMap::new()),
             round_trips: Mutex::new(std::collections::VecDeque::new()),
+            metrics_sent: Mutex::new(None),
             member: tokio::sync::Mutex::new(()),
             current: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -1462,6 +1465,7 @@ async fn heartbeat(
         inner.cfg.cluster_token.is_some(),
         server_latency,
     );
+    let nodes = report.as_ref().ok().map(|r| r.nodes.clone());
     let sent = Instant::now();
     let answer = t.heartbeat(status).await;
     let took = sent.elapsed();
@@ -1482,6 +1486,9 @@ async fn heartbeat(
             {
                 *conds = s.conditions;
             }
+            if let Some(nodes) = nodes {
+                write_metrics(inner, t, nodes).await;
+            }
             Ok(None)
         }
         Err(TransportError::NotRegistered(_)) => Ok(Some(Stopped::Unregistered)),
@@ -1492,6 +1499,35 @@ async fn heartbeat(
             Ok(None)
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// How long nodes unchanged go without being written again (repairs a ClusterMetrics made
+/// afresh, or edited, on the server).
+const METRICS_REFRESH: Duration = Duration::from_secs(300);
+
+/// Writes the member's nodes into its ClusterMetrics when they changed since last written.
+/// Failures wait for the next heartbeat: the object may not be made yet, or the server may
+/// be older than this agent; the session goes on either way.
+async fn write_metrics(inner: &Inner, t: &Transport, nodes: Vec<orrery_api::quota::NodeInfo>) {
+    {
+        let sent = inner.metrics_sent.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((last, at)) = &*sent
+            && *last == nodes
+            && at.elapsed() < METRICS_REFRESH
+        {
+            return;
+        }
+    }
+    let status = json!({ "nodes": nodes });
+    match t.write_metrics(status).await {
+        Ok(()) => {
+            *inner.metrics_sent.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some((nodes, Instant::now()));
+        }
+        Err(e) => {
+            tracing::debug!(cluster = %inner.cfg.cluster, error = %e, "writing the member's ClusterMetrics failed; trying again with the next heartbeat");
+        }
     }
 }
 

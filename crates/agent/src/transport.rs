@@ -155,6 +155,19 @@ impl Transport {
         to_object(o)
     }
 
+    /// Writes the member's nodes into its ClusterMetrics (a merge patch of the status
+    /// subresource of the object the server made for it).
+    pub async fn write_metrics(&self, status: Value) -> Result<(), TransportError> {
+        let api = orrery_client::api(&self.client, &kinds::CLUSTER_METRICS, None);
+        api.patch_status(
+            &self.cluster,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "status": status })),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Sends up to 1,000 status items in one request (`POST /api/v1/sync/batch`); returns,
     /// per item in the order sent, `None` when the server took it or why it refused it.
     pub async fn report(&self, items: Vec<Value>) -> Result<Vec<Option<String>>, TransportError> {

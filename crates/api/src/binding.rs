@@ -528,6 +528,10 @@ pub struct BindingStatus {
     /// A stateful workload's standby copy (`placement.stateful.standby`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub standby: Option<crate::stateful::StandbyStatus>,
+    /// Its replicas per location: the clusters labelled with a city code
+    /// (`topology.datum.net/city-code`), summed per code.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub locations: Vec<crate::location::LocationReplicas>,
 }
 
 impl BindingSpec {

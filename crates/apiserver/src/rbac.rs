@@ -466,7 +466,8 @@ impl Policy {
 }
 
 /// A member cluster agent's built-in rules in `namespace` (None: cluster-wide): read its own
-/// Works, write their status, read its own Cluster and write its status.
+/// Works, write their status, read its own Cluster and write its status and that of its
+/// ClusterMetrics.
 pub fn agent_rules(cluster: &str, namespace: Option<&str>) -> Vec<Rule> {
     let mut rules = vec![
         Rule::on(&["get"], &["multicluster.io"], &["clusters"]).named(&[cluster]),
@@ -474,6 +475,13 @@ pub fn agent_rules(cluster: &str, namespace: Option<&str>) -> Vec<Rule> {
             &["get", "update", "patch"],
             &["multicluster.io"],
             &["clusters/status"],
+        )
+        .named(&[cluster]),
+        // Its nodes, for Kueue quotas (galaxy's ClusterMetrics, made by the server).
+        Rule::on(
+            &["get", "update", "patch"],
+            &[orrery_api::quota::GROUP],
+            &["clustermetrics/status"],
         )
         .named(&[cluster]),
     ];

@@ -202,6 +202,7 @@ pub const OWN_GROUPS: &[(&str, &str)] = &[
     ("multicluster.x-k8s.io", "v1alpha1"),
     ("about.k8s.io", "v1alpha1"),
     ("cluster.open-cluster-management.io", "v1beta1"),
+    ("galaxy.kubestellar.io", "v1alpha1"),
 ];
 
 fn builtin_defs() -> Vec<Def> {
@@ -620,6 +621,32 @@ fn builtin_defs() -> Vec<Def> {
         true,
         &[],
         false,
+    );
+    // Members grouped by city code (the Datum seed): a view Orrery keeps.
+    own_def(
+        orrery_api::location::GROUP,
+        orrery_api::location::KIND,
+        orrery_api::location::PLURAL,
+        false,
+        &["loc"],
+        true,
+    );
+    // Member capacity for Kueue (KubeStellar galaxy #36).
+    own_def(
+        orrery_api::quota::GROUP,
+        orrery_api::quota::CLAIM_KIND,
+        orrery_api::quota::CLAIM_PLURAL,
+        false,
+        &[],
+        true,
+    );
+    own_def(
+        orrery_api::quota::GROUP,
+        orrery_api::quota::METRICS_KIND,
+        orrery_api::quota::METRICS_PLURAL,
+        false,
+        &["cmet", "cmets"],
+        true,
     );
     own_def(
         "about.k8s.io",
@@ -1048,6 +1075,78 @@ fn own_columns(kind: &str) -> Printer {
                 ".spec.scaleTargetRef.name",
                 0,
                 "What the rules scale",
+            ),
+            age,
+        ],
+        "Location" => vec![
+            Column::new(
+                "City",
+                "string",
+                ".status.cityCode",
+                0,
+                "The city code its members are labelled with",
+            ),
+            Column::new(
+                "Clusters",
+                "string",
+                ".status.clusterNames",
+                0,
+                "Its members",
+            ),
+            Column::new(
+                "Ready",
+                "integer",
+                ".status.readyClusters",
+                0,
+                "Members ready",
+            ),
+            Column::new(
+                "CPU",
+                "string",
+                ".status.allocatable.cpu",
+                0,
+                "What the ready members' nodes give",
+            ),
+            Column::new(
+                "Memory",
+                "string",
+                ".status.allocatable.memory",
+                0,
+                "What the ready members' nodes give",
+            ),
+            Column::new(
+                "Water Level",
+                "number",
+                ".status.waterLevel",
+                0,
+                "The highest water level of its ready members",
+            ),
+            age,
+        ],
+        "ClusterResourceClaim" => vec![
+            Column::new(
+                "Cluster",
+                "string",
+                ".spec.clusterName",
+                0,
+                "The member cluster whose capacity this is",
+            ),
+            Column::new(
+                "Applied",
+                "string",
+                ".status.conditions[?(@.type==\"Applied\")].reason",
+                0,
+                "Whether the assignments are in the queues' quotas",
+            ),
+            age,
+        ],
+        "ClusterMetrics" => vec![
+            Column::new(
+                "Nodes",
+                "string",
+                ".status.nodes[*].name",
+                1,
+                "The member's nodes",
             ),
             age,
         ],

@@ -273,10 +273,10 @@ mod tests {
                 .unwrap()
                 .len()
         };
-        // Its own two Cluster rules (and its Works' two where they are), and the basic
-        // user's two self-review rules.
-        assert_eq!(rules("orrery-cluster-east"), 6);
-        assert_eq!(rules("default"), 4);
+        // Its own three rules (its Cluster, the Cluster's status, its ClusterMetrics' status),
+        // its Works' two where they are, and the basic user's two self-review rules.
+        assert_eq!(rules("orrery-cluster-east"), 7);
+        assert_eq!(rules("default"), 5);
         let admin = Identity::Admin {
             name: "admin".into(),
         };

@@ -483,6 +483,11 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
                 errs.extend(e);
             }
         }
+        (orrery_api::quota::GROUP, orrery_api::quota::CLAIM_KIND) => {
+            if let Err(e) = orrery_api::quota::ClaimSpec::parse(spec) {
+                errs.extend(e);
+            }
+        }
         ("multicluster.io", "DataSet") => {
             if let Err(e) = orrery_api::data::DataSetSpec::parse(spec) {
                 errs.extend(e);

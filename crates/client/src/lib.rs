@@ -131,6 +131,13 @@ pub mod kinds {
         plural: "clusters",
         namespaced: false,
     };
+    pub const CLUSTER_METRICS: Kind = Kind {
+        group: "galaxy.kubestellar.io",
+        version: "v1alpha1",
+        kind: "ClusterMetrics",
+        plural: "clustermetrics",
+        namespaced: false,
+    };
     pub const WORK: Kind = Kind {
         group: "multicluster.io",
         version: "v1alpha1",

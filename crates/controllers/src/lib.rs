@@ -4,6 +4,9 @@
 //! - [`health`]: member readiness from heartbeats, health taints, Events and the failure
 //!   history;
 //! - [`inventory`]: a `ClusterProfile` (KEP-4322) per Cluster;
+//! - [`locations`]: a `Location` per city code members are labelled with;
+//! - [`quotas`]: a `ClusterResourceClaim` and `ClusterMetrics` per Cluster, and the Kueue
+//!   ClusterQueue quotas the claims assign;
 //! - [`propagation`]: policies to bindings, scheduling, bindings to Works, status back;
 //! - [`migration`]: moves of stateful workloads with their data;
 //! - [`data`]: copies of data sets to their readers, caches, refreshes, link booking;
@@ -24,9 +27,11 @@ pub mod health;
 pub mod inventory;
 pub mod leader;
 pub mod lifecycle;
+pub mod locations;
 pub mod migration;
 pub mod monitoring;
 pub mod propagation;
+pub mod quotas;
 pub mod record;
 pub mod runtime;
 pub mod services;
@@ -44,6 +49,7 @@ pub struct Config {
     pub data: data::Settings,
     pub autoscaling: autoscaling::federated::Settings,
     pub services: services::Settings,
+    pub quotas: quotas::Settings,
     /// Per-controller figures on `/metrics`.
     pub metrics: Arc<runtime::metrics::ControllerMetrics>,
 }
@@ -64,6 +70,8 @@ pub fn spawn(
         tokio::spawn(inventory::run(store.clone(), shutdown.clone())),
         tokio::spawn(decisions::run(store.clone(), shutdown.clone())),
         tokio::spawn(services::run(store.clone(), cfg.services, shutdown.clone())),
+        tokio::spawn(quotas::run(store.clone(), cfg.quotas, shutdown.clone())),
+        tokio::spawn(locations::run(store.clone(), shutdown.clone())),
         tokio::spawn(autoscaling::cron::run(store.clone(), shutdown.clone())),
         tokio::spawn(autoscaling::federated::run(
             store.clone(),

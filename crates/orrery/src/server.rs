@@ -137,6 +137,11 @@ pub struct ServerArgs {
     /// come from.
     #[arg(long, default_value = orrery_api::services::DEFAULT_IP_RANGE)]
     pub clusterset_ip_range: orrery_api::services::IpRange,
+    /// The least time between two changes of a member's capacity that Kueue quotas follow
+    /// (ClusterResourceClaims); changes under 5 % of a member's nominal resources are not
+    /// followed at all.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub quota_interval: Duration,
     /// Where the server answers clusterset DNS for the whole fleet (`<svc>.<ns>.svc.
     /// clusterset.local`, UDP and TCP), e.g. 127.0.0.1:5353; off by default.
     #[arg(long)]
@@ -543,6 +548,9 @@ fn spawn_controllers(
             },
             services: orrery_controllers::services::Settings {
                 ip_range: args.clusterset_ip_range,
+            },
+            quotas: orrery_controllers::quotas::Settings {
+                interval: args.quota_interval,
             },
             metrics: m.controllers.clone(),
         },

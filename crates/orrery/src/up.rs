@@ -227,6 +227,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             .map_err(anyhow::Error::msg)?,
         dns_listen: None,
         hpa_sync_period: Duration::from_secs(15),
+        quota_interval: Duration::from_secs(30),
         hpa_downscale_stabilization: Duration::from_secs(300),
         cluster_secret: None,
         cluster_secret_file: None,

@@ -60,6 +60,8 @@ pub struct MemberReport {
     pub data_sets: Vec<orrery_api::data::HeldDataSet>,
     /// The ServiceExports the member made of its own.
     pub service_exports: Vec<orrery_api::services::MemberExport>,
+    /// Its nodes (the agent writes them into the member's ClusterMetrics).
+    pub nodes: Vec<orrery_api::quota::NodeInfo>,
 }
 
 /// Why the agent acts on its member: the Work an operation carries out (`namespace/name`),

@@ -483,6 +483,39 @@ fn cluster_profile() -> Value {
     )
 }
 
+fn location() -> Value {
+    kind(
+        orrery_api::location::GROUP,
+        "v1alpha1",
+        orrery_api::location::KIND,
+        "The members in one city (labelled topology.datum.net/city-code), kept by Orrery: their regions, zones, readiness, summed capacity and highest water level. Place by location with spreadByLabel: topology.datum.net/city-code, or a cluster label selector on that key.",
+        json!({ "type": "object", "properties": { "cityCode": string("The city code.") } }),
+        Some(schema_of::<orrery_api::location::LocationStatus>()),
+    )
+}
+
+fn resource_claim() -> Value {
+    kind(
+        orrery_api::quota::GROUP,
+        "v1alpha1",
+        orrery_api::quota::CLAIM_KIND,
+        "A member cluster's capacity for Kueue (KubeStellar galaxy #36): Orrery makes one per member (<cluster>-resource-claim) with its nominal resources; an administrator assigns parts of them to ClusterQueues by flavor, and Orrery keeps each queue's nominalQuota the sum of what the claims assign it, scaled down when the member loses capacity and never below what the queue has admitted.",
+        schema_of::<orrery_api::quota::ClaimSpec>(),
+        Some(schema_of::<orrery_api::quota::ClaimStatus>()),
+    )
+}
+
+fn cluster_metrics() -> Value {
+    kind(
+        orrery_api::quota::GROUP,
+        "v1alpha1",
+        orrery_api::quota::METRICS_KIND,
+        "A member cluster's nodes (KubeStellar galaxy's ClusterMetrics): what each can give and what is requested of it, written by the member's agent.",
+        json!({ "type": "object", "properties": {}, "description": "Nothing: the object is its status." }),
+        Some(schema_of::<orrery_api::quota::MetricsStatus>()),
+    )
+}
+
 fn service_export() -> Value {
     let labels = |what: &str| json!({ "type": "object", "additionalProperties": { "type": "string" }, "description": what });
     let spec = json!({
@@ -813,6 +846,17 @@ pub fn schemas() -> Vec<(&'static str, &'static str, Value)> {
         ("multicluster.x-k8s.io", "ClusterProfile", cluster_profile()),
         ("about.k8s.io", "ClusterProperty", cluster_property()),
         ("multicluster.x-k8s.io", "ServiceExport", service_export()),
+        ("multicluster.io", "Location", location()),
+        (
+            orrery_api::quota::GROUP,
+            orrery_api::quota::CLAIM_KIND,
+            resource_claim(),
+        ),
+        (
+            orrery_api::quota::GROUP,
+            orrery_api::quota::METRICS_KIND,
+            cluster_metrics(),
+        ),
         ("multicluster.x-k8s.io", "ServiceImport", service_import()),
         (
             "cluster.open-cluster-management.io",

@@ -1266,7 +1266,18 @@ impl Controller {
                 reasons.join("; "),
             )
         };
-        if with_status(old, &cond, &items, now).is_some() {
+        let targets: Vec<(String, i64)> = spec
+            .clusters
+            .iter()
+            .map(|t| (t.name.clone(), t.replicas))
+            .collect();
+        let locations = orrery_api::location::by_location(&targets, &items, |c| {
+            self.clusters
+                .get(c)
+                .and_then(|s| orrery_api::location::city_of(&s.labels))
+                .map(str::to_string)
+        });
+        if with_status(old, &cond, &items, &locations, now).is_some() {
             let store = self.store.clone();
             let key = k.clone();
             let bkey = keys::well_known::binding(&k.0, &k.1);
@@ -1283,6 +1294,7 @@ impl Controller {
             let res = spec.resource.clone();
             let cond = cond.clone();
             let items = items.clone();
+            let locations = locations.clone();
             let seen = b.clone();
             let log = self.written.clone();
             jobs.push(Box::pin(async move {
@@ -1292,7 +1304,7 @@ impl Controller {
                     if cur.metadata.deletion_timestamp.is_some() {
                         return None;
                     }
-                    let st = with_status(&BindingStatus::of(cur), &cond, &items, now)?;
+                    let st = with_status(&BindingStatus::of(cur), &cond, &items, &locations, now)?;
                     Some(Object {
                         api_version: cur.api_version.clone(),
                         kind: cur.kind.clone(),
@@ -1481,10 +1493,12 @@ fn with_status(
     old: &BindingStatus,
     cond: &Condition,
     items: &[AggregatedStatusItem],
+    locations: &[orrery_api::location::LocationReplicas],
     now: Time,
 ) -> Option<BindingStatus> {
     let mut st = old.clone();
     conditions::set(&mut st.conditions, cond.clone(), now);
+    st.locations = locations.to_vec();
     st.aggregated_status = items
         .iter()
         .map(|i| {
@@ -1687,7 +1701,7 @@ mod tests {
             ),
         ];
         for (what, (cond, items, want)) in cases {
-            let got = with_status(&stored, &cond, &items, t1);
+            let got = with_status(&stored, &cond, &items, &[], t1);
             match want {
                 None => assert!(got.is_none(), "{what}: {got:?}"),
                 Some(times) => {

@@ -1010,6 +1010,9 @@ impl Backend for KubeMember {
         let (mut total_nodes, mut ready_nodes) = (0i64, 0i64);
         // GPUs per model, over the ready nodes: the model with the most is the member's.
         let mut gpu_models: BTreeMap<String, i128> = BTreeMap::new();
+        // Every node, for the member's ClusterMetrics: what it gives, and (below) what is
+        // requested of it.
+        let mut nodes: Vec<orrery_api::quota::NodeInfo> = Vec::new();
         self.each_page("/api/v1/nodes", |n: MiniNode| {
             total_nodes += 1;
             let is_ready = n
@@ -1017,6 +1020,17 @@ impl Backend for KubeMember {
                 .conditions
                 .iter()
                 .any(|c| c.type_ == "Ready" && c.status == "True");
+            nodes.push(orrery_api::quota::NodeInfo {
+                name: n.metadata.name.clone(),
+                allocatable_resources: n
+                    .status
+                    .allocatable
+                    .iter()
+                    .map(|(k, v)| (k.clone(), quantity_of(v)))
+                    .collect(),
+                unschedulable: !is_ready || n.spec.unschedulable,
+                ..Default::default()
+            });
             if !is_ready || n.spec.unschedulable {
                 return;
             }
@@ -1040,6 +1054,7 @@ impl Backend for KubeMember {
         let mut allocated = ResourceList::new();
         let mut allocating = ResourceList::new();
         let (mut placed_pods, mut pending_pods) = (0i64, 0i64);
+        let mut requested: HashMap<String, ResourceList> = HashMap::new();
         self.each_page("/api/v1/pods", |p: MiniPod| {
             let phase = p.status.phase.as_deref().unwrap_or("Pending");
             if phase == "Succeeded" || phase == "Failed" {
@@ -1049,8 +1064,10 @@ impl Backend for KubeMember {
             match &p.spec.node_name {
                 Some(node) => {
                     placed_pods += 1;
+                    let on_node = requested.entry(node.clone()).or_default();
                     for (k, v) in &req {
                         add_to(&mut allocated, k, *v);
+                        add_to(on_node, k, *v);
                         if let Some(free) = per_node.get_mut(node)
                             && let Some(i) = LARGEST.iter().position(|r| r == k)
                         {
@@ -1091,7 +1108,11 @@ impl Backend for KubeMember {
         }
         let mut usage = allocated.clone();
         usage.remove("pods");
+        for n in &mut nodes {
+            n.allocated_resource_requests = requested.remove(&n.name).unwrap_or_default();
+        }
         Ok(MemberReport {
+            nodes,
             healthy: ready.is_ok(),
             message: match &ready {
                 Ok(_) => format!("{ready_nodes} of {total_nodes} nodes ready"),

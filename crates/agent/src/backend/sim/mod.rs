@@ -2299,6 +2299,26 @@ impl Backend for SimCluster {
             }
         }
         let allocated = bg.add(placed);
+        // Per node: what it gives, and what is asked of it (its background load counts).
+        let mut requested: Vec<Res> = st.nodes.iter().map(|n| background(n, st.load)).collect();
+        for p in st.pods.values().filter(|p| p.phase != Phase::Succeeded) {
+            if let Some(i) = p.node {
+                requested[i] = requested[i].add(p.request);
+            }
+        }
+        let nodes = st
+            .nodes
+            .iter()
+            .zip(&requested)
+            .map(|(n, r)| orrery_api::quota::NodeInfo {
+                name: n.name.clone(),
+                allocatable_resources: n.allocatable.to_list(true),
+                allocated_resource_requests: r.to_list(false),
+                allocated_resource_limits: Default::default(),
+                labels: BTreeMap::from([("kubernetes.io/hostname".to_string(), n.name.clone())]),
+                unschedulable: !n.ready,
+            })
+            .collect();
         let usage_bg = Res {
             cpu_m: ((bg.cpu_m as f64) * factor).min(allocatable.cpu_m as f64) as i64,
             mem: ((bg.mem as f64) * factor).min(allocatable.mem as f64) as i64,
@@ -2381,6 +2401,7 @@ impl Backend for SimCluster {
             })
             .collect();
         Ok(MemberReport {
+            nodes,
             healthy: true,
             message: format!(
                 "simulated cluster: {} of {} nodes ready",

@@ -1,0 +1,135 @@
+//! Locations (the Datum seed): one `Location` (multicluster.io/v1alpha1, cluster-scoped,
+//! named by its city code in lower case) per city code that members are labelled with
+//! (`topology.datum.net/city-code`): its members, their regions and zones, readiness, summed
+//! capacity and highest water level. A view: written only when it differs, and removed when no
+//! member is in its city any more.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use orrery_api::keys;
+use orrery_api::location::{self, CITY_LABEL, GROUP, KIND, PLURAL};
+use orrery_store::stamp::new_object;
+use orrery_store::{Preconditions, Store, StoreError};
+use serde_json::json;
+use tokio::sync::watch;
+
+use crate::runtime::cache::Cache;
+use crate::runtime::reflector::{self, Event};
+
+/// Rounds are at most this often: heartbeats move water levels all the time.
+const SETTLE: Duration = Duration::from_secs(2);
+
+fn key(name: &str) -> String {
+    keys::object(GROUP, PLURAL, None, name)
+}
+
+async fn reconcile(store: &dyn Store, clusters: &Cache, stored: &Cache) -> Result<(), StoreError> {
+    let wanted = location::locations(clusters.list().iter().map(|c| c.as_ref()));
+    for (name, st) in &wanted {
+        let status = serde_json::to_value(st).unwrap_or_default();
+        let res = match stored.get("", name) {
+            Some(cur)
+                if cur.status.as_ref() == Some(&status)
+                    && cur.labels().get(CITY_LABEL) == Some(&st.city_code) =>
+            {
+                continue;
+            }
+            Some(_) => {
+                orrery_store::update_with(store, &key(name), |mut cur| {
+                    if cur.status.as_ref() == Some(&status)
+                        && cur.labels().get(CITY_LABEL) == Some(&st.city_code)
+                    {
+                        return Ok(None);
+                    }
+                    cur.metadata
+                        .labels
+                        .insert(CITY_LABEL.to_string(), st.city_code.clone());
+                    cur.spec = Some(json!({ "cityCode": st.city_code }));
+                    cur.status = Some(status.clone());
+                    Ok(Some(cur))
+                })
+                .await
+            }
+            None => {
+                let mut o = new_object(&format!("{GROUP}/v1alpha1"), KIND, None, name);
+                o.metadata
+                    .labels
+                    .insert(CITY_LABEL.to_string(), st.city_code.clone());
+                o.spec = Some(json!({ "cityCode": st.city_code }));
+                o.status = Some(status.clone());
+                store.create(&key(name), o).await
+            }
+        };
+        match res {
+            Ok(o) => stored.upsert(o.clone(), o.revision().unwrap_or(0)),
+            Err(StoreError::AlreadyExists { .. }) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let gone: BTreeSet<String> = stored
+        .list()
+        .iter()
+        .map(|o| o.name().to_string())
+        .filter(|n| !wanted.contains_key(n))
+        .collect();
+    for name in gone {
+        match store.delete(&key(&name), &Preconditions::default()).await {
+            Ok(_) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Runs the controller until shutdown.
+pub async fn run(store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
+    let clusters = Arc::new(Cache::new(&[]));
+    let stored = Arc::new(Cache::new(&[]));
+    let mut cluster_events = reflector::spawn_cached(
+        store.clone(),
+        keys::well_known::clusters(),
+        Some(clusters.clone()),
+        shutdown.clone(),
+    );
+    let mut location_events = reflector::spawn_cached(
+        store.clone(),
+        keys::prefix(GROUP, PLURAL, None),
+        Some(stored.clone()),
+        shutdown.clone(),
+    );
+    let mut listed = BTreeSet::new();
+    let mut due: Option<tokio::time::Instant> = None;
+    loop {
+        let sleep = match due {
+            Some(at) => tokio::time::sleep_until(at),
+            None => tokio::time::sleep(Duration::from_secs(3600)),
+        };
+        let ev = tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = sleep => None,
+            e = cluster_events.recv() => Some(("clusters", e)),
+            e = location_events.recv() => Some(("locations", e)),
+        };
+        match ev {
+            Some((_, None)) => return,
+            Some((source, Some(e))) => {
+                if matches!(e, Event::Listed(_)) {
+                    listed.insert(source);
+                }
+                // The first change of a burst sets when the round comes; the rest wait for it.
+                due.get_or_insert_with(|| tokio::time::Instant::now() + SETTLE);
+                continue;
+            }
+            None => due = None,
+        }
+        if listed.len() < 2 {
+            continue;
+        }
+        if let Err(e) = reconcile(store.as_ref(), &clusters, &stored).await {
+            tracing::warn!(error = %e, "locations: will retry");
+            due = Some(tokio::time::Instant::now() + Duration::from_secs(1));
+        }
+    }
+}

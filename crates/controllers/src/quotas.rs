@@ -1,0 +1,565 @@
+//! Kueue quotas from member capacity (KubeStellar galaxy #36).
+//!
+//! For every member it keeps a `ClusterMetrics` (galaxy.kubestellar.io/v1alpha1, its nodes, as
+//! the member's agent reports them) and a `ClusterResourceClaim` (`<cluster>-resource-claim`,
+//! `spec.nominalResources` from the member's capacity when it joined), both owned by the
+//! Cluster so that they go with it. A Kueue administrator assigns parts of a claim to
+//! ClusterQueues by flavor (`spec.resourceAssignments`); each queue's `nominalQuota` for a
+//! flavor and resource is then the sum over every claim that names it, scaled down where a
+//! member has lost capacity, and never lowered below what the queue has admitted (the rest
+//! waits for workloads to finish; the claim's `Applied` condition says so).
+//!
+//! Capacity is followed with hysteresis: a change smaller than 5 % of the nominal resources
+//! is not followed, and a claim follows at most once per `interval` (a member leaving is
+//! followed at once: its claim goes with it). Only the quotas Orrery keeps are touched (listed
+//! in the queue's `quota.orrery.io/managed` annotation). Everything is written only when it
+//! differs from what is stored, and Events are told only with a write, so a restart writes
+//! nothing.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use orrery_api::cluster::ClusterStatus;
+use orrery_api::conditions::{self, Condition};
+use orrery_api::quantity::Quantity;
+use orrery_api::quota::{
+    self, API_VERSION, CLAIM_KIND, CLAIM_PLURAL, CONDITION_APPLIED, ClaimSpec, ClaimStatus, GROUP,
+    KUEUE_GROUP, METRICS_KIND, METRICS_PLURAL, MetricsStatus, QUEUE_PLURAL, QuotaKey,
+};
+use orrery_api::{Object, OwnerReference, Time, keys};
+use orrery_store::stamp::new_object;
+use orrery_store::{Store, StoreError};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use crate::runtime::cache::Cache;
+use crate::runtime::reflector::{self, Event};
+
+const COMPONENT: &str = "orrery-quotas";
+
+/// How the quotas follow capacity.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The least time between two capacity changes a claim follows.
+    pub interval: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            interval: Duration::from_secs(30),
+        }
+    }
+}
+
+fn claim_key(name: &str) -> String {
+    keys::object(GROUP, CLAIM_PLURAL, None, name)
+}
+
+fn metrics_key(name: &str) -> String {
+    keys::object(GROUP, METRICS_PLURAL, None, name)
+}
+
+fn queue_key(name: &str) -> String {
+    keys::object(KUEUE_GROUP, QUEUE_PLURAL, None, name)
+}
+
+fn live(o: &Object) -> bool {
+    o.metadata.deletion_timestamp.is_none()
+}
+
+struct Controller {
+    store: Arc<dyn Store>,
+    settings: Settings,
+    clusters: Arc<Cache>,
+    metrics: Arc<Cache>,
+    claims: Arc<Cache>,
+    queues: Arc<Cache>,
+}
+
+/// One claim in a round: its spec (or why it is invalid), its status as it should be, and
+/// whether its assignments count (its cluster is a member).
+struct Plan {
+    claim: Arc<Object>,
+    spec: Result<ClaimSpec, String>,
+    status: ClaimStatus,
+    counts: bool,
+}
+
+/// What became of one claim's assignments in the queues.
+#[derive(Default)]
+struct Outcome {
+    missing: BTreeSet<String>,
+    /// (queue, flavor/resource, kept, asked).
+    held: Vec<(String, String, Quantity, Quantity)>,
+}
+
+impl Controller {
+    /// The member's capacity now: its nodes as reported, else its Cluster's summary.
+    fn capacity(&self, cluster: &Object) -> orrery_api::cluster::ResourceList {
+        let nodes = self
+            .metrics
+            .get("", cluster.name())
+            .and_then(|m| m.status.clone())
+            .and_then(|s| serde_json::from_value::<MetricsStatus>(s).ok())
+            .filter(|m| !m.nodes.is_empty());
+        match nodes {
+            Some(m) => quota::nominal_of(&m.allocatable()),
+            None => quota::nominal_of(
+                &ClusterStatus::of(cluster)
+                    .resource_summary
+                    .map(|r| r.allocatable)
+                    .unwrap_or_default(),
+            ),
+        }
+    }
+
+    /// Creates what a member lacks: its ClusterMetrics, and its claim once its capacity is known.
+    async fn ensure(&self, cluster: &Object) -> Result<(), StoreError> {
+        if self.metrics.get("", cluster.name()).is_none() {
+            let mut m = new_object(API_VERSION, METRICS_KIND, None, cluster.name());
+            m.metadata.owner_references = vec![OwnerReference::controller_of(cluster)];
+            m.spec = Some(json!({}));
+            self.created(
+                &self.metrics,
+                self.store.create(&metrics_key(cluster.name()), m).await,
+            )?;
+        }
+        let name = quota::claim_name(cluster.name());
+        if self.claims.get("", &name).is_none() {
+            let nominal = self.capacity(cluster);
+            if nominal.is_empty() {
+                return Ok(());
+            }
+            let mut c = new_object(API_VERSION, CLAIM_KIND, None, &name);
+            c.metadata.owner_references = vec![OwnerReference::controller_of(cluster)];
+            let spec = ClaimSpec {
+                cluster_name: cluster.name().to_string(),
+                nominal_resources: nominal,
+                resource_assignments: Vec::new(),
+            };
+            c.spec = serde_json::to_value(&spec).ok();
+            self.created(&self.claims, self.store.create(&claim_key(&name), c).await)?;
+        }
+        Ok(())
+    }
+
+    fn created(&self, cache: &Cache, r: Result<Arc<Object>, StoreError>) -> Result<(), StoreError> {
+        match r {
+            Ok(o) => {
+                cache.upsert(o.clone(), o.revision().unwrap_or(0));
+                Ok(())
+            }
+            // Someone made it first, or its Cluster is going: the events bring it.
+            Err(StoreError::AlreadyExists { .. }) | Err(StoreError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One round: members' objects, claims' capacity, queues' quotas, claims' status.
+    /// Returns when it should run again at the latest (a capacity change waiting for its
+    /// interval).
+    async fn reconcile(&self) -> Result<Option<Duration>, StoreError> {
+        let clusters: BTreeMap<String, Arc<Object>> = self
+            .clusters
+            .list()
+            .into_iter()
+            .filter(|c| live(c))
+            .map(|c| (c.name().to_string(), c))
+            .collect();
+        for c in clusters.values() {
+            self.ensure(c).await?;
+        }
+        let now = Time::now();
+        let mut wake: Option<Duration> = None;
+        // Each claim's capacity followed and assignments computed.
+        let mut plans: Vec<Plan> = Vec::new();
+        for claim in self.claims.list().into_iter().filter(|c| live(c)) {
+            let old: ClaimStatus = claim
+                .status
+                .clone()
+                .and_then(|s| serde_json::from_value(s).ok())
+                .unwrap_or_default();
+            let mut st = old.clone();
+            let spec = match ClaimSpec::parse(claim.spec.as_ref()) {
+                Ok(s) => s,
+                Err(errs) => {
+                    let why = errs
+                        .iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("; ");
+                    plans.push(Plan {
+                        claim,
+                        spec: Err(why),
+                        status: st,
+                        counts: false,
+                    });
+                    continue;
+                }
+            };
+            let Some(cluster) = clusters.get(&spec.cluster_name) else {
+                plans.push(Plan {
+                    claim,
+                    spec: Err(format!("cluster {} is not a member", spec.cluster_name)),
+                    status: st,
+                    counts: false,
+                });
+                continue;
+            };
+            st.allocatable = self.capacity(cluster);
+            if quota::moved(&st.applied, &st.allocatable, &spec.nominal_resources) {
+                let since = st
+                    .applied_time
+                    .map(|t| Duration::from_secs(now.seconds_since(t).max(0) as u64));
+                match since {
+                    Some(s) if !st.applied.is_empty() && s < self.settings.interval => {
+                        let left = self.settings.interval - s;
+                        wake = Some(wake.map_or(left, |w| w.min(left)));
+                    }
+                    _ => {
+                        st.applied = st.allocatable.clone();
+                        st.applied_time = Some(now);
+                    }
+                }
+            }
+            st.assignments = quota::effective(&spec, &st.applied);
+            plans.push(Plan {
+                claim,
+                spec: Ok(spec),
+                status: st,
+                counts: true,
+            });
+        }
+        // Every queue's quotas: the sum over the claims that name it.
+        let sums = quota::sums(
+            plans
+                .iter()
+                .filter(|p| p.counts)
+                .flat_map(|p| p.status.assignments.iter()),
+        );
+        let mut outcomes: BTreeMap<String, Outcome> = BTreeMap::new();
+        let mut queue_names: BTreeSet<String> = sums.keys().cloned().collect();
+        for q in self.queues.list() {
+            if !quota::managed_of(&q.metadata.annotations).is_empty() {
+                queue_names.insert(q.name().to_string());
+            }
+        }
+        for name in queue_names {
+            let wanted = sums.get(&name).cloned().unwrap_or_default();
+            let claims_of: Vec<String> = plans
+                .iter()
+                .filter(|p| {
+                    p.counts
+                        && p.status
+                            .assignments
+                            .iter()
+                            .any(|a| a.cluster_queue_name == name)
+                })
+                .map(|p| p.claim.name().to_string())
+                .collect();
+            match self.queues.get("", &name).filter(|q| live(q)) {
+                None => {
+                    for c in &claims_of {
+                        outcomes
+                            .entry(c.clone())
+                            .or_default()
+                            .missing
+                            .insert(name.clone());
+                    }
+                }
+                Some(q) => {
+                    let held = self.queue(&q, &wanted, &claims_of).await?;
+                    for c in &claims_of {
+                        let o = outcomes.entry(c.clone()).or_default();
+                        for (key, kept, asked) in &held {
+                            o.held.push((
+                                name.clone(),
+                                format!("{}/{}", key.0, key.1),
+                                *kept,
+                                *asked,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+        for p in plans {
+            let outcome = outcomes.remove(p.claim.name());
+            self.claim_status(&p.claim, p.spec, p.status, outcome, now)
+                .await?;
+        }
+        Ok(wake)
+    }
+
+    /// Brings one queue's quotas to `wanted`; returns the quotas held above what is asked.
+    async fn queue(
+        &self,
+        q: &Object,
+        wanted: &BTreeMap<QuotaKey, Quantity>,
+        claims: &[String],
+    ) -> Result<Vec<(QuotaKey, Quantity, Quantity)>, StoreError> {
+        let managed = quota::managed_of(&q.metadata.annotations);
+        let mut spec = q.spec.clone().unwrap_or_else(|| json!({}));
+        let (changes, keep) =
+            quota::reconcile_queue(&mut spec, q.status.as_ref(), wanted, &managed);
+        let held: Vec<(QuotaKey, Quantity, Quantity)> = changes
+            .iter()
+            .filter_map(|c| {
+                c.held_for
+                    .map(|asked| ((c.flavor.clone(), c.resource.clone()), c.to, asked))
+            })
+            .collect();
+        let moved: Vec<&quota::QuotaChange> = changes.iter().filter(|c| c.from != c.to).collect();
+        if moved.is_empty() && keep == managed {
+            return Ok(held);
+        }
+        let value = quota::managed_value(&keep);
+        let stored =
+            orrery_store::update_with(self.store.as_ref(), &queue_key(q.name()), |mut cur| {
+                let managed = quota::managed_of(&cur.metadata.annotations);
+                let mut spec = cur.spec.clone().unwrap_or_else(|| json!({}));
+                let (changes, keep) =
+                    quota::reconcile_queue(&mut spec, cur.status.as_ref(), wanted, &managed);
+                if changes.iter().all(|c| c.from == c.to) && keep == managed {
+                    return Ok(None);
+                }
+                cur.spec = Some(spec);
+                if keep.is_empty() {
+                    cur.metadata.annotations.remove(quota::ANNOTATION_MANAGED);
+                } else {
+                    cur.metadata
+                        .annotations
+                        .insert(quota::ANNOTATION_MANAGED.to_string(), value.clone());
+                }
+                Ok(Some(cur))
+            })
+            .await;
+        let stored = match stored {
+            Ok(o) => o,
+            Err(StoreError::NotFound { .. }) => return Ok(held),
+            Err(e) => return Err(e),
+        };
+        self.queues
+            .upsert(stored.clone(), stored.revision().unwrap_or(0));
+        let from = if claims.is_empty() {
+            "no claim names it any more".to_string()
+        } else {
+            format!("from claims {}", claims.join(", "))
+        };
+        for c in moved {
+            let mut msg = format!(
+                "nominalQuota of {} in flavor {}: {} -> {} ({from})",
+                c.resource, c.flavor, c.from, c.to
+            );
+            if let Some(asked) = c.held_for {
+                msg.push_str(&format!(
+                    "; {asked} asked, the rest waits for admitted workloads to finish"
+                ));
+            }
+            let _ = crate::record::event(
+                self.store.as_ref(),
+                &stored,
+                "Normal",
+                "QuotaChanged",
+                &msg,
+                COMPONENT,
+            )
+            .await;
+        }
+        Ok(held)
+    }
+
+    async fn claim_status(
+        &self,
+        claim: &Object,
+        spec: Result<ClaimSpec, String>,
+        mut st: ClaimStatus,
+        outcome: Option<Outcome>,
+        now: Time,
+    ) -> Result<(), StoreError> {
+        let old: ClaimStatus = claim
+            .status
+            .clone()
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default();
+        let outcome = outcome.unwrap_or_default();
+        let cond = match &spec {
+            Err(why) => Condition::new(CONDITION_APPLIED, conditions::FALSE, "Invalid", why.clone()),
+            Ok(s) if s.resource_assignments.is_empty() => Condition::new(
+                CONDITION_APPLIED,
+                conditions::TRUE,
+                "NothingAssigned",
+                "no resource is assigned to a ClusterQueue yet (spec.resourceAssignments)",
+            ),
+            Ok(_) if !outcome.missing.is_empty() => Condition::new(
+                CONDITION_APPLIED,
+                conditions::FALSE,
+                "QueueNotFound",
+                format!(
+                    "no ClusterQueue {} (kueue.x-k8s.io/v1beta1): apply Kueue's CRDs and create it",
+                    outcome.missing.iter().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            ),
+            Ok(_) if !outcome.held.is_empty() => Condition::new(
+                CONDITION_APPLIED,
+                conditions::FALSE,
+                "WaitingForWorkloads",
+                outcome
+                    .held
+                    .iter()
+                    .map(|(q, what, kept, asked)| {
+                        format!("ClusterQueue {q} keeps {what} at {kept} ({asked} asked) until its admitted workloads finish")
+                    })
+                    .collect::<Vec<_>>()
+                    .join("; "),
+            ),
+            Ok(s) => {
+                let queues: BTreeSet<&str> = s
+                    .resource_assignments
+                    .iter()
+                    .map(|a| a.cluster_queue_name.as_str())
+                    .collect();
+                Condition::new(
+                    CONDITION_APPLIED,
+                    conditions::TRUE,
+                    "QuotaApplied",
+                    format!(
+                        "in the quotas of ClusterQueue {}",
+                        queues.into_iter().collect::<Vec<_>>().join(", ")
+                    ),
+                )
+            }
+        };
+        conditions::set(&mut st.conditions, cond, now);
+        if st == old {
+            return Ok(());
+        }
+        let capacity_moved = !old.applied.is_empty() && old.applied != st.applied;
+        let status = serde_json::to_value(&st).unwrap_or(Value::Null);
+        let stored =
+            orrery_store::update_with(self.store.as_ref(), &claim_key(claim.name()), |mut cur| {
+                if cur.metadata.uid != claim.metadata.uid {
+                    return Ok(None);
+                }
+                cur.status = Some(status.clone());
+                Ok(Some(cur))
+            })
+            .await;
+        let stored = match stored {
+            Ok(o) => o,
+            Err(StoreError::NotFound { .. }) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        self.claims
+            .upsert(stored.clone(), stored.revision().unwrap_or(0));
+        if capacity_moved {
+            let _ = crate::record::event(
+                self.store.as_ref(),
+                &stored,
+                "Normal",
+                "CapacityChanged",
+                &format!(
+                    "the cluster has {} (was {}): assignments follow",
+                    list(&st.applied),
+                    list(&old.applied)
+                ),
+                COMPONENT,
+            )
+            .await;
+        }
+        Ok(())
+    }
+}
+
+fn list(l: &orrery_api::cluster::ResourceList) -> String {
+    l.iter()
+        .map(|(r, q)| format!("{r} {q}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Runs the controller until shutdown.
+pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch::Receiver<bool>) {
+    let cache = || Arc::new(Cache::new(&[]));
+    let (clusters, metrics, claims, queues) = (cache(), cache(), cache(), cache());
+    let follow = |prefix: String, c: &Arc<Cache>| {
+        reflector::spawn_cached(store.clone(), prefix, Some(c.clone()), shutdown.clone())
+    };
+    let mut cluster_events = follow(keys::well_known::clusters(), &clusters);
+    let mut metric_events = follow(keys::prefix(GROUP, METRICS_PLURAL, None), &metrics);
+    let mut claim_events = follow(keys::prefix(GROUP, CLAIM_PLURAL, None), &claims);
+    let mut queue_events = follow(keys::prefix(KUEUE_GROUP, QUEUE_PLURAL, None), &queues);
+    let c = Controller {
+        store,
+        settings,
+        clusters,
+        metrics,
+        claims,
+        queues,
+    };
+    let mut listed = BTreeSet::new();
+    // When the next round is due: soon after a change (events come in bursts, every member's
+    // heartbeat: one round for a burst), or when a capacity change waits for its interval.
+    let mut due: Option<tokio::time::Instant> = None;
+    let settle = Duration::from_millis(200);
+    loop {
+        let sleep = match due {
+            Some(at) => tokio::time::sleep_until(at),
+            None => tokio::time::sleep(Duration::from_secs(3600)),
+        };
+        let ev = tokio::select! {
+            _ = shutdown.changed() => return,
+            _ = sleep => None,
+            e = cluster_events.recv() => Some(("clusters", e)),
+            e = metric_events.recv() => Some(("metrics", e)),
+            e = claim_events.recv() => Some(("claims", e)),
+            e = queue_events.recv() => Some(("queues", e)),
+        };
+        let soon = tokio::time::Instant::now() + settle;
+        let mark = |due: &mut Option<tokio::time::Instant>| {
+            *due = Some(due.map_or(soon, |d| d.min(soon)));
+        };
+        match ev {
+            Some((_, None)) => return,
+            Some((source, Some(Event::Listed(_)))) => {
+                listed.insert(source);
+                mark(&mut due);
+                continue;
+            }
+            Some((source, Some(Event::Upsert(o)))) => {
+                // A heartbeat matters where it brings a member's first capacity, or its only
+                // word on capacity (no node reported).
+                let matters = source != "clusters"
+                    || !live(&o)
+                    || c.claims.get("", &quota::claim_name(o.name())).is_none()
+                    || c.metrics
+                        .get("", o.name())
+                        .is_none_or(|m| m.status.as_ref().is_none_or(|s| s.get("nodes").is_none()));
+                if matters {
+                    mark(&mut due);
+                }
+                continue;
+            }
+            Some((_, Some(Event::Delete(_)))) => {
+                mark(&mut due);
+                continue;
+            }
+            None => {}
+        }
+        due = None;
+        // Nothing is decided before every source is listed.
+        if listed.len() < 4 {
+            continue;
+        }
+        match c.reconcile().await {
+            Ok(Some(w)) => due = Some(tokio::time::Instant::now() + w),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "quotas: will retry");
+                due = Some(tokio::time::Instant::now() + Duration::from_secs(1));
+            }
+        }
+    }
+}
