@@ -59,6 +59,9 @@ pub struct AgentConfig {
     /// ServiceImports and EndpointSlices of Orrery's `orrery-mcs.*` Works), for its clusterset
     /// DNS.
     pub services: Option<watch::Sender<Vec<Value>>>,
+    /// Whether the agent keeps the cluster proxy's tunnel open to the server (a simulated
+    /// fleet of thousands does not).
+    pub tunnel: bool,
 }
 
 impl AgentConfig {
@@ -84,6 +87,7 @@ impl AgentConfig {
             report_interval: Duration::from_secs(1),
             resync_interval: Duration::from_secs(60),
             services: None,
+            tunnel: true,
         }
     }
 }
@@ -1434,11 +1438,13 @@ async fn session(
     let works = works_loop(inner, &t);
     let beats = heartbeat_loop(inner, &t, conds);
     let reports = report_loop(inner, &t);
-    tokio::pin!(works, beats, reports);
+    let tunnel = tunnel_loop(inner, &t);
+    tokio::pin!(works, beats, reports, tunnel);
     tokio::select! {
         e = &mut works => e,
         e = &mut beats => e,
         e = &mut reports => e,
+        e = &mut tunnel => e,
         _ = shutdown.changed() => End::Stopped(Stopped::Shutdown),
     }
 }
@@ -1499,6 +1505,59 @@ async fn heartbeat(
             Ok(None)
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Keeps the cluster proxy's tunnel open for as long as the session lasts: the server sends
+/// requests for the member's API on it (HTTP/2, the agent answering), and the backend answers
+/// them. A tunnel that fails is opened again with backoff; it never ends the session.
+async fn tunnel_loop(inner: &Arc<Inner>, t: &Transport) -> End {
+    if !inner.cfg.tunnel {
+        return std::future::pending().await;
+    }
+    let mut wait = Duration::from_secs(1);
+    loop {
+        match t.open_tunnel().await {
+            Ok(io) => {
+                wait = Duration::from_secs(1);
+                let backend = inner.backend.clone();
+                let service =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let backend = backend.clone();
+                        async move {
+                            use http_body_util::BodyExt;
+                            let (parts, body) = req.into_parts();
+                            let body = match body.collect().await {
+                                Ok(b) => b.to_bytes(),
+                                Err(e) => {
+                                    return Ok::<_, std::convert::Infallible>(
+                                        crate::backend::proxy_error(
+                                            http::StatusCode::BAD_REQUEST,
+                                            &e.to_string(),
+                                        ),
+                                    );
+                                }
+                            };
+                            Ok(backend.proxy(http::Request::from_parts(parts, body)).await)
+                        }
+                    });
+                tracing::info!(cluster = %inner.cfg.cluster, "cluster proxy tunnel open");
+                let served =
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(io, service)
+                        .await;
+                if let Err(e) = served {
+                    tracing::debug!(cluster = %inner.cfg.cluster, error = %e, "the cluster proxy tunnel ended");
+                }
+            }
+            // A server without the proxy: asked again now and then (it may be upgraded).
+            Err(TransportError::NotRegistered(_)) => wait = Duration::from_secs(60),
+            Err(e) => {
+                tracing::debug!(cluster = %inner.cfg.cluster, error = %e, "opening the cluster proxy tunnel failed");
+            }
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(30));
     }
 }
 

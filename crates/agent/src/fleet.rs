@@ -285,6 +285,9 @@ impl Fleet {
             };
             ac.heartbeat_interval = cfg.heartbeat_interval;
             ac.report_interval = cfg.report_interval;
+            // The cluster proxy's tunnels, one connection each: for a fleet to work with, not
+            // for thousands simulated to load the server.
+            ac.tunnel = peers.len() <= 64;
             let backend: Arc<dyn crate::backend::Backend> = sim.clone();
             let name = m.name.clone();
             let handle = tokio::spawn(run(ac, backend, shutdown.clone()));

@@ -6,6 +6,9 @@ use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, WatchParams}
 use kube::core::WatchEvent;
 use orrery_api::Object;
 use orrery_client::kinds;
+
+/// The protocol the tunnel upgrades to (the server's `proxy::TUNNEL_PROTOCOL`).
+pub const TUNNEL_PROTOCOL: &str = "orrery-tunnel";
 use serde_json::{Value, json};
 
 /// What went wrong talking to the server.
@@ -153,6 +156,32 @@ impl Transport {
             )
             .await?;
         to_object(o)
+    }
+
+    /// Opens the cluster proxy's tunnel: the connection, upgraded, on which the server sends
+    /// the requests for the member's API.
+    pub async fn open_tunnel(&self) -> Result<hyper::upgrade::Upgraded, TransportError> {
+        let req = http::Request::post(format!(
+            "/apis/multicluster.io/v1alpha1/clusters/{}/tunnel",
+            self.cluster
+        ))
+        .header(http::header::CONNECTION, "Upgrade")
+        .header(http::header::UPGRADE, TUNNEL_PROTOCOL)
+        .body(kube::client::Body::empty())
+        .map_err(|e| TransportError::Protocol(e.to_string()))?;
+        let res = self.client.send(req).await?;
+        if res.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+            return Err(match res.status().as_u16() {
+                404 => TransportError::NotRegistered("the server has no cluster proxy".into()),
+                code => TransportError::Refused {
+                    code,
+                    message: format!("the tunnel was refused ({code})"),
+                },
+            });
+        }
+        hyper::upgrade::on(res)
+            .await
+            .map_err(|e| TransportError::Unreachable(e.to_string()))
     }
 
     /// Writes the member's nodes into its ClusterMetrics (a merge patch of the status

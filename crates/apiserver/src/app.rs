@@ -85,6 +85,8 @@ pub struct App {
     pub(crate) in_flight: (tokio::sync::Semaphore, tokio::sync::Semaphore),
     /// Watches open, by user (see [`ApiConfig::max_watches_per_user`]).
     pub(crate) watches: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    /// The cluster proxy's tunnels open to this server (proxy.rs).
+    pub tunnels: crate::proxy::Tunnels,
 }
 
 /// Requests served at once by default: read-only, mutating, as kube-apiserver's defaults.
@@ -137,6 +139,7 @@ impl App {
                 tokio::sync::Semaphore::new(limit_of(config_in_flight.1)),
             ),
             watches: Arc::default(),
+            tunnels: crate::proxy::Tunnels::default(),
         });
         app.refresh_crds().await?;
         Ok(app)

@@ -24,6 +24,7 @@ pub mod managed;
 pub mod metrics;
 pub mod openapi;
 pub mod patch;
+pub mod proxy;
 pub mod resources;
 pub mod rest;
 pub mod router;

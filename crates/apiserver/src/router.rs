@@ -254,6 +254,14 @@ impl App {
             .authenticate(req.headers(), req.extensions())
             .map_err(|e| (e, String::new()))?;
         let user = who.user();
+        // The cluster proxy (and its agents' tunnels): long-lived streams, outside the slots
+        // for requests in flight.
+        if let Some(t) = crate::proxy::target(&path) {
+            return match crate::proxy::serve(self, &who, t, req).await {
+                Ok(r) => Ok((r, user)),
+                Err(e) => Err((e, user)),
+            };
+        }
         let is_watch = h::asks_to_watch(req.uri().query());
         // Held until the answer is ready (a long list's body may still be on its way).
         let _slot = match self.in_flight_slot(&who, req.method(), is_watch) {

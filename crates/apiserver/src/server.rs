@@ -65,7 +65,9 @@ pub async fn serve(
                         let app = app.clone();
                         async move { Ok::<_, Infallible>(app.handle(req).await) }
                     });
-                    let conn = builder.serve_connection(TokioIo::new(tls), service).into_owned();
+                    let conn = builder
+                        .serve_connection_with_upgrades(TokioIo::new(tls), service)
+                        .into_owned();
                     if let Err(e) = watcher.watch(conn).await {
                         tracing::debug!(%peer, error = %e, "connection ended with an error");
                     }

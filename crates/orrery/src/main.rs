@@ -7,6 +7,7 @@ use tracing_subscriber::EnvFilter;
 mod agent;
 mod dns;
 mod join;
+mod kubeconfig;
 mod push;
 mod server;
 mod sim;
@@ -57,6 +58,8 @@ enum Command {
     /// Users: a kubeconfig with a client certificate signed by Orrery's CA.
     #[command(subcommand)]
     User(user::UserCommand),
+    /// A kubeconfig for a member cluster's API through the cluster proxy.
+    Kubeconfig(kubeconfig::KubeconfigArgs),
     /// The fleet in the terminal: clusters, water levels, workloads and where they run.
     Status(status::StatusArgs),
     /// The simulated clusters of `orrery up`: list them, inject faults, change their load.
@@ -91,6 +94,7 @@ fn main() -> anyhow::Result<()> {
             Command::Agent(args) => agent::run(args).await,
             Command::Token(cmd) => token::run(cmd).await,
             Command::User(cmd) => user::run(cmd).await,
+            Command::Kubeconfig(args) => kubeconfig::run(args),
             Command::Status(args) => status::run(args).await,
             Command::Join(args) => join::run(args).await,
             Command::Sim(args) => sim::run(args).await,

@@ -150,6 +150,53 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
+    /// Answers a request for the member's API that came through the cluster proxy (the
+    /// tunnel the agent keeps open to the server). The request's path is the member API's.
+    async fn proxy(&self, _req: http::Request<bytes::Bytes>) -> http::Response<ProxyBody> {
+        proxy_error(
+            http::StatusCode::NOT_IMPLEMENTED,
+            "this member does not answer through the cluster proxy",
+        )
+    }
+
     /// Changes when object states may have changed, so the agent re-reads and reports them.
     fn changed(&self) -> tokio::sync::watch::Receiver<u64>;
+}
+
+/// The body of an answer through the cluster proxy: it may stream (a followed log).
+pub type ProxyBody = http_body_util::combinators::UnsyncBoxBody<bytes::Bytes, std::io::Error>;
+
+/// A whole answer through the cluster proxy.
+pub fn proxy_answer(
+    status: http::StatusCode,
+    content_type: &str,
+    body: impl Into<bytes::Bytes>,
+) -> http::Response<ProxyBody> {
+    use http_body_util::BodyExt;
+    let mut r = http::Response::new(
+        http_body_util::Full::new(body.into())
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *r.status_mut() = status;
+    if let Ok(v) = http::HeaderValue::from_str(content_type) {
+        r.headers_mut().insert(http::header::CONTENT_TYPE, v);
+    }
+    r
+}
+
+/// An error through the cluster proxy, as a Kubernetes Status.
+pub fn proxy_error(status: http::StatusCode, message: &str) -> http::Response<ProxyBody> {
+    let reason = match status.as_u16() {
+        404 => "NotFound",
+        400 => "BadRequest",
+        405 => "MethodNotAllowed",
+        501 => "NotImplemented",
+        _ => "ServiceUnavailable",
+    };
+    let body = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": status.as_u16(),
+    });
+    proxy_answer(status, "application/json", body.to_string())
 }

@@ -995,6 +995,18 @@ impl Backend for KubeMember {
         }))
     }
 
+    async fn proxy(&self, req: http::Request<bytes::Bytes>) -> http::Response<super::ProxyBody> {
+        use http_body_util::BodyExt;
+        // The member's API with the agent's own credentials there.
+        match self.client.send(req.map(kube::client::Body::from)).await {
+            Ok(r) => r.map(|b| b.map_err(std::io::Error::other).boxed_unsync()),
+            Err(e) => super::proxy_error(
+                http::StatusCode::BAD_GATEWAY,
+                &format!("the member's API: {e}"),
+            ),
+        }
+    }
+
     async fn report(&self) -> Result<MemberReport, BackendError> {
         let req = http::Request::get("/readyz")
             .body(Vec::new())

@@ -29,6 +29,7 @@ use tokio::time::Instant;
 
 use super::{Backend, BackendError, Cause, MemberReport, ObjectState};
 
+mod api;
 pub mod data;
 
 /// How a simulated cluster's background load varies over time.
@@ -843,7 +844,8 @@ pub struct SimCluster {
     spec: SimSpec,
     seed: u64,
     started: Instant,
-    state: Mutex<State>,
+    /// Shared with the streams of followed logs (they end with their pod).
+    state: std::sync::Arc<Mutex<State>>,
     changed: tokio::sync::watch::Sender<u64>,
 }
 
@@ -908,7 +910,7 @@ impl SimCluster {
             region: region.to_string(),
             seed,
             started: Instant::now(),
-            state: Mutex::new(State {
+            state: std::sync::Arc::new(Mutex::new(State {
                 nodes,
                 objects: BTreeMap::new(),
                 pods: BTreeMap::new(),
@@ -929,7 +931,7 @@ impl SimCluster {
                 data_clock: Instant::now(),
                 latency_overrides: BTreeMap::new(),
                 pod_epochs: BTreeMap::new(),
-            }),
+            })),
             spec,
             changed: tx,
         }
@@ -2126,6 +2128,10 @@ fn builtin_enablements() -> Vec<ApiEnablement> {
 
 #[async_trait]
 impl Backend for SimCluster {
+    async fn proxy(&self, req: http::Request<bytes::Bytes>) -> http::Response<super::ProxyBody> {
+        self.answer(&self.state, &req)
+    }
+
     async fn apply(
         &self,
         manifest: &Value,

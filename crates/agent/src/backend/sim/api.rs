@@ -1,0 +1,361 @@
+//! What a simulated member answers through the cluster proxy: a slice of the Kubernetes API
+//! over its pods — discovery, pods listed or read (as JSON, or as the Table kubectl asks
+//! for) and their logs, generated lines that a follow keeps streaming while the pod lives —
+//! so that `kubectl get pods` and `kubectl logs` work against it. It stands in for a real
+//! member's API, which the kube backend forwards to.
+
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::{Method, StatusCode};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use orrery_api::Time;
+use serde_json::{Value, json};
+
+use super::{Key, Phase, Pod, SimCluster, State};
+use crate::backend::{ProxyBody, proxy_answer, proxy_error};
+
+/// The most log lines a pod has (one a second since it started).
+const MAX_LINES: i64 = 1000;
+
+/// A pod's name: a StatefulSet's `<name>-<ordinal>`, a bare Pod's own, else its owner's name
+/// and the pod's number.
+pub(super) fn pod_name(id: u64, pod: &Pod) -> String {
+    match (pod.owner.1.as_str(), pod.ordinal) {
+        ("Pod", _) => pod.owner.3.clone(),
+        (_, Some(o)) => format!("{}-{o}", pod.owner.3),
+        _ => format!("{}-{id:05x}", pod.owner.3),
+    }
+}
+
+/// The pod template of a pod's owner (a bare Pod is its own).
+fn template<'a>(st: &'a State, owner: &Key) -> Option<&'a Value> {
+    let o = st.objects.get(owner)?;
+    if owner.1 == "Pod" {
+        Some(&o.manifest)
+    } else {
+        o.manifest.pointer("/spec/template")
+    }
+}
+
+fn age(secs: i64) -> String {
+    match secs {
+        s if s < 120 => format!("{s}s"),
+        s if s < 7200 => format!("{}m", s / 60),
+        s if s < 172_800 => format!("{}h", s / 3600),
+        s => format!("{}d", s / 86_400),
+    }
+}
+
+impl SimCluster {
+    /// How long ago a pod started, in seconds.
+    fn pod_age(pod: &Pod) -> i64 {
+        pod.since.elapsed().as_secs() as i64
+    }
+
+    fn pod_json(&self, st: &State, id: u64, pod: &Pod) -> Value {
+        let t = template(st, &pod.owner);
+        let labels = t
+            .and_then(|t| t.pointer("/metadata/labels"))
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        let containers = t
+            .and_then(|t| t.pointer("/spec/containers"))
+            .cloned()
+            .unwrap_or_else(|| json!([]));
+        let started = Time::now().add_seconds(-Self::pod_age(pod));
+        let phase = match pod.phase {
+            Phase::Pending | Phase::Starting => "Pending",
+            Phase::Running => "Running",
+            Phase::Succeeded => "Succeeded",
+        };
+        let ready = pod.phase == Phase::Running;
+        let statuses: Vec<Value> = containers
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                json!({
+                    "name": c.get("name"), "image": c.get("image"), "ready": ready,
+                    "restartCount": 0,
+                    "state": if ready { json!({"running": {"startedAt": started.to_string()}}) }
+                             else { json!({"waiting": {"reason": "ContainerCreating"}}) },
+                })
+            })
+            .collect();
+        let node = pod
+            .node
+            .and_then(|i| st.nodes.get(i))
+            .map(|n| n.name.clone());
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name(id, pod),
+                "namespace": pod.owner.2,
+                "uid": format!("{:08x}-0000-4000-8000-{:012x}", self.seed as u32, id),
+                "creationTimestamp": started.to_string(),
+                "labels": labels,
+            },
+            "spec": {"nodeName": node, "containers": containers},
+            "status": {
+                "phase": phase,
+                "podIP": (pod.phase != Phase::Pending).then(|| self.pod_address(id)),
+                "startTime": started.to_string(),
+                "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}],
+                "containerStatuses": statuses,
+            },
+        })
+    }
+
+    /// The pods of `namespace` (all with `None`), as (id, object).
+    fn pods_of(&self, namespace: Option<&str>) -> Vec<Value> {
+        let st = self.lock();
+        st.pods
+            .iter()
+            .filter(|(_, p)| namespace.is_none_or(|ns| p.owner.2 == ns))
+            .map(|(id, p)| self.pod_json(&st, *id, p))
+            .collect()
+    }
+
+    fn find_pod(&self, namespace: &str, name: &str) -> Option<(u64, Value)> {
+        let st = self.lock();
+        st.pods
+            .iter()
+            .find(|(id, p)| p.owner.2 == namespace && pod_name(**id, p) == name)
+            .map(|(id, p)| (*id, self.pod_json(&st, *id, p)))
+    }
+
+    /// Answers one request of the proxy.
+    pub(super) fn answer(
+        &self,
+        state: &Arc<Mutex<State>>,
+        req: &http::Request<Bytes>,
+    ) -> http::Response<ProxyBody> {
+        if req.method() != Method::GET && req.method() != Method::HEAD {
+            return proxy_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "the simulated member answers reads only",
+            );
+        }
+        let path = req.uri().path().trim_end_matches('/');
+        let query: Vec<(String, String)> =
+            form_urlencoded::parse(req.uri().query().unwrap_or("").as_bytes())
+                .into_owned()
+                .collect();
+        let param = |k: &str| query.iter().find(|(q, _)| q == k).map(|(_, v)| v.as_str());
+        let as_table = req
+            .headers()
+            .get(http::header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|a| a.contains("as=Table"));
+        let segments: Vec<&str> = path.split('/').skip(1).collect();
+        let json_ok = |v: Value| proxy_answer(StatusCode::OK, "application/json", v.to_string());
+        match segments.as_slice() {
+            ["version"] => json_ok(json!({
+                "major": "1", "minor": "32", "gitVersion": "v1.32.0+orrery-sim",
+                "platform": "linux/amd64",
+            })),
+            ["api"] => json_ok(json!({
+                "kind": "APIVersions", "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
+            })),
+            ["apis"] => json_ok(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})),
+            ["api", "v1"] => json_ok(json!({
+                "kind": "APIResourceList", "groupVersion": "v1",
+                "resources": [
+                    {"name": "pods", "singularName": "pod", "namespaced": true, "kind": "Pod",
+                     "verbs": ["get", "list"], "shortNames": ["po"], "categories": ["all"]},
+                    {"name": "pods/log", "singularName": "", "namespaced": true, "kind": "Pod",
+                     "verbs": ["get"]},
+                ],
+            })),
+            ["api", "v1", "pods"] => self.list(self.pods_of(None), as_table),
+            ["api", "v1", "namespaces", ns, "pods"] => self.list(self.pods_of(Some(ns)), as_table),
+            ["api", "v1", "namespaces", ns, "pods", name] => match self.find_pod(ns, name) {
+                Some((_, p)) if as_table => self.table(vec![p]),
+                Some((_, p)) => json_ok(p),
+                None => proxy_error(StatusCode::NOT_FOUND, &format!("pods \"{name}\" not found")),
+            },
+            ["api", "v1", "namespaces", ns, "pods", name, "log"] => {
+                let Some((id, pod)) = self.find_pod(ns, name) else {
+                    return proxy_error(
+                        StatusCode::NOT_FOUND,
+                        &format!("pods \"{name}\" not found"),
+                    );
+                };
+                let containers: Vec<String> = pod["spec"]["containers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c["name"].as_str().map(str::to_string))
+                    .collect();
+                let container = match (param("container"), containers.as_slice()) {
+                    (Some(c), _) if containers.iter().any(|x| x == c) => c.to_string(),
+                    (Some(c), _) => {
+                        return proxy_error(
+                            StatusCode::BAD_REQUEST,
+                            &format!("container {c} is not valid for pod {name}"),
+                        );
+                    }
+                    (None, [one]) => one.clone(),
+                    (None, _) => {
+                        return proxy_error(
+                            StatusCode::BAD_REQUEST,
+                            &format!(
+                                "a container name must be specified for pod {name}, choose one of: {containers:?}"
+                            ),
+                        );
+                    }
+                };
+                self.logs(
+                    state,
+                    id,
+                    name,
+                    &container,
+                    param("follow") == Some("true"),
+                    param("tailLines").and_then(|n| n.parse().ok()),
+                )
+            }
+            _ => proxy_error(
+                StatusCode::NOT_FOUND,
+                &format!("the simulated member does not serve {path}"),
+            ),
+        }
+    }
+
+    fn list(&self, pods: Vec<Value>, as_table: bool) -> http::Response<ProxyBody> {
+        if as_table {
+            return self.table(pods);
+        }
+        let body = json!({
+            "kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": ""},
+            "items": pods,
+        });
+        proxy_answer(StatusCode::OK, "application/json", body.to_string())
+    }
+
+    /// Pods as kubectl's server-side printing asks for them.
+    fn table(&self, pods: Vec<Value>) -> http::Response<ProxyBody> {
+        let col = |name: &str, priority: i64| {
+            json!({"name": name, "type": "string", "format": if name == "Name" {"name"} else {""},
+                   "description": "", "priority": priority})
+        };
+        let rows: Vec<Value> = pods
+            .into_iter()
+            .map(|p| {
+                let statuses = p["status"]["containerStatuses"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                let ready = statuses.iter().filter(|s| s["ready"] == true).count();
+                let started = p["status"]["startTime"]
+                    .as_str()
+                    .and_then(|t| t.parse::<Time>().ok())
+                    .map(|t| Time::now().seconds_since(t))
+                    .unwrap_or(0);
+                json!({
+                    "cells": [
+                        p["metadata"]["name"], format!("{ready}/{}", statuses.len()),
+                        p["status"]["phase"], "0", age(started), p["status"]["podIP"],
+                        p["spec"]["nodeName"],
+                    ],
+                    "object": {
+                        "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                        "metadata": p["metadata"],
+                    },
+                })
+            })
+            .collect();
+        let body = json!({
+            "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": ""},
+            "columnDefinitions": [col("Name", 0), col("Ready", 0), col("Status", 0),
+                col("Restarts", 0), col("Age", 0), col("IP", 1), col("Node", 1)],
+            "rows": rows,
+        });
+        proxy_answer(StatusCode::OK, "application/json", body.to_string())
+    }
+
+    /// A pod's log: a line for each second it has lived (the last `tail` of them), then, when
+    /// followed, a line a second for as long as it lives.
+    fn logs(
+        &self,
+        state: &Arc<Mutex<State>>,
+        id: u64,
+        pod: &str,
+        container: &str,
+        follow: bool,
+        tail: Option<i64>,
+    ) -> http::Response<ProxyBody> {
+        let lived = {
+            let st = self.lock();
+            st.pods.get(&id).map(Self::pod_age).unwrap_or(0)
+        };
+        let start = Time::now().add_seconds(-lived);
+        let (pod, container) = (pod.to_string(), container.to_string());
+        let line = move |n: i64| {
+            format!(
+                "{} {container} {pod}: simulated log line {n}\n",
+                start.add_seconds(n)
+            )
+        };
+        let count = (lived + 1).min(MAX_LINES);
+        let first = (lived + 1 - tail.unwrap_or(count).clamp(0, count)).max(0);
+        let past: String = (first..=lived).map(&line).collect();
+        if !follow {
+            return proxy_answer(StatusCode::OK, "text/plain", past);
+        }
+        let state = state.clone();
+        let next = lived + 1;
+        let later = futures_util::stream::unfold(next, move |n| {
+            let state = state.clone();
+            let line = line.clone();
+            async move {
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                // The stream ends with the pod, as a member's does.
+                let alive = state
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .pods
+                    .get(&id)
+                    .is_some_and(|p| p.phase != Phase::Succeeded);
+                alive.then(|| {
+                    (
+                        Ok::<_, std::io::Error>(Frame::data(Bytes::from(line(n)))),
+                        n + 1,
+                    )
+                })
+            }
+        });
+        let first = futures_util::stream::once(async move {
+            Ok::<_, std::io::Error>(Frame::data(Bytes::from(past)))
+        });
+        let mut r = http::Response::new(
+            StreamBody::new(futures_util::StreamExt::chain(first, later)).boxed_unsync(),
+        );
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain"),
+        );
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_as_kubectl_prints_them() {
+        for (s, want) in [
+            (5, "5s"),
+            (119, "119s"),
+            (600, "10m"),
+            (7200, "2h"),
+            (200_000, "2d"),
+        ] {
+            assert_eq!(age(s), want);
+        }
+    }
+}

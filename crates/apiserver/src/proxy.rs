@@ -1,0 +1,304 @@
+//! The cluster proxy: a request to `/apis/multicluster.io/v1alpha1/clusters/<name>/proxy/<path>`
+//! reaches `<path>` on the member's API through a tunnel that the member's agent opened to
+//! this server, so a member behind NAT (pull mode) needs no inbound connection.
+//!
+//! The agent opens the tunnel with `POST .../clusters/<name>/tunnel` and `Upgrade:
+//! orrery-tunnel`; after the `101` the connection is a byte stream on which this server is the
+//! HTTP/2 client and the agent the server: each proxied request is one HTTP/2 stream, so many
+//! share the tunnel and a followed log streams as it comes. Push-mode members have their agent
+//! inside the server, which opens its tunnel the same way. Tunnels live in the replica the
+//! agent is connected to; another replica answers 503 for that cluster.
+//!
+//! Authorization: the verb of the request's method on `clusters/proxy` of that cluster (RBAC);
+//! the request reaches the member with the agent's credentials there, never the caller's token.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::TokioExecutor;
+
+use crate::app::App;
+use crate::auth::{Attributes, Identity};
+use crate::error::{ApiError, ApiResult};
+use crate::http::Body;
+
+/// The protocol an agent asks to upgrade its connection to.
+pub const TUNNEL_PROTOCOL: &str = "orrery-tunnel";
+const PREFIX: &str = "/apis/multicluster.io/v1alpha1/clusters/";
+/// The largest request body forwarded.
+const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// What a path asks of the proxy.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Target<'a> {
+    /// An agent opening its cluster's tunnel.
+    Tunnel(&'a str),
+    /// A request for `path` on the cluster's API.
+    Proxy { cluster: &'a str, path: &'a str },
+}
+
+/// The proxy's part of a path, if it is one.
+pub fn target(path: &str) -> Option<Target<'_>> {
+    let rest = path.strip_prefix(PREFIX)?;
+    let (cluster, sub) = rest.split_once('/')?;
+    if cluster.is_empty() {
+        return None;
+    }
+    match sub {
+        "tunnel" => Some(Target::Tunnel(cluster)),
+        "proxy" => Some(Target::Proxy { cluster, path: "/" }),
+        _ => {
+            let p = sub.strip_prefix("proxy")?;
+            p.starts_with('/')
+                .then_some(Target::Proxy { cluster, path: p })
+        }
+    }
+}
+
+type Sender = SendRequest<Full<Bytes>>;
+
+/// The tunnels open to this server, by cluster.
+#[derive(Debug, Default)]
+pub struct Tunnels {
+    open: std::sync::Mutex<HashMap<String, (u64, Sender)>>,
+    next: AtomicU64,
+}
+
+impl Tunnels {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Sender)>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps a cluster's new tunnel (in place of an older one); returns its id.
+    fn put(&self, cluster: &str, s: Sender) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(cluster.to_string(), (id, s));
+        id
+    }
+
+    /// Forgets tunnel `id` of a cluster (not a newer one).
+    fn remove(&self, cluster: &str, id: u64) {
+        let mut open = self.lock();
+        if open.get(cluster).is_some_and(|(i, _)| *i == id) {
+            open.remove(cluster);
+        }
+    }
+
+    fn get(&self, cluster: &str) -> Option<Sender> {
+        self.lock().get(cluster).map(|(_, s)| s.clone())
+    }
+
+    /// Whether a cluster's agent has a tunnel open here.
+    pub fn has(&self, cluster: &str) -> bool {
+        self.lock().contains_key(cluster)
+    }
+}
+
+/// Headers that belong to one hop, not to the request or answer proxied.
+fn hop_by_hop(name: &http::HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+            | "content-length"
+    )
+}
+
+fn verb_of(m: &http::Method) -> &'static str {
+    match m.as_str() {
+        "POST" => "create",
+        "PUT" => "update",
+        "PATCH" => "patch",
+        "DELETE" => "delete",
+        _ => "get",
+    }
+}
+
+/// Serves a tunnel or proxy request.
+pub async fn serve<B>(
+    app: &Arc<App>,
+    who: &Identity,
+    target: Target<'_>,
+    mut req: Request<B>,
+) -> ApiResult<Response<Body>>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    match target {
+        Target::Tunnel(cluster) => {
+            if !matches!(who, Identity::Cluster { name } if name == cluster) {
+                return Err(ApiError::forbidden(format!(
+                    "only the agent of cluster {cluster} may open its tunnel"
+                )));
+            }
+            let asks = req
+                .headers()
+                .get(http::header::UPGRADE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.eq_ignore_ascii_case(TUNNEL_PROTOCOL));
+            if !asks {
+                return Err(ApiError::bad_request(format!(
+                    "a tunnel is opened with Upgrade: {TUNNEL_PROTOCOL}"
+                )));
+            }
+            let upgrade = hyper::upgrade::on(&mut req);
+            let app = app.clone();
+            let cluster = cluster.to_string();
+            tokio::spawn(async move {
+                let io = match upgrade.await {
+                    Ok(io) => io,
+                    Err(e) => {
+                        tracing::debug!(%cluster, error = %e, "the tunnel's upgrade failed");
+                        return;
+                    }
+                };
+                let (send, conn) =
+                    match hyper::client::conn::http2::Builder::new(TokioExecutor::new())
+                        .handshake(io)
+                        .await
+                    {
+                        Ok(x) => x,
+                        Err(e) => {
+                            tracing::debug!(%cluster, error = %e, "the tunnel's handshake failed");
+                            return;
+                        }
+                    };
+                let id = app.tunnels.put(&cluster, send);
+                tracing::info!(%cluster, "cluster proxy tunnel open");
+                let mut shutdown = app.shutdown.clone();
+                tokio::select! {
+                    r = conn => if let Err(e) = r {
+                        tracing::debug!(%cluster, error = %e, "the tunnel ended");
+                    },
+                    _ = shutdown.changed() => {}
+                }
+                app.tunnels.remove(&cluster, id);
+                tracing::info!(%cluster, "cluster proxy tunnel closed");
+            });
+            let mut r = Response::new(crate::http::full(Bytes::new()));
+            *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+            r.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("Upgrade"),
+            );
+            r.headers_mut().insert(
+                http::header::UPGRADE,
+                http::HeaderValue::from_static(TUNNEL_PROTOCOL),
+            );
+            Ok(r)
+        }
+        Target::Proxy { cluster, path } => {
+            app.authz.authorize(
+                who,
+                &Attributes {
+                    verb: verb_of(req.method()),
+                    group: "multicluster.io",
+                    resource: "clusters",
+                    subresource: Some("proxy"),
+                    namespace: None,
+                    name: Some(cluster),
+                },
+            )?;
+            if req.headers().contains_key(http::header::UPGRADE) {
+                return Err(ApiError::bad_request(
+                    "the cluster proxy does not carry upgraded connections (exec, attach, port-forward) yet",
+                ));
+            }
+            let Some(mut send) = app.tunnels.get(cluster) else {
+                return Err(ApiError::service_unavailable(format!(
+                    "cluster {cluster} has no tunnel to this server: its agent is not connected, or is connected to another replica"
+                )));
+            };
+            let (parts, body) = req.into_parts();
+            let body = http_body_util::Limited::new(body, MAX_BODY)
+                .collect()
+                .await
+                .map_err(|_| ApiError::too_large(MAX_BODY))?
+                .to_bytes();
+            let uri = match parts.uri.query() {
+                Some(q) => format!("{path}?{q}"),
+                None => path.to_string(),
+            };
+            let mut out = Request::builder().method(parts.method.clone()).uri(uri);
+            for (k, v) in &parts.headers {
+                if !hop_by_hop(k) && k != http::header::AUTHORIZATION {
+                    out = out.header(k, v);
+                }
+            }
+            let out = out
+                .body(Full::new(body))
+                .map_err(|e| ApiError::bad_request(e.to_string()))?;
+            let unavailable = |e: hyper::Error| {
+                ApiError::service_unavailable(format!("the tunnel to cluster {cluster}: {e}"))
+            };
+            send.ready().await.map_err(unavailable)?;
+            let answer = send.send_request(out).await.map_err(unavailable)?;
+            let (parts, incoming) = answer.into_parts();
+            // The answer streams through as it comes (a followed log); an error ends it.
+            let frames = futures_util::stream::unfold(Some(incoming), |state| async move {
+                let mut b = state?;
+                match b.frame().await {
+                    Some(Ok(f)) => Some((Ok::<Frame<Bytes>, std::convert::Infallible>(f), Some(b))),
+                    _ => None,
+                }
+            });
+            let mut r = Response::new(StreamBody::new(frames).boxed());
+            *r.status_mut() = parts.status;
+            for (k, v) in &parts.headers {
+                if !hop_by_hop(k) {
+                    r.headers_mut().append(k, v.clone());
+                }
+            }
+            Ok(r)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_of_the_proxy() {
+        let p = "/apis/multicluster.io/v1alpha1/clusters/";
+        let cases = [
+            (format!("{p}a/tunnel"), Some(Target::Tunnel("a"))),
+            (
+                format!("{p}a/proxy"),
+                Some(Target::Proxy {
+                    cluster: "a",
+                    path: "/",
+                }),
+            ),
+            (
+                format!("{p}east-1/proxy/api/v1/namespaces/default/pods"),
+                Some(Target::Proxy {
+                    cluster: "east-1",
+                    path: "/api/v1/namespaces/default/pods",
+                }),
+            ),
+            (format!("{p}a/status"), None),
+            (format!("{p}a/proxyx"), None),
+            (format!("{p}a"), None),
+            (format!("{p}/proxy"), None),
+            ("/api/v1/pods".to_string(), None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(target(&path), want, "{path}");
+        }
+    }
+}
