@@ -338,6 +338,30 @@ fn push_mode_drives_a_reachable_member_without_an_agent() {
                 .success()
         },
     );
+    // The cluster proxy reaches the member's API with the member's credentials (the server's
+    // own agent for it keeps a tunnel, as a pull-mode agent does).
+    let mut nodes = String::new();
+    eventually(
+        Duration::from_secs(15),
+        "m2's nodes through the proxy",
+        || {
+            let out = s.kubectl(&[
+                "get",
+                "--raw",
+                "/apis/multicluster.io/v1alpha1/clusters/m2/proxy/api/v1/nodes",
+            ]);
+            nodes = String::from_utf8_lossy(&out.stdout).into_owned();
+            out.status.success()
+        },
+    );
+    let nodes: Value = serde_json::from_str(&nodes).unwrap();
+    let names: Vec<&str> = nodes["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["n1", "n2", "n3"]);
     // An agent cannot take a Push cluster over.
     let token = s.token("m2");
     let mut a = Agent::start(

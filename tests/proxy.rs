@@ -39,6 +39,23 @@ fn kubectl_reaches_a_pull_mode_members_pods_and_logs_through_the_proxy() {
             == 2
     });
 
+    // The control plane runs no pods: kubectl logs of the template says where they are.
+    let out = f.s.kubectl(&[
+        "logs",
+        "deploy/web",
+        "-n",
+        "default",
+        "--pod-running-timeout=2s",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "pods run in member clusters, not in the control plane: Deployment default/web in a;"
+        ) && err.contains("orrery kubeconfig --cluster a"),
+        "{err}"
+    );
+
     // A kubeconfig for a's API, from the control plane's.
     let kc = f.s.dir.join("a.kubeconfig");
     let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
@@ -164,11 +181,55 @@ fn kubectl_reaches_a_pull_mode_members_pods_and_logs_through_the_proxy() {
         err.contains("cluster x has no tunnel to this server"),
         "{err}"
     );
-    // Upgrades (exec, port-forward) are refused, saying so.
-    let out = kubectl_with(&f, &kc, &["exec", "-n", "default", &pod, "--", "true"]);
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("does not carry upgraded connections"), "{err}");
+    // exec: a WebSocket upgraded through the tunnel to the member's shell.
+    let exec = |args: &[&str], stdin: &str| {
+        use std::io::Write;
+        let home = f.s.dir.join("proxy-home");
+        let mut c = Command::new("kubectl")
+            .args(["exec", "-n", "default"])
+            .args(args)
+            .env("KUBECONFIG", &kc)
+            .env("HOME", &home)
+            .env("KUBECACHEDIR", &home)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        c.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+        c.wait_with_output().unwrap()
+    };
+    let out = exec(&[&pod, "--", "echo", "hello", "world"], "");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello world\n");
+    let out = exec(&[&pod, "--", "hostname"], "");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), pod);
+    let out = exec(&["-i", &pod, "--", "cat"], "abc\ndef\n");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "abc\ndef\n");
+    let out = exec(&[&pod, "--", "false"], "");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = exec(&["-i", &pod, "--", "sh"], "echo hi\nhostname\nexit 3\n");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), format!("hi\n{pod}\n"));
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     // RBAC on clusters/proxy: a user with no role is refused; one bound to a role that
     // grants the proxy of a (and only a) gets through to a.

@@ -1521,11 +1521,19 @@ async fn tunnel_loop(inner: &Arc<Inner>, t: &Transport) -> End {
             Ok(io) => {
                 wait = Duration::from_secs(1);
                 let backend = inner.backend.clone();
-                let service =
-                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                let service = hyper::service::service_fn(
+                    move |mut req: http::Request<hyper::body::Incoming>| {
                         let backend = backend.clone();
                         async move {
                             use http_body_util::BodyExt;
+                            // A WebSocket upgrade, as HTTP/2 carries it (extended CONNECT).
+                            if req.method() == http::Method::CONNECT
+                                && req.extensions().get::<hyper::ext::Protocol>().is_some()
+                            {
+                                let upgrade = hyper::upgrade::on(&mut req);
+                                let (parts, _) = req.into_parts();
+                                return Ok(backend.proxy_upgrade(parts, upgrade).await);
+                            }
                             let (parts, body) = req.into_parts();
                             let body = match body.collect().await {
                                 Ok(b) => b.to_bytes(),
@@ -1540,10 +1548,12 @@ async fn tunnel_loop(inner: &Arc<Inner>, t: &Transport) -> End {
                             };
                             Ok(backend.proxy(http::Request::from_parts(parts, body)).await)
                         }
-                    });
+                    },
+                );
                 tracing::info!(cluster = %inner.cfg.cluster, "cluster proxy tunnel open");
                 let served =
                     hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .enable_connect_protocol()
                         .serve_connection(io, service)
                         .await;
                 if let Err(e) = served {

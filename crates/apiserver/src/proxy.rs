@@ -21,7 +21,7 @@ use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper::client::conn::http2::SendRequest;
-use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use crate::app::App;
 use crate::auth::{Attributes, Identity};
@@ -213,16 +213,14 @@ where
                     name: Some(cluster),
                 },
             )?;
-            if req.headers().contains_key(http::header::UPGRADE) {
-                return Err(ApiError::bad_request(
-                    "the cluster proxy does not carry upgraded connections (exec, attach, port-forward) yet",
-                ));
-            }
             let Some(mut send) = app.tunnels.get(cluster) else {
                 return Err(ApiError::service_unavailable(format!(
                     "cluster {cluster} has no tunnel to this server: its agent is not connected, or is connected to another replica"
                 )));
             };
+            if req.headers().contains_key(http::header::UPGRADE) {
+                return upgrade(cluster, path, req, send).await;
+            }
             let (parts, body) = req.into_parts();
             let body = http_body_util::Limited::new(body, MAX_BODY)
                 .collect()
@@ -268,6 +266,173 @@ where
     }
 }
 
+/// The kinds whose pods run in member clusters, never in the control plane: (group, kind,
+/// plural).
+const WORKLOADS: &[(&str, &str, &str)] = &[
+    ("apps", "Deployment", "deployments"),
+    ("apps", "StatefulSet", "statefulsets"),
+    ("apps", "DaemonSet", "daemonsets"),
+    ("apps", "ReplicaSet", "replicasets"),
+    ("batch", "Job", "jobs"),
+];
+
+/// What to tell someone who lists the control plane's pods by a selector that a propagated
+/// workload's pods match (`kubectl logs deploy/web` does, then waits 20 s for a pod that
+/// never comes): where they run, and how to reach them. `None` when no workload matches.
+pub async fn pods_elsewhere(app: &App, namespace: &str, selector: &str) -> Option<String> {
+    let sel = orrery_api::labels::Selector::parse(selector).ok()?;
+    let bindings = app
+        .store
+        .list(
+            &orrery_api::keys::well_known::bindings(Some(namespace)),
+            &Default::default(),
+        )
+        .await
+        .ok()?;
+    let mut found: Vec<(String, Vec<String>)> = Vec::new();
+    for b in &bindings.items {
+        let Some(spec) = orrery_api::binding::BindingSpec::of(b) else {
+            continue;
+        };
+        let r = &spec.resource;
+        let group = r.api_version.split_once('/').map_or("", |(g, _)| g);
+        let Some((_, _, plural)) = WORKLOADS
+            .iter()
+            .find(|(g, k, _)| *g == group && *k == r.kind)
+        else {
+            continue;
+        };
+        let key = orrery_api::keys::object(group, plural, Some(namespace), &r.name);
+        let Ok(t) = app.store.get(&key).await else {
+            continue;
+        };
+        let labels: std::collections::BTreeMap<String, String> = t
+            .spec
+            .as_ref()
+            .and_then(|s| s.pointer("/template/metadata/labels"))
+            .and_then(|l| serde_json::from_value(l.clone()).ok())
+            .unwrap_or_default();
+        let clusters: Vec<String> = spec.clusters.iter().map(|c| c.name.clone()).collect();
+        if !labels.is_empty() && sel.matches(&labels) && !clusters.is_empty() {
+            found.push((format!("{} {namespace}/{}", r.kind, r.name), clusters));
+        }
+    }
+    let first = found.first()?.1.first()?.clone();
+    let what: Vec<String> = found
+        .iter()
+        .map(|(w, cs)| format!("{w} in {}", cs.join(", ")))
+        .collect();
+    Some(format!(
+        "pods run in member clusters, not in the control plane: {}; reach them through the cluster proxy: orrery kubeconfig --cluster {first} -o {first}.kubeconfig && kubectl --kubeconfig {first}.kubeconfig get pods -n {namespace}",
+        what.join("; ")
+    ))
+}
+
+/// The namespace of a request to list its pods (`/api/v1/namespaces/<ns>/pods`).
+pub fn pods_list_namespace(path: &str) -> Option<&str> {
+    path.strip_prefix("/api/v1/namespaces/")?
+        .strip_suffix("/pods")
+        .filter(|ns| !ns.is_empty() && !ns.contains('/'))
+}
+
+/// A WebSocket upgrade (kubectl's exec, attach and port-forward since 1.30/1.31) carried
+/// through the tunnel as an HTTP/2 extended CONNECT (RFC 8441): the agent answers it, and once
+/// both sides are upgraded the bytes flow between the caller and the agent unchanged.
+async fn upgrade<B>(
+    cluster: &str,
+    path: &str,
+    mut req: Request<B>,
+    mut send: Sender,
+) -> ApiResult<Response<Body>>
+where
+    B: hyper::body::Body<Data = Bytes>,
+{
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let websocket = header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
+    let Some(key) = header("sec-websocket-key").filter(|_| websocket) else {
+        return Err(ApiError::bad_request(
+            "the cluster proxy carries WebSocket upgrades only (kubectl 1.30 or newer uses them for exec and attach, 1.31 for port-forward)",
+        ));
+    };
+    let uri = match req.uri().query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    let mut out = Request::builder().method(http::Method::CONNECT).uri(uri);
+    for (k, v) in req.headers() {
+        if !hop_by_hop(k) && k != http::header::AUTHORIZATION && k.as_str() != "sec-websocket-key" {
+            out = out.header(k, v);
+        }
+    }
+    let mut out = out
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    out.extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let unavailable = |e: hyper::Error| {
+        ApiError::service_unavailable(format!("the tunnel to cluster {cluster}: {e}"))
+    };
+    send.ready().await.map_err(unavailable)?;
+    let mut answer = send.send_request(out).await.map_err(unavailable)?;
+    if answer.status() != StatusCode::OK {
+        // The member's refusal (a Status), as it is.
+        let (parts, body) = answer.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        let mut r = Response::new(crate::http::full(body));
+        *r.status_mut() = parts.status;
+        for (k, v) in &parts.headers {
+            if !hop_by_hop(k) {
+                r.headers_mut().append(k, v.clone());
+            }
+        }
+        return Ok(r);
+    }
+    let theirs = hyper::upgrade::on(&mut answer);
+    let ours = hyper::upgrade::on(&mut req);
+    let cluster_name = cluster.to_string();
+    tokio::spawn(async move {
+        let (a, b) = match (ours.await, theirs.await) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!(cluster = %cluster_name, error = %e, "a proxied upgrade failed");
+                return;
+            }
+        };
+        let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));
+        if let Err(e) = tokio::io::copy_bidirectional(&mut a, &mut b).await {
+            tracing::debug!(cluster = %cluster_name, error = %e, "a proxied stream ended");
+        }
+    });
+    let mut r = Response::new(crate::http::full(Bytes::new()));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    let h = r.headers_mut();
+    h.insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("Upgrade"),
+    );
+    h.insert(
+        http::header::UPGRADE,
+        http::HeaderValue::from_static("websocket"),
+    );
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    if let Ok(v) = http::HeaderValue::from_str(&accept) {
+        h.insert(http::header::SEC_WEBSOCKET_ACCEPT, v);
+    }
+    if let Some(p) = answer.headers().get(http::header::SEC_WEBSOCKET_PROTOCOL) {
+        h.insert(http::header::SEC_WEBSOCKET_PROTOCOL, p.clone());
+    }
+    Ok(r)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +464,20 @@ mod tests {
         ];
         for (path, want) in cases {
             assert_eq!(target(&path), want, "{path}");
+        }
+    }
+
+    #[test]
+    fn lists_of_pods_by_namespace() {
+        let cases = [
+            ("/api/v1/namespaces/default/pods", Some("default")),
+            ("/api/v1/namespaces/default/pods/web-0", None),
+            ("/api/v1/pods", None),
+            ("/api/v1/namespaces//pods", None),
+            ("/api/v1/namespaces/a/b/pods", None),
+        ];
+        for (path, want) in cases {
+            assert_eq!(pods_list_namespace(path), want, "{path}");
         }
     }
 }

@@ -273,8 +273,24 @@ impl App {
             Ok(w) => w,
             Err(e) => return Err((e, user)),
         };
+        // A list of pods that run in members: say where (kubectl prints warnings).
+        let elsewhere = match crate::proxy::pods_list_namespace(&path) {
+            Some(ns) if req.method() == Method::GET => {
+                match h::Query::parse(req.uri().query()).get("labelSelector") {
+                    Some(sel) => crate::proxy::pods_elsewhere(self, ns, sel).await,
+                    None => None,
+                }
+            }
+            _ => None,
+        };
         match self.dispatch(req, &who).await {
-            Ok(r) => {
+            Ok(mut r) => {
+                if let Some(w) = elsewhere {
+                    let text = format!("299 - \"{}\"", w.replace(['"', '\\'], "'"));
+                    if let Ok(v) = http::HeaderValue::from_str(&text) {
+                        r.headers_mut().append(http::header::WARNING, v);
+                    }
+                }
                 let r = match watch {
                     Some(w) => r.map(|b| {
                         use http_body_util::BodyExt;

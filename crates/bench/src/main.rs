@@ -21,6 +21,7 @@ mod ha;
 mod inproc;
 mod members;
 mod propagation;
+mod proxy;
 mod quality;
 mod rbac;
 mod scheduler;
@@ -113,6 +114,17 @@ enum Command {
         /// Ask this DNS server (an `orrery agent --dns-listen`) instead.
         #[arg(long)]
         addr: Option<std::net::SocketAddr>,
+    },
+    /// The cluster proxy: latency added by the tunnel through a member's agent.
+    ProxyLatency {
+        #[arg(long, default_value_t = 2000)]
+        requests: usize,
+        #[arg(long, default_value_t = 20)]
+        pods: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
     /// Multi-cluster services: from a pod starting in an exporting member to its
     /// EndpointSlice applied in every consuming member.
@@ -779,6 +791,20 @@ fn main() -> anyhow::Result<()> {
                 checks,
                 runs,
             } => rbac::decisions(bindings, checks, runs),
+            Command::ProxyLatency {
+                requests,
+                pods,
+                server_bin,
+                dir,
+            } => {
+                proxy::latency(proxy::Args {
+                    requests,
+                    pods,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
             Command::McsPropagation {
                 clusters,
                 rounds,

@@ -159,6 +159,21 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         )
     }
 
+    /// Answers a WebSocket upgrade that came through the cluster proxy (exec, attach,
+    /// port-forward): `200` and the subprotocol chosen, then the stream `upgrade` brings is
+    /// the WebSocket's (client frames masked, as RFC 6455 has them). `req` is the request's
+    /// head, its path the member API's.
+    async fn proxy_upgrade(
+        &self,
+        _req: http::request::Parts,
+        _upgrade: hyper::upgrade::OnUpgrade,
+    ) -> http::Response<ProxyBody> {
+        proxy_error(
+            http::StatusCode::NOT_IMPLEMENTED,
+            "this member does not answer upgraded requests through the cluster proxy",
+        )
+    }
+
     /// Changes when object states may have changed, so the agent re-reads and reports them.
     fn changed(&self) -> tokio::sync::watch::Receiver<u64>;
 }
@@ -192,6 +207,7 @@ pub fn proxy_error(status: http::StatusCode, message: &str) -> http::Response<Pr
         400 => "BadRequest",
         405 => "MethodNotAllowed",
         501 => "NotImplemented",
+        502 => "BadGateway",
         _ => "ServiceUnavailable",
     };
     let body = serde_json::json!({

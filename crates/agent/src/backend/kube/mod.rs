@@ -995,10 +995,64 @@ impl Backend for KubeMember {
         }))
     }
 
+    async fn proxy_upgrade(
+        &self,
+        parts: http::request::Parts,
+        upgrade: hyper::upgrade::OnUpgrade,
+    ) -> http::Response<super::ProxyBody> {
+        use tokio_tungstenite::tungstenite::handshake::client::generate_key;
+        // The member's API is asked over HTTP/1.1 (Upgrade: websocket, a key of our own);
+        // once it switches, the two streams are joined.
+        let mut req = http::Request::get(parts.uri.clone())
+            .header(http::header::CONNECTION, "Upgrade")
+            .header(http::header::UPGRADE, "websocket")
+            .header(http::header::SEC_WEBSOCKET_VERSION, "13")
+            .header(http::header::SEC_WEBSOCKET_KEY, generate_key());
+        if let Some(p) = parts.headers.get(http::header::SEC_WEBSOCKET_PROTOCOL) {
+            req = req.header(http::header::SEC_WEBSOCKET_PROTOCOL, p);
+        }
+        let req = match req.body(kube::client::Body::empty()) {
+            Ok(r) => r,
+            Err(e) => return super::proxy_error(http::StatusCode::BAD_REQUEST, &e.to_string()),
+        };
+        let mut answer = match self.client.send(req).await {
+            Ok(a) => a,
+            Err(e) => {
+                return super::proxy_error(
+                    http::StatusCode::BAD_GATEWAY,
+                    &format!("the member's API: {e}"),
+                );
+            }
+        };
+        if answer.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+            use http_body_util::BodyExt;
+            return answer.map(|b| b.map_err(std::io::Error::other).boxed_unsync());
+        }
+        let member = hyper::upgrade::on(&mut answer);
+        tokio::spawn(async move {
+            if let (Ok(a), Ok(b)) = (upgrade.await, member.await) {
+                let (mut a, mut b) = (
+                    hyper_util::rt::TokioIo::new(a),
+                    hyper_util::rt::TokioIo::new(b),
+                );
+                let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+            }
+        });
+        let mut r = super::proxy_answer(http::StatusCode::OK, "application/octet-stream", "");
+        if let Some(p) = answer.headers().get(http::header::SEC_WEBSOCKET_PROTOCOL) {
+            r.headers_mut()
+                .insert(http::header::SEC_WEBSOCKET_PROTOCOL, p.clone());
+        }
+        r
+    }
+
     async fn proxy(&self, req: http::Request<bytes::Bytes>) -> http::Response<super::ProxyBody> {
         use http_body_util::BodyExt;
-        // The member's API with the agent's own credentials there.
-        match self.client.send(req.map(kube::client::Body::from)).await {
+        // The member's API with the agent's own credentials there, over the client's own
+        // HTTP version (the request came over the tunnel's HTTP/2).
+        let mut req = req.map(kube::client::Body::from);
+        *req.version_mut() = http::Version::default();
+        match self.client.send(req).await {
             Ok(r) => r.map(|b| b.map_err(std::io::Error::other).boxed_unsync()),
             Err(e) => super::proxy_error(
                 http::StatusCode::BAD_GATEWAY,

@@ -359,3 +359,233 @@ mod tests {
         }
     }
 }
+
+/// The channels of Kubernetes' WebSocket streaming protocol (`v4`/`v5.channel.k8s.io`): each
+/// binary message starts with its stream's number.
+mod channel {
+    pub const STDIN: u8 = 0;
+    pub const STDOUT: u8 = 1;
+    pub const STDERR: u8 = 2;
+    pub const ERROR: u8 = 3;
+    /// v5: a stream closed (the next byte says which).
+    pub const CLOSE: u8 = 255;
+}
+
+/// What one command of the simulated shell prints, and its exit code.
+fn builtin(words: &[String], pod: &str) -> (String, String, i32) {
+    let Some(cmd) = words.first() else {
+        return (String::new(), String::new(), 0);
+    };
+    let args = &words[1..];
+    match cmd.as_str() {
+        "echo" => (format!("{}\n", args.join(" ")), String::new(), 0),
+        "hostname" => (format!("{pod}\n"), String::new(), 0),
+        "pwd" => ("/\n".into(), String::new(), 0),
+        "true" | ":" => (String::new(), String::new(), 0),
+        "false" => (String::new(), String::new(), 1),
+        "env" => (
+            format!(
+                "HOSTNAME={pod}\nPATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n"
+            ),
+            String::new(),
+            0,
+        ),
+        other => (String::new(), format!("sh: {other}: not found\n"), 127),
+    }
+}
+
+/// The Status that ends an exec, as the kubelet sends it on the error channel.
+fn exit_status(code: i32) -> String {
+    if code == 0 {
+        return json!({"metadata": {}, "status": "Success"}).to_string();
+    }
+    json!({
+        "metadata": {}, "status": "Failure",
+        "message": format!("command terminated with non-zero exit code: error executing command [sh], exit code {code}"),
+        "reason": "NonZeroExitCode",
+        "details": {"causes": [{"reason": "ExitCode", "message": code.to_string()}]},
+    })
+    .to_string()
+}
+
+impl SimCluster {
+    /// Answers an exec into a pod with a small shell on the WebSocket: `echo`, `hostname`,
+    /// `pwd`, `env`, `true`, `false`, `cat` (stdin back on stdout), `sh -c "<line>"`, and
+    /// `sh` reading lines from stdin until `exit`.
+    pub(super) fn upgrade(
+        &self,
+        parts: &http::request::Parts,
+        upgrade: hyper::upgrade::OnUpgrade,
+    ) -> http::Response<ProxyBody> {
+        let path = parts.uri.path().trim_end_matches('/');
+        let segments: Vec<&str> = path.split('/').skip(1).collect();
+        let ["api", "v1", "namespaces", ns, "pods", name, "exec"] = segments.as_slice() else {
+            return proxy_error(
+                StatusCode::NOT_FOUND,
+                &format!("the simulated member does not serve {path} (exec only)"),
+            );
+        };
+        let Some((_, pod)) = self.find_pod(ns, name) else {
+            return proxy_error(StatusCode::NOT_FOUND, &format!("pods \"{name}\" not found"));
+        };
+        if pod["status"]["phase"] != "Running" {
+            return proxy_error(
+                StatusCode::BAD_REQUEST,
+                &format!("pod {name} is not running"),
+            );
+        }
+        let offered = parts
+            .headers
+            .get(http::header::SEC_WEBSOCKET_PROTOCOL)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        let offered: Vec<&str> = offered.split(',').map(str::trim).collect();
+        let Some(protocol) = ["v5.channel.k8s.io", "v4.channel.k8s.io"]
+            .into_iter()
+            .find(|p| offered.contains(p))
+        else {
+            return proxy_error(
+                StatusCode::BAD_REQUEST,
+                "the simulated member speaks v5.channel.k8s.io and v4.channel.k8s.io",
+            );
+        };
+        let query: Vec<(String, String)> =
+            form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes())
+                .into_owned()
+                .collect();
+        let argv: Vec<String> = query
+            .iter()
+            .filter(|(k, _)| k == "command")
+            .map(|(_, v)| v.clone())
+            .collect();
+        let pod_name = name.to_string();
+        tokio::spawn(async move {
+            let Ok(io) = upgrade.await else { return };
+            let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+                hyper_util::rt::TokioIo::new(io),
+                tokio_tungstenite::tungstenite::protocol::Role::Server,
+                None,
+            )
+            .await;
+            shell(ws, argv, &pod_name).await;
+        });
+        let mut r = proxy_answer(StatusCode::OK, "application/octet-stream", "");
+        r.headers_mut().insert(
+            http::header::SEC_WEBSOCKET_PROTOCOL,
+            http::HeaderValue::from_static(protocol),
+        );
+        r
+    }
+}
+
+/// Runs the simulated shell on an exec's WebSocket.
+async fn shell<S>(ws: tokio_tungstenite::WebSocketStream<S>, argv: Vec<String>, pod: &str)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let (mut tx, mut rx) = ws.split();
+    let frame = |ch: u8, data: &str| {
+        let mut b = Vec::with_capacity(data.len() + 1);
+        b.push(ch);
+        b.extend_from_slice(data.as_bytes());
+        Message::Binary(b.into())
+    };
+    // Stdin as it comes; `None` once it is closed.
+    let mut pending = String::new();
+    let mut stdin_open = true;
+    let mut code = 0;
+    let interactive = matches!(argv.as_slice(), [sh] if sh == "sh" || sh == "bash");
+    let one_line = match argv.as_slice() {
+        [sh, c, line] if (sh == "sh" || sh == "bash") && c == "-c" => Some(line.clone()),
+        _ => None,
+    };
+    if interactive || argv.first().is_some_and(|c| c == "cat") {
+        loop {
+            // Whole lines first (the shell), or whatever came (cat).
+            while let Some(i) = pending.find('\n').filter(|_| interactive) {
+                let line: String = pending.drain(..=i).collect();
+                let words: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+                if words.first().is_some_and(|w| w == "exit") {
+                    code = words.get(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+                    stdin_open = false;
+                    pending.clear();
+                    break;
+                }
+                let (out, err, c) = builtin(&words, pod);
+                code = c;
+                if !out.is_empty() && tx.send(frame(channel::STDOUT, &out)).await.is_err() {
+                    return;
+                }
+                if !err.is_empty() && tx.send(frame(channel::STDERR, &err)).await.is_err() {
+                    return;
+                }
+            }
+            if !interactive && !pending.is_empty() {
+                let out = std::mem::take(&mut pending);
+                if tx.send(frame(channel::STDOUT, &out)).await.is_err() {
+                    return;
+                }
+            }
+            if !stdin_open {
+                break;
+            }
+            match rx.next().await {
+                Some(Ok(Message::Binary(b))) => match b.first() {
+                    Some(&channel::STDIN) => pending.push_str(&String::from_utf8_lossy(&b[1..])),
+                    Some(&channel::CLOSE) if b.get(1) == Some(&channel::STDIN) => {
+                        stdin_open = false
+                    }
+                    _ => {}
+                },
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => stdin_open = false,
+                Some(Ok(_)) => {}
+            }
+        }
+    } else {
+        let words = match one_line {
+            Some(line) => line.split_whitespace().map(str::to_string).collect(),
+            None => argv.clone(),
+        };
+        let (out, err, c) = builtin(&words, pod);
+        code = c;
+        if !out.is_empty() && tx.send(frame(channel::STDOUT, &out)).await.is_err() {
+            return;
+        }
+        if !err.is_empty() && tx.send(frame(channel::STDERR, &err)).await.is_err() {
+            return;
+        }
+    }
+    let _ = tx.send(frame(channel::ERROR, &exit_status(code))).await;
+    // A normal closure: kubectl reads an abnormal one (no code) as an error of every stream.
+    let _ = tx
+        .send(Message::Close(Some(
+            tokio_tungstenite::tungstenite::protocol::CloseFrame {
+                code: tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode::Normal,
+                reason: "".into(),
+            },
+        )))
+        .await;
+    let _ = tx.close().await;
+}
+
+#[cfg(test)]
+mod shell_tests {
+    use super::*;
+
+    #[test]
+    fn the_shell_knows_a_few_commands() {
+        let w = |s: &str| s.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+        assert_eq!(builtin(&w("echo hello  world"), "p").0, "hello world\n");
+        assert_eq!(builtin(&w("hostname"), "web-0").0, "web-0\n");
+        assert_eq!(builtin(&w("false"), "p").2, 1);
+        let (out, err, code) = builtin(&w("rm -rf /"), "p");
+        assert_eq!(
+            (out.as_str(), err.as_str(), code),
+            ("", "sh: rm: not found\n", 127)
+        );
+        assert!(exit_status(0).contains("Success"));
+        assert!(exit_status(3).contains("\"message\":\"3\""));
+    }
+}

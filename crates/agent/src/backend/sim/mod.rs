@@ -2132,6 +2132,14 @@ impl Backend for SimCluster {
         self.answer(&self.state, &req)
     }
 
+    async fn proxy_upgrade(
+        &self,
+        req: http::request::Parts,
+        upgrade: hyper::upgrade::OnUpgrade,
+    ) -> http::Response<super::ProxyBody> {
+        self.upgrade(&req, upgrade)
+    }
+
     async fn apply(
         &self,
         manifest: &Value,
