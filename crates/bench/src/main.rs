@@ -18,6 +18,7 @@ mod dro;
 mod elastic;
 mod forecast;
 mod ha;
+mod hierarchy;
 mod inproc;
 mod members;
 mod propagation;
@@ -114,6 +115,15 @@ enum Command {
         /// Ask this DNS server (an `orrery agent --dns-listen`) instead.
         #[arg(long)]
         addr: Option<std::net::SocketAddr>,
+    },
+    /// Hierarchies: a Deployment at the root to ready, with two and with three levels.
+    HierarchyLatency {
+        #[arg(long, default_value_t = 20)]
+        rounds: usize,
+        #[arg(long, default_value_t = 4)]
+        replicas: i64,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
     },
     /// The cluster proxy: latency added by the tunnel through a member's agent.
     ProxyLatency {
@@ -791,6 +801,18 @@ fn main() -> anyhow::Result<()> {
                 checks,
                 runs,
             } => rbac::decisions(bindings, checks, runs),
+            Command::HierarchyLatency {
+                rounds,
+                replicas,
+                server_bin,
+            } => {
+                hierarchy::latency(hierarchy::Args {
+                    rounds,
+                    replicas,
+                    server_bin,
+                })
+                .await
+            }
             Command::ProxyLatency {
                 requests,
                 pods,

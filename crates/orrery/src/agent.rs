@@ -17,6 +17,13 @@ use orrery_agent::{AgentConfig, ClusterFacts, Stopped};
 
 use crate::server::parse_duration;
 
+/// The kind of member an agent with --kubeconfig drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum MemberBackend {
+    Kube,
+    Orrery,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
     /// The server's URL, e.g. https://orrery.example:6443; several replicas' URLs separated by
@@ -34,6 +41,11 @@ pub struct AgentArgs {
     /// A real member: the kubeconfig of its API.
     #[arg(long, conflicts_with_all = ["simulate", "simulate_fleet"])]
     pub kubeconfig: Option<PathBuf>,
+    /// What the member behind --kubeconfig is: a Kubernetes cluster (kube), or an Orrery
+    /// control plane of its own (orrery: it takes what it is sent as templates and divides
+    /// them among its members, and reports its fleet summed).
+    #[arg(long, value_enum, default_value_t = MemberBackend::Kube, requires = "kubeconfig")]
+    pub backend: MemberBackend,
     /// A simulated member: nodes=8,cpu=32,memory=128Gi,gpu=0,pods=110,load=0.3,profile=flat.
     #[arg(long, conflicts_with = "simulate_fleet")]
     pub simulate: Option<String>,
@@ -170,7 +182,12 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let backend: Arc<dyn Backend> = match (&args.kubeconfig, &args.simulate) {
         (Some(path), None) => {
             let client = orrery_client::from_kubeconfig(path).await?;
-            Arc::new(KubeMember::new(client))
+            match args.backend {
+                MemberBackend::Kube => Arc::new(KubeMember::new(client)),
+                MemberBackend::Orrery => {
+                    Arc::new(orrery_agent::backend::orrery::OrreryMember::new(client))
+                }
+            }
         }
         (None, Some(spec)) => {
             let spec: SimSpec = spec

@@ -11,6 +11,7 @@ use orrery_api::work::{Health, ResourceIdentifier};
 use serde_json::Value;
 
 pub mod kube;
+pub mod orrery;
 pub mod sim;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

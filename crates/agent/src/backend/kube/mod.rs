@@ -611,7 +611,7 @@ impl KubeMember {
             .map_err(|e| member_error(&format!("namespace {ns}"), e))
     }
 
-    async fn enablements(&self) -> Vec<ApiEnablement> {
+    pub(crate) async fn enablements(&self) -> Vec<ApiEnablement> {
         if let Some((at, e)) = &*self.enablements.lock().unwrap_or_else(|p| p.into_inner())
             && at.elapsed() < Duration::from_secs(300)
         {
