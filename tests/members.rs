@@ -171,6 +171,22 @@ fn three_agents_in_three_regions_become_ready_at_once() {
     });
     let profile = s.get_json(&["clusterprofile", "west", "-n", "orrery-system"]);
     assert_eq!(profile["spec"]["clusterManager"]["name"], "orrery");
+    // How a consumer (MultiKueue) reaches the member: the cluster proxy, with the server's CA.
+    let access = &profile["status"]["accessProviders"][0];
+    assert_eq!(access["name"], "orrery", "{profile:#}");
+    assert_eq!(
+        access["cluster"]["server"],
+        format!(
+            "{}/apis/multicluster.io/v1alpha1/clusters/west/proxy",
+            s.url
+        ),
+        "{profile:#}"
+    );
+    assert!(access["cluster"]["certificate-authority-data"].is_string());
+    assert_eq!(
+        profile["status"]["credentialProviders"],
+        profile["status"]["accessProviders"]
+    );
     assert_eq!(
         profile["status"]["version"]["kubernetes"],
         "v1.32.0+orrery-sim"

@@ -21,8 +21,46 @@ pub const NAMESPACE: &str = "orrery-system";
 pub const MANAGER_LABEL: &str = "x-k8s.io/cluster-manager";
 pub const MANAGER: &str = "orrery";
 
+/// How consumers reach members through Orrery: the server's URL and CA, for the profiles'
+/// access providers (the cluster proxy).
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    pub access: Option<Access>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Access {
+    /// The server's URL, e.g. `https://orrery.example:6443`.
+    pub server: String,
+    /// Its CA, PEM.
+    pub ca_pem: String,
+}
+
+impl Access {
+    /// The access provider of one cluster (KEP-4322: a name and a kubeconfig `cluster`): the
+    /// cluster proxy's endpoint and the server's CA. The credentials are the consumer's own.
+    pub fn provider(&self, cluster: &str) -> Value {
+        use base64::Engine;
+        json!({
+            "name": MANAGER,
+            "cluster": {
+                "server": format!(
+                    "{}/apis/multicluster.io/v1alpha1/clusters/{cluster}/proxy",
+                    self.server.trim_end_matches('/')
+                ),
+                "certificate-authority-data":
+                    base64::engine::general_purpose::STANDARD.encode(&self.ca_pem),
+            },
+        })
+    }
+}
+
 /// The ClusterProfile a Cluster calls for: (labels, spec, status).
-pub fn profile_of(c: &Object, previous: Option<&Object>) -> (Value, Value, Value) {
+pub fn profile_of(
+    c: &Object,
+    previous: Option<&Object>,
+    access: Option<&Access>,
+) -> (Value, Value, Value) {
     let spec = ClusterSpec::of(c);
     let st = ClusterStatus::of(c);
     let mut props: Vec<(String, String)> = st.properties.clone().into_iter().collect();
@@ -99,11 +137,18 @@ pub fn profile_of(c: &Object, previous: Option<&Object>) -> (Value, Value, Value
     conditions::set(&mut conds, joined, t);
     let labels = json!({ MANAGER_LABEL: MANAGER, "multicluster.io/cluster": c.name() });
     let spec = json!({ "displayName": c.name(), "clusterManager": { "name": MANAGER } });
-    let status = json!({
+    let mut status = json!({
         "version": { "kubernetes": st.kubernetes_version },
         "properties": properties,
         "conditions": conds,
     });
+    if let Some(a) = access {
+        // `accessProviders` (the KEP's name now) and `credentialProviders` (its name before,
+        // which consumers of earlier releases read).
+        let providers = json!([a.provider(c.name())]);
+        status["accessProviders"] = providers.clone();
+        status["credentialProviders"] = providers;
+    }
     (labels, spec, status)
 }
 
@@ -131,7 +176,12 @@ fn same_conditions(a: &Value, b: &Value) -> bool {
 /// profile rarely, so most events are settled without touching the store.
 type Known = HashMap<String, Object>;
 
-async fn sync_one(store: &dyn Store, c: &Object, known: &mut Known) -> Result<(), StoreError> {
+async fn sync_one(
+    store: &dyn Store,
+    c: &Object,
+    known: &mut Known,
+    access: Option<&Access>,
+) -> Result<(), StoreError> {
     let key = keys::well_known::cluster_profile(NAMESPACE, c.name());
     let current = match known.get(c.name()) {
         Some(o) => Some(o.clone()),
@@ -141,13 +191,14 @@ async fn sync_one(store: &dyn Store, c: &Object, known: &mut Known) -> Result<()
             Err(e) => return Err(e),
         },
     };
-    let (labels, spec, status) = profile_of(c, current.as_ref());
+    let (labels, spec, status) = profile_of(c, current.as_ref(), access);
     match current {
         Some(cur) => {
             let cur_status = cur.status.clone().unwrap_or(Value::Null);
             let unchanged = cur.spec.as_ref() == Some(&spec)
                 && cur_status.get("version") == status.get("version")
                 && cur_status.get("properties") == status.get("properties")
+                && cur_status.get("accessProviders") == status.get("accessProviders")
                 && same_conditions(
                     cur_status.get("conditions").unwrap_or(&Value::Null),
                     status.get("conditions").unwrap_or(&Value::Null),
@@ -240,7 +291,7 @@ fn profile_input(c: &Object) -> u64 {
     h.finish()
 }
 
-pub async fn run(store: Arc<dyn Store>, shutdown: watch::Receiver<bool>) {
+pub async fn run(store: Arc<dyn Store>, settings: Settings, shutdown: watch::Receiver<bool>) {
     let mut events = informer::spawn(store.clone(), keys::well_known::clusters(), shutdown);
     let mut known = Known::new();
     let mut last: HashMap<String, (u64, std::time::Instant)> = HashMap::new();
@@ -293,7 +344,8 @@ pub async fn run(store: Arc<dyn Store>, shutdown: watch::Receiver<bool>) {
                 continue;
             }
             last.insert(c.name().to_string(), (input, now));
-            if let Err(e) = sync_one(store.as_ref(), &c, &mut known).await {
+            if let Err(e) = sync_one(store.as_ref(), &c, &mut known, settings.access.as_ref()).await
+            {
                 tracing::warn!(cluster = c.name(), error = %e, "updating the ClusterProfile failed");
             }
         }
@@ -315,7 +367,7 @@ mod tests {
                                       {"type": "Joined", "status": "True", "reason": "AgentRegistered"}]}
         }))
         .unwrap();
-        let (labels, spec, status) = profile_of(&c, None);
+        let (labels, spec, status) = profile_of(&c, None, None);
         assert_eq!(labels[MANAGER_LABEL], "orrery");
         assert_eq!(spec["clusterManager"]["name"], "orrery");
         assert_eq!(status["version"]["kubernetes"], "v1.32.0");
@@ -347,7 +399,7 @@ mod tests {
         let mut old_status = status.clone();
         old_status["properties"][0]["lastObservedTime"] = json!("2020-01-01T00:00:00Z");
         prev.status = Some(old_status);
-        let (_, _, again) = profile_of(&c, Some(&prev));
+        let (_, _, again) = profile_of(&c, Some(&prev), None);
         assert_eq!(
             again["properties"][0]["lastObservedTime"],
             "2020-01-01T00:00:00Z"

@@ -50,6 +50,7 @@ pub struct Config {
     pub autoscaling: autoscaling::federated::Settings,
     pub services: services::Settings,
     pub quotas: quotas::Settings,
+    pub inventory: inventory::Settings,
     /// Per-controller figures on `/metrics`.
     pub metrics: Arc<runtime::metrics::ControllerMetrics>,
 }
@@ -67,7 +68,11 @@ pub fn spawn(
             cfg.metrics.clone(),
             shutdown.clone(),
         )),
-        tokio::spawn(inventory::run(store.clone(), shutdown.clone())),
+        tokio::spawn(inventory::run(
+            store.clone(),
+            cfg.inventory,
+            shutdown.clone(),
+        )),
         tokio::spawn(decisions::run(store.clone(), shutdown.clone())),
         tokio::spawn(services::run(store.clone(), cfg.services, shutdown.clone())),
         tokio::spawn(quotas::run(store.clone(), cfg.quotas, shutdown.clone())),

@@ -552,6 +552,12 @@ fn spawn_controllers(
             quotas: orrery_controllers::quotas::Settings {
                 interval: args.quota_interval,
             },
+            inventory: orrery_controllers::inventory::Settings {
+                access: Some(orrery_controllers::inventory::Access {
+                    server: m.url.clone(),
+                    ca_pem: m.ca_pem.clone(),
+                }),
+            },
             metrics: m.controllers.clone(),
         },
         shutdown.clone(),

@@ -471,6 +471,8 @@ fn cluster_profile() -> Value {
             "properties": { "type": "array", "items": { "type": "object", "required": ["name", "value"], "properties": {
                 "name": { "type": "string" }, "value": { "type": "string" },
                 "lastObservedTime": { "type": "string", "format": "date-time" } } } },
+            "accessProviders": providers("How to reach the cluster's API: Orrery's cluster proxy (a kubeconfig cluster: server and CA; the credentials are the consumer's own)."),
+            "credentialProviders": providers("The same as accessProviders, under the name earlier releases of the API used."),
         },
     });
     kind(
@@ -514,6 +516,29 @@ fn cluster_metrics() -> Value {
         json!({ "type": "object", "properties": {}, "description": "Nothing: the object is its status." }),
         Some(schema_of::<orrery_api::quota::MetricsStatus>()),
     )
+}
+
+fn providers(description: &str) -> Value {
+    json!({
+        "type": "array",
+        "description": description,
+        "items": {
+            "type": "object",
+            "required": ["name"],
+            "properties": {
+                "name": string("The provider's name."),
+                "cluster": {
+                    "type": "object",
+                    "description": "A kubeconfig cluster entry.",
+                    "properties": {
+                        "server": string("The API's URL."),
+                        "certificate-authority-data": string("The CA's PEM, base64."),
+                    },
+                    "x-kubernetes-preserve-unknown-fields": true,
+                },
+            },
+        },
+    })
 }
 
 fn service_export() -> Value {
