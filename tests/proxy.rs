@@ -172,13 +172,20 @@ fn kubectl_reaches_a_pull_mode_members_pods_and_logs_through_the_proxy() {
     );
     // What the cluster's ClusterProfile says of reaching it (KEP-4322 access providers, what
     // MultiKueue reads) works: the proxy's endpoint, with the server's CA.
-    let profile = f.s.get_json(&["clusterprofile", "a", "-n", "orrery-system", "-o", "json"]);
+    let profile =
+        f.s.get_json(&["clusterprofile", "a", "-n", "orrery-system", "-o", "json"]);
     let server = profile["status"]["accessProviders"][0]["cluster"]["server"]
         .as_str()
         .unwrap()
         .to_string();
-    let listed = f.s.ok(&["--server", &server, "get", "pods", "-n", "default", "-o", "name"]);
-    assert_eq!(listed.lines().filter(|l| l.starts_with("pod/web-")).count(), 2, "{listed}");
+    let listed = f.s.ok(&[
+        "--server", &server, "get", "pods", "-n", "default", "-o", "name",
+    ]);
+    assert_eq!(
+        listed.lines().filter(|l| l.starts_with("pod/web-")).count(),
+        2,
+        "{listed}"
+    );
 
     // A cluster without an agent (`--raw` takes the whole path: kubectl puts no prefix on it).
     let proxied = |cluster: &str| {

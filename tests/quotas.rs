@@ -308,3 +308,101 @@ fn claims_feed_kueue_queues_and_follow_capacity_down_but_never_below_admitted() 
         "{high:#}"
     );
 }
+
+/// Kueue's CRDs as JSON objects (for a simulated member's admin endpoint).
+fn crd_objects() -> Vec<Value> {
+    KUEUE_CRDS
+        .split("\n---\n")
+        .map(|doc| serde_saphyr::from_str::<Value>(doc).unwrap())
+        .collect()
+}
+
+#[test]
+fn queues_defined_here_run_in_the_kueue_cluster_and_its_admitted_usage_comes_back() {
+    let f = Fleet::start_with(
+        &[("a", "r1"), ("hub", "r1")],
+        &["--quota-interval", "1s", "--kueue-cluster", "hub"],
+    );
+    // Kueue runs in hub: its CRDs there (as installing Kueue makes them), and here.
+    for crd in crd_objects() {
+        let (code, body) = http(
+            "POST",
+            f.admin("hub"),
+            "/clusters/hub/objects",
+            &crd.to_string(),
+        );
+        assert_eq!(code, 201, "{body}");
+    }
+    f.s.apply(KUEUE_CRDS);
+    eventually(Duration::from_secs(20), "Kueue's kinds served", || {
+        f.s.kubectl(&["get", "clusterqueues"]).status.success()
+    });
+    f.s.apply(QUEUES);
+    let policy =
+        f.s.get_json(&["clusterpropagationpolicy", "orrery-kueue", "-o", "json"]);
+    assert_eq!(
+        policy["spec"]["placement"]["clusterAffinity"]["clusterNames"],
+        serde_json::json!(["hub"]),
+        "{policy:#}"
+    );
+    eventually(Duration::from_secs(30), "a's claim", || {
+        f.s.kubectl(&["get", "clusterresourceclaim", "a-resource-claim"])
+            .status
+            .success()
+    });
+    assign(
+        &f,
+        "a",
+        r#"[{"clusterQueueName": "high", "flavor": "on-demand", "resources": {"cpu": "16"}}]"#,
+    );
+    // The quota reaches the queue in hub.
+    let in_hub = |resource: &str| {
+        f.find("hub", "ClusterQueue", "high").and_then(|q| {
+            q["spec"]["resourceGroups"][0]["flavors"][0]["resources"]
+                .as_array()?
+                .iter()
+                .find(|r| r["name"] == resource)
+                .map(|r| {
+                    r["nominalQuota"]
+                        .as_str()
+                        .map(str::to_string)
+                        .unwrap_or(r["nominalQuota"].to_string())
+                })
+        })
+    };
+    eventually(Duration::from_secs(30), "high's quota in hub", || {
+        in_hub("cpu").as_deref() == Some("16")
+    });
+    assert!(f.find("hub", "ResourceFlavor", "on-demand").is_some());
+    // Kueue in hub admits 12 cores; the usage comes back to the queue defined here.
+    let usage = serde_json::json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue", "metadata": {"name": "high"},
+        "status": {"admittedWorkloads": 3, "flavorsUsage": [{"name": "on-demand", "resources": [
+            {"name": "cpu", "total": "12", "borrowed": "0"}, {"name": "memory", "total": "0", "borrowed": "0"}]}]},
+    });
+    let (code, body) = http(
+        "PUT",
+        f.admin("hub"),
+        "/clusters/hub/objects/status",
+        &usage.to_string(),
+    );
+    assert_eq!(code, 200, "{body}");
+    eventually(Duration::from_secs(30), "hub's usage here", || {
+        let q = f.s.get_json(&["clusterqueue", "high", "-o", "json"]);
+        q["status"]["flavorsUsage"][0]["resources"][0]["total"] == "12"
+    });
+    // a loses half its nodes: its share halves to 8, but the queue keeps the 12 admitted.
+    let (code, body) = http(
+        "PUT",
+        f.admin("a"),
+        "/clusters/a/faults",
+        r#"{"lostNodes": 2}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    eventually(
+        Duration::from_secs(30),
+        "the quota held at what hub admitted",
+        || quota(&f, "high", "on-demand", "cpu") == "12" && in_hub("cpu").as_deref() == Some("12"),
+    );
+    assert_eq!(applied(&claim(&f, "a")).0, "WaitingForWorkloads");
+}

@@ -177,6 +177,8 @@ fn mutations_are_logged_with_their_user_at_the_policys_level() {
             e["verb"] == "create"
                 && e["objectRef"]["resource"] == "clusters"
                 && e["objectRef"]["apiGroup"] == "multicluster.io"
+                // Not an agent's proxy tunnel (create on clusters/tunnel).
+                && e["objectRef"]["subresource"].is_null()
         })
         .unwrap_or_else(|| panic!("no create of a cluster from the DRO-DS call: {evs:#?}"));
     assert_eq!(created["user"]["username"], "admin");

@@ -33,6 +33,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::backend::sim::{Faults, SimCluster};
+use orrery_api::work::ResourceIdentifier;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -144,6 +145,26 @@ async fn handle(
                     },
                     Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid manifest: {e}")),
                 },
+                (&Method::PUT, ["objects", "status"]) => {
+                    // What a member's own controller writes into an object's status.
+                    match serde_json::from_slice::<Value>(&body) {
+                        Ok(o) => match ResourceIdentifier::of(0, &o) {
+                            Some(id) => {
+                                let status = o.get("status").cloned().unwrap_or(Value::Null);
+                                if sim.set_status(&id, status) {
+                                    reply(StatusCode::OK, o)
+                                } else {
+                                    error(StatusCode::NOT_FOUND, format!("no {}", id.describe()))
+                                }
+                            }
+                            None => error(
+                                StatusCode::BAD_REQUEST,
+                                "an object needs apiVersion, kind and metadata.name",
+                            ),
+                        },
+                        Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid object: {e}")),
+                    }
+                }
                 (&Method::PUT, ["faults"]) => match serde_json::from_slice::<FaultsBody>(&body) {
                     Ok(f) => {
                         sim.set_faults(Faults {

@@ -43,14 +43,44 @@ const COMPONENT: &str = "orrery-quotas";
 pub struct Settings {
     /// The least time between two capacity changes a claim follows.
     pub interval: Duration,
+    /// The member where Kueue runs, if not the control plane: the queues (and their flavors
+    /// and local queues) defined here are propagated to it by a ClusterPropagationPolicy
+    /// `orrery-kueue`, and their status (the usage Kueue admits) comes back as any template's.
+    pub kueue_cluster: Option<String>,
 }
 
 impl Default for Settings {
     fn default() -> Self {
         Settings {
             interval: Duration::from_secs(30),
+            kueue_cluster: None,
         }
     }
+}
+
+/// The policy that takes Kueue's objects to `--kueue-cluster`.
+pub const KUEUE_POLICY: &str = "orrery-kueue";
+const POLICY_OWNER: (&str, &str) = ("app.kubernetes.io/managed-by", COMPONENT);
+
+fn kueue_policy_key() -> String {
+    keys::object(
+        "policy.karmada.io",
+        "clusterpropagationpolicies",
+        None,
+        KUEUE_POLICY,
+    )
+}
+
+/// The spec of the policy that places Kueue's objects in `cluster`.
+pub fn kueue_policy_spec(cluster: &str) -> Value {
+    let kinds = ["ResourceFlavor", "ClusterQueue", "LocalQueue"];
+    json!({
+        "resourceSelectors": kinds
+            .iter()
+            .map(|k| json!({"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": k}))
+            .collect::<Vec<_>>(),
+        "placement": {"clusterAffinity": {"clusterNames": [cluster]}},
+    })
 }
 
 fn claim_key(name: &str) -> String {
@@ -115,6 +145,62 @@ impl Controller {
         }
     }
 
+    /// Keeps the policy for `--kueue-cluster` as the settings say: made or corrected when one
+    /// is named, removed (if it is ours) when none is.
+    async fn kueue_policy(&self) -> Result<(), StoreError> {
+        let key = kueue_policy_key();
+        let current = match self.store.get(&key).await {
+            Ok(o) => Some(o),
+            Err(StoreError::NotFound { .. }) => None,
+            Err(e) => return Err(e),
+        };
+        let ours =
+            |o: &Object| o.labels().get(POLICY_OWNER.0).map(String::as_str) == Some(POLICY_OWNER.1);
+        match (&self.settings.kueue_cluster, current) {
+            (Some(cluster), None) => {
+                let mut p = new_object(
+                    "policy.karmada.io/v1alpha1",
+                    "ClusterPropagationPolicy",
+                    None,
+                    KUEUE_POLICY,
+                );
+                p.metadata
+                    .labels
+                    .insert(POLICY_OWNER.0.to_string(), POLICY_OWNER.1.to_string());
+                p.spec = Some(kueue_policy_spec(cluster));
+                match self.store.create(&key, p).await {
+                    Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            (Some(cluster), Some(cur)) => {
+                let spec = kueue_policy_spec(cluster);
+                if !ours(&cur) || cur.spec.as_ref() == Some(&spec) {
+                    // Someone's own policy of that name is theirs to keep.
+                    return Ok(());
+                }
+                let mut next = cur;
+                next.spec = Some(spec);
+                let rev = next.revision();
+                match self.store.update(&key, next, rev).await {
+                    Ok(_) | Err(StoreError::Conflict { .. }) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            (None, Some(cur)) if ours(&cur) => {
+                match self
+                    .store
+                    .delete(&key, &orrery_store::Preconditions::default())
+                    .await
+                {
+                    Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+                    Err(e) => Err(e),
+                }
+            }
+            (None, _) => Ok(()),
+        }
+    }
+
     /// Creates what a member lacks: its ClusterMetrics, and its claim once its capacity is known.
     async fn ensure(&self, cluster: &Object) -> Result<(), StoreError> {
         if self.metrics.get("", cluster.name()).is_none() {
@@ -168,6 +254,7 @@ impl Controller {
             .filter(|c| live(c))
             .map(|c| (c.name().to_string(), c))
             .collect();
+        self.kueue_policy().await?;
         for c in clusters.values() {
             self.ensure(c).await?;
         }

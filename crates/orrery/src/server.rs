@@ -142,6 +142,11 @@ pub struct ServerArgs {
     /// followed at all.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub quota_interval: Duration,
+    /// The member cluster where Kueue runs, when not the control plane: the ResourceFlavors,
+    /// ClusterQueues and LocalQueues defined here (with the quotas ClusterResourceClaims
+    /// assign) are propagated to it, and the usage its Kueue admits comes back.
+    #[arg(long)]
+    pub kueue_cluster: Option<String>,
     /// Where the server answers clusterset DNS for the whole fleet (`<svc>.<ns>.svc.
     /// clusterset.local`, UDP and TCP), e.g. 127.0.0.1:5353; off by default.
     #[arg(long)]
@@ -551,6 +556,7 @@ fn spawn_controllers(
             },
             quotas: orrery_controllers::quotas::Settings {
                 interval: args.quota_interval,
+                kueue_cluster: args.kueue_cluster.clone(),
             },
             inventory: orrery_controllers::inventory::Settings {
                 access: Some(orrery_controllers::inventory::Access {

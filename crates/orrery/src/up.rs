@@ -228,6 +228,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         dns_listen: None,
         hpa_sync_period: Duration::from_secs(15),
         quota_interval: Duration::from_secs(30),
+        kueue_cluster: None,
         hpa_downscale_stabilization: Duration::from_secs(300),
         cluster_secret: None,
         cluster_secret_file: None,

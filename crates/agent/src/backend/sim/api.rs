@@ -478,6 +478,28 @@ impl SimCluster {
     }
 }
 
+/// One message of a stream: its channel's number, then the bytes.
+fn frame(ch: u8, data: &str) -> tokio_tungstenite::tungstenite::Message {
+    let mut b = Vec::with_capacity(data.len() + 1);
+    b.push(ch);
+    b.extend_from_slice(data.as_bytes());
+    tokio_tungstenite::tungstenite::Message::Binary(b.into())
+}
+
+/// Sends what a command printed; `false` once the client is gone.
+async fn say<S>(tx: &mut S, out: &str, err: &str) -> bool
+where
+    S: futures_util::Sink<tokio_tungstenite::tungstenite::Message> + Unpin,
+{
+    use futures_util::SinkExt;
+    for (ch, text) in [(channel::STDOUT, out), (channel::STDERR, err)] {
+        if !text.is_empty() && tx.send(frame(ch, text)).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
 /// Runs the simulated shell on an exec's WebSocket.
 async fn shell<S>(ws: tokio_tungstenite::WebSocketStream<S>, argv: Vec<String>, pod: &str)
 where
@@ -486,12 +508,6 @@ where
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
     let (mut tx, mut rx) = ws.split();
-    let frame = |ch: u8, data: &str| {
-        let mut b = Vec::with_capacity(data.len() + 1);
-        b.push(ch);
-        b.extend_from_slice(data.as_bytes());
-        Message::Binary(b.into())
-    };
     // Stdin as it comes; `None` once it is closed.
     let mut pending = String::new();
     let mut stdin_open = true;
@@ -515,10 +531,7 @@ where
                 }
                 let (out, err, c) = builtin(&words, pod);
                 code = c;
-                if !out.is_empty() && tx.send(frame(channel::STDOUT, &out)).await.is_err() {
-                    return;
-                }
-                if !err.is_empty() && tx.send(frame(channel::STDERR, &err)).await.is_err() {
+                if !say(&mut tx, &out, &err).await {
                     return;
                 }
             }
@@ -550,10 +563,7 @@ where
         };
         let (out, err, c) = builtin(&words, pod);
         code = c;
-        if !out.is_empty() && tx.send(frame(channel::STDOUT, &out)).await.is_err() {
-            return;
-        }
-        if !err.is_empty() && tx.send(frame(channel::STDERR, &err)).await.is_err() {
+        if !say(&mut tx, &out, &err).await {
             return;
         }
     }
@@ -567,6 +577,16 @@ where
             },
         )))
         .await;
+    // The closing handshake: the connection goes once the client has answered (dropped at
+    // once, what was still on its way through the tunnel could be lost).
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        while let Some(Ok(m)) = rx.next().await {
+            if m.is_close() {
+                break;
+            }
+        }
+    })
+    .await;
     let _ = tx.close().await;
 }
 

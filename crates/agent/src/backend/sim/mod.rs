@@ -945,6 +945,29 @@ impl SimCluster {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Writes an object's status as the member's own controller of its kind would (Kueue
+    /// writing a ClusterQueue's usage, say); `false` if the member has no such object.
+    pub fn set_status(&self, id: &ResourceIdentifier, status: Value) -> bool {
+        let key: Key = (
+            id.group.clone(),
+            id.kind.clone(),
+            id.namespace.clone(),
+            id.name.clone(),
+        );
+        {
+            let mut st = self.lock();
+            let Some(o) = st.objects.get_mut(&key) else {
+                return false;
+            };
+            if let Some(m) = o.manifest.as_object_mut() {
+                m.insert("status".into(), status);
+            }
+            st.touch(&key);
+        }
+        self.bump();
+        true
+    }
+
     fn bump(&self) {
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
     }
@@ -1208,9 +1231,12 @@ impl SimCluster {
             } else {
                 Vec::new()
             };
+            // Other kinds show what the member's own controllers wrote (an operator's
+            // custom resource; set through the admin endpoint here).
             let status = volumes
                 .first()
-                .map(|v| json!({"phase": "Bound", "capacity": {"storage": v.capacity}}));
+                .map(|v| json!({"phase": "Bound", "capacity": {"storage": v.capacity}}))
+                .or_else(|| obj.manifest.get("status").cloned());
             let endpoints = (key.0.is_empty() && key.1 == "Service")
                 .then(|| self.service_endpoints(st, &key.2, &obj.manifest))
                 .flatten();
@@ -2165,8 +2191,17 @@ impl Backend for SimCluster {
                     if existing.manifest.get("spec") != manifest.get("spec") {
                         existing.generation += 1;
                     }
-                    let changed = existing.manifest != *manifest;
-                    existing.manifest = manifest.clone();
+                    // An apply leaves the status alone, as an API server's does: what the
+                    // member's own controllers wrote there stays.
+                    let mut next = manifest.clone();
+                    if next.get("status").is_none()
+                        && let Some(s) = existing.manifest.get("status")
+                        && let Some(m) = next.as_object_mut()
+                    {
+                        m.insert("status".into(), s.clone());
+                    }
+                    let changed = existing.manifest != next;
+                    existing.manifest = next;
                     existing.shape = shape;
                     ("update", changed)
                 }
