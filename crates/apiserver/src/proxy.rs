@@ -227,43 +227,67 @@ where
                 .await
                 .map_err(|_| ApiError::too_large(MAX_BODY))?
                 .to_bytes();
-            let uri = match parts.uri.query() {
-                Some(q) => format!("{path}?{q}"),
-                None => path.to_string(),
-            };
-            let mut out = Request::builder().method(parts.method.clone()).uri(uri);
-            for (k, v) in &parts.headers {
-                if !hop_by_hop(k) && k != http::header::AUTHORIZATION {
-                    out = out.header(k, v);
-                }
-            }
-            let out = out
+            let out = to_member(path, &parts, &[])
+                .method(parts.method.clone())
                 .body(Full::new(body))
                 .map_err(|e| ApiError::bad_request(e.to_string()))?;
-            let unavailable = |e: hyper::Error| {
-                ApiError::service_unavailable(format!("the tunnel to cluster {cluster}: {e}"))
-            };
-            send.ready().await.map_err(unavailable)?;
-            let answer = send.send_request(out).await.map_err(unavailable)?;
-            let (parts, incoming) = answer.into_parts();
-            // The answer streams through as it comes (a followed log); an error ends it.
-            let frames = futures_util::stream::unfold(Some(incoming), |state| async move {
-                let mut b = state?;
-                match b.frame().await {
-                    Some(Ok(f)) => Some((Ok::<Frame<Bytes>, std::convert::Infallible>(f), Some(b))),
-                    _ => None,
-                }
-            });
-            let mut r = Response::new(StreamBody::new(frames).boxed());
-            *r.status_mut() = parts.status;
-            for (k, v) in &parts.headers {
-                if !hop_by_hop(k) {
-                    r.headers_mut().append(k, v.clone());
-                }
-            }
-            Ok(r)
+            Ok(relay(send_on(cluster, &mut send, out).await?))
         }
     }
+}
+
+/// A request for the member's API: `path` with the caller's query, and the caller's headers
+/// less the hop-by-hop ones, its credentials and `skip`.
+fn to_member(
+    path: &str,
+    parts: &http::request::Parts,
+    skip: &[http::HeaderName],
+) -> http::request::Builder {
+    let uri = match parts.uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    let mut out = Request::builder().uri(uri);
+    for (k, v) in &parts.headers {
+        if !hop_by_hop(k) && k != http::header::AUTHORIZATION && !skip.contains(k) {
+            out = out.header(k, v);
+        }
+    }
+    out
+}
+
+/// Sends one request on a cluster's tunnel.
+async fn send_on(
+    cluster: &str,
+    send: &mut Sender,
+    req: Request<Full<Bytes>>,
+) -> ApiResult<Response<hyper::body::Incoming>> {
+    let unavailable = |e: hyper::Error| {
+        ApiError::service_unavailable(format!("the tunnel to cluster {cluster}: {e}"))
+    };
+    send.ready().await.map_err(unavailable)?;
+    send.send_request(req).await.map_err(unavailable)
+}
+
+/// The member's answer as it comes (a followed log streams; an error ends it), without its
+/// hop-by-hop headers.
+fn relay(answer: Response<hyper::body::Incoming>) -> Response<Body> {
+    let (parts, incoming) = answer.into_parts();
+    let frames = futures_util::stream::unfold(Some(incoming), |state| async move {
+        let mut b = state?;
+        match b.frame().await {
+            Some(Ok(f)) => Some((Ok::<Frame<Bytes>, std::convert::Infallible>(f), Some(b))),
+            _ => None,
+        }
+    });
+    let mut r = Response::new(StreamBody::new(frames).boxed());
+    *r.status_mut() = parts.status;
+    for (k, v) in &parts.headers {
+        if !hop_by_hop(k) {
+            r.headers_mut().append(k, v.clone());
+        }
+    }
+    r
 }
 
 /// The kinds whose pods run in member clusters, never in the control plane: (group, kind,
@@ -359,45 +383,21 @@ where
             "the cluster proxy carries WebSocket upgrades only (kubectl 1.30 or newer uses them for exec and attach, 1.31 for port-forward)",
         ));
     };
-    let uri = match req.uri().query() {
-        Some(q) => format!("{path}?{q}"),
-        None => path.to_string(),
-    };
-    let mut out = Request::builder().method(http::Method::CONNECT).uri(uri);
-    for (k, v) in req.headers() {
-        if !hop_by_hop(k) && k != http::header::AUTHORIZATION && k.as_str() != "sec-websocket-key" {
-            out = out.header(k, v);
-        }
-    }
-    let mut out = out
+    // The caller's side of the upgrade (it completes once the 101 below is sent).
+    let ours = hyper::upgrade::on(&mut req);
+    let (parts, _) = req.into_parts();
+    let mut out = to_member(path, &parts, &[http::header::SEC_WEBSOCKET_KEY])
+        .method(http::Method::CONNECT)
         .body(Full::new(Bytes::new()))
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     out.extensions_mut()
         .insert(hyper::ext::Protocol::from_static("websocket"));
-    let unavailable = |e: hyper::Error| {
-        ApiError::service_unavailable(format!("the tunnel to cluster {cluster}: {e}"))
-    };
-    send.ready().await.map_err(unavailable)?;
-    let mut answer = send.send_request(out).await.map_err(unavailable)?;
+    let mut answer = send_on(cluster, &mut send, out).await?;
     if answer.status() != StatusCode::OK {
         // The member's refusal (a Status), as it is.
-        let (parts, body) = answer.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
-        let mut r = Response::new(crate::http::full(body));
-        *r.status_mut() = parts.status;
-        for (k, v) in &parts.headers {
-            if !hop_by_hop(k) {
-                r.headers_mut().append(k, v.clone());
-            }
-        }
-        return Ok(r);
+        return Ok(relay(answer));
     }
     let theirs = hyper::upgrade::on(&mut answer);
-    let ours = hyper::upgrade::on(&mut req);
     let cluster_name = cluster.to_string();
     tokio::spawn(async move {
         let (a, b) = match (ours.await, theirs.await) {

@@ -274,17 +274,21 @@ impl App {
             Err(e) => return Err((e, user)),
         };
         // A list of pods that run in members: say where (kubectl prints warnings).
-        let elsewhere = match crate::proxy::pods_list_namespace(&path) {
-            Some(ns) if req.method() == Method::GET => {
-                match h::Query::parse(req.uri().query()).get("labelSelector") {
-                    Some(sel) => crate::proxy::pods_elsewhere(self, ns, sel).await,
-                    None => None,
-                }
-            }
+        // (Told only to whoever may list them, after the list is served.)
+        let selector = match crate::proxy::pods_list_namespace(&path) {
+            Some(ns) if req.method() == Method::GET => h::Query::parse(req.uri().query())
+                .get("labelSelector")
+                .map(|sel| (ns.to_string(), sel.to_string())),
             _ => None,
         };
         match self.dispatch(req, &who).await {
             Ok(mut r) => {
+                let elsewhere = match &selector {
+                    Some((ns, sel)) if r.status().is_success() => {
+                        crate::proxy::pods_elsewhere(self, ns, sel).await
+                    }
+                    _ => None,
+                };
                 if let Some(w) = elsewhere {
                     let text = format!("299 - \"{}\"", w.replace(['"', '\\'], "'"));
                     if let Ok(v) = http::HeaderValue::from_str(&text) {

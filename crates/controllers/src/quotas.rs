@@ -108,13 +108,19 @@ struct Controller {
     queues: Arc<Cache>,
 }
 
-/// One claim in a round: its spec (or why it is invalid), its status as it should be, and
-/// whether its assignments count (its cluster is a member).
+/// One claim in a round: its spec (or why it does not count: invalid, or its cluster is not a
+/// member), and its status as it should be.
 struct Plan {
     claim: Arc<Object>,
     spec: Result<ClaimSpec, String>,
     status: ClaimStatus,
-    counts: bool,
+}
+
+impl Plan {
+    /// Whether its assignments count in the queues.
+    fn counts(&self) -> bool {
+        self.spec.is_ok()
+    }
 }
 
 /// What became of one claim's assignments in the queues.
@@ -263,12 +269,11 @@ impl Controller {
         // Each claim's capacity followed and assignments computed.
         let mut plans: Vec<Plan> = Vec::new();
         for claim in self.claims.list().into_iter().filter(|c| live(c)) {
-            let old: ClaimStatus = claim
+            let mut st: ClaimStatus = claim
                 .status
                 .clone()
                 .and_then(|s| serde_json::from_value(s).ok())
                 .unwrap_or_default();
-            let mut st = old.clone();
             let spec = match ClaimSpec::parse(claim.spec.as_ref()) {
                 Ok(s) => s,
                 Err(errs) => {
@@ -281,7 +286,6 @@ impl Controller {
                         claim,
                         spec: Err(why),
                         status: st,
-                        counts: false,
                     });
                     continue;
                 }
@@ -291,7 +295,6 @@ impl Controller {
                     claim,
                     spec: Err(format!("cluster {} is not a member", spec.cluster_name)),
                     status: st,
-                    counts: false,
                 });
                 continue;
             };
@@ -316,14 +319,13 @@ impl Controller {
                 claim,
                 spec: Ok(spec),
                 status: st,
-                counts: true,
             });
         }
         // Every queue's quotas: the sum over the claims that name it.
         let sums = quota::sums(
             plans
                 .iter()
-                .filter(|p| p.counts)
+                .filter(|p| p.counts())
                 .flat_map(|p| p.status.assignments.iter()),
         );
         let mut outcomes: BTreeMap<String, Outcome> = BTreeMap::new();
@@ -338,7 +340,7 @@ impl Controller {
             let claims_of: Vec<String> = plans
                 .iter()
                 .filter(|p| {
-                    p.counts
+                    p.counts()
                         && p.status
                             .assignments
                             .iter()

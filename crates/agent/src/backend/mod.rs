@@ -153,12 +153,7 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// Answers a request for the member's API that came through the cluster proxy (the
     /// tunnel the agent keeps open to the server). The request's path is the member API's.
-    async fn proxy(&self, _req: http::Request<bytes::Bytes>) -> http::Response<ProxyBody> {
-        proxy_error(
-            http::StatusCode::NOT_IMPLEMENTED,
-            "this member does not answer through the cluster proxy",
-        )
-    }
+    async fn proxy(&self, req: http::Request<bytes::Bytes>) -> http::Response<ProxyBody>;
 
     /// Answers a WebSocket upgrade that came through the cluster proxy (exec, attach,
     /// port-forward): `200` and the subprotocol chosen, then the stream `upgrade` brings is
@@ -166,14 +161,9 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// head, its path the member API's.
     async fn proxy_upgrade(
         &self,
-        _req: http::request::Parts,
-        _upgrade: hyper::upgrade::OnUpgrade,
-    ) -> http::Response<ProxyBody> {
-        proxy_error(
-            http::StatusCode::NOT_IMPLEMENTED,
-            "this member does not answer upgraded requests through the cluster proxy",
-        )
-    }
+        req: http::request::Parts,
+        upgrade: hyper::upgrade::OnUpgrade,
+    ) -> http::Response<ProxyBody>;
 
     /// Changes when object states may have changed, so the agent re-reads and reports them.
     fn changed(&self) -> tokio::sync::watch::Receiver<u64>;
@@ -207,7 +197,6 @@ pub fn proxy_error(status: http::StatusCode, message: &str) -> http::Response<Pr
         404 => "NotFound",
         400 => "BadRequest",
         405 => "MethodNotAllowed",
-        501 => "NotImplemented",
         502 => "BadGateway",
         _ => "ServiceUnavailable",
     };

@@ -109,7 +109,7 @@ impl SimCluster {
         })
     }
 
-    /// The pods of `namespace` (all with `None`), as (id, object).
+    /// The pods of `namespace` (all with `None`), as the member's API shows them.
     fn pods_of(&self, namespace: Option<&str>) -> Vec<Value> {
         let st = self.lock();
         st.pods
