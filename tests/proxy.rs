@@ -292,3 +292,153 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}]
     });
     assert!(!as_alice(&proxied("b")).status.success(), "alice reached b");
 }
+
+/// `kubectl port-forward` through the proxy into a simulated pod (kubectl tunnels SPDY/3.1 in
+/// a WebSocket): a declared port echoes what it is sent and answers HTTP naming the pod; a
+/// port the pod does not declare is refused with kubelet's message on the error stream.
+#[test]
+fn kubectl_port_forward_reaches_a_simulated_pods_declared_ports() {
+    use std::io::{Read, Write};
+    let f = Fleet::start(&[("a", "r1")]);
+    // The pod declares port 80 (what a simulated pod listens on).
+    f.s.apply(
+        &divided_deployment("api", 1, "{cpu: 100m, memory: 64Mi}", "").replace(
+            "        image: nginx:1.25\n",
+            "        image: nginx:1.25\n        ports: [{containerPort: 80}]\n",
+        ),
+    );
+    eventually(Duration::from_secs(30), "api running in a", || {
+        f.s.get_json(&["deployment", "api", "-n", "default", "-o", "json"])["status"]["readyReplicas"]
+            == 1
+    });
+    let kc = f.s.dir.join("a.kubeconfig");
+    let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["kubeconfig", "--cluster", "a", "--kubeconfig"])
+        .arg(&f.s.kubeconfig)
+        .arg("-o")
+        .arg(&kc)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut pod = String::new();
+    eventually(
+        Duration::from_secs(20),
+        "api's pod through the proxy",
+        || {
+            let out = kubectl_with(
+                &f,
+                &kc,
+                &[
+                    "get",
+                    "pods",
+                    "-n",
+                    "default",
+                    "-o",
+                    "jsonpath={.items[*].metadata.name}",
+                ],
+            );
+            pod = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            out.status.success() && pod.starts_with("api-")
+        },
+    );
+
+    let home = f.s.dir.join("proxy-home");
+    let mut pf = Command::new("kubectl")
+        .args(["port-forward", "-n", "default", "--address", "127.0.0.1"])
+        .arg(format!("pod/{pod}"))
+        .args([":80", ":81"])
+        .env("KUBECONFIG", &kc)
+        .env("HOME", &home)
+        .env("KUBECACHEDIR", &home)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // "Forwarding from 127.0.0.1:<local> -> <remote>", once per port.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = pf.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut local = std::collections::HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while local.len() < 2 {
+        let line = rx
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| {
+                let _ = pf.kill();
+                let mut err = String::new();
+                pf.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+                panic!("kubectl port-forward did not start: {err}")
+            });
+        if let Some(rest) = line.strip_prefix("Forwarding from 127.0.0.1:") {
+            let (l, r) = rest.split_once(" -> ").unwrap();
+            local.insert(r.trim().to_string(), l.parse::<u16>().unwrap());
+        }
+    }
+    let connect = |remote: &str| {
+        let c = std::net::TcpStream::connect(("127.0.0.1", local[remote])).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(15))).unwrap();
+        c
+    };
+
+    // Echo: what goes in comes back, in two writes; closing our side ends the connection.
+    let mut c = connect("80");
+    let mut got = Vec::new();
+    for part in ["hello ", "orrery\n"] {
+        c.write_all(part.as_bytes()).unwrap();
+        let mut buf = vec![0; part.len()];
+        if let Err(e) = c.read_exact(&mut buf) {
+            let _ = pf.kill();
+            let mut err = String::new();
+            pf.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+            panic!("{e}: {err}");
+        }
+        got.extend(buf);
+    }
+    assert_eq!(String::from_utf8_lossy(&got), "hello orrery\n");
+    c.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    c.read_to_end(&mut rest).unwrap();
+    assert!(rest.is_empty(), "{rest:?}");
+
+    // HTTP, twice (each connection is a new pair of streams on the one tunnel).
+    for path in ["/hello", "/again"] {
+        let mut c = connect("80");
+        write!(c, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+        assert!(
+            answer.ends_with(&format!("\r\n\r\n{pod} in a, port 80: GET {path}\n")),
+            "{answer}"
+        );
+    }
+
+    // Port 81 is not declared: no bytes, and kubectl reports kubelet's message (it then drops
+    // the whole forward, as it does against a real kubelet).
+    let mut c = connect("81");
+    let _ = c.write_all(b"anyone?");
+    let mut nothing = Vec::new();
+    let _ = c.read_to_end(&mut nothing);
+    assert!(nothing.is_empty(), "{nothing:?}");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while pf.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = pf.kill();
+    let mut err = String::new();
+    pf.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(
+        err.contains("an error occurred forwarding")
+            && err.contains("localhost:81")
+            && err.contains("listens on the ports its containers declare: 80"),
+        "{err}"
+    );
+}

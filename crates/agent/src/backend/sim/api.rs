@@ -1,7 +1,8 @@
 //! What a simulated member answers through the cluster proxy: a slice of the Kubernetes API
 //! over its pods — discovery, pods listed or read (as JSON, or as the Table kubectl asks
 //! for) and their logs, generated lines that a follow keeps streaming while the pod lives —
-//! so that `kubectl get pods` and `kubectl logs` work against it. It stands in for a real
+//! so that `kubectl get pods` and `kubectl logs` work against it; and the upgraded requests of
+//! `kubectl exec` (a small shell) and `kubectl port-forward` (`portforward`). It stands in for a real
 //! member's API, which the kube backend forwards to.
 
 use std::sync::{Arc, Mutex};
@@ -169,6 +170,10 @@ impl SimCluster {
                      "verbs": ["get", "list"], "shortNames": ["po"], "categories": ["all"]},
                     {"name": "pods/log", "singularName": "", "namespaced": true, "kind": "Pod",
                      "verbs": ["get"]},
+                    {"name": "pods/exec", "singularName": "", "namespaced": true,
+                     "kind": "PodExecOptions", "verbs": ["create", "get"]},
+                    {"name": "pods/portforward", "singularName": "", "namespaced": true,
+                     "kind": "PodPortForwardOptions", "verbs": ["create", "get"]},
                 ],
             })),
             ["api", "v1", "pods"] => self.list(self.pods_of(None), as_table),
@@ -409,9 +414,10 @@ fn exit_status(code: i32) -> String {
 }
 
 impl SimCluster {
-    /// Answers an exec into a pod with a small shell on the WebSocket: `echo`, `hostname`,
-    /// `pwd`, `env`, `true`, `false`, `cat` (stdin back on stdout), `sh -c "<line>"`, and
-    /// `sh` reading lines from stdin until `exit`.
+    /// Answers an upgraded request: an exec into a pod with a small shell on the WebSocket
+    /// (`echo`, `hostname`, `pwd`, `env`, `true`, `false`, `cat` (stdin back on stdout),
+    /// `sh -c "<line>"`, and `sh` reading lines from stdin until `exit`), or a port-forward
+    /// into it (see `portforward`).
     pub(super) fn upgrade(
         &self,
         parts: &http::request::Parts,
@@ -419,11 +425,17 @@ impl SimCluster {
     ) -> http::Response<ProxyBody> {
         let path = parts.uri.path().trim_end_matches('/');
         let segments: Vec<&str> = path.split('/').skip(1).collect();
-        let ["api", "v1", "namespaces", ns, "pods", name, "exec"] = segments.as_slice() else {
-            return proxy_error(
-                StatusCode::NOT_FOUND,
-                &format!("the simulated member does not serve {path} (exec only)"),
-            );
+        let (ns, name, exec) = match segments.as_slice() {
+            ["api", "v1", "namespaces", ns, "pods", name, "exec"] => (*ns, *name, true),
+            ["api", "v1", "namespaces", ns, "pods", name, "portforward"] => (*ns, *name, false),
+            _ => {
+                return proxy_error(
+                    StatusCode::NOT_FOUND,
+                    &format!(
+                        "the simulated member does not serve {path} (exec and portforward only)"
+                    ),
+                );
+            }
         };
         let Some((_, pod)) = self.find_pod(ns, name) else {
             return proxy_error(StatusCode::NOT_FOUND, &format!("pods \"{name}\" not found"));
@@ -440,35 +452,43 @@ impl SimCluster {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("");
         let offered: Vec<&str> = offered.split(',').map(str::trim).collect();
-        let Some(protocol) = ["v5.channel.k8s.io", "v4.channel.k8s.io"]
-            .into_iter()
-            .find(|p| offered.contains(p))
-        else {
+        let speaks: &[&'static str] = match exec {
+            true => &["v5.channel.k8s.io", "v4.channel.k8s.io"],
+            false => &["SPDY/3.1+portforward.k8s.io"],
+        };
+        let Some(protocol) = speaks.iter().copied().find(|p| offered.contains(p)) else {
             return proxy_error(
                 StatusCode::BAD_REQUEST,
-                "the simulated member speaks v5.channel.k8s.io and v4.channel.k8s.io",
+                &format!("the simulated member speaks {}", speaks.join(" and ")),
             );
         };
-        let query: Vec<(String, String)> =
-            form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes())
-                .into_owned()
-                .collect();
-        let argv: Vec<String> = query
-            .iter()
-            .filter(|(k, _)| k == "command")
-            .map(|(_, v)| v.clone())
-            .collect();
         let pod_name = name.to_string();
-        tokio::spawn(async move {
-            let Ok(io) = upgrade.await else { return };
-            let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
-                hyper_util::rt::TokioIo::new(io),
-                tokio_tungstenite::tungstenite::protocol::Role::Server,
-                None,
-            )
-            .await;
-            shell(ws, argv, &pod_name).await;
-        });
+        let session: std::pin::Pin<Box<dyn Future<Output = ()> + Send>> = if exec {
+            let query: Vec<(String, String)> =
+                form_urlencoded::parse(parts.uri.query().unwrap_or("").as_bytes())
+                    .into_owned()
+                    .collect();
+            let argv: Vec<String> = query
+                .iter()
+                .filter(|(k, _)| k == "command")
+                .map(|(_, v)| v.clone())
+                .collect();
+            Box::pin(async move {
+                let Ok(io) = upgrade.await else { return };
+                shell(websocket(io).await, argv, &pod_name).await;
+            })
+        } else {
+            let target = super::portforward::Target {
+                pod: pod_name,
+                cluster: self.name.clone(),
+                ports: declared_ports(&pod),
+            };
+            Box::pin(async move {
+                let Ok(io) = upgrade.await else { return };
+                super::portforward::serve(websocket(io).await, target).await;
+            })
+        };
+        tokio::spawn(session);
         let mut r = proxy_answer(StatusCode::OK, "application/octet-stream", "");
         r.headers_mut().insert(
             http::header::SEC_WEBSOCKET_PROTOCOL,
@@ -476,6 +496,34 @@ impl SimCluster {
         );
         r
     }
+}
+
+/// The server's side of a WebSocket the proxy upgraded.
+async fn websocket(
+    io: hyper::upgrade::Upgraded,
+) -> tokio_tungstenite::WebSocketStream<hyper_util::rt::TokioIo<hyper::upgrade::Upgraded>> {
+    tokio_tungstenite::WebSocketStream::from_raw_socket(
+        hyper_util::rt::TokioIo::new(io),
+        tokio_tungstenite::tungstenite::protocol::Role::Server,
+        None,
+    )
+    .await
+}
+
+/// The TCP ports a pod's containers declare (what a simulated pod listens on).
+fn declared_ports(pod: &Value) -> Vec<u16> {
+    let mut ports: Vec<u16> = pod["spec"]["containers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+        .filter(|p| p["protocol"].as_str().is_none_or(|p| p == "TCP"))
+        .filter_map(|p| p["containerPort"].as_u64())
+        .filter_map(|p| u16::try_from(p).ok())
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    ports
 }
 
 /// One message of a stream: its channel's number, then the bytes.

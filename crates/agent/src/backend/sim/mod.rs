@@ -31,6 +31,8 @@ use super::{Backend, BackendError, Cause, MemberReport, ObjectState};
 
 mod api;
 pub mod data;
+mod portforward;
+mod spdy;
 
 /// How a simulated cluster's background load varies over time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

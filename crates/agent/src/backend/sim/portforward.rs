@@ -1,0 +1,525 @@
+//! `kubectl port-forward` into a simulated pod, answered as a kubelet answers it: the client
+//! opens a pair of SPDY streams per local connection (`streamType` `error` and `data`, one
+//! `requestID`, the pod's `port`); the data stream carries the connection's bytes, the error
+//! stream a message if the port could not be reached. kubectl 1.31 and newer carry the SPDY
+//! connection inside a WebSocket (`SPDY/3.1+portforward.k8s.io`), which is what reaches a
+//! simulated member through the cluster proxy.
+//!
+//! What listens in a simulated pod: each port its containers declare (`containerPort`, TCP).
+//! A connection that starts with an HTTP request is answered with one plain-text response
+//! naming the pod, its cluster and the port, then closed; anything else is echoed back until
+//! the client closes its side. Other ports refuse the connection, as kubelet reports it.
+
+use std::collections::HashMap;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio::sync::mpsc;
+use tokio_tungstenite::WebSocketStream;
+use tokio_tungstenite::tungstenite::Message;
+
+use super::spdy::{Decoder, Encoder, Frame, GOAWAY_PROTOCOL_ERROR, REFUSED_STREAM};
+
+/// The pod a port-forward reaches.
+#[derive(Debug, Clone)]
+pub(super) struct Target {
+    pub pod: String,
+    pub cluster: String,
+    /// The TCP ports its containers declare.
+    pub ports: Vec<u16>,
+}
+
+/// The two streams of one forwarded connection, as they arrive.
+#[derive(Default)]
+struct Pair {
+    error: Option<u32>,
+    data: Option<(u32, mpsc::UnboundedReceiver<Vec<u8>>)>,
+    port: Option<u16>,
+}
+
+/// Serves a port-forward connection until the client closes it.
+pub(super) async fn serve<S>(ws: WebSocketStream<S>, target: Target)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sink, mut source) = ws.split();
+    // One writer: header blocks are one compressed stream, so frames go out in the order made.
+    let (out, mut frames) = mpsc::channel::<Frame>(64);
+    let writer = tokio::spawn(async move {
+        let mut encoder = Encoder::default();
+        while let Some(f) = frames.recv().await {
+            let bytes = encoder.encode(&f);
+            if sink.send(Message::Binary(bytes.into())).await.is_err() {
+                return;
+            }
+        }
+        let _ = sink.close().await;
+    });
+    let mut decoder = Decoder::default();
+    let mut pairs: HashMap<String, Pair> = HashMap::new();
+    // What the client sends on each data stream, to the connection's task.
+    let mut inbound: HashMap<u32, mpsc::UnboundedSender<Vec<u8>>> = HashMap::new();
+    'connection: while let Some(message) = source.next().await {
+        match message {
+            Ok(Message::Binary(b)) => decoder.push(&b),
+            Ok(Message::Close(_)) | Err(_) => break,
+            Ok(_) => continue,
+        }
+        loop {
+            let frame = match decoder.next_frame() {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::debug!(pod = %target.pod, error = %e, "port-forward: bad SPDY frame");
+                    let _ = out
+                        .send(Frame::GoAway {
+                            last: 0,
+                            status: GOAWAY_PROTOCOL_ERROR,
+                        })
+                        .await;
+                    break 'connection;
+                }
+            };
+            match frame {
+                Frame::SynStream { id, fin, headers } => {
+                    let header = |name: &str| {
+                        headers
+                            .iter()
+                            .find(|(n, _)| n == name)
+                            .map(|(_, v)| v.as_str())
+                    };
+                    let kind = header("streamtype").unwrap_or("");
+                    let port = header("port").and_then(|p| p.parse::<u16>().ok());
+                    // Clients before requestID paired streams by id: data = error + 2.
+                    let request = match header("requestid") {
+                        Some(r) => r.to_string(),
+                        None if kind == "data" => id.saturating_sub(2).to_string(),
+                        None => id.to_string(),
+                    };
+                    let pair = pairs.entry(request.clone()).or_default();
+                    let taken = match kind {
+                        "error" if pair.error.is_none() => {
+                            pair.error = Some(id);
+                            true
+                        }
+                        "data" if pair.data.is_none() => {
+                            let (tx, rx) = mpsc::unbounded_channel();
+                            if !fin {
+                                inbound.insert(id, tx);
+                            }
+                            pair.data = Some((id, rx));
+                            true
+                        }
+                        _ => false,
+                    };
+                    if !taken || port.is_none() {
+                        let _ = out
+                            .send(Frame::RstStream {
+                                id,
+                                status: REFUSED_STREAM,
+                            })
+                            .await;
+                        continue;
+                    }
+                    pair.port = pair.port.or(port);
+                    let _ = out
+                        .send(Frame::SynReply {
+                            id,
+                            fin: false,
+                            headers: vec![],
+                        })
+                        .await;
+                    let complete = matches!(
+                        pairs.get(&request),
+                        Some(Pair {
+                            error: Some(_),
+                            data: Some(_),
+                            port: Some(_)
+                        })
+                    );
+                    if complete
+                        && let Some(Pair {
+                            error: Some(error),
+                            data: Some((data, rx)),
+                            port: Some(port),
+                        }) = pairs.remove(&request)
+                    {
+                        tokio::spawn(forward(target.clone(), port, error, data, rx, out.clone()));
+                    }
+                }
+                Frame::Data { id, fin, data } => {
+                    if let Some(tx) = inbound.get(&id)
+                        && !data.is_empty()
+                    {
+                        let _ = tx.send(data);
+                    }
+                    if fin {
+                        inbound.remove(&id);
+                    }
+                }
+                Frame::RstStream { id, .. } => {
+                    inbound.remove(&id);
+                }
+                // The client's pings (odd ids) are answered; this side sends none.
+                Frame::Ping(id) if id % 2 == 1 => {
+                    let _ = out.send(Frame::Ping(id)).await;
+                }
+                Frame::GoAway { .. } => break 'connection,
+                Frame::Ping(_)
+                | Frame::SynReply { .. }
+                | Frame::Headers { .. }
+                | Frame::Ignored(_) => {}
+            }
+        }
+    }
+    // The connections' tasks see their input end, close their streams and drop their senders;
+    // the writer then ends.
+    drop(inbound);
+    drop(out);
+    let _ = writer.await;
+}
+
+/// What kubelet writes on the error stream when nothing listens on the port.
+fn refused(t: &Target, port: u16) -> String {
+    format!(
+        "error forwarding port {port} to pod {}: failed to connect to localhost:{port} inside the pod: connection refused (a simulated pod listens on the ports its containers declare: {})",
+        t.pod,
+        match t.ports.as_slice() {
+            [] => "none".to_string(),
+            ports => ports
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        }
+    )
+}
+
+const HTTP_METHODS: [&str; 7] = [
+    "GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "OPTIONS ", "PATCH ",
+];
+
+/// The response to an HTTP request that came through a forwarded port.
+fn http_answer(t: &Target, port: u16, request: &[u8]) -> Vec<u8> {
+    let line = String::from_utf8_lossy(request);
+    let line = line.lines().next().unwrap_or("");
+    let mut words = line.split(' ');
+    let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or("/"));
+    let body = format!("{} in {}, port {port}: {method} {path}\n", t.pod, t.cluster);
+    let mut r = format!(
+        "HTTP/1.1 200 OK\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    if method != "HEAD" {
+        r.push_str(&body);
+    }
+    r.into_bytes()
+}
+
+/// One forwarded connection: the simulated pod's side of it.
+async fn forward(
+    target: Target,
+    port: u16,
+    error: u32,
+    data: u32,
+    mut input: mpsc::UnboundedReceiver<Vec<u8>>,
+    out: mpsc::Sender<Frame>,
+) {
+    let close = |id| Frame::Data {
+        id,
+        fin: true,
+        data: vec![],
+    };
+    if !target.ports.contains(&port) {
+        let _ = out
+            .send(Frame::Data {
+                id: error,
+                fin: true,
+                data: refused(&target, port).into_bytes(),
+            })
+            .await;
+        let _ = out.send(close(data)).await;
+        return;
+    }
+    let mut first = true;
+    while let Some(chunk) = input.recv().await {
+        if first && HTTP_METHODS.iter().any(|m| chunk.starts_with(m.as_bytes())) {
+            let _ = out
+                .send(Frame::Data {
+                    id: data,
+                    fin: false,
+                    data: http_answer(&target, port, &chunk),
+                })
+                .await;
+            break;
+        }
+        first = false;
+        if out
+            .send(Frame::Data {
+                id: data,
+                fin: false,
+                data: chunk,
+            })
+            .await
+            .is_err()
+        {
+            return;
+        }
+    }
+    let _ = out.send(close(data)).await;
+    let _ = out.send(close(error)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target() -> Target {
+        Target {
+            pod: "web-0".into(),
+            cluster: "a".into(),
+            ports: vec![80, 8080],
+        }
+    }
+
+    #[test]
+    fn http_requests_get_one_answer_naming_the_pod() {
+        let r = String::from_utf8(http_answer(
+            &target(),
+            80,
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n",
+        ))
+        .unwrap();
+        assert!(r.starts_with("HTTP/1.1 200 OK\r\n"), "{r}");
+        let body = "web-0 in a, port 80: GET /healthz\n";
+        assert!(
+            r.contains(&format!("Content-Length: {}\r\n", body.len())),
+            "{r}"
+        );
+        assert!(r.ends_with(&format!("\r\n\r\n{body}")), "{r}");
+        let head =
+            String::from_utf8(http_answer(&target(), 80, b"HEAD / HTTP/1.1\r\n\r\n")).unwrap();
+        assert!(head.ends_with("\r\n\r\n"), "{head}");
+    }
+
+    #[test]
+    fn a_port_not_declared_is_refused_naming_those_that_are() {
+        let m = refused(&target(), 81);
+        assert!(
+            m.contains("localhost:81") && m.contains("connection refused"),
+            "{m}"
+        );
+        assert!(m.ends_with("declare: 80, 8080)"), "{m}");
+    }
+
+    /// Runs `serve` over an in-memory WebSocket and plays kubectl's side.
+    async fn client() -> (
+        WebSocketStream<tokio::io::DuplexStream>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        use tokio_tungstenite::tungstenite::protocol::Role;
+        let (a, b) = tokio::io::duplex(1 << 16);
+        let server = tokio::spawn(async move {
+            let ws = WebSocketStream::from_raw_socket(a, Role::Server, None).await;
+            serve(ws, target()).await;
+        });
+        (
+            WebSocketStream::from_raw_socket(b, Role::Client, None).await,
+            server,
+        )
+    }
+
+    async fn send(ws: &mut WebSocketStream<tokio::io::DuplexStream>, e: &mut Encoder, f: Frame) {
+        ws.send(Message::Binary(e.encode(&f).into())).await.unwrap();
+    }
+
+    async fn recv(ws: &mut WebSocketStream<tokio::io::DuplexStream>, d: &mut Decoder) -> Frame {
+        loop {
+            if let Some(f) = d.next_frame().unwrap() {
+                return f;
+            }
+            match ws.next().await {
+                Some(Ok(Message::Binary(b))) => d.push(&b),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    fn syn(id: u32, kind: &str, port: &str, request: &str) -> Frame {
+        Frame::SynStream {
+            id,
+            fin: false,
+            headers: vec![
+                ("streamtype".into(), kind.into()),
+                ("port".into(), port.into()),
+                ("requestid".into(), request.into()),
+            ],
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pair_of_streams_echoes_and_closes_as_kubelet_does() {
+        let (mut ws, server) = client().await;
+        let (mut e, mut d) = (Encoder::default(), Decoder::default());
+        send(&mut ws, &mut e, syn(1, "error", "8080", "0")).await;
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::SynReply {
+                id: 1,
+                fin: false,
+                headers: vec![]
+            }
+        );
+        send(
+            &mut ws,
+            &mut e,
+            Frame::Data {
+                id: 1,
+                fin: true,
+                data: vec![],
+            },
+        )
+        .await;
+        send(&mut ws, &mut e, syn(3, "data", "8080", "0")).await;
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::SynReply {
+                id: 3,
+                fin: false,
+                headers: vec![]
+            }
+        );
+        send(&mut ws, &mut e, Frame::Ping(1)).await;
+        assert_eq!(recv(&mut ws, &mut d).await, Frame::Ping(1));
+        send(
+            &mut ws,
+            &mut e,
+            Frame::Data {
+                id: 3,
+                fin: false,
+                data: b"hello".to_vec(),
+            },
+        )
+        .await;
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::Data {
+                id: 3,
+                fin: false,
+                data: b"hello".to_vec()
+            }
+        );
+        // The client closes its side: the pod closes the data stream, then the error stream
+        // with nothing on it (no error).
+        send(
+            &mut ws,
+            &mut e,
+            Frame::Data {
+                id: 3,
+                fin: true,
+                data: vec![],
+            },
+        )
+        .await;
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::Data {
+                id: 3,
+                fin: true,
+                data: vec![]
+            }
+        );
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::Data {
+                id: 1,
+                fin: true,
+                data: vec![]
+            }
+        );
+
+        // A second connection to a port nobody listens on: the message on its error stream.
+        send(&mut ws, &mut e, syn(5, "error", "81", "1")).await;
+        send(&mut ws, &mut e, syn(7, "data", "81", "1")).await;
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::SynReply {
+                id: 5,
+                fin: false,
+                headers: vec![]
+            }
+        );
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::SynReply {
+                id: 7,
+                fin: false,
+                headers: vec![]
+            }
+        );
+        match recv(&mut ws, &mut d).await {
+            Frame::Data {
+                id: 5,
+                fin: true,
+                data,
+            } => {
+                assert!(String::from_utf8_lossy(&data).contains("connection refused"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::Data {
+                id: 7,
+                fin: true,
+                data: vec![]
+            }
+        );
+
+        // A stream of a type nobody knows is refused; a second error stream for one request too.
+        send(&mut ws, &mut e, syn(9, "resize", "80", "2")).await;
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::RstStream {
+                id: 9,
+                status: REFUSED_STREAM
+            }
+        );
+        send(&mut ws, &mut e, syn(11, "error", "80", "3")).await;
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::SynReply {
+                id: 11,
+                fin: false,
+                headers: vec![]
+            }
+        );
+        send(&mut ws, &mut e, syn(13, "error", "80", "3")).await;
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::RstStream {
+                id: 13,
+                status: REFUSED_STREAM
+            }
+        );
+
+        // Bytes that are not SPDY end the connection with a GOAWAY.
+        ws.send(Message::Binary(
+            b"\x80\x02\x00\x06\x00\x00\x00\x04\x00\x00\x00\x01"
+                .to_vec()
+                .into(),
+        ))
+        .await
+        .unwrap();
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::GoAway {
+                last: 0,
+                status: GOAWAY_PROTOCOL_ERROR
+            }
+        );
+        tokio::time::timeout(std::time::Duration::from_secs(5), server)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+}
