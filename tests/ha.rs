@@ -809,3 +809,112 @@ fn cut_off_and_back(
         "{since:?}"
     );
 }
+
+/// The cluster proxy through any replica: the member's agent keeps its tunnel to one replica,
+/// which records itself as the holder (Lease `orrery-system/proxy-<cluster>`); another replica
+/// forwards `get pods` and an upgraded `exec` to it.
+#[test]
+fn the_cluster_proxy_reaches_a_member_through_a_replica_it_is_not_connected_to() {
+    let etcd = EtcdCluster::start(1).unwrap();
+    let a = replica(&etcd, &[]);
+    let b = replica(&etcd, &[]);
+    let (agent, _) = sim_member(&a, "m");
+    a.apply(&deployment("web"));
+    eventually(Duration::from_secs(30), "web running in m", || {
+        a.get_json(&["deployment", "web", "-n", "default", "-o", "json"])["status"]["readyReplicas"]
+            == 3
+    });
+    let mut holder = String::new();
+    eventually(
+        Duration::from_secs(20),
+        "the tunnel's holder recorded",
+        || {
+            let out = on(
+                &a,
+                &b,
+                &[
+                    "get",
+                    "lease",
+                    "proxy-m",
+                    "-n",
+                    "orrery-system",
+                    "-o",
+                    "jsonpath={.spec.holderIdentity}",
+                ],
+            );
+            holder = String::from_utf8_lossy(&out.stdout).into_owned();
+            holder == a.url
+        },
+    );
+
+    // get pods, asked of b.
+    let path = "/apis/multicluster.io/v1alpha1/clusters/m/proxy/api/v1/namespaces/default/pods";
+    let mut pods = serde_json::Value::Null;
+    eventually(Duration::from_secs(20), "m's pods through b", || {
+        let out = on(&a, &b, &["get", "--raw", path]);
+        pods = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        out.status.success() && pods["items"].as_array().is_some_and(|i| i.len() == 3)
+    });
+    let pod = pods["items"][0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // exec, an upgraded stream, asked of b with a kubeconfig for m's proxy there.
+    let kc = a.dir.join("m-via-b.kubeconfig");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["kubeconfig", "--cluster", "m", "--kubeconfig"])
+        .arg(&a.kubeconfig)
+        .arg("-o")
+        .arg(&kc)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let home = a.dir.join("exec-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let out = std::process::Command::new("kubectl")
+        .args([
+            "--server",
+            &format!("{}/apis/multicluster.io/v1alpha1/clusters/m/proxy", b.url),
+        ])
+        .args(["exec", "-n", "default", &pod, "--", "echo", "through", "b"])
+        .env("KUBECONFIG", &kc)
+        .env("HOME", &home)
+        .env("KUBECACHEDIR", &home)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "through b\n");
+
+    // A member with no tunnel anywhere: b answers 503 and does not forward.
+    let out = on(
+        &a,
+        &b,
+        &[
+            "get",
+            "--raw",
+            "/apis/multicluster.io/v1alpha1/clusters/nowhere/proxy/api",
+        ],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cluster nowhere has no tunnel to this server"),
+        "{err}"
+    );
+
+    // The agent gone, its tunnel closes and a forgets being its holder.
+    drop(agent);
+    eventually(Duration::from_secs(20), "the holder record removed", || {
+        let out = on(&a, &b, &["get", "lease", "proxy-m", "-n", "orrery-system"]);
+        String::from_utf8_lossy(&out.stderr).contains("NotFound")
+    });
+}

@@ -41,6 +41,10 @@ pub struct ApiConfig {
     pub max_in_flight: (usize, usize),
     /// Watches one user may hold open at once (the admin is not counted); 0 is no limit.
     pub max_watches_per_user: usize,
+    /// The URL other replicas reach this one at (HA installations): the cluster proxy records
+    /// it as the holder of the tunnels open here, and other replicas forward to it. `None`:
+    /// nothing recorded (a single server).
+    pub advertise_url: Option<String>,
 }
 
 impl Default for ApiConfig {
@@ -59,6 +63,7 @@ impl Default for ApiConfig {
                 DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT,
             ),
             max_watches_per_user: DEFAULT_MAX_WATCHES_PER_USER,
+            advertise_url: None,
         }
     }
 }
@@ -85,7 +90,7 @@ pub struct App {
     pub(crate) in_flight: (tokio::sync::Semaphore, tokio::sync::Semaphore),
     /// Watches open, by user (see [`ApiConfig::max_watches_per_user`]).
     pub(crate) watches: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
-    /// The cluster proxy's tunnels open to this server (proxy.rs).
+    /// The cluster proxy's tunnels open to this server (`proxy/`).
     pub tunnels: crate::proxy::Tunnels,
 }
 

@@ -37,6 +37,11 @@ pub struct ServerArgs {
     /// Extra names or addresses for the serving certificate (repeatable).
     #[arg(long = "tls-san")]
     pub tls_san: Vec<String>,
+    /// The URL other replicas reach this one at (HA, with --cluster-secret): the cluster
+    /// proxy forwards a request for a member whose agent is connected here to it. Default:
+    /// https://<--listen> when that names an address. Its host joins the certificate's names.
+    #[arg(long)]
+    pub advertise_url: Option<String>,
     /// An EncryptionConfiguration (apiserver.config.k8s.io/v1): which resources are
     /// encrypted in the store, and with which keys (docs/security.md).
     #[arg(long)]
@@ -334,6 +339,24 @@ async fn shared_identity(
         None => Ok(mine.admin_token),
         Some(theirs) => adopt(theirs),
     }
+}
+
+/// The URL other replicas forward the cluster proxy to: `--advertise-url`, else the listen
+/// address when it names one; none for a single server (no --cluster-secret).
+fn advertise_url(args: &ServerArgs, replicated: bool, listen: &SocketAddr) -> Option<String> {
+    if !replicated {
+        return None;
+    }
+    if let Some(url) = &args.advertise_url {
+        return Some(url.trim_end_matches('/').to_string());
+    }
+    if listen.ip().is_unspecified() {
+        tracing::warn!(
+            "--listen names no address and --advertise-url is not set: other replicas answer 503 for members whose agents are connected here, instead of forwarding the cluster proxy"
+        );
+        return None;
+    }
+    Some(client_url(listen))
 }
 
 /// The URL clients use to reach `listen`.
@@ -692,6 +715,20 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         sans.push(args.listen.ip().to_string());
     }
     sans.extend(args.tls_san.iter().cloned());
+    if let Some(url) = &args.advertise_url {
+        let uri: http::Uri = url
+            .parse()
+            .with_context(|| format!("--advertise-url {url}"))?;
+        let host = uri
+            .host()
+            .filter(|_| uri.scheme_str() == Some("https"))
+            .with_context(|| format!("--advertise-url {url}: not an https:// URL"))?;
+        sans.push(
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+        );
+    }
     let auth = Authenticator::start(store.clone())
         .await
         .context("loading tokens")?;
@@ -738,6 +775,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
             args.max_mutating_requests_inflight,
         ),
         max_watches_per_user: args.max_watches_per_user,
+        advertise_url: advertise_url(args, sealer.is_some(), &listen),
         ..ApiConfig::default()
     };
     let app = App::new(store.clone(), auth.clone(), config, shutdown_rx.clone())

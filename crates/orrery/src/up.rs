@@ -192,6 +192,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         etcd_endpoints: Vec::new(),
         etcd_prefix: "/orrery".into(),
         tls_san: Vec::new(),
+        advertise_url: None,
         encryption_provider_config: None,
         audit_log_path: None,
         audit_policy_file: None,

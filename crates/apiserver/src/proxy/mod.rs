@@ -7,7 +7,7 @@
 //! HTTP/2 client and the agent the server: each proxied request is one HTTP/2 stream, so many
 //! share the tunnel and a followed log streams as it comes. Push-mode members have their agent
 //! inside the server, which opens its tunnel the same way. Tunnels live in the replica the
-//! agent is connected to; another replica answers 503 for that cluster.
+//! agent is connected to; another replica forwards to it (`peers`).
 //!
 //! Authorization: the verb of the request's method on `clusters/proxy` of that cluster (RBAC);
 //! the request reaches the member with the agent's credentials there, never the caller's token.
@@ -27,6 +27,8 @@ use crate::app::App;
 use crate::auth::{Attributes, Identity};
 use crate::error::{ApiError, ApiResult};
 use crate::http::Body;
+
+pub mod peers;
 
 /// The protocol an agent asks to upgrade its connection to.
 pub const TUNNEL_PROTOCOL: &str = "orrery-tunnel";
@@ -68,6 +70,8 @@ type Sender = SendRequest<Full<Bytes>>;
 pub struct Tunnels {
     open: std::sync::Mutex<HashMap<String, (u64, Sender)>>,
     next: AtomicU64,
+    /// How this replica forwards to the one holding a tunnel.
+    peer_tls: peers::PeerTls,
 }
 
 impl Tunnels {
@@ -179,6 +183,7 @@ where
                     };
                 let id = app.tunnels.put(&cluster, send);
                 tracing::info!(%cluster, "cluster proxy tunnel open");
+                peers::record(&app, &cluster).await;
                 let mut shutdown = app.shutdown.clone();
                 tokio::select! {
                     r = conn => if let Err(e) = r {
@@ -188,6 +193,7 @@ where
                 }
                 app.tunnels.remove(&cluster, id);
                 tracing::info!(%cluster, "cluster proxy tunnel closed");
+                peers::forget(&app, &cluster).await;
             });
             let mut r = Response::new(crate::http::full(Bytes::new()));
             *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
@@ -214,8 +220,16 @@ where
                 },
             )?;
             let Some(mut send) = app.tunnels.get(cluster) else {
+                let forwarded = req.headers().contains_key(peers::FORWARDED);
+                if !forwarded && let Some(holder) = peers::holder(app, cluster).await {
+                    return peers::forward(app, &holder, cluster, path, req).await;
+                }
                 return Err(ApiError::service_unavailable(format!(
-                    "cluster {cluster} has no tunnel to this server: its agent is not connected, or is connected to another replica"
+                    "cluster {cluster} has no tunnel to this server: its agent is not connected{}",
+                    match forwarded {
+                        true => " (asked by another replica, which thought it was)",
+                        false => "",
+                    }
                 )));
             };
             if req.headers().contains_key(http::header::UPGRADE) {

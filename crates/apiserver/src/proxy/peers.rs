@@ -1,0 +1,277 @@
+//! The cluster proxy across replicas. A tunnel lives in the replica its agent connected to;
+//! that replica records itself as the tunnel's holder in the Lease
+//! `orrery-system/proxy-<cluster>` (`holderIdentity`: its `--advertise-url`). Another replica
+//! asked for that cluster authorizes the caller itself, then forwards the request to the
+//! holder as the replica (a client certificate signed by the installation's CA, user
+//! `system:orrery-replica` in `system:masters`), upgraded streams included. A forwarded request
+//! is never forwarded again: a record left by a replica that died cannot send it around.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use orrery_store::{Preconditions, StoreError};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+use super::{MAX_BODY, PREFIX, hop_by_hop, relay};
+use crate::app::App;
+use crate::error::{ApiError, ApiResult};
+use crate::http::Body;
+
+/// Marks a request one replica forwarded to another.
+pub const FORWARDED: &str = "x-orrery-proxy-forwarded";
+const NAMESPACE: &str = "orrery-system";
+/// The user a replica forwards as (in `system:masters`: the caller was authorized already).
+const REPLICA_USER: &str = "system:orrery-replica";
+/// How long the replica's client certificate is good for; a new one is made at half of it.
+const CERT_TTL: Duration = Duration::from_secs(24 * 3600);
+
+fn lease_key(cluster: &str) -> String {
+    orrery_api::keys::object(
+        "coordination.k8s.io",
+        "leases",
+        Some(NAMESPACE),
+        &format!("proxy-{cluster}"),
+    )
+}
+
+/// The TLS client configuration a replica forwards with, made when first needed.
+#[derive(Debug, Default)]
+pub struct PeerTls(std::sync::Mutex<Option<(Instant, Arc<rustls::ClientConfig>)>>);
+
+impl PeerTls {
+    fn get(&self, app: &App) -> ApiResult<Arc<rustls::ClientConfig>> {
+        let mut cached = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((made, c)) = cached.as_ref()
+            && made.elapsed() < CERT_TTL / 2
+        {
+            return Ok(c.clone());
+        }
+        let c = Arc::new(client_config(app).map_err(|e| {
+            ApiError::service_unavailable(format!("forwarding to another replica: {e}"))
+        })?);
+        *cached = Some((Instant::now(), c.clone()));
+        Ok(c)
+    }
+}
+
+fn client_config(app: &App) -> Result<rustls::ClientConfig, String> {
+    let issuer = app
+        .config
+        .user_issuer
+        .as_ref()
+        .ok_or("this replica holds no CA key to sign its certificate with")?;
+    let (key_pem, csr) = crate::pki::key_and_csr().map_err(|e| e.to_string())?;
+    let cert_pem = issuer
+        .issue(
+            &csr,
+            REPLICA_USER,
+            &["system:masters".to_string()],
+            CERT_TTL,
+        )
+        .map_err(|e| e.to_string())?;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| e.to_string())?;
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(app.config.ca_pem.as_bytes()) {
+        roots
+            .add(ca.map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut c = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(certs, key)
+        .map_err(|e| e.to_string())?;
+    // HTTP/1.1: an upgraded stream (exec, port-forward) is forwarded as the caller sent it.
+    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(c)
+}
+
+/// Records this replica as the holder of a cluster's tunnel (HA installations only).
+pub async fn record(app: &App, cluster: &str) {
+    let Some(me) = app.config.advertise_url.as_deref() else {
+        return;
+    };
+    let key = lease_key(cluster);
+    let now = orrery_api::MicroTime::now().to_string();
+    let spec = serde_json::json!({"holderIdentity": me, "acquireTime": now, "renewTime": now});
+    let result = match app.store.get(&key).await {
+        Ok(current) => {
+            let mut next = current.clone();
+            next.spec = Some(spec);
+            app.store
+                .update(&key, next, current.revision())
+                .await
+                .map(|_| ())
+        }
+        Err(StoreError::NotFound { .. }) => {
+            let mut lease = orrery_store::stamp::new_object(
+                "coordination.k8s.io/v1",
+                "Lease",
+                Some(NAMESPACE),
+                &format!("proxy-{cluster}"),
+            );
+            lease
+                .metadata
+                .labels
+                .insert("multicluster.io/cluster".into(), cluster.into());
+            lease.spec = Some(spec);
+            app.store.create(&key, lease).await.map(|_| ())
+        }
+        Err(e) => Err(e),
+    };
+    if let Err(e) = result {
+        tracing::warn!(%cluster, error = %e, "could not record this replica as the holder of the cluster's tunnel: other replicas will not forward to it");
+    }
+}
+
+/// Forgets this replica as the holder of a cluster's tunnel, unless a newer tunnel of the
+/// cluster is open here or another replica holds it now.
+pub async fn forget(app: &App, cluster: &str) {
+    let Some(me) = app.config.advertise_url.as_deref() else {
+        return;
+    };
+    if app.tunnels.has(cluster) {
+        return;
+    }
+    let key = lease_key(cluster);
+    let Ok(current) = app.store.get(&key).await else {
+        return;
+    };
+    if holder_of(&current).as_deref() != Some(me) {
+        return;
+    }
+    let pre = Preconditions {
+        uid: None,
+        revision: current.revision(),
+    };
+    if let Err(e) = app.store.delete(&key, &pre).await {
+        tracing::debug!(%cluster, error = %e, "the tunnel's holder record was not removed");
+    }
+}
+
+fn holder_of(lease: &orrery_api::Object) -> Option<String> {
+    lease
+        .spec
+        .as_ref()?
+        .get("holderIdentity")?
+        .as_str()
+        .filter(|h| !h.is_empty())
+        .map(str::to_string)
+}
+
+/// The replica holding a cluster's tunnel, if another one does.
+pub async fn holder(app: &App, cluster: &str) -> Option<String> {
+    let me = app.config.advertise_url.as_deref();
+    let lease = app.store.get(&lease_key(cluster)).await.ok()?;
+    holder_of(&lease).filter(|h| Some(h.as_str()) != me)
+}
+
+/// Sends the (already authorized) request to the replica `holder`, and relays its answer or
+/// joins the upgraded streams.
+pub async fn forward<B>(
+    app: &App,
+    holder: &str,
+    cluster: &str,
+    path: &str,
+    mut req: Request<B>,
+) -> ApiResult<Response<Body>>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let unavailable = |e: &dyn std::fmt::Display| {
+        ApiError::service_unavailable(format!(
+            "cluster {cluster}'s tunnel is held by the replica at {holder}, which could not be reached: {e}"
+        ))
+    };
+    let uri: http::Uri = holder.parse().map_err(|e| unavailable(&e))?;
+    let (Some(host), Some(authority)) = (uri.host(), uri.authority().cloned()) else {
+        return Err(unavailable(&"not an https:// URL"));
+    };
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = uri.port_u16().unwrap_or(443);
+    let tls = app.tunnels.peer_tls.get(app)?;
+    let name = ServerName::try_from(host.clone()).map_err(|e| unavailable(&e))?;
+    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let stream = tokio_rustls::TlsConnector::from(tls)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(|e| unavailable(&e))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "a connection to another replica ended");
+        }
+    });
+
+    let upgrading = req.headers().contains_key(http::header::UPGRADE);
+    let ours = upgrading.then(|| hyper::upgrade::on(&mut req));
+    let (parts, body) = req.into_parts();
+    let body = http_body_util::Limited::new(body, MAX_BODY)
+        .collect()
+        .await
+        .map_err(|_| ApiError::too_large(MAX_BODY))?
+        .to_bytes();
+    let uri = match parts.uri.query() {
+        Some(q) => format!("{PREFIX}{cluster}/proxy{path}?{q}"),
+        None => format!("{PREFIX}{cluster}/proxy{path}"),
+    };
+    let mut out = Request::builder()
+        .method(parts.method.clone())
+        .uri(uri)
+        .header(http::header::HOST, authority.as_str())
+        .header(FORWARDED, "1");
+    for (k, v) in &parts.headers {
+        // An upgrade keeps its Connection and Upgrade headers: the holder answers it.
+        let keep = upgrading && (k == http::header::CONNECTION || k == http::header::UPGRADE);
+        if (keep || !hop_by_hop(k)) && k != http::header::AUTHORIZATION {
+            out = out.header(k, v);
+        }
+    }
+    let out = out
+        .body(Full::new(body))
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let mut answer = send.send_request(out).await.map_err(|e| unavailable(&e))?;
+    let Some(ours) = ours.filter(|_| answer.status() == StatusCode::SWITCHING_PROTOCOLS) else {
+        return Ok(relay(answer));
+    };
+    let theirs = hyper::upgrade::on(&mut answer);
+    let cluster_name = cluster.to_string();
+    tokio::spawn(async move {
+        let (a, b) = match (ours.await, theirs.await) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!(cluster = %cluster_name, error = %e, "an upgrade forwarded to another replica failed");
+                return;
+            }
+        };
+        let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));
+        let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+    });
+    // The holder's 101, with the headers that complete the caller's handshake.
+    let mut r = Response::new(crate::http::full(Bytes::new()));
+    *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    for (k, v) in answer.headers() {
+        if k != http::header::CONTENT_LENGTH {
+            r.headers_mut().append(k, v.clone());
+        }
+    }
+    Ok(r)
+}
