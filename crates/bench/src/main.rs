@@ -131,6 +131,10 @@ enum Command {
         requests: usize,
         #[arg(long, default_value_t = 20)]
         pods: usize,
+        /// Two replicas on etcd, the agent connected to one, the proxy asked of the other
+        /// (which forwards to the first).
+        #[arg(long)]
+        via_replica: bool,
         #[arg(long)]
         server_bin: Option<PathBuf>,
         #[arg(long)]
@@ -816,12 +820,14 @@ fn main() -> anyhow::Result<()> {
             Command::ProxyLatency {
                 requests,
                 pods,
+                via_replica,
                 server_bin,
                 dir,
             } => {
                 proxy::latency(proxy::Args {
                     requests,
                     pods,
+                    via_replica,
                     server_bin,
                     dir,
                 })

@@ -27,8 +27,19 @@ pub(crate) async fn fleet(
     args: &Args,
     report: &str,
 ) -> anyhow::Result<(ServerProcess, kube::Client, crate::members::AgentProcess)> {
-    let bin = orrery_bin(&args.server_bin)?;
     let server = ServerProcess::start(&args.server_bin, &args.dir)?;
+    let (admin, agent) = fleet_on(&server, &args.server_bin, args.clusters, report).await?;
+    Ok((server, admin, agent))
+}
+
+/// `clusters` simulated members `m-<i>` in one agent process connected to `server`, all Ready.
+pub(crate) async fn fleet_on(
+    server: &ServerProcess,
+    server_bin: &Option<std::path::PathBuf>,
+    clusters: usize,
+    report: &str,
+) -> anyhow::Result<(kube::Client, crate::members::AgentProcess)> {
+    let bin = orrery_bin(server_bin)?;
     let admin = orrery_client::from_kubeconfig(&server.kubeconfig).await?;
     let token = bootstrap_token(&admin, "m-*").await?;
     let dir = tempfile::tempdir()?;
@@ -36,8 +47,7 @@ pub(crate) async fn fleet(
     std::fs::write(
         &file,
         format!(
-            "clusters:\n  - name: m-{{i}}\n    count: {}\n    regions: [us-east, eu-central, ap-south]\n    provider: sim\n    simulate: nodes=10,cpu=64,memory=256Gi,load=0.1,start=0s\n",
-            args.clusters
+            "clusters:\n  - name: m-{{i}}\n    count: {clusters}\n    regions: [us-east, eu-central, ap-south]\n    provider: sim\n    simulate: nodes=10,cpu=64,memory=256Gi,load=0.1,start=0s\n",
         ),
     )?;
     let agent = start_agent(
@@ -58,7 +68,7 @@ pub(crate) async fn fleet(
     let started = Instant::now();
     loop {
         let n = orrery_client::ready_clusters(&admin).await?;
-        if n >= args.clusters {
+        if n >= clusters {
             break;
         }
         anyhow::ensure!(
@@ -67,7 +77,7 @@ pub(crate) async fn fleet(
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    Ok((server, admin, agent))
+    Ok((admin, agent))
 }
 
 fn deployment(name: &str, replicas: i64) -> Value {

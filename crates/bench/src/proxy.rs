@@ -1,6 +1,8 @@
 //! The cluster proxy's cost: requests through the tunnel a member's agent keeps open (server →
 //! HTTP/2 over the agent's connection → the member's API) against the same kind of request the
-//! server answers itself. A real `orrery server` and an agent process simulating one member.
+//! server answers itself. A real `orrery server` and an agent process simulating one member;
+//! with `--via-replica`, two replicas on etcd, the agent connected to the first and the proxy
+//! asked of the second, which forwards to the first.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -12,6 +14,7 @@ use crate::stats::{emit, percentile, progress, round};
 pub struct Args {
     pub requests: usize,
     pub pods: usize,
+    pub via_replica: bool,
     pub server_bin: Option<PathBuf>,
     pub dir: Option<PathBuf>,
 }
@@ -29,15 +32,26 @@ async fn latencies(c: &kube::Client, path: &str, n: usize) -> anyhow::Result<Vec
 }
 
 pub async fn latency(args: Args) -> anyhow::Result<()> {
-    let fleet_args = crate::propagation::Args {
-        clusters: 1,
-        templates: 0,
-        server_bin: args.server_bin.clone(),
-        dir: args.dir.clone(),
+    // `client` asks: the server holding the tunnel, or (via a replica) the other one.
+    let (_etcd, _servers, holder, client, _agent) = if args.via_replica {
+        let etcd = orrery_store_testkit::etcd::EtcdCluster::start(1)?;
+        let servers = crate::ha::replicas(&etcd, 2, &[], &args.server_bin, &args.dir)?;
+        let (holder, agent) =
+            crate::propagation::fleet_on(&servers[0], &args.server_bin, 1, "1s").await?;
+        let asked = orrery_client::from_kubeconfig(&servers[1].kubeconfig).await?;
+        (Some(etcd), servers, holder, asked, agent)
+    } else {
+        let fleet_args = crate::propagation::Args {
+            clusters: 1,
+            templates: 0,
+            server_bin: args.server_bin.clone(),
+            dir: args.dir.clone(),
+        };
+        let (server, client, agent) = crate::propagation::fleet(&fleet_args, "1s").await?;
+        (None, vec![server], client.clone(), client, agent)
     };
-    let (_server, client, _agent) = crate::propagation::fleet(&fleet_args, "1s").await?;
     crate::propagation::post(
-        &client,
+        &holder,
         "/apis/apps/v1/namespaces/default/deployments",
         &json!({"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "web", "namespace": "default"},
@@ -48,7 +62,7 @@ pub async fn latency(args: Args) -> anyhow::Result<()> {
     )
     .await?;
     crate::propagation::post(
-        &client,
+        &holder,
         "/apis/policy.karmada.io/v1alpha1/namespaces/default/propagationpolicies",
         &json!({"apiVersion": "policy.karmada.io/v1alpha1", "kind": "PropagationPolicy",
             "metadata": {"name": "web", "namespace": "default"},
@@ -81,18 +95,22 @@ pub async fn latency(args: Args) -> anyhow::Result<()> {
     // Warm both paths, then measure them interleaved in rounds (a noisy machine moves both).
     latencies(&client, "/version", 50).await?;
     latencies(&client, &format!("{proxy}/version"), 50).await?;
-    let (mut direct, mut tunnel, mut pods) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut direct, mut tunnel, mut pods, mut at_holder) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let rounds = 10;
     for r in 0..rounds {
         let n = args.requests / rounds;
         direct.extend(latencies(&client, "/version", n).await?);
         tunnel.extend(latencies(&client, &format!("{proxy}/version"), n).await?);
         pods.extend(latencies(&client, &pods_path, n).await?);
+        if args.via_replica {
+            at_holder.extend(latencies(&holder, &format!("{proxy}/version"), n).await?);
+        }
         progress(format!("round {}/{rounds}", r + 1));
     }
     let p = |v: &[f64], q: f64| round(percentile(v, q), 2);
-    emit(json!({
-        "scenario": "proxy-latency",
+    let mut out = json!({
+        "scenario": if args.via_replica { "proxy-latency-via-replica" } else { "proxy-latency" },
         "requests": direct.len(),
         "pods": args.pods,
         "direct_version_ms": {"p50": p(&direct, 50.0), "p99": p(&direct, 99.0)},
@@ -102,6 +120,14 @@ pub async fn latency(args: Args) -> anyhow::Result<()> {
         "added_p99_ms": round(percentile(&tunnel, 99.0) - percentile(&direct, 99.0), 2),
         "measures": "GET /version answered by the server itself against the same through the cluster proxy (server, tunnel over the agent's connection, the simulated member's API); and a list of the member's pods through the proxy",
         "goal_added_p99_ms": 10,
-    }));
+    });
+    if args.via_replica {
+        out["measures"] = json!(
+            "GET /version answered by a replica itself against the same through the cluster proxy asked of that replica, which forwards it to the replica holding the member's tunnel (on an HTTP/2 connection the replicas keep); holder_proxied_version_ms: the proxy asked of the holder itself"
+        );
+        out["holder_proxied_version_ms"] =
+            json!({"p50": p(&at_holder, 50.0), "p99": p(&at_holder, 99.0)});
+    }
+    emit(out);
     Ok(())
 }

@@ -71,7 +71,7 @@ pub struct Tunnels {
     open: std::sync::Mutex<HashMap<String, (u64, Sender)>>,
     next: AtomicU64,
     /// How this replica forwards to the one holding a tunnel.
-    peer_tls: peers::PeerTls,
+    peers: peers::Peers,
 }
 
 impl Tunnels {

@@ -39,24 +39,117 @@ fn lease_key(cluster: &str) -> String {
     )
 }
 
-/// The TLS client configuration a replica forwards with, made when first needed.
-#[derive(Debug, Default)]
-pub struct PeerTls(std::sync::Mutex<Option<(Instant, Arc<rustls::ClientConfig>)>>);
+type H2 = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
 
-impl PeerTls {
-    fn get(&self, app: &App) -> ApiResult<Arc<rustls::ClientConfig>> {
-        let mut cached = self.0.lock().unwrap_or_else(|p| p.into_inner());
+/// How a replica reaches the others: its TLS client configuration (made when first needed,
+/// renewed at half the certificate's life) and an HTTP/2 connection per replica for plain
+/// requests (an upgrade gets an HTTP/1.1 connection of its own).
+#[derive(Debug, Default)]
+pub struct Peers {
+    tls: std::sync::Mutex<Option<(Instant, Arc<rustls::ClientConfig>)>>,
+    h2: std::sync::Mutex<std::collections::HashMap<String, H2>>,
+}
+
+impl Peers {
+    fn tls(&self, app: &App) -> Result<Arc<rustls::ClientConfig>, String> {
+        let mut cached = self.tls.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((made, c)) = cached.as_ref()
             && made.elapsed() < CERT_TTL / 2
         {
             return Ok(c.clone());
         }
-        let c = Arc::new(client_config(app).map_err(|e| {
-            ApiError::service_unavailable(format!("forwarding to another replica: {e}"))
-        })?);
+        let c = Arc::new(client_config(app)?);
         *cached = Some((Instant::now(), c.clone()));
         Ok(c)
     }
+
+    fn cached(&self, holder: &str) -> Option<H2> {
+        let h2 = self.h2.lock().unwrap_or_else(|p| p.into_inner());
+        h2.get(holder).filter(|s| !s.is_closed()).cloned()
+    }
+
+    fn keep(&self, holder: &str, s: H2) {
+        let mut h2 = self.h2.lock().unwrap_or_else(|p| p.into_inner());
+        h2.retain(|_, s| !s.is_closed());
+        h2.insert(holder.to_string(), s);
+    }
+
+    fn drop_cached(&self, holder: &str) {
+        self.h2
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(holder);
+    }
+}
+
+/// A TLS connection to the replica at `holder`, speaking `alpn`.
+async fn dial(
+    app: &App,
+    holder: &str,
+    alpn: &[u8],
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
+    let uri: http::Uri = holder
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| e.to_string())?;
+    let host = uri.host().ok_or("not an https:// URL")?;
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = uri.port_u16().unwrap_or(443);
+    let mut tls = (*app.tunnels.peers.tls(app)?).clone();
+    tls.alpn_protocols = vec![alpn.to_vec()];
+    let name = ServerName::try_from(host.clone()).map_err(|e| e.to_string())?;
+    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio_rustls::TlsConnector::from(Arc::new(tls))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// Sends a plain request on the HTTP/2 connection to `holder` (made once and kept; made again
+/// if the kept one fails before the request is sent).
+async fn send_h2(
+    app: &App,
+    holder: &str,
+    req: Request<Full<Bytes>>,
+) -> Result<Response<hyper::body::Incoming>, String> {
+    let peers = &app.tunnels.peers;
+    if let Some(mut s) = peers.cached(holder)
+        && s.ready().await.is_ok()
+    {
+        match s.send_request(clone_request(&req)).await {
+            Ok(r) => return Ok(r),
+            // Not sent on a connection that went away: try a new one.
+            Err(e) if e.is_canceled() || e.is_closed() => peers.drop_cached(holder),
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    let io = dial(app, holder, b"h2").await?;
+    let (mut s, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(io),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!(error = %e, "a connection to another replica ended");
+        }
+    });
+    peers.keep(holder, s.clone());
+    s.ready().await.map_err(|e| e.to_string())?;
+    s.send_request(req).await.map_err(|e| e.to_string())
+}
+
+fn clone_request(r: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+    let mut c = Request::new(r.body().clone());
+    *c.method_mut() = r.method().clone();
+    *c.uri_mut() = r.uri().clone();
+    *c.headers_mut() = r.headers().clone();
+    c
 }
 
 fn client_config(app: &App) -> Result<rustls::ClientConfig, String> {
@@ -194,33 +287,11 @@ where
             "cluster {cluster}'s tunnel is held by the replica at {holder}, which could not be reached: {e}"
         ))
     };
-    let uri: http::Uri = holder.parse().map_err(|e| unavailable(&e))?;
-    let (Some(host), Some(authority)) = (uri.host(), uri.authority().cloned()) else {
-        return Err(unavailable(&"not an https:// URL"));
-    };
-    let host = host
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .to_string();
-    let port = uri.port_u16().unwrap_or(443);
-    let tls = app.tunnels.peer_tls.get(app)?;
-    let name = ServerName::try_from(host.clone()).map_err(|e| unavailable(&e))?;
-    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
-        .await
-        .map_err(|e| unavailable(&e))?;
-    let stream = tokio_rustls::TlsConnector::from(tls)
-        .connect(name, tcp)
-        .await
-        .map_err(|e| unavailable(&e))?;
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| unavailable(&e))?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!(error = %e, "a connection to another replica ended");
-        }
-    });
-
+    let authority = holder
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|u| u.authority().cloned())
+        .ok_or_else(|| unavailable(&"not an https:// URL"))?;
     let upgrading = req.headers().contains_key(http::header::UPGRADE);
     let ours = upgrading.then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
@@ -236,7 +307,6 @@ where
     let mut out = Request::builder()
         .method(parts.method.clone())
         .uri(uri)
-        .header(http::header::HOST, authority.as_str())
         .header(FORWARDED, "1");
     for (k, v) in &parts.headers {
         // An upgrade keeps its Connection and Upgrade headers: the holder answers it.
@@ -245,13 +315,34 @@ where
             out = out.header(k, v);
         }
     }
+    let Some(ours) = ours else {
+        let out = out
+            .body(Full::new(body))
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let answer = send_h2(app, holder, out)
+            .await
+            .map_err(|e| unavailable(&e))?;
+        return Ok(relay(answer));
+    };
+    let io = dial(app, holder, b"http/1.1")
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| unavailable(&e))?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!(error = %e, "a connection to another replica ended");
+        }
+    });
     let out = out
+        .header(http::header::HOST, authority.as_str())
         .body(Full::new(body))
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let mut answer = send.send_request(out).await.map_err(|e| unavailable(&e))?;
-    let Some(ours) = ours.filter(|_| answer.status() == StatusCode::SWITCHING_PROTOCOLS) else {
+    if answer.status() != StatusCode::SWITCHING_PROTOCOLS {
         return Ok(relay(answer));
-    };
+    }
     let theirs = hyper::upgrade::on(&mut answer);
     let cluster_name = cluster.to_string();
     tokio::spawn(async move {
