@@ -846,6 +846,21 @@ fn the_cluster_proxy_reaches_a_member_through_a_replica_it_is_not_connected_to()
             holder == a.url
         },
     );
+    // Owned by the Cluster, so a record no replica removed goes with it.
+    let out = on(
+        &a,
+        &b,
+        &[
+            "get",
+            "lease",
+            "proxy-m",
+            "-n",
+            "orrery-system",
+            "-o",
+            "jsonpath={.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}",
+        ],
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "Cluster/m");
 
     // get pods, asked of b.
     let path = "/apis/multicluster.io/v1alpha1/clusters/m/proxy/api/v1/namespaces/default/pods";

@@ -184,12 +184,13 @@ fn client_config(app: &App) -> Result<rustls::ClientConfig, String> {
         .with_root_certificates(roots)
         .with_client_auth_cert(certs, key)
         .map_err(|e| e.to_string())?;
-    // HTTP/1.1: an upgraded stream (exec, port-forward) is forwarded as the caller sent it.
-    c.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // ALPN is chosen per connection (`dial`).
+    c.alpn_protocols = Vec::new();
     Ok(c)
 }
 
-/// Records this replica as the holder of a cluster's tunnel (HA installations only).
+/// Records this replica as the holder of a cluster's tunnel (HA installations only). The
+/// record is not renewed: a tunnel is re-recorded each time an agent opens it.
 pub async fn record(app: &App, cluster: &str) {
     let Some(me) = app.config.advertise_url.as_deref() else {
         return;
@@ -217,6 +218,16 @@ pub async fn record(app: &App, cluster: &str) {
                 .metadata
                 .labels
                 .insert("multicluster.io/cluster".into(), cluster.into());
+            // Owned by the Cluster: a record a replica could not remove (it died) goes with the
+            // cluster.
+            if let Ok(c) = app
+                .store
+                .get(&orrery_api::keys::well_known::cluster(cluster))
+                .await
+            {
+                lease.metadata.owner_references =
+                    vec![orrery_api::OwnerReference::controller_of(&c)];
+            }
             lease.spec = Some(spec);
             app.store.create(&key, lease).await.map(|_| ())
         }
