@@ -351,6 +351,9 @@ fn kubectl_port_forward_reaches_a_simulated_pods_declared_ports() {
         .args(["port-forward", "-n", "default", "--address", "127.0.0.1"])
         .arg(format!("pod/{pod}"))
         .args([":80", ":81"])
+        // kubectl 1.30 tunnels port-forward in a WebSocket only when asked (1.31 and newer do
+        // by default).
+        .env("KUBECTL_PORT_FORWARD_WEBSOCKETS", "true")
         .env("KUBECONFIG", &kc)
         .env("HOME", &home)
         .env("KUBECACHEDIR", &home)

@@ -394,7 +394,7 @@ where
     let websocket = header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
     let Some(key) = header("sec-websocket-key").filter(|_| websocket) else {
         return Err(ApiError::bad_request(
-            "the cluster proxy carries WebSocket upgrades only (kubectl 1.30 or newer uses them for exec and attach, 1.31 for port-forward)",
+            "the cluster proxy carries WebSocket upgrades only (kubectl 1.30 or newer uses them for exec and attach, 1.31 for port-forward; 1.30 with KUBECTL_PORT_FORWARD_WEBSOCKETS=true)",
         ));
     };
     // The caller's side of the upgrade (it completes once the 101 below is sent).
