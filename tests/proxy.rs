@@ -291,6 +291,31 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}]
         out.status.success() && String::from_utf8_lossy(&out.stdout).contains("web-")
     });
     assert!(!as_alice(&proxied("b")).status.success(), "alice reached b");
+    // get on a's proxy reads; exec acts in the member and needs create.
+    let alice_a = f.s.dir.join("alice-a.kubeconfig");
+    let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["kubeconfig", "--cluster", "a", "--kubeconfig"])
+        .arg(&alice)
+        .arg("-o")
+        .arg(&alice_a)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = kubectl_with(
+        &f,
+        &alice_a,
+        &["exec", "-n", "default", &pod, "--", "echo", "hi"],
+    );
+    assert!(!out.status.success(), "alice could exec with get");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("forbidden") || err.contains("Forbidden"),
+        "{err}"
+    );
 }
 
 /// `kubectl port-forward` through the proxy into a simulated pod (kubectl tunnels SPDY/3.1 in

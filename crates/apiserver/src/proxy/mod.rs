@@ -183,7 +183,12 @@ where
                     };
                 let id = app.tunnels.put(&cluster, send);
                 tracing::info!(%cluster, "cluster proxy tunnel open");
-                peers::record(&app, &cluster).await;
+                // Recorded beside the connection, which must be driven meanwhile (a store
+                // that is slow or without quorum would stall the tunnel).
+                let recording = tokio::spawn({
+                    let (app, cluster) = (app.clone(), cluster.clone());
+                    async move { peers::record(&app, &cluster).await }
+                });
                 let mut shutdown = app.shutdown.clone();
                 tokio::select! {
                     r = conn => if let Err(e) = r {
@@ -193,6 +198,9 @@ where
                 }
                 app.tunnels.remove(&cluster, id);
                 tracing::info!(%cluster, "cluster proxy tunnel closed");
+                // The record first (it stops once the tunnel is gone), so that it cannot
+                // follow the removal.
+                let _ = recording.await;
                 peers::forget(&app, &cluster).await;
             });
             let mut r = Response::new(crate::http::full(Bytes::new()));
@@ -208,10 +216,16 @@ where
             Ok(r)
         }
         Target::Proxy { cluster, path } => {
+            // An upgrade (exec, attach, port-forward) acts in the member: `create`, as
+            // Kubernetes asks for pods/exec, never the `get` of its GET.
+            let verb = match req.headers().contains_key(http::header::UPGRADE) {
+                true => "create",
+                false => verb_of(req.method()),
+            };
             app.authz.authorize(
                 who,
                 &Attributes {
-                    verb: verb_of(req.method()),
+                    verb,
                     group: "multicluster.io",
                     resource: "clusters",
                     subresource: Some("proxy"),

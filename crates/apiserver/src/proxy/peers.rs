@@ -29,6 +29,8 @@ const NAMESPACE: &str = "orrery-system";
 const REPLICA_USER: &str = "system:orrery-replica";
 /// How long the replica's client certificate is good for; a new one is made at half of it.
 const CERT_TTL: Duration = Duration::from_secs(24 * 3600);
+/// The most a connection to another replica (TCP and TLS) may take.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(5);
 
 fn lease_key(cluster: &str) -> String {
     orrery_api::keys::object(
@@ -100,13 +102,19 @@ async fn dial(
     let mut tls = (*app.tunnels.peers.tls(app)?).clone();
     tls.alpn_protocols = vec![alpn.to_vec()];
     let name = ServerName::try_from(host.clone()).map_err(|e| e.to_string())?;
-    let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio_rustls::TlsConnector::from(Arc::new(tls))
-        .connect(name, tcp)
-        .await
-        .map_err(|e| e.to_string())
+    // A replica that is gone (its record left behind) must not hold the caller for the
+    // kernel's connect timeout.
+    tokio::time::timeout(DIAL_TIMEOUT, async {
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio_rustls::TlsConnector::from(Arc::new(tls))
+            .connect(name, tcp)
+            .await
+            .map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|_| format!("no TLS connection within {DIAL_TIMEOUT:?}"))?
 }
 
 /// Sends a plain request on the HTTP/2 connection to `holder` (made once and kept; made again
@@ -128,12 +136,17 @@ async fn send_h2(
         }
     }
     let io = dial(app, holder, b"h2").await?;
-    let (mut s, conn) = hyper::client::conn::http2::handshake(
-        hyper_util::rt::TokioExecutor::new(),
-        TokioIo::new(io),
-    )
-    .await
-    .map_err(|e| e.to_string())?;
+    // Pings find a peer that went away without closing (its cached connection would
+    // otherwise hold every request sent on it).
+    let (mut s, conn) =
+        hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .timer(hyper_util::rt::TokioTimer::new())
+            .keep_alive_interval(Duration::from_secs(15))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .keep_alive_while_idle(true)
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| e.to_string())?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "a connection to another replica ended");
@@ -189,23 +202,46 @@ fn client_config(app: &App) -> Result<rustls::ClientConfig, String> {
     Ok(c)
 }
 
-/// Records this replica as the holder of a cluster's tunnel (HA installations only). The
-/// record is not renewed: a tunnel is re-recorded each time an agent opens it.
+/// Records this replica as the holder of a cluster's tunnel (HA installations only), trying
+/// again for as long as the tunnel is open here (another replica may be writing or removing
+/// the record at the same moment; the store may be without quorum). The record is not
+/// renewed: a tunnel is recorded each time an agent opens it.
 pub async fn record(app: &App, cluster: &str) {
     let Some(me) = app.config.advertise_url.as_deref() else {
         return;
     };
+    let mut wait = Duration::from_millis(200);
+    let mut told = false;
+    while app.tunnels.has(cluster) {
+        let e = match try_record(app, cluster, me).await {
+            Ok(()) => return,
+            Err(e) => e,
+        };
+        if matches!(
+            e,
+            StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }
+        ) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        if !told {
+            told = true;
+            tracing::warn!(%cluster, error = %e, "could not record this replica as the holder of the cluster's tunnel (trying again): other replicas cannot forward to it meanwhile");
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(Duration::from_secs(10));
+    }
+}
+
+async fn try_record(app: &App, cluster: &str, me: &str) -> Result<(), StoreError> {
     let key = lease_key(cluster);
     let now = orrery_api::MicroTime::now().to_string();
     let spec = serde_json::json!({"holderIdentity": me, "acquireTime": now, "renewTime": now});
-    let result = match app.store.get(&key).await {
+    match app.store.get(&key).await {
         Ok(current) => {
             let mut next = current.clone();
             next.spec = Some(spec);
-            app.store
-                .update(&key, next, current.revision())
-                .await
-                .map(|_| ())
+            app.store.update(&key, next, current.revision()).await?;
         }
         Err(StoreError::NotFound { .. }) => {
             let mut lease = orrery_store::stamp::new_object(
@@ -229,13 +265,11 @@ pub async fn record(app: &App, cluster: &str) {
                     vec![orrery_api::OwnerReference::controller_of(&c)];
             }
             lease.spec = Some(spec);
-            app.store.create(&key, lease).await.map(|_| ())
+            app.store.create(&key, lease).await?;
         }
-        Err(e) => Err(e),
-    };
-    if let Err(e) = result {
-        tracing::warn!(%cluster, error = %e, "could not record this replica as the holder of the cluster's tunnel: other replicas will not forward to it");
+        Err(e) => return Err(e),
     }
+    Ok(())
 }
 
 /// Forgets this replica as the holder of a cluster's tunnel, unless a newer tunnel of the
@@ -293,9 +327,12 @@ where
     B: hyper::body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    // The cause goes to the log, not to the caller (the record's address is only as good as
+    // whoever may write Leases in orrery-system).
     let unavailable = |e: &dyn std::fmt::Display| {
+        tracing::warn!(%cluster, %holder, error = %e, "could not forward a cluster proxy request to the replica holding the tunnel");
         ApiError::service_unavailable(format!(
-            "cluster {cluster}'s tunnel is held by the replica at {holder}, which could not be reached: {e}"
+            "cluster {cluster}'s tunnel is held by the replica at {holder}, which could not be reached"
         ))
     };
     let authority = holder

@@ -32,9 +32,25 @@ pub(super) struct Target {
 #[derive(Default)]
 struct Pair {
     error: Option<u32>,
-    data: Option<(u32, mpsc::UnboundedReceiver<Vec<u8>>)>,
+    data: Option<(u32, mpsc::Receiver<Vec<u8>>)>,
     port: Option<u16>,
 }
+
+/// A data stream's way to its connection's task.
+struct Inbound {
+    tx: mpsc::Sender<Vec<u8>>,
+    /// Its pair is complete and the task reads: the client waits for it (backpressure).
+    /// Before that, what arrives is kept up to `STREAM_BUFFER` frames, then the stream reset.
+    started: bool,
+}
+
+/// Frames of data kept per stream before the pod's side reads them.
+const STREAM_BUFFER: usize = 64;
+/// Pairs still waiting for their second stream (a client that opens only halves is refused
+/// beyond this).
+const MAX_WAITING_PAIRS: usize = 256;
+/// RST_STREAM's status for a stream whose buffer overflowed.
+const FLOW_CONTROL_ERROR: u32 = 7;
 
 /// Serves a port-forward connection until the client closes it.
 pub(super) async fn serve<S>(ws: WebSocketStream<S>, target: Target)
@@ -57,7 +73,8 @@ where
     let mut decoder = Decoder::default();
     let mut pairs: HashMap<String, Pair> = HashMap::new();
     // What the client sends on each data stream, to the connection's task.
-    let mut inbound: HashMap<u32, mpsc::UnboundedSender<Vec<u8>>> = HashMap::new();
+    let mut inbound: HashMap<u32, Inbound> = HashMap::new();
+    let mut last_accepted = 0;
     'connection: while let Some(message) = source.next().await {
         match message {
             Ok(Message::Binary(b)) => decoder.push(&b),
@@ -72,7 +89,7 @@ where
                     tracing::debug!(pod = %target.pod, error = %e, "port-forward: bad SPDY frame");
                     let _ = out
                         .send(Frame::GoAway {
-                            last: 0,
+                            last: last_accepted,
                             status: GOAWAY_PROTOCOL_ERROR,
                         })
                         .await;
@@ -95,23 +112,15 @@ where
                         None if kind == "data" => id.saturating_sub(2).to_string(),
                         None => id.to_string(),
                     };
-                    let pair = pairs.entry(request.clone()).or_default();
-                    let taken = match kind {
-                        "error" if pair.error.is_none() => {
-                            pair.error = Some(id);
-                            true
-                        }
-                        "data" if pair.data.is_none() => {
-                            let (tx, rx) = mpsc::unbounded_channel();
-                            if !fin {
-                                inbound.insert(id, tx);
-                            }
-                            pair.data = Some((id, rx));
-                            true
-                        }
+                    // Nothing is kept of a stream refused.
+                    let waiting = pairs.get(&request);
+                    let free = match kind {
+                        "error" => waiting.is_none_or(|p| p.error.is_none()),
+                        "data" => waiting.is_none_or(|p| p.data.is_none()),
                         _ => false,
                     };
-                    if !taken || port.is_none() {
+                    let room = waiting.is_some() || pairs.len() < MAX_WAITING_PAIRS;
+                    let Some(port) = port.filter(|_| free && room) else {
                         let _ = out
                             .send(Frame::RstStream {
                                 id,
@@ -119,8 +128,19 @@ where
                             })
                             .await;
                         continue;
+                    };
+                    last_accepted = last_accepted.max(id);
+                    let pair = pairs.entry(request.clone()).or_default();
+                    if kind == "error" {
+                        pair.error = Some(id);
+                    } else {
+                        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+                        if !fin {
+                            inbound.insert(id, Inbound { tx, started: false });
+                        }
+                        pair.data = Some((id, rx));
                     }
-                    pair.port = pair.port.or(port);
+                    pair.port = pair.port.or(Some(port));
                     let _ = out
                         .send(Frame::SynReply {
                             id,
@@ -143,16 +163,35 @@ where
                             port: Some(port),
                         }) = pairs.remove(&request)
                     {
+                        if let Some(i) = inbound.get_mut(&data) {
+                            i.started = true;
+                        }
                         tokio::spawn(forward(target.clone(), port, error, data, rx, out.clone()));
                     }
                 }
                 Frame::Data { id, fin, data } => {
-                    if let Some(tx) = inbound.get(&id)
-                        && !data.is_empty()
-                    {
-                        let _ = tx.send(data);
-                    }
-                    if fin {
+                    let delivered = match inbound.get(&id) {
+                        None => false,
+                        Some(_) if data.is_empty() => true,
+                        Some(i) if i.started => i.tx.send(data).await.is_ok(),
+                        Some(i) => match i.tx.try_send(data) {
+                            Ok(()) => true,
+                            Err(mpsc::error::TrySendError::Full(_)) => {
+                                // Its pair never completed and it kept sending: reset it, and
+                                // forget its half of the pair.
+                                pairs.retain(|_, p| p.data.as_ref().is_none_or(|(d, _)| *d != id));
+                                let _ = out
+                                    .send(Frame::RstStream {
+                                        id,
+                                        status: FLOW_CONTROL_ERROR,
+                                    })
+                                    .await;
+                                false
+                            }
+                            Err(mpsc::error::TrySendError::Closed(_)) => false,
+                        },
+                    };
+                    if fin || !delivered {
                         inbound.remove(&id);
                     }
                 }
@@ -221,7 +260,7 @@ async fn forward(
     port: u16,
     error: u32,
     data: u32,
-    mut input: mpsc::UnboundedReceiver<Vec<u8>>,
+    mut input: mpsc::Receiver<Vec<u8>>,
     out: mpsc::Sender<Frame>,
 ) {
     let close = |id| Frame::Data {
@@ -502,7 +541,68 @@ mod tests {
             }
         );
 
-        // Bytes that are not SPDY end the connection with a GOAWAY.
+        // A stream refused keeps nothing: the same request's error stream, with a port, is
+        // taken after one without.
+        send(
+            &mut ws,
+            &mut e,
+            Frame::SynStream {
+                id: 15,
+                fin: false,
+                headers: vec![
+                    ("streamtype".into(), "error".into()),
+                    ("requestid".into(), "4".into()),
+                ],
+            },
+        )
+        .await;
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::RstStream {
+                id: 15,
+                status: REFUSED_STREAM
+            }
+        );
+        send(&mut ws, &mut e, syn(17, "error", "80", "4")).await;
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::SynReply {
+                id: 17,
+                fin: false,
+                headers: vec![]
+            }
+        );
+        // A data stream whose pair never completes is reset once its buffer is full.
+        send(&mut ws, &mut e, syn(19, "data", "80", "5")).await;
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::SynReply {
+                id: 19,
+                fin: false,
+                headers: vec![]
+            }
+        );
+        for _ in 0..=STREAM_BUFFER {
+            send(
+                &mut ws,
+                &mut e,
+                Frame::Data {
+                    id: 19,
+                    fin: false,
+                    data: b"x".to_vec(),
+                },
+            )
+            .await;
+        }
+        assert_eq!(
+            recv(&mut ws, &mut d).await,
+            Frame::RstStream {
+                id: 19,
+                status: FLOW_CONTROL_ERROR
+            }
+        );
+
+        // Bytes that are not SPDY end the connection with a GOAWAY naming the last stream taken.
         ws.send(Message::Binary(
             b"\x80\x02\x00\x06\x00\x00\x00\x04\x00\x00\x00\x01"
                 .to_vec()
@@ -513,7 +613,7 @@ mod tests {
         assert_eq!(
             recv(&mut ws, &mut d).await,
             Frame::GoAway {
-                last: 0,
+                last: 19,
                 status: GOAWAY_PROTOCOL_ERROR
             }
         );
