@@ -135,6 +135,46 @@ fn kubectl_reaches_a_pull_mode_members_pods_and_logs_through_the_proxy() {
         "{logs}"
     );
 
+    // The member's workloads, read through the proxy: kubectl finds a Deployment's pods by
+    // its selector (logs deploy/web), and label selectors narrow pod lists.
+    let out = kubectl_with(&f, &kc, &["get", "deployments", "-n", "default"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && text
+                .lines()
+                .any(|l| l.starts_with("web ") && l.contains("2/2")),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = kubectl_with(
+        &f,
+        &kc,
+        &["logs", "deploy/web", "-n", "default", "--tail", "1"],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains(": simulated log line"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let names = |selector: &str| {
+        let out = kubectl_with(
+            &f,
+            &kc,
+            &["get", "pods", "-n", "default", "-l", selector, "-o", "name"],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).lines().count()
+    };
+    assert_eq!(names("app=web"), 2);
+    assert_eq!(names("app=web,tier notin (web)"), 2);
+    assert_eq!(names("app=other"), 0);
+
     // A followed log keeps coming as the pod writes it.
     let mut follow = Command::new("kubectl")
         .args(["logs", "-f", &pod, "-n", "default", "--tail", "1"])
@@ -374,7 +414,7 @@ fn kubectl_port_forward_reaches_a_simulated_pods_declared_ports() {
     let home = f.s.dir.join("proxy-home");
     let mut pf = Command::new("kubectl")
         .args(["port-forward", "-n", "default", "--address", "127.0.0.1"])
-        .arg(format!("pod/{pod}"))
+        .arg("deploy/api")
         .args([":80", ":81"])
         // kubectl 1.30 tunnels port-forward in a WebSocket only when asked (1.31 and newer do
         // by default).

@@ -1,7 +1,9 @@
 //! What a simulated member answers through the cluster proxy: a slice of the Kubernetes API
 //! over its pods — discovery, pods listed or read (as JSON, or as the Table kubectl asks
 //! for) and their logs, generated lines that a follow keeps streaming while the pod lives —
-//! so that `kubectl get pods` and `kubectl logs` work against it; and the upgraded requests of
+//! so that `kubectl get pods` and `kubectl logs` work against it; the workloads it runs
+//! (apps/v1, batch/v1), read, so that `logs deploy/web` finds its pods; label selectors on
+//! lists; and the upgraded requests of
 //! `kubectl exec` (a small shell) and `kubectl port-forward` (`portforward`). It stands in for a real
 //! member's API, which the kube backend forwards to.
 
@@ -47,6 +49,58 @@ fn age(secs: i64) -> String {
         s if s < 172_800 => format!("{}h", s / 3600),
         s => format!("{}d", s / 86_400),
     }
+}
+
+/// The workload kinds a simulated member serves to read: (group, plural, kind, short names),
+/// all `v1`.
+const WORKLOADS: &[(&str, &str, &str, &[&str])] = &[
+    ("apps", "deployments", "Deployment", &["deploy"]),
+    ("apps", "statefulsets", "StatefulSet", &["sts"]),
+    ("apps", "daemonsets", "DaemonSet", &["ds"]),
+    ("apps", "replicasets", "ReplicaSet", &["rs"]),
+    ("batch", "jobs", "Job", &[]),
+];
+
+/// Workloads as kubectl's server-side printing asks for them: name, ready of desired, age.
+fn workload_table(items: Vec<Value>) -> http::Response<ProxyBody> {
+    let col = |name: &str| {
+        json!({"name": name, "type": "string", "format": if name == "Name" {"name"} else {""},
+               "description": "", "priority": 0})
+    };
+    let rows: Vec<Value> = items
+        .into_iter()
+        .map(|o| {
+            let st = &o["status"];
+            let ready = st["readyReplicas"]
+                .as_i64()
+                .or(st["numberReady"].as_i64())
+                .or(st["succeeded"].as_i64())
+                .unwrap_or(0);
+            let want = o["spec"]["replicas"]
+                .as_i64()
+                .or(st["desiredNumberScheduled"].as_i64())
+                .or(o["spec"]["completions"].as_i64())
+                .unwrap_or(1);
+            let created = o["metadata"]["creationTimestamp"]
+                .as_str()
+                .and_then(|t| t.parse::<Time>().ok())
+                .map(|t| age(Time::now().seconds_since(t)))
+                .unwrap_or_else(|| "<unknown>".into());
+            json!({
+                "cells": [o["metadata"]["name"], format!("{ready}/{want}"), created],
+                "object": {
+                    "kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                    "metadata": o["metadata"],
+                },
+            })
+        })
+        .collect();
+    let body = json!({
+        "kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": ""},
+        "columnDefinitions": [col("Name"), col("Ready"), col("Age")],
+        "rows": rows,
+    });
+    proxy_answer(StatusCode::OK, "application/json", body.to_string())
 }
 
 impl SimCluster {
@@ -153,6 +207,29 @@ impl SimCluster {
             .is_some_and(|a| a.contains("as=Table"));
         let segments: Vec<&str> = path.split('/').skip(1).collect();
         let json_ok = |v: Value| proxy_answer(StatusCode::OK, "application/json", v.to_string());
+        let selector =
+            match orrery_api::labels::Selector::parse(param("labelSelector").unwrap_or("")) {
+                Ok(s) => s,
+                Err(e) => {
+                    return proxy_error(
+                        StatusCode::BAD_REQUEST,
+                        &format!("unable to parse requirement: {e}"),
+                    );
+                }
+            };
+        let selected = |items: Vec<Value>| -> Vec<Value> {
+            items
+                .into_iter()
+                .filter(|o| {
+                    let labels: std::collections::BTreeMap<String, String> =
+                        serde_json::from_value(o["metadata"]["labels"].clone()).unwrap_or_default();
+                    selector.matches(&labels)
+                })
+                .collect()
+        };
+        if let Some(answer) = self.answer_workloads(&segments, as_table, &selected) {
+            return answer;
+        }
         match segments.as_slice() {
             ["version"] => json_ok(json!({
                 "major": "1", "minor": "32", "gitVersion": "v1.32.0+orrery-sim",
@@ -162,7 +239,16 @@ impl SimCluster {
                 "kind": "APIVersions", "versions": ["v1"],
                 "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": ""}],
             })),
-            ["apis"] => json_ok(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []})),
+            ["apis"] => {
+                let groups: Vec<Value> = ["apps", "batch"]
+                    .iter()
+                    .map(|g| {
+                        let gv = json!({"groupVersion": format!("{g}/v1"), "version": "v1"});
+                        json!({"name": g, "versions": [gv.clone()], "preferredVersion": gv})
+                    })
+                    .collect();
+                json_ok(json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups}))
+            }
             ["api", "v1"] => json_ok(json!({
                 "kind": "APIResourceList", "groupVersion": "v1",
                 "resources": [
@@ -176,8 +262,10 @@ impl SimCluster {
                      "kind": "PodPortForwardOptions", "verbs": ["create", "get"]},
                 ],
             })),
-            ["api", "v1", "pods"] => self.list(self.pods_of(None), as_table),
-            ["api", "v1", "namespaces", ns, "pods"] => self.list(self.pods_of(Some(ns)), as_table),
+            ["api", "v1", "pods"] => self.list(selected(self.pods_of(None)), as_table),
+            ["api", "v1", "namespaces", ns, "pods"] => {
+                self.list(selected(self.pods_of(Some(ns))), as_table)
+            }
             ["api", "v1", "namespaces", ns, "pods", name] => match self.find_pod(ns, name) {
                 Some((_, p)) if as_table => self.table(vec![p]),
                 Some((_, p)) => json_ok(p),
@@ -228,6 +316,88 @@ impl SimCluster {
                 &format!("the simulated member does not serve {path}"),
             ),
         }
+    }
+
+    /// The workloads the member runs, as its API serves them to read (what `kubectl logs
+    /// deploy/web` and `port-forward deploy/web` look up before they choose a pod): discovery
+    /// of their groups, lists (all namespaces or one) and single objects with their status.
+    /// `None` for paths that are not theirs.
+    fn answer_workloads(
+        &self,
+        segments: &[&str],
+        as_table: bool,
+        selected: &dyn Fn(Vec<Value>) -> Vec<Value>,
+    ) -> Option<http::Response<ProxyBody>> {
+        let json_ok = |v: Value| proxy_answer(StatusCode::OK, "application/json", v.to_string());
+        let kind_of = |group: &str, plural: &str| {
+            WORKLOADS
+                .iter()
+                .find(|(g, p, _, _)| *g == group && *p == plural)
+                .map(|(_, _, k, _)| *k)
+        };
+        let list = |group: &str, kind: &str, ns: Option<&str>| {
+            let items = selected(self.workloads_of(group, kind, ns));
+            if as_table {
+                return workload_table(items);
+            }
+            json_ok(json!({
+                "kind": format!("{kind}List"), "apiVersion": format!("{group}/v1"),
+                "metadata": {"resourceVersion": ""}, "items": items,
+            }))
+        };
+        Some(match segments {
+            ["apis", group, "v1"] if WORKLOADS.iter().any(|(g, _, _, _)| g == group) => {
+                let resources: Vec<Value> = WORKLOADS
+                    .iter()
+                    .filter(|(g, _, _, _)| g == group)
+                    .map(|(_, plural, kind, short)| {
+                        json!({"name": plural, "singularName": kind.to_lowercase(), "namespaced": true,
+                               "kind": kind, "verbs": ["get", "list"], "shortNames": short,
+                               "categories": ["all"]})
+                    })
+                    .collect();
+                json_ok(json!({
+                    "kind": "APIResourceList", "apiVersion": "v1",
+                    "groupVersion": format!("{group}/v1"), "resources": resources,
+                }))
+            }
+            ["apis", group, "v1", plural] => list(group, kind_of(group, plural)?, None),
+            ["apis", group, "v1", "namespaces", ns, plural] => {
+                list(group, kind_of(group, plural)?, Some(ns))
+            }
+            ["apis", group, "v1", "namespaces", ns, plural, name] => {
+                let kind = kind_of(group, plural)?;
+                match self
+                    .workloads_of(group, kind, Some(ns))
+                    .into_iter()
+                    .find(|o| o["metadata"]["name"] == *name)
+                {
+                    Some(o) if as_table => workload_table(vec![o]),
+                    Some(o) => json_ok(o),
+                    None => proxy_error(
+                        StatusCode::NOT_FOUND,
+                        &format!("{plural}.{group} \"{name}\" not found"),
+                    ),
+                }
+            }
+            _ => return None,
+        })
+    }
+
+    /// The objects of a workload kind, each with the status the member gives it.
+    fn workloads_of(&self, group: &str, kind: &str, namespace: Option<&str>) -> Vec<Value> {
+        let st = self.lock();
+        st.objects
+            .iter()
+            .filter(|(k, _)| k.0 == group && k.1 == kind && namespace.is_none_or(|ns| k.2 == ns))
+            .map(|(k, o)| {
+                let mut m = o.manifest.clone();
+                if let Some(status) = self.object_state(&st, k, o).status {
+                    m["status"] = status;
+                }
+                m
+            })
+            .collect()
     }
 
     fn list(&self, pods: Vec<Value>, as_table: bool) -> http::Response<ProxyBody> {
