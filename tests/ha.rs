@@ -877,18 +877,7 @@ fn the_cluster_proxy_reaches_a_member_through_a_replica_it_is_not_connected_to()
 
     // exec, an upgraded stream, asked of b with a kubeconfig for m's proxy there.
     let kc = a.dir.join("m-via-b.kubeconfig");
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orrery"))
-        .args(["kubeconfig", "--cluster", "m", "--kubeconfig"])
-        .arg(&a.kubeconfig)
-        .arg("-o")
-        .arg(&kc)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::cluster_kubeconfig(&a.kubeconfig, "m", &kc);
     let home = a.dir.join("exec-home");
     std::fs::create_dir_all(&home).unwrap();
     let out = std::process::Command::new("kubectl")

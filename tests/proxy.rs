@@ -58,18 +58,7 @@ fn kubectl_reaches_a_pull_mode_members_pods_and_logs_through_the_proxy() {
 
     // A kubeconfig for a's API, from the control plane's.
     let kc = f.s.dir.join("a.kubeconfig");
-    let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
-        .args(["kubeconfig", "--cluster", "a", "--kubeconfig"])
-        .arg(&f.s.kubeconfig)
-        .arg("-o")
-        .arg(&kc)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::cluster_kubeconfig(&f.s.kubeconfig, "a", &kc);
 
     let mut pods = String::new();
     eventually(
@@ -333,18 +322,7 @@ subjects: [{apiGroup: rbac.authorization.k8s.io, kind: User, name: alice}]
     assert!(!as_alice(&proxied("b")).status.success(), "alice reached b");
     // get on a's proxy reads; exec acts in the member and needs create.
     let alice_a = f.s.dir.join("alice-a.kubeconfig");
-    let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
-        .args(["kubeconfig", "--cluster", "a", "--kubeconfig"])
-        .arg(&alice)
-        .arg("-o")
-        .arg(&alice_a)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::cluster_kubeconfig(&alice, "a", &alice_a);
     let out = kubectl_with(
         &f,
         &alice_a,
@@ -377,18 +355,7 @@ fn kubectl_port_forward_reaches_a_simulated_pods_declared_ports() {
             == 1
     });
     let kc = f.s.dir.join("a.kubeconfig");
-    let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
-        .args(["kubeconfig", "--cluster", "a", "--kubeconfig"])
-        .arg(&f.s.kubeconfig)
-        .arg("-o")
-        .arg(&kc)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::cluster_kubeconfig(&f.s.kubeconfig, "a", &kc);
     let mut pod = String::new();
     eventually(
         Duration::from_secs(20),

@@ -651,3 +651,17 @@ spec:
 "#
     )
 }
+
+/// Writes, from the kubeconfig `via` (the admin's or a user's), one for `cluster`'s API through
+/// the cluster proxy (`orrery kubeconfig --cluster`), at `out`.
+#[allow(dead_code)] // not every test binary reaches members through the proxy
+pub fn cluster_kubeconfig(via: &std::path::Path, cluster: &str, out: &std::path::Path) {
+    let o = std::process::Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["kubeconfig", "--cluster", cluster, "--kubeconfig"])
+        .arg(via)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}

@@ -387,6 +387,25 @@ pub fn pods_list_namespace(path: &str) -> Option<&str> {
         .filter(|ns| !ns.is_empty() && !ns.contains('/'))
 }
 
+/// Joins the caller's upgraded connection to the other side's once both are upgraded, bytes
+/// flowing both ways until either ends.
+fn join(cluster: &str, ours: hyper::upgrade::OnUpgrade, theirs: hyper::upgrade::OnUpgrade) {
+    let cluster = cluster.to_string();
+    tokio::spawn(async move {
+        let (a, b) = match (ours.await, theirs.await) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => {
+                tracing::debug!(%cluster, error = %e, "a proxied upgrade failed");
+                return;
+            }
+        };
+        let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));
+        if let Err(e) = tokio::io::copy_bidirectional(&mut a, &mut b).await {
+            tracing::debug!(%cluster, error = %e, "a proxied stream ended");
+        }
+    });
+}
+
 /// A WebSocket upgrade (kubectl's exec, attach and port-forward since 1.30/1.31) carried
 /// through the tunnel as an HTTP/2 extended CONNECT (RFC 8441): the agent answers it, and once
 /// both sides are upgraded the bytes flow between the caller and the agent unchanged.
@@ -425,21 +444,7 @@ where
         // The member's refusal (a Status), as it is.
         return Ok(relay(answer));
     }
-    let theirs = hyper::upgrade::on(&mut answer);
-    let cluster_name = cluster.to_string();
-    tokio::spawn(async move {
-        let (a, b) = match (ours.await, theirs.await) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => {
-                tracing::debug!(cluster = %cluster_name, error = %e, "a proxied upgrade failed");
-                return;
-            }
-        };
-        let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));
-        if let Err(e) = tokio::io::copy_bidirectional(&mut a, &mut b).await {
-            tracing::debug!(cluster = %cluster_name, error = %e, "a proxied stream ended");
-        }
-    });
+    join(cluster, ours, hyper::upgrade::on(&mut answer));
     let mut r = Response::new(crate::http::full(Bytes::new()));
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let h = r.headers_mut();

@@ -17,7 +17,7 @@ use orrery_store::{Preconditions, StoreError};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
-use super::{MAX_BODY, PREFIX, hop_by_hop, relay};
+use super::{MAX_BODY, PREFIX, hop_by_hop, join, relay};
 use crate::app::App;
 use crate::error::{ApiError, ApiResult};
 use crate::http::Body;
@@ -391,19 +391,7 @@ where
     if answer.status() != StatusCode::SWITCHING_PROTOCOLS {
         return Ok(relay(answer));
     }
-    let theirs = hyper::upgrade::on(&mut answer);
-    let cluster_name = cluster.to_string();
-    tokio::spawn(async move {
-        let (a, b) = match (ours.await, theirs.await) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => {
-                tracing::debug!(cluster = %cluster_name, error = %e, "an upgrade forwarded to another replica failed");
-                return;
-            }
-        };
-        let (mut a, mut b) = (TokioIo::new(a), TokioIo::new(b));
-        let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
-    });
+    join(cluster, ours, hyper::upgrade::on(&mut answer));
     // The holder's 101, with the headers that complete the caller's handshake.
     let mut r = Response::new(crate::http::full(Bytes::new()));
     *r.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
