@@ -132,7 +132,7 @@ fn kubectl_reaches_a_pull_mode_members_pods_and_logs_through_the_proxy() {
         out.status.success()
             && text
                 .lines()
-                .any(|l| l.starts_with("web ") && l.contains("2/2")),
+                .any(|l| l.starts_with("web ") && l.contains("2/2") && !l.contains("<unknown>")),
         "{text}{}",
         String::from_utf8_lossy(&out.stderr)
     );

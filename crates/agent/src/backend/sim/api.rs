@@ -395,6 +395,9 @@ impl SimCluster {
                 if let Some(status) = self.object_state(&st, k, o).status {
                     m["status"] = status;
                 }
+                if m["metadata"]["creationTimestamp"].is_null() && m["metadata"].is_object() {
+                    m["metadata"]["creationTimestamp"] = json!(o.created);
+                }
                 m
             })
             .collect()
