@@ -247,6 +247,14 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
             format!("fleet-{}-{}", j % n, j / n)
         }
     };
+    let server_clients = {
+        let mut v = Vec::new();
+        for s in &servers {
+            v.push(orrery_client::from_kubeconfig(&s.kubeconfig).await?);
+        }
+        v
+    };
+    let beats0 = heartbeat_buckets(&server_clients).await?;
     progress(format!(
         "members fleet: starting {} simulated clusters of {} nodes over {n} server(s)",
         args.clusters, args.nodes
@@ -309,6 +317,7 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     for agent in &agents {
         registering.push(admin_get(&agent.admin, "/stats?reset=true")?["heartbeat"].clone());
     }
+    let beats1 = heartbeat_buckets(&server_clients).await?;
     let server_cpu0: Vec<f64> = servers.iter().map(|s| s.usage_full().2).collect();
     let agent_cpu0: Vec<f64> = agents
         .iter()
@@ -412,6 +421,7 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
             "report_ms": stats["report"],
         }));
     }
+    let beats2 = heartbeat_buckets(&server_clients).await?;
     let still_ready = orrery_client::ready_clusters(&admin).await?;
     let first = |v: &[Value], k: &str| v.first().map(|x| x[k].clone()).unwrap_or(Value::Null);
     emit(json!({
@@ -434,11 +444,88 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         "agents": per_agent,
         "heartbeat_p99_ms_max": round(heartbeat_p99, 1),
         "heartbeat_ms_while_registering": registering,
+        "server_heartbeat_ms_while_registering": server_quantiles(&beats0, &beats1),
+        "server_heartbeat_ms_steady": server_quantiles(&beats1, &beats2),
         "agent_rss_kib_per_cluster": round(
             agents.iter().map(|a| process_usage(a.child.id()).0).sum::<f64>() * 1024.0 / args.clusters as f64, 1),
         "goals": {"server_rss_mib": 1024, "server_cpu_cores": 1.0, "agent_kib_per_cluster": 1024},
     }));
     Ok(())
+}
+
+/// The servers' own time for heartbeats (a PATCH of a Cluster's status, answered 200), as
+/// their `/metrics` histograms count it, summed over the replicas: cumulative counts by upper
+/// bound in seconds. The agents' figures add the network and the simulating process's own
+/// queueing (thousands of clusters in one process) to this.
+async fn heartbeat_buckets(servers: &[kube::Client]) -> anyhow::Result<Vec<(f64, f64)>> {
+    let mut sum: Vec<(f64, f64)> = Vec::new();
+    for c in servers {
+        let text = c
+            .request_text(request("GET", "/metrics", "text/plain", Vec::new()))
+            .await?;
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("orrery_http_request_duration_seconds_bucket{")
+            else {
+                continue;
+            };
+            let ours = ["verb=\"patch\"", "resource=\"clusters\"", "code=\"200\""]
+                .iter()
+                .all(|l| rest.contains(l));
+            let le = rest.split("le=\"").nth(1).and_then(|x| x.split('"').next());
+            let count = rest.rsplit(' ').next().and_then(|x| x.parse::<f64>().ok());
+            let (true, Some(le), Some(count)) = (ours, le, count) else {
+                continue;
+            };
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse()?
+            };
+            match sum.iter_mut().find(|(l, _)| *l == le) {
+                Some((_, c)) => *c += count,
+                None => sum.push((le, count)),
+            }
+        }
+    }
+    sum.sort_by(|a, b| a.0.total_cmp(&b.0));
+    Ok(sum)
+}
+
+/// p50 and p99 (milliseconds, interpolated within the histogram's buckets) of what was counted
+/// between two readings.
+fn server_quantiles(before: &[(f64, f64)], after: &[(f64, f64)]) -> Value {
+    let counts: Vec<(f64, f64)> = after
+        .iter()
+        .map(|(le, c)| {
+            let was = before
+                .iter()
+                .find(|(l, _)| l == le)
+                .map_or(0.0, |(_, c)| *c);
+            (*le, c - was)
+        })
+        .collect();
+    let total = counts.last().map_or(0.0, |(_, c)| *c);
+    let q = |q: f64| -> Value {
+        let target = q * total;
+        let mut prev = (0.0, 0.0);
+        for &(le, c) in &counts {
+            if c >= target && total > 0.0 {
+                if le.is_infinite() {
+                    return json!(format!("> {} ms", prev.0 * 1000.0));
+                }
+                let within = if c > prev.1 {
+                    (target - prev.1) / (c - prev.1)
+                } else {
+                    1.0
+                };
+                return json!(round((prev.0 + (le - prev.0) * within) * 1000.0, 1));
+            }
+            prev = (le, c);
+        }
+        Value::Null
+    };
+    json!({"count": total, "p50": q(0.5), "p99": q(0.99),
+           "measures": "the servers' own time per heartbeat (their /metrics histogram, buckets doubling from 0.5 ms; interpolated)"})
 }
 
 pub struct AgentMemoryArgs {
@@ -538,4 +625,38 @@ pub async fn agent_memory(args: AgentMemoryArgs) -> anyhow::Result<()> {
         "goal_rss_mib": 20,
     }));
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_come_from_the_difference_of_two_readings() {
+        let before = [
+            (0.001, 10.0),
+            (0.002, 10.0),
+            (0.004, 10.0),
+            (f64::INFINITY, 10.0),
+        ];
+        let after = [
+            (0.001, 10.0),
+            (0.002, 60.0),
+            (0.004, 110.0),
+            (f64::INFINITY, 110.0),
+        ];
+        let q = server_quantiles(&before, &after);
+        assert_eq!(q["count"], 100.0);
+        assert_eq!(q["p50"], 2.0);
+        assert_eq!(q["p99"], 4.0); // 3.96, to a tenth of a millisecond
+        // Beyond the last bound: said as such.
+        let after = [
+            (0.001, 10.0),
+            (0.002, 10.0),
+            (0.004, 10.0),
+            (f64::INFINITY, 110.0),
+        ];
+        assert_eq!(server_quantiles(&before, &after)["p99"], "> 4 ms");
+        assert_eq!(server_quantiles(&before, &before)["p99"], Value::Null);
+    }
 }
