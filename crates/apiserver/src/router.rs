@@ -281,6 +281,12 @@ impl App {
                 .map(|sel| (ns.to_string(), sel.to_string())),
             _ => None,
         };
+        // A one-shot watch (informers ask for bookmarks; kubectl's wait for a pod does not).
+        let one_shot = selector.is_some()
+            && is_watch
+            && !h::Query::parse(req.uri().query())
+                .flag("allowWatchBookmarks")
+                .unwrap_or(false);
         match self.dispatch(req, &who).await {
             Ok(mut r) => {
                 let elsewhere = match &selector {
@@ -289,6 +295,23 @@ impl App {
                     }
                     _ => None,
                 };
+                // A one-shot watch for such pods (kubectl logs, exec, attach and port-forward
+                // of deploy/web wait on one for a pod that never comes): the answer is an error
+                // event saying where they run, so kubectl stops at once with it. Informers
+                // (their watches ask for bookmarks) get the warning only and watch on.
+                if let (Some(w), true) = (&elsewhere, one_shot) {
+                    let status = ApiError::new(404, "NotFound", w.clone()).to_status();
+                    let mut line =
+                        serde_json::to_vec(&serde_json::json!({"type": "ERROR", "object": status}))
+                            .unwrap_or_default();
+                    line.push(b'\n');
+                    let mut answer = Response::new(crate::http::full(Bytes::from(line)));
+                    answer.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/json"),
+                    );
+                    return Ok((answer, user));
+                }
                 if let Some(w) = elsewhere {
                     let text = format!("299 - \"{}\"", w.replace(['"', '\\'], "'"));
                     if let Ok(v) = http::HeaderValue::from_str(&text) {
