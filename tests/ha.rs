@@ -824,43 +824,33 @@ fn the_cluster_proxy_reaches_a_member_through_a_replica_it_is_not_connected_to()
         a.get_json(&["deployment", "web", "-n", "default", "-o", "json"])["status"]["readyReplicas"]
             == 3
     });
-    let mut holder = String::new();
+    // The holder record, as b serves it.
+    let record = |jsonpath: &str| {
+        let out = on(
+            &a,
+            &b,
+            &[
+                "get",
+                "lease",
+                "proxy-m",
+                "-n",
+                "orrery-system",
+                "-o",
+                &format!("jsonpath={jsonpath}"),
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
     eventually(
         Duration::from_secs(20),
         "the tunnel's holder recorded",
-        || {
-            let out = on(
-                &a,
-                &b,
-                &[
-                    "get",
-                    "lease",
-                    "proxy-m",
-                    "-n",
-                    "orrery-system",
-                    "-o",
-                    "jsonpath={.spec.holderIdentity}",
-                ],
-            );
-            holder = String::from_utf8_lossy(&out.stdout).into_owned();
-            holder == a.url
-        },
+        || record("{.spec.holderIdentity}") == a.url,
     );
     // Owned by the Cluster, so a record no replica removed goes with it.
-    let out = on(
-        &a,
-        &b,
-        &[
-            "get",
-            "lease",
-            "proxy-m",
-            "-n",
-            "orrery-system",
-            "-o",
-            "jsonpath={.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}",
-        ],
+    assert_eq!(
+        record("{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}"),
+        "Cluster/m"
     );
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "Cluster/m");
 
     // get pods, asked of b.
     let path = "/apis/multicluster.io/v1alpha1/clusters/m/proxy/api/v1/namespaces/default/pods";

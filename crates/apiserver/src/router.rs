@@ -275,18 +275,19 @@ impl App {
         };
         // A list of pods that run in members: say where (kubectl prints warnings).
         // (Told only to whoever may list them, after the list is served.)
-        let selector = match crate::proxy::pods_list_namespace(&path) {
-            Some(ns) if req.method() == Method::GET => h::Query::parse(req.uri().query())
-                .get("labelSelector")
-                .map(|sel| (ns.to_string(), sel.to_string())),
-            _ => None,
+        // And whether it is a one-shot watch (informers ask for bookmarks; kubectl's wait for
+        // a pod does not).
+        let (selector, one_shot) = match crate::proxy::pods_list_namespace(&path) {
+            Some(ns) if req.method() == Method::GET => {
+                let q = h::Query::parse(req.uri().query());
+                (
+                    q.get("labelSelector")
+                        .map(|sel| (ns.to_string(), sel.to_string())),
+                    is_watch && !q.flag("allowWatchBookmarks").unwrap_or(false),
+                )
+            }
+            _ => (None, false),
         };
-        // A one-shot watch (informers ask for bookmarks; kubectl's wait for a pod does not).
-        let one_shot = selector.is_some()
-            && is_watch
-            && !h::Query::parse(req.uri().query())
-                .flag("allowWatchBookmarks")
-                .unwrap_or(false);
         match self.dispatch(req, &who).await {
             Ok(mut r) => {
                 let elsewhere = match &selector {
@@ -301,11 +302,8 @@ impl App {
                 // (their watches ask for bookmarks) get the warning only and watch on.
                 if let (Some(w), true) = (&elsewhere, one_shot) {
                     let status = ApiError::new(404, "NotFound", w.clone()).to_status();
-                    let mut line =
-                        serde_json::to_vec(&serde_json::json!({"type": "ERROR", "object": status}))
-                            .unwrap_or_default();
-                    line.push(b'\n');
-                    let mut answer = Response::new(crate::http::full(Bytes::from(line)));
+                    let line = crate::registry::watch::line("ERROR", status);
+                    let mut answer = Response::new(crate::http::full(line));
                     answer.headers_mut().insert(
                         http::header::CONTENT_TYPE,
                         http::HeaderValue::from_static("application/json"),

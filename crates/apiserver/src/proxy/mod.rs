@@ -250,11 +250,7 @@ where
                 return upgrade(cluster, path, req, send).await;
             }
             let (parts, body) = req.into_parts();
-            let body = http_body_util::Limited::new(body, MAX_BODY)
-                .collect()
-                .await
-                .map_err(|_| ApiError::too_large(MAX_BODY))?
-                .to_bytes();
+            let body = crate::http::read_body(body, MAX_BODY).await?;
             let out = to_member(path, &parts, &[])
                 .method(parts.method.clone())
                 .body(Full::new(body))

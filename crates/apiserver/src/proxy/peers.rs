@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 use orrery_store::{Preconditions, StoreError};
 use rustls::pki_types::pem::PemObject;
@@ -343,11 +343,7 @@ where
     let upgrading = req.headers().contains_key(http::header::UPGRADE);
     let ours = upgrading.then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
-    let body = http_body_util::Limited::new(body, MAX_BODY)
-        .collect()
-        .await
-        .map_err(|_| ApiError::too_large(MAX_BODY))?
-        .to_bytes();
+    let body = crate::http::read_body(body, MAX_BODY).await?;
     let uri = match parts.uri.query() {
         Some(q) => format!("{PREFIX}{cluster}/proxy{path}?{q}"),
         None => format!("{PREFIX}{cluster}/proxy{path}"),

@@ -90,7 +90,8 @@ impl Renderer {
     }
 }
 
-fn line(kind: &str, object: Value) -> Bytes {
+/// One event of a JSON watch stream.
+pub(crate) fn line(kind: &str, object: Value) -> Bytes {
     let mut out =
         serde_json::to_vec(&json!({ "type": kind, "object": object })).unwrap_or_default();
     out.push(b'\n');

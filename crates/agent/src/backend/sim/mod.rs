@@ -950,12 +950,7 @@ impl SimCluster {
     /// Writes an object's status as the member's own controller of its kind would (Kueue
     /// writing a ClusterQueue's usage, say); `false` if the member has no such object.
     pub fn set_status(&self, id: &ResourceIdentifier, status: Value) -> bool {
-        let key: Key = (
-            id.group.clone(),
-            id.kind.clone(),
-            id.namespace.clone(),
-            id.name.clone(),
-        );
+        let key = key_of(id);
         {
             let mut st = self.lock();
             let Some(o) = st.objects.get_mut(&key) else {
