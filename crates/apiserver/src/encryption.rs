@@ -612,6 +612,11 @@ impl Store for EncryptingStore {
         self.open(o)
     }
 
+    async fn get_recent(&self, key: &str) -> Result<Arc<Object>, StoreError> {
+        let o = self.inner.get_recent(key).await?;
+        open_shared(&self.config, o)
+    }
+
     async fn get_shared(&self, key: &str) -> Result<Arc<Object>, StoreError> {
         let o = self.inner.get_shared(key).await?;
         open_shared(&self.config, o)

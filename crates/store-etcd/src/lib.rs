@@ -649,6 +649,26 @@ impl Store for EtcdStore {
         }
     }
 
+    /// The connected member's own copy: a serializable read, without the round of consensus
+    /// a linearizable one waits for (etcd confirms the leader and waits for its apply).
+    async fn get_recent(&self, key: &str) -> Result<Arc<Object>> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(backend(EtcdError::Closed));
+        }
+        let req = RangeRequest {
+            key: self.full(key).into_bytes(),
+            serializable: true,
+            ..Default::default()
+        };
+        let resp = self.inner.client.range(req).await.map_err(backend)?;
+        match resp.kvs.first() {
+            Some(kv) => decode(key, kv.mod_revision, &kv.value).map(Arc::new),
+            None => Err(StoreError::NotFound {
+                key: key.to_string(),
+            }),
+        }
+    }
+
     async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult> {
         let (rows, revision, continue_token) = self.scan(prefix, opts).await?;
         let items = rows

@@ -3,11 +3,12 @@
 //! for a backend's harness.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use orrery_api::{Object, fields, labels};
 use orrery_store::{
-    ListOptions, Preconditions, Revision, StoreError, WatchEvent, WatchOptions, WatchStream,
+    ListOptions, Preconditions, Revision, Store, StoreError, WatchEvent, WatchOptions, WatchStream,
 };
 
 use crate::{Harness, object};
@@ -129,6 +130,54 @@ pub async fn crud(h: &dyn Harness) {
     let again = s.create("/t/ns/a", object("a", "web", "v5")).await.unwrap();
     assert!(rev(&again) > r4);
     assert_eq!(payload(&s.get("/t/ns/a").await.unwrap()), "v5");
+}
+
+/// A recent read (`Store::get_recent`) may lag, but it catches up with every write (create,
+/// update, delete) within moments and shows only revisions that were written.
+pub async fn recent_reads_catch_up(h: &dyn Harness) {
+    let s = h.open().await;
+    let key = "/t/ns/a";
+    assert!(s.get_recent(key).await.unwrap_err().is_not_found());
+    let mut written = vec![rev(&s.create(key, object("a", "web", "v1")).await.unwrap())];
+    recent_reaches(s.as_ref(), key, Some(written[0]), &written).await;
+    written.push(rev(&s
+        .update(key, object("a", "web", "v2"), Some(written[0]))
+        .await
+        .unwrap()));
+    let got = recent_reaches(s.as_ref(), key, Some(written[1]), &written).await;
+    assert_eq!(payload(&got.unwrap()), "v2");
+    s.delete(key, &Preconditions::default()).await.unwrap();
+    recent_reaches(s.as_ref(), key, None, &written).await;
+}
+
+/// Reads `key` recently until it shows revision `want` (`None`: gone), checking that whatever
+/// it shows on the way is one of the revisions `written`.
+async fn recent_reaches(
+    s: &dyn Store,
+    key: &str,
+    want: Option<Revision>,
+    written: &[Revision],
+) -> Option<Arc<Object>> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let got = match s.get_recent(key).await {
+            Ok(o) => Some(o),
+            Err(e) if e.is_not_found() => None,
+            Err(e) => panic!("a recent read failed: {e:?}"),
+        };
+        let seen = got.as_deref().map(rev);
+        if let Some(r) = seen {
+            assert!(written.contains(&r), "revision {r} was never written");
+        }
+        if seen == want {
+            return got;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a recent read still shows {seen:?}, not {want:?}, after 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 pub async fn cas_and_preconditions(h: &dyn Harness) {
@@ -964,7 +1013,7 @@ pub async fn reopen_keeps_everything(h: &dyn Harness) {
 macro_rules! store_conformance_tests {
     ($harness:expr) => {
         $crate::store_conformance_tests!(@each $harness;
-            crud, cas_and_preconditions, concurrent_writers, list_pagination_is_consistent,
+            crud, recent_reads_catch_up, cas_and_preconditions, concurrent_writers, list_pagination_is_consistent,
             list_selectors_and_revisions, raw_lists_match_parsed_lists, watch_replays_later_events_in_order,
             watch_sees_deletes_and_prefixes, watch_selectors, compaction_expires_old_revisions,
             compaction_across_windows_keeps_deletes_deleted, slow_watcher_is_cut_off, bookmarks, reopen_keeps_everything);

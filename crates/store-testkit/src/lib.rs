@@ -13,6 +13,7 @@ use orrery_store::{Store, WatchCacheConfig};
 pub mod conformance;
 pub mod crash;
 pub mod etcd;
+pub mod lagging;
 pub mod model;
 
 pub use crash::{CrashOp, CrashOutcome, CrashWrite};

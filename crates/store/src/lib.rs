@@ -90,6 +90,15 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         self.get(key).await.map(Arc::new)
     }
 
+    /// The object at `key` as this store last saw it, which may lag behind the latest
+    /// committed write (an etcd member's own copy, read without consensus). Only for the read
+    /// of a read-modify-write whose write is conditional on the revision read: a lagging read
+    /// then fails the write as a conflict, and the caller reads again with [`Store::get`].
+    /// Stores whose reads are always current serve it as [`Store::get_shared`].
+    async fn get_recent(&self, key: &str) -> Result<Arc<Object>> {
+        self.get_shared(key).await
+    }
+
     /// Objects under `prefix` in key order, filtered by the options' selectors, one page at a
     /// time. All pages of one list reflect the same revision.
     async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult>;
@@ -168,13 +177,34 @@ where
     F: FnMut(Object) -> Result<Option<Object>> + Send,
 {
     let mut backoff = Duration::from_millis(1);
+    // The first read may lag (see `Store::get_recent`); anything but a successful write on
+    // it is tried again on a current read, so a caller never acts on a lagging copy.
+    let mut recent = true;
     loop {
-        let current = store.get(key).await?;
+        let read = if recent {
+            store.get_recent(key).await.map(Arc::unwrap_or_clone)
+        } else {
+            store.get(key).await
+        };
+        let current = match read {
+            Err(_) if recent => {
+                recent = false;
+                continue;
+            }
+            r => r?,
+        };
         let rev = current.revision().unwrap_or(0);
-        let Some(next) = f(current.clone())? else {
-            return Ok(Arc::new(current));
+        let next = match f(current.clone()) {
+            Ok(Some(next)) => next,
+            Ok(None) | Err(_) if recent => {
+                recent = false;
+                continue;
+            }
+            Ok(None) => return Ok(Arc::new(current)),
+            Err(e) => return Err(e),
         };
         match store.update(key, next, Some(rev)).await {
+            Err(StoreError::Conflict { .. }) if recent => recent = false,
             Err(StoreError::Conflict { .. }) => {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_millis(100));

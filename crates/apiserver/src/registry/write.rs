@@ -384,60 +384,108 @@ pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     let (patch_doc, dups) = crate::schema::validate::parse_json(body)
         .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?;
     let name = call.target.name().to_string();
-    for _ in 0..RETRIES {
-        let current = call
-            .app
-            .store
-            .get(&call.target.key())
-            .await
-            .map_err(|e| ApiError::from_store(e, &rt, &name))?;
-        let current_rv = current.revision().unwrap_or(0);
-        let mut doc = apply_patch(&call, ptype, &current.to_value(), &patch_doc, &rt.schema)?;
-        let patched_rv = doc
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
-        let precondition = parse_rv(&patched_rv)?.filter(|r| *r != current_rv);
-        if let Some(p) = precondition
-            && p != current_rv
-        {
-            return Err(ApiError::stale(&rt, &name));
+    // The first attempt reads the store's recent copy (no round of consensus on etcd); any
+    // outcome but a write conditional on that copy's revision is tried again on a current read
+    // (`Store::get_recent`). Heartbeats and status patches are nearly all first attempts.
+    let mut recent = !dry;
+    let warned = call.warnings.len();
+    let mut attempts = 0;
+    while attempts < RETRIES {
+        if !recent {
+            attempts += 1;
         }
-        for (field, was) in [("name", current.name()), ("namespace", current.namespace())] {
-            let now = doc
-                .pointer(&format!("/metadata/{field}"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            if now != was {
-                let e = orrery_api::validation::FieldError::invalid(
-                    format!("metadata.{field}"),
-                    now,
-                    "field is immutable",
-                );
-                return Err(ApiError::invalid(&rt, &name, &[e]));
-            }
-        }
-        let incoming = admit(&mut call, &mut doc, &dups, validation)?;
-        let next = merge_for_update(&call, &current, incoming, true)?;
-        if let Some(r) = store_update(&call, current, next, dry, precondition.is_none()).await? {
-            return Ok(r);
+        let optimistic = std::mem::replace(&mut recent, false);
+        call.warnings.truncate(warned);
+        let key = call.target.key();
+        let read = if optimistic {
+            call.app
+                .store
+                .get_recent(&key)
+                .await
+                .map(std::sync::Arc::unwrap_or_clone)
+        } else {
+            call.app.store.get(&key).await
+        };
+        let current = match read {
+            Err(_) if optimistic => continue,
+            r => r.map_err(|e| ApiError::from_store(e, &rt, &name))?,
+        };
+        let attempt = patch_once(
+            &mut call, ptype, &patch_doc, &dups, validation, dry, current, optimistic,
+        );
+        match attempt.await {
+            Ok(Some(done)) => return Ok(done),
+            Ok(None) | Err(_) if optimistic => {}
+            Ok(None) => {}
+            Err(e) => return Err(e),
         }
     }
     Err(ApiError::stale(&rt, &name))
 }
 
+/// One attempt of a patch on `current`; `None` when it must be tried again on a current read
+/// (another writer came first, or `current` was a recent copy and nothing was written).
+#[allow(clippy::too_many_arguments)]
+async fn patch_once(
+    call: &mut Call<'_>,
+    ptype: PatchType,
+    patch_doc: &Value,
+    dups: &[String],
+    validation: FieldValidation,
+    dry: bool,
+    current: Object,
+    recent: bool,
+) -> ApiResult<Option<Outcome>> {
+    let rt = call.target.rt.clone();
+    let name = call.target.name().to_string();
+    let current_rv = current.revision().unwrap_or(0);
+    let mut doc = apply_patch(call, ptype, &current.to_value(), patch_doc, &rt.schema)?;
+    let patched_rv = doc
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let precondition = parse_rv(&patched_rv)?.filter(|r| *r != current_rv);
+    if let Some(p) = precondition
+        && p != current_rv
+    {
+        return Err(ApiError::stale(&rt, &name));
+    }
+    for (field, was) in [("name", current.name()), ("namespace", current.namespace())] {
+        let now = doc
+            .pointer(&format!("/metadata/{field}"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if now != was {
+            let e = orrery_api::validation::FieldError::invalid(
+                format!("metadata.{field}"),
+                now,
+                "field is immutable",
+            );
+            return Err(ApiError::invalid(&rt, &name, &[e]));
+        }
+    }
+    let incoming = admit(call, &mut doc, dups, validation)?;
+    let next = merge_for_update(call, &current, incoming, true)?;
+    store_update(call, current, next, dry, precondition.is_none(), recent).await
+}
+
 /// Validates and stores `next` over `current` and answers; `None` when another writer got
-/// there first and `retry` allows reading again.
+/// there first and `retry` allows reading again, or when nothing changed and `current` is a
+/// recent copy (`Store::get_recent`), which may not be the object as it is.
 async fn store_update(
     call: &Call<'_>,
     current: Object,
     next: Object,
     dry: bool,
     retry: bool,
+    recent: bool,
 ) -> ApiResult<Option<Outcome>> {
     let rt = &call.target.rt;
     if same_object(&current, &next) {
+        if recent {
+            return Ok(None);
+        }
         // Nothing changed: no write, no new revision.
         return respond_object(call, StatusCode::OK, present(rt, current)).map(Some);
     }
@@ -698,44 +746,85 @@ pub async fn update_status(
     mut f: impl FnMut(&Object) -> ApiResult<Value>,
 ) -> ApiResult<std::sync::Arc<Object>> {
     let key = rt.key(namespace.unwrap_or(""), name);
-    for _ in 0..RETRIES {
-        let current = app
-            .store
-            .get_shared(&key)
-            .await
-            .map_err(|e| ApiError::from_store(e, rt, name))?;
-        let current_rv = current.revision().unwrap_or(0);
-        if expected.is_some_and(|p| p != current_rv) {
-            return Err(ApiError::stale(rt, name));
+    // As in `patch`: the first attempt on the store's recent copy, anything but a write on it
+    // tried again on a current read.
+    let mut recent = true;
+    let mut attempts = 0;
+    while attempts < RETRIES {
+        if !recent {
+            attempts += 1;
         }
-        let mut status = Some(f(&current)?);
-        // The new object is the stored one with a new status: everything but the status is
-        // copied, the status never.
-        strategy::prepare_status(rt, current.status.as_ref(), &mut status);
-        if status == current.status {
-            return Ok(std::sync::Arc::new(present(rt, (*current).clone())));
-        }
-        let next = Object {
-            api_version: current.api_version.clone(),
-            kind: current.kind.clone(),
-            metadata: current.metadata.clone(),
-            spec: current.spec.clone(),
-            status,
-            other: current.other.clone(),
+        let optimistic = std::mem::replace(&mut recent, false);
+        let read = if optimistic {
+            app.store.get_recent(&key).await
+        } else {
+            app.store.get_shared(&key).await
         };
-        // Validation reads the old object's spec and other fields, never its status, and those
-        // are the new object's: it stands in for the old one.
-        if check == StatusCheck::Validate {
-            super::validate_object(app, rt, &next, Some(&next))?;
-        }
-        match app.store.update(&key, next, Some(current_rv)).await {
-            // As stored: the caller reads the revision, not the type.
-            Ok(stored) => return Ok(stored),
-            Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
-            Err(e) => return Err(ApiError::from_store(e, rt, name)),
+        let current = match read {
+            Err(_) if optimistic => continue,
+            r => r.map_err(|e| ApiError::from_store(e, rt, name))?,
+        };
+        match status_once(
+            app, rt, name, &key, expected, check, &mut f, current, optimistic,
+        )
+        .await
+        {
+            Ok(Some(stored)) => return Ok(stored),
+            Ok(None) | Err(_) if optimistic => {}
+            Ok(None) => {}
+            Err(e) => return Err(e),
         }
     }
     Err(ApiError::stale(rt, name))
+}
+
+/// One attempt of `update_status` on `current`; `None` when it must be tried again on a
+/// current read.
+#[allow(clippy::too_many_arguments)]
+async fn status_once(
+    app: &crate::app::App,
+    rt: &ResourceType,
+    name: &str,
+    key: &str,
+    expected: Option<Revision>,
+    check: StatusCheck,
+    f: &mut impl FnMut(&Object) -> ApiResult<Value>,
+    current: std::sync::Arc<Object>,
+    recent: bool,
+) -> ApiResult<Option<std::sync::Arc<Object>>> {
+    let current_rv = current.revision().unwrap_or(0);
+    if expected.is_some_and(|p| p != current_rv) {
+        return Err(ApiError::stale(rt, name));
+    }
+    let mut status = Some(f(&current)?);
+    // The new object is the stored one with a new status: everything but the status is
+    // copied, the status never.
+    strategy::prepare_status(rt, current.status.as_ref(), &mut status);
+    if status == current.status {
+        if recent {
+            return Ok(None);
+        }
+        return Ok(Some(std::sync::Arc::new(present(rt, (*current).clone()))));
+    }
+    let next = Object {
+        api_version: current.api_version.clone(),
+        kind: current.kind.clone(),
+        metadata: current.metadata.clone(),
+        spec: current.spec.clone(),
+        status,
+        other: current.other.clone(),
+    };
+    // Validation reads the old object's spec and other fields, never its status, and those
+    // are the new object's: it stands in for the old one.
+    if check == StatusCheck::Validate {
+        super::validate_object(app, rt, &next, Some(&next))?;
+    }
+    match app.store.update(key, next, Some(current_rv)).await {
+        // As stored: the caller reads the revision, not the type.
+        Ok(stored) => Ok(Some(stored)),
+        Err(StoreError::Conflict { .. }) if expected.is_none() || recent => Ok(None),
+        Err(e) => Err(ApiError::from_store(e, rt, name)),
+    }
 }
 
 /// The applied configuration of a server-side apply request (YAML or JSON).
@@ -860,7 +949,7 @@ async fn server_side_apply(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcom
         };
         let incoming = admit(&mut call, &mut merged, &[], validation)?;
         let next = merge_for_update(&call, &current, incoming, false)?;
-        if let Some(r) = store_update(&call, current, next, dry, true).await? {
+        if let Some(r) = store_update(&call, current, next, dry, true, false).await? {
             return Ok(r);
         }
     }
