@@ -306,23 +306,15 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     }
     let all_ready = started.elapsed().as_secs_f64();
 
-    progress(format!(
-        "members fleet: all Ready after {all_ready:.1} s; measuring {} s of steady state",
-        args.steady_secs
-    ));
+    progress(format!("members fleet: all Ready after {all_ready:.1} s"));
     // Let the registration burst settle, then measure.
     tokio::time::sleep(Duration::from_secs(10)).await;
-    // Heartbeats while the fleet registered, then afresh for the steady state.
+    // Heartbeats while the fleet registered, then afresh while the Works roll out.
     let mut registering = Vec::new();
     for agent in &agents {
         registering.push(admin_get(&agent.admin, "/stats?reset=true")?["heartbeat"].clone());
     }
     let beats1 = heartbeat_buckets(&server_clients).await?;
-    let server_cpu0: Vec<f64> = servers.iter().map(|s| s.usage_full().2).collect();
-    let agent_cpu0: Vec<f64> = agents
-        .iter()
-        .map(|a| process_usage(a.child.id()).2)
-        .collect();
     let t0 = Instant::now();
     // A Work per cluster, so that statuses are reported too.
     progress(format!(
@@ -373,7 +365,7 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     }
     let works: Api<DynamicObject> = orrery_client::api(&admin, &orrery_client::kinds::WORK, None);
     let mut available = 0;
-    while t0.elapsed() < Duration::from_secs(args.steady_secs) {
+    while t0.elapsed() < Duration::from_secs(args.steady_secs.max(120)) {
         available = works
             .list(&Default::default())
             .await?
@@ -391,9 +383,24 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let works_available_after = t0.elapsed().as_secs_f64();
-    if let Some(rest) = Duration::from_secs(args.steady_secs).checked_sub(t0.elapsed()) {
-        tokio::time::sleep(rest).await;
+    // Heartbeats while the Works rolled out (created, applied, their statuses reported), then
+    // afresh for the steady state, which has only heartbeats and periodic reports.
+    let mut rolling_out = Vec::new();
+    for agent in &agents {
+        rolling_out.push(admin_get(&agent.admin, "/stats?reset=true")?["heartbeat"].clone());
     }
+    let beats2 = heartbeat_buckets(&server_clients).await?;
+    progress(format!(
+        "members fleet: Works available after {works_available_after:.1} s; measuring {} s of steady state",
+        args.steady_secs
+    ));
+    let server_cpu0: Vec<f64> = servers.iter().map(|s| s.usage_full().2).collect();
+    let agent_cpu0: Vec<f64> = agents
+        .iter()
+        .map(|a| process_usage(a.child.id()).2)
+        .collect();
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
     let wall = t0.elapsed().as_secs_f64();
     let per_server: Vec<Value> = servers
         .iter()
@@ -421,7 +428,7 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
             "report_ms": stats["report"],
         }));
     }
-    let beats2 = heartbeat_buckets(&server_clients).await?;
+    let beats3 = heartbeat_buckets(&server_clients).await?;
     let still_ready = orrery_client::ready_clusters(&admin).await?;
     let first = |v: &[Value], k: &str| v.first().map(|x| x[k].clone()).unwrap_or(Value::Null);
     emit(json!({
@@ -445,7 +452,9 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         "heartbeat_p99_ms_max": round(heartbeat_p99, 1),
         "heartbeat_ms_while_registering": registering,
         "server_heartbeat_ms_while_registering": server_quantiles(&beats0, &beats1),
-        "server_heartbeat_ms_steady": server_quantiles(&beats1, &beats2),
+        "heartbeat_ms_while_works_roll_out": rolling_out,
+        "server_heartbeat_ms_while_works_roll_out": server_quantiles(&beats1, &beats2),
+        "server_heartbeat_ms_steady": server_quantiles(&beats2, &beats3),
         "agent_rss_kib_per_cluster": round(
             agents.iter().map(|a| process_usage(a.child.id()).0).sum::<f64>() * 1024.0 / args.clusters as f64, 1),
         "goals": {"server_rss_mib": 1024, "server_cpu_cores": 1.0, "agent_kib_per_cluster": 1024},
