@@ -196,10 +196,13 @@ impl Client {
                     Ok(r) => return Ok(r.into_inner()),
                     Err(s) => {
                         // A read may be asked again anywhere: it changes nothing.
+                        // (A loaded member may also cut its answer short: hyper's "error
+                        // reading a body from connection", seen listing 10,000 Clusters.)
                         let elsewhere = not_served(&s)
                             || (kind == Kind::Read
                                 && (s.code() == tonic::Code::Unavailable
-                                    || s.message().contains("transport error")));
+                                    || s.message().contains("transport error")
+                                    || s.message().contains("error reading a body")));
                         if !elsewhere {
                             return Err(EtcdError::Status(s));
                         }

@@ -82,6 +82,8 @@ struct Inner {
     degraded: std::sync::Mutex<Option<String>>,
     /// Whether `degraded` is set: every call looks, few change it.
     is_degraded: std::sync::atomic::AtomicBool,
+    /// The highest revision this store's own writes were told of.
+    written: AtomicI64,
     feed: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -183,6 +185,7 @@ impl EtcdStore {
                 closed: std::sync::atomic::AtomicBool::new(false),
                 degraded: std::sync::Mutex::new(None),
                 is_degraded: std::sync::atomic::AtomicBool::new(false),
+                written: AtomicI64::new(0),
                 feed: std::sync::Mutex::new(None),
             }),
         };
@@ -398,6 +401,9 @@ impl EtcdStore {
         match self.client()?.txn(txn).await {
             Ok(r) => {
                 self.set_degraded(None);
+                self.inner
+                    .written
+                    .fetch_max(revision(r.header.as_ref()), Ordering::AcqRel);
                 Ok(r)
             }
             Err(e) => {
@@ -650,7 +656,10 @@ impl Store for EtcdStore {
     }
 
     /// The connected member's own copy: a serializable read, without the round of consensus
-    /// a linearizable one waits for (etcd confirms the leader and waits for its apply).
+    /// a linearizable one waits for (etcd confirms the leader and waits for its apply). A
+    /// member behind what this store knows to be committed (its own writes, its watch) is
+    /// read again linearizably: under load a lagging copy of a busy key would cost a failed
+    /// write (a round of consensus too) before the read that a linearizable one gives at once.
     async fn get_recent(&self, key: &str) -> Result<Arc<Object>> {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(backend(EtcdError::Closed));
@@ -661,6 +670,14 @@ impl Store for EtcdStore {
             ..Default::default()
         };
         let resp = self.inner.client.range(req).await.map_err(backend)?;
+        let known = self
+            .inner
+            .written
+            .load(Ordering::Acquire)
+            .max(self.inner.cache.revision());
+        if revision(resp.header.as_ref()) < known {
+            return self.get(key).await.map(Arc::new);
+        }
         match resp.kvs.first() {
             Some(kv) => decode(key, kv.mod_revision, &kv.value).map(Arc::new),
             None => Err(StoreError::NotFound {
