@@ -748,9 +748,16 @@ mod tests {
             }
         }
         assert_eq!(scaled, 4, "{:?}", store.get(&hkey).await.unwrap().status);
-        let st: FederatedHPAStatus =
-            serde_json::from_value(store.get(&hkey).await.unwrap().status.clone().unwrap())
-                .unwrap();
+        // The status is written after the scale: wait for it.
+        let mut status = None;
+        for _ in 0..50 {
+            status = store.get(&hkey).await.unwrap().status.clone();
+            if status.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let st: FederatedHPAStatus = serde_json::from_value(status.unwrap()).unwrap();
         assert_eq!(
             st.current_metrics[0]
                 .resource
