@@ -116,7 +116,9 @@ async fn a_patch_on_a_lagging_copy_patches_the_object_as_it_is() {
     let before = s.lagged();
     assert!(before >= 1, "the patch read the held copy");
 
-    // A patch that changes nothing on the held copy (a is 1 there) but does on the object.
+    // A patch that changes nothing on the held copy (a is 1 there) but does on the object:
+    // written, with a new revision.
+    let was = s.lag.get(KEY).await.unwrap().metadata.resource_version;
     let (code, o) = s
         .call(
             "PATCH",
@@ -127,6 +129,11 @@ async fn a_patch_on_a_lagging_copy_patches_the_object_as_it_is() {
         .await;
     assert_eq!(code, StatusCode::OK);
     assert_eq!(o["data"], json!({"a": "1"}), "{o}");
+    assert_ne!(o["metadata"]["resourceVersion"], json!(was), "{o}");
+    assert_eq!(
+        s.lag.get(KEY).await.unwrap().other["data"],
+        json!({"a": "1"})
+    );
     // A patch of another field: merged into the object as it is, not into the held copy.
     let (code, o) = s
         .call(
@@ -226,5 +233,40 @@ async fn a_status_report_on_a_lagging_copy_writes_the_status_reported() {
         stored.status.as_ref().unwrap()["readyReplicas"],
         1,
         "{stored:?}"
+    );
+}
+
+/// A write on a recent copy whose answer is lost (it may have been carried out) is answered as
+/// failed, not tried again: a JSON patch applied twice is not the patch asked for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_answer_is_lost_is_not_applied_twice() {
+    let h = orrery_store_testkit::SqliteHarness::new();
+    let s = Server::start(&h).await;
+    let (code, _) = s
+        .call(
+            "POST",
+            CM,
+            "application/json",
+            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                   "metadata": {"name": "web", "finalizers": ["example.com/a"]}}),
+        )
+        .await;
+    assert_eq!(code, StatusCode::CREATED);
+    s.lag.hold(KEY).await;
+    s.lag.lose_next_answer.store(true, Ordering::Release);
+    let (code, o) = s
+        .call(
+            "PATCH",
+            &format!("{CM}/web"),
+            "application/json-patch+json",
+            json!([{"op": "add", "path": "/metadata/finalizers/-", "value": "example.com/x"}]),
+        )
+        .await;
+    assert_eq!(code, StatusCode::INTERNAL_SERVER_ERROR, "{o}");
+    assert_eq!(s.lagged(), 1, "the patch started on the held copy");
+    let stored = s.lag.get(KEY).await.unwrap();
+    assert_eq!(
+        stored.metadata.finalizers,
+        ["example.com/a", "example.com/x"]
     );
 }

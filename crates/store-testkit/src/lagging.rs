@@ -19,6 +19,9 @@ pub struct Lagging {
     held: Mutex<HashMap<String, Option<Arc<Object>>>>,
     /// How many recent reads were answered from a held copy.
     pub lagged_reads: std::sync::atomic::AtomicUsize,
+    /// When set, the next update is carried out and then reported failed (as a write whose
+    /// answer was lost: etcd's timeout after the commit).
+    pub lose_next_answer: std::sync::atomic::AtomicBool,
 }
 
 impl Lagging {
@@ -27,6 +30,7 @@ impl Lagging {
             inner,
             held: Mutex::new(HashMap::new()),
             lagged_reads: Default::default(),
+            lose_next_answer: Default::default(),
         }
     }
 
@@ -87,7 +91,16 @@ impl Store for Lagging {
         obj: Object,
         expected: Option<Revision>,
     ) -> Result<Arc<Object>> {
-        self.inner.update(key, obj, expected).await
+        let done = self.inner.update(key, obj, expected).await?;
+        if self
+            .lose_next_answer
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            return Err(StoreError::Backend(
+                "the answer was lost (written all the same)".into(),
+            ));
+        }
+        Ok(done)
     }
 
     async fn delete(&self, key: &str, preconditions: &Preconditions) -> Result<Arc<Object>> {

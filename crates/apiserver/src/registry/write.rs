@@ -385,8 +385,9 @@ pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
         .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?;
     let name = call.target.name().to_string();
     // The first attempt reads the store's recent copy (no round of consensus on etcd); any
-    // outcome but a write conditional on that copy's revision is tried again on a current read
-    // (`Store::get_recent`). Heartbeats and status patches are nearly all first attempts.
+    // outcome decided on that copy but a successful write conditional on its revision is tried
+    // again on a current read (`Store::get_recent`). A write that failed otherwise is not: it
+    // may have been carried out, and a JSON patch applied twice is not the patch asked for.
     let mut recent = !dry;
     let warned = call.warnings.len();
     let mut attempts = 0;
@@ -413,11 +414,8 @@ pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
         let attempt = patch_once(
             &mut call, ptype, &patch_doc, &dups, validation, dry, current, optimistic,
         );
-        match attempt.await {
-            Ok(Some(done)) => return Ok(done),
-            Ok(None) | Err(_) if optimistic => {}
-            Ok(None) => {}
-            Err(e) => return Err(e),
+        if let Some(done) = attempt.await? {
+            return Ok(done);
         }
     }
     Err(ApiError::stale(&rt, &name))
@@ -439,40 +437,52 @@ async fn patch_once(
     let rt = call.target.rt.clone();
     let name = call.target.name().to_string();
     let current_rv = current.revision().unwrap_or(0);
-    let mut doc = apply_patch(call, ptype, &current.to_value(), patch_doc, &rt.schema)?;
-    let patched_rv = doc
-        .pointer("/metadata/resourceVersion")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    let precondition = parse_rv(&patched_rv)?.filter(|r| *r != current_rv);
-    if let Some(p) = precondition
-        && p != current_rv
-    {
-        return Err(ApiError::stale(&rt, &name));
-    }
-    for (field, was) in [("name", current.name()), ("namespace", current.namespace())] {
-        let now = doc
-            .pointer(&format!("/metadata/{field}"))
+    let prepared = async {
+        let mut doc = apply_patch(call, ptype, &current.to_value(), patch_doc, &rt.schema)?;
+        let patched_rv = doc
+            .pointer("/metadata/resourceVersion")
             .and_then(Value::as_str)
-            .unwrap_or("");
-        if now != was {
-            let e = orrery_api::validation::FieldError::invalid(
-                format!("metadata.{field}"),
-                now,
-                "field is immutable",
-            );
-            return Err(ApiError::invalid(&rt, &name, &[e]));
+            .unwrap_or("")
+            .to_string();
+        let precondition = parse_rv(&patched_rv)?.filter(|r| *r != current_rv);
+        if let Some(p) = precondition
+            && p != current_rv
+        {
+            return Err(ApiError::stale(&rt, &name));
         }
+        for (field, was) in [("name", current.name()), ("namespace", current.namespace())] {
+            let now = doc
+                .pointer(&format!("/metadata/{field}"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if now != was {
+                let e = orrery_api::validation::FieldError::invalid(
+                    format!("metadata.{field}"),
+                    now,
+                    "field is immutable",
+                );
+                return Err(ApiError::invalid(&rt, &name, &[e]));
+            }
+        }
+        let incoming = admit(call, &mut doc, dups, validation)?;
+        let next = merge_for_update(call, &current, incoming, true)?;
+        Ok((next, precondition))
+    };
+    match prepared.await {
+        Ok((next, precondition)) => {
+            store_update(call, current, next, dry, precondition.is_none(), recent).await
+        }
+        // Decided on a copy that may be old: decided again on the object as it is.
+        Err(_) if recent => Ok(None),
+        Err(e) => Err(e),
     }
-    let incoming = admit(call, &mut doc, dups, validation)?;
-    let next = merge_for_update(call, &current, incoming, true)?;
-    store_update(call, current, next, dry, precondition.is_none(), recent).await
 }
 
 /// Validates and stores `next` over `current` and answers; `None` when another writer got
-/// there first and `retry` allows reading again, or when nothing changed and `current` is a
-/// recent copy (`Store::get_recent`), which may not be the object as it is.
+/// there first and `retry` allows reading again, or when `current` is a recent copy
+/// (`Store::get_recent`, which may not be the object as it is) and what was decided on it was
+/// not a write: nothing changed, `next` is not valid, the store refused the write's compare.
+/// Other failures of the write are the answer: the write may have been carried out.
 async fn store_update(
     call: &Call<'_>,
     current: Object,
@@ -489,14 +499,21 @@ async fn store_update(
         // Nothing changed: no write, no new revision.
         return respond_object(call, StatusCode::OK, present(rt, current)).map(Some);
     }
-    validate(call, &next, Some(&current))?;
+    match validate(call, &next, Some(&current)) {
+        Err(_) if recent => return Ok(None),
+        r => r?,
+    }
     let current_rv = current.revision().unwrap_or(0);
     match commit_update(call, &current, next, current_rv, dry).await {
         Ok(stored) => {
             after_write(call, Some((&stored, false))).await;
             respond_object(call, StatusCode::OK, present(rt, stored)).map(Some)
         }
-        Err(StoreError::Conflict { .. }) if retry => Ok(None),
+        Err(StoreError::Conflict { .. }) if retry || recent => Ok(None),
+        // Refused by the store's compare, so nothing was written: the copy was old.
+        Err(StoreError::NotFound { .. } | StoreError::PreconditionFailed { .. }) if recent => {
+            Ok(None)
+        }
         Err(e) => Err(ApiError::from_store(e, rt, call.target.name())),
     }
 }
@@ -746,8 +763,8 @@ pub async fn update_status(
     mut f: impl FnMut(&Object) -> ApiResult<Value>,
 ) -> ApiResult<std::sync::Arc<Object>> {
     let key = rt.key(namespace.unwrap_or(""), name);
-    // As in `patch`: the first attempt on the store's recent copy, anything but a write on it
-    // tried again on a current read.
+    // As in `patch`: the first attempt on the store's recent copy; what was decided on it, but
+    // a write, decided again on a current read (a failed write is the answer).
     let mut recent = true;
     let mut attempts = 0;
     while attempts < RETRIES {
@@ -764,15 +781,11 @@ pub async fn update_status(
             Err(_) if optimistic => continue,
             r => r.map_err(|e| ApiError::from_store(e, rt, name))?,
         };
-        match status_once(
+        let attempt = status_once(
             app, rt, name, &key, expected, check, &mut f, current, optimistic,
-        )
-        .await
-        {
-            Ok(Some(stored)) => return Ok(stored),
-            Ok(None) | Err(_) if optimistic => {}
-            Ok(None) => {}
-            Err(e) => return Err(e),
+        );
+        if let Some(stored) = attempt.await? {
+            return Ok(stored);
         }
     }
     Err(ApiError::stale(rt, name))
@@ -793,36 +806,47 @@ async fn status_once(
     recent: bool,
 ) -> ApiResult<Option<std::sync::Arc<Object>>> {
     let current_rv = current.revision().unwrap_or(0);
-    if expected.is_some_and(|p| p != current_rv) {
-        return Err(ApiError::stale(rt, name));
-    }
-    let mut status = Some(f(&current)?);
-    // The new object is the stored one with a new status: everything but the status is
-    // copied, the status never.
-    strategy::prepare_status(rt, current.status.as_ref(), &mut status);
-    if status == current.status {
-        if recent {
+    let prepared = (|| {
+        if expected.is_some_and(|p| p != current_rv) {
+            return Err(ApiError::stale(rt, name));
+        }
+        let mut status = Some(f(&current)?);
+        // The new object is the stored one with a new status: everything but the status is
+        // copied, the status never.
+        strategy::prepare_status(rt, current.status.as_ref(), &mut status);
+        if status == current.status {
             return Ok(None);
         }
-        return Ok(Some(std::sync::Arc::new(present(rt, (*current).clone()))));
-    }
-    let next = Object {
-        api_version: current.api_version.clone(),
-        kind: current.kind.clone(),
-        metadata: current.metadata.clone(),
-        spec: current.spec.clone(),
-        status,
-        other: current.other.clone(),
+        let next = Object {
+            api_version: current.api_version.clone(),
+            kind: current.kind.clone(),
+            metadata: current.metadata.clone(),
+            spec: current.spec.clone(),
+            status,
+            other: current.other.clone(),
+        };
+        // Validation reads the old object's spec and other fields, never its status, and
+        // those are the new object's: it stands in for the old one.
+        if check == StatusCheck::Validate {
+            super::validate_object(app, rt, &next, Some(&next))?;
+        }
+        Ok(Some(next))
+    })();
+    let next = match prepared {
+        // Decided on a copy that may be old (a change of nothing, a refusal): decided again
+        // on the object as it is.
+        Ok(None) | Err(_) if recent => return Ok(None),
+        Ok(None) => return Ok(Some(std::sync::Arc::new(present(rt, (*current).clone())))),
+        Ok(Some(next)) => next,
+        Err(e) => return Err(e),
     };
-    // Validation reads the old object's spec and other fields, never its status, and those
-    // are the new object's: it stands in for the old one.
-    if check == StatusCheck::Validate {
-        super::validate_object(app, rt, &next, Some(&next))?;
-    }
     match app.store.update(key, next, Some(current_rv)).await {
         // As stored: the caller reads the revision, not the type.
         Ok(stored) => Ok(Some(stored)),
         Err(StoreError::Conflict { .. }) if expected.is_none() || recent => Ok(None),
+        // Refused by the store's compare, so nothing was written: the copy was old.
+        Err(StoreError::NotFound { .. }) if recent => Ok(None),
+        // Any other failure is the answer: the write may have been carried out.
         Err(e) => Err(ApiError::from_store(e, rt, name)),
     }
 }
