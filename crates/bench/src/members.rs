@@ -310,11 +310,7 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     // Let the registration burst settle, then measure.
     tokio::time::sleep(Duration::from_secs(10)).await;
     // Heartbeats while the fleet registered, then afresh while the Works roll out.
-    let mut registering = Vec::new();
-    for agent in &agents {
-        registering.push(admin_get(&agent.admin, "/stats?reset=true")?["heartbeat"].clone());
-    }
-    let beats1 = heartbeat_buckets(&server_clients).await?;
+    let (registering, beats1) = end_of_phase(&agents, &server_clients).await?;
     let t0 = Instant::now();
     // A Work per cluster, so that statuses are reported too.
     progress(format!(
@@ -385,11 +381,7 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     let works_available_after = t0.elapsed().as_secs_f64();
     // Heartbeats while the Works rolled out (created, applied, their statuses reported), then
     // afresh for the steady state, which has only heartbeats and periodic reports.
-    let mut rolling_out = Vec::new();
-    for agent in &agents {
-        rolling_out.push(admin_get(&agent.admin, "/stats?reset=true")?["heartbeat"].clone());
-    }
-    let beats2 = heartbeat_buckets(&server_clients).await?;
+    let (rolling_out, beats2) = end_of_phase(&agents, &server_clients).await?;
     progress(format!(
         "members fleet: Works available after {works_available_after:.1} s; measuring {} s of steady state",
         args.steady_secs
@@ -460,6 +452,19 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         "goals": {"server_rss_mib": 1024, "server_cpu_cores": 1.0, "agent_kib_per_cluster": 1024},
     }));
     Ok(())
+}
+
+/// Ends a phase of the run: each agent's heartbeat figures since the last phase (then reset),
+/// and the servers' heartbeat histograms now.
+async fn end_of_phase(
+    agents: &[AgentProcess],
+    servers: &[kube::Client],
+) -> anyhow::Result<(Vec<Value>, Vec<(f64, f64)>)> {
+    let mut beats = Vec::new();
+    for agent in agents {
+        beats.push(admin_get(&agent.admin, "/stats?reset=true")?["heartbeat"].clone());
+    }
+    Ok((beats, heartbeat_buckets(servers).await?))
 }
 
 /// The servers' own time for heartbeats (a PATCH of a Cluster's status, answered 200), as

@@ -116,6 +116,16 @@ fn backend(e: EtcdError) -> StoreError {
     }
 }
 
+/// The object a range read of `key` found.
+fn first(key: &str, resp: &RangeResponse) -> Result<Object> {
+    match resp.kvs.first() {
+        Some(kv) => decode(key, kv.mod_revision, &kv.value),
+        None => Err(StoreError::NotFound {
+            key: key.to_string(),
+        }),
+    }
+}
+
 /// Maps etcd's revision errors to the store's.
 fn revision_error(e: EtcdError, requested: Revision, compacted: Revision) -> StoreError {
     if e.is_compacted() {
@@ -647,12 +657,7 @@ impl Store for EtcdStore {
             ..Default::default()
         };
         let resp = self.read(req).await.map_err(backend)?;
-        match resp.kvs.first() {
-            Some(kv) => decode(key, kv.mod_revision, &kv.value),
-            None => Err(StoreError::NotFound {
-                key: key.to_string(),
-            }),
-        }
+        first(key, &resp)
     }
 
     /// The connected member's own copy: a serializable read, without the round of consensus
@@ -678,12 +683,7 @@ impl Store for EtcdStore {
         if revision(resp.header.as_ref()) < known {
             return self.get(key).await.map(Arc::new);
         }
-        match resp.kvs.first() {
-            Some(kv) => decode(key, kv.mod_revision, &kv.value).map(Arc::new),
-            None => Err(StoreError::NotFound {
-                key: key.to_string(),
-            }),
-        }
+        first(key, &resp).map(Arc::new)
     }
 
     async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult> {

@@ -179,38 +179,38 @@ where
     let mut backoff = Duration::from_millis(1);
     // The first read may lag (see `Store::get_recent`); anything but a successful write on
     // it is tried again on a current read, so a caller never acts on a lagging copy.
-    let mut recent = true;
+    let mut first = true;
     loop {
-        let read = if recent {
-            store.get_recent(key).await.map(Arc::unwrap_or_clone)
-        } else {
-            store.get(key).await
-        };
-        let current = match read {
-            Err(_) if recent => {
-                recent = false;
-                continue;
-            }
-            r => r?,
+        let recent = std::mem::take(&mut first);
+        let current = match read_for_write(store, key, recent).await {
+            Err(_) if recent => continue,
+            r => Arc::unwrap_or_clone(r?),
         };
         let rev = current.revision().unwrap_or(0);
         let next = match f(current.clone()) {
             Ok(Some(next)) => next,
-            Ok(None) | Err(_) if recent => {
-                recent = false;
-                continue;
-            }
+            Ok(None) | Err(_) if recent => continue,
             Ok(None) => return Ok(Arc::new(current)),
             Err(e) => return Err(e),
         };
         match store.update(key, next, Some(rev)).await {
-            Err(StoreError::Conflict { .. }) if recent => recent = false,
+            Err(StoreError::Conflict { .. }) if recent => {}
             Err(StoreError::Conflict { .. }) => {
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_millis(100));
             }
             other => return other,
         }
+    }
+}
+
+/// The read of one attempt of a read-modify-write: the store's recent copy for the first
+/// attempt (`recent`; see [`Store::get_recent`]), the object as it is for the others.
+pub async fn read_for_write(store: &dyn Store, key: &str, recent: bool) -> Result<Arc<Object>> {
+    if recent {
+        store.get_recent(key).await
+    } else {
+        store.get_shared(key).await
     }
 }
 

@@ -388,94 +388,75 @@ pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     // outcome decided on that copy but a successful write conditional on its revision is tried
     // again on a current read (`Store::get_recent`). A write that failed otherwise is not: it
     // may have been carried out, and a JSON patch applied twice is not the patch asked for.
-    let mut recent = !dry;
     let warned = call.warnings.len();
-    let mut attempts = 0;
-    while attempts < RETRIES {
-        if !recent {
-            attempts += 1;
-        }
-        let optimistic = std::mem::replace(&mut recent, false);
+    let key = call.target.key();
+    for attempt in 0..RETRIES + usize::from(!dry) {
+        let recent = !dry && attempt == 0;
         call.warnings.truncate(warned);
-        let key = call.target.key();
-        let read = if optimistic {
-            call.app
-                .store
-                .get_recent(&key)
-                .await
-                .map(std::sync::Arc::unwrap_or_clone)
-        } else {
-            call.app.store.get(&key).await
-        };
-        let current = match read {
-            Err(_) if optimistic => continue,
-            r => r.map_err(|e| ApiError::from_store(e, &rt, &name))?,
-        };
-        let attempt = patch_once(
-            &mut call, ptype, &patch_doc, &dups, validation, dry, current, optimistic,
-        );
-        if let Some(done) = attempt.await? {
+        let current =
+            match orrery_store::read_for_write(call.app.store.as_ref(), &key, recent).await {
+                Err(_) if recent => continue,
+                r => std::sync::Arc::unwrap_or_clone(
+                    r.map_err(|e| ApiError::from_store(e, &rt, &name))?,
+                ),
+            };
+        let (next, precondition) =
+            match prepare_patch(&mut call, ptype, &patch_doc, &dups, validation, &current) {
+                Ok(prepared) => prepared,
+                // Decided on a copy that may be old: decided again on the object as it is.
+                Err(_) if recent => continue,
+                Err(e) => return Err(e),
+            };
+        let retry = precondition.is_none();
+        if let Some(done) = store_update(&call, current, next, dry, retry, recent).await? {
             return Ok(done);
         }
     }
     Err(ApiError::stale(&rt, &name))
 }
 
-/// One attempt of a patch on `current`; `None` when it must be tried again on a current read
-/// (another writer came first, or `current` was a recent copy and nothing was written).
-#[allow(clippy::too_many_arguments)]
-async fn patch_once(
+/// The object a patch makes of `current`, and the revision the patch requires (its
+/// `metadata.resourceVersion`, when that is not `current`'s).
+fn prepare_patch(
     call: &mut Call<'_>,
     ptype: PatchType,
     patch_doc: &Value,
     dups: &[String],
     validation: FieldValidation,
-    dry: bool,
-    current: Object,
-    recent: bool,
-) -> ApiResult<Option<Outcome>> {
+    current: &Object,
+) -> ApiResult<(Object, Option<Revision>)> {
     let rt = call.target.rt.clone();
     let name = call.target.name().to_string();
     let current_rv = current.revision().unwrap_or(0);
-    let prepared = async {
-        let mut doc = apply_patch(call, ptype, &current.to_value(), patch_doc, &rt.schema)?;
-        let patched_rv = doc
-            .pointer("/metadata/resourceVersion")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string();
-        let precondition = parse_rv(&patched_rv)?.filter(|r| *r != current_rv);
-        if let Some(p) = precondition
-            && p != current_rv
-        {
-            return Err(ApiError::stale(&rt, &name));
-        }
-        for (field, was) in [("name", current.name()), ("namespace", current.namespace())] {
-            let now = doc
-                .pointer(&format!("/metadata/{field}"))
-                .and_then(Value::as_str)
-                .unwrap_or("");
-            if now != was {
-                let e = orrery_api::validation::FieldError::invalid(
-                    format!("metadata.{field}"),
-                    now,
-                    "field is immutable",
-                );
-                return Err(ApiError::invalid(&rt, &name, &[e]));
-            }
-        }
-        let incoming = admit(call, &mut doc, dups, validation)?;
-        let next = merge_for_update(call, &current, incoming, true)?;
-        Ok((next, precondition))
-    };
-    match prepared.await {
-        Ok((next, precondition)) => {
-            store_update(call, current, next, dry, precondition.is_none(), recent).await
-        }
-        // Decided on a copy that may be old: decided again on the object as it is.
-        Err(_) if recent => Ok(None),
-        Err(e) => Err(e),
+    let mut doc = apply_patch(call, ptype, &current.to_value(), patch_doc, &rt.schema)?;
+    let patched_rv = doc
+        .pointer("/metadata/resourceVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let precondition = parse_rv(&patched_rv)?.filter(|r| *r != current_rv);
+    if let Some(p) = precondition
+        && p != current_rv
+    {
+        return Err(ApiError::stale(&rt, &name));
     }
+    for (field, was) in [("name", current.name()), ("namespace", current.namespace())] {
+        let now = doc
+            .pointer(&format!("/metadata/{field}"))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if now != was {
+            let e = orrery_api::validation::FieldError::invalid(
+                format!("metadata.{field}"),
+                now,
+                "field is immutable",
+            );
+            return Err(ApiError::invalid(&rt, &name, &[e]));
+        }
+    }
+    let incoming = admit(call, &mut doc, dups, validation)?;
+    let next = merge_for_update(call, current, incoming, true)?;
+    Ok((next, precondition))
 }
 
 /// Validates and stores `next` over `current` and answers; `None` when another writer got
@@ -765,90 +746,69 @@ pub async fn update_status(
     let key = rt.key(namespace.unwrap_or(""), name);
     // As in `patch`: the first attempt on the store's recent copy; what was decided on it, but
     // a write, decided again on a current read (a failed write is the answer).
-    let mut recent = true;
-    let mut attempts = 0;
-    while attempts < RETRIES {
-        if !recent {
-            attempts += 1;
-        }
-        let optimistic = std::mem::replace(&mut recent, false);
-        let read = if optimistic {
-            app.store.get_recent(&key).await
-        } else {
-            app.store.get_shared(&key).await
-        };
-        let current = match read {
-            Err(_) if optimistic => continue,
+    for attempt in 0..=RETRIES {
+        let recent = attempt == 0;
+        let current = match orrery_store::read_for_write(app.store.as_ref(), &key, recent).await {
+            Err(_) if recent => continue,
             r => r.map_err(|e| ApiError::from_store(e, rt, name))?,
         };
-        let attempt = status_once(
-            app, rt, name, &key, expected, check, &mut f, current, optimistic,
-        );
-        if let Some(stored) = attempt.await? {
-            return Ok(stored);
+        let current_rv = current.revision().unwrap_or(0);
+        let next = match prepare_status(app, rt, name, expected, check, &mut f, &current) {
+            Ok(Some(next)) => next,
+            // Decided on a copy that may be old (a change of nothing, a refusal): decided
+            // again on the object as it is.
+            Ok(None) | Err(_) if recent => continue,
+            Ok(None) => return Ok(std::sync::Arc::new(present(rt, (*current).clone()))),
+            Err(e) => return Err(e),
+        };
+        match app.store.update(&key, next, Some(current_rv)).await {
+            // As stored: the caller reads the revision, not the type.
+            Ok(stored) => return Ok(stored),
+            Err(StoreError::Conflict { .. }) if expected.is_none() || recent => continue,
+            // Refused by the store's compare, so nothing was written: the copy was old.
+            Err(StoreError::NotFound { .. }) if recent => continue,
+            // Any other failure is the answer: the write may have been carried out.
+            Err(e) => return Err(ApiError::from_store(e, rt, name)),
         }
     }
     Err(ApiError::stale(rt, name))
 }
 
-/// One attempt of `update_status` on `current`; `None` when it must be tried again on a
-/// current read.
-#[allow(clippy::too_many_arguments)]
-async fn status_once(
+/// The object `update_status` makes of `current`: its status computed by `f`; `None` when
+/// that is the status it has.
+fn prepare_status(
     app: &crate::app::App,
     rt: &ResourceType,
     name: &str,
-    key: &str,
     expected: Option<Revision>,
     check: StatusCheck,
     f: &mut impl FnMut(&Object) -> ApiResult<Value>,
-    current: std::sync::Arc<Object>,
-    recent: bool,
-) -> ApiResult<Option<std::sync::Arc<Object>>> {
-    let current_rv = current.revision().unwrap_or(0);
-    let prepared = (|| {
-        if expected.is_some_and(|p| p != current_rv) {
-            return Err(ApiError::stale(rt, name));
-        }
-        let mut status = Some(f(&current)?);
-        // The new object is the stored one with a new status: everything but the status is
-        // copied, the status never.
-        strategy::prepare_status(rt, current.status.as_ref(), &mut status);
-        if status == current.status {
-            return Ok(None);
-        }
-        let next = Object {
-            api_version: current.api_version.clone(),
-            kind: current.kind.clone(),
-            metadata: current.metadata.clone(),
-            spec: current.spec.clone(),
-            status,
-            other: current.other.clone(),
-        };
-        // Validation reads the old object's spec and other fields, never its status, and
-        // those are the new object's: it stands in for the old one.
-        if check == StatusCheck::Validate {
-            super::validate_object(app, rt, &next, Some(&next))?;
-        }
-        Ok(Some(next))
-    })();
-    let next = match prepared {
-        // Decided on a copy that may be old (a change of nothing, a refusal): decided again
-        // on the object as it is.
-        Ok(None) | Err(_) if recent => return Ok(None),
-        Ok(None) => return Ok(Some(std::sync::Arc::new(present(rt, (*current).clone())))),
-        Ok(Some(next)) => next,
-        Err(e) => return Err(e),
-    };
-    match app.store.update(key, next, Some(current_rv)).await {
-        // As stored: the caller reads the revision, not the type.
-        Ok(stored) => Ok(Some(stored)),
-        Err(StoreError::Conflict { .. }) if expected.is_none() || recent => Ok(None),
-        // Refused by the store's compare, so nothing was written: the copy was old.
-        Err(StoreError::NotFound { .. }) if recent => Ok(None),
-        // Any other failure is the answer: the write may have been carried out.
-        Err(e) => Err(ApiError::from_store(e, rt, name)),
+    current: &Object,
+) -> ApiResult<Option<Object>> {
+    if expected.is_some_and(|p| p != current.revision().unwrap_or(0)) {
+        return Err(ApiError::stale(rt, name));
     }
+    let mut status = Some(f(current)?);
+    // The new object is the stored one with a new status: everything but the status is
+    // copied, the status never.
+    strategy::prepare_status(rt, current.status.as_ref(), &mut status);
+    if status == current.status {
+        return Ok(None);
+    }
+    let next = Object {
+        api_version: current.api_version.clone(),
+        kind: current.kind.clone(),
+        metadata: current.metadata.clone(),
+        spec: current.spec.clone(),
+        status,
+        other: current.other.clone(),
+    };
+    // Validation reads the old object's spec and other fields, never its status, and those
+    // are the new object's: it stands in for the old one.
+    if check == StatusCheck::Validate {
+        super::validate_object(app, rt, &next, Some(&next))?;
+    }
+    Ok(Some(next))
 }
 
 /// The applied configuration of a server-side apply request (YAML or JSON).
