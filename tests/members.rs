@@ -216,6 +216,87 @@ fn three_agents_in_three_regions_become_ready_at_once() {
 }
 
 #[test]
+fn a_steady_member_renews_its_lease_and_leaves_its_cluster_unwritten() {
+    // A grace period of 2 s and beats every second: the cluster stays Ready on renewals
+    // alone, with its status written only when it changes.
+    let s = Server::start_with(&["--cluster-grace-period", "2s"]);
+    let _east = sim_agent(&s, "east", "us-east", &[]);
+    eventually(Duration::from_secs(10), "Ready", || {
+        s.cluster_condition("east", "Ready") == "True"
+    });
+    let lease = |s: &Server| s.get_json(&["lease", "east", "-n", "orrery-member-lease"]);
+    eventually(Duration::from_secs(10), "the Lease renewed", || {
+        s.kubectl(&["get", "lease", "east", "-n", "orrery-member-lease"])
+            .status
+            .success()
+            && !lease(&s)["spec"]["renewTime"].is_null()
+    });
+    let l = lease(&s);
+    assert_eq!(l["spec"]["holderIdentity"], "east", "{l}");
+    assert_eq!(
+        l["metadata"]["ownerReferences"][0]["kind"], "Cluster",
+        "{l}"
+    );
+    let written =
+        |s: &Server| s.get_json(&["cluster", "east"])["status"]["lastHeartbeatTime"].clone();
+    let status_before = written(&s);
+    let mut renewals = std::collections::BTreeSet::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    while Instant::now() < until {
+        renewals.insert(lease(&s)["spec"]["renewTime"].to_string());
+        assert_eq!(s.cluster_condition("east", "Ready"), "True");
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert!(renewals.len() >= 3, "renewed every beat: {renewals:?}");
+    assert_eq!(
+        written(&s),
+        status_before,
+        "an unchanged status is not written again"
+    );
+    // What the agent vouches for: its status as last written.
+    let rv = s.get_json(&["cluster", "east"])["metadata"]["resourceVersion"].clone();
+    let vouched = lease(&s)["metadata"]["annotations"]["cluster.orrery.io/status-revision"].clone();
+    assert!(
+        vouched.as_str().unwrap().parse::<i64>().unwrap()
+            <= rv.as_str().unwrap().parse::<i64>().unwrap(),
+        "{vouched} {rv}"
+    );
+    // A change in the member is written at the next beat.
+    s.stdin(
+        &["apply", "-n", "orrery-cluster-east", "-f", "-"],
+        &work("web", 2),
+    );
+    eventually(
+        Duration::from_secs(10),
+        "the requests in the resource summary",
+        || s.get_json(&["cluster", "east"])["status"]["resourceSummary"]["allocated"]["cpu"] == "9",
+    );
+    assert_ne!(written(&s), status_before);
+    // Told Unknown by the server while it still renews (as a new leader might), the agent
+    // writes its status again at once rather than renewing over it.
+    s.ok(&[
+        "patch",
+        "cluster",
+        "east",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"conditions":[{"type":"Ready","status":"Unknown","reason":"ClusterStatusUnknown"}]}}"#,
+    ]);
+    s.ok(&[
+        "annotate",
+        "lease",
+        "east",
+        "-n",
+        "orrery-member-lease",
+        "cluster.orrery.io/status-wanted=now",
+    ]);
+    eventually(Duration::from_secs(5), "Ready again", || {
+        s.cluster_condition("east", "Ready") == "True"
+    });
+}
+
+#[test]
 fn works_run_and_report_and_a_silent_cluster_is_tainted_then_heals() {
     let s = Server::start_with(&[
         "--cluster-grace-period",
@@ -269,8 +350,14 @@ fn works_run_and_report_and_a_silent_cluster_is_tainted_then_heals() {
     // killed just after a heartbeat arrives; that heartbeat came after `quiet_from` (the start
     // of the last read that did not show it), so no Unknown may come before `quiet_from` plus
     // the grace period, however slow the reads are.
-    let heard =
-        |s: &Server| s.get_json(&["cluster", "east"])["status"]["lastHeartbeatTime"].clone();
+    // A heartbeat renews the cluster's Lease, or writes its status when that changed.
+    let heard = |s: &Server| {
+        (
+            s.get_json(&["cluster", "east"])["status"]["lastHeartbeatTime"].clone(),
+            s.get_json(&["lease", "east", "-n", "orrery-member-lease"])["spec"]["renewTime"]
+                .clone(),
+        )
+    };
     let before = heard(&s);
     let mut quiet_from = Instant::now();
     let deadline = quiet_from + Duration::from_secs(10);
@@ -641,6 +728,51 @@ async fn cluster_tokens_stay_in_their_lane() {
                 .await
         ),
         404
+    );
+    // Its own heartbeat Lease: renewed, yes (the agent renews it every beat). Another
+    // cluster's: no. A Lease of its choosing: no (the server makes them).
+    eventually(Duration::from_secs(20), "alpha's Lease made", || {
+        s.kubectl(&["get", "lease", "alpha", "-n", "orrery-member-lease"])
+            .status
+            .success()
+    });
+    let renew = json!({"spec": {"renewTime": "2026-01-01T00:00:00.000000Z"}});
+    let lease_patch = |name: &str| {
+        req(
+            "PATCH",
+            &format!("/apis/coordination.k8s.io/v1/namespaces/orrery-member-lease/leases/{name}"),
+            "application/merge-patch+json",
+            renew.clone(),
+        )
+    };
+    assert_eq!(code(alpha.request_text(lease_patch("alpha")).await), 200);
+    assert_eq!(code(alpha.request_text(lease_patch("beta")).await), 403);
+    assert_eq!(
+        code(
+            alpha
+                .request_text(req(
+                    "POST",
+                    "/apis/coordination.k8s.io/v1/namespaces/orrery-member-lease/leases",
+                    "application/json",
+                    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                           "metadata": {"name": "alpha2"}, "spec": {}})
+                ))
+                .await
+        ),
+        403
+    );
+    assert_eq!(
+        code(
+            alpha
+                .request_text(req(
+                    "PATCH",
+                    "/apis/coordination.k8s.io/v1/namespaces/orrery-system/leases/alpha",
+                    "application/merge-patch+json",
+                    renew.clone()
+                ))
+                .await
+        ),
+        403
     );
     // A malformed report is refused and corrupts nothing.
     let before = s.get_json(&["cluster", "alpha"])["status"]["resourceSummary"].clone();

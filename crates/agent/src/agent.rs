@@ -21,7 +21,7 @@ use orrery_api::stateful::{Transfer, TransferRole};
 use orrery_api::work::{
     self, ConflictResolution, Health, ManifestStatus, ResourceIdentifier, WorkSpec, WorkStatus,
 };
-use orrery_api::{Object, Time};
+use orrery_api::{MicroTime, Object, Time};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, watch};
@@ -1427,8 +1427,10 @@ async fn session(
 ) -> End {
     let t = Transport::new(client, &inner.cfg.cluster);
     let mut conds: Vec<Condition> = Vec::new();
-    // The first heartbeat proves the token and makes the cluster Ready at once.
-    match heartbeat(inner, &t, &mut conds).await {
+    let mut beats = Beats::default();
+    // The first heartbeat writes the status: it proves the token and makes the cluster
+    // Ready at once.
+    match heartbeat(inner, &t, &mut conds, &mut beats).await {
         Ok(None) => {}
         Ok(Some(s)) => return End::Stopped(s),
         Err(e) => return e,
@@ -1436,7 +1438,7 @@ async fn session(
     backoff.reset();
     tracing::info!(cluster = %inner.cfg.cluster, server = %inner.server(), "connected");
     let works = works_loop(inner, &t);
-    let beats = heartbeat_loop(inner, &t, conds);
+    let beats = heartbeat_loop(inner, &t, conds, beats);
     let reports = report_loop(inner, &t);
     let tunnel = tunnel_loop(inner, &t);
     tokio::pin!(works, beats, reports, tunnel);
@@ -1449,13 +1451,51 @@ async fn session(
     }
 }
 
-/// One heartbeat; `Some` when the cluster turned out to be unregistered.
+/// How long a status that has not changed goes unwritten at most: the Lease's renewals stand
+/// for it meanwhile (Kubernetes' kubelet waits 5 minutes; a Cluster's figures are read by
+/// more, so a minute).
+const STATUS_REFRESH: Duration = Duration::from_secs(60);
+
+/// How long an agent whose server has no Lease for it (an older server, or one not done
+/// making it) writes its status with every beat before it asks again.
+const LEASE_RECHECK: Duration = Duration::from_secs(30);
+
+/// What a session's heartbeats remember: the status last written, and the Lease.
+#[derive(Debug, Default)]
+struct Beats {
+    /// The digest of the status last written (its times left out), when, and the Cluster's
+    /// resourceVersion after it.
+    written: Option<(String, Instant, String)>,
+    /// The Lease as last read or renewed.
+    lease: Option<Object>,
+    /// When the server last had no Lease for us (or forbade it).
+    no_lease: Option<Instant>,
+}
+
+/// The digest of a status without what changes with every beat (its time, the measured
+/// latency to the server).
+fn status_digest_of(status: &Value) -> String {
+    let mut v = status.clone();
+    if let Some(m) = v.as_object_mut() {
+        m.remove("lastHeartbeatTime");
+        if let Some(n) = m.get_mut("network").and_then(Value::as_object_mut) {
+            n.remove("serverLatencyMs");
+        }
+    }
+    digest_of(&v)
+}
+
+/// One heartbeat: the Lease renewed when the member's status is what was last written (and
+/// not too long ago), else the status written. `Some` when the cluster turned out to be
+/// unregistered.
 async fn heartbeat(
     inner: &Inner,
     t: &Transport,
     conds: &mut Vec<Condition>,
+    beats: &mut Beats,
 ) -> Result<Option<Stopped>, End> {
     let report = inner.backend.report().await;
+    let measured = MicroTime::now();
     // The lowest recent round trip: the network's share, without the server's work.
     let server_latency = inner
         .round_trips
@@ -1467,25 +1507,69 @@ async fn heartbeat(
     let status = cluster_status(
         &report,
         conds,
-        Time::now(),
+        measured.time(),
         inner.cfg.cluster_token.is_some(),
         server_latency,
     );
     let nodes = report.as_ref().ok().map(|r| r.nodes.clone());
-    let sent = Instant::now();
-    let answer = t.heartbeat(status).await;
-    let took = sent.elapsed();
-    crate::stats::heartbeat(took);
+    let digest = status_digest_of(&status);
+    let unchanged = beats
+        .written
+        .as_ref()
+        .is_some_and(|(d, at, _)| *d == digest && at.elapsed() < STATUS_REFRESH);
+    let mut status = status;
+    if unchanged
+        && beats
+            .no_lease
+            .is_none_or(|at| at.elapsed() >= LEASE_RECHECK)
     {
-        let mut rt = inner.round_trips.lock().unwrap_or_else(|p| p.into_inner());
-        rt.push_back((took.as_secs_f64() * 10_000.0).round() / 10.0);
-        while rt.len() > ROUND_TRIPS {
-            rt.pop_front();
+        match renew(inner, t, beats, measured).await {
+            Ok(Renewal::Renewed) => {
+                if let Some(nodes) = nodes {
+                    write_metrics(inner, t, nodes).await;
+                }
+                return Ok(None);
+            }
+            Ok(Renewal::WriteStatus) => {}
+            // The server changed the Cluster's conditions: the status is written over what
+            // it has, so that a condition's transition time is the server's.
+            Ok(Renewal::ReadFirst) => match t.get_cluster().await {
+                Ok(c) if c.metadata.deletion_timestamp.is_some() => {
+                    return Ok(Some(Stopped::Unregistered));
+                }
+                Ok(c) => {
+                    *conds = cluster::ClusterStatus::of(&c).conditions;
+                    status = cluster_status(
+                        &report,
+                        conds,
+                        measured.time(),
+                        inner.cfg.cluster_token.is_some(),
+                        server_latency,
+                    );
+                }
+                Err(TransportError::NotRegistered(_)) => {
+                    return Ok(Some(Stopped::Unregistered));
+                }
+                Err(TransportError::Busy(why)) => {
+                    tracing::debug!(cluster = %inner.cfg.cluster, %why, "the server is busy; skipping a heartbeat");
+                    return Ok(None);
+                }
+                Err(e) => return Err(e.into()),
+            },
+            Err(TransportError::Busy(why)) => {
+                tracing::debug!(cluster = %inner.cfg.cluster, %why, "the server is busy; skipping a heartbeat");
+                return Ok(None);
+            }
+            Err(e) => return Err(e.into()),
         }
     }
+    let sent = Instant::now();
+    let answer = t.heartbeat(status).await;
+    timed(inner, sent.elapsed());
     match answer {
         Ok(c) if c.metadata.deletion_timestamp.is_some() => Ok(Some(Stopped::Unregistered)),
         Ok(c) => {
+            beats.written = Some((digest, sent, c.metadata.resource_version.clone()));
             if let Some(s) = c
                 .status
                 .and_then(|s| serde_json::from_value::<cluster::ClusterStatus>(s).ok())
@@ -1505,6 +1589,79 @@ async fn heartbeat(
             Ok(None)
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// A heartbeat's round trip, for the stats and the latency reported to the server.
+fn timed(inner: &Inner, took: Duration) {
+    crate::stats::heartbeat(took);
+    let mut rt = inner.round_trips.lock().unwrap_or_else(|p| p.into_inner());
+    rt.push_back((took.as_secs_f64() * 10_000.0).round() / 10.0);
+    while rt.len() > ROUND_TRIPS {
+        rt.pop_front();
+    }
+}
+
+/// What became of a Lease renewal.
+enum Renewal {
+    Renewed,
+    /// The status is to be written instead: there is no Lease (yet).
+    WriteStatus,
+    /// The server changed the Lease or asks for the status: the Cluster is read, and the
+    /// status written over it.
+    ReadFirst,
+}
+
+/// Renews the Lease, vouching that the status last written describes the member at
+/// `measured`.
+async fn renew(
+    inner: &Inner,
+    t: &Transport,
+    beats: &mut Beats,
+    measured: MicroTime,
+) -> Result<Renewal, TransportError> {
+    let Some((_, _, revision)) = beats.written.clone() else {
+        return Ok(Renewal::WriteStatus);
+    };
+    let mut lease = match beats.lease.take() {
+        Some(l) => l,
+        None => match t.get_lease().await {
+            Ok(l) => l,
+            Err(TransportError::NotRegistered(_) | TransportError::Forbidden(_)) => {
+                beats.no_lease = Some(Instant::now());
+                return Ok(Renewal::WriteStatus);
+            }
+            Err(e) => return Err(e),
+        },
+    };
+    beats.no_lease = None;
+    let ann = &mut lease.metadata.annotations;
+    // The server asks for the status (it changed the Cluster's conditions): written now,
+    // the mark dropped with the next renewal.
+    if ann.remove(cluster::LEASE_STATUS_WANTED).is_some() {
+        beats.lease = Some(lease);
+        return Ok(Renewal::ReadFirst);
+    }
+    ann.insert(cluster::LEASE_STATUS_REVISION.to_string(), revision);
+    let spec = lease.spec.get_or_insert_with(|| json!({}));
+    if let Some(m) = spec.as_object_mut() {
+        m.insert("holderIdentity".into(), json!(inner.cfg.cluster));
+        m.insert("renewTime".into(), json!(measured.to_string()));
+    }
+    let sent = Instant::now();
+    let answer = t.renew_lease(&lease).await;
+    timed(inner, sent.elapsed());
+    match answer {
+        Ok(l) => {
+            beats.lease = Some(l);
+            Ok(Renewal::Renewed)
+        }
+        // Changed by the server (a mark, or made again), or gone (the cluster is being
+        // unregistered): read again next time; the Cluster read now says what happened.
+        Err(TransportError::Conflict(_) | TransportError::NotRegistered(_)) => {
+            Ok(Renewal::ReadFirst)
+        }
+        Err(e) => Err(e),
     }
 }
 
@@ -1600,13 +1757,18 @@ async fn write_metrics(inner: &Inner, t: &Transport, nodes: Vec<orrery_api::quot
     }
 }
 
-async fn heartbeat_loop(inner: &Inner, t: &Transport, mut conds: Vec<Condition>) -> End {
+async fn heartbeat_loop(
+    inner: &Inner,
+    t: &Transport,
+    mut conds: Vec<Condition>,
+    mut beats: Beats,
+) -> End {
     loop {
         // ±10% so that agents started together spread out.
         let base = inner.cfg.heartbeat_interval;
         let d = base.mul_f64(0.9 + crate::backoff::random_fraction() * 0.2);
         tokio::time::sleep(d).await;
-        match heartbeat(inner, t, &mut conds).await {
+        match heartbeat(inner, t, &mut conds, &mut beats).await {
             Ok(None) => {}
             Ok(Some(s)) => return End::Stopped(s),
             Err(e) => return e,

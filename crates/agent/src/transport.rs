@@ -26,6 +26,9 @@ pub enum TransportError {
     /// The watch fell too far behind (410): list again.
     #[error("the watch expired: {0}")]
     Expired(String),
+    /// A conditional write met a newer version (409).
+    #[error("the object changed meanwhile: {0}")]
+    Conflict(String),
     /// The request was refused for another reason (4xx).
     #[error("the server refused the request ({code}): {message}")]
     Refused { code: u16, message: String },
@@ -156,6 +159,44 @@ impl Transport {
             )
             .await?;
         to_object(o)
+    }
+
+    /// The cluster's Cluster object.
+    pub async fn get_cluster(&self) -> Result<Object, TransportError> {
+        to_object(
+            orrery_client::api(&self.client, &kinds::CLUSTER, None)
+                .get(&self.cluster)
+                .await?,
+        )
+    }
+
+    fn lease(&self) -> Api<DynamicObject> {
+        orrery_client::api(
+            &self.client,
+            &kinds::LEASE,
+            Some(orrery_api::cluster::LEASE_NAMESPACE),
+        )
+    }
+
+    /// The cluster's heartbeat Lease (`NotRegistered` when the server has made none).
+    pub async fn get_lease(&self) -> Result<Object, TransportError> {
+        to_object(self.lease().get(&self.cluster).await?)
+    }
+
+    /// Replaces the Lease with `lease`, conditional on its resourceVersion; returns it as
+    /// stored. `Conflict` when it changed since it was read.
+    pub async fn renew_lease(&self, lease: &Object) -> Result<Object, TransportError> {
+        let d: DynamicObject = serde_json::from_value(lease.to_value())
+            .map_err(|e| TransportError::Protocol(e.to_string()))?;
+        match self
+            .lease()
+            .replace(&self.cluster, &kube::api::PostParams::default(), &d)
+            .await
+        {
+            Ok(o) => to_object(o),
+            Err(kube::Error::Api(s)) if s.code == 409 => Err(TransportError::Conflict(s.message)),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Opens the cluster proxy's tunnel: the connection, upgraded, on which the server sends

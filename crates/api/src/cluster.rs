@@ -36,6 +36,19 @@ pub const CONDITION_JOINED: &str = "Joined";
 /// The finalizer that keeps a Cluster until its namespace, Works and tokens are gone.
 pub const FINALIZER: &str = "multicluster.io/cluster-cleanup";
 
+/// Each member's heartbeat Lease (`coordination.k8s.io/v1`, named after the cluster) lives
+/// here, as nodes' do in `kube-node-lease`: renewing a small Lease is the heartbeat, and the
+/// Cluster's status is written only when it changed (or now and then), so the fleet's
+/// heartbeats do not rewrite every Cluster. Not under [`NAMESPACE_PREFIX`]: no cluster's
+/// Works namespace can be it.
+pub const LEASE_NAMESPACE: &str = "orrery-member-lease";
+/// On a member's Lease: the Cluster's resourceVersion after the agent's last status write.
+/// A renewal vouches that this status still describes the member at `renewTime`.
+pub const LEASE_STATUS_REVISION: &str = "cluster.orrery.io/status-revision";
+/// On a member's Lease, written by the server: the agent is asked to write its whole status
+/// at its next heartbeat (the server changed the Cluster's conditions, e.g. to Unknown).
+pub const LEASE_STATUS_WANTED: &str = "cluster.orrery.io/status-wanted";
+
 /// Resource names of the water level dimensions.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
@@ -46,6 +59,33 @@ pub fn namespace_of(cluster: &str) -> String {
 /// The cluster whose Works a namespace holds, if it is such a namespace.
 pub fn cluster_of_namespace(ns: &str) -> Option<&str> {
     ns.strip_prefix(NAMESPACE_PREFIX).filter(|c| !c.is_empty())
+}
+
+/// What a member's heartbeat Lease says.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeaseBeat {
+    /// When the agent last renewed it.
+    pub renew_time: Option<MicroTime>,
+    /// The Cluster's resourceVersion after the agent's last status write.
+    pub status_revision: Option<i64>,
+}
+
+impl LeaseBeat {
+    pub fn of(lease: &crate::Object) -> LeaseBeat {
+        LeaseBeat {
+            renew_time: lease
+                .spec
+                .as_ref()
+                .and_then(|s| s.get("renewTime"))
+                .and_then(Value::as_str)
+                .and_then(|t| t.parse().ok()),
+            status_revision: lease
+                .metadata
+                .annotations
+                .get(LEASE_STATUS_REVISION)
+                .and_then(|r| r.parse().ok()),
+        }
+    }
 }
 
 /// Resource amounts by resource name (`cpu`, `memory`, `nvidia.com/gpu`, `pods`...).

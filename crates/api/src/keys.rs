@@ -32,6 +32,22 @@ pub mod well_known {
     pub fn clusters() -> String {
         super::prefix("multicluster.io", "clusters", None)
     }
+    /// A member's heartbeat Lease.
+    pub fn cluster_lease(name: &str) -> String {
+        super::object(
+            "coordination.k8s.io",
+            "leases",
+            Some(crate::cluster::LEASE_NAMESPACE),
+            name,
+        )
+    }
+    pub fn cluster_leases() -> String {
+        super::prefix(
+            "coordination.k8s.io",
+            "leases",
+            Some(crate::cluster::LEASE_NAMESPACE),
+        )
+    }
     pub fn work(namespace: &str, name: &str) -> String {
         super::object("multicluster.io", "works", Some(namespace), name)
     }

@@ -113,7 +113,13 @@ fn limit_of(n: usize) -> usize {
 }
 
 /// Namespaces that always exist.
-pub const SYSTEM_NAMESPACES: &[&str] = &["default", "kube-system", "kube-public", "orrery-system"];
+pub const SYSTEM_NAMESPACES: &[&str] = &[
+    "default",
+    "kube-system",
+    "kube-public",
+    "orrery-system",
+    orrery_api::cluster::LEASE_NAMESPACE,
+];
 
 impl App {
     /// Builds the application over a store: loads the CRD-defined kinds.

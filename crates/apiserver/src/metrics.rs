@@ -126,6 +126,7 @@ impl Metrics {
         let clusters = store
             .list(&keys::well_known::clusters(), &ListOptions::default())
             .await?;
+        let renewed = crate::dro::clusters::renewals(store).await;
         let now = Time::now();
         self.water_level.clear();
         self.heartbeat_age.clear();
@@ -153,7 +154,7 @@ impl Metrics {
                     })
                     .set(wl.overall);
             }
-            if let Some(hb) = st.last_heartbeat_time {
+            if let Some(hb) = st.last_heartbeat_time.max(renewed.get(c.name()).copied()) {
                 self.heartbeat_age
                     .get_or_create(&ClusterLabels {
                         cluster: c.name().to_string(),

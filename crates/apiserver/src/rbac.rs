@@ -467,7 +467,7 @@ impl Policy {
 
 /// A member cluster agent's built-in rules in `namespace` (None: cluster-wide): read its own
 /// Works, write their status, read its own Cluster and write its status and that of its
-/// ClusterMetrics.
+/// ClusterMetrics, renew its heartbeat Lease.
 pub fn agent_rules(cluster: &str, namespace: Option<&str>) -> Vec<Rule> {
     let mut rules = vec![
         Rule::on(&["get"], &["multicluster.io"], &["clusters"]).named(&[cluster]),
@@ -485,6 +485,17 @@ pub fn agent_rules(cluster: &str, namespace: Option<&str>) -> Vec<Rule> {
         )
         .named(&[cluster]),
     ];
+    // Its heartbeat Lease, which the server makes (so no create: a name cannot limit one).
+    if namespace == Some(orrery_api::cluster::LEASE_NAMESPACE) {
+        rules.push(
+            Rule::on(
+                &["get", "update", "patch"],
+                &["coordination.k8s.io"],
+                &["leases"],
+            )
+            .named(&[cluster]),
+        );
+    }
     if namespace == Some(cluster_namespace(cluster).as_str()) {
         rules.push(Rule::on(
             &["get", "list", "watch"],

@@ -467,7 +467,8 @@ async fn end_of_phase(
     Ok((beats, heartbeat_buckets(servers).await?))
 }
 
-/// The servers' own time for heartbeats (a PATCH of a Cluster's status, answered 200), as
+/// The servers' own time for heartbeats (a renewal of a member's Lease, or a PATCH of a
+/// Cluster's status when it changed; answered 200), as
 /// their `/metrics` histograms count it, summed over the replicas: cumulative counts by upper
 /// bound in seconds. The agents' figures add the network and the simulating process's own
 /// queueing (thousands of clusters in one process) to this.
@@ -482,9 +483,9 @@ async fn heartbeat_buckets(servers: &[kube::Client]) -> anyhow::Result<Vec<(f64,
             else {
                 continue;
             };
-            let ours = ["verb=\"patch\"", "resource=\"clusters\"", "code=\"200\""]
-                .iter()
-                .all(|l| rest.contains(l));
+            let ours = rest.contains("code=\"200\"")
+                && ((rest.contains("verb=\"patch\"") && rest.contains("resource=\"clusters\""))
+                    || (rest.contains("verb=\"update\"") && rest.contains("resource=\"leases\"")));
             let le = rest.split("le=\"").nth(1).and_then(|x| x.split('"').next());
             let count = rest.rsplit(' ').next().and_then(|x| x.parse::<f64>().ok());
             let (true, Some(le), Some(count)) = (ours, le, count) else {

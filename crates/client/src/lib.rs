@@ -145,6 +145,14 @@ pub mod kinds {
         plural: "works",
         namespaced: true,
     };
+    /// Kubernetes' Lease (a member's heartbeat, leader election).
+    pub const LEASE: Kind = Kind {
+        group: "coordination.k8s.io",
+        version: "v1",
+        kind: "Lease",
+        plural: "leases",
+        namespaced: true,
+    };
     pub const RESOURCE_BINDING: Kind = Kind {
         group: "multicluster.io",
         version: "v1alpha1",

@@ -4,8 +4,13 @@
 //! when it is Ready again. Every change of readiness is recorded as an Event on the Cluster and
 //! in the failure history.
 //!
-//! Heartbeats are judged by when this controller saw them arrive (a monotonic clock), not by
-//! the timestamps in them, so clock skew between machines does not matter.
+//! A heartbeat is a renewal of the member's Lease (`orrery-member-lease/<cluster>`, which this
+//! controller makes for every Cluster) or a write of the Cluster's status (agents that know no
+//! Lease, and every status report). Heartbeats are judged by when this controller saw them
+//! arrive (a monotonic clock), not by the timestamps in them, so clock skew between machines
+//! does not matter. A cluster this controller declares Unknown has its Lease marked, so that
+//! an agent still renewing it (its renewals were late, or a new leader gave up on it) writes
+//! its whole status again at its next beat instead of renewing over the Unknown.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,10 +20,10 @@ use orrery_api::cluster::{
     self, CONDITION_READY, ClusterStatus, TAINT_NOT_READY, TAINT_UNREACHABLE, Taint, TaintEffect,
 };
 use orrery_api::conditions::{self, Condition};
-use orrery_api::{MicroTime, Object, Time, keys};
+use orrery_api::{MicroTime, Object, OwnerReference, Time, keys};
 use orrery_store::{Store, StoreError, update_with};
-use serde_json::Value;
-use tokio::sync::watch;
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::record::{self, FailureRecord};
@@ -51,6 +56,8 @@ struct Seen {
     /// Derived from the object when it arrives, so that ticks parse nothing.
     ready: Option<Condition>,
     taints: Vec<Taint>,
+    /// A reference to the Cluster, for its Lease's ownerReferences.
+    owner: OwnerReference,
 }
 
 impl Seen {
@@ -61,6 +68,7 @@ impl Seen {
             deleting: false,
             ready: None,
             taints: Vec::new(),
+            owner: OwnerReference::controller_of(o),
         };
         s.observe(o, heartbeat_at);
         s
@@ -206,8 +214,109 @@ async fn set_unknown(store: &dyn Store, name: &str, grace: Duration) -> Result<(
     })
     .await;
     match r {
+        Ok(_) => want_status(store, name).await,
+        Err(StoreError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Marks the member's Lease so that its agent writes its whole status at its next beat: the
+/// agent renews with the Lease's last resourceVersion it knows, is refused, reads the Lease
+/// and finds the mark.
+async fn want_status(store: &dyn Store, name: &str) -> Result<(), StoreError> {
+    let r = update_with(store, &keys::well_known::cluster_lease(name), |mut l| {
+        l.metadata.annotations.insert(
+            orrery_api::cluster::LEASE_STATUS_WANTED.to_string(),
+            MicroTime::now().to_string(),
+        );
+        Ok(Some(l))
+    })
+    .await;
+    match r {
         Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
         Err(e) => Err(e),
+    }
+}
+
+/// Asks for the Leases of Clusters that have none (and are not being deleted).
+fn ask_for_leases(
+    seen: &HashMap<String, Seen>,
+    renewals: &HashMap<String, (Option<MicroTime>, Instant)>,
+    asked: &mut std::collections::HashSet<String>,
+    tx: &mpsc::UnboundedSender<(String, OwnerReference)>,
+) {
+    for (name, s) in seen {
+        if s.deleting || renewals.contains_key(name) || asked.contains(name) {
+            continue;
+        }
+        asked.insert(name.clone());
+        let _ = tx.send((name.clone(), s.owner.clone()));
+    }
+}
+
+/// Makes the Leases asked for, a few at a time; one that could not be made is tried again
+/// a few times, 5 s apart (its agent writes its status meanwhile, which is a heartbeat too).
+/// Ends with the controller (the sender dropped).
+async fn make_leases(
+    store: Arc<dyn Store>,
+    grace: Duration,
+    mut rx: mpsc::UnboundedReceiver<(String, OwnerReference)>,
+) {
+    use futures_util::StreamExt;
+    const ATTEMPTS: u32 = 5;
+    let mut batch: Vec<(String, OwnerReference)> = Vec::new();
+    let mut again: Vec<(String, OwnerReference, u32)> = Vec::new();
+    loop {
+        if again.is_empty() {
+            if rx.recv_many(&mut batch, 256).await == 0 {
+                return;
+            }
+        } else {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            if rx.is_closed() && rx.is_empty() {
+                return;
+            }
+            while let Ok(x) = rx.try_recv() {
+                batch.push(x);
+            }
+        }
+        let work: Vec<(String, OwnerReference, u32)> = again
+            .drain(..)
+            .chain(batch.drain(..).map(|(n, o)| (n, o, 0)))
+            .collect();
+        let failed = std::sync::Mutex::new(Vec::new());
+        futures_util::stream::iter(work)
+            .for_each_concurrent(8, |(name, owner, tried)| {
+                let store = store.clone();
+                let failed = &failed;
+                async move {
+                    let mut l = orrery_store::stamp::new_object(
+                        "coordination.k8s.io/v1",
+                        "Lease",
+                        Some(orrery_api::cluster::LEASE_NAMESPACE),
+                        &name,
+                    );
+                    l.metadata.owner_references = vec![owner.clone()];
+                    l.spec = Some(json!({
+                        "holderIdentity": name,
+                        "leaseDurationSeconds": grace.as_secs().max(1),
+                    }));
+                    match store.create(&keys::well_known::cluster_lease(&name), l).await {
+                        Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+                        Err(e) => {
+                            tracing::warn!(cluster = %name, error = %e, attempt = tried + 1, "making the cluster's heartbeat Lease failed");
+                            if tried + 1 < ATTEMPTS {
+                                failed
+                                    .lock()
+                                    .unwrap_or_else(|p| p.into_inner())
+                                    .push((name, owner, tried + 1));
+                            }
+                        }
+                    }
+                }
+            })
+            .await;
+        again = failed.into_inner().unwrap_or_else(|p| p.into_inner());
     }
 }
 
@@ -297,6 +406,19 @@ pub async fn run(
         keys::well_known::clusters(),
         shutdown.clone(),
     );
+    let mut leases = informer::spawn(
+        store.clone(),
+        keys::well_known::cluster_leases(),
+        shutdown.clone(),
+    );
+    let mut leases_listed = false;
+    // Lease name -> its renewTime and when this controller saw it change.
+    let mut renewals: HashMap<String, (Option<MicroTime>, Instant)> = HashMap::new();
+    // Leases asked for and not seen yet (made off the loop: thousands of Clusters arriving at
+    // once must not hold up the heartbeats queued behind them).
+    let mut asked: std::collections::HashSet<String> = Default::default();
+    let (make_tx, make_rx) = mpsc::unbounded_channel();
+    tokio::spawn(make_leases(store.clone(), cfg.grace_period, make_rx));
     let mut seen: HashMap<String, Seen> = HashMap::new();
     let tick = (cfg.grace_period / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
     let mut ticker = tokio::time::interval(tick);
@@ -341,7 +463,52 @@ pub async fn run(
                     }
                     Event::Delete(o) => {
                         seen.remove(o.name());
+                        asked.remove(o.name());
                     }
+                }
+                if leases_listed {
+                    ask_for_leases(&seen, &renewals, &mut asked, &make_tx);
+                }
+            }
+            ev = leases.recv() => {
+                let Some(ev) = ev else { return };
+                let now = Instant::now();
+                match ev {
+                    Event::Listed(items) => {
+                        leases_listed = true;
+                        let before = std::mem::take(&mut renewals);
+                        for l in items {
+                            let renew = orrery_api::cluster::LeaseBeat::of(&l).renew_time;
+                            let at = match before.get(l.name()) {
+                                // Listed again: what this controller saw arrive stands.
+                                Some((r, at)) if *r == renew => *at,
+                                Some(_) => now,
+                                None => instant_of(renew, now).max(started),
+                            };
+                            renewals.insert(l.name().to_string(), (renew, at));
+                        }
+                    }
+                    Event::Upsert(l) => {
+                        let renew = orrery_api::cluster::LeaseBeat::of(&l).renew_time;
+                        match renewals.get_mut(l.name()) {
+                            Some((r, at)) => {
+                                if *r != renew {
+                                    *r = renew;
+                                    *at = now;
+                                }
+                            }
+                            None => {
+                                renewals.insert(l.name().to_string(), (renew, now));
+                            }
+                        }
+                    }
+                    Event::Delete(l) => {
+                        renewals.remove(l.name());
+                        asked.remove(l.name());
+                    }
+                }
+                if leases_listed {
+                    ask_for_leases(&seen, &renewals, &mut asked, &make_tx);
                 }
             }
             _ = ticker.tick() => {
@@ -357,7 +524,11 @@ pub async fn run(
                     if s.deleting {
                         continue;
                     }
-                    if s.heartbeat_at.elapsed() > cfg.grace_period && s.ready_status() != conditions::UNKNOWN
+                    let heard = match renewals.get(name) {
+                        Some((_, at)) => s.heartbeat_at.max(*at),
+                        None => s.heartbeat_at,
+                    };
+                    if heard.elapsed() > cfg.grace_period && s.ready_status() != conditions::UNKNOWN
                         && let Err(e) = set_unknown(store.as_ref(), name, cfg.grace_period).await
                     {
                         tracing::warn!(cluster = %name, error = %e, "marking the cluster unknown failed");

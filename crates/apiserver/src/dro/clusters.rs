@@ -2,12 +2,13 @@
 //! `DELETE /api/v1/clusters/{name}`. A registered domain is the same `Cluster` object
 //! `kubectl get clusters` shows; its agent joins it with a bootstrap token.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use http::{Method, StatusCode};
-use orrery_api::Object;
 use orrery_api::cluster::{self, ClusterSpec, ClusterStatus, check_endpoint};
 use orrery_api::conditions;
+use orrery_api::{MicroTime, Object};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -35,8 +36,31 @@ struct Register {
     labels: std::collections::BTreeMap<String, String>,
 }
 
-/// A cluster in the draft's shape.
-pub fn view(o: &Object) -> Value {
+/// Members' Lease renewal times, by cluster: a heartbeat renews the Lease, and the status's
+/// `lastHeartbeatTime` is when the status was last written. Empty if they cannot be read
+/// (the status's time is shown then).
+pub async fn renewals(store: &dyn orrery_store::Store) -> HashMap<String, MicroTime> {
+    let listed = store
+        .list(
+            &orrery_api::keys::well_known::cluster_leases(),
+            &orrery_store::ListOptions::default(),
+        )
+        .await;
+    match listed {
+        Ok(l) => l
+            .items
+            .iter()
+            .filter_map(|l| Some((l.name().to_string(), cluster::LeaseBeat::of(l).renew_time?)))
+            .collect(),
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the members' Leases failed");
+            HashMap::new()
+        }
+    }
+}
+
+/// A cluster in the draft's shape; `renewed`: when its agent last renewed its Lease.
+pub fn view(o: &Object, renewed: Option<&MicroTime>) -> Value {
     let spec = ClusterSpec::of(o);
     let st = ClusterStatus::of(o);
     let ready = conditions::find(&st.conditions, cluster::CONDITION_READY)
@@ -52,13 +76,14 @@ pub fn view(o: &Object) -> Value {
         "syncMode": spec.sync_mode,
         "ready": ready,
         "waterLevel": st.water_level,
-        "lastHeartbeatTime": st.last_heartbeat_time,
+        "lastHeartbeatTime": st.last_heartbeat_time.max(renewed.copied()),
         "createdAt": o.metadata.creation_timestamp,
     })
 }
 
 pub async fn list(app: &Arc<App>, who: &Identity) -> Result<http::Response<Body>, DroError> {
-    forward::list(app, who, PATH, view).await
+    let renewed = renewals(app.store.as_ref()).await;
+    forward::list(app, who, PATH, |o| view(o, renewed.get(o.name()))).await
 }
 
 pub async fn register(
@@ -118,7 +143,7 @@ pub async fn register(
         return Err(e);
     }
     let o = r.object()?;
-    Ok(h::json(StatusCode::CREATED, &view(&o)))
+    Ok(h::json(StatusCode::CREATED, &view(&o, None)))
 }
 
 pub async fn unregister(

@@ -14,7 +14,7 @@ use crate::error::ApiError;
 use crate::http::{self as h, Body};
 
 mod bindings;
-mod clusters;
+pub(crate) mod clusters;
 mod forecast;
 mod forward;
 mod history;

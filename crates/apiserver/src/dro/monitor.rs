@@ -403,7 +403,11 @@ pub async fn configs(
         Ok(())
     })
     .await?;
-    Ok(h::json(StatusCode::OK, &super::clusters::view(&o)))
+    let renewed = super::clusters::renewals(app.store.as_ref()).await;
+    Ok(h::json(
+        StatusCode::OK,
+        &super::clusters::view(&o, renewed.get(o.name())),
+    ))
 }
 
 /// `GET /api/v1/monitor/realtime`: the fleet now.

@@ -1,6 +1,6 @@
 //! Member clusters: every Cluster has the namespace of its Works; an unregistered (deleted)
-//! Cluster loses that namespace (and with it its Works) first, then its tokens, then its
-//! finalizer. Looked at again every second while an unregistration is under way.
+//! Cluster loses its heartbeat Lease and that namespace (and with it its Works) first, then
+//! its tokens, then its finalizer. Looked at again every second while an unregistration is under way.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -124,6 +124,14 @@ async fn unregister(
             .any(|f| f == cluster::FINALIZER)
     {
         return Ok(None);
+    }
+    // Its heartbeat Lease first: the agent's next renewal fails, and the status it writes
+    // instead tells it of the unregistration.
+    let lease_key = keys::well_known::cluster_lease(name);
+    match store.get(&lease_key).await {
+        Ok(l) => delete_object(store, &lease_key, &l).await?,
+        Err(StoreError::NotFound { .. }) => {}
+        Err(e) => return Err(e),
     }
     let ns_key = keys::well_known::namespace(&cluster::namespace_of(name));
     match store.get(&ns_key).await {

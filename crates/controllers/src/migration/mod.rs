@@ -45,6 +45,8 @@ enum Src {
     Binding,
     Work,
     Cluster,
+    /// Members' heartbeat Leases: a renewal is hearing from the member.
+    Lease,
 }
 
 /// What the controller keeps of a cluster.
@@ -78,6 +80,8 @@ struct Controller {
     dirty_standbys: BTreeSet<BKey>,
     barrier: Barrier,
     runtime: crate::runtime::metrics::Handle,
+    /// Members' Lease renewal times, by cluster.
+    renewals: HashMap<String, orrery_api::MicroTime>,
 }
 
 /// Runs the migration controller until shutdown.
@@ -93,6 +97,7 @@ pub async fn run(
         (keys::well_known::bindings(None), Src::Binding),
         (keys::well_known::works(None), Src::Work),
         (keys::well_known::clusters(), Src::Cluster),
+        (keys::well_known::cluster_leases(), Src::Lease),
     ] {
         follow(store.clone(), prefix, src, tx.clone(), shutdown.clone());
     }
@@ -117,6 +122,7 @@ pub async fn run(
             b
         },
         runtime: metrics.of("migration"),
+        renewals: HashMap::new(),
     };
     let mut last_tick = Instant::now();
     loop {
@@ -387,6 +393,31 @@ impl Controller {
                     Event::Upsert(w) | Event::Delete(w) => wake(self, &w),
                 }
             }
+            Src::Lease => match ev {
+                Event::Listed(items) => {
+                    self.renewals = items
+                        .iter()
+                        .filter_map(|l| {
+                            let at = orrery_api::cluster::LeaseBeat::of(l).renew_time?;
+                            Some((l.name().to_string(), at))
+                        })
+                        .collect();
+                }
+                Event::Upsert(l) => {
+                    // A renewal, not the server's own marks on the Lease.
+                    let Some(at) = orrery_api::cluster::LeaseBeat::of(&l).renew_time else {
+                        return;
+                    };
+                    if self.renewals.insert(l.name().to_string(), at) != Some(at)
+                        && let Some(f) = self.clusters.get_mut(l.name())
+                    {
+                        f.heard = Some(orrery_api::MicroTime::now());
+                    }
+                }
+                Event::Delete(l) => {
+                    self.renewals.remove(l.name());
+                }
+            },
             Src::Cluster => match ev {
                 Event::Listed(items) => {
                     self.clusters = items

@@ -35,7 +35,7 @@ use orrery_api::history::{self, ScheduleEntry};
 use orrery_api::policy::DEFAULT_FAILOVER_TOLERATION_SECONDS;
 use orrery_api::prediction::{Ahead, ForecastTrigger};
 use orrery_api::work::Health;
-use orrery_api::{Object, Time, keys};
+use orrery_api::{MicroTime, Object, Time, keys};
 use orrery_scheduler::assume::AssumeCache;
 use orrery_scheduler::queue::{Backoff, Lanes};
 use orrery_scheduler::{
@@ -167,6 +167,8 @@ impl Default for Settings {
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Src {
     Cluster,
+    /// Members' heartbeat Leases: a renewal vouches for the status last written.
+    Lease,
     /// The monitoring system's forecasts of each cluster.
     Forecast,
     Binding,
@@ -266,7 +268,10 @@ struct Scheduler {
     filter_cache: FilterCache,
     fleet: Fleet,
     prints: HashMap<String, u64>,
-    heartbeats: HashMap<String, i64>,
+    /// Per cluster: when the figures it last reported were measured, and the Cluster's
+    /// resourceVersion last seen.
+    heartbeats: HashMap<String, MicroTime>,
+    cluster_revisions: HashMap<String, i64>,
     bindings: HashMap<BKey, Arc<Object>>,
     queue: Lanes<BKey>,
     triggers: HashMap<BKey, Trigger>,
@@ -327,6 +332,13 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
     );
     follow(
         store.clone(),
+        keys::well_known::cluster_leases(),
+        Src::Lease,
+        tx.clone(),
+        shutdown.clone(),
+    );
+    follow(
+        store.clone(),
         orrery_api::history::series::FORECAST_PREFIX.to_string(),
         Src::Forecast,
         tx.clone(),
@@ -382,6 +394,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         fleet: Fleet::default(),
         prints: HashMap::new(),
         heartbeats: HashMap::new(),
+        cluster_revisions: HashMap::new(),
         bindings: HashMap::new(),
         queue: Lanes::new(),
         triggers: HashMap::new(),
@@ -608,6 +621,29 @@ impl Scheduler {
         }
     }
 
+    /// The member of `cluster` reported figures measured at `at` (a status write, or a Lease
+    /// renewal vouching for the last one): assumptions they include are confirmed.
+    fn reported(&mut self, cluster: &str, at: MicroTime) {
+        if self.heartbeats.get(cluster).is_some_and(|old| *old >= at) {
+            return;
+        }
+        self.heartbeats.insert(cluster.to_string(), at);
+        // Heartbeat times are wall-clock; assumptions are stamped on our monotonic clock:
+        // compare by age (a time ahead of ours counts as now).
+        let age_ms = MicroTime::now().millis_since(at).max(0) as u64;
+        let measured = self.now_ms().saturating_sub(age_ms);
+        let confirmed = self.assume.confirm(
+            cluster,
+            measured,
+            ASSUME_MARGIN.as_millis() as u64,
+            self.settings.assume_settle.as_millis() as u64,
+        );
+        if !confirmed.is_empty() {
+            self.refresh_assumed(&confirmed);
+            self.room_changed();
+        }
+    }
+
     fn on_event(&mut self, src: Src, ev: Event) {
         match src {
             Src::Cluster => {
@@ -636,13 +672,15 @@ impl Scheduler {
                     Event::Upsert(c) => {
                         let s = self.with_bookings(ClusterSnapshot::of(&c));
                         // Read alone: parsing the whole status again cost more.
-                        let hb = c
-                            .status
-                            .as_ref()
-                            .and_then(|st| {
-                                st.get("lastHeartbeatTime")?.as_str()?.parse::<Time>().ok()
-                            })
-                            .map(|t| t.unix_seconds());
+                        let hb = c.status.as_ref().and_then(|st| {
+                            st.get("lastHeartbeatTime")?
+                                .as_str()?
+                                .parse::<MicroTime>()
+                                .ok()
+                        });
+                        if let Some(rv) = c.revision() {
+                            self.cluster_revisions.insert(c.name().to_string(), rv);
+                        }
                         let name = s.name.clone();
                         // Back to Ready is not enough: the health controller lifts its taints
                         // in a later update, and a placement decided before that still passes
@@ -665,23 +703,8 @@ impl Scheduler {
                         // A cluster new to the fleet gets the forecast that came before it.
                         self.fleet
                             .set_outlook(&name, self.outlooks.get(&name).cloned());
-                        if let Some(hb) = hb
-                            && self.heartbeats.insert(name.clone(), hb) != Some(hb)
-                        {
-                            // Heartbeat times are wall-clock seconds; assumptions are
-                            // stamped on our monotonic clock: compare by age.
-                            let age_ms = (Time::now().unix_seconds() - hb).max(0) as u64 * 1000;
-                            let measured = self.now_ms().saturating_sub(age_ms);
-                            let confirmed = self.assume.confirm(
-                                &name,
-                                measured,
-                                ASSUME_MARGIN.as_millis() as u64,
-                                self.settings.assume_settle.as_millis() as u64,
-                            );
-                            if !confirmed.is_empty() {
-                                self.refresh_assumed(&confirmed);
-                                self.room_changed();
-                            }
+                        if let Some(hb) = hb {
+                            self.reported(&name, hb);
                         }
                         (changed, recovered)
                     }
@@ -689,6 +712,7 @@ impl Scheduler {
                         self.fleet.remove(c.name());
                         self.prints.remove(c.name());
                         self.heartbeats.remove(c.name());
+                        self.cluster_revisions.remove(c.name());
                         (true, false)
                     }
                 };
@@ -699,6 +723,26 @@ impl Scheduler {
                     } else {
                         Trigger::ClustersChanged
                     });
+                }
+            }
+            Src::Lease => {
+                let leases = match ev {
+                    Event::Listed(items) => items,
+                    Event::Upsert(l) => vec![l],
+                    Event::Delete(_) => Vec::new(),
+                };
+                for l in leases {
+                    let beat = orrery_api::cluster::LeaseBeat::of(&l);
+                    // Only a renewal over the status this scheduler has seen vouches for
+                    // figures it holds (the Lease's watch may run ahead of the Clusters').
+                    if let (Some(renew), Some(rev)) = (beat.renew_time, beat.status_revision)
+                        && self
+                            .cluster_revisions
+                            .get(l.name())
+                            .is_some_and(|seen| *seen >= rev)
+                    {
+                        self.reported(l.name(), renew);
+                    }
                 }
             }
             Src::Forecast => self.on_forecast(ev),
