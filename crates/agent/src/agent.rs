@@ -1463,18 +1463,49 @@ const LEASE_RECHECK: Duration = Duration::from_secs(30);
 /// What a session's heartbeats remember: the status last written, and the Lease.
 #[derive(Debug, Default)]
 struct Beats {
-    /// The digest of the status last written (its times left out), when, and the Cluster's
+    /// The status last written (as [`comparable`] makes it), when, and the Cluster's
     /// resourceVersion after it.
-    written: Option<(String, Instant, String)>,
+    written: Option<(Value, Instant, String)>,
     /// The Lease as last read or renewed.
     lease: Option<Object>,
     /// When the server last had no Lease for us (or forbade it).
     no_lease: Option<Instant>,
 }
 
-/// The digest of a status without what changes with every beat (its time, the measured
-/// latency to the server).
-fn status_digest_of(status: &Value) -> String {
+/// How far a measured figure may drift before the status is written ahead of
+/// [`STATUS_REFRESH`], as a share of the capacity it is measured against (usage against
+/// allocatable, traffic against bandwidth): background load and traffic move a little at
+/// every beat, and placement reads water levels to the percent (Orrery's own replicas are in
+/// `allocated`, compared exactly).
+const DRIFT: f64 = 0.01;
+
+/// The measured figures of a status: (where the figure is, where its capacity is).
+const MEASURED: &[(&str, &str)] = &[
+    (
+        "/resourceSummary/usage/cpu",
+        "/resourceSummary/allocatable/cpu",
+    ),
+    (
+        "/resourceSummary/usage/memory",
+        "/resourceSummary/allocatable/memory",
+    ),
+    (
+        "/resourceSummary/usage/nvidia.com~1gpu",
+        "/resourceSummary/allocatable/nvidia.com~1gpu",
+    ),
+    (
+        "/network/egressBytesPerSecond",
+        "/network/bandwidthBytesPerSecond",
+    ),
+    (
+        "/network/ingressBytesPerSecond",
+        "/network/bandwidthBytesPerSecond",
+    ),
+];
+
+/// A status without what changes with every beat (its time, the measured latency to the
+/// server), for comparing with the last one written.
+fn comparable(status: &Value) -> Value {
     let mut v = status.clone();
     if let Some(m) = v.as_object_mut() {
         m.remove("lastHeartbeatTime");
@@ -1482,7 +1513,42 @@ fn status_digest_of(status: &Value) -> String {
             n.remove("serverLatencyMs");
         }
     }
-    digest_of(&v)
+    v
+}
+
+/// A figure as a number (a JSON number or a quantity).
+fn figure(v: Option<&Value>) -> Option<f64> {
+    match v? {
+        Value::Number(n) => n.as_f64(),
+        Value::String(q) => q.parse::<orrery_api::Quantity>().ok().map(|q| q.as_f64()),
+        _ => None,
+    }
+}
+
+/// Whether `now` says what `written` said: equal but for the measured figures, and each of
+/// those within [`DRIFT`] of its capacity (both made by [`comparable`]).
+fn same_status(written: &Value, now: &Value) -> bool {
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        for (at, _) in MEASURED {
+            if let Some((parent, key)) = at.rsplit_once('/')
+                && let Some(m) = v.pointer_mut(parent).and_then(Value::as_object_mut)
+            {
+                m.remove(&key.replace("~1", "/"));
+            }
+        }
+        v
+    };
+    if strip(written) != strip(now) {
+        return false;
+    }
+    MEASURED.iter().all(|(at, capacity)| {
+        let (a, b) = (written.pointer(at), now.pointer(at));
+        match (figure(a), figure(b), figure(now.pointer(capacity))) {
+            (Some(a), Some(b), Some(cap)) if cap > 0.0 => (a - b).abs() <= DRIFT * cap,
+            _ => a == b,
+        }
+    })
 }
 
 /// One heartbeat: the Lease renewed when the member's status is what was last written (and
@@ -1512,11 +1578,9 @@ async fn heartbeat(
         server_latency,
     );
     let nodes = report.as_ref().ok().map(|r| r.nodes.clone());
-    let digest = status_digest_of(&status);
-    let unchanged = beats
-        .written
-        .as_ref()
-        .is_some_and(|(d, at, _)| *d == digest && at.elapsed() < STATUS_REFRESH);
+    let unchanged = beats.written.as_ref().is_some_and(|(w, at, _)| {
+        at.elapsed() < STATUS_REFRESH && same_status(w, &comparable(&status))
+    });
     let mut status = status;
     if unchanged
         && beats
@@ -1564,12 +1628,13 @@ async fn heartbeat(
         }
     }
     let sent = Instant::now();
+    let written = comparable(&status);
     let answer = t.heartbeat(status).await;
     timed(inner, sent.elapsed());
     match answer {
         Ok(c) if c.metadata.deletion_timestamp.is_some() => Ok(Some(Stopped::Unregistered)),
         Ok(c) => {
-            beats.written = Some((digest, sent, c.metadata.resource_version.clone()));
+            beats.written = Some((written, sent, c.metadata.resource_version.clone()));
             if let Some(s) = c
                 .status
                 .and_then(|s| serde_json::from_value::<cluster::ClusterStatus>(s).ok())
@@ -1929,6 +1994,72 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
 mod tests {
     use super::*;
     use crate::backend::sim::{Faults, SimCluster, SimSpec};
+
+    #[test]
+    fn a_status_is_written_again_only_when_it_says_something_new() {
+        let status = |usage_cpu: &str, allocated_cpu: &str, ready: &str, latency: f64, at: &str| {
+            comparable(&json!({
+                "conditions": [{"type": "Ready", "status": ready}],
+                "lastHeartbeatTime": at,
+                "network": {"serverLatencyMs": latency, "region": "r1"},
+                "resourceSummary": {
+                    "allocatable": {"cpu": "100", "memory": "64Gi"},
+                    "allocated": {"cpu": allocated_cpu},
+                    "usage": {"cpu": usage_cpu, "memory": "10Gi"},
+                },
+            }))
+        };
+        let written = status("30", "20", "True", 1.5, "2026-01-01T00:00:00Z");
+        let cases = [
+            (
+                "the time and latency of the beat",
+                status("30", "20", "True", 9.0, "2026-01-01T00:00:10Z"),
+                true,
+            ),
+            (
+                "usage drifting under a percent of allocatable",
+                status("30900m", "20", "True", 1.5, "x"),
+                true,
+            ),
+            (
+                "usage drifting by more",
+                status("31100m", "20", "True", 1.5, "x"),
+                false,
+            ),
+            (
+                "usage falling by more",
+                status("28", "20", "True", 1.5, "x"),
+                false,
+            ),
+            (
+                "one more replica's requests",
+                status("30", "20100m", "True", 1.5, "x"),
+                false,
+            ),
+            ("readiness", status("30", "20", "False", 1.5, "x"), false),
+        ];
+        for (what, now, same) in cases {
+            assert_eq!(same_status(&written, &now), same, "{what}");
+        }
+        // Traffic is measured against the uplink's bandwidth.
+        let traffic = |egress: f64| {
+            let mut v = written.clone();
+            v["network"]["bandwidthBytesPerSecond"] = json!(1000);
+            v["network"]["egressBytesPerSecond"] = json!(egress);
+            v
+        };
+        assert!(same_status(&traffic(500.0), &traffic(509.5)));
+        assert!(!same_status(&traffic(500.0), &traffic(511.0)));
+        assert!(!same_status(&written, &traffic(500.0)), "traffic begins");
+        // A resource with nothing to measure drift against is compared exactly.
+        let mut odd = written.clone();
+        odd["resourceSummary"]["usage"]["gpu"] = json!("1");
+        let mut odd2 = odd.clone();
+        odd2["resourceSummary"]["usage"]["gpu"] = json!("2");
+        assert!(same_status(&odd, &odd.clone()));
+        assert!(!same_status(&odd, &odd2));
+        assert!(!same_status(&written, &odd));
+    }
 
     fn cause() -> Cause {
         Cause {

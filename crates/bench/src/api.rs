@@ -100,9 +100,14 @@ impl ServerProcess {
                 std::env::var("ORRERY_BENCH_SERVER_LOG_LEVEL").unwrap_or_else(|_| "warn".into()),
             )
             .stdout(Stdio::piped())
-            // ORRERY_BENCH_SERVER_LOG=<file> keeps the server's log (for looking into a figure).
+            // ORRERY_BENCH_SERVER_LOG=<file> keeps the server's log (for looking into a figure),
+            // in <file>.<port>: each replica its own.
             .stderr(match std::env::var_os("ORRERY_BENCH_SERVER_LOG") {
-                Some(f) => Stdio::from(std::fs::File::create(f)?),
+                Some(f) => {
+                    let mut f = f;
+                    f.push(format!(".{port}"));
+                    Stdio::from(std::fs::File::create(f)?)
+                }
                 None => Stdio::null(),
             })
             .spawn()

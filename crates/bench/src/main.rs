@@ -254,6 +254,11 @@ enum Command {
         /// replica, each hosting its share of the clusters).
         #[arg(long, default_value_t = 1)]
         replicas: usize,
+        /// The members' background load (the sim's `profile=` and `period=`): by default a
+        /// day compressed into 10 minutes, so that it moves within a run (every heartbeat then
+        /// carries a new usage); `profile=diurnal,period=24h` is a day as it is.
+        #[arg(long, default_value = "profile=diurnal,period=600s")]
+        load: String,
         #[arg(long)]
         server_bin: Option<PathBuf>,
         #[arg(long)]
@@ -772,6 +777,7 @@ fn main() -> anyhow::Result<()> {
                 steady_secs,
                 heartbeat,
                 replicas,
+                load,
                 server_bin,
                 dir,
             } => {
@@ -781,6 +787,7 @@ fn main() -> anyhow::Result<()> {
                     steady_secs,
                     heartbeat,
                     replicas,
+                    load,
                     server_bin,
                     dir,
                 })

@@ -209,6 +209,8 @@ pub struct FleetArgs {
     pub replicas: usize,
     pub server_bin: Option<PathBuf>,
     pub dir: Option<PathBuf>,
+    /// The members' background load, as the sim's spec says it (`profile=..,period=..`).
+    pub load: String,
 }
 
 pub(crate) fn orrery_bin(server_bin: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
@@ -272,8 +274,8 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         std::fs::write(
             &file,
             format!(
-                "clusters:\n  - name: {pattern}\n    count: {count}\n    regions: [us-east, us-west, eu-central, ap-south]\n    provider: sim\n    simulate: nodes={},cpu=16,memory=64Gi,load=0.3,profile=diurnal,period=600s\n",
-                args.nodes
+                "clusters:\n  - name: {pattern}\n    count: {count}\n    regions: [us-east, us-west, eu-central, ap-south]\n    provider: sim\n    simulate: nodes={},cpu=16,memory=64Gi,load=0.3,{}\n",
+                args.nodes, args.load
             ),
         )?;
         let urls: Vec<&str> = (0..n).map(|i| servers[(k + i) % n].url.as_str()).collect();
@@ -382,6 +384,7 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     // Heartbeats while the Works rolled out (created, applied, their statuses reported), then
     // afresh for the steady state, which has only heartbeats and periodic reports.
     let (rolling_out, beats2) = end_of_phase(&agents, &server_clients).await?;
+    let kinds2 = heartbeat_kinds(&server_clients).await?;
     progress(format!(
         "members fleet: Works available after {works_available_after:.1} s; measuring {} s of steady state",
         args.steady_secs
@@ -421,6 +424,7 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         }));
     }
     let beats3 = heartbeat_buckets(&server_clients).await?;
+    let kinds3 = heartbeat_kinds(&server_clients).await?;
     let still_ready = orrery_client::ready_clusters(&admin).await?;
     let first = |v: &[Value], k: &str| v.first().map(|x| x[k].clone()).unwrap_or(Value::Null);
     emit(json!({
@@ -430,6 +434,7 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         "store": if n == 1 { "sqlite" } else { "etcd (3 members)" },
         "nodes_per_cluster": args.nodes,
         "heartbeat_interval": args.heartbeat,
+        "load": args.load,
         "seconds_to_all_ready": round(all_ready, 1),
         "steady_seconds": args.steady_secs,
         "ready_at_end": still_ready,
@@ -447,6 +452,8 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         "heartbeat_ms_while_works_roll_out": rolling_out,
         "server_heartbeat_ms_while_works_roll_out": server_quantiles(&beats1, &beats2),
         "server_heartbeat_ms_steady": server_quantiles(&beats2, &beats3),
+        "steady_status_writes": kinds3.0 - kinds2.0,
+        "steady_lease_renewals": kinds3.1 - kinds2.1,
         "agent_rss_kib_per_cluster": round(
             agents.iter().map(|a| process_usage(a.child.id()).0).sum::<f64>() * 1024.0 / args.clusters as f64, 1),
         "goals": {"server_rss_mib": 1024, "server_cpu_cores": 1.0, "agent_kib_per_cluster": 1024},
@@ -485,7 +492,7 @@ async fn heartbeat_buckets(servers: &[kube::Client]) -> anyhow::Result<Vec<(f64,
             };
             let ours = rest.contains("code=\"200\"")
                 && ((rest.contains("verb=\"patch\"") && rest.contains("resource=\"clusters\""))
-                    || (rest.contains("verb=\"update\"") && rest.contains("resource=\"leases\"")));
+                    || (rest.contains("verb=\"put\"") && rest.contains("resource=\"leases\"")));
             let le = rest.split("le=\"").nth(1).and_then(|x| x.split('"').next());
             let count = rest.rsplit(' ').next().and_then(|x| x.parse::<f64>().ok());
             let (true, Some(le), Some(count)) = (ours, le, count) else {
@@ -504,6 +511,33 @@ async fn heartbeat_buckets(servers: &[kube::Client]) -> anyhow::Result<Vec<(f64,
     }
     sum.sort_by(|a, b| a.0.total_cmp(&b.0));
     Ok(sum)
+}
+
+/// How many heartbeats the servers have answered so far, summed over the replicas: status
+/// writes (a PATCH of a Cluster's status) and Lease renewals.
+async fn heartbeat_kinds(servers: &[kube::Client]) -> anyhow::Result<(f64, f64)> {
+    let (mut writes, mut renewals) = (0.0, 0.0);
+    for c in servers {
+        let text = c
+            .request_text(request("GET", "/metrics", "text/plain", Vec::new()))
+            .await?;
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("orrery_http_request_duration_seconds_count{")
+            else {
+                continue;
+            };
+            let count = rest.rsplit(' ').next().and_then(|x| x.parse::<f64>().ok());
+            let (true, Some(count)) = (rest.contains("code=\"200\""), count) else {
+                continue;
+            };
+            if rest.contains("verb=\"patch\"") && rest.contains("resource=\"clusters\"") {
+                writes += count;
+            } else if rest.contains("verb=\"put\"") && rest.contains("resource=\"leases\"") {
+                renewals += count;
+            }
+        }
+    }
+    Ok((writes, renewals))
 }
 
 /// p50 and p99 (milliseconds, interpolated within the histogram's buckets) of what was counted

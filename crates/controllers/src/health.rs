@@ -238,6 +238,23 @@ async fn want_status(store: &dyn Store, name: &str) -> Result<(), StoreError> {
     }
 }
 
+/// Asks for the Lease of Cluster `name` if it has none (and is not being deleted).
+fn ask_for_lease(
+    name: &str,
+    seen: &HashMap<String, Seen>,
+    renewals: &HashMap<String, (Option<MicroTime>, Instant)>,
+    asked: &mut std::collections::HashSet<String>,
+    tx: &mpsc::UnboundedSender<(String, OwnerReference)>,
+) {
+    if let Some(s) = seen.get(name)
+        && !s.deleting
+        && !renewals.contains_key(name)
+        && asked.insert(name.to_string())
+    {
+        let _ = tx.send((name.to_string(), s.owner.clone()));
+    }
+}
+
 /// Asks for the Leases of Clusters that have none (and are not being deleted).
 fn ask_for_leases(
     seen: &HashMap<String, Seen>,
@@ -245,12 +262,8 @@ fn ask_for_leases(
     asked: &mut std::collections::HashSet<String>,
     tx: &mpsc::UnboundedSender<(String, OwnerReference)>,
 ) {
-    for (name, s) in seen {
-        if s.deleting || renewals.contains_key(name) || asked.contains(name) {
-            continue;
-        }
-        asked.insert(name.clone());
-        let _ = tx.send((name.clone(), s.owner.clone()));
+    for name in seen.keys() {
+        ask_for_lease(name, seen, renewals, asked, tx);
     }
 }
 
@@ -419,6 +432,20 @@ pub async fn run(
     let mut asked: std::collections::HashSet<String> = Default::default();
     let (make_tx, make_rx) = mpsc::unbounded_channel();
     tokio::spawn(make_leases(store.clone(), cfg.grace_period, make_rx));
+    // Readiness changes are recorded (Events, the failure history) off the loop, in order:
+    // a fleet turning Ready at once must not hold up the heartbeats queued behind it (a
+    // heartbeat counts when this loop sees it).
+    let (record_tx, mut record_rx) = mpsc::unbounded_channel::<(Arc<Object>, String, Condition)>();
+    {
+        let store = store.clone();
+        tokio::spawn(async move {
+            while let Some((o, from, to)) = record_rx.recv().await {
+                transition(store.as_ref(), &o, &from, &to).await;
+            }
+        });
+    }
+    // The tick's writes (Unknown, taints) run off the loop too, one round at a time.
+    let mut writing: Option<tokio::task::JoinHandle<()>> = None;
     let mut seen: HashMap<String, Seen> = HashMap::new();
     let tick = (cfg.grace_period / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
     let mut ticker = tokio::time::interval(tick);
@@ -429,6 +456,7 @@ pub async fn run(
             ev = events.recv() => {
                 let Some(ev) = ev else { return };
                 let now = Instant::now();
+                let listed_now = matches!(ev, Event::Listed(_));
                 match ev {
                     Event::Listed(items) => {
                         listed = true;
@@ -458,7 +486,10 @@ pub async fn run(
                         if let Some(from) = change
                             && let Some(to) = seen.get(o.name()).and_then(|e| e.ready.clone())
                         {
-                            transition(store.as_ref(), &o, &from, &to).await;
+                            let _ = record_tx.send((o.clone(), from, to));
+                        }
+                        if leases_listed {
+                            ask_for_lease(o.name(), &seen, &renewals, &mut asked, &make_tx);
                         }
                     }
                     Event::Delete(o) => {
@@ -466,16 +497,19 @@ pub async fn run(
                         asked.remove(o.name());
                     }
                 }
-                if leases_listed {
+                if leases_listed && listed_now {
                     ask_for_leases(&seen, &renewals, &mut asked, &make_tx);
                 }
             }
             ev = leases.recv() => {
                 let Some(ev) = ev else { return };
                 let now = Instant::now();
+                let listed_now = matches!(ev, Event::Listed(_));
+                if listed_now {
+                    leases_listed = true;
+                }
                 match ev {
                     Event::Listed(items) => {
-                        leases_listed = true;
                         let before = std::mem::take(&mut renewals);
                         for l in items {
                             let renew = orrery_api::cluster::LeaseBeat::of(&l).renew_time;
@@ -505,9 +539,10 @@ pub async fn run(
                     Event::Delete(l) => {
                         renewals.remove(l.name());
                         asked.remove(l.name());
+                        ask_for_lease(l.name(), &seen, &renewals, &mut asked, &make_tx);
                     }
                 }
-                if leases_listed {
+                if listed_now {
                     ask_for_leases(&seen, &renewals, &mut asked, &make_tx);
                 }
             }
@@ -516,10 +551,15 @@ pub async fn run(
                 if !listed {
                     continue;
                 }
+                // The last round's writes still under way: this tick judges nothing (what it
+                // would write is being written).
+                if writing.as_ref().is_some_and(|w| !w.is_finished()) {
+                    continue;
+                }
                 let round = Instant::now().into_std();
                 metrics.synced(0);
-                let mut failed = 0;
                 let now_t = Time::now();
+                let mut todo: Vec<(String, bool, bool)> = Vec::new();
                 for (name, s) in &seen {
                     if s.deleting {
                         continue;
@@ -528,21 +568,30 @@ pub async fn run(
                         Some((_, at)) => s.heartbeat_at.max(*at),
                         None => s.heartbeat_at,
                     };
-                    if heard.elapsed() > cfg.grace_period && s.ready_status() != conditions::UNKNOWN
-                        && let Err(e) = set_unknown(store.as_ref(), name, cfg.grace_period).await
-                    {
-                        tracing::warn!(cluster = %name, error = %e, "marking the cluster unknown failed");
-                        failed += 1;
-                    }
+                    let unknown = heard.elapsed() > cfg.grace_period
+                        && s.ready_status() != conditions::UNKNOWN;
                     let wanted = wanted_taints(s.ready.as_ref(), now_t, cfg.eviction_timeout);
-                    if reconcile_taints(&s.taints, &wanted, now_t).is_some()
-                        && let Err(e) = set_taints(store.as_ref(), name, cfg.eviction_timeout).await
-                    {
-                        tracing::warn!(cluster = %name, error = %e, "updating the cluster's taints failed");
-                        failed += 1;
+                    let taints = reconcile_taints(&s.taints, &wanted, now_t).is_some();
+                    if unknown || taints {
+                        todo.push((name.clone(), unknown, taints));
                     }
                 }
-                metrics.round(round, failed, 0);
+                let (st, cfg2, m) = (store.clone(), cfg.clone(), metrics.clone());
+                writing = Some(tokio::spawn(async move {
+                    let (store, cfg, metrics) = (st, cfg2, m);
+                    let mut failed = 0;
+                    for (name, unknown, taints) in todo {
+                        if unknown && let Err(e) = set_unknown(store.as_ref(), &name, cfg.grace_period).await {
+                            tracing::warn!(cluster = %name, error = %e, "marking the cluster unknown failed");
+                            failed += 1;
+                        }
+                        if taints && let Err(e) = set_taints(store.as_ref(), &name, cfg.eviction_timeout).await {
+                            tracing::warn!(cluster = %name, error = %e, "updating the cluster's taints failed");
+                            failed += 1;
+                        }
+                    }
+                    metrics.round(round, failed, 0);
+                }));
                 if last_prune.elapsed() > Duration::from_secs(3600) {
                     last_prune = Instant::now();
                     if let Err(e) = record::prune_failures(&store, 30 * 86400).await {
