@@ -1503,17 +1503,24 @@ const MEASURED: &[(&str, &str)] = &[
     ),
 ];
 
-/// A status without what changes with every beat (its time, the measured latency to the
-/// server), for comparing with the last one written.
+/// A status without its time, for comparing with the last one written.
 fn comparable(status: &Value) -> Value {
     let mut v = status.clone();
     if let Some(m) = v.as_object_mut() {
         m.remove("lastHeartbeatTime");
-        if let Some(n) = m.get_mut("network").and_then(Value::as_object_mut) {
-            n.remove("serverLatencyMs");
-        }
     }
     v
+}
+
+/// Whether two round trips to the server (`network.serverLatencyMs`) tell the same: both
+/// absent, or within 1 ms or a factor of 1.5 of each other (a round trip varies from beat to
+/// beat; placement reads it to tell near from far).
+fn same_latency(a: Option<f64>, b: Option<f64>) -> bool {
+    match (a, b) {
+        (None, None) => true,
+        (Some(a), Some(b)) => (a - b).abs() <= 1.0 || (a.max(b) <= 1.5 * a.min(b)),
+        _ => false,
+    }
 }
 
 /// A figure as a number (a JSON number or a quantity).
@@ -1525,11 +1532,22 @@ fn figure(v: Option<&Value>) -> Option<f64> {
     }
 }
 
-/// Whether `now` says what `written` said: equal but for the measured figures, and each of
-/// those within [`DRIFT`] of its capacity (both made by [`comparable`]).
+/// Whether `now` says what `written` said: equal but for the measured figures, each of those
+/// within [`DRIFT`] of its capacity, and the round trip to the server as [`same_latency`]
+/// says (both made by [`comparable`]).
 fn same_status(written: &Value, now: &Value) -> bool {
+    let latency = |v: &Value| {
+        v.pointer("/network/serverLatencyMs")
+            .and_then(Value::as_f64)
+    };
+    if !same_latency(latency(written), latency(now)) {
+        return false;
+    }
     let strip = |v: &Value| {
         let mut v = v.clone();
+        if let Some(n) = v.get_mut("network").and_then(Value::as_object_mut) {
+            n.remove("serverLatencyMs");
+        }
         for (at, _) in MEASURED {
             if let Some((parent, key)) = at.rsplit_once('/')
                 && let Some(m) = v.pointer_mut(parent).and_then(Value::as_object_mut)
@@ -2013,8 +2031,13 @@ mod tests {
         let cases = [
             (
                 "the time and latency of the beat",
-                status("30", "20", "True", 9.0, "2026-01-01T00:00:10Z"),
+                status("30", "20", "True", 2.4, "2026-01-01T00:00:10Z"),
                 true,
+            ),
+            (
+                "a round trip much longer",
+                status("30", "20", "True", 9.0, "x"),
+                false,
             ),
             (
                 "usage drifting under a percent of allocatable",
@@ -2041,6 +2064,16 @@ mod tests {
         for (what, now, same) in cases {
             assert_eq!(same_status(&written, &now), same, "{what}");
         }
+        // The first round trip measured is news.
+        let mut unmeasured = written.clone();
+        unmeasured["network"]
+            .as_object_mut()
+            .unwrap()
+            .remove("serverLatencyMs");
+        assert!(!same_status(&unmeasured, &written));
+        assert!(same_latency(Some(40.0), Some(59.0)));
+        assert!(!same_latency(Some(40.0), Some(61.0)));
+        assert!(same_latency(Some(0.2), Some(1.1)));
         // Traffic is measured against the uplink's bandwidth.
         let traffic = |egress: f64| {
             let mut v = written.clone();

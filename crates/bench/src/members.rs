@@ -474,39 +474,70 @@ async fn end_of_phase(
     Ok((beats, heartbeat_buckets(servers).await?))
 }
 
-/// The servers' own time for heartbeats (a renewal of a member's Lease, or a PATCH of a
-/// Cluster's status when it changed; answered 200), as
-/// their `/metrics` histograms count it, summed over the replicas: cumulative counts by upper
-/// bound in seconds. The agents' figures add the network and the simulating process's own
-/// queueing (thousands of clusters in one process) to this.
-async fn heartbeat_buckets(servers: &[kube::Client]) -> anyhow::Result<Vec<(f64, f64)>> {
-    let mut sum: Vec<(f64, f64)> = Vec::new();
+/// Which heartbeat a `/metrics` series of `orrery_http_request_duration_seconds` answered
+/// with 200 counts, by its labels: `Some(false)` a status write (a PATCH of a Cluster's
+/// status), `Some(true)` a Lease renewal.
+fn heartbeat_kind(labels: &str) -> Option<bool> {
+    if !labels.contains("code=\"200\"") {
+        return None;
+    }
+    if labels.contains("verb=\"patch\"") && labels.contains("resource=\"clusters\"") {
+        Some(false)
+    } else if labels.contains("verb=\"put\"") && labels.contains("resource=\"leases\"") {
+        Some(true)
+    } else {
+        None
+    }
+}
+
+/// The series `orrery_http_request_duration_seconds_<suffix>` of heartbeats on every replica:
+/// (labels, whether a renewal, value).
+async fn heartbeat_series(
+    servers: &[kube::Client],
+    suffix: &str,
+) -> anyhow::Result<Vec<(String, bool, f64)>> {
+    let prefix = format!("orrery_http_request_duration_seconds_{suffix}{{");
+    let mut out = Vec::new();
     for c in servers {
         let text = c
             .request_text(request("GET", "/metrics", "text/plain", Vec::new()))
             .await?;
         for line in text.lines() {
-            let Some(rest) = line.strip_prefix("orrery_http_request_duration_seconds_bucket{")
-            else {
+            let Some(rest) = line.strip_prefix(&prefix) else {
                 continue;
             };
-            let ours = rest.contains("code=\"200\"")
-                && ((rest.contains("verb=\"patch\"") && rest.contains("resource=\"clusters\""))
-                    || (rest.contains("verb=\"put\"") && rest.contains("resource=\"leases\"")));
-            let le = rest.split("le=\"").nth(1).and_then(|x| x.split('"').next());
-            let count = rest.rsplit(' ').next().and_then(|x| x.parse::<f64>().ok());
-            let (true, Some(le), Some(count)) = (ours, le, count) else {
-                continue;
-            };
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse()?
-            };
-            match sum.iter_mut().find(|(l, _)| *l == le) {
-                Some((_, c)) => *c += count,
-                None => sum.push((le, count)),
+            let value = rest.rsplit(' ').next().and_then(|x| x.parse::<f64>().ok());
+            if let (Some(renewal), Some(value)) = (heartbeat_kind(rest), value) {
+                out.push((rest.to_string(), renewal, value));
             }
+        }
+    }
+    Ok(out)
+}
+
+/// The servers' own time for heartbeats (a renewal of a member's Lease, or a PATCH of a
+/// Cluster's status when it changed; answered 200), as their `/metrics` histograms count it,
+/// summed over the replicas: cumulative counts by upper bound in seconds. The agents' figures
+/// add the network and the simulating process's own queueing (thousands of clusters in one
+/// process) to this.
+async fn heartbeat_buckets(servers: &[kube::Client]) -> anyhow::Result<Vec<(f64, f64)>> {
+    let mut sum: Vec<(f64, f64)> = Vec::new();
+    for (labels, _, count) in heartbeat_series(servers, "bucket").await? {
+        let Some(le) = labels
+            .split("le=\"")
+            .nth(1)
+            .and_then(|x| x.split('"').next())
+        else {
+            continue;
+        };
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse()?
+        };
+        match sum.iter_mut().find(|(l, _)| *l == le) {
+            Some((_, c)) => *c += count,
+            None => sum.push((le, count)),
         }
     }
     sum.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -514,27 +545,14 @@ async fn heartbeat_buckets(servers: &[kube::Client]) -> anyhow::Result<Vec<(f64,
 }
 
 /// How many heartbeats the servers have answered so far, summed over the replicas: status
-/// writes (a PATCH of a Cluster's status) and Lease renewals.
+/// writes and Lease renewals.
 async fn heartbeat_kinds(servers: &[kube::Client]) -> anyhow::Result<(f64, f64)> {
     let (mut writes, mut renewals) = (0.0, 0.0);
-    for c in servers {
-        let text = c
-            .request_text(request("GET", "/metrics", "text/plain", Vec::new()))
-            .await?;
-        for line in text.lines() {
-            let Some(rest) = line.strip_prefix("orrery_http_request_duration_seconds_count{")
-            else {
-                continue;
-            };
-            let count = rest.rsplit(' ').next().and_then(|x| x.parse::<f64>().ok());
-            let (true, Some(count)) = (rest.contains("code=\"200\""), count) else {
-                continue;
-            };
-            if rest.contains("verb=\"patch\"") && rest.contains("resource=\"clusters\"") {
-                writes += count;
-            } else if rest.contains("verb=\"put\"") && rest.contains("resource=\"leases\"") {
-                renewals += count;
-            }
+    for (_, renewal, count) in heartbeat_series(servers, "count").await? {
+        if renewal {
+            renewals += count;
+        } else {
+            writes += count;
         }
     }
     Ok((writes, renewals))
