@@ -1629,20 +1629,9 @@ async fn heartbeat(
                         server_latency,
                     );
                 }
-                Err(TransportError::NotRegistered(_)) => {
-                    return Ok(Some(Stopped::Unregistered));
-                }
-                Err(TransportError::Busy(why)) => {
-                    tracing::debug!(cluster = %inner.cfg.cluster, %why, "the server is busy; skipping a heartbeat");
-                    return Ok(None);
-                }
-                Err(e) => return Err(e.into()),
+                Err(e) => return failed_beat(inner, e),
             },
-            Err(TransportError::Busy(why)) => {
-                tracing::debug!(cluster = %inner.cfg.cluster, %why, "the server is busy; skipping a heartbeat");
-                return Ok(None);
-            }
-            Err(e) => return Err(e.into()),
+            Err(e) => return failed_beat(inner, e),
         }
     }
     let sent = Instant::now();
@@ -1664,14 +1653,21 @@ async fn heartbeat(
             }
             Ok(None)
         }
-        Err(TransportError::NotRegistered(_)) => Ok(Some(Stopped::Unregistered)),
+        Err(e) => failed_beat(inner, e),
+    }
+}
+
+/// What a heartbeat whose request failed comes to.
+fn failed_beat(inner: &Inner, e: TransportError) -> Result<Option<Stopped>, End> {
+    match e {
+        TransportError::NotRegistered(_) => Ok(Some(Stopped::Unregistered)),
         // An overloaded server: this beat is skipped, the session kept (ending it would add
         // a reconnection to the load); the next beat comes at the usual time.
-        Err(TransportError::Busy(why)) => {
+        TransportError::Busy(why) => {
             tracing::debug!(cluster = %inner.cfg.cluster, %why, "the server is busy; skipping a heartbeat");
             Ok(None)
         }
-        Err(e) => Err(e.into()),
+        e => Err(e.into()),
     }
 }
 
@@ -1703,7 +1699,7 @@ async fn renew(
     beats: &mut Beats,
     measured: MicroTime,
 ) -> Result<Renewal, TransportError> {
-    let Some((_, _, revision)) = beats.written.clone() else {
+    let Some(revision) = beats.written.as_ref().map(|(_, _, rv)| rv.clone()) else {
         return Ok(Renewal::WriteStatus);
     };
     let mut lease = match beats.lease.take() {

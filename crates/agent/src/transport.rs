@@ -49,6 +49,7 @@ impl From<kube::Error> for TransportError {
                 401 => TransportError::Unauthorized(s.message),
                 403 => TransportError::Forbidden(s.message),
                 404 => TransportError::NotRegistered(s.message),
+                409 => TransportError::Conflict(s.message),
                 410 => TransportError::Expired(s.message),
                 429 => TransportError::Busy(s.message),
                 c if (400..500).contains(&c) => TransportError::Refused {
@@ -188,15 +189,11 @@ impl Transport {
     pub async fn renew_lease(&self, lease: &Object) -> Result<Object, TransportError> {
         let d: DynamicObject = serde_json::from_value(lease.to_value())
             .map_err(|e| TransportError::Protocol(e.to_string()))?;
-        match self
-            .lease()
-            .replace(&self.cluster, &kube::api::PostParams::default(), &d)
-            .await
-        {
-            Ok(o) => to_object(o),
-            Err(kube::Error::Api(s)) if s.code == 409 => Err(TransportError::Conflict(s.message)),
-            Err(e) => Err(e.into()),
-        }
+        to_object(
+            self.lease()
+                .replace(&self.cluster, &kube::api::PostParams::default(), &d)
+                .await?,
+        )
     }
 
     /// Opens the cluster proxy's tunnel: the connection, upgraded, on which the server sends

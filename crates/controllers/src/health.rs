@@ -276,7 +276,6 @@ async fn make_leases(
     mut rx: mpsc::UnboundedReceiver<(String, OwnerReference)>,
 ) {
     use futures_util::StreamExt;
-    const ATTEMPTS: u32 = 5;
     let mut batch: Vec<(String, OwnerReference)> = Vec::new();
     let mut again: Vec<(String, OwnerReference, u32)> = Vec::new();
     loop {
@@ -293,43 +292,48 @@ async fn make_leases(
                 batch.push(x);
             }
         }
-        let work: Vec<(String, OwnerReference, u32)> = again
+        let work: Vec<_> = again
             .drain(..)
             .chain(batch.drain(..).map(|(n, o)| (n, o, 0)))
             .collect();
-        let failed = std::sync::Mutex::new(Vec::new());
-        futures_util::stream::iter(work)
-            .for_each_concurrent(8, |(name, owner, tried)| {
-                let store = store.clone();
-                let failed = &failed;
-                async move {
-                    let mut l = orrery_store::stamp::new_object(
-                        "coordination.k8s.io/v1",
-                        "Lease",
-                        Some(orrery_api::cluster::LEASE_NAMESPACE),
-                        &name,
-                    );
-                    l.metadata.owner_references = vec![owner.clone()];
-                    l.spec = Some(json!({
-                        "holderIdentity": name,
-                        "leaseDurationSeconds": grace.as_secs().max(1),
-                    }));
-                    match store.create(&keys::well_known::cluster_lease(&name), l).await {
-                        Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
-                        Err(e) => {
-                            tracing::warn!(cluster = %name, error = %e, attempt = tried + 1, "making the cluster's heartbeat Lease failed");
-                            if tried + 1 < ATTEMPTS {
-                                failed
-                                    .lock()
-                                    .unwrap_or_else(|p| p.into_inner())
-                                    .push((name, owner, tried + 1));
-                            }
-                        }
-                    }
-                }
-            })
+        again = futures_util::stream::iter(work)
+            .map(|(name, owner, tried)| make_lease(store.as_ref(), grace, name, owner, tried))
+            .buffer_unordered(8)
+            .filter_map(|retry| async move { retry })
+            .collect()
             .await;
-        again = failed.into_inner().unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+/// Makes one member's Lease; what is to be tried again if it could not be made.
+async fn make_lease(
+    store: &dyn Store,
+    grace: Duration,
+    name: String,
+    owner: OwnerReference,
+    tried: u32,
+) -> Option<(String, OwnerReference, u32)> {
+    const ATTEMPTS: u32 = 5;
+    let mut l = orrery_store::stamp::new_object(
+        "coordination.k8s.io/v1",
+        "Lease",
+        Some(orrery_api::cluster::LEASE_NAMESPACE),
+        &name,
+    );
+    l.metadata.owner_references = vec![owner.clone()];
+    l.spec = Some(json!({
+        "holderIdentity": name,
+        "leaseDurationSeconds": grace.as_secs().max(1),
+    }));
+    match store
+        .create(&keys::well_known::cluster_lease(&name), l)
+        .await
+    {
+        Ok(_) | Err(StoreError::AlreadyExists { .. }) => None,
+        Err(e) => {
+            tracing::warn!(cluster = %name, error = %e, attempt = tried + 1, "making the cluster's heartbeat Lease failed");
+            (tried + 1 < ATTEMPTS).then_some((name, owner, tried + 1))
+        }
     }
 }
 
@@ -576,9 +580,9 @@ pub async fn run(
                         todo.push((name.clone(), unknown, taints));
                     }
                 }
-                let (st, cfg2, m) = (store.clone(), cfg.clone(), metrics.clone());
-                writing = Some(tokio::spawn(async move {
-                    let (store, cfg, metrics) = (st, cfg2, m);
+                writing = Some(tokio::spawn({
+                    let (store, cfg, metrics) = (store.clone(), cfg.clone(), metrics.clone());
+                    async move {
                     let mut failed = 0;
                     for (name, unknown, taints) in todo {
                         if unknown && let Err(e) = set_unknown(store.as_ref(), &name, cfg.grace_period).await {
@@ -591,6 +595,7 @@ pub async fn run(
                         }
                     }
                     metrics.round(round, failed, 0);
+                    }
                 }));
                 if last_prune.elapsed() > Duration::from_secs(3600) {
                     last_prune = Instant::now();

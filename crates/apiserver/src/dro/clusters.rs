@@ -59,6 +59,15 @@ pub async fn renewals(store: &dyn orrery_store::Store) -> HashMap<String, MicroT
     }
 }
 
+/// When the agent of cluster `name` last renewed its Lease.
+pub async fn renewed(store: &dyn orrery_store::Store, name: &str) -> Option<MicroTime> {
+    let lease = store
+        .get(&orrery_api::keys::well_known::cluster_lease(name))
+        .await
+        .ok()?;
+    cluster::LeaseBeat::of(&lease).renew_time
+}
+
 /// A cluster in the draft's shape; `renewed`: when its agent last renewed its Lease.
 pub fn view(o: &Object, renewed: Option<&MicroTime>) -> Value {
     let spec = ClusterSpec::of(o);

@@ -403,10 +403,10 @@ pub async fn configs(
         Ok(())
     })
     .await?;
-    let renewed = super::clusters::renewals(app.store.as_ref()).await;
+    let renewed = super::clusters::renewed(app.store.as_ref(), o.name()).await;
     Ok(h::json(
         StatusCode::OK,
-        &super::clusters::view(&o, renewed.get(o.name())),
+        &super::clusters::view(&o, renewed.as_ref()),
     ))
 }
 

@@ -125,8 +125,8 @@ async fn unregister(
     {
         return Ok(None);
     }
-    // Its heartbeat Lease first: the agent's next renewal fails, and the status it writes
-    // instead tells it of the unregistration.
+    // Its heartbeat Lease first: the agent's next renewal fails, and the Cluster it reads
+    // then tells it of the unregistration.
     let lease_key = keys::well_known::cluster_lease(name);
     match store.get(&lease_key).await {
         Ok(l) => delete_object(store, &lease_key, &l).await?,

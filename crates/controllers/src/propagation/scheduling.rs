@@ -268,9 +268,10 @@ struct Scheduler {
     filter_cache: FilterCache,
     fleet: Fleet,
     prints: HashMap<String, u64>,
-    /// Per cluster: when the figures it last reported were measured, and the Cluster's
-    /// resourceVersion last seen.
+    /// Per cluster: when the figures it last reported were measured.
     heartbeats: HashMap<String, MicroTime>,
+    /// Per cluster: the Cluster's resourceVersion last seen (a Lease renewal vouches for a
+    /// revision).
     cluster_revisions: HashMap<String, i64>,
     bindings: HashMap<BKey, Arc<Object>>,
     queue: Lanes<BKey>,
