@@ -62,6 +62,12 @@ pub struct AgentConfig {
     /// Whether the agent keeps the cluster proxy's tunnel open to the server (a simulated
     /// fleet of thousands does not).
     pub tunnel: bool,
+    /// Shared by the members of a simulated fleet, which share one process: how many of them
+    /// may be setting up a session at once (fetching the CA, registering, the first heartbeat,
+    /// each a TLS handshake). Thousands starting at once on a few cores otherwise make every
+    /// handshake so slow that the server's handshake timeout ends them all, and they try again
+    /// together. `None` for an agent of its own.
+    pub connecting: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl AgentConfig {
@@ -88,6 +94,7 @@ impl AgentConfig {
             resync_interval: Duration::from_secs(60),
             services: None,
             tunnel: true,
+            connecting: None,
         }
     }
 }
@@ -1279,6 +1286,23 @@ async fn sleep_or_shutdown(d: Duration, shutdown: &mut watch::Receiver<bool>) ->
     }
 }
 
+/// The longest a fleet member holds its place among those setting up a session: a server
+/// that never answers must not keep the rest of the fleet waiting.
+const SETTING_UP: Duration = Duration::from_secs(15);
+
+/// Holds a fleet's permit to set up a session until the returned sender is dropped, or
+/// [`SETTING_UP`] at most.
+fn hold_while_setting_up(
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> tokio::sync::oneshot::Sender<()> {
+    let (done, set_up) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(SETTING_UP, set_up).await;
+        drop(permit);
+    });
+    done
+}
+
 /// Runs one agent until it is shut down, its cluster is unregistered, or it cannot go on.
 pub async fn run(
     cfg: AgentConfig,
@@ -1302,8 +1326,15 @@ pub async fn run(
         if *shutdown.borrow() {
             break Ok(Stopped::Shutdown);
         }
+        let setting_up = match &inner.cfg.connecting {
+            Some(limit) => tokio::select! {
+                p = limit.clone().acquire_owned() => p.ok().map(hold_while_setting_up),
+                _ = shutdown.changed() => break Ok(Stopped::Shutdown),
+            },
+            None => None,
+        };
         let end = match connect(&inner).await {
-            Ok(client) => session(&inner, client, &mut shutdown, &mut backoff).await,
+            Ok(client) => session(&inner, client, &mut shutdown, &mut backoff, setting_up).await,
             Err(e) => e,
         };
         match end {
@@ -1424,6 +1455,7 @@ async fn session(
     client: kube::Client,
     shutdown: &mut watch::Receiver<bool>,
     backoff: &mut Backoff,
+    setting_up: Option<tokio::sync::oneshot::Sender<()>>,
 ) -> End {
     let t = Transport::new(client, &inner.cfg.cluster);
     let mut conds: Vec<Condition> = Vec::new();
@@ -1435,6 +1467,7 @@ async fn session(
         Ok(Some(s)) => return End::Stopped(s),
         Err(e) => return e,
     }
+    drop(setting_up);
     backoff.reset();
     tracing::info!(cluster = %inner.cfg.cluster, server = %inner.server(), "connected");
     let works = works_loop(inner, &t);
@@ -2008,6 +2041,31 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
 mod tests {
     use super::*;
     use crate::backend::sim::{Faults, SimCluster, SimSpec};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fleet_member_gives_its_place_back_when_set_up_or_after_a_while() {
+        let limit = Arc::new(tokio::sync::Semaphore::new(1));
+        // Given back as soon as the session is set up.
+        let done = hold_while_setting_up(limit.clone().acquire_owned().await.unwrap());
+        tokio::task::yield_now().await;
+        assert!(
+            limit.clone().try_acquire_owned().is_err(),
+            "held while setting up"
+        );
+        drop(done);
+        let again = tokio::time::timeout(Duration::from_millis(1), limit.clone().acquire_owned());
+        let permit = again.await.expect("given back once set up").unwrap();
+        // A session that never gets set up (a server that never answers) holds it no longer
+        // than SETTING_UP.
+        let _stuck = hold_while_setting_up(permit);
+        tokio::time::sleep(SETTING_UP - Duration::from_secs(1)).await;
+        assert!(limit.clone().try_acquire_owned().is_err());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(
+            limit.try_acquire_owned().is_ok(),
+            "given back after SETTING_UP"
+        );
+    }
 
     #[test]
     fn a_status_is_written_again_only_when_it_says_something_new() {

@@ -247,6 +247,10 @@ pub struct Fleet {
     keeper: Option<(PathBuf, JoinHandle<()>)>,
 }
 
+/// How many members of a simulated fleet set up their sessions at once: as many as a server
+/// registers at once (`orrery_apiserver::app::CONCURRENT_REGISTRATIONS`).
+const FLEET_CONNECTING: usize = 32;
+
 impl Fleet {
     /// Starts one agent per member, and the clock of the simulations.
     pub fn start(
@@ -258,6 +262,8 @@ impl Fleet {
             .iter()
             .map(|m| (m.name.clone(), m.info.region.clone()))
             .collect();
+        // At most this many members set up a session at once (see `AgentConfig::connecting`).
+        let connecting = Arc::new(tokio::sync::Semaphore::new(FLEET_CONNECTING));
         let mut sims = Vec::with_capacity(members.len());
         let mut agents = Vec::with_capacity(members.len());
         for m in members {
@@ -288,6 +294,7 @@ impl Fleet {
             // The cluster proxy's tunnels, one connection each: for a fleet to work with, not
             // for thousands simulated to load the server.
             ac.tunnel = peers.len() <= 64;
+            ac.connecting = Some(connecting.clone());
             let backend: Arc<dyn crate::backend::Backend> = sim.clone();
             let name = m.name.clone();
             let handle = tokio::spawn(run(ac, backend, shutdown.clone()));

@@ -155,10 +155,24 @@ pub(crate) fn start_agent(
     if admin {
         cmd.args(["--admin-listen", "127.0.0.1:0"]);
     }
+    // ORRERY_BENCH_AGENT_LOG=<file> keeps each agent's log in <file>.<n> (for looking into a
+    // figure); ORRERY_BENCH_AGENT_LOG_LEVEL sets its level.
+    static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let stderr = match std::env::var_os("ORRERY_BENCH_AGENT_LOG") {
+        Some(mut f) => {
+            let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            f.push(format!(".{n}"));
+            Stdio::from(std::fs::File::create(f)?)
+        }
+        None => Stdio::null(),
+    };
     let mut child = cmd
-        .env("ORRERY_LOG", "warn")
+        .env(
+            "ORRERY_LOG",
+            std::env::var("ORRERY_BENCH_AGENT_LOG_LEVEL").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .context("starting the agent")?;
     let stdout = child.stdout.take().context("agent stdout")?;
