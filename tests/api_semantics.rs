@@ -368,6 +368,43 @@ async fn watches_get_bookmarks() {
     assert!(b.metadata.resource_version.parse::<i64>().is_ok());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_ending_for_its_timeout_leaves_its_client_a_fresh_bookmark() {
+    // The periodic bookmark is a minute away: the one seen is the watch's last word.
+    let s = Server::start();
+    let c = s.client().await;
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(c.clone(), "default");
+    let w = cms
+        .watch(&kube::api::WatchParams::default().timeout(2), "0")
+        .await
+        .unwrap();
+    // Written elsewhere (a Secret) while the watch runs: nothing for this watcher, but its
+    // next watch may start after it.
+    let other: kube::Api<k8s_openapi::api::core::v1::Secret> = kube::Api::namespaced(c, "default");
+    let secret: k8s_openapi::api::core::v1::Secret =
+        serde_json::from_value(json!({"metadata": {"name": "elsewhere"}})).unwrap();
+    let written = other
+        .create(&Default::default(), &secret)
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap()
+        .parse::<i64>()
+        .unwrap();
+    let events: Vec<_> = tokio::time::timeout(Duration::from_secs(10), w.collect::<Vec<_>>())
+        .await
+        .expect("the watch ends at its timeout");
+    match events.last() {
+        Some(Ok(kube::core::WatchEvent::Bookmark(b))) => {
+            let rv = b.metadata.resource_version.parse::<i64>().unwrap();
+            assert!(rv >= written, "bookmark at {rv}, written at {written}");
+        }
+        other => panic!("the watch's last event is not a bookmark: {other:?}"),
+    }
+}
+
 #[test]
 fn deleting_a_crd_deletes_its_objects() {
     let s = Server::start();

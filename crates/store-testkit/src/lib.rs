@@ -50,6 +50,7 @@ pub fn test_watch_config() -> WatchCacheConfig {
         history: 16,
         watcher_buffer: 64,
         narrow_watcher_buffer: 64,
+        max_replay: 1000,
     }
 }
 

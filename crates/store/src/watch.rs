@@ -180,6 +180,13 @@ pub struct WatchCacheConfig {
     /// its own, far fewer, events: a fleet has a namespace per cluster, each watched by its
     /// agent. (Queues take memory only for what they hold.)
     pub narrow_watcher_buffer: usize,
+    /// How far before the ring a watch may start and still be replayed from the backend's
+    /// history, in revisions; one that starts earlier is told to re-list (`410`), as
+    /// Kubernetes' watch cache tells a start older than its window. A replay reads every
+    /// change of the installation in the gap, whatever the watcher's prefix: a fleet's agents
+    /// watching their namespaces again after a failover would each read minutes of every
+    /// member's heartbeats, where a re-list reads their one namespace.
+    pub max_replay: Revision,
 }
 
 impl Default for WatchCacheConfig {
@@ -188,6 +195,7 @@ impl Default for WatchCacheConfig {
             history: 4096,
             watcher_buffer: 16384,
             narrow_watcher_buffer: 1024,
+            max_replay: 4096,
         }
     }
 }
@@ -245,6 +253,7 @@ impl WatchCache {
             history: config.history.max(1),
             watcher_buffer: config.watcher_buffer.max(1),
             narrow_watcher_buffer: config.narrow_watcher_buffer.max(1),
+            max_replay: config.max_replay.max(0),
         };
         WatchCache {
             shared: Arc::new(Shared {
@@ -381,6 +390,13 @@ impl WatchCache {
                 return Err(StoreError::Expired {
                     requested: from,
                     compacted: st.compacted,
+                });
+            }
+            let replayable = st.ring_start - self.shared.config.max_replay;
+            if from < replayable {
+                return Err(StoreError::Expired {
+                    requested: from,
+                    compacted: replayable,
                 });
             }
             let buffer = self.shared.config.buffer_for(prefix);
@@ -544,6 +560,24 @@ impl WatchStream {
         }
     }
 
+    /// A bookmark now, if this watcher has been given everything published so far (nothing
+    /// waits in its replay or queue): the revision it has been brought up to. A watch ending
+    /// for its timeout sends one, as Kubernetes' does, so that its client starts the next from
+    /// a revision still in the ring rather than from its last event or periodic bookmark.
+    pub fn bookmark_now(&mut self) -> Option<Revision> {
+        // Read before the queue is found empty (see `publish`).
+        let published = self.shared.dispatched.load(Ordering::Acquire);
+        if self.done
+            || self.lagged.load(Ordering::Acquire)
+            || !self.replay.is_empty()
+            || !self.rx.is_empty()
+        {
+            return None;
+        }
+        self.last = self.last.max(published);
+        Some(self.last)
+    }
+
     /// The highest revision this watcher has been brought up to.
     pub fn revision(&self) -> Revision {
         self.last
@@ -630,6 +664,7 @@ mod tests {
                 history: 10,
                 watcher_buffer: 10,
                 narrow_watcher_buffer: 10,
+                max_replay: 1000,
             },
             0,
         );
@@ -654,6 +689,7 @@ mod tests {
                 history: 2,
                 watcher_buffer: 10,
                 narrow_watcher_buffer: 10,
+                max_replay: 1000,
             },
             0,
         );
@@ -682,6 +718,48 @@ mod tests {
         );
     }
 
+    /// Counts the replays asked of it.
+    struct CountingHistory(std::sync::atomic::AtomicUsize);
+
+    #[async_trait::async_trait]
+    impl History for CountingHistory {
+        async fn changes(&self, _: &str, _: Revision, _: Revision) -> Result<Vec<Arc<Change>>> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(Vec::new())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_start_far_before_the_ring_is_told_to_relist_not_replayed() {
+        let cache = WatchCache::new(
+            WatchCacheConfig {
+                history: 2,
+                watcher_buffer: 10,
+                narrow_watcher_buffer: 10,
+                max_replay: 3,
+            },
+            0,
+        );
+        for r in 1..=10 {
+            cache.publish(change("/a/x", r, ChangeKind::Update, "x"));
+        }
+        // The ring holds 9 and 10: a watch from 5 has 6 to 8 replayed from the backend; one
+        // from 4 is told to re-list.
+        let history = CountingHistory(Default::default());
+        let near = cache.watch("/a/", 5, WatchOptions::default(), &history);
+        assert!(near.await.is_ok());
+        assert_eq!(history.0.load(Ordering::Relaxed), 1, "replayed");
+        let far = cache.watch("/a/", 4, WatchOptions::default(), &history);
+        match far.await {
+            Err(StoreError::Expired {
+                requested,
+                compacted,
+            }) => assert_eq!((requested, compacted), (4, 5)),
+            other => panic!("expected Expired, got {other:?}"),
+        }
+        assert_eq!(history.0.load(Ordering::Relaxed), 1, "not replayed");
+    }
+
     #[tokio::test]
     async fn slow_watcher_expires_and_fast_one_does_not() {
         let cache = WatchCache::new(
@@ -689,6 +767,7 @@ mod tests {
                 history: 4,
                 watcher_buffer: 4,
                 narrow_watcher_buffer: 4,
+                max_replay: 1000,
             },
             0,
         );
@@ -755,6 +834,24 @@ mod tests {
         assert_eq!(w.next().await.unwrap().unwrap(), WatchEvent::Bookmark(8));
         cache.close();
         assert!(w.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_bookmark_on_demand_only_once_everything_was_delivered() {
+        let cache = WatchCache::new(WatchCacheConfig::default(), 7);
+        let mut w = cache
+            .watch("/a/", 7, WatchOptions::default(), &NoHistory)
+            .await
+            .unwrap();
+        // Another prefix's change: nothing for this watcher up to 8.
+        cache.publish(change("/b/x", 8, ChangeKind::Create, "x"));
+        assert_eq!(w.bookmark_now(), Some(8));
+        // Its own change still queued: no bookmark past it, until it is read.
+        cache.publish(change("/a/x", 9, ChangeKind::Create, "x"));
+        cache.publish(change("/b/y", 10, ChangeKind::Create, "x"));
+        assert_eq!(w.bookmark_now(), None);
+        assert_eq!(w.next().await.unwrap().unwrap().revision(), 9);
+        assert_eq!(w.bookmark_now(), Some(10));
     }
 
     #[tokio::test]

@@ -235,7 +235,12 @@ pub async fn watch(call: Call<'_>) -> ApiResult<Outcome> {
         loop {
             let ev = tokio::select! {
                 ev = w.next() => ev,
-                _ = &mut deadline => return,
+                _ = &mut deadline => {
+                    if bookmarks && let Some(rv) = w.bookmark_now() {
+                        let _ = tx.send(line("BOOKMARK", renderer.bookmark(rv, false))).await;
+                    }
+                    return;
+                }
                 _ = shutdown.changed() => return,
                 _ = tx.closed() => return,
             };
