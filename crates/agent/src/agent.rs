@@ -1462,7 +1462,7 @@ async fn session(
     let mut beats = Beats::default();
     // The first heartbeat writes the status: it proves the token and makes the cluster
     // Ready at once.
-    match heartbeat(inner, &t, &mut conds, &mut beats).await {
+    match beat_in_time(inner, &t, &mut conds, &mut beats).await {
         Ok(None) => {}
         Ok(Some(s)) => return End::Stopped(s),
         Err(e) => return e,
@@ -1600,6 +1600,31 @@ fn same_status(written: &Value, now: &Value) -> bool {
             _ => a == b,
         }
     })
+}
+
+/// How long a heartbeat may take: twice the interval, 10 s at least.
+fn beat_limit(interval: Duration) -> Duration {
+    (interval * 2).max(Duration::from_secs(10))
+}
+
+/// A [`heartbeat`] that does not take longer than [`beat_limit`]: one that does ends the
+/// session, and the next starts on new connections. A request may hang on a connection that
+/// died without a word (kubelet's heartbeats are bounded and drop their connections the
+/// same way); a silent member is declared Unknown after the grace period, so its beats must
+/// not wait on one.
+async fn beat_in_time(
+    inner: &Inner,
+    t: &Transport,
+    conds: &mut Vec<Condition>,
+    beats: &mut Beats,
+) -> Result<Option<Stopped>, End> {
+    let limit = beat_limit(inner.cfg.heartbeat_interval);
+    match tokio::time::timeout(limit, heartbeat(inner, t, conds, beats)).await {
+        Ok(r) => r,
+        Err(_) => Err(End::Transient(format!(
+            "a heartbeat had no answer within {limit:?}"
+        ))),
+    }
 }
 
 /// One heartbeat: the Lease renewed when the member's status is what was last written (and
@@ -1880,7 +1905,7 @@ async fn heartbeat_loop(
         let base = inner.cfg.heartbeat_interval;
         let d = base.mul_f64(0.9 + crate::backoff::random_fraction() * 0.2);
         tokio::time::sleep(d).await;
-        match heartbeat(inner, t, &mut conds, &mut beats).await {
+        match beat_in_time(inner, t, &mut conds, &mut beats).await {
             Ok(None) => {}
             Ok(Some(s)) => return End::Stopped(s),
             Err(e) => return e,
@@ -2157,6 +2182,40 @@ mod tests {
             revision: "7".into(),
             reason: "Work deleted",
         }
+    }
+
+    /// A server that takes the connection and never answers does not hold the heartbeats:
+    /// the beat gives up within its limit and the session ends (the next makes new
+    /// connections).
+    #[tokio::test(start_paused = true)]
+    async fn a_heartbeat_that_gets_no_answer_ends_the_session_in_time() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let held = tokio::spawn(async move {
+            let mut open = Vec::new();
+            while let Ok((c, _)) = listener.accept().await {
+                open.push(c);
+            }
+        });
+        let sim = Arc::new(SimCluster::new("m1", "r1", SimSpec::default()));
+        let mut cfg = AgentConfig::new(&url, "m1");
+        cfg.heartbeat_interval = Duration::from_millis(100);
+        let inner = Inner::new(cfg, sim, AgentState::default());
+        let client = orrery_client::connect(&url, "t", "").await.unwrap();
+        let t = Transport::new(client, "m1");
+        let (mut conds, mut beats) = (Vec::new(), Beats::default());
+        let started = tokio::time::Instant::now();
+        let r = beat_in_time(&inner, &t, &mut conds, &mut beats).await;
+        assert!(
+            matches!(&r, Err(End::Transient(why)) if why.contains("no answer")),
+            "{r:?}"
+        );
+        let took = started.elapsed();
+        assert!(
+            took >= Duration::from_secs(10) && took < Duration::from_secs(20),
+            "{took:?}"
+        );
+        held.abort();
     }
 
     /// A Work the member could not take because it did not answer says so
