@@ -188,64 +188,6 @@ async fn a_patch_on_a_lagging_copy_patches_the_object_as_it_is() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_put_on_a_lagging_copy_replaces_the_object_as_it_is() {
-    let h = orrery_store_testkit::SqliteHarness::new();
-    let s = Server::start(&h).await;
-    let cm = |data: Value, rv: Option<&str>| {
-        let mut o = json!({"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": "web"}, "data": data});
-        if let Some(rv) = rv {
-            o["metadata"]["resourceVersion"] = json!(rv);
-        }
-        o
-    };
-    let (code, o) = s
-        .call("POST", CM, "application/json", cm(json!({"a": "1"}), None))
-        .await;
-    assert_eq!(code, StatusCode::CREATED);
-    let held_rv = o["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    s.lag.hold(KEY).await;
-    let url = format!("{CM}/web");
-    let put = |body: Value| s.call("PUT", &url, "application/json", body);
-    let (code, o) = put(cm(json!({"a": "2"}), None)).await;
-    assert_eq!(code, StatusCode::OK, "{o}");
-    assert!(s.lagged() >= 1, "the PUT read the held copy");
-    // What the held copy already says (a is 1 there) but the object does not: written.
-    let (code, o) = put(cm(json!({"a": "1"}), None)).await;
-    assert_eq!(code, StatusCode::OK, "{o}");
-    assert_eq!(
-        s.lag.get(KEY).await.unwrap().other["data"],
-        json!({"a": "1"})
-    );
-    let rv = o["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    assert_ne!(rv, held_rv);
-    // A precondition on the current revision holds though the held copy is older; one on the
-    // held copy's revision does not, the object having moved on.
-    let (code, o) = put(cm(json!({"a": "1"}), Some(&held_rv))).await;
-    assert_eq!(code, StatusCode::CONFLICT, "{o}");
-    let (code, o) = put(cm(json!({"a": "3"}), Some(&rv))).await;
-    assert_eq!(code, StatusCode::OK, "{o}");
-    let rv = o["metadata"]["resourceVersion"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    // A PUT of the object as it is writes nothing (as Kubernetes: no new revision).
-    let (code, o) = put(cm(json!({"a": "3"}), Some(&rv))).await;
-    assert_eq!(code, StatusCode::OK, "{o}");
-    assert_eq!(o["metadata"]["resourceVersion"], json!(rv));
-    assert_eq!(
-        s.lag.get(KEY).await.unwrap().other["data"],
-        json!({"a": "3"})
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_report_on_a_lagging_copy_writes_the_status_reported() {
     let h = orrery_store_testkit::SqliteHarness::new();
     let s = Server::start(&h).await;

@@ -275,35 +275,26 @@ pub async fn update(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     reconcile_namespace(&call, &mut raw)?;
     let incoming = admit(&mut call, &mut raw, &dups, validation)?;
     let precondition = parse_rv(&incoming.metadata.resource_version)?;
-    // As a patch does: the first attempt reads the store's recent copy (a Lease renewal, a
-    // PUT every beat of every member, then costs etcd no round of consensus before its write),
-    // and anything but a successful write conditional on that copy's revision is decided again
-    // on a current read.
-    let warned = call.warnings.len();
-    let key = call.target.key();
-    for attempt in 0..RETRIES + usize::from(!dry) {
-        let recent = !dry && attempt == 0;
-        call.warnings.truncate(warned);
-        let current =
-            match orrery_store::read_for_write(call.app.store.as_ref(), &key, recent).await {
-                Err(_) if recent => continue,
-                r => std::sync::Arc::unwrap_or_clone(
-                    r.map_err(|e| ApiError::from_store(e, &rt, &url_name))?,
-                ),
-            };
-        if precondition.is_some_and(|p| p != current.revision().unwrap_or(0)) {
-            if recent {
-                continue;
-            }
+    for _ in 0..RETRIES {
+        let current = call
+            .app
+            .store
+            .get(&call.target.key())
+            .await
+            .map_err(|e| ApiError::from_store(e, &rt, &url_name))?;
+        let current_rv = current.revision().unwrap_or(0);
+        if precondition.is_some_and(|p| p != current_rv) {
             return Err(ApiError::stale(&rt, &url_name));
         }
-        let next = match merge_for_update(&call, &current, incoming.clone(), true) {
-            Err(_) if recent => continue,
-            r => r?,
-        };
-        let retry = precondition.is_none();
-        if let Some(done) = store_update(&call, current, next, dry, retry, recent).await? {
-            return Ok(done);
+        let next = merge_for_update(&call, &current, incoming.clone(), true)?;
+        validate(&call, &next, Some(&current))?;
+        match commit_update(&call, &current, next, current_rv, dry).await {
+            Ok(stored) => {
+                after_write(&call, Some((&stored, false))).await;
+                return respond_object(&call, StatusCode::OK, present(&rt, stored));
+            }
+            Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
+            Err(e) => return Err(ApiError::from_store(e, &rt, &url_name)),
         }
     }
     Err(ApiError::stale(&rt, &url_name))
