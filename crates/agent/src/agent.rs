@@ -1463,9 +1463,12 @@ async fn session(
     // The first heartbeat writes the status: it proves the token and makes the cluster
     // Ready at once.
     match beat_in_time(inner, &t, &mut conds, &mut beats).await {
-        Ok(None) => {}
-        Ok(Some(s)) => return End::Stopped(s),
-        Err(e) => return e,
+        Some(Ok(None)) => {}
+        Some(Ok(Some(s))) => return End::Stopped(s),
+        Some(Err(e)) => return e,
+        None => {
+            return End::Transient("the session's first heartbeat had no answer in time".into());
+        }
     }
     drop(setting_up);
     backoff.reset();
@@ -1602,29 +1605,44 @@ fn same_status(written: &Value, now: &Value) -> bool {
     })
 }
 
-/// How long a heartbeat may take: twice the interval, 10 s at least.
+/// How long a heartbeat may take: the interval, 10 s at least.
 fn beat_limit(interval: Duration) -> Duration {
-    (interval * 2).max(Duration::from_secs(10))
+    interval.max(Duration::from_secs(10))
 }
 
-/// A [`heartbeat`] that does not take longer than [`beat_limit`]: one that does ends the
-/// session, and the next starts on new connections. A request may hang on a connection that
-/// died without a word (kubelet's heartbeats are bounded and drop their connections the
-/// same way); a silent member is declared Unknown after the grace period, so its beats must
-/// not wait on one.
+/// A [`heartbeat`] given up after [`beat_limit`] (`None`). A request may hang on a connection
+/// that died without a word, and a silent member is declared Unknown after the grace period:
+/// kubelet bounds its heartbeats and drops their connections the same way. Giving up drops
+/// the request's connection (the agent's client speaks HTTP/1.1, a connection per request
+/// in flight), so the next beat makes a new one.
 async fn beat_in_time(
     inner: &Inner,
     t: &Transport,
     conds: &mut Vec<Condition>,
     beats: &mut Beats,
-) -> Result<Option<Stopped>, End> {
+) -> Option<Result<Option<Stopped>, End>> {
+    tokio::time::timeout(
+        beat_limit(inner.cfg.heartbeat_interval),
+        heartbeat(inner, t, conds, beats),
+    )
+    .await
+    .ok()
+}
+
+/// What the session does when a beat was given up: a first one is skipped (its connection
+/// is gone, the next beat makes another); a second in a row ends the session, so that the
+/// agent tries the next replica (a server that takes requests and never answers, as a
+/// stopped one does).
+fn unanswered(inner: &Inner, in_a_row: &mut u32) -> Option<End> {
+    *in_a_row += 1;
     let limit = beat_limit(inner.cfg.heartbeat_interval);
-    match tokio::time::timeout(limit, heartbeat(inner, t, conds, beats)).await {
-        Ok(r) => r,
-        Err(_) => Err(End::Transient(format!(
-            "a heartbeat had no answer within {limit:?}"
-        ))),
+    if *in_a_row >= 2 {
+        return Some(End::Transient(format!(
+            "two heartbeats in a row had no answer within {limit:?}"
+        )));
     }
+    tracing::warn!(cluster = %inner.cfg.cluster, server = %inner.server(), ?limit, "a heartbeat had no answer in time; the next goes on a new connection");
+    None
 }
 
 /// One heartbeat: the Lease renewed when the member's status is what was last written (and
@@ -1900,15 +1918,21 @@ async fn heartbeat_loop(
     mut conds: Vec<Condition>,
     mut beats: Beats,
 ) -> End {
+    let mut unanswered_in_a_row = 0;
     loop {
         // ±10% so that agents started together spread out.
         let base = inner.cfg.heartbeat_interval;
         let d = base.mul_f64(0.9 + crate::backoff::random_fraction() * 0.2);
         tokio::time::sleep(d).await;
         match beat_in_time(inner, t, &mut conds, &mut beats).await {
-            Ok(None) => {}
-            Ok(Some(s)) => return End::Stopped(s),
-            Err(e) => return e,
+            Some(Ok(None)) => unanswered_in_a_row = 0,
+            Some(Ok(Some(s))) => return End::Stopped(s),
+            Some(Err(e)) => return e,
+            None => {
+                if let Some(end) = unanswered(inner, &mut unanswered_in_a_row) {
+                    return end;
+                }
+            }
         }
     }
 }
@@ -2185,10 +2209,10 @@ mod tests {
     }
 
     /// A server that takes the connection and never answers does not hold the heartbeats:
-    /// the beat gives up within its limit and the session ends (the next makes new
-    /// connections).
+    /// each beat is given up at its limit; the first is skipped, the second in a row ends
+    /// the session (the next tries another replica, on new connections).
     #[tokio::test(start_paused = true)]
-    async fn a_heartbeat_that_gets_no_answer_ends_the_session_in_time() {
+    async fn heartbeats_that_get_no_answer_end_the_session_in_time() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let held = tokio::spawn(async move {
@@ -2203,16 +2227,16 @@ mod tests {
         let inner = Inner::new(cfg, sim, AgentState::default());
         let client = orrery_client::connect(&url, "t", "").await.unwrap();
         let t = Transport::new(client, "m1");
-        let (mut conds, mut beats) = (Vec::new(), Beats::default());
         let started = tokio::time::Instant::now();
-        let r = beat_in_time(&inner, &t, &mut conds, &mut beats).await;
+        let end = heartbeat_loop(&inner, &t, Vec::new(), Beats::default()).await;
         assert!(
-            matches!(&r, Err(End::Transient(why)) if why.contains("no answer")),
-            "{r:?}"
+            matches!(&end, End::Transient(why) if why.contains("two heartbeats in a row")),
+            "{end:?}"
         );
+        // Two beats of 10 s each, and the pauses before them.
         let took = started.elapsed();
         assert!(
-            took >= Duration::from_secs(10) && took < Duration::from_secs(20),
+            took >= Duration::from_secs(20) && took < Duration::from_secs(21),
             "{took:?}"
         );
         held.abort();

@@ -317,7 +317,11 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
             started.elapsed() < Duration::from_secs(600),
             "only {n} clusters Ready after 10 minutes"
         );
-        progress(format!("members fleet: {n}/{} Ready", args.clusters));
+        progress(format!(
+            "members fleet: {n}/{} Ready after {:.0} s",
+            args.clusters,
+            started.elapsed().as_secs_f64()
+        ));
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let all_ready = started.elapsed().as_secs_f64();
