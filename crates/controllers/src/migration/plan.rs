@@ -512,6 +512,24 @@ pub fn step(i: &Input<'_>) -> Output {
                     );
                     break;
                 }
+                // Nothing is copied before the source has reported every volume that moves: a
+                // report without them (a member back from an outage, its volumes not read
+                // yet) would leave nothing to copy, and the target would start on empty ones.
+                let missing = unreported_volumes(i, &w.volumes, st.replicas);
+                if !missing.is_empty() {
+                    condition(
+                        conditions::UNKNOWN,
+                        "WaitingForSource",
+                        &format!(
+                            "waiting for {} to report the volumes {}",
+                            st.source,
+                            missing.join(", ")
+                        ),
+                        now,
+                        &mut st,
+                    );
+                    break;
+                }
                 // The volumes of the ordinals that move (kept volumes of ordinals beyond the
                 // replica count stay behind with the source's copy).
                 st.volumes = w
@@ -926,6 +944,34 @@ fn source_error(i: &Input<'_>, st: &MigrationStatus) -> Option<String> {
 
 /// The source is lost: fail over to the standby copy if the target keeps one, start empty
 /// elsewhere if the placement says so, else wait for it. Returns whether the phase changed.
+/// The volumes the binding's template owns for the ordinals that move (a StatefulSet's claim
+/// templates, `<claim>-<name>-<ordinal>`; claims the pods mount by name) that `reported`
+/// does not hold.
+fn unreported_volumes(
+    i: &Input<'_>,
+    reported: &[orrery_api::stateful::VolumeStatus],
+    replicas: i64,
+) -> Vec<String> {
+    let Some(binding) = i.binding else {
+        return Vec::new();
+    };
+    let name = i.workload.rsplit_once('/').map_or(i.workload, |(_, n)| n);
+    binding
+        .volumes
+        .iter()
+        .flat_map(|c| {
+            if c.per_ordinal {
+                (0..replicas)
+                    .map(|o| format!("{}-{name}-{o}", c.name))
+                    .collect::<Vec<_>>()
+            } else {
+                vec![c.name.clone()]
+            }
+        })
+        .filter(|v| !reported.iter().any(|r| &r.name == v))
+        .collect()
+}
+
 fn unplanned(i: &Input<'_>, st: &mut MigrationStatus, ev: &mut Vec<Event>) -> bool {
     let now = i.now;
     if let Some(sb) = i

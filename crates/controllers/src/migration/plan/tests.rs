@@ -30,6 +30,9 @@ struct Fleet {
     /// The target's member does not answer its agent (which still heartbeats): its Work
     /// reports the workload neither applied nor read, with no refusal.
     target_unreadable: bool,
+    /// The source reports its workload without its volumes (not read yet, say after an
+    /// outage of its member).
+    source_volumes_unread: bool,
 }
 
 fn base_spec() -> BindingSpec {
@@ -79,6 +82,7 @@ impl Fleet {
             snapshot_error: None,
             target_error: None,
             target_unreadable: false,
+            source_volumes_unread: false,
         }
     }
 
@@ -170,11 +174,17 @@ impl Fleet {
             work: self.source_work.then(|| WorkSeen {
                 current: true,
                 transfer: src_transfer,
-                workload: Some(workload(
-                    src_running.then_some(10),
-                    self.src_version,
-                    i64::from(src_running),
-                )),
+                workload: Some({
+                    let mut w = workload(
+                        src_running.then_some(10),
+                        self.src_version,
+                        i64::from(src_running),
+                    );
+                    if self.source_volumes_unread {
+                        w.volumes.clear();
+                    }
+                    w
+                }),
                 error: None,
             }),
         };
@@ -451,6 +461,28 @@ fn a_planned_move_copies_in_rounds_fences_and_starts_on_the_fenced_data() {
             .status,
         "True"
     );
+}
+
+#[test]
+fn nothing_is_copied_before_the_source_reports_the_volumes_that_move() {
+    let mut r = Run::new();
+    r.fleet.source_volumes_unread = true;
+    for _ in 0..5 {
+        r.step();
+    }
+    assert_eq!(r.status.phase, Phase::Pending, "{:?}", r.status);
+    assert!(r.spec.transfers.is_empty(), "{:?}", r.spec.transfers);
+    let waiting = r
+        .status
+        .conditions
+        .iter()
+        .any(|c| c.reason == "WaitingForSource" && c.message.contains("data-db-0"));
+    assert!(waiting, "{:?}", r.status.conditions);
+    // Reported: the move goes on, and the target starts on the source's data.
+    r.fleet.source_volumes_unread = false;
+    r.until(Phase::Cleaning, 60);
+    assert_eq!(r.fleet.target_started_on, Some(r.fleet.src_version));
+    assert_eq!(r.status.volumes.len(), 1);
 }
 
 #[test]
