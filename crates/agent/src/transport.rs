@@ -2,10 +2,13 @@
 //! `HTTPS_PROXY` when it is set); the server never needs a route to the member.
 
 use futures_util::{Stream, StreamExt};
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, WatchParams};
-use kube::core::WatchEvent;
+use kube::Resource;
+use kube::api::{
+    Api, DynamicObject, GetParams, ListParams, Patch, PatchParams, PostParams, WatchParams,
+};
+use kube::core::{Request, WatchEvent};
 use orrery_api::Object;
-use orrery_client::kinds;
+use orrery_client::{Kind, kinds};
 
 /// The protocol the tunnel upgrades to (the server's `proxy::TUNNEL_PROTOCOL`).
 pub const TUNNEL_PROTOCOL: &str = "orrery-tunnel";
@@ -93,6 +96,17 @@ pub struct Transport {
     client: kube::Client,
     cluster: String,
     namespace: String,
+    /// Requests for the objects a heartbeat reads and writes; their answers are decoded
+    /// straight into [`Object`]s (see [`Transport::object`]).
+    clusters: Request,
+    leases: Request,
+    metrics: Request,
+}
+
+/// Requests for `kind`'s objects (in `namespace`, when it is namespaced).
+fn requests(kind: &Kind, namespace: Option<&str>) -> Request {
+    let namespace = namespace.filter(|_| kind.namespaced);
+    Request::new(DynamicObject::url_path(&kind.api_resource(), namespace))
 }
 
 impl std::fmt::Debug for Transport {
@@ -109,7 +123,23 @@ impl Transport {
             client,
             cluster: cluster.to_string(),
             namespace: orrery_api::cluster::namespace_of(cluster),
+            clusters: requests(&kinds::CLUSTER, None),
+            leases: requests(&kinds::LEASE, Some(orrery_api::cluster::LEASE_NAMESPACE)),
+            metrics: requests(&kinds::CLUSTER_METRICS, None),
         }
+    }
+
+    /// Sends `req` and decodes its answer once, into an [`Object`]: a typed `Api` would
+    /// decode a `DynamicObject` and convert it again, which for every heartbeat (whose answer
+    /// is the whole Cluster) was a tenth of a simulated fleet's CPU.
+    async fn object(
+        &self,
+        req: Result<http::Request<Vec<u8>>, kube::core::request::Error>,
+        verb: &'static str,
+    ) -> Result<Object, TransportError> {
+        let mut req = req.map_err(|e| TransportError::Protocol(e.to_string()))?;
+        req.extensions_mut().insert(verb);
+        Ok(self.client.request::<Object>(req).await?)
     }
 
     fn works(&self) -> Api<DynamicObject> {
@@ -150,50 +180,37 @@ impl Transport {
     /// Writes the cluster's status (a merge patch of the status subresource) and returns the
     /// Cluster as stored.
     pub async fn heartbeat(&self, status: Value) -> Result<Object, TransportError> {
-        let api = orrery_client::api(&self.client, &kinds::CLUSTER, None);
         let patch = json!({ "status": status });
-        let o = api
-            .patch_status(
-                &self.cluster,
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await?;
-        to_object(o)
+        let req = self.clusters.patch_subresource(
+            "status",
+            &self.cluster,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        );
+        self.object(req, "patch_status").await
     }
 
     /// The cluster's Cluster object.
     pub async fn get_cluster(&self) -> Result<Object, TransportError> {
-        to_object(
-            orrery_client::api(&self.client, &kinds::CLUSTER, None)
-                .get(&self.cluster)
-                .await?,
-        )
-    }
-
-    fn lease(&self) -> Api<DynamicObject> {
-        orrery_client::api(
-            &self.client,
-            &kinds::LEASE,
-            Some(orrery_api::cluster::LEASE_NAMESPACE),
-        )
+        let req = self.clusters.get(&self.cluster, &GetParams::default());
+        self.object(req, "get").await
     }
 
     /// The cluster's heartbeat Lease (`NotRegistered` when the server has made none).
     pub async fn get_lease(&self) -> Result<Object, TransportError> {
-        to_object(self.lease().get(&self.cluster).await?)
+        let req = self.leases.get(&self.cluster, &GetParams::default());
+        self.object(req, "get").await
     }
 
     /// Replaces the Lease with `lease`, conditional on its resourceVersion; returns it as
     /// stored. `Conflict` when it changed since it was read.
     pub async fn renew_lease(&self, lease: &Object) -> Result<Object, TransportError> {
-        let d: DynamicObject = serde_json::from_value(lease.to_value())
-            .map_err(|e| TransportError::Protocol(e.to_string()))?;
-        to_object(
-            self.lease()
-                .replace(&self.cluster, &kube::api::PostParams::default(), &d)
-                .await?,
-        )
+        let body =
+            serde_json::to_vec(lease).map_err(|e| TransportError::Protocol(e.to_string()))?;
+        let req = self
+            .leases
+            .replace(&self.cluster, &PostParams::default(), body);
+        self.object(req, "replace").await
     }
 
     /// Opens the cluster proxy's tunnel: the connection, upgraded, on which the server sends
@@ -225,13 +242,18 @@ impl Transport {
     /// Writes the member's nodes into its ClusterMetrics (a merge patch of the status
     /// subresource of the object the server made for it).
     pub async fn write_metrics(&self, status: Value) -> Result<(), TransportError> {
-        let api = orrery_client::api(&self.client, &kinds::CLUSTER_METRICS, None);
-        api.patch_status(
-            &self.cluster,
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "status": status })),
-        )
-        .await?;
+        let mut req = self
+            .metrics
+            .patch_subresource(
+                "status",
+                &self.cluster,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({ "status": status })),
+            )
+            .map_err(|e| TransportError::Protocol(e.to_string()))?;
+        req.extensions_mut().insert("patch_status");
+        // The answer (every node again) is not needed: only whether it was taken.
+        self.client.request_text(req).await?;
         Ok(())
     }
 
