@@ -45,6 +45,17 @@ impl Graph {
     }
 
     fn set(&mut self, key: &str, uid: &str, refs: &[OwnerReference]) {
+        // Most changes of a dependent leave its owners as they were (a member's Lease is
+        // renewed every beat): the entries are already these.
+        let unchanged = |owners: &Vec<String>| {
+            owners.len() == refs.len() && owners.iter().zip(refs).all(|(o, r)| *o == r.uid)
+        };
+        if !refs.is_empty()
+            && self.dependent_uids.contains(uid)
+            && self.owners.get(key).is_some_and(unchanged)
+        {
+            return;
+        }
         self.remove(key);
         self.dependent_uids.remove(uid);
         if refs.is_empty() {
@@ -300,6 +311,49 @@ async fn handle_owner(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn owned_by(uids: &[&str]) -> Vec<OwnerReference> {
+        uids.iter()
+            .map(|u| OwnerReference {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                name: format!("owner-{u}"),
+                uid: (*u).into(),
+                controller: None,
+                block_owner_deletion: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_graph_follows_owners_changed_kept_and_dropped() {
+        let mut g = Graph::default();
+        let dependents = |g: &Graph, owner: &str| {
+            let mut d = g.dependents_of(owner);
+            d.sort();
+            d
+        };
+        g.set("k1", "d1", &owned_by(&["a", "b"]));
+        g.set("k2", "d2", &owned_by(&["a"]));
+        // The same owners again (the fast path) change nothing.
+        g.set("k1", "d1", &owned_by(&["a", "b"]));
+        assert_eq!(dependents(&g, "a"), ["k1", "k2"]);
+        assert_eq!(dependents(&g, "b"), ["k1"]);
+        // Owners changed: the old one lets go.
+        g.set("k1", "d1", &owned_by(&["a", "c"]));
+        assert_eq!(dependents(&g, "b"), Vec::<String>::new());
+        assert!(!g.dependents.contains_key("b"));
+        assert_eq!(dependents(&g, "c"), ["k1"]);
+        // Made again under the same key (a new uid), with the same owners.
+        g.set("k1", "d1b", &owned_by(&["a", "c"]));
+        assert!(g.dependent_uids.contains("d1b"));
+        assert_eq!(dependents(&g, "a"), ["k1", "k2"]);
+        // Owners dropped.
+        g.set("k2", "d2", &[]);
+        assert_eq!(dependents(&g, "a"), ["k1"]);
+        assert!(!g.dependent_uids.contains("d2"));
+        assert!(!g.owners.contains_key("k2"));
+    }
 
     #[test]
     fn a_listing_keeps_exactly_the_objects_the_graph_can_use() {
