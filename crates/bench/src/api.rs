@@ -78,6 +78,7 @@ impl ServerProcess {
         let pid = self.child.id().to_string();
         let _ = Command::new("kill").args(["-TERM", &pid]).status();
         self.child.wait()?;
+        crate::children::stopped(self.child.id());
         let (child, stopping) = Self::launch(&self.bin, self._dir.path(), self.port, &self.extra)?;
         self.child = child;
         self.stopping = stopping;
@@ -112,6 +113,7 @@ impl ServerProcess {
             })
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
+        crate::children::started(child.id());
         let stdout = child.stdout.take().context("server stdout")?;
         let mut lines = BufReader::new(stdout).lines();
         loop {
@@ -132,6 +134,7 @@ impl ServerProcess {
         self.stopping.store(true, Ordering::Relaxed);
         let _ = self.child.kill();
         let _ = self.child.wait();
+        crate::children::stopped(self.child.id());
     }
 
     /// Starts a killed server again on its data directory and port.
@@ -164,7 +167,7 @@ fn watchdog(pid: u32, stopping: Arc<AtomicBool>) {
                 eprintln!(
                     "orrery-bench: the server (pid {pid}) died during the benchmark; set ORRERY_BENCH_SERVER_LOG=<file> to keep its log"
                 );
-                std::process::exit(3);
+                crate::children::exit(3);
             }
         }
     });
@@ -175,6 +178,7 @@ impl Drop for ServerProcess {
         self.stopping.store(true, Ordering::Relaxed);
         let _ = self.child.kill();
         let _ = self.child.wait();
+        crate::children::stopped(self.child.id());
     }
 }
 

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 mod api;
+mod children;
 mod dns;
 mod dro;
 mod elastic;
@@ -489,6 +490,7 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let result = rt.block_on(async move {
+        children::stop_on_signals()?;
         match cli.command {
             Command::StoreWrites {
                 runs,

@@ -137,6 +137,7 @@ impl Drop for AgentProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        crate::children::stopped(self.child.id());
     }
 }
 
@@ -175,6 +176,7 @@ pub(crate) fn start_agent(
         .stderr(stderr)
         .spawn()
         .context("starting the agent")?;
+    crate::children::started(child.id());
     let stdout = child.stdout.take().context("agent stdout")?;
     let mut lines = BufReader::new(stdout).lines();
     let mut addr = String::new();
