@@ -1549,8 +1549,8 @@ static UNCOMPARED: std::sync::LazyLock<Vec<&'static str>> = std::sync::LazyLock:
 });
 
 /// Whether `a` and `b` are equal but for the values at the JSON pointers `skip`, `at` being
-/// where both are. Compared in place: a heartbeat used to copy both statuses to strip them,
-/// most of a simulated fleet's CPU per beat.
+/// where both are. Compared in place: a heartbeat used to copy both statuses to strip them
+/// (a tenth of a simulating process's CPU at 3,000 members).
 fn equal_except(a: &Value, b: &Value, at: &mut String, skip: &[&str]) -> bool {
     let within = |p: &&str| {
         p.len() > at.len() && p.starts_with(at.as_str()) && p.as_bytes()[at.len()] == b'/'

@@ -21,7 +21,7 @@ use orrery_api::binding::{BindingSpec, ClusterTransfer, Eviction, TargetCluster}
 use orrery_api::conditions::{self, Condition};
 use orrery_api::stateful::{
     DataLoss, MigrationPhase as Phase, MigrationStatus, MigrationVolume, PhaseTime, StandbyStatus,
-    Transfer, TransferRole, TransferStatus, TransferVolume,
+    Transfer, TransferRole, TransferStatus, TransferVolume, VolumeStatus, ordinal_volume,
 };
 use orrery_api::work::{Health, ManifestStatus};
 
@@ -942,16 +942,10 @@ fn source_error(i: &Input<'_>, st: &MigrationStatus) -> Option<String> {
         .then(|| format!("the snapshot at {} failed: {}", st.source, t.message))
 }
 
-/// The source is lost: fail over to the standby copy if the target keeps one, start empty
-/// elsewhere if the placement says so, else wait for it. Returns whether the phase changed.
 /// The volumes the binding's template owns for the ordinals that move (a StatefulSet's claim
 /// templates, `<claim>-<name>-<ordinal>`; claims the pods mount by name) that `reported`
 /// does not hold.
-fn unreported_volumes(
-    i: &Input<'_>,
-    reported: &[orrery_api::stateful::VolumeStatus],
-    replicas: i64,
-) -> Vec<String> {
+fn unreported_volumes(i: &Input<'_>, reported: &[VolumeStatus], replicas: i64) -> Vec<String> {
     let Some(binding) = i.binding else {
         return Vec::new();
     };
@@ -962,7 +956,7 @@ fn unreported_volumes(
         .flat_map(|c| {
             if c.per_ordinal {
                 (0..replicas)
-                    .map(|o| format!("{}-{name}-{o}", c.name))
+                    .map(|o| ordinal_volume(&c.name, name, o))
                     .collect::<Vec<_>>()
             } else {
                 vec![c.name.clone()]
@@ -972,6 +966,8 @@ fn unreported_volumes(
         .collect()
 }
 
+/// The source is lost: fail over to the standby copy if the target keeps one, start empty
+/// elsewhere if the placement says so, else wait for it. Returns whether the phase changed.
 fn unplanned(i: &Input<'_>, st: &mut MigrationStatus, ev: &mut Vec<Event>) -> bool {
     let now = i.now;
     if let Some(sb) = i
