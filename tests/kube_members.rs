@@ -765,18 +765,28 @@ fn the_kube_backend_moves_a_statefulset_with_its_data() {
                 std::thread::sleep(Duration::from_millis(100));
             }
         });
-        let (a, b) = (&members[0].1, &members[1].1);
+        // The members are alike, so the scheduler may take either (it ranks them by what it
+        // has seen of them when the StatefulSet comes): the move goes to the other.
+        let mut source = None;
         eventually(
             Duration::from_secs(60),
-            "db running in a, reporting its volumes",
+            "db running, reporting its volumes",
             || {
-                let w = s.get_json(&["work", "-n", "orrery-cluster-a", "-o", "json"]);
-                w.to_string().contains("\"startedVersion\":1")
+                source = ["a", "b"].into_iter().find(|c| {
+                    let ns = format!("orrery-cluster-{c}");
+                    let w = s.get_json(&["work", "-n", &ns, "-o", "json"]);
+                    w.to_string().contains("\"startedVersion\":1")
+                });
+                source.is_some()
             },
         );
+        let (src_name, dst_name, a, b) = match source {
+            Some("a") => ("a", "b", &members[0].1, &members[1].1),
+            _ => ("b", "a", &members[1].1, &members[0].1),
+        };
 
         // A member without a data mover refuses the move; the workload runs on.
-        s.apply("apiVersion: multicluster.io/v1alpha1\nkind: Migration\nmetadata: {name: nomover, namespace: default}\nspec:\n  resource: {apiVersion: apps/v1, kind: StatefulSet, name: db}\n  targetClusters: [b]\n");
+        s.apply(&format!("apiVersion: multicluster.io/v1alpha1\nkind: Migration\nmetadata: {{name: nomover, namespace: default}}\nspec:\n  resource: {{apiVersion: apps/v1, kind: StatefulSet, name: db}}\n  targetClusters: [{dst_name}]\n"));
         eventually(Duration::from_secs(60), "the move refused", || {
             let m = s.get_json(&["migration", "nomover", "-n", "default"]);
             m["status"]["phase"] == "Failed"
@@ -789,7 +799,7 @@ fn the_kube_backend_moves_a_statefulset_with_its_data() {
         );
         eventually(
             Duration::from_secs(60),
-            "db back at two replicas in a",
+            "db back at two replicas in the source",
             || a.ok(&["get", "sts", "db", "-o", "jsonpath={.spec.replicas}"]) == "2",
         );
 
@@ -798,14 +808,14 @@ fn the_kube_backend_moves_a_statefulset_with_its_data() {
         }
         // Stop the Jobs, so the source's agent is killed with its first round under way.
         plant.lock().unwrap().paused = true;
-        s.apply("apiVersion: multicluster.io/v1alpha1\nkind: Migration\nmetadata: {name: move, namespace: default}\nspec:\n  resource: {apiVersion: apps/v1, kind: StatefulSet, name: db}\n  targetClusters: [b]\n");
+        s.apply(&format!("apiVersion: multicluster.io/v1alpha1\nkind: Migration\nmetadata: {{name: move, namespace: default}}\nspec:\n  resource: {{apiVersion: apps/v1, kind: StatefulSet, name: db}}\n  targetClusters: [{dst_name}]\n"));
         eventually(Duration::from_secs(60), "the first backup Jobs", || {
             a.ok(&["get", "jobs", "-n", "default", "-o", "name"])
                 .lines()
                 .count()
                 == 2
         });
-        let src = agents.get_mut("a").unwrap();
+        let src = agents.get_mut(src_name).unwrap();
         src.kill9();
         src.restart();
         std::thread::sleep(Duration::from_secs(2));
@@ -852,11 +862,11 @@ fn the_kube_backend_moves_a_statefulset_with_its_data() {
             };
             let (src, dst) = (get(a), get(b));
             let data = src["metadata"]["annotations"][CONTENT].as_str().unwrap();
-            assert!(data.starts_with("a:"), "{data}");
+            assert!(data.starts_with(&format!("{src_name}:")), "{data}");
             assert_eq!(
-                plant.lock().unwrap().started_on[&("b".to_string(), claim.clone())],
+                plant.lock().unwrap().started_on[&(dst_name.to_string(), claim.clone())],
                 data,
-                "b started on the last write in a"
+                "{dst_name} started on the last write in {src_name}"
             );
             let fenced = done["status"]["volumes"]
                 .as_array()
@@ -896,7 +906,7 @@ fn the_kube_backend_moves_a_statefulset_with_its_data() {
         assert_eq!(
             p.jobs
                 .iter()
-                .filter(|(c, n)| c == "a" && n.ends_with("-up"))
+                .filter(|(c, n)| c == src_name && n.ends_with("-up"))
                 .count(),
             2 * rounds,
             "two volumes, {rounds} rounds: {:?}",
@@ -905,7 +915,7 @@ fn the_kube_backend_moves_a_statefulset_with_its_data() {
         assert_eq!(
             p.jobs
                 .iter()
-                .filter(|(c, n)| c == "b" && n.ends_with("-down"))
+                .filter(|(c, n)| c == dst_name && n.ends_with("-down"))
                 .count(),
             2 * rounds,
             "two volumes, {rounds} rounds: {:?}",
