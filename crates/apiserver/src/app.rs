@@ -45,6 +45,9 @@ pub struct ApiConfig {
     /// it as the holder of the tunnels open here, and other replicas forward to it. `None`:
     /// nothing recorded (a single server).
     pub advertise_url: Option<String>,
+    /// A request that takes longer is logged with its steps ([`crate::trace`]), as
+    /// kube-apiserver traces requests over half a second; zero logs none.
+    pub slow_request_threshold: Duration,
 }
 
 impl Default for ApiConfig {
@@ -64,6 +67,7 @@ impl Default for ApiConfig {
             ),
             max_watches_per_user: DEFAULT_MAX_WATCHES_PER_USER,
             advertise_url: None,
+            slow_request_threshold: DEFAULT_SLOW_REQUEST_THRESHOLD,
         }
     }
 }
@@ -99,6 +103,8 @@ pub const DEFAULT_MAX_REQUESTS_INFLIGHT: usize = 400;
 pub const DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT: usize = 200;
 /// Watches one user may hold open at once by default.
 pub const DEFAULT_MAX_WATCHES_PER_USER: usize = 1000;
+/// Kubernetes logs a trace of a request that took longer than this.
+pub const DEFAULT_SLOW_REQUEST_THRESHOLD: Duration = Duration::from_millis(500);
 
 /// How many registrations one server carries out at once.
 pub const CONCURRENT_REGISTRATIONS: usize = 32;

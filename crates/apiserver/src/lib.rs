@@ -32,6 +32,7 @@ pub mod routes;
 pub mod schema;
 pub mod strategy;
 pub mod table;
+pub mod trace;
 pub mod ui;
 
 pub use app::{ApiConfig, App};

@@ -44,10 +44,13 @@ impl App {
         let started = Instant::now();
         let method = req.method().clone();
         let path = req.uri().path().to_string();
-        let (mut response, user) = match &self.config.audit {
-            Some(log) => self.respond_audited(log, req).await,
-            None => self.respond(req).await,
-        };
+        let ((mut response, user), steps) = crate::trace::traced(async {
+            match &self.config.audit {
+                Some(log) => self.respond_audited(log, req).await,
+                None => self.respond(req).await,
+            }
+        })
+        .await;
         // What was read may be stale: say so as Kubernetes says such things, with a warning
         // (kubectl prints it).
         if let Some(why) = self.store.degraded() {
@@ -65,8 +68,12 @@ impl App {
             started.elapsed().as_secs_f64(),
             |group, version, plural| reg.get(group, version, plural).is_some(),
         );
+        let threshold = self.config.slow_request_threshold;
         if status >= 500 {
             tracing::warn!(%method, %path, status, user, elapsed_ms = started.elapsed().as_millis() as u64, "request failed");
+        } else if !threshold.is_zero() && started.elapsed() >= threshold {
+            let now = Instant::now();
+            tracing::info!(%method, %path, status, user, elapsed_ms = now.duration_since(started).as_millis() as u64, steps = %steps.render(now), "slow request");
         } else {
             tracing::debug!(%method, %path, status, user, elapsed_ms = started.elapsed().as_millis() as u64, "request");
         }
@@ -253,6 +260,7 @@ impl App {
         let who = self
             .authenticate(req.headers(), req.extensions())
             .map_err(|e| (e, String::new()))?;
+        crate::trace::step("authenticated");
         let user = who.user();
         // The cluster proxy (and its agents' tunnels): long-lived streams, outside the slots
         // for requests in flight.

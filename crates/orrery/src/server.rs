@@ -70,6 +70,11 @@ pub struct ServerArgs {
     /// is not counted (0: no limit).
     #[arg(long, default_value_t = orrery_apiserver::app::DEFAULT_MAX_WATCHES_PER_USER)]
     pub max_watches_per_user: usize,
+    /// A request that takes longer than this is logged ("slow request") with the time each of
+    /// its steps took (authentication, the body, the store's read and write, ...), as
+    /// kube-apiserver's traces; 0 logs none.
+    #[arg(long, default_value = "500ms", value_parser = parse_duration)]
+    pub slow_request_threshold: Duration,
     /// How long a member cluster that stops reporting stays Ready.
     #[arg(long, default_value = "40s", value_parser = parse_duration)]
     pub cluster_grace_period: Duration,
@@ -775,6 +780,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
             args.max_mutating_requests_inflight,
         ),
         max_watches_per_user: args.max_watches_per_user,
+        slow_request_threshold: args.slow_request_threshold,
         advertise_url: advertise_url(args, sealer.is_some(), &listen),
         ..ApiConfig::default()
     };

@@ -202,6 +202,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         max_mutating_requests_inflight:
             orrery_apiserver::app::DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT,
         max_watches_per_user: orrery_apiserver::app::DEFAULT_MAX_WATCHES_PER_USER,
+        slow_request_threshold: orrery_apiserver::app::DEFAULT_SLOW_REQUEST_THRESHOLD,
         cluster_grace_period: parse_duration("40s").map_err(anyhow::Error::msg)?,
         cluster_eviction_timeout: parse_duration("30s").map_err(anyhow::Error::msg)?,
         watch_bookmark_interval: Duration::from_secs(60),

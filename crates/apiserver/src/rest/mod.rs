@@ -88,8 +88,11 @@ where
     let verb = verb(method, &call.target, &call.query)?;
     // Authorized before the body is read: a refused caller uploads nothing.
     let authorized = registry::authorize(call.app, call.who, &call.target, verb)?;
+    crate::trace::step("authorized");
     let body = if registry::needs_body(verb) {
-        h::read_body(body, call.app.config.max_body_bytes).await?
+        let b = h::read_body(body, call.app.config.max_body_bytes).await?;
+        crate::trace::step("body");
+        b
     } else {
         Bytes::new()
     };
@@ -106,5 +109,7 @@ where
         body,
     };
     let out = registry::operate(call.app, op, authorized).await?;
-    encode(&rt, representation, include.as_deref(), out)
+    let answer = encode(&rt, representation, include.as_deref(), out);
+    crate::trace::step("encoded");
+    answer
 }
