@@ -622,6 +622,11 @@ impl Store for EncryptingStore {
         open_shared(&self.config, o)
     }
 
+    async fn get_copy(&self, key: &str) -> Result<Arc<Object>, StoreError> {
+        let o = self.inner.get_copy(key).await?;
+        open_shared(&self.config, o)
+    }
+
     async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult, StoreError> {
         let mut page = self.inner.list(prefix, opts).await?;
         page.items = page

@@ -187,6 +187,81 @@ async fn a_patch_on_a_lagging_copy_patches_the_object_as_it_is() {
     assert_eq!(o["data"], json!({"d": "z"}));
 }
 
+/// A PUT that requires a revision starts on the copy only when the copy is at that revision;
+/// whatever the copy says, the answer is the one a current read gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_requiring_a_revision_answers_as_the_object_is() {
+    let h = orrery_store_testkit::SqliteHarness::new();
+    let s = Server::start(&h).await;
+    let cm = |data: Value, rv: Option<&str>| {
+        let mut o = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "web"}, "data": data});
+        if let Some(rv) = rv {
+            o["metadata"]["resourceVersion"] = json!(rv);
+        }
+        o
+    };
+    let rv_of = |o: &Value| {
+        o["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let url = format!("{CM}/web");
+    let put = |body: Value| s.call("PUT", &url, "application/json", body);
+    let (code, o) = s
+        .call("POST", CM, "application/json", cm(json!({"a": "1"}), None))
+        .await;
+    assert_eq!(code, StatusCode::CREATED);
+    let first = rv_of(&o);
+
+    // The copy is the object as it is: the PUT starts on it and is written.
+    s.lag.hold(KEY).await;
+    let (code, o) = put(cm(json!({"a": "2"}), Some(&first))).await;
+    assert_eq!(code, StatusCode::OK, "{o}");
+    assert_eq!(s.lagged(), 1, "the PUT started on the copy");
+    let second = rv_of(&o);
+    assert_ne!(second, first);
+
+    // The copy (still at the first revision) is behind now. A PUT requiring that revision
+    // starts on the copy, and its write, conditional on it, is refused: the object moved on.
+    let (code, o) = put(cm(json!({"a": "stale"}), Some(&first))).await;
+    assert_eq!(code, StatusCode::CONFLICT, "{o}");
+    assert_eq!(s.lagged(), 2);
+    // A PUT requiring the current revision is not answered from the copy (at another
+    // revision): the object is read as it is, and written.
+    let (code, o) = put(cm(json!({"a": "3"}), Some(&second))).await;
+    assert_eq!(code, StatusCode::OK, "{o}");
+    assert_eq!(s.lagged(), 3, "the copy was looked at, and left");
+    let stored = s.lag.get(KEY).await.unwrap();
+    assert_eq!(stored.other["data"], json!({"a": "3"}));
+    assert_eq!(stored.metadata.resource_version, rv_of(&o));
+    // Server-owned metadata comes from the object as it is, not from the body.
+    assert_eq!(o["metadata"]["uid"], json!(stored.metadata.uid));
+
+    // Without a required revision, the object is read as it is (the copy is not looked at).
+    let (code, o) = put(cm(json!({"a": "4"}), None)).await;
+    assert_eq!(code, StatusCode::OK, "{o}");
+    assert_eq!(s.lagged(), 3);
+    assert_eq!(
+        s.lag.get(KEY).await.unwrap().other["data"],
+        json!({"a": "4"})
+    );
+
+    // Gone from the store though the copy still has it: not found, nothing written.
+    s.lag.release(KEY);
+    s.lag.hold(KEY).await;
+    let held = rv_of(&o);
+    let (code, _) = s.call("DELETE", &url, "application/json", json!({})).await;
+    assert_eq!(code, StatusCode::OK);
+    let (code, o) = put(cm(json!({"a": "5"}), Some(&held))).await;
+    assert!(
+        code == StatusCode::NOT_FOUND || code == StatusCode::CONFLICT,
+        "{code} {o}"
+    );
+    assert!(s.lag.get(KEY).await.is_err(), "nothing was written");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_report_on_a_lagging_copy_writes_the_status_reported() {
     let h = orrery_store_testkit::SqliteHarness::new();

@@ -406,6 +406,19 @@ impl EtcdStore {
         }
     }
 
+    /// The connected member's own copy of `key`: a serializable read.
+    async fn member_copy(&self, key: &str) -> Result<RangeResponse> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(backend(EtcdError::Closed));
+        }
+        let req = RangeRequest {
+            key: self.full(key).into_bytes(),
+            serializable: true,
+            ..Default::default()
+        };
+        self.inner.client.range(req).await.map_err(backend)
+    }
+
     /// A write transaction; a refused or unanswered one marks the store degraded.
     async fn write(&self, txn: TxnRequest) -> Result<TxnResponse> {
         match self.client()?.txn(txn).await {
@@ -666,15 +679,7 @@ impl Store for EtcdStore {
     /// read again linearizably: under load a lagging copy of a busy key would cost a failed
     /// write (a round of consensus too) before the read that a linearizable one gives at once.
     async fn get_recent(&self, key: &str) -> Result<Arc<Object>> {
-        if self.inner.closed.load(Ordering::Acquire) {
-            return Err(backend(EtcdError::Closed));
-        }
-        let req = RangeRequest {
-            key: self.full(key).into_bytes(),
-            serializable: true,
-            ..Default::default()
-        };
-        let resp = self.inner.client.range(req).await.map_err(backend)?;
+        let resp = self.member_copy(key).await?;
         let known = self
             .inner
             .written
@@ -683,6 +688,11 @@ impl Store for EtcdStore {
         if revision(resp.header.as_ref()) < known {
             return self.get(key).await.map(Arc::new);
         }
+        first(key, &resp).map(Arc::new)
+    }
+
+    async fn get_copy(&self, key: &str) -> Result<Arc<Object>> {
+        let resp = self.member_copy(key).await?;
         first(key, &resp).map(Arc::new)
     }
 

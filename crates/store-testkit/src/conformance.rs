@@ -132,35 +132,53 @@ pub async fn crud(h: &dyn Harness) {
     assert_eq!(payload(&s.get("/t/ns/a").await.unwrap()), "v5");
 }
 
-/// A recent read (`Store::get_recent`) may lag, but it catches up with every write (create,
-/// update, delete) within moments and shows only revisions that were written.
+/// A recent read (`Store::get_recent`) and a copy (`Store::get_copy`) may lag, but they catch
+/// up with every write (create, update, delete) within moments and show only revisions that
+/// were written.
 pub async fn recent_reads_catch_up(h: &dyn Harness) {
     let s = h.open().await;
-    let key = "/t/ns/a";
-    assert!(s.get_recent(key).await.unwrap_err().is_not_found());
-    let mut written = vec![rev(&s.create(key, object("a", "web", "v1")).await.unwrap())];
-    recent_reaches(s.as_ref(), key, Some(written[0]), &written).await;
-    written.push(rev(&s
-        .update(key, object("a", "web", "v2"), Some(written[0]))
-        .await
-        .unwrap()));
-    let got = recent_reaches(s.as_ref(), key, Some(written[1]), &written).await;
-    assert_eq!(payload(&got.unwrap()), "v2");
-    s.delete(key, &Preconditions::default()).await.unwrap();
-    recent_reaches(s.as_ref(), key, None, &written).await;
+    for copy in [false, true] {
+        let key = "/t/ns/a";
+        assert!(
+            read(s.as_ref(), key, copy)
+                .await
+                .unwrap_err()
+                .is_not_found()
+        );
+        let mut written = vec![rev(&s.create(key, object("a", "web", "v1")).await.unwrap())];
+        recent_reaches(s.as_ref(), key, copy, Some(written[0]), &written).await;
+        written.push(rev(&s
+            .update(key, object("a", "web", "v2"), Some(written[0]))
+            .await
+            .unwrap()));
+        let got = recent_reaches(s.as_ref(), key, copy, Some(written[1]), &written).await;
+        assert_eq!(payload(&got.unwrap()), "v2");
+        s.delete(key, &Preconditions::default()).await.unwrap();
+        recent_reaches(s.as_ref(), key, copy, None, &written).await;
+    }
 }
 
-/// Reads `key` recently until it shows revision `want` (`None`: gone), checking that whatever
-/// it shows on the way is one of the revisions `written`.
+/// A recent read of `key`, or with `copy` the nearest copy.
+async fn read(s: &dyn Store, key: &str, copy: bool) -> orrery_store::Result<Arc<Object>> {
+    if copy {
+        s.get_copy(key).await
+    } else {
+        s.get_recent(key).await
+    }
+}
+
+/// Reads `key` recently (or its copy) until it shows revision `want` (`None`: gone), checking
+/// that whatever it shows on the way is one of the revisions `written`.
 async fn recent_reaches(
     s: &dyn Store,
     key: &str,
+    copy: bool,
     want: Option<Revision>,
     written: &[Revision],
 ) -> Option<Arc<Object>> {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let got = match s.get_recent(key).await {
+        let got = match read(s, key, copy).await {
             Ok(o) => Some(o),
             Err(e) if e.is_not_found() => None,
             Err(e) => panic!("a recent read failed: {e:?}"),

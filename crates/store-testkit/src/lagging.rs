@@ -1,5 +1,5 @@
 //! A store whose recent reads lag: [`Lagging`] wraps a real store and answers
-//! [`Store::get_recent`] with a copy the test held back, as an etcd member behind its leader
+//! [`Store::get_recent`] and [`Store::get_copy`] with a copy the test held back, as an etcd member behind its leader
 //! answers a serializable read. Real lag cannot be produced on demand (a follower catches up in
 //! milliseconds), so this stands in for it; everything else is the wrapped store's.
 
@@ -48,6 +48,24 @@ impl Lagging {
     fn held(&self, key: &str) -> Option<Option<Arc<Object>>> {
         self.held.lock().unwrap().get(key).cloned()
     }
+
+    /// The held copy of `key` (counted), else what `read` of the wrapped store answers.
+    async fn held_or(
+        &self,
+        key: &str,
+        read: impl std::future::Future<Output = Result<Arc<Object>>>,
+    ) -> Result<Arc<Object>> {
+        match self.held(key) {
+            Some(copy) => {
+                self.lagged_reads
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                copy.ok_or_else(|| StoreError::NotFound {
+                    key: key.to_string(),
+                })
+            }
+            None => read.await,
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -57,16 +75,11 @@ impl Store for Lagging {
     }
 
     async fn get_recent(&self, key: &str) -> Result<Arc<Object>> {
-        match self.held(key) {
-            Some(copy) => {
-                self.lagged_reads
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                copy.ok_or_else(|| StoreError::NotFound {
-                    key: key.to_string(),
-                })
-            }
-            None => self.inner.get_recent(key).await,
-        }
+        self.held_or(key, self.inner.get_recent(key)).await
+    }
+
+    async fn get_copy(&self, key: &str) -> Result<Arc<Object>> {
+        self.held_or(key, self.inner.get_copy(key)).await
     }
 
     async fn get_shared(&self, key: &str) -> Result<Arc<Object>> {

@@ -99,6 +99,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
         self.get_shared(key).await
     }
 
+    /// The object at `key` as the nearest copy has it, however far that copy is behind the
+    /// latest committed write (on etcd, the member's own, read without consensus and without
+    /// [`Store::get_recent`]'s check that the member has caught up with what this store has
+    /// seen). Only for a caller that can tell from the object itself whether it will do: an
+    /// update requiring the revision its client gave can start on a copy at that revision, as
+    /// its write, conditional on that revision, succeeds exactly when the copy is the object
+    /// as it is. Stores whose reads are always current serve it as [`Store::get_shared`].
+    async fn get_copy(&self, key: &str) -> Result<Arc<Object>> {
+        self.get_shared(key).await
+    }
+
     /// Objects under `prefix` in key order, filtered by the options' selectors, one page at a
     /// time. All pages of one list reflect the same revision.
     async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListResult>;

@@ -145,7 +145,10 @@ pub async fn create(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
             return respond_object(&call, StatusCode::CREATED, obj);
         }
         let key = rt.key(&obj.metadata.namespace, &obj.metadata.name);
-        match call.app.store.create(&key, obj.clone()).await {
+        crate::trace::step("prepared");
+        let created = call.app.store.create(&key, obj.clone()).await;
+        crate::trace::step("committed");
+        match created {
             Ok(stored) => {
                 after_write(&call, Some((&stored, false))).await;
                 return respond_object(&call, StatusCode::CREATED, stored);
@@ -274,21 +277,49 @@ pub async fn update(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     }
     reconcile_namespace(&call, &mut raw)?;
     let incoming = admit(&mut call, &mut raw, &dups, validation)?;
+    crate::trace::step("decoded");
     let precondition = parse_rv(&incoming.metadata.resource_version)?;
-    for _ in 0..RETRIES {
-        let current = call
-            .app
-            .store
-            .get(&call.target.key())
-            .await
-            .map_err(|e| ApiError::from_store(e, &rt, &url_name))?;
+    let key = call.target.key();
+    for attempt in 0..RETRIES {
+        // A PUT that requires the revision its client read (a member's Lease renewal, every
+        // beat) starts on the store's nearest copy when that copy is at the revision: the
+        // write, conditional on it, then succeeds exactly when the copy is the object as it
+        // is, and fails as a linearizable read would have it fail (on etcd the copy costs no
+        // round of consensus, which waits for the leader's apply under load). A copy at any
+        // other revision is not trusted with the answer: the object is read as it is.
+        let copy = match precondition {
+            Some(p) if attempt == 0 && !dry => call
+                .app
+                .store
+                .get_copy(&key)
+                .await
+                .ok()
+                .filter(|c| c.revision() == Some(p)),
+            _ => None,
+        };
+        if precondition.is_some() && attempt == 0 {
+            crate::trace::step("copy");
+        }
+        let current = match copy {
+            Some(c) => std::sync::Arc::unwrap_or_clone(c),
+            None => call
+                .app
+                .store
+                .get(&key)
+                .await
+                .map_err(|e| ApiError::from_store(e, &rt, &url_name))?,
+        };
+        crate::trace::step("read");
         let current_rv = current.revision().unwrap_or(0);
         if precondition.is_some_and(|p| p != current_rv) {
             return Err(ApiError::stale(&rt, &url_name));
         }
         let next = merge_for_update(&call, &current, incoming.clone(), true)?;
         validate(&call, &next, Some(&current))?;
-        match commit_update(&call, &current, next, current_rv, dry).await {
+        crate::trace::step("merged");
+        let committed = commit_update(&call, &current, next, current_rv, dry).await;
+        crate::trace::step("committed");
+        match committed {
             Ok(stored) => {
                 after_write(&call, Some((&stored, false))).await;
                 return respond_object(&call, StatusCode::OK, present(&rt, stored));
@@ -400,6 +431,7 @@ pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
                     r.map_err(|e| ApiError::from_store(e, &rt, &name))?,
                 ),
             };
+        crate::trace::step("read");
         let (next, precondition) =
             match prepare_patch(&mut call, ptype, &patch_doc, &dups, validation, &current) {
                 Ok(prepared) => prepared,
@@ -408,6 +440,7 @@ pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
                 Err(e) => return Err(e),
             };
         let retry = precondition.is_none();
+        crate::trace::step("patched");
         if let Some(done) = store_update(&call, current, next, dry, retry, recent).await? {
             return Ok(done);
         }
@@ -485,7 +518,9 @@ async fn store_update(
         r => r?,
     }
     let current_rv = current.revision().unwrap_or(0);
-    match commit_update(call, &current, next, current_rv, dry).await {
+    let committed = commit_update(call, &current, next, current_rv, dry).await;
+    crate::trace::step("committed");
+    match committed {
         Ok(stored) => {
             after_write(call, Some((&stored, false))).await;
             respond_object(call, StatusCode::OK, present(rt, stored)).map(Some)
@@ -752,6 +787,7 @@ pub async fn update_status(
             Err(_) if recent => continue,
             r => r.map_err(|e| ApiError::from_store(e, rt, name))?,
         };
+        crate::trace::step("read");
         let current_rv = current.revision().unwrap_or(0);
         let next = match prepare_status(app, rt, name, expected, check, &mut f, &current) {
             Ok(Some(next)) => next,
@@ -761,7 +797,10 @@ pub async fn update_status(
             Ok(None) => return Ok(std::sync::Arc::new(present(rt, (*current).clone()))),
             Err(e) => return Err(e),
         };
-        match app.store.update(&key, next, Some(current_rv)).await {
+        crate::trace::step("prepared");
+        let written = app.store.update(&key, next, Some(current_rv)).await;
+        crate::trace::step("committed");
+        match written {
             // As stored: the caller reads the revision, not the type.
             Ok(stored) => return Ok(stored),
             Err(StoreError::Conflict { .. }) if expected.is_none() || recent => continue,
