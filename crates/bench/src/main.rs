@@ -260,6 +260,11 @@ enum Command {
         /// carries a new usage); `profile=diurnal,period=24h` is a day as it is.
         #[arg(long, default_value = "profile=diurnal,period=600s")]
         load: String,
+        /// The niceness (0-19) of the processes simulating the members. Members run on
+        /// machines of their own; here they share the control plane's cores, and a niceness
+        /// gives the control plane (servers and etcd) those cores first.
+        #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=19))]
+        agents_nice: u8,
         #[arg(long)]
         server_bin: Option<PathBuf>,
         #[arg(long)]
@@ -780,6 +785,7 @@ fn main() -> anyhow::Result<()> {
                 heartbeat,
                 replicas,
                 load,
+                agents_nice,
                 server_bin,
                 dir,
             } => {
@@ -790,6 +796,7 @@ fn main() -> anyhow::Result<()> {
                     heartbeat,
                     replicas,
                     load,
+                    agents_nice,
                     server_bin,
                     dir,
                 })
