@@ -137,6 +137,7 @@ impl App {
     ) -> Result<Arc<App>, StoreError> {
         let metrics =
             crate::metrics::Metrics::new(config.metrics_registry.clone().unwrap_or_default());
+        metrics.start(store.clone()).await?;
         let config_in_flight = config.max_in_flight;
         let authz = crate::rbac::Authorizer::start(store.clone()).await?;
         let app = Arc::new(App {

@@ -464,8 +464,7 @@ impl App {
                 read_only(&parts.method)?;
                 let text = self
                     .metrics
-                    .render(self.store.as_ref())
-                    .await
+                    .render()
                     .map_err(|e| ApiError::internal(e.to_string()))?;
                 let accept = parts
                     .headers
