@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 mod client;
+mod recent;
 #[allow(unreachable_pub)]
 mod rpc;
 
@@ -84,6 +85,8 @@ struct Inner {
     is_degraded: std::sync::atomic::AtomicBool,
     /// The highest revision this store's own writes were told of.
     written: AtomicI64,
+    /// Objects this store wrote lately, as the feed changed them since.
+    recent: recent::Recent,
     feed: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -196,6 +199,7 @@ impl EtcdStore {
                 degraded: std::sync::Mutex::new(None),
                 is_degraded: std::sync::atomic::AtomicBool::new(false),
                 written: AtomicI64::new(0),
+                recent: recent::Recent::default(),
                 feed: std::sync::Mutex::new(None),
             }),
         };
@@ -552,6 +556,7 @@ async fn feed(store: EtcdStore, mut last: Revision) {
                                 "etcd history lost; watchers must re-list"
                             );
                             store.inner.cache.reset(now);
+                            store.inner.recent.clear();
                             last = now;
                         }
                         break;
@@ -559,9 +564,18 @@ async fn feed(store: EtcdStore, mut last: Revision) {
                     for ev in &resp.events {
                         if let Some(change) = store.change_of(ev) {
                             last = change.revision;
+                            let value = ev.kv.as_ref().map(|kv| kv.value.as_slice());
+                            let gone = change.kind == ChangeKind::Delete;
+                            store
+                                .inner
+                                .recent
+                                .changed(&change.key, last, value.filter(|_| !gone));
                             store.inner.cache.publish(Arc::new(change));
                         } else if let Some(kv) = &ev.kv {
                             last = kv.mod_revision;
+                            if let Some(key) = store.strip(&kv.key) {
+                                store.inner.recent.changed(key, last, None);
+                            }
                             store.inner.cache.advance(last);
                         }
                     }
@@ -673,12 +687,17 @@ impl Store for EtcdStore {
         first(key, &resp)
     }
 
-    /// The connected member's own copy: a serializable read, without the round of consensus
-    /// a linearizable one waits for (etcd confirms the leader and waits for its apply). A
-    /// member behind what this store knows to be committed (its own writes, its watch) is
-    /// read again linearizably: under load a lagging copy of a busy key would cost a failed
-    /// write (a round of consensus too) before the read that a linearizable one gives at once.
+    /// The object as this store last wrote it (and its feed changed it since), when it keeps
+    /// it (`recent.rs`); else the connected member's own copy: a serializable read, without
+    /// the round of consensus a linearizable one waits for (etcd confirms the leader and waits
+    /// for its apply). A member behind what this store knows to be committed (its own writes,
+    /// its watch) is read again linearizably: under load a lagging copy of a busy key would
+    /// cost a failed write (a round of consensus too) before the read that a linearizable one
+    /// gives at once.
     async fn get_recent(&self, key: &str) -> Result<Arc<Object>> {
+        if let Some((rev, value)) = self.inner.recent.get(key) {
+            return decode(key, rev, &value).map(Arc::new);
+        }
         let resp = self.member_copy(key).await?;
         let known = self
             .inner
@@ -692,6 +711,9 @@ impl Store for EtcdStore {
     }
 
     async fn get_copy(&self, key: &str) -> Result<Arc<Object>> {
+        if let Some((rev, value)) = self.inner.recent.get(key) {
+            return decode(key, rev, &value).map(Arc::new);
+        }
         let resp = self.member_copy(key).await?;
         first(key, &resp).map(Arc::new)
     }
@@ -727,6 +749,7 @@ impl Store for EtcdStore {
 
     async fn create(&self, key: &str, mut obj: Object) -> Result<Arc<Object>> {
         let value = encode(&mut obj)?;
+        let kept = Arc::<[u8]>::from(value.as_slice());
         let full = self.full(key);
         let resp = self
             .fenced_txn(TxnRequest {
@@ -740,7 +763,9 @@ impl Store for EtcdStore {
                 key: key.to_string(),
             });
         }
-        obj.metadata.resource_version = revision(resp.header.as_ref()).to_string();
+        let rev = revision(resp.header.as_ref());
+        self.inner.recent.wrote(key, rev, kept);
+        obj.metadata.resource_version = rev.to_string();
         Ok(Arc::new(obj))
     }
 
@@ -751,6 +776,7 @@ impl Store for EtcdStore {
         expected: Option<Revision>,
     ) -> Result<Arc<Object>> {
         let value = encode(&mut obj)?;
+        let kept = Arc::<[u8]>::from(value.as_slice());
         let full = self.full(key);
         // The key must exist in both cases: etcd compares a missing key's mod_revision as 0,
         // so an update expecting revision 0 would otherwise create the object.
@@ -782,7 +808,9 @@ impl Store for EtcdStore {
                 },
             });
         }
-        obj.metadata.resource_version = revision(resp.header.as_ref()).to_string();
+        let rev = revision(resp.header.as_ref());
+        self.inner.recent.wrote(key, rev, kept);
+        obj.metadata.resource_version = rev.to_string();
         Ok(Arc::new(obj))
     }
 
@@ -838,6 +866,7 @@ impl Store for EtcdStore {
                 }
                 _ => None,
             });
+            self.inner.recent.forget(key);
             let value = prev.unwrap_or_else(|| kv.value.clone());
             return Ok(Arc::new(decode(key, rev, &value)?));
         }

@@ -175,3 +175,88 @@ fn lists_span_several_etcd_pages() {
         assert_eq!(second.items[0].name(), "c01500");
     });
 }
+
+/// Two stores on one etcd, as two replicas: each starts a read-modify-write on what it wrote
+/// last (`get_recent`, `get_copy`), and that copy follows the other replica's writes and
+/// deletes through its feed; a write conditional on a copy that missed one fails and writes
+/// nothing.
+#[test]
+fn recent_reads_follow_other_replicas() {
+    use orrery_store::{Preconditions, StoreError};
+    use orrery_store_testkit::Harness;
+
+    let rev = |o: &orrery_api::Object| o.revision().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let h = orrery_store_testkit::EtcdHarness::new();
+        let (a, b) = (h.open().await, h.open().await);
+        let key = "/registry/core/configmaps/default/c";
+        let made = a.create(key, config(1)).await.unwrap();
+        // Its own write, at once, both ways.
+        assert_eq!(rev(&a.get_recent(key).await.unwrap()), rev(&made));
+        assert_eq!(rev(&a.get_copy(key).await.unwrap()), rev(&made));
+        let updated = a.update(key, config(2), Some(rev(&made))).await.unwrap();
+        assert_eq!(rev(&a.get_recent(key).await.unwrap()), rev(&updated));
+
+        // The other replica writes: `a` may read its own last write for a moment (a write on
+        // it fails as a conflict and writes nothing), then reads the other's.
+        let other = b.update(key, config(3), Some(rev(&updated))).await.unwrap();
+        let stale = a.get_recent(key).await.unwrap();
+        if rev(&stale) != rev(&other) {
+            assert_eq!(rev(&stale), rev(&updated));
+            assert!(matches!(
+                a.update(key, config(9), Some(rev(&stale))).await,
+                Err(StoreError::Conflict { .. })
+            ));
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while rev(&a.get_recent(key).await.unwrap()) != rev(&other) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a's copy never followed b's write"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(rev(&a.get_copy(key).await.unwrap()), rev(&other));
+        assert_eq!(b.get(key).await.unwrap().other["data"]["n"], "3");
+
+        // The other replica deletes it: `a`'s copy goes, and a write on a copy that still
+        // showed it finds nothing to update.
+        let last = a.update(key, config(4), Some(rev(&other))).await.unwrap();
+        b.delete(key, &Preconditions::default()).await.unwrap();
+        match a.update(key, config(5), Some(rev(&last))).await {
+            Err(StoreError::NotFound { .. }) => {}
+            r => panic!("an update of a deleted object: {r:?}"),
+        }
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            match a.get_recent(key).await {
+                Err(e) if e.is_not_found() => break,
+                Ok(o) => assert_eq!(rev(&o), rev(&last), "only what was written"),
+                Err(e) => panic!("{e:?}"),
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a's copy outlived b's delete"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert!(a.get(key).await.unwrap_err().is_not_found());
+
+        // Recreated by the other under the same name: `a` follows only what it wrote or
+        // keeps, so it reads the new object from etcd.
+        let again = b.create(key, config(6)).await.unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while a.get_recent(key).await.map(|o| rev(&o)).ok() != Some(rev(&again)) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a never read the new object"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        // `a` deletes it itself: its own delete is forgotten at once.
+        a.delete(key, &Preconditions::default()).await.unwrap();
+        assert!(a.get_recent(key).await.unwrap_err().is_not_found());
+        assert!(a.get_copy(key).await.unwrap_err().is_not_found());
+    });
+}
