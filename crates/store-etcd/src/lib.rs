@@ -556,7 +556,7 @@ async fn feed(store: EtcdStore, mut last: Revision) {
                                 "etcd history lost; watchers must re-list"
                             );
                             store.inner.cache.reset(now);
-                            store.inner.recent.clear();
+                            store.inner.recent.clear(now);
                             last = now;
                         }
                         break;

@@ -11,6 +11,10 @@
 //! another replica's write fails as a conflict and the caller reads again, as the contract of
 //! those reads says. Nothing here is answered to a client without such a write.
 //!
+//! A write is kept only if the feed has not yet passed its revision: then every later change
+//! of the key reaches the entry. One answered after the feed passed it (and perhaps a delete
+//! of its key after it) is not.
+//!
 //! Values are kept as stored bytes (a fifth of a decoded object) and decoded per read, as
 //! etcd's answer would be. Everything this store writes is kept, and what is not read or
 //! written again ages out first when room runs short: a heartbeat's keys are touched every few
@@ -28,6 +32,11 @@ use orrery_store::Revision;
 /// Entries kept at most: a replica's share of 10,000 members' Leases, Clusters and metrics,
 /// with room for what controllers update.
 const CAP: usize = 16_384;
+/// Bytes kept at most, over all entries.
+const CAP_BYTES: usize = 64 << 20;
+/// A value larger than this is not kept (a heartbeat's objects are a few KiB; a Work or a
+/// Secret written once may be a MiB).
+const MAX_VALUE: usize = 256 << 10;
 /// An entry not read or written for this long may go to make room: a heartbeat touches its
 /// own every ten seconds.
 const IDLE: Duration = Duration::from_secs(60);
@@ -42,6 +51,11 @@ pub(crate) struct Recent {
 #[derive(Debug)]
 struct Map {
     entries: HashMap<String, Entry>,
+    /// The sum of the entries' value lengths.
+    bytes: usize,
+    /// The highest revision the feed has passed: a write at or below it was passed without an
+    /// entry to follow it, and a later change of its key (a delete) may have been too.
+    fed: Revision,
     swept: Instant,
 }
 
@@ -49,6 +63,8 @@ impl Default for Map {
     fn default() -> Self {
         Map {
             entries: HashMap::new(),
+            bytes: 0,
+            fed: 0,
             swept: Instant::now(),
         }
     }
@@ -76,60 +92,76 @@ impl Recent {
         Some((entry.revision, entry.value.clone()))
     }
 
-    /// This store wrote `value` at `key` at `revision`.
+    /// This store wrote `value` at `key` at `revision`. Kept only while the feed has not yet
+    /// passed that revision, so that every later change of the key reaches the entry.
     pub(crate) fn wrote(&self, key: &str, revision: Revision, value: Arc<[u8]>) {
         let now = Instant::now();
         let mut map = self.map();
-        if let Some(entry) = map.entries.get_mut(key) {
-            // The feed may have brought a later change first.
-            if entry.revision < revision {
-                entry.value = value;
-                entry.revision = revision;
+        if revision <= map.fed {
+            // The feed followed the key from its own event if it was kept, and may already
+            // have passed a later delete of it if it was not.
+            if let Some(entry) = map.entries.get_mut(key) {
+                entry.used = now;
             }
-            entry.used = now;
             return;
         }
-        if map.make_room(now) {
-            map.entries.insert(
-                key.to_string(),
-                Entry {
-                    value,
-                    revision,
-                    used: now,
-                },
-            );
+        if let Some(old) = map.entries.remove(key) {
+            map.bytes -= old.value.len();
         }
+        if value.len() > MAX_VALUE || !map.make_room(now, value.len()) {
+            return;
+        }
+        map.bytes += value.len();
+        map.entries.insert(
+            key.to_string(),
+            Entry {
+                value,
+                revision,
+                used: now,
+            },
+        );
     }
 
-    /// The feed saw `key` change at `revision`: to `value`, or deleted (or unreadable) with
-    /// `None`. Only kept keys are followed.
+    /// The feed passed a change of `key` at `revision`: to `value`, or deleted (or
+    /// unreadable) with `None`. Only kept keys are followed.
     pub(crate) fn changed(&self, key: &str, revision: Revision, value: Option<&[u8]>) {
         let mut map = self.map();
+        map.fed = map.fed.max(revision);
         let Some(entry) = map.entries.get_mut(key) else {
             return;
         };
         if entry.revision >= revision {
             return;
         }
-        match value {
+        let old = entry.value.len();
+        match value.filter(|v| v.len() <= MAX_VALUE) {
             Some(v) => {
                 entry.value = Arc::from(v);
                 entry.revision = revision;
+                map.bytes = map.bytes - old + v.len();
             }
             None => {
                 map.entries.remove(key);
+                map.bytes -= old;
             }
         }
     }
 
     /// `key` is no longer followed (this store deleted it).
     pub(crate) fn forget(&self, key: &str) {
-        self.map().entries.remove(key);
+        let mut map = self.map();
+        if let Some(old) = map.entries.remove(key) {
+            map.bytes -= old.value.len();
+        }
     }
 
-    /// The feed lost history: nothing kept can be trusted to be followed.
-    pub(crate) fn clear(&self) {
-        self.map().entries.clear();
+    /// The feed lost history and starts again after `revision`: nothing kept can be trusted
+    /// to be followed, nor a write at or below it.
+    pub(crate) fn clear(&self, revision: Revision) {
+        let mut map = self.map();
+        map.entries.clear();
+        map.bytes = 0;
+        map.fed = map.fed.max(revision);
     }
 
     #[cfg(test)]
@@ -139,11 +171,14 @@ impl Recent {
 }
 
 impl Map {
-    /// Whether there is room for another entry, making it when full from the entries used
-    /// longest ago: first those idle for `IDLE`, then for half as long, and so on, until an
-    /// eighth of the room is free.
-    fn make_room(&mut self, now: Instant) -> bool {
-        if self.entries.len() < CAP {
+    /// Whether there is room for another entry of `size` bytes, making it when full from the
+    /// entries used longest ago: first those idle for `IDLE`, then for half as long, and so
+    /// on, until an eighth of the room is free.
+    fn make_room(&mut self, now: Instant, size: usize) -> bool {
+        let fits = |m: &Map, slack: usize| {
+            m.entries.len() + slack < CAP && m.bytes + size + slack * (CAP_BYTES / CAP) <= CAP_BYTES
+        };
+        if fits(self, 0) {
             return true;
         }
         if now.duration_since(self.swept) < SWEEP_EVERY {
@@ -151,12 +186,19 @@ impl Map {
         }
         self.swept = now;
         let mut idle = IDLE;
-        while self.entries.len() > CAP - CAP / 8 && idle > Duration::from_millis(10) {
-            self.entries
-                .retain(|_, e| now.duration_since(e.used) < idle);
+        while !fits(self, CAP / 8) && idle > Duration::from_millis(10) {
+            let mut freed = 0;
+            self.entries.retain(|_, e| {
+                let keep = now.duration_since(e.used) < idle;
+                if !keep {
+                    freed += e.value.len();
+                }
+                keep
+            });
+            self.bytes -= freed;
             idle /= 2;
         }
-        self.entries.len() < CAP
+        fits(self, 0)
     }
 }
 
@@ -181,24 +223,47 @@ mod tests {
         assert_eq!(rev(&r, "/a"), None);
         r.wrote("/a", 5, bytes("a5"));
         assert_eq!(r.get("/a"), Some((5, bytes("a5"))));
-        // A change older than what is kept (the feed behind this store's write) is ignored.
+        // The feed reaching this store's own write, and a change older than what is kept.
+        r.changed("/a", 5, Some(b"a5"));
         r.changed("/a", 4, Some(b"a4"));
-        assert_eq!(rev(&r, "/a"), Some(5));
+        assert_eq!(r.get("/a"), Some((5, bytes("a5"))));
         // Another replica's later write, through the feed.
         r.changed("/a", 8, Some(b"a8"));
         assert_eq!(r.get("/a"), Some((8, bytes("a8"))));
         // This store's write answered after the feed brought a later one: the later stays.
         r.wrote("/a", 7, bytes("a7"));
         assert_eq!(rev(&r, "/a"), Some(8));
+        // This store's next write, before the feed reaches it.
+        r.wrote("/a", 10, bytes("a10"));
+        assert_eq!(r.get("/a"), Some((10, bytes("a10"))));
         // A delete by another replica (or an unreadable change).
-        r.changed("/a", 9, None);
-        assert_eq!(r.len(), 0);
-        r.wrote("/b", 2, bytes("b2"));
+        r.changed("/a", 11, None);
+        assert_eq!(rev(&r, "/a"), None);
+        r.wrote("/b", 12, bytes("b12"));
         r.forget("/b");
         assert_eq!(rev(&r, "/b"), None);
-        r.wrote("/c", 2, bytes("c2"));
-        r.clear();
+        r.wrote("/c", 13, bytes("c13"));
+        r.clear(13);
         assert_eq!(r.len(), 0);
+        assert_eq!(r.map().bytes, 0);
+    }
+
+    /// A write answered after the feed passed it and a later delete of its key (another
+    /// replica's, or this store's own delete racing it) is not kept: nothing would follow it.
+    #[test]
+    fn a_write_the_feed_has_passed_is_not_kept() {
+        let r = Recent::default();
+        r.changed("/a", 5, Some(b"a5"));
+        r.changed("/a", 6, None);
+        r.wrote("/a", 5, bytes("a5"));
+        assert_eq!(rev(&r, "/a"), None);
+        // Nor after the feed lost history and started again after revision 9.
+        r.clear(9);
+        r.wrote("/b", 9, bytes("b9"));
+        assert_eq!(rev(&r, "/b"), None);
+        r.wrote("/b", 10, bytes("b10"));
+        assert_eq!(rev(&r, "/b"), Some(10));
+        assert_eq!(r.map().bytes, 3);
     }
 
     #[test]
@@ -237,5 +302,29 @@ mod tests {
         assert_eq!(rev(&r, "/k1"), None);
         assert_eq!(rev(&r, "/k2"), Some(1));
         assert_eq!(r.len(), CAP - CAP / 4 + 1);
+        assert_eq!(r.map().bytes, 2 * (CAP - CAP / 4) + 4);
+    }
+
+    #[test]
+    fn bytes_are_bounded_too() {
+        let r = Recent::default();
+        // Too large a value is not kept, and replacing a kept one by it drops the entry.
+        r.wrote("/big", 1, Arc::from(vec![0u8; MAX_VALUE + 1]));
+        assert_eq!(rev(&r, "/big"), None);
+        r.wrote("/a", 2, bytes("a2"));
+        r.changed("/a", 3, Some(&vec![0u8; MAX_VALUE + 1]));
+        assert_eq!(rev(&r, "/a"), None);
+        // Values of MAX_VALUE fill the byte budget long before the count.
+        let fit = CAP_BYTES / MAX_VALUE;
+        for i in 0..fit + 10 {
+            r.wrote(
+                &format!("/v{i}"),
+                10 + i as Revision,
+                Arc::from(vec![1u8; MAX_VALUE]),
+            );
+        }
+        assert_eq!(r.len(), fit);
+        assert!(r.map().bytes <= CAP_BYTES);
+        assert_eq!(rev(&r, &format!("/v{fit}")), None);
     }
 }

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct EtcdServer {
     child: Child,
+    /// etcd's own pid (the child is the `sh` that runs it).
+    pid: u32,
     pub endpoint: String,
     _dir: tempfile::TempDir,
 }
@@ -22,6 +24,11 @@ impl EtcdServer {
     /// Where the member keeps its data (its write-ahead log and database).
     pub fn data_dir(&self) -> std::path::PathBuf {
         self._dir.path().join("data")
+    }
+
+    /// etcd's process id (for pausing it with SIGSTOP).
+    pub fn pid(&self) -> u32 {
+        self.pid
     }
 }
 
@@ -68,7 +75,7 @@ impl EtcdServer {
             "--log-outputs".into(),
             dir.path().join("etcd.log").display().to_string(),
         ];
-        let mut child = spawn(&args)?;
+        let (mut child, pid) = spawn(&args)?;
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(status) = child.try_wait()? {
@@ -77,6 +84,7 @@ impl EtcdServer {
             if health(client) {
                 return Ok(EtcdServer {
                     child,
+                    pid,
                     endpoint,
                     _dir: dir,
                 });
@@ -91,9 +99,9 @@ impl EtcdServer {
 }
 
 /// Runs etcd under `sh`, which kills it as soon as our end of its stdin closes (we exit or
-/// drop), and prints etcd's own pid first (for `kill -9`).
-fn spawn(args: &[String]) -> anyhow::Result<Child> {
-    Command::new("sh")
+/// drop): the wrapper and etcd's own pid (for `kill -9` and SIGSTOP), which it prints first.
+fn spawn(args: &[String]) -> anyhow::Result<(Child, u32)> {
+    let mut child = Command::new("sh")
         .arg("-c")
         .arg("\"$@\" </dev/null & pid=$!; echo $pid; read _; kill $pid 2>/dev/null; wait $pid")
         .arg("sh")
@@ -108,7 +116,16 @@ fn spawn(args: &[String]) -> anyhow::Result<Child> {
                 "cannot run etcd ({}): {e}; install Debian's etcd-server",
                 etcd_binary()
             )
-        })
+        })?;
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        BufReader::new(out).read_line(&mut line)?;
+    }
+    let pid: u32 = line
+        .trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("etcd's wrapper printed no pid: {line:?}"))?;
+    Ok((child, pid))
 }
 
 fn stderr_of(child: &mut Child) -> String {
@@ -203,16 +220,7 @@ impl EtcdCluster {
                 .display()
                 .to_string(),
         ];
-        let mut child = spawn(&args)?;
-        let mut line = String::new();
-        if let Some(out) = child.stdout.take() {
-            BufReader::new(out).read_line(&mut line)?;
-        }
-        let pid: u32 = line
-            .trim()
-            .parse()
-            .map_err(|_| anyhow::anyhow!("etcd's wrapper printed no pid: {line:?}"))?;
-        self.members[i].running = Some((child, pid));
+        self.members[i].running = Some(spawn(&args)?);
         Ok(())
     }
 

@@ -188,15 +188,39 @@ fn recent_reads_follow_other_replicas() {
     let rev = |o: &orrery_api::Object| o.revision().unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let h = orrery_store_testkit::EtcdHarness::new();
+        let server = std::sync::Arc::new(orrery_store_testkit::etcd::EtcdServer::start().unwrap());
+        let h = orrery_store_testkit::EtcdHarness::shared(server.clone(), "/recent");
         let (a, b) = (h.open().await, h.open().await);
         let key = "/registry/core/configmaps/default/c";
         let made = a.create(key, config(1)).await.unwrap();
         // Its own write, at once, both ways.
         assert_eq!(rev(&a.get_recent(key).await.unwrap()), rev(&made));
         assert_eq!(rev(&a.get_copy(key).await.unwrap()), rev(&made));
-        let updated = a.update(key, config(2), Some(rev(&made))).await.unwrap();
+        // A write is kept when its answer comes before the feed's event of it, which is
+        // nearly always; a few writes make sure of one.
+        let mut updated = made;
+        for n in 2..7 {
+            updated = a.update(key, config(n), Some(rev(&updated))).await.unwrap();
+        }
         assert_eq!(rev(&a.get_recent(key).await.unwrap()), rev(&updated));
+        // Kept: with etcd paused, both reads still answer, from the store's own copy.
+        let signal = |sig: &str| {
+            let ok = std::process::Command::new("kill")
+                .args([sig, &server.pid().to_string()])
+                .status()
+                .unwrap()
+                .success();
+            assert!(ok, "kill {sig}");
+        };
+        signal("-STOP");
+        let during = tokio::time::timeout(std::time::Duration::from_secs(3), async {
+            (a.get_recent(key).await, a.get_copy(key).await)
+        })
+        .await;
+        signal("-CONT");
+        let (recent, copy) = during.expect("the reads answer without etcd");
+        assert_eq!(rev(&recent.unwrap()), rev(&updated));
+        assert_eq!(rev(&copy.unwrap()), rev(&updated));
 
         // The other replica writes: `a` may read its own last write for a moment (a write on
         // it fails as a conflict and writes nothing), then reads the other's.
