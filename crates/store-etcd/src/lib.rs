@@ -750,6 +750,7 @@ impl Store for EtcdStore {
     async fn create(&self, key: &str, mut obj: Object) -> Result<Arc<Object>> {
         let value = encode(&mut obj)?;
         let kept = Arc::<[u8]>::from(value.as_slice());
+        let _writing = self.inner.recent.writing(key);
         let full = self.full(key);
         let resp = self
             .fenced_txn(TxnRequest {
@@ -777,6 +778,7 @@ impl Store for EtcdStore {
     ) -> Result<Arc<Object>> {
         let value = encode(&mut obj)?;
         let kept = Arc::<[u8]>::from(value.as_slice());
+        let _writing = self.inner.recent.writing(key);
         let full = self.full(key);
         // The key must exist in both cases: etcd compares a missing key's mod_revision as 0,
         // so an update expecting revision 0 would otherwise create the object.

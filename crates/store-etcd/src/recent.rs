@@ -13,7 +13,8 @@
 //!
 //! A write is kept only if the feed has not yet passed its revision: then every later change
 //! of the key reaches the entry. One answered after the feed passed it (and perhaps a delete
-//! of its key after it) is not.
+//! of its key after it) is not; the feed itself keeps what it sees of a key while this store
+//! is writing it, so such a write is kept from its own event.
 //!
 //! Values are kept as stored bytes (a fifth of a decoded object) and decoded per read, as
 //! etcd's answer would be. Everything this store writes is kept, and what is not read or
@@ -56,6 +57,9 @@ struct Map {
     /// The highest revision the feed has passed: a write at or below it was passed without an
     /// entry to follow it, and a later change of its key (a delete) may have been too.
     fed: Revision,
+    /// Keys this store is writing now (how many writes): the feed keeps what it sees of them,
+    /// so that a write whose answer comes after its own event is kept all the same.
+    writing: HashMap<String, usize>,
     swept: Instant,
 }
 
@@ -65,6 +69,7 @@ impl Default for Map {
             entries: HashMap::new(),
             bytes: 0,
             fed: 0,
+            writing: HashMap::new(),
             swept: Instant::now(),
         }
     }
@@ -90,6 +95,13 @@ impl Recent {
         let entry = map.entries.get_mut(key)?;
         entry.used = Instant::now();
         Some((entry.revision, entry.value.clone()))
+    }
+
+    /// This store is about to write `key`: until the guard goes, the feed keeps what it sees
+    /// of the key.
+    pub(crate) fn writing<'a>(&'a self, key: &'a str) -> Writing<'a> {
+        *self.map().writing.entry(key.to_string()).or_default() += 1;
+        Writing { recent: self, key }
     }
 
     /// This store wrote `value` at `key` at `revision`. Kept only while the feed has not yet
@@ -128,6 +140,20 @@ impl Recent {
         let mut map = self.map();
         map.fed = map.fed.max(revision);
         let Some(entry) = map.entries.get_mut(key) else {
+            if let Some(v) = value.filter(|v| v.len() <= MAX_VALUE)
+                && map.writing.contains_key(key)
+                && map.make_room(Instant::now(), v.len())
+            {
+                map.bytes += v.len();
+                map.entries.insert(
+                    key.to_string(),
+                    Entry {
+                        value: Arc::from(v),
+                        revision,
+                        used: Instant::now(),
+                    },
+                );
+            }
             return;
         };
         if entry.revision >= revision {
@@ -167,6 +193,24 @@ impl Recent {
     #[cfg(test)]
     fn len(&self) -> usize {
         self.map().entries.len()
+    }
+}
+
+/// A write of a key in progress (see [`Recent::writing`]).
+pub(crate) struct Writing<'a> {
+    recent: &'a Recent,
+    key: &'a str,
+}
+
+impl Drop for Writing<'_> {
+    fn drop(&mut self) {
+        let mut map = self.recent.map();
+        if let Some(n) = map.writing.get_mut(self.key) {
+            *n -= 1;
+            if *n == 0 {
+                map.writing.remove(self.key);
+            }
+        }
     }
 }
 
@@ -264,6 +308,23 @@ mod tests {
         r.wrote("/b", 10, bytes("b10"));
         assert_eq!(rev(&r, "/b"), Some(10));
         assert_eq!(r.map().bytes, 3);
+    }
+
+    /// A write whose answer comes after the feed's event of it is kept from that event.
+    #[test]
+    fn the_feed_keeps_what_is_being_written() {
+        let r = Recent::default();
+        {
+            let _w = r.writing("/a");
+            r.changed("/a", 5, Some(b"a5"));
+            r.wrote("/a", 5, bytes("a5"));
+        }
+        assert_eq!(r.get("/a"), Some((5, bytes("a5"))));
+        // Once written, the key is no longer taken from the feed unless kept.
+        r.forget("/a");
+        r.changed("/a", 6, Some(b"a6"));
+        assert_eq!(rev(&r, "/a"), None);
+        assert!(r.map().writing.is_empty());
     }
 
     #[test]
