@@ -423,6 +423,13 @@ impl EtcdStore {
         self.inner.client.range(req).await.map_err(backend)
     }
 
+    /// The object at `key` as this store keeps it (`recent.rs`), decoded as a read of etcd
+    /// would be.
+    fn kept(&self, key: &str) -> Option<Result<Arc<Object>>> {
+        let (rev, value) = self.inner.recent.get(key)?;
+        Some(decode(key, rev, &value).map(Arc::new))
+    }
+
     /// A write transaction; a refused or unanswered one marks the store degraded.
     async fn write(&self, txn: TxnRequest) -> Result<TxnResponse> {
         match self.client()?.txn(txn).await {
@@ -695,8 +702,8 @@ impl Store for EtcdStore {
     /// cost a failed write (a round of consensus too) before the read that a linearizable one
     /// gives at once.
     async fn get_recent(&self, key: &str) -> Result<Arc<Object>> {
-        if let Some((rev, value)) = self.inner.recent.get(key) {
-            return decode(key, rev, &value).map(Arc::new);
+        if let Some(kept) = self.kept(key) {
+            return kept;
         }
         let resp = self.member_copy(key).await?;
         let known = self
@@ -711,8 +718,8 @@ impl Store for EtcdStore {
     }
 
     async fn get_copy(&self, key: &str) -> Result<Arc<Object>> {
-        if let Some((rev, value)) = self.inner.recent.get(key) {
-            return decode(key, rev, &value).map(Arc::new);
+        if let Some(kept) = self.kept(key) {
+            return kept;
         }
         let resp = self.member_copy(key).await?;
         first(key, &resp).map(Arc::new)

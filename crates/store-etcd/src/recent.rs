@@ -117,68 +117,30 @@ impl Recent {
             }
             return;
         }
-        if let Some(old) = map.entries.remove(key) {
-            map.bytes -= old.value.len();
-        }
-        if value.len() > MAX_VALUE || !map.make_room(now, value.len()) {
-            return;
-        }
-        map.bytes += value.len();
-        map.entries.insert(
-            key.to_string(),
-            Entry {
-                value,
-                revision,
-                used: now,
-            },
-        );
+        map.remove(key);
+        map.insert(key, revision, value, now);
     }
 
     /// The feed passed a change of `key` at `revision`: to `value`, or deleted (or
-    /// unreadable) with `None`. Only kept keys are followed.
+    /// unreadable) with `None`. Only kept keys, and keys this store is writing, are followed.
     pub(crate) fn changed(&self, key: &str, revision: Revision, value: Option<&[u8]>) {
         let mut map = self.map();
         map.fed = map.fed.max(revision);
-        let Some(entry) = map.entries.get_mut(key) else {
-            if let Some(v) = value.filter(|v| v.len() <= MAX_VALUE)
-                && map.writing.contains_key(key)
-                && map.make_room(Instant::now(), v.len())
-            {
-                map.bytes += v.len();
-                map.entries.insert(
-                    key.to_string(),
-                    Entry {
-                        value: Arc::from(v),
-                        revision,
-                        used: Instant::now(),
-                    },
-                );
-            }
-            return;
+        let used = match map.entries.get(key) {
+            Some(entry) if entry.revision >= revision => return,
+            Some(entry) => entry.used,
+            None if map.writing.contains_key(key) => Instant::now(),
+            None => return,
         };
-        if entry.revision >= revision {
-            return;
-        }
-        let old = entry.value.len();
-        match value.filter(|v| v.len() <= MAX_VALUE) {
-            Some(v) => {
-                entry.value = Arc::from(v);
-                entry.revision = revision;
-                map.bytes = map.bytes - old + v.len();
-            }
-            None => {
-                map.entries.remove(key);
-                map.bytes -= old;
-            }
+        map.remove(key);
+        if let Some(v) = value {
+            map.insert(key, revision, Arc::from(v), used);
         }
     }
 
     /// `key` is no longer followed (this store deleted it).
     pub(crate) fn forget(&self, key: &str) {
-        let mut map = self.map();
-        if let Some(old) = map.entries.remove(key) {
-            map.bytes -= old.value.len();
-        }
+        self.map().remove(key);
     }
 
     /// The feed lost history and starts again after `revision`: nothing kept can be trusted
@@ -215,6 +177,28 @@ impl Drop for Writing<'_> {
 }
 
 impl Map {
+    fn remove(&mut self, key: &str) {
+        if let Some(old) = self.entries.remove(key) {
+            self.bytes -= old.value.len();
+        }
+    }
+
+    /// Keeps `value` at `key` if it is small enough and there is room.
+    fn insert(&mut self, key: &str, revision: Revision, value: Arc<[u8]>, used: Instant) {
+        if value.len() > MAX_VALUE || !self.make_room(Instant::now(), value.len()) {
+            return;
+        }
+        self.bytes += value.len();
+        self.entries.insert(
+            key.to_string(),
+            Entry {
+                value,
+                revision,
+                used,
+            },
+        );
+    }
+
     /// Whether there is room for another entry of `size` bytes, making it when full from the
     /// entries used longest ago: first those idle for `IDLE`, then for half as long, and so
     /// on, until an eighth of the room is free.
