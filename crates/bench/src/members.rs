@@ -344,10 +344,14 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         if n >= args.clusters {
             break;
         }
-        anyhow::ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "only {n} clusters Ready after 10 minutes"
-        );
+        if started.elapsed() >= Duration::from_secs(600) {
+            // Say which members are missing and what their Clusters say, so that a run that
+            // misses the deadline tells why (never registered, or declared Unknown).
+            for line in not_ready(&admin, 20).await? {
+                progress(format!("members fleet: not Ready: {line}"));
+            }
+            anyhow::bail!("only {n} clusters Ready after 10 minutes");
+        }
         progress(format!(
             "members fleet: {n}/{} Ready after {:.0} s",
             args.clusters,
@@ -509,6 +513,55 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         "goals": {"server_rss_mib": 1024, "server_cpu_cores": 1.0, "agent_kib_per_cluster": 1024},
     }));
     Ok(())
+}
+
+/// The Clusters not Ready now (at most `limit` of them described, then a count by reason):
+/// each with its Ready condition (or none) and its last heartbeat.
+async fn not_ready(admin: &kube::Client, limit: usize) -> anyhow::Result<Vec<String>> {
+    let clusters = orrery_client::api(admin, &orrery_client::kinds::CLUSTER, None);
+    let mut params = kube::api::ListParams::default().limit(500);
+    let mut out = Vec::new();
+    let mut reasons: std::collections::BTreeMap<String, usize> = Default::default();
+    loop {
+        let page = clusters.list(&params).await?;
+        for o in &page.items {
+            let ready = o
+                .data
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"));
+            if ready.is_some_and(|c| c["status"] == "True") {
+                continue;
+            }
+            let reason = ready.map_or("no Ready condition".to_string(), |c| {
+                format!(
+                    "{} ({})",
+                    c["status"].as_str().unwrap_or("?"),
+                    c["reason"].as_str().unwrap_or("")
+                )
+            });
+            *reasons.entry(reason.clone()).or_default() += 1;
+            if out.len() < limit {
+                out.push(format!(
+                    "{}: {reason} since {}, last heartbeat {}",
+                    o.metadata.name.as_deref().unwrap_or("?"),
+                    ready
+                        .and_then(|c| c["lastTransitionTime"].as_str())
+                        .unwrap_or("-"),
+                    o.data
+                        .pointer("/status/lastHeartbeatTime")
+                        .and_then(Value::as_str)
+                        .unwrap_or("-"),
+                ));
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => break,
+        }
+    }
+    out.extend(reasons.into_iter().map(|(r, k)| format!("{k} with {r}")));
+    Ok(out)
 }
 
 /// Ends a phase of the run: each agent's heartbeat figures since the last phase (then reset),
