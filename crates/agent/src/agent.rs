@@ -179,6 +179,9 @@ struct Inner {
     round_trips: Mutex<std::collections::VecDeque<f64>>,
     /// The nodes last written into the member's ClusterMetrics, and when.
     metrics_sent: Mutex<Option<(Vec<orrery_api::quota::NodeInfo>, Instant)>>,
+    /// When the server last said the member has no ClusterMetrics (it makes them; a fleet
+    /// registering at once waits for thousands): not asked again before `METRICS_MISSING`.
+    metrics_missing: Mutex<Option<Instant>>,
     /// Held by whatever changes the member (a Work applied or removed, a failed apply
     /// retried, held manifests released): their steps await the member, and interleaved, a
     /// retry that read a Work before it was removed would bring its deleted objects back.
@@ -363,6 +366,7 @@ impl Inner {
             urgent: Mutex::new(HashMap::new()),
             round_trips: Mutex::new(std::collections::VecDeque::new()),
             metrics_sent: Mutex::new(None),
+            metrics_missing: Mutex::new(None),
             member: tokio::sync::Mutex::new(()),
             current: std::sync::atomic::AtomicUsize::new(0),
         }
@@ -1921,9 +1925,15 @@ async fn tunnel_loop(inner: &Arc<Inner>, t: &Transport) -> End {
 /// afresh, or edited, on the server).
 const METRICS_REFRESH: Duration = Duration::from_secs(300);
 
+/// How many heartbeat intervals a member whose ClusterMetrics the server has not made yet
+/// waits before writing again (every third beat). Each refused write costs the server a
+/// linearizable read (a 404 is never answered from a copy): at 10,000 members registering
+/// together, tens of thousands of them took over a second each while the objects were made.
+const METRICS_MISSING_BEATS: f64 = 2.5;
+
 /// Writes the member's nodes into its ClusterMetrics when they changed since last written.
-/// Failures wait for the next heartbeat: the object may not be made yet, or the server may
-/// be older than this agent; the session goes on either way.
+/// Failures wait for the next heartbeat (a missing object, for a few): the object may not be
+/// made yet, or the server may be older than this agent; the session goes on either way.
 async fn write_metrics(inner: &Inner, t: &Transport, nodes: Vec<orrery_api::quota::NodeInfo>) {
     {
         let sent = inner.metrics_sent.lock().unwrap_or_else(|p| p.into_inner());
@@ -1934,11 +1944,25 @@ async fn write_metrics(inner: &Inner, t: &Transport, nodes: Vec<orrery_api::quot
             return;
         }
     }
+    let missing = || {
+        inner
+            .metrics_missing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    };
+    let wait = inner.cfg.heartbeat_interval.mul_f64(METRICS_MISSING_BEATS);
+    if missing().is_some_and(|at| at.elapsed() < wait) {
+        return;
+    }
     let status = json!({ "nodes": nodes });
     match t.write_metrics(status).await {
         Ok(()) => {
             *inner.metrics_sent.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some((nodes, Instant::now()));
+        }
+        Err(TransportError::NotRegistered(why)) => {
+            tracing::debug!(cluster = %inner.cfg.cluster, %why, "the server has not made the member's ClusterMetrics yet; writing again in {wait:?}");
+            *missing() = Some(Instant::now());
         }
         Err(e) => {
             tracing::debug!(cluster = %inner.cfg.cluster, error = %e, "writing the member's ClusterMetrics failed; trying again with the next heartbeat");
