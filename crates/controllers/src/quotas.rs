@@ -87,6 +87,24 @@ fn claim_key(name: &str) -> String {
     keys::object(GROUP, CLAIM_PLURAL, None, name)
 }
 
+/// How many members' objects (or claims' statuses) are written at once.
+const AT_ONCE: usize = 16;
+
+/// Runs `f` on every item, [`AT_ONCE`] at a time; the first error once all are done.
+async fn at_once<T, F, Fut>(items: impl IntoIterator<Item = T>, f: F) -> Result<(), StoreError>
+where
+    F: FnMut(T) -> Fut,
+    Fut: std::future::Future<Output = Result<(), StoreError>>,
+{
+    use futures_util::StreamExt;
+    let done: Vec<Result<(), StoreError>> = futures_util::stream::iter(items)
+        .map(f)
+        .buffer_unordered(AT_ONCE)
+        .collect()
+        .await;
+    done.into_iter().collect()
+}
+
 fn metrics_key(name: &str) -> String {
     keys::object(GROUP, METRICS_PLURAL, None, name)
 }
@@ -261,9 +279,13 @@ impl Controller {
             .map(|c| (c.name().to_string(), c))
             .collect();
         self.kueue_policy().await?;
-        for c in clusters.values() {
-            self.ensure(c).await?;
-        }
+        // A few at a time: a fleet registering together must not wait for thousands of
+        // creates one after another (each an etcd commit; at 10,000 members the last were
+        // made minutes late, and their members' metrics refused meanwhile).
+        at_once(clusters.values().cloned(), |c| async move {
+            self.ensure(&c).await
+        })
+        .await?;
         let now = Time::now();
         let mut wake: Option<Duration> = None;
         // Each claim's capacity followed and assignments computed.
@@ -374,11 +396,20 @@ impl Controller {
                 }
             }
         }
-        for p in plans {
-            let outcome = outcomes.remove(p.claim.name());
+        // A few at a time, as the members' objects above: every new member's claim gets a
+        // status, thousands at once while a fleet registers.
+        let work: Vec<(Plan, Option<Outcome>)> = plans
+            .into_iter()
+            .map(|p| {
+                let outcome = outcomes.remove(p.claim.name());
+                (p, outcome)
+            })
+            .collect();
+        at_once(work, |(p, outcome)| async move {
             self.claim_status(&p.claim, p.spec, p.status, outcome, now)
-                .await?;
-        }
+                .await
+        })
+        .await?;
         Ok(wake)
     }
 
