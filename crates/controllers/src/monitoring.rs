@@ -28,6 +28,12 @@ pub struct MonitoringConfig {
     pub raw_retention: Duration,
     /// 5-minute averages older than this go.
     pub average_retention: Duration,
+    /// At most this many bytes of raw samples are kept in the store (the oldest go first),
+    /// whatever their retention: a sample holds every member (about 115 bytes each, 1.2 MB at
+    /// 10,000 members), and six hours of them would be most of etcd's default 2 GiB quota.
+    pub raw_budget: u64,
+    /// The same for the averages.
+    pub average_budget: u64,
     /// Between averages (5 minutes; the API calls their resolution `5m`), and between
     /// prunings.
     pub average_every: Duration,
@@ -41,6 +47,8 @@ impl Default for MonitoringConfig {
             interval: Duration::from_secs(15),
             raw_retention: Duration::from_secs(6 * 3600),
             average_retention: Duration::from_secs(14 * 86400),
+            raw_budget: 128 << 20,
+            average_budget: 384 << 20,
             average_every: Duration::from_secs(300),
             cost_metrics: None,
         }
@@ -276,48 +284,107 @@ impl CostMetrics {
     }
 }
 
-async fn write(store: &dyn Store, prefix: &str, s: &FleetSample) -> Result<(), StoreError> {
+/// Stores a sample under `prefix`; what it was followed in `kept`.
+async fn write(
+    store: &dyn Store,
+    prefix: &str,
+    s: &FleetSample,
+    kept: &mut Kept,
+) -> Result<(), StoreError> {
     let key = series::key(prefix, s.time.unix_seconds());
     let name = key.trim_start_matches(prefix).to_string();
     let mut o = Object::new("internal.orrery.io/v1", "FleetSample").with_name(&name);
     o.metadata.creation_timestamp = Some(s.time);
     o.spec = serde_json::to_value(s).ok();
+    let size = serde_json::to_vec(&o).map_or(0, |v| v.len() as u64);
     match store.create(&key, o).await {
+        Ok(_) => {
+            kept.wrote(key, size);
+            Ok(())
+        }
         // Two samples in one second (a restart): the first stands.
-        Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
+        Err(StoreError::AlreadyExists { .. }) => Ok(()),
         Err(e) => Err(e),
     }
 }
 
-/// Deletes records under `prefix` older than `keep`.
-async fn prune(store: &dyn Store, prefix: &str, keep: Duration) -> Result<usize, StoreError> {
-    let cutoff = series::key(prefix, Time::now().unix_seconds() - keep.as_secs() as i64);
-    let mut gone = 0;
-    loop {
-        let page = store
-            .list(prefix, &ListOptions::default().with_limit(500))
-            .await?;
-        let old: Vec<&Object> = page
-            .items
-            .iter()
-            .filter(|o| format!("{prefix}{}", o.name()) < cutoff)
-            .collect();
-        if old.is_empty() {
-            return Ok(gone);
-        }
-        for o in &old {
-            match store
-                .delete(&format!("{prefix}{}", o.name()), &Default::default())
-                .await
-            {
-                Ok(_) | Err(StoreError::NotFound { .. }) => gone += 1,
-                Err(e) => return Err(e),
-            }
-        }
-        if old.len() < page.items.len() {
-            return Ok(gone);
+/// The records of one series in the store, oldest first, with their sizes: listed once
+/// (names and sizes only, in small pages: a record can be over a megabyte), then followed
+/// by what this controller writes and deletes.
+#[derive(Default)]
+struct Kept {
+    records: Option<BTreeMap<String, u64>>,
+}
+
+impl Kept {
+    fn wrote(&mut self, key: String, size: u64) {
+        // Not listed yet: the listing finds it.
+        if let Some(r) = &mut self.records {
+            r.insert(key, size);
         }
     }
+
+    async fn records(
+        &mut self,
+        store: &dyn Store,
+        prefix: &str,
+    ) -> Result<&mut BTreeMap<String, u64>, StoreError> {
+        #[derive(serde::Deserialize)]
+        struct Named {
+            metadata: Meta,
+        }
+        #[derive(serde::Deserialize)]
+        struct Meta {
+            name: String,
+        }
+        if self.records.is_none() {
+            let mut found = BTreeMap::new();
+            let mut opts = ListOptions::default().with_limit(16);
+            loop {
+                let page = store.list_raw(prefix, &opts).await?;
+                for r in &page.items {
+                    // Only the name is decoded, the rest skipped.
+                    if let Ok(n) = serde_json::from_slice::<Named>(&r.json) {
+                        found.insert(format!("{prefix}{}", n.metadata.name), r.json.len() as u64);
+                    }
+                }
+                match page.continue_token.filter(|t| !t.is_empty()) {
+                    Some(t) => opts = opts.with_continue(t),
+                    None => break,
+                }
+            }
+            self.records = Some(found);
+        }
+        Ok(self.records.get_or_insert_with(BTreeMap::new))
+    }
+}
+
+/// Deletes records under `prefix` older than `keep`, and the oldest of those beyond
+/// `budget` bytes.
+async fn prune(
+    store: &dyn Store,
+    prefix: &str,
+    keep: Duration,
+    budget: u64,
+    kept: &mut Kept,
+) -> Result<usize, StoreError> {
+    let cutoff = series::key(prefix, Time::now().unix_seconds() - keep.as_secs() as i64);
+    let records = kept.records(store, prefix).await?;
+    let mut total: u64 = records.values().sum();
+    let mut gone = 0;
+    while let Some((key, size)) = records.first_key_value().map(|(k, v)| (k.clone(), *v)) {
+        if key >= cutoff && total <= budget {
+            break;
+        }
+        match store.delete(&key, &Default::default()).await {
+            Ok(_) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        records.remove(&key);
+        total = total.saturating_sub(size);
+        gone += 1;
+    }
+    Ok(gone)
 }
 
 /// Samples the fleet until shutdown.
@@ -360,6 +427,7 @@ pub async fn run(
     // The cost last written (none yet: written at the first sample).
     let mut last_cost: Option<series::FleetCost> = None;
     let mut last_average = tokio::time::Instant::now();
+    let (mut raw_kept, mut average_kept) = (Kept::default(), Kept::default());
     loop {
         tokio::select! {
             _ = shutdown.changed() => return,
@@ -416,7 +484,7 @@ pub async fn run(
                         Err(e) => tracing::warn!(error = %e, "writing the fleet's cost"),
                     }
                 }
-                if let Err(e) = write(store.as_ref(), series::RAW_PREFIX, &s).await {
+                if let Err(e) = write(store.as_ref(), series::RAW_PREFIX, &s, &mut raw_kept).await {
                     tracing::warn!(error = %e, "writing a monitoring sample");
                 }
                 hand(&s, false);
@@ -425,16 +493,16 @@ pub async fn run(
                     last_average = tokio::time::Instant::now();
                     if let Some(mut avg) = series::average(&std::mem::take(&mut since_average)) {
                         annotate(&mut avg, true);
-                        if let Err(e) = write(store.as_ref(), series::AVERAGE_PREFIX, &avg).await {
+                        if let Err(e) = write(store.as_ref(), series::AVERAGE_PREFIX, &avg, &mut average_kept).await {
                             tracing::warn!(error = %e, "writing a monitoring average");
                         }
                         hand(&avg, true);
                     }
-                    for (prefix, keep) in [
-                        (series::RAW_PREFIX, cfg.raw_retention),
-                        (series::AVERAGE_PREFIX, cfg.average_retention),
+                    for (prefix, keep, budget, kept) in [
+                        (series::RAW_PREFIX, cfg.raw_retention, cfg.raw_budget, &mut raw_kept),
+                        (series::AVERAGE_PREFIX, cfg.average_retention, cfg.average_budget, &mut average_kept),
                     ] {
-                        match prune(store.as_ref(), prefix, keep).await {
+                        match prune(store.as_ref(), prefix, keep, budget, kept).await {
                             Ok(n) if n > 0 => tracing::debug!(prefix, removed = n, "monitoring records pruned"),
                             Ok(_) => {}
                             Err(e) => tracing::warn!(error = %e, "pruning monitoring records"),
@@ -483,16 +551,27 @@ mod tests {
         let now = Time::now().unix_seconds();
         // Left by an earlier run: one raw sample past its retention, one within it, and an
         // average past its own.
-        write(store.as_ref(), series::RAW_PREFIX, &sample(0.9, now - 7200))
-            .await
-            .unwrap();
-        write(store.as_ref(), series::RAW_PREFIX, &sample(0.8, now - 600))
-            .await
-            .unwrap();
+        write(
+            store.as_ref(),
+            series::RAW_PREFIX,
+            &sample(0.9, now - 7200),
+            &mut Kept::default(),
+        )
+        .await
+        .unwrap();
+        write(
+            store.as_ref(),
+            series::RAW_PREFIX,
+            &sample(0.8, now - 600),
+            &mut Kept::default(),
+        )
+        .await
+        .unwrap();
         write(
             store.as_ref(),
             series::AVERAGE_PREFIX,
             &sample(0.7, now - 30 * 86400),
+            &mut Kept::default(),
         )
         .await
         .unwrap();
@@ -510,7 +589,7 @@ mod tests {
             raw_retention: Duration::from_secs(3600),
             average_retention: Duration::from_secs(14 * 86400),
             average_every: Duration::from_millis(1500),
-            cost_metrics: None,
+            ..Default::default()
         };
         let (stop, stopped) = watch::channel(false);
         let task = tokio::spawn(run(store.clone(), cfg, None, stopped));
@@ -545,6 +624,84 @@ mod tests {
             raw.iter().filter(|(t, l)| *t >= now && *l == 0.25).count() >= 2,
             "samples are taken every interval: {raw:?}"
         );
+    }
+
+    /// Records beyond the byte budget go, oldest first, even within their retention; the
+    /// budget is of what is stored before this controller ran (listed) and what it wrote.
+    #[tokio::test]
+    async fn records_beyond_the_budget_go_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(orrery_store_sqlite::SqliteStore::open_dir(dir.path()).unwrap());
+        let now = Time::now().unix_seconds();
+        let hour = Duration::from_secs(3600);
+        // Five samples of an earlier run, a minute apart, all within the retention.
+        for i in 0..5 {
+            let s = sample(0.1 * (i + 1) as f64, now - 300 + 60 * i);
+            write(store.as_ref(), series::RAW_PREFIX, &s, &mut Kept::default())
+                .await
+                .unwrap();
+        }
+        let mut kept = Kept::default();
+        assert_eq!(
+            prune(
+                store.as_ref(),
+                series::RAW_PREFIX,
+                hour,
+                u64::MAX,
+                &mut kept
+            )
+            .await
+            .unwrap(),
+            0,
+            "within the retention and the budget"
+        );
+        let sizes: Vec<u64> = kept.records.as_ref().unwrap().values().copied().collect();
+        assert_eq!(sizes.len(), 5, "listed: {sizes:?}");
+        // Room for the newest two and this run's own sample.
+        write(
+            store.as_ref(),
+            series::RAW_PREFIX,
+            &sample(0.9, now),
+            &mut kept,
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            kept.records.as_ref().unwrap().len(),
+            6,
+            "its own write followed"
+        );
+        let budget = sizes[3] + sizes[4] + sizes[4] + sizes[4] / 2;
+        let gone = prune(store.as_ref(), series::RAW_PREFIX, hour, budget, &mut kept)
+            .await
+            .unwrap();
+        assert_eq!(gone, 3);
+        let left: Vec<f64> = levels(store.as_ref(), series::RAW_PREFIX)
+            .await
+            .into_iter()
+            .map(|(_, l)| l)
+            .collect();
+        assert_eq!(left, vec![0.4, 0.5, 0.9], "the oldest went");
+        assert_eq!(kept.records.as_ref().unwrap().len(), 3);
+        // Within the budget now; the retention still applies.
+        assert_eq!(
+            prune(store.as_ref(), series::RAW_PREFIX, hour, budget, &mut kept)
+                .await
+                .unwrap(),
+            0
+        );
+        let gone = prune(
+            store.as_ref(),
+            series::RAW_PREFIX,
+            Duration::from_secs(30),
+            budget,
+            &mut kept,
+        )
+        .await
+        .unwrap();
+        assert_eq!(gone, 2, "past a retention of 30 s");
+        assert_eq!(levels(store.as_ref(), series::RAW_PREFIX).await.len(), 1);
     }
 
     fn binding(name: &str, generation: i64, clusters: serde_json::Value) -> Object {
