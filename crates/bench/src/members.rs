@@ -416,7 +416,10 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     }
     let works: Api<DynamicObject> = orrery_client::api(&admin, &orrery_client::kinds::WORK, None);
     let mut available = 0;
-    while t0.elapsed() < Duration::from_secs(args.steady_secs.max(120)) {
+    // The Works get their own time once created: at 10,000 members creating them takes
+    // longer than this wait, which then never looked.
+    let created = Instant::now();
+    while created.elapsed() < Duration::from_secs(args.steady_secs.max(120)) {
         available = works
             .list(&Default::default())
             .await?
