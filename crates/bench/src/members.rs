@@ -374,10 +374,13 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     ));
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let throttled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let existing = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let existing_unasked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..16 {
         let (c, next, total) = (admin.clone(), next.clone(), args.clusters);
         let throttled = throttled.clone();
+        let (existing, existing_unasked) = (existing.clone(), existing_unasked.clone());
         tasks.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -397,13 +400,25 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
                     ]}}});
                 // As a client should: told to wait (429, 503), it waits and tries again.
                 let body = serde_json::to_vec(&work).unwrap_or_default();
+                let mut told_to_wait = false;
                 loop {
                     let path = format!("/apis/multicluster.io/v1alpha1/namespaces/{ns}/works");
                     match c.request_text(request("POST", &path, "application/json", body.clone())).await {
                         Ok(_) => break,
                         Err(kube::Error::Api(e)) if e.code == 429 || e.code == 503 => {
                             throttled.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            told_to_wait = true;
                             tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                        // Already there: a 503 for a write that outlasted the server's limit
+                        // does not say the write did not happen (its commit may land after).
+                        // Counted apart, and whether an answer had told it to wait.
+                        Err(kube::Error::Api(e)) if e.code == 409 => {
+                            existing.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if !told_to_wait {
+                                existing_unasked.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                            break;
                         }
                         Err(e) => return Err(e),
                     }
@@ -497,6 +512,9 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         "ready_at_end": still_ready,
         "works_available": available,
         "work_creates_told_to_wait": throttled.load(std::sync::atomic::Ordering::Relaxed),
+        // Creates answered 409 (the Work was there): after a 429/503, and without one before.
+        "work_creates_found_existing": existing.load(std::sync::atomic::Ordering::Relaxed),
+        "work_creates_found_existing_unasked": existing_unasked.load(std::sync::atomic::Ordering::Relaxed),
         "seconds_to_works_available": round(works_available_after, 1),
         "server_cpu_cores": first(&per_server, "cpu_cores"),
         "server_rss_mib": first(&per_server, "rss_mib"),
