@@ -438,23 +438,14 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         // In pages, and every 10 s: at 10,000 members a whole list every 2 s was load of its
         // own on the replica serving it, in the window being measured.
         available = 0;
-        let mut params = kube::api::ListParams::default().limit(500);
-        loop {
-            let page = works.list(&params).await?;
-            available += page
-                .items
-                .iter()
-                .filter(|w| {
-                    w.data
-                        .pointer("/status/conditions")
-                        .is_some_and(|c| c.to_string().contains("AllHealthy"))
-                })
-                .count();
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(token) => params = params.continue_token(&token),
-                None => break,
-            }
-        }
+        orrery_client::for_each(&works, |w| {
+            let healthy = w
+                .data
+                .pointer("/status/conditions")
+                .is_some_and(|c| c.to_string().contains("AllHealthy"));
+            available += usize::from(healthy);
+        })
+        .await?;
         if available >= args.clusters {
             break;
         }
@@ -549,47 +540,40 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
 /// each with its Ready condition (or none) and its last heartbeat.
 async fn not_ready(admin: &kube::Client, limit: usize) -> anyhow::Result<Vec<String>> {
     let clusters = orrery_client::api(admin, &orrery_client::kinds::CLUSTER, None);
-    let mut params = kube::api::ListParams::default().limit(500);
     let mut out = Vec::new();
     let mut reasons: std::collections::BTreeMap<String, usize> = Default::default();
-    loop {
-        let page = clusters.list(&params).await?;
-        for o in &page.items {
-            let ready = o
-                .data
-                .pointer("/status/conditions")
-                .and_then(Value::as_array)
-                .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"));
-            if ready.is_some_and(|c| c["status"] == "True") {
-                continue;
-            }
-            let reason = ready.map_or("no Ready condition".to_string(), |c| {
-                format!(
-                    "{} ({})",
-                    c["status"].as_str().unwrap_or("?"),
-                    c["reason"].as_str().unwrap_or("")
-                )
-            });
-            *reasons.entry(reason.clone()).or_default() += 1;
-            if out.len() < limit {
-                out.push(format!(
-                    "{}: {reason} since {}, last heartbeat {}",
-                    o.metadata.name.as_deref().unwrap_or("?"),
-                    ready
-                        .and_then(|c| c["lastTransitionTime"].as_str())
-                        .unwrap_or("-"),
-                    o.data
-                        .pointer("/status/lastHeartbeatTime")
-                        .and_then(Value::as_str)
-                        .unwrap_or("-"),
-                ));
-            }
+    orrery_client::for_each(&clusters, |o| {
+        let ready = o
+            .data
+            .pointer("/status/conditions")
+            .and_then(Value::as_array)
+            .and_then(|cs| cs.iter().find(|c| c["type"] == "Ready"));
+        if ready.is_some_and(|c| c["status"] == "True") {
+            return;
         }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => break,
+        let reason = ready.map_or("no Ready condition".to_string(), |c| {
+            format!(
+                "{} ({})",
+                c["status"].as_str().unwrap_or("?"),
+                c["reason"].as_str().unwrap_or("")
+            )
+        });
+        *reasons.entry(reason.clone()).or_default() += 1;
+        if out.len() < limit {
+            out.push(format!(
+                "{}: {reason} since {}, last heartbeat {}",
+                o.metadata.name.as_deref().unwrap_or("?"),
+                ready
+                    .and_then(|c| c["lastTransitionTime"].as_str())
+                    .unwrap_or("-"),
+                o.data
+                    .pointer("/status/lastHeartbeatTime")
+                    .and_then(Value::as_str)
+                    .unwrap_or("-"),
+            ));
         }
-    }
+    })
+    .await?;
     out.extend(reasons.into_iter().map(|(r, k)| format!("{k} with {r}")));
     Ok(out)
 }

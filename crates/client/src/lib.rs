@@ -195,33 +195,39 @@ pub fn api(client: &Client, kind: &Kind, namespace: Option<&str>) -> Api<Dynamic
     }
 }
 
-/// How many Clusters are Ready now.
-pub async fn ready_clusters(client: &Client) -> Result<usize, ClientError> {
-    // In pages of 500, as kubectl reads: a fleet of thousands is never held whole, here or
-    // in the server.
-    let clusters = api(client, &kinds::CLUSTER, None);
+/// Calls `f` on every object of `api`, read in pages of 500 as kubectl reads: a fleet of
+/// thousands is never held whole, here or in the server.
+pub async fn for_each(
+    api: &Api<DynamicObject>,
+    mut f: impl FnMut(&DynamicObject),
+) -> Result<(), ClientError> {
     let mut params = kube::api::ListParams::default().limit(500);
-    let mut ready = 0;
     loop {
-        let page = clusters.list(&params).await?;
-        ready += page
-            .items
-            .iter()
-            .filter(|o| {
-                o.data
-                    .pointer("/status/conditions")
-                    .and_then(serde_json::Value::as_array)
-                    .is_some_and(|cs| {
-                        cs.iter()
-                            .any(|c| c["type"] == "Ready" && c["status"] == "True")
-                    })
-            })
-            .count();
+        let page = api.list(&params).await?;
+        page.items.iter().for_each(&mut f);
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(token) => params = params.continue_token(&token),
-            None => return Ok(ready),
+            None => return Ok(()),
         }
     }
+}
+
+/// How many Clusters are Ready now.
+pub async fn ready_clusters(client: &Client) -> Result<usize, ClientError> {
+    let mut ready = 0;
+    for_each(&api(client, &kinds::CLUSTER, None), |o| {
+        let is_ready = o
+            .data
+            .pointer("/status/conditions")
+            .and_then(serde_json::Value::as_array)
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True")
+            });
+        ready += usize::from(is_ready);
+    })
+    .await?;
+    Ok(ready)
 }
 
 #[cfg(test)]
