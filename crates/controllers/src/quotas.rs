@@ -16,11 +16,11 @@
 //! differs from what is stored, and Events are told only with a write, so a restart writes
 //! nothing.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use orrery_api::cluster::ClusterStatus;
+use orrery_api::cluster::{ClusterStatus, ResourceList};
 use orrery_api::conditions::{self, Condition};
 use orrery_api::quantity::Quantity;
 use orrery_api::quota::{
@@ -30,6 +30,7 @@ use orrery_api::quota::{
 use orrery_api::{Object, OwnerReference, Time, keys};
 use orrery_store::stamp::new_object;
 use orrery_store::{Store, StoreError};
+use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -121,9 +122,79 @@ struct Controller {
     store: Arc<dyn Store>,
     settings: Settings,
     clusters: Arc<Cache>,
-    metrics: Arc<Cache>,
     claims: Arc<Cache>,
     queues: Arc<Cache>,
+    capacities: Capacities,
+}
+
+/// Each member's nominal capacity from its reported nodes (`None`: no node reported), as of
+/// the last ClusterMetrics event seen: which members have a ClusterMetrics, and all that is
+/// read of them. Every heartbeat rewrites the usage in a member's ClusterMetrics; only a
+/// change of capacity calls for a round, and a round reads capacities from here rather than
+/// decoding every member's nodes again (at 3,000 members that decoding, a round after every
+/// burst of heartbeats, was half the leader's CPU while Works rolled out). The objects are
+/// not kept: a member's nodes, decoded, are tens of KiB (the largest share of the leader's
+/// memory at 10,000 members).
+#[derive(Default)]
+struct Capacities(Mutex<HashMap<String, Option<ResourceList>>>);
+
+impl Capacities {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<ResourceList>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Follows a ClusterMetrics event; whether a member's capacity changed with it.
+    fn seen(&self, event: &Event) -> bool {
+        let mut caps = self.map();
+        match event {
+            Event::Listed(items) => {
+                *caps = items
+                    .iter()
+                    .map(|m| (m.name().to_string(), node_capacity(m)))
+                    .collect();
+                true
+            }
+            Event::Upsert(m) => {
+                let cap = node_capacity(m);
+                caps.insert(m.name().to_string(), cap.clone()).as_ref() != Some(&cap)
+            }
+            Event::Delete(m) => caps.remove(m.name()).is_some(),
+        }
+    }
+
+    /// A ClusterMetrics this controller made: known at once, so that the next round does not
+    /// make it again before its event comes (an entry from an event is newer, and kept).
+    fn created(&self, metrics: &Object) {
+        self.map()
+            .entry(metrics.name().to_string())
+            .or_insert_with(|| node_capacity(metrics));
+    }
+
+    /// The member's capacity from its nodes: `None` when it has no ClusterMetrics (none seen),
+    /// `Some(None)` when it reports no node.
+    fn get(&self, member: &str) -> Option<Option<ResourceList>> {
+        self.map().get(member).cloned()
+    }
+
+    /// Whether the member reported nodes (its capacity is then theirs, not its Cluster's).
+    fn has_nodes(&self, member: &str) -> bool {
+        self.map().get(member).is_some_and(Option::is_some)
+    }
+}
+
+/// A ClusterMetrics' nominal capacity from its nodes; `None` when it reports none.
+fn node_capacity(metrics: &Object) -> Option<ResourceList> {
+    let status = MetricsStatus::deserialize(metrics.status.as_ref()?).ok()?;
+    (!status.nodes.is_empty()).then(|| quota::nominal_of(&status.allocatable()))
+}
+
+/// A claim's status as stored (default when absent or unreadable), read in place.
+fn claim_status_of(claim: &Object) -> ClaimStatus {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| ClaimStatus::deserialize(s).ok())
+        .unwrap_or_default()
 }
 
 /// One claim in a round: its spec (or why it does not count: invalid, or its cluster is not a
@@ -151,15 +222,9 @@ struct Outcome {
 
 impl Controller {
     /// The member's capacity now: its nodes as reported, else its Cluster's summary.
-    fn capacity(&self, cluster: &Object) -> orrery_api::cluster::ResourceList {
-        let nodes = self
-            .metrics
-            .get("", cluster.name())
-            .and_then(|m| m.status.clone())
-            .and_then(|s| serde_json::from_value::<MetricsStatus>(s).ok())
-            .filter(|m| !m.nodes.is_empty());
-        match nodes {
-            Some(m) => quota::nominal_of(&m.allocatable()),
+    fn capacity(&self, cluster: &Object) -> ResourceList {
+        match self.capacities.get(cluster.name()).flatten() {
+            Some(n) => n,
             None => quota::nominal_of(
                 &ClusterStatus::of(cluster)
                     .resource_summary
@@ -227,14 +292,16 @@ impl Controller {
 
     /// Creates what a member lacks: its ClusterMetrics, and its claim once its capacity is known.
     async fn ensure(&self, cluster: &Object) -> Result<(), StoreError> {
-        if self.metrics.get("", cluster.name()).is_none() {
+        if self.capacities.get(cluster.name()).is_none() {
             let mut m = new_object(API_VERSION, METRICS_KIND, None, cluster.name());
             m.metadata.owner_references = vec![OwnerReference::controller_of(cluster)];
             m.spec = Some(json!({}));
-            self.created(
-                &self.metrics,
-                self.store.create(&metrics_key(cluster.name()), m).await,
-            )?;
+            match self.store.create(&metrics_key(cluster.name()), m).await {
+                Ok(o) => self.capacities.created(&o),
+                // Someone made it first, or its Cluster is going: the events bring it.
+                Err(StoreError::AlreadyExists { .. }) | Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
         }
         let name = quota::claim_name(cluster.name());
         if self.claims.get("", &name).is_none() {
@@ -291,11 +358,7 @@ impl Controller {
         // Each claim's capacity followed and assignments computed.
         let mut plans: Vec<Plan> = Vec::new();
         for claim in self.claims.list().into_iter().filter(|c| live(c)) {
-            let mut st: ClaimStatus = claim
-                .status
-                .clone()
-                .and_then(|s| serde_json::from_value(s).ok())
-                .unwrap_or_default();
+            let mut st = claim_status_of(&claim);
             let spec = match ClaimSpec::parse(claim.spec.as_ref()) {
                 Ok(s) => s,
                 Err(errs) => {
@@ -499,11 +562,7 @@ impl Controller {
         outcome: Option<Outcome>,
         now: Time,
     ) -> Result<(), StoreError> {
-        let old: ClaimStatus = claim
-            .status
-            .clone()
-            .and_then(|s| serde_json::from_value(s).ok())
-            .unwrap_or_default();
+        let old = claim_status_of(claim);
         let outcome = outcome.unwrap_or_default();
         let cond = match &spec {
             Err(why) => Condition::new(CONDITION_APPLIED, conditions::FALSE, "Invalid", why.clone()),
@@ -603,21 +662,25 @@ fn list(l: &orrery_api::cluster::ResourceList) -> String {
 /// Runs the controller until shutdown.
 pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch::Receiver<bool>) {
     let cache = || Arc::new(Cache::new(&[]));
-    let (clusters, metrics, claims, queues) = (cache(), cache(), cache(), cache());
+    let (clusters, claims, queues) = (cache(), cache(), cache());
     let follow = |prefix: String, c: &Arc<Cache>| {
         reflector::spawn_cached(store.clone(), prefix, Some(c.clone()), shutdown.clone())
     };
     let mut cluster_events = follow(keys::well_known::clusters(), &clusters);
-    let mut metric_events = follow(keys::prefix(GROUP, METRICS_PLURAL, None), &metrics);
+    let mut metric_events = reflector::spawn(
+        store.clone(),
+        keys::prefix(GROUP, METRICS_PLURAL, None),
+        shutdown.clone(),
+    );
     let mut claim_events = follow(keys::prefix(GROUP, CLAIM_PLURAL, None), &claims);
     let mut queue_events = follow(keys::prefix(KUEUE_GROUP, QUEUE_PLURAL, None), &queues);
     let c = Controller {
         store,
         settings,
         clusters,
-        metrics,
         claims,
         queues,
+        capacities: Capacities::default(),
     };
     let mut listed = BTreeSet::new();
     // When the next round is due: soon after a change (events come in bursts, every member's
@@ -643,6 +706,16 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         };
         match ev {
             Some((_, None)) => return,
+            Some(("metrics", Some(e))) => {
+                if let Event::Listed(_) = e {
+                    listed.insert("metrics");
+                }
+                // A member's usage changes at every heartbeat; a round is for its capacity.
+                if c.capacities.seen(&e) {
+                    mark(&mut due);
+                }
+                continue;
+            }
             Some((source, Some(Event::Listed(_)))) => {
                 listed.insert(source);
                 mark(&mut due);
@@ -654,9 +727,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
                 let matters = source != "clusters"
                     || !live(&o)
                     || c.claims.get("", &quota::claim_name(o.name())).is_none()
-                    || c.metrics
-                        .get("", o.name())
-                        .is_none_or(|m| m.status.as_ref().is_none_or(|s| s.get("nodes").is_none()));
+                    || !c.capacities.has_nodes(o.name());
                 if matters {
                     mark(&mut due);
                 }
@@ -681,5 +752,95 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
                 due = Some(tokio::time::Instant::now() + Duration::from_secs(1));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metrics(name: &str, nodes: &[(&str, &str, bool)]) -> Arc<Object> {
+        let mut m = new_object(API_VERSION, METRICS_KIND, None, name);
+        let nodes: Vec<Value> = nodes
+            .iter()
+            .map(|(cpu, used, unschedulable)| {
+                json!({"allocatableResources": {"cpu": cpu, "memory": "8Gi"},
+                       "allocatedResourceRequests": {"cpu": used},
+                       "unschedulable": unschedulable})
+            })
+            .collect();
+        if !nodes.is_empty() {
+            m.status = Some(json!({ "nodes": nodes }));
+        }
+        Arc::new(m)
+    }
+
+    #[test]
+    fn only_a_change_of_capacity_calls_for_a_round() {
+        let caps = Capacities::default();
+        let listed = vec![metrics("a", &[]), metrics("b", &[("4", "1", false)])];
+        assert!(caps.seen(&Event::Listed(listed)), "a listing");
+        assert_eq!(caps.get("a"), Some(None), "no node reported");
+        assert!(!caps.has_nodes("a"));
+        assert!(caps.has_nodes("b"));
+        assert_eq!(caps.get("c"), None, "never seen");
+        // (event, whether a round is called for, b's cpu afterwards)
+        let table: Vec<(Event, bool, Option<&str>)> = vec![
+            // Usage moved, capacity did not: every heartbeat.
+            (
+                Event::Upsert(metrics("b", &[("4", "3", false)])),
+                false,
+                Some("4"),
+            ),
+            (
+                Event::Upsert(metrics("b", &[("4", "2", false)])),
+                false,
+                Some("4"),
+            ),
+            // A node more.
+            (
+                Event::Upsert(metrics("b", &[("4", "2", false), ("2", "0", false)])),
+                true,
+                Some("6"),
+            ),
+            // A node cordoned: it gives nothing.
+            (
+                Event::Upsert(metrics("b", &[("4", "2", false), ("2", "0", true)])),
+                true,
+                Some("4"),
+            ),
+            (
+                Event::Upsert(metrics("b", &[("4", "1", false), ("2", "0", true)])),
+                false,
+                Some("4"),
+            ),
+            // A member's first nodes.
+            (
+                Event::Upsert(metrics("a", &[("8", "0", false)])),
+                true,
+                Some("4"),
+            ),
+            // A new member's empty ClusterMetrics.
+            (Event::Upsert(metrics("c", &[])), true, Some("4")),
+            (Event::Delete(metrics("b", &[])), true, None),
+            // Gone already.
+            (Event::Delete(metrics("b", &[])), false, None),
+        ];
+        for (i, (event, round, cpu)) in table.into_iter().enumerate() {
+            assert_eq!(caps.seen(&event), round, "row {i}");
+            let b = caps.get("b").flatten();
+            assert_eq!(
+                b.as_ref().and_then(|l| l.get("cpu")).map(|q| q.to_string()),
+                cpu.map(str::to_string),
+                "row {i}"
+            );
+        }
+        assert!(caps.has_nodes("a"));
+        assert_eq!(caps.get("c"), Some(None));
+        // One this controller made is known at once; an event's word is newer and kept.
+        caps.created(&metrics("d", &[]));
+        assert_eq!(caps.get("d"), Some(None));
+        caps.created(&metrics("a", &[]));
+        assert!(caps.has_nodes("a"), "made earlier, reported since");
     }
 }
