@@ -174,7 +174,8 @@ fn same_conditions(a: &Value, b: &Value) -> bool {
 
 /// Profiles as last read or written, by cluster: a Cluster changes with every heartbeat, its
 /// profile rarely, so most events are settled without touching the store.
-type Known = HashMap<String, Object>;
+/// The profiles as last read or written, shared rather than copied (one per member).
+type Known = HashMap<String, Arc<Object>>;
 
 async fn sync_one(
     store: &dyn Store,
@@ -186,15 +187,15 @@ async fn sync_one(
     let current = match known.get(c.name()) {
         Some(o) => Some(o.clone()),
         None => match store.get(&key).await {
-            Ok(o) => Some(o),
+            Ok(o) => Some(Arc::new(o)),
             Err(StoreError::NotFound { .. }) => None,
             Err(e) => return Err(e),
         },
     };
-    let (labels, spec, status) = profile_of(c, current.as_ref(), access);
+    let (labels, spec, status) = profile_of(c, current.as_deref(), access);
     match current {
         Some(cur) => {
-            let cur_status = cur.status.clone().unwrap_or(Value::Null);
+            let cur_status = cur.status.as_ref().unwrap_or(&Value::Null);
             let unchanged = cur.spec.as_ref() == Some(&spec)
                 && cur_status.get("version") == status.get("version")
                 && cur_status.get("properties") == status.get("properties")
@@ -207,12 +208,12 @@ async fn sync_one(
                 known.insert(c.name().to_string(), cur);
                 return Ok(());
             }
-            let mut next = cur.clone();
+            let mut next = (*cur).clone();
             next.spec = Some(spec);
             next.status = Some(status);
             match store.update(&key, next, cur.revision()).await {
                 Ok(stored) => {
-                    known.insert(c.name().to_string(), (*stored).clone());
+                    known.insert(c.name().to_string(), stored);
                     Ok(())
                 }
                 // Changed by someone else: read it afresh next time.
@@ -236,7 +237,7 @@ async fn sync_one(
             p.status = Some(status);
             match store.create(&key, p).await {
                 Ok(stored) => {
-                    known.insert(c.name().to_string(), (*stored).clone());
+                    known.insert(c.name().to_string(), stored);
                     Ok(())
                 }
                 Err(StoreError::AlreadyExists { .. }) => {
@@ -313,7 +314,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, shutdown: watch::Rec
                         p.labels().get(MANAGER_LABEL).map(String::as_str) == Some(MANAGER)
                     }) {
                         if names.contains(p.name()) {
-                            known.insert(p.name().to_string(), p.clone());
+                            known.insert(p.name().to_string(), Arc::new(p.clone()));
                         } else {
                             remove(store.as_ref(), p.name()).await;
                         }
