@@ -129,8 +129,8 @@ struct Controller {
 
 /// Each member's nominal capacity from its reported nodes (`None`: no node reported), as of
 /// the last ClusterMetrics event seen: which members have a ClusterMetrics, and all that is
-/// read of them. Every heartbeat rewrites the usage in a member's ClusterMetrics; only a
-/// change of capacity calls for a round, and a round reads capacities from here rather than
+/// read of them. A member's ClusterMetrics changes with its nodes' usage (under a moving load,
+/// at every heartbeat); only a change of capacity calls for a round, and a round reads capacities from here rather than
 /// decoding every member's nodes again (at 3,000 members that decoding, a round after every
 /// burst of heartbeats, was half the leader's CPU while Works rolled out). The objects are
 /// not kept: a member's nodes, decoded, are tens of KiB (the largest share of the leader's
@@ -710,7 +710,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
                 if let Event::Listed(_) = e {
                     listed.insert("metrics");
                 }
-                // A member's usage changes at every heartbeat; a round is for its capacity.
+                // A member's usage may change at every heartbeat; a round is for its capacity.
                 if c.capacities.seen(&e) {
                     mark(&mut due);
                 }
