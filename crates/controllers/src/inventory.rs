@@ -172,9 +172,9 @@ fn same_conditions(a: &Value, b: &Value) -> bool {
     strip(a) == strip(b)
 }
 
-/// Profiles as last read or written, by cluster: a Cluster changes with every heartbeat, its
-/// profile rarely, so most events are settled without touching the store.
-/// The profiles as last read or written, shared rather than copied (one per member).
+/// Profiles as last read or written, by cluster, shared rather than copied: a Cluster changes
+/// with every heartbeat, its profile rarely, so most events are settled without touching the
+/// store.
 type Known = HashMap<String, Arc<Object>>;
 
 async fn sync_one(
