@@ -30,7 +30,7 @@ use orrery_api::cluster::namespace_of;
 use orrery_api::conditions::{self, Condition};
 use orrery_api::interpret::{DEPENDENCY_KINDS, Interpreter, InterpreterSpec};
 use orrery_api::object::json_digest;
-use orrery_api::overrides::{self, OVERRIDE_KINDS, OverridePolicy};
+use orrery_api::overrides::{self, ClusterView, OVERRIDE_KINDS, OverridePolicy};
 use orrery_api::policy::PolicyRef;
 use orrery_api::work::{Health, ManifestStatus, WorkSpec, WorkStatus, Workload};
 use orrery_api::{Object, Time, keys};
@@ -108,9 +108,12 @@ impl WorkView {
             generation: w.metadata.generation,
             deleting: w.metadata.deletion_timestamp.is_some(),
             spec: json_digest(&w.spec),
+            // Only a binding's Work has its status read (into the binding's); another's
+            // would be kept for nothing.
             status: w
                 .status
                 .as_ref()
+                .filter(|_| w.metadata.annotations.contains_key(BINDING_ANNOTATION))
                 .and_then(|s| WorkStatus::deserialize(s).ok()),
         }
     }
@@ -153,10 +156,9 @@ struct Controller {
     works: HashMap<(String, String), WorkView>,
     /// The clusters holding a Work of each binding.
     works_of: HashMap<BKey, BTreeSet<String>>,
-    clusters: BTreeMap<String, ClusterSnapshot>,
-    prints: HashMap<String, u64>,
-    /// The last version of each Cluster, to tell heartbeats from changes of its view.
-    seen: HashMap<String, Arc<Object>>,
+    /// What rendering reads of each Cluster (not the whole scheduler's snapshot, nor the
+    /// stored object: a large fleet's Clusters change at every report).
+    clusters: HashMap<String, Member>,
     overrides: BTreeMap<PolicyRef, (usize, OverridePolicy)>,
     deps: HashMap<DKey, Arc<Object>>,
     dependents: HashMap<DKey, BTreeSet<BKey>>,
@@ -260,9 +262,7 @@ pub async fn run(
         deleted: HashMap::new(),
         works: HashMap::new(),
         works_of: HashMap::new(),
-        clusters: BTreeMap::new(),
-        prints: HashMap::new(),
-        seen: HashMap::new(),
+        clusters: HashMap::new(),
         overrides: BTreeMap::new(),
         deps: HashMap::new(),
         dependents: HashMap::new(),
@@ -347,14 +347,59 @@ fn bkey_of_work(w: &Object) -> Option<BKey> {
     Some((ns.to_string(), name.to_string()))
 }
 
-fn view_print(s: &ClusterSnapshot) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    s.labels.hash(&mut h);
-    s.properties.hash(&mut h);
-    s.provider.hash(&mut h);
-    s.region.hash(&mut h);
-    s.zones.hash(&mut h);
-    h.finish()
+/// A member cluster as rendering sees it (overrides, template expansion, locations).
+#[derive(Debug)]
+struct Member {
+    labels: BTreeMap<String, String>,
+    provider: String,
+    region: String,
+    zones: Vec<String>,
+    properties: BTreeMap<String, String>,
+    /// A digest of what the view is made from as stored (labels, spec, properties): a
+    /// heartbeat or a metrics report changes none of them and is not parsed.
+    source: u64,
+    /// A digest of the view itself.
+    print: u64,
+}
+
+impl Member {
+    fn source_of(c: &Object) -> u64 {
+        json_digest(&(
+            &c.metadata.labels,
+            &c.spec,
+            c.status.as_ref().and_then(|s| s.get("properties")),
+        ))
+    }
+
+    fn of(c: &Object, source: u64) -> Member {
+        let s = ClusterSnapshot::of(c);
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        s.labels.hash(&mut h);
+        s.properties.hash(&mut h);
+        s.provider.hash(&mut h);
+        s.region.hash(&mut h);
+        s.zones.hash(&mut h);
+        Member {
+            print: h.finish(),
+            source,
+            labels: s.labels,
+            provider: s.provider,
+            region: s.region,
+            zones: s.zones,
+            properties: s.properties,
+        }
+    }
+
+    fn view<'a>(&'a self, name: &'a str) -> ClusterView<'a> {
+        ClusterView {
+            name,
+            labels: &self.labels,
+            provider: &self.provider,
+            region: &self.region,
+            zones: &self.zones,
+            properties: &self.properties,
+        }
+    }
 }
 
 impl Controller {
@@ -481,44 +526,27 @@ impl Controller {
                 // whole map per heartbeat costs too much in a large fleet).
                 let changed = match ev {
                     Event::Listed(items) => {
-                        self.clusters.clear();
-                        self.prints.clear();
-                        self.seen.clear();
-                        for c in items {
-                            self.seen.insert(c.name().to_string(), c.clone());
-                            let s = ClusterSnapshot::of(&c);
-                            self.prints.insert(s.name.clone(), view_print(&s));
-                            self.clusters.insert(s.name.clone(), s);
-                        }
+                        self.clusters = items
+                            .iter()
+                            .map(|c| (c.name().to_string(), Member::of(c, Member::source_of(c))))
+                            .collect();
                         self.barrier.listed("clusters");
                         true
                     }
                     Event::Upsert(c) => {
-                        // What rendering reads of a Cluster (its view) comes from its labels,
-                        // spec and properties; a heartbeat or a metrics report changes none of
-                        // them and is not parsed.
-                        let same_view = self.seen.get(c.name()).is_some_and(|old| {
-                            old.metadata.labels == c.metadata.labels
-                                && old.spec == c.spec
-                                && old.status.as_ref().and_then(|s| s.get("properties"))
-                                    == c.status.as_ref().and_then(|s| s.get("properties"))
-                        });
-                        self.seen.insert(c.name().to_string(), c.clone());
-                        if same_view {
-                            false
-                        } else {
-                            let s = ClusterSnapshot::of(&c);
-                            let print = view_print(&s);
-                            let changed = self.prints.insert(s.name.clone(), print) != Some(print);
-                            self.clusters.insert(s.name.clone(), s);
-                            changed
+                        let source = Member::source_of(&c);
+                        match self.clusters.get(c.name()) {
+                            Some(m) if m.source == source => false,
+                            old => {
+                                let old = old.map(|m| m.print);
+                                let m = Member::of(&c, source);
+                                let changed = old != Some(m.print);
+                                self.clusters.insert(c.name().to_string(), m);
+                                changed
+                            }
                         }
                     }
-                    Event::Delete(c) => {
-                        self.clusters.remove(c.name());
-                        self.seen.remove(c.name());
-                        self.prints.remove(c.name()).is_some()
-                    }
+                    Event::Delete(c) => self.clusters.remove(c.name()).is_some(),
                 };
                 if changed {
                     // Labels and properties feed overrides and template expansion.
@@ -1044,7 +1072,7 @@ impl Controller {
                 errors.insert(name.to_string(), "the cluster is not registered".into());
                 continue;
             };
-            let view = cluster.view();
+            let view = cluster.view(name);
             let mut manifests = Vec::new();
             let mut failed = None;
             if let Some(replicas) = part.workload {
