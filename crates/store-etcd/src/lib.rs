@@ -500,25 +500,35 @@ impl EtcdStore {
                     ChangeKind::Update
                 };
                 let prev = ev.prev_kv.as_ref().map(|p| p.value.clone());
-                Some(Change::new(key, rev, kind, Arc::new(obj), prev))
+                let raw = Arc::from(kv.value.as_slice());
+                Some(Change::stored(key, rev, kind, Arc::new(obj), raw, prev))
             }
-            EventType::Delete => {
-                let obj = match &ev.prev_kv {
-                    Some(p) => parsed(&p.value)?,
-                    None => {
-                        let mut o = Object::default();
-                        o.metadata.resource_version = rev.to_string();
-                        o
-                    }
-                };
-                Some(Change::with_prev(
-                    key,
-                    rev,
-                    ChangeKind::Delete,
-                    Arc::new(obj),
-                    None,
-                ))
-            }
+            EventType::Delete => match &ev.prev_kv {
+                // The object's last state, at the deletion's revision.
+                Some(p) => {
+                    let obj = parsed(&p.value)?;
+                    let raw = Arc::from(p.value.as_slice());
+                    Some(Change::stored(
+                        key,
+                        rev,
+                        ChangeKind::Delete,
+                        Arc::new(obj),
+                        raw,
+                        None,
+                    ))
+                }
+                None => {
+                    let mut o = Object::default();
+                    o.metadata.resource_version = rev.to_string();
+                    Some(Change::with_prev(
+                        key,
+                        rev,
+                        ChangeKind::Delete,
+                        Arc::new(o),
+                        None,
+                    ))
+                }
+            },
         }
     }
 }

@@ -1,14 +1,15 @@
 //! Watch fan-out: one backend feed of committed changes serves any number of watchers.
 //!
 //! A backend calls [`WatchCache::publish`] with every committed change, in revision order. The
-//! cache keeps a ring of recent changes (so most watches that start in the past replay from
-//! memory) and a bounded queue per watcher, registered under its key prefix. Each watcher
-//! reads its queue at its own pace; its backlog is bounded by the queue's capacity, and a
-//! watcher that falls further behind is ended with [`StoreError::Expired`], never silently
-//! dropped and never slowing the writer or other watchers. A queue holds only what its watcher
-//! has not read yet (a broadcast channel per prefix, used before, kept its last `capacity`
-//! changes alive whether read or not: gigabytes under a fleet's heartbeats). Watches that start before the ring fetch the gap from
-//! the backend through [`History`].
+//! cache keeps a ring of recent changes (so most watches that start in the past replay from memory;
+//! the older ones in it as stored JSON, see `PARSED_IN_RING`) and a bounded queue per watcher,
+//! registered under its key prefix. Each watcher reads its queue at its own pace; its backlog is
+//! bounded by the queue's capacity, and a watcher that falls further behind is ended with
+//! [`StoreError::Expired`], never silently dropped and never slowing the writer or other watchers.
+//! A queue holds only what its watcher has not read yet (a broadcast channel per prefix, used
+//! before, kept its last `capacity` changes alive whether read or not: gigabytes under a fleet's
+//! heartbeats). Watches that start before the ring fetch the gap from the backend through
+//! [`History`].
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
@@ -39,6 +40,9 @@ pub struct Change {
     pub object: Arc<Object>,
     prev_raw: Option<Vec<u8>>,
     prev: OnceLock<Option<Arc<Object>>>,
+    /// `object` as stored JSON (its `resourceVersion` aside), where the backend gave it: the
+    /// ring keeps these bytes rather than the parsed object once newer changes have come.
+    raw: Option<Arc<[u8]>>,
 }
 
 impl Change {
@@ -58,6 +62,23 @@ impl Change {
             object,
             prev_raw,
             prev: OnceLock::new(),
+            raw: None,
+        }
+    }
+
+    /// A change whose object is also known as the stored JSON it was parsed from (`raw`,
+    /// without `resourceVersion`: parsing it and setting that to `revision` gives `object`).
+    pub fn stored(
+        key: String,
+        revision: Revision,
+        kind: ChangeKind,
+        object: Arc<Object>,
+        raw: Arc<[u8]>,
+        prev_raw: Option<Vec<u8>>,
+    ) -> Self {
+        Change {
+            raw: Some(raw),
+            ..Change::new(key, revision, kind, object, prev_raw)
         }
     }
 
@@ -78,6 +99,7 @@ impl Change {
             object,
             prev_raw: None,
             prev: cell,
+            raw: None,
         }
     }
 
@@ -95,6 +117,86 @@ impl Change {
                 }
             })
             .as_ref()
+    }
+}
+
+/// How many of the newest changes the ring keeps parsed: a watch that starts where a listing
+/// ended replays from these. Older ones keep their stored JSON where the backend gave it, and
+/// are parsed again only for a watcher that replays them: in a large fleet nearly every change
+/// in the ring is of an object changed again since, whose parsed copy (seven to ten times its
+/// JSON) nothing else holds.
+const PARSED_IN_RING: usize = 256;
+
+/// A change as the ring keeps it.
+#[derive(Clone, Debug)]
+enum Kept {
+    Parsed(Arc<Change>),
+    Stored(Arc<StoredChange>),
+}
+
+#[derive(Debug)]
+struct StoredChange {
+    key: String,
+    revision: Revision,
+    kind: ChangeKind,
+    raw: Arc<[u8]>,
+    prev_raw: Option<Vec<u8>>,
+}
+
+impl Kept {
+    fn revision(&self) -> Revision {
+        match self {
+            Kept::Parsed(c) => c.revision,
+            Kept::Stored(c) => c.revision,
+        }
+    }
+
+    fn key(&self) -> &str {
+        match self {
+            Kept::Parsed(c) => &c.key,
+            Kept::Stored(c) => &c.key,
+        }
+    }
+
+    /// The same change with its object as stored JSON, where that is known.
+    fn unparsed(&self) -> Kept {
+        match self {
+            Kept::Parsed(c) => match &c.raw {
+                Some(raw) => Kept::Stored(Arc::new(StoredChange {
+                    key: c.key.clone(),
+                    revision: c.revision,
+                    kind: c.kind,
+                    raw: raw.clone(),
+                    prev_raw: c.prev_raw.clone(),
+                })),
+                None => self.clone(),
+            },
+            Kept::Stored(_) => self.clone(),
+        }
+    }
+
+    /// The change as a watcher receives it.
+    fn change(self) -> Result<Arc<Change>> {
+        match self {
+            Kept::Parsed(c) => Ok(c),
+            Kept::Stored(c) => {
+                let mut o: Object = serde_json::from_slice(&c.raw).map_err(|e| {
+                    StoreError::Corrupt(format!(
+                        "a change to {} at revision {} kept for replay does not parse: {e}",
+                        c.key, c.revision
+                    ))
+                })?;
+                o.metadata.resource_version = c.revision.to_string();
+                Ok(Arc::new(Change::stored(
+                    c.key.clone(),
+                    c.revision,
+                    c.kind,
+                    Arc::new(o),
+                    c.raw.clone(),
+                    c.prev_raw.clone(),
+                )))
+            }
+        }
     }
 }
 
@@ -229,7 +331,7 @@ struct Shared {
 
 #[derive(Debug)]
 struct State {
-    ring: VecDeque<Arc<Change>>,
+    ring: VecDeque<Kept>,
     /// The ring holds every change with a revision above this.
     ring_start: Revision,
     compacted: Revision,
@@ -292,9 +394,12 @@ impl WatchCache {
         if st.ring.len() >= self.shared.config.history
             && let Some(old) = st.ring.pop_front()
         {
-            st.ring_start = old.revision;
+            st.ring_start = old.revision();
         }
-        st.ring.push_back(change.clone());
+        st.ring.push_back(Kept::Parsed(change.clone()));
+        if let Some(i) = st.ring.len().checked_sub(PARSED_IN_RING + 1) {
+            st.ring[i] = st.ring[i].unparsed();
+        }
         if !st.channels.is_empty() {
             let key = change.key.as_str();
             let mut emptied = Vec::new();
@@ -384,7 +489,7 @@ impl WatchCache {
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(StoreError::Closed);
         }
-        let (rx, mut replay, gap) = {
+        let (rx, replay, gap) = {
             let mut st = self.lock();
             if from < st.compacted {
                 return Err(StoreError::Expired {
@@ -411,15 +516,20 @@ impl WatchCache {
                 lagged: lagged.clone(),
             });
             let rx = (rx, lagged);
-            let replay: VecDeque<Arc<Change>> = st
+            let replay: Vec<Kept> = st
                 .ring
                 .iter()
-                .filter(|c| c.revision > from && c.key.starts_with(prefix))
+                .filter(|c| c.revision() > from && c.key().starts_with(prefix))
                 .cloned()
                 .collect();
             let gap = (from < st.ring_start).then_some(st.ring_start);
             (rx, replay, gap)
         };
+        // Parsed outside the lock: publishing must not wait on a replay.
+        let mut replay = replay
+            .into_iter()
+            .map(Kept::change)
+            .collect::<Result<VecDeque<_>>>()?;
         if let Some(until) = gap {
             let older = history.changes(prefix, from, until).await?;
             for c in older.into_iter().rev() {
@@ -680,6 +790,60 @@ mod tests {
         let e2 = w.next().await.unwrap().unwrap();
         assert_eq!((e1.type_name(), e1.revision()), ("ADDED", 3));
         assert_eq!((e2.type_name(), e2.revision()), ("DELETED", 4));
+    }
+
+    #[tokio::test]
+    async fn the_ring_keeps_older_changes_as_stored_and_replays_them_the_same() {
+        let cache = WatchCache::new(
+            WatchCacheConfig {
+                history: 1000,
+                watcher_buffer: 1000,
+                narrow_watcher_buffer: 1000,
+                max_replay: 1000,
+            },
+            0,
+        );
+        let total = PARSED_IN_RING as Revision + 50;
+        let mut published = Vec::new();
+        for r in 1..=total {
+            let kind = match r {
+                1 => ChangeKind::Create,
+                r if r == total => ChangeKind::Delete,
+                _ => ChangeKind::Update,
+            };
+            let mut o = Object::new("v1", "ConfigMap")
+                .with_name("x")
+                .with_label("app", format!("v{r}"));
+            let raw: Arc<[u8]> = serde_json::to_vec(&o).unwrap().into();
+            o.metadata.resource_version = r.to_string();
+            let o = Arc::new(o);
+            cache.publish(Arc::new(Change::stored(
+                "/a/x".into(),
+                r,
+                kind,
+                o.clone(),
+                raw,
+                None,
+            )));
+            published.push((kind, o));
+        }
+        // The oldest are no longer held parsed; the newest are.
+        assert_eq!(Arc::strong_count(&published[0].1), 1);
+        assert_eq!(Arc::strong_count(&published[total as usize - 1].1), 2);
+        // A watch from the start replays every change as it was published.
+        let mut w = cache
+            .watch("/a/", 0, WatchOptions::default(), &NoHistory)
+            .await
+            .unwrap();
+        for (kind, o) in &published {
+            let ev = w.next().await.unwrap().unwrap();
+            let want = match kind {
+                ChangeKind::Create => WatchEvent::Added(o.clone()),
+                ChangeKind::Update => WatchEvent::Modified(o.clone()),
+                ChangeKind::Delete => WatchEvent::Deleted(o.clone()),
+            };
+            assert_eq!(ev, want);
+        }
     }
 
     #[tokio::test]
