@@ -489,7 +489,7 @@ impl WatchCache {
         if self.shared.closed.load(Ordering::Acquire) {
             return Err(StoreError::Closed);
         }
-        let (rx, replay, gap) = {
+        let (rx, mut replay, gap) = {
             let mut st = self.lock();
             if from < st.compacted {
                 return Err(StoreError::Expired {
@@ -516,7 +516,7 @@ impl WatchCache {
                 lagged: lagged.clone(),
             });
             let rx = (rx, lagged);
-            let replay: Vec<Kept> = st
+            let replay: VecDeque<Kept> = st
                 .ring
                 .iter()
                 .filter(|c| c.revision() > from && c.key().starts_with(prefix))
@@ -525,15 +525,10 @@ impl WatchCache {
             let gap = (from < st.ring_start).then_some(st.ring_start);
             (rx, replay, gap)
         };
-        // Parsed outside the lock: publishing must not wait on a replay.
-        let mut replay = replay
-            .into_iter()
-            .map(Kept::change)
-            .collect::<Result<VecDeque<_>>>()?;
         if let Some(until) = gap {
             let older = history.changes(prefix, from, until).await?;
             for c in older.into_iter().rev() {
-                replay.push_front(c);
+                replay.push_front(Kept::Parsed(c));
             }
         }
         let bookmark = opts.bookmark_interval.map(|every| {
@@ -574,7 +569,9 @@ pub struct WatchStream {
     shared: Arc<Shared>,
     prefix: String,
     opts: WatchOptions,
-    replay: VecDeque<Arc<Change>>,
+    /// What the ring and the backend's history hold for this watcher; a change the ring kept
+    /// as stored JSON is parsed as it is delivered, not all at once when the watch starts.
+    replay: VecDeque<Kept>,
     rx: mpsc::Receiver<Arc<Change>>,
     lagged: Arc<AtomicBool>,
     /// The highest revision delivered (or known to hold nothing for this watcher).
@@ -626,7 +623,14 @@ impl WatchStream {
                     compacted: self.last + 1,
                 }));
             }
-            while let Some(change) = self.replay.pop_front() {
+            while let Some(kept) = self.replay.pop_front() {
+                let change = match kept.change() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        self.done = true;
+                        return Some(Err(e));
+                    }
+                };
                 if let Some(ev) = self.accept(&change) {
                     return Some(Ok(ev));
                 }
