@@ -130,11 +130,11 @@ struct Controller {
 /// Each member's nominal capacity from its reported nodes (`None`: no node reported), as of
 /// the last ClusterMetrics event seen: which members have a ClusterMetrics, and all that is
 /// read of them. A member's ClusterMetrics changes with its nodes' usage (under a moving load,
-/// at every heartbeat); only a change of capacity calls for a round, and a round reads capacities from here rather than
-/// decoding every member's nodes again (at 3,000 members that decoding, a round after every
-/// burst of heartbeats, was half the leader's CPU while Works rolled out). The objects are
-/// not kept: a member's nodes, decoded, are tens of KiB (the largest share of the leader's
-/// memory at 10,000 members).
+/// at every heartbeat); only a change of capacity calls for a round, and a round reads
+/// capacities from here rather than decoding every member's nodes again (at 3,000 members
+/// that decoding, a round after every burst of heartbeats, was half the leader's CPU while
+/// Works rolled out). The objects are not kept: a member's nodes, decoded, are tens of KiB
+/// (the largest share of the leader's memory at 10,000 members).
 #[derive(Default)]
 struct Capacities(Mutex<HashMap<String, Option<ResourceList>>>);
 

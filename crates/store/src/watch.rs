@@ -1,15 +1,15 @@
 //! Watch fan-out: one backend feed of committed changes serves any number of watchers.
 //!
 //! A backend calls [`WatchCache::publish`] with every committed change, in revision order. The
-//! cache keeps a ring of recent changes (so most watches that start in the past replay from memory;
-//! the older ones in it as stored JSON, see `PARSED_IN_RING`) and a bounded queue per watcher,
-//! registered under its key prefix. Each watcher reads its queue at its own pace; its backlog is
-//! bounded by the queue's capacity, and a watcher that falls further behind is ended with
-//! [`StoreError::Expired`], never silently dropped and never slowing the writer or other watchers.
-//! A queue holds only what its watcher has not read yet (a broadcast channel per prefix, used
-//! before, kept its last `capacity` changes alive whether read or not: gigabytes under a fleet's
-//! heartbeats). Watches that start before the ring fetch the gap from the backend through
-//! [`History`].
+//! cache keeps a ring of recent changes (so most watches that start in the past replay from
+//! memory; the older ones in it as stored JSON, see `PARSED_IN_RING`) and a bounded queue per
+//! watcher, registered under its key prefix. Each watcher reads its queue at its own pace; its
+//! backlog is bounded by the queue's capacity, and a watcher that falls further behind is ended
+//! with [`StoreError::Expired`], never silently dropped and never slowing the writer or other
+//! watchers. A queue holds only what its watcher has not read yet (a broadcast channel per
+//! prefix, used before, kept its last `capacity` changes alive whether read or not: gigabytes
+//! under a fleet's heartbeats). Watches that start before the ring fetch the gap from the
+//! backend through [`History`].
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};

@@ -350,16 +350,20 @@ fn bkey_of_work(w: &Object) -> Option<BKey> {
 /// A member cluster as rendering sees it (overrides, template expansion, locations).
 #[derive(Debug)]
 struct Member {
+    view: Looks,
+    /// A digest of what the view is made from as stored (labels, spec, properties): a
+    /// heartbeat or a metrics report changes none of them and is not parsed.
+    source: u64,
+}
+
+/// What rendering reads of a Cluster.
+#[derive(Debug, PartialEq)]
+struct Looks {
     labels: BTreeMap<String, String>,
     provider: String,
     region: String,
     zones: Vec<String>,
     properties: BTreeMap<String, String>,
-    /// A digest of what the view is made from as stored (labels, spec, properties): a
-    /// heartbeat or a metrics report changes none of them and is not parsed.
-    source: u64,
-    /// A digest of the view itself.
-    print: u64,
 }
 
 impl Member {
@@ -373,31 +377,27 @@ impl Member {
 
     fn of(c: &Object, source: u64) -> Member {
         let s = ClusterSnapshot::of(c);
-        let mut h = std::collections::hash_map::DefaultHasher::new();
-        s.labels.hash(&mut h);
-        s.properties.hash(&mut h);
-        s.provider.hash(&mut h);
-        s.region.hash(&mut h);
-        s.zones.hash(&mut h);
         Member {
-            print: h.finish(),
+            view: Looks {
+                labels: s.labels,
+                provider: s.provider,
+                region: s.region,
+                zones: s.zones,
+                properties: s.properties,
+            },
             source,
-            labels: s.labels,
-            provider: s.provider,
-            region: s.region,
-            zones: s.zones,
-            properties: s.properties,
         }
     }
 
     fn view<'a>(&'a self, name: &'a str) -> ClusterView<'a> {
+        let v = &self.view;
         ClusterView {
             name,
-            labels: &self.labels,
-            provider: &self.provider,
-            region: &self.region,
-            zones: &self.zones,
-            properties: &self.properties,
+            labels: &v.labels,
+            provider: &v.provider,
+            region: &v.region,
+            zones: &v.zones,
+            properties: &v.properties,
         }
     }
 }
@@ -538,9 +538,8 @@ impl Controller {
                         match self.clusters.get(c.name()) {
                             Some(m) if m.source == source => false,
                             old => {
-                                let old = old.map(|m| m.print);
                                 let m = Member::of(&c, source);
-                                let changed = old != Some(m.print);
+                                let changed = old.is_none_or(|o| o.view != m.view);
                                 self.clusters.insert(c.name().to_string(), m);
                                 changed
                             }
@@ -1302,7 +1301,7 @@ impl Controller {
         let locations = orrery_api::location::by_location(&targets, &items, |c| {
             self.clusters
                 .get(c)
-                .and_then(|s| orrery_api::location::city_of(&s.labels))
+                .and_then(|s| orrery_api::location::city_of(&s.view.labels))
                 .map(str::to_string)
         });
         if with_status(old, &cond, &items, &locations, now).is_some() {
