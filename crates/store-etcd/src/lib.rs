@@ -17,9 +17,10 @@ mod rpc;
 use client::{Client, Connect, EtcdError, created, delete_op, get_op, modified, put_op, revision};
 use orrery_api::Object;
 use orrery_store::{
-    Change, ChangeKind, Fence, History, ListOptions, ListResult, Preconditions, RawListResult,
-    RawObject, Result, Revision, Store, StoreError, WatchCache, WatchCacheConfig, WatchOptions,
-    WatchStream, decode_continue, encode_continue, prefix_end, with_resource_version,
+    Change, ChangeKind, Fence, History, Kept, ListOptions, ListResult, Preconditions,
+    RawListResult, RawObject, Result, Revision, Store, StoreError, StoredChange, WatchCache,
+    WatchCacheConfig, WatchOptions, WatchStream, decode_continue, encode_continue, prefix_end,
+    with_resource_version,
 };
 use rpc::etcdserverpb::{
     RangeRequest, RangeResponse, TxnRequest, TxnResponse, WatchCreateRequest,
@@ -531,6 +532,39 @@ impl EtcdStore {
             },
         }
     }
+
+    /// One etcd watch event of a history replay, kept as stored: parsed only when a watcher
+    /// reaches it (like [`Self::change_of`], whose parse it defers).
+    fn kept_of(&self, ev: &rpc::mvccpb::Event) -> Option<Kept> {
+        let kv = ev.kv.as_ref()?;
+        let key = self.strip(&kv.key)?.to_string();
+        let revision = kv.mod_revision;
+        let stored = |kind, raw: &[u8], prev_raw| {
+            Kept::Stored(Arc::new(StoredChange {
+                key: key.clone(),
+                revision,
+                kind,
+                raw: Arc::from(raw),
+                prev_raw,
+            }))
+        };
+        match (ev.r#type(), &ev.prev_kv) {
+            (EventType::Put, prev) => {
+                let kind = if kv.version == 1 {
+                    ChangeKind::Create
+                } else {
+                    ChangeKind::Update
+                };
+                Some(stored(
+                    kind,
+                    &kv.value,
+                    prev.as_ref().map(|p| p.value.clone()),
+                ))
+            }
+            (EventType::Delete, Some(p)) => Some(stored(ChangeKind::Delete, &p.value, None)),
+            (EventType::Delete, None) => self.change_of(ev).map(|c| Kept::Parsed(Arc::new(c))),
+        }
+    }
 }
 
 /// Follows the installation prefix and publishes every change to the cache. A broken stream
@@ -622,12 +656,7 @@ impl History for EtcdStore {
     /// Replays history with a temporary watch over the whole installation prefix. To know when
     /// everything up to `until` has arrived, it writes a fence key and reads until the fence's
     /// own event: events arrive in revision order, so all earlier ones came before it.
-    async fn changes(
-        &self,
-        prefix: &str,
-        after: Revision,
-        until: Revision,
-    ) -> Result<Vec<Arc<Change>>> {
+    async fn changes(&self, prefix: &str, after: Revision, until: Revision) -> Result<Vec<Kept>> {
         let mut out = Vec::new();
         if until <= after {
             return Ok(out);
@@ -672,13 +701,13 @@ impl History for EtcdStore {
                     if kv.mod_revision >= fence {
                         return Ok(());
                     }
-                    if kv.mod_revision > until {
+                    if kv.mod_revision > until
+                        || !self.strip(&kv.key).is_some_and(|k| k.starts_with(prefix))
+                    {
                         continue;
                     }
-                    if let Some(change) = self.change_of(ev)
-                        && change.key.starts_with(prefix)
-                    {
-                        out.push(Arc::new(change));
+                    if let Some(kept) = self.kept_of(ev) {
+                        out.push(kept);
                     }
                 }
             }

@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use orrery_api::Object;
 use orrery_store::{
-    Change, History, ListOptions, ListResult, Preconditions, Result, Revision, Store, StoreError,
+    History, Kept, ListOptions, ListResult, Preconditions, Result, Revision, Store, StoreError,
     WatchCache, WatchCacheConfig, WatchOptions, WatchStream,
 };
 use tokio::sync::{mpsc, oneshot};
@@ -309,17 +309,14 @@ fn lock_file(path: &Path) -> Result<std::fs::File> {
 
 #[async_trait::async_trait]
 impl History for SqliteStore {
-    async fn changes(
-        &self,
-        prefix: &str,
-        after: Revision,
-        until: Revision,
-    ) -> Result<Vec<Arc<Change>>> {
+    async fn changes(&self, prefix: &str, after: Revision, until: Revision) -> Result<Vec<Kept>> {
         let prefix = prefix.to_string();
-        self.inner
+        let changes = self
+            .inner
             .readers
             .with(move |c| reader::history(c, &prefix, after, until))
-            .await
+            .await?;
+        Ok(changes.into_iter().map(Kept::Parsed).collect())
     }
 }
 

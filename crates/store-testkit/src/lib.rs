@@ -51,6 +51,7 @@ pub fn test_watch_config() -> WatchCacheConfig {
         watcher_buffer: 64,
         narrow_watcher_buffer: 64,
         max_replay: 1000,
+        max_replay_wide: 1000,
     }
 }
 

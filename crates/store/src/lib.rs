@@ -31,8 +31,8 @@ pub use list::{
     prefix_end, with_resource_version,
 };
 pub use watch::{
-    Change, ChangeKind, History, MapObject, WatchCache, WatchCacheConfig, WatchEvent, WatchOptions,
-    WatchStream,
+    Change, ChangeKind, History, Kept, MapObject, StoredChange, WatchCache, WatchCacheConfig,
+    WatchEvent, WatchOptions, WatchStream,
 };
 
 /// A store revision (what `resourceVersion` carries).

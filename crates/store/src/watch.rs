@@ -127,20 +127,24 @@ impl Change {
 /// JSON) nothing else holds.
 const PARSED_IN_RING: usize = 256;
 
-/// A change as the ring keeps it.
+/// A change as the ring keeps it, or as a backend's [`History`] returns it: parsed, or as
+/// the stored JSON, parsed only when a watcher reaches it.
 #[derive(Clone, Debug)]
-enum Kept {
+pub enum Kept {
     Parsed(Arc<Change>),
     Stored(Arc<StoredChange>),
 }
 
+/// A change as stored: its object's JSON (without `resourceVersion`, which is `revision`).
 #[derive(Debug)]
-struct StoredChange {
-    key: String,
-    revision: Revision,
-    kind: ChangeKind,
-    raw: Arc<[u8]>,
-    prev_raw: Option<Vec<u8>>,
+pub struct StoredChange {
+    pub key: String,
+    pub revision: Revision,
+    pub kind: ChangeKind,
+    /// The object after the change; for a delete, its last state.
+    pub raw: Arc<[u8]>,
+    /// The object before an update, as stored.
+    pub prev_raw: Option<Vec<u8>>,
 }
 
 impl Kept {
@@ -261,13 +265,10 @@ impl WatchOptions {
 #[async_trait::async_trait]
 pub trait History: Send + Sync {
     /// Changes to keys under `prefix` with `after < revision <= until`, in revision order.
-    /// Fails with [`StoreError::Expired`] if part of that range was compacted.
-    async fn changes(
-        &self,
-        prefix: &str,
-        after: Revision,
-        until: Revision,
-    ) -> Result<Vec<Arc<Change>>>;
+    /// Fails with [`StoreError::Expired`] if part of that range was compacted. A backend that
+    /// has the stored JSON at hand returns it unparsed ([`Kept::Stored`]): a gap before a
+    /// wide watch holds thousands of changes, each parsed when the watcher reaches it.
+    async fn changes(&self, prefix: &str, after: Revision, until: Revision) -> Result<Vec<Kept>>;
 }
 
 /// Sizes of the cache.
@@ -282,13 +283,19 @@ pub struct WatchCacheConfig {
     /// its own, far fewer, events: a fleet has a namespace per cluster, each watched by its
     /// agent. (Queues take memory only for what they hold.)
     pub narrow_watcher_buffer: usize,
-    /// How far before the ring a watch may start and still be replayed from the backend's
-    /// history, in revisions; one that starts earlier is told to re-list (`410`), as
-    /// Kubernetes' watch cache tells a start older than its window. A replay reads every
-    /// change of the installation in the gap, whatever the watcher's prefix: a fleet's agents
-    /// watching their namespaces again after a failover would each read minutes of every
-    /// member's heartbeats, where a re-list reads their one namespace.
+    /// How far before the ring a watch of a narrow prefix may start and still be replayed
+    /// from the backend's history, in revisions; one that starts earlier is told to re-list
+    /// (`410`), as Kubernetes' watch cache tells a start older than its window. A replay reads
+    /// every change of the installation in the gap, whatever the watcher's prefix: a fleet's
+    /// agents watching their namespaces again after a failover would each read minutes of
+    /// every member's heartbeats, where a re-list reads their one namespace.
     pub max_replay: Revision,
+    /// The same for watchers of a whole kind or more (a controller's reflector, a client's
+    /// informer), which list before they watch. Listing a large kind takes seconds, and a
+    /// fleet writes a thousand revisions a second: with the narrow window such a watch,
+    /// starting where its listing ended, was already too old, and its watcher listed again,
+    /// and again, each listing slower under the load of the others.
+    pub max_replay_wide: Revision,
 }
 
 impl Default for WatchCacheConfig {
@@ -298,6 +305,7 @@ impl Default for WatchCacheConfig {
             watcher_buffer: 16384,
             narrow_watcher_buffer: 1024,
             max_replay: 4096,
+            max_replay_wide: 65_536,
         }
     }
 }
@@ -306,12 +314,26 @@ impl WatchCacheConfig {
     /// The channel capacity for watchers of `prefix`: `/registry/<group>/<plural>/` and
     /// shallower prefixes are wide.
     fn buffer_for(&self, prefix: &str) -> usize {
-        if prefix.matches('/').count() <= 4 {
+        if is_wide(prefix) {
             self.watcher_buffer
         } else {
             self.narrow_watcher_buffer
         }
     }
+
+    /// How far before the ring a watch of `prefix` may start (see `max_replay`).
+    fn replay_for(&self, prefix: &str) -> Revision {
+        if is_wide(prefix) {
+            self.max_replay_wide.max(self.max_replay)
+        } else {
+            self.max_replay
+        }
+    }
+}
+
+/// Whether `prefix` is a whole kind or wider: `/registry/<group>/<plural>/` and shallower.
+fn is_wide(prefix: &str) -> bool {
+    prefix.matches('/').count() <= 4
 }
 
 /// The in-process fan-out of one store's changes.
@@ -356,6 +378,7 @@ impl WatchCache {
             watcher_buffer: config.watcher_buffer.max(1),
             narrow_watcher_buffer: config.narrow_watcher_buffer.max(1),
             max_replay: config.max_replay.max(0),
+            max_replay_wide: config.max_replay_wide.max(0),
         };
         WatchCache {
             shared: Arc::new(Shared {
@@ -497,7 +520,7 @@ impl WatchCache {
                     compacted: st.compacted,
                 });
             }
-            let replayable = st.ring_start - self.shared.config.max_replay;
+            let replayable = st.ring_start - self.shared.config.replay_for(prefix);
             if from < replayable {
                 return Err(StoreError::Expired {
                     requested: from,
@@ -528,7 +551,7 @@ impl WatchCache {
         if let Some(until) = gap {
             let older = history.changes(prefix, from, until).await?;
             for c in older.into_iter().rev() {
-                replay.push_front(Kept::Parsed(c));
+                replay.push_front(c);
             }
         }
         let bookmark = opts.bookmark_interval.map(|every| {
@@ -749,7 +772,7 @@ mod tests {
     struct NoHistory;
     #[async_trait::async_trait]
     impl History for NoHistory {
-        async fn changes(&self, _: &str, after: Revision, _: Revision) -> Result<Vec<Arc<Change>>> {
+        async fn changes(&self, _: &str, after: Revision, _: Revision) -> Result<Vec<Kept>> {
             Err(StoreError::Expired {
                 requested: after,
                 compacted: after + 1,
@@ -779,6 +802,7 @@ mod tests {
                 watcher_buffer: 10,
                 narrow_watcher_buffer: 10,
                 max_replay: 1000,
+                max_replay_wide: 1000,
             },
             0,
         );
@@ -804,6 +828,7 @@ mod tests {
                 watcher_buffer: 1000,
                 narrow_watcher_buffer: 1000,
                 max_replay: 1000,
+                max_replay_wide: 1000,
             },
             0,
         );
@@ -858,6 +883,7 @@ mod tests {
                 watcher_buffer: 10,
                 narrow_watcher_buffer: 10,
                 max_replay: 1000,
+                max_replay_wide: 1000,
             },
             0,
         );
@@ -891,7 +917,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl History for CountingHistory {
-        async fn changes(&self, _: &str, _: Revision, _: Revision) -> Result<Vec<Arc<Change>>> {
+        async fn changes(&self, _: &str, _: Revision, _: Revision) -> Result<Vec<Kept>> {
             self.0.fetch_add(1, Ordering::Relaxed);
             Ok(Vec::new())
         }
@@ -905,6 +931,7 @@ mod tests {
                 watcher_buffer: 10,
                 narrow_watcher_buffer: 10,
                 max_replay: 3,
+                max_replay_wide: 3,
             },
             0,
         );
@@ -929,6 +956,51 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_watch_of_a_whole_kind_may_start_further_back_than_one_of_a_namespace() {
+        let cache = WatchCache::new(
+            WatchCacheConfig {
+                history: 2,
+                watcher_buffer: 10,
+                narrow_watcher_buffer: 10,
+                max_replay: 3,
+                max_replay_wide: 6,
+            },
+            0,
+        );
+        for r in 1..=10 {
+            cache.publish(change(
+                "/registry/g/things/ns/x",
+                r,
+                ChangeKind::Update,
+                "x",
+            ));
+        }
+        // The ring holds 9 and 10 (it starts after 8). A start at 4 is too old for a
+        // namespace's watcher (the window reaches back to 5) and within a whole kind's (to 2),
+        // which a listing of the kind ends at after others have written for a while.
+        let history = CountingHistory(Default::default());
+        let narrow = cache.watch(
+            "/registry/g/things/ns/",
+            4,
+            WatchOptions::default(),
+            &history,
+        );
+        match narrow.await {
+            Err(StoreError::Expired { compacted, .. }) => assert_eq!(compacted, 5),
+            other => panic!("expected Expired, got {other:?}"),
+        }
+        assert_eq!(history.0.load(Ordering::Relaxed), 0);
+        let wide = cache.watch("/registry/g/things/", 4, WatchOptions::default(), &history);
+        assert!(wide.await.is_ok());
+        assert_eq!(history.0.load(Ordering::Relaxed), 1, "replayed");
+        let older = cache.watch("/registry/g/things/", 1, WatchOptions::default(), &history);
+        match older.await {
+            Err(StoreError::Expired { compacted, .. }) => assert_eq!(compacted, 2),
+            other => panic!("expected Expired, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
     async fn slow_watcher_expires_and_fast_one_does_not() {
         let cache = WatchCache::new(
             WatchCacheConfig {
@@ -936,6 +1008,7 @@ mod tests {
                 watcher_buffer: 4,
                 narrow_watcher_buffer: 4,
                 max_replay: 1000,
+                max_replay_wide: 1000,
             },
             0,
         );

@@ -102,6 +102,7 @@ fn run(
             if *shutdown.borrow() {
                 return;
             }
+            let listing = std::time::Instant::now();
             let (items, revision) = match list(store.as_ref(), &prefix, keep).await {
                 Ok(l) => l,
                 Err(StoreError::Closed) => return,
@@ -123,7 +124,19 @@ fn run(
                 let mut w = match store.watch(&prefix, last, WatchOptions::default()).await {
                     Ok(w) => w,
                     Err(StoreError::Closed) => return,
-                    Err(e) if e.is_expired() => continue 'list,
+                    Err(e) if e.is_expired() => {
+                        // Said aloud: a watch that cannot start where its listing ended lists
+                        // again, and if listings keep outlasting the store's window that is a
+                        // loop that parses the whole prefix over and over.
+                        tracing::warn!(
+                            prefix = %prefix,
+                            from = last,
+                            listed_in_ms = listing.elapsed().as_millis() as u64,
+                            error = %e,
+                            "a controller's watch could not resume from its revision; listing again"
+                        );
+                        continue 'list;
+                    }
                     Err(e) => {
                         tracing::warn!(prefix = %prefix, error = %e, "watching failed; retrying");
                         tokio::time::sleep(backoff).await;
