@@ -408,7 +408,7 @@ fn a_paused_leader_commits_nothing_when_it_wakes() {
     let changes = rt
         .block_on(orrery_store::History::changes(&store, "/", before, after))
         .unwrap();
-    let keys: Vec<&str> = changes.iter().map(|c| c.key.as_str()).collect();
+    let keys: Vec<&str> = changes.iter().map(|c| c.key()).collect();
     assert!(
         changes.is_empty(),
         "the old leader committed after waking: {keys:?}\nits log:\n{}",

@@ -148,14 +148,14 @@ pub struct StoredChange {
 }
 
 impl Kept {
-    fn revision(&self) -> Revision {
+    pub fn revision(&self) -> Revision {
         match self {
             Kept::Parsed(c) => c.revision,
             Kept::Stored(c) => c.revision,
         }
     }
 
-    fn key(&self) -> &str {
+    pub fn key(&self) -> &str {
         match self {
             Kept::Parsed(c) => &c.key,
             Kept::Stored(c) => &c.key,
