@@ -172,10 +172,37 @@ fn same_conditions(a: &Value, b: &Value) -> bool {
     strip(a) == strip(b)
 }
 
-/// Profiles as last read or written, by cluster, shared rather than copied: a Cluster changes
-/// with every heartbeat, its profile rarely, so most events are settled without touching the
-/// store.
-type Known = HashMap<String, Arc<Object>>;
+/// Profiles as last read or written, by cluster, as the hash of what is compared of them
+/// ([`profile_digest`]): a Cluster changes with every heartbeat, its profile rarely, so most
+/// events are settled without touching the store, and a parsed profile (about 14 KB) is not
+/// kept for each of a fleet's members.
+type Known = HashMap<String, u64>;
+
+/// A hash of what of a profile the controller writes and compares, its times aside (when a
+/// condition or property last changed).
+fn profile_digest(spec: Option<&Value>, status: Option<&Value>) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let text = |v: Option<&Value>| v.map(|v| v.to_string());
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    text(spec).hash(&mut h);
+    let st = status.unwrap_or(&Value::Null);
+    for field in ["version", "accessProviders", "credentialProviders"] {
+        text(st.get(field)).hash(&mut h);
+    }
+    for (list, fields) in [
+        ("properties", &["name", "value"][..]),
+        ("conditions", &["type", "status", "reason", "message"][..]),
+    ] {
+        for item in st.get(list).and_then(Value::as_array).into_iter().flatten() {
+            for f in fields {
+                text(item.get(*f)).hash(&mut h);
+            }
+        }
+        // Where one list ends and the next begins.
+        0xffu8.hash(&mut h);
+    }
+    h.finish()
+}
 
 async fn sync_one(
     store: &dyn Store,
@@ -184,15 +211,17 @@ async fn sync_one(
     access: Option<&Access>,
 ) -> Result<(), StoreError> {
     let key = keys::well_known::cluster_profile(NAMESPACE, c.name());
-    let current = match known.get(c.name()) {
-        Some(o) => Some(o.clone()),
-        None => match store.get(&key).await {
-            Ok(o) => Some(Arc::new(o)),
-            Err(StoreError::NotFound { .. }) => None,
-            Err(e) => return Err(e),
-        },
+    let (_, spec, status) = profile_of(c, None, access);
+    let want = profile_digest(Some(&spec), Some(&status));
+    if known.get(c.name()) == Some(&want) {
+        return Ok(());
+    }
+    let current = match store.get(&key).await {
+        Ok(o) => Some(o),
+        Err(StoreError::NotFound { .. }) => None,
+        Err(e) => return Err(e),
     };
-    let (labels, spec, status) = profile_of(c, current.as_deref(), access);
+    let (labels, spec, status) = profile_of(c, current.as_ref(), access);
     match current {
         Some(cur) => {
             let cur_status = cur.status.as_ref().unwrap_or(&Value::Null);
@@ -205,15 +234,16 @@ async fn sync_one(
                     status.get("conditions").unwrap_or(&Value::Null),
                 );
             if unchanged {
-                known.insert(c.name().to_string(), cur);
+                known.insert(c.name().to_string(), want);
                 return Ok(());
             }
-            let mut next = (*cur).clone();
+            let revision = cur.revision();
+            let mut next = cur;
             next.spec = Some(spec);
             next.status = Some(status);
-            match store.update(&key, next, cur.revision()).await {
-                Ok(stored) => {
-                    known.insert(c.name().to_string(), stored);
+            match store.update(&key, next, revision).await {
+                Ok(_) => {
+                    known.insert(c.name().to_string(), want);
                     Ok(())
                 }
                 // Changed by someone else: read it afresh next time.
@@ -236,8 +266,8 @@ async fn sync_one(
             p.spec = Some(spec);
             p.status = Some(status);
             match store.create(&key, p).await {
-                Ok(stored) => {
-                    known.insert(c.name().to_string(), stored);
+                Ok(_) => {
+                    known.insert(c.name().to_string(), want);
                     Ok(())
                 }
                 Err(StoreError::AlreadyExists { .. }) => {
@@ -314,7 +344,10 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, shutdown: watch::Rec
                         p.labels().get(MANAGER_LABEL).map(String::as_str) == Some(MANAGER)
                     }) {
                         if names.contains(p.name()) {
-                            known.insert(p.name().to_string(), Arc::new(p.clone()));
+                            known.insert(
+                                p.name().to_string(),
+                                profile_digest(p.spec.as_ref(), p.status.as_ref()),
+                            );
                         } else {
                             remove(store.as_ref(), p.name()).await;
                         }
@@ -356,6 +389,44 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, shutdown: watch::Rec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_profile_is_known_by_what_it_says_not_by_when() {
+        let status = |value: &str, ready: &str, at: &str| {
+            json!({"version": {"kubernetes": "v1.32.0"},
+                   "properties": [{"name": "region.multicluster.io", "value": value, "lastObservedTime": at}],
+                   "conditions": [{"type": "ControlPlaneHealthy", "status": ready, "reason": "MemberHealthy",
+                                   "lastTransitionTime": at}]})
+        };
+        let spec = json!({"displayName": "east", "clusterManager": {"name": "orrery"}});
+        let d = |st: &Value| profile_digest(Some(&spec), Some(st));
+        let base = d(&status("us-east", "True", "2026-01-01T00:00:00Z"));
+        assert_eq!(
+            base,
+            d(&status("us-east", "True", "2026-02-02T00:00:00Z")),
+            "times aside"
+        );
+        assert_ne!(
+            base,
+            d(&status("us-west", "True", "2026-01-01T00:00:00Z")),
+            "a property"
+        );
+        assert_ne!(
+            base,
+            d(&status("us-east", "False", "2026-01-01T00:00:00Z")),
+            "a condition"
+        );
+        let other_spec = json!({"displayName": "west", "clusterManager": {"name": "orrery"}});
+        let st = status("us-east", "True", "2026-01-01T00:00:00Z");
+        assert_ne!(
+            base,
+            profile_digest(Some(&other_spec), Some(&st)),
+            "the spec"
+        );
+        let mut with_access = st.clone();
+        with_access["accessProviders"] = json!([{"name": "orrery"}]);
+        assert_ne!(base, d(&with_access), "access providers");
+    }
 
     #[test]
     fn profiles_mirror_clusters() {
