@@ -201,3 +201,116 @@ async fn unregister(
     );
     Ok(None)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use orrery_api::Object;
+
+    use super::*;
+    use crate::propagation::KindInfo;
+
+    /// Makes a cluster's namespace as the API server would, and counts how often it is asked.
+    #[derive(Debug)]
+    struct Namespaces {
+        store: Arc<dyn Store>,
+        asked: AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl super::super::Api for Namespaces {
+        fn kind(&self, _: &str, _: &str) -> Option<KindInfo> {
+            None
+        }
+        fn namespaced_kinds(&self) -> Vec<KindInfo> {
+            Vec::new()
+        }
+        fn crd_kind(&self, _: &Object) -> Option<KindInfo> {
+            None
+        }
+        async fn refresh_crds(&self) -> Result<(), StoreError> {
+            Ok(())
+        }
+        async fn revoke_cluster(&self, _: &str) -> Result<usize, StoreError> {
+            Ok(0)
+        }
+        async fn ensure_cluster_namespace(&self, cluster: &str) -> Result<(), String> {
+            self.asked.fetch_add(1, Ordering::Relaxed);
+            make_namespace(self.store.as_ref(), cluster).await;
+            Ok(())
+        }
+    }
+
+    async fn make_namespace(store: &dyn Store, cluster: &str) {
+        let ns = cluster::namespace_of(cluster);
+        let o = Object::new("v1", "Namespace").with_name(&ns);
+        match store.create(&keys::well_known::namespace(&ns), o).await {
+            Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A new leader (or a fleet registering) brings every Cluster at once: those whose
+    /// namespace is there are settled from one listing; only the others are made.
+    #[tokio::test]
+    async fn namespaces_that_exist_are_learned_from_a_listing_not_asked_for_one_by_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(orrery_store_sqlite::SqliteStore::open_dir(dir.path()).unwrap());
+        let mut clusters = Vec::new();
+        for i in 0..40 {
+            let name = format!("m-{i}");
+            let c = Object::new("multicluster.io/v1alpha1", "Cluster").with_name(&name);
+            clusters.push(Arc::new(c));
+            // The first 35 have their namespace already (made at registration).
+            if i < 35 {
+                make_namespace(store.as_ref(), &name).await;
+            }
+        }
+        // A namespace being deleted is not one to count on.
+        let doomed = cluster::namespace_of("m-0");
+        let mut ns = store
+            .get(&keys::well_known::namespace(&doomed))
+            .await
+            .unwrap();
+        ns.metadata.deletion_timestamp = Some(orrery_api::Time::now());
+        let rev = ns.revision();
+        store
+            .update(&keys::well_known::namespace(&doomed), ns, rev)
+            .await
+            .unwrap();
+        let api = Arc::new(Namespaces {
+            store: store.clone(),
+            asked: AtomicUsize::new(0),
+        });
+        let mut r = Clusters {
+            store: store.clone(),
+            api: api.clone(),
+            clusters: HashMap::new(),
+            known: HashSet::new(),
+            namespaces_listed: None,
+        };
+        let mut keys = Vec::new();
+        super::super::Reconciler::on_event(&mut r, Event::Listed(clusters), &mut keys);
+        assert_eq!(keys.len(), 40);
+        for k in &keys {
+            super::super::Reconciler::reconcile(&mut r, k)
+                .await
+                .unwrap();
+        }
+        // m-0 (its namespace going) and m-35..m-39 (none yet).
+        assert_eq!(api.asked.load(Ordering::Relaxed), 6);
+        for i in 35..40 {
+            let ns = cluster::namespace_of(&format!("m-{i}"));
+            assert!(store.get(&keys::well_known::namespace(&ns)).await.is_ok());
+        }
+        // Settled: a second pass asks for nothing.
+        for k in &keys {
+            super::super::Reconciler::reconcile(&mut r, k)
+                .await
+                .unwrap();
+        }
+        assert_eq!(api.asked.load(Ordering::Relaxed), 6);
+    }
+}
