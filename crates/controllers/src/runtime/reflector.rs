@@ -170,7 +170,7 @@ fn run(
                             continue;
                         }
                         Some(Err(e)) if e.is_expired() => {
-                            tracing::info!(prefix = %prefix, error = %e, "a controller's watch lost its history; listing again");
+                            tracing::warn!(prefix = %prefix, error = %e, "a controller's watch lost its history or fell behind; listing again");
                             continue 'list;
                         }
                         Some(Err(StoreError::Closed)) => return,
