@@ -234,7 +234,7 @@ impl Authenticator {
         tokio::spawn(async move {
             let mut from = from;
             loop {
-                match store.watch(PREFIX, from, WatchOptions::default()).await {
+                match store.watch(PREFIX, from, WatchOptions::in_process()).await {
                     Ok(mut w) => {
                         while let Some(ev) = w.next().await {
                             match ev {

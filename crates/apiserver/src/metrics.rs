@@ -298,7 +298,7 @@ async fn relist(view: &Mutex<View>, store: &dyn Store, part: Part) -> Result<i64
 async fn follow(view: Arc<Mutex<View>>, store: Arc<dyn Store>, part: Part, mut from: i64) {
     let prefix = part.prefix();
     loop {
-        match store.watch(&prefix, from, WatchOptions::default()).await {
+        match store.watch(&prefix, from, WatchOptions::in_process()).await {
             Ok(mut w) => {
                 while let Some(ev) = w.next().await {
                     let (o, deleted) = match ev {

@@ -586,7 +586,7 @@ impl Authorizer {
     async fn follow(self: Arc<Self>, store: Arc<dyn Store>, kind: Kind, mut from: i64) {
         let prefix = kind.prefix();
         loop {
-            match store.watch(&prefix, from, WatchOptions::default()).await {
+            match store.watch(&prefix, from, WatchOptions::in_process()).await {
                 Ok(mut w) => {
                     while let Some(ev) = w.next().await {
                         match ev {

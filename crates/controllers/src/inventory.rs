@@ -216,8 +216,12 @@ async fn sync_one(
     if known.get(c.name()) == Some(&want) {
         return Ok(());
     }
-    let current = match store.get(&key).await {
-        Ok(o) => Some(o),
+    // The store's own copy (most often the profile as this controller wrote it): no round
+    // trip to etcd per change of a fleet's registration. A copy behind the latest fails the
+    // write as a conflict, and is read again at the next change; one found unchanged is what
+    // this replica last saw, as the parsed profile kept before was.
+    let current = match store.get_recent(&key).await {
+        Ok(o) => Some(Arc::unwrap_or_clone(o)),
         Err(StoreError::NotFound { .. }) => None,
         Err(e) => return Err(e),
     };

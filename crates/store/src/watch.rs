@@ -249,9 +249,24 @@ pub struct WatchOptions {
     pub fields: fields::Selector,
     /// Send a bookmark this often (`None`: no bookmarks).
     pub bookmark_interval: Option<Duration>,
+    /// Give this watcher the queue and the replay window of a watcher of a whole kind, whatever
+    /// its prefix: a controller's reflector of one busy namespace (the members' Leases, a
+    /// thousand renewals a second at 10,000 members) fell behind the narrow queue within a
+    /// second of not being scheduled, and listed the namespace again.
+    pub wide: bool,
 }
 
 impl WatchOptions {
+    /// For a follower inside the server that lists a prefix and then applies every change as
+    /// it comes (a controller's reflector, the server's own views): the wide queue and window
+    /// whatever the prefix (see [`WatchOptions::wide`]).
+    pub fn in_process() -> Self {
+        WatchOptions {
+            wide: true,
+            ..Default::default()
+        }
+    }
+
     fn is_everything(&self) -> bool {
         self.labels.is_everything() && self.fields.is_everything()
     }
@@ -311,19 +326,19 @@ impl Default for WatchCacheConfig {
 }
 
 impl WatchCacheConfig {
-    /// The channel capacity for watchers of `prefix`: `/registry/<group>/<plural>/` and
-    /// shallower prefixes are wide.
-    fn buffer_for(&self, prefix: &str) -> usize {
-        if is_wide(prefix) {
+    /// The channel capacity for a wide watcher (see [`is_wide`] and [`WatchOptions::wide`]),
+    /// or a narrow one.
+    fn buffer_for(&self, wide: bool) -> usize {
+        if wide {
             self.watcher_buffer
         } else {
             self.narrow_watcher_buffer
         }
     }
 
-    /// How far before the ring a watch of `prefix` may start (see `max_replay`).
-    fn replay_for(&self, prefix: &str) -> Revision {
-        if is_wide(prefix) {
+    /// How far before the ring a wide or a narrow watch may start (see `max_replay`).
+    fn replay_for(&self, wide: bool) -> Revision {
+        if wide {
             self.max_replay_wide.max(self.max_replay)
         } else {
             self.max_replay
@@ -520,14 +535,15 @@ impl WatchCache {
                     compacted: st.compacted,
                 });
             }
-            let replayable = st.ring_start - self.shared.config.replay_for(prefix);
+            let wide = opts.wide || is_wide(prefix);
+            let replayable = st.ring_start - self.shared.config.replay_for(wide);
             if from < replayable {
                 return Err(StoreError::Expired {
                     requested: from,
                     compacted: replayable,
                 });
             }
-            let buffer = self.shared.config.buffer_for(prefix);
+            let buffer = self.shared.config.buffer_for(wide);
             let (tx, rx) = mpsc::channel(buffer);
             let lagged = Arc::new(AtomicBool::new(false));
             let feeds = st.channels.entry(prefix.to_string()).or_default();
@@ -759,12 +775,13 @@ mod tests {
     #[test]
     fn narrow_prefixes_get_smaller_buffers() {
         let c = WatchCacheConfig::default();
-        assert_eq!(c.buffer_for(""), 16384);
-        assert_eq!(c.buffer_for("/registry/"), 16384);
-        assert_eq!(c.buffer_for("/registry/apps/deployments/"), 16384);
-        assert_eq!(c.buffer_for("/registry/apps/deployments/ns/"), 1024);
+        let buffer = |p: &str| c.buffer_for(is_wide(p));
+        assert_eq!(buffer(""), 16384);
+        assert_eq!(buffer("/registry/"), 16384);
+        assert_eq!(buffer("/registry/apps/deployments/"), 16384);
+        assert_eq!(buffer("/registry/apps/deployments/ns/"), 1024);
         assert_eq!(
-            c.buffer_for("/registry/multicluster.io/works/orrery-cluster-a/"),
+            buffer("/registry/multicluster.io/works/orrery-cluster-a/"),
             1024
         );
     }
@@ -997,6 +1014,48 @@ mod tests {
         match older.await {
             Err(StoreError::Expired { compacted, .. }) => assert_eq!(compacted, 2),
             other => panic!("expected Expired, got {other:?}"),
+        }
+        // A namespace watched as a whole kind is (a controller's reflector of a busy one).
+        let marked = WatchOptions {
+            wide: true,
+            ..Default::default()
+        };
+        let marked = cache.watch("/registry/g/things/ns/", 4, marked, &history);
+        assert!(marked.await.is_ok());
+        assert_eq!(history.0.load(Ordering::Relaxed), 2, "replayed");
+    }
+
+    /// A busy namespace watched as a whole kind keeps the wide queue: the narrow one ends its
+    /// watcher after a few unread changes, the wide one holds them.
+    #[tokio::test]
+    async fn a_namespace_watched_as_a_whole_kind_has_the_wide_queue() {
+        let cache = WatchCache::new(
+            WatchCacheConfig {
+                history: 100,
+                watcher_buffer: 100,
+                narrow_watcher_buffer: 2,
+                max_replay: 100,
+                max_replay_wide: 100,
+            },
+            0,
+        );
+        let prefix = "/registry/coordination.k8s.io/leases/members/";
+        let mut narrow = cache
+            .watch(prefix, 0, WatchOptions::default(), &NoHistory)
+            .await
+            .unwrap();
+        let wide = WatchOptions {
+            wide: true,
+            ..Default::default()
+        };
+        let mut wide = cache.watch(prefix, 0, wide, &NoHistory).await.unwrap();
+        for r in 1..=5 {
+            let key = format!("{prefix}m-{r}");
+            cache.publish(change(&key, r, ChangeKind::Create, "x"));
+        }
+        assert!(narrow.next().await.unwrap().unwrap_err().is_expired());
+        for r in 1..=5 {
+            assert_eq!(wide.next().await.unwrap().unwrap().revision(), r);
         }
     }
 

@@ -202,6 +202,8 @@ pub async fn watch(call: Call<'_>) -> ApiResult<Outcome> {
         labels: label,
         fields: field,
         bookmark_interval: bookmarks.then_some(call.app.config.bookmark_interval),
+        // A client's queue is sized by its prefix: a fleet's agents each watch a namespace.
+        wide: false,
     };
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let stream = match call.app.store.watch(&prefix, from, opts).await {

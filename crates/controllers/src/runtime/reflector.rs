@@ -121,7 +121,10 @@ fn run(
             }
             let mut last: Revision = revision;
             loop {
-                let mut w = match store.watch(&prefix, last, WatchOptions::default()).await {
+                // A wide watcher whatever the prefix: what it is sent goes at once into an
+                // inbox that keeps one change per object, and falling behind a narrow queue
+                // would cost a listing of the prefix.
+                let mut w = match store.watch(&prefix, last, WatchOptions::in_process()).await {
                     Ok(w) => w,
                     Err(StoreError::Closed) => return,
                     Err(e) if e.is_expired() => {
