@@ -972,18 +972,26 @@ mod tests {
         assert_eq!(history.0.load(Ordering::Relaxed), 1, "not replayed");
     }
 
+    /// A cache's sizes: ring, wide and narrow queues, narrow and wide replay windows.
+    fn sized(
+        history: usize,
+        watcher_buffer: usize,
+        narrow_watcher_buffer: usize,
+        max_replay: Revision,
+        max_replay_wide: Revision,
+    ) -> WatchCacheConfig {
+        WatchCacheConfig {
+            history,
+            watcher_buffer,
+            narrow_watcher_buffer,
+            max_replay,
+            max_replay_wide,
+        }
+    }
+
     #[tokio::test]
     async fn a_watch_of_a_whole_kind_may_start_further_back_than_one_of_a_namespace() {
-        let cache = WatchCache::new(
-            WatchCacheConfig {
-                history: 2,
-                watcher_buffer: 10,
-                narrow_watcher_buffer: 10,
-                max_replay: 3,
-                max_replay_wide: 6,
-            },
-            0,
-        );
+        let cache = WatchCache::new(sized(2, 10, 10, 3, 6), 0);
         for r in 1..=10 {
             cache.publish(change(
                 "/registry/g/things/ns/x",
@@ -1016,10 +1024,7 @@ mod tests {
             other => panic!("expected Expired, got {other:?}"),
         }
         // A namespace watched as a whole kind is (a controller's reflector of a busy one).
-        let marked = WatchOptions {
-            wide: true,
-            ..Default::default()
-        };
+        let marked = WatchOptions::in_process();
         let marked = cache.watch("/registry/g/things/ns/", 4, marked, &history);
         assert!(marked.await.is_ok());
         assert_eq!(history.0.load(Ordering::Relaxed), 2, "replayed");
@@ -1029,25 +1034,13 @@ mod tests {
     /// watcher after a few unread changes, the wide one holds them.
     #[tokio::test]
     async fn a_namespace_watched_as_a_whole_kind_has_the_wide_queue() {
-        let cache = WatchCache::new(
-            WatchCacheConfig {
-                history: 100,
-                watcher_buffer: 100,
-                narrow_watcher_buffer: 2,
-                max_replay: 100,
-                max_replay_wide: 100,
-            },
-            0,
-        );
+        let cache = WatchCache::new(sized(100, 100, 2, 100, 100), 0);
         let prefix = "/registry/coordination.k8s.io/leases/members/";
         let mut narrow = cache
             .watch(prefix, 0, WatchOptions::default(), &NoHistory)
             .await
             .unwrap();
-        let wide = WatchOptions {
-            wide: true,
-            ..Default::default()
-        };
+        let wide = WatchOptions::in_process();
         let mut wide = cache.watch(prefix, 0, wide, &NoHistory).await.unwrap();
         for r in 1..=5 {
             let key = format!("{prefix}m-{r}");
