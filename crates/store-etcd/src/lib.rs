@@ -480,90 +480,53 @@ impl EtcdStore {
         Ok(self.inner.client.clone())
     }
 
-    /// Turns one etcd watch event into a store change.
-    fn change_of(&self, ev: &rpc::mvccpb::Event) -> Option<Change> {
-        let kv = ev.kv.as_ref()?;
-        let key = self.strip(&kv.key)?.to_string();
-        let rev = kv.mod_revision;
-        let parsed = |value: &[u8]| match decode(&key, rev, value) {
-            Ok(o) => Some(o),
+    /// Turns one etcd watch event into a store change, parsed (an unreadable one is skipped).
+    fn change_of(&self, ev: &rpc::mvccpb::Event) -> Option<Arc<Change>> {
+        match self.kept_of(ev)?.change() {
+            Ok(c) => Some(c),
             Err(e) => {
-                tracing::error!(%key, error = %e, "skipping an unreadable watch event");
+                tracing::error!(error = %e, "skipping an unreadable watch event");
                 None
             }
-        };
-        match ev.r#type() {
-            EventType::Put => {
-                let obj = parsed(&kv.value)?;
-                let kind = if kv.version == 1 {
-                    ChangeKind::Create
-                } else {
-                    ChangeKind::Update
-                };
-                let prev = ev.prev_kv.as_ref().map(|p| p.value.clone());
-                let raw = Arc::from(kv.value.as_slice());
-                Some(Change::stored(key, rev, kind, Arc::new(obj), raw, prev))
-            }
-            EventType::Delete => match &ev.prev_kv {
-                // The object's last state, at the deletion's revision.
-                Some(p) => {
-                    let obj = parsed(&p.value)?;
-                    let raw = Arc::from(p.value.as_slice());
-                    Some(Change::stored(
-                        key,
-                        rev,
-                        ChangeKind::Delete,
-                        Arc::new(obj),
-                        raw,
-                        None,
-                    ))
-                }
-                None => {
-                    let mut o = Object::default();
-                    o.metadata.resource_version = rev.to_string();
-                    Some(Change::with_prev(
-                        key,
-                        rev,
-                        ChangeKind::Delete,
-                        Arc::new(o),
-                        None,
-                    ))
-                }
-            },
         }
     }
 
-    /// One etcd watch event of a history replay, kept as stored: parsed only when a watcher
-    /// reaches it (like [`Self::change_of`], whose parse it defers).
+    /// One etcd watch event as stored, parsed only when it is needed ([`Kept::change`]): the
+    /// feed parses every change at once, a history replay as its watcher reaches it.
     fn kept_of(&self, ev: &rpc::mvccpb::Event) -> Option<Kept> {
         let kv = ev.kv.as_ref()?;
         let key = self.strip(&kv.key)?.to_string();
         let revision = kv.mod_revision;
-        let stored = |kind, raw: &[u8], prev_raw| {
-            Kept::Stored(Arc::new(StoredChange {
-                key: key.clone(),
-                revision,
-                kind,
-                raw: Arc::from(raw),
-                prev_raw,
-            }))
-        };
-        match (ev.r#type(), &ev.prev_kv) {
+        let (kind, raw, prev_raw) = match (ev.r#type(), &ev.prev_kv) {
             (EventType::Put, prev) => {
                 let kind = if kv.version == 1 {
                     ChangeKind::Create
                 } else {
                     ChangeKind::Update
                 };
-                Some(stored(
-                    kind,
-                    &kv.value,
-                    prev.as_ref().map(|p| p.value.clone()),
-                ))
+                (kind, &kv.value, prev.as_ref().map(|p| p.value.clone()))
             }
-            (EventType::Delete, Some(p)) => Some(stored(ChangeKind::Delete, &p.value, None)),
-            (EventType::Delete, None) => self.change_of(ev).map(|c| Kept::Parsed(Arc::new(c))),
-        }
+            // The object's last state, at the deletion's revision.
+            (EventType::Delete, Some(p)) => (ChangeKind::Delete, &p.value, None),
+            (EventType::Delete, None) => {
+                let mut o = Object::default();
+                o.metadata.resource_version = revision.to_string();
+                return Some(Kept::Parsed(Arc::new(Change::with_prev(
+                    key,
+                    revision,
+                    ChangeKind::Delete,
+                    Arc::new(o),
+                    None,
+                ))));
+            }
+        };
+        Some(Kept::Stored(Arc::new(StoredChange {
+            key,
+            revision,
+            kind,
+            raw: Arc::from(raw.as_slice()),
+            prev_raw,
+        })))
     }
 }
 
@@ -621,7 +584,7 @@ async fn feed(store: EtcdStore, mut last: Revision) {
                                 .inner
                                 .recent
                                 .changed(&change.key, last, value.filter(|_| !gone));
-                            store.inner.cache.publish(Arc::new(change));
+                            store.inner.cache.publish(change);
                         } else if let Some(kv) = &ev.kv {
                             last = kv.mod_revision;
                             if let Some(key) = store.strip(&kv.key) {

@@ -179,25 +179,34 @@ impl Kept {
         }
     }
 
-    /// The change as a watcher receives it.
-    fn change(self) -> Result<Arc<Change>> {
+    /// The change as a watcher receives it: parsed now if it was kept as stored.
+    pub fn change(self) -> Result<Arc<Change>> {
         match self {
             Kept::Parsed(c) => Ok(c),
             Kept::Stored(c) => {
                 let mut o: Object = serde_json::from_slice(&c.raw).map_err(|e| {
                     StoreError::Corrupt(format!(
-                        "a change to {} at revision {} kept for replay does not parse: {e}",
+                        "a change to {} at revision {} does not parse: {e}",
                         c.key, c.revision
                     ))
                 })?;
                 o.metadata.resource_version = c.revision.to_string();
+                // Moved out when nothing else holds it (a backend's fresh change), copied
+                // when the ring does.
+                let c = Arc::try_unwrap(c).unwrap_or_else(|c| StoredChange {
+                    key: c.key.clone(),
+                    revision: c.revision,
+                    kind: c.kind,
+                    raw: c.raw.clone(),
+                    prev_raw: c.prev_raw.clone(),
+                });
                 Ok(Arc::new(Change::stored(
-                    c.key.clone(),
+                    c.key,
                     c.revision,
                     c.kind,
                     Arc::new(o),
-                    c.raw.clone(),
-                    c.prev_raw.clone(),
+                    c.raw,
+                    c.prev_raw,
                 )))
             }
         }
