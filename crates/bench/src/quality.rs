@@ -662,6 +662,39 @@ impl Sim<'_> {
         (levels, pending, running, hourly)
     }
 
+    /// The least the replicas placed on clusters that are up could cost an hour this step, by
+    /// any placement that keeps every cluster under `limit`: poured, as a fluid, into the
+    /// cheapest clusters up to the limit over their background now, re-placed every step at
+    /// no cost. Cores are what fills a cluster (a replica's memory per core, the fleet's mean,
+    /// is about half a cluster's); each core carries that mean memory.
+    fn cost_bound(&self, limit: f64) -> f64 {
+        let (mut cores, mut gib) = (0.0, 0.0);
+        for w in self.workloads.values() {
+            for (c, n) in &w.placed {
+                if !self.dark[*c] {
+                    cores += w.req[0] * *n as f64;
+                    gib += w.req[1] / 1024.0 * *n as f64;
+                }
+            }
+        }
+        let gib_per_core = if cores > 0.0 { gib / cores } else { 0.0 };
+        let unit = |c: &SimCluster| c.price[0] + gib_per_core * c.price[1];
+        let mut up: Vec<&SimCluster> = (self.clusters.iter().enumerate())
+            .filter(|(i, _)| !self.dark[*i])
+            .map(|(_, c)| c)
+            .collect();
+        up.sort_by(|a, b| unit(a).total_cmp(&unit(b)));
+        let (mut left, mut hourly) = (cores, 0.0);
+        for c in up {
+            let free = (limit - c.background(self.step)).max(0.0);
+            let room = (free * c.cap[0]).min(free * c.cap[1] / 1024.0 / gib_per_core.max(1e-9));
+            let take = room.min(left);
+            hourly += take * unit(c);
+            left -= take;
+        }
+        hourly
+    }
+
     /// Orrery only: clusters above the shed mark for three steps shed replicas of a few
     /// workloads (the controller's rule, at the simulation's time scale); with prediction, so
     /// do clusters whose forecast (its mean) crosses the mark within the horizon and stays
@@ -793,6 +826,7 @@ fn simulate(
     let mut peak: f64 = 0.0;
     let mut overload_steps = 0usize;
     let (mut cost, mut served) = (0.0, 0.0);
+    let mut bound = 0.0;
     for (step, evs) in trace.iter().enumerate() {
         sim.step = step;
         if let Some(f) = sim.forecasts.as_mut() {
@@ -859,6 +893,7 @@ fn simulate(
         let (levels, pending, running, hourly) = sim.measure();
         let hours = STEP_SECONDS as f64 / 3600.0;
         cost += hourly * hours;
+        bound += sim.cost_bound(orrery_scheduler::DEFAULT_WATER_LEVEL_LIMIT) * hours;
         served += running as f64 * hours;
         stds.push(std_dev(&levels));
         let m = levels.iter().copied().fold(0.0, f64::max);
@@ -880,6 +915,7 @@ fn simulate(
         "pending_replicas_max": pendings.iter().copied().fold(0.0, f64::max),
         "overload_minutes": overload_steps as i64 * STEP_SECONDS / 60,
         "cost": round(cost, 2),
+        "cost_bound": round(bound, 2),
         "cost_per_replica_hour": if served > 0.0 { json!(round(cost / served, 5)) } else { json!(null) },
         "replicas_moved": sim.moved,
         "replicas_moved_ahead": sim.moved_ahead,
@@ -983,6 +1019,10 @@ pub fn quality(args: QualityArgs) -> anyhow::Result<()> {
             "pending_replicas_mean": [num(ours, "pending_replicas_mean"), num(cost, "pending_replicas_mean")],
             "rwl_max_peak": [num(ours, "rwl_max_peak"), num(cost, "rwl_max_peak")],
             "cheaper_by_a_fifth": num(cost, "cost") <= 0.8 * num(ours, "cost"),
+            // The least any placement under the limit could have cost (see `cost_bound`),
+            // against water level alone: below 0.8, a fifth was there to be saved.
+            "cost_bound_ratio": round(num(ours, "cost_bound") / num(ours, "cost"), 3),
+            "a_fifth_within_reach": num(ours, "cost_bound") <= 0.8 * num(ours, "cost"),
             "no_more_pending": num(cost, "pending_replicas_mean") <= num(ours, "pending_replicas_mean"),
             // The background alone takes some clusters past the limit at their daily peak:
             // what is asked is that prices never do (no higher peak than without them).
