@@ -717,6 +717,10 @@ impl Store for EncryptingStore {
         self.inner.degraded()
     }
 
+    fn watch_stats(&self) -> Option<orrery_store::WatchStats> {
+        self.inner.watch_stats()
+    }
+
     fn fenced(&self, fence: Fence) -> Option<Arc<dyn Store>> {
         let inner = self.inner.fenced(fence)?;
         Some(EncryptingStore::wrap(inner, self.config.clone()))

@@ -47,7 +47,12 @@ pub struct Metrics {
     heartbeat_age: Family<ClusterLabels, Gauge<f64, AtomicU64>>,
     clusters_ready: Gauge,
     works_pending: Gauge,
+    watchers: Gauge,
+    watch_queued: Gauge,
+    watch_queued_max: Gauge,
     view: Arc<Mutex<View>>,
+    /// The store whose watchers are counted, once [`Metrics::start`] has it.
+    store: Mutex<Option<Arc<dyn Store>>>,
 }
 
 impl Metrics {
@@ -60,6 +65,8 @@ impl Metrics {
         let heartbeat_age = Family::<ClusterLabels, Gauge<f64, AtomicU64>>::default();
         let clusters_ready = Gauge::default();
         let works_pending = Gauge::default();
+        let (watchers, watch_queued, watch_queued_max) =
+            (Gauge::default(), Gauge::default(), Gauge::default());
         {
             let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
             r.register(
@@ -87,6 +94,21 @@ impl Metrics {
                 "Works not yet applied in their member cluster",
                 works_pending.clone(),
             );
+            r.register(
+                "orrery_watchers",
+                "Watches this replica serves from its watch cache (clients' and its own)",
+                watchers.clone(),
+            );
+            r.register(
+                "orrery_watch_queued_changes",
+                "Changes waiting in this replica's watchers' queues, all together",
+                watch_queued.clone(),
+            );
+            r.register(
+                "orrery_watch_queued_changes_max",
+                "Changes waiting in this replica's fullest watcher queue",
+                watch_queued_max.clone(),
+            );
         }
         Metrics {
             registry,
@@ -95,7 +117,11 @@ impl Metrics {
             heartbeat_age,
             clusters_ready,
             works_pending,
+            watchers,
+            watch_queued,
+            watch_queued_max,
             view: Arc::default(),
+            store: Mutex::default(),
         }
     }
 
@@ -128,6 +154,7 @@ impl Metrics {
     /// Reads every Cluster, member Lease and Work, and follows their changes from this
     /// replica's watches, for [`Metrics::render`].
     pub async fn start(&self, store: Arc<dyn Store>) -> Result<(), StoreError> {
+        *self.store.lock().unwrap_or_else(|p| p.into_inner()) = Some(store.clone());
         for part in Part::ALL {
             let from = relist(&self.view, store.as_ref(), part).await?;
             let (view, store) = (self.view.clone(), store.clone());
@@ -164,6 +191,14 @@ impl Metrics {
             }
             self.clusters_ready.set(ready);
             self.works_pending.set(view.pending.len() as i64);
+        }
+        let stats = (self.store.lock().unwrap_or_else(|p| p.into_inner()))
+            .as_ref()
+            .and_then(|s| s.watch_stats());
+        if let Some(w) = stats {
+            self.watchers.set(w.watchers as i64);
+            self.watch_queued.set(w.queued as i64);
+            self.watch_queued_max.set(w.queued_max as i64);
         }
         let mut out = String::new();
         let r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
@@ -518,6 +553,52 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "{t}");
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         }
+    }
+
+    /// A watcher that does not read shows in the queued changes; its own followers of the
+    /// members' figures are watchers too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn watchers_and_what_waits_for_them() {
+        let h = orrery_store_testkit::SqliteHarness::new();
+        let store = h.open().await;
+        let m = Metrics::new(SharedRegistry::default());
+        m.start(store.clone()).await.unwrap();
+        let from = store.current_revision().await.unwrap();
+        let idle = store
+            .watch("/registry/configmaps/", from, WatchOptions::default())
+            .await
+            .unwrap();
+        for i in 0..5 {
+            let key = format!("/registry/configmaps/default/c{i}");
+            let o = object(serde_json::json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": format!("c{i}"), "namespace": "default"},
+            }));
+            store.create(&key, o).await.unwrap();
+        }
+        // The followers register and the changes are fanned out after the calls return.
+        let settled = |want: &[(&str, f64)]| {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            loop {
+                let t = m.render().unwrap();
+                if want.iter().all(|(k, v)| value(&t, k) == Some(*v)) {
+                    return;
+                }
+                assert!(std::time::Instant::now() < deadline, "{want:?} in {t}");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        };
+        // Clusters, Leases and Works followed, and the idle watcher.
+        settled(&[
+            ("orrery_watchers", 4.0),
+            ("orrery_watch_queued_changes", 5.0),
+            ("orrery_watch_queued_changes_max", 5.0),
+        ]);
+        drop(idle);
+        settled(&[
+            ("orrery_watchers", 3.0),
+            ("orrery_watch_queued_changes", 0.0),
+        ]);
     }
 
     #[test]

@@ -925,6 +925,10 @@ impl Store for EtcdStore {
         Ok(self.inner.compacted.load(Ordering::Acquire))
     }
 
+    fn watch_stats(&self) -> Option<orrery_store::WatchStats> {
+        Some(self.inner.cache.stats())
+    }
+
     fn degraded(&self) -> Option<String> {
         if !self.inner.is_degraded.load(Ordering::Acquire) {
             return None;

@@ -436,4 +436,8 @@ impl Store for SqliteStore {
             .unwrap_or_else(|p| p.into_inner())
             .take();
     }
+
+    fn watch_stats(&self) -> Option<orrery_store::WatchStats> {
+        Some(self.inner.cache.stats())
+    }
 }

@@ -144,6 +144,10 @@ impl Store for Lagging {
         self.inner.degraded()
     }
 
+    fn watch_stats(&self) -> Option<orrery_store::WatchStats> {
+        self.inner.watch_stats()
+    }
+
     fn fenced(&self, fence: Fence) -> Option<Arc<dyn Store>> {
         // A fenced view would read the wrapped store's recent copies, not the held ones.
         let _ = fence;

@@ -32,7 +32,7 @@ pub use list::{
 };
 pub use watch::{
     Change, ChangeKind, History, Kept, MapObject, StoredChange, WatchCache, WatchCacheConfig,
-    WatchEvent, WatchOptions, WatchStream,
+    WatchEvent, WatchOptions, WatchStats, WatchStream,
 };
 
 /// A store revision (what `resourceVersion` carries).
@@ -168,6 +168,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Why reads may be stale now (etcd without quorum: reads are served by one member
     /// without consensus), or `None` when the store is whole.
     fn degraded(&self) -> Option<String> {
+        None
+    }
+
+    /// Its watchers and what waits in their queues (for `/metrics`), where the store fans
+    /// its changes out itself; `None` where it does not.
+    fn watch_stats(&self) -> Option<WatchStats> {
         None
     }
 

@@ -360,6 +360,17 @@ fn is_wide(prefix: &str) -> bool {
     prefix.matches('/').count() <= 4
 }
 
+/// A store's watchers, as [`WatchCache::stats`] counts them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatchStats {
+    /// Watchers registered.
+    pub watchers: usize,
+    /// Changes waiting in their queues, all together.
+    pub queued: usize,
+    /// Changes waiting in the fullest queue.
+    pub queued_max: usize,
+}
+
 /// The in-process fan-out of one store's changes.
 #[derive(Clone, Debug)]
 pub struct WatchCache {
@@ -511,12 +522,19 @@ impl WatchCache {
         self.lock().channels.clear();
     }
 
-    /// Number of prefixes with live watchers (for metrics).
-    ///
-    /// A watcher that went away is noticed at the next change under its prefix, or the next
-    /// watch of it.
-    pub fn watched_prefixes(&self) -> usize {
-        self.lock().channels.len()
+    /// Its watchers and what waits in their queues (for `/metrics`): a watcher that falls
+    /// behind holds every change it has not read, which is what makes a server's memory grow
+    /// when its watchers are not scheduled. Watchers gone are not counted.
+    pub fn stats(&self) -> WatchStats {
+        let st = self.lock();
+        let mut stats = WatchStats::default();
+        for f in st.channels.values().flatten().filter(|f| !f.tx.is_closed()) {
+            let queued = f.tx.max_capacity() - f.tx.capacity();
+            stats.watchers += 1;
+            stats.queued += queued;
+            stats.queued_max = stats.queued_max.max(queued);
+        }
+        stats
     }
 
     /// Watches keys under `prefix` (empty, or ending in `/`) for changes after revision
@@ -1059,6 +1077,43 @@ mod tests {
         for r in 1..=5 {
             assert_eq!(wide.next().await.unwrap().unwrap().revision(), r);
         }
+    }
+
+    /// What waits counts per watcher, read or not, and a watcher gone is not counted.
+    #[tokio::test]
+    async fn stats_count_what_waits_in_each_watchers_queue() {
+        let cache = WatchCache::new(sized(100, 100, 100, 100, 100), 0);
+        assert_eq!(cache.stats(), WatchStats::default());
+        let mut a = cache
+            .watch("/a/", 0, WatchOptions::default(), &NoHistory)
+            .await
+            .unwrap();
+        let b = cache
+            .watch("/b/", 0, WatchOptions::default(), &NoHistory)
+            .await
+            .unwrap();
+        let everything = cache
+            .watch("", 0, WatchOptions::default(), &NoHistory)
+            .await
+            .unwrap();
+        for r in 1..=3 {
+            cache.publish(change("/a/x", r, ChangeKind::Update, "x"));
+        }
+        cache.publish(change("/b/x", 4, ChangeKind::Create, "x"));
+        let stats = |watchers, queued, queued_max| WatchStats {
+            watchers,
+            queued,
+            queued_max,
+        };
+        // `a` holds 3, `b` 1, the watcher of everything 4.
+        assert_eq!(cache.stats(), stats(3, 8, 4));
+        a.next().await.unwrap().unwrap();
+        a.next().await.unwrap().unwrap();
+        assert_eq!(cache.stats(), stats(3, 6, 4));
+        drop(everything);
+        assert_eq!(cache.stats(), stats(2, 2, 1));
+        drop(b);
+        assert_eq!(cache.stats(), stats(1, 1, 1));
     }
 
     #[tokio::test]
