@@ -339,9 +339,14 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         )?);
     }
 
+    // Seconds until every member was Ready at once; `None` when a few (at most one in a
+    // thousand) still came and went at the deadline: the run goes on to the Works and says so.
+    let mut all_ready = None;
+    let mut ready_at_deadline = None;
     loop {
         let n = orrery_client::ready_clusters(&admin).await?;
         if n >= args.clusters {
+            all_ready = Some(started.elapsed().as_secs_f64());
             break;
         }
         if started.elapsed() >= Duration::from_secs(600) {
@@ -350,7 +355,15 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
             for line in not_ready(&admin, 20).await? {
                 progress(format!("members fleet: not Ready: {line}"));
             }
-            anyhow::bail!("only {n} clusters Ready after 10 minutes");
+            if n * 1000 < args.clusters * 999 {
+                anyhow::bail!("only {n} clusters Ready after 10 minutes");
+            }
+            progress(format!(
+                "members fleet: {n}/{} Ready after 10 minutes; going on without the rest",
+                args.clusters
+            ));
+            ready_at_deadline = Some(n);
+            break;
         }
         progress(format!(
             "members fleet: {n}/{} Ready after {:.0} s",
@@ -359,9 +372,9 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         ));
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    let all_ready = started.elapsed().as_secs_f64();
-
-    progress(format!("members fleet: all Ready after {all_ready:.1} s"));
+    if let Some(t) = all_ready {
+        progress(format!("members fleet: all Ready after {t:.1} s"));
+    }
     // Let the registration burst settle, then measure.
     tokio::time::sleep(Duration::from_secs(10)).await;
     // Heartbeats while the fleet registered, then afresh while the Works roll out.
@@ -507,7 +520,8 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         "heartbeat_interval": args.heartbeat,
         "agents_nice": args.agents_nice,
         "load": args.load,
-        "seconds_to_all_ready": round(all_ready, 1),
+        "seconds_to_all_ready": all_ready.map(|t| round(t, 1)),
+        "ready_at_deadline": ready_at_deadline,
         "steady_seconds": args.steady_secs,
         "ready_at_end": still_ready,
         "works_available": available,
