@@ -522,9 +522,9 @@ impl WatchCache {
         self.lock().channels.clear();
     }
 
-    /// Its watchers and what waits in their queues (for `/metrics`): a watcher that falls
-    /// behind holds every change it has not read, which is what makes a server's memory grow
-    /// when its watchers are not scheduled. Watchers gone are not counted.
+    /// Its watchers and what waits in their queues (for `/metrics`): the changes sent to a
+    /// watcher and not read yet, held in memory for it (each may be the last holder of a
+    /// parsed object). Watchers gone are not counted.
     pub fn stats(&self) -> WatchStats {
         let st = self.lock();
         let mut stats = WatchStats::default();
