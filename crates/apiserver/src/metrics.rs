@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use orrery_api::cluster::{self, ClusterStatus};
 use orrery_api::{Object, Time, conditions, keys};
@@ -52,7 +52,7 @@ pub struct Metrics {
     watch_queued_max: Gauge,
     view: Arc<Mutex<View>>,
     /// The store whose watchers are counted, once [`Metrics::start`] has it.
-    store: Mutex<Option<Arc<dyn Store>>>,
+    store: OnceLock<Arc<dyn Store>>,
 }
 
 impl Metrics {
@@ -121,7 +121,7 @@ impl Metrics {
             watch_queued,
             watch_queued_max,
             view: Arc::default(),
-            store: Mutex::default(),
+            store: OnceLock::new(),
         }
     }
 
@@ -154,7 +154,8 @@ impl Metrics {
     /// Reads every Cluster, member Lease and Work, and follows their changes from this
     /// replica's watches, for [`Metrics::render`].
     pub async fn start(&self, store: Arc<dyn Store>) -> Result<(), StoreError> {
-        *self.store.lock().unwrap_or_else(|p| p.into_inner()) = Some(store.clone());
+        // Started once per server; a second start keeps counting the first store's watchers.
+        let _ = self.store.set(store.clone());
         for part in Part::ALL {
             let from = relist(&self.view, store.as_ref(), part).await?;
             let (view, store) = (self.view.clone(), store.clone());
@@ -192,10 +193,7 @@ impl Metrics {
             self.clusters_ready.set(ready);
             self.works_pending.set(view.pending.len() as i64);
         }
-        let stats = (self.store.lock().unwrap_or_else(|p| p.into_inner()))
-            .as_ref()
-            .and_then(|s| s.watch_stats());
-        if let Some(w) = stats {
+        if let Some(w) = self.store.get().and_then(|s| s.watch_stats()) {
             self.watchers.set(w.watchers as i64);
             self.watch_queued.set(w.queued as i64);
             self.watch_queued_max.set(w.queued_max as i64);
