@@ -545,7 +545,12 @@ pub async fn run(
         };
         f = back;
         checks.put(&forecasts, lead_steps);
-        for c in &forecasts {
+        let now: BTreeSet<String> = forecasts.iter().map(|c| c.cluster.clone()).collect();
+        let made = forecasts.len();
+        // Each goes once written: at 10,000 members a round's forecasts are 150 MB together,
+        // and writing them takes a while.
+        for c in forecasts {
+            let c = &c;
             if let Err(e) = write(store.as_ref(), c).await {
                 tracing::warn!(cluster = %c.cluster, error = %e, "writing a forecast");
             }
@@ -558,7 +563,6 @@ pub async fn run(
             }
         }
         // Forecasts of clusters that left go.
-        let now: BTreeSet<String> = forecasts.iter().map(|c| c.cluster.clone()).collect();
         for gone in stale.difference(&now) {
             let _ = store
                 .delete(&series::forecast_key(gone), &Default::default())
@@ -566,7 +570,7 @@ pub async fn run(
         }
         stale = now;
         tracing::debug!(
-            clusters = forecasts.len(),
+            clusters = made,
             ms = started.elapsed().as_millis() as u64,
             "forecasts made"
         );
