@@ -73,8 +73,11 @@ enum Applied {
         /// With its new resourceVersion.
         obj: Arc<Object>,
         prev: Option<Vec<u8>>,
-        /// The stored JSON's size.
-        weight: usize,
+        /// The stored JSON (without `resourceVersion`), kept by the watch cache's ring in
+        /// place of the parsed object once newer changes have come: without it the ring kept
+        /// every one of its 4,096 changes parsed, ten times their JSON (a fleet's forecasts,
+        /// 290 KB each parsed, held 1.2 GB in an idle server).
+        raw: Arc<[u8]>,
     },
     Deleted {
         key: String,
@@ -275,9 +278,9 @@ impl Writer {
                 self.shared
                     .latest
                     .put(out.iter().filter_map(|(_, applied)| match applied {
-                        Ok(Applied::Put {
-                            key, obj, weight, ..
-                        }) => Some((key.clone(), obj.clone(), *weight)),
+                        Ok(Applied::Put { key, obj, raw, .. }) => {
+                            Some((key.clone(), obj.clone(), raw.len()))
+                        }
                         _ => None,
                     }));
                 self.commits += 1;
@@ -372,7 +375,7 @@ fn apply(
                     kind: ChangeKind::Create,
                     obj: stamped(obj, next),
                     prev: None,
-                    weight: value.len(),
+                    raw: value.into(),
                 })
             }
         },
@@ -400,7 +403,7 @@ fn apply(
                     kind: ChangeKind::Update,
                     obj: stamped(obj, next),
                     prev: Some(prev),
-                    weight: value.len(),
+                    raw: value.into(),
                 })
             }
         },
@@ -526,8 +529,8 @@ pub fn dispatch(rx: std::sync::mpsc::Receiver<Vec<Committed>>, cache: WatchCache
     for group in rx {
         for Committed { reply, applied } in group {
             let answer = applied.map(|a| match a {
-                Applied::Put { key, rev, kind, obj, prev, .. } => {
-                    cache.publish(Arc::new(Change::new(key, rev, kind, obj.clone(), prev)));
+                Applied::Put { key, rev, kind, obj, prev, raw } => {
+                    cache.publish(Arc::new(Change::stored(key, rev, kind, obj.clone(), raw, prev)));
                     Reply::Object(obj)
                 }
                 Applied::Deleted { key, rev, value } => {

@@ -392,3 +392,35 @@ async fn a_file_from_the_old_compaction_is_repaired_at_open() {
     assert_eq!(s.get("/t/ns/k").await.unwrap().revision(), Some(3));
     s.close().await;
 }
+
+/// The watch cache's ring keeps only its newest changes parsed and the older ones as the JSON
+/// written: the SQLite backend hands it that JSON with each change (without it every change in
+/// the ring stayed parsed, ten times its size, and an idle server holding a round of large
+/// records grew to gigabytes). A watch replaying from the ring still gets every change whole.
+#[tokio::test]
+async fn the_watch_ring_keeps_older_changes_as_their_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(SqliteConfig::new(dir.path().join("orrery.db"))).unwrap();
+    let first = s.create("/t/ns/x", obj("x")).await.unwrap();
+    let mut written = vec![first.clone()];
+    for i in 0..600 {
+        let mut o = (*written[written.len() - 1]).clone();
+        o.metadata.labels.insert("n".into(), i.to_string());
+        written.push(s.update("/t/ns/x", o, None).await.unwrap());
+    }
+    // Nothing but this test holds the first version parsed any more; the newest is also held
+    // by the ring (and the cache of recent writes).
+    assert_eq!(Arc::strong_count(&first), 2, "the test's two copies only");
+    assert!(Arc::strong_count(&written[600]) > 2);
+    let from = first.revision().unwrap() - 1;
+    let mut w = s.watch("/t/ns/", from, Default::default()).await.unwrap();
+    for want in &written {
+        let ev = w.next().await.unwrap().unwrap();
+        match ev {
+            orrery_store::WatchEvent::Added(o) | orrery_store::WatchEvent::Modified(o) => {
+                assert_eq!(&o, want)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
