@@ -550,11 +550,10 @@ pub async fn run(
         // Each goes once written: at 10,000 members a round's forecasts are 150 MB together,
         // and writing them takes a while.
         for c in forecasts {
-            let c = &c;
-            if let Err(e) = write(store.as_ref(), c).await {
+            if let Err(e) = write(store.as_ref(), &c).await {
                 tracing::warn!(cluster = %c.cluster, error = %e, "writing a forecast");
             }
-            match write_summary(store.as_ref(), c).await {
+            match write_summary(store.as_ref(), &c).await {
                 // The cluster left while its forecast was made.
                 Ok(()) | Err(StoreError::NotFound { .. }) => {}
                 Err(e) => {
