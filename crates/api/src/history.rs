@@ -546,13 +546,15 @@ pub mod series {
             assert!(key(RAW_PREFIX, 5) < key(RAW_PREFIX, 40));
         }
 
+        /// Bounds a binary fraction apart, so the JSON below is exact.
         fn point(mean: f64) -> ForecastPoint {
+            let (b80, b95) = (0.125, 0.25);
             ForecastPoint {
                 mean,
-                lower80: mean - 0.1,
-                upper80: mean + 0.1,
-                lower95: mean - 0.2,
-                upper95: mean + 0.2,
+                lower80: mean - b80,
+                upper80: mean + b80,
+                lower95: mean - b95,
+                upper95: mean + b95,
             }
         }
 
@@ -570,15 +572,15 @@ pub mod series {
             let v = serde_json::to_value(&s).unwrap();
             assert_eq!(
                 v["points"],
-                serde_json::json!({"mean": [0.5, 0.625], "lower80": [0.4, 0.525],
-                    "upper80": [0.6, 0.725], "lower95": [0.3, 0.425], "upper95": [0.7, 0.825]})
+                serde_json::json!({"mean": [0.5, 0.625], "lower80": [0.375, 0.5],
+                    "upper80": [0.625, 0.75], "lower95": [0.25, 0.375], "upper95": [0.75, 0.875]})
             );
             let back: SeriesForecast = serde_json::from_value(v).unwrap();
             assert_eq!(back, s);
             // As an earlier version stored them: an object per point.
             let old = serde_json::json!({"model": "ets", "points": [
-                {"mean": 0.5, "lower80": 0.4, "upper80": 0.6, "lower95": 0.3, "upper95": 0.7},
-                {"mean": 0.625, "lower80": 0.525, "upper80": 0.725, "lower95": 0.425, "upper95": 0.825}]});
+                {"mean": 0.5, "lower80": 0.375, "upper80": 0.625, "lower95": 0.25, "upper95": 0.75},
+                {"mean": 0.625, "lower80": 0.5, "upper80": 0.75, "lower95": 0.375, "upper95": 0.875}]});
             assert_eq!(serde_json::from_value::<SeriesForecast>(old).unwrap(), s);
             let none = serde_json::from_value::<SeriesForecast>(serde_json::json!({
                 "model": "ets", "points": {"mean": [], "lower80": [], "upper80": [],
@@ -611,7 +613,7 @@ pub mod series {
             assert_eq!(v["points"]["upper95"], serde_json::json!([null]));
             let back: SeriesForecast = serde_json::from_value(v).unwrap();
             assert!(back.points[0].upper95.is_nan());
-            assert_eq!(back.points[0].upper80, 0.6);
+            assert_eq!(back.points[0].upper80, 0.625);
         }
     }
 }
