@@ -540,7 +540,8 @@ pub fn dispatch(rx: std::sync::mpsc::Receiver<Vec<Committed>>, cache: WatchCache
                     });
                     obj.metadata.resource_version = rev.to_string();
                     let obj = Arc::new(obj);
-                    cache.publish(Arc::new(Change::with_prev(key, rev, ChangeKind::Delete, obj.clone(), None)));
+                    // With its stored JSON, as a write's (and as etcd's deletions come).
+                    cache.publish(Arc::new(Change::stored(key, rev, ChangeKind::Delete, obj.clone(), value.into(), None)));
                     Reply::Object(obj)
                 }
                 Applied::Compacted { target } => {
