@@ -128,6 +128,15 @@ fn not_served(s: &tonic::Status) -> bool {
                 || m.contains("onnection refused")))
 }
 
+/// The member a process asks first, drawn at random: replicas given the same list of
+/// members would otherwise all load its first one (clientv3 spreads its calls over the list
+/// too), and that member alone served every replica's reads and watches.
+fn first_member(n: usize) -> usize {
+    use std::hash::BuildHasher;
+    let draw = std::collections::hash_map::RandomState::new().hash_one(std::process::id());
+    (draw % n.max(1) as u64) as usize
+}
+
 /// What kind of call: whether a broken call may be asked of another member.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -171,9 +180,10 @@ impl Client {
                 "no etcd endpoint given",
             )));
         }
+        let first = first_member(members.len());
         Ok(Client {
             members: members.into(),
-            current: Arc::new(AtomicUsize::new(0)),
+            current: Arc::new(AtomicUsize::new(first)),
             read_timeout: c.read_timeout,
             write_timeout: c.write_timeout,
         })
