@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use orrery_api::cluster::{ClusterStatus, ResourceList};
+use orrery_api::cluster::ResourceList;
 use orrery_api::conditions::{self, Condition};
 use orrery_api::quantity::Quantity;
 use orrery_api::quota::{
@@ -121,10 +121,76 @@ fn live(o: &Object) -> bool {
 struct Controller {
     store: Arc<dyn Store>,
     settings: Settings,
-    clusters: Arc<Cache>,
+    members: Members,
     claims: Arc<Cache>,
     queues: Arc<Cache>,
     capacities: Capacities,
+}
+
+/// What a round reads of a member's Cluster: who owns the member's objects, whether it is
+/// being deleted, and the capacity its status reports (read when its nodes are not). Not the
+/// Cluster: a parsed one is about 25 KB, and a round reads these few fields.
+#[derive(Debug)]
+struct Member {
+    owner: OwnerReference,
+    live: bool,
+    allocatable: ResourceList,
+}
+
+impl Member {
+    fn of(c: &Object) -> Member {
+        Member {
+            owner: OwnerReference::controller_of(c),
+            live: live(c),
+            allocatable: c
+                .status
+                .as_ref()
+                .and_then(|s| s.pointer("/resourceSummary/allocatable"))
+                .and_then(|a| ResourceList::deserialize(a).ok())
+                .unwrap_or_default(),
+        }
+    }
+
+    fn name(&self) -> &str {
+        &self.owner.name
+    }
+}
+
+/// The members as their Clusters' events tell them.
+#[derive(Default)]
+struct Members(Mutex<BTreeMap<String, Arc<Member>>>);
+
+impl Members {
+    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Member>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn follow(&self, event: &Event) {
+        let mut m = self.map();
+        match event {
+            Event::Listed(items) => {
+                *m = items
+                    .iter()
+                    .map(|c| (c.name().to_string(), Arc::new(Member::of(c))))
+                    .collect();
+            }
+            Event::Upsert(c) => {
+                m.insert(c.name().to_string(), Arc::new(Member::of(c)));
+            }
+            Event::Delete(c) => {
+                m.remove(c.name());
+            }
+        }
+    }
+
+    /// The members not being deleted, by name.
+    fn live(&self) -> BTreeMap<String, Arc<Member>> {
+        self.map()
+            .iter()
+            .filter(|(_, m)| m.live)
+            .map(|(n, m)| (n.clone(), m.clone()))
+            .collect()
+    }
 }
 
 /// Each member's nominal capacity from its reported nodes (`None`: no node reported), as of
@@ -222,15 +288,10 @@ struct Outcome {
 
 impl Controller {
     /// The member's capacity now: its nodes as reported, else its Cluster's summary.
-    fn capacity(&self, cluster: &Object) -> ResourceList {
-        match self.capacities.get(cluster.name()).flatten() {
+    fn capacity(&self, member: &Member) -> ResourceList {
+        match self.capacities.get(member.name()).flatten() {
             Some(n) => n,
-            None => quota::nominal_of(
-                &ClusterStatus::of(cluster)
-                    .resource_summary
-                    .map(|r| r.allocatable)
-                    .unwrap_or_default(),
-            ),
+            None => quota::nominal_of(&member.allocatable),
         }
     }
 
@@ -291,10 +352,10 @@ impl Controller {
     }
 
     /// Creates what a member lacks: its ClusterMetrics, and its claim once its capacity is known.
-    async fn ensure(&self, cluster: &Object) -> Result<(), StoreError> {
+    async fn ensure(&self, cluster: &Member) -> Result<(), StoreError> {
         if self.capacities.get(cluster.name()).is_none() {
             let mut m = new_object(API_VERSION, METRICS_KIND, None, cluster.name());
-            m.metadata.owner_references = vec![OwnerReference::controller_of(cluster)];
+            m.metadata.owner_references = vec![cluster.owner.clone()];
             m.spec = Some(json!({}));
             match self.store.create(&metrics_key(cluster.name()), m).await {
                 Ok(o) => self.capacities.created(&o),
@@ -310,7 +371,7 @@ impl Controller {
                 return Ok(());
             }
             let mut c = new_object(API_VERSION, CLAIM_KIND, None, &name);
-            c.metadata.owner_references = vec![OwnerReference::controller_of(cluster)];
+            c.metadata.owner_references = vec![cluster.owner.clone()];
             let spec = ClaimSpec {
                 cluster_name: cluster.name().to_string(),
                 nominal_resources: nominal,
@@ -338,13 +399,7 @@ impl Controller {
     /// Returns when it should run again at the latest (a capacity change waiting for its
     /// interval).
     async fn reconcile(&self) -> Result<Option<Duration>, StoreError> {
-        let clusters: BTreeMap<String, Arc<Object>> = self
-            .clusters
-            .list()
-            .into_iter()
-            .filter(|c| live(c))
-            .map(|c| (c.name().to_string(), c))
-            .collect();
+        let clusters = self.members.live();
         self.kueue_policy().await?;
         // A few at a time: a fleet registering together must not wait for thousands of
         // creates one after another (each an etcd commit; at 10,000 members the last were
@@ -662,11 +717,15 @@ fn list(l: &orrery_api::cluster::ResourceList) -> String {
 /// Runs the controller until shutdown.
 pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch::Receiver<bool>) {
     let cache = || Arc::new(Cache::new(&[]));
-    let (clusters, claims, queues) = (cache(), cache(), cache());
+    let (claims, queues) = (cache(), cache());
     let follow = |prefix: String, c: &Arc<Cache>| {
         reflector::spawn_cached(store.clone(), prefix, Some(c.clone()), shutdown.clone())
     };
-    let mut cluster_events = follow(keys::well_known::clusters(), &clusters);
+    let mut cluster_events = reflector::spawn(
+        store.clone(),
+        keys::well_known::clusters(),
+        shutdown.clone(),
+    );
     let mut metric_events = reflector::spawn(
         store.clone(),
         keys::prefix(GROUP, METRICS_PLURAL, None),
@@ -677,7 +736,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
     let c = Controller {
         store,
         settings,
-        clusters,
+        members: Members::default(),
         claims,
         queues,
         capacities: Capacities::default(),
@@ -704,6 +763,9 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         let mark = |due: &mut Option<tokio::time::Instant>| {
             *due = Some(due.map_or(soon, |d| d.min(soon)));
         };
+        if let Some(("clusters", Some(e))) = &ev {
+            c.members.follow(e);
+        }
         match ev {
             Some((_, None)) => return,
             Some(("metrics", Some(e))) => {

@@ -192,6 +192,30 @@ async fn wanted_of(app: &App, c: &Object) -> Option<Wanted> {
     })
 }
 
+/// A Cluster as the push agents' supervisor last saw it.
+struct Known {
+    /// A digest of its spec, and whether it is being deleted: a change of either is looked at.
+    spec: u64,
+    deleting: bool,
+    /// The Cluster, when it is a Push one (looked at again now and then: its Secret may change).
+    push: Option<Arc<Object>>,
+}
+
+impl Known {
+    fn of(o: &Arc<Object>) -> Known {
+        let push = ClusterSpec::of(o).sync_mode == SyncMode::Push;
+        Known {
+            spec: orrery_api::object::json_digest(&o.spec),
+            deleting: o.metadata.deletion_timestamp.is_some(),
+            push: push.then(|| o.clone()),
+        }
+    }
+
+    fn same(&self, other: &Known) -> bool {
+        self.spec == other.spec && self.deleting == other.deleting
+    }
+}
+
 /// Runs the push agents of all Push clusters until shutdown.
 pub fn spawn(
     app: Arc<App>,
@@ -207,14 +231,16 @@ pub fn spawn(
             shutdown.clone(),
         );
         let mut running: HashMap<String, Running> = HashMap::new();
-        let mut known: HashMap<String, Arc<Object>> = HashMap::new();
+        // What each Cluster was last seen as; the object itself only for Push clusters (a
+        // parsed Cluster is about 25 KB, and a large fleet's are nearly all Pull).
+        let mut known: HashMap<String, Known> = HashMap::new();
         let mut resync = tokio::time::interval(Duration::from_secs(15));
         loop {
             let changed: Vec<Arc<Object>> = tokio::select! {
                 ev = events.recv() => match ev {
                     None => break,
                     Some(Event::Listed(items)) => {
-                        known = items.iter().map(|o| (o.name().to_string(), o.clone())).collect();
+                        known = items.iter().map(|o| (o.name().to_string(), Known::of(o))).collect();
                         for gone in running.keys().filter(|n| !known.contains_key(*n)).cloned().collect::<Vec<_>>() {
                             if let Some(r) = running.remove(&gone) {
                                 let _ = r.stop.send(true);
@@ -224,10 +250,9 @@ pub fn spawn(
                     }
                     Some(Event::Upsert(o)) => {
                         // Heartbeats change only the status: nothing to look at again.
-                        let same = known.get(o.name()).is_some_and(|k| {
-                            k.spec == o.spec && k.metadata.deletion_timestamp == o.metadata.deletion_timestamp
-                        });
-                        known.insert(o.name().to_string(), o.clone());
+                        let now = Known::of(&o);
+                        let same = known.get(o.name()).is_some_and(|k| k.same(&now));
+                        known.insert(o.name().to_string(), now);
                         if same {
                             continue;
                         }
@@ -242,7 +267,7 @@ pub fn spawn(
                     }
                 },
                 // Secrets change without the Cluster changing: look again now and then.
-                _ = resync.tick() => known.values().cloned().collect(),
+                _ = resync.tick() => known.values().filter_map(|k| k.push.clone()).collect(),
             };
             for c in changed {
                 let name = c.name().to_string();
