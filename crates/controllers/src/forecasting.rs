@@ -304,6 +304,13 @@ impl Checks {
         c.step = step.max(1);
     }
 
+    /// Whether the forecaster takes samples of this series (averages or raw ones); until it
+    /// has said which, both.
+    pub fn wants(&self, average: bool) -> bool {
+        let c = self.lock();
+        c.step == 0 || c.averages == average
+    }
+
     /// Keeps what a round's forecasts say of the time one lead ahead.
     fn put(&self, forecasts: &[ClusterForecast], lead_steps: usize) {
         let mut c = self.lock();
@@ -579,6 +586,16 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_forecaster_is_handed_only_the_series_it_forecasts() {
+        let checks = Checks::default();
+        assert!(checks.wants(true) && checks.wants(false));
+        checks.set_series(true, 300);
+        assert!(checks.wants(true) && !checks.wants(false));
+        checks.set_series(false, 15);
+        assert!(!checks.wants(true) && checks.wants(false));
+    }
 
     fn sample(t: i64, cpu: f64) -> FleetSample {
         let c = ClusterSample {

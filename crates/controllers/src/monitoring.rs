@@ -170,21 +170,19 @@ impl Placed {
     /// price are left out, as a binding's status lists the cluster apart); `None` where it
     /// has no price at all.
     pub fn cost(&self, c: &Object) -> Option<f64> {
-        let spec = orrery_api::cluster::ClusterSpec::of(c);
-        let st = ClusterStatus::of(c);
-        let (prices, _) = orrery_api::cost::Prices::of(orrery_api::cost::merged(
-            &st.properties,
-            &spec.properties,
-        ));
+        self.cost_in(c.name(), &Seen::of(c).prices)
+    }
+
+    fn cost_in(&self, cluster: &str, prices: &orrery_api::cost::Prices) -> Option<f64> {
         if !prices.is_priced() {
             return None;
         }
         let total: f64 = self
             .by_priced
-            .get(c.name())
+            .get(cluster)
             .into_iter()
             .flatten()
-            .filter_map(|v| orrery_scheduler::cost::unit_hourly(&prices, v).ok())
+            .filter_map(|v| orrery_scheduler::cost::unit_hourly(prices, v).ok())
             .sum();
         Some((total * 10_000.0).round() / 10_000.0)
     }
@@ -192,13 +190,13 @@ impl Placed {
     /// Orrery's share of each of a cluster's forecast dimensions: what it placed over what
     /// the cluster can give.
     pub fn shares(&self, c: &Object) -> BTreeMap<String, f64> {
-        let Some(placed) = self.by_cluster.get(c.name()) else {
+        self.shares_in(c.name(), &Seen::of(c).allocatable)
+    }
+
+    fn shares_in(&self, cluster: &str, allocatable: &Vector) -> BTreeMap<String, f64> {
+        let Some(placed) = self.by_cluster.get(cluster) else {
             return BTreeMap::new();
         };
-        let allocatable = ClusterStatus::of(c)
-            .resource_summary
-            .map(|r| orrery_scheduler::vector_of(&r.allocatable))
-            .unwrap_or_default();
         FORECAST_DIMENSIONS
             .iter()
             .filter(|(d, _)| allocatable[*d] > 0.0 && placed[*d] > 0.0)
@@ -210,9 +208,71 @@ impl Placed {
     }
 }
 
+/// What the sampler keeps of a Cluster between its ticks, read from each change as it comes.
+/// Not the Cluster: a parsed one is about 25 KB, and kept here every member's stayed alive
+/// (at 10,000 members, a quarter of a GiB) after everything else had let it go.
+#[derive(Debug)]
+struct Seen {
+    sample: ClusterSample,
+    allocatable: Vector,
+    prices: orrery_api::cost::Prices,
+}
+
+/// The fields of a Cluster's status the sampler reads: decoded at every change of every
+/// member, so the rest (API kinds, nodes, exports) is skipped rather than built.
+#[derive(Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Read {
+    #[serde(default)]
+    conditions: Vec<orrery_api::conditions::Condition>,
+    #[serde(default)]
+    resource_summary: Option<orrery_api::cluster::ResourceSummary>,
+    #[serde(default)]
+    water_level: Option<orrery_api::cluster::WaterLevel>,
+    #[serde(default)]
+    network: Option<orrery_api::cluster::NetworkStatus>,
+    #[serde(default)]
+    metrics: Option<orrery_api::cluster::MetricsSummary>,
+    #[serde(default)]
+    properties: BTreeMap<String, String>,
+}
+
+impl Seen {
+    fn of(c: &Object) -> Seen {
+        use serde::Deserialize;
+        let read = c
+            .status
+            .as_ref()
+            .and_then(|s| Read::deserialize(s).ok())
+            .unwrap_or_default();
+        let st = ClusterStatus {
+            conditions: read.conditions,
+            resource_summary: read.resource_summary,
+            water_level: read.water_level,
+            network: read.network,
+            metrics: read.metrics,
+            properties: read.properties,
+            ..Default::default()
+        };
+        let spec = orrery_api::cluster::ClusterSpec::of(c);
+        let (prices, _) = orrery_api::cost::Prices::of(orrery_api::cost::merged(
+            &st.properties,
+            &spec.properties,
+        ));
+        Seen {
+            sample: sample_from(&st),
+            allocatable: st
+                .resource_summary
+                .as_ref()
+                .map(|r| orrery_scheduler::vector_of(&r.allocatable))
+                .unwrap_or_default(),
+            prices,
+        }
+    }
+}
+
 /// One cluster's figures now.
-pub fn sample_of(c: &Object) -> ClusterSample {
-    let st = ClusterStatus::of(c);
+fn sample_from(st: &ClusterStatus) -> ClusterSample {
     let (level, levels) = match &st.water_level {
         Some(w) => (w.overall, w.dimensions.clone()),
         None => (0.0, BTreeMap::new()),
@@ -394,9 +454,13 @@ pub async fn run(
     forecaster: Option<ToForecaster>,
     mut shutdown: watch::Receiver<bool>,
 ) {
-    // A forecaster that falls behind misses samples rather than holding up the sampling.
+    // A forecaster that falls behind misses samples rather than holding up the sampling. It
+    // is handed only the series it forecasts: the others waited in its queue through a round
+    // (at 10,000 members a sample is megabytes, and a round takes minutes) to be dropped.
     let hand = |s: &FleetSample, average: bool| {
-        if let Some((f, _)) = &forecaster {
+        if let Some((f, checks)) = &forecaster
+            && checks.wants(average)
+        {
             let _ = f.try_send((s.clone(), average));
         }
     };
@@ -417,13 +481,13 @@ pub async fn run(
         shutdown.clone(),
     );
     let mut placed = Placed::default();
-    let mut now: BTreeMap<String, Arc<Object>> = BTreeMap::new();
+    let mut now: BTreeMap<String, Seen> = BTreeMap::new();
     // Nothing is sampled before both listings are in (Orrery's part of a level unknown, the
     // forecasts would see a step where there is none).
     let (mut synced, mut placed_synced) = (false, false);
     let mut tick = tokio::time::interval(cfg.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut since_average: Vec<FleetSample> = Vec::new();
+    let mut since_average = series::Averager::default();
     // The cost last written (none yet: written at the first sample).
     let mut last_cost: Option<series::FleetCost> = None;
     let mut last_average = tokio::time::Instant::now();
@@ -433,14 +497,12 @@ pub async fn run(
             _ = shutdown.changed() => return,
             ev = rx.recv() => match ev {
                 None => return,
-                // The latest object is kept and read at the tick: a busy fleet changes each
-                // Cluster far more often than it is sampled.
                 Some(Event::Listed(items)) => {
-                    now = items.into_iter().map(|c| (c.name().to_string(), c)).collect();
+                    now = items.iter().map(|c| (c.name().to_string(), Seen::of(c))).collect();
                     synced = true;
                 }
                 Some(Event::Upsert(c)) => {
-                    now.insert(c.name().to_string(), c);
+                    now.insert(c.name().to_string(), Seen::of(&c));
                 }
                 Some(Event::Delete(c)) => {
                     now.remove(c.name());
@@ -466,9 +528,9 @@ pub async fn run(
                 let clusters = now
                     .iter()
                     .map(|(n, c)| {
-                        let mut sample = sample_of(c);
-                        sample.placed = placed.shares(c);
-                        sample.cost = placed.cost(c);
+                        let mut sample = c.sample.clone();
+                        sample.placed = placed.shares_in(n, &c.allocatable);
+                        sample.cost = placed.cost_in(n, &c.prices);
                         (n.clone(), sample)
                     })
                     .collect();
@@ -488,10 +550,10 @@ pub async fn run(
                     tracing::warn!(error = %e, "writing a monitoring sample");
                 }
                 hand(&s, false);
-                since_average.push(s);
+                since_average.add(&s);
                 if last_average.elapsed() >= cfg.average_every {
                     last_average = tokio::time::Instant::now();
-                    if let Some(mut avg) = series::average(&std::mem::take(&mut since_average)) {
+                    if let Some(mut avg) = since_average.take() {
                         annotate(&mut avg, true);
                         if let Err(e) = write(store.as_ref(), series::AVERAGE_PREFIX, &avg, &mut average_kept).await {
                             tracing::warn!(error = %e, "writing a monitoring average");
