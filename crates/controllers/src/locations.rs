@@ -161,3 +161,43 @@ pub async fn run(store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(name: &str, city: Option<&str>) -> Arc<Object> {
+        let mut c = new_object("cluster.karmada.io/v1alpha1", "Cluster", None, name);
+        if let Some(city) = city {
+            c.metadata
+                .labels
+                .insert(CITY_LABEL.to_string(), city.to_string());
+        }
+        Arc::new(c)
+    }
+
+    fn names(m: &BTreeMap<String, Arc<Object>>) -> Vec<&str> {
+        m.keys().map(String::as_str).collect()
+    }
+
+    #[test]
+    fn only_members_in_a_city_are_kept() {
+        let mut kept = BTreeMap::new();
+        keep_located(
+            &mut kept,
+            Event::Listed(vec![
+                cluster("a", Some("AMS")),
+                cluster("b", None),
+                // Not a name a Location can have: not grouped, so not kept.
+                cluster("c", Some("not a code!")),
+            ]),
+        );
+        assert_eq!(names(&kept), ["a"]);
+        keep_located(&mut kept, Event::Upsert(cluster("b", Some("FRA"))));
+        assert_eq!(names(&kept), ["a", "b"]);
+        // A member that loses its city label is dropped, as one deleted is.
+        keep_located(&mut kept, Event::Upsert(cluster("a", None)));
+        keep_located(&mut kept, Event::Delete(cluster("b", Some("FRA"))));
+        assert!(kept.is_empty());
+    }
+}

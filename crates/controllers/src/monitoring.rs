@@ -788,6 +788,41 @@ mod tests {
         c
     }
 
+    /// What the sampler keeps of a Cluster reads as the whole status does: every field a
+    /// sample, a share or a cost is made from is among those it decodes.
+    #[test]
+    fn a_clusters_figures_are_read_from_the_fields_kept() {
+        let mut c = member("a");
+        c.spec =
+            Some(serde_json::json!({"properties": {"cost.orrery.io/memory-gib-hour": "0.01"}}));
+        c.status = Some(serde_json::json!({
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Up", "message": "",
+                            "lastTransitionTime": "2026-11-29T00:00:00Z"}],
+            "apiEnablements": [{"groupVersion": "v1", "resources": [{"name": "pods", "kind": "Pod"}]}],
+            "nodeSummary": {"totalNum": 3, "readyNum": 3},
+            "resourceSummary": {"allocatable": {"cpu": "10", "memory": "8Gi", "pods": "100"},
+                                "allocated": {"cpu": "4", "pods": "17"}},
+            "waterLevel": {"overall": 0.42, "cpu": 0.42, "memory": 0.3},
+            "network": {"ingressBytesPerSecond": 100.0, "egressBytesPerSecond": 20.0},
+            "metrics": {"timestamp": "2026-11-29T00:00:00Z", "cpuUsage": 3.5,
+                        "memoryAvailable": 1000.0, "pods": 12},
+            "properties": {"cost.orrery.io/cpu-core-hour": "0.04"},
+        }));
+        let seen = Seen::of(&c);
+        let whole = ClusterStatus::of(&c);
+        assert!(whole.ready() && whole.metrics.is_some() && whole.network.is_some());
+        assert_eq!(seen.sample, sample_from(&whole));
+        assert_eq!(seen.sample.pods, Some(12));
+        assert!(seen.prices.cpu_core_hour.is_some() && seen.prices.memory_gib_hour.is_some());
+        assert_eq!(seen.allocatable[0], 10.0);
+        let mut p = Placed::default();
+        let b = binding("web", 1, serde_json::json!([{"name": "a", "replicas": 2}]));
+        p.put(("default".to_string(), "web".to_string()), Some(&b));
+        assert_eq!(p.shares_in("a", &seen.allocatable), p.shares(&c));
+        assert_eq!(p.cost_in("a", &seen.prices), p.cost(&c));
+        assert!(p.cost(&c).is_some());
+    }
+
     /// Orrery's part of each cluster's levels follows what its bindings place there: a new
     /// decision replaces the old one (the scheduler writes it without a new generation), a
     /// status write changes nothing, a deletion takes it away.

@@ -838,6 +838,28 @@ mod tests {
     }
 
     #[test]
+    fn a_member_is_kept_as_its_owner_reference_and_reported_capacity() {
+        let mut c = new_object("cluster.karmada.io/v1alpha1", "Cluster", None, "east");
+        c.metadata.uid = "u-1".into();
+        c.status = Some(json!({
+            "apiEnablements": [{"groupVersion": "v1", "resources": [{"name": "pods", "kind": "Pod"}]}],
+            "resourceSummary": {"allocatable": {"cpu": "8", "memory": "32Gi"}, "allocated": {"cpu": "1"}},
+        }));
+        let m = Member::of(&c);
+        assert_eq!(m.owner, OwnerReference::controller_of(&c));
+        assert!(m.live);
+        assert_eq!(m.allocatable["cpu"].value(), 8);
+        assert_eq!(m.allocatable.len(), 2);
+        c.metadata.deletion_timestamp = Some(Time::now());
+        c.status = None;
+        let gone = Member::of(&c);
+        assert!(!gone.live && gone.allocatable.is_empty());
+        let members = Members::default();
+        members.follow(&Event::Listed(vec![Arc::new(c)]));
+        assert!(members.live().is_empty());
+    }
+
+    #[test]
     fn only_a_change_of_capacity_calls_for_a_round() {
         let caps = Capacities::default();
         let listed = vec![metrics("a", &[]), metrics("b", &[("4", "1", false)])];
