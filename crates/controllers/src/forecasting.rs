@@ -183,8 +183,20 @@ impl Forecaster {
 
     /// Every cluster's forecasts from the history now. CPU-bound: run it off the runtime.
     pub fn forecast_all(&mut self) -> Vec<ClusterForecast> {
+        self.forecast_from(None, usize::MAX).0
+    }
+
+    /// The forecasts of at most `clusters` clusters, those after `after` in name order (from
+    /// the first when `None`), and the last cluster looked at (`None` once every one has
+    /// been). A round over a large fleet goes a share at a time: the forecasts of 10,000
+    /// members at once were about 150 MB.
+    pub fn forecast_from(
+        &mut self,
+        after: Option<&str>,
+        clusters: usize,
+    ) -> (Vec<ClusterForecast>, Option<String>) {
         let Some(time) = self.last else {
-            return Vec::new();
+            return (Vec::new(), None);
         };
         let now = time.unix_seconds();
         let settings = Settings {
@@ -192,7 +204,21 @@ impl Forecaster {
             ..Default::default()
         };
         let mut out: BTreeMap<String, ClusterForecast> = BTreeMap::new();
+        let clusters = clusters.max(1);
+        let mut looked: BTreeSet<&String> = BTreeSet::new();
+        let mut last: Option<&String> = None;
         for ((cluster, name), h) in &self.history {
+            if after.is_some_and(|a| cluster.as_str() <= a) {
+                continue;
+            }
+            if !looked.contains(cluster) {
+                if looked.len() == clusters {
+                    // More are left: the next share starts after the last one looked at.
+                    return (out.into_values().collect(), last.cloned());
+                }
+                looked.insert(cluster);
+                last = Some(cluster);
+            }
             let y: Vec<f64> = h.iter().map(|v| f64::from(*v)).collect();
             if y.len() < 2 {
                 continue;
@@ -272,9 +298,13 @@ impl Forecaster {
                     },
                 );
         }
-        out.into_values().collect()
+        (out.into_values().collect(), None)
     }
 }
+
+/// How many clusters a round forecasts and writes at a time (their forecasts are about 15 KB
+/// each in memory).
+const ROUND_SHARE: usize = 256;
 
 /// What the forecasts said of times still to come, kept for the monitoring loop to set beside
 /// what it measures when those times come (forecast against actual in the monitoring
@@ -338,8 +368,11 @@ impl Checks {
                 .entry(at)
                 .or_insert(checks);
         }
-        let clusters: BTreeSet<&String> = forecasts.iter().map(|f| &f.cluster).collect();
-        c.due.retain(|name, _| clusters.contains(name));
+    }
+
+    /// Forgets the clusters a round made no forecast of (they left).
+    fn keep_only(&self, clusters: &BTreeSet<String>) {
+        self.lock().due.retain(|name, _| clusters.contains(name));
     }
 
     /// Sets the forecasts made of each cluster's sample time beside it (within half a step),
@@ -437,29 +470,65 @@ async fn write_summary(store: &dyn Store, f: &ClusterForecast) -> Result<(), Sto
     .map(|_| ())
 }
 
-/// The forecasts stored by the last round (of this server or the one before it).
-async fn stored_forecasts(store: &dyn Store) -> Result<Vec<ClusterForecast>, StoreError> {
-    let list = store
-        .list(series::FORECAST_PREFIX, &ListOptions::default())
-        .await?;
-    Ok(list
-        .items
-        .iter()
-        .filter_map(|o| serde_json::from_value(o.spec.clone()?).ok())
-        .collect())
+/// Records a start-up reads at a time: a day of 5-minute averages of 10,000 members is over
+/// 300 MB of JSON, and read at once it was several GB parsed.
+const LOAD_PAGE: usize = 8;
+
+/// Each record's `spec`, parsed from its stored JSON as the type it holds.
+#[derive(serde::Deserialize)]
+struct Record<T> {
+    spec: Option<T>,
 }
 
-/// Reads the stored history the forecaster works on, oldest first.
-async fn load(store: &dyn Store, prefix: &str) -> Result<Vec<FleetSample>, StoreError> {
-    let list = store.list(prefix, &ListOptions::default()).await?;
-    let mut out: Vec<FleetSample> = list
-        .items
-        .iter()
-        .filter_map(|o| o.spec.clone())
-        .filter_map(|s| serde_json::from_value(s).ok())
-        .collect();
-    out.sort_by_key(|s: &FleetSample| s.time.unix_seconds());
-    Ok(out)
+/// Every record under `prefix`, a page at a time, in key order, each parsed as a `T` (those
+/// that do not parse are skipped) and handed to `take`; how many were.
+async fn each_record<T: serde::de::DeserializeOwned>(
+    store: &dyn Store,
+    prefix: &str,
+    page: usize,
+    mut take: impl FnMut(T),
+) -> Result<usize, StoreError> {
+    let (mut n, mut token) = (0, None);
+    loop {
+        let opts = ListOptions {
+            limit: Some(page),
+            continue_token: token.take(),
+            ..Default::default()
+        };
+        let list = store.list_raw(prefix, &opts).await?;
+        for raw in &list.items {
+            if let Ok(Record { spec: Some(t) }) = serde_json::from_slice::<Record<T>>(&raw.json) {
+                take(t);
+                n += 1;
+            }
+        }
+        match list.continue_token {
+            Some(t) => token = Some(t),
+            None => return Ok(n),
+        }
+    }
+}
+
+/// Takes the stored history the forecaster works on into it, oldest first (a record's key
+/// is its time, zero-padded, so key order is time order); how many samples.
+async fn load(store: &dyn Store, prefix: &str, f: &mut Forecaster) -> Result<usize, StoreError> {
+    each_record(store, prefix, LOAD_PAGE, |s: FleetSample| f.push(&s)).await
+}
+
+/// Takes the models of the stored forecasts into the forecaster; the clusters they are of.
+async fn resume(store: &dyn Store, f: &mut Forecaster) -> Result<BTreeSet<String>, StoreError> {
+    let mut clusters = BTreeSet::new();
+    each_record(
+        store,
+        series::FORECAST_PREFIX,
+        ROUND_SHARE,
+        |c: ClusterForecast| {
+            f.resume(std::slice::from_ref(&c));
+            clusters.insert(c.cluster);
+        },
+    )
+    .await?;
+    Ok(clusters)
 }
 
 async fn write(store: &dyn Store, f: &ClusterForecast) -> Result<(), StoreError> {
@@ -498,22 +567,15 @@ pub async fn run(
     } else {
         series::RAW_PREFIX
     };
-    match load(store.as_ref(), prefix).await {
-        Ok(history) => {
-            for s in &history {
-                f.push(s);
-            }
-            match stored_forecasts(store.as_ref()).await {
-                Ok(stored) => {
-                    f.resume(&stored);
-                    // Forecasts of clusters gone while the server was down go at its first
-                    // round.
-                    stale = stored.into_iter().map(|c| c.cluster).collect();
-                }
+    match load(store.as_ref(), prefix, &mut f).await {
+        Ok(samples) => {
+            match resume(store.as_ref(), &mut f).await {
+                // Forecasts of clusters gone while the server was down go at its first round.
+                Ok(stored) => stale = stored,
                 Err(e) => tracing::warn!(error = %e, "reading the stored forecasts"),
             }
             tracing::info!(
-                samples = history.len(),
+                samples,
                 step_seconds = f.step,
                 season = f.season,
                 "forecasting from the stored history"
@@ -538,36 +600,46 @@ pub async fn run(
             }
         }
         let started = std::time::Instant::now();
-        let (back, forecasts) = match tokio::task::spawn_blocking(move || {
-            let out = f.forecast_all();
-            (f, out)
-        })
-        .await
-        {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!(error = %e, "the forecasting round failed");
-                return;
-            }
-        };
-        f = back;
-        checks.put(&forecasts, lead_steps);
-        let now: BTreeSet<String> = forecasts.iter().map(|c| c.cluster.clone()).collect();
-        let made = forecasts.len();
-        // Each goes once written: at 10,000 members a round's forecasts are 150 MB together,
-        // and writing them takes a while.
-        for c in forecasts {
-            if let Err(e) = write(store.as_ref(), &c).await {
-                tracing::warn!(cluster = %c.cluster, error = %e, "writing a forecast");
-            }
-            match write_summary(store.as_ref(), &c).await {
-                // The cluster left while its forecast was made.
-                Ok(()) | Err(StoreError::NotFound { .. }) => {}
+        // A share of the fleet at a time, each share written before the next is made: a
+        // round's memory does not grow with the fleet.
+        let mut now: BTreeSet<String> = BTreeSet::new();
+        let mut after: Option<String> = None;
+        loop {
+            let from = after.take();
+            let (back, (forecasts, next)) = match tokio::task::spawn_blocking(move || {
+                let out = f.forecast_from(from.as_deref(), ROUND_SHARE);
+                (f, out)
+            })
+            .await
+            {
+                Ok(r) => r,
                 Err(e) => {
-                    tracing::warn!(cluster = %c.cluster, error = %e, "writing a forecast's summary")
+                    tracing::error!(error = %e, "the forecasting round failed");
+                    return;
+                }
+            };
+            f = back;
+            checks.put(&forecasts, lead_steps);
+            now.extend(forecasts.iter().map(|c| c.cluster.clone()));
+            for c in forecasts {
+                if let Err(e) = write(store.as_ref(), &c).await {
+                    tracing::warn!(cluster = %c.cluster, error = %e, "writing a forecast");
+                }
+                match write_summary(store.as_ref(), &c).await {
+                    // The cluster left while its forecast was made.
+                    Ok(()) | Err(StoreError::NotFound { .. }) => {}
+                    Err(e) => {
+                        tracing::warn!(cluster = %c.cluster, error = %e, "writing a forecast's summary")
+                    }
                 }
             }
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
         }
+        checks.keep_only(&now);
+        let made = now.len();
         // Forecasts of clusters that left go.
         for gone in stale.difference(&now) {
             let _ = store
@@ -748,8 +820,16 @@ mod tests {
             checks.lock().due["m-0"].is_empty(),
             "what is past is forgotten"
         );
-        // A cluster gone from the forecasts goes from what is kept.
-        checks.put(&[], 3);
+        // A share of a round forgets nothing; a cluster the whole round did not forecast goes
+        // from what is kept.
+        let mut other = forecast(1_005, 1, &[("cpu", vec![0.5; 10])]);
+        other.cluster = "m-1".into();
+        checks.put(&[other], 3);
+        assert!(checks.lock().due.contains_key("m-0"));
+        checks.keep_only(&["m-1".to_string()].into());
+        assert!(!checks.lock().due.contains_key("m-0"));
+        assert!(checks.lock().due.contains_key("m-1"));
+        checks.keep_only(&BTreeSet::new());
         assert!(checks.lock().due.is_empty());
     }
 
@@ -845,6 +925,89 @@ mod tests {
         let cpu = &f.forecast_all()[0].series["cpu"];
         assert!((cpu.last.unwrap() - 0.8).abs() < 1e-3, "{:?}", cpu.last);
         assert!(cpu.points[0].mean > 0.75, "{:?}", cpu.points[0]);
+    }
+
+    fn fleet_forecaster(clusters: usize, samples: i64) -> Forecaster {
+        let mut f = Forecaster::new(
+            ForecastConfig {
+                season: Duration::from_secs(20),
+                horizon: Duration::from_secs(10),
+                ..Default::default()
+            },
+            Duration::from_secs(1),
+            Duration::from_secs(300),
+        );
+        for t in 0..samples {
+            let phase = std::f64::consts::TAU * t as f64 / 20.0;
+            let mut s = sample(1_000 + t, 0.0);
+            let one = s.clusters.remove("m-0").unwrap();
+            for i in 0..clusters {
+                let mut c = one.clone();
+                c.levels
+                    .insert("cpu".into(), 0.3 + 0.02 * i as f64 + 0.1 * phase.sin());
+                s.clusters.insert(format!("m-{i}"), c);
+            }
+            f.push(&s);
+        }
+        f
+    }
+
+    /// A round made a share at a time makes what a round made at once does, each cluster
+    /// once, and says when it is through.
+    #[test]
+    fn a_round_in_shares_makes_every_forecast_once() {
+        let all = fleet_forecaster(7, 60).forecast_all();
+        assert_eq!(all.len(), 7);
+        let mut f = fleet_forecaster(7, 60);
+        let (mut got, mut after, mut shares) = (Vec::new(), None::<String>, 0);
+        loop {
+            let (share, next) = f.forecast_from(after.as_deref(), 3);
+            assert!(share.len() <= 3);
+            got.extend(share);
+            shares += 1;
+            match next {
+                Some(n) => after = Some(n),
+                None => break,
+            }
+        }
+        assert_eq!(shares, 3);
+        assert_eq!(got, all);
+    }
+
+    /// A new leader reads the history and the stored forecasts a page at a time, in time
+    /// order, into the forecaster.
+    #[tokio::test]
+    async fn the_stored_history_and_forecasts_are_read_a_page_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn Store> =
+            Arc::new(orrery_store_sqlite::SqliteStore::open_dir(dir.path()).unwrap());
+        // More records than a page, written newest first.
+        for t in (0..(LOAD_PAGE as i64 * 2 + 3)).rev() {
+            let s = sample(1_000 + t, 0.1 * t as f64);
+            let mut o = Object::new("internal.orrery.io/v1", "FleetSample")
+                .with_name(format!("{:012}", 1_000 + t));
+            o.spec = serde_json::to_value(&s).ok();
+            store
+                .create(&series::key(series::RAW_PREFIX, 1_000 + t), o)
+                .await
+                .unwrap();
+        }
+        let mut f = fleet_forecaster(0, 0);
+        let n = load(store.as_ref(), series::RAW_PREFIX, &mut f)
+            .await
+            .unwrap();
+        assert_eq!(n, LOAD_PAGE * 2 + 3);
+        // Every sample taken (none ignored as out of order), the last one last.
+        let cpu = &f.history[&("m-0".into(), "cpu".into())];
+        assert_eq!(cpu.len(), n);
+        assert!((f64::from(*cpu.back().unwrap()) - 0.1 * (n - 1) as f64).abs() < 1e-4);
+        for c in f.forecast_all() {
+            write(store.as_ref(), &c).await.unwrap();
+        }
+        let mut g = fleet_forecaster(0, 0);
+        let clusters = resume(store.as_ref(), &mut g).await.unwrap();
+        assert_eq!(clusters.into_iter().collect::<Vec<_>>(), ["m-0"]);
+        assert_eq!(g.choices.len(), f.choices.len());
     }
 
     /// A restarted forecaster goes on with the models the stored forecasts were made with
