@@ -874,15 +874,7 @@ mod tests {
     /// the forecast's time: replicas moved off a cluster do not show as a change of its load.
     #[test]
     fn orrerys_part_is_left_out_of_what_is_forecast() {
-        let mut f = Forecaster::new(
-            ForecastConfig {
-                season: Duration::from_secs(20),
-                horizon: Duration::from_secs(10),
-                ..Default::default()
-            },
-            Duration::from_secs(1),
-            Duration::from_secs(300),
-        );
+        let mut f = twenty_second_season();
         // A background cycle; Orrery's replicas add 0.2 for the first 50 samples, then
         // move away.
         for t in 0..80 {
@@ -927,8 +919,9 @@ mod tests {
         assert!(cpu.points[0].mean > 0.75, "{:?}", cpu.points[0]);
     }
 
-    fn fleet_forecaster(clusters: usize, samples: i64) -> Forecaster {
-        let mut f = Forecaster::new(
+    /// A forecaster of raw samples a second apart, with a season of twenty.
+    fn twenty_second_season() -> Forecaster {
+        Forecaster::new(
             ForecastConfig {
                 season: Duration::from_secs(20),
                 horizon: Duration::from_secs(10),
@@ -936,7 +929,11 @@ mod tests {
             },
             Duration::from_secs(1),
             Duration::from_secs(300),
-        );
+        )
+    }
+
+    fn fleet_forecaster(clusters: usize, samples: i64) -> Forecaster {
+        let mut f = twenty_second_season();
         for t in 0..samples {
             let phase = std::f64::consts::TAU * t as f64 / 20.0;
             let mut s = sample(1_000 + t, 0.0);
