@@ -474,6 +474,9 @@ async fn write_summary(store: &dyn Store, f: &ClusterForecast) -> Result<(), Sto
 /// 300 MB of JSON, and read at once it was several GB parsed.
 const LOAD_PAGE: usize = 8;
 
+/// Times a start-up reads the history before it forecasts from new samples only.
+const LOAD_ATTEMPTS: usize = 3;
+
 /// Each record's `spec`, parsed from its stored JSON as the type it holds.
 #[derive(serde::Deserialize)]
 struct Record<T> {
@@ -557,7 +560,7 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let lead = cfg.check_lead.min(cfg.horizon).as_secs();
-    let mut f = Forecaster::new(cfg, raw_interval, average_every);
+    let mut f = Forecaster::new(cfg.clone(), raw_interval, average_every);
     let mut stale: BTreeSet<String> = BTreeSet::new();
     let averages = f.uses_averages(raw_interval);
     checks.set_series(averages, f.step as i64);
@@ -567,7 +570,23 @@ pub async fn run(
     } else {
         series::RAW_PREFIX
     };
-    match load(store.as_ref(), prefix, &mut f).await {
+    // The history is read a page at a time, so a read that fails partway has taken in the
+    // oldest pages only: it is read again (a sample not newer than the last one taken is
+    // ignored, so a retry goes on where the failure stopped), and after the last attempt the
+    // forecaster starts empty rather than from half a history with a gap after it.
+    let mut loaded = Err(StoreError::Unavailable("not read yet".into()));
+    for attempt in 1..=LOAD_ATTEMPTS {
+        loaded = load(store.as_ref(), prefix, &mut f).await;
+        match &loaded {
+            Ok(_) => break,
+            Err(e) if attempt < LOAD_ATTEMPTS => {
+                tracing::warn!(attempt, error = %e, "reading the monitoring history to forecast from; reading on");
+                tokio::time::sleep(Duration::from_secs(attempt as u64)).await;
+            }
+            Err(_) => {}
+        }
+    }
+    match loaded {
         Ok(samples) => {
             match resume(store.as_ref(), &mut f).await {
                 // Forecasts of clusters gone while the server was down go at its first round.
@@ -581,7 +600,10 @@ pub async fn run(
                 "forecasting from the stored history"
             );
         }
-        Err(e) => tracing::warn!(error = %e, "reading the monitoring history to forecast from"),
+        Err(e) => {
+            f = Forecaster::new(cfg, raw_interval, average_every);
+            tracing::warn!(error = %e, "reading the monitoring history to forecast from; forecasting from new samples only");
+        }
     }
     loop {
         let got = tokio::select! {
@@ -998,6 +1020,11 @@ mod tests {
         let cpu = &f.history[&("m-0".into(), "cpu".into())];
         assert_eq!(cpu.len(), n);
         assert!((f64::from(*cpu.back().unwrap()) - 0.1 * (n - 1) as f64).abs() < 1e-4);
+        // Read again (a start-up's retry after a failure partway), nothing is taken twice.
+        load(store.as_ref(), series::RAW_PREFIX, &mut f)
+            .await
+            .unwrap();
+        assert_eq!(f.history[&("m-0".into(), "cpu".into())].len(), n);
         for c in f.forecast_all() {
             write(store.as_ref(), &c).await.unwrap();
         }

@@ -802,6 +802,15 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
             None => {}
         }
         due = None;
+        // The members as their events stand now: the claims' and queues' caches are kept in
+        // step by their reflectors, ahead of what waits here (a Cluster made again under its
+        // name would otherwise get objects owned by its old uid).
+        while let Ok(e) = cluster_events.try_recv() {
+            if matches!(e, Event::Listed(_)) {
+                listed.insert("clusters");
+            }
+            c.members.follow(&e);
+        }
         // Nothing is decided before every source is listed.
         if listed.len() < 4 {
             continue;
