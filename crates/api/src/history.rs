@@ -486,12 +486,7 @@ pub mod series {
         pub fn add(&mut self, s: &FleetSample) {
             self.time = Some(s.time);
             for (name, c) in &s.clusters {
-                if !self.clusters.contains_key(name) {
-                    self.clusters.insert(name.clone(), Running::default());
-                }
-                let Some(r) = self.clusters.get_mut(name) else {
-                    continue;
-                };
+                let r = self.clusters.entry(name.clone()).or_default();
                 r.samples += 1;
                 r.ready = c.ready;
                 r.level += c.level;

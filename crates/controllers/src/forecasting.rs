@@ -204,19 +204,19 @@ impl Forecaster {
             ..Default::default()
         };
         let mut out: BTreeMap<String, ClusterForecast> = BTreeMap::new();
-        let clusters = clusters.max(1);
-        let mut looked: BTreeSet<&String> = BTreeSet::new();
+        // The history is ordered by cluster, so a cluster's series come together.
+        let (clusters, mut looked) = (clusters.max(1), 0);
         let mut last: Option<&String> = None;
         for ((cluster, name), h) in &self.history {
             if after.is_some_and(|a| cluster.as_str() <= a) {
                 continue;
             }
-            if !looked.contains(cluster) {
-                if looked.len() == clusters {
+            if last != Some(cluster) {
+                if looked == clusters {
                     // More are left: the next share starts after the last one looked at.
                     return (out.into_values().collect(), last.cloned());
                 }
-                looked.insert(cluster);
+                looked += 1;
                 last = Some(cluster);
             }
             let y: Vec<f64> = h.iter().map(|v| f64::from(*v)).collect();
@@ -574,17 +574,12 @@ pub async fn run(
     // oldest pages only: it is read again (a sample not newer than the last one taken is
     // ignored, so a retry goes on where the failure stopped), and after the last attempt the
     // forecaster starts empty rather than from half a history with a gap after it.
-    let mut loaded = Err(StoreError::Unavailable("not read yet".into()));
-    for attempt in 1..=LOAD_ATTEMPTS {
+    let mut loaded = load(store.as_ref(), prefix, &mut f).await;
+    for attempt in 1..LOAD_ATTEMPTS {
+        let Err(e) = &loaded else { break };
+        tracing::warn!(attempt, error = %e, "reading the monitoring history to forecast from; reading on");
+        tokio::time::sleep(Duration::from_secs(attempt as u64)).await;
         loaded = load(store.as_ref(), prefix, &mut f).await;
-        match &loaded {
-            Ok(_) => break,
-            Err(e) if attempt < LOAD_ATTEMPTS => {
-                tracing::warn!(attempt, error = %e, "reading the monitoring history to forecast from; reading on");
-                tokio::time::sleep(Duration::from_secs(attempt as u64)).await;
-            }
-            Err(_) => {}
-        }
     }
     match loaded {
         Ok(samples) => {

@@ -165,14 +165,16 @@ impl Placed {
         }
     }
 
+    /// [`Placed::cost_in`], with the Cluster's prices read from it.
+    #[cfg(test)]
+    fn cost(&self, c: &Object) -> Option<f64> {
+        self.cost_in(c.name(), &Seen::of(c).prices)
+    }
+
     /// What Orrery's replicas in a cluster cost per hour, by its prices (its own properties
     /// over its member's): those it has prices for (replicas requesting what it does not
     /// price are left out, as a binding's status lists the cluster apart); `None` where it
     /// has no price at all.
-    pub fn cost(&self, c: &Object) -> Option<f64> {
-        self.cost_in(c.name(), &Seen::of(c).prices)
-    }
-
     fn cost_in(&self, cluster: &str, prices: &orrery_api::cost::Prices) -> Option<f64> {
         if !prices.is_priced() {
             return None;
@@ -187,12 +189,14 @@ impl Placed {
         Some((total * 10_000.0).round() / 10_000.0)
     }
 
-    /// Orrery's share of each of a cluster's forecast dimensions: what it placed over what
-    /// the cluster can give.
-    pub fn shares(&self, c: &Object) -> BTreeMap<String, f64> {
+    /// [`Placed::shares_in`], with the Cluster's allocatable read from it.
+    #[cfg(test)]
+    fn shares(&self, c: &Object) -> BTreeMap<String, f64> {
         self.shares_in(c.name(), &Seen::of(c).allocatable)
     }
 
+    /// Orrery's share of each of a cluster's forecast dimensions: what it placed over what
+    /// the cluster can give.
     fn shares_in(&self, cluster: &str, allocatable: &Vector) -> BTreeMap<String, f64> {
         let Some(placed) = self.by_cluster.get(cluster) else {
             return BTreeMap::new();
