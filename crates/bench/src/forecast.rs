@@ -147,6 +147,8 @@ pub struct LoadArgs {
     pub days: usize,
     /// Clusters whose rounds are timed (the cost per series is the same for any number).
     pub timed: usize,
+    /// The forecaster's budget for its history.
+    pub history_bytes: usize,
 }
 
 /// A fleet sample of the server's 5-minute averages: every cluster's cpu, memory, gpu and
@@ -199,7 +201,10 @@ fn fleet_sample(
 pub fn forecast_load(args: LoadArgs) -> anyhow::Result<()> {
     use orrery_controllers::forecasting::{ForecastConfig, Forecaster};
     let points = args.days * SEASON;
-    let config = ForecastConfig::default();
+    let config = ForecastConfig {
+        history_bytes: args.history_bytes,
+        ..Default::default()
+    };
     let raw = Duration::from_secs(15);
     let before = crate::stats::rss_mib();
     let mut f = Forecaster::new(config.clone(), raw, STEP);
@@ -211,10 +216,16 @@ pub fn forecast_load(args: LoadArgs) -> anyhow::Result<()> {
         f.push(&fleet_sample(args.clusters, step, 1));
     }
     let held = crate::stats::rss_mib() - before;
+    let kept = f.points_held();
     drop(f);
     // Rounds over a few clusters: the first chooses every series' model and forecasts, the
-    // next only forecasts.
-    let mut t = Forecaster::new(config, raw, STEP);
+    // next only forecasts. Their budget is the fleet's share, so that each series holds what
+    // the whole fleet's would.
+    let timed_config = ForecastConfig {
+        history_bytes: config.history_bytes * args.timed / args.clusters.max(1),
+        ..config
+    };
+    let mut t = Forecaster::new(timed_config, raw, STEP);
     for step in 0..points {
         t.push(&fleet_sample(args.timed, step, 1));
     }
@@ -241,6 +252,9 @@ pub fn forecast_load(args: LoadArgs) -> anyhow::Result<()> {
         "series": args.clusters * 5,
         "history_days": args.days,
         "history_points_per_series": points,
+        "history_budget_mib": args.history_bytes >> 20,
+        "history_points_kept": kept,
+        "timed_points_kept": t.points_held(),
         "memory_mib": round(held, 1),
         "timed_clusters": args.timed,
         "forecasts_made": first.len() + next.len(),

@@ -399,6 +399,9 @@ enum Command {
         /// Clusters whose rounds are timed.
         #[arg(long, default_value_t = 20)]
         timed: usize,
+        /// The forecaster's budget for its history (the server's `--forecast-history-mib`).
+        #[arg(long, default_value_t = orrery_controllers::forecasting::DEFAULT_HISTORY_BYTES >> 20)]
+        history_mib: usize,
     },
     /// Scheduling quality: six strategies on one trace over a simulated fleet (Orrery with and
     /// without prediction among them).
@@ -631,10 +634,12 @@ fn main() -> anyhow::Result<()> {
                 clusters,
                 days,
                 timed,
+                history_mib,
             } => forecast::forecast_load(forecast::LoadArgs {
                 clusters,
                 days,
                 timed,
+                history_bytes: history_mib.saturating_mul(1 << 20),
             }),
             Command::SchedulerQuality {
                 seed,

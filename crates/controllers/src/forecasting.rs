@@ -40,8 +40,12 @@ pub struct ForecastConfig {
     /// How often each series' model is chosen again (at most every 24th of a season: an hour
     /// of a day).
     pub choose_every: Duration,
-    /// Seasons of history a series keeps (older points are dropped).
+    /// Seasons of history a series keeps (older points are dropped), while the fleet's
+    /// series fit in `history_bytes`.
     pub seasons_kept: usize,
+    /// Bytes the history of all series may take: a large fleet keeps fewer seasons (never
+    /// fewer than [`MIN_SEASONS`]). Fourteen days of 10,000 members' five series are 800 MB.
+    pub history_bytes: usize,
     /// How long before a sample the forecast set beside it in the monitoring history was
     /// made (the scheduler's default prediction horizon; at most `horizon`).
     pub check_lead: Duration,
@@ -54,10 +58,19 @@ impl Default for ForecastConfig {
             horizon: Duration::from_secs(6 * 3600),
             choose_every: Duration::from_secs(3600),
             seasons_kept: 14,
+            history_bytes: DEFAULT_HISTORY_BYTES,
             check_lead: Duration::from_secs(orrery_api::prediction::DEFAULT_HORIZON_SECONDS as u64),
         }
     }
 }
+
+/// The forecaster's history of a fleet: 14 seasons of up to 2,500 members' five series, 3.5
+/// of 10,000 members'.
+pub const DEFAULT_HISTORY_BYTES: usize = 192 << 20;
+
+/// The fewest seasons a series keeps, whatever the budget: the seasonal models are chosen
+/// on three backtests of six hours over two seasons of fit.
+pub const MIN_SEASONS: usize = 3;
 
 /// The value of series `name` in a sample.
 fn value_of(c: &ClusterSample, name: &str) -> Option<f64> {
@@ -79,9 +92,8 @@ pub struct Forecaster {
     cfg: ForecastConfig,
     /// Seconds between points.
     step: u64,
-    /// Points per season, and kept.
+    /// Points per season.
     season: usize,
-    keep: usize,
     horizon: usize,
     /// Seconds between choices of a series' model.
     choose_every: i64,
@@ -110,7 +122,6 @@ impl Forecaster {
         Forecaster {
             step,
             season,
-            keep: season * cfg.seasons_kept.max(2),
             horizon: (cfg.horizon.as_secs() / step).max(1) as usize,
             choose_every: (cfg.choose_every.as_secs() as i64).min(season_s as i64 / 24),
             cfg,
@@ -146,6 +157,19 @@ impl Forecaster {
         }
     }
 
+    /// How many points each series keeps now: its seasons, or what the budget leaves each of
+    /// the fleet's series.
+    fn keep(&self) -> usize {
+        let most = self.season * self.cfg.seasons_kept.max(MIN_SEASONS);
+        let fits = self.cfg.history_bytes / (self.history.len().max(1) * size_of::<f32>());
+        fits.clamp(self.season * MIN_SEASONS, most)
+    }
+
+    /// The most points any series holds.
+    pub fn points_held(&self) -> usize {
+        self.history.values().map(VecDeque::len).max().unwrap_or(0)
+    }
+
     /// Whether its points are the 5-minute averages (else the raw samples).
     pub fn uses_averages(&self, raw_interval: Duration) -> bool {
         self.step != raw_interval.as_secs().max(1)
@@ -158,6 +182,7 @@ impl Forecaster {
             return;
         }
         self.last = Some(s.time);
+        let keep = self.keep();
         for (cluster, c) in &s.clusters {
             for name in series::FORECAST_SERIES {
                 let Some(v) = value_of(c, name).filter(|v| v.is_finite()) else {
@@ -169,10 +194,18 @@ impl Forecaster {
                     .history
                     .entry((cluster.clone(), (*name).to_string()))
                     .or_default();
-                h.push_back(v as f32);
-                if h.len() > self.keep {
-                    h.pop_front();
+                if h.len() >= keep {
+                    h.drain(..=h.len() - keep);
+                    // A fleet that grew leaves each series less room: give back the rest.
+                    if h.capacity() > keep + keep / 8 {
+                        h.shrink_to(keep);
+                    }
+                } else if h.len() == h.capacity() {
+                    // Grows by doubling, but never past what it keeps (a deque's own
+                    // doubling would leave up to half of each series' room unused).
+                    h.reserve_exact(h.len().max(16).min(keep - h.len()));
                 }
+                h.push_back(v as f32);
             }
         }
         // Clusters gone from the fleet go from the forecasts.
@@ -951,7 +984,13 @@ mod tests {
 
     fn fleet_forecaster(clusters: usize, samples: i64) -> Forecaster {
         let mut f = twenty_second_season();
-        for t in 0..samples {
+        feed(&mut f, clusters, 0..samples);
+        f
+    }
+
+    /// A sample a second of `clusters` clusters in a cycle of twenty, at times `times`.
+    fn feed(f: &mut Forecaster, clusters: usize, times: std::ops::Range<i64>) {
+        for t in times {
             let phase = std::f64::consts::TAU * t as f64 / 20.0;
             let mut s = sample(1_000 + t, 0.0);
             let one = s.clusters.remove("m-0").unwrap();
@@ -963,7 +1002,37 @@ mod tests {
             }
             f.push(&s);
         }
-        f
+    }
+
+    /// A fleet keeps its seasons while its series fit in the budget, fewer as it grows (never
+    /// under three seasons), and gives the room back.
+    #[test]
+    fn the_history_keeps_within_its_budget_as_the_fleet_grows() {
+        // Two series a cluster (cpu, traffic) of 4 bytes a point: 8,000 bytes are 1,000
+        // points of two series, 100 of twenty.
+        let mut f = twenty_second_season();
+        f.cfg.history_bytes = 8_000;
+        let most = |f: &Forecaster| f.history.values().map(VecDeque::len).max().unwrap();
+        let room = |f: &Forecaster| f.history.values().map(VecDeque::capacity).sum::<usize>();
+
+        feed(&mut f, 1, 0..400);
+        assert_eq!(f.history.len(), 2);
+        assert_eq!(most(&f), 280, "one cluster keeps its fourteen seasons");
+        assert!(room(&f) <= 2 * 315, "room {}", room(&f));
+
+        feed(&mut f, 10, 400..600);
+        assert_eq!(f.history.len(), 20);
+        assert!(
+            f.history.values().all(|h| h.len() == 100),
+            "five seasons each"
+        );
+        assert!(room(&f) * 4 <= 9_000, "room {} points", room(&f));
+
+        feed(&mut f, 100, 600..700);
+        assert_eq!(most(&f), 60, "never fewer than three seasons");
+        let out = f.forecast_all();
+        assert_eq!(out.len(), 100, "every cluster still forecast");
+        assert!(out.iter().all(|c| c.history == 60));
     }
 
     /// A round made a share at a time makes what a round made at once does, each cluster

@@ -127,6 +127,11 @@ pub struct ServerArgs {
     /// How far ahead the monitoring system forecasts each cluster's water levels and traffic.
     #[arg(long, default_value = "6h", value_parser = parse_duration)]
     pub forecast_horizon: Duration,
+    /// MiB the forecaster's history of every series may take in the leader: each series
+    /// keeps 14 seasons while the fleet's fit (about 2,500 members at the default), fewer
+    /// beyond, never under three.
+    #[arg(long, default_value_t = orrery_controllers::forecasting::DEFAULT_HISTORY_BYTES >> 20)]
+    pub forecast_history_mib: usize,
     /// How far ahead the scheduler judges clusters by their forecast water level when a
     /// placement's `prediction` does not say (30m; 0s judges them by their present level),
     /// and how far ahead proactive rebalancing looks for a crossing of the shed mark.
@@ -558,6 +563,7 @@ fn spawn_controllers(
             forecast: orrery_controllers::forecasting::ForecastConfig {
                 season: args.forecast_season,
                 horizon: args.forecast_horizon,
+                history_bytes: args.forecast_history_mib.saturating_mul(1 << 20),
                 // Forecasts are checked at the lead the scheduler reads them at.
                 check_lead: Duration::from_secs(args.prediction_horizon.max(0) as u64)
                     .max(Duration::from_secs(1)),

@@ -219,6 +219,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         // season, a season ahead.
         forecast_season: Duration::from_secs(600),
         forecast_horizon: Duration::from_secs(600),
+        forecast_history_mib: orrery_controllers::forecasting::DEFAULT_HISTORY_BYTES >> 20,
         // Scaled like the season: two minutes of a ten-minute day, as 30 minutes is of a
         // day, a little more.
         prediction_horizon: 120,
