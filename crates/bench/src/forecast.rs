@@ -27,6 +27,10 @@ pub struct ForecastArgs {
     pub history: usize,
     /// Seasons forecast, one origin an hour.
     pub test: usize,
+    /// Points each forecast is made from (the newest), when not all.
+    pub window: Option<usize>,
+    /// Hours between two choices of a series' model.
+    pub choose_every: usize,
 }
 
 /// Samples per day (5-minute steps).
@@ -70,12 +74,21 @@ pub fn forecast_accuracy(args: ForecastArgs) -> anyhow::Result<()> {
             let mut seconds = Vec::new();
             let mut choose_secs = Vec::new();
             let first = args.history * SEASON;
+            let mut current: Option<(usize, orrery_forecast::Choice)> = None;
             for origin in (first..n.saturating_sub(h)).step_by(12) {
-                let past = &y[..origin];
+                let past = &y[args.window.map_or(0, |w| origin.saturating_sub(w))..origin];
                 let next = &y[origin..origin + h];
-                let started = Instant::now();
-                let choice = orrery_forecast::choose(past, h, &settings)?;
-                choose_secs.push(started.elapsed().as_secs_f64());
+                // The model is chosen again every `choose_every` hours (an origin is an hour).
+                let choice = match &current {
+                    Some((at, c)) if origin - at < args.choose_every.max(1) * 12 => c.clone(),
+                    _ => {
+                        let started = Instant::now();
+                        let c = orrery_forecast::choose(past, h, &settings)?;
+                        choose_secs.push(started.elapsed().as_secs_f64());
+                        current = Some((origin, c.clone()));
+                        c
+                    }
+                };
                 let started = Instant::now();
                 let f = orrery_forecast::forecast_with(&choice, past, h, &settings)?;
                 seconds.push(started.elapsed().as_secs_f64());
@@ -120,6 +133,8 @@ pub fn forecast_accuracy(args: ForecastArgs) -> anyhow::Result<()> {
                 "horizon": label,
                 "origins": chosen.len(),
                 "history_seasons": args.history,
+                "window_points": args.window,
+                "choose_every_hours": args.choose_every,
                 "mase": {"chosen": round(m("chosen"), 3), "naive": round(m("naive"), 3), "seasonal_naive": round(m("seasonal_naive"), 3)},
                 "smape_percent": {"chosen": round(s("chosen"), 2), "naive": round(s("naive"), 2), "seasonal_naive": round(s("seasonal_naive"), 2)},
                 "chosen_vs_seasonal_naive": round(m("chosen") / m("seasonal_naive").max(1e-12), 3),

@@ -365,6 +365,14 @@ enum Command {
         /// Days forecast, from an origin each hour.
         #[arg(long, default_value_t = 3)]
         test: usize,
+        /// Points of history each forecast is made from (the newest; all when not given), as
+        /// the server's forecaster keeps fewer at scale (`forecast-load`'s
+        /// `history_points_kept`).
+        #[arg(long)]
+        window: Option<usize>,
+        /// Hours between two choices of a series' model (the server's: one).
+        #[arg(long, default_value_t = 1)]
+        choose_every: usize,
     },
     /// A FederatedHPA reactive vs predictive over simulated business days: minutes
     /// under-provisioned and replica-hours (Orrery's autoscaler code on a simulated clock).
@@ -610,10 +618,14 @@ fn main() -> anyhow::Result<()> {
                 seed,
                 history,
                 test,
+                window,
+                choose_every,
             } => forecast::forecast_accuracy(forecast::ForecastArgs {
                 seed,
                 history,
                 test,
+                window,
+                choose_every,
             }),
             Command::Elastic {
                 seeds,

@@ -263,7 +263,7 @@ pub(crate) fn orrery_bin(server_bin: &Option<PathBuf>) -> anyhow::Result<PathBuf
 pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     let bin = orrery_bin(&args.server_bin)?;
     let n = args.replicas.max(1);
-    let (_etcd, servers) = if n == 1 {
+    let (etcd, servers) = if n == 1 {
         (
             None,
             vec![ServerProcess::start(&args.server_bin, &args.dir)?],
@@ -478,9 +478,23 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         .iter()
         .map(|a| process_usage(a.child.id()).2)
         .collect();
+    // What else shares the cores: etcd's members, this process, the machine as a whole.
+    let etcd_pids = etcd.as_ref().map(|e| e.pids()).unwrap_or_default();
+    let etcd_cpu0: Vec<f64> = etcd_pids.iter().map(|p| process_usage(*p).2).collect();
+    let own_cpu0 = process_usage(std::process::id()).2;
+    let busy0 = crate::stats::machine_busy_seconds();
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
     let wall = t0.elapsed().as_secs_f64();
+    let cores = |cpu1: f64, cpu0: f64| round((cpu1 - cpu0) / wall, 3);
+    let etcd_cpu: Vec<f64> = etcd_pids
+        .iter()
+        .zip(&etcd_cpu0)
+        .map(|(p, c0)| cores(process_usage(*p).2, *c0))
+        .collect();
+    let own_cpu = cores(process_usage(std::process::id()).2, own_cpu0);
+    let machine_busy = cores(crate::stats::machine_busy_seconds(), busy0);
+    let machine_cores = std::thread::available_parallelism().map_or(1, usize::from);
     let per_server: Vec<Value> = servers
         .iter()
         .zip(&server_cpu0)
@@ -531,6 +545,11 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         "work_creates_found_existing_unasked": existing_unasked.load(std::sync::atomic::Ordering::Relaxed),
         "seconds_to_works_available": round(works_available_after, 1),
         "server_cpu_cores": first(&per_server, "cpu_cores"),
+        // The steady window's CPU beside the servers' and agents' (in `per_server`, `agents`).
+        "etcd_cpu_cores": etcd_cpu,
+        "bench_cpu_cores": own_cpu,
+        "machine_busy_cores": machine_busy,
+        "machine_cores": machine_cores,
         "server_rss_mib": first(&per_server, "rss_mib"),
         "server_peak_rss_mib": first(&per_server, "peak_rss_mib"),
         "per_server": per_server,

@@ -251,6 +251,14 @@ impl EtcdCluster {
             .collect()
     }
 
+    /// The process ids of the members running.
+    pub fn pids(&self) -> Vec<u32> {
+        self.members
+            .iter()
+            .filter_map(|m| m.running.as_ref().map(|(_, pid)| *pid))
+            .collect()
+    }
+
     /// `kill -9` of member `i`.
     pub fn kill9(&mut self, i: usize) {
         if let Some((mut child, pid)) = self.members[i].running.take() {
