@@ -232,6 +232,7 @@ pub fn forecast_load(args: LoadArgs) -> anyhow::Result<()> {
     }
     let held = crate::stats::rss_mib() - before;
     let kept = f.points_held();
+    let choose_every = f.choose_every_seconds() as f64;
     drop(f);
     // Rounds over a few clusters: the first chooses every series' model and forecasts, the
     // next only forecasts. Their budget is the fleet's share, so that each series holds what
@@ -276,8 +277,10 @@ pub fn forecast_load(args: LoadArgs) -> anyhow::Result<()> {
         "choose_ms_per_series": round(per_series_choice * 1000.0, 2),
         "forecast_ms_per_series": round(per_series_forecast * 1000.0, 2),
         "first_round_wall_seconds_timed": round(first_wall, 2),
-        // Steady: each series' model chosen hourly, a forecast every 5 minutes.
-        "cpu_seconds_per_minute": round(n * (per_series_choice / 60.0 + per_series_forecast / 5.0), 1),
+        // Steady: each series' model chosen again as often as the fleet's forecaster does, a
+        // forecast every 5 minutes.
+        "choose_every_seconds": choose_every,
+        "cpu_seconds_per_minute": round(n * (per_series_choice * 60.0 / choose_every.max(1.0) + per_series_forecast / 5.0), 1),
         // At start every model is chosen at once.
         "cpu_seconds_first_round": round(n * (per_series_choice + per_series_forecast), 0),
         "record_bytes_per_cluster": record_bytes,

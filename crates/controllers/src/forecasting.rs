@@ -8,7 +8,8 @@
 //! The series are the 5-minute averages when the season holds at least 24 of them (a day:
 //! 288), else the raw samples (a test's short season). The history is read from the store
 //! once at start, then fed by the monitoring loop sample by sample. A series' model is chosen
-//! again every `choose_every` (at most a 24th of a season); in between each round only fits
+//! again every `choose_every` (at most a 24th of a season), less often in a large fleet (up to
+//! a quarter of a season: choosing is most of a round's CPU); in between each round only fits
 //! the chosen one.
 //!
 //! A water level series is the level less Orrery's own part of it (the requests of the
@@ -38,8 +39,12 @@ pub struct ForecastConfig {
     /// How far ahead.
     pub horizon: Duration,
     /// How often each series' model is chosen again (at most every 24th of a season: an hour
-    /// of a day).
+    /// of a day), in a fleet of up to `choose_series` series.
     pub choose_every: Duration,
+    /// Series chosen again every `choose_every`: a fleet of more has its models chosen as much
+    /// less often (at most a quarter of a season apart), so that choosing costs the leader no
+    /// more than it does for this many.
+    pub choose_series: usize,
     /// Seasons of history a series keeps (older points are dropped), while the fleet's
     /// series fit in `history_bytes`.
     pub seasons_kept: usize,
@@ -57,6 +62,7 @@ impl Default for ForecastConfig {
             season: Duration::from_secs(24 * 3600),
             horizon: Duration::from_secs(6 * 3600),
             choose_every: Duration::from_secs(3600),
+            choose_series: DEFAULT_CHOOSE_SERIES,
             seasons_kept: 14,
             history_bytes: DEFAULT_HISTORY_BYTES,
             check_lead: Duration::from_secs(orrery_api::prediction::DEFAULT_HORIZON_SECONDS as u64),
@@ -67,6 +73,10 @@ impl Default for ForecastConfig {
 /// The forecaster's history of a fleet: 14 seasons of up to 2,500 members' five series, 3.5
 /// of 10,000 members'.
 pub const DEFAULT_HISTORY_BYTES: usize = 192 << 20;
+
+/// Series whose models are chosen again every hour (about 1,600 members' five): choosing one
+/// is 40–65 ms of a core, so 50,000 series chosen hourly were over half a core.
+pub const DEFAULT_CHOOSE_SERIES: usize = 8_192;
 
 /// The fewest seasons a series keeps, whatever the budget: the seasonal models are chosen
 /// on three backtests of six hours over two seasons of fit.
@@ -95,8 +105,10 @@ pub struct Forecaster {
     /// Points per season.
     season: usize,
     horizon: usize,
-    /// Seconds between choices of a series' model.
+    /// Seconds between choices of a series' model, in a fleet of up to `choose_series`.
     choose_every: i64,
+    /// The most seconds between them, in any fleet.
+    choose_at_most: i64,
     /// Kept as `f32`: fourteen days of five series of a thousand clusters are 80 MiB so, 160
     /// as `f64`, and the samples have three or four significant digits.
     history: BTreeMap<(String, String), VecDeque<f32>>,
@@ -124,6 +136,7 @@ impl Forecaster {
             season,
             horizon: (cfg.horizon.as_secs() / step).max(1) as usize,
             choose_every: (cfg.choose_every.as_secs() as i64).min(season_s as i64 / 24),
+            choose_at_most: season_s as i64 / 4,
             cfg,
             history: BTreeMap::new(),
             placed: BTreeMap::new(),
@@ -163,6 +176,18 @@ impl Forecaster {
         let most = self.season * self.cfg.seasons_kept.max(MIN_SEASONS);
         let fits = self.cfg.history_bytes / (self.history.len().max(1) * size_of::<f32>());
         fits.clamp(self.season * MIN_SEASONS, most)
+    }
+
+    /// Seconds between two choices of a series' model now: `choose_every`, times as many
+    /// `choose_series` as the fleet has series, up to a quarter of a season.
+    pub fn choose_every_seconds(&self) -> i64 {
+        let shares = self
+            .history
+            .len()
+            .div_ceil(self.cfg.choose_series.max(1))
+            .max(1);
+        (self.choose_every.saturating_mul(shares as i64))
+            .min(self.choose_at_most.max(self.choose_every))
     }
 
     /// The most points any series holds.
@@ -236,6 +261,7 @@ impl Forecaster {
             season: Some(self.season),
             ..Default::default()
         };
+        let choose_every = self.choose_every_seconds();
         let mut out: BTreeMap<String, ClusterForecast> = BTreeMap::new();
         // The history is ordered by cluster, so a cluster's series come together.
         let (clusters, mut looked) = (clusters.max(1), 0);
@@ -262,7 +288,7 @@ impl Forecaster {
             let fresh = self
                 .choices
                 .get(&key)
-                .filter(|(_, at, n)| now - at < self.choose_every && y.len() < 2 * n)
+                .filter(|(_, at, n)| now - at < choose_every && y.len() < 2 * n)
                 .map(|(c, _, _)| c.clone());
             let choice = match fresh {
                 Some(c) => c,
@@ -1142,5 +1168,44 @@ mod tests {
         let next = g.forecast_all();
         assert_eq!(next[0].series["cpu"].model, stored[0].series["cpu"].model);
         assert_eq!(g.choices[&key].1, 1_059, "not chosen again");
+    }
+
+    /// A fleet of more series than `choose_series` has its models chosen as much less often,
+    /// up to a quarter of a season apart.
+    #[test]
+    fn a_large_fleets_models_are_chosen_less_often() {
+        // A four-minute season: a choice stands for ten seconds, at most a minute.
+        let new = || {
+            Forecaster::new(
+                ForecastConfig {
+                    season: Duration::from_secs(240),
+                    horizon: Duration::from_secs(10),
+                    choose_series: 2,
+                    ..Default::default()
+                },
+                Duration::from_secs(1),
+                Duration::from_secs(300),
+            )
+        };
+        let chosen_at = |f: &Forecaster| f.choices[&("m-0".to_string(), "cpu".to_string())].1;
+        // Two series a cluster (cpu, traffic).
+        for (clusters, every) in [(1, 10), (3, 30), (10, 60)] {
+            let mut f = new();
+            feed(&mut f, clusters, 0..100);
+            assert_eq!(f.choose_every_seconds(), every, "{clusters} clusters");
+            f.forecast_all();
+            assert_eq!(chosen_at(&f), 1_099);
+            // Just before the choice's time is up it stands; once up, it is made again.
+            feed(&mut f, clusters, 100..100 + every - 1);
+            f.forecast_all();
+            assert_eq!(chosen_at(&f), 1_099, "{clusters} clusters: still standing");
+            feed(&mut f, clusters, 100 + every - 1..100 + every);
+            f.forecast_all();
+            assert_eq!(
+                chosen_at(&f),
+                1_099 + every,
+                "{clusters} clusters: chosen again"
+            );
+        }
     }
 }
