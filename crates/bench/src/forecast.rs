@@ -238,7 +238,7 @@ pub fn forecast_load(args: LoadArgs) -> anyhow::Result<()> {
     // next only forecasts. Their budget is the fleet's share, so that each series holds what
     // the whole fleet's would.
     let timed_config = ForecastConfig {
-        history_bytes: config.history_bytes * args.timed / args.clusters.max(1),
+        history_bytes: (config.history_bytes / args.clusters.max(1)).saturating_mul(args.timed),
         ..config
     };
     let mut t = Forecaster::new(timed_config, raw, STEP);

@@ -368,8 +368,8 @@ enum Command {
         /// Points of history each forecast is made from (the newest; all when not given), as
         /// the server's forecaster keeps fewer at scale (`forecast-load`'s
         /// `history_points_kept`).
-        #[arg(long)]
-        window: Option<usize>,
+        #[arg(long, value_parser = clap::value_parser!(u64).range(2..))]
+        window: Option<u64>,
         /// Hours between two choices of a series' model (the server's: one).
         #[arg(long, default_value_t = 1)]
         choose_every: usize,
@@ -624,7 +624,7 @@ fn main() -> anyhow::Result<()> {
                 seed,
                 history,
                 test,
-                window,
+                window: window.map(|w| w as usize),
                 choose_every,
             }),
             Command::Elastic {

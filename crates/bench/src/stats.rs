@@ -63,24 +63,21 @@ pub fn process_alive(pid: u32) -> bool {
         .is_some_and(|state| state != "Z" && state != "X")
 }
 
-/// CPU seconds the whole machine has spent busy (every core; not idle or waiting on I/O).
+/// CPU seconds the whole machine has spent busy (every core: user, nice, system, irq and
+/// softirq; not idle, waiting on I/O, or stolen by the hypervisor; guest time is already in
+/// user and nice).
 pub fn machine_busy_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let Some(cpu) = stat.lines().find(|l| l.starts_with("cpu ")) else {
         return 0.0;
     };
-    // user nice system idle iowait irq softirq steal ...
+    // user nice system idle iowait irq softirq steal guest guest_nice
     let f: Vec<f64> = cpu
         .split_whitespace()
         .skip(1)
         .filter_map(|v| v.parse().ok())
         .collect();
-    let busy: f64 = f
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != 3 && *i != 4)
-        .map(|(_, v)| v)
-        .sum();
+    let busy: f64 = [0, 1, 2, 5, 6].iter().filter_map(|i| f.get(*i)).sum();
     busy / 100.0
 }
 

@@ -43,13 +43,15 @@ pub struct ForecastConfig {
     pub choose_every: Duration,
     /// Series chosen again every `choose_every`: a fleet of more has its models chosen as much
     /// less often (at most a quarter of a season apart), so that choosing costs the leader no
-    /// more than it does for this many.
+    /// more than it does for this many, up to six times as many at a day's season.
     pub choose_series: usize,
     /// Seasons of history a series keeps (older points are dropped), while the fleet's
     /// series fit in `history_bytes`.
     pub seasons_kept: usize,
-    /// Bytes the history of all series may take: a large fleet keeps fewer seasons (never
-    /// fewer than [`MIN_SEASONS`]). Fourteen days of 10,000 members' five series are 800 MB.
+    /// Bytes the points of all series may take (each series' room may be up to a 32nd over
+    /// its points, and its key and header are not counted): a large fleet keeps fewer seasons
+    /// (never fewer than [`MIN_SEASONS`]). Fourteen days of 10,000 members' five series are
+    /// 800 MB.
     pub history_bytes: usize,
     /// How long before a sample the forecast set beside it in the monitoring history was
     /// made (the scheduler's default prediction horizon; at most `horizon`).
@@ -75,11 +77,14 @@ impl Default for ForecastConfig {
 pub const DEFAULT_HISTORY_BYTES: usize = 192 << 20;
 
 /// Series whose models are chosen again every hour (about 1,600 members' five): choosing one
-/// is 40–65 ms of a core, so 50,000 series chosen hourly were over half a core.
+/// is 40–65 ms of a core, so 50,000 series chosen hourly were over half a core (every six
+/// hours now, the most apart a day's season allows).
 pub const DEFAULT_CHOOSE_SERIES: usize = 8_192;
 
 /// The fewest seasons a series keeps, whatever the budget: the seasonal models are chosen
-/// on three backtests of six hours over two seasons of fit.
+/// on three backtests of six hours over two seasons of fit (their intervals are then
+/// calibrated on as many of the eight backtests as reach back that far: three at three
+/// seasons, five at 3.5).
 pub const MIN_SEASONS: usize = 3;
 
 /// The value of series `name` in a sample.
@@ -207,6 +212,8 @@ impl Forecaster {
             return;
         }
         self.last = Some(s.time);
+        // From the series as they were: clusters joining or leaving with this sample count
+        // from the next one.
         let keep = self.keep();
         for (cluster, c) in &s.clusters {
             for name in series::FORECAST_SERIES {
@@ -221,8 +228,10 @@ impl Forecaster {
                     .or_default();
                 if h.len() >= keep {
                     h.drain(..=h.len() - keep);
-                    // A fleet that grew leaves each series less room: give back the rest.
-                    if h.capacity() > keep + keep / 8 {
+                    // A fleet that grew leaves each series less room: give back the rest
+                    // (a little slack, so that a member coming and going does not have every
+                    // series reallocated).
+                    if h.capacity() > keep + keep / 32 {
                         h.shrink_to(keep);
                     }
                 } else if h.len() == h.capacity() {
@@ -1052,10 +1061,11 @@ mod tests {
             f.history.values().all(|h| h.len() == 100),
             "five seasons each"
         );
-        assert!(room(&f) * 4 <= 9_000, "room {} points", room(&f));
+        assert!(room(&f) * 4 <= 8_000 * 33 / 32, "room {} points", room(&f));
 
         feed(&mut f, 100, 600..700);
         assert_eq!(most(&f), 60, "never fewer than three seasons");
+        assert!(room(&f) <= 200 * 60 * 33 / 32, "room {} points", room(&f));
         let out = f.forecast_all();
         assert_eq!(out.len(), 100, "every cluster still forecast");
         assert!(out.iter().all(|c| c.history == 60));
