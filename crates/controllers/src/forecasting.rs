@@ -112,8 +112,6 @@ pub struct Forecaster {
     horizon: usize,
     /// Seconds between choices of a series' model, in a fleet of up to `choose_series`.
     choose_every: i64,
-    /// The most seconds between them, in any fleet.
-    choose_at_most: i64,
     /// Kept as `f32`: fourteen days of five series of a thousand clusters are 80 MiB so, 160
     /// as `f64`, and the samples have three or four significant digits.
     history: BTreeMap<(String, String), VecDeque<f32>>,
@@ -141,7 +139,6 @@ impl Forecaster {
             season,
             horizon: (cfg.horizon.as_secs() / step).max(1) as usize,
             choose_every: (cfg.choose_every.as_secs() as i64).min(season_s as i64 / 24),
-            choose_at_most: season_s as i64 / 4,
             cfg,
             history: BTreeMap::new(),
             placed: BTreeMap::new(),
@@ -191,8 +188,9 @@ impl Forecaster {
             .len()
             .div_ceil(self.cfg.choose_series.max(1))
             .max(1);
-        (self.choose_every.saturating_mul(shares as i64))
-            .min(self.choose_at_most.max(self.choose_every))
+        // `choose_every` is at most a 24th of the season, so never over this.
+        let quarter = self.cfg.season.as_secs().max(1) as i64 / 4;
+        self.choose_every.saturating_mul(shares as i64).min(quarter)
     }
 
     /// The most points any series holds.
@@ -787,16 +785,12 @@ mod tests {
 
     #[test]
     fn every_series_of_every_cluster_is_forecast_and_old_points_go() {
-        let mut f = Forecaster::new(
-            ForecastConfig {
-                season: Duration::from_secs(20),
-                horizon: Duration::from_secs(10),
-                seasons_kept: 3,
-                ..Default::default()
-            },
-            Duration::from_secs(1),
-            Duration::from_secs(300),
-        );
+        let mut f = raw_forecaster(ForecastConfig {
+            season: Duration::from_secs(20),
+            horizon: Duration::from_secs(10),
+            seasons_kept: 3,
+            ..Default::default()
+        });
         // A daily-like cycle of 20 samples, for four cycles; a sample out of order is ignored.
         for t in 0..80 {
             let phase = std::f64::consts::TAU * t as f64 / 20.0;
@@ -1004,17 +998,18 @@ mod tests {
         assert!(cpu.points[0].mean > 0.75, "{:?}", cpu.points[0]);
     }
 
+    /// A forecaster of raw samples a second apart (and 5-minute averages).
+    fn raw_forecaster(cfg: ForecastConfig) -> Forecaster {
+        Forecaster::new(cfg, Duration::from_secs(1), Duration::from_secs(300))
+    }
+
     /// A forecaster of raw samples a second apart, with a season of twenty.
     fn twenty_second_season() -> Forecaster {
-        Forecaster::new(
-            ForecastConfig {
-                season: Duration::from_secs(20),
-                horizon: Duration::from_secs(10),
-                ..Default::default()
-            },
-            Duration::from_secs(1),
-            Duration::from_secs(300),
-        )
+        raw_forecaster(ForecastConfig {
+            season: Duration::from_secs(20),
+            horizon: Duration::from_secs(10),
+            ..Default::default()
+        })
     }
 
     fn fleet_forecaster(clusters: usize, samples: i64) -> Forecaster {
@@ -1144,13 +1139,7 @@ mod tests {
             horizon: Duration::from_secs(10),
             ..Default::default()
         };
-        let new = || {
-            Forecaster::new(
-                cfg.clone(),
-                Duration::from_secs(1),
-                Duration::from_secs(300),
-            )
-        };
+        let new = || raw_forecaster(cfg.clone());
         let mut f = new();
         for t in 0..60 {
             let phase = std::f64::consts::TAU * t as f64 / 20.0;
@@ -1186,16 +1175,12 @@ mod tests {
     fn a_large_fleets_models_are_chosen_less_often() {
         // A four-minute season: a choice stands for ten seconds, at most a minute.
         let new = || {
-            Forecaster::new(
-                ForecastConfig {
-                    season: Duration::from_secs(240),
-                    horizon: Duration::from_secs(10),
-                    choose_series: 2,
-                    ..Default::default()
-                },
-                Duration::from_secs(1),
-                Duration::from_secs(300),
-            )
+            raw_forecaster(ForecastConfig {
+                season: Duration::from_secs(240),
+                horizon: Duration::from_secs(10),
+                choose_series: 2,
+                ..Default::default()
+            })
         };
         let chosen_at = |f: &Forecaster| f.choices[&("m-0".to_string(), "cpu".to_string())].1;
         // Two series a cluster (cpu, traffic).
