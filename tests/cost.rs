@@ -215,3 +215,82 @@ fn placements_weigh_price_keep_budgets_and_floors_and_show_what_they_cost() {
         "{metrics}"
     );
 }
+
+/// Consolidation end to end: a placement with `cost.consolidate` moves its running replicas
+/// to a cluster once it becomes a tenth cheaper (here: its Cluster's own price drops); one
+/// without it stays where it runs; the move is a decision of its own in the history, and the
+/// replicas' old copies are kept while the new ones start.
+#[test]
+fn consolidating_placements_follow_a_price_drop_and_others_stay() {
+    let f = Fleet::start_sims(
+        &[("cheap", "us-east", CHEAP), ("dear", "eu-west", DEAR)],
+        &[
+            "--monitoring-interval",
+            "1s",
+            "--consolidate-interval",
+            "2s",
+        ],
+    );
+    let refused = f.s.fails_stdin(
+        &["apply", "-f", "-"],
+        &deployment("aimless", 1, "{consolidate: true}"),
+    );
+    assert!(refused.contains("cost.consolidate"), "{refused}");
+
+    // Both run on the cheaper cluster (their six cores leave it well under the limit).
+    f.s.apply(&deployment("mover", 6, "{weight: 10, consolidate: true}"));
+    f.s.apply(&deployment("stayer", 6, "{weight: 10}"));
+    for name in ["mover", "stayer"] {
+        eventually(Duration::from_secs(30), "placed", || {
+            on(&f, name, "cheap") + on(&f, name, "dear") == 6
+        });
+    }
+    let stayer = f.clusters_of("stayer-deployment");
+    assert!(on(&f, "mover", "cheap") > on(&f, "mover", "dear"));
+
+    // The dear cluster's contract now costs a quarter of the cheap one's.
+    f.s.ok(&[
+        "patch",
+        "cluster",
+        "dear",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"properties":{"cost.orrery.io/cpu-core-hour":"0.005","cost.orrery.io/memory-gib-hour":"0.0005"}}}"#,
+    ]);
+    eventually(Duration::from_secs(60), "mover consolidated", || {
+        on(&f, "mover", "dear") == 6
+    });
+    let b = f.s.get_json(&["resourcebinding", "mover-deployment"]);
+    // Make-before-break: the copy on cheap stays while the moved replicas start.
+    let evictions = b["spec"]["evictions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        evictions
+            .iter()
+            .any(|e| e["cluster"] == "cheap"
+                && e["reason"].as_str().unwrap().contains("Consolidate")),
+        "{b}"
+    );
+    let h = raw(&f, "/api/v1/history/schedules?maxEntries=100");
+    assert!(
+        h["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["trigger"] == "Consolidate" && e["binding"] == "default/mover-deployment"),
+        "{h}"
+    );
+    // Several rounds later the other placement still runs where it did.
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(f.clusters_of("stayer-deployment"), stayer);
+    assert!(
+        !h["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["binding"] == "default/stayer-deployment" && e["trigger"] == "Consolidate"),
+        "{h}"
+    );
+}

@@ -212,6 +212,9 @@ pub struct CostPolicy {
     /// The share of the replicas, 0 to 1, that must run on on-demand capacity when any run on spot capacity (rounded up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_on_demand: Option<f64>,
+    /// Move running replicas to clusters where they cost at least a tenth less, as room opens there under the water level limit (a few workloads at a time; needs a weight above 0). Off by default: a move restarts the replicas it moves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consolidate: Option<bool>,
 }
 
 impl CostPolicy {
@@ -243,10 +246,22 @@ impl CostPolicy {
                 "must be a number from 0 to 1",
             ));
         }
+        if self.consolidate == Some(true) && self.weight() <= 0.0 {
+            errs.push(FieldError::invalid(
+                format!("{path}.consolidate"),
+                true,
+                "needs cost.weight above 0: consolidation moves replicas by the price that weight ranks clusters by",
+            ));
+        }
     }
 
     pub fn weight(&self) -> f64 {
         self.weight.unwrap_or(0.0)
+    }
+
+    /// Whether replicas are consolidated onto cheaper clusters (only when price ranks them).
+    pub fn consolidates(&self) -> bool {
+        self.consolidate == Some(true) && self.weight() > 0.0
     }
 }
 
@@ -411,6 +426,7 @@ mod tests {
                     weight: Some(5.0),
                     max_hourly: Some(3.0),
                     min_on_demand: Some(0.3),
+                    consolidate: None,
                 },
                 true,
             ),
@@ -441,6 +457,28 @@ mod tests {
                     ..Default::default()
                 },
                 false,
+            ),
+            (
+                CostPolicy {
+                    weight: Some(2.0),
+                    consolidate: Some(true),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                CostPolicy {
+                    consolidate: Some(true),
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                CostPolicy {
+                    consolidate: Some(false),
+                    ..Default::default()
+                },
+                true,
             ),
         ] {
             let mut errs = ErrorList::default();

@@ -196,6 +196,9 @@ enum Strategy {
     /// Orrery's water level with the server's defaults (prediction on) and the clusters'
     /// prices weighed (`cost.weight` 5).
     WaterLevelCost,
+    /// The same, with replicas consolidated onto cheaper clusters as room opens
+    /// (`cost.consolidate`).
+    WaterLevelConsolidate,
 }
 
 impl Strategy {
@@ -208,6 +211,7 @@ impl Strategy {
             Strategy::WaterLevel => "orrery-water-level",
             Strategy::WaterLevelAhead => "orrery-water-level-predictive",
             Strategy::WaterLevelCost => "orrery-water-level-cost-5",
+            Strategy::WaterLevelConsolidate => "orrery-water-level-cost-5-consolidate",
         }
     }
     fn load_aware(&self) -> bool {
@@ -217,12 +221,16 @@ impl Strategy {
                 | Strategy::WaterLevel
                 | Strategy::WaterLevelAhead
                 | Strategy::WaterLevelCost
+                | Strategy::WaterLevelConsolidate
         )
     }
     fn orrery(&self) -> bool {
         matches!(
             self,
-            Strategy::WaterLevel | Strategy::WaterLevelAhead | Strategy::WaterLevelCost
+            Strategy::WaterLevel
+                | Strategy::WaterLevelAhead
+                | Strategy::WaterLevelCost
+                | Strategy::WaterLevelConsolidate
         )
     }
 }
@@ -253,6 +261,9 @@ fn placement_for(s: Strategy, clusters: &[SimCluster]) -> Placement {
         }
         Strategy::WaterLevelCost => {
             json!({"replicaScheduling": {"replicaSchedulingType": "Divided"}, "cost": {"weight": 5}})
+        }
+        Strategy::WaterLevelConsolidate => {
+            json!({"replicaScheduling": {"replicaSchedulingType": "Divided"}, "cost": {"weight": 5, "consolidate": true}})
         }
     };
     // The literals above are fixed; a parse failure would be a bug in this file.
@@ -289,6 +300,10 @@ struct Sim<'a> {
     forecasts: Option<Forecasts>,
     /// Replicas moved ahead of a forecast peak (counted in `moved` too).
     moved_ahead: i64,
+    /// Where the next round of consolidation starts.
+    consolidate_from: usize,
+    /// Replicas moved to cheaper clusters by consolidation (counted in `moved` too).
+    moved_cheaper: i64,
 }
 
 /// Unix seconds of step 0 (the engine reads forecasts against the clock).
@@ -302,6 +317,8 @@ const WARM_UP: usize = 3 * DAY;
 /// history).
 const AHEAD: usize = 72;
 const CHOOSE_EVERY: usize = 48;
+/// Workloads decided again per round of consolidation (the controller's default).
+const CONSOLIDATE_PER_ROUND: usize = orrery_scheduler::DEFAULT_CONSOLIDATE_PER_ROUND;
 
 /// Each cluster's background series and the model its backtest chose, forecast every step
 /// (what the server's forecaster does with the history Orrery does not move).
@@ -490,6 +507,11 @@ impl Sim<'_> {
 
     /// Decides workload `id` again (after a change), and applies the decision.
     fn decide(&mut self, id: usize, shed: &[String], shed_ahead: &[String]) {
+        self.decide_as(id, shed, shed_ahead, Mode::Steady);
+    }
+
+    /// [`Sim::decide`] in `mode`.
+    fn decide_as(&mut self, id: usize, shed: &[String], shed_ahead: &[String], mode: Mode) {
         let Some(w) = self.workloads.get(&id).cloned() else {
             return;
         };
@@ -522,7 +544,7 @@ impl Sim<'_> {
                 evicted: &[],
                 shed,
                 shed_ahead,
-                mode: Mode::Steady,
+                mode,
                 now: self.now(),
                 seed: id as u64,
                 relations: Default::default(),
@@ -742,6 +764,25 @@ impl Sim<'_> {
         }
     }
 
+    /// Consolidation (`cost.consolidate`): every round (a step here, five minutes as the
+    /// controller's default), up to [`CONSOLIDATE_PER_ROUND`] workloads in turn are decided
+    /// again to move replicas onto cheaper clusters with room.
+    fn consolidate(&mut self) {
+        let ids: Vec<usize> = self
+            .workloads
+            .range(self.consolidate_from..)
+            .chain(self.workloads.range(..self.consolidate_from))
+            .map(|(id, _)| *id)
+            .take(CONSOLIDATE_PER_ROUND)
+            .collect();
+        self.consolidate_from = ids.last().map_or(0, |id| id + 1);
+        for id in ids {
+            let before = self.moved;
+            self.decide_as(id, &[], &[], Mode::Consolidate);
+            self.moved_cheaper += self.moved - before;
+        }
+    }
+
     /// The workloads with the most replicas on cluster `i` are decided again without it.
     fn shed_from(&mut self, i: usize, ahead: bool) {
         self.cooldown[i] = 3;
@@ -791,10 +832,12 @@ fn simulate(
             ..Config::default()
         },
         // The server's default: 30 minutes ahead, Upper80.
-        Strategy::WaterLevelAhead | Strategy::WaterLevelCost => Config {
-            shed_mark,
-            ..Config::default()
-        },
+        Strategy::WaterLevelAhead | Strategy::WaterLevelCost | Strategy::WaterLevelConsolidate => {
+            Config {
+                shed_mark,
+                ..Config::default()
+            }
+        }
         _ => Config::karmada(),
     };
     let mut sim = Sim {
@@ -814,13 +857,21 @@ fn simulate(
         evacuated: 0,
         hot_for: vec![0; clusters.len()],
         cooldown: vec![0; clusters.len()],
-        shed_mark,
+        // The controller sheds a consolidating placement's replicas at the limit (every
+        // workload here has one).
+        shed_mark: if strategy == Strategy::WaterLevelConsolidate {
+            orrery_scheduler::DEFAULT_WATER_LEVEL_LIMIT
+        } else {
+            shed_mark
+        },
         forecasts: matches!(
             strategy,
-            Strategy::WaterLevelAhead | Strategy::WaterLevelCost
+            Strategy::WaterLevelAhead | Strategy::WaterLevelCost | Strategy::WaterLevelConsolidate
         )
         .then(|| Forecasts::new(clusters)),
         moved_ahead: 0,
+        consolidate_from: 0,
+        moved_cheaper: 0,
     };
     let (mut stds, mut maxes, mut pendings) = (Vec::new(), Vec::new(), Vec::new());
     let mut peak: f64 = 0.0;
@@ -890,6 +941,9 @@ fn simulate(
         if strategy.orrery() {
             sim.shed();
         }
+        if strategy == Strategy::WaterLevelConsolidate {
+            sim.consolidate();
+        }
         let (levels, pending, running, hourly) = sim.measure();
         let hours = STEP_SECONDS as f64 / 3600.0;
         cost += hourly * hours;
@@ -919,6 +973,7 @@ fn simulate(
         "cost_per_replica_hour": if served > 0.0 { json!(round(cost / served, 5)) } else { json!(null) },
         "replicas_moved": sim.moved,
         "replicas_moved_ahead": sim.moved_ahead,
+        "replicas_moved_cheaper": sim.moved_cheaper,
         "replicas_evacuated": sim.evacuated,
         "forecasting_seconds": sim.forecasts.as_ref().map(|f| round(f.secs, 2)),
         "decisions": sim.decisions,
@@ -946,6 +1001,7 @@ pub fn quality(args: QualityArgs) -> anyhow::Result<()> {
         Strategy::WaterLevel,
         Strategy::WaterLevelAhead,
         Strategy::WaterLevelCost,
+        Strategy::WaterLevelConsolidate,
     ] {
         progress(format!("simulating {}", s.name()));
         let mut r = simulate(s, &clusters, &trace, args.shed_mark);
@@ -1028,6 +1084,27 @@ pub fn quality(args: QualityArgs) -> anyhow::Result<()> {
             // what is asked is that prices never do (no higher peak than without them).
             "peak_under_limit_or_no_higher": num(cost, "rwl_max_peak") <= limit
                 || num(cost, "rwl_max_peak") <= num(ours, "rwl_max_peak"),
+        }));
+    }
+    if let Some(cons) = results
+        .iter()
+        .find(|r| r["strategy"] == Strategy::WaterLevelConsolidate.name())
+    {
+        let limit = orrery_scheduler::DEFAULT_WATER_LEVEL_LIMIT;
+        // The same goals for weight 5 with consolidation, and what it moved for them.
+        emit(json!({
+            "scenario": "scheduler-quality-consolidation-goals",
+            "seed": args.seed,
+            "cost": [num(ours, "cost"), num(cons, "cost")],
+            "cost_ratio": round(num(cons, "cost") / num(ours, "cost"), 3),
+            "cost_bound_ratio": round(num(ours, "cost_bound") / num(ours, "cost"), 3),
+            "pending_replicas_mean": [num(ours, "pending_replicas_mean"), num(cons, "pending_replicas_mean")],
+            "rwl_max_peak": [num(ours, "rwl_max_peak"), num(cons, "rwl_max_peak")],
+            "replicas_moved": num(cons, "replicas_moved"),
+            "replicas_moved_cheaper": num(cons, "replicas_moved_cheaper"),
+            "cheaper_by_a_fifth": num(cons, "cost") <= 0.8 * num(ours, "cost"),
+            "no_more_pending": num(cons, "pending_replicas_mean") <= num(ours, "pending_replicas_mean"),
+            "peak_under_limit": num(cons, "rwl_max_peak") <= limit + 1e-9,
         }));
     }
     Ok(())

@@ -96,6 +96,11 @@ pub struct ServerArgs {
     /// before replicas move off it; between the limit and this mark nothing moves.
     #[arg(long, default_value_t = orrery_scheduler::DEFAULT_SHED_MARK, value_parser = parse_level)]
     pub shed_mark: f64,
+    /// How often workloads whose placement consolidates (`cost.consolidate`) are decided
+    /// again to move replicas to clusters where they cost at least a tenth less (up to 1,000
+    /// workloads a round, in turn).
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub consolidate_interval: Duration,
     /// Weights of the score plugins, e.g. `balance=3,locality=0.5`: comma-separated
     /// PLUGIN=WEIGHT for headroom, balance, locality, priority, network, proximity and
     /// completion; those not named keep their default (headroom 1, balance 2, locality 1,
@@ -546,6 +551,7 @@ fn spawn_controllers(
                 water_level_limit: args.water_level_limit,
                 shed_window: args.shed_window,
                 shed_mark: args.shed_mark,
+                consolidate_every: args.consolidate_interval,
                 move_grace: args.move_grace_period,
                 weights: args.score_weights.unwrap_or_default(),
                 prediction: orrery_api::prediction::Ahead {
@@ -674,6 +680,11 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
             "--shed-mark {} is below --water-level-limit {}: a cluster filled to the limit would shed at once",
             args.shed_mark,
             args.water_level_limit
+        );
+    }
+    if args.consolidate_interval.is_zero() {
+        anyhow::bail!(
+            "--consolidate-interval 0: a round of consolidation needs time between rounds (e.g. 5m)"
         );
     }
     std::fs::create_dir_all(&args.data_dir)

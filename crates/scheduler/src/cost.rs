@@ -183,6 +183,51 @@ pub fn keep_floor(
     }
 }
 
+/// Consolidation: replicas come off the dearest clusters holding them and go to the cheapest
+/// with room, but only where a replica costs at least `saving` (a fraction of its price where
+/// it runs) less: a move restarts a replica, and a small saving is not worth it. `price` is what
+/// the ranking reads (`None`: no price, neither given nor taken); `room` is how many of the
+/// task's replicas a cluster may hold in all (`None`: not known, given none). `keep_one` leaves
+/// a replica on every cluster that has one (what spread constraints counted). Returns how many
+/// replicas moved.
+pub fn consolidate(
+    n: &mut [i64],
+    room: &[Option<i64>],
+    price: &[Option<f64>],
+    saving: f64,
+    keep_one: bool,
+) -> i64 {
+    let mut from: Vec<usize> = (0..n.len())
+        .filter(|j| n[*j] > 0 && price[*j].is_some())
+        .collect();
+    let at = |j: usize| price[j].unwrap_or(f64::INFINITY);
+    from.sort_by(|a, b| at(*b).total_cmp(&at(*a)).then(b.cmp(a)));
+    let mut to: Vec<usize> = (0..n.len())
+        .filter(|j| price[*j].is_some() && room[*j].is_some())
+        .collect();
+    to.sort_by(|a, b| at(*a).total_cmp(&at(*b)).then(a.cmp(b)));
+    let mut moved = 0;
+    for s in from {
+        let (Some(dear), keep) = (price[s], i64::from(keep_one && n[s] > 0)) else {
+            continue;
+        };
+        for d in &to {
+            let (Some(cheap), Some(r)) = (price[*d], room[*d]) else {
+                continue;
+            };
+            if cheap > dear * (1.0 - saving) + 1e-12 {
+                // The rest cost more still.
+                break;
+            }
+            let k = (r - n[*d]).min(n[s] - keep).max(0);
+            n[s] -= k;
+            n[*d] += k;
+            moved += k;
+        }
+    }
+    moved
+}
+
 /// The candidate holding a replica with the highest price among those `eligible` (the later
 /// one on ties).
 fn dearest(n: &[i64], unit: &[f64], eligible: impl Fn(usize) -> bool) -> Option<usize> {
@@ -207,6 +252,107 @@ fn cheapest_open(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn consolidation_moves_replicas_only_for_a_saving_worth_a_restart() {
+        // (n, room, price, keep_one) -> (n, moved); a saving of a tenth is asked for.
+        type Case = (
+            &'static [i64],
+            &'static [Option<i64>],
+            &'static [Option<f64>],
+            bool,
+            &'static [i64],
+            i64,
+        );
+        let cases: &[Case] = &[
+            // The cheaper has room for everything: all move.
+            (
+                &[0, 4],
+                &[Some(10), Some(10)],
+                &[Some(1.0), Some(2.0)],
+                false,
+                &[4, 0],
+                4,
+            ),
+            // Only as many as its room takes (room counts what it already holds).
+            (
+                &[2, 4],
+                &[Some(3), Some(10)],
+                &[Some(1.0), Some(2.0)],
+                false,
+                &[3, 3],
+                1,
+            ),
+            // Not a tenth cheaper: nothing moves.
+            (
+                &[0, 4],
+                &[Some(10), Some(10)],
+                &[Some(1.0), Some(1.05)],
+                false,
+                &[0, 4],
+                0,
+            ),
+            // Exactly a tenth is enough.
+            (
+                &[0, 4],
+                &[Some(10), Some(10)],
+                &[Some(0.9), Some(1.0)],
+                false,
+                &[4, 0],
+                4,
+            ),
+            // The dearest moves first, to the cheapest first; a middle one takes the rest.
+            (
+                &[0, 0, 3, 3],
+                &[Some(2), Some(3), Some(10), Some(10)],
+                &[Some(1.0), Some(2.0), Some(3.0), Some(4.0)],
+                false,
+                &[2, 3, 1, 0],
+                5,
+            ),
+            // A cluster without a price neither gives nor takes; nor one without known room.
+            (
+                &[0, 3, 2],
+                &[None, Some(9), Some(9)],
+                &[Some(1.0), None, Some(2.0)],
+                false,
+                &[0, 3, 2],
+                0,
+            ),
+            // Spread constraints counted on the clusters: each keeps one.
+            (
+                &[0, 3, 1],
+                &[Some(9), Some(9), Some(9)],
+                &[Some(1.0), Some(2.0), Some(3.0)],
+                true,
+                &[2, 1, 1],
+                2,
+            ),
+            // A full cheaper cluster takes nothing; an over-full one gives nothing back.
+            (
+                &[5, 2],
+                &[Some(4), Some(9)],
+                &[Some(1.0), Some(2.0)],
+                false,
+                &[5, 2],
+                0,
+            ),
+        ];
+        for (n0, room, price, keep_one, want, moved) in cases {
+            let mut n = n0.to_vec();
+            let got = consolidate(&mut n, room, price, 0.1, *keep_one);
+            assert_eq!(
+                (n.as_slice(), got),
+                (*want, *moved),
+                "{n0:?} room {room:?} price {price:?} keep_one {keep_one}"
+            );
+            assert_eq!(
+                n.iter().sum::<i64>(),
+                n0.iter().sum::<i64>(),
+                "replicas kept"
+            );
+        }
+    }
 
     #[test]
     fn a_budget_moves_replicas_to_cheaper_clusters_before_it_drops_any() {

@@ -66,13 +66,22 @@ pub const DEFAULT_HYSTERESIS: f64 = 0.05;
 /// background load that drifts into that band comes back out of it on its own, so moving
 /// replicas there would be churn with nothing gained. New replicas still avoid the band.
 pub const DEFAULT_SHED_MARK: f64 = 0.95;
+/// The least a replica's price must fall, as a share of it, for consolidation to move it.
+pub const DEFAULT_CONSOLIDATE_SAVING: f64 = 0.1;
+/// Bindings the controller decides again per round of consolidation (see
+/// [`Mode::Consolidate`]); a round is every five minutes by default.
+pub const DEFAULT_CONSOLIDATE_PER_ROUND: usize = 1000;
 
-/// Steady keeps what runs and moves only the difference; Fresh recomputes everything.
+/// Steady keeps what runs and moves only the difference; Fresh recomputes everything;
+/// Consolidate keeps what runs, then moves replicas to clusters where they cost at least
+/// [`Config::consolidate_saving`] less and that have room (for a placement that weighs price,
+/// divided by water level; otherwise as Steady).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Mode {
     #[default]
     Steady,
     Fresh,
+    Consolidate,
 }
 
 /// What to schedule.
@@ -150,6 +159,8 @@ pub struct Config {
     /// The water level above which clusters shed replicas (at least the limit): no replica
     /// is placed where the mean of the cluster's forecast would take it above this.
     pub shed_mark: f64,
+    /// The least share of a replica's price that moving it must save ([`Mode::Consolidate`]).
+    pub consolidate_saving: f64,
 }
 
 impl Default for Config {
@@ -165,6 +176,7 @@ impl Default for Config {
             score_sample: DEFAULT_SCORE_SAMPLE,
             prediction: Ahead::default(),
             shed_mark: DEFAULT_SHED_MARK,
+            consolidate_saving: DEFAULT_CONSOLIDATE_SAVING,
         }
     }
 }
@@ -433,6 +445,8 @@ pub struct Decision {
     pub fleet_level: f64,
     /// Replicas that fit nowhere under the limit.
     pub unplaced: i64,
+    /// Replicas moved to cheaper clusters ([`Mode::Consolidate`]).
+    pub consolidated: i64,
     /// Why nothing (or not everything) could be placed.
     pub error: Option<String>,
     /// What became of each fleet cluster; empty when the task was invalid.
@@ -810,7 +824,18 @@ fn context<'a>(
             .prediction
             .as_ref()
             .map_or(config.prediction, |p| p.resolve(config.prediction)),
-        mark: config.shed_mark.max(limit),
+        // A placement that consolidates onto cheaper clusters is held under the limit by
+        // moving: its replicas are shed at the limit, not the shed mark.
+        mark: if task
+            .placement
+            .cost
+            .as_ref()
+            .is_some_and(|c| c.consolidates())
+        {
+            limit
+        } else {
+            config.shed_mark.max(limit)
+        },
         rise: Vec::new(),
         rise_slot: Vec::new(),
         mark_room: Vec::new(),
@@ -1441,18 +1466,20 @@ fn allocate(
         thrift: vec![1.0; kept.len()],
     };
     let weight = ctx.cost_weight();
+    let mut prices = None;
     if weight > 0.0 && ctx.fleet.has_prices() {
-        let prices: Vec<Option<f64>> = kept.iter().map(|i| cost::ranked_price(ctx, *i)).collect();
-        let cheapest = prices
+        let ranked: &Vec<Option<f64>> =
+            prices.insert(kept.iter().map(|i| cost::ranked_price(ctx, *i)).collect());
+        let cheapest = ranked
             .iter()
             .flatten()
             .copied()
             .fold(f64::INFINITY, f64::min);
-        shares.lean = prices
+        shares.lean = ranked
             .iter()
             .map(|p| cost::lean(weight, *p, cheapest))
             .collect();
-        shares.thrift = prices
+        shares.thrift = ranked
             .iter()
             .map(|p| cost::thrift(weight, *p, cheapest))
             .collect();
@@ -1571,6 +1598,28 @@ fn allocate(
                     };
                 }
                 unplaced = delta - placed;
+            }
+            if task.mode == Mode::Consolidate
+                && let Some(price) = &prices
+            {
+                // Into the room under the limit less the hysteresis, over the horizon: the
+                // cluster sheds this task's replicas at the limit (its mark), and must not
+                // take back at once what it has just shed.
+                let room: Vec<Option<i64>> = kept
+                    .iter()
+                    .zip(&room_under_limit)
+                    .map(|(i, r)| {
+                        let r = (*r)?;
+                        Some(r.min(ctx.room_under(*i, ctx.limit - config.hysteresis)?))
+                    })
+                    .collect();
+                decision.consolidated = cost::consolidate(
+                    &mut shares.n,
+                    &room,
+                    price,
+                    config.consolidate_saving,
+                    !task.placement.spread_constraints.is_empty(),
+                );
             }
         }
     }

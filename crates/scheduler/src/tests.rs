@@ -1945,3 +1945,45 @@ fn a_budget_moves_nothing_into_a_cluster_being_shed() {
     assert_eq!(shares(&d), s(&[("dear", 6)]));
     assert_eq!(d.unplaced, 4);
 }
+
+#[test]
+fn consolidation_moves_running_replicas_to_cheaper_room_under_the_limit() {
+    // 10 replicas run on dear (30 of its cores taken besides them). (cheap's price, cores
+    // taken on cheap, mode) -> replicas on cheap, consolidated.
+    let p = cost_placement(json!({"weight": 5, "consolidate": true}));
+    for (price, used, mode, want) in [
+        // Room for all under the limit less the hysteresis (0.80): all move.
+        ("0.02", 60, Mode::Consolidate, 10),
+        // Room for 5 there (80 - 75): 5 move; none beyond it.
+        ("0.02", 75, Mode::Consolidate, 5),
+        // Already at 0.80: nothing (it sheds this placement's replicas at the limit).
+        ("0.02", 80, Mode::Consolidate, 0),
+        // Less than a tenth cheaper: not worth a restart.
+        ("0.038", 60, Mode::Consolidate, 0),
+        // A decision that is not a round of consolidation keeps what runs.
+        ("0.02", 60, Mode::Steady, 0),
+    ] {
+        let fleet = [
+            priced(cluster("cheap", "us", 100, used), &[(CPU_CORE_HOUR, price)]),
+            priced(cluster("dear", "eu", 100, 40), &[(CPU_CORE_HOUR, "0.04")]),
+        ];
+        let mut t = T::new(p.clone(), 10);
+        t.previous = vec![TargetCluster {
+            name: "dear".into(),
+            replicas: 10,
+        }];
+        t.mode = mode;
+        let d = t.run(&fleet);
+        assert_eq!(d.error, None, "{price} {used} {mode:?}");
+        let on_cheap = shares(&d)
+            .iter()
+            .find(|(n, _)| n == "cheap")
+            .map_or(0, |x| x.1);
+        assert_eq!(
+            (on_cheap, d.consolidated),
+            (want, want),
+            "{price} {used} {mode:?}"
+        );
+        assert_eq!(shares(&d).iter().map(|x| x.1).sum::<i64>(), 10);
+    }
+}

@@ -20,7 +20,7 @@
 //! - Application failover (Karmada's): an application unhealthy in a cluster past its
 //!   toleration is evicted from it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -130,6 +130,11 @@ pub struct Settings {
     pub shed_mark: f64,
     /// Bindings moved off one hot cluster per window.
     pub shed_per_window: usize,
+    /// How often bindings whose placement consolidates (`cost.consolidate`) are decided
+    /// again to move replicas onto cheaper clusters with room.
+    pub consolidate_every: Duration,
+    /// Bindings decided again per round of consolidation.
+    pub consolidate_per_round: usize,
     /// How long the old copy of moved replicas stays while the new ones start.
     pub move_grace: Duration,
     /// A member's figures measured this long after a decision include it.
@@ -153,6 +158,8 @@ impl Default for Settings {
             shed_window: Duration::from_secs(60),
             shed_mark: orrery_scheduler::DEFAULT_SHED_MARK,
             shed_per_window: 10,
+            consolidate_every: Duration::from_secs(300),
+            consolidate_per_round: orrery_scheduler::DEFAULT_CONSOLIDATE_PER_ROUND,
             move_grace: Duration::from_secs(300),
             assume_settle: Duration::from_secs(5),
             assume_ttl: Duration::from_secs(60),
@@ -228,6 +235,8 @@ enum Trigger {
     LeaderMoved,
     /// A user's Migration waits for its target.
     UserMove,
+    /// A round of consolidation: replicas may move to cheaper clusters with room.
+    Consolidate,
     /// A migration of the binding ended: its status says where it runs now.
     MoveDone,
     /// A data set it reads changed (its copies, or it appeared).
@@ -248,6 +257,7 @@ impl Trigger {
             Trigger::Requested => "Requested",
             Trigger::LeaderMoved => "LeaderMoved",
             Trigger::UserMove => "Migration",
+            Trigger::Consolidate => "Consolidate",
             Trigger::MoveDone => "MigrationDone",
             Trigger::DataChanged => "DataChanged",
         }
@@ -279,6 +289,13 @@ struct Scheduler {
     shed: HashMap<BKey, Vec<String>>,
     /// Clusters a binding is to shed ahead of their forecast peak.
     shed_ahead: HashMap<BKey, Vec<String>>,
+    /// Bindings whose placement consolidates onto cheaper clusters, in key order.
+    consolidators: BTreeSet<BKey>,
+    /// Bindings queued by a round of consolidation.
+    consolidating: HashSet<BKey>,
+    /// When the last round of consolidation ran, and the last binding it decided.
+    last_consolidation: Instant,
+    consolidated_up_to: Option<BKey>,
     backoff: Backoff<BKey>,
     /// Counts what may have made room in the fleet: resources freed or reported, assumptions
     /// released, weights changed.
@@ -298,6 +315,9 @@ struct Scheduler {
     /// The network weight last logged at info level.
     weights_told: Option<f64>,
     last_shed: HashMap<String, Instant>,
+    /// The same two for the limit, at which consolidating bindings are shed.
+    over_since: HashMap<String, Instant>,
+    last_limit_shed: HashMap<String, Instant>,
     /// Each cluster's forecast, as the engine reads it.
     outlooks: HashMap<String, Arc<Outlook>>,
     /// The forecasts that made bindings move ahead of a peak, for the history.
@@ -401,6 +421,10 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         triggers: HashMap::new(),
         shed: HashMap::new(),
         shed_ahead: HashMap::new(),
+        consolidators: BTreeSet::new(),
+        consolidating: HashSet::new(),
+        last_consolidation: Instant::now(),
+        consolidated_up_to: None,
         backoff: Backoff::new(1_000, 60_000),
         room_epoch: 0,
         unplaced: HashMap::new(),
@@ -412,6 +436,8 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         traffic_baseline: None,
         weights_told: None,
         last_shed: HashMap::new(),
+        over_since: HashMap::new(),
+        last_limit_shed: HashMap::new(),
         outlooks: HashMap::new(),
         forecast_moves: HashMap::new(),
         history: Vec::new(),
@@ -753,6 +779,7 @@ impl Scheduler {
             Src::Binding => match ev {
                 Event::Listed(items) => {
                     self.bindings.clear();
+                    self.consolidators.clear();
                     self.moves.clear();
                     self.graph.clear_bindings();
                     let now = self.now_ms();
@@ -775,6 +802,9 @@ impl Scheduler {
                             Trigger::Binding
                         };
                         self.graph.put(&k, Some(&b));
+                        if consolidates(&b) {
+                            self.consolidators.insert(k.clone());
+                        }
                         self.bindings.insert(k.clone(), b);
                         self.enqueue(k, why);
                     }
@@ -791,6 +821,11 @@ impl Scheduler {
                     let served = self.bindings.get(&k).map(|old| self.graph.serving(old));
                     self.graph.put(&k, Some(&b));
                     let moved = served.is_some_and(|s| s != self.graph.serving(&b));
+                    if consolidates(&b) {
+                        self.consolidators.insert(k.clone());
+                    } else {
+                        self.consolidators.remove(&k);
+                    }
                     self.bindings.insert(k.clone(), b);
                     self.enqueue(k.clone(), Trigger::Binding);
                     if moved {
@@ -802,6 +837,8 @@ impl Scheduler {
                     self.graph.put(&k, None);
                     self.enqueue_dependents(&k);
                     self.bindings.remove(&k);
+                    self.consolidators.remove(&k);
+                    self.consolidating.remove(&k);
                     self.moves.remove(&k);
                     self.forecast_moves.remove(&k);
                     self.shed.remove(&k);
@@ -1124,7 +1161,44 @@ impl Scheduler {
             self.room_changed();
         }
         self.check_hot(now);
+        self.check_consolidation(now);
         self.adjust_weights();
+    }
+
+    /// Every `consolidate_every`, up to `consolidate_per_round` of the bindings whose
+    /// placement consolidates are decided again to move replicas onto cheaper clusters, in
+    /// turn from where the last round stopped. The controller's start counts as a round: a
+    /// restart moves nothing sooner than it would have.
+    fn check_consolidation(&mut self, now: Instant) {
+        if now.duration_since(self.last_consolidation) < self.settings.consolidate_every {
+            return;
+        }
+        self.last_consolidation = now;
+        let after = self.consolidated_up_to.take();
+        let later = match &after {
+            Some(a) => self.consolidators.range((
+                std::ops::Bound::Excluded(a.clone()),
+                std::ops::Bound::Unbounded,
+            )),
+            None => self.consolidators.range(..),
+        };
+        let round: Vec<BKey> = later
+            .chain(self.consolidators.iter())
+            .take(
+                self.settings
+                    .consolidate_per_round
+                    .min(self.consolidators.len()),
+            )
+            .cloned()
+            .collect();
+        self.consolidated_up_to = round.last().cloned();
+        if !round.is_empty() {
+            tracing::debug!(bindings = round.len(), "a round of consolidation");
+        }
+        for k in round {
+            self.consolidating.insert(k.clone());
+            self.enqueue(k, Trigger::Consolidate);
+        }
     }
 
     /// Draft 7.3.3: the score weights follow monitoring. The fleet's traffic is compared with
@@ -1169,9 +1243,19 @@ impl Scheduler {
 
     /// Clusters above the shed mark for a whole window shed replicas of a few bindings; so do
     /// clusters whose forecast (its mean) crosses the mark within the horizon and stays above
-    /// it for a window, ahead of the peak.
+    /// it for a window, ahead of the peak. Bindings that consolidate onto cheaper clusters are
+    /// held under the limit by moving: the same rules at the limit shed theirs.
     fn check_hot(&mut self, now: Instant) {
         let mark = self.settings.shed_mark.max(self.settings.water_level_limit);
+        self.shed_rule(now, mark, false);
+        if !self.consolidators.is_empty() {
+            self.shed_rule(now, self.settings.water_level_limit, true);
+        }
+    }
+
+    /// One shed rule: at `mark`, of every binding divided by water level, or (`consolidating`)
+    /// of those that consolidate only, with its own record of when clusters went above it.
+    fn shed_rule(&mut self, now: Instant, mark: f64, consolidating: bool) {
         let mut due = Vec::new();
         let wall = Time::now();
         let mut ahead: Vec<(String, orrery_scheduler::Crossing)> = Vec::new();
@@ -1181,8 +1265,13 @@ impl Scheduler {
         let ahead_window = self.settings.shed_window.min(Duration::from_secs(
             self.settings.prediction.horizon_seconds.max(0) as u64,
         ));
+        let (hot_since, last_shed) = if consolidating {
+            (&mut self.over_since, &mut self.last_limit_shed)
+        } else {
+            (&mut self.hot_since, &mut self.last_shed)
+        };
         for (c, f) in self.fleet.clusters().iter().zip(self.fleet.facts()) {
-            let last = self.last_shed.get(&c.name).copied().unwrap_or(self.started);
+            let last = last_shed.get(&c.name).copied().unwrap_or(self.started);
             if f.known()
                 && f.level() <= mark
                 && now.duration_since(last) >= ahead_window
@@ -1196,21 +1285,37 @@ impl Scheduler {
                 ahead.push((c.name.clone(), x));
             }
             if f.known() && f.level() > mark {
-                let since = *self.hot_since.entry(c.name.clone()).or_insert(now);
-                let last = self.last_shed.get(&c.name).copied();
+                let since = *hot_since.entry(c.name.clone()).or_insert(now);
+                let last = last_shed.get(&c.name).copied();
                 if now.duration_since(since) >= self.settings.shed_window
                     && last.is_none_or(|l| now.duration_since(l) >= self.settings.shed_window)
                 {
                     due.push(c.name.clone());
                 }
             } else {
-                self.hot_since.remove(&c.name);
+                hot_since.remove(&c.name);
             }
         }
+        let which = |spec: &BindingSpec| {
+            !consolidating
+                || spec
+                    .placement
+                    .cost
+                    .as_ref()
+                    .is_some_and(|c| c.consolidates())
+        };
+        let what = if consolidating {
+            "the limit"
+        } else {
+            "the shed mark"
+        };
         for c in due {
-            self.last_shed.insert(c.clone(), now);
-            let on = self.most_replicas_on(&c, |_| true);
-            tracing::info!(cluster = %c, bindings = on.len(), "a cluster above the shed mark sheds replicas");
+            self.last_shed_at(consolidating).insert(c.clone(), now);
+            let on = self.most_replicas_on(&c, which);
+            if on.is_empty() && consolidating {
+                continue;
+            }
+            tracing::info!(cluster = %c, bindings = on.len(), mark, "a cluster above {what} sheds replicas");
             for k in on {
                 self.shed.entry(k.clone()).or_default().push(c.clone());
                 self.triggers.insert(k.clone(), Trigger::Shed);
@@ -1222,15 +1327,17 @@ impl Scheduler {
             // ahead keeps its replicas).
             let default = self.settings.prediction;
             let on = self.most_replicas_on(&c, |spec| {
-                spec.placement
-                    .prediction
-                    .as_ref()
-                    .is_none_or(|p| !p.resolve(default).is_off())
+                which(spec)
+                    && spec
+                        .placement
+                        .prediction
+                        .as_ref()
+                        .is_none_or(|p| !p.resolve(default).is_off())
             });
             if on.is_empty() {
                 continue;
             }
-            self.last_shed.insert(c.clone(), now);
+            self.last_shed_at(consolidating).insert(c.clone(), now);
             let outlook = self.outlooks.get(&c);
             let trigger = ForecastTrigger {
                 cluster: c.clone(),
@@ -1258,7 +1365,8 @@ impl Scheduler {
                 level = trigger.level,
                 forecast = trigger.forecast,
                 crosses_at = %trigger.crosses_at,
-                "a cluster's forecast crosses the shed mark: replicas move ahead of the peak"
+                mark,
+                "a cluster's forecast crosses {what}: replicas move ahead of the peak"
             );
             for k in on {
                 self.shed_ahead
@@ -1272,6 +1380,15 @@ impl Scheduler {
                 }
                 self.enqueue(k, Trigger::Forecast);
             }
+        }
+    }
+
+    /// When each cluster last shed, by the shed mark or (`consolidating`) by the limit.
+    fn last_shed_at(&mut self, consolidating: bool) -> &mut HashMap<String, Instant> {
+        if consolidating {
+            &mut self.last_limit_shed
+        } else {
+            &mut self.last_shed
         }
     }
 
@@ -1343,7 +1460,10 @@ impl Scheduler {
             let why = self.triggers.remove(&k).unwrap_or(Trigger::Binding);
             let shed = self.shed.remove(&k).unwrap_or_default();
             let ahead = self.shed_ahead.remove(&k).unwrap_or_default();
-            match self.reconcile(&k, why, &shed, &ahead) {
+            // Consolidated only when a round asked first: whatever else woke it decides as
+            // it would have.
+            let consolidate = self.consolidating.remove(&k) && why == Trigger::Consolidate;
+            match self.reconcile(&k, why, &shed, &ahead, consolidate) {
                 Outcome::Skip => {}
                 Outcome::Write(j) => {
                     self.backoff.reset(&k);
@@ -1404,6 +1524,7 @@ impl Scheduler {
         why: Trigger,
         shed: &[String],
         shed_ahead: &[String],
+        consolidate: bool,
     ) -> Outcome {
         let Some(b) = self.bindings.get(k).cloned() else {
             return Outcome::Skip;
@@ -1542,6 +1663,8 @@ impl Scheduler {
             || (why == Trigger::Recovered && spec.placement.rebalance_on_recovery)
         {
             Mode::Fresh
+        } else if consolidate {
+            Mode::Consolidate
         } else {
             Mode::Steady
         };
@@ -2461,6 +2584,17 @@ fn placed_on(b: &Object) -> Vec<String> {
 /// water level (Karmada's modes keep Karmada's behaviour).
 fn sheddable(spec: &BindingSpec) -> bool {
     orrery_scheduler::strategy(&spec.placement, true) == "WaterLevel"
+}
+
+/// Whether a binding's replicas are consolidated onto cheaper clusters: its placement says
+/// so (`cost.consolidate` with a weight), and they are divided by water level. A stateful
+/// workload moves only with its data, never to save money.
+fn consolidates(b: &Object) -> bool {
+    BindingSpec::of(b).is_some_and(|s| {
+        sheddable(&s)
+            && !s.is_stateful()
+            && s.placement.cost.as_ref().is_some_and(|c| c.consolidates())
+    })
 }
 
 fn placed_message(clusters: &[TargetCluster]) -> String {
