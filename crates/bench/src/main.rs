@@ -411,8 +411,8 @@ enum Command {
         #[arg(long, default_value_t = orrery_controllers::forecasting::DEFAULT_HISTORY_BYTES >> 20)]
         history_mib: usize,
     },
-    /// Scheduling quality: six strategies on one trace over a simulated fleet (Orrery with and
-    /// without prediction among them).
+    /// Scheduling quality: eight strategies on one trace over a simulated fleet (Orrery with
+    /// and without prediction, with prices weighed and with consolidation among them).
     SchedulerQuality {
         #[arg(long, default_value_t = 1)]
         seed: u64,

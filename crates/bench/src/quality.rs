@@ -1,6 +1,7 @@
 //! The scheduling-quality simulation: one heterogeneous fleet with a diurnal background load,
-//! one workload trace (arrivals, scaling, deletions, a cluster outage), and six strategies
-//! on the same trace: Orrery's water level with and without prediction among them.
+//! one workload trace (arrivals, scaling, deletions, a cluster outage), and eight strategies
+//! on the same trace: Orrery's water level with and without prediction, with prices weighed,
+//! and with consolidation onto cheaper clusters among them.
 //! Deterministic for a seed; runs in one process with the real engine and, for prediction,
 //! the real forecasting models.
 //!

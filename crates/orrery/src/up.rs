@@ -210,7 +210,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         water_level_limit: orrery_scheduler::DEFAULT_WATER_LEVEL_LIMIT,
         shed_window: Duration::from_secs(60),
         shed_mark: orrery_scheduler::DEFAULT_SHED_MARK,
-        consolidate_interval: Duration::from_secs(300),
+        // The simulated day is 10 minutes: consolidation rounds keep pace with it.
+        consolidate_interval: Duration::from_secs(60),
         move_grace_period: Duration::from_secs(300),
         migration_cleanup_grace: Duration::from_secs(30),
         migration_switch_timeout: Duration::from_secs(60),

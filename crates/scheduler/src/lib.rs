@@ -1095,21 +1095,35 @@ fn schedule_term(
     };
     // A large fleet: score an evenly strided sample, always with the clusters it runs in.
     let passing = &statics.passing;
-    let mut candidates: Vec<usize> =
-        if config.score_sample > 0 && passing.len() > config.score_sample {
-            let m = passing.len();
-            let offset = (task.seed % m as u64) as usize;
-            let mut picked: Vec<usize> = (0..config.score_sample)
-                .map(|k| passing[(offset + k * m / config.score_sample) % m])
+    let mut candidates: Vec<usize> = if config.score_sample > 0
+        && passing.len() > config.score_sample
+    {
+        let m = passing.len();
+        let offset = (task.seed % m as u64) as usize;
+        let mut picked: Vec<usize> = (0..config.score_sample)
+            .map(|k| passing[(offset + k * m / config.score_sample) % m])
+            .collect();
+        picked.extend(task.previous.iter().filter_map(|p| fleet.position(&p.name)));
+        // A placement that consolidates looks at the cheapest clusters too, wherever the
+        // stride falls: they are where its replicas go.
+        if (task.placement.cost.as_ref()).is_some_and(|c| c.consolidates()) && fleet.has_prices() {
+            let mut priced: Vec<(f64, usize)> = passing
+                .iter()
+                .filter_map(|i| Some((ctx.unit_cost(*i)?, *i)))
                 .collect();
-            picked.extend(task.previous.iter().filter_map(|p| fleet.position(&p.name)));
-            picked.sort_unstable();
-            picked.dedup();
-            picked.retain(|i| statics.first[*i] == PASSED);
-            picked
-        } else {
-            passing.clone()
-        };
+            let k = (config.score_sample / 4).max(1).min(priced.len());
+            if k < priced.len() {
+                priced.select_nth_unstable_by(k, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            }
+            picked.extend(priced[..k].iter().map(|x| x.1));
+        }
+        picked.sort_unstable();
+        picked.dedup();
+        picked.retain(|i| statics.first[*i] == PASSED);
+        picked
+    } else {
+        passing.clone()
+    };
     // Clusters the task runs in are asked afresh (readiness and NoSchedule spare them).
     let mut added = false;
     for p in task.previous {
@@ -1507,6 +1521,8 @@ fn allocate(
     // Each cluster's room under the limit (less, for one being shed): what the budget and
     // the floor may move replicas into.
     let room_under_limit = shares.room.clone();
+    // What stays where it runs, before the division adds or takes any.
+    let staying = shares.n.clone();
     let have: i64 = shares.n.iter().sum();
     let delta = task.replicas - have;
     let mut unplaced = 0;
@@ -1599,8 +1615,9 @@ fn allocate(
                 }
                 unplaced = delta - placed;
             }
-            if task.mode == Mode::Consolidate
-                && let Some(price) = &prices
+            let consolidates = (task.placement.cost.as_ref()).is_some_and(|c| c.consolidates());
+            if let Some(price) = &prices
+                && (task.mode == Mode::Consolidate || (consolidates && delta > 0))
             {
                 // Into the room under the limit less the hysteresis, over the horizon: the
                 // cluster sheds this task's replicas at the limit (its mark), and must not
@@ -1613,13 +1630,25 @@ fn allocate(
                         Some(r.min(ctx.room_under(*i, ctx.limit - config.hysteresis)?))
                     })
                     .collect();
-                decision.consolidated = cost::consolidate(
-                    &mut shares.n,
-                    &room,
-                    price,
-                    config.consolidate_saving,
-                    !task.placement.spread_constraints.is_empty(),
-                );
+                let keep_one = !task.placement.spread_constraints.is_empty();
+                let saving = config.consolidate_saving;
+                if task.mode == Mode::Consolidate {
+                    decision.consolidated =
+                        cost::consolidate(&mut shares.n, &room, price, saving, keep_one);
+                } else {
+                    // New replicas of a placement that consolidates start where a round would
+                    // move them, not where a round would restart them; what runs stays.
+                    let mut added: Vec<i64> = (shares.n.iter().zip(&staying))
+                        .map(|(n, s)| (n - s).max(0))
+                        .collect();
+                    let left: Vec<Option<i64>> = (room.iter().zip(&shares.n).zip(&added))
+                        .map(|((r, n), a)| r.map(|r| r - (n - a)))
+                        .collect();
+                    cost::consolidate(&mut added, &left, price, saving, keep_one);
+                    for ((n, s), a) in shares.n.iter_mut().zip(&staying).zip(&added) {
+                        *n = (*n).min(*s) + a;
+                    }
+                }
             }
         }
     }

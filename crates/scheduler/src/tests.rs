@@ -1987,3 +1987,80 @@ fn consolidation_moves_running_replicas_to_cheaper_room_under_the_limit() {
         assert_eq!(shares(&d).iter().map(|x| x.1).sum::<i64>(), 10);
     }
 }
+
+#[test]
+fn a_consolidating_placements_new_replicas_start_where_a_round_would_move_them() {
+    // 10 run on dear; 4 more are asked for. Cheap has room for 5 under 0.80.
+    let fleet = [
+        priced(cluster("cheap", "us", 100, 75), &[(CPU_CORE_HOUR, "0.02")]),
+        priced(cluster("dear", "eu", 100, 40), &[(CPU_CORE_HOUR, "0.04")]),
+    ];
+    for (consolidate, scale_to, want) in [
+        // The 4 new start on cheap; the 10 running stay.
+        (true, 14, [("cheap", 4), ("dear", 10)]),
+        // Room for 5: the sixth new one goes where the division put it.
+        (true, 16, [("cheap", 5), ("dear", 11)]),
+    ] {
+        let mut t = T::new(
+            cost_placement(json!({"weight": 5, "consolidate": consolidate})),
+            scale_to,
+        );
+        t.previous = vec![TargetCluster {
+            name: "dear".into(),
+            replicas: 10,
+        }];
+        let d = t.run(&fleet);
+        let want: Vec<(String, i64)> = want.iter().map(|(n, k)| (n.to_string(), *k)).collect();
+        assert_eq!(shares(&d), want, "{consolidate} {scale_to}");
+        assert_eq!(d.consolidated, 0, "nothing that ran moved");
+    }
+    // Without consolidation the division alone decides (here: not all on cheap).
+    let mut t = T::new(cost_placement(json!({"weight": 5})), 14);
+    t.previous = vec![TargetCluster {
+        name: "dear".into(),
+        replicas: 10,
+    }];
+    let d = t.run(&fleet);
+    assert!(
+        shares(&d).iter().any(|(n, k)| n == "dear" && *k > 10),
+        "{:?}",
+        shares(&d)
+    );
+}
+
+#[test]
+fn in_a_large_fleet_a_consolidating_placement_looks_at_the_cheapest_clusters() {
+    // Eight clusters alike but for the price, the cheapest last; four are scored per decision
+    // (the stride from seed 0: c0, c2, c4, c6).
+    let fleet: Vec<ClusterSnapshot> = (0..8)
+        .map(|k| {
+            let price = if k == 7 { "0.01" } else { "0.04" };
+            priced(
+                cluster(&format!("c{k}"), "us", 100, 40),
+                &[(CPU_CORE_HOUR, price)],
+            )
+        })
+        .collect();
+    let config = Config {
+        score_sample: 4,
+        ..Config::default()
+    };
+    for (consolidate, cheapest_seen) in [(true, true), (false, false)] {
+        let mut t = T::new(
+            cost_placement(json!({"weight": 5, "consolidate": consolidate})),
+            4,
+        );
+        t.previous = vec![TargetCluster {
+            name: "c0".into(),
+            replicas: 4,
+        }];
+        t.mode = Mode::Consolidate;
+        let d = schedule(&Fleet::new(fleet.clone()), &t.task(), &config);
+        assert_eq!(
+            shares(&d) == [("c7".to_string(), 4)],
+            cheapest_seen,
+            "{consolidate}: {:?}",
+            shares(&d)
+        );
+    }
+}
