@@ -285,6 +285,7 @@ fn consolidating_placements_follow_a_price_drop_and_others_stay() {
     // Several rounds later the other placement still runs where it did.
     std::thread::sleep(Duration::from_secs(5));
     assert_eq!(f.clusters_of("stayer-deployment"), stayer);
+    let h = raw(&f, "/api/v1/history/schedules?maxEntries=100");
     assert!(
         !h["entries"]
             .as_array()

@@ -188,15 +188,22 @@ pub fn keep_floor(
 /// it runs) less: a move restarts a replica, and a small saving is not worth it. `price` is what
 /// the ranking reads (`None`: no price, neither given nor taken); `room` is how many of the
 /// task's replicas a cluster may hold in all (`None`: not known, given none). `keep_one` leaves
-/// a replica on every cluster that has one (what spread constraints counted). Returns how many
-/// replicas moved.
+/// a replica on every cluster that has one (what spread constraints counted). `floor`, the
+/// capacity of each and the placement's `minOnDemand`: no move to spot capacity takes the
+/// replicas on on-demand capacity below that share (what [`keep_floor`] would move back).
+/// Returns how many replicas moved.
 pub fn consolidate(
     n: &mut [i64],
     room: &[Option<i64>],
     price: &[Option<f64>],
     saving: f64,
     keep_one: bool,
+    floor: Option<(&[Capacity], f64)>,
 ) -> i64 {
+    let spot = |j: usize| floor.is_some_and(|(c, _)| c[j] == Capacity::Spot);
+    let total: i64 = n.iter().sum();
+    let need = floor.map_or(0, |(_, f)| (f * total as f64 - 1e-9).ceil() as i64);
+    let mut on_demand: i64 = (0..n.len()).filter(|j| !spot(*j)).map(|j| n[j]).sum();
     let mut from: Vec<usize> = (0..n.len())
         .filter(|j| n[*j] > 0 && price[*j].is_some())
         .collect();
@@ -215,11 +222,17 @@ pub fn consolidate(
             let (Some(cheap), Some(r)) = (price[*d], room[*d]) else {
                 continue;
             };
-            if cheap > dear * (1.0 - saving) + 1e-12 {
+            if cheap > dear * (1.0 - saving) + 1e-12 || cheap >= dear {
                 // The rest cost more still.
                 break;
             }
-            let k = (r - n[*d]).min(n[s] - keep).max(0);
+            let mut k = (r - n[*d]).min(n[s] - keep).max(0);
+            if !spot(s) && spot(*d) {
+                k = k.min(on_demand - need).max(0);
+                on_demand -= k;
+            } else if spot(s) && !spot(*d) {
+                on_demand += k;
+            }
             n[s] -= k;
             n[*d] += k;
             moved += k;
@@ -340,7 +353,7 @@ mod tests {
         ];
         for (n0, room, price, keep_one, want, moved) in cases {
             let mut n = n0.to_vec();
-            let got = consolidate(&mut n, room, price, 0.1, *keep_one);
+            let got = consolidate(&mut n, room, price, 0.1, *keep_one, None);
             assert_eq!(
                 (n.as_slice(), got),
                 (*want, *moved),
@@ -351,6 +364,38 @@ mod tests {
                 n0.iter().sum::<i64>(),
                 "replicas kept"
             );
+        }
+        // Free clusters: nothing moves between them.
+        let mut n = vec![0, 3];
+        let free = [Some(0.0), Some(0.0)];
+        assert_eq!(
+            consolidate(&mut n, &[Some(9), Some(9)], &free, 0.1, false, None),
+            0
+        );
+        assert_eq!(n, [0, 3]);
+    }
+
+    #[test]
+    fn consolidation_keeps_the_on_demand_floor() {
+        use Capacity::{OnDemand, Spot};
+        // (n, capacity, floor) -> n after; the first cluster is the cheapest, all have room.
+        type Case = (&'static [i64], &'static [Capacity], f64, &'static [i64]);
+        let cases: &[Case] = &[
+            // 10 replicas, a floor of 0.3: 3 stay on on-demand.
+            (&[0, 10], &[Spot, OnDemand], 0.3, &[7, 3]),
+            // Already at the floor: none moves to spot.
+            (&[7, 3], &[Spot, OnDemand], 0.3, &[7, 3]),
+            // A dearer spot cluster's replicas may go to the cheaper spot one.
+            (&[0, 3, 7], &[Spot, OnDemand, Spot], 0.3, &[7, 3, 0]),
+            // No floor: all go.
+            (&[0, 10], &[Spot, OnDemand], 0.0, &[10, 0]),
+        ];
+        for (n0, capacity, floor, want) in cases {
+            let mut n = n0.to_vec();
+            let price: Vec<Option<f64>> = (0..n.len()).map(|j| Some(1.0 + j as f64)).collect();
+            let room = vec![Some(20); n.len()];
+            consolidate(&mut n, &room, &price, 0.1, false, Some((capacity, *floor)));
+            assert_eq!(n.as_slice(), *want, "{n0:?} {capacity:?} {floor}");
         }
     }
 

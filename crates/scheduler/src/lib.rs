@@ -74,8 +74,8 @@ pub const DEFAULT_CONSOLIDATE_PER_ROUND: usize = 1000;
 
 /// Steady keeps what runs and moves only the difference; Fresh recomputes everything;
 /// Consolidate keeps what runs, then moves replicas to clusters where they cost at least
-/// [`Config::consolidate_saving`] less and that have room (for a placement that weighs price,
-/// divided by water level; otherwise as Steady).
+/// [`Config::consolidate_saving`] less and that have room (for a placement that consolidates,
+/// `cost.consolidate`, divided by water level; otherwise as Steady).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Mode {
     #[default]
@@ -644,7 +644,7 @@ impl Decision {
                 {
                     format!(
                         "feasible, but its forecast takes it above {} {:.2} within the forecast's reach (its mean, or the last season's peak): it takes replicas only when they fit nowhere else",
-                        if ctx.fill_mark() < ctx.mark {
+                        if ctx.fill_mark() <= ctx.limit {
                             "the limit"
                         } else {
                             "the shed mark"
@@ -1106,10 +1106,13 @@ fn schedule_term(
         picked.extend(task.previous.iter().filter_map(|p| fleet.position(&p.name)));
         // A placement that consolidates looks at the cheapest clusters too, wherever the
         // stride falls: they are where its replicas go.
-        if (task.placement.cost.as_ref()).is_some_and(|c| c.consolidates()) && fleet.has_prices() {
+        if (task.placement.cost.as_ref()).is_some_and(|c| c.consolidates())
+            && fleet.has_prices()
+            && strategy_of(task) == "WaterLevel"
+        {
             let mut priced: Vec<(f64, usize)> = passing
                 .iter()
-                .filter_map(|i| Some((ctx.unit_cost(*i)?, *i)))
+                .filter_map(|i| Some((cost::ranked_price(&ctx, *i)?, *i)))
                 .collect();
             let k = (config.score_sample / 4).max(1).min(priced.len());
             if k < priced.len() {
@@ -1617,7 +1620,8 @@ fn allocate(
             }
             let consolidates = (task.placement.cost.as_ref()).is_some_and(|c| c.consolidates());
             if let Some(price) = &prices
-                && (task.mode == Mode::Consolidate || (consolidates && delta > 0))
+                && consolidates
+                && (task.mode == Mode::Consolidate || delta > 0)
             {
                 // Into the room under the limit less the hysteresis, over the horizon: the
                 // cluster sheds this task's replicas at the limit (its mark), and must not
@@ -1632,9 +1636,13 @@ fn allocate(
                     .collect();
                 let keep_one = !task.placement.spread_constraints.is_empty();
                 let saving = config.consolidate_saving;
+                let capacity: Vec<orrery_api::cost::Capacity> = (kept.iter())
+                    .map(|i| ctx.fleet.facts()[*i].prices.capacity)
+                    .collect();
+                let floor = floor.map(|f| (capacity.as_slice(), f));
                 if task.mode == Mode::Consolidate {
                     decision.consolidated =
-                        cost::consolidate(&mut shares.n, &room, price, saving, keep_one);
+                        cost::consolidate(&mut shares.n, &room, price, saving, keep_one, floor);
                 } else {
                     // New replicas of a placement that consolidates start where a round would
                     // move them, not where a round would restart them; what runs stays.
@@ -1644,7 +1652,7 @@ fn allocate(
                     let left: Vec<Option<i64>> = (room.iter().zip(&shares.n).zip(&added))
                         .map(|((r, n), a)| r.map(|r| r - (n - a)))
                         .collect();
-                    cost::consolidate(&mut added, &left, price, saving, keep_one);
+                    cost::consolidate(&mut added, &left, price, saving, keep_one, floor);
                     for ((n, s), a) in shares.n.iter_mut().zip(&staying).zip(&added) {
                         *n = (*n).min(*s) + a;
                     }

@@ -1995,14 +1995,14 @@ fn a_consolidating_placements_new_replicas_start_where_a_round_would_move_them()
         priced(cluster("cheap", "us", 100, 75), &[(CPU_CORE_HOUR, "0.02")]),
         priced(cluster("dear", "eu", 100, 40), &[(CPU_CORE_HOUR, "0.04")]),
     ];
-    for (consolidate, scale_to, want) in [
+    for (scale_to, want) in [
         // The 4 new start on cheap; the 10 running stay.
-        (true, 14, [("cheap", 4), ("dear", 10)]),
+        (14, [("cheap", 4), ("dear", 10)]),
         // Room for 5: the sixth new one goes where the division put it.
-        (true, 16, [("cheap", 5), ("dear", 11)]),
+        (16, [("cheap", 5), ("dear", 11)]),
     ] {
         let mut t = T::new(
-            cost_placement(json!({"weight": 5, "consolidate": consolidate})),
+            cost_placement(json!({"weight": 5, "consolidate": true})),
             scale_to,
         );
         t.previous = vec![TargetCluster {
@@ -2011,7 +2011,7 @@ fn a_consolidating_placements_new_replicas_start_where_a_round_would_move_them()
         }];
         let d = t.run(&fleet);
         let want: Vec<(String, i64)> = want.iter().map(|(n, k)| (n.to_string(), *k)).collect();
-        assert_eq!(shares(&d), want, "{consolidate} {scale_to}");
+        assert_eq!(shares(&d), want, "{scale_to}");
         assert_eq!(d.consolidated, 0, "nothing that ran moved");
     }
     // Without consolidation the division alone decides (here: not all on cheap).

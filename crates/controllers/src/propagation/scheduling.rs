@@ -293,9 +293,8 @@ struct Scheduler {
     consolidators: BTreeSet<BKey>,
     /// Bindings queued by a round of consolidation.
     consolidating: HashSet<BKey>,
-    /// When the last round of consolidation ran, and the last binding it decided.
+    /// When the last round of consolidation ran.
     last_consolidation: Instant,
-    consolidated_up_to: Option<BKey>,
     backoff: Backoff<BKey>,
     /// Counts what may have made room in the fleet: resources freed or reported, assumptions
     /// released, weights changed.
@@ -424,7 +423,6 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         consolidators: BTreeSet::new(),
         consolidating: HashSet::new(),
         last_consolidation: Instant::now(),
-        consolidated_up_to: None,
         backoff: Backoff::new(1_000, 60_000),
         room_epoch: 0,
         unplaced: HashMap::new(),
@@ -808,6 +806,8 @@ impl Scheduler {
                         self.bindings.insert(k.clone(), b);
                         self.enqueue(k, why);
                     }
+                    let bindings = &self.bindings;
+                    self.consolidating.retain(|k| bindings.contains_key(k));
                     self.refresh_assumed(&touched);
                     self.barrier.listed("bindings");
                 }
@@ -1166,34 +1166,33 @@ impl Scheduler {
     }
 
     /// Every `consolidate_every`, up to `consolidate_per_round` of the bindings whose
-    /// placement consolidates are decided again to move replicas onto cheaper clusters, in
-    /// turn from where the last round stopped. The controller's start counts as a round: a
-    /// restart moves nothing sooner than it would have.
+    /// placement consolidates are decided again to move replicas onto cheaper clusters. With
+    /// more than a round holds, rounds take them in slices of the key order chosen by the wall
+    /// clock, so a restart (or a new leader) goes on with the slice it would have taken. The
+    /// controller's start counts as a round: a restart moves nothing sooner than it would have.
     fn check_consolidation(&mut self, now: Instant) {
         if now.duration_since(self.last_consolidation) < self.settings.consolidate_every {
             return;
         }
         self.last_consolidation = now;
-        let after = self.consolidated_up_to.take();
-        let later = match &after {
-            Some(a) => self.consolidators.range((
-                std::ops::Bound::Excluded(a.clone()),
-                std::ops::Bound::Unbounded,
-            )),
-            None => self.consolidators.range(..),
-        };
-        let round: Vec<BKey> = later
-            .chain(self.consolidators.iter())
-            .take(
-                self.settings
-                    .consolidate_per_round
-                    .min(self.consolidators.len()),
-            )
+        let per = self.settings.consolidate_per_round.max(1);
+        let slices = self.consolidators.len().div_ceil(per).max(1) as u64;
+        let every = self.settings.consolidate_every.as_secs().max(1);
+        let slice = (Time::now().unix_seconds().max(0) as u64 / every) % slices;
+        let round: Vec<BKey> = self
+            .consolidators
+            .iter()
+            .skip(slice as usize * per)
+            .take(per)
             .cloned()
             .collect();
-        self.consolidated_up_to = round.last().cloned();
         if !round.is_empty() {
-            tracing::debug!(bindings = round.len(), "a round of consolidation");
+            tracing::debug!(
+                bindings = round.len(),
+                slice,
+                slices,
+                "a round of consolidation"
+            );
         }
         for k in round {
             self.consolidating.insert(k.clone());
@@ -1248,7 +1247,10 @@ impl Scheduler {
     fn check_hot(&mut self, now: Instant) {
         let mark = self.settings.shed_mark.max(self.settings.water_level_limit);
         self.shed_rule(now, mark, false);
-        if !self.consolidators.is_empty() {
+        if self.consolidators.is_empty() {
+            // Nobody is shed at the limit: what was seen above it is not kept for later.
+            self.over_since.clear();
+        } else {
             self.shed_rule(now, self.settings.water_level_limit, true);
         }
     }
@@ -1296,14 +1298,7 @@ impl Scheduler {
                 hot_since.remove(&c.name);
             }
         }
-        let which = |spec: &BindingSpec| {
-            !consolidating
-                || spec
-                    .placement
-                    .cost
-                    .as_ref()
-                    .is_some_and(|c| c.consolidates())
-        };
+        let which = |spec: &BindingSpec| !consolidating || spec_consolidates(spec);
         let what = if consolidating {
             "the limit"
         } else {
@@ -1311,7 +1306,7 @@ impl Scheduler {
         };
         for c in due {
             self.last_shed_at(consolidating).insert(c.clone(), now);
-            let on = self.most_replicas_on(&c, which);
+            let on = self.most_replicas_on(&c, consolidating, which);
             if on.is_empty() && consolidating {
                 continue;
             }
@@ -1326,7 +1321,7 @@ impl Scheduler {
             // Of those that judge clusters by their forecast (a placement that looks no time
             // ahead keeps its replicas).
             let default = self.settings.prediction;
-            let on = self.most_replicas_on(&c, |spec| {
+            let on = self.most_replicas_on(&c, consolidating, |spec| {
                 which(spec)
                     && spec
                         .placement
@@ -1335,6 +1330,10 @@ impl Scheduler {
                         .is_none_or(|p| !p.resolve(default).is_off())
             });
             if on.is_empty() {
+                // The limit's rule looks again a window later, not at every tick.
+                if consolidating {
+                    self.last_shed_at(consolidating).insert(c.clone(), now);
+                }
                 continue;
             }
             self.last_shed_at(consolidating).insert(c.clone(), now);
@@ -1394,10 +1393,19 @@ impl Scheduler {
 
     /// The bindings a cluster sheds: of those divided by water level that run replicas there
     /// and that `also` keeps, the `shed_per_window` with the most replicas there.
-    fn most_replicas_on(&self, cluster: &str, also: impl Fn(&BindingSpec) -> bool) -> Vec<BKey> {
-        let mut on: Vec<(i64, BKey)> = self
-            .bindings
-            .iter()
+    /// `consolidating`: of the bindings that consolidate only (the others are not read).
+    fn most_replicas_on(
+        &self,
+        cluster: &str,
+        consolidating: bool,
+        also: impl Fn(&BindingSpec) -> bool,
+    ) -> Vec<BKey> {
+        let bindings: Box<dyn Iterator<Item = (&BKey, &Arc<Object>)>> = if consolidating {
+            Box::new((self.consolidators.iter()).filter_map(|k| Some((k, self.bindings.get(k)?))))
+        } else {
+            Box::new(self.bindings.iter())
+        };
+        let mut on: Vec<(i64, BKey)> = bindings
             .filter_map(|(k, b)| {
                 let spec = BindingSpec::of(b)?;
                 let n = spec.clusters.iter().find(|t| t.name == cluster)?.replicas;
@@ -1462,7 +1470,9 @@ impl Scheduler {
             let ahead = self.shed_ahead.remove(&k).unwrap_or_default();
             // Consolidated only when a round asked first: whatever else woke it decides as
             // it would have.
-            let consolidate = self.consolidating.remove(&k) && why == Trigger::Consolidate;
+            let consolidate = self.consolidating.remove(&k)
+                && why == Trigger::Consolidate
+                && self.consolidators.contains(&k);
             match self.reconcile(&k, why, &shed, &ahead, consolidate) {
                 Outcome::Skip => {}
                 Outcome::Write(j) => {
@@ -1833,6 +1843,16 @@ impl Scheduler {
             || status.prediction != prediction
             || requested.is_some();
         let failed = decision.error.is_some();
+        // A round of consolidation that moves nothing writes nothing: its scores may have
+        // drifted since the last decision, but that is no news worth a write a round.
+        let status_changed = status_changed
+            && !(why == Trigger::Consolidate
+                && !clusters_changed
+                && !evictions_changed
+                && !failed
+                && status.scheduler_observed_generation == Some(generation)
+                && conds == status.conditions
+                && status.unplaced_replicas == unplaced);
         if !clusters_changed && !status_changed && !evictions_changed {
             return if failed {
                 Outcome::Unschedulable(None)
@@ -2590,11 +2610,15 @@ fn sheddable(spec: &BindingSpec) -> bool {
 /// so (`cost.consolidate` with a weight), and they are divided by water level. A stateful
 /// workload moves only with its data, never to save money.
 fn consolidates(b: &Object) -> bool {
-    BindingSpec::of(b).is_some_and(|s| {
-        sheddable(&s)
-            && !s.is_stateful()
-            && s.placement.cost.as_ref().is_some_and(|c| c.consolidates())
-    })
+    // Most bindings do not ask: their spec is not parsed again on every write.
+    let asks = (b.spec.as_ref())
+        .and_then(|s| s.pointer("/placement/cost/consolidate"))
+        .is_some_and(|v| v == &serde_json::Value::Bool(true));
+    asks && BindingSpec::of(b).is_some_and(|s| spec_consolidates(&s))
+}
+
+fn spec_consolidates(s: &BindingSpec) -> bool {
+    sheddable(s) && !s.is_stateful() && s.placement.cost.as_ref().is_some_and(|c| c.consolidates())
 }
 
 fn placed_message(clusters: &[TargetCluster]) -> String {
