@@ -34,6 +34,20 @@ fn raw(f: &Fleet, path: &str) -> Value {
     serde_json::from_str(&f.s.ok(&["get", "--raw", path])).unwrap()
 }
 
+/// Sets a Cluster's own prices of a core and a GiB an hour (over its member's).
+fn set_prices(f: &Fleet, cluster: &str, core: &str, gib: &str) {
+    f.s.ok(&[
+        "patch",
+        "cluster",
+        cluster,
+        "--type=merge",
+        "-p",
+        &format!(
+            r#"{{"spec":{{"properties":{{"cost.orrery.io/cpu-core-hour":"{core}","cost.orrery.io/memory-gib-hour":"{gib}"}}}}}}"#
+        ),
+    ]);
+}
+
 fn on(f: &Fleet, name: &str, cluster: &str) -> i64 {
     f.clusters_of(&format!("{name}-deployment"))
         .iter()
@@ -141,14 +155,7 @@ fn placements_weigh_price_keep_budgets_and_floors_and_show_what_they_cost() {
 
     // A Cluster's own price overrides its member's: dear becomes the cheapest on-demand
     // cluster, and a new placement prefers it.
-    f.s.ok(&[
-        "patch",
-        "cluster",
-        "dear",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"properties":{"cost.orrery.io/cpu-core-hour":"0.01","cost.orrery.io/memory-gib-hour":"0.001"}}}"#,
-    ]);
+    set_prices(&f, "dear", "0.01", "0.001");
     // The scheduler reads the new price as the Cluster changes; a decision made before it
     // did is made again.
     let mut tries = 0;
@@ -249,14 +256,7 @@ fn consolidating_placements_follow_a_price_drop_and_others_stay() {
     assert!(on(&f, "mover", "cheap") > on(&f, "mover", "dear"));
 
     // The dear cluster's contract now costs a quarter of the cheap one's.
-    f.s.ok(&[
-        "patch",
-        "cluster",
-        "dear",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"properties":{"cost.orrery.io/cpu-core-hour":"0.005","cost.orrery.io/memory-gib-hour":"0.0005"}}}"#,
-    ]);
+    set_prices(&f, "dear", "0.005", "0.0005");
     eventually(Duration::from_secs(60), "mover consolidated", || {
         on(&f, "mover", "dear") == 6
     });

@@ -237,6 +237,18 @@ const HTTP_METHODS: [&str; 7] = [
     "GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "OPTIONS ", "PATCH ",
 ];
 
+/// Whether `head`, the first bytes of a connection, is an HTTP request line: `Some(true)` once
+/// it starts with a method and the line has ended (or it is long enough to say), `Some(false)`
+/// once it cannot be one, `None` while more bytes could tell.
+fn request_line(head: &[u8]) -> Option<bool> {
+    let method = HTTP_METHODS.iter().any(|m| head.starts_with(m.as_bytes()));
+    if method {
+        return (head.contains(&b'\n') || head.len() >= 8192).then_some(true);
+    }
+    let prefix = HTTP_METHODS.iter().any(|m| m.as_bytes().starts_with(head));
+    if prefix { None } else { Some(false) }
+}
+
 /// The response to an HTTP request that came through a forwarded port.
 fn http_answer(t: &Target, port: u16, request: &[u8]) -> Vec<u8> {
     let line = String::from_utf8_lossy(request);
@@ -279,19 +291,46 @@ async fn forward(
         let _ = out.send(close(data)).await;
         return;
     }
-    let mut first = true;
-    while let Some(chunk) = input.recv().await {
-        if first && HTTP_METHODS.iter().any(|m| chunk.starts_with(m.as_bytes())) {
-            let _ = out
-                .send(Frame::Data {
-                    id: data,
-                    fin: false,
-                    data: http_answer(&target, port, &chunk),
-                })
-                .await;
+    // The first bytes are held while they may be an HTTP request line: a client may write it
+    // in pieces (`GET `, the path, the rest), each its own frame.
+    let mut head: Option<Vec<u8>> = Some(Vec::new());
+    loop {
+        let Some(mut chunk) = input.recv().await else {
+            // The input ended: what was held is answered or echoed.
+            if let Some(h) = head.take().filter(|h| !h.is_empty()) {
+                let data_out = if request_line(&h) == Some(false) {
+                    h
+                } else {
+                    http_answer(&target, port, &h)
+                };
+                let _ = out
+                    .send(Frame::Data {
+                        id: data,
+                        fin: false,
+                        data: data_out,
+                    })
+                    .await;
+            }
             break;
+        };
+        if let Some(h) = head.as_mut() {
+            h.extend_from_slice(&chunk);
+            match request_line(h) {
+                // Not (or no longer possibly) HTTP: echoed from here on.
+                Some(false) => chunk = head.take().unwrap_or_default(),
+                Some(true) => {
+                    let _ = out
+                        .send(Frame::Data {
+                            id: data,
+                            fin: false,
+                            data: http_answer(&target, port, h),
+                        })
+                        .await;
+                    break;
+                }
+                None => continue,
+            }
         }
-        first = false;
         if out
             .send(Frame::Data {
                 id: data,
@@ -317,6 +356,26 @@ mod tests {
             pod: "web-0".into(),
             cluster: "a".into(),
             ports: vec![80, 8080],
+        }
+    }
+
+    #[test]
+    fn a_request_line_is_told_only_once_it_can_be() {
+        for (head, want) in [
+            (&b"GE"[..], None),
+            (b"GET ", None),
+            (b"GET /a", None),
+            (b"GET /a HTTP/1.1\r\n", Some(true)),
+            (b"hello", Some(false)),
+            (b"G\x00", Some(false)),
+            (b"", None),
+        ] {
+            assert_eq!(
+                request_line(head),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(head)
+            );
         }
     }
 
@@ -392,6 +451,45 @@ mod tests {
                 ("port".into(), port.into()),
                 ("requestid".into(), request.into()),
             ],
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_line_written_in_pieces_gets_one_answer() {
+        let (mut ws, _server) = client().await;
+        let (mut e, mut d) = (Encoder::default(), Decoder::default());
+        send(&mut ws, &mut e, syn(1, "error", "8080", "0")).await;
+        send(&mut ws, &mut e, syn(3, "data", "8080", "0")).await;
+        for id in [1, 3] {
+            assert!(
+                matches!(recv(&mut ws, &mut d).await, Frame::SynReply { id: i, .. } if i == id)
+            );
+        }
+        for piece in [
+            &b"GE"[..],
+            b"T ",
+            b"/split",
+            b" HTTP/1.1\r\nHost: x\r\n\r\n",
+        ] {
+            let data = piece.to_vec();
+            send(
+                &mut ws,
+                &mut e,
+                Frame::Data {
+                    id: 3,
+                    fin: false,
+                    data,
+                },
+            )
+            .await;
+        }
+        match recv(&mut ws, &mut d).await {
+            Frame::Data { id: 3, data, .. } => {
+                let answer = String::from_utf8(data).unwrap();
+                assert!(answer.starts_with("HTTP/1.1 200 OK\r\n"), "{answer}");
+                assert!(answer.ends_with("port 8080: GET /split\n"), "{answer}");
+            }
+            other => panic!("{other:?}"),
         }
     }
 
