@@ -350,6 +350,12 @@ pub struct Placement {
 }
 
 impl Placement {
+    /// Whether its replicas are consolidated onto cheaper clusters (`cost.consolidate` with
+    /// a weight).
+    pub fn consolidates(&self) -> bool {
+        self.cost.as_ref().is_some_and(|c| c.consolidates())
+    }
+
     /// Appends the errors of the placement at `path` to `errs`.
     pub fn validate(&self, path: &str, errs: &mut ErrorList) {
         if self.cluster_affinity.is_some() && !self.cluster_affinities.is_empty() {

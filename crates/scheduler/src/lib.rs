@@ -826,12 +826,7 @@ fn context<'a>(
             .map_or(config.prediction, |p| p.resolve(config.prediction)),
         // A placement that consolidates onto cheaper clusters is held under the limit by
         // moving: its replicas are shed at the limit, not the shed mark.
-        mark: if task
-            .placement
-            .cost
-            .as_ref()
-            .is_some_and(|c| c.consolidates())
-        {
+        mark: if task.placement.consolidates() {
             limit
         } else {
             config.shed_mark.max(limit)
@@ -1106,9 +1101,7 @@ fn schedule_term(
         picked.extend(task.previous.iter().filter_map(|p| fleet.position(&p.name)));
         // A placement that consolidates looks at the cheapest clusters too, wherever the
         // stride falls: they are where its replicas go.
-        if (task.placement.cost.as_ref()).is_some_and(|c| c.consolidates())
-            && fleet.has_prices()
-            && strategy_of(task) == "WaterLevel"
+        if task.placement.consolidates() && fleet.has_prices() && strategy_of(task) == "WaterLevel"
         {
             let mut priced: Vec<(f64, usize)> = passing
                 .iter()
@@ -1524,8 +1517,14 @@ fn allocate(
     // Each cluster's room under the limit (less, for one being shed): what the budget and
     // the floor may move replicas into.
     let room_under_limit = shares.room.clone();
-    // What stays where it runs, before the division adds or takes any.
-    let staying = shares.n.clone();
+    // What stays where it runs, before the division adds or takes any (for a placement that
+    // consolidates: its new replicas are placed apart from it).
+    let consolidates = task.placement.consolidates();
+    let staying = if consolidates {
+        shares.n.clone()
+    } else {
+        Vec::new()
+    };
     let have: i64 = shares.n.iter().sum();
     let delta = task.replicas - have;
     let mut unplaced = 0;
@@ -1618,7 +1617,6 @@ fn allocate(
                 }
                 unplaced = delta - placed;
             }
-            let consolidates = (task.placement.cost.as_ref()).is_some_and(|c| c.consolidates());
             if let Some(price) = &prices
                 && consolidates
                 && (task.mode == Mode::Consolidate || delta > 0)

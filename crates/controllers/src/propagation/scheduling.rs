@@ -2618,7 +2618,7 @@ fn consolidates(b: &Object) -> bool {
 }
 
 fn spec_consolidates(s: &BindingSpec) -> bool {
-    sheddable(s) && !s.is_stateful() && s.placement.cost.as_ref().is_some_and(|c| c.consolidates())
+    sheddable(s) && !s.is_stateful() && s.placement.consolidates()
 }
 
 fn placed_message(clusters: &[TargetCluster]) -> String {
