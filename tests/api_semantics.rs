@@ -477,3 +477,53 @@ async fn the_serving_certificate_carries_extra_names() {
         "other names are not"
     );
 }
+
+/// A watch from a resourceVersion the server has not reached is answered as kube-apiserver
+/// answers it ("Too large resource version", 504, a `ResourceVersionTooLarge` cause) after a
+/// short wait, as a list is; a watch from the current one streams what follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_a_future_resource_version_is_told_so() {
+    let s = Server::start();
+    // A client that does not try again (kube-rs and client-go do, as Retry-After says: each
+    // try is told the same).
+    let kubeconfig = kube::config::Kubeconfig::read_from(&s.kubeconfig).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    config.default_retry = false;
+    let c = kube::Client::try_from(config).unwrap();
+    let started = std::time::Instant::now();
+    let (code, _, body) = tokio::time::timeout(
+        Duration::from_secs(30),
+        send(
+            &c,
+            req(
+                "GET",
+                &format!("{CMS}?watch=true&resourceVersion=999999999"),
+                "",
+                Value::Null,
+            ),
+            None,
+        ),
+    )
+    .await
+    .expect("answered, not left hanging");
+    assert_eq!(code, 504, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("Too large resource version: 999999999, current: "),
+        "{body}"
+    );
+    assert_eq!(
+        body["details"]["causes"][0]["reason"], "ResourceVersionTooLarge",
+        "{body}"
+    );
+    // After a short wait for the revision to come, as kube-apiserver waits.
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+}

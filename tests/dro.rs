@@ -398,6 +398,49 @@ async fn metrics_events_configs_and_the_monitoring_view() {
     )
     .await;
     assert_error(code, &v, 403, "FORBIDDEN");
+    // Nor its own cluster's labels, taints or capabilities (a compromised member must not
+    // attract workloads): the admin's taint and label stay. Its own properties it reports.
+    s.ok(&["label", "cluster", "aws-us-east", "tier=standard"]);
+    s.ok(&[
+        "patch",
+        "cluster",
+        "aws-us-east",
+        "--type=merge",
+        "-p",
+        r#"{"spec": {"taints": [{"key": "audit", "value": "true", "effect": "NoSchedule"}]}}"#,
+    ]);
+    for grab in [
+        json!({"cluster": "aws-us-east", "labels": {"tier": "secure"}}),
+        json!({"cluster": "aws-us-east", "taints": []}),
+        json!({"cluster": "aws-us-east", "capabilities": ["gpu"]}),
+    ] {
+        let (code, v) = call(&agent, "PUT", "/api/v1/sync/configs", grab.clone()).await;
+        assert_error(code, &v, 403, "FORBIDDEN");
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap()
+                .contains("an agent reports properties only"),
+            "{grab}: {v}"
+        );
+    }
+    let k = s.get_json(&["cluster", "aws-us-east"]);
+    assert_eq!(k["metadata"]["labels"]["tier"], "standard", "{k}");
+    assert!(
+        k["spec"]["taints"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["key"] == "audit")),
+        "{k}"
+    );
+    let (code, v) = call(
+        &agent,
+        "PUT",
+        "/api/v1/sync/configs",
+        json!({"cluster": "aws-us-east", "properties": {"rack": "r7"}}),
+    )
+    .await;
+    // (The agent's next report replaces them with what it measures.)
+    assert_eq!(code, 200, "{v}");
 
     // 6.4.1: the realtime view has the draft's fields.
     let (code, v) = call(&c, "GET", "/api/v1/monitor/realtime", Value::Null).await;

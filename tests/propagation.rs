@@ -278,8 +278,10 @@ spec:
       containers: [{name: model, image: model:1}]
 "#,
     );
-    // Draft 6.2.3, verbatim.
-    s.apply(
+    // Draft 6.2.3, verbatim, applied in the namespace it selects (a namespaced policy selects
+    // its own namespace's templates).
+    s.stdin(
+        &["apply", "-n", "production", "-f", "-"],
         r#"
 apiVersion: multicluster.io/v1alpha1
 kind: ResourcePlacementPolicy

@@ -71,6 +71,16 @@ impl Server {
         s
     }
 
+    /// In `dir`, which must exist; the caller keeps it.
+    pub fn start_in(dir: PathBuf, extra: &[&str]) -> Server {
+        Server::launch(
+            dir,
+            "127.0.0.1",
+            0,
+            extra.iter().map(|s| s.to_string()).collect(),
+        )
+    }
+
     fn launch(dir: PathBuf, host: &str, port: u16, extra: Vec<String>) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_orrery"))
             .args(["server", "--data-dir"])

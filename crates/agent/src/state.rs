@@ -130,7 +130,15 @@ impl StateFile {
             source,
         };
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(err)?;
+            // It holds the cluster's token: the owner's alone.
+            let mut b = std::fs::DirBuilder::new();
+            b.recursive(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::DirBuilderExt;
+                b.mode(0o700);
+            }
+            b.create(dir).map_err(err)?;
         }
         let tmp = path.with_extension("json.tmp");
         let bytes = serde_json::to_vec(state).map_err(|e| err(std::io::Error::other(e)))?;

@@ -355,6 +355,39 @@ impl BindingSpec {
     pub fn is_stateful(&self) -> bool {
         !self.volumes.is_empty()
     }
+
+    /// What this binding, stored in `namespace`, names outside it: a binding reaches only its
+    /// own namespace's template, dependencies and volumes (a cluster-scoped template's binding
+    /// lives in [`SYSTEM_NAMESPACE`] and names no namespace). Empty when it stays home.
+    pub fn foreign_references(&self, namespace: &str) -> ErrorList {
+        let mut errs = ErrorList::new();
+        let home = if namespace == SYSTEM_NAMESPACE && self.resource.namespace.is_empty() {
+            ""
+        } else {
+            namespace
+        };
+        let mut check = |field: String, ns: &str| {
+            if ns != home {
+                errs.push(FieldError::forbidden(
+                    field,
+                    format!(
+                        "a ResourceBinding in namespace {namespace:?} refers to objects there only, not in {ns:?}"
+                    ),
+                ));
+            }
+        };
+        check("spec.resource.namespace".into(), &self.resource.namespace);
+        for (i, d) in self.dependencies.iter().enumerate() {
+            check(format!("spec.dependencies[{i}].namespace"), &d.namespace);
+        }
+        for (i, t) in self.transfers.iter().enumerate() {
+            check(
+                format!("spec.transfers[{i}].transfer.namespace"),
+                &t.transfer.namespace,
+            );
+        }
+        errs
+    }
 }
 
 fn is_abort(c: &ConflictResolution) -> bool {
@@ -583,6 +616,52 @@ mod tests {
 
     fn task(v: serde_json::Value) -> Result<Task, serde_json::Error> {
         serde_json::from_value(v)
+    }
+
+    /// A binding reaches its own namespace only: its template, dependencies and volumes;
+    /// a cluster-scoped template's binding (in orrery-system) names no namespace.
+    #[test]
+    fn a_binding_refers_to_its_own_namespace_only() {
+        let spec = |v: serde_json::Value| -> BindingSpec { serde_json::from_value(v).unwrap() };
+        let home = spec(serde_json::json!({
+            "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "team-a", "name": "web"},
+            "dependencies": [{"apiVersion": "v1", "kind": "Secret", "namespace": "team-a", "name": "s"}],
+            "placement": {},
+            "policy": {"apiVersion": "multicluster.io/v1alpha1", "kind": "ResourcePlacementPolicy", "name": "p"},
+        }));
+        assert!(home.foreign_references("team-a").is_empty());
+        let errs = home.foreign_references("team-b");
+        assert_eq!(
+            errs.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(),
+            ["spec.resource.namespace", "spec.dependencies[0].namespace"]
+        );
+        let grab = spec(serde_json::json!({
+            "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "team-a", "name": "web"},
+            "dependencies": [{"apiVersion": "v1", "kind": "Secret", "namespace": "team-b", "name": "s2"}],
+            "transfers": [{"cluster": "c1", "transfer": {"id": "x", "role": "Send", "namespace": "kube-system", "peer": "c2", "round": 1, "volumes": []}}],
+            "placement": {},
+            "policy": {"apiVersion": "multicluster.io/v1alpha1", "kind": "ResourcePlacementPolicy", "name": "p"},
+        }));
+        let errs = grab.foreign_references("team-a");
+        assert_eq!(
+            errs.iter().map(|e| e.field.as_str()).collect::<Vec<_>>(),
+            [
+                "spec.dependencies[0].namespace",
+                "spec.transfers[0].transfer.namespace"
+            ]
+        );
+        assert!(errs[0].detail.contains("not in \"team-b\""), "{errs:?}");
+        let cluster_scoped = spec(serde_json::json!({
+            "resource": {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "name": "r"},
+            "placement": {},
+            "policy": {"apiVersion": "multicluster.io/v1alpha1", "kind": "ResourcePlacementPolicy", "name": "p"},
+        }));
+        assert!(
+            cluster_scoped
+                .foreign_references(SYSTEM_NAMESPACE)
+                .is_empty()
+        );
+        assert!(!cluster_scoped.foreign_references("team-a").is_empty());
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod cluster;
 pub mod conditions;
 pub mod cost;
 pub mod data;
+pub mod duration;
 pub mod fieldpath;
 pub mod fields;
 pub mod history;

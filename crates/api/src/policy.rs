@@ -982,7 +982,19 @@ pub fn from_object(obj: &Object) -> Result<PlacementPolicy, ErrorList> {
         (GROUP, "ResourcePlacementPolicy") => {
             let s: PlacementPolicySpec = decode(&spec, "spec").map_err(|e| vec![e])?;
             let mut sel = s.resource_selector.clone();
-            if sel.namespace.is_empty() {
+            if namespaced {
+                // A tenant's rights end at its namespace: reaching another needs a
+                // cluster-scoped kind and cluster-wide rights (as Karmada's PropagationPolicy).
+                if !sel.namespace.is_empty() && sel.namespace != obj.metadata.namespace {
+                    errs.push(FieldError::forbidden(
+                        "spec.resourceSelector.namespace",
+                        format!(
+                            "a ResourcePlacementPolicy selects resources in its own namespace ({}) only; \
+                             create it in {} or use a ClusterPropagationPolicy",
+                            obj.metadata.namespace, sel.namespace
+                        ),
+                    ));
+                }
                 sel.namespace = obj.metadata.namespace.clone();
             }
             sel.validate("spec.resourceSelector", &mut errs);
@@ -1111,6 +1123,11 @@ pub fn from_object(obj: &Object) -> Result<PlacementPolicy, ErrorList> {
 impl PlacementPolicy {
     /// How specifically this policy selects `t`, if it does.
     pub fn matches(&self, t: &Object) -> Option<Specificity> {
+        // A namespaced policy never reaches past its namespace, whatever its selectors say
+        // (one stored before admission refused that included).
+        if !self.reference.namespace.is_empty() && t.namespace() != self.reference.namespace {
+            return None;
+        }
         self.selectors.iter().filter_map(|s| s.matches(t)).max()
     }
 
@@ -1275,7 +1292,7 @@ mod tests {
     fn draft_example_becomes_a_placement() {
         let o = obj(
             json!({"apiVersion": "multicluster.io/v1alpha1", "kind": "ResourcePlacementPolicy",
-            "metadata": {"name": "webapp-placement", "namespace": "default"},
+            "metadata": {"name": "webapp-placement", "namespace": "production"},
             "spec": {"resourceSelector": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "webapp", "namespace": "production"},
                 "targetClusters": [{"selectorType": "name", "values": ["cluster-east", "cluster-west"]}]}}),
         );
@@ -1287,6 +1304,24 @@ mod tests {
                 .is_some()
         );
         assert!(p.matches(&deploy("default", "webapp", json!({}))).is_none());
+        // The same policy in another namespace is refused: a tenant selects its own.
+        let mut elsewhere = o.clone();
+        elsewhere.metadata.namespace = "default".into();
+        let errs = from_object(&elsewhere).unwrap_err();
+        assert_eq!(errs[0].field, "spec.resourceSelector.namespace", "{errs:?}");
+        assert!(
+            errs[0].detail.contains("own namespace (default)"),
+            "{errs:?}"
+        );
+        // And one that got stored anyway (an earlier version admitted it) matches nothing
+        // outside its namespace.
+        let mut stored = p.clone();
+        stored.reference.namespace = "default".into();
+        assert!(
+            stored
+                .matches(&deploy("production", "webapp", json!({})))
+                .is_none()
+        );
         let mut bad = o.clone();
         bad.spec.as_mut().unwrap()["targetClusters"][0]["selectorType"] = json!("planet");
         assert_eq!(

@@ -68,27 +68,30 @@ struct TokenRequest {
     ttl: Option<String>,
 }
 
+/// The longest a token or certificate may be made for: ten years (a credential that lives
+/// longer is one nobody remembers to rotate, and dates past it overflow what a certificate
+/// holds soon after).
+pub const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 86400);
+
+/// A `ttl` as given (`24h`, `90m`, `30d`; `0` for no expiry; 24h when absent), at most
+/// [`MAX_TTL`]: anything else is 400.
 fn parse_ttl(s: Option<&str>) -> ApiResult<Option<Duration>> {
     let s = s.unwrap_or("24h").trim();
     if s == "0" {
         return Ok(None);
     }
-    let digits = s.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| ApiError::bad_request(format!("invalid ttl {s:?}: use e.g. 24h, 90m, 0")))?;
-    let secs = match &s[digits.len()..] {
-        "s" | "" => n,
-        "m" => n * 60,
-        "h" => n * 3600,
-        "d" => n * 86400,
-        _ => {
-            return Err(ApiError::bad_request(format!(
-                "invalid ttl {s:?}: use e.g. 24h, 90m, 0"
-            )));
-        }
-    };
-    Ok(Some(Duration::from_secs(secs)))
+    let ttl = orrery_api::duration::parse(s)
+        .map_err(|e| ApiError::bad_request(format!("ttl: {e}; 0 for none")))?;
+    if ttl.is_zero() {
+        return Ok(None);
+    }
+    if ttl > MAX_TTL {
+        return Err(ApiError::bad_request(format!(
+            "ttl {s:?} is longer than the most a credential may live ({}d)",
+            MAX_TTL.as_secs() / 86400
+        )));
+    }
+    Ok(Some(ttl))
 }
 
 async fn create_token(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Response<Body>> {
@@ -293,5 +296,19 @@ mod tests {
         assert_eq!(parse_ttl(Some("0")).unwrap(), None);
         assert!(parse_ttl(Some("soon")).is_err());
         assert!(parse_ttl(Some("5y")).is_err());
+        assert_eq!(
+            parse_ttl(Some("3650d")).unwrap(),
+            Some(Duration::from_secs(3650 * 86400))
+        );
+        // Out of range is 400, never a panic, an already-expired token or none at all.
+        for huge in [
+            "3000000d",
+            "18446744073709551615",
+            "999999999999999999d",
+            "3651d",
+        ] {
+            let e = parse_ttl(Some(huge)).unwrap_err();
+            assert_eq!(e.code, 400, "{huge}: {e:?}");
+        }
     }
 }

@@ -39,6 +39,16 @@ pub struct ApiConfig {
     /// kube-apiserver's `--max-requests-inflight` and `--max-mutating-requests-inflight`:
     /// (read-only, mutating); 0 is no limit. Watches and the admin are not counted.
     pub max_in_flight: (usize, usize),
+    /// Requests of one user that may wait for a seat at once ([`crate::fairness`]); beyond
+    /// them, 429.
+    pub max_queued_per_user: usize,
+    /// How long a request may wait for a seat before it is told to come back (429).
+    pub queue_timeout: Duration,
+    /// A request's body must have arrived this long after its headers, or the request is
+    /// answered 408 and its connection closed (a slow client holds no seat meanwhile).
+    pub request_body_timeout: Duration,
+    /// What one connection may hold: header and idle timeouts, connections per source.
+    pub connections: crate::server::ConnectionLimits,
     /// Watches one user may hold open at once (the admin is not counted); 0 is no limit.
     pub max_watches_per_user: usize,
     /// The URL other replicas reach this one at (HA installations): the cluster proxy records
@@ -65,6 +75,10 @@ impl Default for ApiConfig {
                 DEFAULT_MAX_REQUESTS_INFLIGHT,
                 DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT,
             ),
+            max_queued_per_user: crate::fairness::DEFAULT_QUEUE_LENGTH,
+            queue_timeout: crate::fairness::DEFAULT_QUEUE_TIMEOUT,
+            request_body_timeout: DEFAULT_REQUEST_BODY_TIMEOUT,
+            connections: crate::server::ConnectionLimits::default(),
             max_watches_per_user: DEFAULT_MAX_WATCHES_PER_USER,
             advertise_url: None,
             slow_request_threshold: DEFAULT_SLOW_REQUEST_THRESHOLD,
@@ -90,8 +104,12 @@ pub struct App {
     /// registering together does not crowd out the heartbeats of clusters already in.
     pub registrations: tokio::sync::Semaphore,
     pub metrics: crate::metrics::Metrics,
-    /// Slots for requests in flight: read-only, mutating (see [`ApiConfig::max_in_flight`]).
-    pub(crate) in_flight: (tokio::sync::Semaphore, tokio::sync::Semaphore),
+    /// Seats for requests in flight, by priority level: read-only, mutating (see
+    /// [`ApiConfig::max_in_flight`]); `None` where there is no limit.
+    pub(crate) in_flight: (
+        Option<Arc<crate::fairness::Seats>>,
+        Option<Arc<crate::fairness::Seats>>,
+    ),
     /// Watches open, by user (see [`ApiConfig::max_watches_per_user`]).
     pub(crate) watches: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
     /// The cluster proxy's tunnels open to this server (`proxy/`).
@@ -103,19 +121,19 @@ pub const DEFAULT_MAX_REQUESTS_INFLIGHT: usize = 400;
 pub const DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT: usize = 200;
 /// Watches one user may hold open at once by default.
 pub const DEFAULT_MAX_WATCHES_PER_USER: usize = 1000;
+/// How long a request's body may take to arrive by default (kube-apiserver's request
+/// timeout).
+pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Kubernetes logs a trace of a request that took longer than this.
 pub const DEFAULT_SLOW_REQUEST_THRESHOLD: Duration = Duration::from_millis(500);
 
 /// How many registrations one server carries out at once.
 pub const CONCURRENT_REGISTRATIONS: usize = 32;
 
-/// A semaphore's size for a limit (0: no limit).
-fn limit_of(n: usize) -> usize {
-    if n == 0 {
-        tokio::sync::Semaphore::MAX_PERMITS
-    } else {
-        n
-    }
+/// The seats for a limit (0: no limit).
+fn seats_of(n: usize, config: &ApiConfig) -> Option<Arc<crate::fairness::Seats>> {
+    (n > 0)
+        .then(|| crate::fairness::Seats::new(n, config.max_queued_per_user, config.queue_timeout))
 }
 
 /// Namespaces that always exist.
@@ -138,7 +156,10 @@ impl App {
         let metrics =
             crate::metrics::Metrics::new(config.metrics_registry.clone().unwrap_or_default());
         metrics.start(store.clone()).await?;
-        let config_in_flight = config.max_in_flight;
+        let in_flight = (
+            seats_of(config.max_in_flight.0, &config),
+            seats_of(config.max_in_flight.1, &config),
+        );
         let authz = crate::rbac::Authorizer::start(store.clone()).await?;
         let app = Arc::new(App {
             authz,
@@ -152,10 +173,7 @@ impl App {
             openapi: openapi::Cache::default(),
             crd_lock: tokio::sync::Mutex::new(()),
             registrations: tokio::sync::Semaphore::new(CONCURRENT_REGISTRATIONS),
-            in_flight: (
-                tokio::sync::Semaphore::new(limit_of(config_in_flight.0)),
-                tokio::sync::Semaphore::new(limit_of(config_in_flight.1)),
-            ),
+            in_flight,
             watches: Arc::default(),
             tunnels: crate::proxy::Tunnels::default(),
         });

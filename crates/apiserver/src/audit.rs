@@ -328,7 +328,11 @@ pub fn request_info(method: &http::Method, path: &str, query: Option<&str>) -> R
 #[serde(rename_all = "camelCase")]
 struct UserInfo {
     username: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    uid: String,
     groups: Vec<String>,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    extra: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Serialize)]
@@ -351,6 +355,8 @@ struct Event<'a> {
     request_uri: &'a str,
     verb: &'a str,
     user: &'a UserInfo,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    impersonated_user: Option<&'a UserInfo>,
     #[serde(rename = "sourceIPs")]
     source_ips: &'a [String],
     #[serde(skip_serializing_if = "str::is_empty")]
@@ -377,6 +383,8 @@ pub struct Record {
     pub user_agent: String,
     pub source_ips: Vec<String>,
     user: UserInfo,
+    /// Whom the request acted as, when it impersonated someone.
+    impersonated: Option<UserInfo>,
     received: String,
     pub request_object: Option<Value>,
     pub response_object: Option<Value>,
@@ -413,11 +421,27 @@ impl Record {
             uri,
             user_agent,
             source_ips,
-            user: UserInfo { username, groups },
+            user: UserInfo {
+                username,
+                uid: String::new(),
+                groups,
+                extra: Default::default(),
+            },
+            impersonated: None,
             received: now_text(),
             request_object: None,
             response_object: None,
         }
+    }
+
+    /// Records whom the request acts as (it impersonates `who`).
+    pub fn impersonating(&mut self, who: &Identity, how: &crate::impersonation::Impersonated) {
+        self.impersonated = Some(UserInfo {
+            username: who.user(),
+            uid: how.uid.clone(),
+            groups: who.groups(),
+            extra: how.extra.clone(),
+        });
     }
 
     /// The Event of `stage` as a JSON line, if the decision logs that stage.
@@ -448,6 +472,7 @@ impl Record {
             request_uri: &self.uri,
             verb: &self.info.verb,
             user: &self.user,
+            impersonated_user: self.impersonated.as_ref(),
             source_ips: &self.source_ips,
             user_agent: &self.user_agent,
             object_ref: self.info.object.as_ref(),
@@ -493,13 +518,23 @@ impl AuditLog {
             path: shown.clone(),
             message: e.to_string(),
         };
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
         if let Some(dir) = file.path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(err)?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(err)?;
         }
+        // The log may hold what requests carried (Secrets, at RequestResponse): its owner's
+        // alone, whatever the umask.
         let out = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
             .open(&file.path)
+            .map_err(err)?;
+        out.set_permissions(std::fs::Permissions::from_mode(0o600))
             .map_err(err)?;
         let size = out.metadata().map_err(err)?.len();
         let (tx, rx) = tokio::sync::mpsc::channel::<String>(4096);
@@ -608,10 +643,11 @@ fn rotate(
             let _ = std::fs::remove_file(old);
         }
     }
-    std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&file.path)
+    std::os::unix::fs::OpenOptionsExt::mode(
+        std::fs::OpenOptions::new().create(true).append(true),
+        0o600,
+    )
+    .open(&file.path)
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use orrery_api::cluster::{self, ClusterStatus};
 use orrery_api::{Object, Time, conditions, keys};
 use orrery_store::{ListOptions, Store, StoreError, WatchEvent, WatchOptions};
 use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -38,6 +39,20 @@ struct ClusterLabels {
     cluster: String,
 }
 
+/// A priority level's seats of one kind ([`crate::fairness`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SeatLabels {
+    priority_level: &'static str,
+    /// `readOnly` or `mutating`, as kube-apiserver's `request_kind`.
+    request_kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RejectLabels {
+    priority_level: &'static str,
+    reason: &'static str,
+}
+
 /// The API server's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -50,6 +65,11 @@ pub struct Metrics {
     watchers: Gauge,
     watch_queued: Gauge,
     watch_queued_max: Gauge,
+    seats_in_use: Family<SeatLabels, Gauge>,
+    seats_queued: Family<SeatLabels, Gauge>,
+    rejected: Family<RejectLabels, Counter>,
+    slow_bodies: Counter,
+    connections_refused: Counter,
     view: Arc<Mutex<View>>,
     /// The store whose watchers are counted, once [`Metrics::start`] has it.
     store: OnceLock<Arc<dyn Store>>,
@@ -67,6 +87,9 @@ impl Metrics {
         let works_pending = Gauge::default();
         let (watchers, watch_queued, watch_queued_max) =
             (Gauge::default(), Gauge::default(), Gauge::default());
+        let (seats_in_use, seats_queued) = (Family::default(), Family::default());
+        let rejected = Family::<RejectLabels, Counter>::default();
+        let (slow_bodies, connections_refused) = (Counter::default(), Counter::default());
         {
             let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
             r.register(
@@ -109,6 +132,31 @@ impl Metrics {
                 "Changes waiting in this replica's fullest watcher queue",
                 watch_queued_max.clone(),
             );
+            r.register(
+                "orrery_request_seats_in_use",
+                "Requests being served, by priority level and kind",
+                seats_in_use.clone(),
+            );
+            r.register(
+                "orrery_request_seats_queued",
+                "Requests waiting for a seat, by priority level and kind",
+                seats_queued.clone(),
+            );
+            r.register(
+                "orrery_requests_rejected",
+                "Requests told to come back (429) for want of a seat, by priority level and why",
+                rejected.clone(),
+            );
+            r.register(
+                "orrery_request_body_timeouts",
+                "Requests whose body did not arrive within --request-body-timeout (408)",
+                slow_bodies.clone(),
+            );
+            r.register(
+                "orrery_connections_refused",
+                "Connections closed at once: their source held --max-connections-per-source",
+                connections_refused.clone(),
+            );
         }
         Metrics {
             registry,
@@ -120,8 +168,49 @@ impl Metrics {
             watchers,
             watch_queued,
             watch_queued_max,
+            seats_in_use,
+            seats_queued,
+            rejected,
+            slow_bodies,
+            connections_refused,
             view: Arc::default(),
             store: OnceLock::new(),
+        }
+    }
+
+    /// A request refused for want of a seat.
+    pub fn refused(&self, priority_level: &'static str, reason: &'static str) {
+        self.rejected
+            .get_or_create(&RejectLabels {
+                priority_level,
+                reason,
+            })
+            .inc();
+    }
+
+    /// A request whose body did not arrive in time.
+    pub fn slow_body(&self) {
+        self.slow_bodies.inc();
+    }
+
+    /// A connection closed at once for its source's limit.
+    pub fn connection_refused(&self) {
+        self.connections_refused.inc();
+    }
+
+    /// Sets the seat gauges from what each level holds now.
+    pub fn seats(&self, request_kind: &'static str, seats: &crate::fairness::Seats) {
+        for (level, st) in seats.stats() {
+            let labels = SeatLabels {
+                priority_level: level.name(),
+                request_kind,
+            };
+            self.seats_in_use
+                .get_or_create(&labels)
+                .set(st.in_use as i64);
+            self.seats_queued
+                .get_or_create(&labels)
+                .set(st.queued as i64);
         }
     }
 

@@ -66,7 +66,17 @@ pub fn kind_at(group: &str, version: &str, plural: &str) -> Option<&'static Revi
 }
 
 fn user_info(who: &Identity) -> Value {
-    json!({"username": who.user(), "groups": who.groups()})
+    let mut info = json!({"username": who.user(), "groups": who.groups()});
+    // What an impersonating request named besides the user and groups.
+    if let Ok(Some(how)) = crate::impersonation::CURRENT.try_with(Clone::clone) {
+        if !how.uid.is_empty() {
+            info["uid"] = json!(how.uid);
+        }
+        if !how.extra.is_empty() {
+            info["extra"] = json!(how.extra);
+        }
+    }
+    info
 }
 
 fn field<'a>(v: &'a Value, name: &str) -> &'a str {

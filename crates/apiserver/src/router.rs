@@ -13,6 +13,7 @@ use crate::app::App;
 use crate::auth::Identity;
 use crate::error::{ApiError, ApiResult};
 use crate::http::{self as h, Body, Query};
+use crate::impersonation::Impersonated;
 use crate::routes::{self, Route};
 use crate::{discovery, openapi, rest};
 
@@ -42,6 +43,7 @@ impl App {
         B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let started = Instant::now();
+        let http1 = req.version() <= http::Version::HTTP_11;
         let method = req.method().clone();
         let path = req.uri().path().to_string();
         let ((mut response, user), steps) = crate::trace::traced(async {
@@ -60,6 +62,13 @@ impl App {
             }
         }
         let status = response.status().as_u16();
+        if status == 408 && http1 {
+            // What is left of the body is not waited for: the connection ends with the answer.
+            response.headers_mut().insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+        }
         let reg = self.resources.snapshot();
         self.metrics.observe(
             method.as_str(),
@@ -137,6 +146,14 @@ impl App {
             header(http::header::USER_AGENT).unwrap_or_default(),
             source_ips,
         );
+        // The policy was decided for the caller, as Kubernetes decides it; the Event also
+        // names whom the request acted as, once that was allowed.
+        if let Some(w) = &who
+            && let Ok((acting, Some(how))) =
+                crate::impersonation::apply(&self.authz, w.clone(), req.headers())
+        {
+            rec.impersonating(&acting, &how);
+        }
         if let Some(line) = rec.line(Stage::RequestReceived, None) {
             log.write(line).await;
         }
@@ -146,7 +163,7 @@ impl App {
         );
         let (response, user) = if rec.decision.level >= Level::Request && with_body {
             let (parts, body) = req.into_parts();
-            match h::read_body(body, self.config.max_body_bytes).await {
+            match self.read_request_body(body).await {
                 Ok(bytes) => {
                     rec.request_object =
                         self.body_as_json(&parts, rec.info.object.as_ref(), &bytes);
@@ -261,7 +278,17 @@ impl App {
             .authenticate(req.headers(), req.extensions())
             .map_err(|e| (e, String::new()))?;
         crate::trace::step("authenticated");
-        let user = who.user();
+        // Acting as someone else (Impersonate-*), when the caller may; never as the caller
+        // instead.
+        let (who, impersonated) =
+            match crate::impersonation::apply(&self.authz, who.clone(), req.headers()) {
+                Ok(w) => w,
+                Err(e) => return Err((e, who.user())),
+            };
+        let user = match &impersonated {
+            Some(Impersonated { by: Some(by), .. }) => format!("{} (as {})", by.user(), who.user()),
+            _ => who.user(),
+        };
         // The cluster proxy (and its agents' tunnels): long-lived streams, outside the slots
         // for requests in flight.
         if let Some(t) = crate::proxy::target(&path) {
@@ -271,11 +298,27 @@ impl App {
             };
         }
         let is_watch = h::asks_to_watch(req.uri().query());
+        // The body first, within its deadline and before a seat is taken: a slow client holds
+        // its connection, never a seat others need.
+        let (parts, body) = req.into_parts();
+        let body = if matches!(
+            parts.method,
+            Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+        ) {
+            match self.read_request_body(body).await {
+                Ok(b) => b,
+                Err(e) => return Err((e, user)),
+            }
+        } else {
+            Bytes::new()
+        };
+        let req = Request::from_parts(parts, http_body_util::Full::new(body));
         // Held until the answer is ready (a long list's body may still be on its way).
-        let _slot = match self.in_flight_slot(&who, req.method(), is_watch) {
-            Ok(slot) => slot,
+        let _seat = match self.seat(&who, req.method(), &path, is_watch).await {
+            Ok(seat) => seat,
             Err(e) => return Err((e, user)),
         };
+        crate::trace::step("seated");
         // A watch is counted as long as its stream is open.
         let watch = match self.watch_slot(&who, is_watch) {
             Ok(w) => w,
@@ -296,7 +339,10 @@ impl App {
             }
             _ => (None, false),
         };
-        match self.dispatch(req, &who).await {
+        let dispatched = crate::impersonation::CURRENT
+            .scope(impersonated, self.dispatch(req, &who))
+            .await;
+        match dispatched {
             Ok(mut r) => {
                 let elsewhere = match &selector {
                     Some((ns, sel)) if r.status().is_success() => {
@@ -394,28 +440,74 @@ impl App {
         }))
     }
 
-    /// A slot for a request among those served at once; `None` for what is not counted (the
-    /// admin, who must always get an answer, and watches, which last); 429 when none is free.
-    fn in_flight_slot(
+    /// A request's body, up to the size limit (413) and within the body timeout: a body that
+    /// has not arrived by then is answered 408 and its connection closed.
+    pub(crate) async fn read_request_body<B>(&self, body: B) -> ApiResult<Bytes>
+    where
+        B: hyper::body::Body<Data = Bytes>,
+        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let wait = self.config.request_body_timeout;
+        match tokio::time::timeout(wait, h::read_body(body, self.config.max_body_bytes)).await {
+            Ok(read) => read,
+            Err(_) => {
+                self.metrics.slow_body();
+                Err(ApiError::new(
+                    408,
+                    "Timeout",
+                    format!(
+                        "the request body did not arrive within {}s (--request-body-timeout)",
+                        wait.as_secs_f64()
+                    ),
+                ))
+            }
+        }
+    }
+
+    /// A seat among the requests served at once, at the caller's priority level
+    /// ([`crate::fairness`]), waiting in the caller's queue if none is free; `None` for what
+    /// is not counted (`system:masters`, who must always get an answer, and watches, which
+    /// last); 429 when the queue is full or the wait too long.
+    async fn seat(
         &self,
         who: &Identity,
         method: &Method,
+        path: &str,
         is_watch: bool,
-    ) -> ApiResult<Option<tokio::sync::SemaphorePermit<'_>>> {
-        if matches!(who, Identity::Admin { .. }) || is_watch {
+    ) -> ApiResult<Option<crate::fairness::Seat>> {
+        use crate::fairness::Level;
+        if who.is_superuser() || is_watch {
             return Ok(None);
         }
         let mutating = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
-        let pool = if mutating {
+        let seats = if mutating {
             &self.in_flight.1
         } else {
             &self.in_flight.0
         };
-        match pool.try_acquire() {
-            Ok(p) => Ok(Some(p)),
-            Err(_) => Err(ApiError::too_many_requests(
-                "Too many requests, please try again later.",
-            )),
+        let Some(seats) = seats else {
+            return Ok(None);
+        };
+        let level = match who {
+            Identity::Cluster { .. } | Identity::Bootstrap { .. } => Level::System,
+            _ if path.starts_with("/apis/coordination.k8s.io/") => Level::LeaderElection,
+            _ => Level::Workload,
+        };
+        match seats.acquire(level, &who.user()).await {
+            Ok(seat) => Ok(Some(seat)),
+            Err(why) => {
+                self.metrics.refused(level.name(), why.reason());
+                Err(ApiError::too_many_requests(format!(
+                    "Too many requests, please try again later ({} level: {}).",
+                    level.name(),
+                    match why {
+                        crate::fairness::Refused::QueueFull =>
+                            "this user's queue is full (--max-queued-requests-per-user)",
+                        crate::fairness::Refused::TimedOut =>
+                            "no seat came free within --request-queue-timeout",
+                    }
+                )))
+            }
         }
     }
 
@@ -462,6 +554,14 @@ impl App {
         match (route, segments.as_slice()) {
             (Some(Route::Metrics), _) => {
                 read_only(&parts.method)?;
+                for (kind, seats) in [
+                    ("readOnly", &self.in_flight.0),
+                    ("mutating", &self.in_flight.1),
+                ] {
+                    if let Some(seats) = seats {
+                        self.metrics.seats(kind, seats);
+                    }
+                }
                 let text = self
                     .metrics
                     .render()
@@ -730,10 +830,13 @@ mod tests {
     use orrery_store::Store;
     use tokio::sync::watch;
 
-    /// Beyond the requests served at once, others are told to come back; the admin and
-    /// watches are not counted, and read-only and mutating requests have limits of their own.
+    /// Beyond the requests served at once, others wait in their user's queue and then are
+    /// told to come back; each priority level keeps its seats (a user holding every seat of
+    /// theirs leaves the agents theirs); `system:masters` and watches are not counted, and
+    /// read-only and mutating requests have seats of their own.
     #[tokio::test]
     async fn requests_beyond_the_in_flight_limit_are_told_to_come_back() {
+        use crate::fairness::Level;
         let dir = tempfile::tempdir().expect("tempdir");
         let store: Arc<dyn Store> = Arc::new(
             orrery_store_sqlite::SqliteStore::open_dir(dir.path()).expect("open the store"),
@@ -741,33 +844,33 @@ mod tests {
         let auth = Authenticator::start(store.clone()).await.expect("auth");
         let (_tx, shutdown) = watch::channel(false);
         let config = ApiConfig {
-            max_in_flight: (1, 1),
+            // 10 seats of each kind: 5 for agents, 1 for leader election, 4 for users.
+            max_in_flight: (10, 10),
             max_watches_per_user: 1,
+            max_queued_per_user: 2,
+            queue_timeout: std::time::Duration::from_millis(300),
             ..ApiConfig::default()
         };
         let app = App::new(store, auth.clone(), config, shutdown)
             .await
             .expect("app");
-        let agent = auth
-            .issue(
-                &Identity::Cluster {
-                    name: "east".into(),
-                },
-                "agent",
-                None,
-            )
-            .await
-            .expect("a token");
-        let admin = auth
-            .issue(
-                &Identity::Admin {
-                    name: "admin".into(),
-                },
-                "admin",
-                None,
-            )
-            .await
-            .expect("a token");
+        let token = |who: Identity| {
+            let auth = auth.clone();
+            async move { auth.issue(&who, "t", None).await.expect("a token") }
+        };
+        let agent = token(Identity::Cluster {
+            name: "east".into(),
+        })
+        .await;
+        let admin = token(Identity::Admin {
+            name: "admin".into(),
+        })
+        .await;
+        let alice = token(Identity::User {
+            name: "alice".into(),
+            groups: vec![],
+        })
+        .await;
         let call = |method: &str, uri: &str, token: &str| {
             let app = app.clone();
             let req = Request::builder()
@@ -781,46 +884,85 @@ mod tests {
         };
         let status_of_east = "/apis/multicluster.io/v1alpha1/clusters/east/status";
         let works = "/apis/multicluster.io/v1alpha1/namespaces/orrery-cluster-east/works";
-        // Every mutating slot taken.
-        let held = app.in_flight.1.try_acquire().expect("the slot");
-        let r = call("PATCH", status_of_east, &agent).await;
+        let cms = "/api/v1/namespaces/default/configmaps";
+        let (reads, writes) = (
+            app.in_flight.0.clone().expect("read seats"),
+            app.in_flight.1.clone().expect("mutating seats"),
+        );
+        // Users hold every mutating seat of theirs.
+        let mut held = Vec::new();
+        for i in 0..4 {
+            held.push(
+                writes
+                    .acquire(Level::Workload, &format!("u{i}"))
+                    .await
+                    .expect("a seat"),
+            );
+        }
+        // Alice waits in her queue, then is told to come back.
+        let started = std::time::Instant::now();
+        let r = call("POST", cms, &alice).await;
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(started.elapsed() >= std::time::Duration::from_millis(300));
         assert_eq!(
             r.headers()
                 .get(http::header::RETRY_AFTER)
                 .and_then(|v| v.to_str().ok()),
             Some("1")
         );
-        // Reads have slots of their own; the admin always gets an answer.
-        assert_ne!(
-            call("GET", works, &agent).await.status(),
-            StatusCode::TOO_MANY_REQUESTS
+        // The agent's status write has its level's seats (404: east was never registered),
+        // and the admin is never counted.
+        assert_eq!(
+            call("PATCH", status_of_east, &agent).await.status(),
+            StatusCode::NOT_FOUND
         );
         assert_ne!(
             call("PATCH", status_of_east, &admin).await.status(),
             StatusCode::TOO_MANY_REQUESTS
         );
-        // Every read slot taken too: a watch is still served.
-        let held_read = app.in_flight.0.try_acquire().expect("the slot");
+        // Reads have seats of their own (403: alice may read nothing).
+        assert_eq!(
+            call("GET", cms, &alice).await.status(),
+            StatusCode::FORBIDDEN
+        );
+        // A freed seat goes to whoever waits: alice's next write is served once one is.
+        let app2 = app.clone();
+        let alice2 = alice.clone();
+        let waiting = tokio::spawn(async move {
+            let req = Request::builder()
+                .method("POST")
+                .uri(cms)
+                .header(http::header::AUTHORIZATION, format!("Bearer {alice2}"))
+                .body(json_body(serde_json::json!({})))
+                .expect("a request");
+            app2.handle(req).await.status()
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        drop(held.pop());
+        assert_eq!(waiting.await.expect("served"), StatusCode::FORBIDDEN);
+        drop(held);
+        // Agents borrow what users leave idle: all ten read seats; then one more waits.
+        let mut agents = Vec::new();
+        for i in 0..10 {
+            agents.push(
+                reads
+                    .acquire(Level::System, &format!("c{i}"))
+                    .await
+                    .expect("a seat"),
+            );
+        }
         assert_eq!(
             call("GET", works, &agent).await.status(),
             StatusCode::TOO_MANY_REQUESTS
         );
+        // A watch is still served.
         assert_eq!(
             call("GET", &format!("{works}?watch=true"), &agent)
                 .await
                 .status(),
             StatusCode::OK
         );
-        drop((held, held_read));
-        // Many at once: some find no slot.
-        let many =
-            futures_util::future::join_all((0..50).map(|_| call("GET", works, &agent))).await;
-        let refused = many
-            .iter()
-            .filter(|r| r.status() == StatusCode::TOO_MANY_REQUESTS)
-            .count();
-        assert!(refused > 0, "{refused}");
+        drop(agents);
         // Watches: counted per user while their streams are open.
         let first = call("GET", &format!("{works}?watch=true"), &agent).await;
         let second = call("GET", &format!("{works}?watch=true"), &agent).await;
@@ -841,10 +983,81 @@ mod tests {
                 .status(),
             StatusCode::OK
         );
-        // A slot free again: served (not found: the Cluster was never registered).
-        assert_eq!(
-            call("PATCH", status_of_east, &agent).await.status(),
-            StatusCode::NOT_FOUND
+    }
+
+    /// A body that does not arrive within the body timeout is answered 408, holding no seat
+    /// meanwhile: the other requests are served while it trickles.
+    #[tokio::test]
+    async fn a_slow_body_gets_408_and_holds_no_seat() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store: Arc<dyn Store> = Arc::new(
+            orrery_store_sqlite::SqliteStore::open_dir(dir.path()).expect("open the store"),
         );
+        let auth = Authenticator::start(store.clone()).await.expect("auth");
+        let (_tx, shutdown) = watch::channel(false);
+        let config = ApiConfig {
+            max_in_flight: (10, 10),
+            request_body_timeout: std::time::Duration::from_secs(1),
+            queue_timeout: std::time::Duration::from_millis(100),
+            ..ApiConfig::default()
+        };
+        let app = App::new(store, auth.clone(), config, shutdown)
+            .await
+            .expect("app");
+        let alice = auth
+            .issue(
+                &Identity::User {
+                    name: "alice".into(),
+                    groups: vec![],
+                },
+                "t",
+                None,
+            )
+            .await
+            .expect("a token");
+        // Bodies that never end: one byte, then nothing.
+        let slow = |app: Arc<App>, alice: String| async move {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+            let body = http_body_util::StreamBody::new(futures_util::stream::unfold(
+                rx,
+                |mut rx| async move {
+                    rx.recv().await.map(|b| {
+                        (
+                            Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(b)),
+                            rx,
+                        )
+                    })
+                },
+            ));
+            let _ = tx.try_send(Bytes::from_static(b"{"));
+            let req = Request::builder()
+                .method("POST")
+                .uri("/api/v1/namespaces/default/configmaps")
+                .header(http::header::AUTHORIZATION, format!("Bearer {alice}"))
+                .body(body)
+                .expect("a request");
+            let r = app.handle(req).await;
+            drop(tx);
+            r.status()
+        };
+        let started = std::time::Instant::now();
+        let slow_ones: Vec<_> = (0..20)
+            .map(|_| tokio::spawn(slow(app.clone(), alice.clone())))
+            .collect();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // Twenty slow bodies from alice, four seats for users: her quick request is served
+        // meanwhile (403: she may write nothing), not queued behind them.
+        let quick = Request::builder()
+            .method("POST")
+            .uri("/api/v1/namespaces/default/configmaps")
+            .header(http::header::AUTHORIZATION, format!("Bearer {alice}"))
+            .body(json_body(serde_json::json!({})))
+            .expect("a request");
+        assert_eq!(app.handle(quick).await.status(), StatusCode::FORBIDDEN);
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+        for t in slow_ones {
+            assert_eq!(t.await.expect("answered"), StatusCode::REQUEST_TIMEOUT);
+        }
+        assert!(started.elapsed() >= std::time::Duration::from_secs(1));
     }
 }

@@ -473,6 +473,17 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
             errs.extend(cluster::validate_status(obj.status.as_ref()));
         }
         ("multicluster.io", "Work") => errs.extend(work::validate_spec(spec)),
+        ("multicluster.io", "ResourceBinding") => {
+            // Controllers write bindings straight to the store; whoever writes one through
+            // the API (cluster-admin, or a team granted it) stays in its namespace.
+            match spec
+                .map(|s| serde_json::from_value::<orrery_api::binding::BindingSpec>(s.clone()))
+            {
+                Some(Ok(b)) => errs.extend(b.foreign_references(obj.namespace())),
+                Some(Err(e)) => errs.push(FieldError::invalid("spec", "", e.to_string())),
+                None => {}
+            }
+        }
         (orrery_api::autoscaling::GROUP, orrery_api::autoscaling::federated::KIND) => {
             if let Err(e) = orrery_api::autoscaling::federated::FederatedHPASpec::parse(spec) {
                 errs.extend(e);

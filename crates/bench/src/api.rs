@@ -95,6 +95,8 @@ impl ServerProcess {
             .args(["server", "--data-dir"])
             .arg(dir)
             .args(["--listen", &format!("127.0.0.1:{port}")])
+            // Every member and client of a benchmark connects from loopback.
+            .args(["--max-connections-per-source", "0"])
             .args(extra)
             .env(
                 "ORRERY_LOG",

@@ -59,13 +59,35 @@ pub struct ServerArgs {
     /// Rotated audit logs kept (0: all).
     #[arg(long, default_value_t = orrery_apiserver::audit::DEFAULT_LOG_MAX_BACKUPS)]
     pub audit_log_maxbackup: usize,
-    /// Read-only requests served at once; more are told to come back (429, Retry-After).
-    /// Watches and the admin are not counted (0: no limit).
+    /// Read-only requests served at once, shared among priority levels (agents 50 %, leader
+    /// election 10 %, users 40 %; docs/security.md); more wait in their user's queue, then are
+    /// told to come back (429, Retry-After). Watches and system:masters are not counted (0:
+    /// no limit).
     #[arg(long, default_value_t = orrery_apiserver::app::DEFAULT_MAX_REQUESTS_INFLIGHT)]
     pub max_requests_inflight: usize,
     /// Mutating requests served at once, likewise.
     #[arg(long, default_value_t = orrery_apiserver::app::DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT)]
     pub max_mutating_requests_inflight: usize,
+    /// Requests of one user that may wait for a seat at once; more are told to come back.
+    #[arg(long, default_value_t = orrery_apiserver::fairness::DEFAULT_QUEUE_LENGTH)]
+    pub max_queued_requests_per_user: usize,
+    /// How long a request may wait for a seat before it is told to come back.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub request_queue_timeout: Duration,
+    /// A request's body must arrive within this after its headers, or it is answered 408 and
+    /// its connection closed.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub request_body_timeout: Duration,
+    /// A connection's TLS handshake, and each request's headers, must arrive within this.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub request_header_timeout: Duration,
+    /// A connection with no request in progress (watches count as in progress) is closed
+    /// after this.
+    #[arg(long, default_value = "90s", value_parser = parse_duration)]
+    pub idle_connection_timeout: Duration,
+    /// Connections one source address may hold open; more are closed at once (0: no limit).
+    #[arg(long, default_value_t = orrery_apiserver::server::DEFAULT_MAX_CONNECTIONS_PER_SOURCE)]
+    pub max_connections_per_source: usize,
     /// Watches one user may hold open at once; more are told to come back (429). The admin
     /// is not counted (0: no limit).
     #[arg(long, default_value_t = orrery_apiserver::app::DEFAULT_MAX_WATCHES_PER_USER)]
@@ -251,24 +273,8 @@ fn parse_bound(s: &str) -> Result<orrery_api::prediction::Bound, String> {
     s.parse()
 }
 
-/// Durations like `40s`, `5m`, `1h`, `250ms`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, unit) = s.trim().split_at(
-        s.trim()
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(s.len()),
-    );
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}: expected e.g. 40s, 5m, 1h"))?;
-    Ok(match unit {
-        "ms" => Duration::from_millis(n),
-        "s" | "" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        _ => return Err(format!("invalid duration unit in {s:?}: use ms, s, m or h")),
-    })
-}
+/// Durations as every flag takes them (`orrery_api::duration`).
+pub use orrery_api::duration::parse_arg as parse_duration;
 
 async fn open_store(args: &ServerArgs) -> anyhow::Result<Arc<dyn Store>> {
     match args.store {
@@ -673,6 +679,19 @@ async fn stop_all(handles: Vec<tokio::task::JoinHandle<()>>) {
     }
 }
 
+/// Creates `dir` if missing and makes it its owner's alone (0700), whatever the umask: it
+/// holds the store, keys and kubeconfigs.
+pub fn private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("making {} private", dir.display()))
+}
+
 /// Starts everything and returns once the server accepts connections.
 pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     if args.shed_mark < args.water_level_limit {
@@ -687,8 +706,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
             "--consolidate-interval 0: a round of consolidation needs time between rounds (e.g. 5m)"
         );
     }
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    private_dir(&args.data_dir)?;
     let secret = args.cluster_secret()?;
     // Read before the store opens: a bad configuration stops the server before it serves.
     let encryption = args
@@ -797,6 +815,14 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
             args.max_mutating_requests_inflight,
         ),
         max_watches_per_user: args.max_watches_per_user,
+        max_queued_per_user: args.max_queued_requests_per_user,
+        queue_timeout: args.request_queue_timeout,
+        request_body_timeout: args.request_body_timeout,
+        connections: orrery_apiserver::server::ConnectionLimits {
+            header_timeout: args.request_header_timeout,
+            idle_timeout: args.idle_connection_timeout,
+            max_per_source: args.max_connections_per_source,
+        },
         slow_request_threshold: args.slow_request_threshold,
         advertise_url: advertise_url(args, sealer.is_some(), &listen),
         ..ApiConfig::default()
@@ -924,7 +950,11 @@ mod tests {
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("7").unwrap(), Duration::from_secs(7));
-        assert!(parse_duration("5 minutes").is_err());
+        assert_eq!(
+            parse_duration("5 minutes").unwrap(),
+            Duration::from_secs(300)
+        );
+        assert_eq!(parse_duration("40 ").unwrap(), Duration::from_secs(40));
         assert!(parse_duration("x").is_err());
     }
 

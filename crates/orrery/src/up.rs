@@ -202,6 +202,14 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         max_mutating_requests_inflight:
             orrery_apiserver::app::DEFAULT_MAX_MUTATING_REQUESTS_INFLIGHT,
         max_watches_per_user: orrery_apiserver::app::DEFAULT_MAX_WATCHES_PER_USER,
+        max_queued_requests_per_user: orrery_apiserver::fairness::DEFAULT_QUEUE_LENGTH,
+        request_queue_timeout: orrery_apiserver::fairness::DEFAULT_QUEUE_TIMEOUT,
+        request_body_timeout: orrery_apiserver::app::DEFAULT_REQUEST_BODY_TIMEOUT,
+        request_header_timeout: orrery_apiserver::server::DEFAULT_HEADER_TIMEOUT,
+        idle_connection_timeout: orrery_apiserver::server::DEFAULT_IDLE_TIMEOUT,
+        // Every simulated member connects from loopback.
+        max_connections_per_source: orrery_apiserver::server::DEFAULT_MAX_CONNECTIONS_PER_SOURCE
+            + 4 * args.clusters,
         slow_request_threshold: orrery_apiserver::app::DEFAULT_SLOW_REQUEST_THRESHOLD,
         cluster_grace_period: parse_duration("40s").map_err(anyhow::Error::msg)?,
         cluster_eviction_timeout: parse_duration("30s").map_err(anyhow::Error::msg)?,
@@ -244,8 +252,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     };
     let started = Instant::now();
     let running = if args.ha {
-        std::fs::create_dir_all(&args.data_dir)
-            .with_context(|| format!("creating {}", args.data_dir.display()))?;
+        crate::server::private_dir(&args.data_dir)?;
         let plane = crate::up_ha::start(&args.data_dir, args.listen).await?;
         println!(
             "control plane: 3 replicas at {} on etcd {}",

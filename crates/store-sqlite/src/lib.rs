@@ -107,7 +107,11 @@ impl SqliteStore {
                 .map_err(|e| StoreError::Backend(format!("creating {}: {e}", dir.display())))?;
         }
         let lock = lock_file(&config.path)?;
+        private_files(&config.path)?;
         let conn = schema::open_writer(&config.path, config.integrity_check)?;
+        // SQLite makes the -wal and -shm files with the database file's mode; ones left by
+        // an earlier version are narrowed too.
+        private_files(&config.path)?;
         let (rev, compacted, compact_done) =
             writer::initial_revisions(&conn).map_err(|e| schema::open_error(&config.path, e))?;
         let shared = Arc::new(Shared {
@@ -272,6 +276,41 @@ impl SqliteStore {
 }
 
 /// Locks `<store>.lock` exclusively, so a second process cannot open the same store.
+/// The suffixes of the files a store is kept in.
+const FILES: [&str; 4] = ["", "-wal", "-shm", ".lock"];
+
+/// Makes the store's files readable by their owner only, whatever the umask (they hold every
+/// object, Secrets among them): the database is created so if it is missing, and the files
+/// there are narrowed to 0600.
+fn private_files(path: &Path) -> Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let err = |p: &Path, e: std::io::Error| StoreError::Backend(format!("{}: {e}", p.display()));
+    if !path.exists() {
+        // An empty file is a new database to SQLite.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| err(path, e))?;
+    }
+    for suffix in FILES {
+        let mut name = path.as_os_str().to_owned();
+        name.push(suffix);
+        let p = PathBuf::from(name);
+        match std::fs::metadata(&p) {
+            Ok(m) if m.permissions().mode() & 0o077 != 0 => {
+                std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600))
+                    .map_err(|e| err(&p, e))?;
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(err(&p, e)),
+        }
+    }
+    Ok(())
+}
+
 fn lock_file(path: &Path) -> Result<std::fs::File> {
     let mut name = path.as_os_str().to_owned();
     name.push(".lock");

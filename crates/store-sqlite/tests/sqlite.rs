@@ -97,6 +97,40 @@ async fn an_empty_file_becomes_a_new_store() {
     s.create("/t/ns/a", obj("a")).await.unwrap();
 }
 
+/// The store's files are the owner's alone whatever the umask: a new store's, and those an
+/// earlier version left readable by everyone.
+#[tokio::test]
+async fn the_store_files_are_readable_by_their_owner_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let path = dir.path().join("orrery.db");
+    let s = SqliteStore::open(SqliteConfig::new(&path)).unwrap();
+    s.create("/t/ns/a", obj("a")).await.unwrap();
+    let files = [
+        "orrery.db",
+        "orrery.db-wal",
+        "orrery.db-shm",
+        "orrery.db.lock",
+    ];
+    for f in files {
+        assert_eq!(mode(&dir.path().join(f)), 0o600, "{f}");
+    }
+    s.close().await;
+    drop(s);
+    for f in files {
+        let p = dir.path().join(f);
+        if p.exists() {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+    }
+    let s = SqliteStore::open(SqliteConfig::new(&path)).unwrap();
+    s.create("/t/ns/b", obj("b")).await.unwrap();
+    for f in files {
+        assert_eq!(mode(&dir.path().join(f)), 0o600, "{f} after reopening");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writes_share_transactions() {
     let dir = tempfile::tempdir().unwrap();

@@ -370,6 +370,30 @@ pub async fn configs(
     let c: Config = serde_json::from_slice(body)
         .map_err(|e| DroError::validation(format!("the body is not a valid configuration: {e}")))?;
     let authorized = authorize(app, who, &c.cluster)?;
+    // Labels, taints and capabilities decide what is placed on the cluster: they are the
+    // administrator's (`update clusters`), never its agent's, or a compromised member could
+    // attract workloads. What the member reports of itself (properties) is status.
+    if c.labels.is_some() || c.taints.is_some() || c.capabilities.is_some() {
+        app.authz
+            .authorize(
+                who,
+                &Attributes {
+                    verb: "update",
+                    group: cluster::GROUP,
+                    resource: "clusters",
+                    name: Some(&c.cluster),
+                    ..Default::default()
+                },
+            )
+            .map_err(|e| {
+                let mut d = DroError::from(e);
+                d.message = format!(
+                    "{}; labels, taints and capabilities are set by whoever may update the Cluster (an agent reports properties only)",
+                    d.message
+                );
+                d.with_details(json!({ "clusterName": c.cluster }))
+            })?;
+    }
     let o = update_cluster(app, &authorized, |o| {
         if let Some(l) = &c.labels {
             o.metadata.labels = l.clone();

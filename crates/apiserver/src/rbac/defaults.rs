@@ -68,13 +68,28 @@ fn binding(name: &str, role: &str, groups: &[&str]) -> Object {
     o
 }
 
+/// Which of Orrery's kinds a default role covers.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Own {
+    /// Everything users may read.
+    Readable,
+    /// What a namespace's `edit` may write: namespaced kinds a user makes. Not
+    /// ResourceBindings (the controllers write them, and a binding names what is sent to a
+    /// member), nor cluster-scoped kinds (cluster-wide rights are cluster-admin's, as
+    /// Kubernetes' `edit` holds none).
+    Writable,
+}
+
 /// The plurals of Orrery's own kinds, with `<plural>/status` where they have status; Works
 /// left out (they carry whole workloads, Secrets included, and only agents and controllers
 /// handle them).
-fn own_resources() -> Vec<(String, Vec<String>)> {
+fn own_resources(which: Own) -> Vec<(String, Vec<String>)> {
     let mut by_group: Vec<(String, Vec<String>)> = Vec::new();
     for rt in crate::resources::builtin() {
         if rt.origin != Origin::Own || rt.plural == "works" {
+            continue;
+        }
+        if which == Own::Writable && (!rt.namespaced || rt.plural == "resourcebindings") {
             continue;
         }
         let mut names = vec![rt.plural.clone()];
@@ -89,8 +104,8 @@ fn own_resources() -> Vec<(String, Vec<String>)> {
     by_group
 }
 
-fn own_rules(verbs: &[&str], status: bool) -> Vec<Rule> {
-    own_resources()
+fn own_rules(verbs: &[&str], which: Own, status: bool) -> Vec<Rule> {
+    own_resources(which)
         .into_iter()
         .map(|(group, resources)| {
             let resources: Vec<&str> = resources
@@ -257,11 +272,15 @@ pub fn objects() -> Vec<Object> {
         cluster_role("system:aggregate-to-admin", &["admin"], admin),
         cluster_role("system:aggregate-to-edit", &["edit"], edit),
         cluster_role("system:aggregate-to-view", &["view"], view),
-        cluster_role("orrery:aggregate-to-view", &["view"], own_rules(READ, true)),
+        cluster_role(
+            "orrery:aggregate-to-view",
+            &["view"],
+            own_rules(READ, Own::Readable, true),
+        ),
         cluster_role(
             "orrery:aggregate-to-edit",
             &["edit"],
-            own_rules(WRITE, false),
+            own_rules(WRITE, Own::Writable, false),
         ),
         cluster_role(
             "system:basic-user",

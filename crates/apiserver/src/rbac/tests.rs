@@ -380,6 +380,118 @@ fn aggregated_roles_take_the_rules_of_what_they_select_at_any_depth() {
     }
 }
 
+/// Bindings and Works are the controllers': `edit` writes neither (a binding names what is
+/// sent to members), nor cluster-scoped kinds even when bound cluster-wide; `view` reads
+/// bindings.
+#[test]
+fn edit_writes_policies_but_not_bindings_works_or_cluster_scoped_kinds() {
+    let authz = with_defaults(vec![
+        bind(
+            "team-a",
+            "robot-edit",
+            "ClusterRole",
+            "edit",
+            json!([{"kind": "User", "name": "robot"}]),
+        ),
+        bind(
+            "team-a",
+            "viewer",
+            "ClusterRole",
+            "view",
+            json!([{"kind": "User", "name": "viewer"}]),
+        ),
+    ]);
+    let robot = user("robot", &[]);
+    let viewer = user("viewer", &[]);
+    let mc = "multicluster.io";
+    for (a, want) in [
+        (
+            attrs(
+                "create",
+                mc,
+                "resourceplacementpolicies",
+                Some("team-a"),
+                None,
+            ),
+            true,
+        ),
+        (
+            attrs("create", mc, "migrations", Some("team-a"), None),
+            true,
+        ),
+        (
+            attrs("get", mc, "resourcebindings", Some("team-a"), Some("b")),
+            true,
+        ),
+        (
+            attrs("create", mc, "resourcebindings", Some("team-a"), None),
+            false,
+        ),
+        (
+            attrs("patch", mc, "resourcebindings", Some("team-a"), Some("b")),
+            false,
+        ),
+        (
+            attrs("update", mc, "resourcebindings", Some("team-a"), Some("b")),
+            false,
+        ),
+        (
+            attrs("delete", mc, "resourcebindings", Some("team-a"), Some("b")),
+            false,
+        ),
+        (attrs("create", mc, "works", Some("team-a"), None), false),
+        (attrs("get", mc, "works", Some("team-a"), Some("w")), false),
+    ] {
+        assert_eq!(authz.decide(&robot, &a).allowed, want, "robot {a:?}");
+    }
+    assert!(
+        authz
+            .decide(
+                &viewer,
+                &attrs("list", mc, "resourcebindings", Some("team-a"), None)
+            )
+            .allowed
+    );
+    // Bound cluster-wide, edit still writes no cluster-scoped kind of Orrery's.
+    let wide = Authorizer::from_objects(&{
+        let mut all = defaults::objects();
+        all.push(bind(
+            "",
+            "wide-edit",
+            "ClusterRole",
+            "edit",
+            json!([{"kind": "User", "name": "robot"}]),
+        ));
+        all
+    });
+    for a in [
+        attrs("create", mc, "clusters", None, None),
+        attrs("update", mc, "clusters", None, Some("c1")),
+        attrs(
+            "create",
+            "policy.karmada.io",
+            "clusterpropagationpolicies",
+            None,
+            None,
+        ),
+    ] {
+        assert!(!wide.decide(&robot, &a).allowed, "{a:?}");
+    }
+    assert!(
+        wide.decide(
+            &robot,
+            &attrs(
+                "create",
+                "policy.karmada.io",
+                "propagationpolicies",
+                Some("x"),
+                None
+            )
+        )
+        .allowed
+    );
+}
+
 #[test]
 fn agents_keep_to_their_own_cluster() {
     let authz = with_defaults(Vec::new());

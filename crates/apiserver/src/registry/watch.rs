@@ -194,7 +194,12 @@ pub async fn watch(call: Call<'_>) -> ApiResult<Outcome> {
         (list.items, list.revision)
     } else {
         match given {
-            Some(r) => (Vec::new(), r),
+            // A revision the store has not reached: waited for a moment, then "Too large
+            // resource version" (504, as kube-apiserver), never a watch that hangs silently.
+            Some(r) => {
+                wait_for_revision(&call, r).await?;
+                (Vec::new(), r)
+            }
             None => (Vec::new(), call.app.store.current_revision().await?),
         }
     };

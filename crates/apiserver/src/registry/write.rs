@@ -17,6 +17,22 @@ use crate::strategy;
 
 /// Attempts at a read-modify-write before giving up on a busy object.
 const RETRIES: usize = 8;
+/// How long a write without a precondition keeps trying a busy object after [`RETRIES`]
+/// (many writers of one object at once: a patch that asked for no particular version is not
+/// refused for another's, as kube-apiserver's `GuaranteedUpdate` retries until its deadline).
+const CONFLICT_BUDGET: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Whether a write that met a newer version after its first attempts tries once more: when it
+/// asked for no version, after a short random pause, until [`CONFLICT_BUDGET`] is spent.
+async fn keep_trying(unconditional: bool, started: std::time::Instant) -> bool {
+    if !unconditional || started.elapsed() >= CONFLICT_BUDGET {
+        return false;
+    }
+    let mut b = [0u8; 1];
+    let _ = getrandom::fill(&mut b);
+    tokio::time::sleep(std::time::Duration::from_millis(1 + u64::from(b[0] % 20))).await;
+    true
+}
 
 fn random_suffix() -> String {
     // The alphabet of Kubernetes' generated names: no vowels, no look-alikes.
@@ -421,8 +437,16 @@ pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     // may have been carried out, and a JSON patch applied twice is not the patch asked for.
     let warned = call.warnings.len();
     let key = call.target.key();
-    for attempt in 0..RETRIES + usize::from(!dry) {
+    let started = std::time::Instant::now();
+    let mut unconditional = false;
+    let attempts = RETRIES + usize::from(!dry);
+    let mut attempt = 0;
+    loop {
+        if attempt >= attempts && !keep_trying(unconditional, started).await {
+            break;
+        }
         let recent = !dry && attempt == 0;
+        attempt += 1;
         call.warnings.truncate(warned);
         let current =
             match orrery_store::read_for_write(call.app.store.as_ref(), &key, recent).await {
@@ -440,6 +464,7 @@ pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
                 Err(e) => return Err(e),
             };
         let retry = precondition.is_none();
+        unconditional = retry;
         crate::trace::step("patched");
         if let Some(done) = store_update(&call, current, next, dry, retry, recent).await? {
             return Ok(done);

@@ -872,8 +872,9 @@ impl Controller {
                     Ok(b) if b.metadata.deletion_timestamp.is_none() => {
                         let spec = BindingSpec::of(&b);
                         let wanted = spec.as_ref().is_some_and(|s| {
-                            work_plan(s).contains_key(cluster.as_str())
-                                || s.evictions.iter().any(|e| e.cluster == cluster && e.keep)
+                            s.foreign_references(b.namespace()).is_empty()
+                                && (work_plan(s).contains_key(cluster.as_str())
+                                    || s.evictions.iter().any(|e| e.cluster == cluster && e.keep))
                         });
                         if wanted {
                             return Err((
@@ -920,6 +921,15 @@ impl Controller {
         let Some(spec) = self.specs.get(k).cloned() else {
             return jobs;
         };
+        let foreign = spec.foreign_references(&k.0);
+        if !foreign.is_empty() {
+            // A binding reaching past its namespace (written by hand, or stored before
+            // admission refused it) renders nothing, and what it rendered goes.
+            if !have.is_empty() {
+                tracing::warn!(namespace = %k.0, binding = %k.1, field = %foreign[0].field, "a binding refers to another namespace; removing its Works");
+            }
+            return have.iter().filter_map(|c| delete_work(c)).collect();
+        }
         let Some(template) = template else {
             return jobs;
         };

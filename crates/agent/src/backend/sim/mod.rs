@@ -124,18 +124,7 @@ impl Default for SimSpec {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let n: u64 = s[..split]
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?}"))?;
-    Ok(match &s[split..] {
-        "ms" => Duration::from_millis(n),
-        "s" | "" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        _ => return Err(format!("invalid duration {s:?}: use ms, s, m or h")),
-    })
+    orrery_api::duration::parse(s).map_err(|e| e.to_string())
 }
 
 impl FromStr for SimSpec {
