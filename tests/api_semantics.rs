@@ -527,3 +527,93 @@ async fn a_watch_from_a_future_resource_version_is_told_so() {
         started.elapsed()
     );
 }
+
+/// What Kubernetes refuses, refused: counts beyond an int32 (typed clients could not read them
+/// back), bytes that are not base64; a Secret without a type is Opaque; and the namespaces the
+/// server lives in cannot be deleted.
+#[test]
+fn out_of_range_counts_bad_base64_untyped_secrets_and_system_namespaces() {
+    let s = Server::start();
+    s.apply(
+        r#"{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "web"}},
+                     "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [{"name": "w", "image": "w"}]}}}}"#,
+    );
+    for kind in ["Deployment", "StatefulSet", "ReplicaSet"] {
+        let err = s.fails_stdin(
+            &["apply", "-f", "-"],
+            &format!(
+                r#"{{"apiVersion": "apps/v1", "kind": "{kind}", "metadata": {{"name": "huge"}},
+                    "spec": {{"replicas": 3000000000, "selector": {{"matchLabels": {{"app": "h"}}}},
+                             "template": {{"metadata": {{"labels": {{"app": "h"}}}}, "spec": {{"containers": [{{"name": "w", "image": "w"}}]}}}}}}}}"#
+            ),
+        );
+        assert!(
+            err.contains("spec.replicas") && err.contains("32-bit integer"),
+            "{kind}: {err}"
+        );
+    }
+    let err = s.fails(&[
+        "patch",
+        "deployment",
+        "web",
+        "--subresource=scale",
+        "--type=merge",
+        "-p",
+        r#"{"spec": {"replicas": 3000000000}}"#,
+    ]);
+    assert!(err.contains("32-bit integer"), "{err}");
+    assert_eq!(
+        s.ok(&[
+            "get",
+            "deployment",
+            "web",
+            "-o",
+            "jsonpath={.spec.replicas}"
+        ]),
+        "1"
+    );
+    for (manifest, field) in [
+        (
+            r#"{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "bad"}, "data": {"k": "not base64!"}}"#,
+            "data.k",
+        ),
+        (
+            r#"{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "bad"}, "binaryData": {"k": "%%%"}}"#,
+            "binaryData.k",
+        ),
+    ] {
+        let err = s.fails_stdin(&["create", "-f", "-"], manifest);
+        assert!(err.contains("illegal base64"), "{manifest}: {err}");
+        assert!(err.contains(field), "{manifest}: {err}");
+    }
+    s.stdin(
+        &["create", "-f", "-"],
+        r#"{"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "untyped"}, "data": {"k": "dg=="}}"#,
+    );
+    assert_eq!(
+        s.ok(&["get", "secret", "untyped", "-o", "jsonpath={.type}"]),
+        "Opaque"
+    );
+    assert!(
+        s.ok(&[
+            "get",
+            "secrets",
+            "--field-selector",
+            "type=Opaque",
+            "-o",
+            "name"
+        ])
+        .contains("secret/untyped")
+    );
+    for ns in ["default", "kube-system", "kube-public", "orrery-system"] {
+        let err = s.fails(&["delete", "namespace", ns]);
+        assert!(
+            err.contains(&format!(
+                "namespaces \"{ns}\" is forbidden: this namespace may not be deleted"
+            )),
+            "{ns}: {err}"
+        );
+        s.ok(&["get", "namespace", ns]);
+    }
+}

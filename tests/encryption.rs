@@ -188,3 +188,86 @@ fn a_bad_encryption_configuration_stops_the_server_before_it_serves() {
         "{err}"
     );
 }
+
+/// Turning encryption on after Secrets were stored in the clear: rewriting them encrypts what
+/// is current, but the old versions, freed pages and WAL frames still hold the plaintext until
+/// `orrery scrub` (the server stopped) removes them; then nothing of it is in the files, and
+/// the server starts again with every object as it was.
+#[test]
+fn scrubbing_after_encryption_is_turned_on_leaves_no_plaintext_in_the_files() {
+    const OLD: &str = "orrery-plaintext-before-4711";
+    let cfg_dir = tempfile::tempdir().unwrap();
+    let cfg = cfg_dir.path().join("encryption.yaml");
+    let mut s = Server::start();
+    s.apply(&format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: db, namespace: default}}\nstringData: {{password: {OLD}}}\n"
+    ));
+    // Rewritten a few times, and one deleted: each version was stored in the clear.
+    for i in 0..3 {
+        s.ok(&[
+            "annotate",
+            "secret",
+            "db",
+            &format!("round={i}"),
+            "--overwrite",
+        ]);
+    }
+    s.stdin(
+        &["create", "-f", "-"],
+        &format!("apiVersion: v1\nkind: Secret\nmetadata: {{name: gone, namespace: default}}\nstringData: {{p: {OLD}-gone}}\n"),
+    );
+    s.ok(&["delete", "secret", "gone"]);
+    assert!(s.terminate());
+    assert!(
+        store_holds(&s.dir, OLD),
+        "the check can fail: the plaintext was there"
+    );
+    // Encryption on, and every Secret rewritten.
+    write_config(&cfg, &[("k1", KEY_1)]);
+    s.restart_with(&["--encryption-provider-config", cfg.to_str().unwrap()]);
+    let all = s.ok(&["get", "secrets", "-A", "-o", "json"]);
+    s.stdin(&["replace", "-f", "-"], &all);
+    assert!(s.terminate());
+    assert!(
+        store_holds(&s.dir, OLD),
+        "rewriting alone leaves the old versions in the file"
+    );
+    // Scrubbed: nothing of it left.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["scrub", "--data-dir"])
+        .arg(&s.dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("history compacted"));
+    for f in ["orrery.db", "orrery.db-wal", "orrery.db-shm"] {
+        let p = s.dir.join(f);
+        if let Ok(bytes) = std::fs::read(&p) {
+            assert!(
+                !bytes.windows(OLD.len()).any(|w| w == OLD.as_bytes()),
+                "{f} still holds the plaintext"
+            );
+        }
+    }
+    // And the server starts from it with the Secret as it is now.
+    s.restart_with(&["--encryption-provider-config", cfg.to_str().unwrap()]);
+    let b64 = base64::engine::general_purpose::STANDARD.encode(OLD);
+    assert_eq!(password(&s), b64);
+    assert!(!s.kubectl(&["get", "secret", "gone"]).status.success());
+    // Scrubbing a store in use is refused.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["scrub", "--data-dir"])
+        .arg(&s.dir)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("in use by another process"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -1264,3 +1264,69 @@ fn the_data_directory_its_files_and_the_audit_log_are_the_owners_alone() {
         "the audit log's directory"
     );
 }
+
+/// A bootstrap token joins a cluster once its agent is not running: a second agent given the
+/// same token while the first runs is refused (and tries again), the first keeps its identity
+/// and its session; once the first is gone and its heartbeat lapses, the second takes over.
+#[test]
+fn a_bootstrap_token_takes_no_cluster_from_a_running_agent() {
+    let s = Server::start_with(&["--cluster-grace-period", "4s"]);
+    let token = s.token("c1");
+    let args = [
+        "--cluster",
+        "c1",
+        "--token",
+        token.as_str(),
+        "--simulate",
+        "nodes=1,cpu=4,memory=8Gi",
+        "--heartbeat-interval",
+        "1s",
+    ];
+    let mut first = Agent::start(&s, "first", &args);
+    eventually(Duration::from_secs(30), "c1 Ready", || {
+        s.cluster_condition("c1", "Ready") == "True"
+    });
+    let first_token = first.cluster_token();
+    let second = Agent::start(&s, "second", &args);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !second
+        .log()
+        .contains("refused to register this agent while another runs the cluster")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second agent was not refused:\n{}",
+            second.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        second.log().contains("its agent is connected"),
+        "{}",
+        second.log()
+    );
+    // The first keeps its token and its session.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(first.cluster_token(), first_token);
+    assert!(
+        !first.log().contains("the agent token was refused"),
+        "{}",
+        first.log()
+    );
+    assert_eq!(s.cluster_condition("c1", "Ready"), "True");
+    // The first gone, its heartbeat lapses, and the second joins in its place.
+    first.kill9();
+    eventually(
+        Duration::from_secs(60),
+        "the second agent registered",
+        || {
+            second.output().iter().any(|l| l.contains("registered"))
+                || second.log().contains("\"registered\"")
+                || second.log().contains(" registered")
+        },
+    );
+    eventually(Duration::from_secs(30), "c1 Ready again", || {
+        s.cluster_condition("c1", "Ready") == "True"
+    });
+    assert_ne!(second.cluster_token(), first_token);
+}

@@ -259,6 +259,12 @@ impl Server {
     }
 
     /// Starts the server again on the same directory and port (after `kill9` or `terminate`).
+    /// Starts it again with `extra` flags from now on (instead of those it started with).
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        self.extra = extra.iter().map(|s| s.to_string()).collect();
+        self.restart();
+    }
+
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop the server first");
         let tmp = self._tmp.take();

@@ -1439,6 +1439,12 @@ async fn connect(inner: &Inner) -> Result<kube::Client, End> {
     let reg = match transport::register(&client, &request).await {
         Ok(r) => r,
         Err(e) if e.is_transient() => return Err(End::Transient(e.to_string())),
+        // Another agent runs the cluster: this one is let in once that one's heartbeat
+        // lapses (a replacement started before the old one's lease ran out).
+        Err(TransportError::Conflict(m)) => {
+            tracing::warn!(cluster = %cfg.cluster, reason = %m, "the server refused to register this agent while another runs the cluster; trying again");
+            return Err(End::Transient(m));
+        }
         Err(e) => return Err(fatal(e.to_string())),
     };
     tracing::info!(cluster = %cfg.cluster, uid = %reg.uid, namespace = %reg.namespace, "registered");

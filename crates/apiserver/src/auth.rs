@@ -485,6 +485,28 @@ impl Authenticator {
         Ok(n)
     }
 
+    /// When the newest agent token of `cluster` still in force was issued (its agent's
+    /// registration), as the store has it.
+    pub async fn newest_agent_token(&self, cluster: &str) -> Result<Option<Time>, StoreError> {
+        let now = Time::now();
+        let own = self
+            .store
+            .list(&cluster_prefix(cluster), &ListOptions::default())
+            .await?;
+        Ok(own
+            .items
+            .iter()
+            .filter(|o| {
+                record_of(o).is_some_and(|(_, r)| {
+                    matches!(&r.identity, Identity::Cluster { name } if name == cluster)
+                        && !r.unregistered
+                        && !r.expired(now)
+                })
+            })
+            .filter_map(|o| o.metadata.creation_timestamp)
+            .max())
+    }
+
     /// Where a token is stored, and what is stored there.
     async fn locate(&self, id: &str, identity: &Identity) -> Result<Option<Stored>, StoreError> {
         for key in keys_of(id, identity) {

@@ -222,6 +222,17 @@ pub fn apply_defaults(rt: &ResourceType, obj: &mut Object) {
                 }
             }
         }
+        // As Kubernetes: a Secret without a type is Opaque (`--field-selector type=Opaque`
+        // finds it).
+        ("", "Secret")
+            if obj
+                .other
+                .get("type")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty) =>
+        {
+            obj.other.insert("type".into(), json!(SECRET_DEFAULT_TYPE));
+        }
         ("", "Service") => {
             let spec = spec_mut(obj);
             set_default(spec, "type", json!("ClusterIP"));
@@ -364,6 +375,9 @@ fn config_key_ok(k: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
 }
 
+/// The type of a Secret that names none.
+const SECRET_DEFAULT_TYPE: &str = "Opaque";
+
 /// Validation beyond the schema, for a new or updated object.
 pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorList {
     let mut errs = ErrorList::new();
@@ -453,9 +467,18 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
                     }
                 }
             }
+            // (One stored without a type, by an earlier version, was Opaque.)
+            let type_of = |o: &Object| {
+                o.other
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .filter(|t| !t.is_empty())
+                    .unwrap_or(SECRET_DEFAULT_TYPE)
+                    .to_string()
+            };
             if rt.kind == "Secret"
                 && let Some(old) = old
-                && old.other.get("type") != obj.other.get("type")
+                && type_of(old) != type_of(obj)
             {
                 errs.push(FieldError::invalid(
                     "type",

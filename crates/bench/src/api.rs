@@ -95,8 +95,15 @@ impl ServerProcess {
             .args(["server", "--data-dir"])
             .arg(dir)
             .args(["--listen", &format!("127.0.0.1:{port}")])
-            // Every member and client of a benchmark connects from loopback.
-            .args(["--max-connections-per-source", "0"])
+            // Every member and client of a benchmark connects from loopback (unless the
+            // scenario sets the limit itself).
+            .args(
+                if extra.iter().any(|a| a == "--max-connections-per-source") {
+                    &[][..]
+                } else {
+                    &["--max-connections-per-source", "0"][..]
+                },
+            )
             .args(extra)
             .env(
                 "ORRERY_LOG",

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+mod abuse;
 mod api;
 mod children;
 mod dns;
@@ -125,6 +126,26 @@ enum Command {
         replicas: i64,
         #[arg(long)]
         server_bin: Option<PathBuf>,
+    },
+    /// What misbehaving clients cost the others: a user's and an agent's latency alone and
+    /// while slow bodies trickle in and idle TLS connections are held, the server's memory per
+    /// idle connection, and how many it still holds past the header timeout.
+    ApiSlowClients {
+        /// Requests whose bodies arrive a byte every 3 s.
+        #[arg(long, default_value_t = 200)]
+        slow: usize,
+        /// TLS connections that send nothing.
+        #[arg(long, default_value_t = 3000)]
+        idle: usize,
+        /// Each phase's length.
+        #[arg(long, default_value_t = 8)]
+        seconds: u64,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
     },
     /// The cluster proxy: latency added by the tunnel through a member's agent.
     ProxyLatency {
@@ -847,6 +868,24 @@ fn main() -> anyhow::Result<()> {
                     rounds,
                     replicas,
                     server_bin,
+                })
+                .await
+            }
+            Command::ApiSlowClients {
+                slow,
+                idle,
+                seconds,
+                runs,
+                server_bin,
+                dir,
+            } => {
+                abuse::slow_clients(abuse::Args {
+                    slow,
+                    idle,
+                    seconds,
+                    runs,
+                    server_bin,
+                    dir,
                 })
                 .await
             }

@@ -9,6 +9,7 @@ mod dns;
 mod join;
 mod kubeconfig;
 mod push;
+mod scrub;
 mod server;
 mod sim;
 mod status;
@@ -75,6 +76,9 @@ enum Command {
     Status(status::StatusArgs),
     /// The simulated clusters of `orrery up`: list them, inject faults, change their load.
     Sim(sim::SimArgs),
+    /// Remove from a stopped server's store what is no longer current (after turning on
+    /// encryption at rest: docs/security.md).
+    Scrub(scrub::ScrubArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -110,6 +114,7 @@ fn main() -> anyhow::Result<()> {
             Command::Status(args) => status::run(args).await,
             Command::Join(args) => join::run(args).await,
             Command::Sim(args) => sim::run(args).await,
+            Command::Scrub(args) => scrub::run(args).await,
         }
     })
 }

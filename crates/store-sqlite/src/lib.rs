@@ -276,6 +276,80 @@ impl SqliteStore {
 }
 
 /// Locks `<store>.lock` exclusively, so a second process cannot open the same store.
+/// What [`scrub`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scrubbed {
+    /// The revision history was compacted to.
+    pub revision: Revision,
+    /// Bytes of the database and its WAL, before and after.
+    pub bytes_before: u64,
+    pub bytes_after: u64,
+}
+
+/// Removes from the store's files everything no longer current: history is compacted to the
+/// newest revision (every superseded version and tombstone goes), then the file is rewritten
+/// (`VACUUM`, with `secure_delete` on) and its WAL emptied, so nothing deleted or overwritten
+/// (a Secret's plaintext from before encryption at rest was turned on, say) can be read from
+/// the files. The store must not be open elsewhere (the server stopped): the file's lock says
+/// so otherwise. Must be called inside a Tokio runtime.
+pub async fn scrub(path: &Path) -> Result<Scrubbed> {
+    let size = |p: &Path| -> u64 {
+        let wal = {
+            let mut n = p.as_os_str().to_owned();
+            n.push("-wal");
+            PathBuf::from(n)
+        };
+        [p.to_path_buf(), wal]
+            .iter()
+            .filter_map(|f| std::fs::metadata(f).ok())
+            .map(|m| m.len())
+            .sum()
+    };
+    if !path.exists() {
+        return Err(StoreError::Backend(format!(
+            "{}: no store there to scrub",
+            path.display()
+        )));
+    }
+    let bytes_before = size(path);
+    let store = SqliteStore::open(SqliteConfig::new(path))?;
+    let revision = store.current_revision().await?;
+    store.compact(revision).await?;
+    store.wait_for_compaction().await;
+    store.close().await;
+    drop(store);
+    let path_owned = path.to_path_buf();
+    tokio::task::spawn_blocking(move || -> Result<()> {
+        let path = path_owned.as_path();
+        let _lock = lock_file(path)?;
+        let err =
+            |e: rusqlite::Error| StoreError::Backend(format!("scrubbing {}: {e}", path.display()));
+        let conn = rusqlite::Connection::open(path).map_err(err)?;
+        conn.pragma_update(None, "secure_delete", "ON")
+            .map_err(err)?;
+        conn.execute_batch("VACUUM").map_err(err)?;
+        // Every page into the file, and the WAL (which held the old ones) cut to nothing.
+        let busy: i64 = conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
+            .map_err(err)?;
+        if busy != 0 {
+            return Err(StoreError::Backend(format!(
+                "{}: the WAL could not be emptied (is the store open elsewhere?)",
+                path.display()
+            )));
+        }
+        conn.close().map_err(|(_, e)| err(e))?;
+        private_files(path)
+    })
+    .await
+    .map_err(|e| StoreError::Backend(format!("scrubbing: {e}")))??;
+    Ok(Scrubbed {
+        revision,
+        bytes_before,
+        bytes_after: size(path),
+    })
+}
+
 /// The suffixes of the files a store is kept in.
 const FILES: [&str; 4] = ["", "-wal", "-shm", ".lock"];
 

@@ -21,6 +21,8 @@ use crate::strategy;
 pub struct RegistrationGrant {
     cluster: String,
     by: String,
+    /// Granted by a bootstrap token: it takes no cluster from an agent that is connected.
+    bootstrap: bool,
 }
 
 /// Whether a bootstrap token for `pattern` (a name, or a prefix ending in `*`) may register
@@ -50,7 +52,48 @@ pub fn authorize(who: &Identity, cluster: &str) -> ApiResult<RegistrationGrant> 
     Ok(RegistrationGrant {
         cluster: cluster.to_string(),
         by: who.user(),
+        bootstrap: matches!(who, Identity::Bootstrap { .. }),
     })
+}
+
+/// How long ago the cluster's agent was last heard from, if that is within its heartbeat
+/// Lease's duration (its agent is connected): its last renewal of the Lease, or its
+/// registration (a new agent's first renewal is a heartbeat away).
+async fn connected_agent(app: &App, cluster: &str) -> ApiResult<Option<std::time::Duration>> {
+    let lease = match app
+        .store
+        .get(&keys::well_known::cluster_lease(cluster))
+        .await
+    {
+        Ok(l) => Some(l),
+        Err(StoreError::NotFound { .. }) => None,
+        Err(e) => return Err(e.into()),
+    };
+    let window_ms = 1000
+        * lease
+            .as_ref()
+            .and_then(|l| l.spec.as_ref())
+            .and_then(|s| s.get("leaseDurationSeconds"))
+            .and_then(Value::as_u64)
+            .unwrap_or(40);
+    let now = orrery_api::MicroTime::from(Time::now());
+    let renewed = lease
+        .as_ref()
+        .and_then(|l| cluster::LeaseBeat::of(l).renew_time);
+    let registered = app
+        .auth
+        .newest_agent_token(cluster)
+        .await?
+        .map(orrery_api::MicroTime::from);
+    let heard = match (renewed, registered) {
+        (Some(a), Some(b)) => a.max(b),
+        (a, b) => match a.or(b) {
+            Some(t) => t,
+            None => return Ok(None),
+        },
+    };
+    let ago = now.millis_since(heard).max(0) as u64;
+    Ok((ago < window_ms).then(|| std::time::Duration::from_millis(ago)))
 }
 
 /// What a registration made: the Cluster as stored and the new agent's token.
@@ -80,6 +123,22 @@ pub async fn register(
     let errs = cluster::validate_name(&req.cluster);
     if !errs.is_empty() {
         return Err(ApiError::invalid(&rt, &req.cluster, &errs));
+    }
+    // A bootstrap token joins a cluster; it does not take one from an agent that runs it (two
+    // agents would take the identity back and forth until the token expired).
+    if grant.bootstrap
+        && let Some(ago) = connected_agent(app, &req.cluster).await?
+    {
+        let mut e = ApiError::conflict(
+            &rt,
+            &req.cluster,
+            &format!(
+                "its agent is connected (last heartbeat {:.0}s ago): a bootstrap token registers a cluster whose agent is not running; stop that agent (this one is let in once its heartbeat lapses), or unregister the cluster first",
+                ago.as_secs_f64()
+            ),
+        );
+        e.details_mut().retry_after_seconds = Some(5);
+        return Err(e);
     }
     let obj = upsert_cluster(app, &rt, req).await?;
     ensure_cluster_namespace(app, app.store.as_ref(), &req.cluster).await?;

@@ -123,6 +123,11 @@ async fn write_replicas(
             );
             return Err(ApiError::invalid(rt, name, &[e]));
         }
+        // Scale's replicas are an int32, as the workloads' are.
+        if i32::try_from(replicas).is_err() {
+            let e = FieldError::invalid("spec.replicas", replicas, "must be a 32-bit integer");
+            return Err(ApiError::invalid(rt, name, &[e]));
+        }
         if precondition.is_some_and(|p| p != current_rv) {
             return Err(ApiError::stale(rt, name));
         }

@@ -630,6 +630,11 @@ fn delete_options(call: &Call<'_>, body: &Bytes) -> ApiResult<DeleteOptions> {
 }
 
 /// Deletes one object per the options; returns the HTTP status and the object's final state.
+/// Whether `name` is a namespace that always exists ([`crate::app::SYSTEM_NAMESPACES`]).
+fn is_protected_namespace(rt: &ResourceType, name: &str) -> bool {
+    rt.group.is_empty() && rt.kind == "Namespace" && crate::app::SYSTEM_NAMESPACES.contains(&name)
+}
+
 async fn delete_one(
     call: &Call<'_>,
     key: &str,
@@ -637,6 +642,13 @@ async fn delete_one(
     opts: &DeleteOptions,
 ) -> ApiResult<(StatusCode, Object)> {
     let rt = &call.target.rt;
+    if is_protected_namespace(rt, name) {
+        // As kube-apiserver protects its own: what Orrery's standalone tasks, leases and
+        // system objects live in stays.
+        return Err(ApiError::forbidden(format!(
+            "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
+        )));
+    }
     for _ in 0..RETRIES {
         let current = call
             .app
@@ -766,6 +778,13 @@ pub async fn delete_collection(mut call: Call<'_>, body: &Bytes) -> ApiResult<Ou
             call.warnings.push(format!(
                 "{} \"{}\" describes one of Orrery's own kinds and was kept",
                 rt.plural,
+                o.name()
+            ));
+            continue;
+        }
+        if is_protected_namespace(&rt, o.name()) {
+            call.warnings.push(format!(
+                "namespace \"{}\" may not be deleted and was kept",
                 o.name()
             ));
             continue;

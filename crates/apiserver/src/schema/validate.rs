@@ -165,6 +165,19 @@ fn walk(
         }
         Some("string") => match &*value {
             Value::String(s) => {
+                // Bytes travel as base64 (a Secret's data, a ConfigMap's binaryData).
+                if schema.get("format").and_then(Value::as_str) == Some("byte")
+                    && let Err(e) = {
+                        use base64::Engine;
+                        base64::engine::general_purpose::STANDARD.decode(s)
+                    }
+                {
+                    f.errors.push(FieldError::invalid(
+                        path,
+                        "",
+                        format!("illegal base64 data: {e}"),
+                    ));
+                }
                 let len = s.chars().count() as u64;
                 if let Some(n) = schema.get("minLength").and_then(Value::as_u64)
                     && len < n
@@ -190,7 +203,26 @@ fn walk(
                 f.errors
                     .push(FieldError::type_invalid(path, render(value), "integer"));
             } else {
-                check_bounds(schema, value, path, f);
+                // Kubernetes' fields are int32 or int64: a typed client cannot decode more.
+                let fits = match schema.get("format").and_then(Value::as_str) {
+                    Some("int32") => value.as_i64().is_some_and(|n| i32::try_from(n).is_ok()),
+                    Some("int64") => value.is_i64(),
+                    _ => true,
+                };
+                if fits {
+                    check_bounds(schema, value, path, f);
+                } else {
+                    let bits = if schema.get("format").and_then(Value::as_str) == Some("int32") {
+                        32
+                    } else {
+                        64
+                    };
+                    f.errors.push(FieldError::invalid(
+                        path,
+                        &*value,
+                        format!("must be a {bits}-bit integer"),
+                    ));
+                }
             }
         }
         Some("number") => {
