@@ -127,6 +127,10 @@ pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Kubernetes logs a trace of a request that took longer than this.
 pub const DEFAULT_SLOW_REQUEST_THRESHOLD: Duration = Duration::from_millis(500);
 
+/// How long a security cache (tokens, RBAC) may fail to follow the store before `/readyz` says
+/// so: a watch that breaks and resumes at once is in step.
+pub const CACHE_TOLERANCE: Duration = Duration::from_secs(5);
+
 /// How many registrations one server carries out at once.
 pub const CONCURRENT_REGISTRATIONS: usize = 32;
 

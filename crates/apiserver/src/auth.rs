@@ -26,7 +26,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use orrery_api::{Object, Time};
-use orrery_store::{ListOptions, Store, StoreError, WatchEvent, WatchOptions};
+use orrery_store::{ListOptions, Store, StoreError};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -144,6 +144,10 @@ impl Record {
 pub struct Authenticator {
     store: Arc<dyn Store>,
     tokens: Arc<RwLock<HashMap<String, Record>>>,
+    /// The reflector keeping `tokens` in step with the store, and the handle that stops it
+    /// (the last copy of the Authenticator dropped).
+    health: orrery_runtime::reflector::Health,
+    _following: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 fn digest(secret: &str) -> [u8; 32] {
@@ -222,68 +226,58 @@ fn record_of(obj: &Object) -> Option<(String, Record)> {
 }
 
 impl Authenticator {
-    /// Loads the tokens and starts following changes to them.
+    /// Loads the tokens and starts following changes to them (the project's reflector:
+    /// resumed after a broken watch, listed again only when the history is gone). Returns
+    /// once the first listing is in, so no request meets an empty cache.
     pub async fn start(store: Arc<dyn Store>) -> Result<Arc<Self>, StoreError> {
+        use orrery_runtime::reflector::{self, Event};
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let mut events = reflector::spawn(store.clone(), PREFIX.to_string(), stopped);
+        let tokens: Arc<RwLock<HashMap<String, Record>>> = Arc::default();
+        let apply = |tokens: &RwLock<HashMap<String, Record>>, ev: Event| {
+            let mut t = tokens.write().unwrap_or_else(|p| p.into_inner());
+            match ev {
+                Event::Listed(items) => {
+                    *t = items.iter().filter_map(|o| record_of(o)).collect();
+                }
+                Event::Upsert(o) => {
+                    if let Some((id, r)) = record_of(&o) {
+                        t.insert(id, r);
+                    }
+                }
+                Event::Delete(o) => {
+                    t.remove(o.name());
+                }
+            }
+        };
+        match events.recv().await {
+            Some(first @ Event::Listed(_)) => apply(&tokens, first),
+            _ => return Err(StoreError::Closed),
+        }
         let auth = Arc::new(Authenticator {
             store,
-            tokens: Arc::new(RwLock::new(HashMap::new())),
+            tokens: tokens.clone(),
+            health: events.health(),
+            _following: Arc::new(stop),
         });
-        let from = auth.reload().await?;
-        let tokens = auth.tokens.clone();
-        let store = auth.store.clone();
         tokio::spawn(async move {
-            let mut from = from;
-            loop {
-                match store.watch(PREFIX, from, WatchOptions::in_process()).await {
-                    Ok(mut w) => {
-                        while let Some(ev) = w.next().await {
-                            match ev {
-                                Ok(WatchEvent::Added(o)) | Ok(WatchEvent::Modified(o)) => {
-                                    from = o.revision().unwrap_or(from);
-                                    if let Some((id, r)) = record_of(&o) {
-                                        tokens
-                                            .write()
-                                            .unwrap_or_else(|p| p.into_inner())
-                                            .insert(id, r);
-                                    }
-                                }
-                                Ok(WatchEvent::Deleted(o)) => {
-                                    from = o.revision().unwrap_or(from);
-                                    tokens
-                                        .write()
-                                        .unwrap_or_else(|p| p.into_inner())
-                                        .remove(o.name());
-                                }
-                                Ok(WatchEvent::Bookmark(r)) => from = r,
-                                Err(_) => break,
-                            }
-                        }
-                    }
-                    Err(StoreError::Closed) => return,
-                    Err(_) => {}
-                }
-                // Re-list after a broken or expired watch.
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                match store.list(PREFIX, &ListOptions::default()).await {
-                    Ok(list) => {
-                        let fresh: HashMap<_, _> =
-                            list.items.iter().filter_map(record_of).collect();
-                        *tokens.write().unwrap_or_else(|p| p.into_inner()) = fresh;
-                        from = list.revision;
-                    }
-                    Err(StoreError::Closed) => return,
-                    Err(e) => tracing::warn!(error = %e, "re-reading tokens failed"),
-                }
+            while let Some(ev) = events.recv().await {
+                apply(&tokens, ev);
             }
         });
         Ok(auth)
     }
 
-    async fn reload(&self) -> Result<i64, StoreError> {
-        let list = self.store.list(PREFIX, &ListOptions::default()).await?;
-        let fresh: HashMap<_, _> = list.items.iter().filter_map(record_of).collect();
-        *self.tokens.write().unwrap_or_else(|p| p.into_inner()) = fresh;
-        Ok(list.revision)
+    /// Why the token cache is not in step with the store, if it is not (for `/readyz`).
+    pub fn out_of_step(&self) -> Option<String> {
+        self.health
+            .out_of_step(crate::app::CACHE_TOLERANCE)
+            .map(|why| format!("the token cache is out of step with the store: {why}"))
+    }
+
+    /// The reflector behind the token cache (for `/metrics`).
+    pub fn health(&self) -> &orrery_runtime::reflector::Health {
+        &self.health
     }
 
     /// The same tokens, with writes (issuing, revoking) made through `store`: the leader's
@@ -292,6 +286,8 @@ impl Authenticator {
         Authenticator {
             store,
             tokens: self.tokens.clone(),
+            health: self.health.clone(),
+            _following: self._following.clone(),
         }
     }
 

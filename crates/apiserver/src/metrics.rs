@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use orrery_api::cluster::{self, ClusterStatus};
 use orrery_api::{Object, Time, conditions, keys};
-use orrery_store::{ListOptions, Store, StoreError, WatchEvent, WatchOptions};
+use orrery_store::{Store, StoreError};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -73,6 +73,19 @@ pub struct Metrics {
     view: Arc<Mutex<View>>,
     /// The store whose watchers are counted, once [`Metrics::start`] has it.
     store: OnceLock<Arc<dyn Store>>,
+    /// Stops the reflectors of the view when the metrics go.
+    following: OnceLock<tokio::sync::watch::Sender<bool>>,
+    /// The caches of tokens and roles: whether each is in step, their failures and listings
+    /// again (set by the server before each render), and what was counted already.
+    caches: Family<CacheLabels, Gauge>,
+    cache_failures: Family<CacheLabels, Counter>,
+    cache_relists: Family<CacheLabels, Counter>,
+    counted: Mutex<HashMap<&'static str, (u64, u64)>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheLabels {
+    cache: &'static str,
 }
 
 impl Metrics {
@@ -90,6 +103,11 @@ impl Metrics {
         let (seats_in_use, seats_queued) = (Family::default(), Family::default());
         let rejected = Family::<RejectLabels, Counter>::default();
         let (slow_bodies, connections_refused) = (Counter::default(), Counter::default());
+        let caches = Family::<CacheLabels, Gauge>::default();
+        let (cache_failures, cache_relists) = (
+            Family::<CacheLabels, Counter>::default(),
+            Family::<CacheLabels, Counter>::default(),
+        );
         {
             let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
             r.register(
@@ -153,6 +171,21 @@ impl Metrics {
                 slow_bodies.clone(),
             );
             r.register(
+                "orrery_cache_in_step",
+                "Whether a security cache of the API server (tokens, rbac) is in step with the store (1) or not (0)",
+                caches.clone(),
+            );
+            r.register(
+                "orrery_cache_failures",
+                "Listings and watches of a security cache that failed",
+                cache_failures.clone(),
+            );
+            r.register(
+                "orrery_cache_relists",
+                "Times a security cache listed everything again (its watch lost its history)",
+                cache_relists.clone(),
+            );
+            r.register(
                 "orrery_connections_refused",
                 "Connections closed at once: their source held --max-connections-per-source",
                 connections_refused.clone(),
@@ -175,7 +208,28 @@ impl Metrics {
             connections_refused,
             view: Arc::default(),
             store: OnceLock::new(),
+            following: OnceLock::new(),
+            caches,
+            cache_failures,
+            cache_relists,
+            counted: Mutex::default(),
         }
+    }
+
+    /// Sets a security cache's figures: whether it is in step, and its counts of failures
+    /// and listings again so far.
+    pub fn cache(&self, cache: &'static str, in_step: bool, (failures, relists): (u64, u64)) {
+        let labels = CacheLabels { cache };
+        self.caches.get_or_create(&labels).set(i64::from(in_step));
+        let mut counted = self.counted.lock().unwrap_or_else(|p| p.into_inner());
+        let seen = counted.entry(cache).or_default();
+        self.cache_failures
+            .get_or_create(&labels)
+            .inc_by(failures.saturating_sub(seen.0));
+        self.cache_relists
+            .get_or_create(&labels)
+            .inc_by(relists.saturating_sub(seen.1));
+        *seen = (failures.max(seen.0), relists.max(seen.1));
     }
 
     /// A request refused for want of a seat.
@@ -241,15 +295,40 @@ impl Metrics {
     }
 
     /// Reads every Cluster, member Lease and Work, and follows their changes from this
-    /// replica's watches, for [`Metrics::render`].
+    /// replica's watches (the project's reflector), for [`Metrics::render`]. Returns once
+    /// each has been listed.
     pub async fn start(&self, store: Arc<dyn Store>) -> Result<(), StoreError> {
+        use orrery_runtime::reflector::{self, Event};
         // Started once per server; a second start keeps counting the first store's watchers.
         let _ = self.store.set(store.clone());
+        let (stop, stopped) = tokio::sync::watch::channel(false);
         for part in Part::ALL {
-            let from = relist(&self.view, store.as_ref(), part).await?;
-            let (view, store) = (self.view.clone(), store.clone());
-            tokio::spawn(async move { follow(view, store, part, from).await });
+            let mut events = reflector::spawn(store.clone(), part.prefix(), stopped.clone());
+            let apply = move |view: &Mutex<View>, ev: Event| {
+                let mut v = view.lock().unwrap_or_else(|p| p.into_inner());
+                match ev {
+                    Event::Listed(items) => {
+                        v.clear(part);
+                        for o in &items {
+                            v.apply(part, o, false);
+                        }
+                    }
+                    Event::Upsert(o) => v.apply(part, &o, false),
+                    Event::Delete(o) => v.apply(part, &o, true),
+                }
+            };
+            match events.recv().await {
+                Some(first @ Event::Listed(_)) => apply(&self.view, first),
+                _ => return Err(StoreError::Closed),
+            }
+            let view = self.view.clone();
+            tokio::spawn(async move {
+                while let Some(ev) = events.recv().await {
+                    apply(&view, ev);
+                }
+            });
         }
+        let _ = self.following.set(stop);
         Ok(())
     }
 
@@ -405,51 +484,6 @@ fn applied(w: &Object) -> bool {
 }
 
 /// Reads every object of `part` into the view afresh; returns the revision to watch from.
-async fn relist(view: &Mutex<View>, store: &dyn Store, part: Part) -> Result<i64, StoreError> {
-    let list = store.list(&part.prefix(), &ListOptions::default()).await?;
-    let mut v = view.lock().unwrap_or_else(|p| p.into_inner());
-    v.clear(part);
-    for o in &list.items {
-        v.apply(part, o, false);
-    }
-    Ok(list.revision)
-}
-
-/// Follows the changes of `part` from revision `from`, reading everything again after a
-/// broken or expired watch.
-async fn follow(view: Arc<Mutex<View>>, store: Arc<dyn Store>, part: Part, mut from: i64) {
-    let prefix = part.prefix();
-    loop {
-        match store.watch(&prefix, from, WatchOptions::in_process()).await {
-            Ok(mut w) => {
-                while let Some(ev) = w.next().await {
-                    let (o, deleted) = match ev {
-                        Ok(WatchEvent::Added(o)) | Ok(WatchEvent::Modified(o)) => (o, false),
-                        Ok(WatchEvent::Deleted(o)) => (o, true),
-                        Ok(WatchEvent::Bookmark(r)) => {
-                            from = r;
-                            continue;
-                        }
-                        Err(_) => break,
-                    };
-                    from = o.revision().unwrap_or(from);
-                    view.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .apply(part, &o, deleted);
-                }
-            }
-            Err(StoreError::Closed) => return,
-            Err(_) => {}
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        match relist(&view, store.as_ref(), part).await {
-            Ok(r) => from = r,
-            Err(StoreError::Closed) => return,
-            Err(e) => tracing::warn!(error = %e, ?part, "re-reading what /metrics reports failed"),
-        }
-    }
-}
-
 /// The content type of the OpenMetrics exposition.
 pub const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 /// The content type of Prometheus' classic text exposition.
@@ -652,7 +686,11 @@ mod tests {
         m.start(store.clone()).await.unwrap();
         let from = store.current_revision().await.unwrap();
         let idle = store
-            .watch("/registry/configmaps/", from, WatchOptions::default())
+            .watch(
+                "/registry/configmaps/",
+                from,
+                orrery_store::WatchOptions::default(),
+            )
             .await
             .unwrap();
         for i in 0..5 {

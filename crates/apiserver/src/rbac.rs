@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use orrery_api::Object;
 use orrery_api::labels::{LabelSelector, Selector};
-use orrery_store::{ListOptions, Store, StoreError, WatchEvent, WatchOptions};
+use orrery_store::{Store, StoreError};
 use serde_json::Value;
 
 use crate::auth::{Attributes, Identity, cluster_namespace};
@@ -539,6 +539,10 @@ pub struct Authorizer {
     policy: RwLock<Policy>,
     /// Told when a ClusterRole changed (the aggregation writer waits on it).
     cluster_roles_changed: tokio::sync::Notify,
+    /// The reflectors keeping the policy in step with the store, one a kind, and the handle
+    /// that stops them (dropped with the Authorizer).
+    health: Vec<(Kind, orrery_runtime::reflector::Health)>,
+    _following: Option<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Authorizer {
@@ -551,22 +555,48 @@ impl Authorizer {
         Arc::new(authz)
     }
 
-    /// Reads every role, binding and ServiceAccount, and follows their changes.
+    /// Reads every role, binding and ServiceAccount, and follows their changes (the project's
+    /// reflector, one a kind: resumed after a broken watch, listed again only when the
+    /// history is gone). Returns once every kind's first listing is in.
     pub async fn start(store: Arc<dyn Store>) -> Result<Arc<Self>, StoreError> {
-        let authz = Arc::new(Authorizer::default());
+        use orrery_runtime::reflector::{self, Event};
+        let (stop, stopped) = tokio::sync::watch::channel(false);
+        let mut authz = Authorizer {
+            _following: Some(stop),
+            ..Authorizer::default()
+        };
+        let mut sources = Vec::new();
         for kind in Kind::ALL {
-            let from = authz.relist(store.as_ref(), kind).await?;
-            let (authz, store) = (authz.clone(), store.clone());
-            tokio::spawn(async move { authz.follow(store, kind, from).await });
+            let mut events = reflector::spawn(store.clone(), kind.prefix(), stopped.clone());
+            let first = match events.recv().await {
+                Some(Event::Listed(items)) => items,
+                _ => return Err(StoreError::Closed),
+            };
+            authz.relisted(kind, &first);
+            authz.health.push((kind, events.health()));
+            sources.push((kind, events));
+        }
+        let authz = Arc::new(authz);
+        for (kind, mut events) in sources {
+            let authz = authz.clone();
+            tokio::spawn(async move {
+                while let Some(ev) = events.recv().await {
+                    match ev {
+                        Event::Listed(items) => authz.relisted(kind, &items),
+                        Event::Upsert(o) => authz.observe(&o, false),
+                        Event::Delete(o) => authz.observe(&o, true),
+                    }
+                }
+            });
         }
         Ok(authz)
     }
 
-    async fn relist(&self, store: &dyn Store, kind: Kind) -> Result<i64, StoreError> {
+    /// Takes in a fresh listing of one kind: what it no longer holds goes.
+    fn relisted(&self, kind: Kind, items: &[Arc<Object>]) {
         let prefix = kind.prefix();
-        let list = store.list(&prefix, &ListOptions::default()).await?;
         let mut p = self.policy.write().unwrap_or_else(|e| e.into_inner());
-        let listed: HashSet<String> = list.items.iter().map(|o| key_of(kind, o)).collect();
+        let listed: HashSet<String> = items.iter().map(|o| key_of(kind, o)).collect();
         let gone: Vec<String> = p
             .revisions
             .keys()
@@ -577,43 +607,31 @@ impl Authorizer {
             p.revisions.remove(&key);
             p.apply(kind, &key, None, None);
         }
-        for o in &list.items {
+        for o in items {
             p.apply(kind, &key_of(kind, o), Some(o), o.revision());
         }
-        Ok(list.revision)
+        drop(p);
+        if kind == Kind::ClusterRole {
+            self.cluster_roles_changed.notify_one();
+        }
     }
 
-    async fn follow(self: Arc<Self>, store: Arc<dyn Store>, kind: Kind, mut from: i64) {
-        let prefix = kind.prefix();
-        loop {
-            match store.watch(&prefix, from, WatchOptions::in_process()).await {
-                Ok(mut w) => {
-                    while let Some(ev) = w.next().await {
-                        match ev {
-                            Ok(WatchEvent::Added(o)) | Ok(WatchEvent::Modified(o)) => {
-                                from = o.revision().unwrap_or(from);
-                                self.observe(&o, false);
-                            }
-                            Ok(WatchEvent::Deleted(o)) => {
-                                from = o.revision().unwrap_or(from);
-                                self.observe(&o, true);
-                            }
-                            Ok(WatchEvent::Bookmark(r)) => from = r,
-                            Err(_) => break,
-                        }
-                    }
-                }
-                Err(StoreError::Closed) => return,
-                Err(_) => {}
-            }
-            // Re-list after a broken or expired watch.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            match self.relist(store.as_ref(), kind).await {
-                Ok(r) => from = r,
-                Err(StoreError::Closed) => return,
-                Err(e) => tracing::warn!(error = %e, ?kind, "re-reading RBAC objects failed"),
-            }
-        }
+    /// Why the roles and bindings held here are out of step with the store, if they are (for
+    /// `/readyz`).
+    pub fn out_of_step(&self) -> Option<String> {
+        self.health.iter().find_map(|(kind, h)| {
+            h.out_of_step(crate::app::CACHE_TOLERANCE).map(|why| {
+                format!("the RBAC cache of {kind:?}s is out of step with the store: {why}")
+            })
+        })
+    }
+
+    /// The reflectors behind the RBAC cache (for `/metrics`): failures and listings again.
+    pub fn health_counts(&self) -> (u64, u64) {
+        self.health.iter().fold((0, 0), |(e, r), (_, h)| {
+            let (e2, r2) = h.counts();
+            (e + e2, r + r2)
+        })
     }
 
     /// Takes in a role, binding or ServiceAccount as stored (or deleted): the watch calls it,

@@ -244,8 +244,14 @@ impl App {
             Some(Route::Health) => {
                 // Ready means able to take writes: not while the store has no quorum. Alive
                 // means serving at all.
+                // And not while who is who, or who may do what, is out of step with the store
+                // (a revoked token, or a removed binding, would still be honoured).
                 if path == "/readyz"
-                    && let Some(why) = self.store.degraded()
+                    && let Some(why) = self
+                        .store
+                        .degraded()
+                        .or_else(|| self.auth.out_of_step())
+                        .or_else(|| self.authz.out_of_step())
                 {
                     let mut r = Response::new(h::full(format!("not ready: {why}")));
                     *r.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
@@ -554,6 +560,16 @@ impl App {
         match (route, segments.as_slice()) {
             (Some(Route::Metrics), _) => {
                 read_only(&parts.method)?;
+                self.metrics.cache(
+                    "tokens",
+                    self.auth.out_of_step().is_none(),
+                    self.auth.health().counts(),
+                );
+                self.metrics.cache(
+                    "rbac",
+                    self.authz.out_of_step().is_none(),
+                    self.authz.health_counts(),
+                );
                 for (kind, seats) in [
                     ("readOnly", &self.in_flight.0),
                     ("mutating", &self.in_flight.1),
@@ -983,6 +999,87 @@ mod tests {
                 .status(),
             StatusCode::OK
         );
+    }
+
+    /// The token and RBAC caches follow the store with the project's reflector: while their
+    /// watches cannot start (etcd electing a leader, say), `/readyz` says the caches are out
+    /// of step (a revoked token or a removed binding would still be honoured), and `/metrics`
+    /// counts the failures; once watches start again, ready.
+    #[tokio::test]
+    async fn readyz_says_when_a_security_cache_is_out_of_step() {
+        use std::sync::atomic::Ordering;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sqlite: Arc<dyn Store> = Arc::new(
+            orrery_store_sqlite::SqliteStore::open_dir(dir.path()).expect("open the store"),
+        );
+        let lagging = Arc::new(orrery_store_testkit::lagging::Lagging::new(sqlite));
+        lagging.refuse_watches.store(true, Ordering::Release);
+        let store: Arc<dyn Store> = lagging.clone();
+        let auth = Authenticator::start(store.clone()).await.expect("auth");
+        let (_tx, shutdown) = watch::channel(false);
+        let app = App::new(store, auth.clone(), ApiConfig::default(), shutdown)
+            .await
+            .expect("app");
+        let admin = auth
+            .issue(
+                &Identity::Admin {
+                    name: "admin".into(),
+                },
+                "admin",
+                None,
+            )
+            .await
+            .expect("a token");
+        let get = |path: &str| {
+            let req = Request::builder()
+                .uri(path)
+                .header(http::header::AUTHORIZATION, format!("Bearer {admin}"))
+                .body(json_body(serde_json::Value::Null))
+                .expect("a request");
+            let app = app.clone();
+            async move {
+                let r = app.handle(req).await;
+                let code = r.status();
+                let body = http_body_util::BodyExt::collect(r.into_body())
+                    .await
+                    .expect("a body")
+                    .to_bytes();
+                (code, String::from_utf8_lossy(&body).into_owned())
+            }
+        };
+        // Listed, but not watching: out of step once the tolerance has passed.
+        tokio::time::sleep(crate::app::CACHE_TOLERANCE + std::time::Duration::from_millis(500))
+            .await;
+        let (code, body) = get("/readyz").await;
+        assert_eq!(code, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+        assert!(body.contains("the token cache is out of step"), "{body}");
+        assert!(body.contains("watches refused by the test"), "{body}");
+        let (_, metrics) = get("/metrics").await;
+        assert!(
+            metrics.contains("orrery_cache_in_step{cache=\"tokens\"} 0"),
+            "{metrics}"
+        );
+        assert!(
+            metrics.lines().any(
+                |l| l.starts_with("orrery_cache_failures_total{cache=\"rbac\"}")
+                    && !l.ends_with(" 0")
+            ),
+            "{metrics}"
+        );
+        // Watches again: in step, ready.
+        lagging.refuse_watches.store(false, Ordering::Release);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            let (code, body) = get("/readyz").await;
+            if code == StatusCode::OK {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still not ready: {body}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
     }
 
     /// A body that does not arrive within the body timeout is answered 408, holding no seat

@@ -33,7 +33,8 @@ pub mod monitoring;
 pub mod propagation;
 pub mod quotas;
 pub mod record;
-pub mod runtime;
+/// The runtime (its own crate, which the API server's caches stand on too).
+pub use orrery_runtime as runtime;
 pub mod services;
 
 /// Settings of the controllers.

@@ -22,6 +22,9 @@ pub struct Lagging {
     /// When set, the next update is carried out and then reported failed (as a write whose
     /// answer was lost: etcd's timeout after the commit).
     pub lose_next_answer: std::sync::atomic::AtomicBool,
+    /// When set, watches cannot start (as while etcd's leader is being elected): listings
+    /// still answer.
+    pub refuse_watches: std::sync::atomic::AtomicBool,
 }
 
 impl Lagging {
@@ -31,6 +34,7 @@ impl Lagging {
             held: Mutex::new(HashMap::new()),
             lagged_reads: Default::default(),
             lose_next_answer: Default::default(),
+            refuse_watches: Default::default(),
         }
     }
 
@@ -121,6 +125,14 @@ impl Store for Lagging {
     }
 
     async fn watch(&self, prefix: &str, from: Revision, opts: WatchOptions) -> Result<WatchStream> {
+        if self
+            .refuse_watches
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err(StoreError::Unavailable(
+                "watches refused by the test".into(),
+            ));
+        }
         self.inner.watch(prefix, from, opts).await
     }
 

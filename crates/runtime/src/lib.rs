@@ -1,5 +1,6 @@
-//! The controller runtime every controller stands on (after kube-runtime's reflector and
-//! `Controller`, and controller-runtime's `WaitForCacheSync`):
+//! The controller runtime every controller stands on, and the API server's caches of tokens,
+//! roles and members (after kube-runtime's reflector and `Controller`, and
+//! controller-runtime's `WaitForCacheSync`). It knows the `Store` trait and the api crate only:
 //!
 //! - [`reflector`]: list, then watch from the list's revision; a broken watch resumes from the
 //!   last revision seen, and only a 410 (history gone) makes it list again. Its events go to

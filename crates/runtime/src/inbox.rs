@@ -227,11 +227,16 @@ impl<S: Clone + Eq + Hash> Inbox<S> {
 
 /// A reflector's inbox: one source, so its changes come untagged.
 #[derive(Debug)]
-pub struct Events(Inbox<()>);
+pub struct Events(Inbox<()>, super::reflector::Health);
 
 impl Events {
-    pub(crate) fn new(inbox: Inbox<()>) -> Self {
-        Events(inbox)
+    pub(crate) fn new(inbox: Inbox<()>, health: super::reflector::Health) -> Self {
+        Events(inbox, health)
+    }
+
+    /// Whether the reflector is in step with the store (see [`super::reflector::Health`]).
+    pub fn health(&self) -> super::reflector::Health {
+        self.1.clone()
     }
 
     /// The oldest change, once there is one; `None` once the reflector ended.

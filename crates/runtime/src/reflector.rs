@@ -30,6 +30,73 @@ pub enum Event {
 /// The longest pause between attempts after a failure.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// Whether a reflector is in step with the store: it has listed, and it is watching (or has
+/// just resumed) rather than failing to list or to watch. Shared with whoever must say so: the
+/// API server's `/readyz` and `/metrics` for its caches of tokens and roles.
+#[derive(Clone, Debug, Default)]
+pub struct Health(Arc<std::sync::Mutex<HealthState>>);
+
+#[derive(Debug, Default)]
+struct HealthState {
+    listed: bool,
+    /// Since when listing or watching has failed, and why, while it does.
+    failing: Option<(std::time::Instant, String)>,
+    /// Listings or watches that failed, and listings done again, since the start.
+    errors: u64,
+    relists: u64,
+}
+
+impl Health {
+    fn state(&self) -> std::sync::MutexGuard<'_, HealthState> {
+        // A few fields set together: consistent whatever panicked while holding them.
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn failed(&self, why: &StoreError) {
+        let mut s = self.state();
+        s.errors += 1;
+        if s.failing.is_none() {
+            s.failing = Some((std::time::Instant::now(), why.to_string()));
+        }
+    }
+
+    fn listed(&self) {
+        let mut s = self.state();
+        if s.listed {
+            s.relists += 1;
+        }
+        s.listed = true;
+    }
+
+    fn watching(&self) {
+        self.state().failing = None;
+    }
+
+    /// Why it is not in step, if it is not: never listed, or failing for longer than
+    /// `tolerance` (a watch that breaks and resumes at once is in step).
+    pub fn out_of_step(&self, tolerance: Duration) -> Option<String> {
+        let s = self.state();
+        if !s.listed {
+            return Some(match &s.failing {
+                Some((_, why)) => format!("not listed yet ({why})"),
+                None => "not listed yet".into(),
+            });
+        }
+        match &s.failing {
+            Some((since, why)) if since.elapsed() >= tolerance => {
+                Some(format!("failing for {}s: {why}", since.elapsed().as_secs()))
+            }
+            _ => None,
+        }
+    }
+
+    /// (failed listings and watches, listings done again) since the start.
+    pub fn counts(&self) -> (u64, u64) {
+        let s = self.state();
+        (s.errors, s.relists)
+    }
+}
+
 /// Starts following `prefix`; the receiver ends when the store closes or on shutdown.
 pub fn spawn(store: Arc<dyn Store>, prefix: String, shutdown: watch::Receiver<bool>) -> Events {
     spawn_cached(store, prefix, None, shutdown)
@@ -96,6 +163,8 @@ fn run(
     // again). The inbox keeps one change per object, so the backlog is bounded by what is
     // stored, not by how often it changes.
     let (tx, rx) = inbox::<()>();
+    let health = Health::default();
+    let events = Events::new(rx, health.clone());
     tokio::spawn(async move {
         let mut backoff = Duration::from_millis(100);
         'list: loop {
@@ -107,6 +176,7 @@ fn run(
                 Ok(l) => l,
                 Err(StoreError::Closed) => return,
                 Err(e) => {
+                    health.failed(&e);
                     tracing::warn!(prefix = %prefix, error = %e, "listing failed; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -116,6 +186,7 @@ fn run(
             if let Some(c) = &cache {
                 c.replace(&items, revision);
             }
+            health.listed();
             if tx.send(((), Event::Listed(items))).is_err() {
                 return;
             }
@@ -128,6 +199,7 @@ fn run(
                     Ok(w) => w,
                     Err(StoreError::Closed) => return,
                     Err(e) if e.is_expired() => {
+                        health.failed(&e);
                         // Said aloud: a watch that cannot start where its listing ended lists
                         // again, and if listings keep outlasting the store's window that is a
                         // loop that parses the whole prefix over and over.
@@ -136,11 +208,12 @@ fn run(
                             from = last,
                             listed_in_ms = listing.elapsed().as_millis() as u64,
                             error = %e,
-                            "a controller's watch could not resume from its revision; listing again"
+                            "a reflector's watch could not resume from its revision; listing again"
                         );
                         continue 'list;
                     }
                     Err(e) => {
+                        health.failed(&e);
                         tracing::warn!(prefix = %prefix, error = %e, "watching failed; retrying");
                         tokio::time::sleep(backoff).await;
                         backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -148,6 +221,7 @@ fn run(
                     }
                 };
                 backoff = Duration::from_millis(100);
+                health.watching();
                 loop {
                     let ev = tokio::select! {
                         ev = w.next() => ev,
@@ -173,12 +247,14 @@ fn run(
                             continue;
                         }
                         Some(Err(e)) if e.is_expired() => {
-                            tracing::warn!(prefix = %prefix, error = %e, "a controller's watch lost its history or fell behind; listing again");
+                            health.failed(&e);
+                            tracing::warn!(prefix = %prefix, error = %e, "a reflector's watch lost its history or fell behind; listing again");
                             continue 'list;
                         }
                         Some(Err(StoreError::Closed)) => return,
                         Some(Err(e)) => {
-                            tracing::warn!(prefix = %prefix, error = %e, "a controller's watch broke; resuming");
+                            health.failed(&e);
+                            tracing::warn!(prefix = %prefix, error = %e, "a reflector's watch broke; resuming");
                             break;
                         }
                         // The store is closing, or the stream ended: resume if it is not.
@@ -196,5 +272,5 @@ fn run(
             }
         }
     });
-    Events::new(rx)
+    events
 }
