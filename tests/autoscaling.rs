@@ -389,3 +389,75 @@ spec:
         "{c:#}"
     );
 }
+
+/// Kubernetes' order: a FederatedHPA first brings the replicas within its bounds, whether or
+/// not any member reports usage (10 replicas and `maxReplicas: 4`: 4), and says why; a
+/// CronFederatedHPA that raises the bounds raises the replicas with them.
+#[test]
+fn a_federated_hpa_keeps_the_replicas_within_its_bounds_without_usage() {
+    let f = Fleet::start_with(
+        &[("east", "us-east"), ("west", "eu-west")],
+        &["--hpa-sync-period", "1s"],
+    );
+    // No load profile: the members report no usage of its pods.
+    f.s.apply(&common::divided_deployment(
+        "capped",
+        10,
+        "{cpu: 100m, memory: 64Mi}",
+        "",
+    ));
+    eventually(Duration::from_secs(30), "10 placed", || {
+        f.clusters_of("capped-deployment")
+            .iter()
+            .map(|(_, n)| n)
+            .sum::<i64>()
+            == 10
+    });
+    f.s.apply(
+        r#"
+apiVersion: autoscaling.karmada.io/v1alpha1
+kind: FederatedHPA
+metadata: {name: capped, namespace: default}
+spec:
+  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: capped}
+  minReplicas: 1
+  maxReplicas: 4
+  metrics:
+  - type: Resource
+    resource: {name: cpu, target: {type: Utilization, averageUtilization: 50}}
+"#,
+    );
+    eventually(Duration::from_secs(30), "down to the maximum", || {
+        replicas(&f, "capped") == 4
+    });
+    eventually(Duration::from_secs(30), "4 placed", || {
+        f.clusters_of("capped-deployment")
+            .iter()
+            .map(|(_, n)| n)
+            .sum::<i64>()
+            == 4
+    });
+    let h = f.s.get_json(&["fhpa", "capped"]);
+    assert!(h["status"]["lastScaleTime"].is_string(), "{h:#}");
+    assert_eq!(h["status"]["desiredReplicas"], 4, "{h:#}");
+    // Without usage, the metrics still say so.
+    eventually(Duration::from_secs(10), "no metric", || {
+        let h = f.s.get_json(&["fhpa", "capped"]);
+        condition(&h, "ScalingActive")["reason"] == "FailedGetResourceMetric"
+    });
+    // A rule raises the bounds: the replicas follow at the next pass.
+    f.s.apply(
+        r#"
+apiVersion: autoscaling.karmada.io/v1alpha1
+kind: CronFederatedHPA
+metadata: {name: raise, namespace: default}
+spec:
+  scaleTargetRef: {apiVersion: autoscaling.karmada.io/v1alpha1, kind: FederatedHPA, name: capped}
+  rules:
+  - {name: raise, schedule: "* * * * *", targetMinReplicas: 6, targetMaxReplicas: 8}
+"#,
+    );
+    eventually(Duration::from_secs(90), "up to the new minimum", || {
+        replicas(&f, "capped") == 6
+    });
+}

@@ -1136,6 +1136,67 @@ spec:
     );
     let b = f.s.get_json(&["resourcebinding", "even-deployment"]);
     assert_eq!(b["status"]["strategy"], "StaticWeight", "{b}");
+
+    // A limit the policy writes down holds the equal split too: no cluster past its room
+    // under it, the rest to the others, what fits nowhere unplaced and said so.
+    f.s.apply(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: capped, namespace: default}
+spec:
+  replicas: 400
+  selector: {matchLabels: {app: capped}}
+  template:
+    metadata: {labels: {app: capped}}
+    spec:
+      containers: [{name: c, image: nginx, resources: {requests: {cpu: 100m, memory: 64Mi}}}]
+---
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata: {name: capped, namespace: default}
+spec:
+  resourceSelectors: [{apiVersion: apps/v1, kind: Deployment, name: capped}]
+  placement:
+    clusterAffinity: {clusterNames: [member1, member2, member3]}
+    waterLevelLimit: 0.7
+    replicaScheduling:
+      replicaSchedulingType: Divided
+"#,
+    );
+    eventually(Duration::from_secs(60), "capped placed in part", || {
+        let b = f.s.get_json(&["resourcebinding", "capped-deployment"]);
+        b["status"]["unplacedReplicas"].as_i64().unwrap_or(0) > 0
+    });
+    let b = f.s.get_json(&["resourcebinding", "capped-deployment"]);
+    let capped = split("capped");
+    let placed: i64 = capped.iter().map(|(_, n)| n).sum();
+    assert_eq!(
+        placed + b["status"]["unplacedReplicas"].as_i64().unwrap(),
+        400,
+        "{b}"
+    );
+    let of = |c: &str| capped.iter().find(|(n, _)| n == c).map_or(0, |(_, n)| *n);
+    assert!(
+        of("member1") > of("member2") && of("member2") > of("member3"),
+        "each held at its room, not split equally: {capped:?}"
+    );
+    assert_eq!(b["status"]["strategy"], "StaticWeight", "{b}");
+    let scheduled = b["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Scheduled")
+        .cloned()
+        .unwrap();
+    assert_eq!(scheduled["reason"], "PartiallyScheduled", "{b}");
+    assert!(
+        scheduled["message"]
+            .as_str()
+            .unwrap()
+            .contains("under the water level limit 0.70"),
+        "{b}"
+    );
 }
 
 /// Karmada's deprecated `association` and another scheduler's `schedulerName` are accepted

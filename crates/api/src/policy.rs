@@ -318,7 +318,8 @@ pub struct Placement {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub capabilities: Vec<String>,
     /// Orrery: no cluster is filled beyond this water level (0 < limit <= 1); the server's
-    /// default when unset.
+    /// default when unset. Set, it holds Karmada's divisions too (static weights, equal,
+    /// AvailableReplicas, Aggregated); unset, those divide as Karmada does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub water_level_limit: Option<f64>,
     /// Orrery: when a cluster recovers, divide the replicas afresh so it takes its share

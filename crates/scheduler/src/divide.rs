@@ -1,7 +1,10 @@
 //! Replica division: how many replicas each chosen cluster gets.
 //!
 //! - Karmada's modes: static weights, `dynamicWeight: AvailableReplicas` (requests only),
-//!   Aggregated (fewest clusters by requests).
+//!   Aggregated (fewest clusters by requests). They divide as Karmada does, room or not,
+//!   unless the placement names its own `waterLevelLimit`: then every cluster is held at its
+//!   room under it, what a full cluster cannot take goes to the others by their weights, and
+//!   what fits nowhere stays unplaced (a limit the user wrote down is a limit).
 //! - Orrery's water level division, by the fleet's water level over the eligible clusters:
 //!   at or above the high mark, *water-filling* (each replica goes where the resulting water
 //!   level is lowest, so levels end as equal as they can); at or below the low mark,
@@ -244,11 +247,43 @@ impl Shares<'_, '_> {
         }
     }
 
-    /// Adds `k` by fixed weights (Karmada's modes: no room limit).
+    /// Adds `k` by fixed weights, room or not (Karmada's division without an explicit limit).
     pub fn by_weights(&mut self, k: i64, weights: &[i64]) {
         for (j, s) in divide(k, weights).into_iter().enumerate() {
             self.n[j] += s;
         }
+    }
+
+    /// Adds `k` by fixed weights, each cluster held at its room (an explicit
+    /// `waterLevelLimit`): what a full cluster cannot take goes to the others with a weight, by
+    /// their weights, until every one is full. Returns how many were placed. Where the limit
+    /// holds nobody back this is exactly [`Shares::by_weights`].
+    pub fn by_weights_capped(&mut self, k: i64, weights: &[i64]) -> i64 {
+        let mut placed = 0;
+        while placed < k {
+            let open: Vec<usize> = (0..self.idx.len())
+                .filter(|j| weights[*j] > 0 && self.open(*j))
+                .collect();
+            if open.is_empty() {
+                break;
+            }
+            let w: Vec<i64> = open.iter().map(|j| weights[*j]).collect();
+            let mut given = 0;
+            for (j, s) in open.iter().zip(divide(k - placed, &w)) {
+                let take = match self.room[*j] {
+                    Some(r) => s.min((r - self.n[*j]).max(0)),
+                    None => s,
+                };
+                self.n[*j] += take;
+                given += take;
+            }
+            placed += given;
+            // Each round places everything or fills a cluster; none placed means none had room.
+            if given == 0 {
+                break;
+            }
+        }
+        placed
     }
 
     /// Takes `k` away in proportion to what each holds (Karmada's scale-down).

@@ -1530,6 +1530,9 @@ fn allocate(
     let mut unplaced = 0;
     // Clusters a static weight of 0 keeps out: the budget and the floor move nothing there.
     let mut weighed_out = vec![false; kept.len()];
+    // A limit the placement names holds Karmada's divisions too; without one they divide as
+    // Karmada does (docs/scheduling.md).
+    let capped = task.placement.water_level_limit.is_some();
     match decision.strategy {
         "StaticWeight" => {
             let of: Vec<&ClusterSnapshot> = kept.iter().map(|i| &clusters[*i]).collect();
@@ -1538,7 +1541,12 @@ fn allocate(
                 return Err("every feasible cluster has a static weight of 0".into());
             }
             weighed_out = w.iter().map(|x| *x <= 0).collect();
-            shares.n = divide(task.replicas, &w);
+            if capped {
+                shares.n = vec![0; kept.len()];
+                unplaced = task.replicas - shares.by_weights_capped(task.replicas, &w);
+            } else {
+                shares.n = divide(task.replicas, &w);
+            }
         }
         "AvailableReplicas" | "Aggregated" => {
             let avail: Vec<i64> = kept
@@ -1555,20 +1563,37 @@ fn allocate(
                 // Fewest clusters: the roomiest first; what fits nowhere goes to the roomiest.
                 let mut order: Vec<usize> = (0..kept.len()).collect();
                 order.sort_by(|a, b| avail[*b].cmp(&avail[*a]).then(a.cmp(b)));
+                // With an explicit limit, no cluster past its room: what fits nowhere stays
+                // unplaced instead.
+                let room_left = |shares: &divide::Shares, j: usize| match shares.room[j] {
+                    Some(r) if capped => (r - shares.n[j]).max(0),
+                    _ => i64::MAX,
+                };
                 let mut left = delta;
                 for j in &order {
-                    let n = left.min(avail[*j].max(0));
+                    let n = left.min(avail[*j].max(0)).min(room_left(&shares, *j));
                     shares.n[*j] += n;
                     left -= n;
                 }
-                if left > 0 {
+                if left > 0 && capped {
+                    for j in &order {
+                        let n = left.min(room_left(&shares, *j));
+                        shares.n[*j] += n;
+                        left -= n;
+                    }
+                    unplaced = left;
+                } else if left > 0 {
                     shares.n[order[0]] += left;
                 }
             } else {
                 if avail.iter().all(|x| *x == 0) {
                     return Err("no cluster has room for a single replica".into());
                 }
-                shares.by_weights(delta, &avail);
+                if capped {
+                    unplaced = delta - shares.by_weights_capped(delta, &avail);
+                } else {
+                    shares.by_weights(delta, &avail);
+                }
             }
         }
         _ => {

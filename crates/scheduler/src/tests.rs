@@ -199,6 +199,102 @@ fn karmada_division_modes() {
     assert!(d.clusters.is_empty() && d.error.unwrap().contains("static weight of 0"));
 }
 
+/// Karmada's divisions keep Karmada's meaning (equal weights, weights, available replicas,
+/// fewest clusters) and, without a limit of the placement's own, divide room or not; a
+/// `waterLevelLimit` the user wrote holds every cluster at its room under it, gives what a
+/// full cluster cannot take to the others by their weights, and leaves the rest unplaced.
+#[test]
+fn an_explicit_water_level_limit_holds_karmadas_divisions() {
+    // Rooms under 0.8 with 30, 40 and 50 of 100 cores used: 50, 40, 30 one-core replicas.
+    let c = loaded([30, 40, 50]);
+    let with = |mut p: serde_json::Value, limit: Option<f64>| {
+        if let Some(l) = limit {
+            p["waterLevelLimit"] = json!(l);
+        }
+        p
+    };
+    let weighted = |weights: [i64; 3]| {
+        json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
+            "weightPreference": {"staticWeightList": [
+                {"targetCluster": {"clusterNames": ["a"]}, "weight": weights[0]},
+                {"targetCluster": {"clusterNames": ["b"]}, "weight": weights[1]},
+                {"targetCluster": {"clusterNames": ["c"]}, "weight": weights[2]}]}}})
+    };
+    // Equal weights (Karmada's Divided without a preference, as its policy is read).
+    let equal = json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
+        "weightPreference": {"staticWeightList": [{"targetCluster": {}, "weight": 1}]}}});
+    let d = run(&c, with(equal.clone(), None), 130);
+    assert_eq!(shares(&d), s(&[("a", 44), ("b", 43), ("c", 43)]));
+    assert_eq!((d.unplaced, d.error.is_none()), (0, true));
+    let d = run(&c, with(equal.clone(), Some(0.8)), 120);
+    assert_eq!(
+        (shares(&d), d.strategy, d.unplaced),
+        (s(&[("a", 50), ("b", 40), ("c", 30)]), "StaticWeight", 0)
+    );
+    let d = run(&c, with(equal, Some(0.8)), 130);
+    assert_eq!(shares(&d), s(&[("a", 50), ("b", 40), ("c", 30)]));
+    assert_eq!(d.unplaced, 10);
+    let why = d.error.expect("a partial placement says so");
+    assert!(
+        why.contains("10 of 130 replicas fit in no cluster under the water level limit 0.80"),
+        "{why}"
+    );
+    // Static weights: what c cannot take goes to a and b by their weights.
+    assert_eq!(
+        shares(&run(&c, with(weighted([1, 1, 2]), None), 100)),
+        s(&[("a", 25), ("b", 25), ("c", 50)])
+    );
+    assert_eq!(
+        shares(&run(&c, with(weighted([1, 1, 2]), Some(0.8)), 100)),
+        s(&[("a", 35), ("b", 35), ("c", 30)])
+    );
+    // A weight of 0 takes nothing, not even what the others cannot.
+    let d = run(&c, with(weighted([0, 1, 1]), Some(0.8)), 100);
+    assert_eq!((shares(&d), d.unplaced), (s(&[("b", 40), ("c", 30)]), 30));
+    // Available replicas (70, 60, 50 free).
+    let avail = json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
+        "weightPreference": {"dynamicWeight": "AvailableReplicas"}}});
+    assert_eq!(
+        shares(&run(&c, with(avail.clone(), None), 115)),
+        s(&[("a", 45), ("b", 38), ("c", 32)])
+    );
+    assert_eq!(
+        shares(&run(&c, with(avail, Some(0.8)), 115)),
+        s(&[("a", 46), ("b", 39), ("c", 30)])
+    );
+    // Aggregated: the roomiest first, held at its room; then the rest unplaced.
+    let agg = json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Aggregated"}});
+    assert_eq!(
+        shares(&run(&c, with(agg.clone(), None), 60)),
+        s(&[("a", 60)])
+    );
+    assert_eq!(
+        shares(&run(&c, with(agg.clone(), Some(0.8)), 60)),
+        s(&[("a", 50), ("b", 10)])
+    );
+    let d = run(&c, with(agg, Some(0.8)), 130);
+    assert_eq!(
+        (shares(&d), d.unplaced),
+        (s(&[("a", 50), ("b", 40), ("c", 30)]), 10)
+    );
+    // A limit that holds nobody back changes nothing.
+    let f = fleet();
+    for p in [
+        json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
+            "weightPreference": {"staticWeightList": [
+                {"targetCluster": {"clusterNames": ["m1"]}, "weight": 1},
+                {"targetCluster": {"clusterNames": ["m2"]}, "weight": 2}]}}}),
+        json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
+            "weightPreference": {"dynamicWeight": "AvailableReplicas"}}}),
+        json!({"replicaScheduling": {"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Aggregated"}}),
+    ] {
+        assert_eq!(
+            shares(&run(&f, with(p.clone(), Some(1.0)), 12)),
+            shares(&run(&f, p, 12))
+        );
+    }
+}
+
 /// Three clusters of 100 cores with a given number of cores already used.
 fn loaded(used: [i64; 3]) -> Vec<ClusterSnapshot> {
     vec![

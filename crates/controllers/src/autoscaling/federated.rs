@@ -3,7 +3,9 @@
 //! ([`super::recommend`], Kubernetes' algorithm); the template is scaled to them and the
 //! scheduler divides the change. With `predictive`, the workload's own usage is recorded (a
 //! point per 288th of the forecast season) and forecast, and the replicas also cover the
-//! forecast's bound over the horizon, so they are running before a daily peak.
+//! forecast's bound over the horizon, so they are running before a daily peak. Replicas
+//! outside minReplicas..maxReplicas go to the nearest bound before any metric is read
+//! (Kubernetes' order), with or without usage.
 //!
 //! Restart safety: the recommendations behind the stabilization windows live in memory; a
 //! restarted controller starts each window as if it had recommended the current replicas
@@ -444,9 +446,12 @@ impl Controller {
                 }),
             })
             .collect();
-        match &d.inactive {
-            Some((reason, msg)) => set(&mut st, "ScalingActive", false, reason, msg, now),
-            None => {
+        match (&d.inactive, d.out_of_range) {
+            // Brought within the bounds before any metric was read: ScalingActive stays as it
+            // was (Kubernetes' order).
+            (_, Some(_)) => {}
+            (Some((reason, msg)), None) => set(&mut st, "ScalingActive", false, reason, msg, now),
+            (None, None) => {
                 let what = targets
                     .iter()
                     .map(|t| match t {
@@ -486,7 +491,7 @@ impl Controller {
         if d.desired != current && d.inactive.is_none() {
             match super::scale(self.store.as_ref(), &tkey, d.desired).await {
                 Ok(_) => {
-                    tracing::info!(federatedhpa = %format!("{ns}/{name}"), from = current, to = d.desired, predicted = ?predicted, "scaled");
+                    tracing::info!(federatedhpa = %format!("{ns}/{name}"), from = current, to = d.desired, predicted = ?predicted, reason = d.out_of_range.unwrap_or("metrics"), "scaled");
                     mem.history.scaled(current, d.desired, secs);
                     st.last_scale_time = Some(now);
                     st.current_replicas = d.desired;

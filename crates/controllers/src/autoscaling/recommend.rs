@@ -60,7 +60,14 @@ pub struct Decision {
     pub inactive: Option<(&'static str, String)>,
     /// The limit that held the replicas back (ScalingLimited True), if one did.
     pub limited: Option<(&'static str, String)>,
+    /// The replicas were outside minReplicas..maxReplicas and go to the nearest bound before
+    /// any metric is read (Kubernetes' rescale reason); no metric was consulted.
+    pub out_of_range: Option<&'static str>,
 }
+
+/// Kubernetes' rescale reasons when the replicas are outside the bounds.
+pub const ABOVE_MAX: &str = "Current number of replicas above Spec.MaxReplicas";
+pub const BELOW_MIN: &str = "Current number of replicas below Spec.MinReplicas";
 
 /// The proposal of one metric, or why there is none.
 fn propose(
@@ -140,12 +147,39 @@ pub fn decide(i: &Input<'_>) -> Decision {
         readings: Vec::new(),
         inactive: None,
         limited: None,
+        out_of_range: None,
     };
     if i.current == 0 {
         // Kubernetes: a workload scaled to 0 by hand is left alone.
         d.inactive = Some((
             "ScalingDisabled",
             "scaling is disabled since the replica count of the target is zero".into(),
+        ));
+        return d;
+    }
+    // Kubernetes clamps first: outside the bounds, the nearest bound, whatever the metrics
+    // say and whether or not any member reports usage.
+    if i.current > max {
+        d.desired = max;
+        d.out_of_range = Some(ABOVE_MAX);
+        d.limited = Some((
+            "TooManyReplicas",
+            format!(
+                "the current replica count ({}) is more than the maximum replica count ({max})",
+                i.current
+            ),
+        ));
+        return d;
+    }
+    if i.current < min {
+        d.desired = min;
+        d.out_of_range = Some(BELOW_MIN);
+        d.limited = Some((
+            "TooFewReplicas",
+            format!(
+                "the current replica count ({}) is less than the minimum replica count ({min})",
+                i.current
+            ),
         ));
         return d;
     }
@@ -616,6 +650,34 @@ mod tests {
             "target": {"type": "AverageValue", "averageValue": "256Mi"}}}]}),
         );
         assert_eq!(run(&m, 3, Some(usage(3, 0, 1.0)), &[]).desired, 6);
+    }
+
+    /// Kubernetes' order: replicas outside the bounds go to the nearest bound first, with or
+    /// without usage and whatever the metrics or the rates say; no metric is read then.
+    #[test]
+    fn replicas_outside_the_bounds_go_to_the_nearest_bound_first() {
+        let s = spec(json!({"minReplicas": 2, "maxReplicas": 4}));
+        for usage_now in [None, Some(usage(10, 0, 40.0))] {
+            let d = run(&s, 10, usage_now, &[]);
+            assert_eq!(d.desired, 4);
+            assert_eq!(d.out_of_range, Some(ABOVE_MAX));
+            assert_eq!(d.limited.as_ref().unwrap().0, "TooManyReplicas");
+            assert!(d.inactive.is_none() && d.recommendation.is_none());
+            assert!(d.readings.is_empty());
+        }
+        let d = run(&s, 1, None, &[]);
+        assert_eq!((d.desired, d.out_of_range), (2, Some(BELOW_MIN)));
+        assert_eq!(d.limited.unwrap().0, "TooFewReplicas");
+        // Scaled to 0 by hand: left alone. Within the bounds: the metrics decide.
+        assert_eq!(run(&s, 0, None, &[]).inactive.unwrap().0, "ScalingDisabled");
+        let d = run(&s, 3, None, &[]);
+        assert_eq!((d.desired, d.out_of_range), (3, None));
+        assert_eq!(d.inactive.unwrap().0, "FailedGetResourceMetric");
+        assert!(d.limited.is_none());
+        // A rate limit does not hold the bound back.
+        let slow = spec(json!({"minReplicas": 2, "maxReplicas": 4, "behavior": {
+            "scaleDown": {"policies": [{"type": "Pods", "value": 1, "periodSeconds": 60}]}}}));
+        assert_eq!(run(&slow, 10, None, &[]).desired, 4);
     }
 
     /// Without a behavior: down only to the highest recommendation of the last 5 minutes, up
