@@ -1275,10 +1275,17 @@ fn a_workload_no_policy_selects_says_so() {
             .cloned()
             .collect()
     };
+    // Told only after a grace period (a policy may be on its way)...
+    let applied = std::time::Instant::now();
     eventually(
-        Duration::from_secs(15),
+        Duration::from_secs(25),
         "the NoPlacementPolicy event",
         || !told(&f).is_empty(),
+    );
+    assert!(
+        applied.elapsed() >= Duration::from_secs(8),
+        "told before the grace period: {:?}",
+        applied.elapsed()
     );
     let events = told(&f);
     assert_eq!(
@@ -1312,4 +1319,84 @@ fn a_workload_no_policy_selects_says_so() {
     f.s.restart();
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(told(&f).len(), 1);
+    // ...and what it said goes once a policy selects it.
+    f.s.apply(
+        "apiVersion: multicluster.io/v1alpha1\nkind: ResourcePlacementPolicy\nmetadata: {name: loner, namespace: default}\nspec:\n  resourceSelector: {apiVersion: apps/v1, kind: Deployment, name: loner}\n",
+    );
+    eventually(Duration::from_secs(20), "the warning withdrawn", || {
+        told(&f).is_empty()
+    });
+    // A Deployment and its policy applied from one file: never told.
+    f.s.apply(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: paired, namespace: default}\nspec:\n  replicas: 1\n  selector: {matchLabels: {app: paired}}\n  template:\n    metadata: {labels: {app: paired}}\n    spec: {containers: [{name: c, image: nginx}]}\n---\napiVersion: multicluster.io/v1alpha1\nkind: ResourcePlacementPolicy\nmetadata: {name: paired, namespace: default}\nspec:\n  resourceSelector: {apiVersion: apps/v1, kind: Deployment, name: paired}\n",
+    );
+    std::thread::sleep(Duration::from_secs(13));
+    assert!(told(&f).is_empty(), "{:#?}", told(&f));
+}
+
+/// A template's summed status follows what runs: once no policy places it, it says nothing
+/// runs (0 ready, `Available=False NoPlacementPolicy`), also after a restart; placed nowhere,
+/// likewise (`NotScheduled`).
+#[test]
+fn a_templates_status_follows_its_placement_away() {
+    let mut f = Fleet::start(&[("a", "r1"), ("b", "r2")]);
+    f.s.apply(&common::divided_deployment(
+        "api",
+        6,
+        "{cpu: 100m, memory: 64Mi}",
+        "",
+    ));
+    let ready = |f: &Fleet| {
+        f.s.get_json(&["deployment", "api"])["status"]["readyReplicas"]
+            .as_i64()
+            .unwrap_or(0)
+    };
+    eventually(Duration::from_secs(30), "6/6 ready", || ready(&f) == 6);
+    f.s.ok(&["delete", "resourceplacementpolicy", "api"]);
+    eventually(Duration::from_secs(30), "nothing ready", || ready(&f) == 0);
+    let available = |f: &Fleet| -> Value {
+        f.s.get_json(&["deployment", "api"])["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Available")
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let a = available(&f);
+    assert_eq!(
+        (a["status"].as_str(), a["reason"].as_str()),
+        (Some("False"), Some("NoPlacementPolicy")),
+        "{a}"
+    );
+    assert!(
+        f.find("a", "Deployment", "api").is_none() && f.find("b", "Deployment", "api").is_none()
+    );
+    let before = f.s.get_json(&["deployment", "api"]);
+    f.s.terminate();
+    f.s.restart();
+    std::thread::sleep(Duration::from_secs(3));
+    let after = f.s.get_json(&["deployment", "api"]);
+    assert_eq!(
+        after["status"], before["status"],
+        "a restart writes nothing new"
+    );
+    // Placed again, then nowhere (no cluster matches): nothing runs, and it says so.
+    f.s.apply(&common::divided_deployment(
+        "api",
+        6,
+        "{cpu: 100m, memory: 64Mi}",
+        "",
+    ));
+    eventually(Duration::from_secs(30), "6/6 ready again", || {
+        ready(&f) == 6
+    });
+    f.s.apply(
+        "apiVersion: multicluster.io/v1alpha1\nkind: ResourcePlacementPolicy\nmetadata: {name: api, namespace: default}\nspec:\n  resourceSelector: {apiVersion: apps/v1, kind: Deployment, name: api}\n  placement:\n    clusterAffinity: {clusterNames: [nowhere]}\n    replicaScheduling: {replicaSchedulingType: Divided}\n",
+    );
+    eventually(
+        Duration::from_secs(30),
+        "nothing ready, not scheduled",
+        || ready(&f) == 0 && available(&f)["reason"] == "NotScheduled",
+    );
 }

@@ -631,6 +631,79 @@ fn builtin_sums(kind: &str) -> &'static [&'static str] {
     }
 }
 
+/// The status of a long-running workload that runs in no cluster (no policy places it, or it
+/// is placed nowhere): its pod counts at 0 (`unavailableReplicas` its desired replicas), its
+/// generation observed, and an `Available=False` condition saying why. `None` for kinds
+/// whose status is not counts of running pods (a Job's history, a ConfigMap's nothing).
+pub fn unplaced_status(t: &crate::Object, reason: &str, message: &str) -> Option<Value> {
+    let sums = builtin_sums(&t.kind);
+    if sums.is_empty() || t.kind == "Job" {
+        return None;
+    }
+    let mut m = serde_json::Map::new();
+    for f in sums {
+        m.insert((*f).to_string(), Value::from(0));
+    }
+    let desired = t
+        .spec
+        .as_ref()
+        .and_then(|s| s.get("replicas"))
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    if m.contains_key("unavailableReplicas") {
+        m.insert("unavailableReplicas".into(), Value::from(desired));
+    }
+    if let Some(g) = t.metadata.generation {
+        m.insert("observedGeneration".into(), Value::from(g));
+    }
+    // The condition's time is kept while the reason stays, so the same status is written once.
+    let since = t
+        .status
+        .as_ref()
+        .and_then(|s| s.get("conditions"))
+        .and_then(Value::as_array)
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c["type"] == "Available" && c["reason"] == reason)
+        })
+        .and_then(|c| c.get("lastTransitionTime").cloned())
+        .unwrap_or_else(|| Value::from(crate::Time::now().to_string()));
+    m.insert(
+        "conditions".into(),
+        serde_json::json!([{"type": "Available", "status": "False", "reason": reason,
+            "message": message, "lastTransitionTime": since, "lastUpdateTime": since}]),
+    );
+    Some(Value::Object(m))
+}
+
+/// Whether `t`'s status still tells of pods running, where [`unplaced_status`] would say none
+/// run for `reason`.
+pub fn shows_running(t: &crate::Object, reason: &str) -> bool {
+    let Some(want) = unplaced_status(t, reason, "") else {
+        return false;
+    };
+    // A template that never ran anywhere has no status to correct.
+    let Some(st) = t
+        .status
+        .as_ref()
+        .filter(|s| s.as_object().is_some_and(|m| !m.is_empty()))
+    else {
+        return false;
+    };
+    let counts_differ = builtin_sums(&t.kind).iter().any(|f| {
+        st.get(*f).and_then(Value::as_i64).unwrap_or(0)
+            != want.get(*f).and_then(Value::as_i64).unwrap_or(0)
+    });
+    let said = st
+        .get("conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == "Available" && c["reason"] == reason)
+        });
+    counts_differ || !said
+}
+
 /// A Job over several clusters started when the first started, and completed when the last
 /// completed (only if all did).
 fn job_times(m: &mut serde_json::Map<String, Value>, parts: &[(&str, &Value)]) {
@@ -687,6 +760,37 @@ fn cron_job_status(m: &mut serde_json::Map<String, Value>, parts: &[(&str, &Valu
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_workload_placed_nowhere_says_nothing_runs() {
+        let mut d: crate::Object = serde_json::from_value(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "api", "generation": 3},
+            "spec": {"replicas": 6},
+            "status": {"replicas": 6, "readyReplicas": 6, "availableReplicas": 6, "updatedReplicas": 6},
+        }))
+        .unwrap();
+        assert!(shows_running(&d, "NoPlacementPolicy"));
+        let st = unplaced_status(&d, "NoPlacementPolicy", "no policy").unwrap();
+        assert_eq!(st["readyReplicas"], 0);
+        assert_eq!(st["availableReplicas"], 0);
+        assert_eq!(st["unavailableReplicas"], 6);
+        assert_eq!(st["observedGeneration"], 3);
+        assert_eq!(st["conditions"][0]["reason"], "NoPlacementPolicy");
+        d.status = Some(st.clone());
+        // Written once: as it is now, nothing more to say (the same time kept).
+        assert!(!shows_running(&d, "NoPlacementPolicy"));
+        assert_eq!(
+            unplaced_status(&d, "NoPlacementPolicy", "no policy"),
+            Some(st)
+        );
+        // Another reason is said anew.
+        assert!(shows_running(&d, "NotScheduled"));
+        // Never-run templates and kinds without pod counts are left alone.
+        d.status = None;
+        assert!(!shows_running(&d, "NoPlacementPolicy"));
+        d.kind = "Job".into();
+        assert!(unplaced_status(&d, "NoPlacementPolicy", "").is_none());
+    }
 
     #[test]
     fn requests_dependencies_and_replicas() {

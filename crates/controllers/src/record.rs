@@ -58,6 +58,35 @@ pub async fn event_once(
     }
 }
 
+/// Removes the Event [`event_once`] recorded about `about` for `reason`, if there is one (what
+/// it said is no longer so).
+pub async fn forget_once(
+    store: &dyn Store,
+    about: &Object,
+    reason: &str,
+) -> Result<(), StoreError> {
+    let uid: String = about
+        .metadata
+        .uid
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(16)
+        .collect();
+    let ns = if about.namespace().is_empty() {
+        "default"
+    } else {
+        about.namespace()
+    };
+    let name = format!("{}.{uid}.{}", about.name(), reason.to_lowercase());
+    match store
+        .delete(&keys::well_known::event(ns, &name), &Default::default())
+        .await
+    {
+        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 async fn create_event(
     store: &dyn Store,
     about: &Object,

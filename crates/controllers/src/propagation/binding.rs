@@ -1397,7 +1397,23 @@ impl Controller {
             .iter()
             .filter_map(|i| Some((i.cluster_name.as_str(), i.status.as_ref()?)))
             .collect();
-        if let Some(mut agg) = interp.aggregate(&t.kind, &parts) {
+        // Placed in no cluster (nothing feasible, or the placement emptied): what its
+        // members said before no longer runs anywhere.
+        let agg = interp.aggregate(&t.kind, &parts).or_else(|| {
+            (parts.is_empty()
+                && spec.clusters.is_empty()
+                && !spec.resource.is_task()
+                && orrery_api::interpret::shows_running(t, NOT_SCHEDULED))
+            .then(|| {
+                orrery_api::interpret::unplaced_status(
+                    t,
+                    NOT_SCHEDULED,
+                    "placed in no cluster: see its ResourceBinding's Scheduled condition",
+                )
+            })
+            .flatten()
+        });
+        if let Some(mut agg) = agg {
             if cond.is_true()
                 && let (Some(m), Some(g)) = (agg.as_object_mut(), t.metadata.generation)
                 && (m.contains_key("observedGeneration") || parts.len() > 1)
@@ -1455,6 +1471,9 @@ impl Controller {
         jobs
     }
 }
+
+/// The reason a template's status gives when its binding places it nowhere.
+const NOT_SCHEDULED: &str = "NotScheduled";
 
 /// The binding whose status is aggregated, and what it is read with.
 #[derive(Clone, Copy)]

@@ -11,7 +11,7 @@ use orrery_api::binding::{self, BindingSpec, Dependency, ObjectReference, Replic
 use orrery_api::interpret::{DEPENDENCY_API_VERSION, Interpreter, InterpreterSpec};
 use orrery_api::policy::{self, PLACEMENT_KINDS, PlacementPolicy, PolicyRef};
 use orrery_api::{Object, keys};
-use orrery_store::ops::{delete_object, remove_finalizer};
+use orrery_store::ops::delete_object;
 use orrery_store::{Store, StoreError};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -75,11 +75,18 @@ struct Detector {
     parked: HashMap<usize, BTreeSet<TKey>>,
     /// Workloads told (by uid) that no policy selects them.
     told_unselected: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Templates to decide again at a time (one too young to be told no policy selects it).
+    later: std::sync::Mutex<Vec<(TKey, std::time::Instant)>>,
     metrics: crate::runtime::metrics::Handle,
 }
 
 /// The Event reason on a workload that no placement policy selects.
 pub const NO_POLICY_REASON: &str = "NoPlacementPolicy";
+/// What a template's status says when no policy places it.
+const NO_POLICY_STATUS: &str = "no placement policy selects it: it runs in no cluster";
+/// How long a workload may wait for its policy before it is told none selects it (a
+/// template and its policy applied from one file arrive a moment apart).
+const UNSELECTED_GRACE: Duration = Duration::from_secs(10);
 
 /// Kinds whose templates a newcomer expects to run somewhere (told when nothing places them).
 fn is_workload(kind: &str) -> bool {
@@ -152,6 +159,7 @@ pub async fn run(
         barrier,
         parked: HashMap::new(),
         told_unselected: Default::default(),
+        later: Default::default(),
         metrics: metrics.of("policy"),
     };
     let mut last_tick = std::time::Instant::now();
@@ -203,6 +211,9 @@ pub async fn run(
                 d.queue.forget(k);
             }
             d.queue.done(k);
+        }
+        for (k, at) in std::mem::take(&mut *d.later.lock().unwrap_or_else(|p| p.into_inner())) {
+            d.queue.after(k, at);
         }
         d.metrics.round(started, failed.len(), d.queue.len());
         super::log_round("policy", n, started);
@@ -566,8 +577,26 @@ impl Detector {
             .and_then(|p| serde_json::from_value(p).ok());
         let Some(p) = policy::choose(self.policies.values(), &t, claimant.as_ref()) else {
             let bound = existing.is_some();
-            return unbind(existing, Some(t.clone()))
-                .or_else(|| (!bound).then(|| self.tell_unselected(k, &t)).flatten());
+            let placed_before = t
+                .metadata
+                .finalizers
+                .iter()
+                .any(|f| f == binding::FINALIZER);
+            return unbind(existing, Some(t.clone())).or_else(|| {
+                if bound || placed_before {
+                    return None;
+                }
+                // Nothing places it: its status says what runs (nothing), and an Event why.
+                let status = self.unplaced_status_job(k, &t, info.clone());
+                let told = self.tell_unselected(k, &t);
+                match (status, told) {
+                    (Some(a), Some(b)) => Some(Box::pin(async move {
+                        let (x, y) = tokio::join!(a, b);
+                        x.and(y)
+                    }) as Job<TKey>),
+                    (a, b) => a.or(b),
+                }
+            });
         };
         if existing
             .as_ref()
@@ -621,8 +650,29 @@ impl Detector {
             return None;
         }
         let creating = existing.is_none();
+        // Selected at last: the warning that no policy did goes (and is said again should it
+        // lose its policy).
+        let told = creating
+            && self
+                .told_unselected
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&t.metadata.uid);
+        // (Told by an earlier run of this server: a workload that waited longer than the
+        // grace for its policy may have been.)
+        let waited = t.metadata.creation_timestamp.is_some_and(|c| {
+            orrery_api::Time::now().unix_seconds() - c.unix_seconds()
+                >= UNSELECTED_GRACE.as_secs() as i64
+        });
+        let forget = (told || (creating && waited && is_workload(&t.kind))).then(|| t.clone());
         Some(Box::pin(async move {
             let err = |e: StoreError| (key.clone(), e.to_string());
+            if let Some(t) = forget
+                && let Err(e) =
+                    crate::record::forget_once(store.as_ref(), &t, NO_POLICY_REASON).await
+            {
+                tracing::debug!(error = %e, "removing the no-policy event failed");
+            }
             // Both writes at once: a failed one is retried, and the finalizer is in place
             // before any Work can have been applied (Works need the binding's decision first).
             let finalize = async {
@@ -670,6 +720,41 @@ impl Detector {
 
     /// Unbinding: delete the binding first; its Works go with it (the binding controller
     /// holds it until they are gone); then release the template.
+    /// A template no policy places whose status still tells of pods running (its policy went
+    /// while this server was down, say): the status says none run, and why.
+    fn unplaced_status_job(
+        &self,
+        k: &TKey,
+        t: &Arc<Object>,
+        info: Option<super::KindInfo>,
+    ) -> Option<Job<TKey>> {
+        if !orrery_api::interpret::shows_running(t, NO_POLICY_REASON) {
+            return None;
+        }
+        let tkey = info?.key(t.namespace(), t.name());
+        let (store, key, uid) = (self.store.clone(), k.clone(), t.metadata.uid.clone());
+        Some(Box::pin(async move {
+            let r = orrery_store::update_with(store.as_ref(), &tkey, |mut cur| {
+                if cur.metadata.uid != uid
+                    || !orrery_api::interpret::shows_running(&cur, NO_POLICY_REASON)
+                {
+                    return Ok(None);
+                }
+                cur.status = orrery_api::interpret::unplaced_status(
+                    &cur,
+                    NO_POLICY_REASON,
+                    NO_POLICY_STATUS,
+                );
+                Ok(Some(cur))
+            })
+            .await;
+            match r {
+                Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+                Err(e) => Err((key, e.to_string())),
+            }
+        }))
+    }
+
     /// A workload that no policy selects runs nowhere: an Event on it says so, once (also
     /// across restarts: one already recorded is not recorded again).
     fn tell_unselected(&self, k: &TKey, t: &Arc<Object>) -> Option<Job<TKey>> {
@@ -679,6 +764,21 @@ impl Detector {
             || ns.starts_with("orrery-")
             || ns.starts_with("kube-")
         {
+            return None;
+        }
+        // A template and its policy applied together arrive a moment apart: only one left
+        // unselected for a while is told so.
+        let age = t
+            .metadata
+            .creation_timestamp
+            .map(|c| orrery_api::Time::now().unix_seconds() - c.unix_seconds())
+            .unwrap_or(i64::MAX);
+        if age < UNSELECTED_GRACE.as_secs() as i64 {
+            let wait = UNSELECTED_GRACE.saturating_sub(Duration::from_secs(age.max(0) as u64));
+            self.later
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((k.clone(), std::time::Instant::now() + wait));
             return None;
         }
         if !self
@@ -756,10 +856,34 @@ impl Detector {
                     return None;
                 }
                 let tkey = info?.key(t.namespace(), t.name());
+                let uid = t.metadata.uid.clone();
                 Some(Box::pin(async move {
-                    remove_finalizer(store.as_ref(), &tkey, binding::FINALIZER)
-                        .await
-                        .map_err(|e| (key, e.to_string()))
+                    // Released, and said to run nowhere (its members' summed status would
+                    // otherwise outlive the placement) in one write.
+                    let r = orrery_store::update_with(store.as_ref(), &tkey, |mut cur| {
+                        if cur.metadata.uid != uid {
+                            return Ok(None);
+                        }
+                        let before = cur.metadata.finalizers.len();
+                        cur.metadata.finalizers.retain(|f| f != binding::FINALIZER);
+                        let mut changed = cur.metadata.finalizers.len() != before;
+                        if cur.metadata.deletion_timestamp.is_none()
+                            && orrery_api::interpret::shows_running(&cur, NO_POLICY_REASON)
+                        {
+                            cur.status = orrery_api::interpret::unplaced_status(
+                                &cur,
+                                NO_POLICY_REASON,
+                                NO_POLICY_STATUS,
+                            );
+                            changed = true;
+                        }
+                        Ok(changed.then_some(cur))
+                    })
+                    .await;
+                    match r {
+                        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+                        Err(e) => Err((key, e.to_string())),
+                    }
                 }))
             }
         }
