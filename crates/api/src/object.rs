@@ -273,6 +273,58 @@ impl Object {
     }
 }
 
+/// The prefix of a stored [`content_digest`] (a digest recorded by earlier versions has none).
+pub const CONTENT_DIGEST_PREFIX: &str = "sha256:";
+
+/// A digest of what a user controls in an object (labels, annotations, spec and the other
+/// top-level fields; not status, not the server's bookkeeping), stable across builds and
+/// toolchains (it is stored): SHA-256 of the canonical JSON (object keys sorted), the first
+/// 128 bits in hex, prefixed [`CONTENT_DIGEST_PREFIX`].
+pub fn content_digest(o: &Object) -> String {
+    use sha2::Digest;
+    fn canonical(v: &Value, out: &mut Vec<u8>) {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                out.push(b'{');
+                for (i, k) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    // A string serializes whatever it holds.
+                    out.extend(serde_json::to_vec(k).unwrap_or_default());
+                    out.push(b':');
+                    canonical(&m[k], out);
+                }
+                out.push(b'}');
+            }
+            Value::Array(a) => {
+                out.push(b'[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    canonical(x, out);
+                }
+                out.push(b']');
+            }
+            other => out.extend(serde_json::to_vec(other).unwrap_or_default()),
+        }
+    }
+    let doc = serde_json::json!({
+        "labels": o.metadata.labels,
+        "annotations": o.metadata.annotations,
+        "spec": o.spec,
+        "other": Value::Object(o.other.clone()),
+    });
+    let mut bytes = Vec::new();
+    canonical(&doc, &mut bytes);
+    let d = sha2::Sha256::digest(&bytes);
+    let hex: String = d[..16].iter().map(|b| format!("{b:02x}")).collect();
+    format!("{CONTENT_DIGEST_PREFIX}{hex}")
+}
+
 /// A digest of a value's JSON text, for telling in memory whether two values would be
 /// written the same (the same text, the same digest); not stable across builds. The text is
 /// fed straight into the hasher, never built.
@@ -364,6 +416,38 @@ impl<'de> Deserialize<'de> for Object {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The stored digest of a template's content: the same for the same content whatever the
+    /// order of its keys or the build, different for any change to what a user controls, and
+    /// blind to status and bookkeeping. Pinned to a value (Python's `json.dumps(doc,
+    /// sort_keys=True, separators=(",", ":"))` through SHA-256 gives it too), so a change of
+    /// algorithm is seen.
+    #[test]
+    fn content_digests_are_stable() {
+        let a: Object = serde_json::from_value(serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}, "resourceVersion": "7"},
+            "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "c", "image": "nginx"}]}}},
+            "status": {"readyReplicas": 1}
+        }))
+        .unwrap();
+        let d = content_digest(&a);
+        assert_eq!(d, "sha256:7d19d10e76e2afc5b00dc593bd603946");
+        let mut b: Object = serde_json::from_value(serde_json::json!({
+            "kind": "Deployment", "apiVersion": "apps/v1",
+            "spec": {"template": {"spec": {"containers": [{"image": "nginx", "name": "c"}]}}, "replicas": 2},
+            "metadata": {"labels": {"app": "web"}, "namespace": "default", "name": "web", "resourceVersion": "9"},
+            "status": {"readyReplicas": 2}
+        }))
+        .unwrap();
+        assert_eq!(
+            content_digest(&b),
+            d,
+            "key order, status and version do not count"
+        );
+        b.spec.as_mut().unwrap()["replicas"] = serde_json::json!(3);
+        assert_ne!(content_digest(&b), d);
+    }
     use serde_json::json;
 
     #[test]

@@ -631,6 +631,9 @@ impl Detector {
             }
             Some(b) => {
                 let new_spec = serde_json::to_value(&spec).ok();
+                // (A digest an earlier version recorded, of the same content, is rewritten
+                // once as the stable one: the spec is the same, so is the generation, and
+                // nothing downstream moves.)
                 if b.spec == new_spec
                     && b.metadata.annotations.get(DIGEST_ANNOTATION) == Some(&digest)
                 {
@@ -925,7 +928,7 @@ impl Detector {
             .and_then(|s| serde_json::from_value(s).ok());
         let same_content = existing
             .and_then(|b| b.metadata.annotations.get(DIGEST_ANNOTATION))
-            .is_some_and(|d| d == digest);
+            .is_some_and(|d| d == digest || super::same_content(d, t));
         // A status-only change of the template keeps the recorded version, so the binding is
         // not rewritten for it.
         let resource_version = match (&old, same_content) {

@@ -258,8 +258,15 @@ pub(crate) async fn run_jobs<K: Ord>(jobs: Vec<Job<K>>) -> BTreeSet<K> {
 }
 
 /// A digest of what a user controls in an object (everything but status and the server's
-/// bookkeeping), to tell content changes from status-only ones.
+/// bookkeeping), to tell content changes from status-only ones: stored in bindings, so
+/// stable across builds ([`orrery_api::object::content_digest`]).
 pub fn content_digest(o: &Object) -> String {
+    orrery_api::object::content_digest(o)
+}
+
+/// The digest earlier versions stored (std's `DefaultHasher`, whose algorithm a toolchain may
+/// change): read only, to recognise a binding written by them as current.
+pub fn legacy_content_digest(o: &Object) -> String {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     o.metadata.labels.hash(&mut h);
     o.metadata.annotations.hash(&mut h);
@@ -272,6 +279,16 @@ pub fn content_digest(o: &Object) -> String {
         .to_string()
         .hash(&mut h);
     format!("{:016x}", h.finish())
+}
+
+/// Whether a recorded digest is of `o`'s content as it is: the stable digest, or one an
+/// earlier version recorded.
+pub fn same_content(recorded: &str, o: &Object) -> bool {
+    if recorded.starts_with(orrery_api::object::CONTENT_DIGEST_PREFIX) {
+        recorded == content_digest(o)
+    } else {
+        recorded == legacy_content_digest(o)
+    }
 }
 
 /// Whether two versions of a template differ in their status (or version) only.
