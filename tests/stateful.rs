@@ -384,6 +384,16 @@ fn a_policy_change_moves_a_statefulset_and_its_follower_to_the_faster_link_with_
         events.contains("MigrationStarted") && events.contains("Migrated"),
         "{events}"
     );
+    // Told once: decisions taken again before the Migration's target was seen say nothing.
+    let told: Vec<Value> = f.s.get_json(&["events", "-n", "default"])["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["reason"] == "MigrationStarted" && e["involvedObject"]["name"] == "db")
+        .cloned()
+        .collect();
+    assert_eq!(told.len(), 1, "{told:#?}");
+    assert_eq!(told[0]["count"].as_i64().unwrap_or(1), 1, "{told:#?}");
 }
 
 #[test]

@@ -161,7 +161,7 @@ struct Inner {
     errors_seq: std::sync::atomic::AtomicU64,
     /// Works whose last report the server refused, and when: held back a while, then sent
     /// again.
-    refused: Mutex<HashMap<String, Instant>>,
+    refused: Mutex<HashMap<String, (Instant, Duration)>>,
     /// Works whose last apply hit an unavailable member.
     retry: Mutex<HashSet<String>>,
     /// Per Work: the digest of the status the server has (what was last reported, or what a
@@ -197,8 +197,23 @@ const URGENT_FOR: Duration = Duration::from_secs(60);
 /// A Work's apply errors, by manifest ordinal.
 type ApplyErrors = BTreeMap<usize, String>;
 
-/// How long a Work whose report the server refused waits before it is sent again.
+/// How long a Work whose report the server refused waits before it is sent again: a refusal
+/// on its merits (an invalid status) waits long; one the server may take a moment later (a
+/// conflict with another writer, a busy server) waits little, twice as long each time.
 const REFUSED_HOLD: Duration = Duration::from_secs(10);
+const RETRY_HOLD: Duration = Duration::from_millis(500);
+const RETRY_HOLD_MAX: Duration = Duration::from_secs(5);
+
+/// The hold after a refusal (`CODE: message`, as the DRO-DS batch answers), given the last.
+fn refusal_hold(why: &str, last: Option<Duration>) -> Duration {
+    let code = why.split(':').next().unwrap_or_default().trim();
+    match code {
+        "CONFLICT" | "TOO_MANY_REQUESTS" | "UNAVAILABLE" | "INTERNAL" | "TIMEOUT" => last
+            .filter(|d| *d < REFUSED_HOLD)
+            .map_or(RETRY_HOLD, |d| (d * 2).min(RETRY_HOLD_MAX)),
+        _ => REFUSED_HOLD,
+    }
+}
 
 /// Where a Work's apply errors keep the failure of its transfers (the others are keyed by
 /// manifest ordinal).
@@ -697,6 +712,11 @@ impl Inner {
             st.works.insert(name.clone(), applied);
             dropped
         };
+        // A new version of the Work deserves a report of its own, whatever the last met.
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&name);
         self.mark_dirty();
         if name.starts_with(SERVICES_WORK_PREFIX) {
             self.publish_services();
@@ -775,6 +795,17 @@ impl Inner {
                     cur.manifests = std::mem::take(&mut cur.held);
                 }
             }
+            // A status computed while the manifests were held names none of them (same
+            // digest, no objects): it is computed afresh, and sent at once whatever a
+            // refusal before held back.
+            self.computed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&name);
+            self.refused
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&name);
             self.mark_dirty();
             if unavailable {
                 self.retry
@@ -1101,7 +1132,7 @@ impl Inner {
                 .filter_map(|(name, digest, generation)| {
                     if refused
                         .get(&name)
-                        .is_some_and(|t| t.elapsed() < REFUSED_HOLD)
+                        .is_some_and(|(t, hold)| t.elapsed() < *hold)
                     {
                         return None;
                     }
@@ -2134,10 +2165,12 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
                         {
                             urgent.remove(name);
                         }
-                        if result.is_some() {
-                            // Not what the server has: sent again after a while.
+                        if let Some(why) = result {
+                            // Not what the server has: sent again after a while (soon, where
+                            // the refusal was the moment's).
                             reported.remove(name);
-                            refused.insert(name.clone(), Instant::now());
+                            let last = refused.get(name).map(|(_, d)| *d);
+                            refused.insert(name.clone(), (Instant::now(), refusal_hold(why, last)));
                         } else {
                             reported.insert(name.clone(), (*h, conds.clone()));
                             refused.remove(name);
@@ -2152,6 +2185,22 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_refusal_of_the_moment_is_retried_soon_one_on_its_merits_later() {
+        use super::{REFUSED_HOLD, RETRY_HOLD, RETRY_HOLD_MAX, refusal_hold};
+        let conflict = "CONFLICT: Operation cannot be fulfilled on works";
+        assert_eq!(refusal_hold(conflict, None), RETRY_HOLD);
+        assert_eq!(refusal_hold(conflict, Some(RETRY_HOLD)), RETRY_HOLD * 2);
+        assert_eq!(refusal_hold(conflict, Some(RETRY_HOLD_MAX)), RETRY_HOLD_MAX);
+        assert_eq!(refusal_hold("TOO_MANY_REQUESTS: later", None), RETRY_HOLD);
+        assert_eq!(
+            refusal_hold("VALIDATION_FAILED: bad status", None),
+            REFUSED_HOLD
+        );
+        // After a long hold, a conflict starts short again.
+        assert_eq!(refusal_hold(conflict, Some(REFUSED_HOLD)), RETRY_HOLD);
+    }
+
     use super::*;
     use crate::backend::sim::{Faults, SimCluster, SimSpec};
 

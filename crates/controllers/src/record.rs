@@ -58,6 +58,29 @@ pub async fn event_once(
     }
 }
 
+/// Like [`event_once`], told once for `key` (another object's uid, say: a migration's start is
+/// told on its workload once per migration).
+pub async fn event_once_for(
+    store: &dyn Store,
+    about: &Object,
+    key: &str,
+    type_: &str,
+    reason: &str,
+    message: &str,
+    component: &str,
+) -> Result<(), StoreError> {
+    let key: String = key
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(16)
+        .collect();
+    let suffix = format!("{key}.{}", reason.to_lowercase());
+    match create_event(store, about, &suffix, type_, reason, message, component).await {
+        Err(StoreError::AlreadyExists { .. }) => Ok(()),
+        other => other,
+    }
+}
+
 /// Removes the Event [`event_once`] recorded about `about` for `reason`, if there is one (what
 /// it said is no longer so).
 pub async fn forget_once(

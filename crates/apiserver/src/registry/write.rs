@@ -824,9 +824,17 @@ pub async fn update_status(
 ) -> ApiResult<std::sync::Arc<Object>> {
     let key = rt.key(namespace.unwrap_or(""), name);
     // As in `patch`: the first attempt on the store's recent copy; what was decided on it, but
-    // a write, decided again on a current read (a failed write is the answer).
-    for attempt in 0..=RETRIES {
+    // a write, decided again on a current read (a failed write is the answer). A report that
+    // asked for no version is not refused for another writer's (an agent's status report of
+    // a Work the controllers are rewriting): it keeps trying within the budget.
+    let started = std::time::Instant::now();
+    let mut attempt = 0;
+    loop {
+        if attempt > RETRIES && !keep_trying(expected.is_none(), started).await {
+            break;
+        }
         let recent = attempt == 0;
+        attempt += 1;
         let current = match orrery_store::read_for_write(app.store.as_ref(), &key, recent).await {
             Err(_) if recent => continue,
             r => r.map_err(|e| ApiError::from_store(e, rt, name))?,

@@ -717,10 +717,30 @@ pub fn step(i: &Input<'_>) -> Output {
                     fail(e, now, &mut ev, &mut st);
                     continue;
                 }
-                let Some(w) = i.target.work.as_ref() else {
-                    break;
-                };
-                let Some(m) = w.workload.as_ref().filter(|_| w.current) else {
+                // Waits on nothing but the target's own report of the workload running; one
+                // that never comes fails the move after the start timeout like one that says
+                // it is not running.
+                let timed_out = started(&st, Phase::Starting)
+                    .is_some_and(|t| now.seconds_since(t) >= i.settings.start_timeout_seconds)
+                    && i.target.serving;
+                let Some(m) = i
+                    .target
+                    .work
+                    .as_ref()
+                    .and_then(|w| w.workload.as_ref().filter(|_| w.current))
+                else {
+                    if timed_out {
+                        fail(
+                            format!(
+                                "{} did not report the workload within {}s",
+                                st.target, i.settings.start_timeout_seconds
+                            ),
+                            now,
+                            &mut ev,
+                            &mut st,
+                        );
+                        continue;
+                    }
                     break;
                 };
                 // Every moved volume must run on exactly the data fenced at the source.
@@ -776,10 +796,7 @@ pub fn step(i: &Input<'_>) -> Output {
                     });
                     continue;
                 }
-                if started(&st, Phase::Starting)
-                    .is_some_and(|t| now.seconds_since(t) >= i.settings.start_timeout_seconds)
-                    && i.target.serving
-                {
+                if timed_out {
                     fail(
                         format!(
                             "{} did not run the workload within {}s: {}",

@@ -2418,34 +2418,48 @@ impl Scheduler {
                 .await
                 .map_err(err)?;
             let mkey = keys::well_known::migration(&key.0, migration.name());
-            if creating {
-                store.create(&mkey, migration).await.map_err(err)?;
+            let uid = migration.metadata.uid.clone();
+            // Whether this write started the move (a decision taken again before the
+            // Migration's target was seen finds it started, and says nothing more).
+            let started = if creating {
+                match store.create(&mkey, migration).await {
+                    Ok(_) => true,
+                    Err(orrery_store::StoreError::AlreadyExists { .. }) => false,
+                    Err(e) => return Err(err(e)),
+                }
             } else {
                 // The user's Migration gets its target even if it changed meanwhile (its
                 // labels, say): the binding names it now, and nothing else would.
-                let uid = migration.metadata.uid.clone();
                 let status = migration.status.clone();
+                let wrote = std::sync::atomic::AtomicBool::new(false);
                 orrery_store::update_with(store.as_ref(), &mkey, |mut cur| {
+                    wrote.store(false, std::sync::atomic::Ordering::Relaxed);
                     let st = orrery_api::stateful::MigrationStatus::of(&cur);
                     if cur.metadata.uid != uid || !st.target.is_empty() || st.phase.is_done() {
                         return Ok(None);
                     }
                     cur.status = status.clone();
+                    wrote.store(true, std::sync::atomic::Ordering::Relaxed);
                     Ok(Some(cur))
                 })
                 .await
                 .map_err(err)?;
+                wrote.load(std::sync::atomic::Ordering::Relaxed)
+            };
+            if started {
+                let about = subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid);
+                // Once per migration, a restart included.
+                let _ = record::event_once_for(
+                    store.as_ref(),
+                    &about,
+                    &uid,
+                    "Normal",
+                    "MigrationStarted",
+                    &message,
+                    COMPONENT,
+                )
+                .await;
             }
-            let about = subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid);
-            let _ = record::event(
-                store.as_ref(),
-                &about,
-                "Normal",
-                "MigrationStarted",
-                &message,
-                COMPONENT,
-            )
-            .await;
             Ok(())
         }))
     }

@@ -47,6 +47,10 @@ pub struct Volume {
     /// Pods running on it (a claim object may be shared).
     #[serde(default)]
     pub users: u32,
+    /// What of a byte its pod has written but not yet counted: writes are counted in whole
+    /// bytes, so sizes and the rounds' bytes add up exactly.
+    #[serde(default)]
+    pub partial: f64,
 }
 
 impl Volume {
@@ -235,12 +239,13 @@ impl DataPlane {
             owner: owner.map(str::to_string),
             capacity: capacity.max(0),
             storage_class: storage_class.to_string(),
-            used: used.clamp(0.0, capacity.max(0) as f64),
-            written: used.max(0.0),
+            used: used.clamp(0.0, capacity.max(0) as f64).floor(),
+            written: used.max(0.0).floor(),
             version: 1,
             started_version: None,
             write_rate: 0.0,
             users: 0,
+            partial: 0.0,
         };
         self.event("volume-created", &v, |e| e.bytes = v.used as i64);
         self.volumes.insert(key, v);
@@ -334,7 +339,9 @@ impl DataPlane {
         }
         for (k, v) in self.volumes.iter_mut() {
             if v.write_rate > 0.0 {
-                let bytes = v.write_rate * dt;
+                let due = v.write_rate * dt + v.partial;
+                let bytes = due.floor();
+                v.partial = due - bytes;
                 v.written += bytes;
                 v.used = (v.used + bytes).min(v.capacity as f64);
                 v.version += 1;
@@ -813,6 +820,33 @@ mod tests {
         assert_eq!(d.advance(5.0).0.len(), 0, "no pod, no write");
         let events: Vec<&str> = d.log(0).iter().map(|e| e.event).collect();
         assert_eq!(events, ["volume-created", "pod-started", "pod-stopped"]);
+    }
+
+    /// Writes are counted in whole bytes however the time is sliced: a volume's size and
+    /// what was written stay whole, so the rounds' bytes (what changed since the last
+    /// snapshot) add up to the volume's size, never a byte past it.
+    #[test]
+    fn writes_count_whole_bytes() {
+        let mut d = DataPlane::new(100.0);
+        d.ensure_volume(
+            "ns",
+            "v",
+            Some(0),
+            Some("StatefulSet/db"),
+            1 << 20,
+            "",
+            10.5,
+        );
+        d.attach("ns", "v", "StatefulSet/db", 3.3);
+        for _ in 0..97 {
+            d.advance(0.7);
+        }
+        let v = d.volume("ns", "v").unwrap();
+        assert_eq!(v.used, v.used.floor());
+        assert_eq!(v.written, v.written.floor());
+        assert_eq!(v.used, v.written);
+        // 10 to start, then 3.3 bytes/s for 67.9 s: 224 whole bytes, the rest carried.
+        assert_eq!(v.used, 10.0 + (3.3f64 * 0.7 * 97.0 + 1e-9).floor());
     }
 
     #[test]

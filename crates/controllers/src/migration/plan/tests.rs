@@ -21,6 +21,8 @@ struct Fleet {
     source_work: bool,
     /// Whether the target's pods ever start.
     target_starts: bool,
+    /// Whether the target's member reports the workload at all once it is applied.
+    target_reports: bool,
     /// Every byte the source wrote.
     src_written: i64,
     /// The source cannot take snapshots: its transfer says why.
@@ -78,6 +80,7 @@ impl Fleet {
             source_serving: true,
             source_work: true,
             target_starts: true,
+            target_reports: true,
             src_written: 1000,
             snapshot_error: None,
             target_error: None,
@@ -235,7 +238,7 @@ impl Fleet {
             work: (recv.is_some() || in_plan || target_fenced).then(|| WorkSeen {
                 current: true,
                 transfer: tgt_transfer,
-                workload: (in_plan || target_fenced).then(|| {
+                workload: ((in_plan && self.target_reports) || target_fenced).then(|| {
                     let running = in_plan && !target_fenced;
                     if self.target_unreadable {
                         return ManifestStatus {
@@ -533,6 +536,27 @@ fn a_target_that_fails_to_start_rolls_back_and_the_source_runs_again() {
         r.spec
     );
     assert_eq!(r.events.last().unwrap().reason, "MigrationFailed");
+}
+
+/// Starting waits on the target's report of the workload alone; one that never comes fails
+/// the move after the start timeout, as one that says the workload does not run does.
+#[test]
+fn a_target_that_never_reports_its_workload_fails_the_move_after_the_start_timeout() {
+    let mut r = Run::new();
+    r.fleet.target_reports = false;
+    r.until(Phase::Starting, 20);
+    r.step();
+    assert_eq!(r.status.phase, Phase::Starting);
+    r.now += r.settings.start_timeout_seconds;
+    r.step();
+    assert_eq!(r.status.phase, Phase::Failed, "{:?}", r.status);
+    assert!(
+        r.events
+            .iter()
+            .any(|e| e.message.contains("did not report the workload within")),
+        "{:?}",
+        r.events
+    );
 }
 
 #[test]
