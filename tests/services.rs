@@ -495,3 +495,101 @@ fn a_headless_service_resolves_to_its_endpoints_and_prefer_local_keeps_traffic_h
         },
     );
 }
+
+/// Karmada's older multi-cluster service sample: a ServiceImport the user makes in the control
+/// plane and propagates with a PropagationPolicy is a template like any other (bound,
+/// propagated to the member its policy names); Orrery neither overwrites nor deletes it,
+/// derives nothing under its name, and the export says why. One no export matches is kept too.
+#[test]
+fn a_users_service_import_is_propagated_as_its_policy_says() {
+    let f = Fleet::start(&[("a", "r1"), ("b", "r1")]);
+    // The user's import first (in one file with the export, Orrery may derive one of the
+    // name in between, and kubectl's create is told it exists; applied again, it is the
+    // user's).
+    f.s.apply(
+        r#"
+apiVersion: multicluster.x-k8s.io/v1alpha1
+kind: ServiceImport
+metadata: {name: serve, namespace: default}
+spec:
+  type: ClusterSetIP
+  ports: [{port: 80, protocol: TCP}]
+---
+apiVersion: multicluster.x-k8s.io/v1alpha1
+kind: ServiceImport
+metadata: {name: lonely, namespace: default}
+spec:
+  type: ClusterSetIP
+  ports: [{port: 81, protocol: TCP}]
+---
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata: {name: serve-import, namespace: default}
+spec:
+  resourceSelectors:
+  - {apiVersion: multicluster.x-k8s.io/v1alpha1, kind: ServiceImport, name: serve}
+  placement: {clusterAffinity: {clusterNames: [b]}}
+"#,
+    );
+    f.s.apply(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: serve, namespace: default}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: serve}}
+  template:
+    metadata: {labels: {app: serve}}
+    spec:
+      containers: [{name: serve, image: serve:1, ports: [{containerPort: 8080}]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: serve, namespace: default}
+spec:
+  selector: {app: serve}
+  ports: [{port: 80, targetPort: 8080}]
+---
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata: {name: serve, namespace: default}
+spec:
+  resourceSelectors:
+  - {apiVersion: apps/v1, kind: Deployment, name: serve}
+  - {apiVersion: v1, kind: Service, name: serve}
+  placement: {clusterAffinity: {clusterNames: [a]}}
+---
+apiVersion: multicluster.x-k8s.io/v1alpha1
+kind: ServiceExport
+metadata: {name: serve, namespace: default}
+"#,
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while f.find("b", "ServiceImport", "serve").is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the user's import not in b: {}",
+            f.s.ok(&["get", "resourcebindings", "-o", "yaml"])
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let b = f.s.get_json(&["resourcebinding", "serve-serviceimport"]);
+    assert_eq!(b["spec"]["clusters"][0]["name"], "b", "{b}");
+    eventually(Duration::from_secs(20), "the export says why", || {
+        let e = f.s.get_json(&["serviceexport", "serve"]);
+        condition(&e, "Ready")["reason"] == "ImportExists"
+    });
+    // The user's import as written; nothing derived under its name.
+    let i = f.s.get_json(&["serviceimport", "serve"]);
+    assert_eq!(i["spec"]["ports"][0]["port"], 80, "{i}");
+    assert!(
+        i["metadata"]["labels"]["multicluster.orrery.io/derived"].is_null(),
+        "{i}"
+    );
+    let works = f.s.ok(&["get", "works", "-A", "-o", "name"]);
+    assert!(!works.contains("orrery-mcs.default.serve"), "{works}");
+    std::thread::sleep(Duration::from_secs(3));
+    f.s.ok(&["get", "serviceimport", "lonely"]);
+    f.s.ok(&["get", "serviceimport", "serve"]);
+}

@@ -23,6 +23,29 @@ pub const LABEL_SERVICE_NAME: &str = "multicluster.kubernetes.io/service-name";
 pub const LABEL_SOURCE_CLUSTER: &str = "multicluster.kubernetes.io/source-cluster";
 /// EndpointSlices Orrery manages say so (never the default controller's value).
 pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
+/// On a ServiceImport Orrery derived from exports (a user's own ServiceImport has none: it is
+/// a template like any other, propagated by its policy).
+pub const LABEL_DERIVED: &str = "multicluster.orrery.io/derived";
+
+/// Whether a ServiceImport in the control plane is Orrery's, derived from exports: Orrery
+/// writes its imports straight to the store, so they carry no `managedFields`; one written
+/// through the API (created, applied or edited by a user, even over one Orrery derived) is
+/// the user's: propagated by its policy, never overwritten or deleted by Orrery.
+pub fn is_derived_import(o: &crate::Object) -> bool {
+    o.metadata.managed_fields.is_empty()
+}
+
+/// Whether an object in the control plane is one Orrery's multi-cluster services make (a
+/// derived ServiceImport, an EndpointSlice it distributes): never a template of its own.
+pub fn is_orrerys_own(o: &crate::Object) -> bool {
+    match (o.api_version.as_str(), o.kind.as_str()) {
+        (API_VERSION, IMPORT_KIND) => is_derived_import(o),
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            o.metadata.labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY)
+        }
+        _ => false,
+    }
+}
 pub const MANAGED_BY: &str = "orrery.io";
 
 /// What a slice says of its source cluster and of the consumer it was written for: routing

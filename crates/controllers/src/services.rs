@@ -325,6 +325,17 @@ impl Controller {
     }
 
     async fn reconcile(&mut self, key: &Key) -> Result<(), StoreError> {
+        // A user's own ServiceImport of this name (Karmada's older multi-cluster service
+        // sample makes one and propagates it): it is the user's, a template its policy
+        // propagates; Orrery neither overwrites nor deletes it, derives nothing under its
+        // name, and says so on the export.
+        if let Some(user) = self
+            .imports
+            .get(&key.0, &key.1)
+            .filter(|i| !mcs::is_derived_import(i))
+        {
+            return self.yield_to_user_import(key, &user).await;
+        }
         let (ns, name) = key;
         let cp = self
             .exports
@@ -741,7 +752,9 @@ impl Controller {
                 .and_then(|v| serde_json::from_value(v).ok())
                 .unwrap_or_default()
         };
-        let (labels, annotations) = (exported("exportedLabels"), exported("exportedAnnotations"));
+        let (mut labels, annotations) =
+            (exported("exportedLabels"), exported("exportedAnnotations"));
+        labels.insert(mcs::LABEL_DERIVED.into(), "true".into());
         let same = |cur: &Object| {
             cur.spec.as_ref() == Some(&spec)
                 && cur.status.as_ref() == Some(&status)
@@ -950,11 +963,75 @@ impl Controller {
         Ok(())
     }
 
+    /// A user's ServiceImport holds the name: what Orrery derived under it goes (its slices
+    /// and consumer Works, never the import), and an export of the name says why it is not
+    /// imported.
+    async fn yield_to_user_import(&mut self, key: &Key, user: &Object) -> Result<(), StoreError> {
+        let (ns, name) = key;
+        // One a user wrote over an import Orrery derived keeps nothing that says it is
+        // Orrery's (the export owning it would take it away with it).
+        if user.metadata.labels.contains_key(mcs::LABEL_DERIVED)
+            || user
+                .metadata
+                .owner_references
+                .iter()
+                .any(|r| r.kind == mcs::EXPORT_KIND)
+        {
+            let key = keys::object(mcs::GROUP, mcs::IMPORT_PLURAL, Some(ns), name);
+            let uid = user.metadata.uid.clone();
+            match orrery_store::update_with(self.store.as_ref(), &key, |mut cur| {
+                if cur.metadata.uid != uid {
+                    return Ok(None);
+                }
+                cur.metadata.labels.remove(mcs::LABEL_DERIVED);
+                cur.metadata
+                    .owner_references
+                    .retain(|r| r.kind != mcs::EXPORT_KIND);
+                Ok(Some(cur))
+            })
+            .await
+            {
+                Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(e) = self
+            .exports
+            .get(ns, name)
+            .filter(|e| e.metadata.deletion_timestamp.is_none())
+        {
+            let message = format!(
+                "the ServiceImport {ns}/{name} was written by a user (a template, propagated as its policy says); Orrery does not overwrite it. Delete it to have Orrery import {ns}/{name} from the exporting clusters"
+            );
+            let mut conds = conditions_of(e.status.as_ref());
+            export_conditions(
+                &mut conds,
+                None,
+                &Condition::new("Ready", conditions::FALSE, "ImportExists", message),
+                None,
+                e.metadata.generation,
+                Time::now(),
+            );
+            self.write_export_status(&e, conds).await?;
+        }
+        self.withdraw_derived(key, false).await
+    }
+
     /// Takes back what an export made: its import, slices and consumer Works (and the export
     /// is gone or cannot be exported).
     async fn withdraw(&mut self, key: &Key) -> Result<(), StoreError> {
+        self.withdraw_derived(key, true).await
+    }
+
+    /// [`Self::withdraw`]; the import too where `import` (and it is Orrery's).
+    async fn withdraw_derived(&mut self, key: &Key, import: bool) -> Result<(), StoreError> {
         let (ns, name) = key;
-        if self.imports.get(ns, name).is_some() {
+        if import
+            && self
+                .imports
+                .get(ns, name)
+                .is_some_and(|i| mcs::is_derived_import(&i))
+        {
             self.delete(&keys::object(
                 mcs::GROUP,
                 mcs::IMPORT_PLURAL,

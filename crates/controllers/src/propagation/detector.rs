@@ -11,7 +11,7 @@ use orrery_api::binding::{self, BindingSpec, Dependency, ObjectReference, Replic
 use orrery_api::interpret::{DEPENDENCY_API_VERSION, Interpreter, InterpreterSpec};
 use orrery_api::policy::{self, PLACEMENT_KINDS, PlacementPolicy, PolicyRef};
 use orrery_api::{Object, keys};
-use orrery_store::ops::delete_object;
+use orrery_store::ops::{delete_object, remove_finalizer};
 use orrery_store::{Store, StoreError};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -451,7 +451,8 @@ impl Detector {
     }
 
     fn template_key(&self, o: &Object) -> Option<TKey> {
-        if is_system_namespace(o.namespace()) {
+        // (Orrery's own imports and slices are distributed by the services controller.)
+        if is_system_namespace(o.namespace()) || orrery_api::services::is_orrerys_own(o) {
             return None;
         }
         Some((
@@ -860,10 +861,24 @@ impl Detector {
                 }
                 let tkey = info?.key(t.namespace(), t.name());
                 let uid = t.metadata.uid.clone();
+                if t.metadata.deletion_timestamp.is_some() {
+                    // Going: released (the last finalizer out deletes it).
+                    return Some(Box::pin(async move {
+                        remove_finalizer(store.as_ref(), &tkey, binding::FINALIZER)
+                            .await
+                            .map_err(|e| (key, e.to_string()))
+                    }));
+                }
                 Some(Box::pin(async move {
                     // Released, and said to run nowhere (its members' summed status would
                     // otherwise outlive the placement) in one write.
                     let r = orrery_store::update_with(store.as_ref(), &tkey, |mut cur| {
+                        if cur.metadata.deletion_timestamp.is_some() {
+                            // Deleted meanwhile: released as above, on the next pass.
+                            return Err(StoreError::Backend(
+                                "the template is being deleted; released on the next pass".into(),
+                            ));
+                        }
                         if cur.metadata.uid != uid {
                             return Ok(None);
                         }

@@ -2132,6 +2132,19 @@ fn builtin_enablements() -> Vec<ApiEnablement> {
         gv("batch/v1", &[("jobs", "Job"), ("cronjobs", "CronJob")]),
         gv("networking.k8s.io/v1", &[("ingresses", "Ingress")]),
         gv(
+            "discovery.k8s.io/v1",
+            &[("endpointslices", "EndpointSlice")],
+        ),
+        // A member where Orrery's multi-cluster services work has the MCS API (its own
+        // exports are read from it, imports written to it).
+        gv(
+            orrery_api::services::API_VERSION,
+            &[
+                ("serviceexports", orrery_api::services::EXPORT_KIND),
+                ("serviceimports", orrery_api::services::IMPORT_KIND),
+            ],
+        ),
+        gv(
             "apiextensions.k8s.io/v1",
             &[("customresourcedefinitions", "CustomResourceDefinition")],
         ),
