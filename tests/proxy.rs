@@ -41,8 +41,8 @@ fn kubectl_reaches_a_pull_mode_members_pods_and_logs_through_the_proxy() {
 
     // The control plane runs no pods: kubectl logs (and exec) of the template stop at once,
     // saying where they are, not after kubectl's 20 s wait for a pod (its wait is a watch,
-    // answered with an error event; kubectl prints the list's warning, then that its watch
-    // closed).
+    // refused with a 404 that says so; kubectl prints the list's warning and that error, not
+    // that its watch closed).
     for args in [
         &["logs", "deploy/web", "-n", "default"][..],
         &["exec", "deploy/web", "-n", "default", "--", "true"][..],
@@ -55,7 +55,8 @@ fn kubectl_reaches_a_pull_mode_members_pods_and_logs_through_the_proxy() {
             err.contains(
                 "Warning: pods run in member clusters, not in the control plane: Deployment default/web in a;"
             ) && err.contains("orrery kubeconfig --cluster a")
-                && err.contains("error:"),
+                && err.contains("Error from server (NotFound): no pod runs in the control plane")
+                && !err.contains("watch closed"),
             "{err}"
         );
         assert!(

@@ -357,20 +357,15 @@ impl App {
                     _ => None,
                 };
                 // A one-shot watch for such pods (kubectl logs, exec, attach and port-forward
-                // of deploy/web wait on one for a pod that never comes): the answer is an error
-                // event saying where they run, so kubectl stops at once with it. Informers
-                // (their watches ask for bookmarks) get the warning only and watch on.
+                // of deploy/web wait on one for a pod that never comes): the watch itself is
+                // refused, 404 saying where they run, so kubectl ends at once with that
+                // (an error event in a stream it would skip, and then say only that the
+                // watch closed). Informers (their watches ask for bookmarks) get the warning
+                // only and watch on.
                 if let (Some(w), true) = (&elsewhere, one_shot) {
-                    let status = ApiError::new(404, "NotFound", w.clone()).to_status();
-                    let line = crate::registry::watch::line("ERROR", status);
-                    let mut answer = Response::new(crate::http::full(line));
-                    answer.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static("application/json"),
-                    );
-                    return Ok((answer, user));
+                    return Err((ApiError::new(404, "NotFound", w.short.clone()), user));
                 }
-                if let Some(w) = elsewhere {
+                if let Some(w) = elsewhere.map(|e| e.warning) {
                     let text = format!("299 - \"{}\"", w.replace(['"', '\\'], "'"));
                     if let Ok(v) = http::HeaderValue::from_str(&text) {
                         r.headers_mut().append(http::header::WARNING, v);

@@ -324,10 +324,18 @@ const WORKLOADS: &[(&str, &str, &str)] = &[
     ("batch", "Job", "jobs"),
 ];
 
+/// Where the pods of a propagated workload run: a warning with how to reach them, and the
+/// short sentence of an error.
+#[derive(Clone, Debug)]
+pub struct Elsewhere {
+    pub warning: String,
+    pub short: String,
+}
+
 /// What to tell someone who lists the control plane's pods by a selector that a propagated
 /// workload's pods match (`kubectl logs deploy/web` does, then waits 20 s for a pod that
 /// never comes): where they run, and how to reach them. `None` when no workload matches.
-pub async fn pods_elsewhere(app: &App, namespace: &str, selector: &str) -> Option<String> {
+pub async fn pods_elsewhere(app: &App, namespace: &str, selector: &str) -> Option<Elsewhere> {
     let sel = orrery_api::labels::Selector::parse(selector).ok()?;
     let bindings = app
         .store
@@ -370,10 +378,16 @@ pub async fn pods_elsewhere(app: &App, namespace: &str, selector: &str) -> Optio
         .iter()
         .map(|(w, cs)| format!("{w} in {}", cs.join(", ")))
         .collect();
-    Some(format!(
-        "pods run in member clusters, not in the control plane: {}; reach them through the cluster proxy: orrery kubeconfig --cluster {first} -o {first}.kubeconfig && kubectl --kubeconfig {first}.kubeconfig get pods -n {namespace}",
-        what.join("; ")
-    ))
+    Some(Elsewhere {
+        warning: format!(
+            "pods run in member clusters, not in the control plane: {}; reach them through the cluster proxy: orrery kubeconfig --cluster {first} -o {first}.kubeconfig && kubectl --kubeconfig {first}.kubeconfig get pods -n {namespace}",
+            what.join("; ")
+        ),
+        short: format!(
+            "no pod runs in the control plane: the pods of {} (see the warning above for how to reach them)",
+            what.join("; ")
+        ),
+    })
 }
 
 /// The namespace of a request to list its pods (`/api/v1/namespaces/<ns>/pods`).
