@@ -1231,6 +1231,77 @@ fn orrery_up_starts_a_fleet_and_resumes() {
             "{table}"
         );
     }
+    // A workload in one member, seen through the cluster proxy.
+    let apply = std::process::Command::new("kubectl")
+        .args(["apply", "-f", "-"])
+        .env("KUBECONFIG", &kubeconfig)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        apply
+            .stdin
+            .as_ref()
+            .unwrap()
+            .write_all(
+                common::divided_deployment(
+                    "kept",
+                    2,
+                    "{cpu: 100m, memory: 64Mi}",
+                    "    clusterAffinity: {clusterNames: [aws-us-east]}",
+                )
+                .as_bytes(),
+            )
+            .unwrap();
+    }
+    assert!(apply.wait_with_output().unwrap().status.success());
+    let member = dir.path().join("aws-us-east.kubeconfig");
+    common::cluster_kubeconfig(&kubeconfig, "aws-us-east", &member);
+    let cache = tempfile::tempdir().unwrap();
+    let in_member = |args: &[&str]| -> serde_json::Value {
+        let o = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&member)
+            .args(args)
+            .args(["-o", "json"])
+            .env("HOME", cache.path())
+            .env("KUBECACHEDIR", cache.path())
+            .output()
+            .unwrap();
+        serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+    };
+    let identities = |pods: &serde_json::Value| -> Vec<String> {
+        let mut v: Vec<String> = pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| {
+                p["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("kept-"))
+            })
+            .map(|p| {
+                format!(
+                    "{} {} {} {} {}",
+                    p["metadata"]["name"],
+                    p["metadata"]["uid"],
+                    p["metadata"]["creationTimestamp"],
+                    p["spec"]["nodeName"],
+                    p["status"]["containerStatuses"][0]["restartCount"]
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    common::eventually(Duration::from_secs(60), "kept's pods running", || {
+        identities(&in_member(&["get", "pods", "-n", "default"])).len() == 2
+    });
+    let pods_before = identities(&in_member(&["get", "pods", "-n", "default"]));
+    let deploy_before = in_member(&["get", "deployment", "kept", "-n", "default"]);
+    std::thread::sleep(Duration::from_secs(2));
     // Ctrl-C stops everything cleanly; a second run resumes the same fleet.
     common::signal(child.id(), "INT");
     assert!(child.wait().unwrap().success());
@@ -1241,6 +1312,22 @@ fn orrery_up_starts_a_fleet_and_resumes() {
         3,
         "the same three, not new ones"
     );
+    // The member kept its workload as it was: the same pods (names, uids, creation times,
+    // nodes, restarts) and the same Deployment (uid, creation time), as a real cluster would.
+    common::eventually(Duration::from_secs(30), "the member answers again", || {
+        identities(&in_member(&["get", "pods", "-n", "default"])).len() == 2
+    });
+    assert_eq!(
+        identities(&in_member(&["get", "pods", "-n", "default"])),
+        pods_before
+    );
+    let deploy_after = in_member(&["get", "deployment", "kept", "-n", "default"]);
+    for f in ["uid", "creationTimestamp"] {
+        assert_eq!(
+            deploy_after["metadata"][f], deploy_before["metadata"][f],
+            "{f}"
+        );
+    }
     common::signal(again.id(), "INT");
     assert!(again.wait().unwrap().success());
 }

@@ -295,6 +295,140 @@ fn kubectl_reaches_a_pull_mode_members_pods_and_logs_through_the_proxy() {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // A pod with a ConfigMap volume and env from it: its shell sees them; every exec ends
+    // (within seconds, never waiting on a stdin nobody sends), with the command's status.
+    f.s.apply(
+        r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: web-config, namespace: default}
+data: {greeting: hello}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: files, namespace: default}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: files}}
+  template:
+    metadata: {labels: {app: files}}
+    spec:
+      containers:
+      - name: c
+        image: busybox
+        env: [{name: GREETING, valueFrom: {configMapKeyRef: {name: web-config, key: greeting}}}]
+        volumeMounts: [{name: config, mountPath: /etc/web}]
+      volumes: [{name: config, configMap: {name: web-config}}]
+---
+apiVersion: multicluster.io/v1alpha1
+kind: ResourcePlacementPolicy
+metadata: {name: files, namespace: default}
+spec:
+  resourceSelector: {apiVersion: apps/v1, kind: Deployment, name: files}
+  propagateDeps: true
+  placement: {clusterAffinity: {clusterNames: [a]}}
+"#,
+    );
+    let mut files_pod = String::new();
+    eventually(Duration::from_secs(30), "files' pod running in a", || {
+        let out = kubectl_with(
+            &f,
+            &kc,
+            &[
+                "get",
+                "pods",
+                "-n",
+                "default",
+                "-l",
+                "app=files",
+                "-o",
+                "jsonpath={.items[0].metadata.name} {.items[0].status.phase}",
+            ],
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        match text.split_once(' ') {
+            Some((name, "Running")) => {
+                files_pod = name.to_string();
+                true
+            }
+            _ => false,
+        }
+    });
+    let timed = |args: &[&str]| {
+        let started = Instant::now();
+        let out = exec(args, "");
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    for (args, code, stdout) in [
+        (
+            vec!["cat", "/etc/hostname"],
+            Some(0),
+            format!("{files_pod}\n"),
+        ),
+        (
+            vec!["cat", "/etc/web/greeting"],
+            Some(0),
+            "hello".to_string(),
+        ),
+        (
+            vec!["sh", "-c", "echo hi; uname -s"],
+            Some(0),
+            "hi\nLinux\n".to_string(),
+        ),
+        (vec!["ls", "/etc/web"], Some(0), "greeting\n".to_string()),
+        (vec!["printenv", "GREETING"], Some(0), "hello\n".to_string()),
+        (
+            vec!["sh", "-c", "false && echo no || echo $GREETING"],
+            Some(0),
+            "hello\n".to_string(),
+        ),
+        (vec!["sh", "-c", "exit 4"], Some(4), String::new()),
+    ] {
+        let mut a = vec![files_pod.as_str(), "--"];
+        a.extend(args.iter().copied());
+        let (got, out, err) = timed(&a);
+        assert_eq!(
+            (got, out.as_str()),
+            (code, stdout.as_str()),
+            "{args:?}: {err}"
+        );
+    }
+    let (got, _, err) = timed(&[files_pod.as_str(), "--", "nosuch"]);
+    assert_eq!(got, Some(127), "{err}");
+    assert!(err.contains("not found"), "{err}");
+    // The member's own objects answer through the proxy too.
+    for (args, shows) in [
+        (vec!["get", "nodes"], "a-node-0"),
+        (vec!["get", "ns"], "kube-system"),
+        (vec!["get", "svc", "-n", "default"], "kubernetes"),
+        (vec!["get", "cm", "-n", "default"], "web-config"),
+        (vec!["get", "sa", "-n", "default"], "default"),
+    ] {
+        let out = kubectl_with(&f, &kc, &args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains(shows),
+            "{args:?}: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let cm = kubectl_with(&f, &kc, &["get", "cm", "web-config", "-n", "default"]);
+    let text = String::from_utf8_lossy(&cm.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("web-config") && l.split_whitespace().nth(1) == Some("1")),
+        "{text}"
+    );
+
     // RBAC on clusters/proxy: a user with no role is refused; one bound to a role that
     // grants the proxy of a (and only a) gets through to a.
     let alice = f.s.dir.join("alice.kubeconfig");

@@ -32,6 +32,7 @@ use super::{Backend, BackendError, Cause, MemberReport, ObjectState};
 mod api;
 pub mod data;
 mod portforward;
+mod shell;
 mod spdy;
 
 /// How a simulated cluster's background load varies over time.
@@ -690,7 +691,34 @@ struct Pod {
     request: Res,
     node: Option<usize>,
     phase: Phase,
+    /// When its phase last changed (the simulation's timers: start delay, job duration).
     since: Instant,
+    /// Its identity, kept across the member's restarts as a real cluster keeps its pods'.
+    uid: String,
+    created: orrery_api::Time,
+    /// When it began running.
+    started: Option<orrery_api::Time>,
+    restarts: u32,
+}
+
+/// A new uid, as an API server makes one.
+fn new_uid() -> String {
+    let mut b = [0u8; 16];
+    // Without randomness (never seen), a uid from the clock: unique enough for one member.
+    if getrandom::fill(&mut b).is_err() {
+        b[..16].copy_from_slice(&unix_now().as_nanos().to_le_bytes());
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
 }
 
 #[derive(Debug, Clone)]
@@ -709,8 +737,9 @@ struct SimObject {
     stamp: u64,
     /// The load profile's window its usage was last rendered for.
     load_window: u64,
-    /// When it was made (its creationTimestamp, had the member an API server).
+    /// When it was made (its creationTimestamp, had the member an API server), and its uid.
     created: String,
+    uid: String,
 }
 
 #[derive(Debug, Clone)]
@@ -788,6 +817,8 @@ struct State {
     /// Moves whenever a workload of the namespace may have changed its pods: the endpoints of
     /// the namespace's Services follow its pods.
     pod_epochs: BTreeMap<String, u64>,
+    /// When the member was made (its nodes' and system namespaces' creation).
+    born: orrery_api::Time,
 }
 
 impl State {
@@ -849,6 +880,13 @@ pub struct SimSnapshot {
     /// Volumes (with their data's size and version) and transfers under way.
     #[serde(default)]
     pub data: data::DataSnapshot,
+    /// Its pods, with their identities (`None` in a file of an earlier version: made anew).
+    #[serde(default)]
+    pub pods: Option<Vec<SnapshotPod>>,
+    #[serde(default)]
+    pub next_pod: u64,
+    #[serde(default)]
+    pub born: Option<orrery_api::Time>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
@@ -858,6 +896,31 @@ pub struct SnapshotObject {
     /// Completed pods of a Job.
     #[serde(default)]
     pub succeeded: i64,
+    #[serde(default)]
+    pub uid: Option<String>,
+    #[serde(default)]
+    pub created: Option<String>,
+}
+
+/// A pod as a snapshot keeps it: its owner, where it ran, and who it is.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotPod {
+    pub id: u64,
+    /// The owner's key: group, kind, namespace, name.
+    pub owner: (String, String, String, String),
+    #[serde(default)]
+    pub ordinal: Option<i64>,
+    /// Its node's name.
+    #[serde(default)]
+    pub node: Option<String>,
+    pub phase: String,
+    pub uid: String,
+    pub created: orrery_api::Time,
+    #[serde(default)]
+    pub started: Option<orrery_api::Time>,
+    #[serde(default)]
+    pub restarts: u32,
 }
 
 /// A snapshot of a simulated cluster, for the admin endpoint and tests.
@@ -922,6 +985,7 @@ impl SimCluster {
                 data_clock: Instant::now(),
                 latency_overrides: BTreeMap::new(),
                 pod_epochs: BTreeMap::new(),
+                born: orrery_api::Time::now(),
             })),
             spec,
             changed: tx,
@@ -1027,6 +1091,7 @@ impl SimCluster {
                     p.node = None;
                     p.phase = Phase::Pending;
                     p.since = now;
+                    p.started = None;
                 }
             }
             st.busy = true;
@@ -1099,9 +1164,35 @@ impl SimCluster {
                     manifest: o.manifest.clone(),
                     generation: o.generation,
                     succeeded: o.succeeded,
+                    uid: Some(o.uid.clone()),
+                    created: Some(o.created.clone()),
                 })
                 .collect(),
             data: st.data.snapshot_state(),
+            pods: Some(
+                st.pods
+                    .iter()
+                    .map(|(id, p)| SnapshotPod {
+                        id: *id,
+                        owner: p.owner.clone(),
+                        ordinal: p.ordinal,
+                        node: p.node.and_then(|i| st.nodes.get(i)).map(|n| n.name.clone()),
+                        phase: match p.phase {
+                            Phase::Pending => "Pending",
+                            Phase::Starting => "Starting",
+                            Phase::Running => "Running",
+                            Phase::Succeeded => "Succeeded",
+                        }
+                        .into(),
+                        uid: p.uid.clone(),
+                        created: p.created,
+                        started: p.started,
+                        restarts: p.restarts,
+                    })
+                    .collect(),
+            ),
+            next_pod: st.next_pod,
+            born: Some(st.born),
         }
     }
 
@@ -1110,8 +1201,12 @@ impl SimCluster {
     /// member. Meant for a member that holds nothing yet.
     pub fn restore(&self, snap: SimSnapshot) {
         let now = Instant::now();
+        let wall = orrery_api::Time::now();
         let mut st = self.lock();
         st.data.restore(snap.data);
+        if let Some(b) = snap.born {
+            st.born = b;
+        }
         for o in snap.objects {
             let Some(id) = ResourceIdentifier::of(0, &o.manifest) else {
                 continue;
@@ -1129,16 +1224,67 @@ impl SimCluster {
                     volume_block: None,
                     stamp: 0,
                     load_window: 0,
-                    created: orrery_api::Time::now().to_string(),
+                    created: o.created.unwrap_or_else(|| wall.to_string()),
+                    uid: o.uid.unwrap_or_else(new_uid),
                 },
             );
+        }
+        // The pods as they were: the same names, uids, times and nodes (a pod whose node is
+        // gone waits for another, as a real cluster's would).
+        let mut max_id = None;
+        for p in snap.pods.into_iter().flatten() {
+            let owner: Key = p.owner.clone();
+            let Some(shape) = st.objects.get(&owner).and_then(|o| o.shape.clone()) else {
+                continue;
+            };
+            let node = p
+                .node
+                .as_ref()
+                .and_then(|n| st.nodes.iter().position(|x| x.name == *n && x.ready));
+            let phase = match (p.phase.as_str(), node) {
+                ("Succeeded", _) => Phase::Succeeded,
+                (_, None) => Phase::Pending,
+                ("Pending", _) => Phase::Pending,
+                _ => Phase::Running,
+            };
+            // Its timers from when it started, as far as this clock can go back.
+            let since = p
+                .started
+                .and_then(|t| {
+                    now.checked_sub(Duration::from_secs(wall.seconds_since(t).max(0) as u64))
+                })
+                .unwrap_or(now);
+            max_id = max_id.max(Some(p.id));
+            st.pods.insert(
+                p.id,
+                Pod {
+                    owner,
+                    ordinal: p.ordinal,
+                    template: shape.template,
+                    request: shape.request,
+                    node,
+                    phase,
+                    since,
+                    uid: p.uid,
+                    created: p.created,
+                    started: p.started.filter(|_| phase == Phase::Running),
+                    restarts: p.restarts,
+                },
+            );
+        }
+        st.next_pod = snap.next_pod.max(max_id.map_or(0, |m| m + 1));
+        let keys: Vec<Key> = st.objects.keys().cloned().collect();
+        for key in keys {
             st.touch(&key);
+            // Fills what the snapshot did not have (a file of an earlier version) and trims
+            // what the spec no longer asks for.
             reconcile_pods(&mut st, &key, now);
         }
         advance(&mut st, &self.spec, now);
         for p in st.pods.values_mut() {
             if p.phase == Phase::Starting {
                 p.phase = Phase::Running;
+                p.started.get_or_insert(wall);
             }
         }
         let owners: Vec<Key> = st.objects.keys().cloned().collect();
@@ -1703,6 +1849,10 @@ fn reconcile_pods(st: &mut State, key: &Key, now: Instant) {
                 node: None,
                 phase: Phase::Pending,
                 since: now,
+                uid: new_uid(),
+                created: orrery_api::Time::now(),
+                started: None,
+                restarts: 0,
             },
         );
         st.busy = true;
@@ -1937,6 +2087,7 @@ fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
                 if now.duration_since(p.since) >= spec.start_delay {
                     p.phase = Phase::Running;
                     p.since = now;
+                    p.started = Some(orrery_api::Time::now());
                     changed = true;
                     moved.push(p.owner.clone());
                 }
@@ -2217,6 +2368,7 @@ impl Backend for SimCluster {
                             stamp: 0,
                             load_window: 0,
                             created: orrery_api::Time::now().to_string(),
+                            uid: new_uid(),
                         },
                     );
                     ("create", true)
@@ -2703,6 +2855,88 @@ mod tests {
             .unwrap();
         assert_eq!(again.snapshot().objects[0].generation, 3);
         assert_eq!(again.summary().pods_created, 1);
+    }
+
+    /// A member restarted from its snapshot keeps its pods as a real cluster does: the same
+    /// ids (so names), uids, creation and start times and nodes, and its objects' uids and
+    /// creation times; a new pod after it takes a new id.
+    #[tokio::test(start_paused = true)]
+    async fn a_restored_member_keeps_its_pods_identities() {
+        let sim = SimCluster::new("c", "r", spec("nodes=2,cpu=4,memory=8Gi,load=0,start=1s"));
+        for n in [3, 1, 3] {
+            sim.apply(
+                &deployment("web", n, "100m", "64Mi"),
+                false,
+                &Cause::default(),
+            )
+            .await
+            .unwrap();
+            tokio::time::advance(Duration::from_millis(1100)).await;
+            sim.tick();
+        }
+        let before = sim.snapshot();
+        let pods = before.pods.clone().unwrap();
+        assert_eq!(pods.len(), 3);
+        assert!(
+            pods.iter().any(|p| p.id > 2),
+            "ids skip after churn: {pods:?}"
+        );
+        assert!(
+            pods.iter()
+                .all(|p| p.phase == "Running" && p.started.is_some() && p.node.is_some())
+        );
+        // Through a file, with one creation time far in the past (a restore that made pods
+        // anew, now, could not keep it).
+        let mut v = serde_json::to_value(&before).unwrap();
+        v["pods"][0]["created"] = json!("2020-01-01T00:00:00Z");
+        let snap: SimSnapshot = serde_json::from_value(v).unwrap();
+        let want = snap.clone();
+        let again = SimCluster::new("c", "r", spec("nodes=2,cpu=4,memory=8Gi,load=0,start=1s"));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        again.restore(snap);
+        let after = again.snapshot();
+        let key = |p: &SnapshotPod| {
+            (
+                p.id,
+                p.uid.clone(),
+                p.created,
+                p.started,
+                p.node.clone(),
+                p.phase.clone(),
+            )
+        };
+        let mut a: Vec<_> = after.pods.clone().unwrap().iter().map(key).collect();
+        let mut b: Vec<_> = want.pods.clone().unwrap().iter().map(key).collect();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
+        assert_eq!(after.objects[0].uid, before.objects[0].uid);
+        assert_eq!(after.objects[0].created, before.objects[0].created);
+        assert_eq!(again.summary().pods_created, 0);
+        // Scaled up: a new id, not one reused.
+        again
+            .apply(
+                &deployment("web", 4, "100m", "64Mi"),
+                false,
+                &Cause::default(),
+            )
+            .await
+            .unwrap();
+        let ids: Vec<u64> = again
+            .snapshot()
+            .pods
+            .unwrap()
+            .iter()
+            .map(|p| p.id)
+            .collect();
+        let newest = ids.iter().max().unwrap();
+        assert_eq!(*newest, before.next_pod, "{ids:?}");
+        // A file of an earlier version (no pods) still restores, its pods made anew.
+        let mut old = serde_json::to_value(&before).unwrap();
+        old.as_object_mut().unwrap().remove("pods");
+        let third = SimCluster::new("c", "r", spec("nodes=2,cpu=4,memory=8Gi,load=0,start=1s"));
+        third.restore(serde_json::from_value(old).unwrap());
+        assert_eq!(third.summary().pods_running, 3);
     }
 
     fn statefulset(name: &str, replicas: i64, extra: Value) -> Value {
