@@ -3,10 +3,24 @@
 # objects of its own (a custom kind, a domain without an agent) and removes them at the end:
 # your workloads and clusters are left as they were.
 #
-#   examples/dro-rest.sh                     # ORRERY_DATA defaults to ./orrery-data
-#   ORRERY_DATA=/path/to/data examples/dro-rest.sh
+#   examples/dro-rest.sh                               # after `export KUBECONFIG=...` as `orrery up` prints
+#   ORRERY_DATA_DIR=/path/to/data examples/dro-rest.sh
+#
+# The data directory is found as every orrery command finds it: ORRERY_DATA_DIR, else the
+# directory of $KUBECONFIG when that is a data directory's admin.kubeconfig, else ./orrery-data.
 set -euo pipefail
-data="${ORRERY_DATA:-./orrery-data}"
+kc="${KUBECONFIG%%:*}"
+if [ -n "${ORRERY_DATA_DIR:-}" ]; then
+    data="$ORRERY_DATA_DIR"
+elif [ -n "$kc" ] && [ "$(basename "$kc")" = admin.kubeconfig ]; then
+    data="$(dirname "$kc")"
+else
+    data=./orrery-data
+fi
+if [ ! -f "$data/admin.kubeconfig" ]; then
+    echo "no admin.kubeconfig in $data: is orrery up running there? (set ORRERY_DATA_DIR or KUBECONFIG)" >&2
+    exit 1
+fi
 # The server and token of the admin kubeconfig (ORRERY_URL overrides the server).
 url="${ORRERY_URL:-$(awk '/server:/ {print $2; exit}' "$data/admin.kubeconfig")}"
 token=$(awk '/token:/ {print $2; exit}' "$data/admin.kubeconfig")
@@ -23,6 +37,8 @@ call() {
 cleanup() {
     echo "==> cleaning up" >&2
     req DELETE /api/v1/propagationpolicies/dro-example application/json >/dev/null 2>&1 || true
+    req DELETE /apis/policy.karmada.io/v1alpha1/clusterpropagationpolicies/dro-example-crd \
+        application/json >/dev/null 2>&1 || true
     req DELETE /apis/apiextensions.k8s.io/v1/customresourcedefinitions/droexamples.examples.orrery.io \
         application/json >/dev/null 2>&1 || true
     req DELETE /api/v1/clusters/gcp-production application/json >/dev/null 2>&1 || true
@@ -44,6 +60,22 @@ for _ in $(seq 50); do
 done
 req POST /apis/examples.orrery.io/v1/namespaces/default/droexamples application/json \
     '{"apiVersion": "examples.orrery.io/v1", "kind": "DroExample", "metadata": {"name": "hello"}, "spec": {"greeting": "hi"}}' >/dev/null
+# A member serves a kind only once its definition is there (the scheduler's APIEnablement
+# filter): as with Karmada, the CRD goes to the members first, here to every cluster.
+echo "==> the CRD to every member (a Karmada ClusterPropagationPolicy)" >&2
+req POST /apis/policy.karmada.io/v1alpha1/clusterpropagationpolicies application/json '{
+  "apiVersion": "policy.karmada.io/v1alpha1", "kind": "ClusterPropagationPolicy",
+  "metadata": {"name": "dro-example-crd"},
+  "spec": {"resourceSelectors": [{"apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition", "name": "droexamples.examples.orrery.io"}]}}' >/dev/null
+# (each member reports the kind with its next status, a few seconds after the CRD lands there)
+for c in aws-us-east gcp-europe; do
+    for _ in $(seq 150); do
+        req GET /apis/multicluster.io/v1alpha1/clusters/$c application/json 2>/dev/null |
+            grep -q '"groupVersion":"examples.orrery.io/v1"' && break
+        sleep 0.2
+    done
+done
 
 # 6.2.1: register a domain (its agent would join with `orrery token create --cluster gcp-production`).
 call POST /api/v1/clusters '{"name": "gcp-production", "endpoint": "https://k8s.gcp.example", "capabilities": ["gpu", "tls-encryption"]}'

@@ -263,7 +263,8 @@ fn every_example_places_what_it_says() {
     let before = (u.placed("web-deployment"), u.placed("api-deployment"));
     let out = Command::new("bash")
         .arg(examples().join("dro-rest.sh"))
-        .env("ORRERY_DATA", u.dir.path())
+        .env_remove("ORRERY_DATA_DIR")
+        .env("KUBECONFIG", u.kubeconfig())
         .output()
         .unwrap();
     assert!(
@@ -274,6 +275,16 @@ fn every_example_places_what_it_says() {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("\"activeClusters\":4"), "{stdout}");
+    // The DroExample is placed where the patched policy says (its CRD went to the members
+    // first, so they serve the kind).
+    let placed = stdout
+        .lines()
+        .find(|l| l.starts_with("\"clusters\":["))
+        .unwrap_or_else(|| panic!("the DroExample was not placed: {stdout}"));
+    assert!(
+        placed.contains("aws-us-east") && placed.contains("gcp-europe"),
+        "{placed}"
+    );
     assert_eq!(
         (u.placed("web-deployment"), u.placed("api-deployment")),
         before
@@ -529,4 +540,47 @@ fn orrery_sim_drives_the_fleet_of_orrery_up() {
             .contains("is `orrery up` running on this data directory?"),
         "{out:?}"
     );
+
+    // One way to find the data directory: the KUBECONFIG `orrery up --data-dir D` prints, or
+    // ORRERY_DATA_DIR=D, is enough for every command (run from a directory holding no
+    // ./orrery-data, with a KUBECONFIG elsewhere where ORRERY_DATA_DIR is set).
+    let bare = tempfile::tempdir().unwrap();
+    let orrery = |args: &[&str], env: (&str, &Path)| {
+        let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
+            .args(args)
+            .current_dir(bare.path())
+            .env_remove("ORRERY_DATA_DIR")
+            .env("KUBECONFIG", elsewhere.path().join("config"))
+            .env(env.0, env.1)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let exported = u.kubeconfig();
+    for env in [
+        ("KUBECONFIG", exported.as_path()),
+        ("ORRERY_DATA_DIR", u.dir.path()),
+    ] {
+        let (ok, out) = orrery(&["sim", "list"], env);
+        assert!(ok && out.contains("aws-us-east"), "{env:?}: {out}");
+        let (ok, out) = orrery(&["status"], env);
+        assert!(
+            ok && out.contains("CLUSTERS (2 registered"),
+            "{env:?}: {out}"
+        );
+        let (ok, out) = orrery(&["token", "create", "--cluster", "later"], env);
+        assert!(ok && out.trim().len() > 20, "{env:?}: {out}");
+        let (ok, out) = orrery(&["kubeconfig", "--cluster", "aws-us-east"], env);
+        assert!(
+            ok && out.contains("/clusters/aws-us-east/proxy"),
+            "{env:?}: {out}"
+        );
+    }
 }

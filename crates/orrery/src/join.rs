@@ -20,10 +20,14 @@ pub struct JoinArgs {
     pub kubeconfig: PathBuf,
     #[arg(long)]
     pub context: Option<String>,
-    /// The control plane's admin kubeconfig (default: $KUBECONFIG, else
+    /// The control plane's admin kubeconfig (default: the data directory's
+    /// admin.kubeconfig when --data-dir or ORRERY_DATA_DIR is set, else $KUBECONFIG, else
     /// ./orrery-data/admin.kubeconfig).
     #[arg(long)]
     pub server_kubeconfig: Option<PathBuf>,
+    /// The control plane's data directory (`orrery up` or `orrery server`).
+    #[arg(long, env = "ORRERY_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
     #[command(flatten)]
     pub facts: crate::agent::ClusterFlags,
 }
@@ -130,7 +134,11 @@ pub async fn run(args: JoinArgs) -> anyhow::Result<()> {
         bail!("invalid cluster name: {e}");
     }
     let (kubeconfig, server) = flatten(&args.kubeconfig, args.context.as_deref())?;
-    let admin = crate::token::admin_kubeconfig(args.server_kubeconfig.clone());
+    let admin = crate::locate::Locate {
+        data_dir: args.data_dir.clone(),
+        kubeconfig: args.server_kubeconfig.clone(),
+    }
+    .kubeconfig();
     let client = orrery_client::from_kubeconfig(&admin)
         .await
         .with_context(|| format!("using the admin kubeconfig {}", admin.display()))?;

@@ -15,10 +15,8 @@ pub struct KubeconfigArgs {
     /// Where to write it (default: standard output).
     #[arg(long, short)]
     pub output: Option<PathBuf>,
-    /// The control plane's kubeconfig (default: $KUBECONFIG, else
-    /// ./orrery-data/admin.kubeconfig).
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub locate: crate::locate::Locate,
 }
 
 /// The proxy's path for a cluster on the control plane's server.
@@ -69,7 +67,7 @@ pub fn through_proxy(mut k: Kubeconfig, cluster: &str) -> anyhow::Result<Kubecon
 }
 
 pub fn run(args: KubeconfigArgs) -> anyhow::Result<()> {
-    let path = crate::token::admin_kubeconfig(args.kubeconfig);
+    let path = args.locate.kubeconfig();
     let k = Kubeconfig::read_from(&path).with_context(|| format!("reading {}", path.display()))?;
     let out = through_proxy(k, &args.cluster)?;
     // JSON is YAML, and kubectl reads either.

@@ -8,6 +8,7 @@ mod agent;
 mod dns;
 mod join;
 mod kubeconfig;
+mod locate;
 mod push;
 mod scrub;
 mod server;

@@ -2,7 +2,7 @@
 //! loopback; its address is kept in the data directory), to see what Orrery does when a
 //! cluster goes dark, slows down or fills up.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
@@ -17,14 +17,8 @@ pub const ADMIN_FILE: &str = "sim-admin";
 pub struct SimArgs {
     #[command(subcommand)]
     pub command: SimCommand,
-    /// The data directory of `orrery up`.
-    #[arg(
-        long,
-        global = true,
-        default_value = "./orrery-data",
-        env = "ORRERY_DATA_DIR"
-    )]
-    pub data_dir: PathBuf,
+    #[command(flatten)]
+    pub locate: crate::locate::Locate,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -80,7 +74,7 @@ fn admin_address(data_dir: &Path) -> anyhow::Result<String> {
     let file = data_dir.join(ADMIN_FILE);
     let addr = std::fs::read_to_string(&file).with_context(|| {
         format!(
-            "no simulated clusters found ({} is missing): is `orrery up` running on this data directory?",
+            "no simulated clusters found ({} is missing): is `orrery up` running on this data directory? (it is --data-dir, else ORRERY_DATA_DIR, else the directory of $KUBECONFIG, else ./orrery-data)",
             file.display()
         )
     })?;
@@ -132,7 +126,7 @@ fn error_of(v: &Value) -> String {
 }
 
 pub async fn run(args: SimArgs) -> anyhow::Result<()> {
-    let addr = admin_address(&args.data_dir)?;
+    let addr = admin_address(&args.locate.data_dir())?;
     match args.command {
         SimCommand::List => {
             let (status, v) = call(&addr, http::Method::GET, "/clusters", None).await?;

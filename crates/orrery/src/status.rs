@@ -1,18 +1,13 @@
 //! `orrery status`: the fleet in the terminal. Clusters with their readiness and water levels
 //! as bars, the fleet's level, and the workloads with where they run.
 
-use std::path::PathBuf;
-
 use anyhow::Context;
 use serde_json::Value;
 
-use crate::token::admin_kubeconfig;
-
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
-    /// The admin kubeconfig (default: $KUBECONFIG, else ./orrery-data/admin.kubeconfig).
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub locate: crate::locate::Locate,
     /// Width of the water level bars.
     #[arg(long, default_value_t = 12)]
     pub bar: usize,
@@ -292,7 +287,7 @@ pub fn render(
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
-    let path = admin_kubeconfig(args.kubeconfig);
+    let path = args.locate.kubeconfig();
     let client = orrery_client::from_kubeconfig(&path)
         .await
         .with_context(|| format!("using the admin kubeconfig {}", path.display()))?;

@@ -1,7 +1,5 @@
 //! `orrery token create`: a bootstrap token for a member's agent.
 
-use std::path::PathBuf;
-
 use anyhow::Context;
 
 #[derive(Debug, clap::Subcommand)]
@@ -19,20 +17,8 @@ pub struct CreateArgs {
     /// How long the token is valid (e.g. 24h, 90m; 0 for no expiry).
     #[arg(long, default_value = "24h")]
     pub ttl: String,
-    /// The admin kubeconfig (default: $KUBECONFIG, else ./orrery-data/admin.kubeconfig).
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
-}
-
-/// The kubeconfig an admin command uses.
-pub fn admin_kubeconfig(explicit: Option<PathBuf>) -> PathBuf {
-    explicit
-        .or_else(|| {
-            std::env::var_os("KUBECONFIG")
-                .filter(|v| !v.is_empty())
-                .map(|v| std::env::split_paths(&v).next().unwrap_or_default())
-        })
-        .unwrap_or_else(|| PathBuf::from("./orrery-data/admin.kubeconfig"))
+    #[command(flatten)]
+    pub locate: crate::locate::Locate,
 }
 
 /// POSTs `body` to an admin endpoint of the server the admin kubeconfig names; the JSON
@@ -58,7 +44,7 @@ pub async fn admin_post(
 pub async fn run(cmd: TokenCommand) -> anyhow::Result<()> {
     match cmd {
         TokenCommand::Create(args) => {
-            let path = admin_kubeconfig(args.kubeconfig);
+            let path = args.locate.kubeconfig();
             let v = admin_post(
                 &path,
                 "/agent/v1/tokens",

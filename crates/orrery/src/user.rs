@@ -27,14 +27,13 @@ pub struct CreateArgs {
     /// Where to write the kubeconfig (default: ./<name>.kubeconfig).
     #[arg(long, short = 'o')]
     pub output: Option<PathBuf>,
-    /// The admin kubeconfig (default: $KUBECONFIG, else ./orrery-data/admin.kubeconfig).
-    #[arg(long)]
-    pub kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    pub locate: crate::locate::Locate,
 }
 
 pub async fn run(cmd: UserCommand) -> anyhow::Result<()> {
     let UserCommand::Create(args) = cmd;
-    let path = crate::token::admin_kubeconfig(args.kubeconfig);
+    let path = args.locate.kubeconfig();
     let kubeconfig = kube::config::Kubeconfig::read_from(&path)
         .with_context(|| format!("reading {}", path.display()))?;
     let server = kubeconfig
