@@ -89,10 +89,10 @@ fn placements_weigh_price_keep_budgets_and_floors_and_show_what_they_cost() {
     let b = f.s.get_json(&["resourcebinding", "thrifty-deployment"]);
     let cost = &b["status"]["cost"];
     let per: f64 = cost["clusters"]
-        .as_object()
+        .as_array()
         .unwrap()
-        .values()
-        .map(|v| v.as_f64().unwrap())
+        .iter()
+        .map(|c| c["hourly"].as_f64().unwrap())
         .sum();
     // A replica: 1 core and 1 GiB.
     let expect = on(&f, "thrifty", "cheap") as f64 * 0.022

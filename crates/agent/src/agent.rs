@@ -1937,7 +1937,7 @@ async fn tunnel_loop(inner: &Arc<Inner>, t: &Transport) -> End {
                         }
                     },
                 );
-                tracing::info!(cluster = %inner.cfg.cluster, "cluster proxy tunnel open");
+                tracing::debug!(cluster = %inner.cfg.cluster, "cluster proxy tunnel open");
                 let served =
                     hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
                         .enable_connect_protocol()

@@ -463,12 +463,52 @@ pub struct ClusterDecision {
 pub struct BindingCost {
     /// All its priced replicas together.
     pub hourly: f64,
-    /// Per cluster with prices.
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub clusters: std::collections::BTreeMap<String, f64>,
+    /// Per cluster with prices (a list, as Kubernetes lists what is named: kubectl describe
+    /// would print a map's cluster names as if they were field names). A map, as earlier
+    /// versions wrote it, is read too.
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "cluster_costs"
+    )]
+    pub clusters: Vec<ClusterCost>,
     /// Clusters it runs in that have no price for what it requests (not counted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unpriced: Vec<String>,
+}
+
+/// What a binding's replicas in one cluster cost per hour.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterCost {
+    pub name: String,
+    pub hourly: f64,
+}
+
+impl BindingCost {
+    /// One cluster's cost, if it has prices.
+    pub fn of(&self, cluster: &str) -> Option<f64> {
+        self.clusters
+            .iter()
+            .find(|c| c.name == cluster)
+            .map(|c| c.hourly)
+    }
+}
+
+fn cluster_costs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ClusterCost>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Either {
+        List(Vec<ClusterCost>),
+        Map(std::collections::BTreeMap<String, f64>),
+    }
+    Ok(match Either::deserialize(d)? {
+        Either::List(l) => l,
+        Either::Map(m) => m
+            .into_iter()
+            .map(|(name, hourly)| ClusterCost { name, hourly })
+            .collect(),
+    })
 }
 
 /// A data-aware workload's completion in one cluster: the transfer of the inputs it does not
@@ -613,6 +653,24 @@ pub fn work_name(namespace: &str, binding: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cost_per_cluster_is_a_list_and_the_old_map_is_read() {
+        let new: BindingCost = serde_json::from_value(serde_json::json!(
+            {"hourly": 0.3, "clusters": [{"name": "aws-us-east", "hourly": 0.1}, {"name": "b", "hourly": 0.2}]}
+        ))
+        .unwrap();
+        let old: BindingCost = serde_json::from_value(serde_json::json!(
+            {"hourly": 0.3, "clusters": {"aws-us-east": 0.1, "b": 0.2}}
+        ))
+        .unwrap();
+        assert_eq!(new, old);
+        assert_eq!(new.of("b"), Some(0.2));
+        assert_eq!(
+            serde_json::to_value(&new).unwrap()["clusters"][0],
+            serde_json::json!({"name": "aws-us-east", "hourly": 0.1})
+        );
+    }
 
     fn task(v: serde_json::Value) -> Result<Task, serde_json::Error> {
         serde_json::from_value(v)

@@ -19,6 +19,9 @@ pub const EGRESS_PER_GIB: &str = "cost.orrery.io/egress-per-gib";
 pub const CAPACITY_TYPE: &str = "cost.orrery.io/capacity-type";
 /// For spot capacity: the share of its replicas interrupted in an hour, 0 to 1.
 pub const INTERRUPTION_RATE: &str = "cost.orrery.io/interruption-rate";
+/// The currency of a cluster's prices, an ISO 4217 code (`USD`, `EUR`): shown beside costs,
+/// never converted.
+pub const CURRENCY: &str = "cost.orrery.io/currency";
 /// KubeFleet's (Azure property provider's) hourly price of a core, read when Orrery's own is
 /// absent.
 pub const FLEET_CPU_CORE: &str = "kubernetes.azure.com/per-cpu-core-cost";
@@ -48,6 +51,24 @@ impl Capacity {
     }
 }
 
+/// The one currency the priced clusters' prices are in: `Ok(Some(code))` when every priced
+/// cluster that names one names the same, `Ok(None)` when none names one, and the codes
+/// when they differ (their costs are then not comparable, and are shown without a currency).
+pub fn fleet_currency<'a>(
+    prices: impl IntoIterator<Item = &'a Prices>,
+) -> Result<Option<String>, Vec<String>> {
+    let codes: std::collections::BTreeSet<&str> = prices
+        .into_iter()
+        .filter(|p| p.is_priced())
+        .filter_map(|p| p.currency.as_deref())
+        .collect();
+    match codes.len() {
+        0 => Ok(None),
+        1 => Ok(codes.into_iter().next().map(str::to_string)),
+        _ => Err(codes.into_iter().map(str::to_string).collect()),
+    }
+}
+
 /// A cluster's prices, per hour. A price that is absent is not known (not free).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Prices {
@@ -58,6 +79,8 @@ pub struct Prices {
     pub capacity: Capacity,
     /// For spot capacity: the share of its replicas interrupted in an hour.
     pub interruption_rate: f64,
+    /// The currency the prices are in, if the cluster says.
+    pub currency: Option<String>,
 }
 
 /// Why a price property cannot be read.
@@ -71,6 +94,8 @@ pub enum PriceError {
     Rate(String),
     #[error("{INTERRUPTION_RATE} is for spot capacity only")]
     RateOnDemand,
+    #[error("{CURRENCY}: {0:?} is not a currency code (three capital letters, ISO 4217: USD, EUR)")]
+    Currency(String),
 }
 
 /// The names one price goes by (Orrery's, KubeFleet's).
@@ -132,6 +157,13 @@ impl Prices {
             Some(SPOT) => p.capacity = Capacity::Spot,
             Some(other) => errs.push(PriceError::Capacity(other.to_string())),
         }
+        if let Some(v) = props.get(CURRENCY).map(|v| v.trim()) {
+            if v.len() == 3 && v.bytes().all(|b| b.is_ascii_uppercase()) {
+                p.currency = Some(v.to_string());
+            } else {
+                errs.push(PriceError::Currency(v.to_string()));
+            }
+        }
         if let Some(v) = props.get(INTERRUPTION_RATE) {
             match v.trim().parse::<f64>() {
                 Ok(r) if (0.0..=1.0).contains(&r) => {
@@ -188,6 +220,7 @@ pub fn validate_properties(props: &BTreeMap<String, String>, path: &str, errs: &
             PriceError::NotAPrice { key, .. } => key.clone(),
             PriceError::Capacity(_) => CAPACITY_TYPE.to_string(),
             PriceError::Rate(_) | PriceError::RateOnDemand => INTERRUPTION_RATE.to_string(),
+            PriceError::Currency(_) => CURRENCY.to_string(),
         };
         let value = props.get(&key).cloned().unwrap_or_default();
         errs.push(FieldError::invalid(
@@ -383,6 +416,41 @@ mod tests {
         let spec = props(&[(MEMORY_GIB_HOUR, "0.004")]);
         let (p, _) = Prices::of(merged(&status, &spec));
         assert_eq!(p.memory_gib_hour, Some(0.004));
+    }
+
+    #[test]
+    fn a_currency_is_a_code_and_the_fleet_has_one_or_says_it_has_several() {
+        let (usd, errs) = Prices::of([(CPU_CORE_HOUR, "0.04"), (CURRENCY, "USD")]);
+        assert_eq!((usd.currency.as_deref(), errs.len()), (Some("USD"), 0));
+        for bad in ["usd", "US", "US$", "EURO"] {
+            let (p, errs) = Prices::of([(CURRENCY, bad)]);
+            assert_eq!(p.currency, None);
+            assert_eq!(errs, [PriceError::Currency(bad.into())], "{bad}");
+        }
+        let (eur, _) = Prices::of([(CPU_CORE_HOUR, "0.03"), (CURRENCY, "EUR")]);
+        let (unnamed, _) = Prices::of([(CPU_CORE_HOUR, "0.03")]);
+        // An unpriced cluster's currency says nothing about costs.
+        let (idle, _) = Prices::of([(CURRENCY, "EUR")]);
+        assert_eq!(
+            fleet_currency([&usd, &unnamed, &idle]),
+            Ok(Some("USD".into()))
+        );
+        assert_eq!(fleet_currency([&unnamed]), Ok(None));
+        assert_eq!(
+            fleet_currency([&usd, &eur]),
+            Err(vec!["EUR".to_string(), "USD".to_string()])
+        );
+        let mut errs = ErrorList::default();
+        validate_properties(
+            &props(&[(CURRENCY, "dollars")]),
+            "spec.properties",
+            &mut errs,
+        );
+        let text = format!("{errs:?}");
+        assert!(
+            text.contains("spec.properties[cost.orrery.io/currency]"),
+            "{text}"
+        );
     }
 
     #[test]

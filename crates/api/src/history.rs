@@ -234,7 +234,8 @@ pub mod series {
                 .collect();
             FleetCost {
                 time: Some(s.time),
-                hourly: (clusters.values().sum::<f64>() * 10_000.0).round() / 10_000.0,
+                // `+ 0.0`: the sum of nothing is -0.0, printed `-0.0`.
+                hourly: (clusters.values().sum::<f64>() * 10_000.0).round() / 10_000.0 + 0.0,
                 clusters,
             }
         }

@@ -425,6 +425,7 @@ pub fn types_of(crd: &Object) -> Vec<(ResourceType, Value)> {
                         description: s(c, "/description").unwrap_or("").to_string(),
                         priority: c.get("priority").and_then(Value::as_i64).unwrap_or(0) as i32,
                         json_path: s(c, "/jsonPath").unwrap_or("").to_string(),
+                        render: crate::resources::Render::Plain,
                     })
                     .collect(),
                 _ => vec![age],

@@ -48,6 +48,19 @@ pub struct Column {
     pub priority: i32,
     /// Simple JSONPath (`.spec.replicas`); empty for computed columns.
     pub json_path: String,
+    /// How the value found is shown.
+    pub render: Render,
+}
+
+/// How a declared column shows its value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Render {
+    /// As found.
+    #[default]
+    Plain,
+    /// A water level, a fraction of capacity: past 1 it says so (`1.037 (over 100%)`), so
+    /// an overcommitted cluster does not read as a typo.
+    Level,
 }
 
 impl Column {
@@ -59,7 +72,13 @@ impl Column {
             description: description.into(),
             priority,
             json_path: json_path.into(),
+            render: Render::Plain,
         }
+    }
+
+    pub fn rendered(mut self, render: Render) -> Self {
+        self.render = render;
+        self
     }
 }
 
@@ -768,7 +787,8 @@ fn own_columns(kind: &str) -> Printer {
                 ".status.waterLevel.overall",
                 0,
                 "The cluster's overall Resource Water Level",
-            ),
+            )
+            .rendered(Render::Level),
             age,
             // `-o wide`.
             Column::new(

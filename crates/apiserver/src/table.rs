@@ -1079,6 +1079,12 @@ pub fn json_path(v: &Value, path: &str) -> Option<Value> {
 
 fn declared_cell(c: &Column, o: &Value, now: Time) -> Value {
     let v = json_path(o, &c.json_path);
+    if c.render == crate::resources::Render::Level
+        && let Some(level) = v.as_ref().and_then(Value::as_f64)
+        && level > 1.0
+    {
+        return json!(format!("{level} (over 100%)"));
+    }
     match (c.type_.as_str(), v) {
         ("date", Some(Value::String(t))) => match t.parse::<Time>() {
             Ok(t) => json!(since(Some(t), now)),
@@ -1360,5 +1366,13 @@ mod tests {
             ])
         );
         assert!(r.get("object").is_none());
+
+        // An overcommitted cluster's level says so.
+        let mut over = obj.clone();
+        if let Some(st) = over.status.as_mut() {
+            st["waterLevel"]["overall"] = json!(1.037);
+        }
+        let r = row(&rt, &over, IncludeObject::None, Time::now());
+        assert_eq!(r["cells"][4], json!("1.037 (over 100%)"));
     }
 }

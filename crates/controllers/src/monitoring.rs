@@ -186,7 +186,8 @@ impl Placed {
             .flatten()
             .filter_map(|v| orrery_scheduler::cost::unit_hourly(prices, v).ok())
             .sum();
-        Some((total * 10_000.0).round() / 10_000.0)
+        // `+ 0.0`: the sum of nothing is -0.0 in Rust, which JSON prints as `-0.0`.
+        Some((total * 10_000.0).round() / 10_000.0 + 0.0)
     }
 
     /// [`Placed::shares_in`], with the Cluster's allocatable read from it.
@@ -825,6 +826,9 @@ mod tests {
         assert_eq!(p.shares_in("a", &seen.allocatable), p.shares(&c));
         assert_eq!(p.cost_in("a", &seen.prices), p.cost(&c));
         assert!(p.cost(&c).is_some());
+        // A priced cluster running nothing of Orrery's costs 0, not -0 (printed `-0.0`).
+        let idle = p.cost_in("b", &seen.prices).unwrap();
+        assert!(idle == 0.0 && idle.is_sign_positive(), "{idle}");
     }
 
     /// Orrery's part of each cluster's levels follows what its bindings place there: a new

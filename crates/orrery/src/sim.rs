@@ -118,6 +118,58 @@ pub async fn loopback(
     Ok((status, value))
 }
 
+/// `orrery sim list`'s table: columns as wide as their widest cell, as kubectl prints.
+pub fn list_table(v: &Value) -> String {
+    let mut rows = vec![[
+        "NAME".to_string(),
+        "READY-NODES".to_string(),
+        "PODS".to_string(),
+        "LOAD".to_string(),
+        "FAULTS".to_string(),
+    ]];
+    for c in v.as_array().into_iter().flatten() {
+        let mut faults = Vec::new();
+        if c["outage"] == true {
+            faults.push("outage".to_string());
+        }
+        if let Some(ms) = c["latencyMs"].as_u64().filter(|m| *m > 0) {
+            faults.push(format!("latency {ms}ms"));
+        }
+        if let Some(n) = c["lostNodes"].as_u64().filter(|n| *n > 0) {
+            faults.push(format!("{n} nodes lost"));
+        }
+        let n = |k: &str| c[k].as_u64().unwrap_or(0);
+        rows.push([
+            c["name"].as_str().unwrap_or("").to_string(),
+            format!("{}/{}", n("readyNodes"), n("nodes")),
+            n("podsRunning").to_string(),
+            format!("{:.2}", c["load"].as_f64().unwrap_or(0.0)),
+            if faults.is_empty() {
+                "-".to_string()
+            } else {
+                faults.join(", ")
+            },
+        ]);
+    }
+    let widths: Vec<usize> = (0..5)
+        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
+        .collect();
+    let mut out = String::new();
+    for r in &rows {
+        let mut line = String::new();
+        for (i, cell) in r.iter().enumerate() {
+            if i + 1 == r.len() {
+                line.push_str(cell);
+            } else {
+                line.push_str(&format!("{cell:<w$}   ", w = widths[i]));
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
 fn error_of(v: &Value) -> String {
     v.get("error")
         .and_then(Value::as_str)
@@ -133,34 +185,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
             if !status.is_success() {
                 bail!("listing the simulated clusters failed: {}", error_of(&v));
             }
-            println!(
-                "{:<16} {:>11} {:>8} {:>6}  FAULTS",
-                "NAME", "READY-NODES", "PODS", "LOAD"
-            );
-            for c in v.as_array().into_iter().flatten() {
-                let mut faults = Vec::new();
-                if c["outage"] == true {
-                    faults.push("outage".to_string());
-                }
-                if let Some(ms) = c["latencyMs"].as_u64().filter(|m| *m > 0) {
-                    faults.push(format!("latency {ms}ms"));
-                }
-                if let Some(n) = c["lostNodes"].as_u64().filter(|n| *n > 0) {
-                    faults.push(format!("{n} nodes lost"));
-                }
-                println!(
-                    "{:<16} {:>11} {:>8} {:>6.2}  {}",
-                    c["name"].as_str().unwrap_or(""),
-                    format!("{}/{}", c["readyNodes"], c["nodes"]),
-                    c["podsRunning"],
-                    c["load"].as_f64().unwrap_or(0.0),
-                    if faults.is_empty() {
-                        "-".to_string()
-                    } else {
-                        faults.join(", ")
-                    }
-                );
-            }
+            print!("{}", list_table(&v));
         }
         SimCommand::Fault { cluster, fault } => {
             let (method, what, body) = request_of(&fault)?;
@@ -188,6 +213,28 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_list_lines_up_its_columns() {
+        let v = json!([
+            {"name": "aws-us-east", "readyNodes": 8, "nodes": 8, "podsRunning": 10, "load": 0.35},
+            {"name": "azure-asia", "readyNodes": 10, "nodes": 10, "podsRunning": 0, "load": 0.55,
+             "outage": true, "latencyMs": 200},
+        ]);
+        let t = list_table(&v);
+        let lines: Vec<&str> = t.lines().collect();
+        assert_eq!(lines.len(), 3, "{t}");
+        // Every column starts at the same offset on every line.
+        for col in ["READY-NODES", "PODS", "LOAD", "FAULTS"] {
+            let at = lines[0].find(col).unwrap();
+            for l in &lines[1..] {
+                assert_ne!(l.as_bytes()[at], b' ', "{col} in {l:?}\n{t}");
+                assert_eq!(l.as_bytes()[at - 1], b' ', "{col} in {l:?}\n{t}");
+            }
+        }
+        assert!(lines[2].ends_with("outage, latency 200ms"), "{t}");
+        assert!(lines[1].ends_with('-'), "{t}");
+    }
 
     #[test]
     fn each_fault_is_one_admin_request() {

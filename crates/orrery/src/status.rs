@@ -13,14 +13,20 @@ pub struct StatusArgs {
     pub bar: usize,
 }
 
-/// `████░░░░ 0.42` (the level is clamped to the bar; the figure is exact).
+/// What marks a level past capacity.
+const OVER: &str = "!";
+
+/// `████░░░░ 0.42` (the level is clamped to the bar; the figure is exact; past 1 it is
+/// marked `!`).
 pub fn bar(level: f64, width: usize) -> String {
     let filled = ((level.clamp(0.0, 1.0) * width as f64).round() as usize).min(width);
     format!(
-        "{}{} {:.2}",
+        "{}{} {:.2}{}",
         "█".repeat(filled),
         "░".repeat(width - filled),
-        level
+        level,
+        // Overcommitted (usage past capacity): flagged, and explained under the table.
+        if level > 1.0 { OVER } else { "" }
     )
 }
 
@@ -122,15 +128,19 @@ pub fn render(
         .max()
         .unwrap_or(6)
         .max(6);
-    let col = width + 5;
+    let col = width + 6;
     out.push_str(&format!(
         "{:name_w$}  {:region_w$}  {:7}  {:col$}  {:col$}  {:col$}\n",
         "NAME", "REGION", "READY", "CPU", "MEMORY", "OVERALL"
     ));
     let (mut sum, mut n) = (0.0, 0);
+    let mut over = false;
     for c in clusters {
         let wl = get(c, &["status", "waterLevel"]);
         let level = |d: &str| wl[d].as_f64();
+        over |= ["cpu", "memory", "overall"]
+            .iter()
+            .any(|d| level(d).is_some_and(|l| l > 1.0));
         let cell = |x: Option<f64>| x.map(|v| bar(v, width)).unwrap_or_else(|| "-".into());
         if ready(c) == "True"
             && let Some(o) = level("overall")
@@ -146,6 +156,11 @@ pub fn render(
             cell(level("cpu")),
             cell(level("memory")),
             cell(level("overall")),
+        ));
+    }
+    if over {
+        out.push_str(&format!(
+            "{OVER} over 100%: the cluster's usage is past its allocatable capacity (overcommitted)\n"
         ));
     }
     if n > 0 {
@@ -322,7 +337,7 @@ mod tests {
     #[test]
     fn bars_and_tables() {
         assert_eq!(bar(0.5, 4), "██░░ 0.50");
-        assert_eq!(bar(1.3, 4), "████ 1.30");
+        assert_eq!(bar(1.3, 4), "████ 1.30!");
         assert_eq!(bar(-0.1, 4), "░░░░ -0.10");
         let clusters = vec![json!({
             "metadata": {"name": "east"}, "spec": {"region": "us-east-1"},

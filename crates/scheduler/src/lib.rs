@@ -1768,7 +1768,10 @@ pub fn cost_of(
             Ok(u) => {
                 let c = u * t.replicas as f64;
                 out.hourly += c;
-                out.clusters.insert(t.name.clone(), round_cost(c));
+                out.clusters.push(orrery_api::binding::ClusterCost {
+                    name: t.name.clone(),
+                    hourly: round_cost(c),
+                });
             }
             Err(_) => out.unpriced.push(t.name.clone()),
         }

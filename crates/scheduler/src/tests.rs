@@ -1834,7 +1834,7 @@ fn a_budget_keeps_the_hourly_cost_and_says_what_it_left_out() {
     ];
     let cost = crate::cost_of(&Fleet::new(fleet.to_vec()), &t.task(), &placed).unwrap();
     assert_eq!(cost.hourly, 4.0);
-    assert_eq!(cost.clusters["cheap"], 2.0);
+    assert_eq!(cost.of("cheap"), Some(2.0));
     assert_eq!(cost.unpriced, ["unpriced"]);
 }
 

@@ -490,6 +490,11 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
             continue;
         }
         s.reconcile_chunk().await;
+        // A round ends when its queue does, not after the wait for the next event (a round
+        // of one binding would otherwise last the second that wait takes, and read as slow).
+        if s.queue.is_empty() {
+            s.end_round().await;
+        }
         // Let the tasks sharing this thread (the informers feeding us) run.
         tokio::task::yield_now().await;
     }
@@ -2639,9 +2644,17 @@ fn placed_message(clusters: &[TargetCluster]) -> String {
     if clusters.is_empty() {
         return "placed on no cluster".into();
     }
+    // A kind without replicas (a Service, a ConfigMap) is placed whole: no counts to show.
+    let counted = clusters.iter().any(|c| c.replicas > 0);
     let parts: Vec<String> = clusters
         .iter()
-        .map(|c| format!("{}({})", c.name, c.replicas))
+        .map(|c| {
+            if counted {
+                format!("{}({})", c.name, c.replicas)
+            } else {
+                c.name.clone()
+            }
+        })
         .collect();
     format!("placed on {}", parts.join(", "))
 }
@@ -2651,4 +2664,29 @@ fn unhealthy_for(a: &AggregatedStatusItem, now: Time) -> Option<i64> {
         return None;
     }
     Some(now.seconds_since(a.health_since?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(name: &str, replicas: i64) -> TargetCluster {
+        TargetCluster {
+            name: name.into(),
+            replicas,
+        }
+    }
+
+    #[test]
+    fn a_placement_message_counts_replicas_only_for_kinds_that_have_them() {
+        assert_eq!(
+            placed_message(&[t("a", 3), t("b", 0)]),
+            "placed on a(3), b(0)"
+        );
+        assert_eq!(
+            placed_message(&[t("onprem-gpu", 0)]),
+            "placed on onprem-gpu"
+        );
+        assert_eq!(placed_message(&[]), "placed on no cluster");
+    }
 }

@@ -259,13 +259,14 @@ impl FromStr for SimSpec {
                     spec.gpu_model = v.to_string();
                 }
                 "cpuCoreHour" | "memoryGiBHour" | "gpuHour" | "capacityType"
-                | "interruptionRate" => {
+                | "interruptionRate" | "currency" => {
                     use orrery_api::cost as c;
                     let key = match k {
                         "cpuCoreHour" => c::CPU_CORE_HOUR,
                         "memoryGiBHour" => c::MEMORY_GIB_HOUR,
                         "gpuHour" => c::GPU_HOUR,
                         "capacityType" => c::CAPACITY_TYPE,
+                        "currency" => c::CURRENCY,
                         _ => c::INTERRUPTION_RATE,
                     };
                     spec.prices.insert(key, v.to_string());
@@ -740,6 +741,8 @@ struct SimObject {
     /// When it was made (its creationTimestamp, had the member an API server), and its uid.
     created: String,
     uid: String,
+    /// When a Job reached its completions (its status.completionTime).
+    completed: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -900,6 +903,9 @@ pub struct SnapshotObject {
     pub uid: Option<String>,
     #[serde(default)]
     pub created: Option<String>,
+    /// When a Job completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completed: Option<String>,
 }
 
 /// A pod as a snapshot keeps it: its owner, where it ran, and who it is.
@@ -1166,6 +1172,7 @@ impl SimCluster {
                     succeeded: o.succeeded,
                     uid: Some(o.uid.clone()),
                     created: Some(o.created.clone()),
+                    completed: o.completed.clone(),
                 })
                 .collect(),
             data: st.data.snapshot_state(),
@@ -1213,6 +1220,13 @@ impl SimCluster {
             };
             let key = key_of(&id);
             let shape = shape_of(&o.manifest);
+            // A snapshot from before completions were timed: done as of now.
+            let completed = o.completed.or_else(|| {
+                shape
+                    .as_ref()
+                    .is_some_and(|sh| sh.kind == WorkloadKind::Job && o.succeeded >= sh.completions)
+                    .then(|| wall.to_string())
+            });
             st.objects.insert(
                 key.clone(),
                 SimObject {
@@ -1226,6 +1240,7 @@ impl SimCluster {
                     load_window: 0,
                     created: o.created.unwrap_or_else(|| wall.to_string()),
                     uid: o.uid.unwrap_or_else(new_uid),
+                    completed,
                 },
             );
         }
@@ -1425,10 +1440,16 @@ impl SimCluster {
             }
             (_, WorkloadKind::Job) => {
                 let active = pods.iter().filter(|p| p.phase != Phase::Succeeded).count();
-                let mut s = json!({"active": active, "succeeded": obj.succeeded, "failed": 0});
+                // As the Job controller: started when the member took it, completed when the
+                // last completion was reached.
+                let mut s = json!({"active": active, "succeeded": obj.succeeded, "failed": 0,
+                                   "startTime": obj.created});
                 if obj.succeeded >= shape.completions {
                     s["conditions"] = json!([{"type": "Complete", "status": "True", "reason": "CompletionsReached"}]);
                     s["active"] = json!(0);
+                    if let Some(t) = &obj.completed {
+                        s["completionTime"] = json!(t);
+                    }
                 }
                 s
             }
@@ -2153,6 +2174,13 @@ fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
         for key in finished_jobs {
             if let Some(o) = st.objects.get_mut(&key) {
                 o.succeeded += 1;
+                if o.completed.is_none()
+                    && o.shape
+                        .as_ref()
+                        .is_some_and(|sh| o.succeeded >= sh.completions)
+                {
+                    o.completed = Some(orrery_api::Time::now().to_string());
+                }
             }
             st.touch(&key);
             reconcile_pods(st, &key, now);
@@ -2369,6 +2397,7 @@ impl Backend for SimCluster {
                             load_window: 0,
                             created: orrery_api::Time::now().to_string(),
                             uid: new_uid(),
+                            completed: None,
                         },
                     );
                     ("create", true)
@@ -3275,6 +3304,24 @@ mod tests {
         let s = sim.state(&id(&job)).await.unwrap().unwrap();
         assert_eq!(s.status.as_ref().unwrap()["succeeded"], 3, "{s:?}");
         assert_eq!(s.health, Health::Healthy);
+        // Its start and completion, as a Job controller writes them (kubectl's DURATION),
+        // and the same after the member starts again.
+        let times = |st: &Value| {
+            (
+                st["startTime"].as_str().map(str::to_string),
+                st["completionTime"].as_str().map(str::to_string),
+            )
+        };
+        let (start, done) = times(s.status.as_ref().unwrap());
+        assert!(start.is_some() && done >= start, "{s:?}");
+        let again = SimCluster::new(
+            "c",
+            "r",
+            spec("nodes=3,cpu=4,memory=4Gi,load=0,start=0s,job=2s"),
+        );
+        again.restore(sim.snapshot());
+        let after = again.state(&id(&job)).await.unwrap().unwrap();
+        assert_eq!(times(after.status.as_ref().unwrap()), (start, done));
 
         let ds = json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "ds", "namespace": "d"},
             "spec": {"template": {"spec": {"containers": [{"name": "c"}]}}}});
