@@ -329,8 +329,25 @@ fn orrery_up_started_again_moves_nothing() {
     for how in ["INT", "KILL"] {
         let dir = u.stop(how);
         u = up_in(dir, 3);
-        // Long enough for every agent to reconnect, resume and report twice.
-        std::thread::sleep(Duration::from_secs(8));
+        // Long enough for every agent to reconnect, resume and report twice; a fleet at rest
+        // logs nothing at INFO once started (no "slow round" every few seconds).
+        std::thread::sleep(Duration::from_secs(3));
+        let info = |log: &str| log.lines().filter(|l| l.contains(" INFO ")).count();
+        let started = std::fs::read_to_string(u.dir.path().join("up.log")).unwrap();
+        std::thread::sleep(Duration::from_secs(5));
+        let log = std::fs::read_to_string(u.dir.path().join("up.log")).unwrap();
+        assert!(!log.contains('\u{1b}'), "colours in a file: {log}");
+        assert_eq!(
+            info(&started),
+            info(&log),
+            "INFO lines at rest after SIG{how}:\n{}",
+            &log[started.len()..]
+        );
+        assert!(
+            info(&log) <= 15,
+            "{} INFO lines to start:\n{log}",
+            info(&log)
+        );
         let after = u.state();
         assert_eq!(
             before, after,

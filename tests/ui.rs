@@ -4,8 +4,9 @@
 //! applied during the test appears with its placement without a reload (so do workloads no
 //! policy selects, and replicas that fit nowhere), the chart draws a line per cluster over
 //! labelled axes, the schedule history and the workloads name the same strategy, and a
-//! cluster's outage is one failure with its recovery. Every tab is checked and saved as a
-//! screenshot at 1366 and 800 px.
+//! cluster's outage is one failure with its recovery, shown stale and marked on the time axis,
+//! and a deleted cluster leaves the view. Every tab is checked and saved as a screenshot at
+//! 1600 and 800 px, as the fleet is, during an outage and after a cluster is deleted.
 
 #![allow(clippy::unwrap_used)]
 
@@ -341,54 +342,121 @@ async fn the_global_view_shows_the_fleet_live() {
              && document.querySelectorAll('#chart text.x-label').length >= 2;",
     )
     .await;
-    // Each cluster's forecast band after its history, right of the present.
+    // Each cluster's forecast after its history, right of the present: its mean for every
+    // cluster, its 80 % interval only for the one picked in the legend (bands of all hid the
+    // lines), and nothing drawn outside the plot.
     until(
         &c,
-        "a forecast band per cluster after the history",
-        "const bands = [...document.querySelectorAll('#chart .forecast-band')];
-         const names = new Set(bands.map(b => b.dataset.cluster));
+        "a forecast mean per cluster after the history, and no band until one is picked",
+        "const means = [...document.querySelectorAll('#chart .forecast-mean')];
          const now = document.querySelector('#chart line.now');
-         if (names.size !== 3 || !now) return false;
+         if (new Set(means.map(m => m.dataset.cluster)).size !== 3 || !now) return false;
          const x = Number(now.getAttribute('x1'));
-         // Each band starts where its forecast was made (the last sample or so) and runs on
-         // right of the present.
          const xs = b => b.getAttribute('points').split(' ').map(p => Number(p.split(',')[0]));
-         return bands.every(b => Math.max(...xs(b)) > x + 10 && xs(b).filter(v => v > x).length * 2 >= xs(b).length)
-             && document.querySelectorAll('#chart .forecast-mean').length === 3
+         return means.every(m => Math.max(...xs(m)) > x + 10)
+             && document.querySelectorAll('#chart .forecast-band').length === 0
              && document.getElementById('chart-note').textContent.includes('80 % interval');",
     )
     .await;
+    c.find(Locator::Css(
+        "#chart-legend li[data-cluster=\"east\"] button",
+    ))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    until(
+        &c,
+        "east's band alone, clipped to the plot",
+        "const bands = [...document.querySelectorAll('#chart .forecast-band')];
+         return bands.length === 1 && bands[0].dataset.cluster === 'east'
+             && bands[0].closest('g[clip-path]') !== null
+             && document.querySelector('#chart-legend li[data-cluster=\"east\"] button').getAttribute('aria-pressed') === 'true';",
+    )
+    .await;
+    // Axes with titles; time ticks on round times (multiples of 15 s); lines told apart by
+    // markers of their own shape; levels as percentages; pods as counts.
+    let look = c
+        .execute(
+            "const titles = [...document.querySelectorAll('#chart text.axis-title')].map(t => t.textContent);
+             const ticks = [...document.querySelectorAll('#chart text.x-label')].map(t => Number(t.dataset.t));
+             const shapes = {};
+             for (const m of document.querySelectorAll('#chart .marker')) shapes[m.dataset.cluster] = m.tagName;
+             const cells = [...document.querySelectorAll('#clusters tbody td')].map(t => t.textContent);
+             return [titles.length, ticks.length >= 2 && ticks.every(t => t % 15000 === 0),
+                     new Set(Object.values(shapes)).size, Object.keys(shapes).length,
+                     cells.some(t => /\\b0\\.\\d\\d\\b/.test(t)), cells.filter(t => / of \\d+$/.test(t)).length,
+                     document.getElementById('s-level').textContent.includes('%')];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(look, json!([2, true, 3, 3, false, 3, true]), "{look}");
+    // Tables grow with the page: no box of their own to scroll in.
+    let boxed = c
+        .execute(
+            "return [...document.querySelectorAll('.scroll')].map(s => getComputedStyle(s).maxHeight).filter(h => h !== 'none')",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(boxed, json!([]));
 
-    // Every tab at two widths: nothing runs off the page or out of its table, and each is
-    // kept as a screenshot with the test output.
+    // Every tab at two widths, as the fleet is, in an outage and after a cluster is deleted:
+    // nothing runs off the page or out of its table, and each is kept as a screenshot with
+    // the test output.
     let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
     std::fs::create_dir_all(&dir).unwrap();
-    for width in [1366u32, 800] {
-        c.set_window_size(width, 900).await.unwrap();
-        for tab in ["fleet", "workloads", "schedules", "failures"] {
-            open_tab(&c, tab).await;
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let overflow = c
-                .execute(
-                    "const out = [];
-                     if (document.documentElement.scrollWidth > window.innerWidth) out.push('page ' + document.documentElement.scrollWidth + ' > ' + window.innerWidth);
-                     for (const s of document.querySelectorAll('section.panel:not([hidden]) .scroll'))
-                       if (s.scrollWidth > s.clientWidth + 1) out.push(s.firstElementChild.id + ' ' + s.scrollWidth + ' > ' + s.clientWidth);
-                     return out;",
-                    vec![],
-                )
-                .await
-                .unwrap();
-            assert_eq!(overflow, json!([]), "{tab} at {width} px");
-            let png = c.screenshot().await.unwrap();
-            assert!(png.len() > 1000);
-            std::fs::write(dir.join(format!("{tab}-{width}.png")), &png).unwrap();
+    let shots = |when: &'static str| {
+        let c = c.clone();
+        let dir = dir.clone();
+        async move {
+            for width in [1600u32, 800] {
+                c.set_window_size(width, 1000).await.unwrap();
+                for tab in ["fleet", "workloads", "schedules", "failures"] {
+                    open_tab(&c, tab).await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    let overflow = c
+                        .execute(
+                            "const out = [];
+                             if (document.documentElement.scrollWidth > window.innerWidth) out.push('page ' + document.documentElement.scrollWidth + ' > ' + window.innerWidth);
+                             for (const s of document.querySelectorAll('section.panel:not([hidden]) .scroll'))
+                               if (s.scrollWidth > s.clientWidth + 1) out.push(s.firstElementChild.id + ' ' + s.scrollWidth + ' > ' + s.clientWidth);
+                             return out;",
+                            vec![],
+                        )
+                        .await
+                        .unwrap();
+                    assert_eq!(overflow, json!([]), "{when}: {tab} at {width} px");
+                    let png = c.screenshot().await.unwrap();
+                    assert!(png.len() > 1000);
+                    std::fs::write(dir.join(format!("{when}-{tab}-{width}.png")), &png).unwrap();
+                }
+            }
+            c.set_window_size(1366, 900).await.unwrap();
+            open_tab(&c, "fleet").await;
         }
-    }
-    eprintln!("global view: screenshots in {}", dir.display());
-    c.set_window_size(1366, 900).await.unwrap();
+    };
+    shots("fleet").await;
 
-    // A cluster that goes dark and comes back is one failure, with its recovery.
+    // A cluster that goes dark: its last figures greyed and dated, no forecast, its outage
+    // marked on the time axis, its pods not counted as running; then one failure, with its
+    // recovery.
+    f.s.apply(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: pinned, namespace: default}\nspec:\n  replicas: 2\n  selector: {matchLabels: {app: pinned}}\n  template:\n    metadata: {labels: {app: pinned}}\n    spec:\n      containers: [{name: c, image: nginx}]\n---\napiVersion: multicluster.io/v1alpha1\nkind: ResourcePlacementPolicy\nmetadata: {name: pinned, namespace: default}\nspec:\n  resourceSelector: {apiVersion: apps/v1, kind: Deployment, name: pinned, namespace: default}\n  placement: {clusterAffinity: {clusterNames: [west]}}\n",
+    );
+    let realtime = || -> serde_json::Value {
+        let out = f.s.kubectl(&["get", "--raw", "/api/v1/monitor/realtime"]);
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    common::eventually(Duration::from_secs(30), "pods running in west", || {
+        realtime()["clusters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "west" && c["pods"].as_i64() >= Some(2))
+    });
     let admin = f.admin("west").to_string();
     let (code, body) = common::http(
         "PUT",
@@ -397,6 +465,38 @@ async fn the_global_view_shows_the_fleet_live() {
         r#"{"outage": true}"#,
     );
     assert_eq!(code, 200, "{body}");
+    common::eventually(
+        Duration::from_secs(30),
+        "west's pods counted apart, not as running",
+        || {
+            let rt = realtime();
+            let cs = rt["clusters"].as_array().unwrap();
+            let sum = |ready: bool| -> i64 {
+                cs.iter()
+                    .filter(|c| c["ready"] == ready)
+                    .map(|c| c["pods"].as_i64().unwrap_or(0))
+                    .sum()
+            };
+            cs.iter()
+                .any(|c| c["name"] == "west" && c["ready"] == false)
+                && rt["totalPods"].as_i64() == Some(sum(true))
+                && rt["unreachablePods"].as_i64() == Some(sum(false))
+                && sum(false) >= 2
+        },
+    );
+    until(
+        &c,
+        "west shown stale, without a forecast, its outage on the time axis",
+        "const row = document.querySelector('#clusters tr[data-cluster=\"west\"]');
+         return !!row && row.dataset.ready !== 'True' && row.classList.contains('stale')
+             && row.querySelector('.stale-note') !== null
+             && document.querySelector('#chart-legend li[data-cluster=\"west\"]').dataset.stale === 'true'
+             && !document.querySelector('#chart .forecast-mean[data-cluster=\"west\"]')
+             && !!document.querySelector('#chart .event[data-kind=\"outage\"][data-cluster=\"west\"]')
+             && /^\\(\\+\\d+ last known/.test(document.getElementById('s-pods-dark').textContent);",
+    )
+    .await;
+    shots("outage").await;
     open_tab(&c, "failures").await;
     until(
         &c,
@@ -415,10 +515,29 @@ async fn the_global_view_shows_the_fleet_live() {
     )
     .await;
 
+    // A deleted cluster leaves the table, the chart and its legend; the others keep their
+    // colours.
+    open_tab(&c, "fleet").await;
+    let colour = "return document.querySelector('#chart .cluster-line[data-cluster=\"west\"]').getAttribute('stroke')";
+    let before = c.execute(colour, vec![]).await.unwrap();
+    let out = f.s.kubectl(&["delete", "cluster", "europe"]);
+    assert!(out.status.success(), "{out:?}");
+    until(
+        &c,
+        "europe gone from the table, the chart and the legend",
+        "return !document.querySelector('#clusters tr[data-cluster=\"europe\"]')
+             && !document.querySelector('#chart-legend li[data-cluster=\"europe\"]')
+             && !document.querySelector('#chart :is(.cluster-line, .marker, .forecast-mean, .forecast-band)[data-cluster=\"europe\"]')
+             && document.querySelectorAll('#chart-legend li[data-cluster]').length === 2;",
+    )
+    .await;
+    assert_eq!(c.execute(colour, vec![]).await.unwrap(), before);
+    shots("deleted").await;
+
     // A fleet of 1,000: the figure is recorded (docs/benchmarks.md), not asserted.
     let kc = f.s.client().await;
     let mut jobs = Vec::new();
-    for i in 0..997 {
+    for i in 0..998 {
         let kc = kc.clone();
         jobs.push(async move {
             let body = serde_json::to_vec(&json!({

@@ -387,7 +387,7 @@ async fn transition(store: &dyn Store, obj: &Object, from: &str, to: &Condition)
     } else {
         format!("Ready is {}: {}", to.status, to.message)
     };
-    tracing::info!(cluster = obj.name(), from = %from, to = %to.status, reason = %to.reason, "cluster readiness changed");
+    tracing::info!(cluster = obj.name(), from = %if from.is_empty() { "none" } else { from }, to = %to.status, reason = %to.reason, "cluster readiness changed");
     if let Err(e) = record::event(store, obj, event_type, reason, &message, COMPONENT).await {
         tracing::warn!(cluster = obj.name(), error = %e, "recording an event failed");
     }

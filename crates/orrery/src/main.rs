@@ -82,14 +82,28 @@ enum Command {
     Scrub(scrub::ScrubArgs),
 }
 
-fn init_logging(format: LogFormat) {
+/// The log filter when `ORRERY_LOG` sets none.
+fn default_filter(command: &Command) -> &'static str {
     // kube-rs warns "Server cert bypassed" when an agent fetches the server's CA before
     // checking it against the hash its token pins: that is by design (the agent logs it at
     // debug), so the warning is not shown unless asked for.
-    let filter = EnvFilter::try_from_env("ORRERY_LOG")
-        .unwrap_or_else(|_| EnvFilter::new("info,kube_client::client::tls=error"));
+    match command {
+        // `orrery up`'s agents run in the control plane's process: what they would say at
+        // info (registered, connected) the server says too, so only their warnings show
+        // (ORRERY_LOG=info shows all).
+        Command::Up(_) => {
+            "info,orrery_agent=warn,orrery_agent::admin=info,kube_client::client::tls=error"
+        }
+        _ => "info,kube_client::client::tls=error",
+    }
+}
+
+fn init_logging(format: LogFormat, default: &str) {
+    let filter = EnvFilter::try_from_env("ORRERY_LOG").unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colours on a terminal only: not in a file or a pipe.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
@@ -99,7 +113,7 @@ fn init_logging(format: LogFormat) {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(cli.log_format);
+    init_logging(cli.log_format, default_filter(&cli.command));
     no_huge_pages();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -79,7 +79,7 @@ const PRESETS: &[Preset] = &[
         "us-east-1",
         "us-east-1a",
         "nyc",
-        "nodes=8,cpu=32,memory=128Gi,load=0.35,profile=diurnal,period=10m,bandwidth=125Mi,cpuCoreHour=0.048,memoryGiBHour=0.0064,egressPerGiB=0.09",
+        "nodes=8,cpu=32,memory=128Gi,load=0.35,profile=diurnal,period=10m,bandwidth=125Mi,cpuCoreHour=0.048,memoryGiBHour=0.0064,egressPerGiB=0.09,currency=USD",
         &["tls-encryption"],
     ),
     (
@@ -88,7 +88,7 @@ const PRESETS: &[Preset] = &[
         "europe-west1",
         "europe-west1-b",
         "bru",
-        "nodes=6,cpu=16,memory=64Gi,load=0.2,profile=flat,bandwidth=250Mi,cpuCoreHour=0.0356,memoryGiBHour=0.0048,egressPerGiB=0.085",
+        "nodes=6,cpu=16,memory=64Gi,load=0.2,profile=flat,bandwidth=250Mi,cpuCoreHour=0.0356,memoryGiBHour=0.0048,egressPerGiB=0.085,currency=USD",
         &["tls-encryption"],
     ),
     (
@@ -97,7 +97,7 @@ const PRESETS: &[Preset] = &[
         "southeastasia",
         "southeastasia-1",
         "sin",
-        "nodes=10,cpu=32,memory=128Gi,load=0.55,profile=spikes,period=10m,bandwidth=125Mi,cpuCoreHour=0.052,memoryGiBHour=0.0069,egressPerGiB=0.12",
+        "nodes=10,cpu=32,memory=128Gi,load=0.55,profile=spikes,period=10m,bandwidth=125Mi,cpuCoreHour=0.052,memoryGiBHour=0.0069,egressPerGiB=0.12,currency=USD",
         &[],
     ),
     (
@@ -106,7 +106,7 @@ const PRESETS: &[Preset] = &[
         "us-west",
         "dc-1",
         "sjc",
-        "nodes=4,cpu=64,memory=256Gi,gpu=8,load=0.4,profile=flat,bandwidth=1Gi,cpuCoreHour=0.021,memoryGiBHour=0.0028,gpuHour=1.2,egressPerGiB=0",
+        "nodes=4,cpu=64,memory=256Gi,gpu=8,load=0.4,profile=flat,bandwidth=1Gi,cpuCoreHour=0.021,memoryGiBHour=0.0028,gpuHour=1.2,egressPerGiB=0,currency=USD",
         &["gpu"],
     ),
     (
@@ -115,7 +115,7 @@ const PRESETS: &[Preset] = &[
         "eu-central",
         "ber-1",
         "ber",
-        "nodes=3,cpu=8,memory=32Gi,load=0.15,profile=diurnal,period=10m,bandwidth=12Mi,cpuCoreHour=0.062,memoryGiBHour=0.0083,egressPerGiB=0.05",
+        "nodes=3,cpu=8,memory=32Gi,load=0.15,profile=diurnal,period=10m,bandwidth=12Mi,cpuCoreHour=0.062,memoryGiBHour=0.0083,egressPerGiB=0.05,currency=USD",
         &[],
     ),
     (
@@ -124,7 +124,7 @@ const PRESETS: &[Preset] = &[
         "us-west-2",
         "us-west-2b",
         "sea",
-        "nodes=12,cpu=16,memory=64Gi,load=0.6,profile=diurnal,period=10m,bandwidth=125Mi,cpuCoreHour=0.0162,memoryGiBHour=0.0022,capacityType=spot,interruptionRate=0.05,egressPerGiB=0.09",
+        "nodes=12,cpu=16,memory=64Gi,load=0.6,profile=diurnal,period=10m,bandwidth=125Mi,cpuCoreHour=0.0162,memoryGiBHour=0.0022,capacityType=spot,interruptionRate=0.05,egressPerGiB=0.09,currency=USD",
         &["tls-encryption"],
     ),
     (
@@ -133,7 +133,7 @@ const PRESETS: &[Preset] = &[
         "asia-northeast1",
         "asia-northeast1-a",
         "tyo",
-        "nodes=8,cpu=32,memory=128Gi,load=0.25,profile=flat,cpuCoreHour=0.042,memoryGiBHour=0.0056,gpuHour=2.48,egressPerGiB=0.12",
+        "nodes=8,cpu=32,memory=128Gi,load=0.25,profile=flat,cpuCoreHour=0.042,memoryGiBHour=0.0056,gpuHour=2.48,egressPerGiB=0.12,currency=USD",
         &["gpu", "tls-encryption"],
     ),
     (
@@ -142,7 +142,7 @@ const PRESETS: &[Preset] = &[
         "sa-east",
         "gru-1",
         "gru",
-        "nodes=2,cpu=8,memory=16Gi,load=0.3,profile=spikes,period=10m,cpuCoreHour=0.071,memoryGiBHour=0.0095,egressPerGiB=0.05",
+        "nodes=2,cpu=8,memory=16Gi,load=0.3,profile=spikes,period=10m,cpuCoreHour=0.071,memoryGiBHour=0.0095,egressPerGiB=0.05,currency=USD",
         &[],
     ),
 ];

@@ -107,14 +107,14 @@ impl Handle {
         let before = self.synced.set(1);
         self.depth.set(waiting as i64);
         if before == 0 {
-            tracing::info!(controller = %self.name, waiting, "controller synced");
+            tracing::debug!(controller = %self.name, waiting, "controller synced");
         }
         self.note_idle(waiting);
     }
 
     fn note_idle(&self, waiting: usize) {
         if waiting == 0 && !self.idle_once.swap(true, Ordering::Relaxed) {
-            tracing::info!(controller = %self.name, "controller caught up");
+            tracing::debug!(controller = %self.name, "controller caught up");
         }
     }
 

@@ -442,22 +442,37 @@ pub async fn realtime(app: &App, who: &Identity) -> Result<http::Response<Body>,
         .list(&keys::well_known::clusters(), &ListOptions::default())
         .await
         .map_err(DroError::internal)?;
-    let (mut active, mut pods, mut traffic) = (0usize, 0i64, 0.0f64);
+    // Pods and traffic are what runs now: a cluster that is not Ready reports nothing, and
+    // what it last said is counted apart (`unreachablePods`), not as running.
+    let (mut active, mut pods, mut traffic, mut unreachable) = (0usize, 0i64, 0.0f64, 0i64);
     let mut clusters = Vec::new();
     let (mut taken, mut cap) = (
         BTreeMap::<String, f64>::new(),
         BTreeMap::<String, f64>::new(),
     );
+    let mut prices = Vec::new();
     for c in &list.items {
         let st = ClusterStatus::of(c);
         let ready = st.ready();
+        let spec = orrery_api::cluster::ClusterSpec::of(c);
+        prices.push(
+            orrery_api::cost::Prices::of(orrery_api::cost::merged(
+                &st.properties,
+                &spec.properties,
+            ))
+            .0,
+        );
         if ready {
             active += 1;
         }
         let running = st.pods().unwrap_or(0);
-        pods += running;
         let t = st.traffic();
-        traffic += t;
+        if ready {
+            pods += running;
+            traffic += t;
+        } else {
+            unreachable += running;
+        }
         if ready && let Some(rs) = &st.resource_summary {
             for (res, q) in &rs.allocatable {
                 if let Some(d) = cluster::dimension_of(res) {
@@ -506,20 +521,31 @@ pub async fn realtime(app: &App, who: &Identity) -> Result<http::Response<Body>,
             c["hourlyCost"] = json!(x);
         }
     }
-    Ok(h::json(
-        StatusCode::OK,
-        &json!({
+    // Costs are in the currency the priced clusters name; several are not added up as one
+    // (Orrery converts none), so the view says which.
+    let (currency, currencies) = match orrery_api::cost::fleet_currency(&prices) {
+        Ok(c) => (c, Vec::new()),
+        Err(several) => (None, several),
+    };
+    let mut out = json!({
             "hourlyCost": cost.as_ref().map(|c| c.hourly),
             "costTime": cost.as_ref().and_then(|c| c.time),
             "activeClusters": active,
             "totalClusters": list.items.len(),
             "totalPods": pods,
+            "unreachablePods": unreachable,
             "networkTraffic": bits_per_second(traffic * 8.0),
             "networkBytesPerSecond": traffic,
             "fleetWaterLevel": fleet,
             "clusters": clusters,
-        }),
-    ))
+    });
+    if let Some(c) = currency {
+        out["currency"] = json!(c);
+    }
+    if !currencies.is_empty() {
+        out["currencies"] = json!(currencies);
+    }
+    Ok(h::json(StatusCode::OK, &out))
 }
 
 /// `1.2Gbps`, as the draft writes traffic.

@@ -351,7 +351,11 @@ pub fn document() -> Value {
                 }},
                 "Realtime": {"type": "object", "required": ["activeClusters", "totalPods", "networkTraffic"], "properties": {
                     "activeClusters": {"type": "integer"}, "totalClusters": {"type": "integer"},
-                    "totalPods": {"type": "integer"}, "networkTraffic": {"type": "string", "example": "1.2Gbps"},
+                    "totalPods": {"type": "integer", "description": "Pods running in the Ready clusters"},
+                    "currency": {"type": "string", "description": "The ISO 4217 code the priced clusters' prices are in (cost.orrery.io/currency), when they name one and agree"},
+                    "currencies": {"type": "array", "items": {"type": "string"}, "description": "The codes, when priced clusters name different currencies (their costs are not converted)"},
+                    "unreachablePods": {"type": "integer", "description": "Pods the clusters that are not Ready last reported (not counted as running)"},
+                    "networkTraffic": {"type": "string", "example": "1.2Gbps", "description": "The Ready clusters' traffic"},
                     "networkBytesPerSecond": {"type": "number"},
                     "fleetWaterLevel": {"type": "object", "additionalProperties": {"type": "number"}},
                     "hourlyCost": {"type": "number", "nullable": true, "description": "What the replicas Orrery placed cost per hour, by the clusters' prices, as of costTime (the newest monitoring sample); null before the first sample"},

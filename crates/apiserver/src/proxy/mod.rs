@@ -182,7 +182,7 @@ where
                         }
                     };
                 let id = app.tunnels.put(&cluster, send);
-                tracing::info!(%cluster, "cluster proxy tunnel open");
+                tracing::debug!(%cluster, "cluster proxy tunnel open");
                 // Recorded beside the connection, which must be driven meanwhile (a store
                 // that is slow or without quorum would stall the tunnel).
                 let recording = tokio::spawn({
