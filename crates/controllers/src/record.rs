@@ -44,18 +44,16 @@ pub async fn event_once(
     message: &str,
     component: &str,
 ) -> Result<(), StoreError> {
-    let uid: String = about
-        .metadata
-        .uid
-        .chars()
-        .filter(char::is_ascii_hexdigit)
-        .take(16)
-        .collect();
-    let suffix = format!("{uid}.{}", reason.to_lowercase());
-    match create_event(store, about, &suffix, type_, reason, message, component).await {
-        Err(StoreError::AlreadyExists { .. }) => Ok(()),
-        other => other,
-    }
+    event_once_for(
+        store,
+        about,
+        &about.metadata.uid,
+        type_,
+        reason,
+        message,
+        component,
+    )
+    .await
 }
 
 /// Like [`event_once`], told once for `key` (another object's uid, say: a migration's start is

@@ -212,6 +212,18 @@ fn lex(src: &str) -> Result<Vec<Tok>, Syntax> {
             }
         };
     }
+    // An expansion `dollar` found ends the literal before it; a lone `$` is a literal.
+    fn expansion(word: &mut Vec<Piece>, lit: &mut String, p: Option<Piece>) {
+        match p {
+            Some(p) => {
+                if !lit.is_empty() {
+                    word.push(Piece::Lit(std::mem::take(lit)));
+                }
+                word.push(p);
+            }
+            None => lit.push('$'),
+        }
+    }
     // `$...` at chars[i] (i points at '$'); returns the piece and the next index.
     fn dollar(chars: &[char], i: usize, quoted: bool) -> Result<(Option<Piece>, usize), Syntax> {
         let n = chars.get(i + 1).copied();
@@ -346,15 +358,7 @@ fn lex(src: &str) -> Result<Vec<Tok>, Syntax> {
                         }
                         '$' => {
                             let (p, next) = dollar(&chars, j, true)?;
-                            match p {
-                                Some(p) => {
-                                    if !lit.is_empty() {
-                                        word.push(Piece::Lit(std::mem::take(&mut lit)));
-                                    }
-                                    word.push(p);
-                                }
-                                None => lit.push('$'),
-                            }
+                            expansion(&mut word, &mut lit, p);
                             j = next;
                         }
                         d => {
@@ -377,15 +381,7 @@ fn lex(src: &str) -> Result<Vec<Tok>, Syntax> {
             '$' => {
                 started = true;
                 let (p, next) = dollar(&chars, i, false)?;
-                match p {
-                    Some(p) => {
-                        if !lit.is_empty() {
-                            word.push(Piece::Lit(std::mem::take(&mut lit)));
-                        }
-                        word.push(p);
-                    }
-                    None => lit.push('$'),
-                }
+                expansion(&mut word, &mut lit, p);
                 i = next;
             }
             '(' | ')' | '`' => {
