@@ -68,6 +68,8 @@ pub struct AgentConfig {
     /// handshake so slow that the server's handshake timeout ends them all, and they try again
     /// together. `None` for an agent of its own.
     pub connecting: Option<Arc<tokio::sync::Semaphore>>,
+    /// What the agent's probes and metrics read (`--health-listen`).
+    pub health: Option<Arc<crate::health::Health>>,
 }
 
 impl AgentConfig {
@@ -95,6 +97,7 @@ impl AgentConfig {
             services: None,
             tunnel: true,
             connecting: None,
+            health: None,
         }
     }
 }
@@ -469,10 +472,13 @@ impl Inner {
         });
     }
 
-    fn flush_state(&self) {
+    async fn flush_state(&self) {
         if self.state_dirty.swap(false, Ordering::AcqRel) {
             let snapshot = self.lock_state().clone();
-            if let Err(e) = self.cfg.state.save(&snapshot) {
+            if let Some(h) = &self.cfg.health {
+                h.set_works(snapshot.works.len());
+            }
+            if let Err(e) = self.cfg.state.save(&snapshot).await {
                 tracing::warn!(cluster = %self.cfg.cluster, error = %e, "saving agent state failed");
                 self.mark_dirty();
             }
@@ -1229,7 +1235,7 @@ impl Inner {
         for n in names {
             self.remove_work(&n, "", "cluster unregistered").await;
         }
-        self.cfg.state.remove();
+        self.cfg.state.remove().await;
     }
 }
 
@@ -1344,7 +1350,7 @@ pub async fn run(
     backend: Arc<dyn Backend>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<Stopped, AgentError> {
-    let mut state = cfg.state.load()?;
+    let mut state = cfg.state.load().await?;
     if state.cluster != cfg.cluster {
         // A state file of another cluster (or none): start afresh.
         state = AgentState {
@@ -1355,7 +1361,7 @@ pub async fn run(
     state.server = cfg.server.clone();
     let inner = Arc::new(Inner::new(cfg, backend, state));
     inner.resume().await;
-    inner.flush_state();
+    inner.flush_state().await;
     let mut backoff = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
     let result = loop {
         if *shutdown.borrow() {
@@ -1368,8 +1374,17 @@ pub async fn run(
             },
             None => None,
         };
+        if let Some(h) = &inner.cfg.health {
+            h.attempt();
+        }
         let end = match connect(&inner).await {
-            Ok(client) => session(&inner, client, &mut shutdown, &mut backoff, setting_up).await,
+            Ok(client) => {
+                let end = session(&inner, client, &mut shutdown, &mut backoff, setting_up).await;
+                if let Some(h) = &inner.cfg.health {
+                    h.set_session(false);
+                }
+                end
+            }
             Err(e) => e,
         };
         match end {
@@ -1380,6 +1395,9 @@ pub async fn run(
                     break Err(AgentError::Revoked(inner.cfg.cluster.clone()));
                 }
                 tracing::warn!(cluster = %inner.cfg.cluster, "the agent token was refused; registering again with the bootstrap token");
+                if let Some(h) = &inner.cfg.health {
+                    h.set_registered(false);
+                }
                 inner.lock_state().token.clear();
                 inner.mark_dirty();
             }
@@ -1399,7 +1417,7 @@ pub async fn run(
         tracing::info!(cluster = %inner.cfg.cluster, "the cluster was unregistered; removing what it ran and stopping");
         inner.forget_everything().await;
     } else {
-        inner.flush_state();
+        inner.flush_state().await;
     }
     result
 }
@@ -1418,6 +1436,9 @@ async fn connect(inner: &Inner) -> Result<kube::Client, End> {
         (s.token.clone(), s.ca_pem.clone())
     };
     if !token.is_empty() && !ca.is_empty() {
+        if let Some(h) = &cfg.health {
+            h.set_registered(true);
+        }
         return orrery_client::connect(&inner.server(), &token, &ca)
             .await
             .map_err(|e| End::Transient(e.to_string()));
@@ -1479,13 +1500,16 @@ async fn connect(inner: &Inner) -> Result<kube::Client, End> {
         Err(e) => return Err(fatal(e.to_string())),
     };
     tracing::info!(cluster = %cfg.cluster, uid = %reg.uid, namespace = %reg.namespace, "registered");
+    if let Some(h) = &cfg.health {
+        h.set_registered(true);
+    }
     {
         let mut s = inner.lock_state();
         s.token = reg.token.clone();
         s.ca_pem = ca.clone();
     }
     inner.mark_dirty();
-    inner.flush_state();
+    inner.flush_state().await;
     orrery_client::connect(&inner.server(), &reg.token, &ca)
         .await
         .map_err(|e| End::Transient(e.to_string()))
@@ -1513,6 +1537,9 @@ async fn session(
     }
     drop(setting_up);
     backoff.reset();
+    if let Some(h) = &inner.cfg.health {
+        h.set_session(true);
+    }
     tracing::info!(cluster = %inner.cfg.cluster, server = %inner.server(), "connected");
     let works = works_loop(inner, &t);
     let beats = heartbeat_loop(inner, &t, conds, beats);
@@ -1729,6 +1756,9 @@ async fn heartbeat(
     beats: &mut Beats,
 ) -> Result<Option<Stopped>, End> {
     let report = inner.backend.report().await;
+    if let Some(h) = &inner.cfg.health {
+        h.member(report.as_ref().map(|_| ()).map_err(|e| e.to_string()));
+    }
     let measured = MicroTime::now();
     // The lowest recent round trip: the network's share, without the server's work.
     let server_latency = inner
@@ -1758,6 +1788,9 @@ async fn heartbeat(
     {
         match renew(inner, t, beats, measured).await {
             Ok(Renewal::Renewed) => {
+                if let Some(h) = &inner.cfg.health {
+                    h.heartbeat(true);
+                }
                 if let Some(nodes) = nodes {
                     write_metrics(inner, t, nodes).await;
                 }
@@ -1789,6 +1822,9 @@ async fn heartbeat(
     let written = status.clone();
     let answer = t.heartbeat(status).await;
     timed(inner, sent.elapsed());
+    if let (Some(h), true) = (&inner.cfg.health, answer.is_ok()) {
+        h.heartbeat(true);
+    }
     match answer {
         Ok(c) if c.metadata.deletion_timestamp.is_some() => Ok(Some(Stopped::Unregistered)),
         Ok(c) => {
@@ -1810,6 +1846,9 @@ async fn heartbeat(
 
 /// What a heartbeat whose request failed comes to.
 fn failed_beat(inner: &Inner, e: TransportError) -> Result<Option<Stopped>, End> {
+    if let Some(h) = &inner.cfg.health {
+        h.heartbeat(false);
+    }
     match e {
         TransportError::NotRegistered(_) => Ok(Some(Stopped::Unregistered)),
         // An overloaded server: this beat is skipped, the session kept (ending it would add
@@ -2042,7 +2081,7 @@ async fn works_loop(inner: &Inner, t: &Transport) -> End {
             let _member = inner.member.lock().await;
             inner.sync_all(items).await;
         }
-        inner.flush_state();
+        inner.flush_state().await;
         loop {
             let stream = match t.watch_works(&rv).await {
                 Ok(s) => s,
@@ -2128,7 +2167,7 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
         // tenth of the time (a small state is saved on every report, as before).
         if last_flush.elapsed() >= flush_cost * 10 {
             let started = Instant::now();
-            inner.flush_state();
+            inner.flush_state().await;
             flush_cost = started.elapsed();
             last_flush = Instant::now();
         }

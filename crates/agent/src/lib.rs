@@ -8,13 +8,15 @@
 //!   cluster ([`backend::sim`]);
 //! - [`fleet`]: many simulated clusters in one process; [`admin`]: the fault-injection
 //!   endpoint for simulated clusters;
-//! - [`state`]: what an agent keeps on disk; [`transport`]: its requests to the server.
+//! - [`health`]: the probes and metrics of an agent run in its member;
+//! - [`state`]: what an agent keeps (a file, or a Secret in its member); [`transport`]: its requests to the server.
 
 pub mod admin;
 pub mod agent;
 pub mod backend;
 pub mod backoff;
 pub mod fleet;
+pub mod health;
 pub mod state;
 pub mod stats;
 pub mod transport;

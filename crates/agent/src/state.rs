@@ -1,5 +1,5 @@
-//! What an agent remembers across restarts and outages, in one small JSON file under its state
-//! directory: its cluster token and the server's CA (so a restart needs no bootstrap token),
+//! What an agent remembers across restarts and outages, in one small JSON document (a file
+//! under its state directory, or a Secret in its member): its cluster token and the server's CA (so a restart needs no bootstrap token),
 //! the Works it last applied (so it keeps running them, and knows what to remove, while the
 //! server is away), and where its watch left off.
 
@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::core::v1::Secret;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -80,100 +81,193 @@ pub enum StateError {
     },
 }
 
-/// The state file (or none, for agents that keep nothing).
-#[derive(Debug, Clone)]
+/// Where the state is kept: a file, a Secret in the member (an agent run as a Deployment
+/// needs no volume), or nowhere (agents that keep nothing).
+#[derive(Clone)]
 pub struct StateFile {
-    path: Option<PathBuf>,
+    at: Where,
 }
+
+#[derive(Clone)]
+enum Where {
+    None,
+    File(PathBuf),
+    // Boxed: an Api holds a whole client.
+    Secret(Box<SecretAt>),
+}
+
+#[derive(Clone)]
+struct SecretAt {
+    api: kube::Api<Secret>,
+    namespace: String,
+    name: String,
+}
+
+impl std::fmt::Debug for StateFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+/// The key of the state in a state Secret's data.
+const SECRET_KEY: &str = "state.json";
 
 impl StateFile {
     pub fn at(dir: &Path) -> Self {
         StateFile {
-            path: Some(dir.join("state.json")),
+            at: Where::File(dir.join("state.json")),
+        }
+    }
+
+    /// The state in the Secret `namespace`/`name` of the member `client` reaches (made on the
+    /// first save).
+    pub fn secret(client: kube::Client, namespace: &str, name: &str) -> Self {
+        StateFile {
+            at: Where::Secret(Box::new(SecretAt {
+                api: kube::Api::namespaced(client, namespace),
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+            })),
         }
     }
 
     pub fn none() -> Self {
-        StateFile { path: None }
+        StateFile { at: Where::None }
     }
 
+    /// The file, when the state is kept in one.
     pub fn path(&self) -> Option<&Path> {
-        self.path.as_deref()
+        match &self.at {
+            Where::File(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// Where the state is, for messages.
+    pub fn describe(&self) -> String {
+        match &self.at {
+            Where::None => "nowhere".into(),
+            Where::File(p) => p.display().to_string(),
+            Where::Secret(at) => format!("Secret {}/{}", at.namespace, at.name),
+        }
     }
 
     /// The stored state, or an empty one if there is none yet.
-    pub fn load(&self) -> Result<AgentState, StateError> {
-        let Some(path) = &self.path else {
-            return Ok(AgentState::default());
+    pub async fn load(&self) -> Result<AgentState, StateError> {
+        let path = self.describe();
+        let bytes = match &self.at {
+            Where::None => return Ok(AgentState::default()),
+            Where::File(p) => match std::fs::read(p) {
+                Ok(bytes) => bytes,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    return Ok(AgentState::default());
+                }
+                Err(source) => return Err(StateError::Read { path, source }),
+            },
+            Where::Secret(at) => match at.api.get_opt(&at.name).await {
+                Ok(None) => return Ok(AgentState::default()),
+                Ok(Some(secret)) => match secret.data.and_then(|mut d| d.remove(SECRET_KEY)) {
+                    Some(b) => b.0,
+                    None => return Ok(AgentState::default()),
+                },
+                Err(e) => {
+                    return Err(StateError::Read {
+                        path,
+                        source: std::io::Error::other(e),
+                    });
+                }
+            },
         };
-        match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|source| StateError::Corrupt {
-                path: path.display().to_string(),
-                source,
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(AgentState::default()),
-            Err(source) => Err(StateError::Read {
-                path: path.display().to_string(),
-                source,
-            }),
-        }
+        serde_json::from_slice(&bytes).map_err(|source| StateError::Corrupt { path, source })
     }
 
-    /// Writes the state atomically (a temporary file renamed over the old one), readable by
-    /// its owner only: it holds a credential.
-    pub fn save(&self, state: &AgentState) -> Result<(), StateError> {
-        let Some(path) = &self.path else {
-            return Ok(());
-        };
+    /// Writes the state: a file atomically (a temporary file renamed over the old one),
+    /// readable by its owner only, for it holds a credential; a Secret by server-side apply.
+    pub async fn save(&self, state: &AgentState) -> Result<(), StateError> {
         let err = |source| StateError::Write {
-            path: path.display().to_string(),
+            path: self.describe(),
             source,
         };
-        if let Some(dir) = path.parent() {
-            // It holds the cluster's token: the owner's alone.
-            let mut b = std::fs::DirBuilder::new();
-            b.recursive(true);
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::DirBuilderExt;
-                b.mode(0o700);
-            }
-            b.create(dir).map_err(err)?;
-        }
-        let tmp = path.with_extension("json.tmp");
         let bytes = serde_json::to_vec(state).map_err(|e| err(std::io::Error::other(e)))?;
-        {
-            let mut opts = std::fs::OpenOptions::new();
-            opts.write(true).create(true).truncate(true);
-            #[cfg(unix)]
-            {
-                use std::os::unix::fs::OpenOptionsExt;
-                opts.mode(0o600);
+        match &self.at {
+            Where::None => Ok(()),
+            Where::File(path) => save_file(path, &bytes).map_err(err),
+            Where::Secret(at) => {
+                let (api, namespace, name) = (&at.api, &at.namespace, &at.name);
+                let secret = serde_json::json!({
+                    "apiVersion": "v1", "kind": "Secret",
+                    "metadata": {"name": name, "namespace": namespace,
+                        "labels": {"app.kubernetes.io/managed-by": "orrery-agent"}},
+                    "type": "Opaque",
+                    "data": {SECRET_KEY: base64_encode(&bytes)},
+                });
+                let params = kube::api::PatchParams::apply("orrery-agent").force();
+                api.patch(name, &params, &kube::api::Patch::Apply(&secret))
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| err(std::io::Error::other(e)))
             }
-            let mut f = opts.open(&tmp).map_err(err)?;
-            f.write_all(&bytes).map_err(err)?;
-            f.sync_all().map_err(err)?;
         }
-        std::fs::rename(&tmp, path).map_err(err)
     }
 
     /// Removes the state (the cluster was unregistered).
-    pub fn remove(&self) {
-        if let Some(p) = &self.path {
-            let _ = std::fs::remove_file(p);
+    pub async fn remove(&self) {
+        match &self.at {
+            Where::None => {}
+            Where::File(p) => {
+                let _ = std::fs::remove_file(p);
+            }
+            Where::Secret(at) => {
+                if let Err(e) = at.api.delete(&at.name, &Default::default()).await {
+                    tracing::warn!(secret = %self.describe(), error = %e, "removing the agent's state failed");
+                }
+            }
         }
     }
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn save_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        // It holds the cluster's token: the owner's alone.
+        let mut b = std::fs::DirBuilder::new();
+        b.recursive(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::DirBuilderExt;
+            b.mode(0o700);
+        }
+        b.create(dir)?;
+    }
+    let tmp = path.with_extension("json.tmp");
+    {
+        let mut opts = std::fs::OpenOptions::new();
+        opts.write(true).create(true).truncate(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(0o600);
+        }
+        let mut f = opts.open(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn round_trip_and_corruption() {
+    #[tokio::test]
+    async fn round_trip_and_corruption() {
         let dir = tempfile::tempdir().unwrap();
         let f = StateFile::at(dir.path());
-        assert_eq!(f.load().unwrap(), AgentState::default());
+        assert_eq!(f.load().await.unwrap(), AgentState::default());
         let mut s = AgentState {
             server: "https://x".into(),
             cluster: "east".into(),
@@ -189,8 +283,8 @@ mod tests {
                 ..Default::default()
             },
         );
-        f.save(&s).unwrap();
-        assert_eq!(f.load().unwrap(), s);
+        f.save(&s).await.unwrap();
+        assert_eq!(f.load().await.unwrap(), s);
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -201,10 +295,13 @@ mod tests {
             assert_eq!(mode & 0o777, 0o600);
         }
         std::fs::write(f.path().unwrap(), b"{not json").unwrap();
-        assert!(matches!(f.load(), Err(StateError::Corrupt { .. })));
-        f.remove();
-        assert_eq!(f.load().unwrap(), AgentState::default());
-        assert_eq!(StateFile::none().load().unwrap(), AgentState::default());
-        StateFile::none().save(&s).unwrap();
+        assert!(matches!(f.load().await, Err(StateError::Corrupt { .. })));
+        f.remove().await;
+        assert_eq!(f.load().await.unwrap(), AgentState::default());
+        assert_eq!(
+            StateFile::none().load().await.unwrap(),
+            AgentState::default()
+        );
+        StateFile::none().save(&s).await.unwrap();
     }
 }

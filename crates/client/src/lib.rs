@@ -20,6 +20,8 @@ pub enum ClientError {
     },
     #[error("invalid server URL {0:?}")]
     Url(String),
+    #[error("in-cluster configuration: {0}")]
+    InCluster(String),
     #[error("building the client: {0}")]
     Client(#[from] kube::Error),
 }
@@ -37,6 +39,57 @@ pub async fn from_kubeconfig(path: &Path) -> Result<Client, ClientError> {
             source,
         })?;
     Ok(Client::try_from(config)?)
+}
+
+/// Where a Pod finds its ServiceAccount's token, CA and namespace (Kubernetes mounts them
+/// there).
+pub const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The in-cluster configuration, as client-go and kube-rs build it: the API server at
+/// `KUBERNETES_SERVICE_HOST`:`KUBERNETES_SERVICE_PORT`, the CA `ca.crt` and the token file
+/// `token` of the ServiceAccount directory `dir` (normally [`SERVICE_ACCOUNT_DIR`]). The token
+/// is read again as it goes (at least once a minute, kube-rs's token file, as client-go does)
+/// so the kubelet's rotation of a projected token is followed without a restart.
+pub fn in_cluster(dir: &Path) -> Result<Config, ClientError> {
+    let env = |name: &str| {
+        std::env::var(name).map_err(|_| ClientError::InCluster(format!("{name} is not set")))
+    };
+    let host = env("KUBERNETES_SERVICE_HOST")?;
+    let port: u16 = env("KUBERNETES_SERVICE_PORT")?
+        .parse()
+        .map_err(|_| ClientError::InCluster("KUBERNETES_SERVICE_PORT is not a port".into()))?;
+    // An IPv6 address is bracketed; 443 is left out, as client-go does.
+    let host = match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(ip)) => format!("[{ip}]"),
+        _ => host,
+    };
+    let url = if port == 443 {
+        format!("https://{host}")
+    } else {
+        format!("https://{host}:{port}")
+    };
+    let uri: http::Uri = url.parse().map_err(|_| ClientError::Url(url.clone()))?;
+    let read = |file: &str| {
+        let path = dir.join(file);
+        std::fs::read_to_string(&path)
+            .map_err(|e| ClientError::InCluster(format!("reading {}: {e}", path.display())))
+    };
+    let certs = pem_certificates(&read("ca.crt")?);
+    if certs.is_empty() {
+        return Err(ClientError::InCluster(format!(
+            "{} holds no certificate",
+            dir.join("ca.crt").display()
+        )));
+    }
+    // Read once here so that a missing token is an error now, not at the first request.
+    read("token")?;
+    let mut config = Config::new(uri);
+    config.root_cert = Some(certs);
+    config.auth_info.token_file = Some(dir.join("token").display().to_string());
+    if let Ok(ns) = read("namespace") {
+        config.default_namespace = ns.trim().to_string();
+    }
+    Ok(config)
 }
 
 /// A client from the server's URL, a bearer token, and the PEM of the CA that signed the

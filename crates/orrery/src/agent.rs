@@ -1,5 +1,6 @@
-//! `orrery agent`: a member's agent (pull mode), for a real cluster (`--kubeconfig`), one
-//! simulated cluster (`--simulate SPEC`), or a simulated fleet (`--simulate-fleet FILE`).
+//! `orrery agent`: a member's agent (pull mode), for a real cluster (`--kubeconfig`, or as a
+//! Pod in it: the in-cluster configuration), one simulated cluster (`--simulate SPEC`), or a
+//! simulated fleet (`--simulate-fleet FILE`).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -26,6 +27,13 @@ pub enum MemberBackend {
 
 #[derive(Debug, clap::Args)]
 pub struct AgentArgs {
+    /// A YAML file of flags (`server: https://...`; every flag by its name); flags and
+    /// ORRERY_<FLAG> variables override it (also ORRERY_CONFIG).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration (secrets redacted) and exit.
+    #[arg(long)]
+    pub print_config: bool,
     /// The server's URL, e.g. https://orrery.example:6443; several replicas' URLs separated by
     /// commas (or the flag repeated): the agent moves to the next when the one it uses fails,
     /// with backoff and jitter, without applying anything again.
@@ -33,18 +41,24 @@ pub struct AgentArgs {
     pub server: Vec<String>,
     /// A bootstrap token from `orrery token create` (needed to register; a restarted agent
     /// uses the token it stored).
-    #[arg(long, env = "ORRERY_TOKEN")]
+    #[arg(long, env = "ORRERY_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// The member cluster's name (not with --simulate-fleet).
     #[arg(long)]
     pub cluster: Option<String>,
-    /// A real member: the kubeconfig of its API.
+    /// A real member: the kubeconfig of its API. Without it (nor --simulate), the agent runs
+    /// in its member as a Pod: the API at KUBERNETES_SERVICE_HOST:KUBERNETES_SERVICE_PORT,
+    /// the ServiceAccount's token and CA under --service-account-dir.
     #[arg(long, conflicts_with_all = ["simulate", "simulate_fleet"])]
     pub kubeconfig: Option<PathBuf>,
+    /// Where the in-cluster configuration's token, ca.crt and namespace are (the token is
+    /// read again as the kubelet rotates it).
+    #[arg(long, default_value = orrery_client::SERVICE_ACCOUNT_DIR)]
+    pub service_account_dir: PathBuf,
     /// What the member behind --kubeconfig is: a Kubernetes cluster (kube), or an Orrery
     /// control plane of its own (orrery: it takes what it is sent as templates and divides
     /// them among its members, and reports its fleet summed).
-    #[arg(long, value_enum, default_value_t = MemberBackend::Kube, requires = "kubeconfig")]
+    #[arg(long, value_enum, default_value_t = MemberBackend::Kube, conflicts_with_all = ["simulate", "simulate_fleet"])]
     pub backend: MemberBackend,
     /// A simulated member: nodes=8,cpu=32,memory=128Gi,gpu=0,pods=110,load=0.3,profile=flat.
     #[arg(long, conflicts_with = "simulate_fleet")]
@@ -59,8 +73,16 @@ pub struct AgentArgs {
     pub ca_file: Option<PathBuf>,
     /// Where the agent keeps its token and the Works it applied
     /// (default ./orrery-agent-state/<cluster>).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "state_secret")]
     pub state_dir: Option<PathBuf>,
+    /// Keep the state in this Secret of the member (NAMESPACE/NAME) instead of a directory:
+    /// a Deployment of the agent then needs no volume.
+    #[arg(long, conflicts_with_all = ["simulate", "simulate_fleet"])]
+    pub state_secret: Option<String>,
+    /// Serve /livez, /readyz and /metrics here (default 0.0.0.0:10358 in a Pod, 127.0.0.1:10358
+    /// elsewhere; `off` for none).
+    #[arg(long)]
+    pub health_listen: Option<String>,
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_interval: Duration,
     /// Least time between two status reports.
@@ -179,9 +201,25 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         bail!("--cluster is required (or --simulate-fleet)");
     };
     let mut sims = Vec::new();
+    let in_pod = args.kubeconfig.is_none()
+        && args.simulate.is_none()
+        && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
+    let mut member_client = None;
     let backend: Arc<dyn Backend> = match (&args.kubeconfig, &args.simulate) {
+        (None, None) if in_pod => {
+            let config = orrery_client::in_cluster(&args.service_account_dir)?;
+            let client = kube::Client::try_from(config)?;
+            member_client = Some(client.clone());
+            match args.backend {
+                MemberBackend::Kube => Arc::new(KubeMember::new(client)),
+                MemberBackend::Orrery => {
+                    Arc::new(orrery_agent::backend::orrery::OrreryMember::new(client))
+                }
+            }
+        }
         (Some(path), None) => {
             let client = orrery_client::from_kubeconfig(path).await?;
+            member_client = Some(client.clone());
             match args.backend {
                 MemberBackend::Kube => Arc::new(KubeMember::new(client)),
                 MemberBackend::Orrery => {
@@ -199,7 +237,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             sim
         }
         _ => bail!(
-            "choose the member: --kubeconfig PATH (a real cluster) or --simulate SPEC (a simulated one)"
+            "choose the member: --kubeconfig PATH (a real cluster), --simulate SPEC (a simulated one), or run the agent as a Pod in its member (KUBERNETES_SERVICE_HOST is not set)"
         ),
     };
     if let Some(addr) = args.admin_listen {
@@ -213,11 +251,33 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     cfg.bootstrap_token = args.token.clone();
     cfg.ca_pem = ca_pem;
     cfg.info = args.facts.info()?;
-    let dir = args
-        .state_dir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("./orrery-agent-state").join(&cluster));
-    cfg.state = StateFile::at(&dir);
+    cfg.state = match (&args.state_secret, member_client) {
+        (Some(at), Some(client)) => {
+            let Some((ns, name)) = at
+                .split_once('/')
+                .filter(|(n, m)| !n.is_empty() && !m.is_empty())
+            else {
+                bail!("--state-secret {at:?}: NAMESPACE/NAME");
+            };
+            StateFile::secret(client, ns, name)
+        }
+        (Some(_), None) => bail!("--state-secret needs a member API (not with --simulate)"),
+        (None, _) => StateFile::at(
+            &args
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("./orrery-agent-state").join(&cluster)),
+        ),
+    };
+    let health = Arc::new(orrery_agent::health::Health::new());
+    cfg.health = Some(health.clone());
+    serve_health(
+        args.health_listen.as_deref(),
+        in_pod,
+        health,
+        shutdown.clone(),
+    )
+    .await?;
     cfg.heartbeat_interval = args.heartbeat_interval;
     cfg.report_interval = args.report_interval;
     if let Some(addr) = args.dns_listen {
@@ -231,7 +291,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     println!(
         "orrery agent for cluster {cluster} connecting to {} (state in {})",
         args.server.join(","),
-        dir.display()
+        cfg.state.describe()
     );
     match orrery_agent::run(cfg, backend, shutdown).await? {
         Stopped::Shutdown => Ok(()),
@@ -239,5 +299,41 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             println!("cluster {cluster} was unregistered; the agent removed what it ran and stops");
             Ok(())
         }
+    }
+}
+
+/// The port of the agent's probes when --health-listen names none.
+const HEALTH_PORT: u16 = 10358;
+
+/// Serves the probes where --health-listen says. The default address is taken only if free
+/// outside a Pod (several agents on one machine, as in tests and demos, would otherwise fail
+/// at the second); an address given, or the default in a Pod, must be bound.
+async fn serve_health(
+    listen: Option<&str>,
+    in_pod: bool,
+    health: Arc<orrery_agent::health::Health>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let (addr, explicit) = match listen {
+        Some("off") => return Ok(()),
+        Some(a) => (
+            a.parse::<SocketAddr>()
+                .with_context(|| format!("--health-listen {a:?}: an address:port, or off"))?,
+            true,
+        ),
+        None if in_pod => (SocketAddr::from(([0, 0, 0, 0], HEALTH_PORT)), false),
+        None => (SocketAddr::from(([127, 0, 0, 1], HEALTH_PORT)), false),
+    };
+    match orrery_agent::health::bind(addr).await {
+        Ok((listener, bound)) => {
+            orrery_agent::health::serve(listener, health, shutdown);
+            println!("probes at http://{bound} (/livez, /readyz, /metrics)");
+            Ok(())
+        }
+        Err(e) if !explicit && !in_pod => {
+            tracing::warn!(%addr, error = %e, "not serving the probes: the default address is taken (--health-listen to choose one)");
+            Ok(())
+        }
+        Err(e) => Err(anyhow::anyhow!("serving the probes on {addr}: {e}")),
     }
 }

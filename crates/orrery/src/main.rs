@@ -1,10 +1,11 @@
 //! `orrery`: the one binary. Each subcommand lives in its own module; this file only parses
 //! the command line and sets up logging.
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 mod agent;
+mod config;
 mod dns;
 mod join;
 mod kubeconfig;
@@ -62,7 +63,7 @@ enum Command {
     /// Run the control plane: the Kubernetes-compatible API over the store.
     Server(Box<server::ServerArgs>),
     /// Run a member cluster's agent (pull mode): real, simulated, or a simulated fleet.
-    Agent(agent::AgentArgs),
+    Agent(Box<agent::AgentArgs>),
     /// Bring a member whose API the server can reach into the fleet (push mode).
     Join(join::JoinArgs),
     /// Bootstrap tokens for agents.
@@ -112,7 +113,25 @@ fn init_logging(format: LogFormat, default: &str) {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let command = Cli::command();
+    let env = |k: &str| std::env::var(k).ok();
+    let expanded = match config::expand(std::env::args_os().collect(), &command, &env) {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(2);
+        }
+    };
+    let matches = command.clone().get_matches_from(expanded.args);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Some((name, sub)) = matches.subcommand()
+        && config::COMMANDS.contains(&name)
+        && sub.get_flag("print_config")
+        && let Some(cmd) = command.find_subcommand(name)
+    {
+        print!("{}", config::print(cmd, sub, &expanded.sources));
+        return Ok(());
+    }
     init_logging(cli.log_format, default_filter(&cli.command));
     no_huge_pages();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -122,7 +141,7 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Up(args) => up::run(args).await,
             Command::Server(args) => server::run(*args).await,
-            Command::Agent(args) => agent::run(args).await,
+            Command::Agent(args) => agent::run(*args).await,
             Command::Token(cmd) => token::run(cmd).await,
             Command::User(cmd) => user::run(cmd).await,
             Command::Kubeconfig(args) => kubeconfig::run(args),

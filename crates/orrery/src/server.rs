@@ -19,6 +19,14 @@ pub enum StoreKind {
 
 #[derive(Clone, Debug, clap::Args)]
 pub struct ServerArgs {
+    /// A YAML file of flags (`listen: 0.0.0.0:6443`; every flag by its name); flags and
+    /// ORRERY_<FLAG> variables override it (also ORRERY_CONFIG).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration (flags, environment, file, defaults; secrets
+    /// redacted) and exit.
+    #[arg(long)]
+    pub print_config: bool,
     /// Where the store, certificates and the admin kubeconfig live.
     #[arg(long, default_value = "./orrery-data", env = "ORRERY_DATA_DIR")]
     pub data_dir: PathBuf,

@@ -186,6 +186,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     );
     let stop = crate::server::signals().context("installing signal handlers")?;
     let server_args = ServerArgs {
+        config: None,
+        print_config: false,
         data_dir: args.data_dir.clone(),
         listen: args.listen,
         store: StoreKind::Sqlite,

@@ -124,6 +124,21 @@ pub async fn register(
     if !errs.is_empty() {
         return Err(ApiError::invalid(&rt, &req.cluster, &errs));
     }
+    // A Push cluster is refused for good (the agent stops), ahead of the connected check: the
+    // server's own driving of it beats like an agent.
+    if let Ok(current) = app
+        .store
+        .get(&keys::well_known::cluster(&req.cluster))
+        .await
+        && current
+            .spec
+            .as_ref()
+            .and_then(|s| s.get("syncMode"))
+            .and_then(Value::as_str)
+            == Some("Push")
+    {
+        return Err(push_refused(&req.cluster));
+    }
     // A bootstrap token joins a cluster; it does not take one from an agent that runs it (two
     // agents would take the identity back and forth until the token expired).
     if grant.bootstrap
@@ -161,6 +176,14 @@ pub async fn register(
         cluster: obj,
         token,
     })
+}
+
+/// An agent may not register a Push cluster: not a conflict to wait out (the agent would try
+/// again for ever), a refusal.
+fn push_refused(cluster: &str) -> ApiError {
+    ApiError::forbidden(format!(
+        "cluster {cluster:?} is a Push cluster, which the server drives itself; agents serve Pull clusters"
+    ))
 }
 
 /// A Pull Cluster's spec fields from what its agent says.
@@ -207,11 +230,7 @@ async fn upsert_cluster(app: &App, rt: &ResourceType, req: &Registration) -> Api
                     .and_then(Value::as_str)
                     .unwrap_or("Pull");
                 if mode == "Push" {
-                    return Err(ApiError::conflict(
-                        rt,
-                        &req.cluster,
-                        "it is a Push cluster, which the server drives itself; agents serve Pull clusters",
-                    ));
+                    return Err(push_refused(&req.cluster));
                 }
                 let mut next = current.clone();
                 let spec = next

@@ -81,6 +81,13 @@ fn unavailable(e: impl std::fmt::Display) -> BackendError {
 /// Maps a member's answer to a backend error.
 fn member_error(what: &str, e: kube::Error) -> BackendError {
     match e {
+        // The agent's own credentials refused (a token being rotated, say): the member is
+        // out of reach until they are good again, and what failed is retried then. A 403 is
+        // an answer about the object (RBAC): reported, not retried in a loop.
+        kube::Error::Api(s) if s.code == 401 => unavailable(format!(
+            "the member refused the agent's credentials: {}",
+            s.message
+        )),
         kube::Error::Api(s) if (400..500).contains(&s.code) && s.code != 429 => {
             BackendError::Rejected {
                 what: what.to_string(),
