@@ -219,11 +219,10 @@ fn the_agent_runs_in_its_member_as_a_pod() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
-    assert!(
-        probe(health, "/readyz").0 == 200,
-        "{}",
-        probe(health, "/readyz").1
-    );
+    // Ready again once its watches of the member have recovered from the refused token.
+    eventually(Duration::from_secs(30), "ready with the new token", || {
+        probe(health, "/readyz").0 == 200
+    });
 
     // The member's API gone: not ready, and the probe says which check failed; still live.
     drop(m);
@@ -377,4 +376,243 @@ fn server_and_agent_read_a_config_file() {
     assert!(text.contains("zone: [a, b]"), "{text}");
     assert!(text.contains("token: \"(redacted)\""), "{text}");
     assert!(!text.contains("secret-token"), "{text}");
+}
+
+/// The objects of a multi-document YAML, by kind and name.
+fn by_name(yaml: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
+    serde_saphyr::from_multiple::<serde_json::Value>(yaml)
+        .unwrap()
+        .into_iter()
+        .filter(|o| !o.is_null())
+        .map(|o| {
+            (
+                format!(
+                    "{}/{}",
+                    o["kind"].as_str().unwrap(),
+                    o["metadata"]["name"].as_str().unwrap()
+                ),
+                o,
+            )
+        })
+        .collect()
+}
+
+/// Runs `cmd`, which must succeed; its standard output.
+fn succeeds(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+fn repo() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+#[test]
+fn deploy_agent_is_the_bundle_join_prints_and_an_api_accepts_it() {
+    let out = succeeds(
+        Command::new(env!("CARGO_BIN_EXE_orrery"))
+            .args(["join", "my-cluster", "--pull", "--print"])
+            .args(["--server", "https://orrery.example.com:6443"])
+            .args(["--token", "REPLACE-WITH-A-BOOTSTRAP-TOKEN"]),
+    );
+    let printed = out;
+    let out = succeeds(
+        Command::new("kubectl")
+            .arg("kustomize")
+            .arg(repo().join("deploy/agent")),
+    );
+    let rendered = out;
+    let (a, b) = (by_name(&printed), by_name(&rendered));
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "deploy/agent and `orrery join --pull --print` hold other objects"
+    );
+    for (k, v) in &a {
+        assert_eq!(
+            v, &b[k],
+            "{k} differs between deploy/agent and join --print"
+        );
+    }
+    // The Deployment's arguments are ones the binary takes.
+    let d = &a["Deployment/orrery-agent"];
+    let args: Vec<&str> = d["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(args[0], "agent");
+    let help = Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["agent", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in args.iter().filter(|a| a.starts_with("--")) {
+        assert!(help.contains(flag), "{flag} is no flag of orrery agent");
+    }
+    // Its config file's keys are the agent's flags: --print-config reads it.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("agent.yaml");
+    std::fs::write(
+        &cfg,
+        a["ConfigMap/orrery-agent-config"]["data"]["agent.yaml"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let out = succeeds(
+        Command::new(env!("CARGO_BIN_EXE_orrery"))
+            .args(["agent", "--config"])
+            .arg(&cfg)
+            .arg("--print-config"),
+    );
+    assert!(out.contains("cluster: my-cluster  # config file"), "{out}");
+    // Every object is accepted by a Kubernetes API (a server-side dry run; as with
+    // Kubernetes, the namespaced ones need their Namespace to exist).
+    let m = Server::start();
+    m.ok(&["create", "namespace", "orrery-agent"]);
+    let out = m.run_stdin(&["apply", "--dry-run=server", "-f", "-"], &rendered);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !m.kubectl(&["get", "deployment", "orrery-agent", "-n", "orrery-agent"])
+            .status
+            .success(),
+        "a dry run made the Deployment"
+    );
+}
+
+#[test]
+fn join_pull_puts_the_agent_in_its_member_and_unjoin_takes_it_out() {
+    let m = Server::start();
+    let s = Server::start();
+    let out = succeeds(
+        Command::new(env!("CARGO_BIN_EXE_orrery"))
+            .args([
+                "join",
+                "m1",
+                "--pull",
+                "--region",
+                "eu-central",
+                "--kubeconfig",
+            ])
+            .arg(&m.kubeconfig)
+            .arg("--server-kubeconfig")
+            .arg(&s.kubeconfig),
+    );
+    assert!(out.contains("bundle is in the member"), "{out}");
+    // What the member's kubelet would start: the Deployment's container, its config from
+    // the ConfigMap, its token from the Secret, the ServiceAccount's token and CA mounted.
+    let d = m.get_json(&["deploy", "orrery-agent", "-n", "orrery-agent"]);
+    let c = &d["spec"]["template"]["spec"]["containers"][0];
+    let pod = tempfile::tempdir().unwrap();
+    let etc = pod.path().join("etc-orrery");
+    std::fs::create_dir_all(&etc).unwrap();
+    let cm = m.get_json(&["configmap", "orrery-agent-config", "-n", "orrery-agent"]);
+    std::fs::write(
+        etc.join("agent.yaml"),
+        cm["data"]["agent.yaml"].as_str().unwrap(),
+    )
+    .unwrap();
+    let secret = m.get_json(&["secret", "orrery-agent-token", "-n", "orrery-agent"]);
+    use base64::Engine;
+    let token = String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(secret["data"]["token"].as_str().unwrap())
+            .unwrap(),
+    )
+    .unwrap();
+    // The bundle's own ServiceAccount, with the roles the bundle gave it.
+    let sa_token = m
+        .ok(&["create", "token", "orrery-agent", "-n", "orrery-agent"])
+        .trim()
+        .to_string();
+    let sa = pod.path().join("serviceaccount");
+    mount(&sa, &m, &sa_token);
+    let health = free_port();
+    let args: Vec<String> = c["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            // The mount's path, where the test can write it.
+            v.as_str()
+                .unwrap()
+                .replace("/etc/orrery", etc.to_str().unwrap())
+        })
+        .collect();
+    let log = pod.path().join("agent.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .current_dir(pod.path())
+        .args(&args)
+        .arg("--service-account-dir")
+        .arg(&sa)
+        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        .env("KUBERNETES_SERVICE_PORT", m.port.to_string())
+        .env("ORRERY_TOKEN", &token)
+        // Loopback only in tests: the environment overrides the file's 0.0.0.0.
+        .env("ORRERY_HEALTH_LISTEN", format!("127.0.0.1:{health}"))
+        .env("ORRERY_HEARTBEAT_INTERVAL", "1s")
+        .env_remove("KUBECONFIG")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while probe(health, "/readyz").0 != 200 {
+        assert!(std::time::Instant::now() < deadline, "{}", agent_log());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(s.cluster_condition("m1", "Ready"), "True");
+    let cl = s.get_json(&["cluster", "m1"]);
+    assert_eq!(cl["spec"]["region"], "eu-central", "{cl}");
+    s.apply(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: hello, namespace: default}\ndata: {a: b}\n---\napiVersion: multicluster.io/v1alpha1\nkind: ResourcePlacementPolicy\nmetadata: {name: hello, namespace: default}\nspec:\n  resourceSelector: {apiVersion: v1, kind: ConfigMap, name: hello}\n  placement: {clusterAffinity: {clusterNames: [m1]}}\n",
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the ConfigMap in the member",
+        || m.kubectl(&["get", "cm", "hello"]).status.success(),
+    );
+
+    // unjoin: the cluster unregistered (the agent removes what it ran), the bundle gone.
+    let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["unjoin", "m1", "--kubeconfig"])
+        .arg(&m.kubeconfig)
+        .env("KUBECONFIG", &s.kubeconfig)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        agent_log()
+    );
+    assert!(!s.kubectl(&["get", "cluster", "m1"]).status.success());
+    assert!(
+        !m.kubectl(&["get", "cm", "hello"]).status.success(),
+        "the agent left what it ran"
+    );
+    for what in [
+        &["clusterrole", "orrery-agent"][..],
+        &["clusterrolebinding", "orrery-agent"],
+    ] {
+        assert!(
+            !m.kubectl(what).status.success(),
+            "{what:?} left in the member"
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -401,6 +401,15 @@ fn builtin_defs() -> Vec<Def> {
             true,
             "io.k8s.api.networking.v1.Ingress",
         ),
+        def(
+            "policy",
+            "PodDisruptionBudget",
+            "poddisruptionbudgets",
+            true,
+            &["pdb"],
+            true,
+            "io.k8s.api.policy.v1.PodDisruptionBudget",
+        ),
         // The leader Lease of the server replicas (orrery-system/orrery-controllers).
         def(
             "discovery.k8s.io",
@@ -684,6 +693,7 @@ pub(crate) fn version_of(group: &str) -> &'static str {
         | "apps"
         | "batch"
         | "networking.k8s.io"
+        | "policy"
         | "coordination.k8s.io"
         | "rbac.authorization.k8s.io"
         | "discovery.k8s.io"

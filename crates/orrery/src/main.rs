@@ -5,6 +5,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 mod agent;
+mod bundle;
 mod config;
 mod dns;
 mod join;
@@ -64,8 +65,11 @@ enum Command {
     Server(Box<server::ServerArgs>),
     /// Run a member cluster's agent (pull mode): real, simulated, or a simulated fleet.
     Agent(Box<agent::AgentArgs>),
-    /// Bring a member whose API the server can reach into the fleet (push mode).
-    Join(join::JoinArgs),
+    /// Bring a member into the fleet: push mode (the server reaches its API), or --pull (the
+    /// agent's bundle applied to it, or printed with --print).
+    Join(Box<join::JoinArgs>),
+    /// Unregister a member cluster and remove what `orrery join` put in it.
+    Unjoin(join::UnjoinArgs),
     /// Bootstrap tokens for agents.
     #[command(subcommand)]
     Token(token::TokenCommand),
@@ -146,9 +150,20 @@ fn main() -> anyhow::Result<()> {
             Command::User(cmd) => user::run(cmd).await,
             Command::Kubeconfig(args) => kubeconfig::run(args),
             Command::Status(args) => status::run(args).await,
-            Command::Join(args) => join::run(args).await,
+            Command::Join(args) => join::run(*args).await,
+            Command::Unjoin(args) => join::unjoin(args).await,
             Command::Sim(args) => sim::run(args).await,
             Command::Scrub(args) => scrub::run(args).await,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// Clap checks its own rules (unique names, conflicts naming flags that exist) only when
+    /// a command is used: every command at once here.
+    #[test]
+    fn the_flags_hold_together() {
+        <super::Cli as clap::CommandFactory>::command().debug_assert();
+    }
 }

@@ -91,6 +91,12 @@ fn builtin_components() -> Components {
         "Ingress"
     );
     kind!(
+        k8s_openapi::api::policy::v1::PodDisruptionBudget,
+        "policy",
+        "v1",
+        "PodDisruptionBudget"
+    );
+    kind!(
         k8s_openapi::api::discovery::v1::EndpointSlice,
         "discovery.k8s.io",
         "v1",

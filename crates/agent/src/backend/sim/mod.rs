@@ -2311,6 +2311,10 @@ fn builtin_enablements() -> Vec<ApiEnablement> {
         gv("batch/v1", &[("jobs", "Job"), ("cronjobs", "CronJob")]),
         gv("networking.k8s.io/v1", &[("ingresses", "Ingress")]),
         gv(
+            "policy/v1",
+            &[("poddisruptionbudgets", "PodDisruptionBudget")],
+        ),
+        gv(
             "discovery.k8s.io/v1",
             &[("endpointslices", "EndpointSlice")],
         ),
