@@ -504,6 +504,9 @@ fn join_pull_puts_the_agent_in_its_member_and_unjoin_takes_it_out() {
                 "--pull",
                 "--region",
                 "eu-central",
+                // The restricted role: ConfigMaps only.
+                "--kinds",
+                "configmaps",
                 "--kubeconfig",
             ])
             .arg(&m.kubeconfig)
@@ -585,6 +588,45 @@ fn join_pull_puts_the_agent_in_its_member_and_unjoin_takes_it_out() {
         "the ConfigMap in the member",
         || m.kubectl(&["get", "cm", "hello"]).status.success(),
     );
+    // A kind the role leaves out: Applied=False with the member's RBAC refusal, tried once
+    // (an answer, not an outage), and the agent goes on.
+    s.apply(
+        "apiVersion: v1\nkind: Secret\nmetadata: {name: hush, namespace: default}\nstringData: {a: b}\n---\napiVersion: multicluster.io/v1alpha1\nkind: ResourcePlacementPolicy\nmetadata: {name: hush, namespace: default}\nspec:\n  resourceSelector: {apiVersion: v1, kind: Secret, name: hush}\n  placement: {clusterAffinity: {clusterNames: [m1]}}\n",
+    );
+    let refused = || {
+        let w = s.get_json(&["work", "default.hush-secret", "-n", "orrery-cluster-m1"]);
+        w["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "Applied")
+            .cloned()
+            .unwrap_or_default()
+    };
+    eventually(Duration::from_secs(20), "the Secret refused", || {
+        refused()["status"] == "False"
+    });
+    let c = refused();
+    assert!(
+        c["message"].as_str().unwrap_or("").contains("forbidden"),
+        "{c}"
+    );
+    assert!(!m.kubectl(&["get", "secret", "hush"]).status.success());
+    let tries = |log: &str| log.matches("default/hush").count();
+    let first = tries(&agent_log());
+    assert!(
+        first >= 1,
+        "the refusal is not in the log:\n{}",
+        agent_log()
+    );
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(
+        tries(&agent_log()),
+        first,
+        "retried in a loop:\n{}",
+        agent_log()
+    );
+    assert_eq!(probe(health, "/readyz").0, 200);
 
     // unjoin: the cluster unregistered (the agent removes what it ran), the bundle gone.
     let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
@@ -615,4 +657,132 @@ fn join_pull_puts_the_agent_in_its_member_and_unjoin_takes_it_out() {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A CustomResourceDefinition of the Prometheus Operator's, for the dry run (the stand-in
+/// has no operator; the kind's schema is its own business).
+fn operator_crd(kind: &str, plural: &str) -> String {
+    format!(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {{name: {plural}.monitoring.coreos.com}}\nspec:\n  group: monitoring.coreos.com\n  scope: Namespaced\n  names: {{plural: {plural}, singular: {}, kind: {kind}}}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema: {{openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}}}\n",
+        plural.trim_end_matches('s')
+    )
+}
+
+#[test]
+fn the_server_and_monitoring_bundles_render_and_an_api_accepts_them() {
+    let m = Server::start();
+    for (kind, plural) in [
+        ("ServiceMonitor", "servicemonitors"),
+        ("PodMonitor", "podmonitors"),
+        ("PrometheusRule", "prometheusrules"),
+    ] {
+        m.apply(&operator_crd(kind, plural));
+    }
+    m.ok(&["create", "namespace", "orrery-agent"]);
+    let help = succeeds(Command::new(env!("CARGO_BIN_EXE_orrery")).args(["server", "--help"]));
+    for bundle in ["server", "ha", "monitoring"] {
+        let rendered = succeeds(
+            Command::new("kubectl")
+                .arg("kustomize")
+                .arg(repo().join("deploy").join(bundle)),
+        );
+        let objects = by_name(&rendered);
+        // The server's flags and config file are ones the binary takes, as the kubelet
+        // would start it (the Pod's IP put in its arguments, the Secret's keys in its
+        // environment).
+        if let Some(sts) = objects.get("StatefulSet/orrery") {
+            let c = &sts["spec"]["template"]["spec"]["containers"][0];
+            let args: Vec<String> = c["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap().replace("$(POD_IP)", "10.1.2.3"))
+                .collect();
+            assert_eq!(args[0], "server");
+            for flag in args.iter().filter(|a| a.starts_with("--")) {
+                assert!(
+                    help.contains(flag.as_str()),
+                    "{bundle}: {flag} is no flag of orrery server"
+                );
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let cm = &objects["ConfigMap/orrery-config"];
+            std::fs::write(
+                dir.path().join("config.yaml"),
+                cm["data"]["config.yaml"].as_str().unwrap(),
+            )
+            .unwrap();
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_orrery"));
+            cmd.args(
+                args.iter()
+                    .map(|a| a.replace("/etc/orrery", dir.path().to_str().unwrap())),
+            )
+            .arg("--print-config");
+            for e in c["env"].as_array().into_iter().flatten() {
+                let key = e["valueFrom"]["secretKeyRef"]["key"].as_str();
+                if let Some(key) = key {
+                    use base64::Engine;
+                    let secret = &objects[&format!(
+                        "Secret/{}",
+                        e["valueFrom"]["secretKeyRef"]["name"].as_str().unwrap()
+                    )];
+                    let v = base64::engine::general_purpose::STANDARD
+                        .decode(
+                            secret["data"][key]
+                                .as_str()
+                                .unwrap()
+                                .split_whitespace()
+                                .collect::<String>(),
+                        )
+                        .unwrap();
+                    cmd.env(e["name"].as_str().unwrap(), String::from_utf8(v).unwrap());
+                }
+            }
+            let printed = succeeds(&mut cmd);
+            assert!(
+                printed.contains("listen: 0.0.0.0:6443  # config file"),
+                "{printed}"
+            );
+            if bundle == "ha" {
+                assert!(printed.contains("store: etcd  # config file"), "{printed}");
+                assert!(
+                    printed.contains("etcd-endpoints: [https://etcd-0.etcd:2379"),
+                    "{printed}"
+                );
+                assert!(
+                    printed.contains("cluster-secret: \"(redacted)\"  # environment"),
+                    "{printed}"
+                );
+                assert!(
+                    printed.contains("advertise-url: https://10.1.2.3:6443  # flag"),
+                    "{printed}"
+                );
+            }
+        }
+        // The alert rules are valid Prometheus rules.
+        if let Some(rule) = objects.get("PrometheusRule/orrery") {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("rules.yaml");
+            std::fs::write(&file, serde_json::to_string(&rule["spec"]).unwrap()).unwrap();
+            let promtool = std::env::var("ORRERY_PROMTOOL").unwrap_or_else(|_| "promtool".into());
+            succeeds(Command::new(promtool).args(["check", "rules"]).arg(&file));
+            let dash = &objects["ConfigMap/orrery-dashboard"]["data"]["orrery-fleet.json"];
+            let dash: serde_json::Value = serde_json::from_str(dash.as_str().unwrap()).unwrap();
+            assert!(dash["panels"].as_array().unwrap().len() >= 5);
+        }
+        let out = m.run_stdin(&["apply", "--dry-run=server", "-f", "-"], &rendered);
+        assert!(
+            out.status.success(),
+            "{bundle}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Secret data wrapped over lines (as kustomize writes long values) is read as Kubernetes
+    // reads it, and kept on one line.
+    m.apply("apiVersion: v1\nkind: Secret\nmetadata: {name: wrapped, namespace: default}\ndata:\n  k: |\n    aHR0cHM6Ly9ldGNkLTAuZXRjZDoyMzc5LGh0dHBzOi8vZXRjZC0xLmV0Y2Q6MjM3OSxodHRwczovL2V0\n    Y2QtMi5ldGNkOjIzNzk=\n");
+    assert_eq!(
+        m.ok(&["get", "secret", "wrapped", "-o", "jsonpath={.data.k}"]),
+        "aHR0cHM6Ly9ldGNkLTAuZXRjZDoyMzc5LGh0dHBzOi8vZXRjZC0xLmV0Y2Q6MjM3OSxodHRwczovL2V0Y2QtMi5ldGNkOjIzNzk="
+    );
 }

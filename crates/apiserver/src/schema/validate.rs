@@ -165,19 +165,35 @@ fn walk(
         }
         Some("string") => match &*value {
             Value::String(s) => {
-                // Bytes travel as base64 (a Secret's data, a ConfigMap's binaryData).
-                if schema.get("format").and_then(Value::as_str) == Some("byte")
-                    && let Err(e) = {
-                        use base64::Engine;
-                        base64::engine::general_purpose::STANDARD.decode(s)
+                // Bytes travel as base64 (a Secret's data, a ConfigMap's binaryData). Line
+                // breaks are skipped, as Go's decoder (and so Kubernetes) skips them (kustomize
+                // wraps long values), and the value is stored in its one-line form, as
+                // Kubernetes stores the bytes it decoded.
+                if schema.get("format").and_then(Value::as_str) == Some("byte") {
+                    use base64::Engine;
+                    let b64 = base64::engine::general_purpose::STANDARD;
+                    let wrapped = s.contains(['\n', '\r']);
+                    let decoded = if wrapped {
+                        let flat: String =
+                            s.chars().filter(|c| !matches!(c, '\n' | '\r')).collect();
+                        b64.decode(flat)
+                    } else {
+                        b64.decode(s)
+                    };
+                    match decoded {
+                        Err(e) => f.errors.push(FieldError::invalid(
+                            path,
+                            "",
+                            format!("illegal base64 data: {e}"),
+                        )),
+                        Ok(bytes) if wrapped => {
+                            *value = Value::String(b64.encode(bytes));
+                            return;
+                        }
+                        Ok(_) => {}
                     }
-                {
-                    f.errors.push(FieldError::invalid(
-                        path,
-                        "",
-                        format!("illegal base64 data: {e}"),
-                    ));
                 }
+                let Value::String(s) = &*value else { return };
                 let len = s.chars().count() as u64;
                 if let Some(n) = schema.get("minLength").and_then(Value::as_u64)
                     && len < n
