@@ -240,8 +240,9 @@ fn the_agent_runs_in_its_member_as_a_pod() {
 #[test]
 fn an_agent_outside_a_pod_says_how_to_choose_its_member() {
     let s = Server::start();
-    let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
-        .args([
+    let agent = || {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_orrery"));
+        c.args([
             "agent",
             "--server",
             &s.url,
@@ -249,7 +250,10 @@ fn an_agent_outside_a_pod_says_how_to_choose_its_member() {
             "x",
             "--token",
             "t",
-        ])
+        ]);
+        c
+    };
+    let out = agent()
         .env_remove("KUBERNETES_SERVICE_HOST")
         .output()
         .unwrap();
@@ -261,16 +265,7 @@ fn an_agent_outside_a_pod_says_how_to_choose_its_member() {
     );
     // In a Pod whose ServiceAccount is not mounted: the path it looked at.
     let empty = tempfile::tempdir().unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
-        .args([
-            "agent",
-            "--server",
-            &s.url,
-            "--cluster",
-            "x",
-            "--token",
-            "t",
-        ])
+    let out = agent()
         .arg("--service-account-dir")
         .arg(empty.path())
         .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")

@@ -11,7 +11,6 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -35,17 +34,15 @@ struct ResultLabel {
     result: &'static str,
 }
 
-/// What the probes read; the agent writes it as it goes.
+/// What the probes read; the agent writes it as it goes. The gauges are the state: `/readyz`
+/// reads the same values `/metrics` shows.
 #[derive(Debug)]
 pub struct Health {
-    registered: AtomicBool,
-    session: AtomicBool,
-    backend: AtomicBool,
     backend_error: Mutex<String>,
     progress: Mutex<Instant>,
-    registered_g: Gauge,
-    session_g: Gauge,
-    backend_g: Gauge,
+    registered: Gauge,
+    session: Gauge,
+    backend: Gauge,
     works: Gauge,
     heartbeats: Family<ResultLabel, Counter>,
     sessions: Counter,
@@ -61,14 +58,11 @@ impl Default for Health {
 impl Health {
     pub fn new() -> Health {
         let mut h = Health {
-            registered: AtomicBool::new(false),
-            session: AtomicBool::new(false),
-            backend: AtomicBool::new(false),
             backend_error: Mutex::new("no report yet".into()),
             progress: Mutex::new(Instant::now()),
-            registered_g: Gauge::default(),
-            session_g: Gauge::default(),
-            backend_g: Gauge::default(),
+            registered: Gauge::default(),
+            session: Gauge::default(),
+            backend: Gauge::default(),
             works: Gauge::default(),
             heartbeats: Family::default(),
             sessions: Counter::default(),
@@ -78,17 +72,17 @@ impl Health {
         r.register(
             "orrery_agent_registered",
             "1 once the agent holds its cluster's token",
-            h.registered_g.clone(),
+            h.registered.clone(),
         );
         r.register(
             "orrery_agent_session_up",
             "1 while the agent is in a session with the server",
-            h.session_g.clone(),
+            h.session.clone(),
         );
         r.register(
             "orrery_agent_member_reachable",
             "1 when the member's API answered the last report",
-            h.backend_g.clone(),
+            h.backend.clone(),
         );
         r.register(
             "orrery_agent_works",
@@ -113,27 +107,21 @@ impl Health {
     }
 
     pub(crate) fn set_registered(&self, yes: bool) {
-        self.registered.store(yes, Ordering::Release);
-        self.registered_g.set(i64::from(yes));
+        self.registered.set(i64::from(yes));
     }
 
     /// A session began (its first heartbeat answered) or ended.
     pub(crate) fn set_session(&self, up: bool) {
         self.tick();
-        if up && !self.session.swap(true, Ordering::AcqRel) {
+        if self.session.set(i64::from(up)) == 0 && up {
             self.sessions.inc();
         }
-        if !up {
-            self.session.store(false, Ordering::Release);
-        }
-        self.session_g.set(i64::from(up));
     }
 
     /// The member answered a report (or did not, and why).
     pub(crate) fn member(&self, answered: Result<(), String>) {
         self.tick();
-        self.backend.store(answered.is_ok(), Ordering::Release);
-        self.backend_g.set(i64::from(answered.is_ok()));
+        self.backend.set(i64::from(answered.is_ok()));
         *self.backend_error.lock().unwrap_or_else(|p| p.into_inner()) =
             answered.err().unwrap_or_default();
     }
@@ -159,22 +147,19 @@ impl Health {
         vec![
             (
                 "registered",
-                pass(
-                    self.registered.load(Ordering::Acquire),
-                    "no cluster token yet".into(),
-                ),
+                pass(self.registered.get() == 1, "no cluster token yet".into()),
             ),
             (
                 "session",
                 pass(
-                    self.session.load(Ordering::Acquire),
+                    self.session.get() == 1,
                     "not connected to the server".into(),
                 ),
             ),
             (
                 "member",
                 pass(
-                    self.backend.load(Ordering::Acquire),
+                    self.backend.get() == 1,
                     self.backend_error
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())

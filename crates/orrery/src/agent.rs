@@ -204,29 +204,21 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     let in_pod = args.kubeconfig.is_none()
         && args.simulate.is_none()
         && std::env::var_os("KUBERNETES_SERVICE_HOST").is_some();
-    let mut member_client = None;
-    let backend: Arc<dyn Backend> = match (&args.kubeconfig, &args.simulate) {
-        (None, None) if in_pod => {
-            let config = orrery_client::in_cluster(&args.service_account_dir)?;
-            let client = kube::Client::try_from(config)?;
-            member_client = Some(client.clone());
-            match args.backend {
-                MemberBackend::Kube => Arc::new(KubeMember::new(client)),
-                MemberBackend::Orrery => {
-                    Arc::new(orrery_agent::backend::orrery::OrreryMember::new(client))
-                }
+    // A real member's API: from the kubeconfig, or the Pod's own.
+    let member_client = match (&args.kubeconfig, &args.simulate) {
+        (Some(path), None) => Some(orrery_client::from_kubeconfig(path).await?),
+        (None, None) if in_pod => Some(kube::Client::try_from(orrery_client::in_cluster(
+            &args.service_account_dir,
+        )?)?),
+        _ => None,
+    };
+    let backend: Arc<dyn Backend> = match (member_client.clone(), &args.simulate) {
+        (Some(client), None) => match args.backend {
+            MemberBackend::Kube => Arc::new(KubeMember::new(client)),
+            MemberBackend::Orrery => {
+                Arc::new(orrery_agent::backend::orrery::OrreryMember::new(client))
             }
-        }
-        (Some(path), None) => {
-            let client = orrery_client::from_kubeconfig(path).await?;
-            member_client = Some(client.clone());
-            match args.backend {
-                MemberBackend::Kube => Arc::new(KubeMember::new(client)),
-                MemberBackend::Orrery => {
-                    Arc::new(orrery_agent::backend::orrery::OrreryMember::new(client))
-                }
-            }
-        }
+        },
         (None, Some(spec)) => {
             let spec: SimSpec = spec
                 .parse()

@@ -105,14 +105,11 @@ pub fn expand(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Expanded, ConfigError> {
     let mut sources = BTreeMap::new();
-    let Some(at) = subcommand(&argv) else {
-        return Ok(Expanded {
-            args: argv,
-            sources,
-        });
-    };
-    let name = argv[at].to_string_lossy().to_string();
-    let Some(cmd) = cli.find_subcommand(&name) else {
+    let found = subcommand(&argv).and_then(|at| {
+        let name = argv[at].to_string_lossy().to_string();
+        cli.find_subcommand(&name).map(|cmd| (at, name, cmd))
+    });
+    let Some((at, name, cmd)) = found else {
         return Ok(Expanded {
             args: argv,
             sources,
@@ -133,11 +130,8 @@ pub fn expand(
         Some(i) => Some(rest.get(i + 1).cloned().ok_or(ConfigError::NoFile)?),
         None => rest
             .iter()
-            .find_map(|a| a.strip_prefix("--config=").map(str::to_string)),
-    };
-    let file = match file {
-        Some(f) => Some(f),
-        None => env("ORRERY_CONFIG"),
+            .find_map(|a| a.strip_prefix("--config=").map(str::to_string))
+            .or_else(|| env("ORRERY_CONFIG")),
     };
     let doc = match &file {
         Some(path) => load(path)?,

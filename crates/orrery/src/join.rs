@@ -220,32 +220,11 @@ pub async fn run(args: JoinArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The server URL of a kubeconfig's current context.
-fn server_of(path: &Path) -> anyhow::Result<String> {
-    let kc = Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
-    let ctx = kc
-        .current_context
-        .clone()
-        .context("the admin kubeconfig has no current context")?;
-    let cluster = kc
-        .contexts
-        .iter()
-        .find(|c| c.name == ctx)
-        .and_then(|c| c.context.as_ref())
-        .map(|c| c.cluster.clone())
-        .context("the admin kubeconfig's context names no cluster")?;
-    kc.clusters
-        .iter()
-        .find(|c| c.name == cluster)
-        .and_then(|c| c.cluster.as_ref())
-        .and_then(|c| c.server.clone())
-        .context("the admin kubeconfig's cluster has no server")
-}
-
 /// `orrery join NAME --pull`: the agent's bundle, applied to the member or printed.
 async fn pull(args: &JoinArgs, admin: &Path) -> anyhow::Result<()> {
     let servers = if args.server.is_empty() {
-        vec![server_of(admin)?]
+        // The admin kubeconfig's server, as push mode reads a member's.
+        vec![flatten(admin, None)?.1]
     } else {
         args.server.clone()
     };

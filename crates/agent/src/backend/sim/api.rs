@@ -399,17 +399,7 @@ impl SimCluster {
             st.objects
                 .iter()
                 .filter(|(k, _)| k.0.is_empty() && k.1 == kind && in_ns(&k.2))
-                .map(|(k, o)| {
-                    let mut m = o.manifest.clone();
-                    if let Some(status) = self.object_state(&st, k, o).status {
-                        m["status"] = status;
-                    }
-                    if m["metadata"].is_object() {
-                        m["metadata"]["creationTimestamp"] = json!(o.created);
-                        m["metadata"]["uid"] = json!(o.uid);
-                    }
-                    m
-                })
+                .map(|(k, o)| self.served(&st, k, o, false))
                 .collect()
         };
         let namespaces: std::collections::BTreeSet<String> = SYSTEM_NAMESPACES
@@ -755,20 +745,26 @@ impl SimCluster {
         st.objects
             .iter()
             .filter(|(k, _)| k.0 == group && k.1 == kind && namespace.is_none_or(|ns| k.2 == ns))
-            .map(|(k, o)| {
-                let mut m = o.manifest.clone();
-                if let Some(status) = self.object_state(&st, k, o).status {
-                    m["status"] = status;
-                }
-                if m["metadata"].is_object() {
-                    // The member's own: when and as what it made the object.
-                    m["metadata"]["creationTimestamp"] = json!(o.created);
-                    m["metadata"]["uid"] = json!(o.uid);
-                    m["metadata"]["generation"] = json!(o.generation);
-                }
-                m
-            })
+            .map(|(k, o)| self.served(&st, k, o, true))
             .collect()
+    }
+
+    /// An object as the member's API serves it: with the status the member gives it, and
+    /// the member's own creation time and uid (and generation, for kinds with a spec that
+    /// Kubernetes counts).
+    fn served(&self, st: &State, k: &Key, o: &super::SimObject, generation: bool) -> Value {
+        let mut m = o.manifest.clone();
+        if let Some(status) = self.object_state(st, k, o).status {
+            m["status"] = status;
+        }
+        if m["metadata"].is_object() {
+            m["metadata"]["creationTimestamp"] = json!(o.created);
+            m["metadata"]["uid"] = json!(o.uid);
+            if generation {
+                m["metadata"]["generation"] = json!(o.generation);
+            }
+        }
+        m
     }
 
     fn list(&self, pods: Vec<Value>, as_table: bool) -> http::Response<ProxyBody> {
