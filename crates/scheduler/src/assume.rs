@@ -14,6 +14,11 @@
 //! The engine subtracts a binding's own previous replicas from what is taken in a cluster;
 //! with this, what it subtracts is always either in the member's figures or assumed.
 //!
+//! A decision is assumed before its binding is written; one whose write is lost (another
+//! writer changed the binding first) is taken back with [`AssumeCache::save`] and
+//! [`AssumeCache::restore`], or its replicas would hold room nobody uses until a member
+//! reported pods that never come.
+//!
 //! Times are milliseconds passed in by the caller; nothing here reads a clock.
 
 use std::collections::HashMap;
@@ -41,6 +46,10 @@ impl Entry {
         (self.assigned - self.confirmed).max(0)
     }
 }
+
+/// A binding's assumptions as they were before a decision ([`AssumeCache::save`]).
+#[derive(Clone, Debug, Default)]
+pub struct Saved(Option<HashMap<String, Entry>>);
 
 /// Assumed replicas by binding and cluster.
 #[derive(Clone, Debug, Default)]
@@ -147,6 +156,31 @@ impl AssumeCache {
             })
             .collect();
         self.assume(binding, demand, &zero, placed, tracked, now)
+    }
+
+    /// The binding's assumptions now, to put back should the decision about to be assumed not
+    /// be written.
+    pub fn save(&self, binding: &str) -> Saved {
+        Saved(self.entries.get(binding).cloned())
+    }
+
+    /// Puts back what [`AssumeCache::save`] took (the decision assumed since was not
+    /// written); returns the clusters whose totals changed.
+    pub fn restore(&mut self, binding: &str, saved: Saved) -> Vec<String> {
+        let mut changed = self.forget(binding);
+        if let Some(m) = saved.0 {
+            for (c, e) in &m {
+                add(&mut self.totals, c, &e.demand, e.assumed() as f64);
+                if !changed.contains(c) {
+                    changed.push(c.clone());
+                }
+            }
+            if !m.is_empty() {
+                self.entries.insert(binding.to_string(), m);
+            }
+        }
+        changed.sort();
+        changed
     }
 
     /// Whether anything is assumed for `binding`.
@@ -358,6 +392,33 @@ mod tests {
             ["b"]
         );
         assert!(c.is_empty());
+    }
+
+    #[test]
+    fn a_decision_not_written_is_taken_back() {
+        let mut c = AssumeCache::new();
+        // 2 of a's 4 still assumed from an earlier decision.
+        c.assume("ns/web", D, &[t("a", 2)], &[t("a", 4)], true, 0);
+        c.assume("ns/other", D, &[], &[t("b", 1)], true, 0);
+        let saved = c.save("ns/web");
+        c.assume(
+            "ns/web",
+            D,
+            &[t("a", 4)],
+            &[t("a", 1), t("b", 30)],
+            true,
+            10,
+        );
+        assert_eq!((c.total("a")[0], c.total("b")[0]), (0.0, 31.0));
+        // Its write lost a race: back to 2 assumed in a, and b holds only the other's one.
+        assert_eq!(c.restore("ns/web", saved), ["a", "b"]);
+        assert_eq!((c.total("a")[0], c.total("b")[0]), (2.0, 1.0));
+        // A binding that had nothing assumed goes back to nothing.
+        let saved = c.save("ns/new");
+        c.assume("ns/new", D, &[], &[t("a", 5)], true, 20);
+        assert_eq!(c.restore("ns/new", saved), ["a"]);
+        assert!(!c.has("ns/new"));
+        assert_eq!(c.total("a")[0], 2.0);
     }
 
     #[test]

@@ -9,7 +9,10 @@
 //!   taints, labels, location, served APIs, capabilities). Heartbeats that only move
 //!   figures reschedule nothing. A binding left `Scheduled=False` is tried again at start.
 //! - Assume: a decision's new replicas count against their clusters until the member reports
-//!   figures measured after it (or a timeout), so a burst cannot overcommit a cluster.
+//!   figures measured after it (or a timeout), so a burst cannot overcommit a cluster. A
+//!   decision whose write fails (another writer changed the binding first) gives that back
+//!   and is decided again; a binding is not decided twice while its write is in flight, and
+//!   the history records only decisions that were written.
 //! - Rescheduling: a cluster that is dark or tainted NoExecute (past the placement's
 //!   `tolerationSeconds`) loses its replicas, make-before-break: the old copy stays until the
 //!   new placement is healthy or a grace period ends. A cluster whose water level stays above
@@ -301,8 +304,18 @@ struct Scheduler {
     room_epoch: u64,
     /// Bindings that found no room.
     unplaced: HashMap<BKey, Unplaced>,
-    /// Writes of decided chunks still in flight.
-    writing: std::collections::VecDeque<tokio::task::JoinHandle<()>>,
+    /// Writes of decided chunks still in flight; each tells which of its bindings' writes
+    /// failed.
+    writing: std::collections::VecDeque<tokio::task::JoinHandle<Vec<Written>>>,
+    /// Decisions assumed whose writes are in flight: their task number, what woke them and
+    /// what was assumed for the binding before. A binding is not decided again until its
+    /// write is over (a second decision on the same revision could only lose, and would
+    /// have its assumption stacked on one that may be taken back).
+    in_flight: HashMap<BKey, InFlight>,
+    /// Bindings woken while their write was in flight, and why: queued once it is over.
+    deferred: HashMap<BKey, Trigger>,
+    /// The in-flight decisions of the chunk being decided.
+    chunk_in_flight: Vec<(BKey, u64)>,
     /// Since when the queue has been busy, and how many it held then.
     round: Option<(usize, Instant)>,
     /// Bindings holding moved replicas' old copies, and when the first is due to go.
@@ -321,7 +334,8 @@ struct Scheduler {
     outlooks: HashMap<String, Arc<Outlook>>,
     /// The forecasts that made bindings move ahead of a peak, for the history.
     forecast_moves: HashMap<BKey, ForecastTrigger>,
-    history: Vec<ScheduleEntry>,
+    /// The chunk's decisions, by binding: recorded once the binding's write lands.
+    history: Vec<(BKey, ScheduleEntry)>,
     history_tx: mpsc::UnboundedSender<Vec<ScheduleEntry>>,
     seq: u64,
     started: Instant,
@@ -427,6 +441,9 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
         room_epoch: 0,
         unplaced: HashMap::new(),
         writing: Default::default(),
+        in_flight: HashMap::new(),
+        deferred: HashMap::new(),
+        chunk_in_flight: Vec::new(),
         round: None,
         moves: HashMap::new(),
         assume: AssumeCache::new(),
@@ -473,6 +490,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch:
             s.end_round().await;
             return;
         };
+        s.collect_writes().await;
         for (src, ev) in batch {
             s.on_event(src, ev);
         }
@@ -782,6 +800,10 @@ impl Scheduler {
             Src::Binding => match ev {
                 Event::Listed(items) => {
                     self.bindings.clear();
+                    // Everything is loaded and queued afresh: what was in flight is
+                    // assumed again from what the store holds.
+                    self.in_flight.clear();
+                    self.deferred.clear();
                     self.consolidators.clear();
                     self.moves.clear();
                     self.graph.clear_bindings();
@@ -850,6 +872,8 @@ impl Scheduler {
                     self.shed_ahead.remove(&k);
                     self.unplaced.remove(&k);
                     self.backoff.reset(&k);
+                    self.in_flight.remove(&k);
+                    self.deferred.remove(&k);
                     let changed = self.assume.forget(&format!("{}/{}", k.0, k.1));
                     if !changed.is_empty() {
                         self.refresh_assumed(&changed);
@@ -1471,6 +1495,11 @@ impl Scheduler {
         while jobs.len() < CHUNK {
             let Some(k) = self.queue.pop() else { break };
             let why = self.triggers.remove(&k).unwrap_or(Trigger::Binding);
+            if self.in_flight.contains_key(&k) {
+                // Its shed lists and consolidation wait with it.
+                self.deferred.entry(k).or_insert(why);
+                continue;
+            }
             let shed = self.shed.remove(&k).unwrap_or_default();
             let ahead = self.shed_ahead.remove(&k).unwrap_or_default();
             // Consolidated only when a round asked first: whatever else woke it decides as
@@ -1507,24 +1536,72 @@ impl Scheduler {
                 },
             );
         }
-        if !self.history.is_empty() {
-            let _ = self.history_tx.send(std::mem::take(&mut self.history));
-        }
         if self.writing.len() >= IN_FLIGHT
             && let Some(h) = self.writing.pop_front()
         {
-            let _ = h.await;
+            self.written(h.await.unwrap_or_default());
         }
+        let history = std::mem::take(&mut self.history);
+        let history_tx = self.history_tx.clone();
+        let in_flight = std::mem::take(&mut self.chunk_in_flight);
         // Store conflicts: the binding changed under us; its update event queues it again.
         self.writing.push_back(tokio::spawn(async move {
-            let _ = run_jobs(jobs).await;
+            let failed = run_jobs(jobs).await;
+            // The history tells of decisions that were written, not of those that lost.
+            let landed: Vec<ScheduleEntry> = history
+                .into_iter()
+                .filter(|(k, _)| !failed.contains(k))
+                .map(|(_, e)| e)
+                .collect();
+            if !landed.is_empty() {
+                let _ = history_tx.send(landed);
+            }
+            in_flight
+                .into_iter()
+                .map(|(k, seq)| {
+                    let lost = failed.contains(&k);
+                    (k, seq, lost)
+                })
+                .collect()
         }));
+    }
+
+    /// Takes in the chunks whose writes are over, without waiting for the others.
+    async fn collect_writes(&mut self) {
+        while self.writing.front().is_some_and(|h| h.is_finished()) {
+            if let Some(h) = self.writing.pop_front() {
+                self.written(h.await.unwrap_or_default());
+            }
+        }
+    }
+
+    /// A chunk's writes are over: a decision whose write failed gives back what it assumed
+    /// and is decided again; bindings woken meanwhile are queued.
+    fn written(&mut self, writes: Vec<Written>) {
+        for (k, seq, lost) in writes {
+            if self.in_flight.get(&k).is_none_or(|f| f.seq != seq) {
+                continue;
+            }
+            let Some(f) = self.in_flight.remove(&k) else {
+                continue;
+            };
+            if lost && self.bindings.contains_key(&k) {
+                let changed = self.assume.restore(&format!("{}/{}", k.0, k.1), f.before);
+                self.refresh_assumed(&changed);
+                self.room_changed();
+                // A conflict's update event queues it too; another failure queues nothing.
+                self.enqueue(k.clone(), f.why);
+            }
+            if let Some(why) = self.deferred.remove(&k) {
+                self.enqueue(k, why);
+            }
+        }
     }
 
     /// The queue is empty: the round's writes are waited for.
     async fn end_round(&mut self) {
         for h in std::mem::take(&mut self.writing) {
-            let _ = h.await;
+            self.written(h.await.unwrap_or_default());
         }
         if let Some((n, started)) = self.round.take() {
             self.settings.metrics.queue_depth.set(0);
@@ -1867,6 +1944,16 @@ impl Scheduler {
         }
         let bkey_str = format!("{}/{}", k.0, k.1);
         if clusters_changed {
+            // Taken back should the write not land ([`Scheduler::written`]).
+            self.in_flight.insert(
+                k.clone(),
+                InFlight {
+                    seq: self.seq + 1,
+                    why,
+                    before: self.assume.save(&bkey_str),
+                },
+            );
+            self.chunk_in_flight.push((k.clone(), self.seq + 1));
             let changed = self.assume.assume(
                 &bkey_str,
                 demand_of(&request),
@@ -1907,27 +1994,30 @@ impl Scheduler {
             || requested.is_some()
             || why == Trigger::Requested
         {
-            self.history.push(ScheduleEntry {
-                id: task_id.clone(),
-                time: now,
-                binding: bkey_str,
-                resource: binding::ObjectReference {
-                    resource_version: String::new(),
-                    ..spec.resource.clone()
+            self.history.push((
+                k.clone(),
+                ScheduleEntry {
+                    id: task_id.clone(),
+                    time: now,
+                    binding: bkey_str,
+                    resource: binding::ObjectReference {
+                        resource_version: String::new(),
+                        ..spec.resource.clone()
+                    },
+                    replicas: spec.replicas,
+                    trigger: why.as_str().to_string(),
+                    strategy: strategy.clone(),
+                    fleet_level: (decision.fleet_level * 1000.0).round() / 1000.0,
+                    result: result.to_string(),
+                    message: cond.message.clone(),
+                    clusters: new_clusters.clone(),
+                    unplaced: decision.unplaced,
+                    decisions: summary.clone(),
+                    filtered: filtered.clone(),
+                    prediction: prediction.clone(),
+                    forecast: if clusters_changed { forecast } else { None },
                 },
-                replicas: spec.replicas,
-                trigger: why.as_str().to_string(),
-                strategy: strategy.clone(),
-                fleet_level: (decision.fleet_level * 1000.0).round() / 1000.0,
-                result: result.to_string(),
-                message: cond.message.clone(),
-                clusters: new_clusters.clone(),
-                unplaced: decision.unplaced,
-                decisions: summary.clone(),
-                filtered: filtered.clone(),
-                prediction: prediction.clone(),
-                forecast: if clusters_changed { forecast } else { None },
-            });
+            ));
         }
         spec.clusters = new_clusters;
         status.conditions = conds;
@@ -2363,30 +2453,33 @@ impl Scheduler {
         let task_id = format!("{}-{}", b.metadata.uid, self.seq);
         let (summary, filtered) =
             decision.summary(&self.fleet, task, &self.engine, history::MAX_EXPLAINED);
-        self.history.push(ScheduleEntry {
-            id: task_id.clone(),
-            time: now,
-            binding: bkey_str,
-            resource: binding::ObjectReference {
-                resource_version: String::new(),
-                ..spec.resource.clone()
+        self.history.push((
+            k.clone(),
+            ScheduleEntry {
+                id: task_id.clone(),
+                time: now,
+                binding: bkey_str,
+                resource: binding::ObjectReference {
+                    resource_version: String::new(),
+                    ..spec.resource.clone()
+                },
+                replicas: spec.replicas,
+                trigger: why.as_str().to_string(),
+                strategy: "Migration".to_string(),
+                fleet_level: (decision.fleet_level * 1000.0).round() / 1000.0,
+                result: "Migrating".to_string(),
+                message: format!("{message}; migration {mname}"),
+                clusters: planned,
+                unplaced: 0,
+                decisions: summary.clone(),
+                filtered: filtered.clone(),
+                prediction: decision.prediction(&self.fleet, task, &self.engine),
+                forecast: self
+                    .forecast_moves
+                    .remove(k)
+                    .filter(|_| why == Trigger::Forecast),
             },
-            replicas: spec.replicas,
-            trigger: why.as_str().to_string(),
-            strategy: "Migration".to_string(),
-            fleet_level: (decision.fleet_level * 1000.0).round() / 1000.0,
-            result: "Migrating".to_string(),
-            message: format!("{message}; migration {mname}"),
-            clusters: planned,
-            unplaced: 0,
-            decisions: summary.clone(),
-            filtered: filtered.clone(),
-            prediction: decision.prediction(&self.fleet, task, &self.engine),
-            forecast: self
-                .forecast_moves
-                .remove(k)
-                .filter(|_| why == Trigger::Forecast),
-        });
+        ));
         let mut next_spec = spec.clone();
         next_spec.migration = mname.clone();
         let mut st = status;
@@ -2590,6 +2683,16 @@ fn fail_migration(store: Arc<dyn Store>, m: Arc<Object>, msg: String) -> Job<BKe
     })
 }
 
+/// A decision whose write is in flight.
+struct InFlight {
+    seq: u64,
+    why: Trigger,
+    before: orrery_scheduler::assume::Saved,
+}
+
+/// A binding's write of a chunk: its decision's task number and whether the write failed.
+type Written = (BKey, u64, bool);
+
 enum Outcome {
     Skip,
     Write(Job<BKey>),
@@ -2688,5 +2791,160 @@ mod tests {
             "placed on onprem-gpu"
         );
         assert_eq!(placed_message(&[]), "placed on no cluster");
+    }
+
+    /// A store in which another writer (the detector, say) changes a binding just before the
+    /// scheduler's first write of it, which then fails as a conflict.
+    #[derive(Debug)]
+    struct Racing {
+        inner: Arc<dyn Store>,
+        raced: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl Store for Racing {
+        async fn get(&self, key: &str) -> orrery_store::Result<Object> {
+            self.inner.get(key).await
+        }
+        async fn list(
+            &self,
+            prefix: &str,
+            opts: &orrery_store::ListOptions,
+        ) -> orrery_store::Result<orrery_store::ListResult> {
+            self.inner.list(prefix, opts).await
+        }
+        async fn create(&self, key: &str, obj: Object) -> orrery_store::Result<Arc<Object>> {
+            self.inner.create(key, obj).await
+        }
+        async fn update(
+            &self,
+            key: &str,
+            obj: Object,
+            expected: Option<orrery_store::Revision>,
+        ) -> orrery_store::Result<Arc<Object>> {
+            if key.contains("resourcebindings")
+                && !self.raced.swap(true, std::sync::atomic::Ordering::SeqCst)
+            {
+                let mut other = self.inner.get(key).await?;
+                other.metadata.generation = Some(2);
+                if let Some(r) = other.spec.as_mut().and_then(|s| s.get_mut("resource")) {
+                    r["resourceVersion"] = "2".into();
+                }
+                self.inner.update(key, other, None).await?;
+            }
+            self.inner.update(key, obj, expected).await
+        }
+        async fn delete(
+            &self,
+            key: &str,
+            p: &orrery_store::Preconditions,
+        ) -> orrery_store::Result<Arc<Object>> {
+            self.inner.delete(key, p).await
+        }
+        async fn watch(
+            &self,
+            prefix: &str,
+            from: orrery_store::Revision,
+            opts: orrery_store::WatchOptions,
+        ) -> orrery_store::Result<orrery_store::WatchStream> {
+            self.inner.watch(prefix, from, opts).await
+        }
+        async fn current_revision(&self) -> orrery_store::Result<orrery_store::Revision> {
+            self.inner.current_revision().await
+        }
+        async fn compact(&self, r: orrery_store::Revision) -> orrery_store::Result<()> {
+            self.inner.compact(r).await
+        }
+        async fn compacted_revision(&self) -> orrery_store::Result<orrery_store::Revision> {
+            self.inner.compacted_revision().await
+        }
+        async fn close(&self) {
+            self.inner.close().await
+        }
+    }
+
+    /// A decision whose write loses a race gives back the room it assumed: the next decision
+    /// places as much as the first would have (it once found the cluster full of replicas
+    /// that were never written, and placed none), and the history tells only of the decision
+    /// that was written.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_decision_that_lost_its_write_holds_no_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let sqlite: Arc<dyn Store> =
+            Arc::new(orrery_store_sqlite::SqliteStore::open_dir(dir.path()).unwrap());
+        let store: Arc<dyn Store> = Arc::new(Racing {
+            inner: sqlite.clone(),
+            raced: false.into(),
+        });
+        let mut c = Object::new("multicluster.io/v1alpha1", "Cluster").with_name("a");
+        c.metadata.generation = Some(1);
+        c.spec = Some(serde_json::json!({"region": "r"}));
+        let now = Time::now().to_string();
+        let figures = serde_json::json!({"cpu": "10", "memory": "64Gi", "pods": "1000"});
+        let none = serde_json::json!({"cpu": "0", "memory": "0", "pods": "0"});
+        c.status = Some(serde_json::json!({
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Test",
+                "lastTransitionTime": now}],
+            "resourceSummary": {"allocatable": figures, "allocated": none, "usage": none},
+            "lastHeartbeatTime": now,
+        }));
+        sqlite
+            .create(&keys::well_known::cluster("a"), c)
+            .await
+            .unwrap();
+        let bkey = keys::well_known::binding("default", "web-deployment");
+        let mut b = Object::new(binding::API_VERSION, binding::KIND).with_name("web-deployment");
+        b.metadata.namespace = "default".into();
+        b.metadata.uid = "b-uid".into();
+        b.metadata.generation = Some(1);
+        // 200 replicas of 100m; half of the cluster's 10 cores hold 50.
+        b.spec = Some(serde_json::json!({
+            "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "default",
+                "name": "web", "uid": "t-uid", "resourceVersion": "1"},
+            "replicas": 200,
+            "replicaRequirements": {"resourceRequest": {"cpu": "100m"}},
+            "placement": {"waterLevelLimit": 0.5,
+                "replicaScheduling": {"replicaSchedulingType": "Divided"}},
+            "policy": {"apiVersion": "multicluster.io/v1alpha1",
+                "kind": "ResourcePlacementPolicy", "namespace": "default", "name": "p"},
+        }));
+        sqlite.create(&bkey, b).await.unwrap();
+
+        let (stop, stopped) = watch::channel(false);
+        let ctl = tokio::spawn(run(store.clone(), Settings::default(), stopped));
+        let start = Instant::now();
+        let placed = loop {
+            let b = sqlite.get(&bkey).await.unwrap();
+            let st = BindingStatus::of(&b);
+            if st.scheduler_observed_generation == Some(2) {
+                break BindingSpec::of(&b).unwrap().clusters;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no decision: {b:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(
+            placed,
+            vec![t("a", 50)],
+            "the room the lost write assumed is free"
+        );
+        // The history is written after the binding: give it a moment.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let records = sqlite
+            .list(history::PREFIX, &Default::default())
+            .await
+            .unwrap();
+        let entries: Vec<ScheduleEntry> = records
+            .items
+            .iter()
+            .flat_map(|r| history::record_entries(r.spec.as_ref().unwrap()).unwrap())
+            .collect();
+        assert_eq!(entries.len(), 1, "one decision written: {entries:?}");
+        assert_eq!(entries[0].clusters, vec![t("a", 50)]);
+        let _ = stop.send(true);
+        let _ = ctl.await;
+        sqlite.close().await;
     }
 }
