@@ -265,6 +265,13 @@ impl Server {
         self.restart();
     }
 
+    /// Starts the server again on the same port but on another data directory (a restored
+    /// one), which the caller keeps.
+    pub fn restart_in(&mut self, dir: PathBuf) {
+        self.dir = dir;
+        self.restart();
+    }
+
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop the server first");
         let tmp = self._tmp.take();

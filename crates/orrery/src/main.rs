@@ -5,6 +5,7 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 mod agent;
+mod backup;
 mod bundle;
 mod config;
 mod dns;
@@ -85,6 +86,11 @@ enum Command {
     /// Remove from a stopped server's store what is no longer current (after turning on
     /// encryption at rest: docs/security.md).
     Scrub(scrub::ScrubArgs),
+    /// Write a consistent snapshot of a running server's store (and its certificate
+    /// authority) to a file.
+    Backup(backup::BackupArgs),
+    /// Make a data directory a server starts from out of a backup.
+    Restore(backup::RestoreArgs),
 }
 
 /// The log filter when `ORRERY_LOG` sets none.
@@ -154,6 +160,8 @@ fn main() -> anyhow::Result<()> {
             Command::Unjoin(args) => join::unjoin(args).await,
             Command::Sim(args) => sim::run(args).await,
             Command::Scrub(args) => scrub::run(args).await,
+            Command::Backup(args) => backup::backup(args).await,
+            Command::Restore(args) => backup::restore(args).await,
         }
     })
 }

@@ -13,6 +13,7 @@ mod client;
 mod recent;
 #[allow(unreachable_pub)]
 mod rpc;
+mod snapshot;
 
 use client::{Client, Connect, EtcdError, created, delete_op, get_op, modified, put_op, revision};
 use orrery_api::Object;
@@ -27,6 +28,7 @@ use rpc::etcdserverpb::{
     compare::CompareResult, response_op,
 };
 use rpc::mvccpb::event::EventType;
+pub use snapshot::{Snapshot, snapshot};
 
 /// How to reach etcd.
 #[derive(Clone, Debug)]

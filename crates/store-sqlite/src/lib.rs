@@ -21,6 +21,7 @@ use orrery_store::{
 };
 use tokio::sync::{mpsc, oneshot};
 
+mod backup;
 mod checkpoint;
 mod gather;
 mod latest;
@@ -31,7 +32,8 @@ mod writer;
 use reader::Readers;
 use writer::{Op, Reply, Request, Shared};
 
-pub use schema::APPLICATION_ID;
+pub use backup::{Attachments, Backup, Restored, backup, restore};
+pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 
 /// The longest the writer waits for more writes to commit with one (gather.rs).
 pub const DEFAULT_COMMIT_DELAY: std::time::Duration = std::time::Duration::from_millis(2);

@@ -34,6 +34,26 @@ CREATE TABLE meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID;
 INSERT INTO meta (name, value) VALUES ('compact_rev', 0), ('compact_done', 0), ('rev_floor', 0);
 ";
 
+/// Whether this build reads a file of schema `version` (older ones are brought up to date at
+/// open); a newer one is refused, saying what to do.
+pub fn readable_version(path: &Path, version: i64) -> Result<(), StoreError> {
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Corrupt(format!(
+            "{} has store schema version {version}, newer than this build of Orrery reads \
+             ({SCHEMA_VERSION}): it was written by a later version. Run that version or a later \
+             one (downgrades are not supported; restore a backup taken before the upgrade)",
+            path.display()
+        )));
+    }
+    if version < 1 {
+        return Err(StoreError::Corrupt(format!(
+            "{} has store schema version {version}, which no version of Orrery wrote",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Maps a SQLite error at open time to a clear refusal.
 pub fn open_error(path: &Path, e: rusqlite::Error) -> StoreError {
     match &e {
@@ -111,13 +131,8 @@ pub fn open_writer(path: &Path, quick_check: bool) -> Result<Connection, StoreEr
         let version: i64 = conn
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .map_err(err)?;
+        readable_version(path, version)?;
         repair = version == 1;
-        if version != SCHEMA_VERSION && !repair {
-            return Err(StoreError::Corrupt(format!(
-                "{} has store schema version {version}; this build of Orrery reads version {SCHEMA_VERSION}",
-                path.display()
-            )));
-        }
         let mode: String = conn
             .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
             .map_err(err)?;

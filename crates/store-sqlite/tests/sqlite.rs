@@ -458,3 +458,133 @@ async fn the_watch_ring_keeps_older_changes_as_their_json() {
         }
     }
 }
+
+/// A backup taken while writes go on holds every write acknowledged before it started and is
+/// one snapshot; a restore of it continues past any revision the old store may have given out
+/// after the snapshot, with older history marked compacted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_under_writes_restores_every_write_acknowledged_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orrery.db");
+    let store = Arc::new(SqliteStore::open(SqliteConfig::new(&path)).unwrap());
+    for i in 0..200 {
+        store
+            .create(
+                &format!("/registry/configmaps/ns/a{i}"),
+                obj(&format!("a{i}")),
+            )
+            .await
+            .unwrap();
+    }
+    // Writes acknowledged before the backup starts, and a stream of them during it.
+    let acknowledged = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (store, acknowledged, stop) = (store.clone(), acknowledged.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let key = format!("/registry/configmaps/ns/b{i}");
+                let o = store.create(&key, obj(&format!("b{i}"))).await.unwrap();
+                acknowledged
+                    .lock()
+                    .unwrap()
+                    .push((key, o.revision().unwrap()));
+                i += 1;
+            }
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let before: Vec<(String, i64)> = acknowledged.lock().unwrap().clone();
+    let to = dir.path().join("backup.db");
+    let (p, t) = (path.clone(), to.clone());
+    let backup = tokio::task::spawn_blocking(move || {
+        orrery_store_sqlite::backup(&p, &t, &[("tls/ca.crt".into(), b"pem".to_vec())])
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    writer.await.unwrap();
+    let after = acknowledged.lock().unwrap().clone();
+    assert!(
+        after.len() > before.len(),
+        "writes went on during the backup"
+    );
+    let last = store.current_revision().await.unwrap();
+    assert!(backup.revision < last, "{backup:?} {last}");
+    store.close().await;
+
+    // Never over a store.
+    let again = orrery_store_sqlite::restore(&to, &path, 1000);
+    assert!(
+        matches!(&again, Err(StoreError::Backend(m)) if m.contains("never overwrites")),
+        "{again:?}"
+    );
+    let restored_dir = tempfile::tempdir().unwrap();
+    let target = restored_dir.path().join("orrery.db");
+    let (r, kept) = orrery_store_sqlite::restore(&to, &target, 1_000_000).unwrap();
+    assert_eq!(kept, vec![("tls/ca.crt".to_string(), b"pem".to_vec())]);
+    assert_eq!(r.revision, backup.revision);
+    assert_eq!(r.continues_at, backup.revision + 1_000_000);
+    let restored = SqliteStore::open(SqliteConfig::new(&target)).unwrap();
+    // Every write acknowledged before the backup began, and exactly those up to its revision.
+    for (key, rev) in &after {
+        let got = restored.get(key).await;
+        if *rev <= backup.revision {
+            assert_eq!(got.unwrap().revision(), Some(*rev), "{key}");
+        } else {
+            assert!(matches!(got, Err(StoreError::NotFound { .. })), "{key}");
+        }
+    }
+    for (key, _) in &before {
+        assert!(
+            restored.get(key).await.is_ok(),
+            "{key} was acknowledged first"
+        );
+    }
+    assert_eq!(restored.current_revision().await.unwrap(), r.continues_at);
+    let o = restored
+        .create("/registry/configmaps/ns/new", obj("new"))
+        .await
+        .unwrap();
+    assert!(
+        o.revision().unwrap() > last,
+        "no revision is given out twice"
+    );
+    // A watch from before the restore is told to list again.
+    let w = restored
+        .watch("/registry/", backup.revision, Default::default())
+        .await;
+    assert!(matches!(w, Err(StoreError::Expired { .. })), "{w:?}");
+    restored.close().await;
+    // A file that is not a store is refused.
+    std::fs::write(dir.path().join("junk.db"), b"not a database at all").unwrap();
+    let junk = orrery_store_sqlite::restore(
+        &dir.path().join("junk.db"),
+        &restored_dir.path().join("other.db"),
+        0,
+    );
+    assert!(junk.is_err(), "{junk:?}");
+}
+
+#[tokio::test]
+async fn a_store_of_a_newer_schema_is_refused_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("orrery.db");
+    let s = SqliteStore::open(SqliteConfig::new(&path)).unwrap();
+    s.close().await;
+    drop(s);
+    let c = rusqlite::Connection::open(&path).unwrap();
+    c.pragma_update(
+        None,
+        "user_version",
+        orrery_store_sqlite::SCHEMA_VERSION + 1,
+    )
+    .unwrap();
+    drop(c);
+    let msg = refused(&path);
+    assert!(msg.contains("newer than this build"), "{msg}");
+    assert!(msg.contains("downgrades are not supported"), "{msg}");
+}

@@ -37,12 +37,23 @@ pub fn etcd_binary() -> String {
     std::env::var("ORRERY_ETCD").unwrap_or_else(|_| "etcd".to_string())
 }
 
+/// The etcdctl binary: `$ORRERY_ETCDCTL`, else `etcdctl` on the PATH.
+pub fn etcdctl_binary() -> String {
+    std::env::var("ORRERY_ETCDCTL").unwrap_or_else(|_| "etcdctl".to_string())
+}
+
 impl EtcdServer {
     /// Starts etcd and waits until it answers; retries on a port clash.
     pub fn start() -> anyhow::Result<Self> {
+        Self::start_from(None)
+    }
+
+    /// Starts etcd on a data directory made from `snapshot` (`etcdctl snapshot restore`, as an
+    /// operator restores a backup), or empty.
+    pub fn start_from(snapshot: Option<&std::path::Path>) -> anyhow::Result<Self> {
         let mut last_err = None;
         for _ in 0..5 {
-            match Self::try_start() {
+            match Self::try_start(snapshot) {
                 Ok(s) => return Ok(s),
                 Err(e) => last_err = Some(e),
             }
@@ -50,11 +61,36 @@ impl EtcdServer {
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("etcd did not start")))
     }
 
-    fn try_start() -> anyhow::Result<Self> {
+    fn try_start(snapshot: Option<&std::path::Path>) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let (client, peer) = (free_port()?, free_port()?);
         let endpoint = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
+        if let Some(snapshot) = snapshot {
+            let out = Command::new(etcdctl_binary())
+                .env("ETCDCTL_API", "3")
+                .arg("snapshot")
+                .arg("restore")
+                .arg(snapshot)
+                .arg("--data-dir")
+                .arg(dir.path().join("data"))
+                .args(["--name", "test"])
+                .arg(format!("--initial-cluster=test={peer_url}"))
+                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+                .output()
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "cannot run etcdctl ({}): {e}; install Debian's etcd-client",
+                        etcdctl_binary()
+                    )
+                })?;
+            if !out.status.success() {
+                anyhow::bail!(
+                    "etcdctl snapshot restore failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
         let args = [
             "--name".to_string(),
             "test".into(),
