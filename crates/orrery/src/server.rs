@@ -746,6 +746,30 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         (None, Some(_)) => anyhow::bail!("--audit-policy-file needs --audit-log-path"),
     };
     let mut store = open_store(args).await?;
+    // Before anything reads or writes the objects: a later build's store is refused, an
+    // earlier one's brought up to date (crates/store/src/format.rs).
+    match orrery_store::format::ensure(
+        store.as_ref(),
+        concat!("orrery ", env!("CARGO_PKG_VERSION")),
+    )
+    .await
+    .context("checking the store's format")?
+    {
+        orrery_store::format::Outcome::Created => {
+            tracing::info!(
+                version = orrery_store::format::CURRENT,
+                "recorded the store's format"
+            )
+        }
+        orrery_store::format::Outcome::Current => {}
+        orrery_store::format::Outcome::Migrated(steps) => {
+            tracing::info!(
+                steps = steps.len(),
+                version = orrery_store::format::CURRENT,
+                "the store's format was brought up to date"
+            )
+        }
+    }
     if let Some(config) = encryption {
         tracing::info!(?config, "encrypting at rest");
         store = orrery_apiserver::encryption::EncryptingStore::wrap(store, Arc::new(config));

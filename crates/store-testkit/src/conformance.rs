@@ -1025,6 +1025,96 @@ pub async fn reopen_keeps_everything(h: &dyn Harness) {
     assert_eq!(evs[1].object().unwrap().name(), "after");
 }
 
+/// The store's format record: made on a new store, left alone when current, an older format
+/// migrated step by step (recorded once, idempotent across restarts and racing replicas), a
+/// newer one refused.
+pub async fn format_is_recorded_migrated_and_refused_when_newer(h: &dyn Harness) {
+    use orrery_store::format::{self, FormatError, Outcome, Step};
+    let s = h.open().await;
+    assert_eq!(
+        format::ensure(s.as_ref(), "b1").await.unwrap(),
+        Outcome::Created
+    );
+    assert_eq!(
+        format::ensure(s.as_ref(), "b1").await.unwrap(),
+        Outcome::Current
+    );
+    // A later build with a step 1 -> 2 that writes an object (idempotently).
+    fn step(
+        s: &dyn Store,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = orrery_store::Result<()>> + Send + '_>>
+    {
+        Box::pin(async move {
+            match s
+                .create("/registry/t/ns/migrated", object("migrated", "a", ""))
+                .await
+            {
+                Ok(_) | Err(orrery_store::StoreError::AlreadyExists { .. }) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+    }
+    let steps = [
+        Step {
+            from: 0,
+            what: "record",
+            run: |_| Box::pin(async { Ok(()) }),
+        },
+        Step {
+            from: 1,
+            what: "add an object",
+            run: step,
+        },
+    ];
+    // Two replicas at once: the step is recorded once.
+    let (a, b) = tokio::join!(
+        format::ensure_with(s.as_ref(), "b2", &steps, 2),
+        format::ensure_with(s.as_ref(), "b2", &steps, 2)
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let made: usize = [a, b]
+        .iter()
+        .map(|o| match o {
+            Outcome::Migrated(m) => m.len(),
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(made, 1, "one replica records the step");
+    let rec: format::Format =
+        serde_json::from_value(s.get(format::KEY).await.unwrap().spec.unwrap()).unwrap();
+    assert_eq!(rec.version, 2);
+    assert_eq!(rec.migrations.len(), 1);
+    assert_eq!((rec.migrations[0].from, rec.migrations[0].to), (1, 2));
+    assert!(s.get("/registry/t/ns/migrated").await.is_ok());
+    assert_eq!(
+        format::ensure_with(s.as_ref(), "b2", &steps, 2)
+            .await
+            .unwrap(),
+        Outcome::Current
+    );
+    // This build (format 1) refuses what b2 wrote, naming it.
+    match format::ensure(s.as_ref(), "b1").await {
+        Err(e @ FormatError::Newer { .. }) => {
+            let msg = e.to_string();
+            assert!(
+                msg.contains("format version 2") && msg.contains("b2"),
+                "{msg}"
+            );
+        }
+        other => panic!("a newer format is refused: {other:?}"),
+    }
+    // A store with objects and no record was written before formats were recorded: 0 -> 1.
+    s.delete(format::KEY, &Default::default()).await.unwrap();
+    match format::ensure(s.as_ref(), "b1").await.unwrap() {
+        Outcome::Migrated(m) => assert_eq!((m.len(), m[0].from, m[0].to), (1, 0, 1)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        format::ensure(s.as_ref(), "b1").await.unwrap(),
+        Outcome::Current
+    );
+}
+
 /// Instantiates the whole conformance suite for one backend: `$harness` is an expression that
 /// makes a fresh [`Harness`](crate::Harness) for each test.
 #[macro_export]
@@ -1034,7 +1124,8 @@ macro_rules! store_conformance_tests {
             crud, recent_reads_catch_up, cas_and_preconditions, concurrent_writers, list_pagination_is_consistent,
             list_selectors_and_revisions, raw_lists_match_parsed_lists, watch_replays_later_events_in_order,
             watch_sees_deletes_and_prefixes, watch_selectors, compaction_expires_old_revisions,
-            compaction_across_windows_keeps_deletes_deleted, slow_watcher_is_cut_off, bookmarks, reopen_keeps_everything);
+            compaction_across_windows_keeps_deletes_deleted, slow_watcher_is_cut_off, bookmarks, reopen_keeps_everything,
+            format_is_recorded_migrated_and_refused_when_newer);
     };
     (@each $harness:expr; $($name:ident),*) => {
         $(

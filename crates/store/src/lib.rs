@@ -20,6 +20,7 @@ use std::time::Duration;
 use orrery_api::Object;
 
 mod error;
+pub mod format;
 mod list;
 pub mod ops;
 pub mod stamp;
