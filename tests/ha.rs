@@ -380,9 +380,11 @@ fn a_rolling_restart_of_the_replicas_loses_no_write_and_moves_nothing() {
     let urls: Vec<String> = replicas.iter().map(|s| s.url.clone()).collect();
     let (_agent, admin) = sim_member_at(&replicas[0], &urls.join(","), "m1");
     replicas[1].apply(&deployment("steady"));
-    eventually(Duration::from_secs(30), "steady running in the member", || {
-        member_runs(&admin, "m1", "steady")
-    });
+    eventually(
+        Duration::from_secs(30),
+        "steady running in the member",
+        || member_runs(&admin, "m1", "steady"),
+    );
     std::thread::sleep(Duration::from_secs(2));
     let seen = journal(&admin, "m1", 0).last().map_or(0, |e| e.0);
 
@@ -435,7 +437,11 @@ fn a_rolling_restart_of_the_replicas_loses_no_write_and_moves_nothing() {
         acknowledged.len()
     );
     assert!(unexpected.is_empty(), "client errors: {unexpected:?}");
-    assert!(acknowledged.len() > 10, "only {} writes", acknowledged.len());
+    assert!(
+        acknowledged.len() > 10,
+        "only {} writes",
+        acknowledged.len()
+    );
     let refs: Vec<&Server> = replicas.iter().collect();
     the_leader(&refs, Duration::from_secs(30));
     let listed = replicas[2].ok(&["get", "configmaps", "-o", "name"]);
@@ -447,9 +453,11 @@ fn a_rolling_restart_of_the_replicas_loses_no_write_and_moves_nothing() {
     }
     // Placed after the restarts too, and nothing else done in the member meanwhile.
     replicas[0].apply(&deployment("after"));
-    eventually(Duration::from_secs(40), "after running in the member", || {
-        member_runs(&admin, "m1", "after")
-    });
+    eventually(
+        Duration::from_secs(40),
+        "after running in the member",
+        || member_runs(&admin, "m1", "after"),
+    );
     std::thread::sleep(Duration::from_secs(1));
     let since = journal(&admin, "m1", seen);
     assert!(

@@ -44,8 +44,15 @@ struct ServingInfo {
     not_after: i64,
 }
 
-const CERT_DAYS: i64 = 365;
-const RENEW_DAYS: i64 = 30;
+/// How long a serving certificate is valid by default.
+pub const DEFAULT_SERVING_VALIDITY: std::time::Duration =
+    std::time::Duration::from_secs(365 * 86400);
+
+/// A serving certificate is issued again once less than this is left of its validity: a
+/// third of it, at most 30 days.
+pub fn renew_before(validity: std::time::Duration) -> i64 {
+    (validity.as_secs() as i64 / 3).min(30 * 86400)
+}
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> PkiError + '_ {
     move |source| PkiError::Io {
@@ -89,6 +96,16 @@ fn now_unix() -> i64 {
 
 /// Loads or creates the CA and the serving certificate for `sans`.
 pub fn ensure(data_dir: &Path, sans: &[String]) -> Result<Pki, PkiError> {
+    ensure_valid_for(data_dir, sans, DEFAULT_SERVING_VALIDITY)
+}
+
+/// [`ensure`], a serving certificate issued anew when less than [`renew_before`] of
+/// `validity` is left (or its names changed).
+pub fn ensure_valid_for(
+    data_dir: &Path,
+    sans: &[String],
+    validity: std::time::Duration,
+) -> Result<Pki, PkiError> {
     let dir = data_dir.join("tls");
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
     let (ca_crt, ca_key) = (dir.join("ca.crt"), dir.join("ca.key"));
@@ -133,7 +150,7 @@ pub fn ensure(data_dir: &Path, sans: &[String]) -> Result<Pki, PkiError> {
         .and_then(|s| serde_json::from_str(&s).ok());
     let fresh = current
         .as_ref()
-        .is_some_and(|c| c.sans == wanted && c.not_after - now_unix() > RENEW_DAYS * 86400);
+        .is_some_and(|c| c.sans == wanted && c.not_after - now_unix() > renew_before(validity));
     let (cert_pem, key_pem) = if fresh && srv_crt.exists() && srv_key.exists() {
         (
             std::fs::read_to_string(&srv_crt).map_err(io(&srv_crt))?,
@@ -151,11 +168,15 @@ pub fn ensure(data_dir: &Path, sans: &[String]) -> Result<Pki, PkiError> {
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
-        let not_after = now_unix() + CERT_DAYS * 86400;
+        let not_after = now_unix() + validity.as_secs() as i64;
+        // A day back allows for clients whose clocks are behind.
         let (y, m, d) = ymd(now_unix() - 86400);
         params.not_before = rcgen::date_time_ymd(y, m, d);
-        let (y, m, d) = ymd(not_after);
-        params.not_after = rcgen::date_time_ymd(y, m, d);
+        params.not_after =
+            time::OffsetDateTime::from_unix_timestamp(not_after).map_err(|e| PkiError::Pem {
+                path: srv_crt.clone(),
+                reason: format!("validity: {e}"),
+            })?;
         let cert = params.signed_by(&key, &issuer)?;
         write_private(&srv_key, &key.serialize_pem())?;
         write_private(&srv_crt, &cert.pem())?;
@@ -220,16 +241,55 @@ fn ymd(unix: i64) -> (i32, u8, u8) {
     (date.year() as i32, date.month() as u8, date.day() as u8)
 }
 
-/// A rustls server configuration for the serving certificate (HTTP/2 and HTTP/1.1). Clients
-/// may present a certificate signed by the CA (a user's, see [`issue_user_cert`]); those who
-/// do not authenticate with a token instead.
-pub fn server_config(pki: &Pki) -> Result<rustls::ServerConfig, String> {
+/// The serving certificate handshakes are answered with; [`ServingCert::set`] replaces it
+/// for the handshakes that follow (connections already made keep theirs).
+#[derive(Debug)]
+pub struct ServingCert(std::sync::RwLock<std::sync::Arc<rustls::sign::CertifiedKey>>);
+
+impl ServingCert {
+    pub fn new(pki: &Pki) -> Result<Self, String> {
+        Ok(ServingCert(std::sync::RwLock::new(std::sync::Arc::new(
+            certified(pki)?,
+        ))))
+    }
+
+    /// Serves `pki`'s certificate from the next handshake on.
+    pub fn set(&self, pki: &Pki) -> Result<(), String> {
+        let c = std::sync::Arc::new(certified(pki)?);
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = c;
+        Ok(())
+    }
+}
+
+impl rustls::server::ResolvesServerCert for ServingCert {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<std::sync::Arc<rustls::sign::CertifiedKey>> {
+        Some(self.0.read().unwrap_or_else(|p| p.into_inner()).clone())
+    }
+}
+
+fn certified(pki: &Pki) -> Result<rustls::sign::CertifiedKey, String> {
     let certs: Vec<CertificateDer<'static>> =
         CertificateDer::pem_slice_iter(pki.cert_pem.as_bytes())
             .collect::<Result<_, _>>()
             .map_err(|e| format!("serving certificate: {e}"))?;
     let key = PrivateKeyDer::from_pem_slice(pki.key_pem.as_bytes())
         .map_err(|e| format!("serving key: {e}"))?;
+    let provider = rustls::crypto::ring::default_provider();
+    rustls::sign::CertifiedKey::from_der(certs, key, &provider)
+        .map_err(|e| format!("serving certificate: {e}"))
+}
+
+/// A rustls server configuration for the serving certificate (HTTP/2 and HTTP/1.1). Clients
+/// may present a certificate signed by the CA (a user's, see [`issue_user_cert`]); those who
+/// do not authenticate with a token instead. The serving certificate comes from `serving`,
+/// renewed in place.
+pub fn server_config(
+    pki: &Pki,
+    serving: std::sync::Arc<ServingCert>,
+) -> Result<rustls::ServerConfig, String> {
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     for ca in CertificateDer::pem_slice_iter(pki.ca_pem.as_bytes()) {
@@ -248,8 +308,7 @@ pub fn server_config(pki: &Pki) -> Result<rustls::ServerConfig, String> {
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .with_client_cert_verifier(clients)
-        .with_single_cert(certs, key)
-        .map_err(|e| e.to_string())?;
+        .with_cert_resolver(serving);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }
@@ -371,7 +430,8 @@ mod tests {
         .unwrap();
         assert_ne!(a.cert_pem, c.cert_pem, "re-issued for the new name");
         assert_eq!(a.ca_pem, c.ca_pem, "same CA");
-        assert!(server_config(&c).is_ok());
+        let serving = std::sync::Arc::new(ServingCert::new(&c).unwrap());
+        assert!(server_config(&c, serving).is_ok());
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(dir.path().join("tls/ca.key"))
             .unwrap()

@@ -45,6 +45,10 @@ pub struct ServerArgs {
     /// Extra names or addresses for the serving certificate (repeatable).
     #[arg(long = "tls-san")]
     pub tls_san: Vec<String>,
+    /// How long a serving certificate is valid. It is issued again, without a restart, once a
+    /// third of that (at most 30 days) is left; connections already made keep theirs.
+    #[arg(long, default_value = "365d", value_parser = parse_duration)]
+    pub tls_cert_validity: std::time::Duration,
     /// The URL other replicas reach this one at (HA, with --cluster-secret): the cluster
     /// proxy forwards a request for a member whose agent is connected here to it. Default:
     /// https://<--listen> when that names an address. Its host joins the certificate's names.
@@ -334,6 +338,42 @@ async fn admin_token(auth: &Authenticator, kubeconfig: &Path) -> anyhow::Result<
 /// replaces this data directory's), or this replica's own, stored for the others. Two replicas
 /// starting at once on an empty store: the one stored first wins, the other adopts it.
 /// Returns the admin token.
+/// Issues the serving certificate again as it nears its expiry and serves the new one from
+/// the next handshake: no restart, and no connection (an agent's session) dropped.
+async fn renew_serving_cert(
+    data_dir: PathBuf,
+    sans: Vec<String>,
+    validity: Duration,
+    mut current: String,
+    serving: Arc<pki::ServingCert>,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    // Often enough to renew well inside the window, at most once a minute.
+    let every = (validity / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.changed() => return,
+        }
+        let (dir, names) = (data_dir.clone(), sans.clone());
+        let next =
+            tokio::task::spawn_blocking(move || pki::ensure_valid_for(&dir, &names, validity))
+                .await;
+        match next {
+            Ok(Ok(p)) if p.cert_pem != current => match serving.set(&p) {
+                Ok(()) => {
+                    tracing::info!("renewed the serving certificate");
+                    current = p.cert_pem;
+                }
+                Err(e) => tracing::warn!(error = %e, "the renewed serving certificate is unusable"),
+            },
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "renewing the serving certificate; retrying"),
+            Err(e) => tracing::warn!(error = %e, "renewing the serving certificate; retrying"),
+        }
+    }
+}
+
 async fn shared_identity(
     store: &dyn Store,
     sealer: &orrery_apiserver::seal::Sealer,
@@ -811,8 +851,14 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         }
         None => admin_token(&auth, &kubeconfig).await?,
     };
-    let pki = pki::ensure(&args.data_dir, &sans).context("preparing TLS certificates")?;
-    let tls = pki::server_config(&pki).map_err(|e| anyhow::anyhow!("TLS configuration: {e}"))?;
+    let pki = pki::ensure_valid_for(&args.data_dir, &sans, args.tls_cert_validity)
+        .context("preparing TLS certificates")?;
+    let serving_cert = Arc::new(
+        pki::ServingCert::new(&pki).map_err(|e| anyhow::anyhow!("TLS configuration: {e}"))?,
+    );
+    let tls = pki::server_config(&pki, serving_cert.clone())
+        .map_err(|e| anyhow::anyhow!("TLS configuration: {e}"))?;
+
     // Bound now, so that port 0 means a free port and the address clients are given (the
     // kubeconfig, discovery) is the one bound.
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -823,6 +869,14 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         .with_context(|| format!("listening on {}", args.listen))?;
 
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(renew_serving_cert(
+        args.data_dir.clone(),
+        sans.clone(),
+        args.tls_cert_validity,
+        pki.cert_pem.clone(),
+        serving_cert,
+        shutdown_rx.clone(),
+    ));
     let registry: orrery_apiserver::metrics::SharedRegistry = Default::default();
     let scheduler_metrics =
         Arc::new(orrery_controllers::propagation::scheduling::SchedulerMetrics::new(&registry));

@@ -194,6 +194,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         etcd_endpoints: Vec::new(),
         etcd_prefix: "/orrery".into(),
         tls_san: Vec::new(),
+        tls_cert_validity: orrery_apiserver::pki::DEFAULT_SERVING_VALIDITY,
         advertise_url: None,
         encryption_provider_config: None,
         audit_log_path: None,
