@@ -136,6 +136,8 @@ enum End {
     Transient(String),
     /// The token was refused.
     Revoked,
+    /// The token was renewed: connect again with the new one, at once.
+    Renewed,
     /// Cannot go on.
     Fatal(AgentError),
 }
@@ -1389,6 +1391,9 @@ pub async fn run(
         };
         match end {
             End::Stopped(s) => break Ok(s),
+            End::Renewed => {
+                tracing::info!(cluster = %inner.cfg.cluster, "renewed the cluster token; connecting with it");
+            }
             End::Fatal(e) => break Err(e),
             End::Revoked => {
                 if inner.cfg.bootstrap_token.is_none() || inner.cfg.cluster_token.is_some() {
@@ -1507,6 +1512,8 @@ async fn connect(inner: &Inner) -> Result<kube::Client, End> {
         let mut s = inner.lock_state();
         s.token = reg.token.clone();
         s.ca_pem = ca.clone();
+        s.token_issued = Some(orrery_api::Time::now());
+        s.token_expires = reg.expires;
     }
     inner.mark_dirty();
     inner.flush_state().await;
@@ -1545,13 +1552,61 @@ async fn session(
     let beats = heartbeat_loop(inner, &t, conds, beats);
     let reports = report_loop(inner, &t);
     let tunnel = tunnel_loop(inner, &t);
-    tokio::pin!(works, beats, reports, tunnel);
+    let renewal = renew_loop(inner, &t);
+    tokio::pin!(works, beats, reports, tunnel, renewal);
     tokio::select! {
+        e = &mut renewal => e,
         e = &mut works => e,
         e = &mut beats => e,
         e = &mut reports => e,
         e = &mut tunnel => e,
         _ = shutdown.changed() => End::Stopped(Stopped::Shutdown),
+    }
+}
+
+/// Renews the cluster token a third of its life before it expires (kept in the state before
+/// it is used), then ends the session so the next one connects with it. Never ends for a
+/// token that does not expire.
+async fn renew_loop(inner: &Arc<Inner>, t: &Transport) -> End {
+    loop {
+        let due = {
+            let s = inner.lock_state();
+            match (s.token_issued, s.token_expires) {
+                (Some(issued), Some(expires)) => {
+                    let life = expires.unix_seconds() - issued.unix_seconds();
+                    Some(expires.unix_seconds() - life / 3)
+                }
+                // Issued before its lifetime was kept: renew once less than a day is left.
+                (None, Some(expires)) => Some(expires.unix_seconds() - 86_400),
+                _ => None,
+            }
+        };
+        let Some(due) = due else {
+            return std::future::pending().await;
+        };
+        let wait = due - orrery_api::Time::now().unix_seconds();
+        if wait > 0 {
+            tokio::time::sleep(Duration::from_secs(wait.min(60) as u64)).await;
+            continue;
+        }
+        match t.renew().await {
+            Ok(r) => {
+                {
+                    let mut s = inner.lock_state();
+                    s.token = r.token;
+                    s.token_issued = Some(orrery_api::Time::now());
+                    s.token_expires = r.expires;
+                }
+                inner.mark_dirty();
+                inner.flush_state().await;
+                return End::Renewed;
+            }
+            Err(TransportError::Unauthorized(_)) => return End::Revoked,
+            Err(e) => {
+                tracing::warn!(cluster = %inner.cfg.cluster, error = %e, "renewing the cluster token; trying again shortly");
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        }
     }
 }
 

@@ -43,6 +43,13 @@ pub struct AgentState {
     pub token: String,
     #[serde(default)]
     pub ca_pem: String,
+    /// When the cluster token was issued and when it expires (the server's
+    /// `--cluster-token-ttl`): it is renewed a third of its life ahead. None: it does not
+    /// expire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_issued: Option<orrery_api::Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_expires: Option<orrery_api::Time>,
     #[serde(default)]
     pub works: BTreeMap<String, AppliedWork>,
     /// Objects Orrery removed from the member whose deletion has not succeeded yet (the

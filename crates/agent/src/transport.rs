@@ -118,6 +118,17 @@ impl std::fmt::Debug for Transport {
 }
 
 impl Transport {
+    /// A new cluster token for this agent's cluster (the current one keeps working until it
+    /// expires).
+    pub async fn renew(&self) -> Result<Renewed, TransportError> {
+        let req = http::Request::post("/agent/v1/renew")
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(b"{}".to_vec())
+            .map_err(|e| TransportError::Protocol(e.to_string()))?;
+        let text = self.client.request_text(req).await?;
+        serde_json::from_str(&text).map_err(|e| TransportError::Protocol(e.to_string()))
+    }
+
     pub fn new(client: kube::Client, cluster: &str) -> Self {
         Transport {
             client,
@@ -292,6 +303,17 @@ pub struct Registration {
     pub token: String,
     pub uid: String,
     pub namespace: String,
+    /// When the token expires; none: it does not.
+    #[serde(default)]
+    pub expires: Option<orrery_api::Time>,
+}
+
+/// What the server answers a token's renewal with.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Renewed {
+    pub token: String,
+    #[serde(default)]
+    pub expires: Option<orrery_api::Time>,
 }
 
 /// Registers a cluster with a bootstrap (or cluster) token.

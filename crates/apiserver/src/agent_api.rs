@@ -9,6 +9,9 @@
 //! - `POST /agent/v1/register` (that cluster's bootstrap or cluster token, or admin): creates
 //!   or refreshes the Cluster and its `orrery-cluster-<name>` namespace, and returns a new
 //!   cluster token; the cluster's earlier agent tokens stop working.
+//! - `POST /agent/v1/renew` (a cluster token): a new cluster token for the same cluster, good
+//!   for `--cluster-token-ttl`; the one renewed keeps working until it expires, so requests
+//!   under way with it finish (an agent renews a third of the lifetime ahead).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -138,9 +141,37 @@ async fn register(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Response
         StatusCode::OK,
         &json!({
             "token": done.token,
+            "expires": done.expires.map(|t| t.to_string()),
             "cluster": req.cluster,
             "uid": done.cluster.metadata.uid,
             "namespace": cluster::namespace_of(&req.cluster),
+        }),
+    ))
+}
+
+/// A cluster token's renewal: only an agent's own token renews (an admin registers instead).
+async fn renew(app: &App, who: &Identity) -> ApiResult<Response<Body>> {
+    let Identity::Cluster { name } = who else {
+        return Err(ApiError::forbidden(
+            "only a cluster's agent renews its token (POST /agent/v1/renew with its cluster token)",
+        ));
+    };
+    let ttl = app.config.cluster_token_ttl;
+    let token = app
+        .auth
+        .issue(
+            who,
+            &format!("agent token for cluster {name} (renewed)"),
+            ttl,
+        )
+        .await?;
+    tracing::info!(cluster = %name, "renewed a cluster token");
+    Ok(h::json(
+        StatusCode::OK,
+        &json!({
+            "token": token,
+            "cluster": name,
+            "expires": register::expiry(ttl).map(|t| t.to_string()),
         }),
     ))
 }
@@ -217,7 +248,10 @@ pub async fn serve(
             register(app, who, &body).await
         }
         (&Method::POST, ["users"]) => create_user(app, who, &body).await,
-        (_, ["tokens"] | ["register"] | ["users"]) => Err(ApiError::method_not_allowed("use POST")),
+        (&Method::POST, ["renew"]) => renew(app, who).await,
+        (_, ["tokens"] | ["register"] | ["users"] | ["renew"]) => {
+            Err(ApiError::method_not_allowed("use POST"))
+        }
         _ => Err(ApiError::new(
             404,
             "NotFound",

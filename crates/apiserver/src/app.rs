@@ -27,6 +27,10 @@ pub struct ApiConfig {
     pub server_address: String,
     /// The CA bundle (PEM) that signed the serving certificate, handed out at `/cacerts`.
     pub ca_pem: String,
+    /// How long a cluster token (an agent's) is good for; `None`: until its cluster is
+    /// unregistered or another agent registers it. Agents renew theirs before it runs out
+    /// (`POST /agent/v1/renew`).
+    pub cluster_token_ttl: Option<Duration>,
     /// Signs users' client certificates (`orrery user create`); `None` where the server holds
     /// no CA key.
     pub user_issuer: Option<Arc<crate::pki::UserIssuer>>,
@@ -68,6 +72,7 @@ impl Default for ApiConfig {
             min_request_timeout: Duration::from_secs(1800),
             server_address: "127.0.0.1:6443".into(),
             ca_pem: String::new(),
+            cluster_token_ttl: None,
             user_issuer: None,
             metrics_registry: None,
             audit: None,

@@ -49,6 +49,11 @@ pub struct ServerArgs {
     /// third of that (at most 30 days) is left; connections already made keep theirs.
     #[arg(long, default_value = "365d", value_parser = parse_duration)]
     pub tls_cert_validity: std::time::Duration,
+    /// How long an agent's cluster token is good for (0: until the cluster is unregistered).
+    /// Agents renew theirs a third of it ahead; an agent away for longer joins again with a
+    /// bootstrap token.
+    #[arg(long, default_value = "0", value_parser = parse_duration)]
+    pub cluster_token_ttl: std::time::Duration,
     /// The URL other replicas reach this one at (HA, with --cluster-secret): the cluster
     /// proxy forwards a request for a member whose agent is connected here to it. Default:
     /// https://<--listen> when that names an address. Its host joins the certificate's names.
@@ -888,6 +893,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         metrics_registry: Some(registry),
         server_address: listen.to_string(),
         ca_pem: pki.ca_pem.clone(),
+        cluster_token_ttl: (!args.cluster_token_ttl.is_zero()).then_some(args.cluster_token_ttl),
         user_issuer: Some(Arc::new(
             pki::read_ca(&args.data_dir)
                 .map_err(anyhow::Error::from)

@@ -195,6 +195,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         etcd_prefix: "/orrery".into(),
         tls_san: Vec::new(),
         tls_cert_validity: orrery_apiserver::pki::DEFAULT_SERVING_VALIDITY,
+        cluster_token_ttl: Duration::ZERO,
         advertise_url: None,
         encryption_provider_config: None,
         audit_log_path: None,

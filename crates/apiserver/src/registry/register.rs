@@ -101,6 +101,13 @@ async fn connected_agent(app: &App, cluster: &str) -> ApiResult<Option<std::time
 pub struct Registered {
     pub cluster: Object,
     pub token: String,
+    /// When the token stops working (`--cluster-token-ttl`); `None`: it does not expire.
+    pub expires: Option<Time>,
+}
+
+/// When a token made now for `ttl` expires.
+pub fn expiry(ttl: Option<std::time::Duration>) -> Option<Time> {
+    ttl.and_then(|t| Time::from_unix_seconds(Time::now().unix_seconds() + t.as_secs() as i64))
 }
 
 /// Registers the cluster `grant` names, as `req` describes it.
@@ -168,13 +175,14 @@ pub async fn register(
                 name: req.cluster.clone(),
             },
             &format!("agent token for cluster {}", req.cluster),
-            None,
+            app.config.cluster_token_ttl,
         )
         .await?;
     tracing::info!(cluster = %req.cluster, by = %grant.by, "cluster registered");
     Ok(Registered {
         cluster: obj,
         token,
+        expires: expiry(app.config.cluster_token_ttl),
     })
 }
 
