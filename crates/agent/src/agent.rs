@@ -2240,13 +2240,25 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
             crate::stats::report(sent.elapsed(), chunk.len());
             match answer {
                 Ok(results) => {
-                    let failed = results.iter().filter(|r| r.is_some()).count();
-                    if let Some((i, why)) = results
+                    // A Work deleted since it was read (its deletion is on its way to this
+                    // agent) is no news; any other refusal is.
+                    let gone = |why: &String| why.starts_with("NOT_FOUND");
+                    let failed = results
                         .iter()
-                        .enumerate()
-                        .find_map(|(i, r)| Some((i, r.as_ref()?)))
-                    {
-                        tracing::warn!(cluster = %inner.cfg.cluster, failed, first = %format!("{}: {why}", chunk[i].0), "some status reports were refused");
+                        .filter(|r| r.as_ref().is_some_and(|w| !gone(w)))
+                        .count();
+                    let refusal = |news: bool| {
+                        results.iter().enumerate().find_map(|(i, r)| {
+                            r.as_ref().filter(|w| gone(w) != news).map(|w| (i, w))
+                        })
+                    };
+                    if let Some((i, why)) = refusal(true).or_else(|| refusal(false)) {
+                        let first = format!("{}: {why}", chunk[i].0);
+                        if failed > 0 {
+                            tracing::warn!(cluster = %inner.cfg.cluster, failed, %first, "some status reports were refused");
+                        } else {
+                            tracing::debug!(cluster = %inner.cfg.cluster, %first, "status reports of Works deleted meanwhile were refused");
+                        }
                     }
                     let mut reported = inner.reported.lock().unwrap_or_else(|p| p.into_inner());
                     let mut refused = inner.refused.lock().unwrap_or_else(|p| p.into_inner());
