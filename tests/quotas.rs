@@ -373,7 +373,11 @@ fn queues_defined_here_run_in_the_kueue_cluster_and_its_admitted_usage_comes_bac
     eventually(Duration::from_secs(30), "high's quota in hub", || {
         in_hub("cpu").as_deref() == Some("16")
     });
-    assert!(f.find("hub", "ResourceFlavor", "on-demand").is_some());
+    // Its flavor is propagated on its own, and may land a moment after (Kueue holds a queue
+    // whose flavor is missing inactive until it comes).
+    eventually(Duration::from_secs(30), "the flavor in hub", || {
+        f.find("hub", "ResourceFlavor", "on-demand").is_some()
+    });
     // Kueue in hub admits 12 cores; the usage comes back to the queue defined here.
     let usage = serde_json::json!({
         "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ClusterQueue", "metadata": {"name": "high"},
