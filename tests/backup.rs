@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::fleet::Fleet;
-use common::{eventually, http, req};
+use common::{eventually, req};
 use serde_json::{Value, json};
 
 const SIM: &str = "nodes=2,cpu=8,memory=32Gi,load=0.1,start=100ms";
@@ -30,27 +30,6 @@ fn orrery(args: &[&str]) -> (bool, String) {
             String::from_utf8_lossy(&out.stderr)
         ),
     )
-}
-
-/// Every member's journal entries after `seen`, which moves on.
-fn journals(f: &Fleet, seen: &mut BTreeMap<String, u64>) -> Vec<(String, Value)> {
-    let mut out = Vec::new();
-    for (name, _, admin) in &f.agents {
-        let since = seen.get(name).copied().unwrap_or(0);
-        let (code, body) = http(
-            "GET",
-            admin,
-            &format!("/clusters/{name}/journal?since={since}"),
-            "",
-        );
-        assert_eq!(code, 200, "{body}");
-        let v: Value = serde_json::from_str(&body).unwrap();
-        for e in v["items"].as_array().unwrap() {
-            seen.insert(name.clone(), e["seq"].as_u64().unwrap());
-            out.push((name.clone(), e.clone()));
-        }
-    }
-    out
 }
 
 fn image(f: &Fleet, cluster: &str, name: &str) -> Option<String> {
@@ -184,7 +163,7 @@ spec:
     );
 
     let mut seen = BTreeMap::new();
-    journals(&f, &mut seen);
+    f.journals(&mut seen);
     f.s.kill9();
     let restored = tempfile::tempdir().unwrap();
     let (ok, said) = orrery(&[
@@ -249,7 +228,7 @@ spec:
             .all(|m| f.s.cluster_condition(m, "Ready") == "True")
     });
     std::thread::sleep(Duration::from_secs(5));
-    let ops = journals(&f, &mut seen);
+    let ops = f.journals(&mut seen);
     let summary: Vec<String> = ops
         .iter()
         .map(|(m, e)| format!("{m} {} {} {}", e["op"], e["kind"], e["name"]))

@@ -280,27 +280,6 @@ impl Findings {
     }
 }
 
-/// Reads the new journal entries of every member.
-fn read_journals(fleet: &Fleet, seen: &mut BTreeMap<String, u64>) -> Vec<(String, Value)> {
-    let mut out = Vec::new();
-    for (name, _, admin) in &fleet.agents {
-        let since = seen.get(name).copied().unwrap_or(0);
-        let (code, body) = http(
-            "GET",
-            admin,
-            &format!("/clusters/{name}/journal?since={since}"),
-            "",
-        );
-        assert_eq!(code, 200, "{body}");
-        let v: Value = serde_json::from_str(&body).unwrap();
-        for e in v["items"].as_array().unwrap() {
-            seen.insert(name.clone(), e["seq"].as_u64().unwrap());
-            out.push((name.clone(), e.clone()));
-        }
-    }
-    out
-}
-
 /// Applies of one Work version in which nothing changed, of a Work (same uid) the member had
 /// already applied: operations no decision asked for (a restart, a reconnect, a retry). A
 /// Work made anew (another uid) may find its objects in place, after a deletion the member
@@ -694,7 +673,7 @@ fn restarts_crashes_and_retries_disturb_nothing() {
     for i in 0..14 {
         std::thread::sleep(Duration::from_millis(1000 + rng.below(2000)));
         restart(&fleet, i % 2 == 1);
-        journal.extend(read_journals(&fleet.lock().unwrap(), &mut journal_seen));
+        journal.extend(fleet.lock().unwrap().journals(&mut journal_seen));
     }
     let replicas = rt.block_on(churn).unwrap();
 
@@ -810,7 +789,8 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                     );
                 }
             }
-            for (m, e) in read_journals(&f, &mut journal_seen.clone())
+            for (m, e) in f
+                .journals(&mut journal_seen.clone())
                 .iter()
                 .chain(journal.iter())
                 .filter(|(_, e)| e["name"] == name)
@@ -864,7 +844,7 @@ fn restarts_crashes_and_retries_disturb_nothing() {
     let settled_by = Instant::now() + Duration::from_secs(180);
     let mut quiet_since = Instant::now();
     loop {
-        let news = read_journals(&fleet.lock().unwrap(), &mut journal_seen);
+        let news = fleet.lock().unwrap().journals(&mut journal_seen);
         if !news.is_empty() {
             quiet_since = Instant::now();
         }
@@ -983,7 +963,7 @@ fn restarts_crashes_and_retries_disturb_nothing() {
             });
         }
         std::thread::sleep(Duration::from_secs(6));
-        let after = read_journals(&fleet.lock().unwrap(), &mut journal_seen);
+        let after = fleet.lock().unwrap().journals(&mut journal_seen);
         let how = if i % 2 == 0 { "SIGKILL" } else { "SIGTERM" };
         {
             let mut f = findings.lock().unwrap();

@@ -144,6 +144,31 @@ impl Fleet {
         v["items"].as_array().unwrap().clone()
     }
 
+    /// Every member's journal entries (what it created, updated and deleted, and why) after
+    /// those `seen` names, which moves on.
+    pub fn journals(
+        &self,
+        seen: &mut std::collections::BTreeMap<String, u64>,
+    ) -> Vec<(String, Value)> {
+        let mut out = Vec::new();
+        for (name, _, admin) in &self.agents {
+            let since = seen.get(name).copied().unwrap_or(0);
+            let (code, body) = http(
+                "GET",
+                admin,
+                &format!("/clusters/{name}/journal?since={since}"),
+                "",
+            );
+            assert_eq!(code, 200, "{body}");
+            let v: Value = serde_json::from_str(&body).unwrap();
+            for e in v["items"].as_array().unwrap() {
+                seen.insert(name.clone(), e["seq"].as_u64().unwrap());
+                out.push((name.clone(), e.clone()));
+            }
+        }
+        out
+    }
+
     /// One object of a member, if it runs it.
     pub fn find(&self, cluster: &str, kind: &str, name: &str) -> Option<Value> {
         self.objects(cluster)
