@@ -781,3 +781,150 @@ fn the_server_and_monitoring_bundles_render_and_an_api_accepts_them() {
         "aHR0cHM6Ly9ldGNkLTAuZXRjZDoyMzc5LGh0dHBzOi8vZXRjZC0xLmV0Y2Q6MjM3OSxodHRwczovL2V0Y2QtMi5ldGNkOjIzNzk="
     );
 }
+
+/// The server as its bundle's StatefulSet runs it (the bundle's config file; only its
+/// addresses changed for a test's loopback), in a cluster whose API a second Orrery server
+/// stands in for, with the bundle's ServiceAccount and Role: it exports its admin kubeconfig
+/// as the Secret the bundle names, that kubeconfig reaches it, and a CA rotation's first step
+/// writes the Secret again with both CAs.
+#[test]
+fn the_server_exports_its_kubeconfig_as_a_secret_of_its_cluster() {
+    let host = Server::start();
+    let rendered = succeeds(
+        Command::new("kubectl")
+            .arg("kustomize")
+            .arg(repo().join("deploy/server")),
+    );
+    let objects = by_name(&rendered);
+    // (orrery-system exists on an Orrery server, as kube-system does on a cluster.)
+    for o in [
+        "ServiceAccount/orrery",
+        "Role/orrery-kubeconfig",
+        "RoleBinding/orrery-kubeconfig",
+    ] {
+        host.stdin(&["apply", "-f", "-"], &objects[o].to_string());
+    }
+    let token = host
+        .ok(&[
+            "create",
+            "token",
+            "orrery",
+            "-n",
+            "orrery-system",
+            "--duration",
+            "1h",
+        ])
+        .trim()
+        .to_string();
+    let pod = tempfile::tempdir().unwrap();
+    let sa = pod.path().join("serviceaccount");
+    std::fs::create_dir_all(&sa).unwrap();
+    std::fs::copy(host.dir.join("tls/ca.crt"), sa.join("ca.crt")).unwrap();
+    std::fs::write(sa.join("namespace"), "orrery-system").unwrap();
+    std::fs::write(sa.join("token"), &token).unwrap();
+    let config = pod.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        objects["ConfigMap/orrery-config"]["data"]["config.yaml"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let port = host.port.to_string();
+    let s = Server::start_env(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--service-account-dir",
+            sa.to_str().unwrap(),
+        ],
+        &[
+            ("KUBERNETES_SERVICE_HOST", "127.0.0.1"),
+            ("KUBERNETES_SERVICE_PORT", &port),
+        ],
+    );
+    let exported = || -> Option<String> {
+        let out = host.kubectl(&[
+            "get",
+            "secret",
+            "orrery-kubeconfig",
+            "-n",
+            "orrery-system",
+            "-o",
+            "jsonpath={.data.kubeconfig}",
+        ]);
+        use base64::Engine;
+        let b = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        (out.status.success() && !b.is_empty()).then(|| {
+            String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b).unwrap()).unwrap()
+        })
+    };
+    eventually(Duration::from_secs(30), "the exported kubeconfig", || {
+        exported().is_some()
+    });
+    let kc = exported().unwrap();
+    assert!(
+        kc.contains("server: https://orrery.orrery-system.svc:6443"),
+        "it names the Service: {kc}"
+    );
+    let file = pod.path().join("exported.kubeconfig");
+    std::fs::write(&file, &kc).unwrap();
+    let cache = pod.path().join("kube-cache");
+    let via_export = |args: &[&str]| {
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&file)
+            .arg("--cache-dir")
+            .arg(&cache)
+            .args(["--server", &s.url])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = via_export(&["get", "namespaces"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The bundle's Role lets it write that Secret and nothing else.
+    let denied = host.kubectl(&[
+        "--token",
+        &token,
+        "get",
+        "secret",
+        "-n",
+        "orrery-system",
+        "other",
+    ]);
+    assert!(
+        String::from_utf8_lossy(&denied.stderr).contains("forbidden"),
+        "{}",
+        String::from_utf8_lossy(&denied.stderr)
+    );
+    let staged = Command::new(env!("CARGO_BIN_EXE_orrery"))
+        .args(["ca", "stage", "--kubeconfig"])
+        .arg(&s.kubeconfig)
+        .output()
+        .unwrap();
+    assert!(
+        staged.status.success(),
+        "{}",
+        String::from_utf8_lossy(&staged.stderr)
+    );
+    eventually(Duration::from_secs(30), "the Secret with both CAs", || {
+        exported().is_some_and(|k| {
+            use base64::Engine;
+            let ca = k
+                .lines()
+                .find_map(|l| l.trim().strip_prefix("certificate-authority-data: "))
+                .map(|b| base64::engine::general_purpose::STANDARD.decode(b).unwrap())
+                .unwrap_or_default();
+            String::from_utf8_lossy(&ca)
+                .matches("BEGIN CERTIFICATE")
+                .count()
+                == 2
+        })
+    });
+    assert!(s.log().contains("exported the admin kubeconfig"));
+}

@@ -29,6 +29,15 @@ impl Fleet {
 
     /// Members `(name, region, simulation spec)`.
     pub fn start_sims(members: &[(&str, &str, &str)], server_args: &[&str]) -> Fleet {
+        Self::start_full(members, server_args, &[])
+    }
+
+    /// [`Fleet::start_sims`], each agent given `agent_args` too.
+    pub fn start_full(
+        members: &[(&str, &str, &str)],
+        server_args: &[&str],
+        agent_args: &[&str],
+    ) -> Fleet {
         let s = Server::start_with(server_args);
         let mut agents = Vec::new();
         for (name, region, sim) in members {
@@ -37,28 +46,32 @@ impl Fleet {
                 &s,
                 name,
                 &[
-                    "--cluster",
-                    name,
-                    "--token",
-                    &token,
-                    "--simulate",
-                    sim,
-                    "--region",
-                    region,
-                    "--provider",
-                    "sim",
-                    "--heartbeat-interval",
-                    "1s",
-                    "--report-interval",
-                    "100ms",
-                    "--admin-listen",
-                    "127.0.0.1:0",
-                    // Each member's clusterset DNS (what it imports).
-                    "--dns-listen",
-                    "127.0.0.1:0",
-                    "--labels",
-                    &format!("region={region}"),
-                ],
+                    agent_args,
+                    &[
+                        "--cluster",
+                        name,
+                        "--token",
+                        &token,
+                        "--simulate",
+                        sim,
+                        "--region",
+                        region,
+                        "--provider",
+                        "sim",
+                        "--heartbeat-interval",
+                        "1s",
+                        "--report-interval",
+                        "100ms",
+                        "--admin-listen",
+                        "127.0.0.1:0",
+                        // Each member's clusterset DNS (what it imports).
+                        "--dns-listen",
+                        "127.0.0.1:0",
+                        "--labels",
+                        &format!("region={region}"),
+                    ],
+                ]
+                .concat(),
             );
             let admin = a.admin();
             agents.push((name.to_string(), a, admin));

@@ -40,6 +40,8 @@ pub struct Server {
     pub kubeconfig: PathBuf,
     cache: tempfile::TempDir,
     extra: Vec<String>,
+    /// Its environment beyond the test's.
+    env: Vec<(String, String)>,
     /// The loopback address it listens on.
     host: String,
     /// What it printed before it was ready.
@@ -66,6 +68,23 @@ impl Server {
             // A free port the server binds itself (one chosen here could be taken first).
             0,
             extra.iter().map(|s| s.to_string()).collect(),
+            Vec::new(),
+        );
+        s._tmp = Some(tmp);
+        s
+    }
+
+    /// With `env` in its environment (a Pod's, say).
+    pub fn start_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut s = Server::launch(
+            tmp.path().to_path_buf(),
+            "127.0.0.1",
+            0,
+            extra.iter().map(|s| s.to_string()).collect(),
+            env.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         );
         s._tmp = Some(tmp);
         s
@@ -78,15 +97,23 @@ impl Server {
             "127.0.0.1",
             0,
             extra.iter().map(|s| s.to_string()).collect(),
+            Vec::new(),
         )
     }
 
-    fn launch(dir: PathBuf, host: &str, port: u16, extra: Vec<String>) -> Server {
+    fn launch(
+        dir: PathBuf,
+        host: &str,
+        port: u16,
+        extra: Vec<String>,
+        env: Vec<(String, String)>,
+    ) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_orrery"))
             .args(["server", "--data-dir"])
             .arg(&dir)
             .args(["--listen", &format!("{host}:{port}")])
             .args(&extra)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .env("ORRERY_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -138,6 +165,7 @@ impl Server {
             port,
             cache: tempfile::tempdir().unwrap(),
             extra,
+            env,
             host: host.to_string(),
             said,
         }
@@ -275,7 +303,13 @@ impl Server {
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "stop the server first");
         let tmp = self._tmp.take();
-        let mut again = Server::launch(self.dir.clone(), &self.host, self.port, self.extra.clone());
+        let mut again = Server::launch(
+            self.dir.clone(),
+            &self.host,
+            self.port,
+            self.extra.clone(),
+            self.env.clone(),
+        );
         again._tmp = tmp;
         again.cache = std::mem::replace(&mut self.cache, tempfile::tempdir().unwrap());
         *self = again;

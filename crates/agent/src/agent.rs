@@ -70,6 +70,9 @@ pub struct AgentConfig {
     pub connecting: Option<Arc<tokio::sync::Semaphore>>,
     /// What the agent's probes and metrics read (`--health-listen`).
     pub health: Option<Arc<crate::health::Health>>,
+    /// How often the agent reads the server's CA bundle again (a CA rotation's new CA is
+    /// trusted from then on, without registering again).
+    pub ca_refresh: Duration,
 }
 
 impl AgentConfig {
@@ -98,6 +101,7 @@ impl AgentConfig {
             tunnel: true,
             connecting: None,
             health: None,
+            ca_refresh: Duration::from_secs(600),
         }
     }
 }
@@ -138,6 +142,8 @@ enum End {
     Revoked,
     /// The token was renewed: connect again with the new one, at once.
     Renewed,
+    /// The server's CA bundle changed (a CA rotation): connect again trusting it, at once.
+    NewTrust,
     /// Cannot go on.
     Fatal(AgentError),
 }
@@ -370,6 +376,17 @@ fn same_object(a: &ResourceIdentifier, b: &ResourceIdentifier) -> bool {
 }
 
 impl Inner {
+    /// The CA bundle the agent trusts: the one learnt from the server (kept in the state),
+    /// else the one it was given.
+    fn trusted_ca(&self) -> String {
+        let learnt = self.lock_state().ca_pem.clone();
+        if learnt.is_empty() {
+            self.cfg.ca_pem.clone().unwrap_or_default()
+        } else {
+            learnt
+        }
+    }
+
     fn new(cfg: AgentConfig, backend: Arc<dyn Backend>, state: AgentState) -> Inner {
         Inner {
             cfg,
@@ -1247,6 +1264,7 @@ fn cluster_status(
     now: Time,
     push: bool,
     server_latency: Option<f64>,
+    ca_bundle_hash: &str,
 ) -> Value {
     let ready = match report {
         Ok(r) if r.healthy => Condition::new(
@@ -1288,6 +1306,7 @@ fn cluster_status(
     let mut status = json!({
         "conditions": conds,
         "lastHeartbeatTime": now.to_string(),
+        "caBundleHash": ca_bundle_hash,
     });
     if let Ok(r) = report {
         let s = &mut status;
@@ -1394,6 +1413,9 @@ pub async fn run(
             End::Renewed => {
                 tracing::info!(cluster = %inner.cfg.cluster, "renewed the cluster token; connecting with it");
             }
+            End::NewTrust => {
+                tracing::info!(cluster = %inner.cfg.cluster, "the server's CA bundle changed; connecting with it");
+            }
             End::Fatal(e) => break Err(e),
             End::Revoked => {
                 if inner.cfg.bootstrap_token.is_none() || inner.cfg.cluster_token.is_some() {
@@ -1431,8 +1453,7 @@ pub async fn run(
 async fn connect(inner: &Inner) -> Result<kube::Client, End> {
     let cfg = &inner.cfg;
     if let Some(token) = &cfg.cluster_token {
-        let ca = cfg.ca_pem.clone().unwrap_or_default();
-        return orrery_client::connect(&inner.server(), token, &ca)
+        return orrery_client::connect(&inner.server(), token, &inner.trusted_ca())
             .await
             .map_err(|e| End::Transient(e.to_string()));
     }
@@ -1471,14 +1492,16 @@ async fn connect(inner: &Inner) -> Result<kube::Client, End> {
             let fetched = orrery_client::fetch_ca_unverified(&inner.server())
                 .await
                 .map_err(|e| End::Transient(format!("fetching the server's CA: {e}")))?;
-            if orrery_api::token::ca_hash(&fetched) != hash {
+            // Only what the token pins is trusted; during a CA rotation the rest of the
+            // bundle is learnt over the verified connection later.
+            let Some(trusted) = orrery_api::token::trusted_part(&fetched, hash) else {
                 return Err(fatal(format!(
-                    "the server at {} presented a CA that does not match the token's CA hash; refusing to trust it",
+                    "the server at {} presented a CA that does not match the token's CA hash; refusing to trust it (a token minted before a CA switch pins a CA that is gone: mint a new one)",
                     inner.server()
                 )));
-            }
+            };
             tracing::debug!(server = %inner.server(), "fetched the server's CA without verifying the connection; it matches the hash the token pins");
-            fetched
+            trusted
         }
         (None, None) => {
             return Err(fatal(
@@ -1553,9 +1576,11 @@ async fn session(
     let reports = report_loop(inner, &t);
     let tunnel = tunnel_loop(inner, &t);
     let renewal = renew_loop(inner, &t);
-    tokio::pin!(works, beats, reports, tunnel, renewal);
+    let trust = ca_loop(inner, &t);
+    tokio::pin!(works, beats, reports, tunnel, renewal, trust);
     tokio::select! {
         e = &mut renewal => e,
+        e = &mut trust => e,
         e = &mut works => e,
         e = &mut beats => e,
         e = &mut reports => e,
@@ -1607,6 +1632,50 @@ async fn renew_loop(inner: &Arc<Inner>, t: &Transport) -> End {
                 tokio::time::sleep(Duration::from_secs(5)).await;
             }
         }
+    }
+}
+
+/// Reads the server's CA bundle every `ca_refresh` (spread over the fleet by the cluster's
+/// name) and, when it changed, keeps it and ends the session so that the next one trusts it.
+/// The connection it is read over was verified with the bundle held, so the new one is the
+/// server's.
+async fn ca_loop(inner: &Arc<Inner>, t: &Transport) -> End {
+    let every = inner.cfg.ca_refresh.max(Duration::from_millis(100));
+    // A fixed offset per cluster: a fleet that connected together does not ask together.
+    let spread = inner
+        .cfg
+        .cluster
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+        });
+    let first = every.mul_f64(0.5 + (spread % 1000) as f64 / 2000.0);
+    tokio::time::sleep(first).await;
+    loop {
+        match t.ca_bundle().await {
+            Ok(bundle) => {
+                if bundle != inner.trusted_ca() {
+                    if orrery_client::pem_certificates(&bundle).is_empty() {
+                        tracing::warn!(cluster = %inner.cfg.cluster, "the server's CA bundle holds no certificate; keeping the one held");
+                    } else {
+                        tracing::info!(
+                            cluster = %inner.cfg.cluster,
+                            certificates = orrery_client::pem_certificates(&bundle).len(),
+                            "the server hands out a new CA bundle; trusting it from now on"
+                        );
+                        inner.lock_state().ca_pem = bundle;
+                        inner.mark_dirty();
+                        inner.flush_state().await;
+                        return End::NewTrust;
+                    }
+                }
+            }
+            Err(TransportError::Unauthorized(_)) => return End::Revoked,
+            Err(e) => {
+                tracing::debug!(cluster = %inner.cfg.cluster, error = %e, "reading the server's CA bundle; trying again at the next refresh");
+            }
+        }
+        tokio::time::sleep(every).await;
     }
 }
 
@@ -1823,12 +1892,14 @@ async fn heartbeat(
         .iter()
         .copied()
         .reduce(f64::min);
+    let trusted = orrery_api::token::ca_hash(&inner.trusted_ca());
     let status = cluster_status(
         &report,
         conds,
         measured.time(),
         inner.cfg.cluster_token.is_some(),
         server_latency,
+        &trusted,
     );
     let nodes = report.as_ref().ok().map(|r| r.nodes.clone());
     let unchanged = beats
@@ -1866,6 +1937,7 @@ async fn heartbeat(
                         measured.time(),
                         inner.cfg.cluster_token.is_some(),
                         server_latency,
+                        &trusted,
                     );
                 }
                 Err(e) => return failed_beat(inner, e),

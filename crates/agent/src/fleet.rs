@@ -163,6 +163,8 @@ pub struct FleetConfig {
     pub state_dir: Option<PathBuf>,
     pub heartbeat_interval: Duration,
     pub report_interval: Duration,
+    /// How often each member's agent reads the server's CA bundle again.
+    pub ca_refresh: Duration,
     /// Whether the simulated members keep their objects across restarts of this process, in
     /// `<state_dir>/<name>/member.json` (`orrery up`, whose members stop and start with the
     /// control plane: real members would not lose their workloads when it stops).
@@ -291,6 +293,7 @@ impl Fleet {
             };
             ac.heartbeat_interval = cfg.heartbeat_interval;
             ac.report_interval = cfg.report_interval;
+            ac.ca_refresh = cfg.ca_refresh;
             // The cluster proxy's tunnels, one connection each: for a fleet to work with, not
             // for thousands simulated to load the server.
             ac.tunnel = peers.len() <= 64;

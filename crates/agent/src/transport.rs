@@ -129,6 +129,15 @@ impl Transport {
         serde_json::from_str(&text).map_err(|e| TransportError::Protocol(e.to_string()))
     }
 
+    /// The CA bundle the server hands out now, read over this verified connection (so it
+    /// is the server's, whatever it holds: during a CA rotation, the old CA and the new).
+    pub async fn ca_bundle(&self) -> Result<String, TransportError> {
+        let req = http::Request::get("/cacerts")
+            .body(Vec::new())
+            .map_err(|e| TransportError::Protocol(e.to_string()))?;
+        Ok(self.client.request_text(req).await?)
+    }
+
     pub fn new(client: kube::Client, cluster: &str) -> Self {
         Transport {
             client,

@@ -343,6 +343,11 @@ pub struct ClusterStatus {
     /// The monitoring system's forecast: the next hour's peak (written by the control plane).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forecast: Option<crate::prediction::ForecastSummary>,
+    /// The SHA-256 (hex) of the CA bundle the member's agent trusts, as `/cacerts` serves it:
+    /// during a CA rotation, the server switches only once every connected agent trusts the
+    /// new CA.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub ca_bundle_hash: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     /// When the server last heard the member, to the microsecond.
     pub last_heartbeat_time: Option<MicroTime>,

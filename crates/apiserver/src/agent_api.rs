@@ -9,6 +9,9 @@
 //! - `POST /agent/v1/register` (that cluster's bootstrap or cluster token, or admin): creates
 //!   or refreshes the Cluster and its `orrery-cluster-<name>` namespace, and returns a new
 //!   cluster token; the cluster's earlier agent tokens stop working.
+//! - `GET /agent/v1/ca`, `POST /agent/v1/ca/stage`, `POST /agent/v1/ca/switch` (admin): a
+//!   CA rotation in two steps ([`crate::ca`]); the switch is refused while a cluster's agent
+//!   does not trust the staged CA, unless forced.
 //! - `POST /agent/v1/renew` (a cluster token): a new cluster token for the same cluster, good
 //!   for `--cluster-token-ttl`; the one renewed keeps working until it expires, so requests
 //!   under way with it finish (an agent renews a third of the lifetime ahead).
@@ -35,14 +38,15 @@ pub fn cacerts(app: &App, method: &Method) -> ApiResult<Response<Body>> {
     if method != Method::GET && method != Method::HEAD {
         return Err(ApiError::method_not_allowed("GET /cacerts only"));
     }
-    if app.config.ca_pem.is_empty() {
+    let bundle = app.ca_bundle();
+    if bundle.is_empty() {
         return Err(ApiError::new(
             404,
             "NotFound",
             "this server has no CA to hand out",
         ));
     }
-    let mut r = Response::new(h::full(app.config.ca_pem.clone()));
+    let mut r = Response::new(h::full(bundle));
     r.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static("application/x-pem-file"),
@@ -126,7 +130,7 @@ async fn create_token(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Resp
     Ok(h::json(
         StatusCode::CREATED,
         &json!({
-            "token": orrery_api::token::bootstrap(&app.config.ca_pem, &credential),
+            "token": orrery_api::token::bootstrap(&app.ca_bundle(), &credential),
             "cluster": req.cluster,
             "expires": expires.map(|t| t.to_string()),
         }),
@@ -205,7 +209,7 @@ async fn create_user(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Respo
             "a user's certificate must expire (it cannot be revoked): give a ttl",
         ));
     };
-    let issuer = app.config.user_issuer.as_ref().ok_or_else(|| {
+    let issuer = app.user_issuer().ok_or_else(|| {
         ApiError::new(
             404,
             "NotFound",
@@ -221,10 +225,156 @@ async fn create_user(app: &App, who: &Identity, body: &Bytes) -> ApiResult<Respo
         StatusCode::CREATED,
         &serde_json::json!({
             "certificate": cert,
-            "ca": app.config.ca_pem,
+            "ca": app.ca_bundle(),
             "expires": expires.map(|t| t.to_string()),
         }),
     ))
+}
+
+/// The clusters as a CA switch sees them: those whose agent trusts `bundle_hash`, those
+/// connected that do not yet, and those not connected (which cannot learn it now).
+async fn clusters_trusting(
+    app: &App,
+    bundle_hash: &str,
+) -> ApiResult<(usize, Vec<String>, Vec<String>)> {
+    let listed = app
+        .store
+        .list(
+            &orrery_api::keys::well_known::clusters(),
+            &orrery_store::ListOptions::default(),
+        )
+        .await?;
+    let (mut trusting, mut behind, mut away) = (0, Vec::new(), Vec::new());
+    for c in &listed.items {
+        let status = cluster::ClusterStatus::of(c);
+        let name = c.metadata.name.clone();
+        if status.ca_bundle_hash == bundle_hash {
+            trusting += 1;
+        } else if status.ready() {
+            behind.push(name);
+        } else {
+            away.push(name);
+        }
+    }
+    Ok((trusting, behind, away))
+}
+
+fn authority(app: &App) -> ApiResult<&Arc<crate::ca::Authority>> {
+    app.config.authority.as_ref().ok_or_else(|| {
+        ApiError::new(
+            404,
+            "NotFound",
+            "this server holds no certificate authority",
+        )
+    })
+}
+
+fn ca_error(e: crate::ca::CaError) -> ApiError {
+    match e {
+        crate::ca::CaError::NothingStaged => ApiError::new(409, "Conflict", e.to_string()),
+        e => ApiError::internal(format!("the certificate authority: {e}")),
+    }
+}
+
+async fn ca_status(app: &App) -> ApiResult<serde_json::Value> {
+    let now = authority(app)?.current();
+    let hash = now.bundle_hash();
+    let (trusting, behind, away) = clusters_trusting(app, &hash).await?;
+    Ok(json!({
+        "signing": orrery_api::token::ca_hash(&now.signing),
+        "staged": now.staged.as_deref().map(orrery_api::token::ca_hash),
+        "bundle": hash,
+        "clusters": {
+            "trusting": trusting,
+            "notYet": behind,
+            "notConnected": away,
+        },
+    }))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SwitchRequest {
+    /// Switch although some clusters' agents do not trust the staged CA (they will need a
+    /// new bootstrap token).
+    #[serde(default)]
+    force: bool,
+}
+
+fn names(v: &[String]) -> String {
+    const SHOWN: usize = 10;
+    let mut s = v.iter().take(SHOWN).cloned().collect::<Vec<_>>().join(", ");
+    if v.len() > SHOWN {
+        s.push_str(&format!(" and {} more", v.len() - SHOWN));
+    }
+    s
+}
+
+async fn ca(
+    app: &App,
+    who: &Identity,
+    method: &Method,
+    step: Option<&str>,
+    body: &Bytes,
+) -> ApiResult<Response<Body>> {
+    let path = match step {
+        Some(s) => format!("/agent/v1/ca/{s}"),
+        None => "/agent/v1/ca".to_string(),
+    };
+    let verb = if method == Method::GET { "get" } else { "post" };
+    app.authz.authorize_path(who, verb, &path)?;
+    match (method, step) {
+        (&Method::GET, None) => Ok(h::json(StatusCode::OK, &ca_status(app).await?)),
+        (&Method::POST, Some("stage")) => {
+            let made = authority(app)?.stage().await.map_err(ca_error)?;
+            tracing::info!(by = %who.user(), made, "CA rotation: staged");
+            let mut status = ca_status(app).await?;
+            status["made"] = json!(made);
+            Ok(h::json(StatusCode::OK, &status))
+        }
+        (&Method::POST, Some("switch")) => {
+            let req: SwitchRequest = if body.is_empty() {
+                SwitchRequest::default()
+            } else {
+                parse(body)?
+            };
+            let ca = authority(app)?;
+            let now = ca.current();
+            if now.staged.is_none() {
+                return Err(ca_error(crate::ca::CaError::NothingStaged));
+            }
+            let (_, behind, away) = clusters_trusting(app, &now.bundle_hash()).await?;
+            let all_follow = behind.is_empty() && away.is_empty();
+            if !req.force && !all_follow {
+                let mut why = Vec::new();
+                if !behind.is_empty() {
+                    why.push(format!("connected but not trusting the staged CA yet (wait for their next --ca-refresh-interval): {}", names(&behind)));
+                }
+                if !away.is_empty() {
+                    why.push(format!("not connected, so they cannot learn it (after the switch they need a new bootstrap token): {}", names(&away)));
+                }
+                return Err(ApiError::new(
+                    409,
+                    "Conflict",
+                    format!(
+                        "not switching: some clusters' agents would no longer trust this server; {}; switch with force to go ahead anyway",
+                        why.join("; ")
+                    ),
+                ));
+            }
+            ca.switch().await.map_err(ca_error)?;
+            tracing::info!(by = %who.user(), forced = req.force, left_behind = behind.len() + away.len(), "CA rotation: switched");
+            Ok(h::json(StatusCode::OK, &ca_status(app).await?))
+        }
+        (_, None | Some("stage") | Some("switch")) => Err(ApiError::method_not_allowed(
+            "GET /agent/v1/ca, POST /agent/v1/ca/stage, POST /agent/v1/ca/switch",
+        )),
+        _ => Err(ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )),
+    }
 }
 
 pub use crate::registry::register::ensure_cluster_namespace;
@@ -249,6 +399,8 @@ pub async fn serve(
         }
         (&Method::POST, ["users"]) => create_user(app, who, &body).await,
         (&Method::POST, ["renew"]) => renew(app, who).await,
+        (_, ["ca"]) => ca(app, who, method, None, &body).await,
+        (_, ["ca", step]) => ca(app, who, method, Some(step), &body).await,
         (_, ["tokens"] | ["register"] | ["users"] | ["renew"]) => {
             Err(ApiError::method_not_allowed("use POST"))
         }

@@ -25,15 +25,13 @@ pub struct ApiConfig {
     pub min_request_timeout: Duration,
     /// `host:port` clients reach the server at (for `/api`).
     pub server_address: String,
-    /// The CA bundle (PEM) that signed the serving certificate, handed out at `/cacerts`.
-    pub ca_pem: String,
+    /// The installation's CA: what `/cacerts` hands out, what signs users' certificates, and
+    /// its rotation; `None` where the server holds none.
+    pub authority: Option<Arc<crate::ca::Authority>>,
     /// How long a cluster token (an agent's) is good for; `None`: until its cluster is
     /// unregistered or another agent registers it. Agents renew theirs before it runs out
     /// (`POST /agent/v1/renew`).
     pub cluster_token_ttl: Option<Duration>,
-    /// Signs users' client certificates (`orrery user create`); `None` where the server holds
-    /// no CA key.
-    pub user_issuer: Option<Arc<crate::pki::UserIssuer>>,
     /// The metrics registry shared with the other components (`/metrics`); a fresh one when
     /// `None`.
     pub metrics_registry: Option<crate::metrics::SharedRegistry>,
@@ -71,9 +69,8 @@ impl Default for ApiConfig {
             bookmark_interval: Duration::from_secs(60),
             min_request_timeout: Duration::from_secs(1800),
             server_address: "127.0.0.1:6443".into(),
-            ca_pem: String::new(),
+            authority: None,
             cluster_token_ttl: None,
-            user_issuer: None,
             metrics_registry: None,
             audit: None,
             max_in_flight: (
@@ -155,6 +152,23 @@ pub const SYSTEM_NAMESPACES: &[&str] = &[
 ];
 
 impl App {
+    /// The CA bundle clients are to trust (PEM; empty where the server holds no CA).
+    pub fn ca_bundle(&self) -> String {
+        self.config
+            .authority
+            .as_ref()
+            .map(|a| a.current().bundle.clone())
+            .unwrap_or_default()
+    }
+
+    /// What signs users' and replicas' client certificates, where the server holds a CA.
+    pub fn user_issuer(&self) -> Option<Arc<crate::pki::UserIssuer>> {
+        self.config
+            .authority
+            .as_ref()
+            .map(|a| a.current().issuer.clone())
+    }
+
     /// Builds the application over a store: loads the CRD-defined kinds.
     pub async fn new(
         store: Arc<dyn Store>,

@@ -34,6 +34,11 @@ pub struct Shared {
     pub ca_cert: String,
     pub ca_key: String,
     pub admin_token: String,
+    /// The CA staged to replace `ca_cert` during a rotation ([`crate::ca`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_ca_cert: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_ca_key: Option<String>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -81,7 +86,38 @@ pub async fn publish(
     }
 }
 
-/// Makes `data_dir` hold the shared CA.
+/// Replaces the stored identity with `shared` (a CA rotation's step).
+pub async fn replace(
+    store: &dyn Store,
+    sealer: &Sealer,
+    shared: &Shared,
+) -> Result<(), IdentityError> {
+    let plain = serde_json::to_vec(shared).map_err(|e| IdentityError::Format(e.to_string()))?;
+    let sealed = sealer.seal(&plain)?;
+    orrery_store::update_with(store, KEY, |mut obj| {
+        obj.other
+            .insert("sealed".into(), serde_json::json!(sealed.clone()));
+        Ok(Some(obj))
+    })
+    .await?;
+    Ok(())
+}
+
+/// Makes `data_dir` hold the shared CA (and the one staged to replace it, or none).
 pub fn adopt(data_dir: &Path, shared: &Shared) -> Result<bool, crate::pki::PkiError> {
-    crate::pki::install_ca(data_dir, &shared.ca_cert, &shared.ca_key)
+    let staged = match (&shared.next_ca_cert, &shared.next_ca_key) {
+        (Some(c), Some(k)) => Some((c.as_str(), k.as_str())),
+        _ => None,
+    };
+    // In the order a switch on one replica writes its files, so that a crash in between
+    // leaves what `pki::ensure` knows how to finish.
+    let mut changed = false;
+    if staged.is_some() {
+        changed |= crate::pki::install_staged(data_dir, staged)?;
+    }
+    changed |= crate::pki::install_ca(data_dir, &shared.ca_cert, &shared.ca_key)?;
+    if staged.is_none() {
+        changed |= crate::pki::install_staged(data_dir, None)?;
+    }
+    Ok(changed)
 }

@@ -14,6 +14,7 @@
 pub mod agent_api;
 pub mod app;
 pub mod auth;
+pub mod ca;
 pub mod crd;
 pub mod discovery;
 pub mod dro;

@@ -1,6 +1,9 @@
 //! The server's identity: a CA, a serving certificate signed by it, and the admin kubeconfig.
 //! Created on first start under `DATA_DIR/tls/`, reused afterwards; the serving certificate is
-//! re-issued when the requested names change or it nears expiry.
+//! re-issued when the requested names change, it nears expiry, or another CA signs now.
+//!
+//! Files: `ca.crt`/`ca.key` (the CA that signs), `ca-next.crt`/`ca-next.key` (the CA staged
+//! to replace it during a rotation, see [`crate::ca`]), `server.crt`/`server.key`/`server.json`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -42,6 +45,10 @@ pub struct Pki {
 struct ServingInfo {
     sans: Vec<String>,
     not_after: i64,
+    /// The hash of the CA that signed it; absent in certificates issued before CA rotation
+    /// existed (their CA could not change without them being removed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ca: Option<String>,
 }
 
 /// How long a serving certificate is valid by default.
@@ -73,6 +80,121 @@ fn write_private(path: &Path, contents: &str) -> Result<(), PkiError> {
         .map_err(io(path))?;
     f.write_all(contents.as_bytes()).map_err(io(path))?;
     f.sync_all().map_err(io(path))
+}
+
+/// Writes a file readable only by its owner in one step: a crash leaves the old contents or
+/// the new, never a mix.
+fn write_atomic(path: &Path, contents: &str) -> Result<(), PkiError> {
+    let tmp = path.with_extension("tmp");
+    write_private(&tmp, contents)?;
+    std::fs::rename(&tmp, path).map_err(io(path))?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(dir))?;
+    }
+    Ok(())
+}
+
+fn remove_if_there(path: &Path) -> Result<(), PkiError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(PkiError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+    }
+}
+
+/// A new self-signed CA: (certificate PEM, key PEM).
+pub fn generate_ca() -> Result<(String, String), PkiError> {
+    let key = KeyPair::generate()?;
+    let mut params = ca_params();
+    params.not_before = rcgen::date_time_ymd(2024, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2124, 1, 1);
+    let cert = params.self_signed(&key)?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// The CA staged to replace the signing one, if a rotation is under way: (certificate PEM,
+/// key PEM).
+pub fn read_staged(data_dir: &Path) -> Result<Option<(String, String)>, PkiError> {
+    let dir = data_dir.join("tls");
+    let (crt, key) = (dir.join("ca-next.crt"), dir.join("ca-next.key"));
+    if !crt.exists() || !key.exists() {
+        return Ok(None);
+    }
+    Ok(Some((
+        std::fs::read_to_string(&crt).map_err(io(&crt))?,
+        std::fs::read_to_string(&key).map_err(io(&key))?,
+    )))
+}
+
+/// Makes `data_dir` hold `staged` as the CA staged to replace the signing one (or none).
+/// Returns whether anything changed.
+pub fn install_staged(data_dir: &Path, staged: Option<(&str, &str)>) -> Result<bool, PkiError> {
+    let dir = data_dir.join("tls");
+    std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    let now = read_staged(data_dir)?;
+    if now.as_ref().map(|(c, k)| (c.as_str(), k.as_str())) == staged {
+        return Ok(false);
+    }
+    match staged {
+        Some((crt, key)) => {
+            KeyPair::from_pem(key).map_err(|e| PkiError::Pem {
+                path: dir.join("ca-next.key"),
+                reason: e.to_string(),
+            })?;
+            // The key first: a certificate without its key is not a staged CA (read_staged).
+            write_atomic(&dir.join("ca-next.key"), key)?;
+            write_atomic(&dir.join("ca-next.crt"), crt)?;
+        }
+        None => {
+            remove_if_there(&dir.join("ca-next.crt"))?;
+            remove_if_there(&dir.join("ca-next.key"))?;
+        }
+    }
+    Ok(true)
+}
+
+/// The switch of a rotation: the staged CA becomes the signing one and the old one is
+/// dropped. Crash-safe: the staged files go only once both signing files hold the new CA, and
+/// [`recover`] finishes a switch a crash interrupted. Returns false when nothing was staged.
+pub fn switch_to_staged(data_dir: &Path) -> Result<bool, PkiError> {
+    let Some((crt, key)) = read_staged(data_dir)? else {
+        return Ok(false);
+    };
+    let dir = data_dir.join("tls");
+    write_atomic(&dir.join("ca.key"), &key)?;
+    write_atomic(&dir.join("ca.crt"), &crt)?;
+    remove_if_there(&dir.join("ca-next.key"))?;
+    remove_if_there(&dir.join("ca-next.crt"))?;
+    tracing::info!(path = %dir.display(), "the staged certificate authority signs from now on");
+    Ok(true)
+}
+
+/// Finishes a switch that a crash interrupted: the signing key is already the staged one
+/// (its certificate may not be yet), or the staged files outlived a complete switch.
+fn recover(dir: &Path) -> Result<(), PkiError> {
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
+    let (key, next_key, next_crt) = (read("ca.key"), read("ca-next.key"), read("ca-next.crt"));
+    if let (Some(k), Some(nk), Some(nc)) = (&key, &next_key, &next_crt)
+        && k == nk
+    {
+        if read("ca.crt").as_ref() != Some(nc) {
+            write_atomic(&dir.join("ca.crt"), nc)?;
+        }
+        remove_if_there(&dir.join("ca-next.key"))?;
+        remove_if_there(&dir.join("ca-next.crt"))?;
+        tracing::info!(path = %dir.display(), "finished a CA switch a crash interrupted");
+    } else if next_key.is_none()
+        && let Some(nc) = &next_crt
+        && read("ca.crt").as_ref() == Some(nc)
+    {
+        remove_if_there(&dir.join("ca-next.crt"))?;
+    }
+    Ok(())
 }
 
 fn ca_params() -> CertificateParams {
@@ -108,6 +230,7 @@ pub fn ensure_valid_for(
 ) -> Result<Pki, PkiError> {
     let dir = data_dir.join("tls");
     std::fs::create_dir_all(&dir).map_err(io(&dir))?;
+    recover(&dir)?;
     let (ca_crt, ca_key) = (dir.join("ca.crt"), dir.join("ca.key"));
     let (srv_crt, srv_key, srv_info) = (
         dir.join("server.crt"),
@@ -123,15 +246,15 @@ pub fn ensure_valid_for(
         })?;
         (std::fs::read_to_string(&ca_crt).map_err(io(&ca_crt))?, key)
     } else {
-        let key = KeyPair::generate()?;
-        let mut params = ca_params();
-        params.not_before = rcgen::date_time_ymd(2024, 1, 1);
-        params.not_after = rcgen::date_time_ymd(2124, 1, 1);
-        let cert = params.self_signed(&key)?;
-        write_private(&ca_key, &key.serialize_pem())?;
-        write_private(&ca_crt, &cert.pem())?;
+        let (cert, key_pem) = generate_ca()?;
+        write_private(&ca_key, &key_pem)?;
+        write_private(&ca_crt, &cert)?;
         tracing::info!(path = %ca_crt.display(), "created a certificate authority");
-        (cert.pem(), key)
+        let key = KeyPair::from_pem(&key_pem).map_err(|e| PkiError::Pem {
+            path: ca_key.clone(),
+            reason: e.to_string(),
+        })?;
+        (cert, key)
     };
     let ca_der = CertificateDer::from_pem_slice(ca_pem.as_bytes()).map_err(|e| PkiError::Pem {
         path: ca_crt.clone(),
@@ -148,9 +271,12 @@ pub fn ensure_valid_for(
     let current: Option<ServingInfo> = std::fs::read_to_string(&srv_info)
         .ok()
         .and_then(|s| serde_json::from_str(&s).ok());
-    let fresh = current
-        .as_ref()
-        .is_some_and(|c| c.sans == wanted && c.not_after - now_unix() > renew_before(validity));
+    let signer = orrery_api::token::ca_hash(&ca_pem);
+    let fresh = current.as_ref().is_some_and(|c| {
+        c.sans == wanted
+            && c.not_after - now_unix() > renew_before(validity)
+            && c.ca.as_ref().is_none_or(|h| *h == signer)
+    });
     let (cert_pem, key_pem) = if fresh && srv_crt.exists() && srv_key.exists() {
         (
             std::fs::read_to_string(&srv_crt).map_err(io(&srv_crt))?,
@@ -183,6 +309,7 @@ pub fn ensure_valid_for(
         let info = ServingInfo {
             sans: wanted.clone(),
             not_after,
+            ca: Some(signer),
         };
         write_private(&srv_info, &serde_json::to_string(&info).unwrap_or_default())?;
         tracing::info!(sans = ?wanted, "issued a serving certificate");
@@ -219,8 +346,8 @@ pub fn install_ca(data_dir: &Path, ca_pem: &str, key_pem: &str) -> Result<bool, 
     if read_ca(data_dir).is_ok_and(|(c, k)| c == ca_pem && k == key_pem) {
         return Ok(false);
     }
-    write_private(&dir.join("ca.key"), key_pem)?;
-    write_private(&dir.join("ca.crt"), ca_pem)?;
+    write_atomic(&dir.join("ca.key"), key_pem)?;
+    write_atomic(&dir.join("ca.crt"), ca_pem)?;
     for stale in ["server.crt", "server.key", "server.json"] {
         let path = dir.join(stale);
         match std::fs::remove_file(&path) {
@@ -283,16 +410,16 @@ fn certified(pki: &Pki) -> Result<rustls::sign::CertifiedKey, String> {
 }
 
 /// A rustls server configuration for the serving certificate (HTTP/2 and HTTP/1.1). Clients
-/// may present a certificate signed by the CA (a user's, see [`issue_user_cert`]); those who
+/// may present a certificate signed by a CA of `trusted` (PEM) (a user's, see [`issue_user_cert`]); those who
 /// do not authenticate with a token instead. The serving certificate comes from `serving`,
 /// renewed in place.
 pub fn server_config(
-    pki: &Pki,
+    trusted: &str,
     serving: std::sync::Arc<ServingCert>,
 ) -> Result<rustls::ServerConfig, String> {
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
-    for ca in CertificateDer::pem_slice_iter(pki.ca_pem.as_bytes()) {
+    for ca in CertificateDer::pem_slice_iter(trusted.as_bytes()) {
         roots
             .add(ca.map_err(|e| format!("CA certificate: {e}"))?)
             .map_err(|e| format!("CA certificate: {e}"))?;
@@ -431,7 +558,7 @@ mod tests {
         assert_ne!(a.cert_pem, c.cert_pem, "re-issued for the new name");
         assert_eq!(a.ca_pem, c.ca_pem, "same CA");
         let serving = std::sync::Arc::new(ServingCert::new(&c).unwrap());
-        assert!(server_config(&c, serving).is_ok());
+        assert!(server_config(&c.ca_pem, serving).is_ok());
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(dir.path().join("tls/ca.key"))
             .unwrap()

@@ -188,15 +188,38 @@ impl Drop for OpenSlot {
     }
 }
 
+/// Where a connection's TLS configuration comes from: fixed, or the installation's CA as it
+/// is at the handshake (a rotation changes what is trusted).
+#[derive(Clone, Debug)]
+pub enum Tls {
+    Fixed(Arc<rustls::ServerConfig>),
+    Authority(Arc<crate::ca::Authority>),
+}
+
+impl Tls {
+    fn acceptor(&self) -> TlsAcceptor {
+        match self {
+            Tls::Fixed(c) => TlsAcceptor::from(c.clone()),
+            Tls::Authority(a) => TlsAcceptor::from(a.tls()),
+        }
+    }
+}
+
+impl From<rustls::ServerConfig> for Tls {
+    fn from(c: rustls::ServerConfig) -> Self {
+        Tls::Fixed(Arc::new(c))
+    }
+}
+
 /// Serves `app` on `listener` until `shutdown` turns true.
 pub async fn serve(
     app: Arc<App>,
     listener: TcpListener,
-    tls: rustls::ServerConfig,
+    tls: impl Into<Tls>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let limits = app.config.connections;
-    let acceptor = TlsAcceptor::from(Arc::new(tls));
+    let tls: Tls = tls.into();
     let sources = Arc::new(Sources::default());
     let open = Arc::new(Open::default());
     let (closing_tx, closing) = watch::channel(false);
@@ -223,7 +246,7 @@ pub async fn serve(
                     continue;
                 };
                 let _ = stream.set_nodelay(true);
-                let (acceptor, app, builder) = (acceptor.clone(), app.clone(), builder.clone());
+                let (acceptor, app, builder) = (tls.acceptor(), app.clone(), builder.clone());
                 let (open, mut closing) = (open.enter(), closing.clone());
                 tokio::spawn(async move {
                     let _counted = (source, open);

@@ -88,6 +88,10 @@ pub struct AgentArgs {
     /// Least time between two status reports.
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub report_interval: Duration,
+    /// How often the agent reads the server's CA bundle again, so that it follows a CA
+    /// rotation (`orrery ca stage`, then `orrery ca switch`) without registering again.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub ca_refresh_interval: Duration,
     /// Serve the fault-injection endpoint of simulated clusters here (loopback only).
     #[arg(long)]
     pub admin_listen: Option<SocketAddr>,
@@ -170,6 +174,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             ),
             heartbeat_interval: args.heartbeat_interval,
             report_interval: args.report_interval,
+            ca_refresh: args.ca_refresh_interval,
             // Here the simulated members live and die with the agent process (a restart of
             // it is a member that lost everything); `orrery up` keeps them.
             keep_members: false,
@@ -272,6 +277,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     .await?;
     cfg.heartbeat_interval = args.heartbeat_interval;
     cfg.report_interval = args.report_interval;
+    cfg.ca_refresh = args.ca_refresh_interval;
     if let Some(addr) = args.dns_listen {
         let (tx, rx) = tokio::sync::watch::channel(Vec::new());
         cfg.services = Some(tx);

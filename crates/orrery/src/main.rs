@@ -7,8 +7,10 @@ use tracing_subscriber::EnvFilter;
 mod agent;
 mod backup;
 mod bundle;
+mod ca;
 mod config;
 mod dns;
+mod export;
 mod join;
 mod kubeconfig;
 mod locate;
@@ -77,6 +79,9 @@ enum Command {
     /// Users: a kubeconfig with a client certificate signed by Orrery's CA.
     #[command(subcommand)]
     User(user::UserCommand),
+    /// The certificate authority: its status, and its rotation (stage, then switch).
+    #[command(subcommand)]
+    Ca(ca::CaCommand),
     /// A kubeconfig for a member cluster's API through the cluster proxy.
     Kubeconfig(kubeconfig::KubeconfigArgs),
     /// The fleet in the terminal: clusters, water levels, workloads and where they run.
@@ -154,6 +159,7 @@ fn main() -> anyhow::Result<()> {
             Command::Agent(args) => agent::run(*args).await,
             Command::Token(cmd) => token::run(cmd).await,
             Command::User(cmd) => user::run(cmd).await,
+            Command::Ca(cmd) => ca::run(cmd).await,
             Command::Kubeconfig(args) => kubeconfig::run(args),
             Command::Status(args) => status::run(args).await,
             Command::Join(args) => join::run(*args).await,

@@ -54,6 +54,19 @@ pub struct ServerArgs {
     /// bootstrap token.
     #[arg(long, default_value = "0", value_parser = parse_duration)]
     pub cluster_token_ttl: std::time::Duration,
+    /// Export the admin kubeconfig as this Secret (NAMESPACE/NAME, key `kubeconfig`) of the
+    /// cluster the server runs in, through its in-cluster configuration (a Pod's
+    /// ServiceAccount, see --service-account-dir); written again when the CA bundle changes.
+    #[arg(long)]
+    pub kubeconfig_secret: Option<String>,
+    /// The server URL the exported kubeconfig names (default --advertise-url, else the
+    /// address the server listens on).
+    #[arg(long, requires = "kubeconfig_secret")]
+    pub kubeconfig_secret_server: Option<String>,
+    /// Where the in-cluster configuration's token, ca.crt and namespace are (for
+    /// --kubeconfig-secret).
+    #[arg(long, default_value = orrery_client::SERVICE_ACCOUNT_DIR)]
+    pub service_account_dir: PathBuf,
     /// The URL other replicas reach this one at (HA, with --cluster-secret): the cluster
     /// proxy forwards a request for a member whose agent is connected here to it. Default:
     /// https://<--listen> when that names an address. Its host joins the certificate's names.
@@ -343,42 +356,6 @@ async fn admin_token(auth: &Authenticator, kubeconfig: &Path) -> anyhow::Result<
 /// replaces this data directory's), or this replica's own, stored for the others. Two replicas
 /// starting at once on an empty store: the one stored first wins, the other adopts it.
 /// Returns the admin token.
-/// Issues the serving certificate again as it nears its expiry and serves the new one from
-/// the next handshake: no restart, and no connection (an agent's session) dropped.
-async fn renew_serving_cert(
-    data_dir: PathBuf,
-    sans: Vec<String>,
-    validity: Duration,
-    mut current: String,
-    serving: Arc<pki::ServingCert>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
-) {
-    // Often enough to renew well inside the window, at most once a minute.
-    let every = (validity / 10).clamp(Duration::from_secs(1), Duration::from_secs(60));
-    loop {
-        tokio::select! {
-            _ = tokio::time::sleep(every) => {}
-            _ = shutdown.changed() => return,
-        }
-        let (dir, names) = (data_dir.clone(), sans.clone());
-        let next =
-            tokio::task::spawn_blocking(move || pki::ensure_valid_for(&dir, &names, validity))
-                .await;
-        match next {
-            Ok(Ok(p)) if p.cert_pem != current => match serving.set(&p) {
-                Ok(()) => {
-                    tracing::info!("renewed the serving certificate");
-                    current = p.cert_pem;
-                }
-                Err(e) => tracing::warn!(error = %e, "the renewed serving certificate is unusable"),
-            },
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!(error = %e, "renewing the serving certificate; retrying"),
-            Err(e) => tracing::warn!(error = %e, "renewing the serving certificate; retrying"),
-        }
-    }
-}
-
 async fn shared_identity(
     store: &dyn Store,
     sealer: &orrery_apiserver::seal::Sealer,
@@ -401,10 +378,13 @@ async fn shared_identity(
     // This replica's own CA, made now if it has none.
     pki::ensure(data_dir, sans).context("preparing TLS certificates")?;
     let (ca_cert, ca_key) = pki::read_ca(data_dir)?;
+    let staged = pki::read_staged(data_dir)?;
     let mine = identity::Shared {
         ca_cert,
         ca_key,
         admin_token: admin_token(auth, kubeconfig).await?,
+        next_ca_cert: staged.as_ref().map(|(c, _)| c.clone()),
+        next_ca_key: staged.map(|(_, k)| k),
     };
     match identity::publish(store, sealer, &mine)
         .await
@@ -820,7 +800,10 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         store = orrery_apiserver::encryption::EncryptingStore::wrap(store, Arc::new(config));
     }
     let sealer = secret
-        .map(|s| orrery_apiserver::seal::Sealer::new(&s, orrery_apiserver::identity::PURPOSE))
+        .map(|s| {
+            orrery_apiserver::seal::Sealer::new(&s, orrery_apiserver::identity::PURPOSE)
+                .map(Arc::new)
+        })
         .transpose()
         .map_err(|e| anyhow::anyhow!("--cluster-secret: {e}"))?;
     let mut sans = vec![
@@ -856,13 +839,14 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         }
         None => admin_token(&auth, &kubeconfig).await?,
     };
-    let pki = pki::ensure_valid_for(&args.data_dir, &sans, args.tls_cert_validity)
-        .context("preparing TLS certificates")?;
-    let serving_cert = Arc::new(
-        pki::ServingCert::new(&pki).map_err(|e| anyhow::anyhow!("TLS configuration: {e}"))?,
-    );
-    let tls = pki::server_config(&pki, serving_cert.clone())
-        .map_err(|e| anyhow::anyhow!("TLS configuration: {e}"))?;
+    let authority = orrery_apiserver::ca::Authority::open(
+        args.data_dir.clone(),
+        sans.clone(),
+        args.tls_cert_validity,
+        sealer.clone().map(|s| (store.clone(), s)),
+    )
+    .await
+    .context("preparing TLS certificates")?;
 
     // Bound now, so that port 0 means a free port and the address clients are given (the
     // kubeconfig, discovery) is the one bound.
@@ -874,12 +858,13 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         .with_context(|| format!("listening on {}", args.listen))?;
 
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(renew_serving_cert(
-        args.data_dir.clone(),
-        sans.clone(),
-        args.tls_cert_validity,
-        pki.cert_pem.clone(),
-        serving_cert,
+    // Often enough to renew the serving certificate well inside its window and to adopt
+    // another replica's CA rotation soon, at most once every 10 seconds.
+    let every =
+        (args.tls_cert_validity / 10).clamp(Duration::from_secs(1), Duration::from_secs(10));
+    tokio::spawn(orrery_apiserver::ca::keep_fresh(
+        authority.clone(),
+        every,
         shutdown_rx.clone(),
     ));
     let registry: orrery_apiserver::metrics::SharedRegistry = Default::default();
@@ -892,14 +877,8 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     let config = ApiConfig {
         metrics_registry: Some(registry),
         server_address: listen.to_string(),
-        ca_pem: pki.ca_pem.clone(),
+        authority: Some(authority.clone()),
         cluster_token_ttl: (!args.cluster_token_ttl.is_zero()).then_some(args.cluster_token_ttl),
-        user_issuer: Some(Arc::new(
-            pki::read_ca(&args.data_dir)
-                .map_err(anyhow::Error::from)
-                .and_then(|(_, key)| Ok(pki::UserIssuer::new(&key)?))
-                .context("reading the CA key users' certificates are signed with")?,
-        )),
         bookmark_interval: args.watch_bookmark_interval,
         audit,
         max_in_flight: (
@@ -936,9 +915,30 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     let url = client_url(&listen);
     pki::write_kubeconfig(
         &kubeconfig,
-        &pki::kubeconfig(&url, &pki.ca_pem, "admin", &token),
+        &pki::kubeconfig(&url, &authority.current().bundle, "admin", &token),
     )
     .with_context(|| format!("writing {}", kubeconfig.display()))?;
+    tokio::spawn(rewrite_kubeconfig(
+        authority.clone(),
+        kubeconfig.clone(),
+        url.clone(),
+        token.clone(),
+        shutdown_rx.clone(),
+    ));
+    if let Some(spec) = &args.kubeconfig_secret {
+        let server_url = args
+            .kubeconfig_secret_server
+            .clone()
+            .or_else(|| args.advertise_url.clone())
+            .unwrap_or_else(|| url.clone());
+        let target = crate::export::Target::new(spec, &args.service_account_dir, server_url)?;
+        tokio::spawn(crate::export::keep_exported(
+            target,
+            authority.clone(),
+            token.clone(),
+            shutdown_rx.clone(),
+        ));
+    }
 
     if let Some(addr) = args.dns_listen {
         let bound = crate::dns::serve_fleet(store.clone(), addr, shutdown_rx.clone())
@@ -949,7 +949,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     let serving = tokio::spawn(orrery_apiserver::server::serve(
         app.clone(),
         listener,
-        tls,
+        orrery_apiserver::server::Tls::Authority(authority.clone()),
         shutdown_rx.clone(),
     ));
     let term = TermShared {
@@ -957,7 +957,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         scheduler: scheduler_metrics,
         cost: cost_metrics,
         url: url.clone(),
-        ca_pem: pki.ca_pem.clone(),
+        ca_pem: authority.current().bundle.clone(),
     };
     let controllers = if args.elects() {
         let identity = orrery_controllers::leader::process_identity();
@@ -991,6 +991,36 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         controllers,
         store,
     })
+}
+
+/// Writes the admin kubeconfig again whenever what clients are to trust changes (a CA
+/// rotation's steps), so that kubectl keeps working across the switch.
+async fn rewrite_kubeconfig(
+    authority: Arc<orrery_apiserver::ca::Authority>,
+    path: PathBuf,
+    url: String,
+    token: String,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut changes = authority.subscribe();
+    let mut written = authority.current().bundle.clone();
+    loop {
+        tokio::select! {
+            r = changes.changed() => if r.is_err() { return },
+            _ = shutdown.changed() => return,
+        }
+        let bundle = authority.current().bundle.clone();
+        if bundle == written {
+            continue;
+        }
+        match pki::write_kubeconfig(&path, &pki::kubeconfig(&url, &bundle, "admin", &token)) {
+            Ok(()) => {
+                tracing::info!(path = %path.display(), "wrote the admin kubeconfig with the CA bundle now trusted");
+                written = bundle;
+            }
+            Err(e) => tracing::warn!(error = %e, "writing the admin kubeconfig"),
+        }
+    }
 }
 
 /// Waits for SIGTERM or Ctrl-C.

@@ -44,24 +44,30 @@ fn lease_key(cluster: &str) -> String {
 type H2 = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
 
 /// How a replica reaches the others: its TLS client configuration (made when first needed,
-/// renewed at half the certificate's life) and an HTTP/2 connection per replica for plain
+/// renewed at half the certificate's life or when the CA changes) and an HTTP/2 connection per replica for plain
 /// requests (an upgrade gets an HTTP/1.1 connection of its own).
 #[derive(Debug, Default)]
 pub struct Peers {
-    tls: std::sync::Mutex<Option<(Instant, Arc<rustls::ClientConfig>)>>,
+    tls: std::sync::Mutex<Option<(Instant, u64, Arc<rustls::ClientConfig>)>>,
     h2: std::sync::Mutex<std::collections::HashMap<String, H2>>,
 }
 
 impl Peers {
     fn tls(&self, app: &App) -> Result<Arc<rustls::ClientConfig>, String> {
+        let generation = app
+            .config
+            .authority
+            .as_ref()
+            .map_or(0, |a| a.current().generation);
         let mut cached = self.tls.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((made, c)) = cached.as_ref()
+        if let Some((made, g, c)) = cached.as_ref()
             && made.elapsed() < CERT_TTL / 2
+            && *g == generation
         {
             return Ok(c.clone());
         }
         let c = Arc::new(client_config(app)?);
-        *cached = Some((Instant::now(), c.clone()));
+        *cached = Some((Instant::now(), generation, c.clone()));
         Ok(c)
     }
 
@@ -167,9 +173,7 @@ fn clone_request(r: &Request<Full<Bytes>>) -> Request<Full<Bytes>> {
 
 fn client_config(app: &App) -> Result<rustls::ClientConfig, String> {
     let issuer = app
-        .config
-        .user_issuer
-        .as_ref()
+        .user_issuer()
         .ok_or("this replica holds no CA key to sign its certificate with")?;
     let (key_pem, csr) = crate::pki::key_and_csr().map_err(|e| e.to_string())?;
     let cert_pem = issuer
@@ -185,7 +189,7 @@ fn client_config(app: &App) -> Result<rustls::ClientConfig, String> {
         .map_err(|e| e.to_string())?;
     let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| e.to_string())?;
     let mut roots = rustls::RootCertStore::empty();
-    for ca in CertificateDer::pem_slice_iter(app.config.ca_pem.as_bytes()) {
+    for ca in CertificateDer::pem_slice_iter(app.ca_bundle().as_bytes()) {
         roots
             .add(ca.map_err(|e| e.to_string())?)
             .map_err(|e| e.to_string())?;

@@ -158,6 +158,7 @@ fn cluster() -> Value {
                 },
             },
             "storageClasses": strings("The storage classes the member offers; the first is its default."),
+            "caBundleHash": { "type": "string", "description": "The SHA-256 (hex) of the CA bundle the member's agent trusts, as /cacerts serves it; a CA rotation switches once every connected agent trusts the new CA." },
             "dataSets": {
                 "type": "array",
                 "description": "The copies of data sets the member holds: its claims labelled orrery.io/dataset.",
