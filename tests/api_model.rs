@@ -12,9 +12,8 @@
 //! only if the server's compactor could have removed it by then: it compacts to the revision
 //! it read one interval earlier, which is no newer than any revision written since.
 //! This covers the caches above the store (the point-read cache, the watch cache) as well.
-#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed test
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -2,9 +2,7 @@
 //! content types, field validation modes, names and generations, resourceVersion semantics
 //! of lists, bookmarks, CRD clean-up, and the serving certificate's names.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

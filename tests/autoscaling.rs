@@ -10,9 +10,7 @@
 //! predictive one, once it has recorded a season and a quarter of usage, runs more replicas
 //! than the reactive one while the demand rises toward its peak.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

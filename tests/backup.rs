@@ -1,9 +1,8 @@
 //! Backups and restores: `orrery backup` under a write load holds every write acknowledged
 //! before it; a server started from `orrery restore` converges with its members without any
 //! operation in them for what did not change since the backup, and puts back only what did.
-#![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::Command;

@@ -5,9 +5,7 @@
 //! fleet's cost is served (realtime, history) and exported on `/metrics`; a Cluster's own
 //! prices override its member's, and a price that is no number is refused.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

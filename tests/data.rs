@@ -6,9 +6,7 @@
 //! copies on links never booked beyond their bandwidth, readers' pods waiting for them, a
 //! cache in the region that a second reader uses, and a server killed mid-copy carrying on.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

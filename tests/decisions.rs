@@ -3,9 +3,7 @@
 //! exactly as their consumers read them (a list by label selector, then the status list by
 //! its key), following the binding as it changes and going with it.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,9 +1,7 @@
 //! The DRO-DS REST API (draft section 6) end to end: a real server, the draft's own request
 //! examples, and kubectl to check that the REST calls and the Kubernetes view are one store.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

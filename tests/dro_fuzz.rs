@@ -2,9 +2,7 @@
 //! command installs it) generates requests from `/api/v1/openapi.json` and checks that no
 //! response is a 5xx, an undocumented status, or a body that breaks its schema.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -4,9 +4,7 @@
 //! that carries it to the member), every reader sees it in the clear, and keys rotate as in
 //! Kubernetes: the new key first, rewrite, the old key removed.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

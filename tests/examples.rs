@@ -1,9 +1,7 @@
 //! The examples of `examples/`, as a newcomer runs them: `orrery up`, then the real kubectl
 //! and the REST script against it. Each must place what it says, so none of them rots.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

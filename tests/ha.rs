@@ -1,9 +1,8 @@
 //! High availability end to end: several `orrery server` replicas on one etcd cluster (real
 //! etcd members on loopback ports), one leader elected through a Lease, fenced controller
 //! writes, and the faults an installation must survive.
-#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed test
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -3,9 +3,7 @@
 //! its own members with its own scheduler, and reports its fleet summed; status and water
 //! levels flow up, and each level explains its own decision.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -4,9 +4,7 @@
 //! here); the agent is started as a Deployment would start it: no kubeconfig, the
 //! ServiceAccount's token and CA in a directory, `KUBERNETES_SERVICE_HOST`/`_PORT` set.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

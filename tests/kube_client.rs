@@ -1,8 +1,7 @@
 //! The kube crate (kube-rs) against `orrery server`: typed CRUD with k8s-openapi types, and
 //! the runtime's watcher and reflector through churn, watch timeouts and a server restart.
-#![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

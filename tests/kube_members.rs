@@ -3,9 +3,7 @@
 //! in for the member's Kubernetes API (no real cluster runs here): it serves Nodes, Pods,
 //! Deployments, server-side apply and ClusterProperties as Kubernetes does.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,9 +1,8 @@
 //! The real kubectl against a real `orrery server`, with the kubeconfig the server writes:
 //! discovery, apply (strategic merge and merge patch paths), CRDs, output formats, watch,
 //! label/annotate/patch/scale, delete, namespaces, bad input, restart.
-#![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,9 +3,7 @@
 //! selector or spreads over them by the label, and the binding's status sums replicas per
 //! location.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,9 +1,7 @@
 //! Member clusters end to end: real `orrery server` and `orrery agent` processes on loopback,
 //! simulated members, the real kubectl.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

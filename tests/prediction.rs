@@ -5,9 +5,7 @@
 //! away from it before the peak arrives, and the schedule history, the monitoring history
 //! and `kubectl describe cluster` say what was forecast.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -2,9 +2,7 @@
 //! simulated members, the real kubectl. Templates and policies go in through kubectl; what
 //! each member runs is read from the agents' admin endpoints.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

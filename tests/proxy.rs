@@ -2,9 +2,7 @@
 //! and kubectl, with a kubeconfig from `orrery kubeconfig --cluster`, lists the member's pods
 //! and reads and follows their logs through it; who may not use the proxy is refused.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

@@ -3,9 +3,7 @@
 //! Orrery makes, claims assigned to two ClusterQueues by flavor, a node loss that lowers a
 //! queue's quota but never below what it has admitted, and a member leaving with its share.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

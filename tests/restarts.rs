@@ -20,9 +20,8 @@
 //!   member imports every ready pod of the exported Service (multi-cluster services).
 //!
 //! It prints every operation that broke them.
-#![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};

@@ -3,9 +3,7 @@
 //! move away from a cluster whose load rises past the shed mark, leave a cluster that goes dark
 //! make-before-break, and every decision is in the schedule history.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -2,9 +2,7 @@
 //! the audit log (every mutation with its user, verb, object and answer, at the policy's
 //! levels), `kubectl auth whoami` and `can-i`, and a flood beyond the in-flight limits.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

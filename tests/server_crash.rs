@@ -1,9 +1,8 @@
 //! Crash test over HTTP: concurrent clients create objects through `orrery server`, the server
 //! is killed with SIGKILL in mid-stream, and after a restart every create it acknowledged is
 //! there. Two rounds.
-#![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -2,9 +2,7 @@
 //! members, kubectl, and `dig` (Debian's bind9-dnsutils) asking the clusterset DNS of the
 //! server (`--dns-listen`) and of the agents.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

@@ -8,9 +8,7 @@
 //! two clusters at once, the target's pods start on the version fenced at the source, and a
 //! copy is never started again from zero.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -8,9 +8,7 @@
 //! and a deleted cluster leaves the view. Every tab is checked and saved as a screenshot at
 //! 1600 and 800 px, as the fleet is, during an outage and after a cluster is deleted.
 
-#![allow(clippy::unwrap_used)]
-
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -2,9 +2,8 @@
 //! (`tests/fixtures/format-N`, one per store format: `orrery up` with two simulated clusters,
 //! a Deployment and a ConfigMap placed on both) with no operation in any member and no Work
 //! rewritten; a store of a newer format is refused with a message, and left as it was.
-#![allow(clippy::unwrap_used)]
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
