@@ -9,9 +9,10 @@
 //! the member keeps running what was last applied, which the state file also remembers across
 //! restarts. On reconnect, Works whose content did not change are not applied again.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures_util::StreamExt;
@@ -418,8 +419,8 @@ impl Inner {
         servers[self.current.load(Ordering::Acquire) % servers.len()].to_string()
     }
 
-    fn lock_state(&self) -> std::sync::MutexGuard<'_, AgentState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_state(&self) -> parking_lot::MutexGuard<'_, AgentState> {
+        self.state.lock()
     }
 
     /// The Works last applied, copied out of the lock.
@@ -532,30 +533,20 @@ impl Inner {
 
     /// Records a Work's apply errors; its status is computed afresh.
     fn set_errors(&self, name: String, errors: BTreeMap<usize, String>) {
-        self.computed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&name);
+        self.computed.lock().remove(&name);
         let seq = self.errors_seq.fetch_add(1, Ordering::AcqRel) + 1;
-        self.errors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(name, (seq, errors));
+        self.errors.lock().insert(name, (seq, errors));
     }
 
     /// Which version of a Work's apply errors is recorded (`None`: the Work has none).
     fn errors_version(&self, name: &str) -> Option<u64> {
-        self.errors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(name)
-            .map(|e| e.0)
+        self.errors.lock().get(name).map(|e| e.0)
     }
 
     /// Takes the server's copy of a Work's status as what it has, so that only what differs
     /// from it is reported (after a listing, after someone else wrote it).
     fn observe_server_status(&self, w: &Object) {
-        let mut reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+        let mut reported = self.reported.lock();
         match server_status(w) {
             Some(seen) => {
                 if reported.get(w.name()).map(|r| r.0) != Some(seen.0) {
@@ -669,11 +660,7 @@ impl Inner {
             spec.transfers,
         ]));
         let previous = self.lock_state().works.get(&name).cloned();
-        let retrying = self
-            .retry
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&name);
+        let retrying = self.retry.lock().contains(&name);
         if previous.as_ref().is_some_and(|p| p.digest == digest) && !retrying {
             // Unchanged (typically after a reconnect): nothing to do to the member.
             return;
@@ -704,7 +691,6 @@ impl Inner {
             let mut kept = self
                 .errors
                 .lock()
-                .unwrap_or_else(|p| p.into_inner())
                 .get(&name)
                 .map(|(_, e)| e.clone())
                 .unwrap_or_default();
@@ -738,10 +724,7 @@ impl Inner {
             dropped
         };
         // A new version of the Work deserves a report of its own, whatever the last met.
-        self.refused
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&name);
+        self.refused.lock().remove(&name);
         self.mark_dirty();
         if name.starts_with(SERVICES_WORK_PREFIX) {
             self.publish_services();
@@ -749,7 +732,7 @@ impl Inner {
         }
         self.delete_owed(dropped, &cause).await;
         {
-            let mut retry = self.retry.lock().unwrap_or_else(|p| p.into_inner());
+            let mut retry = self.retry.lock();
             if unavailable {
                 retry.insert(name.clone());
             } else {
@@ -790,7 +773,7 @@ impl Inner {
         if self.backend.milestone() != last_milestone {
             return true;
         }
-        let mut urgent = self.urgent.lock().unwrap_or_else(|p| p.into_inner());
+        let mut urgent = self.urgent.lock();
         urgent.retain(|_, since| since.elapsed() < URGENT_FOR);
         !urgent.is_empty()
     }
@@ -823,26 +806,14 @@ impl Inner {
             // A status computed while the manifests were held names none of them (same
             // digest, no objects): it is computed afresh, and sent at once whatever a
             // refusal before held back.
-            self.computed
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&name);
-            self.refused
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&name);
+            self.computed.lock().remove(&name);
+            self.refused.lock().remove(&name);
             self.mark_dirty();
             if unavailable {
-                self.retry
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(name.clone());
+                self.retry.lock().insert(name.clone());
             }
             tracing::info!(cluster = %self.cfg.cluster, work = %name, "the volume copy is in: the Work's manifests are applied");
-            self.urgent
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(name.clone(), Instant::now());
+            self.urgent.lock().insert(name.clone(), Instant::now());
             self.set_errors(name, errors);
             self.report_now.notify_one();
         }
@@ -878,26 +849,11 @@ impl Inner {
         if let Err(e) = self.backend.set_transfers(name, &[]).await {
             tracing::warn!(cluster = %self.cfg.cluster, work = %name, error = %e, "ending a removed Work's transfers failed");
         }
-        self.errors
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(name);
-        self.retry
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(name);
-        self.reported
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(name);
-        self.computed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(name);
-        self.refused
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(name);
+        self.errors.lock().remove(name);
+        self.retry.lock().remove(name);
+        self.reported.lock().remove(name);
+        self.computed.lock().remove(name);
+        self.refused.lock().remove(name);
     }
 
     /// After a (re)list: apply what changed, remove what is gone, and take the listed
@@ -958,10 +914,7 @@ impl Inner {
             let cause = self.applied_cause(&name, &w, "resumed: the member lacked it");
             let (errors, unavailable) = self.apply_manifests(&missing, w.overwrite, &cause).await;
             if unavailable {
-                self.retry
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(name.clone());
+                self.retry.lock().insert(name.clone());
             }
             self.set_errors(name, errors);
         }
@@ -969,13 +922,7 @@ impl Inner {
 
     async fn retry_failed(&self) {
         self.retry_deletes().await;
-        let names: Vec<String> = self
-            .retry
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .cloned()
-            .collect();
+        let names: Vec<String> = self.retry.lock().iter().cloned().collect();
         for name in names {
             let Some(w) = self.lock_state().works.get(&name).cloned() else {
                 continue;
@@ -992,10 +939,7 @@ impl Inner {
                 errors.insert(TRANSFER_ERROR, format!("volume transfers: {e}"));
             }
             if !unavailable {
-                self.retry
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&name);
+                self.retry.lock().remove(&name);
             }
             self.set_errors(name, errors);
         }
@@ -1012,7 +956,6 @@ impl Inner {
         let errors = self
             .errors
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .get(name)
             .map(|e| e.1.clone())
             .unwrap_or_default();
@@ -1051,7 +994,6 @@ impl Inner {
         let mut conds = self
             .reported
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .get(name)
             .map(|(_, c)| c.clone())
             .unwrap_or_default();
@@ -1072,12 +1014,7 @@ impl Inner {
             // Failed because the member did not answer (the Work is retried once it does):
             // not a refusal, and whatever it ran before may still run there. A move must not
             // take it for the target refusing the workload and start the source again.
-            let unavailable = unread
-                || self
-                    .retry
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .contains(name);
+            let unavailable = unread || self.retry.lock().contains(name);
             Condition::new(
                 work::CONDITION_APPLIED,
                 conditions::FALSE,
@@ -1149,9 +1086,9 @@ impl Inner {
             .collect();
         // Which Works need reading: cheap checks under the locks, no awaits.
         let todo: Vec<Stale> = {
-            let computed = self.computed.lock().unwrap_or_else(|p| p.into_inner());
-            let reported = self.reported.lock().unwrap_or_else(|p| p.into_inner());
-            let refused = self.refused.lock().unwrap_or_else(|p| p.into_inner());
+            let computed = self.computed.lock();
+            let reported = self.reported.lock();
+            let refused = self.refused.lock();
             works
                 .into_iter()
                 .filter_map(|(name, digest, generation)| {
@@ -1213,25 +1150,21 @@ impl Inner {
             let h = status_digest(&status);
             let still_there = self.lock_state().works.contains_key(&name);
             if still_there && self.errors_version(&name) == errors {
-                self.computed
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(
-                        name.clone(),
-                        Computed {
-                            digest,
-                            generation,
-                            ids,
-                            stamps,
-                            transfers: transfer_stamp,
-                            status: h,
-                        },
-                    );
+                self.computed.lock().insert(
+                    name.clone(),
+                    Computed {
+                        digest,
+                        generation,
+                        ids,
+                        stamps,
+                        transfers: transfer_stamp,
+                        status: h,
+                    },
+                );
             }
             let same = self
                 .reported
                 .lock()
-                .unwrap_or_else(|p| p.into_inner())
                 .get(&name)
                 .is_some_and(|(d, _)| *d == h);
             if !same {
@@ -1885,13 +1818,7 @@ async fn heartbeat(
     }
     let measured = MicroTime::now();
     // The lowest recent round trip: the network's share, without the server's work.
-    let server_latency = inner
-        .round_trips
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .copied()
-        .reduce(f64::min);
+    let server_latency = inner.round_trips.lock().iter().copied().reduce(f64::min);
     let trusted = orrery_api::token::ca_hash(&inner.trusted_ca());
     let status = cluster_status(
         &report,
@@ -1991,7 +1918,7 @@ fn failed_beat(inner: &Inner, e: TransportError) -> Result<Option<Stopped>, End>
 /// A heartbeat's round trip, for the stats and the latency reported to the server.
 fn timed(inner: &Inner, took: Duration) {
     crate::stats::heartbeat(took);
-    let mut rt = inner.round_trips.lock().unwrap_or_else(|p| p.into_inner());
+    let mut rt = inner.round_trips.lock();
     rt.push_back((took.as_secs_f64() * 10_000.0).round() / 10.0);
     while rt.len() > ROUND_TRIPS {
         rt.pop_front();
@@ -2139,7 +2066,7 @@ const METRICS_MISSING_BEATS: f64 = 2.5;
 /// made yet, or the server may be older than this agent; the session goes on either way.
 async fn write_metrics(inner: &Inner, t: &Transport, nodes: Vec<orrery_api::quota::NodeInfo>) {
     {
-        let sent = inner.metrics_sent.lock().unwrap_or_else(|p| p.into_inner());
+        let sent = inner.metrics_sent.lock();
         if let Some((last, at)) = &*sent
             && *last == nodes
             && at.elapsed() < METRICS_REFRESH
@@ -2147,12 +2074,7 @@ async fn write_metrics(inner: &Inner, t: &Transport, nodes: Vec<orrery_api::quot
             return;
         }
     }
-    let missing = || {
-        inner
-            .metrics_missing
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-    };
+    let missing = || inner.metrics_missing.lock();
     let wait = inner.cfg.heartbeat_interval.mul_f64(METRICS_MISSING_BEATS);
     if missing().is_some_and(|at| at.elapsed() < wait) {
         return;
@@ -2160,8 +2082,7 @@ async fn write_metrics(inner: &Inner, t: &Transport, nodes: Vec<orrery_api::quot
     let status = json!({ "nodes": nodes });
     match t.write_metrics(status).await {
         Ok(()) => {
-            *inner.metrics_sent.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some((nodes, Instant::now()));
+            *inner.metrics_sent.lock() = Some((nodes, Instant::now()));
         }
         Err(TransportError::NotRegistered(why)) => {
             tracing::debug!(cluster = %inner.cfg.cluster, %why, "the server has not made the member's ClusterMetrics yet; writing again in {wait:?}");
@@ -2332,9 +2253,9 @@ async fn report_loop(inner: &Inner, t: &Transport) -> End {
                             tracing::debug!(cluster = %inner.cfg.cluster, %first, "status reports of Works deleted meanwhile were refused");
                         }
                     }
-                    let mut reported = inner.reported.lock().unwrap_or_else(|p| p.into_inner());
-                    let mut refused = inner.refused.lock().unwrap_or_else(|p| p.into_inner());
-                    let mut urgent = inner.urgent.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut reported = inner.reported.lock();
+                    let mut refused = inner.refused.lock();
+                    let mut urgent = inner.urgent.lock();
                     for ((name, h, conds, _), result) in chunk.iter().zip(&results) {
                         // A released workload reported available needs no haste any more.
                         if result.is_none()

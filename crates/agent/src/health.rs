@@ -9,9 +9,10 @@
 //!   writes them (`[+]registered ok`, `[-]session failed: ...`);
 //! - `GET /metrics`: the same in Prometheus' text format, with heartbeats and Works applied.
 
+use parking_lot::Mutex;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -103,7 +104,7 @@ impl Health {
     }
 
     fn tick(&self) {
-        *self.progress.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+        *self.progress.lock() = Instant::now();
     }
 
     pub(crate) fn set_registered(&self, yes: bool) {
@@ -122,8 +123,7 @@ impl Health {
     pub(crate) fn member(&self, answered: Result<(), String>) {
         self.tick();
         self.backend.set(i64::from(answered.is_ok()));
-        *self.backend_error.lock().unwrap_or_else(|p| p.into_inner()) =
-            answered.err().unwrap_or_default();
+        *self.backend_error.lock() = answered.err().unwrap_or_default();
     }
 
     pub(crate) fn heartbeat(&self, ok: bool) {
@@ -158,24 +158,14 @@ impl Health {
             ),
             (
                 "member",
-                pass(
-                    self.backend.get() == 1,
-                    self.backend_error
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .clone(),
-                ),
+                pass(self.backend.get() == 1, self.backend_error.lock().clone()),
             ),
         ]
     }
 
     /// Whether the loop is stuck: nothing tried for [`STUCK`].
     pub fn stuck(&self) -> bool {
-        self.progress
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .elapsed()
-            > STUCK
+        self.progress.lock().elapsed() > STUCK
     }
 
     fn metrics_text(&self) -> String {

@@ -1,8 +1,8 @@
 //! Round-trip times of an agent process's heartbeats and status reports, for the admin
 //! endpoint (`GET /stats`) and the benchmarks.
 
+use parking_lot::Mutex;
 use std::collections::VecDeque;
-use std::sync::Mutex;
 use std::time::Duration;
 
 const KEEP: usize = 20_000;
@@ -29,15 +29,12 @@ fn push(q: &mut VecDeque<f64>, d: Duration) {
 }
 
 pub fn heartbeat(d: Duration) {
-    push(
-        &mut SAMPLES.lock().unwrap_or_else(|p| p.into_inner()).heartbeats,
-        d,
-    );
+    push(&mut SAMPLES.lock().heartbeats, d);
 }
 
 /// One status report of `items` Work statuses that took `d`.
 pub fn report(d: Duration, items: usize) {
-    let mut s = SAMPLES.lock().unwrap_or_else(|p| p.into_inner());
+    let mut s = SAMPLES.lock();
     push(&mut s.reports, d);
     s.items += items as u64;
 }
@@ -63,7 +60,7 @@ fn summary(q: &VecDeque<f64>) -> serde_json::Value {
 
 /// The latest samples' percentiles; `reset` starts afresh (to measure a steady state).
 pub fn snapshot(reset: bool) -> serde_json::Value {
-    let mut s = SAMPLES.lock().unwrap_or_else(|p| p.into_inner());
+    let mut s = SAMPLES.lock();
     let out = serde_json::json!({
         "heartbeat": summary(&s.heartbeats),
         "report": summary(&s.reports),

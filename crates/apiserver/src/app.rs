@@ -113,7 +113,7 @@ pub struct App {
         Option<Arc<crate::fairness::Seats>>,
     ),
     /// Watches open, by user (see [`ApiConfig::max_watches_per_user`]).
-    pub(crate) watches: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    pub(crate) watches: Arc<parking_lot::Mutex<std::collections::HashMap<String, usize>>>,
     /// The cluster proxy's tunnels open to this server (`proxy/`).
     pub tunnels: crate::proxy::Tunnels,
 }

@@ -21,8 +21,9 @@
 //! stops and cleans up) rather than taking itself for a retired agent. Re-registering the
 //! name removes them.
 
+use parking_lot::RwLock;
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use orrery_api::{Object, Time};
@@ -235,7 +236,7 @@ impl Authenticator {
         let mut events = reflector::spawn(store.clone(), PREFIX.to_string(), stopped);
         let tokens: Arc<RwLock<HashMap<String, Record>>> = Arc::default();
         let apply = |tokens: &RwLock<HashMap<String, Record>>, ev: Event| {
-            let mut t = tokens.write().unwrap_or_else(|p| p.into_inner());
+            let mut t = tokens.write();
             match ev {
                 Event::Listed(items) => {
                     *t = items.iter().filter_map(|o| record_of(o)).collect();
@@ -325,7 +326,7 @@ impl Authenticator {
     /// The unexpired record a raw token matches (a tombstone included).
     fn lookup(&self, token: &str) -> Option<Record> {
         let (id, secret) = token.split_once('.')?;
-        let tokens = self.tokens.read().unwrap_or_else(|p| p.into_inner());
+        let tokens = self.tokens.read();
         let rec = tokens.get(id)?;
         if !same(&rec.hash, &digest(secret)) || rec.expired(Time::now()) {
             return None;
@@ -344,12 +345,7 @@ impl Authenticator {
         // refuses a duplicate under the same key): one not in use, as far as this server
         // knows.
         let mut id = random_hex(4)?;
-        while self
-            .tokens
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(&id)
-        {
+        while self.tokens.read().contains_key(&id) {
             id = random_hex(4)?;
         }
         let secret = random_hex(16)?;
@@ -386,10 +382,7 @@ impl Authenticator {
         let stored = self.store.create(&key, obj).await?;
         // Make the token usable at once, before the watch delivers it.
         if let Some((id, r)) = record_of(&stored) {
-            self.tokens
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(id, r);
+            self.tokens.write().insert(id, r);
         }
         Ok(format!("{id}.{secret}"))
     }
@@ -413,7 +406,7 @@ impl Authenticator {
             }
         }
         {
-            let tokens = self.tokens.read().unwrap_or_else(|p| p.into_inner());
+            let tokens = self.tokens.read();
             for (id, rec) in tokens.iter() {
                 let mine = matches!(&rec.identity,
                     Identity::Cluster { name } | Identity::Bootstrap { name } if name == cluster);
@@ -470,10 +463,7 @@ impl Authenticator {
                     }
                     let stored = self.store.update(&key, t, o.revision()).await?;
                     if let Some((id, r)) = record_of(&stored) {
-                        self.tokens
-                            .write()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .insert(id, r);
+                        self.tokens.write().insert(id, r);
                     }
                 }
             }
@@ -516,17 +506,13 @@ impl Authenticator {
     }
 
     fn forget(&self, id: &str) {
-        self.tokens
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
+        self.tokens.write().remove(id);
     }
 
     /// Whether any admin token exists (first start creates one).
     pub fn has_admin(&self) -> bool {
         self.tokens
             .read()
-            .unwrap_or_else(|p| p.into_inner())
             .values()
             .any(|r| matches!(r.identity, Identity::Admin { .. }))
     }

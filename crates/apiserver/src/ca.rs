@@ -28,8 +28,9 @@
 //! trusted always includes the signing CA; a switch a crash interrupts is finished at the next
 //! start; nothing here touches a member.
 
+use parking_lot::RwLock;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use orrery_store::Store;
@@ -149,15 +150,12 @@ impl Authority {
     }
 
     pub fn current(&self) -> Arc<Current> {
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.current.read().clone()
     }
 
     /// The TLS configuration for the next handshake.
     pub fn tls(&self) -> Arc<rustls::ServerConfig> {
-        self.tls.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.tls.read().clone()
     }
 
     /// Wakes on every change (its value is the generation).
@@ -280,10 +278,10 @@ impl Authority {
         if trust_changed {
             let tls =
                 pki::server_config(&next.bundle, self.serving.clone()).map_err(CaError::Tls)?;
-            *self.tls.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(tls);
+            *self.tls.write() = Arc::new(tls);
         }
         let generation = next.generation;
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+        *self.current.write() = Arc::new(next);
         self.changed.send_replace(generation);
         Ok(())
     }

@@ -36,8 +36,9 @@
 //!                  429 (timed out)          Seat dropped ──► next flow of the neediest level
 //! ```
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -294,7 +295,7 @@ impl Seats {
     fn lock(&self) -> MutexGuard<'_, State> {
         // The state stays consistent whatever panicked while holding it: every change to it is
         // a few counter updates done together.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     /// A seat at `level` for a request of `flow` (its user), waiting in the flow's queue if
@@ -459,7 +460,7 @@ mod tests {
             let (s, order) = (s.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
                 let seat = s.acquire(Level::Workload, "flood").await.unwrap();
-                order.lock().unwrap().push(format!("flood{i}"));
+                order.lock().push(format!("flood{i}"));
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 drop(seat);
             }));
@@ -470,7 +471,7 @@ mod tests {
         let (s2, order2) = (s.clone(), order.clone());
         let bob = tokio::spawn(async move {
             let seat = s2.acquire(Level::Workload, "bob").await.unwrap();
-            order2.lock().unwrap().push("bob".into());
+            order2.lock().push("bob".into());
             drop(seat);
         });
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -479,7 +480,7 @@ mod tests {
         for t in tasks {
             t.await.unwrap();
         }
-        let order = order.lock().unwrap().clone();
+        let order = order.lock().clone();
         let at = order.iter().position(|o| o == "bob").unwrap();
         assert!(at <= 4, "bob served {at}th: {order:?}");
     }

@@ -4,9 +4,10 @@
 //! other components register in the shared registry (the scheduler's queue depth and decision
 //! latency).
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use orrery_api::cluster::{self, ClusterStatus};
 use orrery_api::{Object, Time, conditions, keys};
@@ -109,7 +110,7 @@ impl Metrics {
             Family::<CacheLabels, Counter>::default(),
         );
         {
-            let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
+            let mut r = registry.lock();
             r.register(
                 "orrery_http_request_duration_seconds",
                 "API request latency by verb, resource and status code",
@@ -221,7 +222,7 @@ impl Metrics {
     pub fn cache(&self, cache: &'static str, in_step: bool, (failures, relists): (u64, u64)) {
         let labels = CacheLabels { cache };
         self.caches.get_or_create(&labels).set(i64::from(in_step));
-        let mut counted = self.counted.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counted = self.counted.lock();
         let seen = counted.entry(cache).or_default();
         self.cache_failures
             .get_or_create(&labels)
@@ -305,7 +306,7 @@ impl Metrics {
         for part in Part::ALL {
             let mut events = reflector::spawn(store.clone(), part.prefix(), stopped.clone());
             let apply = move |view: &Mutex<View>, ev: Event| {
-                let mut v = view.lock().unwrap_or_else(|p| p.into_inner());
+                let mut v = view.lock();
                 match ev {
                     Event::Listed(items) => {
                         v.clear(part);
@@ -338,7 +339,7 @@ impl Metrics {
         self.water_level.clear();
         self.heartbeat_age.clear();
         {
-            let view = self.view.lock().unwrap_or_else(|p| p.into_inner());
+            let view = self.view.lock();
             let mut ready = 0;
             for (name, f) in &view.clusters {
                 ready += i64::from(f.ready);
@@ -367,7 +368,7 @@ impl Metrics {
             self.watch_queued_max.set(w.queued_max as i64);
         }
         let mut out = String::new();
-        let r = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        let r = self.registry.lock();
         prometheus_client::encoding::text::encode(&mut out, &r)
             .map_err(|e| StoreError::Backend(format!("encoding metrics: {e}")))?;
         Ok(out)

@@ -6,8 +6,9 @@
 //! content type is listed only for kinds that support it, so kubectl computes strategic
 //! patches exactly where the server applies them (from the same schemas' patch tags).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha512};
@@ -30,7 +31,7 @@ pub struct Cache {
 
 impl Cache {
     pub fn invalidate(&self) {
-        self.docs.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.docs.lock().clear();
     }
 
     pub fn get_or_build(&self, key: &str, build: impl FnOnce() -> Value) -> Arc<Doc> {
@@ -38,7 +39,7 @@ impl Cache {
     }
 
     pub fn get_or_build_bytes(&self, key: &str, build: impl FnOnce() -> Vec<u8>) -> Arc<Doc> {
-        if let Some(d) = self.docs.lock().unwrap_or_else(|p| p.into_inner()).get(key) {
+        if let Some(d) = self.docs.lock().get(key) {
             return d.clone();
         }
         let bytes = build();
@@ -47,10 +48,7 @@ impl Cache {
             .map(|b| format!("{b:02X}"))
             .collect();
         let doc = Arc::new(Doc { bytes, hash });
-        self.docs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key.to_string(), doc.clone());
+        self.docs.lock().insert(key.to_string(), doc.clone());
         doc
     }
 }

@@ -371,11 +371,11 @@ fn ymd(unix: i64) -> (i32, u8, u8) {
 /// The serving certificate handshakes are answered with; [`ServingCert::set`] replaces it
 /// for the handshakes that follow (connections already made keep theirs).
 #[derive(Debug)]
-pub struct ServingCert(std::sync::RwLock<std::sync::Arc<rustls::sign::CertifiedKey>>);
+pub struct ServingCert(parking_lot::RwLock<std::sync::Arc<rustls::sign::CertifiedKey>>);
 
 impl ServingCert {
     pub fn new(pki: &Pki) -> Result<Self, String> {
-        Ok(ServingCert(std::sync::RwLock::new(std::sync::Arc::new(
+        Ok(ServingCert(parking_lot::RwLock::new(std::sync::Arc::new(
             certified(pki)?,
         ))))
     }
@@ -383,7 +383,7 @@ impl ServingCert {
     /// Serves `pki`'s certificate from the next handshake on.
     pub fn set(&self, pki: &Pki) -> Result<(), String> {
         let c = std::sync::Arc::new(certified(pki)?);
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = c;
+        *self.0.write() = c;
         Ok(())
     }
 }
@@ -393,7 +393,7 @@ impl rustls::server::ResolvesServerCert for ServingCert {
         &self,
         _hello: rustls::server::ClientHello<'_>,
     ) -> Option<std::sync::Arc<rustls::sign::CertifiedKey>> {
-        Some(self.0.read().unwrap_or_else(|p| p.into_inner()).clone())
+        Some(self.0.read().clone())
     }
 }
 

@@ -19,8 +19,9 @@
 pub mod defaults;
 pub mod rules;
 
+use parking_lot::RwLock;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use orrery_api::Object;
@@ -595,7 +596,7 @@ impl Authorizer {
     /// Takes in a fresh listing of one kind: what it no longer holds goes.
     fn relisted(&self, kind: Kind, items: &[Arc<Object>]) {
         let prefix = kind.prefix();
-        let mut p = self.policy.write().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.policy.write();
         let listed: HashSet<String> = items.iter().map(|o| key_of(kind, o)).collect();
         let gone: Vec<String> = p
             .revisions
@@ -643,7 +644,7 @@ impl Authorizer {
         };
         let key = key_of(kind, obj);
         {
-            let mut p = self.policy.write().unwrap_or_else(|e| e.into_inner());
+            let mut p = self.policy.write();
             p.apply(kind, &key, (!deleted).then_some(obj), obj.revision());
         }
         if kind == Kind::ClusterRole {
@@ -654,7 +655,7 @@ impl Authorizer {
     /// The aggregated ClusterRoles whose stored `rules` are not what they aggregate now, with
     /// what they aggregate.
     fn stale_aggregations(&self) -> Vec<(String, Vec<Rule>)> {
-        let p = self.policy.read().unwrap_or_else(|e| e.into_inner());
+        let p = self.policy.read();
         p.cluster_role_defs
             .iter()
             .filter(|(_, d)| d.aggregation.is_some())
@@ -667,7 +668,7 @@ impl Authorizer {
 
     /// Whether the ServiceAccount a token was issued for still exists, as the same account.
     pub fn service_account_is(&self, namespace: &str, name: &str, uid: &str) -> bool {
-        let p = self.policy.read().unwrap_or_else(|e| e.into_inner());
+        let p = self.policy.read();
         p.service_accounts
             .get(&(namespace.to_string(), name.to_string()))
             .is_some_and(|u| u == uid)
@@ -742,7 +743,7 @@ impl Authorizer {
                     .into(),
             };
         }
-        let p = self.policy.read().unwrap_or_else(|e| e.into_inner());
+        let p = self.policy.read();
         match p.allowed(user, groups, allows, ns) {
             Some(reason) => Decision {
                 allowed: true,
@@ -788,7 +789,7 @@ impl Authorizer {
                 _ => Vec::new(),
             }
         };
-        let p = self.policy.read().unwrap_or_else(|e| e.into_inner());
+        let p = self.policy.read();
         for r in p.rules_for(&who.user(), &groups, namespace) {
             if !all.contains(&r) {
                 all.push(r);
@@ -800,7 +801,7 @@ impl Authorizer {
 
     /// The effective rules of a role a binding refers to (aggregation resolved).
     fn referenced_rules(&self, namespace: Option<&str>, role: &RoleRef) -> Option<Vec<Rule>> {
-        let p = self.policy.read().unwrap_or_else(|e| e.into_inner());
+        let p = self.policy.read();
         p.role_rules(namespace, role).map(|r| r.to_vec())
     }
 
@@ -827,7 +828,7 @@ impl Authorizer {
                         // What it will aggregate (as far as this server knows now).
                         let mut p = Policy::default();
                         {
-                            let current = self.policy.read().unwrap_or_else(|e| e.into_inner());
+                            let current = self.policy.read();
                             p.cluster_role_defs = current.cluster_role_defs.clone();
                         }
                         p.cluster_role_defs.insert(

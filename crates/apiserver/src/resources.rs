@@ -2,8 +2,9 @@
 //! table or from a CustomResourceDefinition. The registry is swapped atomically when CRDs
 //! change, so requests always see one consistent set.
 
+use parking_lot::RwLock;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use orrery_api::validation::NameRule;
 
@@ -1356,10 +1357,7 @@ impl Resources {
     }
 
     pub fn snapshot(&self) -> Arc<Registry> {
-        self.current
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.current.read().clone()
     }
 
     /// Replaces the CRD-defined part of the registry.
@@ -1374,7 +1372,7 @@ impl Resources {
                 types.push(c);
             }
         }
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(Registry::new(types));
+        *self.current.write() = Arc::new(Registry::new(types));
     }
 
     pub fn is_builtin_group(&self, group: &str) -> bool {

@@ -19,13 +19,13 @@ use crate::{discovery, openapi, rest};
 
 /// One open watch of a user's, counted until its response body is dropped.
 struct WatchSlot {
-    watches: Arc<std::sync::Mutex<std::collections::HashMap<String, usize>>>,
+    watches: Arc<parking_lot::Mutex<std::collections::HashMap<String, usize>>>,
     user: String,
 }
 
 impl Drop for WatchSlot {
     fn drop(&mut self) {
-        let mut w = self.watches.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = self.watches.lock();
         if let Some(n) = w.get_mut(&self.user) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -427,7 +427,7 @@ impl App {
             return Ok(None);
         }
         let user = who.user();
-        let mut w = self.watches.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = self.watches.lock();
         let n = w.entry(user.clone()).or_default();
         if *n >= limit {
             return Err(ApiError::too_many_requests(format!(

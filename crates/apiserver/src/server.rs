@@ -11,11 +11,12 @@
 //!   (long-lived streams such as watches count as in progress);
 //! - a request's body has its own deadline (`--request-body-timeout`, `router.rs`).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::BodyExt;
@@ -71,7 +72,7 @@ struct SourceSlot {
 
 impl Sources {
     fn take(self: &Arc<Self>, ip: IpAddr, max: usize) -> Option<SourceSlot> {
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.0.lock();
         let n = m.entry(ip).or_default();
         if max > 0 && *n >= max {
             return None;
@@ -86,7 +87,7 @@ impl Sources {
 
 impl Drop for SourceSlot {
     fn drop(&mut self) {
-        let mut m = self.sources.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut m = self.sources.0.lock();
         if let Some(n) = m.get_mut(&self.ip) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -114,7 +115,7 @@ impl Activity {
     }
 
     fn begin(self: &Arc<Self>) -> InProgress {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.state.lock();
         s.0 += 1;
         s.2 = true;
         drop(s);
@@ -127,7 +128,7 @@ impl Activity {
     async fn idle_for(&self, first: Duration, idle: Duration) {
         loop {
             let changed = self.changed.notified();
-            let (active, since, served) = *self.state.lock().unwrap_or_else(|p| p.into_inner());
+            let (active, since, served) = *self.state.lock();
             if active > 0 {
                 changed.await;
                 continue;
@@ -146,7 +147,7 @@ impl Activity {
 
 impl Drop for InProgress {
     fn drop(&mut self) {
-        let mut s = self.0.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.0.state.lock();
         s.0 = s.0.saturating_sub(1);
         s.1 = Instant::now();
         drop(s);
@@ -348,7 +349,7 @@ mod tests {
         assert!(sources.take(other, 3).is_some());
         drop(held);
         assert!(sources.take(ip, 3).is_some());
-        assert!(sources.0.lock().unwrap().get(&ip).is_none());
+        assert!(sources.0.lock().get(&ip).is_none());
         // 0 is no limit.
         let many: Vec<SourceSlot> = (0..10).map(|_| sources.take(ip, 0).unwrap()).collect();
         assert_eq!(many.len(), 10);

@@ -3,13 +3,13 @@
 //! up, SIGINT, SIGTERM) would leave a fleet of them running on the machine. etcd members
 //! stop by themselves (they are tied to our stdin; `orrery-store-testkit`).
 
+use parking_lot::Mutex;
 use std::collections::BTreeSet;
-use std::sync::Mutex;
 
 static RUNNING: Mutex<BTreeSet<u32>> = Mutex::new(BTreeSet::new());
 
-fn running() -> std::sync::MutexGuard<'static, BTreeSet<u32>> {
-    RUNNING.lock().unwrap_or_else(|p| p.into_inner())
+fn running() -> parking_lot::MutexGuard<'static, BTreeSet<u32>> {
+    RUNNING.lock()
 }
 
 /// A process started, to be stopped with the benchmark.

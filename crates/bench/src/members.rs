@@ -1,11 +1,12 @@
 //! Member-cluster benchmarks: registration to Ready, a fleet of simulated clusters in one
 //! agent process, and the memory of one agent.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -58,10 +59,7 @@ fn ready_times(client: kube::Client) -> Arc<Mutex<HashMap<String, Instant>>> {
                             .any(|c| c["type"] == "Ready" && c["status"] == "True")
                     });
                 if ready && let Some(n) = o.metadata.name {
-                    seen.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .entry(n)
-                        .or_insert_with(Instant::now);
+                    seen.lock().entry(n).or_insert_with(Instant::now);
                 }
             }
         }
@@ -100,7 +98,7 @@ pub async fn register(args: RegisterArgs) -> anyhow::Result<()> {
         tokio::spawn(orrery_agent::run(cfg, sim, stop.clone()));
         let deadline = t0 + Duration::from_secs(10);
         loop {
-            if let Some(at) = ready.lock().unwrap_or_else(|p| p.into_inner()).get(&name) {
+            if let Some(at) = ready.lock().get(&name) {
                 lat.push(at.duration_since(t0).as_secs_f64() * 1000.0);
                 break;
             }

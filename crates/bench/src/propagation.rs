@@ -1,9 +1,10 @@
 //! Propagation benchmarks: how fast a template and its policy reach a member, and how many
 //! templates the controllers turn into Works per second.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -127,7 +128,7 @@ fn stage_times(client: kube::Client) -> Seen {
                     continue;
                 };
                 let now = Instant::now();
-                let mut m = seen.lock().unwrap_or_else(|p| p.into_inner());
+                let mut m = seen.lock();
                 if is_work {
                     m.entry(("work", name.clone())).or_insert(now);
                     let applied = o
@@ -189,7 +190,7 @@ pub async fn latency(args: Args) -> anyhow::Result<()> {
         let work = format!("default.{name}-deployment");
         loop {
             let done = {
-                let m = seen.lock().unwrap_or_else(|p| p.into_inner());
+                let m = seen.lock();
                 m.get(&("applied", work.clone())).map(|t| {
                     let at =
                         |s: &'static str| m.get(&(s, work.clone())).map(|x| x.duration_since(t0));
@@ -300,7 +301,7 @@ pub async fn throughput(args: Args) -> anyhow::Result<()> {
                     && let Some(n) = o.metadata.name
                     && done.insert(n)
                 {
-                    *applied.lock().unwrap_or_else(|p| p.into_inner()) = done.len();
+                    *applied.lock() = done.len();
                 }
             }
         });
@@ -319,10 +320,7 @@ pub async fn throughput(args: Args) -> anyhow::Result<()> {
                     o.metadata.namespace.unwrap_or_default(),
                     o.metadata.name.unwrap_or_default()
                 );
-                seen.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .entry(key)
-                    .or_insert_with(Instant::now);
+                seen.lock().entry(key).or_insert_with(Instant::now);
             }
         });
     }
@@ -345,17 +343,12 @@ pub async fn throughput(args: Args) -> anyhow::Result<()> {
     let mut works_done = None;
     let all_applied;
     loop {
-        let works = works_seen.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let works = works_seen.lock().len();
         if works >= want_works && works_done.is_none() {
-            let last = works_seen
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .values()
-                .max()
-                .copied();
+            let last = works_seen.lock().values().max().copied();
             works_done = last.map(|l| l.duration_since(t0).as_secs_f64());
         }
-        let n = *applied.lock().unwrap_or_else(|p| p.into_inner());
+        let n = *applied.lock();
         if n >= args.templates {
             all_applied = t0.elapsed().as_secs_f64();
             break;

@@ -583,7 +583,7 @@ async fn latencies(
             Default::default(),
         )
         .await?;
-    let sent: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>> =
+    let sent: std::sync::Arc<parking_lot::Mutex<std::collections::HashMap<String, Instant>>> =
         Default::default();
     let total = args.latency_bindings.min(specs.len());
     let creator = {
@@ -613,10 +613,8 @@ async fn latencies(
                 // Each create on its own, so a slow commit does not hold back the next arrival.
                 tokio::spawn(async move {
                     let at = Instant::now();
-                    if store.create(&k, obj).await.is_ok()
-                        && let Ok(mut m) = sent.lock()
-                    {
-                        m.insert(name, at);
+                    if store.create(&k, obj).await.is_ok() {
+                        sent.lock().insert(name, at);
                     }
                 });
             }
@@ -648,9 +646,7 @@ async fn latencies(
         }
     }
     let _ = creator.await;
-    let sent = sent
-        .lock()
-        .map_err(|_| anyhow::anyhow!("a creator panicked"))?;
+    let sent = sent.lock();
     for (name, decided) in seen {
         if let Some(at) = sent.get(&name) {
             lat.push(decided.saturating_duration_since(*at).as_secs_f64() * 1e3);

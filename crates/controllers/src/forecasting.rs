@@ -377,7 +377,7 @@ const ROUND_SHARE: usize = 256;
 /// history). Shared between the forecaster, which puts, and the monitoring loop, which takes.
 #[derive(Debug, Default)]
 pub struct Checks {
-    inner: std::sync::Mutex<ChecksInner>,
+    inner: parking_lot::Mutex<ChecksInner>,
 }
 
 #[derive(Debug, Default)]
@@ -390,8 +390,8 @@ struct ChecksInner {
 }
 
 impl Checks {
-    fn lock(&self) -> std::sync::MutexGuard<'_, ChecksInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, ChecksInner> {
+        self.inner.lock()
     }
 
     fn set_series(&self, averages: bool, step: i64) {

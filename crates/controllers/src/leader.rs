@@ -322,9 +322,9 @@ pub fn spawn(
 pub struct LeaderMetric(prometheus_client::metrics::gauge::Gauge);
 
 impl LeaderMetric {
-    pub fn register(registry: &std::sync::Mutex<prometheus_client::registry::Registry>) -> Self {
+    pub fn register(registry: &parking_lot::Mutex<prometheus_client::registry::Registry>) -> Self {
         let m = LeaderMetric::default();
-        registry.lock().unwrap_or_else(|p| p.into_inner()).register(
+        registry.lock().register(
             "orrery_leader",
             "1 while this server holds the leader Lease and runs the controllers, the scheduler, monitoring and push-mode agents",
             m.0.clone(),

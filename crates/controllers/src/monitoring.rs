@@ -322,9 +322,11 @@ pub struct CostMetrics {
 
 impl CostMetrics {
     /// Registers the families.
-    pub fn new(registry: &std::sync::Mutex<prometheus_client::registry::Registry>) -> CostMetrics {
+    pub fn new(
+        registry: &parking_lot::Mutex<prometheus_client::registry::Registry>,
+    ) -> CostMetrics {
         let m = CostMetrics::default();
-        let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = registry.lock();
         r.register(
             "orrery_fleet_hourly_cost",
             "What the replicas Orrery placed cost per hour, by the clusters' prices",

@@ -16,8 +16,9 @@
 //! differs from what is stored, and Events are told only with a write, so a restart writes
 //! nothing.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use orrery_api::cluster::ResourceList;
@@ -161,8 +162,8 @@ impl Member {
 struct Members(Mutex<BTreeMap<String, Arc<Member>>>);
 
 impl Members {
-    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Member>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    fn map(&self) -> parking_lot::MutexGuard<'_, BTreeMap<String, Arc<Member>>> {
+        self.0.lock()
     }
 
     fn follow(&self, event: &Event) {
@@ -205,8 +206,8 @@ impl Members {
 struct Capacities(Mutex<HashMap<String, Option<ResourceList>>>);
 
 impl Capacities {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<ResourceList>>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    fn map(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Option<ResourceList>>> {
+        self.0.lock()
     }
 
     /// Follows a ClusterMetrics event; whether a member's capacity changed with it.

@@ -3,8 +3,9 @@
 //! event that reports the change is sent, so a controller reading it sees at least what its
 //! events told it.
 
+use parking_lot::RwLock;
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 
 use orrery_api::Object;
 use orrery_store::Revision;
@@ -42,13 +43,13 @@ impl Cache {
         }
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Inner> {
+    fn read(&self) -> parking_lot::RwLockReadGuard<'_, Inner> {
         // Every mutation leaves the maps consistent before it can panic.
-        self.inner.read().unwrap_or_else(|p| p.into_inner())
+        self.inner.read()
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Inner> {
-        self.inner.write().unwrap_or_else(|p| p.into_inner())
+    fn write(&self) -> parking_lot::RwLockWriteGuard<'_, Inner> {
+        self.inner.write()
     }
 
     fn index(&self, inner: &mut Inner, k: &ObjectKey, o: &Object) {

@@ -13,9 +13,10 @@
 //! Like a channel: it ends for the receiver once every sender is gone and nothing waits, and
 //! sending fails once the receiver is gone.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use tokio::sync::Notify;
 
@@ -62,7 +63,7 @@ struct State<S> {
 
 impl<S> Shared<S> {
     fn lock(&self) -> MutexGuard<'_, State<S>> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 }
 

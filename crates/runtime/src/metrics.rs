@@ -1,8 +1,9 @@
 //! Per-controller figures on `/metrics`: how many keys wait, how long reconciles take, how
 //! many fail and how many are retried, labelled by controller.
 
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -43,7 +44,7 @@ impl ControllerMetrics {
     /// Registers the families.
     pub fn new(registry: &Mutex<Registry>) -> ControllerMetrics {
         let m = ControllerMetrics::default();
-        let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = registry.lock();
         r.register(
             "orrery_controller_synced",
             "1 once every source a controller reads has been listed (it acts only then)",

@@ -34,7 +34,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// just resumed) rather than failing to list or to watch. Shared with whoever must say so: the
 /// API server's `/readyz` and `/metrics` for its caches of tokens and roles.
 #[derive(Clone, Debug, Default)]
-pub struct Health(Arc<std::sync::Mutex<HealthState>>);
+pub struct Health(Arc<parking_lot::Mutex<HealthState>>);
 
 #[derive(Debug, Default)]
 struct HealthState {
@@ -47,9 +47,9 @@ struct HealthState {
 }
 
 impl Health {
-    fn state(&self) -> std::sync::MutexGuard<'_, HealthState> {
+    fn state(&self) -> parking_lot::MutexGuard<'_, HealthState> {
         // A few fields set together: consistent whatever panicked while holding them.
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.0.lock()
     }
 
     fn failed(&self, why: &StoreError) {

@@ -83,14 +83,14 @@ struct Inner {
     compacted: AtomicI64,
     closed: std::sync::atomic::AtomicBool,
     /// Set while etcd has no quorum (reads served stale, writes refused): why.
-    degraded: std::sync::Mutex<Option<String>>,
+    degraded: parking_lot::Mutex<Option<String>>,
     /// Whether `degraded` is set: every call looks, few change it.
     is_degraded: std::sync::atomic::AtomicBool,
     /// The highest revision this store's own writes were told of.
     written: AtomicI64,
     /// Objects this store wrote lately, as the feed changed them since.
     recent: recent::Recent,
-    feed: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    feed: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// Written to mark a point in the revision stream; never listed or watched.
@@ -199,11 +199,11 @@ impl EtcdStore {
                 cache: WatchCache::new(config.watch, 0),
                 compacted: AtomicI64::new(0),
                 closed: std::sync::atomic::AtomicBool::new(false),
-                degraded: std::sync::Mutex::new(None),
+                degraded: parking_lot::Mutex::new(None),
                 is_degraded: std::sync::atomic::AtomicBool::new(false),
                 written: AtomicI64::new(0),
                 recent: recent::Recent::default(),
-                feed: std::sync::Mutex::new(None),
+                feed: parking_lot::Mutex::new(None),
             }),
         };
         let rev = store.current_revision().await.map_err(|e| connecting(&e))?;
@@ -212,7 +212,7 @@ impl EtcdStore {
         store.inner.cache.set_compacted(compacted);
         store.inner.cache.reset(rev);
         let feed = tokio::spawn(feed(store.clone(), rev));
-        *store.inner.feed.lock().unwrap_or_else(|p| p.into_inner()) = Some(feed);
+        *store.inner.feed.lock() = Some(feed);
         tracing::info!(endpoints = %config.endpoints.join(","), prefix = %store.inner.prefix, revision = rev, "connected to etcd");
         Ok(store)
     }
@@ -458,11 +458,7 @@ impl EtcdStore {
         if why.is_none() && !self.inner.is_degraded.load(Ordering::Acquire) {
             return;
         }
-        let mut d = self
-            .inner
-            .degraded
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut d = self.inner.degraded.lock();
         match (&*d, &why) {
             (None, Some(w)) => tracing::warn!(reason = %w, "the store is degraded"),
             (Some(_), None) => tracing::info!("etcd has quorum again"),
@@ -935,11 +931,7 @@ impl Store for EtcdStore {
         if !self.inner.is_degraded.load(Ordering::Acquire) {
             return None;
         }
-        self.inner
-            .degraded
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.inner.degraded.lock().clone()
     }
 
     fn fenced(&self, fence: Fence) -> Option<Arc<dyn Store>> {
@@ -951,13 +943,7 @@ impl Store for EtcdStore {
 
     async fn close(&self) {
         self.inner.closed.store(true, Ordering::Release);
-        if let Some(feed) = self
-            .inner
-            .feed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
+        if let Some(feed) = self.inner.feed.lock().take() {
             feed.abort();
         }
         self.inner.cache.close();

@@ -24,8 +24,9 @@
 //! [`Store::get_recent`]: orrery_store::Store::get_recent
 //! [`Store::get_copy`]: orrery_store::Store::get_copy
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use orrery_store::Revision;
@@ -84,9 +85,9 @@ struct Entry {
 }
 
 impl Recent {
-    fn map(&self) -> std::sync::MutexGuard<'_, Map> {
+    fn map(&self) -> parking_lot::MutexGuard<'_, Map> {
         // Every critical section below leaves the map whole; a panic elsewhere cannot tear it.
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
+        self.map.lock()
     }
 
     /// The stored bytes at `key` and their revision, if kept.

@@ -12,7 +12,8 @@
 //! its objects are the same `Arc`s the watch cache hands to watchers, so most cost no memory of
 //! their own.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use hashlink::LinkedHashMap;
 use orrery_api::Object;
@@ -47,10 +48,10 @@ impl Latest {
         }
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+    fn state(&self) -> parking_lot::MutexGuard<'_, State> {
         // A panic while holding the lock cannot leave an entry wrong: every change is a single
         // map operation.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     /// The latest version of `key`, if cached.

@@ -10,9 +10,10 @@
 //!   steps queued between ordinary writes.
 //! - A corrupt or foreign file is refused at open with a clear message, never reset.
 
+use parking_lot::Mutex;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
 use orrery_api::Object;
 use orrery_store::{
@@ -532,8 +533,7 @@ impl Store for SqliteStore {
 
     async fn close(&self) {
         self.inner.cache.close();
-        let threads: Vec<_> =
-            std::mem::take(&mut *self.inner.threads.lock().unwrap_or_else(|p| p.into_inner()));
+        let threads: Vec<_> = std::mem::take(&mut *self.inner.threads.lock());
         if threads.is_empty() {
             return;
         }
@@ -545,11 +545,7 @@ impl Store for SqliteStore {
             }
         })
         .await;
-        self.inner
-            .lock
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
+        self.inner.lock.lock().take();
     }
 
     fn watch_stats(&self) -> Option<orrery_store::WatchStats> {

@@ -1,8 +1,9 @@
 //! Reads: a pool of read-only connections, each read in its own WAL snapshot, so reads never
 //! wait for the writer and the writer never waits for them.
 
+use parking_lot::Mutex;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use orrery_api::Object;
 use orrery_store::{
@@ -87,7 +88,7 @@ impl Readers {
             .map_err(|_| StoreError::Closed)?;
         tokio::task::spawn_blocking(move || {
             let _permit = permit;
-            let conn = match this.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+            let conn = match this.idle.lock().pop() {
                 Some(c) => c,
                 None => schema::open_reader(&this.path)?,
             };
@@ -102,7 +103,7 @@ impl Readers {
                 Ok(())
             };
             if ended.is_ok() {
-                let mut idle = this.idle.lock().unwrap_or_else(|p| p.into_inner());
+                let mut idle = this.idle.lock();
                 if idle.len() < MAX_IDLE {
                     idle.push(conn);
                 }

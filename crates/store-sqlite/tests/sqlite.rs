@@ -477,7 +477,7 @@ async fn a_backup_under_writes_restores_every_write_acknowledged_before_it() {
             .unwrap();
     }
     // Writes acknowledged before the backup starts, and a stream of them during it.
-    let acknowledged = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let acknowledged = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = {
         let (store, acknowledged, stop) = (store.clone(), acknowledged.clone(), stop.clone());
@@ -486,16 +486,13 @@ async fn a_backup_under_writes_restores_every_write_acknowledged_before_it() {
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 let key = format!("/registry/configmaps/ns/b{i}");
                 let o = store.create(&key, obj(&format!("b{i}"))).await.unwrap();
-                acknowledged
-                    .lock()
-                    .unwrap()
-                    .push((key, o.revision().unwrap()));
+                acknowledged.lock().push((key, o.revision().unwrap()));
                 i += 1;
             }
         })
     };
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    let before: Vec<(String, i64)> = acknowledged.lock().unwrap().clone();
+    let before: Vec<(String, i64)> = acknowledged.lock().clone();
     let to = dir.path().join("backup.db");
     let (p, t) = (path.clone(), to.clone());
     let backup = tokio::task::spawn_blocking(move || {
@@ -507,7 +504,7 @@ async fn a_backup_under_writes_restores_every_write_acknowledged_before_it() {
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     writer.await.unwrap();
-    let after = acknowledged.lock().unwrap().clone();
+    let after = acknowledged.lock().clone();
     assert!(
         after.len() > before.len(),
         "writes went on during the backup"

@@ -75,9 +75,9 @@ pub async fn serve(store: Arc<dyn Store>) -> anyhow::Result<()> {
     for line in std::io::stdin().lock().lines() {
         writes.push(serde_json::from_str::<CrashWrite>(&line?)?);
     }
-    let out = Arc::new(std::sync::Mutex::new(std::io::stdout()));
+    let out = Arc::new(parking_lot::Mutex::new(std::io::stdout()));
     let say = move |line: String| {
-        let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
+        let mut o = out.lock();
         let _ = writeln!(o, "{line}");
         let _ = o.flush();
     };

@@ -3,8 +3,9 @@
 //! answers a serializable read. Real lag cannot be produced on demand (a follower catches up in
 //! milliseconds), so this stands in for it; everything else is the wrapped store's.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use orrery_api::Object;
 use orrery_store::{
@@ -41,16 +42,16 @@ impl Lagging {
     /// From now on recent reads of `key` return the object as it is now (or not found).
     pub async fn hold(&self, key: &str) {
         let now = self.inner.get_shared(key).await.ok();
-        self.held.lock().unwrap().insert(key.to_string(), now);
+        self.held.lock().insert(key.to_string(), now);
     }
 
     /// Recent reads of `key` are current again.
     pub fn release(&self, key: &str) {
-        self.held.lock().unwrap().remove(key);
+        self.held.lock().remove(key);
     }
 
     fn held(&self, key: &str) -> Option<Option<Arc<Object>>> {
-        self.held.lock().unwrap().get(key).cloned()
+        self.held.lock().get(key).cloned()
     }
 
     /// The held copy of `key` (counted), else what `read` of the wrapped store answers.

@@ -4,8 +4,9 @@
 //! Test support for the store: the conformance suite that every backend must pass, a launcher
 //! for a real etcd, and helpers shared by store tests and benchmarks.
 
+use parking_lot::Mutex;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use orrery_api::Object;
 use orrery_store::{Store, WatchCacheConfig};
@@ -130,12 +131,12 @@ impl Harness for SqliteHarness {
         config.watch = test_watch_config();
         config.compaction_step = self.compaction_step;
         let store = orrery_store_sqlite::SqliteStore::open(config).expect("open the SQLite store");
-        *self.last.lock().unwrap() = Some(store.clone());
+        *self.last.lock() = Some(store.clone());
         Arc::new(store)
     }
 
     async fn settle(&self) {
-        let store = self.last.lock().unwrap().clone();
+        let store = self.last.lock().clone();
         if let Some(s) = store {
             s.wait_for_compaction().await;
         }

@@ -1453,13 +1453,13 @@ where
         .expect("a runtime for the model test");
     let sequences = proptest::collection::vec(step(test.crash), 1..test.max_steps);
     let counter = std::sync::atomic::AtomicU64::new(0);
-    let first_failure = std::sync::Mutex::new(None::<usize>);
+    let first_failure = parking_lot::Mutex::new(None::<usize>);
     let result = runner.run(&sequences, |steps| {
         let n = counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let h = make(n);
         let outcome = rt.block_on(run(&h, &steps));
         if outcome.is_err() {
-            first_failure.lock().unwrap().get_or_insert(steps.len());
+            first_failure.lock().get_or_insert(steps.len());
         }
         outcome.map_err(TestCaseError::fail)
     });
@@ -1474,7 +1474,7 @@ where
                 "model test {} failed (seed {seed}; ORRERY_MODEL_SEED={seed} runs it again).\n\
                  The first failing sequence had {} steps; shrunk to {} steps ({} writes):\n{listing}{reason}",
                 test.name,
-                first_failure.lock().unwrap().unwrap_or_default(),
+                first_failure.lock().unwrap_or_default(),
                 steps.len(),
                 steps.iter().filter(|s| s.writes()).count(),
             )

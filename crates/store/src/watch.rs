@@ -11,9 +11,10 @@
 //! under a fleet's heartbeats). Watches that start before the ring fetch the gap from the
 //! backend through [`History`].
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use orrery_api::{Object, fields, labels};
@@ -431,9 +432,9 @@ impl WatchCache {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding this lock leaves the state consistent (every mutation is a
-        // single push/insert), so a poisoned lock is still usable.
-        self.shared.state.lock().unwrap_or_else(|p| p.into_inner())
+        // (parking_lot: no poisoning. A panic while holding this lock leaves the state
+        // consistent, every mutation being a single push or insert.)
+        self.shared.state.lock()
     }
 
     /// The highest revision published so far.

@@ -6,8 +6,8 @@
 //! members, their nodes, the largest free node among them. Status flows up as its templates'
 //! status, which it sums from its own members.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
 
 use async_trait::async_trait;
 use orrery_api::cluster::{
@@ -80,7 +80,7 @@ impl OrreryMember {
         };
         let key = (api_version.to_string(), kind.to_string());
         let kinds = {
-            let mut selected = self.selected.lock().unwrap_or_else(|p| p.into_inner());
+            let mut selected = self.selected.lock();
             if !selected.insert(key.clone()) {
                 return Ok(());
             }
@@ -88,10 +88,7 @@ impl OrreryMember {
         };
         let applied = self.kube.apply(&Self::policy(&kinds), true, cause).await;
         if applied.is_err() {
-            self.selected
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&key);
+            self.selected.lock().remove(&key);
         }
         applied
     }

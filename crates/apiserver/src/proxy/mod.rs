@@ -68,15 +68,15 @@ type Sender = SendRequest<Full<Bytes>>;
 /// The tunnels open to this server, by cluster.
 #[derive(Debug, Default)]
 pub struct Tunnels {
-    open: std::sync::Mutex<HashMap<String, (u64, Sender)>>,
+    open: parking_lot::Mutex<HashMap<String, (u64, Sender)>>,
     next: AtomicU64,
     /// How this replica forwards to the one holding a tunnel.
     peers: peers::Peers,
 }
 
 impl Tunnels {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Sender)>> {
-        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<String, (u64, Sender)>> {
+        self.open.lock()
     }
 
     /// Keeps a cluster's new tunnel (in place of an older one); returns its id.

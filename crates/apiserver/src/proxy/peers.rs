@@ -48,8 +48,8 @@ type H2 = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
 /// requests (an upgrade gets an HTTP/1.1 connection of its own).
 #[derive(Debug, Default)]
 pub struct Peers {
-    tls: std::sync::Mutex<Option<(Instant, u64, Arc<rustls::ClientConfig>)>>,
-    h2: std::sync::Mutex<std::collections::HashMap<String, H2>>,
+    tls: parking_lot::Mutex<Option<(Instant, u64, Arc<rustls::ClientConfig>)>>,
+    h2: parking_lot::Mutex<std::collections::HashMap<String, H2>>,
 }
 
 impl Peers {
@@ -59,7 +59,7 @@ impl Peers {
             .authority
             .as_ref()
             .map_or(0, |a| a.current().generation);
-        let mut cached = self.tls.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cached = self.tls.lock();
         if let Some((made, g, c)) = cached.as_ref()
             && made.elapsed() < CERT_TTL / 2
             && *g == generation
@@ -72,21 +72,18 @@ impl Peers {
     }
 
     fn cached(&self, holder: &str) -> Option<H2> {
-        let h2 = self.h2.lock().unwrap_or_else(|p| p.into_inner());
+        let h2 = self.h2.lock();
         h2.get(holder).filter(|s| !s.is_closed()).cloned()
     }
 
     fn keep(&self, holder: &str, s: H2) {
-        let mut h2 = self.h2.lock().unwrap_or_else(|p| p.into_inner());
+        let mut h2 = self.h2.lock();
         h2.retain(|_, s| !s.is_closed());
         h2.insert(holder.to_string(), s);
     }
 
     fn drop_cached(&self, holder: &str) {
-        self.h2
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(holder);
+        self.h2.lock().remove(holder);
     }
 }
 

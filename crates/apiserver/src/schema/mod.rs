@@ -9,7 +9,8 @@
 //! - Orrery's own kinds ([`own`]): generated from the Rust types users' objects are read with
 //!   ([`generated`]), or written out.
 
-use std::sync::{Arc, OnceLock, RwLock};
+use parking_lot::RwLock;
+use std::sync::{Arc, OnceLock};
 
 use serde_json::{Map, Value, json};
 
@@ -334,16 +335,12 @@ impl Schemas {
     pub fn set(&self) -> SchemaSet {
         SchemaSet {
             builtin: self.builtin.clone(),
-            custom: self
-                .custom
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone(),
+            custom: self.custom.read().clone(),
         }
     }
 
     pub fn set_custom(&self, custom: Components) {
-        *self.custom.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(custom);
+        *self.custom.write() = Arc::new(custom);
     }
 }
 

@@ -17,9 +17,10 @@
 //! once: a round never works from a version older than what the last one wrote, so a status
 //! is not written twice for one change.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use orrery_api::binding::{
@@ -133,7 +134,7 @@ enum Written {
 type WrittenLog = Arc<Mutex<Vec<Written>>>;
 
 fn log_written(log: &WrittenLog, w: Written) {
-    log.lock().unwrap_or_else(|p| p.into_inner()).push(w);
+    log.lock().push(w);
 }
 
 struct Controller {
@@ -172,7 +173,7 @@ struct Controller {
     /// Bumped when overrides, dependencies, interpreters or clusters' labels change.
     epoch: u64,
     /// Per binding: the render inputs last rendered, and what failed then.
-    rendered: std::sync::Mutex<HashMap<BKey, Rendered>>,
+    rendered: parking_lot::Mutex<HashMap<BKey, Rendered>>,
 }
 
 type Rendered = (u64, BTreeMap<String, String>, Vec<String>);
@@ -487,7 +488,6 @@ impl Controller {
                         // the last round wrote may be gone since (its deletion unseen).
                         self.written
                             .lock()
-                            .unwrap_or_else(|p| p.into_inner())
                             .retain(|w| !matches!(w, Written::Work(..)));
                         for k in self.works_of.keys() {
                             self.dirty.insert(k.clone());
@@ -745,7 +745,7 @@ impl Controller {
     /// Takes in what the last round's writes stored, unless the watch has shown something
     /// newer (a later write, a deletion) already.
     fn take_written(&mut self) {
-        let written = std::mem::take(&mut *self.written.lock().unwrap_or_else(|p| p.into_inner()));
+        let written = std::mem::take(&mut *self.written.lock());
         let deleted = std::mem::take(&mut self.deleted);
         let newer = |have: Option<i64>, key: &str, o: &Object| {
             let rev = o.revision().unwrap_or(0);
@@ -827,7 +827,7 @@ impl Controller {
         let failed = run_jobs(jobs).await;
         {
             // What failed is rendered again next time.
-            let mut r = self.rendered.lock().unwrap_or_else(|p| p.into_inner());
+            let mut r = self.rendered.lock();
             for k in &failed {
                 r.remove(k);
             }
@@ -949,13 +949,7 @@ impl Controller {
         // Rendering is skipped when none of its inputs changed (a Work status coming back
         // changes none of them).
         let fp = self.render_inputs(&b, template, &have, &work_name);
-        let cached = self
-            .rendered
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(k)
-            .filter(|c| c.0 == fp)
-            .cloned();
+        let cached = self.rendered.lock().get(k).filter(|c| c.0 == fp).cloned();
         // `writing`: clusters whose Works this round writes (they count as created).
         let (errors, missing_deps, writing) = match cached {
             Some((_, e, m)) => (e, m, BTreeSet::new()),
@@ -963,7 +957,6 @@ impl Controller {
                 let (e, m, w) = self.render_works(k, &spec, t, interp, &work_name, &mut jobs);
                 self.rendered
                     .lock()
-                    .unwrap_or_else(|p| p.into_inner())
                     .insert(k.clone(), (fp, e.clone(), m.clone()));
                 (e, m, w)
             }

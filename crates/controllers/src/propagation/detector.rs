@@ -74,9 +74,9 @@ struct Detector {
     /// Templates whose kind's first listing has not come yet, by slot.
     parked: HashMap<usize, BTreeSet<TKey>>,
     /// Workloads told (by uid) that no policy selects them.
-    told_unselected: std::sync::Mutex<std::collections::HashSet<String>>,
+    told_unselected: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// Templates to decide again at a time (one too young to be told no policy selects it).
-    later: std::sync::Mutex<Vec<(TKey, std::time::Instant)>>,
+    later: parking_lot::Mutex<Vec<(TKey, std::time::Instant)>>,
     metrics: crate::runtime::metrics::Handle,
 }
 
@@ -212,7 +212,7 @@ pub async fn run(
             }
             d.queue.done(k);
         }
-        for (k, at) in std::mem::take(&mut *d.later.lock().unwrap_or_else(|p| p.into_inner())) {
+        for (k, at) in std::mem::take(&mut *d.later.lock()) {
             d.queue.after(k, at);
         }
         d.metrics.round(started, failed.len(), d.queue.len());
@@ -656,12 +656,7 @@ impl Detector {
         let creating = existing.is_none();
         // Selected at last: the warning that no policy did goes (and is said again should it
         // lose its policy).
-        let told = creating
-            && self
-                .told_unselected
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&t.metadata.uid);
+        let told = creating && self.told_unselected.lock().remove(&t.metadata.uid);
         // (Told by an earlier run of this server: a workload that waited longer than the
         // grace for its policy may have been.)
         let waited = t.metadata.creation_timestamp.is_some_and(|c| {
@@ -781,16 +776,10 @@ impl Detector {
             let wait = UNSELECTED_GRACE.saturating_sub(Duration::from_secs(age.max(0) as u64));
             self.later
                 .lock()
-                .unwrap_or_else(|p| p.into_inner())
                 .push((k.clone(), std::time::Instant::now() + wait));
             return None;
         }
-        if !self
-            .told_unselected
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(t.metadata.uid.clone())
-        {
+        if !self.told_unselected.lock().insert(t.metadata.uid.clone()) {
             return None;
         }
         let store = self.store.clone();

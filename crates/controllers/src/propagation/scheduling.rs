@@ -94,10 +94,10 @@ impl Default for SchedulerMetrics {
 impl SchedulerMetrics {
     /// Registers the scheduler's families.
     pub fn new(
-        registry: &std::sync::Mutex<prometheus_client::registry::Registry>,
+        registry: &parking_lot::Mutex<prometheus_client::registry::Registry>,
     ) -> SchedulerMetrics {
         let m = SchedulerMetrics::default();
-        let mut r = registry.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = registry.lock();
         r.register(
             "orrery_scheduler_queue_depth",
             "Bindings waiting for a scheduling decision",

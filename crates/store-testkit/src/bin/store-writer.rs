@@ -14,8 +14,9 @@
 //! `store-writer script sqlite PATH [--compaction-step N]` instead runs the writes given as
 //! JSON lines on standard input, for the model test's crash step (see `crash.rs`).
 
+use parking_lot::Mutex;
 use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use orrery_store::{Store, StoreError};
@@ -64,7 +65,7 @@ fn main() -> anyhow::Result<()> {
         }
         let out = Arc::new(Mutex::new(std::io::stdout()));
         let say = move |line: String| {
-            let mut o = out.lock().unwrap_or_else(|p| p.into_inner());
+            let mut o = out.lock();
             let _ = writeln!(o, "{line}");
             let _ = o.flush();
         };

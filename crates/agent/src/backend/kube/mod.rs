@@ -9,8 +9,9 @@
 //!   is what is requested.
 //! - Volume data moves between members through [`mover`] (CSI snapshots and restic Jobs).
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -63,12 +64,7 @@ impl std::fmt::Debug for KubeMember {
 
 impl Drop for KubeMember {
     fn drop(&mut self) {
-        for t in self
-            .tasks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .drain(..)
-        {
+        for t in self.tasks.lock().drain(..) {
             t.abort();
         }
     }
@@ -410,12 +406,7 @@ impl KubeMember {
         kind: &str,
     ) -> Result<(ApiResource, bool), BackendError> {
         let gvk: Gvk = (group.into(), version.into(), kind.into());
-        if let Some(r) = self
-            .resources
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&gvk)
-        {
+        if let Some(r) = self.resources.lock().get(&gvk) {
             return Ok(r.clone());
         }
         let (ar, caps) = kube::discovery::pinned_kind(
@@ -434,10 +425,7 @@ impl KubeMember {
             other => unavailable(other),
         })?;
         let r = (ar, caps.scope == Scope::Namespaced);
-        self.resources
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(gvk, r.clone());
+        self.resources.lock().insert(gvk, r.clone());
         Ok(r)
     }
 
@@ -554,12 +542,7 @@ impl KubeMember {
 
     /// Follows the managed objects of one kind into the cache.
     fn watch_kind(&self, gvk: Gvk, ar: ApiResource) {
-        if !self
-            .watched
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(gvk)
-        {
+        if !self.watched.lock().insert(gvk) {
             return;
         }
         let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &ar);
@@ -569,7 +552,7 @@ impl KubeMember {
         let task = tokio::spawn(async move {
             let mut stream = watcher::watcher(api, cfg).boxed();
             while let Some(ev) = stream.next().await {
-                let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+                let mut c = cache.lock();
                 match ev {
                     Ok(watcher::Event::Apply(o)) | Ok(watcher::Event::InitApply(o)) => {
                         if let Ok(v) = serde_json::to_value(&o)
@@ -597,10 +580,7 @@ impl KubeMember {
                 changed.send_modify(|v| *v = v.wrapping_add(1));
             }
         });
-        self.tasks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(task);
+        self.tasks.lock().push(task);
     }
 
     async fn ensure_namespace(&self, ns: &str) -> Result<(), BackendError> {
@@ -619,7 +599,7 @@ impl KubeMember {
     }
 
     pub(crate) async fn enablements(&self) -> Vec<ApiEnablement> {
-        if let Some((at, e)) = &*self.enablements.lock().unwrap_or_else(|p| p.into_inner())
+        if let Some((at, e)) = &*self.enablements.lock()
             && at.elapsed() < Duration::from_secs(300)
         {
             return e.clone();
@@ -657,8 +637,7 @@ impl KubeMember {
                 });
             }
         }
-        *self.enablements.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((Instant::now(), out.clone()));
+        *self.enablements.lock() = Some((Instant::now(), out.clone()));
         out
     }
 
@@ -779,7 +758,7 @@ impl KubeMember {
                 });
             })
             .await;
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.held.lock();
         if let Err(e) = listed {
             tracing::warn!(error = %e, "listing the claims labelled orrery.io/dataset failed; reporting the last list");
             return held.clone();
@@ -902,10 +881,7 @@ impl Backend for KubeMember {
         if let Ok(v) = serde_json::to_value(&applied)
             && let Some(k) = key_of_value(&v)
         {
-            self.cache
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(k, v);
+            self.cache.lock().insert(k, v);
         }
         self.watch_kind((id.group, id.version, id.kind), ar);
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
@@ -930,10 +906,7 @@ impl Backend for KubeMember {
             Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => return Err(member_error(&what, e)),
         }
-        self.cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&key_of(id));
+        self.cache.lock().remove(&key_of(id));
         Ok(())
     }
 
@@ -941,7 +914,7 @@ impl Backend for KubeMember {
     /// object not in the cache, which `state` reads from the member.
     fn state_stamp(&self, id: &ResourceIdentifier) -> Option<u64> {
         use std::hash::{Hash, Hasher};
-        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        let cache = self.cache.lock();
         let rv = cache
             .get(&key_of(id))?
             .pointer("/metadata/resourceVersion")?
@@ -960,12 +933,7 @@ impl Backend for KubeMember {
     }
 
     async fn state(&self, id: &ResourceIdentifier) -> Result<Option<ObjectState>, BackendError> {
-        let cached = self
-            .cache
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&key_of(id))
-            .cloned();
+        let cached = self.cache.lock().get(&key_of(id)).cloned();
         let obj = match cached {
             Some(v) => v,
             None => {

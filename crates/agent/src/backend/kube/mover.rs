@@ -13,9 +13,10 @@
 //! written on the claim, so a restarted agent picks up where the last one stopped and never
 //! repeats a finished round.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -646,14 +647,14 @@ impl std::fmt::Debug for Mover {
 
 impl Drop for Mover {
     fn drop(&mut self) {
-        if let Some(t) = self.task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(t) = self.task.lock().take() {
             t.abort();
         }
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+fn lock<T>(m: &Mutex<T>) -> parking_lot::MutexGuard<'_, T> {
+    m.lock()
 }
 
 impl Mover {

@@ -7,7 +7,8 @@
 //! `kubectl exec` (a small shell) and `kubectl port-forward` (`portforward`). It stands in for a real
 //! member's API, which the kube backend forwards to.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Method, StatusCode};
@@ -862,7 +863,6 @@ impl SimCluster {
                 // The stream ends with the pod, as a member's does.
                 let alive = state
                     .lock()
-                    .unwrap_or_else(|p| p.into_inner())
                     .pods
                     .get(&id)
                     .is_some_and(|p| p.phase != Phase::Succeeded);

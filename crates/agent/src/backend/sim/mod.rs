@@ -12,9 +12,9 @@
 //! - Faults: node loss (pods on lost nodes go Pending and are rescheduled), an outage (the
 //!   member's API stops answering), added latency.
 
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::str::FromStr;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -1002,8 +1002,8 @@ impl SimCluster {
         &self.name
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// Writes an object's status as the member's own controller of its kind would (Kueue
