@@ -24,6 +24,7 @@ mod install;
 mod kube_client;
 mod kube_members;
 mod kubectl;
+mod layering;
 mod locations;
 mod members;
 mod prediction;

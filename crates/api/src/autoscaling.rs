@@ -33,7 +33,7 @@ fn parse_spec<T: serde::de::DeserializeOwned>(
     validate: impl Fn(&T) -> ErrorList,
 ) -> Result<T, ErrorList> {
     let spec = spec.cloned().unwrap_or(serde_json::Value::Null);
-    let s: T = crate::policy::decode(&spec, "spec").map_err(|e| vec![e])?;
+    let s: T = crate::meta::decode(&spec, "spec").map_err(|e| vec![e])?;
     let errs = validate(&s);
     if errs.is_empty() { Ok(s) } else { Err(errs) }
 }

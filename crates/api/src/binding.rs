@@ -3,11 +3,13 @@
 
 use std::collections::BTreeMap;
 
+pub use crate::meta::short_hash;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::cluster::ResourceList;
 use crate::conditions::Condition;
+use crate::meta::ResourceList;
 use crate::policy::{
     ApplicationFailover, DIVIDED, Placement, PolicyRef, ReplicaScheduling, Suspension, Target,
 };
@@ -604,7 +606,7 @@ pub struct BindingStatus {
     /// Its replicas per location: the clusters labelled with a city code
     /// (`topology.datum.net/city-code`), summed per code.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub locations: Vec<crate::location::LocationReplicas>,
+    pub locations: Vec<LocationReplicas>,
 }
 
 impl BindingSpec {
@@ -622,10 +624,6 @@ impl BindingStatus {
             .and_then(|s| BindingStatus::deserialize(s).ok())
             .unwrap_or_default()
     }
-}
-
-pub fn short_hash(s: &str) -> String {
-    crate::token::ca_hash(s)[..10].to_string()
 }
 
 /// The binding's name for a template: `<name>-<kind>`, as Karmada names them.
@@ -648,6 +646,25 @@ pub fn work_name(namespace: &str, binding: &str) -> String {
     }
     let digest = short_hash(&full);
     format!("{}-{digest}", &full[..240])
+}
+
+/// A workload's replicas in one location.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LocationReplicas {
+    /// The city code.
+    pub location: String,
+    pub clusters: Vec<String>,
+    /// Replicas placed there (the divided share; for a duplicated workload, each cluster's
+    /// whole count).
+    #[serde(default)]
+    pub replicas: i64,
+    /// Replicas ready there, as the members report them.
+    #[serde(default)]
+    pub ready_replicas: i64,
+    /// Members there where the workload is healthy.
+    #[serde(default)]
+    pub healthy_clusters: i64,
 }
 
 #[cfg(test)]

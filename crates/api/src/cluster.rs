@@ -88,8 +88,7 @@ impl LeaseBeat {
     }
 }
 
-/// Resource amounts by resource name (`cpu`, `memory`, `nvidia.com/gpu`, `pods`...).
-pub type ResourceList = BTreeMap<String, Quantity>;
+pub use crate::meta::ResourceList;
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SyncMode {

@@ -127,7 +127,7 @@ impl DataSetSpec {
     /// A DataSet's spec, checked; errors name the field.
     pub fn parse(spec: Option<&Value>) -> Result<DataSetSpec, ErrorList> {
         let v = spec.cloned().unwrap_or(Value::Null);
-        let s: DataSetSpec = crate::policy::decode(&v, "spec").map_err(|e| vec![e])?;
+        let s: DataSetSpec = crate::meta::decode(&v, "spec").map_err(|e| vec![e])?;
         let mut errs = ErrorList::new();
         if s.size.is_negative() || s.size.is_zero() {
             errs.push(FieldError::invalid("spec.size", s.size, "must be positive"));
@@ -306,7 +306,7 @@ pub fn claim_name(name: &str) -> String {
     if full.len() <= 253 {
         full
     } else {
-        format!("{}-{}", &full[..240], crate::binding::short_hash(&full))
+        format!("{}-{}", &full[..240], crate::meta::short_hash(&full))
     }
 }
 
@@ -351,7 +351,7 @@ pub struct DataTransferSpec {
 impl DataTransferSpec {
     pub fn parse(spec: Option<&Value>) -> Result<DataTransferSpec, ErrorList> {
         let v = spec.cloned().unwrap_or(Value::Null);
-        let s: DataTransferSpec = crate::policy::decode(&v, "spec").map_err(|e| vec![e])?;
+        let s: DataTransferSpec = crate::meta::decode(&v, "spec").map_err(|e| vec![e])?;
         let mut errs = ErrorList::new();
         for (field, value) in [
             ("spec.dataSet", &s.data_set),
@@ -564,7 +564,7 @@ impl WorkloadData {
 /// Where a built-in workload kind keeps its pod template's annotations (a JSON pointer), and
 /// the field path of that map for errors.
 pub fn template_annotations(kind: &str) -> Option<(String, String)> {
-    let spec = crate::interpret::pod_spec_pointer(kind)?;
+    let spec = crate::meta::pod_spec_pointer(kind)?;
     let template = spec.strip_suffix("/spec").unwrap_or("");
     let pointer = format!("{template}/metadata/annotations");
     let path = pointer.trim_start_matches('/').replace('/', ".");

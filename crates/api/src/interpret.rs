@@ -3,10 +3,12 @@
 
 use serde_json::Value;
 
-use crate::cluster::ResourceList;
 use crate::fieldpath::FieldPath;
+use crate::meta::Health;
+use crate::meta::ResourceList;
 use crate::quantity::Quantity;
-use crate::work::Health;
+
+pub use crate::meta::pod_spec_pointer;
 
 fn int(v: &Value, path: &str) -> i64 {
     v.pointer(path).and_then(Value::as_i64).unwrap_or(0)
@@ -128,18 +130,6 @@ pub fn health(obj: &Value) -> (Health, String) {
         }
         // Objects without a status to judge are healthy once they exist.
         _ => (Health::Healthy, String::new()),
-    }
-}
-
-/// Where a kind keeps its pod spec (JSON pointer), for the built-in workload kinds.
-pub fn pod_spec_pointer(kind: &str) -> Option<&'static str> {
-    match kind {
-        "Deployment" | "StatefulSet" | "ReplicaSet" | "DaemonSet" | "Job" => {
-            Some("/spec/template/spec")
-        }
-        "CronJob" => Some("/spec/jobTemplate/spec/template/spec"),
-        "Pod" => Some("/spec"),
-        _ => None,
     }
 }
 

@@ -29,6 +29,7 @@ pub mod interpret;
 pub mod keys;
 pub mod labels;
 pub mod location;
+pub mod meta;
 pub mod object;
 pub mod overrides;
 pub mod policy;

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::binding::AggregatedStatusItem;
+pub use crate::binding::LocationReplicas;
 use crate::cluster::{ClusterSpec, ClusterStatus, ResourceList};
 
 pub const GROUP: &str = "multicluster.io";
@@ -152,25 +153,6 @@ pub fn locations<'a>(
     out
 }
 
-/// A workload's replicas in one location.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct LocationReplicas {
-    /// The city code.
-    pub location: String,
-    pub clusters: Vec<String>,
-    /// Replicas placed there (the divided share; for a duplicated workload, each cluster's
-    /// whole count).
-    #[serde(default)]
-    pub replicas: i64,
-    /// Replicas ready there, as the members report them.
-    #[serde(default)]
-    pub ready_replicas: i64,
-    /// Members there where the workload is healthy.
-    #[serde(default)]
-    pub healthy_clusters: i64,
-}
-
 /// A workload's placement summarized per location: `targets` are its clusters and their
 /// replicas, `items` how it runs in each, `city` a member's city code. Empty when none of its
 /// clusters is in a city.
@@ -195,7 +177,7 @@ pub fn by_location(
                 .and_then(|s| s.get("readyReplicas"))
                 .and_then(Value::as_i64)
                 .unwrap_or(0);
-            if i.health == crate::work::Health::Healthy {
+            if i.health == crate::meta::Health::Healthy {
                 l.healthy_clusters += 1;
             }
         }
@@ -263,9 +245,9 @@ mod tests {
             cluster_name: c.into(),
             applied: true,
             health: if healthy {
-                crate::work::Health::Healthy
+                crate::meta::Health::Healthy
             } else {
-                crate::work::Health::Progressing
+                crate::meta::Health::Progressing
             },
             status: Some(json!({"readyReplicas": ready})),
             ..Default::default()

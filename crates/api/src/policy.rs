@@ -11,41 +11,18 @@
 
 use std::collections::BTreeMap;
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::labels::LabelSelector;
 use crate::object::Object;
 use crate::validation::{ErrorList, FieldError};
+
+pub use crate::meta::decode;
 use crate::work::ConflictResolution;
 
 pub const GROUP: &str = "multicluster.io";
 pub const KARMADA_GROUP: &str = "policy.karmada.io";
-
-/// Decodes `value` strictly as `T`; an error names the offending field under `base`.
-pub fn decode<T: DeserializeOwned>(value: &Value, base: &str) -> Result<T, FieldError> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let field = if path == "." || path.is_empty() {
-            base.to_string()
-        } else {
-            format!("{base}.{path}")
-        };
-        let inner = e.into_inner().to_string();
-        // serde names the unknown field itself; put it in the path as Kubernetes does.
-        if let Some(rest) = inner.strip_prefix("unknown field `") {
-            let name = rest.split('`').next().unwrap_or("");
-            let expected = rest.split_once(", expected ").map(|x| x.1).unwrap_or("");
-            return FieldError::invalid(
-                field,
-                name,
-                format!("unknown or unsupported field; known fields: {expected}"),
-            );
-        }
-        FieldError::invalid(field, "", inner)
-    })
-}
 
 /// What a policy selects: a kind, optionally narrowed by name or labels.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]

@@ -12,8 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::cluster::ResourceList;
 use crate::conditions::Condition;
+use crate::meta::ResourceList;
 use crate::quantity::{Format, Quantity};
 use crate::validation::{ErrorList, FieldError};
 
@@ -146,7 +146,7 @@ impl ClaimSpec {
     /// the nominal resources (summed over the assignments).
     pub fn parse(spec: Option<&Value>) -> Result<ClaimSpec, ErrorList> {
         let v = spec.cloned().unwrap_or(Value::Null);
-        let s: ClaimSpec = crate::policy::decode(&v, "spec").map_err(|e| vec![e])?;
+        let s: ClaimSpec = crate::meta::decode(&v, "spec").map_err(|e| vec![e])?;
         let mut errs = ErrorList::new();
         if s.cluster_name.is_empty() {
             errs.push(FieldError::required("spec.clusterName", ""));

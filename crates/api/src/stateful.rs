@@ -65,7 +65,7 @@ pub fn claims_of(template: &Value) -> Vec<VolumeClaim> {
             });
         }
     }
-    if let Some(pod) = crate::interpret::pod_spec_pointer(kind).and_then(|p| template.pointer(p)) {
+    if let Some(pod) = crate::meta::pod_spec_pointer(kind).and_then(|p| template.pointer(p)) {
         for v in pod
             .get("volumes")
             .and_then(Value::as_array)
@@ -571,7 +571,7 @@ impl MigrationStatus {
 /// with.
 pub fn migration_spec(spec: Option<&Value>) -> Result<MigrationSpec, ErrorList> {
     let spec = spec.cloned().unwrap_or(Value::Null);
-    let s: MigrationSpec = crate::policy::decode(&spec, "spec").map_err(|e| vec![e])?;
+    let s: MigrationSpec = crate::meta::decode(&spec, "spec").map_err(|e| vec![e])?;
     let mut errs = ErrorList::new();
     if s.resource.api_version.is_empty() {
         errs.push(FieldError::required("spec.resource.apiVersion", ""));

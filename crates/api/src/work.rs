@@ -7,6 +7,8 @@ use serde_json::Value;
 use crate::conditions::Condition;
 use crate::validation::{self, ErrorList, FieldError};
 
+pub use crate::meta::Health;
+
 /// Label put on every object an agent applies to a member, so it can tell its own objects from
 /// ones it must not touch.
 pub const MANAGED_LABEL: &str = "multicluster.io/managed-by";
@@ -116,19 +118,6 @@ impl ResourceIdentifier {
         };
         format!("{} {} {at}", self.kind, self.api_version())
     }
-}
-
-/// How a workload is doing in its member.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
-)]
-pub enum Health {
-    Healthy,
-    /// Still starting or rolling out.
-    Progressing,
-    Unhealthy,
-    #[default]
-    Unknown,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

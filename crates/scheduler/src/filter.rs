@@ -25,28 +25,6 @@ pub trait Filter: Send + Sync + std::fmt::Debug {
     }
 }
 
-/// The filters of the default profile, cheapest and most selective first.
-pub fn default_filters() -> Vec<Box<dyn Filter>> {
-    vec![
-        Box::new(Readiness),
-        Box::new(Evicted),
-        Box::new(ApiEnablement),
-        Box::new(Affinity),
-        Box::new(TargetClusters),
-        Box::new(TaintToleration),
-        Box::new(Capabilities),
-        Box::new(StorageClass),
-        Box::new(crate::data::StorageTier),
-        Box::new(crate::data::Network),
-        Box::new(WorkloadAffinity),
-        Box::new(NodeFit),
-        Box::new(crate::cost::Priced),
-        Box::new(WaterLevel),
-        // Last: it estimates each transfer, and only tasks that read data sets pay for it.
-        Box::new(crate::data::DataReach),
-    ]
-}
-
 /// The storage classes the task's volumes need must be offered (a cluster that has not said
 /// which it offers is not turned away).
 #[derive(Debug)]

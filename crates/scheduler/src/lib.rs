@@ -31,6 +31,7 @@ pub mod data;
 pub mod divide;
 pub mod filter;
 pub mod moves;
+pub mod profile;
 pub mod queue;
 pub mod score;
 mod snapshot;
@@ -166,8 +167,8 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            filters: filter::default_filters(),
-            scores: score::default_scores(),
+            filters: profile::default_filters(),
+            scores: profile::default_scores(),
             weights: Weights::default(),
             water_level_limit: DEFAULT_WATER_LEVEL_LIMIT,
             high_mark: DEFAULT_HIGH_MARK,

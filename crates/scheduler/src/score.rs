@@ -165,19 +165,6 @@ impl std::str::FromStr for Weights {
     }
 }
 
-pub fn default_scores() -> Vec<Box<dyn Score>> {
-    vec![
-        Box::new(Headroom),
-        Box::new(Balance),
-        Box::new(Locality),
-        Box::new(Priority),
-        Box::new(Network),
-        Box::new(Proximity),
-        Box::new(crate::data::Completion),
-        Box::new(crate::cost::CostScore),
-    ]
-}
-
 /// Room for more replicas under the water level limit, relative to the roomiest cluster.
 #[derive(Debug)]
 pub struct Headroom;
