@@ -223,31 +223,18 @@ fn replicas_share_one_identity_and_a_killed_leader_is_replaced_losing_no_write()
     // A CA rotation asked of one replica is adopted by the others (each polls the shared
     // identity): staged on a, b and c hand out both CAs; switched on b, a and c sign with
     // the new one alone, and a's kubeconfig, which a rewrote, works against c.
-    let orrery = |s: &Server, args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_orrery"))
-            .args(args)
-            .arg("--kubeconfig")
-            .arg(&s.kubeconfig)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
     let cacerts = |via: &Server, at: &Server| {
         let out = on(via, at, &["get", "--raw", "/cacerts"]);
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let certs = |pem: &str| pem.matches("BEGIN CERTIFICATE").count();
-    orrery(&a, &["ca", "stage"]);
+    a.orrery_ok(&["ca", "stage"]);
     let bundle = cacerts(&a, &a);
     assert_eq!(certs(&bundle), 2);
     common::eventually(Duration::from_secs(30), "b and c trusting both CAs", || {
         cacerts(&a, &b) == bundle && cacerts(&a, &c) == bundle
     });
-    orrery(&b, &["ca", "switch"]);
+    b.orrery_ok(&["ca", "switch"]);
     let new = bundle[ca(&a).len()..].to_string();
     common::eventually(
         Duration::from_secs(30),

@@ -900,16 +900,7 @@ fn the_server_exports_its_kubeconfig_as_a_secret_of_its_cluster() {
         "{}",
         String::from_utf8_lossy(&denied.stderr)
     );
-    let staged = Command::new(env!("CARGO_BIN_EXE_orrery"))
-        .args(["ca", "stage", "--kubeconfig"])
-        .arg(&s.kubeconfig)
-        .output()
-        .unwrap();
-    assert!(
-        staged.status.success(),
-        "{}",
-        String::from_utf8_lossy(&staged.stderr)
-    );
+    s.orrery_ok(&["ca", "stage"]);
     eventually(Duration::from_secs(30), "the Secret with both CAs", || {
         exported().is_some_and(|k| {
             use base64::Engine;

@@ -105,15 +105,6 @@ fn cluster_tokens_expire_and_the_agent_renews_its_own() {
     );
 }
 
-fn orrery(s: &common::Server, args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_orrery"))
-        .args(args)
-        .arg("--kubeconfig")
-        .arg(&s.kubeconfig)
-        .output()
-        .unwrap()
-}
-
 fn certificates(pem: &str) -> usize {
     pem.matches("-----BEGIN CERTIFICATE-----").count()
 }
@@ -131,8 +122,7 @@ fn the_ca_rotates_in_two_steps_that_agents_follow_without_registering_again() {
         .map(|(n, r)| (*n, *r, common::fleet::SIM))
         .collect();
     let mut f = Fleet::start_full(&sims, &[], &["--ca-refresh-interval", "1s"]);
-    let (_, cacerts) = (0, f.s.ok(&["get", "--raw", "/cacerts"]));
-    let old = cacerts.clone();
+    let old = f.s.ok(&["get", "--raw", "/cacerts"]);
     assert_eq!(certificates(&old), 1);
     let old_kubeconfig = f.s.dir.join("before-rotation.kubeconfig");
     std::fs::copy(&f.s.kubeconfig, &old_kubeconfig).unwrap();
@@ -140,7 +130,7 @@ fn the_ca_rotates_in_two_steps_that_agents_follow_without_registering_again() {
     let mut seen = std::collections::BTreeMap::new();
     f.journals(&mut seen);
 
-    let out = orrery(&f.s, &["ca", "switch"]);
+    let out = f.s.orrery(&["ca", "switch"]);
     assert!(!out.status.success());
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("no CA is staged"),
@@ -149,13 +139,8 @@ fn the_ca_rotates_in_two_steps_that_agents_follow_without_registering_again() {
     );
 
     // Step 1.
-    let out = orrery(&f.s, &["ca", "stage"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (_, bundle) = (0, f.s.ok(&["get", "--raw", "/cacerts"]));
+    f.s.orrery_ok(&["ca", "stage"]);
+    let bundle = f.s.ok(&["get", "--raw", "/cacerts"]);
     assert_eq!(certificates(&bundle), 2, "old and new: {bundle}");
     assert!(bundle.starts_with(&old), "the signing CA first");
     let staged = bundle[old.len()..].to_string();
@@ -212,7 +197,7 @@ fn the_ca_rotates_in_two_steps_that_agents_follow_without_registering_again() {
     f.s.apply(
         "apiVersion: multicluster.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: ghost\nspec: {}\n",
     );
-    let out = orrery(&f.s, &["ca", "switch"]);
+    let out = f.s.orrery(&["ca", "switch"]);
     let err = String::from_utf8_lossy(&out.stderr).to_string();
     assert!(!out.status.success());
     assert!(
@@ -222,13 +207,8 @@ fn the_ca_rotates_in_two_steps_that_agents_follow_without_registering_again() {
     f.s.ok(&["delete", "cluster", "ghost"]);
 
     // Step 2.
-    let out = orrery(&f.s, &["ca", "switch"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let (_, now) = (0, f.s.ok(&["get", "--raw", "/cacerts"]));
+    f.s.orrery_ok(&["ca", "switch"]);
+    let now = f.s.ok(&["get", "--raw", "/cacerts"]);
     assert_eq!(now, staged, "the new CA alone");
     // The server's kubeconfig was rewritten for it; the old one's CA is trusted no more.
     f.s.ok(&["get", "clusters"]);

@@ -365,19 +365,33 @@ pub fn write(dir: &Path, name: &str, contents: &str) -> PathBuf {
 }
 
 impl Server {
-    /// A bootstrap token from `orrery token create`.
-    pub fn token(&self, cluster: &str) -> String {
-        let out = Command::new(env!("CARGO_BIN_EXE_orrery"))
-            .args(["token", "create", "--cluster", cluster, "--kubeconfig"])
+    /// `orrery ARGS --kubeconfig <the admin's>` (a client command against this server).
+    pub fn orrery(&self, args: &[&str]) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_orrery"))
+            .args(args)
+            .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .output()
-            .unwrap();
+            .unwrap()
+    }
+
+    /// [`Server::orrery`], which must succeed; its standard output.
+    pub fn orrery_ok(&self, args: &[&str]) -> String {
+        let out = self.orrery(args);
         assert!(
             out.status.success(),
-            "orrery token create failed: {}",
+            "orrery {} failed: {}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A bootstrap token from `orrery token create`.
+    pub fn token(&self, cluster: &str) -> String {
+        self.orrery_ok(&["token", "create", "--cluster", cluster])
+            .trim()
+            .to_string()
     }
 
     /// The JSON of `kubectl get <what> -o json`.

@@ -281,7 +281,7 @@ async fn ca_status(app: &App) -> ApiResult<serde_json::Value> {
     let hash = now.bundle_hash();
     let (trusting, behind, away) = clusters_trusting(app, &hash).await?;
     Ok(json!({
-        "signing": orrery_api::token::ca_hash(&now.signing),
+        "signing": orrery_api::token::ca_hash(now.signing()),
         "staged": now.staged.as_deref().map(orrery_api::token::ca_hash),
         "bundle": hash,
         "clusters": {

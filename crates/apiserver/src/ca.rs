@@ -62,8 +62,6 @@ pub enum CaError {
 pub struct Current {
     /// Bumped by every change of what is trusted or served.
     pub generation: u64,
-    /// The CA that signs (PEM).
-    pub signing: String,
     /// The CA staged to replace it (PEM), during a rotation.
     pub staged: Option<String>,
     /// What clients are to trust: the signing CA, then the staged one. Served at `/cacerts`.
@@ -74,6 +72,11 @@ pub struct Current {
 }
 
 impl Current {
+    /// The CA that signs (PEM): the serving certificate's.
+    pub fn signing(&self) -> &str {
+        &self.serving.ca_pem
+    }
+
     /// The hash agents report once they trust [`Current::bundle`].
     pub fn bundle_hash(&self) -> String {
         orrery_api::token::ca_hash(&self.bundle)
@@ -262,14 +265,14 @@ impl Authority {
         let (serving, staged, issuer) = blocking(move || read(&dir, &names, validity)).await?;
         let old = self.current();
         let cert_changed = serving.cert_pem != old.serving.cert_pem;
-        let trust_changed = serving.ca_pem != old.signing || staged != old.staged;
+        let trust_changed = serving.ca_pem != old.signing() || staged != old.staged;
         if !cert_changed && !trust_changed {
             return Ok(());
         }
         let next = current(old.generation + 1, serving, staged, issuer);
         if cert_changed {
             self.serving.set(&next.serving).map_err(CaError::Tls)?;
-            if serving_ca_changed(&old, &next) {
+            if old.signing() != next.signing() {
                 tracing::info!("serving a certificate issued by the CA that signs now");
             } else {
                 tracing::info!("renewed the serving certificate");
@@ -287,10 +290,6 @@ impl Authority {
     }
 }
 
-fn serving_ca_changed(old: &Current, new: &Current) -> bool {
-    old.signing != new.signing
-}
-
 fn current(
     generation: u64,
     serving: Pki,
@@ -303,7 +302,6 @@ fn current(
     };
     Current {
         generation,
-        signing: serving.ca_pem.clone(),
         staged,
         bundle,
         serving,
@@ -333,31 +331,27 @@ pub async fn keep_fresh(
 mod tests {
     use super::*;
 
-    fn sans() -> Vec<String> {
-        vec!["localhost".into(), "127.0.0.1".into()]
+    async fn open(dir: &tempfile::TempDir) -> Arc<Authority> {
+        let sans = vec!["localhost".into(), "127.0.0.1".into()];
+        Authority::open(dir.path().into(), sans, pki::DEFAULT_SERVING_VALIDITY, None)
+            .await
+            .unwrap()
     }
 
     #[tokio::test]
     async fn stage_then_switch_trusts_both_then_the_new_one() {
         let dir = tempfile::tempdir().unwrap();
-        let ca = Authority::open(
-            dir.path().into(),
-            sans(),
-            pki::DEFAULT_SERVING_VALIDITY,
-            None,
-        )
-        .await
-        .unwrap();
+        let ca = open(&dir).await;
         let a = ca.current();
-        assert_eq!(a.bundle, a.signing);
+        assert_eq!(a.bundle, a.signing());
         let mut changes = ca.subscribe();
 
         assert!(ca.stage().await.unwrap());
         assert!(!ca.stage().await.unwrap(), "a staged CA is kept");
         let staged = ca.current();
         let b = staged.staged.clone().unwrap();
-        assert_eq!(staged.signing, a.signing, "still signing with A");
-        assert_eq!(staged.bundle, format!("{}{b}", a.signing));
+        assert_eq!(staged.signing(), a.signing(), "still signing with A");
+        assert_eq!(staged.bundle, format!("{}{b}", a.signing()));
         assert_eq!(
             staged.serving.cert_pem, a.serving.cert_pem,
             "the serving certificate stays"
@@ -367,21 +361,14 @@ mod tests {
 
         ca.switch().await.unwrap();
         let switched = ca.current();
-        assert_eq!(switched.signing, b);
+        assert_eq!(switched.signing(), b);
         assert_eq!(switched.bundle, b, "A is trusted no more");
         assert_ne!(switched.serving.cert_pem, a.serving.cert_pem, "issued by B");
         assert!(changes.has_changed().unwrap());
         assert!(matches!(ca.switch().await, Err(CaError::NothingStaged)));
 
         // A restart reads the same.
-        let again = Authority::open(
-            dir.path().into(),
-            sans(),
-            pki::DEFAULT_SERVING_VALIDITY,
-            None,
-        )
-        .await
-        .unwrap();
+        let again = open(&dir).await;
         assert_eq!(again.current().bundle, b);
         assert_eq!(again.current().serving.cert_pem, switched.serving.cert_pem);
     }
@@ -391,30 +378,16 @@ mod tests {
     #[tokio::test]
     async fn a_switch_a_crash_interrupted_is_finished_at_start() {
         let dir = tempfile::tempdir().unwrap();
-        let ca = Authority::open(
-            dir.path().into(),
-            sans(),
-            pki::DEFAULT_SERVING_VALIDITY,
-            None,
-        )
-        .await
-        .unwrap();
+        let ca = open(&dir).await;
         let a_serving = ca.current().serving.cert_pem.clone();
         ca.stage().await.unwrap();
         let b = ca.current().staged.clone().unwrap();
         let tls = dir.path().join("tls");
         std::fs::copy(tls.join("ca-next.key"), tls.join("ca.key")).unwrap();
         drop(ca);
-        let ca = Authority::open(
-            dir.path().into(),
-            sans(),
-            pki::DEFAULT_SERVING_VALIDITY,
-            None,
-        )
-        .await
-        .unwrap();
+        let ca = open(&dir).await;
         let now = ca.current();
-        assert_eq!(now.signing, b);
+        assert_eq!(now.signing(), b);
         assert_eq!(now.staged, None);
         assert_ne!(now.serving.cert_pem, a_serving, "issued again, by B");
         assert!(!tls.join("ca-next.crt").exists() && !tls.join("ca-next.key").exists());
