@@ -15,6 +15,9 @@
 //!   fresh work, and a shutdown that stops handing out keys.
 //! - [`metrics::ControllerMetrics`]: queue depth, reconcile duration, errors and retries per
 //!   controller on `/metrics`.
+//! - [`controller::Controller`]: the loop every controller runs over the pieces above: its
+//!   sources, its barrier, one queue, one retry behaviour, concurrent reconciles, metrics.
+//! - [`terms`]: leader gating and fencing, a term's controllers on a fenced store.
 //!
 //! Invariants the controllers keep with it (ARCHITECTURE.md): a controller never deletes from
 //! a cache that has not synced, and re-reads from the store what a deletion is decided on
@@ -24,10 +27,12 @@
 use std::collections::BTreeSet;
 
 pub mod cache;
+pub mod controller;
 pub mod inbox;
 pub mod metrics;
 pub mod queue;
 pub mod reflector;
+pub mod terms;
 
 pub use reflector::Event;
 

@@ -6,6 +6,8 @@
 //! - A failed key is retried after a per-key exponential backoff, in a lane behind fresh work,
 //!   so retries never hold up new keys; success resets its backoff.
 //! - After [`WorkQueue::shut_down`] no key is handed out; what was taken can still finish.
+//! - Backoffs may be spread by a jitter ([`WorkQueue::with_jitter`]): keys that failed
+//!   together (a store that was away) do not all come back in the same instant.
 //!
 //! Time is passed in, so the queue is plain data and tested without a clock.
 
@@ -28,6 +30,8 @@ pub struct WorkQueue<K> {
     seq: u64,
     base: Duration,
     max: Duration,
+    /// The share of a backoff taken off at random (0 to 1).
+    jitter: f64,
     shut: bool,
 }
 
@@ -45,8 +49,15 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             seq: 0,
             base,
             max,
+            jitter: 0.0,
             shut: false,
         }
+    }
+
+    /// Takes up to `share` (0 to 1) of each backoff off at random.
+    pub fn with_jitter(mut self, share: f64) -> Self {
+        self.jitter = share.clamp(0.0, 1.0);
+        self
     }
 
     /// Queues `k` for a reconcile (a key waiting for a retry goes now).
@@ -69,9 +80,18 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
     /// A reconcile of `k` failed: it comes back after its backoff.
     pub fn retry(&mut self, k: K, now: Instant) {
         let n = self.failures.entry(k.clone()).or_insert(0);
-        let wait = self.base.saturating_mul(1u32 << (*n).min(20)).min(self.max);
+        let mut wait = self.base.saturating_mul(1u32 << (*n).min(20)).min(self.max);
         *n += 1;
+        if self.jitter > 0.0 {
+            wait = wait.mul_f64(1.0 - self.jitter * random_unit());
+        }
         self.after(k, now + wait);
+    }
+
+    /// A reconcile of `k` failed and is to be tried again at `when` (counted as a failure).
+    pub fn retry_at(&mut self, k: K, when: Instant) {
+        *self.failures.entry(k.clone()).or_insert(0) += 1;
+        self.after(k, when);
     }
 
     /// Queues `k` at `when` (time-driven work: a grace period ending).
@@ -177,6 +197,14 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
     }
 }
 
+/// A number in [0, 1): std's per-process random hash keys, which is enough to spread retries.
+fn random_unit() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,6 +289,24 @@ mod tests {
         assert_eq!(q.pop(t0 + Duration::from_secs(2)), Some("grace"));
         q.done(&"grace");
         assert!(q.pop(t0 + Duration::from_secs(10)).is_none(), "once");
+    }
+
+    #[test]
+    fn jitter_spreads_backoffs_below_their_exponential_bound() {
+        let t0 = Instant::now();
+        let mut waits = std::collections::BTreeSet::new();
+        for i in 0..50 {
+            let mut q = WorkQueue::new(Duration::from_millis(100), Duration::from_secs(10))
+                .with_jitter(0.5);
+            q.retry(i, t0);
+            let wait = q.next_due().unwrap() - t0;
+            assert!(
+                wait > Duration::from_millis(50) && wait <= Duration::from_millis(100),
+                "{wait:?}"
+            );
+            waits.insert(wait);
+        }
+        assert!(waits.len() > 10, "spread: {waits:?}");
     }
 
     #[test]

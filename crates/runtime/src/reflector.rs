@@ -17,7 +17,7 @@ use orrery_store::{ListOptions, Revision, Store, StoreError, WatchEvent, WatchOp
 use tokio::sync::watch;
 
 use super::cache::Cache;
-use super::inbox::{Events, inbox};
+use super::inbox::{Events, InboxSender, inbox};
 
 #[derive(Debug)]
 pub enum Event {
@@ -156,7 +156,7 @@ fn run(
     prefix: String,
     cache: Option<Arc<Cache>>,
     keep: Option<Keep>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) -> Events {
     // Not a bounded channel: the store ends a watcher that falls behind, and a controller in
     // the middle of a long round must not make its watch fall behind (and list everything
@@ -165,6 +165,23 @@ fn run(
     let (tx, rx) = inbox::<()>();
     let health = Health::default();
     let events = Events::new(rx, health.clone());
+    spawn_into(store, prefix, cache, keep, tx, (), health, shutdown);
+    events
+}
+
+/// Starts a reflector that sends its events, tagged `tag`, into a shared inbox (a
+/// controller's, with its other sources).
+#[allow(clippy::too_many_arguments)] // one call site per kind of reflector
+pub(crate) fn spawn_into<S: Clone + Eq + std::hash::Hash + Send + 'static>(
+    store: Arc<dyn Store>,
+    prefix: String,
+    cache: Option<Arc<Cache>>,
+    keep: Option<Keep>,
+    tx: InboxSender<S>,
+    tag: S,
+    health: Health,
+    mut shutdown: watch::Receiver<bool>,
+) {
     tokio::spawn(async move {
         let mut backoff = Duration::from_millis(100);
         'list: loop {
@@ -187,7 +204,7 @@ fn run(
                 c.replace(&items, revision);
             }
             health.listed();
-            if tx.send(((), Event::Listed(items))).is_err() {
+            if tx.send((tag.clone(), Event::Listed(items))).is_err() {
                 return;
             }
             let mut last: Revision = revision;
@@ -263,7 +280,7 @@ fn run(
                             _ => break,
                         },
                     };
-                    if tx.send(((), out)).is_err() {
+                    if tx.send((tag.clone(), out)).is_err() {
                         return;
                     }
                 }
@@ -272,5 +289,4 @@ fn run(
             }
         }
     });
-    events
 }
