@@ -1,0 +1,342 @@
+#[test]
+fn a_refusal_of_the_moment_is_retried_soon_one_on_its_merits_later() {
+    use super::{REFUSED_HOLD, RETRY_HOLD, RETRY_HOLD_MAX, refusal_hold};
+    let conflict = "CONFLICT: Operation cannot be fulfilled on works";
+    assert_eq!(refusal_hold(conflict, None), RETRY_HOLD);
+    assert_eq!(refusal_hold(conflict, Some(RETRY_HOLD)), RETRY_HOLD * 2);
+    assert_eq!(refusal_hold(conflict, Some(RETRY_HOLD_MAX)), RETRY_HOLD_MAX);
+    assert_eq!(refusal_hold("TOO_MANY_REQUESTS: later", None), RETRY_HOLD);
+    assert_eq!(
+        refusal_hold("VALIDATION_FAILED: bad status", None),
+        REFUSED_HOLD
+    );
+    // After a long hold, a conflict starts short again.
+    assert_eq!(refusal_hold(conflict, Some(REFUSED_HOLD)), RETRY_HOLD);
+}
+
+use super::session::{SETTING_UP, hold_while_setting_up};
+use super::*;
+use crate::backend::sim::{Faults, SimCluster, SimSpec};
+
+#[tokio::test(start_paused = true)]
+async fn a_fleet_member_gives_its_place_back_when_set_up_or_after_a_while() {
+    let limit = Arc::new(tokio::sync::Semaphore::new(1));
+    // Given back as soon as the session is set up.
+    let done = hold_while_setting_up(limit.clone().acquire_owned().await.unwrap());
+    tokio::task::yield_now().await;
+    assert!(
+        limit.clone().try_acquire_owned().is_err(),
+        "held while setting up"
+    );
+    drop(done);
+    let again = tokio::time::timeout(Duration::from_millis(1), limit.clone().acquire_owned());
+    let permit = again.await.expect("given back once set up").unwrap();
+    // A session that never gets set up (a server that never answers) holds it no longer
+    // than SETTING_UP.
+    let _stuck = hold_while_setting_up(permit);
+    tokio::time::sleep(SETTING_UP - Duration::from_secs(1)).await;
+    assert!(limit.clone().try_acquire_owned().is_err());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        limit.try_acquire_owned().is_ok(),
+        "given back after SETTING_UP"
+    );
+}
+
+#[test]
+fn values_compare_equal_but_for_the_skipped_pointers() {
+    let skip = ["/t", "/n/lat", "/u/nvidia.com~1gpu", "/a/1"];
+    let base = json!({
+        "t": 1, "n": {"lat": 1.0, "region": "r1"},
+        "u": {"cpu": "1", "nvidia.com/gpu": "2"}, "a": [1, 2, 3],
+    });
+    let with = |at: &str, v: Option<Value>| {
+        let mut x = base.clone();
+        let (parent, key) = at.rsplit_once('/').unwrap();
+        let key = key.replace("~1", "/");
+        let target = x.pointer_mut(parent).unwrap();
+        match (target, v) {
+            (Value::Array(a), Some(v)) => a[key.parse::<usize>().unwrap()] = v,
+            (Value::Object(m), Some(v)) => {
+                m.insert(key, v);
+            }
+            (Value::Object(m), None) => {
+                m.remove(&key);
+            }
+            _ => unreachable!(),
+        }
+        x
+    };
+    let cases = [
+        ("itself", base.clone(), true),
+        ("a skipped member changed", with("/t", Some(json!(2))), true),
+        ("a skipped member gone", with("/t", None), true),
+        (
+            "a nested skipped member changed",
+            with("/n/lat", Some(json!(9))),
+            true,
+        ),
+        (
+            "a skipped member whose key has a slash",
+            with("/u/nvidia.com~1gpu", Some(json!("7"))),
+            true,
+        ),
+        (
+            "a skipped array element",
+            with("/a/1", Some(json!(5))),
+            true,
+        ),
+        ("its sibling", with("/n/region", Some(json!("r2"))), false),
+        ("a sibling gone", with("/n/region", None), false),
+        ("a member added", with("/n/zone", Some(json!("z"))), false),
+        (
+            "a key like the skipped one",
+            with("/u/nvidia.com", Some(json!("2"))),
+            false,
+        ),
+        ("another array element", with("/a/0", Some(json!(5))), false),
+        (
+            "a member not skipped",
+            with("/u/cpu", Some(json!("2"))),
+            false,
+        ),
+    ];
+    for (what, other, same) in cases {
+        let mut at = String::new();
+        assert_eq!(equal_except(&base, &other, &mut at, &skip), same, "{what}");
+        assert_eq!(
+            equal_except(&other, &base, &mut at, &skip),
+            same,
+            "{what}, reversed"
+        );
+        assert!(at.is_empty(), "{what}: the pointer is given back as it was");
+    }
+}
+
+#[test]
+fn a_status_is_written_again_only_when_it_says_something_new() {
+    let status = |usage_cpu: &str, allocated_cpu: &str, ready: &str, latency: f64, at: &str| {
+        json!({
+            "conditions": [{"type": "Ready", "status": ready}],
+            "lastHeartbeatTime": at,
+            "network": {"serverLatencyMs": latency, "region": "r1"},
+            "resourceSummary": {
+                "allocatable": {"cpu": "100", "memory": "64Gi"},
+                "allocated": {"cpu": allocated_cpu},
+                "usage": {"cpu": usage_cpu, "memory": "10Gi"},
+            },
+        })
+    };
+    let written = status("30", "20", "True", 1.5, "2026-01-01T00:00:00Z");
+    let cases = [
+        (
+            "the time and latency of the beat",
+            status("30", "20", "True", 2.4, "2026-01-01T00:00:10Z"),
+            true,
+        ),
+        (
+            "a round trip much longer",
+            status("30", "20", "True", 9.0, "x"),
+            false,
+        ),
+        (
+            "usage drifting under a percent of allocatable",
+            status("30900m", "20", "True", 1.5, "x"),
+            true,
+        ),
+        (
+            "usage drifting by more",
+            status("31100m", "20", "True", 1.5, "x"),
+            false,
+        ),
+        (
+            "usage falling by more",
+            status("28", "20", "True", 1.5, "x"),
+            false,
+        ),
+        (
+            "one more replica's requests",
+            status("30", "20100m", "True", 1.5, "x"),
+            false,
+        ),
+        ("readiness", status("30", "20", "False", 1.5, "x"), false),
+    ];
+    for (what, now, same) in cases {
+        assert_eq!(same_status(&written, &now), same, "{what}");
+    }
+    // The first round trip measured is news.
+    let mut unmeasured = written.clone();
+    unmeasured["network"]
+        .as_object_mut()
+        .unwrap()
+        .remove("serverLatencyMs");
+    assert!(!same_status(&unmeasured, &written));
+    assert!(same_latency(Some(40.0), Some(79.0)));
+    assert!(!same_latency(Some(40.0), Some(81.0)));
+    assert!(same_latency(Some(0.2), Some(5.1)));
+    assert!(!same_latency(Some(0.2), Some(5.3)));
+    // Traffic is measured against the uplink's bandwidth.
+    let traffic = |egress: f64| {
+        let mut v = written.clone();
+        v["network"]["bandwidthBytesPerSecond"] = json!(1000);
+        v["network"]["egressBytesPerSecond"] = json!(egress);
+        v
+    };
+    assert!(same_status(&traffic(500.0), &traffic(509.5)));
+    assert!(!same_status(&traffic(500.0), &traffic(511.0)));
+    assert!(!same_status(&written, &traffic(500.0)), "traffic begins");
+    // A resource with nothing to measure drift against is compared exactly.
+    let mut odd = written.clone();
+    odd["resourceSummary"]["usage"]["gpu"] = json!("1");
+    let mut odd2 = odd.clone();
+    odd2["resourceSummary"]["usage"]["gpu"] = json!("2");
+    assert!(same_status(&odd, &odd.clone()));
+    assert!(!same_status(&odd, &odd2));
+    assert!(!same_status(&written, &odd));
+}
+
+fn cause() -> Cause {
+    Cause {
+        work: "orrery-cluster-m1/default.web-deployment".into(),
+        uid: "u1".into(),
+        generation: 1,
+        revision: "7".into(),
+        reason: "Work deleted",
+    }
+}
+
+/// A server that takes the connection and never answers does not hold the heartbeats:
+/// each beat is given up at its limit; the first is skipped, the second in a row ends
+/// the session (the next tries another replica, on new connections).
+#[tokio::test(start_paused = true)]
+async fn heartbeats_that_get_no_answer_end_the_session_in_time() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((c, _)) = listener.accept().await {
+            open.push(c);
+        }
+    });
+    let sim = Arc::new(SimCluster::new("m1", "r1", SimSpec::default()));
+    let mut cfg = AgentConfig::new(&url, "m1");
+    cfg.heartbeat_interval = Duration::from_millis(100);
+    let inner = Inner::new(cfg, sim, AgentState::default());
+    let client = orrery_client::connect(&url, "t", "").await.unwrap();
+    let t = Transport::new(client, "m1");
+    let started = tokio::time::Instant::now();
+    let end = heartbeat_loop(&inner, &t, Vec::new(), Beats::default()).await;
+    assert!(
+        matches!(&end, End::Transient(why) if why.contains("two heartbeats in a row")),
+        "{end:?}"
+    );
+    // Two beats of 10 s each, and the pauses before them.
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(20) && took < Duration::from_secs(21),
+        "{took:?}"
+    );
+    held.abort();
+}
+
+/// A Work the member could not take because it did not answer says so
+/// (`MemberUnavailable`), not that it was refused (`AppliedFailed`): a move must not take
+/// an outage at its target for a refusal.
+#[tokio::test]
+async fn an_apply_failed_for_an_outage_is_not_a_refusal() {
+    let sim = Arc::new(SimCluster::new("m1", "r1", SimSpec::default()));
+    let inner = Inner::new(
+        AgentConfig::new("https://127.0.0.1:1", "m1"),
+        sim.clone(),
+        AgentState::default(),
+    );
+    let work = |name: &str| {
+        Object::from_value(json!({
+            "apiVersion": "multicluster.io/v1alpha1", "kind": "Work",
+            "metadata": {"name": name, "namespace": "orrery-cluster-m1", "uid": name, "generation": 1},
+            "spec": {"workload": {"manifests": [
+                {"apiVersion": "v1", "kind": "ConfigMap",
+                 "metadata": {"name": name, "namespace": "default"}, "data": {"v": "1"}}]}}
+        }))
+        .expect("a Work")
+    };
+    let reason = |st: &WorkStatus| {
+        orrery_api::conditions::find(&st.conditions, work::CONDITION_APPLIED)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    // Applied, then the member stops answering: its status cannot be read.
+    inner.apply_work(&work("before")).await;
+    let ids = |n: &str| identifiers(&inner.lock_state().works[n].manifests);
+    let st = inner
+        .work_status("before", 1, ids("before"), Time::now())
+        .await;
+    assert_eq!(
+        reason(&st),
+        Some(("True".into(), "AppliedSuccessful".into()))
+    );
+    sim.set_faults(Faults {
+        outage: true,
+        ..Faults::default()
+    });
+    let st = inner
+        .work_status("before", 1, ids("before"), Time::now())
+        .await;
+    assert_eq!(
+        reason(&st),
+        Some(("False".into(), work::REASON_MEMBER_UNAVAILABLE.into()))
+    );
+    // Applied while it does not answer.
+    inner.apply_work(&work("away")).await;
+    let st = inner.work_status("away", 1, ids("away"), Time::now()).await;
+    assert_eq!(
+        reason(&st),
+        Some(("False".into(), work::REASON_MEMBER_UNAVAILABLE.into()))
+    );
+    // A refusal is still a refusal.
+    sim.set_faults(Faults::default());
+    let mut refused = work("refused");
+    // A manifest without a kind is refused.
+    refused.spec.as_mut().expect("a spec")["workload"]["manifests"][0]
+        .as_object_mut()
+        .expect("a manifest")
+        .remove("kind");
+    inner.apply_work(&refused).await;
+    let st = inner
+        .work_status("refused", 1, ids("refused"), Time::now())
+        .await;
+    assert_eq!(reason(&st), Some(("False".into(), "AppliedFailed".into())));
+}
+
+/// A retried deletion cut short (the session ends while the member answers slowly, and
+/// the future is dropped) stays owed, and is carried out by the next retry.
+#[tokio::test]
+async fn a_retried_delete_cut_short_stays_owed() {
+    let sim = Arc::new(SimCluster::new("m1", "r1", SimSpec::default()));
+    let m = stamped(
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "web", "namespace": "default"}, "data": {"v": "1"}}),
+        "orrery-cluster-m1/default.web-deployment",
+    );
+    let id = ResourceIdentifier::of(0, &m).expect("a manifest with a kind and a name");
+    sim.apply(&m, false, &cause()).await.expect("applied");
+    let mut state = AgentState::default();
+    let owed = owe_dropped(&mut state, std::slice::from_ref(&m), &[], &cause());
+    assert_eq!(owed.len(), 1);
+    let inner = Inner::new(
+        AgentConfig::new("https://127.0.0.1:1", "m1"),
+        sim.clone(),
+        state,
+    );
+    sim.set_faults(Faults {
+        latency: Duration::from_millis(500),
+        ..Faults::default()
+    });
+    let cut = tokio::time::timeout(Duration::from_millis(50), inner.retry_deletes()).await;
+    assert!(cut.is_err(), "the slow member outlasts the session");
+    assert_eq!(inner.lock_state().pending_deletes.len(), 1, "still owed");
+    assert!(matches!(sim.state(&id).await, Ok(Some(_))));
+    sim.set_faults(Faults::default());
+    inner.retry_deletes().await;
+    assert!(inner.lock_state().pending_deletes.is_empty());
+    assert!(matches!(sim.state(&id).await, Ok(None)), "deleted");
+}
