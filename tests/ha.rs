@@ -220,6 +220,20 @@ fn replicas_share_one_identity_and_a_killed_leader_is_replaced_losing_no_write()
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    // A CRD written through one replica is served by every one, leader or not (each follows
+    // the stored CRDs itself).
+    a.apply(
+        "apiVersion: apiextensions.k8s.io/v1\nkind: CustomResourceDefinition\nmetadata: {name: widgets.example.com}\nspec:\n  group: example.com\n  scope: Namespaced\n  names: {plural: widgets, singular: widget, kind: Widget}\n  versions:\n  - name: v1\n    served: true\n    storage: true\n    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}\n",
+    );
+    common::eventually(
+        Duration::from_secs(20),
+        "every replica serving Widgets",
+        || {
+            [&a, &b, &c]
+                .iter()
+                .all(|at| on(&a, at, &["get", "widgets", "-A"]).status.success())
+        },
+    );
     // A CA rotation asked of one replica is adopted by the others (each polls the shared
     // identity): staged on a, b and c hand out both CAs; switched on b, a and c sign with
     // the new one alone, and a's kubeconfig, which a rewrote, works against c.

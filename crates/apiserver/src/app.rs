@@ -204,6 +204,27 @@ impl App {
         Ok(app)
     }
 
+    /// Serves what the stored CRDs define from now on, whichever replica wrote them: every
+    /// replica runs this (a CRD written through another replica is served here once its
+    /// watch brings it).
+    pub fn follow_crds(
+        self: &Arc<Self>,
+        metrics: orrery_runtime::metrics::Handle,
+        shutdown: watch::Receiver<bool>,
+    ) -> tokio::task::JoinHandle<()> {
+        use orrery_runtime::controller::{Controller, Source};
+        let prefix =
+            orrery_api::keys::prefix("apiextensions.k8s.io", "customresourcedefinitions", None);
+        let c = Controller::new(
+            "served-kinds",
+            self.store.clone(),
+            ServedKinds(self.clone()),
+            metrics,
+        )
+        .source(Source::new("crds", prefix));
+        tokio::spawn(c.run(shutdown))
+    }
+
     /// Re-reads every CRD and serves exactly the kinds they define.
     pub async fn refresh_crds(&self) -> Result<(), StoreError> {
         let _one_at_a_time = self.crd_lock.lock().await;
@@ -311,5 +332,29 @@ impl App {
             }
         }
         Ok(())
+    }
+}
+
+/// The one key of [`App::follow_crds`]: the kinds served.
+struct ServedKinds(Arc<App>);
+
+#[async_trait::async_trait]
+impl orrery_runtime::controller::Reconciler for ServedKinds {
+    type Key = ();
+    type Error = StoreError;
+
+    fn on_event(
+        &mut self,
+        _: orrery_runtime::controller::Origin,
+        _: orrery_runtime::Event,
+        keys: &mut orrery_runtime::controller::Keys<()>,
+    ) {
+        // Any change of a CRD may change what is served.
+        keys.push(());
+    }
+
+    async fn reconcile(&self, _: &()) -> Result<orrery_runtime::controller::Action, StoreError> {
+        self.0.refresh_crds().await?;
+        Ok(orrery_runtime::controller::Action::Done)
     }
 }

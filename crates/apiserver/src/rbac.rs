@@ -916,19 +916,70 @@ impl Authorizer {
 /// Writes each aggregated ClusterRole's rules into the object, as Kubernetes' aggregation
 /// controller does, so that what `kubectl get clusterrole view -o yaml` shows is what the
 /// authorizer decides with (it resolves aggregation itself and never reads these rules). The
-/// leader runs it through its fenced store; it runs until `shutdown`.
+/// leader runs it through its fenced store; it runs until `shutdown`. Woken by the
+/// authorizer's cache of roles (which has taken in the change by then), and every 30 s.
 pub async fn write_aggregated_rules(
     authz: Arc<Authorizer>,
     store: Arc<dyn Store>,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    metrics: orrery_runtime::metrics::Handle,
+    shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    loop {
-        for (name, rules) in authz.stale_aggregations() {
+    use orrery_runtime::controller::Controller;
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let changed = authz.clone();
+    let mut stopped = shutdown.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = changed.cluster_roles_changed.notified() => {}
+                _ = stopped.changed() => return,
+            }
+            if tx.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    Controller::new(
+        "aggregation",
+        store.clone(),
+        Aggregation { authz, store },
+        metrics,
+    )
+    .trigger(rx)
+    .run(shutdown)
+    .await;
+}
+
+/// The one key of [`write_aggregated_rules`]: every aggregated role.
+struct Aggregation {
+    authz: Arc<Authorizer>,
+    store: Arc<dyn Store>,
+}
+
+#[async_trait::async_trait]
+impl orrery_runtime::controller::Reconciler for Aggregation {
+    type Key = ();
+    type Error = StoreError;
+
+    fn on_event(
+        &mut self,
+        _: orrery_runtime::controller::Origin,
+        _: orrery_runtime::Event,
+        _: &mut orrery_runtime::controller::Keys<()>,
+    ) {
+    }
+
+    fn all_keys(&self) -> Vec<()> {
+        vec![()]
+    }
+
+    async fn reconcile(&self, _: &()) -> Result<orrery_runtime::controller::Action, StoreError> {
+        for (name, rules) in self.authz.stale_aggregations() {
             let key = orrery_api::keys::object(GROUP, "clusterroles", None, &name);
-            let current = match store.get(&key).await {
+            let current = match self.store.get(&key).await {
                 Ok(o) => o,
                 Err(StoreError::NotFound { .. }) => continue,
-                Err(StoreError::Closed) => return,
+                Err(StoreError::Closed) => return Err(StoreError::Closed),
                 Err(e) => {
                     tracing::warn!(error = %e, role = %name, "reading an aggregated role failed");
                     continue;
@@ -942,17 +993,15 @@ pub async fn write_aggregated_rules(
                 "rules".into(),
                 serde_json::to_value(&rules).unwrap_or_default(),
             );
-            match store.update(&key, next, current.revision()).await {
-                Ok(o) => authz.observe(&o, false),
+            match self.store.update(&key, next, current.revision()).await {
+                Ok(o) => self.authz.observe(&o, false),
                 // Changed meanwhile (or no longer leading): the next round sees it.
                 Err(e) => tracing::debug!(error = %e, role = %name, "aggregated rules not written"),
             }
         }
-        tokio::select! {
-            _ = authz.cluster_roles_changed.notified() => {}
-            _ = tokio::time::sleep(Duration::from_secs(30)) => {}
-            _ = shutdown.changed() => return,
-        }
+        Ok(orrery_runtime::controller::Action::After(
+            Duration::from_secs(30),
+        ))
     }
 }
 

@@ -18,7 +18,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use futures_util::StreamExt;
 use orrery_api::{Object, OwnerReference, keys};
 use orrery_store::stamp::new_object;
 use orrery_store::{Preconditions, Store, StoreError};
@@ -26,7 +25,9 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::runtime::cache::Cache;
-use crate::runtime::reflector::{self, Event};
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, Source};
+use crate::runtime::metrics::Handle;
+use crate::runtime::reflector::Event;
 
 pub const OCM_GROUP: &str = "cluster.open-cluster-management.io";
 pub const OCM_API_VERSION: &str = "cluster.open-cluster-management.io/v1beta1";
@@ -172,16 +173,16 @@ fn owner_label(o: &Object) -> Option<&String> {
         .or_else(|| o.labels().get(SIG_DECISION_KEY))
 }
 
-struct Controller {
+struct Decisions {
     store: Arc<dyn Store>,
     bindings: Arc<Cache>,
     ocm: Arc<Cache>,
     sig: Arc<Cache>,
 }
 
-impl Controller {
+impl Decisions {
     /// Brings the decisions of binding `ns/name` in step with it.
-    async fn reconcile(&self, ns: &str, name: &str) -> Result<(), StoreError> {
+    async fn decide(&self, ns: &str, name: &str) -> Result<(), StoreError> {
         let binding = self
             .bindings
             .get(ns, name)
@@ -268,86 +269,61 @@ fn put_body(o: &mut Object, w: &Wanted) {
     }
 }
 
+#[async_trait::async_trait]
+impl Reconciler for Decisions {
+    /// A binding's namespace and name.
+    type Key = (String, String);
+    type Error = StoreError;
+
+    fn on_event(&mut self, source: Origin, ev: Event, keys: &mut Keys<Self::Key>) {
+        match (source.name, ev) {
+            // Everything again, decisions whose binding is gone too.
+            (_, Event::Listed(_)) => keys.all(),
+            ("bindings", Event::Upsert(o) | Event::Delete(o)) => {
+                keys.push((o.namespace().to_string(), o.name().to_string()))
+            }
+            (_, Event::Upsert(o) | Event::Delete(o)) => keys.extend(owner_of(&o)),
+        }
+    }
+
+    fn all_keys(&self) -> Vec<Self::Key> {
+        let mut all: BTreeSet<Self::Key> = self
+            .bindings
+            .list()
+            .iter()
+            .map(|b| (b.namespace().to_string(), b.name().to_string()))
+            .collect();
+        // Decisions whose binding is gone.
+        for o in self.ocm.list().iter().chain(self.sig.list().iter()) {
+            all.extend(owner_of(o));
+        }
+        all.into_iter().collect()
+    }
+
+    async fn reconcile(&self, (ns, name): &Self::Key) -> Result<Action, StoreError> {
+        self.decide(ns, name).await.map(|_| Action::Done)
+    }
+}
+
 /// Runs the controller until shutdown.
-pub async fn run(store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(store: Arc<dyn Store>, metrics: Handle, shutdown: watch::Receiver<bool>) {
     let cache = || Arc::new(Cache::new(&[]));
     let (bindings, ocm, sig) = (cache(), cache(), cache());
-    let follow = |prefix: String, c: &Arc<Cache>| {
-        reflector::spawn_cached(store.clone(), prefix, Some(c.clone()), shutdown.clone())
-    };
-    let mut binding_events = follow(keys::well_known::bindings(None), &bindings);
-    let mut ocm_events = follow(keys::prefix(OCM_GROUP, PLURAL, None), &ocm);
-    let mut sig_events = follow(keys::prefix(SIG_GROUP, PLURAL, None), &sig);
-    let c = Controller {
-        store,
+    let r = Decisions {
+        store: store.clone(),
         bindings: bindings.clone(),
-        ocm,
-        sig,
+        ocm: ocm.clone(),
+        sig: sig.clone(),
     };
-    let mut listed = BTreeSet::new();
-    let mut dirty: BTreeSet<(String, String)> = BTreeSet::new();
-    let mut retry = false;
-    loop {
-        let wait = if retry {
-            std::time::Duration::from_secs(1)
-        } else {
-            std::time::Duration::from_secs(3600)
-        };
-        let mut all = false;
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            _ = tokio::time::sleep(wait) => { retry = false; all = true; }
-            ev = binding_events.recv() => match ev {
-                None => return,
-                Some(Event::Listed(_)) => { listed.insert("bindings"); all = true; }
-                Some(Event::Upsert(o)) | Some(Event::Delete(o)) => {
-                    dirty.insert((o.namespace().to_string(), o.name().to_string()));
-                }
-            },
-            ev = ocm_events.recv() => match ev {
-                None => return,
-                Some(Event::Listed(_)) => { listed.insert("ocm"); all = true; }
-                Some(Event::Upsert(o)) | Some(Event::Delete(o)) => {
-                    dirty.extend(owner_of(&o));
-                }
-            },
-            ev = sig_events.recv() => match ev {
-                None => return,
-                Some(Event::Listed(_)) => { listed.insert("sig"); all = true; }
-                Some(Event::Upsert(o)) | Some(Event::Delete(o)) => {
-                    dirty.extend(owner_of(&o));
-                }
-            },
-        }
-        // Nothing is decided before every source is listed.
-        if listed.len() < 3 {
-            continue;
-        }
-        if all {
-            for b in bindings.list() {
-                dirty.insert((b.namespace().to_string(), b.name().to_string()));
-            }
-            // Decisions whose binding is gone.
-            for o in c.ocm.list().iter().chain(c.sig.list().iter()) {
-                dirty.extend(owner_of(o));
-            }
-        }
+    Controller::new("decisions", store, r, metrics)
+        .source(Source::new("bindings", keys::well_known::bindings(None)).cached(bindings))
+        .source(Source::new("ocm", keys::prefix(OCM_GROUP, PLURAL, None)).cached(ocm))
+        .source(Source::new("sig", keys::prefix(SIG_GROUP, PLURAL, None)).cached(sig))
         // Bindings apart, concurrently: a listing of thousands writes as fast as the store
         // commits groups, not one write and one fsync at a time.
-        let failed = std::sync::atomic::AtomicBool::new(false);
-        futures_util::stream::iter(std::mem::take(&mut dirty))
-            .for_each_concurrent(64, |(ns, name)| {
-                let (c, failed) = (&c, &failed);
-                async move {
-                    if let Err(e) = c.reconcile(&ns, &name).await {
-                        tracing::warn!(namespace = %ns, binding = %name, error = %e, "placement decisions: will retry");
-                        failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    }
-                }
-            })
-            .await;
-        retry |= failed.into_inner();
-    }
+        .concurrency(64)
+        .run(shutdown)
+        .await;
 }
 
 /// The binding a stored decision belongs to (by its owner reference).

@@ -31,6 +31,10 @@ use orrery_forecast::{Choice, Settings};
 use orrery_store::{ListOptions, Store, StoreError};
 use tokio::sync::{mpsc, watch};
 
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler};
+use crate::runtime::metrics::Handle;
+use crate::runtime::reflector::Event;
+
 /// What is forecast, and how far.
 #[derive(Clone, Debug)]
 pub struct ForecastConfig {
@@ -616,6 +620,7 @@ async fn write(store: &dyn Store, f: &ClusterForecast) -> Result<(), StoreError>
 
 /// Forecasts from the samples the monitoring loop sends (raw ones, and the averages marked
 /// `true`), until shutdown.
+#[allow(clippy::too_many_arguments)] // the monitoring loop's settings and its channel, wired once
 pub async fn run(
     store: Arc<dyn Store>,
     cfg: ForecastConfig,
@@ -623,7 +628,8 @@ pub async fn run(
     average_every: Duration,
     mut samples: mpsc::Receiver<(FleetSample, bool)>,
     checks: Arc<Checks>,
-    mut shutdown: watch::Receiver<bool>,
+    metrics: Handle,
+    shutdown: watch::Receiver<bool>,
 ) {
     let lead = cfg.check_lead.min(cfg.horizon).as_secs();
     let mut f = Forecaster::new(cfg.clone(), raw_interval, average_every);
@@ -666,22 +672,99 @@ pub async fn run(
             tracing::warn!(error = %e, "reading the monitoring history to forecast from; forecasting from new samples only");
         }
     }
-    loop {
-        let got = tokio::select! {
-            _ = shutdown.changed() => return,
-            s = samples.recv() => s,
-        };
-        let Some((s, is_average)) = got else { return };
-        if is_average != averages {
-            continue;
-        }
-        f.push(&s);
-        // Samples that came while the last round ran are taken before the next.
-        while let Ok((s, is_average)) = samples.try_recv() {
-            if is_average == averages {
-                f.push(&s);
+    // Samples wait in a buffer of the channel's size: a forecaster that falls behind misses
+    // samples rather than holding up the sampling.
+    let buffer: Arc<parking_lot::Mutex<VecDeque<FleetSample>>> = Arc::default();
+    let (wake, woken) = mpsc::unbounded_channel();
+    let waiting = buffer.clone();
+    tokio::spawn(async move {
+        while let Some((s, is_average)) = samples.recv().await {
+            if is_average != averages {
+                continue;
+            }
+            {
+                let mut b = waiting.lock();
+                if b.len() >= SAMPLES_WAITING {
+                    continue;
+                }
+                b.push_back(s);
+            }
+            if wake.send(()).is_err() {
+                return;
             }
         }
+    });
+    let r = Forecasting {
+        store: store.clone(),
+        checks,
+        lead_steps,
+        buffer,
+        rounds: tokio::sync::Mutex::new(Rounds { f: Some(f), stale }),
+    };
+    Controller::new("forecasting", store, r, metrics)
+        .trigger(woken)
+        .run(shutdown)
+        .await;
+}
+
+/// Samples that may wait for the forecaster (as many as the monitoring loop's channel holds).
+const SAMPLES_WAITING: usize = 64;
+
+/// What a round carries to the next: the forecaster (moved to a blocking thread for the
+/// round) and the clusters forecast last.
+struct Rounds {
+    f: Option<Forecaster>,
+    stale: BTreeSet<String>,
+}
+
+/// The one key, woken by samples: a round forecasts the fleet from what they added.
+struct Forecasting {
+    store: Arc<dyn Store>,
+    checks: Arc<Checks>,
+    lead_steps: usize,
+    buffer: Arc<parking_lot::Mutex<VecDeque<FleetSample>>>,
+    rounds: tokio::sync::Mutex<Rounds>,
+}
+
+/// A round that could not finish: the forecaster's thread panicked, and the controller ends
+/// (as a panic would end it).
+#[derive(Debug)]
+struct RoundFailed(String);
+
+impl std::fmt::Display for RoundFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the forecasting round failed: {}", self.0)
+    }
+}
+
+impl crate::runtime::controller::ReconcileError for RoundFailed {
+    fn is_closed(&self) -> bool {
+        true
+    }
+}
+
+#[async_trait::async_trait]
+impl Reconciler for Forecasting {
+    type Key = ();
+    type Error = RoundFailed;
+
+    fn on_event(&mut self, _: Origin, _: Event, _: &mut Keys<()>) {}
+
+    async fn reconcile(&self, _: &()) -> Result<Action, RoundFailed> {
+        let mut rounds = self.rounds.lock().await;
+        let Some(mut f) = rounds.f.take() else {
+            return Err(RoundFailed("an earlier round lost the forecaster".into()));
+        };
+        // Samples that came while the last round ran are taken before the next.
+        let samples: Vec<FleetSample> = self.buffer.lock().drain(..).collect();
+        if samples.is_empty() {
+            rounds.f = Some(f);
+            return Ok(Action::Done);
+        }
+        for s in &samples {
+            f.push(s);
+        }
+        let store = self.store.as_ref();
         let started = std::time::Instant::now();
         // A share of the fleet at a time, each share written before the next is made: a
         // round's memory does not grow with the fleet.
@@ -689,26 +772,23 @@ pub async fn run(
         let mut after: Option<String> = None;
         loop {
             let from = after.take();
-            let (back, (forecasts, next)) = match tokio::task::spawn_blocking(move || {
+            let (back, (forecasts, next)) = tokio::task::spawn_blocking(move || {
                 let out = f.forecast_from(from.as_deref(), ROUND_SHARE);
                 (f, out)
             })
             .await
-            {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::error!(error = %e, "the forecasting round failed");
-                    return;
-                }
-            };
+            .map_err(|e| {
+                tracing::error!(error = %e, "the forecasting round failed");
+                RoundFailed(e.to_string())
+            })?;
             f = back;
-            checks.put(&forecasts, lead_steps);
+            self.checks.put(&forecasts, self.lead_steps);
             now.extend(forecasts.iter().map(|c| c.cluster.clone()));
             for c in forecasts {
-                if let Err(e) = write(store.as_ref(), &c).await {
+                if let Err(e) = write(store, &c).await {
                     tracing::warn!(cluster = %c.cluster, error = %e, "writing a forecast");
                 }
-                match write_summary(store.as_ref(), &c).await {
+                match write_summary(store, &c).await {
                     // The cluster left while its forecast was made.
                     Ok(()) | Err(StoreError::NotFound { .. }) => {}
                     Err(e) => {
@@ -721,20 +801,22 @@ pub async fn run(
                 None => break,
             }
         }
-        checks.keep_only(&now);
+        rounds.f = Some(f);
+        self.checks.keep_only(&now);
         let made = now.len();
         // Forecasts of clusters that left go.
-        for gone in stale.difference(&now) {
+        for gone in rounds.stale.difference(&now) {
             let _ = store
                 .delete(&series::forecast_key(gone), &Default::default())
                 .await;
         }
-        stale = now;
+        rounds.stale = now;
         tracing::debug!(
             clusters = made,
             ms = started.elapsed().as_millis() as u64,
             "forecasts made"
         );
+        Ok(Action::Done)
     }
 }
 

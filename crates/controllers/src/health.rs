@@ -27,7 +27,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::record::{self, FailureRecord};
-use crate::runtime::reflector::{self as informer, Event};
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, Source};
+use crate::runtime::metrics::Handle;
+use crate::runtime::reflector::Event;
 
 const COMPONENT: &str = "orrery-cluster-health";
 
@@ -417,6 +419,242 @@ fn recorder_of(name: &str, recorders: usize) -> usize {
     (h.finish() % recorders.max(1) as u64) as usize
 }
 
+type Renewals = HashMap<String, (Option<MicroTime>, Instant)>;
+
+/// Heartbeats are taken in as they come (a heartbeat counts when this controller sees it);
+/// the one key, a tick, judges them.
+struct Health {
+    store: Arc<dyn Store>,
+    cfg: HealthConfig,
+    metrics: Handle,
+    /// Every cluster gets a whole grace period from our start (as Kubernetes' node lifecycle
+    /// controller does): heartbeats that could not arrive while the control plane was down
+    /// say nothing about the members.
+    started: Instant,
+    seen: HashMap<String, Seen>,
+    leases_listed: bool,
+    /// Lease name -> its renewTime and when this controller saw it change.
+    renewals: Renewals,
+    /// Leases asked for and not seen yet (made off the loop: thousands of Clusters arriving at
+    /// once must not hold up the heartbeats queued behind them).
+    asked: std::collections::HashSet<String>,
+    make_tx: mpsc::UnboundedSender<(String, OwnerReference)>,
+    /// Readiness changes are recorded (Events, the failure history) off the loop, each
+    /// member's in order: a fleet turning Ready at once must not hold up the heartbeats
+    /// queued behind it. A few recorders, each member always on the same one: one alone,
+    /// writing one after another, was minutes behind a fleet of 10,000 registering.
+    recorders: Vec<mpsc::UnboundedSender<(Arc<Object>, String, Condition)>>,
+    /// The tick's writes (Unknown, taints) run off the loop too, one round at a time.
+    writing: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
+    last_prune: parking_lot::Mutex<Instant>,
+}
+
+impl Health {
+    fn record(&self, o: Arc<Object>, from: String, to: Condition) {
+        let k = recorder_of(o.name(), self.recorders.len());
+        let _ = self.recorders[k].send((o, from, to));
+    }
+
+    fn on_cluster(&mut self, ev: Event) {
+        let now = Instant::now();
+        let listed_now = matches!(ev, Event::Listed(_));
+        match ev {
+            Event::Listed(items) => {
+                let (seen, started) = (&self.seen, self.started);
+                let fresh = items
+                    .into_iter()
+                    .map(|o| {
+                        let st = ClusterStatus::of(&o);
+                        let mut at = instant_of(
+                            st.last_heartbeat_time
+                                .or(o.metadata.creation_timestamp.map(Into::into)),
+                            now,
+                        )
+                        .max(started);
+                        // Listed again: what this controller saw arrive stands.
+                        if let Some(old) = seen.get(o.name()) {
+                            at = at.max(old.heartbeat_at);
+                        }
+                        (o.name().to_string(), Seen::new(&o, at))
+                    })
+                    .collect();
+                self.seen = fresh;
+            }
+            Event::Upsert(o) => {
+                let change = match self.seen.get_mut(o.name()) {
+                    Some(entry) => entry.observe(&o, now),
+                    None => {
+                        let entry = Seen::new(&o, now);
+                        let first = entry.ready.is_some().then(String::new);
+                        self.seen.insert(o.name().to_string(), entry);
+                        first
+                    }
+                };
+                if let Some(from) = change
+                    && let Some(to) = self.seen.get(o.name()).and_then(|e| e.ready.clone())
+                {
+                    self.record(o.clone(), from, to);
+                }
+                if self.leases_listed {
+                    ask_for_lease(
+                        o.name(),
+                        &self.seen,
+                        &self.renewals,
+                        &mut self.asked,
+                        &self.make_tx,
+                    );
+                }
+            }
+            Event::Delete(o) => {
+                self.seen.remove(o.name());
+                self.asked.remove(o.name());
+            }
+        }
+        if self.leases_listed && listed_now {
+            ask_for_leases(&self.seen, &self.renewals, &mut self.asked, &self.make_tx);
+        }
+    }
+
+    fn on_lease(&mut self, ev: Event) {
+        let now = Instant::now();
+        let listed_now = matches!(ev, Event::Listed(_));
+        if listed_now {
+            self.leases_listed = true;
+        }
+        match ev {
+            Event::Listed(items) => {
+                let before = std::mem::take(&mut self.renewals);
+                for l in items {
+                    let renew = orrery_api::cluster::LeaseBeat::of(&l).renew_time;
+                    let at = match before.get(l.name()) {
+                        // Listed again: what this controller saw arrive stands.
+                        Some((r, at)) if *r == renew => *at,
+                        Some(_) => now,
+                        None => instant_of(renew, now).max(self.started),
+                    };
+                    self.renewals.insert(l.name().to_string(), (renew, at));
+                }
+            }
+            Event::Upsert(l) => {
+                let renew = orrery_api::cluster::LeaseBeat::of(&l).renew_time;
+                match self.renewals.get_mut(l.name()) {
+                    Some((r, at)) => {
+                        if *r != renew {
+                            *r = renew;
+                            *at = now;
+                        }
+                    }
+                    None => {
+                        self.renewals.insert(l.name().to_string(), (renew, now));
+                    }
+                }
+            }
+            Event::Delete(l) => {
+                self.renewals.remove(l.name());
+                self.asked.remove(l.name());
+                ask_for_lease(
+                    l.name(),
+                    &self.seen,
+                    &self.renewals,
+                    &mut self.asked,
+                    &self.make_tx,
+                );
+            }
+        }
+        if listed_now {
+            ask_for_leases(&self.seen, &self.renewals, &mut self.asked, &self.make_tx);
+        }
+    }
+
+    fn tick(&self) -> Duration {
+        (self.cfg.grace_period / 4).clamp(Duration::from_millis(100), Duration::from_secs(1))
+    }
+
+    /// Judges every member's heartbeats: Unknown past the grace period, taints past the
+    /// eviction timeout; the writes go off the loop.
+    fn judge(&self) {
+        let mut writing = self.writing.lock();
+        // The last round's writes still under way: this tick judges nothing (what it would
+        // write is being written).
+        if writing.as_ref().is_some_and(|w| !w.is_finished()) {
+            return;
+        }
+        let now_t = Time::now();
+        let mut todo: Vec<(String, bool, bool)> = Vec::new();
+        for (name, s) in &self.seen {
+            if s.deleting {
+                continue;
+            }
+            let heard = match self.renewals.get(name) {
+                Some((_, at)) => s.heartbeat_at.max(*at),
+                None => s.heartbeat_at,
+            };
+            let unknown =
+                heard.elapsed() > self.cfg.grace_period && s.ready_status() != conditions::UNKNOWN;
+            let wanted = wanted_taints(s.ready.as_ref(), now_t, self.cfg.eviction_timeout);
+            let taints = reconcile_taints(&s.taints, &wanted, now_t).is_some();
+            if unknown || taints {
+                todo.push((name.clone(), unknown, taints));
+            }
+        }
+        if todo.is_empty() {
+            return;
+        }
+        let (store, cfg, metrics) = (self.store.clone(), self.cfg.clone(), self.metrics.clone());
+        *writing = Some(tokio::spawn(async move {
+            let mut failed = 0;
+            for (name, unknown, taints) in todo {
+                if unknown
+                    && let Err(e) = set_unknown(store.as_ref(), &name, cfg.grace_period).await
+                {
+                    tracing::warn!(cluster = %name, error = %e, "marking the cluster unknown failed");
+                    failed += 1;
+                }
+                if taints
+                    && let Err(e) = set_taints(store.as_ref(), &name, cfg.eviction_timeout).await
+                {
+                    tracing::warn!(cluster = %name, error = %e, "updating the cluster's taints failed");
+                    failed += 1;
+                }
+            }
+            metrics.errors.inc_by(failed);
+        }));
+    }
+}
+
+#[async_trait::async_trait]
+impl Reconciler for Health {
+    type Key = ();
+    type Error = StoreError;
+
+    fn on_event(&mut self, source: Origin, ev: Event, _: &mut Keys<()>) {
+        match source.name {
+            "clusters" => self.on_cluster(ev),
+            _ => self.on_lease(ev),
+        }
+    }
+
+    fn all_keys(&self) -> Vec<()> {
+        vec![()]
+    }
+
+    async fn reconcile(&self, _: &()) -> Result<Action, StoreError> {
+        self.judge();
+        let prune = {
+            let mut last = self.last_prune.lock();
+            let due = last.elapsed() > Duration::from_secs(3600);
+            if due {
+                *last = Instant::now();
+            }
+            due
+        };
+        if prune && let Err(e) = record::prune_failures(&self.store, 30 * 86400).await {
+            tracing::warn!(error = %e, "pruning the failure history failed");
+        }
+        Ok(Action::After(self.tick()))
+    }
+}
+
 /// Runs the health controller until shutdown.
 pub async fn run(
     store: Arc<dyn Store>,
@@ -425,35 +663,9 @@ pub async fn run(
     shutdown: watch::Receiver<bool>,
 ) {
     let metrics = metrics.of("health");
-    // Every cluster gets a whole grace period from our start (as Kubernetes' node lifecycle
-    // controller does): heartbeats that could not arrive while the control plane was down
-    // say nothing about the members.
-    let started = Instant::now();
-    let mut listed = false;
-    let mut events = informer::spawn(
-        store.clone(),
-        keys::well_known::clusters(),
-        shutdown.clone(),
-    );
-    let mut leases = informer::spawn(
-        store.clone(),
-        keys::well_known::cluster_leases(),
-        shutdown.clone(),
-    );
-    let mut leases_listed = false;
-    // Lease name -> its renewTime and when this controller saw it change.
-    let mut renewals: HashMap<String, (Option<MicroTime>, Instant)> = HashMap::new();
-    // Leases asked for and not seen yet (made off the loop: thousands of Clusters arriving at
-    // once must not hold up the heartbeats queued behind them).
-    let mut asked: std::collections::HashSet<String> = Default::default();
     let (make_tx, make_rx) = mpsc::unbounded_channel();
     tokio::spawn(make_leases(store.clone(), cfg.grace_period, make_rx));
-    // Readiness changes are recorded (Events, the failure history) off the loop, each
-    // member's in order: a fleet turning Ready at once must not hold up the heartbeats queued
-    // behind it (a heartbeat counts when this loop sees it). A few recorders, each member
-    // always on the same one: one alone, writing one after another, was minutes behind a
-    // fleet of 10,000 registering.
-    let recorders: Vec<mpsc::UnboundedSender<(Arc<Object>, String, Condition)>> = (0..RECORDERS)
+    let recorders = (0..RECORDERS)
         .map(|_| {
             let (tx, mut rx) = mpsc::unbounded_channel::<(Arc<Object>, String, Condition)>();
             let store = store.clone();
@@ -465,168 +677,25 @@ pub async fn run(
             tx
         })
         .collect();
-    let record = |o: Arc<Object>, from: String, to: Condition| {
-        let k = recorder_of(o.name(), recorders.len());
-        let _ = recorders[k].send((o, from, to));
+    let h = Health {
+        store: store.clone(),
+        cfg,
+        metrics: metrics.clone(),
+        started: Instant::now(),
+        seen: HashMap::new(),
+        leases_listed: false,
+        renewals: HashMap::new(),
+        asked: Default::default(),
+        make_tx,
+        recorders,
+        writing: Default::default(),
+        last_prune: parking_lot::Mutex::new(Instant::now()),
     };
-    // The tick's writes (Unknown, taints) run off the loop too, one round at a time.
-    let mut writing: Option<tokio::task::JoinHandle<()>> = None;
-    let mut seen: HashMap<String, Seen> = HashMap::new();
-    let tick = (cfg.grace_period / 4).clamp(Duration::from_millis(100), Duration::from_secs(1));
-    let mut ticker = tokio::time::interval(tick);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut last_prune = Instant::now();
-    loop {
-        tokio::select! {
-            ev = events.recv() => {
-                let Some(ev) = ev else { return };
-                let now = Instant::now();
-                let listed_now = matches!(ev, Event::Listed(_));
-                match ev {
-                    Event::Listed(items) => {
-                        listed = true;
-                        seen = items
-                            .into_iter()
-                            .map(|o| {
-                                let st = ClusterStatus::of(&o);
-                                let mut at = instant_of(st.last_heartbeat_time.or(o.metadata.creation_timestamp.map(Into::into)), now).max(started);
-                                // Listed again: what this controller saw arrive stands.
-                                if let Some(old) = seen.get(o.name()) {
-                                    at = at.max(old.heartbeat_at);
-                                }
-                                (o.name().to_string(), Seen::new(&o, at))
-                            })
-                            .collect();
-                    }
-                    Event::Upsert(o) => {
-                        let change = match seen.get_mut(o.name()) {
-                            Some(entry) => entry.observe(&o, now),
-                            None => {
-                                let entry = Seen::new(&o, now);
-                                let first = entry.ready.is_some().then(String::new);
-                                seen.insert(o.name().to_string(), entry);
-                                first
-                            }
-                        };
-                        if let Some(from) = change
-                            && let Some(to) = seen.get(o.name()).and_then(|e| e.ready.clone())
-                        {
-                            record(o.clone(), from, to);
-                        }
-                        if leases_listed {
-                            ask_for_lease(o.name(), &seen, &renewals, &mut asked, &make_tx);
-                        }
-                    }
-                    Event::Delete(o) => {
-                        seen.remove(o.name());
-                        asked.remove(o.name());
-                    }
-                }
-                if leases_listed && listed_now {
-                    ask_for_leases(&seen, &renewals, &mut asked, &make_tx);
-                }
-            }
-            ev = leases.recv() => {
-                let Some(ev) = ev else { return };
-                let now = Instant::now();
-                let listed_now = matches!(ev, Event::Listed(_));
-                if listed_now {
-                    leases_listed = true;
-                }
-                match ev {
-                    Event::Listed(items) => {
-                        let before = std::mem::take(&mut renewals);
-                        for l in items {
-                            let renew = orrery_api::cluster::LeaseBeat::of(&l).renew_time;
-                            let at = match before.get(l.name()) {
-                                // Listed again: what this controller saw arrive stands.
-                                Some((r, at)) if *r == renew => *at,
-                                Some(_) => now,
-                                None => instant_of(renew, now).max(started),
-                            };
-                            renewals.insert(l.name().to_string(), (renew, at));
-                        }
-                    }
-                    Event::Upsert(l) => {
-                        let renew = orrery_api::cluster::LeaseBeat::of(&l).renew_time;
-                        match renewals.get_mut(l.name()) {
-                            Some((r, at)) => {
-                                if *r != renew {
-                                    *r = renew;
-                                    *at = now;
-                                }
-                            }
-                            None => {
-                                renewals.insert(l.name().to_string(), (renew, now));
-                            }
-                        }
-                    }
-                    Event::Delete(l) => {
-                        renewals.remove(l.name());
-                        asked.remove(l.name());
-                        ask_for_lease(l.name(), &seen, &renewals, &mut asked, &make_tx);
-                    }
-                }
-                if listed_now {
-                    ask_for_leases(&seen, &renewals, &mut asked, &make_tx);
-                }
-            }
-            _ = ticker.tick() => {
-                // Nothing is judged before the Clusters are listed.
-                if !listed {
-                    continue;
-                }
-                // The last round's writes still under way: this tick judges nothing (what it
-                // would write is being written).
-                if writing.as_ref().is_some_and(|w| !w.is_finished()) {
-                    continue;
-                }
-                let round = Instant::now().into_std();
-                metrics.synced(0);
-                let now_t = Time::now();
-                let mut todo: Vec<(String, bool, bool)> = Vec::new();
-                for (name, s) in &seen {
-                    if s.deleting {
-                        continue;
-                    }
-                    let heard = match renewals.get(name) {
-                        Some((_, at)) => s.heartbeat_at.max(*at),
-                        None => s.heartbeat_at,
-                    };
-                    let unknown = heard.elapsed() > cfg.grace_period
-                        && s.ready_status() != conditions::UNKNOWN;
-                    let wanted = wanted_taints(s.ready.as_ref(), now_t, cfg.eviction_timeout);
-                    let taints = reconcile_taints(&s.taints, &wanted, now_t).is_some();
-                    if unknown || taints {
-                        todo.push((name.clone(), unknown, taints));
-                    }
-                }
-                writing = Some(tokio::spawn({
-                    let (store, cfg, metrics) = (store.clone(), cfg.clone(), metrics.clone());
-                    async move {
-                    let mut failed = 0;
-                    for (name, unknown, taints) in todo {
-                        if unknown && let Err(e) = set_unknown(store.as_ref(), &name, cfg.grace_period).await {
-                            tracing::warn!(cluster = %name, error = %e, "marking the cluster unknown failed");
-                            failed += 1;
-                        }
-                        if taints && let Err(e) = set_taints(store.as_ref(), &name, cfg.eviction_timeout).await {
-                            tracing::warn!(cluster = %name, error = %e, "updating the cluster's taints failed");
-                            failed += 1;
-                        }
-                    }
-                    metrics.round(round, failed, 0);
-                    }
-                }));
-                if last_prune.elapsed() > Duration::from_secs(3600) {
-                    last_prune = Instant::now();
-                    if let Err(e) = record::prune_failures(&store, 30 * 86400).await {
-                        tracing::warn!(error = %e, "pruning the failure history failed");
-                    }
-                }
-            }
-        }
-    }
+    Controller::new("health", store, h, metrics)
+        .source(Source::new("clusters", keys::well_known::clusters()))
+        .source(Source::new("leases", keys::well_known::cluster_leases()))
+        .run(shutdown)
+        .await;
 }
 
 #[cfg(test)]

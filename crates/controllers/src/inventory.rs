@@ -13,7 +13,9 @@ use orrery_store::{Preconditions, Store, StoreError};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::runtime::reflector::{self as informer, Event};
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, Source};
+use crate::runtime::metrics::Handle;
+use crate::runtime::reflector::Event;
 use orrery_store::stamp::new_object;
 
 /// Where ClusterProfiles live.
@@ -207,13 +209,13 @@ fn profile_digest(spec: Option<&Value>, status: Option<&Value>) -> u64 {
 async fn sync_one(
     store: &dyn Store,
     c: &Object,
-    known: &mut Known,
+    known: &parking_lot::Mutex<Known>,
     access: Option<&Access>,
 ) -> Result<(), StoreError> {
     let key = keys::well_known::cluster_profile(NAMESPACE, c.name());
     let (_, spec, status) = profile_of(c, None, access);
     let want = profile_digest(Some(&spec), Some(&status));
-    if known.get(c.name()) == Some(&want) {
+    if known.lock().get(c.name()) == Some(&want) {
         return Ok(());
     }
     // The store's own copy (most often the profile as this controller wrote it): no round
@@ -238,7 +240,7 @@ async fn sync_one(
                     status.get("conditions").unwrap_or(&Value::Null),
                 );
             if unchanged {
-                known.insert(c.name().to_string(), want);
+                known.lock().insert(c.name().to_string(), want);
                 return Ok(());
             }
             let revision = cur.revision();
@@ -247,12 +249,12 @@ async fn sync_one(
             next.status = Some(status);
             match store.update(&key, next, revision).await {
                 Ok(_) => {
-                    known.insert(c.name().to_string(), want);
+                    known.lock().insert(c.name().to_string(), want);
                     Ok(())
                 }
                 // Changed by someone else: read it afresh next time.
                 Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => {
-                    known.remove(c.name());
+                    known.lock().remove(c.name());
                     Ok(())
                 }
                 Err(e) => Err(e),
@@ -271,11 +273,11 @@ async fn sync_one(
             p.status = Some(status);
             match store.create(&key, p).await {
                 Ok(_) => {
-                    known.insert(c.name().to_string(), want);
+                    known.lock().insert(c.name().to_string(), want);
                     Ok(())
                 }
                 Err(StoreError::AlreadyExists { .. }) => {
-                    known.remove(c.name());
+                    known.lock().remove(c.name());
                     Ok(())
                 }
                 Err(e) => Err(e),
@@ -326,68 +328,147 @@ fn profile_input(c: &Object) -> u64 {
     h.finish()
 }
 
-pub async fn run(store: Arc<dyn Store>, settings: Settings, shutdown: watch::Receiver<bool>) {
-    let mut events = informer::spawn(store.clone(), keys::well_known::clusters(), shutdown);
-    let mut known = Known::new();
-    let mut last: HashMap<String, (u64, std::time::Instant)> = HashMap::new();
-    while let Some(ev) = events.recv().await {
-        let items = match ev {
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    /// After a listing: profiles of clusters that no longer exist go, the rest are known.
+    Sweep,
+    /// A cluster whose profile may have changed.
+    Cluster(String),
+    /// A deleted cluster: its profile goes.
+    Gone(String),
+}
+
+struct Inventory {
+    store: Arc<dyn Store>,
+    settings: Settings,
+    known: parking_lot::Mutex<Known>,
+    /// The clusters there are.
+    names: std::collections::HashSet<String>,
+    /// What each cluster's profile was last made of, and when.
+    last: HashMap<String, (u64, std::time::Instant)>,
+    /// Clusters whose profile waits to be looked at, as last seen (kept only until then: a
+    /// parsed Cluster is about 25 KB).
+    pending: parking_lot::Mutex<HashMap<String, Arc<Object>>>,
+}
+
+impl Inventory {
+    fn consider(&mut self, c: Arc<Object>, keys: &mut Keys<Key>) {
+        if c.metadata.deletion_timestamp.is_some() {
+            return;
+        }
+        // Heartbeats and figures do not change a profile: skip the work unless what it is
+        // made of changed, or a minute passed (which also repairs edits to the profile).
+        let input = profile_input(&c);
+        let now = std::time::Instant::now();
+        if let Some((seen, at)) = self.last.get(c.name())
+            && *seen == input
+            && now.duration_since(*at) < std::time::Duration::from_secs(60)
+        {
+            return;
+        }
+        self.last.insert(c.name().to_string(), (input, now));
+        keys.push(Key::Cluster(c.name().to_string()));
+        self.pending.get_mut().insert(c.name().to_string(), c);
+    }
+}
+
+#[async_trait::async_trait]
+impl Reconciler for Inventory {
+    type Key = Key;
+    type Error = StoreError;
+
+    fn on_event(&mut self, _: Origin, ev: Event, keys: &mut Keys<Key>) {
+        match ev {
             Event::Listed(items) => {
-                known.clear();
-                // Profiles of clusters that no longer exist.
-                let names: std::collections::HashSet<String> =
-                    items.iter().map(|o| o.name().to_string()).collect();
-                if let Ok(list) = store
+                self.known.get_mut().clear();
+                self.names = items.iter().map(|o| o.name().to_string()).collect();
+                keys.push(Key::Sweep);
+                for c in items {
+                    self.consider(c, keys);
+                }
+            }
+            Event::Upsert(c) => {
+                self.names.insert(c.name().to_string());
+                self.consider(c, keys);
+            }
+            Event::Delete(c) => {
+                self.names.remove(c.name());
+                self.known.get_mut().remove(c.name());
+                self.last.remove(c.name());
+                self.pending.get_mut().remove(c.name());
+                keys.push(Key::Gone(c.name().to_string()));
+            }
+        }
+    }
+
+    async fn reconcile(&self, key: &Key) -> Result<Action, StoreError> {
+        match key {
+            Key::Sweep => {
+                let list = self
+                    .store
                     .list(
                         &keys::well_known::cluster_profiles(Some(NAMESPACE)),
                         &Default::default(),
                     )
-                    .await
+                    .await?;
+                for p in list
+                    .items
+                    .iter()
+                    .filter(|p| p.labels().get(MANAGER_LABEL).map(String::as_str) == Some(MANAGER))
                 {
-                    for p in list.items.iter().filter(|p| {
-                        p.labels().get(MANAGER_LABEL).map(String::as_str) == Some(MANAGER)
-                    }) {
-                        if names.contains(p.name()) {
-                            known.insert(
-                                p.name().to_string(),
-                                profile_digest(p.spec.as_ref(), p.status.as_ref()),
-                            );
-                        } else {
-                            remove(store.as_ref(), p.name()).await;
-                        }
+                    if self.names.contains(p.name()) {
+                        let digest = profile_digest(p.spec.as_ref(), p.status.as_ref());
+                        self.known
+                            .lock()
+                            .entry(p.name().to_string())
+                            .or_insert(digest);
+                    } else {
+                        remove(self.store.as_ref(), p.name()).await;
                     }
                 }
-                items
             }
-            Event::Upsert(o) => vec![o],
-            Event::Delete(o) => {
-                known.remove(o.name());
-                last.remove(o.name());
-                remove(store.as_ref(), o.name()).await;
-                continue;
+            Key::Cluster(name) => {
+                let Some(c) = self.pending.lock().remove(name) else {
+                    return Ok(Action::Done);
+                };
+                if let Err(e) = sync_one(
+                    self.store.as_ref(),
+                    &c,
+                    &self.known,
+                    self.settings.access.as_ref(),
+                )
+                .await
+                {
+                    // Tried again with what was seen, unless something newer came meanwhile.
+                    self.pending.lock().entry(name.clone()).or_insert(c);
+                    return Err(e);
+                }
             }
-        };
-        for c in items {
-            if c.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            // Heartbeats and figures do not change a profile: skip the work unless what it is
-            // made of changed, or a minute passed (which also repairs edits to the profile).
-            let input = profile_input(&c);
-            let now = std::time::Instant::now();
-            if let Some((seen, at)) = last.get(c.name())
-                && *seen == input
-                && now.duration_since(*at) < std::time::Duration::from_secs(60)
-            {
-                continue;
-            }
-            last.insert(c.name().to_string(), (input, now));
-            if let Err(e) = sync_one(store.as_ref(), &c, &mut known, settings.access.as_ref()).await
-            {
-                tracing::warn!(cluster = c.name(), error = %e, "updating the ClusterProfile failed");
-            }
+            Key::Gone(name) => remove(self.store.as_ref(), name).await,
         }
+        Ok(Action::Done)
     }
+}
+
+/// Runs the controller until shutdown.
+pub async fn run(
+    store: Arc<dyn Store>,
+    settings: Settings,
+    metrics: Handle,
+    shutdown: watch::Receiver<bool>,
+) {
+    let r = Inventory {
+        store: store.clone(),
+        settings,
+        known: Default::default(),
+        names: Default::default(),
+        last: HashMap::new(),
+        pending: Default::default(),
+    };
+    Controller::new("inventory", store, r, metrics)
+        .source(Source::new("clusters", keys::well_known::clusters()))
+        .run(shutdown)
+        .await;
 }
 
 #[cfg(test)]

@@ -72,16 +72,40 @@ pub fn spawn(
         tokio::spawn(inventory::run(
             store.clone(),
             cfg.inventory,
+            cfg.metrics.of("inventory"),
             shutdown.clone(),
         )),
-        tokio::spawn(decisions::run(store.clone(), shutdown.clone())),
-        tokio::spawn(services::run(store.clone(), cfg.services, shutdown.clone())),
-        tokio::spawn(quotas::run(store.clone(), cfg.quotas, shutdown.clone())),
-        tokio::spawn(locations::run(store.clone(), shutdown.clone())),
-        tokio::spawn(autoscaling::cron::run(store.clone(), shutdown.clone())),
+        tokio::spawn(decisions::run(
+            store.clone(),
+            cfg.metrics.of("decisions"),
+            shutdown.clone(),
+        )),
+        tokio::spawn(services::run(
+            store.clone(),
+            cfg.services,
+            cfg.metrics.of("services"),
+            shutdown.clone(),
+        )),
+        tokio::spawn(quotas::run(
+            store.clone(),
+            cfg.quotas,
+            cfg.metrics.of("quotas"),
+            shutdown.clone(),
+        )),
+        tokio::spawn(locations::run(
+            store.clone(),
+            cfg.metrics.of("locations"),
+            shutdown.clone(),
+        )),
+        tokio::spawn(autoscaling::cron::run(
+            store.clone(),
+            cfg.metrics.of("cron"),
+            shutdown.clone(),
+        )),
         tokio::spawn(autoscaling::federated::run(
             store.clone(),
             cfg.autoscaling,
+            cfg.metrics.of("federatedhpa"),
             shutdown.clone(),
         )),
     ];
@@ -97,12 +121,14 @@ pub fn spawn(
         cfg.monitoring.average_every,
         to_forecast,
         checks.clone(),
+        cfg.metrics.of("forecasting"),
         shutdown.clone(),
     )));
     tasks.push(tokio::spawn(monitoring::run(
         store.clone(),
         cfg.monitoring,
         Some((samples, checks)),
+        cfg.metrics.of("monitoring"),
         shutdown.clone(),
     )));
     if let Some(kinds) = cfg.kinds {

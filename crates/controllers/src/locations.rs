@@ -16,7 +16,9 @@ use serde_json::json;
 use tokio::sync::watch;
 
 use crate::runtime::cache::Cache;
-use crate::runtime::reflector::{self, Event};
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, Source};
+use crate::runtime::metrics::Handle;
+use crate::runtime::reflector::Event;
 
 /// Rounds are at most this often: heartbeats move water levels all the time.
 const SETTLE: Duration = Duration::from_secs(2);
@@ -107,59 +109,52 @@ fn keep_located(clusters: &mut BTreeMap<String, Arc<Object>>, e: Event) {
     }
 }
 
-/// Runs the controller until shutdown.
-pub async fn run(store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
-    // Only the members in a city are kept: most fleets label none, and a parsed Cluster is
-    // about 25 KB (a quarter of a GiB at 10,000 members, for nothing).
-    let mut clusters: BTreeMap<String, Arc<Object>> = BTreeMap::new();
-    let stored = Arc::new(Cache::new(&[]));
-    let mut cluster_events = reflector::spawn(
-        store.clone(),
-        keys::well_known::clusters(),
-        shutdown.clone(),
-    );
-    let mut location_events = reflector::spawn_cached(
-        store.clone(),
-        keys::prefix(GROUP, PLURAL, None),
-        Some(stored.clone()),
-        shutdown.clone(),
-    );
-    let mut listed = BTreeSet::new();
-    let mut due: Option<tokio::time::Instant> = None;
-    loop {
-        let sleep = match due {
-            Some(at) => tokio::time::sleep_until(at),
-            None => tokio::time::sleep(Duration::from_secs(3600)),
-        };
-        let ev = tokio::select! {
-            _ = shutdown.changed() => return,
-            _ = sleep => None,
-            e = cluster_events.recv() => Some(("clusters", e)),
-            e = location_events.recv() => Some(("locations", e)),
-        };
-        match ev {
-            Some((_, None)) => return,
-            Some((source, Some(e))) => {
-                if matches!(e, Event::Listed(_)) {
-                    listed.insert(source);
-                }
-                if source == "clusters" {
-                    keep_located(&mut clusters, e);
-                }
-                // The first change of a burst sets when the round comes; the rest wait for it.
-                due.get_or_insert_with(|| tokio::time::Instant::now() + SETTLE);
-                continue;
-            }
-            None => due = None,
+/// One key: every Location is decided from every located member at once.
+struct Locations {
+    store: Arc<dyn Store>,
+    /// Only the members in a city are kept: most fleets label none, and a parsed Cluster is
+    /// about 25 KB (a quarter of a GiB at 10,000 members, for nothing).
+    clusters: BTreeMap<String, Arc<Object>>,
+    stored: Arc<Cache>,
+}
+
+#[async_trait::async_trait]
+impl Reconciler for Locations {
+    type Key = ();
+    type Error = StoreError;
+
+    fn on_event(&mut self, source: Origin, e: Event, keys: &mut Keys<()>) {
+        if source == "clusters" {
+            keep_located(&mut self.clusters, e);
         }
-        if listed.len() < 2 {
-            continue;
-        }
-        if let Err(e) = reconcile(store.as_ref(), &clusters, &stored).await {
-            tracing::warn!(error = %e, "locations: will retry");
-            due = Some(tokio::time::Instant::now() + Duration::from_secs(1));
-        }
+        keys.push(());
     }
+
+    fn all_keys(&self) -> Vec<()> {
+        vec![()]
+    }
+
+    async fn reconcile(&self, _: &()) -> Result<Action, StoreError> {
+        reconcile(self.store.as_ref(), &self.clusters, &self.stored).await?;
+        Ok(Action::Done)
+    }
+}
+
+/// Runs the controller until shutdown.
+pub async fn run(store: Arc<dyn Store>, metrics: Handle, shutdown: watch::Receiver<bool>) {
+    let stored = Arc::new(Cache::new(&[]));
+    let r = Locations {
+        store: store.clone(),
+        clusters: BTreeMap::new(),
+        stored: stored.clone(),
+    };
+    Controller::new("locations", store, r, metrics)
+        .source(Source::new("clusters", keys::well_known::clusters()))
+        .source(Source::new("locations", keys::prefix(GROUP, PLURAL, None)).cached(stored))
+        // The first change of a burst sets when the round comes; the rest wait for it.
+        .settle(SETTLE)
+        .run(shutdown)
+        .await;
 }
 
 #[cfg(test)]

@@ -17,7 +17,9 @@ use orrery_scheduler::Vector;
 use orrery_store::{ListOptions, Store, StoreError};
 use tokio::sync::{mpsc, watch};
 
-use crate::runtime::reflector::{self as informer, Event};
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, Source};
+use crate::runtime::metrics::Handle;
+use crate::runtime::reflector::Event;
 
 /// How often and for how long.
 #[derive(Clone, Debug)]
@@ -454,133 +456,188 @@ async fn prune(
     Ok(gone)
 }
 
+/// What a sampling round keeps from the one before.
+#[derive(Default)]
+struct Rounds {
+    since_average: series::Averager,
+    /// The cost last written (none yet: written at the first sample).
+    last_cost: Option<series::FleetCost>,
+    last_average: Option<tokio::time::Instant>,
+    raw_kept: Kept,
+    average_kept: Kept,
+}
+
+/// The fleet as its Clusters and bindings stand; the one key, a tick, samples it. Nothing is
+/// sampled before both are listed (Orrery's part of a level unknown, the forecasts would see
+/// a step where there is none).
+struct Sampler {
+    store: Arc<dyn Store>,
+    cfg: MonitoringConfig,
+    forecaster: Option<ToForecaster>,
+    placed: Placed,
+    now: BTreeMap<String, Seen>,
+    rounds: tokio::sync::Mutex<Rounds>,
+}
+
+impl Sampler {
+    /// A forecaster that falls behind misses samples rather than holding up the sampling. It
+    /// is handed only the series it forecasts: the others waited in its queue through a round
+    /// (at 10,000 members a sample is megabytes, and a round takes minutes) to be dropped.
+    fn hand(&self, s: &FleetSample, average: bool) {
+        if let Some((f, checks)) = &self.forecaster
+            && checks.wants(average)
+        {
+            let _ = f.try_send((s.clone(), average));
+        }
+    }
+
+    /// What the forecasts said of a sample's time is stored with it.
+    fn annotate(&self, s: &mut FleetSample, average: bool) {
+        if let Some((_, checks)) = &self.forecaster {
+            checks.annotate(s, average);
+        }
+    }
+
+    async fn sample(&self) {
+        let (store, cfg) = (self.store.as_ref(), &self.cfg);
+        let mut r = self.rounds.lock().await;
+        let r = &mut *r;
+        let clusters = self
+            .now
+            .iter()
+            .map(|(n, c)| {
+                let mut sample = c.sample.clone();
+                sample.placed = self.placed.shares_in(n, &c.allocatable);
+                sample.cost = self.placed.cost_in(n, &c.prices);
+                (n.clone(), sample)
+            })
+            .collect();
+        let mut s = FleetSample {
+            time: Time::now(),
+            clusters,
+        };
+        self.annotate(&mut s, false);
+        let cost = series::FleetCost::of(&s);
+        if let Some(m) = &cfg.cost_metrics {
+            m.set(&cost);
+        }
+        if r.last_cost
+            .as_ref()
+            .is_none_or(|c| (&c.hourly, &c.clusters) != (&cost.hourly, &cost.clusters))
+        {
+            match put_cost(store, &cost).await {
+                Ok(()) => r.last_cost = Some(cost),
+                Err(e) => tracing::warn!(error = %e, "writing the fleet's cost"),
+            }
+        }
+        if let Err(e) = write(store, series::RAW_PREFIX, &s, &mut r.raw_kept).await {
+            tracing::warn!(error = %e, "writing a monitoring sample");
+        }
+        self.hand(&s, false);
+        r.since_average.add(&s);
+        let last_average = *r.last_average.get_or_insert_with(tokio::time::Instant::now);
+        if last_average.elapsed() >= cfg.average_every {
+            r.last_average = Some(tokio::time::Instant::now());
+            if let Some(mut avg) = r.since_average.take() {
+                self.annotate(&mut avg, true);
+                if let Err(e) =
+                    write(store, series::AVERAGE_PREFIX, &avg, &mut r.average_kept).await
+                {
+                    tracing::warn!(error = %e, "writing a monitoring average");
+                }
+                self.hand(&avg, true);
+            }
+            for (prefix, keep, budget, kept) in [
+                (
+                    series::RAW_PREFIX,
+                    cfg.raw_retention,
+                    cfg.raw_budget,
+                    &mut r.raw_kept,
+                ),
+                (
+                    series::AVERAGE_PREFIX,
+                    cfg.average_retention,
+                    cfg.average_budget,
+                    &mut r.average_kept,
+                ),
+            ] {
+                match prune(store, prefix, keep, budget, kept).await {
+                    Ok(n) if n > 0 => {
+                        tracing::debug!(prefix, removed = n, "monitoring records pruned")
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "pruning monitoring records"),
+                }
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Reconciler for Sampler {
+    type Key = ();
+    type Error = StoreError;
+
+    fn on_event(&mut self, source: Origin, ev: Event, _: &mut Keys<()>) {
+        match (source.name, ev) {
+            ("clusters", Event::Listed(items)) => {
+                self.now = items
+                    .iter()
+                    .map(|c| (c.name().to_string(), Seen::of(c)))
+                    .collect();
+            }
+            ("clusters", Event::Upsert(c)) => {
+                self.now.insert(c.name().to_string(), Seen::of(&c));
+            }
+            ("clusters", Event::Delete(c)) => {
+                self.now.remove(c.name());
+            }
+            (_, Event::Listed(items)) => self.placed.reset(&items),
+            (_, Event::Upsert(b)) => {
+                self.placed
+                    .put((b.namespace().to_string(), b.name().to_string()), Some(&b));
+            }
+            (_, Event::Delete(b)) => {
+                self.placed
+                    .put((b.namespace().to_string(), b.name().to_string()), None);
+            }
+        }
+    }
+
+    fn all_keys(&self) -> Vec<()> {
+        vec![()]
+    }
+
+    async fn reconcile(&self, _: &()) -> Result<Action, StoreError> {
+        self.sample().await;
+        Ok(Action::After(self.cfg.interval))
+    }
+}
+
 /// Samples the fleet until shutdown.
 pub async fn run(
     store: Arc<dyn Store>,
     cfg: MonitoringConfig,
     forecaster: Option<ToForecaster>,
-    mut shutdown: watch::Receiver<bool>,
+    metrics: Handle,
+    shutdown: watch::Receiver<bool>,
 ) {
-    // A forecaster that falls behind misses samples rather than holding up the sampling. It
-    // is handed only the series it forecasts: the others waited in its queue through a round
-    // (at 10,000 members a sample is megabytes, and a round takes minutes) to be dropped.
-    let hand = |s: &FleetSample, average: bool| {
-        if let Some((f, checks)) = &forecaster
-            && checks.wants(average)
-        {
-            let _ = f.try_send((s.clone(), average));
-        }
+    let r = Sampler {
+        store: store.clone(),
+        cfg,
+        forecaster,
+        placed: Placed::default(),
+        now: BTreeMap::new(),
+        rounds: Default::default(),
     };
-    // What the forecasts said of a sample's time is stored with it.
-    let annotate = |s: &mut FleetSample, average: bool| {
-        if let Some((_, checks)) = &forecaster {
-            checks.annotate(s, average);
-        }
-    };
-    let mut rx = informer::spawn(
-        store.clone(),
-        keys::well_known::clusters(),
-        shutdown.clone(),
-    );
-    let mut bindings = informer::spawn(
-        store.clone(),
-        keys::prefix("multicluster.io", "resourcebindings", None),
-        shutdown.clone(),
-    );
-    let mut placed = Placed::default();
-    let mut now: BTreeMap<String, Seen> = BTreeMap::new();
-    // Nothing is sampled before both listings are in (Orrery's part of a level unknown, the
-    // forecasts would see a step where there is none).
-    let (mut synced, mut placed_synced) = (false, false);
-    let mut tick = tokio::time::interval(cfg.interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut since_average = series::Averager::default();
-    // The cost last written (none yet: written at the first sample).
-    let mut last_cost: Option<series::FleetCost> = None;
-    let mut last_average = tokio::time::Instant::now();
-    let (mut raw_kept, mut average_kept) = (Kept::default(), Kept::default());
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            ev = rx.recv() => match ev {
-                None => return,
-                Some(Event::Listed(items)) => {
-                    now = items.iter().map(|c| (c.name().to_string(), Seen::of(c))).collect();
-                    synced = true;
-                }
-                Some(Event::Upsert(c)) => {
-                    now.insert(c.name().to_string(), Seen::of(&c));
-                }
-                Some(Event::Delete(c)) => {
-                    now.remove(c.name());
-                }
-            },
-            ev = bindings.recv() => match ev {
-                None => return,
-                Some(Event::Listed(items)) => {
-                    placed.reset(&items);
-                    placed_synced = true;
-                }
-                Some(Event::Upsert(b)) => {
-                    placed.put((b.namespace().to_string(), b.name().to_string()), Some(&b));
-                }
-                Some(Event::Delete(b)) => {
-                    placed.put((b.namespace().to_string(), b.name().to_string()), None);
-                }
-            },
-            _ = tick.tick() => {
-                if !synced || !placed_synced {
-                    continue;
-                }
-                let clusters = now
-                    .iter()
-                    .map(|(n, c)| {
-                        let mut sample = c.sample.clone();
-                        sample.placed = placed.shares_in(n, &c.allocatable);
-                        sample.cost = placed.cost_in(n, &c.prices);
-                        (n.clone(), sample)
-                    })
-                    .collect();
-                let mut s = FleetSample { time: Time::now(), clusters };
-                annotate(&mut s, false);
-                let cost = series::FleetCost::of(&s);
-                if let Some(m) = &cfg.cost_metrics {
-                    m.set(&cost);
-                }
-                if last_cost.as_ref().is_none_or(|c| (&c.hourly, &c.clusters) != (&cost.hourly, &cost.clusters)) {
-                    match put_cost(store.as_ref(), &cost).await {
-                        Ok(()) => last_cost = Some(cost),
-                        Err(e) => tracing::warn!(error = %e, "writing the fleet's cost"),
-                    }
-                }
-                if let Err(e) = write(store.as_ref(), series::RAW_PREFIX, &s, &mut raw_kept).await {
-                    tracing::warn!(error = %e, "writing a monitoring sample");
-                }
-                hand(&s, false);
-                since_average.add(&s);
-                if last_average.elapsed() >= cfg.average_every {
-                    last_average = tokio::time::Instant::now();
-                    if let Some(mut avg) = since_average.take() {
-                        annotate(&mut avg, true);
-                        if let Err(e) = write(store.as_ref(), series::AVERAGE_PREFIX, &avg, &mut average_kept).await {
-                            tracing::warn!(error = %e, "writing a monitoring average");
-                        }
-                        hand(&avg, true);
-                    }
-                    for (prefix, keep, budget, kept) in [
-                        (series::RAW_PREFIX, cfg.raw_retention, cfg.raw_budget, &mut raw_kept),
-                        (series::AVERAGE_PREFIX, cfg.average_retention, cfg.average_budget, &mut average_kept),
-                    ] {
-                        match prune(store.as_ref(), prefix, keep, budget, kept).await {
-                            Ok(n) if n > 0 => tracing::debug!(prefix, removed = n, "monitoring records pruned"),
-                            Ok(_) => {}
-                            Err(e) => tracing::warn!(error = %e, "pruning monitoring records"),
-                        }
-                    }
-                }
-            }
-        }
-    }
+    Controller::new("monitoring", store, r, metrics)
+        .source(Source::new("clusters", keys::well_known::clusters()))
+        .source(Source::new(
+            "bindings",
+            keys::prefix("multicluster.io", "resourcebindings", None),
+        ))
+        .run(shutdown)
+        .await;
 }
 
 #[cfg(test)]
@@ -661,7 +718,13 @@ mod tests {
             ..Default::default()
         };
         let (stop, stopped) = watch::channel(false);
-        let task = tokio::spawn(run(store.clone(), cfg, None, stopped));
+        let task = tokio::spawn(run(
+            store.clone(),
+            cfg,
+            None,
+            crate::runtime::metrics::ControllerMetrics::default().of("test"),
+            stopped,
+        ));
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while !levels(store.as_ref(), series::AVERAGE_PREFIX)
             .await

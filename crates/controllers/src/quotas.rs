@@ -36,7 +36,9 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::runtime::cache::Cache;
-use crate::runtime::reflector::{self, Event};
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, Source};
+use crate::runtime::metrics::Handle;
+use crate::runtime::reflector::Event;
 
 const COMPONENT: &str = "orrery-quotas";
 
@@ -119,7 +121,7 @@ fn live(o: &Object) -> bool {
     o.metadata.deletion_timestamp.is_none()
 }
 
-struct Controller {
+struct Quotas {
     store: Arc<dyn Store>,
     settings: Settings,
     members: Members,
@@ -287,7 +289,7 @@ struct Outcome {
     held: Vec<(String, String, Quantity, Quantity)>,
 }
 
-impl Controller {
+impl Quotas {
     /// The member's capacity now: its nodes as reported, else its Cluster's summary.
     fn capacity(&self, member: &Member) -> ResourceList {
         match self.capacities.get(member.name()).flatten() {
@@ -399,7 +401,7 @@ impl Controller {
     /// One round: members' objects, claims' capacity, queues' quotas, claims' status.
     /// Returns when it should run again at the latest (a capacity change waiting for its
     /// interval).
-    async fn reconcile(&self) -> Result<Option<Duration>, StoreError> {
+    async fn round(&self) -> Result<Option<Duration>, StoreError> {
         let clusters = self.members.live();
         self.kueue_policy().await?;
         // A few at a time: a fleet registering together must not wait for thousands of
@@ -715,116 +717,76 @@ fn list(l: &orrery_api::cluster::ResourceList) -> String {
         .join(", ")
 }
 
-/// Runs the controller until shutdown.
-pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch::Receiver<bool>) {
-    let cache = || Arc::new(Cache::new(&[]));
-    let (claims, queues) = (cache(), cache());
-    let follow = |prefix: String, c: &Arc<Cache>| {
-        reflector::spawn_cached(store.clone(), prefix, Some(c.clone()), shutdown.clone())
-    };
-    let mut cluster_events = reflector::spawn(
-        store.clone(),
-        keys::well_known::clusters(),
-        shutdown.clone(),
-    );
-    let mut metric_events = reflector::spawn(
-        store.clone(),
-        keys::prefix(GROUP, METRICS_PLURAL, None),
-        shutdown.clone(),
-    );
-    let mut claim_events = follow(keys::prefix(GROUP, CLAIM_PLURAL, None), &claims);
-    let mut queue_events = follow(keys::prefix(KUEUE_GROUP, QUEUE_PLURAL, None), &queues);
-    let c = Controller {
-        store,
-        settings,
-        members: Members::default(),
-        claims,
-        queues,
-        capacities: Capacities::default(),
-    };
-    let mut listed = BTreeSet::new();
-    // When the next round is due: soon after a change (events come in bursts, every member's
-    // heartbeat: one round for a burst), or when a capacity change waits for its interval.
-    let mut due: Option<tokio::time::Instant> = None;
-    let settle = Duration::from_millis(200);
-    loop {
-        let sleep = match due {
-            Some(at) => tokio::time::sleep_until(at),
-            None => tokio::time::sleep(Duration::from_secs(3600)),
+/// One key: a round covers every member, claim and queue.
+#[async_trait::async_trait]
+impl Reconciler for Quotas {
+    type Key = ();
+    type Error = StoreError;
+
+    fn on_event(&mut self, source: Origin, e: Event, keys: &mut Keys<()>) {
+        if source == "clusters" {
+            self.members.follow(&e);
+        }
+        let matters = match (source.name, &e) {
+            // A member's usage may change at every heartbeat; a round is for its capacity.
+            ("metrics", e) => self.capacities.seen(e),
+            (_, Event::Listed(_) | Event::Delete(_)) => true,
+            // A heartbeat matters where it brings a member's first capacity, or its only word
+            // on capacity (no node reported).
+            (source, Event::Upsert(o)) => {
+                source != "clusters"
+                    || !live(o)
+                    || self.claims.get("", &quota::claim_name(o.name())).is_none()
+                    || !self.capacities.has_nodes(o.name())
+            }
         };
-        let ev = tokio::select! {
-            _ = shutdown.changed() => return,
-            _ = sleep => None,
-            e = cluster_events.recv() => Some(("clusters", e)),
-            e = metric_events.recv() => Some(("metrics", e)),
-            e = claim_events.recv() => Some(("claims", e)),
-            e = queue_events.recv() => Some(("queues", e)),
-        };
-        let soon = tokio::time::Instant::now() + settle;
-        let mark = |due: &mut Option<tokio::time::Instant>| {
-            *due = Some(due.map_or(soon, |d| d.min(soon)));
-        };
-        if let Some(("clusters", Some(e))) = &ev {
-            c.members.follow(e);
-        }
-        match ev {
-            Some((_, None)) => return,
-            Some(("metrics", Some(e))) => {
-                if let Event::Listed(_) = e {
-                    listed.insert("metrics");
-                }
-                // A member's usage may change at every heartbeat; a round is for its capacity.
-                if c.capacities.seen(&e) {
-                    mark(&mut due);
-                }
-                continue;
-            }
-            Some((source, Some(Event::Listed(_)))) => {
-                listed.insert(source);
-                mark(&mut due);
-                continue;
-            }
-            Some((source, Some(Event::Upsert(o)))) => {
-                // A heartbeat matters where it brings a member's first capacity, or its only
-                // word on capacity (no node reported).
-                let matters = source != "clusters"
-                    || !live(&o)
-                    || c.claims.get("", &quota::claim_name(o.name())).is_none()
-                    || !c.capacities.has_nodes(o.name());
-                if matters {
-                    mark(&mut due);
-                }
-                continue;
-            }
-            Some((_, Some(Event::Delete(_)))) => {
-                mark(&mut due);
-                continue;
-            }
-            None => {}
-        }
-        due = None;
-        // The members as their events stand now: the claims' and queues' caches are kept in
-        // step by their reflectors, ahead of what waits here (a Cluster made again under its
-        // name would otherwise get objects owned by its old uid).
-        while let Ok(e) = cluster_events.try_recv() {
-            if matches!(e, Event::Listed(_)) {
-                listed.insert("clusters");
-            }
-            c.members.follow(&e);
-        }
-        // Nothing is decided before every source is listed.
-        if listed.len() < 4 {
-            continue;
-        }
-        match c.reconcile().await {
-            Ok(Some(w)) => due = Some(tokio::time::Instant::now() + w),
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(error = %e, "quotas: will retry");
-                due = Some(tokio::time::Instant::now() + Duration::from_secs(1));
-            }
+        if matters {
+            keys.push(());
         }
     }
+
+    fn all_keys(&self) -> Vec<()> {
+        vec![()]
+    }
+
+    /// Runs again when a capacity change waiting for its interval is due.
+    async fn reconcile(&self, _: &()) -> Result<Action, StoreError> {
+        self.round().await.map(Action::from)
+    }
+}
+
+/// Runs the controller until shutdown.
+pub async fn run(
+    store: Arc<dyn Store>,
+    settings: Settings,
+    metrics: Handle,
+    shutdown: watch::Receiver<bool>,
+) {
+    let cache = || Arc::new(Cache::new(&[]));
+    let (claims, queues) = (cache(), cache());
+    let r = Quotas {
+        store: store.clone(),
+        settings,
+        members: Members::default(),
+        claims: claims.clone(),
+        queues: queues.clone(),
+        capacities: Capacities::default(),
+    };
+    // The claims' and queues' caches are kept in step by their reflectors, ahead of the
+    // changes the controller takes in (a Cluster made again under its name would otherwise
+    // get objects owned by its old uid).
+    Controller::new("quotas", store, r, metrics)
+        .source(Source::new("clusters", keys::well_known::clusters()))
+        .source(Source::new(
+            "metrics",
+            keys::prefix(GROUP, METRICS_PLURAL, None),
+        ))
+        .source(Source::new("claims", keys::prefix(GROUP, CLAIM_PLURAL, None)).cached(claims))
+        .source(Source::new("queues", keys::prefix(KUEUE_GROUP, QUEUE_PLURAL, None)).cached(queues))
+        // Events come in bursts (every member's heartbeat): one round for a burst.
+        .settle(Duration::from_millis(200))
+        .run(shutdown)
+        .await;
 }
 
 #[cfg(test)]

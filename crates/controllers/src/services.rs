@@ -16,7 +16,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::Ipv4Addr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use orrery_api::cluster::{ClusterStatus, cluster_of_namespace, namespace_of};
 use orrery_api::conditions::{self, Condition};
@@ -36,7 +35,9 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::runtime::cache::Cache;
-use crate::runtime::reflector::{self, Event};
+use crate::runtime::controller::{self, Action, Controller, Keys, Origin, Reconciler};
+use crate::runtime::metrics::Handle;
+use crate::runtime::reflector::Event;
 
 /// The consumer Works' names: `orrery-mcs.<namespace>.<service>`.
 pub const WORK_PREFIX: &str = "orrery-mcs.";
@@ -144,7 +145,7 @@ fn facts_of(c: &Object) -> ClusterFacts {
     }
 }
 
-struct Controller {
+struct Services {
     store: Arc<dyn Store>,
     settings: Settings,
     exports: Arc<Cache>,
@@ -156,14 +157,14 @@ struct Controller {
     /// The Services each member Work carries, to forget them when it changes.
     work_services: HashMap<(String, String), Vec<Key>>,
     /// Orrery's own Works of multi-cluster services, by (cluster, work name).
-    own_works: HashMap<(String, String), Arc<Object>>,
+    own_works: parking_lot::Mutex<HashMap<(String, String), Arc<Object>>>,
     clusters: BTreeMap<String, ClusterFacts>,
     /// Members' own exports, by service, by cluster.
     member_exports: HashMap<Key, BTreeMap<String, MemberExport>>,
     /// The services each cluster exports of its own (to forget them when it stops).
     exports_of: HashMap<String, Vec<Key>>,
     /// Clusters whose ClusterSet properties Work is known to be as it should.
-    properties_done: HashSet<String>,
+    properties_done: parking_lot::Mutex<HashSet<String>>,
 }
 
 fn str_at<'a>(v: &'a Value, p: &str) -> &'a str {
@@ -176,7 +177,7 @@ fn keep_work(json: &[u8]) -> bool {
         || memchr::memmem::find(json, b"ClusterProperty").is_some()
 }
 
-impl Controller {
+impl Services {
     /// Takes in a Work (or its deletion, `None`), returning the services it concerns.
     fn observe_work(&mut self, w: &Object, present: bool) -> Vec<Key> {
         let Some(cluster) = cluster_of_namespace(w.namespace()).map(str::to_string) else {
@@ -186,11 +187,11 @@ impl Controller {
         if w.name().starts_with(WORK_PREFIX) || w.name() == CLUSTERSET_WORK {
             let own = (cluster.clone(), w.name().to_string());
             if present {
-                self.own_works.insert(own, Arc::new(w.clone()));
+                self.own_works.lock().insert(own, Arc::new(w.clone()));
             } else {
-                self.own_works.remove(&own);
+                self.own_works.lock().remove(&own);
                 if w.name() == CLUSTERSET_WORK {
-                    self.properties_done.remove(&cluster);
+                    self.properties_done.lock().remove(&cluster);
                 }
             }
             return w
@@ -324,7 +325,7 @@ impl Controller {
         l(a) + l(b)
     }
 
-    async fn reconcile(&mut self, key: &Key) -> Result<(), StoreError> {
+    async fn sync(&self, key: &Key) -> Result<(), StoreError> {
         // A user's own ServiceImport of this name (Karmada's older multi-cluster service
         // sample makes one and propagates it): it is the user's, a template its policy
         // propagates; Orrery neither overwrites nor deletes it, derives nothing under its
@@ -668,6 +669,7 @@ impl Controller {
         }
         let stale: Vec<String> = self
             .own_works
+            .lock()
             .keys()
             .filter(|(c, w)| *w == work_name && !consumers.contains(c))
             .map(|(c, _)| c.clone())
@@ -686,6 +688,7 @@ impl Controller {
     /// The conditions last sent to `cluster` for its own export (so their times hold).
     fn member_conditions(&self, cluster: &str, work_name: &str) -> Vec<Condition> {
         self.own_works
+            .lock()
             .get(&(cluster.to_string(), work_name.to_string()))
             .and_then(|w| w.spec.as_ref()?.pointer("/workload/manifests/0").cloned())
             .and_then(|i| {
@@ -865,7 +868,7 @@ impl Controller {
     /// Writes the consumers' Works (concurrently: a change reaches every consumer at once) and
     /// deletes those of clusters that no longer consume.
     async fn put_works(
-        &mut self,
+        &self,
         work_name: &str,
         writes: Vec<(String, Value)>,
         stale: Vec<String>,
@@ -874,6 +877,7 @@ impl Controller {
         for (cluster, spec) in writes {
             let current = self
                 .own_works
+                .lock()
                 .get(&(cluster.clone(), work_name.to_string()))
                 .cloned();
             if current
@@ -917,7 +921,7 @@ impl Controller {
         for (cluster, work_name, r) in futures_util::future::join_all(jobs).await {
             match r {
                 Ok(stored) => {
-                    self.own_works.insert((cluster, work_name), stored);
+                    self.own_works.lock().insert((cluster, work_name), stored);
                 }
                 // The cluster's namespace is going, or someone wrote it first: read it again.
                 Err(StoreError::NotFound { .. }) => {}
@@ -929,7 +933,9 @@ impl Controller {
         for cluster in stale {
             self.delete(&keys::well_known::work(&namespace_of(&cluster), work_name))
                 .await?;
-            self.own_works.remove(&(cluster, work_name.to_string()));
+            self.own_works
+                .lock()
+                .remove(&(cluster, work_name.to_string()));
         }
         match first_error {
             Some(e) => Err(e),
@@ -937,8 +943,8 @@ impl Controller {
         }
     }
 
-    async fn ensure_properties(&mut self, cluster: &str) -> Result<(), StoreError> {
-        if self.properties_done.contains(cluster) {
+    async fn ensure_properties(&self, cluster: &str) -> Result<(), StoreError> {
+        if self.properties_done.lock().contains(cluster) {
             return Ok(());
         }
         let property = |name: &str, value: &str| {
@@ -959,14 +965,14 @@ impl Controller {
             Vec::new(),
         )
         .await?;
-        self.properties_done.insert(cluster.to_string());
+        self.properties_done.lock().insert(cluster.to_string());
         Ok(())
     }
 
     /// A user's ServiceImport holds the name: what Orrery derived under it goes (its slices
     /// and consumer Works, never the import), and an export of the name says why it is not
     /// imported.
-    async fn yield_to_user_import(&mut self, key: &Key, user: &Object) -> Result<(), StoreError> {
+    async fn yield_to_user_import(&self, key: &Key, user: &Object) -> Result<(), StoreError> {
         let (ns, name) = key;
         // One a user wrote over an import Orrery derived keeps nothing that says it is
         // Orrery's (the export owning it would take it away with it).
@@ -1019,12 +1025,12 @@ impl Controller {
 
     /// Takes back what an export made: its import, slices and consumer Works (and the export
     /// is gone or cannot be exported).
-    async fn withdraw(&mut self, key: &Key) -> Result<(), StoreError> {
+    async fn withdraw(&self, key: &Key) -> Result<(), StoreError> {
         self.withdraw_derived(key, true).await
     }
 
     /// [`Self::withdraw`]; the import too where `import` (and it is Orrery's).
-    async fn withdraw_derived(&mut self, key: &Key, import: bool) -> Result<(), StoreError> {
+    async fn withdraw_derived(&self, key: &Key, import: bool) -> Result<(), StoreError> {
         let (ns, name) = key;
         if import
             && self
@@ -1048,6 +1054,7 @@ impl Controller {
         let work_name = format!("{WORK_PREFIX}{ns}.{name}");
         let stale: Vec<String> = self
             .own_works
+            .lock()
             .keys()
             .filter(|(_, w)| *w == work_name)
             .map(|(c, _)| c.clone())
@@ -1083,150 +1090,131 @@ fn same_slice(cur: &Object, want: &Object) -> bool {
         && cur.other == want.other
 }
 
+#[async_trait::async_trait]
+impl Reconciler for Services {
+    /// A service's namespace and name.
+    type Key = Key;
+    type Error = StoreError;
+
+    fn on_event(&mut self, source: Origin, ev: Event, keys: &mut Keys<Key>) {
+        let key_of = |o: &Object| (o.namespace().to_string(), o.name().to_string());
+        match (source.name, ev) {
+            ("clusters", Event::Listed(items)) => {
+                self.clusters = items
+                    .iter()
+                    .map(|o| (o.name().to_string(), facts_of(o)))
+                    .collect();
+                let clusters = &self.clusters;
+                self.properties_done
+                    .get_mut()
+                    .retain(|n| clusters.contains_key(n));
+                self.member_exports.clear();
+                self.exports_of.clear();
+                for o in &items {
+                    self.observe_member_exports(o.name(), Some(o));
+                }
+                keys.all();
+            }
+            ("clusters", Event::Upsert(o)) => {
+                let f = facts_of(&o);
+                if self.clusters.get(o.name()) != Some(&f) {
+                    self.clusters.insert(o.name().to_string(), f);
+                    keys.all();
+                }
+                keys.extend(self.observe_member_exports(o.name(), Some(&o)));
+            }
+            ("clusters", Event::Delete(o)) => {
+                self.clusters.remove(o.name());
+                self.properties_done.get_mut().remove(o.name());
+                keys.extend(self.observe_member_exports(o.name(), None));
+                keys.all();
+            }
+            ("works", Event::Listed(items)) => {
+                self.running.clear();
+                self.work_services.clear();
+                self.own_works.get_mut().clear();
+                self.properties_done.get_mut().clear();
+                for w in items {
+                    self.observe_work(&w, true);
+                }
+                keys.all();
+            }
+            ("works", Event::Upsert(w)) => keys.extend(self.observe_work(&w, true)),
+            ("works", Event::Delete(w)) => keys.extend(self.observe_work(&w, false)),
+            (_, Event::Listed(_)) => keys.all(),
+            ("slices", Event::Upsert(o) | Event::Delete(o)) => {
+                if let Some(svc) = o.labels().get(LABEL_SERVICE_NAME) {
+                    keys.push((o.namespace().to_string(), svc.clone()));
+                }
+            }
+            (_, Event::Upsert(o) | Event::Delete(o)) => keys.push(key_of(&o)),
+        }
+    }
+
+    fn all_keys(&self) -> Vec<Key> {
+        let key_of = |o: &Object| (o.namespace().to_string(), o.name().to_string());
+        let mut all: BTreeSet<Key> = self.exports.list().iter().map(|o| key_of(o)).collect();
+        all.extend(self.imports.list().iter().map(|o| key_of(o)));
+        all.extend(self.member_exports.keys().cloned());
+        for (_, w) in self.own_works.lock().keys() {
+            if let Some((ns, svc)) = w.strip_prefix(WORK_PREFIX).and_then(|r| r.split_once('.')) {
+                all.insert((ns.to_string(), svc.to_string()));
+            }
+        }
+        all.into_iter().collect()
+    }
+
+    async fn reconcile(&self, key: &Key) -> Result<Action, StoreError> {
+        self.sync(key).await.map(|_| Action::Done)
+    }
+}
+
 /// Runs the controller until shutdown.
-pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(
+    store: Arc<dyn Store>,
+    settings: Settings,
+    metrics: Handle,
+    shutdown: watch::Receiver<bool>,
+) {
     let cache = || Arc::new(Cache::new(&[]));
     let (exports, services, imports, slices) = (cache(), cache(), cache(), cache());
-    let follow = |prefix: String, c: &Arc<Cache>| {
-        reflector::spawn_cached(store.clone(), prefix, Some(c.clone()), shutdown.clone())
-    };
-    let mut export_events = follow(keys::prefix(mcs::GROUP, mcs::EXPORT_PLURAL, None), &exports);
-    let mut service_events = follow(keys::prefix("", "services", None), &services);
-    let mut import_events = follow(keys::prefix(mcs::GROUP, mcs::IMPORT_PLURAL, None), &imports);
-    let mut slice_events = follow(
-        keys::prefix("discovery.k8s.io", "endpointslices", None),
-        &slices,
-    );
-    // What is read of a Cluster is kept as its facts: the Clusters themselves are not cached
-    // (a parsed Cluster is about 25 KB; at 10,000 members that is a quarter of a GiB).
-    let mut cluster_events = reflector::spawn(
-        store.clone(),
-        keys::well_known::clusters(),
-        shutdown.clone(),
-    );
-    let mut work_events = reflector::spawn_filtered(
-        store.clone(),
-        keys::well_known::works(None),
-        keep_work,
-        shutdown.clone(),
-    );
-    let mut c = Controller {
-        store,
+    let r = Services {
+        store: store.clone(),
         settings,
         exports: exports.clone(),
-        services,
-        imports,
-        slices,
+        services: services.clone(),
+        imports: imports.clone(),
+        slices: slices.clone(),
         running: HashMap::new(),
         work_services: HashMap::new(),
-        own_works: HashMap::new(),
+        own_works: Default::default(),
         clusters: BTreeMap::new(),
         member_exports: HashMap::new(),
         exports_of: HashMap::new(),
-        properties_done: HashSet::new(),
+        properties_done: Default::default(),
     };
-    let mut listed: HashSet<&'static str> = HashSet::new();
-    let mut dirty: BTreeSet<Key> = BTreeSet::new();
-    let mut all_dirty = false;
-    let mut retry_at: Option<Instant> = None;
-    let key_of = |o: &Object| (o.namespace().to_string(), o.name().to_string());
-    loop {
-        let wait = retry_at.map_or(Duration::from_secs(3600), |t| {
-            t.saturating_duration_since(Instant::now())
-        });
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            _ = tokio::time::sleep(wait) => { retry_at = None; all_dirty = true; }
-            ev = export_events.recv() => match ev {
-                None => return,
-                Some(Event::Listed(_)) => { listed.insert("exports"); all_dirty = true; }
-                Some(Event::Upsert(o)) | Some(Event::Delete(o)) => { dirty.insert(key_of(&o)); }
-            },
-            ev = service_events.recv() => match ev {
-                None => return,
-                Some(Event::Listed(_)) => { listed.insert("services"); all_dirty = true; }
-                Some(Event::Upsert(o)) | Some(Event::Delete(o)) => { dirty.insert(key_of(&o)); }
-            },
-            ev = import_events.recv() => match ev {
-                None => return,
-                Some(Event::Listed(_)) => { listed.insert("imports"); all_dirty = true; }
-                Some(Event::Upsert(o)) | Some(Event::Delete(o)) => { dirty.insert(key_of(&o)); }
-            },
-            ev = slice_events.recv() => match ev {
-                None => return,
-                Some(Event::Listed(_)) => { listed.insert("slices"); all_dirty = true; }
-                Some(Event::Upsert(o)) | Some(Event::Delete(o)) => {
-                    if let Some(svc) = o.labels().get(LABEL_SERVICE_NAME) {
-                        dirty.insert((o.namespace().to_string(), svc.clone()));
-                    }
-                }
-            },
-            ev = cluster_events.recv() => match ev {
-                None => return,
-                Some(Event::Listed(items)) => {
-                    listed.insert("clusters");
-                    c.clusters = items.iter().map(|o| (o.name().to_string(), facts_of(o))).collect();
-                    c.properties_done.retain(|n| c.clusters.contains_key(n));
-                    c.member_exports.clear();
-                    c.exports_of.clear();
-                    for o in &items {
-                        c.observe_member_exports(o.name(), Some(o));
-                    }
-                    all_dirty = true;
-                }
-                Some(Event::Upsert(o)) => {
-                    let f = facts_of(&o);
-                    if c.clusters.get(o.name()) != Some(&f) {
-                        c.clusters.insert(o.name().to_string(), f);
-                        all_dirty = true;
-                    }
-                    dirty.extend(c.observe_member_exports(o.name(), Some(&o)));
-                }
-                Some(Event::Delete(o)) => {
-                    c.clusters.remove(o.name());
-                    c.properties_done.remove(o.name());
-                    dirty.extend(c.observe_member_exports(o.name(), None));
-                    all_dirty = true;
-                }
-            },
-            ev = work_events.recv() => match ev {
-                None => return,
-                Some(Event::Listed(items)) => {
-                    listed.insert("works");
-                    c.running.clear();
-                    c.work_services.clear();
-                    c.own_works.clear();
-                    c.properties_done.clear();
-                    for w in items {
-                        c.observe_work(&w, true);
-                    }
-                    all_dirty = true;
-                }
-                Some(Event::Upsert(w)) => dirty.extend(c.observe_work(&w, true)),
-                Some(Event::Delete(w)) => dirty.extend(c.observe_work(&w, false)),
-            },
-        }
-        // Nothing is decided before every source is listed.
-        if listed.len() < 6 {
-            continue;
-        }
-        if all_dirty {
-            all_dirty = false;
-            dirty.extend(exports.list().iter().map(|o| key_of(o)));
-            dirty.extend(c.imports.list().iter().map(|o| key_of(o)));
-            dirty.extend(c.member_exports.keys().cloned());
-            for (_, w) in c.own_works.keys() {
-                if let Some((ns, svc)) = w.strip_prefix(WORK_PREFIX).and_then(|r| r.split_once('.'))
-                {
-                    dirty.insert((ns.to_string(), svc.to_string()));
-                }
-            }
-        }
-        for key in std::mem::take(&mut dirty) {
-            if let Err(e) = c.reconcile(&key).await {
-                tracing::warn!(namespace = %key.0, service = %key.1, error = %e, "multi-cluster service: will retry");
-                retry_at.get_or_insert(Instant::now() + Duration::from_secs(1));
-            }
-        }
-    }
+    let mcs = |plural| keys::prefix(mcs::GROUP, plural, None);
+    Controller::new("services", store, r, metrics)
+        .source(controller::Source::new("exports", mcs(mcs::EXPORT_PLURAL)).cached(exports))
+        .source(
+            controller::Source::new("services", keys::prefix("", "services", None))
+                .cached(services),
+        )
+        .source(controller::Source::new("imports", mcs(mcs::IMPORT_PLURAL)).cached(imports))
+        .source(
+            controller::Source::new(
+                "slices",
+                keys::prefix("discovery.k8s.io", "endpointslices", None),
+            )
+            .cached(slices),
+        )
+        // What is read of a Cluster is kept as its facts: the Clusters themselves are not
+        // cached (a parsed Cluster is about 25 KB; at 10,000 members a quarter of a GiB).
+        .source(controller::Source::new(
+            "clusters",
+            keys::well_known::clusters(),
+        ))
+        .source(controller::Source::new("works", keys::well_known::works(None)).filtered(keep_work))
+        .run(shutdown)
+        .await;
 }

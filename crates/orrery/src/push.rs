@@ -16,7 +16,10 @@ use orrery_api::conditions::{self, Condition};
 use orrery_api::{Object, Time, keys};
 use orrery_apiserver::App;
 use orrery_apiserver::auth::{Identity, Revoke};
-use orrery_controllers::runtime::reflector::{self as informer, Event};
+use orrery_controllers::runtime::controller::{
+    Action, Controller, Keys, Origin, Reconciler, Source,
+};
+use orrery_controllers::runtime::reflector::Event;
 use orrery_store::{Store, StoreError, update_with};
 use serde_json::Value;
 use tokio::sync::watch;
@@ -216,84 +219,133 @@ impl Known {
     }
 }
 
+/// The push agents' supervisor: a key per Cluster.
+struct Supervisor {
+    app: Arc<App>,
+    store: Arc<dyn Store>,
+    url: String,
+    ca_pem: String,
+    shutdown: watch::Receiver<bool>,
+    /// What each Cluster was last seen as; the object itself only for Push clusters (a
+    /// parsed Cluster is about 25 KB, and a large fleet's are nearly all Pull).
+    known: HashMap<String, Known>,
+    /// The agents running, by cluster (dropping one stops it).
+    running: parking_lot::Mutex<HashMap<String, Running>>,
+}
+
+#[async_trait::async_trait]
+impl Reconciler for Supervisor {
+    type Key = String;
+    type Error = String;
+
+    fn on_event(&mut self, _: Origin, ev: Event, keys: &mut Keys<String>) {
+        match ev {
+            Event::Listed(items) => {
+                self.known = items
+                    .iter()
+                    .map(|o| (o.name().to_string(), Known::of(o)))
+                    .collect();
+                keys.all();
+            }
+            Event::Upsert(o) => {
+                // Heartbeats change only the status: nothing to look at again.
+                let now = Known::of(&o);
+                let same = self.known.get(o.name()).is_some_and(|k| k.same(&now));
+                self.known.insert(o.name().to_string(), now);
+                if !same {
+                    keys.push(o.name().to_string());
+                }
+            }
+            Event::Delete(o) => {
+                self.known.remove(o.name());
+                keys.push(o.name().to_string());
+            }
+        }
+    }
+
+    /// Every Cluster known and every agent running (one whose Cluster went while nobody
+    /// looked is stopped).
+    fn all_keys(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.known.keys().cloned().collect();
+        all.extend(
+            self.running
+                .lock()
+                .keys()
+                .filter(|n| !self.known.contains_key(*n))
+                .cloned(),
+        );
+        all
+    }
+
+    /// Secrets change without the Cluster changing: the Push clusters are looked at again
+    /// now and then.
+    fn tick(&mut self, keys: &mut Keys<String>) {
+        keys.extend(
+            self.known
+                .iter()
+                .filter(|(_, k)| k.push.is_some())
+                .map(|(n, _)| n.clone()),
+        );
+    }
+
+    async fn reconcile(&self, name: &String) -> Result<Action, String> {
+        let c = self.known.get(name).and_then(|k| k.push.clone());
+        let wanted = match &c {
+            Some(c) => wanted_of(&self.app, c).await,
+            None => None,
+        };
+        let current = self.running.lock().get(name).map(|r| r.wanted.clone());
+        match (wanted, current, c) {
+            (Some(w), Some(r), _) if r == w => {}
+            (Some(w), _, Some(c)) => {
+                if let Some(r) = self.running.lock().remove(name) {
+                    let _ = r.stop.send(true);
+                }
+                let started = start(
+                    &self.app,
+                    &self.store,
+                    &self.url,
+                    &self.ca_pem,
+                    &c,
+                    w,
+                    &self.shutdown,
+                )
+                .await;
+                if let Some(r) = started {
+                    self.running.lock().insert(name.clone(), r);
+                }
+            }
+            (_, _, _) => {
+                if let Some(r) = self.running.lock().remove(name) {
+                    let _ = r.stop.send(true);
+                }
+            }
+        }
+        Ok(Action::Done)
+    }
+}
+
 /// Runs the push agents of all Push clusters until shutdown.
 pub fn spawn(
     app: Arc<App>,
     store: Arc<dyn Store>,
     url: String,
     ca_pem: String,
+    metrics: orrery_controllers::runtime::metrics::Handle,
     shutdown: watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut events = informer::spawn(
-            app.store.clone(),
-            keys::well_known::clusters(),
-            shutdown.clone(),
-        );
-        let mut running: HashMap<String, Running> = HashMap::new();
-        // What each Cluster was last seen as; the object itself only for Push clusters (a
-        // parsed Cluster is about 25 KB, and a large fleet's are nearly all Pull).
-        let mut known: HashMap<String, Known> = HashMap::new();
-        let mut resync = tokio::time::interval(Duration::from_secs(15));
-        loop {
-            let changed: Vec<Arc<Object>> = tokio::select! {
-                ev = events.recv() => match ev {
-                    None => break,
-                    Some(Event::Listed(items)) => {
-                        known = items.iter().map(|o| (o.name().to_string(), Known::of(o))).collect();
-                        for gone in running.keys().filter(|n| !known.contains_key(*n)).cloned().collect::<Vec<_>>() {
-                            if let Some(r) = running.remove(&gone) {
-                                let _ = r.stop.send(true);
-                            }
-                        }
-                        items
-                    }
-                    Some(Event::Upsert(o)) => {
-                        // Heartbeats change only the status: nothing to look at again.
-                        let now = Known::of(&o);
-                        let same = known.get(o.name()).is_some_and(|k| k.same(&now));
-                        known.insert(o.name().to_string(), now);
-                        if same {
-                            continue;
-                        }
-                        vec![o]
-                    }
-                    Some(Event::Delete(o)) => {
-                        known.remove(o.name());
-                        if let Some(r) = running.remove(o.name()) {
-                            let _ = r.stop.send(true);
-                        }
-                        continue;
-                    }
-                },
-                // Secrets change without the Cluster changing: look again now and then.
-                _ = resync.tick() => known.values().filter_map(|k| k.push.clone()).collect(),
-            };
-            for c in changed {
-                let name = c.name().to_string();
-                let wanted = wanted_of(&app, &c).await;
-                match (wanted, running.get(&name)) {
-                    (None, Some(_)) => {
-                        if let Some(r) = running.remove(&name) {
-                            let _ = r.stop.send(true);
-                        }
-                    }
-                    (Some(w), Some(r)) if r.wanted == w => {}
-                    (Some(w), _) => {
-                        if let Some(r) = running.remove(&name) {
-                            let _ = r.stop.send(true);
-                        }
-                        if let Some(r) = start(&app, &store, &url, &ca_pem, &c, w, &shutdown).await
-                        {
-                            running.insert(name, r);
-                        }
-                    }
-                    (None, None) => {}
-                }
-            }
-        }
-        for (_, r) in running {
-            let _ = r.stop.send(true);
-        }
-    })
+    let s = Supervisor {
+        app: app.clone(),
+        store,
+        url,
+        ca_pem,
+        shutdown: shutdown.clone(),
+        known: HashMap::new(),
+        running: Default::default(),
+    };
+    // The Clusters are read from the server's own store, the writes go through the term's.
+    let c = Controller::new("push", app.store.clone(), s, metrics)
+        .source(Source::new("clusters", keys::well_known::clusters()))
+        .every(Duration::from_secs(15));
+    tokio::spawn(c.run(shutdown))
 }

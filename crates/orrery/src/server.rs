@@ -566,6 +566,7 @@ fn spawn_controllers(
         orrery_apiserver::rbac::write_aggregated_rules(
             app.authz.clone(),
             store.clone(),
+            m.controllers.of("aggregation"),
             shutdown.clone(),
         ),
     )];
@@ -652,64 +653,31 @@ fn spawn_controllers(
         store.clone(),
         m.url.clone(),
         m.ca_pem.clone(),
+        m.controllers.of("push"),
         shutdown,
     ));
     controllers
 }
 
-/// Runs the controllers while this server leads: each term gets a fenced view of the store
-/// (its writes commit only while the term's Lease stands) and a shutdown of its own, fired when
-/// the term ends or the server stops; a term's controllers are stopped and joined before the
-/// next term starts theirs.
+/// Runs the controllers while this server leads (each term on a fenced store, see
+/// `orrery_runtime::terms`).
 async fn lead(
     args: ServerArgs,
     store: Arc<dyn Store>,
     app: Arc<App>,
     m: TermShared,
-    mut leading: orrery_controllers::leader::Leading,
+    leading: orrery_controllers::leader::Leading,
     leader: orrery_controllers::leader::LeaderMetric,
-    mut shutdown: tokio::sync::watch::Receiver<bool>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
 ) {
-    loop {
-        let fence = tokio::select! {
-            r = leading.wait_for(Option::is_some) => match r {
-                Ok(f) => f.clone(),
-                Err(_) => return,
-            },
-            _ = shutdown.wait_for(|s| *s) => return,
-        };
-        let Some(fence) = fence else { continue };
-        let term_store = store.fenced(fence).unwrap_or_else(|| store.clone());
-        let (term_tx, term_rx) = tokio::sync::watch::channel(false);
-        leader.set(true);
-        let handles = spawn_controllers(&args, term_store, &app, &m, term_rx);
-        let stopping = tokio::select! {
-            _ = leading.wait_for(Option::is_none) => false,
-            _ = shutdown.wait_for(|s| *s) => true,
-        };
-        leader.set(false);
-        let _ = term_tx.send(true);
-        stop_all(handles).await;
-        if stopping {
-            return;
-        }
-        tracing::warn!("this server no longer leads; its controllers stopped");
-    }
-}
-
-/// Joins controller tasks, giving them 10 s to finish the writes they have begun.
-async fn stop_all(handles: Vec<tokio::task::JoinHandle<()>>) {
-    let aborts: Vec<_> = handles.iter().map(|h| h.abort_handle()).collect();
-    let joined = futures_util::future::join_all(handles);
-    if tokio::time::timeout(Duration::from_secs(10), joined)
-        .await
-        .is_err()
-    {
-        tracing::warn!("controllers did not stop within 10 s; stopping them");
-        for a in aborts {
-            a.abort();
-        }
-    }
+    orrery_controllers::runtime::terms::run(
+        store,
+        leading,
+        shutdown,
+        |leads| leader.set(leads),
+        |term_store, term_rx| spawn_controllers(&args, term_store, &app, &m, term_rx),
+    )
+    .await;
 }
 
 /// Creates `dir` if missing and makes it its owner's alone (0700), whatever the umask: it
@@ -911,6 +879,8 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         .await
         .context("writing the default RBAC roles and bindings")?;
     orrery_store::spawn_compactor(store.clone(), args.compaction_interval);
+    // Every replica serves the kinds the stored CRDs define, whoever wrote them.
+    app.follow_crds(controller_metrics.of("served-kinds"), shutdown_rx.clone());
 
     let url = client_url(&listen);
     pki::write_kubeconfig(
@@ -941,9 +911,14 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     }
 
     if let Some(addr) = args.dns_listen {
-        let bound = crate::dns::serve_fleet(store.clone(), addr, shutdown_rx.clone())
-            .await
-            .with_context(|| format!("serving clusterset DNS on {addr}"))?;
+        let bound = crate::dns::serve_fleet(
+            store.clone(),
+            addr,
+            shutdown_rx.clone(),
+            controller_metrics.of("dns"),
+        )
+        .await
+        .with_context(|| format!("serving clusterset DNS on {addr}"))?;
         println!("clusterset DNS at {bound} (udp and tcp)");
     }
     let serving = tokio::spawn(orrery_apiserver::server::serve(

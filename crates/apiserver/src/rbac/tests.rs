@@ -790,6 +790,7 @@ async fn aggregated_rules_are_written_into_the_roles() {
     let writer = tokio::spawn(write_aggregated_rules(
         authz.clone(),
         store.clone(),
+        orrery_runtime::metrics::ControllerMetrics::default().of("aggregation"),
         shutdown,
     ));
     let key = orrery_api::keys::object(GROUP, "clusterroles", None, "view");

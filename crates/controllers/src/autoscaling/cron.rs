@@ -20,7 +20,9 @@ use orrery_store::{Store, StoreError, update_with};
 use tokio::sync::watch;
 
 use crate::runtime::cache::Cache;
-use crate::runtime::reflector as informer;
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, Source};
+use crate::runtime::metrics::Handle;
+use crate::runtime::reflector::Event;
 
 /// How late a scheduled time may still run (the server was down, or busy).
 pub const CATCH_UP: Duration = Duration::from_secs(300);
@@ -284,37 +286,60 @@ async fn reconcile(store: &dyn Store, o: &Object, now: Time) {
     }
 }
 
-/// Runs every CronFederatedHPA's rules until shutdown.
-pub async fn run(store: Arc<dyn Store>, mut shutdown: watch::Receiver<bool>) {
-    let objects = Arc::new(Cache::new(&[]));
-    let mut events = informer::spawn_cached(
-        store.clone(),
-        keys::prefix(a::GROUP, a::CRON_PLURAL, None),
-        Some(objects.clone()),
-        shutdown.clone(),
-    );
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            // The cache follows the events; the rules run on the tick.
-            ev = events.recv() => if ev.is_none() {
-                return;
-            },
-            _ = tick.tick() => {
-                if !objects.is_listed() {
-                    continue;
-                }
-                let now = Time::now();
-                for o in objects.list() {
-                    if o.metadata.deletion_timestamp.is_none() {
-                        reconcile(store.as_ref(), &o, now).await;
-                    }
-                }
-            }
+struct Cron {
+    store: Arc<dyn Store>,
+    objects: Arc<Cache>,
+}
+
+/// How often each CronFederatedHPA's rules are looked at.
+const TICK: Duration = Duration::from_secs(1);
+
+#[async_trait::async_trait]
+impl Reconciler for Cron {
+    /// A CronFederatedHPA's namespace and name.
+    type Key = (String, String);
+    type Error = StoreError;
+
+    fn on_event(&mut self, _: Origin, ev: Event, keys: &mut Keys<Self::Key>) {
+        match ev {
+            Event::Listed(_) => keys.all(),
+            Event::Upsert(o) => keys.push((o.namespace().to_string(), o.name().to_string())),
+            Event::Delete(_) => {}
         }
     }
+
+    fn all_keys(&self) -> Vec<Self::Key> {
+        self.objects
+            .list()
+            .iter()
+            .map(|o| (o.namespace().to_string(), o.name().to_string()))
+            .collect()
+    }
+
+    /// Runs what is due of its rules; looked at again every second while it exists.
+    async fn reconcile(&self, (ns, name): &Self::Key) -> Result<Action, StoreError> {
+        let Some(o) = self.objects.get(ns, name) else {
+            return Ok(Action::Done);
+        };
+        if o.metadata.deletion_timestamp.is_some() {
+            return Ok(Action::Done);
+        }
+        reconcile(self.store.as_ref(), &o, Time::now()).await;
+        Ok(Action::After(TICK))
+    }
+}
+
+/// Runs every CronFederatedHPA's rules until shutdown.
+pub async fn run(store: Arc<dyn Store>, metrics: Handle, shutdown: watch::Receiver<bool>) {
+    let objects = Arc::new(Cache::new(&[]));
+    let r = Cron {
+        store: store.clone(),
+        objects: objects.clone(),
+    };
+    Controller::new("cron", store, r, metrics)
+        .source(Source::new("cron", keys::prefix(a::GROUP, a::CRON_PLURAL, None)).cached(objects))
+        .run(shutdown)
+        .await;
 }
 
 #[cfg(test)]

@@ -31,7 +31,9 @@ use tokio::sync::watch;
 
 use super::recommend;
 use crate::runtime::cache::Cache;
-use crate::runtime::reflector::{self as informer, Event};
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, Source};
+use crate::runtime::metrics::Handle;
+use crate::runtime::reflector::Event;
 
 /// Where each FederatedHPA's recorded usage is kept.
 pub const USAGE_PREFIX: &str = "/internal/autoscaling/usage/";
@@ -257,13 +259,13 @@ pub fn forecast_peaks(
     Ok(out)
 }
 
-struct Controller {
+struct Scaler {
     store: Arc<dyn Store>,
     settings: Settings,
     memory: BTreeMap<Key, Memory>,
 }
 
-impl Controller {
+impl Scaler {
     fn step_seconds(&self) -> i64 {
         (self.settings.season.as_secs() as i64 / SEASON_POINTS as i64)
             .max(self.settings.sync_period.as_secs().max(1) as i64)
@@ -566,84 +568,150 @@ fn set(st: &mut FederatedHPAStatus, type_: &str, ok: bool, reason: &str, msg: &s
     );
 }
 
-/// Runs every FederatedHPA until shutdown.
-pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch::Receiver<bool>) {
-    let objects = Arc::new(Cache::new(&[]));
-    let mut events = informer::spawn_cached(
-        store.clone(),
-        keys::prefix(orrery_api::autoscaling::GROUP, f::PLURAL, None),
-        Some(objects.clone()),
-        shutdown.clone(),
-    );
-    let mut tick = tokio::time::interval(settings.sync_period.max(Duration::from_millis(100)));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut c = Controller {
-        store,
-        settings,
-        memory: BTreeMap::new(),
-    };
-    let key_of = |o: &Object| (o.namespace().to_string(), o.name().to_string());
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => return,
-            // The cache follows the events; what is remembered of a FederatedHPA goes with it.
-            ev = events.recv() => match ev {
-                None => return,
-                Some(Event::Listed(items)) => {
-                    let listed: std::collections::BTreeSet<Key> =
-                        items.iter().map(|o| key_of(o)).collect();
-                    c.memory.retain(|k, _| listed.contains(k));
-                    // The usage of FederatedHPAs deleted while the server was down goes too.
-                    if let Ok(page) = c.store.list(USAGE_PREFIX, &Default::default()).await {
-                        for s in page.items {
-                            let k = key_of(&s);
-                            if !listed.contains(&k) {
-                                let _ = c.store.delete(&usage_key(&k.0, &k.1), &Default::default()).await;
-                            }
-                        }
-                    }
-                }
-                Some(Event::Upsert(_)) => {}
-                Some(Event::Delete(o)) => {
-                    let k = key_of(&o);
-                    c.memory.remove(&k);
-                    let _ = c.store.delete(&usage_key(&k.0, &k.1), &Default::default()).await;
-                }
-            },
-            _ = tick.tick() => {
-                if !objects.is_listed() {
-                    continue;
-                }
-                // Each spec read once a pass (admission checked them: one that does not read
-                // is skipped).
-                let all: Vec<(Arc<Object>, FederatedHPASpec)> = objects
-                    .list()
-                    .into_iter()
-                    .filter(|o| o.metadata.deletion_timestamp.is_none())
-                    .filter_map(|o| FederatedHPASpec::parse(o.spec.as_ref()).ok().map(|s| (o, s)))
-                    .collect();
-                // Which FederatedHPAs scale each workload.
-                let target = |o: &Object, s: &FederatedHPASpec| {
-                    let r = &s.scale_target_ref;
-                    (o.namespace().to_string(), r.kind.clone(), r.name.clone())
-                };
-                let mut by_target: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
-                for (o, s) in &all {
-                    by_target.entry(target(o, s)).or_default().push(o.name().to_string());
-                }
-                for (o, spec) in all {
-                    let rivals: Vec<String> = by_target
-                        .get(&target(&o, &spec))
-                        .into_iter()
-                        .flatten()
-                        .filter(|n| *n != o.name())
-                        .cloned()
-                        .collect();
-                    c.reconcile(&o, &spec, &rivals).await;
-                }
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Task {
+    /// Every FederatedHPA, once a sync period.
+    Pass,
+    /// After a listing: the usage series of FederatedHPAs deleted while the server was down.
+    Sweep,
+    /// A deleted FederatedHPA: its usage series goes.
+    Forget(Key),
+}
+
+/// The scaler remembers between passes (usage series, forecasts), so it is behind an async
+/// lock (one pass at a time).
+struct FederatedHpas {
+    scaler: tokio::sync::Mutex<Scaler>,
+    objects: Arc<Cache>,
+}
+
+impl FederatedHpas {
+    async fn pass(&self) {
+        let mut c = self.scaler.lock().await;
+        // Each spec read once a pass (admission checked them: one that does not read is
+        // skipped).
+        let all: Vec<(Arc<Object>, FederatedHPASpec)> = self
+            .objects
+            .list()
+            .into_iter()
+            .filter(|o| o.metadata.deletion_timestamp.is_none())
+            .filter_map(|o| {
+                FederatedHPASpec::parse(o.spec.as_ref())
+                    .ok()
+                    .map(|s| (o, s))
+            })
+            .collect();
+        // Which FederatedHPAs scale each workload.
+        let target = |o: &Object, s: &FederatedHPASpec| {
+            let r = &s.scale_target_ref;
+            (o.namespace().to_string(), r.kind.clone(), r.name.clone())
+        };
+        let mut by_target: BTreeMap<(String, String, String), Vec<String>> = BTreeMap::new();
+        for (o, s) in &all {
+            by_target
+                .entry(target(o, s))
+                .or_default()
+                .push(o.name().to_string());
+        }
+        for (o, spec) in all {
+            let rivals: Vec<String> = by_target
+                .get(&target(&o, &spec))
+                .into_iter()
+                .flatten()
+                .filter(|n| *n != o.name())
+                .cloned()
+                .collect();
+            c.reconcile(&o, &spec, &rivals).await;
+        }
+    }
+}
+
+fn key_of(o: &Object) -> Key {
+    (o.namespace().to_string(), o.name().to_string())
+}
+
+#[async_trait::async_trait]
+impl Reconciler for FederatedHpas {
+    type Key = Task;
+    type Error = StoreError;
+
+    /// The cache follows the events; what is remembered of a FederatedHPA goes with it.
+    fn on_event(&mut self, _: Origin, ev: Event, keys: &mut Keys<Task>) {
+        let memory = &mut self.scaler.get_mut().memory;
+        match ev {
+            Event::Listed(items) => {
+                let listed: std::collections::BTreeSet<Key> =
+                    items.iter().map(|o| key_of(o)).collect();
+                memory.retain(|k, _| listed.contains(k));
+                keys.push(Task::Sweep);
+            }
+            Event::Upsert(_) => {}
+            Event::Delete(o) => {
+                let k = key_of(&o);
+                memory.remove(&k);
+                keys.push(Task::Forget(k));
             }
         }
     }
+
+    fn all_keys(&self) -> Vec<Task> {
+        vec![Task::Pass]
+    }
+
+    async fn reconcile(&self, task: &Task) -> Result<Action, StoreError> {
+        let store = self.scaler.lock().await.store.clone();
+        match task {
+            Task::Pass => {
+                self.pass().await;
+                let period = self.scaler.lock().await.settings.sync_period;
+                return Ok(Action::After(period.max(Duration::from_millis(100))));
+            }
+            Task::Sweep => {
+                let page = store.list(USAGE_PREFIX, &Default::default()).await?;
+                for s in page.items {
+                    let k = key_of(&s);
+                    if self.objects.get(&k.0, &k.1).is_none() {
+                        forget(store.as_ref(), &k).await?;
+                    }
+                }
+            }
+            Task::Forget(k) => forget(store.as_ref(), k).await?,
+        }
+        Ok(Action::Done)
+    }
+}
+
+async fn forget(store: &dyn Store, (ns, name): &Key) -> Result<(), StoreError> {
+    match store
+        .delete(&usage_key(ns, name), &Default::default())
+        .await
+    {
+        Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Runs every FederatedHPA until shutdown.
+pub async fn run(
+    store: Arc<dyn Store>,
+    settings: Settings,
+    metrics: Handle,
+    shutdown: watch::Receiver<bool>,
+) {
+    let objects = Arc::new(Cache::new(&[]));
+    let r = FederatedHpas {
+        scaler: tokio::sync::Mutex::new(Scaler {
+            store: store.clone(),
+            settings,
+            memory: BTreeMap::new(),
+        }),
+        objects: objects.clone(),
+    };
+    let prefix = keys::prefix(orrery_api::autoscaling::GROUP, f::PLURAL, None);
+    Controller::new("federatedhpa", store, r, metrics)
+        .source(Source::new("federatedhpas", prefix).cached(objects))
+        .run(shutdown)
+        .await;
 }
 
 #[cfg(test)]
@@ -743,7 +811,12 @@ mod tests {
             ..Default::default()
         };
         let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(run(store.clone(), settings.clone(), rx));
+        let task = tokio::spawn(run(
+            store.clone(),
+            settings.clone(),
+            crate::runtime::metrics::ControllerMetrics::default().of("test"),
+            rx,
+        ));
         let mut scaled = 0;
         for _ in 0..50 {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -784,7 +857,12 @@ mod tests {
         report(store.as_ref(), "a", 2, 100).await;
         report(store.as_ref(), "b", 2, 100).await;
         let (stop, rx) = watch::channel(false);
-        let task = tokio::spawn(run(store.clone(), settings, rx));
+        let task = tokio::spawn(run(
+            store.clone(),
+            settings,
+            crate::runtime::metrics::ControllerMetrics::default().of("test"),
+            rx,
+        ));
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert_eq!(replicas(&store.get(&tkey).await.unwrap()), 4);
         let st: FederatedHPAStatus =

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use orrery_api::binding::BindingSpec;
 use orrery_api::cluster::{ClusterSpec, ClusterStatus, TAINT_NOT_READY, TAINT_UNREACHABLE};
@@ -23,8 +23,8 @@ use orrery_store::{Preconditions, Store, StoreError};
 use serde::Deserialize;
 use tokio::sync::watch;
 
-use crate::propagation::{follow, next_batch};
-use crate::runtime::{Barrier, Event};
+use crate::runtime::Event;
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, Source};
 
 pub mod plan;
 
@@ -44,7 +44,7 @@ enum Src {
 
 type NKey = (String, String);
 
-struct Controller {
+struct Mover {
     store: Arc<dyn Store>,
     settings: Settings,
     datasets: BTreeMap<NKey, Arc<Object>>,
@@ -54,9 +54,46 @@ struct Controller {
     /// Data set Works, by (cluster namespace, name).
     works: BTreeMap<NKey, Arc<Object>>,
     clusters: BTreeMap<String, plan::Cluster>,
-    dirty: bool,
-    barrier: Barrier,
-    runtime: crate::runtime::metrics::Handle,
+}
+
+/// One key: a round plans every data set and transfer at once. The round writes what it
+/// wrote into the mover's view, so the view is behind an async lock (one round at a time).
+struct Data(tokio::sync::Mutex<Mover>);
+
+#[async_trait::async_trait]
+impl Reconciler for Data {
+    type Key = ();
+    type Error = String;
+
+    fn on_event(&mut self, source: Origin, ev: Event, keys: &mut Keys<()>) {
+        let src = match source.name {
+            "datasets" => Src::DataSet,
+            "datatransfers" => Src::Transfer,
+            "bindings" => Src::Binding,
+            "works" => Src::Work,
+            _ => Src::Cluster,
+        };
+        if self.0.get_mut().on_event(src, ev) {
+            keys.push(());
+        }
+    }
+
+    fn all_keys(&self) -> Vec<()> {
+        vec![()]
+    }
+
+    async fn reconcile(&self, _: &()) -> Result<Action, String> {
+        let mut m = self.0.lock().await;
+        if m.datasets.is_empty() && m.transfers.is_empty() && m.works.is_empty() {
+            return Ok(Action::Done);
+        }
+        match m.reconcile().await {
+            // Finished transfers expire and reads age: looked at again every few seconds.
+            0 => Ok(Action::After(Duration::from_secs(5))),
+            // Conflicts and the like: the next round reads again and retries.
+            n => Err(format!("{n} write(s) of the data mover failed")),
+        }
+    }
 }
 
 /// Runs the data mover until shutdown.
@@ -64,69 +101,34 @@ pub async fn run(
     store: Arc<dyn Store>,
     settings: Settings,
     metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let (tx, mut rx) = crate::runtime::inbox::inbox::<Src>();
-    let sources = [
-        (keys::well_known::datasets(None), Src::DataSet, "datasets"),
-        (
-            keys::well_known::datatransfers(None),
-            Src::Transfer,
-            "datatransfers",
-        ),
-        (keys::well_known::bindings(None), Src::Binding, "bindings"),
-        (keys::well_known::works(None), Src::Work, "works"),
-        (keys::well_known::clusters(), Src::Cluster, "clusters"),
-    ];
-    let mut barrier = Barrier::new();
-    for (prefix, src, name) in sources {
-        follow(store.clone(), prefix, src, tx.clone(), shutdown.clone());
-        barrier.expect(name);
-    }
-    drop(tx);
-    let mut c = Controller {
-        store,
+    let m = Mover {
+        store: store.clone(),
         settings,
         datasets: BTreeMap::new(),
         transfers: BTreeMap::new(),
         readers: HashMap::new(),
         works: BTreeMap::new(),
         clusters: BTreeMap::new(),
-        dirty: false,
-        barrier,
-        runtime: metrics.of("data"),
     };
-    let mut last_tick = Instant::now();
-    loop {
-        let Some(batch) = next_batch(&mut rx, Duration::from_millis(500), &mut shutdown).await
-        else {
-            return;
-        };
-        for (src, ev) in batch {
-            c.on_event(src, ev);
-        }
-        // Finished transfers expire and reads age: everything is looked at every few seconds.
-        if last_tick.elapsed() >= Duration::from_secs(5) {
-            last_tick = Instant::now();
-            c.dirty = true;
-        }
-        if !c.barrier.is_synced() {
-            continue;
-        }
-        c.runtime.synced(usize::from(c.dirty));
-        if !c.dirty || c.datasets.is_empty() && c.transfers.is_empty() && c.works.is_empty() {
-            c.dirty = false;
-            continue;
-        }
-        c.dirty = false;
-        let started = Instant::now();
-        let failed = c.reconcile().await;
-        if failed > 0 {
-            // Conflicts and the like: the next round reads again and retries.
-            c.dirty = true;
-        }
-        c.runtime.round(started, failed, 0);
-    }
+    Controller::new(
+        "data",
+        store,
+        Data(tokio::sync::Mutex::new(m)),
+        metrics.of("data"),
+    )
+    .source(Source::new("datasets", keys::well_known::datasets(None)))
+    .source(Source::new(
+        "datatransfers",
+        keys::well_known::datatransfers(None),
+    ))
+    .source(Source::new("bindings", keys::well_known::bindings(None)))
+    .source(Source::new("works", keys::well_known::works(None)))
+    .source(Source::new("clusters", keys::well_known::clusters()))
+    .backoff(Duration::from_millis(500), Duration::from_secs(30))
+    .run(shutdown)
+    .await;
 }
 
 fn cluster_facts(c: &Object) -> plan::Cluster {
@@ -208,15 +210,15 @@ fn is_data_work(w: &Object) -> bool {
     w.name().starts_with(plan::WORK_PREFIX) && w.metadata.annotations.contains_key(WORK_ANNOTATION)
 }
 
-impl Controller {
-    fn on_event(&mut self, src: Src, ev: Event) {
+impl Mover {
+    /// Takes in a change; whether it may change what a round does.
+    fn on_event(&mut self, src: Src, ev: Event) -> bool {
         fn key(o: &Object) -> NKey {
             (o.namespace().to_string(), o.name().to_string())
         }
         match (src, ev) {
             (Src::DataSet, Event::Listed(items)) => {
                 self.datasets = items.into_iter().map(|o| (key(&o), o)).collect();
-                self.barrier.listed("datasets");
             }
             (Src::DataSet, Event::Upsert(o)) => {
                 newer(&mut self.datasets, key(&o), o);
@@ -226,7 +228,6 @@ impl Controller {
             }
             (Src::Transfer, Event::Listed(items)) => {
                 self.transfers = items.into_iter().map(|o| (key(&o), o)).collect();
-                self.barrier.listed("datatransfers");
             }
             (Src::Transfer, Event::Upsert(o)) => {
                 newer(&mut self.transfers, key(&o), o);
@@ -239,16 +240,15 @@ impl Controller {
                 for b in &items {
                     self.put_readers(b, false);
                 }
-                self.barrier.listed("bindings");
             }
             (Src::Binding, Event::Upsert(b)) => {
                 if !self.put_readers(&b, false) {
-                    return;
+                    return false;
                 }
             }
             (Src::Binding, Event::Delete(b)) => {
                 if !self.put_readers(&b, true) {
-                    return;
+                    return false;
                 }
             }
             (Src::Work, Event::Listed(items)) => {
@@ -257,17 +257,16 @@ impl Controller {
                     .filter(|w| is_data_work(w))
                     .map(|o| (key(&o), o))
                     .collect();
-                self.barrier.listed("works");
             }
             (Src::Work, Event::Upsert(w)) => {
                 if !is_data_work(&w) {
-                    return;
+                    return false;
                 }
                 newer(&mut self.works, key(&w), w);
             }
             (Src::Work, Event::Delete(w)) => {
                 if self.works.remove(&key(&w)).is_none() {
-                    return;
+                    return false;
                 }
             }
             (Src::Cluster, Event::Listed(items)) => {
@@ -275,12 +274,11 @@ impl Controller {
                     .iter()
                     .map(|c| (c.name().to_string(), cluster_facts(c)))
                     .collect();
-                self.barrier.listed("clusters");
             }
             (Src::Cluster, Event::Upsert(c)) => {
                 let facts = cluster_facts(&c);
                 if self.clusters.get(c.name()) == Some(&facts) {
-                    return;
+                    return false;
                 }
                 self.clusters.insert(c.name().to_string(), facts);
             }
@@ -288,7 +286,7 @@ impl Controller {
                 self.clusters.remove(c.name());
             }
         }
-        self.dirty = true;
+        true
     }
 
     /// Takes a binding's readers in (or out); whether anything changed.

@@ -12,18 +12,19 @@ use orrery_store::{ListOptions, Store, StoreError};
 use tokio::sync::watch;
 
 use super::Api;
+use crate::runtime::Event;
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, Source};
 use crate::runtime::metrics::Handle;
-use crate::runtime::{Event, reflector};
 
 struct Clusters {
     store: Arc<dyn Store>,
     api: Arc<dyn Api>,
     /// Clusters and whether each is being deleted.
     clusters: HashMap<String, bool>,
-    /// Clusters whose namespace is known to exist.
-    known: HashSet<String>,
+    /// Clusters whose namespace is known to exist (written by reconciles too).
+    known: parking_lot::Mutex<HashSet<String>>,
     /// When the namespaces were last listed to learn `known` (see `reconcile`).
-    namespaces_listed: Option<Instant>,
+    namespaces_listed: parking_lot::Mutex<Option<Instant>>,
 }
 
 /// How stale a listing of the namespaces may be before a Cluster not known is looked up
@@ -32,7 +33,7 @@ const RELEARN: Duration = Duration::from_secs(10);
 
 impl Clusters {
     /// Learns from one listing which Clusters' namespaces exist (and are not being deleted).
-    async fn learn_namespaces(&mut self) -> Result<(), StoreError> {
+    async fn learn_namespaces(&self) -> Result<(), StoreError> {
         #[derive(serde::Deserialize)]
         struct Meta {
             metadata: orrery_api::ObjectMeta,
@@ -51,19 +52,20 @@ impl Clusters {
                 && m.deletion_timestamp.is_none()
                 && self.clusters.get(name) == Some(&false)
             {
-                self.known.insert(name.to_string());
+                self.known.lock().insert(name.to_string());
             }
         }
-        self.namespaces_listed = Some(Instant::now());
+        *self.namespaces_listed.lock() = Some(Instant::now());
         Ok(())
     }
 }
 
 #[async_trait::async_trait]
-impl super::Reconciler for Clusters {
+impl Reconciler for Clusters {
     type Key = String;
+    type Error = StoreError;
 
-    fn on_event(&mut self, ev: Event, keys: &mut Vec<String>) {
+    fn on_event(&mut self, _: Origin, ev: Event, keys: &mut Keys<String>) {
         match ev {
             Event::Listed(items) => {
                 self.clusters = items
@@ -76,49 +78,50 @@ impl super::Reconciler for Clusters {
                     })
                     .collect();
                 let clusters = &self.clusters;
-                self.known.retain(|c| clusters.contains_key(c));
+                self.known.get_mut().retain(|c| clusters.contains_key(c));
                 keys.extend(self.clusters.keys().cloned());
             }
             Event::Upsert(c) => {
                 let deleting = c.metadata.deletion_timestamp.is_some();
                 // Heartbeats change Clusters often: only what matters here queues a key.
                 if self.clusters.insert(c.name().to_string(), deleting) != Some(deleting)
-                    || (!deleting && !self.known.contains(c.name()))
+                    || (!deleting && !self.known.get_mut().contains(c.name()))
                 {
                     keys.push(c.name().to_string());
                 }
             }
             Event::Delete(c) => {
                 self.clusters.remove(c.name());
-                self.known.remove(c.name());
+                self.known.get_mut().remove(c.name());
             }
         }
     }
 
-    async fn reconcile(&mut self, name: &String) -> Result<Option<Duration>, StoreError> {
+    async fn reconcile(&self, name: &String) -> Result<Action, StoreError> {
         match self.clusters.get(name) {
-            None => Ok(None),
+            None => Ok(Action::Done),
             Some(false) => {
-                if self.known.contains(name) {
-                    return Ok(None);
+                if self.known.lock().contains(name) {
+                    return Ok(Action::Done);
                 }
                 // A fleet registering, or a new leader taking over, brings thousands of
                 // Clusters at once: one listing of the namespaces answers for all of them,
                 // where a read each was as many round trips to the store (at 10,000 members
                 // a quarter of an hour of the controller's time, on etcd's busiest minutes).
-                if self
+                let stale = self
                     .namespaces_listed
-                    .is_none_or(|t| t.elapsed() >= RELEARN)
-                {
+                    .lock()
+                    .is_none_or(|t| t.elapsed() >= RELEARN);
+                if stale {
                     self.learn_namespaces().await?;
-                    if self.known.contains(name) {
-                        return Ok(None);
+                    if self.known.lock().contains(name) {
+                        return Ok(Action::Done);
                     }
                 }
                 match self.api.ensure_cluster_namespace(name).await {
                     Ok(()) => {
-                        self.known.insert(name.clone());
-                        Ok(None)
+                        self.known.lock().insert(name.clone());
+                        Ok(Action::Done)
                     }
                     Err(e) => Err(StoreError::Backend(format!(
                         "creating the namespace of cluster {name}: {e}"
@@ -126,8 +129,10 @@ impl super::Reconciler for Clusters {
                 }
             }
             Some(true) => {
-                self.known.remove(name);
-                unregister(self.store.as_ref(), self.api.as_ref(), name).await
+                self.known.lock().remove(name);
+                unregister(self.store.as_ref(), self.api.as_ref(), name)
+                    .await
+                    .map(Action::from)
             }
         }
     }
@@ -139,19 +144,17 @@ pub async fn run(
     metrics: Handle,
     shutdown: watch::Receiver<bool>,
 ) {
-    let events = reflector::spawn(
-        store.clone(),
-        keys::well_known::clusters(),
-        shutdown.clone(),
-    );
-    let mut r = Clusters {
-        store,
+    let r = Clusters {
+        store: store.clone(),
         api,
         clusters: HashMap::new(),
-        known: HashSet::new(),
-        namespaces_listed: None,
+        known: Default::default(),
+        namespaces_listed: Default::default(),
     };
-    super::drive(events, &mut r, &metrics, shutdown).await;
+    Controller::new("clusters", store, r, metrics)
+        .source(Source::new("clusters", keys::well_known::clusters()))
+        .run(shutdown)
+        .await;
 }
 
 async fn unregister(
@@ -288,16 +291,19 @@ mod tests {
             store: store.clone(),
             api: api.clone(),
             clusters: HashMap::new(),
-            known: HashSet::new(),
-            namespaces_listed: None,
+            known: Default::default(),
+            namespaces_listed: Default::default(),
         };
-        let mut keys = Vec::new();
-        super::super::Reconciler::on_event(&mut r, Event::Listed(clusters), &mut keys);
+        let mut keys = Keys::default();
+        r.on_event(
+            Origin::named("clusters"),
+            Event::Listed(clusters),
+            &mut keys,
+        );
+        let keys = keys.pushed().to_vec();
         assert_eq!(keys.len(), 40);
         for k in &keys {
-            super::super::Reconciler::reconcile(&mut r, k)
-                .await
-                .unwrap();
+            r.reconcile(k).await.unwrap();
         }
         // m-0 (its namespace going) and m-35..m-39 (none yet).
         assert_eq!(api.asked.load(Ordering::Relaxed), 6);
@@ -307,9 +313,7 @@ mod tests {
         }
         // Settled: a second pass asks for nothing.
         for k in &keys {
-            super::super::Reconciler::reconcile(&mut r, k)
-                .await
-                .unwrap();
+            r.reconcile(k).await.unwrap();
         }
         assert_eq!(api.asked.load(Ordering::Relaxed), 6);
     }

@@ -1,5 +1,6 @@
-//! CustomResourceDefinitions: the served kinds follow the stored CRDs (also those another
-//! replica changed), and a deleted CRD's objects go before the CRD does.
+//! CustomResourceDefinitions: a deleted CRD's objects go before the CRD does (then its kind
+//! is served no more). The served kinds follow the stored CRDs on every replica, leader or
+//! not (the API server's `App::follow_crds`).
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,16 +12,16 @@ use orrery_store::{ListOptions, Store, StoreError};
 use tokio::sync::watch;
 
 use super::Api;
+use crate::runtime::Event;
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, Source};
 use crate::runtime::metrics::Handle;
-use crate::runtime::{Event, reflector};
 
 /// The finalizer the API server puts on every CRD.
 pub const CRD_FINALIZER: &str = "customresourcecleanup.apiextensions.k8s.io";
 
-/// A key of this controller's queue: the served kinds, or one CRD being deleted.
+/// A key of this controller's queue: a CRD being deleted.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 enum Key {
-    Refresh,
     Deleting(String),
 }
 
@@ -32,12 +33,11 @@ struct Crds {
 }
 
 #[async_trait::async_trait]
-impl super::Reconciler for Crds {
+impl Reconciler for Crds {
     type Key = Key;
+    type Error = StoreError;
 
-    fn on_event(&mut self, ev: Event, keys: &mut Vec<Key>) {
-        // Any change of a CRD may change what is served.
-        keys.push(Key::Refresh);
+    fn on_event(&mut self, _: Origin, ev: Event, keys: &mut Keys<Key>) {
         match ev {
             Event::Listed(items) => {
                 self.deleting.clear();
@@ -61,13 +61,14 @@ impl super::Reconciler for Crds {
         }
     }
 
-    async fn reconcile(&mut self, key: &Key) -> Result<Option<Duration>, StoreError> {
+    async fn reconcile(&self, key: &Key) -> Result<Action, StoreError> {
         match key {
-            Key::Refresh => self.api.refresh_crds().await.map(|_| None),
             Key::Deleting(name) if self.deleting.contains(name) => {
-                finish(self.store.as_ref(), self.api.as_ref(), &self.prefix, name).await
+                finish(self.store.as_ref(), self.api.as_ref(), &self.prefix, name)
+                    .await
+                    .map(Action::from)
             }
-            Key::Deleting(_) => Ok(None),
+            Key::Deleting(_) => Ok(Action::Done),
         }
     }
 }
@@ -79,14 +80,16 @@ pub async fn run(
     shutdown: watch::Receiver<bool>,
 ) {
     let prefix = keys::prefix("apiextensions.k8s.io", "customresourcedefinitions", None);
-    let events = reflector::spawn(store.clone(), prefix.clone(), shutdown.clone());
-    let mut r = Crds {
-        store,
+    let r = Crds {
+        store: store.clone(),
         api,
-        prefix,
+        prefix: prefix.clone(),
         deleting: HashSet::new(),
     };
-    super::drive(events, &mut r, &metrics, shutdown).await;
+    Controller::new("crds", store, r, metrics)
+        .source(Source::new("crds", prefix))
+        .run(shutdown)
+        .await;
 }
 
 async fn finish(

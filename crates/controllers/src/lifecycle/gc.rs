@@ -16,8 +16,9 @@ use orrery_store::{Store, StoreError};
 use tokio::sync::watch;
 
 use super::{Api, key_of};
+use crate::runtime::Event;
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, Source};
 use crate::runtime::metrics::Handle;
-use crate::runtime::{Event, reflector};
 
 const ORPHAN: &str = "orphan";
 const FOREGROUND: &str = "foregroundDeletion";
@@ -111,10 +112,11 @@ struct Collector {
 }
 
 #[async_trait::async_trait]
-impl super::Reconciler for Collector {
+impl Reconciler for Collector {
     type Key = Task;
+    type Error = StoreError;
 
-    fn on_event(&mut self, ev: Event, tasks: &mut Vec<Task>) {
+    fn on_event(&mut self, _: Origin, ev: Event, tasks: &mut Keys<Task>) {
         let api = self.api.as_ref();
         let g = &mut self.graph;
         match ev {
@@ -170,7 +172,7 @@ impl super::Reconciler for Collector {
         }
     }
 
-    async fn reconcile(&mut self, task: &Task) -> Result<Option<std::time::Duration>, StoreError> {
+    async fn reconcile(&self, task: &Task) -> Result<Action, StoreError> {
         match task {
             Task::Collect(key) => {
                 collect_if_orphaned(self.store.as_ref(), self.api.as_ref(), key).await?
@@ -179,7 +181,7 @@ impl super::Reconciler for Collector {
                 handle_owner(self.store.as_ref(), self.api.as_ref(), &self.graph, key).await?
             }
         }
-        Ok(None)
+        Ok(Action::Done)
     }
 }
 
@@ -189,14 +191,15 @@ pub async fn run(
     metrics: Handle,
     shutdown: watch::Receiver<bool>,
 ) {
-    let events =
-        reflector::spawn_filtered(store.clone(), ROOT.to_string(), listed, shutdown.clone());
-    let mut r = Collector {
-        store,
+    let r = Collector {
+        store: store.clone(),
         api,
         graph: Graph::default(),
     };
-    super::drive(events, &mut r, &metrics, shutdown).await;
+    Controller::new("gc", store, r, metrics)
+        .source(Source::new("registry", ROOT.to_string()).filtered(listed))
+        .run(shutdown)
+        .await;
 }
 
 /// Whether a listed object can matter to the graph (see [`Graph::concerns`]: a fresh graph

@@ -9,9 +9,9 @@
 //! - [`clusters`]: every Cluster has its `orrery-cluster-<name>` namespace; an unregistered
 //!   (deleted) Cluster's namespace and Works go first, then its tokens, then the Cluster.
 //!
-//! Each runs on the controller runtime: nothing is decided before its reflectors have listed,
-//! keys are retried with backoff, and whatever a deletion rests on is read from the store
-//! right before it. What they need of the API server (its registry of kinds, its tokens) comes
+//! Each runs on the controller runtime ([`crate::runtime::controller`]): nothing is decided
+//! before its reflector has listed, keys are retried with backoff, and whatever a deletion
+//! rests on is read from the store right before it. What they need of the API server (its registry of kinds, its tokens) comes
 //! through [`Api`], which the binary wires in.
 
 use std::sync::Arc;
@@ -78,90 +78,4 @@ pub fn spawn(
         )),
         tokio::spawn(gc::run(store, api, metrics.of("gc"), shutdown)),
     ]
-}
-
-/// One lifecycle controller: how events become keys, and how a key is reconciled.
-#[async_trait::async_trait]
-pub(crate) trait Reconciler: Send {
-    type Key: Clone + Eq + std::hash::Hash + std::fmt::Debug + Send + Sync;
-
-    /// Takes in an event; pushes the keys it touches.
-    fn on_event(&mut self, ev: crate::runtime::Event, keys: &mut Vec<Self::Key>);
-
-    /// Reconciles one key; `Ok(Some(after))` when it needs another look then.
-    async fn reconcile(
-        &mut self,
-        key: &Self::Key,
-    ) -> Result<Option<std::time::Duration>, StoreError>;
-}
-
-/// Drives a work queue from one reflector's events until shutdown. Nothing is reconciled
-/// before the first listing; failed keys are retried with backoff.
-pub(crate) async fn drive<R: Reconciler>(
-    mut events: crate::runtime::inbox::Events,
-    r: &mut R,
-    metrics: &crate::runtime::metrics::Handle,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    use std::time::{Duration, Instant};
-    let mut queue =
-        crate::runtime::queue::WorkQueue::new(Duration::from_millis(100), Duration::from_secs(30));
-    let mut listed = false;
-    loop {
-        let wait = queue
-            .next_due()
-            .map(|t| t.saturating_duration_since(Instant::now()))
-            .unwrap_or(Duration::from_secs(60));
-        let ev = tokio::select! {
-            ev = events.recv() => match ev {
-                Some(ev) => Some(ev),
-                None => return,
-            },
-            _ = tokio::time::sleep(wait) => None,
-            _ = shutdown.changed() => {
-                queue.shut_down();
-                return;
-            }
-        };
-        let mut keys = Vec::new();
-        if let Some(ev) = ev {
-            listed |= matches!(ev, crate::runtime::Event::Listed(_));
-            r.on_event(ev, &mut keys);
-            // Take in what else has arrived before acting.
-            while let Ok(ev) = events.try_recv() {
-                listed |= matches!(ev, crate::runtime::Event::Listed(_));
-                r.on_event(ev, &mut keys);
-            }
-        }
-        for k in keys {
-            queue.add(k);
-        }
-        if !listed {
-            continue;
-        }
-        metrics.synced(queue.len());
-        let started = Instant::now();
-        let mut failed = 0;
-        while let Some(k) = queue.pop(Instant::now()) {
-            if *shutdown.borrow() {
-                queue.shut_down();
-                return;
-            }
-            match r.reconcile(&k).await {
-                Ok(None) => queue.forget(&k),
-                Ok(Some(after)) => {
-                    queue.forget(&k);
-                    queue.after(k.clone(), Instant::now() + after);
-                }
-                Err(StoreError::Closed) => return,
-                Err(e) => {
-                    tracing::debug!(key = ?k, error = %e, "a lifecycle reconcile failed; retrying");
-                    failed += 1;
-                    queue.retry(k.clone(), Instant::now());
-                }
-            }
-            queue.done(&k);
-        }
-        metrics.round(started, failed, queue.len());
-    }
 }

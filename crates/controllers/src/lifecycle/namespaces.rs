@@ -14,8 +14,9 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::Api;
+use crate::runtime::Event;
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, Source};
 use crate::runtime::metrics::Handle;
-use crate::runtime::{Event, reflector};
 
 /// The finalizer the API server puts on every namespace (`spec.finalizers`).
 pub const NAMESPACE_FINALIZER: &str = "kubernetes";
@@ -28,10 +29,11 @@ struct Namespaces {
 }
 
 #[async_trait::async_trait]
-impl super::Reconciler for Namespaces {
+impl Reconciler for Namespaces {
     type Key = String;
+    type Error = StoreError;
 
-    fn on_event(&mut self, ev: Event, keys: &mut Vec<String>) {
+    fn on_event(&mut self, _: Origin, ev: Event, keys: &mut Keys<String>) {
         match ev {
             Event::Listed(items) => {
                 self.terminating.clear();
@@ -55,11 +57,13 @@ impl super::Reconciler for Namespaces {
         }
     }
 
-    async fn reconcile(&mut self, name: &String) -> Result<Option<Duration>, StoreError> {
+    async fn reconcile(&self, name: &String) -> Result<Action, StoreError> {
         if !self.terminating.contains(name) {
-            return Ok(None);
+            return Ok(Action::Done);
         }
-        finish(self.store.as_ref(), self.api.as_ref(), name).await
+        finish(self.store.as_ref(), self.api.as_ref(), name)
+            .await
+            .map(Action::from)
     }
 }
 
@@ -69,17 +73,18 @@ pub async fn run(
     metrics: Handle,
     shutdown: watch::Receiver<bool>,
 ) {
-    let events = reflector::spawn(
-        store.clone(),
-        keys::prefix("", "namespaces", None),
-        shutdown.clone(),
-    );
-    let mut r = Namespaces {
-        store,
+    let r = Namespaces {
+        store: store.clone(),
         api,
         terminating: HashSet::new(),
     };
-    super::drive(events, &mut r, &metrics, shutdown).await;
+    Controller::new("namespaces", store, r, metrics)
+        .source(Source::new(
+            "namespaces",
+            keys::prefix("", "namespaces", None),
+        ))
+        .run(shutdown)
+        .await;
 }
 
 /// Deletes what the namespace holds; once it is empty, the namespace. `Some(wait)` while

@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use orrery_api::binding::{self, BindingSpec, BindingStatus};
 use orrery_api::cluster::{TAINT_NOT_READY, TAINT_UNREACHABLE};
@@ -23,9 +23,10 @@ use orrery_store::{Store, StoreError};
 use serde::Deserialize;
 use tokio::sync::watch;
 
-use crate::propagation::{follow, next_batch, subject};
+use crate::propagation::subject;
 use crate::record;
-use crate::runtime::{Barrier, Event};
+use crate::runtime::Event;
+use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, Source};
 
 pub mod plan;
 pub mod standby;
@@ -61,7 +62,7 @@ struct ClusterFacts {
     heard_time: Option<i64>,
 }
 
-struct Controller {
+struct Migrations {
     store: Arc<dyn Store>,
     settings: Settings,
     migrations: HashMap<MKey, Arc<Object>>,
@@ -78,10 +79,78 @@ struct Controller {
     /// Bindings that keep a standby copy, and those to look at again.
     standbys: BTreeSet<BKey>,
     dirty_standbys: BTreeSet<BKey>,
-    barrier: Barrier,
-    runtime: crate::runtime::metrics::Handle,
     /// Members' Lease renewal times, by cluster.
     renewals: HashMap<String, orrery_api::MicroTime>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    Migration(MKey),
+    /// A binding that keeps a standby copy.
+    Standby(BKey),
+}
+
+/// The controller's view is written by its steps too, so it is behind an async lock (one
+/// step at a time).
+struct Mover(tokio::sync::Mutex<Migrations>);
+
+/// Timeouts and grace periods: a migration under way, and a standby, is looked at each second.
+const TICK: Duration = Duration::from_secs(1);
+
+#[async_trait::async_trait]
+impl Reconciler for Mover {
+    type Key = Key;
+    type Error = StoreError;
+
+    fn on_event(&mut self, source: Origin, ev: Event, keys: &mut Keys<Key>) {
+        let src = match source.name {
+            "migrations" => Src::Migration,
+            "bindings" => Src::Binding,
+            "works" => Src::Work,
+            "clusters" => Src::Cluster,
+            _ => Src::Lease,
+        };
+        let m = self.0.get_mut();
+        m.on_event(src, ev);
+        keys.extend(std::mem::take(&mut m.dirty).into_iter().map(Key::Migration));
+        keys.extend(
+            std::mem::take(&mut m.dirty_standbys)
+                .into_iter()
+                .map(Key::Standby),
+        );
+    }
+
+    fn all_keys(&self) -> Vec<Key> {
+        let Ok(m) = self.0.try_lock() else {
+            // Never held between rounds, when this is asked.
+            return Vec::new();
+        };
+        let mut all: Vec<Key> = m.migrations.keys().cloned().map(Key::Migration).collect();
+        all.extend(m.standbys.iter().cloned().map(Key::Standby));
+        all
+    }
+
+    async fn reconcile(&self, key: &Key) -> Result<Action, StoreError> {
+        let mut m = self.0.lock().await;
+        match key {
+            Key::Migration(k) => {
+                m.reconcile(k).await?;
+                Ok(if m.active.values().any(|a| a == k) {
+                    Action::After(TICK)
+                } else {
+                    Action::Done
+                })
+            }
+            Key::Standby(k) => {
+                m.reconcile_standby(k).await?;
+                Ok(if m.standbys.contains(k) {
+                    Action::After(TICK)
+                } else {
+                    Action::Done
+                })
+            }
+        }
+    }
 }
 
 /// Runs the migration controller until shutdown.
@@ -89,21 +158,10 @@ pub async fn run(
     store: Arc<dyn Store>,
     settings: Settings,
     metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let (tx, mut rx) = crate::runtime::inbox::inbox::<Src>();
-    for (prefix, src) in [
-        (keys::well_known::migrations(None), Src::Migration),
-        (keys::well_known::bindings(None), Src::Binding),
-        (keys::well_known::works(None), Src::Work),
-        (keys::well_known::clusters(), Src::Cluster),
-        (keys::well_known::cluster_leases(), Src::Lease),
-    ] {
-        follow(store.clone(), prefix, src, tx.clone(), shutdown.clone());
-    }
-    drop(tx);
-    let mut c = Controller {
-        store,
+    let m = Migrations {
+        store: store.clone(),
         settings,
         migrations: HashMap::new(),
         active: HashMap::new(),
@@ -114,60 +172,25 @@ pub async fn run(
         dirty: BTreeSet::new(),
         standbys: BTreeSet::new(),
         dirty_standbys: BTreeSet::new(),
-        barrier: {
-            let mut b = Barrier::new();
-            for s in ["migrations", "bindings", "works", "clusters"] {
-                b.expect(s);
-            }
-            b
-        },
-        runtime: metrics.of("migration"),
         renewals: HashMap::new(),
     };
-    let mut last_tick = Instant::now();
-    loop {
-        let Some(batch) = next_batch(&mut rx, Duration::from_millis(500), &mut shutdown).await
-        else {
-            return;
-        };
-        for (src, ev) in batch {
-            c.on_event(src, ev);
-        }
-        // Timeouts and grace periods: every migration under way is looked at each second.
-        if last_tick.elapsed() >= Duration::from_secs(1) {
-            last_tick = Instant::now();
-            let active: Vec<MKey> = c.active.values().cloned().collect();
-            c.dirty.extend(active);
-            let standbys = c.standbys.clone();
-            c.dirty_standbys.extend(standbys);
-        }
-        if !c.barrier.is_synced() {
-            continue;
-        }
-        c.runtime.synced(c.dirty.len());
-        if c.dirty.is_empty() && c.dirty_standbys.is_empty() {
-            continue;
-        }
-        let started = Instant::now();
-        let keys: Vec<MKey> = std::mem::take(&mut c.dirty).into_iter().collect();
-        let mut failed = 0;
-        for k in keys {
-            if let Err(e) = c.reconcile(&k).await {
-                failed += 1;
-                tracing::debug!(namespace = %k.0, migration = %k.1, error = %e, "a migration step failed; it is tried again");
-                c.dirty.insert(k);
-            }
-        }
-        let standbys: Vec<BKey> = std::mem::take(&mut c.dirty_standbys).into_iter().collect();
-        for k in standbys {
-            if let Err(e) = c.reconcile_standby(&k).await {
-                failed += 1;
-                tracing::debug!(namespace = %k.0, binding = %k.1, error = %e, "a standby step failed; it is tried again");
-                c.dirty_standbys.insert(k);
-            }
-        }
-        c.runtime.round(started, failed, c.dirty.len());
-    }
+    Controller::new(
+        "migration",
+        store,
+        Mover(tokio::sync::Mutex::new(m)),
+        metrics.of("migration"),
+    )
+    .source(Source::new(
+        "migrations",
+        keys::well_known::migrations(None),
+    ))
+    .source(Source::new("bindings", keys::well_known::bindings(None)))
+    .source(Source::new("works", keys::well_known::works(None)))
+    .source(Source::new("clusters", keys::well_known::clusters()))
+    // Members' heartbeat Leases: a renewal is hearing from the member.
+    .source(Source::new("leases", keys::well_known::cluster_leases()))
+    .run(shutdown)
+    .await;
 }
 
 /// The Service a binding places, if it places one, read without parsing the whole spec.
@@ -207,7 +230,7 @@ fn serving(c: &Object) -> ClusterFacts {
     }
 }
 
-impl Controller {
+impl Migrations {
     /// Keeps a binding's standby copy: a round whenever it falls half its allowed lag behind.
     async fn reconcile_standby(&mut self, bk: &BKey) -> Result<(), StoreError> {
         let key = keys::well_known::binding(&bk.0, &bk.1);
@@ -303,7 +326,6 @@ impl Controller {
                     for m in items {
                         self.put_migration(m);
                     }
-                    self.barrier.listed("migrations");
                 }
                 Event::Upsert(m) => self.put_migration(m),
                 Event::Delete(m) => {
@@ -313,7 +335,7 @@ impl Controller {
                 }
             },
             Src::Binding => {
-                let put = |s: &mut Controller, b: &Object, gone: bool| {
+                let put = |s: &mut Migrations, b: &Object, gone: bool| {
                     let k = (b.namespace().to_string(), b.name().to_string());
                     if let Some(old) = s.leader_of.remove(&k)
                         && let Some(f) = s.followers.get_mut(&old)
@@ -359,14 +381,13 @@ impl Controller {
                         for b in &items {
                             put(self, b, false);
                         }
-                        self.barrier.listed("bindings");
                     }
                     Event::Upsert(b) => put(self, &b, false),
                     Event::Delete(b) => put(self, &b, true),
                 }
             }
             Src::Work => {
-                let wake = |s: &mut Controller, w: &Object| {
+                let wake = |s: &mut Migrations, w: &Object| {
                     let Some((ns, name)) = w
                         .metadata
                         .annotations
@@ -388,7 +409,6 @@ impl Controller {
                         for w in &items {
                             wake(self, w);
                         }
-                        self.barrier.listed("works");
                     }
                     Event::Upsert(w) | Event::Delete(w) => wake(self, &w),
                 }
@@ -424,7 +444,6 @@ impl Controller {
                         .iter()
                         .map(|c| (c.name().to_string(), serving(c)))
                         .collect();
-                    self.barrier.listed("clusters");
                 }
                 Event::Upsert(c) => {
                     let mut f = serving(&c);

@@ -43,10 +43,10 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::same_but_status;
-use super::{Job, Kinds, TemplateKinds, follow, next_batch, run_jobs, subject};
+use super::{Job, Kinds, TEMPLATES, TemplateKinds, run_jobs, subject};
 use crate::record;
-use crate::runtime::queue::WorkQueue;
-use crate::runtime::{Barrier, Event};
+use crate::runtime::Event;
+use crate::runtime::controller::{Action, Batch, Controller, Keys, Origin, Source};
 use orrery_store::stamp::new_object;
 
 const COMPONENT: &str = "orrery-binding-controller";
@@ -137,14 +137,14 @@ fn log_written(log: &WrittenLog, w: Written) {
     log.lock().push(w);
 }
 
-struct Controller {
+struct Binder {
     store: Arc<dyn Store>,
     kinds: Arc<dyn Kinds>,
     bindings: HashMap<BKey, Arc<Object>>,
     /// Each binding's spec, parsed once per version.
     specs: HashMap<BKey, Arc<BindingSpec>>,
     /// Template kinds followed, and the slots whose first listing came.
-    followed: TemplateKinds<Src>,
+    followed: TemplateKinds,
     listed: HashSet<usize>,
     /// Templates by store key, and the binding each belongs to.
     templates: HashMap<String, Template>,
@@ -166,10 +166,6 @@ struct Controller {
     interpreters: HashMap<(String, String), InterpreterSpec>,
     /// What events touched since the last round (it goes into the queue then).
     dirty: BTreeSet<BKey>,
-    queue: WorkQueue<BKey>,
-    /// Every source is listed before anything is rendered or judged missing.
-    barrier: Barrier,
-    metrics: crate::runtime::metrics::Handle,
     /// Bumped when overrides, dependencies, interpreters or clusters' labels change.
     epoch: u64,
     /// Per binding: the render inputs last rendered, and what failed then.
@@ -178,84 +174,89 @@ struct Controller {
 
 type Rendered = (u64, BTreeMap<String, String>, Vec<String>);
 
+#[async_trait::async_trait]
+impl Batch for Binder {
+    type Key = BKey;
+    type Error = StoreError;
+
+    fn on_event(&mut self, source: Origin, ev: Event, keys: &mut Keys<BKey>) {
+        let src = match (source.name, source.slot) {
+            ("bindings", _) => Src::Binding,
+            ("works", _) => Src::Work,
+            ("clusters", _) => Src::Cluster,
+            ("overrides", Some(i)) => Src::Override(i),
+            ("dependencies", Some(i)) => Src::Dependency(i),
+            (TEMPLATES, Some(i)) => Src::Template(i),
+            _ => Src::Interpreter,
+        };
+        self.take_event(src, ev);
+        self.hand_over(keys);
+    }
+
+    /// Time-driven work runs on a clock, however busy the event stream is.
+    fn tick(&mut self, keys: &mut Keys<BKey>) {
+        // Kinds that could not be resolved yet (a CRD arriving later) are tried again.
+        self.follow_template_kinds();
+        // Graceful evictions end by time.
+        for (k, b) in &self.bindings {
+            if b.spec.as_ref().and_then(|s| s.get("evictions")).is_some() {
+                self.dirty.insert(k.clone());
+            }
+        }
+        self.hand_over(keys);
+    }
+
+    /// Works and bindings are both known before anything is judged missing, and overrides
+    /// and dependencies before anything is rendered: the loop's barrier holds until then.
+    async fn reconcile_batch(
+        &mut self,
+        keys: Vec<BKey>,
+    ) -> Vec<(BKey, Result<Action, StoreError>)> {
+        let (n, started) = (keys.len(), std::time::Instant::now());
+        let (failed, later) = self.reconcile_keys(keys.clone()).await;
+        super::log_round("binding", n, started);
+        keys.into_iter()
+            .map(|k| {
+                let r = if failed.contains(&k) {
+                    Err(StoreError::Backend(format!(
+                        "reconciling binding {}/{} failed",
+                        k.0, k.1
+                    )))
+                } else if later.contains(&k) {
+                    // Its kind is not served, or not listed, yet: the listing marks it again.
+                    Ok(Action::After(Duration::from_secs(1)))
+                } else {
+                    Ok(Action::Done)
+                };
+                (k, r)
+            })
+            .collect()
+    }
+}
+
+impl Binder {
+    /// Hands the controller's loop the bindings to reconcile and the kinds to follow.
+    fn hand_over(&mut self, keys: &mut Keys<BKey>) {
+        keys.extend(std::mem::take(&mut self.dirty));
+        for s in self.followed.take_new() {
+            keys.follow(s);
+        }
+    }
+}
+
 /// Runs the binding controller until shutdown.
 pub async fn run(
     store: Arc<dyn Store>,
     kinds: Arc<dyn Kinds>,
     metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let mut barrier = Barrier::new();
-    for source in ["bindings", "works", "clusters", "interpreters"] {
-        barrier.expect(source);
-    }
-    for i in 0..OVERRIDE_KINDS.len() {
-        barrier.expect(format!("overrides/{i}"));
-    }
-    for i in 0..DEPENDENCY_KINDS.len() {
-        barrier.expect(format!("dependencies/{i}"));
-    }
-    let (tx, mut rx) = crate::runtime::inbox::inbox::<Src>();
-    let sd = || shutdown.clone();
-    follow(
-        store.clone(),
-        keys::prefix("multicluster.io", "resourcebindings", None),
-        Src::Binding,
-        tx.clone(),
-        sd(),
-    );
-    follow(
-        store.clone(),
-        keys::well_known::works(None),
-        Src::Work,
-        tx.clone(),
-        sd(),
-    );
-    follow(
-        store.clone(),
-        keys::well_known::clusters(),
-        Src::Cluster,
-        tx.clone(),
-        sd(),
-    );
-    for (i, (group, _, plural)) in OVERRIDE_KINDS.iter().enumerate() {
-        follow(
-            store.clone(),
-            keys::prefix(group, plural, None),
-            Src::Override(i),
-            tx.clone(),
-            sd(),
-        );
-    }
-    for (i, (_, plural)) in DEPENDENCY_KINDS.iter().enumerate() {
-        follow(
-            store.clone(),
-            keys::prefix("", plural, None),
-            Src::Dependency(i),
-            tx.clone(),
-            sd(),
-        );
-    }
-    follow(
-        store.clone(),
-        keys::well_known::interpreters(),
-        Src::Interpreter,
-        tx.clone(),
-        sd(),
-    );
-    let followed = TemplateKinds::new(
-        store.clone(),
-        kinds.clone(),
-        tx.clone(),
-        Src::Template,
-        shutdown.clone(),
-    );
-    let mut c = Controller {
-        store,
-        kinds,
+    let b = Binder {
+        store: store.clone(),
+        kinds: kinds.clone(),
         bindings: HashMap::new(),
         specs: HashMap::new(),
-        followed,
+        followed: TemplateKinds::new(kinds),
         listed: HashSet::new(),
         templates: HashMap::new(),
         bound: HashMap::new(),
@@ -269,74 +270,38 @@ pub async fn run(
         dependents: HashMap::new(),
         interpreters: HashMap::new(),
         dirty: BTreeSet::new(),
-        queue: WorkQueue::new(Duration::from_millis(200), Duration::from_secs(30)),
-        barrier,
-        metrics: metrics.of("binding"),
         epoch: 0,
         rendered: Default::default(),
     };
-    let mut last_tick = std::time::Instant::now();
-    loop {
-        let now = std::time::Instant::now();
-        let wait = c
-            .queue
-            .next_due()
-            .map(|t| t.saturating_duration_since(now))
-            .unwrap_or(Duration::from_secs(1))
-            .min(Duration::from_secs(1));
-        let Some(batch) = next_batch(&mut rx, wait, &mut shutdown).await else {
-            c.queue.shut_down();
-            return;
-        };
-        // Time-driven work runs on a clock, however busy the event stream is.
-        let ticked = last_tick.elapsed() >= Duration::from_secs(1);
-        if ticked {
-            last_tick = std::time::Instant::now();
-        }
-        for (src, ev) in batch {
-            c.on_event(src, ev);
-        }
-        if ticked {
-            // Kinds that could not be resolved yet (a CRD arriving later) are tried again.
-            c.follow_template_kinds();
-            // Graceful evictions end by time.
-            for (k, b) in &c.bindings {
-                if b.spec.as_ref().and_then(|s| s.get("evictions")).is_some() {
-                    c.dirty.insert(k.clone());
-                }
-            }
-        }
-        for k in std::mem::take(&mut c.dirty) {
-            c.queue.add(k);
-        }
-        // Works and bindings must both be known before anything is judged missing, and
-        // overrides and dependencies before anything is rendered.
-        if !c.barrier.is_synced() {
-            continue;
-        }
-        let keys = c.queue.pop_batch(std::time::Instant::now(), usize::MAX);
-        c.metrics.synced(keys.len() + c.queue.len());
-        if keys.is_empty() {
-            continue;
-        }
-        let (n, started) = (keys.len(), std::time::Instant::now());
-        let (failed, later) = c.reconcile_keys(keys.clone()).await;
-        let now = std::time::Instant::now();
-        for k in &keys {
-            if failed.contains(k) {
-                c.queue.retry(k.clone(), now);
-            } else {
-                c.queue.forget(k);
-            }
-            c.queue.done(k);
-            if later.contains(k) {
-                // Its kind is not served, or not listed, yet: the listing marks it again.
-                c.queue.after(k.clone(), now + Duration::from_secs(1));
-            }
-        }
-        c.metrics.round(started, failed.len(), c.queue.len());
-        super::log_round("binding", n, started);
+    let mut c = Controller::batched("binding", store, b, metrics.of("binding"))
+        .backoff(Duration::from_millis(200), Duration::from_secs(30))
+        .every(Duration::from_secs(1))
+        .source(Source::new(
+            "bindings",
+            keys::prefix("multicluster.io", "resourcebindings", None),
+        ))
+        .source(Source::new("works", keys::well_known::works(None)))
+        .source(Source::new("clusters", keys::well_known::clusters()));
+    for (i, (group, _, plural)) in OVERRIDE_KINDS.iter().enumerate() {
+        c = c.source(Source::slot(
+            "overrides",
+            i,
+            keys::prefix(group, plural, None),
+        ));
     }
+    for (i, (_, plural)) in DEPENDENCY_KINDS.iter().enumerate() {
+        c = c.source(Source::slot(
+            "dependencies",
+            i,
+            keys::prefix("", plural, None),
+        ));
+    }
+    c.source(Source::new(
+        "interpreters",
+        keys::well_known::interpreters(),
+    ))
+    .run(shutdown)
+    .await;
 }
 
 fn bkey_of_work(w: &Object) -> Option<BKey> {
@@ -403,8 +368,8 @@ impl Member {
     }
 }
 
-impl Controller {
-    fn on_event(&mut self, src: Src, ev: Event) {
+impl Binder {
+    fn take_event(&mut self, src: Src, ev: Event) {
         match src {
             Src::Binding => match ev {
                 Event::Listed(items) => {
@@ -418,7 +383,6 @@ impl Controller {
                         self.put_binding(&k, Some(b));
                         self.dirty.insert(k);
                     }
-                    self.barrier.listed("bindings");
                 }
                 Event::Upsert(b) => {
                     let k = (b.namespace().to_string(), b.name().to_string());
@@ -466,7 +430,7 @@ impl Controller {
                 }
             }
             Src::Work => {
-                let put = |c: &mut Controller, w: Arc<Object>| {
+                let put = |c: &mut Binder, w: Arc<Object>| {
                     let Some(cluster) = orrery_api::cluster::cluster_of_namespace(w.namespace())
                     else {
                         return;
@@ -497,7 +461,6 @@ impl Controller {
                         for w in items {
                             put(self, w);
                         }
-                        self.barrier.listed("works");
                     }
                     Event::Upsert(w) => put(self, w),
                     Event::Delete(w) => {
@@ -530,7 +493,6 @@ impl Controller {
                             .iter()
                             .map(|c| (c.name().to_string(), Member::of(c, Member::source_of(c))))
                             .collect();
-                        self.barrier.listed("clusters");
                         true
                     }
                     Event::Upsert(c) => {
@@ -556,7 +518,6 @@ impl Controller {
             Src::Override(slot) => {
                 match ev {
                     Event::Listed(items) => {
-                        self.barrier.listed(format!("overrides/{slot}"));
                         self.overrides.retain(|_, (s, _)| *s != slot);
                         for o in items {
                             if let Ok(p) = overrides::from_object(&o) {
@@ -589,7 +550,6 @@ impl Controller {
                 let mut touched = Vec::new();
                 match ev {
                     Event::Listed(items) => {
-                        self.barrier.listed(format!("dependencies/{slot}"));
                         self.deps.retain(|k, _| k.0 != kind);
                         for o in items {
                             touched.push(key(&o));
@@ -614,9 +574,6 @@ impl Controller {
                 }
             }
             Src::Interpreter => {
-                if matches!(ev, Event::Listed(_)) {
-                    self.barrier.listed("interpreters");
-                }
                 super::follow_interpreters(&mut self.interpreters, ev);
                 self.epoch += 1;
                 self.dirty.extend(self.bindings.keys().cloned());

@@ -17,10 +17,10 @@ use serde_json::Value;
 use tokio::sync::watch;
 
 use super::{
-    Job, Kinds, TemplateKinds, content_digest, follow, is_system_namespace, next_batch, run_jobs,
+    Job, Kinds, TEMPLATES, TemplateKinds, content_digest, is_system_namespace, run_jobs,
     same_but_status,
 };
-use crate::runtime::queue::WorkQueue;
+use crate::runtime::controller::{Action, Batch, Controller, Keys, Origin, Source};
 use crate::runtime::{Barrier, Event};
 use orrery_store::stamp::new_object;
 
@@ -62,14 +62,15 @@ struct Detector {
     /// The templates each policy holds (from the bindings).
     bound_by: HashMap<PolicyRef, BTreeSet<TKey>>,
     /// Template kinds followed: (apiVersion, kind) → slot.
-    watched: TemplateKinds<Src>,
+    watched: TemplateKinds,
     templates: HashMap<TKey, Arc<Object>>,
     /// Bindings by (namespace, name).
     bindings: HashMap<(String, String), Arc<Object>>,
     interpreters: HashMap<(String, String), InterpreterSpec>,
-    queue: WorkQueue<TKey>,
-    /// Policies, bindings, interpreters and every template kind followed must be listed
-    /// before anything is decided.
+    /// Templates to decide, for the controller's queue.
+    dirty: Vec<TKey>,
+    /// Which sources have listed (the controller's loop holds everything until all have; this
+    /// one tells a template whose kind is not listed yet).
     barrier: Barrier,
     /// Templates whose kind's first listing has not come yet, by slot.
     parked: HashMap<usize, BTreeSet<TKey>>,
@@ -77,7 +78,6 @@ struct Detector {
     told_unselected: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// Templates to decide again at a time (one too young to be told no policy selects it).
     later: parking_lot::Mutex<Vec<(TKey, std::time::Instant)>>,
-    metrics: crate::runtime::metrics::Handle,
 }
 
 /// The Event reason on a workload that no placement policy selects.
@@ -96,132 +96,132 @@ fn is_workload(kind: &str) -> bool {
     )
 }
 
+#[async_trait::async_trait]
+impl Batch for Detector {
+    type Key = TKey;
+    type Error = StoreError;
+
+    fn on_event(&mut self, source: Origin, ev: Event, keys: &mut Keys<TKey>) {
+        let src = match (source.name, source.slot) {
+            ("policies", Some(i)) => Src::Policy(i),
+            (TEMPLATES, Some(i)) => Src::Template(i),
+            ("bindings", _) => Src::Binding,
+            _ => Src::Interpreter,
+        };
+        self.take_event(src, ev);
+        self.hand_over(keys);
+    }
+
+    /// Time-driven work runs on a clock, however busy the event stream is.
+    fn tick(&mut self, keys: &mut Keys<TKey>) {
+        // Kinds that could not be resolved yet (a CRD arriving later).
+        self.follow_policy_kinds();
+        self.policy_sent.clear();
+        // A policy that places nothing says so too.
+        self.report_policies();
+        self.hand_over(keys);
+    }
+
+    async fn reconcile_batch(
+        &mut self,
+        keys: Vec<TKey>,
+    ) -> Vec<(TKey, Result<Action, StoreError>)> {
+        let (n, started) = (keys.len(), std::time::Instant::now());
+        let failed = self.reconcile_keys(&keys).await;
+        let now = std::time::Instant::now();
+        let later: HashMap<TKey, std::time::Instant> = std::mem::take(&mut *self.later.lock())
+            .into_iter()
+            .collect();
+        super::log_round("policy", n, started);
+        keys.into_iter()
+            .map(|k| {
+                let r = if failed.contains(&k) {
+                    Err(StoreError::Backend(format!(
+                        "deciding the binding of {} {}/{} failed",
+                        k.1, k.2, k.3
+                    )))
+                } else {
+                    Ok(later.get(&k).map_or(Action::Done, |at| {
+                        Action::After(at.saturating_duration_since(now))
+                    }))
+                };
+                (k, r)
+            })
+            .collect()
+    }
+}
+
+impl Detector {
+    /// Hands the controller's loop the templates to decide and the kinds to follow.
+    fn hand_over(&mut self, keys: &mut Keys<TKey>) {
+        keys.extend(self.dirty.drain(..));
+        for s in self.watched.take_new() {
+            keys.follow(s);
+        }
+    }
+}
+
 /// Runs the policy controller until shutdown.
 pub async fn run(
     store: Arc<dyn Store>,
     kinds: Arc<dyn Kinds>,
     metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
 ) {
-    let (tx, mut rx) = crate::runtime::inbox::inbox::<Src>();
+    let (reports_tx, reports_rx) = tokio::sync::mpsc::unbounded_channel();
+    let reporter = tokio::spawn(write_reports(store.clone(), reports_rx));
     let mut barrier = Barrier::new();
     for i in 0..PLACEMENT_KINDS.len() {
         barrier.expect(format!("policies/{i}"));
     }
     barrier.expect("bindings");
     barrier.expect("interpreters");
-    for (i, (group, _, plural)) in PLACEMENT_KINDS.iter().enumerate() {
-        follow(
-            store.clone(),
-            keys::prefix(group, plural, None),
-            Src::Policy(i),
-            tx.clone(),
-            shutdown.clone(),
-        );
-    }
-    follow(
-        store.clone(),
-        keys::prefix("multicluster.io", "resourcebindings", None),
-        Src::Binding,
-        tx.clone(),
-        shutdown.clone(),
-    );
-    follow(
-        store.clone(),
-        keys::well_known::interpreters(),
-        Src::Interpreter,
-        tx.clone(),
-        shutdown.clone(),
-    );
-    let watched = TemplateKinds::new(
-        store.clone(),
-        kinds.clone(),
-        tx.clone(),
-        Src::Template,
-        shutdown.clone(),
-    );
-    let (reports_tx, reports_rx) = tokio::sync::mpsc::unbounded_channel();
-    let reporter = tokio::spawn(write_reports(store.clone(), reports_rx));
-    let mut d = Detector {
-        store,
-        kinds,
+    let d = Detector {
+        store: store.clone(),
+        kinds: kinds.clone(),
         policies: BTreeMap::new(),
         policy_slots: HashMap::new(),
         policy_bound: HashMap::new(),
         policy_sent: HashMap::new(),
         reports: reports_tx,
         bound_by: HashMap::new(),
-        watched,
+        watched: TemplateKinds::new(kinds),
         templates: HashMap::new(),
         bindings: HashMap::new(),
         interpreters: HashMap::new(),
-        queue: WorkQueue::new(Duration::from_millis(200), Duration::from_secs(30)),
+        dirty: Vec::new(),
         barrier,
         parked: HashMap::new(),
         told_unselected: Default::default(),
         later: Default::default(),
-        metrics: metrics.of("policy"),
     };
-    let mut last_tick = std::time::Instant::now();
-    loop {
-        let now = std::time::Instant::now();
-        let wait = d
-            .queue
-            .next_due()
-            .map(|t| t.saturating_duration_since(now))
-            .unwrap_or(Duration::from_secs(2))
-            .min(Duration::from_secs(2));
-        let Some(batch) = next_batch(&mut rx, wait, &mut shutdown).await else {
-            d.queue.shut_down();
-            // The statuses decided so far are written before the controller stops.
-            drop(d);
-            let _ = reporter.await;
-            return;
-        };
-        // Time-driven work runs on a clock, however busy the event stream is.
-        let ticked = last_tick.elapsed() >= Duration::from_secs(2);
-        if ticked {
-            last_tick = std::time::Instant::now();
-        }
-        for (src, ev) in batch {
-            d.on_event(src, ev);
-        }
-        if ticked {
-            // Kinds that could not be resolved yet (a CRD arriving later).
-            d.follow_policy_kinds();
-            d.policy_sent.clear();
-        }
-        if !d.barrier.is_synced() {
-            continue;
-        }
-        let keys = d.queue.pop_batch(std::time::Instant::now(), usize::MAX);
-        d.metrics.synced(keys.len() + d.queue.len());
-        if keys.is_empty() {
-            // A policy that places nothing says so too.
-            d.report_policies();
-            continue;
-        }
-        let (n, started) = (keys.len(), std::time::Instant::now());
-        let failed = d.reconcile_keys(&keys).await;
-        let now = std::time::Instant::now();
-        for k in &keys {
-            if failed.contains(k) {
-                d.queue.retry(k.clone(), now);
-            } else {
-                d.queue.forget(k);
-            }
-            d.queue.done(k);
-        }
-        for (k, at) in std::mem::take(&mut *d.later.lock()) {
-            d.queue.after(k, at);
-        }
-        d.metrics.round(started, failed.len(), d.queue.len());
-        super::log_round("policy", n, started);
+    let mut c = Controller::batched("policy", store, d, metrics.of("policy"))
+        .backoff(Duration::from_millis(200), Duration::from_secs(30))
+        .every(Duration::from_secs(2));
+    for (i, (group, _, plural)) in PLACEMENT_KINDS.iter().enumerate() {
+        c = c.source(Source::slot(
+            "policies",
+            i,
+            keys::prefix(group, plural, None),
+        ));
     }
+    c.source(Source::new(
+        "bindings",
+        keys::prefix("multicluster.io", "resourcebindings", None),
+    ))
+    .source(Source::new(
+        "interpreters",
+        keys::well_known::interpreters(),
+    ))
+    .run(shutdown)
+    .await;
+    // The statuses decided so far are written before the controller stops (the controller,
+    // and with it the sender, is gone).
+    let _ = reporter.await;
 }
 
 impl Detector {
-    fn on_event(&mut self, src: Src, ev: Event) {
+    fn take_event(&mut self, src: Src, ev: Event) {
         match src {
             Src::Policy(slot) => {
                 // What this event may move: templates the policy's old or new selectors could
@@ -419,13 +419,11 @@ impl Detector {
     }
 
     fn mark(&mut self, k: TKey) {
-        self.queue.add(k);
+        self.dirty.push(k);
     }
 
     fn mark_all(&mut self, keys: impl IntoIterator<Item = TKey>) {
-        for k in keys {
-            self.queue.add(k);
-        }
+        self.dirty.extend(keys);
     }
 
     fn put_binding(&mut self, b: Arc<Object>) {

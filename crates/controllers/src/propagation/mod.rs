@@ -82,35 +82,27 @@ pub(crate) fn follow<S: Clone + Eq + Hash + Send + 'static>(
     })
 }
 
-/// The template kinds a controller follows (those its policies or bindings name), each
-/// under a slot of its own, so its events say which kind they are of.
-pub(crate) struct TemplateKinds<S> {
-    store: Arc<dyn Store>,
+/// The template kinds a controller follows (those its policies or bindings name), each a
+/// source of the family `templates` under a slot of its own, so its events say which kind
+/// they are of. New ones wait in [`TemplateKinds::take_new`] for the controller's loop to
+/// follow them (and to hold its barrier until they have listed).
+pub(crate) struct TemplateKinds {
     kinds: Arc<dyn Kinds>,
-    /// The controller's event channel, and how a slot's events are tagged.
-    tx: InboxSender<S>,
-    src: fn(usize) -> S,
-    shutdown: watch::Receiver<bool>,
     slots: std::collections::HashMap<(String, String), usize>,
     prefixes: Vec<String>,
+    new: Vec<crate::runtime::controller::Source>,
 }
 
-impl<S: Clone + Eq + Hash + Send + 'static> TemplateKinds<S> {
-    pub(crate) fn new(
-        store: Arc<dyn Store>,
-        kinds: Arc<dyn Kinds>,
-        tx: InboxSender<S>,
-        src: fn(usize) -> S,
-        shutdown: watch::Receiver<bool>,
-    ) -> Self {
+/// The family name of template sources.
+pub(crate) const TEMPLATES: &str = "templates";
+
+impl TemplateKinds {
+    pub(crate) fn new(kinds: Arc<dyn Kinds>) -> Self {
         TemplateKinds {
-            store,
             kinds,
-            tx,
-            src,
-            shutdown,
             slots: Default::default(),
             prefixes: Vec::new(),
+            new: Vec::new(),
         }
     }
 
@@ -127,14 +119,17 @@ impl<S: Clone + Eq + Hash + Send + 'static> TemplateKinds<S> {
         let slot = self.prefixes.len();
         self.slots.insert(id, slot);
         self.prefixes.push(info.prefix());
-        follow(
-            self.store.clone(),
+        self.new.push(crate::runtime::controller::Source::slot(
+            TEMPLATES,
+            slot,
             info.prefix(),
-            (self.src)(slot),
-            self.tx.clone(),
-            self.shutdown.clone(),
-        );
+        ));
         true
+    }
+
+    /// The kinds followed since last asked, for the controller's loop to follow.
+    pub(crate) fn take_new(&mut self) -> Vec<crate::runtime::controller::Source> {
+        std::mem::take(&mut self.new)
     }
 
     /// The slot of a followed kind.
@@ -150,7 +145,7 @@ impl<S: Clone + Eq + Hash + Send + 'static> TemplateKinds<S> {
     }
 }
 
-impl<S> std::fmt::Debug for TemplateKinds<S> {
+impl std::fmt::Debug for TemplateKinds {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TemplateKinds")
             .field("slots", &self.slots)
