@@ -322,6 +322,7 @@ pub async fn run(store: Arc<dyn Store>, metrics: Handle, shutdown: watch::Receiv
         // Bindings apart, concurrently: a listing of thousands writes as fast as the store
         // commits groups, not one write and one fsync at a time.
         .concurrency(64)
+        .resync(std::time::Duration::from_secs(3600))
         .run(shutdown)
         .await;
 }

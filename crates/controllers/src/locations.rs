@@ -153,6 +153,7 @@ pub async fn run(store: Arc<dyn Store>, metrics: Handle, shutdown: watch::Receiv
         .source(Source::new("locations", keys::prefix(GROUP, PLURAL, None)).cached(stored))
         // The first change of a burst sets when the round comes; the rest wait for it.
         .settle(SETTLE)
+        .backoff(Duration::from_secs(1), Duration::from_secs(5))
         .run(shutdown)
         .await;
 }

@@ -608,9 +608,14 @@ impl Reconciler for Sampler {
         vec![()]
     }
 
+    /// Samples are an interval apart, from start to start (a round over a large fleet takes
+    /// a while).
     async fn reconcile(&self, _: &()) -> Result<Action, StoreError> {
+        let started = std::time::Instant::now();
         self.sample().await;
-        Ok(Action::After(self.cfg.interval))
+        Ok(Action::After(
+            self.cfg.interval.saturating_sub(started.elapsed()),
+        ))
     }
 }
 

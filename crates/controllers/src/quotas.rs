@@ -785,6 +785,8 @@ pub async fn run(
         .source(Source::new("queues", keys::prefix(KUEUE_GROUP, QUEUE_PLURAL, None)).cached(queues))
         // Events come in bursts (every member's heartbeat): one round for a burst.
         .settle(Duration::from_millis(200))
+        // One key for every member: a failure holds up the rest no longer than 5 s.
+        .backoff(Duration::from_secs(1), Duration::from_secs(5))
         .run(shutdown)
         .await;
 }

@@ -292,12 +292,13 @@ impl<R: Reconciler> Batch for PerKey<R> {
         self.reconciler.error_policy(key, error, failures)
     }
 
-    /// A few rounds' worth: changes are taken in between.
+    /// A few rounds' worth: changes, and a shutdown, are taken in between (one key at a time
+    /// for a controller that reconciles one at a time: a shutdown waits for one reconcile).
     fn batch_size(&self) -> usize {
         if self.concurrency > 1 {
             self.concurrency * 4
         } else {
-            16
+            1
         }
     }
 }
@@ -309,6 +310,7 @@ pub struct Source {
     prefix: String,
     cache: Option<Arc<Cache>>,
     keep: Option<Keep>,
+    barrier: bool,
 }
 
 impl Source {
@@ -319,6 +321,7 @@ impl Source {
             prefix,
             cache: None,
             keep: None,
+            barrier: true,
         }
     }
 
@@ -342,6 +345,14 @@ impl Source {
     /// A listing parses only the objects `keep` accepts (see [`reflector::spawn_filtered`]).
     pub fn filtered(mut self, keep: Keep) -> Self {
         self.keep = Some(keep);
+        self
+    }
+
+    /// Not waited for by the barrier: a source the controller copes without until it lists
+    /// (its keys say so themselves), so that one slow or failing listing does not hold up
+    /// everything else.
+    pub fn outside_barrier(mut self) -> Self {
+        self.barrier = false;
         self
     }
 }
@@ -455,12 +466,16 @@ impl<B: Batch> Controller<B> {
             mut trigger,
         } = self;
         let (tx, inbox) = inbox::<Origin>();
+        let (ended_tx, ended) = tokio::sync::mpsc::unbounded_channel();
         let mut l = Loop {
             name,
             store,
             tx,
             shutdown: shutdown.clone(),
             followed: HashSet::new(),
+            ended_tx,
+            ended,
+            ended_count: 0,
             inbox,
             barrier: Barrier::new(),
             settle,
@@ -478,7 +493,9 @@ impl<B: Batch> Controller<B> {
             let now = Instant::now();
             // A source followed later holds the barrier again: nothing is done until it lists.
             let acting = l.synced && l.barrier.is_synced();
-            if !acting || queue.is_empty() {
+            // A controller with nothing to wait for (no sources yet to list) starts at once.
+            let starting = !l.synced && l.barrier.is_synced();
+            if !starting && (!acting || queue.is_empty()) {
                 // Nothing to do now: wait for a change, a key coming due, the resync, the
                 // tick or the end.
                 let due = [queue.next_due(), l.next_resync]
@@ -503,6 +520,14 @@ impl<B: Batch> Controller<B> {
                         }
                         None => trigger = None,
                     },
+                    _ = l.ended.recv() => {
+                        // Every source ended without a shutdown: the store closed.
+                        l.ended_count += 1;
+                        if l.ended_count >= l.followed.len() && !*shutdown.borrow() {
+                            tracing::debug!(controller = name, "the store closed; stopping");
+                            return;
+                        }
+                    }
                     _ = tokio::time::sleep(wait) => {}
                     _ = shutdown.changed() => {
                         queue.shut_down();
@@ -510,9 +535,13 @@ impl<B: Batch> Controller<B> {
                     }
                 }
             }
-            // Take in what else has arrived before acting.
-            while let Ok(ev) = l.inbox.try_recv() {
-                l.take(&mut logic, &mut queue, ev);
+            // Take in what else has arrived before acting (a bounded share: changes coming
+            // faster than they are taken in must not keep the rounds from running).
+            for _ in 0..DRAIN {
+                match l.inbox.try_recv() {
+                    Ok(ev) => l.take(&mut logic, &mut queue, ev),
+                    Err(_) => break,
+                }
             }
             if let Some(t) = &mut trigger {
                 let mut keys = Keys::default();
@@ -594,6 +623,9 @@ impl<B: Batch> Controller<B> {
     }
 }
 
+/// The most changes taken in between two rounds.
+const DRAIN: usize = 10_000;
+
 /// The next key a trigger sends; never, without one. `None` once its senders are gone.
 async fn next_key<K>(t: &mut Option<tokio::sync::mpsc::UnboundedReceiver<K>>) -> Option<K> {
     match t {
@@ -611,6 +643,10 @@ struct Loop {
     tx: InboxSender<Origin>,
     shutdown: watch::Receiver<bool>,
     followed: HashSet<Origin>,
+    /// A message each time a source's reflector ends (the store closed, or shutdown).
+    ended_tx: tokio::sync::mpsc::UnboundedSender<()>,
+    ended: tokio::sync::mpsc::UnboundedReceiver<()>,
+    ended_count: usize,
     inbox: Inbox<Origin>,
     barrier: Barrier,
     settle: Duration,
@@ -626,8 +662,10 @@ impl Loop {
         if !self.followed.insert(s.origin) {
             return;
         }
-        self.barrier.expect(s.origin.barrier_key());
-        reflector::spawn_into(
+        if s.barrier {
+            self.barrier.expect(s.origin.barrier_key());
+        }
+        let reflector = reflector::spawn_into(
             self.store.clone(),
             s.prefix,
             s.cache,
@@ -637,6 +675,11 @@ impl Loop {
             Health::default(),
             self.shutdown.clone(),
         );
+        let ended = self.ended_tx.clone();
+        tokio::spawn(async move {
+            let _ = reflector.await;
+            let _ = ended.send(());
+        });
     }
 
     fn take<B: Batch>(
@@ -900,6 +943,29 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_controller_without_sources_starts_at_once_and_one_whose_store_closed_ends() {
+        let (_d, store) = store().await;
+        let mut r = Recorder::default();
+        r.seen.insert("only".into(), ());
+        let calls = r.calls.clone();
+        let metrics = crate::metrics::ControllerMetrics::default().of("test");
+        let (_tx, rx) = watch::channel(false);
+        let task = tokio::spawn(Controller::new("test", store.clone(), r, metrics).run(rx));
+        until("the first round", || calls.lock().len() == 1).await;
+
+        let (tx, rx) = watch::channel(false);
+        let other = tokio::spawn(controller(&store, Recorder::default()).run(rx));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        store.close().await;
+        tokio::time::timeout(Duration::from_secs(10), other)
+            .await
+            .expect("a controller whose store closed ends without a shutdown")
+            .unwrap();
+        drop(tx);
+        task.abort();
     }
 
     #[tokio::test]

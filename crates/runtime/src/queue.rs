@@ -4,7 +4,9 @@
 //! - A key handed out is not handed out again until [`WorkQueue::done`]; added meanwhile, it
 //!   comes back after (one reconcile of a key at a time, and none lost).
 //! - A failed key is retried after a per-key exponential backoff, in a lane behind fresh work,
-//!   so retries never hold up new keys; success resets its backoff.
+//!   so retries never hold up new keys (yet every few fresh keys a due one goes first, so a
+//!   steady stream of fresh work starves neither retries nor keys due at a time); success
+//!   resets its backoff.
 //! - After [`WorkQueue::shut_down`] no key is handed out; what was taken can still finish.
 //! - Backoffs may be spread by a jitter ([`WorkQueue::with_jitter`]): keys that failed
 //!   together (a store that was away) do not all come back in the same instant.
@@ -32,6 +34,9 @@ pub struct WorkQueue<K> {
     max: Duration,
     /// The share of a backoff taken off at random (0 to 1).
     jitter: f64,
+    /// Fresh keys handed out in a row (every few, a due retry or timed key goes first, so a
+    /// steady stream of fresh work does not starve them).
+    fresh_streak: u32,
     shut: bool,
 }
 
@@ -50,6 +55,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             base,
             max,
             jitter: 0.0,
+            fresh_streak: 0,
             shut: false,
         }
     }
@@ -148,7 +154,15 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             return None;
         }
         self.promote(now);
-        let k = self.fresh.pop_front().or_else(|| self.retry.pop_front())?;
+        let (k, fresh) = if self.fresh_streak >= FRESH_BEFORE_RETRY && !self.retry.is_empty() {
+            (self.retry.pop_front(), false)
+        } else if let Some(k) = self.fresh.pop_front() {
+            (Some(k), true)
+        } else {
+            (self.retry.pop_front(), false)
+        };
+        let k = k?;
+        self.fresh_streak = if fresh { self.fresh_streak + 1 } else { 0 };
         self.queued.remove(&k);
         self.processing.insert(k.clone(), false);
         Some(k)
@@ -196,6 +210,9 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         self.shut
     }
 }
+
+/// Fresh keys handed out before a waiting retry (or timed key) gets its turn.
+const FRESH_BEFORE_RETRY: u32 = 4;
 
 /// A number in [0, 1): std's per-process random hash keys, which is enough to spread retries.
 fn random_unit() -> f64 {
@@ -289,6 +306,19 @@ mod tests {
         assert_eq!(q.pop(t0 + Duration::from_secs(2)), Some("grace"));
         q.done(&"grace");
         assert!(q.pop(t0 + Duration::from_secs(10)).is_none(), "once");
+    }
+
+    #[test]
+    fn a_stream_of_fresh_work_does_not_starve_retries() {
+        let t0 = Instant::now();
+        let mut q = q();
+        q.after("timed", t0);
+        for i in 0..10 {
+            q.add(if i % 2 == 0 { "x" } else { "y" });
+            q.add(["a", "b", "c", "d", "e", "f"][i % 6]);
+        }
+        let got = q.pop_batch(t0, 6);
+        assert!(got.contains(&"timed"), "{got:?}");
     }
 
     #[test]

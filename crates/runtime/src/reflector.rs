@@ -165,7 +165,8 @@ fn run(
     let (tx, rx) = inbox::<()>();
     let health = Health::default();
     let events = Events::new(rx, health.clone());
-    spawn_into(store, prefix, cache, keep, tx, (), health, shutdown);
+    // Its end shows as the inbox's end (its one sender is gone).
+    let _ = spawn_into(store, prefix, cache, keep, tx, (), health, shutdown);
     events
 }
 
@@ -181,7 +182,7 @@ pub(crate) fn spawn_into<S: Clone + Eq + std::hash::Hash + Send + 'static>(
     tag: S,
     health: Health,
     mut shutdown: watch::Receiver<bool>,
-) {
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut backoff = Duration::from_millis(100);
         'list: loop {
@@ -288,5 +289,5 @@ pub(crate) fn spawn_into<S: Clone + Eq + std::hash::Hash + Send + 'static>(
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-    });
+    })
 }

@@ -662,9 +662,12 @@ impl Reconciler for FederatedHpas {
         let store = self.scaler.lock().await.store.clone();
         match task {
             Task::Pass => {
+                // A sync period apart, from start to start.
+                let started = std::time::Instant::now();
                 self.pass().await;
                 let period = self.scaler.lock().await.settings.sync_period;
-                return Ok(Action::After(period.max(Duration::from_millis(100))));
+                let period = period.max(Duration::from_millis(100));
+                return Ok(Action::After(period.saturating_sub(started.elapsed())));
             }
             Task::Sweep => {
                 let page = store.list(USAGE_PREFIX, &Default::default()).await?;

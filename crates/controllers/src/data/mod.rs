@@ -126,7 +126,8 @@ pub async fn run(
     .source(Source::new("bindings", keys::well_known::bindings(None)))
     .source(Source::new("works", keys::well_known::works(None)))
     .source(Source::new("clusters", keys::well_known::clusters()))
-    .backoff(Duration::from_millis(500), Duration::from_secs(30))
+    // One key for every data set: a failing write holds up the rest no longer than 5 s.
+    .backoff(Duration::from_millis(500), Duration::from_secs(5))
     .run(shutdown)
     .await;
 }

@@ -188,7 +188,7 @@ pub async fn run(
     .source(Source::new("works", keys::well_known::works(None)))
     .source(Source::new("clusters", keys::well_known::clusters()))
     // Members' heartbeat Leases: a renewal is hearing from the member.
-    .source(Source::new("leases", keys::well_known::cluster_leases()))
+    .source(Source::new("leases", keys::well_known::cluster_leases()).outside_barrier())
     .run(shutdown)
     .await;
 }

@@ -238,8 +238,10 @@ impl Binder {
     /// Hands the controller's loop the bindings to reconcile and the kinds to follow.
     fn hand_over(&mut self, keys: &mut Keys<BKey>) {
         keys.extend(std::mem::take(&mut self.dirty));
+        // Not waited for: a binding whose kind has not listed yet waits on its own (`later`),
+        // the others go on.
         for s in self.followed.take_new() {
-            keys.follow(s);
+            keys.follow(s.outside_barrier());
         }
     }
 }

@@ -117,8 +117,11 @@ impl Batch for Detector {
         // Kinds that could not be resolved yet (a CRD arriving later).
         self.follow_policy_kinds();
         self.policy_sent.clear();
-        // A policy that places nothing says so too.
-        self.report_policies();
+        // A policy that places nothing says so too (once everything is listed: before the
+        // bindings are, every policy would be told it places nothing).
+        if self.barrier.is_synced() {
+            self.report_policies();
+        }
         self.hand_over(keys);
     }
 
