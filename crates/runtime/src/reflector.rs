@@ -166,7 +166,16 @@ fn run(
     let health = Health::default();
     let events = Events::new(rx, health.clone());
     // Its end shows as the inbox's end (its one sender is gone).
-    let _ = spawn_into(store, prefix, cache, keep, tx, (), health, shutdown);
+    drop(spawn_into(
+        store,
+        prefix,
+        cache,
+        keep,
+        tx,
+        (),
+        health,
+        shutdown,
+    ));
     events
 }
 
