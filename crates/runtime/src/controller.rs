@@ -199,7 +199,8 @@ pub trait Reconciler: Send + Sync + 'static {
         Vec::new()
     }
 
-    /// Time-driven work between reconciles, every [`Controller::every`] period.
+    /// Time-driven work between reconciles, every [`Controller::every`] period once every
+    /// source has listed.
     fn tick(&mut self, _keys: &mut Keys<Self::Key>) {}
 
     /// Brings what `key` names to what is wanted, from the newest state (caches and the
@@ -439,7 +440,8 @@ impl<B: Batch> Controller<B> {
         self
     }
 
-    /// The reconciler's `tick` runs this often, however busy the sources are.
+    /// The reconciler's `tick` runs this often, however busy the sources are (not before the
+    /// barrier passes).
     pub fn every(mut self, period: Duration) -> Self {
         self.every = Some(period);
         self
@@ -498,11 +500,10 @@ impl<B: Batch> Controller<B> {
             if !starting && (!acting || queue.is_empty()) {
                 // Nothing to do now: wait for a change, a key coming due, the resync, the
                 // tick or the end.
-                let due = [queue.next_due(), l.next_resync]
+                let due = [queue.next_due(), l.next_resync, l.next_tick]
                     .into_iter()
                     .flatten()
                     .filter(|_| acting)
-                    .chain(l.next_tick)
                     .min();
                 let wait = due.map_or(Duration::from_secs(3600), |t| {
                     t.saturating_duration_since(now)
@@ -550,6 +551,9 @@ impl<B: Batch> Controller<B> {
                 }
                 l.queue_keys(&mut queue, keys);
             }
+            if !l.barrier.is_synced() {
+                continue;
+            }
             let now = Instant::now();
             if let (Some(at), Some(period)) = (l.next_tick, every)
                 && at <= now
@@ -558,9 +562,6 @@ impl<B: Batch> Controller<B> {
                 let mut keys = Keys::default();
                 logic.tick(&mut keys);
                 l.queue_keys(&mut queue, keys);
-            }
-            if !l.barrier.is_synced() {
-                continue;
             }
             if !l.synced {
                 l.synced = true;

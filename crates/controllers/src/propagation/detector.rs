@@ -20,8 +20,8 @@ use super::{
     Job, Kinds, TEMPLATES, TemplateKinds, content_digest, is_system_namespace, run_jobs,
     same_but_status,
 };
+use crate::runtime::Event;
 use crate::runtime::controller::{Action, Batch, Controller, Keys, Origin, Source};
-use crate::runtime::{Barrier, Event};
 use orrery_store::stamp::new_object;
 
 /// Annotation on a binding: the content digest of the template version it describes.
@@ -69,11 +69,6 @@ struct Detector {
     interpreters: HashMap<(String, String), InterpreterSpec>,
     /// Templates to decide, for the controller's queue.
     dirty: Vec<TKey>,
-    /// Which sources have listed (the controller's loop holds everything until all have; this
-    /// one tells a template whose kind is not listed yet).
-    barrier: Barrier,
-    /// Templates whose kind's first listing has not come yet, by slot.
-    parked: HashMap<usize, BTreeSet<TKey>>,
     /// Workloads told (by uid) that no policy selects them.
     told_unselected: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// Templates to decide again at a time (one too young to be told no policy selects it).
@@ -117,11 +112,9 @@ impl Batch for Detector {
         // Kinds that could not be resolved yet (a CRD arriving later).
         self.follow_policy_kinds();
         self.policy_sent.clear();
-        // A policy that places nothing says so too (once everything is listed: before the
-        // bindings are, every policy would be told it places nothing).
-        if self.barrier.is_synced() {
-            self.report_policies();
-        }
+        // A policy that places nothing says so too (the loop ticks only once everything is
+        // listed: before the bindings are, every policy would be told it places nothing).
+        self.report_policies();
         self.hand_over(keys);
     }
 
@@ -173,12 +166,6 @@ pub async fn run(
 ) {
     let (reports_tx, reports_rx) = tokio::sync::mpsc::unbounded_channel();
     let reporter = tokio::spawn(write_reports(store.clone(), reports_rx));
-    let mut barrier = Barrier::new();
-    for i in 0..PLACEMENT_KINDS.len() {
-        barrier.expect(format!("policies/{i}"));
-    }
-    barrier.expect("bindings");
-    barrier.expect("interpreters");
     let d = Detector {
         store: store.clone(),
         kinds: kinds.clone(),
@@ -193,8 +180,6 @@ pub async fn run(
         bindings: HashMap::new(),
         interpreters: HashMap::new(),
         dirty: Vec::new(),
-        barrier,
-        parked: HashMap::new(),
         told_unselected: Default::default(),
         later: Default::default(),
     };
@@ -272,7 +257,6 @@ impl Detector {
                 };
                 match ev {
                     Event::Listed(items) => {
-                        self.barrier.listed(format!("policies/{slot}"));
                         let gone: Vec<PolicyRef> = self
                             .policy_slots
                             .iter()
@@ -323,7 +307,6 @@ impl Detector {
             }
             Src::Template(slot) => match ev {
                 Event::Listed(items) => {
-                    self.barrier.listed(format!("templates/{slot}"));
                     let gone: Vec<TKey> = self
                         .templates
                         .keys()
@@ -339,11 +322,6 @@ impl Detector {
                             self.mark(k.clone());
                             self.templates.insert(k, o);
                         }
-                    }
-                    // What waited for this kind's listing (bindings of templates that may be
-                    // gone) is decided now.
-                    for k in self.parked.remove(&slot).unwrap_or_default() {
-                        self.mark(k);
                     }
                 }
                 Event::Upsert(o) => {
@@ -379,7 +357,6 @@ impl Detector {
                     for b in items {
                         self.put_binding(b);
                     }
-                    self.barrier.listed("bindings");
                 }
                 Event::Upsert(b) => {
                     let k = (b.namespace().to_string(), b.name().to_string());
@@ -411,9 +388,6 @@ impl Detector {
                 }
             },
             Src::Interpreter => {
-                if matches!(ev, Event::Listed(_)) {
-                    self.barrier.listed("interpreters");
-                }
                 super::follow_interpreters(&mut self.interpreters, ev);
                 let all: Vec<TKey> = self.templates.keys().cloned().collect();
                 self.mark_all(all);
@@ -486,28 +460,16 @@ impl Detector {
                 .map(|(v, k)| (v.to_string(), k.to_string())),
             )
             .collect();
+        // Each new kind is handed to the loop, whose barrier holds every round until it has
+        // listed: no template is decided while its kind may hold more.
         for (api_version, kind) in wanted {
-            let new = self.watched.slot(&api_version, &kind).is_none();
-            if self.watched.follow(&api_version, &kind)
-                && new
-                && let Some(slot) = self.watched.slot(&api_version, &kind)
-            {
-                self.barrier.expect(format!("templates/{slot}"));
-            }
+            self.watched.follow(&api_version, &kind);
         }
     }
 
     async fn reconcile_keys(&mut self, keys: &[TKey]) -> BTreeSet<TKey> {
         let mut jobs: Vec<Job<TKey>> = Vec::new();
         for k in keys {
-            // A template of a kind followed but not listed yet: it may exist. Decided once
-            // its kind's listing comes.
-            if let Some(slot) = self.watched.slot(&k.0, &k.1)
-                && !self.barrier.has_listed(&format!("templates/{slot}"))
-            {
-                self.parked.entry(slot).or_default().insert(k.clone());
-                continue;
-            }
             if let Some(j) = self.reconcile(k) {
                 jobs.push(j);
             }
