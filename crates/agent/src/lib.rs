@@ -4,18 +4,15 @@
 //!
 //! - [`agent`]: registration, the Works loop, heartbeats and status reports, and the
 //!   behaviour while the server is away;
-//! - [`backend`]: the member itself, a real Kubernetes API ([`backend::kube`]) or a simulated
-//!   cluster ([`backend::sim`]);
-//! - [`fleet`]: many simulated clusters in one process; [`admin`]: the fault-injection
-//!   endpoint for simulated clusters;
+//! - [`backend`]: the member itself, a real Kubernetes API ([`backend::kube`]) or another
+//!   Orrery server ([`backend::orrery`]); the simulated cluster, its fleets and its
+//!   fault-injection endpoint are the `orrery-sim` crate, a [`backend::Backend`] from outside;
 //! - [`health`]: the probes and metrics of an agent run in its member;
 //! - [`state`]: what an agent keeps (a file, or a Secret in its member); [`transport`]: its requests to the server.
 
-pub mod admin;
 pub mod agent;
 pub mod backend;
 pub mod backoff;
-pub mod fleet;
 pub mod health;
 pub mod state;
 pub mod stats;

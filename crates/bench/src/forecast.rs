@@ -1,6 +1,6 @@
 //! `forecast-accuracy`: how well Orrery's forecaster predicts simulated members' load.
 //!
-//! Series come from the sim's own load profiles (`orrery_agent::backend::sim::profile_factor`,
+//! Series come from the sim's own load profiles (`orrery_sim::profile_factor`,
 //! the function a simulated member's background load follows), one family each: diurnal,
 //! diurnal with a trend, spikes, and flat with noise, all with noise on top, sampled every
 //! 5 minutes over a 1-day season. With `history` seasons behind it, each origin of the next
@@ -14,8 +14,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use orrery_agent::backend::sim::{SimSpec, profile_factor};
 use orrery_forecast::{Settings, accuracy, predict};
+use orrery_sim::{SimSpec, profile_factor};
 use serde_json::json;
 
 use crate::stats::{emit, percentile, progress, round};

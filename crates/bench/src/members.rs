@@ -88,12 +88,10 @@ pub async fn register(args: RegisterArgs) -> anyhow::Result<()> {
         let mut cfg = orrery_agent::AgentConfig::new(&url, &name);
         cfg.bootstrap_token = Some(token);
         cfg.info.region = "bench".into();
-        let spec: orrery_agent::backend::sim::SimSpec = "nodes=10,cpu=16,memory=64Gi"
+        let spec: orrery_sim::SimSpec = "nodes=10,cpu=16,memory=64Gi"
             .parse()
             .map_err(|e: String| anyhow::anyhow!(e))?;
-        let sim = Arc::new(orrery_agent::backend::sim::SimCluster::new(
-            &name, "bench", spec,
-        ));
+        let sim = Arc::new(orrery_sim::SimCluster::new(&name, "bench", spec));
         let t0 = Instant::now();
         tokio::spawn(orrery_agent::run(cfg, sim, stop.clone()));
         let deadline = t0 + Duration::from_secs(10);

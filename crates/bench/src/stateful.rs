@@ -11,19 +11,19 @@
 //! 2. **Model**: moves of 10 GiB, 100 GiB and 1 TiB over 1 Gbit/s cannot run in real time,
 //!    so they run in virtual time through the same code: the migration's phase machine
 //!    (`orrery_controllers::migration::plan`) and the simulated members' data plane
-//!    (`orrery_agent::backend::sim::data`), with each control hop taking what part 1
+//!    (`orrery_sim::data`), with each control hop taking what part 1
 //!    measured, and pods taking `--pod-start` to start.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use orrery_agent::backend::sim::data::DataPlane;
 use orrery_api::binding::BindingSpec;
 use orrery_api::stateful::{MigrationPhase, MigrationStatus, TransferRole};
 use orrery_api::work::{Health, ManifestStatus};
 use orrery_api::{MicroTime, Time};
 use orrery_controllers::migration::plan::{self, End, Settings, WorkSeen};
+use orrery_sim::data::DataPlane;
 use serde_json::{Value, json};
 
 use crate::api::{ServerProcess, request};

@@ -11,10 +11,10 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use orrery_agent::backend::Backend;
 use orrery_agent::backend::kube::KubeMember;
-use orrery_agent::backend::sim::{SimCluster, SimSpec};
-use orrery_agent::fleet::{Fleet, FleetConfig, FleetFile};
 use orrery_agent::state::StateFile;
 use orrery_agent::{AgentConfig, ClusterFacts, Stopped};
+use orrery_sim::fleet::{Fleet, FleetConfig, FleetFile};
+use orrery_sim::{SimCluster, SimSpec};
 
 use crate::server::parse_duration;
 
@@ -182,7 +182,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         let fleet = Fleet::start(members, &cfg, shutdown.clone());
         if let Some(addr) = args.admin_listen {
             let bound =
-                orrery_agent::admin::serve(addr, fleet.sims.clone(), shutdown.clone()).await?;
+                orrery_sim::admin::serve(addr, fleet.sims.clone(), shutdown.clone()).await?;
             println!("admin endpoint at http://{bound}");
         }
         println!(
@@ -230,7 +230,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
                 .map_err(|e: String| anyhow::anyhow!("--simulate: {e}"))?;
             let sim = Arc::new(SimCluster::new(&cluster, &args.facts.region, spec));
             sims.push(sim.clone());
-            orrery_agent::backend::sim::spawn_clock(vec![sim.clone()], shutdown.clone());
+            orrery_sim::spawn_clock(vec![sim.clone()], shutdown.clone());
             sim
         }
         _ => bail!(
@@ -241,7 +241,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         if sims.is_empty() {
             bail!("--admin-listen serves simulated clusters only");
         }
-        let bound = orrery_agent::admin::serve(addr, sims, shutdown.clone()).await?;
+        let bound = orrery_sim::admin::serve(addr, sims, shutdown.clone()).await?;
         println!("admin endpoint at http://{bound}");
     }
     let mut cfg = AgentConfig::new(&args.server.join(","), &cluster);

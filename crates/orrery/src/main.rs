@@ -108,7 +108,7 @@ fn default_filter(command: &Command) -> &'static str {
         // info (registered, connected) the server says too, so only their warnings show
         // (ORRERY_LOG=info shows all).
         Command::Up(_) => {
-            "info,orrery_agent=warn,orrery_agent::admin=info,kube_client::client::tls=error"
+            "info,orrery_agent=warn,orrery_sim=warn,orrery_sim::admin=info,kube_client::client::tls=error"
         }
         _ => "info,kube_client::client::tls=error",
     }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use orrery_agent::ClusterFacts;
-use orrery_agent::fleet::{Fleet, FleetConfig, Member};
+use orrery_sim::fleet::{Fleet, FleetConfig, Member};
 use serde_json::{Value, json};
 
 use crate::server::{ServerArgs, StoreKind, parse_duration};
@@ -306,7 +306,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     );
     // The simulated clusters' fault injection, on loopback, for `orrery sim`.
     let admin_addr =
-        orrery_agent::admin::serve("127.0.0.1:0".parse()?, fleet.sims.clone(), admin_shutdown)
+        orrery_sim::admin::serve("127.0.0.1:0".parse()?, fleet.sims.clone(), admin_shutdown)
             .await?;
     let admin_file = args.data_dir.join(crate::sim::ADMIN_FILE);
     std::fs::write(&admin_file, format!("{admin_addr}\n"))

@@ -16,7 +16,100 @@ fn a_refusal_of_the_moment_is_retried_soon_one_on_its_merits_later() {
 
 use super::session::{SETTING_UP, hold_while_setting_up};
 use super::*;
-use crate::backend::sim::{Faults, SimCluster, SimSpec};
+use crate::backend::{Backend, BackendError, MemberReport, ObjectState, ProxyBody, proxy_error};
+
+/// A member for these tests: objects kept as applied, an outage and a latency to set. (The
+/// simulated cluster is the `orrery-sim` crate, which depends on this one; the end-to-end
+/// tests run the agent against it.)
+#[derive(Debug, Default)]
+struct Member {
+    objects: parking_lot::Mutex<BTreeMap<String, Value>>,
+    faults: parking_lot::Mutex<Faults>,
+    changed: Option<tokio::sync::watch::Sender<u64>>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct Faults {
+    outage: bool,
+    latency: Duration,
+}
+
+impl Member {
+    fn new() -> Self {
+        Member {
+            changed: Some(tokio::sync::watch::channel(0).0),
+            ..Member::default()
+        }
+    }
+
+    fn set_faults(&self, f: Faults) {
+        *self.faults.lock() = f;
+    }
+
+    async fn gate(&self) -> Result<(), BackendError> {
+        let f = self.faults.lock().clone();
+        tokio::time::sleep(f.latency).await;
+        if f.outage {
+            return Err(BackendError::Unavailable("a test outage".into()));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for Member {
+    async fn apply(&self, m: &Value, _overwrite: bool, _: &Cause) -> Result<(), BackendError> {
+        self.gate().await?;
+        let id = ResourceIdentifier::of(0, m).ok_or_else(|| BackendError::Rejected {
+            what: "a manifest".into(),
+            message: "it has no apiVersion, kind or name".into(),
+        })?;
+        self.objects.lock().insert(id.describe(), m.clone());
+        Ok(())
+    }
+
+    async fn delete(&self, id: &ResourceIdentifier, _: &Cause) -> Result<(), BackendError> {
+        self.gate().await?;
+        self.objects.lock().remove(&id.describe());
+        Ok(())
+    }
+
+    async fn state(&self, id: &ResourceIdentifier) -> Result<Option<ObjectState>, BackendError> {
+        self.gate().await?;
+        Ok(self
+            .objects
+            .lock()
+            .contains_key(&id.describe())
+            .then(ObjectState::default))
+    }
+
+    async fn report(&self) -> Result<MemberReport, BackendError> {
+        self.gate().await?;
+        Ok(MemberReport {
+            healthy: true,
+            ..MemberReport::default()
+        })
+    }
+
+    async fn proxy(&self, _: http::Request<bytes::Bytes>) -> http::Response<ProxyBody> {
+        proxy_error(http::StatusCode::NOT_FOUND, "no API here")
+    }
+
+    async fn proxy_upgrade(
+        &self,
+        _: http::request::Parts,
+        _: hyper::upgrade::OnUpgrade,
+    ) -> http::Response<ProxyBody> {
+        proxy_error(http::StatusCode::NOT_FOUND, "no API here")
+    }
+
+    fn changed(&self) -> tokio::sync::watch::Receiver<u64> {
+        match &self.changed {
+            Some(tx) => tx.subscribe(),
+            None => tokio::sync::watch::channel(0).1,
+        }
+    }
+}
 
 #[tokio::test(start_paused = true)]
 async fn a_fleet_member_gives_its_place_back_when_set_up_or_after_a_while() {
@@ -218,7 +311,7 @@ async fn heartbeats_that_get_no_answer_end_the_session_in_time() {
             open.push(c);
         }
     });
-    let sim = Arc::new(SimCluster::new("m1", "r1", SimSpec::default()));
+    let sim = Arc::new(Member::new());
     let mut cfg = AgentConfig::new(&url, "m1");
     cfg.heartbeat_interval = Duration::from_millis(100);
     let inner = Inner::new(cfg, sim, AgentState::default());
@@ -244,7 +337,7 @@ async fn heartbeats_that_get_no_answer_end_the_session_in_time() {
 /// an outage at its target for a refusal.
 #[tokio::test]
 async fn an_apply_failed_for_an_outage_is_not_a_refusal() {
-    let sim = Arc::new(SimCluster::new("m1", "r1", SimSpec::default()));
+    let sim = Arc::new(Member::new());
     let inner = Inner::new(
         AgentConfig::new("https://127.0.0.1:1", "m1"),
         sim.clone(),
@@ -311,7 +404,7 @@ async fn an_apply_failed_for_an_outage_is_not_a_refusal() {
 /// the future is dropped) stays owed, and is carried out by the next retry.
 #[tokio::test]
 async fn a_retried_delete_cut_short_stays_owed() {
-    let sim = Arc::new(SimCluster::new("m1", "r1", SimSpec::default()));
+    let sim = Arc::new(Member::new());
     let m = stamped(
         &json!({"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": "web", "namespace": "default"}, "data": {"v": "1"}}),

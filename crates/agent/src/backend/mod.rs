@@ -1,4 +1,6 @@
-//! What an agent applies Works to: a member cluster, real ([`kube`]) or simulated ([`sim`]).
+//! What an agent applies Works to: a member cluster, a real Kubernetes API ([`kube`]), another
+//! Orrery server standing in for one ([`orrery`]), or a simulated cluster (the `orrery-sim`
+//! crate, which implements [`Backend`] from outside).
 
 use std::collections::BTreeMap;
 
@@ -12,7 +14,6 @@ use serde_json::Value;
 
 pub mod kube;
 pub mod orrery;
-pub mod sim;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum BackendError {

@@ -27,9 +27,9 @@ use serde::Deserialize;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::agent::{AgentConfig, AgentError, Stopped, run};
-use crate::backend::sim::{SimCluster, SimSpec};
-use crate::state::StateFile;
+use crate::{SimCluster, SimSpec};
+use orrery_agent::state::StateFile;
+use orrery_agent::{AgentConfig, AgentError, Stopped, run};
 use orrery_api::cluster::ClusterFacts;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -178,7 +178,7 @@ fn member_file(dir: &Path, name: &str) -> PathBuf {
 
 /// The objects a simulated member held when it last stopped. A file that cannot be read is
 /// set aside (`member.json.unreadable`), not overwritten, and the member starts empty.
-fn load_member(file: &Path) -> Option<crate::backend::sim::SimSnapshot> {
+fn load_member(file: &Path) -> Option<crate::SimSnapshot> {
     let bytes = match std::fs::read(file) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
@@ -298,7 +298,7 @@ impl Fleet {
             // for thousands simulated to load the server.
             ac.tunnel = peers.len() <= 64;
             ac.connecting = Some(connecting.clone());
-            let backend: Arc<dyn crate::backend::Backend> = sim.clone();
+            let backend: Arc<dyn orrery_agent::backend::Backend> = sim.clone();
             let name = m.name.clone();
             let handle = tokio::spawn(run(ac, backend, shutdown.clone()));
             agents.push((name, handle));
@@ -311,7 +311,7 @@ impl Fleet {
             )),
             _ => None,
         };
-        let ticker = crate::backend::sim::spawn_clock(sims.clone(), shutdown.clone());
+        let ticker = crate::spawn_clock(sims.clone(), shutdown.clone());
         Fleet {
             sims,
             agents,

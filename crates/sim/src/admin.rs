@@ -32,7 +32,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::backend::sim::{Faults, SimCluster};
+use crate::{Faults, SimCluster};
 use orrery_api::work::ResourceIdentifier;
 
 #[derive(Debug, Deserialize)]
@@ -87,7 +87,7 @@ async fn handle(
     match (&method, segments.as_slice()) {
         (&Method::GET, ["stats"]) => {
             let reset = query.contains("reset=true");
-            reply(StatusCode::OK, crate::stats::snapshot(reset))
+            reply(StatusCode::OK, orrery_agent::stats::snapshot(reset))
         }
         (&Method::GET, ["clusters"]) => {
             let mut all: Vec<_> = sims.values().map(|s| s.summary()).collect();
@@ -126,11 +126,11 @@ async fn handle(
                     }
                 }
                 (&Method::POST, ["objects"]) => match serde_json::from_slice::<Value>(&body) {
-                    Ok(m) => match crate::backend::Backend::apply(
+                    Ok(m) => match orrery_agent::backend::Backend::apply(
                         sim.as_ref(),
                         &m,
                         false,
-                        &crate::backend::Cause {
+                        &orrery_agent::backend::Cause {
                             reason: "made through the admin endpoint",
                             ..Default::default()
                         },
@@ -138,7 +138,7 @@ async fn handle(
                     .await
                     {
                         Ok(()) => reply(StatusCode::CREATED, m),
-                        Err(crate::backend::BackendError::Conflict(what)) => {
+                        Err(orrery_agent::backend::BackendError::Conflict(what)) => {
                             error(StatusCode::CONFLICT, format!("{what} exists already"))
                         }
                         Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),

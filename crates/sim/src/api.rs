@@ -18,7 +18,7 @@ use orrery_api::Time;
 use serde_json::{Value, json};
 
 use super::{Key, Phase, Pod, SimCluster, State};
-use crate::backend::{ProxyBody, proxy_answer, proxy_error};
+use orrery_agent::backend::{ProxyBody, proxy_answer, proxy_error};
 
 /// The most log lines a pod has (one a second since it started).
 const MAX_LINES: i64 = 1000;
