@@ -46,7 +46,7 @@ use crate::Barrier;
 use crate::cache::Cache;
 use crate::inbox::{Inbox, InboxSender, inbox};
 use crate::metrics::Handle;
-use crate::queue::WorkQueue;
+use crate::queue::{Rank, WorkQueue};
 use crate::reflector::{self, Event, Health, Keep};
 
 /// What a reconcile asks for next.
@@ -248,6 +248,20 @@ pub trait Batch: Send + 'static {
     fn batch_size(&self) -> usize {
         usize::MAX
     }
+
+    /// Where `key` waits in the queue (see [`Rank`]): the default for all, a FIFO, unless
+    /// the controller orders its work (the scheduler: priorities, namespaces in turn, and
+    /// bindings that found no room behind fresh work).
+    fn rank(&self, _key: &Self::Key) -> Rank {
+        Rank::default()
+    }
+
+    /// The queue is empty after a round: work the rounds left running (writes in flight) may
+    /// be finished here.
+    async fn idle(&mut self) {}
+
+    /// The controller stops (shutdown, or the store closed): what was decided is finished.
+    async fn stop(&mut self) {}
 }
 
 /// A [`Reconciler`] run as rounds of up to `concurrency` reconciles at once.
@@ -370,6 +384,7 @@ pub struct Controller<B: Batch> {
     backoff: (Duration, Duration),
     metrics: Handle,
     trigger: Option<tokio::sync::mpsc::UnboundedReceiver<B::Key>>,
+    fresh_first: bool,
 }
 
 impl<B: Batch> Debug for Controller<B> {
@@ -412,7 +427,15 @@ impl<B: Batch> Controller<B> {
             backoff: (Duration::from_millis(100), Duration::from_secs(30)),
             metrics,
             trigger: None,
+            fresh_first: false,
         }
+    }
+
+    /// Retries, timed keys and keys ranked behind go only when no fresh work waits (see
+    /// [`WorkQueue::fresh_first`]); by default every few fresh keys a due one goes first.
+    pub fn fresh_first(mut self) -> Self {
+        self.fresh_first = true;
+        self
     }
 
     /// Keys sent here are queued as a change's would be: a source that is not the store (a
@@ -466,6 +489,7 @@ impl<B: Batch> Controller<B> {
             backoff,
             metrics,
             mut trigger,
+            fresh_first,
         } = self;
         let (tx, inbox) = inbox::<Origin>();
         let (ended_tx, ended) = tokio::sync::mpsc::unbounded_channel();
@@ -490,8 +514,11 @@ impl<B: Batch> Controller<B> {
             l.follow(s);
         }
         let mut queue = WorkQueue::new(backoff.0, backoff.1).with_jitter(0.2);
+        if fresh_first {
+            queue = queue.fresh_first();
+        }
         let mut shutdown = shutdown;
-        loop {
+        'run: loop {
             let now = Instant::now();
             // A source followed later holds the barrier again: nothing is done until it lists.
             let acting = l.synced && l.barrier.is_synced();
@@ -511,13 +538,13 @@ impl<B: Batch> Controller<B> {
                 tokio::select! {
                     ev = l.inbox.recv() => match ev {
                         Some(ev) => l.take(&mut logic, &mut queue, ev),
-                        None => return,
+                        None => break 'run,
                     },
                     k = next_key(&mut trigger) => match k {
                         Some(k) => {
                             let mut keys = Keys::default();
                             keys.push(k);
-                            l.queue_keys(&mut queue, keys);
+                            l.queue_keys(&logic, &mut queue, keys);
                         }
                         None => trigger = None,
                     },
@@ -526,13 +553,13 @@ impl<B: Batch> Controller<B> {
                         l.ended_count += 1;
                         if l.ended_count >= l.followed.len() && !*shutdown.borrow() {
                             tracing::debug!(controller = name, "the store closed; stopping");
-                            return;
+                            break 'run;
                         }
                     }
                     _ = tokio::time::sleep(wait) => {}
                     _ = shutdown.changed() => {
                         queue.shut_down();
-                        return;
+                        break 'run;
                     }
                 }
             }
@@ -549,7 +576,7 @@ impl<B: Batch> Controller<B> {
                 while let Ok(k) = t.try_recv() {
                     keys.push(k);
                 }
-                l.queue_keys(&mut queue, keys);
+                l.queue_keys(&logic, &mut queue, keys);
             }
             if !l.barrier.is_synced() {
                 continue;
@@ -561,7 +588,7 @@ impl<B: Batch> Controller<B> {
                 l.next_tick = Some(now + period);
                 let mut keys = Keys::default();
                 logic.tick(&mut keys);
-                l.queue_keys(&mut queue, keys);
+                l.queue_keys(&logic, &mut queue, keys);
             }
             if !l.synced {
                 l.synced = true;
@@ -575,18 +602,20 @@ impl<B: Batch> Controller<B> {
             }
             if std::mem::take(&mut l.all) {
                 for k in logic.all_keys() {
-                    queue.add(k);
+                    let rank = logic.rank(&k);
+                    queue.add_ranked(k, rank);
                 }
                 metrics.synced(queue.len());
             }
             if *shutdown.borrow() {
                 queue.shut_down();
-                return;
+                break 'run;
             }
             let keys = queue.pop_batch(now, logic.batch_size());
             if keys.is_empty() {
                 continue;
             }
+            metrics.depth.set((queue.len() + keys.len()) as i64);
             let started = Instant::now();
             let results = logic.reconcile_batch(keys).await;
             let mut failed = 0;
@@ -600,7 +629,7 @@ impl<B: Batch> Controller<B> {
                         queue.after(k, now + d);
                         continue;
                     }
-                    Err(e) if e.is_closed() => return,
+                    Err(e) if e.is_closed() => break 'run,
                     Err(e) => {
                         failed += 1;
                         let failures = queue.failures(&k) + 1;
@@ -620,7 +649,11 @@ impl<B: Batch> Controller<B> {
                 queue.done(&k);
             }
             metrics.round(started, failed, queue.len());
+            if queue.is_empty() {
+                logic.idle().await;
+            }
         }
+        logic.stop().await;
     }
 }
 
@@ -698,24 +731,26 @@ impl Loop {
         }
         let mut keys = Keys::default();
         b.on_event(source, ev, &mut keys);
-        self.queue_keys(queue, keys);
+        self.queue_keys(b, queue, keys);
     }
 
-    fn queue_keys<K: Clone + Eq + Hash>(&mut self, queue: &mut WorkQueue<K>, keys: Keys<K>) {
+    fn queue_keys<B: Batch>(&mut self, b: &B, queue: &mut WorkQueue<B::Key>, keys: Keys<B::Key>) {
         let now = Instant::now();
         let mut seen = HashSet::new();
         for k in keys.now {
             if !seen.insert(k.clone()) {
                 continue;
             }
+            let rank = b.rank(&k);
             if self.settle.is_zero() {
-                queue.add(k);
+                queue.add_ranked(k, rank);
             } else {
-                queue.after(k, now + self.settle);
+                queue.after_ranked(k, now + self.settle, rank);
             }
         }
         for (k, d) in keys.later {
-            queue.after(k, now + d);
+            let rank = b.rank(&k);
+            queue.after_ranked(k, now + d, rank);
         }
         for s in keys.follow {
             self.follow(s);
@@ -1011,5 +1046,88 @@ mod tests {
         assert_eq!(calls.lock().len(), 2, "five changes, one reconcile");
         tx.send(true).unwrap();
         task.await.unwrap();
+    }
+
+    /// A batch whose keys rank by the number in their name; it records its rounds, when the
+    /// queue went idle, and that it was stopped.
+    #[derive(Default)]
+    struct Ranked {
+        rounds: Arc<Mutex<Vec<Vec<String>>>>,
+        idle: Arc<AtomicUsize>,
+        stopped: Arc<AtomicUsize>,
+    }
+
+    #[async_trait::async_trait]
+    impl Batch for Ranked {
+        type Key = String;
+        type Error = String;
+
+        fn on_event(&mut self, _: Origin, ev: Event, keys: &mut Keys<String>) {
+            match ev {
+                Event::Listed(objs) => keys.extend(objs.iter().map(|o| o.metadata.name.clone())),
+                Event::Upsert(o) => keys.push(o.metadata.name.clone()),
+                Event::Delete(_) => {}
+            }
+        }
+
+        async fn reconcile_batch(
+            &mut self,
+            keys: Vec<String>,
+        ) -> Vec<(String, Result<Action, String>)> {
+            self.rounds.lock().push(keys.clone());
+            keys.into_iter().map(|k| (k, Ok(Action::Done))).collect()
+        }
+
+        fn rank(&self, key: &String) -> Rank {
+            let (group, n) = key.split_once('-').unwrap();
+            Rank {
+                priority: n.parse().unwrap(),
+                group: group.into(),
+                behind: group == "late",
+            }
+        }
+
+        async fn idle(&mut self) {
+            self.idle.fetch_add(1, Ordering::SeqCst);
+        }
+
+        async fn stop(&mut self) {
+            self.stopped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn keys_go_in_the_order_their_rank_says_and_a_batch_hears_of_idle_and_stop() {
+        let (_d, store) = store().await;
+        for n in ["late-9", "a-1", "a-5", "b-1", "a-01"] {
+            put(store.as_ref(), "things", n).await;
+        }
+        let r = Ranked::default();
+        let (rounds, idle, stopped) = (r.rounds.clone(), r.idle.clone(), r.stopped.clone());
+        let metrics = crate::metrics::ControllerMetrics::default().of("test");
+        let (tx, rx) = watch::channel(false);
+        let c = Controller::batched("test", store.clone(), r, metrics)
+            .source(Source::new("things", prefix("things")))
+            .fresh_first();
+        let task = tokio::spawn(c.run(rx));
+        until("the first round", || !rounds.lock().is_empty()).await;
+        // Priority 5 first; at priority 1 groups a and b take turns; the key ranked behind
+        // (though its priority is the highest) after all fresh work.
+        let first = rounds.lock()[0].clone();
+        assert_eq!(first[0], "a-5");
+        assert_eq!(
+            first[1..3].iter().filter(|k| k.starts_with("b")).count(),
+            1,
+            "{first:?}"
+        );
+        assert_eq!(first.last().unwrap(), "late-9");
+        until("idle", || idle.load(Ordering::SeqCst) == 1).await;
+        assert_eq!(stopped.load(Ordering::SeqCst), 0);
+        tx.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(stopped.load(Ordering::SeqCst), 1, "told it stops");
     }
 }

@@ -13,20 +13,94 @@
 //!
 //! Time is passed in, so the queue is plain data and tested without a clock.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::Hash;
 use std::time::{Duration, Instant};
 
+/// Where a key waits: the queue's policy, chosen per key by the controller (the scheduler's
+/// priorities and namespaces; every other controller leaves the default, a plain FIFO).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rank {
+    /// Higher first.
+    pub priority: i32,
+    /// Within a priority, groups take turns (one namespace's burst does not starve another's).
+    pub group: String,
+    /// Waits behind fresh work, with the retries (a binding that found no room, tried again).
+    pub behind: bool,
+}
+
+/// Keys by priority, groups taking turns within one (a FIFO when every key has the default).
+#[derive(Debug)]
+struct Fair<K> {
+    levels: BTreeMap<Reverse<i32>, Level<K>>,
+}
+
+#[derive(Debug)]
+struct Level<K> {
+    turn: VecDeque<String>,
+    groups: HashMap<String, VecDeque<K>>,
+}
+
+impl<K> Fair<K> {
+    fn new() -> Self {
+        Fair {
+            levels: BTreeMap::new(),
+        }
+    }
+
+    fn push(&mut self, rank: &Rank, k: K) {
+        let level = self
+            .levels
+            .entry(Reverse(rank.priority))
+            .or_insert_with(|| Level {
+                turn: VecDeque::new(),
+                groups: HashMap::new(),
+            });
+        let q = level.groups.entry(rank.group.clone()).or_default();
+        if q.is_empty() {
+            level.turn.push_back(rank.group.clone());
+        }
+        q.push_back(k);
+    }
+
+    /// The highest priority's next key, from the group whose turn it is.
+    fn pop(&mut self) -> Option<K> {
+        let mut entry = self.levels.first_entry()?;
+        let level = entry.get_mut();
+        let group = level.turn.pop_front()?;
+        let q = level.groups.get_mut(&group)?;
+        let k = q.pop_front();
+        if q.is_empty() {
+            level.groups.remove(&group);
+        } else {
+            level.turn.push_back(group);
+        }
+        if level.turn.is_empty() {
+            entry.remove();
+        }
+        k
+    }
+}
+
+/// Which lane a queued key waits in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Fresh,
+    Retry,
+}
+
 #[derive(Debug)]
 pub struct WorkQueue<K> {
-    fresh: VecDeque<K>,
-    retry: VecDeque<K>,
-    /// Keys waiting in a lane.
-    queued: HashSet<K>,
-    /// Keys handed out and not yet done; `true` when added again meanwhile.
-    processing: HashMap<K, bool>,
+    fresh: Fair<K>,
+    /// May hold keys moved to the fresh lane since (skipped when they come up).
+    retry: Fair<K>,
+    /// Keys waiting in a lane: which, and their rank.
+    queued: HashMap<K, (Lane, Rank)>,
+    /// Keys handed out and not yet done, with their rank; `true` when added again meanwhile.
+    processing: HashMap<K, (bool, Rank)>,
     /// Failed keys waiting for their backoff to pass, by when they are due.
-    waiting: BTreeMap<(Instant, u64), K>,
+    waiting: BTreeMap<(Instant, u64), (K, Rank)>,
     waiting_keys: HashMap<K, (Instant, u64)>,
     failures: HashMap<K, u32>,
     seq: u64,
@@ -37,6 +111,8 @@ pub struct WorkQueue<K> {
     /// Fresh keys handed out in a row (every few, a due retry or timed key goes first, so a
     /// steady stream of fresh work does not starve them).
     fresh_streak: u32,
+    /// Retries only when no fresh work waits ([`WorkQueue::fresh_first`]).
+    fresh_first: bool,
     shut: bool,
 }
 
@@ -44,9 +120,9 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
     /// Retries wait `base`, doubling per failure up to `max`.
     pub fn new(base: Duration, max: Duration) -> Self {
         WorkQueue {
-            fresh: VecDeque::new(),
-            retry: VecDeque::new(),
-            queued: HashSet::new(),
+            fresh: Fair::new(),
+            retry: Fair::new(),
+            queued: HashMap::new(),
             processing: HashMap::new(),
             waiting: BTreeMap::new(),
             waiting_keys: HashMap::new(),
@@ -56,6 +132,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             max,
             jitter: 0.0,
             fresh_streak: 0,
+            fresh_first: false,
             shut: false,
         }
     }
@@ -66,20 +143,50 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         self
     }
 
+    /// Retries and timed keys go only when no fresh work waits (kube-scheduler's active and
+    /// backoff queues: a storm of retries never holds back new arrivals).
+    pub fn fresh_first(mut self) -> Self {
+        self.fresh_first = true;
+        self
+    }
+
     /// Queues `k` for a reconcile (a key waiting for a retry goes now).
     pub fn add(&mut self, k: K) {
+        self.add_ranked(k, Rank::default());
+    }
+
+    /// Queues `k` where `rank` says: fresh (taking it out of the retry lane), or behind fresh
+    /// work unless it waits there already.
+    pub fn add_ranked(&mut self, k: K, rank: Rank) {
         if self.shut {
             return;
         }
-        if let Some(again) = self.processing.get_mut(&k) {
+        if let Some((again, r)) = self.processing.get_mut(&k) {
             *again = true;
+            *r = rank;
             return;
         }
         if let Some(at) = self.waiting_keys.remove(&k) {
             self.waiting.remove(&at);
         }
-        if self.queued.insert(k.clone()) {
-            self.fresh.push_back(k);
+        self.enqueue(k, rank);
+    }
+
+    fn enqueue(&mut self, k: K, rank: Rank) {
+        let lane = if rank.behind {
+            Lane::Retry
+        } else {
+            Lane::Fresh
+        };
+        match self.queued.get(&k) {
+            Some((Lane::Fresh, _)) => return,
+            Some((Lane::Retry, _)) if lane == Lane::Retry => return,
+            _ => {}
+        }
+        self.queued.insert(k.clone(), (lane, rank.clone()));
+        match lane {
+            Lane::Fresh => self.fresh.push(&rank, k),
+            Lane::Retry => self.retry.push(&rank, k),
         }
     }
 
@@ -102,7 +209,17 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
 
     /// Queues `k` at `when` (time-driven work: a grace period ending).
     pub fn after(&mut self, k: K, when: Instant) {
-        if self.shut || self.queued.contains(&k) {
+        let rank = self
+            .processing
+            .get(&k)
+            .map(|(_, r)| r.clone())
+            .unwrap_or_default();
+        self.after_ranked(k, when, rank);
+    }
+
+    /// [`WorkQueue::after`], waiting where `rank` says once due.
+    pub fn after_ranked(&mut self, k: K, when: Instant, rank: Rank) {
+        if self.shut || self.queued.get(&k).is_some_and(|(l, _)| *l == Lane::Fresh) {
             return;
         }
         if let Some(at) = self.waiting_keys.get(&k)
@@ -114,7 +231,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             self.waiting.remove(&at);
         }
         self.seq += 1;
-        self.waiting.insert((when, self.seq), k.clone());
+        self.waiting.insert((when, self.seq), (k.clone(), rank));
         self.waiting_keys.insert(k, (when, self.seq));
     }
 
@@ -134,17 +251,33 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             if at > now {
                 break;
             }
-            let Some(k) = self.waiting.remove(&(at, seq)) else {
+            let Some((k, rank)) = self.waiting.remove(&(at, seq)) else {
                 break;
             };
             self.waiting_keys.remove(&k);
-            if let Some(again) = self.processing.get_mut(&k) {
+            if let Some((again, _)) = self.processing.get_mut(&k) {
                 // Still being reconciled: it comes back when that is done.
                 *again = true;
-            } else if self.queued.insert(k.clone()) {
-                self.retry.push_back(k);
+            } else {
+                self.enqueue(
+                    k,
+                    Rank {
+                        behind: true,
+                        ..rank
+                    },
+                );
             }
         }
+    }
+
+    /// The next key of the retry lane still waiting there.
+    fn pop_retry(&mut self) -> Option<K> {
+        while let Some(k) = self.retry.pop() {
+            if self.queued.get(&k).is_some_and(|(l, _)| *l == Lane::Retry) {
+                return Some(k);
+            }
+        }
+        None
     }
 
     /// The next key to reconcile, fresh work first; `None` when nothing is due (or after
@@ -154,17 +287,17 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
             return None;
         }
         self.promote(now);
-        let (k, fresh) = if self.fresh_streak >= FRESH_BEFORE_RETRY && !self.retry.is_empty() {
-            (self.retry.pop_front(), false)
-        } else if let Some(k) = self.fresh.pop_front() {
-            (Some(k), true)
-        } else {
-            (self.retry.pop_front(), false)
+        let retry_turn = !self.fresh_first && self.fresh_streak >= FRESH_BEFORE_RETRY;
+        let (k, fresh) = match retry_turn.then(|| self.pop_retry()).flatten() {
+            Some(k) => (k, false),
+            None => match self.fresh.pop() {
+                Some(k) => (k, true),
+                None => (self.pop_retry()?, false),
+            },
         };
-        let k = k?;
         self.fresh_streak = if fresh { self.fresh_streak + 1 } else { 0 };
-        self.queued.remove(&k);
-        self.processing.insert(k.clone(), false);
+        let rank = self.queued.remove(&k).map(|(_, r)| r).unwrap_or_default();
+        self.processing.insert(k.clone(), (false, rank));
         Some(k)
     }
 
@@ -180,16 +313,17 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
         out
     }
 
-    /// The reconcile of `k` is over; added meanwhile, it is queued again.
+    /// The reconcile of `k` is over; added meanwhile, it is queued again (where it was last
+    /// added to go).
     pub fn done(&mut self, k: &K) {
-        if self.processing.remove(k) == Some(true) {
-            self.add(k.clone());
+        if let Some((true, rank)) = self.processing.remove(k) {
+            self.add_ranked(k.clone(), rank);
         }
     }
 
     /// Keys waiting in a lane (not those waiting for their backoff).
     pub fn len(&self) -> usize {
-        self.fresh.len() + self.retry.len()
+        self.queued.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -337,6 +471,88 @@ mod tests {
             waits.insert(wait);
         }
         assert!(waits.len() > 10, "spread: {waits:?}");
+    }
+
+    fn rank(priority: i32, group: &str, behind: bool) -> Rank {
+        Rank {
+            priority,
+            group: group.into(),
+            behind,
+        }
+    }
+
+    #[test]
+    fn higher_priority_first_and_groups_take_turns() {
+        let now = Instant::now();
+        let mut q = q();
+        for k in ["a1", "a2", "a3"] {
+            q.add_ranked(k, rank(0, "a", false));
+        }
+        q.add_ranked("b1", rank(0, "b", false));
+        q.add_ranked("b2", rank(0, "b", false));
+        q.add_ranked("urgent", rank(10, "c", false));
+        q.add_ranked("low", rank(-1, "a", false));
+        assert_eq!(
+            q.pop_batch(now, 10),
+            ["urgent", "a1", "b1", "a2", "b2", "a3", "low"]
+        );
+    }
+
+    #[test]
+    fn keys_behind_wait_for_fresh_work_and_a_fresh_add_moves_them_up() {
+        let now = Instant::now();
+        let mut q = q().fresh_first();
+        q.add_ranked("r1", rank(0, "", true));
+        q.add_ranked("r2", rank(5, "", true));
+        for i in 0..8 {
+            q.add(["f0", "f1", "f2", "f3", "f4", "f5", "f6", "f7"][i]);
+        }
+        // Fresh first, all of it (no turn for a retry every few: `fresh_first`), then the
+        // retries by priority.
+        let got = q.pop_batch(now, 20);
+        assert_eq!(
+            got,
+            ["f0", "f1", "f2", "f3", "f4", "f5", "f6", "f7", "r2", "r1"]
+        );
+        for k in got {
+            q.done(&k);
+        }
+        q.add_ranked("r1", rank(0, "", true));
+        q.add("f0");
+        q.add_ranked("r1", rank(0, "", false));
+        assert_eq!(q.len(), 2);
+        assert_eq!(
+            q.pop_batch(now, 10),
+            ["f0", "r1"],
+            "moved to the fresh lane once"
+        );
+        assert!(
+            q.pop(now).is_none(),
+            "its old place in the retry lane is skipped"
+        );
+    }
+
+    #[test]
+    fn a_key_added_again_while_reconciled_keeps_its_newest_rank() {
+        let now = Instant::now();
+        // Strictly fresh first, so that the order below is not a retry's turn.
+        let mut q = q().fresh_first();
+        q.add_ranked("k", rank(0, "x", false));
+        assert_eq!(q.pop(now), Some("k"));
+        q.add_ranked("k", rank(9, "x", false));
+        q.add_ranked("other", rank(1, "y", false));
+        q.done(&"k");
+        assert_eq!(q.pop_batch(now, 10), ["k", "other"], "priority 9 now");
+        // A failed key's backoff keeps its rank: it comes back behind fresh work.
+        q.done(&"k");
+        q.done(&"other");
+        q.add_ranked("k", rank(3, "x", false));
+        assert_eq!(q.pop(now), Some("k"));
+        q.retry("k", now);
+        q.done(&"k");
+        let later = now + Duration::from_secs(2);
+        q.add("fresh");
+        assert_eq!(q.pop_batch(later, 10), ["fresh", "k"]);
     }
 
     #[test]

@@ -12,22 +12,19 @@
 //!   replica share, overrides), and member status aggregated into the binding and the
 //!   template.
 //!
-//! Each keeps what it watches in memory, marks what an event touches as dirty, and works off
-//! the dirty set in batches whose store writes run concurrently.
+//! Each is a `Batch` on the runtime's `Controller`: it keeps what it watches in memory, says
+//! which bindings an event touches, and decides every due one in a round whose store writes
+//! run concurrently.
 
 use std::collections::BTreeSet;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use orrery_api::Object;
-use orrery_store::Store;
-use tokio::sync::watch;
 
-use crate::runtime::inbox::{Inbox, InboxSender, TryRecvError};
-use crate::runtime::reflector::{self as informer, Event};
+use crate::runtime::reflector::Event;
 
 pub mod binding;
 pub mod detector;
@@ -62,24 +59,6 @@ pub trait Kinds: Send + Sync + std::fmt::Debug {
 /// Namespaces whose objects are Orrery's or the control plane's own, never templates.
 pub fn is_system_namespace(ns: &str) -> bool {
     ns.starts_with("orrery-") || ns.starts_with("kube-")
-}
-
-/// Follows `prefix` and forwards its events, tagged with `src`, into `tx`.
-pub(crate) fn follow<S: Clone + Eq + Hash + Send + 'static>(
-    store: Arc<dyn Store>,
-    prefix: String,
-    src: S,
-    tx: InboxSender<S>,
-    shutdown: watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<()> {
-    let mut rx = informer::spawn(store, prefix, shutdown);
-    tokio::spawn(async move {
-        while let Some(ev) = rx.recv().await {
-            if tx.send((src.clone(), ev)).is_err() {
-                return;
-            }
-        }
-    })
 }
 
 /// The template kinds a controller follows (those its policies or bindings name), each a
@@ -151,52 +130,6 @@ impl std::fmt::Debug for TemplateKinds {
             .field("slots", &self.slots)
             .finish_non_exhaustive()
     }
-}
-
-/// Waits for the next event (or `tick`), then takes whatever else is already queued.
-/// `None` when the controller should stop.
-pub(crate) async fn next_batch<S: Clone + Eq + Hash>(
-    rx: &mut Inbox<S>,
-    tick: Duration,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Option<Vec<(S, Event)>> {
-    let mut out = Vec::new();
-    tokio::select! {
-        ev = rx.recv() => out.push(ev?),
-        _ = tokio::time::sleep(tick) => {}
-        _ = shutdown.changed() => return None,
-    }
-    drain(rx, &mut out);
-    if *shutdown.borrow() {
-        return None;
-    }
-    Some(out)
-}
-
-/// What has arrived, without waiting (for a controller with work of its own waiting); `None`
-/// at shutdown or once the senders are gone.
-pub(crate) fn ready_batch<S: Clone + Eq + Hash>(
-    rx: &mut Inbox<S>,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Option<Vec<(S, Event)>> {
-    let mut out = Vec::new();
-    let open = drain(rx, &mut out);
-    if *shutdown.borrow() || (!open && out.is_empty()) {
-        return None;
-    }
-    Some(out)
-}
-
-/// Takes up to 10,000 waiting events; false once the channel is closed and empty.
-fn drain<S: Clone + Eq + Hash>(rx: &mut Inbox<S>, out: &mut Vec<(S, Event)>) -> bool {
-    while out.len() < 10_000 {
-        match rx.try_recv() {
-            Ok(ev) => out.push(ev),
-            Err(TryRecvError::Empty) => return true,
-            Err(TryRecvError::Disconnected) => return false,
-        }
-    }
-    true
 }
 
 /// Keeps a map of `ResourceInterpreter`s, by target (apiVersion, kind), from their events.

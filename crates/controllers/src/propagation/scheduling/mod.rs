@@ -40,7 +40,7 @@ use orrery_api::prediction::{Ahead, ForecastTrigger};
 use orrery_api::work::Health;
 use orrery_api::{MicroTime, Object, Time, keys};
 use orrery_scheduler::assume::AssumeCache;
-use orrery_scheduler::queue::{Backoff, Lanes};
+use orrery_scheduler::queue::Backoff;
 use orrery_scheduler::{
     ClusterSnapshot, Config as Engine, Decision, FilterCache, Fleet, Mode, Outlook, Task,
     demand_of, schedule_cached,
@@ -49,9 +49,13 @@ use orrery_store::Store;
 use serde::Deserialize;
 use tokio::sync::{mpsc, watch};
 
-use super::{Job, follow, next_batch, ready_batch, run_jobs, subject};
+use futures_util::FutureExt;
+
+use super::{Job, run_jobs, subject};
 use crate::record;
-use crate::runtime::{Barrier, Event};
+use crate::runtime::Event;
+use crate::runtime::controller::{Action, Batch, Controller, Keys, Origin, Source};
+use crate::runtime::queue::Rank;
 
 const COMPONENT: &str = "orrery-scheduler";
 
@@ -174,18 +178,16 @@ impl Default for Settings {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum Src {
-    Cluster,
-    /// Members' heartbeat Leases: a renewal vouches for the status last written.
-    Lease,
-    /// The monitoring system's forecasts of each cluster.
-    Forecast,
-    Binding,
-    Migration,
-    DataSet,
-    DataTransfer,
-}
+// The sources, by name.
+const CLUSTERS: &str = "clusters";
+/// Members' heartbeat Leases: a renewal vouches for the status last written.
+const LEASES: &str = "leases";
+/// The monitoring system's forecasts of each cluster.
+const FORECASTS: &str = "forecasts";
+const BINDINGS: &str = "bindings";
+const MIGRATIONS: &str = "migrations";
+const DATASETS: &str = "datasets";
+const DATATRANSFERS: &str = "datatransfers";
 
 /// What the scheduler reads from a Cluster object.
 /// Ready and without the health controller's taints: a cluster that can take replicas.
@@ -287,8 +289,16 @@ struct Scheduler {
     /// revision).
     cluster_revisions: HashMap<String, i64>,
     bindings: HashMap<BKey, Arc<Object>>,
-    queue: Lanes<BKey>,
+    /// Whether the bindings have listed (a cluster back to Ready before then is no recovery).
+    bindings_listed: bool,
+    /// Keys woken since the loop last took them, and why (the first reason wins until the
+    /// binding is decided).
+    wake: Vec<BKey>,
     triggers: HashMap<BKey, Trigger>,
+    /// Keys woken to be tried again for room: they wait behind fresh work.
+    behind: HashSet<BKey>,
+    /// Keys woken outside `on_event` and `tick` (a write that lost), handed to the loop.
+    wake_tx: mpsc::UnboundedSender<BKey>,
     shed: HashMap<BKey, Vec<String>>,
     /// Clusters a binding is to shed ahead of their forecast peak.
     shed_ahead: HashMap<BKey, Vec<String>>,
@@ -316,7 +326,7 @@ struct Scheduler {
     deferred: HashMap<BKey, Trigger>,
     /// The in-flight decisions of the chunk being decided.
     chunk_in_flight: Vec<(BKey, u64)>,
-    /// Since when the queue has been busy, and how many it held then.
+    /// Since when the queue has been busy, and how many bindings it handed out since.
     round: Option<(usize, Instant)>,
     /// Bindings holding moved replicas' old copies, and when the first is due to go.
     moves: HashMap<BKey, i64>,
@@ -349,172 +359,184 @@ struct Scheduler {
     booked: HashMap<(String, String), (String, String, f64)>,
     /// Bindings naming a migration not seen yet, and since when.
     unknown_moves: HashMap<BKey, Instant>,
-    /// Clusters, bindings and migrations are listed before anything is decided.
-    barrier: Barrier,
     runtime: crate::runtime::metrics::Handle,
 }
 
 /// Runs the scheduling controller until shutdown.
-pub async fn run(store: Arc<dyn Store>, settings: Settings, mut shutdown: watch::Receiver<bool>) {
-    let (tx, mut rx) = crate::runtime::inbox::inbox::<Src>();
-    follow(
-        store.clone(),
-        keys::well_known::clusters(),
-        Src::Cluster,
-        tx.clone(),
-        shutdown.clone(),
-    );
-    follow(
-        store.clone(),
-        keys::well_known::cluster_leases(),
-        Src::Lease,
-        tx.clone(),
-        shutdown.clone(),
-    );
-    follow(
-        store.clone(),
-        orrery_api::history::series::FORECAST_PREFIX.to_string(),
-        Src::Forecast,
-        tx.clone(),
-        shutdown.clone(),
-    );
-    follow(
-        store.clone(),
-        keys::prefix("multicluster.io", "resourcebindings", None),
-        Src::Binding,
-        tx.clone(),
-        shutdown.clone(),
-    );
-    follow(
-        store.clone(),
-        keys::well_known::migrations(None),
-        Src::Migration,
-        tx.clone(),
-        shutdown.clone(),
-    );
-    follow(
-        store.clone(),
-        keys::prefix(
-            orrery_api::cluster::GROUP,
-            orrery_api::data::DATASETS_PLURAL,
-            None,
-        ),
-        Src::DataSet,
-        tx.clone(),
-        shutdown.clone(),
-    );
-    follow(
-        store.clone(),
-        keys::well_known::datatransfers(None),
-        Src::DataTransfer,
-        tx,
-        shutdown.clone(),
-    );
+pub async fn run(store: Arc<dyn Store>, settings: Settings, shutdown: watch::Receiver<bool>) {
     let (history_tx, history_rx) = mpsc::unbounded_channel();
     tokio::spawn(super::history::write(store.clone(), history_rx));
-    let engine = Engine {
-        water_level_limit: settings.water_level_limit,
-        weights: settings.weights,
-        prediction: settings.prediction,
-        shed_mark: settings.shed_mark,
-        ..Engine::default()
-    };
+    let (wake_tx, wake_rx) = mpsc::unbounded_channel();
     let runtime = settings.controller_metrics.of("scheduling");
-    let mut s = Scheduler {
-        store,
-        settings,
-        engine,
-        filter_cache: FilterCache::new(),
-        fleet: Fleet::default(),
-        prints: HashMap::new(),
-        heartbeats: HashMap::new(),
-        cluster_revisions: HashMap::new(),
-        bindings: HashMap::new(),
-        queue: Lanes::new(),
-        triggers: HashMap::new(),
-        shed: HashMap::new(),
-        shed_ahead: HashMap::new(),
-        consolidators: BTreeSet::new(),
-        consolidating: HashSet::new(),
-        last_consolidation: Instant::now(),
-        backoff: Backoff::new(1_000, 60_000),
-        room_epoch: 0,
-        unplaced: HashMap::new(),
-        writing: Default::default(),
-        in_flight: HashMap::new(),
-        deferred: HashMap::new(),
-        chunk_in_flight: Vec::new(),
-        round: None,
-        moves: HashMap::new(),
-        assume: AssumeCache::new(),
-        hot_since: HashMap::new(),
-        traffic_baseline: None,
-        weights_told: None,
-        last_shed: HashMap::new(),
-        over_since: HashMap::new(),
-        last_limit_shed: HashMap::new(),
-        outlooks: HashMap::new(),
-        forecast_moves: HashMap::new(),
-        history: Vec::new(),
-        history_tx,
-        seq: 0,
-        started: Instant::now(),
-        runtime,
-        graph: Default::default(),
-        user_moves: HashMap::new(),
-        unknown_moves: HashMap::new(),
-        datasets: Default::default(),
-        booked: HashMap::new(),
-        barrier: {
-            let mut b = Barrier::new();
-            b.expect("clusters");
-            b.expect("forecasts");
-            b.expect("bindings");
-            b.expect("migrations");
-            b.expect("datasets");
-            b.expect("datatransfers");
-            b
-        },
-    };
-    let mut last_tick = Instant::now();
-    loop {
-        // While decisions wait, what has arrived is taken in between chunks without waiting
-        // for more: new bindings join the queue instead of waiting for it to empty.
-        let batch = if s.barrier.is_synced() && !s.queue.is_empty() {
-            ready_batch(&mut rx, &mut shutdown)
-        } else {
-            next_batch(&mut rx, Duration::from_secs(1), &mut shutdown).await
+    let s = Scheduler::new(store.clone(), settings, history_tx, wake_tx, runtime.clone());
+    let data = |plural| keys::prefix(orrery_api::cluster::GROUP, plural, None);
+    Controller::batched("scheduling", store, s, runtime)
+        .source(Source::new(CLUSTERS, keys::well_known::clusters()))
+        // Heartbeats only confirm assumptions: nothing waits for their listing.
+        .source(Source::new(LEASES, keys::well_known::cluster_leases()).outside_barrier())
+        .source(Source::new(
+            FORECASTS,
+            orrery_api::history::series::FORECAST_PREFIX.to_string(),
+        ))
+        .source(Source::new(
+            BINDINGS,
+            keys::prefix("multicluster.io", "resourcebindings", None),
+        ))
+        .source(Source::new(MIGRATIONS, keys::well_known::migrations(None)))
+        .source(Source::new(DATASETS, data(orrery_api::data::DATASETS_PLURAL)))
+        .source(Source::new(
+            DATATRANSFERS,
+            keys::well_known::datatransfers(None),
+        ))
+        .trigger(wake_rx)
+        .every(TICK)
+        .fresh_first()
+        .run(shutdown)
+        .await;
+}
+
+/// How often time-driven work (retries for room, failover, shedding, consolidation) is
+/// looked at, however busy the sources are.
+const TICK: Duration = Duration::from_secs(1);
+
+impl Scheduler {
+    fn new(
+        store: Arc<dyn Store>,
+        settings: Settings,
+        history_tx: mpsc::UnboundedSender<Vec<ScheduleEntry>>,
+        wake_tx: mpsc::UnboundedSender<BKey>,
+        runtime: crate::runtime::metrics::Handle,
+    ) -> Scheduler {
+        let engine = Engine {
+            water_level_limit: settings.water_level_limit,
+            weights: settings.weights,
+            prediction: settings.prediction,
+            shed_mark: settings.shed_mark,
+            ..Engine::default()
         };
-        let Some(batch) = batch else {
-            // Shutdown: what was decided is written before the controller stops.
-            s.end_round().await;
-            return;
-        };
-        s.collect_writes().await;
-        for (src, ev) in batch {
-            s.on_event(src, ev);
+        Scheduler {
+            store,
+            settings,
+            engine,
+            filter_cache: FilterCache::new(),
+            fleet: Fleet::default(),
+            prints: HashMap::new(),
+            heartbeats: HashMap::new(),
+            cluster_revisions: HashMap::new(),
+            bindings: HashMap::new(),
+            bindings_listed: false,
+            wake: Vec::new(),
+            triggers: HashMap::new(),
+            behind: HashSet::new(),
+            wake_tx,
+            shed: HashMap::new(),
+            shed_ahead: HashMap::new(),
+            consolidators: BTreeSet::new(),
+            consolidating: HashSet::new(),
+            last_consolidation: Instant::now(),
+            backoff: Backoff::new(1_000, 60_000),
+            room_epoch: 0,
+            unplaced: HashMap::new(),
+            writing: Default::default(),
+            in_flight: HashMap::new(),
+            deferred: HashMap::new(),
+            chunk_in_flight: Vec::new(),
+            round: None,
+            moves: HashMap::new(),
+            assume: AssumeCache::new(),
+            hot_since: HashMap::new(),
+            traffic_baseline: None,
+            weights_told: None,
+            last_shed: HashMap::new(),
+            over_since: HashMap::new(),
+            last_limit_shed: HashMap::new(),
+            outlooks: HashMap::new(),
+            forecast_moves: HashMap::new(),
+            history: Vec::new(),
+            history_tx,
+            seq: 0,
+            started: Instant::now(),
+            runtime,
+            graph: Default::default(),
+            user_moves: HashMap::new(),
+            unknown_moves: HashMap::new(),
+            datasets: Default::default(),
+            booked: HashMap::new(),
         }
-        // Once a second, however busy the event stream is.
-        if last_tick.elapsed() >= Duration::from_secs(1) {
-            last_tick = Instant::now();
-            s.on_tick();
+    }
+
+    /// Hands the keys woken since the last look to the loop.
+    fn hand_over(&mut self, keys: &mut Keys<BKey>) {
+        keys.extend(self.wake.drain(..));
+    }
+
+    /// Hands the keys woken outside `on_event` and `tick` to the loop, through its trigger.
+    fn wake_loop(&mut self) {
+        for k in self.wake.drain(..) {
+            // Gone only when the controller is: nothing is left to wake then.
+            let _ = self.wake_tx.send(k);
         }
-        if !s.barrier.is_synced() {
-            continue;
+    }
+}
+
+#[async_trait::async_trait]
+impl Batch for Scheduler {
+    type Key = BKey;
+    type Error = String;
+
+    fn on_event(&mut self, source: Origin, ev: Event, keys: &mut Keys<BKey>) {
+        self.collect_writes();
+        match source.name {
+            CLUSTERS => self.on_cluster(ev),
+            LEASES => self.on_lease(ev),
+            FORECASTS => self.on_forecast(ev),
+            MIGRATIONS => self.on_migration(ev),
+            DATASETS => self.on_dataset(ev),
+            DATATRANSFERS => self.on_transfer(ev),
+            BINDINGS => self.on_binding(ev),
+            _ => {}
         }
-        s.runtime.synced(s.queue.len());
-        if s.queue.is_empty() {
-            s.end_round().await;
-            continue;
+        self.hand_over(keys);
+    }
+
+    fn tick(&mut self, keys: &mut Keys<BKey>) {
+        self.collect_writes();
+        self.on_tick();
+        self.hand_over(keys);
+    }
+
+    /// Decides a chunk; its writes run in the background (up to [`IN_FLIGHT`] chunks at once)
+    /// while the next chunk is decided. A decision never fails as the loop counts failures:
+    /// one that found no room waits for room ([`Scheduler::on_tick`]), one whose write lost is
+    /// decided again once the write is over ([`Scheduler::written`]).
+    async fn reconcile_batch(&mut self, keys: Vec<BKey>) -> Vec<(BKey, Result<Action, String>)> {
+        self.collect_writes();
+        self.decide_chunk(&keys).await;
+        self.wake_loop();
+        keys.into_iter().map(|k| (k, Ok(Action::Done))).collect()
+    }
+
+    fn batch_size(&self) -> usize {
+        CHUNK
+    }
+
+    /// Higher `priority` first, namespaces in turn, retries for room behind fresh work.
+    fn rank(&self, k: &BKey) -> Rank {
+        Rank {
+            priority: self.bindings.get(k).map_or(0, |b| priority_of(b)),
+            group: k.0.clone(),
+            behind: self.behind.contains(k),
         }
-        s.reconcile_chunk().await;
-        // A round ends when its queue does, not after the wait for the next event (a round
-        // of one binding would otherwise last the second that wait takes, and read as slow).
-        if s.queue.is_empty() {
-            s.end_round().await;
-        }
-        // Let the tasks sharing this thread (the informers feeding us) run.
-        tokio::task::yield_now().await;
+    }
+
+    async fn idle(&mut self) {
+        self.end_round().await;
+        self.wake_loop();
+    }
+
+    /// What was decided is written before the controller stops.
+    async fn stop(&mut self) {
+        self.end_round().await;
     }
 }
 
@@ -589,13 +611,16 @@ impl Scheduler {
     }
 
     fn enqueue(&mut self, k: BKey, why: Trigger) {
-        let Some(b) = self.bindings.get(&k) else {
+        if !self.bindings.contains_key(&k) {
             return;
-        };
-        let p = priority_of(b);
+        }
         self.triggers.entry(k.clone()).or_insert(why);
-        let ns = k.0.clone();
-        self.queue.push(p, &ns, k, why == Trigger::Retry);
+        if why == Trigger::Retry {
+            self.behind.insert(k.clone());
+        } else {
+            self.behind.remove(&k);
+        }
+        self.wake.push(k);
     }
 
     /// Something happened that may make room for bindings that found none.
@@ -692,196 +717,194 @@ impl Scheduler {
         }
     }
 
-    fn on_event(&mut self, src: Src, ev: Event) {
-        match src {
-            Src::Cluster => {
-                // Whether a fact placement depends on changed, and whether a cluster came
-                // back to Ready.
-                let (changed, recovered) = match ev {
-                    Event::Listed(items) => {
-                        let snaps: Vec<ClusterSnapshot> = items
-                            .iter()
-                            .map(|c| self.with_bookings(ClusterSnapshot::of(c)))
-                            .collect();
-                        self.prints = snaps
-                            .iter()
-                            .map(|s| (s.name.clone(), fingerprint(s)))
-                            .collect();
-                        self.fleet = Fleet::new(snaps);
-                        let names: Vec<String> = self.prints.keys().cloned().collect();
-                        self.refresh_assumed(&names);
-                        for n in &names {
-                            self.fleet.set_outlook(n, self.outlooks.get(n).cloned());
-                        }
-                        self.room_changed();
-                        self.barrier.listed("clusters");
-                        (true, false)
-                    }
-                    Event::Upsert(c) => {
-                        let s = self.with_bookings(ClusterSnapshot::of(&c));
-                        // Read alone: parsing the whole status again cost more.
-                        let hb = c.status.as_ref().and_then(|st| {
-                            st.get("lastHeartbeatTime")?
-                                .as_str()?
-                                .parse::<MicroTime>()
-                                .ok()
-                        });
-                        if let Some(rv) = c.revision() {
-                            self.cluster_revisions.insert(c.name().to_string(), rv);
-                        }
-                        let name = s.name.clone();
-                        // Back to Ready is not enough: the health controller lifts its taints
-                        // in a later update, and a placement decided before that still passes
-                        // the cluster over.
-                        let was_serving = self.fleet.get(&name).is_some_and(serving);
-                        let recovered = serving(&s) && !was_serving;
-                        let print = fingerprint(&s);
-                        let changed = self.prints.insert(name.clone(), print) != Some(print);
-                        if self.fleet.get(&name).is_none_or(|old| {
-                            (
-                                &old.allocatable,
-                                &old.allocated,
-                                &old.usage,
-                                &old.largest_node_free,
-                            ) != (&s.allocatable, &s.allocated, &s.usage, &s.largest_node_free)
-                        }) {
-                            self.room_changed();
-                        }
-                        self.fleet.upsert(s);
-                        // A cluster new to the fleet gets the forecast that came before it.
-                        self.fleet
-                            .set_outlook(&name, self.outlooks.get(&name).cloned());
-                        if let Some(hb) = hb {
-                            self.reported(&name, hb);
-                        }
-                        (changed, recovered)
-                    }
-                    Event::Delete(c) => {
-                        self.fleet.remove(c.name());
-                        self.prints.remove(c.name());
-                        self.heartbeats.remove(c.name());
-                        self.cluster_revisions.remove(c.name());
-                        (true, false)
-                    }
-                };
-                if changed {
-                    self.backoff.clear();
-                    self.enqueue_all(if recovered && self.barrier.has_listed("bindings") {
-                        Trigger::Recovered
-                    } else {
-                        Trigger::ClustersChanged
-                    });
+    /// A Cluster changed: the fleet the engine reads, and a decision for every binding when a
+    /// fact placement depends on changed.
+    fn on_cluster(&mut self, ev: Event) {
+        // Whether a fact placement depends on changed, and whether a cluster came
+        // back to Ready.
+        let (changed, recovered) = match ev {
+            Event::Listed(items) => {
+                let snaps: Vec<ClusterSnapshot> = items
+                    .iter()
+                    .map(|c| self.with_bookings(ClusterSnapshot::of(c)))
+                    .collect();
+                self.prints = snaps
+                    .iter()
+                    .map(|s| (s.name.clone(), fingerprint(s)))
+                    .collect();
+                self.fleet = Fleet::new(snaps);
+                let names: Vec<String> = self.prints.keys().cloned().collect();
+                self.refresh_assumed(&names);
+                for n in &names {
+                    self.fleet.set_outlook(n, self.outlooks.get(n).cloned());
                 }
+                self.room_changed();
+                (true, false)
             }
-            Src::Lease => {
-                let leases = match ev {
-                    Event::Listed(items) => items,
-                    Event::Upsert(l) => vec![l],
-                    Event::Delete(_) => Vec::new(),
-                };
-                for l in leases {
-                    let beat = orrery_api::cluster::LeaseBeat::of(&l);
-                    // Only a renewal over the status this scheduler has seen vouches for
-                    // figures it holds (the Lease's watch may run ahead of the Clusters').
-                    if let (Some(renew), Some(rev)) = (beat.renew_time, beat.status_revision)
-                        && self
-                            .cluster_revisions
-                            .get(l.name())
-                            .is_some_and(|seen| *seen >= rev)
-                    {
-                        self.reported(l.name(), renew);
-                    }
+            Event::Upsert(c) => {
+                let s = self.with_bookings(ClusterSnapshot::of(&c));
+                // Read alone: parsing the whole status again cost more.
+                let hb = c.status.as_ref().and_then(|st| {
+                    st.get("lastHeartbeatTime")?
+                        .as_str()?
+                        .parse::<MicroTime>()
+                        .ok()
+                });
+                if let Some(rv) = c.revision() {
+                    self.cluster_revisions.insert(c.name().to_string(), rv);
                 }
+                let name = s.name.clone();
+                // Back to Ready is not enough: the health controller lifts its taints
+                // in a later update, and a placement decided before that still passes
+                // the cluster over.
+                let was_serving = self.fleet.get(&name).is_some_and(serving);
+                let recovered = serving(&s) && !was_serving;
+                let print = fingerprint(&s);
+                let changed = self.prints.insert(name.clone(), print) != Some(print);
+                if self.fleet.get(&name).is_none_or(|old| {
+                    (
+                        &old.allocatable,
+                        &old.allocated,
+                        &old.usage,
+                        &old.largest_node_free,
+                    ) != (&s.allocatable, &s.allocated, &s.usage, &s.largest_node_free)
+                }) {
+                    self.room_changed();
+                }
+                self.fleet.upsert(s);
+                // A cluster new to the fleet gets the forecast that came before it.
+                self.fleet
+                    .set_outlook(&name, self.outlooks.get(&name).cloned());
+                if let Some(hb) = hb {
+                    self.reported(&name, hb);
+                }
+                (changed, recovered)
             }
-            Src::Forecast => self.on_forecast(ev),
-            Src::Migration => self.on_migration(ev),
-            Src::DataSet => self.on_dataset(ev),
-            Src::DataTransfer => self.on_transfer(ev),
-            Src::Binding => match ev {
-                Event::Listed(items) => {
-                    self.bindings.clear();
-                    // Everything is loaded and queued afresh: what was in flight is
-                    // assumed again from what the store holds.
-                    self.in_flight.clear();
-                    self.deferred.clear();
-                    self.consolidators.clear();
-                    self.moves.clear();
-                    self.graph.clear_bindings();
-                    let now = self.now_ms();
-                    let mut touched = Vec::new();
-                    for b in items {
-                        let k = key_of(&b);
-                        if let Some(t) = earliest_move(&b) {
-                            self.moves.insert(k.clone(), t);
-                        }
-                        // What is placed now counts as assumed until the members' figures
-                        // are known to include it (nothing is known of that at start).
-                        touched.extend(self.load_assumed(&k, &b, now));
-                        // A binding that found no room before is tried again: its generation
-                        // is already observed, and when to retry it was not kept (without
-                        // this, a partial placement decided just before a restart stayed
-                        // partial however much room was made).
-                        let why = if found_no_room(&b) {
-                            Trigger::Retry
-                        } else {
-                            Trigger::Binding
-                        };
-                        self.graph.put(&k, Some(&b));
-                        if consolidates(&b) {
-                            self.consolidators.insert(k.clone());
-                        }
-                        self.bindings.insert(k.clone(), b);
-                        self.enqueue(k, why);
-                    }
-                    let bindings = &self.bindings;
-                    self.consolidating.retain(|k| bindings.contains_key(k));
-                    self.refresh_assumed(&touched);
-                    self.barrier.listed("bindings");
-                }
-                Event::Upsert(b) => {
-                    let k = key_of(&b);
-                    match earliest_move(&b) {
-                        Some(t) => self.moves.insert(k.clone(), t),
-                        None => self.moves.remove(&k),
-                    };
-                    self.observe_pods(&k, &b);
-                    let served = self.bindings.get(&k).map(|old| self.graph.serving(old));
-                    self.graph.put(&k, Some(&b));
-                    let moved = served.is_some_and(|s| s != self.graph.serving(&b));
-                    if consolidates(&b) {
-                        self.consolidators.insert(k.clone());
-                    } else {
-                        self.consolidators.remove(&k);
-                    }
-                    self.bindings.insert(k.clone(), b);
-                    self.enqueue(k.clone(), Trigger::Binding);
-                    if moved {
-                        self.enqueue_dependents(&k);
-                    }
-                }
-                Event::Delete(b) => {
-                    let k = key_of(&b);
-                    self.graph.put(&k, None);
-                    self.enqueue_dependents(&k);
-                    self.bindings.remove(&k);
-                    self.consolidators.remove(&k);
-                    self.consolidating.remove(&k);
-                    self.moves.remove(&k);
-                    self.forecast_moves.remove(&k);
-                    self.shed.remove(&k);
-                    self.shed_ahead.remove(&k);
-                    self.unplaced.remove(&k);
-                    self.backoff.reset(&k);
-                    self.in_flight.remove(&k);
-                    self.deferred.remove(&k);
-                    let changed = self.assume.forget(&format!("{}/{}", k.0, k.1));
-                    if !changed.is_empty() {
-                        self.refresh_assumed(&changed);
-                        self.room_changed();
-                    }
-                }
-            },
+            Event::Delete(c) => {
+                self.fleet.remove(c.name());
+                self.prints.remove(c.name());
+                self.heartbeats.remove(c.name());
+                self.cluster_revisions.remove(c.name());
+                (true, false)
+            }
+        };
+        if changed {
+            self.backoff.clear();
+            self.enqueue_all(if recovered && self.bindings_listed {
+                Trigger::Recovered
+            } else {
+                Trigger::ClustersChanged
+            });
         }
+    }
+
+    /// A member's Lease was renewed: the figures it last reported are vouched for.
+    fn on_lease(&mut self, ev: Event) {
+        let leases = match ev {
+            Event::Listed(items) => items,
+            Event::Upsert(l) => vec![l],
+            Event::Delete(_) => Vec::new(),
+        };
+        for l in leases {
+            let beat = orrery_api::cluster::LeaseBeat::of(&l);
+            // Only a renewal over the status this scheduler has seen vouches for
+            // figures it holds (the Lease's watch may run ahead of the Clusters').
+            if let (Some(renew), Some(rev)) = (beat.renew_time, beat.status_revision)
+                && self
+                    .cluster_revisions
+                    .get(l.name())
+                    .is_some_and(|seen| *seen >= rev)
+            {
+                self.reported(l.name(), renew);
+            }
+        }
+    }
+
+    /// A binding changed: kept, and decided again.
+    fn on_binding(&mut self, ev: Event) {
+        match ev {
+        Event::Listed(items) => {
+            self.bindings.clear();
+            // Everything is loaded and queued afresh: what was in flight is
+            // assumed again from what the store holds.
+            self.in_flight.clear();
+            self.deferred.clear();
+            self.consolidators.clear();
+            self.moves.clear();
+            self.graph.clear_bindings();
+            let now = self.now_ms();
+            let mut touched = Vec::new();
+            for b in items {
+                let k = key_of(&b);
+                if let Some(t) = earliest_move(&b) {
+                    self.moves.insert(k.clone(), t);
+                }
+                // What is placed now counts as assumed until the members' figures
+                // are known to include it (nothing is known of that at start).
+                touched.extend(self.load_assumed(&k, &b, now));
+                // A binding that found no room before is tried again: its generation
+                // is already observed, and when to retry it was not kept (without
+                // this, a partial placement decided just before a restart stayed
+                // partial however much room was made).
+                let why = if found_no_room(&b) {
+                    Trigger::Retry
+                } else {
+                    Trigger::Binding
+                };
+                self.graph.put(&k, Some(&b));
+                if consolidates(&b) {
+                    self.consolidators.insert(k.clone());
+                }
+                self.bindings.insert(k.clone(), b);
+                self.enqueue(k, why);
+            }
+            let bindings = &self.bindings;
+            self.consolidating.retain(|k| bindings.contains_key(k));
+            self.refresh_assumed(&touched);
+        }
+        Event::Upsert(b) => {
+            let k = key_of(&b);
+            match earliest_move(&b) {
+                Some(t) => self.moves.insert(k.clone(), t),
+                None => self.moves.remove(&k),
+            };
+            self.observe_pods(&k, &b);
+            let served = self.bindings.get(&k).map(|old| self.graph.serving(old));
+            self.graph.put(&k, Some(&b));
+            let moved = served.is_some_and(|s| s != self.graph.serving(&b));
+            if consolidates(&b) {
+                self.consolidators.insert(k.clone());
+            } else {
+                self.consolidators.remove(&k);
+            }
+            self.bindings.insert(k.clone(), b);
+            self.enqueue(k.clone(), Trigger::Binding);
+            if moved {
+                self.enqueue_dependents(&k);
+            }
+        }
+        Event::Delete(b) => {
+            let k = key_of(&b);
+            self.graph.put(&k, None);
+            self.enqueue_dependents(&k);
+            self.bindings.remove(&k);
+            self.consolidators.remove(&k);
+            self.consolidating.remove(&k);
+            self.moves.remove(&k);
+            self.forecast_moves.remove(&k);
+            self.shed.remove(&k);
+            self.shed_ahead.remove(&k);
+            self.unplaced.remove(&k);
+            self.backoff.reset(&k);
+            self.in_flight.remove(&k);
+            self.deferred.remove(&k);
+            let changed = self.assume.forget(&format!("{}/{}", k.0, k.1));
+            if !changed.is_empty() {
+                self.refresh_assumed(&changed);
+                self.room_changed();
+            }
+        }
+    }
     }
 
     /// A cluster's forecast was made (or went with its cluster): decisions from now on read
@@ -904,7 +927,6 @@ impl Scheduler {
                 for n in names {
                     self.fleet.set_outlook(&n, self.outlooks.get(&n).cloned());
                 }
-                self.barrier.listed("forecasts");
             }
             Event::Upsert(o) => match outlook(&o) {
                 Some((name, out)) => {
@@ -961,7 +983,6 @@ impl Scheduler {
                         booking(t),
                     );
                 }
-                self.barrier.listed("datatransfers");
             }
             Event::Upsert(t) => {
                 put(
@@ -1015,7 +1036,6 @@ impl Scheduler {
                 for d in &items {
                     self.datasets.put(d);
                 }
-                self.barrier.listed("datasets");
                 return;
             }
             Event::Upsert(d) => {
@@ -1099,7 +1119,6 @@ impl Scheduler {
                 for m in &items {
                     put(self, m);
                 }
-                self.barrier.listed("migrations");
             }
             Event::Upsert(m) => put(self, &m),
             Event::Delete(m) => {
@@ -1482,18 +1501,19 @@ impl Scheduler {
 
     /// Decides one chunk of what waits in the queue; its writes run while the next chunk is
     /// decided (a few chunks in flight at most).
-    async fn reconcile_chunk(&mut self) {
-        if self.round.is_none() {
-            self.round = Some((self.queue.len(), Instant::now()));
-        }
+    async fn decide_chunk(&mut self, keys: &[BKey]) {
+        let round = self.round.get_or_insert_with(|| (0, Instant::now()));
+        round.0 += keys.len();
+        // The loop's depth before this chunk was taken out of it.
         self.settings
             .metrics
             .queue_depth
-            .set(self.queue.len() as i64);
+            .set(self.runtime.depth.get());
         let mut jobs: Vec<Job<BKey>> = Vec::new();
         let mut failed: Vec<(BKey, u64)> = Vec::new();
-        while jobs.len() < CHUNK {
-            let Some(k) = self.queue.pop() else { break };
+        for k in keys {
+            let k = k.clone();
+            self.behind.remove(&k);
             let why = self.triggers.remove(&k).unwrap_or(Trigger::Binding);
             if self.in_flight.contains_key(&k) {
                 // Its shed lists and consolidation wait with it.
@@ -1567,10 +1587,12 @@ impl Scheduler {
     }
 
     /// Takes in the chunks whose writes are over, without waiting for the others.
-    async fn collect_writes(&mut self) {
+    fn collect_writes(&mut self) {
         while self.writing.front().is_some_and(|h| h.is_finished()) {
             if let Some(h) = self.writing.pop_front() {
-                self.written(h.await.unwrap_or_default());
+                // Finished: its result is there without waiting.
+                let writes = h.now_or_never().and_then(Result::ok).unwrap_or_default();
+                self.written(writes);
             }
         }
     }
@@ -1605,7 +1627,6 @@ impl Scheduler {
         }
         if let Some((n, started)) = self.round.take() {
             self.settings.metrics.queue_depth.set(0);
-            self.runtime.round(started, 0, 0);
             super::log_round("scheduling", n, started);
         }
     }
@@ -2770,181 +2791,4 @@ fn unhealthy_for(a: &AggregatedStatusItem, now: Time) -> Option<i64> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn t(name: &str, replicas: i64) -> TargetCluster {
-        TargetCluster {
-            name: name.into(),
-            replicas,
-        }
-    }
-
-    #[test]
-    fn a_placement_message_counts_replicas_only_for_kinds_that_have_them() {
-        assert_eq!(
-            placed_message(&[t("a", 3), t("b", 0)]),
-            "placed on a(3), b(0)"
-        );
-        assert_eq!(
-            placed_message(&[t("onprem-gpu", 0)]),
-            "placed on onprem-gpu"
-        );
-        assert_eq!(placed_message(&[]), "placed on no cluster");
-    }
-
-    /// A store in which another writer (the detector, say) changes a binding just before the
-    /// scheduler's first write of it, which then fails as a conflict.
-    #[derive(Debug)]
-    struct Racing {
-        inner: Arc<dyn Store>,
-        raced: std::sync::atomic::AtomicBool,
-    }
-
-    #[async_trait::async_trait]
-    impl Store for Racing {
-        async fn get(&self, key: &str) -> orrery_store::Result<Object> {
-            self.inner.get(key).await
-        }
-        async fn list(
-            &self,
-            prefix: &str,
-            opts: &orrery_store::ListOptions,
-        ) -> orrery_store::Result<orrery_store::ListResult> {
-            self.inner.list(prefix, opts).await
-        }
-        async fn create(&self, key: &str, obj: Object) -> orrery_store::Result<Arc<Object>> {
-            self.inner.create(key, obj).await
-        }
-        async fn update(
-            &self,
-            key: &str,
-            obj: Object,
-            expected: Option<orrery_store::Revision>,
-        ) -> orrery_store::Result<Arc<Object>> {
-            if key.contains("resourcebindings")
-                && !self.raced.swap(true, std::sync::atomic::Ordering::SeqCst)
-            {
-                let mut other = self.inner.get(key).await?;
-                other.metadata.generation = Some(2);
-                if let Some(r) = other.spec.as_mut().and_then(|s| s.get_mut("resource")) {
-                    r["resourceVersion"] = "2".into();
-                }
-                self.inner.update(key, other, None).await?;
-            }
-            self.inner.update(key, obj, expected).await
-        }
-        async fn delete(
-            &self,
-            key: &str,
-            p: &orrery_store::Preconditions,
-        ) -> orrery_store::Result<Arc<Object>> {
-            self.inner.delete(key, p).await
-        }
-        async fn watch(
-            &self,
-            prefix: &str,
-            from: orrery_store::Revision,
-            opts: orrery_store::WatchOptions,
-        ) -> orrery_store::Result<orrery_store::WatchStream> {
-            self.inner.watch(prefix, from, opts).await
-        }
-        async fn current_revision(&self) -> orrery_store::Result<orrery_store::Revision> {
-            self.inner.current_revision().await
-        }
-        async fn compact(&self, r: orrery_store::Revision) -> orrery_store::Result<()> {
-            self.inner.compact(r).await
-        }
-        async fn compacted_revision(&self) -> orrery_store::Result<orrery_store::Revision> {
-            self.inner.compacted_revision().await
-        }
-        async fn close(&self) {
-            self.inner.close().await
-        }
-    }
-
-    /// A decision whose write loses a race gives back the room it assumed: the next decision
-    /// places as much as the first would have (it once found the cluster full of replicas
-    /// that were never written, and placed none), and the history tells only of the decision
-    /// that was written.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_decision_that_lost_its_write_holds_no_room() {
-        let dir = tempfile::tempdir().unwrap();
-        let sqlite: Arc<dyn Store> =
-            Arc::new(orrery_store_sqlite::SqliteStore::open_dir(dir.path()).unwrap());
-        let store: Arc<dyn Store> = Arc::new(Racing {
-            inner: sqlite.clone(),
-            raced: false.into(),
-        });
-        let mut c = Object::new("multicluster.io/v1alpha1", "Cluster").with_name("a");
-        c.metadata.generation = Some(1);
-        c.spec = Some(serde_json::json!({"region": "r"}));
-        let now = Time::now().to_string();
-        let figures = serde_json::json!({"cpu": "10", "memory": "64Gi", "pods": "1000"});
-        let none = serde_json::json!({"cpu": "0", "memory": "0", "pods": "0"});
-        c.status = Some(serde_json::json!({
-            "conditions": [{"type": "Ready", "status": "True", "reason": "Test",
-                "lastTransitionTime": now}],
-            "resourceSummary": {"allocatable": figures, "allocated": none, "usage": none},
-            "lastHeartbeatTime": now,
-        }));
-        sqlite
-            .create(&keys::well_known::cluster("a"), c)
-            .await
-            .unwrap();
-        let bkey = keys::well_known::binding("default", "web-deployment");
-        let mut b = Object::new(binding::API_VERSION, binding::KIND).with_name("web-deployment");
-        b.metadata.namespace = "default".into();
-        b.metadata.uid = "b-uid".into();
-        b.metadata.generation = Some(1);
-        // 200 replicas of 100m; half of the cluster's 10 cores hold 50.
-        b.spec = Some(serde_json::json!({
-            "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "default",
-                "name": "web", "uid": "t-uid", "resourceVersion": "1"},
-            "replicas": 200,
-            "replicaRequirements": {"resourceRequest": {"cpu": "100m"}},
-            "placement": {"waterLevelLimit": 0.5,
-                "replicaScheduling": {"replicaSchedulingType": "Divided"}},
-            "policy": {"apiVersion": "multicluster.io/v1alpha1",
-                "kind": "ResourcePlacementPolicy", "namespace": "default", "name": "p"},
-        }));
-        sqlite.create(&bkey, b).await.unwrap();
-
-        let (stop, stopped) = watch::channel(false);
-        let ctl = tokio::spawn(run(store.clone(), Settings::default(), stopped));
-        let start = Instant::now();
-        let placed = loop {
-            let b = sqlite.get(&bkey).await.unwrap();
-            let st = BindingStatus::of(&b);
-            if st.scheduler_observed_generation == Some(2) {
-                break BindingSpec::of(&b).unwrap().clusters;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "no decision: {b:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        assert_eq!(
-            placed,
-            vec![t("a", 50)],
-            "the room the lost write assumed is free"
-        );
-        // The history is written after the binding: give it a moment.
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        let records = sqlite
-            .list(history::PREFIX, &Default::default())
-            .await
-            .unwrap();
-        let entries: Vec<ScheduleEntry> = records
-            .items
-            .iter()
-            .flat_map(|r| history::record_entries(r.spec.as_ref().unwrap()).unwrap())
-            .collect();
-        assert_eq!(entries.len(), 1, "one decision written: {entries:?}");
-        assert_eq!(entries[0].clusters, vec![t("a", 50)]);
-        let _ = stop.send(true);
-        let _ = ctl.await;
-        sqlite.close().await;
-    }
-}
+mod tests;
