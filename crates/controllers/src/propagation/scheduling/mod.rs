@@ -368,7 +368,13 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, shutdown: watch::Rec
     tokio::spawn(super::history::write(store.clone(), history_rx));
     let (wake_tx, wake_rx) = mpsc::unbounded_channel();
     let runtime = settings.controller_metrics.of("scheduling");
-    let s = Scheduler::new(store.clone(), settings, history_tx, wake_tx, runtime.clone());
+    let s = Scheduler::new(
+        store.clone(),
+        settings,
+        history_tx,
+        wake_tx,
+        runtime.clone(),
+    );
     let data = |plural| keys::prefix(orrery_api::cluster::GROUP, plural, None);
     Controller::batched("scheduling", store, s, runtime)
         .source(Source::new(CLUSTERS, keys::well_known::clusters()))
@@ -383,7 +389,10 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, shutdown: watch::Rec
             keys::prefix("multicluster.io", "resourcebindings", None),
         ))
         .source(Source::new(MIGRATIONS, keys::well_known::migrations(None)))
-        .source(Source::new(DATASETS, data(orrery_api::data::DATASETS_PLURAL)))
+        .source(Source::new(
+            DATASETS,
+            data(orrery_api::data::DATASETS_PLURAL),
+        ))
         .source(Source::new(
             DATATRANSFERS,
             keys::well_known::datatransfers(None),
@@ -823,88 +832,88 @@ impl Scheduler {
     /// A binding changed: kept, and decided again.
     fn on_binding(&mut self, ev: Event) {
         match ev {
-        Event::Listed(items) => {
-            self.bindings.clear();
-            // Everything is loaded and queued afresh: what was in flight is
-            // assumed again from what the store holds.
-            self.in_flight.clear();
-            self.deferred.clear();
-            self.consolidators.clear();
-            self.moves.clear();
-            self.graph.clear_bindings();
-            let now = self.now_ms();
-            let mut touched = Vec::new();
-            for b in items {
-                let k = key_of(&b);
-                if let Some(t) = earliest_move(&b) {
-                    self.moves.insert(k.clone(), t);
+            Event::Listed(items) => {
+                self.bindings.clear();
+                // Everything is loaded and queued afresh: what was in flight is
+                // assumed again from what the store holds.
+                self.in_flight.clear();
+                self.deferred.clear();
+                self.consolidators.clear();
+                self.moves.clear();
+                self.graph.clear_bindings();
+                let now = self.now_ms();
+                let mut touched = Vec::new();
+                for b in items {
+                    let k = key_of(&b);
+                    if let Some(t) = earliest_move(&b) {
+                        self.moves.insert(k.clone(), t);
+                    }
+                    // What is placed now counts as assumed until the members' figures
+                    // are known to include it (nothing is known of that at start).
+                    touched.extend(self.load_assumed(&k, &b, now));
+                    // A binding that found no room before is tried again: its generation
+                    // is already observed, and when to retry it was not kept (without
+                    // this, a partial placement decided just before a restart stayed
+                    // partial however much room was made).
+                    let why = if found_no_room(&b) {
+                        Trigger::Retry
+                    } else {
+                        Trigger::Binding
+                    };
+                    self.graph.put(&k, Some(&b));
+                    if consolidates(&b) {
+                        self.consolidators.insert(k.clone());
+                    }
+                    self.bindings.insert(k.clone(), b);
+                    self.enqueue(k, why);
                 }
-                // What is placed now counts as assumed until the members' figures
-                // are known to include it (nothing is known of that at start).
-                touched.extend(self.load_assumed(&k, &b, now));
-                // A binding that found no room before is tried again: its generation
-                // is already observed, and when to retry it was not kept (without
-                // this, a partial placement decided just before a restart stayed
-                // partial however much room was made).
-                let why = if found_no_room(&b) {
-                    Trigger::Retry
-                } else {
-                    Trigger::Binding
+                let bindings = &self.bindings;
+                self.consolidating.retain(|k| bindings.contains_key(k));
+                self.refresh_assumed(&touched);
+            }
+            Event::Upsert(b) => {
+                let k = key_of(&b);
+                match earliest_move(&b) {
+                    Some(t) => self.moves.insert(k.clone(), t),
+                    None => self.moves.remove(&k),
                 };
+                self.observe_pods(&k, &b);
+                let served = self.bindings.get(&k).map(|old| self.graph.serving(old));
                 self.graph.put(&k, Some(&b));
+                let moved = served.is_some_and(|s| s != self.graph.serving(&b));
                 if consolidates(&b) {
                     self.consolidators.insert(k.clone());
+                } else {
+                    self.consolidators.remove(&k);
                 }
                 self.bindings.insert(k.clone(), b);
-                self.enqueue(k, why);
+                self.enqueue(k.clone(), Trigger::Binding);
+                if moved {
+                    self.enqueue_dependents(&k);
+                }
             }
-            let bindings = &self.bindings;
-            self.consolidating.retain(|k| bindings.contains_key(k));
-            self.refresh_assumed(&touched);
-        }
-        Event::Upsert(b) => {
-            let k = key_of(&b);
-            match earliest_move(&b) {
-                Some(t) => self.moves.insert(k.clone(), t),
-                None => self.moves.remove(&k),
-            };
-            self.observe_pods(&k, &b);
-            let served = self.bindings.get(&k).map(|old| self.graph.serving(old));
-            self.graph.put(&k, Some(&b));
-            let moved = served.is_some_and(|s| s != self.graph.serving(&b));
-            if consolidates(&b) {
-                self.consolidators.insert(k.clone());
-            } else {
-                self.consolidators.remove(&k);
-            }
-            self.bindings.insert(k.clone(), b);
-            self.enqueue(k.clone(), Trigger::Binding);
-            if moved {
+            Event::Delete(b) => {
+                let k = key_of(&b);
+                self.graph.put(&k, None);
                 self.enqueue_dependents(&k);
+                self.bindings.remove(&k);
+                self.consolidators.remove(&k);
+                self.consolidating.remove(&k);
+                self.moves.remove(&k);
+                self.forecast_moves.remove(&k);
+                self.shed.remove(&k);
+                self.shed_ahead.remove(&k);
+                self.unplaced.remove(&k);
+                self.backoff.reset(&k);
+                self.in_flight.remove(&k);
+                self.deferred.remove(&k);
+                let changed = self.assume.forget(&format!("{}/{}", k.0, k.1));
+                if !changed.is_empty() {
+                    self.refresh_assumed(&changed);
+                    self.room_changed();
+                }
             }
         }
-        Event::Delete(b) => {
-            let k = key_of(&b);
-            self.graph.put(&k, None);
-            self.enqueue_dependents(&k);
-            self.bindings.remove(&k);
-            self.consolidators.remove(&k);
-            self.consolidating.remove(&k);
-            self.moves.remove(&k);
-            self.forecast_moves.remove(&k);
-            self.shed.remove(&k);
-            self.shed_ahead.remove(&k);
-            self.unplaced.remove(&k);
-            self.backoff.reset(&k);
-            self.in_flight.remove(&k);
-            self.deferred.remove(&k);
-            let changed = self.assume.forget(&format!("{}/{}", k.0, k.1));
-            if !changed.is_empty() {
-                self.refresh_assumed(&changed);
-                self.room_changed();
-            }
-        }
-    }
     }
 
     /// A cluster's forecast was made (or went with its cluster): decisions from now on read
