@@ -137,6 +137,11 @@ impl Scheduler {
         }
     }
 
+    /// Decides one binding: its gate (is a decision wanted at all), the engine's decision,
+    /// what it changes (placement, evictions, status), and the write that carries it. Longer
+    /// than the rest: its steps share the engine's `Task`, which borrows the spec the later
+    /// steps change (evictions, standby, clusters); apart, each decision would copy the
+    /// placement.
     pub(super) fn reconcile(
         &mut self,
         k: &BKey,
@@ -145,11 +150,185 @@ impl Scheduler {
         shed_ahead: &[String],
         consolidate: bool,
     ) -> Outcome {
-        let Some(b) = self.bindings.get(k).cloned() else {
+        let gate = match self.gate(k, why) {
+            Ok(g) => g,
+            Err(outcome) => return outcome,
+        };
+        let Gate {
+            b,
+            why,
+            generation,
+            observed,
+            requested,
+        } = gate;
+        let Some(mut spec) = read_spec(k, &b) else {
             return Outcome::Skip;
         };
-        if b.metadata.deletion_timestamp.is_some() {
+        if !orrery_api::policy::is_orrery_scheduler(&spec.scheduler_name) {
+            // As Karmada's scheduler: another scheduler's binding is not ours to decide.
+            let msg = format!(
+                "left to the scheduler {:?} that the policy names in spec.schedulerName",
+                spec.scheduler_name
+            );
+            return Outcome::Write(self.write_condition(k, &b, "OtherScheduler", msg));
+        }
+        let mut status = BindingStatus::of(&b);
+        let old_evictions = spec.evictions.clone();
+        let now = Time::now();
+        let evicted_now = evict_unhealthy(&mut spec, &status, now);
+        if why == Trigger::Failover && evicted_now.is_empty() && observed == Some(generation) {
             return Outcome::Skip;
+        }
+        // Owned here: the task borrows them while the spec changes.
+        let evicted: Vec<String> = (spec.evictions.iter())
+            .filter(|e| !e.rescheduled)
+            .map(|e| e.cluster.clone())
+            .collect();
+        let kind = spec.resource.kind.clone();
+        let request = (spec.replica_requirements.as_ref())
+            .map_or_else(Default::default, |r| r.resource_request.clone());
+        let previous = spec.clusters.clone();
+        let ties = crate::propagation::stateful::ties(
+            &self.graph,
+            &self.bindings,
+            &self.datasets,
+            k,
+            &spec,
+        );
+        let task = Task {
+            // A standalone task runs outside Orrery and needs no API of the member.
+            api_version: if spec.resource.is_task() {
+                ""
+            } else {
+                &spec.resource.api_version
+            },
+            kind: &kind,
+            replicas: spec.replicas,
+            divisible: spec.replicas > 0 || orrery_api::interpret::has_divisible_replicas(&kind),
+            request: &request,
+            placement: &spec.placement,
+            targets: &spec.target_clusters,
+            priority: spec.priority,
+            previous: &previous,
+            evicted: &evicted,
+            shed,
+            shed_ahead,
+            mode: mode_of(why, consolidate, &spec),
+            now: now.unix_seconds(),
+            seed: seed_of(&b.metadata.uid),
+            relations: ties.relations(),
+        };
+        let decision = self.run_engine(&task, &ties);
+        let changed_spec_generation = status.scheduler_observed_generation != Some(generation);
+        let mut new_clusters = placement_after(
+            &decision,
+            &spec.clusters,
+            changed_spec_generation,
+            &evicted_now,
+        );
+        // A stateful workload never moves by being started empty elsewhere: a decision that
+        // takes it off a cluster and onto another starts a Migration that carries its data.
+        if spec.is_stateful() && !spec.resource.is_task() {
+            match self.stateful_move(k, &b, &spec, &task, &decision, &ties, &new_clusters, why) {
+                StatefulMove::None => {}
+                StatefulMove::Stay => new_clusters = spec.clusters.clone(),
+                StatefulMove::Start(outcome) => return outcome,
+            }
+        }
+        let grace = self.settings.move_grace;
+        old_copies(
+            &mut spec.evictions,
+            &spec.clusters,
+            &new_clusters,
+            why,
+            now,
+            grace,
+        );
+        let forecast = self
+            .forecast_moves
+            .remove(k)
+            .filter(|_| why == Trigger::Forecast);
+        let standby = self.choose_standby(&spec, &task, &decision, &new_clusters, &ties);
+        let standby_changed = standby != spec.standby;
+        spec.standby = standby;
+        let v = Verdict::of(
+            &self.fleet,
+            &self.engine,
+            &task,
+            &decision,
+            &status,
+            &new_clusters,
+            Seen {
+                clusters: &spec.clusters,
+                evictions_changed: old_evictions != spec.evictions || standby_changed,
+                generation,
+                requested: requested.is_some(),
+                why,
+            },
+            now,
+        );
+        if !v.clusters_changed && !v.status_changed && !v.evictions_changed {
+            return if v.failed {
+                Outcome::Unschedulable(None)
+            } else {
+                Outcome::Skip
+            };
+        }
+        if v.clusters_changed {
+            self.assume_decision(k, why, &request, &kind, &spec.clusters, &new_clusters);
+        }
+        self.seq += 1;
+        let task_id = format!("{}-{}", b.metadata.uid, self.seq);
+        // The history records decisions, not evaluations: a restart, a retry or a change of
+        // the fleet that leaves the same placement for the same spec adds no entry. A fresh
+        // decision someone asked for does.
+        if v.worth_recording(&status, generation, requested.is_some(), why) {
+            let entry = v.history_entry(
+                k,
+                &spec,
+                &decision,
+                &new_clusters,
+                &task_id,
+                why,
+                forecast,
+                now,
+            );
+            self.history.push((k.clone(), entry));
+        }
+        status.cost = orrery_scheduler::cost_of(&self.fleet, &task, &new_clusters);
+        spec.clusters = new_clusters;
+        let affinity = decision.affinity_name.clone();
+        stamp(
+            &mut status,
+            task_id,
+            requested,
+            generation,
+            affinity,
+            v.clusters_changed,
+            now,
+        );
+        let announce = (v.cond_changed() || !evicted_now.is_empty()).then(|| Announce {
+            cond: v.cond.clone(),
+            evicted_now,
+        });
+        let failed = v.failed;
+        v.apply(&mut status);
+        let job = decision_write(self.store.clone(), k, b, spec, status, announce);
+        if failed {
+            Outcome::Unschedulable(Some(job))
+        } else {
+            Outcome::Write(job)
+        }
+    }
+
+    /// Whether `k` wants a decision now, and with what reason: a binding being deleted, left
+    /// to a migration, or already decided for its generation does not.
+    fn gate(&mut self, k: &BKey, why: Trigger) -> Result<Gate, Outcome> {
+        let Some(b) = self.bindings.get(k).cloned() else {
+            return Err(Outcome::Skip);
+        };
+        if b.metadata.deletion_timestamp.is_some() {
+            return Err(Outcome::Skip);
         }
         // A user's Migration waiting for its target, whatever woke the binding: it stays
         // waiting until its status names the target. A write that lost a race is tried
@@ -157,13 +336,13 @@ impl Scheduler {
         // the Migration got its target (deciding again only rewrites the same names; the
         // target is written to the Migration once).
         if let Some(m) = self.user_moves.get(k).cloned() {
-            return self.user_move(k, &b, &m);
+            return Err(self.user_move(k, &b, &m));
         }
         // A binding being moved is left to its migration until the move is over; one that
         // names a migration not seen yet waits for it (its event may be on its way), unless
         // that migration never comes.
         if self.graph.moving(&b).is_some() {
-            return Outcome::Skip;
+            return Err(Outcome::Skip);
         }
         if self.graph.names_unknown(&b) {
             let since = *self
@@ -171,7 +350,7 @@ impl Scheduler {
                 .entry(k.clone())
                 .or_insert_with(Instant::now);
             if since.elapsed() < UNKNOWN_MOVE_WAIT {
-                return Outcome::Unschedulable(None);
+                return Err(Outcome::Unschedulable(None));
             }
         } else {
             self.unknown_moves.remove(k);
@@ -206,124 +385,29 @@ impl Scheduler {
             why
         };
         if why == Trigger::Binding && observed == Some(generation) {
-            return Outcome::Skip;
+            return Err(Outcome::Skip);
         }
-        // Read in place: copying the spec's JSON first cost as much as reading it.
-        let mut spec = match b.spec.as_ref().map(BindingSpec::deserialize) {
-            Some(Ok(s)) => s,
-            other => {
-                let error = match other {
-                    Some(Err(e)) => e.to_string(),
-                    _ => "no spec".into(),
-                };
-                tracing::warn!(namespace = %k.0, binding = %k.1, %error, "a ResourceBinding that cannot be read is not scheduled");
-                return Outcome::Skip;
-            }
-        };
-        if !orrery_api::policy::is_orrery_scheduler(&spec.scheduler_name) {
-            // As Karmada's scheduler: another scheduler's binding is not ours to decide.
-            let msg = format!(
-                "left to the scheduler {:?} that the policy names in spec.schedulerName",
-                spec.scheduler_name
-            );
-            return Outcome::Write(self.write_condition(k, &b, "OtherScheduler", msg));
-        }
-        let mut status = BindingStatus::of(&b);
-        let old_evictions = spec.evictions.clone();
-        let now = Time::now();
-        // Failover: an application unhealthy past its toleration leaves that cluster.
-        let mut evicted_now = Vec::new();
-        if let Some(f) = &spec.failover {
-            let tolerate = f
-                .decision_conditions
-                .toleration_seconds
-                .unwrap_or(DEFAULT_FAILOVER_TOLERATION_SECONDS);
-            for a in &status.aggregated_status {
-                let placed = spec.clusters.iter().any(|c| c.name == a.cluster_name);
-                let already = spec
-                    .evictions
-                    .iter()
-                    .any(|e| e.cluster == a.cluster_name && !e.rescheduled);
-                if placed && !already && unhealthy_for(a, now) >= Some(tolerate) {
-                    let keep_until = match f.purge_mode.as_str() {
-                        "Graciously" => f.grace_period_seconds.map(|g| now.add_seconds(g)),
-                        _ => None,
-                    };
-                    spec.evictions.retain(|e| e.cluster != a.cluster_name);
-                    spec.evictions.push(Eviction {
-                        cluster: a.cluster_name.clone(),
-                        reason: format!("unhealthy for more than {tolerate}s"),
-                        since: now,
-                        keep_until,
-                        keep: f.purge_mode == "Never",
-                        rescheduled: false,
-                    });
-                    evicted_now.push(a.cluster_name.clone());
-                }
-            }
-        }
-        if why == Trigger::Failover && evicted_now.is_empty() && observed == Some(generation) {
-            return Outcome::Skip;
-        }
-        let evicted: Vec<String> = spec
-            .evictions
-            .iter()
-            .filter(|e| !e.rescheduled)
-            .map(|e| e.cluster.clone())
-            .collect();
-        let kind = spec.resource.kind.clone();
-        let divisible = spec.replicas > 0 || orrery_api::interpret::has_divisible_replicas(&kind);
-        let request = spec
-            .replica_requirements
-            .as_ref()
-            .map(|r| r.resource_request.clone())
-            .unwrap_or_default();
-        let mode = if why == Trigger::Requested
-            || (why == Trigger::Recovered && spec.placement.rebalance_on_recovery)
-        {
-            Mode::Fresh
-        } else if consolidate {
-            Mode::Consolidate
-        } else {
-            Mode::Steady
-        };
-        let previous = spec.clusters.clone();
-        let ties = crate::propagation::stateful::ties(
-            &self.graph,
-            &self.bindings,
-            &self.datasets,
-            k,
-            &spec,
-        );
-        let task = Task {
-            // A standalone task runs outside Orrery and needs no API of the member.
-            api_version: if spec.resource.is_task() {
-                ""
-            } else {
-                &spec.resource.api_version
-            },
-            kind: &kind,
-            replicas: spec.replicas,
-            divisible,
-            request: &request,
-            placement: &spec.placement,
-            targets: &spec.target_clusters,
-            priority: spec.priority,
-            previous: &previous,
-            evicted: &evicted,
-            shed,
-            shed_ahead,
-            mode,
-            now: now.unix_seconds(),
-            seed: seed_of(&b.metadata.uid),
-            relations: ties.relations(),
-        };
+        Ok(Gate {
+            b,
+            why,
+            generation,
+            observed,
+            requested,
+        })
+    }
+
+    /// The engine's decision (a follower that fits nowhere near its leader goes to the
+    /// nearest cluster that can hold it), counted in the scheduler's metrics.
+    fn run_engine(
+        &mut self,
+        task: &Task<'_>,
+        ties: &crate::propagation::stateful::Ties,
+    ) -> Decision {
         let engine_started = Instant::now();
-        let mut decision =
-            schedule_cached(&self.fleet, &task, &self.engine, &mut self.filter_cache);
+        let mut decision = schedule_cached(&self.fleet, task, &self.engine, &mut self.filter_cache);
         if decision.error.is_some()
             && ties.follows
-            && let Some(d) = self.nearest_to_leader(&task, &ties)
+            && let Some(d) = self.nearest_to_leader(task, ties)
         {
             decision = d;
         }
@@ -334,292 +418,88 @@ impl Scheduler {
         if decision.error.is_some() {
             m.unschedulable.inc();
         }
-        let changed_spec_generation = status.scheduler_observed_generation != Some(generation);
-        let mut new_clusters = match &decision.error {
-            // Clusters going away must not empty a placement that stands; a changed spec
-            // with no fit does.
-            Some(_)
-                if decision.clusters.is_empty()
-                    && !changed_spec_generation
-                    && evicted_now.is_empty() =>
-            {
-                spec.clusters.clone()
-            }
-            _ => decision.clusters.clone(),
-        };
-        // A stateful workload never moves by being started empty elsewhere: a decision that
-        // takes it off a cluster and onto another starts a Migration that carries its data.
-        if spec.is_stateful() && !spec.resource.is_task() {
-            let added = new_clusters
-                .iter()
-                .any(|n| n.replicas > 0 && !spec.clusters.iter().any(|c| c.name == n.name));
-            let dropped = spec.clusters.iter().find(|c| {
-                c.replicas > 0
-                    && !new_clusters
-                        .iter()
-                        .any(|n| n.name == c.name && n.replicas > 0)
-            });
-            if added && let Some(source) = dropped {
-                // Only when it must: its cluster fails a filter (the policy, a taint, a lost
-                // cluster), sheds, or fails over; a better score elsewhere moves no data.
-                let forced = matches!(why, Trigger::Shed | Trigger::Forecast | Trigger::Failover)
-                    || decision
-                        .explain(&self.fleet, &task, &self.engine)
-                        .iter()
-                        .find(|c| c.name == source.name)
-                        .is_some_and(|c| {
-                            !c.filter.is_empty()
-                                && c.filter != "SpreadConstraint"
-                                && c.filter != "Sample"
-                        });
-                if forced {
-                    let source = source.clone();
-                    return self
-                        .start_move(k, &b, &spec, &task, &decision, &ties, &source, why, None);
-                }
-                new_clusters = spec.clusters.clone();
-            }
-        }
-        // Make-before-break: clusters the scheduler took replicas away from keep the old
-        // copy until the new placement is healthy or the grace period ends.
-        if why.moves() {
-            for old in &spec.clusters {
-                if new_clusters.iter().any(|c| c.name == old.name)
-                    || spec.evictions.iter().any(|e| e.cluster == old.name)
-                {
-                    continue;
-                }
-                spec.evictions.push(Eviction {
-                    cluster: old.name.clone(),
-                    reason: format!("replicas moved away ({})", why.as_str()),
-                    since: now,
-                    keep_until: Some(now.add_seconds(self.settings.move_grace.as_secs() as i64)),
-                    keep: false,
-                    rescheduled: true,
-                });
-            }
-        }
-        // Moved replicas' old copies: gone once their time is up or the cluster is back.
-        spec.evictions.retain(|e| {
-            !e.rescheduled
-                || (e.keep_until.is_some_and(|u| u > now)
-                    && !new_clusters.iter().any(|c| c.name == e.cluster))
-        });
-        let (summary, filtered) =
-            decision.summary(&self.fleet, &task, &self.engine, history::MAX_EXPLAINED);
-        let prediction = decision.prediction(&self.fleet, &task, &self.engine);
-        let forecast = self
-            .forecast_moves
-            .remove(k)
-            .filter(|_| why == Trigger::Forecast);
-        let cond = match &decision.error {
-            None => Condition::new(
-                CONDITION_SCHEDULED,
-                conditions::TRUE,
-                "Success",
-                placed_message(&new_clusters),
-            ),
-            Some(e) => {
-                let mut msg = e.clone();
-                if !filtered.is_empty() {
-                    msg = format!("{msg}; filtered: {}", history::filtered_message(&filtered));
-                }
-                let reason = if decision.clusters.is_empty() {
-                    "Unschedulable"
-                } else {
-                    "PartiallyScheduled"
-                };
-                Condition::new(CONDITION_SCHEDULED, conditions::FALSE, reason, msg)
-            }
-        };
-        let old_cond = conditions::find(&status.conditions, CONDITION_SCHEDULED).cloned();
-        let mut conds = status.conditions.clone();
-        conditions::set(&mut conds, cond.clone(), now);
-        let clusters_changed = new_clusters != spec.clusters;
-        let standby = self.choose_standby(&spec, &task, &decision, &new_clusters, &ties);
-        let standby_changed = standby != spec.standby;
-        spec.standby = standby;
-        let evictions_changed = old_evictions != spec.evictions || standby_changed;
-        let unplaced = (decision.unplaced > 0).then_some(decision.unplaced);
-        // The strategy names how the replicas now running were divided: a decision that moves
-        // nothing keeps the one that placed them (the fleet's level, which picks the strategy,
-        // may have moved since), so the status and the history tell the same story.
-        let strategy = if clusters_changed || status.strategy.is_empty() {
-            decision.strategy.to_string()
-        } else {
-            status.strategy.clone()
-        };
-        let status_changed = conds != status.conditions
-            || status.decisions != summary
-            || status.scheduler_observed_generation != Some(generation)
-            || status.scheduler_observed_affinity_name != decision.affinity_name
-            || status.strategy != strategy
-            || status.unplaced_replicas != unplaced
-            || status.prediction != prediction
-            || requested.is_some();
-        let failed = decision.error.is_some();
-        // A round of consolidation that moves nothing writes nothing: its scores may have
-        // drifted since the last decision, but that is no news worth a write a round.
-        let status_changed = status_changed
-            && !(why == Trigger::Consolidate
-                && !clusters_changed
-                && !evictions_changed
-                && !failed
-                && status.scheduler_observed_generation == Some(generation)
-                && conds == status.conditions
-                && status.unplaced_replicas == unplaced);
-        if !clusters_changed && !status_changed && !evictions_changed {
-            return if failed {
-                Outcome::Unschedulable(None)
-            } else {
-                Outcome::Skip
-            };
-        }
-        let bkey_str = format!("{}/{}", k.0, k.1);
-        if clusters_changed {
-            // Taken back should the write not land ([`Scheduler::written`]).
-            self.in_flight.insert(
-                k.clone(),
-                InFlight {
-                    seq: self.seq + 1,
-                    why,
-                    before: self.assume.save(&bkey_str),
-                },
-            );
-            self.chunk_in_flight.push((k.clone(), self.seq + 1));
-            let changed = self.assume.assume(
-                &bkey_str,
-                demand_of(&request),
-                &spec.clusters,
-                &new_clusters,
-                orrery_api::interpret::counts_pods(&kind),
-                self.now_ms(),
-            );
-            self.refresh_assumed(&changed);
-            // Replicas taken off a cluster make room there.
-            if spec.clusters.iter().any(|old| {
-                new_clusters
+        decision
+    }
+
+    /// Whether a decision moves a stateful workload off a cluster onto another: a move with
+    /// its data only when it must (its cluster fails a filter, is lost, sheds or fails over);
+    /// a better score elsewhere moves no data, and the workload stays.
+    #[allow(clippy::too_many_arguments)]
+    fn stateful_move(
+        &mut self,
+        k: &BKey,
+        b: &Arc<Object>,
+        spec: &BindingSpec,
+        task: &Task<'_>,
+        decision: &Decision,
+        ties: &crate::propagation::stateful::Ties,
+        new_clusters: &[TargetCluster],
+        why: Trigger,
+    ) -> StatefulMove {
+        let added = new_clusters
+            .iter()
+            .any(|n| n.replicas > 0 && !spec.clusters.iter().any(|c| c.name == n.name));
+        let dropped = spec.clusters.iter().find(|c| {
+            c.replicas > 0
+                && !new_clusters
                     .iter()
-                    .find(|c| c.name == old.name)
-                    .is_none_or(|c| c.replicas < old.replicas)
-            }) {
-                self.room_changed();
-            }
-        }
-        self.seq += 1;
-        let task_id = format!("{}-{}", b.metadata.uid, self.seq);
-        let result = if !failed {
-            "Scheduled"
-        } else if decision.clusters.is_empty() {
-            "Unschedulable"
-        } else {
-            "PartiallyScheduled"
-        };
-        // The history records decisions, not evaluations: a restart, a retry or a change of
-        // the fleet that leaves the same placement for the same spec adds no entry. A fresh
-        // decision someone asked for does.
-        if clusters_changed
-            || old_cond.as_ref().map(|c| (&c.status, &c.message))
-                != Some((&cond.status, &cond.message))
-            || status.scheduler_observed_generation != Some(generation)
-            || status.unplaced_replicas != unplaced
-            || status.strategy != strategy
-            || requested.is_some()
-            || why == Trigger::Requested
-        {
-            self.history.push((
-                k.clone(),
-                ScheduleEntry {
-                    id: task_id.clone(),
-                    time: now,
-                    binding: bkey_str,
-                    resource: binding::ObjectReference {
-                        resource_version: String::new(),
-                        ..spec.resource.clone()
-                    },
-                    replicas: spec.replicas,
-                    trigger: why.as_str().to_string(),
-                    strategy: strategy.clone(),
-                    fleet_level: (decision.fleet_level * 1000.0).round() / 1000.0,
-                    result: result.to_string(),
-                    message: cond.message.clone(),
-                    clusters: new_clusters.clone(),
-                    unplaced: decision.unplaced,
-                    decisions: summary.clone(),
-                    filtered: filtered.clone(),
-                    prediction: prediction.clone(),
-                    forecast: if clusters_changed { forecast } else { None },
-                },
-            ));
-        }
-        spec.clusters = new_clusters;
-        status.conditions = conds;
-        status.decisions = summary;
-        status.filtered = filtered;
-        status.strategy = strategy;
-        status.unplaced_replicas = unplaced;
-        status.prediction = prediction;
-        status.cost = orrery_scheduler::cost_of(&self.fleet, &task, &spec.clusters);
-        status.task_id = task_id;
-        if let Some(r) = requested {
-            status.reschedule_observed = r;
-        }
-        status.scheduler_observed_generation = Some(generation);
-        status.scheduler_observed_affinity_name = decision.affinity_name.clone();
-        if clusters_changed {
-            status.last_scheduled_time = Some(now);
-        }
-        let store = self.store.clone();
-        let key = k.clone();
-        let bkey = keys::well_known::binding(&k.0, &k.1);
-        let announce = old_cond.as_ref().map(|c| (&c.status, &c.message))
-            != Some((&cond.status, &cond.message))
-            || !evicted_now.is_empty();
-        let r = spec.resource.clone();
-        let uid = b.metadata.uid.clone();
-        let job: Job<BKey> = Box::pin(async move {
-            // Built here, in the writers' task, not in the loop that decides one binding
-            // after another: encoding the spec and status is about as much work as the
-            // decision. The old spec and status, the bulk of the binding, are not copied.
-            let next = Object {
-                api_version: b.api_version.clone(),
-                kind: b.kind.clone(),
-                metadata: b.metadata.clone(),
-                spec: serde_json::to_value(&spec).ok(),
-                status: serde_json::to_value(&status).ok(),
-                other: b.other.clone(),
-            };
-            store
-                .update(&bkey, next, b.revision())
-                .await
-                .map_err(|e| (key.clone(), e.to_string()))?;
-            if announce {
-                // A standalone task has no template: its binding is what the event is about.
-                let about = if r.is_task() {
-                    subject(binding::API_VERSION, binding::KIND, &key.0, &key.1, &uid)
-                } else {
-                    subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid)
-                };
-                let (type_, reason) = if cond.is_true() {
-                    ("Normal", "Scheduled")
-                } else {
-                    ("Warning", "ScheduleFailed")
-                };
-                let mut msg = cond.message.clone();
-                if !evicted_now.is_empty() {
-                    msg = format!(
-                        "{msg}; moved away from {} (application failover)",
-                        evicted_now.join(", ")
-                    );
-                }
-                let _ = record::event(store.as_ref(), &about, type_, reason, &msg, COMPONENT).await;
-            }
-            Ok(())
+                    .any(|n| n.name == c.name && n.replicas > 0)
         });
-        if failed {
-            Outcome::Unschedulable(Some(job))
-        } else {
-            Outcome::Write(job)
+        let (true, Some(source)) = (added, dropped) else {
+            return StatefulMove::None;
+        };
+        let forced = matches!(why, Trigger::Shed | Trigger::Forecast | Trigger::Failover)
+            || decision
+                .explain(&self.fleet, task, &self.engine)
+                .iter()
+                .find(|c| c.name == source.name)
+                .is_some_and(|c| {
+                    !c.filter.is_empty() && c.filter != "SpreadConstraint" && c.filter != "Sample"
+                });
+        if !forced {
+            return StatefulMove::Stay;
+        }
+        let source = source.clone();
+        StatefulMove::Start(self.start_move(k, b, spec, task, decision, ties, &source, why, None))
+    }
+
+    /// Counts a decision's new replicas against their clusters until the members report them
+    /// (taken back should its write not land: [`Scheduler::written`]).
+    fn assume_decision(
+        &mut self,
+        k: &BKey,
+        why: Trigger,
+        request: &orrery_api::cluster::ResourceList,
+        kind: &str,
+        old: &[TargetCluster],
+        new: &[TargetCluster],
+    ) {
+        let bkey_str = format!("{}/{}", k.0, k.1);
+        self.in_flight.insert(
+            k.clone(),
+            InFlight {
+                seq: self.seq + 1,
+                why,
+                before: self.assume.save(&bkey_str),
+            },
+        );
+        self.chunk_in_flight.push((k.clone(), self.seq + 1));
+        let changed = self.assume.assume(
+            &bkey_str,
+            demand_of(request),
+            old,
+            new,
+            orrery_api::interpret::counts_pods(kind),
+            self.now_ms(),
+        );
+        self.refresh_assumed(&changed);
+        // Replicas taken off a cluster make room there.
+        if old.iter().any(|o| {
+            new.iter()
+                .find(|c| c.name == o.name)
+                .is_none_or(|c| c.replicas < o.replicas)
+        }) {
+            self.room_changed();
         }
     }
 
@@ -692,5 +572,436 @@ impl Scheduler {
             .map(|_| ())
             .map_err(|e| (key, e.to_string()))
         })
+    }
+}
+
+/// A binding that wants a decision, and what [`Scheduler::gate`] read of it.
+struct Gate {
+    b: Arc<Object>,
+    why: Trigger,
+    generation: i64,
+    /// The generation the last decision was for.
+    observed: Option<i64>,
+    /// A fresh decision asked for and not yet answered (the annotation's value).
+    requested: Option<String>,
+}
+
+/// What [`Scheduler::stateful_move`] found.
+enum StatefulMove {
+    /// The decision moves no stateful replicas.
+    None,
+    /// It would, but nothing forces a move: the placement stands.
+    Stay,
+    /// A move with the data starts.
+    Start(Outcome),
+}
+
+/// The binding's spec, read in place (copying its JSON first cost as much as reading it);
+/// `None`, and a warning, if it cannot be read.
+fn read_spec(k: &BKey, b: &Object) -> Option<BindingSpec> {
+    match b.spec.as_ref().map(BindingSpec::deserialize) {
+        Some(Ok(s)) => Some(s),
+        other => {
+            let error = match other {
+                Some(Err(e)) => e.to_string(),
+                _ => "no spec".into(),
+            };
+            tracing::warn!(namespace = %k.0, binding = %k.1, %error, "a ResourceBinding that cannot be read is not scheduled");
+            None
+        }
+    }
+}
+
+/// How the engine treats the current placement: afresh when a user asks (or a cluster
+/// recovered and the placement rebalances then), towards cheaper clusters in a round of
+/// consolidation, else keeping what stands.
+fn mode_of(why: Trigger, consolidate: bool, spec: &BindingSpec) -> Mode {
+    if why == Trigger::Requested
+        || (why == Trigger::Recovered && spec.placement.rebalance_on_recovery)
+    {
+        Mode::Fresh
+    } else if consolidate {
+        Mode::Consolidate
+    } else {
+        Mode::Steady
+    }
+}
+
+/// Application failover: an application unhealthy in a cluster past its toleration is
+/// evicted from it. Returns the clusters evicted now.
+fn evict_unhealthy(spec: &mut BindingSpec, status: &BindingStatus, now: Time) -> Vec<String> {
+    let mut evicted_now = Vec::new();
+    let Some(f) = &spec.failover else {
+        return evicted_now;
+    };
+    let tolerate = f
+        .decision_conditions
+        .toleration_seconds
+        .unwrap_or(DEFAULT_FAILOVER_TOLERATION_SECONDS);
+    let (purge_mode, grace) = (f.purge_mode.clone(), f.grace_period_seconds);
+    for a in &status.aggregated_status {
+        let placed = spec.clusters.iter().any(|c| c.name == a.cluster_name);
+        let already = spec
+            .evictions
+            .iter()
+            .any(|e| e.cluster == a.cluster_name && !e.rescheduled);
+        if placed && !already && unhealthy_for(a, now) >= Some(tolerate) {
+            let keep_until = match purge_mode.as_str() {
+                "Graciously" => grace.map(|g| now.add_seconds(g)),
+                _ => None,
+            };
+            spec.evictions.retain(|e| e.cluster != a.cluster_name);
+            spec.evictions.push(Eviction {
+                cluster: a.cluster_name.clone(),
+                reason: format!("unhealthy for more than {tolerate}s"),
+                since: now,
+                keep_until,
+                keep: purge_mode == "Never",
+                rescheduled: false,
+            });
+            evicted_now.push(a.cluster_name.clone());
+        }
+    }
+    evicted_now
+}
+
+/// The placement a decision leaves: clusters going away must not empty a placement that
+/// stands; a changed spec with no fit does.
+fn placement_after(
+    decision: &Decision,
+    current: &[TargetCluster],
+    changed_spec_generation: bool,
+    evicted_now: &[String],
+) -> Vec<TargetCluster> {
+    match &decision.error {
+        Some(_)
+            if decision.clusters.is_empty()
+                && !changed_spec_generation
+                && evicted_now.is_empty() =>
+        {
+            current.to_vec()
+        }
+        _ => decision.clusters.clone(),
+    }
+}
+
+/// Make-before-break: clusters the scheduler took replicas away from keep the old copy until
+/// the new placement is healthy or the grace period ends; old copies are gone once their time
+/// is up or the cluster is back in the placement.
+fn old_copies(
+    evictions: &mut Vec<Eviction>,
+    old: &[TargetCluster],
+    new: &[TargetCluster],
+    why: Trigger,
+    now: Time,
+    grace: Duration,
+) {
+    // First the copies this decision leaves behind (not where one is kept already, even one
+    // about to go), then the ones whose time is up.
+    for o in old.iter().filter(|_| why.moves()) {
+        if new.iter().any(|c| c.name == o.name) || evictions.iter().any(|e| e.cluster == o.name) {
+            continue;
+        }
+        evictions.push(Eviction {
+            cluster: o.name.clone(),
+            reason: format!("replicas moved away ({})", why.as_str()),
+            since: now,
+            keep_until: Some(now.add_seconds(grace.as_secs() as i64)),
+            keep: false,
+            rescheduled: true,
+        });
+    }
+    evictions.retain(|e| {
+        !e.rescheduled
+            || (e.keep_until.is_some_and(|u| u > now) && !new.iter().any(|c| c.name == e.cluster))
+    });
+}
+
+/// The binding's `Scheduled` condition for a decision.
+fn scheduled_condition(
+    decision: &Decision,
+    placed: &[TargetCluster],
+    filtered: &std::collections::BTreeMap<String, i64>,
+) -> Condition {
+    match &decision.error {
+        None => Condition::new(
+            CONDITION_SCHEDULED,
+            conditions::TRUE,
+            "Success",
+            placed_message(placed),
+        ),
+        Some(e) => {
+            let mut msg = e.clone();
+            if !filtered.is_empty() {
+                msg = format!("{msg}; filtered: {}", history::filtered_message(filtered));
+            }
+            let reason = if decision.clusters.is_empty() {
+                "Unschedulable"
+            } else {
+                "PartiallyScheduled"
+            };
+            Condition::new(CONDITION_SCHEDULED, conditions::FALSE, reason, msg)
+        }
+    }
+}
+
+/// Which decision the status tells of: its task, the request it answers, the generation and
+/// affinity decided for, and when the placement last changed.
+fn stamp(
+    status: &mut BindingStatus,
+    task_id: String,
+    requested: Option<String>,
+    generation: i64,
+    affinity: String,
+    clusters_changed: bool,
+    now: Time,
+) {
+    status.task_id = task_id;
+    if let Some(r) = requested {
+        status.reschedule_observed = r;
+    }
+    status.scheduler_observed_generation = Some(generation);
+    status.scheduler_observed_affinity_name = affinity;
+    if clusters_changed {
+        status.last_scheduled_time = Some(now);
+    }
+}
+
+/// What a decision tells the template's owner with an Event.
+struct Announce {
+    cond: Condition,
+    /// Clusters left by application failover.
+    evicted_now: Vec<String>,
+}
+
+/// The write of a decision: the binding's spec and status (conditional on the revision
+/// decided from), then the Event, if any.
+fn decision_write(
+    store: Arc<dyn Store>,
+    k: &BKey,
+    b: Arc<Object>,
+    spec: BindingSpec,
+    status: BindingStatus,
+    announce: Option<Announce>,
+) -> Job<BKey> {
+    let key = k.clone();
+    let bkey = keys::well_known::binding(&k.0, &k.1);
+    Box::pin(async move {
+        // Built here, in the writers' task, not in the loop that decides one binding after
+        // another: encoding the spec and status is about as much work as the decision. The
+        // old spec and status, the bulk of the binding, are not copied.
+        let next = Object {
+            api_version: b.api_version.clone(),
+            kind: b.kind.clone(),
+            metadata: b.metadata.clone(),
+            spec: serde_json::to_value(&spec).ok(),
+            status: serde_json::to_value(&status).ok(),
+            other: b.other.clone(),
+        };
+        store
+            .update(&bkey, next, b.revision())
+            .await
+            .map_err(|e| (key.clone(), e.to_string()))?;
+        if let Some(Announce { cond, evicted_now }) = announce {
+            let r = &spec.resource;
+            // A standalone task has no template: its binding is what the event is about.
+            let about = if r.is_task() {
+                subject(
+                    binding::API_VERSION,
+                    binding::KIND,
+                    &key.0,
+                    &key.1,
+                    &b.metadata.uid,
+                )
+            } else {
+                subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid)
+            };
+            let (type_, reason) = if cond.is_true() {
+                ("Normal", "Scheduled")
+            } else {
+                ("Warning", "ScheduleFailed")
+            };
+            let mut msg = cond.message.clone();
+            if !evicted_now.is_empty() {
+                msg = format!(
+                    "{msg}; moved away from {} (application failover)",
+                    evicted_now.join(", ")
+                );
+            }
+            let _ = record::event(store.as_ref(), &about, type_, reason, &msg, COMPONENT).await;
+        }
+        Ok(())
+    })
+}
+
+/// What a decision is compared with: the placement now, and what else asks for a write.
+struct Seen<'a> {
+    clusters: &'a [TargetCluster],
+    /// Evictions or the standby changed.
+    evictions_changed: bool,
+    generation: i64,
+    /// A fresh decision was asked for.
+    requested: bool,
+    why: Trigger,
+}
+
+/// A decision as the binding's status tells it, and what changed.
+struct Verdict {
+    summary: Vec<orrery_api::binding::ClusterDecision>,
+    filtered: std::collections::BTreeMap<String, i64>,
+    prediction: String,
+    cond: Condition,
+    old_cond: Option<Condition>,
+    conds: Vec<Condition>,
+    strategy: String,
+    unplaced: Option<i64>,
+    failed: bool,
+    clusters_changed: bool,
+    evictions_changed: bool,
+    status_changed: bool,
+}
+
+impl Verdict {
+    #[allow(clippy::too_many_arguments)]
+    fn of(
+        fleet: &Fleet,
+        engine: &Engine,
+        task: &Task<'_>,
+        decision: &Decision,
+        status: &BindingStatus,
+        placed: &[TargetCluster],
+        seen: Seen<'_>,
+        now: Time,
+    ) -> Verdict {
+        let (summary, filtered) = decision.summary(fleet, task, engine, history::MAX_EXPLAINED);
+        let prediction = decision.prediction(fleet, task, engine);
+        let cond = scheduled_condition(decision, placed, &filtered);
+        let old_cond = conditions::find(&status.conditions, CONDITION_SCHEDULED).cloned();
+        let mut conds = status.conditions.clone();
+        conditions::set(&mut conds, cond.clone(), now);
+        let clusters_changed = placed != seen.clusters;
+        let unplaced = (decision.unplaced > 0).then_some(decision.unplaced);
+        // The strategy names how the replicas now running were divided: a decision that moves
+        // nothing keeps the one that placed them (the fleet's level, which picks the strategy,
+        // may have moved since), so the status and the history tell the same story.
+        let strategy = if clusters_changed || status.strategy.is_empty() {
+            decision.strategy.to_string()
+        } else {
+            status.strategy.clone()
+        };
+        let failed = decision.error.is_some();
+        let generation = seen.generation;
+        let status_changed = conds != status.conditions
+            || status.decisions != summary
+            || status.scheduler_observed_generation != Some(generation)
+            || status.scheduler_observed_affinity_name != decision.affinity_name
+            || status.strategy != strategy
+            || status.unplaced_replicas != unplaced
+            || status.prediction != prediction
+            || seen.requested;
+        // A round of consolidation that moves nothing writes nothing: its scores may have
+        // drifted since the last decision, but that is no news worth a write a round.
+        let status_changed = status_changed
+            && !(seen.why == Trigger::Consolidate
+                && !clusters_changed
+                && !seen.evictions_changed
+                && !failed
+                && status.scheduler_observed_generation == Some(generation)
+                && conds == status.conditions
+                && status.unplaced_replicas == unplaced);
+        Verdict {
+            summary,
+            filtered,
+            prediction,
+            cond,
+            old_cond,
+            conds,
+            strategy,
+            unplaced,
+            failed,
+            clusters_changed,
+            evictions_changed: seen.evictions_changed,
+            status_changed,
+        }
+    }
+
+    /// Whether the decision goes into the history: a change of placement, of what the
+    /// status tells, or of the generation decided for, or a decision asked for.
+    fn worth_recording(
+        &self,
+        status: &BindingStatus,
+        generation: i64,
+        requested: bool,
+        why: Trigger,
+    ) -> bool {
+        self.clusters_changed
+            || self.cond_changed()
+            || status.scheduler_observed_generation != Some(generation)
+            || status.unplaced_replicas != self.unplaced
+            || status.strategy != self.strategy
+            || requested
+            || why == Trigger::Requested
+    }
+
+    /// Whether the condition says something new.
+    fn cond_changed(&self) -> bool {
+        self.old_cond.as_ref().map(|c| (&c.status, &c.message))
+            != Some((&self.cond.status, &self.cond.message))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn history_entry(
+        &self,
+        k: &BKey,
+        spec: &BindingSpec,
+        decision: &Decision,
+        placed: &[TargetCluster],
+        task_id: &str,
+        why: Trigger,
+        forecast: Option<ForecastTrigger>,
+        now: Time,
+    ) -> ScheduleEntry {
+        let result = if !self.failed {
+            "Scheduled"
+        } else if decision.clusters.is_empty() {
+            "Unschedulable"
+        } else {
+            "PartiallyScheduled"
+        };
+        ScheduleEntry {
+            id: task_id.to_string(),
+            time: now,
+            binding: format!("{}/{}", k.0, k.1),
+            resource: binding::ObjectReference {
+                resource_version: String::new(),
+                ..spec.resource.clone()
+            },
+            replicas: spec.replicas,
+            trigger: why.as_str().to_string(),
+            strategy: self.strategy.clone(),
+            fleet_level: (decision.fleet_level * 1000.0).round() / 1000.0,
+            result: result.to_string(),
+            message: self.cond.message.clone(),
+            clusters: placed.to_vec(),
+            unplaced: decision.unplaced,
+            decisions: self.summary.clone(),
+            filtered: self.filtered.clone(),
+            prediction: self.prediction.clone(),
+            forecast: if self.clusters_changed {
+                forecast
+            } else {
+                None
+            },
+        }
+    }
+
+    /// Writes what the status tells of the decision.
+    fn apply(self, status: &mut BindingStatus) {
+        status.conditions = self.conds;
+        status.decisions = self.summary;
+        status.filtered = self.filtered;
+        status.strategy = self.strategy;
+        status.unplaced_replicas = self.unplaced;
+        status.prediction = self.prediction;
     }
 }

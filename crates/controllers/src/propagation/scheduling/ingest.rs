@@ -231,6 +231,7 @@ impl Scheduler {
                 let bindings = &self.bindings;
                 self.consolidating.retain(|k| bindings.contains_key(k));
                 self.refresh_assumed(&touched);
+                self.bindings_listed = true;
             }
             Event::Upsert(b) => {
                 let k = key_of(&b);

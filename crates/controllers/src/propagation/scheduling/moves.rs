@@ -194,83 +194,12 @@ impl Scheduler {
         user: Option<Arc<Object>>,
     ) -> Outcome {
         let now = Time::now();
-        if user.is_none()
-            && self.graph.migrations.iter().any(|((ns, _), m)| {
-                *ns == k.0
-                    && m.binding == k.1
-                    && m.phase == orrery_api::stateful::MigrationPhase::Failed
-                    && m.ended.is_some_and(|e| now.unix_seconds() - e < MOVE_RETRY)
-            })
-        {
+        if user.is_none() && self.failed_lately(k, now) {
             // Tried and failed lately: the workload stays where it is for a while.
             return Outcome::Unschedulable(None);
         }
-        let explained = decision.explain(&self.fleet, task, &self.engine);
-        let mut feasible = Vec::new();
-        let mut turned = Vec::new();
-        for (i, c) in explained.iter().enumerate() {
-            // What moves goes to one cluster whole: spreading and sampling do not apply.
-            if c.filter.is_empty() || c.filter == "SpreadConstraint" || c.filter == "Sample" {
-                feasible.push(i);
-            } else {
-                turned.push((i, c.reason.clone()));
-            }
-        }
-        let status = BindingStatus::of(b);
-        let bytes: i64 = status
-            .aggregated_status
-            .iter()
-            .filter(|a| a.cluster_name == source.name)
-            .flat_map(|a| &a.volumes)
-            .filter(|v| v.ordinal.is_none_or(|o| o < source.replicas))
-            .map(|v| v.used_bytes)
-            .sum();
-        let request = task.request.clone();
-        let limit = spec
-            .placement
-            .water_level_limit
-            .unwrap_or(self.engine.water_level_limit);
-        let ranking = orrery_scheduler::moves::rank(
-            &self.fleet,
-            &feasible,
-            &turned,
-            &orrery_scheduler::moves::MoveRequest {
-                source: &source.name,
-                replicas: source.replicas,
-                demand: demand_of(&request),
-                bytes,
-                near: &ties.near,
-                limit,
-                // Judged ahead as the placement judges clusters.
-                ahead: spec
-                    .placement
-                    .prediction
-                    .as_ref()
-                    .map_or(self.engine.prediction, |p| {
-                        p.resolve(self.engine.prediction)
-                    }),
-                now: task.now,
-                mark: self.engine.shed_mark.max(limit),
-            },
-        );
-        let reason = {
-            use orrery_api::stateful::reason;
-            let src = self.fleet.get(&source.name);
-            if user.is_some() {
-                reason::USER
-            } else if src.is_none_or(|c| !serving(c)) {
-                reason::CLUSTER_FAILOVER
-            } else if why == Trigger::Failover {
-                reason::APPLICATION_FAILOVER
-            } else if matches!(why, Trigger::Shed | Trigger::Forecast) {
-                reason::SHED
-            } else if src.is_some_and(|c| c.taints.iter().any(|t| t.effect.as_str() == "NoExecute"))
-            {
-                reason::DRAIN
-            } else {
-                reason::POLICY_CHANGE
-            }
-        };
+        let (ranking, bytes) = self.rank_targets(b, spec, task, decision, ties, source);
+        let reason = self.move_reason(source, why, user.is_some());
         let estimate = orrery_api::stateful::Estimate {
             bytes,
             bandwidth: ranking.bandwidth,
@@ -311,19 +240,7 @@ impl Scheduler {
             source.replicas, source.name, bytes, ranking.seconds, ranking.bandwidth, reason
         );
         let migration = match &user {
-            Some(m) => {
-                let mut next = (**m).clone();
-                let mut st = orrery_api::stateful::MigrationStatus::of(m);
-                st.source = source.name.clone();
-                st.target = target.clone();
-                st.replicas = source.replicas;
-                st.binding = k.1.clone();
-                st.estimate = Some(estimate);
-                st.message = message.clone();
-                st.start_time = Some(now);
-                next.status = serde_json::to_value(st).ok();
-                next
-            }
+            Some(m) => user_migration_started(m, k, source, &target, estimate, &message, now),
             None => crate::propagation::stateful::new_migration(
                 &k.0,
                 &spec.resource,
@@ -337,28 +254,8 @@ impl Scheduler {
             ),
         };
         let mname = migration.name().to_string();
-        // The target's room is held from now on: the move will need it.
-        let mut planned: Vec<TargetCluster> = spec
-            .clusters
-            .iter()
-            .filter(|c| c.name != source.name)
-            .cloned()
-            .collect();
-        planned.push(TargetCluster {
-            name: target.clone(),
-            replicas: source.replicas,
-        });
-        planned.sort_by(|a, b| a.name.cmp(&b.name));
+        let planned = self.hold_target(k, spec, task, source, &target);
         let bkey_str = format!("{}/{}", k.0, k.1);
-        let changed = self.assume.assume(
-            &bkey_str,
-            demand_of(&request),
-            &spec.clusters,
-            &planned,
-            orrery_api::interpret::counts_pods(&spec.resource.kind),
-            self.now_ms(),
-        );
-        self.refresh_assumed(&changed);
         self.seq += 1;
         let task_id = format!("{}-{}", b.metadata.uid, self.seq);
         let (summary, filtered) =
@@ -392,7 +289,7 @@ impl Scheduler {
         ));
         let mut next_spec = spec.clone();
         next_spec.migration = mname.clone();
-        let mut st = status;
+        let mut st = BindingStatus::of(b);
         let cond = Condition::new(
             CONDITION_SCHEDULED,
             conditions::TRUE,
@@ -404,72 +301,139 @@ impl Scheduler {
         st.filtered = filtered;
         st.task_id = task_id;
         st.scheduler_observed_generation = b.metadata.generation.or(Some(1));
-        let store = self.store.clone();
-        let key = k.clone();
-        let b = b.clone();
-        let creating = user.is_none();
-        let r = spec.resource.clone();
-        Outcome::Write(Box::pin(async move {
-            let err = |e: orrery_store::StoreError| (key.clone(), e.to_string());
-            // The binding first: it names the migration, so no second move can start; a
-            // migration that then fails to be written leaves a name nobody follows, which
-            // the next decision replaces.
-            let mut next = (*b).clone();
-            next.spec = serde_json::to_value(&next_spec).ok();
-            next.status = serde_json::to_value(&st).ok();
-            store
-                .update(
-                    &keys::well_known::binding(&key.0, &key.1),
-                    next,
-                    b.revision(),
-                )
-                .await
-                .map_err(err)?;
-            let mkey = keys::well_known::migration(&key.0, migration.name());
-            let uid = migration.metadata.uid.clone();
-            // Whether this write started the move (a decision taken again before the
-            // Migration's target was seen finds it started, and says nothing more).
-            let started = if creating {
-                match store.create(&mkey, migration).await {
-                    Ok(_) => true,
-                    Err(orrery_store::StoreError::AlreadyExists { .. }) => false,
-                    Err(e) => return Err(err(e)),
-                }
+        Outcome::Write(move_write(
+            self.store.clone(),
+            k,
+            b.clone(),
+            next_spec,
+            st,
+            migration,
+            user.is_none(),
+            message,
+        ))
+    }
+
+    /// The target's room is held from now on (the move will need it): the placement as it
+    /// will be once the move is over, assumed.
+    fn hold_target(
+        &mut self,
+        k: &BKey,
+        spec: &BindingSpec,
+        task: &Task<'_>,
+        source: &TargetCluster,
+        target: &str,
+    ) -> Vec<TargetCluster> {
+        let mut planned: Vec<TargetCluster> = spec
+            .clusters
+            .iter()
+            .filter(|c| c.name != source.name)
+            .cloned()
+            .collect();
+        planned.push(TargetCluster {
+            name: target.to_string(),
+            replicas: source.replicas,
+        });
+        planned.sort_by(|a, b| a.name.cmp(&b.name));
+        let changed = self.assume.assume(
+            &format!("{}/{}", k.0, k.1),
+            demand_of(task.request),
+            &spec.clusters,
+            &planned,
+            orrery_api::interpret::counts_pods(&spec.resource.kind),
+            self.now_ms(),
+        );
+        self.refresh_assumed(&changed);
+        planned
+    }
+
+    /// Whether a move of the binding failed lately (it then stays where it is a while).
+    fn failed_lately(&self, k: &BKey, now: Time) -> bool {
+        self.graph.migrations.iter().any(|((ns, _), m)| {
+            *ns == k.0
+                && m.binding == k.1
+                && m.phase == orrery_api::stateful::MigrationPhase::Failed
+                && m.ended.is_some_and(|e| now.unix_seconds() - e < MOVE_RETRY)
+        })
+    }
+
+    /// The clusters a move of `source`'s replicas could go to, best first, and how many bytes
+    /// of data go with them.
+    fn rank_targets(
+        &self,
+        b: &Object,
+        spec: &BindingSpec,
+        task: &Task<'_>,
+        decision: &Decision,
+        ties: &crate::propagation::stateful::Ties,
+        source: &TargetCluster,
+    ) -> (orrery_scheduler::moves::Ranking, i64) {
+        let explained = decision.explain(&self.fleet, task, &self.engine);
+        let mut feasible = Vec::new();
+        let mut turned = Vec::new();
+        for (i, c) in explained.iter().enumerate() {
+            // What moves goes to one cluster whole: spreading and sampling do not apply.
+            if c.filter.is_empty() || c.filter == "SpreadConstraint" || c.filter == "Sample" {
+                feasible.push(i);
             } else {
-                // The user's Migration gets its target even if it changed meanwhile (its
-                // labels, say): the binding names it now, and nothing else would.
-                let status = migration.status.clone();
-                let wrote = std::sync::atomic::AtomicBool::new(false);
-                orrery_store::update_with(store.as_ref(), &mkey, |mut cur| {
-                    wrote.store(false, std::sync::atomic::Ordering::Relaxed);
-                    let st = orrery_api::stateful::MigrationStatus::of(&cur);
-                    if cur.metadata.uid != uid || !st.target.is_empty() || st.phase.is_done() {
-                        return Ok(None);
-                    }
-                    cur.status = status.clone();
-                    wrote.store(true, std::sync::atomic::Ordering::Relaxed);
-                    Ok(Some(cur))
-                })
-                .await
-                .map_err(err)?;
-                wrote.load(std::sync::atomic::Ordering::Relaxed)
-            };
-            if started {
-                let about = subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid);
-                // Once per migration, a restart included.
-                let _ = record::event_once_for(
-                    store.as_ref(),
-                    &about,
-                    &uid,
-                    "Normal",
-                    "MigrationStarted",
-                    &message,
-                    COMPONENT,
-                )
-                .await;
+                turned.push((i, c.reason.clone()));
             }
-            Ok(())
-        }))
+        }
+        let status = BindingStatus::of(b);
+        let bytes: i64 = status
+            .aggregated_status
+            .iter()
+            .filter(|a| a.cluster_name == source.name)
+            .flat_map(|a| &a.volumes)
+            .filter(|v| v.ordinal.is_none_or(|o| o < source.replicas))
+            .map(|v| v.used_bytes)
+            .sum();
+        let limit = spec
+            .placement
+            .water_level_limit
+            .unwrap_or(self.engine.water_level_limit);
+        let ranking = orrery_scheduler::moves::rank(
+            &self.fleet,
+            &feasible,
+            &turned,
+            &orrery_scheduler::moves::MoveRequest {
+                source: &source.name,
+                replicas: source.replicas,
+                demand: demand_of(task.request),
+                bytes,
+                near: &ties.near,
+                limit,
+                // Judged ahead as the placement judges clusters.
+                ahead: spec
+                    .placement
+                    .prediction
+                    .as_ref()
+                    .map_or(self.engine.prediction, |p| {
+                        p.resolve(self.engine.prediction)
+                    }),
+                now: task.now,
+                mark: self.engine.shed_mark.max(limit),
+            },
+        );
+        (ranking, bytes)
+    }
+
+    /// Why a move starts, as its Migration says.
+    fn move_reason(&self, source: &TargetCluster, why: Trigger, user: bool) -> &'static str {
+        use orrery_api::stateful::reason;
+        let src = self.fleet.get(&source.name);
+        if user {
+            reason::USER
+        } else if src.is_none_or(|c| !serving(c)) {
+            reason::CLUSTER_FAILOVER
+        } else if why == Trigger::Failover {
+            reason::APPLICATION_FAILOVER
+        } else if matches!(why, Trigger::Shed | Trigger::Forecast) {
+            reason::SHED
+        } else if src.is_some_and(|c| c.taints.iter().any(|t| t.effect.as_str() == "NoExecute")) {
+            reason::DRAIN
+        } else {
+            reason::POLICY_CHANGE
+        }
     }
 
     /// Where a stateful workload placed in one cluster keeps its standby copy
@@ -532,4 +496,105 @@ impl Scheduler {
         );
         ranking.chosen.unwrap_or_default()
     }
+}
+
+/// A user's Migration once its move starts: its source, target and estimate.
+fn user_migration_started(
+    m: &Object,
+    k: &BKey,
+    source: &TargetCluster,
+    target: &str,
+    estimate: orrery_api::stateful::Estimate,
+    message: &str,
+    now: Time,
+) -> Object {
+    let mut next = m.clone();
+    let mut st = orrery_api::stateful::MigrationStatus::of(m);
+    st.source = source.name.clone();
+    st.target = target.to_string();
+    st.replicas = source.replicas;
+    st.binding = k.1.clone();
+    st.estimate = Some(estimate);
+    st.message = message.to_string();
+    st.start_time = Some(now);
+    next.status = serde_json::to_value(st).ok();
+    next
+}
+
+/// The write that starts a move: the binding naming its Migration first, then the Migration
+/// (created, or a user's given its target), then the Event, once per migration.
+#[allow(clippy::too_many_arguments)]
+fn move_write(
+    store: Arc<dyn Store>,
+    k: &BKey,
+    b: Arc<Object>,
+    next_spec: BindingSpec,
+    st: BindingStatus,
+    migration: Object,
+    creating: bool,
+    message: String,
+) -> Job<BKey> {
+    let key = k.clone();
+    Box::pin(async move {
+        let r = &next_spec.resource;
+        let err = |e: orrery_store::StoreError| (key.clone(), e.to_string());
+        // The binding first: it names the migration, so no second move can start; a
+        // migration that then fails to be written leaves a name nobody follows, which
+        // the next decision replaces.
+        let mut next = (*b).clone();
+        next.spec = serde_json::to_value(&next_spec).ok();
+        next.status = serde_json::to_value(&st).ok();
+        store
+            .update(
+                &keys::well_known::binding(&key.0, &key.1),
+                next,
+                b.revision(),
+            )
+            .await
+            .map_err(err)?;
+        let mkey = keys::well_known::migration(&key.0, migration.name());
+        let uid = migration.metadata.uid.clone();
+        // Whether this write started the move (a decision taken again before the
+        // Migration's target was seen finds it started, and says nothing more).
+        let started = if creating {
+            match store.create(&mkey, migration).await {
+                Ok(_) => true,
+                Err(orrery_store::StoreError::AlreadyExists { .. }) => false,
+                Err(e) => return Err(err(e)),
+            }
+        } else {
+            // The user's Migration gets its target even if it changed meanwhile (its
+            // labels, say): the binding names it now, and nothing else would.
+            let status = migration.status.clone();
+            let wrote = std::sync::atomic::AtomicBool::new(false);
+            orrery_store::update_with(store.as_ref(), &mkey, |mut cur| {
+                wrote.store(false, std::sync::atomic::Ordering::Relaxed);
+                let st = orrery_api::stateful::MigrationStatus::of(&cur);
+                if cur.metadata.uid != uid || !st.target.is_empty() || st.phase.is_done() {
+                    return Ok(None);
+                }
+                cur.status = status.clone();
+                wrote.store(true, std::sync::atomic::Ordering::Relaxed);
+                Ok(Some(cur))
+            })
+            .await
+            .map_err(err)?;
+            wrote.load(std::sync::atomic::Ordering::Relaxed)
+        };
+        if started {
+            let about = subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid);
+            // Once per migration, a restart included.
+            let _ = record::event_once_for(
+                store.as_ref(),
+                &about,
+                &uid,
+                "Normal",
+                "MigrationStarted",
+                &message,
+                COMPONENT,
+            )
+            .await;
+        }
+        Ok(())
+    })
 }
