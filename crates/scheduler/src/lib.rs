@@ -25,6 +25,7 @@
 // Dimension indexes address several vectors at once (capacity, taken, demand).
 #![allow(clippy::needless_range_loop)]
 
+mod allocate;
 pub mod assume;
 pub mod cost;
 pub mod data;
@@ -1060,6 +1061,8 @@ fn validate(task: &Task<'_>, config: &Config) -> Result<(), String> {
     Ok(())
 }
 
+/// Schedules one task under one cluster affinity (`term`: the name of the placement's term,
+/// empty without terms): filter, score, spread, then divide ([`allocate::allocate`]).
 fn schedule_term(
     fleet: &Fleet,
     task: &Task<'_>,
@@ -1073,130 +1076,25 @@ fn schedule_term(
     // Placement-only filters first, from the cache where it knows the placement (clusters
     // the task runs in are asked afresh: readiness and NoSchedule spare them).
     let n_static = config.filters.iter().take_while(|f| f.is_static()).count();
-    if cache.generation != fleet.generation() || cache.entries.len() >= CACHE_ENTRIES {
-        cache.entries.clear();
-        cache.generation = fleet.generation();
-    }
-    let statics = cache
-        .entries
-        .entry(static_key(task, term))
-        .or_insert_with(|| {
-            std::sync::Arc::new(static_pass(fleet, task, config, affinity, n_static))
-        })
-        .clone();
+    let statics = cache.lookup(fleet, task, config, affinity, term, n_static);
     let mut outcomes = Outcomes {
         n,
         statics: Some(statics.clone()),
         entries: Vec::new(),
     };
-    // A large fleet: score an evenly strided sample, always with the clusters it runs in.
-    let passing = &statics.passing;
-    let mut candidates: Vec<usize> = if config.score_sample > 0
-        && passing.len() > config.score_sample
-    {
-        let m = passing.len();
-        let offset = (task.seed % m as u64) as usize;
-        let mut picked: Vec<usize> = (0..config.score_sample)
-            .map(|k| passing[(offset + k * m / config.score_sample) % m])
-            .collect();
-        picked.extend(task.previous.iter().filter_map(|p| fleet.position(&p.name)));
-        // A placement that consolidates looks at the cheapest clusters too, wherever the
-        // stride falls: they are where its replicas go.
-        if task.placement.consolidates() && fleet.has_prices() && strategy_of(task) == "WaterLevel"
-        {
-            let mut priced: Vec<(f64, usize)> = passing
-                .iter()
-                .filter_map(|i| Some((cost::ranked_price(&ctx, *i)?, *i)))
-                .collect();
-            let k = (config.score_sample / 4).max(1).min(priced.len());
-            if k < priced.len() {
-                priced.select_nth_unstable_by(k, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-            }
-            picked.extend(priced[..k].iter().map(|x| x.1));
-        }
-        picked.sort_unstable();
-        picked.dedup();
-        picked.retain(|i| statics.first[*i] == PASSED);
-        picked
-    } else {
-        passing.clone()
-    };
-    // Clusters the task runs in are asked afresh (readiness and NoSchedule spare them).
-    let mut added = false;
-    for p in task.previous {
-        let Some(i) = fleet.position(&p.name) else {
-            continue;
-        };
-        if statics.first[i] == PASSED {
-            continue;
-        }
-        match config.filters[..n_static]
-            .iter()
-            .position(|f| !f.check(&ctx, i))
-        {
-            None => {
-                candidates.push(i);
-                added = true;
-            }
-            Some(f) => outcomes.set(i, Outcome::Filtered(f)),
-        }
-    }
-    if added {
-        candidates.sort_unstable();
-        candidates.dedup();
-    }
+    let mut candidates = sample(&ctx, config, &statics);
+    readmit_running(
+        &ctx,
+        config,
+        &statics,
+        n_static,
+        &mut candidates,
+        &mut outcomes,
+    );
     // Domain figures (7.2) only for the clusters still in the running.
     ctx.fill_room(candidates.iter().copied());
-    let mut feasible: Vec<usize> = Vec::with_capacity(candidates.len());
-    for i in candidates {
-        match config.filters[n_static..]
-            .iter()
-            .position(|f| !f.check(&ctx, i))
-        {
-            Some(f) => outcomes.set(i, Outcome::Filtered(n_static + f)),
-            None => feasible.push(i),
-        }
-    }
-    // Score: one pass per plugin over the feasible clusters; a plugin that rates them all
-    // the same is not run (it cannot change the ranking).
-    let weights = &config.weights;
-    let mut plugin_scores: Vec<PluginScores> = Vec::with_capacity(config.scores.len());
-    let mut totals = vec![0.0; feasible.len()];
-    let applies: Vec<bool> = config.scores.iter().map(|s| s.applies(&ctx)).collect();
-    let weight_sum: f64 = config
-        .scores
-        .iter()
-        .zip(&applies)
-        .filter(|(_, a)| **a)
-        .map(|(s, _)| s.weight(&ctx).unwrap_or_else(|| weights.of(s.name())))
-        .sum();
-    for (s, applies) in config.scores.iter().zip(applies) {
-        if !applies {
-            plugin_scores.push(PluginScores::NotApplicable);
-            continue;
-        }
-        let w = if weight_sum > 0.0 {
-            s.weight(&ctx).unwrap_or_else(|| weights.of(s.name())) / weight_sum
-        } else {
-            0.0
-        };
-        match s.constant(&ctx, &feasible) {
-            Some(x) => {
-                for t in totals.iter_mut() {
-                    *t += w * x;
-                }
-                plugin_scores.push(PluginScores::All(x));
-            }
-            None => {
-                let mut out = vec![0.0; feasible.len()];
-                s.score(&ctx, &feasible, &mut out);
-                for (t, v) in totals.iter_mut().zip(&out) {
-                    *t += w * v;
-                }
-                plugin_scores.push(PluginScores::Each(out));
-            }
-        }
-    }
+    let feasible = filter_dynamic(&ctx, config, n_static, candidates, &mut outcomes);
+    let (plugin_scores, totals) = score_feasible(&ctx, config, &feasible);
     let mut decision = Decision {
         affinity_name: term.to_string(),
         strategy: strategy_of(task),
@@ -1235,7 +1133,7 @@ fn schedule_term(
         decision.outcomes = outcomes;
         return decision;
     }
-    let result = allocate(&ctx, config, &kept, &score_of, &mut decision);
+    let result = allocate::allocate(&ctx, config, &kept, &score_of, &mut decision);
     if let Err(e) = result {
         decision.error = Some(e);
     }
@@ -1248,6 +1146,172 @@ fn schedule_term(
     }
     decision.outcomes = outcomes;
     decision
+}
+
+impl FilterCache {
+    /// The static filters' answers for the task's placement under `term`: remembered, or
+    /// worked out and remembered. The cache starts afresh when a cluster's placement facts
+    /// change, and when it is full.
+    fn lookup(
+        &mut self,
+        fleet: &Fleet,
+        task: &Task<'_>,
+        config: &Config,
+        affinity: Option<&ClusterAffinity>,
+        term: &str,
+        n_static: usize,
+    ) -> std::sync::Arc<StaticPass> {
+        if self.generation != fleet.generation() || self.entries.len() >= CACHE_ENTRIES {
+            self.entries.clear();
+            self.generation = fleet.generation();
+        }
+        self.entries
+            .entry(static_key(task, term))
+            .or_insert_with(|| {
+                std::sync::Arc::new(static_pass(fleet, task, config, affinity, n_static))
+            })
+            .clone()
+    }
+}
+
+/// The clusters that passed the static filters and are looked at closely. A large fleet:
+/// an evenly strided sample, always with the clusters the task runs in.
+fn sample(ctx: &Ctx<'_>, config: &Config, statics: &StaticPass) -> Vec<usize> {
+    let (fleet, task) = (ctx.fleet, ctx.task);
+    let passing = &statics.passing;
+    if !(config.score_sample > 0 && passing.len() > config.score_sample) {
+        return passing.clone();
+    }
+    let m = passing.len();
+    let offset = (task.seed % m as u64) as usize;
+    let mut picked: Vec<usize> = (0..config.score_sample)
+        .map(|k| passing[(offset + k * m / config.score_sample) % m])
+        .collect();
+    picked.extend(task.previous.iter().filter_map(|p| fleet.position(&p.name)));
+    // A placement that consolidates looks at the cheapest clusters too, wherever the
+    // stride falls: they are where its replicas go.
+    if task.placement.consolidates() && fleet.has_prices() && strategy_of(task) == "WaterLevel" {
+        let mut priced: Vec<(f64, usize)> = passing
+            .iter()
+            .filter_map(|i| Some((cost::ranked_price(ctx, *i)?, *i)))
+            .collect();
+        let k = (config.score_sample / 4).max(1).min(priced.len());
+        if k < priced.len() {
+            priced.select_nth_unstable_by(k, |a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+        }
+        picked.extend(priced[..k].iter().map(|x| x.1));
+    }
+    picked.sort_unstable();
+    picked.dedup();
+    picked.retain(|i| statics.first[*i] == PASSED);
+    picked
+}
+
+/// Clusters the task runs in that the cached static answers turned away are asked afresh
+/// (readiness and NoSchedule spare them): those that pass join `candidates` (kept sorted).
+fn readmit_running(
+    ctx: &Ctx<'_>,
+    config: &Config,
+    statics: &StaticPass,
+    n_static: usize,
+    candidates: &mut Vec<usize>,
+    outcomes: &mut Outcomes,
+) {
+    let mut added = false;
+    for p in ctx.task.previous {
+        let Some(i) = ctx.fleet.position(&p.name) else {
+            continue;
+        };
+        if statics.first[i] == PASSED {
+            continue;
+        }
+        match config.filters[..n_static]
+            .iter()
+            .position(|f| !f.check(ctx, i))
+        {
+            None => {
+                candidates.push(i);
+                added = true;
+            }
+            Some(f) => outcomes.set(i, Outcome::Filtered(f)),
+        }
+    }
+    if added {
+        candidates.sort_unstable();
+        candidates.dedup();
+    }
+}
+
+/// The filters after the static ones (those that read the domain figures), over the
+/// candidates: returns the feasible clusters, and records the filter that turned each
+/// other one away.
+fn filter_dynamic(
+    ctx: &Ctx<'_>,
+    config: &Config,
+    n_static: usize,
+    candidates: Vec<usize>,
+    outcomes: &mut Outcomes,
+) -> Vec<usize> {
+    let mut feasible: Vec<usize> = Vec::with_capacity(candidates.len());
+    for i in candidates {
+        match config.filters[n_static..]
+            .iter()
+            .position(|f| !f.check(ctx, i))
+        {
+            Some(f) => outcomes.set(i, Outcome::Filtered(n_static + f)),
+            None => feasible.push(i),
+        }
+    }
+    feasible
+}
+
+/// Scores the feasible clusters: one pass per plugin; a plugin that rates them all the same
+/// is not run (it cannot change the ranking). Returns each plugin's ratings and each
+/// cluster's weighted total (by position in `feasible`).
+fn score_feasible(
+    ctx: &Ctx<'_>,
+    config: &Config,
+    feasible: &[usize],
+) -> (Vec<PluginScores>, Vec<f64>) {
+    let weights = &config.weights;
+    let mut plugin_scores: Vec<PluginScores> = Vec::with_capacity(config.scores.len());
+    let mut totals = vec![0.0; feasible.len()];
+    let applies: Vec<bool> = config.scores.iter().map(|s| s.applies(ctx)).collect();
+    let weight_sum: f64 = config
+        .scores
+        .iter()
+        .zip(&applies)
+        .filter(|(_, a)| **a)
+        .map(|(s, _)| s.weight(ctx).unwrap_or_else(|| weights.of(s.name())))
+        .sum();
+    for (s, applies) in config.scores.iter().zip(applies) {
+        if !applies {
+            plugin_scores.push(PluginScores::NotApplicable);
+            continue;
+        }
+        let w = if weight_sum > 0.0 {
+            s.weight(ctx).unwrap_or_else(|| weights.of(s.name())) / weight_sum
+        } else {
+            0.0
+        };
+        match s.constant(ctx, feasible) {
+            Some(x) => {
+                for t in totals.iter_mut() {
+                    *t += w * x;
+                }
+                plugin_scores.push(PluginScores::All(x));
+            }
+            None => {
+                let mut out = vec![0.0; feasible.len()];
+                s.score(ctx, feasible, &mut out);
+                for (t, v) in totals.iter_mut().zip(&out) {
+                    *t += w * v;
+                }
+                plugin_scores.push(PluginScores::Each(out));
+            }
+        }
+    }
+    (plugin_scores, totals)
 }
 
 /// The group of a cluster under a spread key.
@@ -1346,409 +1410,6 @@ fn spread(
     Ok(kept)
 }
 
-/// Each cluster's static weight: the first entry of the list that matches it, else 0.
-fn static_weights(clusters: &[&ClusterSnapshot], placement: &Placement) -> Vec<i64> {
-    let list: Vec<(CompiledAffinity<'_>, i64)> = placement
-        .replica_scheduling
-        .iter()
-        .filter_map(|r| r.weight_preference.as_ref())
-        .flat_map(|w| &w.static_weight_list)
-        .map(|s| (s.target_cluster.compile(), s.weight))
-        .collect();
-    clusters
-        .iter()
-        .map(|c| {
-            let v = c.view();
-            list.iter()
-                .find(|(a, _)| a.matches(&v))
-                .map(|(_, w)| *w)
-                .unwrap_or(0)
-        })
-        .collect()
-}
-
-/// Divides the replicas over the kept clusters (best-ranked first) into `decision`.
-fn allocate(
-    ctx: &Ctx<'_>,
-    config: &Config,
-    kept: &[usize],
-    score_of: &[f64],
-    decision: &mut Decision,
-) -> Result<(), String> {
-    let task = ctx.task;
-    let clusters = ctx.fleet.clusters();
-    let name = |i: usize| clusters[i].name.clone();
-    let policy = task.placement.cost.as_ref();
-    let budget = policy.and_then(|c| c.max_hourly);
-    let floor = policy.and_then(|c| c.min_on_demand).filter(|f| *f > 0.0);
-    if decision.strategy == "Duplicated" {
-        // A copy each: a budget keeps the best-ranked copies that fit in it.
-        let mut spent = 0.0;
-        let mut over = 0;
-        let mut order = kept.to_vec();
-        order.sort_by(|a, b| score_of[*b].total_cmp(&score_of[*a]).then(a.cmp(b)));
-        decision.clusters = order
-            .iter()
-            .filter(|i| match budget {
-                Some(b) => {
-                    let c = task.replicas as f64 * ctx.unit_cost(**i).unwrap_or(f64::INFINITY);
-                    let fits = spent + c <= b + 1e-9;
-                    if fits {
-                        spent += c;
-                    } else {
-                        over += 1;
-                    }
-                    fits
-                }
-                None => true,
-            })
-            .map(|i| TargetCluster {
-                name: name(*i),
-                replicas: task.replicas,
-            })
-            .collect();
-        // The on-demand floor counts copies: the lowest-ranked spot copies go until enough of
-        // those left are on on-demand capacity (a cluster without a price is not known to be).
-        let mut off_spot = 0;
-        if let Some(f) = floor {
-            let on_demand = |c: &TargetCluster| {
-                kept.iter()
-                    .find(|i| clusters[**i].name == c.name)
-                    .is_some_and(|i| {
-                        ctx.unit_cost(*i).is_some()
-                            && ctx.fleet.facts()[*i].prices.capacity
-                                != orrery_api::cost::Capacity::Spot
-                    })
-            };
-            loop {
-                let total = decision.clusters.len();
-                let od = decision.clusters.iter().filter(|c| on_demand(c)).count();
-                if od == total || od as f64 >= (f * total as f64 - 1e-9).ceil() {
-                    break;
-                }
-                // The clusters are in rank order: the last spot one is the lowest ranked.
-                let Some(j) = decision.clusters.iter().rposition(|c| !on_demand(c)) else {
-                    break;
-                };
-                decision.clusters.remove(j);
-                off_spot += 1;
-            }
-        }
-        decision.clusters.sort_by(|a, b| a.name.cmp(&b.name));
-        let mut why = Vec::new();
-        if over > 0 {
-            why.push(format!(
-                "{over} of {} feasible clusters left out: a copy there would take the workload past its budget of {} an hour",
-                kept.len(),
-                budget.unwrap_or_default()
-            ));
-        }
-        if off_spot > 0 {
-            why.push(format!(
-                "{off_spot} copies on spot capacity left out: cost.minOnDemand keeps {} of the copies on on-demand capacity",
-                floor.unwrap_or_default()
-            ));
-        }
-        if !why.is_empty() {
-            return Err(why.join("; "));
-        }
-        return Ok(());
-    }
-    // Aggregation fills in rank order; the other divisions break ties by score themselves.
-    let mut kept = kept.to_vec();
-    if decision.strategy == "WaterLevel"
-        && ctx.any_known
-        && fleet_level(ctx, &kept) <= config.low_mark
-    {
-        kept.sort_unstable_by(|a, b| score_of[*b].total_cmp(&score_of[*a]).then(a.cmp(b)));
-    }
-    let kept = kept.as_slice();
-    let fresh = task.mode == Mode::Fresh || kept.iter().all(|i| ctx.previous[*i] == 0);
-    let mut shares = divide::Shares {
-        ctx,
-        idx: kept.to_vec(),
-        n: kept
-            .iter()
-            .map(|i| if fresh { 0 } else { ctx.previous[*i] })
-            .collect(),
-        room: kept.iter().map(|i| ctx.room[*i]).collect(),
-        score: kept.iter().map(|i| score_of[*i]).collect(),
-        lean: vec![0.0; kept.len()],
-        thrift: vec![1.0; kept.len()],
-    };
-    let weight = ctx.cost_weight();
-    let mut prices = None;
-    if weight > 0.0 && ctx.fleet.has_prices() {
-        let ranked: &Vec<Option<f64>> =
-            prices.insert(kept.iter().map(|i| cost::ranked_price(ctx, *i)).collect());
-        let cheapest = ranked
-            .iter()
-            .flatten()
-            .copied()
-            .fold(f64::INFINITY, f64::min);
-        shares.lean = ranked
-            .iter()
-            .map(|p| cost::lean(weight, *p, cheapest))
-            .collect();
-        shares.thrift = ranked
-            .iter()
-            .map(|p| cost::thrift(weight, *p, cheapest))
-            .collect();
-    }
-    // Shedding: a cluster over its limit keeps only what fits under limit - hysteresis; one
-    // shed ahead of its forecast peak, what keeps its forecast's mean under the shed mark -
-    // hysteresis as far as the forecast reaches (the rule new replicas are placed by, with a
-    // margin).
-    for (j, i) in kept.iter().enumerate() {
-        let name = &clusters[*i].name;
-        let room = if task.shed.contains(name) {
-            ctx.room_under(*i, ctx.limit - config.hysteresis)
-        } else if task.shed_ahead.contains(name) {
-            let to = ctx.mark - config.hysteresis;
-            ctx.room_before(*i, to).or_else(|| ctx.room_under(*i, to))
-        } else {
-            continue;
-        };
-        if let Some(r) = room {
-            shares.n[j] = shares.n[j].min(r);
-            // What it keeps may be above its room under the limit; it takes nothing more.
-            shares.room[j] = Some(shares.room[j].map_or(r, |limit| limit.min(r)));
-        }
-    }
-    // Each cluster's room under the limit (less, for one being shed): what the budget and
-    // the floor may move replicas into.
-    let room_under_limit = shares.room.clone();
-    // What stays where it runs, before the division adds or takes any (for a placement that
-    // consolidates: its new replicas are placed apart from it).
-    let consolidates = task.placement.consolidates();
-    let staying = if consolidates {
-        shares.n.clone()
-    } else {
-        Vec::new()
-    };
-    let have: i64 = shares.n.iter().sum();
-    let delta = task.replicas - have;
-    let mut unplaced = 0;
-    // Clusters a static weight of 0 keeps out: the budget and the floor move nothing there.
-    let mut weighed_out = vec![false; kept.len()];
-    // A limit the placement names holds Karmada's divisions too; without one they divide as
-    // Karmada does (docs/scheduling.md).
-    let capped = task.placement.water_level_limit.is_some();
-    match decision.strategy {
-        "StaticWeight" => {
-            let of: Vec<&ClusterSnapshot> = kept.iter().map(|i| &clusters[*i]).collect();
-            let w = static_weights(&of, task.placement);
-            if w.iter().all(|x| *x <= 0) {
-                return Err("every feasible cluster has a static weight of 0".into());
-            }
-            weighed_out = w.iter().map(|x| *x <= 0).collect();
-            if capped {
-                shares.n = vec![0; kept.len()];
-                unplaced = task.replicas - shares.by_weights_capped(task.replicas, &w);
-            } else {
-                shares.n = divide(task.replicas, &w);
-            }
-        }
-        "AvailableReplicas" | "Aggregated" => {
-            let avail: Vec<i64> = kept
-                .iter()
-                .map(|i| {
-                    ctx.fleet.facts()[*i]
-                        .available_replicas(&ctx.demand)
-                        .unwrap_or(1_000_000)
-                })
-                .collect();
-            if delta < 0 {
-                shares.shrink(-delta);
-            } else if decision.strategy == "Aggregated" {
-                // Fewest clusters: the roomiest first; what fits nowhere goes to the roomiest.
-                let mut order: Vec<usize> = (0..kept.len()).collect();
-                order.sort_by(|a, b| avail[*b].cmp(&avail[*a]).then(a.cmp(b)));
-                // With an explicit limit, no cluster past its room: what fits nowhere stays
-                // unplaced instead.
-                let room_left = |shares: &divide::Shares, j: usize| match shares.room[j] {
-                    Some(r) if capped => (r - shares.n[j]).max(0),
-                    _ => i64::MAX,
-                };
-                let mut left = delta;
-                for j in &order {
-                    let n = left.min(avail[*j].max(0)).min(room_left(&shares, *j));
-                    shares.n[*j] += n;
-                    left -= n;
-                }
-                if left > 0 && capped {
-                    for j in &order {
-                        let n = left.min(room_left(&shares, *j));
-                        shares.n[*j] += n;
-                        left -= n;
-                    }
-                    unplaced = left;
-                } else if left > 0 {
-                    shares.n[order[0]] += left;
-                }
-            } else {
-                if avail.iter().all(|x| *x == 0) {
-                    return Err("no cluster has room for a single replica".into());
-                }
-                if capped {
-                    unplaced = delta - shares.by_weights_capped(delta, &avail);
-                } else {
-                    shares.by_weights(delta, &avail);
-                }
-            }
-        }
-        _ => {
-            decision.fleet_level = fleet_level(ctx, kept);
-            if !ctx.any_known {
-                // Nothing reports capacity: equal shares, ranked.
-                decision.strategy = "ScoreWeighted";
-                shares.score = vec![1.0; kept.len()];
-            } else if decision.fleet_level >= config.high_mark {
-                decision.strategy = "WaterFilling";
-            } else if decision.fleet_level <= config.low_mark {
-                decision.strategy = "Aggregation";
-            } else {
-                decision.strategy = "ScoreWeighted";
-            }
-            if delta < 0 {
-                shares.drain(-delta);
-            } else if delta > 0 {
-                // First where no forecast has the cluster cross the shed mark; then, for what
-                // fits nowhere else, wherever the limit still holds it.
-                let marks: Vec<Option<i64>> = kept.iter().map(|i| ctx.mark_room[*i]).collect();
-                let soft = marks.iter().any(Option::is_some);
-                if soft {
-                    for (room, m) in shares.room.iter_mut().zip(&marks) {
-                        if let (Some(r), Some(m)) = (room.as_mut(), m) {
-                            *r = (*r).min(*m);
-                        }
-                    }
-                }
-                let mut placed = 0;
-                for pass in 0..if soft { 2 } else { 1 } {
-                    if pass == 1 {
-                        if placed == delta {
-                            break;
-                        }
-                        shares.room = room_under_limit.clone();
-                    }
-                    placed += match decision.strategy {
-                        "WaterFilling" => shares.water_fill(delta - placed),
-                        "Aggregation" => {
-                            let (groups, min) = spread_groups(ctx, kept);
-                            shares.aggregate(delta - placed, &groups, min)
-                        }
-                        _ => shares.by_score(delta - placed),
-                    };
-                }
-                unplaced = delta - placed;
-            }
-            if let Some(price) = &prices
-                && consolidates
-                && (task.mode == Mode::Consolidate || delta > 0)
-            {
-                // Into the room under the limit less the hysteresis, over the horizon: the
-                // cluster sheds this task's replicas at the limit (its mark), and must not
-                // take back at once what it has just shed.
-                let room: Vec<Option<i64>> = kept
-                    .iter()
-                    .zip(&room_under_limit)
-                    .map(|(i, r)| {
-                        let r = (*r)?;
-                        Some(r.min(ctx.room_under(*i, ctx.limit - config.hysteresis)?))
-                    })
-                    .collect();
-                let keep_one = !task.placement.spread_constraints.is_empty();
-                let saving = config.consolidate_saving;
-                let capacity: Vec<orrery_api::cost::Capacity> = (kept.iter())
-                    .map(|i| ctx.fleet.facts()[*i].prices.capacity)
-                    .collect();
-                let floor = floor.map(|f| (capacity.as_slice(), f));
-                if task.mode == Mode::Consolidate {
-                    decision.consolidated =
-                        cost::consolidate(&mut shares.n, &room, price, saving, keep_one, floor);
-                } else {
-                    // New replicas of a placement that consolidates start where a round would
-                    // move them, not where a round would restart them; what runs stays.
-                    let mut added: Vec<i64> = (shares.n.iter().zip(&staying))
-                        .map(|(n, s)| (n - s).max(0))
-                        .collect();
-                    let left: Vec<Option<i64>> = (room.iter().zip(&shares.n).zip(&added))
-                        .map(|((r, n), a)| r.map(|r| r - (n - a)))
-                        .collect();
-                    cost::consolidate(&mut added, &left, price, saving, keep_one, floor);
-                    for ((n, s), a) in shares.n.iter_mut().zip(&staying).zip(&added) {
-                        *n = (*n).min(*s) + a;
-                    }
-                }
-            }
-        }
-    }
-    // The budget, then the on-demand floor (which keeps to the budget), over what the
-    // division gave; the Priced filter left only clusters with prices when there is a budget.
-    let mut over_budget = 0;
-    let mut under_floor = 0;
-    if budget.is_some() || floor.is_some() {
-        // A cluster without a price (only without a budget: `Priced` turns it away otherwise)
-        // is no on-demand capacity the floor can count on.
-        let unit: Vec<f64> = kept
-            .iter()
-            .map(|i| ctx.unit_cost(*i).unwrap_or(f64::INFINITY))
-            .collect();
-        let limits: &Vec<Option<i64>> = &room_under_limit
-            .iter()
-            .zip(&weighed_out)
-            .map(|(r, out)| if *out { Some(0) } else { *r })
-            .collect();
-        if let Some(b) = budget {
-            over_budget = cost::keep_budget(&mut shares.n, limits, &unit, b);
-        }
-        if let Some(f) = floor {
-            let capacity: Vec<orrery_api::cost::Capacity> = kept
-                .iter()
-                .map(|i| ctx.fleet.facts()[*i].prices.capacity)
-                .collect();
-            under_floor = cost::keep_floor(&mut shares.n, limits, &unit, &capacity, f, budget);
-        }
-        unplaced += over_budget + under_floor;
-    }
-    decision.unplaced = unplaced;
-    decision.clusters = kept
-        .iter()
-        .zip(&shares.n)
-        .filter(|(_, n)| **n > 0)
-        .map(|(i, n)| TargetCluster {
-            name: name(*i),
-            replicas: *n,
-        })
-        .collect();
-    decision.clusters.sort_by(|a, b| a.name.cmp(&b.name));
-    if over_budget > 0 {
-        return Err(format!(
-            "{over_budget} of {} replicas are beyond the budget of {} an hour (cost.maxHourly)",
-            task.replicas,
-            budget.unwrap_or_default()
-        ));
-    }
-    if under_floor > 0 {
-        return Err(format!(
-            "{under_floor} of {} replicas left out: on-demand capacity has no room for the share cost.minOnDemand ({}) asks for beside them",
-            task.replicas,
-            floor.unwrap_or_default()
-        ));
-    }
-    if unplaced > 0 {
-        return Err(format!(
-            "{unplaced} of {} replicas fit in no cluster under the water level limit {:.2}",
-            task.replicas, ctx.limit
-        ));
-    }
-    if decision.clusters.is_empty() && task.replicas > 0 {
-        return Err("no cluster received a replica".into());
-    }
-    Ok(())
-}
-
 /// What `clusters`' replicas of the task cost per hour, in all and per cluster; `None` when
 /// none of them has prices.
 pub fn cost_of(
@@ -1787,51 +1448,6 @@ pub fn cost_of(
 /// A price to a ten-thousandth, as status shows it.
 fn round_cost(x: f64) -> f64 {
     (x * 10_000.0).round() / 10_000.0
-}
-
-/// The water level of the kept clusters together, over the task's dimensions.
-fn fleet_level(ctx: &Ctx<'_>, kept: &[usize]) -> f64 {
-    let facts = ctx.fleet.facts();
-    let mut best: f64 = 0.0;
-    for d in 0..5 {
-        if ctx.demand[d] <= 0.0 {
-            continue;
-        }
-        let (mut taken, mut cap) = (0.0, 0.0);
-        for i in kept {
-            if facts[*i].allocatable[d] > 0.0 {
-                taken += ctx.base(*i, d);
-                cap += facts[*i].allocatable[d];
-            }
-        }
-        if cap > 0.0 {
-            best = best.max(taken / cap);
-        }
-    }
-    best
-}
-
-/// The groups of the spread constraint with the largest minimum, for aggregation.
-fn spread_groups(ctx: &Ctx<'_>, kept: &[usize]) -> (Vec<String>, usize) {
-    let clusters = ctx.fleet.clusters();
-    match ctx
-        .task
-        .placement
-        .spread_constraints
-        .iter()
-        .filter(|s| s.min_groups > 0)
-        .max_by_key(|s| s.min_groups)
-    {
-        Some(s) => (
-            kept.iter()
-                .map(|i| {
-                    group_of(&clusters[*i], &s.spread_by_field, &s.spread_by_label).to_string()
-                })
-                .collect(),
-            s.min_groups as usize,
-        ),
-        None => (vec![String::new(); kept.len()], 0),
-    }
 }
 
 #[cfg(test)]
