@@ -15,6 +15,10 @@
 //!               ▼                                      ▼                           │ ordinals on  │ target        │ and its volumes go
 //!             Failed (the workload stays at the source, which is started again) ◄─┘ the copy      │               │
 //! ```
+//!
+//! [`step`] dispatches on the phase: each phase of the diagram has its own function (`pending`,
+//! `replicating`, ... `failed`), which either moves on, when the next phase may act at once in
+//! the same step, or waits.
 
 use orrery_api::MicroTime;
 use orrery_api::binding::{BindingSpec, ClusterTransfer, Eviction, TargetCluster};
@@ -409,31 +413,91 @@ fn overlay(
     s
 }
 
+/// What the phase a step stops in wants of the binding (besides where the workload runs,
+/// which the status says).
+#[derive(Debug, Default)]
+struct Wants {
+    /// The transfers of the source's and the target's Works.
+    transfers: (Option<Transfer>, Option<Transfer>),
+    /// The target's copy runs no pods (a rollback after it started).
+    fence_target: bool,
+    /// The migration lets go of the binding.
+    release: bool,
+}
+
+/// Whether a phase's step moved on (to a phase that may act at once) or waits.
+#[derive(Debug, PartialEq)]
+enum Flow {
+    Next,
+    Wait,
+}
+
 /// The next step of one migration.
 pub fn step(i: &Input<'_>) -> Output {
-    let now = i.now;
     let mut st = i.status.clone();
     let mut ev = Vec::new();
-    let done = |st: MigrationStatus, ev: Vec<Event>, released: bool| Output {
-        status: st,
-        binding: None,
-        events: ev,
-        released,
+    let Some(spec) = binding_to_act_on(i, &mut st, &mut ev) else {
+        return Output {
+            status: st,
+            binding: None,
+            events: ev,
+            released: true,
+        };
     };
-    // A user's Migration waits for the scheduler to choose its target.
+    begin(i, &mut st, &mut ev);
+    let caps = capacities(i);
+    let mut want = Wants::default();
+    // Each phase may lead to the next in the same step when nothing needs waiting for.
+    for _ in 0..8 {
+        // What the phase reached last wants, not what a phase passed through wanted.
+        want = Wants::default();
+        let flow = match st.phase {
+            Phase::Pending => pending(i, &mut st, &mut ev),
+            Phase::Replicating => replicating(i, &caps, &mut st, &mut ev, &mut want),
+            Phase::Fencing => fencing(i, &caps, &mut st, &mut ev, &mut want),
+            Phase::FinalSync => final_sync(i, &caps, &mut st, &mut ev, &mut want),
+            Phase::Starting => starting(i, &caps, &mut st, &mut ev, &mut want),
+            Phase::Switching => switching(i, &mut st, &mut ev),
+            Phase::Cleaning => cleaning(i, &mut st, &mut ev, &mut want),
+            Phase::Succeeded => {
+                // Nothing of the move is left to do: the binding is let go.
+                want.release = true;
+                Flow::Wait
+            }
+            Phase::Failed => failed(i, &mut st, &mut want),
+        };
+        if flow == Flow::Wait {
+            break;
+        }
+    }
+    let release = want.release;
+    let next = next_binding(i, spec, &st, want);
+    let binding = (next != *spec).then_some(next);
+    Output {
+        status: st,
+        binding,
+        events: ev,
+        released: release,
+    }
+}
+
+/// The binding this migration acts on: `None` while it has no ends yet (a user's Migration
+/// waits for the scheduler to choose its target), or when the binding is gone or follows
+/// another migration (then the move fails, if it still runs).
+fn binding_to_act_on<'a>(
+    i: &Input<'a>,
+    st: &mut MigrationStatus,
+    ev: &mut Vec<Event>,
+) -> Option<&'a BindingSpec> {
+    let now = i.now;
     if st.target.is_empty() || st.source.is_empty() {
-        return done(st, ev, true);
+        return None;
     }
     let Some(spec) = i.binding else {
         if !st.phase.is_done() {
-            fail(
-                "the template's ResourceBinding is gone".into(),
-                now,
-                &mut ev,
-                &mut st,
-            );
+            fail("the template's ResourceBinding is gone".into(), now, ev, st);
         }
-        return done(st, ev, true);
+        return None;
     };
     if spec.migration != i.name {
         // The binding follows another migration, or none: this one has nothing to act on.
@@ -444,21 +508,28 @@ pub fn step(i: &Input<'_>) -> Output {
                     spec.migration
                 ),
                 now,
-                &mut ev,
-                &mut st,
+                ev,
+                st,
             );
         }
-        return done(st, ev, true);
+        return None;
     }
+    Some(spec)
+}
+
+/// A migration's first step enters Pending; a Migration deleted before it switched is called
+/// off.
+fn begin(i: &Input<'_>, st: &mut MigrationStatus, ev: &mut Vec<Event>) {
+    let now = i.now;
     if st.phases.is_empty() {
-        enter(&mut st, Phase::Pending, now);
+        enter(st, Phase::Pending, now);
         st.start_time.get_or_insert(now.time());
         condition(
             conditions::UNKNOWN,
             "Pending",
             &format!("moving from {} to {}", st.source, st.target),
             now,
-            &mut st,
+            st,
         );
     }
     // Deleted before it switched: the move is called off; after: it finishes at once.
@@ -469,458 +540,516 @@ pub fn step(i: &Input<'_>) -> Output {
                 st.source
             ),
             now,
-            &mut ev,
-            &mut st,
+            ev,
+            st,
         );
     }
-    let caps = capacities(i);
-    let mut transfers: (Option<Transfer>, Option<Transfer>) = (None, None);
-    let mut fence_target = false;
-    let mut release = false;
-    // Each phase may lead to the next in the same step when nothing needs waiting for.
-    for _ in 0..8 {
-        // What the phase reached last wants, not what a phase passed through wanted.
-        transfers = (None, None);
-        fence_target = false;
-        release = false;
-        let phase = st.phase;
-        match phase {
-            Phase::Pending => {
-                if !i.source.serving {
-                    if unplanned(i, &mut st, &mut ev) {
-                        continue;
-                    }
-                    break;
+}
+
+/// Pending: waits for both ends to serve and for the source to report every volume that
+/// moves, then takes in those volumes and starts replicating.
+fn pending(i: &Input<'_>, st: &mut MigrationStatus, ev: &mut Vec<Event>) -> Flow {
+    let now = i.now;
+    if !i.source.serving {
+        return if unplanned(i, st, ev) {
+            Flow::Next
+        } else {
+            Flow::Wait
+        };
+    }
+    let Some(w) = i.source.work.as_ref().and_then(|w| w.workload.as_ref()) else {
+        condition(
+            conditions::UNKNOWN,
+            "WaitingForSource",
+            &format!("waiting for {} to report the workload", st.source),
+            now,
+            st,
+        );
+        return Flow::Wait;
+    };
+    if !i.target.serving {
+        condition(
+            conditions::UNKNOWN,
+            "WaitingForTarget",
+            &format!("waiting for {} to be ready", st.target),
+            now,
+            st,
+        );
+        return Flow::Wait;
+    }
+    // Nothing is copied before the source has reported every volume that moves: a report
+    // without them (a member back from an outage, its volumes not read yet) would leave
+    // nothing to copy, and the target would start on empty ones.
+    let missing = unreported_volumes(i, &w.volumes, st.replicas);
+    if !missing.is_empty() {
+        condition(
+            conditions::UNKNOWN,
+            "WaitingForSource",
+            &format!(
+                "waiting for {} to report the volumes {}",
+                st.source,
+                missing.join(", ")
+            ),
+            now,
+            st,
+        );
+        return Flow::Wait;
+    }
+    // The volumes of the ordinals that move (kept volumes of ordinals beyond the replica
+    // count stay behind with the source's copy).
+    st.volumes = w
+        .volumes
+        .iter()
+        .filter(|v| v.ordinal.is_none_or(|o| o < st.replicas))
+        .map(|v| MigrationVolume {
+            name: v.name.clone(),
+            ordinal: v.ordinal,
+            bytes: v.used_bytes,
+            ..Default::default()
+        })
+        .collect();
+    enter(st, Phase::Replicating, now);
+    condition(
+        conditions::UNKNOWN,
+        "Replicating",
+        &format!(
+            "copying {} volume(s) from {} to {} while the workload runs",
+            st.volumes.len(),
+            st.source,
+            st.target
+        ),
+        now,
+        st,
+    );
+    ev.push(Event {
+        type_: "Normal",
+        reason: "Replicating",
+        message: format!(
+            "copying {} bytes of {} from {} to {}",
+            st.volumes.iter().map(|v| v.bytes).sum::<i64>(),
+            i.workload,
+            st.source,
+            st.target
+        ),
+    });
+    Flow::Next
+}
+
+/// Replicating: copy rounds while the workload runs, until one is short enough (or the
+/// rounds run out); then the fence.
+fn replicating(
+    i: &Input<'_>,
+    caps: &[(String, TransferVolume)],
+    st: &mut MigrationStatus,
+    ev: &mut Vec<Event>,
+    want: &mut Wants,
+) -> Flow {
+    let now = i.now;
+    if !i.source.serving {
+        if unplanned(i, st, ev) {
+            return Flow::Next;
+        }
+        // The target keeps its round while the source is away: dropped from its Work, the
+        // round would start again from nothing when the source is back.
+        want.transfers = (
+            Some(send(i, st, st.rounds + 1, false)),
+            (st.snapshot_round >= 1).then(|| receive(i, st, caps, false)),
+        );
+        return Flow::Wait;
+    }
+    if !i.target.serving {
+        fail(
+            format!(
+                "the target {} stopped serving while the data was copied",
+                st.target
+            ),
+            now,
+            ev,
+            st,
+        );
+        return Flow::Next;
+    }
+    if let Some(e) = target_error(i).or_else(|| source_error(i, st)) {
+        fail(e, now, ev, st);
+        return Flow::Next;
+    }
+    take_snapshot(i, st);
+    if take_copy(i, st)
+        && (last_round_seconds(st) <= i.settings.final_round_seconds
+            || st.rounds >= i.settings.max_rounds)
+    {
+        st.fenced_at = Some(now);
+        enter(st, Phase::Fencing, now);
+        condition(
+            conditions::UNKNOWN,
+            "Fencing",
+            &format!(
+                "after {} round(s), stopping the workload in {} for the last copy",
+                st.rounds, st.source
+            ),
+            now,
+            st,
+        );
+        return Flow::Next;
+    }
+    let round = st.rounds + 1;
+    let recv = (st.snapshot_round >= 1).then(|| receive(i, st, caps, false));
+    want.transfers = (Some(send(i, st, round, false)), recv);
+    Flow::Wait
+}
+
+/// Fencing: the source's pods stop; once its snapshot taken after that is in, the final
+/// sync. A source that does not confirm in time fails the move.
+fn fencing(
+    i: &Input<'_>,
+    caps: &[(String, TransferVolume)],
+    st: &mut MigrationStatus,
+    ev: &mut Vec<Event>,
+    want: &mut Wants,
+) -> Flow {
+    let now = i.now;
+    want.transfers = (
+        Some(send(i, st, st.rounds + 1, true)),
+        (st.snapshot_round >= 1).then(|| receive(i, st, caps, false)),
+    );
+    if let Some(e) = source_error(i, st) {
+        fail(e, now, ev, st);
+        return Flow::Next;
+    }
+    if take_snapshot(i, st) {
+        for v in st.volumes.iter_mut() {
+            v.fenced_version = Some(v.source_version);
+        }
+        enter(st, Phase::FinalSync, now);
+        condition(
+            conditions::UNKNOWN,
+            "FinalSync",
+            &format!(
+                "the workload stopped in {}; copying the last {} bytes",
+                st.source,
+                st.volumes.iter().map(|v| v.round_bytes).sum::<i64>()
+            ),
+            now,
+            st,
+        );
+        return Flow::Next;
+    }
+    if !i.source.serving && unplanned(i, st, ev) {
+        return Flow::Next;
+    }
+    if started(st, Phase::Fencing)
+        .is_some_and(|t| now.seconds_since(t) >= i.settings.fence_timeout_seconds)
+        && i.source.serving
+    {
+        fail(
+            format!(
+                "{} did not confirm within {}s that the workload stopped",
+                st.source, i.settings.fence_timeout_seconds
+            ),
+            now,
+            ev,
+            st,
+        );
+        return Flow::Next;
+    }
+    Flow::Wait
+}
+
+/// FinalSync: the target copies the last snapshot, its workload held; once the copy is in,
+/// the workload starts there.
+fn final_sync(
+    i: &Input<'_>,
+    caps: &[(String, TransferVolume)],
+    st: &mut MigrationStatus,
+    ev: &mut Vec<Event>,
+    want: &mut Wants,
+) -> Flow {
+    let now = i.now;
+    want.transfers = (
+        Some(send(i, st, st.snapshot_round, true)),
+        Some(receive(i, st, caps, true)),
+    );
+    if let Some(e) = target_error(i) {
+        fail(e, now, ev, st);
+        return Flow::Next;
+    }
+    if take_copy(i, st) {
+        enter(st, Phase::Starting, now);
+        condition(
+            conditions::UNKNOWN,
+            "Starting",
+            &format!("the data is in {}: starting the workload there", st.target),
+            now,
+            st,
+        );
+        return Flow::Next;
+    }
+    if !i.target.serving {
+        // The source stays fenced: with the target out of reach nobody can tell whether it
+        // started, and two writers must never run.
+        condition(
+            conditions::UNKNOWN,
+            "WaitingForTarget",
+            &format!(
+                "{} is unreachable; the workload stays stopped in {} until it answers",
+                st.target, st.source
+            ),
+            now,
+            st,
+        );
+    }
+    Flow::Wait
+}
+
+/// Starting: the target runs the same ordinals on the copy; once it reports them healthy on
+/// exactly the fenced data, the switch. One that does not in time fails the move.
+fn starting(
+    i: &Input<'_>,
+    caps: &[(String, TransferVolume)],
+    st: &mut MigrationStatus,
+    ev: &mut Vec<Event>,
+    want: &mut Wants,
+) -> Flow {
+    let now = i.now;
+    // The copy is in and the workload applied: its Work keeps the last receive (without
+    // holding: nothing waits any more).
+    if !st.started_empty && !st.standby_failover {
+        want.transfers = (
+            Some(send(i, st, st.snapshot_round, true)),
+            Some(receive(i, st, caps, true)),
+        );
+    }
+    if let Some(e) = target_error(i) {
+        fail(e, now, ev, st);
+        return Flow::Next;
+    }
+    // Waits on nothing but the target's own report of the workload running; one that never
+    // comes fails the move after the start timeout like one that says it is not running.
+    let timed_out = started(st, Phase::Starting)
+        .is_some_and(|t| now.seconds_since(t) >= i.settings.start_timeout_seconds)
+        && i.target.serving;
+    let Some(m) = i
+        .target
+        .work
+        .as_ref()
+        .and_then(|w| w.workload.as_ref().filter(|_| w.current))
+    else {
+        if timed_out {
+            fail(
+                format!(
+                    "{} did not report the workload within {}s",
+                    st.target, i.settings.start_timeout_seconds
+                ),
+                now,
+                ev,
+                st,
+            );
+            return Flow::Next;
+        }
+        return Flow::Wait;
+    };
+    let (all_started, wrong) = started_versions(st, m);
+    if let Some(e) = wrong {
+        fail(e, now, ev, st);
+        return Flow::Next;
+    }
+    if m.health == Health::Healthy && all_started {
+        let downtime = st.fenced_at.map(|f| now.millis_since(f) as f64 / 1000.0);
+        st.downtime_seconds = downtime;
+        enter(st, Phase::Switching, now);
+        condition(
+            conditions::UNKNOWN,
+            "Switching",
+            &format!(
+                "running in {} on the copied data; what follows it moves there",
+                st.target
+            ),
+            now,
+            st,
+        );
+        ev.push(Event {
+            type_: "Normal",
+            reason: "MigrationSwitched",
+            message: format!(
+                "{} runs in {} (down {:.1}s)",
+                i.workload,
+                st.target,
+                downtime.unwrap_or_default()
+            ),
+        });
+        return Flow::Next;
+    }
+    if timed_out {
+        fail(
+            format!(
+                "{} did not run the workload within {}s: {}",
+                st.target, i.settings.start_timeout_seconds, m.message
+            ),
+            now,
+            ev,
+            st,
+        );
+        return Flow::Next;
+    }
+    Flow::Wait
+}
+
+/// Takes in the data version each moved volume started on at the target, as `m` reports
+/// it: whether every one has started, and why one must not run if it started on other
+/// data than was fenced at the source.
+fn started_versions(st: &mut MigrationStatus, m: &ManifestStatus) -> (bool, Option<String>) {
+    // Every moved volume must run on exactly the data fenced at the source.
+    let mut wrong = None;
+    let mut all_started = true;
+    for v in st.volumes.iter_mut() {
+        match m
+            .volumes
+            .iter()
+            .find(|x| x.name == v.name)
+            .and_then(|x| x.started_version)
+        {
+            Some(s) => {
+                v.started_version = Some(s);
+                if !st.started_empty && Some(s) != v.fenced_version {
+                    wrong = Some(format!(
+                        "{} started on data version {s}, not the fenced {}",
+                        v.name,
+                        v.fenced_version.unwrap_or_default()
+                    ));
                 }
-                let Some(w) = i.source.work.as_ref().and_then(|w| w.workload.as_ref()) else {
-                    condition(
-                        conditions::UNKNOWN,
-                        "WaitingForSource",
-                        &format!("waiting for {} to report the workload", st.source),
-                        now,
-                        &mut st,
-                    );
-                    break;
-                };
-                if !i.target.serving {
-                    condition(
-                        conditions::UNKNOWN,
-                        "WaitingForTarget",
-                        &format!("waiting for {} to be ready", st.target),
-                        now,
-                        &mut st,
-                    );
-                    break;
-                }
-                // Nothing is copied before the source has reported every volume that moves: a
-                // report without them (a member back from an outage, its volumes not read
-                // yet) would leave nothing to copy, and the target would start on empty ones.
-                let missing = unreported_volumes(i, &w.volumes, st.replicas);
-                if !missing.is_empty() {
-                    condition(
-                        conditions::UNKNOWN,
-                        "WaitingForSource",
-                        &format!(
-                            "waiting for {} to report the volumes {}",
-                            st.source,
-                            missing.join(", ")
-                        ),
-                        now,
-                        &mut st,
-                    );
-                    break;
-                }
-                // The volumes of the ordinals that move (kept volumes of ordinals beyond the
-                // replica count stay behind with the source's copy).
-                st.volumes = w
-                    .volumes
-                    .iter()
-                    .filter(|v| v.ordinal.is_none_or(|o| o < st.replicas))
-                    .map(|v| MigrationVolume {
-                        name: v.name.clone(),
-                        ordinal: v.ordinal,
-                        bytes: v.used_bytes,
-                        ..Default::default()
-                    })
-                    .collect();
-                enter(&mut st, Phase::Replicating, now);
-                condition(
-                    conditions::UNKNOWN,
-                    "Replicating",
-                    &format!(
-                        "copying {} volume(s) from {} to {} while the workload runs",
-                        st.volumes.len(),
-                        st.source,
-                        st.target
-                    ),
-                    now,
-                    &mut st,
-                );
-                ev.push(Event {
-                    type_: "Normal",
-                    reason: "Replicating",
-                    message: format!(
-                        "copying {} bytes of {} from {} to {}",
-                        st.volumes.iter().map(|v| v.bytes).sum::<i64>(),
-                        i.workload,
-                        st.source,
-                        st.target
-                    ),
-                });
             }
-            Phase::Replicating => {
-                if !i.source.serving {
-                    if unplanned(i, &mut st, &mut ev) {
-                        continue;
-                    }
-                    // The target keeps its round while the source is away: dropped from its
-                    // Work, the round would start again from nothing when the source is back.
-                    transfers = (
-                        Some(send(i, &st, st.rounds + 1, false)),
-                        (st.snapshot_round >= 1).then(|| receive(i, &st, &caps, false)),
-                    );
-                    break;
-                }
-                if !i.target.serving {
-                    fail(
-                        format!(
-                            "the target {} stopped serving while the data was copied",
-                            st.target
-                        ),
-                        now,
-                        &mut ev,
-                        &mut st,
-                    );
-                    continue;
-                }
-                if let Some(e) = target_error(i).or_else(|| source_error(i, &st)) {
-                    fail(e, now, &mut ev, &mut st);
-                    continue;
-                }
-                take_snapshot(i, &mut st);
-                if take_copy(i, &mut st)
-                    && (last_round_seconds(&st) <= i.settings.final_round_seconds
-                        || st.rounds >= i.settings.max_rounds)
-                {
-                    st.fenced_at = Some(now);
-                    enter(&mut st, Phase::Fencing, now);
-                    condition(
-                        conditions::UNKNOWN,
-                        "Fencing",
-                        &format!(
-                            "after {} round(s), stopping the workload in {} for the last copy",
-                            st.rounds, st.source
-                        ),
-                        now,
-                        &mut st,
-                    );
-                    continue;
-                }
-                let round = st.rounds + 1;
-                let recv = (st.snapshot_round >= 1).then(|| receive(i, &st, &caps, false));
-                transfers = (Some(send(i, &st, round, false)), recv);
-                break;
-            }
-            Phase::Fencing => {
-                transfers = (
-                    Some(send(i, &st, st.rounds + 1, true)),
-                    (st.snapshot_round >= 1).then(|| receive(i, &st, &caps, false)),
-                );
-                if let Some(e) = source_error(i, &st) {
-                    fail(e, now, &mut ev, &mut st);
-                    continue;
-                }
-                if take_snapshot(i, &mut st) {
-                    for v in st.volumes.iter_mut() {
-                        v.fenced_version = Some(v.source_version);
-                    }
-                    enter(&mut st, Phase::FinalSync, now);
-                    condition(
-                        conditions::UNKNOWN,
-                        "FinalSync",
-                        &format!(
-                            "the workload stopped in {}; copying the last {} bytes",
-                            st.source,
-                            st.volumes.iter().map(|v| v.round_bytes).sum::<i64>()
-                        ),
-                        now,
-                        &mut st,
-                    );
-                    continue;
-                }
-                if !i.source.serving && unplanned(i, &mut st, &mut ev) {
-                    continue;
-                }
-                if started(&st, Phase::Fencing)
-                    .is_some_and(|t| now.seconds_since(t) >= i.settings.fence_timeout_seconds)
-                    && i.source.serving
-                {
-                    fail(
-                        format!(
-                            "{} did not confirm within {}s that the workload stopped",
-                            st.source, i.settings.fence_timeout_seconds
-                        ),
-                        now,
-                        &mut ev,
-                        &mut st,
-                    );
-                    continue;
-                }
-                break;
-            }
-            Phase::FinalSync => {
-                transfers = (
-                    Some(send(i, &st, st.snapshot_round, true)),
-                    Some(receive(i, &st, &caps, true)),
-                );
-                if let Some(e) = target_error(i) {
-                    fail(e, now, &mut ev, &mut st);
-                    continue;
-                }
-                if take_copy(i, &mut st) {
-                    enter(&mut st, Phase::Starting, now);
-                    condition(
-                        conditions::UNKNOWN,
-                        "Starting",
-                        &format!("the data is in {}: starting the workload there", st.target),
-                        now,
-                        &mut st,
-                    );
-                    continue;
-                }
-                if !i.target.serving {
-                    // The source stays fenced: with the target out of reach nobody can tell
-                    // whether it started, and two writers must never run.
-                    condition(
-                        conditions::UNKNOWN,
-                        "WaitingForTarget",
-                        &format!(
-                            "{} is unreachable; the workload stays stopped in {} until it answers",
-                            st.target, st.source
-                        ),
-                        now,
-                        &mut st,
-                    );
-                }
-                break;
-            }
-            Phase::Starting => {
-                // The copy is in and the workload applied: its Work keeps the last receive
-                // (without holding: nothing waits any more).
-                if !st.started_empty && !st.standby_failover {
-                    transfers = (
-                        Some(send(i, &st, st.snapshot_round, true)),
-                        Some(receive(i, &st, &caps, true)),
-                    );
-                }
-                if let Some(e) = target_error(i) {
-                    fail(e, now, &mut ev, &mut st);
-                    continue;
-                }
-                // Waits on nothing but the target's own report of the workload running; one
-                // that never comes fails the move after the start timeout like one that says
-                // it is not running.
-                let timed_out = started(&st, Phase::Starting)
-                    .is_some_and(|t| now.seconds_since(t) >= i.settings.start_timeout_seconds)
-                    && i.target.serving;
-                let Some(m) = i
-                    .target
-                    .work
-                    .as_ref()
-                    .and_then(|w| w.workload.as_ref().filter(|_| w.current))
-                else {
-                    if timed_out {
-                        fail(
-                            format!(
-                                "{} did not report the workload within {}s",
-                                st.target, i.settings.start_timeout_seconds
-                            ),
-                            now,
-                            &mut ev,
-                            &mut st,
-                        );
-                        continue;
-                    }
-                    break;
-                };
-                // Every moved volume must run on exactly the data fenced at the source.
-                let mut wrong = None;
-                let mut all_started = true;
-                for v in st.volumes.iter_mut() {
-                    match m
-                        .volumes
-                        .iter()
-                        .find(|x| x.name == v.name)
-                        .and_then(|x| x.started_version)
-                    {
-                        Some(s) => {
-                            v.started_version = Some(s);
-                            if !st.started_empty && Some(s) != v.fenced_version {
-                                wrong = Some(format!(
-                                    "{} started on data version {s}, not the fenced {}",
-                                    v.name,
-                                    v.fenced_version.unwrap_or_default()
-                                ));
-                            }
-                        }
-                        None => all_started = false,
-                    }
-                }
-                if let Some(e) = wrong {
-                    fail(e, now, &mut ev, &mut st);
-                    continue;
-                }
-                if m.health == Health::Healthy && all_started {
-                    let downtime = st.fenced_at.map(|f| now.millis_since(f) as f64 / 1000.0);
-                    st.downtime_seconds = downtime;
-                    enter(&mut st, Phase::Switching, now);
-                    condition(
-                        conditions::UNKNOWN,
-                        "Switching",
-                        &format!(
-                            "running in {} on the copied data; what follows it moves there",
-                            st.target
-                        ),
-                        now,
-                        &mut st,
-                    );
-                    ev.push(Event {
-                        type_: "Normal",
-                        reason: "MigrationSwitched",
-                        message: format!(
-                            "{} runs in {} (down {:.1}s)",
-                            i.workload,
-                            st.target,
-                            downtime.unwrap_or_default()
-                        ),
-                    });
-                    continue;
-                }
-                if timed_out {
-                    fail(
-                        format!(
-                            "{} did not run the workload within {}s: {}",
-                            st.target, i.settings.start_timeout_seconds, m.message
-                        ),
-                        now,
-                        &mut ev,
-                        &mut st,
-                    );
-                    continue;
-                }
-                break;
-            }
-            Phase::Switching => {
-                let waited = started(&st, Phase::Switching)
-                    .is_some_and(|t| now.seconds_since(t) >= i.settings.switch_timeout_seconds);
-                if i.switch_waits.is_empty() || waited || i.deleting {
-                    enter(&mut st, Phase::Cleaning, now);
-                    let mut msg = format!(
-                        "the copy in {} and its volumes go in {}s",
-                        st.source, i.settings.cleanup_grace_seconds
-                    );
-                    if !i.switch_waits.is_empty() && !i.deleting {
-                        msg.push_str(&format!(
-                            "; {} still not serving in {} after {}s (give its policy followUp to {}, or admit {})",
-                            i.switch_waits.join(", "),
-                            st.target,
-                            i.settings.switch_timeout_seconds,
-                            i.workload,
-                            st.target
-                        ));
-                        ev.push(Event {
-                            type_: "Warning",
-                            reason: "MigrationSwitchIncomplete",
-                            message: msg.clone(),
-                        });
-                    }
-                    condition(conditions::UNKNOWN, "Cleaning", &msg, now, &mut st);
-                    continue;
-                }
-                // Say what the switch waits for (once it changes: the status is level-based).
-                let msg = format!(
-                    "running in {} on the copied data; waiting for {} to serve there",
-                    st.target,
-                    i.switch_waits.join(", ")
-                );
-                condition(conditions::UNKNOWN, "Switching", &msg, now, &mut st);
-                break;
-            }
-            Phase::Cleaning => {
-                let due = started(&st, Phase::Cleaning).is_some_and(|c| {
-                    i.deleting || now.seconds_since(c) >= i.settings.cleanup_grace_seconds
-                });
-                // Once the source's Work is gone (with its volumes), nothing is left to do.
-                if due && i.source.work.is_none() {
-                    enter(&mut st, Phase::Succeeded, now);
-                    st.completion_time = Some(now.time());
-                    let msg = format!(
-                        "moved to {} in {} round(s), {} bytes copied, down {:.1}s",
-                        st.target,
-                        st.rounds,
-                        st.volumes.iter().map(|v| v.copied).sum::<i64>(),
-                        st.downtime_seconds.unwrap_or_default()
-                    );
-                    condition(conditions::TRUE, "Succeeded", &msg, now, &mut st);
-                    ev.push(Event {
-                        type_: "Normal",
-                        reason: "Migrated",
-                        message: msg,
-                    });
-                    release = true;
-                }
-                break;
-            }
-            Phase::Succeeded => {
-                release = true;
-                break;
-            }
-            Phase::Failed => {
-                // Rolled back: the workload runs at the source again. A target that may have
-                // started is fenced until its member confirms that nothing runs there; until
-                // then the source stays fenced too (a target out of reach, or one whose
-                // member does not answer, may still run it: two writers must never run).
-                let had_workload = st
-                    .phases
-                    .iter()
-                    .any(|p| p.phase >= Phase::FinalSync && p.phase < Phase::Failed);
-                let confirmed = !had_workload
-                    || match i.target.work.as_ref() {
-                        // Its Work is gone (the cluster was removed): nothing is asked there.
-                        None => true,
-                        // The member applied the fence and reads back no pods: a status it
-                        // could not read (an outage) confirms nothing.
-                        Some(w) => {
-                            i.target.serving
-                                && w.current
-                                && w.error.is_none()
-                                && w.workload.as_ref().is_some_and(|m| {
-                                    m.applied
-                                        && m.status
-                                            .as_ref()
-                                            .and_then(|s| s.get("replicas"))
-                                            .and_then(serde_json::Value::as_i64)
-                                            == Some(0)
-                                })
-                        }
-                    };
-                fence_target = had_workload && !confirmed;
-                release = !fence_target;
-                const HELD: &str = "; the workload stays stopped in ";
-                let base = st.message.split(HELD).next().unwrap_or("").to_string();
-                st.message = if fence_target {
-                    format!(
-                        "{base}{HELD}{} until {} confirms it runs nothing there",
-                        st.source, st.target
-                    )
-                } else {
-                    base
-                };
-                break;
-            }
+            None => all_started = false,
         }
     }
-    let mut next = overlay(i, spec, &st, transfers, fence_target, release);
+    (all_started, wrong)
+}
+
+/// Switching: what follows the workload (followers, Services) moves to the target; once it
+/// serves there, or after the switch timeout, or when the Migration is deleted, cleaning.
+fn switching(i: &Input<'_>, st: &mut MigrationStatus, ev: &mut Vec<Event>) -> Flow {
+    let now = i.now;
+    let waited = started(st, Phase::Switching)
+        .is_some_and(|t| now.seconds_since(t) >= i.settings.switch_timeout_seconds);
+    if i.switch_waits.is_empty() || waited || i.deleting {
+        enter(st, Phase::Cleaning, now);
+        let mut msg = format!(
+            "the copy in {} and its volumes go in {}s",
+            st.source, i.settings.cleanup_grace_seconds
+        );
+        if !i.switch_waits.is_empty() && !i.deleting {
+            msg.push_str(&format!(
+                "; {} still not serving in {} after {}s (give its policy followUp to {}, or admit {})",
+                i.switch_waits.join(", "),
+                st.target,
+                i.settings.switch_timeout_seconds,
+                i.workload,
+                st.target
+            ));
+            ev.push(Event {
+                type_: "Warning",
+                reason: "MigrationSwitchIncomplete",
+                message: msg.clone(),
+            });
+        }
+        condition(conditions::UNKNOWN, "Cleaning", &msg, now, st);
+        return Flow::Next;
+    }
+    // Say what the switch waits for (once it changes: the status is level-based).
+    let msg = format!(
+        "running in {} on the copied data; waiting for {} to serve there",
+        st.target,
+        i.switch_waits.join(", ")
+    );
+    condition(conditions::UNKNOWN, "Switching", &msg, now, st);
+    Flow::Wait
+}
+
+/// Cleaning: after the grace (at once when deleted) the source's copy and its volumes go;
+/// once its Work is gone, the move has succeeded.
+fn cleaning(
+    i: &Input<'_>,
+    st: &mut MigrationStatus,
+    ev: &mut Vec<Event>,
+    want: &mut Wants,
+) -> Flow {
+    let now = i.now;
+    let due = started(st, Phase::Cleaning)
+        .is_some_and(|c| i.deleting || now.seconds_since(c) >= i.settings.cleanup_grace_seconds);
+    // Once the source's Work is gone (with its volumes), nothing is left to do.
+    if due && i.source.work.is_none() {
+        enter(st, Phase::Succeeded, now);
+        st.completion_time = Some(now.time());
+        let msg = format!(
+            "moved to {} in {} round(s), {} bytes copied, down {:.1}s",
+            st.target,
+            st.rounds,
+            st.volumes.iter().map(|v| v.copied).sum::<i64>(),
+            st.downtime_seconds.unwrap_or_default()
+        );
+        condition(conditions::TRUE, "Succeeded", &msg, now, st);
+        ev.push(Event {
+            type_: "Normal",
+            reason: "Migrated",
+            message: msg,
+        });
+        want.release = true;
+    }
+    Flow::Wait
+}
+
+/// Failed: rolled back, the workload runs at the source again. A target that may have
+/// started is fenced until its member confirms that nothing runs there; until then the
+/// source stays fenced too (a target out of reach, or one whose member does not answer, may
+/// still run it: two writers must never run).
+fn failed(i: &Input<'_>, st: &mut MigrationStatus, want: &mut Wants) -> Flow {
+    let had_workload = st
+        .phases
+        .iter()
+        .any(|p| p.phase >= Phase::FinalSync && p.phase < Phase::Failed);
+    let confirmed = !had_workload
+        || match i.target.work.as_ref() {
+            // Its Work is gone (the cluster was removed): nothing is asked there.
+            None => true,
+            // The member applied the fence and reads back no pods: a status it could not
+            // read (an outage) confirms nothing.
+            Some(w) => {
+                i.target.serving
+                    && w.current
+                    && w.error.is_none()
+                    && w.workload.as_ref().is_some_and(|m| {
+                        m.applied
+                            && m.status
+                                .as_ref()
+                                .and_then(|s| s.get("replicas"))
+                                .and_then(serde_json::Value::as_i64)
+                                == Some(0)
+                    })
+            }
+        };
+    want.fence_target = had_workload && !confirmed;
+    want.release = !want.fence_target;
+    const HELD: &str = "; the workload stays stopped in ";
+    let base = st.message.split(HELD).next().unwrap_or("").to_string();
+    st.message = if want.fence_target {
+        format!(
+            "{base}{HELD}{} until {} confirms it runs nothing there",
+            st.source, st.target
+        )
+    } else {
+        base
+    };
+    Flow::Wait
+}
+
+/// The binding as the phase the step stopped in wants it; a failed move puts the workload
+/// back where it was.
+fn next_binding(
+    i: &Input<'_>,
+    spec: &BindingSpec,
+    st: &MigrationStatus,
+    want: Wants,
+) -> BindingSpec {
+    let mut next = overlay(i, spec, st, want.transfers, want.fence_target, want.release);
     // A failed move puts the workload back where it was.
     if st.phase == Phase::Failed {
         next.clusters.retain(|c| c.name != st.target);
@@ -932,13 +1061,7 @@ pub fn step(i: &Input<'_>) -> Output {
             next.clusters.sort_by(|x, y| x.name.cmp(&y.name));
         }
     }
-    let binding = (next != *spec).then_some(next);
-    Output {
-        status: st,
-        binding,
-        events: ev,
-        released: release,
-    }
+    next
 }
 
 /// Why the target's Work is not applied, if it is not (a storage class it lacks...).
