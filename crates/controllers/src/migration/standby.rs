@@ -51,6 +51,7 @@ pub fn source_of(spec: &BindingSpec) -> Option<&str> {
     placed.next().is_none().then_some(one.name.as_str())
 }
 
+/// The standby copy's next step: its status, and the transfers the two members' Works carry.
 pub fn step(i: &Input<'_>) -> Output {
     let spec = i.spec;
     let none = |status: Option<StandbyStatus>| Output {
@@ -84,41 +85,74 @@ pub fn step(i: &Input<'_>) -> Output {
     if source == spec.standby {
         return none(i.status.cloned());
     }
-    let mut st = match i.status {
+    let mut st = status_for(i, source);
+    if st.volumes.is_empty() {
+        take_volumes(i, source, &mut st);
+    }
+    if st.volumes.is_empty() {
+        st.message = format!("waiting for {source} to report the workload's volumes");
+        return none(Some(st));
+    }
+    take_snapshot(i, &mut st);
+    take_copy(i, &mut st);
+    let send_round = next_send_round(i, &mut st);
+    describe(i, source, &mut st);
+    let mut transfers = Vec::new();
+    if send_round >= 1 {
+        transfers.push(send(i, source, &st, send_round));
+    }
+    if st.snapshot_round >= 1 {
+        transfers.push(receive(i, source, &st));
+    }
+    Output {
+        status: Some(st),
+        transfers,
+    }
+}
+
+/// The stored status, while it is of the same standby and source; else a new one (a copy
+/// from another source starts again).
+fn status_for(i: &Input<'_>, source: &str) -> StandbyStatus {
+    let spec = i.spec;
+    match i.status {
         Some(s) if s.cluster == spec.standby && s.source == source => s.clone(),
         _ => StandbyStatus {
             cluster: spec.standby.clone(),
             source: source.to_string(),
             ..Default::default()
         },
+    }
+}
+
+/// Takes in the volumes the standby copies, once the source reports the workload: those of
+/// the ordinals it runs.
+fn take_volumes(i: &Input<'_>, source: &str, st: &mut StandbyStatus) {
+    let Some(m) = i.source.work.as_ref().and_then(|w| w.workload.as_ref()) else {
+        return;
     };
-    if st.volumes.is_empty()
-        && let Some(m) = i.source.work.as_ref().and_then(|w| w.workload.as_ref())
-    {
-        let replicas = spec
-            .clusters
-            .iter()
-            .find(|c| c.name == source)
-            .map_or(0, |c| c.replicas);
-        st.volumes = m
-            .volumes
-            .iter()
-            .filter(|v| v.ordinal.is_none_or(|o| o < replicas))
-            .map(|v| StandbyVolume {
-                name: v.name.clone(),
-                ordinal: v.ordinal,
-                capacity: v.capacity,
-                storage_class: v.storage_class.clone(),
-                ..Default::default()
-            })
-            .collect();
-    }
-    if st.volumes.is_empty() {
-        st.message = format!("waiting for {source} to report the workload's volumes");
-        return none(Some(st));
-    }
+    let replicas = i
+        .spec
+        .clusters
+        .iter()
+        .find(|c| c.name == source)
+        .map_or(0, |c| c.replicas);
+    st.volumes = m
+        .volumes
+        .iter()
+        .filter(|v| v.ordinal.is_none_or(|o| o < replicas))
+        .map(|v| StandbyVolume {
+            name: v.name.clone(),
+            ordinal: v.ordinal,
+            capacity: v.capacity,
+            storage_class: v.storage_class.clone(),
+            ..Default::default()
+        })
+        .collect();
+}
+
+/// Takes in the source's snapshot of the round in flight, if it is there and new.
+fn take_snapshot(i: &Input<'_>, st: &mut StandbyStatus) {
     let round = st.rounds + 1;
-    // The source's snapshot of the round in flight.
     if st.snapshot_round < round
         && let Some(t) = i.source.work.as_ref().and_then(|w| w.transfer.as_ref())
         && t.round == round
@@ -137,7 +171,12 @@ pub fn step(i: &Input<'_>) -> Output {
         st.snapshot_at = Some(i.now);
         st.rate = i.rate.max(1);
     }
-    // The standby's copy of it.
+}
+
+/// Takes in the standby's copy of the round in flight, once it is complete: the standby
+/// then holds the data as of the round's snapshot.
+fn take_copy(i: &Input<'_>, st: &mut StandbyStatus) {
+    let round = st.rounds + 1;
     if st.snapshot_round == round
         && let Some(t) = i.standby.work.as_ref().and_then(|w| w.transfer.as_ref())
         && t.round == round
@@ -150,19 +189,28 @@ pub fn step(i: &Input<'_>) -> Output {
         st.rounds = round;
         st.synced_at = st.snapshot_at;
     }
+}
+
+/// The copy's lag (into `st`), and the round the source is asked to snapshot: a new round
+/// once the copy is half its allowed lag behind (at once for the first) and the source
+/// serves, else the one in flight.
+fn next_send_round(i: &Input<'_>, st: &mut StandbyStatus) -> u32 {
     st.lag_seconds = st
         .synced_at
         .map(|s| (i.now.millis_since(s) as f64 / 1000.0).max(0.0));
-    // A new round once the copy is half its allowed lag behind (at once for the first).
     let due = st.snapshot_round == st.rounds
         && st
             .synced_at
             .is_none_or(|s| i.now.millis_since(s) >= i.max_lag_seconds * 500);
-    let send_round = if due && i.source.serving {
+    if due && i.source.serving {
         st.rounds + 1
     } else {
         st.snapshot_round
-    };
+    }
+}
+
+/// The status message: how far behind the copy is, or why it is stuck.
+fn describe(i: &Input<'_>, source: &str, st: &mut StandbyStatus) {
     st.message = match st.synced_at {
         Some(_) => format!(
             "{} holds the data of {source} as of {:.1}s ago ({} round(s))",
@@ -176,7 +224,7 @@ pub fn step(i: &Input<'_>) -> Output {
         ),
     };
     // A member that cannot take part says why; the copy goes on once it can.
-    for (cluster, end) in [(source, &i.source), (spec.standby.as_str(), &i.standby)] {
+    for (cluster, end) in [(source, &i.source), (i.spec.standby.as_str(), &i.standby)] {
         if let Some(t) = end.work.as_ref().and_then(|w| w.transfer.as_ref())
             && !t.complete
             && !t.message.is_empty()
@@ -184,61 +232,60 @@ pub fn step(i: &Input<'_>) -> Output {
             st.message = format!("the copy is stuck at {cluster}: {}", t.message);
         }
     }
-    let mut transfers = Vec::new();
-    if send_round >= 1 {
-        transfers.push(ClusterTransfer {
-            cluster: source.to_string(),
-            transfer: Transfer {
-                id: i.id.to_string(),
-                role: TransferRole::Send,
-                namespace: i.namespace.to_string(),
-                peer: st.cluster.clone(),
-                round: send_round,
-                workload: i.workload.to_string(),
-                volumes: st
-                    .volumes
-                    .iter()
-                    .map(|v| TransferVolume {
-                        name: v.name.clone(),
-                        ordinal: v.ordinal,
-                        ..Default::default()
-                    })
-                    .collect(),
-                ..Default::default()
-            },
-        });
+}
+
+/// The source's part: a snapshot of `round`.
+fn send(i: &Input<'_>, source: &str, st: &StandbyStatus, round: u32) -> ClusterTransfer {
+    ClusterTransfer {
+        cluster: source.to_string(),
+        transfer: Transfer {
+            id: i.id.to_string(),
+            role: TransferRole::Send,
+            namespace: i.namespace.to_string(),
+            peer: st.cluster.clone(),
+            round,
+            workload: i.workload.to_string(),
+            volumes: st
+                .volumes
+                .iter()
+                .map(|v| TransferVolume {
+                    name: v.name.clone(),
+                    ordinal: v.ordinal,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        },
     }
-    if st.snapshot_round >= 1 {
-        transfers.push(ClusterTransfer {
-            cluster: st.cluster.clone(),
-            transfer: Transfer {
-                id: i.id.to_string(),
-                role: TransferRole::Receive,
-                namespace: i.namespace.to_string(),
-                peer: source.to_string(),
-                round: st.snapshot_round,
-                volumes: st
-                    .volumes
-                    .iter()
-                    .map(|v| TransferVolume {
-                        name: v.name.clone(),
-                        ordinal: v.ordinal,
-                        capacity: v.capacity,
-                        storage_class: v.storage_class.clone(),
-                        bytes: v.round_bytes,
-                        data_version: v.snapshot_version,
-                        used_bytes: v.snapshot_used,
-                        base_version: v.round_base,
-                    })
-                    .collect(),
-                rate: st.rate,
-                ..Default::default()
-            },
-        });
-    }
-    Output {
-        status: Some(st),
-        transfers,
+}
+
+/// The standby's part: the copy of the last snapshot's round.
+fn receive(i: &Input<'_>, source: &str, st: &StandbyStatus) -> ClusterTransfer {
+    ClusterTransfer {
+        cluster: st.cluster.clone(),
+        transfer: Transfer {
+            id: i.id.to_string(),
+            role: TransferRole::Receive,
+            namespace: i.namespace.to_string(),
+            peer: source.to_string(),
+            round: st.snapshot_round,
+            volumes: st
+                .volumes
+                .iter()
+                .map(|v| TransferVolume {
+                    name: v.name.clone(),
+                    ordinal: v.ordinal,
+                    capacity: v.capacity,
+                    storage_class: v.storage_class.clone(),
+                    bytes: v.round_bytes,
+                    data_version: v.snapshot_version,
+                    used_bytes: v.snapshot_used,
+                    base_version: v.round_base,
+                })
+                .collect(),
+            rate: st.rate,
+            ..Default::default()
+        },
     }
 }
 
