@@ -297,6 +297,14 @@ pub fn step(i: &Input<'_>) -> Output {
     out
 }
 
+/// Ends a transfer that cannot go on: failed, with why; it books no bandwidth any more.
+fn fail(i: &Input<'_>, st: &mut DataTransferStatus, message: String) {
+    st.phase = TransferPhase::Failed;
+    st.message = message;
+    st.completion_time = Some(i.now);
+    st.rate = 0;
+}
+
 /// Records a transfer's status, and deletes it once finished long enough ago.
 fn finish(i: &Input<'_>, t: &Xfer, st: DataTransferStatus, out: &mut Output) {
     let k = (t.namespace.clone(), t.name.clone());
@@ -561,7 +569,10 @@ impl<'a> SetState<'a> {
             .map(|(_, n)| n.clone())
     }
 
-    /// One transfer's next step.
+    /// One transfer's next step: a queued one starts ([`Self::start`]); one under way ends
+    /// early when its source copy went, `dest` got a copy of its own or a later round replaced
+    /// it, else waits for its snapshot ([`Self::await_snapshot`]) and then its copy
+    /// ([`Self::await_copy`]).
     fn advance(&mut self, i: &Input<'_>, t: &Xfer, links: &mut Links) -> DataTransferStatus {
         let mut st = t.status.clone();
         let dest = t.spec.destination.clone();
@@ -571,149 +582,18 @@ impl<'a> SetState<'a> {
             }
             return st;
         }
-        let fail = |st: &mut DataTransferStatus, message: String| {
-            st.phase = TransferPhase::Failed;
-            st.message = message;
-            st.completion_time = Some(i.now);
-            st.rate = 0;
-        };
         if !i.clusters.contains_key(&dest) {
-            fail(&mut st, format!("no cluster {dest}"));
+            fail(i, &mut st, format!("no cluster {dest}"));
             return st;
         }
         let id = transfer_id(&self.set.namespace, &self.set.name, &dest);
         match st.phase {
-            TransferPhase::Queued => {
-                let copy = self.status.copy(&dest).cloned();
-                if copy.as_ref().is_some_and(|c| c.role != CopyRole::Cache) {
-                    st.phase = TransferPhase::Succeeded;
-                    st.message = format!("{dest} holds a copy of its own");
-                    st.completion_time = Some(i.now);
-                    return st;
-                }
-                // One copy into a cluster at a time (a user's DataTransfer may ask for one
-                // that is under way already).
-                if self.filling.contains(&dest) {
-                    st.message = format!("waiting for the copy under way into {dest}");
-                    return st;
-                }
-                let Some(mut source) = self.source_for(i, &dest, &t.spec.source) else {
-                    st.message = if t.spec.source.is_empty() {
-                        "waiting for a serving cluster holding a copy".into()
-                    } else {
-                        format!("waiting for {} to serve a copy", t.spec.source)
-                    };
-                    self.arriving
-                        .entry(Self::region(i, &dest))
-                        .or_insert(dest.clone());
-                    return st;
-                };
-                let region = Self::region(i, &dest);
-                // One copy crosses into a region at a time; the others follow from it.
-                if Self::region(i, &source) != region
-                    && t.spec.source.is_empty()
-                    && let Some(other) = self.arriving.get(&region).filter(|o| **o != dest)
-                {
-                    st.message = format!(
-                        "waiting for the copy arriving at {other} in region {region}, to copy from there"
-                    );
-                    return st;
-                }
-                // Where the path from the source is slow and two hops through a relay are
-                // faster, the copy goes to the relay first and on from there.
-                if t.spec.source.is_empty()
-                    && !t.spec.reason.starts_with(RELAY_REASON)
-                    && let Some(relay) = self.relay_for(i, &source, &dest)
-                {
-                    let relayed = self.status.copy(&relay).is_some_and(|c| {
-                        c.present
-                            && Self::serving(i, &relay)
-                            && self
-                                .status
-                                .copy(&source)
-                                .is_some_and(|s| c.data_version >= s.data_version)
-                    });
-                    if relayed {
-                        // In already (the source ranked first by region, not by speed).
-                        source = relay;
-                    } else {
-                        st.message = format!(
-                            "waiting for the copy arriving at {relay}, to relay it: the path from {source} carries {} MiB/s",
-                            path(i.clusters, &source, &dest) >> 20
-                        );
-                        self.relays.entry(relay).or_insert(dest.clone());
-                        return st;
-                    }
-                }
-                // A refresh of a copy holding what the source holds has nothing to copy.
-                if let (Some(c), Some(s)) = (copy.as_ref(), self.status.copy(&source))
-                    && c.present
-                    && c.data_version >= s.data_version
-                {
-                    st.phase = TransferPhase::Succeeded;
-                    st.message = format!("{dest} holds version {} already", c.data_version);
-                    st.completion_time = Some(i.now);
-                    return st;
-                }
-                self.arriving.entry(region).or_insert(dest.clone());
-                let (free, slower) = links.free(i.clusters, &source, &dest);
-                if slower <= 0 || (free as f64) < slower as f64 * i.settings.min_share {
-                    st.message = format!(
-                        "waiting for bandwidth between {source} and {dest} ({} MiB/s free of {} MiB/s)",
-                        free >> 20,
-                        slower >> 20
-                    );
-                    return st;
-                }
-                links.book(&source, &dest, free);
-                let last = self.status.rounds.get(&dest).copied().unwrap_or(0);
-                let (round, base) = match &copy {
-                    Some(c) => (
-                        c.round.max(last) + 1,
-                        if c.present && c.source == source {
-                            c.data_version
-                        } else {
-                            0
-                        },
-                    ),
-                    None => (last + 1, 0),
-                };
-                match self.status.copies.iter_mut().find(|c| c.cluster == dest) {
-                    Some(c) => c.source = source.clone(),
-                    None => {
-                        self.status.copies.push(DataCopy {
-                            cluster: dest.clone(),
-                            role: CopyRole::Cache,
-                            tier: i.clusters.get(&dest).map_or(Tier::Warm, |c| c.tier),
-                            source: source.clone(),
-                            last_used: Some(i.now),
-                            ..Default::default()
-                        });
-                        self.status.copies.sort_by(|a, b| a.cluster.cmp(&b.cluster));
-                    }
-                }
-                st.phase = TransferPhase::Snapshot;
-                st.source = source.clone();
-                // A copy from a relay: the path the bytes took.
-                st.path = match self.status.copy(&source) {
-                    Some(c) if c.role == CopyRole::Cache && !c.source.is_empty() => {
-                        vec![c.source.clone(), source.clone(), dest.clone()]
-                    }
-                    _ => vec![source.clone(), dest.clone()],
-                };
-                st.round = round;
-                st.base_version = base;
-                st.rate = free;
-                st.start_time = Some(i.now);
-                st.message = format!("{source} takes a snapshot");
-                self.sending.insert(dest.clone(), round);
-                self.filling.insert(dest);
-            }
+            TransferPhase::Queued => self.start(i, t, &dest, links, &mut st),
             TransferPhase::Snapshot | TransferPhase::Copying
                 if !self.status.copy(&st.source).is_some_and(|c| c.present) =>
             {
                 let message = format!("the copy at {} it was taken from is gone", st.source);
-                fail(&mut st, message);
+                fail(i, &mut st, message);
             }
             TransferPhase::Snapshot | TransferPhase::Copying
                 if self
@@ -732,82 +612,263 @@ impl<'a> SetState<'a> {
                     .copy(&dest)
                     .is_some_and(|c| c.role == CopyRole::Cache && c.round > st.round) =>
             {
-                fail(&mut st, format!("a later round into {dest} replaced it"));
+                fail(i, &mut st, format!("a later round into {dest} replaced it"));
             }
-            TransferPhase::Snapshot => {
-                self.sending.insert(dest.clone(), st.round);
-                self.filling.insert(dest.clone());
-                self.arriving
-                    .entry(Self::region(i, &dest))
-                    .or_insert(dest.clone());
-                let snap = self
-                    .set
-                    .seen
-                    .get(&st.source)
-                    .and_then(|s| s.transfers.iter().find(|x| x.id == id))
-                    .filter(|x| x.round == st.round && x.complete);
-                let Some(snap) = snap else {
-                    st.message = match self
-                        .set
-                        .seen
-                        .get(&st.source)
-                        .and_then(|s| s.transfers.iter().find(|x| x.id == id))
-                        .filter(|x| !x.message.is_empty())
-                    {
-                        Some(x) => format!("the snapshot is stuck at {}: {}", st.source, x.message),
-                        None if !Self::serving(i, &st.source) => {
-                            format!("waiting for {} to serve", st.source)
-                        }
-                        None => format!("{} takes a snapshot", st.source),
-                    };
-                    return st;
-                };
-                let v = snap.volumes.first().cloned().unwrap_or_default();
-                st.bytes = v.bytes;
-                st.data_version = v.data_version;
-                st.used_bytes = v.used_bytes;
-                st.phase = TransferPhase::Copying;
-                st.message = format!("{dest} copies from {}", st.source);
-                self.copying(i, &dest, &st);
-            }
-            TransferPhase::Copying => {
-                // The copy's round is the transfer's (also when the data set's status that
-                // said so was not written).
-                self.copying(i, &dest, &st);
-                self.sending.insert(dest.clone(), st.round);
-                self.filling.insert(dest.clone());
-                self.arriving
-                    .entry(Self::region(i, &dest))
-                    .or_insert(dest.clone());
-                let got = self
-                    .set
-                    .seen
-                    .get(&dest)
-                    .and_then(|s| s.transfers.iter().find(|x| x.id == id))
-                    .filter(|x| x.round == st.round);
-                if let Some(g) = got {
-                    st.copied_bytes = g.volumes.iter().map(|v| v.copied).sum::<i64>();
-                    if g.complete {
-                        // What the member copied: a round applies on top of the version the
-                        // destination holds, else it takes everything.
-                        st.copied_bytes = g.volumes.iter().map(|v| v.bytes).sum::<i64>();
-                        st.phase = TransferPhase::Succeeded;
-                        st.completion_time = Some(i.now);
-                        st.message = format!("{dest} holds version {}", st.data_version);
-                        self.done(&dest, &st);
-                        self.filling.remove(&dest);
-                        return st;
-                    }
-                    if !g.message.is_empty() {
-                        st.message = format!("the copy is stuck at {dest}: {}", g.message);
-                    }
-                } else if !Self::serving(i, &dest) {
-                    st.message = format!("waiting for {dest} to serve");
-                }
-            }
+            TransferPhase::Snapshot => self.await_snapshot(i, &id, &dest, &mut st),
+            TransferPhase::Copying => self.await_copy(i, &id, &dest, &mut st),
             TransferPhase::Succeeded | TransferPhase::Failed => {}
         }
         st
+    }
+
+    /// A queued transfer into `dest`: it succeeds at once where `dest` needs nothing copied,
+    /// waits while a copy into `dest` is under way, for a source ([`Self::pick_source`]) or
+    /// for bandwidth, and otherwise starts a round from the source.
+    fn start(
+        &mut self,
+        i: &Input<'_>,
+        t: &Xfer,
+        dest: &str,
+        links: &mut Links,
+        st: &mut DataTransferStatus,
+    ) {
+        let copy = self.status.copy(dest).cloned();
+        if copy.as_ref().is_some_and(|c| c.role != CopyRole::Cache) {
+            st.phase = TransferPhase::Succeeded;
+            st.message = format!("{dest} holds a copy of its own");
+            st.completion_time = Some(i.now);
+            return;
+        }
+        // One copy into a cluster at a time (a user's DataTransfer may ask for one that is
+        // under way already).
+        if self.filling.contains(dest) {
+            st.message = format!("waiting for the copy under way into {dest}");
+            return;
+        }
+        let Some(source) = self.pick_source(i, t, dest, st) else {
+            return;
+        };
+        // A refresh of a copy holding what the source holds has nothing to copy.
+        if let (Some(c), Some(s)) = (copy.as_ref(), self.status.copy(&source))
+            && c.present
+            && c.data_version >= s.data_version
+        {
+            st.phase = TransferPhase::Succeeded;
+            st.message = format!("{dest} holds version {} already", c.data_version);
+            st.completion_time = Some(i.now);
+            return;
+        }
+        self.arriving
+            .entry(Self::region(i, dest))
+            .or_insert(dest.to_string());
+        let (free, slower) = links.free(i.clusters, &source, dest);
+        if slower <= 0 || (free as f64) < slower as f64 * i.settings.min_share {
+            st.message = format!(
+                "waiting for bandwidth between {source} and {dest} ({} MiB/s free of {} MiB/s)",
+                free >> 20,
+                slower >> 20
+            );
+            return;
+        }
+        links.book(&source, dest, free);
+        self.begin_round(i, dest, source, free, copy.as_ref(), st);
+    }
+
+    /// The cluster a queued transfer into `dest` copies from: the best source
+    /// ([`Self::source_for`]), or the relay between it and `dest` once the relay holds its
+    /// data. `None` while the transfer waits (for a source, for the copy arriving in the
+    /// region first, for a relay to fill), with `st.message` saying why.
+    fn pick_source(
+        &mut self,
+        i: &Input<'_>,
+        t: &Xfer,
+        dest: &str,
+        st: &mut DataTransferStatus,
+    ) -> Option<String> {
+        let Some(mut source) = self.source_for(i, dest, &t.spec.source) else {
+            st.message = if t.spec.source.is_empty() {
+                "waiting for a serving cluster holding a copy".into()
+            } else {
+                format!("waiting for {} to serve a copy", t.spec.source)
+            };
+            self.arriving
+                .entry(Self::region(i, dest))
+                .or_insert(dest.to_string());
+            return None;
+        };
+        let region = Self::region(i, dest);
+        // One copy crosses into a region at a time; the others follow from it.
+        if Self::region(i, &source) != region
+            && t.spec.source.is_empty()
+            && let Some(other) = self.arriving.get(&region).filter(|o| **o != dest)
+        {
+            st.message = format!(
+                "waiting for the copy arriving at {other} in region {region}, to copy from there"
+            );
+            return None;
+        }
+        // Where the path from the source is slow and two hops through a relay are faster, the
+        // copy goes to the relay first and on from there.
+        if t.spec.source.is_empty()
+            && !t.spec.reason.starts_with(RELAY_REASON)
+            && let Some(relay) = self.relay_for(i, &source, dest)
+        {
+            let relayed = self.status.copy(&relay).is_some_and(|c| {
+                c.present
+                    && Self::serving(i, &relay)
+                    && self
+                        .status
+                        .copy(&source)
+                        .is_some_and(|s| c.data_version >= s.data_version)
+            });
+            if relayed {
+                // In already (the source ranked first by region, not by speed).
+                source = relay;
+            } else {
+                st.message = format!(
+                    "waiting for the copy arriving at {relay}, to relay it: the path from {source} carries {} MiB/s",
+                    path(i.clusters, &source, dest) >> 20
+                );
+                self.relays.entry(relay).or_insert(dest.to_string());
+                return None;
+            }
+        }
+        Some(source)
+    }
+
+    /// Starts a round into `dest` from `source` at the booked `rate`: its number and the
+    /// version it copies on top of (what `dest` holds of the same source, else nothing), the
+    /// copy it fills (a new cache copy where `dest` has none); the source takes a snapshot
+    /// next.
+    fn begin_round(
+        &mut self,
+        i: &Input<'_>,
+        dest: &str,
+        source: String,
+        rate: i64,
+        copy: Option<&DataCopy>,
+        st: &mut DataTransferStatus,
+    ) {
+        let last = self.status.rounds.get(dest).copied().unwrap_or(0);
+        let (round, base) = match copy {
+            Some(c) => (
+                c.round.max(last) + 1,
+                if c.present && c.source == source {
+                    c.data_version
+                } else {
+                    0
+                },
+            ),
+            None => (last + 1, 0),
+        };
+        match self.status.copies.iter_mut().find(|c| c.cluster == dest) {
+            Some(c) => c.source = source.clone(),
+            None => {
+                self.status.copies.push(DataCopy {
+                    cluster: dest.to_string(),
+                    role: CopyRole::Cache,
+                    tier: i.clusters.get(dest).map_or(Tier::Warm, |c| c.tier),
+                    source: source.clone(),
+                    last_used: Some(i.now),
+                    ..Default::default()
+                });
+                self.status.copies.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+            }
+        }
+        st.phase = TransferPhase::Snapshot;
+        st.source = source.clone();
+        // A copy from a relay: the path the bytes took.
+        st.path = match self.status.copy(&source) {
+            Some(c) if c.role == CopyRole::Cache && !c.source.is_empty() => {
+                vec![c.source.clone(), source.clone(), dest.to_string()]
+            }
+            _ => vec![source.clone(), dest.to_string()],
+        };
+        st.round = round;
+        st.base_version = base;
+        st.rate = rate;
+        st.start_time = Some(i.now);
+        st.message = format!("{source} takes a snapshot");
+        self.sending.insert(dest.to_string(), round);
+        self.filling.insert(dest.to_string());
+    }
+
+    /// Snapshot: waits for the source's snapshot of the round (transfer `id`), then takes in
+    /// its figures and copies.
+    fn await_snapshot(&mut self, i: &Input<'_>, id: &str, dest: &str, st: &mut DataTransferStatus) {
+        self.under_way(i, dest, st.round);
+        let snap = self
+            .set
+            .seen
+            .get(&st.source)
+            .and_then(|s| s.transfers.iter().find(|x| x.id == id))
+            .filter(|x| x.round == st.round && x.complete);
+        let Some(snap) = snap else {
+            st.message = match self
+                .set
+                .seen
+                .get(&st.source)
+                .and_then(|s| s.transfers.iter().find(|x| x.id == id))
+                .filter(|x| !x.message.is_empty())
+            {
+                Some(x) => format!("the snapshot is stuck at {}: {}", st.source, x.message),
+                None if !Self::serving(i, &st.source) => {
+                    format!("waiting for {} to serve", st.source)
+                }
+                None => format!("{} takes a snapshot", st.source),
+            };
+            return;
+        };
+        let v = snap.volumes.first().cloned().unwrap_or_default();
+        st.bytes = v.bytes;
+        st.data_version = v.data_version;
+        st.used_bytes = v.used_bytes;
+        st.phase = TransferPhase::Copying;
+        st.message = format!("{dest} copies from {}", st.source);
+        self.copying(i, dest, st);
+    }
+
+    /// Copying: follows what `dest` reports of the round (transfer `id`) until its copy is in.
+    fn await_copy(&mut self, i: &Input<'_>, id: &str, dest: &str, st: &mut DataTransferStatus) {
+        // The copy's round is the transfer's (also when the data set's status that said so
+        // was not written).
+        self.copying(i, dest, st);
+        self.under_way(i, dest, st.round);
+        let got = self
+            .set
+            .seen
+            .get(dest)
+            .and_then(|s| s.transfers.iter().find(|x| x.id == id))
+            .filter(|x| x.round == st.round);
+        if let Some(g) = got {
+            st.copied_bytes = g.volumes.iter().map(|v| v.copied).sum::<i64>();
+            if g.complete {
+                // What the member copied: a round applies on top of the version the
+                // destination holds, else it takes everything.
+                st.copied_bytes = g.volumes.iter().map(|v| v.bytes).sum::<i64>();
+                st.phase = TransferPhase::Succeeded;
+                st.completion_time = Some(i.now);
+                st.message = format!("{dest} holds version {}", st.data_version);
+                self.done(dest, st);
+                self.filling.remove(dest);
+                return;
+            }
+            if !g.message.is_empty() {
+                st.message = format!("the copy is stuck at {dest}: {}", g.message);
+            }
+        } else if !Self::serving(i, dest) {
+            st.message = format!("waiting for {dest} to serve");
+        }
+    }
+
+    /// A round into `dest` is under way: its source is asked for the round's snapshot,
+    /// `dest` is pinned, and its region has a copy arriving.
+    fn under_way(&mut self, i: &Input<'_>, dest: &str, round: u32) {
+        self.sending.insert(dest.to_string(), round);
+        self.filling.insert(dest.to_string());
+        self.arriving
+            .entry(Self::region(i, dest))
+            .or_insert(dest.to_string());
     }
 
     /// A copy round under way into `dest`: the copy, with the round's figures.
