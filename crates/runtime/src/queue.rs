@@ -555,6 +555,63 @@ mod tests {
         assert_eq!(q.pop_batch(later, 10), ["fresh", "k"]);
     }
 
+    /// The scheduler's queue (moved from `orrery-scheduler`'s `Queue`): priority first,
+    /// then namespaces take turns; a key already waiting keeps its place.
+    #[test]
+    fn priority_first_then_namespaces_take_turns() {
+        let now = Instant::now();
+        let mut q: WorkQueue<(String, String)> = q_of().fresh_first();
+        let k = |ns: &str, n: &str| (ns.to_string(), n.to_string());
+        for i in 0..3 {
+            q.add_ranked(k("busy", &format!("b{i}")), rank(0, "busy", false));
+        }
+        q.add_ranked(k("quiet", "q0"), rank(0, "quiet", false));
+        q.add_ranked(k("busy", "urgent"), rank(10, "busy", false));
+        q.add_ranked(k("busy", "b0"), rank(0, "busy", false)); // already waiting
+        assert_eq!(q.len(), 5);
+        let order: Vec<String> = q.pop_batch(now, 10).into_iter().map(|k| k.1).collect();
+        assert_eq!(order, ["urgent", "b0", "q0", "b1", "b2"]);
+        assert!(q.is_empty());
+    }
+
+    /// The scheduler's lanes (moved from `orrery-scheduler`'s `Lanes`): fresh work before
+    /// keys ranked behind, whatever their priorities.
+    #[test]
+    fn fresh_work_goes_before_retries() {
+        let now = Instant::now();
+        let mut q: WorkQueue<(String, String)> = q_of().fresh_first();
+        let k = |n: &str| ("ns".to_string(), n.to_string());
+        q.add_ranked(k("urgent-retry"), rank(100, "ns", true));
+        q.add_ranked(k("retry"), rank(0, "ns", true));
+        q.add_ranked(k("moved"), rank(0, "ns", true));
+        q.add_ranked(k("new"), rank(0, "ns", false));
+        // A retry that turns fresh is taken once, as fresh work.
+        q.add_ranked(k("moved"), rank(0, "ns", false));
+        // A fresh key asked to retry stays fresh.
+        q.add_ranked(k("new"), rank(0, "ns", true));
+        assert_eq!(q.len(), 4);
+        let order: Vec<(String, String)> = q.pop_batch(now, 10);
+        for key in &order {
+            q.done(key);
+        }
+        let order: Vec<String> = order.into_iter().map(|k| k.1).collect();
+        assert_eq!(order, ["new", "moved", "urgent-retry", "retry"]);
+        assert!(q.is_empty());
+        // A key retried again after its stale entry was skipped is taken.
+        q.add_ranked(k("again"), rank(0, "ns", true));
+        q.add_ranked(k("again"), rank(0, "ns", false));
+        assert_eq!(q.pop(now).unwrap().1, "again");
+        q.done(&k("again"));
+        q.add_ranked(k("again"), rank(0, "ns", true));
+        assert_eq!(q.pop(now).unwrap().1, "again");
+        q.done(&k("again"));
+        assert_eq!(q.pop(now), None);
+    }
+
+    fn q_of<K: Clone + Eq + Hash>() -> WorkQueue<K> {
+        WorkQueue::new(Duration::from_millis(10), Duration::from_secs(1))
+    }
+
     #[test]
     fn shutdown_hands_out_nothing_more() {
         let now = Instant::now();
