@@ -50,7 +50,7 @@ pub struct ApiConfig {
     /// answered 408 and its connection closed (a slow client holds no seat meanwhile).
     pub request_body_timeout: Duration,
     /// What one connection may hold: header and idle timeouts, connections per source.
-    pub connections: crate::server::ConnectionLimits,
+    pub connections: crate::http::ConnectionLimits,
     /// Watches one user may hold open at once (the admin is not counted); 0 is no limit.
     pub max_watches_per_user: usize,
     /// The URL other replicas reach this one at (HA installations): the cluster proxy records
@@ -80,7 +80,7 @@ impl Default for ApiConfig {
             max_queued_per_user: crate::fairness::DEFAULT_QUEUE_LENGTH,
             queue_timeout: crate::fairness::DEFAULT_QUEUE_TIMEOUT,
             request_body_timeout: DEFAULT_REQUEST_BODY_TIMEOUT,
-            connections: crate::server::ConnectionLimits::default(),
+            connections: crate::http::ConnectionLimits::default(),
             max_watches_per_user: DEFAULT_MAX_WATCHES_PER_USER,
             advertise_url: None,
             slow_request_threshold: DEFAULT_SLOW_REQUEST_THRESHOLD,
@@ -115,7 +115,7 @@ pub struct App {
     /// Watches open, by user (see [`ApiConfig::max_watches_per_user`]).
     pub(crate) watches: Arc<parking_lot::Mutex<std::collections::HashMap<String, usize>>>,
     /// The cluster proxy's tunnels open to this server (`proxy/`).
-    pub tunnels: crate::proxy::Tunnels,
+    pub tunnels: crate::tunnels::Tunnels,
 }
 
 /// Requests served at once by default: read-only, mutating, as kube-apiserver's defaults.
@@ -129,9 +129,7 @@ pub const DEFAULT_REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 /// Kubernetes logs a trace of a request that took longer than this.
 pub const DEFAULT_SLOW_REQUEST_THRESHOLD: Duration = Duration::from_millis(500);
 
-/// How long a security cache (tokens, RBAC) may fail to follow the store before `/readyz` says
-/// so: a watch that breaks and resumes at once is in step.
-pub const CACHE_TOLERANCE: Duration = Duration::from_secs(5);
+pub use crate::auth::CACHE_TOLERANCE;
 
 /// How many registrations one server carries out at once.
 pub const CONCURRENT_REGISTRATIONS: usize = 32;
@@ -198,7 +196,7 @@ impl App {
             registrations: tokio::sync::Semaphore::new(CONCURRENT_REGISTRATIONS),
             in_flight,
             watches: Arc::default(),
-            tunnels: crate::proxy::Tunnels::default(),
+            tunnels: crate::tunnels::Tunnels::default(),
         });
         app.refresh_crds().await?;
         Ok(app)

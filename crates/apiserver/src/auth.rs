@@ -33,6 +33,10 @@ use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
 
+/// How long a security cache (tokens, RBAC) may fail to follow the store before `/readyz` says
+/// so: a watch that breaks and resumes at once is in step.
+pub const CACHE_TOLERANCE: Duration = Duration::from_secs(5);
+
 const PREFIX: &str = "/internal/tokens/";
 
 /// A token's key and what is stored there.
@@ -272,7 +276,7 @@ impl Authenticator {
     /// Why the token cache is not in step with the store, if it is not (for `/readyz`).
     pub fn out_of_step(&self) -> Option<String> {
         self.health
-            .out_of_step(crate::app::CACHE_TOLERANCE)
+            .out_of_step(CACHE_TOLERANCE)
             .map(|why| format!("the token cache is out of step with the store: {why}"))
     }
 

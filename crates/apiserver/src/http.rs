@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderValue};
@@ -12,6 +13,34 @@ use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 
 use crate::error::ApiError;
+
+/// How long a connection has for its TLS handshake and each request's headers by default.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection may sit with no request in progress by default (kube-apiserver's
+/// idle timeout).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// Connections one source address may hold by default: a fleet of agents behind one NAT, or
+/// every member of a load test on loopback, fits.
+pub const DEFAULT_MAX_CONNECTIONS_PER_SOURCE: usize = 4096;
+
+/// What one connection may hold (see `server`'s doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    pub header_timeout: Duration,
+    pub idle_timeout: Duration,
+    /// 0: no limit.
+    pub max_per_source: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_per_source: DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
+        }
+    }
+}
 
 pub type Body = BoxBody<Bytes, Infallible>;
 

@@ -1,7 +1,8 @@
 //! Orrery's Kubernetes-compatible API server: the Kubernetes REST API over the store, so that
 //! stock `kubectl` and client libraries work against Orrery unchanged.
 //!
-//! - [`app`]: shared state and the router;
+//! - [`app`]: the composition root, `App`, which every handler takes; [`router`]: requests
+//!   to their surface;
 //! - [`rest`]: the verbs (get, list, watch, create, update, patch, delete, subresources);
 //! - [`discovery`], [`openapi`]: what clients read to learn the API;
 //! - [`schema`], [`patch`], [`strategy`], [`crd`]: validation and patching;
@@ -36,6 +37,7 @@ pub mod schema;
 pub mod strategy;
 pub mod table;
 pub mod trace;
+pub mod tunnels;
 pub mod ui;
 
 pub use app::{ApiConfig, App};

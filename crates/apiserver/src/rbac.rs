@@ -621,7 +621,7 @@ impl Authorizer {
     /// `/readyz`).
     pub fn out_of_step(&self) -> Option<String> {
         self.health.iter().find_map(|(kind, h)| {
-            h.out_of_step(crate::app::CACHE_TOLERANCE).map(|why| {
+            h.out_of_step(crate::auth::CACHE_TOLERANCE).map(|why| {
                 format!("the RBAC cache of {kind:?}s is out of step with the store: {why}")
             })
         })

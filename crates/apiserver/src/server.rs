@@ -32,33 +32,10 @@ use crate::app::App;
 
 /// How long in-flight requests may take to finish after shutdown begins.
 pub const DRAIN: Duration = Duration::from_secs(10);
-/// How long a connection has for its TLS handshake and each request's headers by default.
-pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long a connection may sit with no request in progress by default (kube-apiserver's
-/// idle timeout).
-pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-/// Connections one source address may hold by default: a fleet of agents behind one NAT, or
-/// every member of a load test on loopback, fits.
-pub const DEFAULT_MAX_CONNECTIONS_PER_SOURCE: usize = 4096;
-
-/// What one connection may hold (see the module's doc).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ConnectionLimits {
-    pub header_timeout: Duration,
-    pub idle_timeout: Duration,
-    /// 0: no limit.
-    pub max_per_source: usize,
-}
-
-impl Default for ConnectionLimits {
-    fn default() -> Self {
-        ConnectionLimits {
-            header_timeout: DEFAULT_HEADER_TIMEOUT,
-            idle_timeout: DEFAULT_IDLE_TIMEOUT,
-            max_per_source: DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
-        }
-    }
-}
+pub use crate::http::{
+    ConnectionLimits, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS_PER_SOURCE,
+};
 
 /// Connections open, by source address.
 #[derive(Debug, Default)]

@@ -14,13 +14,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
-use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use crate::app::App;
@@ -63,16 +62,8 @@ pub fn target(path: &str) -> Option<Target<'_>> {
     }
 }
 
-type Sender = SendRequest<Full<Bytes>>;
-
-/// The tunnels open to this server, by cluster.
-#[derive(Debug, Default)]
-pub struct Tunnels {
-    open: parking_lot::Mutex<HashMap<String, (u64, Sender)>>,
-    next: AtomicU64,
-    /// How this replica forwards to the one holding a tunnel.
-    peers: peers::Peers,
-}
+use crate::tunnels::Sender;
+pub use crate::tunnels::Tunnels;
 
 impl Tunnels {
     fn lock(&self) -> parking_lot::MutexGuard<'_, HashMap<String, (u64, Sender)>> {

@@ -41,16 +41,8 @@ fn lease_key(cluster: &str) -> String {
     )
 }
 
-type H2 = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
-
-/// How a replica reaches the others: its TLS client configuration (made when first needed,
-/// renewed at half the certificate's life or when the CA changes) and an HTTP/2 connection per replica for plain
-/// requests (an upgrade gets an HTTP/1.1 connection of its own).
-#[derive(Debug, Default)]
-pub struct Peers {
-    tls: parking_lot::Mutex<Option<(Instant, u64, Arc<rustls::ClientConfig>)>>,
-    h2: parking_lot::Mutex<std::collections::HashMap<String, H2>>,
-}
+use crate::tunnels::H2;
+pub use crate::tunnels::Peers;
 
 impl Peers {
     fn tls(&self, app: &App) -> Result<Arc<rustls::ClientConfig>, String> {
