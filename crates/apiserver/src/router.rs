@@ -17,6 +17,39 @@ use crate::impersonation::Impersonated;
 use crate::routes::{self, Route};
 use crate::{discovery, openapi, rest};
 
+/// For a list of pods in a namespace: its selector (told only to whoever may list them, after
+/// the list is served), and whether it is a one-shot watch (informers ask for bookmarks;
+/// kubectl's wait for a pod does not).
+fn pods_asked_for(
+    path: &str,
+    method: &Method,
+    query: Option<&str>,
+    is_watch: bool,
+) -> (Option<(String, String)>, bool) {
+    match crate::proxy::pods_list_namespace(path) {
+        Some(ns) if method == Method::GET => {
+            let q = h::Query::parse(query);
+            (
+                q.get("labelSelector")
+                    .map(|sel| (ns.to_string(), sel.to_string())),
+                is_watch && !q.flag("allowWatchBookmarks").unwrap_or(false),
+            )
+        }
+        _ => (None, false),
+    }
+}
+
+/// Refuses what is not a read on a read-only URL.
+fn read_only(m: &Method, path: &str) -> ApiResult<()> {
+    if m == Method::GET || m == Method::HEAD {
+        Ok(())
+    } else {
+        Err(ApiError::method_not_allowed(format!(
+            "{m} is not allowed on {path}"
+        )))
+    }
+}
+
 /// One open watch of a user's, counted until its response body is dropped.
 struct WatchSlot {
     watches: Arc<parking_lot::Mutex<std::collections::HashMap<String, usize>>>,
@@ -240,45 +273,10 @@ impl App {
     {
         let path = req.uri().path().to_string();
         // The public routes, before authentication.
-        match routes::route(&path) {
-            Some(Route::Health) => {
-                // Ready means able to take writes: not while the store has no quorum. Alive
-                // means serving at all.
-                // And not while who is who, or who may do what, is out of step with the store
-                // (a revoked token, or a removed binding, would still be honoured).
-                if path == "/readyz"
-                    && let Some(why) = self
-                        .store
-                        .degraded()
-                        .or_else(|| self.auth.out_of_step())
-                        .or_else(|| self.authz.out_of_step())
-                {
-                    let mut r = Response::new(h::full(format!("not ready: {why}")));
-                    *r.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
-                    return Ok((r, String::new()));
-                }
-                let mut r = Response::new(h::full("ok"));
-                r.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("text/plain"),
-                );
-                return Ok((r, String::new()));
-            }
-            Some(Route::Ui) => {
-                // The page is public and holds no data; everything it shows it fetches with
-                // the token the user gives it.
-                return crate::ui::page(req.method())
-                    .map(|r| (r, String::new()))
-                    .map_err(|e| (e, String::new()));
-            }
-            Some(Route::CaCerts) => {
-                // Public by design: agents verify it against the hash in their bootstrap
-                // token.
-                return crate::agent_api::cacerts(self, req.method())
-                    .map(|r| (r, String::new()))
-                    .map_err(|e| (e, String::new()));
-            }
-            _ => {}
+        if let Some(answer) = self.public(&path, req.method()) {
+            return answer
+                .map(|r| (r, String::new()))
+                .map_err(|e| (e, String::new()));
         }
         let who = self
             .authenticate(req.headers(), req.extensions())
@@ -334,58 +332,91 @@ impl App {
         // (Told only to whoever may list them, after the list is served.)
         // And whether it is a one-shot watch (informers ask for bookmarks; kubectl's wait for
         // a pod does not).
-        let (selector, one_shot) = match crate::proxy::pods_list_namespace(&path) {
-            Some(ns) if req.method() == Method::GET => {
-                let q = h::Query::parse(req.uri().query());
-                (
-                    q.get("labelSelector")
-                        .map(|sel| (ns.to_string(), sel.to_string())),
-                    is_watch && !q.flag("allowWatchBookmarks").unwrap_or(false),
-                )
-            }
-            _ => (None, false),
-        };
+        let (selector, one_shot) = pods_asked_for(&path, req.method(), req.uri().query(), is_watch);
         let dispatched = crate::impersonation::CURRENT
             .scope(impersonated, self.dispatch(req, &who))
             .await;
-        match dispatched {
-            Ok(mut r) => {
-                let elsewhere = match &selector {
-                    Some((ns, sel)) if r.status().is_success() => {
-                        crate::proxy::pods_elsewhere(self, ns, sel).await
-                    }
-                    _ => None,
-                };
-                // A one-shot watch for such pods (kubectl logs, exec, attach and port-forward
-                // of deploy/web wait on one for a pod that never comes): the watch itself is
-                // refused, 404 saying where they run, so kubectl ends at once with that
-                // (an error event in a stream it would skip, and then say only that the
-                // watch closed). Informers (their watches ask for bookmarks) get the warning
-                // only and watch on.
-                if let (Some(w), true) = (&elsewhere, one_shot) {
-                    return Err((ApiError::new(404, "NotFound", w.short.clone()), user));
-                }
-                if let Some(w) = elsewhere.map(|e| e.warning) {
-                    let text = format!("299 - \"{}\"", w.replace(['"', '\\'], "'"));
-                    if let Ok(v) = http::HeaderValue::from_str(&text) {
-                        r.headers_mut().append(http::header::WARNING, v);
-                    }
-                }
-                let r = match watch {
-                    Some(w) => r.map(|b| {
-                        use http_body_util::BodyExt;
-                        b.map_frame(move |f| {
-                            let _open = &w;
-                            f
-                        })
-                        .boxed()
-                    }),
-                    None => r,
-                };
-                Ok((r, user))
-            }
-            Err(e) => Err((e, user)),
+        let r = match dispatched {
+            Ok(r) => self.where_pods_run(r, selector, one_shot).await,
+            Err(e) => Err(e),
+        };
+        match (r, watch) {
+            (Ok(r), Some(w)) => Ok((
+                r.map(|b| {
+                    use http_body_util::BodyExt;
+                    b.map_frame(move |f| {
+                        let _open = &w;
+                        f
+                    })
+                    .boxed()
+                }),
+                user,
+            )),
+            (Ok(r), None) => Ok((r, user)),
+            (Err(e), _) => Err((e, user)),
         }
+    }
+
+    /// The routes served before authentication: health (`/readyz` not while the store has
+    /// no quorum, nor while who is who, or who may do what, is out of step with it: a revoked
+    /// token, or a removed binding, would still be honoured), the UI page (public, holding no
+    /// data: it fetches with the token the user gives it), and `/cacerts` (public by design:
+    /// agents verify it against the hash in their bootstrap token).
+    fn public(&self, path: &str, method: &Method) -> Option<ApiResult<Response<Body>>> {
+        match routes::route(path) {
+            Some(Route::Health) => {
+                if path == "/readyz"
+                    && let Some(why) = self
+                        .store
+                        .degraded()
+                        .or_else(|| self.auth.out_of_step())
+                        .or_else(|| self.authz.out_of_step())
+                {
+                    let mut r = Response::new(h::full(format!("not ready: {why}")));
+                    *r.status_mut() = http::StatusCode::SERVICE_UNAVAILABLE;
+                    return Some(Ok(r));
+                }
+                let mut r = Response::new(h::full("ok"));
+                r.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("text/plain"),
+                );
+                Some(Ok(r))
+            }
+            Some(Route::Ui) => Some(crate::ui::page(method)),
+            Some(Route::CaCerts) => Some(crate::agent_api::cacerts(self, method)),
+            _ => None,
+        }
+    }
+
+    /// A list of pods that run in members, served: says where they run (kubectl prints
+    /// warnings). A one-shot watch for such pods (kubectl logs, exec, attach and port-forward
+    /// of deploy/web wait on one for a pod that never comes) is refused, 404 saying where they
+    /// run, so kubectl ends at once with that (an error event in a stream it would skip, and
+    /// then say only that the watch closed). Informers (their watches ask for bookmarks) get
+    /// the warning only and watch on.
+    async fn where_pods_run(
+        &self,
+        mut r: Response<Body>,
+        selector: Option<(String, String)>,
+        one_shot: bool,
+    ) -> ApiResult<Response<Body>> {
+        let elsewhere = match &selector {
+            Some((ns, sel)) if r.status().is_success() => {
+                crate::proxy::pods_elsewhere(self, ns, sel).await
+            }
+            _ => None,
+        };
+        if let (Some(w), true) = (&elsewhere, one_shot) {
+            return Err(ApiError::new(404, "NotFound", w.short.clone()));
+        }
+        if let Some(w) = elsewhere.map(|e| e.warning) {
+            let text = format!("299 - \"{}\"", w.replace(['"', '\\'], "'"));
+            if let Ok(v) = http::HeaderValue::from_str(&text) {
+                r.headers_mut().append(http::header::WARNING, v);
+            }
+        }
+        Ok(r)
     }
 
     /// Who sent a request: its bearer token's identity (a ServiceAccount's only while that
@@ -525,15 +556,6 @@ impl App {
         let path = parts.uri.path().trim_end_matches('/').to_string();
         let query = Query::parse(parts.uri.query());
         let segments: Vec<&str> = path.split('/').skip(1).collect();
-        let read_only = |m: &Method| -> ApiResult<()> {
-            if m == Method::GET || m == Method::HEAD {
-                Ok(())
-            } else {
-                Err(ApiError::method_not_allowed(format!(
-                    "{m} is not allowed on {path}"
-                )))
-            }
-        };
         let reg = self.resources.snapshot();
         let route = routes::route(&path);
         // Discovery, OpenAPI, the version and metrics are non-resource URLs: RBAC's
@@ -551,157 +573,19 @@ impl App {
         ) {
             let verb = parts.method.as_str().to_ascii_lowercase();
             self.authz.authorize_path(who, &verb, &path)?;
+            read_only(&parts.method, &path)?;
         }
         match (route, segments.as_slice()) {
-            (Some(Route::Metrics), _) => {
-                read_only(&parts.method)?;
-                self.metrics.cache(
-                    "tokens",
-                    self.auth.out_of_step().is_none(),
-                    self.auth.health().counts(),
-                );
-                self.metrics.cache(
-                    "rbac",
-                    self.authz.out_of_step().is_none(),
-                    self.authz.health_counts(),
-                );
-                for (kind, seats) in [
-                    ("readOnly", &self.in_flight.0),
-                    ("mutating", &self.in_flight.1),
-                ] {
-                    if let Some(seats) = seats {
-                        self.metrics.seats(kind, seats);
-                    }
-                }
-                let text = self
-                    .metrics
-                    .render()
-                    .map_err(|e| ApiError::internal(e.to_string()))?;
-                let accept = parts
-                    .headers
-                    .get(http::header::ACCEPT)
-                    .and_then(|v| v.to_str().ok());
-                let (text, ct) = if crate::metrics::wants_openmetrics(accept) {
-                    (text, crate::metrics::OPENMETRICS)
-                } else {
-                    (
-                        crate::metrics::to_prometheus_text(&text),
-                        crate::metrics::PROMETHEUS_TEXT,
-                    )
-                };
-                let mut r = Response::new(h::full(text));
-                r.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static(ct),
-                );
-                Ok(r)
-            }
-            (Some(Route::Version), _) => {
-                read_only(&parts.method)?;
-                Ok(h::json(StatusCode::OK, &discovery::version()))
-            }
-            (Some(Route::Discovery), ["api"]) => {
-                read_only(&parts.method)?;
-                Ok(match h::wants_aggregated_discovery(&parts.headers) {
-                    Some(ct) => h::json_typed(
-                        StatusCode::OK,
-                        &discovery::aggregated(&reg, true, discovery_api_version(ct)),
-                        ct,
-                    ),
-                    None => h::json(
-                        StatusCode::OK,
-                        &discovery::api_versions(&self.config.server_address),
-                    ),
-                })
-            }
-            (Some(Route::Discovery), ["apis"]) => {
-                read_only(&parts.method)?;
-                Ok(match h::wants_aggregated_discovery(&parts.headers) {
-                    Some(ct) => h::json_typed(
-                        StatusCode::OK,
-                        &discovery::aggregated(&reg, false, discovery_api_version(ct)),
-                        ct,
-                    ),
-                    None => h::json(StatusCode::OK, &discovery::group_list(&reg)),
-                })
-            }
-            (Some(Route::Discovery), ["api", "v1"]) => {
-                read_only(&parts.method)?;
-                discovery::resource_list(&reg, "", "v1")
-                    .map(|v| h::json(StatusCode::OK, &v))
-                    .ok_or_else(not_found)
-            }
-            (Some(Route::Discovery), ["apis", group]) => {
-                read_only(&parts.method)?;
-                discovery::group(&reg, group)
-                    .map(|v| h::json(StatusCode::OK, &v))
-                    .ok_or_else(not_found)
-            }
-            (Some(Route::Discovery), ["apis", group, version]) => {
-                read_only(&parts.method)?;
-                discovery::resource_list(&reg, group, version)
-                    .map(|v| h::json(StatusCode::OK, &v))
-                    .ok_or_else(not_found)
-            }
-            (Some(Route::OpenApiV2), _) => {
-                read_only(&parts.method)?;
-                let accepted = h::accept(&parts.headers);
-                let set = self.schemas.set();
-                if accepted
-                    .iter()
-                    .any(|m| m.essence == crate::openapi_v2pb::MEDIA_TYPE)
-                {
-                    // What client-go asks for (and the only form it reads).
-                    let doc = self.openapi.get_or_build_bytes("v2pb", || {
-                        crate::openapi_v2pb::encode(&openapi::v2_document(&reg, &set))
-                    });
-                    let mut r = Response::new(h::full(doc.bytes.clone()));
-                    r.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static(crate::openapi_v2pb::CONTENT_TYPE),
-                    );
-                    return Ok(r);
-                }
-                let accepts_json = accepted.is_empty()
-                    || accepted.iter().any(|m| {
-                        matches!(
-                            m.essence.as_str(),
-                            "application/json" | "*/*" | "application/*"
-                        )
-                    });
-                if !accepts_json {
-                    return Err(ApiError::not_acceptable(
-                        "the OpenAPI v2 document is served as application/json or as protobuf",
-                    ));
-                }
-                let doc = self
-                    .openapi
-                    .get_or_build("v2", || openapi::v2_document(&reg, &set));
-                Ok(bytes_json(doc.bytes.clone()))
-            }
-            (Some(Route::OpenApiV3), _) => {
-                read_only(&parts.method)?;
-                Ok(h::json(
-                    StatusCode::OK,
-                    &openapi::v3_index(&reg, &self.schemas.set(), &self.openapi),
-                ))
-            }
+            (Some(Route::Metrics), _) => self.metrics_page(&parts),
+            (Some(Route::Version), _) => Ok(h::json(StatusCode::OK, &discovery::version())),
+            (Some(Route::Discovery), segments) => self.discovery(&parts, &reg, segments),
+            (Some(Route::OpenApiV2), _) => self.openapi_v2(&parts, &reg),
+            (Some(Route::OpenApiV3), _) => Ok(h::json(
+                StatusCode::OK,
+                &openapi::v3_index(&reg, &self.schemas.set(), &self.openapi),
+            )),
             (Some(Route::OpenApiV3Doc), ["openapi", "v3", rest @ ..]) => {
-                read_only(&parts.method)?;
-                let (group, version) = match rest {
-                    ["api", v] => ("", *v),
-                    ["apis", g, v] => (*g, *v),
-                    _ => return Err(not_found()),
-                };
-                if reg.in_group_version(group, version).is_empty() {
-                    return Err(not_found());
-                }
-                let set = self.schemas.set();
-                let key = openapi::gv_path(group, version);
-                let doc = self.openapi.get_or_build(&key, || {
-                    openapi::v3_document(&reg, &set, group, version).unwrap_or_default()
-                });
-                Ok(bytes_json(doc.bytes.clone()))
+                self.openapi_v3(&reg, rest)
             }
             (Some(Route::Agent), ["agent", "v1", rest @ ..]) => {
                 let body = h::read_body(body, self.config.max_body_bytes).await?;
@@ -709,30 +593,7 @@ impl App {
             }
             (Some(Route::Dro), ["api", "v1", rest @ ..]) => {
                 let body = h::read_body(body, self.config.max_body_bytes).await?;
-                // The operations the call runs are audited with where it came from.
-                let origin = crate::registry::RequestOrigin {
-                    source_ips: parts
-                        .extensions
-                        .get::<crate::audit::Peer>()
-                        .map(|p| vec![p.0.ip().to_string()])
-                        .unwrap_or_default(),
-                    user_agent: parts
-                        .headers
-                        .get(http::header::USER_AGENT)
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or_default()
-                        .to_string(),
-                };
-                let served = crate::dro::serve(
-                    self,
-                    who,
-                    &parts.method,
-                    &parts.headers,
-                    rest,
-                    parts.uri.query().unwrap_or(""),
-                    body,
-                );
-                Ok(crate::registry::ORIGIN.scope(origin, served).await)
+                Ok(self.dro(&parts, who, rest, body).await)
             }
             (None, ["api", "v1", rest @ ..]) => {
                 self.resource(&parts, body, who, "", "v1", rest, query)
@@ -746,23 +607,8 @@ impl App {
                         kind.plural
                     )));
                 }
-                self.authz.authorize(
-                    who,
-                    &crate::auth::Attributes {
-                        verb: "create",
-                        group: kind.group,
-                        resource: kind.plural,
-                        ..Default::default()
-                    },
-                )?;
                 let body = h::read_body(body, self.config.max_body_bytes).await?;
-                let v = if body.is_empty() {
-                    serde_json::json!({})
-                } else {
-                    crate::registry::decode_body(&parts.headers, &body, &kind.schema())?.0
-                };
-                let answer = crate::reviews::review(&self.authz, kind, who, &v)?;
-                Ok(h::json(StatusCode::CREATED, &answer))
+                self.review(&parts, who, kind, body)
             }
             (None, ["apis", group, version, rest @ ..]) => {
                 self.resource(&parts, body, who, group, version, rest, query)
@@ -770,6 +616,215 @@ impl App {
             }
             _ => Err(not_found()),
         }
+    }
+
+    /// `/metrics`: the registry's families, with the caches' and the seats' figures of now,
+    /// as OpenMetrics or the Prometheus text format.
+    fn metrics_page(&self, parts: &http::request::Parts) -> ApiResult<Response<Body>> {
+        self.metrics.cache(
+            "tokens",
+            self.auth.out_of_step().is_none(),
+            self.auth.health().counts(),
+        );
+        self.metrics.cache(
+            "rbac",
+            self.authz.out_of_step().is_none(),
+            self.authz.health_counts(),
+        );
+        for (kind, seats) in [
+            ("readOnly", &self.in_flight.0),
+            ("mutating", &self.in_flight.1),
+        ] {
+            if let Some(seats) = seats {
+                self.metrics.seats(kind, seats);
+            }
+        }
+        let text = self
+            .metrics
+            .render()
+            .map_err(|e| ApiError::internal(e.to_string()))?;
+        let accept = parts
+            .headers
+            .get(http::header::ACCEPT)
+            .and_then(|v| v.to_str().ok());
+        let (text, ct) = if crate::metrics::wants_openmetrics(accept) {
+            (text, crate::metrics::OPENMETRICS)
+        } else {
+            (
+                crate::metrics::to_prometheus_text(&text),
+                crate::metrics::PROMETHEUS_TEXT,
+            )
+        };
+        let mut r = Response::new(h::full(text));
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(ct),
+        );
+        Ok(r)
+    }
+
+    /// `/api`, `/apis` (aggregated when asked for), and a group's or group version's
+    /// resources.
+    fn discovery(
+        &self,
+        parts: &http::request::Parts,
+        reg: &crate::resources::Registry,
+        segments: &[&str],
+    ) -> ApiResult<Response<Body>> {
+        match segments {
+            ["api"] => Ok(match h::wants_aggregated_discovery(&parts.headers) {
+                Some(ct) => h::json_typed(
+                    StatusCode::OK,
+                    &discovery::aggregated(reg, true, discovery_api_version(ct)),
+                    ct,
+                ),
+                None => h::json(
+                    StatusCode::OK,
+                    &discovery::api_versions(&self.config.server_address),
+                ),
+            }),
+            ["apis"] => Ok(match h::wants_aggregated_discovery(&parts.headers) {
+                Some(ct) => h::json_typed(
+                    StatusCode::OK,
+                    &discovery::aggregated(reg, false, discovery_api_version(ct)),
+                    ct,
+                ),
+                None => h::json(StatusCode::OK, &discovery::group_list(reg)),
+            }),
+            ["api", "v1"] => discovery::resource_list(reg, "", "v1")
+                .map(|v| h::json(StatusCode::OK, &v))
+                .ok_or_else(not_found),
+            ["apis", group] => discovery::group(reg, group)
+                .map(|v| h::json(StatusCode::OK, &v))
+                .ok_or_else(not_found),
+            ["apis", group, version] => discovery::resource_list(reg, group, version)
+                .map(|v| h::json(StatusCode::OK, &v))
+                .ok_or_else(not_found),
+            _ => Err(not_found()),
+        }
+    }
+
+    /// `/openapi/v2`: protobuf when asked for (what client-go reads), else JSON.
+    fn openapi_v2(
+        &self,
+        parts: &http::request::Parts,
+        reg: &crate::resources::Registry,
+    ) -> ApiResult<Response<Body>> {
+        let accepted = h::accept(&parts.headers);
+        let set = self.schemas.set();
+        if accepted
+            .iter()
+            .any(|m| m.essence == crate::openapi_v2pb::MEDIA_TYPE)
+        {
+            // What client-go asks for (and the only form it reads).
+            let doc = self.openapi.get_or_build_bytes("v2pb", || {
+                crate::openapi_v2pb::encode(&openapi::v2_document(reg, &set))
+            });
+            let mut r = Response::new(h::full(doc.bytes.clone()));
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                http::HeaderValue::from_static(crate::openapi_v2pb::CONTENT_TYPE),
+            );
+            return Ok(r);
+        }
+        let accepts_json = accepted.is_empty()
+            || accepted.iter().any(|m| {
+                matches!(
+                    m.essence.as_str(),
+                    "application/json" | "*/*" | "application/*"
+                )
+            });
+        if !accepts_json {
+            return Err(ApiError::not_acceptable(
+                "the OpenAPI v2 document is served as application/json or as protobuf",
+            ));
+        }
+        let doc = self
+            .openapi
+            .get_or_build("v2", || openapi::v2_document(reg, &set));
+        Ok(bytes_json(doc.bytes.clone()))
+    }
+
+    /// `/openapi/v3/api/v1`, `/openapi/v3/apis/<group>/<version>`: a group version's document.
+    fn openapi_v3(
+        &self,
+        reg: &crate::resources::Registry,
+        rest: &[&str],
+    ) -> ApiResult<Response<Body>> {
+        let (group, version) = match rest {
+            ["api", v] => ("", *v),
+            ["apis", g, v] => (*g, *v),
+            _ => return Err(not_found()),
+        };
+        if reg.in_group_version(group, version).is_empty() {
+            return Err(not_found());
+        }
+        let set = self.schemas.set();
+        let key = openapi::gv_path(group, version);
+        let doc = self.openapi.get_or_build(&key, || {
+            openapi::v3_document(reg, &set, group, version).unwrap_or_default()
+        });
+        Ok(bytes_json(doc.bytes.clone()))
+    }
+
+    /// The DRO-DS API; the operations the call runs are audited with where it came from.
+    async fn dro(
+        self: &Arc<Self>,
+        parts: &http::request::Parts,
+        who: &Identity,
+        rest: &[&str],
+        body: Bytes,
+    ) -> Response<Body> {
+        let origin = crate::registry::RequestOrigin {
+            source_ips: parts
+                .extensions
+                .get::<crate::audit::Peer>()
+                .map(|p| vec![p.0.ip().to_string()])
+                .unwrap_or_default(),
+            user_agent: parts
+                .headers
+                .get(http::header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string(),
+        };
+        let served = crate::dro::serve(
+            self,
+            who,
+            &parts.method,
+            &parts.headers,
+            rest,
+            parts.uri.query().unwrap_or(""),
+            body,
+        );
+        crate::registry::ORIGIN.scope(origin, served).await
+    }
+
+    /// A review (`SubjectAccessReview` and its kin): authorized as a create of its kind,
+    /// answered at once, never stored.
+    fn review(
+        &self,
+        parts: &http::request::Parts,
+        who: &Identity,
+        kind: &crate::reviews::ReviewKind,
+        body: Bytes,
+    ) -> ApiResult<Response<Body>> {
+        self.authz.authorize(
+            who,
+            &crate::auth::Attributes {
+                verb: "create",
+                group: kind.group,
+                resource: kind.plural,
+                ..Default::default()
+            },
+        )?;
+        let v = if body.is_empty() {
+            serde_json::json!({})
+        } else {
+            crate::registry::decode_body(&parts.headers, &body, &kind.schema())?.0
+        };
+        let answer = crate::reviews::review(&self.authz, kind, who, &v)?;
+        Ok(h::json(StatusCode::CREATED, &answer))
     }
 
     #[allow(clippy::too_many_arguments)]
