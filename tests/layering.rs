@@ -267,3 +267,123 @@ fn the_cycle_check_finds_a_cycle() {
     .unwrap();
     assert_eq!(cycles(&module_edges(src)), vec![vec!["x", "y"]]);
 }
+
+/// The longest function (in lines) that needs no word of why: ARCHITECTURE.md's "no function
+/// over ~150 lines".
+const LONGEST_FN: usize = 160;
+/// The most lines of non-test code in one file.
+const LONGEST_FILE: usize = 1500;
+/// What a long function's doc comment says to be let off: it is a data table, or why it is
+/// long.
+const WHY_LONG: &[&str] = &["a data table", "is long because"];
+
+/// Where a function starts on this line: its indentation, if the line opens a function body
+/// that ends on a later line.
+fn fn_start(line: &str) -> Option<&str> {
+    let t = line.trim_start();
+    let indent = &line[..line.len() - t.len()];
+    let mut rest = t;
+    for p in [
+        "pub(crate) ",
+        "pub(super) ",
+        "pub ",
+        "const ",
+        "async ",
+        "unsafe ",
+    ] {
+        rest = rest.strip_prefix(p).unwrap_or(rest);
+    }
+    let rest = rest.strip_prefix("async ").unwrap_or(rest);
+    (rest.starts_with("fn ") && !t.ends_with(';') && !t.ends_with('}')).then_some(indent)
+}
+
+/// Files over [`LONGEST_FILE`] lines of non-test code, and functions over [`LONGEST_FN`]
+/// lines whose doc comment does not say why (see [`WHY_LONG`]), in `src` (generated files and
+/// test modules aside).
+fn too_long(src: &Path) -> Vec<String> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    walk(src, &mut files);
+    files.sort();
+    let mut wrong = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        let rel = f.strip_prefix(repo()).unwrap_or(&f).display().to_string();
+        if text.starts_with("// This file is @generated") || f.ends_with("tests.rs") {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        let end = lines
+            .iter()
+            .position(|l| l.starts_with("#[cfg(test)]"))
+            .unwrap_or(lines.len());
+        if end > LONGEST_FILE {
+            wrong.push(format!("{rel}: {end} lines of non-test code"));
+        }
+        let mut i = 0;
+        while i < end {
+            let Some(indent) = fn_start(lines[i]) else {
+                i += 1;
+                continue;
+            };
+            let close = format!("{indent}}}");
+            let Some(j) = (i + 1..end).find(|&j| lines[j] == close) else {
+                break;
+            };
+            let len = j - i + 1;
+            let doc: String = lines[..i]
+                .iter()
+                .rev()
+                .take_while(|l| {
+                    let t = l.trim_start();
+                    t.starts_with("///") || t.starts_with("#[")
+                })
+                .map(|l| l.to_string() + " ")
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            let doc = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+            let doc = doc.replace("/// ", "");
+            if len > LONGEST_FN && !WHY_LONG.iter().any(|w| doc.contains(w)) {
+                let name = lines[i].trim();
+                wrong.push(format!("{rel}:{}: {len} lines: {name}", i + 1));
+            }
+            i += 1;
+        }
+    }
+    wrong
+}
+
+#[test]
+fn files_and_functions_stay_short_unless_they_say_why() {
+    let mut wrong = Vec::new();
+    for (_, (dir, _)) in crates() {
+        wrong.extend(too_long(&dir.join("src")));
+    }
+    assert!(wrong.is_empty(), "too long:\n{}", wrong.join("\n"));
+}
+
+/// The length check finds a long function, and lets one off that says why.
+#[test]
+fn the_length_check_finds_a_long_function() {
+    let tmp = tempfile::tempdir().unwrap();
+    let body = "    let x = 1;\n".repeat(LONGEST_FN);
+    let src = format!(
+        "fn short() {{\n}}\n\nfn long() {{\n{body}}}\n\n/// A map: a data table.\nfn table() {{\n{body}}}\n\nimpl A {{\n    pub async fn method(&self) {{\n    {body}    }}\n}}\n"
+    );
+    std::fs::write(tmp.path().join("lib.rs"), src).unwrap();
+    let found = too_long(tmp.path());
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert!(found[0].contains("fn long()"), "{found:?}");
+    assert!(found[1].contains("pub async fn method"), "{found:?}");
+}

@@ -225,6 +225,7 @@ pub const OWN_GROUPS: &[(&str, &str)] = &[
     ("galaxy.kubestellar.io", "v1alpha1"),
 ];
 
+/// Every built-in kind's definition: a data table, an entry per kind.
 fn builtin_defs() -> Vec<Def> {
     let all: &'static [&'static str] = &["all"];
     let own: &'static [&'static str] = &["orrery"];
@@ -761,6 +762,7 @@ pub fn own_schema_name(group: &str, version: &str, kind: &str) -> String {
     format!("{}.{version}.{kind}", reversed.join("."))
 }
 
+/// The printer columns of Orrery's own kinds: a data table, an arm per kind.
 fn own_columns(kind: &str) -> Printer {
     let age = Column::new(
         "Age",

@@ -389,7 +389,8 @@ const PRINTED_KINDS: &[&str] = &[
     "ClusterRoleBinding",
 ];
 
-/// The printer of a built-in kind, as kube-apiserver's (`pkg/printers/internalversion`).
+/// The printer of a built-in kind, as kube-apiserver's (`pkg/printers/internalversion`): a
+/// data table, an arm per kind.
 fn builtin_printer(kind: &str) -> Vec<Printed> {
     let mut v = vec![name_printed()];
     match kind {

@@ -77,7 +77,7 @@ fn history_params() -> Value {
     ])
 }
 
-/// The document.
+/// The document: a data table (its paths and schemas as a literal).
 pub fn document() -> Value {
     let mut monitor_params = history_params();
     if let Some(a) = monitor_params.as_array_mut() {

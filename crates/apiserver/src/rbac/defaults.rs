@@ -118,7 +118,7 @@ fn own_rules(verbs: &[&str], which: Own, status: bool) -> Vec<Rule> {
         .collect()
 }
 
-/// Every default object.
+/// Every default object: a data table of the default roles and their bindings.
 pub fn objects() -> Vec<Object> {
     let view = vec![
         Rule::on(

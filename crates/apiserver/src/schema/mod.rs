@@ -46,7 +46,7 @@ fn gvk(group: &str, version: &str, kind: &str) -> Value {
     json!([{ "group": group, "version": version, "kind": kind }])
 }
 
-/// Built-in kinds and their group/version, for schema generation.
+/// Built-in kinds and their group/version, for schema generation: a data table.
 fn builtin_components() -> Components {
     use k8s_openapi::api::{apps, batch, coordination, core, networking, rbac};
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1 as apiext;

@@ -69,6 +69,7 @@ fn kind(
     })
 }
 
+/// The Cluster's schema: a data table (a schema literal).
 fn cluster() -> Value {
     let taint = json!({
         "type": "object",

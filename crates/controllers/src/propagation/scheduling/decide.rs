@@ -138,8 +138,8 @@ impl Scheduler {
     }
 
     /// Decides one binding: its gate (is a decision wanted at all), the engine's decision,
-    /// what it changes (placement, evictions, status), and the write that carries it. Longer
-    /// than the rest: its steps share the engine's `Task`, which borrows the spec the later
+    /// what it changes (placement, evictions, status), and the write that carries it. It is
+    /// long because its steps share the engine's `Task`, which borrows the spec the later
     /// steps change (evictions, standby, clusters); apart, each decision would copy the
     /// placement.
     pub(super) fn reconcile(
