@@ -518,143 +518,82 @@ impl<B: Batch> Controller<B> {
             queue = queue.fresh_first();
         }
         let mut shutdown = shutdown;
-        'run: loop {
-            let now = Instant::now();
-            // A source followed later holds the barrier again: nothing is done until it lists.
-            let acting = l.synced && l.barrier.is_synced();
-            // A controller with nothing to wait for (no sources yet to list) starts at once.
-            let starting = !l.synced && l.barrier.is_synced();
-            if !starting && (!acting || queue.is_empty()) {
-                // Nothing to do now: wait for a change, a key coming due, the resync, the
-                // tick or the end.
-                let due = [queue.next_due(), l.next_resync, l.next_tick]
-                    .into_iter()
-                    .flatten()
-                    .filter(|_| acting)
-                    .min();
-                let wait = due.map_or(Duration::from_secs(3600), |t| {
-                    t.saturating_duration_since(now)
-                });
-                tokio::select! {
-                    ev = l.inbox.recv() => match ev {
-                        Some(ev) => l.take(&mut logic, &mut queue, ev),
-                        None => break 'run,
-                    },
-                    k = next_key(&mut trigger) => match k {
-                        Some(k) => {
-                            let mut keys = Keys::default();
-                            keys.push(k);
-                            l.queue_keys(&logic, &mut queue, keys);
-                        }
-                        None => trigger = None,
-                    },
-                    _ = l.ended.recv() => {
-                        // Every source ended without a shutdown: the store closed.
-                        l.ended_count += 1;
-                        if l.ended_count >= l.followed.len() && !*shutdown.borrow() {
-                            tracing::debug!(controller = name, "the store closed; stopping");
-                            break 'run;
-                        }
-                    }
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = shutdown.changed() => {
-                        queue.shut_down();
-                        break 'run;
-                    }
-                }
+        loop {
+            if !l
+                .wait(&mut logic, &mut queue, &mut trigger, &mut shutdown)
+                .await
+            {
+                break;
             }
-            // Take in what else has arrived before acting (a bounded share: changes coming
-            // faster than they are taken in must not keep the rounds from running).
-            for _ in 0..DRAIN {
-                match l.inbox.try_recv() {
-                    Ok(ev) => l.take(&mut logic, &mut queue, ev),
-                    Err(_) => break,
-                }
-            }
-            if let Some(t) = &mut trigger {
-                let mut keys = Keys::default();
-                while let Ok(k) = t.try_recv() {
-                    keys.push(k);
-                }
-                l.queue_keys(&logic, &mut queue, keys);
-            }
+            l.take_in(&mut logic, &mut queue, &mut trigger);
             if !l.barrier.is_synced() {
                 continue;
             }
             let now = Instant::now();
-            if let (Some(at), Some(period)) = (l.next_tick, every)
-                && at <= now
-            {
-                l.next_tick = Some(now + period);
-                let mut keys = Keys::default();
-                logic.tick(&mut keys);
-                l.queue_keys(&logic, &mut queue, keys);
-            }
-            if !l.synced {
-                l.synced = true;
-                l.all = true;
-            }
-            if let (Some(at), Some(period)) = (l.next_resync, resync)
-                && at <= now
-            {
-                l.all = true;
-                l.next_resync = Some(now + period);
-            }
-            if std::mem::take(&mut l.all) {
-                for k in logic.all_keys() {
-                    let rank = logic.rank(&k);
-                    queue.add_ranked(k, rank);
-                }
-                metrics.synced(queue.len());
-            }
+            l.timed(&mut logic, &mut queue, every, resync, &metrics, now);
             if *shutdown.borrow() {
                 queue.shut_down();
-                break 'run;
+                break;
             }
             let keys = queue.pop_batch(now, logic.batch_size());
             if keys.is_empty() {
                 continue;
             }
             metrics.depth.set((queue.len() + keys.len()) as i64);
-            let started = Instant::now();
-            let results = logic.reconcile_batch(keys).await;
-            let mut failed = 0;
-            let now = Instant::now();
-            for (k, res) in results {
-                match res {
-                    Ok(Action::Done) => queue.forget(&k),
-                    Ok(Action::After(d)) => {
-                        queue.forget(&k);
-                        queue.done(&k);
-                        queue.after(k, now + d);
-                        continue;
-                    }
-                    Err(e) if e.is_closed() => break 'run,
-                    Err(e) => {
-                        failed += 1;
-                        let failures = queue.failures(&k) + 1;
-                        // Quiet at first: most failures are conflicts another round settles.
-                        if failures >= 5 {
-                            tracing::warn!(controller = name, key = ?k, failures, error = %e, "reconcile keeps failing; retrying");
-                        } else {
-                            tracing::debug!(controller = name, key = ?k, error = %e, "reconcile failed; retrying");
-                        }
-                        match logic.error_policy(&k, &e, failures) {
-                            Retry::Backoff => queue.retry(k.clone(), now),
-                            Retry::After(d) => queue.retry_at(k.clone(), now + d),
-                            Retry::Wait => queue.forget(&k),
-                        }
-                    }
-                }
-                queue.done(&k);
-            }
-            metrics.round(started, failed, queue.len());
-            if queue.is_empty() {
-                logic.idle().await;
+            if !round(name, &mut logic, &mut queue, &metrics, keys).await {
+                break;
             }
         }
         logic.stop().await;
     }
+}
+
+/// Reconciles `keys` and files what came of each: forgotten, due again later, or backed off
+/// as the error policy says; `false` when the store closed (the controller ends).
+async fn round<B: Batch>(
+    name: &'static str,
+    logic: &mut B,
+    queue: &mut WorkQueue<B::Key>,
+    metrics: &Handle,
+    keys: Vec<B::Key>,
+) -> bool {
+    let started = Instant::now();
+    let results = logic.reconcile_batch(keys).await;
+    let mut failed = 0;
+    let now = Instant::now();
+    for (k, res) in results {
+        match res {
+            Ok(Action::Done) => queue.forget(&k),
+            Ok(Action::After(d)) => {
+                queue.forget(&k);
+                queue.done(&k);
+                queue.after(k, now + d);
+                continue;
+            }
+            Err(e) if e.is_closed() => return false,
+            Err(e) => {
+                failed += 1;
+                let failures = queue.failures(&k) + 1;
+                // Quiet at first: most failures are conflicts another round settles.
+                if failures >= 5 {
+                    tracing::warn!(controller = name, key = ?k, failures, error = %e, "reconcile keeps failing; retrying");
+                } else {
+                    tracing::debug!(controller = name, key = ?k, error = %e, "reconcile failed; retrying");
+                }
+                match logic.error_policy(&k, &e, failures) {
+                    Retry::Backoff => queue.retry(k.clone(), now),
+                    Retry::After(d) => queue.retry_at(k.clone(), now + d),
+                    Retry::Wait => queue.forget(&k),
+                }
+            }
+        }
+        queue.done(&k);
+    }
+    metrics.round(started, failed, queue.len());
+    if queue.is_empty() {
+        logic.idle().await;
+    }
+    true
 }
 
 /// The most changes taken in between two rounds.
@@ -692,6 +631,124 @@ struct Loop {
 }
 
 impl Loop {
+    /// Waits until there is something to do, taking in the change or trigger that ends the
+    /// wait: at once while the barrier has passed and keys wait (or a controller without
+    /// sources starts); else a change, a trigger, a key coming due, the resync, the tick.
+    /// `false` when the controller ends: shutdown, or every source ended (the store closed).
+    async fn wait<B: Batch>(
+        &mut self,
+        logic: &mut B,
+        queue: &mut WorkQueue<B::Key>,
+        trigger: &mut Option<tokio::sync::mpsc::UnboundedReceiver<B::Key>>,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> bool {
+        let now = Instant::now();
+        // A source followed later holds the barrier again: nothing is done until it lists.
+        let acting = self.synced && self.barrier.is_synced();
+        // A controller with nothing to wait for (no sources yet to list) starts at once.
+        let starting = !self.synced && self.barrier.is_synced();
+        if starting || (acting && !queue.is_empty()) {
+            return true;
+        }
+        let due = [queue.next_due(), self.next_resync, self.next_tick]
+            .into_iter()
+            .flatten()
+            .filter(|_| acting)
+            .min();
+        let wait = due.map_or(Duration::from_secs(3600), |t| {
+            t.saturating_duration_since(now)
+        });
+        tokio::select! {
+            ev = self.inbox.recv() => match ev {
+                Some(ev) => self.take(logic, queue, ev),
+                None => return false,
+            },
+            k = next_key(trigger) => match k {
+                Some(k) => {
+                    let mut keys = Keys::default();
+                    keys.push(k);
+                    self.queue_keys(logic, queue, keys);
+                }
+                None => *trigger = None,
+            },
+            _ = self.ended.recv() => {
+                // Every source ended without a shutdown: the store closed.
+                self.ended_count += 1;
+                if self.ended_count >= self.followed.len() && !*shutdown.borrow() {
+                    tracing::debug!(controller = self.name, "the store closed; stopping");
+                    return false;
+                }
+            }
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.changed() => {
+                queue.shut_down();
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Takes in what else has arrived before acting (a bounded share: changes coming faster
+    /// than they are taken in must not keep the rounds from running), and the triggers' keys.
+    fn take_in<B: Batch>(
+        &mut self,
+        logic: &mut B,
+        queue: &mut WorkQueue<B::Key>,
+        trigger: &mut Option<tokio::sync::mpsc::UnboundedReceiver<B::Key>>,
+    ) {
+        for _ in 0..DRAIN {
+            match self.inbox.try_recv() {
+                Ok(ev) => self.take(logic, queue, ev),
+                Err(_) => break,
+            }
+        }
+        if let Some(t) = trigger {
+            let mut keys = Keys::default();
+            while let Ok(k) = t.try_recv() {
+                keys.push(k);
+            }
+            self.queue_keys(logic, queue, keys);
+        }
+    }
+
+    /// Time-driven work, once the barrier has passed: the tick, and every key at the first
+    /// sync, at each resync and when `on_event` asked for all.
+    fn timed<B: Batch>(
+        &mut self,
+        logic: &mut B,
+        queue: &mut WorkQueue<B::Key>,
+        every: Option<Duration>,
+        resync: Option<Duration>,
+        metrics: &Handle,
+        now: Instant,
+    ) {
+        if let (Some(at), Some(period)) = (self.next_tick, every)
+            && at <= now
+        {
+            self.next_tick = Some(now + period);
+            let mut keys = Keys::default();
+            logic.tick(&mut keys);
+            self.queue_keys(logic, queue, keys);
+        }
+        if !self.synced {
+            self.synced = true;
+            self.all = true;
+        }
+        if let (Some(at), Some(period)) = (self.next_resync, resync)
+            && at <= now
+        {
+            self.all = true;
+            self.next_resync = Some(now + period);
+        }
+        if std::mem::take(&mut self.all) {
+            for k in logic.all_keys() {
+                let rank = logic.rank(&k);
+                queue.add_ranked(k, rank);
+            }
+            metrics.synced(queue.len());
+        }
+    }
+
     fn follow(&mut self, s: Source) {
         if !self.followed.insert(s.origin) {
             return;
