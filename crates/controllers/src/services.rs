@@ -342,168 +342,23 @@ impl Services {
             .exports
             .get(ns, name)
             .filter(|e| e.metadata.deletion_timestamp.is_none());
-        let live = |c: &String| self.clusters.get(c).is_some_and(|f| !f.deleting);
-        let members: Vec<(String, MemberExport)> = self
-            .member_exports
-            .get(key)
-            .map(|m| {
-                m.iter()
-                    .filter(|(c, _)| live(c))
-                    .map(|(c, e)| (c.clone(), e.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let members = self.live_member_exports(key);
         if cp.is_none() && members.is_empty() {
             return self.withdraw(key).await;
         }
         let now = Time::now();
-        // The control plane's export: its template must exist and be exportable, and it names
-        // its consumers (every cluster without one, and for members' own exports).
-        let cp_invalid: Option<(String, String)> = cp.as_ref().and_then(|e| {
-            let template = match self.services.get(ns, name) {
-                None => Some((
-                    "NoService".to_string(),
-                    format!("no Service {ns}/{name} in the control plane"),
-                )),
-                Some(s) => Exported::of(&serde_json::to_value(&*s).unwrap_or_default())
-                    .err()
-                    .map(|e| (e.reason.to_string(), e.message)),
-            };
-            template.or_else(|| {
-                self.consumers(e)
-                    .err()
-                    .map(|m| ("InvalidConsumerSelector".to_string(), m))
-            })
-        });
-        let mut consumers: BTreeSet<String> = match &cp {
-            Some(e) if cp_invalid.is_none() => {
-                self.consumers(e).unwrap_or_default().into_iter().collect()
-            }
-            _ => self
-                .clusters
-                .iter()
-                .filter(|(_, f)| !f.deleting)
-                .map(|(n, _)| n.clone())
-                .collect(),
-        };
-        // Members that export of their own hear how it went through their copy.
-        consumers.extend(members.iter().map(|(c, _)| c.clone()));
-        let policy: TrafficPolicy = cp
-            .as_ref()
-            .and_then(|e| e.metadata.annotations.get(ANNOTATION_TRAFFIC_POLICY))
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_default();
-        // What each exporting member runs: the template's copies (for a valid export in the
-        // control plane), and members' own exports.
-        let mut running: BTreeMap<String, Running> = BTreeMap::new();
-        if cp.is_some()
-            && cp_invalid.is_none()
-            && let Some(m) = self.running.get(key)
-        {
-            running.extend(
-                m.iter()
-                    .filter(|(c, _)| live(c))
-                    .map(|(c, r)| (c.clone(), r.clone())),
-            );
-        }
-        for (c, e) in &members {
-            if let Some(service) = &e.service {
-                running.insert(
-                    c.clone(),
-                    Running {
-                        since: e.created.clone(),
-                        service: Some(service.clone()),
-                        endpoints: e.endpoints.clone(),
-                    },
-                );
-            }
-        }
-        let exports: Vec<Export> = running
-            .iter()
-            .filter_map(|(c, r)| {
-                Some(Export {
-                    cluster: c.clone(),
-                    since: r.since.clone(),
-                    service: r.service.clone()?,
-                })
-            })
-            .collect();
-        let merged = mcs::merge(&exports);
-        // Ready and Conflict, for every export of this Service alike.
-        let mut ready = if merged.clusters.is_empty() {
-            Condition::new(
-                "Ready",
-                conditions::FALSE,
-                "Pending",
-                "no member cluster runs the Service yet",
-            )
-        } else {
-            Condition::new(
-                "Ready",
-                conditions::TRUE,
-                "Exported",
-                format!(
-                    "exported from {} cluster(s) ({}), imported into {}",
-                    merged.clusters.len(),
-                    merged.clusters.join(", "),
-                    consumers.len()
-                ),
-            )
-        };
-        let conflict = (!merged.clusters.is_empty()).then(|| {
-            if merged.conflicts.is_empty() {
-                Condition::new(
-                    "Conflict",
-                    conditions::FALSE,
-                    "NoConflicts",
-                    "the exports agree",
-                )
-            } else {
-                let reasons: Vec<&str> = merged.conflicts.iter().map(|(r, _)| *r).collect();
-                let messages: Vec<&str> =
-                    merged.conflicts.iter().map(|(_, m)| m.as_str()).collect();
-                Condition::new(
-                    "Conflict",
-                    conditions::TRUE,
-                    &reasons.join(","),
-                    messages.join(" "),
-                )
-            }
-        });
-        // The ClusterSet IP: the import's, else a free one.
+        let cp_invalid = cp.as_ref().and_then(|e| self.export_invalid(ns, name, e));
+        // The control plane's export when it is valid: it names the consumers, its template's
+        // copies export, and it owns the import.
+        let valid_cp = cp.as_deref().filter(|_| cp_invalid.is_none());
+        let consumers = self.consumer_set(valid_cp, &members);
+        let policy = traffic_policy(cp.as_deref());
+        let running = self.running_of(key, valid_cp.is_some(), &members);
+        let merged = mcs::merge(&exports_of(&running));
+        let mut ready = ready_condition(&merged, consumers.len());
+        let conflict = conflict_condition(&merged);
         let current = self.imports.get(ns, name);
-        let mut ips: Vec<String> = Vec::new();
-        if !merged.headless && !merged.clusters.is_empty() {
-            let kept = current
-                .as_ref()
-                .and_then(|i| i.spec.as_ref())
-                .and_then(|s| s.pointer("/ips/0"))
-                .and_then(Value::as_str)
-                .and_then(|ip| ip.parse::<Ipv4Addr>().ok())
-                .filter(|ip| self.settings.ip_range.contains(*ip));
-            let ip = kept.or_else(|| {
-                let used: BTreeSet<Ipv4Addr> = self
-                    .imports
-                    .list()
-                    .iter()
-                    .filter_map(|i| i.spec.as_ref()?.pointer("/ips/0")?.as_str()?.parse().ok())
-                    .collect();
-                self.settings
-                    .ip_range
-                    .allocate(&format!("{ns}/{name}"), &used)
-            });
-            match ip {
-                Some(ip) => ips.push(ip.to_string()),
-                None => {
-                    ready = Condition::new(
-                        "Ready",
-                        conditions::FALSE,
-                        "Failed",
-                        format!("the ClusterSet IP range {} is full", self.settings.ip_range),
-                    );
-                }
-            }
-        }
+        let ips = self.clusterset_ips(ns, name, current.as_deref(), &merged, &mut ready);
         let exporting = ready.status == conditions::TRUE;
         // The control plane export's status.
         let cp_conds = cp.as_ref().map(|e| {
@@ -524,34 +379,214 @@ impl Services {
             }
             return self.withdraw(key).await;
         }
-        let mut spec = json!({
-            "type": if merged.headless { "Headless" } else { "ClusterSetIP" },
-            "ports": merged.ports,
-            "sessionAffinity": merged.session_affinity,
-        });
-        if !ips.is_empty() {
-            spec["ips"] = json!(ips);
-        }
-        let status = json!({
-            "clusters": merged.clusters.iter().map(|c| json!({"cluster": c})).collect::<Vec<_>>(),
-            "conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
-                            "message": "the import's endpoints are distributed"}],
-        });
-        let owner_export = cp.as_deref().filter(|_| cp_invalid.is_none());
+        let spec = import_spec(&merged, &ips);
+        let status = import_status(&merged);
         let import = self
-            .put_import(
-                ns,
-                name,
-                owner_export,
-                current,
-                spec.clone(),
-                status.clone(),
-            )
+            .put_import(ns, name, valid_cp, current, spec.clone(), status.clone())
             .await?;
-        // Each source's water level as the slices say it: the stored one while the cluster's
-        // level stays within 0.1 of it (a level wavering about a step's edge would rewrite
-        // every consumer's copy; kept in the store, so a restart keeps it too).
-        let water: BTreeMap<String, f64> = running
+        let water = self.water_levels(ns, name, &running);
+        let src = SliceSource {
+            ns,
+            name,
+            running: &running,
+            merged: &merged,
+            water: &water,
+        };
+        let sources = self.sources(&src);
+        // One slice per exporting cluster, in the control plane.
+        let wanted_slices: BTreeMap<String, Value> = self
+            .exported_slices(&src, None)
+            .into_iter()
+            .map(|(c, s)| (slice_name(name, &c), s))
+            .collect();
+        self.put_slices(ns, name, &import, wanted_slices).await?;
+        // The consumers' Works.
+        let work_name = format!("{WORK_PREFIX}{ns}.{name}");
+        let mut writes = Vec::new();
+        for consumer in &consumers {
+            let weights = mcs::weights(policy, consumer, &sources, &|c| self.latency(consumer, c));
+            let mut import_manifest = json!({
+                "apiVersion": mcs::API_VERSION,
+                "kind": mcs::IMPORT_KIND,
+                "metadata": {"name": name, "namespace": ns},
+                "spec": spec,
+                "status": status,
+            });
+            if let Some((_, e)) = members.iter().find(|(c, _)| c == consumer) {
+                import_manifest["metadata"]["annotations"] = self.member_export_annotations(
+                    consumer,
+                    &work_name,
+                    e,
+                    &ready,
+                    conflict.as_ref(),
+                    now,
+                );
+            }
+            let mut manifests = vec![import_manifest];
+            manifests.extend(
+                self.exported_slices(&src, Some(&weights))
+                    .into_iter()
+                    .map(|(_, s)| s),
+            );
+            let spec = json!({"workload": {"manifests": manifests}});
+            writes.push((consumer.clone(), spec));
+        }
+        let stale = self.stale_works(&work_name, &consumers);
+        self.put_works(&work_name, writes, stale).await?;
+        // Members taking part carry the ClusterSet properties.
+        for c in merged.clusters.iter().chain(consumers.iter()) {
+            self.ensure_properties(c).await?;
+        }
+        match cp_conds {
+            Some((e, conds)) => self.write_export_status(&e, conds).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Members' own exports of this Service, from live (not deleting) clusters only.
+    fn live_member_exports(&self, key: &Key) -> Vec<(String, MemberExport)> {
+        self.member_exports
+            .get(key)
+            .map(|m| {
+                m.iter()
+                    .filter(|(c, _)| self.live(c))
+                    .map(|(c, e)| (c.clone(), e.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether a cluster is known and not being deleted.
+    fn live(&self, cluster: &str) -> bool {
+        self.clusters.get(cluster).is_some_and(|f| !f.deleting)
+    }
+
+    /// Why the control plane's export is invalid (reason, message), if it is: its template
+    /// must exist and be exportable, and its consumer selector must parse.
+    fn export_invalid(&self, ns: &str, name: &str, export: &Object) -> Option<(String, String)> {
+        let template = match self.services.get(ns, name) {
+            None => Some((
+                "NoService".to_string(),
+                format!("no Service {ns}/{name} in the control plane"),
+            )),
+            Some(s) => Exported::of(&serde_json::to_value(&*s).unwrap_or_default())
+                .err()
+                .map(|e| (e.reason.to_string(), e.message)),
+        };
+        template.or_else(|| {
+            self.consumers(export)
+                .err()
+                .map(|m| ("InvalidConsumerSelector".to_string(), m))
+        })
+    }
+
+    /// The clusters that import the Service: those a valid control plane export names (else
+    /// every cluster not being deleted), and members that export of their own (they hear how
+    /// it went through their copy).
+    fn consumer_set(
+        &self,
+        valid_cp: Option<&Object>,
+        members: &[(String, MemberExport)],
+    ) -> BTreeSet<String> {
+        let mut consumers: BTreeSet<String> = match valid_cp {
+            Some(e) => self.consumers(e).unwrap_or_default().into_iter().collect(),
+            None => self
+                .clusters
+                .iter()
+                .filter(|(_, f)| !f.deleting)
+                .map(|(n, _)| n.clone())
+                .collect(),
+        };
+        consumers.extend(members.iter().map(|(c, _)| c.clone()));
+        consumers
+    }
+
+    /// What each exporting member runs: the template's copies (for a valid export in the
+    /// control plane), and members' own exports.
+    fn running_of(
+        &self,
+        key: &Key,
+        valid_cp: bool,
+        members: &[(String, MemberExport)],
+    ) -> BTreeMap<String, Running> {
+        let mut running: BTreeMap<String, Running> = BTreeMap::new();
+        if valid_cp && let Some(m) = self.running.get(key) {
+            running.extend(
+                m.iter()
+                    .filter(|(c, _)| self.live(c))
+                    .map(|(c, r)| (c.clone(), r.clone())),
+            );
+        }
+        for (c, e) in members {
+            if let Some(service) = &e.service {
+                running.insert(
+                    c.clone(),
+                    Running {
+                        since: e.created.clone(),
+                        service: Some(service.clone()),
+                        endpoints: e.endpoints.clone(),
+                    },
+                );
+            }
+        }
+        running
+    }
+
+    /// The ClusterSet IP of a ClusterSetIP service that some cluster exports: the import's,
+    /// else a free one; when the range is full, `ready` says so and there is none.
+    fn clusterset_ips(
+        &self,
+        ns: &str,
+        name: &str,
+        current: Option<&Object>,
+        merged: &mcs::Merged,
+        ready: &mut Condition,
+    ) -> Vec<String> {
+        let mut ips: Vec<String> = Vec::new();
+        if merged.headless || merged.clusters.is_empty() {
+            return ips;
+        }
+        let kept = current
+            .and_then(|i| i.spec.as_ref())
+            .and_then(|s| s.pointer("/ips/0"))
+            .and_then(Value::as_str)
+            .and_then(|ip| ip.parse::<Ipv4Addr>().ok())
+            .filter(|ip| self.settings.ip_range.contains(*ip));
+        let ip = kept.or_else(|| {
+            let used: BTreeSet<Ipv4Addr> = self
+                .imports
+                .list()
+                .iter()
+                .filter_map(|i| i.spec.as_ref()?.pointer("/ips/0")?.as_str()?.parse().ok())
+                .collect();
+            self.settings
+                .ip_range
+                .allocate(&format!("{ns}/{name}"), &used)
+        });
+        match ip {
+            Some(ip) => ips.push(ip.to_string()),
+            None => {
+                *ready = Condition::new(
+                    "Ready",
+                    conditions::FALSE,
+                    "Failed",
+                    format!("the ClusterSet IP range {} is full", self.settings.ip_range),
+                );
+            }
+        }
+        ips
+    }
+
+    /// Each source's water level as the slices say it: the stored one while the cluster's
+    /// level stays within 0.1 of it (a level wavering about a step's edge would rewrite
+    /// every consumer's copy; kept in the store, so a restart keeps it too).
+    fn water_levels(
+        &self,
+        ns: &str,
+        name: &str,
+        running: &BTreeMap<String, Running>,
+    ) -> BTreeMap<String, f64> {
+        running
             .keys()
             .map(|c| {
                 let now = self
@@ -571,118 +606,123 @@ impl Services {
                 };
                 (c.clone(), level)
             })
-            .collect();
-        // One slice per exporting cluster, in the control plane.
-        let sources: Vec<Source> = running
+            .collect()
+    }
+
+    /// The exporting clusters as the traffic policy weighs them.
+    fn sources(&self, src: &SliceSource) -> Vec<Source> {
+        src.running
             .iter()
-            .filter(|(c, _)| merged.clusters.contains(c))
+            .filter(|(c, _)| src.merged.clusters.contains(c))
             .map(|(c, r)| Source {
                 cluster: c.clone(),
                 ready: self.clusters.get(c).is_some_and(|f| f.ready),
                 endpoints: r.endpoints.as_ref().map_or(0, |e| e.ready().count()),
-                water_level: water.get(c).copied().unwrap_or(0.0),
+                water_level: src.water.get(c).copied().unwrap_or(0.0),
+            })
+            .collect()
+    }
+
+    /// The slice of each exporting cluster (by cluster, in order), weighed for a consumer
+    /// when `weights` are given.
+    fn exported_slices(
+        &self,
+        src: &SliceSource,
+        weights: Option<&BTreeMap<String, u32>>,
+    ) -> Vec<(String, Value)> {
+        src.running
+            .iter()
+            .filter(|(c, _)| src.merged.clusters.contains(c))
+            .map(|(c, r)| {
+                let weight = weights.and_then(|w| w.get(c).copied());
+                (c.clone(), self.slice_of(src, c, r, weight))
+            })
+            .collect()
+    }
+
+    /// The EndpointSlice of one exporting cluster.
+    fn slice_of(
+        &self,
+        src: &SliceSource,
+        cluster: &str,
+        r: &Running,
+        weight: Option<u32>,
+    ) -> Value {
+        let (ns, name) = (src.ns, src.name);
+        let facts = self.clusters.get(cluster);
+        let ready = facts.is_some_and(|f| f.ready);
+        let eps = r.endpoints.clone().unwrap_or_default();
+        let endpoints: Vec<Value> = eps
+            .endpoints
+            .iter()
+            .map(|e| {
+                let mut e = serde_json::to_value(e).unwrap_or_default();
+                // A cluster that stopped reporting serves nobody until it is back.
+                if !ready {
+                    e["conditions"]["ready"] = json!(false);
+                }
+                e
             })
             .collect();
-        let slice_of = |cluster: &str, r: &Running, weight: Option<u32>| -> Value {
-            let facts = self.clusters.get(cluster);
-            let ready = facts.is_some_and(|f| f.ready);
-            let eps = r.endpoints.clone().unwrap_or_default();
-            let endpoints: Vec<Value> = eps
-                .endpoints
-                .iter()
-                .map(|e| {
-                    let mut e = serde_json::to_value(e).unwrap_or_default();
-                    // A cluster that stopped reporting serves nobody until it is back.
-                    if !ready {
-                        e["conditions"]["ready"] = json!(false);
-                    }
-                    e
-                })
-                .collect();
-            let mut annotations = json!({
-                ANNOTATION_CLUSTER_READY: ready.to_string(),
-                ANNOTATION_WATER_LEVEL: format!("{:.2}", water.get(cluster).copied().unwrap_or(0.0)),
-            });
-            if let Some(w) = weight {
-                annotations[ANNOTATION_WEIGHT] = json!(w.to_string());
-            }
-            json!({
-                "apiVersion": "discovery.k8s.io/v1",
-                "kind": "EndpointSlice",
-                "metadata": {
-                    "name": slice_name(name, cluster),
-                    "namespace": ns,
-                    "labels": {
-                        LABEL_SERVICE_NAME: name,
-                        LABEL_SOURCE_CLUSTER: cluster,
-                        LABEL_MANAGED_BY: MANAGED_BY,
-                    },
-                    "annotations": annotations,
+        let mut annotations = json!({
+            ANNOTATION_CLUSTER_READY: ready.to_string(),
+            ANNOTATION_WATER_LEVEL: format!("{:.2}", src.water.get(cluster).copied().unwrap_or(0.0)),
+        });
+        if let Some(w) = weight {
+            annotations[ANNOTATION_WEIGHT] = json!(w.to_string());
+        }
+        json!({
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": slice_name(name, cluster),
+                "namespace": ns,
+                "labels": {
+                    LABEL_SERVICE_NAME: name,
+                    LABEL_SOURCE_CLUSTER: cluster,
+                    LABEL_MANAGED_BY: MANAGED_BY,
                 },
-                "addressType": if eps.address_type.is_empty() { "IPv4".to_string() } else { eps.address_type.clone() },
-                "endpoints": endpoints,
-                "ports": eps.ports,
-            })
-        };
-        let mut wanted_slices = BTreeMap::new();
-        for (c, r) in &running {
-            if merged.clusters.contains(c) {
-                wanted_slices.insert(slice_name(name, c), slice_of(c, r, None));
-            }
-        }
-        self.put_slices(ns, name, &import, wanted_slices).await?;
-        // The consumers' Works.
-        let work_name = format!("{WORK_PREFIX}{ns}.{name}");
-        let mut writes = Vec::new();
-        for consumer in &consumers {
-            let weights = mcs::weights(policy, consumer, &sources, &|c| self.latency(consumer, c));
-            let mut import_manifest = json!({
-                "apiVersion": mcs::API_VERSION,
-                "kind": mcs::IMPORT_KIND,
-                "metadata": {"name": name, "namespace": ns},
-                "spec": spec,
-                "status": status,
-            });
-            // A member's own export: how it went, kept with the times it last changed.
-            if let Some((_, e)) = members.iter().find(|(c, _)| c == consumer) {
-                let mut conds = self.member_conditions(consumer, &work_name);
-                export_conditions(
-                    &mut conds,
-                    e.invalid.as_ref(),
-                    &ready,
-                    conflict.as_ref(),
-                    None,
-                    now,
-                );
-                import_manifest["metadata"]["annotations"] = json!({
-                    ANNOTATION_EXPORT_STATUS: json!({ "conditions": conds }).to_string(),
-                });
-            }
-            let mut manifests = vec![import_manifest];
-            for (c, r) in &running {
-                if merged.clusters.contains(c) {
-                    manifests.push(slice_of(c, r, weights.get(c).copied()));
-                }
-            }
-            let spec = json!({"workload": {"manifests": manifests}});
-            writes.push((consumer.clone(), spec));
-        }
-        let stale: Vec<String> = self
-            .own_works
+                "annotations": annotations,
+            },
+            "addressType": if eps.address_type.is_empty() { "IPv4".to_string() } else { eps.address_type.clone() },
+            "endpoints": endpoints,
+            "ports": eps.ports,
+        })
+    }
+
+    /// A member's own export: how it went, kept with the times it last changed (the
+    /// annotations of the import sent to it).
+    fn member_export_annotations(
+        &self,
+        consumer: &str,
+        work_name: &str,
+        export: &MemberExport,
+        ready: &Condition,
+        conflict: Option<&Condition>,
+        now: Time,
+    ) -> Value {
+        let mut conds = self.member_conditions(consumer, work_name);
+        export_conditions(
+            &mut conds,
+            export.invalid.as_ref(),
+            ready,
+            conflict,
+            None,
+            now,
+        );
+        json!({
+            ANNOTATION_EXPORT_STATUS: json!({ "conditions": conds }).to_string(),
+        })
+    }
+
+    /// Orrery's Works of this name in clusters that no longer consume.
+    fn stale_works(&self, work_name: &str, consumers: &BTreeSet<String>) -> Vec<String> {
+        self.own_works
             .lock()
             .keys()
             .filter(|(c, w)| *w == work_name && !consumers.contains(c))
             .map(|(c, _)| c.clone())
-            .collect();
-        self.put_works(&work_name, writes, stale).await?;
-        // Members taking part carry the ClusterSet properties.
-        for c in merged.clusters.iter().chain(consumers.iter()) {
-            self.ensure_properties(c).await?;
-        }
-        match cp_conds {
-            Some((e, conds)) => self.write_export_status(&e, conds).await,
-            None => Ok(()),
-        }
+            .collect()
     }
 
     /// The conditions last sent to `cluster` for its own export (so their times hold).
@@ -1068,6 +1108,105 @@ impl Services {
             Err(e) => Err(e),
         }
     }
+}
+
+/// The exporting side of one Service, which its slices are made from.
+struct SliceSource<'a> {
+    ns: &'a str,
+    name: &'a str,
+    running: &'a BTreeMap<String, Running>,
+    merged: &'a mcs::Merged,
+    water: &'a BTreeMap<String, f64>,
+}
+
+/// The control plane export's traffic policy (the default when it has none or it is unknown).
+fn traffic_policy(cp: Option<&Object>) -> TrafficPolicy {
+    cp.and_then(|e| e.metadata.annotations.get(ANNOTATION_TRAFFIC_POLICY))
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_default()
+}
+
+/// The exports to merge: the members that run an exportable Service.
+fn exports_of(running: &BTreeMap<String, Running>) -> Vec<Export> {
+    running
+        .iter()
+        .filter_map(|(c, r)| {
+            Some(Export {
+                cluster: c.clone(),
+                since: r.since.clone(),
+                service: r.service.clone()?,
+            })
+        })
+        .collect()
+}
+
+/// `Ready`, for every export of this Service alike (before the ClusterSet IP is known).
+fn ready_condition(merged: &mcs::Merged, consumers: usize) -> Condition {
+    if merged.clusters.is_empty() {
+        Condition::new(
+            "Ready",
+            conditions::FALSE,
+            "Pending",
+            "no member cluster runs the Service yet",
+        )
+    } else {
+        Condition::new(
+            "Ready",
+            conditions::TRUE,
+            "Exported",
+            format!(
+                "exported from {} cluster(s) ({}), imported into {}",
+                merged.clusters.len(),
+                merged.clusters.join(", "),
+                consumers
+            ),
+        )
+    }
+}
+
+/// `Conflict`, for every export of this Service alike (none while no cluster exports).
+fn conflict_condition(merged: &mcs::Merged) -> Option<Condition> {
+    (!merged.clusters.is_empty()).then(|| {
+        if merged.conflicts.is_empty() {
+            Condition::new(
+                "Conflict",
+                conditions::FALSE,
+                "NoConflicts",
+                "the exports agree",
+            )
+        } else {
+            let reasons: Vec<&str> = merged.conflicts.iter().map(|(r, _)| *r).collect();
+            let messages: Vec<&str> = merged.conflicts.iter().map(|(_, m)| m.as_str()).collect();
+            Condition::new(
+                "Conflict",
+                conditions::TRUE,
+                &reasons.join(","),
+                messages.join(" "),
+            )
+        }
+    })
+}
+
+/// The import's spec: the merged type, ports and affinity, and its ClusterSet IP if any.
+fn import_spec(merged: &mcs::Merged, ips: &[String]) -> Value {
+    let mut spec = json!({
+        "type": if merged.headless { "Headless" } else { "ClusterSetIP" },
+        "ports": merged.ports,
+        "sessionAffinity": merged.session_affinity,
+    });
+    if !ips.is_empty() {
+        spec["ips"] = json!(ips);
+    }
+    spec
+}
+
+/// The import's status: the exporting clusters, and its endpoints distributed.
+fn import_status(merged: &mcs::Merged) -> Value {
+    json!({
+        "clusters": merged.clusters.iter().map(|c| json!({"cluster": c})).collect::<Vec<_>>(),
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Ready",
+                        "message": "the import's endpoints are distributed"}],
+    })
 }
 
 /// `<service>-<cluster>-<hash>`: the hash keeps `a-b` of `c` apart from `a` of `b-c`.
