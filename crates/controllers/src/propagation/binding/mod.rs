@@ -49,6 +49,9 @@ use crate::runtime::Event;
 use crate::runtime::controller::{Action, Batch, Controller, Keys, Origin, Source};
 use orrery_store::stamp::new_object;
 
+mod status;
+use status::{Rendering, Subject};
+
 const COMPONENT: &str = "orrery-binding-controller";
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -373,212 +376,232 @@ impl Member {
 impl Binder {
     fn take_event(&mut self, src: Src, ev: Event) {
         match src {
-            Src::Binding => match ev {
-                Event::Listed(items) => {
-                    let old: Vec<BKey> = self.bindings.keys().cloned().collect();
-                    for k in old {
-                        self.put_binding(&k, None);
-                        self.dirty.insert(k);
-                    }
-                    for b in items {
-                        let k = (b.namespace().to_string(), b.name().to_string());
-                        self.put_binding(&k, Some(b));
-                        self.dirty.insert(k);
-                    }
-                }
-                Event::Upsert(b) => {
-                    let k = (b.namespace().to_string(), b.name().to_string());
-                    self.put_binding(&k, Some(b));
-                    self.dirty.insert(k);
-                }
-                Event::Delete(b) => {
-                    let k = (b.namespace().to_string(), b.name().to_string());
-                    self.deleted.insert(
-                        keys::well_known::binding(&k.0, &k.1),
-                        b.revision().unwrap_or(0),
-                    );
-                    self.put_binding(&k, None);
-                    // Works left by a binding removed without us (forced): clean up.
-                    self.dirty.insert(k);
-                }
-            },
-            Src::Template(slot) => {
-                let mut touched = Vec::new();
-                match ev {
-                    Event::Listed(items) => {
-                        self.listed.insert(slot);
-                        // A listing replaces what was known of this kind.
-                        if let Some(prefix) = self.followed.prefix(slot) {
-                            self.templates.retain(|k, _| !k.starts_with(prefix));
-                        }
-                        for o in items {
-                            touched.push(self.put_template(o));
-                        }
-                        touched.extend(self.bound.keys().cloned());
-                    }
-                    Event::Upsert(o) => touched.push(self.put_template(o)),
-                    Event::Delete(o) => {
-                        if let Some(key) = self.template_key(&o) {
-                            self.templates.remove(&key);
-                            self.deleted.insert(key.clone(), o.revision().unwrap_or(0));
-                            touched.push(key);
-                        }
-                    }
-                }
-                for key in touched {
-                    if let Some(k) = self.bound.get(&key) {
-                        self.dirty.insert(k.clone());
-                    }
-                }
-            }
-            Src::Work => {
-                let put = |c: &mut Binder, w: Arc<Object>| {
-                    let Some(cluster) = orrery_api::cluster::cluster_of_namespace(w.namespace())
-                    else {
-                        return;
-                    };
-                    let cluster = cluster.to_string();
-                    if let Some(k) = bkey_of_work(&w) {
-                        c.works_of
-                            .entry(k.clone())
-                            .or_default()
-                            .insert(cluster.clone());
-                        c.dirty.insert(k);
-                    }
-                    c.works
-                        .insert((cluster, w.name().to_string()), WorkView::of(&w));
-                };
-                match ev {
-                    Event::Listed(items) => {
-                        // The listing and the watch after it show the Works as they are; one
-                        // the last round wrote may be gone since (its deletion unseen).
-                        self.written
-                            .lock()
-                            .retain(|w| !matches!(w, Written::Work(..)));
-                        for k in self.works_of.keys() {
-                            self.dirty.insert(k.clone());
-                        }
-                        self.works.clear();
-                        self.works_of.clear();
-                        for w in items {
-                            put(self, w);
-                        }
-                    }
-                    Event::Upsert(w) => put(self, w),
-                    Event::Delete(w) => {
-                        self.deleted
-                            .insert(Self::work_key_of(&w), w.revision().unwrap_or(0));
-                        if let Some(cluster) =
-                            orrery_api::cluster::cluster_of_namespace(w.namespace())
-                        {
-                            self.works
-                                .remove(&(cluster.to_string(), w.name().to_string()));
-                            if let Some(k) = bkey_of_work(&w) {
-                                if let Some(set) = self.works_of.get_mut(&k) {
-                                    set.remove(cluster);
-                                    if set.is_empty() {
-                                        self.works_of.remove(&k);
-                                    }
-                                }
-                                self.dirty.insert(k);
-                            }
-                        }
-                    }
-                }
-            }
-            Src::Cluster => {
-                // Whether anything overrides read changed (compared per event: copying the
-                // whole map per heartbeat costs too much in a large fleet).
-                let changed = match ev {
-                    Event::Listed(items) => {
-                        self.clusters = items
-                            .iter()
-                            .map(|c| (c.name().to_string(), Member::of(c, Member::source_of(c))))
-                            .collect();
-                        true
-                    }
-                    Event::Upsert(c) => {
-                        let source = Member::source_of(&c);
-                        match self.clusters.get(c.name()) {
-                            Some(m) if m.source == source => false,
-                            old => {
-                                let m = Member::of(&c, source);
-                                let changed = old.is_none_or(|o| o.view != m.view);
-                                self.clusters.insert(c.name().to_string(), m);
-                                changed
-                            }
-                        }
-                    }
-                    Event::Delete(c) => self.clusters.remove(c.name()).is_some(),
-                };
-                if changed {
-                    // Labels and properties feed overrides and template expansion.
-                    self.epoch += 1;
-                    self.dirty.extend(self.bindings.keys().cloned());
-                }
-            }
-            Src::Override(slot) => {
-                match ev {
-                    Event::Listed(items) => {
-                        self.overrides.retain(|_, (s, _)| *s != slot);
-                        for o in items {
-                            if let Ok(p) = overrides::from_object(&o) {
-                                self.overrides.insert(p.reference.clone(), (slot, p));
-                            }
-                        }
-                    }
-                    Event::Upsert(o) => {
-                        self.overrides.remove(&PolicyRef::of(&o));
-                        if let Ok(p) = overrides::from_object(&o) {
-                            self.overrides.insert(p.reference.clone(), (slot, p));
-                        }
-                    }
-                    Event::Delete(o) => {
-                        self.overrides.remove(&PolicyRef::of(&o));
-                    }
-                }
-                self.epoch += 1;
-                self.dirty.extend(self.bindings.keys().cloned());
-            }
-            Src::Dependency(slot) => {
-                let kind = DEPENDENCY_KINDS[slot].0.to_string();
-                let key = |o: &Object| {
-                    (
-                        kind.clone(),
-                        o.namespace().to_string(),
-                        o.name().to_string(),
-                    )
-                };
-                let mut touched = Vec::new();
-                match ev {
-                    Event::Listed(items) => {
-                        self.deps.retain(|k, _| k.0 != kind);
-                        for o in items {
-                            touched.push(key(&o));
-                            self.deps.insert(key(&o), o);
-                        }
-                        touched.extend(self.dependents.keys().filter(|k| k.0 == kind).cloned());
-                    }
-                    Event::Upsert(o) => {
-                        touched.push(key(&o));
-                        self.deps.insert(key(&o), o);
-                    }
-                    Event::Delete(o) => {
-                        touched.push(key(&o));
-                        self.deps.remove(&key(&o));
-                    }
-                }
-                self.epoch += 1;
-                for k in touched {
-                    if let Some(bs) = self.dependents.get(&k) {
-                        self.dirty.extend(bs.iter().cloned());
-                    }
-                }
-            }
+            Src::Binding => self.take_binding_event(ev),
+            Src::Template(slot) => self.take_template_event(slot, ev),
+            Src::Work => self.take_work_event(ev),
+            Src::Cluster => self.take_cluster_event(ev),
+            Src::Override(slot) => self.take_override_event(slot, ev),
+            Src::Dependency(slot) => self.take_dependency_event(slot, ev),
             Src::Interpreter => {
                 super::follow_interpreters(&mut self.interpreters, ev);
                 self.epoch += 1;
                 self.dirty.extend(self.bindings.keys().cloned());
+            }
+        }
+    }
+
+    /// A binding changed: it is put (or removed) and marked.
+    fn take_binding_event(&mut self, ev: Event) {
+        match ev {
+            Event::Listed(items) => {
+                let old: Vec<BKey> = self.bindings.keys().cloned().collect();
+                for k in old {
+                    self.put_binding(&k, None);
+                    self.dirty.insert(k);
+                }
+                for b in items {
+                    let k = (b.namespace().to_string(), b.name().to_string());
+                    self.put_binding(&k, Some(b));
+                    self.dirty.insert(k);
+                }
+            }
+            Event::Upsert(b) => {
+                let k = (b.namespace().to_string(), b.name().to_string());
+                self.put_binding(&k, Some(b));
+                self.dirty.insert(k);
+            }
+            Event::Delete(b) => {
+                let k = (b.namespace().to_string(), b.name().to_string());
+                self.deleted.insert(
+                    keys::well_known::binding(&k.0, &k.1),
+                    b.revision().unwrap_or(0),
+                );
+                self.put_binding(&k, None);
+                // Works left by a binding removed without us (forced): clean up.
+                self.dirty.insert(k);
+            }
+        }
+    }
+
+    /// A template of the kind in `slot` changed: the bindings bound to it are marked.
+    fn take_template_event(&mut self, slot: usize, ev: Event) {
+        let mut touched = Vec::new();
+        match ev {
+            Event::Listed(items) => {
+                self.listed.insert(slot);
+                // A listing replaces what was known of this kind.
+                if let Some(prefix) = self.followed.prefix(slot) {
+                    self.templates.retain(|k, _| !k.starts_with(prefix));
+                }
+                for o in items {
+                    touched.push(self.put_template(o));
+                }
+                touched.extend(self.bound.keys().cloned());
+            }
+            Event::Upsert(o) => touched.push(self.put_template(o)),
+            Event::Delete(o) => {
+                if let Some(key) = self.template_key(&o) {
+                    self.templates.remove(&key);
+                    self.deleted.insert(key.clone(), o.revision().unwrap_or(0));
+                    touched.push(key);
+                }
+            }
+        }
+        for key in touched {
+            if let Some(k) = self.bound.get(&key) {
+                self.dirty.insert(k.clone());
+            }
+        }
+    }
+
+    /// A Work changed: its view is kept, and its binding marked.
+    fn take_work_event(&mut self, ev: Event) {
+        match ev {
+            Event::Listed(items) => {
+                // The listing and the watch after it show the Works as they are; one
+                // the last round wrote may be gone since (its deletion unseen).
+                self.written
+                    .lock()
+                    .retain(|w| !matches!(w, Written::Work(..)));
+                for k in self.works_of.keys() {
+                    self.dirty.insert(k.clone());
+                }
+                self.works.clear();
+                self.works_of.clear();
+                for w in items {
+                    self.put_work(w);
+                }
+            }
+            Event::Upsert(w) => self.put_work(w),
+            Event::Delete(w) => {
+                self.deleted
+                    .insert(Self::work_key_of(&w), w.revision().unwrap_or(0));
+                if let Some(cluster) = orrery_api::cluster::cluster_of_namespace(w.namespace()) {
+                    self.works
+                        .remove(&(cluster.to_string(), w.name().to_string()));
+                    if let Some(k) = bkey_of_work(&w) {
+                        if let Some(set) = self.works_of.get_mut(&k) {
+                            set.remove(cluster);
+                            if set.is_empty() {
+                                self.works_of.remove(&k);
+                            }
+                        }
+                        self.dirty.insert(k);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Keeps the view of a Work in a member's namespace, indexed by its binding (marked).
+    fn put_work(&mut self, w: Arc<Object>) {
+        let Some(cluster) = orrery_api::cluster::cluster_of_namespace(w.namespace()) else {
+            return;
+        };
+        let cluster = cluster.to_string();
+        if let Some(k) = bkey_of_work(&w) {
+            self.works_of
+                .entry(k.clone())
+                .or_default()
+                .insert(cluster.clone());
+            self.dirty.insert(k);
+        }
+        self.works
+            .insert((cluster, w.name().to_string()), WorkView::of(&w));
+    }
+
+    /// A Cluster changed: when anything overrides read changed, every binding renders again.
+    fn take_cluster_event(&mut self, ev: Event) {
+        // Whether anything overrides read changed (compared per event: copying the
+        // whole map per heartbeat costs too much in a large fleet).
+        let changed = match ev {
+            Event::Listed(items) => {
+                self.clusters = items
+                    .iter()
+                    .map(|c| (c.name().to_string(), Member::of(c, Member::source_of(c))))
+                    .collect();
+                true
+            }
+            Event::Upsert(c) => {
+                let source = Member::source_of(&c);
+                match self.clusters.get(c.name()) {
+                    Some(m) if m.source == source => false,
+                    old => {
+                        let m = Member::of(&c, source);
+                        let changed = old.is_none_or(|o| o.view != m.view);
+                        self.clusters.insert(c.name().to_string(), m);
+                        changed
+                    }
+                }
+            }
+            Event::Delete(c) => self.clusters.remove(c.name()).is_some(),
+        };
+        if changed {
+            // Labels and properties feed overrides and template expansion.
+            self.epoch += 1;
+            self.dirty.extend(self.bindings.keys().cloned());
+        }
+    }
+
+    /// An override policy of the kind in `slot` changed: every binding renders again.
+    fn take_override_event(&mut self, slot: usize, ev: Event) {
+        match ev {
+            Event::Listed(items) => {
+                self.overrides.retain(|_, (s, _)| *s != slot);
+                for o in items {
+                    if let Ok(p) = overrides::from_object(&o) {
+                        self.overrides.insert(p.reference.clone(), (slot, p));
+                    }
+                }
+            }
+            Event::Upsert(o) => {
+                self.overrides.remove(&PolicyRef::of(&o));
+                if let Ok(p) = overrides::from_object(&o) {
+                    self.overrides.insert(p.reference.clone(), (slot, p));
+                }
+            }
+            Event::Delete(o) => {
+                self.overrides.remove(&PolicyRef::of(&o));
+            }
+        }
+        self.epoch += 1;
+        self.dirty.extend(self.bindings.keys().cloned());
+    }
+
+    /// A dependency (ConfigMap, Secret...) of the kind in `slot` changed: the bindings that
+    /// depend on it are marked.
+    fn take_dependency_event(&mut self, slot: usize, ev: Event) {
+        let kind = DEPENDENCY_KINDS[slot].0.to_string();
+        let key = |o: &Object| {
+            (
+                kind.clone(),
+                o.namespace().to_string(),
+                o.name().to_string(),
+            )
+        };
+        let mut touched = Vec::new();
+        match ev {
+            Event::Listed(items) => {
+                self.deps.retain(|k, _| k.0 != kind);
+                for o in items {
+                    touched.push(key(&o));
+                    self.deps.insert(key(&o), o);
+                }
+                touched.extend(self.dependents.keys().filter(|k| k.0 == kind).cloned());
+            }
+            Event::Upsert(o) => {
+                touched.push(key(&o));
+                self.deps.insert(key(&o), o);
+            }
+            Event::Delete(o) => {
+                touched.push(key(&o));
+                self.deps.remove(&key(&o));
+            }
+        }
+        self.epoch += 1;
+        for k in touched {
+            if let Some(bs) = self.dependents.get(&k) {
+                self.dirty.extend(bs.iter().cloned());
             }
         }
     }
@@ -804,99 +827,18 @@ impl Binder {
     }
 
     fn reconcile(&self, k: &BKey, template: Option<&Template>) -> Vec<Job<BKey>> {
-        let mut jobs: Vec<Job<BKey>> = Vec::new();
         let work_name = binding::work_name(&k.0, &k.1);
         let have: Vec<String> = self
             .works_of
             .get(k)
             .map(|s| s.iter().cloned().collect())
             .unwrap_or_default();
-        let b = self.bindings.get(k).cloned();
-        let delete_work = |cluster: &str| -> Option<Job<BKey>> {
-            let w = self.works.get(&(cluster.to_string(), work_name.clone()))?;
-            if w.deleting {
-                return None;
-            }
-            let uid = w.uid.clone();
-            let store = self.store.clone();
-            let key = k.clone();
-            let wkey = Self::work_key(cluster, &work_name);
-            let bkey = keys::well_known::binding(&k.0, &k.1);
-            let cluster = cluster.to_string();
-            Some(Box::pin(async move {
-                let err = |e: StoreError| (key.clone(), e.to_string());
-                // Deleting a Work takes its objects out of the member: the binding it is
-                // decided from is read afresh first.
-                match store.get(&bkey).await {
-                    Ok(b) if b.metadata.deletion_timestamp.is_none() => {
-                        let spec = BindingSpec::of(&b);
-                        let wanted = spec.as_ref().is_some_and(|s| {
-                            s.foreign_references(b.namespace()).is_empty()
-                                && (work_plan(s).contains_key(cluster.as_str())
-                                    || s.evictions.iter().any(|e| e.cluster == cluster && e.keep))
-                        });
-                        if wanted {
-                            return Err((
-                                key.clone(),
-                                format!(
-                                    "the stored binding still targets {cluster}; the view was behind"
-                                ),
-                            ));
-                        }
-                    }
-                    Ok(_) | Err(StoreError::NotFound { .. }) => {}
-                    Err(e) => return Err(err(e)),
-                }
-                // The Work as stored (this controller keeps only a view of it), if it is
-                // still the one it saw.
-                let w = match store.get(&wkey).await {
-                    Ok(w) => w,
-                    Err(StoreError::NotFound { .. }) => return Ok(()),
-                    Err(e) => return Err(err(e)),
-                };
-                if w.metadata.uid != uid {
-                    return Ok(());
-                }
-                delete_object(store.as_ref(), &wkey, &w).await.map_err(err)
-            }))
+        let Gate { b, spec, template } = match self.gate(k, template, &have, &work_name) {
+            Ok(g) => g,
+            Err(jobs) => return jobs,
         };
-        let Some(b) = b else {
-            // The binding is gone: so are its Works.
-            return have.iter().filter_map(|c| delete_work(c)).collect();
-        };
-        if b.metadata.deletion_timestamp.is_some() {
-            if !have.is_empty() {
-                return have.iter().filter_map(|c| delete_work(c)).collect();
-            }
-            let store = self.store.clone();
-            let key = k.clone();
-            let bkey = keys::well_known::binding(&k.0, &k.1);
-            return vec![Box::pin(async move {
-                remove_finalizer(store.as_ref(), &bkey, binding::FINALIZER)
-                    .await
-                    .map_err(|e| (key, e.to_string()))
-            })];
-        }
-        let Some(spec) = self.specs.get(k).cloned() else {
-            return jobs;
-        };
-        let foreign = spec.foreign_references(&k.0);
-        if !foreign.is_empty() {
-            // A binding reaching past its namespace (written by hand, or stored before
-            // admission refused it) renders nothing, and what it rendered goes.
-            if !have.is_empty() {
-                tracing::warn!(namespace = %k.0, binding = %k.1, field = %foreign[0].field, "a binding refers to another namespace; removing its Works");
-            }
-            return have.iter().filter_map(|c| delete_work(c)).collect();
-        }
-        let Some(template) = template else {
-            return jobs;
-        };
+        let mut jobs: Vec<Job<BKey>> = Vec::new();
         let t = template.obj.as_ref();
-        if !spec.resource.uid.is_empty() && t.metadata.uid != spec.resource.uid {
-            // A different object of the same name: the detector rebinds it.
-            return jobs;
-        }
         let custom = self
             .interpreters
             .get(&(t.api_version.clone(), t.kind.clone()));
@@ -923,18 +865,8 @@ impl Binder {
         // Works of clusters no longer targeted go, unless an eviction keeps them a while.
         let now = Time::now();
         let old = BindingStatus::of(&b);
-        // Make-before-break: the new placement counts as healthy once every target's member
-        // runs its current Work (not one written this round) and reports the template
-        // healthy. The binding's stored status will not do: it may describe the Works from
-        // before the move.
-        let new_all_healthy = spec.clusters.iter().all(|c| {
-            !writing.contains(&c.name)
-                && !errors.contains_key(&c.name)
-                && matches!(
-                    self.member_status(&c.name, &work_name, t),
-                    (_, true, Some(m)) if m.applied && health_of(interp, t, m) == Health::Healthy
-                )
-        });
+        let new_all_healthy =
+            self.new_placement_healthy(&spec, t, interp, &work_name, &writing, &errors);
         for c in &have {
             if targets.contains(c.as_str()) {
                 continue;
@@ -943,7 +875,7 @@ impl Binder {
                 e.cluster == *c
                     && (e.keep || (e.keep_until.is_some_and(|u| u > now) && !new_all_healthy))
             });
-            if !kept && let Some(j) = delete_work(c) {
+            if !kept && let Some(j) = self.delete_work(k, &work_name, c) {
                 jobs.push(j);
             }
         }
@@ -964,6 +896,139 @@ impl Binder {
             },
         ));
         jobs
+    }
+
+    /// The binding, its spec and its template when its Works are to be rendered; else
+    /// (`Err`) the jobs instead: its Works deleted when it is gone, going (then its
+    /// finalizer removed) or reaching past its namespace, and nothing while its spec or
+    /// template is unknown or the template is another object of the same name.
+    fn gate<'t>(
+        &self,
+        k: &BKey,
+        template: Option<&'t Template>,
+        have: &[String],
+        work_name: &str,
+    ) -> Result<Gate<'t>, Vec<Job<BKey>>> {
+        let b = self.bindings.get(k).cloned();
+        let delete_all = || -> Vec<Job<BKey>> {
+            have.iter()
+                .filter_map(|c| self.delete_work(k, work_name, c))
+                .collect()
+        };
+        let Some(b) = b else {
+            // The binding is gone: so are its Works.
+            return Err(delete_all());
+        };
+        if b.metadata.deletion_timestamp.is_some() {
+            if !have.is_empty() {
+                return Err(delete_all());
+            }
+            let store = self.store.clone();
+            let key = k.clone();
+            let bkey = keys::well_known::binding(&k.0, &k.1);
+            return Err(vec![Box::pin(async move {
+                remove_finalizer(store.as_ref(), &bkey, binding::FINALIZER)
+                    .await
+                    .map_err(|e| (key, e.to_string()))
+            })]);
+        }
+        let Some(spec) = self.specs.get(k).cloned() else {
+            return Err(Vec::new());
+        };
+        let foreign = spec.foreign_references(&k.0);
+        if !foreign.is_empty() {
+            // A binding reaching past its namespace (written by hand, or stored before
+            // admission refused it) renders nothing, and what it rendered goes.
+            if !have.is_empty() {
+                tracing::warn!(namespace = %k.0, binding = %k.1, field = %foreign[0].field, "a binding refers to another namespace; removing its Works");
+            }
+            return Err(delete_all());
+        }
+        let Some(template) = template else {
+            return Err(Vec::new());
+        };
+        let t = template.obj.as_ref();
+        if !spec.resource.uid.is_empty() && t.metadata.uid != spec.resource.uid {
+            // A different object of the same name: the detector rebinds it.
+            return Err(Vec::new());
+        }
+        Ok(Gate { b, spec, template })
+    }
+
+    /// Make-before-break: the new placement counts as healthy once every target's member
+    /// runs its current Work (not one written this round) and reports the template
+    /// healthy. The binding's stored status will not do: it may describe the Works from
+    /// before the move.
+    fn new_placement_healthy(
+        &self,
+        spec: &BindingSpec,
+        t: &Object,
+        interp: Interpreter<'_>,
+        work_name: &str,
+        writing: &BTreeSet<String>,
+        errors: &BTreeMap<String, String>,
+    ) -> bool {
+        spec.clusters.iter().all(|c| {
+            !writing.contains(&c.name)
+                && !errors.contains_key(&c.name)
+                && matches!(
+                    self.member_status(&c.name, work_name, t),
+                    (_, true, Some(m)) if m.applied && health_of(interp, t, m) == Health::Healthy
+                )
+        })
+    }
+
+    /// Deletes a cluster's Work of this binding (unless it is going already), once the
+    /// stored binding confirms it no longer wants it.
+    fn delete_work(&self, k: &BKey, work_name: &str, cluster: &str) -> Option<Job<BKey>> {
+        let w = self
+            .works
+            .get(&(cluster.to_string(), work_name.to_string()))?;
+        if w.deleting {
+            return None;
+        }
+        let uid = w.uid.clone();
+        let store = self.store.clone();
+        let key = k.clone();
+        let wkey = Self::work_key(cluster, work_name);
+        let bkey = keys::well_known::binding(&k.0, &k.1);
+        let cluster = cluster.to_string();
+        Some(Box::pin(async move {
+            let err = |e: StoreError| (key.clone(), e.to_string());
+            // Deleting a Work takes its objects out of the member: the binding it is
+            // decided from is read afresh first.
+            match store.get(&bkey).await {
+                Ok(b) if b.metadata.deletion_timestamp.is_none() => {
+                    let spec = BindingSpec::of(&b);
+                    let wanted = spec.as_ref().is_some_and(|s| {
+                        s.foreign_references(b.namespace()).is_empty()
+                            && (work_plan(s).contains_key(cluster.as_str())
+                                || s.evictions.iter().any(|e| e.cluster == cluster && e.keep))
+                    });
+                    if wanted {
+                        return Err((
+                            key.clone(),
+                            format!(
+                                "the stored binding still targets {cluster}; the view was behind"
+                            ),
+                        ));
+                    }
+                }
+                Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(err(e)),
+            }
+            // The Work as stored (this controller keeps only a view of it), if it is
+            // still the one it saw.
+            let w = match store.get(&wkey).await {
+                Ok(w) => w,
+                Err(StoreError::NotFound { .. }) => return Ok(()),
+                Err(e) => return Err(err(e)),
+            };
+            if w.metadata.uid != uid {
+                return Ok(());
+            }
+            delete_object(store.as_ref(), &wkey, &w).await.map_err(err)
+        }))
     }
 
     /// A hash of everything a binding's Works are rendered from.
@@ -1135,323 +1200,15 @@ impl Binder {
         }
         (errors, missing_deps, writing)
     }
-
-    /// A cluster's Work, whether its member's report is of the Work's current generation, and
-    /// the template's entry in that report.
-    fn member_status(
-        &self,
-        cluster: &str,
-        work_name: &str,
-        t: &Object,
-    ) -> (Option<&WorkView>, bool, Option<&ManifestStatus>) {
-        let w = self
-            .works
-            .get(&(cluster.to_string(), work_name.to_string()));
-        let ws: Option<&WorkStatus> = w.and_then(|w| w.status.as_ref());
-        let current = match (w, ws) {
-            (Some(w), Some(s)) => s.observed_generation == w.generation,
-            _ => false,
-        };
-        let ms = ws.and_then(|s| {
-            s.manifest_statuses.iter().find(|m| {
-                m.identifier.kind == t.kind
-                    && m.identifier.name == t.name()
-                    && m.identifier.namespace == t.namespace()
-            })
-        });
-        (w, current, ms)
-    }
-
-    /// Aggregates member status into the binding and the template.
-    fn status_jobs(&self, x: Subject<'_>, r: Rendering<'_>) -> Vec<Job<BKey>> {
-        let Subject {
-            k,
-            b,
-            old,
-            spec,
-            template,
-            interp,
-        } = x;
-        let t = template.obj.as_ref();
-        let mut jobs: Vec<Job<BKey>> = Vec::new();
-        let now = Time::now();
-        let mut items = Vec::new();
-        let mut all_applied = !spec.clusters.is_empty();
-        let mut reasons = Vec::new();
-        for tc in &spec.clusters {
-            let (w, current, ms) = self.member_status(&tc.name, r.work_name, t);
-            let ws = w.and_then(|w| w.status.as_ref());
-            let mut item = AggregatedStatusItem {
-                cluster_name: tc.name.clone(),
-                ..Default::default()
-            };
-            if let Some(m) = ms {
-                item.applied = m.applied && current;
-                item.health = health_of(interp, t, m);
-                item.status = m.status.clone();
-                item.message = m.message.clone();
-                item.volumes = m.volumes.clone();
-            }
-            if let Some(e) = r.errors.get(&tc.name) {
-                item.applied = false;
-                item.message = e.clone();
-            } else if spec.suspension.holds(&tc.name) {
-                item.message = "dispatching is suspended".into();
-            } else if ms.is_none() {
-                item.message = if w.is_none() && !r.writing.contains(&tc.name) {
-                    "the Work is not created yet".into()
-                } else {
-                    "the member has not reported yet".into()
-                };
-            }
-            // Work-level failures (a conflict, a refused manifest) explain an unapplied item.
-            if !item.applied
-                && item.message.is_empty()
-                && let Some(c) = ws.and_then(|s| {
-                    conditions::find(&s.conditions, orrery_api::work::CONDITION_APPLIED)
-                })
-            {
-                item.message = c.message.clone();
-            }
-            if !item.applied {
-                all_applied = false;
-                reasons.push(format!(
-                    "{}: {}",
-                    tc.name,
-                    if item.message.is_empty() {
-                        "not applied yet"
-                    } else {
-                        &item.message
-                    }
-                ));
-            }
-            items.push(item);
-        }
-        if !r.missing_deps.is_empty() {
-            reasons.push(format!(
-                "missing dependencies: {}",
-                r.missing_deps.join(", ")
-            ));
-        }
-        let cond = if all_applied && r.missing_deps.is_empty() {
-            Condition::new(
-                CONDITION_FULLY_APPLIED,
-                conditions::TRUE,
-                "FullyApplied",
-                "applied in every target cluster",
-            )
-        } else if spec.clusters.is_empty() {
-            Condition::new(
-                CONDITION_FULLY_APPLIED,
-                conditions::FALSE,
-                "NotScheduled",
-                "no target cluster",
-            )
-        } else {
-            Condition::new(
-                CONDITION_FULLY_APPLIED,
-                conditions::FALSE,
-                "NotFullyApplied",
-                reasons.join("; "),
-            )
-        };
-        let targets: Vec<(String, i64)> = spec
-            .clusters
-            .iter()
-            .map(|t| (t.name.clone(), t.replicas))
-            .collect();
-        let locations = orrery_api::location::by_location(&targets, &items, |c| {
-            self.clusters
-                .get(c)
-                .and_then(|s| orrery_api::location::city_of(&s.view.labels))
-                .map(str::to_string)
-        });
-        if with_status(old, &cond, &items, &locations, now).is_some() {
-            let store = self.store.clone();
-            let key = k.clone();
-            let bkey = keys::well_known::binding(&k.0, &k.1);
-            // Events for what a person must look at: an error in some cluster. (Placement
-            // has its own Event; a normal rollout needs none per binding.)
-            let trouble = !r.errors.is_empty()
-                || items
-                    .iter()
-                    .any(|i| !i.applied && i.message.contains("conflict"));
-            let announce = trouble
-                && conditions::find(&old.conditions, CONDITION_FULLY_APPLIED)
-                    .map(|c| c.message.clone())
-                    != Some(cond.message.clone());
-            let res = spec.resource.clone();
-            let cond = cond.clone();
-            let items = items.clone();
-            let locations = locations.clone();
-            let seen = b.clone();
-            let log = self.written.clone();
-            jobs.push(Box::pin(async move {
-                // The status as computed against the stored one: health times carried over,
-                // nothing written when nothing but times would change.
-                let next = |cur: &Object| -> Option<Object> {
-                    if cur.metadata.deletion_timestamp.is_some() {
-                        return None;
-                    }
-                    let st = with_status(&BindingStatus::of(cur), &cond, &items, &locations, now)?;
-                    Some(Object {
-                        api_version: cur.api_version.clone(),
-                        kind: cur.kind.clone(),
-                        metadata: cur.metadata.clone(),
-                        spec: cur.spec.clone(),
-                        status: serde_json::to_value(&st).ok(),
-                        other: cur.other.clone(),
-                    })
-                };
-                // The binding as this controller saw it is usually current: write over it,
-                // and read afresh only when someone wrote in between.
-                let stored = match next(&seen) {
-                    None => None,
-                    Some(o) => match store.update(&bkey, o, seen.revision()).await {
-                        Ok(stored) => Some(stored),
-                        Err(StoreError::Conflict { .. }) => {
-                            let r = update_with(store.as_ref(), &bkey, |cur| Ok(next(&cur))).await;
-                            match r {
-                                Ok(stored) => Some(stored),
-                                Err(StoreError::NotFound { .. }) => None,
-                                Err(e) => return Err((key.clone(), e.to_string())),
-                            }
-                        }
-                        Err(e) => return Err((key.clone(), e.to_string())),
-                    },
-                };
-                if let Some(stored) = stored {
-                    log_written(&log, Written::Binding(key.clone(), stored));
-                }
-                if announce {
-                    let about = subject(
-                        &res.api_version,
-                        &res.kind,
-                        &res.namespace,
-                        &res.name,
-                        &res.uid,
-                    );
-                    let _ = record::event(
-                        store.as_ref(),
-                        &about,
-                        "Warning",
-                        "NotYetAvailable",
-                        &cond.message,
-                        COMPONENT,
-                    )
-                    .await;
-                }
-                Ok(())
-            }));
-        }
-        // The template's own status.
-        let parts: Vec<(&str, &Value)> = items
-            .iter()
-            .filter_map(|i| Some((i.cluster_name.as_str(), i.status.as_ref()?)))
-            .collect();
-        // Placed in no cluster (nothing feasible, or the placement emptied): what its
-        // members said before no longer runs anywhere.
-        let agg = interp.aggregate(&t.kind, &parts).or_else(|| {
-            (parts.is_empty()
-                && spec.clusters.is_empty()
-                && !spec.resource.is_task()
-                && orrery_api::interpret::shows_running(t, NOT_SCHEDULED))
-            .then(|| {
-                orrery_api::interpret::unplaced_status(
-                    t,
-                    NOT_SCHEDULED,
-                    "placed in no cluster: see its ResourceBinding's Scheduled condition",
-                )
-            })
-            .flatten()
-        });
-        if let Some(mut agg) = agg {
-            if cond.is_true()
-                && let (Some(m), Some(g)) = (agg.as_object_mut(), t.metadata.generation)
-                && (m.contains_key("observedGeneration") || parts.len() > 1)
-            {
-                // The members run the current spec: in the control plane's terms, the
-                // template's generation is observed.
-                m.insert("observedGeneration".into(), Value::from(g));
-            }
-            if t.status.as_ref() != Some(&agg)
-                && let Some(info) = self.kinds.resolve(&t.api_version, &t.kind)
-            {
-                let store = self.store.clone();
-                let key = k.clone();
-                let tkey = info.key(t.namespace(), t.name());
-                let seen = template.obj.clone();
-                let log = self.written.clone();
-                jobs.push(Box::pin(async move {
-                    let uid = seen.metadata.uid.clone();
-                    let next = |cur: &Object| -> Option<Object> {
-                        if cur.metadata.uid != uid || cur.status.as_ref() == Some(&agg) {
-                            return None;
-                        }
-                        let mut o = Object {
-                            api_version: cur.api_version.clone(),
-                            kind: cur.kind.clone(),
-                            metadata: cur.metadata.clone(),
-                            spec: cur.spec.clone(),
-                            status: None,
-                            other: cur.other.clone(),
-                        };
-                        o.status = Some(agg.clone());
-                        Some(o)
-                    };
-                    // Over the version this controller has, read afresh only on a conflict.
-                    let r = match next(&seen) {
-                        None => return Ok(()),
-                        Some(o) => match store.update(&tkey, o, seen.revision()).await {
-                            Err(StoreError::Conflict { .. }) => {
-                                update_with(store.as_ref(), &tkey, |cur| Ok(next(&cur))).await
-                            }
-                            other => other,
-                        },
-                    };
-                    match r {
-                        Ok(stored) => {
-                            log_written(&log, Written::Template(tkey, stored));
-                            Ok(())
-                        }
-                        Err(StoreError::NotFound { .. }) => Ok(()),
-                        Err(e) => Err((key, e.to_string())),
-                    }
-                }));
-            }
-        }
-        jobs
-    }
 }
 
-/// The reason a template's status gives when its binding places it nowhere.
-const NOT_SCHEDULED: &str = "NotScheduled";
-
-/// The binding whose status is aggregated, and what it is read with.
-#[derive(Clone, Copy)]
-struct Subject<'a> {
-    k: &'a BKey,
-    b: &'a Arc<Object>,
-    /// Its status as this controller saw it.
-    old: &'a BindingStatus,
-    spec: &'a BindingSpec,
-    template: &'a Template,
-    interp: Interpreter<'a>,
+/// A binding whose Works are rendered: the binding, its spec and its template.
+struct Gate<'t> {
+    b: Arc<Object>,
+    spec: Arc<BindingSpec>,
+    template: &'t Template,
 }
 
-/// What a binding's rendering came to, for its status.
-#[derive(Debug, Clone, Copy)]
-struct Rendering<'a> {
-    /// Clusters whose rendering failed, and why.
-    errors: &'a BTreeMap<String, String>,
-    missing_deps: &'a [String],
-    /// Clusters whose Works this round writes.
-    writing: &'a BTreeSet<String>,
-    work_name: &'a str,
-}
-
-/// `old` with the `FullyApplied` condition and the aggregated items set, health times carried
-/// over from `old` where the health is the same; `None` when that changes nothing but times.
 /// What one cluster's Work holds.
 #[derive(Debug, Default)]
 struct WorkPart {
@@ -1497,38 +1254,11 @@ fn fence(interp: Interpreter<'_>, m: &mut Value) {
     }
 }
 
-fn with_status(
-    old: &BindingStatus,
-    cond: &Condition,
-    items: &[AggregatedStatusItem],
-    locations: &[orrery_api::location::LocationReplicas],
-    now: Time,
-) -> Option<BindingStatus> {
-    let mut st = old.clone();
-    conditions::set(&mut st.conditions, cond.clone(), now);
-    st.locations = locations.to_vec();
-    st.aggregated_status = items
-        .iter()
-        .map(|i| {
-            let mut i = i.clone();
-            let prev = old
-                .aggregated_status
-                .iter()
-                .find(|a| a.cluster_name == i.cluster_name);
-            i.health_since = match prev {
-                Some(p) if p.health == i.health => p.health_since.or(Some(now)),
-                _ => Some(now),
-            };
-            i
-        })
-        .collect();
-    (st != *old).then_some(st)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
 
+    use super::status::with_status;
     use super::*;
 
     fn item(cluster: &str, health: Health, since: Option<Time>) -> AggregatedStatusItem {
