@@ -306,21 +306,9 @@ impl Scaler {
             self.write(o, &old, st).await;
             return;
         }
-        let template = match super::target_key(&ns, r) {
-            Some(k) => self.store.get(&k).await.map(|t| (k, t)),
-            None => Err(StoreError::NotFound {
-                key: r.kind.clone(),
-            }),
-        };
-        let (tkey, template) = match template {
+        let (tkey, template) = match self.read_target(&ns, r).await {
             Ok(x) => x,
-            Err(e) => {
-                let msg = match e {
-                    StoreError::NotFound { .. } => {
-                        format!("the scale target {} {} does not exist", r.kind, r.name)
-                    }
-                    e => format!("the scale target could not be read: {e}"),
-                };
+            Err(msg) => {
                 set(&mut st, "AbleToScale", false, "FailedGetScale", &msg, now);
                 self.write(o, &old, st).await;
                 return;
@@ -351,19 +339,7 @@ impl Scaler {
         let key = (ns.clone(), name.clone());
         // The usage is recorded for a predictive FederatedHPA only.
         if ahead.is_some() && self.memory.get(&key).is_none_or(|m| m.series.is_none()) {
-            let stored = match self.store.get(&usage_key(&ns, &name)).await {
-                Ok(s) => s
-                    .spec
-                    .clone()
-                    .and_then(|v| serde_json::from_value::<UsageSeries>(v).ok())
-                    .filter(|s| s.step == step),
-                Err(_) => None,
-            };
-            self.memory.entry(key.clone()).or_default().series =
-                Some(stored.unwrap_or(UsageSeries {
-                    step,
-                    ..Default::default()
-                }));
+            self.load_series(&key, step).await;
         }
         let mem = self.memory.entry(key.clone()).or_default();
         let mut predicted = None;
@@ -379,54 +355,15 @@ impl Scaler {
             let stepped = series.last_step != before;
             if stepped {
                 // A step ended: store the series and forecast again.
-                let mut so = Object::new("internal.orrery.io/v1", "UsageSeries").with_name(&name);
-                so.metadata.namespace = ns.clone();
-                so.spec = serde_json::to_value(&*series).ok();
-                let k = usage_key(&ns, &name);
-                let w = match self.store.get(&k).await {
-                    Ok(mut prev) => {
-                        prev.spec = so.spec;
-                        self.store.update(&k, prev, None).await.map(|_| ())
-                    }
-                    Err(StoreError::NotFound { .. }) => self.store.create(&k, so).await.map(|_| ()),
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = w {
-                    tracing::warn!(federatedhpa = %format!("{ns}/{name}"), error = %e, "storing the recorded usage");
-                }
+                store_series(self.store.as_ref(), &ns, &name, series).await;
                 let horizon_points = (ahead.horizon_seconds as usize).div_ceil(step as usize);
                 mem.forecast = Some((
                     series.last_step,
                     forecast_peaks(series, season_points, horizon_points, ahead.bound),
                 ));
             }
-            let mut ps = PredictionStatus {
-                horizon: orrery_api::prediction::format_seconds(ahead.horizon_seconds),
-                bound: ahead.bound.as_str().to_string(),
-                ..Default::default()
-            };
-            match mem.forecast.as_ref().map(|(_, f)| f) {
-                Some(Ok(peaks)) => {
-                    let mut models = Vec::new();
-                    for t in &targets {
-                        if let (Some((peak, model)), (_, Some(per_pod))) =
-                            (peaks.get(t.resource()), reading(u, t.resource()))
-                            && let Some(n) = recommend::replicas_for(t, *peak, per_pod)
-                        {
-                            predicted = Some(predicted.map_or(n, |p: i32| p.max(n)));
-                            models.push(format!("{} {model}", t.resource()));
-                        }
-                    }
-                    ps.replicas = predicted.unwrap_or(0);
-                    ps.message = format!("forecast by {}", models.join(", "));
-                }
-                Some(Err(why)) => ps.message = why.clone(),
-                None => {
-                    ps.message = format!(
-                        "recording the workload's usage: a point every {step}s, a forecast once a season and a quarter are in"
-                    )
-                }
-            }
+            let (p, ps) = prediction(&ahead, step, mem.forecast.as_ref(), &targets, u);
+            predicted = p;
             prediction_status = Some(ps);
         }
         let window = self.settings.downscale_window.as_secs() as i64;
@@ -434,61 +371,8 @@ impl Scaler {
             .history
             .decide(spec, current, usage.as_ref(), predicted, secs, window);
         st.prediction = prediction_status;
-        st.current_metrics = d
-            .readings
-            .iter()
-            .map(|r| MetricStatus {
-                type_: "Resource".into(),
-                resource: Some(ResourceMetricStatus {
-                    name: r.resource.clone(),
-                    current: MetricValueStatus {
-                        average_value: Some(average_text(&r.resource, r.average)),
-                        average_utilization: r.utilization,
-                    },
-                }),
-            })
-            .collect();
-        match (&d.inactive, d.out_of_range) {
-            // Brought within the bounds before any metric was read: ScalingActive stays as it
-            // was (Kubernetes' order).
-            (_, Some(_)) => {}
-            (Some((reason, msg)), None) => set(&mut st, "ScalingActive", false, reason, msg, now),
-            (None, None) => {
-                let what = targets
-                    .iter()
-                    .map(|t| match t {
-                        Target::Utilization { resource, .. } => {
-                            format!("{resource} resource utilization (percentage of request)")
-                        }
-                        Target::AverageValue { resource, .. } => {
-                            format!("{resource} resource")
-                        }
-                    })
-                    .collect::<Vec<_>>()
-                    .join(", ");
-                set(
-                    &mut st,
-                    "ScalingActive",
-                    true,
-                    "ValidMetricFound",
-                    &format!(
-                        "the HPA was able to successfully calculate a replica count from {what}"
-                    ),
-                    now,
-                );
-            }
-        }
-        match &d.limited {
-            Some((reason, msg)) => set(&mut st, "ScalingLimited", true, reason, msg, now),
-            None => set(
-                &mut st,
-                "ScalingLimited",
-                false,
-                "DesiredWithinRange",
-                "the desired count is within the acceptable range",
-                now,
-            ),
-        }
+        st.current_metrics = metric_statuses(&d.readings);
+        set_metric_conditions(&mut st, &d, &targets, now);
         st.desired_replicas = d.desired;
         if d.desired != current && d.inactive.is_none() {
             match super::scale(self.store.as_ref(), &tkey, d.desired).await {
@@ -524,6 +408,44 @@ impl Scaler {
         self.write(o, &old, st).await;
     }
 
+    /// Reads the scale target (its key and object); else the `FailedGetScale` message.
+    async fn read_target(
+        &self,
+        ns: &str,
+        r: &orrery_api::autoscaling::CrossVersionObjectReference,
+    ) -> Result<(String, Object), String> {
+        let template = match super::target_key(ns, r) {
+            Some(k) => self.store.get(&k).await.map(|t| (k, t)),
+            None => Err(StoreError::NotFound {
+                key: r.kind.clone(),
+            }),
+        };
+        template.map_err(|e| match e {
+            StoreError::NotFound { .. } => {
+                format!("the scale target {} {} does not exist", r.kind, r.name)
+            }
+            e => format!("the scale target could not be read: {e}"),
+        })
+    }
+
+    /// Takes up the usage series recorded before (a restart shortens no window), or starts
+    /// one; a stored series of another step is dropped.
+    async fn load_series(&mut self, key: &Key, step: i64) {
+        let (ns, name) = key;
+        let stored = match self.store.get(&usage_key(ns, name)).await {
+            Ok(s) => s
+                .spec
+                .clone()
+                .and_then(|v| serde_json::from_value::<UsageSeries>(v).ok())
+                .filter(|s| s.step == step),
+            Err(_) => None,
+        };
+        self.memory.entry(key.clone()).or_default().series = Some(stored.unwrap_or(UsageSeries {
+            step,
+            ..Default::default()
+        }));
+    }
+
     async fn write(&self, o: &Object, old: &FederatedHPAStatus, st: FederatedHPAStatus) {
         if &st == old {
             return;
@@ -544,6 +466,130 @@ impl Scaler {
             Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => {}
             Err(e) => tracing::warn!(error = %e, "writing a FederatedHPA's status"),
         }
+    }
+}
+
+/// Stores the recorded usage series (a failure is logged; the next step tries again).
+async fn store_series(store: &dyn Store, ns: &str, name: &str, series: &UsageSeries) {
+    let mut so = Object::new("internal.orrery.io/v1", "UsageSeries").with_name(name);
+    so.metadata.namespace = ns.to_string();
+    so.spec = serde_json::to_value(series).ok();
+    let k = usage_key(ns, name);
+    let w = match store.get(&k).await {
+        Ok(mut prev) => {
+            prev.spec = so.spec;
+            store.update(&k, prev, None).await.map(|_| ())
+        }
+        Err(StoreError::NotFound { .. }) => store.create(&k, so).await.map(|_| ()),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = w {
+        tracing::warn!(federatedhpa = %format!("{ns}/{name}"), error = %e, "storing the recorded usage");
+    }
+}
+
+/// The replicas the forecast asks for (the most any target's peak needs), and the
+/// prediction's status.
+fn prediction(
+    ahead: &Ahead,
+    step: i64,
+    forecast: Option<&(i64, Result<Peaks, String>)>,
+    targets: &[Target],
+    u: &WorkloadUsage,
+) -> (Option<i32>, PredictionStatus) {
+    let mut predicted = None;
+    let mut ps = PredictionStatus {
+        horizon: orrery_api::prediction::format_seconds(ahead.horizon_seconds),
+        bound: ahead.bound.as_str().to_string(),
+        ..Default::default()
+    };
+    match forecast.map(|(_, f)| f) {
+        Some(Ok(peaks)) => {
+            let mut models = Vec::new();
+            for t in targets {
+                if let (Some((peak, model)), (_, Some(per_pod))) =
+                    (peaks.get(t.resource()), reading(u, t.resource()))
+                    && let Some(n) = recommend::replicas_for(t, *peak, per_pod)
+                {
+                    predicted = Some(predicted.map_or(n, |p: i32| p.max(n)));
+                    models.push(format!("{} {model}", t.resource()));
+                }
+            }
+            ps.replicas = predicted.unwrap_or(0);
+            ps.message = format!("forecast by {}", models.join(", "));
+        }
+        Some(Err(why)) => ps.message = why.clone(),
+        None => {
+            ps.message = format!(
+                "recording the workload's usage: a point every {step}s, a forecast once a season and a quarter are in"
+            )
+        }
+    }
+    (predicted, ps)
+}
+
+/// The status's `currentMetrics`: each reading of the decision.
+fn metric_statuses(readings: &[recommend::Reading]) -> Vec<MetricStatus> {
+    readings
+        .iter()
+        .map(|r| MetricStatus {
+            type_: "Resource".into(),
+            resource: Some(ResourceMetricStatus {
+                name: r.resource.clone(),
+                current: MetricValueStatus {
+                    average_value: Some(average_text(&r.resource, r.average)),
+                    average_utilization: r.utilization,
+                },
+            }),
+        })
+        .collect()
+}
+
+/// `ScalingActive` and `ScalingLimited` as the decision says.
+fn set_metric_conditions(
+    st: &mut FederatedHPAStatus,
+    d: &recommend::Decision,
+    targets: &[Target],
+    now: Time,
+) {
+    match (&d.inactive, d.out_of_range) {
+        // Brought within the bounds before any metric was read: ScalingActive stays as it
+        // was (Kubernetes' order).
+        (_, Some(_)) => {}
+        (Some((reason, msg)), None) => set(st, "ScalingActive", false, reason, msg, now),
+        (None, None) => {
+            let what = targets
+                .iter()
+                .map(|t| match t {
+                    Target::Utilization { resource, .. } => {
+                        format!("{resource} resource utilization (percentage of request)")
+                    }
+                    Target::AverageValue { resource, .. } => {
+                        format!("{resource} resource")
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join(", ");
+            set(
+                st,
+                "ScalingActive",
+                true,
+                "ValidMetricFound",
+                &format!("the HPA was able to successfully calculate a replica count from {what}"),
+                now,
+            );
+        }
+    }
+    match &d.limited {
+        Some((reason, msg)) => set(st, "ScalingLimited", true, reason, msg, now),
+        None => set(
+            st,
+            "ScalingLimited",
+            false,
+            "DesiredWithinRange",
+            "the desired count is within the acceptable range",
+            now,
+        ),
     }
 }
 
