@@ -211,186 +211,201 @@ pub async fn run(
 impl Detector {
     fn take_event(&mut self, src: Src, ev: Event) {
         match src {
-            Src::Policy(slot) => {
-                // What this event may move: templates the policy's old or new selectors could
-                // match, and those it held.
-                let mut sels: Vec<policy::ResourceSelector> = Vec::new();
-                let mut everything = false;
-                let mut held: Vec<TKey> = Vec::new();
-                match &ev {
-                    Event::Listed(_) => everything = true,
-                    // A status write (ours) or a no-op update moves nothing.
-                    Event::Upsert(o)
-                        if policy::from_object(o).ok().as_ref()
-                            == self.policies.get(&PolicyRef::of(o)) =>
-                    {
-                        let bound = o
-                            .status
-                            .as_ref()
-                            .and_then(|s| s.get("boundResources"))
-                            .and_then(Value::as_i64);
-                        self.policy_bound.insert(PolicyRef::of(o), bound);
-                        return;
-                    }
-                    Event::Upsert(o) | Event::Delete(o) => {
-                        let r = PolicyRef::of(o);
-                        if let Some(p) = self.policies.get(&r) {
-                            sels.extend(p.selectors.iter().cloned());
-                        }
-                        if let Ok(p) = policy::from_object(o) {
-                            sels.extend(p.selectors);
-                        }
-                        held.extend(self.bound_by.get(&r).into_iter().flatten().cloned());
-                    }
-                }
-                let apply = |d: &mut Detector, o: &Object| {
-                    let bound = o
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.get("boundResources"))
-                        .and_then(Value::as_i64);
-                    d.policy_bound.insert(PolicyRef::of(o), bound);
-                    if let Ok(p) = policy::from_object(o) {
-                        d.policy_slots.insert(p.reference.clone(), slot);
-                        d.policies.insert(p.reference.clone(), p);
-                    }
-                };
-                match ev {
-                    Event::Listed(items) => {
-                        let gone: Vec<PolicyRef> = self
-                            .policy_slots
-                            .iter()
-                            .filter(|(_, s)| **s == slot)
-                            .map(|(r, _)| r.clone())
-                            .collect();
-                        for r in gone {
-                            self.policies.remove(&r);
-                            self.policy_slots.remove(&r);
-                        }
-                        for o in &items {
-                            apply(self, o);
-                        }
-                    }
-                    Event::Upsert(o) => {
-                        self.policies.remove(&PolicyRef::of(&o));
-                        apply(self, &o);
-                    }
-                    Event::Delete(o) => {
-                        let r = PolicyRef::of(&o);
-                        self.policies.remove(&r);
-                        self.policy_slots.remove(&r);
-                        self.policy_bound.remove(&r);
-                    }
-                }
-                self.follow_policy_kinds();
-                // Re-deciding writes nothing when nothing changes.
-                let could_match = |k: &TKey| {
-                    everything
-                        || sels.iter().any(|s| {
-                            s.api_version == k.0
-                                && s.kind == k.1
-                                && (s.namespace.is_empty() || s.namespace == k.2)
-                                && (s.name.is_empty() || s.name == k.3)
-                        })
-                };
-                let mut dirty: Vec<TKey> = self
-                    .templates
-                    .keys()
-                    .filter(|k| could_match(k))
-                    .cloned()
-                    .collect();
-                if everything {
-                    dirty.extend(self.bindings.values().filter_map(|b| template_of(b)));
-                }
-                dirty.extend(held);
-                self.mark_all(dirty);
-            }
-            Src::Template(slot) => match ev {
-                Event::Listed(items) => {
-                    let gone: Vec<TKey> = self
-                        .templates
-                        .keys()
-                        .filter(|k| self.watched.slot(&k.0, &k.1) == Some(slot))
-                        .cloned()
-                        .collect();
-                    for k in gone {
-                        self.templates.remove(&k);
-                        self.mark(k);
-                    }
-                    for o in items {
-                        if let Some(k) = self.template_key(&o) {
-                            self.mark(k.clone());
-                            self.templates.insert(k, o);
-                        }
-                    }
-                }
-                Event::Upsert(o) => {
-                    if let Some(k) = self.template_key(&o) {
-                        // A status write (the binding controller's) changes nothing here.
-                        if !self
-                            .templates
-                            .get(&k)
-                            .is_some_and(|old| same_but_status(old, &o))
-                        {
-                            self.mark(k.clone());
-                        }
-                        self.templates.insert(k, o);
-                    }
-                }
-                Event::Delete(o) => {
-                    if let Some(k) = self.template_key(&o) {
-                        self.templates.remove(&k);
-                        self.mark(k);
-                    }
-                }
-            },
-            Src::Binding => match ev {
-                Event::Listed(items) => {
-                    let before: Vec<TKey> = self
-                        .bindings
-                        .values()
-                        .filter_map(|b| template_of(b))
-                        .collect();
-                    self.mark_all(before);
-                    self.bindings.clear();
-                    self.bound_by.clear();
-                    for b in items {
-                        self.put_binding(b);
-                    }
-                }
-                Event::Upsert(b) => {
-                    let k = (b.namespace().to_string(), b.name().to_string());
-                    // The scheduler's and the binding controller's writes leave what this
-                    // controller decides (the generation) alone.
-                    if let Some(old) = self.bindings.get(&k)
-                        && old.metadata.generation == b.metadata.generation
-                        && old.metadata.deletion_timestamp == b.metadata.deletion_timestamp
-                        && old.metadata.annotations == b.metadata.annotations
-                    {
-                        self.bindings.insert(k, b);
-                        return;
-                    }
-                    if let Some(old) = self.bindings.remove(&k) {
-                        self.unindex(&old);
-                    }
-                    self.put_binding(b);
-                }
-                Event::Delete(b) => {
-                    if let Some(k) = template_of(&b) {
-                        self.mark(k);
-                    }
-                    if let Some(old) = self
-                        .bindings
-                        .remove(&(b.namespace().to_string(), b.name().to_string()))
-                    {
-                        self.unindex(&old);
-                    }
-                }
-            },
+            Src::Policy(slot) => self.take_policy_event(slot, ev),
+            Src::Template(slot) => self.take_template_event(slot, ev),
+            Src::Binding => self.take_binding_event(ev),
             Src::Interpreter => {
                 super::follow_interpreters(&mut self.interpreters, ev);
                 let all: Vec<TKey> = self.templates.keys().cloned().collect();
                 self.mark_all(all);
+            }
+        }
+    }
+
+    /// A policy of the kind in `slot` changed: it is kept, and the templates it may move
+    /// are marked.
+    fn take_policy_event(&mut self, slot: usize, ev: Event) {
+        // What this event may move: templates the policy's old or new selectors could
+        // match, and those it held.
+        let mut sels: Vec<policy::ResourceSelector> = Vec::new();
+        let mut everything = false;
+        let mut held: Vec<TKey> = Vec::new();
+        match &ev {
+            Event::Listed(_) => everything = true,
+            // A status write (ours) or a no-op update moves nothing.
+            Event::Upsert(o)
+                if policy::from_object(o).ok().as_ref() == self.policies.get(&PolicyRef::of(o)) =>
+            {
+                let bound = o
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.get("boundResources"))
+                    .and_then(Value::as_i64);
+                self.policy_bound.insert(PolicyRef::of(o), bound);
+                return;
+            }
+            Event::Upsert(o) | Event::Delete(o) => {
+                let r = PolicyRef::of(o);
+                if let Some(p) = self.policies.get(&r) {
+                    sels.extend(p.selectors.iter().cloned());
+                }
+                if let Ok(p) = policy::from_object(o) {
+                    sels.extend(p.selectors);
+                }
+                held.extend(self.bound_by.get(&r).into_iter().flatten().cloned());
+            }
+        }
+        let apply = |d: &mut Detector, o: &Object| {
+            let bound = o
+                .status
+                .as_ref()
+                .and_then(|s| s.get("boundResources"))
+                .and_then(Value::as_i64);
+            d.policy_bound.insert(PolicyRef::of(o), bound);
+            if let Ok(p) = policy::from_object(o) {
+                d.policy_slots.insert(p.reference.clone(), slot);
+                d.policies.insert(p.reference.clone(), p);
+            }
+        };
+        match ev {
+            Event::Listed(items) => {
+                let gone: Vec<PolicyRef> = self
+                    .policy_slots
+                    .iter()
+                    .filter(|(_, s)| **s == slot)
+                    .map(|(r, _)| r.clone())
+                    .collect();
+                for r in gone {
+                    self.policies.remove(&r);
+                    self.policy_slots.remove(&r);
+                }
+                for o in &items {
+                    apply(self, o);
+                }
+            }
+            Event::Upsert(o) => {
+                self.policies.remove(&PolicyRef::of(&o));
+                apply(self, &o);
+            }
+            Event::Delete(o) => {
+                let r = PolicyRef::of(&o);
+                self.policies.remove(&r);
+                self.policy_slots.remove(&r);
+                self.policy_bound.remove(&r);
+            }
+        }
+        self.follow_policy_kinds();
+        // Re-deciding writes nothing when nothing changes.
+        let could_match = |k: &TKey| {
+            everything
+                || sels.iter().any(|s| {
+                    s.api_version == k.0
+                        && s.kind == k.1
+                        && (s.namespace.is_empty() || s.namespace == k.2)
+                        && (s.name.is_empty() || s.name == k.3)
+                })
+        };
+        let mut dirty: Vec<TKey> = self
+            .templates
+            .keys()
+            .filter(|k| could_match(k))
+            .cloned()
+            .collect();
+        if everything {
+            dirty.extend(self.bindings.values().filter_map(|b| template_of(b)));
+        }
+        dirty.extend(held);
+        self.mark_all(dirty);
+    }
+
+    /// A template of the kind in `slot` changed: it is kept, and marked unless only its
+    /// status changed.
+    fn take_template_event(&mut self, slot: usize, ev: Event) {
+        match ev {
+            Event::Listed(items) => {
+                let gone: Vec<TKey> = self
+                    .templates
+                    .keys()
+                    .filter(|k| self.watched.slot(&k.0, &k.1) == Some(slot))
+                    .cloned()
+                    .collect();
+                for k in gone {
+                    self.templates.remove(&k);
+                    self.mark(k);
+                }
+                for o in items {
+                    if let Some(k) = self.template_key(&o) {
+                        self.mark(k.clone());
+                        self.templates.insert(k, o);
+                    }
+                }
+            }
+            Event::Upsert(o) => {
+                if let Some(k) = self.template_key(&o) {
+                    // A status write (the binding controller's) changes nothing here.
+                    if !self
+                        .templates
+                        .get(&k)
+                        .is_some_and(|old| same_but_status(old, &o))
+                    {
+                        self.mark(k.clone());
+                    }
+                    self.templates.insert(k, o);
+                }
+            }
+            Event::Delete(o) => {
+                if let Some(k) = self.template_key(&o) {
+                    self.templates.remove(&k);
+                    self.mark(k);
+                }
+            }
+        }
+    }
+
+    /// A binding changed: it is kept and indexed, and its template marked when what this
+    /// controller decides of it changed.
+    fn take_binding_event(&mut self, ev: Event) {
+        match ev {
+            Event::Listed(items) => {
+                let before: Vec<TKey> = self
+                    .bindings
+                    .values()
+                    .filter_map(|b| template_of(b))
+                    .collect();
+                self.mark_all(before);
+                self.bindings.clear();
+                self.bound_by.clear();
+                for b in items {
+                    self.put_binding(b);
+                }
+            }
+            Event::Upsert(b) => {
+                let k = (b.namespace().to_string(), b.name().to_string());
+                // The scheduler's and the binding controller's writes leave what this
+                // controller decides (the generation) alone.
+                if let Some(old) = self.bindings.get(&k)
+                    && old.metadata.generation == b.metadata.generation
+                    && old.metadata.deletion_timestamp == b.metadata.deletion_timestamp
+                    && old.metadata.annotations == b.metadata.annotations
+                {
+                    self.bindings.insert(k, b);
+                    return;
+                }
+                if let Some(old) = self.bindings.remove(&k) {
+                    self.unindex(&old);
+                }
+                self.put_binding(b);
+            }
+            Event::Delete(b) => {
+                if let Some(k) = template_of(&b) {
+                    self.mark(k);
+                }
+                if let Some(old) = self
+                    .bindings
+                    .remove(&(b.namespace().to_string(), b.name().to_string()))
+                {
+                    self.unindex(&old);
+                }
             }
         }
     }
@@ -541,25 +556,12 @@ impl Detector {
             .and_then(|p| serde_json::from_value(p).ok());
         let Some(p) = policy::choose(self.policies.values(), &t, claimant.as_ref()) else {
             let bound = existing.is_some();
-            let placed_before = t
-                .metadata
-                .finalizers
-                .iter()
-                .any(|f| f == binding::FINALIZER);
+            let placed_before = has_finalizer(&t);
             return unbind(existing, Some(t.clone())).or_else(|| {
                 if bound || placed_before {
                     return None;
                 }
-                // Nothing places it: its status says what runs (nothing), and an Event why.
-                let status = self.unplaced_status_job(k, &t, info.clone());
-                let told = self.tell_unselected(k, &t);
-                match (status, told) {
-                    (Some(a), Some(b)) => Some(Box::pin(async move {
-                        let (x, y) = tokio::join!(a, b);
-                        x.and(y)
-                    }) as Job<TKey>),
-                    (a, b) => a.or(b),
-                }
+                self.unselected_jobs(k, &t, info.clone())
             });
         };
         if existing
@@ -575,50 +577,57 @@ impl Detector {
         let tkey = info.key(t.namespace(), t.name());
         let store = self.store.clone();
         let key = k.clone();
-        let needs_finalizer = !t
-            .metadata
-            .finalizers
-            .iter()
-            .any(|f| f == binding::FINALIZER);
-        let write_binding: Option<Object> = match &existing {
-            None => {
-                let mut b = new_object(binding::API_VERSION, binding::KIND, Some(&bns), &bname);
-                b.metadata.finalizers.push(binding::FINALIZER.to_string());
-                b.metadata
-                    .annotations
-                    .insert(DIGEST_ANNOTATION.into(), digest);
-                b.metadata
-                    .labels
-                    .insert("multicluster.io/template-kind".into(), kind.to_lowercase());
-                b.spec = serde_json::to_value(&spec).ok();
-                Some(b)
-            }
-            Some(b) => {
-                let new_spec = serde_json::to_value(&spec).ok();
-                // (A digest an earlier version recorded, of the same content, is rewritten
-                // once as the stable one: the spec is the same, so is the generation, and
-                // nothing downstream moves.)
-                if b.spec == new_spec
-                    && b.metadata.annotations.get(DIGEST_ANNOTATION) == Some(&digest)
-                {
-                    None
-                } else {
-                    let mut next = (**b).clone();
-                    next.spec = new_spec;
-                    next.metadata
-                        .annotations
-                        .insert(DIGEST_ANNOTATION.into(), digest);
-                    next.metadata.generation = Some(orrery_store::stamp::next_generation(b, &next));
-                    Some(next)
-                }
-            }
-        };
+        let needs_finalizer = !has_finalizer(&t);
+        let write_binding = binding_to_write(
+            &bns,
+            &bname,
+            kind,
+            existing.as_ref(),
+            serde_json::to_value(&spec).ok(),
+            digest,
+        );
         if !needs_finalizer && write_binding.is_none() {
             return None;
         }
         let creating = existing.is_none();
-        // Selected at last: the warning that no policy did goes (and is said again should it
-        // lose its policy).
+        let forget = self.no_policy_event_to_forget(&t, creating);
+        Some(bind_job(
+            store,
+            Bind {
+                key,
+                bkey,
+                tkey,
+                t,
+                forget,
+                needs_finalizer,
+                write_binding,
+                creating,
+            },
+        ))
+    }
+
+    /// Nothing places the template: its status says what runs (nothing), and an Event why.
+    fn unselected_jobs(
+        &self,
+        k: &TKey,
+        t: &Arc<Object>,
+        info: Option<super::KindInfo>,
+    ) -> Option<Job<TKey>> {
+        let status = self.unplaced_status_job(k, t, info);
+        let told = self.tell_unselected(k, t);
+        match (status, told) {
+            (Some(a), Some(b)) => Some(Box::pin(async move {
+                let (x, y) = tokio::join!(a, b);
+                x.and(y)
+            }) as Job<TKey>),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The template whose no-policy Event goes now that a binding is made for it: selected
+    /// at last, the warning that no policy did goes (and is said again should it lose its
+    /// policy).
+    fn no_policy_event_to_forget(&self, t: &Arc<Object>, creating: bool) -> Option<Arc<Object>> {
         let told = creating && self.told_unselected.lock().remove(&t.metadata.uid);
         // (Told by an earlier run of this server: a workload that waited longer than the
         // grace for its policy may have been.)
@@ -626,58 +635,7 @@ impl Detector {
             orrery_api::Time::now().unix_seconds() - c.unix_seconds()
                 >= UNSELECTED_GRACE.as_secs() as i64
         });
-        let forget = (told || (creating && waited && is_workload(&t.kind))).then(|| t.clone());
-        Some(Box::pin(async move {
-            let err = |e: StoreError| (key.clone(), e.to_string());
-            if let Some(t) = forget
-                && let Err(e) =
-                    crate::record::forget_once(store.as_ref(), &t, NO_POLICY_REASON).await
-            {
-                tracing::debug!(error = %e, "removing the no-policy event failed");
-            }
-            // Both writes at once: a failed one is retried, and the finalizer is in place
-            // before any Work can have been applied (Works need the binding's decision first).
-            let finalize = async {
-                if !needs_finalizer {
-                    return Ok(());
-                }
-                // Read afresh: what this controller saw may be behind its own last write.
-                let uid = t.metadata.uid.clone();
-                orrery_store::update_with(store.as_ref(), &tkey, |mut cur| {
-                    if cur.metadata.uid != uid
-                        || cur.metadata.deletion_timestamp.is_some()
-                        || cur
-                            .metadata
-                            .finalizers
-                            .iter()
-                            .any(|f| f == binding::FINALIZER)
-                    {
-                        return Ok(None);
-                    }
-                    cur.metadata.finalizers.push(binding::FINALIZER.to_string());
-                    Ok(Some(cur))
-                })
-                .await
-                .map(|_| ())
-            };
-            let bind = async {
-                match write_binding {
-                    None => Ok(()),
-                    Some(b) if creating => match store.create(&bkey, b).await {
-                        Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
-                        Err(e) => Err(e),
-                    },
-                    Some(b) => {
-                        let rev = b.revision();
-                        store.update(&bkey, b, rev).await.map(|_| ())
-                    }
-                }
-            };
-            let (a, b) = tokio::join!(finalize, bind);
-            a.map_err(err)?;
-            b.map_err(err)?;
-            Ok(())
-        }))
+        (told || (creating && waited && is_workload(&t.kind))).then(|| t.clone())
     }
 
     /// Unbinding: delete the binding first; its Works go with it (the binding controller
@@ -950,6 +908,134 @@ impl Detector {
                 .unwrap_or_default()
         }
     }
+}
+
+/// Whether the template carries the binding finalizer (it was placed before).
+fn has_finalizer(t: &Object) -> bool {
+    t.metadata
+        .finalizers
+        .iter()
+        .any(|f| f == binding::FINALIZER)
+}
+
+/// The binding to write for a template: a new one, or the existing one with the new spec
+/// and digest; `None` when the existing one says it all already.
+fn binding_to_write(
+    bns: &str,
+    bname: &str,
+    kind: &str,
+    existing: Option<&Arc<Object>>,
+    new_spec: Option<Value>,
+    digest: String,
+) -> Option<Object> {
+    match existing {
+        None => {
+            let mut b = new_object(binding::API_VERSION, binding::KIND, Some(bns), bname);
+            b.metadata.finalizers.push(binding::FINALIZER.to_string());
+            b.metadata
+                .annotations
+                .insert(DIGEST_ANNOTATION.into(), digest);
+            b.metadata
+                .labels
+                .insert("multicluster.io/template-kind".into(), kind.to_lowercase());
+            b.spec = new_spec;
+            Some(b)
+        }
+        Some(b) => {
+            // (A digest an earlier version recorded, of the same content, is rewritten
+            // once as the stable one: the spec is the same, so is the generation, and
+            // nothing downstream moves.)
+            if b.spec == new_spec && b.metadata.annotations.get(DIGEST_ANNOTATION) == Some(&digest)
+            {
+                None
+            } else {
+                let mut next = (**b).clone();
+                next.spec = new_spec;
+                next.metadata
+                    .annotations
+                    .insert(DIGEST_ANNOTATION.into(), digest);
+                next.metadata.generation = Some(orrery_store::stamp::next_generation(b, &next));
+                Some(next)
+            }
+        }
+    }
+}
+
+/// What binding a template writes: its binding (`bkey`) and the template's finalizer.
+struct Bind {
+    key: TKey,
+    bkey: String,
+    tkey: String,
+    t: Arc<Object>,
+    /// The template whose no-policy Event goes first.
+    forget: Option<Arc<Object>>,
+    needs_finalizer: bool,
+    write_binding: Option<Object>,
+    creating: bool,
+}
+
+/// Writes a binding and the template's finalizer.
+fn bind_job(store: Arc<dyn Store>, w: Bind) -> Job<TKey> {
+    let Bind {
+        key,
+        bkey,
+        tkey,
+        t,
+        forget,
+        needs_finalizer,
+        write_binding,
+        creating,
+    } = w;
+    Box::pin(async move {
+        let err = |e: StoreError| (key.clone(), e.to_string());
+        if let Some(t) = forget
+            && let Err(e) = crate::record::forget_once(store.as_ref(), &t, NO_POLICY_REASON).await
+        {
+            tracing::debug!(error = %e, "removing the no-policy event failed");
+        }
+        // Both writes at once: a failed one is retried, and the finalizer is in place
+        // before any Work can have been applied (Works need the binding's decision first).
+        let finalize = async {
+            if !needs_finalizer {
+                return Ok(());
+            }
+            // Read afresh: what this controller saw may be behind its own last write.
+            let uid = t.metadata.uid.clone();
+            orrery_store::update_with(store.as_ref(), &tkey, |mut cur| {
+                if cur.metadata.uid != uid
+                    || cur.metadata.deletion_timestamp.is_some()
+                    || cur
+                        .metadata
+                        .finalizers
+                        .iter()
+                        .any(|f| f == binding::FINALIZER)
+                {
+                    return Ok(None);
+                }
+                cur.metadata.finalizers.push(binding::FINALIZER.to_string());
+                Ok(Some(cur))
+            })
+            .await
+            .map(|_| ())
+        };
+        let bind = async {
+            match write_binding {
+                None => Ok(()),
+                Some(b) if creating => match store.create(&bkey, b).await {
+                    Ok(_) | Err(StoreError::AlreadyExists { .. }) => Ok(()),
+                    Err(e) => Err(e),
+                },
+                Some(b) => {
+                    let rev = b.revision();
+                    store.update(&bkey, b, rev).await.map(|_| ())
+                }
+            }
+        };
+        let (a, b) = tokio::join!(finalize, bind);
+        a.map_err(err)?;
+        b.map_err(err)?;
+        Ok(())
+    })
 }
 
 /// Whether a template's binding should go, read afresh from the store: the template is gone or
