@@ -334,140 +334,155 @@ impl Migrations {
                     self.active.retain(|_, v| *v != k);
                 }
             },
-            Src::Binding => {
-                let put = |s: &mut Migrations, b: &Object, gone: bool| {
-                    let k = (b.namespace().to_string(), b.name().to_string());
-                    if let Some(old) = s.leader_of.remove(&k)
-                        && let Some(f) = s.followers.get_mut(&old)
-                    {
-                        f.remove(&k);
-                    }
-                    s.services.remove(&k);
-                    if !gone && let Some(name) = service_of(b) {
-                        s.services.insert(k.clone(), name);
-                    }
-                    if !gone && let Some(l) = leader_of(b) {
-                        s.followers.entry(l.clone()).or_default().insert(k.clone());
-                        s.leader_of.insert(k.clone(), l);
-                    }
-                    // A standby copy is kept (and let go) from the binding's spec.
-                    let keeps = !gone
-                        && b.spec
-                            .as_ref()
-                            .and_then(|sp| sp.get("standby"))
-                            .and_then(serde_json::Value::as_str)
-                            .is_some_and(|c| !c.is_empty());
-                    if keeps || s.standbys.remove(&k) {
-                        s.dirty_standbys.insert(k.clone());
-                    }
-                    if keeps {
-                        s.standbys.insert(k.clone());
-                    }
-                    // The binding of a migration under way, or a follower of one.
-                    if let Some(m) = s.active.get(&k) {
-                        s.dirty.insert(m.clone());
-                    }
-                    if let Some(l) = s.leader_of.get(&k)
-                        && let Some(m) = s.active.get(l)
-                    {
-                        s.dirty.insert(m.clone());
-                    }
-                };
-                match ev {
-                    Event::Listed(items) => {
-                        self.followers.clear();
-                        self.leader_of.clear();
-                        self.services.clear();
-                        for b in &items {
-                            put(self, b, false);
-                        }
-                    }
-                    Event::Upsert(b) => put(self, &b, false),
-                    Event::Delete(b) => put(self, &b, true),
-                }
-            }
-            Src::Work => {
-                let wake = |s: &mut Migrations, w: &Object| {
-                    let Some((ns, name)) = w
-                        .metadata
-                        .annotations
-                        .get(binding::BINDING_ANNOTATION)
-                        .and_then(|b| b.split_once('/'))
-                    else {
-                        return;
-                    };
-                    let bk = (ns.to_string(), name.to_string());
-                    if let Some(m) = s.active.get(&bk) {
-                        s.dirty.insert(m.clone());
-                    }
-                    if s.standbys.contains(&bk) {
-                        s.dirty_standbys.insert(bk);
-                    }
-                };
-                match ev {
-                    Event::Listed(items) => {
-                        for w in &items {
-                            wake(self, w);
-                        }
-                    }
-                    Event::Upsert(w) | Event::Delete(w) => wake(self, &w),
-                }
-            }
-            Src::Lease => match ev {
+            Src::Binding => match ev {
                 Event::Listed(items) => {
-                    self.renewals = items
-                        .iter()
-                        .filter_map(|l| {
-                            let at = orrery_api::cluster::LeaseBeat::of(l).renew_time?;
-                            Some((l.name().to_string(), at))
-                        })
-                        .collect();
-                }
-                Event::Upsert(l) => {
-                    // A renewal, not the server's own marks on the Lease.
-                    let Some(at) = orrery_api::cluster::LeaseBeat::of(&l).renew_time else {
-                        return;
-                    };
-                    if self.renewals.insert(l.name().to_string(), at) != Some(at)
-                        && let Some(f) = self.clusters.get_mut(l.name())
-                    {
-                        f.heard = Some(orrery_api::MicroTime::now());
+                    self.followers.clear();
+                    self.leader_of.clear();
+                    self.services.clear();
+                    for b in &items {
+                        self.put_binding(b, false);
                     }
                 }
-                Event::Delete(l) => {
-                    self.renewals.remove(l.name());
-                }
+                Event::Upsert(b) => self.put_binding(&b, false),
+                Event::Delete(b) => self.put_binding(&b, true),
             },
-            Src::Cluster => match ev {
+            Src::Work => match ev {
                 Event::Listed(items) => {
-                    self.clusters = items
-                        .iter()
-                        .map(|c| (c.name().to_string(), serving(c)))
-                        .collect();
-                }
-                Event::Upsert(c) => {
-                    let mut f = serving(&c);
-                    // A heartbeat's time has whole seconds; when one arrives is known finer.
-                    if let Some(old) = self.clusters.get(c.name())
-                        && old.heard_time != f.heard_time
-                        && f.heard_time.is_some()
-                    {
-                        f.heard = Some(orrery_api::MicroTime::now());
-                    } else if let Some(old) = self.clusters.get(c.name()) {
-                        f.heard = old.heard.max(f.heard);
-                    }
-                    let old = self.clusters.insert(c.name().to_string(), f);
-                    if old.is_none_or(|o| o.serving != f.serving || o.bandwidth != f.bandwidth) {
-                        let all: Vec<MKey> = self.active.values().cloned().collect();
-                        self.dirty.extend(all);
+                    for w in &items {
+                        self.wake_for_work(w);
                     }
                 }
-                Event::Delete(c) => {
-                    self.clusters.remove(c.name());
+                Event::Upsert(w) | Event::Delete(w) => self.wake_for_work(&w),
+            },
+            Src::Lease => self.take_lease_event(ev),
+            Src::Cluster => self.take_cluster_event(ev),
+        }
+    }
+
+    /// Keeps (or, `gone`, forgets) what a binding says of leaders, Services and standbys,
+    /// and marks the migrations it concerns.
+    fn put_binding(&mut self, b: &Object, gone: bool) {
+        let k = (b.namespace().to_string(), b.name().to_string());
+        if let Some(old) = self.leader_of.remove(&k)
+            && let Some(f) = self.followers.get_mut(&old)
+        {
+            f.remove(&k);
+        }
+        self.services.remove(&k);
+        if !gone && let Some(name) = service_of(b) {
+            self.services.insert(k.clone(), name);
+        }
+        if !gone && let Some(l) = leader_of(b) {
+            self.followers
+                .entry(l.clone())
+                .or_default()
+                .insert(k.clone());
+            self.leader_of.insert(k.clone(), l);
+        }
+        // A standby copy is kept (and let go) from the binding's spec.
+        let keeps = !gone
+            && b.spec
+                .as_ref()
+                .and_then(|sp| sp.get("standby"))
+                .and_then(serde_json::Value::as_str)
+                .is_some_and(|c| !c.is_empty());
+        if keeps || self.standbys.remove(&k) {
+            self.dirty_standbys.insert(k.clone());
+        }
+        if keeps {
+            self.standbys.insert(k.clone());
+        }
+        // The binding of a migration under way, or a follower of one.
+        if let Some(m) = self.active.get(&k) {
+            self.dirty.insert(m.clone());
+        }
+        if let Some(l) = self.leader_of.get(&k)
+            && let Some(m) = self.active.get(l)
+        {
+            self.dirty.insert(m.clone());
+        }
+    }
+
+    /// A Work changed: the migration and the standby of its binding are marked.
+    fn wake_for_work(&mut self, w: &Object) {
+        let Some((ns, name)) = w
+            .metadata
+            .annotations
+            .get(binding::BINDING_ANNOTATION)
+            .and_then(|b| b.split_once('/'))
+        else {
+            return;
+        };
+        let bk = (ns.to_string(), name.to_string());
+        if let Some(m) = self.active.get(&bk) {
+            self.dirty.insert(m.clone());
+        }
+        if self.standbys.contains(&bk) {
+            self.dirty_standbys.insert(bk);
+        }
+    }
+
+    /// A cluster Lease changed: a renewal is when the cluster was last heard from.
+    fn take_lease_event(&mut self, ev: Event) {
+        match ev {
+            Event::Listed(items) => {
+                self.renewals = items
+                    .iter()
+                    .filter_map(|l| {
+                        let at = orrery_api::cluster::LeaseBeat::of(l).renew_time?;
+                        Some((l.name().to_string(), at))
+                    })
+                    .collect();
+            }
+            Event::Upsert(l) => {
+                // A renewal, not the server's own marks on the Lease.
+                let Some(at) = orrery_api::cluster::LeaseBeat::of(&l).renew_time else {
+                    return;
+                };
+                if self.renewals.insert(l.name().to_string(), at) != Some(at)
+                    && let Some(f) = self.clusters.get_mut(l.name())
+                {
+                    f.heard = Some(orrery_api::MicroTime::now());
+                }
+            }
+            Event::Delete(l) => {
+                self.renewals.remove(l.name());
+            }
+        }
+    }
+
+    /// A Cluster changed: its facts are kept, and every active migration marked when
+    /// whether it serves or its bandwidth changed.
+    fn take_cluster_event(&mut self, ev: Event) {
+        match ev {
+            Event::Listed(items) => {
+                self.clusters = items
+                    .iter()
+                    .map(|c| (c.name().to_string(), serving(c)))
+                    .collect();
+            }
+            Event::Upsert(c) => {
+                let mut f = serving(&c);
+                // A heartbeat's time has whole seconds; when one arrives is known finer.
+                if let Some(old) = self.clusters.get(c.name())
+                    && old.heard_time != f.heard_time
+                    && f.heard_time.is_some()
+                {
+                    f.heard = Some(orrery_api::MicroTime::now());
+                } else if let Some(old) = self.clusters.get(c.name()) {
+                    f.heard = old.heard.max(f.heard);
+                }
+                let old = self.clusters.insert(c.name().to_string(), f);
+                if old.is_none_or(|o| o.serving != f.serving || o.bandwidth != f.bandwidth) {
                     let all: Vec<MKey> = self.active.values().cloned().collect();
                     self.dirty.extend(all);
                 }
-            },
+            }
+            Event::Delete(c) => {
+                self.clusters.remove(c.name());
+                let all: Vec<MKey> = self.active.values().cloned().collect();
+                self.dirty.extend(all);
+            }
         }
     }
 
@@ -680,41 +695,8 @@ impl Migrations {
             .map(|s| s.resource.clone())
             .unwrap_or_default();
         let id = m.metadata.uid.clone();
-        let end = |c: &str| self.clusters.get(c).copied().unwrap_or_default();
-        let source = plan::End {
-            serving: end(&st.source).serving,
-            work: if st.source.is_empty() {
-                None
-            } else {
-                self.work_seen(&st.source, &bk, &id, &template).await?
-            },
-        };
-        let target = plan::End {
-            serving: end(&st.target).serving,
-            work: if st.target.is_empty() {
-                None
-            } else {
-                self.work_seen(&st.target, &bk, &id, &template).await?
-            },
-        };
-        // The path: the smaller of the target's uplink and the source's share of its own
-        // among the moves leaving it now.
-        let leaving = self
-            .migrations
-            .values()
-            .filter(|o| {
-                let s = MigrationStatus::of(o);
-                s.source == st.source
-                    && matches!(
-                        s.phase,
-                        MigrationPhase::Replicating
-                            | MigrationPhase::Fencing
-                            | MigrationPhase::FinalSync
-                    )
-            })
-            .count()
-            .max(1) as i64;
-        let rate = (end(&st.source).bandwidth / leaving).min(end(&st.target).bandwidth);
+        let (source, target) = self.ends(&st, &bk, &id, &template).await?;
+        let rate = self.path_rate(&st);
         // Starting too: one step may pass through Switching.
         let switch_waits = if matches!(
             st.phase,
@@ -755,59 +737,128 @@ impl Migrations {
         };
         let out = plan::step(&input);
         // The status first: a fence is recorded before it takes effect.
-        let mut current = m.clone();
-        if out.status != st {
-            let mut next = (*m).clone();
-            next.status = serde_json::to_value(&out.status).ok();
-            let stored = self
-                .store
-                .update(&keys::well_known::migration(&k.0, &k.1), next, m.revision())
-                .await?;
-            current = stored;
-            // The transitions are on record: their Events go now (a failed binding write
-            // below is retried from the new status, which makes no transition again).
-            for e in &out.events {
-                let about = subject(
-                    &template.api_version,
-                    &template.kind,
-                    &template.namespace,
-                    &template.name,
-                    &template.uid,
-                );
-                let _ = record::event(
-                    self.store.as_ref(),
-                    &about,
-                    e.type_,
-                    e.reason,
-                    &e.message,
-                    COMPONENT,
-                )
-                .await;
-                tracing::info!(namespace = %k.0, migration = %k.1, reason = e.reason, message = %e.message, "migration");
-            }
-        }
+        let current = if out.status != st {
+            self.record_status(k, &m, &out, &template).await?
+        } else {
+            m.clone()
+        };
         if let (Some(spec), Some(b)) = (&out.binding, &b) {
             let mut next = b.clone();
             next.spec = serde_json::to_value(spec).ok();
             self.store.update(&bkey, next, b.revision()).await?;
         }
         if out.released && holds {
-            let mut next = (*current).clone();
-            next.metadata.finalizers.retain(|f| f != FINALIZER);
-            match self
-                .store
-                .update(
-                    &keys::well_known::migration(&k.0, &k.1),
-                    next,
-                    current.revision(),
-                )
-                .await
-            {
-                Ok(_) | Err(StoreError::NotFound { .. }) => {}
-                Err(e) => return Err(e),
-            }
+            self.release(k, &current).await?;
         }
         Ok(())
+    }
+
+    /// The migration's two ends as this controller sees them: whether each serves, and
+    /// what its Work of the binding shows (the source's read first).
+    async fn ends(
+        &self,
+        st: &MigrationStatus,
+        bk: &BKey,
+        id: &str,
+        template: &binding::ObjectReference,
+    ) -> Result<(plan::End, plan::End), StoreError> {
+        let end = |c: &str| self.clusters.get(c).copied().unwrap_or_default();
+        let source = plan::End {
+            serving: end(&st.source).serving,
+            work: if st.source.is_empty() {
+                None
+            } else {
+                self.work_seen(&st.source, bk, id, template).await?
+            },
+        };
+        let target = plan::End {
+            serving: end(&st.target).serving,
+            work: if st.target.is_empty() {
+                None
+            } else {
+                self.work_seen(&st.target, bk, id, template).await?
+            },
+        };
+        Ok((source, target))
+    }
+
+    /// The path: the smaller of the target's uplink and the source's share of its own
+    /// among the moves leaving it now.
+    fn path_rate(&self, st: &MigrationStatus) -> i64 {
+        let end = |c: &str| self.clusters.get(c).copied().unwrap_or_default();
+        let leaving = self
+            .migrations
+            .values()
+            .filter(|o| {
+                let s = MigrationStatus::of(o);
+                s.source == st.source
+                    && matches!(
+                        s.phase,
+                        MigrationPhase::Replicating
+                            | MigrationPhase::Fencing
+                            | MigrationPhase::FinalSync
+                    )
+            })
+            .count()
+            .max(1) as i64;
+        (end(&st.source).bandwidth / leaving).min(end(&st.target).bandwidth)
+    }
+
+    /// Writes the step's status (the status first: a fence is recorded before it takes
+    /// effect), then its Events; returns the migration as stored.
+    async fn record_status(
+        &self,
+        k: &MKey,
+        m: &Arc<Object>,
+        out: &plan::Output,
+        template: &binding::ObjectReference,
+    ) -> Result<Arc<Object>, StoreError> {
+        let mut next = (**m).clone();
+        next.status = serde_json::to_value(&out.status).ok();
+        let stored = self
+            .store
+            .update(&keys::well_known::migration(&k.0, &k.1), next, m.revision())
+            .await?;
+        // The transitions are on record: their Events go now (a failed binding write
+        // below is retried from the new status, which makes no transition again).
+        for e in &out.events {
+            let about = subject(
+                &template.api_version,
+                &template.kind,
+                &template.namespace,
+                &template.name,
+                &template.uid,
+            );
+            let _ = record::event(
+                self.store.as_ref(),
+                &about,
+                e.type_,
+                e.reason,
+                &e.message,
+                COMPONENT,
+            )
+            .await;
+            tracing::info!(namespace = %k.0, migration = %k.1, reason = e.reason, message = %e.message, "migration");
+        }
+        Ok(stored)
+    }
+
+    /// Nothing of the migration is left in the binding: its finalizer goes.
+    async fn release(&self, k: &MKey, current: &Arc<Object>) -> Result<(), StoreError> {
+        let mut next = (**current).clone();
+        next.metadata.finalizers.retain(|f| f != FINALIZER);
+        match self
+            .store
+            .update(
+                &keys::well_known::migration(&k.0, &k.1),
+                next,
+                current.revision(),
+            )
+            .await
+        {
+            Ok(_) | Err(StoreError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 
