@@ -320,6 +320,53 @@ impl Mover {
     /// One step of the plan, written; returns how many writes failed.
     async fn reconcile(&mut self) -> usize {
         let now = orrery_api::Time::now();
+        let sets = self.plan_sets();
+        let transfers = self.plan_transfers();
+        let out = plan::step(&plan::Input {
+            now,
+            settings: &self.settings,
+            clusters: &self.clusters,
+            sets: &sets,
+            transfers: &transfers,
+        });
+        let mut failed = 0;
+        // What this round wrote goes into the caches at once (the watch brings it later), so
+        // the next round does not conflict with its own writes.
+        let mut wrote_transfers = Vec::new();
+        let mut wrote_sets = Vec::new();
+        let (sets_failed, held) = self
+            .write_set_statuses(&out.statuses, &mut wrote_sets)
+            .await;
+        failed += sets_failed;
+        failed += self
+            .write_transfer_statuses(&out.transfer_statuses, &held, &mut wrote_transfers)
+            .await;
+        failed += self.delete_transfers(&out.delete).await;
+        let (works_failed, wrote_works) = self.write_works(&out.works, &held).await;
+        failed += works_failed;
+        failed += self
+            .create_transfers(&out.create, &held, &mut wrote_transfers)
+            .await;
+        for (k, o) in wrote_transfers {
+            newer(&mut self.transfers, k, o);
+        }
+        for (k, o) in wrote_sets {
+            newer(&mut self.datasets, k, o);
+        }
+        for (k, o) in wrote_works {
+            match o {
+                Some(o) => newer(&mut self.works, k, o),
+                None => {
+                    self.works.remove(&k);
+                }
+            }
+        }
+        failed
+    }
+
+    /// The plan's view of each data set that parses: its spec and status, what each
+    /// cluster's Work of it reports, and its readers.
+    fn plan_sets(&self) -> Vec<plan::Set> {
         let mut sets = Vec::new();
         for ((ns, name), o) in &self.datasets {
             let Ok(spec) = DataSetSpec::parse(o.spec.as_ref()) else {
@@ -360,8 +407,12 @@ impl Mover {
                     .collect(),
             });
         }
-        let transfers: Vec<plan::Xfer> = self
-            .transfers
+        sets
+    }
+
+    /// The plan's view of each DataTransfer whose spec parses.
+    fn plan_transfers(&self) -> Vec<plan::Xfer> {
+        self.transfers
             .iter()
             .filter_map(|((ns, name), o)| {
                 Some(plan::Xfer {
@@ -372,25 +423,24 @@ impl Mover {
                     created: o.metadata.creation_timestamp,
                 })
             })
-            .collect();
-        let out = plan::step(&plan::Input {
-            now,
-            settings: &self.settings,
-            clusters: &self.clusters,
-            sets: &sets,
-            transfers: &transfers,
-        });
+            .collect()
+    }
+
+    /// Writes the data sets' statuses that changed; returns how many writes failed, and
+    /// the data sets held (their status not written).
+    ///
+    /// The data sets' statuses go first: they hold each copy's round. A data set whose status
+    /// was not written has nothing else of this round written either (its transfers, Works
+    /// and new transfers wait for the next round), so what is stored never runs ahead of
+    /// it; the plan also takes a copy's round from its transfer when the status lags.
+    async fn write_set_statuses(
+        &self,
+        statuses: &BTreeMap<NKey, DataSetStatus>,
+        wrote_sets: &mut Vec<(NKey, Arc<Object>)>,
+    ) -> (usize, std::collections::BTreeSet<NKey>) {
         let mut failed = 0;
-        // What this round wrote goes into the caches at once (the watch brings it later), so
-        // the next round does not conflict with its own writes.
-        let mut wrote_transfers = Vec::new();
-        let mut wrote_sets = Vec::new();
-        // The data sets' statuses first: they hold each copy's round. A data set whose status
-        // was not written has nothing else of this round written either (its transfers, Works
-        // and new transfers wait for the next round), so what is stored never runs ahead of
-        // it; the plan also takes a copy's round from its transfer when the status lags.
         let mut held: std::collections::BTreeSet<NKey> = Default::default();
-        for (k, st) in &out.statuses {
+        for (k, st) in statuses {
             if let Some(o) = self.datasets.get(k)
                 && DataSetStatus::of(o) != *st
             {
@@ -404,6 +454,18 @@ impl Mover {
                 }
             }
         }
+        (failed, held)
+    }
+
+    /// Writes the transfers' statuses that changed, but for held data sets'; returns how
+    /// many writes failed.
+    async fn write_transfer_statuses(
+        &self,
+        statuses: &BTreeMap<NKey, DataTransferStatus>,
+        held: &std::collections::BTreeSet<NKey>,
+        wrote_transfers: &mut Vec<(NKey, Arc<Object>)>,
+    ) -> usize {
+        let mut failed = 0;
         let set_of = |k: &NKey| -> NKey {
             let set = self
                 .transfers
@@ -418,7 +480,7 @@ impl Mover {
                 .unwrap_or_default();
             (k.0.clone(), set)
         };
-        for (k, st) in &out.transfer_statuses {
+        for (k, st) in statuses {
             if held.contains(&set_of(k)) {
                 continue;
             }
@@ -432,7 +494,14 @@ impl Mover {
                 failed += note("transfer status", r);
             }
         }
-        for k in &out.delete {
+        failed
+    }
+
+    /// Deletes the transfers finished long enough ago (and forgets those gone); returns
+    /// how many deletions failed.
+    async fn delete_transfers(&mut self, delete: &[NKey]) -> usize {
+        let mut failed = 0;
+        for k in delete {
             let r = self
                 .store
                 .delete(
@@ -446,9 +515,19 @@ impl Mover {
             }
             failed += note("transfer delete", ignore_not_found(r));
         }
-        let (works_failed, wrote_works) = self.write_works(&out.works, &held).await;
-        failed += works_failed;
-        for ((ns, name), spec) in &out.create {
+        failed
+    }
+
+    /// Makes the planned transfers, but for held data sets'; returns how many creations
+    /// failed.
+    async fn create_transfers(
+        &self,
+        create: &[(NKey, DataTransferSpec)],
+        held: &std::collections::BTreeSet<NKey>,
+        wrote_transfers: &mut Vec<(NKey, Arc<Object>)>,
+    ) -> usize {
+        let mut failed = 0;
+        for ((ns, name), spec) in create {
             if held.contains(&(ns.clone(), spec.data_set.clone())) {
                 continue;
             }
@@ -474,20 +553,6 @@ impl Mover {
                 Err(e) => Err(e),
             };
             failed += note("transfer create", r);
-        }
-        for (k, o) in wrote_transfers {
-            newer(&mut self.transfers, k, o);
-        }
-        for (k, o) in wrote_sets {
-            newer(&mut self.datasets, k, o);
-        }
-        for (k, o) in wrote_works {
-            match o {
-                Some(o) => newer(&mut self.works, k, o),
-                None => {
-                    self.works.remove(&k);
-                }
-            }
         }
         failed
     }
