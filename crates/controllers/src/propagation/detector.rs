@@ -638,8 +638,6 @@ impl Detector {
         (told || (creating && waited && is_workload(&t.kind))).then(|| t.clone())
     }
 
-    /// Unbinding: delete the binding first; its Works go with it (the binding controller
-    /// holds it until they are gone); then release the template.
     /// A template no policy places whose status still tells of pods running (its policy went
     /// while this server was down, say): the status says none run, and why.
     fn unplaced_status_job(
@@ -723,6 +721,8 @@ impl Detector {
         }))
     }
 
+    /// Unbinding: delete the binding first; its Works go with it (the binding controller
+    /// holds it until they are gone); then release the template.
     fn unbind(
         &self,
         k: &TKey,
