@@ -1,5 +1,5 @@
 //! etcd's v3 gRPC API: messages and clients generated from `proto/` by
-//! `cargo run --manifest-path tools/etcd-proto/Cargo.toml` and checked in, so that building
+//! `cargo run --manifest-path tools/proto-gen/Cargo.toml` and checked in, so that building
 //! Orrery needs no `protoc`. Do not edit the generated files; regenerate them.
 
 #![allow(
