@@ -70,20 +70,22 @@ fn code(src: &str) -> String {
         .join("\n")
 }
 
-/// A crate's top-level modules and the `crate::` modules each refers to.
-fn module_edges(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                walk(&p, out);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
+/// Every `.rs` file below `dir`.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
         }
     }
+}
+
+/// A crate's top-level modules and the `crate::` modules each refers to.
+fn module_edges(src: &Path) -> BTreeMap<String, BTreeSet<String>> {
     let mut files = Vec::new();
-    walk(src, &mut files);
+    rust_files(src, &mut files);
     let mut of: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
     for f in files {
         let rel = f.strip_prefix(src).unwrap();
@@ -301,18 +303,8 @@ fn fn_start(line: &str) -> Option<&str> {
 /// lines whose doc comment does not say why (see [`WHY_LONG`]), in `src` (generated files and
 /// test modules aside).
 fn too_long(src: &Path) -> Vec<String> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        for e in std::fs::read_dir(dir).unwrap() {
-            let p = e.unwrap().path();
-            if p.is_dir() {
-                walk(&p, out);
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
     let mut files = Vec::new();
-    walk(src, &mut files);
+    rust_files(src, &mut files);
     files.sort();
     let mut wrong = Vec::new();
     for f in files {

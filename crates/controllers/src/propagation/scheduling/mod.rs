@@ -576,20 +576,16 @@ fn priority_of(b: &Object) -> i32 {
 /// Whether the binding's last decision left replicas unplaced (`Scheduled=False`), read
 /// without parsing.
 fn found_no_room(b: &Object) -> bool {
-    b.status
-        .as_ref()
-        .and_then(|s| s.get("conditions"))
-        .and_then(serde_json::Value::as_array)
-        .into_iter()
-        .flatten()
-        .any(|c| {
-            c.get("type").and_then(serde_json::Value::as_str) == Some(CONDITION_SCHEDULED)
-                && c.get("status").and_then(serde_json::Value::as_str) == Some(conditions::FALSE)
-        })
+    scheduled_has(b, "status", conditions::FALSE)
 }
 
 /// Whether the binding's Scheduled condition tells of a migration, read without parsing.
 fn says_migrating(b: &Object) -> bool {
+    scheduled_has(b, "reason", "Migrating")
+}
+
+/// Whether the binding's Scheduled condition has `field` set to `value`.
+fn scheduled_has(b: &Object, field: &str, value: &str) -> bool {
     b.status
         .as_ref()
         .and_then(|s| s.get("conditions"))
@@ -598,7 +594,7 @@ fn says_migrating(b: &Object) -> bool {
         .flatten()
         .any(|c| {
             c.get("type").and_then(serde_json::Value::as_str) == Some(CONDITION_SCHEDULED)
-                && c.get("reason").and_then(serde_json::Value::as_str) == Some("Migrating")
+                && c.get(field).and_then(serde_json::Value::as_str) == Some(value)
         })
 }
 
