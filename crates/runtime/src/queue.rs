@@ -7,6 +7,10 @@
 //!   so retries never hold up new keys (yet every few fresh keys a due one goes first, so a
 //!   steady stream of fresh work starves neither retries nor keys due at a time); success
 //!   resets its backoff.
+//!   A key added again while it waits in that lane is fresh work: it moves up.
+//! - Where a key waits is its [`Rank`]: a priority (higher first), a group (groups take turns
+//!   within a priority), and whether it waits behind fresh work; the default rank for all is
+//!   a FIFO. [`WorkQueue::fresh_first`] lets keys behind go only when no fresh work waits.
 //! - After [`WorkQueue::shut_down`] no key is handed out; what was taken can still finish.
 //! - Backoffs may be spread by a jitter ([`WorkQueue::with_jitter`]): keys that failed
 //!   together (a store that was away) do not all come back in the same instant.
@@ -219,7 +223,7 @@ impl<K: Clone + Eq + Hash> WorkQueue<K> {
 
     /// [`WorkQueue::after`], waiting where `rank` says once due.
     pub fn after_ranked(&mut self, k: K, when: Instant, rank: Rank) {
-        if self.shut || self.queued.get(&k).is_some_and(|(l, _)| *l == Lane::Fresh) {
+        if self.shut || self.queued.contains_key(&k) {
             return;
         }
         if let Some(at) = self.waiting_keys.get(&k)
@@ -610,6 +614,18 @@ mod tests {
 
     fn q_of<K: Clone + Eq + Hash>() -> WorkQueue<K> {
         WorkQueue::new(Duration::from_millis(10), Duration::from_secs(1))
+    }
+
+    #[test]
+    fn a_key_waiting_in_a_lane_is_not_timed_again() {
+        let t0 = Instant::now();
+        let mut q = q();
+        q.add_ranked("k", rank(0, "", true));
+        q.after("k", t0 + Duration::from_secs(1));
+        assert_eq!(q.pop(t0), Some("k"));
+        q.done(&"k");
+        assert_eq!(q.next_due(), None, "once is enough");
+        assert!(q.pop(t0 + Duration::from_secs(2)).is_none());
     }
 
     #[test]

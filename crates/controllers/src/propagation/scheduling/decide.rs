@@ -95,10 +95,17 @@ impl Scheduler {
     /// Takes in the chunks whose writes are over, without waiting for the others.
     pub(super) fn collect_writes(&mut self) {
         while self.writing.front().is_some_and(|h| h.is_finished()) {
-            if let Some(h) = self.writing.pop_front() {
-                // Finished: its result is there without waiting.
-                let writes = h.now_or_never().and_then(Result::ok).unwrap_or_default();
-                self.written(writes);
+            let Some(mut h) = self.writing.pop_front() else {
+                break;
+            };
+            match (&mut h).now_or_never() {
+                Some(writes) => self.written(writes.unwrap_or_default()),
+                // Finished, but this task's cooperative budget is spent (a join counts
+                // against it): kept for the next look, never dropped with its result.
+                None => {
+                    self.writing.push_front(h);
+                    break;
+                }
             }
         }
     }

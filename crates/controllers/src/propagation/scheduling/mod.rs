@@ -297,8 +297,14 @@ struct Scheduler {
     triggers: HashMap<BKey, Trigger>,
     /// Keys woken to be tried again for room: they wait behind fresh work.
     behind: HashSet<BKey>,
+    /// Keys woken fresh since the loop last took them: a retry wake of one of them keeps it
+    /// fresh (as a retry of a key waiting in the fresh lane does).
+    woken_fresh: HashSet<BKey>,
     /// Keys woken outside `on_event` and `tick` (a write that lost), handed to the loop.
     wake_tx: mpsc::UnboundedSender<BKey>,
+    /// Keys were handed to the loop by `wake_tx` during the last round: the queue only looks
+    /// empty, and the round goes on.
+    woke_in_round: bool,
     shed: HashMap<BKey, Vec<String>>,
     /// Clusters a binding is to shed ahead of their forecast peak.
     shed_ahead: HashMap<BKey, Vec<String>>,
@@ -440,7 +446,9 @@ impl Scheduler {
             wake: Vec::new(),
             triggers: HashMap::new(),
             behind: HashSet::new(),
+            woken_fresh: HashSet::new(),
             wake_tx,
+            woke_in_round: false,
             shed: HashMap::new(),
             shed_ahead: HashMap::new(),
             consolidators: BTreeSet::new(),
@@ -480,14 +488,19 @@ impl Scheduler {
     /// Hands the keys woken since the last look to the loop.
     fn hand_over(&mut self, keys: &mut Keys<BKey>) {
         keys.extend(self.wake.drain(..));
+        self.woken_fresh.clear();
     }
 
-    /// Hands the keys woken outside `on_event` and `tick` to the loop, through its trigger.
-    fn wake_loop(&mut self) {
+    /// Hands the keys woken outside `on_event` and `tick` to the loop, through its trigger;
+    /// whether there were any.
+    fn wake_loop(&mut self) -> bool {
+        let woke = !self.wake.is_empty();
         for k in self.wake.drain(..) {
             // Gone only when the controller is: nothing is left to wake then.
             let _ = self.wake_tx.send(k);
         }
+        self.woken_fresh.clear();
+        woke
     }
 }
 
@@ -524,7 +537,10 @@ impl Batch for Scheduler {
     async fn reconcile_batch(&mut self, keys: Vec<BKey>) -> Vec<(BKey, Result<Action, String>)> {
         self.collect_writes();
         self.decide_chunk(&keys).await;
-        self.wake_loop();
+        self.woke_in_round = self.wake_loop();
+        // Let the tasks sharing this thread (the reflectors feeding us, the writes) run, and
+        // this task's cooperative budget start afresh.
+        tokio::task::yield_now().await;
         keys.into_iter().map(|k| (k, Ok(Action::Done))).collect()
     }
 
@@ -541,7 +557,11 @@ impl Batch for Scheduler {
         }
     }
 
+    /// The round is over unless the last chunk woke keys the loop has yet to take.
     async fn idle(&mut self) {
+        if std::mem::take(&mut self.woke_in_round) {
+            return;
+        }
         self.end_round().await;
         self.wake_loop();
     }
@@ -623,10 +643,11 @@ impl Scheduler {
             return;
         }
         self.triggers.entry(k.clone()).or_insert(why);
-        if why == Trigger::Retry {
-            self.behind.insert(k.clone());
-        } else {
+        if why != Trigger::Retry {
             self.behind.remove(&k);
+            self.woken_fresh.insert(k.clone());
+        } else if !self.woken_fresh.contains(&k) {
+            self.behind.insert(k.clone());
         }
         self.wake.push(k);
     }
