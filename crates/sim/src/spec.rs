@@ -119,170 +119,7 @@ impl FromStr for SimSpec {
             let (k, v) = part
                 .split_once('=')
                 .ok_or_else(|| format!("{part:?} is not key=value"))?;
-            let bad = |what: &str| format!("invalid {k}={v:?}: {what}");
-            match k {
-                "nodes" => {
-                    spec.nodes = v.parse().map_err(|_| bad("a node count"))?;
-                    if spec.nodes == 0 || spec.nodes > 100_000 {
-                        return Err(bad("between 1 and 100000"));
-                    }
-                }
-                "cpu" | "memory" => {
-                    let q: Quantity = v.parse().map_err(|e| bad(&format!("{e}")))?;
-                    if q.is_negative() || q.is_zero() {
-                        return Err(bad("must be positive"));
-                    }
-                    if k == "cpu" {
-                        spec.cpu = q;
-                    } else {
-                        spec.memory = q;
-                    }
-                }
-                "gpu" | "pods" => {
-                    let n: i64 = v.parse().map_err(|_| bad("a whole number"))?;
-                    if n < 0 {
-                        return Err(bad("must not be negative"));
-                    }
-                    if k == "gpu" {
-                        spec.gpu = n;
-                    } else {
-                        spec.pods = n;
-                    }
-                }
-                "load" => {
-                    let f: f64 = v.parse().map_err(|_| bad("a fraction"))?;
-                    if !(0.0..=1.0).contains(&f) {
-                        return Err(bad("between 0 and 1"));
-                    }
-                    spec.load = f;
-                }
-                "profile" => {
-                    spec.profile = match v {
-                        "flat" => Profile::Flat,
-                        "diurnal" => Profile::Diurnal,
-                        "spikes" => Profile::Spikes,
-                        _ => return Err(bad("one of flat, diurnal, spikes")),
-                    }
-                }
-                "period" => spec.period = parse_duration(v)?.max(Duration::from_secs(1)),
-                "persistence" => {
-                    let f: f64 = v
-                        .parse()
-                        .ok()
-                        .filter(|f: &f64| (0.0..1.0).contains(f))
-                        .ok_or_else(|| bad("a fraction from 0 up to (not including) 1"))?;
-                    spec.persistence = f;
-                }
-                "trend" | "noise" => {
-                    let f: f64 = v
-                        .parse()
-                        .ok()
-                        .filter(|f: &f64| f.is_finite())
-                        .ok_or_else(|| bad("a number"))?;
-                    if k == "trend" {
-                        if !(-1.0..=1.0).contains(&f) {
-                            return Err(bad(
-                                "between -1 and 1 (a share of the base load per period)",
-                            ));
-                        }
-                        spec.trend = f;
-                    } else {
-                        if !(0.0..=1.0).contains(&f) {
-                            return Err(bad("between 0 and 1"));
-                        }
-                        spec.noise = f;
-                    }
-                }
-                "start" => spec.start_delay = parse_duration(v)?,
-                "job" => spec.job_duration = parse_duration(v)?,
-                "cache" => {
-                    let q: Quantity = v.parse().map_err(|e| bad(&format!("{e}")))?;
-                    if q.is_negative() {
-                        return Err(bad("must not be negative"));
-                    }
-                    spec.cache = Some(q);
-                }
-                "bandwidth" => {
-                    let q: Quantity = v.parse().map_err(|e| bad(&format!("{e}")))?;
-                    if q.value() < 1 {
-                        return Err(bad("must be at least 1 byte per second"));
-                    }
-                    spec.bandwidth = q.value() as i64;
-                }
-                "storageclasses" => {
-                    let classes: Vec<String> = v
-                        .split(':')
-                        .map(str::trim)
-                        .filter(|c| !c.is_empty())
-                        .map(str::to_string)
-                        .collect();
-                    if classes.is_empty() {
-                        return Err(bad("one or more names separated by ':'"));
-                    }
-                    for c in &classes {
-                        if let Some(m) = orrery_api::validation::is_dns1123_subdomain(c).first() {
-                            return Err(bad(m));
-                        }
-                    }
-                    spec.storage_classes = classes;
-                }
-                "gpuModel" => {
-                    if v.is_empty() || v.len() > 63 || v.contains(char::is_whitespace) {
-                        return Err(bad("a model name such as NVIDIA-H100-80GB-HBM3"));
-                    }
-                    spec.gpu_model = v.to_string();
-                }
-                "cpuCoreHour" | "memoryGiBHour" | "gpuHour" | "capacityType"
-                | "interruptionRate" | "currency" => {
-                    use orrery_api::cost as c;
-                    let key = match k {
-                        "cpuCoreHour" => c::CPU_CORE_HOUR,
-                        "memoryGiBHour" => c::MEMORY_GIB_HOUR,
-                        "gpuHour" => c::GPU_HOUR,
-                        "capacityType" => c::CAPACITY_TYPE,
-                        "currency" => c::CURRENCY,
-                        _ => c::INTERRUPTION_RATE,
-                    };
-                    spec.prices.insert(key, v.to_string());
-                    let (_, errs) =
-                        c::Prices::of(spec.prices.iter().map(|(k, v)| (*k, v.as_str())));
-                    // Whether a rate goes with spot capacity is checked once all is read.
-                    if let Some(e) = errs.iter().find(|e| **e != c::PriceError::RateOnDemand) {
-                        return Err(bad(&e.to_string()));
-                    }
-                }
-                "gpuPerf" | "egressPerGiB" => {
-                    let f: f64 = v
-                        .parse()
-                        .ok()
-                        .filter(|f: &f64| f.is_finite() && *f >= 0.0)
-                        .ok_or_else(|| bad("a number of at least 0"))?;
-                    if k == "gpuPerf" {
-                        if f == 0.0 {
-                            return Err(bad("must be above 0"));
-                        }
-                        spec.gpu_performance = Some(f);
-                    } else {
-                        spec.egress_per_gib = Some(f);
-                    }
-                }
-                _ if k.starts_with("path.") => {
-                    let peer = &k["path.".len()..];
-                    if let Some(m) = orrery_api::validation::is_dns1123_subdomain(peer).first() {
-                        return Err(bad(&format!("the cluster name: {m}")));
-                    }
-                    let q: Quantity = v.parse().map_err(|e| bad(&format!("{e}")))?;
-                    if q.value() < 1 {
-                        return Err(bad("must be at least 1 byte per second"));
-                    }
-                    spec.paths.insert(peer.to_string(), q.value() as i64);
-                }
-                _ => {
-                    return Err(format!(
-                        "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, trend, noise, persistence, start, job, bandwidth, storageclasses, gpuModel, gpuPerf, egressPerGiB, cpuCoreHour, memoryGiBHour, gpuHour, capacityType, interruptionRate, cache, path.<cluster>)"
-                    ));
-                }
-            }
+            spec.set(k, v)?;
         }
         let (_, errs) =
             orrery_api::cost::Prices::of(spec.prices.iter().map(|(k, v)| (*k, v.as_str())));
@@ -290,6 +127,234 @@ impl FromStr for SimSpec {
             return Err(format!("invalid prices: {e}"));
         }
         Ok(spec)
+    }
+}
+
+impl SimSpec {
+    /// What each node has and how many there are: `nodes`, `cpu`, `memory`, `gpu`, `pods`, `gpuModel`.
+    /// Other keys are not sent here (`set` dispatches by key).
+    fn set_size(&mut self, k: &str, v: &str, bad: &dyn Fn(&str) -> String) -> Result<(), String> {
+        match k {
+            "nodes" => {
+                self.nodes = v.parse().map_err(|_| bad("a node count"))?;
+                if self.nodes == 0 || self.nodes > 100_000 {
+                    return Err(bad("between 1 and 100000"));
+                }
+            }
+            "cpu" | "memory" => {
+                let q: Quantity = v.parse().map_err(|e| bad(&format!("{e}")))?;
+                if q.is_negative() || q.is_zero() {
+                    return Err(bad("must be positive"));
+                }
+                if k == "cpu" {
+                    self.cpu = q;
+                } else {
+                    self.memory = q;
+                }
+            }
+            "gpu" | "pods" => {
+                let n: i64 = v.parse().map_err(|_| bad("a whole number"))?;
+                if n < 0 {
+                    return Err(bad("must not be negative"));
+                }
+                if k == "gpu" {
+                    self.gpu = n;
+                } else {
+                    self.pods = n;
+                }
+            }
+            "gpuModel" => {
+                if v.is_empty() || v.len() > 63 || v.contains(char::is_whitespace) {
+                    return Err(bad("a model name such as NVIDIA-H100-80GB-HBM3"));
+                }
+                self.gpu_model = v.to_string();
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// The load its users put on it: `load`, `profile`, `period`, `persistence`, `trend`, `noise`.
+    /// Other keys are not sent here (`set` dispatches by key).
+    fn set_load(&mut self, k: &str, v: &str, bad: &dyn Fn(&str) -> String) -> Result<(), String> {
+        match k {
+            "load" => {
+                let f: f64 = v.parse().map_err(|_| bad("a fraction"))?;
+                if !(0.0..=1.0).contains(&f) {
+                    return Err(bad("between 0 and 1"));
+                }
+                self.load = f;
+            }
+            "profile" => {
+                self.profile = match v {
+                    "flat" => Profile::Flat,
+                    "diurnal" => Profile::Diurnal,
+                    "spikes" => Profile::Spikes,
+                    _ => return Err(bad("one of flat, diurnal, spikes")),
+                }
+            }
+            "period" => self.period = parse_duration(v)?.max(Duration::from_secs(1)),
+            "persistence" => {
+                let f: f64 = v
+                    .parse()
+                    .ok()
+                    .filter(|f: &f64| (0.0..1.0).contains(f))
+                    .ok_or_else(|| bad("a fraction from 0 up to (not including) 1"))?;
+                self.persistence = f;
+            }
+            "trend" | "noise" => {
+                let f: f64 = v
+                    .parse()
+                    .ok()
+                    .filter(|f: &f64| f.is_finite())
+                    .ok_or_else(|| bad("a number"))?;
+                if k == "trend" {
+                    if !(-1.0..=1.0).contains(&f) {
+                        return Err(bad(
+                            "between -1 and 1 (a share of the base load per period)",
+                        ));
+                    }
+                    self.trend = f;
+                } else {
+                    if !(0.0..=1.0).contains(&f) {
+                        return Err(bad("between 0 and 1"));
+                    }
+                    self.noise = f;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Its storage and links: `cache`, `bandwidth`, `storageclasses`.
+    /// Other keys are not sent here (`set` dispatches by key).
+    fn set_storage(
+        &mut self,
+        k: &str,
+        v: &str,
+        bad: &dyn Fn(&str) -> String,
+    ) -> Result<(), String> {
+        match k {
+            "cache" => {
+                let q: Quantity = v.parse().map_err(|e| bad(&format!("{e}")))?;
+                if q.is_negative() {
+                    return Err(bad("must not be negative"));
+                }
+                self.cache = Some(q);
+            }
+            "bandwidth" => {
+                let q: Quantity = v.parse().map_err(|e| bad(&format!("{e}")))?;
+                if q.value() < 1 {
+                    return Err(bad("must be at least 1 byte per second"));
+                }
+                self.bandwidth = q.value() as i64;
+            }
+            "storageclasses" => {
+                let classes: Vec<String> = v
+                    .split(':')
+                    .map(str::trim)
+                    .filter(|c| !c.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                if classes.is_empty() {
+                    return Err(bad("one or more names separated by ':'"));
+                }
+                for c in &classes {
+                    if let Some(m) = orrery_api::validation::is_dns1123_subdomain(c).first() {
+                        return Err(bad(m));
+                    }
+                }
+                self.storage_classes = classes;
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Its prices and what a GPU of it does: the `cost.orrery.io` keys, `gpuPerf`, `egressPerGiB`.
+    /// Other keys are not sent here (`set` dispatches by key).
+    fn set_prices(&mut self, k: &str, v: &str, bad: &dyn Fn(&str) -> String) -> Result<(), String> {
+        match k {
+            "cpuCoreHour" | "memoryGiBHour" | "gpuHour" | "capacityType" | "interruptionRate"
+            | "currency" => {
+                use orrery_api::cost as c;
+                let key = match k {
+                    "cpuCoreHour" => c::CPU_CORE_HOUR,
+                    "memoryGiBHour" => c::MEMORY_GIB_HOUR,
+                    "gpuHour" => c::GPU_HOUR,
+                    "capacityType" => c::CAPACITY_TYPE,
+                    "currency" => c::CURRENCY,
+                    _ => c::INTERRUPTION_RATE,
+                };
+                self.prices.insert(key, v.to_string());
+                let (_, errs) = c::Prices::of(self.prices.iter().map(|(k, v)| (*k, v.as_str())));
+                // Whether a rate goes with spot capacity is checked once all is read.
+                if let Some(e) = errs.iter().find(|e| **e != c::PriceError::RateOnDemand) {
+                    return Err(bad(&e.to_string()));
+                }
+            }
+            "gpuPerf" | "egressPerGiB" => {
+                let f: f64 = v
+                    .parse()
+                    .ok()
+                    .filter(|f: &f64| f.is_finite() && *f >= 0.0)
+                    .ok_or_else(|| bad("a number of at least 0"))?;
+                if k == "gpuPerf" {
+                    if f == 0.0 {
+                        return Err(bad("must be above 0"));
+                    }
+                    self.gpu_performance = Some(f);
+                } else {
+                    self.egress_per_gib = Some(f);
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// `path.<cluster>=RATE`: what the path to that cluster carries.
+    fn set_path(
+        &mut self,
+        peer: &str,
+        v: &str,
+        bad: &dyn Fn(&str) -> String,
+    ) -> Result<(), String> {
+        if let Some(m) = orrery_api::validation::is_dns1123_subdomain(peer).first() {
+            return Err(bad(&format!("the cluster name: {m}")));
+        }
+        let q: Quantity = v.parse().map_err(|e| bad(&format!("{e}")))?;
+        if q.value() < 1 {
+            return Err(bad("must be at least 1 byte per second"));
+        }
+        self.paths.insert(peer.to_string(), q.value() as i64);
+        Ok(())
+    }
+
+    /// One `key=value` setting.
+    fn set(&mut self, k: &str, v: &str) -> Result<(), String> {
+        let bad = |what: &str| format!("invalid {k}={v:?}: {what}");
+        match k {
+            "nodes" | "cpu" | "memory" | "gpu" | "pods" | "gpuModel" => {
+                self.set_size(k, v, &bad)?
+            }
+            "load" | "profile" | "period" | "persistence" | "trend" | "noise" => {
+                self.set_load(k, v, &bad)?
+            }
+            "cache" | "bandwidth" | "storageclasses" => self.set_storage(k, v, &bad)?,
+            "cpuCoreHour" | "memoryGiBHour" | "gpuHour" | "capacityType" | "interruptionRate"
+            | "currency" | "gpuPerf" | "egressPerGiB" => self.set_prices(k, v, &bad)?,
+            "start" => self.start_delay = parse_duration(v)?,
+            "job" => self.job_duration = parse_duration(v)?,
+            _ if k.starts_with("path.") => self.set_path(&k["path.".len()..], v, &bad)?,
+            _ => {
+                return Err(format!(
+                    "unknown simulation setting {k:?} (known: nodes, cpu, memory, gpu, pods, load, profile, period, trend, noise, persistence, start, job, bandwidth, storageclasses, gpuModel, gpuPerf, egressPerGiB, cpuCoreHour, memoryGiBHour, gpuHour, capacityType, interruptionRate, cache, path.<cluster>)"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
