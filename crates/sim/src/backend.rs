@@ -334,26 +334,7 @@ impl Backend for SimCluster {
             }
         }
         let allocated = bg.add(placed);
-        // Per node: what it gives, and what is asked of it (its background load counts).
-        let mut requested: Vec<Res> = st.nodes.iter().map(|n| background(n, st.load)).collect();
-        for p in st.pods.values().filter(|p| p.phase != Phase::Succeeded) {
-            if let Some(i) = p.node {
-                requested[i] = requested[i].add(p.request);
-            }
-        }
-        let nodes = st
-            .nodes
-            .iter()
-            .zip(&requested)
-            .map(|(n, r)| orrery_api::quota::NodeInfo {
-                name: n.name.clone(),
-                allocatable_resources: n.allocatable.to_list(true),
-                allocated_resource_requests: r.to_list(false),
-                allocated_resource_limits: Default::default(),
-                labels: BTreeMap::from([("kubernetes.io/hostname".to_string(), n.name.clone())]),
-                unschedulable: !n.ready,
-            })
-            .collect();
+        let nodes = node_infos(&st);
         let usage_bg = Res {
             cpu_m: ((bg.cpu_m as f64) * factor).min(allocatable.cpu_m as f64) as i64,
             mem: ((bg.mem as f64) * factor).min(allocatable.mem as f64) as i64,
@@ -361,80 +342,15 @@ impl Backend for SimCluster {
             pods: 0,
         };
         let usage = usage_bg.add(placed);
-        let mut largest = Res::default();
-        for (i, _) in &ready {
-            let f = per_node[*i];
-            largest.cpu_m = largest.cpu_m.max(f.cpu_m);
-            largest.mem = largest.mem.max(f.mem);
-            largest.gpu = largest.gpu.max(f.gpu);
-        }
+        let largest = largest_free(&ready, &per_node);
         let running = st
             .pods
             .values()
             .filter(|p| p.phase == Phase::Running)
             .count() as f64;
-        let mut latency_ms: BTreeMap<String, f64> = st
-            .peers
-            .iter()
-            .filter(|(n, _)| *n != self.name)
-            .map(|(n, region)| {
-                (
-                    n.clone(),
-                    region_latency(&self.name, &self.region, n, region),
-                )
-            })
-            .collect();
-        // What a fleet file sets stands for a measurement (also of peers elsewhere).
-        latency_ms.extend(st.latency_overrides.iter().map(|(k, v)| (k.clone(), *v)));
-        let mut properties = BTreeMap::new();
-        properties.insert("cluster.clusterset.k8s.io".into(), self.name.clone());
-        properties.insert("clusterset.k8s.io".into(), "orrery".into());
-        if !self.spec.gpu_model.is_empty() {
-            properties.insert(
-                orrery_api::data::GPU_MODEL_PROPERTY.into(),
-                self.spec.gpu_model.clone(),
-            );
-        }
-        if let Some(p) = self.spec.gpu_performance {
-            properties.insert(
-                orrery_api::data::GPU_PERFORMANCE_PROPERTY.into(),
-                p.to_string(),
-            );
-        }
-        if let Some(p) = self.spec.egress_per_gib {
-            properties.insert(
-                orrery_api::data::EGRESS_PRICE_PROPERTY.into(),
-                p.to_string(),
-            );
-        }
-        if let Some(q) = &self.spec.cache {
-            properties.insert(orrery_api::data::CACHE_PROPERTY.into(), q.to_string());
-        }
-        for (k, v) in &self.spec.prices {
-            properties.insert((*k).to_string(), v.clone());
-        }
-        // The member's own ServiceExports (Orrery's are applied copies, not the member's).
-        let service_exports = st
-            .objects
-            .iter()
-            .filter(|((g, k, _, _), o)| {
-                g == orrery_api::services::GROUP
-                    && k == orrery_api::services::EXPORT_KIND
-                    && !is_managed(&o.manifest)
-            })
-            .map(|((_, _, ns, name), o)| {
-                let service =
-                    st.objects
-                        .get(&(String::new(), "Service".into(), ns.clone(), name.clone()));
-                orrery_api::services::MemberExport::of(
-                    ns,
-                    name,
-                    &o.created,
-                    service.map(|s| &s.manifest),
-                    service.and_then(|s| self.service_endpoints(&st, ns, &s.manifest)),
-                )
-            })
-            .collect();
+        let latency_ms = self.latency_ms(&st);
+        let properties = self.properties();
+        let service_exports = self.own_service_exports(&st);
         Ok(MemberReport {
             nodes,
             healthy: true,
@@ -548,4 +464,116 @@ impl Backend for SimCluster {
     fn milestone(&self) -> u64 {
         self.lock().data.milestone
     }
+}
+
+impl SimCluster {
+    /// Its peers' latencies, by region, with what a fleet file sets over them.
+    fn latency_ms(&self, st: &State) -> BTreeMap<String, f64> {
+        let mut latency_ms: BTreeMap<String, f64> = st
+            .peers
+            .iter()
+            .filter(|(n, _)| *n != self.name)
+            .map(|(n, region)| {
+                (
+                    n.clone(),
+                    region_latency(&self.name, &self.region, n, region),
+                )
+            })
+            .collect();
+        // What a fleet file sets stands for a measurement (also of peers elsewhere).
+        latency_ms.extend(st.latency_overrides.iter().map(|(k, v)| (k.clone(), *v)));
+        latency_ms
+    }
+
+    /// The KEP-2149 ClusterProperties it reports: its name, GPU, cache and prices.
+    fn properties(&self) -> BTreeMap<String, String> {
+        let mut properties = BTreeMap::new();
+        properties.insert("cluster.clusterset.k8s.io".into(), self.name.clone());
+        properties.insert("clusterset.k8s.io".into(), "orrery".into());
+        if !self.spec.gpu_model.is_empty() {
+            properties.insert(
+                orrery_api::data::GPU_MODEL_PROPERTY.into(),
+                self.spec.gpu_model.clone(),
+            );
+        }
+        if let Some(p) = self.spec.gpu_performance {
+            properties.insert(
+                orrery_api::data::GPU_PERFORMANCE_PROPERTY.into(),
+                p.to_string(),
+            );
+        }
+        if let Some(p) = self.spec.egress_per_gib {
+            properties.insert(
+                orrery_api::data::EGRESS_PRICE_PROPERTY.into(),
+                p.to_string(),
+            );
+        }
+        if let Some(q) = &self.spec.cache {
+            properties.insert(orrery_api::data::CACHE_PROPERTY.into(), q.to_string());
+        }
+        for (k, v) in &self.spec.prices {
+            properties.insert((*k).to_string(), v.clone());
+        }
+        properties
+    }
+
+    /// The member's own ServiceExports (Orrery's are applied copies, not the member's),
+    /// with their Services' endpoints.
+    fn own_service_exports(&self, st: &State) -> Vec<orrery_api::services::MemberExport> {
+        st.objects
+            .iter()
+            .filter(|((g, k, _, _), o)| {
+                g == orrery_api::services::GROUP
+                    && k == orrery_api::services::EXPORT_KIND
+                    && !is_managed(&o.manifest)
+            })
+            .map(|((_, _, ns, name), o)| {
+                let service =
+                    st.objects
+                        .get(&(String::new(), "Service".into(), ns.clone(), name.clone()));
+                orrery_api::services::MemberExport::of(
+                    ns,
+                    name,
+                    &o.created,
+                    service.map(|s| &s.manifest),
+                    service.and_then(|s| self.service_endpoints(st, ns, &s.manifest)),
+                )
+            })
+            .collect()
+    }
+}
+
+/// Each node as the agent writes it into ClusterMetrics: what it gives, and what is
+/// asked of it (its background load counts).
+fn node_infos(st: &State) -> Vec<orrery_api::quota::NodeInfo> {
+    let mut requested: Vec<Res> = st.nodes.iter().map(|n| background(n, st.load)).collect();
+    for p in st.pods.values().filter(|p| p.phase != Phase::Succeeded) {
+        if let Some(i) = p.node {
+            requested[i] = requested[i].add(p.request);
+        }
+    }
+    st.nodes
+        .iter()
+        .zip(&requested)
+        .map(|(n, r)| orrery_api::quota::NodeInfo {
+            name: n.name.clone(),
+            allocatable_resources: n.allocatable.to_list(true),
+            allocated_resource_requests: r.to_list(false),
+            allocated_resource_limits: Default::default(),
+            labels: BTreeMap::from([("kubernetes.io/hostname".to_string(), n.name.clone())]),
+            unschedulable: !n.ready,
+        })
+        .collect()
+}
+
+/// The most any one ready node has free, per resource (`per_node`: what each has left).
+fn largest_free(ready: &[(usize, &Node)], per_node: &[Res]) -> Res {
+    let mut largest = Res::default();
+    for (i, _) in ready {
+        let f = per_node[*i];
+        largest.cpu_m = largest.cpu_m.max(f.cpu_m);
+        largest.mem = largest.mem.max(f.mem);
+        largest.gpu = largest.gpu.max(f.gpu);
+    }
+    largest
 }
