@@ -755,36 +755,42 @@ impl SimCluster {
         Ok(())
     }
 
+    /// The status of an object that is no workload: a claim's volume, a Service's
+    /// endpoints, or what the member's own controllers wrote.
+    fn plain_object_state(&self, st: &State, key: &Key, obj: &SimObject) -> ObjectState {
+        // A claim shows its volume, as a bound PersistentVolumeClaim's status shows its
+        // capacity.
+        let volumes = if key.1 == "PersistentVolumeClaim" {
+            st.data
+                .volume(&key.2, &key.3)
+                .map(|v| vec![v.status()])
+                .unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        // Other kinds show what the member's own controllers wrote (an operator's
+        // custom resource; set through the admin endpoint here).
+        let status = volumes
+            .first()
+            .map(|v| json!({"phase": "Bound", "capacity": {"storage": v.capacity}}))
+            .or_else(|| obj.manifest.get("status").cloned());
+        let endpoints = (key.0.is_empty() && key.1 == "Service")
+            .then(|| self.service_endpoints(st, &key.2, &obj.manifest))
+            .flatten();
+        ObjectState {
+            health: Health::Healthy,
+            status,
+            message: String::new(),
+            volumes,
+            usage: None,
+            endpoints,
+        }
+    }
+
     /// The object's status in the style of its kind's controller.
     fn object_state(&self, st: &State, key: &Key, obj: &SimObject) -> ObjectState {
         let Some(shape) = &obj.shape else {
-            // A claim shows its volume, as a bound PersistentVolumeClaim's status shows its
-            // capacity.
-            let volumes = if key.1 == "PersistentVolumeClaim" {
-                st.data
-                    .volume(&key.2, &key.3)
-                    .map(|v| vec![v.status()])
-                    .unwrap_or_default()
-            } else {
-                Vec::new()
-            };
-            // Other kinds show what the member's own controllers wrote (an operator's
-            // custom resource; set through the admin endpoint here).
-            let status = volumes
-                .first()
-                .map(|v| json!({"phase": "Bound", "capacity": {"storage": v.capacity}}))
-                .or_else(|| obj.manifest.get("status").cloned());
-            let endpoints = (key.0.is_empty() && key.1 == "Service")
-                .then(|| self.service_endpoints(st, &key.2, &obj.manifest))
-                .flatten();
-            return ObjectState {
-                health: Health::Healthy,
-                status,
-                message: String::new(),
-                volumes,
-                usage: None,
-                endpoints,
-            };
+            return self.plain_object_state(st, key, obj);
         };
         let pods: Vec<&Pod> = st.pods.values().filter(|p| &p.owner == key).collect();
         let current: Vec<&&Pod> = pods
@@ -792,117 +798,11 @@ impl SimCluster {
             .filter(|p| p.template == shape.template)
             .collect();
         let ready = current.iter().filter(|p| p.phase == Phase::Running).count() as i64;
-        let generation = obj.generation;
-        let status = match (key.1.as_str(), shape.kind) {
-            ("Deployment", _) => {
-                let available = ready >= shape.replicas;
-                json!({
-                    "observedGeneration": generation,
-                    "replicas": pods.len(),
-                    "updatedReplicas": current.len(),
-                    "readyReplicas": ready,
-                    "availableReplicas": ready,
-                    "unavailableReplicas": (shape.replicas - ready).max(0),
-                    "conditions": [
-                        {"type": "Available", "status": if available { "True" } else { "False" },
-                         "reason": if available { "MinimumReplicasAvailable" } else { "MinimumReplicasUnavailable" }},
-                        {"type": "Progressing", "status": "True",
-                         "reason": if current.len() as i64 == shape.replicas && available { "NewReplicaSetAvailable" } else { "ReplicaSetUpdated" }},
-                    ],
-                })
-            }
-            ("StatefulSet", _) => json!({
-                "observedGeneration": generation, "replicas": pods.len(), "readyReplicas": ready,
-                "currentReplicas": current.len(), "updatedReplicas": current.len(), "availableReplicas": ready,
-            }),
-            (_, WorkloadKind::Replicated) => json!({
-                "observedGeneration": generation, "replicas": pods.len(), "readyReplicas": ready,
-                "availableReplicas": ready, "fullyLabeledReplicas": pods.len(),
-            }),
-            (_, WorkloadKind::DaemonSet) => {
-                let want = st.nodes.iter().filter(|n| n.ready).count();
-                json!({
-                    "observedGeneration": generation, "desiredNumberScheduled": want,
-                    "currentNumberScheduled": pods.iter().filter(|p| p.node.is_some()).count(),
-                    "numberReady": ready, "updatedNumberScheduled": current.len(), "numberAvailable": ready,
-                    "numberMisscheduled": 0,
-                })
-            }
-            (_, WorkloadKind::Job) => {
-                let active = pods.iter().filter(|p| p.phase != Phase::Succeeded).count();
-                // As the Job controller: started when the member took it, completed when the
-                // last completion was reached.
-                let mut s = json!({"active": active, "succeeded": obj.succeeded, "failed": 0,
-                                   "startTime": obj.created});
-                if obj.succeeded >= shape.completions {
-                    s["conditions"] = json!([{"type": "Complete", "status": "True", "reason": "CompletionsReached"}]);
-                    s["active"] = json!(0);
-                    if let Some(t) = &obj.completed {
-                        s["completionTime"] = json!(t);
-                    }
-                }
-                s
-            }
-            (_, WorkloadKind::Pod) => {
-                let phase = match pods.first().map(|p| p.phase) {
-                    Some(Phase::Running) => "Running",
-                    Some(Phase::Succeeded) => "Succeeded",
-                    _ => "Pending",
-                };
-                let node = pods
-                    .first()
-                    .and_then(|p| p.node)
-                    .and_then(|i| st.nodes.get(i))
-                    .map(|n| n.name.clone());
-                json!({"phase": phase, "nodeName": node})
-            }
-        };
+        let status = workload_status(st, key, obj, shape, &pods, &current, ready);
         let mut with_status = obj.manifest.clone();
         with_status["status"] = status.clone();
-        let (mut health, mut message) = orrery_api::interpret::health(&with_status);
-        if obj.unschedulable > 0 {
-            health = Health::Unhealthy;
-            message = format!(
-                "{} pod(s) cannot be scheduled: no node has room for {}m cpu, {} bytes of memory{}",
-                obj.unschedulable,
-                shape.request.cpu_m,
-                shape.request.mem,
-                if shape.request.gpu > 0 {
-                    format!(", {} gpu", shape.request.gpu)
-                } else {
-                    String::new()
-                }
-            );
-        }
-        if let Some(why) = &obj.volume_block {
-            health = Health::Unhealthy;
-            message = format!("pods wait for a volume: {why}");
-        }
-        let usage = shape.load.map(|l| {
-            // The demand spreads over the ready pods, each using up to BURST times its request;
-            // memory follows the cpu a little (caches, buffers).
-            let cpu_request = ready * shape.request.cpu_m;
-            let used = if ready == 0 {
-                0
-            } else {
-                l.demand_m(unix_now())
-                    .min((cpu_request as f64 * BURST) as i64)
-            };
-            let busy = if cpu_request > 0 {
-                (used as f64 / cpu_request as f64).min(1.0)
-            } else {
-                0.0
-            };
-            let memory_request = ready * shape.request.mem;
-            orrery_api::work::WorkloadUsage {
-                ready_pods: ready,
-                unready_pods: (pods.len() as i64 - ready).max(0),
-                cpu_milli: used,
-                cpu_request_milli: cpu_request,
-                memory_bytes: (memory_request as f64 * (0.4 + 0.4 * busy)) as i64,
-                memory_request_bytes: memory_request,
-            }
-        });
+        let (health, message) = workload_health(obj, shape, &with_status);
+        let usage = workload_usage(shape, ready, pods.len());
         ObjectState {
             health,
             status: Some(status),
@@ -1017,6 +917,144 @@ impl SimCluster {
             ports,
         })
     }
+}
+
+/// A workload's status as its kind's controller writes it, from its pods (`current`:
+/// those of its current template; `ready`: of those, the running).
+fn workload_status(
+    st: &State,
+    key: &Key,
+    obj: &SimObject,
+    shape: &Shape,
+    pods: &[&Pod],
+    current: &[&&Pod],
+    ready: i64,
+) -> Value {
+    let generation = obj.generation;
+    match (key.1.as_str(), shape.kind) {
+        ("Deployment", _) => {
+            let available = ready >= shape.replicas;
+            json!({
+                "observedGeneration": generation,
+                "replicas": pods.len(),
+                "updatedReplicas": current.len(),
+                "readyReplicas": ready,
+                "availableReplicas": ready,
+                "unavailableReplicas": (shape.replicas - ready).max(0),
+                "conditions": [
+                    {"type": "Available", "status": if available { "True" } else { "False" },
+                     "reason": if available { "MinimumReplicasAvailable" } else { "MinimumReplicasUnavailable" }},
+                    {"type": "Progressing", "status": "True",
+                     "reason": if current.len() as i64 == shape.replicas && available { "NewReplicaSetAvailable" } else { "ReplicaSetUpdated" }},
+                ],
+            })
+        }
+        ("StatefulSet", _) => json!({
+            "observedGeneration": generation, "replicas": pods.len(), "readyReplicas": ready,
+            "currentReplicas": current.len(), "updatedReplicas": current.len(), "availableReplicas": ready,
+        }),
+        (_, WorkloadKind::Replicated) => json!({
+            "observedGeneration": generation, "replicas": pods.len(), "readyReplicas": ready,
+            "availableReplicas": ready, "fullyLabeledReplicas": pods.len(),
+        }),
+        (_, WorkloadKind::DaemonSet) => {
+            let want = st.nodes.iter().filter(|n| n.ready).count();
+            json!({
+                "observedGeneration": generation, "desiredNumberScheduled": want,
+                "currentNumberScheduled": pods.iter().filter(|p| p.node.is_some()).count(),
+                "numberReady": ready, "updatedNumberScheduled": current.len(), "numberAvailable": ready,
+                "numberMisscheduled": 0,
+            })
+        }
+        (_, WorkloadKind::Job) => {
+            let active = pods.iter().filter(|p| p.phase != Phase::Succeeded).count();
+            // As the Job controller: started when the member took it, completed when the
+            // last completion was reached.
+            let mut s = json!({"active": active, "succeeded": obj.succeeded, "failed": 0,
+                               "startTime": obj.created});
+            if obj.succeeded >= shape.completions {
+                s["conditions"] =
+                    json!([{"type": "Complete", "status": "True", "reason": "CompletionsReached"}]);
+                s["active"] = json!(0);
+                if let Some(t) = &obj.completed {
+                    s["completionTime"] = json!(t);
+                }
+            }
+            s
+        }
+        (_, WorkloadKind::Pod) => {
+            let phase = match pods.first().map(|p| p.phase) {
+                Some(Phase::Running) => "Running",
+                Some(Phase::Succeeded) => "Succeeded",
+                _ => "Pending",
+            };
+            let node = pods
+                .first()
+                .and_then(|p| p.node)
+                .and_then(|i| st.nodes.get(i))
+                .map(|n| n.name.clone());
+            json!({"phase": phase, "nodeName": node})
+        }
+    }
+}
+
+/// A workload's health as its status reads, unless pods cannot be scheduled or wait
+/// for a volume.
+fn workload_health(obj: &SimObject, shape: &Shape, with_status: &Value) -> (Health, String) {
+    let (mut health, mut message) = orrery_api::interpret::health(with_status);
+    if obj.unschedulable > 0 {
+        health = Health::Unhealthy;
+        message = format!(
+            "{} pod(s) cannot be scheduled: no node has room for {}m cpu, {} bytes of memory{}",
+            obj.unschedulable,
+            shape.request.cpu_m,
+            shape.request.mem,
+            if shape.request.gpu > 0 {
+                format!(", {} gpu", shape.request.gpu)
+            } else {
+                String::new()
+            }
+        );
+    }
+    if let Some(why) = &obj.volume_block {
+        health = Health::Unhealthy;
+        message = format!("pods wait for a volume: {why}");
+    }
+    (health, message)
+}
+
+/// What a workload's `ready` pods use of what they ask (of `pods` in all), under its
+/// load profile if it has one.
+fn workload_usage(
+    shape: &Shape,
+    ready: i64,
+    pods: usize,
+) -> Option<orrery_api::work::WorkloadUsage> {
+    shape.load.map(|l| {
+        // The demand spreads over the ready pods, each using up to BURST times its request;
+        // memory follows the cpu a little (caches, buffers).
+        let cpu_request = ready * shape.request.cpu_m;
+        let used = if ready == 0 {
+            0
+        } else {
+            l.demand_m(unix_now())
+                .min((cpu_request as f64 * BURST) as i64)
+        };
+        let busy = if cpu_request > 0 {
+            (used as f64 / cpu_request as f64).min(1.0)
+        } else {
+            0.0
+        };
+        let memory_request = ready * shape.request.mem;
+        orrery_api::work::WorkloadUsage {
+            ready_pods: ready,
+            unready_pods: (pods as i64 - ready).max(0),
+            cpu_milli: used,
+            cpu_request_milli: cpu_request,
+            memory_bytes: (memory_request as f64 * (0.4 + 0.4 * busy)) as i64,
+            memory_request_bytes: memory_request,
+        }
+    })
 }
 
 #[cfg(test)]
