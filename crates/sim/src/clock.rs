@@ -354,9 +354,35 @@ pub(crate) fn touch_volume_users(st: &mut State, volumes: &[data::VolumeKey]) {
 /// Places pending pods, starts scheduled ones, completes Job pods. Returns whether anything
 /// changed.
 pub(crate) fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
-    let mut changed = false;
+    let mut free = node_free(st);
+    let PodPass {
+        mut changed,
+        mut busy,
+        unschedulable,
+        blocked,
+        finished_jobs,
+        mut moved,
+    } = pass_pods(st, spec, now, &mut free);
+    changed |= update_unschedulable(st, &unschedulable, &mut moved);
+    changed |= update_volume_blocks(st, &blocked, &mut moved);
+    moved.sort();
+    moved.dedup();
+    for key in &moved {
+        st.touch(key);
+    }
+    if !finished_jobs.is_empty() {
+        finish_jobs(st, finished_jobs, now);
+        busy = true;
+    }
+    st.busy = busy;
+    sync_volumes(st);
+    changed
+}
+
+/// What each node has left: nothing if it is not ready, else what its background load and
+/// its unfinished pods leave.
+fn node_free(st: &State) -> Vec<Res> {
     let load = st.load;
-    // What each node has left.
     let mut free: Vec<Res> = st
         .nodes
         .iter()
@@ -375,12 +401,32 @@ pub(crate) fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
             free[i] = free[i].sub(p.request);
         }
     }
+    free
+}
+
+/// What one pass over the pods did and found.
+struct PodPass {
+    changed: bool,
+    /// Whether anything is still under way (a later tick has work to do).
+    busy: bool,
+    /// Pods that fit on no node, by workload.
+    unschedulable: BTreeMap<Key, i64>,
+    /// Pods waiting for a volume: why, by workload.
+    blocked: BTreeMap<Key, String>,
+    /// A workload for each of its Job pods that completed.
+    finished_jobs: Vec<Key>,
+    /// Owners whose pods moved (placed, started): their states changed.
+    moved: Vec<Key>,
+}
+
+/// Moves each pod on a phase: places pending ones (best fit into `free`), starts scheduled
+/// ones after the start delay, completes Job pods after the job's duration.
+fn pass_pods(st: &mut State, spec: &SimSpec, now: Instant, free: &mut [Res]) -> PodPass {
+    let mut changed = false;
     let mut unschedulable: BTreeMap<Key, i64> = BTreeMap::new();
-    // Pods waiting for a volume: why, by workload.
     let mut blocked: BTreeMap<Key, String> = BTreeMap::new();
     let mut busy = false;
     let mut finished_jobs: Vec<Key> = Vec::new();
-    // Owners whose pods moved (placed, started): their states changed.
     let mut moved: Vec<Key> = Vec::new();
     for p in st.pods.values_mut() {
         match p.phase {
@@ -441,6 +487,24 @@ pub(crate) fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
             _ => {}
         }
     }
+    PodPass {
+        changed,
+        busy,
+        unschedulable,
+        blocked,
+        finished_jobs,
+        moved,
+    }
+}
+
+/// Records on each object how many of its pods cannot be scheduled (and which are stuck);
+/// whether any count changed (those objects go to `moved`).
+fn update_unschedulable(
+    st: &mut State,
+    unschedulable: &BTreeMap<Key, i64>,
+    moved: &mut Vec<Key>,
+) -> bool {
+    let mut changed = false;
     // Only objects stuck before or now can have a count to change.
     let candidates: std::collections::BTreeSet<Key> = st
         .stuck
@@ -463,6 +527,17 @@ pub(crate) fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
             st.stuck.remove(&key);
         }
     }
+    changed
+}
+
+/// Records on each object why its pods wait for a volume, if they do; whether any reason
+/// changed (those objects go to `moved`).
+fn update_volume_blocks(
+    st: &mut State,
+    blocked: &BTreeMap<Key, String>,
+    moved: &mut Vec<Key>,
+) -> bool {
+    let mut changed = false;
     // Objects whose pods wait for a volume, or waited until now.
     let waiting: Vec<Key> = st
         .objects
@@ -480,32 +555,27 @@ pub(crate) fn advance(st: &mut State, spec: &SimSpec, now: Instant) -> bool {
             moved.push(key);
         }
     }
-    moved.sort();
-    moved.dedup();
-    for key in &moved {
-        st.touch(key);
-    }
-    if !finished_jobs.is_empty() {
-        st.pods.retain(|_, p| p.phase != Phase::Succeeded);
-        for key in finished_jobs {
-            if let Some(o) = st.objects.get_mut(&key) {
-                o.succeeded += 1;
-                if o.completed.is_none()
-                    && o.shape
-                        .as_ref()
-                        .is_some_and(|sh| o.succeeded >= sh.completions)
-                {
-                    o.completed = Some(orrery_api::Time::now().to_string());
-                }
-            }
-            st.touch(&key);
-            reconcile_pods(st, &key, now);
-            busy = true;
-        }
-    }
-    st.busy = busy;
-    sync_volumes(st);
     changed
+}
+
+/// Drops the completed Job pods and counts them on their Jobs (a Job completes at its
+/// completions), then lets each Job make its next pods.
+fn finish_jobs(st: &mut State, finished_jobs: Vec<Key>, now: Instant) {
+    st.pods.retain(|_, p| p.phase != Phase::Succeeded);
+    for key in finished_jobs {
+        if let Some(o) = st.objects.get_mut(&key) {
+            o.succeeded += 1;
+            if o.completed.is_none()
+                && o.shape
+                    .as_ref()
+                    .is_some_and(|sh| o.succeeded >= sh.completions)
+            {
+                o.completed = Some(orrery_api::Time::now().to_string());
+            }
+        }
+        st.touch(&key);
+        reconcile_pods(st, &key, now);
+    }
 }
 
 /// Why a pending pod cannot start for want of a volume: a claim it mounts does not exist, or
