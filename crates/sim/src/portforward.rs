@@ -17,7 +17,7 @@ use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 
-use super::spdy::{Decoder, Encoder, Frame, GOAWAY_PROTOCOL_ERROR, REFUSED_STREAM};
+use super::spdy::{Decoder, Encoder, Frame, GOAWAY_PROTOCOL_ERROR, Headers, REFUSED_STREAM};
 
 /// The pod a port-forward reaches.
 #[derive(Debug, Clone)]
@@ -71,10 +71,13 @@ where
         let _ = sink.close().await;
     });
     let mut decoder = Decoder::default();
-    let mut pairs: HashMap<String, Pair> = HashMap::new();
-    // What the client sends on each data stream, to the connection's task.
-    let mut inbound: HashMap<u32, Inbound> = HashMap::new();
-    let mut last_accepted = 0;
+    let mut session = Session {
+        target,
+        out,
+        pairs: HashMap::new(),
+        inbound: HashMap::new(),
+        last_accepted: 0,
+    };
     'connection: while let Some(message) = source.next().await {
         match message {
             Ok(Message::Binary(b)) => decoder.push(&b),
@@ -86,10 +89,11 @@ where
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(e) => {
-                    tracing::debug!(pod = %target.pod, error = %e, "port-forward: bad SPDY frame");
-                    let _ = out
+                    tracing::debug!(pod = %session.target.pod, error = %e, "port-forward: bad SPDY frame");
+                    let _ = session
+                        .out
                         .send(Frame::GoAway {
-                            last: last_accepted,
+                            last: session.last_accepted,
                             status: GOAWAY_PROTOCOL_ERROR,
                         })
                         .await;
@@ -98,109 +102,17 @@ where
             };
             match frame {
                 Frame::SynStream { id, fin, headers } => {
-                    let header = |name: &str| {
-                        headers
-                            .iter()
-                            .find(|(n, _)| n == name)
-                            .map(|(_, v)| v.as_str())
-                    };
-                    let kind = header("streamtype").unwrap_or("");
-                    let port = header("port").and_then(|p| p.parse::<u16>().ok());
-                    // Clients before requestID paired streams by id: data = error + 2.
-                    let request = match header("requestid") {
-                        Some(r) => r.to_string(),
-                        None if kind == "data" => id.saturating_sub(2).to_string(),
-                        None => id.to_string(),
-                    };
-                    // Nothing is kept of a stream refused.
-                    let waiting = pairs.get(&request);
-                    let free = match kind {
-                        "error" => waiting.is_none_or(|p| p.error.is_none()),
-                        "data" => waiting.is_none_or(|p| p.data.is_none()),
-                        _ => false,
-                    };
-                    let room = waiting.is_some() || pairs.len() < MAX_WAITING_PAIRS;
-                    let Some(port) = port.filter(|_| free && room) else {
-                        let _ = out
-                            .send(Frame::RstStream {
-                                id,
-                                status: REFUSED_STREAM,
-                            })
-                            .await;
-                        continue;
-                    };
-                    last_accepted = last_accepted.max(id);
-                    let pair = pairs.entry(request.clone()).or_default();
-                    if kind == "error" {
-                        pair.error = Some(id);
-                    } else {
-                        let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-                        if !fin {
-                            inbound.insert(id, Inbound { tx, started: false });
-                        }
-                        pair.data = Some((id, rx));
-                    }
-                    pair.port = pair.port.or(Some(port));
-                    let _ = out
-                        .send(Frame::SynReply {
-                            id,
-                            fin: false,
-                            headers: vec![],
-                        })
-                        .await;
-                    let complete = matches!(
-                        pairs.get(&request),
-                        Some(Pair {
-                            error: Some(_),
-                            data: Some(_),
-                            port: Some(_)
-                        })
-                    );
-                    if complete
-                        && let Some(Pair {
-                            error: Some(error),
-                            data: Some((data, rx)),
-                            port: Some(port),
-                        }) = pairs.remove(&request)
-                    {
-                        if let Some(i) = inbound.get_mut(&data) {
-                            i.started = true;
-                        }
-                        tokio::spawn(forward(target.clone(), port, error, data, rx, out.clone()));
-                    }
+                    session.syn_stream(id, fin, headers).await;
                 }
                 Frame::Data { id, fin, data } => {
-                    let delivered = match inbound.get(&id) {
-                        None => false,
-                        Some(_) if data.is_empty() => true,
-                        Some(i) if i.started => i.tx.send(data).await.is_ok(),
-                        Some(i) => match i.tx.try_send(data) {
-                            Ok(()) => true,
-                            Err(mpsc::error::TrySendError::Full(_)) => {
-                                // Its pair never completed and it kept sending: reset it, and
-                                // forget its half of the pair.
-                                pairs.retain(|_, p| p.data.as_ref().is_none_or(|(d, _)| *d != id));
-                                let _ = out
-                                    .send(Frame::RstStream {
-                                        id,
-                                        status: FLOW_CONTROL_ERROR,
-                                    })
-                                    .await;
-                                false
-                            }
-                            Err(mpsc::error::TrySendError::Closed(_)) => false,
-                        },
-                    };
-                    if fin || !delivered {
-                        inbound.remove(&id);
-                    }
+                    session.data(id, fin, data).await;
                 }
                 Frame::RstStream { id, .. } => {
-                    inbound.remove(&id);
+                    session.inbound.remove(&id);
                 }
                 // The client's pings (odd ids) are answered; this side sends none.
                 Frame::Ping(id) if id % 2 == 1 => {
-                    let _ = out.send(Frame::Ping(id)).await;
+                    let _ = session.out.send(Frame::Ping(id)).await;
                 }
                 Frame::GoAway { .. } => break 'connection,
                 Frame::Ping(_)
@@ -211,10 +123,147 @@ where
         }
     }
     // The connections' tasks see their input end, close their streams and drop their senders;
-    // the writer then ends.
+    // the writer then ends. (The rest goes last, as it always did.)
+    let Session {
+        inbound,
+        out,
+        pairs: _pairs,
+        target: _target,
+        last_accepted: _,
+    } = session;
     drop(inbound);
     drop(out);
     let _ = writer.await;
+}
+
+/// A port-forward connection's state while it reads the client's frames.
+struct Session {
+    target: Target,
+    /// To the one writer.
+    out: mpsc::Sender<Frame>,
+    /// Stream pairs (error + data) waiting for their other half, by request id.
+    pairs: HashMap<String, Pair>,
+    /// What the client sends on each data stream, to the connection's task.
+    inbound: HashMap<u32, Inbound>,
+    /// The last stream accepted (for GOAWAY).
+    last_accepted: u32,
+}
+
+impl Session {
+    /// A new stream: accepted (and its pair's connection started once both halves are in),
+    /// or refused.
+    async fn syn_stream(&mut self, id: u32, fin: bool, headers: Headers) {
+        let header = |name: &str| {
+            headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        };
+        let kind = header("streamtype").unwrap_or("");
+        let port = header("port").and_then(|p| p.parse::<u16>().ok());
+        // Clients before requestID paired streams by id: data = error + 2.
+        let request = match header("requestid") {
+            Some(r) => r.to_string(),
+            None if kind == "data" => id.saturating_sub(2).to_string(),
+            None => id.to_string(),
+        };
+        // Nothing is kept of a stream refused.
+        let waiting = self.pairs.get(&request);
+        let free = match kind {
+            "error" => waiting.is_none_or(|p| p.error.is_none()),
+            "data" => waiting.is_none_or(|p| p.data.is_none()),
+            _ => false,
+        };
+        let room = waiting.is_some() || self.pairs.len() < MAX_WAITING_PAIRS;
+        let Some(port) = port.filter(|_| free && room) else {
+            let _ = self
+                .out
+                .send(Frame::RstStream {
+                    id,
+                    status: REFUSED_STREAM,
+                })
+                .await;
+            return;
+        };
+        self.last_accepted = self.last_accepted.max(id);
+        let pair = self.pairs.entry(request.clone()).or_default();
+        if kind == "error" {
+            pair.error = Some(id);
+        } else {
+            let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+            if !fin {
+                self.inbound.insert(id, Inbound { tx, started: false });
+            }
+            pair.data = Some((id, rx));
+        }
+        pair.port = pair.port.or(Some(port));
+        let _ = self
+            .out
+            .send(Frame::SynReply {
+                id,
+                fin: false,
+                headers: vec![],
+            })
+            .await;
+        let complete = matches!(
+            self.pairs.get(&request),
+            Some(Pair {
+                error: Some(_),
+                data: Some(_),
+                port: Some(_)
+            })
+        );
+        if complete
+            && let Some(Pair {
+                error: Some(error),
+                data: Some((data, rx)),
+                port: Some(port),
+            }) = self.pairs.remove(&request)
+        {
+            if let Some(i) = self.inbound.get_mut(&data) {
+                i.started = true;
+            }
+            tokio::spawn(forward(
+                self.target.clone(),
+                port,
+                error,
+                data,
+                rx,
+                self.out.clone(),
+            ));
+        }
+    }
+
+    /// Data on a stream: to its connection's task; a stream whose pair never completed and
+    /// whose buffer overflowed is reset.
+    async fn data(&mut self, id: u32, fin: bool, data: Vec<u8>) {
+        let delivered = match self.inbound.get(&id) {
+            None => false,
+            Some(_) if data.is_empty() => true,
+            Some(i) if i.started => i.tx.send(data).await.is_ok(),
+            Some(i) => match i.tx.try_send(data) {
+                Ok(()) => true,
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    // Its pair never completed and it kept sending: reset it, and
+                    // forget its half of the pair.
+                    self.pairs
+                        .retain(|_, p| p.data.as_ref().is_none_or(|(d, _)| *d != id));
+                    let _ = self
+                        .out
+                        .send(Frame::RstStream {
+                            id,
+                            status: FLOW_CONTROL_ERROR,
+                        })
+                        .await;
+                    false
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => false,
+            },
+        };
+        if fin || !delivered {
+            self.inbound.remove(&id);
+        }
+    }
 }
 
 /// What kubelet writes on the error stream when nothing listens on the port.
