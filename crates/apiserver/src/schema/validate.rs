@@ -5,6 +5,7 @@
 
 use std::cell::RefCell;
 use std::fmt;
+use std::ops::ControlFlow;
 
 use orrery_api::Quantity;
 use orrery_api::validation::FieldError;
@@ -58,6 +59,8 @@ pub fn check(set: &SchemaSet, schema: &Value, value: &mut Value, mode: Mode) -> 
     f
 }
 
+/// Checks `value` against `schema` at `path`: references and the special types first, then
+/// `oneOf`/`anyOf`, `allOf`, the type, and the enum.
 fn walk(
     set: &SchemaSet,
     schema: &Value,
@@ -72,51 +75,19 @@ fn walk(
         return;
     }
     if name == Some(QUANTITY) {
-        let text = match value {
-            Value::String(s) => s.clone(),
-            Value::Number(n) => n.to_string(),
-            other => {
-                f.errors
-                    .push(FieldError::type_invalid(path, render(other), "string"));
-                return;
-            }
-        };
-        if let Err(e) = text.parse::<Quantity>() {
-            f.errors
-                .push(FieldError::invalid(path, &text, e.to_string()));
-        }
+        check_quantity(value, path, f);
         return;
     }
     if schema.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
-        if !(value.is_i64() || value.is_u64() || value.is_string()) {
-            f.errors.push(FieldError::type_invalid(
-                path,
-                render(value),
-                "integer or string",
-            ));
-        }
+        check_int_or_string(value, path, f);
         return;
     }
-    let preserve = schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
     if let Some(alternatives) = schema
         .get("oneOf")
         .or_else(|| schema.get("anyOf"))
         .and_then(Value::as_array)
     {
-        // Accept the first alternative the value fits; otherwise report against the first.
-        for alt in alternatives {
-            let mut probe = value.clone();
-            let mut trial = Findings::default();
-            walk(set, alt, &mut probe, path, mode, &mut trial);
-            if trial.errors.is_empty() {
-                *value = probe;
-                f.unknown.extend(trial.unknown);
-                return;
-            }
-        }
-        if let Some(first) = alternatives.first() {
-            walk(set, first, value, path, mode, f);
-        }
+        walk_alternatives(set, alternatives, value, path, mode, f);
         return;
     }
     if let Some(Value::Array(all)) = schema.get("allOf") {
@@ -124,6 +95,75 @@ fn walk(
             walk(set, part, value, path, mode, f);
         }
     }
+    if check_type(set, schema, value, path, mode, f).is_break() {
+        return;
+    }
+    check_enum(schema, value, path, f);
+}
+
+/// A `Quantity`: a string (or a bare number) that parses as one.
+fn check_quantity(value: &Value, path: &str, f: &mut Findings) {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => n.to_string(),
+        other => {
+            f.errors
+                .push(FieldError::type_invalid(path, render(other), "string"));
+            return;
+        }
+    };
+    if let Err(e) = text.parse::<Quantity>() {
+        f.errors
+            .push(FieldError::invalid(path, &text, e.to_string()));
+    }
+}
+
+/// `x-kubernetes-int-or-string`: an integer or a string, nothing more is checked.
+fn check_int_or_string(value: &Value, path: &str, f: &mut Findings) {
+    if !(value.is_i64() || value.is_u64() || value.is_string()) {
+        f.errors.push(FieldError::type_invalid(
+            path,
+            render(value),
+            "integer or string",
+        ));
+    }
+}
+
+/// `oneOf`/`anyOf`: accepts the first alternative the value fits, keeping what that walk
+/// changed; otherwise reports against the first.
+fn walk_alternatives(
+    set: &SchemaSet,
+    alternatives: &[Value],
+    value: &mut Value,
+    path: &str,
+    mode: Mode,
+    f: &mut Findings,
+) {
+    for alt in alternatives {
+        let mut probe = value.clone();
+        let mut trial = Findings::default();
+        walk(set, alt, &mut probe, path, mode, &mut trial);
+        if trial.errors.is_empty() {
+            *value = probe;
+            f.unknown.extend(trial.unknown);
+            return;
+        }
+    }
+    if let Some(first) = alternatives.first() {
+        walk(set, first, value, path, mode, f);
+    }
+}
+
+/// Checks the schema's `type` (an object if it only declares properties). `Break` means the
+/// walk stops before the enum check, as after a non-array or a re-encoded base64 string.
+fn check_type(
+    set: &SchemaSet,
+    schema: &Value,
+    value: &mut Value,
+    path: &str,
+    mode: Mode,
+    f: &mut Findings,
+) -> ControlFlow<()> {
     let declared = schema.get("type").and_then(Value::as_str);
     let ty = declared.or(if schema.get("properties").is_some() {
         Some("object")
@@ -131,116 +171,14 @@ fn walk(
         None
     });
     match ty {
-        Some("object") => check_object(set, schema, value, path, mode, preserve, f),
-        Some("array") => {
-            let Value::Array(items) = value else {
-                f.errors
-                    .push(FieldError::type_invalid(path, render(value), "array"));
-                return;
-            };
-            if let Some(n) = schema.get("minItems").and_then(Value::as_u64)
-                && (items.len() as u64) < n
-            {
-                f.errors.push(FieldError::invalid(
-                    path,
-                    items.len(),
-                    format!("must have at least {n} items"),
-                ));
-            }
-            if let Some(n) = schema.get("maxItems").and_then(Value::as_u64)
-                && (items.len() as u64) > n
-            {
-                f.errors.push(FieldError {
-                    kind: orrery_api::validation::ErrorType::TooLong,
-                    field: path.to_string(),
-                    value: String::new(),
-                    detail: format!("must have at most {n} items"),
-                });
-            }
-            if let Some(item_schema) = schema.get("items") {
-                for (i, item) in items.iter_mut().enumerate() {
-                    walk(set, item_schema, item, &format!("{path}[{i}]"), mode, f);
-                }
-            }
+        Some("object") => {
+            let preserve =
+                schema.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
+            check_object(set, schema, value, path, mode, preserve, f);
         }
-        Some("string") => match &*value {
-            Value::String(s) => {
-                // Bytes travel as base64 (a Secret's data, a ConfigMap's binaryData). Line
-                // breaks are skipped, as Go's decoder (and so Kubernetes) skips them (kustomize
-                // wraps long values), and the value is stored in its one-line form, as
-                // Kubernetes stores the bytes it decoded.
-                if schema.get("format").and_then(Value::as_str) == Some("byte") {
-                    use base64::Engine;
-                    let b64 = base64::engine::general_purpose::STANDARD;
-                    let wrapped = s.contains(['\n', '\r']);
-                    let decoded = if wrapped {
-                        let flat: String =
-                            s.chars().filter(|c| !matches!(c, '\n' | '\r')).collect();
-                        b64.decode(flat)
-                    } else {
-                        b64.decode(s)
-                    };
-                    match decoded {
-                        Err(e) => f.errors.push(FieldError::invalid(
-                            path,
-                            "",
-                            format!("illegal base64 data: {e}"),
-                        )),
-                        Ok(bytes) if wrapped => {
-                            *value = Value::String(b64.encode(bytes));
-                            return;
-                        }
-                        Ok(_) => {}
-                    }
-                }
-                let Value::String(s) = &*value else { return };
-                let len = s.chars().count() as u64;
-                if let Some(n) = schema.get("minLength").and_then(Value::as_u64)
-                    && len < n
-                {
-                    f.errors.push(FieldError::invalid(
-                        path,
-                        render(value),
-                        format!("must be at least {n} characters long"),
-                    ));
-                }
-                if let Some(n) = schema.get("maxLength").and_then(Value::as_u64)
-                    && len > n
-                {
-                    f.errors.push(FieldError::too_long(path, n as usize));
-                }
-            }
-            other => f
-                .errors
-                .push(FieldError::type_invalid(path, render(other), "string")),
-        },
-        Some("integer") => {
-            if !(value.is_i64() || value.is_u64()) {
-                f.errors
-                    .push(FieldError::type_invalid(path, render(value), "integer"));
-            } else {
-                // Kubernetes' fields are int32 or int64: a typed client cannot decode more.
-                let fits = match schema.get("format").and_then(Value::as_str) {
-                    Some("int32") => value.as_i64().is_some_and(|n| i32::try_from(n).is_ok()),
-                    Some("int64") => value.is_i64(),
-                    _ => true,
-                };
-                if fits {
-                    check_bounds(schema, value, path, f);
-                } else {
-                    let bits = if schema.get("format").and_then(Value::as_str) == Some("int32") {
-                        32
-                    } else {
-                        64
-                    };
-                    f.errors.push(FieldError::invalid(
-                        path,
-                        &*value,
-                        format!("must be a {bits}-bit integer"),
-                    ));
-                }
-            }
-        }
+        Some("array") => return check_array(set, schema, value, path, mode, f),
+        Some("string") => return check_string(schema, value, path, f),
+        Some("integer") => check_integer(schema, value, path, f),
         Some("number") => {
             if !value.is_number() {
                 f.errors
@@ -255,6 +193,151 @@ fn walk(
         }
         _ => {}
     }
+    ControlFlow::Continue(())
+}
+
+/// An array: `minItems`, `maxItems`, then each item against `items`. A non-array stops the
+/// walk.
+fn check_array(
+    set: &SchemaSet,
+    schema: &Value,
+    value: &mut Value,
+    path: &str,
+    mode: Mode,
+    f: &mut Findings,
+) -> ControlFlow<()> {
+    let Value::Array(items) = value else {
+        f.errors
+            .push(FieldError::type_invalid(path, render(value), "array"));
+        return ControlFlow::Break(());
+    };
+    if let Some(n) = schema.get("minItems").and_then(Value::as_u64)
+        && (items.len() as u64) < n
+    {
+        f.errors.push(FieldError::invalid(
+            path,
+            items.len(),
+            format!("must have at least {n} items"),
+        ));
+    }
+    if let Some(n) = schema.get("maxItems").and_then(Value::as_u64)
+        && (items.len() as u64) > n
+    {
+        f.errors.push(FieldError {
+            kind: orrery_api::validation::ErrorType::TooLong,
+            field: path.to_string(),
+            value: String::new(),
+            detail: format!("must have at most {n} items"),
+        });
+    }
+    if let Some(item_schema) = schema.get("items") {
+        for (i, item) in items.iter_mut().enumerate() {
+            walk(set, item_schema, item, &format!("{path}[{i}]"), mode, f);
+        }
+    }
+    ControlFlow::Continue(())
+}
+
+/// A string: `format: byte` (base64), then `minLength` and `maxLength` in characters.
+fn check_string(
+    schema: &Value,
+    value: &mut Value,
+    path: &str,
+    f: &mut Findings,
+) -> ControlFlow<()> {
+    if !value.is_string() {
+        f.errors
+            .push(FieldError::type_invalid(path, render(value), "string"));
+        return ControlFlow::Continue(());
+    }
+    if schema.get("format").and_then(Value::as_str) == Some("byte") {
+        check_base64(value, path, f)?;
+    }
+    let Value::String(s) = &*value else {
+        return ControlFlow::Break(());
+    };
+    let len = s.chars().count() as u64;
+    if let Some(n) = schema.get("minLength").and_then(Value::as_u64)
+        && len < n
+    {
+        f.errors.push(FieldError::invalid(
+            path,
+            render(value),
+            format!("must be at least {n} characters long"),
+        ));
+    }
+    if let Some(n) = schema.get("maxLength").and_then(Value::as_u64)
+        && len > n
+    {
+        f.errors.push(FieldError::too_long(path, n as usize));
+    }
+    ControlFlow::Continue(())
+}
+
+/// Bytes travel as base64 (a Secret's data, a ConfigMap's binaryData). Line breaks are
+/// skipped, as Go's decoder (and so Kubernetes) skips them (kustomize wraps long values), and
+/// the value is stored in its one-line form, as Kubernetes stores the bytes it decoded; a
+/// value so re-encoded stops the walk.
+fn check_base64(value: &mut Value, path: &str, f: &mut Findings) -> ControlFlow<()> {
+    use base64::Engine;
+    // Only called on a string; anything else has nothing to decode.
+    let Value::String(s) = &*value else {
+        return ControlFlow::Continue(());
+    };
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let wrapped = s.contains(['\n', '\r']);
+    let decoded = if wrapped {
+        let flat: String = s.chars().filter(|c| !matches!(c, '\n' | '\r')).collect();
+        b64.decode(flat)
+    } else {
+        b64.decode(s)
+    };
+    match decoded {
+        Err(e) => f.errors.push(FieldError::invalid(
+            path,
+            "",
+            format!("illegal base64 data: {e}"),
+        )),
+        Ok(bytes) if wrapped => {
+            *value = Value::String(b64.encode(bytes));
+            return ControlFlow::Break(());
+        }
+        Ok(_) => {}
+    }
+    ControlFlow::Continue(())
+}
+
+/// An integer, within its `format` (int32 or int64), then within its bounds.
+fn check_integer(schema: &Value, value: &Value, path: &str, f: &mut Findings) {
+    if !(value.is_i64() || value.is_u64()) {
+        f.errors
+            .push(FieldError::type_invalid(path, render(value), "integer"));
+        return;
+    }
+    // Kubernetes' fields are int32 or int64: a typed client cannot decode more.
+    let fits = match schema.get("format").and_then(Value::as_str) {
+        Some("int32") => value.as_i64().is_some_and(|n| i32::try_from(n).is_ok()),
+        Some("int64") => value.is_i64(),
+        _ => true,
+    };
+    if fits {
+        check_bounds(schema, value, path, f);
+    } else {
+        let bits = if schema.get("format").and_then(Value::as_str) == Some("int32") {
+            32
+        } else {
+            64
+        };
+        f.errors.push(FieldError::invalid(
+            path,
+            value,
+            format!("must be a {bits}-bit integer"),
+        ));
+    }
+}
+
+/// `enum`: the value must be one of those listed.
+fn check_enum(schema: &Value, value: &Value, path: &str, f: &mut Findings) {
     if let Some(Value::Array(allowed)) = schema.get("enum")
         && !allowed.contains(value)
     {
