@@ -382,112 +382,21 @@ const SECRET_DEFAULT_TYPE: &str = "Opaque";
 pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorList {
     let mut errs = ErrorList::new();
     let spec = obj.spec.as_ref();
-    // What a workload says of its data and work (data-aware scheduling), checked here so a
-    // bad annotation is an error to its author, not a silent default.
-    if rt.origin == Origin::BuiltIn
-        && let Some((_, path)) = orrery_api::data::template_annotations(&rt.kind)
-        && let Err(e) =
-            orrery_api::data::of_parts(&rt.kind, &obj.metadata.annotations, obj.spec.as_ref())
-    {
-        errs.push(FieldError::invalid(path, "", e));
-    }
+    validate_data_annotations(rt, obj, &mut errs);
     match (rt.group.as_str(), rt.kind.as_str()) {
         ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet") => {
-            if let Some(r) = spec.and_then(|s| s.get("replicas")).and_then(Value::as_i64)
-                && r < 0
-            {
-                errs.push(FieldError::invalid(
-                    "spec.replicas",
-                    r,
-                    "must be greater than or equal to 0",
-                ));
-            }
-            check_selector(
-                spec,
-                "spec.selector",
-                "spec.template.metadata.labels",
-                &["template", "metadata", "labels"],
-                &mut errs,
-            );
-            if let Some(old) = old {
-                let before = old.spec.as_ref().and_then(|s| s.get("selector"));
-                let after = spec.and_then(|s| s.get("selector"));
-                if before.is_some() && before != after {
-                    errs.push(FieldError::invalid(
-                        "spec.selector",
-                        after.map(|v| v.to_string()).unwrap_or_default(),
-                        "field is immutable",
-                    ));
-                }
-            }
+            validate_workload(spec, old, &mut errs)
         }
-        ("batch", "Job") => {
-            let policy = spec
-                .and_then(|s| s.pointer("/template/spec/restartPolicy"))
-                .and_then(Value::as_str);
-            if let Some(p) = policy
-                && p != "OnFailure"
-                && p != "Never"
-            {
-                errs.push(FieldError::not_supported(
-                    "spec.template.spec.restartPolicy",
-                    p,
-                    &["OnFailure", "Never"],
-                ));
-            }
-        }
+        ("batch", "Job") => validate_job(spec, &mut errs),
         (crate::rbac::GROUP, "Role" | "ClusterRole") => validate_rules(obj, &mut errs),
         (crate::rbac::GROUP, "RoleBinding" | "ClusterRoleBinding") => {
             validate_binding(obj, old, &mut errs)
         }
         ("", "ConfigMap" | "Secret") => {
-            let mut size = 0usize;
-            for field in ["data", "binaryData"] {
-                if let Some(Value::Object(m)) = obj.other.get(field) {
-                    for (k, v) in m {
-                        if !config_key_ok(k) {
-                            errs.push(FieldError::invalid(format!("{field}[{k}]"), k, "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"));
-                        }
-                        size += k.len() + v.as_str().map_or(0, str::len);
-                    }
-                }
-            }
-            if size > 1024 * 1024 {
-                errs.push(FieldError::too_long("data", 1024 * 1024));
-            }
-            if let Some(old) = old
-                && old.other.get("immutable") == Some(&Value::Bool(true))
-            {
-                for field in ["data", "binaryData", "immutable"] {
-                    if old.other.get(field) != obj.other.get(field) {
-                        errs.push(FieldError::forbidden(
-                            field,
-                            "field is immutable when `immutable` is set",
-                        ));
-                    }
-                }
-            }
-            // (One stored without a type, by an earlier version, was Opaque.)
-            let type_of = |o: &Object| {
-                o.other
-                    .get("type")
-                    .and_then(Value::as_str)
-                    .filter(|t| !t.is_empty())
-                    .unwrap_or(SECRET_DEFAULT_TYPE)
-                    .to_string()
-            };
-            if rt.kind == "Secret"
-                && let Some(old) = old
-                && type_of(old) != type_of(obj)
-            {
-                errs.push(FieldError::invalid(
-                    "type",
-                    obj.other
-                        .get("type")
-                        .map(|t| t.to_string())
-                        .unwrap_or_default(),
-                    "field is immutable",
-                ));
+            validate_config_data(obj, &mut errs);
+            validate_config_immutable(obj, old, &mut errs);
+            if rt.kind == "Secret" {
+                validate_secret_type(obj, old, &mut errs);
             }
         }
         ("multicluster.io", "Cluster") => {
@@ -496,17 +405,7 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
             errs.extend(cluster::validate_status(obj.status.as_ref()));
         }
         ("multicluster.io", "Work") => errs.extend(work::validate_spec(spec)),
-        ("multicluster.io", "ResourceBinding") => {
-            // Controllers write bindings straight to the store; whoever writes one through
-            // the API (cluster-admin, or a team granted it) stays in its namespace.
-            match spec
-                .map(|s| serde_json::from_value::<orrery_api::binding::BindingSpec>(s.clone()))
-            {
-                Some(Ok(b)) => errs.extend(b.foreign_references(obj.namespace())),
-                Some(Err(e)) => errs.push(FieldError::invalid("spec", "", e.to_string())),
-                None => {}
-            }
-        }
+        ("multicluster.io", "ResourceBinding") => validate_resource_binding(obj, &mut errs),
         (orrery_api::autoscaling::GROUP, orrery_api::autoscaling::federated::KIND) => {
             if let Err(e) = orrery_api::autoscaling::federated::FederatedHPASpec::parse(spec) {
                 errs.extend(e);
@@ -532,30 +431,14 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
                 errs.extend(e);
             }
             // A transfer is not redirected: delete it and ask for another.
-            if let Some(old) = old
-                && old.spec != obj.spec
-            {
-                errs.push(orrery_api::validation::FieldError::invalid(
-                    "spec",
-                    "",
-                    "field is immutable",
-                ));
-            }
+            validate_spec_immutable(obj, old, &mut errs);
         }
         ("multicluster.io", "Migration") => {
             if let Err(e) = orrery_api::stateful::migration_spec(spec) {
                 errs.extend(e);
             }
             // A move under way cannot be redirected; delete it and start another.
-            if let Some(old) = old
-                && old.spec != obj.spec
-            {
-                errs.push(orrery_api::validation::FieldError::invalid(
-                    "spec",
-                    "",
-                    "field is immutable",
-                ));
-            }
+            validate_spec_immutable(obj, old, &mut errs);
         }
         ("multicluster.io", "ResourcePlacementPolicy")
         | ("policy.karmada.io", "PropagationPolicy" | "ClusterPropagationPolicy") => {
@@ -579,6 +462,149 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
         _ => {}
     }
     errs
+}
+
+/// What a built-in workload says of its data and work (data-aware scheduling), checked here
+/// so a bad annotation is an error to its author, not a silent default.
+fn validate_data_annotations(rt: &ResourceType, obj: &Object, errs: &mut ErrorList) {
+    if rt.origin == Origin::BuiltIn
+        && let Some((_, path)) = orrery_api::data::template_annotations(&rt.kind)
+        && let Err(e) =
+            orrery_api::data::of_parts(&rt.kind, &obj.metadata.annotations, obj.spec.as_ref())
+    {
+        errs.push(FieldError::invalid(path, "", e));
+    }
+}
+
+/// A Deployment's, ReplicaSet's, StatefulSet's or DaemonSet's replicas (not negative) and
+/// selector (valid, selecting its template, immutable once set).
+fn validate_workload(spec: Option<&Value>, old: Option<&Object>, errs: &mut ErrorList) {
+    if let Some(r) = spec.and_then(|s| s.get("replicas")).and_then(Value::as_i64)
+        && r < 0
+    {
+        errs.push(FieldError::invalid(
+            "spec.replicas",
+            r,
+            "must be greater than or equal to 0",
+        ));
+    }
+    check_selector(
+        spec,
+        "spec.selector",
+        "spec.template.metadata.labels",
+        &["template", "metadata", "labels"],
+        errs,
+    );
+    if let Some(old) = old {
+        let before = old.spec.as_ref().and_then(|s| s.get("selector"));
+        let after = spec.and_then(|s| s.get("selector"));
+        if before.is_some() && before != after {
+            errs.push(FieldError::invalid(
+                "spec.selector",
+                after.map(|v| v.to_string()).unwrap_or_default(),
+                "field is immutable",
+            ));
+        }
+    }
+}
+
+/// A Job's pods restart on failure or never.
+fn validate_job(spec: Option<&Value>, errs: &mut ErrorList) {
+    let policy = spec
+        .and_then(|s| s.pointer("/template/spec/restartPolicy"))
+        .and_then(Value::as_str);
+    if let Some(p) = policy
+        && p != "OnFailure"
+        && p != "Never"
+    {
+        errs.push(FieldError::not_supported(
+            "spec.template.spec.restartPolicy",
+            p,
+            &["OnFailure", "Never"],
+        ));
+    }
+}
+
+/// A ConfigMap's or Secret's `data` and `binaryData`: valid keys, at most 1 MiB in all.
+fn validate_config_data(obj: &Object, errs: &mut ErrorList) {
+    let mut size = 0usize;
+    for field in ["data", "binaryData"] {
+        if let Some(Value::Object(m)) = obj.other.get(field) {
+            for (k, v) in m {
+                if !config_key_ok(k) {
+                    errs.push(FieldError::invalid(format!("{field}[{k}]"), k, "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"));
+                }
+                size += k.len() + v.as_str().map_or(0, str::len);
+            }
+        }
+    }
+    if size > 1024 * 1024 {
+        errs.push(FieldError::too_long("data", 1024 * 1024));
+    }
+}
+
+/// A ConfigMap or Secret stored `immutable` keeps its data and stays immutable.
+fn validate_config_immutable(obj: &Object, old: Option<&Object>, errs: &mut ErrorList) {
+    if let Some(old) = old
+        && old.other.get("immutable") == Some(&Value::Bool(true))
+    {
+        for field in ["data", "binaryData", "immutable"] {
+            if old.other.get(field) != obj.other.get(field) {
+                errs.push(FieldError::forbidden(
+                    field,
+                    "field is immutable when `immutable` is set",
+                ));
+            }
+        }
+    }
+}
+
+/// A Secret's type does not change.
+fn validate_secret_type(obj: &Object, old: Option<&Object>, errs: &mut ErrorList) {
+    // (One stored without a type, by an earlier version, was Opaque.)
+    let type_of = |o: &Object| {
+        o.other
+            .get("type")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .unwrap_or(SECRET_DEFAULT_TYPE)
+            .to_string()
+    };
+    if let Some(old) = old
+        && type_of(old) != type_of(obj)
+    {
+        errs.push(FieldError::invalid(
+            "type",
+            obj.other
+                .get("type")
+                .map(|t| t.to_string())
+                .unwrap_or_default(),
+            "field is immutable",
+        ));
+    }
+}
+
+/// Controllers write bindings straight to the store; whoever writes one through the API
+/// (cluster-admin, or a team granted it) stays in its namespace.
+fn validate_resource_binding(obj: &Object, errs: &mut ErrorList) {
+    match obj
+        .spec
+        .as_ref()
+        .map(|s| serde_json::from_value::<orrery_api::binding::BindingSpec>(s.clone()))
+    {
+        Some(Ok(b)) => errs.extend(b.foreign_references(obj.namespace())),
+        Some(Err(e)) => errs.push(FieldError::invalid("spec", "", e.to_string())),
+        None => {}
+    }
+}
+
+/// The spec of an update is the spec stored.
+fn validate_spec_immutable(obj: &Object, old: Option<&Object>, errs: &mut ErrorList) {
+    if let Some(old) = old
+        && old.spec != obj.spec
+    {
+        errs.push(FieldError::invalid("spec", "", "field is immutable"));
+    }
 }
 
 /// A workload's selector must be valid and select its own pod template.
