@@ -14,8 +14,8 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::Frame;
-use orrery_api::{Object, fields};
-use orrery_store::{ListOptions, Revision, StoreError, WatchEvent, WatchOptions};
+use orrery_api::{Object, fields, labels};
+use orrery_store::{ListOptions, Revision, StoreError, WatchEvent, WatchOptions, WatchStream};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -107,26 +107,14 @@ fn random_between(lo: Duration, hi: Duration) -> Duration {
     lo + Duration::from_millis(if span == 0 { 0 } else { r as u64 % span })
 }
 
+/// Serves a watch: checks its parameters, finds where it starts, and streams its events from
+/// a task of their own.
 pub async fn watch(call: Call<'_>) -> ApiResult<Outcome> {
     let rt = call.target.rt.clone();
     let (label, mut field) = selectors(&call)?;
     if let Some(name) = &call.target.name {
         // The legacy single-object form: .../pods/<name>?watch=true.
-        let mut terms: Vec<String> = field
-            .terms()
-            .iter()
-            .map(|t| {
-                format!(
-                    "{}{}{}",
-                    t.field,
-                    if t.negated { "!=" } else { "=" },
-                    t.value
-                )
-            })
-            .collect();
-        terms.push(format!("metadata.name={name}"));
-        field = fields::Selector::parse(&terms.join(","))
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        field = with_name(&field, name)?;
     }
     let bookmarks = call.query.flag("allowWatchBookmarks")?;
     let send_initial_param = call
@@ -135,29 +123,8 @@ pub async fn watch(call: Call<'_>) -> ApiResult<Outcome> {
         .map(|v| v == "true" || v == "1");
     let rv = call.query.get("resourceVersion");
     let rv_match = call.query.get("resourceVersionMatch");
-    if send_initial_param == Some(true) {
-        if rv_match != Some("NotOlderThan") {
-            return Err(ApiError::bad_request(
-                "sendInitialEvents requires resourceVersionMatch=NotOlderThan",
-            ));
-        }
-        if !bookmarks {
-            return Err(ApiError::bad_request(
-                "sendInitialEvents requires allowWatchBookmarks=true",
-            ));
-        }
-    } else if rv_match.is_some() {
-        return Err(ApiError::bad_request(
-            "resourceVersionMatch is only allowed for watch with sendInitialEvents=true",
-        ));
-    }
-    let timeout = match call.query.number::<u64>("timeoutSeconds")? {
-        Some(s) => Duration::from_secs(s),
-        None => random_between(
-            call.app.config.min_request_timeout,
-            call.app.config.min_request_timeout * 2,
-        ),
-    };
+    check_initial_events(send_initial_param, rv_match, bookmarks)?;
+    let timeout = watch_timeout(&call)?;
     let prefix = rt.prefix(call.target.namespace.as_deref());
     let renderer = Renderer {
         rt: rt.clone(),
@@ -167,42 +134,13 @@ pub async fn watch(call: Call<'_>) -> ApiResult<Outcome> {
     };
 
     // Where to start, and what to send first.
-    let given: Option<Revision> = match rv {
-        None | Some("0") => None,
-        Some(r) => Some(
-            r.parse::<Revision>()
-                .ok()
-                .filter(|r| *r > 0)
-                .ok_or_else(|| ApiError::bad_request(format!("invalid resource version {r:?}")))?,
-        ),
-    };
+    let given = given_revision(rv)?;
     let initial_state = match (send_initial_param, given) {
         (Some(explicit), _) => explicit,
         (None, None) => true,
         (None, Some(_)) => false,
     };
-    let (initial, from) = if initial_state {
-        if let Some(r) = given {
-            wait_for_revision(&call, r).await?;
-        }
-        let opts = ListOptions {
-            labels: label.clone(),
-            fields: field.clone(),
-            ..Default::default()
-        };
-        let list = call.app.store.list(&prefix, &opts).await?;
-        (list.items, list.revision)
-    } else {
-        match given {
-            // A revision the store has not reached: waited for a moment, then "Too large
-            // resource version" (504, as kube-apiserver), never a watch that hangs silently.
-            Some(r) => {
-                wait_for_revision(&call, r).await?;
-                (Vec::new(), r)
-            }
-            None => (Vec::new(), call.app.store.current_revision().await?),
-        }
-    };
+    let (initial, from) = start(&call, &prefix, given, initial_state, &label, &field).await?;
     let opts = WatchOptions {
         labels: label,
         fields: field,
@@ -220,57 +158,207 @@ pub async fn watch(call: Call<'_>) -> ApiResult<Outcome> {
         }
         Err(e) => return Err(e.into()),
     };
-    let mut shutdown = call.app.shutdown.clone();
+    let feed = Feed {
+        renderer,
+        tx,
+        shutdown: call.app.shutdown.clone(),
+        bookmarks,
+        timeout,
+    };
     let send_initial_end = send_initial_param == Some(true);
     tokio::spawn(async move {
-        let Some(mut w) = stream else { return };
-        for obj in initial {
-            if tx.send(renderer.event("ADDED", &obj)).await.is_err() {
-                return;
-            }
-        }
-        if send_initial_end
-            && tx
-                .send(line("BOOKMARK", renderer.bookmark(from, true)))
-                .await
-                .is_err()
+        let Some(w) = stream else { return };
+        if feed
+            .send_initial(initial, from, send_initial_end)
+            .await
+            .is_err()
         {
             return;
         }
-        let deadline = tokio::time::sleep(timeout);
+        feed.follow(w).await;
+    });
+    Ok(Outcome::encoded(stream_response(rx)))
+}
+
+/// `field` narrowed to the object named `name`.
+fn with_name(field: &fields::Selector, name: &str) -> ApiResult<fields::Selector> {
+    let mut terms: Vec<String> = field
+        .terms()
+        .iter()
+        .map(|t| {
+            format!(
+                "{}{}{}",
+                t.field,
+                if t.negated { "!=" } else { "=" },
+                t.value
+            )
+        })
+        .collect();
+    terms.push(format!("metadata.name={name}"));
+    fields::Selector::parse(&terms.join(",")).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+/// `sendInitialEvents=true` needs `resourceVersionMatch=NotOlderThan` and bookmarks;
+/// `resourceVersionMatch` is allowed with nothing else.
+fn check_initial_events(
+    send_initial_param: Option<bool>,
+    rv_match: Option<&str>,
+    bookmarks: bool,
+) -> ApiResult<()> {
+    if send_initial_param == Some(true) {
+        if rv_match != Some("NotOlderThan") {
+            return Err(ApiError::bad_request(
+                "sendInitialEvents requires resourceVersionMatch=NotOlderThan",
+            ));
+        }
+        if !bookmarks {
+            return Err(ApiError::bad_request(
+                "sendInitialEvents requires allowWatchBookmarks=true",
+            ));
+        }
+    } else if rv_match.is_some() {
+        return Err(ApiError::bad_request(
+            "resourceVersionMatch is only allowed for watch with sendInitialEvents=true",
+        ));
+    }
+    Ok(())
+}
+
+/// How long the watch lasts: `timeoutSeconds`, or a random time between the minimum request
+/// timeout and twice it (so a fleet's watches do not all end together).
+fn watch_timeout(call: &Call<'_>) -> ApiResult<Duration> {
+    Ok(match call.query.number::<u64>("timeoutSeconds")? {
+        Some(s) => Duration::from_secs(s),
+        None => random_between(
+            call.app.config.min_request_timeout,
+            call.app.config.min_request_timeout * 2,
+        ),
+    })
+}
+
+/// The `resourceVersion` the client gave: none for no value or `0`, else a positive revision.
+fn given_revision(rv: Option<&str>) -> ApiResult<Option<Revision>> {
+    Ok(match rv {
+        None | Some("0") => None,
+        Some(r) => Some(
+            r.parse::<Revision>()
+                .ok()
+                .filter(|r| *r > 0)
+                .ok_or_else(|| ApiError::bad_request(format!("invalid resource version {r:?}")))?,
+        ),
+    })
+}
+
+/// What to send first and the revision the changes follow: with an initial state, the
+/// objects there now (once the store has reached `given`); otherwise none, from `given` or
+/// from now.
+async fn start(
+    call: &Call<'_>,
+    prefix: &str,
+    given: Option<Revision>,
+    initial_state: bool,
+    label: &labels::Selector,
+    field: &fields::Selector,
+) -> ApiResult<(Vec<Object>, Revision)> {
+    if initial_state {
+        if let Some(r) = given {
+            wait_for_revision(call, r).await?;
+        }
+        let opts = ListOptions {
+            labels: label.clone(),
+            fields: field.clone(),
+            ..Default::default()
+        };
+        let list = call.app.store.list(prefix, &opts).await?;
+        return Ok((list.items, list.revision));
+    }
+    Ok(match given {
+        // A revision the store has not reached: waited for a moment, then "Too large
+        // resource version" (504, as kube-apiserver), never a watch that hangs silently.
+        Some(r) => {
+            wait_for_revision(call, r).await?;
+            (Vec::new(), r)
+        }
+        None => (Vec::new(), call.app.store.current_revision().await?),
+    })
+}
+
+/// What the task that feeds one watch's stream holds.
+struct Feed {
+    renderer: Renderer,
+    tx: mpsc::Sender<Bytes>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+    bookmarks: bool,
+    timeout: Duration,
+}
+
+impl Feed {
+    /// The objects there at the start as ADDED events, then, if asked for, the bookmark that
+    /// ends them. An error means the client has gone.
+    async fn send_initial(
+        &self,
+        initial: Vec<Object>,
+        from: Revision,
+        send_initial_end: bool,
+    ) -> Result<(), mpsc::error::SendError<Bytes>> {
+        for obj in initial {
+            self.tx.send(self.renderer.event("ADDED", &obj)).await?;
+        }
+        if send_initial_end {
+            self.tx
+                .send(line("BOOKMARK", self.renderer.bookmark(from, true)))
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The changes, until the timeout (ending with a bookmark if the client takes them),
+    /// shutdown, the client leaving, or the store's error (sent as an ERROR event).
+    async fn follow(mut self, mut w: WatchStream) {
+        let deadline = tokio::time::sleep(self.timeout);
         tokio::pin!(deadline);
         loop {
             let ev = tokio::select! {
                 ev = w.next() => ev,
                 _ = &mut deadline => {
-                    if bookmarks && let Some(rv) = w.bookmark_now() {
-                        let _ = tx.send(line("BOOKMARK", renderer.bookmark(rv, false))).await;
+                    if self.bookmarks && let Some(rv) = w.bookmark_now() {
+                        let _ = self
+                            .tx
+                            .send(line("BOOKMARK", self.renderer.bookmark(rv, false)))
+                            .await;
                     }
                     return;
                 }
-                _ = shutdown.changed() => return,
-                _ = tx.closed() => return,
+                _ = self.shutdown.changed() => return,
+                _ = self.tx.closed() => return,
             };
             let out = match ev {
                 Some(Ok(WatchEvent::Bookmark(rv))) => {
-                    line("BOOKMARK", renderer.bookmark(rv, false))
+                    line("BOOKMARK", self.renderer.bookmark(rv, false))
                 }
                 Some(Ok(ev)) => {
                     let kind = ev.type_name();
                     let Some(obj) = ev.object() else { continue };
-                    renderer.event(kind, obj)
+                    self.renderer.event(kind, obj)
                 }
                 Some(Err(e)) => {
-                    let _ = tx.send(line("ERROR", ApiError::from(e).to_status())).await;
+                    let _ = self
+                        .tx
+                        .send(line("ERROR", ApiError::from(e).to_status()))
+                        .await;
                     return;
                 }
                 None => return,
             };
-            if tx.send(out).await.is_err() {
+            if self.tx.send(out).await.is_err() {
                 return;
             }
         }
-    });
+    }
+}
+
+/// The 200 response whose body is the events as the task sends them.
+fn stream_response(rx: mpsc::Receiver<Bytes>) -> Response<crate::http::Body> {
     let body = StreamBody::new(futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await
@@ -286,5 +374,5 @@ pub async fn watch(call: Call<'_>) -> ApiResult<Outcome> {
         "Cache-Control",
         http::HeaderValue::from_static("no-cache, private"),
     );
-    Ok(Outcome::encoded(response))
+    response
 }
