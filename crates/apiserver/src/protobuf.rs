@@ -366,123 +366,15 @@ fn trim(v: f64) -> String {
     s.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
+/// The message every JSONSchemaProps union holds.
+const JSON_SCHEMA_PROPS: &str =
+    "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.jsonschemaprops";
+
+/// Decodes one message of the type `name` (lower-cased) into its JSON form.
 fn message(buf: &[u8], name: &str) -> Result<Value, ProtobufError> {
     let wire = fields(buf)?;
-    let varint_of = |n: u64| {
-        wire.iter()
-            .find_map(|(k, w)| {
-                if *k == n {
-                    if let Wire::Varint(v) = w {
-                        Some(*v as i64)
-                    } else {
-                        None
-                    }
-                } else {
-                    None
-                }
-            })
-            .unwrap_or(0)
-    };
-    let bytes_of = |n: u64| {
-        wire.iter().find_map(|(k, w)| {
-            if *k == n {
-                if let Wire::Bytes(b) = w {
-                    Some(*b)
-                } else {
-                    None
-                }
-            } else {
-                None
-            }
-        })
-    };
-    // Types whose JSON form is not their message form.
-    match name {
-        "io.k8s.apimachinery.pkg.apis.meta.v1.time" => {
-            return Ok(format_time(varint_of(1), 0, false));
-        }
-        "io.k8s.apimachinery.pkg.apis.meta.v1.microtime" => {
-            return Ok(format_time(varint_of(1), varint_of(2), true));
-        }
-        "io.k8s.apimachinery.pkg.apis.meta.v1.duration" => {
-            return Ok(json!(go_duration(varint_of(1))));
-        }
-        "io.k8s.apimachinery.pkg.api.resource.quantity" => {
-            return Ok(json!(text(bytes_of(1).unwrap_or_default())?));
-        }
-        "io.k8s.apimachinery.pkg.util.intstr.intorstring" => {
-            return Ok(if varint_of(1) == 1 {
-                json!(text(bytes_of(3).unwrap_or_default())?)
-            } else {
-                json!(varint_of(2) as i32)
-            });
-        }
-        "io.k8s.apimachinery.pkg.runtime.rawextension"
-        | "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.json"
-        | "io.k8s.apimachinery.pkg.apis.meta.v1.fieldsv1" => {
-            let raw = bytes_of(1).unwrap_or_default();
-            return if raw.is_empty() {
-                Ok(Value::Null)
-            } else {
-                serde_json::from_slice(raw)
-                    .map_err(|e| ProtobufError::Invalid(format!("embedded JSON: {e}")))
-            };
-        }
-        "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.jsonschemapropsorbool" => {
-            return match bytes_of(2) {
-                Some(s) => message(
-                    s,
-                    "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.jsonschemaprops",
-                ),
-                None => Ok(json!(varint_of(1) != 0)),
-            };
-        }
-        "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.jsonschemapropsorarray" => {
-            if let Some(s) = bytes_of(1) {
-                return message(
-                    s,
-                    "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.jsonschemaprops",
-                );
-            }
-            let items: Result<Vec<Value>, _> = wire
-                .iter()
-                .filter_map(|(k, w)| {
-                    if let (2, Wire::Bytes(b)) = (k, w) {
-                        Some(*b)
-                    } else {
-                        None
-                    }
-                })
-                .map(|b| {
-                    message(
-                        b,
-                        "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.jsonschemaprops",
-                    )
-                })
-                .collect();
-            return Ok(Value::Array(items?));
-        }
-        "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.jsonschemapropsorstringarray" => {
-            if let Some(s) = bytes_of(1) {
-                return message(
-                    s,
-                    "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.jsonschemaprops",
-                );
-            }
-            let items: Result<Vec<Value>, _> = wire
-                .iter()
-                .filter_map(|(k, w)| {
-                    if let (2, Wire::Bytes(b)) = (k, w) {
-                        Some(*b)
-                    } else {
-                        None
-                    }
-                })
-                .map(|b| text(b).map(Value::String))
-                .collect();
-            return Ok(Value::Array(items?));
-        }
-        _ => {}
+    if let Some(v) = special_form(&wire, name)? {
+        return Ok(v);
     }
     let m = table()
         .messages
@@ -492,50 +384,159 @@ fn message(buf: &[u8], name: &str) -> Result<Value, ProtobufError> {
     for (num, w) in &wire {
         let Some(f) = m.fields.get(num) else { continue };
         match &f.kind {
-            Kind::MapString | Kind::MapBytes | Kind::MapMessage(_) => {
-                let Wire::Bytes(entry) = w else {
-                    return Err(ProtobufError::Malformed);
-                };
-                let (mut key, mut val) = (String::new(), Value::Null);
-                for (n, ew) in fields(entry)? {
-                    match (n, ew, &f.kind) {
-                        (1, Wire::Bytes(b), _) => key = text(b)?,
-                        (2, Wire::Bytes(b), Kind::MapString) => val = json!(text(b)?),
-                        (2, Wire::Bytes(b), Kind::MapBytes) => val = json!(STANDARD.encode(b)),
-                        (2, Wire::Bytes(b), Kind::MapMessage(t)) => val = message(b, t)?,
-                        _ => {}
-                    }
-                }
-                if matches!(f.kind, Kind::MapString) && val.is_null() {
-                    val = json!("");
-                }
-                if let Value::Object(map) = out.entry(f.json.clone()).or_insert_with(|| json!({})) {
-                    map.insert(key, val);
-                }
-            }
-            Kind::Message(t) if f.inline => {
-                let Wire::Bytes(b) = w else {
-                    return Err(ProtobufError::Malformed);
-                };
-                if let Value::Object(inner) = message(b, t)? {
-                    out.extend(inner);
-                }
-            }
-            _ => {
-                let values = scalar(w, &f.kind)?;
-                if f.repeated {
-                    if let Value::Array(list) =
-                        out.entry(f.json.clone()).or_insert_with(|| json!([]))
-                    {
-                        list.extend(values);
-                    }
-                } else if let Some(v) = values.into_iter().last() {
-                    out.insert(f.json.clone(), v);
-                }
-            }
+            Kind::MapString | Kind::MapBytes | Kind::MapMessage(_) => map_entry(w, f, &mut out)?,
+            Kind::Message(t) if f.inline => inline_message(w, t, &mut out)?,
+            _ => plain_field(w, f, &mut out)?,
         }
     }
-    // Drop the zero scalars Go writes for unset non-pointer fields (inlined ones included).
+    drop_zero_scalars(m, &mut out);
+    Ok(Value::Object(out))
+}
+
+/// The first varint field numbered `n`, or 0 (protobuf's default) if there is none.
+fn varint_of(wire: &[(u64, Wire<'_>)], n: u64) -> i64 {
+    wire.iter()
+        .find_map(|(k, w)| match w {
+            Wire::Varint(v) if *k == n => Some(*v as i64),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+/// The first length-delimited field numbered `n`.
+fn bytes_of<'a>(wire: &[(u64, Wire<'a>)], n: u64) -> Option<&'a [u8]> {
+    wire.iter().find_map(|(k, w)| match w {
+        Wire::Bytes(b) if *k == n => Some(*b),
+        _ => None,
+    })
+}
+
+/// Every length-delimited field numbered `n`, in order.
+fn all_bytes_of<'a>(wire: &[(u64, Wire<'a>)], n: u64) -> impl Iterator<Item = &'a [u8]> {
+    wire.iter().filter_map(move |(k, w)| match w {
+        Wire::Bytes(b) if *k == n => Some(*b),
+        _ => None,
+    })
+}
+
+/// The JSON of the types whose JSON form is not their message form (times, durations,
+/// quantities, int-or-strings, embedded JSON, the JSONSchemaProps unions); `None` for the
+/// others.
+fn special_form(wire: &[(u64, Wire<'_>)], name: &str) -> Result<Option<Value>, ProtobufError> {
+    Ok(Some(match name {
+        "io.k8s.apimachinery.pkg.apis.meta.v1.time" => format_time(varint_of(wire, 1), 0, false),
+        "io.k8s.apimachinery.pkg.apis.meta.v1.microtime" => {
+            format_time(varint_of(wire, 1), varint_of(wire, 2), true)
+        }
+        "io.k8s.apimachinery.pkg.apis.meta.v1.duration" => {
+            json!(go_duration(varint_of(wire, 1)))
+        }
+        "io.k8s.apimachinery.pkg.api.resource.quantity" => {
+            json!(text(bytes_of(wire, 1).unwrap_or_default())?)
+        }
+        "io.k8s.apimachinery.pkg.util.intstr.intorstring" => {
+            if varint_of(wire, 1) == 1 {
+                json!(text(bytes_of(wire, 3).unwrap_or_default())?)
+            } else {
+                json!(varint_of(wire, 2) as i32)
+            }
+        }
+        "io.k8s.apimachinery.pkg.runtime.rawextension"
+        | "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.json"
+        | "io.k8s.apimachinery.pkg.apis.meta.v1.fieldsv1" => {
+            let raw = bytes_of(wire, 1).unwrap_or_default();
+            if raw.is_empty() {
+                Value::Null
+            } else {
+                serde_json::from_slice(raw)
+                    .map_err(|e| ProtobufError::Invalid(format!("embedded JSON: {e}")))?
+            }
+        }
+        "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.jsonschemapropsorbool" => {
+            match bytes_of(wire, 2) {
+                Some(s) => message(s, JSON_SCHEMA_PROPS)?,
+                None => json!(varint_of(wire, 1) != 0),
+            }
+        }
+        "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.jsonschemapropsorarray" => {
+            match bytes_of(wire, 1) {
+                Some(s) => message(s, JSON_SCHEMA_PROPS)?,
+                None => Value::Array(
+                    all_bytes_of(wire, 2)
+                        .map(|b| message(b, JSON_SCHEMA_PROPS))
+                        .collect::<Result<_, _>>()?,
+                ),
+            }
+        }
+        "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.jsonschemapropsorstringarray" => {
+            match bytes_of(wire, 1) {
+                Some(s) => message(s, JSON_SCHEMA_PROPS)?,
+                None => Value::Array(
+                    all_bytes_of(wire, 2)
+                        .map(|b| text(b).map(Value::String))
+                        .collect::<Result<_, _>>()?,
+                ),
+            }
+        }
+        _ => return Ok(None),
+    }))
+}
+
+/// One entry (key 1, value 2) of a map field, added to the map under the field's JSON name.
+/// A string map's entry without a value maps to "".
+fn map_entry(w: &Wire<'_>, f: &Field, out: &mut Map<String, Value>) -> Result<(), ProtobufError> {
+    let Wire::Bytes(entry) = w else {
+        return Err(ProtobufError::Malformed);
+    };
+    let (mut key, mut val) = (String::new(), Value::Null);
+    for (n, ew) in fields(entry)? {
+        match (n, ew, &f.kind) {
+            (1, Wire::Bytes(b), _) => key = text(b)?,
+            (2, Wire::Bytes(b), Kind::MapString) => val = json!(text(b)?),
+            (2, Wire::Bytes(b), Kind::MapBytes) => val = json!(STANDARD.encode(b)),
+            (2, Wire::Bytes(b), Kind::MapMessage(t)) => val = message(b, t)?,
+            _ => {}
+        }
+    }
+    if matches!(f.kind, Kind::MapString) && val.is_null() {
+        val = json!("");
+    }
+    if let Value::Object(map) = out.entry(f.json.clone()).or_insert_with(|| json!({})) {
+        map.insert(key, val);
+    }
+    Ok(())
+}
+
+/// An inlined message field: its fields join the parent's.
+fn inline_message(
+    w: &Wire<'_>,
+    t: &str,
+    out: &mut Map<String, Value>,
+) -> Result<(), ProtobufError> {
+    let Wire::Bytes(b) = w else {
+        return Err(ProtobufError::Malformed);
+    };
+    if let Value::Object(inner) = message(b, t)? {
+        out.extend(inner);
+    }
+    Ok(())
+}
+
+/// A scalar or message field: a repeated one appends its values, another keeps its last.
+fn plain_field(w: &Wire<'_>, f: &Field, out: &mut Map<String, Value>) -> Result<(), ProtobufError> {
+    let values = scalar(w, &f.kind)?;
+    if f.repeated {
+        if let Value::Array(list) = out.entry(f.json.clone()).or_insert_with(|| json!([])) {
+            list.extend(values);
+        }
+    } else if let Some(v) = values.into_iter().last() {
+        out.insert(f.json.clone(), v);
+    }
+    Ok(())
+}
+
+/// Drops the zero scalars Go writes for unset non-pointer fields (inlined ones included).
+fn drop_zero_scalars(m: &Message, out: &mut Map<String, Value>) {
     out.retain(|k, v| {
         let keep = m
             .fields
@@ -544,7 +545,6 @@ fn message(buf: &[u8], name: &str) -> Result<Value, ProtobufError> {
             .is_some_and(|f| f.keep_zero || f.repeated);
         keep || !matches!(v, Value::Null) && !is_zero_scalar(v)
     });
-    Ok(Value::Object(out))
 }
 
 fn is_zero_scalar(v: &Value) -> bool {
