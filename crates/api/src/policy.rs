@@ -336,6 +336,38 @@ impl Placement {
 
     /// Appends the errors of the placement at `path` to `errs`.
     pub fn validate(&self, path: &str, errs: &mut ErrorList) {
+        self.validate_affinities(path, errs);
+        for (i, t) in self.cluster_tolerations.iter().enumerate() {
+            validate_toleration(t, &format!("{path}.clusterTolerations[{i}]"), errs);
+        }
+        if let Some(l) = self.water_level_limit
+            && !(l > 0.0 && l <= 1.0)
+        {
+            errs.push(FieldError::invalid(
+                format!("{path}.waterLevelLimit"),
+                l,
+                "must be greater than 0 and at most 1",
+            ));
+        }
+        for (i, c) in self.capabilities.iter().enumerate() {
+            if c.is_empty() {
+                errs.push(FieldError::required(
+                    format!("{path}.capabilities[{i}]"),
+                    "",
+                ));
+            }
+        }
+        for (i, s) in self.spread_constraints.iter().enumerate() {
+            validate_spread_constraint(s, &format!("{path}.spreadConstraints[{i}]"), errs);
+        }
+        self.validate_orrery_parts(path, errs);
+        if let Some(r) = &self.replica_scheduling {
+            validate_replica_scheduling(r, &format!("{path}.replicaScheduling"), errs);
+        }
+    }
+
+    /// `clusterAffinity`, or `clusterAffinities` (not both): each term named, uniquely.
+    fn validate_affinities(&self, path: &str, errs: &mut ErrorList) {
         if self.cluster_affinity.is_some() && !self.cluster_affinities.is_empty() {
             errs.push(FieldError::forbidden(
                 format!("{path}.clusterAffinities"),
@@ -358,97 +390,11 @@ impl Placement {
             }
             validate_affinity(&t.affinity(), &p, errs);
         }
-        for (i, t) in self.cluster_tolerations.iter().enumerate() {
-            let p = format!("{path}.clusterTolerations[{i}]");
-            match t.operator.as_str() {
-                // Karmada accepts an empty key here (it matches taints of any key with
-                // the same value), unlike a pod's toleration.
-                "" | "Equal" => {}
-                "Exists" => {
-                    if !t.value.is_empty() {
-                        errs.push(FieldError::invalid(
-                            format!("{p}.value"),
-                            &t.value,
-                            "value must be empty when operator is Exists",
-                        ));
-                    }
-                }
-                o => errs.push(FieldError::not_supported(
-                    format!("{p}.operator"),
-                    o,
-                    &["Equal", "Exists"],
-                )),
-            }
-            if !["", "NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&t.effect.as_str()) {
-                errs.push(FieldError::not_supported(
-                    format!("{p}.effect"),
-                    &t.effect,
-                    &["NoSchedule", "PreferNoSchedule", "NoExecute"],
-                ));
-            }
-            if let Some(s) = t.toleration_seconds
-                && t.effect != "NoExecute"
-            {
-                errs.push(FieldError::invalid(
-                    format!("{p}.tolerationSeconds"),
-                    s,
-                    "only a toleration of effect NoExecute can be limited in time",
-                ));
-            }
-        }
-        if let Some(l) = self.water_level_limit
-            && !(l > 0.0 && l <= 1.0)
-        {
-            errs.push(FieldError::invalid(
-                format!("{path}.waterLevelLimit"),
-                l,
-                "must be greater than 0 and at most 1",
-            ));
-        }
-        for (i, c) in self.capabilities.iter().enumerate() {
-            if c.is_empty() {
-                errs.push(FieldError::required(
-                    format!("{path}.capabilities[{i}]"),
-                    "",
-                ));
-            }
-        }
-        for (i, s) in self.spread_constraints.iter().enumerate() {
-            let p = format!("{path}.spreadConstraints[{i}]");
-            match (s.spread_by_field.is_empty(), s.spread_by_label.is_empty()) {
-                (true, true) => errs.push(FieldError::required(
-                    format!("{p}.spreadByField"),
-                    "one of spreadByField or spreadByLabel is required",
-                )),
-                (false, false) => errs.push(FieldError::forbidden(
-                    format!("{p}.spreadByLabel"),
-                    "spreadByField and spreadByLabel cannot both be set",
-                )),
-                _ => {}
-            }
-            if !s.spread_by_field.is_empty() && !SPREAD_FIELDS.contains(&s.spread_by_field.as_str())
-            {
-                errs.push(FieldError::not_supported(
-                    format!("{p}.spreadByField"),
-                    &s.spread_by_field,
-                    SPREAD_FIELDS,
-                ));
-            }
-            if s.min_groups < 0 {
-                errs.push(FieldError::invalid(
-                    format!("{p}.minGroups"),
-                    s.min_groups,
-                    "must be greater than or equal to 0",
-                ));
-            }
-            if s.max_groups < 0 || (s.max_groups > 0 && s.max_groups < s.min_groups) {
-                errs.push(FieldError::invalid(
-                    format!("{p}.maxGroups"),
-                    s.max_groups,
-                    "must be 0 (no limit) or at least minGroups",
-                ));
-            }
-        }
+    }
+
+    /// The parts only Orrery has, each checked by its own type: follow-up, workload
+    /// affinity, stateful, data policy, prediction, cost.
+    fn validate_orrery_parts(&self, path: &str, errs: &mut ErrorList) {
         if let Some(f) = &self.follow_up {
             f.validate(&format!("{path}.followUp"), errs);
         }
@@ -467,50 +413,6 @@ impl Placement {
         if let Some(c) = &self.cost {
             c.validate(&format!("{path}.cost"), errs);
         }
-        if let Some(r) = &self.replica_scheduling {
-            let p = format!("{path}.replicaScheduling");
-            if ![DUPLICATED, DIVIDED, ""].contains(&r.replica_scheduling_type.as_str()) {
-                errs.push(FieldError::not_supported(
-                    format!("{p}.replicaSchedulingType"),
-                    &r.replica_scheduling_type,
-                    &[DUPLICATED, DIVIDED],
-                ));
-            }
-            if ![AGGREGATED, WEIGHTED, ""].contains(&r.replica_division_preference.as_str()) {
-                errs.push(FieldError::not_supported(
-                    format!("{p}.replicaDivisionPreference"),
-                    &r.replica_division_preference,
-                    &[AGGREGATED, WEIGHTED],
-                ));
-            }
-            if let Some(w) = &r.weight_preference {
-                let wp = format!("{p}.weightPreference");
-                if ![AVAILABLE_REPLICAS, WATER_LEVEL, ""].contains(&w.dynamic_weight.as_str()) {
-                    errs.push(FieldError::not_supported(
-                        format!("{wp}.dynamicWeight"),
-                        &w.dynamic_weight,
-                        &[AVAILABLE_REPLICAS, WATER_LEVEL],
-                    ));
-                }
-                if !w.dynamic_weight.is_empty() && !w.static_weight_list.is_empty() {
-                    errs.push(FieldError::forbidden(
-                        format!("{wp}.staticWeightList"),
-                        "staticWeightList and dynamicWeight cannot both be set",
-                    ));
-                }
-                for (i, s) in w.static_weight_list.iter().enumerate() {
-                    let sp = format!("{wp}.staticWeightList[{i}]");
-                    if s.weight < 0 {
-                        errs.push(FieldError::invalid(
-                            format!("{sp}.weight"),
-                            s.weight,
-                            "must be greater than or equal to 0",
-                        ));
-                    }
-                    validate_affinity(&s.target_cluster, &format!("{sp}.targetCluster"), errs);
-                }
-            }
-        }
     }
 
     /// Whether replicas are divided (Karmada's default when `replicaScheduling` is unset is
@@ -519,6 +421,133 @@ impl Placement {
         self.replica_scheduling
             .as_ref()
             .is_some_and(|r| r.replica_scheduling_type != DUPLICATED)
+    }
+}
+
+/// One of a placement's cluster tolerations, at `p`.
+fn validate_toleration(t: &Toleration, p: &str, errs: &mut ErrorList) {
+    match t.operator.as_str() {
+        // Karmada accepts an empty key here (it matches taints of any key with
+        // the same value), unlike a pod's toleration.
+        "" | "Equal" => {}
+        "Exists" => {
+            if !t.value.is_empty() {
+                errs.push(FieldError::invalid(
+                    format!("{p}.value"),
+                    &t.value,
+                    "value must be empty when operator is Exists",
+                ));
+            }
+        }
+        o => errs.push(FieldError::not_supported(
+            format!("{p}.operator"),
+            o,
+            &["Equal", "Exists"],
+        )),
+    }
+    if !["", "NoSchedule", "PreferNoSchedule", "NoExecute"].contains(&t.effect.as_str()) {
+        errs.push(FieldError::not_supported(
+            format!("{p}.effect"),
+            &t.effect,
+            &["NoSchedule", "PreferNoSchedule", "NoExecute"],
+        ));
+    }
+    if let Some(s) = t.toleration_seconds
+        && t.effect != "NoExecute"
+    {
+        errs.push(FieldError::invalid(
+            format!("{p}.tolerationSeconds"),
+            s,
+            "only a toleration of effect NoExecute can be limited in time",
+        ));
+    }
+}
+
+/// One of a placement's spread constraints, at `p`: by a known field or by a label (one of
+/// them), with sensible group counts.
+fn validate_spread_constraint(s: &SpreadConstraint, p: &str, errs: &mut ErrorList) {
+    match (s.spread_by_field.is_empty(), s.spread_by_label.is_empty()) {
+        (true, true) => errs.push(FieldError::required(
+            format!("{p}.spreadByField"),
+            "one of spreadByField or spreadByLabel is required",
+        )),
+        (false, false) => errs.push(FieldError::forbidden(
+            format!("{p}.spreadByLabel"),
+            "spreadByField and spreadByLabel cannot both be set",
+        )),
+        _ => {}
+    }
+    if !s.spread_by_field.is_empty() && !SPREAD_FIELDS.contains(&s.spread_by_field.as_str()) {
+        errs.push(FieldError::not_supported(
+            format!("{p}.spreadByField"),
+            &s.spread_by_field,
+            SPREAD_FIELDS,
+        ));
+    }
+    if s.min_groups < 0 {
+        errs.push(FieldError::invalid(
+            format!("{p}.minGroups"),
+            s.min_groups,
+            "must be greater than or equal to 0",
+        ));
+    }
+    if s.max_groups < 0 || (s.max_groups > 0 && s.max_groups < s.min_groups) {
+        errs.push(FieldError::invalid(
+            format!("{p}.maxGroups"),
+            s.max_groups,
+            "must be 0 (no limit) or at least minGroups",
+        ));
+    }
+}
+
+/// A placement's `replicaScheduling`, at `p`: known type and division preference, and the
+/// weights.
+fn validate_replica_scheduling(r: &ReplicaScheduling, p: &str, errs: &mut ErrorList) {
+    if ![DUPLICATED, DIVIDED, ""].contains(&r.replica_scheduling_type.as_str()) {
+        errs.push(FieldError::not_supported(
+            format!("{p}.replicaSchedulingType"),
+            &r.replica_scheduling_type,
+            &[DUPLICATED, DIVIDED],
+        ));
+    }
+    if ![AGGREGATED, WEIGHTED, ""].contains(&r.replica_division_preference.as_str()) {
+        errs.push(FieldError::not_supported(
+            format!("{p}.replicaDivisionPreference"),
+            &r.replica_division_preference,
+            &[AGGREGATED, WEIGHTED],
+        ));
+    }
+    if let Some(w) = &r.weight_preference {
+        validate_weight_preference(w, &format!("{p}.weightPreference"), errs);
+    }
+}
+
+/// A `weightPreference`, at `wp`: a known dynamic weight or a static list (not both), each
+/// static weight not negative and its clusters' affinity valid.
+fn validate_weight_preference(w: &WeightPreference, wp: &str, errs: &mut ErrorList) {
+    if ![AVAILABLE_REPLICAS, WATER_LEVEL, ""].contains(&w.dynamic_weight.as_str()) {
+        errs.push(FieldError::not_supported(
+            format!("{wp}.dynamicWeight"),
+            &w.dynamic_weight,
+            &[AVAILABLE_REPLICAS, WATER_LEVEL],
+        ));
+    }
+    if !w.dynamic_weight.is_empty() && !w.static_weight_list.is_empty() {
+        errs.push(FieldError::forbidden(
+            format!("{wp}.staticWeightList"),
+            "staticWeightList and dynamicWeight cannot both be set",
+        ));
+    }
+    for (i, s) in w.static_weight_list.iter().enumerate() {
+        let sp = format!("{wp}.staticWeightList[{i}]");
+        if s.weight < 0 {
+            errs.push(FieldError::invalid(
+                format!("{sp}.weight"),
+                s.weight,
+                "must be greater than or equal to 0",
+            ));
+        }
+        validate_affinity(&s.target_cluster, &format!("{sp}.targetCluster"), errs);
     }
 }
 
