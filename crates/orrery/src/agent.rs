@@ -158,48 +158,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     });
 
     if let Some(file) = &args.simulate_fleet {
-        if args.cluster.is_some() {
-            bail!("--cluster names one cluster; a fleet file names its own");
-        }
-        let members = FleetFile::load(file)?;
-        let n = members.len();
-        let cfg = FleetConfig {
-            server: args.server.join(","),
-            token: args.token.clone(),
-            ca_pem,
-            state_dir: Some(
-                args.state_dir
-                    .clone()
-                    .unwrap_or_else(|| PathBuf::from("./orrery-agent-state")),
-            ),
-            heartbeat_interval: args.heartbeat_interval,
-            report_interval: args.report_interval,
-            ca_refresh: args.ca_refresh_interval,
-            // Here the simulated members live and die with the agent process (a restart of
-            // it is a member that lost everything); `orrery up` keeps them.
-            keep_members: false,
-        };
-        let fleet = Fleet::start(members, &cfg, shutdown.clone());
-        if let Some(addr) = args.admin_listen {
-            let bound =
-                orrery_sim::admin::serve(addr, fleet.sims.clone(), shutdown.clone()).await?;
-            println!("admin endpoint at http://{bound}");
-        }
-        println!(
-            "orrery agent running {n} simulated clusters against {}",
-            args.server.join(",")
-        );
-        let failed = fleet.wait().await;
-        for (name, e) in &failed {
-            eprintln!("agent of {name}: {e}");
-        }
-        if !failed.is_empty() {
-            bail!(
-                "{} of {n} simulated clusters stopped with an error",
-                failed.len()
-            );
-        }
-        return Ok(());
+        return run_fleet(&args, file, ca_pem, shutdown).await;
     }
 
     let Some(cluster) = args.cluster.clone() else {
@@ -217,26 +176,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
         )?)?),
         _ => None,
     };
-    let backend: Arc<dyn Backend> = match (member_client.clone(), &args.simulate) {
-        (Some(client), None) => match args.backend {
-            MemberBackend::Kube => Arc::new(KubeMember::new(client)),
-            MemberBackend::Orrery => {
-                Arc::new(orrery_agent::backend::orrery::OrreryMember::new(client))
-            }
-        },
-        (None, Some(spec)) => {
-            let spec: SimSpec = spec
-                .parse()
-                .map_err(|e: String| anyhow::anyhow!("--simulate: {e}"))?;
-            let sim = Arc::new(SimCluster::new(&cluster, &args.facts.region, spec));
-            sims.push(sim.clone());
-            orrery_sim::spawn_clock(vec![sim.clone()], shutdown.clone());
-            sim
-        }
-        _ => bail!(
-            "choose the member: --kubeconfig PATH (a real cluster), --simulate SPEC (a simulated one), or run the agent as a Pod in its member (KUBERNETES_SERVICE_HOST is not set)"
-        ),
-    };
+    let backend = member_backend(&args, &cluster, member_client.clone(), &mut sims, &shutdown)?;
     if let Some(addr) = args.admin_listen {
         if sims.is_empty() {
             bail!("--admin-listen serves simulated clusters only");
@@ -248,24 +188,7 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
     cfg.bootstrap_token = args.token.clone();
     cfg.ca_pem = ca_pem;
     cfg.info = args.facts.info()?;
-    cfg.state = match (&args.state_secret, member_client) {
-        (Some(at), Some(client)) => {
-            let Some((ns, name)) = at
-                .split_once('/')
-                .filter(|(n, m)| !n.is_empty() && !m.is_empty())
-            else {
-                bail!("--state-secret {at:?}: NAMESPACE/NAME");
-            };
-            StateFile::secret(client, ns, name)
-        }
-        (Some(_), None) => bail!("--state-secret needs a member API (not with --simulate)"),
-        (None, _) => StateFile::at(
-            &args
-                .state_dir
-                .clone()
-                .unwrap_or_else(|| PathBuf::from("./orrery-agent-state").join(&cluster)),
-        ),
-    };
+    cfg.state = state_file(&args, &cluster, member_client)?;
     let health = Arc::new(orrery_agent::health::Health::new());
     cfg.health = Some(health.clone());
     serve_health(
@@ -298,6 +221,117 @@ pub async fn run(args: AgentArgs) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `--simulate-fleet`: the fleet file's simulated clusters, each with its agent, until they
+/// all stop.
+async fn run_fleet(
+    args: &AgentArgs,
+    file: &std::path::Path,
+    ca_pem: Option<String>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    if args.cluster.is_some() {
+        bail!("--cluster names one cluster; a fleet file names its own");
+    }
+    let members = FleetFile::load(file)?;
+    let n = members.len();
+    let cfg = FleetConfig {
+        server: args.server.join(","),
+        token: args.token.clone(),
+        ca_pem,
+        state_dir: Some(
+            args.state_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("./orrery-agent-state")),
+        ),
+        heartbeat_interval: args.heartbeat_interval,
+        report_interval: args.report_interval,
+        ca_refresh: args.ca_refresh_interval,
+        // Here the simulated members live and die with the agent process (a restart of
+        // it is a member that lost everything); `orrery up` keeps them.
+        keep_members: false,
+    };
+    let fleet = Fleet::start(members, &cfg, shutdown.clone());
+    if let Some(addr) = args.admin_listen {
+        let bound = orrery_sim::admin::serve(addr, fleet.sims.clone(), shutdown.clone()).await?;
+        println!("admin endpoint at http://{bound}");
+    }
+    println!(
+        "orrery agent running {n} simulated clusters against {}",
+        args.server.join(",")
+    );
+    let failed = fleet.wait().await;
+    for (name, e) in &failed {
+        eprintln!("agent of {name}: {e}");
+    }
+    if !failed.is_empty() {
+        bail!(
+            "{} of {n} simulated clusters stopped with an error",
+            failed.len()
+        );
+    }
+    Ok(())
+}
+
+/// The member the agent works on: a real cluster's API (`--kubeconfig` or the Pod's own),
+/// or a simulated one (`--simulate`, also added to `sims`, its clock running).
+fn member_backend(
+    args: &AgentArgs,
+    cluster: &str,
+    member_client: Option<kube::Client>,
+    sims: &mut Vec<Arc<SimCluster>>,
+    shutdown: &tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<Arc<dyn Backend>> {
+    let backend: Arc<dyn Backend> = match (member_client, &args.simulate) {
+        (Some(client), None) => match args.backend {
+            MemberBackend::Kube => Arc::new(KubeMember::new(client)),
+            MemberBackend::Orrery => {
+                Arc::new(orrery_agent::backend::orrery::OrreryMember::new(client))
+            }
+        },
+        (None, Some(spec)) => {
+            let spec: SimSpec = spec
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!("--simulate: {e}"))?;
+            let sim = Arc::new(SimCluster::new(cluster, &args.facts.region, spec));
+            sims.push(sim.clone());
+            orrery_sim::spawn_clock(vec![sim.clone()], shutdown.clone());
+            sim
+        }
+        _ => bail!(
+            "choose the member: --kubeconfig PATH (a real cluster), --simulate SPEC (a simulated one), or run the agent as a Pod in its member (KUBERNETES_SERVICE_HOST is not set)"
+        ),
+    };
+    Ok(backend)
+}
+
+/// Where the agent keeps its state: a Secret in the member (`--state-secret`), or a
+/// directory (`--state-dir`, by default one per cluster).
+fn state_file(
+    args: &AgentArgs,
+    cluster: &str,
+    member_client: Option<kube::Client>,
+) -> anyhow::Result<StateFile> {
+    let state = match (&args.state_secret, member_client) {
+        (Some(at), Some(client)) => {
+            let Some((ns, name)) = at
+                .split_once('/')
+                .filter(|(n, m)| !n.is_empty() && !m.is_empty())
+            else {
+                bail!("--state-secret {at:?}: NAMESPACE/NAME");
+            };
+            StateFile::secret(client, ns, name)
+        }
+        (Some(_), None) => bail!("--state-secret needs a member API (not with --simulate)"),
+        (None, _) => StateFile::at(
+            &args
+                .state_dir
+                .clone()
+                .unwrap_or_else(|| PathBuf::from("./orrery-agent-state").join(cluster)),
+        ),
+    };
+    Ok(state)
 }
 
 /// The port of the agent's probes when --health-listen names none.

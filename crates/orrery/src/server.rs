@@ -695,18 +695,7 @@ pub fn private_dir(dir: &std::path::Path) -> anyhow::Result<()> {
 
 /// Starts everything and returns once the server accepts connections.
 pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
-    if args.shed_mark < args.water_level_limit {
-        anyhow::bail!(
-            "--shed-mark {} is below --water-level-limit {}: a cluster filled to the limit would shed at once",
-            args.shed_mark,
-            args.water_level_limit
-        );
-    }
-    if args.consolidate_interval.is_zero() {
-        anyhow::bail!(
-            "--consolidate-interval 0: a round of consolidation needs time between rounds (e.g. 5m)"
-        );
-    }
+    check_args(args)?;
     private_dir(&args.data_dir)?;
     let secret = args.cluster_secret()?;
     // Read before the store opens: a bad configuration stops the server before it serves.
@@ -716,53 +705,9 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         .map(orrery_apiserver::encryption::EncryptionConfig::load)
         .transpose()
         .context("--encryption-provider-config")?;
-    let audit = match (&args.audit_log_path, &args.audit_policy_file) {
-        (Some(path), Some(policy)) => {
-            let policy =
-                orrery_apiserver::audit::Policy::load(policy).context("--audit-policy-file")?;
-            let log = orrery_apiserver::audit::AuditLog::open(
-                policy,
-                orrery_apiserver::audit::LogFile {
-                    path: path.clone(),
-                    max_bytes: args.audit_log_maxsize * 1024 * 1024,
-                    max_backups: args.audit_log_maxbackup,
-                },
-            )
-            .context("--audit-log-path")?;
-            tracing::info!(path = %path.display(), "keeping an audit log");
-            Some(Arc::new(log))
-        }
-        (None, None) => None,
-        (Some(_), None) => anyhow::bail!(
-            "--audit-log-path needs --audit-policy-file (which requests to log, at which level)"
-        ),
-        (None, Some(_)) => anyhow::bail!("--audit-policy-file needs --audit-log-path"),
-    };
+    let audit = open_audit_log(args)?;
     let mut store = open_store(args).await?;
-    // Before anything reads or writes the objects: a later build's store is refused, an
-    // earlier one's brought up to date (crates/store/src/format.rs).
-    match orrery_store::format::ensure(
-        store.as_ref(),
-        concat!("orrery ", env!("CARGO_PKG_VERSION")),
-    )
-    .await
-    .context("checking the store's format")?
-    {
-        orrery_store::format::Outcome::Created => {
-            tracing::info!(
-                version = orrery_store::format::CURRENT,
-                "recorded the store's format"
-            )
-        }
-        orrery_store::format::Outcome::Current => {}
-        orrery_store::format::Outcome::Migrated(steps) => {
-            tracing::info!(
-                steps = steps.len(),
-                version = orrery_store::format::CURRENT,
-                "the store's format was brought up to date"
-            )
-        }
-    }
+    ensure_store_format(store.as_ref()).await?;
     if let Some(config) = encryption {
         tracing::info!(?config, "encrypting at rest");
         store = orrery_apiserver::encryption::EncryptingStore::wrap(store, Arc::new(config));
@@ -774,29 +719,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         })
         .transpose()
         .map_err(|e| anyhow::anyhow!("--cluster-secret: {e}"))?;
-    let mut sans = vec![
-        "localhost".to_string(),
-        "127.0.0.1".to_string(),
-        "::1".to_string(),
-    ];
-    if !args.listen.ip().is_unspecified() {
-        sans.push(args.listen.ip().to_string());
-    }
-    sans.extend(args.tls_san.iter().cloned());
-    if let Some(url) = &args.advertise_url {
-        let uri: http::Uri = url
-            .parse()
-            .with_context(|| format!("--advertise-url {url}"))?;
-        let host = uri
-            .host()
-            .filter(|_| uri.scheme_str() == Some("https"))
-            .with_context(|| format!("--advertise-url {url}: not an https:// URL"))?;
-        sans.push(
-            host.trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_string(),
-        );
-    }
+    let sans = serving_names(args)?;
     let auth = Authenticator::start(store.clone())
         .await
         .context("loading tokens")?;
@@ -842,42 +765,11 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         Arc::new(orrery_controllers::runtime::metrics::ControllerMetrics::new(&registry));
     let cost_metrics = Arc::new(orrery_controllers::monitoring::CostMetrics::new(&registry));
     let leader_metric = orrery_controllers::leader::LeaderMetric::register(&registry);
-    let config = ApiConfig {
-        metrics_registry: Some(registry),
-        server_address: listen.to_string(),
-        authority: Some(authority.clone()),
-        cluster_token_ttl: (!args.cluster_token_ttl.is_zero()).then_some(args.cluster_token_ttl),
-        bookmark_interval: args.watch_bookmark_interval,
-        audit,
-        max_in_flight: (
-            args.max_requests_inflight,
-            args.max_mutating_requests_inflight,
-        ),
-        max_watches_per_user: args.max_watches_per_user,
-        max_queued_per_user: args.max_queued_requests_per_user,
-        queue_timeout: args.request_queue_timeout,
-        request_body_timeout: args.request_body_timeout,
-        connections: orrery_apiserver::server::ConnectionLimits {
-            header_timeout: args.request_header_timeout,
-            idle_timeout: args.idle_connection_timeout,
-            max_per_source: args.max_connections_per_source,
-        },
-        slow_request_threshold: args.slow_request_threshold,
-        advertise_url: advertise_url(args, sealer.is_some(), &listen),
-        ..ApiConfig::default()
-    };
+    let config = api_config(args, registry, &listen, &authority, audit, sealer.is_some());
     let app = App::new(store.clone(), auth.clone(), config, shutdown_rx.clone())
         .await
         .context("starting the API")?;
-    app.ensure_namespaces()
-        .await
-        .context("creating the default namespaces")?;
-    app.ensure_own_crds()
-        .await
-        .context("describing Orrery's own kinds as CustomResourceDefinitions")?;
-    app.ensure_default_roles()
-        .await
-        .context("writing the default RBAC roles and bindings")?;
+    ensure_defaults(&app).await?;
     orrery_store::spawn_compactor(store.clone(), args.compaction_interval);
     // Every replica serves the kinds the stored CRDs define, whoever wrote them.
     app.follow_crds(controller_metrics.of("served-kinds"), shutdown_rx.clone());
@@ -895,20 +787,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         token.clone(),
         shutdown_rx.clone(),
     ));
-    if let Some(spec) = &args.kubeconfig_secret {
-        let server_url = args
-            .kubeconfig_secret_server
-            .clone()
-            .or_else(|| args.advertise_url.clone())
-            .unwrap_or_else(|| url.clone());
-        let target = crate::export::Target::new(spec, &args.service_account_dir, server_url)?;
-        tokio::spawn(crate::export::keep_exported(
-            target,
-            authority.clone(),
-            token.clone(),
-            shutdown_rx.clone(),
-        ));
-    }
+    export_kubeconfig(args, &url, &authority, &token, &shutdown_rx)?;
 
     if let Some(addr) = args.dns_listen {
         let bound = crate::dns::serve_fleet(
@@ -934,7 +813,204 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         url: url.clone(),
         ca_pem: authority.current().bundle.clone(),
     };
-    let controllers = if args.elects() {
+    let controllers = start_controllers(args, &store, &app, term, leader_metric, shutdown_rx);
+    tracing::info!(url = %url, kubeconfig = %kubeconfig.display(), "serving");
+    Ok(Running {
+        url,
+        kubeconfig,
+        shutdown: shutdown_tx,
+        serving,
+        controllers,
+        store,
+    })
+}
+
+/// Refuses settings that contradict each other.
+fn check_args(args: &ServerArgs) -> anyhow::Result<()> {
+    if args.shed_mark < args.water_level_limit {
+        anyhow::bail!(
+            "--shed-mark {} is below --water-level-limit {}: a cluster filled to the limit would shed at once",
+            args.shed_mark,
+            args.water_level_limit
+        );
+    }
+    if args.consolidate_interval.is_zero() {
+        anyhow::bail!(
+            "--consolidate-interval 0: a round of consolidation needs time between rounds (e.g. 5m)"
+        );
+    }
+    Ok(())
+}
+
+/// The audit log `--audit-log-path` and `--audit-policy-file` ask for (both or neither).
+fn open_audit_log(
+    args: &ServerArgs,
+) -> anyhow::Result<Option<Arc<orrery_apiserver::audit::AuditLog>>> {
+    let audit = match (&args.audit_log_path, &args.audit_policy_file) {
+        (Some(path), Some(policy)) => {
+            let policy =
+                orrery_apiserver::audit::Policy::load(policy).context("--audit-policy-file")?;
+            let log = orrery_apiserver::audit::AuditLog::open(
+                policy,
+                orrery_apiserver::audit::LogFile {
+                    path: path.clone(),
+                    max_bytes: args.audit_log_maxsize * 1024 * 1024,
+                    max_backups: args.audit_log_maxbackup,
+                },
+            )
+            .context("--audit-log-path")?;
+            tracing::info!(path = %path.display(), "keeping an audit log");
+            Some(Arc::new(log))
+        }
+        (None, None) => None,
+        (Some(_), None) => anyhow::bail!(
+            "--audit-log-path needs --audit-policy-file (which requests to log, at which level)"
+        ),
+        (None, Some(_)) => anyhow::bail!("--audit-policy-file needs --audit-log-path"),
+    };
+    Ok(audit)
+}
+
+/// Before anything reads or writes the objects: a later build's store is refused, an
+/// earlier one's brought up to date (crates/store/src/format.rs).
+async fn ensure_store_format(store: &dyn Store) -> anyhow::Result<()> {
+    match orrery_store::format::ensure(store, concat!("orrery ", env!("CARGO_PKG_VERSION")))
+        .await
+        .context("checking the store's format")?
+    {
+        orrery_store::format::Outcome::Created => {
+            tracing::info!(
+                version = orrery_store::format::CURRENT,
+                "recorded the store's format"
+            )
+        }
+        orrery_store::format::Outcome::Current => {}
+        orrery_store::format::Outcome::Migrated(steps) => {
+            tracing::info!(
+                steps = steps.len(),
+                version = orrery_store::format::CURRENT,
+                "the store's format was brought up to date"
+            )
+        }
+    }
+    Ok(())
+}
+
+/// The names the serving certificate is for: localhost, the address listened on, the
+/// `--tls-san`s and `--advertise-url`'s host.
+fn serving_names(args: &ServerArgs) -> anyhow::Result<Vec<String>> {
+    let mut sans = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    if !args.listen.ip().is_unspecified() {
+        sans.push(args.listen.ip().to_string());
+    }
+    sans.extend(args.tls_san.iter().cloned());
+    if let Some(url) = &args.advertise_url {
+        let uri: http::Uri = url
+            .parse()
+            .with_context(|| format!("--advertise-url {url}"))?;
+        let host = uri
+            .host()
+            .filter(|_| uri.scheme_str() == Some("https"))
+            .with_context(|| format!("--advertise-url {url}: not an https:// URL"))?;
+        sans.push(
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+        );
+    }
+    Ok(sans)
+}
+
+/// The API's configuration from the flags, for the address bound.
+fn api_config(
+    args: &ServerArgs,
+    registry: orrery_apiserver::metrics::SharedRegistry,
+    listen: &SocketAddr,
+    authority: &Arc<orrery_apiserver::ca::Authority>,
+    audit: Option<Arc<orrery_apiserver::audit::AuditLog>>,
+    replicated: bool,
+) -> ApiConfig {
+    ApiConfig {
+        metrics_registry: Some(registry),
+        server_address: listen.to_string(),
+        authority: Some(authority.clone()),
+        cluster_token_ttl: (!args.cluster_token_ttl.is_zero()).then_some(args.cluster_token_ttl),
+        bookmark_interval: args.watch_bookmark_interval,
+        audit,
+        max_in_flight: (
+            args.max_requests_inflight,
+            args.max_mutating_requests_inflight,
+        ),
+        max_watches_per_user: args.max_watches_per_user,
+        max_queued_per_user: args.max_queued_requests_per_user,
+        queue_timeout: args.request_queue_timeout,
+        request_body_timeout: args.request_body_timeout,
+        connections: orrery_apiserver::server::ConnectionLimits {
+            header_timeout: args.request_header_timeout,
+            idle_timeout: args.idle_connection_timeout,
+            max_per_source: args.max_connections_per_source,
+        },
+        slow_request_threshold: args.slow_request_threshold,
+        advertise_url: advertise_url(args, replicated, listen),
+        ..ApiConfig::default()
+    }
+}
+
+/// The objects every server has: the default namespaces, Orrery's own CRDs, the default
+/// RBAC roles and bindings.
+async fn ensure_defaults(app: &App) -> anyhow::Result<()> {
+    app.ensure_namespaces()
+        .await
+        .context("creating the default namespaces")?;
+    app.ensure_own_crds()
+        .await
+        .context("describing Orrery's own kinds as CustomResourceDefinitions")?;
+    app.ensure_default_roles()
+        .await
+        .context("writing the default RBAC roles and bindings")?;
+    Ok(())
+}
+
+/// With `--kubeconfig-secret`, keeps the admin kubeconfig in that Secret.
+fn export_kubeconfig(
+    args: &ServerArgs,
+    url: &str,
+    authority: &Arc<orrery_apiserver::ca::Authority>,
+    token: &str,
+    shutdown_rx: &tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    if let Some(spec) = &args.kubeconfig_secret {
+        let server_url = args
+            .kubeconfig_secret_server
+            .clone()
+            .or_else(|| args.advertise_url.clone())
+            .unwrap_or_else(|| url.to_string());
+        let target = crate::export::Target::new(spec, &args.service_account_dir, server_url)?;
+        tokio::spawn(crate::export::keep_exported(
+            target,
+            authority.clone(),
+            token.to_string(),
+            shutdown_rx.clone(),
+        ));
+    }
+    Ok(())
+}
+
+/// The controllers: run under the leader Lease when the server elects (their terms and the
+/// elector), else at once.
+fn start_controllers(
+    args: &ServerArgs,
+    store: &Arc<dyn Store>,
+    app: &Arc<App>,
+    term: TermShared,
+    leader_metric: orrery_controllers::leader::LeaderMetric,
+    shutdown_rx: tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    if args.elects() {
         let identity = orrery_controllers::leader::process_identity();
         let mut election = orrery_controllers::leader::ElectionConfig::new(identity.clone());
         election.lease_duration = args.leader_elect_lease_duration;
@@ -955,17 +1031,8 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         vec![terms, elector]
     } else {
         leader_metric.set(true);
-        spawn_controllers(args, store.clone(), &app, &term, shutdown_rx)
-    };
-    tracing::info!(url = %url, kubeconfig = %kubeconfig.display(), "serving");
-    Ok(Running {
-        url,
-        kubeconfig,
-        shutdown: shutdown_tx,
-        serving,
-        controllers,
-        store,
-    })
+        spawn_controllers(args, store.clone(), app, &term, shutdown_rx)
+    }
 }
 
 /// Writes the admin kubeconfig again whenever what clients are to trust changes (a CA

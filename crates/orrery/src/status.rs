@@ -100,6 +100,30 @@ pub fn render(
     width: usize,
 ) -> String {
     let mut out = String::new();
+    render_clusters(&mut out, clusters, width);
+    out.push_str(&format!(
+        "\nWORKLOADS ({})\n",
+        bindings.len() + unselected.len()
+    ));
+    if bindings.is_empty() && unselected.is_empty() {
+        out.push_str("  none yet: kubectl apply -f examples/web.yaml\n");
+        return out;
+    }
+    let mut rows: Vec<[String; 5]> = bindings.iter().map(binding_row).collect();
+    rows.extend(unselected.iter().map(unselected_row));
+    push_table(&mut out, &rows);
+    if !unselected.is_empty() {
+        out.push_str(
+            "NoPlacementPolicy: no placement policy selects it, so it runs in no cluster \
+             (docs/policies.md: a ResourcePlacementPolicy or PropagationPolicy)\n",
+        );
+    }
+    out
+}
+
+/// The clusters' section: each one's readiness and water levels as bars, and the fleet's
+/// mean over the ready ones.
+fn render_clusters(out: &mut String, clusters: &[Value], width: usize) {
     let ready = |c: &Value| {
         c["status"]["conditions"]
             .as_array()
@@ -169,104 +193,100 @@ pub fn render(
             bar(sum / n as f64, width)
         ));
     }
-    out.push_str(&format!(
-        "\nWORKLOADS ({})\n",
-        bindings.len() + unselected.len()
-    ));
-    if bindings.is_empty() && unselected.is_empty() {
-        out.push_str("  none yet: kubectl apply -f examples/web.yaml\n");
-        return out;
-    }
-    let mut rows: Vec<[String; 5]> = bindings
-        .iter()
-        .map(|b| {
-            let r = &b["spec"]["resource"];
-            let ns = r["namespace"].as_str().unwrap_or("");
-            let name = r["name"].as_str().unwrap_or("");
-            let placed: Vec<String> = b["spec"]["clusters"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .map(|c| {
-                            format!(
-                                "{}({})",
-                                c["name"].as_str().unwrap_or(""),
-                                c["replicas"].as_i64().unwrap_or(0)
-                            )
-                        })
-                        .collect()
+}
+
+/// A ResourceBinding's row: the workload, its kind, replicas, where it is placed and its state.
+fn binding_row(b: &Value) -> [String; 5] {
+    let r = &b["spec"]["resource"];
+    let ns = r["namespace"].as_str().unwrap_or("");
+    let name = r["name"].as_str().unwrap_or("");
+    let placed: Vec<String> = b["spec"]["clusters"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|c| {
+                    format!(
+                        "{}({})",
+                        c["name"].as_str().unwrap_or(""),
+                        c["replicas"].as_i64().unwrap_or(0)
+                    )
                 })
-                .unwrap_or_default();
-            let cond = |t: &str| {
-                b["status"]["conditions"]
-                    .as_array()
-                    .and_then(|cs| cs.iter().find(|x| x["type"] == t))
-                    .map(|x| {
-                        (
-                            x["status"].as_str().unwrap_or("") == "True",
-                            x["reason"].as_str().unwrap_or("").to_string(),
-                        )
-                    })
-            };
-            // A Job has an end: Completed once every cluster's copy completed, Failed if one
-            // failed.
-            let has = |a: &Value, t: &str| {
-                a["status"]["conditions"]
-                    .as_array()
-                    .is_some_and(|cs| cs.iter().any(|c| c["type"] == t && c["status"] == "True"))
-            };
-            let copies = b["status"]["aggregatedStatus"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or_default();
-            let is_job = r["kind"] == "Job";
-            let job_failed = is_job && copies.iter().any(|a| has(a, "Failed"));
-            let job_done =
-                is_job && !copies.is_empty() && copies.iter().all(|a| has(a, "Complete"));
-            let state = match (cond("Scheduled"), cond("FullyApplied")) {
-                (Some((false, reason)), _) => reason,
-                _ if job_failed => "Failed".into(),
-                _ if job_done => "Completed".into(),
-                (_, Some((true, _))) => "Running".into(),
-                (Some((true, _)), _) => "Applying".into(),
-                _ => "Pending".into(),
-            };
-            [
-                if ns.is_empty() {
-                    name.to_string()
-                } else {
-                    format!("{ns}/{name}")
-                },
-                r["kind"].as_str().unwrap_or("").to_string(),
-                b["spec"]["replicas"]
-                    .as_i64()
-                    .map(|x| x.to_string())
-                    .unwrap_or_else(|| "-".into()),
-                if placed.is_empty() {
-                    "-".into()
-                } else {
-                    placed.join(" ")
-                },
-                state,
-            ]
+                .collect()
         })
-        .collect();
-    rows.extend(unselected.iter().map(|w| {
-        [
-            format!(
-                "{}/{}",
-                w["metadata"]["namespace"].as_str().unwrap_or(""),
-                w["metadata"]["name"].as_str().unwrap_or("")
-            ),
-            w["kind"].as_str().unwrap_or("").to_string(),
-            w["spec"]["replicas"]
-                .as_i64()
-                .map(|x| x.to_string())
-                .unwrap_or_else(|| "-".into()),
-            "-".into(),
-            "NoPlacementPolicy".into(),
-        ]
-    }));
+        .unwrap_or_default();
+    let cond = |t: &str| {
+        b["status"]["conditions"]
+            .as_array()
+            .and_then(|cs| cs.iter().find(|x| x["type"] == t))
+            .map(|x| {
+                (
+                    x["status"].as_str().unwrap_or("") == "True",
+                    x["reason"].as_str().unwrap_or("").to_string(),
+                )
+            })
+    };
+    // A Job has an end: Completed once every cluster's copy completed, Failed if one
+    // failed.
+    let has = |a: &Value, t: &str| {
+        a["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == t && c["status"] == "True"))
+    };
+    let copies = b["status"]["aggregatedStatus"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let is_job = r["kind"] == "Job";
+    let job_failed = is_job && copies.iter().any(|a| has(a, "Failed"));
+    let job_done = is_job && !copies.is_empty() && copies.iter().all(|a| has(a, "Complete"));
+    let state = match (cond("Scheduled"), cond("FullyApplied")) {
+        (Some((false, reason)), _) => reason,
+        _ if job_failed => "Failed".into(),
+        _ if job_done => "Completed".into(),
+        (_, Some((true, _))) => "Running".into(),
+        (Some((true, _)), _) => "Applying".into(),
+        _ => "Pending".into(),
+    };
+    [
+        if ns.is_empty() {
+            name.to_string()
+        } else {
+            format!("{ns}/{name}")
+        },
+        r["kind"].as_str().unwrap_or("").to_string(),
+        b["spec"]["replicas"]
+            .as_i64()
+            .map(|x| x.to_string())
+            .unwrap_or_else(|| "-".into()),
+        if placed.is_empty() {
+            "-".into()
+        } else {
+            placed.join(" ")
+        },
+        state,
+    ]
+}
+
+/// The row of a workload no policy selects.
+fn unselected_row(w: &Value) -> [String; 5] {
+    [
+        format!(
+            "{}/{}",
+            w["metadata"]["namespace"].as_str().unwrap_or(""),
+            w["metadata"]["name"].as_str().unwrap_or("")
+        ),
+        w["kind"].as_str().unwrap_or("").to_string(),
+        w["spec"]["replicas"]
+            .as_i64()
+            .map(|x| x.to_string())
+            .unwrap_or_else(|| "-".into()),
+        "-".into(),
+        "NoPlacementPolicy".into(),
+    ]
+}
+
+/// The workloads' table: a header and the rows, each column as wide as its widest cell.
+fn push_table(out: &mut String, rows: &[[String; 5]]) {
     let header = ["NAME", "KIND", "REPLICAS", "PLACEMENT", "STATUS"];
     let widths: Vec<usize> = (0..5)
         .map(|i| {
@@ -289,16 +309,9 @@ pub fn render(
         l.trim_end().to_string() + "\n"
     };
     out.push_str(&line(header));
-    for r in &rows {
+    for r in rows {
         out.push_str(&line([&r[0], &r[1], &r[2], &r[3], &r[4]]));
     }
-    if !unselected.is_empty() {
-        out.push_str(
-            "NoPlacementPolicy: no placement policy selects it, so it runs in no cluster \
-             (docs/policies.md: a ResourcePlacementPolicy or PropagationPolicy)\n",
-        );
-    }
-    out
 }
 
 pub async fn run(args: StatusArgs) -> anyhow::Result<()> {

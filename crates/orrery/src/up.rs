@@ -185,7 +185,56 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         "--clusters: at most 5000 simulated clusters"
     );
     let stop = crate::server::signals().context("installing signal handlers")?;
-    let server_args = ServerArgs {
+    let server_args = server_args(&args)?;
+    let started = Instant::now();
+    let running = start_plane(&args, &server_args).await?;
+    let urls = running.urls();
+    let url = urls[0].clone();
+    let admin = orrery_client::from_kubeconfig(&running.kubeconfig()).await?;
+    let token = bootstrap_token(&admin).await?;
+    let members = members(args.clusters)?;
+    let n = members.len();
+    let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
+    let admin_shutdown = shutdown.clone();
+    let fleet = Fleet::start(
+        members,
+        &FleetConfig {
+            // Each agent knows every replica and moves to another when its own fails.
+            server: urls.join(","),
+            token: Some(token),
+            ca_pem: None,
+            state_dir: Some(args.data_dir.join("agents")),
+            heartbeat_interval: Duration::from_secs(5),
+            report_interval: Duration::from_millis(500),
+            ca_refresh: orrery_agent::AgentConfig::new("", "").ca_refresh,
+            keep_members: true,
+        },
+        shutdown,
+    );
+    // The simulated clusters' fault injection, on loopback, for `orrery sim`.
+    let admin_addr =
+        orrery_sim::admin::serve("127.0.0.1:0".parse()?, fleet.sims.clone(), admin_shutdown)
+            .await?;
+    let admin_file = args.data_dir.join(crate::sim::ADMIN_FILE);
+    std::fs::write(&admin_file, format!("{admin_addr}\n"))
+        .with_context(|| format!("writing {}", admin_file.display()))?;
+    wait_ready(&admin, n, started).await?;
+    print_welcome(&args, &running, &url, &urls, n, started);
+    stop.await;
+    println!("stopping");
+    let _ = std::fs::remove_file(&admin_file);
+    let _ = shutdown_tx.send(true);
+    for (name, e) in fleet.wait().await {
+        eprintln!("agent of {name}: {e}");
+    }
+    running.stop().await;
+    Ok(())
+}
+
+/// The server's settings for a local fleet: the defaults, scaled to the simulated day and
+/// fleet where they say so.
+fn server_args(args: &UpArgs) -> anyhow::Result<ServerArgs> {
+    Ok(ServerArgs {
         config: None,
         print_config: false,
         data_dir: args.data_dir.clone(),
@@ -256,8 +305,11 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         leader_elect_lease_duration: Duration::from_secs(15),
         leader_elect_renew_deadline: Duration::from_secs(10),
         leader_elect_retry_period: Duration::from_secs(2),
-    };
-    let started = Instant::now();
+    })
+}
+
+/// The control plane: one server, or with `--ha` three replicas on a three-member etcd.
+async fn start_plane(args: &UpArgs, server_args: &ServerArgs) -> anyhow::Result<Plane> {
     let running = if args.ha {
         crate::server::private_dir(&args.data_dir)?;
         let plane = crate::up_ha::start(&args.data_dir, args.listen).await?;
@@ -268,14 +320,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         );
         Plane::Ha(plane)
     } else {
-        let r = crate::server::start(&server_args).await?;
+        let r = crate::server::start(server_args).await?;
         println!("control plane serving at {}", r.url);
         Plane::One(r)
     };
-    let urls = running.urls();
-    let url = urls[0].clone();
-    let admin = orrery_client::from_kubeconfig(&running.kubeconfig()).await?;
-    // One bootstrap token for the whole local fleet.
+    Ok(running)
+}
+
+/// One bootstrap token for the whole local fleet.
+async fn bootstrap_token(admin: &kube::Client) -> anyhow::Result<String> {
     let body = serde_json::to_vec(&json!({ "cluster": "*", "ttl": "1h" }))?;
     let req = http::Request::post("/agent/v1/tokens")
         .header(http::header::CONTENT_TYPE, "application/json")
@@ -285,35 +338,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         .as_str()
         .context("no bootstrap token")?
         .to_string();
-    let members = members(args.clusters)?;
-    let n = members.len();
-    let (shutdown_tx, shutdown) = tokio::sync::watch::channel(false);
-    let admin_shutdown = shutdown.clone();
-    let fleet = Fleet::start(
-        members,
-        &FleetConfig {
-            // Each agent knows every replica and moves to another when its own fails.
-            server: urls.join(","),
-            token: Some(token),
-            ca_pem: None,
-            state_dir: Some(args.data_dir.join("agents")),
-            heartbeat_interval: Duration::from_secs(5),
-            report_interval: Duration::from_millis(500),
-            ca_refresh: orrery_agent::AgentConfig::new("", "").ca_refresh,
-            keep_members: true,
-        },
-        shutdown,
-    );
-    // The simulated clusters' fault injection, on loopback, for `orrery sim`.
-    let admin_addr =
-        orrery_sim::admin::serve("127.0.0.1:0".parse()?, fleet.sims.clone(), admin_shutdown)
-            .await?;
-    let admin_file = args.data_dir.join(crate::sim::ADMIN_FILE);
-    std::fs::write(&admin_file, format!("{admin_addr}\n"))
-        .with_context(|| format!("writing {}", admin_file.display()))?;
+    Ok(token)
+}
+
+/// Waits for all `n` simulated clusters to be Ready (printing the count as it changes), at
+/// most 5 minutes from `started`.
+async fn wait_ready(admin: &kube::Client, n: usize, started: Instant) -> anyhow::Result<()> {
     let mut last = usize::MAX;
     loop {
-        let ready = orrery_client::ready_clusters(&admin).await.unwrap_or(0);
+        let ready = orrery_client::ready_clusters(admin).await.unwrap_or(0);
         if ready != last {
             println!("  {ready}/{n} simulated clusters Ready");
             last = ready;
@@ -327,6 +360,18 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+    Ok(())
+}
+
+/// What is up and how to use it: the kubeconfig, the dashboard's login link, commands to try.
+fn print_welcome(
+    args: &UpArgs,
+    running: &Plane,
+    url: &str,
+    urls: &[String],
+    n: usize,
+    started: Instant,
+) {
     // Absolute, so that the export line works from any directory.
     let kc_path =
         std::fs::canonicalize(running.kubeconfig()).unwrap_or_else(|_| running.kubeconfig());
@@ -367,13 +412,4 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     println!("  orrery sim fault aws-us-east outage       # a cluster goes dark (recover: undo)");
     println!();
     println!("Ctrl-C stops everything; `orrery up` on the same data directory resumes.");
-    stop.await;
-    println!("stopping");
-    let _ = std::fs::remove_file(&admin_file);
-    let _ = shutdown_tx.send(true);
-    for (name, e) in fleet.wait().await {
-        eprintln!("agent of {name}: {e}");
-    }
-    running.stop().await;
-    Ok(())
 }
