@@ -211,58 +211,11 @@ pub async fn slow_clients(args: Args) -> anyhow::Result<()> {
         // The attack: slow bodies from one source, idle connections from another.
         let tls = connector(&ca)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let mut tasks = Vec::new();
-        for i in 0..args.slow {
-            let (tls, stop, token) = (tls.clone(), stop.clone(), attacker.clone());
-            tasks.push(tokio::spawn(async move {
-                let Ok(mut c) = dial(&tls, "127.0.0.2", port).await else {
-                    return;
-                };
-                let head = format!(
-                    "POST /api/v1/namespaces/attacker/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{\"n\": {i}"
-                );
-                if c.write_all(head.as_bytes()).await.is_err() {
-                    return;
-                }
-                while !stop.load(Ordering::Relaxed) {
-                    tokio::time::sleep(Duration::from_secs(3)).await;
-                    if c.write_all(b" ").await.is_err() || c.flush().await.is_err() {
-                        return;
-                    }
-                }
-            }));
-        }
+        let tasks = slow_bodies(&tls, port, &attacker, args.slow, &stop);
         let opened = Arc::new(AtomicUsize::new(0));
         let idle_conns = Arc::new(tokio::sync::Mutex::new(Vec::new()));
         let open_started = Instant::now();
-        let opener = {
-            let (tls, opened, idle_conns, n) =
-                (tls.clone(), opened.clone(), idle_conns.clone(), args.idle);
-            tokio::spawn(async move {
-                let next = Arc::new(AtomicUsize::new(0));
-                let workers: Vec<_> = (0..32)
-                    .map(|_| {
-                        let (tls, opened, idle_conns, next) = (
-                            tls.clone(),
-                            opened.clone(),
-                            idle_conns.clone(),
-                            next.clone(),
-                        );
-                        tokio::spawn(async move {
-                            while next.fetch_add(1, Ordering::Relaxed) < n {
-                                if let Ok(c) = dial(&tls, "127.0.0.3", port).await {
-                                    opened.fetch_add(1, Ordering::Relaxed);
-                                    idle_conns.lock().await.push(c);
-                                }
-                            }
-                        })
-                    })
-                    .collect();
-                for w in workers {
-                    let _ = w.await;
-                }
-            })
-        };
+        let opener = open_idle(&tls, port, args.idle, &opened, &idle_conns);
         let (au, aa, aue, aae) = measure(&user, &agent, window, "attack").await;
         let _ = opener.await;
         let open_secs = open_started.elapsed().as_secs_f64();
@@ -271,15 +224,7 @@ pub async fn slow_clients(args: Args) -> anyhow::Result<()> {
         // Past the header timeout, how many idle connections does the server still hold?
         let header = orrery_apiserver::server::DEFAULT_HEADER_TIMEOUT;
         tokio::time::sleep(header + Duration::from_secs(3)).await;
-        let mut still_open = 0usize;
-        for c in idle_conns.lock().await.iter_mut() {
-            use tokio::io::AsyncReadExt;
-            let mut b = [0u8; 1];
-            match tokio::time::timeout(Duration::from_millis(5), c.read(&mut b)).await {
-                Ok(Ok(0)) | Ok(Err(_)) => {}
-                _ => still_open += 1,
-            }
-        }
+        let still_open = count_open(&idle_conns).await;
         stop.store(true, Ordering::Relaxed);
         for t in tasks {
             t.abort();
@@ -341,4 +286,87 @@ pub async fn slow_clients(args: Args) -> anyhow::Result<()> {
         "idle_still_open_after_header_timeout": col(&|r: &Row| r.3.3 as f64),
     }));
     Ok(())
+}
+
+/// `slow` connections from 127.0.0.2 that each send a create's headers and then its body a
+/// byte every 3 seconds, until `stop`.
+fn slow_bodies(
+    tls: &tokio_rustls::TlsConnector,
+    port: u16,
+    attacker: &str,
+    slow: usize,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut tasks = Vec::new();
+    for i in 0..slow {
+        let (tls, stop, token) = (tls.clone(), stop.clone(), attacker.to_string());
+        tasks.push(tokio::spawn(async move {
+            let Ok(mut c) = dial(&tls, "127.0.0.2", port).await else {
+                return;
+            };
+            let head = format!(
+                "POST /api/v1/namespaces/attacker/configmaps HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{{\"n\": {i}"
+            );
+            if c.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+                if c.write_all(b" ").await.is_err() || c.flush().await.is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+    tasks
+}
+
+/// Opens `n` idle connections from 127.0.0.3 over 32 workers, counting them in `opened` and
+/// keeping them in `idle_conns`.
+fn open_idle(
+    tls: &tokio_rustls::TlsConnector,
+    port: u16,
+    n: usize,
+    opened: &Arc<AtomicUsize>,
+    idle_conns: &Arc<tokio::sync::Mutex<Vec<Tls>>>,
+) -> tokio::task::JoinHandle<()> {
+    let (tls, opened, idle_conns) = (tls.clone(), opened.clone(), idle_conns.clone());
+    tokio::spawn(async move {
+        let next = Arc::new(AtomicUsize::new(0));
+        let workers: Vec<_> = (0..32)
+            .map(|_| {
+                let (tls, opened, idle_conns, next) = (
+                    tls.clone(),
+                    opened.clone(),
+                    idle_conns.clone(),
+                    next.clone(),
+                );
+                tokio::spawn(async move {
+                    while next.fetch_add(1, Ordering::Relaxed) < n {
+                        if let Ok(c) = dial(&tls, "127.0.0.3", port).await {
+                            opened.fetch_add(1, Ordering::Relaxed);
+                            idle_conns.lock().await.push(c);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            let _ = w.await;
+        }
+    })
+}
+
+/// How many of the idle connections the server still holds open.
+async fn count_open(idle_conns: &tokio::sync::Mutex<Vec<Tls>>) -> usize {
+    let mut still_open = 0usize;
+    for c in idle_conns.lock().await.iter_mut() {
+        use tokio::io::AsyncReadExt;
+        let mut b = [0u8; 1];
+        match tokio::time::timeout(Duration::from_millis(5), c.read(&mut b)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => {}
+            _ => still_open += 1,
+        }
+    }
+    still_open
 }

@@ -259,24 +259,7 @@ pub(crate) fn orrery_bin(server_bin: &Option<PathBuf>) -> anyhow::Result<PathBuf
 pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     let bin = orrery_bin(&args.server_bin)?;
     let n = args.replicas.max(1);
-    let (etcd, servers) = if n == 1 {
-        (
-            None,
-            vec![ServerProcess::start(&args.server_bin, &args.dir)?],
-        )
-    } else {
-        let etcd = orrery_store_testkit::etcd::EtcdCluster::start(3)?;
-        // ORRERY_BENCH_SLOW_REQUESTS=<duration> has the replicas log each request slower than
-        // that with its steps (kept with ORRERY_BENCH_SERVER_LOG=<file> and
-        // ORRERY_BENCH_SERVER_LOG_LEVEL=warn,orrery_apiserver::router=info).
-        let slow = std::env::var("ORRERY_BENCH_SLOW_REQUESTS").ok();
-        let extra: Vec<&str> = match &slow {
-            Some(d) => vec!["--slow-request-threshold", d],
-            None => Vec::new(),
-        };
-        let servers = crate::ha::replicas(&etcd, n, &extra, &args.server_bin, &args.dir)?;
-        (Some(etcd), servers)
-    };
+    let (etcd, servers) = start_servers(&args, n)?;
     let server = &servers[0];
     let admin = orrery_client::from_kubeconfig(&server.kubeconfig).await?;
     let token = bootstrap_token(&admin, "fleet-*").await?;
@@ -302,10 +285,161 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         args.clusters, args.nodes
     ));
     let started = Instant::now();
+    let agents = start_fleet_agents(&args, &bin, n, dir.path(), &servers, &token)?;
+
+    // Seconds until every member was Ready at once; `None` when a few (at most one in a
+    // thousand) still came and went at the deadline: the run goes on to the Works and says so.
+    let (all_ready, ready_at_deadline) = wait_all_ready(&admin, &args, started).await?;
+    if let Some(t) = all_ready {
+        progress(format!("members fleet: all Ready after {t:.1} s"));
+    }
+    // Let the registration burst settle, then measure.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // Heartbeats while the fleet registered, then afresh while the Works roll out.
+    let (registering, beats1) = end_of_phase(&agents, &server_clients).await?;
+    let t0 = Instant::now();
+    // A Work per cluster, so that statuses are reported too.
+    progress(format!(
+        "members fleet: one Work per cluster ({})",
+        args.clusters
+    ));
+    let creates = create_works(&admin, args.clusters, name_of).await?;
+    let available = works_available(&admin, &args).await?;
+    let works_available_after = t0.elapsed().as_secs_f64();
+    // Heartbeats while the Works rolled out (created, applied, their statuses reported), then
+    // afresh for the steady state, which has only heartbeats and periodic reports.
+    let (rolling_out, beats2) = end_of_phase(&agents, &server_clients).await?;
+    let kinds2 = heartbeat_kinds(&server_clients).await?;
+    progress(format!(
+        "members fleet: Works available after {works_available_after:.1} s; measuring {} s of steady state",
+        args.steady_secs
+    ));
+    let server_cpu0: Vec<f64> = servers.iter().map(|s| s.usage_full().2).collect();
+    let agent_cpu0: Vec<f64> = agents
+        .iter()
+        .map(|a| process_usage(a.child.id()).2)
+        .collect();
+    // What else shares the cores: etcd's members, this process, the machine as a whole.
+    let etcd_pids = etcd.as_ref().map(|e| e.pids()).unwrap_or_default();
+    let etcd_cpu0: Vec<f64> = etcd_pids.iter().map(|p| process_usage(*p).2).collect();
+    let own_cpu0 = process_usage(std::process::id()).2;
+    let busy0 = crate::stats::machine_busy_seconds();
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
+    let wall = t0.elapsed().as_secs_f64();
+    let cores = |cpu1: f64, cpu0: f64| round((cpu1 - cpu0) / wall, 3);
+    let etcd_cpu: Vec<f64> = etcd_pids
+        .iter()
+        .zip(&etcd_cpu0)
+        .map(|(p, c0)| cores(process_usage(*p).2, *c0))
+        .collect();
+    let own_cpu = cores(process_usage(std::process::id()).2, own_cpu0);
+    let machine_busy = cores(crate::stats::machine_busy_seconds(), busy0);
+    let machine_cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let per_server: Vec<Value> = servers
+        .iter()
+        .zip(&server_cpu0)
+        .map(|(s, cpu0)| {
+            let (rss, peak, cpu1) = s.usage_full();
+            json!({
+                "cpu_cores": round((cpu1 - cpu0) / wall, 3),
+                "rss_mib": round(rss, 1),
+                "peak_rss_mib": round(peak, 1),
+            })
+        })
+        .collect();
+    let (per_agent, heartbeat_p99) = agent_figures(&agents, &agent_cpu0, wall)?;
+    let beats3 = heartbeat_buckets(&server_clients).await?;
+    let kinds3 = heartbeat_kinds(&server_clients).await?;
+    let still_ready = orrery_client::ready_clusters(&admin).await?;
+    let first = |v: &[Value], k: &str| v.first().map(|x| x[k].clone()).unwrap_or(Value::Null);
+    emit(json!({
+        "scenario": "members.fleet",
+        "clusters": args.clusters,
+        "servers": n,
+        "store": if n == 1 { "sqlite" } else { "etcd (3 members)" },
+        "nodes_per_cluster": args.nodes,
+        "heartbeat_interval": args.heartbeat,
+        "agents_nice": args.agents_nice,
+        "load": args.load,
+        "seconds_to_all_ready": all_ready.map(|t| round(t, 1)),
+        "ready_at_deadline": ready_at_deadline,
+        "steady_seconds": args.steady_secs,
+        "ready_at_end": still_ready,
+        "works_available": available,
+        "work_creates_told_to_wait": creates.told_to_wait,
+        // Creates answered 409 (the Work was there): after a 429/503, and without one before.
+        "work_creates_found_existing": creates.found_existing,
+        "work_creates_found_existing_unasked": creates.found_existing_unasked,
+        "seconds_to_works_available": round(works_available_after, 1),
+        "server_cpu_cores": first(&per_server, "cpu_cores"),
+        // The steady window's CPU beside the servers' and agents' (in `per_server`, `agents`).
+        "etcd_cpu_cores": etcd_cpu,
+        "bench_cpu_cores": own_cpu,
+        "machine_busy_cores": machine_busy,
+        "machine_cores": machine_cores,
+        "server_rss_mib": first(&per_server, "rss_mib"),
+        "server_peak_rss_mib": first(&per_server, "peak_rss_mib"),
+        "per_server": per_server,
+        "agents": per_agent,
+        "heartbeat_p99_ms_max": round(heartbeat_p99, 1),
+        "heartbeat_ms_while_registering": registering,
+        "server_heartbeat_ms_while_registering": server_quantiles(&beats0, &beats1),
+        "heartbeat_ms_while_works_roll_out": rolling_out,
+        "server_heartbeat_ms_while_works_roll_out": server_quantiles(&beats1, &beats2),
+        "server_heartbeat_ms_steady": server_quantiles(&beats2, &beats3),
+        "steady_status_writes": kinds3.0 - kinds2.0,
+        "steady_lease_renewals": kinds3.1 - kinds2.1,
+        "agent_rss_kib_per_cluster": round(
+            agents.iter().map(|a| process_usage(a.child.id()).0).sum::<f64>() * 1024.0 / args.clusters as f64, 1),
+        "goals": {"server_rss_mib": 1024, "server_cpu_cores": 1.0, "agent_kib_per_cluster": 1024},
+    }));
+    Ok(())
+}
+
+/// One server (sqlite), or `replicas` of them on a three-member etcd.
+fn start_servers(
+    args: &FleetArgs,
+    n: usize,
+) -> anyhow::Result<(
+    Option<orrery_store_testkit::etcd::EtcdCluster>,
+    Vec<ServerProcess>,
+)> {
+    let (etcd, servers) = if n == 1 {
+        (
+            None,
+            vec![ServerProcess::start(&args.server_bin, &args.dir)?],
+        )
+    } else {
+        let etcd = orrery_store_testkit::etcd::EtcdCluster::start(3)?;
+        // ORRERY_BENCH_SLOW_REQUESTS=<duration> has the replicas log each request slower than
+        // that with its steps (kept with ORRERY_BENCH_SERVER_LOG=<file> and
+        // ORRERY_BENCH_SERVER_LOG_LEVEL=warn,orrery_apiserver::router=info).
+        let slow = std::env::var("ORRERY_BENCH_SLOW_REQUESTS").ok();
+        let extra: Vec<&str> = match &slow {
+            Some(d) => vec!["--slow-request-threshold", d],
+            None => Vec::new(),
+        };
+        let servers = crate::ha::replicas(&etcd, n, &extra, &args.server_bin, &args.dir)?;
+        (Some(etcd), servers)
+    };
+    Ok((etcd, servers))
+}
+
+/// The `n` agent processes, agent k hosting clusters j with j % n == k from a fleet file of
+/// its own, replica k first among its servers.
+fn start_fleet_agents(
+    args: &FleetArgs,
+    bin: &std::path::Path,
+    n: usize,
+    dir: &std::path::Path,
+    servers: &[ServerProcess],
+    token: &str,
+) -> anyhow::Result<Vec<AgentProcess>> {
     let mut agents = Vec::new();
     for k in 0..n {
         let count = (0..args.clusters).filter(|j| j % n == k).count();
-        let file = dir.path().join(format!("fleet-{k}.yaml"));
+        let file = dir.join(format!("fleet-{k}.yaml"));
         let pattern = if n == 1 {
             "fleet-{i}".to_string()
         } else {
@@ -320,13 +454,13 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         )?;
         let urls: Vec<&str> = (0..n).map(|i| servers[(k + i) % n].url.as_str()).collect();
         agents.push(start_agent_nice(
-            &bin,
+            bin,
             &urls.join(","),
             &[
                 "--simulate-fleet".into(),
                 file.display().to_string(),
                 "--token".into(),
-                token.clone(),
+                token.to_string(),
                 "--heartbeat-interval".into(),
                 args.heartbeat.clone(),
             ],
@@ -334,13 +468,21 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
             args.agents_nice,
         )?);
     }
+    Ok(agents)
+}
 
-    // Seconds until every member was Ready at once; `None` when a few (at most one in a
-    // thousand) still came and went at the deadline: the run goes on to the Works and says so.
+/// Waits (10 minutes at most) until every member is Ready at once: the seconds that took,
+/// or, when a few (at most one in a thousand) still came and went at the deadline, how
+/// many were Ready then.
+async fn wait_all_ready(
+    admin: &kube::Client,
+    args: &FleetArgs,
+    started: Instant,
+) -> anyhow::Result<(Option<f64>, Option<usize>)> {
     let mut all_ready = None;
     let mut ready_at_deadline = None;
     loop {
-        let n = orrery_client::ready_clusters(&admin).await?;
+        let n = orrery_client::ready_clusters(admin).await?;
         if n >= args.clusters {
             all_ready = Some(started.elapsed().as_secs_f64());
             break;
@@ -348,7 +490,7 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         if started.elapsed() >= Duration::from_secs(600) {
             // Say which members are missing and what their Clusters say, so that a run that
             // misses the deadline tells why (never registered, or declared Unknown).
-            for line in not_ready(&admin, 20).await? {
+            for line in not_ready(admin, 20).await? {
                 progress(format!("members fleet: not Ready: {line}"));
             }
             if n * 1000 < args.clusters * 999 {
@@ -368,26 +510,30 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         ));
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
-    if let Some(t) = all_ready {
-        progress(format!("members fleet: all Ready after {t:.1} s"));
-    }
-    // Let the registration burst settle, then measure.
-    tokio::time::sleep(Duration::from_secs(10)).await;
-    // Heartbeats while the fleet registered, then afresh while the Works roll out.
-    let (registering, beats1) = end_of_phase(&agents, &server_clients).await?;
-    let t0 = Instant::now();
-    // A Work per cluster, so that statuses are reported too.
-    progress(format!(
-        "members fleet: one Work per cluster ({})",
-        args.clusters
-    ));
+    Ok((all_ready, ready_at_deadline))
+}
+
+/// How the Work creates went: how often the server told a client to wait, and how many
+/// found the Work there already (and of those, how many had not been told to wait).
+struct WorkCreates {
+    told_to_wait: usize,
+    found_existing: usize,
+    found_existing_unasked: usize,
+}
+
+/// Creates a Work per cluster (a Deployment and a ConfigMap), over 16 clients.
+async fn create_works(
+    admin: &kube::Client,
+    clusters: usize,
+    name_of: impl Fn(usize) -> String + Copy + Send + 'static,
+) -> anyhow::Result<WorkCreates> {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let throttled = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let existing = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let existing_unasked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..16 {
-        let (c, next, total) = (admin.clone(), next.clone(), args.clusters);
+        let (c, next, total) = (admin.clone(), next.clone(), clusters);
         let throttled = throttled.clone();
         let (existing, existing_unasked) = (existing.clone(), existing_unasked.clone());
         tasks.push(tokio::spawn(async move {
@@ -438,7 +584,17 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
     for t in tasks {
         t.await??;
     }
-    let works: Api<DynamicObject> = orrery_client::api(&admin, &orrery_client::kinds::WORK, None);
+    Ok(WorkCreates {
+        told_to_wait: throttled.load(std::sync::atomic::Ordering::Relaxed),
+        found_existing: existing.load(std::sync::atomic::Ordering::Relaxed),
+        found_existing_unasked: existing_unasked.load(std::sync::atomic::Ordering::Relaxed),
+    })
+}
+
+/// Waits (at least 2 minutes, or the steady window if longer) for every Work to be
+/// AllHealthy; how many were then.
+async fn works_available(admin: &kube::Client, args: &FleetArgs) -> anyhow::Result<usize> {
+    let works: Api<DynamicObject> = orrery_client::api(admin, &orrery_client::kinds::WORK, None);
     let mut available = 0;
     // The Works get their own time once created: at 10,000 members creating them takes
     // longer than this wait, which then never looked.
@@ -460,52 +616,19 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_secs(10)).await;
     }
-    let works_available_after = t0.elapsed().as_secs_f64();
-    // Heartbeats while the Works rolled out (created, applied, their statuses reported), then
-    // afresh for the steady state, which has only heartbeats and periodic reports.
-    let (rolling_out, beats2) = end_of_phase(&agents, &server_clients).await?;
-    let kinds2 = heartbeat_kinds(&server_clients).await?;
-    progress(format!(
-        "members fleet: Works available after {works_available_after:.1} s; measuring {} s of steady state",
-        args.steady_secs
-    ));
-    let server_cpu0: Vec<f64> = servers.iter().map(|s| s.usage_full().2).collect();
-    let agent_cpu0: Vec<f64> = agents
-        .iter()
-        .map(|a| process_usage(a.child.id()).2)
-        .collect();
-    // What else shares the cores: etcd's members, this process, the machine as a whole.
-    let etcd_pids = etcd.as_ref().map(|e| e.pids()).unwrap_or_default();
-    let etcd_cpu0: Vec<f64> = etcd_pids.iter().map(|p| process_usage(*p).2).collect();
-    let own_cpu0 = process_usage(std::process::id()).2;
-    let busy0 = crate::stats::machine_busy_seconds();
-    let t0 = Instant::now();
-    tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
-    let wall = t0.elapsed().as_secs_f64();
-    let cores = |cpu1: f64, cpu0: f64| round((cpu1 - cpu0) / wall, 3);
-    let etcd_cpu: Vec<f64> = etcd_pids
-        .iter()
-        .zip(&etcd_cpu0)
-        .map(|(p, c0)| cores(process_usage(*p).2, *c0))
-        .collect();
-    let own_cpu = cores(process_usage(std::process::id()).2, own_cpu0);
-    let machine_busy = cores(crate::stats::machine_busy_seconds(), busy0);
-    let machine_cores = std::thread::available_parallelism().map_or(1, usize::from);
-    let per_server: Vec<Value> = servers
-        .iter()
-        .zip(&server_cpu0)
-        .map(|(s, cpu0)| {
-            let (rss, peak, cpu1) = s.usage_full();
-            json!({
-                "cpu_cores": round((cpu1 - cpu0) / wall, 3),
-                "rss_mib": round(rss, 1),
-                "peak_rss_mib": round(peak, 1),
-            })
-        })
-        .collect();
+    Ok(available)
+}
+
+/// Each agent's CPU over the steady window (`agent_cpu0` at its start, `wall` seconds),
+/// memory and latencies; and the largest heartbeat p99 among them.
+fn agent_figures(
+    agents: &[AgentProcess],
+    agent_cpu0: &[f64],
+    wall: f64,
+) -> anyhow::Result<(Vec<Value>, f64)> {
     let mut per_agent = Vec::new();
     let mut heartbeat_p99: f64 = 0.0;
-    for (a, cpu0) in agents.iter().zip(&agent_cpu0) {
+    for (a, cpu0) in agents.iter().zip(agent_cpu0) {
         let (rss, peak, cpu1) = process_usage(a.child.id());
         let stats = admin_get(&a.admin, "/stats")?;
         heartbeat_p99 = heartbeat_p99.max(stats["heartbeat"]["p99_ms"].as_f64().unwrap_or(0.0));
@@ -517,52 +640,7 @@ pub async fn fleet(args: FleetArgs) -> anyhow::Result<()> {
             "report_ms": stats["report"],
         }));
     }
-    let beats3 = heartbeat_buckets(&server_clients).await?;
-    let kinds3 = heartbeat_kinds(&server_clients).await?;
-    let still_ready = orrery_client::ready_clusters(&admin).await?;
-    let first = |v: &[Value], k: &str| v.first().map(|x| x[k].clone()).unwrap_or(Value::Null);
-    emit(json!({
-        "scenario": "members.fleet",
-        "clusters": args.clusters,
-        "servers": n,
-        "store": if n == 1 { "sqlite" } else { "etcd (3 members)" },
-        "nodes_per_cluster": args.nodes,
-        "heartbeat_interval": args.heartbeat,
-        "agents_nice": args.agents_nice,
-        "load": args.load,
-        "seconds_to_all_ready": all_ready.map(|t| round(t, 1)),
-        "ready_at_deadline": ready_at_deadline,
-        "steady_seconds": args.steady_secs,
-        "ready_at_end": still_ready,
-        "works_available": available,
-        "work_creates_told_to_wait": throttled.load(std::sync::atomic::Ordering::Relaxed),
-        // Creates answered 409 (the Work was there): after a 429/503, and without one before.
-        "work_creates_found_existing": existing.load(std::sync::atomic::Ordering::Relaxed),
-        "work_creates_found_existing_unasked": existing_unasked.load(std::sync::atomic::Ordering::Relaxed),
-        "seconds_to_works_available": round(works_available_after, 1),
-        "server_cpu_cores": first(&per_server, "cpu_cores"),
-        // The steady window's CPU beside the servers' and agents' (in `per_server`, `agents`).
-        "etcd_cpu_cores": etcd_cpu,
-        "bench_cpu_cores": own_cpu,
-        "machine_busy_cores": machine_busy,
-        "machine_cores": machine_cores,
-        "server_rss_mib": first(&per_server, "rss_mib"),
-        "server_peak_rss_mib": first(&per_server, "peak_rss_mib"),
-        "per_server": per_server,
-        "agents": per_agent,
-        "heartbeat_p99_ms_max": round(heartbeat_p99, 1),
-        "heartbeat_ms_while_registering": registering,
-        "server_heartbeat_ms_while_registering": server_quantiles(&beats0, &beats1),
-        "heartbeat_ms_while_works_roll_out": rolling_out,
-        "server_heartbeat_ms_while_works_roll_out": server_quantiles(&beats1, &beats2),
-        "server_heartbeat_ms_steady": server_quantiles(&beats2, &beats3),
-        "steady_status_writes": kinds3.0 - kinds2.0,
-        "steady_lease_renewals": kinds3.1 - kinds2.1,
-        "agent_rss_kib_per_cluster": round(
-            agents.iter().map(|a| process_usage(a.child.id()).0).sum::<f64>() * 1024.0 / args.clusters as f64, 1),
-        "goals": {"server_rss_mib": 1024, "server_cpu_cores": 1.0, "agent_kib_per_cluster": 1024},
-    }));
-    Ok(())
+    Ok((per_agent, heartbeat_p99))
 }
 
 /// The Clusters not Ready now (at most `limit` of them described, then a count by reason):

@@ -823,57 +823,8 @@ fn simulate(
     trace: &[Vec<Ev>],
     shed_mark: f64,
 ) -> Value {
-    let config = match strategy {
-        // Judged by the present level alone.
-        Strategy::WaterLevel => Config {
-            prediction: Ahead {
-                horizon_seconds: 0,
-                ..Ahead::default()
-            },
-            ..Config::default()
-        },
-        // The server's default: 30 minutes ahead, Upper80.
-        Strategy::WaterLevelAhead | Strategy::WaterLevelCost | Strategy::WaterLevelConsolidate => {
-            Config {
-                shed_mark,
-                ..Config::default()
-            }
-        }
-        _ => Config::karmada(),
-    };
-    let mut sim = Sim {
-        strategy,
-        clusters,
-        placement: placement_for(strategy, clusters),
-        config,
-        cache: FilterCache::new(),
-        workloads: BTreeMap::new(),
-        dark: vec![false; clusters.len()],
-        step: 0,
-        fleet: Fleet::default(),
-        rr_cursor: 0,
-        decisions: 0,
-        decide_secs: 0.0,
-        moved: 0,
-        evacuated: 0,
-        hot_for: vec![0; clusters.len()],
-        cooldown: vec![0; clusters.len()],
-        // The controller sheds a consolidating placement's replicas at the limit (every
-        // workload here has one).
-        shed_mark: if strategy == Strategy::WaterLevelConsolidate {
-            orrery_scheduler::DEFAULT_WATER_LEVEL_LIMIT
-        } else {
-            shed_mark
-        },
-        forecasts: matches!(
-            strategy,
-            Strategy::WaterLevelAhead | Strategy::WaterLevelCost | Strategy::WaterLevelConsolidate
-        )
-        .then(|| Forecasts::new(clusters)),
-        moved_ahead: 0,
-        consolidate_from: 0,
-        moved_cheaper: 0,
-    };
+    let config = strategy_config(strategy, shed_mark);
+    let mut sim = Sim::new(strategy, clusters, config, shed_mark);
     let (mut stds, mut maxes, mut pendings) = (Vec::new(), Vec::new(), Vec::new());
     let mut peak: f64 = 0.0;
     let mut overload_steps = 0usize;
@@ -886,58 +837,7 @@ fn simulate(
         }
         sim.rebuild();
         for ev in evs {
-            match ev {
-                Ev::Create {
-                    id,
-                    replicas,
-                    cpu_m,
-                    mem_mi,
-                } => {
-                    sim.workloads.insert(
-                        *id,
-                        Workload {
-                            replicas: *replicas,
-                            req: [*cpu_m as f64 / 1000.0, *mem_mi as f64],
-                            request: [
-                                ("cpu".to_string(), millis(*cpu_m)),
-                                ("memory".to_string(), mib(*mem_mi)),
-                            ]
-                            .into(),
-                            placed: BTreeMap::new(),
-                        },
-                    );
-                    sim.decide(*id, &[], &[]);
-                }
-                Ev::Scale { id, replicas } => {
-                    if let Some(w) = sim.workloads.get_mut(id) {
-                        w.replicas = *replicas;
-                        sim.decide(*id, &[], &[]);
-                    }
-                }
-                Ev::Delete { id } => {
-                    if let Some(w) = sim.workloads.remove(id) {
-                        let touched: Vec<usize> = w.placed.keys().copied().collect();
-                        sim.refresh(&touched);
-                    }
-                }
-                Ev::Outage { cluster } => {
-                    sim.dark[*cluster] = true;
-                    sim.refresh(&[*cluster]);
-                    let on: Vec<usize> = sim
-                        .workloads
-                        .iter()
-                        .filter(|(_, w)| w.placed.contains_key(cluster))
-                        .map(|(id, _)| *id)
-                        .collect();
-                    for id in on {
-                        sim.decide(id, &[], &[]);
-                    }
-                }
-                Ev::Recover { cluster } => {
-                    sim.dark[*cluster] = false;
-                    sim.refresh(&[*cluster]);
-                }
-            }
+            sim.apply(ev);
         }
         if strategy.orrery() {
             sim.shed();
@@ -980,6 +880,126 @@ fn simulate(
         "decisions": sim.decisions,
         "decisions_per_second": if sim.decide_secs > 0.0 { json!(round(sim.decisions as f64 / sim.decide_secs, 0)) } else { json!(null) },
     })
+}
+
+/// The scheduler's configuration for a strategy: judged by the present level alone, the
+/// server's default (30 minutes ahead, Upper80), or Karmada's.
+fn strategy_config(strategy: Strategy, shed_mark: f64) -> Config {
+    match strategy {
+        // Judged by the present level alone.
+        Strategy::WaterLevel => Config {
+            prediction: Ahead {
+                horizon_seconds: 0,
+                ..Ahead::default()
+            },
+            ..Config::default()
+        },
+        // The server's default: 30 minutes ahead, Upper80.
+        Strategy::WaterLevelAhead | Strategy::WaterLevelCost | Strategy::WaterLevelConsolidate => {
+            Config {
+                shed_mark,
+                ..Config::default()
+            }
+        }
+        _ => Config::karmada(),
+    }
+}
+
+impl<'a> Sim<'a> {
+    /// A run of a strategy on the fleet, before its first step.
+    fn new(strategy: Strategy, clusters: &'a [SimCluster], config: Config, shed_mark: f64) -> Self {
+        Sim {
+            strategy,
+            clusters,
+            placement: placement_for(strategy, clusters),
+            config,
+            cache: FilterCache::new(),
+            workloads: BTreeMap::new(),
+            dark: vec![false; clusters.len()],
+            step: 0,
+            fleet: Fleet::default(),
+            rr_cursor: 0,
+            decisions: 0,
+            decide_secs: 0.0,
+            moved: 0,
+            evacuated: 0,
+            hot_for: vec![0; clusters.len()],
+            cooldown: vec![0; clusters.len()],
+            // The controller sheds a consolidating placement's replicas at the limit (every
+            // workload here has one).
+            shed_mark: if strategy == Strategy::WaterLevelConsolidate {
+                orrery_scheduler::DEFAULT_WATER_LEVEL_LIMIT
+            } else {
+                shed_mark
+            },
+            forecasts: matches!(
+                strategy,
+                Strategy::WaterLevelAhead
+                    | Strategy::WaterLevelCost
+                    | Strategy::WaterLevelConsolidate
+            )
+            .then(|| Forecasts::new(clusters)),
+            moved_ahead: 0,
+            consolidate_from: 0,
+            moved_cheaper: 0,
+        }
+    }
+
+    /// One event of the trace: a workload created, scaled or deleted, a cluster dark or back.
+    fn apply(&mut self, ev: &Ev) {
+        match ev {
+            Ev::Create {
+                id,
+                replicas,
+                cpu_m,
+                mem_mi,
+            } => {
+                self.workloads.insert(
+                    *id,
+                    Workload {
+                        replicas: *replicas,
+                        req: [*cpu_m as f64 / 1000.0, *mem_mi as f64],
+                        request: [
+                            ("cpu".to_string(), millis(*cpu_m)),
+                            ("memory".to_string(), mib(*mem_mi)),
+                        ]
+                        .into(),
+                        placed: BTreeMap::new(),
+                    },
+                );
+                self.decide(*id, &[], &[]);
+            }
+            Ev::Scale { id, replicas } => {
+                if let Some(w) = self.workloads.get_mut(id) {
+                    w.replicas = *replicas;
+                    self.decide(*id, &[], &[]);
+                }
+            }
+            Ev::Delete { id } => {
+                if let Some(w) = self.workloads.remove(id) {
+                    let touched: Vec<usize> = w.placed.keys().copied().collect();
+                    self.refresh(&touched);
+                }
+            }
+            Ev::Outage { cluster } => {
+                self.dark[*cluster] = true;
+                self.refresh(&[*cluster]);
+                let on: Vec<usize> = self
+                    .workloads
+                    .iter()
+                    .filter(|(_, w)| w.placed.contains_key(cluster))
+                    .map(|(id, _)| *id)
+                    .collect();
+                for id in on {
+                    self.decide(id, &[], &[]);
+                }
+            }
+            Ev::Recover { cluster } => {
+                self.dark[*cluster] = false;
+                self.refresh(&[*cluster]);
+            }
+        }
+    }
 }
 
 /// Runs every strategy on the same fleet and trace and prints one line per strategy, then

@@ -139,40 +139,7 @@ async fn end_to_end(args: &Args) -> anyhow::Result<(f64, Value)> {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    post(
-        &admin,
-        "/apis/apps/v1/namespaces/default/statefulsets",
-        &sts(""),
-    )
-    .await?;
-    post(
-        &admin,
-        "/apis/multicluster.io/v1alpha1/namespaces/default/resourceplacementpolicies",
-        &json!({"apiVersion": "multicluster.io/v1alpha1", "kind": "ResourcePlacementPolicy",
-            "metadata": {"name": "db", "namespace": "default"},
-            "spec": {"resourceSelector": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "namespace": "default"},
-                "placement": {"clusterAffinity": {"clusterNames": ["left", "right"]},
-                    "spreadConstraints": [{"spreadByField": "cluster", "maxGroups": 1}]}}}),
-    )
-    .await?;
-    let placed = Instant::now();
-    let mut at = loop {
-        let b = get(
-            &admin,
-            "/apis/multicluster.io/v1alpha1/namespaces/default/resourcebindings/db-statefulset",
-        )
-        .await;
-        if let Ok(b) = b
-            && b["status"]["aggregatedStatus"][0]["health"] == "Healthy"
-        {
-            break b["spec"]["clusters"][0]["name"]
-                .as_str()
-                .unwrap_or("left")
-                .to_string();
-        }
-        anyhow::ensure!(placed.elapsed() < Duration::from_secs(60), "db never ran");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let mut at = place_db(&admin).await?;
     let mut downtimes = Vec::new();
     let mut totals = Vec::new();
     let mut hops = Vec::new();
@@ -191,20 +158,7 @@ async fn end_to_end(args: &Args) -> anyhow::Result<(f64, Value)> {
                     "targetClusters": [target]}}),
         )
         .await?;
-        let began = Instant::now();
-        let m = loop {
-            let m = get(&admin, &format!("{MIGRATIONS}/{name}")).await?;
-            match m["status"]["phase"].as_str() {
-                Some("Succeeded") => break m,
-                Some("Failed") => anyhow::bail!("{name} failed: {}", m["status"]["message"]),
-                _ => {}
-            }
-            anyhow::ensure!(
-                began.elapsed() < Duration::from_secs(120),
-                "{name} did not finish"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        };
+        let m = wait_migration(&admin, &name).await?;
         let st: MigrationStatus = serde_json::from_value(m["status"].clone())?;
         let downtime = st.downtime_seconds.unwrap_or_default();
         let until_switch: i64 = st
@@ -253,6 +207,65 @@ async fn end_to_end(args: &Args) -> anyhow::Result<(f64, Value)> {
             "volumes_started_on_other_than_fenced_data": lost,
         }),
     ))
+}
+
+/// The StatefulSet `db` and a policy placing it on one of the two members; the member it
+/// runs on once Healthy.
+async fn place_db(admin: &kube::Client) -> anyhow::Result<String> {
+    post(
+        admin,
+        "/apis/apps/v1/namespaces/default/statefulsets",
+        &sts(""),
+    )
+    .await?;
+    post(
+        admin,
+        "/apis/multicluster.io/v1alpha1/namespaces/default/resourceplacementpolicies",
+        &json!({"apiVersion": "multicluster.io/v1alpha1", "kind": "ResourcePlacementPolicy",
+            "metadata": {"name": "db", "namespace": "default"},
+            "spec": {"resourceSelector": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db", "namespace": "default"},
+                "placement": {"clusterAffinity": {"clusterNames": ["left", "right"]},
+                    "spreadConstraints": [{"spreadByField": "cluster", "maxGroups": 1}]}}}),
+    )
+    .await?;
+    let placed = Instant::now();
+    let at = loop {
+        let b = get(
+            admin,
+            "/apis/multicluster.io/v1alpha1/namespaces/default/resourcebindings/db-statefulset",
+        )
+        .await;
+        if let Ok(b) = b
+            && b["status"]["aggregatedStatus"][0]["health"] == "Healthy"
+        {
+            break b["spec"]["clusters"][0]["name"]
+                .as_str()
+                .unwrap_or("left")
+                .to_string();
+        }
+        anyhow::ensure!(placed.elapsed() < Duration::from_secs(60), "db never ran");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    Ok(at)
+}
+
+/// Waits (2 minutes at most) for the Migration `name` to succeed; the Migration then.
+async fn wait_migration(admin: &kube::Client, name: &str) -> anyhow::Result<Value> {
+    let began = Instant::now();
+    let m = loop {
+        let m = get(admin, &format!("{MIGRATIONS}/{name}")).await?;
+        match m["status"]["phase"].as_str() {
+            Some("Succeeded") => break m,
+            Some("Failed") => anyhow::bail!("{name} failed: {}", m["status"]["message"]),
+            _ => {}
+        }
+        anyhow::ensure!(
+            began.elapsed() < Duration::from_secs(120),
+            "{name} did not finish"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    Ok(m)
 }
 
 /// One member as the model runs it: its data, what it has applied, its pods.
@@ -381,45 +394,11 @@ fn precopy(size: f64, write: f64, link: f64, hop: f64, pod_start: f64) -> Outcom
         while to_members.front().is_some_and(|(at, _)| *at <= t) {
             if let Some((_, s)) = to_members.pop_front() {
                 for (name, m) in [("a", &mut a), ("b", &mut b)] {
-                    let transfers: Vec<_> = s
-                        .transfers
-                        .iter()
-                        .filter(|x| x.cluster == name)
-                        .map(|x| x.transfer.clone())
-                        .collect();
-                    let fenced = s.fenced.iter().any(|c| c == name);
-                    let placed = s.clusters.iter().any(|c| c.name == name);
-                    if m.running && (fenced || !placed) {
-                        m.data.detach("default", VOLUME, "StatefulSet/db", write);
-                        m.running = false;
-                    }
-                    let stopped = !m.running;
-                    m.data.set_transfers("w", &transfers, &|_, _| stopped);
-                    m.applied = Some(s.clone());
+                    apply_spec(m, name, &s, write);
                 }
             }
         }
-        // The target starts once its held copy is in.
-        if let Some(s) = &b.applied
-            && !b.running
-            && b.starting_at.is_none()
-            && s.clusters.iter().any(|c| c.name == "b")
-            && s.transfers.iter().any(|x| {
-                x.cluster == "b"
-                    && x.transfer.role == TransferRole::Receive
-                    && x.transfer.hold_workload
-            })
-            && b.data.received(id)
-        {
-            b.starting_at = Some(t + pod_start);
-        }
-        if let Some(at) = b.starting_at
-            && at <= t
-            && !b.running
-        {
-            b.running = true;
-            b.data.attach("default", VOLUME, "StatefulSet/db", write);
-        }
+        start_target(&mut b, id, t, pod_start, write);
         a.data.advance(dt);
         b.data.advance(dt);
         let stopped_a = !a.running;
@@ -427,16 +406,7 @@ fn precopy(size: f64, write: f64, link: f64, hop: f64, pod_start: f64) -> Outcom
         let stopped_b = !b.running;
         b.data.step(&|_, _| stopped_b);
         // Their reports, a hop away.
-        let views = (
-            End {
-                serving: true,
-                work: a.applied.as_ref().map(|s| seen(&a, "a", id, s)),
-            },
-            End {
-                serving: true,
-                work: b.applied.as_ref().map(|s| seen(&b, "b", id, s)),
-            },
-        );
+        let views = reports(&a, &b, id);
         to_controller.push_back((t + hop, views));
         while to_controller.front().is_some_and(|(at, _)| *at <= t) {
             if let Some((_, v)) = to_controller.pop_front() {
@@ -498,6 +468,62 @@ fn precopy(size: f64, write: f64, link: f64, hop: f64, pod_start: f64) -> Outcom
             f64::NAN
         },
     }
+}
+
+/// A member acts on the binding that reached it: it stops its pods once fenced or no longer
+/// placed, and takes up its transfers.
+fn apply_spec(m: &mut Member, name: &str, s: &BindingSpec, write: f64) {
+    let transfers: Vec<_> = s
+        .transfers
+        .iter()
+        .filter(|x| x.cluster == name)
+        .map(|x| x.transfer.clone())
+        .collect();
+    let fenced = s.fenced.iter().any(|c| c == name);
+    let placed = s.clusters.iter().any(|c| c.name == name);
+    if m.running && (fenced || !placed) {
+        m.data.detach("default", VOLUME, "StatefulSet/db", write);
+        m.running = false;
+    }
+    let stopped = !m.running;
+    m.data.set_transfers("w", &transfers, &|_, _| stopped);
+    m.applied = Some(s.clone());
+}
+
+/// The target starts once its held copy is in (its pods up `pod_start` seconds later).
+fn start_target(b: &mut Member, id: &str, t: f64, pod_start: f64, write: f64) {
+    if let Some(s) = &b.applied
+        && !b.running
+        && b.starting_at.is_none()
+        && s.clusters.iter().any(|c| c.name == "b")
+        && s.transfers.iter().any(|x| {
+            x.cluster == "b" && x.transfer.role == TransferRole::Receive && x.transfer.hold_workload
+        })
+        && b.data.received(id)
+    {
+        b.starting_at = Some(t + pod_start);
+    }
+    if let Some(at) = b.starting_at
+        && at <= t
+        && !b.running
+    {
+        b.running = true;
+        b.data.attach("default", VOLUME, "StatefulSet/db", write);
+    }
+}
+
+/// What the two members report of the Work, as the controller will see it.
+fn reports(a: &Member, b: &Member, id: &str) -> (End, End) {
+    (
+        End {
+            serving: true,
+            work: a.applied.as_ref().map(|s| seen(a, "a", id, s)),
+        },
+        End {
+            serving: true,
+            work: b.applied.as_ref().map(|s| seen(b, "b", id, s)),
+        },
+    )
 }
 
 fn model(args: &Args, gib: u64, pct: f64, hop: f64) -> Value {

@@ -295,15 +295,7 @@ fn run(strategy: Strategy, sites: &[Site], data: &[DataSet], jobs: &[Job]) -> Ou
             let home = &sites[ds.home].name;
             let p = placement(strategy, home);
             // The home and every cache copy that is in.
-            let mut holders = vec![(home.clone(), Tier::Warm)];
-            for (i, cs) in copies.iter().enumerate() {
-                if cs
-                    .iter()
-                    .any(|x| x.dataset == job.dataset && x.ready <= now)
-                {
-                    holders.push((sites[i].name.clone(), Tier::Warm));
-                }
-            }
+            let holders = holders(sites, &copies, home, job.dataset, now);
             let needs = DataNeeds {
                 inputs: vec![Input {
                     name: ds.name.clone(),
@@ -361,24 +353,7 @@ fn run(strategy: Strategy, sites: &[Site], data: &[DataSet], jobs: &[Job]) -> Ou
             } else if c != ds.home {
                 // From a copy in the destination's region first, then over the fastest link.
                 let src = if caching {
-                    (0..sites.len())
-                        .filter(|i| {
-                            *i == ds.home
-                                || copies[*i]
-                                    .iter()
-                                    .any(|x| x.dataset == job.dataset && x.ready <= now)
-                        })
-                        .min_by(|a, b| {
-                            let key = |i: usize| {
-                                (
-                                    sites[i].region != sites[c].region,
-                                    -(sites[i].uplink.min(sites[c].uplink)),
-                                )
-                            };
-                            let (ka, kb) = (key(*a), key(*b));
-                            ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
-                        })
-                        .unwrap_or(ds.home)
+                    nearest_source(sites, &copies, ds, job.dataset, c, now)
                 } else {
                     ds.home
                 };
@@ -391,26 +366,7 @@ fn run(strategy: Strategy, sites: &[Site], data: &[DataSet], jobs: &[Job]) -> Ou
                 out.bytes += ds.bytes as f64;
                 out.egress += ds.bytes as f64 / GIB * sites[src].price;
                 if caching {
-                    let cs = &mut copies[c];
-                    cs.push(CacheCopy {
-                        dataset: job.dataset,
-                        ready,
-                        used: now,
-                    });
-                    // Beyond the cache tier, the least recently used copies that are in go.
-                    let size = |x: &CacheCopy| data[x.dataset].bytes as f64;
-                    while cs.iter().map(size).sum::<f64>() > CACHE_BYTES {
-                        let Some(oldest) = cs
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, x)| x.ready <= now && x.dataset != job.dataset)
-                            .min_by(|a, b| a.1.used.total_cmp(&b.1.used))
-                            .map(|(i, _)| i)
-                        else {
-                            break;
-                        };
-                        cs.remove(oldest);
-                    }
+                    keep_copy(&mut copies[c], data, job.dataset, ready, now);
                 }
             }
             let compute = job.gpu_hours * 3600.0 / (sites[c].perf * job.gpus as f64);
@@ -424,6 +380,76 @@ fn run(strategy: Strategy, sites: &[Site], data: &[DataSet], jobs: &[Job]) -> Ou
         waiting = still;
     }
     out
+}
+
+/// Where a job's data set is in at `now`: its home, and every site with a copy that is in.
+fn holders(
+    sites: &[Site],
+    copies: &[Vec<CacheCopy>],
+    home: &str,
+    dataset: usize,
+    now: f64,
+) -> Vec<(String, Tier)> {
+    let mut holders = vec![(home.to_string(), Tier::Warm)];
+    for (i, cs) in copies.iter().enumerate() {
+        if cs.iter().any(|x| x.dataset == dataset && x.ready <= now) {
+            holders.push((sites[i].name.clone(), Tier::Warm));
+        }
+    }
+    holders
+}
+
+/// Where a copy for site `c` comes from: a copy in the destination's region first (or the
+/// home), then over the fastest link.
+fn nearest_source(
+    sites: &[Site],
+    copies: &[Vec<CacheCopy>],
+    ds: &DataSet,
+    dataset: usize,
+    c: usize,
+    now: f64,
+) -> usize {
+    (0..sites.len())
+        .filter(|i| {
+            *i == ds.home
+                || copies[*i]
+                    .iter()
+                    .any(|x| x.dataset == dataset && x.ready <= now)
+        })
+        .min_by(|a, b| {
+            let key = |i: usize| {
+                (
+                    sites[i].region != sites[c].region,
+                    -(sites[i].uplink.min(sites[c].uplink)),
+                )
+            };
+            let (ka, kb) = (key(*a), key(*b));
+            ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1))
+        })
+        .unwrap_or(ds.home)
+}
+
+/// Keeps a copy of `dataset` at a site (in at `ready`); beyond the cache tier, the least
+/// recently used copies that are in go.
+fn keep_copy(cs: &mut Vec<CacheCopy>, data: &[DataSet], dataset: usize, ready: f64, now: f64) {
+    cs.push(CacheCopy {
+        dataset,
+        ready,
+        used: now,
+    });
+    let size = |x: &CacheCopy| data[x.dataset].bytes as f64;
+    while cs.iter().map(size).sum::<f64>() > CACHE_BYTES {
+        let Some(oldest) = cs
+            .iter()
+            .enumerate()
+            .filter(|(_, x)| x.ready <= now && x.dataset != dataset)
+            .min_by(|a, b| a.1.used.total_cmp(&b.1.used))
+            .map(|(i, _)| i)
+        else {
+            break;
+        };
+        cs.remove(oldest);
+    }
 }
 
 pub fn stci(args: StciArgs) -> anyhow::Result<()> {
