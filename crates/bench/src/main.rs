@@ -631,7 +631,7 @@ async fn store_scenario(command: Command) -> anyhow::Result<()> {
         }
         Command::StoreMemoryProbe { path } => store::memory_probe(&path).await,
         // `run` matches each command to exactly one family.
-        _ => unreachable!("not a store_scenario"),
+        other => anyhow::bail!("{other:?} is not a store scenario"),
     }
 }
 
@@ -710,7 +710,7 @@ fn model_scenario(command: Command) -> anyhow::Result<()> {
             runs,
         } => rbac::decisions(bindings, checks, runs),
         // `run` matches each command to exactly one family.
-        _ => unreachable!("not a model_scenario"),
+        other => anyhow::bail!("{other:?} is not a model scenario"),
     }
 }
 
@@ -798,7 +798,7 @@ async fn cluster_scenario(command: Command) -> anyhow::Result<()> {
             .await
         }
         // `run` matches each command to exactly one family.
-        _ => unreachable!("not a cluster_scenario"),
+        other => anyhow::bail!("{other:?} is not a cluster scenario"),
     }
 }
 
@@ -874,7 +874,7 @@ async fn fleet_scenario(command: Command) -> anyhow::Result<()> {
             .await
         }
         // `run` matches each command to exactly one family.
-        _ => unreachable!("not a fleet_scenario"),
+        other => anyhow::bail!("{other:?} is not a fleet scenario"),
     }
 }
 
@@ -952,7 +952,7 @@ async fn propagation_scenario(command: Command) -> anyhow::Result<()> {
             .await
         }
         // `run` matches each command to exactly one family.
-        _ => unreachable!("not a propagation_scenario"),
+        other => anyhow::bail!("{other:?} is not a propagation scenario"),
     }
 }
 
@@ -1076,6 +1076,6 @@ async fn api_scenario(command: Command) -> anyhow::Result<()> {
             .await
         }
         // `run` matches each command to exactly one family.
-        _ => unreachable!("not a api_scenario"),
+        other => anyhow::bail!("{other:?} is not an API scenario"),
     }
 }
