@@ -664,10 +664,14 @@ impl Plant {
                     .to_string();
             let key = (env_of(&job, "ORRERY_HOST"), env_of(&job, "ORRERY_TAGS"));
             let outcome = if name.ends_with("-up") {
-                let clone = claims
+                // kubectl lists claims before Jobs: a claim made just before its Job may not
+                // be in this listing yet. Its Job waits for it, as a real one's pod would.
+                let Some(clone) = claims
                     .iter()
                     .find(|c| c["metadata"]["name"] == claim.as_str())
-                    .unwrap();
+                else {
+                    continue;
+                };
                 let snapshot = clone["spec"]["dataSource"]["name"]
                     .as_str()
                     .unwrap()
