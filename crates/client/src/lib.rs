@@ -1,9 +1,10 @@
 //! A typed client for Orrery's Kubernetes-compatible API, built on the `kube` crate.
 //!
-//! Orrery's own code (controllers, the member agent, tests, tools) talks to the server through
-//! this crate: [`connect`] builds a [`kube::Client`] from a kubeconfig (the one `orrery server`
-//! writes works as is) or from a URL, a bearer token and the server's CA; [`api`] gives a
-//! typed handle for any of Orrery's own kinds by group, version, kind and plural.
+//! The member agent, the binary's commands, the benchmarks and the tests talk to the server
+//! through this crate (the controllers do not: they work on the store). [`connect`] builds a
+//! [`kube::Client`] from a kubeconfig (the one `orrery server` writes works as is) or from a
+//! URL, a bearer token and the server's CA; [`api`] gives a typed handle for any of Orrery's
+//! own kinds by group, version, kind and plural.
 
 use std::path::Path;
 
