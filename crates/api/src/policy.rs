@@ -235,7 +235,8 @@ pub const SPREAD_FIELDS: &[&str] = &["cluster", "region", "zone", "provider"];
 pub struct StaticClusterWeight {
     /// The clusters this weight applies to.
     pub target_cluster: ClusterAffinity,
-    /// Their weight (at least 1): replicas divide in proportion.
+    /// Their weight: replicas divide in proportion. 0 or more: 0 gives them none (Karmada asks
+    /// for at least 1; a policy it accepts means the same here).
     pub weight: i64,
 }
 
