@@ -521,6 +521,7 @@ enum Command {
     StoreMemoryProbe { path: String },
 }
 
+/// Runs one scenario: a data table, an arm per command handing its flags to its scenario.
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -528,66 +529,8 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let result = rt.block_on(async move {
         children::stop_on_signals()?;
-        run(cli.command).await
-    });
-    // Scenarios leave watchers and readers running; the figures are out, so end now rather
-    // than wait for every task to notice (a process left behind skews the next run).
-    rt.shutdown_background();
-    result
-}
-
-/// Runs the scenario the command names (each family of them in a step of its own).
-async fn run(command: Command) -> anyhow::Result<()> {
-    match command {
-        c @ (Command::StoreWrites { .. }
-        | Command::StoreWatch { .. }
-        | Command::StoreMemory { .. }
-        | Command::StoreMemoryProbe { .. }) => store_scenario(c).await,
-        c @ (Command::Stci { .. }
-        | Command::ForecastAccuracy { .. }
-        | Command::Elastic { .. }
-        | Command::ForecastLoad { .. }
-        | Command::SchedulerQuality { .. }
-        | Command::SchedulerEngine { .. }
-        | Command::RbacDecision { .. }) => model_scenario(c),
-        c @ (Command::StatefulMigration { .. }
-        | Command::DroMetrics { .. }
-        | Command::DroBatch { .. }
-        | Command::HaFailover { .. }
-        | Command::HaWrites { .. }) => cluster_scenario(c).await,
-        c @ (Command::SchedulerService { .. }
-        | Command::MembersRegister { .. }
-        | Command::MembersFleet { .. }
-        | Command::MembersAgentMemory { .. }) => fleet_scenario(c).await,
-        c @ (Command::PropagationLatency { .. }
-        | Command::PropagationWorks { .. }
-        | Command::PropagationRestart { .. }
-        | Command::PropagationThroughput { .. }
-        | Command::HierarchyLatency { .. }) => propagation_scenario(c).await,
-        c @ (Command::ApiSlowClients { .. }
-        | Command::ProxyLatency { .. }
-        | Command::McsPropagation { .. }
-        | Command::DnsQps { .. }
-        | Command::ApiCrud { .. }
-        | Command::ApiList { .. }
-        | Command::ApiWatch { .. }) => api_scenario(c).await,
-    }
-}
-
-/// The store's own figures: writes, watch fan-out, memory.
-async fn store_scenario(command: Command) -> anyhow::Result<()> {
-    match command {
-        Command::StoreWrites {
-            runs,
-            seconds,
-            bytes,
-            writers,
-            dir,
-            etcd,
-            skip_baselines,
-            commit_delay_us,
-        } => {
-            store::writes(store::WriteArgs {
+        match cli.command {
+            Command::StoreWrites {
                 runs,
                 seconds,
                 bytes,
@@ -595,138 +538,52 @@ async fn store_scenario(command: Command) -> anyhow::Result<()> {
                 dir,
                 etcd,
                 skip_baselines,
-                commit_delay: commit_delay_us.map(std::time::Duration::from_micros),
-            })
-            .await
-        }
-        Command::StoreWatch {
-            watchers,
-            writes,
-            writers,
-            rate,
-            runs,
-            dir,
-        } => {
-            store::fanout(store::FanoutArgs {
+                commit_delay_us,
+            } => {
+                store::writes(store::WriteArgs {
+                    runs,
+                    seconds,
+                    bytes,
+                    writers,
+                    dir,
+                    etcd,
+                    skip_baselines,
+                    commit_delay: commit_delay_us.map(std::time::Duration::from_micros),
+                })
+                .await
+            }
+            Command::StoreWatch {
                 watchers,
                 writes,
                 writers,
                 rate,
                 runs,
                 dir,
-            })
-            .await
-        }
-        Command::StoreMemory {
-            objects,
-            bytes,
-            dir,
-        } => {
-            store::memory(store::MemoryArgs {
+            } => {
+                store::fanout(store::FanoutArgs {
+                    watchers,
+                    writes,
+                    writers,
+                    rate,
+                    runs,
+                    dir,
+                })
+                .await
+            }
+            Command::StoreMemory {
                 objects,
                 bytes,
                 dir,
-            })
-            .await
-        }
-        Command::StoreMemoryProbe { path } => store::memory_probe(&path).await,
-        // `run` matches each command to exactly one family.
-        other => anyhow::bail!("{other:?} is not a store scenario"),
-    }
-}
-
-/// Scenarios on models in this process (no server): STCI, forecasts, elasticity, the scheduler's quality and engine, RBAC decisions.
-fn model_scenario(command: Command) -> anyhow::Result<()> {
-    match command {
-        Command::Stci { seed, jobs } => stci::stci(stci::StciArgs { seed, jobs }),
-        Command::ForecastAccuracy {
-            seed,
-            history,
-            test,
-            window,
-            choose_every,
-        } => forecast::forecast_accuracy(forecast::ForecastArgs {
-            seed,
-            history,
-            test,
-            window: window.map(|w| w as usize),
-            choose_every,
-        }),
-        Command::Elastic {
-            seeds,
-            history,
-            test,
-            pod_start,
-            horizon,
-            bound,
-        } => elastic::elastic(elastic::ElasticArgs {
-            seeds,
-            history,
-            test,
-            pod_start_seconds: pod_start,
-            horizon,
-            bound,
-        }),
-        Command::ForecastLoad {
-            clusters,
-            days,
-            timed,
-            history_mib,
-        } => forecast::forecast_load(forecast::LoadArgs {
-            clusters,
-            days,
-            timed,
-            history_bytes: history_mib.saturating_mul(1 << 20),
-        }),
-        Command::SchedulerQuality {
-            seed,
-            clusters,
-            steps,
-            shed_mark,
-            swing,
-        } => quality::quality(quality::QualityArgs {
-            seed,
-            clusters,
-            steps,
-            shed_mark,
-            swing,
-        }),
-        Command::SchedulerEngine {
-            clusters,
-            bindings,
-            runs,
-            threads,
-            forecasts,
-        } => scheduler::engine(scheduler::EngineArgs {
-            clusters,
-            bindings,
-            runs,
-            threads,
-            forecasts,
-        }),
-        Command::RbacDecision {
-            bindings,
-            checks,
-            runs,
-        } => rbac::decisions(bindings, checks, runs),
-        // `run` matches each command to exactly one family.
-        other => anyhow::bail!("{other:?} is not a model scenario"),
-    }
-}
-
-/// Scenarios on a running control plane's features: stateful migration, DRO, HA.
-async fn cluster_scenario(command: Command) -> anyhow::Result<()> {
-    match command {
-        Command::StatefulMigration {
-            runs,
-            sizes_gib,
-            write_percents,
-            link,
-            pod_start,
-            server_bin,
-            dir,
-        } => {
-            stateful::run(stateful::Args {
+            } => {
+                store::memory(store::MemoryArgs {
+                    objects,
+                    bytes,
+                    dir,
+                })
+                .await
+            }
+            Command::StoreMemoryProbe { path } => store::memory_probe(&path).await,
+            Command::StatefulMigration {
                 runs,
                 sizes_gib,
                 write_percents,
@@ -734,119 +591,233 @@ async fn cluster_scenario(command: Command) -> anyhow::Result<()> {
                 pod_start,
                 server_bin,
                 dir,
-            })
-            .await
-        }
-        Command::DroMetrics {
-            clusters,
-            seconds,
-            runs,
-            server_bin,
-            dir,
-        } => {
-            dro::metrics(dro::MetricsArgs {
+            } => {
+                stateful::run(stateful::Args {
+                    runs,
+                    sizes_gib,
+                    write_percents,
+                    link,
+                    pod_start,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::DroMetrics {
                 clusters,
                 seconds,
                 runs,
                 server_bin,
                 dir,
-            })
-            .await
-        }
-        Command::DroBatch {
-            objects,
-            requests,
-            runs,
-            server_bin,
-            dir,
-        } => {
-            dro::batch(dro::BatchArgs {
+            } => {
+                dro::metrics(dro::MetricsArgs {
+                    clusters,
+                    seconds,
+                    runs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::DroBatch {
                 objects,
                 requests,
                 runs,
                 server_bin,
                 dir,
-            })
-            .await
-        }
-        Command::HaFailover {
-            kills,
-            server_bin,
-            dir,
-        } => {
-            ha::failover(ha::FailoverArgs {
-                kills,
-                server_bin,
-                dir,
-            })
-            .await
-        }
-        Command::HaWrites {
-            clients,
-            seconds,
-            runs,
-            server_bin,
-            dir,
-        } => {
-            ha::writes(ha::WritesArgs {
-                clients,
-                seconds,
-                runs,
-                server_bin,
-                dir,
-            })
-            .await
-        }
-        // `run` matches each command to exactly one family.
-        other => anyhow::bail!("{other:?} is not a cluster scenario"),
-    }
-}
-
-/// Scenarios of members at scale: the scheduler service, registration, a fleet, an agent's memory.
-async fn fleet_scenario(command: Command) -> anyhow::Result<()> {
-    match command {
-        Command::SchedulerService {
-            clusters,
-            bindings,
-            latency_bindings,
-            latency_rate,
-            runs,
-            dir,
-        } => {
-            scheduler::service(scheduler::ServiceArgs {
+            } => {
+                dro::batch(dro::BatchArgs {
+                    objects,
+                    requests,
+                    runs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::Stci { seed, jobs } => stci::stci(stci::StciArgs { seed, jobs }),
+            Command::ForecastAccuracy {
+                seed,
+                history,
+                test,
+                window,
+                choose_every,
+            } => forecast::forecast_accuracy(forecast::ForecastArgs {
+                seed,
+                history,
+                test,
+                window: window.map(|w| w as usize),
+                choose_every,
+            }),
+            Command::Elastic {
+                seeds,
+                history,
+                test,
+                pod_start,
+                horizon,
+                bound,
+            } => elastic::elastic(elastic::ElasticArgs {
+                seeds,
+                history,
+                test,
+                pod_start_seconds: pod_start,
+                horizon,
+                bound,
+            }),
+            Command::ForecastLoad {
+                clusters,
+                days,
+                timed,
+                history_mib,
+            } => forecast::forecast_load(forecast::LoadArgs {
+                clusters,
+                days,
+                timed,
+                history_bytes: history_mib.saturating_mul(1 << 20),
+            }),
+            Command::SchedulerQuality {
+                seed,
+                clusters,
+                steps,
+                shed_mark,
+                swing,
+            } => quality::quality(quality::QualityArgs {
+                seed,
+                clusters,
+                steps,
+                shed_mark,
+                swing,
+            }),
+            Command::SchedulerService {
                 clusters,
                 bindings,
                 latency_bindings,
                 latency_rate,
                 runs,
                 dir,
-            })
-            .await
-        }
-        Command::MembersRegister {
-            clusters,
-            server_bin,
-            dir,
-        } => {
-            members::register(members::RegisterArgs {
+            } => {
+                scheduler::service(scheduler::ServiceArgs {
+                    clusters,
+                    bindings,
+                    latency_bindings,
+                    latency_rate,
+                    runs,
+                    dir,
+                })
+                .await
+            }
+            Command::SchedulerEngine {
+                clusters,
+                bindings,
+                runs,
+                threads,
+                forecasts,
+            } => scheduler::engine(scheduler::EngineArgs {
+                clusters,
+                bindings,
+                runs,
+                threads,
+                forecasts,
+            }),
+            Command::MembersRegister {
                 clusters,
                 server_bin,
                 dir,
-            })
-            .await
-        }
-        Command::MembersFleet {
-            clusters,
-            nodes,
-            steady_secs,
-            heartbeat,
-            replicas,
-            load,
-            agents_nice,
-            server_bin,
-            dir,
-        } => {
-            members::fleet(members::FleetArgs {
+            } => {
+                members::register(members::RegisterArgs {
+                    clusters,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::PropagationLatency {
+                clusters,
+                templates,
+                server_bin,
+                dir,
+            } => {
+                propagation::latency(propagation::Args {
+                    clusters,
+                    templates,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::PropagationWorks {
+                clusters,
+                templates,
+                runs,
+                dir,
+            } => {
+                propagation::works(propagation::WorksArgs {
+                    clusters,
+                    templates,
+                    runs,
+                    dir,
+                })
+                .await
+            }
+            Command::PropagationRestart {
+                clusters,
+                templates,
+                runs,
+                server_bin,
+                dir,
+            } => {
+                propagation::restart(propagation::RestartArgs {
+                    clusters,
+                    templates,
+                    runs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::PropagationThroughput {
+                clusters,
+                templates,
+                server_bin,
+                dir,
+            } => {
+                propagation::throughput(propagation::Args {
+                    clusters,
+                    templates,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::HaFailover {
+                kills,
+                server_bin,
+                dir,
+            } => {
+                ha::failover(ha::FailoverArgs {
+                    kills,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::HaWrites {
+                clients,
+                seconds,
+                runs,
+                server_bin,
+                dir,
+            } => {
+                ha::writes(ha::WritesArgs {
+                    clients,
+                    seconds,
+                    runs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::MembersFleet {
                 clusters,
                 nodes,
                 steady_secs,
@@ -856,183 +827,116 @@ async fn fleet_scenario(command: Command) -> anyhow::Result<()> {
                 agents_nice,
                 server_bin,
                 dir,
-            })
-            .await
-        }
-        Command::MembersAgentMemory {
-            nodes,
-            settle_secs,
-            server_bin,
-            dir,
-        } => {
-            members::agent_memory(members::AgentMemoryArgs {
+            } => {
+                members::fleet(members::FleetArgs {
+                    clusters,
+                    nodes,
+                    steady_secs,
+                    heartbeat,
+                    replicas,
+                    load,
+                    agents_nice,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::MembersAgentMemory {
                 nodes,
                 settle_secs,
                 server_bin,
                 dir,
-            })
-            .await
-        }
-        // `run` matches each command to exactly one family.
-        other => anyhow::bail!("{other:?} is not a fleet scenario"),
-    }
-}
-
-/// Propagation's latency, Works, restart and throughput, and a hierarchy's latency.
-async fn propagation_scenario(command: Command) -> anyhow::Result<()> {
-    match command {
-        Command::PropagationLatency {
-            clusters,
-            templates,
-            server_bin,
-            dir,
-        } => {
-            propagation::latency(propagation::Args {
-                clusters,
-                templates,
-                server_bin,
-                dir,
-            })
-            .await
-        }
-        Command::PropagationWorks {
-            clusters,
-            templates,
-            runs,
-            dir,
-        } => {
-            propagation::works(propagation::WorksArgs {
-                clusters,
-                templates,
+            } => {
+                members::agent_memory(members::AgentMemoryArgs {
+                    nodes,
+                    settle_secs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::RbacDecision {
+                bindings,
+                checks,
                 runs,
-                dir,
-            })
-            .await
-        }
-        Command::PropagationRestart {
-            clusters,
-            templates,
-            runs,
-            server_bin,
-            dir,
-        } => {
-            propagation::restart(propagation::RestartArgs {
-                clusters,
-                templates,
-                runs,
-                server_bin,
-                dir,
-            })
-            .await
-        }
-        Command::PropagationThroughput {
-            clusters,
-            templates,
-            server_bin,
-            dir,
-        } => {
-            propagation::throughput(propagation::Args {
-                clusters,
-                templates,
-                server_bin,
-                dir,
-            })
-            .await
-        }
-        Command::HierarchyLatency {
-            rounds,
-            replicas,
-            server_bin,
-        } => {
-            hierarchy::latency(hierarchy::Args {
+            } => rbac::decisions(bindings, checks, runs),
+            Command::HierarchyLatency {
                 rounds,
                 replicas,
                 server_bin,
-            })
-            .await
-        }
-        // `run` matches each command to exactly one family.
-        other => anyhow::bail!("{other:?} is not a propagation scenario"),
-    }
-}
-
-/// The API's and the network's figures: slow clients, the proxy, MCS, DNS, CRUD, lists, watches.
-async fn api_scenario(command: Command) -> anyhow::Result<()> {
-    match command {
-        Command::ApiSlowClients {
-            slow,
-            idle,
-            seconds,
-            runs,
-            server_bin,
-            dir,
-        } => {
-            abuse::slow_clients(abuse::Args {
+            } => {
+                hierarchy::latency(hierarchy::Args {
+                    rounds,
+                    replicas,
+                    server_bin,
+                })
+                .await
+            }
+            Command::ApiSlowClients {
                 slow,
                 idle,
                 seconds,
                 runs,
                 server_bin,
                 dir,
-            })
-            .await
-        }
-        Command::ProxyLatency {
-            requests,
-            pods,
-            via_replica,
-            server_bin,
-            dir,
-        } => {
-            proxy::latency(proxy::Args {
+            } => {
+                abuse::slow_clients(abuse::Args {
+                    slow,
+                    idle,
+                    seconds,
+                    runs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::ProxyLatency {
                 requests,
                 pods,
                 via_replica,
                 server_bin,
                 dir,
-            })
-            .await
-        }
-        Command::McsPropagation {
-            clusters,
-            rounds,
-            server_bin,
-            dir,
-        } => {
-            services::propagation(services::Args {
+            } => {
+                proxy::latency(proxy::Args {
+                    requests,
+                    pods,
+                    via_replica,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::McsPropagation {
                 clusters,
                 rounds,
                 server_bin,
                 dir,
-            })
-            .await
-        }
-        Command::DnsQps {
-            services,
-            clients,
-            seconds,
-            runs,
-            addr,
-        } => {
-            dns::qps(dns::Args {
+            } => {
+                services::propagation(services::Args {
+                    clusters,
+                    rounds,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::DnsQps {
                 services,
                 clients,
                 seconds,
                 runs,
                 addr,
-            })
-            .await
-        }
-        Command::ApiCrud {
-            as_user_with_bindings,
-            clients,
-            per_client,
-            rate,
-            runs,
-            server_bin,
-            dir,
-        } => {
-            api::crud(api::CrudArgs {
+            } => {
+                dns::qps(dns::Args {
+                    services,
+                    clients,
+                    seconds,
+                    runs,
+                    addr,
+                })
+                .await
+            }
+            Command::ApiCrud {
                 as_user_with_bindings,
                 clients,
                 per_client,
@@ -1040,42 +944,54 @@ async fn api_scenario(command: Command) -> anyhow::Result<()> {
                 runs,
                 server_bin,
                 dir,
-            })
-            .await
-        }
-        Command::ApiList {
-            objects,
-            runs,
-            server_bin,
-            dir,
-        } => {
-            api::list(api::ListArgs {
+            } => {
+                api::crud(api::CrudArgs {
+                    as_user_with_bindings,
+                    clients,
+                    per_client,
+                    rate,
+                    runs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::ApiList {
                 objects,
                 runs,
                 server_bin,
                 dir,
-            })
-            .await
-        }
-        Command::ApiWatch {
-            watchers,
-            writes,
-            rate,
-            runs,
-            server_bin,
-            dir,
-        } => {
-            api::watch(api::WatchArgs {
+            } => {
+                api::list(api::ListArgs {
+                    objects,
+                    runs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::ApiWatch {
                 watchers,
                 writes,
                 rate,
                 runs,
                 server_bin,
                 dir,
-            })
-            .await
+            } => {
+                api::watch(api::WatchArgs {
+                    watchers,
+                    writes,
+                    rate,
+                    runs,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
         }
-        // `run` matches each command to exactly one family.
-        other => anyhow::bail!("{other:?} is not an API scenario"),
-    }
+    });
+    // Scenarios leave watchers and readers running; the figures are out, so end now rather
+    // than wait for every task to notice (a process left behind skews the next run).
+    rt.shutdown_background();
+    result
 }
