@@ -50,6 +50,29 @@ fn flag(v: &Value, k: &str) -> bool {
     v.get(k) == Some(&Value::Bool(true))
 }
 
+/// The members of the array at `k`, if there is one.
+fn items_of<'a>(v: &'a Value, k: &str) -> impl Iterator<Item = &'a Value> {
+    v.get(k).and_then(Value::as_array).into_iter().flatten()
+}
+
+/// The strings of the array at `k`.
+fn strings_of(v: &Value, k: &str) -> Vec<String> {
+    items_of(v, k)
+        .filter_map(Value::as_str)
+        .map(String::from)
+        .collect()
+}
+
+/// An object of schemas by name (properties, definitions) as `NamedSchema`s.
+fn named_schemas(m: &serde_json::Map<String, Value>) -> Vec<pb::NamedSchema> {
+    m.iter()
+        .map(|(name, s)| pb::NamedSchema {
+            name: name.clone(),
+            value: Some(schema(s)),
+        })
+        .collect()
+}
+
 /// `Any{yaml}`: the value as JSON (which YAML parsers read).
 fn any(v: &Value) -> pb::Any {
     pb::Any {
@@ -79,15 +102,6 @@ fn schema(s: &Value) -> pb::Schema {
     };
     let f64_of = |k| s.get(k).and_then(Value::as_f64).unwrap_or_default();
     let i64_of = |k| s.get(k).and_then(Value::as_i64).unwrap_or_default();
-    let strings = |k| -> Vec<String> {
-        s.get(k)
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .map(String::from)
-            .collect()
-    };
     use pb::additional_properties_item::Oneof as Extra;
     pb::Schema {
         r#ref: str_of(target, "$ref"),
@@ -104,14 +118,8 @@ fn schema(s: &Value) -> pb::Schema {
         pattern: str_of(s, "pattern"),
         max_items: i64_of("maxItems"),
         min_items: i64_of("minItems"),
-        required: strings("required"),
-        r#enum: s
-            .get("enum")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .map(any)
-            .collect(),
+        required: strings_of(s, "required"),
+        r#enum: items_of(s, "enum").map(any).collect(),
         additional_properties: match s.get("additionalProperties") {
             Some(Value::Bool(b)) => Some(Box::new(pb::AdditionalPropertiesItem {
                 oneof: Some(Extra::Boolean(*b)),
@@ -131,13 +139,7 @@ fn schema(s: &Value) -> pb::Schema {
             .get("properties")
             .and_then(Value::as_object)
             .map(|props| pb::Properties {
-                additional_properties: props
-                    .iter()
-                    .map(|(name, ps)| pb::NamedSchema {
-                        name: name.clone(),
-                        value: Some(schema(ps)),
-                    })
-                    .collect(),
+                additional_properties: named_schemas(props),
             }),
         vendor_extension: extensions(s),
         ..Default::default()
@@ -206,24 +208,11 @@ fn response(r: &Value) -> pb::ResponseValue {
 
 fn operation(op: &Value) -> pb::Operation {
     pb::Operation {
-        tags: op
-            .get("tags")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .map(String::from)
-            .collect(),
+        tags: strings_of(op, "tags"),
         description: str_of(op, "description"),
         operation_id: str_of(op, "operationId"),
         produces: vec!["application/json".into(), "application/yaml".into()],
-        parameters: op
-            .get("parameters")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .map(parameter)
-            .collect(),
+        parameters: items_of(op, "parameters").map(parameter).collect(),
         responses: op
             .get("responses")
             .and_then(Value::as_object)
@@ -278,13 +267,7 @@ pub fn document(doc: &Value) -> pb::Document {
             .get("definitions")
             .and_then(Value::as_object)
             .map(|defs| pb::Definitions {
-                additional_properties: defs
-                    .iter()
-                    .map(|(name, s)| pb::NamedSchema {
-                        name: name.clone(),
-                        value: Some(schema(s)),
-                    })
-                    .collect(),
+                additional_properties: named_schemas(defs),
             }),
         ..Default::default()
     }
