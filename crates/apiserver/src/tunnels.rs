@@ -10,8 +10,9 @@ use std::time::Instant;
 use bytes::Bytes;
 use http_body_util::Full;
 
+/// An HTTP/2 connection requests are sent on (an agent's tunnel, or one to another replica).
 pub(crate) type Sender = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
-pub(crate) type H2 = hyper::client::conn::http2::SendRequest<Full<Bytes>>;
+pub(crate) type H2 = Sender;
 
 /// The tunnels open to this server, by cluster.
 #[derive(Debug, Default)]
