@@ -193,11 +193,15 @@ impl Decisions {
             .unwrap_or_default();
         let key = label_value(name);
         for (group, cache) in [(OCM_GROUP, &self.ocm), (SIG_GROUP, &self.sig)] {
-            let current: Vec<Arc<Object>> = cache
-                .in_namespace(ns)
+            // By the owner label's index: scanning the namespace made each decision cost as
+            // much as the namespace's bindings (quadratic over a policy selecting thousands).
+            let mut current: Vec<Arc<Object>> = [OCM_PLACEMENT_LABEL, SIG_DECISION_KEY]
                 .into_iter()
-                .filter(|o| owner_label(o) == Some(&key))
+                .flat_map(|l| cache.with_label(l, &key))
+                .filter(|o| o.namespace() == ns && owner_label(o) == Some(&key))
                 .collect();
+            current.sort_by(|a, b| a.name().cmp(b.name()));
+            current.dedup_by(|a, b| a.name() == b.name());
             let names: BTreeSet<&str> = wanted
                 .iter()
                 .filter(|w| w.group == group)
@@ -307,8 +311,9 @@ impl Reconciler for Decisions {
 
 /// Runs the controller until shutdown.
 pub async fn run(store: Arc<dyn Store>, metrics: Handle, shutdown: watch::Receiver<bool>) {
-    let cache = || Arc::new(Cache::new(&[]));
-    let (bindings, ocm, sig) = (cache(), cache(), cache());
+    let cache = |labels: &[&str]| Arc::new(Cache::new(labels));
+    let owners = [OCM_PLACEMENT_LABEL, SIG_DECISION_KEY];
+    let (bindings, ocm, sig) = (cache(&[]), cache(&owners), cache(&owners));
     let r = Decisions {
         store: store.clone(),
         bindings: bindings.clone(),

@@ -855,10 +855,11 @@ impl Services {
     ) -> Result<(), StoreError> {
         let current: Vec<Arc<Object>> = self
             .slices
-            .in_namespace(ns)
+            // By the service-name index, not a scan of the namespace's slices.
+            .with_label(LABEL_SERVICE_NAME, service)
             .into_iter()
             .filter(|s| {
-                s.labels().get(LABEL_SERVICE_NAME).map(String::as_str) == Some(service)
+                s.namespace() == ns
                     && s.labels().get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY)
             })
             .collect();
@@ -1316,7 +1317,8 @@ pub async fn run(
     shutdown: watch::Receiver<bool>,
 ) {
     let cache = || Arc::new(Cache::new(&[]));
-    let (exports, services, imports, slices) = (cache(), cache(), cache(), cache());
+    let (exports, services, imports) = (cache(), cache(), cache());
+    let slices = Arc::new(Cache::new(&[LABEL_SERVICE_NAME]));
     let r = Services {
         store: store.clone(),
         settings,
