@@ -1386,6 +1386,94 @@ impl Resources {
 mod tests {
     use super::*;
 
+    /// Everything served about Orrery's own kinds, as one document: their resource types,
+    /// schemas, CRD objects, discovery and OpenAPI. Kept in a fixture so that moving where
+    /// a kind is declared cannot change what clients see (`ORRERY_BLESS=1` rewrites it).
+    #[test]
+    fn own_kinds_are_served_as_the_fixture_says() {
+        let reg = Registry::new(builtin());
+        let schemas = crate::schema::Schemas::new();
+        let set = schemas.set();
+        let own: Vec<&Arc<ResourceType>> = reg
+            .all()
+            .iter()
+            .filter(|t| t.origin == Origin::Own)
+            .collect();
+        let mut doc = serde_json::Map::new();
+        doc.insert(
+            "types".into(),
+            own.iter()
+                .map(|t| serde_json::json!(format!("{t:?}")))
+                .collect(),
+        );
+        doc.insert(
+            "groups".into(),
+            serde_json::json!(format!("{OWN_GROUPS:?}")),
+        );
+        let mut per_kind = serde_json::Map::new();
+        for t in &own {
+            per_kind.insert(
+                format!("{}/{}", t.group, t.kind),
+                serde_json::json!({
+                    "schema": set.get(&t.schema),
+                    // Its schema is the one above, inlined.
+                    "crd": crate::crd::for_own_kind(t, &set).map(|o| {
+                        let mut v = o.to_value();
+                        for ver in v.pointer_mut("/spec/versions").and_then(|v| v.as_array_mut()).into_iter().flatten() {
+                            ver.as_object_mut().map(|m| m.remove("schema"));
+                        }
+                        v
+                    }),
+                }),
+            );
+        }
+        doc.insert("kinds".into(), per_kind.into());
+        let mut served = serde_json::Map::new();
+        for (g, v) in OWN_GROUPS {
+            served.insert(
+                format!("{g}/{v}"),
+                serde_json::json!({
+                    "group": crate::discovery::group(&reg, g),
+                    "resources": crate::discovery::resource_list(&reg, g, v),
+                    // What the document holds (the schemas themselves are above).
+                    "openapi": crate::openapi::v3_document(&reg, &set, g, v).map(|d| {
+                        serde_json::json!({
+                            "paths": d["paths"].as_object().map(|ps| {
+                                ps.iter()
+                                    .map(|(p, ops)| {
+                                        let ids: Vec<&serde_json::Value> = ops
+                                            .as_object()
+                                            .into_iter()
+                                            .flatten()
+                                            .filter_map(|(_, op)| op.get("operationId"))
+                                            .collect();
+                                        (p.clone(), serde_json::json!(ids))
+                                    })
+                                    .collect::<serde_json::Map<_, _>>()
+                            }),
+                            "components": d["components"]["schemas"].as_object().map(|m| m.keys().cloned().collect::<Vec<_>>()),
+                        })
+                    }),
+                }),
+            );
+        }
+        doc.insert("served".into(), served.into());
+        doc.insert(
+            "aggregated".into(),
+            crate::discovery::aggregated(&reg, false, "apidiscovery.k8s.io/v2"),
+        );
+        let got = serde_json::to_string_pretty(&serde_json::Value::Object(doc)).unwrap() + "\n";
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/own_kinds.json");
+        if std::env::var_os("ORRERY_BLESS").is_some() {
+            std::fs::write(path, &got).unwrap();
+        }
+        let want = std::fs::read_to_string(path).unwrap();
+        assert!(
+            got == want,
+            "own kinds differ from {path} (ORRERY_BLESS=1 to accept)"
+        );
+    }
+
     #[test]
     fn keys_and_prefixes() {
         let reg = Registry::new(builtin());
