@@ -4,33 +4,18 @@
 //! `/registry/<group or "core">/<plural>/<namespace>/<name>` for namespaced kinds,
 //! `/registry/<group or "core">/<plural>/<name>` for cluster-scoped ones.
 
-fn group_segment(group: &str) -> &str {
-    if group.is_empty() { "core" } else { group }
-}
+pub use crate::layout::{object, prefix};
 
-/// The key of one object (`namespace` is `None` for cluster-scoped kinds).
-pub fn object(group: &str, plural: &str, namespace: Option<&str>, name: &str) -> String {
-    match namespace {
-        Some(ns) => format!("/registry/{}/{plural}/{ns}/{name}", group_segment(group)),
-        None => format!("/registry/{}/{plural}/{name}", group_segment(group)),
-    }
-}
-
-/// The prefix of a list: one namespace's objects, or all of the kind.
-pub fn prefix(group: &str, plural: &str, namespace: Option<&str>) -> String {
-    match namespace {
-        Some(ns) => format!("/registry/{}/{plural}/{ns}/", group_segment(group)),
-        None => format!("/registry/{}/{plural}/", group_segment(group)),
-    }
-}
-
-/// Keys of the kinds Orrery's own components read and write.
+/// Keys of the kinds Orrery's own components read and write (own kinds' from their
+/// descriptors).
 pub mod well_known {
+    use crate::kinds as K;
+
     pub fn cluster(name: &str) -> String {
-        super::object("multicluster.io", "clusters", None, name)
+        K::CLUSTER.key("", name)
     }
     pub fn clusters() -> String {
-        super::prefix("multicluster.io", "clusters", None)
+        K::CLUSTER.prefix(None)
     }
     /// A member's heartbeat Lease.
     pub fn cluster_lease(name: &str) -> String {
@@ -49,10 +34,10 @@ pub mod well_known {
         )
     }
     pub fn work(namespace: &str, name: &str) -> String {
-        super::object("multicluster.io", "works", Some(namespace), name)
+        K::WORK.key(namespace, name)
     }
     pub fn works(namespace: Option<&str>) -> String {
-        super::prefix("multicluster.io", "works", namespace)
+        K::WORK.prefix(namespace)
     }
     pub fn namespace(name: &str) -> String {
         super::object("", "namespaces", None, name)
@@ -64,42 +49,37 @@ pub mod well_known {
         super::object("", "events", Some(namespace), name)
     }
     pub fn cluster_profile(namespace: &str, name: &str) -> String {
-        super::object(
-            "multicluster.x-k8s.io",
-            "clusterprofiles",
-            Some(namespace),
-            name,
-        )
+        K::CLUSTER_PROFILE.key(namespace, name)
     }
     pub fn cluster_profiles(namespace: Option<&str>) -> String {
-        super::prefix("multicluster.x-k8s.io", "clusterprofiles", namespace)
+        K::CLUSTER_PROFILE.prefix(namespace)
     }
     pub fn binding(namespace: &str, name: &str) -> String {
-        super::object("multicluster.io", "resourcebindings", Some(namespace), name)
+        K::RESOURCE_BINDING.key(namespace, name)
     }
     pub fn bindings(namespace: Option<&str>) -> String {
-        super::prefix("multicluster.io", "resourcebindings", namespace)
+        K::RESOURCE_BINDING.prefix(namespace)
     }
     pub fn interpreters() -> String {
-        super::prefix("multicluster.io", "resourceinterpreters", None)
+        K::RESOURCE_INTERPRETER.prefix(None)
     }
     pub fn migration(namespace: &str, name: &str) -> String {
-        super::object("multicluster.io", "migrations", Some(namespace), name)
+        K::MIGRATION.key(namespace, name)
     }
     pub fn migrations(namespace: Option<&str>) -> String {
-        super::prefix("multicluster.io", "migrations", namespace)
+        K::MIGRATION.prefix(namespace)
     }
     pub fn dataset(namespace: &str, name: &str) -> String {
-        super::object("multicluster.io", "datasets", Some(namespace), name)
+        K::DATA_SET.key(namespace, name)
     }
     pub fn datasets(namespace: Option<&str>) -> String {
-        super::prefix("multicluster.io", "datasets", namespace)
+        K::DATA_SET.prefix(namespace)
     }
     pub fn datatransfer(namespace: &str, name: &str) -> String {
-        super::object("multicluster.io", "datatransfers", Some(namespace), name)
+        K::DATA_TRANSFER.key(namespace, name)
     }
     pub fn datatransfers(namespace: Option<&str>) -> String {
-        super::prefix("multicluster.io", "datatransfers", namespace)
+        K::DATA_TRANSFER.prefix(namespace)
     }
 }
 

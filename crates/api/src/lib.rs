@@ -13,6 +13,7 @@
 //! - [`prediction`]: scheduling ahead of the load (a placement's `prediction`, and what
 //!   decisions and the histories say of the forecasts they used);
 //! - [`services`]: multi-cluster services (KEP-1645): exports merged into imports;
+//! - [`kinds`]: one descriptor per own kind (names, scope, schema, columns, rules);
 //! - [`keys`]: where each object lives in the store.
 
 pub mod autoscaling;
@@ -27,7 +28,9 @@ pub mod fields;
 pub mod history;
 pub mod interpret;
 pub mod keys;
+pub mod kinds;
 pub mod labels;
+mod layout;
 pub mod location;
 pub mod meta;
 pub mod object;

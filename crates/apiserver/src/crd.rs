@@ -9,9 +9,7 @@ use orrery_api::validation::{
 use orrery_api::{Object, Time};
 use serde_json::{Value, json};
 
-use crate::resources::{
-    Column, OWN_GROUPS, Origin, Printer, ResourceType, ScaleSpec, own_schema_name,
-};
+use crate::resources::{Column, Origin, Printer, ResourceType, ScaleSpec, own_schema_name};
 use crate::schema::{self, OBJECT_META, QUANTITY, SchemaSet, ref_name};
 
 /// Label on the CRDs describing Orrery's own kinds.
@@ -26,7 +24,7 @@ pub fn is_own(crd: &Object) -> bool {
         .and_then(|s| s.get("group"))
         .and_then(Value::as_str)
         .unwrap_or("");
-    OWN_GROUPS.iter().any(|(g, _)| *g == group)
+    crate::resources::is_own_group(group)
 }
 
 /// Whether `obj`, of resource type `rt`, is one of those read-only CRDs.

@@ -188,7 +188,6 @@ struct Def {
     status: bool,
     scale: bool,
     schema: &'static str,
-    origin: Origin,
 }
 
 fn def(
@@ -210,26 +209,18 @@ fn def(
         status,
         scale: false,
         schema,
-        origin: Origin::BuiltIn,
     }
 }
 
-/// Groups of Orrery's own kinds, in discovery order.
-pub const OWN_GROUPS: &[(&str, &str)] = &[
-    ("multicluster.io", "v1alpha1"),
-    ("policy.karmada.io", "v1alpha1"),
-    ("autoscaling.karmada.io", "v1alpha1"),
-    ("multicluster.x-k8s.io", "v1alpha1"),
-    ("about.k8s.io", "v1alpha1"),
-    ("cluster.open-cluster-management.io", "v1beta1"),
-    ("galaxy.kubestellar.io", "v1alpha1"),
-];
+/// Whether `group` is one of Orrery's own groups.
+pub fn is_own_group(group: &str) -> bool {
+    orrery_api::kinds::OWN.iter().any(|d| d.group == group)
+}
 
 /// Every built-in kind's definition: a data table, an entry per kind.
 fn builtin_defs() -> Vec<Def> {
     let all: &'static [&'static str] = &["all"];
-    let own: &'static [&'static str] = &["orrery"];
-    let mut v = vec![
+    vec![
         def(
             "",
             "Namespace",
@@ -476,220 +467,11 @@ fn builtin_defs() -> Vec<Def> {
             true,
             "io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition",
         ),
-    ];
-    // Orrery's own kinds. Kinds of features not built yet (Kueue inventory) are registered
-    // with their features, not before.
-    let mut own_def = |group: &'static str,
-                       kind: &'static str,
-                       plural: &'static str,
-                       namespaced: bool,
-                       short: &'static [&'static str],
-                       status: bool| {
-        v.push(Def {
-            group,
-            kind,
-            plural,
-            namespaced,
-            short,
-            categories: own,
-            status,
-            scale: false,
-            schema: "",
-            origin: Origin::Own,
-        })
-    };
-    own_def(
-        "multicluster.io",
-        "Cluster",
-        "clusters",
-        false,
-        &["cl"],
-        true,
-    );
-    own_def(
-        "multicluster.io",
-        "ResourcePlacementPolicy",
-        "resourceplacementpolicies",
-        true,
-        &["rpp"],
-        true,
-    );
-    own_def(
-        "multicluster.io",
-        "ClusterOverridePolicy",
-        "clusteroverridepolicies",
-        false,
-        &["mcop"],
-        false,
-    );
-    own_def(
-        "multicluster.io",
-        "ResourceBinding",
-        "resourcebindings",
-        true,
-        &["rb"],
-        true,
-    );
-    own_def("multicluster.io", "Work", "works", true, &[], true);
-    own_def(
-        "multicluster.io",
-        "Migration",
-        "migrations",
-        true,
-        &["mig"],
-        true,
-    );
-    own_def(
-        "multicluster.io",
-        "DataSet",
-        "datasets",
-        true,
-        &["dset"],
-        true,
-    );
-    own_def(
-        "multicluster.io",
-        "DataTransfer",
-        "datatransfers",
-        true,
-        &["dtr"],
-        true,
-    );
-    own_def(
-        "multicluster.io",
-        "ResourceInterpreter",
-        "resourceinterpreters",
-        false,
-        &["ri"],
-        false,
-    );
-    own_def(
-        orrery_api::autoscaling::GROUP,
-        orrery_api::autoscaling::federated::KIND,
-        orrery_api::autoscaling::federated::PLURAL,
-        true,
-        &["fhpa"],
-        true,
-    );
-    own_def(
-        orrery_api::autoscaling::GROUP,
-        orrery_api::autoscaling::CRON_KIND,
-        orrery_api::autoscaling::CRON_PLURAL,
-        true,
-        &["cronfhpa"],
-        true,
-    );
-    own_def(
-        "policy.karmada.io",
-        "PropagationPolicy",
-        "propagationpolicies",
-        true,
-        &["pp"],
-        true,
-    );
-    own_def(
-        "policy.karmada.io",
-        "ClusterPropagationPolicy",
-        "clusterpropagationpolicies",
-        false,
-        &["cpp"],
-        true,
-    );
-    own_def(
-        "policy.karmada.io",
-        "OverridePolicy",
-        "overridepolicies",
-        true,
-        &["op"],
-        false,
-    );
-    own_def(
-        "policy.karmada.io",
-        "ClusterOverridePolicy",
-        "clusteroverridepolicies",
-        false,
-        &["cop"],
-        false,
-    );
-    own_def(
-        "multicluster.x-k8s.io",
-        "ClusterProfile",
-        "clusterprofiles",
-        true,
-        &["cp"],
-        true,
-    );
-    own_def(
-        orrery_api::services::GROUP,
-        orrery_api::services::EXPORT_KIND,
-        orrery_api::services::EXPORT_PLURAL,
-        true,
-        &["svcex", "svcexport"],
-        true,
-    );
-    own_def(
-        orrery_api::services::GROUP,
-        orrery_api::services::IMPORT_KIND,
-        orrery_api::services::IMPORT_PLURAL,
-        true,
-        &["svcim", "svcimport"],
-        true,
-    );
-    // Placement results for Argo CD and other consumers (OCM's shape, and KEP-5313's).
-    own_def(
-        "cluster.open-cluster-management.io",
-        "PlacementDecision",
-        "placementdecisions",
-        true,
-        &[],
-        true,
-    );
-    own_def(
-        orrery_api::services::GROUP,
-        "PlacementDecision",
-        "placementdecisions",
-        true,
-        &[],
-        false,
-    );
-    // Members grouped by city code (the Datum seed): a view Orrery keeps.
-    own_def(
-        orrery_api::location::GROUP,
-        orrery_api::location::KIND,
-        orrery_api::location::PLURAL,
-        false,
-        &["loc"],
-        true,
-    );
-    // Member capacity for Kueue (KubeStellar galaxy #36).
-    own_def(
-        orrery_api::quota::GROUP,
-        orrery_api::quota::CLAIM_KIND,
-        orrery_api::quota::CLAIM_PLURAL,
-        false,
-        &[],
-        true,
-    );
-    own_def(
-        orrery_api::quota::GROUP,
-        orrery_api::quota::METRICS_KIND,
-        orrery_api::quota::METRICS_PLURAL,
-        false,
-        &["cmet", "cmets"],
-        true,
-    );
-    own_def(
-        "about.k8s.io",
-        "ClusterProperty",
-        "clusterproperties",
-        false,
-        &["cprop"],
-        false,
-    );
-    v
+    ]
 }
 
-pub(crate) fn version_of(group: &str) -> &'static str {
+/// The version of a Kubernetes group served (own kinds name theirs).
+fn version_of(group: &str) -> &'static str {
     match group {
         ""
         | "apps"
@@ -700,60 +482,47 @@ pub(crate) fn version_of(group: &str) -> &'static str {
         | "rbac.authorization.k8s.io"
         | "discovery.k8s.io"
         | "apiextensions.k8s.io" => "v1",
-        "cluster.open-cluster-management.io" => "v1beta1",
         _ => "v1alpha1",
     }
 }
 
-/// The built-in resource types.
+/// The built-in resource types: Kubernetes' kinds, then Orrery's own.
 pub fn builtin() -> Vec<ResourceType> {
-    builtin_defs()
-        .into_iter()
-        .map(|d| {
-            let version = version_of(d.group).to_string();
-            let schema = if d.schema.is_empty() {
-                own_schema_name(d.group, &version, d.kind)
-            } else {
-                d.schema.to_string()
-            };
-            let name_rule = match d.kind {
-                "Namespace" => NameRule::Label,
-                "Service" => NameRule::Dns1035,
-                // Events are named `<object>.<hash>`, which may contain upper case in Kubernetes.
-                "Event" => NameRule::PathSegment,
-                // RBAC names may hold colons (`system:basic-user`), as in Kubernetes.
-                "Role" | "ClusterRole" | "RoleBinding" | "ClusterRoleBinding" => {
-                    NameRule::PathSegment
-                }
-                _ => NameRule::Subdomain,
-            };
-            let printer = if d.origin == Origin::BuiltIn {
-                Printer::BuiltIn
-            } else {
-                own_columns(d.kind)
-            };
-            ResourceType {
-                group: d.group.to_string(),
-                version,
-                kind: d.kind.to_string(),
-                plural: d.plural.to_string(),
-                singular: d.kind.to_lowercase(),
-                list_kind: format!("{}List", d.kind),
-                namespaced: d.namespaced,
-                short_names: d.short.iter().map(|s| s.to_string()).collect(),
-                categories: d.categories.iter().map(|s| s.to_string()).collect(),
-                name_rule,
-                status: d.status,
-                scale: d.scale.then(ScaleSpec::workload),
-                strategic_merge: d.origin == Origin::BuiltIn,
-                origin: d.origin,
-                schema,
-                printer,
-                storage: true,
-                terminating: false,
-            }
-        })
-        .collect()
+    let kubernetes = builtin_defs().into_iter().map(|d| {
+        let version = version_of(d.group).to_string();
+        let schema = d.schema.to_string();
+        let name_rule = match d.kind {
+            "Namespace" => NameRule::Label,
+            "Service" => NameRule::Dns1035,
+            // Events are named `<object>.<hash>`, which may contain upper case in Kubernetes.
+            "Event" => NameRule::PathSegment,
+            // RBAC names may hold colons (`system:basic-user`), as in Kubernetes.
+            "Role" | "ClusterRole" | "RoleBinding" | "ClusterRoleBinding" => NameRule::PathSegment,
+            _ => NameRule::Subdomain,
+        };
+        ResourceType {
+            group: d.group.to_string(),
+            version,
+            kind: d.kind.to_string(),
+            plural: d.plural.to_string(),
+            singular: d.kind.to_lowercase(),
+            list_kind: format!("{}List", d.kind),
+            namespaced: d.namespaced,
+            short_names: d.short.iter().map(|s| s.to_string()).collect(),
+            categories: d.categories.iter().map(|s| s.to_string()).collect(),
+            name_rule,
+            status: d.status,
+            scale: d.scale.then(ScaleSpec::workload),
+            strategic_merge: true,
+            origin: Origin::BuiltIn,
+            schema,
+            printer: Printer::BuiltIn,
+            storage: true,
+            terminating: false,
+        }
+    });
+    let own = orrery_api::kinds::OWN.iter().map(|d| own_type(d));
+    kubernetes.chain(own).collect()
 }
 
 /// The component name of one of our own kinds' schemas (`io.multicluster.v1alpha1.Cluster`).
@@ -762,465 +531,36 @@ pub fn own_schema_name(group: &str, version: &str, kind: &str) -> String {
     format!("{}.{version}.{kind}", reversed.join("."))
 }
 
-/// The printer columns of Orrery's own kinds: a data table, an arm per kind.
-fn own_columns(kind: &str) -> Printer {
-    let age = Column::new(
-        "Age",
-        "date",
-        ".metadata.creationTimestamp",
-        0,
-        "Time since creation",
-    );
-    let cols = match kind {
-        "Cluster" => vec![
-            Column::new(
-                "Mode",
-                "string",
-                ".spec.syncMode",
-                0,
-                "How Works reach the cluster (Push or Pull)",
-            ),
-            Column::new(
-                "Ready",
-                "string",
-                ".status.conditions[?(@.type==\"Ready\")].status",
-                0,
-                "Whether the cluster is ready",
-            ),
-            Column::new(
-                "Region",
-                "string",
-                ".spec.region",
-                0,
-                "The cluster's region",
-            ),
-            Column::new(
-                "Water-Level",
-                "string",
-                ".status.waterLevel.overall",
-                0,
-                "The cluster's overall Resource Water Level",
-            )
-            .rendered(Render::Level),
-            age,
-            // `-o wide`.
-            Column::new(
-                "Provider",
-                "string",
-                ".spec.provider",
-                1,
-                "The cluster's provider",
-            ),
-            Column::new("Zones", "string", ".spec.zones[*]", 1, "The zones it spans"),
-            Column::new(
-                "Version",
-                "string",
-                ".status.kubernetesVersion",
-                1,
-                "The member's Kubernetes version",
-            ),
-            Column::new(
-                "Nodes",
-                "integer",
-                ".status.nodeSummary.readyNum",
-                1,
-                "Ready nodes",
-            ),
-            Column::new(
-                "CPU",
-                "string",
-                ".status.waterLevel.cpu",
-                1,
-                "CPU water level",
-            ),
-            Column::new(
-                "Memory",
-                "string",
-                ".status.waterLevel.memory",
-                1,
-                "Memory water level",
-            ),
-            Column::new(
-                "Taints",
-                "string",
-                ".spec.taints[*].key",
-                1,
-                "The cluster's taints",
-            ),
-        ],
-        "ResourceBinding" => vec![
-            Column::new(
-                "Kind",
-                "string",
-                ".spec.resource.kind",
-                0,
-                "The template's kind",
-            ),
-            Column::new(
-                "Scheduled",
-                "string",
-                ".status.conditions[?(@.type==\"Scheduled\")].status",
-                0,
-                "Whether the scheduler placed the template",
-            ),
-            Column::new(
-                "Fully-Applied",
-                "string",
-                ".status.conditions[?(@.type==\"FullyApplied\")].status",
-                0,
-                "Whether every target cluster runs it",
-            ),
-            Column::new(
-                "Clusters",
-                "string",
-                ".status.conditions[?(@.type==\"Scheduled\")].message",
-                0,
-                "Where it was placed",
-            ),
-            age,
-            Column::new(
-                "Replicas",
-                "integer",
-                ".spec.replicas",
-                1,
-                "Desired replicas",
-            ),
-            Column::new(
-                "Policy",
-                "string",
-                ".spec.policy.name",
-                1,
-                "The placement policy that places it",
-            ),
-            Column::new(
-                "Strategy",
-                "string",
-                ".status.strategy",
-                1,
-                "How the replicas were divided",
-            ),
-            Column::new(
-                "Migration",
-                "string",
-                ".spec.migration",
-                1,
-                "The Migration moving it now",
-            ),
-        ],
-        "ResourcePlacementPolicy" | "PropagationPolicy" | "ClusterPropagationPolicy" => vec![
-            Column::new(
-                "Bound",
-                "integer",
-                ".status.boundResources",
-                0,
-                "Templates this policy places",
-            ),
-            age,
-            Column::new("Priority", "integer", ".spec.priority", 1, "Its priority"),
-            Column::new(
-                "Reason",
-                "string",
-                ".status.conditions[?(@.type==\"Bound\")].reason",
-                1,
-                "Why it binds what it binds (NoMatch: its selectors match nothing)",
-            ),
-        ],
-        "Migration" => vec![
-            Column::new(
-                "Resource",
-                "string",
-                ".spec.resource.name",
-                0,
-                "The template it moves",
-            ),
-            Column::new(
-                "Phase",
-                "string",
-                ".status.phase",
-                0,
-                "Where the move stands",
-            ),
-            Column::new(
-                "Source",
-                "string",
-                ".status.source",
-                0,
-                "The cluster it leaves",
-            ),
-            Column::new(
-                "Target",
-                "string",
-                ".status.target",
-                0,
-                "The cluster it moves to",
-            ),
-            Column::new("Rounds", "integer", ".status.rounds", 0, "Copy rounds done"),
-            Column::new(
-                "Downtime",
-                "number",
-                ".status.downtimeSeconds",
-                0,
-                "Seconds from the fence until the target was ready",
-            ),
-            Column::new("Reason", "string", ".spec.reason", 1, "Why it moves"),
-            age,
-        ],
-        "Work" => vec![
-            Column::new(
-                "Applied",
-                "string",
-                ".status.conditions[?(@.type==\"Applied\")].status",
-                0,
-                "Whether the member applied every manifest",
-            ),
-            age,
-            Column::new(
-                "Available",
-                "string",
-                ".status.conditions[?(@.type==\"Available\")].status",
-                1,
-                "Whether every manifest is healthy in the member",
-            ),
-            Column::new(
-                "Manifests",
-                "string",
-                ".spec.workload.manifests[*].kind",
-                1,
-                "The kinds it carries",
-            ),
-        ],
-        "DataSet" => vec![
-            Column::new("Size", "string", ".spec.size", 0, "How big it is"),
-            Column::new(
-                "Locations",
-                "string",
-                ".spec.locations[*].cluster",
-                0,
-                "The clusters holding an authoritative copy",
-            ),
-            age,
-            Column::new(
-                "Tiers",
-                "string",
-                ".spec.locations[*].tier",
-                1,
-                "The tiers of those copies",
-            ),
-            Column::new(
-                "Copies",
-                "string",
-                ".status.copies[?(@.present==true)].cluster",
-                1,
-                "The clusters holding a readable copy, caches included",
-            ),
-        ],
-        "DataTransfer" => vec![
-            Column::new(
-                "Data Set",
-                "string",
-                ".spec.dataSet",
-                0,
-                "The data set copied",
-            ),
-            Column::new(
-                "Source",
-                "string",
-                ".status.source",
-                0,
-                "Where it comes from",
-            ),
-            Column::new(
-                "Destination",
-                "string",
-                ".spec.destination",
-                0,
-                "The cluster receiving it",
-            ),
-            Column::new("Phase", "string", ".status.phase", 0, "Where it stands"),
-            Column::new("Bytes", "integer", ".status.bytes", 0, "What it sends"),
-            Column::new(
-                "Copied",
-                "integer",
-                ".status.copiedBytes",
-                0,
-                "What is in so far",
-            ),
-            age,
-            Column::new(
-                "Rate",
-                "integer",
-                ".status.rate",
-                1,
-                "Bytes per second booked on its links",
-            ),
-            Column::new("Reason", "string", ".spec.reason", 1, "Why it is made"),
-        ],
-        // Karmada's columns.
-        "FederatedHPA" => vec![
-            Column::new(
-                "Reference-Kind",
-                "string",
-                ".spec.scaleTargetRef.kind",
-                0,
-                "The kind of the scaled workload",
-            ),
-            Column::new(
-                "Reference-Name",
-                "string",
-                ".spec.scaleTargetRef.name",
-                0,
-                "The scaled workload",
-            ),
-            Column::new(
-                "MinPods",
-                "integer",
-                ".spec.minReplicas",
-                0,
-                "The fewest replicas",
-            ),
-            Column::new(
-                "MaxPods",
-                "integer",
-                ".spec.maxReplicas",
-                0,
-                "The most replicas",
-            ),
-            Column::new(
-                "Replicas",
-                "integer",
-                ".status.currentReplicas",
-                0,
-                "The replicas now",
-            ),
-            age,
-        ],
-        "CronFederatedHPA" => vec![
-            Column::new(
-                "Reference-Kind",
-                "string",
-                ".spec.scaleTargetRef.kind",
-                0,
-                "The kind of what the rules scale",
-            ),
-            Column::new(
-                "Reference-Name",
-                "string",
-                ".spec.scaleTargetRef.name",
-                0,
-                "What the rules scale",
-            ),
-            age,
-        ],
-        "Location" => vec![
-            Column::new(
-                "City",
-                "string",
-                ".status.cityCode",
-                0,
-                "The city code its members are labelled with",
-            ),
-            Column::new(
-                "Clusters",
-                "string",
-                ".status.clusterNames",
-                0,
-                "Its members",
-            ),
-            Column::new(
-                "Ready",
-                "integer",
-                ".status.readyClusters",
-                0,
-                "Members ready",
-            ),
-            Column::new(
-                "CPU",
-                "string",
-                ".status.allocatable.cpu",
-                0,
-                "What the ready members' nodes give",
-            ),
-            Column::new(
-                "Memory",
-                "string",
-                ".status.allocatable.memory",
-                0,
-                "What the ready members' nodes give",
-            ),
-            Column::new(
-                "Water Level",
-                "number",
-                ".status.waterLevel",
-                0,
-                "The highest water level of its ready members",
-            ),
-            age,
-        ],
-        "ClusterResourceClaim" => vec![
-            Column::new(
-                "Cluster",
-                "string",
-                ".spec.clusterName",
-                0,
-                "The member cluster whose capacity this is",
-            ),
-            Column::new(
-                "Applied",
-                "string",
-                ".status.conditions[?(@.type==\"Applied\")].reason",
-                0,
-                "Whether the assignments are in the queues' quotas",
-            ),
-            age,
-        ],
-        "ClusterMetrics" => vec![
-            Column::new(
-                "Nodes",
-                "string",
-                ".status.nodes[*].name",
-                1,
-                "The member's nodes",
-            ),
-            age,
-        ],
-        "ServiceExport" => vec![
-            Column::new(
-                "Ready",
-                "string",
-                ".status.conditions[?(@.type==\"Ready\")].status",
-                0,
-                "Whether the Service is exported",
-            ),
-            Column::new(
-                "Conflict",
-                "string",
-                ".status.conditions[?(@.type==\"Conflict\")].status",
-                0,
-                "Whether the exporting clusters' Services disagree",
-            ),
-            age,
-        ],
-        "ServiceImport" => vec![
-            Column::new(
-                "Type",
-                "string",
-                ".spec.type",
-                0,
-                "ClusterSetIP or Headless",
-            ),
-            Column::new("IP", "string", ".spec.ips", 0, "The ClusterSet IP"),
-            age,
-            Column::new(
-                "Clusters",
-                "string",
-                ".status.clusters[*].cluster",
-                1,
-                "The clusters it is exported from",
-            ),
-        ],
-        _ => vec![age],
+/// The resource type of one of Orrery's own kinds.
+fn own_type(d: &orrery_api::kinds::Descriptor) -> ResourceType {
+    let column = |c: &orrery_api::kinds::Column| Column {
+        render: if c.level {
+            Render::Level
+        } else {
+            Render::Plain
+        },
+        ..Column::new(c.name, c.type_, c.json_path, c.priority, c.description)
     };
-    Printer::Columns(cols)
+    ResourceType {
+        group: d.group.to_string(),
+        version: d.version.to_string(),
+        kind: d.kind.to_string(),
+        plural: d.plural.to_string(),
+        singular: d.kind.to_lowercase(),
+        list_kind: format!("{}List", d.kind),
+        namespaced: d.namespaced,
+        short_names: d.short_names.iter().map(|s| s.to_string()).collect(),
+        categories: vec![orrery_api::kinds::CATEGORY.to_string()],
+        name_rule: NameRule::Subdomain,
+        status: d.status,
+        scale: None,
+        strategic_merge: false,
+        origin: Origin::Own,
+        schema: own_schema_name(d.group, d.version, d.kind),
+        printer: Printer::Columns(d.columns.iter().map(column).collect()),
+        storage: true,
+        terminating: false,
+    }
 }
 
 /// An immutable set of served resources.
@@ -1406,10 +746,9 @@ mod tests {
                 .map(|t| serde_json::json!(format!("{t:?}")))
                 .collect(),
         );
-        doc.insert(
-            "groups".into(),
-            serde_json::json!(format!("{OWN_GROUPS:?}")),
-        );
+        let mut groups = orrery_api::kinds::own_groups();
+        groups.sort();
+        doc.insert("groups".into(), serde_json::json!(format!("{groups:?}")));
         let mut per_kind = serde_json::Map::new();
         for t in &own {
             per_kind.insert(
@@ -1429,7 +768,7 @@ mod tests {
         }
         doc.insert("kinds".into(), per_kind.into());
         let mut served = serde_json::Map::new();
-        for (g, v) in OWN_GROUPS {
+        for (g, v) in orrery_api::kinds::own_groups() {
             served.insert(
                 format!("{g}/{v}"),
                 serde_json::json!({

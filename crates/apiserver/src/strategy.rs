@@ -6,7 +6,6 @@ use base64::engine::general_purpose::STANDARD;
 use orrery_api::Object;
 use orrery_api::labels::{LabelSelector, Selector};
 use orrery_api::validation::{ErrorList, FieldError};
-use orrery_api::{cluster, work};
 use serde_json::{Value, json};
 
 use crate::resources::{Origin, ResourceType};
@@ -52,6 +51,11 @@ pub fn without_generation(group: &str, kind: &str) -> bool {
 
 pub fn prepare_create(rt: &ResourceType, obj: &mut Object) {
     apply_defaults(rt, obj);
+    if let Some(f) = own(rt).and_then(|d| d.finalizer)
+        && !obj.metadata.finalizers.iter().any(|x| x == f)
+    {
+        obj.metadata.finalizers.push(f.to_string());
+    }
     if without_generation(&rt.group, &rt.kind) {
         obj.metadata.generation = None;
     }
@@ -72,68 +76,27 @@ pub fn prepare_create(rt: &ResourceType, obj: &mut Object) {
         {
             obj.metadata.finalizers.push(CRD_FINALIZER.to_string());
         }
-        // Unregistering a cluster cleans up its namespace, Works and tokens first.
-        ("multicluster.io", "Cluster")
-            if !obj
-                .metadata
-                .finalizers
-                .iter()
-                .any(|f| f == cluster::FINALIZER) =>
-        {
-            obj.metadata.finalizers.push(cluster::FINALIZER.to_string());
-        }
         _ => {}
     }
 }
 
-/// Server-owned parts of a status write: a Cluster's water levels are computed here from what
-/// its member reports, and a heartbeat is stamped with the server's clock (so members' clocks
-/// do not decide their health).
+/// Server-owned parts of a status write (a Cluster's water levels and heartbeat, for one),
+/// as the kind's descriptor says.
 pub fn prepare_status(
     rt: &ResourceType,
     old_status: Option<&Value>,
     new_status: &mut Option<Value>,
 ) {
-    if (rt.group.as_str(), rt.kind.as_str()) != ("multicluster.io", "Cluster") {
-        return;
+    if let Some(f) = own(rt).and_then(|d| d.on_status) {
+        f(old_status, new_status);
     }
-    let Some(Value::Object(status)) = new_status.as_mut() else {
-        return;
-    };
-    // Read in place: a copy of the summary first cost as much as parsing it.
-    let summary = status
-        .get("resourceSummary")
-        .and_then(|v| <cluster::ResourceSummary as serde::Deserialize>::deserialize(v).ok());
-    match summary {
-        Some(s) => {
-            let wl = serde_json::to_value(cluster::water_level(&s)).unwrap_or(Value::Null);
-            status.insert("waterLevel".into(), wl);
-        }
-        None => {
-            status.remove("waterLevel");
-        }
-    }
-    // So is the monitoring system's forecast.
-    if let Some(f) = old_status
-        .and_then(|s| s.get("forecast"))
-        .filter(|f| !f.is_null())
-        && !status.contains_key("forecast")
-    {
-        status.insert("forecast".into(), f.clone());
-    }
-    let before = old_status.and_then(|s| s.get("lastHeartbeatTime")).cloned();
-    if let Some(hb) = status.get("lastHeartbeatTime")
-        && !hb.is_null()
-        && Some(hb) != before.as_ref()
-    {
-        // To the microsecond: heartbeats a second apart or less must each be told apart
-        // (whole seconds made two beats in one second look like one, and a silent member
-        // was declared Unknown up to a second before its grace period ended).
-        status.insert(
-            "lastHeartbeatTime".into(),
-            json!(orrery_api::MicroTime::now().to_string()),
-        );
-    }
+}
+
+/// The descriptor of an own kind.
+fn own(rt: &ResourceType) -> Option<&'static orrery_api::kinds::Descriptor> {
+    (rt.origin == Origin::Own)
+        .then(|| orrery_api::kinds::own(&rt.group, &rt.kind))
+        .flatten()
 }
 
 fn set_default(m: &mut serde_json::Map<String, Value>, key: &str, value: Value) {
@@ -383,6 +346,9 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
     let mut errs = ErrorList::new();
     let spec = obj.spec.as_ref();
     validate_data_annotations(rt, obj, &mut errs);
+    if let Some(d) = own(rt) {
+        errs.extend(d.check(obj, old));
+    }
     match (rt.group.as_str(), rt.kind.as_str()) {
         ("apps", "Deployment" | "ReplicaSet" | "StatefulSet" | "DaemonSet") => {
             validate_workload(spec, old, &mut errs)
@@ -397,66 +363,6 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
             validate_config_immutable(obj, old, &mut errs);
             if rt.kind == "Secret" {
                 validate_secret_type(obj, old, &mut errs);
-            }
-        }
-        ("multicluster.io", "Cluster") => {
-            errs.extend(cluster::validate_name(obj.name()));
-            errs.extend(cluster::validate_spec(spec));
-            errs.extend(cluster::validate_status(obj.status.as_ref()));
-        }
-        ("multicluster.io", "Work") => errs.extend(work::validate_spec(spec)),
-        ("multicluster.io", "ResourceBinding") => validate_resource_binding(obj, &mut errs),
-        (orrery_api::autoscaling::GROUP, orrery_api::autoscaling::federated::KIND) => {
-            if let Err(e) = orrery_api::autoscaling::federated::FederatedHPASpec::parse(spec) {
-                errs.extend(e);
-            }
-        }
-        (orrery_api::autoscaling::GROUP, orrery_api::autoscaling::CRON_KIND) => {
-            if let Err(e) = orrery_api::autoscaling::CronFederatedHPASpec::parse(spec) {
-                errs.extend(e);
-            }
-        }
-        (orrery_api::quota::GROUP, orrery_api::quota::CLAIM_KIND) => {
-            if let Err(e) = orrery_api::quota::ClaimSpec::parse(spec) {
-                errs.extend(e);
-            }
-        }
-        ("multicluster.io", "DataSet") => {
-            if let Err(e) = orrery_api::data::DataSetSpec::parse(spec) {
-                errs.extend(e);
-            }
-        }
-        ("multicluster.io", "DataTransfer") => {
-            if let Err(e) = orrery_api::data::DataTransferSpec::parse(spec) {
-                errs.extend(e);
-            }
-            // A transfer is not redirected: delete it and ask for another.
-            validate_spec_immutable(obj, old, &mut errs);
-        }
-        ("multicluster.io", "Migration") => {
-            if let Err(e) = orrery_api::stateful::migration_spec(spec) {
-                errs.extend(e);
-            }
-            // A move under way cannot be redirected; delete it and start another.
-            validate_spec_immutable(obj, old, &mut errs);
-        }
-        ("multicluster.io", "ResourcePlacementPolicy")
-        | ("policy.karmada.io", "PropagationPolicy" | "ClusterPropagationPolicy") => {
-            if let Err(e) = orrery_api::policy::from_object(obj) {
-                errs.extend(e);
-            }
-        }
-        ("multicluster.io", "ClusterOverridePolicy")
-        | ("policy.karmada.io", "OverridePolicy" | "ClusterOverridePolicy") => {
-            if let Err(e) = orrery_api::overrides::from_object(obj) {
-                errs.extend(e);
-            }
-        }
-        ("multicluster.io", "ResourceInterpreter") => {
-            let v = spec.cloned().unwrap_or(Value::Null);
-            match orrery_api::policy::decode::<orrery_api::interpret::InterpreterSpec>(&v, "spec") {
-                Ok(s) => errs.extend(s.validate()),
-                Err(e) => errs.push(e),
             }
         }
         _ => {}
@@ -581,29 +487,6 @@ fn validate_secret_type(obj: &Object, old: Option<&Object>, errs: &mut ErrorList
                 .unwrap_or_default(),
             "field is immutable",
         ));
-    }
-}
-
-/// Controllers write bindings straight to the store; whoever writes one through the API
-/// (cluster-admin, or a team granted it) stays in its namespace.
-fn validate_resource_binding(obj: &Object, errs: &mut ErrorList) {
-    match obj
-        .spec
-        .as_ref()
-        .map(|s| serde_json::from_value::<orrery_api::binding::BindingSpec>(s.clone()))
-    {
-        Some(Ok(b)) => errs.extend(b.foreign_references(obj.namespace())),
-        Some(Err(e)) => errs.push(FieldError::invalid("spec", "", e.to_string())),
-        None => {}
-    }
-}
-
-/// The spec of an update is the spec stored.
-fn validate_spec_immutable(obj: &Object, old: Option<&Object>, errs: &mut ErrorList) {
-    if let Some(old) = old
-        && old.spec != obj.spec
-    {
-        errs.push(FieldError::invalid("spec", "", "field is immutable"));
     }
 }
 

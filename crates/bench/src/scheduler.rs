@@ -456,7 +456,7 @@ pub async fn service(args: ServiceArgs) -> anyhow::Result<()> {
             let from = store.current_revision().await?;
             let mut watch = store
                 .watch(
-                    &keys::prefix("multicluster.io", "resourcebindings", None),
+                    &orrery_api::kinds::RESOURCE_BINDING.prefix(None),
                     from,
                     Default::default(),
                 )
@@ -578,7 +578,7 @@ async fn latencies(
     // history written after it, and would replay them first.
     let mut watch = store
         .watch(
-            &orrery_api::keys::prefix("multicluster.io", "resourcebindings", None),
+            &orrery_api::kinds::RESOURCE_BINDING.prefix(None),
             store.current_revision().await?,
             Default::default(),
         )

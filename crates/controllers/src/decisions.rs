@@ -149,7 +149,12 @@ fn api_version(group: &str) -> &'static str {
 }
 
 fn key_of(group: &str, ns: &str, name: &str) -> String {
-    keys::object(group, PLURAL, Some(ns), name)
+    let kind = if group == OCM_GROUP {
+        &orrery_api::kinds::OCM_PLACEMENT_DECISION
+    } else {
+        &orrery_api::kinds::SIG_PLACEMENT_DECISION
+    };
+    kind.key(ns, name)
 }
 
 /// Whether a stored object already says what `w` does.
@@ -322,8 +327,20 @@ pub async fn run(store: Arc<dyn Store>, metrics: Handle, shutdown: watch::Receiv
     };
     Controller::new("decisions", store, r, metrics)
         .source(Source::new("bindings", keys::well_known::bindings(None)).cached(bindings))
-        .source(Source::new("ocm", keys::prefix(OCM_GROUP, PLURAL, None)).cached(ocm))
-        .source(Source::new("sig", keys::prefix(SIG_GROUP, PLURAL, None)).cached(sig))
+        .source(
+            Source::new(
+                "ocm",
+                orrery_api::kinds::OCM_PLACEMENT_DECISION.prefix(None),
+            )
+            .cached(ocm),
+        )
+        .source(
+            Source::new(
+                "sig",
+                orrery_api::kinds::SIG_PLACEMENT_DECISION.prefix(None),
+            )
+            .cached(sig),
+        )
         // Bindings apart, concurrently: a listing of thousands writes as fast as the store
         // commits groups, not one write and one fsync at a time.
         .concurrency(64)

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use orrery_api::location::{self, CITY_LABEL, GROUP, KIND, PLURAL};
+use orrery_api::location::{self, CITY_LABEL, GROUP, KIND};
 use orrery_api::{Object, keys};
 use orrery_store::stamp::new_object;
 use orrery_store::{Preconditions, Store, StoreError};
@@ -24,7 +24,7 @@ use crate::runtime::reflector::Event;
 const SETTLE: Duration = Duration::from_secs(2);
 
 fn key(name: &str) -> String {
-    keys::object(GROUP, PLURAL, None, name)
+    orrery_api::kinds::LOCATION.key("", name)
 }
 
 async fn reconcile(
@@ -150,7 +150,7 @@ pub async fn run(store: Arc<dyn Store>, metrics: Handle, shutdown: watch::Receiv
     };
     Controller::new("locations", store, r, metrics)
         .source(Source::new("clusters", keys::well_known::clusters()))
-        .source(Source::new("locations", keys::prefix(GROUP, PLURAL, None)).cached(stored))
+        .source(Source::new("locations", orrery_api::kinds::LOCATION.prefix(None)).cached(stored))
         // The first change of a burst sets when the round comes; the rest wait for it.
         .settle(SETTLE)
         .backoff(Duration::from_secs(1), Duration::from_secs(5))

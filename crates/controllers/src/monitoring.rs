@@ -639,7 +639,7 @@ pub async fn run(
         .source(Source::new("clusters", keys::well_known::clusters()))
         .source(Source::new(
             "bindings",
-            keys::prefix("multicluster.io", "resourcebindings", None),
+            orrery_api::kinds::RESOURCE_BINDING.prefix(None),
         ))
         .run(shutdown)
         .await;

@@ -25,8 +25,8 @@ use orrery_api::cluster::ResourceList;
 use orrery_api::conditions::{self, Condition};
 use orrery_api::quantity::Quantity;
 use orrery_api::quota::{
-    self, API_VERSION, CLAIM_KIND, CLAIM_PLURAL, CONDITION_APPLIED, ClaimSpec, ClaimStatus, GROUP,
-    KUEUE_GROUP, METRICS_KIND, METRICS_PLURAL, MetricsStatus, QUEUE_PLURAL, QuotaKey,
+    self, API_VERSION, CLAIM_KIND, CONDITION_APPLIED, ClaimSpec, ClaimStatus, KUEUE_GROUP,
+    METRICS_KIND, MetricsStatus, QUEUE_PLURAL, QuotaKey,
 };
 use orrery_api::{Object, OwnerReference, Time, keys};
 use orrery_store::stamp::new_object;
@@ -88,7 +88,7 @@ pub fn kueue_policy_spec(cluster: &str) -> Value {
 }
 
 fn claim_key(name: &str) -> String {
-    keys::object(GROUP, CLAIM_PLURAL, None, name)
+    orrery_api::kinds::CLUSTER_RESOURCE_CLAIM.key("", name)
 }
 
 /// How many members' objects (or claims' statuses) are written at once.
@@ -110,7 +110,7 @@ where
 }
 
 fn metrics_key(name: &str) -> String {
-    keys::object(GROUP, METRICS_PLURAL, None, name)
+    orrery_api::kinds::CLUSTER_METRICS.key("", name)
 }
 
 fn queue_key(name: &str) -> String {
@@ -779,9 +779,15 @@ pub async fn run(
         .source(Source::new("clusters", keys::well_known::clusters()))
         .source(Source::new(
             "metrics",
-            keys::prefix(GROUP, METRICS_PLURAL, None),
+            orrery_api::kinds::CLUSTER_METRICS.prefix(None),
         ))
-        .source(Source::new("claims", keys::prefix(GROUP, CLAIM_PLURAL, None)).cached(claims))
+        .source(
+            Source::new(
+                "claims",
+                orrery_api::kinds::CLUSTER_RESOURCE_CLAIM.prefix(None),
+            )
+            .cached(claims),
+        )
         .source(Source::new("queues", keys::prefix(KUEUE_GROUP, QUEUE_PLURAL, None)).cached(queues))
         // Events come in bursts (every member's heartbeat): one round for a burst.
         .settle(Duration::from_millis(200))

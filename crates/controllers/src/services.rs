@@ -787,7 +787,7 @@ impl Services {
         spec: Value,
         status: Value,
     ) -> Result<Arc<Object>, StoreError> {
-        let key = keys::object(mcs::GROUP, mcs::IMPORT_PLURAL, Some(ns), name);
+        let key = orrery_api::kinds::SERVICE_IMPORT.key(ns, name);
         // The export's `exportedLabels` and `exportedAnnotations` go on the import.
         let exported = |field: &str| -> BTreeMap<String, String> {
             export
@@ -1024,7 +1024,7 @@ impl Services {
                 .iter()
                 .any(|r| r.kind == mcs::EXPORT_KIND)
         {
-            let key = keys::object(mcs::GROUP, mcs::IMPORT_PLURAL, Some(ns), name);
+            let key = orrery_api::kinds::SERVICE_IMPORT.key(ns, name);
             let uid = user.metadata.uid.clone();
             match orrery_store::update_with(self.store.as_ref(), &key, |mut cur| {
                 if cur.metadata.uid != uid {

@@ -2,18 +2,18 @@
 //! kind's spec with, so what `kubectl explain` shows and what admission checks cannot drift
 //! from what the controllers read. Field descriptions are the types' doc comments.
 
-use schemars::JsonSchema;
+use orrery_api::kinds::Root;
 use schemars::generate::SchemaSettings;
 use serde_json::{Map, Value, json};
 
-/// The schema of `T`, every subschema inlined, in the structural form Kubernetes publishes:
-/// no `$schema`, titles, `nullable` or defaults; enums of strings as `enum`; untyped values
-/// as `x-kubernetes-preserve-unknown-fields`.
-pub fn schema_of<T: JsonSchema>() -> Value {
+/// The schema a [`Root`] makes, every subschema inlined, in the structural form Kubernetes
+/// publishes: no `$schema`, titles, `nullable` or defaults; enums of strings as `enum`;
+/// untyped values as `x-kubernetes-preserve-unknown-fields`.
+pub fn normalized(root: Root) -> Value {
     let generator = SchemaSettings::openapi3()
         .with(|s| s.inline_subschemas = true)
         .into_generator();
-    let mut v = generator.into_root_schema_for::<T>().to_value();
+    let mut v = root(generator).to_value();
     if let Value::Object(m) = &mut v {
         // The root's own definitions are inlined already; what is left of them is noise.
         for k in ["$schema", "title", "definitions", "$defs", "components"] {
@@ -24,15 +24,13 @@ pub fn schema_of<T: JsonSchema>() -> Value {
     v
 }
 
-/// As [`schema_of`], and open to fields the type does not declare: for objects Orrery itself
-/// writes and reads leniently (a binding's spec and status), so an edit through kubectl
-/// never loses a field an older or newer server wrote.
-pub fn open_schema_of<T: JsonSchema>() -> Value {
-    let mut v = schema_of::<T>();
-    if let Value::Object(m) = &mut v {
+/// Open to fields the type does not declare: for objects Orrery itself writes and reads
+/// leniently (a binding's spec and status), so an edit through kubectl never loses a field
+/// an older or newer server wrote.
+pub fn open(v: &mut Value) {
+    if let Value::Object(m) = v {
         m.insert("x-kubernetes-preserve-unknown-fields".into(), json!(true));
     }
-    v
 }
 
 fn normalize(v: &mut Value) {
@@ -200,7 +198,7 @@ mod tests {
 
     #[test]
     fn schemas_come_out_structural_with_descriptions() {
-        let s = schema_of::<Sample>();
+        let s = normalized(orrery_api::kinds::root::<Sample>);
         assert_eq!(s["type"], "object");
         assert_eq!(s["required"], json!(["mode"]));
         assert!(s.get("additionalProperties").is_none(), "{s:#}");

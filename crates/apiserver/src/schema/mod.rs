@@ -21,9 +21,8 @@ pub mod validate;
 
 use crate::resources::ResourceType;
 
-/// The component holding standard object metadata.
-pub const OBJECT_META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.ObjectMeta";
-pub const QUANTITY: &str = "io.k8s.apimachinery.pkg.api.resource.Quantity";
+use orrery_api::kinds::openapi::gvk;
+pub use orrery_api::kinds::openapi::{OBJECT_META, QUANTITY, reference};
 pub const LIST_META: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.ListMeta";
 pub const PATCH_COMPONENT: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.Patch";
 pub const STATUS: &str = "io.k8s.apimachinery.pkg.apis.meta.v1.Status";
@@ -33,17 +32,9 @@ pub const SCALE: &str = "io.k8s.api.autoscaling.v1.Scale";
 /// Component schemas, by name.
 pub type Components = Map<String, Value>;
 
-pub fn reference(name: &str) -> Value {
-    json!({ "$ref": format!("#/components/schemas/{name}") })
-}
-
 /// The name a `$ref` points at.
 pub fn ref_name(r: &str) -> &str {
     r.rsplit('/').next().unwrap_or(r)
-}
-
-fn gvk(group: &str, version: &str, kind: &str) -> Value {
-    json!([{ "group": group, "version": version, "kind": kind }])
 }
 
 /// Built-in kinds and their group/version, for schema generation: a data table.
@@ -222,13 +213,9 @@ pub fn builtin() -> Arc<Components> {
     BUILTIN
         .get_or_init(|| {
             let mut c = builtin_components();
-            for (group, kind, schema) in own::schemas() {
+            for (d, schema) in own::schemas() {
                 c.insert(
-                    crate::resources::own_schema_name(
-                        group,
-                        crate::resources::version_of(group),
-                        kind,
-                    ),
+                    crate::resources::own_schema_name(d.group, d.version, d.kind),
                     schema,
                 );
             }

@@ -15,7 +15,7 @@ use orrery_api::autoscaling::{
     self as a, CronFederatedHPARule, CronFederatedHPASpec, CronFederatedHPAStatus,
     ExecutionHistory, FailedExecution, Schedule, SuccessfulExecution, federated,
 };
-use orrery_api::{Object, Time, keys};
+use orrery_api::{Object, Time};
 use orrery_store::{Store, StoreError, update_with};
 use tokio::sync::watch;
 
@@ -154,7 +154,7 @@ async fn set_bounds(
     name: &str,
     rule: &CronFederatedHPARule,
 ) -> Result<(), String> {
-    let key = keys::object(a::GROUP, federated::PLURAL, Some(ns), name);
+    let key = orrery_api::kinds::FEDERATED_HPA.key(ns, name);
     let r = update_with(store, &key, |o| {
         let mut next = o.clone();
         let Some(spec) = next.spec.as_mut().and_then(|s| s.as_object_mut()) else {
@@ -273,7 +273,7 @@ async fn reconcile(store: &dyn Store, o: &Object, now: Time) {
     if p.status == status {
         return;
     }
-    let key = keys::object(a::GROUP, a::CRON_PLURAL, Some(ns), o.name());
+    let key = orrery_api::kinds::CRON_FEDERATED_HPA.key(ns, o.name());
     let Ok(value) = serde_json::to_value(&p.status) else {
         return;
     };
@@ -337,7 +337,9 @@ pub async fn run(store: Arc<dyn Store>, metrics: Handle, shutdown: watch::Receiv
         objects: objects.clone(),
     };
     Controller::new("cron", store, r, metrics)
-        .source(Source::new("cron", keys::prefix(a::GROUP, a::CRON_PLURAL, None)).cached(objects))
+        .source(
+            Source::new("cron", orrery_api::kinds::CRON_FEDERATED_HPA.prefix(None)).cached(objects),
+        )
         .run(shutdown)
         .await;
 }

@@ -756,7 +756,7 @@ pub async fn run(
         }),
         objects: objects.clone(),
     };
-    let prefix = keys::prefix(orrery_api::autoscaling::GROUP, f::PLURAL, None);
+    let prefix = orrery_api::kinds::FEDERATED_HPA.prefix(None);
     Controller::new("federatedhpa", store, r, metrics)
         .source(Source::new("federatedhpas", prefix).cached(objects))
         .run(shutdown)

@@ -195,7 +195,7 @@ pub async fn run(
     }
     c.source(Source::new(
         "bindings",
-        keys::prefix("multicluster.io", "resourcebindings", None),
+        orrery_api::kinds::RESOURCE_BINDING.prefix(None),
     ))
     .source(Source::new(
         "interpreters",

@@ -283,7 +283,7 @@ pub async fn run(
         .every(Duration::from_secs(1))
         .source(Source::new(
             "bindings",
-            keys::prefix("multicluster.io", "resourcebindings", None),
+            orrery_api::kinds::RESOURCE_BINDING.prefix(None),
         ))
         .source(Source::new("works", keys::well_known::works(None)))
         .source(Source::new("clusters", keys::well_known::clusters()));

@@ -395,7 +395,7 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, shutdown: watch::Rec
         ))
         .source(Source::new(
             BINDINGS,
-            keys::prefix("multicluster.io", "resourcebindings", None),
+            orrery_api::kinds::RESOURCE_BINDING.prefix(None),
         ))
         .source(Source::new(MIGRATIONS, keys::well_known::migrations(None)))
         .source(Source::new(
