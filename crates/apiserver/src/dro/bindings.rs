@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 
-use http::{Method, StatusCode};
+use http::StatusCode;
 use orrery_api::binding::{
     self, BindingStatus, CONDITION_SCHEDULED, RESCHEDULE_ANNOTATION, SYSTEM_NAMESPACE, TASK_LABEL,
     Task,
@@ -27,6 +27,7 @@ use super::{DroError, forward};
 use crate::app::App;
 use crate::auth::Identity;
 use crate::http::{self as h, Body};
+use crate::registry::{Input, Target};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -48,12 +49,14 @@ struct Submit {
     task: Option<Task>,
 }
 
-fn collection(namespace: &str) -> String {
-    format!("/apis/multicluster.io/v1alpha1/namespaces/{namespace}/resourcebindings")
-}
-
-fn path(namespace: &str, name: &str) -> String {
-    format!("{}/{name}", collection(namespace))
+/// A binding (or, without a name, a namespace's bindings) as the registry addresses it.
+fn binding(app: &App, namespace: &str, name: Option<&str>) -> Result<Target, DroError> {
+    Ok(Target::own(
+        app,
+        &orrery_api::kinds::RESOURCE_BINDING,
+        Some(namespace),
+        name,
+    )?)
 }
 
 fn not_found(id: &str, message: String) -> DroError {
@@ -126,15 +129,7 @@ async fn standalone(
         "metadata": {"name": name, "namespace": ns, "labels": {TASK_LABEL: "standalone"}},
         "spec": spec,
     });
-    let reply = forward::call(
-        app,
-        who,
-        Method::POST,
-        &collection(ns),
-        "application/json",
-        Some(&obj),
-    )
-    .await?;
+    let reply = forward::call(app, who, binding(app, ns, None)?, Input::Create(obj)).await?;
     if reply.ok() {
         return Ok(accepted(&id));
     }
@@ -205,10 +200,8 @@ async fn reschedule(
     let reply = forward::call(
         app,
         who,
-        Method::PATCH,
-        &path(ns, &name),
-        "application/merge-patch+json",
-        Some(&patch),
+        binding(app, ns, Some(&name))?,
+        Input::MergePatch(patch),
     )
     .await?;
     if reply.status == 404 {
@@ -286,15 +279,7 @@ async fn get(
             format!("{id:?} is not a binding id (<namespace>.<name>)"),
         ));
     };
-    let reply = forward::call(
-        app,
-        who,
-        Method::GET,
-        &path(ns, name),
-        "application/json",
-        None,
-    )
-    .await?;
+    let reply = forward::call(app, who, binding(app, ns, Some(name))?, Input::Get).await?;
     if reply.status == 404 {
         return Err(not_found(id, format!("no binding {id:?}")));
     }
@@ -342,17 +327,12 @@ pub async fn delete(
         .with_details(json!({ "bindingId": id })));
     }
     // Only the binding that was read: a task deleted and submitted again meanwhile stays.
-    let options = json!({
-        "apiVersion": "v1", "kind": "DeleteOptions",
-        "preconditions": {"uid": b.metadata.uid},
-    });
+    let uid = Some(b.metadata.uid.clone());
     let reply = forward::call(
         app,
         who,
-        Method::DELETE,
-        &path(&ns, &name),
-        "application/json",
-        Some(&options),
+        binding(app, &ns, Some(&name))?,
+        Input::Delete { uid },
     )
     .await?;
     if reply.status == 404 {

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::{Method, StatusCode};
+use http::StatusCode;
 use orrery_api::cluster::{self, ClusterSpec, ClusterStatus, check_endpoint};
 use orrery_api::conditions;
 use orrery_api::{MicroTime, Object};
@@ -16,8 +16,12 @@ use super::{DroError, forward};
 use crate::app::App;
 use crate::auth::Identity;
 use crate::http::{self as h, Body};
+use crate::registry::{Input, Target};
 
-const PATH: &str = "/apis/multicluster.io/v1alpha1/clusters";
+/// A Cluster (or, without a name, all of them) as the registry addresses it.
+fn cluster_target(app: &App, name: Option<&str>) -> Result<Target, DroError> {
+    Ok(Target::own(app, &orrery_api::kinds::CLUSTER, None, name)?)
+}
 
 /// The draft's request body (6.2.1), with optional location fields.
 #[derive(Debug, Deserialize)]
@@ -92,7 +96,10 @@ pub fn view(o: &Object, renewed: Option<&MicroTime>) -> Value {
 
 pub async fn list(app: &Arc<App>, who: &Identity) -> Result<http::Response<Body>, DroError> {
     let renewed = renewals(app.store.as_ref()).await;
-    forward::list(app, who, PATH, |o| view(o, renewed.get(o.name()))).await
+    forward::list(app, who, cluster_target(app, None)?, None, |o| {
+        view(o, renewed.get(o.name()))
+    })
+    .await
 }
 
 pub async fn register(
@@ -139,7 +146,7 @@ pub async fn register(
         "metadata": { "name": req.name, "labels": req.labels },
         "spec": spec,
     });
-    let r = forward::call(app, who, Method::POST, PATH, "application/json", Some(&obj)).await?;
+    let r = forward::call(app, who, cluster_target(app, None)?, Input::Create(obj)).await?;
     if !r.ok() {
         let mut e = r.error(
             "CLUSTER_NOT_FOUND",
@@ -166,10 +173,8 @@ pub async fn unregister(
     let r = forward::call(
         app,
         who,
-        Method::DELETE,
-        &format!("{PATH}/{name}"),
-        "application/json",
-        None,
+        cluster_target(app, Some(name))?,
+        Input::Delete { uid: None },
     )
     .await?;
     if !r.ok() {

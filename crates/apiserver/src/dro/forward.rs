@@ -5,8 +5,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method};
 use serde_json::{Value, json};
 
 use super::DroError;
@@ -14,7 +12,7 @@ use crate::app::App;
 use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::http::Query;
-use crate::registry::{self, Operation};
+use crate::registry::{self, Input, Target};
 
 /// What an operation answered: its status and JSON, or the registry's error.
 #[derive(Debug)]
@@ -82,45 +80,17 @@ impl Reply {
     }
 }
 
-/// Runs the registry operation a Kubernetes API path and method name (`POST
-/// /apis/multicluster.io/v1alpha1/clusters`) as the caller of the DRO-DS request.
+/// Runs `input` on `target` (see [`registry::run`]) as the caller of the DRO-DS request, and
+/// records it in the audit log as the registry operation it was.
 pub async fn call(
     app: &Arc<App>,
     who: &Identity,
-    method: Method,
-    path: &str,
-    content_type: &str,
-    body: Option<&Value>,
+    target: Target,
+    input: Input,
 ) -> Result<Reply, DroError> {
-    let (path, query) = path.split_once('?').unwrap_or((path, ""));
-    let query = Query::parse(Some(query).filter(|q| !q.is_empty()));
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_str(content_type).map_err(DroError::internal)?,
-    );
-    let body_json = body;
-    let body = match body {
-        Some(v) => Bytes::from(serde_json::to_vec(v).map_err(DroError::internal)?),
-        None => Bytes::new(),
-    };
-    let target = registry::target_of(app, path)?;
-    let verb = crate::rest::verb(&method, &target, &query)?;
+    let verb = input.verb();
     let audited = target.clone();
-    let result = async {
-        let authorized = registry::authorize(app, who, &target, verb)?;
-        let op = Operation {
-            who,
-            target,
-            verb,
-            query,
-            headers: &headers,
-            representation: crate::http::Representation::Json,
-            body,
-        };
-        registry::operate(app, op, authorized).await
-    }
-    .await;
+    let (body, result) = registry::run(app, who, target, input).await;
     let reply = match result {
         Ok(out) => Reply {
             status: out.status.as_u16(),
@@ -137,24 +107,26 @@ pub async fn call(
         verb.as_str(),
         &audited,
         reply.status,
-        body_json,
+        body.as_ref(),
         reply.result.as_ref().ok(),
     )
     .await;
     Ok(reply)
 }
 
-/// Lists what a Kubernetes API path names (with its selectors) and answers `{items, count}`,
-/// each item in the DRO-DS shape `view` gives it.
+/// Lists `target`'s objects (those `label_selector` selects, if given) and answers
+/// `{items, count}`, each item in the DRO-DS shape `view` gives it.
 pub async fn list(
     app: &Arc<App>,
     who: &Identity,
-    path: &str,
+    target: Target,
+    label_selector: Option<&str>,
     view: impl Fn(&orrery_api::Object) -> Value,
 ) -> Result<http::Response<crate::http::Body>, DroError> {
-    let (path, query) = path.split_once('?').unwrap_or((path, ""));
-    let query = Query::parse(Some(query).filter(|q| !q.is_empty()));
-    let target = registry::target_of(app, path)?;
+    let query = match label_selector {
+        Some(s) => Query::from_pairs([("labelSelector", s)]),
+        None => Query::parse(None),
+    };
     let listed = registry::list(app, who, target.clone(), query).await;
     let code = listed.as_ref().map_or_else(|e| e.code, |_| 200);
     registry::audit(app, who, "list", &target, code, None, None).await;

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use http::{HeaderMap, Method, StatusCode};
+use http::{HeaderMap, StatusCode};
 use orrery_api::Object;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -18,8 +18,17 @@ use super::{DroError, forward};
 use crate::app::App;
 use crate::auth::Identity;
 use crate::http::{self as h, Body};
+use crate::registry::{Input, Target};
 
-const PATH: &str = "/apis/policy.karmada.io/v1alpha1/clusterpropagationpolicies";
+/// A ClusterPropagationPolicy (or, without a name, all of them) as the registry addresses it.
+fn policy(app: &App, name: Option<&str>) -> Result<Target, DroError> {
+    Ok(Target::own(
+        app,
+        &orrery_api::kinds::CLUSTER_PROPAGATION_POLICY,
+        None,
+        name,
+    )?)
+}
 const LABEL: &str = "multicluster.io/api";
 const LABEL_VALUE: &str = "dro";
 
@@ -118,15 +127,7 @@ async fn get_ours(app: &Arc<App>, who: &Identity, name: &str) -> Result<Object, 
     if !orrery_api::validation::is_dns1123_subdomain(name).is_empty() {
         return Err(not_found(name));
     }
-    let r = forward::call(
-        app,
-        who,
-        Method::GET,
-        &format!("{PATH}/{name}"),
-        "application/json",
-        None,
-    )
-    .await?;
+    let r = forward::call(app, who, policy(app, Some(name))?, Input::Get).await?;
     if r.status == 404 {
         return Err(not_found(name));
     }
@@ -144,8 +145,8 @@ async fn get_ours(app: &Arc<App>, who: &Identity, name: &str) -> Result<Object, 
 }
 
 pub async fn list(app: &Arc<App>, who: &Identity) -> Result<http::Response<Body>, DroError> {
-    let path = format!("{PATH}?labelSelector={LABEL}%3D{LABEL_VALUE}");
-    forward::list(app, who, &path, view).await
+    let selector = format!("{LABEL}={LABEL_VALUE}");
+    forward::list(app, who, policy(app, None)?, Some(&selector), view).await
 }
 
 pub async fn get(
@@ -171,7 +172,7 @@ pub async fn create(
         "metadata": { "name": s.name, "labels": { LABEL: LABEL_VALUE } },
         "spec": spec,
     });
-    let r = forward::call(app, who, Method::POST, PATH, "application/json", Some(&obj)).await?;
+    let r = forward::call(app, who, policy(app, None)?, Input::Create(obj)).await?;
     if !r.ok() {
         let mut e = r.error(
             "POLICY_NOT_FOUND",
@@ -220,15 +221,7 @@ pub async fn patch(
         attempt += 1;
         let current = get_ours(app, who, name).await?;
         let next = patched(app, name, &current, &patch)?;
-        let r = forward::call(
-            app,
-            who,
-            Method::PUT,
-            &format!("{PATH}/{name}"),
-            "application/json",
-            Some(&next),
-        )
-        .await?;
+        let r = forward::call(app, who, policy(app, Some(name))?, Input::Update(next)).await?;
         let conflict = r.status == 409 && r.reason() != Some("AlreadyExists");
         if !conflict || attempt == PATCH_ATTEMPTS {
             break r;
@@ -288,13 +281,10 @@ pub async fn delete(
     let r = forward::call(
         app,
         who,
-        Method::DELETE,
-        &format!("{PATH}/{name}"),
-        "application/json",
-        Some(&json!({
-            "kind": "DeleteOptions", "apiVersion": "v1",
-            "preconditions": { "uid": current.metadata.uid },
-        })),
+        policy(app, Some(name))?,
+        Input::Delete {
+            uid: Some(current.metadata.uid.clone()),
+        },
     )
     .await?;
     r.checked(

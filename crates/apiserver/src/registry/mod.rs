@@ -393,12 +393,10 @@ pub fn respond_object(
     Ok(Outcome::object(call, status, obj.into()))
 }
 
-/// One operation: who asks, on what, with which options and body.
+/// How an authorized operation arrives: its options and body as the REST surface received
+/// them (in-process callers give an [`Input`] instead).
 #[derive(Debug)]
 pub struct Operation<'a> {
-    pub who: &'a Identity,
-    pub target: Target,
-    pub verb: Verb,
     /// Options as Kubernetes takes them in the query (`dryRun`, `fieldManager`, selectors...).
     pub query: Query,
     /// The body's content type.
@@ -406,6 +404,110 @@ pub struct Operation<'a> {
     /// How lists and watches are encoded (they are encoded while they are read).
     pub representation: Representation,
     pub body: Bytes,
+}
+
+/// What an in-process caller (the DRO-DS API) asks of one object, typed: the verb and what it
+/// takes. No Kubernetes path, method or content type is built to ask it.
+#[derive(Clone, Debug)]
+pub enum Input {
+    Get,
+    Create(Value),
+    /// A whole object, guarded by the `resourceVersion` it carries.
+    Update(Value),
+    /// A JSON merge patch (RFC 7386).
+    MergePatch(Value),
+    /// A delete, of this incarnation only when `uid` is given.
+    Delete {
+        uid: Option<String>,
+    },
+}
+
+impl Input {
+    pub fn verb(&self) -> Verb {
+        match self {
+            Input::Get => Verb::Get,
+            Input::Create(_) => Verb::Create,
+            Input::Update(_) => Verb::Update,
+            Input::MergePatch(_) => Verb::Patch,
+            Input::Delete { .. } => Verb::Delete,
+        }
+    }
+
+    /// The body the registry's verbs read, and its content type.
+    fn encode(&self) -> (Option<Value>, &'static str) {
+        match self {
+            Input::Get => (None, "application/json"),
+            Input::Create(v) | Input::Update(v) => (Some(v.clone()), "application/json"),
+            Input::MergePatch(v) => (Some(v.clone()), "application/merge-patch+json"),
+            Input::Delete { uid } => (
+                uid.as_ref().map(|uid| {
+                    serde_json::json!({
+                        "apiVersion": "v1", "kind": "DeleteOptions",
+                        "preconditions": { "uid": uid },
+                    })
+                }),
+                "application/json",
+            ),
+        }
+    }
+}
+
+impl Target {
+    /// One object of an own kind (`namespace` is ignored for cluster-scoped kinds), or its
+    /// collection when `name` is `None`.
+    pub fn own(
+        app: &App,
+        kind: &orrery_api::kinds::Descriptor,
+        namespace: Option<&str>,
+        name: Option<&str>,
+    ) -> ApiResult<Target> {
+        let rt = app
+            .resources
+            .snapshot()
+            .get(kind.group, kind.version, kind.plural)
+            .ok_or_else(not_found_path)?;
+        Ok(Target {
+            namespace: namespace.filter(|_| rt.namespaced).map(str::to_string),
+            rt,
+            name: name.map(str::to_string),
+            subresource: None,
+        })
+    }
+}
+
+/// Runs `input` on `target` as `who`: authorized, admitted, validated and stored as a REST
+/// request is. The request body the caller gave, if any, is returned with the answer (for
+/// its audit record).
+pub async fn run(
+    app: &Arc<App>,
+    who: &Identity,
+    target: Target,
+    input: Input,
+) -> (Option<Value>, ApiResult<Outcome>) {
+    let (body, content_type) = input.encode();
+    let result = async {
+        let authorized = authorize(app, who, &target, input.verb())?;
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(content_type),
+        );
+        let bytes = match &body {
+            Some(v) => {
+                Bytes::from(serde_json::to_vec(v).map_err(|e| ApiError::internal(e.to_string()))?)
+            }
+            None => Bytes::new(),
+        };
+        let op = Operation {
+            query: Query::parse(None),
+            headers: &headers,
+            representation: Representation::Json,
+            body: bytes,
+        };
+        operate(app, authorized, op).await
+    }
+    .await;
+    (body, result)
 }
 
 /// What an operation answers, before a surface encodes it.
@@ -474,13 +576,33 @@ pub fn needs_body(verb: Verb) -> bool {
     )
 }
 
-/// Proof that an operation was authorized: [`operate`] takes one, and only [`authorize`]
-/// makes one, so no operation runs unauthorized and none is authorized twice.
+/// Proof that `who` may run `verb` on `target`: only [`authorize`] makes one, and
+/// [`operate`] runs exactly the verb on the target it names, so no operation runs
+/// unauthorized and an authorization for one object cannot be spent on another.
 #[derive(Debug)]
-pub struct Authorized(());
+pub struct Authorized<'a> {
+    who: &'a Identity,
+    target: Target,
+    verb: Verb,
+}
+
+impl Authorized<'_> {
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    pub fn verb(&self) -> Verb {
+        self.verb
+    }
+}
 
 /// Whether `who` may run `verb` on `target` (before its body is even read).
-pub fn authorize(app: &App, who: &Identity, target: &Target, verb: Verb) -> ApiResult<Authorized> {
+pub fn authorize<'a>(
+    app: &App,
+    who: &'a Identity,
+    target: &Target,
+    verb: Verb,
+) -> ApiResult<Authorized<'a>> {
     app.authz.authorize(
         who,
         &Attributes {
@@ -492,7 +614,11 @@ pub fn authorize(app: &App, who: &Identity, target: &Target, verb: Verb) -> ApiR
             name: target.name.as_deref(),
         },
     )?;
-    Ok(Authorized(()))
+    Ok(Authorized {
+        who,
+        target: target.clone(),
+        verb,
+    })
 }
 
 /// Leave to write the status of one object, and of that object only.
@@ -525,10 +651,10 @@ pub fn authorize_status(
         name: Some(name.to_string()),
         subresource: Some("status".into()),
     };
-    authorize(app, who, &target, Verb::Update)?;
+    let authorized = authorize(app, who, &target, Verb::Update)?;
     Ok(StatusGrant {
         who: who.clone(),
-        target,
+        target: authorized.target,
     })
 }
 
@@ -560,19 +686,24 @@ pub async fn update_status(
     written
 }
 
-/// Carries out an authorized operation.
-pub async fn operate(app: &Arc<App>, op: Operation<'_>, _: Authorized) -> ApiResult<Outcome> {
+/// Carries out the operation `authorized` names.
+pub async fn operate(
+    app: &Arc<App>,
+    authorized: Authorized<'_>,
+    op: Operation<'_>,
+) -> ApiResult<Outcome> {
+    let Authorized { who, target, verb } = authorized;
     let call = Call {
         app,
-        who: op.who,
-        target: op.target,
+        who,
+        target,
         query: op.query,
         headers: op.headers,
         representation: op.representation,
         warnings: Vec::new(),
     };
     let body = &op.body;
-    match (op.verb, call.target.subresource.as_deref()) {
+    match (verb, call.target.subresource.as_deref()) {
         (Verb::Get, None) => read::get(call).await,
         (Verb::List, _) => read::list(call).await,
         (Verb::Watch, _) => watch::watch(call).await,
@@ -696,21 +827,5 @@ pub async fn audit(
     rec.response_object = response.cloned();
     if let Some(line) = rec.line(Stage::ResponseComplete, Some(code)) {
         log.write(line).await;
-    }
-}
-
-/// The operation a path of the Kubernetes API names (`/api/v1/...`, `/apis/G/V/...`), for
-/// in-process callers that address resources as Kubernetes paths do.
-pub fn target_of(app: &App, path: &str) -> ApiResult<Target> {
-    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
-    let reg = app.resources.snapshot();
-    match segments.as_slice() {
-        ["api", "v1", rest @ ..] => parse_target(&reg, "", "v1", rest),
-        ["apis", group, version, rest @ ..] => parse_target(&reg, group, version, rest),
-        _ => Err(ApiError::new(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
-        )),
     }
 }

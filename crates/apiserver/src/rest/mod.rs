@@ -100,15 +100,12 @@ where
     let include = call.query.get("includeObject").map(str::to_string);
     let representation = call.representation;
     let op = Operation {
-        who: call.who,
-        target: call.target,
-        verb,
         query: call.query,
         headers: call.headers,
         representation,
         body,
     };
-    let out = registry::operate(call.app, op, authorized).await?;
+    let out = registry::operate(call.app, authorized, op).await?;
     let answer = encode(&rt, representation, include.as_deref(), out);
     crate::trace::step("encoded");
     answer
