@@ -81,14 +81,16 @@ impl ObjectReference {
 
 /// A standalone scheduling task (draft 7.1): how many replicas, what each needs, how urgent it
 /// is, and where it may go. It becomes a ResourceBinding without a template.
-#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Task {
+    #[schemars(length(min = 1, max = 240))]
     pub name: String,
     /// Where its binding lives; `orrery-system` when empty.
     #[serde(default)]
     pub namespace: String,
     #[serde(default = "one")]
+    #[schemars(range(min = 1, max = TASK_MAX_REPLICAS))]
     pub replicas: i64,
     /// What each replica needs (`cpu`, `memory`, `nvidia.com/gpu`...).
     #[serde(default)]
@@ -99,6 +101,9 @@ pub struct Task {
     /// Where it may go and how its replicas divide; by default divided by water level over
     /// every ready cluster.
     #[serde(default)]
+    // Karmada's placement with Orrery's fields: its full schema is the policies' (served at
+    // /openapi/v3); here it is an object, so that what a fuzzer makes of it stays a request.
+    #[schemars(with = "Option<serde_json::Map<String, serde_json::Value>>")]
     pub placement: Option<Placement>,
 }
 

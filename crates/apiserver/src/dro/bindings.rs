@@ -29,13 +29,18 @@ use crate::auth::Identity;
 use crate::http::{self as h, Body};
 use crate::registry::{Input, Target};
 
-#[derive(Debug, Deserialize)]
+/// A template a policy places, for a fresh decision.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct Resource {
+#[schemars(rename = "TaskResource")]
+pub(super) struct Resource {
+    #[schemars(length(min = 1))]
     api_version: String,
+    #[schemars(length(min = 1))]
     kind: String,
     #[serde(default)]
     namespace: String,
+    #[schemars(length(min = 1))]
     name: String,
 }
 

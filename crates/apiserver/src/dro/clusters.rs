@@ -24,13 +24,19 @@ fn cluster_target(app: &App, name: Option<&str>) -> Result<Target, DroError> {
 }
 
 /// The draft's request body (6.2.1), with optional location fields.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct Register {
+#[schemars(rename = "RegisterCluster", extend("example" = {
+    "name": "gcp-production", "endpoint": "https://k8s.gcp.example", "capabilities": ["gpu", "tls-encryption"],
+}))]
+pub(super) struct Register {
+    #[schemars(regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"), length(max = 48))]
     name: String,
+    /// http(s)://host[:port][/path]
     #[serde(default)]
     endpoint: Option<String>,
     #[serde(default)]
+    #[schemars(inner(length(min = 1, max = 63)))]
     capabilities: Vec<String>,
     #[serde(default)]
     provider: Option<String>,

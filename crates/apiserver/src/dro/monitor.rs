@@ -94,24 +94,35 @@ async fn update_cluster(
 }
 
 /// The draft's resource report, with Orrery's optional figures.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct Report {
+#[schemars(rename = "MetricsReport", extend("example" = {
+    "cluster": "aws-us-east", "timestamp": "2023-07-20T08:30:00Z", "cpuUsage": 72.4, "memoryAvailable": 15.2,
+}))]
+pub(super) struct Report {
     cluster: String,
+    #[schemars(extend("format" = "date-time"))]
     timestamp: String,
     /// Percent of the cpu in use (0-100).
+    #[schemars(range(min = 0, max = 100))]
     cpu_usage: f64,
     /// GiB of memory free.
+    #[schemars(range(min = 0))]
     memory_available: f64,
+    /// Percent of the GPUs in use (0-100).
     #[serde(default)]
+    #[schemars(range(min = 0, max = 100))]
     gpu_usage: Option<f64>,
     #[serde(default)]
+    #[schemars(range(min = 0))]
     pods: Option<i64>,
     /// Bytes per second, in and out.
     #[serde(default)]
+    #[schemars(range(min = 0))]
     network_traffic: Option<f64>,
     /// Round-trip latency to other clusters, milliseconds.
     #[serde(default)]
+    #[schemars(inner(range(min = 0)))]
     latencies: BTreeMap<String, f64>,
 }
 
@@ -250,17 +261,21 @@ fn object_field<'a>(
 }
 
 /// A domain event (6.3.1 `POST /events`).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct DomainEvent {
+pub(super) struct DomainEvent {
     cluster: String,
     /// Normal, Warning or Failure.
     #[serde(rename = "type")]
+    #[schemars(extend("enum" = ["Normal", "Warning", "Failure"]))]
     type_: String,
+    #[schemars(length(min = 1, max = 128))]
     reason: String,
     #[serde(default)]
+    #[schemars(length(max = 4096))]
     message: String,
     #[serde(default)]
+    #[schemars(extend("format" = "date-time"))]
     timestamp: Option<String>,
 }
 
@@ -348,9 +363,10 @@ pub async fn event(
 }
 
 /// A domain's configuration (6.3.2 `PUT /configs`): what is given replaces what was there.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct Config {
+#[schemars(rename = "DomainConfig")]
+pub(super) struct Config {
     cluster: String,
     #[serde(default)]
     labels: Option<BTreeMap<String, String>>,

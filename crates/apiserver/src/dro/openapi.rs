@@ -84,7 +84,7 @@ pub fn document() -> Value {
         a.push(json!({"name": "resolution", "in": "query", "schema": {"type": "string", "enum": ["raw", "5m"], "default": "raw"}}));
         a.push(json!({"name": "cluster", "in": "query", "schema": {"type": "string"}}));
     }
-    let doc = json!({
+    let mut doc = json!({
         "openapi": "3.0.3",
         "info": {
             "title": "Orrery DRO-DS API",
@@ -209,13 +209,6 @@ pub fn document() -> Value {
                     "message": {"type": "string"},
                     "details": {"type": "object"},
                 }},
-                "RegisterCluster": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
-                    "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 48},
-                    "endpoint": {"type": "string", "description": "http(s)://host[:port][/path]"},
-                    "capabilities": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 63}},
-                    "provider": {"type": "string"}, "region": {"type": "string"},
-                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                }, "example": {"name": "gcp-production", "endpoint": "https://k8s.gcp.example", "capabilities": ["gpu", "tls-encryption"]}},
                 "Cluster": {"type": "object", "required": ["name"], "properties": {
                     "name": {"type": "string"}, "endpoint": {"type": "string"},
                     "capabilities": {"type": "array", "items": {"type": "string"}},
@@ -234,10 +227,6 @@ pub fn document() -> Value {
                 "Deleted": {"type": "object", "required": ["name", "status"], "properties": {
                     "name": {"type": "string"}, "status": {"type": "string"},
                 }},
-                "Policy": {"type": "object", "required": ["name", "resourceType"], "additionalProperties": false, "properties": {
-                    "name": {"type": "string"}, "resourceType": {"type": "string", "description": "A kind the server serves, e.g. Deployment"},
-                    "targetClusters": {"type": "array", "items": {"type": "string", "minLength": 1}},
-                }, "example": {"name": "cross-region-policy", "resourceType": "Deployment", "targetClusters": ["aws-us-east", "azure-europe"]}},
                 "PolicyPatch": {"type": "object", "additionalProperties": false, "properties": {
                     "name": {"type": "string"}, "resourceType": {"type": "string"},
                     "targetClusters": {"type": "array", "nullable": true, "items": {"type": "string"}},
@@ -255,26 +244,12 @@ pub fn document() -> Value {
                 }},
                 "TaskRequest": {"oneOf": [
                     {"type": "object", "required": ["resource"], "additionalProperties": false, "properties": {
-                        "resource": {"type": "object", "required": ["apiVersion", "kind", "name"], "additionalProperties": false, "properties": {
-                            "apiVersion": {"type": "string", "minLength": 1}, "kind": {"type": "string", "minLength": 1},
-                            "namespace": {"type": "string"}, "name": {"type": "string", "minLength": 1},
-                        }},
+                        "resource": {"$ref": "#/components/schemas/TaskResource"},
                     }},
                     {"type": "object", "required": ["task"], "additionalProperties": false, "properties": {
                         "task": {"$ref": "#/components/schemas/Task"},
                     }},
                 ]},
-                "Task": {"type": "object", "required": ["name"], "additionalProperties": false,
-                    "description": "A standalone task (draft 7.1): placed like any binding and counted against the clusters chosen; no Work is rendered",
-                    "properties": {
-                        "name": {"type": "string", "minLength": 1, "maxLength": 240},
-                        "namespace": {"type": "string", "description": "Where its binding lives; orrery-system when empty"},
-                        "replicas": {"type": "integer", "minimum": 1, "maximum": 100000, "default": 1},
-                        "requirements": {"type": "object", "additionalProperties": {"type": "string"},
-                            "description": "What each replica needs, as Kubernetes quantities (cpu, memory, nvidia.com/gpu...)"},
-                        "priority": {"type": "integer", "format": "int32", "description": "Higher is decided first"},
-                        "placement": {"type": "object", "description": "A Karmada placement (clusterAffinity, spreadConstraints, replicaScheduling...) with Orrery's capabilities, waterLevelLimit and prediction; divided by water level when replicaScheduling is unset"},
-                    }},
                 "TaskDeleted": {"type": "object", "required": ["bindingId", "state"], "properties": {
                     "bindingId": {"type": "string"}, "state": {"type": "string", "enum": ["Deleted"]},
                 }},
@@ -303,44 +278,12 @@ pub fn document() -> Value {
                     "waterLevel": {"type": "object", "required": ["now", "basis"], "description": "Its water level now and, judged by the forecast, over the prediction horizon",
                         "properties": {"now": {"type": "number"}, "ahead": {"type": "number"}, "basis": {"type": "string"}}},
                 }},
-                "MetricsReport": {"type": "object", "required": ["cluster", "timestamp", "cpuUsage", "memoryAvailable"], "additionalProperties": false, "properties": {
-                    "cluster": {"type": "string"}, "timestamp": {"type": "string", "format": "date-time"},
-                    "cpuUsage": {"type": "number", "minimum": 0, "maximum": 100, "description": "percent"},
-                    "memoryAvailable": {"type": "number", "minimum": 0, "description": "GiB"},
-                    "gpuUsage": {"type": "number", "minimum": 0, "maximum": 100},
-                    "pods": {"type": "integer", "minimum": 0},
-                    "networkTraffic": {"type": "number", "minimum": 0, "description": "bytes per second, in and out"},
-                    "latencies": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}},
-                }, "example": {"cluster": "aws-us-east", "timestamp": "2023-07-20T08:30:00Z", "cpuUsage": 72.4, "memoryAvailable": 15.2}},
                 "MetricsAccepted": {"type": "object", "required": ["cluster", "accepted"], "properties": {
                     "cluster": {"type": "string"}, "accepted": {"type": "boolean"},
                     "waterLevel": {"type": "object", "nullable": true, "additionalProperties": {"type": "number"}},
                 }},
-                "DomainEvent": {"type": "object", "required": ["cluster", "type", "reason"], "additionalProperties": false, "properties": {
-                    "cluster": {"type": "string"}, "type": {"type": "string", "enum": ["Normal", "Warning", "Failure"]},
-                    "reason": {"type": "string", "minLength": 1, "maxLength": 128},
-                    "message": {"type": "string", "maxLength": 4096},
-                    "timestamp": {"type": "string", "format": "date-time"},
-                }},
                 "EventRecorded": {"type": "object", "required": ["cluster", "recorded", "failure"], "properties": {
                     "cluster": {"type": "string"}, "recorded": {"type": "boolean"}, "failure": {"type": "boolean"},
-                }},
-                "DomainConfig": {"type": "object", "required": ["cluster"], "additionalProperties": false, "properties": {
-                    "cluster": {"type": "string"},
-                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                    "capabilities": {"type": "array", "items": {"type": "string"}},
-                    "taints": {"type": "array", "items": {"type": "object", "required": ["key", "effect"], "properties": {
-                        "key": {"type": "string"}, "value": {"type": "string"},
-                        "effect": {"type": "string", "enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]},
-                        "timeAdded": {"type": "string", "format": "date-time"},
-                    }}},
-                    "properties": {"type": "object", "additionalProperties": {"type": "string"}},
-                }},
-                "Batch": {"type": "object", "required": ["items"], "additionalProperties": false, "properties": {
-                    "items": {"type": "array", "maxItems": 1000, "items": {"type": "object", "required": ["kind", "name", "status"], "additionalProperties": false, "properties": {
-                        "apiVersion": {"type": "string"}, "kind": {"type": "string"}, "namespace": {"type": "string"},
-                        "name": {"type": "string"}, "status": {"type": "object"}, "resourceVersion": {"type": "string"},
-                    }}},
                 }},
                 "BatchResult": {"type": "object", "required": ["applied", "failed", "results"], "properties": {
                     "applied": {"type": "integer"}, "failed": {"type": "integer"},
@@ -440,12 +383,92 @@ pub fn document() -> Value {
             },
         },
     });
+    if let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(Value::as_object_mut)
+    {
+        schemas.extend(request_schemas());
+    }
     doc
+}
+
+/// The request bodies' schemas, generated from the types the handlers read them into (with
+/// their limits and descriptions), so what the document promises is what the server parses.
+/// The answers are written above; the fuzz test checks every answer against them.
+fn request_schemas() -> serde_json::Map<String, Value> {
+    let mut g = schemars::generate::SchemaSettings::openapi3().into_generator();
+    g.subschema_for::<super::clusters::Register>();
+    g.subschema_for::<super::policies::Short>();
+    g.subschema_for::<super::bindings::Resource>();
+    g.subschema_for::<orrery_api::binding::Task>();
+    g.subschema_for::<super::monitor::Report>();
+    g.subschema_for::<super::monitor::DomainEvent>();
+    g.subschema_for::<super::monitor::Config>();
+    g.subschema_for::<super::sync::Batch>();
+    let mut defs = g.take_definitions(true);
+    // What a task's requirements are given in (the Kubernetes API's own component).
+    defs.insert(
+        crate::schema::QUANTITY.into(),
+        json!({
+            "description": "A Kubernetes quantity: 500m, 2Gi, 1.5 (a string, or a number)",
+            "oneOf": [{"type": "string"}, {"type": "number"}],
+        }),
+    );
+    defs
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The request bodies say what their types read: no field the type lacks, the limits the
+    /// attributes give, what each field is.
+    #[test]
+    fn request_bodies_are_their_types() {
+        let doc = document();
+        let s = &doc["components"]["schemas"];
+        if std::env::var_os("ORRERY_PRINT_DRO_OPENAPI").is_some() {
+            println!("{}", serde_json::to_string_pretty(s).unwrap());
+        }
+        for name in [
+            "RegisterCluster",
+            "Policy",
+            "TaskResource",
+            "Task",
+            "MetricsReport",
+            "DomainEvent",
+            "DomainConfig",
+            "Batch",
+            "BatchItem",
+        ] {
+            assert_eq!(s[name]["additionalProperties"], json!(false), "{name}");
+        }
+        assert_eq!(s["RegisterCluster"]["required"], json!(["name"]));
+        assert_eq!(s["RegisterCluster"]["properties"]["name"]["maxLength"], 48);
+        assert_eq!(
+            s["RegisterCluster"]["properties"]["capabilities"]["items"]["maxLength"],
+            63
+        );
+        assert_eq!(s["Policy"]["required"], json!(["name", "resourceType"]));
+        assert_eq!(s["MetricsReport"]["properties"]["cpuUsage"]["maximum"], 100);
+        assert_eq!(
+            s["MetricsReport"]["properties"]["cpuUsage"]["description"],
+            "Percent of the cpu in use (0-100)."
+        );
+        assert_eq!(
+            s["Task"]["properties"]["replicas"]["maximum"],
+            orrery_api::binding::TASK_MAX_REPLICAS
+        );
+        assert_eq!(s["Task"]["properties"]["replicas"]["default"], 1);
+        assert_eq!(
+            s["Batch"]["properties"]["items"]["maxItems"],
+            super::super::MAX_BATCH
+        );
+        assert_eq!(
+            s["DomainEvent"]["properties"]["type"]["enum"],
+            json!(["Normal", "Warning", "Failure"])
+        );
+    }
 
     #[test]
     fn every_endpoint_is_described() {
@@ -476,7 +499,10 @@ mod tests {
         let text = doc.to_string();
         let schemas = doc["components"]["schemas"].as_object().unwrap();
         for part in text.split("#/components/schemas/").skip(1) {
-            let name: String = part.chars().take_while(|c| c.is_alphanumeric()).collect();
+            let name: String = part
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '.' || *c == '-')
+                .collect();
             assert!(schemas.contains_key(&name), "{name}");
         }
         // Every operation documents its success and the error body.

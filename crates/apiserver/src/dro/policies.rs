@@ -33,12 +33,17 @@ const LABEL: &str = "multicluster.io/api";
 const LABEL_VALUE: &str = "dro";
 
 /// The draft's short form.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct Short {
+#[schemars(rename = "Policy", extend("example" = {
+    "name": "cross-region-policy", "resourceType": "Deployment", "targetClusters": ["aws-us-east", "azure-europe"],
+}))]
+pub(super) struct Short {
     name: String,
+    /// A kind the server serves, e.g. Deployment
     resource_type: String,
     #[serde(default)]
+    #[schemars(inner(length(min = 1)))]
     target_clusters: Vec<String>,
 }
 

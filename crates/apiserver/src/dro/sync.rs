@@ -24,14 +24,17 @@ use crate::auth::Identity;
 use crate::registry;
 use crate::registry::write::StatusCheck;
 
-#[derive(Debug, Deserialize)]
+/// Status of up to 1,000 objects, each applied atomically.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct Batch {
+pub(super) struct Batch {
+    #[schemars(length(max = MAX_BATCH))]
     items: Vec<Item>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[schemars(rename = "BatchItem")]
 struct Item {
     #[serde(default)]
     api_version: Option<String>,
@@ -39,6 +42,7 @@ struct Item {
     #[serde(default)]
     namespace: Option<String>,
     name: String,
+    #[schemars(with = "serde_json::Map<String, Value>")]
     status: Value,
     #[serde(default)]
     resource_version: Option<String>,
