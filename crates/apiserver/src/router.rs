@@ -591,9 +591,9 @@ impl App {
                 let body = h::read_body(body, self.config.max_body_bytes).await?;
                 crate::agent_api::serve(self, who, &parts.method, rest, body).await
             }
-            (Some(Route::Dro), ["api", "v1", rest @ ..]) => {
+            (Some(Route::Dro), _) => {
                 let body = h::read_body(body, self.config.max_body_bytes).await?;
-                Ok(self.dro(&parts, who, rest, body).await)
+                Ok(self.dro(&parts, who, body).await)
             }
             (None, ["api", "v1", rest @ ..]) => {
                 self.resource(&parts, body, who, "", "v1", rest, query)
@@ -772,7 +772,6 @@ impl App {
         self: &Arc<Self>,
         parts: &http::request::Parts,
         who: &Identity,
-        rest: &[&str],
         body: Bytes,
     ) -> Response<Body> {
         let origin = crate::registry::RequestOrigin {
@@ -793,7 +792,7 @@ impl App {
             who,
             &parts.method,
             &parts.headers,
-            rest,
+            parts.uri.path(),
             parts.uri.query().unwrap_or(""),
             body,
         );

@@ -174,77 +174,138 @@ fn method_not_allowed(allowed: &'static str) -> DroError {
     e
 }
 
-/// Serves one DRO-DS request (the path after `/api/v1/`).
+/// A DRO-DS endpoint: one path of the draft's API (section 6), whatever the method.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Endpoint {
+    Clusters,
+    Cluster,
+    Policies,
+    Policy,
+    Bindings,
+    Binding,
+    BindingStatus,
+    Metrics,
+    Events,
+    Configs,
+    Batch,
+    Realtime,
+    MonitorHistory,
+    Forecast,
+    Schedules,
+    Failures,
+    OpenApi,
+}
+
+/// The endpoints' paths, their parameters named as the OpenAPI document names them: a data
+/// table, matched by `matchit`.
+const ENDPOINTS: &[(&str, Endpoint)] = &[
+    ("/api/v1/clusters", Endpoint::Clusters),
+    ("/api/v1/clusters/{clusterName}", Endpoint::Cluster),
+    ("/api/v1/propagationpolicies", Endpoint::Policies),
+    ("/api/v1/propagationpolicies/{policyName}", Endpoint::Policy),
+    ("/api/v1/bindings", Endpoint::Bindings),
+    ("/api/v1/bindings/{bindingId}", Endpoint::Binding),
+    (
+        "/api/v1/bindings/{bindingId}/status",
+        Endpoint::BindingStatus,
+    ),
+    ("/api/v1/metrics", Endpoint::Metrics),
+    ("/api/v1/metrics/events", Endpoint::Events),
+    ("/api/v1/sync/configs", Endpoint::Configs),
+    ("/api/v1/sync/batch", Endpoint::Batch),
+    ("/api/v1/monitor/realtime", Endpoint::Realtime),
+    ("/api/v1/monitor/history", Endpoint::MonitorHistory),
+    ("/api/v1/monitor/forecast", Endpoint::Forecast),
+    ("/api/v1/history/schedules", Endpoint::Schedules),
+    ("/api/v1/history/failures", Endpoint::Failures),
+    ("/api/v1/openapi.json", Endpoint::OpenApi),
+];
+
+static TABLE: std::sync::LazyLock<matchit::Router<Endpoint>> = std::sync::LazyLock::new(|| {
+    let mut r = matchit::Router::new();
+    for (path, e) in ENDPOINTS {
+        // The table is fixed and tested: a conflict is a bug found by the first test run.
+        r.insert(*path, *e)
+            .unwrap_or_else(|err| panic!("DRO-DS route {path}: {err}"));
+    }
+    r
+});
+
+/// Serves one DRO-DS request (`path` is the whole request path).
 pub async fn serve(
     app: &std::sync::Arc<App>,
     who: &Identity,
     method: &Method,
     headers: &http::HeaderMap,
-    rest: &[&str],
+    path: &str,
     query: &str,
     body: Bytes,
 ) -> Response<Body> {
+    let Ok(found) = TABLE.at(path.trim_end_matches('/')) else {
+        return DroError::new(404, "NOT_FOUND", "no such endpoint").response();
+    };
+    let param = |name: &str| found.params.get(name).unwrap_or_default();
     let json_body = || require_json(headers);
-    let result = match (method, rest) {
-        (&Method::GET, ["clusters"]) => clusters::list(app, who).await,
-        (&Method::POST, ["clusters"]) => match json_body() {
+    use Endpoint as E;
+    let result = match (*found.value, method) {
+        (E::Clusters, &Method::GET) => clusters::list(app, who).await,
+        (E::Clusters, &Method::POST) => match json_body() {
             Ok(()) => clusters::register(app, who, &body).await,
             Err(e) => Err(e),
         },
-        (_, ["clusters"]) => Err(method_not_allowed("GET, POST")),
-        (&Method::DELETE, ["clusters", name]) => clusters::unregister(app, who, name).await,
-        (_, ["clusters", _]) => Err(method_not_allowed("DELETE")),
-        (&Method::GET, ["propagationpolicies"]) => policies::list(app, who).await,
-        (&Method::POST, ["propagationpolicies"]) => match json_body() {
+        (E::Clusters, _) => Err(method_not_allowed("GET, POST")),
+        (E::Cluster, &Method::DELETE) => clusters::unregister(app, who, param("clusterName")).await,
+        (E::Cluster, _) => Err(method_not_allowed("DELETE")),
+        (E::Policies, &Method::GET) => policies::list(app, who).await,
+        (E::Policies, &Method::POST) => match json_body() {
             Ok(()) => policies::create(app, who, &body).await,
             Err(e) => Err(e),
         },
-        (_, ["propagationpolicies"]) => Err(method_not_allowed("GET, POST")),
-        (&Method::GET, ["propagationpolicies", name]) => policies::get(app, who, name).await,
-        (&Method::PATCH, ["propagationpolicies", name]) => {
-            policies::patch(app, who, headers, name, &body).await
+        (E::Policies, _) => Err(method_not_allowed("GET, POST")),
+        (E::Policy, &Method::GET) => policies::get(app, who, param("policyName")).await,
+        (E::Policy, &Method::PATCH) => {
+            policies::patch(app, who, headers, param("policyName"), &body).await
         }
-        (&Method::DELETE, ["propagationpolicies", name]) => policies::delete(app, who, name).await,
-        (_, ["propagationpolicies", _]) => Err(method_not_allowed("GET, PATCH, DELETE")),
-        (&Method::POST, ["bindings"]) => match json_body() {
+        (E::Policy, &Method::DELETE) => policies::delete(app, who, param("policyName")).await,
+        (E::Policy, _) => Err(method_not_allowed("GET, PATCH, DELETE")),
+        (E::Bindings, &Method::POST) => match json_body() {
             Ok(()) => bindings::submit(app, who, &body).await,
             Err(e) => Err(e),
         },
-        (_, ["bindings"]) => Err(method_not_allowed("POST")),
-        (&Method::GET, ["bindings", id, "status"]) => bindings::status(app, who, id).await,
-        (_, ["bindings", _, "status"]) => Err(method_not_allowed("GET")),
-        (&Method::DELETE, ["bindings", id]) => bindings::delete(app, who, id).await,
-        (_, ["bindings", _]) => Err(method_not_allowed("DELETE")),
-        (&Method::PUT, ["metrics"]) => match json_body() {
+        (E::Bindings, _) => Err(method_not_allowed("POST")),
+        (E::BindingStatus, &Method::GET) => bindings::status(app, who, param("bindingId")).await,
+        (E::BindingStatus, _) => Err(method_not_allowed("GET")),
+        (E::Binding, &Method::DELETE) => bindings::delete(app, who, param("bindingId")).await,
+        (E::Binding, _) => Err(method_not_allowed("DELETE")),
+        (E::Metrics, &Method::PUT) => match json_body() {
             Ok(()) => monitor::metrics(app, who, &body).await,
             Err(e) => Err(e),
         },
-        (_, ["metrics"]) => Err(method_not_allowed("PUT")),
-        (&Method::POST, ["metrics", "events"]) => match json_body() {
+        (E::Metrics, _) => Err(method_not_allowed("PUT")),
+        (E::Events, &Method::POST) => match json_body() {
             Ok(()) => monitor::event(app, who, &body).await,
             Err(e) => Err(e),
         },
-        (_, ["metrics", "events"]) => Err(method_not_allowed("POST")),
-        (&Method::PUT, ["sync", "configs"]) => match json_body() {
+        (E::Events, _) => Err(method_not_allowed("POST")),
+        (E::Configs, &Method::PUT) => match json_body() {
             Ok(()) => monitor::configs(app, who, &body).await,
             Err(e) => Err(e),
         },
-        (_, ["sync", "configs"]) => Err(method_not_allowed("PUT")),
-        (&Method::POST, ["sync", "batch"]) => match json_body() {
+        (E::Configs, _) => Err(method_not_allowed("PUT")),
+        (E::Batch, &Method::POST) => match json_body() {
             Ok(()) => sync::batch(app, who, &body).await,
             Err(e) => Err(e),
         },
-        (_, ["sync", "batch"]) => Err(method_not_allowed("POST")),
-        (&Method::GET, ["monitor", "realtime"]) => monitor::realtime(app, who).await,
-        (&Method::GET, ["monitor", "history"]) => monitor::series(app, who, query).await,
-        (&Method::GET, ["monitor", "forecast"]) => forecast::forecast(app, who, query).await,
-        (_, ["monitor", "realtime" | "history" | "forecast"]) => Err(method_not_allowed("GET")),
-        (&Method::GET, ["history", "schedules"]) => history::schedules(app, who, query).await,
-        (&Method::GET, ["history", "failures"]) => monitor::failures(app, who, query).await,
-        (_, ["history", "schedules" | "failures"]) => Err(method_not_allowed("GET")),
-        (&Method::GET, ["openapi.json"]) => Ok(h::json(StatusCode::OK, &openapi::document())),
-        (_, ["openapi.json"]) => Err(method_not_allowed("GET")),
-        _ => Err(DroError::new(404, "NOT_FOUND", "no such endpoint")),
+        (E::Batch, _) => Err(method_not_allowed("POST")),
+        (E::Realtime, &Method::GET) => monitor::realtime(app, who).await,
+        (E::MonitorHistory, &Method::GET) => monitor::series(app, who, query).await,
+        (E::Forecast, &Method::GET) => forecast::forecast(app, who, query).await,
+        (E::Realtime | E::MonitorHistory | E::Forecast, _) => Err(method_not_allowed("GET")),
+        (E::Schedules, &Method::GET) => history::schedules(app, who, query).await,
+        (E::Failures, &Method::GET) => monitor::failures(app, who, query).await,
+        (E::Schedules | E::Failures, _) => Err(method_not_allowed("GET")),
+        (E::OpenApi, &Method::GET) => Ok(h::json(StatusCode::OK, &openapi::document())),
+        (E::OpenApi, _) => Err(method_not_allowed("GET")),
     };
     result.unwrap_or_else(|e| e.response())
 }
@@ -252,6 +313,34 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The table and the OpenAPI document name the same paths, with the same parameters.
+    #[test]
+    fn the_endpoints_are_the_documented_paths() {
+        let doc = openapi::document();
+        let documented: std::collections::BTreeSet<&str> = doc["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let served: std::collections::BTreeSet<&str> = ENDPOINTS.iter().map(|(p, _)| *p).collect();
+        assert_eq!(documented, served);
+        let at = |p: &str| TABLE.at(p).map(|m| *m.value).ok();
+        assert_eq!(
+            at("/api/v1/bindings/ns.web/status"),
+            Some(Endpoint::BindingStatus)
+        );
+        assert_eq!(
+            TABLE
+                .at("/api/v1/clusters/east")
+                .unwrap()
+                .params
+                .get("clusterName"),
+            Some("east")
+        );
+        assert_eq!(at("/api/v1/clusters/east/extra"), None);
+    }
 
     #[test]
     fn dro_paths() {
