@@ -379,17 +379,56 @@ async fn ca(
 
 pub use crate::registry::register::ensure_cluster_namespace;
 
-/// Serves `/agent/v1/...`.
+/// An endpoint of the agent API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Endpoint {
+    Tokens,
+    Register,
+    Users,
+    Renew,
+    Ca,
+    CaStep,
+}
+
+/// The agent API's paths: a data table, matched by `matchit`.
+const ENDPOINTS: &[(&str, Endpoint)] = &[
+    ("/agent/v1/tokens", Endpoint::Tokens),
+    ("/agent/v1/register", Endpoint::Register),
+    ("/agent/v1/users", Endpoint::Users),
+    ("/agent/v1/renew", Endpoint::Renew),
+    ("/agent/v1/ca", Endpoint::Ca),
+    ("/agent/v1/ca/{step}", Endpoint::CaStep),
+];
+
+static TABLE: std::sync::LazyLock<matchit::Router<Endpoint>> = std::sync::LazyLock::new(|| {
+    let mut r = matchit::Router::new();
+    for (path, e) in ENDPOINTS {
+        // The table is fixed and tested: a conflict is a bug found by the first test run.
+        r.insert(*path, *e)
+            .unwrap_or_else(|err| panic!("agent route {path}: {err}"));
+    }
+    r
+});
+
+/// Serves `/agent/v1/...` (`path` is the whole request path).
 pub async fn serve(
     app: &App,
     who: &Identity,
     method: &Method,
-    rest: &[&str],
+    path: &str,
     body: Bytes,
 ) -> ApiResult<Response<Body>> {
-    match (method, rest) {
-        (&Method::POST, ["tokens"]) => create_token(app, who, &body).await,
-        (&Method::POST, ["register"]) => {
+    let Ok(found) = TABLE.at(path.trim_end_matches('/')) else {
+        return Err(ApiError::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        ));
+    };
+    use Endpoint as E;
+    match (*found.value, method) {
+        (E::Tokens, &Method::POST) => create_token(app, who, &body).await,
+        (E::Register, &Method::POST) => {
             let Ok(_slot) = app.registrations.try_acquire() else {
                 return Err(ApiError::too_many_requests(
                     "too many clusters are registering at once; try again shortly",
@@ -397,18 +436,13 @@ pub async fn serve(
             };
             register(app, who, &body).await
         }
-        (&Method::POST, ["users"]) => create_user(app, who, &body).await,
-        (&Method::POST, ["renew"]) => renew(app, who).await,
-        (_, ["ca"]) => ca(app, who, method, None, &body).await,
-        (_, ["ca", step]) => ca(app, who, method, Some(step), &body).await,
-        (_, ["tokens"] | ["register"] | ["users"] | ["renew"]) => {
+        (E::Users, &Method::POST) => create_user(app, who, &body).await,
+        (E::Renew, &Method::POST) => renew(app, who).await,
+        (E::Ca, _) => ca(app, who, method, None, &body).await,
+        (E::CaStep, _) => ca(app, who, method, found.params.get("step"), &body).await,
+        (E::Tokens | E::Register | E::Users | E::Renew, _) => {
             Err(ApiError::method_not_allowed("use POST"))
         }
-        _ => Err(ApiError::new(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
-        )),
     }
 }
 
@@ -446,14 +480,20 @@ mod tests {
             .registrations
             .try_acquire_many(crate::app::CONCURRENT_REGISTRATIONS as u32)
             .expect("every slot");
-        let refused = serve(&app, &admin, &Method::POST, &["register"], body.clone())
-            .await
-            .expect_err("no slot left");
+        let refused = serve(
+            &app,
+            &admin,
+            &Method::POST,
+            "/agent/v1/register",
+            body.clone(),
+        )
+        .await
+        .expect_err("no slot left");
         assert_eq!(refused.code, 429);
         assert_eq!(refused.retry_after_seconds(), Some(1));
         assert!(store.get(&keys::well_known::cluster("east")).await.is_err());
         drop(busy);
-        let ok = serve(&app, &admin, &Method::POST, &["register"], body)
+        let ok = serve(&app, &admin, &Method::POST, "/agent/v1/register", body)
             .await
             .expect("registered");
         assert_eq!(ok.status(), StatusCode::OK);

@@ -587,9 +587,9 @@ impl App {
             (Some(Route::OpenApiV3Doc), ["openapi", "v3", rest @ ..]) => {
                 self.openapi_v3(&reg, rest)
             }
-            (Some(Route::Agent), ["agent", "v1", rest @ ..]) => {
+            (Some(Route::Agent), _) => {
                 let body = h::read_body(body, self.config.max_body_bytes).await?;
-                crate::agent_api::serve(self, who, &parts.method, rest, body).await
+                crate::agent_api::serve(self, who, &parts.method, parts.uri.path(), body).await
             }
             (Some(Route::Dro), _) => {
                 let body = h::read_body(body, self.config.max_body_bytes).await?;
