@@ -1380,6 +1380,9 @@ fn declared_ports(pod: &Value) -> Vec<u16> {
     ports
 }
 
+/// How long a simulated exec's process takes to start (see [`shell`]).
+const PROCESS_START: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// One message of a stream: its channel's number, then the bytes.
 fn frame(ch: u8, data: &str) -> tokio_tungstenite::tungstenite::Message {
     let mut b = Vec::with_capacity(data.len() + 1);
@@ -1403,6 +1406,13 @@ async fn shell<S>(
 {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
+    // A process takes a moment to start, and client-go depends on it: kubectl's WebSocket
+    // executor reads the connection while it is still creating its streams, and drops what
+    // arrives for a stream not yet created ("Unknown stream id 1, discarding message"). A
+    // real member's answer comes through its API server, a translator and the kubelet; this
+    // double answered within microseconds of the upgrade and lost a command's output under
+    // load.
+    tokio::time::sleep(PROCESS_START).await;
     let (mut tx, mut rx) = ws.split();
     // What the client sends on stdin, until it closes it (or goes).
     let mut next_input = async || -> Option<Vec<u8>> {
