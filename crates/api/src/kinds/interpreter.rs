@@ -26,10 +26,6 @@ fn validate(obj: &Object, _: Option<&Object>) -> ErrorList {
     let v = obj.spec.clone().unwrap_or(serde_json::Value::Null);
     match crate::policy::decode::<InterpreterSpec>(&v, "spec") {
         Ok(s) => s.validate(),
-        Err(e) => {
-            let mut errs = ErrorList::new();
-            errs.push(e);
-            errs
-        }
+        Err(e) => vec![e],
     }
 }

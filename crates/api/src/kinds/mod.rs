@@ -97,8 +97,11 @@ pub struct Descriptor {
     /// A finalizer every new object gets.
     pub finalizer: Option<&'static str>,
     /// Server-owned parts of a status write: `(stored status, written status)`.
-    pub on_status: Option<fn(Option<&Value>, &mut Option<Value>)>,
+    pub on_status: Option<StatusHook>,
 }
+
+/// Fills the server-owned parts of a status write: `(stored status, written status)`.
+pub type StatusHook = fn(Option<&Value>, &mut Option<Value>);
 
 /// Where a kind's OpenAPI schema comes from.
 #[derive(Clone, Copy, Debug)]
