@@ -820,7 +820,12 @@ impl App {
         let v = if body.is_empty() {
             serde_json::json!({})
         } else {
-            crate::registry::decode_body(&parts.headers, &body, &kind.schema())?.0
+            crate::registry::decode_body(
+                &crate::registry::Envelope::of(&parts.headers),
+                &body,
+                &kind.schema(),
+            )?
+            .0
         };
         let answer = crate::reviews::review(&self.authz, kind, who, &v)?;
         Ok(h::json(StatusCode::CREATED, &answer))
@@ -849,7 +854,7 @@ impl App {
             who,
             target,
             query,
-            headers: &parts.headers,
+            envelope: crate::registry::Envelope::of(&parts.headers),
             representation,
             warnings: Vec::new(),
         };

@@ -178,21 +178,56 @@ pub struct Call<'a> {
     pub who: &'a crate::auth::Identity,
     pub target: Target,
     pub query: Query,
-    pub headers: &'a HeaderMap,
+    pub envelope: Envelope,
     pub representation: Representation,
     pub warnings: Vec<String>,
+}
+
+/// What the registry reads of a request's HTTP headers, and nothing else: how its body is
+/// encoded and which client wrote it (a field manager's default name). The HTTP layer
+/// makes it; in-process callers name it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Envelope {
+    /// The body's media type, as given (a body without one is read as JSON; a patch without
+    /// one is refused).
+    pub content_type: Option<String>,
+    pub user_agent: Option<String>,
+}
+
+impl Envelope {
+    /// A body of `content_type` from Orrery itself.
+    pub fn of_type(content_type: &str) -> Self {
+        Envelope {
+            content_type: Some(content_type.to_string()),
+            user_agent: None,
+        }
+    }
+
+    /// What a request's headers say.
+    pub fn of(headers: &HeaderMap) -> Self {
+        let text = |name| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        Envelope {
+            content_type: text(CONTENT_TYPE),
+            user_agent: text(http::header::USER_AGENT),
+        }
+    }
 }
 
 /// A request body (JSON, YAML, or the protobuf of a built-in kind whose OpenAPI component is
 /// `component`): parsed, with the paths of duplicate keys.
 pub fn decode_body(
-    headers: &HeaderMap,
+    envelope: &Envelope,
     body: &Bytes,
     component: &str,
 ) -> ApiResult<(Value, Vec<String>)> {
-    let ct = headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
+    let ct = envelope
+        .content_type
+        .as_deref()
         .unwrap_or("application/json");
     let base = ct
         .split(';')
@@ -396,11 +431,11 @@ pub fn respond_object(
 /// How an authorized operation arrives: its options and body as the REST surface received
 /// them (in-process callers give an [`Input`] instead).
 #[derive(Debug)]
-pub struct Operation<'a> {
+pub struct Operation {
     /// Options as Kubernetes takes them in the query (`dryRun`, `fieldManager`, selectors...).
     pub query: Query,
-    /// The body's content type.
-    pub headers: &'a HeaderMap,
+    /// How the body is encoded, and who wrote it.
+    pub envelope: Envelope,
     /// How lists and watches are encoded (they are encoded while they are read).
     pub representation: Representation,
     pub body: Bytes,
@@ -487,11 +522,6 @@ pub async fn run(
     let (body, content_type) = input.encode();
     let result = async {
         let authorized = authorize(app, who, &target, input.verb())?;
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static(content_type),
-        );
         let bytes = match &body {
             Some(v) => {
                 Bytes::from(serde_json::to_vec(v).map_err(|e| ApiError::internal(e.to_string()))?)
@@ -500,7 +530,7 @@ pub async fn run(
         };
         let op = Operation {
             query: Query::parse(None),
-            headers: &headers,
+            envelope: Envelope::of_type(content_type),
             representation: Representation::Json,
             body: bytes,
         };
@@ -690,7 +720,7 @@ pub async fn update_status(
 pub async fn operate(
     app: &Arc<App>,
     authorized: Authorized<'_>,
-    op: Operation<'_>,
+    op: Operation,
 ) -> ApiResult<Outcome> {
     let Authorized { who, target, verb } = authorized;
     let call = Call {
@@ -698,7 +728,7 @@ pub async fn operate(
         who,
         target,
         query: op.query,
-        headers: op.headers,
+        envelope: op.envelope,
         representation: op.representation,
         warnings: Vec::new(),
     };
@@ -735,13 +765,12 @@ pub async fn list(
     query: Query,
 ) -> ApiResult<Vec<Object>> {
     authorize(app, who, &target, Verb::List)?;
-    let headers = HeaderMap::new();
     let call = Call {
         app,
         who,
         target,
         query,
-        headers: &headers,
+        envelope: Envelope::default(),
         representation: Representation::Json,
         warnings: Vec::new(),
     };

@@ -175,7 +175,7 @@ fn replicas_in(scale: &Value) -> ApiResult<i64> {
 }
 
 pub async fn update_scale(call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
-    let (scale, _) = decode_body(call.headers, body, crate::schema::SCALE)?;
+    let (scale, _) = decode_body(&call.envelope, body, crate::schema::SCALE)?;
     let replicas = replicas_in(&scale)?;
     let precondition = match scale
         .pointer("/metadata/resourceVersion")
@@ -206,7 +206,7 @@ pub async fn patch_scale(call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
 pub async fn finalize(call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     let rt = call.target.rt.clone();
     let name = call.target.name().to_string();
-    let (v, _) = decode_body(call.headers, body, &call.target.rt.schema)?;
+    let (v, _) = decode_body(&call.envelope, body, &call.target.rt.schema)?;
     let finalizers = v.pointer("/spec/finalizers").cloned().unwrap_or(json!([]));
     if !finalizers.is_array() {
         return Err(ApiError::bad_request("spec.finalizers must be a list"));
@@ -255,7 +255,7 @@ const TOKEN_DEFAULT_SECONDS: i64 = 3600;
 /// expires or the account (this uid) is deleted. Only its hash is stored.
 pub async fn create_token(call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     const SCHEMA: &str = "io.k8s.api.authentication.v1.TokenRequest";
-    let (req, _) = decode_body(call.headers, body, SCHEMA)?;
+    let (req, _) = decode_body(&call.envelope, body, SCHEMA)?;
     let spec = req.get("spec").cloned().unwrap_or_else(|| json!({}));
     let seconds = match spec.get("expirationSeconds") {
         None | Some(Value::Null) => TOKEN_DEFAULT_SECONDS,

@@ -2,7 +2,6 @@
 
 use bytes::Bytes;
 use http::StatusCode;
-use http::header::CONTENT_TYPE;
 use orrery_api::{Object, Time};
 use orrery_store::{ListOptions, Preconditions, Revision, StoreError};
 use serde_json::{Value, json};
@@ -128,7 +127,7 @@ pub async fn create(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     }
     let validation = FieldValidation::parse(&call.query)?;
     let dry = dry_run(&call.query)?;
-    let (mut raw, dups) = decode_body(call.headers, body, &call.target.rt.schema)?;
+    let (mut raw, dups) = decode_body(&call.envelope, body, &call.target.rt.schema)?;
     reconcile_namespace(&call, &mut raw)?;
     let mut obj = admit(&mut call, &mut raw, &dups, validation)?;
     if !obj.metadata.resource_version.is_empty() {
@@ -281,7 +280,7 @@ pub async fn update(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     let rt = call.target.rt.clone();
     let validation = FieldValidation::parse(&call.query)?;
     let dry = dry_run(&call.query)?;
-    let (mut raw, dups) = decode_body(call.headers, body, &call.target.rt.schema)?;
+    let (mut raw, dups) = decode_body(&call.envelope, body, &call.target.rt.schema)?;
     let url_name = call.target.name().to_string();
     match raw.pointer("/metadata/name").and_then(Value::as_str) {
         Some(n) if !n.is_empty() && n != url_name => {
@@ -383,9 +382,7 @@ pub fn apply_patch(
 pub(crate) fn track(call: &Call<'_>, old: Option<&Object>, new: &mut Object) {
     let manager = crate::managed::manager_of(
         call.query.get("fieldManager"),
-        call.headers
-            .get(http::header::USER_AGENT)
-            .and_then(|v| v.to_str().ok()),
+        call.envelope.user_agent.as_deref(),
     );
     let set = call.app.schemas.set();
     let meta = Meta::new(&set, set.get(&call.target.rt.schema));
@@ -395,11 +392,7 @@ pub(crate) fn track(call: &Call<'_>, old: Option<&Object>, new: &mut Object) {
 
 /// The patch type of a request, refused where it does not apply.
 pub fn patch_type(call: &Call<'_>) -> ApiResult<PatchType> {
-    let ct = call
-        .headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+    let ct = call.envelope.content_type.as_deref().unwrap_or("");
     let ptype = PatchType::from_content_type(ct).ok_or_else(|| {
         ApiError::new(
             415,
@@ -589,7 +582,7 @@ fn delete_options(call: &Call<'_>, body: &Bytes) -> ApiResult<DeleteOptions> {
     let mut o = DeleteOptions::default();
     let trimmed = body.iter().any(|b| !b.is_ascii_whitespace());
     if trimmed {
-        let (v, _) = decode_body(call.headers, body, crate::schema::DELETE_OPTIONS)?;
+        let (v, _) = decode_body(&call.envelope, body, crate::schema::DELETE_OPTIONS)?;
         if !v.is_object() {
             return Err(ApiError::bad_request("DeleteOptions must be a JSON object"));
         }

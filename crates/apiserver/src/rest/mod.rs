@@ -101,7 +101,7 @@ where
     let representation = call.representation;
     let op = Operation {
         query: call.query,
-        headers: call.headers,
+        envelope: call.envelope,
         representation,
         body,
     };
