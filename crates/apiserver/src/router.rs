@@ -81,8 +81,8 @@ impl App {
         let path = req.uri().path().to_string();
         let ((mut response, user), steps) = crate::trace::traced(async {
             match &self.config.audit {
-                Some(log) => self.respond_audited(log, req).await,
-                None => self.respond(req).await,
+                Some(log) => Box::pin(self.respond_audited(log, req)).await,
+                None => Box::pin(self.respond(req)).await,
             }
         })
         .await;
@@ -334,7 +334,9 @@ impl App {
         // a pod does not).
         let (selector, one_shot) = pods_asked_for(&path, req.method(), req.uri().query(), is_watch);
         let dispatched = crate::impersonation::CURRENT
-            .scope(impersonated, self.dispatch(req, &who))
+            // Boxed: the resource tree's future is large (every surface's states), and a
+            // request's own stays small on its connection's task.
+            .scope(impersonated, Box::pin(self.dispatch(req, &who)))
             .await;
         let r = match dispatched {
             Ok(r) => self.where_pods_run(r, selector, one_shot).await,
@@ -848,17 +850,13 @@ impl App {
     {
         let reg = self.resources.snapshot();
         let target = crate::registry::parse_target(&reg, group, version, rest)?;
-        let representation = h::representation(&parts.headers)?;
-        let call = crate::registry::Call {
-            app: self,
-            who,
+        let request = rest::Request {
             target,
-            query,
+            representation: h::representation(&parts.headers)?,
             envelope: crate::registry::Envelope::of(&parts.headers),
-            representation,
-            warnings: Vec::new(),
+            query,
         };
-        rest::serve(call, &parts.method, body).await
+        rest::serve(self, who, request, &parts.method, body).await
     }
 }
 

@@ -11,7 +11,6 @@ use super::DroError;
 use crate::app::App;
 use crate::auth::Identity;
 use crate::error::ApiError;
-use crate::http::Query;
 use crate::registry::{self, Input, Target};
 
 /// What an operation answered: its status and JSON, or the registry's error.
@@ -123,11 +122,8 @@ pub async fn list(
     label_selector: Option<&str>,
     view: impl Fn(&orrery_api::Object) -> Value,
 ) -> Result<http::Response<crate::http::Body>, DroError> {
-    let query = match label_selector {
-        Some(s) => Query::from_pairs([("labelSelector", s)]),
-        None => Query::parse(None),
-    };
-    let listed = registry::list(app, who, target.clone(), query).await;
+    let options = registry::Options::selecting(label_selector);
+    let listed = registry::list(app, who, target.clone(), options).await;
     let code = listed.as_ref().map_or_else(|e| e.code, |_| 200);
     registry::audit(app, who, "list", &target, code, None, None).await;
     let items: Vec<Value> = listed?.iter().map(view).collect();

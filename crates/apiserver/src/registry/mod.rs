@@ -22,10 +22,12 @@ use serde_json::Value;
 use crate::app::App;
 use crate::auth::{Attributes, Identity};
 use crate::error::{ApiError, ApiResult};
-use crate::http::{Body, Query, Representation};
+use crate::http::{Body, Representation};
 use crate::resources::{self, Registry, ResourceType};
 use crate::schema::validate::{self as schema_check, Mode};
+pub use options::{FieldValidation, Options};
 
+pub mod options;
 pub(crate) mod read;
 pub mod register;
 pub(crate) mod subresource;
@@ -138,38 +140,6 @@ pub fn parse_target(reg: &Registry, group: &str, version: &str, seg: &[&str]) ->
     })
 }
 
-/// How undeclared and duplicate fields are treated (`?fieldValidation=`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FieldValidation {
-    Ignore,
-    Warn,
-    Strict,
-}
-
-impl FieldValidation {
-    pub fn parse(q: &Query) -> ApiResult<Self> {
-        match q.get("fieldValidation") {
-            None | Some("Warn") => Ok(FieldValidation::Warn),
-            Some("Strict") => Ok(FieldValidation::Strict),
-            Some("Ignore") => Ok(FieldValidation::Ignore),
-            Some(other) => Err(ApiError::bad_request(format!(
-                "fieldValidation must be one of \"Ignore\", \"Warn\" or \"Strict\", got {other:?}"
-            ))),
-        }
-    }
-}
-
-/// Whether the request only pretends to write (`?dryRun=All`).
-pub fn dry_run(q: &Query) -> ApiResult<bool> {
-    match q.get("dryRun") {
-        None => Ok(false),
-        Some("All") => Ok(true),
-        Some(other) => Err(ApiError::bad_request(format!(
-            "dryRun must be \"All\", got {other:?}"
-        ))),
-    }
-}
-
 /// The parts of a request the handlers need.
 #[derive(Debug)]
 pub struct Call<'a> {
@@ -177,7 +147,7 @@ pub struct Call<'a> {
     /// Who asks (authorized already; RBAC writes are checked for escalation with it).
     pub who: &'a crate::auth::Identity,
     pub target: Target,
-    pub query: Query,
+    pub options: Options,
     pub envelope: Envelope,
     pub representation: Representation,
     pub warnings: Vec<String>,
@@ -432,8 +402,8 @@ pub fn respond_object(
 /// them (in-process callers give an [`Input`] instead).
 #[derive(Debug)]
 pub struct Operation {
-    /// Options as Kubernetes takes them in the query (`dryRun`, `fieldManager`, selectors...).
-    pub query: Query,
+    /// What Kubernetes takes in the query (`dryRun`, `fieldManager`, selectors...), typed.
+    pub options: Options,
     /// How the body is encoded, and who wrote it.
     pub envelope: Envelope,
     /// How lists and watches are encoded (they are encoded while they are read).
@@ -529,7 +499,7 @@ pub async fn run(
             None => Bytes::new(),
         };
         let op = Operation {
-            query: Query::parse(None),
+            options: Options::default(),
             envelope: Envelope::of_type(content_type),
             representation: Representation::Json,
             body: bytes,
@@ -727,7 +697,7 @@ pub async fn operate(
         app,
         who,
         target,
-        query: op.query,
+        options: op.options,
         envelope: op.envelope,
         representation: op.representation,
         warnings: Vec::new(),
@@ -756,20 +726,20 @@ pub async fn operate(
     }
 }
 
-/// Lists the objects `target` names (`query`: selectors), authorized as `list`; parsed, for
-/// in-process callers (a REST list is encoded as it is read instead).
+/// Lists the objects `target` names (`options`: selectors), authorized as `list`; parsed,
+/// for in-process callers (a REST list is encoded as it is read instead).
 pub async fn list(
     app: &Arc<App>,
     who: &Identity,
     target: Target,
-    query: Query,
+    options: Options,
 ) -> ApiResult<Vec<Object>> {
     authorize(app, who, &target, Verb::List)?;
     let call = Call {
         app,
         who,
         target,
-        query,
+        options,
         envelope: Envelope::default(),
         representation: Representation::Json,
         warnings: Vec::new(),

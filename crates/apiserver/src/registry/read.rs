@@ -13,7 +13,7 @@ use super::{Call, respond_object};
 use crate::error::{ApiError, ApiResult};
 use crate::http::{self as h, Representation};
 use crate::resources::ResourceType;
-use crate::table::{self, IncludeObject};
+use crate::table;
 
 /// Objects are stored at one version; they are served at the version asked for.
 pub fn present(rt: &ResourceType, mut obj: Object) -> Object {
@@ -79,11 +79,11 @@ fn field_alias(rt: &ResourceType, field: &str) -> Option<String> {
 
 /// Label and field selectors from the query.
 pub fn selectors(call: &Call<'_>) -> ApiResult<(labels::Selector, fields::Selector)> {
-    let label = match call.query.get("labelSelector") {
+    let label = match call.options.list.label_selector.as_deref() {
         Some(s) => labels::Selector::parse(s).map_err(|e| ApiError::bad_request(e.to_string()))?,
         None => labels::Selector::everything(),
     };
-    let field = match call.query.get("fieldSelector") {
+    let field = match call.options.list.field_selector.as_deref() {
         Some(s) => {
             let parsed =
                 fields::Selector::parse(s).map_err(|e| ApiError::bad_request(e.to_string()))?;
@@ -142,10 +142,10 @@ pub async fn list_options(call: &Call<'_>) -> ApiResult<ListOptions> {
         fields: field,
         ..Default::default()
     };
-    opts.limit = call.query.number::<usize>("limit")?;
-    opts.continue_token = call.query.get("continue").map(str::to_string);
-    let rv = call.query.get("resourceVersion");
-    let rv_match = call.query.get("resourceVersionMatch");
+    opts.limit = call.options.list.limit;
+    opts.continue_token = call.options.list.continue_token.clone();
+    let rv = call.options.list.resource_version.as_deref();
+    let rv_match = call.options.list.resource_version_match.as_deref();
     if opts.continue_token.is_some() && rv.is_some_and(|r| r != "0") {
         return Err(ApiError::bad_request(
             "specifying resource version is not allowed when using continue",
@@ -201,8 +201,7 @@ pub async fn list(call: Call<'_>) -> ApiResult<Outcome> {
     let response = match call.representation {
         Representation::Table => {
             // Row by row from the stored JSON: a large list never exists parsed all at once.
-            let include = IncludeObject::parse(call.query.get("includeObject"))
-                .map_err(ApiError::bad_request)?;
+            let include = call.options.include_object;
             let result = call.app.store.list_raw(&prefix, &opts).await?;
             let rv = result.revision.to_string();
             let head = table::table(&rt, &[], &rv, result.continue_token.as_deref(), include);

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::Outcome;
 use super::write::{apply_patch, patch_type};
-use super::{Call, decode_body, dry_run};
+use super::{Call, decode_body};
 use crate::error::{ApiError, ApiResult};
 use crate::resources::ScaleSpec;
 
@@ -105,7 +105,7 @@ async fn write_replicas(
     let spec = scale_spec(call)?;
     let rt = &call.target.rt;
     let name = call.target.name();
-    let dry = dry_run(&call.query)?;
+    let dry = call.options.dry_run;
     for _ in 0..8 {
         let current = call
             .app
@@ -305,7 +305,7 @@ pub async fn create_token(call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
         .filter(|a| a.as_array().is_some_and(|a| !a.is_empty()))
         .cloned()
         .unwrap_or_else(|| json!(["orrery"]));
-    let token = if dry_run(&call.query)? {
+    let token = if call.options.dry_run {
         String::new()
     } else {
         call.app

@@ -116,21 +116,17 @@ pub async fn watch(call: Call<'_>) -> ApiResult<Outcome> {
         // The legacy single-object form: .../pods/<name>?watch=true.
         field = with_name(&field, name)?;
     }
-    let bookmarks = call.query.flag("allowWatchBookmarks")?;
-    let send_initial_param = call
-        .query
-        .get("sendInitialEvents")
-        .map(|v| v == "true" || v == "1");
-    let rv = call.query.get("resourceVersion");
-    let rv_match = call.query.get("resourceVersionMatch");
+    let bookmarks = call.options.list.allow_watch_bookmarks;
+    let send_initial_param = call.options.list.send_initial_events;
+    let rv = call.options.list.resource_version.as_deref();
+    let rv_match = call.options.list.resource_version_match.as_deref();
     check_initial_events(send_initial_param, rv_match, bookmarks)?;
     let timeout = watch_timeout(&call)?;
     let prefix = rt.prefix(call.target.namespace.as_deref());
     let renderer = Renderer {
         rt: rt.clone(),
         representation: call.representation,
-        include: IncludeObject::parse(call.query.get("includeObject"))
-            .map_err(ApiError::bad_request)?,
+        include: call.options.include_object,
     };
 
     // Where to start, and what to send first.
@@ -227,7 +223,7 @@ fn check_initial_events(
 /// How long the watch lasts: `timeoutSeconds`, or a random time between the minimum request
 /// timeout and twice it (so a fleet's watches do not all end together).
 fn watch_timeout(call: &Call<'_>) -> ApiResult<Duration> {
-    Ok(match call.query.number::<u64>("timeoutSeconds")? {
+    Ok(match call.options.list.timeout_seconds {
         Some(s) => Duration::from_secs(s),
         None => random_between(
             call.app.config.min_request_timeout,

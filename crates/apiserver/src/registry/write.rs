@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::Outcome;
 use super::read::{present, selectors};
-use super::{Call, FieldValidation, admit, decode_body, dry_run, respond_object, validate};
+use super::{Call, FieldValidation, admit, decode_body, respond_object, validate};
 use crate::error::{ApiError, ApiResult};
 use crate::patch::{self, Meta, PatchType};
 use crate::resources::ResourceType;
@@ -105,7 +105,7 @@ async fn after_write(call: &Call<'_>, written: Option<(&Object, bool)>) {
     if let Some((obj, deleted)) = written
         && crate::rbac::Kind::of(&obj.kind).is_some()
         && matches!(call.target.rt.group.as_str(), crate::rbac::GROUP | "")
-        && !dry_run(&call.query).unwrap_or(true)
+        && !call.options.dry_run
     {
         call.app.authz.observe(obj, deleted);
     }
@@ -125,8 +125,8 @@ pub async fn create(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
             rt.qualified()
         )));
     }
-    let validation = FieldValidation::parse(&call.query)?;
-    let dry = dry_run(&call.query)?;
+    let validation = call.options.field_validation;
+    let dry = call.options.dry_run;
     let (mut raw, dups) = decode_body(&call.envelope, body, &call.target.rt.schema)?;
     reconcile_namespace(&call, &mut raw)?;
     let mut obj = admit(&mut call, &mut raw, &dups, validation)?;
@@ -278,8 +278,8 @@ fn parse_rv(s: &str) -> ApiResult<Option<Revision>> {
 
 pub async fn update(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     let rt = call.target.rt.clone();
-    let validation = FieldValidation::parse(&call.query)?;
-    let dry = dry_run(&call.query)?;
+    let validation = call.options.field_validation;
+    let dry = call.options.dry_run;
     let (mut raw, dups) = decode_body(&call.envelope, body, &call.target.rt.schema)?;
     let url_name = call.target.name().to_string();
     match raw.pointer("/metadata/name").and_then(Value::as_str) {
@@ -381,7 +381,7 @@ pub fn apply_patch(
 /// Records the fields a (non-apply) write changed as its manager's.
 pub(crate) fn track(call: &Call<'_>, old: Option<&Object>, new: &mut Object) {
     let manager = crate::managed::manager_of(
-        call.query.get("fieldManager"),
+        call.options.field_manager.as_deref(),
         call.envelope.user_agent.as_deref(),
     );
     let set = call.app.schemas.set();
@@ -419,8 +419,8 @@ pub async fn patch(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
     if ptype == PatchType::Apply {
         return server_side_apply(call, body).await;
     }
-    let validation = FieldValidation::parse(&call.query)?;
-    let dry = dry_run(&call.query)?;
+    let validation = call.options.field_validation;
+    let dry = call.options.dry_run;
     let (patch_doc, dups) = crate::schema::validate::parse_json(body)
         .map_err(|e| ApiError::bad_request(format!("the patch is not valid JSON: {e}")))?;
     let name = call.target.name().to_string();
@@ -607,13 +607,13 @@ fn delete_options(call: &Call<'_>, body: &Bytes) -> ApiResult<DeleteOptions> {
             o.dry = d.iter().any(|x| x == "All");
         }
     }
-    if let Some(p) = call.query.get("propagationPolicy") {
-        o.policy = Some(p.to_string());
+    if let Some(p) = &call.options.propagation_policy {
+        o.policy = Some(p.clone());
     }
-    if call.query.flag("orphanDependents")? {
+    if call.options.orphan_dependents {
         o.policy = Some("Orphan".into());
     }
-    o.dry |= dry_run(&call.query)?;
+    o.dry |= call.options.dry_run;
     match o.policy.as_deref() {
         None | Some("Background" | "Foreground" | "Orphan") => Ok(o),
         Some(other) => Err(ApiError::bad_request(format!(
@@ -940,10 +940,10 @@ async fn server_side_apply(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcom
     let rt = call.target.rt.clone();
     let name = call.target.name().to_string();
     let manager = call
-        .query
-        .get("fieldManager")
+        .options
+        .field_manager
+        .clone()
         .filter(|m| !m.is_empty())
-        .map(str::to_string)
         .ok_or_else(|| ApiError::bad_request("fieldManager is required for apply requests"))?;
     if manager.len() > 128 || manager.chars().any(|c| c.is_control()) {
         return Err(ApiError::bad_request(
@@ -955,9 +955,9 @@ async fn server_side_apply(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcom
             "server-side apply is served for whole objects only",
         ));
     }
-    let force = call.query.flag("force")?;
-    let validation = FieldValidation::parse(&call.query)?;
-    let dry = dry_run(&call.query)?;
+    let force = call.options.force;
+    let validation = call.options.field_validation;
+    let dry = call.options.dry_run;
     let mut applied = applied_config(&call, body)?;
     reconcile_namespace(&call, &mut applied)?;
     for _ in 0..RETRIES {

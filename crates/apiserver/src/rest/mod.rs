@@ -2,14 +2,28 @@
 //! [`Operation`] (its verb from the method and query), and the [`Outcome`] is encoded as the
 //! client asked (JSON, a Table, metadata only), with warnings as `Warning` headers.
 
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::{Method, Response};
 
+use crate::app::App;
+use crate::auth::Identity;
 use crate::error::{ApiError, ApiResult};
 use crate::http::{self as h, Body, Query, Representation, with_warnings};
-use crate::registry::{self, Call, Operation, Outcome, Payload, Target, Verb};
+use crate::registry::{self, Envelope, Operation, Options, Outcome, Payload, Target, Verb};
 use crate::resources::ResourceType;
 use crate::table::{self, IncludeObject};
+
+/// What the HTTP layer read of a resource request: its target (from the path), the options
+/// in its query, how its body is encoded and how it wants its answer.
+#[derive(Debug)]
+pub struct Request {
+    pub target: Target,
+    pub query: Query,
+    pub envelope: Envelope,
+    pub representation: Representation,
+}
 
 /// Maps method and target to a verb.
 pub fn verb(method: &Method, target: &Target, query: &Query) -> ApiResult<Verb> {
@@ -50,7 +64,7 @@ pub fn verb(method: &Method, target: &Target, query: &Query) -> ApiResult<Verb> 
 pub fn encode(
     rt: &ResourceType,
     representation: Representation,
-    include_object: Option<&str>,
+    include: IncludeObject,
     out: Outcome,
 ) -> ApiResult<Response<Body>> {
     let value = match out.payload {
@@ -63,50 +77,60 @@ pub fn encode(
                 "apiVersion": "meta.k8s.io/v1",
                 "metadata": serde_json::to_value(&obj.metadata).unwrap_or_default(),
             }),
-            Representation::Table => {
-                let include =
-                    IncludeObject::parse(include_object).map_err(ApiError::bad_request)?;
-                table::table(
-                    rt,
-                    std::slice::from_ref(&*obj),
-                    &obj.metadata.resource_version,
-                    None,
-                    include,
-                )
-            }
+            Representation::Table => table::table(
+                rt,
+                std::slice::from_ref(&*obj),
+                &obj.metadata.resource_version,
+                None,
+                include,
+            ),
         },
     };
     Ok(with_warnings(h::json(out.status, &value), &out.warnings))
 }
 
 /// Serves one resource request: the Kubernetes REST surface of the registry.
-pub async fn serve<B>(call: Call<'_>, method: &Method, body: B) -> ApiResult<Response<Body>>
+pub async fn serve<B>(
+    app: &Arc<App>,
+    who: &Identity,
+    request: Request,
+    method: &Method,
+    body: B,
+) -> ApiResult<Response<Body>>
 where
     B: hyper::body::Body<Data = Bytes>,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let verb = verb(method, &call.target, &call.query)?;
+    let Request {
+        target,
+        query,
+        envelope,
+        representation,
+    } = request;
+    let verb = verb(method, &target, &query)?;
     // Authorized before the body is read: a refused caller uploads nothing.
-    let authorized = registry::authorize(call.app, call.who, &call.target, verb)?;
+    let authorized = registry::authorize(app, who, &target, verb)?;
     crate::trace::step("authorized");
+    let options = Options::parse(verb, representation, &query)?;
     let body = if registry::needs_body(verb) {
-        let b = h::read_body(body, call.app.config.max_body_bytes).await?;
+        let b = h::read_body(body, app.config.max_body_bytes).await?;
         crate::trace::step("body");
         b
     } else {
         Bytes::new()
     };
-    let rt = call.target.rt.clone();
-    let include = call.query.get("includeObject").map(str::to_string);
-    let representation = call.representation;
+    let rt = target.rt.clone();
+    let include = options.include_object;
     let op = Operation {
-        query: call.query,
-        envelope: call.envelope,
+        options,
+        envelope,
         representation,
         body,
     };
-    let out = registry::operate(call.app, authorized, op).await?;
-    let answer = encode(&rt, representation, include.as_deref(), out);
+    // Boxed: the operation's future holds the largest of every verb's states, and a request's
+    // future (on its connection's task, in flight by the thousand) should not.
+    let out = Box::pin(registry::operate(app, authorized, op)).await?;
+    let answer = encode(&rt, representation, include, out);
     crate::trace::step("encoded");
     answer
 }
