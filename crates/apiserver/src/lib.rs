@@ -28,6 +28,7 @@ pub mod managed;
 pub mod metrics;
 pub mod openapi;
 pub mod patch;
+pub mod pipeline;
 pub mod proxy;
 pub mod resources;
 pub mod rest;

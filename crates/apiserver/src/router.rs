@@ -1,10 +1,9 @@
-//! The request router: authentication, the in-flight and watch limits, the audit log, then
-//! the fixed routes (discovery, OpenAPI, metrics, the agent API, the DRO-DS API, the reviews)
-//! and, for everything else, the resource tree (`rest::serve`). The state it routes over is
+//! The request router, the [pipeline](crate::pipeline)'s last step: the fixed routes
+//! (discovery, OpenAPI, metrics, the agent API, the DRO-DS API, the reviews) and, for
+//! everything else, the resource tree (`rest::serve`). The state it routes over is
 //! `app.rs`'s.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
@@ -13,7 +12,6 @@ use crate::app::App;
 use crate::auth::Identity;
 use crate::error::{ApiError, ApiResult};
 use crate::http::{self as h, Body, Query};
-use crate::impersonation::Impersonated;
 use crate::routes::{self, Route};
 use crate::{discovery, openapi, rest};
 
@@ -50,321 +48,40 @@ fn read_only(m: &Method, path: &str) -> ApiResult<()> {
     }
 }
 
-/// One open watch of a user's, counted until its response body is dropped.
-struct WatchSlot {
-    watches: Arc<parking_lot::Mutex<std::collections::HashMap<String, usize>>>,
-    user: String,
-}
-
-impl Drop for WatchSlot {
-    fn drop(&mut self) {
-        let mut w = self.watches.lock();
-        if let Some(n) = w.get_mut(&self.user) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                w.remove(&self.user);
-            }
-        }
-    }
+/// The last step of the [pipeline](crate::pipeline): the fixed routes and the resource tree,
+/// for a request authenticated as `who` whose body has been read.
+pub async fn serve<B>(
+    app: Arc<App>,
+    req: Request<B>,
+    who: Identity,
+    impersonated: Option<crate::impersonation::Impersonated>,
+) -> ApiResult<Response<Body>>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let path = req.uri().path().to_string();
+    let is_watch = h::asks_to_watch(req.uri().query());
+    // A list of pods that run in members: say where (kubectl prints warnings).
+    // (Told only to whoever may list them, after the list is served.)
+    // And whether it is a one-shot watch (informers ask for bookmarks; kubectl's wait for
+    // a pod does not).
+    let (selector, one_shot) = pods_asked_for(&path, req.method(), req.uri().query(), is_watch);
+    let answer = crate::impersonation::CURRENT
+        // Boxed: the resource tree's future is large (every surface's states), and a
+        // request's own stays small on its connection's task.
+        .scope(impersonated, Box::pin(app.dispatch(req, &who)))
+        .await?;
+    app.where_pods_run(answer, selector, one_shot).await
 }
 
 impl App {
-    /// Serves one request.
-    pub async fn handle<B>(self: &Arc<Self>, req: Request<B>) -> Response<Body>
-    where
-        B: hyper::body::Body<Data = Bytes>,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        let started = Instant::now();
-        let http1 = req.version() <= http::Version::HTTP_11;
-        let method = req.method().clone();
-        let path = req.uri().path().to_string();
-        let ((mut response, user), steps) = crate::trace::traced(async {
-            match &self.config.audit {
-                Some(log) => Box::pin(self.respond_audited(log, req)).await,
-                None => Box::pin(self.respond(req)).await,
-            }
-        })
-        .await;
-        // What was read may be stale: say so as Kubernetes says such things, with a warning
-        // (kubectl prints it).
-        if let Some(why) = self.store.degraded() {
-            let text = format!("299 - \"{}\"", why.replace(['"', '\\'], "'"));
-            if let Ok(v) = http::HeaderValue::from_str(&text) {
-                response.headers_mut().append(http::header::WARNING, v);
-            }
-        }
-        let status = response.status().as_u16();
-        if status == 408 && http1 {
-            // What is left of the body is not waited for: the connection ends with the answer.
-            response.headers_mut().insert(
-                http::header::CONNECTION,
-                http::HeaderValue::from_static("close"),
-            );
-        }
-        let reg = self.resources.snapshot();
-        self.metrics.observe(
-            method.as_str(),
-            &path,
-            status,
-            started.elapsed().as_secs_f64(),
-            |group, version, plural| reg.get(group, version, plural).is_some(),
-        );
-        let threshold = self.config.slow_request_threshold;
-        if status >= 500 {
-            tracing::warn!(%method, %path, status, user, elapsed_ms = started.elapsed().as_millis() as u64, "request failed");
-        } else if !threshold.is_zero() && started.elapsed() >= threshold {
-            let now = Instant::now();
-            tracing::info!(%method, %path, status, user, elapsed_ms = now.duration_since(started).as_millis() as u64, steps = %steps.render(now), "slow request");
-        } else {
-            tracing::debug!(%method, %path, status, user, elapsed_ms = started.elapsed().as_millis() as u64, "request");
-        }
-        response
-    }
-
-    /// The response to a request, errors included; and who asked, as logs name them.
-    async fn respond<B>(self: &Arc<Self>, req: Request<B>) -> (Response<Body>, String)
-    where
-        B: hyper::body::Body<Data = Bytes>,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        let dro = crate::dro::is_dro_path(req.uri().path());
-        match self.route(req).await {
-            Ok((r, user)) => (r, user),
-            Err((e, user)) if dro => (crate::dro::error_response(&e), user),
-            Err((e, user)) => (h::error(&e), user),
-        }
-    }
-
-    /// [`Self::respond`], recorded in the audit log as its policy says.
-    async fn respond_audited<B>(
-        self: &Arc<Self>,
-        log: &crate::audit::AuditLog,
-        req: Request<B>,
-    ) -> (Response<Body>, String)
-    where
-        B: hyper::body::Body<Data = Bytes>,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        use crate::audit::{Level, Record, Stage};
-        use http_body_util::BodyExt;
-        let header = |name: http::header::HeaderName| {
-            req.headers()
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-        };
-        // The policy needs the user before the request is served (the router authenticates
-        // again: a hash and a lookup).
-        let who = self.authenticate(req.headers(), req.extensions()).ok();
-        let info = crate::audit::request_info(req.method(), req.uri().path(), req.uri().query());
-        let decision = log.policy.decide(who.as_ref(), &info);
-        if decision.level == Level::None {
-            return self.respond(req).await;
-        }
-        let source_ips = req
-            .extensions()
-            .get::<crate::audit::Peer>()
-            .map(|p| vec![p.0.ip().to_string()])
-            .unwrap_or_default();
-        let uri = req
-            .uri()
-            .path_and_query()
-            .map_or_else(|| req.uri().path().to_string(), |p| p.to_string());
-        let mut rec = Record::new(
-            decision,
-            info,
-            who.as_ref(),
-            uri,
-            header(http::header::USER_AGENT).unwrap_or_default(),
-            source_ips,
-        );
-        // The policy was decided for the caller, as Kubernetes decides it; the Event also
-        // names whom the request acted as, once that was allowed.
-        if let Some(w) = &who
-            && let Ok((acting, Some(how))) =
-                crate::impersonation::apply(&self.authz, w.clone(), req.headers())
-        {
-            rec.impersonating(&acting, &how);
-        }
-        if let Some(line) = rec.line(Stage::RequestReceived, None) {
-            log.write(line).await;
-        }
-        let with_body = matches!(
-            *req.method(),
-            Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-        );
-        let (response, user) = if rec.decision.level >= Level::Request && with_body {
-            let (parts, body) = req.into_parts();
-            match self.read_request_body(body).await {
-                Ok(bytes) => {
-                    rec.request_object =
-                        self.body_as_json(&parts, rec.info.object.as_ref(), &bytes);
-                    let req = Request::from_parts(parts, http_body_util::Full::new(bytes));
-                    self.respond(req).await
-                }
-                Err(e) => (
-                    h::error(&e),
-                    who.as_ref().map(Identity::user).unwrap_or_default(),
-                ),
-            }
-        } else {
-            self.respond(req).await
-        };
-        let code = response.status().as_u16();
-        if rec.info.verb == "watch" {
-            // The stream goes on: its start is what is logged.
-            if let Some(line) = rec.line(Stage::ResponseStarted, Some(code)) {
-                log.write(line).await;
-            }
-            return (response, user);
-        }
-        let response = if rec.decision.level >= Level::RequestResponse {
-            let (parts, body) = response.into_parts();
-            let bytes = match body.collect().await {
-                Ok(c) => c.to_bytes(),
-                Err(never) => match never {},
-            };
-            rec.response_object = serde_json::from_slice(&bytes).ok();
-            Response::from_parts(parts, h::full(bytes))
-        } else {
-            response
-        };
-        if let Some(line) = rec.line(Stage::ResponseComplete, Some(code)) {
-            log.write(line).await;
-        }
-        (response, user)
-    }
-
-    /// A request body as JSON for the audit log, whichever of JSON, YAML (server-side apply)
-    /// or protobuf (kubectl's creates of built-in kinds) it came in.
-    fn body_as_json(
-        &self,
-        parts: &http::request::Parts,
-        object: Option<&crate::audit::ObjectRef>,
-        bytes: &[u8],
-    ) -> Option<serde_json::Value> {
-        if let Ok(v) = serde_json::from_slice(bytes) {
-            return Some(v);
-        }
-        let ct = parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_default();
-        if ct.contains("protobuf") {
-            let o = object?;
-            let rt = self
-                .resources
-                .snapshot()
-                .get(&o.api_group, &o.api_version, &o.resource)?;
-            return crate::protobuf::decode(bytes, &rt.schema).ok();
-        }
-        serde_saphyr::from_slice(bytes).ok()
-    }
-
-    async fn route<B>(
-        self: &Arc<Self>,
-        req: Request<B>,
-    ) -> Result<(Response<Body>, String), (ApiError, String)>
-    where
-        B: hyper::body::Body<Data = Bytes>,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        let path = req.uri().path().to_string();
-        // The public routes, before authentication.
-        if let Some(answer) = self.public(&path, req.method()) {
-            return answer
-                .map(|r| (r, String::new()))
-                .map_err(|e| (e, String::new()));
-        }
-        let who = self
-            .authenticate(req.headers(), req.extensions())
-            .map_err(|e| (e, String::new()))?;
-        crate::trace::step("authenticated");
-        // Acting as someone else (Impersonate-*), when the caller may; never as the caller
-        // instead.
-        let (who, impersonated) =
-            match crate::impersonation::apply(&self.authz, who.clone(), req.headers()) {
-                Ok(w) => w,
-                Err(e) => return Err((e, who.user())),
-            };
-        let user = match &impersonated {
-            Some(Impersonated { by: Some(by), .. }) => format!("{} (as {})", by.user(), who.user()),
-            _ => who.user(),
-        };
-        // The cluster proxy (and its agents' tunnels): long-lived streams, outside the slots
-        // for requests in flight.
-        if let Some(t) = crate::proxy::target(&path) {
-            return match crate::proxy::serve(self, &who, t, req).await {
-                Ok(r) => Ok((r, user)),
-                Err(e) => Err((e, user)),
-            };
-        }
-        let is_watch = h::asks_to_watch(req.uri().query());
-        // The body first, within its deadline and before a seat is taken: a slow client holds
-        // its connection, never a seat others need.
-        let (parts, body) = req.into_parts();
-        let body = if matches!(
-            parts.method,
-            Method::POST | Method::PUT | Method::PATCH | Method::DELETE
-        ) {
-            match self.read_request_body(body).await {
-                Ok(b) => b,
-                Err(e) => return Err((e, user)),
-            }
-        } else {
-            Bytes::new()
-        };
-        let req = Request::from_parts(parts, http_body_util::Full::new(body));
-        // Held until the answer is ready (a long list's body may still be on its way).
-        let _seat = match self.seat(&who, req.method(), &path, is_watch).await {
-            Ok(seat) => seat,
-            Err(e) => return Err((e, user)),
-        };
-        crate::trace::step("seated");
-        // A watch is counted as long as its stream is open.
-        let watch = match self.watch_slot(&who, is_watch) {
-            Ok(w) => w,
-            Err(e) => return Err((e, user)),
-        };
-        // A list of pods that run in members: say where (kubectl prints warnings).
-        // (Told only to whoever may list them, after the list is served.)
-        // And whether it is a one-shot watch (informers ask for bookmarks; kubectl's wait for
-        // a pod does not).
-        let (selector, one_shot) = pods_asked_for(&path, req.method(), req.uri().query(), is_watch);
-        let dispatched = crate::impersonation::CURRENT
-            // Boxed: the resource tree's future is large (every surface's states), and a
-            // request's own stays small on its connection's task.
-            .scope(impersonated, Box::pin(self.dispatch(req, &who)))
-            .await;
-        let r = match dispatched {
-            Ok(r) => self.where_pods_run(r, selector, one_shot).await,
-            Err(e) => Err(e),
-        };
-        match (r, watch) {
-            (Ok(r), Some(w)) => Ok((
-                r.map(|b| {
-                    use http_body_util::BodyExt;
-                    b.map_frame(move |f| {
-                        let _open = &w;
-                        f
-                    })
-                    .boxed()
-                }),
-                user,
-            )),
-            (Ok(r), None) => Ok((r, user)),
-            (Err(e), _) => Err((e, user)),
-        }
-    }
-
     /// The routes served before authentication: health (`/readyz` not while the store has
     /// no quorum, nor while who is who, or who may do what, is out of step with it: a revoked
     /// token, or a removed binding, would still be honoured), the UI page (public, holding no
     /// data: it fetches with the token the user gives it), and `/cacerts` (public by design:
     /// agents verify it against the hash in their bootstrap token).
-    fn public(&self, path: &str, method: &Method) -> Option<ApiResult<Response<Body>>> {
+    pub(crate) fn public(&self, path: &str, method: &Method) -> Option<ApiResult<Response<Body>>> {
         match routes::route(path) {
             Some(Route::Health) => {
                 if path == "/readyz"
@@ -451,98 +168,6 @@ impl App {
             return Err(ApiError::unauthorized());
         }
         Ok(who)
-    }
-
-    /// A count among the user's open watches, for a watch; 429 beyond the limit.
-    fn watch_slot(&self, who: &Identity, is_watch: bool) -> ApiResult<Option<WatchSlot>> {
-        let limit = self.config.max_watches_per_user;
-        if limit == 0 || matches!(who, Identity::Admin { .. }) || !is_watch {
-            return Ok(None);
-        }
-        let user = who.user();
-        let mut w = self.watches.lock();
-        let n = w.entry(user.clone()).or_default();
-        if *n >= limit {
-            return Err(ApiError::too_many_requests(format!(
-                "{user} holds {limit} watches already (--max-watches-per-user)"
-            )));
-        }
-        *n += 1;
-        Ok(Some(WatchSlot {
-            watches: self.watches.clone(),
-            user,
-        }))
-    }
-
-    /// A request's body, up to the size limit (413) and within the body timeout: a body that
-    /// has not arrived by then is answered 408 and its connection closed.
-    pub(crate) async fn read_request_body<B>(&self, body: B) -> ApiResult<Bytes>
-    where
-        B: hyper::body::Body<Data = Bytes>,
-        B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
-    {
-        let wait = self.config.request_body_timeout;
-        match tokio::time::timeout(wait, h::read_body(body, self.config.max_body_bytes)).await {
-            Ok(read) => read,
-            Err(_) => {
-                self.metrics.slow_body();
-                Err(ApiError::new(
-                    408,
-                    "Timeout",
-                    format!(
-                        "the request body did not arrive within {}s (--request-body-timeout)",
-                        wait.as_secs_f64()
-                    ),
-                ))
-            }
-        }
-    }
-
-    /// A seat among the requests served at once, at the caller's priority level
-    /// ([`crate::fairness`]), waiting in the caller's queue if none is free; `None` for what
-    /// is not counted (`system:masters`, who must always get an answer, and watches, which
-    /// last); 429 when the queue is full or the wait too long.
-    async fn seat(
-        &self,
-        who: &Identity,
-        method: &Method,
-        path: &str,
-        is_watch: bool,
-    ) -> ApiResult<Option<crate::fairness::Seat>> {
-        use crate::fairness::Level;
-        if who.is_superuser() || is_watch {
-            return Ok(None);
-        }
-        let mutating = !matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
-        let seats = if mutating {
-            &self.in_flight.1
-        } else {
-            &self.in_flight.0
-        };
-        let Some(seats) = seats else {
-            return Ok(None);
-        };
-        let level = match who {
-            Identity::Cluster { .. } | Identity::Bootstrap { .. } => Level::System,
-            _ if path.starts_with("/apis/coordination.k8s.io/") => Level::LeaderElection,
-            _ => Level::Workload,
-        };
-        match seats.acquire(level, &who.user()).await {
-            Ok(seat) => Ok(Some(seat)),
-            Err(why) => {
-                self.metrics.refused(level.name(), why.reason());
-                Err(ApiError::too_many_requests(format!(
-                    "Too many requests, please try again later ({} level: {}).",
-                    level.name(),
-                    match why {
-                        crate::fairness::Refused::QueueFull =>
-                            "this user's queue is full (--max-queued-requests-per-user)",
-                        crate::fairness::Refused::TimedOut =>
-                            "no seat came free within --request-queue-timeout",
-                    }
-                )))
-            }
-        }
     }
 
     async fn dispatch<B>(

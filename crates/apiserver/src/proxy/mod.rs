@@ -419,14 +419,19 @@ async fn upgrade<B>(
 where
     B: hyper::body::Body<Data = Bytes>,
 {
-    let header = |name: &str| {
-        req.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
+    // In a block: the closure's borrow of the request is not held across the awaits below
+    // (a request body need not be `Sync`).
+    let key = {
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
+        let websocket = header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
+        header("sec-websocket-key").filter(|_| websocket)
     };
-    let websocket = header("upgrade").is_some_and(|u| u.eq_ignore_ascii_case("websocket"));
-    let Some(key) = header("sec-websocket-key").filter(|_| websocket) else {
+    let Some(key) = key else {
         return Err(ApiError::bad_request(
             "the cluster proxy carries WebSocket upgrades only (kubectl 1.30 or newer uses them for exec and attach, 1.31 for port-forward; 1.30 with KUBECTL_PORT_FORWARD_WEBSOCKETS=true)",
         ));
