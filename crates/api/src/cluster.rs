@@ -90,7 +90,9 @@ impl LeaseBeat {
 
 pub use crate::meta::ResourceList;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema,
+)]
 pub enum SyncMode {
     /// The member's agent dials in and applies its Works.
     #[default]

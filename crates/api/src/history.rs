@@ -31,7 +31,7 @@ pub fn record_name(unix_nanos: i128, seq: u64) -> String {
 }
 
 /// One decision.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ScheduleEntry {
     /// The task: `<binding uid>-<sequence>`.
@@ -48,6 +48,7 @@ pub struct ScheduleEntry {
     #[serde(default)]
     pub fleet_level: f64,
     /// Scheduled, PartiallyScheduled or Unschedulable.
+    #[schemars(extend("enum" = ["Scheduled", "PartiallyScheduled", "Unschedulable"]))]
     pub result: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
@@ -172,7 +173,7 @@ mod tests {
 pub const FAILURES_PREFIX: &str = "/internal/history/failures/";
 
 /// One entry of the failure history.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FailureRecord {
     pub time: Time,
@@ -397,7 +398,7 @@ pub mod series {
     }
 
     /// One cluster's figures at one time.
-    #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+    #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
     #[serde(rename_all = "camelCase")]
     pub struct ClusterSample {
         pub ready: bool,

@@ -23,10 +23,11 @@ use orrery_api::{Object, Time, conditions};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::answers::{DeletedState, TaskAccepted, TaskDeleted, TaskState, TaskStatus};
 use super::{DroError, forward};
 use crate::app::App;
 use crate::auth::Identity;
-use crate::http::{self as h, Body};
+use crate::http::Body;
 use crate::registry::{Input, Target};
 
 /// A template a policy places, for a fresh decision.
@@ -69,13 +70,13 @@ fn not_found(id: &str, message: String) -> DroError {
 }
 
 fn accepted(id: &str) -> http::Response<Body> {
-    h::json(
+    super::answers::send(
         StatusCode::ACCEPTED,
-        &json!({
-            "bindingId": id,
-            "state": "Pending",
-            "statusUrl": format!("/api/v1/bindings/{id}/status"),
-        }),
+        &TaskAccepted {
+            binding_id: id.to_string(),
+            state: "Pending",
+            status_url: format!("/api/v1/bindings/{id}/status"),
+        },
     )
 }
 
@@ -229,7 +230,7 @@ async fn reschedule(
 }
 
 /// Where a task stands.
-pub fn status_view(id: &str, b: &Object) -> Value {
+pub fn status_view(id: &str, b: &Object) -> TaskStatus {
     let st: BindingStatus = b
         .status
         .clone()
@@ -239,33 +240,33 @@ pub fn status_view(id: &str, b: &Object) -> Value {
     let answered = requested.is_none_or(|r| *r == st.reschedule_observed);
     let cond = conditions::find(&st.conditions, CONDITION_SCHEDULED);
     let state = match cond {
-        _ if !answered => "Pending",
-        Some(c) if c.is_true() => "Scheduled",
-        Some(c) if c.reason == "PartiallyScheduled" => "PartiallyScheduled",
-        Some(_) => "Unschedulable",
-        None => "Pending",
+        _ if !answered => TaskState::Pending,
+        Some(c) if c.is_true() => TaskState::Scheduled,
+        Some(c) if c.reason == "PartiallyScheduled" => TaskState::PartiallyScheduled,
+        Some(_) => TaskState::Unschedulable,
+        None => TaskState::Pending,
     };
     let spec = b.spec.clone().unwrap_or(Value::Null);
     let applied = conditions::find(&st.conditions, binding::CONDITION_FULLY_APPLIED)
         .is_some_and(|c| c.is_true());
-    json!({
-        "bindingId": id,
-        "taskId": st.task_id,
-        "state": state,
-        "resource": spec["resource"],
-        "replicas": spec["replicas"],
-        "clusters": spec["clusters"].as_array().cloned().unwrap_or_default(),
-        "message": cond.map(|c| c.message.clone()).unwrap_or_default(),
-        "strategy": st.strategy,
-        "unplacedReplicas": st.unplaced_replicas.unwrap_or(0),
-        "reasons": st.decisions,
-        "filtered": st.filtered,
-        "prediction": st.prediction,
-        "lastScheduledTime": st.last_scheduled_time,
-        "fullyApplied": applied,
-        "standalone": is_standalone(b),
-        "priority": spec["priority"].as_i64().unwrap_or(0),
-    })
+    TaskStatus {
+        binding_id: id.to_string(),
+        task_id: st.task_id,
+        state,
+        resource: spec["resource"].clone(),
+        replicas: spec["replicas"].clone(),
+        clusters: spec["clusters"].as_array().cloned().unwrap_or_default(),
+        message: cond.map(|c| c.message.clone()).unwrap_or_default(),
+        strategy: st.strategy,
+        unplaced_replicas: st.unplaced_replicas.unwrap_or(0),
+        reasons: st.decisions,
+        filtered: st.filtered,
+        prediction: st.prediction,
+        last_scheduled_time: st.last_scheduled_time,
+        fully_applied: applied,
+        standalone: is_standalone(b),
+        priority: spec["priority"].as_i64().unwrap_or(0),
+    }
 }
 
 /// The binding a task id names, as the caller may read it.
@@ -300,7 +301,7 @@ pub async fn status(
     id: &str,
 ) -> Result<http::Response<Body>, DroError> {
     let (_, _, b) = get(app, who, id).await?;
-    Ok(h::json(StatusCode::OK, &status_view(id, &b)))
+    Ok(super::answers::send(StatusCode::OK, &status_view(id, &b)))
 }
 
 fn is_standalone(b: &Object) -> bool {
@@ -344,8 +345,11 @@ pub async fn delete(
         return Err(not_found(id, format!("no binding {id:?}")));
     }
     reply.checked("BINDING_NOT_FOUND", "CONFLICT", json!({ "bindingId": id }))?;
-    Ok(h::json(
+    Ok(super::answers::send(
         StatusCode::OK,
-        &json!({ "bindingId": id, "state": "Deleted" }),
+        &TaskDeleted {
+            binding_id: id.to_string(),
+            state: DeletedState::Deleted,
+        },
     ))
 }

@@ -10,12 +10,13 @@ use orrery_api::cluster::{self, ClusterSpec, ClusterStatus, check_endpoint};
 use orrery_api::conditions;
 use orrery_api::{MicroTime, Object};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
+use super::answers::{ClusterList, ClusterView, Deleted, Truth};
 use super::{DroError, forward};
 use crate::app::App;
 use crate::auth::Identity;
-use crate::http::{self as h, Body};
+use crate::http::Body;
 use crate::registry::{Input, Target};
 
 /// A Cluster (or, without a name, all of them) as the registry addresses it.
@@ -79,33 +80,38 @@ pub async fn renewed(store: &dyn orrery_store::Store, name: &str) -> Option<Micr
 }
 
 /// A cluster in the draft's shape; `renewed`: when its agent last renewed its Lease.
-pub fn view(o: &Object, renewed: Option<&MicroTime>) -> Value {
+pub fn view(o: &Object, renewed: Option<&MicroTime>) -> ClusterView {
     let spec = ClusterSpec::of(o);
     let st = ClusterStatus::of(o);
     let ready = conditions::find(&st.conditions, cluster::CONDITION_READY)
-        .map(|c| c.status.clone())
-        .unwrap_or_else(|| "Unknown".into());
-    json!({
-        "name": o.name(),
-        "endpoint": spec.api_endpoint,
-        "capabilities": spec.capabilities,
-        "provider": spec.provider,
-        "region": spec.region,
-        "labels": o.metadata.labels,
-        "syncMode": spec.sync_mode,
-        "ready": ready,
-        "waterLevel": st.water_level,
-        "lastHeartbeatTime": st.last_heartbeat_time.max(renewed.copied()),
-        "createdAt": o.metadata.creation_timestamp,
-    })
+        .map_or(Truth::Unknown, |c| Truth::of(&c.status));
+    ClusterView {
+        name: o.name().to_string(),
+        endpoint: spec.api_endpoint,
+        capabilities: spec.capabilities,
+        provider: spec.provider,
+        region: spec.region,
+        labels: o.metadata.labels.clone().into_iter().collect(),
+        sync_mode: spec.sync_mode,
+        ready,
+        water_level: st.water_level.clone(),
+        last_heartbeat_time: st.last_heartbeat_time.max(renewed.copied()),
+        created_at: o.metadata.creation_timestamp,
+    }
 }
 
 pub async fn list(app: &Arc<App>, who: &Identity) -> Result<http::Response<Body>, DroError> {
     let renewed = renewals(app.store.as_ref()).await;
-    forward::list(app, who, cluster_target(app, None)?, None, |o| {
-        view(o, renewed.get(o.name()))
-    })
-    .await
+    let items: Vec<ClusterView> = forward::list(app, who, cluster_target(app, None)?, None)
+        .await?
+        .iter()
+        .map(|o| view(o, renewed.get(o.name())))
+        .collect();
+    let count = items.len();
+    Ok(super::answers::send(
+        StatusCode::OK,
+        &ClusterList { items, count },
+    ))
 }
 
 pub async fn register(
@@ -165,7 +171,7 @@ pub async fn register(
         return Err(e);
     }
     let o = r.object()?;
-    Ok(h::json(StatusCode::CREATED, &view(&o, None)))
+    Ok(super::answers::send(StatusCode::CREATED, &view(&o, None)))
 }
 
 pub async fn unregister(
@@ -196,11 +202,18 @@ pub async fn unregister(
     }
     // The Cluster's finalizer removes its namespace, Works and tokens before it goes.
     let o: Option<Object> = serde_json::from_value(r.value().clone()).ok();
-    Ok(h::json(
+    Ok(super::answers::send(
         StatusCode::OK,
-        &json!({
-            "name": name,
-            "status": if o.as_ref().is_some_and(|o| o.metadata.deletion_timestamp.is_some()) { "Unregistering" } else { "Unregistered" },
-        }),
+        &Deleted {
+            name: name.to_string(),
+            status: if o
+                .as_ref()
+                .is_some_and(|o| o.metadata.deletion_timestamp.is_some())
+            {
+                "Unregistering"
+            } else {
+                "Unregistered"
+            },
+        },
     ))
 }

@@ -3,17 +3,19 @@
 //! from its latest round: a point per step with the mean and the 80 % and 95 % bounds, the
 //! model each series' backtest chose, and that model's backtest error.
 
+use std::collections::BTreeMap;
+
 use http::StatusCode;
 use orrery_api::history::series::{self, ClusterForecast};
 use orrery_api::{Time, keys};
 use orrery_store::{ListOptions, StoreError};
-use serde_json::{Value, json};
 
 use super::DroError;
+use super::answers::{ForecastView, MonitorForecast, PointView, SeriesView};
 use super::monitor::bad;
 use crate::app::App;
 use crate::auth::Identity;
-use crate::http::{self as h, Body};
+use crate::http::Body;
 
 /// A horizon: a whole number of seconds, minutes, hours or days (`90s`, `30m`, `6h`, `1d`).
 pub fn parse_horizon(s: &str) -> Result<i64, String> {
@@ -33,51 +35,47 @@ pub fn parse_horizon(s: &str) -> Result<i64, String> {
 }
 
 /// One cluster's forecasts as the API shows them, cut at `horizon` seconds.
-fn shown(f: &ClusterForecast, horizon: Option<i64>) -> Value {
+fn shown(f: &ClusterForecast, horizon: Option<i64>) -> ForecastView {
     let step = f.step_seconds.max(1) as i64;
     let steps = horizon.map_or(usize::MAX, |h| (h / step).max(1) as usize);
     let start = f.time.unix_seconds();
-    let series: serde_json::Map<String, Value> = f
+    let series: BTreeMap<String, SeriesView> = f
         .series
         .iter()
         .map(|(name, s)| {
-            let points: Vec<Value> = s
+            let points: Vec<PointView> = s
                 .points
                 .iter()
                 .take(steps)
                 .enumerate()
-                .map(|(i, p)| {
-                    json!({
-                        "time": Time::from_unix_seconds(start + step * (i as i64 + 1)),
-                        "mean": p.mean,
-                        "lower80": p.lower80,
-                        "upper80": p.upper80,
-                        "lower95": p.lower95,
-                        "upper95": p.upper95,
-                    })
+                .map(|(i, p)| PointView {
+                    // Out of range only past the year 9999.
+                    time: Time::from_unix_seconds(start + step * (i as i64 + 1)).unwrap_or(f.time),
+                    mean: p.mean,
+                    lower80: p.lower80,
+                    upper80: p.upper80,
+                    lower95: p.lower95,
+                    upper95: p.upper95,
                 })
                 .collect();
-            let mut v = json!({ "model": s.model, "points": points });
-            if let Some(m) = s.backtest_mase {
-                v["backtestMase"] = json!(m);
-            }
-            if let Some(l) = s.last {
-                v["last"] = json!(l);
-            }
-            if let Some(p) = s.season_peak {
-                v["seasonPeak"] = json!(p);
-            }
+            let v = SeriesView {
+                model: s.model.clone(),
+                points,
+                backtest_mase: s.backtest_mase,
+                last: s.last,
+                season_peak: s.season_peak,
+            };
             (name.clone(), v)
         })
         .collect();
-    json!({
-        "cluster": f.cluster,
-        "time": f.time,
-        "stepSeconds": f.step_seconds,
-        "seasonSeconds": f.season_seconds,
-        "history": f.history,
-        "series": series,
-    })
+    ForecastView {
+        cluster: f.cluster.clone(),
+        time: f.time,
+        step_seconds: f.step_seconds,
+        season_seconds: f.season_seconds,
+        history: f.history,
+        series,
+    }
 }
 
 /// `GET /api/v1/monitor/forecast`: `cluster=NAME` keeps one cluster (404 when none is
@@ -109,7 +107,7 @@ pub async fn forecast(
         .list(series::FORECAST_PREFIX, &ListOptions::default())
         .await
         .map_err(DroError::internal)?;
-    let clusters: Vec<Value> = list
+    let clusters: Vec<ForecastView> = list
         .items
         .iter()
         .filter(|o| {
@@ -120,9 +118,12 @@ pub async fn forecast(
         .filter_map(|s| serde_json::from_value::<ClusterForecast>(s).ok())
         .map(|f| shown(&f, horizon))
         .collect();
-    Ok(h::json(
+    Ok(super::answers::send(
         StatusCode::OK,
-        &json!({ "clusters": clusters, "count": clusters.len() }),
+        &MonitorForecast {
+            count: clusters.len(),
+            clusters,
+        },
     ))
 }
 
@@ -168,20 +169,14 @@ mod tests {
             )]
             .into(),
         };
-        let v = shown(&f, Some(1800));
+        let v = serde_json::to_value(shown(&f, Some(1800))).unwrap();
         let points = v["series"]["cpu"]["points"].as_array().unwrap();
         assert_eq!(points.len(), 6);
         assert_eq!(
             points[0]["time"],
-            json!(Time::from_unix_seconds(1_300).unwrap())
+            serde_json::json!(Time::from_unix_seconds(1_300).unwrap())
         );
         assert!(v["series"]["cpu"].get("backtestMase").is_none());
-        assert_eq!(
-            shown(&f, None)["series"]["cpu"]["points"]
-                .as_array()
-                .unwrap()
-                .len(),
-            12
-        );
+        assert_eq!(shown(&f, None).series["cpu"].points.len(), 12);
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::DroError;
 use crate::app::App;
@@ -113,22 +113,17 @@ pub async fn call(
     Ok(reply)
 }
 
-/// Lists `target`'s objects (those `label_selector` selects, if given) and answers
-/// `{items, count}`, each item in the DRO-DS shape `view` gives it.
+/// Lists `target`'s objects (those `label_selector` selects, if given), audited as the
+/// registry operation it is.
 pub async fn list(
     app: &Arc<App>,
     who: &Identity,
     target: Target,
     label_selector: Option<&str>,
-    view: impl Fn(&orrery_api::Object) -> Value,
-) -> Result<http::Response<crate::http::Body>, DroError> {
+) -> Result<Vec<orrery_api::Object>, DroError> {
     let options = registry::Options::selecting(label_selector);
     let listed = registry::list(app, who, target.clone(), options).await;
     let code = listed.as_ref().map_or_else(|e| e.code, |_| 200);
     registry::audit(app, who, "list", &target, code, None, None).await;
-    let items: Vec<Value> = listed?.iter().map(view).collect();
-    Ok(crate::http::json(
-        http::StatusCode::OK,
-        &json!({ "items": items, "count": items.len() }),
-    ))
+    Ok(listed?)
 }

@@ -8,7 +8,7 @@ use serde_json::json;
 use super::DroError;
 use crate::app::App;
 use crate::auth::Identity;
-use crate::http::{self as h, Body};
+use crate::http::Body;
 
 /// Entries returned when `maxEntries` is not given (the draft's default).
 pub const DEFAULT_ENTRIES: usize = 100;
@@ -100,9 +100,12 @@ pub async fn schedules(
             }
         }
     }
-    Ok(h::json(
+    Ok(super::answers::send(
         http::StatusCode::OK,
-        &json!({ "entries": out, "count": out.len() }),
+        &super::answers::ScheduleHistory {
+            count: out.len(),
+            entries: out,
+        },
     ))
 }
 

@@ -13,6 +13,7 @@ use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::http::{self as h, Body};
 
+mod answers;
 mod bindings;
 pub(crate) mod clusters;
 mod forecast;
@@ -79,7 +80,13 @@ impl DroError {
         let status = StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let mut r = h::json(
             status,
-            &json!({ "code": self.code, "message": self.message, "details": *self.details }),
+            // Strings and a JSON value: serializing cannot fail.
+            &serde_json::to_value(answers::ErrorBody {
+                code: self.code,
+                message: &self.message,
+                details: &self.details,
+            })
+            .unwrap_or_default(),
         );
         if let Some(allow) = self.allow {
             r.headers_mut()

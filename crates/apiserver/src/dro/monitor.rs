@@ -20,9 +20,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::DroError;
+use super::answers::{
+    ClusterNow, EventRecorded, FailureHistory, HistoryPoint, MetricsAccepted, MonitorHistory,
+    Realtime,
+};
 use crate::app::App;
 use crate::auth::{Attributes, Identity};
-use crate::http::{self as h, Body};
+use crate::http::Body;
 use crate::registry::write::StatusCheck;
 use crate::registry::{self, StatusGrant};
 
@@ -238,9 +242,13 @@ pub async fn metrics(
         .and_then(|s| s.get("waterLevel"))
         .cloned()
         .unwrap_or(Value::Null);
-    Ok(h::json(
+    Ok(super::answers::send(
         StatusCode::OK,
-        &json!({ "cluster": r.cluster, "accepted": true, "waterLevel": level }),
+        &MetricsAccepted {
+            cluster: r.cluster.clone(),
+            accepted: true,
+            water_level: level,
+        },
     ))
 }
 
@@ -356,9 +364,13 @@ pub async fn event(
         .create(&keys::well_known::event("default", &name), ev)
         .await
         .map_err(DroError::internal)?;
-    Ok(h::json(
+    Ok(super::answers::send(
         StatusCode::CREATED,
-        &json!({ "cluster": e.cluster, "recorded": true, "failure": failure }),
+        &EventRecorded {
+            cluster: e.cluster.clone(),
+            recorded: true,
+            failure,
+        },
     ))
 }
 
@@ -444,7 +456,7 @@ pub async fn configs(
     })
     .await?;
     let renewed = super::clusters::renewed(app.store.as_ref(), o.name()).await;
-    Ok(h::json(
+    Ok(super::answers::send(
         StatusCode::OK,
         &super::clusters::view(&o, renewed.as_ref()),
     ))
@@ -503,13 +515,14 @@ pub async fn realtime(app: &App, who: &Identity) -> Result<http::Response<Body>,
                 }
             }
         }
-        clusters.push(json!({
-            "name": c.name(),
-            "ready": ready,
-            "pods": running,
-            "waterLevel": st.water_level,
-            "networkBytesPerSecond": t,
-        }));
+        clusters.push(ClusterNow {
+            name: c.name().to_string(),
+            ready,
+            pods: running,
+            water_level: st.water_level.clone(),
+            network_bytes_per_second: t,
+            hourly_cost: None,
+        });
     }
     let fleet: BTreeMap<String, f64> = cap
         .iter()
@@ -530,12 +543,7 @@ pub async fn realtime(app: &App, who: &Identity) -> Result<http::Response<Body>,
         Err(e) => return Err(DroError::internal(e)),
     };
     for c in &mut clusters {
-        if let Some(x) = cost
-            .as_ref()
-            .and_then(|f| c["name"].as_str().and_then(|n| f.clusters.get(n)))
-        {
-            c["hourlyCost"] = json!(x);
-        }
+        c.hourly_cost = cost.as_ref().and_then(|f| f.clusters.get(&c.name)).copied();
     }
     // Costs are in the currency the priced clusters name; several are not added up as one
     // (Orrery converts none), so the view says which.
@@ -543,25 +551,21 @@ pub async fn realtime(app: &App, who: &Identity) -> Result<http::Response<Body>,
         Ok(c) => (c, Vec::new()),
         Err(several) => (None, several),
     };
-    let mut out = json!({
-            "hourlyCost": cost.as_ref().map(|c| c.hourly),
-            "costTime": cost.as_ref().and_then(|c| c.time),
-            "activeClusters": active,
-            "totalClusters": list.items.len(),
-            "totalPods": pods,
-            "unreachablePods": unreachable,
-            "networkTraffic": bits_per_second(traffic * 8.0),
-            "networkBytesPerSecond": traffic,
-            "fleetWaterLevel": fleet,
-            "clusters": clusters,
-    });
-    if let Some(c) = currency {
-        out["currency"] = json!(c);
-    }
-    if !currencies.is_empty() {
-        out["currencies"] = json!(currencies);
-    }
-    Ok(h::json(StatusCode::OK, &out))
+    let out = Realtime {
+        hourly_cost: cost.as_ref().map(|c| c.hourly),
+        cost_time: cost.as_ref().and_then(|c| c.time),
+        active_clusters: active,
+        total_clusters: list.items.len(),
+        total_pods: pods,
+        unreachable_pods: unreachable,
+        network_traffic: bits_per_second(traffic * 8.0),
+        network_bytes_per_second: traffic,
+        fleet_water_level: fleet,
+        clusters,
+        currency: currency.map(|c| c.to_string()),
+        currencies: currencies.into_iter().map(|c| c.to_string()).collect(),
+    };
+    Ok(super::answers::send(StatusCode::OK, &out))
 }
 
 /// `1.2Gbps`, as the draft writes traffic.
@@ -606,9 +610,12 @@ pub async fn failures(
             break;
         }
     }
-    Ok(h::json(
+    Ok(super::answers::send(
         StatusCode::OK,
-        &json!({ "entries": out, "count": out.len() }),
+        &FailureHistory {
+            count: out.len(),
+            entries: out,
+        },
     ))
 }
 
@@ -652,7 +659,7 @@ pub async fn series(
         .list(prefix, &ListOptions::default())
         .await
         .map_err(DroError::internal)?;
-    let mut points: Vec<Value> = Vec::new();
+    let mut points: Vec<HistoryPoint> = Vec::new();
     for o in list.items.iter().rev() {
         let Some(mut s) = o
             .spec
@@ -680,23 +687,24 @@ pub async fn series(
             ready.iter().sum::<f64>() / ready.len() as f64
         };
         let cost = history::series::FleetCost::of(&s);
-        let mut p = json!({
-            "time": s.time,
-            "meanLevel": (mean * 1000.0).round() / 1000.0,
-            "clusters": s.clusters,
+        points.push(HistoryPoint {
+            time: s.time,
+            mean_level: (mean * 1000.0).round() / 1000.0,
+            clusters: s.clusters,
+            hourly_cost: (!cost.clusters.is_empty()).then_some(cost.hourly),
         });
-        if !cost.clusters.is_empty() {
-            p["hourlyCost"] = json!(cost.hourly);
-        }
-        points.push(p);
         if points.len() >= max {
             break;
         }
     }
     points.reverse();
-    Ok(h::json(
+    Ok(super::answers::send(
         StatusCode::OK,
-        &json!({ "resolution": resolution, "points": points, "count": points.len() }),
+        &MonitorHistory {
+            resolution,
+            count: points.len(),
+            points,
+        },
     ))
 }
 

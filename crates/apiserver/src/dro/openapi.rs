@@ -204,43 +204,9 @@ pub fn document() -> Value {
         "components": {
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
             "schemas": {
-                "Error": {"type": "object", "required": ["code", "message", "details"], "properties": {
-                    "code": {"type": "string", "enum": ERROR_CODES.iter().map(|(c, _)| *c).collect::<Vec<_>>()},
-                    "message": {"type": "string"},
-                    "details": {"type": "object"},
-                }},
-                "Cluster": {"type": "object", "required": ["name"], "properties": {
-                    "name": {"type": "string"}, "endpoint": {"type": "string"},
-                    "capabilities": {"type": "array", "items": {"type": "string"}},
-                    "provider": {"type": "string"}, "region": {"type": "string"},
-                    "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                    "syncMode": {"type": "string", "enum": ["Pull", "Push"]},
-                    "ready": {"type": "string", "enum": ["True", "False", "Unknown"]},
-                    "waterLevel": {"type": "object", "nullable": true, "additionalProperties": {"type": "number"}},
-                    "lastHeartbeatTime": {"type": "string", "nullable": true},
-                    "createdAt": {"type": "string", "nullable": true},
-                }},
-                "ClusterList": {"type": "object", "required": ["items", "count"], "properties": {
-                    "items": {"type": "array", "items": {"$ref": "#/components/schemas/Cluster"}},
-                    "count": {"type": "integer"},
-                }},
-                "Deleted": {"type": "object", "required": ["name", "status"], "properties": {
-                    "name": {"type": "string"}, "status": {"type": "string"},
-                }},
                 "PolicyPatch": {"type": "object", "additionalProperties": false, "properties": {
                     "name": {"type": "string"}, "resourceType": {"type": "string"},
                     "targetClusters": {"type": "array", "nullable": true, "items": {"type": "string"}},
-                }},
-                "PolicyView": {"type": "object", "required": ["name", "resourceType", "targetClusters"], "properties": {
-                    "name": {"type": "string"}, "resourceType": {"type": "string"},
-                    "targetClusters": {"type": "array", "items": {"type": "string"}},
-                    "createdAt": {"type": "string", "nullable": true},
-                    "resourceVersion": {"type": "string"},
-                    "boundResources": {"type": "integer", "description": "How many templates the policy places"},
-                }},
-                "PolicyList": {"type": "object", "required": ["items", "count"], "properties": {
-                    "items": {"type": "array", "items": {"$ref": "#/components/schemas/PolicyView"}},
-                    "count": {"type": "integer"},
                 }},
                 "TaskRequest": {"oneOf": [
                     {"type": "object", "required": ["resource"], "additionalProperties": false, "properties": {
@@ -250,136 +216,6 @@ pub fn document() -> Value {
                         "task": {"$ref": "#/components/schemas/Task"},
                     }},
                 ]},
-                "TaskDeleted": {"type": "object", "required": ["bindingId", "state"], "properties": {
-                    "bindingId": {"type": "string"}, "state": {"type": "string", "enum": ["Deleted"]},
-                }},
-                "TaskAccepted": {"type": "object", "required": ["bindingId", "state", "statusUrl"], "properties": {
-                    "bindingId": {"type": "string"}, "state": {"type": "string"}, "statusUrl": {"type": "string"},
-                }},
-                "TaskStatus": {"type": "object", "required": ["bindingId", "state", "clusters"], "properties": {
-                    "bindingId": {"type": "string"}, "taskId": {"type": "string"},
-                    "state": {"type": "string", "enum": ["Pending", "Scheduled", "PartiallyScheduled", "Unschedulable"]},
-                    "resource": {"type": "object"}, "replicas": {"type": "integer", "nullable": true},
-                    "clusters": {"type": "array", "items": {"type": "object", "properties": {"name": {"type": "string"}, "replicas": {"type": "integer"}}}},
-                    "message": {"type": "string"}, "strategy": {"type": "string"},
-                    "unplacedReplicas": {"type": "integer"},
-                    "reasons": {"type": "array", "items": {"$ref": "#/components/schemas/ClusterDecision"}},
-                    "filtered": {"type": "object", "additionalProperties": {"type": "integer"}},
-                    "prediction": {"type": "string", "description": "How the clusters' water levels were judged: by their forecast or their present level, and why"},
-                    "lastScheduledTime": {"type": "string", "nullable": true},
-                    "fullyApplied": {"type": "boolean"},
-                    "standalone": {"type": "boolean", "description": "A standalone task rather than a template's binding"},
-                    "priority": {"type": "integer"},
-                }},
-                "ClusterDecision": {"type": "object", "required": ["name"], "properties": {
-                    "name": {"type": "string"}, "replicas": {"type": "integer"}, "reason": {"type": "string"},
-                    "filter": {"type": "string"}, "score": {"type": "number"},
-                    "scores": {"type": "object", "additionalProperties": {"type": "number"}},
-                    "waterLevel": {"type": "object", "required": ["now", "basis"], "description": "Its water level now and, judged by the forecast, over the prediction horizon",
-                        "properties": {"now": {"type": "number"}, "ahead": {"type": "number"}, "basis": {"type": "string"}}},
-                }},
-                "MetricsAccepted": {"type": "object", "required": ["cluster", "accepted"], "properties": {
-                    "cluster": {"type": "string"}, "accepted": {"type": "boolean"},
-                    "waterLevel": {"type": "object", "nullable": true, "additionalProperties": {"type": "number"}},
-                }},
-                "EventRecorded": {"type": "object", "required": ["cluster", "recorded", "failure"], "properties": {
-                    "cluster": {"type": "string"}, "recorded": {"type": "boolean"}, "failure": {"type": "boolean"},
-                }},
-                "BatchResult": {"type": "object", "required": ["applied", "failed", "results"], "properties": {
-                    "applied": {"type": "integer"}, "failed": {"type": "integer"},
-                    "results": {"type": "array", "items": {"type": "object", "required": ["kind", "name", "code"], "properties": {
-                        "kind": {"type": "string"}, "name": {"type": "string"}, "namespace": {"type": "string"},
-                        "code": {"type": "string"}, "message": {"type": "string"}, "resourceVersion": {"type": "string"},
-                    }}},
-                }},
-                "Realtime": {"type": "object", "required": ["activeClusters", "totalPods", "networkTraffic"], "properties": {
-                    "activeClusters": {"type": "integer"}, "totalClusters": {"type": "integer"},
-                    "totalPods": {"type": "integer", "description": "Pods running in the Ready clusters"},
-                    "currency": {"type": "string", "description": "The ISO 4217 code the priced clusters' prices are in (cost.orrery.io/currency), when they name one and agree"},
-                    "currencies": {"type": "array", "items": {"type": "string"}, "description": "The codes, when priced clusters name different currencies (their costs are not converted)"},
-                    "unreachablePods": {"type": "integer", "description": "Pods the clusters that are not Ready last reported (not counted as running)"},
-                    "networkTraffic": {"type": "string", "example": "1.2Gbps", "description": "The Ready clusters' traffic"},
-                    "networkBytesPerSecond": {"type": "number"},
-                    "fleetWaterLevel": {"type": "object", "additionalProperties": {"type": "number"}},
-                    "hourlyCost": {"type": "number", "nullable": true, "description": "What the replicas Orrery placed cost per hour, by the clusters' prices, as of costTime (the newest monitoring sample); null before the first sample"},
-                    "costTime": {"type": "string", "format": "date-time", "nullable": true},
-                    "clusters": {"type": "array", "items": {"type": "object", "properties": {
-                        "name": {"type": "string"}, "ready": {"type": "boolean"}, "pods": {"type": "integer"},
-                        "waterLevel": {"type": "object", "nullable": true, "additionalProperties": {"type": "number"}},
-                        "networkBytesPerSecond": {"type": "number"},
-                        "hourlyCost": {"type": "number", "description": "What Orrery's replicas there cost per hour; absent where the cluster has no prices"},
-                    }}},
-                }},
-                "MonitorForecast": {"type": "object", "required": ["clusters", "count"], "properties": {
-                    "count": {"type": "integer"},
-                    "clusters": {"type": "array", "items": {"type": "object", "required": ["cluster", "time", "stepSeconds", "seasonSeconds", "history", "series"], "properties": {
-                        "cluster": {"type": "string"}, "time": {"type": "string"},
-                        "stepSeconds": {"type": "integer"}, "seasonSeconds": {"type": "integer"}, "history": {"type": "integer"},
-                        "series": {"type": "object", "description": "By series: cpu, memory, gpu and pods water levels, and traffic (bytes per second).",
-                            "additionalProperties": {"type": "object", "required": ["model", "points"], "properties": {
-                                "model": {"type": "string", "enum": ["naive", "seasonal-naive", "ets", "mstl-ets"]},
-                                "backtestMase": {"type": "number"},
-                                "last": {"type": "number", "description": "The series' value at the forecast's time, where the points start from"},
-                                "seasonPeak": {"type": "number", "description": "The highest the series went over its last season (a water level with Orrery's part as it stands): where its daily peak takes it"},
-                                "points": {"type": "array", "items": {"type": "object", "required": ["time", "mean", "lower80", "upper80", "lower95", "upper95"], "properties": {
-                                    "time": {"type": "string"}, "mean": {"type": "number"},
-                                    "lower80": {"type": "number"}, "upper80": {"type": "number"},
-                                    "lower95": {"type": "number"}, "upper95": {"type": "number"},
-                                }}},
-                            }}},
-                    }}},
-                }},
-                "MonitorHistory": {"type": "object", "required": ["resolution", "points", "count"], "properties": {
-                    "resolution": {"type": "string"},
-                    "count": {"type": "integer"},
-                    "points": {"type": "array", "items": {"type": "object", "required": ["time", "meanLevel", "clusters"], "properties": {
-                        "time": {"type": "string"}, "meanLevel": {"type": "number"},
-                        "hourlyCost": {"type": "number", "description": "What Orrery's replicas cost per hour then, over the clusters with prices"},
-                        "clusters": {"type": "object", "additionalProperties": {"type": "object", "properties": {
-                            "cost": {"type": "number", "description": "What Orrery's replicas there cost per hour"},
-                            "placed": {"type": "object", "additionalProperties": {"type": "number"}, "description": "Orrery's part of each level"},
-                            "ready": {"type": "boolean"}, "level": {"type": "number"},
-                            "levels": {"type": "object", "additionalProperties": {"type": "number"}},
-                            "cpuUsage": {"type": "number"}, "memoryAvailable": {"type": "number"},
-                            "pods": {"type": "integer"}, "traffic": {"type": "number"},
-                            "forecast": {"type": "object", "description": "What the forecast made one prediction horizon before said of this time, by series, beside what was measured (levels, traffic).",
-                                "additionalProperties": {"type": "object", "required": ["mean", "lower80", "upper80", "madeAt"], "properties": {
-                                    "mean": {"type": "number"}, "lower80": {"type": "number"}, "upper80": {"type": "number"},
-                                    "madeAt": {"type": "string", "format": "date-time"},
-                                }}},
-                        }}},
-                    }}},
-                }},
-                "ScheduleHistory": {"type": "object", "required": ["entries", "count"], "properties": {
-                    "entries": {"type": "array", "items": {"type": "object", "required": ["id", "time", "binding", "result"], "properties": {
-                        "id": {"type": "string"}, "time": {"type": "string"}, "binding": {"type": "string"},
-                        "resource": {"type": "object"}, "replicas": {"type": "integer"}, "trigger": {"type": "string"},
-                        "strategy": {"type": "string"}, "fleetLevel": {"type": "number"},
-                        "result": {"type": "string", "enum": ["Scheduled", "PartiallyScheduled", "Unschedulable"]},
-                        "message": {"type": "string"},
-                        "clusters": {"type": "array", "items": {"type": "object"}},
-                        "unplaced": {"type": "integer"},
-                        "decisions": {"type": "array", "items": {"$ref": "#/components/schemas/ClusterDecision"}},
-                        "filtered": {"type": "object", "additionalProperties": {"type": "integer"}},
-                        "prediction": {"type": "string", "description": "How the clusters' water levels were judged: by their forecast (Upper80 over 30m) or their present level, and why"},
-                        "forecast": {"type": "object", "description": "The forecast that moved replicas ahead of a peak (trigger Forecast)",
-                            "required": ["cluster", "dimension", "level", "forecast", "crossesAt", "mark", "basis", "madeAt"], "properties": {
-                            "cluster": {"type": "string"}, "dimension": {"type": "string"},
-                            "level": {"type": "number"}, "forecast": {"type": "number"},
-                            "crossesAt": {"type": "string", "format": "date-time"}, "mark": {"type": "number"},
-                            "basis": {"type": "string"}, "model": {"type": "string"},
-                            "madeAt": {"type": "string", "format": "date-time"},
-                        }},
-                    }}},
-                    "count": {"type": "integer"},
-                }},
-                "FailureHistory": {"type": "object", "required": ["entries", "count"], "properties": {
-                    "entries": {"type": "array", "items": {"type": "object", "required": ["time", "cluster", "type", "reason", "message"], "properties": {
-                        "time": {"type": "string"}, "cluster": {"type": "string"}, "type": {"type": "string"},
-                        "reason": {"type": "string"}, "message": {"type": "string"},
-                    }}},
-                    "count": {"type": "integer"},
-                }},
             },
         },
     });
@@ -387,15 +223,16 @@ pub fn document() -> Value {
         .pointer_mut("/components/schemas")
         .and_then(Value::as_object_mut)
     {
-        schemas.extend(request_schemas());
+        schemas.extend(generated_schemas());
     }
     doc
 }
 
-/// The request bodies' schemas, generated from the types the handlers read them into (with
-/// their limits and descriptions), so what the document promises is what the server parses.
-/// The answers are written above; the fuzz test checks every answer against them.
-fn request_schemas() -> serde_json::Map<String, Value> {
+/// The request bodies' and answers' schemas, generated from the types the handlers read
+/// requests into (with their limits and descriptions) and write answers from
+/// ([`super::answers`]), so what the document promises is what the server parses and sends.
+/// (The fuzz test checks every answer against them as well.)
+fn generated_schemas() -> serde_json::Map<String, Value> {
     let mut g = schemars::generate::SchemaSettings::openapi3().into_generator();
     g.subschema_for::<super::clusters::Register>();
     g.subschema_for::<super::policies::Short>();
@@ -406,6 +243,23 @@ fn request_schemas() -> serde_json::Map<String, Value> {
     g.subschema_for::<super::monitor::Config>();
     g.subschema_for::<super::sync::Batch>();
     let mut defs = g.take_definitions(true);
+    // Answers as they are written (a field left out when empty is not required), requests as
+    // they are read.
+    let mut g = schemars::generate::SchemaSettings::openapi3()
+        .for_serialize()
+        .into_generator();
+    super::answers::register(&mut g);
+    for (name, schema) in g.take_definitions(true) {
+        if let Some(read) = defs.get(&name)
+            && *read != schema
+        {
+            // One name, two shapes: a type both read and written, with fields the two treat
+            // differently. None is, today; a test keeps it so.
+            defs.insert(format!("{name}Answer"), schema);
+            continue;
+        }
+        defs.insert(name, schema);
+    }
     // What a task's requirements are given in (the Kubernetes API's own component).
     defs.insert(
         crate::schema::QUANTITY.into(),
@@ -468,6 +322,67 @@ mod tests {
             s["DomainEvent"]["properties"]["type"]["enum"],
             json!(["Normal", "Warning", "Failure"])
         );
+    }
+
+    /// The answers' components are their types, written as the handlers write them: what is
+    /// left out when empty is not required, what is sent as null is nullable, and no type is
+    /// described twice under one name.
+    #[test]
+    fn answers_are_their_types() {
+        let doc = document();
+        let s = doc["components"]["schemas"].as_object().unwrap();
+        assert!(s.keys().all(|k| !k.ends_with("Answer")), "{:?}", s.keys());
+        let required = |name: &str| -> Vec<&str> {
+            s[name]["required"]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default()
+        };
+        // Written whether or not there is a cost yet (null), left out when there is no
+        // currency.
+        assert!(required("Realtime").contains(&"hourlyCost"));
+        assert_eq!(
+            s["Realtime"]["properties"]["hourlyCost"]["nullable"],
+            json!(true)
+        );
+        assert!(!required("Realtime").contains(&"currency"));
+        assert!(!required("Realtime").contains(&"currencies"));
+        // A decision says what it estimated and what a replica costs there: fields the
+        // written document had missed.
+        let decision = &s["ClusterDecision"]["properties"];
+        assert!(decision.get("estimate").is_some() && decision.get("replicaHourly").is_some());
+        assert_eq!(
+            s["Error"]["properties"]["code"]["enum"]
+                .as_array()
+                .unwrap()
+                .len(),
+            ERROR_CODES.len()
+        );
+        assert_eq!(
+            s["Cluster"]["properties"]["ready"]["$ref"],
+            json!("#/components/schemas/Truth")
+        );
+        assert_eq!(s["Truth"]["enum"], json!(["True", "False", "Unknown"]));
+        for name in [
+            "Cluster",
+            "ClusterList",
+            "Deleted",
+            "PolicyView",
+            "PolicyList",
+            "TaskAccepted",
+            "TaskDeleted",
+            "TaskStatus",
+            "MetricsAccepted",
+            "EventRecorded",
+            "BatchResult",
+            "Realtime",
+            "MonitorForecast",
+            "MonitorHistory",
+            "ScheduleHistory",
+            "FailureHistory",
+        ] {
+            assert!(s.contains_key(name), "{name}");
+        }
     }
 
     #[test]

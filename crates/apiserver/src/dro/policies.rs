@@ -14,10 +14,11 @@ use orrery_api::Object;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::answers::{PolicyList, PolicyView};
 use super::{DroError, forward};
 use crate::app::App;
 use crate::auth::Identity;
-use crate::http::{self as h, Body};
+use crate::http::Body;
 use crate::registry::{Input, Target};
 
 /// A ClusterPropagationPolicy (or, without a name, all of them) as the registry addresses it.
@@ -112,16 +113,24 @@ fn spec_of(app: &App, s: &Short) -> Result<Value, DroError> {
 }
 
 /// A stored policy in the draft's short form.
-fn view(o: &Object) -> Value {
+fn view(o: &Object) -> PolicyView {
     let spec = o.spec.clone().unwrap_or(Value::Null);
-    json!({
-        "name": o.name(),
-        "resourceType": spec["resourceSelectors"][0]["kind"],
-        "targetClusters": spec["placement"]["clusterAffinity"]["clusterNames"].as_array().cloned().unwrap_or_default(),
-        "createdAt": o.metadata.creation_timestamp,
-        "resourceVersion": o.metadata.resource_version,
-        "boundResources": o.status.as_ref().and_then(|s| s.get("boundResources")).and_then(Value::as_i64).unwrap_or(0),
-    })
+    PolicyView {
+        name: o.name().to_string(),
+        resource_type: spec["resourceSelectors"][0]["kind"].clone(),
+        target_clusters: spec["placement"]["clusterAffinity"]["clusterNames"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default(),
+        created_at: o.metadata.creation_timestamp,
+        resource_version: o.metadata.resource_version.clone(),
+        bound_resources: o
+            .status
+            .as_ref()
+            .and_then(|s| s.get("boundResources"))
+            .and_then(Value::as_i64)
+            .unwrap_or(0),
+    }
 }
 
 fn is_ours(o: &Object) -> bool {
@@ -151,7 +160,16 @@ async fn get_ours(app: &Arc<App>, who: &Identity, name: &str) -> Result<Object, 
 
 pub async fn list(app: &Arc<App>, who: &Identity) -> Result<http::Response<Body>, DroError> {
     let selector = format!("{LABEL}={LABEL_VALUE}");
-    forward::list(app, who, policy(app, None)?, Some(&selector), view).await
+    let items: Vec<PolicyView> = forward::list(app, who, policy(app, None)?, Some(&selector))
+        .await?
+        .iter()
+        .map(view)
+        .collect();
+    let count = items.len();
+    Ok(super::answers::send(
+        StatusCode::OK,
+        &PolicyList { items, count },
+    ))
 }
 
 pub async fn get(
@@ -160,7 +178,7 @@ pub async fn get(
     name: &str,
 ) -> Result<http::Response<Body>, DroError> {
     let o = get_ours(app, who, name).await?;
-    Ok(h::json(StatusCode::OK, &view(&o)))
+    Ok(super::answers::send(StatusCode::OK, &view(&o)))
 }
 
 pub async fn create(
@@ -190,7 +208,7 @@ pub async fn create(
         return Err(e);
     }
     let o = r.object()?;
-    Ok(h::json(StatusCode::CREATED, &view(&o)))
+    Ok(super::answers::send(StatusCode::CREATED, &view(&o)))
 }
 
 /// `PATCH` with `application/merge-patch+json` (RFC 7386) on the short form.
@@ -238,7 +256,7 @@ pub async fn patch(
         json!({ "policyName": name }),
     )?;
     let o = r.object()?;
-    Ok(h::json(StatusCode::OK, &view(&o)))
+    Ok(super::answers::send(StatusCode::OK, &view(&o)))
 }
 
 /// How often a merge patch is tried against a policy other writers keep changing.
@@ -253,9 +271,9 @@ fn patched(
 ) -> Result<Value, DroError> {
     let v = view(current);
     let mut short = json!({
-        "name": v["name"],
-        "resourceType": v["resourceType"],
-        "targetClusters": v["targetClusters"],
+        "name": v.name,
+        "resourceType": v.resource_type,
+        "targetClusters": v.target_clusters,
     });
     crate::patch::merge_patch(&mut short, patch)
         .map_err(|e| DroError::validation(format!("the patch does not apply: {e}")))?;
@@ -297,7 +315,7 @@ pub async fn delete(
         "POLICY_CONFLICT",
         json!({ "policyName": name }),
     )?;
-    Ok(h::json(
+    Ok(super::answers::send(
         StatusCode::OK,
         &json!({ "name": name, "status": "Deleted" }),
     ))

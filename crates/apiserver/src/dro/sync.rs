@@ -18,6 +18,7 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use super::answers::{BatchResult, ItemResult};
 use super::{DroError, MAX_BATCH};
 use crate::app::App;
 use crate::auth::Identity;
@@ -121,15 +122,17 @@ pub async fn batch(
     // core; results stay in the request's order.
     // Spawned tasks do not inherit the request's origin, which their audit Events show.
     let origin = registry::ORIGIN.try_with(Clone::clone).unwrap_or_default();
-    let results: Vec<Value> = futures_util::stream::iter(batch.items.into_iter().zip(targets))
+    let results: Vec<ItemResult> = futures_util::stream::iter(batch.items.into_iter().zip(targets))
         .map(|(item, (expected, authorized))| {
             let app = app.clone();
             tokio::spawn(registry::ORIGIN.scope(origin.clone(), async move {
                 let ns = item.namespace.as_deref().filter(|n| !n.is_empty());
-                let mut out = json!({ "kind": item.kind, "name": item.name });
-                if let Some(ns) = ns {
-                    out["namespace"] = json!(ns);
-                }
+                let mut out = ItemResult {
+                    kind: item.kind.clone(),
+                    name: item.name.clone(),
+                    namespace: ns.map(str::to_string),
+                    ..Default::default()
+                };
                 let status = item.status;
                 let written = registry::update_status(
                     &app,
@@ -141,13 +144,13 @@ pub async fn batch(
                 .await;
                 match written {
                     Ok(o) => {
-                        out["code"] = json!("OK");
-                        out["resourceVersion"] = json!(o.metadata.resource_version);
+                        out.code = "OK".into();
+                        out.resource_version = Some(o.metadata.resource_version.clone());
                     }
                     Err(e) => {
                         let e = DroError::from(e);
-                        out["code"] = json!(e.code);
-                        out["message"] = json!(e.message);
+                        out.code = e.code.into();
+                        out.message = Some(e.message);
                     }
                 }
                 out
@@ -155,13 +158,21 @@ pub async fn batch(
         })
         .buffered(PARALLEL)
         .map(|joined| {
-            joined.unwrap_or_else(|e| json!({ "code": "INTERNAL", "message": e.to_string() }))
+            joined.unwrap_or_else(|e| ItemResult {
+                code: "INTERNAL".into(),
+                message: Some(e.to_string()),
+                ..Default::default()
+            })
         })
         .collect()
         .await;
-    let failed = results.iter().filter(|r| r["code"] != "OK").count();
-    Ok(crate::http::json(
+    let failed = results.iter().filter(|r| r.code != "OK").count();
+    Ok(super::answers::send(
         http::StatusCode::OK,
-        &json!({ "applied": results.len() - failed, "failed": failed, "results": results }),
+        &BatchResult {
+            applied: results.len() - failed,
+            failed,
+            results,
+        },
     ))
 }
