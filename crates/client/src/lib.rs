@@ -179,31 +179,17 @@ pub struct Kind {
     pub namespaced: bool,
 }
 
-/// Orrery's own kinds.
+/// The kinds the agent and the commands address: Orrery's own, from their descriptors (where
+/// each is served is said once, in `orrery_api::kinds`), and Kubernetes' Lease.
 pub mod kinds {
     use super::Kind;
+    use orrery_api::kinds as own;
 
-    pub const CLUSTER: Kind = Kind {
-        group: "multicluster.io",
-        version: "v1alpha1",
-        kind: "Cluster",
-        plural: "clusters",
-        namespaced: false,
-    };
-    pub const CLUSTER_METRICS: Kind = Kind {
-        group: "galaxy.kubestellar.io",
-        version: "v1alpha1",
-        kind: "ClusterMetrics",
-        plural: "clustermetrics",
-        namespaced: false,
-    };
-    pub const WORK: Kind = Kind {
-        group: "multicluster.io",
-        version: "v1alpha1",
-        kind: "Work",
-        plural: "works",
-        namespaced: true,
-    };
+    pub const CLUSTER: Kind = Kind::of(&own::CLUSTER);
+    pub const CLUSTER_METRICS: Kind = Kind::of(&own::CLUSTER_METRICS);
+    pub const WORK: Kind = Kind::of(&own::WORK);
+    pub const RESOURCE_BINDING: Kind = Kind::of(&own::RESOURCE_BINDING);
+    pub const RESOURCE_PLACEMENT_POLICY: Kind = Kind::of(&own::RESOURCE_PLACEMENT_POLICY);
     /// Kubernetes' Lease (a member's heartbeat, leader election).
     pub const LEASE: Kind = Kind {
         group: "coordination.k8s.io",
@@ -212,23 +198,20 @@ pub mod kinds {
         plural: "leases",
         namespaced: true,
     };
-    pub const RESOURCE_BINDING: Kind = Kind {
-        group: "multicluster.io",
-        version: "v1alpha1",
-        kind: "ResourceBinding",
-        plural: "resourcebindings",
-        namespaced: true,
-    };
-    pub const RESOURCE_PLACEMENT_POLICY: Kind = Kind {
-        group: "multicluster.io",
-        version: "v1alpha1",
-        kind: "ResourcePlacementPolicy",
-        plural: "resourceplacementpolicies",
-        namespaced: true,
-    };
 }
 
 impl Kind {
+    /// Where one of Orrery's kinds is served.
+    pub const fn of(d: &orrery_api::kinds::Descriptor) -> Kind {
+        Kind {
+            group: d.group,
+            version: d.version,
+            kind: d.kind,
+            plural: d.plural,
+            namespaced: d.namespaced,
+        }
+    }
+
     pub fn api_resource(&self) -> ApiResource {
         ApiResource {
             group: self.group.to_string(),
