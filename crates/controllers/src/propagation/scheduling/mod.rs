@@ -249,6 +249,17 @@ enum Trigger {
 }
 
 impl Trigger {
+    /// What a binding queued for `self` is decided for once `new` comes too: the first,
+    /// unless the new one decides it afresh (a user's request, a recovery its placement
+    /// rebalances on), which a trigger queued before it must not swallow.
+    fn merged(self, new: Trigger) -> Trigger {
+        match (self, new) {
+            (Trigger::Requested, _) => Trigger::Requested,
+            (_, Trigger::Requested | Trigger::Recovered) => new,
+            _ => self,
+        }
+    }
+
     fn as_str(&self) -> &'static str {
         match self {
             Trigger::Binding => "SpecChanged",
@@ -642,7 +653,8 @@ impl Scheduler {
         if !self.bindings.contains_key(&k) {
             return;
         }
-        self.triggers.entry(k.clone()).or_insert(why);
+        let queued = self.triggers.entry(k.clone()).or_insert(why);
+        *queued = queued.merged(why);
         if why != Trigger::Retry {
             self.behind.remove(&k);
             self.woken_fresh.insert(k.clone());

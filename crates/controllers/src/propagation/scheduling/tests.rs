@@ -8,6 +8,16 @@ fn t(name: &str, replicas: i64) -> TargetCluster {
 }
 
 #[test]
+fn a_queued_trigger_does_not_swallow_a_fresh_decision() {
+    use Trigger::*;
+    assert_eq!(ClustersChanged.merged(Recovered), Recovered);
+    assert_eq!(Retry.merged(Requested), Requested);
+    assert_eq!(Requested.merged(Recovered), Requested);
+    assert_eq!(Recovered.merged(ClustersChanged), Recovered);
+    assert_eq!(Binding.merged(Shed), Binding);
+}
+
+#[test]
 fn a_placement_message_counts_replicas_only_for_kinds_that_have_them() {
     assert_eq!(
         placed_message(&[t("a", 3), t("b", 0)]),
