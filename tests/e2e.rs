@@ -32,6 +32,7 @@ mod propagation;
 mod proxy;
 mod quotas;
 mod restarts;
+mod rollouts;
 mod rotation;
 mod scheduling;
 mod security;

@@ -612,6 +612,10 @@ pub struct BindingStatus {
     /// (`topology.datum.net/city-code`), summed per code.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub locations: Vec<LocationReplicas>,
+    /// Where the rollout of its template's latest revision stands
+    /// (`placement.rollout`), cluster by cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::rollout::RolloutStatus>,
 }
 
 impl BindingSpec {

@@ -12,6 +12,7 @@
 //! - [`history`]: the schedule history's records;
 //! - [`prediction`]: scheduling ahead of the load (a placement's `prediction`, and what
 //!   decisions and the histories say of the forecasts they used);
+//! - [`rollout`]: progressive rollouts (a placement's stages, revisions, the rollout's status);
 //! - [`services`]: multi-cluster services (KEP-1645): exports merged into imports;
 //! - [`kinds`]: one descriptor per own kind (names, scope, schema, columns, rules);
 //! - [`keys`]: where each object lives in the store.
@@ -39,6 +40,7 @@ pub mod policy;
 pub mod prediction;
 pub mod quantity;
 pub mod quota;
+pub mod rollout;
 pub mod services;
 pub mod stateful;
 pub mod time;

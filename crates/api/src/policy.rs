@@ -326,6 +326,10 @@ pub struct Placement {
     /// Orrery's: how much price counts, a budget and an on-demand floor (docs/cost.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<crate::cost::CostPolicy>,
+    /// Orrery: how a change of the template reaches the clusters: stage by stage, each
+    /// gated on the health of the last (docs/rollouts.md). Absent: all at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<crate::rollout::RolloutStrategy>,
 }
 
 impl Placement {
@@ -413,6 +417,9 @@ impl Placement {
         }
         if let Some(c) = &self.cost {
             c.validate(&format!("{path}.cost"), errs);
+        }
+        if let Some(r) = &self.rollout {
+            r.validate(&format!("{path}.rollout"), errs);
         }
     }
 

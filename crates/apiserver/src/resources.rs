@@ -361,6 +361,17 @@ fn builtin_defs() -> Vec<Def> {
                 "io.k8s.api.apps.v1.ReplicaSet",
             )
         },
+        // A template's revisions under a rollout (`rollout.orrery.io/binding`), owned by
+        // its binding.
+        def(
+            "apps",
+            "ControllerRevision",
+            "controllerrevisions",
+            true,
+            &[],
+            false,
+            "io.k8s.api.apps.v1.ControllerRevision",
+        ),
         Def {
             categories: all,
             ..def(

@@ -15,6 +15,7 @@ mod join;
 mod kubeconfig;
 mod locate;
 mod push;
+mod rollout;
 mod scrub;
 mod server;
 mod sim;
@@ -86,6 +87,8 @@ enum Command {
     Kubeconfig(kubeconfig::KubeconfigArgs),
     /// The fleet in the terminal: clusters, water levels, workloads and where they run.
     Status(status::StatusArgs),
+    /// A workload's progressive rollout: status, pause, resume, abort, approve, history, undo.
+    Rollout(rollout::RolloutArgs),
     /// The simulated clusters of `orrery up`: list them, inject faults, change their load.
     Sim(sim::SimArgs),
     /// Remove from a stopped server's store what is no longer current (after turning on
@@ -162,6 +165,7 @@ fn main() -> anyhow::Result<()> {
             Command::Ca(cmd) => ca::run(cmd).await,
             Command::Kubeconfig(args) => kubeconfig::run(args),
             Command::Status(args) => status::run(args).await,
+            Command::Rollout(args) => rollout::run(args).await,
             Command::Join(args) => join::run(*args).await,
             Command::Unjoin(args) => join::unjoin(args).await,
             Command::Sim(args) => sim::run(args).await,

@@ -467,7 +467,19 @@ fn pass_pods(st: &mut State, spec: &SimSpec, now: Instant, free: &mut [Res]) -> 
                 }
             }
             Phase::Starting => {
-                if now.duration_since(p.since) >= spec.start_delay {
+                let never_ready = st
+                    .objects
+                    .get(&p.owner)
+                    .and_then(|o| o.shape.as_ref())
+                    .is_some_and(|s| s.never_ready);
+                if never_ready {
+                    // A crash loop: it starts again and again, never ready.
+                    if now.duration_since(p.since) >= spec.start_delay {
+                        p.since = now;
+                        p.restarts += 1;
+                        changed = true;
+                    }
+                } else if now.duration_since(p.since) >= spec.start_delay {
                     p.phase = Phase::Running;
                     p.since = now;
                     p.started = Some(orrery_api::Time::now());

@@ -156,12 +156,17 @@ pub(crate) struct Shape {
     /// The demand on its pods over time (`sim.orrery.io/load-profile`...): their usage, as a
     /// metrics server would report it.
     pub(crate) load: Option<LoadProfile>,
+    /// Its pods start and never become ready, restarting as a crash loop does
+    /// (`sim.orrery.io/never-ready: "true"`): a bad revision.
+    pub(crate) never_ready: bool,
 }
 
 /// Pod template annotation: the bytes a new volume holds.
 pub const VOLUME_USED_ANNOTATION: &str = "sim.orrery.io/volume-used";
 /// Pod template annotation: bytes a second a running pod writes to each of its volumes.
 pub const WRITE_RATE_ANNOTATION: &str = "sim.orrery.io/write-rate";
+/// Pod template annotation: `"true"`, its pods never become ready.
+pub const NEVER_READY_ANNOTATION: &str = "sim.orrery.io/never-ready";
 
 pub(crate) fn shape_of(obj: &Value) -> Option<Shape> {
     let kind = obj.get("kind")?.as_str()?;
@@ -199,7 +204,16 @@ pub(crate) fn shape_of(obj: &Value) -> Option<Shape> {
     } else {
         template.pointer("/metadata/annotations")
     });
+    let never_ready = if wk == WorkloadKind::Pod {
+        obj.pointer("/metadata/annotations")
+    } else {
+        template.pointer("/metadata/annotations")
+    }
+    .and_then(|a| a.get(NEVER_READY_ANNOTATION))
+    .and_then(Value::as_str)
+        == Some("true");
     Some(Shape {
+        never_ready,
         load,
         kind: wk,
         replicas: int("replicas", 1),

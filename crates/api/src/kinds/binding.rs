@@ -86,6 +86,27 @@ const COLUMNS: &[Column] = &[
         1,
         "The Migration moving it now",
     ),
+    Column::new(
+        "Revision",
+        "integer",
+        ".status.rollout.revision",
+        1,
+        "The template revision rolling out (placement.rollout)",
+    ),
+    Column::new(
+        "Rollout",
+        "string",
+        ".status.rollout.phase",
+        1,
+        "Where its rollout stands",
+    ),
+    Column::new(
+        "Stage",
+        "string",
+        ".status.rollout.stage",
+        1,
+        "The rollout's stage under way",
+    ),
 ];
 
 /// A binding's spec parses, and refers to nothing outside its namespace.

@@ -23,6 +23,7 @@ mod migration;
 pub mod openapi;
 mod policies;
 mod quota;
+mod rollout;
 mod services;
 mod work;
 
@@ -40,6 +41,7 @@ pub use policies::{
     OVERRIDE_POLICY, PROPAGATION_POLICY, RESOURCE_PLACEMENT_POLICY,
 };
 pub use quota::{CLUSTER_METRICS, CLUSTER_RESOURCE_CLAIM};
+pub use rollout::ROLLOUT_APPROVAL;
 pub use services::{SERVICE_EXPORT, SERVICE_IMPORT};
 pub use work::WORK;
 
@@ -69,6 +71,7 @@ pub const OWN: &[&Descriptor] = &[
     &CLUSTER_RESOURCE_CLAIM,
     &CLUSTER_METRICS,
     &CLUSTER_PROPERTY,
+    &ROLLOUT_APPROVAL,
 ];
 
 /// The category every own kind is in (`kubectl get orrery`).

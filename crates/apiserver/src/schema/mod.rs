@@ -74,6 +74,12 @@ fn builtin_components() -> Components {
     kind!(apps::v1::StatefulSet, "apps", "v1", "StatefulSet");
     kind!(apps::v1::DaemonSet, "apps", "v1", "DaemonSet");
     kind!(apps::v1::ReplicaSet, "apps", "v1", "ReplicaSet");
+    kind!(
+        apps::v1::ControllerRevision,
+        "apps",
+        "v1",
+        "ControllerRevision"
+    );
     kind!(batch::v1::Job, "batch", "v1", "Job");
     kind!(batch::v1::CronJob, "batch", "v1", "CronJob");
     kind!(

@@ -10,7 +10,8 @@
 //!   template; application failover;
 //! - [`binding`]: one `Work` per target cluster with the rendered manifests (dependencies,
 //!   replica share, overrides), and member status aggregated into the binding and the
-//!   template.
+//!   template; under a placement's `rollout`, each cluster's from the revision [`rollout`]
+//!   decided.
 //!
 //! Each is a `Batch` on the runtime's `Controller`: it keeps what it watches in memory, says
 //! which bindings an event touches, and decides every due one in a round whose store writes
@@ -29,6 +30,7 @@ use crate::runtime::reflector::Event;
 pub mod binding;
 pub mod detector;
 pub mod history;
+pub mod rollout;
 pub mod scheduling;
 mod stateful;
 

@@ -49,8 +49,10 @@ use crate::runtime::Event;
 use crate::runtime::controller::{Action, Batch, Controller, Keys, Origin, Source};
 use orrery_store::stamp::new_object;
 
+mod rollout;
 mod status;
-use status::{Rendering, Subject};
+use rollout::{Level, Prepared, Revisions};
+use status::{Rendering, RolloutWrite, Subject};
 
 const COMPONENT: &str = "orrery-binding-controller";
 
@@ -64,6 +66,8 @@ enum Src {
     Interpreter,
     /// Templates of one kind (a slot of `Controller::followed`).
     Template(usize),
+    Revision,
+    Approval,
 }
 
 type BKey = (String, String);
@@ -89,6 +93,8 @@ struct WorkView {
     deleting: bool,
     /// A digest of the spec as stored ([`json_digest`]).
     spec: u64,
+    /// The template revision it renders, under a rollout.
+    rollout_revision: Option<i64>,
     status: Option<WorkStatus>,
 }
 
@@ -112,6 +118,11 @@ impl WorkView {
             generation: w.metadata.generation,
             deleting: w.metadata.deletion_timestamp.is_some(),
             spec: json_digest(&w.spec),
+            rollout_revision: w
+                .metadata
+                .annotations
+                .get(orrery_api::rollout::WORK_REVISION_ANNOTATION)
+                .and_then(|r| r.parse().ok()),
             // Only a binding's Work has its status read (into the binding's); another's
             // would be kept for nothing.
             status: w
@@ -146,6 +157,12 @@ struct Binder {
     bindings: HashMap<BKey, Arc<Object>>,
     /// Each binding's spec, parsed once per version.
     specs: HashMap<BKey, Arc<BindingSpec>>,
+    /// ControllerRevisions of rollout bindings, by binding and number.
+    revisions: HashMap<BKey, BTreeMap<i64, Arc<Object>>>,
+    /// RolloutApprovals by namespace and name.
+    approvals: HashMap<(String, String), Arc<Object>>,
+    /// Each cluster's load, which a rollout's order follows.
+    levels: HashMap<String, Level>,
     /// Template kinds followed, and the slots whose first listing came.
     followed: TemplateKinds,
     listed: HashSet<usize>,
@@ -187,6 +204,8 @@ impl Batch for Binder {
             ("bindings", _) => Src::Binding,
             ("works", _) => Src::Work,
             ("clusters", _) => Src::Cluster,
+            ("revisions", _) => Src::Revision,
+            ("approvals", _) => Src::Approval,
             ("overrides", Some(i)) => Src::Override(i),
             ("dependencies", Some(i)) => Src::Dependency(i),
             (TEMPLATES, Some(i)) => Src::Template(i),
@@ -200,9 +219,9 @@ impl Batch for Binder {
     fn tick(&mut self, keys: &mut Keys<BKey>) {
         // Kinds that could not be resolved yet (a CRD arriving later) are tried again.
         self.follow_template_kinds();
-        // Graceful evictions end by time.
+        // Graceful evictions end by time, and rollouts' gates are timed.
         for (k, b) in &self.bindings {
-            if b.spec.as_ref().and_then(|s| s.get("evictions")).is_some() {
+            if b.spec.as_ref().and_then(|s| s.get("evictions")).is_some() || Self::rolling(b) {
                 self.dirty.insert(k.clone());
             }
         }
@@ -274,6 +293,9 @@ pub async fn run(
         deps: HashMap::new(),
         dependents: HashMap::new(),
         interpreters: HashMap::new(),
+        revisions: HashMap::new(),
+        approvals: HashMap::new(),
+        levels: HashMap::new(),
         dirty: BTreeSet::new(),
         epoch: 0,
         rendered: Default::default(),
@@ -286,7 +308,15 @@ pub async fn run(
             orrery_api::kinds::RESOURCE_BINDING.prefix(None),
         ))
         .source(Source::new("works", keys::well_known::works(None)))
-        .source(Source::new("clusters", keys::well_known::clusters()));
+        .source(Source::new("clusters", keys::well_known::clusters()))
+        .source(Source::new(
+            "revisions",
+            keys::prefix("apps", "controllerrevisions", None),
+        ))
+        .source(Source::new(
+            "approvals",
+            orrery_api::kinds::ROLLOUT_APPROVAL.prefix(None),
+        ));
     for (i, (group, _, plural)) in OVERRIDE_KINDS.iter().enumerate() {
         c = c.source(Source::slot(
             "overrides",
@@ -380,6 +410,8 @@ impl Binder {
             Src::Template(slot) => self.take_template_event(slot, ev),
             Src::Work => self.take_work_event(ev),
             Src::Cluster => self.take_cluster_event(ev),
+            Src::Revision => self.take_revision_event(ev),
+            Src::Approval => self.take_approval_event(ev),
             Src::Override(slot) => self.take_override_event(slot, ev),
             Src::Dependency(slot) => self.take_dependency_event(slot, ev),
             Src::Interpreter => {
@@ -520,9 +552,14 @@ impl Binder {
                     .iter()
                     .map(|c| (c.name().to_string(), Member::of(c, Member::source_of(c))))
                     .collect();
+                self.levels = items
+                    .iter()
+                    .map(|c| (c.name().to_string(), Level::of(c)))
+                    .collect();
                 true
             }
             Event::Upsert(c) => {
+                self.levels.insert(c.name().to_string(), Level::of(&c));
                 let source = Member::source_of(&c);
                 match self.clusters.get(c.name()) {
                     Some(m) if m.source == source => false,
@@ -534,7 +571,10 @@ impl Binder {
                     }
                 }
             }
-            Event::Delete(c) => self.clusters.remove(c.name()).is_some(),
+            Event::Delete(c) => {
+                self.levels.remove(c.name());
+                self.clusters.remove(c.name()).is_some()
+            }
         };
         if changed {
             // Labels and properties feed overrides and template expansion.
@@ -826,7 +866,14 @@ impl Binder {
         keys::well_known::work(&namespace_of(cluster), name)
     }
 
+    /// A binding's Works and status, and the status of the approvals naming it.
     fn reconcile(&self, k: &BKey, template: Option<&Template>) -> Vec<Job<BKey>> {
+        let mut jobs = self.reconcile_works(k, template);
+        jobs.extend(self.approval_jobs(k));
+        jobs
+    }
+
+    fn reconcile_works(&self, k: &BKey, template: Option<&Template>) -> Vec<Job<BKey>> {
         let work_name = binding::work_name(&k.0, &k.1);
         let have: Vec<String> = self
             .works_of
@@ -845,17 +892,43 @@ impl Binder {
         let interp = custom
             .map(Interpreter::Custom)
             .unwrap_or(Interpreter::BuiltIn);
+        let (revisions, rollout) = match self.prepare_rollout(k, &b, &spec, t, interp, &work_name) {
+            Prepared::Off { clear } => (None, RolloutWrite::from(clear)),
+            Prepared::Wait(j) => {
+                jobs.extend(j);
+                return jobs;
+            }
+            Prepared::Ready {
+                revisions,
+                status,
+                jobs: j,
+            } => {
+                jobs.extend(j);
+                (
+                    Some(revisions),
+                    status.map_or(RolloutWrite::Keep, |s| RolloutWrite::Set(*s)),
+                )
+            }
+        };
         // Clusters whose Works stay: targets, fenced copies and ends of transfers.
         let targets: BTreeSet<&str> = work_plan(&spec).into_keys().collect();
         // Rendering is skipped when none of its inputs changed (a Work status coming back
         // changes none of them).
-        let fp = self.render_inputs(&b, template, &have, &work_name);
+        let fp = self.render_inputs(&b, template, &have, &work_name)
+            ^ revisions.as_deref().map_or(0, |r| r.digest);
         let cached = self.rendered.lock().get(k).filter(|c| c.0 == fp).cloned();
         // `writing`: clusters whose Works this round writes (they count as created).
         let (errors, missing_deps, writing) = match cached {
             Some((_, e, m)) => (e, m, BTreeSet::new()),
             None => {
-                let (e, m, w) = self.render_works(k, &spec, t, interp, &work_name, &mut jobs);
+                let (e, m, w) = self.render_works(
+                    k,
+                    &spec,
+                    (t, revisions.as_deref()),
+                    interp,
+                    &work_name,
+                    &mut jobs,
+                );
                 self.rendered
                     .lock()
                     .insert(k.clone(), (fp, e.clone(), m.clone()));
@@ -893,6 +966,7 @@ impl Binder {
                 missing_deps: &missing_deps,
                 writing: &writing,
                 work_name: &work_name,
+                rollout: &rollout,
             },
         ));
         jobs
@@ -1062,7 +1136,7 @@ impl Binder {
         &self,
         k: &BKey,
         spec: &BindingSpec,
-        t: &Object,
+        (t, revisions): (&Object, Option<&Revisions>),
         interp: Interpreter<'_>,
         work_name: &str,
         jobs: &mut Vec<Job<BKey>>,
@@ -1091,9 +1165,21 @@ impl Binder {
                 .replicas(&serde_json::to_value(t).unwrap_or(Value::Null))
                 .is_some();
         for (name, part) in work_plan(spec) {
-            if spec.suspension.holds(name) {
+            if spec.suspension.holds(name) || revisions.is_some_and(|r| r.hold.contains(name)) {
                 continue;
             }
+            // Under a rollout, the revision decided for the cluster (an older one renders
+            // from the template as that revision held it).
+            let (revision, t, old_ops) = match revisions.and_then(|r| r.per_cluster.get(name)) {
+                Some((n, Some(old))) => (
+                    Some(*n),
+                    old,
+                    Some(overrides::applicable(all_overrides.iter().copied(), old)),
+                ),
+                Some((n, None)) => (Some(*n), t, None),
+                None => (None, t, None),
+            };
+            let template_ops = old_ops.as_ref().unwrap_or(&template_ops);
             let Some(cluster) = self.clusters.get(name) else {
                 errors.insert(name.to_string(), "the cluster is not registered".into());
                 continue;
@@ -1110,7 +1196,7 @@ impl Binder {
                     }
                 }
                 let share = divided.then_some(replicas);
-                match overrides::render(t, interp, share, &view, &template_ops) {
+                match overrides::render(t, interp, share, &view, template_ops) {
                     Ok(mut m) => {
                         if part.fenced {
                             fence(interp, &mut m);
@@ -1137,68 +1223,105 @@ impl Binder {
             let existing = self
                 .works
                 .get(&(cluster_name.clone(), work_name.clone()))
-                .map(|w| (w.uid.clone(), w.spec));
+                .map(|w| (w.uid.clone(), w.spec, w.rollout_revision));
             let digest = json_digest(&Some(&ws_value));
-            if existing.as_ref().is_some_and(|(_, d)| *d == digest) {
+            if existing
+                .as_ref()
+                .is_some_and(|(_, d, r)| *d == digest && (revision.is_none() || *r == revision))
+            {
                 continue;
             }
-            let store = self.store.clone();
-            let key = k.clone();
-            let wkey = Self::work_key(&cluster_name, &work_name);
-            let cluster_ns = namespace_of(&cluster_name);
-            let wname = work_name.clone();
-            let bref = format!("{}/{}", k.0, k.1);
-            let bns = k.0.clone();
-            let log = self.written.clone();
-            let wk = (cluster_name.clone(), work_name.clone());
             writing.insert(cluster_name.clone());
-            jobs.push(Box::pin(async move {
-                let err = |e: StoreError| (key.clone(), e.to_string());
-                match existing {
-                    Some((uid, _)) => {
-                        let stored = update_with(store.as_ref(), &wkey, |mut cur| {
-                            if cur.metadata.uid != uid || cur.spec.as_ref() == Some(&ws_value) {
-                                return Ok(None);
-                            }
+            let stamp = revision.map(|r| r.to_string());
+            jobs.push(self.write_work(k, &cluster_name, &work_name, existing, ws_value, stamp));
+        }
+        (errors, missing_deps, writing)
+    }
+
+    /// The job writing a cluster's Work: created, or updated over the one seen (`existing`:
+    /// its uid, spec digest and revision), stamped with its rollout revision.
+    fn write_work(
+        &self,
+        k: &BKey,
+        cluster_name: &str,
+        work_name: &str,
+        existing: Option<(String, u64, Option<i64>)>,
+        ws_value: Value,
+        stamp: Option<String>,
+    ) -> Job<BKey> {
+        let store = self.store.clone();
+        let key = k.clone();
+        let wkey = Self::work_key(cluster_name, work_name);
+        let cluster_ns = namespace_of(cluster_name);
+        let wname = work_name.to_string();
+        let bref = format!("{}/{}", k.0, k.1);
+        let bns = k.0.clone();
+        let log = self.written.clone();
+        let wk = (cluster_name.to_string(), work_name.to_string());
+        Box::pin(async move {
+            let err = |e: StoreError| (key.clone(), e.to_string());
+            match existing {
+                Some((uid, _, _)) => {
+                    let stored = update_with(store.as_ref(), &wkey, |mut cur| {
+                        let ann = &mut cur.metadata.annotations;
+                        let same_stamp = stamp.is_none()
+                            || ann.get(orrery_api::rollout::WORK_REVISION_ANNOTATION)
+                                == stamp.as_ref();
+                        if cur.metadata.uid != uid
+                            || (cur.spec.as_ref() == Some(&ws_value) && same_stamp)
+                        {
+                            return Ok(None);
+                        }
+                        if let Some(s) = &stamp {
+                            ann.insert(
+                                orrery_api::rollout::WORK_REVISION_ANNOTATION.into(),
+                                s.clone(),
+                            );
+                        }
+                        if cur.spec.as_ref() != Some(&ws_value) {
                             cur.spec = Some(ws_value.clone());
                             cur.metadata.generation =
                                 Some(cur.metadata.generation.unwrap_or(1) + 1);
-                            Ok(Some(cur))
-                        })
-                        .await;
-                        match stored {
-                            Ok(stored) => log_written(&log, Written::Work(wk, stored)),
-                            Err(StoreError::NotFound { .. }) => {}
-                            Err(e) => return Err(err(e)),
                         }
-                    }
-                    None => {
-                        let mut w = new_object(
-                            "multicluster.io/v1alpha1",
-                            "Work",
-                            Some(&cluster_ns),
-                            &wname,
-                        );
-                        w.metadata
-                            .annotations
-                            .insert(BINDING_ANNOTATION.into(), bref);
-                        if bns.len() <= 63 {
-                            w.metadata
-                                .labels
-                                .insert(BINDING_NAMESPACE_LABEL.into(), bns);
-                        }
-                        w.spec = Some(ws_value);
-                        match store.create(&wkey, w).await {
-                            Ok(stored) => log_written(&log, Written::Work(wk, stored)),
-                            Err(StoreError::AlreadyExists { .. }) => {}
-                            Err(e) => return Err(err(e)),
-                        }
+                        Ok(Some(cur))
+                    })
+                    .await;
+                    match stored {
+                        Ok(stored) => log_written(&log, Written::Work(wk, stored)),
+                        Err(StoreError::NotFound { .. }) => {}
+                        Err(e) => return Err(err(e)),
                     }
                 }
-                Ok(())
-            }));
-        }
-        (errors, missing_deps, writing)
+                None => {
+                    let mut w = new_object(
+                        "multicluster.io/v1alpha1",
+                        "Work",
+                        Some(&cluster_ns),
+                        &wname,
+                    );
+                    w.metadata
+                        .annotations
+                        .insert(BINDING_ANNOTATION.into(), bref);
+                    if let Some(s) = stamp {
+                        w.metadata
+                            .annotations
+                            .insert(orrery_api::rollout::WORK_REVISION_ANNOTATION.into(), s);
+                    }
+                    if bns.len() <= 63 {
+                        w.metadata
+                            .labels
+                            .insert(BINDING_NAMESPACE_LABEL.into(), bns);
+                    }
+                    w.spec = Some(ws_value);
+                    match store.create(&wkey, w).await {
+                        Ok(stored) => log_written(&log, Written::Work(wk, stored)),
+                        Err(StoreError::AlreadyExists { .. }) => {}
+                        Err(e) => return Err(err(e)),
+                    }
+                }
+            }
+            Ok(())
+        })
     }
 }
 
@@ -1439,7 +1562,7 @@ mod tests {
             ),
         ];
         for (what, (cond, items, want)) in cases {
-            let got = with_status(&stored, &cond, &items, &[], t1);
+            let got = with_status(&stored, &cond, &items, &[], &RolloutWrite::Keep, t1);
             match want {
                 None => assert!(got.is_none(), "{what}: {got:?}"),
                 Some(times) => {

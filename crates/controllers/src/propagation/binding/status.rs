@@ -39,7 +39,7 @@ impl Binder {
         let (items, reasons) = self.status_items(x, r);
         let cond = fully_applied(x.spec, &items, reasons, r.missing_deps);
         let locations = self.locations_of(x.spec, &items);
-        if with_status(x.old, &cond, &items, &locations, now).is_some() {
+        if with_status(x.old, &cond, &items, &locations, r.rollout, now).is_some() {
             jobs.push(self.binding_status_job(x, r, &cond, &items, &locations, now));
         }
         // The template's own status.
@@ -169,6 +169,7 @@ impl Binder {
         let cond = cond.clone();
         let items = items.to_vec();
         let locations = locations.to_vec();
+        let rollout = r.rollout.clone();
         let seen = x.b.clone();
         let log = self.written.clone();
         Box::pin(async move {
@@ -178,7 +179,14 @@ impl Binder {
                 if cur.metadata.deletion_timestamp.is_some() {
                     return None;
                 }
-                let st = with_status(&BindingStatus::of(cur), &cond, &items, &locations, now)?;
+                let st = with_status(
+                    &BindingStatus::of(cur),
+                    &cond,
+                    &items,
+                    &locations,
+                    &rollout,
+                    now,
+                )?;
                 Some(Object {
                     api_version: cur.api_version.clone(),
                     kind: cur.kind.clone(),
@@ -380,6 +388,28 @@ pub(super) struct Rendering<'a> {
     /// Clusters whose Works this round writes.
     pub(super) writing: &'a BTreeSet<String>,
     pub(super) work_name: &'a str,
+    /// What becomes of `status.rollout`.
+    pub(super) rollout: &'a RolloutWrite,
+}
+
+/// What a status write does with `status.rollout`.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum RolloutWrite {
+    Keep,
+    Set(orrery_api::rollout::RolloutStatus),
+    /// The placement no longer rolls out.
+    Clear,
+}
+
+impl From<bool> for RolloutWrite {
+    /// `true`: cleared.
+    fn from(clear: bool) -> Self {
+        if clear {
+            RolloutWrite::Clear
+        } else {
+            RolloutWrite::Keep
+        }
+    }
 }
 
 /// `old` with the `FullyApplied` condition and the aggregated items set, health times carried
@@ -389,9 +419,15 @@ pub(super) fn with_status(
     cond: &Condition,
     items: &[AggregatedStatusItem],
     locations: &[orrery_api::location::LocationReplicas],
+    rollout: &RolloutWrite,
     now: Time,
 ) -> Option<BindingStatus> {
     let mut st = old.clone();
+    match rollout {
+        RolloutWrite::Keep => {}
+        RolloutWrite::Set(r) => st.rollout = Some(r.clone()),
+        RolloutWrite::Clear => st.rollout = None,
+    }
     conditions::set(&mut st.conditions, cond.clone(), now);
     st.locations = locations.to_vec();
     st.aggregated_status = items
