@@ -40,6 +40,11 @@ spec:
 }
 
 fn policy(stages: &str, extra: &str) -> String {
+    placed(stages, extra, "")
+}
+
+/// [`policy`], with more of the placement (`placement`: its lines, indented by four).
+fn placed(stages: &str, extra: &str, placement: &str) -> String {
     format!(
         r#"
 apiVersion: policy.karmada.io/v1alpha1
@@ -51,6 +56,7 @@ spec:
   placement:
     clusterAffinity:
       clusterNames: [m1, m2, m3, m4]
+{placement}
     rollout:
       progressDeadline: 5s
       {extra}
@@ -314,4 +320,184 @@ fn a_restart_mid_rollout_resumes_where_it_was_and_moves_nothing() {
     // It goes on from there.
     f.s.orrery_ok(&["rollout", "approve", "deploy/web", "--stage", "rest"]);
     watch_until_all(&f, "web:2", Duration::from_secs(60));
+}
+
+#[test]
+fn a_change_while_one_rolls_out_supersedes_it() {
+    let f = fleet();
+    let s = &f.s;
+    let stages = r#"      - {name: canary, clusterSelector: {matchLabels: {ring: canary}}, minSuccessTime: 1h}
+      - {name: rest, percent: 100}"#;
+    s.apply(&deployment("web:1", false));
+    s.apply(&policy(stages, ""));
+    watch_until_all(&f, "web:1", Duration::from_secs(30));
+    let mut seen = BTreeMap::new();
+    f.journals(&mut seen);
+    s.apply(&deployment("web:2", false));
+    eventually(Duration::from_secs(20), "revision 2 on the canary", || {
+        image_in(&f, "m1").as_deref() == Some("web:2")
+    });
+    // Revision 3 while 2 soaks on the canary: the canary takes 3 at once, the rest keeps 1.
+    s.apply(&deployment("web:3", false));
+    eventually(Duration::from_secs(20), "revision 3 on the canary", || {
+        image_in(&f, "m1").as_deref() == Some("web:3")
+    });
+    let r = rollout(&f);
+    assert_eq!(
+        (r["revision"].as_i64(), r["stable"].as_i64()),
+        (Some(3), Some(1)),
+        "{r}"
+    );
+    assert_eq!(r["stage"], "canary");
+    for (m, e) in f.journals(&mut seen) {
+        assert_eq!(m, "m1", "a cluster of a later stage was touched: {e}");
+    }
+    for m in ["m2", "m3", "m4"] {
+        assert_eq!(image_in(&f, m).as_deref(), Some("web:1"), "{m}");
+    }
+}
+
+#[test]
+fn the_least_loaded_go_first_and_a_hot_cluster_waits_for_its_level() {
+    let f = fleet();
+    let s = &f.s;
+    // m4 the hottest, yet under the default water level limit.
+    for (m, load) in [("m1", 0.4), ("m2", 0.1), ("m3", 0.25), ("m4", 0.7)] {
+        f.set_load(m, load);
+    }
+    eventually(Duration::from_secs(30), "the loads reported", || {
+        let level = |m: &str| {
+            s.get_json(&["cluster", m])["status"]["waterLevel"]["overall"]
+                .as_f64()
+                .unwrap_or(0.0)
+        };
+        level("m4") > 0.65 && level("m1") > 0.35 && level("m3") > 0.2
+    });
+    let stages = r#"      - {name: all, percent: 100, maxConcurrency: 1, minSuccessTime: 1s, waitForLevelBelow: 0.6}"#;
+    s.apply(&deployment("web:1", false));
+    s.apply(&policy(stages, ""));
+    watch_until_all(&f, "web:1", Duration::from_secs(30));
+    s.apply(&deployment("web:2", false));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut order = Vec::new();
+    while order.len() < 3 {
+        for m in ["m1", "m2", "m3", "m4"] {
+            if !order.contains(&m) && image_in(&f, m).as_deref() == Some("web:2") {
+                order.push(m);
+            }
+        }
+        assert!(Instant::now() < deadline, "{order:?}; {}", rollout(&f));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(order, ["m2", "m3", "m1"], "least loaded first");
+    // The hot cluster waits, and the status says why.
+    eventually(Duration::from_secs(10), "m4 waits for its level", || {
+        let r = rollout(&f);
+        r["clusters"].as_array().unwrap().iter().any(|c| {
+            c["name"] == "m4"
+                && c["state"] == "Waiting"
+                && c["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .contains("is not below 0.60")
+        })
+    });
+    assert_eq!(image_in(&f, "m4").as_deref(), Some("web:1"));
+    f.set_load("m4", 0.2);
+    eventually(
+        Duration::from_secs(40),
+        "m4 updated once its load fell",
+        || image_in(&f, "m4").as_deref() == Some("web:2"),
+    );
+    eventually(Duration::from_secs(20), "complete", || {
+        rollout(&f)["phase"] == "Complete"
+    });
+}
+
+#[test]
+fn a_failover_mid_rollout_places_the_revision_its_stage_reached() {
+    let mut f = Fleet::start_with(
+        &[
+            ("m1", "us-east"),
+            ("m2", "us-west"),
+            ("m3", "eu-west"),
+            ("m4", "eu-north"),
+        ],
+        &[
+            "--cluster-grace-period",
+            "2s",
+            "--cluster-eviction-timeout",
+            "2s",
+        ],
+    );
+    let s = &f.s;
+    let stages = r#"      - {name: canary, clusterSelector: {matchLabels: {ring: canary}}}
+      - {name: rest, percent: 100, approval: true}"#;
+    let three = "    spreadConstraints: [{spreadByField: cluster, minGroups: 3, maxGroups: 3}]";
+    s.apply(&deployment("web:1", false));
+    s.apply(&placed(stages, "", three));
+    // Where it settles: three clusters placed, each running it.
+    let placed_and_running = || {
+        let c: Vec<String> = f
+            .clusters_of("web-deployment")
+            .into_iter()
+            .map(|c| c.0)
+            .collect();
+        (c.len() == 3
+            && c.iter()
+                .all(|m| image_in(&f, m).as_deref() == Some("web:1")))
+        .then_some(c)
+    };
+    eventually(
+        Duration::from_secs(30),
+        "placed on three, running there",
+        || placed_and_running().is_some(),
+    );
+    let chosen = placed_and_running().unwrap();
+    let spare = ["m1", "m2", "m3", "m4"]
+        .into_iter()
+        .find(|m| !chosen.iter().any(|c| c == m))
+        .unwrap();
+    // The canary stage: one placed cluster and the spare.
+    for m in ["m1", "m2", "m3", "m4"] {
+        let ring = if m == chosen[0] || m == spare {
+            "canary"
+        } else {
+            "rest"
+        };
+        s.ok(&[
+            "label",
+            "cluster",
+            m,
+            &format!("ring={ring}"),
+            "--overwrite",
+        ]);
+    }
+    s.apply(&deployment("web:2", false));
+    eventually(
+        Duration::from_secs(30),
+        "the rest waits for approval",
+        || rollout(&f)["phase"] == "WaitingForApproval",
+    );
+    assert_eq!(image_in(&f, &chosen[0]).as_deref(), Some("web:2"));
+    // The canary's cluster goes dark: its copy fails over to the spare, a canary cluster,
+    // which runs what the canary stage reached; the others keep revision 1.
+    let i = f
+        .agents
+        .iter()
+        .position(|(n, _, _)| *n == chosen[0])
+        .unwrap();
+    f.agents[i].1.kill9();
+    eventually(Duration::from_secs(40), "the spare runs revision 2", || {
+        f.clusters_of("web-deployment").iter().any(|c| c.0 == spare)
+            && image_in(&f, spare).as_deref() == Some("web:2")
+    });
+    eventually(Duration::from_secs(20), "the others on revision 1", || {
+        chosen[1..]
+            .iter()
+            .all(|m| image_in(&f, m).as_deref() == Some("web:1"))
+    });
+    let placed = f.clusters_of("web-deployment");
+    assert_eq!(placed.len(), 3, "{placed:?}");
+    assert_eq!(rollout(&f)["phase"], "WaitingForApproval");
 }
