@@ -27,6 +27,7 @@ mod propagation;
 mod proxy;
 mod quality;
 mod rbac;
+mod rollout;
 mod scheduler;
 mod services;
 mod stateful;
@@ -308,6 +309,16 @@ enum Command {
         clusters: usize,
         #[arg(long, default_value_t = 300)]
         templates: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// A progressive rollout over four stages: a healthy revision's time against its floor,
+    /// and a bad one halted in stage 2 and rolled back.
+    RolloutStages {
+        #[arg(long, default_value_t = 100)]
+        clusters: usize,
         #[arg(long)]
         server_bin: Option<PathBuf>,
         #[arg(long)]
@@ -726,6 +737,19 @@ fn main() -> anyhow::Result<()> {
             } => {
                 members::register(members::RegisterArgs {
                     clusters,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::RolloutStages {
+                clusters,
+                server_bin,
+                dir,
+            } => {
+                rollout::run(propagation::Args {
+                    clusters,
+                    templates: 1,
                     server_bin,
                     dir,
                 })

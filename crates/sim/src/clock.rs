@@ -473,8 +473,9 @@ fn pass_pods(st: &mut State, spec: &SimSpec, now: Instant, free: &mut [Res]) -> 
                     .and_then(|o| o.shape.as_ref())
                     .is_some_and(|s| s.never_ready);
                 if never_ready {
-                    // A crash loop: it starts again and again, never ready.
-                    if now.duration_since(p.since) >= spec.start_delay {
+                    // A crash loop: it starts again and again, never ready (at most once a
+                    // second, so that a start delay of 0 does not spin).
+                    if now.duration_since(p.since) >= spec.start_delay.max(Duration::from_secs(1)) {
                         p.since = now;
                         p.restarts += 1;
                         changed = true;
