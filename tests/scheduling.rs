@@ -6,7 +6,7 @@
 use crate::common;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::eventually;
 use common::fleet::Fleet;
@@ -473,5 +473,92 @@ fn a_recovered_cluster_takes_a_share_back_only_when_asked() {
         decided_for(&f, "stays"),
         BTreeMap::from([("east".to_string(), 12)]),
         "without rebalanceOnRecovery what runs stays put"
+    );
+}
+
+/// A wide outage evicts at the fleet's pace (`--eviction-rate`): the workloads of three dark
+/// clusters move one cluster's worth at a time, ten seconds apart, never faster, and the
+/// waiting ones are counted on /metrics.
+#[test]
+fn a_wide_outage_evicts_at_the_set_rate() {
+    let load = sim(0.45);
+    let names = ["a", "b", "c", "d", "e"];
+    let members: Vec<(&str, &str, &str)> = names
+        .iter()
+        .map(|n| (*n, "us-east", load.as_str()))
+        .collect();
+    let mut f = Fleet::start_sims(
+        &members,
+        &[
+            "--cluster-grace-period",
+            "2s",
+            "--cluster-eviction-timeout",
+            "1s",
+            "--eviction-rate",
+            "6",
+            "--eviction-burst",
+            "1",
+        ],
+    );
+    for m in names {
+        f.s.ok(&["label", "cluster", m, "tier=app"]);
+    }
+    f.s.apply(WEB);
+    eventually(Duration::from_secs(30), "placed", || {
+        decided_for(&f, "web").values().sum::<i64>() == 12
+    });
+    for i in 0..3 {
+        f.agents[i].1.kill9();
+    }
+    let noexecute = |f: &Fleet, m: &str| -> Option<i64> {
+        let c = f.s.get_json(&["cluster", m]);
+        c["spec"]["taints"].as_array()?.iter().find_map(|t| {
+            (t["effect"] == "NoExecute")
+                .then(|| t["timeAdded"].as_str()?.parse::<orrery_api::Time>().ok())
+                .flatten()
+                .map(|t| t.unix_seconds())
+        })
+    };
+    let mut saw_waiting = false;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let times = loop {
+        let t: Vec<Option<i64>> = names[..3].iter().map(|m| noexecute(&f, m)).collect();
+        if !saw_waiting && t.iter().any(Option::is_some) && t.iter().any(Option::is_none) {
+            let metrics = f.s.ok(&["get", "--raw", "/metrics"]);
+            saw_waiting |= metrics
+                .lines()
+                .any(|l| l.starts_with("orrery_cluster_evictions_waiting ") && !l.ends_with(" 0"));
+        }
+        if t.iter().all(Option::is_some) {
+            let mut t: Vec<i64> = t.into_iter().flatten().collect();
+            t.sort();
+            break t;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every dark cluster evicted: {t:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // One cluster every 10 s (6 a minute, a burst of 1): no faster.
+    for w in times.windows(2) {
+        assert!(w[1] - w[0] >= 9, "evicted faster than the rate: {times:?}");
+    }
+    assert!(
+        saw_waiting,
+        "the waiting evictions were not counted on /metrics"
+    );
+    eventually(
+        Duration::from_secs(30),
+        "everything on the two left",
+        || {
+            let d = decided_for(&f, "web");
+            d.keys().all(|c| c == "d" || c == "e") && d.values().sum::<i64>() == 12
+        },
+    );
+    let metrics = f.s.ok(&["get", "--raw", "/metrics"]);
+    assert!(
+        metrics.contains("orrery_cluster_evictions_total 3"),
+        "{metrics}"
     );
 }

@@ -1,7 +1,9 @@
 //! Cluster health: a member whose heartbeats stop for the grace period becomes Ready=Unknown;
 //! a cluster that is not Ready is tainted `NoSchedule` at once and `NoExecute` once it has
 //! stayed so for the eviction timeout (its replicas may then be moved elsewhere); the taints go
-//! when it is Ready again. Every change of readiness is recorded as an Event on the Cluster and
+//! when it is Ready again. With an eviction rate (`--eviction-rate`), the NoExecute taints of a
+//! wide outage are given at that pace (a token bucket of clusters, with a burst), the longest
+//! not Ready first: the rest wait, tainted NoSchedule, and say so in the log and the metrics. Every change of readiness is recorded as an Event on the Cluster and
 //! in the failure history.
 //!
 //! A heartbeat is a renewal of the member's Lease (`orrery-member-lease/<cluster>`, which this
@@ -39,6 +41,9 @@ pub struct HealthConfig {
     pub grace_period: Duration,
     /// How long a cluster is not Ready before it is also tainted NoExecute.
     pub eviction_timeout: Duration,
+    /// The fleet's pace of evictions (`None`: every due cluster at once).
+    pub eviction_rate: Option<EvictionRate>,
+    pub eviction_metrics: EvictionMetrics,
 }
 
 impl Default for HealthConfig {
@@ -46,6 +51,74 @@ impl Default for HealthConfig {
         HealthConfig {
             grace_period: Duration::from_secs(40),
             eviction_timeout: Duration::from_secs(30),
+            eviction_rate: None,
+            eviction_metrics: EvictionMetrics::default(),
+        }
+    }
+}
+
+/// Clusters' worth of evictions per minute, and how many may go at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvictionRate {
+    pub per_minute: f64,
+    pub burst: u32,
+}
+
+/// `orrery_cluster_evictions_total` and `orrery_cluster_evictions_waiting`.
+#[derive(Debug, Clone, Default)]
+pub struct EvictionMetrics {
+    pub evicted: prometheus_client::metrics::counter::Counter,
+    pub waiting: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl EvictionMetrics {
+    /// Registers the families.
+    pub fn new(
+        registry: &parking_lot::Mutex<prometheus_client::registry::Registry>,
+    ) -> EvictionMetrics {
+        let m = EvictionMetrics::default();
+        let mut r = registry.lock();
+        r.register(
+            "orrery_cluster_evictions",
+            "Clusters tainted NoExecute (their workloads moved away) for being not Ready",
+            m.evicted.clone(),
+        );
+        r.register(
+            "orrery_cluster_evictions_waiting",
+            "Clusters due for eviction that wait for the fleet's eviction rate",
+            m.waiting.clone(),
+        );
+        m
+    }
+}
+
+/// A token bucket of evictions: `burst` at most, refilled at the rate.
+#[derive(Debug)]
+struct Bucket {
+    rate: EvictionRate,
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn new(rate: EvictionRate, now: Instant) -> Bucket {
+        Bucket {
+            rate,
+            tokens: f64::from(rate.burst.max(1)),
+            at: now,
+        }
+    }
+
+    /// Takes a token if there is one.
+    fn take(&mut self, now: Instant) -> bool {
+        let refill = now.duration_since(self.at).as_secs_f64() * self.rate.per_minute / 60.0;
+        self.tokens = (self.tokens + refill).min(f64::from(self.rate.burst.max(1)));
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
         }
     }
 }
@@ -159,6 +232,20 @@ pub fn wanted_taints(
         out.push((key, TaintEffect::NoExecute));
     }
     out
+}
+
+/// Whether `wanted` would add a NoExecute taint `taints` lack: an eviction starting.
+fn starts_eviction(wanted: &[(&str, TaintEffect)], taints: &[Taint]) -> bool {
+    wanted.iter().any(|(k, e)| {
+        *e == TaintEffect::NoExecute && !taints.iter().any(|t| t.key == *k && t.effect == *e)
+    })
+}
+
+/// Leaves out of `wanted` the NoExecute taints `taints` lack (an eviction that must wait).
+fn hold_eviction(wanted: &mut Vec<(&'static str, TaintEffect)>, taints: &[Taint]) {
+    wanted.retain(|(k, e)| {
+        *e != TaintEffect::NoExecute || taints.iter().any(|t| t.key == *k && t.effect == *e)
+    });
 }
 
 /// `taints` with the health taints made to be exactly `wanted`; `None` if nothing changes.
@@ -339,7 +426,14 @@ async fn make_lease(
     }
 }
 
-async fn set_taints(store: &dyn Store, name: &str, eviction: Duration) -> Result<(), StoreError> {
+/// Writes the taints readiness calls for; without `evict`, no NoExecute taint is added (the
+/// cluster waits for the eviction rate).
+async fn set_taints(
+    store: &dyn Store,
+    name: &str,
+    eviction: Duration,
+    evict: bool,
+) -> Result<(), StoreError> {
     let key = keys::well_known::cluster(name);
     let r = update_with(store, &key, |mut o| {
         if o.metadata.deletion_timestamp.is_some() {
@@ -348,7 +442,10 @@ async fn set_taints(store: &dyn Store, name: &str, eviction: Duration) -> Result
         let now = Time::now();
         let st = ClusterStatus::of(&o);
         let spec = cluster::ClusterSpec::of(&o);
-        let wanted = wanted_taints(ready_of(&st.conditions), now, eviction);
+        let mut wanted = wanted_taints(ready_of(&st.conditions), now, eviction);
+        if !evict {
+            hold_eviction(&mut wanted, &spec.taints);
+        }
         let Some(taints) = reconcile_taints(&spec.taints, &wanted, now) else {
             return Ok(None);
         };
@@ -447,6 +544,8 @@ struct Health {
     /// The tick's writes (Unknown, taints) run off the loop too, one round at a time.
     writing: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
     last_prune: parking_lot::Mutex<Instant>,
+    /// The eviction rate's tokens, when there is a rate.
+    bucket: Option<parking_lot::Mutex<Bucket>>,
 }
 
 impl Health {
@@ -580,8 +679,17 @@ impl Health {
             return;
         }
         let now_t = Time::now();
-        let mut todo: Vec<(String, bool, bool)> = Vec::new();
-        for (name, s) in &self.seen {
+        let mut todo: Vec<(String, bool, bool, bool)> = Vec::new();
+        // The longest not Ready first, so that a rate lets the oldest outage go first.
+        let mut order: Vec<(&String, &Seen)> = self.seen.iter().collect();
+        order.sort_by_key(|(n, s)| {
+            (
+                s.ready.as_ref().and_then(|c| c.last_transition_time),
+                n.as_str(),
+            )
+        });
+        let mut waiting = 0i64;
+        for (name, s) in order {
             if s.deleting {
                 continue;
             }
@@ -591,11 +699,32 @@ impl Health {
             };
             let unknown =
                 heard.elapsed() > self.cfg.grace_period && s.ready_status() != conditions::UNKNOWN;
-            let wanted = wanted_taints(s.ready.as_ref(), now_t, self.cfg.eviction_timeout);
-            let taints = reconcile_taints(&s.taints, &wanted, now_t).is_some();
-            if unknown || taints {
-                todo.push((name.clone(), unknown, taints));
+            let mut wanted = wanted_taints(s.ready.as_ref(), now_t, self.cfg.eviction_timeout);
+            let mut evict = true;
+            if starts_eviction(&wanted, &s.taints)
+                && let Some(b) = &self.bucket
+            {
+                evict = b.lock().take(Instant::now());
+                if !evict {
+                    waiting += 1;
+                    hold_eviction(&mut wanted, &s.taints);
+                    tracing::debug!(cluster = %name, "its eviction waits for the fleet's eviction rate");
+                }
             }
+            let taints = reconcile_taints(&s.taints, &wanted, now_t).is_some();
+            if evict && starts_eviction(&wanted, &s.taints) {
+                self.cfg.eviction_metrics.evicted.inc();
+            }
+            if unknown || taints {
+                todo.push((name.clone(), unknown, taints, evict));
+            }
+        }
+        let before = self.cfg.eviction_metrics.waiting.set(waiting);
+        if waiting > 0 && before == 0 {
+            tracing::warn!(
+                waiting,
+                "evictions wait for the fleet's eviction rate (--eviction-rate)"
+            );
         }
         if todo.is_empty() {
             return;
@@ -603,7 +732,7 @@ impl Health {
         let (store, cfg, metrics) = (self.store.clone(), self.cfg.clone(), self.metrics.clone());
         *writing = Some(tokio::spawn(async move {
             let mut failed = 0;
-            for (name, unknown, taints) in todo {
+            for (name, unknown, taints, evict) in todo {
                 if unknown
                     && let Err(e) = set_unknown(store.as_ref(), &name, cfg.grace_period).await
                 {
@@ -611,7 +740,8 @@ impl Health {
                     failed += 1;
                 }
                 if taints
-                    && let Err(e) = set_taints(store.as_ref(), &name, cfg.eviction_timeout).await
+                    && let Err(e) =
+                        set_taints(store.as_ref(), &name, cfg.eviction_timeout, evict).await
                 {
                     tracing::warn!(cluster = %name, error = %e, "updating the cluster's taints failed");
                     failed += 1;
@@ -677,6 +807,9 @@ pub async fn run(
             tx
         })
         .collect();
+    let bucket = cfg
+        .eviction_rate
+        .map(|r| parking_lot::Mutex::new(Bucket::new(r, Instant::now())));
     let h = Health {
         store: store.clone(),
         cfg,
@@ -690,6 +823,7 @@ pub async fn run(
         recorders,
         writing: Default::default(),
         last_prune: parking_lot::Mutex::new(Instant::now()),
+        bucket,
     };
     Controller::new("health", store, h, metrics)
         .source(Source::new("clusters", keys::well_known::clusters()))
@@ -719,6 +853,45 @@ mod tests {
         }
         assert!(used.iter().all(|&n| n > 60), "{used:?}");
         assert_eq!(recorder_of("x", 1), 0);
+    }
+
+    #[test]
+    fn the_eviction_bucket_keeps_its_pace() {
+        let t0 = Instant::now();
+        let mut b = Bucket::new(
+            EvictionRate {
+                per_minute: 6.0,
+                burst: 2,
+            },
+            t0,
+        );
+        // The burst at once, then one every 10 s.
+        assert!(b.take(t0) && b.take(t0));
+        assert!(!b.take(t0));
+        assert!(!b.take(t0 + Duration::from_secs(9)));
+        assert!(b.take(t0 + Duration::from_secs(10)));
+        assert!(!b.take(t0 + Duration::from_secs(11)));
+        // Idle a long while: no more than the burst.
+        let later = t0 + Duration::from_secs(600);
+        assert!(b.take(later) && b.take(later) && !b.take(later));
+    }
+
+    #[test]
+    fn a_held_eviction_keeps_noschedule_and_a_given_noexecute() {
+        let now = Time::now();
+        let mut wanted = vec![
+            (TAINT_UNREACHABLE, TaintEffect::NoSchedule),
+            (TAINT_UNREACHABLE, TaintEffect::NoExecute),
+        ];
+        assert!(starts_eviction(&wanted, &[]));
+        hold_eviction(&mut wanted, &[]);
+        assert_eq!(wanted, vec![(TAINT_UNREACHABLE, TaintEffect::NoSchedule)]);
+        // One already tainted stays so.
+        let given = [Taint::new(TAINT_UNREACHABLE, TaintEffect::NoExecute, now)];
+        let mut wanted = vec![(TAINT_UNREACHABLE, TaintEffect::NoExecute)];
+        assert!(!starts_eviction(&wanted, &given));
+        hold_eviction(&mut wanted, &given);
+        assert_eq!(wanted.len(), 1);
     }
 
     #[test]

@@ -134,6 +134,14 @@ pub struct ServerArgs {
     /// be moved).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub cluster_eviction_timeout: Duration,
+    /// The fleet's pace of evictions, in clusters per minute: a wide outage moves the
+    /// workloads of this many clusters a minute (after a burst of --eviction-burst), the
+    /// longest not Ready first; unset, every cluster due at once.
+    #[arg(long, value_parser = parse_rate)]
+    pub eviction_rate: Option<f64>,
+    /// Clusters evicted at once before --eviction-rate paces the rest.
+    #[arg(long, default_value_t = 1, requires = "eviction_rate")]
+    pub eviction_burst: u32,
     /// How often watches that ask for bookmarks get one.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub watch_bookmark_interval: Duration,
@@ -291,6 +299,16 @@ fn parse_level(s: &str) -> Result<f64, String> {
         Ok(x) if x > 0.0 && x <= 1.0 => Ok(x),
         _ => Err(format!(
             "invalid water level {s:?}: expected a number in (0, 1]"
+        )),
+    }
+}
+
+/// Clusters per minute: a positive number.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x.is_finite() => Ok(x),
+        _ => Err(format!(
+            "invalid eviction rate {s:?}: expected clusters per minute, a number above 0"
         )),
     }
 }
@@ -547,6 +565,7 @@ impl orrery_controllers::lifecycle::Api for LifecycleApi {
 /// What every term's controllers share (the metrics outlive a term).
 struct TermShared {
     controllers: Arc<orrery_controllers::runtime::metrics::ControllerMetrics>,
+    evictions: orrery_controllers::health::EvictionMetrics,
     scheduler: Arc<orrery_controllers::propagation::scheduling::SchedulerMetrics>,
     cost: Arc<orrery_controllers::monitoring::CostMetrics>,
     url: String,
@@ -585,6 +604,13 @@ fn spawn_controllers(
             health: orrery_controllers::health::HealthConfig {
                 grace_period: args.cluster_grace_period,
                 eviction_timeout: args.cluster_eviction_timeout,
+                eviction_rate: args.eviction_rate.map(|per_minute| {
+                    orrery_controllers::health::EvictionRate {
+                        per_minute,
+                        burst: args.eviction_burst,
+                    }
+                }),
+                eviction_metrics: m.evictions.clone(),
             },
             kinds: Some(Arc::new(RegistryKinds(app.resources.clone()))),
             scheduler: orrery_controllers::propagation::scheduling::Settings {
@@ -764,6 +790,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     let controller_metrics =
         Arc::new(orrery_controllers::runtime::metrics::ControllerMetrics::new(&registry));
     let cost_metrics = Arc::new(orrery_controllers::monitoring::CostMetrics::new(&registry));
+    let eviction_metrics = orrery_controllers::health::EvictionMetrics::new(&registry);
     let leader_metric = orrery_controllers::leader::LeaderMetric::register(&registry);
     let config = api_config(args, registry, &listen, &authority, audit, sealer.is_some());
     let app = App::new(store.clone(), auth.clone(), config, shutdown_rx.clone())
@@ -810,6 +837,7 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
         controllers: controller_metrics,
         scheduler: scheduler_metrics,
         cost: cost_metrics,
+        evictions: eviction_metrics,
         url: url.clone(),
         ca_pem: authority.current().bundle.clone(),
     };

@@ -269,6 +269,8 @@ fn server_args(args: &UpArgs) -> anyhow::Result<ServerArgs> {
         slow_request_threshold: orrery_apiserver::app::DEFAULT_SLOW_REQUEST_THRESHOLD,
         cluster_grace_period: parse_duration("40s").map_err(anyhow::Error::msg)?,
         cluster_eviction_timeout: parse_duration("30s").map_err(anyhow::Error::msg)?,
+        eviction_rate: None,
+        eviction_burst: 1,
         watch_bookmark_interval: Duration::from_secs(60),
         compaction_interval: Duration::from_secs(300),
         water_level_limit: orrery_scheduler::DEFAULT_WATER_LEVEL_LIMIT,
