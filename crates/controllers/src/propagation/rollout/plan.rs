@@ -406,7 +406,9 @@ impl Planner<'_> {
             let healthy = runs.is_some_and(|r| r.revision == c.revision && r.healthy);
             if healthy {
                 let since = *c.healthy_since.get_or_insert(now);
-                if elapsed(since, now) >= soak {
+                // Times are whole seconds: a soak counts as done only once more than it has
+                // passed, so that it is never cut short by the truncation.
+                if soak.is_zero() || elapsed(since, now) > soak {
                     c.state = ClusterState::Succeeded;
                     c.since = Some(now);
                     c.message.clear();
@@ -655,7 +657,7 @@ impl Planner<'_> {
                             .stage_spec(&c.stage)
                             .map(RolloutStage::min_success_time)
                             .unwrap_or_default();
-                        at(soak.saturating_sub(elapsed(h, self.now)));
+                        at((soak + Duration::from_secs(1)).saturating_sub(elapsed(h, self.now)));
                     } else if let Some(s) = c.since {
                         at(deadline.saturating_sub(elapsed(s, self.now)));
                     }

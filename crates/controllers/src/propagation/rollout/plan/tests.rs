@@ -131,6 +131,11 @@ fn stages_by_label_go_in_order_each_gated() {
     assert_eq!(at(&st2, 2), vec!["a"]);
     // A minute healthy: the canary passes, `main` starts one at a time.
     let st = go(&s, &f, Some(&st2), 2, &c, 80).status;
+    assert_eq!(
+        st.stage, "canary",
+        "a soak of exactly its length is not over yet"
+    );
+    let st = go(&s, &f, Some(&st), 2, &c, 81).status;
     assert_eq!(st.stage, "main");
     assert_eq!(at(&st, 2), vec!["a", "b"]);
     let waiting = st.clusters.iter().find(|c| c.name == "c").unwrap();
