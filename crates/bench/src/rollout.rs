@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use crate::api::request;
 use crate::propagation::{Args, fleet, post};
+use crate::stateful::get;
 use crate::stats::{emit, progress, round};
 
 /// Seconds each cluster soaks before its stage may pass.
@@ -65,15 +66,11 @@ async fn apply_deployment(c: &kube::Client, d: &Value) -> anyhow::Result<()> {
 }
 
 async fn rollout(c: &kube::Client) -> anyhow::Result<Value> {
-    let text = c
-        .request_text(request(
-            "GET",
-            "/apis/multicluster.io/v1alpha1/namespaces/default/resourcebindings/web-deployment",
-            "",
-            Vec::new(),
-        ))
-        .await?;
-    let b: Value = serde_json::from_str(&text)?;
+    let b = get(
+        c,
+        "/apis/multicluster.io/v1alpha1/namespaces/default/resourcebindings/web-deployment",
+    )
+    .await?;
     Ok(b["status"]["rollout"].clone())
 }
 
@@ -195,15 +192,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // Restored: every cluster of stages 1–2 runs revision 2 again, healthy.
     let t_rb = Instant::now();
     let restored = loop {
-        let text = admin
-            .request_text(request(
-                "GET",
-                "/apis/multicluster.io/v1alpha1/works",
-                "",
-                Vec::new(),
-            ))
-            .await?;
-        let works: Value = serde_json::from_str(&text)?;
+        let works = get(&admin, "/apis/multicluster.io/v1alpha1/works").await?;
         let back = works["items"]
             .as_array()
             .map(|ws| {

@@ -85,7 +85,7 @@ async fn post(client: &kube::Client, path: &str, body: &Value) -> anyhow::Result
     Ok(serde_json::from_str(&text)?)
 }
 
-async fn get(client: &kube::Client, path: &str) -> anyhow::Result<Value> {
+pub(crate) async fn get(client: &kube::Client, path: &str) -> anyhow::Result<Value> {
     let text = client
         .request_text(request("GET", path, "application/json", Vec::new()))
         .await?;

@@ -143,6 +143,13 @@ impl Planner<'_> {
         self.strategy.stages.iter().find(|s| s.name == name)
     }
 
+    /// How long a cluster of the stage runs healthily before it passes (`remaining`: 0).
+    fn soak(&self, stage: &str) -> Duration {
+        self.stage_spec(stage)
+            .map(RolloutStage::min_success_time)
+            .unwrap_or_default()
+    }
+
     /// Revision `latest` starts rolling out: stages from the first; what ran the superseded
     /// revision takes the new one at once.
     fn start(&mut self, latest: i64) {
@@ -397,10 +404,7 @@ impl Planner<'_> {
             if c.state != ClusterState::Updating {
                 continue;
             }
-            let soak = self
-                .stage_spec(&c.stage)
-                .map(RolloutStage::min_success_time)
-                .unwrap_or_default();
+            let soak = self.soak(&c.stage);
             let runs = self.member(&c.name).and_then(|m| m.runs);
             let c = &mut self.st.clusters[i];
             let healthy = runs.is_some_and(|r| r.revision == c.revision && r.healthy);
@@ -653,10 +657,7 @@ impl Planner<'_> {
             match c.state {
                 ClusterState::Updating => {
                     if let Some(h) = c.healthy_since {
-                        let soak = self
-                            .stage_spec(&c.stage)
-                            .map(RolloutStage::min_success_time)
-                            .unwrap_or_default();
+                        let soak = self.soak(&c.stage);
                         at((soak + Duration::from_secs(1)).saturating_sub(elapsed(h, self.now)));
                     } else if let Some(s) = c.since {
                         at(deadline.saturating_sub(elapsed(s, self.now)));
