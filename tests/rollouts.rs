@@ -204,6 +204,48 @@ fn a_change_goes_stage_by_stage_and_a_bad_one_halts_and_rolls_back() {
         events.contains("RolloutHalted") && events.contains("RolledBack"),
         "{events}"
     );
+    // The schedule history tells the same steps, each once.
+    let steps = history_steps(&f);
+    for want in [
+        "2 canary StageStarted",
+        "2 canary StageSucceeded",
+        "2  RolloutComplete",
+        "3 canary RolloutHalted",
+        "3 canary RolledBack",
+    ] {
+        assert_eq!(
+            steps.iter().filter(|s| s.as_str() == want).count(),
+            1,
+            "{want}: {steps:?}"
+        );
+    }
+}
+
+/// The rollout steps of the schedule history, oldest first: `revision stage event`.
+fn history_steps(f: &Fleet) -> Vec<String> {
+    let raw =
+        f.s.ok(&["get", "--raw", "/api/v1/history/schedules?maxEntries=1000"]);
+    let v: Value = serde_json::from_str(&raw).unwrap();
+    let mut steps: Vec<(String, String)> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["trigger"] == "Rollout")
+        .map(|e| {
+            let r = &e["rollout"];
+            (
+                e["time"].as_str().unwrap_or_default().to_string(),
+                format!(
+                    "{} {} {}",
+                    r["revision"],
+                    r["stage"].as_str().unwrap_or_default(),
+                    r["event"].as_str().unwrap_or_default()
+                ),
+            )
+        })
+        .collect();
+    steps.sort();
+    steps.into_iter().map(|(_, s)| s).collect()
 }
 
 #[test]
@@ -317,6 +359,13 @@ fn a_restart_mid_rollout_resumes_where_it_was_and_moves_nothing() {
     assert_eq!(after["clusters"], before["clusters"], "the decisions stand");
     let moved = f.journals(&mut seen);
     assert!(moved.is_empty(), "a restart moved something: {moved:?}");
+    // Nor did it record a step again.
+    let steps = history_steps(&f);
+    let approval = steps
+        .iter()
+        .filter(|s| s.ends_with("WaitingForApproval"))
+        .count();
+    assert_eq!(approval, 1, "{steps:?}");
     // It goes on from there.
     f.s.orrery_ok(&["rollout", "approve", "deploy/web", "--stage", "rest"]);
     watch_until_all(&f, "web:2", Duration::from_secs(60));

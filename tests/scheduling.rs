@@ -562,3 +562,148 @@ fn a_wide_outage_evicts_at_the_set_rate() {
         "{metrics}"
     );
 }
+
+/// Ready replicas of `web` over all members, as the binding aggregates their reports (an
+/// agent started again serves its admin endpoint on another port), and its DisruptionBudget
+/// condition.
+fn budget_view(f: &Fleet) -> (i64, Option<Value>, Value) {
+    let rb = f.s.get_json(&["resourcebinding", "web-deployment"]);
+    let ready = rb["status"]["aggregatedStatus"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|i| i["status"]["readyReplicas"].as_i64().unwrap_or(0))
+                .sum()
+        })
+        .unwrap_or(0);
+    let cond = rb["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "DisruptionBudget").cloned());
+    (ready, cond, rb)
+}
+
+/// Watches a move under a budget of `floor` ready replicas from the moment `moving` says the
+/// decision moved: the ready count never falls below the floor, until the move is done (the
+/// decision as `done` wants it, `floor` ready, the condition back to WithinBudget). Returns
+/// whether the binding ever said the move waited.
+fn keeps_budget(
+    f: &Fleet,
+    floor: i64,
+    moving: impl Fn(&BTreeMap<String, i64>) -> bool,
+    done: impl Fn(&BTreeMap<String, i64>) -> bool,
+) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut waited, mut moved) = (false, false);
+    loop {
+        let d = decided(f);
+        let (ready, cond, rb) = budget_view(f);
+        let reason = cond
+            .as_ref()
+            .map(|c| c["reason"].clone())
+            .unwrap_or(Value::Null);
+        waited |= reason == "MoveWaits";
+        moved |= moving(&d);
+        if moved {
+            assert!(ready >= floor, "the budget broke: {ready} ready, {rb}");
+            if done(&d) && ready >= floor && reason == "WithinBudget" {
+                return waited;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the move did not finish: moved {moved}, waited {waited}, {rb}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A rebalance within a disruption budget: a recovered cluster takes its share back, and the
+/// cluster giving replicas up keeps them until their replacements are ready, so the ready count
+/// never falls below the budget's floor, and the binding says the move waits.
+#[test]
+fn a_rebalance_keeps_the_workloads_disruption_budget() {
+    let slow = "nodes=4,cpu=8,memory=32Gi,load=0.45,start=3s";
+    let mut f = Fleet::start_sims(
+        &[("east", "us-east", slow), ("west", "eu-west", slow)],
+        &[
+            "--cluster-grace-period",
+            "2s",
+            "--cluster-eviction-timeout",
+            "2s",
+        ],
+    );
+    let members = ["east", "west"];
+    for m in members {
+        f.s.ok(&["label", "cluster", m, "tier=app"]);
+    }
+    f.s.apply(&WEB.replace(
+        "replicaScheduling: {replicaSchedulingType: Divided}",
+        "replicaScheduling: {replicaSchedulingType: Divided}\n    rebalanceOnRecovery: true\n    disruptionBudget: {minAvailable: 12}",
+    ));
+    eventually(Duration::from_secs(30), "12 ready over both", || {
+        ready(&f, &members) == 12 && decided(&f).len() == 2
+    });
+    f.agents[1].1.kill9();
+    eventually(Duration::from_secs(40), "12 ready on east", || {
+        decided(&f) == BTreeMap::from([("east".to_string(), 12)]) && ready(&f, &["east"]) == 12
+    });
+    f.agents[1].1.restart();
+    let back = |d: &BTreeMap<String, i64>| d.get("west").copied().unwrap_or(0) > 0;
+    let waited = keeps_budget(&f, 12, back, back);
+    assert!(
+        waited,
+        "east gave its replicas up without waiting for west's"
+    );
+    // What east kept it gives up once west's are ready: the members run the decision (as
+    // they report it: west's agent came back on another admin port).
+    eventually(Duration::from_secs(20), "the decision runs", || {
+        let d = decided(&f);
+        let (_, _, rb) = budget_view(&f);
+        let runs: BTreeMap<String, i64> = rb["status"]["aggregatedStatus"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|i| {
+                let c = i["clusterName"].as_str().unwrap_or_default().to_string();
+                (c, i["status"]["replicas"].as_i64().unwrap_or(0))
+            })
+            .collect();
+        runs == d
+    });
+}
+
+/// Shedding within a disruption budget: a cluster past its shed mark gives its share up, and
+/// keeps what the budget does not let go until the other cluster's replicas are ready.
+#[test]
+fn shedding_keeps_the_workloads_disruption_budget() {
+    let slow = "nodes=4,cpu=8,memory=32Gi,load=0.45,start=3s";
+    let f = Fleet::start_sims(
+        &[("hot", "us-east", slow), ("cool", "eu-west", slow)],
+        &["--shed-window", "2s"],
+    );
+    let members = ["hot", "cool"];
+    for m in members {
+        f.s.ok(&["label", "cluster", m, "tier=app"]);
+    }
+    f.s.apply(&WEB.replace(
+        "replicaScheduling: {replicaSchedulingType: Divided}",
+        "replicaScheduling: {replicaSchedulingType: Divided}\n    disruptionBudget: {maxUnavailable: 2}",
+    ));
+    eventually(Duration::from_secs(30), "12 ready over both", || {
+        ready(&f, &members) == 12 && decided(&f).len() == 2
+    });
+    let first = decided(&f)["hot"];
+    let (_, cond, rb) = budget_view(&f);
+    assert_eq!(
+        cond.as_ref().map(|c| c["reason"].clone()),
+        Some("WithinBudget".into()),
+        "{rb}"
+    );
+    f.set_load("hot", 0.98);
+    let shed = |d: &BTreeMap<String, i64>| d.get("hot").copied().unwrap_or(0) < first;
+    let waited = keeps_budget(&f, 10, shed, shed);
+    assert!(
+        waited,
+        "hot shed more than 2 replicas before cool's were ready"
+    );
+}

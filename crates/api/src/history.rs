@@ -42,13 +42,14 @@ pub struct ScheduleEntry {
     pub resource: ObjectReference,
     pub replicas: i64,
     /// What asked for the decision: Created, SpecChanged, ClustersChanged, Failover, Shed,
-    /// Recovered, Retry.
+    /// Recovered, Retry, ...; Rollout for a rollout's step.
     pub trigger: String,
     pub strategy: String,
     #[serde(default)]
     pub fleet_level: f64,
-    /// Scheduled, PartiallyScheduled or Unschedulable.
-    #[schemars(extend("enum" = ["Scheduled", "PartiallyScheduled", "Unschedulable"]))]
+    /// Scheduled, PartiallyScheduled or Unschedulable; Migrating (a stateful move began) or
+    /// Rollout (a rollout's step: see `rollout`).
+    #[schemars(extend("enum" = ["Scheduled", "PartiallyScheduled", "Unschedulable", "Migrating", "Rollout"]))]
     pub result: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
@@ -68,6 +69,24 @@ pub struct ScheduleEntry {
     /// The forecast that moved replicas ahead of a peak (trigger `Forecast`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forecast: Option<crate::prediction::ForecastTrigger>,
+    /// A rollout's step (trigger `Rollout`): a stage started or ended, a halt, a rollback. The
+    /// placement is the binding's as it stood.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStep>,
+}
+
+/// What a rollout did, as the schedule history records it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutStep {
+    /// The revision rolling out.
+    pub revision: i64,
+    /// The stage it stands in (empty when none is under way).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub stage: String,
+    /// StageStarted, StageSucceeded, WaitingForApproval, RolloutClusterFailed, RolloutHalted,
+    /// RolledBack, RolloutComplete, ...: the reason of the template's Event.
+    pub event: String,
 }
 
 fn is_zero(n: &i64) -> bool {
@@ -155,6 +174,7 @@ mod tests {
             filtered: [("Readiness".to_string(), 2)].into(),
             prediction: String::new(),
             forecast: None,
+            rollout: None,
         };
         let entries = vec![entry("u-1"), entry("u-2")];
         let spec = record_spec(&entries).unwrap();

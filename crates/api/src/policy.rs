@@ -330,6 +330,10 @@ pub struct Placement {
     /// gated on the health of the last (docs/rollouts.md). Absent: all at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<crate::rollout::RolloutStrategy>,
+    /// Orrery: how many replicas the moves Orrery makes of its own (failover, shedding,
+    /// consolidation, rebalancing) may take down at once (docs/rollouts.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption_budget: Option<crate::rollout::DisruptionBudget>,
 }
 
 impl Placement {
@@ -420,6 +424,9 @@ impl Placement {
         }
         if let Some(r) = &self.rollout {
             r.validate(&format!("{path}.rollout"), errs);
+        }
+        if let Some(d) = &self.disruption_budget {
+            d.validate(&format!("{path}.disruptionBudget"), errs);
         }
     }
 

@@ -300,6 +300,92 @@ fn duration_field(d: &Option<String>, path: &str, errs: &mut ErrorList) {
     }
 }
 
+/// A workload's budget for the moves Orrery makes of its own (`placement.disruptionBudget`):
+/// failover, shedding, consolidation, rebalancing. At least so many of its replicas stay
+/// ready while it moves: a cluster giving replicas up keeps them (a surge) until enough of
+/// their replacements are ready. A scale-down by the user is not a move.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DisruptionBudget {
+    /// Replicas that stay ready: a number or a percentage of the desired (rounded up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_available: Option<IntOrPercent>,
+    /// Replicas that may be unready at once: a number or a percentage (rounded up).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrPercent>,
+}
+
+/// The condition a budgeted binding carries: whether its moves are within its budget.
+pub const CONDITION_DISRUPTION_BUDGET: &str = "DisruptionBudget";
+
+impl DisruptionBudget {
+    /// Appends the errors of the budget at `path` to `errs`.
+    pub fn validate(&self, path: &str, errs: &mut ErrorList) {
+        let fields = [
+            ("minAvailable", &self.min_available),
+            ("maxUnavailable", &self.max_unavailable),
+        ];
+        if fields.iter().filter(|(_, v)| v.is_some()).count() != 1 {
+            errs.push(FieldError::invalid(
+                path.to_string(),
+                "",
+                "set exactly one of minAvailable and maxUnavailable",
+            ));
+        }
+        for (name, v) in fields {
+            let ok = match v {
+                None => true,
+                Some(IntOrPercent::Int(n)) => *n >= 0,
+                Some(p @ IntOrPercent::Percent(_)) => {
+                    p.of(100).is_some_and(|n| (0..=100).contains(&n))
+                }
+            };
+            if !ok {
+                errs.push(FieldError::invalid(
+                    format!("{path}.{name}"),
+                    format!("{v:?}"),
+                    "must be a number of at least 0 or a percentage from 0% to 100%",
+                ));
+            }
+        }
+    }
+
+    /// The replicas that must stay ready out of `desired`.
+    pub fn min_available(&self, desired: i64) -> i64 {
+        let n = match (&self.min_available, &self.max_unavailable) {
+            (Some(m), _) => m.of(desired).unwrap_or(desired),
+            (None, Some(u)) => desired - u.of(desired).unwrap_or(0),
+            (None, None) => 0,
+        };
+        n.clamp(0, desired.max(0))
+    }
+}
+
+/// What each cluster keeps of what it gives up, so that at least `min_available` replicas stay
+/// ready: `moves` are `(cluster, replicas it runs, replicas decided, of them ready now)`. A
+/// cluster's unready replicas go first and take nothing down (a dark cluster's, a scale-down's
+/// surplus that never came up); the ready ones go as far as the fleet's ready count above
+/// `min_available` allows, clusters in name order. Returns the clusters that keep more than
+/// decided, and how many they keep.
+pub fn hold(min_available: i64, moves: &[(String, i64, i64, i64)]) -> BTreeMap<String, i64> {
+    let ready: i64 = moves.iter().map(|m| m.3.max(0)).sum();
+    let mut allowed = (ready - min_available).max(0);
+    let mut sorted: Vec<&(String, i64, i64, i64)> = moves.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut held = BTreeMap::new();
+    for (c, runs, decided, ready) in sorted {
+        let gives = (runs - decided).max(0);
+        let unready = (runs - ready.clamp(&0, runs)).max(0);
+        let costs = gives - gives.min(unready);
+        let take = costs.min(allowed);
+        allowed -= take;
+        if costs > take {
+            held.insert(c.clone(), decided + (costs - take));
+        }
+    }
+    held
+}
+
 /// Where a rollout stands (a binding's `status.rollout`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -599,6 +685,43 @@ mod tests {
         assert!(
             serde_json::from_value::<RolloutStrategy>(json!({"stages": [], "stagez": 1})).is_err()
         );
+    }
+
+    #[test]
+    fn a_budget_holds_what_a_move_would_take_down() {
+        let m = |c: &str, o: i64, n: i64, r: i64| (c.to_string(), o, n, r);
+        // 12 running and ready, 4 moving from a to b, at least 10 ready: 2 go now, a keeps 2.
+        let held = hold(10, &[m("a", 6, 2, 6), m("b", 6, 10, 6)]);
+        assert_eq!(held, BTreeMap::from([("a".to_string(), 4)]));
+        // Once b's new replicas are ready, the rest goes.
+        assert!(hold(10, &[m("a", 4, 2, 4), m("b", 10, 10, 10)]).is_empty());
+        // A scale-down with every replica ready goes at once.
+        assert!(hold(6, &[m("a", 6, 3, 6), m("b", 6, 3, 6)]).is_empty());
+        // Half of a's share back to b, which runs nothing yet: a keeps all until b's are
+        // ready, then the rest goes.
+        let held = hold(12, &[m("a", 12, 6, 12), m("b", 0, 6, 0)]);
+        assert_eq!(held, BTreeMap::from([("a".to_string(), 12)]));
+        let held = hold(12, &[m("a", 12, 6, 12), m("b", 6, 6, 3)]);
+        assert_eq!(held, BTreeMap::from([("a".to_string(), 9)]));
+        assert!(hold(12, &[m("a", 12, 6, 12), m("b", 6, 6, 6)]).is_empty());
+        // b's Work from before it went dark says 6, none ready: a still keeps all.
+        let held = hold(12, &[m("a", 12, 6, 12), m("b", 6, 6, 0)]);
+        assert_eq!(held, BTreeMap::from([("a".to_string(), 12)]));
+        // A dark cluster's replicas are not ready: a failover away from it waits for nothing.
+        assert!(hold(10, &[m("a", 6, 0, 0), m("b", 6, 12, 6)]).is_empty());
+        // A whole cluster given up (Duplicated), nothing spare: it keeps all.
+        let held = hold(6, &[m("a", 3, 0, 3), m("b", 3, 3, 3), m("c", 0, 3, 0)]);
+        assert_eq!(held, BTreeMap::from([("a".to_string(), 3)]));
+        // Unready replicas of a cluster giving some up go first.
+        assert!(hold(6, &[m("a", 8, 6, 6), m("b", 0, 0, 0)]).is_empty());
+        let b = |v: serde_json::Value| serde_json::from_value::<DisruptionBudget>(v).unwrap();
+        assert_eq!(b(json!({"minAvailable": "50%"})).min_available(5), 3);
+        assert_eq!(b(json!({"maxUnavailable": 1})).min_available(5), 4);
+        assert_eq!(b(json!({"maxUnavailable": "10%"})).min_available(12), 10);
+        let mut errs = ErrorList::new();
+        b(json!({"minAvailable": 1, "maxUnavailable": 1})).validate("p", &mut errs);
+        b(json!({"minAvailable": -1})).validate("q", &mut errs);
+        assert_eq!(errs.len(), 2, "{errs:?}");
     }
 
     #[test]

@@ -494,6 +494,7 @@ pub async fn works(args: WorksArgs) -> anyhow::Result<()> {
             store.clone(),
             Arc::new(Deployments),
             Arc::default(),
+            None,
             stop_rx,
         ));
         let mut seen = std::collections::HashSet::new();

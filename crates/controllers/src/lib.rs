@@ -140,6 +140,8 @@ pub fn spawn(
         )));
         let mut scheduler = cfg.scheduler;
         scheduler.controller_metrics = cfg.metrics.clone();
+        let history = propagation::history::History::spawn(store.clone());
+        scheduler.history = Some(history.clone());
         tasks.push(tokio::spawn(propagation::scheduling::run(
             store.clone(),
             scheduler,
@@ -161,6 +163,7 @@ pub fn spawn(
             store,
             kinds,
             cfg.metrics.clone(),
+            Some(history),
             shutdown,
         )));
     }

@@ -54,10 +54,11 @@ pub async fn event_once(
         component,
     )
     .await
+    .map(|_| ())
 }
 
 /// Like [`event_once`], told once for `key` (another object's uid, say: a migration's start is
-/// told on its workload once per migration).
+/// told on its workload once per migration). Whether it was told now (false: it had been).
 pub async fn event_once_for(
     store: &dyn Store,
     about: &Object,
@@ -66,7 +67,7 @@ pub async fn event_once_for(
     reason: &str,
     message: &str,
     component: &str,
-) -> Result<(), StoreError> {
+) -> Result<bool, StoreError> {
     let key: String = key
         .chars()
         .filter(char::is_ascii_hexdigit)
@@ -74,8 +75,8 @@ pub async fn event_once_for(
         .collect();
     let suffix = format!("{key}.{}", reason.to_lowercase());
     match create_event(store, about, &suffix, type_, reason, message, component).await {
-        Err(StoreError::AlreadyExists { .. }) => Ok(()),
-        other => other,
+        Err(StoreError::AlreadyExists { .. }) => Ok(false),
+        other => other.map(|_| true),
     }
 }
 

@@ -16,6 +16,27 @@ const MAX_RECORDS: usize = 2000;
 /// And none older than a week.
 const MAX_AGE_SECONDS: i64 = 7 * 86400;
 
+/// Where the scheduler and the binding controller send history entries: one writer, so that
+/// one count and one age bound every record.
+#[derive(Clone, Debug)]
+pub struct History(mpsc::UnboundedSender<Vec<ScheduleEntry>>);
+
+impl History {
+    /// Starts the writer; it ends when every handle is gone.
+    pub fn spawn(store: Arc<dyn Store>) -> History {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write(store, rx));
+        History(tx)
+    }
+
+    /// Queues entries (none is lost to a full queue; a writer gone takes none).
+    pub fn send(&self, entries: Vec<ScheduleEntry>) {
+        if !entries.is_empty() {
+            let _ = self.0.send(entries);
+        }
+    }
+}
+
 /// Writes batches of entries until the sender goes away.
 pub async fn write(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Vec<ScheduleEntry>>) {
     let mut names: VecDeque<(String, i64)> = match existing(store.as_ref()).await {

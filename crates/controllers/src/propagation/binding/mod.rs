@@ -52,7 +52,7 @@ use orrery_store::stamp::new_object;
 mod rollout;
 mod status;
 use rollout::{Level, Prepared, Revisions};
-use status::{Rendering, RolloutWrite, Subject};
+use status::{Extras, Rendering, RolloutWrite, Subject};
 
 const COMPONENT: &str = "orrery-binding-controller";
 
@@ -95,6 +95,8 @@ struct WorkView {
     spec: u64,
     /// The template revision it renders, under a rollout.
     rollout_revision: Option<i64>,
+    /// The replicas its template manifest (the last) runs.
+    replicas: Option<i64>,
     status: Option<WorkStatus>,
 }
 
@@ -118,6 +120,14 @@ impl WorkView {
             generation: w.metadata.generation,
             deleting: w.metadata.deletion_timestamp.is_some(),
             spec: json_digest(&w.spec),
+            replicas: w
+                .spec
+                .as_ref()
+                .and_then(|s| s.pointer("/workload/manifests"))
+                .and_then(Value::as_array)
+                .and_then(|m| m.last())
+                .and_then(|m| m.pointer("/spec/replicas"))
+                .and_then(Value::as_i64),
             rollout_revision: w
                 .metadata
                 .annotations
@@ -190,6 +200,8 @@ struct Binder {
     epoch: u64,
     /// Per binding: the render inputs last rendered, and what failed then.
     rendered: parking_lot::Mutex<HashMap<BKey, Rendered>>,
+    /// Where rollouts' steps are recorded (the schedule history).
+    history: Option<crate::propagation::history::History>,
 }
 
 type Rendered = (u64, BTreeMap<String, String>, Vec<String>);
@@ -273,6 +285,7 @@ pub async fn run(
     store: Arc<dyn Store>,
     kinds: Arc<dyn Kinds>,
     metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
+    history: Option<crate::propagation::history::History>,
     shutdown: watch::Receiver<bool>,
 ) {
     let b = Binder {
@@ -299,6 +312,7 @@ pub async fn run(
         dirty: BTreeSet::new(),
         epoch: 0,
         rendered: Default::default(),
+        history,
     };
     let mut c = Controller::batched("binding", store, b, metrics.of("binding"))
         .backoff(Duration::from_millis(200), Duration::from_secs(30))
@@ -910,12 +924,17 @@ impl Binder {
                 )
             }
         };
+        // A move within the disruption budget: clusters giving replicas up keep what the
+        // budget does not let go yet.
+        let (spec, budget, held) = self.apply_budget(&spec, t, interp, &work_name, &have);
+        let extras = Extras { rollout, budget };
         // Clusters whose Works stay: targets, fenced copies and ends of transfers.
         let targets: BTreeSet<&str> = work_plan(&spec).into_keys().collect();
         // Rendering is skipped when none of its inputs changed (a Work status coming back
         // changes none of them).
         let fp = self.render_inputs(&b, template, &have, &work_name)
-            ^ revisions.as_deref().map_or(0, |r| r.digest);
+            ^ revisions.as_deref().map_or(0, |r| r.digest)
+            ^ held;
         let cached = self.rendered.lock().get(k).filter(|c| c.0 == fp).cloned();
         // `writing`: clusters whose Works this round writes (they count as created).
         let (errors, missing_deps, writing) = match cached {
@@ -966,7 +985,7 @@ impl Binder {
                 missing_deps: &missing_deps,
                 writing: &writing,
                 work_name: &work_name,
-                rollout: &rollout,
+                extras: &extras,
             },
         ));
         jobs
@@ -1464,7 +1483,13 @@ mod tests {
 
         let kinds = Arc::new(LateKinds::default());
         let (stop, stopped) = watch::channel(false);
-        let ctl = tokio::spawn(run(store.clone(), kinds.clone(), Arc::default(), stopped));
+        let ctl = tokio::spawn(run(
+            store.clone(),
+            kinds.clone(),
+            Arc::default(),
+            None,
+            stopped,
+        ));
         tokio::time::sleep(Duration::from_millis(1500)).await;
         assert!(
             store.get(&wkey).await.is_err(),
@@ -1562,7 +1587,11 @@ mod tests {
             ),
         ];
         for (what, (cond, items, want)) in cases {
-            let got = with_status(&stored, &cond, &items, &[], &RolloutWrite::Keep, t1);
+            let extras = Extras {
+                rollout: RolloutWrite::Keep,
+                budget: None,
+            };
+            let got = with_status(&stored, &cond, &items, &[], &extras, t1);
             match want {
                 None => assert!(got.is_none(), "{what}: {got:?}"),
                 Some(times) => {

@@ -1,7 +1,10 @@
 //! The binding controller's part in rollouts (`placement.rollout`): the template's revisions
 //! kept as ControllerRevisions, the plan's next `status.rollout`, the revision each cluster's
-//! Work renders (from the stored status only), and the RolloutApprovals' status.
+//! Work renders (from the stored status only), and the RolloutApprovals' status; and in
+//! disruption budgets (`placement.disruptionBudget`): what a cluster giving replicas up keeps
+//! until their replacements are ready.
 
+use orrery_api::history::ScheduleEntry;
 use orrery_api::rollout::{self as ro, RolloutStatus};
 
 use super::*;
@@ -13,6 +16,8 @@ pub(super) struct Level {
     /// The larger of its water level and its forecast peak.
     pub(super) level: Option<f64>,
     pub(super) peak_time: Option<Time>,
+    /// Whether its Ready condition is True (what its members report is current).
+    pub(super) ready: bool,
 }
 
 impl Level {
@@ -28,7 +33,20 @@ impl Level {
             .and_then(|s| s.pointer("/forecast/peakTime"))
             .and_then(Value::as_str)
             .and_then(|t| t.parse().ok());
-        Level { level, peak_time }
+        let ready = s
+            .and_then(|s| s.get("conditions"))
+            .and_then(Value::as_array)
+            .is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c.get("type").and_then(Value::as_str) == Some("Ready")
+                        && c.get("status").and_then(Value::as_str) == Some("True")
+                })
+            });
+        Level {
+            level,
+            peak_time,
+            ready,
+        }
     }
 }
 
@@ -222,7 +240,7 @@ impl Binder {
         let mut jobs = Vec::new();
         let changed = old.as_ref() != Some(&step.status);
         if changed && !step.notes.is_empty() {
-            jobs.push(self.note_job(spec, &step.notes));
+            jobs.push(self.note_job(k, spec, &step.status, &step.notes));
         }
         jobs.extend(self.prune_revisions(strategy, &step.status, revs));
         Prepared::Ready {
@@ -379,19 +397,55 @@ impl Binder {
             .collect()
     }
 
-    /// Events on the template for what the rollout did (once each).
-    fn note_job(&self, spec: &BindingSpec, notes: &[plan::Note]) -> Job<BKey> {
+    /// Events on the template for what the rollout did (once each), each also an entry of the
+    /// schedule history (when its Event was told now: a restart records nothing again).
+    fn note_job(
+        &self,
+        k: &BKey,
+        spec: &BindingSpec,
+        st: &RolloutStatus,
+        notes: &[plan::Note],
+    ) -> Job<BKey> {
         let store = self.store.clone();
         let r = &spec.resource;
         let about = subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid);
         let notes = notes.to_vec();
+        let history = self.history.clone();
+        let entry = |n: &plan::Note| ScheduleEntry {
+            id: format!("{}-r{}-{}", r.uid, st.revision, n.reason.to_lowercase()),
+            time: Time::now(),
+            binding: format!("{}/{}", k.0, k.1),
+            resource: orrery_api::binding::ObjectReference {
+                resource_version: String::new(),
+                ..r.clone()
+            },
+            replicas: spec.replicas,
+            trigger: "Rollout".to_string(),
+            strategy: String::new(),
+            fleet_level: 0.0,
+            result: "Rollout".to_string(),
+            message: n.message.clone(),
+            clusters: spec.clusters.clone(),
+            unplaced: 0,
+            decisions: Vec::new(),
+            filtered: BTreeMap::new(),
+            prediction: String::new(),
+            forecast: None,
+            rollout: Some(orrery_api::history::RolloutStep {
+                revision: st.revision,
+                stage: n.stage.clone(),
+                event: n.reason.to_string(),
+            }),
+        };
+        let entries: Vec<ScheduleEntry> = notes.iter().map(entry).collect();
         Box::pin(async move {
-            for n in notes {
+            let mut told = Vec::new();
+            for (n, e) in notes.into_iter().zip(entries) {
                 let once = orrery_api::meta::short_hash(&format!(
                     "{}/{}/{}",
                     about.metadata.uid, n.reason, n.message
                 ));
-                let _ = record::event_once_for(
+                let now = record::event_once_for(
                     store.as_ref(),
                     &about,
                     &once,
@@ -401,6 +455,12 @@ impl Binder {
                     COMPONENT,
                 )
                 .await;
+                if matches!(now, Ok(true)) {
+                    told.push(e);
+                }
+            }
+            if let Some(h) = history {
+                h.send(told);
             }
             Ok(())
         })
@@ -491,5 +551,111 @@ impl Binder {
                 Some(job)
             })
             .collect()
+    }
+
+    /// The spec to render under the placement's disruption budget: clusters giving replicas
+    /// up keep what the budget does not let go yet (read from their Works, so a restart
+    /// holds what was held). Also the budget's condition, and a digest of what is held.
+    pub(super) fn apply_budget(
+        &self,
+        spec: &Arc<BindingSpec>,
+        t: &Object,
+        interp: Interpreter<'_>,
+        work_name: &str,
+        have: &[String],
+    ) -> (Arc<BindingSpec>, Option<Condition>, u64) {
+        let Some(budget) = spec.placement.disruption_budget.as_ref() else {
+            return (spec.clone(), None, 0);
+        };
+        let divided = spec.placement.divided();
+        let whole = interp
+            .replicas(&serde_json::to_value(t).unwrap_or(Value::Null))
+            .unwrap_or(0);
+        let decided: BTreeMap<&str, i64> = spec
+            .clusters
+            .iter()
+            .map(|c| (c.name.as_str(), if divided { c.replicas } else { whole }))
+            .collect();
+        let (mut ready, mut reported, mut moves) = (0i64, false, Vec::new());
+        for c in have {
+            let Some(w) = self.works.get(&(c.clone(), work_name.to_string())) else {
+                continue;
+            };
+            let (_, current, ms) = self.member_status(c, work_name, t);
+            // A Deployment's status leaves readyReplicas out when none is ready; one that
+            // says its observedGeneration has reported.
+            let st = ms.and_then(|m| m.status.as_ref());
+            let r = st
+                .and_then(|s| s.get("readyReplicas"))
+                .and_then(Value::as_i64);
+            let said = st.is_some_and(|s| s.get("observedGeneration").is_some());
+            let r = r.or(said.then_some(0));
+            reported |= r.is_some();
+            // A dark cluster's last report is no longer true; a report of an older Work may
+            // count pods that Work no longer runs.
+            let up = self.levels.get(c.as_str()).is_some_and(|l| l.ready);
+            let r = if up { r.unwrap_or(0) } else { 0 };
+            let r = if current {
+                r
+            } else {
+                r.min(w.replicas.unwrap_or(0))
+            };
+            ready += r;
+            if let Some(runs) = w.replicas {
+                let decided = decided.get(c.as_str()).copied().unwrap_or(0);
+                moves.push((c.clone(), runs, decided, r));
+            }
+        }
+        // Clusters decided that run nothing yet: what they are to take comes on top.
+        for (c, n) in &decided {
+            if !moves.iter().any(|m| m.0 == *c) {
+                moves.push((c.to_string(), 0, *n, 0));
+            }
+        }
+        let desired: i64 = decided.values().sum();
+        let floor = budget.min_available(desired);
+        let cond = |status: &str, reason: &str, message: String| {
+            Condition::new(ro::CONDITION_DISRUPTION_BUDGET, status, reason, message)
+        };
+        let held = ro::hold(floor, &moves);
+        if !reported && !held.is_empty() {
+            // Nothing to wait for would ever come: the move goes, and the binding says so.
+            let c = cond(
+                conditions::UNKNOWN,
+                "NoReadyCount",
+                "its members report no ready replicas for it: the budget cannot be kept".into(),
+            );
+            return (spec.clone(), Some(c), 0);
+        }
+        if held.is_empty() {
+            let c = cond(
+                conditions::TRUE,
+                "WithinBudget",
+                format!("{ready} replicas ready, at least {floor} stay so while it moves"),
+            );
+            return (spec.clone(), Some(c), 0);
+        }
+        let mut s = (**spec).clone();
+        for (c, n) in &held {
+            match s.clusters.iter_mut().find(|tc| tc.name == *c) {
+                Some(tc) => tc.replicas = *n,
+                None => s.clusters.push(orrery_api::binding::TargetCluster {
+                    name: c.clone(),
+                    replicas: *n,
+                }),
+            }
+        }
+        let keeps: Vec<String> = held.iter().map(|(c, n)| format!("{c} keeps {n}")).collect();
+        let c = cond(
+            conditions::FALSE,
+            "MoveWaits",
+            format!(
+                "a move waits for the disruption budget ({ready} ready, at least {floor} must stay so): {}",
+                keeps.join(", ")
+            ),
+        );
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        held.hash(&mut h);
+        (Arc::new(s), Some(c), h.finish())
     }
 }

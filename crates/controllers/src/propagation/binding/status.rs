@@ -39,7 +39,7 @@ impl Binder {
         let (items, reasons) = self.status_items(x, r);
         let cond = fully_applied(x.spec, &items, reasons, r.missing_deps);
         let locations = self.locations_of(x.spec, &items);
-        if with_status(x.old, &cond, &items, &locations, r.rollout, now).is_some() {
+        if with_status(x.old, &cond, &items, &locations, r.extras, now).is_some() {
             jobs.push(self.binding_status_job(x, r, &cond, &items, &locations, now));
         }
         // The template's own status.
@@ -169,7 +169,7 @@ impl Binder {
         let cond = cond.clone();
         let items = items.to_vec();
         let locations = locations.to_vec();
-        let rollout = r.rollout.clone();
+        let extras = r.extras.clone();
         let seen = x.b.clone();
         let log = self.written.clone();
         Box::pin(async move {
@@ -184,7 +184,7 @@ impl Binder {
                     &cond,
                     &items,
                     &locations,
-                    &rollout,
+                    &extras,
                     now,
                 )?;
                 Some(Object {
@@ -388,8 +388,16 @@ pub(super) struct Rendering<'a> {
     /// Clusters whose Works this round writes.
     pub(super) writing: &'a BTreeSet<String>,
     pub(super) work_name: &'a str,
-    /// What becomes of `status.rollout`.
-    pub(super) rollout: &'a RolloutWrite,
+    /// What becomes of `status.rollout` and the budget's condition.
+    pub(super) extras: &'a Extras,
+}
+
+/// What a status write sets beside the members' reports.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Extras {
+    pub(super) rollout: RolloutWrite,
+    /// The disruption budget's condition (`None`: the placement has no budget).
+    pub(super) budget: Option<Condition>,
 }
 
 /// What a status write does with `status.rollout`.
@@ -419,11 +427,19 @@ pub(super) fn with_status(
     cond: &Condition,
     items: &[AggregatedStatusItem],
     locations: &[orrery_api::location::LocationReplicas],
-    rollout: &RolloutWrite,
+    extras: &Extras,
     now: Time,
 ) -> Option<BindingStatus> {
     let mut st = old.clone();
-    match rollout {
+    match &extras.budget {
+        Some(c) => {
+            conditions::set(&mut st.conditions, c.clone(), now);
+        }
+        None => st
+            .conditions
+            .retain(|c| c.type_ != orrery_api::rollout::CONDITION_DISRUPTION_BUDGET),
+    }
+    match &extras.rollout {
         RolloutWrite::Keep => {}
         RolloutWrite::Set(r) => st.rollout = Some(r.clone()),
         RolloutWrite::Clear => st.rollout = None,

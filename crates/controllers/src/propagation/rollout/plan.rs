@@ -68,6 +68,8 @@ pub struct Note {
     pub warning: bool,
     pub reason: &'static str,
     pub message: String,
+    /// The stage it is about (empty: the rollout as a whole).
+    pub stage: String,
 }
 
 /// The next status, when to look again (a gate's clock), and what to announce.
@@ -126,11 +128,18 @@ struct Planner<'a> {
 }
 
 impl Planner<'_> {
+    /// A note about the stage under way.
     fn note(&mut self, warning: bool, reason: &'static str, message: String) {
+        let stage = self.st.stage.clone();
+        self.note_in(stage, warning, reason, message);
+    }
+
+    fn note_in(&mut self, stage: String, warning: bool, reason: &'static str, message: String) {
         self.notes.push(Note {
             warning,
             reason,
             message,
+            stage,
         });
     }
 
@@ -472,8 +481,10 @@ impl Planner<'_> {
                 "rolled back to revision {}: {}",
                 self.st.stable, self.st.message
             );
+            let stage = self.st.stage.clone();
             self.restore_stable(RolloutPhase::RolledBack, &m);
-            self.note(
+            self.note_in(
+                stage,
                 true,
                 "RolledBack",
                 format!("revision {} restored", self.st.stable),
@@ -519,7 +530,7 @@ impl Planner<'_> {
                                 "stage {name} of revision {} waits for a RolloutApproval",
                                 self.st.revision
                             );
-                            self.note(false, "WaitingForApproval", m);
+                            self.note_in(name.clone(), false, "WaitingForApproval", m);
                         }
                         self.st.stage = name.clone();
                         self.st.phase = RolloutPhase::WaitingForApproval;
@@ -533,7 +544,7 @@ impl Planner<'_> {
                     s.state = StageState::Progressing;
                     s.started = Some(self.now);
                     let m = format!("stage {name} of revision {} started", self.st.revision);
-                    self.note(false, "StageStarted", m);
+                    self.note_in(name.clone(), false, "StageStarted", m);
                 }
                 StageState::Progressing => {}
             }
@@ -549,7 +560,7 @@ impl Planner<'_> {
                 s.state = StageState::Succeeded;
                 s.finished = Some(self.now);
                 let m = format!("stage {name} of revision {} succeeded", self.st.revision);
-                self.note(false, "StageSucceeded", m);
+                self.note_in(name.clone(), false, "StageSucceeded", m);
                 continue;
             }
             if controls.paused {

@@ -79,9 +79,7 @@ impl Scheduler {
                 .filter(|(k, _)| !failed.contains(k))
                 .map(|(_, e)| e)
                 .collect();
-            if !landed.is_empty() {
-                let _ = history_tx.send(landed);
-            }
+            history_tx.send(landed);
             in_flight
                 .into_iter()
                 .map(|(k, seq)| {
@@ -999,6 +997,7 @@ impl Verdict {
             } else {
                 None
             },
+            rollout: None,
         }
     }
 

@@ -156,6 +156,9 @@ pub struct Settings {
     pub metrics: Arc<SchedulerMetrics>,
     /// The runtime's figures (synced, queue depth, rounds), as every controller has them.
     pub controller_metrics: Arc<crate::runtime::metrics::ControllerMetrics>,
+    /// Where decisions are recorded (the schedule history's writer, shared with the binding
+    /// controller's rollout steps); `None`: the scheduler starts its own.
+    pub history: Option<crate::propagation::history::History>,
 }
 
 impl Default for Settings {
@@ -174,6 +177,7 @@ impl Default for Settings {
             prediction: Ahead::default(),
             metrics: Arc::default(),
             controller_metrics: Arc::default(),
+            history: None,
         }
     }
 }
@@ -363,7 +367,7 @@ struct Scheduler {
     forecast_moves: HashMap<BKey, ForecastTrigger>,
     /// The chunk's decisions, by binding: recorded once the binding's write lands.
     history: Vec<(BKey, ScheduleEntry)>,
-    history_tx: mpsc::UnboundedSender<Vec<ScheduleEntry>>,
+    history_tx: crate::propagation::history::History,
     seq: u64,
     started: Instant,
     /// Follow-up and group relations, and migrations under way.
@@ -381,11 +385,10 @@ struct Scheduler {
 
 /// Runs the scheduling controller until shutdown.
 pub async fn run(store: Arc<dyn Store>, settings: Settings, shutdown: watch::Receiver<bool>) {
-    let (history_tx, history_rx) = mpsc::unbounded_channel();
-    tokio::spawn(crate::propagation::history::write(
-        store.clone(),
-        history_rx,
-    ));
+    let history_tx = match &settings.history {
+        Some(h) => h.clone(),
+        None => crate::propagation::history::History::spawn(store.clone()),
+    };
     let (wake_tx, wake_rx) = mpsc::unbounded_channel();
     let runtime = settings.controller_metrics.of("scheduling");
     let s = Scheduler::new(
@@ -432,7 +435,7 @@ impl Scheduler {
     fn new(
         store: Arc<dyn Store>,
         settings: Settings,
-        history_tx: mpsc::UnboundedSender<Vec<ScheduleEntry>>,
+        history_tx: crate::propagation::history::History,
         wake_tx: mpsc::UnboundedSender<BKey>,
         runtime: crate::runtime::metrics::Handle,
     ) -> Scheduler {

@@ -285,6 +285,7 @@ impl Scheduler {
                     .forecast_moves
                     .remove(k)
                     .filter(|_| why == Trigger::Forecast),
+                rollout: None,
             },
         ));
         let mut next_spec = spec.clone();
