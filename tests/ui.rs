@@ -445,6 +445,55 @@ async fn the_global_view_shows_the_fleet_live() {
     };
     shots("fleet").await;
 
+    // A rollout stage by stage: revision 2 never becomes ready, so its first stage halts (in
+    // red), its cluster failed, and the other stage not touched.
+    let rolled = |image: &str, bad: bool| {
+        format!(
+            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: rolled, namespace: default}}\nspec:\n  replicas: 1\n  selector: {{matchLabels: {{app: rolled}}}}\n  template:\n    metadata: {{labels: {{app: rolled}}, annotations: {{\"sim.orrery.io/never-ready\": \"{bad}\"}}}}\n    spec:\n      containers: [{{name: c, image: {image}}}]\n"
+        )
+    };
+    f.s.ok(&["label", "cluster", "east", "ring=first"]);
+    f.s.apply(&rolled("web:1", false));
+    f.s.apply(
+        "apiVersion: policy.karmada.io/v1alpha1\nkind: PropagationPolicy\nmetadata: {name: rolled, namespace: default}\nspec:\n  resourceSelectors: [{apiVersion: apps/v1, kind: Deployment, name: rolled}]\n  placement:\n    clusterAffinity: {clusterNames: [east, europe]}\n    rollout:\n      progressDeadline: 3s\n      stages:\n      - {name: first, clusterSelector: {matchLabels: {ring: first}}}\n      - {name: rest, percent: 100}\n",
+    );
+    open_tab(&c, "workloads").await;
+    until(
+        &c,
+        "revision 1 rolled out",
+        "const row = document.querySelector('#rollouts tr[data-rollout=\"default/rolled\"]');
+         return !!row && row.querySelector('[data-phase]').dataset.phase === 'Complete';",
+    )
+    .await;
+    f.s.apply(&rolled("web:2", true));
+    until(
+        &c,
+        "revision 2 halted in its first stage, in red, the rest untouched",
+        "const row = document.querySelector('#rollouts tr[data-rollout=\"default/rolled\"]');
+         if (!row) return false;
+         const first = row.querySelector('[data-stage=\"first\"]'), rest = row.querySelector('[data-stage=\"rest\"]');
+         const east = row.querySelector('[data-cluster=\"east\"]');
+         const europe = row.querySelector('[data-cluster=\"europe\"]');
+         if (!first || !east || !europe) return false;
+         return row.querySelector('[data-phase]').dataset.phase === 'Halted'
+             && first.dataset.state === 'Halted' && first.classList.contains('t-bad')
+             && (!rest || rest.dataset.state === 'Pending') && europe.textContent.endsWith('r1')
+             && east.dataset.state === 'Failed' && east.classList.contains('t-bad');",
+    )
+    .await;
+    shots("rollouts").await;
+    // The schedule history tells each step: the stage's start, the cluster's failure, the
+    // halt (in red).
+    open_tab(&c, "schedules").await;
+    until(
+        &c,
+        "the rollout's steps in the schedule history",
+        "const ev = (e) => document.querySelector(`#schedules td[data-rollout-event=\"${e}\"]`);
+         return !!ev('StageStarted') && !!ev('RolloutHalted') && ev('RolloutHalted').classList.contains('t-bad');",
+    )
+    .await;
+    open_tab(&c, "fleet").await;
+
     // A cluster that goes dark: its last figures greyed and dated, no forecast, its outage
     // marked on the time axis, its pods not counted as running; then one failure, with its
     // recovery.
