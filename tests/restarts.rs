@@ -103,6 +103,8 @@ fn statefulset(name: &str) -> Value {
 
 /// The StatefulSet with data, moved by Migrations during the churn.
 const STATEFUL: &str = "db-0";
+/// The Deployment rolled out stage by stage, its image changed during the churn.
+const ROLLED: &str = "rolled";
 
 /// A Karmada PropagationPolicy for one object, divided by water level (`Duplicated` for
 /// ConfigMaps), optionally keeping replicas off `exclude`.
@@ -116,6 +118,12 @@ fn policy(name: &str, kind: &str, target: &str, exclude: Option<&str>) -> Value 
     }
     if let Some(x) = exclude {
         placement["clusterAffinity"] = json!({"exclude": [x]});
+    }
+    if target == ROLLED {
+        // Its image changes during the churn: a rollout in flight across the restarts.
+        placement["rollout"] = json!({"stages": [
+            {"name": "first", "percent": 25, "minSuccessTime": "1s"},
+            {"name": "rest", "percent": 100, "maxConcurrency": 1, "minSuccessTime": "1s"}]});
     }
     if target == STATEFUL {
         // The database runs whole in one cluster.
@@ -572,6 +580,10 @@ fn restarts_crashes_and_retries_disturb_nothing() {
             api.create(&json!({"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
                 "metadata": {"name": "web-0", "namespace": "default"}}))
                 .await;
+            api.create(&deployment(ROLLED, 4)).await;
+            api.create(&policy(ROLLED, "Deployment", ROLLED, None)).await;
+            replicas.insert(ROLLED.into(), 4);
+            let mut image = 0;
             api.create(&deployment("big", 600)).await;
             api.create(&policy("big", "Deployment", "big", None)).await;
             replicas.insert("big".into(), 600);
@@ -642,6 +654,14 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                             });
                         }
                     }
+                    9 if image < 4 => {
+                        // A new revision while the last may still be rolling out.
+                        image += 1;
+                        let tpl = json!({"spec": {"template": {"spec": {"containers": [
+                            {"name": "c", "image": format!("nginx:1.{image}"),
+                             "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}}}]}}}});
+                        api.patch(&deployment(ROLLED, 4), tpl).await;
+                    }
                     8 if outages < 2 => {
                         // A member stops answering for a while: Unknown, tainted, replicas move.
                         outages += 1;
@@ -699,6 +719,13 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                     .flatten()
                     .map(|c| c["replicas"].as_i64().unwrap_or(0))
                     .sum();
+                let rolled = match name.as_str() {
+                    ROLLED => Some(
+                        api.get(&format!("/apis/apps/v1/namespaces/default/deployments/{ROLLED}"))
+                            .await,
+                    ),
+                    _ => None,
+                };
                 let mut in_members = 0;
                 let f = fleet.lock().unwrap();
                 for (m, _) in MEMBERS {
@@ -710,6 +737,22 @@ fn restarts_crashes_and_retries_disturb_nothing() {
                     stuck.push(format!(
                         "{name}: template {want}, binding {in_binding}, placed {placed}, members {in_members}"
                     ));
+                }
+                // The rolled one: its last revision everywhere, the rollout complete.
+                if name == ROLLED {
+                    let image = |d: &Value| d["spec"]["template"]["spec"]["containers"][0]["image"].clone();
+                    let t = rolled.clone().unwrap_or_default();
+                    for (m, _) in MEMBERS {
+                        if let Some(d) = f.find(m, "Deployment", name)
+                            && image(&d) != image(&t)
+                        {
+                            stuck.push(format!("{name}: {m} runs {} of {}", image(&d), image(&t)));
+                        }
+                    }
+                    let phase = &b["status"]["rollout"]["phase"];
+                    if !b["status"]["rollout"].is_null() && phase != "Complete" {
+                        stuck.push(format!("{name}: its rollout is {phase}"));
+                    }
                 }
                 // The exported one: every member imports every ready pod of it.
                 if name == "web-0" {
