@@ -234,6 +234,15 @@ pub fn wanted_taints(
     out
 }
 
+/// Whether a write of a cluster's taints may add a NoExecute taint: always without a rate;
+/// under one only with a token taken for an eviction this sweep saw start (`starts`).
+fn may_evict(bucket: Option<&parking_lot::Mutex<Bucket>>, starts: bool, now: Instant) -> bool {
+    match bucket {
+        None => true,
+        Some(b) => starts && b.lock().take(now),
+    }
+}
+
 /// Whether `wanted` would add a NoExecute taint `taints` lack: an eviction starting.
 fn starts_eviction(wanted: &[(&str, TaintEffect)], taints: &[Taint]) -> bool {
     wanted.iter().any(|(k, e)| {
@@ -700,16 +709,16 @@ impl Health {
             let unknown =
                 heard.elapsed() > self.cfg.grace_period && s.ready_status() != conditions::UNKNOWN;
             let mut wanted = wanted_taints(s.ready.as_ref(), now_t, self.cfg.eviction_timeout);
-            let mut evict = true;
-            if starts_eviction(&wanted, &s.taints)
-                && let Some(b) = &self.bucket
-            {
-                evict = b.lock().take(Instant::now());
-                if !evict {
-                    waiting += 1;
-                    hold_eviction(&mut wanted, &s.taints);
-                    tracing::debug!(cluster = %name, "its eviction waits for the fleet's eviction rate");
-                }
+            // Under a rate, a write may add a NoExecute taint only with a token taken here:
+            // the write decides its taints again from the stored status, later, and may find
+            // the eviction timeout passed where this sweep did not (it is then held, and the
+            // next sweep takes its token).
+            let starts = starts_eviction(&wanted, &s.taints);
+            let evict = may_evict(self.bucket.as_ref(), starts, Instant::now());
+            if starts && !evict {
+                waiting += 1;
+                hold_eviction(&mut wanted, &s.taints);
+                tracing::debug!(cluster = %name, "its eviction waits for the fleet's eviction rate");
             }
             let taints = reconcile_taints(&s.taints, &wanted, now_t).is_some();
             if evict && starts_eviction(&wanted, &s.taints) {
@@ -874,6 +883,20 @@ mod tests {
         // Idle a long while: no more than the burst.
         let later = t0 + Duration::from_secs(600);
         assert!(b.take(later) && b.take(later) && !b.take(later));
+        // A write for a cluster whose eviction this sweep did not see start may add no
+        // NoExecute taint under a rate (it would find the timeout passed later and evict
+        // without a token), and takes no token.
+        let b = parking_lot::Mutex::new(Bucket::new(
+            EvictionRate {
+                per_minute: 6.0,
+                burst: 1,
+            },
+            t0,
+        ));
+        assert!(!may_evict(Some(&b), false, t0));
+        assert!(may_evict(Some(&b), true, t0));
+        assert!(!may_evict(Some(&b), true, t0));
+        assert!(may_evict(None, false, t0));
     }
 
     #[test]
