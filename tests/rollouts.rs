@@ -248,6 +248,45 @@ fn history_steps(f: &Fleet) -> Vec<String> {
     steps.into_iter().map(|(_, s)| s).collect()
 }
 
+/// A revision that becomes ready and then crashes again and again fails its gate by its pods'
+/// restarts (`maxRestarts`), and the rollout halts in the canary stage.
+#[test]
+fn restarts_beyond_the_count_fail_the_gate() {
+    let f = fleet();
+    let s = &f.s;
+    s.apply(&deployment("web:1", false));
+    s.apply(&policy(RINGS, "maxRestarts: 1"));
+    watch_until_all(&f, "web:1", Duration::from_secs(30));
+    eventually(Duration::from_secs(20), "revision 1 complete", || {
+        rollout(&f)["phase"] == "Complete"
+    });
+    let crashing = deployment("web:2", false).replace(
+        "annotations: {}",
+        r#"annotations: {"sim.orrery.io/restart-every": "1s"}"#,
+    );
+    s.apply(&crashing);
+    eventually(
+        Duration::from_secs(30),
+        "halted by the canary's restarts",
+        || {
+            let r = rollout(&f);
+            r["phase"] == "Halted"
+                && r["clusters"].as_array().is_some_and(|cs| {
+                    cs.iter().any(|c| {
+                        c["name"] == "m1"
+                            && c["state"] == "Failed"
+                            && c["message"].as_str().is_some_and(|m| {
+                                m.contains("restarted") && m.contains("maxRestarts 1")
+                            })
+                    })
+                })
+        },
+    );
+    for m in ["m2", "m3", "m4"] {
+        assert_eq!(image_in(&f, m).as_deref(), Some("web:1"), "{m}");
+    }
+}
+
 #[test]
 fn a_stage_waits_for_its_approval_and_a_pause_holds_the_rest() {
     let f = fleet();

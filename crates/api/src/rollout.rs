@@ -65,6 +65,10 @@ pub struct RolloutStrategy {
     /// Old revisions kept beyond the stable and the rolling one (10 when unset).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revision_history_limit: Option<i64>,
+    /// Restarts of an updated cluster's pods (their containers', summed, as its member
+    /// reports them) beyond which it fails its gate, ready or not (unset: not counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_restarts: Option<i64>,
 }
 
 /// One stage of a rollout: which clusters, how many at once, and its gate.
@@ -170,14 +174,19 @@ impl RolloutStrategy {
                 "must not be negative",
             ));
         }
-        if let Some(l) = self.revision_history_limit
-            && l < 0
-        {
-            errs.push(FieldError::invalid(
-                format!("{path}.revisionHistoryLimit"),
-                l,
-                "must not be negative",
-            ));
+        for (field, v) in [
+            ("revisionHistoryLimit", self.revision_history_limit),
+            ("maxRestarts", self.max_restarts),
+        ] {
+            if let Some(l) = v
+                && l < 0
+            {
+                errs.push(FieldError::invalid(
+                    format!("{path}.{field}"),
+                    l,
+                    "must not be negative",
+                ));
+            }
         }
         duration_field(
             &self.progress_deadline,

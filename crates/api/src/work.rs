@@ -143,6 +143,10 @@ pub struct ManifestStatus {
     /// A Service's endpoints in the member (what multi-cluster services export).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<crate::services::ServiceEndpoints>,
+    /// How many times the containers of a workload's pods have restarted, summed (a crash
+    /// loop shows here before readiness does): what a rollout's `maxRestarts` gates on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restarts: Option<i64>,
 }
 
 /// The usage of a workload's ready pods in one member, summed.

@@ -497,6 +497,25 @@ fn pass_pods(st: &mut State, spec: &SimSpec, now: Instant, free: &mut [Res]) -> 
                 }
                 busy = true;
             }
+            Phase::Running => {
+                let every = st
+                    .objects
+                    .get(&p.owner)
+                    .and_then(|o| o.shape.as_ref())
+                    .and_then(|s| s.restart_every);
+                if let Some(every) = every {
+                    // A crash after running that long: it starts again, counted, and is
+                    // ready again after the start delay.
+                    if now.duration_since(p.since) >= every {
+                        p.phase = Phase::Starting;
+                        p.since = now;
+                        p.restarts += 1;
+                        changed = true;
+                        moved.push(p.owner.clone());
+                    }
+                    busy = true;
+                }
+            }
             _ => {}
         }
     }

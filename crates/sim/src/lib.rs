@@ -784,6 +784,7 @@ impl SimCluster {
             volumes,
             usage: None,
             endpoints,
+            restarts: None,
         }
     }
 
@@ -803,6 +804,8 @@ impl SimCluster {
         with_status["status"] = status.clone();
         let (health, message) = workload_health(obj, shape, &with_status);
         let usage = workload_usage(shape, ready, pods.len());
+        // The restarts of its current pods: the revision a rollout gates.
+        let restarts = current.iter().map(|p| i64::from(p.restarts)).sum();
         ObjectState {
             health,
             status: Some(status),
@@ -810,6 +813,7 @@ impl SimCluster {
             volumes: workload_volumes(st, key, shape),
             usage,
             endpoints: None,
+            restarts: Some(restarts),
         }
     }
 

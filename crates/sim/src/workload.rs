@@ -159,6 +159,9 @@ pub(crate) struct Shape {
     /// Its pods start and never become ready, restarting as a crash loop does
     /// (`sim.orrery.io/never-ready: "true"`): a bad revision.
     pub(crate) never_ready: bool,
+    /// Its pods become ready, then crash and start again after running this long
+    /// (`sim.orrery.io/restart-every: 2s`): a revision that passes readiness and fails later.
+    pub(crate) restart_every: Option<std::time::Duration>,
 }
 
 /// Pod template annotation: the bytes a new volume holds.
@@ -167,6 +170,9 @@ pub const VOLUME_USED_ANNOTATION: &str = "sim.orrery.io/volume-used";
 pub const WRITE_RATE_ANNOTATION: &str = "sim.orrery.io/write-rate";
 /// Pod template annotation: `"true"`, its pods never become ready.
 pub const NEVER_READY_ANNOTATION: &str = "sim.orrery.io/never-ready";
+/// Pod template annotation: a duration; its pods crash after running that long, and start
+/// again.
+pub const RESTART_EVERY_ANNOTATION: &str = "sim.orrery.io/restart-every";
 
 pub(crate) fn shape_of(obj: &Value) -> Option<Shape> {
     let kind = obj.get("kind")?.as_str()?;
@@ -204,16 +210,23 @@ pub(crate) fn shape_of(obj: &Value) -> Option<Shape> {
     } else {
         template.pointer("/metadata/annotations")
     });
-    let never_ready = if wk == WorkloadKind::Pod {
+    let annotations = if wk == WorkloadKind::Pod {
         obj.pointer("/metadata/annotations")
     } else {
         template.pointer("/metadata/annotations")
-    }
-    .and_then(|a| a.get(NEVER_READY_ANNOTATION))
-    .and_then(Value::as_str)
+    };
+    let never_ready = annotations
+        .and_then(|a| a.get(NEVER_READY_ANNOTATION))
+        .and_then(Value::as_str)
         == Some("true");
+    let restart_every = annotations
+        .and_then(|a| a.get(RESTART_EVERY_ANNOTATION))
+        .and_then(Value::as_str)
+        .and_then(|d| crate::spec::parse_duration(d).ok())
+        .filter(|d| !d.is_zero());
     Some(Shape {
         never_ready,
+        restart_every,
         load,
         kind: wk,
         replicas: int("replicas", 1),

@@ -611,6 +611,7 @@ impl Inner {
                         ms.volumes = s.volumes;
                         ms.usage = s.usage;
                         ms.endpoints = s.endpoints;
+                        ms.restarts = s.restarts;
                     }
                     Ok(None) => ms.message = "not present in the member".into(),
                     Err(e) => {

@@ -41,6 +41,8 @@ pub struct ObjectState {
     pub usage: Option<orrery_api::work::WorkloadUsage>,
     /// A Service's endpoints there.
     pub endpoints: Option<orrery_api::services::ServiceEndpoints>,
+    /// The restarts of a workload's pods' containers, summed.
+    pub restarts: Option<i64>,
 }
 
 /// What the member says about itself: health, capacity and what it serves.

@@ -120,6 +120,29 @@ fn add_to(list: &mut ResourceList, name: &str, q: Quantity) {
     *slot = slot.checked_add(&q).unwrap_or(*slot);
 }
 
+/// The label selector query of a workload's pods (`None`: not a workload with pods and a
+/// selector).
+fn pods_query(obj: &Value) -> Option<String> {
+    let kind = obj.get("kind")?.as_str()?;
+    if !matches!(
+        kind,
+        "Deployment" | "StatefulSet" | "ReplicaSet" | "DaemonSet"
+    ) {
+        return None;
+    }
+    let sel: orrery_api::labels::LabelSelector =
+        serde_json::from_value(obj.pointer("/spec/selector")?.clone()).ok()?;
+    let selector = sel.to_selector().ok()?.to_string();
+    if selector.is_empty() {
+        return None;
+    }
+    Some(
+        form_urlencoded::Serializer::new(String::new())
+            .append_pair("labelSelector", &selector)
+            .finish(),
+    )
+}
+
 /// A pod as the usage of a workload needs it.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -163,9 +186,19 @@ struct UsageResources {
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct UsagePodStatus {
     #[serde(default)]
     conditions: Vec<UsageCondition>,
+    #[serde(default)]
+    container_statuses: Vec<UsageContainerStatus>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct UsageContainerStatus {
+    #[serde(default)]
+    restart_count: i64,
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
@@ -472,64 +505,70 @@ impl KubeMember {
         Some(merged)
     }
 
-    async fn workload_usage(
+    /// A workload's pods: what they use (when the member has a metrics server) and how
+    /// many times their containers restarted.
+    async fn workload_pods(
         &self,
         obj: &Value,
         ns: &str,
-    ) -> Option<orrery_api::work::WorkloadUsage> {
-        let kind = obj.get("kind")?.as_str()?;
-        if !matches!(kind, "Deployment" | "StatefulSet" | "ReplicaSet") {
-            return None;
-        }
-        let sel: orrery_api::labels::LabelSelector =
-            serde_json::from_value(obj.pointer("/spec/selector")?.clone()).ok()?;
-        let selector = sel.to_selector().ok()?.to_string();
-        if selector.is_empty() {
-            return None;
-        }
-        let q: String = form_urlencoded::Serializer::new(String::new())
-            .append_pair("labelSelector", &selector)
-            .finish();
-        // The metrics first: a member without a metrics server is asked nothing more.
-        let mut metrics: HashMap<String, (i64, i64)> = HashMap::new();
-        self.each_page::<PodMetrics>(
-            &format!("/apis/metrics.k8s.io/v1beta1/namespaces/{ns}/pods?{q}"),
-            |m| {
-                metrics.insert(
-                    m.metadata.name,
-                    sum_of(m.containers.iter().map(|c| &c.usage)),
-                );
-            },
-        )
-        .await
-        .ok()?;
-        let mut u = orrery_api::work::WorkloadUsage::default();
-        self.each_page::<UsagePod>(&format!("/api/v1/namespaces/{ns}/pods?{q}"), |p| {
-            if p.metadata.deletion_timestamp.is_some() {
-                return;
-            }
-            let ready = p
-                .status
-                .conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
-            match metrics.get(&p.metadata.name) {
-                Some((cpu, memory)) if ready => {
-                    let (cpu_req, mem_req) =
-                        sum_of(p.spec.containers.iter().map(|c| &c.resources.requests));
-                    u.ready_pods += 1;
-                    u.cpu_milli += cpu;
-                    u.memory_bytes += memory;
-                    u.cpu_request_milli += cpu_req;
-                    u.memory_request_bytes += mem_req;
+    ) -> (Option<orrery_api::work::WorkloadUsage>, Option<i64>) {
+        let Some(q) = pods_query(obj) else {
+            return (None, None);
+        };
+        let mut pods: Vec<UsagePod> = Vec::new();
+        let listed = self
+            .each_page::<UsagePod>(&format!("/api/v1/namespaces/{ns}/pods?{q}"), |p| {
+                if p.metadata.deletion_timestamp.is_none() {
+                    pods.push(p);
                 }
-                // Ready without metrics yet counts as starting, as the HPA reads it.
-                _ => u.unready_pods += 1,
+            })
+            .await;
+        if listed.is_err() {
+            return (None, None);
+        }
+        let restarts = pods
+            .iter()
+            .flat_map(|p| &p.status.container_statuses)
+            .map(|c| c.restart_count)
+            .sum();
+        let mut metrics: HashMap<String, (i64, i64)> = HashMap::new();
+        let measured = self
+            .each_page::<PodMetrics>(
+                &format!("/apis/metrics.k8s.io/v1beta1/namespaces/{ns}/pods?{q}"),
+                |m| {
+                    metrics.insert(
+                        m.metadata.name,
+                        sum_of(m.containers.iter().map(|c| &c.usage)),
+                    );
+                },
+            )
+            .await;
+        // A member without a metrics server reports no usage.
+        let usage = measured.is_ok().then(|| {
+            let mut u = orrery_api::work::WorkloadUsage::default();
+            for p in &pods {
+                let ready = p
+                    .status
+                    .conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                match metrics.get(&p.metadata.name) {
+                    Some((cpu, memory)) if ready => {
+                        let (cpu_req, mem_req) =
+                            sum_of(p.spec.containers.iter().map(|c| &c.resources.requests));
+                        u.ready_pods += 1;
+                        u.cpu_milli += cpu;
+                        u.memory_bytes += memory;
+                        u.cpu_request_milli += cpu_req;
+                        u.memory_request_bytes += mem_req;
+                    }
+                    // Ready without metrics yet counts as starting, as the HPA reads it.
+                    _ => u.unready_pods += 1,
+                }
             }
-        })
-        .await
-        .ok()?;
-        Some(u)
+            u
+        });
+        (usage, Some(restarts))
     }
 
     fn api(&self, ar: &ApiResource, namespaced: bool, ns: &str) -> Api<DynamicObject> {
@@ -958,7 +997,7 @@ impl Backend for KubeMember {
                 .await
                 .map_err(|e| member_error(&format!("the volumes of {}", id.describe()), e))?
         };
-        let usage = self.workload_usage(&obj, &id.namespace).await;
+        let (usage, restarts) = self.workload_pods(&obj, &id.namespace).await;
         let endpoints = self.service_endpoints(&obj, &id.namespace).await;
         Ok(Some(ObjectState {
             health,
@@ -967,6 +1006,7 @@ impl Backend for KubeMember {
             volumes,
             usage,
             endpoints,
+            restarts,
         }))
     }
 
@@ -1226,5 +1266,38 @@ impl Backend for KubeMember {
 
     fn changed(&self) -> tokio::sync::watch::Receiver<u64> {
         self.changed.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_workloads_pods_are_found_by_its_selector_and_restarts_are_read() {
+        let d = serde_json::json!({"kind": "Deployment",
+            "spec": {"selector": {"matchLabels": {"app": "web", "tier": "front"}}}});
+        assert_eq!(
+            pods_query(&d).as_deref(),
+            Some("labelSelector=app%3Dweb%2Ctier%3Dfront")
+        );
+        let ds = serde_json::json!({"kind": "DaemonSet",
+            "spec": {"selector": {"matchExpressions": [{"key": "app", "operator": "Exists"}]}}});
+        assert_eq!(pods_query(&ds).as_deref(), Some("labelSelector=app"));
+        // Not a workload, or one selecting nothing: no pods are listed.
+        assert_eq!(pods_query(&serde_json::json!({"kind": "ConfigMap"})), None);
+        let open = serde_json::json!({"kind": "Deployment", "spec": {"selector": {}}});
+        assert_eq!(pods_query(&open), None);
+        let p: UsagePod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web-1"},
+            "status": {"containerStatuses": [{"restartCount": 2}, {"restartCount": 1}]}}))
+        .unwrap();
+        let restarts: i64 = p
+            .status
+            .container_statuses
+            .iter()
+            .map(|c| c.restart_count)
+            .sum();
+        assert_eq!(restarts, 3);
     }
 }

@@ -219,6 +219,7 @@ impl Binder {
                         w.rollout_revision.map(|revision| Running {
                             revision,
                             healthy: health_of(interp, t, m) == Health::Healthy,
+                            restarts: m.restarts,
                         })
                     }
                     _ => None,

@@ -50,6 +50,8 @@ pub struct Member<'a> {
 pub struct Running {
     pub revision: i64,
     pub healthy: bool,
+    /// Its pods' restarts, when the member counts them.
+    pub restarts: Option<i64>,
 }
 
 /// What the user says beside the strategy.
@@ -416,6 +418,22 @@ impl Planner<'_> {
             let soak = self.soak(&c.stage);
             let runs = self.member(&c.name).and_then(|m| m.runs);
             let c = &mut self.st.clusters[i];
+            let restarts = runs
+                .filter(|r| r.revision == c.revision)
+                .and_then(|r| r.restarts)
+                .zip(self.strategy.max_restarts)
+                .filter(|(n, max)| n > max);
+            if let Some((n, max)) = restarts {
+                c.state = ClusterState::Failed;
+                c.since = Some(now);
+                c.healthy_since = None;
+                c.message = format!(
+                    "its pods restarted {n} times at revision {}, more than maxRestarts {max}",
+                    c.revision
+                );
+                failed.push(format!("{}: {}", c.name, c.message));
+                continue;
+            }
             let healthy = runs.is_some_and(|r| r.revision == c.revision && r.healthy);
             if healthy {
                 let since = *c.healthy_since.get_or_insert(now);

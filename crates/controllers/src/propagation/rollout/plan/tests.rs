@@ -14,6 +14,8 @@ struct Fleet {
     labels: Vec<BTreeMap<String, String>>,
     levels: Vec<Option<f64>>,
     bad: BTreeSet<i64>,
+    /// Restarts each revision's pods report (none: not counted).
+    restarts: BTreeMap<i64, i64>,
     /// Whether members report at all (false: nothing is running what it was given yet).
     reporting: bool,
 }
@@ -28,6 +30,7 @@ impl Fleet {
                 .collect(),
             levels: spec.iter().map(|_| Some(0.5)).collect(),
             bad: BTreeSet::new(),
+            restarts: BTreeMap::new(),
             reporting: true,
         }
     }
@@ -47,6 +50,7 @@ impl Fleet {
                     .map(|r| Running {
                         revision: r,
                         healthy: !self.bad.contains(&r),
+                        restarts: self.restarts.get(&r).copied(),
                     }),
             })
             .collect()
@@ -205,6 +209,34 @@ fn a_bad_revision_halts_and_touches_no_later_stage() {
     let st = go(&s, &f, Some(&st), 2, &abort, 10_020).status;
     assert_eq!(st.phase, RolloutPhase::Aborted);
     assert_eq!(at(&st, 1).len(), 4);
+}
+
+#[test]
+fn restarts_beyond_the_count_fail_a_ready_cluster() {
+    let mut s = rings();
+    s.max_restarts = Some(2);
+    let mut f = fleet();
+    let c = Controls::default();
+    let st = go(&s, &f, None, 1, &c, 0).status;
+    // Revision 2 is ready but its pods restarted 3 times: the canary fails at once, well
+    // before its soak or deadline, and the rollout halts there.
+    f.restarts.insert(2, 3);
+    let st = go(&s, &f, Some(&st), 2, &c, 10).status;
+    let st = go(&s, &f, Some(&st), 2, &c, 20).status;
+    assert_eq!(st.phase, RolloutPhase::Halted, "{st:?}");
+    assert_eq!(at(&st, 2), vec!["a"]);
+    let a = st.clusters.iter().find(|c| c.name == "a").unwrap();
+    assert_eq!(a.state, ClusterState::Failed);
+    assert!(a.message.contains("restarted 3 times"), "{}", a.message);
+    // Within the count it passes as before.
+    let mut f = fleet();
+    f.restarts.insert(2, 2);
+    let st = go(&s, &f, None, 1, &c, 0).status;
+    let mut st = go(&s, &f, Some(&st), 2, &c, 10).status;
+    for i in 1..=20 {
+        st = go(&s, &f, Some(&st), 2, &c, 10 + i * 10).status;
+    }
+    assert_eq!(st.phase, RolloutPhase::Complete, "{st:?}");
 }
 
 #[test]
