@@ -707,3 +707,57 @@ fn shedding_keeps_the_workloads_disruption_budget() {
         "hot shed more than 2 replicas before cool's were ready"
     );
 }
+
+/// Consolidation within a disruption budget: the placement's replicas follow a price drop to
+/// the other cluster, and the cluster they leave keeps them until their replacements are
+/// ready.
+#[test]
+fn consolidation_keeps_the_workloads_disruption_budget() {
+    let sim = |core: &str| {
+        format!(
+            "nodes=4,cpu=8,memory=32Gi,load=0.1,start=3s,cpuCoreHour={core},memoryGiBHour=0.002"
+        )
+    };
+    let (cheap, dear) = (sim("0.02"), sim("0.06"));
+    let f = Fleet::start_sims(
+        &[("cheap", "us-east", &cheap), ("dear", "eu-west", &dear)],
+        &[
+            "--monitoring-interval",
+            "1s",
+            "--consolidate-interval",
+            "2s",
+        ],
+    );
+    for m in ["cheap", "dear"] {
+        f.s.ok(&["label", "cluster", m, "tier=app"]);
+    }
+    f.s.apply(&WEB.replace(
+        "replicaScheduling: {replicaSchedulingType: Divided}",
+        "replicaScheduling: {replicaSchedulingType: Divided}\n    cost: {weight: 10, consolidate: true}\n    disruptionBudget: {minAvailable: 12}",
+    ));
+    eventually(Duration::from_secs(30), "12 ready, most on cheap", || {
+        let d = decided(&f);
+        ready(&f, &["cheap", "dear"]) == 12
+            && d.get("cheap").copied().unwrap_or(0) > d.get("dear").copied().unwrap_or(0)
+    });
+    // The dear cluster's contract now costs a quarter of the cheap one's.
+    f.s.ok(&[
+        "patch",
+        "cluster",
+        "dear",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"properties":{"cost.orrery.io/cpu-core-hour":"0.005","cost.orrery.io/memory-gib-hour":"0.0005"}}}"#,
+    ]);
+    let before = decided(&f).get("dear").copied().unwrap_or(0);
+    let waited = keeps_budget(
+        &f,
+        12,
+        |d| d.get("dear").copied().unwrap_or(0) > before,
+        |d| d.get("dear").copied() == Some(12),
+    );
+    assert!(
+        waited,
+        "cheap gave its replicas up before dear's were ready"
+    );
+}

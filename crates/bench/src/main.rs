@@ -23,6 +23,7 @@ mod ha;
 mod hierarchy;
 mod inproc;
 mod members;
+mod outage;
 mod propagation;
 mod proxy;
 mod quality;
@@ -319,6 +320,25 @@ enum Command {
     RolloutStages {
         #[arg(long, default_value_t = 100)]
         clusters: usize,
+        #[arg(long)]
+        server_bin: Option<PathBuf>,
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+    /// A fleet-wide outage under `--eviction-rate`: the dark clusters' evictions against the
+    /// set pace, and each workload's ready replicas on the live clusters (never taken down).
+    OutageEviction {
+        #[arg(long, default_value_t = 40)]
+        clusters: usize,
+        #[arg(long, default_value_t = 30)]
+        dark: usize,
+        #[arg(long, default_value_t = 10)]
+        workloads: usize,
+        /// Clusters' worth of evictions a minute.
+        #[arg(long, default_value_t = 60.0)]
+        rate: f64,
+        #[arg(long, default_value_t = 3)]
+        burst: u32,
         #[arg(long)]
         server_bin: Option<PathBuf>,
         #[arg(long)]
@@ -737,6 +757,26 @@ fn main() -> anyhow::Result<()> {
             } => {
                 members::register(members::RegisterArgs {
                     clusters,
+                    server_bin,
+                    dir,
+                })
+                .await
+            }
+            Command::OutageEviction {
+                clusters,
+                dark,
+                workloads,
+                rate,
+                burst,
+                server_bin,
+                dir,
+            } => {
+                outage::run(outage::Args {
+                    clusters,
+                    dark,
+                    workloads,
+                    rate,
+                    burst,
                     server_bin,
                     dir,
                 })

@@ -83,7 +83,8 @@ async fn until(
 ) -> anyhow::Result<Duration> {
     let t0 = Instant::now();
     loop {
-        let r = rollout(c).await?;
+        // The binding comes a moment after its policy: not found yet is not done yet.
+        let r = rollout(c).await.unwrap_or(Value::Null);
         if done(&r) {
             return Ok(t0.elapsed());
         }
