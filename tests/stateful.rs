@@ -412,6 +412,25 @@ fn a_noexecute_taint_drains_a_statefulset_with_its_data() {
     ));
     let placed = db_placed(&f);
     let other = if placed == "a" { "b" } else { "a" };
+    // A disruption budget cannot hold a move that fences its source: the binding says so.
+    f.s.ok(&[
+        "patch",
+        "resourceplacementpolicy",
+        "db",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"placement":{"disruptionBudget":{"minAvailable":1}}}}"#,
+    ]);
+    eventually(Duration::from_secs(20), "the budget's condition", || {
+        let rb = f.s.get_json(&["resourcebinding", "db-statefulset"]);
+        rb["status"]["conditions"].as_array().is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c["type"] == "DisruptionBudget"
+                    && c["status"] == "Unknown"
+                    && c["reason"] == "StatefulMoves"
+            })
+        })
+    });
     // A Service for its pods, kept in its first cluster by its policy: it cannot follow,
     // and the switch says so once it stops waiting for it.
     f.s.apply(&format!(

@@ -568,10 +568,24 @@ impl Binder {
         let Some(budget) = spec.placement.disruption_budget.as_ref() else {
             return (spec.clone(), None, 0);
         };
+        let cond = |status: &str, reason: &str, message: String| {
+            Condition::new(ro::CONDITION_DISRUPTION_BUDGET, status, reason, message)
+        };
+        let template = serde_json::to_value(t).unwrap_or(Value::Null);
+        if !orrery_api::stateful::claims_of(&template).is_empty() {
+            // Its moves are Migrations, which stop the source (the fence) before the target
+            // starts: nothing held here would keep a replica ready. Said, not ignored.
+            let c = cond(
+                conditions::UNKNOWN,
+                "StatefulMoves",
+                "a workload with volumes moves only through Migrations, which stop its source \
+                 before the target starts: the budget does not hold them"
+                    .into(),
+            );
+            return (spec.clone(), Some(c), 0);
+        }
         let divided = spec.placement.divided();
-        let whole = interp
-            .replicas(&serde_json::to_value(t).unwrap_or(Value::Null))
-            .unwrap_or(0);
+        let whole = interp.replicas(&template).unwrap_or(0);
         let decided: BTreeMap<&str, i64> = spec
             .clusters
             .iter()
@@ -615,9 +629,6 @@ impl Binder {
         }
         let desired: i64 = decided.values().sum();
         let floor = budget.min_available(desired);
-        let cond = |status: &str, reason: &str, message: String| {
-            Condition::new(ro::CONDITION_DISRUPTION_BUDGET, status, reason, message)
-        };
         let held = ro::hold(floor, &moves);
         if !reported && !held.is_empty() {
             // Nothing to wait for would ever come: the move goes, and the binding says so.
