@@ -212,21 +212,6 @@ fn replicas_follow_the_water_levels() {
     let before = decided(&f);
     assert!(before.get("busy").copied().unwrap_or(0) > 0, "{before:?}");
     f.agents[1].1.kill9();
-    eventually(Duration::from_secs(30), "busy's replicas move", || {
-        let d = decided(&f);
-        !d.contains_key("busy") && d.values().sum::<i64>() == 12
-    });
-    let rb = f.s.get_json(&["resourcebinding", "web-deployment"]);
-    let evictions = rb["spec"]["evictions"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    assert!(
-        evictions.iter().any(|e| e["cluster"] == "busy"
-            && e["rescheduled"] == true
-            && e["keepUntil"].is_string()),
-        "make-before-break keeps the old copy a while: {rb}"
-    );
     // Busy's Work goes only once the others have all 12 ready: whenever it is seen gone,
     // the readiness read after must already be complete (it only grows meanwhile).
     let busy_work = || {
@@ -240,7 +225,25 @@ fn replicas_follow_the_water_levels() {
         .status
         .success()
     };
+    // Looked at the moment the decision moves: the new replicas take a second to start.
     let mut seen_kept = false;
+    eventually(Duration::from_secs(30), "busy's replicas move", || {
+        let d = decided(&f);
+        let moved = !d.contains_key("busy") && d.values().sum::<i64>() == 12;
+        seen_kept |= moved && busy_work();
+        moved
+    });
+    let rb = f.s.get_json(&["resourcebinding", "web-deployment"]);
+    let evictions = rb["spec"]["evictions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        evictions.iter().any(|e| e["cluster"] == "busy"
+            && e["rescheduled"] == true
+            && e["keepUntil"].is_string()),
+        "make-before-break keeps the old copy a while: {rb}"
+    );
     eventually(
         Duration::from_secs(20),
         "the others run all 12, then busy's Work goes",
@@ -617,32 +620,44 @@ fn keeps_budget(
     }
 }
 
+/// Two simulated members whose pods take 3 s to start, labelled for `web`, and `web` placed
+/// on them with `placement` added (its lines, indented by four); waits until 12 are ready
+/// over both.
+fn budget_fleet(names: [&str; 2], sim: &str, server_args: &[&str], placement: &str) -> Fleet {
+    let f = Fleet::start_sims(
+        &[(names[0], "us-east", sim), (names[1], "eu-west", sim)],
+        server_args,
+    );
+    for m in names {
+        f.s.ok(&["label", "cluster", m, "tier=app"]);
+    }
+    f.s.apply(&WEB.replace(
+        "replicaScheduling: {replicaSchedulingType: Divided}",
+        &format!("replicaScheduling: {{replicaSchedulingType: Divided}}\n{placement}"),
+    ));
+    eventually(Duration::from_secs(30), "12 ready over both", || {
+        ready(&f, &names) == 12 && decided(&f).len() == 2
+    });
+    f
+}
+
 /// A rebalance within a disruption budget: a recovered cluster takes its share back, and the
 /// cluster giving replicas up keeps them until their replacements are ready, so the ready count
 /// never falls below the budget's floor, and the binding says the move waits.
 #[test]
 fn a_rebalance_keeps_the_workloads_disruption_budget() {
-    let slow = "nodes=4,cpu=8,memory=32Gi,load=0.45,start=3s";
-    let mut f = Fleet::start_sims(
-        &[("east", "us-east", slow), ("west", "eu-west", slow)],
+    let members = ["east", "west"];
+    let mut f = budget_fleet(
+        members,
+        "nodes=4,cpu=8,memory=32Gi,load=0.45,start=3s",
         &[
             "--cluster-grace-period",
             "2s",
             "--cluster-eviction-timeout",
             "2s",
         ],
+        "    rebalanceOnRecovery: true\n    disruptionBudget: {minAvailable: 12}",
     );
-    let members = ["east", "west"];
-    for m in members {
-        f.s.ok(&["label", "cluster", m, "tier=app"]);
-    }
-    f.s.apply(&WEB.replace(
-        "replicaScheduling: {replicaSchedulingType: Divided}",
-        "replicaScheduling: {replicaSchedulingType: Divided}\n    rebalanceOnRecovery: true\n    disruptionBudget: {minAvailable: 12}",
-    ));
-    eventually(Duration::from_secs(30), "12 ready over both", || {
-        ready(&f, &members) == 12 && decided(&f).len() == 2
-    });
     f.agents[1].1.kill9();
     eventually(Duration::from_secs(40), "12 ready on east", || {
         decided(&f) == BTreeMap::from([("east".to_string(), 12)]) && ready(&f, &["east"]) == 12
@@ -676,22 +691,12 @@ fn a_rebalance_keeps_the_workloads_disruption_budget() {
 /// keeps what the budget does not let go until the other cluster's replicas are ready.
 #[test]
 fn shedding_keeps_the_workloads_disruption_budget() {
-    let slow = "nodes=4,cpu=8,memory=32Gi,load=0.45,start=3s";
-    let f = Fleet::start_sims(
-        &[("hot", "us-east", slow), ("cool", "eu-west", slow)],
+    let f = budget_fleet(
+        ["hot", "cool"],
+        "nodes=4,cpu=8,memory=32Gi,load=0.45,start=3s",
         &["--shed-window", "2s"],
+        "    disruptionBudget: {maxUnavailable: 2}",
     );
-    let members = ["hot", "cool"];
-    for m in members {
-        f.s.ok(&["label", "cluster", m, "tier=app"]);
-    }
-    f.s.apply(&WEB.replace(
-        "replicaScheduling: {replicaSchedulingType: Divided}",
-        "replicaScheduling: {replicaSchedulingType: Divided}\n    disruptionBudget: {maxUnavailable: 2}",
-    ));
-    eventually(Duration::from_secs(30), "12 ready over both", || {
-        ready(&f, &members) == 12 && decided(&f).len() == 2
-    });
     let first = decided(&f)["hot"];
     let (_, cond, rb) = budget_view(&f);
     assert_eq!(
@@ -740,6 +745,7 @@ fn consolidation_keeps_the_workloads_disruption_budget() {
         ready(&f, &["cheap", "dear"]) == 12
             && d.get("cheap").copied().unwrap_or(0) > d.get("dear").copied().unwrap_or(0)
     });
+    let before = decided(&f).get("dear").copied().unwrap_or(0);
     // The dear cluster's contract now costs a quarter of the cheap one's.
     f.s.ok(&[
         "patch",
@@ -749,7 +755,6 @@ fn consolidation_keeps_the_workloads_disruption_budget() {
         "-p",
         r#"{"spec":{"properties":{"cost.orrery.io/cpu-core-hour":"0.005","cost.orrery.io/memory-gib-hour":"0.0005"}}}"#,
     ]);
-    let before = decided(&f).get("dear").copied().unwrap_or(0);
     let waited = keeps_budget(
         &f,
         12,

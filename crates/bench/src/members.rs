@@ -215,6 +215,27 @@ pub(crate) fn start_agent_nice(
     })
 }
 
+/// A request with a JSON body to a simulated member through the agent's admin endpoint.
+pub(crate) fn admin_send(method: &str, addr: &str, path: &str, body: &Value) -> anyhow::Result<()> {
+    use std::io::{Read, Write};
+    let body = serde_json::to_vec(body)?;
+    let mut s = std::net::TcpStream::connect(addr)?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )?;
+    s.write_all(&body)?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    anyhow::ensure!(
+        out.starts_with("HTTP/1.1 2"),
+        "{path}: {}",
+        out.lines().next().unwrap_or_default()
+    );
+    Ok(())
+}
+
 /// `GET` on the agent's admin endpoint.
 pub(crate) fn admin_get(addr: &str, path: &str) -> anyhow::Result<Value> {
     use std::io::{Read, Write};

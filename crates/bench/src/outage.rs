@@ -35,27 +35,6 @@ fn deployment(name: &str, replicas: usize) -> Value {
                     "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}}})
 }
 
-/// `PUT` on the agent's admin endpoint.
-fn admin_put(addr: &str, path: &str, body: &Value) -> anyhow::Result<()> {
-    use std::io::{Read, Write};
-    let body = serde_json::to_vec(body)?;
-    let mut s = std::net::TcpStream::connect(addr)?;
-    write!(
-        s,
-        "PUT {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )?;
-    s.write_all(&body)?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    anyhow::ensure!(
-        out.starts_with("HTTP/1.1 2"),
-        "{path}: {}",
-        out.lines().next().unwrap_or_default()
-    );
-    Ok(())
-}
-
 /// When each cluster got its `NoExecute` taint (whole seconds), of those that have one.
 fn noexecute_times(clusters: &Value) -> BTreeMap<String, i64> {
     let mut out = BTreeMap::new();
@@ -170,7 +149,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let live: BTreeSet<String> = all[args.dark..].iter().cloned().collect();
     let dark_at = orrery_api::Time::now().unix_seconds();
     for c in &dark {
-        admin_put(
+        crate::members::admin_send(
+            "PUT",
             &agent.admin,
             &format!("/clusters/{c}/faults"),
             &json!({"outage": true}),

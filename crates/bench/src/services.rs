@@ -37,27 +37,6 @@ fn deployment(replicas: i64) -> Value {
                     "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}}})
 }
 
-/// POST to a simulated member through the agent's admin endpoint.
-fn admin_post(addr: &str, path: &str, body: &Value) -> anyhow::Result<()> {
-    use std::io::{Read, Write};
-    let body = serde_json::to_vec(body)?;
-    let mut s = std::net::TcpStream::connect(addr)?;
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    )?;
-    s.write_all(&body)?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    anyhow::ensure!(
-        out.starts_with("HTTP/1.1 2"),
-        "{path}: {}",
-        out.lines().next().unwrap_or_default()
-    );
-    Ok(())
-}
-
 /// Ready endpoints in `member`'s imported slice from `source`.
 fn imported(admin: &str, member: &str, source: &str) -> anyhow::Result<usize> {
     let objects = admin_get(admin, &format!("/clusters/{member}/objects"))?;
@@ -184,7 +163,7 @@ pub async fn propagation(args: Args) -> anyhow::Result<()> {
         let mut d = deployment(replicas);
         d["metadata"]["labels"][orrery_api::work::MANAGED_LABEL] =
             json!(orrery_api::work::MANAGED_VALUE);
-        admin_post(&admin, &format!("/clusters/{source}/objects"), &d)?;
+        crate::members::admin_send("POST", &admin, &format!("/clusters/{source}/objects"), &d)?;
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut last = 0u64;
         let mut pending: Vec<&str> = members.iter().map(String::as_str).collect();
