@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::api::ServerProcess;
-use crate::propagation::{fleet_on, post};
+use crate::propagation::{deployment, fleet_on, post};
 use crate::stateful::get;
 use crate::stats::{emit, progress, round};
 
@@ -24,15 +24,6 @@ pub struct Args {
     pub burst: u32,
     pub server_bin: Option<std::path::PathBuf>,
     pub dir: Option<std::path::PathBuf>,
-}
-
-fn deployment(name: &str, replicas: usize) -> Value {
-    json!({"apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
-        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "web", "image": "nginx:1.27",
-                    "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}}}})
 }
 
 /// When each cluster got its `NoExecute` taint (whole seconds), of those that have one.
@@ -110,7 +101,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         post(
             &admin,
             "/apis/apps/v1/namespaces/default/deployments",
-            &deployment(&name, replicas),
+            &deployment(&name, replicas as i64),
         )
         .await?;
         post(&admin, "/apis/policy.karmada.io/v1alpha1/namespaces/default/propagationpolicies", &json!({

@@ -81,7 +81,7 @@ pub(crate) async fn fleet_on(
     Ok((admin, agent))
 }
 
-fn deployment(name: &str, replicas: i64) -> Value {
+pub(crate) fn deployment(name: &str, replicas: i64) -> Value {
     json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": name, "namespace": "default", "labels": {"app": name}},
         "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
