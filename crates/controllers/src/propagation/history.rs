@@ -38,7 +38,7 @@ impl History {
 }
 
 /// Writes batches of entries until the sender goes away.
-pub async fn write(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Vec<ScheduleEntry>>) {
+async fn write(store: Arc<dyn Store>, mut rx: mpsc::UnboundedReceiver<Vec<ScheduleEntry>>) {
     let mut names: VecDeque<(String, i64)> = match existing(store.as_ref()).await {
         Ok(n) => n,
         Err(e) => {
