@@ -412,7 +412,8 @@ fn a_noexecute_taint_drains_a_statefulset_with_its_data() {
     ));
     let placed = db_placed(&f);
     let other = if placed == "a" { "b" } else { "a" };
-    // A disruption budget cannot hold a move that fences its source: the binding says so.
+    // A disruption budget that keeps one of its two replicas ready: its moves stop the whole
+    // source, so the Migration holds its fence; the binding says how.
     f.s.ok(&[
         "patch",
         "resourceplacementpolicy",
@@ -426,8 +427,11 @@ fn a_noexecute_taint_drains_a_statefulset_with_its_data() {
         rb["status"]["conditions"].as_array().is_some_and(|cs| {
             cs.iter().any(|c| {
                 c["type"] == "DisruptionBudget"
-                    && c["status"] == "Unknown"
-                    && c["reason"] == "StatefulMoves"
+                    && c["status"] == "True"
+                    && c["reason"] == "FenceHeld"
+                    && c["message"]
+                        .as_str()
+                        .is_some_and(|m| m.contains("at least 1"))
             })
         })
     });
@@ -464,8 +468,66 @@ spec:
         "-p",
         r#"{"spec":{"taints":[{"key":"maintenance","effect":"NoExecute"}]}}"#,
     ]);
+    // The drain's Migration copies, then waits at the fence: stopping both ready replicas
+    // would leave none. The source keeps serving while it waits.
+    eventually(
+        Duration::from_secs(60),
+        "the fence held by the budget",
+        || {
+            let ms = migrations(&f);
+            ms.first().is_some_and(|m| {
+                m["status"]["phase"] == "Replicating"
+                    && m["status"]["conditions"].as_array().is_some_and(|cs| {
+                        cs.iter().any(|c| {
+                            c["reason"] == "BudgetWaits"
+                                && c["message"].as_str().is_some_and(|t| {
+                                    t.contains(&format!(
+                                        "2 ready replica(s) in {placed} would leave 0"
+                                    ))
+                                })
+                        })
+                    })
+            })
+        },
+    );
+    let rounds = migrations(&f)[0]["status"]["rounds"].clone();
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(500));
+        let m = &migrations(&f)[0];
+        assert_eq!(m["status"]["phase"], "Replicating", "{m:#}");
+        assert_eq!(
+            m["status"]["rounds"], rounds,
+            "nothing copied while it waits: {m:#}"
+        );
+        let db = f
+            .find(&placed, "StatefulSet", "db")
+            .expect("db still in its cluster");
+        assert_eq!(db["status"]["readyReplicas"], 2, "{db:#}");
+    }
+    let events = f.s.get_json(&["events", "-n", "default"]);
+    assert!(
+        events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["reason"] == "MigrationWaits"),
+        "{events:#}"
+    );
+    // The budget let go: the move goes on.
+    f.s.ok(&[
+        "patch",
+        "resourceplacementpolicy",
+        "db",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"placement":{"disruptionBudget":{"minAvailable":null,"maxUnavailable":"100%"}}}}"#,
+    ]);
     let m = wait_migration(&f, Some("Succeeded"), Duration::from_secs(60));
     assert_eq!(m["spec"]["reason"], "Drain", "{m:#}");
+    assert!(
+        m["status"]["rounds"].as_u64() > rounds.as_u64(),
+        "one more round after the wait: {m:#}"
+    );
     let cleaning = m["status"]["phases"]
         .as_array()
         .unwrap()

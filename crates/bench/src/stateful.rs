@@ -431,6 +431,7 @@ fn precopy(size: f64, write: f64, link: f64, hop: f64, pod_start: f64) -> Outcom
             standby: None,
             source_written: Vec::new(),
             source_last_heard: None,
+            budget: None,
             settings: &settings,
         });
         status = out.status;

@@ -733,6 +733,11 @@ impl Migrations {
                 .map(|v| (v.name.clone(), v.written_bytes))
                 .collect(),
             source_last_heard: self.clusters.get(&st.source).and_then(|c| c.heard),
+            budget: bspec.as_ref().and_then(|s| {
+                fence_budget(s, &bstatus, &st, |c| {
+                    self.clusters.get(c).is_some_and(|c| c.serving)
+                })
+            }),
             settings: &self.settings,
         };
         let out = plan::step(&input);
@@ -879,6 +884,41 @@ fn selects(selector: Option<&serde_json::Value>, labels: &serde_json::Value) -> 
     !sel.is_empty() && sel.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
+/// The workload's disruption budget where its move stands, from the binding as stored: what
+/// is ready is what the binding's clusters that serve report (a dark cluster's last report is
+/// no longer true), the source's among them.
+fn fence_budget(
+    spec: &BindingSpec,
+    status: &BindingStatus,
+    st: &MigrationStatus,
+    serving: impl Fn(&str) -> bool,
+) -> Option<plan::FenceBudget> {
+    let budget = spec.placement.disruption_budget.as_ref()?;
+    let desired: i64 = if spec.placement.divided() {
+        spec.clusters.iter().map(|c| c.replicas).sum()
+    } else {
+        st.replicas * spec.clusters.len() as i64
+    };
+    let ready_in = |c: &str| -> i64 {
+        if !serving(c) {
+            return 0;
+        }
+        status
+            .aggregated_status
+            .iter()
+            .find(|a| a.cluster_name == c)
+            .and_then(|a| a.status.as_ref())
+            .and_then(|s| s.get("readyReplicas"))
+            .and_then(serde_json::Value::as_i64)
+            .unwrap_or(0)
+    };
+    Some(plan::FenceBudget {
+        min_available: budget.min_available(desired),
+        ready: spec.clusters.iter().map(|c| ready_in(&c.name)).sum(),
+        ready_at_source: ready_in(&st.source),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -899,5 +939,47 @@ mod tests {
             assert_eq!(super::selects(Some(&selector), &labels), want, "{selector}");
         }
         assert!(!super::selects(None, &labels));
+    }
+
+    #[test]
+    fn the_fence_budget_counts_what_serving_clusters_report_ready() {
+        let spec: super::BindingSpec = serde_json::from_value(json!({
+            "resource": {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db"},
+            "policy": {"apiVersion": "multicluster.io/v1alpha1", "kind": "ResourcePlacementPolicy", "name": "db"},
+            "placement": {
+                "replicaScheduling": {"replicaSchedulingType": "Divided"},
+                "disruptionBudget": {"maxUnavailable": "25%"}
+            },
+            "clusters": [{"name": "a", "replicas": 4}, {"name": "b", "replicas": 3}, {"name": "c", "replicas": 1}]
+        }))
+        .unwrap();
+        let status: super::BindingStatus = serde_json::from_value(json!({
+            "aggregatedStatus": [
+                {"clusterName": "a", "status": {"readyReplicas": 4}},
+                {"clusterName": "b", "status": {"readyReplicas": 3}},
+                {"clusterName": "c", "status": {"readyReplicas": 1}},
+                {"clusterName": "z", "status": {"readyReplicas": 9}}
+            ]
+        }))
+        .unwrap();
+        let st = super::MigrationStatus {
+            source: "a".into(),
+            target: "z".into(),
+            replicas: 4,
+            ..Default::default()
+        };
+        // c went dark: its last report does not count; z is not the binding's.
+        let b = super::fence_budget(&spec, &status, &st, |c| c != "c").unwrap();
+        assert_eq!(
+            b,
+            super::plan::FenceBudget {
+                min_available: 6,
+                ready: 7,
+                ready_at_source: 4
+            }
+        );
+        let mut none = spec.clone();
+        none.placement.disruption_budget = None;
+        assert!(super::fence_budget(&none, &status, &st, |_| true).is_none());
     }
 }

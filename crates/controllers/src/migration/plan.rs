@@ -16,6 +16,9 @@
 //!             Failed (the workload stays at the source, which is started again) ◄─┘ the copy      │               │
 //! ```
 //!
+//! The fence waits in Replicating, copying nothing more, while stopping the source's ready
+//! replicas would break the placement's disruption budget ([`FenceBudget`], `BudgetWaits`).
+//!
 //! [`step`] dispatches on the phase: each phase of the diagram has its own function (`pending`,
 //! `replicating`, ... `failed`), which either moves on, when the next phase may act at once in
 //! the same step, or waits.
@@ -113,8 +116,23 @@ pub struct Input<'a> {
     /// heard from: the recovery point of a failover is measured against them.
     pub source_written: Vec<(String, i64)>,
     pub source_last_heard: Option<MicroTime>,
+    /// The workload's disruption budget, when its placement has one.
+    pub budget: Option<FenceBudget>,
     pub settings: &'a Settings,
 }
+
+/// A disruption budget where the move stands. The fence stops the source's ready replicas,
+/// so it waits while that would leave fewer than `min_available` ready in the fleet.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct FenceBudget {
+    pub min_available: i64,
+    /// Replicas ready now in the binding's clusters that serve, the source's among them.
+    pub ready: i64,
+    pub ready_at_source: i64,
+}
+
+/// The reason of the condition of a move that waits for its budget.
+pub const BUDGET_WAITS: &str = "BudgetWaits";
 
 /// An Event to record on the template.
 #[derive(Clone, Debug, PartialEq)]
@@ -674,10 +692,44 @@ fn replicating(
         return Flow::Next;
     }
     take_snapshot(i, st);
-    if take_copy(i, st)
+    // Whether the move waited for its budget is in the status, so a restart waits on.
+    let waited =
+        conditions::find(&st.conditions, CONDITION).is_some_and(|c| c.reason == BUDGET_WAITS);
+    let caught_up = take_copy(i, st)
         && (last_round_seconds(st) <= i.settings.final_round_seconds
-            || st.rounds >= i.settings.max_rounds)
+            || st.rounds >= i.settings.max_rounds);
+    if (caught_up || waited)
+        && let Some(msg) = budget_holds(i, st)
     {
+        if !waited {
+            ev.push(Event {
+                type_: "Normal",
+                reason: "MigrationWaits",
+                message: msg.clone(),
+            });
+        }
+        condition(conditions::UNKNOWN, BUDGET_WAITS, &msg, now, st);
+        // The last round stays in both Works: nothing more is copied while the move waits,
+        // and nothing is copied again from zero when it goes on.
+        want.transfers = (
+            Some(send(i, st, st.rounds, false)),
+            Some(receive(i, st, caps, false)),
+        );
+        return Flow::Wait;
+    }
+    if waited {
+        // Let go: one more round first, for what was written while it waited.
+        condition(
+            conditions::UNKNOWN,
+            "Replicating",
+            &format!(
+                "the disruption budget allows the fence: copying what {} wrote meanwhile",
+                st.source
+            ),
+            now,
+            st,
+        );
+    } else if caught_up {
         st.fenced_at = Some(now);
         enter(st, Phase::Fencing, now);
         condition(
@@ -696,6 +748,22 @@ fn replicating(
     let recv = (st.snapshot_round >= 1).then(|| receive(i, st, caps, false));
     want.transfers = (Some(send(i, st, round, false)), recv);
     Flow::Wait
+}
+
+/// Why the fence must wait for the workload's disruption budget, if it must: stopping the
+/// source's ready replicas would leave fewer ready than the budget keeps.
+fn budget_holds(i: &Input<'_>, st: &MigrationStatus) -> Option<String> {
+    let b = i.budget?;
+    let left = b.ready - b.ready_at_source;
+    if b.ready_at_source <= 0 || left >= b.min_available {
+        return None;
+    }
+    Some(format!(
+        "the fence waits for the disruption budget: stopping the {} ready replica(s) in {} \
+         would leave {left} ready, and at least {} must stay so; copying stopped after round {} \
+         and goes on when replicas elsewhere are ready or the budget allows it",
+        b.ready_at_source, st.source, b.min_available, st.rounds
+    ))
 }
 
 /// Fencing: the source's pods stop; once its snapshot taken after that is in, the final

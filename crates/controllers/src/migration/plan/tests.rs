@@ -272,6 +272,7 @@ struct Run {
     heard_at: i64,
     /// What does not serve at the target yet, as the controller would find it.
     waits: Vec<String>,
+    budget: Option<FenceBudget>,
 }
 
 impl Run {
@@ -288,6 +289,7 @@ impl Run {
             standby: None,
             heard_at: 0,
             waits: Vec::new(),
+            budget: None,
         }
     }
 
@@ -312,6 +314,7 @@ impl Run {
             standby: self.standby.as_ref(),
             source_written: vec![("data-db-0".to_string(), self.fleet.src_written)],
             source_last_heard: Some(t(self.heard_at)),
+            budget: self.budget,
             settings: &self.settings,
         };
         let out = step(&input);
@@ -464,6 +467,85 @@ fn a_planned_move_copies_in_rounds_fences_and_starts_on_the_fenced_data() {
             .status,
         "True"
     );
+}
+
+#[test]
+fn a_fence_that_would_break_the_disruption_budget_waits_copying_nothing_more() {
+    let mut r = Run::new();
+    // Three ready: two in the source, one elsewhere; two must stay ready.
+    r.budget = Some(FenceBudget {
+        min_available: 2,
+        ready: 3,
+        ready_at_source: 2,
+    });
+    r.until(Phase::Replicating, 2);
+    for _ in 0..6 {
+        r.step();
+    }
+    assert_eq!(r.status.phase, Phase::Replicating, "{:?}", r.status);
+    let c = conditions::find(&r.status.conditions, CONDITION)
+        .unwrap()
+        .clone();
+    assert_eq!(c.reason, BUDGET_WAITS, "{c:?}");
+    assert!(
+        c.message
+            .contains("2 ready replica(s) in a would leave 1 ready")
+            && c.message.contains("at least 2"),
+        "{c:?}"
+    );
+    assert!(
+        r.spec.fenced.is_empty(),
+        "nothing stopped: {:?}",
+        r.spec.fenced
+    );
+    // Waiting copies nothing more: the Works keep the last round, whatever is written.
+    let rounds = r.status.rounds;
+    let before = r.spec.transfers.clone();
+    r.fleet.write(40);
+    for _ in 0..5 {
+        assert!(!r.step(), "a waiting move writes nothing");
+    }
+    assert_eq!((r.status.rounds, &r.spec.transfers), (rounds, &before));
+    let waits = r
+        .events
+        .iter()
+        .filter(|e| e.reason == "MigrationWaits")
+        .count();
+    assert_eq!(waits, 1, "said once: {:?}", r.events);
+    // A replica ready elsewhere lets it go: one more round for the 40 bytes, then the fence.
+    r.budget = Some(FenceBudget {
+        min_available: 2,
+        ready: 4,
+        ready_at_source: 2,
+    });
+    r.until(Phase::Fencing, 10);
+    assert_eq!(r.status.rounds, rounds + 1);
+    assert_eq!(r.status.volumes[0].round_bytes, 40);
+    r.until(Phase::Cleaning, 30);
+    assert_eq!(r.fleet.target_started_on, Some(r.fleet.src_version));
+}
+
+#[test]
+fn a_budget_the_fence_keeps_or_that_counts_nothing_ready_at_the_source_does_not_hold_it() {
+    for budget in [
+        FenceBudget {
+            min_available: 2,
+            ready: 4,
+            ready_at_source: 2,
+        },
+        // Nothing ready at the source: the fence takes nothing down.
+        FenceBudget {
+            min_available: 2,
+            ready: 1,
+            ready_at_source: 0,
+        },
+    ] {
+        let mut r = Run::new();
+        r.budget = Some(budget);
+        r.until(Phase::Fencing, 10);
+        assert_eq!(r.status.phase, Phase::Fencing, "{budget:?}");
+        assert!(!r.events.iter().any(|e| e.reason == "MigrationWaits"));
+    }
 }
 
 #[test]

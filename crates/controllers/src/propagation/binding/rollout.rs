@@ -572,18 +572,6 @@ impl Binder {
             Condition::new(ro::CONDITION_DISRUPTION_BUDGET, status, reason, message)
         };
         let template = serde_json::to_value(t).unwrap_or(Value::Null);
-        if !orrery_api::stateful::claims_of(&template).is_empty() {
-            // Its moves are Migrations, which stop the source (the fence) before the target
-            // starts: nothing held here would keep a replica ready. Said, not ignored.
-            let c = cond(
-                conditions::UNKNOWN,
-                "StatefulMoves",
-                "a workload with volumes moves only through Migrations, which stop its source \
-                 before the target starts: the budget does not hold them"
-                    .into(),
-            );
-            return (spec.clone(), Some(c), 0);
-        }
         let divided = spec.placement.divided();
         let whole = interp.replicas(&template).unwrap_or(0);
         let decided: BTreeMap<&str, i64> = spec
@@ -591,6 +579,23 @@ impl Binder {
             .iter()
             .map(|c| (c.name.as_str(), if divided { c.replicas } else { whole }))
             .collect();
+        let desired: i64 = decided.values().sum();
+        let floor = budget.min_available(desired);
+        if !orrery_api::stateful::claims_of(&template).is_empty() {
+            // Its moves are Migrations, which stop the source (the fence) before the target
+            // starts: nothing held here would keep a replica ready. The Migration holds its
+            // fence instead, and says when it waits.
+            let c = cond(
+                conditions::TRUE,
+                "FenceHeld",
+                format!(
+                    "a workload with volumes moves through Migrations: each stops its source \
+                     only when at least {floor} replicas stay ready elsewhere (the Migration \
+                     says when it waits)"
+                ),
+            );
+            return (spec.clone(), Some(c), 0);
+        }
         let (mut ready, mut reported, mut moves) = (0i64, false, Vec::new());
         for c in have {
             let Some(w) = self.works.get(&(c.clone(), work_name.to_string())) else {
@@ -627,8 +632,6 @@ impl Binder {
                 moves.push((c.to_string(), 0, *n, 0));
             }
         }
-        let desired: i64 = decided.values().sum();
-        let floor = budget.min_available(desired);
         let held = ro::hold(floor, &moves);
         if !reported && !held.is_empty() {
             // Nothing to wait for would ever come: the move goes, and the binding says so.
