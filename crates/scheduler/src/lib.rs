@@ -1337,8 +1337,23 @@ fn spread(
 ) -> Result<Vec<usize>, String> {
     let mut kept = candidates;
     let clusters = ctx.fleet.clusters();
-    // Better: higher score, then earlier name.
-    let better = |a: usize, b: usize| score_of[b].total_cmp(&score_of[a]).then(a.cmp(&b));
+    // In steady mode the clusters (and so the groups) it runs in now stay chosen while they
+    // are feasible: a change elsewhere in the fleet (a label, a score) swaps nothing.
+    let mut held = vec![false; clusters.len()];
+    if ctx.task.mode == Mode::Steady {
+        for p in ctx.task.previous {
+            if let Some(i) = ctx.fleet.position(&p.name) {
+                held[i] = true;
+            }
+        }
+    }
+    // Better: held now, then higher score, then earlier name.
+    let better = |a: usize, b: usize| {
+        held[b]
+            .cmp(&held[a])
+            .then(score_of[b].total_cmp(&score_of[a]))
+            .then(a.cmp(&b))
+    };
     for (ci, s) in ctx.task.placement.spread_constraints.iter().enumerate() {
         let key = if s.spread_by_label.is_empty() {
             s.spread_by_field.as_str()

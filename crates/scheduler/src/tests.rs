@@ -680,6 +680,45 @@ fn spread_constraints() {
     assert!(d.error.unwrap().contains("at least 4 groups, only 3"));
 }
 
+/// A spread that picks some of the feasible clusters keeps the ones it runs in while they
+/// stay feasible, however the others' scores change; afresh, it takes the best.
+#[test]
+fn a_steady_spread_keeps_the_clusters_it_runs_in() {
+    let mut c = fleet();
+    c.push(cluster("m4", "us", 50, 0));
+    let mut t = T::new(
+        json!({"spreadConstraints": [{"spreadByField": "cluster", "maxGroups": 2}]}),
+        1,
+    );
+    assert_eq!(shares(&t.run(&c)), s(&[("m2", 1), ("m4", 1)]));
+    t.previous = prev(&[("m1", 1), ("m3", 1)]);
+    assert_eq!(shares(&t.run(&c)), s(&[("m1", 1), ("m3", 1)]));
+    // By region too: us (m1, m4) is kept over a better-scoring one.
+    let mut r = T::new(
+        json!({"spreadConstraints": [{"spreadByField": "region", "maxGroups": 1}]}),
+        1,
+    );
+    r.previous = prev(&[("m3", 1)]);
+    let kept = shares(&r.run(&c));
+    assert!(kept.iter().all(|(n, _)| n == "m3"), "{kept:?}");
+    // A held cluster that is no longer feasible gives way.
+    let mut gone = c.clone();
+    gone.retain(|x| x.name != "m3");
+    assert_eq!(shares(&t.run(&gone)), s(&[("m1", 1), ("m4", 1)]));
+    // Afresh, without the locality score's pull to stay, the best two again.
+    t.mode = Mode::Fresh;
+    let no_locality = Config {
+        weights: "headroom=1,balance=1,locality=0,priority=0,network=0"
+            .parse()
+            .unwrap(),
+        ..Config::default()
+    };
+    let best = shares(&t.run_with(&c, &no_locality));
+    t.previous = Vec::new();
+    assert_eq!(best, shares(&t.run_with(&c, &no_locality)));
+    assert_ne!(best, s(&[("m1", 1), ("m3", 1)]));
+}
+
 #[test]
 fn targets_and_api_enablement() {
     let mut c = fleet();
