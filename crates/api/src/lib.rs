@@ -22,6 +22,7 @@ pub mod binding;
 pub mod cluster;
 pub mod conditions;
 pub mod cost;
+pub mod customization;
 pub mod data;
 pub mod duration;
 pub mod fieldpath;

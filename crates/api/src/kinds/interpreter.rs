@@ -1,7 +1,8 @@
 //! The ResourceInterpreter: how Orrery reads a custom kind.
 
-use super::{AGE, Descriptor, Schema, root};
+use super::{AGE, Column, Descriptor, Schema, root};
 use crate::Object;
+use crate::customization::CustomizationSpec;
 use crate::interpret::InterpreterSpec;
 use crate::validation::ErrorList;
 
@@ -25,6 +26,48 @@ pub const RESOURCE_INTERPRETER: Descriptor = Descriptor {
 fn validate(obj: &Object, _: Option<&Object>) -> ErrorList {
     let v = obj.spec.clone().unwrap_or(serde_json::Value::Null);
     match crate::policy::decode::<InterpreterSpec>(&v, "spec") {
+        Ok(s) => s.validate(),
+        Err(e) => vec![e],
+    }
+}
+
+/// Karmada's ResourceInterpreterCustomization: Lua scripts per operation of a kind.
+pub const RESOURCE_INTERPRETER_CUSTOMIZATION: Descriptor = Descriptor {
+    group: "config.karmada.io",
+    version: "v1alpha1",
+    kind: "ResourceInterpreterCustomization",
+    plural: "resourceinterpretercustomizations",
+    namespaced: false,
+    short_names: &["ric"],
+    status: false,
+    description: "How a kind is interpreted (Karmada's meaning): Lua scripts for its replicas, revision, retained fields, status, health, dependencies and components. It takes precedence over the built-in interpreters.",
+    schema: Schema::typed(root::<CustomizationSpec>, None),
+    columns: &[
+        Column::new(
+            "Target-API-Version",
+            "string",
+            ".spec.target.apiVersion",
+            0,
+            "The interpreted kind's API version",
+        ),
+        Column::new(
+            "Target-Kind",
+            "string",
+            ".spec.target.kind",
+            0,
+            "The interpreted kind",
+        ),
+        AGE,
+    ],
+    validate: Some(validate_customization),
+    spec_immutable: false,
+    finalizer: None,
+    on_status: None,
+};
+
+fn validate_customization(obj: &Object, _: Option<&Object>) -> ErrorList {
+    let v = obj.spec.clone().unwrap_or(serde_json::Value::Null);
+    match crate::meta::decode::<CustomizationSpec>(&v, "spec") {
         Ok(s) => s.validate(),
         Err(e) => vec![e],
     }

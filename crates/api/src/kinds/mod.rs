@@ -32,7 +32,7 @@ pub use binding::RESOURCE_BINDING;
 pub use cluster::CLUSTER;
 pub use data::{DATA_SET, DATA_TRANSFER};
 pub use decisions::{OCM_PLACEMENT_DECISION, SIG_PLACEMENT_DECISION};
-pub use interpreter::RESOURCE_INTERPRETER;
+pub use interpreter::{RESOURCE_INTERPRETER, RESOURCE_INTERPRETER_CUSTOMIZATION};
 pub use inventory::{CLUSTER_PROFILE, CLUSTER_PROPERTY};
 pub use location::LOCATION;
 pub use migration::MIGRATION;
@@ -56,6 +56,7 @@ pub const OWN: &[&Descriptor] = &[
     &DATA_SET,
     &DATA_TRANSFER,
     &RESOURCE_INTERPRETER,
+    &RESOURCE_INTERPRETER_CUSTOMIZATION,
     &FEDERATED_HPA,
     &CRON_FEDERATED_HPA,
     &PROPAGATION_POLICY,
