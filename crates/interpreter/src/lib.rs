@@ -10,11 +10,13 @@
 //!   numbers and shared tables;
 //! - [`kube`]: Karmada's `kube` library for scripts;
 //! - [`ops`]: each operation, its arguments and the checks on its results;
-//! - [`Customizations`]: the customizations stored, merged per kind as Karmada merges them.
+//! - [`Customizations`]: the customizations stored, merged per kind as Karmada merges them;
+//! - [`answer`]: an operation answered by a customization, else by the built-in rules.
 //!
 //! Invariants: no I/O; every call gets a fresh state, so no script sees another's globals;
 //! a script that fails says why (one line) and never panics the caller.
 
+pub mod answer;
 pub mod convert;
 pub mod kube;
 pub mod ops;
@@ -24,6 +26,7 @@ use std::collections::BTreeMap;
 
 use orrery_api::customization::{CustomizationSpec, Operation};
 
+pub use answer::{Answer, Args, Source};
 pub use ops::{Component, DependentObjectReference, ReplicaRequirements, ScriptError, Vm};
 pub use sandbox::Limits;
 

@@ -11,6 +11,7 @@ mod ca;
 mod config;
 mod dns;
 mod export;
+mod interpret;
 mod join;
 mod kubeconfig;
 mod locate;
@@ -89,6 +90,9 @@ enum Command {
     Status(status::StatusArgs),
     /// A workload's progressive rollout: status, pause, resume, abort, approve, history, undo.
     Rollout(rollout::RolloutArgs),
+    /// Run an operation of Karmada's resource interpreter on local files (a
+    /// ResourceInterpreterCustomization's scripts, or Orrery's built-in rules).
+    Interpret(Box<interpret::InterpretArgs>),
     /// The simulated clusters of `orrery up`: list them, inject faults, change their load.
     Sim(sim::SimArgs),
     /// Remove from a stopped server's store what is no longer current (after turning on
@@ -166,6 +170,7 @@ fn main() -> anyhow::Result<()> {
             Command::Kubeconfig(args) => kubeconfig::run(args),
             Command::Status(args) => status::run(args).await,
             Command::Rollout(args) => rollout::run(args).await,
+            Command::Interpret(args) => interpret::run(*args),
             Command::Join(args) => join::run(*args).await,
             Command::Unjoin(args) => join::unjoin(args).await,
             Command::Sim(args) => sim::run(args).await,
