@@ -418,18 +418,64 @@ fn at<'a>(obj: &'a Value, path: &str) -> Option<&'a Value> {
     FieldPath::parse(path).ok()?.get(obj)
 }
 
-/// What Orrery knows about one kind: built-in rules, or a ResourceInterpreter's.
+/// A kind's customization (Karmada's ResourceInterpreterCustomization), its scripts run by
+/// the interpreter crate. Each answer is `None` when the customization has no script for the
+/// operation or its script failed (the implementor keeps the failure to report): the
+/// interpreter underneath answers then.
+pub trait Scripted: std::fmt::Debug + Send + Sync {
+    /// `GetReplicas`: the replicas, and what one requests.
+    fn replicas(&self, obj: &Value) -> Option<(i64, ResourceList)>;
+    /// `ReviseReplica`: the object with `replicas`.
+    fn revise(&self, obj: &Value, replicas: i64) -> Option<Value>;
+    /// `InterpretHealth` of a member's object.
+    fn healthy(&self, observed: &Value) -> Option<bool>;
+    /// `ReflectStatus`: the status a member's object reports.
+    fn reflect(&self, observed: &Value) -> Option<Value>;
+    /// `AggregateStatus`: the template with its members' statuses (Karmada's
+    /// `AggregatedStatusItem`s) aggregated.
+    fn aggregate(&self, desired: &Value, items: &[Value]) -> Option<Value>;
+    /// `GetDependencies`, as `(kind, name)` in the template's namespace.
+    fn dependencies(&self, obj: &Value) -> Option<Vec<(String, String)>>;
+}
+
+/// What Orrery knows about one kind: built-in rules, a ResourceInterpreter's, or a
+/// customization's scripts over either.
 #[derive(Clone, Copy, Debug)]
 pub enum Interpreter<'a> {
     BuiltIn,
     Custom(&'a InterpreterSpec),
+    Customized(&'a dyn Scripted, Option<&'a InterpreterSpec>),
 }
 
-impl Interpreter<'_> {
+impl<'a> Interpreter<'a> {
+    /// What answers where a customization has no script (or its script failed).
+    fn under(&self) -> Interpreter<'a> {
+        match *self {
+            Interpreter::Customized(_, Some(s)) => Interpreter::Custom(s),
+            Interpreter::Customized(_, None) => Interpreter::BuiltIn,
+            other => other,
+        }
+    }
+
+    /// The customization's scripts, if the kind has a customization.
+    pub fn scripts(&self) -> Option<&'a dyn Scripted> {
+        match *self {
+            Interpreter::Customized(s, _) => Some(s),
+            _ => None,
+        }
+    }
+
     /// The divisible replica count, if the kind has one.
     pub fn replicas(&self, obj: &Value) -> Option<i64> {
-        match self {
-            Interpreter::BuiltIn => {
+        if let Interpreter::Customized(s, _) = self {
+            return s
+                .replicas(obj)
+                .map(|(n, _)| n)
+                .or_else(|| self.under().replicas(obj));
+        }
+        // A customization answered above; what is under it answers here.
+        match self.under() {
+            Interpreter::BuiltIn | Interpreter::Customized(..) => {
                 let kind = obj.get("kind").and_then(Value::as_str)?;
                 let p = replica_pointer(kind)?;
                 Some(obj.pointer(p).and_then(Value::as_i64).unwrap_or(1))
@@ -443,8 +489,16 @@ impl Interpreter<'_> {
 
     /// Sets the replica count of one cluster's copy.
     pub fn set_replicas(&self, obj: &mut Value, n: i64) {
-        match self {
-            Interpreter::BuiltIn => {
+        if let Interpreter::Customized(s, _) = self {
+            match s.revise(obj, n) {
+                Some(v) => *obj = v,
+                None => self.under().set_replicas(obj, n),
+            }
+            return;
+        }
+        // A customization answered above; what is under it answers here.
+        match self.under() {
+            Interpreter::BuiltIn | Interpreter::Customized(..) => {
                 let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
                 if let Some(p) = replica_pointer(kind) {
                     let field = p.rsplit('/').next().unwrap_or("replicas").to_string();
@@ -462,8 +516,12 @@ impl Interpreter<'_> {
     }
 
     fn pod_spec<'v>(&self, obj: &'v Value) -> Option<&'v Value> {
-        match self {
-            Interpreter::BuiltIn => {
+        if let Interpreter::Customized(..) = self {
+            return self.under().pod_spec(obj);
+        }
+        // A customization answered above; what is under it answers here.
+        match self.under() {
+            Interpreter::BuiltIn | Interpreter::Customized(..) => {
                 obj.pointer(pod_spec_pointer(obj.get("kind").and_then(Value::as_str)?)?)
             }
             Interpreter::Custom(s) if !s.pod_template.is_empty() => at(obj, &s.pod_template),
@@ -473,6 +531,12 @@ impl Interpreter<'_> {
 
     /// What one replica asks for.
     pub fn requests(&self, obj: &Value) -> ResourceList {
+        if let Interpreter::Customized(s, _) = self {
+            return s
+                .replicas(obj)
+                .map(|(_, r)| r)
+                .unwrap_or_else(|| self.under().requests(obj));
+        }
         if let Interpreter::Custom(s) = self
             && !s.requests.is_empty()
         {
@@ -491,6 +555,16 @@ impl Interpreter<'_> {
 
     /// Objects the template needs in the same namespace, as `(kind, name)`.
     pub fn dependencies(&self, obj: &Value) -> Vec<(String, String)> {
+        if let Interpreter::Customized(s, _) = self {
+            return match s.dependencies(obj) {
+                Some(mut d) => {
+                    d.sort();
+                    d.dedup();
+                    d
+                }
+                None => self.under().dependencies(obj),
+            };
+        }
         let mut out: Vec<(String, String)> = self
             .pod_spec(obj)
             .map(pod_dependencies)
@@ -514,6 +588,11 @@ impl Interpreter<'_> {
     /// what the member said.
     pub fn health(&self, obj: &Value, reported: Health) -> Health {
         match self {
+            Interpreter::Customized(s, _) => match s.healthy(obj) {
+                Some(true) => Health::Healthy,
+                Some(false) => Health::Unhealthy,
+                None => self.under().health(obj, reported),
+            },
             Interpreter::BuiltIn => reported,
             Interpreter::Custom(s) => match &s.health {
                 None => reported,
@@ -538,13 +617,17 @@ impl Interpreter<'_> {
     /// One cluster: its status exactly. Several: counts summed (workloads), conditions of the
     /// first cluster, the rest as the kind's rules say.
     pub fn aggregate(&self, kind: &str, parts: &[(&str, &Value)]) -> Option<Value> {
+        if let Interpreter::Customized(..) = self {
+            return self.under().aggregate(kind, parts);
+        }
         match parts {
             [] => None,
             [(_, only)] => Some((*only).clone()),
             _ => {
                 let sum_fields: Vec<String> = match self {
                     Interpreter::Custom(s) => s.status_sum.clone(),
-                    Interpreter::BuiltIn => {
+                    // (A customization's kind was handed to what is under it above.)
+                    Interpreter::BuiltIn | Interpreter::Customized(..) => {
                         builtin_sums(kind).iter().map(|f| format!(".{f}")).collect()
                     }
                 };

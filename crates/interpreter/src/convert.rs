@@ -49,10 +49,8 @@ pub fn to_lua(lua: &Lua, v: &Value) -> mlua::Result<LuaValue> {
         Value::String(s) => LuaValue::String(lua.create_string(s)?),
         Value::Array(items) => {
             let t = lua.create_table_with_capacity(items.len(), 0)?;
-            let mut i = 1;
-            for item in items.iter().filter(|x| !x.is_null()) {
+            for (i, item) in (1..).zip(items.iter().filter(|x| !x.is_null())) {
                 t.raw_set(i, to_lua(lua, item)?)?;
-                i += 1;
             }
             LuaValue::Table(t)
         }

@@ -36,6 +36,7 @@ enum Src {
     Template(usize),
     Binding,
     Interpreter,
+    Customization,
 }
 
 /// The namespace a template's binding lives in (cluster-scoped templates: `orrery-system`).
@@ -67,6 +68,8 @@ struct Detector {
     /// Bindings by (namespace, name).
     bindings: HashMap<(String, String), Arc<Object>>,
     interpreters: HashMap<(String, String), InterpreterSpec>,
+    /// Karmada's customizations, per kind.
+    customized: super::customized::Customized,
     /// Templates to decide, for the controller's queue.
     dirty: Vec<TKey>,
     /// Workloads told (by uid) that no policy selects them.
@@ -101,6 +104,7 @@ impl Batch for Detector {
             ("policies", Some(i)) => Src::Policy(i),
             (TEMPLATES, Some(i)) => Src::Template(i),
             ("bindings", _) => Src::Binding,
+            ("customizations", _) => Src::Customization,
             _ => Src::Interpreter,
         };
         self.take_event(src, ev);
@@ -179,6 +183,7 @@ pub async fn run(
         templates: HashMap::new(),
         bindings: HashMap::new(),
         interpreters: HashMap::new(),
+        customized: Default::default(),
         dirty: Vec::new(),
         told_unselected: Default::default(),
         later: Default::default(),
@@ -201,6 +206,10 @@ pub async fn run(
         "interpreters",
         keys::well_known::interpreters(),
     ))
+    .source(Source::new(
+        "customizations",
+        orrery_api::kinds::RESOURCE_INTERPRETER_CUSTOMIZATION.prefix(None),
+    ))
     .run(shutdown)
     .await;
     // The statuses decided so far are written before the controller stops (the controller,
@@ -216,6 +225,11 @@ impl Detector {
             Src::Binding => self.take_binding_event(ev),
             Src::Interpreter => {
                 super::follow_interpreters(&mut self.interpreters, ev);
+                let all: Vec<TKey> = self.templates.keys().cloned().collect();
+                self.mark_all(all);
+            }
+            Src::Customization => {
+                self.customized.follow(ev);
                 let all: Vec<TKey> = self.templates.keys().cloned().collect();
                 self.mark_all(all);
             }
@@ -573,6 +587,43 @@ impl Detector {
         }
         let digest = content_digest(&t);
         let spec = self.desired(&t, &digest, p, existing.as_deref());
+        let failures = self
+            .customized
+            .of(&t.api_version, &t.kind)
+            .map(|s| s.take_failures())
+            .unwrap_or_default();
+        let report = (!failures.is_empty()).then(|| {
+            super::customized::report::<TKey>(self.store.clone(), failures, t.clone(), None)
+        });
+        let Some(job) =
+            self.bind_or_not(k, t, spec, digest, existing, info, bns, bname, kind, bkey)
+        else {
+            return report;
+        };
+        Some(match report {
+            None => job,
+            Some(r) => Box::pin(async move {
+                let (x, _) = tokio::join!(job, r);
+                x
+            }),
+        })
+    }
+
+    /// The write that binds a template to its policy's binding, if anything is to write.
+    #[allow(clippy::too_many_arguments)]
+    fn bind_or_not(
+        &self,
+        k: &TKey,
+        t: Arc<Object>,
+        spec: BindingSpec,
+        digest: String,
+        existing: Option<Arc<Object>>,
+        info: Option<super::KindInfo>,
+        bns: String,
+        bname: String,
+        kind: &str,
+        bkey: String,
+    ) -> Option<Job<TKey>> {
         let info = info?;
         let tkey = info.key(t.namespace(), t.name());
         let store = self.store.clone();
@@ -828,9 +879,12 @@ impl Detector {
         let custom = self
             .interpreters
             .get(&(t.api_version.clone(), t.kind.clone()));
-        let interp = custom
-            .map(Interpreter::Custom)
-            .unwrap_or(Interpreter::BuiltIn);
+        let interp = match self.customized.of(&t.api_version, &t.kind) {
+            Some(s) => Interpreter::Customized(s, custom),
+            None => custom
+                .map(Interpreter::Custom)
+                .unwrap_or(Interpreter::BuiltIn),
+        };
         let v = serde_json::to_value(t).unwrap_or(Value::Null);
         let replicas = interp.replicas(&v);
         let requests = interp.requests(&v);

@@ -28,6 +28,7 @@ use orrery_api::Object;
 use crate::runtime::reflector::Event;
 
 pub mod binding;
+mod customized;
 pub mod detector;
 pub mod history;
 pub mod rollout;

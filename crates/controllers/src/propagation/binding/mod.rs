@@ -64,6 +64,7 @@ enum Src {
     Override(usize),
     Dependency(usize),
     Interpreter,
+    Customization,
     /// Templates of one kind (a slot of `Controller::followed`).
     Template(usize),
     Revision,
@@ -101,14 +102,29 @@ struct WorkView {
 }
 
 /// How healthy the template is in a member, as its interpreter judges the member's report.
-fn health_of(interp: Interpreter<'_>, t: &Object, m: &ManifestStatus) -> Health {
+/// `divided`: the replicas the member was given, when the placement divides them (the
+/// object judged has them, as the member's has).
+fn health_of(
+    interp: Interpreter<'_>,
+    t: &Object,
+    m: &ManifestStatus,
+    divided: Option<i64>,
+) -> Health {
     // The built-in kinds' health is judged in the member already.
     if matches!(interp, Interpreter::BuiltIn) {
         return m.health;
     }
-    let as_object = serde_json::json!({
-        "kind": t.kind, "spec": t.spec, "status": m.status.clone().unwrap_or(Value::Null)
+    let mut as_object = serde_json::json!({
+        "apiVersion": t.api_version, "kind": t.kind,
+        "metadata": {"name": t.name(), "namespace": t.namespace(), "generation": t.metadata.generation},
+        "spec": t.spec,
     });
+    if let Some(n) = divided {
+        interp.set_replicas(&mut as_object, n);
+    }
+    if let Some(o) = as_object.as_object_mut() {
+        o.insert("status".into(), m.status.clone().unwrap_or(Value::Null));
+    }
     interp.health(&as_object, m.health)
 }
 
@@ -194,6 +210,8 @@ struct Binder {
     deps: HashMap<DKey, Arc<Object>>,
     dependents: HashMap<DKey, BTreeSet<BKey>>,
     interpreters: HashMap<(String, String), InterpreterSpec>,
+    /// Karmada's customizations, per kind.
+    customized: super::customized::Customized,
     /// What events touched since the last round (it goes into the queue then).
     dirty: BTreeSet<BKey>,
     /// Bumped when overrides, dependencies, interpreters or clusters' labels change.
@@ -221,6 +239,7 @@ impl Batch for Binder {
             ("overrides", Some(i)) => Src::Override(i),
             ("dependencies", Some(i)) => Src::Dependency(i),
             (TEMPLATES, Some(i)) => Src::Template(i),
+            ("customizations", _) => Src::Customization,
             _ => Src::Interpreter,
         };
         self.take_event(src, ev);
@@ -306,6 +325,7 @@ pub async fn run(
         deps: HashMap::new(),
         dependents: HashMap::new(),
         interpreters: HashMap::new(),
+        customized: Default::default(),
         revisions: HashMap::new(),
         approvals: HashMap::new(),
         levels: HashMap::new(),
@@ -348,6 +368,10 @@ pub async fn run(
     c.source(Source::new(
         "interpreters",
         keys::well_known::interpreters(),
+    ))
+    .source(Source::new(
+        "customizations",
+        orrery_api::kinds::RESOURCE_INTERPRETER_CUSTOMIZATION.prefix(None),
     ))
     .run(shutdown)
     .await;
@@ -430,6 +454,11 @@ impl Binder {
             Src::Dependency(slot) => self.take_dependency_event(slot, ev),
             Src::Interpreter => {
                 super::follow_interpreters(&mut self.interpreters, ev);
+                self.epoch += 1;
+                self.dirty.extend(self.bindings.keys().cloned());
+            }
+            Src::Customization => {
+                self.customized.follow(ev);
                 self.epoch += 1;
                 self.dirty.extend(self.bindings.keys().cloned());
             }
@@ -903,9 +932,13 @@ impl Binder {
         let custom = self
             .interpreters
             .get(&(t.api_version.clone(), t.kind.clone()));
-        let interp = custom
-            .map(Interpreter::Custom)
-            .unwrap_or(Interpreter::BuiltIn);
+        let scripts = self.customized.of(&t.api_version, &t.kind);
+        let interp = match scripts {
+            Some(s) => Interpreter::Customized(s, custom),
+            None => custom
+                .map(Interpreter::Custom)
+                .unwrap_or(Interpreter::BuiltIn),
+        };
         let (revisions, rollout) = match self.prepare_rollout(k, &b, &spec, t, interp, &work_name) {
             Prepared::Off { clear } => (None, RolloutWrite::from(clear)),
             Prepared::Wait(j) => {
@@ -988,6 +1021,15 @@ impl Binder {
                 extras: &extras,
             },
         ));
+        // What the customization's scripts failed at, told on the template and the binding.
+        if let Some(f) = scripts.map(|s| s.take_failures()).filter(|f| !f.is_empty()) {
+            jobs.push(super::customized::report(
+                self.store.clone(),
+                f,
+                template.obj.clone(),
+                Some(b.clone()),
+            ));
+        }
         jobs
     }
 
@@ -1066,7 +1108,9 @@ impl Binder {
                 && !errors.contains_key(&c.name)
                 && matches!(
                     self.member_status(&c.name, work_name, t),
-                    (_, true, Some(m)) if m.applied && health_of(interp, t, m) == Health::Healthy
+                    (_, true, Some(m)) if m.applied
+                        && health_of(interp, t, m, spec.placement.divided().then_some(c.replicas))
+                            == Health::Healthy
                 )
         })
     }

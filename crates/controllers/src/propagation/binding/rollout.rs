@@ -218,7 +218,12 @@ impl Binder {
                     (Some(w), true, Some(m)) if m.applied => {
                         w.rollout_revision.map(|revision| Running {
                             revision,
-                            healthy: health_of(interp, t, m) == Health::Healthy,
+                            healthy: health_of(
+                                interp,
+                                t,
+                                m,
+                                spec.placement.divided().then_some(tc.replicas),
+                            ) == Health::Healthy,
                             restarts: m.restarts,
                         })
                     }

@@ -93,8 +93,15 @@ impl Binder {
         };
         if let Some(m) = ms {
             item.applied = m.applied && current;
-            item.health = health_of(x.interp, t, m);
-            item.status = m.status.clone();
+            let divided = x
+                .spec
+                .placement
+                .divided()
+                .then(|| x.spec.clusters.iter().find(|c| c.name == cluster))
+                .flatten()
+                .map(|c| c.replicas);
+            item.health = health_of(x.interp, t, m, divided);
+            item.status = reflected(x.interp, t, m.status.as_ref());
             item.message = m.message.clone();
             item.volumes = m.volumes.clone();
         }
@@ -337,22 +344,33 @@ fn template_status(
         .iter()
         .filter_map(|i| Some((i.cluster_name.as_str(), i.status.as_ref()?)))
         .collect();
-    // Placed in no cluster (nothing feasible, or the placement emptied): what its
-    // members said before no longer runs anywhere.
-    let mut agg = interp.aggregate(&t.kind, &parts).or_else(|| {
-        (parts.is_empty()
-            && spec.clusters.is_empty()
-            && !spec.resource.is_task()
-            && orrery_api::interpret::shows_running(t, NOT_SCHEDULED))
-        .then(|| {
-            orrery_api::interpret::unplaced_status(
-                t,
-                NOT_SCHEDULED,
-                "placed in no cluster: see its ResourceBinding's Scheduled condition",
-            )
-        })
-        .flatten()
-    })?;
+    // A customization's AggregateStatus first; placed in no cluster (nothing feasible, or
+    // the placement emptied): what its members said before no longer runs anywhere.
+    let scripted = interp.scripts().and_then(|s| {
+        let desired = serde_json::to_value(t).ok()?;
+        let out = s.aggregate(&desired, &karmada_items(items))?;
+        Some(
+            out.get("status")
+                .cloned()
+                .unwrap_or(Value::Object(Default::default())),
+        )
+    });
+    let mut agg = scripted
+        .or_else(|| interp.aggregate(&t.kind, &parts))
+        .or_else(|| {
+            (parts.is_empty()
+                && spec.clusters.is_empty()
+                && !spec.resource.is_task()
+                && orrery_api::interpret::shows_running(t, NOT_SCHEDULED))
+            .then(|| {
+                orrery_api::interpret::unplaced_status(
+                    t,
+                    NOT_SCHEDULED,
+                    "placed in no cluster: see its ResourceBinding's Scheduled condition",
+                )
+            })
+            .flatten()
+        })?;
     if cond.is_true()
         && let (Some(m), Some(g)) = (agg.as_object_mut(), t.metadata.generation)
         && (m.contains_key("observedGeneration") || parts.len() > 1)
@@ -362,6 +380,49 @@ fn template_status(
         m.insert("observedGeneration".into(), Value::from(g));
     }
     Some(agg)
+}
+
+/// A member's report of the template's status, through the customization's ReflectStatus
+/// when it has one (the script sees the template with that status).
+fn reflected(interp: Interpreter<'_>, t: &Object, status: Option<&Value>) -> Option<Value> {
+    let status = status?;
+    let Some(s) = interp.scripts() else {
+        return Some(status.clone());
+    };
+    let observed = serde_json::json!({
+        "apiVersion": t.api_version, "kind": t.kind,
+        "metadata": {"name": t.name(), "namespace": t.namespace()},
+        "spec": t.spec, "status": status
+    });
+    Some(s.reflect(&observed).unwrap_or_else(|| status.clone()))
+}
+
+/// The items as Karmada's `AggregatedStatusItem`s (what AggregateStatus scripts read).
+fn karmada_items(items: &[AggregatedStatusItem]) -> Vec<Value> {
+    items
+        .iter()
+        .map(|i| {
+            let mut m = serde_json::Map::new();
+            m.insert("clusterName".into(), Value::from(i.cluster_name.clone()));
+            if let Some(s) = &i.status {
+                m.insert("status".into(), s.clone());
+            }
+            if i.applied {
+                m.insert("applied".into(), Value::Bool(true));
+            }
+            if !i.message.is_empty() && !i.applied {
+                m.insert("appliedMessage".into(), Value::from(i.message.clone()));
+            }
+            // Karmada has no Progressing: not healthy yet is unhealthy to it.
+            let health = match i.health {
+                Health::Healthy => "Healthy",
+                Health::Unhealthy | Health::Progressing => "Unhealthy",
+                Health::Unknown => "Unknown",
+            };
+            m.insert("health".into(), Value::from(health));
+            Value::Object(m)
+        })
+        .collect()
 }
 
 /// The reason a template's status gives when its binding places it nowhere.

@@ -1,0 +1,254 @@
+//! Karmada's ResourceInterpreterCustomizations as the propagation controllers use them: each
+//! kind's merged scripts behind the api's [`Scripted`], so that replicas, requests, revision,
+//! health, reflected and aggregated status and dependencies come from the scripts wherever
+//! they are read. A script that fails answers nothing (the interpreter underneath answers),
+//! and its failure is kept until the controller reports it (an Event on the template and on
+//! its binding).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use orrery_api::Object;
+use orrery_api::customization::{CustomizationSpec, Operation};
+use orrery_api::interpret::{DEPENDENCY_API_VERSION, DEPENDENCY_KINDS, Scripted};
+use orrery_api::meta::ResourceList;
+use orrery_interpreter::{Customizations, Rules, Vm};
+use orrery_store::Store;
+use parking_lot::Mutex;
+use serde_json::Value;
+
+use super::Event;
+
+/// The customizations stored, and each customized kind's scripts.
+#[derive(Debug, Default)]
+pub(crate) struct Customized {
+    specs: BTreeMap<String, CustomizationSpec>,
+    kinds: HashMap<(String, String), Arc<KindScripts>>,
+}
+
+impl Customized {
+    /// Takes a customization's event; the kinds' scripts are merged again.
+    pub(crate) fn follow(&mut self, ev: Event) {
+        let read = |o: &Object| -> Option<CustomizationSpec> {
+            serde::Deserialize::deserialize(o.spec.as_ref()?).ok()
+        };
+        match ev {
+            Event::Listed(items) => {
+                self.specs = items
+                    .iter()
+                    .filter_map(|o| Some((o.name().to_string(), read(o)?)))
+                    .collect();
+            }
+            Event::Upsert(o) => match read(&o) {
+                Some(s) => {
+                    self.specs.insert(o.name().to_string(), s);
+                }
+                None => {
+                    self.specs.remove(o.name());
+                }
+            },
+            Event::Delete(o) => {
+                self.specs.remove(o.name());
+            }
+        }
+        let merged = Customizations::load(self.specs.iter().map(|(n, s)| (n.as_str(), s)));
+        self.kinds = self
+            .specs
+            .values()
+            .map(|s| (s.target.api_version.clone(), s.target.kind.clone()))
+            .filter_map(|k| {
+                let rules = merged.rules(&k.0, &k.1)?.clone();
+                Some((k, Arc::new(KindScripts::new(rules))))
+            })
+            .collect();
+    }
+
+    /// The scripts of a kind, if a customization targets it.
+    pub(crate) fn of(&self, api_version: &str, kind: &str) -> Option<&KindScripts> {
+        self.kinds
+            .get(&(api_version.to_string(), kind.to_string()))
+            .map(Arc::as_ref)
+    }
+}
+
+/// A failed script: the operation, the customization it came from, and why.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Failure {
+    pub(crate) operation: Operation,
+    pub(crate) customization: String,
+    pub(crate) message: String,
+}
+
+impl Failure {
+    /// What the Events say.
+    pub(crate) fn text(&self) -> String {
+        format!(
+            "{} of ResourceInterpreterCustomization {} failed: {}; the built-in answer is used",
+            self.operation.name(),
+            self.customization,
+            self.message
+        )
+    }
+}
+
+/// One kind's merged scripts.
+#[derive(Debug)]
+pub(crate) struct KindScripts {
+    rules: Rules,
+    vm: Vm,
+    failures: Mutex<Vec<Failure>>,
+}
+
+impl KindScripts {
+    fn new(rules: Rules) -> Self {
+        KindScripts {
+            rules,
+            vm: Vm::default(),
+            failures: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The failures since the last call.
+    pub(crate) fn take_failures(&self) -> Vec<Failure> {
+        std::mem::take(&mut *self.failures.lock())
+    }
+
+    fn failed(&self, operation: Operation, message: String) {
+        let f = Failure {
+            operation,
+            customization: self.rules.source(operation).unwrap_or_default().to_string(),
+            message,
+        };
+        let mut all = self.failures.lock();
+        if !all.contains(&f) {
+            all.push(f);
+        }
+    }
+
+    /// The script's answer, or `None` (no script, or it failed and the failure is kept).
+    fn answer<T>(
+        &self,
+        op: Operation,
+        run: impl FnOnce(&Vm, &str) -> Result<T, orrery_interpreter::ScriptError>,
+    ) -> Option<T> {
+        let script = self.rules.script(op)?;
+        match run(&self.vm, script) {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.failed(op, e.message);
+                None
+            }
+        }
+    }
+}
+
+impl Scripted for KindScripts {
+    fn replicas(&self, obj: &Value) -> Option<(i64, ResourceList)> {
+        self.answer(Operation::InterpretReplica, |vm, s| vm.get_replicas(s, obj))
+            .map(|(n, req)| {
+                let requests = req.map(|r| r.resource_request).unwrap_or_default();
+                (i64::from(n), requests)
+            })
+    }
+
+    fn revise(&self, obj: &Value, replicas: i64) -> Option<Value> {
+        self.answer(Operation::ReviseReplica, |vm, s| {
+            vm.revise_replica(s, obj, replicas)
+        })
+    }
+
+    fn healthy(&self, observed: &Value) -> Option<bool> {
+        self.answer(Operation::InterpretHealth, |vm, s| {
+            vm.interpret_health(s, observed)
+        })
+    }
+
+    fn reflect(&self, observed: &Value) -> Option<Value> {
+        self.answer(Operation::InterpretStatus, |vm, s| {
+            vm.reflect_status(s, observed)
+        })
+    }
+
+    fn aggregate(&self, desired: &Value, items: &[Value]) -> Option<Value> {
+        self.answer(Operation::AggregateStatus, |vm, s| {
+            vm.aggregate_status(s, desired, items)
+        })
+    }
+
+    fn dependencies(&self, obj: &Value) -> Option<Vec<(String, String)>> {
+        let scripts = self.rules.dependency_scripts();
+        if scripts.is_empty() {
+            return None;
+        }
+        let refs = match self.vm.get_dependencies(&scripts, obj) {
+            Ok(r) => r,
+            Err(e) => {
+                self.failed(Operation::InterpretDependency, e.message);
+                return None;
+            }
+        };
+        let ns = obj
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let mut out = Vec::new();
+        for r in refs {
+            let core = r.api_version == DEPENDENCY_API_VERSION
+                && DEPENDENCY_KINDS.iter().any(|(k, _)| *k == r.kind);
+            if core && !r.name.is_empty() && (r.namespace.is_empty() || r.namespace == ns) {
+                out.push((r.kind, r.name));
+            } else {
+                // Said, not dropped in silence.
+                self.failed(
+                    Operation::InterpretDependency,
+                    format!(
+                        "{} {} {}/{}: Orrery propagates only ConfigMaps, Secrets, \
+                         ServiceAccounts and PersistentVolumeClaims named in the template's \
+                         namespace",
+                        r.api_version,
+                        r.kind,
+                        r.namespace,
+                        if r.name.is_empty() {
+                            "(by selector)"
+                        } else {
+                            &r.name
+                        }
+                    ),
+                );
+            }
+        }
+        Some(out)
+    }
+}
+
+/// A job that tells each failure once, on the template and on its binding.
+pub(crate) fn report<K: Send + 'static>(
+    store: Arc<dyn Store>,
+    failures: Vec<Failure>,
+    template: Arc<Object>,
+    binding: Option<Arc<Object>>,
+) -> super::Job<K> {
+    Box::pin(async move {
+        for f in failures {
+            let text = f.text();
+            for about in std::iter::once(&template).chain(binding.iter()) {
+                // Once per object and message (the Event's name is made of 16 hex digits).
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                std::hash::Hash::hash(&(&about.metadata.uid, &text), &mut h);
+                let key = format!("{:016x}", std::hash::Hasher::finish(&h));
+                // An Event that cannot be written is not worth retrying the binding for.
+                let _ = crate::record::event_once_for(
+                    store.as_ref(),
+                    about,
+                    &key,
+                    "Warning",
+                    "InterpretFailed",
+                    &text,
+                    "orrery-propagation",
+                )
+                .await;
+            }
+        }
+        Ok(())
+    })
+}
