@@ -866,6 +866,54 @@ spec:
     });
 }
 
+/// A namespaced CRD `<plural>.example.com` (kind `kind`, v1) sent to east and west by a
+/// ClusterPropagationPolicy, once both members say they serve it.
+fn example_crd_in_members(f: &Fleet, plural: &str, kind: &str) {
+    let singular = kind.to_lowercase();
+    f.s.apply(&format!(
+        r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {{name: {plural}.example.com}}
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {{plural: {plural}, singular: {singular}, kind: {kind}}}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {{openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}}}
+---
+apiVersion: policy.karmada.io/v1alpha1
+kind: ClusterPropagationPolicy
+metadata: {{name: crds-{plural}}}
+spec:
+  resourceSelectors: [{{apiVersion: apiextensions.k8s.io/v1, kind: CustomResourceDefinition, name: {plural}.example.com}}]
+  placement: {{clusterAffinity: {{clusterNames: [east, west]}}}}
+"#
+    ));
+    // Both members report serving the kind before anything of it is placed: a cluster that
+    // does not serve it yet is filtered out, and what runs stays where it was placed.
+    eventually(
+        Duration::from_secs(20),
+        &format!("both members serve {kind}"),
+        || {
+            ["east", "west"].iter().all(|m| {
+                f.find(
+                    m,
+                    "CustomResourceDefinition",
+                    &format!("{plural}.example.com"),
+                )
+                .is_some()
+                    && f.s.get_json(&["cluster", m])["status"]["apiEnablements"]
+                        .to_string()
+                        .contains("example.com/v1")
+            })
+        },
+    );
+}
+
 /// A custom resource, with a `ResourceInterpreter` saying where its replicas, requests and
 /// dependencies are: the CRD goes to the members first (a ClusterPropagationPolicy), then the
 /// resource is divided by its own replica field and takes its Secret along.
@@ -873,28 +921,9 @@ spec:
 fn a_custom_resource_is_divided_as_its_interpreter_says() {
     let f = Fleet::start(&[("east", "us-east"), ("west", "eu-west")]);
     let s = &f.s;
+    example_crd_in_members(&f, "databases", "Database");
     s.apply(
         r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: databases.example.com}
-spec:
-  group: example.com
-  scope: Namespaced
-  names: {plural: databases, singular: database, kind: Database}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
----
-apiVersion: policy.karmada.io/v1alpha1
-kind: ClusterPropagationPolicy
-metadata: {name: crds}
-spec:
-  resourceSelectors: [{apiVersion: apiextensions.k8s.io/v1, kind: CustomResourceDefinition, name: databases.example.com}]
-  placement: {clusterAffinity: {clusterNames: [east, west]}}
----
 apiVersion: multicluster.io/v1alpha1
 kind: ResourceInterpreter
 metadata: {name: databases}
@@ -906,21 +935,6 @@ spec:
   dependencies:
   - {kind: Secret, namePath: .spec.credentialsSecret}
 "#,
-    );
-    // Both members report serving the kind before a Database is placed: a cluster that does
-    // not serve it yet is filtered out, and what runs stays where it was placed.
-    eventually(
-        Duration::from_secs(20),
-        "both members serve Database",
-        || {
-            ["east", "west"].iter().all(|m| {
-                f.find(m, "CustomResourceDefinition", "databases.example.com")
-                    .is_some()
-                    && s.get_json(&["cluster", m])["status"]["apiEnablements"]
-                        .to_string()
-                        .contains("example.com/v1")
-            })
-        },
     );
     s.apply(
         r#"
@@ -991,29 +1005,7 @@ spec:
 fn a_custom_resource_follows_its_lua_customization_there_and_back() {
     let f = Fleet::start(&[("east", "us-east"), ("west", "eu-west")]);
     let s = &f.s;
-    s.apply(
-        r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata: {name: workers.example.com}
-spec:
-  group: example.com
-  scope: Namespaced
-  names: {plural: workers, singular: worker, kind: Worker}
-  versions:
-  - name: v1
-    served: true
-    storage: true
-    schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
----
-apiVersion: policy.karmada.io/v1alpha1
-kind: ClusterPropagationPolicy
-metadata: {name: crds}
-spec:
-  resourceSelectors: [{apiVersion: apiextensions.k8s.io/v1, kind: CustomResourceDefinition, name: workers.example.com}]
-  placement: {clusterAffinity: {clusterNames: [east, west]}}
-"#,
-    );
+    example_crd_in_members(&f, "workers", "Worker");
     let customization = |aggregation: &str| {
         format!(
             r#"
@@ -1069,13 +1061,6 @@ spec:
           return desiredObj
         end"#;
     s.apply(&customization(summing));
-    eventually(Duration::from_secs(20), "both members serve Worker", || {
-        ["east", "west"].iter().all(|m| {
-            s.get_json(&["cluster", m])["status"]["apiEnablements"]
-                .to_string()
-                .contains("example.com/v1")
-        })
-    });
     s.apply(
         r#"
 apiVersion: v1
