@@ -504,15 +504,7 @@ spec:
             .expect("db still in its cluster");
         assert_eq!(db["status"]["readyReplicas"], 2, "{db:#}");
     }
-    let events = f.s.get_json(&["events", "-n", "default"]);
-    assert!(
-        events["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["reason"] == "MigrationWaits"),
-        "{events:#}"
-    );
+    assert!(any_event(&f, |e| e["reason"] == "MigrationWaits"));
     // The budget let go: the move goes on.
     f.s.ok(&[
         "patch",
@@ -537,18 +529,12 @@ spec:
         .as_i64()
         .unwrap();
     assert!(cleaning >= 4000, "the switch waited for the Service: {m:#}");
-    let events = f.s.get_json(&["events", "-n", "default"]);
-    assert!(
-        events["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|e| e["reason"] == "MigrationSwitchIncomplete"
-                && e["message"]
-                    .as_str()
-                    .is_some_and(|t| t.contains("Service db still not serving"))),
-        "{events:#}"
-    );
+    assert!(any_event(&f, |e| {
+        e["reason"] == "MigrationSwitchIncomplete"
+            && e["message"]
+                .as_str()
+                .is_some_and(|t| t.contains("Service db still not serving"))
+    }));
     assert_eq!(
         (
             m["status"]["source"].as_str(),
@@ -563,6 +549,16 @@ spec:
         || f.find(&placed, "StatefulSet", "db").is_none(),
     );
     check_data(&f, &["a", "b"]);
+}
+
+/// Whether an Event in `default` matches (all of them printed when none does).
+fn any_event(f: &Fleet, matches: impl Fn(&Value) -> bool) -> bool {
+    let events = f.s.get_json(&["events", "-n", "default"]);
+    let found = events["items"].as_array().unwrap().iter().any(matches);
+    if !found {
+        eprintln!("{events:#}");
+    }
+    found
 }
 
 /// Starts a user's Migration of db to `target` (Orrery checks the target like any).
