@@ -414,14 +414,7 @@ fn a_noexecute_taint_drains_a_statefulset_with_its_data() {
     let other = if placed == "a" { "b" } else { "a" };
     // A disruption budget that keeps one of its two replicas ready: its moves stop the whole
     // source, so the Migration holds its fence; the binding says how.
-    f.s.ok(&[
-        "patch",
-        "resourceplacementpolicy",
-        "db",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"placement":{"disruptionBudget":{"minAvailable":1}}}}"#,
-    ]);
+    set_budget(&f, r#"{"minAvailable":1}"#);
     eventually(Duration::from_secs(20), "the budget's condition", || {
         let rb = f.s.get_json(&["resourcebinding", "db-statefulset"]);
         rb["status"]["conditions"].as_array().is_some_and(|cs| {
@@ -506,14 +499,7 @@ spec:
     }
     assert!(any_event(&f, |e| e["reason"] == "MigrationWaits"));
     // The budget let go: the move goes on.
-    f.s.ok(&[
-        "patch",
-        "resourceplacementpolicy",
-        "db",
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"placement":{"disruptionBudget":{"minAvailable":null,"maxUnavailable":"100%"}}}}"#,
-    ]);
+    set_budget(&f, r#"{"minAvailable":null,"maxUnavailable":"100%"}"#);
     let m = wait_migration(&f, Some("Succeeded"), Duration::from_secs(60));
     assert_eq!(m["spec"]["reason"], "Drain", "{m:#}");
     assert!(
@@ -549,6 +535,18 @@ spec:
         || f.find(&placed, "StatefulSet", "db").is_none(),
     );
     check_data(&f, &["a", "b"]);
+}
+
+/// Sets db's policy's disruption budget (a merge patch of it).
+fn set_budget(f: &Fleet, budget: &str) {
+    f.s.ok(&[
+        "patch",
+        "resourceplacementpolicy",
+        "db",
+        "--type=merge",
+        "-p",
+        &format!(r#"{{"spec":{{"placement":{{"disruptionBudget":{budget}}}}}}}"#),
+    ]);
 }
 
 /// Whether an Event in `default` matches (all of them printed when none does).

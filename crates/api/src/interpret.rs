@@ -516,10 +516,7 @@ impl<'a> Interpreter<'a> {
     }
 
     fn pod_spec<'v>(&self, obj: &'v Value) -> Option<&'v Value> {
-        if let Interpreter::Customized(..) = self {
-            return self.under().pod_spec(obj);
-        }
-        // A customization answered above; what is under it answers here.
+        // A customization has no pod spec path: what is under it answers.
         match self.under() {
             Interpreter::BuiltIn | Interpreter::Customized(..) => {
                 obj.pointer(pod_spec_pointer(obj.get("kind").and_then(Value::as_str)?)?)

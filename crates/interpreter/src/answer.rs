@@ -7,8 +7,8 @@ use orrery_api::interpret::{self, Interpreter as BuiltIn};
 use orrery_api::meta::Health;
 use serde_json::{Value, json};
 
+use crate::Customizations;
 use crate::ops::{Component, DependentObjectReference, ReplicaRequirements, ScriptError, Vm};
-use crate::{Customizations, kube};
 
 /// What an operation is given.
 #[derive(Clone, Copy, Debug, Default)]
@@ -40,7 +40,9 @@ pub enum Answer {
 impl Answer {
     /// The results under Karmada's names, in its order.
     pub fn results(&self) -> Vec<(&'static str, Value)> {
-        let j = |v: &dyn erased::Ser| v.to_json();
+        fn j<T: serde::Serialize>(v: &T) -> Value {
+            serde_json::to_value(v).unwrap_or(Value::Null)
+        }
         match self {
             Answer::Replica { replica, requires } => {
                 vec![("replica", json!(replica)), ("requires", j(requires))]
@@ -52,18 +54,6 @@ impl Answer {
             Answer::Aggregated(v) => vec![("aggregatedStatus", v.clone())],
             Answer::Healthy(b) => vec![("healthy", json!(b))],
             Answer::Dependencies(d) => vec![("dependencies", j(d))],
-        }
-    }
-}
-
-mod erased {
-    /// Any serializable result as JSON.
-    pub trait Ser {
-        fn to_json(&self) -> serde_json::Value;
-    }
-    impl<T: serde::Serialize> Ser for T {
-        fn to_json(&self) -> serde_json::Value {
-            serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
         }
     }
 }
@@ -126,7 +116,8 @@ pub fn customized(
     Some(answer.map(|a| (a, source)))
 }
 
-/// Orrery's built-in answer for the kinds it knows (Karmada's default interpreter's).
+/// Orrery's built-in answer for the kinds it knows: the rules the control plane applies
+/// (`orrery_api::interpret`), so that what this says is what a template would get.
 pub fn built_in(op: Operation, args: &Args<'_>) -> Result<Answer, String> {
     let Some(obj) = subject(args) else {
         return Err("no object given".into());
@@ -138,53 +129,30 @@ pub fn built_in(op: Operation, args: &Args<'_>) -> Result<Answer, String> {
             op.name()
         )
     };
-    let pod_spec = interpret::pod_spec_pointer(kind).and_then(|p| obj.pointer(p));
+    let rules = BuiltIn::BuiltIn;
+    let has_pods = interpret::pod_spec_pointer(kind).is_some();
     match op {
-        Operation::InterpretReplica => {
-            let replica = match kind {
-                "Pod" => 1,
-                "Job" => {
-                    let p = obj
-                        .pointer("/spec/parallelism")
-                        .and_then(Value::as_i64)
-                        .unwrap_or(0);
-                    obj.pointer("/spec/completions")
-                        .and_then(Value::as_i64)
-                        .map_or(p, |c| p.min(c))
-                }
-                _ if interpret::has_divisible_replicas(kind) => obj
-                    .pointer("/spec/replicas")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(0),
-                _ => return Err(none()),
-            };
-            let template = if kind == "Pod" {
-                json!({"spec": obj.get("spec").cloned().unwrap_or(Value::Null)})
-            } else {
-                obj.pointer("/spec/template")
-                    .cloned()
-                    .unwrap_or(Value::Null)
-            };
-            let requires = kube::requirements(&template)
-                .map(serde_json::from_value)
-                .transpose()
-                .map_err(|e| e.to_string())?;
+        // Kinds placed whole (a DaemonSet, a Pod) have no replicas to divide.
+        Operation::InterpretReplica if interpret::has_divisible_replicas(kind) => {
+            let replica = rules.replicas(obj).unwrap_or(1);
+            let request = rules.requests(obj);
             Ok(Answer::Replica {
                 replica: i32::try_from(replica).unwrap_or(i32::MAX),
-                requires,
+                requires: (!request.is_empty()).then(|| ReplicaRequirements {
+                    resource_request: request,
+                    ..Default::default()
+                }),
             })
         }
         Operation::ReviseReplica if interpret::has_divisible_replicas(kind) => {
             let mut v = obj.clone();
-            BuiltIn::BuiltIn.set_replicas(&mut v, args.replica);
+            rules.set_replicas(&mut v, args.replica);
             Ok(Answer::Revised(v))
         }
         Operation::InterpretStatus => Ok(Answer::Status(
             obj.get("status").cloned().unwrap_or(Value::Null),
         )),
-        Operation::InterpretHealth
-            if pod_spec.is_some() || kind == "Service" || kind == "PersistentVolumeClaim" =>
-        {
+        Operation::InterpretHealth => {
             Ok(Answer::Healthy(interpret::health(obj).0 == Health::Healthy))
         }
         Operation::AggregateStatus => {
@@ -199,22 +167,28 @@ pub fn built_in(op: Operation, args: &Args<'_>) -> Result<Answer, String> {
                 })
                 .collect();
             let mut v = obj.clone();
-            if let Some(s) = BuiltIn::BuiltIn.aggregate(kind, &parts)
+            if let Some(s) = rules.aggregate(kind, &parts)
                 && let Some(m) = v.as_object_mut()
             {
                 m.insert("status".into(), s);
             }
             Ok(Answer::Aggregated(v))
         }
-        Operation::InterpretDependency if pod_spec.is_some() => {
+        Operation::InterpretDependency if has_pods => {
             let ns = obj
                 .pointer("/metadata/namespace")
                 .and_then(Value::as_str)
                 .unwrap_or("default");
-            let template = json!({"spec": pod_spec.cloned().unwrap_or(Value::Null)});
-            let deps = kube::dependencies(&template, ns)
+            let deps = rules
+                .dependencies(obj)
                 .into_iter()
-                .filter_map(|d| serde_json::from_value(d).ok())
+                .map(|(kind, name)| DependentObjectReference {
+                    api_version: interpret::DEPENDENCY_API_VERSION.to_string(),
+                    kind,
+                    namespace: ns.to_string(),
+                    name,
+                    label_selector: None,
+                })
                 .collect();
             Ok(Answer::Dependencies(deps))
         }

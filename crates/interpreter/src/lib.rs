@@ -60,10 +60,6 @@ impl Rules {
     pub fn dependency_scripts(&self) -> Vec<&str> {
         self.dependencies.iter().map(|(_, s)| s.as_str()).collect()
     }
-
-    pub fn has(&self, op: Operation) -> bool {
-        self.script(op).is_some()
-    }
 }
 
 /// The customizations stored, per kind `(apiVersion, kind)`.
@@ -105,8 +101,9 @@ impl Customizations {
             .get(&(api_version.to_string(), kind.to_string()))
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.by_kind.is_empty()
+    /// Each kind's scripts, `((apiVersion, kind), rules)`.
+    pub fn into_kinds(self) -> impl Iterator<Item = ((String, String), Rules)> {
+        self.by_kind.into_iter()
     }
 }
 

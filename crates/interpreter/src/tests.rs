@@ -49,7 +49,7 @@ end"#;
         req,
         json!({"nodeClaim": {"nodeSelector": {"zone": "a"}}, "resourceRequest": {"cpu": "1300m", "memory": "1300M"}})
     );
-    // The built-in rules give the same for the pod template.
+    // Karmada's helper gives the same for the pod template.
     assert_eq!(
         kube::requirements(&deployment()["spec"]["template"]).unwrap()["resourceRequest"],
         json!({"cpu": "1300m", "memory": "1300000000"})
@@ -362,7 +362,7 @@ fn customizations_merge_in_name_order_and_dependencies_add_up() {
     assert_eq!(r.script(Operation::InterpretReplica), Some("-- a"));
     assert_eq!(r.source(Operation::InterpretReplica), Some("aa"));
     assert_eq!(r.dependency_scripts(), ["-- deps a", "-- deps b"]);
-    assert!(!r.has(Operation::Retain));
+    assert!(r.script(Operation::Retain).is_none());
     assert!(
         c.rules("x.io/v2", "Thing").is_none(),
         "versions match exactly"

@@ -199,18 +199,17 @@ fn execute(
         status: &status,
         replica: a.desired_replica,
     };
-    let vm = Vm::default();
-    Ok(match items {
+    let answer = match items {
         Some(items) => {
             let c = Customizations::load(items.iter().map(|(n, s)| (n.as_str(), s)));
-            match answer::customized(&vm, &c, op, &args) {
+            match answer::customized(&Vm::default(), &c, op, &args) {
                 None => Err("rule is not enabled".to_string()),
                 Some(r) => r.map(|(a, _)| a).map_err(|e| e.message),
             }
         }
         None => answer::built_in(op, &args),
-    })
-    .map(|r| r.map_err(|e| format!("Execute {} error: {e}", op.name())))
+    };
+    Ok(answer.map_err(|e| format!("Execute {} error: {e}", op.name())))
 }
 
 pub fn run(a: InterpretArgs) -> anyhow::Result<()> {

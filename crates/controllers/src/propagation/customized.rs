@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use orrery_api::Object;
 use orrery_api::customization::{CustomizationSpec, Operation};
-use orrery_api::interpret::{DEPENDENCY_API_VERSION, DEPENDENCY_KINDS, Scripted};
+use orrery_api::interpret::{
+    DEPENDENCY_API_VERSION, DEPENDENCY_KINDS, Interpreter, InterpreterSpec, Scripted,
+};
 use orrery_api::meta::ResourceList;
 use orrery_interpreter::{Customizations, Rules, Vm};
 use orrery_store::Store;
@@ -23,7 +25,7 @@ use super::Event;
 #[derive(Debug, Default)]
 pub(crate) struct Customized {
     specs: BTreeMap<String, CustomizationSpec>,
-    kinds: HashMap<(String, String), Arc<KindScripts>>,
+    kinds: HashMap<(String, String), KindScripts>,
 }
 
 impl Customized {
@@ -51,23 +53,31 @@ impl Customized {
                 self.specs.remove(o.name());
             }
         }
-        let merged = Customizations::load(self.specs.iter().map(|(n, s)| (n.as_str(), s)));
-        self.kinds = self
-            .specs
-            .values()
-            .map(|s| (s.target.api_version.clone(), s.target.kind.clone()))
-            .filter_map(|k| {
-                let rules = merged.rules(&k.0, &k.1)?.clone();
-                Some((k, Arc::new(KindScripts::new(rules))))
-            })
+        self.kinds = Customizations::load(self.specs.iter().map(|(n, s)| (n.as_str(), s)))
+            .into_kinds()
+            .map(|(k, rules)| (k, KindScripts::new(rules)))
             .collect();
+    }
+
+    /// How a template is interpreted: its kind's customization over its `ResourceInterpreter`
+    /// (from `specs`) or the built-in rules.
+    pub(crate) fn interpreter<'a>(
+        &'a self,
+        specs: &'a HashMap<(String, String), InterpreterSpec>,
+        t: &Object,
+    ) -> Interpreter<'a> {
+        let custom = specs.get(&(t.api_version.clone(), t.kind.clone()));
+        match self.of(&t.api_version, &t.kind) {
+            Some(s) => Interpreter::Customized(s, custom),
+            None => custom
+                .map(Interpreter::Custom)
+                .unwrap_or(Interpreter::BuiltIn),
+        }
     }
 
     /// The scripts of a kind, if a customization targets it.
     pub(crate) fn of(&self, api_version: &str, kind: &str) -> Option<&KindScripts> {
-        self.kinds
-            .get(&(api_version.to_string(), kind.to_string()))
-            .map(Arc::as_ref)
+        self.kinds.get(&(api_version.to_string(), kind.to_string()))
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orrery_api::binding::{self, BindingSpec, Dependency, ObjectReference, ReplicaRequirements};
-use orrery_api::interpret::{DEPENDENCY_API_VERSION, Interpreter, InterpreterSpec};
+use orrery_api::interpret::{DEPENDENCY_API_VERSION, InterpreterSpec};
 use orrery_api::policy::{self, PLACEMENT_KINDS, PlacementPolicy, PolicyRef};
 use orrery_api::{Object, keys};
 use orrery_store::ops::{delete_object, remove_finalizer};
@@ -502,6 +502,19 @@ impl Detector {
             if let Some(j) = self.reconcile(k) {
                 jobs.push(j);
             }
+            // What a customization's scripts failed at in deciding it, told on the template.
+            if let Some(t) = self.templates.get(k)
+                && let Some(s) = self.customized.of(&k.0, &k.1)
+                && let f = s.take_failures()
+                && !f.is_empty()
+            {
+                jobs.push(super::customized::report(
+                    self.store.clone(),
+                    f,
+                    t.clone(),
+                    None,
+                ));
+            }
         }
         let failed = run_jobs(jobs).await;
         self.report_policies();
@@ -587,43 +600,6 @@ impl Detector {
         }
         let digest = content_digest(&t);
         let spec = self.desired(&t, &digest, p, existing.as_deref());
-        let failures = self
-            .customized
-            .of(&t.api_version, &t.kind)
-            .map(|s| s.take_failures())
-            .unwrap_or_default();
-        let report = (!failures.is_empty()).then(|| {
-            super::customized::report::<TKey>(self.store.clone(), failures, t.clone(), None)
-        });
-        let Some(job) =
-            self.bind_or_not(k, t, spec, digest, existing, info, bns, bname, kind, bkey)
-        else {
-            return report;
-        };
-        Some(match report {
-            None => job,
-            Some(r) => Box::pin(async move {
-                let (x, _) = tokio::join!(job, r);
-                x
-            }),
-        })
-    }
-
-    /// The write that binds a template to its policy's binding, if anything is to write.
-    #[allow(clippy::too_many_arguments)]
-    fn bind_or_not(
-        &self,
-        k: &TKey,
-        t: Arc<Object>,
-        spec: BindingSpec,
-        digest: String,
-        existing: Option<Arc<Object>>,
-        info: Option<super::KindInfo>,
-        bns: String,
-        bname: String,
-        kind: &str,
-        bkey: String,
-    ) -> Option<Job<TKey>> {
         let info = info?;
         let tkey = info.key(t.namespace(), t.name());
         let store = self.store.clone();
@@ -876,15 +852,7 @@ impl Detector {
         p: &PlacementPolicy,
         existing: Option<&Object>,
     ) -> BindingSpec {
-        let custom = self
-            .interpreters
-            .get(&(t.api_version.clone(), t.kind.clone()));
-        let interp = match self.customized.of(&t.api_version, &t.kind) {
-            Some(s) => Interpreter::Customized(s, custom),
-            None => custom
-                .map(Interpreter::Custom)
-                .unwrap_or(Interpreter::BuiltIn),
-        };
+        let interp = self.customized.interpreter(&self.interpreters, t);
         let v = serde_json::to_value(t).unwrap_or(Value::Null);
         let replicas = interp.replicas(&v);
         let requests = interp.requests(&v);

@@ -101,6 +101,15 @@ struct WorkView {
     status: Option<WorkStatus>,
 }
 
+/// The template as a member's object is judged (its status goes in beside).
+fn member_object(t: &Object) -> Value {
+    serde_json::json!({
+        "apiVersion": t.api_version, "kind": t.kind,
+        "metadata": {"name": t.name(), "namespace": t.namespace(), "generation": t.metadata.generation},
+        "spec": t.spec,
+    })
+}
+
 /// How healthy the template is in a member, as its interpreter judges the member's report.
 /// `divided`: the replicas the member was given, when the placement divides them (the
 /// object judged has them, as the member's has).
@@ -114,11 +123,7 @@ fn health_of(
     if matches!(interp, Interpreter::BuiltIn) {
         return m.health;
     }
-    let mut as_object = serde_json::json!({
-        "apiVersion": t.api_version, "kind": t.kind,
-        "metadata": {"name": t.name(), "namespace": t.namespace(), "generation": t.metadata.generation},
-        "spec": t.spec,
-    });
+    let mut as_object = member_object(t);
     if let Some(n) = divided {
         interp.set_replicas(&mut as_object, n);
     }
@@ -929,16 +934,8 @@ impl Binder {
         };
         let mut jobs: Vec<Job<BKey>> = Vec::new();
         let t = template.obj.as_ref();
-        let custom = self
-            .interpreters
-            .get(&(t.api_version.clone(), t.kind.clone()));
         let scripts = self.customized.of(&t.api_version, &t.kind);
-        let interp = match scripts {
-            Some(s) => Interpreter::Customized(s, custom),
-            None => custom
-                .map(Interpreter::Custom)
-                .unwrap_or(Interpreter::BuiltIn),
-        };
+        let interp = self.customized.interpreter(&self.interpreters, t);
         let (revisions, rollout) = match self.prepare_rollout(k, &b, &spec, t, interp, &work_name) {
             Prepared::Off { clear } => (None, RolloutWrite::from(clear)),
             Prepared::Wait(j) => {

@@ -389,11 +389,10 @@ fn reflected(interp: Interpreter<'_>, t: &Object, status: Option<&Value>) -> Opt
     let Some(s) = interp.scripts() else {
         return Some(status.clone());
     };
-    let observed = serde_json::json!({
-        "apiVersion": t.api_version, "kind": t.kind,
-        "metadata": {"name": t.name(), "namespace": t.namespace()},
-        "spec": t.spec, "status": status
-    });
+    let mut observed = member_object(t);
+    if let Some(o) = observed.as_object_mut() {
+        o.insert("status".into(), status.clone());
+    }
     Some(s.reflect(&observed).unwrap_or_else(|| status.clone()))
 }
 
