@@ -866,21 +866,21 @@ spec:
     });
 }
 
-/// A namespaced CRD `<plural>.example.com` (kind `kind`, v1) sent to east and west by a
+/// A namespaced CRD `<plural>.<group>` (kind `kind`) sent to east and west by a
 /// ClusterPropagationPolicy, once both members say they serve it.
-fn example_crd_in_members(f: &Fleet, plural: &str, kind: &str) {
+fn crd_in_members(f: &Fleet, group: &str, version: &str, plural: &str, kind: &str) {
     let singular = kind.to_lowercase();
     f.s.apply(&format!(
         r#"
 apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
-metadata: {{name: {plural}.example.com}}
+metadata: {{name: {plural}.{group}}}
 spec:
-  group: example.com
+  group: {group}
   scope: Namespaced
   names: {{plural: {plural}, singular: {singular}, kind: {kind}}}
   versions:
-  - name: v1
+  - name: {version}
     served: true
     storage: true
     schema: {{openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}}}
@@ -889,7 +889,7 @@ apiVersion: policy.karmada.io/v1alpha1
 kind: ClusterPropagationPolicy
 metadata: {{name: crds-{plural}}}
 spec:
-  resourceSelectors: [{{apiVersion: apiextensions.k8s.io/v1, kind: CustomResourceDefinition, name: {plural}.example.com}}]
+  resourceSelectors: [{{apiVersion: apiextensions.k8s.io/v1, kind: CustomResourceDefinition, name: {plural}.{group}}}]
   placement: {{clusterAffinity: {{clusterNames: [east, west]}}}}
 "#
     ));
@@ -900,18 +900,19 @@ spec:
         &format!("both members serve {kind}"),
         || {
             ["east", "west"].iter().all(|m| {
-                f.find(
-                    m,
-                    "CustomResourceDefinition",
-                    &format!("{plural}.example.com"),
-                )
-                .is_some()
+                f.find(m, "CustomResourceDefinition", &format!("{plural}.{group}"))
+                    .is_some()
                     && f.s.get_json(&["cluster", m])["status"]["apiEnablements"]
                         .to_string()
-                        .contains("example.com/v1")
+                        .contains(&format!("{group}/{version}"))
             })
         },
     );
+}
+
+/// [`crd_in_members`] for `example.com/v1`.
+fn example_crd_in_members(f: &Fleet, plural: &str, kind: &str) {
+    crd_in_members(f, "example.com", "v1", plural, kind);
 }
 
 /// A custom resource, with a `ResourceInterpreter` saying where its replicas, requests and
@@ -1197,6 +1198,127 @@ spec:
     assert!(
         refused.contains("spec.customizations.retention") && refused.contains("remove retention"),
         "{refused}"
+    );
+}
+
+/// An OpenKruise CloneSet with no customization of the user's: Orrery's bundled one reads its
+/// replicas and requests, gives each member its share, and sums the members' counts back; a
+/// user's customization of one operation answers that one, the bundled one the rest.
+#[test]
+fn a_cloneset_is_read_by_the_bundled_customization() {
+    let f = Fleet::start(&[("east", "us-east"), ("west", "eu-west")]);
+    let s = &f.s;
+    crd_in_members(&f, "apps.kruise.io", "v1alpha1", "clonesets", "CloneSet");
+    s.apply(
+        r#"
+apiVersion: apps.kruise.io/v1alpha1
+kind: CloneSet
+metadata: {name: shop, namespace: default}
+spec:
+  replicas: 4
+  selector: {matchLabels: {app: shop}}
+  template:
+    metadata: {labels: {app: shop}}
+    spec:
+      containers:
+      - name: shop
+        image: shop:2
+        resources: {requests: {cpu: 300m, memory: 64Mi}}
+---
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata: {name: shop, namespace: default}
+spec:
+  resourceSelectors: [{apiVersion: apps.kruise.io/v1alpha1, kind: CloneSet, name: shop}]
+  placement:
+    clusterAffinity: {clusterNames: [east, west]}
+    replicaScheduling: {replicaSchedulingType: Divided, replicaDivisionPreference: Weighted,
+      weightPreference: {staticWeightList: [{targetCluster: {clusterNames: [east]}, weight: 1},
+                                            {targetCluster: {clusterNames: [west]}, weight: 1}]}}
+"#,
+    );
+    eventually(Duration::from_secs(30), "2 of 4 in each member", || {
+        ["east", "west"].iter().all(|m| {
+            f.find(m, "CloneSet", "shop")
+                .is_some_and(|c| c["spec"]["replicas"] == 2)
+        })
+    });
+    let rb = s.get_json(&["resourcebinding", "shop-cloneset"]);
+    assert_eq!(rb["spec"]["replicas"], 4, "{rb}");
+    let req = &rb["spec"]["replicaRequirements"]["resourceRequest"];
+    assert_eq!(
+        (req["cpu"].as_str(), req["memory"].as_str()),
+        (Some("300m"), Some("64Mi")),
+        "{rb}"
+    );
+    for (m, ready) in [("east", 2), ("west", 1)] {
+        let status = serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1alpha1", "kind": "CloneSet",
+            "metadata": {"name": "shop", "namespace": "default"},
+            "status": {"replicas": 2, "readyReplicas": ready, "updatedReplicas": 2,
+                       "availableReplicas": ready, "observedGeneration": 1,
+                       "updateRevision": "shop-7f9"},
+        });
+        let (code, body) = common::http(
+            "PUT",
+            f.admin(m),
+            &format!("/clusters/{m}/objects/status"),
+            &status.to_string(),
+        );
+        assert_eq!(code, 200, "{body}");
+    }
+    eventually(
+        Duration::from_secs(30),
+        "the members' counts summed",
+        || {
+            let c = s.get_json(&["cloneset", "shop"]);
+            c["status"]["replicas"] == 4
+                && c["status"]["readyReplicas"] == 3
+                && c["status"]["updateRevision"] == "shop-7f9"
+        },
+    );
+    // The user's ReviseReplica answers that operation; the bundled scripts the others.
+    s.apply(
+        r#"
+apiVersion: config.karmada.io/v1alpha1
+kind: ResourceInterpreterCustomization
+metadata: {name: shop-surge}
+spec:
+  target: {apiVersion: apps.kruise.io/v1alpha1, kind: CloneSet}
+  customizations:
+    replicaRevision:
+      luaScript: |
+        function ReviseReplica(obj, desiredReplica)
+          obj.spec.replicas = desiredReplica
+          obj.spec.scaleStrategy = {maxUnavailable = desiredReplica}
+          return obj
+        end
+"#,
+    );
+    s.ok(&[
+        "patch",
+        "cloneset",
+        "shop",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"replicas":6}}"#,
+    ]);
+    eventually(
+        Duration::from_secs(30),
+        "3 of 6 each, revised by the user's script",
+        || {
+            ["east", "west"].iter().all(|m| {
+                f.find(m, "CloneSet", "shop").is_some_and(|c| {
+                    c["spec"]["replicas"] == 3 && c["spec"]["scaleStrategy"]["maxUnavailable"] == 3
+                })
+            })
+        },
+    );
+    assert_eq!(
+        s.get_json(&["resourcebinding", "shop-cloneset"])["spec"]["replicas"],
+        6,
+        "replicas still read by the bundled GetReplicas"
     );
 }
 

@@ -15,8 +15,9 @@ use crate::ops::{Component, DependentObjectReference, ReplicaRequirements, Scrip
 pub struct Args<'a> {
     pub desired: Option<&'a Value>,
     pub observed: Option<&'a Value>,
-    /// Karmada's `AggregatedStatusItem`s (`clusterName`, `status`, `applied`, `health`).
-    pub status: &'a [Value],
+    /// Karmada's `AggregatedStatusItem`s (`clusterName`, `status`, `applied`, `health`);
+    /// `None` is Karmada's nil slice (nil to a script), not an empty list.
+    pub status: Option<&'a [Value]>,
     /// `desiredReplica` of ReviseReplica.
     pub replica: i64,
 }
@@ -158,6 +159,7 @@ pub fn built_in(op: Operation, args: &Args<'_>) -> Result<Answer, String> {
         Operation::AggregateStatus => {
             let parts: Vec<(&str, &Value)> = args
                 .status
+                .unwrap_or_default()
                 .iter()
                 .filter_map(|i| {
                     Some((

@@ -11,12 +11,15 @@
 //! - [`kube`]: Karmada's `kube` library for scripts;
 //! - [`ops`]: each operation, its arguments and the checks on its results;
 //! - [`Customizations`]: the customizations stored, merged per kind as Karmada merges them;
+//! - [`bundled`]: Orrery's own customizations of the third-party kinds Karmada interprets by
+//!   default, under the user's ([`Customizations::over`]);
 //! - [`answer`]: an operation answered by a customization, else by the built-in rules.
 //!
 //! Invariants: no I/O; every call gets a fresh state, so no script sees another's globals;
 //! a script that fails says why (one line) and never panics the caller.
 
 pub mod answer;
+pub mod bundled;
 pub mod convert;
 pub mod kube;
 pub mod ops;
@@ -95,6 +98,28 @@ impl Customizations {
         Customizations { by_kind }
     }
 
+    /// These customizations over `lower`, per kind and operation: an operation this has no
+    /// script for is answered by `lower`'s (Karmada's declarative layer over its third-party
+    /// one). Dependency scripts are taken whole from the first layer that has any.
+    pub fn over(&self, lower: &Customizations) -> Customizations {
+        let mut by_kind = lower.by_kind.clone();
+        for (key, upper) in &self.by_kind {
+            let rules = by_kind.entry(key.clone()).or_default();
+            for (op, script) in &upper.scripts {
+                rules.scripts.insert(*op, script.clone());
+            }
+            if !upper.dependencies.is_empty() {
+                rules.dependencies = upper.dependencies.clone();
+            }
+        }
+        Customizations { by_kind }
+    }
+
+    /// Whether a customization targets the kind.
+    pub fn has(&self, api_version: &str, kind: &str) -> bool {
+        self.rules(api_version, kind).is_some()
+    }
+
     /// The scripts of a kind, if any customization targets it.
     pub fn rules(&self, api_version: &str, kind: &str) -> Option<&Rules> {
         self.by_kind
@@ -107,5 +132,7 @@ impl Customizations {
     }
 }
 
+#[cfg(test)]
+mod golden;
 #[cfg(test)]
 mod tests;

@@ -329,21 +329,21 @@ impl Vm {
     }
 
     /// `AggregateStatus(desiredObj, statusItems)`: the object with the members' statuses
-    /// aggregated. `items` are Karmada's `AggregatedStatusItem`s; none is nil to the script.
+    /// aggregated. `items` are Karmada's `AggregatedStatusItem`s: `None` is nil to the script
+    /// (Karmada's nil slice), an empty list an empty table.
     pub fn aggregate_status(
         &self,
         script: &str,
         desired: &Value,
-        items: &[Value],
+        items: Option<&[Value]>,
     ) -> Result<Value, ScriptError> {
         self.call(
             Operation::AggregateStatus,
             script,
             |lua| {
-                let items = if items.is_empty() {
-                    LuaValue::Nil
-                } else {
-                    convert::to_lua(lua, &Value::Array(items.to_vec()))?
+                let items = match items {
+                    None => LuaValue::Nil,
+                    Some(items) => convert::to_lua(lua, &Value::Array(items.to_vec()))?,
                 };
                 Ok(vec![convert::to_lua(lua, desired)?, items])
             },

@@ -241,15 +241,20 @@ fn status_is_reflected_and_aggregated() {
         json!({"clusterName": "m3"}),
     ];
     let agg = vm()
-        .aggregate_status(script, &deployment(), &items)
+        .aggregate_status(script, &deployment(), Some(&items))
         .unwrap();
     assert_eq!(agg["status"], json!({"readyReplicas": 5}));
     // No items: nil to the script; empty tables of the result go (no references).
-    let agg = vm().aggregate_status(script, &deployment(), &[]).unwrap();
+    let agg = vm().aggregate_status(script, &deployment(), None).unwrap();
     assert!(
         agg.get("status").is_none() && agg["metadata"].get("annotations").is_none(),
         "{agg}"
     );
+    // An empty list is a table: the script goes on and sums nothing.
+    let agg = vm()
+        .aggregate_status(script, &deployment(), Some(&[]))
+        .unwrap();
+    assert_eq!(agg["status"], json!({"readyReplicas": 0}));
 }
 
 #[test]

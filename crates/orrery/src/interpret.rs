@@ -1,18 +1,20 @@
 //! `orrery interpret`: runs one operation of Karmada's resource interpreter on local files,
 //! as `karmadactl interpret` does: with `--customization`, that file's customizations only;
-//! without, Orrery's built-in interpreter for the object's kind. `--check` compiles the
+//! without, what the control plane would use for the object's kind (Orrery's bundled
+//! customization of a third-party kind, else the built-in rules). `--check` compiles the
 //! scripts and runs nothing.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use orrery_api::customization::{CustomizationSpec, Operation};
-use orrery_interpreter::{Answer, Args, Customizations, Vm, answer};
+use orrery_interpreter::{Answer, Args, Customizations, Vm, answer, bundled};
 use serde_json::Value;
 
 #[derive(clap::Args, Debug)]
 pub struct InterpretArgs {
-    /// A file of ResourceInterpreterCustomizations (YAML, several documents, or JSON).
+    /// A file of ResourceInterpreterCustomizations (YAML, several documents, or JSON);
+    /// without it, Orrery's bundled customization of the kind, else its built-in rules.
     #[arg(long, short = 'f', visible_alias = "filename")]
     customization: Option<PathBuf>,
     /// The operation: Retain, InterpretReplica, InterpretComponent, ReviseReplica,
@@ -189,14 +191,12 @@ fn execute(
         }
         _ => {}
     }
-    let status = match &a.status_file {
-        Some(p) => documents(p)?,
-        None => Vec::new(),
-    };
+    // No file is Karmada's nil slice; a file of no items an empty list.
+    let status = a.status_file.as_deref().map(documents).transpose()?;
     let args = Args {
         desired: desired.as_ref(),
         observed: observed.as_ref(),
-        status: &status,
+        status: status.as_deref(),
         replica: a.desired_replica,
     };
     let answer = match items {
@@ -207,7 +207,12 @@ fn execute(
                 Some(r) => r.map(|(a, _)| a).map_err(|e| e.message),
             }
         }
-        None => answer::built_in(op, &args),
+        // Without a file, as the control plane answers: Orrery's bundled customization of a
+        // third-party kind, else the built-in rules.
+        None => match answer::customized(&Vm::default(), bundled::customizations(), op, &args) {
+            Some(r) => r.map(|(a, _)| a).map_err(|e| e.message),
+            None => answer::built_in(op, &args),
+        },
     };
     Ok(answer.map_err(|e| format!("Execute {} error: {e}", op.name())))
 }

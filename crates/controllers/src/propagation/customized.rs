@@ -21,11 +21,30 @@ use serde_json::Value;
 
 use super::Event;
 
-/// The customizations stored, and each customized kind's scripts.
-#[derive(Debug, Default)]
+type Key = (String, String);
+
+/// The customizations stored, and each customized kind's scripts: the user's over Orrery's
+/// bundled ones (Karmada's declarative layer over its third-party one).
+#[derive(Debug)]
 pub(crate) struct Customized {
     specs: BTreeMap<String, CustomizationSpec>,
-    kinds: HashMap<(String, String), KindScripts>,
+    /// The user's scripts over the bundled ones, per kind.
+    kinds: HashMap<Key, KindScripts>,
+    /// The user's alone, for kinds the user also describes with a `ResourceInterpreter`: an
+    /// explicit description is not overridden by a bundled guess.
+    own: HashMap<Key, KindScripts>,
+}
+
+impl Default for Customized {
+    fn default() -> Self {
+        let mut c = Customized {
+            specs: BTreeMap::new(),
+            kinds: HashMap::new(),
+            own: HashMap::new(),
+        };
+        c.merge();
+        c
+    }
 }
 
 impl Customized {
@@ -53,21 +72,29 @@ impl Customized {
                 self.specs.remove(o.name());
             }
         }
-        self.kinds = Customizations::load(self.specs.iter().map(|(n, s)| (n.as_str(), s)))
-            .into_kinds()
-            .map(|(k, rules)| (k, KindScripts::new(rules)))
-            .collect();
+        self.merge();
     }
 
-    /// How a template is interpreted: its kind's customization over its `ResourceInterpreter`
+    fn merge(&mut self) {
+        let own = Customizations::load(self.specs.iter().map(|(n, s)| (n.as_str(), s)));
+        let scripts = |c: Customizations| -> HashMap<Key, KindScripts> {
+            c.into_kinds()
+                .map(|(k, rules)| (k, KindScripts::new(rules)))
+                .collect()
+        };
+        self.kinds = scripts(own.over(orrery_interpreter::bundled::customizations()));
+        self.own = scripts(own);
+    }
+
+    /// How a template is interpreted: its kind's customizations over its `ResourceInterpreter`
     /// (from `specs`) or the built-in rules.
     pub(crate) fn interpreter<'a>(
         &'a self,
-        specs: &'a HashMap<(String, String), InterpreterSpec>,
+        specs: &'a HashMap<Key, InterpreterSpec>,
         t: &Object,
     ) -> Interpreter<'a> {
         let custom = specs.get(&(t.api_version.clone(), t.kind.clone()));
-        match self.of(&t.api_version, &t.kind) {
+        match self.of(specs, &t.api_version, &t.kind) {
             Some(s) => Interpreter::Customized(s, custom),
             None => custom
                 .map(Interpreter::Custom)
@@ -75,9 +102,19 @@ impl Customized {
         }
     }
 
-    /// The scripts of a kind, if a customization targets it.
-    pub(crate) fn of(&self, api_version: &str, kind: &str) -> Option<&KindScripts> {
-        self.kinds.get(&(api_version.to_string(), kind.to_string()))
+    /// The scripts a kind is interpreted with, if any (given the `ResourceInterpreter`s).
+    pub(crate) fn of(
+        &self,
+        specs: &HashMap<Key, InterpreterSpec>,
+        api_version: &str,
+        kind: &str,
+    ) -> Option<&KindScripts> {
+        let key = (api_version.to_string(), kind.to_string());
+        if specs.contains_key(&key) {
+            self.own.get(&key)
+        } else {
+            self.kinds.get(&key)
+        }
     }
 }
 
@@ -181,7 +218,8 @@ impl Scripted for KindScripts {
 
     fn aggregate(&self, desired: &Value, items: &[Value]) -> Option<Value> {
         self.answer(Operation::AggregateStatus, |vm, s| {
-            vm.aggregate_status(s, desired, items)
+            // A binding with no items has none (Karmada's nil slice), not an empty list.
+            vm.aggregate_status(s, desired, (!items.is_empty()).then_some(items))
         })
     }
 

@@ -504,7 +504,7 @@ impl Detector {
             }
             // What a customization's scripts failed at in deciding it, told on the template.
             if let Some(t) = self.templates.get(k)
-                && let Some(s) = self.customized.of(&k.0, &k.1)
+                && let Some(s) = self.customized.of(&self.interpreters, &k.0, &k.1)
                 && let f = s.take_failures()
                 && !f.is_empty()
             {

@@ -934,7 +934,9 @@ impl Binder {
         };
         let mut jobs: Vec<Job<BKey>> = Vec::new();
         let t = template.obj.as_ref();
-        let scripts = self.customized.of(&t.api_version, &t.kind);
+        let scripts = self
+            .customized
+            .of(&self.interpreters, &t.api_version, &t.kind);
         let interp = self.customized.interpreter(&self.interpreters, t);
         let (revisions, rollout) = match self.prepare_rollout(k, &b, &spec, t, interp, &work_name) {
             Prepared::Off { clear } => (None, RolloutWrite::from(clear)),
