@@ -425,7 +425,7 @@ fn an_unschedulable_binding_is_tried_again_after_a_restart() {
 /// A cluster that comes back after its replicas moved away gets its share back only from a
 /// placement that asks for it (`rebalanceOnRecovery`); elsewhere what runs stays put.
 #[test]
-fn a_recovered_cluster_takes_a_share_back_only_when_asked() {
+fn a_recovered_cluster_takes_a_share_back_only_when_asked_or_rebalanced() {
     // Both halfway loaded: the fleet sits between the water level marks, so replicas are
     // divided by score rather than gathered into one cluster.
     let load = sim(0.45);
@@ -477,6 +477,68 @@ fn a_recovered_cluster_takes_a_share_back_only_when_asked() {
         BTreeMap::from([("east".to_string(), 12)]),
         "without rebalanceOnRecovery what runs stays put"
     );
+
+    // Karmada's WorkloadRebalancer divides `stays` afresh, once; a workload no policy
+    // places fails with ReferencedBindingNotFound; the rebalancer goes after its TTL.
+    f.s.apply(
+        r#"
+apiVersion: apps.karmada.io/v1alpha1
+kind: WorkloadRebalancer
+metadata: {name: spread-again}
+spec:
+  ttlSecondsAfterFinished: 3
+  workloads:
+  - {apiVersion: apps/v1, kind: Deployment, name: stays, namespace: default}
+  - {apiVersion: apps/v1, kind: Deployment, name: nowhere, namespace: default}
+"#,
+    );
+    eventually(
+        Duration::from_secs(20),
+        "west takes its share of stays once rebalanced",
+        || decided_for(&f, "stays").get("west").copied().unwrap_or(0) > 0,
+    );
+    let wr = f.s.get_json(&["workloadrebalancer", "spread-again"]);
+    let results: Vec<(String, String, String)> = wr["status"]["observedWorkloads"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            let s = |v: &Value| v.as_str().unwrap_or("").to_string();
+            (s(&o["workload"]["name"]), s(&o["result"]), s(&o["reason"]))
+        })
+        .collect();
+    assert_eq!(
+        results,
+        [
+            (
+                "nowhere".into(),
+                "Failed".into(),
+                "ReferencedBindingNotFound".into()
+            ),
+            ("stays".into(), "Successful".into(), String::new()),
+        ]
+    );
+    assert!(wr["status"]["finishTime"].is_string(), "{wr}");
+    let asked = |f: &Fleet| {
+        f.s.get_json(&["resourcebinding", "stays-deployment"])["metadata"]["annotations"]
+            ["multicluster.io/reschedule"]
+            .clone()
+    };
+    let stamp = asked(&f);
+    assert_eq!(
+        stamp, wr["metadata"]["creationTimestamp"],
+        "asked as of its creation"
+    );
+    eventually(
+        Duration::from_secs(20),
+        "the rebalancer is gone after its TTL",
+        || {
+            !f.s.kubectl(&["get", "workloadrebalancer", "spread-again"])
+                .status
+                .success()
+        },
+    );
+    assert_eq!(asked(&f), stamp, "asked once");
 }
 
 /// A wide outage evicts at the fleet's pace (`--eviction-rate`): the workloads of three dark

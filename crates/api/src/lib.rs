@@ -41,6 +41,7 @@ pub mod policy;
 pub mod prediction;
 pub mod quantity;
 pub mod quota;
+pub mod rebalancer;
 pub mod rollout;
 pub mod services;
 pub mod stateful;

@@ -147,6 +147,11 @@ pub fn spawn(
             scheduler,
             shutdown.clone(),
         )));
+        tasks.push(tokio::spawn(propagation::rebalancer::run(
+            store.clone(),
+            cfg.metrics.of("rebalancer"),
+            shutdown.clone(),
+        )));
         tasks.push(tokio::spawn(migration::run(
             store.clone(),
             cfg.migration,

@@ -23,6 +23,7 @@ mod migration;
 pub mod openapi;
 mod policies;
 mod quota;
+mod rebalancer;
 mod rollout;
 mod services;
 mod work;
@@ -41,6 +42,7 @@ pub use policies::{
     OVERRIDE_POLICY, PROPAGATION_POLICY, RESOURCE_PLACEMENT_POLICY,
 };
 pub use quota::{CLUSTER_METRICS, CLUSTER_RESOURCE_CLAIM};
+pub use rebalancer::WORKLOAD_REBALANCER;
 pub use rollout::ROLLOUT_APPROVAL;
 pub use services::{SERVICE_EXPORT, SERVICE_IMPORT};
 pub use work::WORK;
@@ -73,6 +75,7 @@ pub const OWN: &[&Descriptor] = &[
     &CLUSTER_METRICS,
     &CLUSTER_PROPERTY,
     &ROLLOUT_APPROVAL,
+    &WORKLOAD_REBALANCER,
 ];
 
 /// The category every own kind is in (`kubectl get orrery`).
