@@ -1123,13 +1123,7 @@ spec:
             "metadata": {"name": "crunch", "namespace": "default"},
             "status": {"readyCount": ready, "phase": "Running"},
         });
-        let (code, body) = common::http(
-            "PUT",
-            f.admin(m),
-            &format!("/clusters/{m}/objects/status"),
-            &status.to_string(),
-        );
-        assert_eq!(code, 200, "{body}");
+        set_member_status(&f, m, &status);
     }
     eventually(
         Duration::from_secs(30),
@@ -1259,13 +1253,7 @@ spec:
                        "availableReplicas": ready, "observedGeneration": 1,
                        "updateRevision": "shop-7f9"},
         });
-        let (code, body) = common::http(
-            "PUT",
-            f.admin(m),
-            &format!("/clusters/{m}/objects/status"),
-            &status.to_string(),
-        );
-        assert_eq!(code, 200, "{body}");
+        set_member_status(&f, m, &status);
     }
     eventually(
         Duration::from_secs(30),
@@ -2003,4 +1991,15 @@ fn orrery_interpret_runs_each_operation_on_local_files() {
     ]);
     assert_ne!(code, 0);
     assert!(err.contains("operation Prune is not supported"), "{err}");
+}
+
+/// Writes an object's status in a simulated member, as its own controller would.
+fn set_member_status(f: &Fleet, member: &str, obj: &serde_json::Value) {
+    let (code, body) = common::http(
+        "PUT",
+        f.admin(member),
+        &format!("/clusters/{member}/objects/status"),
+        &obj.to_string(),
+    );
+    assert_eq!(code, 200, "{body}");
 }
