@@ -828,3 +828,151 @@ fn consolidation_keeps_the_workloads_disruption_budget() {
         "cheap gave its replicas up before dear's were ready"
     );
 }
+
+/// Karmada's FederatedResourceQuota: what the namespace's bindings place is summed in its
+/// status, a template change that would go over `overall` is refused with the quota's name, a
+/// new workload whose first decision would go over waits (Scheduled=False, QuotaExceeded)
+/// until the limit is raised, and each assignment is a ResourceQuota in its member.
+#[test]
+fn a_federated_quota_bounds_what_a_namespace_places() {
+    let load = sim(0.1);
+    let f = Fleet::start_sims(
+        &[
+            ("east", "us-east", load.as_str()),
+            ("west", "eu-west", load.as_str()),
+        ],
+        &[],
+    );
+    for m in ["east", "west"] {
+        f.s.ok(&["label", "cluster", m, "tier=app"]);
+    }
+    let quota = |cpu: &str, assignments: &str| {
+        format!(
+            "apiVersion: policy.karmada.io/v1alpha1\nkind: FederatedResourceQuota\n\
+             metadata: {{name: team, namespace: default}}\n\
+             spec:\n  overall: {{cpu: \"{cpu}\", memory: 8Gi}}\n  staticAssignments: {assignments}\n"
+        )
+    };
+    // Karmada's admission checks of the quota itself.
+    let err = f.s.fails_stdin(
+        &["apply", "-f", "-"],
+        &quota("1", "[{clusterName: east, hard: {cpu: 2, pods: 3}}]"),
+    );
+    assert!(err.contains("overall is less than assignments"), "{err}");
+    assert!(
+        err.contains("assignment resourceName is not exist in overall"),
+        "{err}"
+    );
+    f.s.apply(&quota(
+        "3",
+        "[{clusterName: east, hard: {cpu: 2}}, {clusterName: west, hard: {cpu: 1}}]",
+    ));
+    f.s.apply(&WEB.replace("replicas: 12", "replicas: 8"));
+    eventually(Duration::from_secs(20), "web placed and counted", || {
+        let q = f.s.get_json(&["federatedresourcequota", "team"]);
+        decided_for(&f, "web").values().sum::<i64>() == 8
+            && q["status"]["overallUsed"] == serde_json::json!({"cpu": "2", "memory": "1Gi"})
+    });
+    // 16 × 250m would be 4 cores of 3: refused, and nothing changes.
+    let err = f.s.fails(&["scale", "deployment", "web", "--replicas=16"]);
+    assert!(
+        err.contains(
+            "FederatedResourceQuota(default/team) exceeded for resource cpu: requested sum 4, limit 3."
+        ),
+        "{err}"
+    );
+    let replicas = f.s.get_json(&["deployment", "web"])["spec"]["replicas"].clone();
+    assert_eq!(replicas, 8);
+    // Up to the limit is within it.
+    f.s.ok(&["scale", "deployment", "web", "--replicas=12"]);
+    eventually(Duration::from_secs(20), "web at 12, 3 cores used", || {
+        let q = f.s.get_json(&["federatedresourcequota", "team"]);
+        decided_for(&f, "web").values().sum::<i64>() == 12
+            && q["status"]["overallUsed"]["cpu"] == "3"
+    });
+
+    // A new workload is accepted, but its first decision would go over: it waits, told why.
+    let extra = WEB
+        .replace("replicas: 12", "replicas: 2")
+        .replace("name: web,", "name: extra,")
+        .replace(
+            "kind: Deployment, name: web,",
+            "kind: Deployment, name: extra,",
+        );
+    f.s.apply(&extra);
+    eventually(
+        Duration::from_secs(20),
+        "extra refused by the quota",
+        || {
+            let rb = f.s.get_json(&["resourcebinding", "extra-deployment"]);
+            rb["status"]["conditions"].as_array().is_some_and(|cs| {
+                cs.iter().any(|c| {
+                    c["type"] == "Scheduled"
+                        && c["status"] == "False"
+                        && c["reason"] == "QuotaExceeded"
+                        && c["message"]
+                            .as_str()
+                            .is_some_and(|m| m.contains("requested sum 3500m, limit 3."))
+                })
+            })
+        },
+    );
+    assert!(decided_for(&f, "extra").is_empty(), "nothing placed");
+    let events = f.s.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        "reason=ScheduleBindingFailed",
+    ]);
+    assert!(events.contains("extra"), "{events}");
+    // A raised limit lets it in.
+    f.s.apply(&quota(
+        "4",
+        "[{clusterName: east, hard: {cpu: 2}}, {clusterName: west, hard: {cpu: 1}}]",
+    ));
+    eventually(
+        Duration::from_secs(20),
+        "extra placed under the raised limit",
+        || decided_for(&f, "extra").values().sum::<i64>() == 2,
+    );
+
+    // Each assignment is a ResourceQuota in its member, reported back by cluster.
+    eventually(
+        Duration::from_secs(20),
+        "members report their quotas",
+        || {
+            let q = f.s.get_json(&["federatedresourcequota", "team"]);
+            let agg = q["status"]["aggregatedStatus"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let hard: Vec<(String, String)> = agg
+                .iter()
+                .map(|a| {
+                    (
+                        a["clusterName"].as_str().unwrap_or("").to_string(),
+                        a["hard"]["cpu"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect();
+            hard == [
+                ("east".to_string(), "2".to_string()),
+                ("west".to_string(), "1".to_string()),
+            ] && agg.iter().all(|a| a["used"]["cpu"].is_string())
+        },
+    );
+    let rq = f
+        .find("east", "ResourceQuota", "team")
+        .expect("east's quota");
+    assert_eq!(rq["metadata"]["namespace"], "default");
+    assert_eq!(
+        rq["metadata"]["labels"]["federatedresourcequota.karmada.io/name"],
+        "team"
+    );
+    // An assignment withdrawn is a ResourceQuota gone.
+    f.s.apply(&quota("4", "[{clusterName: east, hard: {cpu: 2}}]"));
+    eventually(Duration::from_secs(20), "west's quota withdrawn", || {
+        f.find("west", "ResourceQuota", "team").is_none()
+    });
+    assert!(f.find("east", "ResourceQuota", "team").is_some());
+}

@@ -25,6 +25,7 @@ pub mod cost;
 pub mod customization;
 pub mod data;
 pub mod duration;
+pub mod federated_quota;
 pub mod fieldpath;
 pub mod fields;
 pub mod history;

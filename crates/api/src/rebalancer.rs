@@ -36,10 +36,13 @@ pub struct WorkloadRebalancerSpec {
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkloadReference {
+    /// The template's apiVersion (`apps/v1`).
     #[serde(default)]
     pub api_version: String,
+    /// The template's kind.
     #[serde(default)]
     pub kind: String,
+    /// The template's name.
     #[serde(default)]
     pub name: String,
     /// Empty for a cluster-scoped template.

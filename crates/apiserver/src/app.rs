@@ -60,6 +60,8 @@ pub struct ApiConfig {
     /// A request that takes longer is logged with its steps ([`crate::trace`]), as
     /// kube-apiserver traces requests over half a second; zero logs none.
     pub slow_request_threshold: Duration,
+    /// Checks of writes that need what is stored ([`crate::admission`]), in order.
+    pub admission: Vec<Arc<dyn crate::admission::Admission>>,
 }
 
 impl Default for ApiConfig {
@@ -84,6 +86,7 @@ impl Default for ApiConfig {
             max_watches_per_user: DEFAULT_MAX_WATCHES_PER_USER,
             advertise_url: None,
             slow_request_threshold: DEFAULT_SLOW_REQUEST_THRESHOLD,
+            admission: Vec::new(),
         }
     }
 }

@@ -12,6 +12,7 @@
 // The OpenAPI document of the DRO-DS endpoints is one large `json!` literal.
 #![recursion_limit = "512"]
 
+pub mod admission;
 pub mod agent_api;
 pub mod app;
 pub mod auth;

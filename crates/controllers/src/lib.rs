@@ -152,6 +152,11 @@ pub fn spawn(
             cfg.metrics.of("rebalancer"),
             shutdown.clone(),
         )));
+        tasks.push(tokio::spawn(propagation::quota::run(
+            store.clone(),
+            cfg.metrics.of("federated-quota"),
+            shutdown.clone(),
+        )));
         tasks.push(tokio::spawn(migration::run(
             store.clone(),
             cfg.migration,

@@ -792,7 +792,15 @@ pub async fn start(args: &ServerArgs) -> anyhow::Result<Running> {
     let cost_metrics = Arc::new(orrery_controllers::monitoring::CostMetrics::new(&registry));
     let eviction_metrics = orrery_controllers::health::EvictionMetrics::new(&registry);
     let leader_metric = orrery_controllers::leader::LeaderMetric::register(&registry);
-    let config = api_config(args, registry, &listen, &authority, audit, sealer.is_some());
+    let mut config = api_config(args, registry, &listen, &authority, audit, sealer.is_some());
+    // Every replica checks template changes against the federated quotas it follows.
+    let quota_admission = orrery_controllers::propagation::quota::admission::QuotaAdmission::new();
+    quota_admission.follow(
+        store.clone(),
+        controller_metrics.of("quota-admission"),
+        shutdown_rx.clone(),
+    );
+    config.admission.push(quota_admission);
     let app = App::new(store.clone(), auth.clone(), config, shutdown_rx.clone())
         .await
         .context("starting the API")?;

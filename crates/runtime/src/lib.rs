@@ -26,6 +26,7 @@
 
 use std::collections::BTreeSet;
 
+pub mod admission;
 pub mod cache;
 pub mod controller;
 pub mod inbox;

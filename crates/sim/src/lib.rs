@@ -773,6 +773,10 @@ impl SimCluster {
         let status = volumes
             .first()
             .map(|v| json!({"phase": "Bound", "capacity": {"storage": v.capacity}}))
+            .or_else(|| {
+                (key.0.is_empty() && key.1 == "ResourceQuota")
+                    .then(|| quota_status(st, &key.2, &obj.manifest))
+            })
             .or_else(|| obj.manifest.get("status").cloned());
         let endpoints = (key.0.is_empty() && key.1 == "Service")
             .then(|| self.service_endpoints(st, &key.2, &obj.manifest))
@@ -921,6 +925,36 @@ impl SimCluster {
             ports,
         })
     }
+}
+
+/// A ResourceQuota's status as the member's quota controller writes it: its hard limits, and
+/// what the namespace's pods that have not finished request, for the limits it names.
+fn quota_status(st: &State, namespace: &str, manifest: &Value) -> Value {
+    let hard = manifest
+        .pointer("/spec/hard")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let live = st
+        .pods
+        .values()
+        .filter(|p| p.owner.2 == namespace && p.phase != Phase::Succeeded);
+    let sum = live.fold(workload::Res::default(), |a, p| {
+        a.add(p.request).add(workload::Res {
+            pods: 1,
+            ..Default::default()
+        })
+    });
+    let all = sum.to_list(true);
+    let mut used = serde_json::Map::new();
+    for name in hard.as_object().into_iter().flat_map(|h| h.keys()) {
+        let base = name.strip_prefix("requests.").unwrap_or(name);
+        let q = all
+            .get(base)
+            .cloned()
+            .unwrap_or_else(|| orrery_api::Quantity::from_int(0, orrery_api::Format::DecimalSI));
+        used.insert(name.clone(), json!(q.to_string()));
+    }
+    json!({"hard": hard, "used": used})
 }
 
 /// A workload's status as its kind's controller writes it, from its pods (`current`:

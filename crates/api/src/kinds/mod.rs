@@ -16,6 +16,7 @@ mod binding;
 mod cluster;
 mod data;
 mod decisions;
+mod federated_quota;
 mod interpreter;
 mod inventory;
 mod location;
@@ -33,6 +34,7 @@ pub use binding::RESOURCE_BINDING;
 pub use cluster::CLUSTER;
 pub use data::{DATA_SET, DATA_TRANSFER};
 pub use decisions::{OCM_PLACEMENT_DECISION, SIG_PLACEMENT_DECISION};
+pub use federated_quota::FEDERATED_RESOURCE_QUOTA;
 pub use interpreter::{RESOURCE_INTERPRETER, RESOURCE_INTERPRETER_CUSTOMIZATION};
 pub use inventory::{CLUSTER_PROFILE, CLUSTER_PROPERTY};
 pub use location::LOCATION;
@@ -76,6 +78,7 @@ pub const OWN: &[&Descriptor] = &[
     &CLUSTER_PROPERTY,
     &ROLLOUT_APPROVAL,
     &WORKLOAD_REBALANCER,
+    &FEDERATED_RESOURCE_QUOTA,
 ];
 
 /// The category every own kind is in (`kubectl get orrery`).

@@ -355,6 +355,21 @@ pub fn validate(call: &Call<'_>, obj: &Object, old: Option<&Object>) -> ApiResul
     Ok(())
 }
 
+/// The admission checks that read the store ([`crate::admission`]) on a write of the call's
+/// target; status writes are not checked (they change no one's intent).
+pub async fn check_admission(call: &Call<'_>, obj: &Object, old: Option<&Object>) -> ApiResult<()> {
+    if call.target.subresource.as_deref() == Some("status") {
+        return Ok(());
+    }
+    crate::admission::run(
+        &call.app.config.admission,
+        call.app.store.as_ref(),
+        obj,
+        old,
+    )
+    .await
+}
+
 /// The same, for writes made outside a resource request (agent registration, batch status).
 pub fn validate_object(
     app: &App,

@@ -145,6 +145,7 @@ async fn write_replicas(
         next.metadata.generation = Some(orrery_store::stamp::next_generation(&current, &next));
         // The scaler now owns the replica count.
         super::write::track(call, Some(&current), &mut next);
+        super::check_admission(call, &next, Some(&current)).await?;
         if dry {
             return Ok(Outcome::value(call, StatusCode::OK, scale_of(&spec, &next)));
         }

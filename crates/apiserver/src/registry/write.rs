@@ -151,6 +151,7 @@ pub async fn create(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
         obj.status = Some(crate::crd::status(&obj, None));
     }
     validate(&call, &obj, None)?;
+    super::check_admission(&call, &obj, None).await?;
     let generate = obj.metadata.name.is_empty();
     for attempt in 0..RETRIES {
         if generate {
@@ -331,6 +332,7 @@ pub async fn update(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcome> {
         }
         let next = merge_for_update(&call, &current, incoming.clone(), true)?;
         validate(&call, &next, Some(&current))?;
+        super::check_admission(&call, &next, Some(&current)).await?;
         crate::trace::step("merged");
         let committed = commit_update(&call, &current, next, current_rv, dry).await;
         crate::trace::step("committed");
@@ -535,6 +537,7 @@ async fn store_update(
         Err(_) if recent => return Ok(None),
         r => r?,
     }
+    super::check_admission(call, &next, Some(&current)).await?;
     let current_rv = current.revision().unwrap_or(0);
     let committed = commit_update(call, &current, next, current_rv, dry).await;
     crate::trace::step("committed");
@@ -1003,6 +1006,7 @@ async fn server_side_apply(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcom
             }
             strategy::prepare_create(&rt, &mut obj);
             validate(&call, &obj, None)?;
+            super::check_admission(&call, &obj, None).await?;
             if dry {
                 return respond_object(&call, StatusCode::CREATED, obj);
             }

@@ -31,6 +31,7 @@ pub mod binding;
 mod customized;
 pub mod detector;
 pub mod history;
+pub mod quota;
 pub mod rebalancer;
 pub mod rollout;
 pub mod scheduling;

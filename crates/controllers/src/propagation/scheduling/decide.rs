@@ -279,6 +279,18 @@ impl Scheduler {
                 Outcome::Skip
             };
         }
+        if v.clusters_changed
+            && let Some(msg) = self.quota.check(
+                k,
+                &spec.resource.namespace,
+                &request,
+                &spec.clusters,
+                &new_clusters,
+                &self.bindings,
+            )
+        {
+            return Outcome::Write(self.quota_refused(k, &b, &spec, msg));
+        }
         if v.clusters_changed {
             self.assume_decision(k, why, &request, &kind, &spec.clusters, &new_clusters);
         }
@@ -547,6 +559,43 @@ impl Scheduler {
     }
 
     /// A job that sets the binding's Scheduled condition (the placement stays).
+    /// A decision refused by a FederatedResourceQuota: the placement stays, the binding says
+    /// why, and the template's owner and the binding are told once (Karmada's
+    /// `ScheduleBindingFailed`).
+    fn quota_refused(
+        &self,
+        k: &BKey,
+        b: &Arc<Object>,
+        spec: &BindingSpec,
+        msg: String,
+    ) -> Job<BKey> {
+        let reason = orrery_api::federated_quota::REASON_QUOTA_EXCEEDED;
+        let already = conditions::find(&BindingStatus::of(b).conditions, CONDITION_SCHEDULED)
+            .is_some_and(|c| c.reason == reason && c.message == msg);
+        let write = self.write_condition(k, b, reason, msg.clone());
+        let store = self.store.clone();
+        let r = spec.resource.clone();
+        let binding = b.clone();
+        Box::pin(async move {
+            write.await?;
+            if !already {
+                let about = subject(&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid);
+                for o in [&about, binding.as_ref()] {
+                    let _ = record::event(
+                        store.as_ref(),
+                        o,
+                        "Warning",
+                        "ScheduleBindingFailed",
+                        &msg,
+                        COMPONENT,
+                    )
+                    .await;
+                }
+            }
+            Ok(())
+        })
+    }
+
     pub(super) fn write_condition(
         &self,
         k: &BKey,

@@ -248,6 +248,9 @@ impl Scheduler {
                 } else {
                     self.consolidators.remove(&k);
                 }
+                for w in self.quota.on_binding(&k, Some(&b)) {
+                    self.enqueue(w, Trigger::Binding);
+                }
                 self.bindings.insert(k.clone(), b);
                 self.enqueue(k.clone(), Trigger::Binding);
                 if moved {
@@ -256,6 +259,9 @@ impl Scheduler {
             }
             Event::Delete(b) => {
                 let k = key_of(&b);
+                for w in self.quota.on_binding(&k, None) {
+                    self.enqueue(w, Trigger::Binding);
+                }
                 self.graph.put(&k, None);
                 self.enqueue_dependents(&k);
                 self.bindings.remove(&k);

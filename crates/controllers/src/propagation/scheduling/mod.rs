@@ -189,6 +189,7 @@ const LEASES: &str = "leases";
 /// The monitoring system's forecasts of each cluster.
 const FORECASTS: &str = "forecasts";
 const BINDINGS: &str = "bindings";
+const QUOTAS: &str = "quotas";
 const MIGRATIONS: &str = "migrations";
 const DATASETS: &str = "datasets";
 const DATATRANSFERS: &str = "datatransfers";
@@ -381,6 +382,8 @@ struct Scheduler {
     /// Bindings naming a migration not seen yet, and since when.
     unknown_moves: HashMap<BKey, Instant>,
     runtime: crate::runtime::metrics::Handle,
+    /// The namespaces' FederatedResourceQuotas, and what their bindings use.
+    quota: quota::QuotaBook,
 }
 
 /// Runs the scheduling controller until shutdown.
@@ -412,6 +415,10 @@ pub async fn run(store: Arc<dyn Store>, settings: Settings, shutdown: watch::Rec
             orrery_api::kinds::RESOURCE_BINDING.prefix(None),
         ))
         .source(Source::new(MIGRATIONS, keys::well_known::migrations(None)))
+        .source(Source::new(
+            QUOTAS,
+            orrery_api::kinds::FEDERATED_RESOURCE_QUOTA.prefix(None),
+        ))
         .source(Source::new(
             DATASETS,
             data(orrery_api::data::DATASETS_PLURAL),
@@ -491,6 +498,7 @@ impl Scheduler {
             seq: 0,
             started: Instant::now(),
             runtime,
+            quota: Default::default(),
             graph: Default::default(),
             user_moves: HashMap::new(),
             unknown_moves: HashMap::new(),
@@ -533,6 +541,11 @@ impl Batch for Scheduler {
             DATASETS => self.on_dataset(ev),
             DATATRANSFERS => self.on_transfer(ev),
             BINDINGS => self.on_binding(ev),
+            QUOTAS => {
+                for k in self.quota.on_quota(ev) {
+                    self.enqueue(k, Trigger::Binding);
+                }
+            }
             _ => {}
         }
         self.hand_over(keys);
@@ -772,6 +785,7 @@ fn unhealthy_for(a: &AggregatedStatusItem, now: Time) -> Option<i64> {
 mod decide;
 mod ingest;
 mod moves;
+mod quota;
 mod triggers;
 
 #[cfg(test)]
