@@ -1062,6 +1062,41 @@ spec:
           return desiredObj
         end"#;
     s.apply(&customization(summing));
+    // A second customization of the kind may add dependencies, but not say again how an
+    // operation the first scripts goes (Karmada's admission).
+    let err = s.fails_stdin(
+        &["apply", "-f", "-"],
+        r#"
+apiVersion: config.karmada.io/v1alpha1
+kind: ResourceInterpreterCustomization
+metadata: {name: workers-too}
+spec:
+  target: {apiVersion: example.com/v1, kind: Worker}
+  customizations:
+    healthInterpretation:
+      luaScript: |
+        function InterpretHealth(observedObj) return true end
+"#,
+    );
+    assert!(
+        err.contains(
+            "conflicting with InterpreterOperation(InterpretHealth) of existing ResourceInterpreterCustomization(workers)"
+        ),
+        "{err}"
+    );
+    s.apply(
+        r#"
+apiVersion: config.karmada.io/v1alpha1
+kind: ResourceInterpreterCustomization
+metadata: {name: workers-deps}
+spec:
+  target: {apiVersion: example.com/v1, kind: Worker}
+  customizations:
+    dependencyInterpretation:
+      luaScript: |
+        function GetDependencies(obj) return {} end
+"#,
+    );
     s.apply(
         r#"
 apiVersion: v1

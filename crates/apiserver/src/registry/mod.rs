@@ -361,6 +361,10 @@ pub async fn check_admission(call: &Call<'_>, obj: &Object, old: Option<&Object>
     if call.target.subresource.as_deref() == Some("status") {
         return Ok(());
     }
+    let ric = &orrery_api::kinds::RESOURCE_INTERPRETER_CUSTOMIZATION;
+    if call.target.rt.group == ric.group && call.target.rt.plural == ric.plural {
+        crate::admission::customization_conflicts(call.app.store.as_ref(), obj).await?;
+    }
     crate::admission::run(
         &call.app.config.admission,
         call.app.store.as_ref(),
