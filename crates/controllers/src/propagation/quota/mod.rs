@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use orrery_api::binding::{self, BindingSpec};
+use orrery_api::binding;
 use orrery_api::cluster::{cluster_of_namespace, namespace_of};
 use orrery_api::conditions;
 use orrery_api::federated_quota::{
@@ -51,19 +51,47 @@ pub fn work_name(namespace: &str, name: &str) -> String {
     binding::work_name(namespace, &binding::name_for("ResourceQuota", name))
 }
 
-/// What a namespace's bindings use, summed (bindings of cluster-scoped templates, kept in
-/// the system namespace, count in none).
+/// What a stored binding uses ([`fq::usage_of`]), read in place: the scheduler and the
+/// admission check sum it over a namespace's bindings, and a whole spec is not worth parsing
+/// for two fields.
+pub(crate) fn binding_use(b: &Object) -> ResourceList {
+    let Some(spec) = b.spec.as_ref() else {
+        return ResourceList::new();
+    };
+    let placed: i64 = spec
+        .get("clusters")
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("replicas")?.as_i64())
+        .map(|n| n.max(0))
+        .sum();
+    let request: ResourceList = spec
+        .pointer("/replicaRequirements/resourceRequest")
+        .and_then(|r| serde_json::from_value(r.clone()).ok())
+        .unwrap_or_default();
+    fq::times(&request, placed)
+}
+
+/// Whether a stored binding's template is of `namespace` (bindings of cluster-scoped
+/// templates, kept in the system namespace, count in none).
+pub(crate) fn template_in(b: &Object, namespace: &str) -> bool {
+    b.spec
+        .as_ref()
+        .and_then(|s| s.pointer("/resource/namespace"))
+        .and_then(serde_json::Value::as_str)
+        == Some(namespace)
+}
+
+/// What a namespace's bindings use, summed.
 pub fn namespace_use<'a>(
     namespace: &str,
     bindings: impl IntoIterator<Item = &'a Object>,
 ) -> ResourceList {
     bindings
         .into_iter()
-        .filter_map(|b| serde_json::from_value::<BindingSpec>(b.spec.clone()?).ok())
-        .filter(|s| s.resource.namespace == namespace)
-        .fold(ResourceList::new(), |acc, s| {
-            fq::add(&acc, &fq::usage_of(&s))
-        })
+        .filter(|b| template_in(b, namespace))
+        .fold(ResourceList::new(), |acc, b| fq::add(&acc, &binding_use(b)))
 }
 
 /// The ResourceQuota a member gets for an assignment.
@@ -343,7 +371,7 @@ mod tests {
 
     fn binding(ns: &str, request: &str, placed: &[i64]) -> Object {
         let mut b = new_object(binding::API_VERSION, binding::KIND, Some(ns), "b");
-        let spec = BindingSpec {
+        let spec = binding::BindingSpec {
             resource: binding::ObjectReference {
                 api_version: "apps/v1".into(),
                 kind: "Deployment".into(),

@@ -15,9 +15,9 @@ use orrery_api::Object;
 use orrery_api::binding::TargetCluster;
 use orrery_api::federated_quota::{self as fq, FederatedResourceQuotaSpec};
 use orrery_api::meta::ResourceList;
-use serde_json::Value;
 
 use super::BKey;
+use crate::propagation::quota::{binding_use, template_in};
 use crate::runtime::Event;
 
 #[derive(Debug, Default)]
@@ -28,26 +28,6 @@ pub(super) struct QuotaBook {
     decided: HashMap<BKey, ResourceList>,
     /// Bindings whose decision was refused.
     refused: HashSet<BKey>,
-}
-
-/// What a stored binding uses, read in place.
-fn stored_use(b: &Object) -> ResourceList {
-    let Some(spec) = b.spec.as_ref() else {
-        return ResourceList::new();
-    };
-    let placed: i64 = spec
-        .get("clusters")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.get("replicas")?.as_i64())
-        .map(|n| n.max(0))
-        .sum();
-    let request: ResourceList = spec
-        .pointer("/replicaRequirements/resourceRequest")
-        .and_then(|r| serde_json::from_value(r.clone()).ok())
-        .unwrap_or_default();
-    fq::times(&request, placed)
 }
 
 impl QuotaBook {
@@ -92,7 +72,7 @@ impl QuotaBook {
     pub(super) fn on_binding(&mut self, k: &BKey, b: Option<&Object>) -> Vec<BKey> {
         match b {
             Some(b) => {
-                if self.decided.get(k).is_some_and(|d| *d == stored_use(b)) {
+                if self.decided.get(k).is_some_and(|d| *d == binding_use(b)) {
                     self.decided.remove(k);
                 }
             }
@@ -143,12 +123,12 @@ impl QuotaBook {
         }
         let before = bindings
             .iter()
-            .filter(|(bk, _)| bk.0 == k.0 && *bk != k)
+            .filter(|(bk, b)| bk.0 == k.0 && *bk != k && template_in(b, &k.0))
             .map(|(bk, b)| {
                 self.decided
                     .get(bk)
                     .cloned()
-                    .unwrap_or_else(|| stored_use(b))
+                    .unwrap_or_else(|| binding_use(b))
             })
             .fold(old_use.clone(), |acc, u| fq::add(&acc, &u));
         let after = fq::add(&fq::sub(&before, &old_use), &new_use);
