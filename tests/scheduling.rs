@@ -976,3 +976,94 @@ fn a_federated_quota_bounds_what_a_namespace_places() {
     });
     assert!(f.find("east", "ResourceQuota", "team").is_some());
 }
+
+/// Karmada 1.18's overflow affinities: a small home cluster is filled first, replicas it has
+/// no room for spill into the cloud group, and scaling down empties the cloud first.
+#[test]
+fn replicas_overflow_from_the_home_group_and_come_back_first() {
+    let f = Fleet::start_sims(
+        &[
+            ("home", "on-prem", "nodes=1,cpu=4,memory=16Gi,load=0"),
+            ("cloud-a", "us-east", "nodes=2,cpu=8,memory=32Gi,load=0"),
+            ("cloud-b", "us-west", "nodes=2,cpu=8,memory=32Gi,load=0"),
+        ],
+        &[],
+    );
+    for m in ["cloud-a", "cloud-b"] {
+        f.s.ok(&["label", "cluster", m, "tier=cloud"]);
+    }
+    let policy = |division: &str| {
+        format!(
+            r#"
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata: {{name: web, namespace: default}}
+spec:
+  resourceSelectors: [{{apiVersion: apps/v1, kind: Deployment, name: web}}]
+  placement:
+    clusterAffinities:
+    - affinityName: home
+      clusterNames: [home]
+      overflowAffinities:
+      - affinityName: cloud
+        labelSelector: {{matchLabels: {{tier: cloud}}}}
+    replicaScheduling: {division}
+"#
+        )
+    };
+    // Karmada's refusal: equal static weights do not overflow.
+    let err = f.s.fails_stdin(
+        &["apply", "-f", "-"],
+        &policy("{replicaSchedulingType: Divided}"),
+    );
+    assert!(
+        err.contains("overflowAffinities can only be used together with dynamic weight or aggregated scheduling"),
+        "{err}"
+    );
+    // A limit keeps home under Orrery's shed mark; without one Karmada's count fills it to
+    // its allocatable, and the water level then sheds what is over (docs/scheduling.md).
+    f.s.apply(&policy(
+        "{replicaSchedulingType: Divided, replicaDivisionPreference: Aggregated}\n    waterLevelLimit: 0.8",
+    ));
+    let web = WEB
+        .split("---")
+        .next()
+        .unwrap()
+        .replace("replicas: 12", "replicas: 3")
+        .replace("cpu: 250m", "cpu: 1");
+    f.s.apply(&web);
+    eventually(Duration::from_secs(20), "3 replicas at home", || {
+        decided_for(&f, "web") == BTreeMap::from([("home".to_string(), 3)])
+    });
+    let rb = f.s.get_json(&["resourcebinding", "web-deployment"]);
+    assert_eq!(rb["status"]["schedulerObservedAffinityName"], "home");
+    // 4 cores at home hold 3 replicas of 1 core under 0.8: the other 7 go to the cloud group.
+    f.s.ok(&["scale", "deployment", "web", "--replicas=10"]);
+    eventually(
+        Duration::from_secs(20),
+        "home full, the rest in the cloud",
+        || {
+            let d = decided_for(&f, "web");
+            let cloud: i64 = d
+                .iter()
+                .filter(|(n, _)| n.starts_with("cloud-"))
+                .map(|(_, r)| r)
+                .sum();
+            d.get("home") == Some(&3) && cloud == 7
+        },
+    );
+    // Scaling down: the cloud gives its replicas back before home does.
+    f.s.ok(&["scale", "deployment", "web", "--replicas=5"]);
+    eventually(
+        Duration::from_secs(20),
+        "two replicas left in the cloud",
+        || {
+            let d = decided_for(&f, "web");
+            d.get("home") == Some(&3) && d.values().sum::<i64>() == 5
+        },
+    );
+    f.s.ok(&["scale", "deployment", "web", "--replicas=2"]);
+    eventually(Duration::from_secs(20), "home alone again", || {
+        decided_for(&f, "web") == BTreeMap::from([("home".to_string(), 2)])
+    });
+}

@@ -134,6 +134,11 @@ pub struct ClusterAffinityTerm {
     /// Clusters never chosen, by name.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exclude: Vec<String>,
+    /// Karmada 1.18: further cluster groups, in order, that a workload's replicas spill into
+    /// when the groups before them are full (the inline affinity is the first group); scale
+    /// down empties them in reverse. A cluster belongs to the first group that matches it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overflow_affinities: Vec<OverflowClusterAffinity>,
 }
 
 impl ClusterAffinityTerm {
@@ -144,6 +149,47 @@ impl ClusterAffinityTerm {
             cluster_names: self.cluster_names.clone(),
             exclude: self.exclude.clone(),
         }
+    }
+}
+
+/// One overflow group of a [`ClusterAffinityTerm`] (Karmada's `OverflowClusterAffinity`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OverflowClusterAffinity {
+    /// Names the group (a label key, at most 32 characters, unique within its term).
+    pub affinity_name: String,
+    /// Clusters whose labels match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label_selector: Option<LabelSelector>,
+    /// Clusters whose provider, region or zone match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_selector: Option<FieldSelector>,
+    /// Clusters by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cluster_names: Vec<String>,
+    /// Clusters never chosen, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
+}
+
+impl OverflowClusterAffinity {
+    pub fn affinity(&self) -> ClusterAffinity {
+        ClusterAffinity {
+            label_selector: self.label_selector.clone(),
+            field_selector: self.field_selector.clone(),
+            cluster_names: self.cluster_names.clone(),
+            exclude: self.exclude.clone(),
+        }
+    }
+}
+
+impl ClusterAffinity {
+    /// Whether it selects nothing in particular (Karmada's `emptyClusterAffinity`).
+    pub fn is_empty(&self) -> bool {
+        self.label_selector.is_none()
+            && self.field_selector.is_none()
+            && self.cluster_names.is_empty()
+            && self.exclude.is_empty()
     }
 }
 
@@ -398,6 +444,78 @@ impl Placement {
                 ));
             }
             validate_affinity(&t.affinity(), &p, errs);
+            self.validate_overflow(t, &p, errs);
+        }
+    }
+
+    /// Karmada's `ValidateOverflowAffinities` and its placement check, with its messages;
+    /// and what Orrery refuses beside them (docs/scheduling.md, "Overflow affinities").
+    fn validate_overflow(&self, t: &ClusterAffinityTerm, p: &str, errs: &mut ErrorList) {
+        if t.overflow_affinities.is_empty() {
+            return;
+        }
+        let path = format!("{p}.overflowAffinities");
+        if !self.divides_dynamically() {
+            errs.push(FieldError::invalid(
+                &path,
+                "",
+                "overflowAffinities can only be used together with dynamic weight or aggregated scheduling",
+            ));
+        }
+        if t.affinity().is_empty() {
+            errs.push(FieldError::invalid(
+                &path,
+                "",
+                "overflowAffinities can only be used together with the inline ClusterAffinity",
+            ));
+        }
+        // Each group is filled in turn under its own division: a fleet-wide budget or spread
+        // across groups would have to be shared between them, which Orrery does not do.
+        if self
+            .cost
+            .as_ref()
+            .is_some_and(|c| c.max_hourly.is_some() || c.min_on_demand.is_some())
+        {
+            errs.push(FieldError::invalid(
+                &path,
+                "",
+                "overflowAffinities cannot be combined with cost.maxHourly or cost.minOnDemand",
+            ));
+        }
+        if self
+            .spread_constraints
+            .iter()
+            .any(|s| s.spread_by_field != "cluster")
+        {
+            errs.push(FieldError::invalid(
+                &path,
+                "",
+                "overflowAffinities cannot be combined with spread constraints over regions, zones, providers or labels",
+            ));
+        }
+        let mut names = std::collections::BTreeSet::from([t.affinity_name.as_str()]);
+        for (i, o) in t.overflow_affinities.iter().enumerate() {
+            let name_path = format!("{path}[{i}].affinityName");
+            if o.affinity_name.is_empty() {
+                errs.push(FieldError::required(&name_path, ""));
+            } else if o.affinity_name.len() > 32 {
+                errs.push(FieldError::invalid(
+                    &name_path,
+                    &o.affinity_name,
+                    "must be no more than 32 characters",
+                ));
+            }
+            for m in crate::validation::is_qualified_name(&o.affinity_name) {
+                errs.push(FieldError::invalid(&name_path, &o.affinity_name, m));
+            }
+            if !names.insert(o.affinity_name.as_str()) {
+                errs.push(FieldError::invalid(
+                    &name_path,
+                    &o.affinity_name,
+                    "overflow affinity name must be unique and must not duplicate the primary group's affinityName",
+                ));
+            }
+            validate_affinity(&o.affinity(), &format!("{path}[{i}]"), errs);
         }
     }
 
@@ -436,6 +554,21 @@ impl Placement {
         self.replica_scheduling
             .as_ref()
             .is_some_and(|r| r.replica_scheduling_type != DUPLICATED)
+    }
+
+    /// Whether replicas are divided by what clusters have room for (Aggregated,
+    /// AvailableReplicas, or Orrery's water level), not by static weights: Karmada's
+    /// `IsOverflowSchedulingAllowed`, with the water level as Orrery's dynamic weight.
+    pub fn divides_dynamically(&self) -> bool {
+        let Some(r) = self.replica_scheduling.as_ref().filter(|_| self.divided()) else {
+            return false;
+        };
+        if r.replica_division_preference == AGGREGATED {
+            return true;
+        }
+        r.weight_preference.as_ref().is_none_or(|w| {
+            w.dynamic_weight == AVAILABLE_REPLICAS || w.static_weight_list.is_empty()
+        })
     }
 }
 
@@ -1262,6 +1395,75 @@ mod tests {
         .unwrap();
         assert_eq!(p.selectors[0].namespace, "default");
         assert!(p.placement.divided());
+    }
+
+    /// Karmada 1.18's overflow affinities: its own checks, with its messages.
+    #[test]
+    fn overflow_affinities_are_checked_as_karmada_checks_them() {
+        let spec = |term: Value, division: Value| {
+            json!({"resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment"}],
+                "placement": {"clusterAffinities": [term], "replicaScheduling": division}})
+        };
+        let aggregated =
+            json!({"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Aggregated"});
+        let term = json!({"affinityName": "home", "clusterNames": ["a"],
+            "overflowAffinities": [{"affinityName": "burst", "labelSelector": {"matchLabels": {"tier": "burst"}}}]});
+        let p = from_object(&pp("ns", "p", spec(term.clone(), aggregated.clone()))).unwrap();
+        let t = &p.placement.cluster_affinities[0];
+        assert_eq!(t.overflow_affinities[0].affinity_name, "burst");
+        assert!(t.overflow_affinities[0].affinity().label_selector.is_some());
+        let dynamic = json!({"replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
+            "weightPreference": {"dynamicWeight": "AvailableReplicas"}});
+        assert!(from_object(&pp("ns", "p", spec(term.clone(), dynamic))).is_ok());
+        let refused = |spec: Value| -> String {
+            let errs = from_object(&pp("ns", "p", spec)).unwrap_err();
+            errs.iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        // Karmada's plain Divided means equal static weights: no overflow.
+        let e = refused(spec(
+            term.clone(),
+            json!({"replicaSchedulingType": "Divided"}),
+        ));
+        assert!(
+            e.contains("spec.placement.clusterAffinities[0].overflowAffinities")
+                && e.contains("only be used together with dynamic weight or aggregated scheduling"),
+            "{e}"
+        );
+        let e = refused(spec(
+            term.clone(),
+            json!({"replicaSchedulingType": "Duplicated"}),
+        ));
+        assert!(e.contains("dynamic weight or aggregated"), "{e}");
+        let bare = json!({"affinityName": "home",
+            "overflowAffinities": [{"affinityName": "burst", "clusterNames": ["b"]}]});
+        let e = refused(spec(bare, aggregated.clone()));
+        assert!(
+            e.contains("only be used together with the inline ClusterAffinity"),
+            "{e}"
+        );
+        let dup = json!({"affinityName": "home", "clusterNames": ["a"],
+            "overflowAffinities": [{"affinityName": "home", "clusterNames": ["b"]},
+                {"affinityName": "x/y/z", "clusterNames": ["c"]}]});
+        let e = refused(spec(dup, aggregated.clone()));
+        assert!(
+            e.contains("overflowAffinities[0].affinityName")
+                && e.contains("must not duplicate the primary group's affinityName"),
+            "{e}"
+        );
+        assert!(e.contains("overflowAffinities[1].affinityName"), "{e}");
+        let unknown = json!({"affinityName": "home", "clusterNames": ["a"],
+            "overflowAffinities": [{"affinityName": "b", "clusterNamez": ["b"]}]});
+        assert!(refused(spec(unknown, aggregated.clone())).contains("clusterNamez"));
+        let mut budget = spec(term.clone(), aggregated.clone());
+        budget["placement"]["cost"] = json!({"maxHourly": 3.0});
+        assert!(refused(budget).contains("cannot be combined with cost.maxHourly"));
+        let mut zones = spec(term, aggregated);
+        zones["placement"]["spreadConstraints"] =
+            json!([{"spreadByField": "region", "minGroups": 1, "maxGroups": 2}]);
+        assert!(refused(zones).contains("cannot be combined with spread constraints"));
     }
 
     #[test]

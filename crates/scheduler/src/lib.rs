@@ -32,6 +32,7 @@ pub mod data;
 pub mod divide;
 pub mod filter;
 pub mod moves;
+mod overflow;
 pub mod profile;
 pub mod queue;
 pub mod score;
@@ -422,6 +423,9 @@ pub enum Outcome {
     NotSampled,
     /// Scored (weighted total, 0-100) and given replicas (possibly 0).
     Scored { total: f64, replicas: i64 },
+    /// In the overflow group at this index of its term (1: the first overflow group), which
+    /// the decision did not need: the groups before it had room.
+    Reserve(usize),
 }
 
 /// Why a spread constraint left a cluster out.
@@ -506,7 +510,7 @@ impl Decision {
         // and without walking the fleet: the clusters not looked at closely are counted once
         // per placement in the static pass, corrected here for those that were.
         let mut by_filter = vec![0i64; config.filters.len()];
-        let (mut spread_out, mut not_sampled) = (0i64, 0i64);
+        let (mut spread_out, mut not_sampled, mut reserved) = (0i64, 0i64, 0i64);
         match &self.outcomes.statics {
             Some(s) => {
                 for (f, n) in s.turned_away.iter().enumerate() {
@@ -529,6 +533,7 @@ impl Decision {
                 Outcome::Filtered(f) => by_filter[f] += 1,
                 Outcome::Spread(..) => spread_out += 1,
                 Outcome::NotSampled => not_sampled += 1,
+                Outcome::Reserve(_) => reserved += 1,
             }
         }
         // The first `max` clusters turned away, in fleet order: usually found in a few steps.
@@ -552,6 +557,9 @@ impl Decision {
         }
         if not_sampled > 0 {
             filtered.insert("Sample".into(), not_sampled);
+        }
+        if reserved > 0 {
+            filtered.insert("OverflowAffinity".into(), reserved);
         }
         let by_score = |a: &(f64, usize), b: &(f64, usize)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
         chosen.sort_by(by_score);
@@ -620,6 +628,16 @@ impl Decision {
                     ..Default::default()
                 }
             }
+            Outcome::Reserve(k) => ClusterDecision {
+                reason: format!(
+                    "in the overflow group {}: it takes replicas only when the groups before it are full",
+                    self.overflow_group(ctx.task, k)
+                ),
+                name,
+                replicas: None,
+                filter: "OverflowAffinity".into(),
+                ..Default::default()
+            },
             Outcome::NotSampled => ClusterDecision {
                 name,
                 replicas: None,
@@ -740,6 +758,16 @@ impl Decision {
             ));
         }
         msg
+    }
+
+    /// The name of the overflow group at index `k` of the term the decision used.
+    fn overflow_group<'t>(&self, task: &'t Task<'_>, k: usize) -> &'t str {
+        task.placement
+            .cluster_affinities
+            .iter()
+            .find(|t| t.affinity_name == self.affinity_name)
+            .and_then(|t| t.overflow_affinities.get(k.wrapping_sub(1)))
+            .map_or("", |o| o.affinity_name.as_str())
     }
 
     fn affinity(&self, task: &Task<'_>) -> Option<ClusterAffinity> {
@@ -1028,8 +1056,12 @@ pub fn schedule_cached(
     }
     let mut last = Decision::default();
     for term in &p.cluster_affinities {
-        let a = term.affinity();
-        let d = schedule_term(fleet, task, config, Some(&a), &term.affinity_name, cache);
+        let d = if overflow::applies(task, term) {
+            overflow::schedule(fleet, task, config, term, cache)
+        } else {
+            let a = term.affinity();
+            schedule_term(fleet, task, config, Some(&a), &term.affinity_name, cache)
+        };
         if d.error.is_none() {
             return d;
         }

@@ -994,6 +994,7 @@ fn summary_counts_agree_with_every_outcome() {
                 Outcome::Filtered(k) => config.filters[k].name().to_string(),
                 Outcome::Spread(..) => "SpreadConstraint".to_string(),
                 Outcome::NotSampled => "Sample".to_string(),
+                Outcome::Reserve(_) => "OverflowAffinity".to_string(),
             };
             *want.entry(key).or_default() += 1;
             first_away.push(f.clusters()[i].name.clone());
@@ -2198,4 +2199,88 @@ fn in_a_large_fleet_a_consolidating_placement_looks_at_the_cheapest_clusters() {
             shares(&d)
         );
     }
+}
+
+/// Karmada 1.18's overflow affinities: m1 is the preferred group, m2 the first overflow
+/// group, m3 the second (its selector matches m1 too, which stays in the first group).
+fn overflow(division: serde_json::Value) -> serde_json::Value {
+    let mut p = json!({"clusterAffinities": [{
+        "affinityName": "home", "clusterNames": ["m1"],
+        "overflowAffinities": [
+            {"affinityName": "burst", "clusterNames": ["m2"]},
+            {"affinityName": "edge", "clusterNames": ["m1", "m3"]}]}]});
+    p["replicaScheduling"] = division["replicaScheduling"].clone();
+    p
+}
+
+#[test]
+fn overflow_groups_fill_in_order_and_empty_in_reverse() {
+    // 10, 20 and 40 cores, 10 used on m3: under the 0.85 limit 8, 17 and 24 replicas fit.
+    let c = fleet();
+    let p = overflow(divided());
+    // Room in the first group: the others are held in reserve, and say so.
+    let t = T::new(p.clone(), 5);
+    let d = t.run(&c);
+    assert_eq!((shares(&d), d.error.clone()), (s(&[("m1", 5)]), None));
+    assert_eq!(d.affinity_name, "home");
+    let why = t.explain(&c);
+    assert_eq!(why["m2"].filter, "OverflowAffinity", "{why:?}");
+    assert!(why["m2"].reason.contains("overflow group burst"), "{why:?}");
+    assert!(why["m3"].reason.contains("overflow group edge"), "{why:?}");
+    let f = Fleet::new(c.clone());
+    let (_, filtered) = d.summary(&f, &t.task(), &Config::default(), 10);
+    assert_eq!(filtered.get("OverflowAffinity"), Some(&2), "{filtered:?}");
+    // Beyond the first group's room: the rest spills into the next group, then the next.
+    let d = run(&c, p.clone(), 12);
+    assert_eq!((shares(&d), d.error), (s(&[("m1", 8), ("m2", 4)]), None));
+    let d = run(&c, p.clone(), 30);
+    assert_eq!(
+        (shares(&d), d.error),
+        (s(&[("m1", 8), ("m2", 17), ("m3", 5)]), None)
+    );
+    // Scaling down: the last group gives its replicas back first.
+    let mut t = T::new(p.clone(), 20);
+    t.previous = prev(&[("m1", 8), ("m2", 17), ("m3", 5)]);
+    assert_eq!(shares(&t.run(&c)), s(&[("m1", 8), ("m2", 12)]));
+    t.replicas = 6;
+    assert_eq!(shares(&t.run(&c)), s(&[("m1", 6)]));
+    // More than every group holds: what fits is placed, and the rest is explained.
+    let d = run(&c, p, 60);
+    assert_eq!(shares(&d), s(&[("m1", 8), ("m2", 17), ("m3", 24)]));
+    assert_eq!(d.unplaced, 11);
+    let e = d.error.unwrap();
+    assert!(
+        e.starts_with("11 of 60 replicas fit in none of the groups of home (last: edge"),
+        "{e}"
+    );
+}
+
+#[test]
+fn overflow_follows_each_dynamic_division_and_only_workloads_overflow() {
+    let c = fleet();
+    // Aggregated (no limit named: Karmada's free room, 10 on m1).
+    let p = overflow(
+        json!({"replicaScheduling": {"replicaSchedulingType": DIVIDED,
+        "replicaDivisionPreference": "Aggregated"}}),
+    );
+    assert_eq!(shares(&run(&c, p.clone(), 10)), s(&[("m1", 10)]));
+    assert_eq!(shares(&run(&c, p.clone(), 13)), s(&[("m1", 10), ("m2", 3)]));
+    // The first group full: everything goes to the next one.
+    let mut full = c.clone();
+    full[0] = cluster("m1", "us", 10, 10);
+    let d = run(&full, p, 5);
+    assert_eq!((shares(&d), d.error), (s(&[("m2", 5)]), None));
+    // Dynamic weight by available replicas.
+    let p = overflow(
+        json!({"replicaScheduling": {"replicaSchedulingType": DIVIDED,
+        "replicaDivisionPreference": "Weighted", "weightPreference": {"dynamicWeight": "AvailableReplicas"}}}),
+    );
+    assert_eq!(shares(&run(&c, p, 14)), s(&[("m1", 10), ("m2", 4)]));
+    // A kind without divisible replicas uses the inline group alone.
+    let p = overflow(divided());
+    let t = T::new(p, 0);
+    let mut task = t.task();
+    task.divisible = false;
+    let d = schedule(&Fleet::new(c.clone()), &task, &Config::default());
+    assert_eq!(shares(&d), s(&[("m1", 0)]));
 }
