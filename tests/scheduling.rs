@@ -1067,3 +1067,220 @@ spec:
         decided_for(&f, "web") == BTreeMap::from([("home".to_string(), 2)])
     });
 }
+
+/// Karmada's `schedulePriority`: the policy names a Kubernetes PriorityClass, the binding
+/// carries its value, and when room comes free the higher priority takes it first (though
+/// its name sorts last). A class
+/// that does not exist holds the binding back, told in Karmada's words.
+#[test]
+fn the_higher_priority_class_takes_the_room_first() {
+    let f = Fleet::start_sims(
+        &[("only", "on-prem", "nodes=1,cpu=4,memory=16Gi,load=0")],
+        &[],
+    );
+    let app = |name: &str, class: Option<&str>| {
+        let priority = class.map_or(String::new(), |c| {
+            format!("\n  schedulePriority: {{priorityClassSource: KubePriorityClass, priorityClassName: {c}}}")
+        });
+        let web = WEB
+            .split("---")
+            .next()
+            .unwrap()
+            .replace("name: web,", &format!("name: {name},"))
+            .replace("replicas: 12", "replicas: 3")
+            .replace("cpu: 250m", "cpu: 1");
+        format!(
+            r#"{web}---
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata: {{name: {name}, namespace: default}}
+spec:
+  resourceSelectors: [{{apiVersion: apps/v1, kind: Deployment, name: {name}}}]{priority}
+  placement:
+    waterLevelLimit: 0.8
+    replicaScheduling: {{replicaSchedulingType: Divided, replicaDivisionPreference: Aggregated}}
+"#
+        )
+    };
+    let class = |name: &str, value: i64| {
+        format!(
+            "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {{name: {name}}}\nvalue: {value}\n"
+        )
+    };
+    // Kubernetes' own checks of a PriorityClass.
+    let err =
+        f.s.fails_stdin(&["apply", "-f", "-"], &class("huge", 2_000_000_000));
+    assert!(
+        err.contains("maximum allowed value of a user defined priority is 1000000000"),
+        "{err}"
+    );
+    f.s.apply(&class("high", 1000));
+    let err = f.s.fails_stdin(&["apply", "-f", "-"], &class("high", 5));
+    assert!(err.contains("may not be changed in an update"), "{err}");
+    let pc = f.s.get_json(&["priorityclass", "high"]);
+    assert_eq!(pc["preemptionPolicy"], "PreemptLowerPriority");
+
+    // 0.8 of 4 cores: room for 3 replicas of 1 core, which the filler takes.
+    f.s.apply(&app("filler", None));
+    eventually(Duration::from_secs(20), "the filler placed", || {
+        decided_for(&f, "filler").values().sum::<i64>() == 3
+    });
+    // `low` names a class that does not exist yet: no binding, and an Event says why.
+    f.s.apply(&app("batch", Some("low")));
+    eventually(
+        Duration::from_secs(20),
+        "the ApplyPolicyFailed event",
+        || {
+            f.s.ok(&["get", "events", "-n", "default", "-o", "json"]).contains(
+            "Apply policy(default/batch) failed: priorityclasses.scheduling.k8s.io \\\"low\\\" not found",
+        )
+        },
+    );
+    let missing = f.s.kubectl(&["get", "resourcebinding", "batch-deployment"]);
+    assert!(
+        !missing.status.success(),
+        "no binding while the class is missing"
+    );
+    f.s.apply(&class("low", 10));
+    f.s.apply(&app("urgent", Some("high")));
+    eventually(
+        Duration::from_secs(20),
+        "both bound, carrying their priorities, and waiting",
+        || {
+            ["batch", "urgent"].iter().all(|n| {
+                let out = f.s.kubectl(&[
+                    "get",
+                    "resourcebinding",
+                    &format!("{n}-deployment"),
+                    "-o",
+                    "json",
+                ]);
+                serde_json::from_slice::<Value>(&out.stdout)
+                    .ok()
+                    .is_some_and(|rb| {
+                        let want = if *n == "batch" { 10 } else { 1000 };
+                        rb["spec"]["schedulePriority"]["priority"] == want
+                            && rb["status"]["conditions"].as_array().is_some_and(|c| {
+                                c.iter()
+                                    .any(|c| c["type"] == "Scheduled" && c["status"] == "False")
+                            })
+                    })
+            })
+        },
+    );
+    // Both have waited for room a while; the room comes free at once.
+    std::thread::sleep(Duration::from_secs(2));
+    f.s.ok(&["delete", "deployment", "filler"]);
+    eventually(
+        Duration::from_secs(30),
+        "urgent placed in the freed room",
+        || decided_for(&f, "urgent").values().sum::<i64>() == 3,
+    );
+    assert_eq!(
+        decided_for(&f, "batch").values().sum::<i64>(),
+        0,
+        "batch (whose name comes first) waits behind urgent"
+    );
+}
+
+/// Orrery's binding preemption (Karmada's proposal): a workload whose class preempts takes
+/// the room of a lower-priority workload that is `preemptible`, make-before-break; a class
+/// with `preemptionPolicy: Never` waits instead.
+#[test]
+fn a_preempting_class_takes_room_from_a_preemptible_lower_priority() {
+    let f = Fleet::start_sims(
+        &[("only", "on-prem", "nodes=1,cpu=4,memory=16Gi,load=0")],
+        &["--move-grace-period", "3s"],
+    );
+    let app = |name: &str, class: &str, replicas: i64, preemptible: bool| {
+        let web = WEB
+            .split("---")
+            .next()
+            .unwrap()
+            .replace("name: web,", &format!("name: {name},"))
+            .replace("replicas: 12", &format!("replicas: {replicas}"))
+            .replace("cpu: 250m", "cpu: 1");
+        format!(
+            r#"{web}---
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata: {{name: {name}, namespace: default}}
+spec:
+  resourceSelectors: [{{apiVersion: apps/v1, kind: Deployment, name: {name}}}]
+  schedulePriority: {{priorityClassSource: KubePriorityClass, priorityClassName: {class}}}
+  placement:
+    waterLevelLimit: 0.8
+    preemptible: {preemptible}
+    replicaScheduling: {{replicaSchedulingType: Divided, replicaDivisionPreference: Aggregated}}
+"#
+        )
+    };
+    for (name, value, policy) in [
+        ("low", 10, "PreemptLowerPriority"),
+        ("polite", 500, "Never"),
+        ("urgent", 1000, "PreemptLowerPriority"),
+    ] {
+        f.s.apply(&format!(
+            "apiVersion: scheduling.k8s.io/v1\nkind: PriorityClass\nmetadata: {{name: {name}}}\nvalue: {value}\npreemptionPolicy: {policy}\n"
+        ));
+    }
+    // 0.8 of 4 cores: room for 3 replicas of 1 core, all batch's.
+    f.s.apply(&app("batch", "low", 3, true));
+    eventually(Duration::from_secs(20), "batch placed", || {
+        decided_for(&f, "batch").values().sum::<i64>() == 3
+    });
+    let preempted = || {
+        let events = f.s.ok(&["get", "events", "-n", "default", "-o", "json"]);
+        let events: Value = serde_json::from_str(&events).unwrap();
+        events["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["reason"] == "Preempted")
+            .map(|e| e["message"].as_str().unwrap_or("").to_string())
+            .collect::<Vec<_>>()
+    };
+    // A higher priority that never preempts waits for room.
+    f.s.apply(&app("polite", "polite", 2, false));
+    eventually(Duration::from_secs(20), "polite waiting", || {
+        let rb = f.s.get_json(&["resourcebinding", "polite-deployment"]);
+        rb["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter()
+                .any(|c| c["type"] == "Scheduled" && c["status"] == "False")
+        })
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(decided_for(&f, "batch").values().sum::<i64>(), 3);
+    assert!(preempted().is_empty(), "{:?}", preempted());
+    f.s.ok(&["delete", "deployment", "polite"]);
+
+    // One that preempts takes batch's room: batch leaves (nowhere else to go, it waits).
+    f.s.apply(&app("urgent", "urgent", 2, false));
+    eventually(Duration::from_secs(20), "batch preempted", || {
+        preempted()
+            .iter()
+            .any(|m| m == "preempted from only by default/urgent-deployment (priority 1000)")
+    });
+    // The preemptor's status (and the Event telling of it) says whom it preempts, or that
+    // it waits for the room a preemption frees.
+    eventually(
+        Duration::from_secs(10),
+        "the preemptor's ScheduleFailed event",
+        || {
+            // (A first decision whose write lost is decided again: that one waits.)
+            let ev = f.s.ok(&["get", "events", "-n", "default", "-o", "json"]);
+            ev.contains("preempting default/batch-deployment in only (lower priority, preemptible)")
+                || ev.contains("waiting for the room a preemption frees in only")
+        },
+    );
+    eventually(
+        Duration::from_secs(30),
+        "urgent placed once the old copies went",
+        || decided_for(&f, "urgent") == BTreeMap::from([("only".to_string(), 2)]),
+    );
+    // What room is left goes back to batch; urgent is never preempted by it.
+    eventually(Duration::from_secs(30), "batch takes what is left", || {
+        decided_for(&f, "batch").values().sum::<i64>() == 1
+    });
+    assert_eq!(preempted().len(), 1, "one preemption: {:?}", preempted());
+}

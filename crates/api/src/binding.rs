@@ -79,6 +79,23 @@ impl ObjectReference {
     }
 }
 
+/// Karmada's `SchedulePriority` of a binding.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SchedulePriority {
+    /// Higher is scheduled first (0 when unset).
+    #[serde(default)]
+    pub priority: i32,
+    /// The PriorityClass's `preemptionPolicy` (Karmada's binding-preemption proposal):
+    /// `PreemptLowerPriority` may take room from lower priorities that are preemptible;
+    /// `Never` does not.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub preemption_policy: String,
+}
+
+/// A PriorityClass's `preemptionPolicy` that preempts.
+pub const PREEMPT_LOWER_PRIORITY: &str = "PreemptLowerPriority";
+
 /// A standalone scheduling task (draft 7.1): how many replicas, what each needs, how urgent it
 /// is, and where it may go. It becomes a ResourceBinding without a template.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, schemars::JsonSchema)]
@@ -298,6 +315,10 @@ pub struct BindingSpec {
     /// The policy's priority.
     #[serde(default)]
     pub priority: i32,
+    /// Karmada's scheduling priority: the value of the PriorityClass the policy's
+    /// `schedulePriority` names; the scheduling queue takes higher values first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_priority: Option<SchedulePriority>,
     /// Abort or Overwrite, from the policy.
     #[serde(default, skip_serializing_if = "is_abort")]
     pub conflict_resolution: ConflictResolution,

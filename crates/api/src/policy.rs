@@ -380,6 +380,11 @@ pub struct Placement {
     /// consolidation, rebalancing) may take down at once (docs/rollouts.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disruption_budget: Option<crate::rollout::DisruptionBudget>,
+    /// Orrery: a workload of a higher `schedulePriority` whose PriorityClass preempts may
+    /// take this workload's room in a full cluster: its replicas there move elsewhere,
+    /// make-before-break and within its disruption budget, or wait (docs/scheduling.md).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preemptible: bool,
 }
 
 impl Placement {
@@ -848,6 +853,50 @@ pub struct PropagationSpec {
     /// Keep the objects in the members when the template is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preserve_resources_on_deletion: Option<bool>,
+    /// Karmada's scheduling priority: the value of a Kubernetes PriorityClass orders the
+    /// scheduling queue (higher first) and is carried on the binding.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule_priority: Option<SchedulePriority>,
+}
+
+/// `KubePriorityClass`: the priority is the value of a `scheduling.k8s.io/v1` PriorityClass.
+pub const KUBE_PRIORITY_CLASS: &str = "KubePriorityClass";
+
+/// Karmada's `SchedulePriority` of a policy: where the priority comes from.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SchedulePriority {
+    /// `KubePriorityClass` (Karmada's `PodPriorityClass` and `FederatedPriorityClass` are not
+    /// implemented there either, and are refused).
+    pub priority_class_source: String,
+    /// The PriorityClass whose value is the priority.
+    pub priority_class_name: String,
+}
+
+impl SchedulePriority {
+    fn validate(&self, path: &str, errs: &mut ErrorList) {
+        if self.priority_class_source != KUBE_PRIORITY_CLASS {
+            errs.push(FieldError::not_supported(
+                format!("{path}.priorityClassSource"),
+                &self.priority_class_source,
+                &[KUBE_PRIORITY_CLASS],
+            ));
+        }
+        if self.priority_class_name.is_empty() {
+            errs.push(FieldError::required(
+                format!("{path}.priorityClassName"),
+                "",
+            ));
+        } else {
+            for m in crate::validation::is_dns1123_subdomain(&self.priority_class_name) {
+                errs.push(FieldError::invalid(
+                    format!("{path}.priorityClassName"),
+                    &self.priority_class_name,
+                    m,
+                ));
+            }
+        }
+    }
 }
 
 /// One entry of the draft's `targetClusters`.
@@ -989,6 +1038,8 @@ pub struct PlacementPolicy {
     /// Karmada's `schedulerName`: a name other than Orrery's leaves the templates the policy
     /// selects to that scheduler (empty: Orrery's).
     pub scheduler_name: String,
+    /// Karmada's `schedulePriority`: the PriorityClass whose value orders the queue.
+    pub schedule_priority: Option<SchedulePriority>,
     pub deleting: bool,
 }
 
@@ -1200,6 +1251,7 @@ pub fn from_object(obj: &Object) -> Result<PlacementPolicy, ErrorList> {
                 suspension: s.suspension.clone().unwrap_or_default(),
                 failover: validate_failover(&s.failover, &mut errs),
                 scheduler_name: String::new(),
+                schedule_priority: None,
                 deleting: false,
             }
         }
@@ -1259,6 +1311,9 @@ pub fn from_object(obj: &Object) -> Result<PlacementPolicy, ErrorList> {
                 suspension: s.suspension.clone().unwrap_or_default(),
                 failover: validate_failover(&s.failover, &mut errs),
                 scheduler_name: s.scheduler_name.clone(),
+                schedule_priority: s.schedule_priority.clone().inspect(|sp| {
+                    sp.validate("spec.schedulePriority", &mut errs);
+                }),
                 deleting: false,
             }
         }

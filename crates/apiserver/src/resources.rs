@@ -414,6 +414,16 @@ fn builtin_defs() -> Vec<Def> {
             true,
             "io.k8s.api.policy.v1.PodDisruptionBudget",
         ),
+        // Karmada's `schedulePriority` reads a PriorityClass's value.
+        def(
+            "scheduling.k8s.io",
+            "PriorityClass",
+            "priorityclasses",
+            false,
+            &["pc"],
+            false,
+            "io.k8s.api.scheduling.v1.PriorityClass",
+        ),
         // The leader Lease of the server replicas (orrery-system/orrery-controllers).
         def(
             "discovery.k8s.io",
@@ -492,6 +502,7 @@ fn version_of(group: &str) -> &'static str {
         | "coordination.k8s.io"
         | "rbac.authorization.k8s.io"
         | "discovery.k8s.io"
+        | "scheduling.k8s.io"
         | "apiextensions.k8s.io" => "v1",
         _ => "v1alpha1",
     }

@@ -186,6 +186,17 @@ pub fn apply_defaults(rt: &ResourceType, obj: &mut Object) {
                 }
             }
         }
+        // As Kubernetes: a PriorityClass preempts lower priorities unless it says Never.
+        ("scheduling.k8s.io", "PriorityClass")
+            if obj
+                .other
+                .get("preemptionPolicy")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty) =>
+        {
+            obj.other
+                .insert("preemptionPolicy".into(), json!(PREEMPTION_POLICIES[0]));
+        }
         // As Kubernetes: a Secret without a type is Opaque (`--field-selector type=Opaque`
         // finds it).
         ("", "Secret")
@@ -362,6 +373,7 @@ pub fn validate(rt: &ResourceType, obj: &Object, old: Option<&Object>) -> ErrorL
         ("config.karmada.io", "ResourceInterpreterCustomization") => {
             validate_customization_scripts(obj, &mut errs)
         }
+        ("scheduling.k8s.io", "PriorityClass") => validate_priority_class(obj, old, &mut errs),
         ("", "ConfigMap" | "Secret") => {
             validate_config_data(obj, &mut errs);
             validate_config_immutable(obj, old, &mut errs);
@@ -509,6 +521,57 @@ fn validate_config_immutable(obj: &Object, old: Option<&Object>, errs: &mut Erro
                     "field is immutable when `immutable` is set",
                 ));
             }
+        }
+    }
+}
+
+/// The most a PriorityClass outside `system-` may be worth (Kubernetes'
+/// `HighestUserDefinablePriority`).
+const HIGHEST_USER_PRIORITY: i64 = 1_000_000_000;
+const PREEMPTION_POLICIES: &[&str] = &["PreemptLowerPriority", "Never"];
+
+/// Kubernetes' PriorityClass checks: a user's value is at most a billion, the `system-`
+/// names are reserved, and neither the value nor the preemption policy changes.
+fn validate_priority_class(obj: &Object, old: Option<&Object>, errs: &mut ErrorList) {
+    if obj.name().starts_with("system-") {
+        errs.push(FieldError::forbidden(
+            "metadata.name",
+            "priority class names with 'system-' prefix are reserved",
+        ));
+    }
+    if let Some(v) = obj.other.get("value").and_then(Value::as_i64)
+        && v > HIGHEST_USER_PRIORITY
+    {
+        errs.push(FieldError::forbidden(
+            "value",
+            format!("maximum allowed value of a user defined priority is {HIGHEST_USER_PRIORITY}"),
+        ));
+    }
+    if let Some(p) = obj.other.get("preemptionPolicy").and_then(Value::as_str)
+        && !PREEMPTION_POLICIES.contains(&p)
+    {
+        errs.push(FieldError::not_supported(
+            "preemptionPolicy",
+            p,
+            PREEMPTION_POLICIES,
+        ));
+    }
+    if let Some(old) = old {
+        if old.other.get("value") != obj.other.get("value") {
+            errs.push(FieldError::forbidden(
+                "value",
+                "may not be changed in an update.",
+            ));
+        }
+        if old.other.get("preemptionPolicy") != obj.other.get("preemptionPolicy") {
+            errs.push(FieldError::invalid(
+                "preemptionPolicy",
+                obj.other
+                    .get("preemptionPolicy")
+                    .and_then(Value::as_str)
+                    .unwrap_or(""),
+                "field is immutable",
+            ));
         }
     }
 }

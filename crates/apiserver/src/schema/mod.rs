@@ -95,6 +95,12 @@ fn builtin_components() -> Components {
         "PodDisruptionBudget"
     );
     kind!(
+        k8s_openapi::api::scheduling::v1::PriorityClass,
+        "scheduling.k8s.io",
+        "v1",
+        "PriorityClass"
+    );
+    kind!(
         k8s_openapi::api::discovery::v1::EndpointSlice,
         "discovery.k8s.io",
         "v1",

@@ -37,6 +37,7 @@ enum Src {
     Binding,
     Interpreter,
     Customization,
+    PriorityClass,
 }
 
 /// The namespace a template's binding lives in (cluster-scoped templates: `orrery-system`).
@@ -70,12 +71,57 @@ struct Detector {
     interpreters: HashMap<(String, String), InterpreterSpec>,
     /// Karmada's customizations, per kind.
     customized: super::customized::Customized,
+    /// The value and preemption policy of each Kubernetes PriorityClass, by name (Karmada's
+    /// `schedulePriority`).
+    priority_classes: HashMap<String, binding::SchedulePriority>,
     /// Templates to decide, for the controller's queue.
     dirty: Vec<TKey>,
     /// Workloads told (by uid) that no policy selects them.
     told_unselected: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// Templates to decide again at a time (one too young to be told no policy selects it).
     later: parking_lot::Mutex<Vec<(TKey, std::time::Instant)>>,
+}
+
+/// The source of Kubernetes PriorityClasses.
+const PRIORITY_CLASSES: &str = "priorityclasses";
+/// Karmada's Event reason when a template's binding cannot be built.
+pub const APPLY_POLICY_FAILED: &str = "ApplyPolicyFailed";
+
+/// Keeps each PriorityClass's `value` and `preemptionPolicy` by name.
+fn follow_priority_classes(map: &mut HashMap<String, binding::SchedulePriority>, ev: Event) {
+    let value = |o: &Object| {
+        let priority = o
+            .other
+            .get("value")
+            .and_then(Value::as_i64)
+            .and_then(|v| i32::try_from(v).ok())?;
+        let preemption_policy = o
+            .other
+            .get("preemptionPolicy")
+            .and_then(Value::as_str)
+            .unwrap_or(binding::PREEMPT_LOWER_PRIORITY)
+            .to_string();
+        Some(binding::SchedulePriority {
+            priority,
+            preemption_policy,
+        })
+    };
+    match ev {
+        Event::Listed(items) => {
+            *map = items
+                .iter()
+                .filter_map(|o| Some((o.name().to_string(), value(o)?)))
+                .collect()
+        }
+        Event::Upsert(o) => {
+            if let Some(v) = value(&o) {
+                map.insert(o.name().to_string(), v);
+            }
+        }
+        Event::Delete(o) => {
+            map.remove(o.name());
+        }
+    }
 }
 
 /// The Event reason on a workload that no placement policy selects.
@@ -105,6 +151,7 @@ impl Batch for Detector {
             (TEMPLATES, Some(i)) => Src::Template(i),
             ("bindings", _) => Src::Binding,
             ("customizations", _) => Src::Customization,
+            (PRIORITY_CLASSES, _) => Src::PriorityClass,
             _ => Src::Interpreter,
         };
         self.take_event(src, ev);
@@ -184,6 +231,7 @@ pub async fn run(
         bindings: HashMap::new(),
         interpreters: HashMap::new(),
         customized: Default::default(),
+        priority_classes: HashMap::new(),
         dirty: Vec::new(),
         told_unselected: Default::default(),
         later: Default::default(),
@@ -210,6 +258,10 @@ pub async fn run(
         "customizations",
         orrery_api::kinds::RESOURCE_INTERPRETER_CUSTOMIZATION.prefix(None),
     ))
+    .source(Source::new(
+        PRIORITY_CLASSES,
+        keys::prefix("scheduling.k8s.io", "priorityclasses", None),
+    ))
     .run(shutdown)
     .await;
     // The statuses decided so far are written before the controller stops (the controller,
@@ -230,6 +282,12 @@ impl Detector {
             }
             Src::Customization => {
                 self.customized.follow(ev);
+                let all: Vec<TKey> = self.templates.keys().cloned().collect();
+                self.mark_all(all);
+            }
+            Src::PriorityClass => {
+                follow_priority_classes(&mut self.priority_classes, ev);
+                // Rare: every template is looked at again (one waiting for its class too).
                 let all: Vec<TKey> = self.templates.keys().cloned().collect();
                 self.mark_all(all);
             }
@@ -598,8 +656,17 @@ impl Detector {
             // The old binding is still going away; bind again once it is gone.
             return None;
         }
+        let schedule_priority = match &p.schedule_priority {
+            None => None,
+            Some(sp) => match self.priority_classes.get(&sp.priority_class_name) {
+                Some(v) => Some(v.clone()),
+                // Karmada builds no binding then: what is bound stays as it is.
+                None => return self.priority_class_missing(k, &t, p, &sp.priority_class_name),
+            },
+        };
         let digest = content_digest(&t);
-        let spec = self.desired(&t, &digest, p, existing.as_deref());
+        let mut spec = self.desired(&t, &digest, p, existing.as_deref());
+        spec.schedule_priority = schedule_priority;
         let info = info?;
         let tkey = info.key(t.namespace(), t.name());
         let store = self.store.clone();
@@ -631,6 +698,43 @@ impl Detector {
                 creating,
             },
         ))
+    }
+
+    /// The policy names a PriorityClass that does not exist: an Event on the template says so
+    /// (Karmada's reason and message), and the template is bound once the class exists.
+    fn priority_class_missing(
+        &self,
+        k: &TKey,
+        t: &Arc<Object>,
+        p: &PlacementPolicy,
+        class: &str,
+    ) -> Option<Job<TKey>> {
+        let store = self.store.clone();
+        let (key, t) = (k.clone(), t.clone());
+        let r = &p.reference;
+        let policy = if r.namespace.is_empty() {
+            r.name.clone()
+        } else {
+            format!("{}/{}", r.namespace, r.name)
+        };
+        let message = format!(
+            "Apply policy({policy}) failed: priorityclasses.scheduling.k8s.io \"{class}\" not found"
+        );
+        let once = format!("{}-{class}", t.metadata.uid);
+        Some(Box::pin(async move {
+            crate::record::event_once_for(
+                store.as_ref(),
+                &t,
+                &once,
+                "Warning",
+                APPLY_POLICY_FAILED,
+                &message,
+                "orrery-policy-controller",
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| (key, e.to_string()))
+        }))
     }
 
     /// Nothing places the template: its status says what runs (nothing), and an Event why.

@@ -28,12 +28,19 @@ impl Scheduler {
             }
             let shed = self.shed.remove(&k).unwrap_or_default();
             let ahead = self.shed_ahead.remove(&k).unwrap_or_default();
+            let preempted = self.preempt.remove(&k).unwrap_or_default();
+            // Leaving for a higher priority is decided, whatever else queued it.
+            let why = if preempted.is_empty() {
+                why
+            } else {
+                Trigger::Preempted
+            };
             // Consolidated only when a round asked first: whatever else woke it decides as
             // it would have.
             let consolidate = self.consolidating.remove(&k)
                 && why == Trigger::Consolidate
                 && self.consolidators.contains(&k);
-            match self.reconcile(&k, why, &shed, &ahead, consolidate) {
+            match self.reconcile(&k, why, &shed, &ahead, &preempted, consolidate) {
                 Outcome::Skip => {}
                 Outcome::Write(j) => {
                     self.backoff.reset(&k);
@@ -153,6 +160,7 @@ impl Scheduler {
         why: Trigger,
         shed: &[String],
         shed_ahead: &[String],
+        preempted: &[preempt::Preemption],
         consolidate: bool,
     ) -> Outcome {
         let gate = match self.gate(k, why) {
@@ -184,10 +192,13 @@ impl Scheduler {
         if why == Trigger::Failover && evicted_now.is_empty() && observed == Some(generation) {
             return Outcome::Skip;
         }
-        // Owned here: the task borrows them while the spec changes.
+        // Owned here: the task borrows them while the spec changes. A cluster the binding is
+        // preempted from is out of this decision only: it stays eligible after.
+        let preempted = preempt::still_placed(preempted, &spec);
         let evicted: Vec<String> = (spec.evictions.iter())
             .filter(|e| !e.rescheduled)
             .map(|e| e.cluster.clone())
+            .chain(preempted.iter().map(|p| p.cluster.clone()))
             .collect();
         let kind = spec.resource.kind.clone();
         let request = (spec.replica_requirements.as_ref())
@@ -223,14 +234,16 @@ impl Scheduler {
             seed: seed_of(&b.metadata.uid),
             relations: ties.relations(),
         };
-        let decision = self.run_engine(&task, &ties);
+        let mut decision = self.run_engine(&task, &ties);
+        if let Some(note) = self.preempt_for(k, &spec, &decision) {
+            decision.error = decision.error.map(|e| format!("{e}; {note}"));
+        }
         let changed_spec_generation = status.scheduler_observed_generation != Some(generation);
-        let mut new_clusters = placement_after(
-            &decision,
-            &spec.clusters,
-            changed_spec_generation,
-            &evicted_now,
-        );
+        let leaving: Vec<String> = (evicted_now.iter().cloned())
+            .chain(preempted.iter().map(|p| p.cluster.clone()))
+            .collect();
+        let mut new_clusters =
+            placement_after(&decision, &spec.clusters, changed_spec_generation, &leaving);
         // A stateful workload never moves by being started empty elsewhere: a decision that
         // takes it off a cluster and onto another starts a Migration that carries its data.
         if spec.is_stateful() && !spec.resource.is_task() {
@@ -324,10 +337,14 @@ impl Scheduler {
             v.clusters_changed,
             now,
         );
-        let announce = (v.cond_changed() || !evicted_now.is_empty()).then(|| Announce {
-            cond: v.cond.clone(),
-            evicted_now,
-        });
+        let announce =
+            (v.cond_changed() || !evicted_now.is_empty() || !preempted.is_empty()).then(|| {
+                Announce {
+                    cond: v.cond.clone(),
+                    evicted_now,
+                    preempted: preempted.iter().map(|p| p.why.clone()).collect(),
+                }
+            });
         let failed = v.failed;
         v.apply(&mut status);
         let job = decision_write(self.store.clone(), k, b, spec, status, announce);
@@ -826,6 +843,8 @@ struct Announce {
     cond: Condition,
     /// Clusters left by application failover.
     evicted_now: Vec<String>,
+    /// Why it left clusters for workloads of a higher priority (an Event `Preempted` each).
+    preempted: Vec<String>,
 }
 
 /// The write of a decision: the binding's spec and status (conditional on the revision
@@ -856,7 +875,12 @@ fn decision_write(
             .update(&bkey, next, b.revision())
             .await
             .map_err(|e| (key.clone(), e.to_string()))?;
-        if let Some(Announce { cond, evicted_now }) = announce {
+        if let Some(Announce {
+            cond,
+            evicted_now,
+            preempted,
+        }) = announce
+        {
             let r = &spec.resource;
             // A standalone task has no template: its binding is what the event is about.
             let about = if r.is_task() {
@@ -883,6 +907,17 @@ fn decision_write(
                 );
             }
             let _ = record::event(store.as_ref(), &about, type_, reason, &msg, COMPONENT).await;
+            for why in preempted {
+                let _ = record::event(
+                    store.as_ref(),
+                    &about,
+                    "Warning",
+                    preempt::PREEMPTED_REASON,
+                    &why,
+                    COMPONENT,
+                )
+                .await;
+            }
         }
         Ok(())
     })

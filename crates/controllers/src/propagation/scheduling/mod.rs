@@ -251,6 +251,8 @@ enum Trigger {
     MoveDone,
     /// A data set it reads changed (its copies, or it appeared).
     DataChanged,
+    /// A workload of a higher priority takes its room in a cluster ([`preempt`]).
+    Preempted,
 }
 
 impl Trigger {
@@ -281,6 +283,7 @@ impl Trigger {
             Trigger::Consolidate => "Consolidate",
             Trigger::MoveDone => "MigrationDone",
             Trigger::DataChanged => "DataChanged",
+            Trigger::Preempted => "Preempted",
         }
     }
     /// Whether the decision moves replicas the user did not ask to move (make-before-break).
@@ -322,6 +325,8 @@ struct Scheduler {
     /// empty, and the round goes on.
     woke_in_round: bool,
     shed: HashMap<BKey, Vec<String>>,
+    /// Clusters a binding is to leave for a workload of a higher priority, and why.
+    preempt: HashMap<BKey, Vec<preempt::Preemption>>,
     /// Clusters a binding is to shed ahead of their forecast peak.
     shed_ahead: HashMap<BKey, Vec<String>>,
     /// Bindings whose placement consolidates onto cheaper clusters, in key order.
@@ -471,6 +476,7 @@ impl Scheduler {
             wake_tx,
             woke_in_round: false,
             shed: HashMap::new(),
+            preempt: HashMap::new(),
             shed_ahead: HashMap::new(),
             consolidators: BTreeSet::new(),
             consolidating: HashSet::new(),
@@ -612,12 +618,23 @@ fn key_of(b: &Object) -> BKey {
     (b.namespace().to_string(), b.name().to_string())
 }
 
+/// The binding's place in the queue: Karmada's `schedulePriority` (a PriorityClass's value)
+/// when its policy names one, otherwise the policy's (or task's) priority, read without
+/// parsing.
 fn priority_of(b: &Object) -> i32 {
-    b.spec
-        .as_ref()
-        .and_then(|s| s.get("priority"))
-        .and_then(serde_json::Value::as_i64)
-        .unwrap_or(0) as i32
+    let spec = b.spec.as_ref();
+    spec.and_then(|s| s.get("schedulePriority"))
+        .map(|p| {
+            p.get("priority")
+                .and_then(serde_json::Value::as_i64)
+                .unwrap_or(0)
+        })
+        .or_else(|| {
+            spec.and_then(|s| s.get("priority"))
+                .and_then(serde_json::Value::as_i64)
+        })
+        .unwrap_or(0)
+        .clamp(i32::MIN as i64, i32::MAX as i64) as i32
 }
 
 /// Whether the binding's last decision left replicas unplaced (`Scheduled=False`), read
@@ -785,6 +802,7 @@ fn unhealthy_for(a: &AggregatedStatusItem, now: Time) -> Option<i64> {
 mod decide;
 mod ingest;
 mod moves;
+mod preempt;
 mod quota;
 mod triggers;
 

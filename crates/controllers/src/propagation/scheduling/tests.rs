@@ -184,3 +184,144 @@ async fn a_decision_that_lost_its_write_holds_no_room() {
     let _ = ctl.await;
     sqlite.close().await;
 }
+
+/// Preemption takes the lowest priorities first, passes over a workload its disruption
+/// budget protects and one that did not say it is preemptible, and takes no more than the
+/// shortfall needs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preemption_takes_the_lowest_preemptible_priorities_within_their_budgets() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> =
+        Arc::new(orrery_store_sqlite::SqliteStore::open_dir(dir.path()).unwrap());
+    let mut c = Object::new("multicluster.io/v1alpha1", "Cluster").with_name("a");
+    c.metadata.generation = Some(1);
+    c.spec = Some(serde_json::json!({"region": "r"}));
+    let now = Time::now().to_string();
+    // 10 cores, 10 requested by the four workloads below: full.
+    c.status = Some(serde_json::json!({
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Test",
+            "lastTransitionTime": now}],
+        "resourceSummary": {
+            "allocatable": {"cpu": "10", "memory": "64Gi", "pods": "1000"},
+            "allocated": {"cpu": "10", "memory": "0", "pods": "10"},
+            "usage": {"cpu": "10", "memory": "0", "pods": "10"}},
+        "lastHeartbeatTime": now,
+    }));
+    store
+        .create(&keys::well_known::cluster("a"), c)
+        .await
+        .unwrap();
+    let put = |name: &str, replicas: i64, placed: Option<i64>, extra: serde_json::Value| {
+        let mut b = Object::new(binding::API_VERSION, binding::KIND)
+            .with_name(&format!("{name}-deployment"));
+        b.metadata.namespace = "default".into();
+        b.metadata.uid = format!("{name}-uid");
+        b.metadata.generation = Some(1);
+        let mut spec = serde_json::json!({
+            "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "default",
+                "name": name, "uid": format!("{name}-t"), "resourceVersion": "1"},
+            "replicas": replicas,
+            "replicaRequirements": {"resourceRequest": {"cpu": "1"}},
+            "placement": {"waterLevelLimit": 1.0,
+                "replicaScheduling": {"replicaSchedulingType": "Divided"}},
+            "policy": {"apiVersion": "multicluster.io/v1alpha1",
+                "kind": "ResourcePlacementPolicy", "namespace": "default", "name": name},
+        });
+        if let Some(n) = placed {
+            spec["clusters"] = serde_json::json!([{"name": "a", "replicas": n}]);
+            b.status = Some(serde_json::json!({"schedulerObservedGeneration": 1}));
+        }
+        for (k, v) in extra.as_object().unwrap() {
+            if k == "placement" {
+                for (pk, pv) in v.as_object().unwrap() {
+                    spec["placement"][pk] = pv.clone();
+                }
+            } else {
+                spec[k] = v.clone();
+            }
+        }
+        b.spec = Some(spec);
+        (
+            keys::well_known::binding("default", &format!("{name}-deployment")),
+            b,
+        )
+    };
+    let bindings = [
+        // Protected by its budget: it may lose none of its 4.
+        put(
+            "guarded",
+            4,
+            Some(4),
+            serde_json::json!({"schedulePriority": {"priority": 1},
+            "placement": {"preemptible": true, "disruptionBudget": {"minAvailable": 4}}}),
+        ),
+        put(
+            "lowest",
+            2,
+            Some(2),
+            serde_json::json!({"schedulePriority": {"priority": 2},
+            "placement": {"preemptible": true}}),
+        ),
+        put(
+            "middle",
+            2,
+            Some(2),
+            serde_json::json!({"schedulePriority": {"priority": 5},
+            "placement": {"preemptible": true}}),
+        ),
+        // The lowest of all, but it never said it may be preempted.
+        put("unwilling", 2, Some(2), serde_json::json!({})),
+        // Needs 3 cores: lowest (2) and middle (2) free 4.
+        put(
+            "urgent",
+            3,
+            None,
+            serde_json::json!({"schedulePriority": {"priority": 100,
+            "preemptionPolicy": "PreemptLowerPriority"}}),
+        ),
+    ];
+    for (k, b) in bindings {
+        store.create(&k, b).await.unwrap();
+    }
+    let (stop, stopped) = watch::channel(false);
+    let ctl = tokio::spawn(run(store.clone(), Settings::default(), stopped));
+    let placed = |name: &str| {
+        let store = store.clone();
+        let k = keys::well_known::binding("default", &format!("{name}-deployment"));
+        async move {
+            let b = store.get(&k).await.unwrap();
+            BindingSpec::of(&b).unwrap().clusters
+        }
+    };
+    let start = Instant::now();
+    while !(placed("lowest").await.is_empty() && placed("middle").await.is_empty()) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "lowest and middle not preempted: {:?} {:?} {:?}",
+            placed("lowest").await,
+            placed("middle").await,
+            store
+                .get(&keys::well_known::binding("default", "urgent-deployment"))
+                .await
+                .unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(placed("guarded").await, vec![t("a", 4)]);
+    assert_eq!(placed("unwilling").await, vec![t("a", 2)]);
+    // Each victim keeps its old copy while it waits (make-before-break).
+    let lowest = store
+        .get(&keys::well_known::binding("default", "lowest-deployment"))
+        .await
+        .unwrap();
+    let evictions = BindingSpec::of(&lowest).unwrap().evictions;
+    assert!(
+        evictions.iter().any(|e| e.cluster == "a"
+            && e.reason.ends_with("(Preempted)")
+            && e.keep_until.is_some()),
+        "{evictions:?}"
+    );
+    let _ = stop.send(true);
+    let _ = ctl.await;
+    store.close().await;
+}
