@@ -186,8 +186,8 @@ impl Scheduler {
                 if (0..DIMS).all(|d| need[d] <= 0.0 || freed[d] >= need[d]) {
                     break;
                 }
-                for d in 0..DIMS {
-                    freed[d] += v.freed[d];
+                for (f, x) in freed.iter_mut().zip(v.freed) {
+                    *f += x;
                 }
                 taken.push(v);
             }

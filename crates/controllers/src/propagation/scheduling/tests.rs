@@ -213,7 +213,7 @@ async fn preemption_takes_the_lowest_preemptible_priorities_within_their_budgets
         .unwrap();
     let put = |name: &str, replicas: i64, placed: Option<i64>, extra: serde_json::Value| {
         let mut b = Object::new(binding::API_VERSION, binding::KIND)
-            .with_name(&format!("{name}-deployment"));
+            .with_name(format!("{name}-deployment"));
         b.metadata.namespace = "default".into();
         b.metadata.uid = format!("{name}-uid");
         b.metadata.generation = Some(1);
