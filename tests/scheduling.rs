@@ -1068,6 +1068,31 @@ spec:
     });
 }
 
+/// A Deployment of `replicas` one-core replicas and its Karmada policy: Aggregated under a
+/// 0.8 limit, with `spec` and `placement` lines added (each starting with a newline, indented
+/// as the policy's `spec` and `placement` fields are).
+fn one_core_app(name: &str, replicas: i64, spec: &str, placement: &str) -> String {
+    let web = WEB
+        .split("---")
+        .next()
+        .unwrap()
+        .replace("name: web,", &format!("name: {name},"))
+        .replace("replicas: 12", &format!("replicas: {replicas}"))
+        .replace("cpu: 250m", "cpu: 1");
+    format!(
+        r#"{web}---
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata: {{name: {name}, namespace: default}}
+spec:
+  resourceSelectors: [{{apiVersion: apps/v1, kind: Deployment, name: {name}}}]{spec}
+  placement:
+    waterLevelLimit: 0.8{placement}
+    replicaScheduling: {{replicaSchedulingType: Divided, replicaDivisionPreference: Aggregated}}
+"#
+    )
+}
+
 /// Karmada's `schedulePriority`: the policy names a Kubernetes PriorityClass, the binding
 /// carries its value, and when room comes free the higher priority takes it first (though
 /// its name sorts last). A class
@@ -1082,25 +1107,7 @@ fn the_higher_priority_class_takes_the_room_first() {
         let priority = class.map_or(String::new(), |c| {
             format!("\n  schedulePriority: {{priorityClassSource: KubePriorityClass, priorityClassName: {c}}}")
         });
-        let web = WEB
-            .split("---")
-            .next()
-            .unwrap()
-            .replace("name: web,", &format!("name: {name},"))
-            .replace("replicas: 12", "replicas: 3")
-            .replace("cpu: 250m", "cpu: 1");
-        format!(
-            r#"{web}---
-apiVersion: policy.karmada.io/v1alpha1
-kind: PropagationPolicy
-metadata: {{name: {name}, namespace: default}}
-spec:
-  resourceSelectors: [{{apiVersion: apps/v1, kind: Deployment, name: {name}}}]{priority}
-  placement:
-    waterLevelLimit: 0.8
-    replicaScheduling: {{replicaSchedulingType: Divided, replicaDivisionPreference: Aggregated}}
-"#
-        )
+        one_core_app(name, 3, &priority, "")
     };
     let class = |name: &str, value: i64| {
         format!(
@@ -1193,26 +1200,13 @@ fn a_preempting_class_takes_room_from_a_preemptible_lower_priority() {
         &["--move-grace-period", "3s"],
     );
     let app = |name: &str, class: &str, replicas: i64, preemptible: bool| {
-        let web = WEB
-            .split("---")
-            .next()
-            .unwrap()
-            .replace("name: web,", &format!("name: {name},"))
-            .replace("replicas: 12", &format!("replicas: {replicas}"))
-            .replace("cpu: 250m", "cpu: 1");
-        format!(
-            r#"{web}---
-apiVersion: policy.karmada.io/v1alpha1
-kind: PropagationPolicy
-metadata: {{name: {name}, namespace: default}}
-spec:
-  resourceSelectors: [{{apiVersion: apps/v1, kind: Deployment, name: {name}}}]
-  schedulePriority: {{priorityClassSource: KubePriorityClass, priorityClassName: {class}}}
-  placement:
-    waterLevelLimit: 0.8
-    preemptible: {preemptible}
-    replicaScheduling: {{replicaSchedulingType: Divided, replicaDivisionPreference: Aggregated}}
-"#
+        one_core_app(
+            name,
+            replicas,
+            &format!(
+                "\n  schedulePriority: {{priorityClassSource: KubePriorityClass, priorityClassName: {class}}}"
+            ),
+            &format!("\n    preemptible: {preemptible}"),
         )
     };
     for (name, value, policy) in [
