@@ -549,6 +549,7 @@ impl Sim<'_> {
                 now: self.now(),
                 seed: id as u64,
                 relations: Default::default(),
+                components: &[],
             };
             let t0 = Instant::now();
             let d = schedule_cached(&self.fleet, &task, &self.config, &mut self.cache);

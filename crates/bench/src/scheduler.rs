@@ -245,6 +245,7 @@ fn run_engine(
             now,
             seed: s.seed,
             relations: Default::default(),
+            components: &[],
         };
         let d = schedule_cached(fleet, &task, config, &mut cache);
         placed += usize::from(d.error.is_none());

@@ -330,6 +330,7 @@ fn run(strategy: Strategy, sites: &[Site], data: &[DataSet], jobs: &[Job]) -> Ou
                         .then_some(&needs),
                     ..Default::default()
                 },
+                components: &[],
             };
             let started = Instant::now();
             let d = orrery_scheduler::schedule_cached(&fleet, &task, &config, &mut cache);

@@ -306,6 +306,31 @@ impl Filter for Capabilities {
 #[derive(Debug)]
 pub struct NodeFit;
 
+impl NodeFit {
+    /// The first pod that fits on no node (its component's name, empty for the task's own
+    /// replica) and the dimensions it is short of; `None` when every pod fits. A whole set
+    /// of components asks it of each component's pod, not of the set.
+    fn first_short(ctx: &Ctx<'_>, i: usize) -> Option<(String, Vec<&'static str>)> {
+        let f = &ctx.fleet.facts()[i];
+        // Pods are counted per node by the member; the largest free node says nothing of them.
+        let free = f.largest_free.as_ref()?;
+        let short = |demand: &crate::Vector| -> Vec<&'static str> {
+            (0..5)
+                .filter(|d| *d != 3 && demand[*d] > 0.0 && demand[*d] > free[*d] + 1e-9)
+                .map(|d| crate::DIMENSIONS[d])
+                .collect()
+        };
+        if ctx.task.components.len() < 2 {
+            let s = short(&ctx.demand);
+            return (!s.is_empty()).then(|| (String::new(), s));
+        }
+        ctx.task.components.iter().find_map(|c| {
+            let s = short(&crate::demand_of(&c.request));
+            (!s.is_empty() && c.replicas > 0).then(|| (c.name.clone(), s))
+        })
+    }
+}
+
 impl Filter for NodeFit {
     fn name(&self) -> &'static str {
         "NodeFit"
@@ -314,28 +339,17 @@ impl Filter for NodeFit {
         if !ctx.needs_room() {
             return true;
         }
-        let f = &ctx.fleet.facts()[i];
-        // Pods are counted per node by the member; the largest free node says nothing of them.
-        match &f.largest_free {
-            Some(free) => (0..5)
-                .filter(|d| *d != 3 && ctx.demand[*d] > 0.0)
-                .all(|d| ctx.demand[d] <= free[d] + 1e-9),
-            None => true,
-        }
+        NodeFit::first_short(ctx, i).is_none()
     }
     fn why(&self, ctx: &Ctx<'_>, i: usize) -> String {
-        let f = &ctx.fleet.facts()[i];
-        let short: Vec<&str> = (0..5)
-            .filter(|d| {
-                *d != 3
-                    && ctx.demand[*d] > 0.0
-                    && f.largest_free
-                        .is_some_and(|free| ctx.demand[*d] > free[*d] + 1e-9)
-            })
-            .map(|d| crate::DIMENSIONS[d])
-            .collect();
+        let (component, short) = NodeFit::first_short(ctx, i).unwrap_or_default();
+        let of = if component.is_empty() {
+            String::new()
+        } else {
+            format!(" of component {component}")
+        };
         format!(
-            "no single node has room for one replica ({} too short)",
+            "no single node has room for one replica{of} ({} too short)",
             short.join(", ")
         )
     }
@@ -371,6 +385,9 @@ impl Filter for WaterLevel {
         if ctx.room[i].is_none() {
             return "the cluster reports no capacity to weigh its water level by".into();
         }
+        if let Some(why) = component_over(ctx, i) {
+            return why;
+        }
         let level = ctx.level_after(i, 1);
         let now = ctx.level_after_now(i, 1);
         if level > now + 5e-3 {
@@ -387,4 +404,36 @@ impl Filter for WaterLevel {
             level, ctx.limit
         )
     }
+}
+
+/// For a whole set of components: the first component that takes cluster `i` over the limit
+/// once the components before it are counted, told as such.
+fn component_over(ctx: &Ctx<'_>, i: usize) -> Option<String> {
+    let components = ctx.task.components;
+    if components.len() < 2 {
+        return None;
+    }
+    let f = &ctx.fleet.facts()[i];
+    let base: crate::Vector = std::array::from_fn(|d| {
+        // What the set takes now, if it runs here, is not counted against it.
+        ctx.base(i, d)
+    });
+    let mut added = [0.0; 5];
+    for c in components {
+        let demand = crate::demand_of(&c.request);
+        for d in 0..5 {
+            added[d] += demand[d] * c.replicas.max(0) as f64;
+        }
+        let level = (0..5)
+            .filter(|d| f.allocatable[*d] > 0.0)
+            .map(|d| (base[d] + added[d]) / f.allocatable[d])
+            .fold(0.0, f64::max);
+        if level > ctx.limit + 1e-9 {
+            return Some(format!(
+                "component {} ({} replicas) does not fit: with the components before it its water level would reach {level:.2}, above the limit {:.2}",
+                c.name, c.replicas, ctx.limit
+            ));
+        }
+    }
+    None
 }

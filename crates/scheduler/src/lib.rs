@@ -27,6 +27,7 @@
 
 mod allocate;
 pub mod assume;
+pub mod components;
 pub mod cost;
 pub mod data;
 pub mod divide;
@@ -124,6 +125,9 @@ pub struct Task<'a> {
     pub seed: u64,
     /// What ties the task to its data and to other workloads.
     pub relations: Relations<'a>,
+    /// The workload's components, when its interpreter names two or more: it is then
+    /// scheduled as one whole set ([`components::WholeSet`]).
+    pub components: &'a [components::ComponentNeed],
 }
 
 /// What ties a task to its data and to other workloads (none by default).

@@ -57,6 +57,7 @@ struct T {
     avoid: Option<Vec<String>>,
     near: Vec<String>,
     data: Option<data::DataNeeds>,
+    components: Vec<components::ComponentNeed>,
 }
 
 impl T {
@@ -76,6 +77,7 @@ impl T {
             avoid: None,
             near: vec![],
             data: None,
+            components: vec![],
         }
     }
     fn task(&self) -> Task<'_> {
@@ -108,6 +110,7 @@ impl T {
                 near: &self.near,
                 data: self.data.as_ref(),
             },
+            components: &self.components,
         }
     }
     fn run(&self, clusters: &[ClusterSnapshot]) -> Decision {
@@ -2283,4 +2286,73 @@ fn overflow_follows_each_dynamic_division_and_only_workloads_overflow() {
     task.divisible = false;
     let d = schedule(&Fleet::new(c.clone()), &task, &Config::default());
     assert_eq!(shares(&d), s(&[("m1", 0)]));
+}
+
+fn flink() -> Vec<components::ComponentNeed> {
+    let two = |n: &str, r: i64| components::ComponentNeed {
+        name: n.into(),
+        replicas: r,
+        request: [("cpu".to_string(), cpu(2))].into(),
+    };
+    vec![two("jobmanager", 1), two("taskmanager", 4)]
+}
+
+/// A workload of several components runs whole in one cluster whose room under the limit
+/// holds every component, whatever division the placement names; where it does not fit, the
+/// first component that does not is named.
+#[test]
+fn a_multi_component_workload_is_placed_whole_in_one_cluster() {
+    // 10, 20 and 40 (10 used) cores under 0.85: 8.5, 17 and 24.5 cores of room; the set
+    // (1 × 2 + 4 × 2 cores) is 10.
+    let c = fleet();
+    let p = json!({"replicaScheduling": {"replicaSchedulingType": DIVIDED,
+        "weightPreference": {"staticWeightList": [
+            {"targetCluster": {"clusterNames": ["m1"]}, "weight": 1},
+            {"targetCluster": {"clusterNames": ["m2"]}, "weight": 1}]}}});
+    let mut t = T::new(p, 0);
+    t.components = flink();
+    let config = Config::default();
+    let set = components::WholeSet::of(&t.task(), &config).unwrap();
+    let whole = set.task(&t.task());
+    let fl = Fleet::new(c.clone());
+    let d = schedule(&fl, &whole, &config);
+    assert_eq!(d.error, None);
+    assert_eq!(d.clusters.len(), 1, "one cluster: {:?}", d.clusters);
+    assert_eq!(d.clusters[0].replicas, 1, "one whole set");
+    let why: BTreeMap<String, ClusterDecision> = d
+        .explain(&fl, &whole, &config)
+        .into_iter()
+        .map(|x| (x.name.clone(), x))
+        .collect();
+    assert_eq!(why["m1"].filter, "WaterLevel", "{why:?}");
+    assert!(
+        why["m1"]
+            .reason
+            .starts_with("component taskmanager (4 replicas) does not fit"),
+        "{why:?}"
+    );
+    // A single task manager's pod too large for any node of m2 and m3: named too.
+    let mut small = c.clone();
+    for s in small.iter_mut().skip(1) {
+        s.largest_node_free.insert("cpu".into(), cpu(1));
+    }
+    let fl = Fleet::new(small);
+    let d = schedule(&fl, &whole, &config);
+    assert!(d.clusters.is_empty(), "{:?}", d.clusters);
+    let why = d.explain(&fl, &whole, &config);
+    let m2 = why.iter().find(|x| x.name == "m2").unwrap();
+    assert_eq!(
+        (m2.filter.as_str(), m2.reason.as_str()),
+        (
+            "NodeFit",
+            "no single node has room for one replica of component jobmanager (cpu too short)"
+        )
+    );
+    // A task of one component is scheduled as it is.
+    let mut one = T::new(divided(), 3);
+    one.components = flink()[..1].to_vec();
+    assert!(components::WholeSet::of(&one.task(), &config).is_none());
+    // The set's request: every component's replicas times its request, and its pods.
+    let r = components::set_request(&flink());
+    assert_eq!((r["cpu"].value(), r["pods"].value()), (10, 5));
 }

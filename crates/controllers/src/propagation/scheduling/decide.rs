@@ -233,6 +233,7 @@ impl Scheduler {
             now: now.unix_seconds(),
             seed: seed_of(&b.metadata.uid),
             relations: ties.relations(),
+            components: &[],
         };
         let mut decision = self.run_engine(&task, &ties);
         if let Some(note) = self.preempt_for(k, &spec, &decision) {

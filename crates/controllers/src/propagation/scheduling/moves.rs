@@ -161,6 +161,7 @@ impl Scheduler {
             now: Time::now().unix_seconds(),
             seed: seed_of(&b.metadata.uid),
             relations: ties.relations(),
+            components: &[],
         };
         let decision = schedule_cached(&self.fleet, &task, &self.engine, &mut self.filter_cache);
         self.start_move(
