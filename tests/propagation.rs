@@ -870,6 +870,8 @@ spec:
 /// ClusterPropagationPolicy, once both members say they serve it.
 fn crd_in_members(f: &Fleet, group: &str, version: &str, plural: &str, kind: &str) {
     let singular = kind.to_lowercase();
+    let members: Vec<&str> = f.agents.iter().map(|(n, _, _)| n.as_str()).collect();
+    let names = members.join(", ");
     f.s.apply(&format!(
         r#"
 apiVersion: apiextensions.k8s.io/v1
@@ -890,16 +892,16 @@ kind: ClusterPropagationPolicy
 metadata: {{name: crds-{plural}}}
 spec:
   resourceSelectors: [{{apiVersion: apiextensions.k8s.io/v1, kind: CustomResourceDefinition, name: {plural}.{group}}}]
-  placement: {{clusterAffinity: {{clusterNames: [east, west]}}}}
+  placement: {{clusterAffinity: {{clusterNames: [{names}]}}}}
 "#
     ));
-    // Both members report serving the kind before anything of it is placed: a cluster that
+    // The members report serving the kind before anything of it is placed: a cluster that
     // does not serve it yet is filtered out, and what runs stays where it was placed.
     eventually(
         Duration::from_secs(20),
-        &format!("both members serve {kind}"),
+        &format!("every member serves {kind}"),
         || {
-            ["east", "west"].iter().all(|m| {
+            members.iter().all(|m| {
                 f.find(m, "CustomResourceDefinition", &format!("{plural}.{group}"))
                     .is_some()
                     && f.s.get_json(&["cluster", m])["status"]["apiEnablements"]
@@ -907,6 +909,155 @@ spec:
                         .contains(&format!("{group}/{version}"))
             })
         },
+    );
+}
+
+/// A FlinkDeployment is two components (Karmada's `InterpretComponent`, from the bundled
+/// customization): it runs whole in one cluster whose room under the water level limit and
+/// whose member ResourceQuota of the namespace hold both, never divided, and the binding
+/// names the component that did not fit elsewhere.
+#[test]
+fn a_flink_deployment_runs_whole_where_every_component_fits() {
+    // small: 2 nodes of 4 cores; quota and roomy: 4 nodes of 8.
+    let f = Fleet::start_sims(
+        &[
+            (
+                "small",
+                "us-east",
+                "nodes=2,cpu=4,memory=32Gi,load=0.1,start=100ms",
+            ),
+            ("quota", "us-west", common::fleet::SIM),
+            ("roomy", "eu-west", common::fleet::SIM),
+        ],
+        &[],
+    );
+    let s = &f.s;
+    crd_in_members(
+        &f,
+        "flink.apache.org",
+        "v1beta1",
+        "flinkdeployments",
+        "FlinkDeployment",
+    );
+    // The namespace's ResourceQuota in `quota` holds 4 cores, and the member reports it.
+    s.apply(
+        r#"
+apiVersion: policy.karmada.io/v1alpha1
+kind: FederatedResourceQuota
+metadata: {name: team, namespace: default}
+spec:
+  overall: {cpu: "40"}
+  staticAssignments: [{clusterName: quota, hard: {cpu: "4"}}]
+"#,
+    );
+    eventually(
+        Duration::from_secs(30),
+        "the member reports its quota",
+        || {
+            let q = s.get_json(&["federatedresourcequota", "team"]);
+            q["status"]["aggregatedStatus"][0]["hard"]["cpu"] == "4"
+        },
+    );
+    // 1 job manager of 1 core and 3 task managers of 2: 7 cores, 7.6 Gi, 4 pods.
+    s.apply(
+        r#"
+apiVersion: flink.apache.org/v1beta1
+kind: FlinkDeployment
+metadata: {name: clicks, namespace: default}
+spec:
+  flinkVersion: v1_19
+  jobManager: {replicas: 1, resource: {cpu: 1, memory: 2Gi}}
+  taskManager: {replicas: 3, resource: {cpu: 2, memory: 2Gi}}
+---
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata: {name: clicks, namespace: default}
+spec:
+  resourceSelectors: [{apiVersion: flink.apache.org/v1beta1, kind: FlinkDeployment, name: clicks}]
+  placement:
+    clusterAffinity: {clusterNames: [small, quota, roomy]}
+    replicaScheduling: {replicaSchedulingType: Divided, replicaDivisionPreference: Weighted,
+      weightPreference: {staticWeightList: [{targetCluster: {clusterNames: [small, quota, roomy]}, weight: 1}]}}
+"#,
+    );
+    eventually(Duration::from_secs(30), "the whole set in roomy", || {
+        f.find("roomy", "FlinkDeployment", "clicks").is_some()
+    });
+    let rb = s.get_json(&["resourcebinding", "clicks-flinkdeployment"]);
+    let comps = &rb["spec"]["components"];
+    assert_eq!(
+        (comps[0]["name"].as_str(), comps[1]["name"].as_str()),
+        (Some("jobmanager"), Some("taskmanager")),
+        "{rb}"
+    );
+    assert_eq!(comps[1]["replicas"], 3, "{rb}");
+    assert_eq!(
+        rb["spec"]["clusters"],
+        serde_json::json!([{"name": "roomy", "replicas": 1}]),
+        "one whole set: {rb}"
+    );
+    // Not divided: the member has the template's own counts.
+    let there = f.find("roomy", "FlinkDeployment", "clicks").unwrap();
+    assert_eq!(
+        (
+            there["spec"]["jobManager"]["replicas"].as_i64(),
+            there["spec"]["taskManager"]["replicas"].as_i64()
+        ),
+        (Some(1), Some(3)),
+        "{there}"
+    );
+    for m in ["small", "quota"] {
+        assert!(
+            f.find(m, "FlinkDeployment", "clicks").is_none(),
+            "not in {m}"
+        );
+    }
+    let why = |name: &str| -> (String, String) {
+        let d = (rb["status"]["decisions"].as_array().into_iter().flatten())
+            .find(|d| d["name"] == name)
+            .cloned()
+            .unwrap_or_default();
+        let s = |k: &str| d[k].as_str().unwrap_or("").to_string();
+        (s("filter"), s("reason"))
+    };
+    let (filter, reason) = why("small");
+    assert_eq!(filter, "WaterLevel", "{rb}");
+    assert!(
+        reason.starts_with("component taskmanager (3 replicas) does not fit"),
+        "{reason}"
+    );
+    assert_eq!(
+        why("quota"),
+        (
+            "ResourceQuota".to_string(),
+            "component taskmanager (3 replicas) does not fit: with the components before it, \
+             the namespace's ResourceQuota team there would pass its cpu"
+                .to_string()
+        ),
+        "{rb}"
+    );
+    // The set's use counts once in the namespace's quota: 7 cores.
+    eventually(
+        Duration::from_secs(20),
+        "the set counted in the quota",
+        || {
+            let q = s.get_json(&["federatedresourcequota", "team"]);
+            q["status"]["overallUsed"]["cpu"] == "7"
+        },
+    );
+    // More task managers than the quota's overall holds are refused at admission.
+    let err = s.fails(&[
+        "patch",
+        "flinkdeployment",
+        "clicks",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"taskManager":{"replicas":20}}}"#,
+    ]);
+    assert!(
+        err.contains("FederatedResourceQuota(default/team) exceeded for resource cpu: requested sum 41, limit 40."),
+        "{err}"
     );
 }
 

@@ -79,6 +79,61 @@ impl ObjectReference {
     }
 }
 
+/// Karmada's `Component` of a binding: one part of a multi-component workload.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Component {
+    /// Unique within the workload.
+    pub name: String,
+    /// Its replicas.
+    #[serde(default)]
+    pub replicas: i64,
+    /// What each of its replicas requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_requirements: Option<ReplicaRequirements>,
+}
+
+impl BindingSpec {
+    /// Whether the workload runs whole in one cluster: two or more components.
+    pub fn is_whole_set(&self) -> bool {
+        self.components.len() > 1
+    }
+}
+
+impl Component {
+    /// What each of its replicas requests (nothing when not said).
+    pub fn request(&self) -> &ResourceList {
+        static NONE: ResourceList = ResourceList::new();
+        self.replica_requirements
+            .as_ref()
+            .map_or(&NONE, |r| &r.resource_request)
+    }
+}
+
+/// What a whole set of parts requests: every part's replicas times its per-replica request,
+/// summed, with the parts' pods counted under `pods`. A sum too large to count is the largest
+/// quantity (it fits nowhere).
+pub fn set_request<'a>(parts: impl IntoIterator<Item = (i64, &'a ResourceList)>) -> ResourceList {
+    let mut out = ResourceList::new();
+    let mut pods = 0i64;
+    for (replicas, request) in parts {
+        let n = replicas.max(0);
+        pods = pods.saturating_add(n);
+        for (name, q) in request.iter().filter(|(name, _)| *name != "pods") {
+            let add = q
+                .checked_mul(n)
+                .unwrap_or_else(|| crate::Quantity::from_int(i64::MAX, q.format()));
+            let sum = out.get(name).map_or(add, |have| *have + add);
+            out.insert(name.clone(), sum);
+        }
+    }
+    out.insert(
+        "pods".into(),
+        crate::Quantity::from_int(pods, crate::Format::DecimalSI),
+    );
+    out
+}
+
 /// Karmada's `SchedulePriority` of a binding.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -315,6 +370,10 @@ pub struct BindingSpec {
     /// The policy's priority.
     #[serde(default)]
     pub priority: i32,
+    /// Karmada's `components` (its `InterpretComponent`): a workload of two or more runs whole
+    /// in one cluster.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<Component>,
     /// Karmada's scheduling priority: the value of the PriorityClass the policy's
     /// `schedulePriority` names; the scheduling queue takes higher values first.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::binding::BindingSpec;
+use crate::binding::{self, BindingSpec};
 use crate::meta::ResourceList;
 use crate::quantity::Quantity;
 use crate::validation::{self, ErrorList, FieldError};
@@ -222,11 +222,23 @@ impl FederatedResourceQuotaSpec {
 /// What a binding uses (Karmada's `CalculateResourceUsage`): its per-replica request times the
 /// replicas its decision places, summed over clusters; nothing before it is placed.
 pub fn usage_of(spec: &BindingSpec) -> ResourceList {
+    if spec.is_whole_set() {
+        let placed = spec.clusters.iter().filter(|c| c.replicas > 0).count();
+        return whole_set_use(&spec.components, placed as i64);
+    }
     let placed: i64 = spec.clusters.iter().map(|c| c.replicas.max(0)).sum();
     let Some(req) = spec.replica_requirements.as_ref() else {
         return ResourceList::new();
     };
     times(&req.resource_request, placed)
+}
+
+/// What a workload of several components uses placed whole in `sets` clusters: the set's
+/// request in each (its pods left out, as for any binding).
+pub fn whole_set_use(components: &[binding::Component], sets: i64) -> ResourceList {
+    let mut set = binding::set_request(components.iter().map(|c| (c.replicas, c.request())));
+    set.remove("pods");
+    times(&set, sets)
 }
 
 /// `request` times `n`, zero quantities left out.
@@ -486,6 +498,40 @@ mod tests {
         assert_eq!(usage_of(&b), list(&[("cpu", "1200m")]));
         b.replica_requirements = None;
         assert!(usage_of(&b).is_empty());
+    }
+
+    #[test]
+    fn a_whole_set_uses_every_components_request_once_per_cluster() {
+        let part = |name: &str, replicas, cpu: &str| binding::Component {
+            name: name.into(),
+            replicas,
+            replica_requirements: Some(ReplicaRequirements {
+                resource_request: list(&[("cpu", cpu), ("memory", "1Gi")]),
+            }),
+        };
+        let mut b = BindingSpec {
+            replicas: 4,
+            components: vec![part("head", 1, "500m"), part("worker", 3, "2")],
+            ..Default::default()
+        };
+        assert!(usage_of(&b).is_empty(), "nothing is used before a decision");
+        // One set placed (its replica count is 1, whatever the template's replicas).
+        b.clusters = vec![TargetCluster {
+            name: "a".into(),
+            replicas: 1,
+        }];
+        assert_eq!(
+            usage_of(&b),
+            list(&[("cpu", "6500m"), ("memory", "4Gi")]),
+            "no pods counted"
+        );
+        // A component with no requirements asks nothing; negative replicas count as none.
+        b.components.push(binding::Component {
+            name: "sidecar".into(),
+            replicas: -2,
+            replica_requirements: None,
+        });
+        assert_eq!(usage_of(&b)["cpu"], "6500m".parse().unwrap());
     }
 
     #[test]

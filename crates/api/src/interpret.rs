@@ -436,6 +436,8 @@ pub trait Scripted: std::fmt::Debug + Send + Sync {
     fn aggregate(&self, desired: &Value, items: &[Value]) -> Option<Value>;
     /// `GetDependencies`, as `(kind, name)` in the template's namespace.
     fn dependencies(&self, obj: &Value) -> Option<Vec<(String, String)>>;
+    /// `GetComponents`: the workload's components (Karmada's `InterpretComponent`).
+    fn components(&self, obj: &Value) -> Option<Vec<crate::binding::Component>>;
 }
 
 /// What Orrery knows about one kind: built-in rules, a ResourceInterpreter's, or a
@@ -485,6 +487,13 @@ impl<'a> Interpreter<'a> {
             }
             Interpreter::Custom(_) => None,
         }
+    }
+
+    /// The workload's components, by its customization's `GetComponents` (none otherwise).
+    pub fn components(&self, obj: &Value) -> Vec<crate::binding::Component> {
+        self.scripts()
+            .and_then(|s| s.components(obj))
+            .unwrap_or_default()
     }
 
     /// Sets the replica count of one cluster's copy.

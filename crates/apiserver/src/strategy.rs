@@ -398,17 +398,11 @@ fn validate_customization_scripts(obj: &Object, errs: &mut ErrorList) {
     };
     // Not honoured yet, so refused rather than taken and ignored (`orrery interpret` runs
     // them on local files).
-    for (op, why) in [
-        (
-            Operation::Retain,
-            "Orrery does not run Retain scripts yet (members keep the fields their own \
+    for (op, why) in [(
+        Operation::Retain,
+        "Orrery does not run Retain scripts yet (members keep the fields their own \
              controllers own, through server-side apply): remove retention",
-        ),
-        (
-            Operation::InterpretComponent,
-            "Orrery does not place multi-component workloads yet: remove componentResource",
-        ),
-    ] {
+    )] {
         if spec.customizations.script(op).is_some() {
             errs.push(FieldError::forbidden(
                 format!("spec.customizations.{}", op.field()),

@@ -550,6 +550,7 @@ impl Sim<'_> {
                 seed: id as u64,
                 relations: Default::default(),
                 components: &[],
+                quota_room: &[],
             };
             let t0 = Instant::now();
             let d = schedule_cached(&self.fleet, &task, &self.config, &mut self.cache);

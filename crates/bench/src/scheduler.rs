@@ -246,6 +246,7 @@ fn run_engine(
             seed: s.seed,
             relations: Default::default(),
             components: &[],
+            quota_room: &[],
         };
         let d = schedule_cached(fleet, &task, config, &mut cache);
         placed += usize::from(d.error.is_none());

@@ -331,6 +331,7 @@ fn run(strategy: Strategy, sites: &[Site], data: &[DataSet], jobs: &[Job]) -> Ou
                     ..Default::default()
                 },
                 components: &[],
+                quota_room: &[],
             };
             let started = Instant::now();
             let d = orrery_scheduler::schedule_cached(&fleet, &task, &config, &mut cache);

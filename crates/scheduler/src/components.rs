@@ -8,11 +8,16 @@
 //!
 //! The caller turns its task into the set's with [`WholeSet`] and schedules and explains
 //! with that task, so the decision and its explanation read the same figures.
+//!
+//! Where a member reports a ResourceQuota of the workload's namespace ([`QuotaRoom`], read
+//! from a FederatedResourceQuota's `aggregatedStatus`), the set must also fit what it leaves
+//! free there, as Karmada's estimator counts the namespace's quota for component sets; the
+//! `ResourceQuota` filter names the first component that does not.
 
+use orrery_api::Quantity;
 use orrery_api::binding::TargetCluster;
 use orrery_api::cluster::ResourceList;
 use orrery_api::policy::{AGGREGATED, DIVIDED, Placement, ReplicaScheduling};
-use orrery_api::{Format, Quantity};
 
 use crate::{Config, Task};
 
@@ -22,6 +27,66 @@ pub struct ComponentNeed {
     pub name: String,
     pub replicas: i64,
     pub request: ResourceList,
+}
+
+/// What one ResourceQuota of the workload's namespace leaves free in a member, as the member
+/// reports it (`hard` less `used`, for the limits it names).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct QuotaRoom {
+    pub cluster: String,
+    /// The ResourceQuota's name.
+    pub quota: String,
+    pub free: ResourceList,
+}
+
+impl QuotaRoom {
+    /// A member's report of one quota: `hard` less `used` for every limit `hard` names.
+    pub fn of(cluster: &str, quota: &str, hard: &ResourceList, used: &ResourceList) -> QuotaRoom {
+        let free = hard
+            .iter()
+            .map(|(name, h)| {
+                let u = used.get(name).copied().unwrap_or_default();
+                (name.clone(), h.checked_sub(&u).unwrap_or_default())
+            })
+            .collect();
+        QuotaRoom {
+            cluster: cluster.into(),
+            quota: quota.into(),
+            free,
+        }
+    }
+
+    /// The first component that takes the set past what the quota leaves free, once the
+    /// components before it are counted, and the quota's limit it passes. `runs_here`: the
+    /// set runs in this member now, so its own use is in `used` and is given back first.
+    pub fn first_short<'c>(
+        &self,
+        components: &'c [ComponentNeed],
+        runs_here: bool,
+    ) -> Option<(&'c ComponentNeed, &str)> {
+        let own = set_request(components);
+        for (k, c) in components.iter().enumerate() {
+            // What this component and the ones before it take.
+            let taken = set_request(&components[..=k]);
+            let over = self.free.iter().find(|(limit, free)| {
+                // Kubernetes counts `cpu` and `requests.cpu` alike; limits are not known here.
+                let resource = limit.strip_prefix("requests.").unwrap_or(limit);
+                let Some(t) = taken.get(resource) else {
+                    return false;
+                };
+                let back = if runs_here {
+                    own.get(resource).copied().unwrap_or_default()
+                } else {
+                    Quantity::default()
+                };
+                !t.is_zero() && *t > **free + back
+            });
+            if let Some((limit, _)) = over {
+                return Some((c, limit.as_str()));
+            }
+        }
+        None
+    }
 }
 
 /// What a multi-component task is scheduled as: one replica of the whole set.
@@ -81,26 +146,5 @@ impl WholeSet {
 
 /// Every component's replicas times its request, summed; `pods` counts their pods.
 pub fn set_request(components: &[ComponentNeed]) -> ResourceList {
-    let mut out = ResourceList::new();
-    let mut pods = 0i64;
-    for c in components {
-        let n = c.replicas.max(0);
-        pods = pods.saturating_add(n);
-        for (name, q) in &c.request {
-            if name == "pods" {
-                continue;
-            }
-            // A set too large to count fits nowhere.
-            let add = q
-                .checked_mul(n)
-                .unwrap_or_else(|| Quantity::from_int(i64::MAX, q.format()));
-            let sum = match out.get(name) {
-                Some(have) => *have + add,
-                None => add,
-            };
-            out.insert(name.clone(), sum);
-        }
-    }
-    out.insert("pods".into(), Quantity::from_int(pods, Format::DecimalSI));
-    out
+    orrery_api::binding::set_request(components.iter().map(|c| (c.replicas, &c.request)))
 }

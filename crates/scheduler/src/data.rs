@@ -12,7 +12,8 @@
 //!   the bytes over it.
 //! - **compute**: the work (hours of the reference GPU) over the replicas, at the cluster's
 //!   GPU performance; when fewer replicas fit than the task has, they run in rounds, and the
-//!   rounds but the first are the **wait**.
+//!   rounds but the first are the **wait**. A whole set of components runs at once: the work
+//!   is over the sum of its components' replicas.
 //! - **egress**: the bytes leaving each source, at its price per GiB.
 //!
 //! Completion is transfer + wait + compute. Moving the compute to the data and the data to
@@ -291,9 +292,16 @@ pub fn estimate(ctx: &Ctx<'_>, i: usize, needs: &DataNeeds) -> Estimate {
         e.transfer_seconds = lead + slowest_source.max(e.transfer_bytes as f64 / down);
     }
     if needs.gpu_hours > 0.0 {
-        let replicas = ctx.task.replicas.max(1);
+        // A whole set of components runs all its pods at once: the work is over their sum.
+        let set: i64 = ctx.task.components.iter().map(|c| c.replicas.max(0)).sum();
+        let whole = ctx.task.components.len() > 1;
+        let replicas = if whole {
+            set.max(1)
+        } else {
+            ctx.task.replicas.max(1)
+        };
         let at_once = match ctx.room.get(i).copied().flatten() {
-            Some(r) if ctx.needs_room() => r.clamp(1, replicas),
+            Some(r) if ctx.needs_room() && !whole => r.clamp(1, replicas),
             _ => replicas,
         };
         let rounds = (replicas + at_once - 1) / at_once;

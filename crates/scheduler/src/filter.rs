@@ -406,6 +406,47 @@ impl Filter for WaterLevel {
     }
 }
 
+/// A whole set of components must fit what the member's ResourceQuotas of its namespace
+/// leave free, where the member reports them ([`crate::components::QuotaRoom`]).
+#[derive(Debug)]
+pub struct ResourceQuota;
+
+impl ResourceQuota {
+    fn first_short<'c>(ctx: &'c Ctx<'_>, i: usize) -> Option<(&'c str, &'c str, i64, &'c str)> {
+        let components = ctx.task.components;
+        if components.len() < 2 {
+            return None;
+        }
+        let name = &ctx.fleet.clusters()[i].name;
+        let runs_here = ctx.previous[i] > 0;
+        ctx.task
+            .quota_room
+            .iter()
+            .filter(|r| r.cluster == *name)
+            .find_map(|r| {
+                let (c, limit) = r.first_short(components, runs_here)?;
+                Some((c.name.as_str(), r.quota.as_str(), c.replicas, limit))
+            })
+    }
+}
+
+impl Filter for ResourceQuota {
+    fn name(&self) -> &'static str {
+        "ResourceQuota"
+    }
+    fn check(&self, ctx: &Ctx<'_>, i: usize) -> bool {
+        ResourceQuota::first_short(ctx, i).is_none()
+    }
+    fn why(&self, ctx: &Ctx<'_>, i: usize) -> String {
+        let Some((component, quota, replicas, limit)) = ResourceQuota::first_short(ctx, i) else {
+            return String::new();
+        };
+        format!(
+            "component {component} ({replicas} replicas) does not fit: with the components before it, the namespace's ResourceQuota {quota} there would pass its {limit}"
+        )
+    }
+}
+
 /// For a whole set of components: the first component that takes cluster `i` over the limit
 /// once the components before it are counted, told as such.
 fn component_over(ctx: &Ctx<'_>, i: usize) -> Option<String> {

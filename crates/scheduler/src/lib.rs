@@ -128,6 +128,9 @@ pub struct Task<'a> {
     /// The workload's components, when its interpreter names two or more: it is then
     /// scheduled as one whole set ([`components::WholeSet`]).
     pub components: &'a [components::ComponentNeed],
+    /// What the members' ResourceQuotas of the workload's namespace leave free, where members
+    /// report them; a whole set of components must fit it.
+    pub quota_room: &'a [components::QuotaRoom],
 }
 
 /// What ties a task to its data and to other workloads (none by default).

@@ -21,6 +21,7 @@ pub fn default_filters() -> Vec<Box<dyn Filter>> {
         Box::new(data::Network),
         Box::new(filter::WorkloadAffinity),
         Box::new(filter::NodeFit),
+        Box::new(filter::ResourceQuota),
         Box::new(cost::Priced),
         Box::new(filter::WaterLevel),
         // Last: it estimates each transfer, and only tasks that read data sets pay for it.

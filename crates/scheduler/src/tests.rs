@@ -58,6 +58,7 @@ struct T {
     near: Vec<String>,
     data: Option<data::DataNeeds>,
     components: Vec<components::ComponentNeed>,
+    quota_room: Vec<components::QuotaRoom>,
 }
 
 impl T {
@@ -78,6 +79,7 @@ impl T {
             near: vec![],
             data: None,
             components: vec![],
+            quota_room: vec![],
         }
     }
     fn task(&self) -> Task<'_> {
@@ -111,6 +113,7 @@ impl T {
                 data: self.data.as_ref(),
             },
             components: &self.components,
+            quota_room: &self.quota_room,
         }
     }
     fn run(&self, clusters: &[ClusterSnapshot]) -> Decision {
@@ -1305,6 +1308,28 @@ fn replicas_that_do_not_fit_at_once_wait_for_room() {
     assert_eq!(est.total_seconds, 3600.0);
 }
 
+/// A whole set of components runs all its pods at once: the completion estimate spreads
+/// the work over the sum of its components' replicas, in one round.
+#[test]
+fn a_whole_sets_completion_counts_every_component() {
+    let clusters = vec![data_cluster("only", 2.0, 10.0, 0.0)];
+    let mut t = T::new(divided(), 0);
+    t.components = flink();
+    t.data = Some(data::DataNeeds {
+        gpu_hours: 5.0,
+        ..Default::default()
+    });
+    let config = Config::default();
+    let set = components::WholeSet::of(&t.task(), &config).unwrap();
+    let whole = set.task(&t.task());
+    let fl = Fleet::new(clusters);
+    let d = schedule(&fl, &whole, &config);
+    let why = d.explain(&fl, &whole, &config);
+    let est = why[0].estimate.clone().unwrap();
+    // Five pods (1 + 4), an hour of reference work each: half an hour on this GPU.
+    assert_eq!((est.compute_seconds, est.wait_seconds), (1800.0, 0.0));
+}
+
 /// A task that reads no data is scored as if the Completion plugin did not exist: its weight
 /// does not flatten the totals (which score-weighted division follows).
 #[test]
@@ -2286,6 +2311,63 @@ fn overflow_follows_each_dynamic_division_and_only_workloads_overflow() {
     task.divisible = false;
     let d = schedule(&Fleet::new(c.clone()), &task, &Config::default());
     assert_eq!(shares(&d), s(&[("m1", 0)]));
+}
+
+/// A member's ResourceQuota of the namespace, where reported, must hold the whole set too:
+/// the first component past it is named, and a set running there counts its own use back.
+#[test]
+fn a_whole_set_fits_the_members_resource_quota_where_reported() {
+    let p = json!({"replicaScheduling": {"replicaSchedulingType": DIVIDED}});
+    let mut t = T::new(p, 0);
+    t.components = flink();
+    let config = Config::default();
+    let room = |cluster: &str, free: &str| components::QuotaRoom {
+        cluster: cluster.into(),
+        quota: "team".into(),
+        free: [("requests.cpu".to_string(), free.parse().unwrap())].into(),
+    };
+    let placed = |t: &T| {
+        let set = components::WholeSet::of(&t.task(), &config).unwrap();
+        let whole = set.task(&t.task());
+        let fl = Fleet::new(fleet());
+        let d = schedule(&fl, &whole, &config);
+        let why: BTreeMap<String, ClusterDecision> = d
+            .explain(&fl, &whole, &config)
+            .into_iter()
+            .map(|x| (x.name.clone(), x))
+            .collect();
+        (shares(&d), why)
+    };
+    // Without a quota the set goes to m2 or m3; a quota of 9 cores in both turns both away,
+    // naming the task managers (2 + 4 x 2 cores = 10 > 9).
+    let (free, _) = placed(&t);
+    assert_eq!(free.len(), 1, "{free:?}");
+    t.quota_room = vec![room("m2", "9"), room("m3", "9")];
+    let (none, why) = placed(&t);
+    assert!(none.is_empty(), "{none:?}");
+    assert_eq!(why["m3"].filter, "ResourceQuota", "{why:?}");
+    assert_eq!(
+        why["m3"].reason,
+        "component taskmanager (4 replicas) does not fit: with the components before it, the \
+         namespace's ResourceQuota team there would pass its requests.cpu"
+    );
+    // Room for 10 cores in m2 only: it goes there.
+    t.quota_room = vec![room("m2", "10"), room("m3", "9")];
+    assert_eq!(placed(&t).0, s(&[("m2", 1)]));
+    // Running in m3 already, its own 10 cores are in the member's `used`: 1 core free is
+    // room enough to stay.
+    t.quota_room = vec![room("m2", "0"), room("m3", "1")];
+    t.previous = vec![TargetCluster {
+        name: "m3".into(),
+        replicas: 1,
+    }];
+    assert_eq!(placed(&t).0, s(&[("m3", 1)]));
+    // A quota of another resource, or of a resource the set does not ask for, holds nothing.
+    let mut mem = room("m3", "0");
+    mem.free = [("requests.memory".to_string(), "0".parse().unwrap())].into();
+    t.previous.clear();
+    t.quota_room = vec![room("m2", "0"), mem];
+    assert_eq!(placed(&t).0, s(&[("m3", 1)]));
 }
 
 fn flink() -> Vec<components::ComponentNeed> {

@@ -223,6 +223,27 @@ impl Scripted for KindScripts {
         })
     }
 
+    fn components(&self, obj: &Value) -> Option<Vec<orrery_api::binding::Component>> {
+        let found = self.answer(Operation::InterpretComponent, |vm, s| {
+            vm.get_components(s, obj)
+        })??;
+        Some(
+            found
+                .into_iter()
+                .map(|c| orrery_api::binding::Component {
+                    name: c.name,
+                    replicas: i64::from(c.replicas),
+                    replica_requirements: c
+                        .replica_requirements
+                        .filter(|r| !r.resource_request.is_empty())
+                        .map(|r| orrery_api::binding::ReplicaRequirements {
+                            resource_request: r.resource_request.into_iter().collect(),
+                        }),
+                })
+                .collect(),
+        )
+    }
+
     fn dependencies(&self, obj: &Value) -> Option<Vec<(String, String)>> {
         let scripts = self.rules.dependency_scripts();
         if scripts.is_empty() {

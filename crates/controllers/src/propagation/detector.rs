@@ -667,6 +667,8 @@ impl Detector {
         let digest = content_digest(&t);
         let mut spec = self.desired(&t, &digest, p, existing.as_deref());
         spec.schedule_priority = schedule_priority;
+        let interp = self.customized.interpreter(&self.interpreters, &t);
+        spec.components = interp.components(&serde_json::to_value(&*t).unwrap_or(Value::Null));
         let info = info?;
         let tkey = info.key(t.namespace(), t.name());
         let store = self.store.clone();

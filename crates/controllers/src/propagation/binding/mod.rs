@@ -1108,7 +1108,13 @@ impl Binder {
                 && matches!(
                     self.member_status(&c.name, work_name, t),
                     (_, true, Some(m)) if m.applied
-                        && health_of(interp, t, m, spec.placement.divided().then_some(c.replicas))
+                        && health_of(
+                            interp,
+                            t,
+                            m,
+                            (spec.placement.divided() && !spec.is_whole_set())
+                                .then_some(c.replicas),
+                        )
                             == Health::Healthy
                 )
         })
@@ -1222,7 +1228,9 @@ impl Binder {
                 o.map(|o| o.as_ref())
             })
             .collect();
+        // A workload of several components goes whole: its replicas are not revised.
         let divided = spec.placement.divided()
+            && !spec.is_whole_set()
             && interp
                 .replicas(&serde_json::to_value(t).unwrap_or(Value::Null))
                 .is_some();

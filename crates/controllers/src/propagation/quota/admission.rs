@@ -101,8 +101,17 @@ impl Reconciler for Follow {
     }
 }
 
-/// Replicas and per-replica request of a template, as the policy controller reads them.
-async fn demand(store: &dyn Store, t: &Object) -> Result<(i64, ResourceList), StoreError> {
+/// What a template asks, as the policy controller reads it.
+struct Demand {
+    replicas: i64,
+    request: ResourceList,
+    /// Its components, when it has two or more (placed whole).
+    components: Vec<orrery_api::binding::Component>,
+}
+
+/// Replicas, per-replica request and components of a template, as the policy controller
+/// reads them.
+async fn demand(store: &dyn Store, t: &Object) -> Result<Demand, StoreError> {
     let opts = ListOptions::default();
     let rics = store
         .list(&RESOURCE_INTERPRETER_CUSTOMIZATION.prefix(None), &opts)
@@ -119,7 +128,11 @@ async fn demand(store: &dyn Store, t: &Object) -> Result<(i64, ResourceList), St
     );
     let interp = customized.interpreter(&specs, t);
     let v = serde_json::to_value(t).unwrap_or_default();
-    Ok((interp.replicas(&v).unwrap_or(0), interp.requests(&v)))
+    Ok(Demand {
+        replicas: interp.replicas(&v).unwrap_or(0),
+        request: interp.requests(&v),
+        components: interp.components(&v),
+    })
 }
 
 fn internal(e: StoreError) -> Refusal {
@@ -161,9 +174,15 @@ impl Admission for QuotaAdmission {
         else {
             return Ok(());
         };
-        let (replicas, request) = demand(store, obj).await.map_err(internal)?;
+        let d = demand(store, obj).await.map_err(internal)?;
         let old = fq::usage_of(&spec);
-        let new = fq::projected_use(&spec, replicas, &request);
+        let new = if d.components.len() > 1 {
+            // Placed whole: the new set in each cluster it runs in.
+            let sets = spec.clusters.iter().filter(|c| c.replicas > 0).count();
+            fq::whole_set_use(&d.components, sets as i64)
+        } else {
+            fq::projected_use(&spec, d.replicas, &d.request)
+        };
         if !fq::changes_use(&old, &new) {
             return Ok(());
         }

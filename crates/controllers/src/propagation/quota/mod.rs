@@ -58,6 +58,19 @@ pub(crate) fn binding_use(b: &Object) -> ResourceList {
     let Some(spec) = b.spec.as_ref() else {
         return ResourceList::new();
     };
+    let components: Vec<orrery_api::binding::Component> = (spec.get("components"))
+        .and_then(|c| serde_json::from_value(c.clone()).ok())
+        .unwrap_or_default();
+    if components.len() > 1 {
+        let sets = (spec
+            .get("clusters")
+            .and_then(serde_json::Value::as_array)
+            .into_iter())
+        .flatten()
+        .filter(|c| c.get("replicas").and_then(serde_json::Value::as_i64) > Some(0))
+        .count();
+        return fq::whole_set_use(&components, sets as i64);
+    }
     let placed: i64 = spec
         .get("clusters")
         .and_then(serde_json::Value::as_array)

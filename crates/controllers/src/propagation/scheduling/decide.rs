@@ -211,6 +211,19 @@ impl Scheduler {
             k,
             &spec,
         );
+        let needs: Vec<orrery_scheduler::components::ComponentNeed> = (spec.components.iter())
+            .map(|c| orrery_scheduler::components::ComponentNeed {
+                name: c.name.clone(),
+                replicas: c.replicas,
+                request: (c.replica_requirements.as_ref())
+                    .map_or_else(Default::default, |r| r.resource_request.clone()),
+            })
+            .collect();
+        let rooms = if needs.len() > 1 {
+            self.quota.rooms(&spec.resource.namespace)
+        } else {
+            Vec::new()
+        };
         let task = Task {
             // A standalone task runs outside Orrery and needs no API of the member.
             api_version: if spec.resource.is_task() {
@@ -233,8 +246,18 @@ impl Scheduler {
             now: now.unix_seconds(),
             seed: seed_of(&b.metadata.uid),
             relations: ties.relations(),
-            components: &[],
+            components: &needs,
+            quota_room: &rooms,
         };
+        // A workload of several components is placed as one whole set.
+        let set = orrery_scheduler::components::WholeSet::of(&task, &self.engine);
+        let task = set.as_ref().map_or_else(|| task.clone(), |s| s.task(&task));
+        let request = task.request.clone();
+        // A quota counts a set's resources as any binding's, its pods left out.
+        let mut quota_request = request.clone();
+        if set.is_some() {
+            quota_request.remove("pods");
+        }
         let mut decision = self.run_engine(&task, &ties);
         if let Some(note) = self.preempt_for(k, &spec, &decision) {
             decision.error = decision.error.map(|e| format!("{e}; {note}"));
@@ -297,7 +320,7 @@ impl Scheduler {
             && let Some(msg) = self.quota.check(
                 k,
                 &spec.resource.namespace,
-                &request,
+                &quota_request,
                 &spec.clusters,
                 &new_clusters,
                 &self.bindings,

@@ -162,6 +162,7 @@ impl Scheduler {
             seed: seed_of(&b.metadata.uid),
             relations: ties.relations(),
             components: &[],
+            quota_room: &[],
         };
         let decision = schedule_cached(&self.fleet, &task, &self.engine, &mut self.filter_cache);
         self.start_move(

@@ -84,6 +84,7 @@ impl Scheduler {
         if sp.preemption_policy != PREEMPT_LOWER_PRIORITY
             || decision.unplaced <= 0
             || spec.resource.namespace.is_empty()
+            || spec.is_whole_set()
         {
             return None;
         }
@@ -227,6 +228,7 @@ impl Scheduler {
             };
             if priority(&spec) >= above
                 || spec.is_stateful()
+                || spec.is_whole_set()
                 || spec.resource.namespace.is_empty()
                 || !orrery_api::policy::is_orrery_scheduler(&spec.scheduler_name)
             {

@@ -13,8 +13,11 @@ use std::sync::Arc;
 
 use orrery_api::Object;
 use orrery_api::binding::TargetCluster;
-use orrery_api::federated_quota::{self as fq, FederatedResourceQuotaSpec};
+use orrery_api::federated_quota::{
+    self as fq, FederatedResourceQuotaSpec, FederatedResourceQuotaStatus,
+};
 use orrery_api::meta::ResourceList;
+use orrery_scheduler::components::QuotaRoom;
 
 use super::BKey;
 use crate::propagation::quota::{binding_use, template_in};
@@ -28,11 +31,28 @@ pub(super) struct QuotaBook {
     decided: HashMap<BKey, ResourceList>,
     /// Bindings whose decision was refused.
     refused: HashSet<BKey>,
+    /// What each quota's ResourceQuotas leave free in the members that report them, by
+    /// namespace, by quota name (a whole set of components must fit it).
+    rooms: HashMap<String, BTreeMap<String, Vec<QuotaRoom>>>,
 }
 
 impl QuotaBook {
     /// Takes a quota's event; returns the refused bindings to decide again.
     pub(super) fn on_quota(&mut self, ev: Event) -> Vec<BKey> {
+        match &ev {
+            Event::Listed(items) => {
+                self.rooms.clear();
+                for o in items {
+                    self.note_rooms(o);
+                }
+            }
+            Event::Upsert(o) => self.note_rooms(o),
+            Event::Delete(o) => {
+                if let Some(ns) = self.rooms.get_mut(o.namespace()) {
+                    ns.remove(o.name());
+                }
+            }
+        }
         let read = |o: &Object| -> Option<ResourceList> {
             let s: FederatedResourceQuotaSpec = serde_json::from_value(o.spec.clone()?).ok()?;
             Some(s.overall).filter(|o| !o.is_empty())
@@ -87,6 +107,30 @@ impl QuotaBook {
         let mut wake = self.woken(&k.0);
         wake.retain(|w| w != k);
         wake
+    }
+
+    /// Keeps what a quota's members report of their ResourceQuotas.
+    fn note_rooms(&mut self, o: &Object) {
+        let status: FederatedResourceQuotaStatus = (o.status.clone())
+            .and_then(|s| serde_json::from_value(s).ok())
+            .unwrap_or_default();
+        let rooms: Vec<QuotaRoom> = (status.aggregated_status.iter())
+            .filter(|c| !c.hard.is_empty())
+            .map(|c| QuotaRoom::of(&c.cluster_name, o.name(), &c.hard, &c.used))
+            .collect();
+        let ns = self.rooms.entry(o.namespace().to_string()).or_default();
+        if rooms.is_empty() {
+            ns.remove(o.name());
+        } else {
+            ns.insert(o.name().to_string(), rooms);
+        }
+    }
+
+    /// What the members' ResourceQuotas of `ns` leave free, where reported.
+    pub(super) fn rooms(&self, ns: &str) -> Vec<QuotaRoom> {
+        (self.rooms.get(ns).into_iter())
+            .flat_map(|q| q.values().flatten().cloned())
+            .collect()
     }
 
     fn woken(&self, ns: &str) -> Vec<BKey> {
