@@ -1369,16 +1369,131 @@ spec:
             && refused.contains("InterpreterOperation(AggregateStatus) Lua script error"),
         "{refused}"
     );
-    // Retain is not run by Orrery yet: refused, not taken and ignored.
-    let retain = customization(summing).replace(
-        "  customizations:\n",
-        "  customizations:\n    retention:\n      luaScript: \"function Retain(d, o) return d end\"\n",
+}
+
+/// A customization's Retain runs in the member on each update of the object there
+/// (Karmada's `Retain(desiredObj, observedObj)`): what the member's users set is kept; a
+/// failing script leaves the manifest as it is, and says so on the Work, the template and the
+/// binding.
+#[test]
+fn a_retain_script_keeps_what_the_member_set() {
+    let f = Fleet::start(&[("east", "us-east"), ("west", "eu-west")]);
+    let s = &f.s;
+    crd_in_members(&f, "apps.kruise.io", "v1alpha1", "clonesets", "CloneSet");
+    let retain = |body: &str| {
+        format!(
+            "apiVersion: config.karmada.io/v1alpha1\nkind: ResourceInterpreterCustomization\n\
+             metadata: {{name: shop-paused}}\nspec:\n  target: {{apiVersion: apps.kruise.io/v1alpha1, kind: CloneSet}}\n\
+             \x20 customizations:\n    retention:\n      luaScript: |\n{body}\n"
+        )
+    };
+    s.apply(&retain(
+        "        function Retain(desiredObj, observedObj)\n\
+         \x20         if observedObj.spec.paused ~= nil then\n\
+         \x20           desiredObj.spec.paused = observedObj.spec.paused\n\
+         \x20         end\n\
+         \x20         return desiredObj\n\
+         \x20       end",
+    ));
+    s.apply(
+        r#"
+apiVersion: apps.kruise.io/v1alpha1
+kind: CloneSet
+metadata: {name: shop, namespace: default}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: shop}}
+  template:
+    metadata: {labels: {app: shop}}
+    spec: {containers: [{name: shop, image: "shop:1"}]}
+---
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata: {name: shop, namespace: default}
+spec:
+  resourceSelectors: [{apiVersion: apps.kruise.io/v1alpha1, kind: CloneSet, name: shop}]
+  placement: {clusterAffinity: {clusterNames: [east]}}
+"#,
     );
-    let refused = s.fails_stdin(&["apply", "-f", "-"], &retain);
-    assert!(
-        refused.contains("spec.customizations.retention") && refused.contains("remove retention"),
-        "{refused}"
+    eventually(Duration::from_secs(30), "the CloneSet in east", || {
+        f.find("east", "CloneSet", "shop").is_some()
+    });
+    // Someone in the member pauses it.
+    let (code, body) = common::http(
+        "PUT",
+        f.admin("east"),
+        "/clusters/east/objects/spec",
+        &serde_json::json!({
+            "apiVersion": "apps.kruise.io/v1alpha1", "kind": "CloneSet",
+            "metadata": {"name": "shop", "namespace": "default"},
+            "spec": {"paused": true},
+        })
+        .to_string(),
     );
+    assert_eq!(code, 200, "{body}");
+    let image = |c: &Value| c["spec"]["template"]["spec"]["containers"][0]["image"].clone();
+    // A new image goes through; the member's pause stays.
+    s.ok(&[
+        "patch",
+        "cloneset",
+        "shop",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"shop:2"}]"#,
+    ]);
+    eventually(
+        Duration::from_secs(30),
+        "shop:2 in east, still paused",
+        || {
+            f.find("east", "CloneSet", "shop")
+                .is_some_and(|c| image(&c) == "shop:2" && c["spec"]["paused"] == true)
+        },
+    );
+    let there = f.find("east", "CloneSet", "shop").unwrap();
+    assert_eq!(
+        there["metadata"]["labels"][orrery_api::work::MANAGED_LABEL],
+        orrery_api::work::MANAGED_VALUE,
+        "still Orrery's: {there}"
+    );
+    // A script that fails: the manifest goes as it is (the pause is dropped), and it is told.
+    s.apply(&retain(
+        "        function Retain(desiredObj, observedObj)\n\
+         \x20         error(\"no retention today\")\n\
+         \x20       end",
+    ));
+    s.ok(&[
+        "patch",
+        "cloneset",
+        "shop",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/template/spec/containers/0/image","value":"shop:3"}]"#,
+    ]);
+    eventually(Duration::from_secs(30), "shop:3 in east, unpaused", || {
+        f.find("east", "CloneSet", "shop")
+            .is_some_and(|c| image(&c) == "shop:3" && c["spec"].get("paused").is_none())
+    });
+    eventually(Duration::from_secs(30), "the failure told", || {
+        let w = s.get_json(&["work", "-n", "orrery-cluster-east", "default.shop-cloneset"]);
+        let retained = (w["status"]["conditions"].as_array().into_iter().flatten()).any(|c| {
+            c["type"] == "Retained" && c["status"] == "False" && c["reason"] == "InterpretFailed"
+        });
+        let events = s.ok(&["get", "events", "-n", "default", "-o", "json"]);
+        let events: Value = serde_json::from_str(&events).unwrap();
+        let told = |kind: &str| {
+            (events["items"].as_array().into_iter().flatten()).any(|e| {
+                e["reason"] == "InterpretFailed"
+                    && e["involvedObject"]["kind"] == kind
+                    && e["message"].as_str().is_some_and(|m| {
+                        m.contains("in cluster east: Retain of ResourceInterpreterCustomization shop-paused failed")
+                            && m.contains("no retention today")
+                    })
+            })
+        };
+        retained && told("CloneSet") && told("ResourceBinding")
+    });
 }
 
 /// An OpenKruise CloneSet with no customization of the user's: Orrery's bundled one reads its

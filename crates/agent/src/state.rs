@@ -31,6 +31,9 @@ pub struct AppliedWork {
     /// what the member has meanwhile.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub held: Vec<Value>,
+    /// The Work's Retain scripts, for applying it again.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retention: Vec<orrery_api::work::Retention>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

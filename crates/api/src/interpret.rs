@@ -438,6 +438,9 @@ pub trait Scripted: std::fmt::Debug + Send + Sync {
     fn dependencies(&self, obj: &Value) -> Option<Vec<(String, String)>>;
     /// `GetComponents`: the workload's components (Karmada's `InterpretComponent`).
     fn components(&self, obj: &Value) -> Option<Vec<crate::binding::Component>>;
+    /// The `Retain` script and the customization it comes from: the agent runs it in the
+    /// member, where the observed object is.
+    fn retain_script(&self) -> Option<(String, String)>;
 }
 
 /// What Orrery knows about one kind: built-in rules, a ResourceInterpreter's, or a
@@ -494,6 +497,20 @@ impl<'a> Interpreter<'a> {
         self.scripts()
             .and_then(|s| s.components(obj))
             .unwrap_or_default()
+    }
+
+    /// The `Retain` script of the template's kind for its Works, if a customization has one.
+    pub fn retention(&self, api_version: &str, kind: &str) -> Vec<crate::work::Retention> {
+        let Some((customization, lua_script)) = self.scripts().and_then(|s| s.retain_script())
+        else {
+            return Vec::new();
+        };
+        vec![crate::work::Retention {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            customization,
+            lua_script,
+        }]
     }
 
     /// Sets the replica count of one cluster's copy.

@@ -24,6 +24,11 @@ pub const REASON_APPLIED_FAILED: &str = "AppliedFailed";
 /// again once it does, and what the member ran before may still run there.
 pub const REASON_MEMBER_UNAVAILABLE: &str = "MemberUnavailable";
 pub const CONDITION_AVAILABLE: &str = "Available";
+/// `False` while a Retain script of the Work failed at its last apply (reason
+/// [`REASON_INTERPRET_FAILED`], the message says which and why): the object was applied
+/// without it. Absent when no script failed.
+pub const CONDITION_RETAINED: &str = "Retained";
+pub const REASON_INTERPRET_FAILED: &str = "InterpretFailed";
 
 /// Most manifests one Work may carry.
 pub const MAX_MANIFESTS: usize = 1000;
@@ -59,6 +64,31 @@ pub struct WorkSpec {
     /// agent, never applied as objects.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub transfers: Vec<crate::stateful::Transfer>,
+    /// Karmada's `Retain` scripts for the Work's manifests: on each update of an object the
+    /// member has, the agent applies `Retain(desired, observed)` in place of the manifest.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retention: Vec<Retention>,
+}
+
+/// A `Retain` script (a ResourceInterpreterCustomization's `retention`) for the manifests of
+/// one kind.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Retention {
+    pub api_version: String,
+    pub kind: String,
+    /// The customization it comes from (named in a failure).
+    #[serde(default)]
+    pub customization: String,
+    pub lua_script: String,
+}
+
+impl Retention {
+    /// Whether it is for `manifest`'s kind.
+    pub fn applies_to(&self, manifest: &Value) -> bool {
+        manifest.get("apiVersion").and_then(Value::as_str) == Some(self.api_version.as_str())
+            && manifest.get("kind").and_then(Value::as_str) == Some(self.kind.as_str())
+    }
 }
 
 /// Which object of a Work a status is about.

@@ -396,20 +396,6 @@ fn validate_customization_scripts(obj: &Object, errs: &mut ErrorList) {
     else {
         return;
     };
-    // Not honoured yet, so refused rather than taken and ignored (`orrery interpret` runs
-    // them on local files).
-    for (op, why) in [(
-        Operation::Retain,
-        "Orrery does not run Retain scripts yet (members keep the fields their own \
-             controllers own, through server-side apply): remove retention",
-    )] {
-        if spec.customizations.script(op).is_some() {
-            errs.push(FieldError::forbidden(
-                format!("spec.customizations.{}", op.field()),
-                why,
-            ));
-        }
-    }
     let vm = orrery_interpreter::Vm::default();
     for op in Operation::ALL {
         if let Some(script) = spec.customizations.script(op)

@@ -262,6 +262,46 @@ fn cheapest_open(
         .min_by(|a, b| unit[*a].total_cmp(&unit[*b]).then(a.cmp(b)))
 }
 
+/// What `clusters`' replicas of the task cost per hour, in all and per cluster; `None` when
+/// none of them has prices.
+pub fn cost_of(
+    fleet: &crate::Fleet,
+    task: &crate::Task<'_>,
+    clusters: &[orrery_api::binding::TargetCluster],
+) -> Option<orrery_api::binding::BindingCost> {
+    if !fleet.has_prices() || task.replicas <= 0 {
+        return None;
+    }
+    let demand = crate::demand_of(task.request);
+    let mut out = orrery_api::binding::BindingCost::default();
+    for t in clusters {
+        let Some(i) = fleet.position(&t.name) else {
+            continue;
+        };
+        match unit_hourly(&fleet.facts()[i].prices, &demand) {
+            Ok(u) => {
+                let c = u * t.replicas as f64;
+                out.hourly += c;
+                out.clusters.push(orrery_api::binding::ClusterCost {
+                    name: t.name.clone(),
+                    hourly: round_cost(c),
+                });
+            }
+            Err(_) => out.unpriced.push(t.name.clone()),
+        }
+    }
+    if out.clusters.is_empty() {
+        return None;
+    }
+    out.hourly = round_cost(out.hourly);
+    Some(out)
+}
+
+/// A price to a ten-thousandth, as status shows it.
+pub(crate) fn round_cost(x: f64) -> f64 {
+    (x * 10_000.0).round() / 10_000.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

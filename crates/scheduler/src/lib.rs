@@ -9,8 +9,8 @@
 //! 1. initialize: validate the task;
 //! 2. collect domain information: per cluster, the water level and how many replicas fit
 //!    under the limit (totals), and the largest free node (7.2.2);
-//! 3. filter ([`filter`]): readiness, eviction, API enablement, cluster affinity, the draft's
-//!    `targetClusters`, taints, capabilities, node fit, water level;
+//! 3. filter ([`filter`]): readiness, eviction, API enablement, affinity, the draft's
+//!    `targetClusters`, taints, capabilities, node fit, member quota, water level;
 //! 4. score ([`score`]): headroom, water level balance, locality, priority, network, with
 //!    weights that monitoring adjusts;
 //! 5. select: best score first, then spread constraints (min/max groups);
@@ -21,7 +21,6 @@
 //!
 //! Every cluster is visited once per plugin; nothing here reads a clock or allocates per
 //! cluster beyond a few numbers.
-
 // Dimension indexes address several vectors at once (capacity, taken, demand).
 #![allow(clippy::needless_range_loop)]
 
@@ -48,6 +47,7 @@ use orrery_api::overrides::CompiledAffinity;
 use orrery_api::policy::{AGGREGATED, AVAILABLE_REPLICAS, ClusterAffinity, Placement, Target};
 use orrery_api::prediction::{Ahead, LevelSeen};
 
+pub use cost::cost_of;
 pub use divide::divide;
 pub use filter::Filter;
 pub use score::{Score, Signals, Weights};
@@ -125,11 +125,9 @@ pub struct Task<'a> {
     pub seed: u64,
     /// What ties the task to its data and to other workloads.
     pub relations: Relations<'a>,
-    /// The workload's components, when its interpreter names two or more: it is then
-    /// scheduled as one whole set ([`components::WholeSet`]).
+    /// Its components: two or more are scheduled as one whole set ([`components`]), which
+    /// must fit what members report their ResourceQuotas of its namespace leave free.
     pub components: &'a [components::ComponentNeed],
-    /// What the members' ResourceQuotas of the workload's namespace leave free, where members
-    /// report them; a whole set of components must fit it.
     pub quota_room: &'a [components::QuotaRoom],
 }
 
@@ -708,7 +706,7 @@ impl Decision {
             out.water_level = Some(ctx.level_seen(i));
         }
         if ctx.needs_room() {
-            out.replica_hourly = ctx.unit_cost(i).map(round_cost);
+            out.replica_hourly = ctx.unit_cost(i).map(cost::round_cost);
         }
         out
     }
@@ -1462,46 +1460,6 @@ fn spread(
         kept = next;
     }
     Ok(kept)
-}
-
-/// What `clusters`' replicas of the task cost per hour, in all and per cluster; `None` when
-/// none of them has prices.
-pub fn cost_of(
-    fleet: &Fleet,
-    task: &Task<'_>,
-    clusters: &[TargetCluster],
-) -> Option<orrery_api::binding::BindingCost> {
-    if !fleet.has_prices() || task.replicas <= 0 {
-        return None;
-    }
-    let demand = demand_of(task.request);
-    let mut out = orrery_api::binding::BindingCost::default();
-    for t in clusters {
-        let Some(i) = fleet.position(&t.name) else {
-            continue;
-        };
-        match cost::unit_hourly(&fleet.facts()[i].prices, &demand) {
-            Ok(u) => {
-                let c = u * t.replicas as f64;
-                out.hourly += c;
-                out.clusters.push(orrery_api::binding::ClusterCost {
-                    name: t.name.clone(),
-                    hourly: round_cost(c),
-                });
-            }
-            Err(_) => out.unpriced.push(t.name.clone()),
-        }
-    }
-    if out.clusters.is_empty() {
-        return None;
-    }
-    out.hourly = round_cost(out.hourly);
-    Some(out)
-}
-
-/// A price to a ten-thousandth, as status shows it.
-fn round_cost(x: f64) -> f64 {
-    (x * 10_000.0).round() / 10_000.0
 }
 
 #[cfg(test)]

@@ -165,6 +165,28 @@ async fn handle(
                         Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid object: {e}")),
                     }
                 }
+                (&Method::PUT, ["objects", "spec"]) => {
+                    // What someone in the member writes into a custom object's spec.
+                    match serde_json::from_slice::<Value>(&body) {
+                        Ok(o) => match ResourceIdentifier::of(0, &o) {
+                            Some(id) => {
+                                let spec = o.get("spec").cloned().unwrap_or(Value::Null);
+                                match sim.set_spec(&id, &spec) {
+                                    Ok(()) => reply(StatusCode::OK, o),
+                                    Err(why) => error(
+                                        StatusCode::CONFLICT,
+                                        format!("{}: {why}", id.describe()),
+                                    ),
+                                }
+                            }
+                            None => error(
+                                StatusCode::BAD_REQUEST,
+                                "an object needs apiVersion, kind and metadata.name",
+                            ),
+                        },
+                        Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid object: {e}")),
+                    }
+                }
                 (&Method::PUT, ["faults"]) => match serde_json::from_slice::<FaultsBody>(&body) {
                     Ok(f) => {
                         sim.set_faults(Faults {

@@ -243,6 +243,20 @@ impl Backend for SimCluster {
         Ok(())
     }
 
+    async fn observed(&self, id: &ResourceIdentifier) -> Result<Option<Value>, BackendError> {
+        self.gate().await?;
+        let key = key_of(id);
+        let st = self.lock();
+        Ok(st.objects.get(&key).map(|o| {
+            // The manifest as applied, with the status its controller writes.
+            let mut v = o.manifest.clone();
+            if let Some(status) = self.object_state(&st, &key, o).status {
+                v["status"] = status;
+            }
+            v
+        }))
+    }
+
     async fn delete(&self, id: &ResourceIdentifier, cause: &Cause) -> Result<(), BackendError> {
         self.gate().await?;
         let key = key_of(id);

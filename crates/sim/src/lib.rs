@@ -414,6 +414,33 @@ impl SimCluster {
         true
     }
 
+    /// What someone in the member writes into a custom object's spec (`kubectl edit`
+    /// there): each field of `spec` set, the others kept. `Err` names why not: no such object,
+    /// or a workload the simulator runs pods for (its controller's spec, not edited here).
+    pub fn set_spec(&self, id: &ResourceIdentifier, spec: &Value) -> Result<(), &'static str> {
+        let key = key_of(id);
+        {
+            let mut st = self.lock();
+            let Some(o) = st.objects.get_mut(&key) else {
+                return Err("no such object");
+            };
+            if o.shape.is_some() {
+                return Err("the simulator runs its pods: its spec is not edited here");
+            }
+            let fields = spec.as_object().cloned().unwrap_or_default();
+            if let Some(m) = o.manifest.as_object_mut() {
+                let have = m.entry("spec").or_insert_with(|| json!({}));
+                if let Some(have) = have.as_object_mut() {
+                    have.extend(fields);
+                }
+            }
+            o.generation += 1;
+            st.touch(&key);
+        }
+        self.bump();
+        Ok(())
+    }
+
     fn bump(&self) {
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
     }

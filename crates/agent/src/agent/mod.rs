@@ -20,7 +20,8 @@ use orrery_api::cluster::{self, CONDITION_JOINED, CONDITION_READY, ClusterFacts,
 use orrery_api::conditions::{self, Condition};
 use orrery_api::stateful::{Transfer, TransferRole};
 use orrery_api::work::{
-    self, ConflictResolution, Health, ManifestStatus, ResourceIdentifier, WorkSpec, WorkStatus,
+    self, ConflictResolution, Health, ManifestStatus, ResourceIdentifier, Retention, WorkSpec,
+    WorkStatus,
 };
 use orrery_api::{MicroTime, Object, Time};
 use serde_json::{Value, json};
@@ -91,6 +92,9 @@ struct Inner {
     refused: Mutex<HashMap<String, (Instant, Duration)>>,
     /// Works whose last apply hit an unavailable member.
     retry: Mutex<HashSet<String>>,
+    /// Works whose Retain script failed at their last apply, and why (their `Retained`
+    /// condition).
+    retain_failed: Mutex<HashMap<String, String>>,
     /// Per Work: the digest of the status the server has (what was last reported, or what a
     /// listing or watch event showed), and its conditions (their transition times).
     reported: Mutex<HashMap<String, (u64, Vec<Condition>)>>,

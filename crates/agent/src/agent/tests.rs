@@ -68,6 +68,11 @@ impl Backend for Member {
         Ok(())
     }
 
+    async fn observed(&self, id: &ResourceIdentifier) -> Result<Option<Value>, BackendError> {
+        self.gate().await?;
+        Ok(self.objects.lock().get(&id.describe()).cloned())
+    }
+
     async fn delete(&self, id: &ResourceIdentifier, _: &Cause) -> Result<(), BackendError> {
         self.gate().await?;
         self.objects.lock().remove(&id.describe());
@@ -398,6 +403,85 @@ async fn an_apply_failed_for_an_outage_is_not_a_refusal() {
         .work_status("refused", 1, ids("refused"), Time::now())
         .await;
     assert_eq!(reason(&st), Some(("False".into(), "AppliedFailed".into())));
+}
+
+/// A Work's Retain script runs on updates of what the member has, with the member's object:
+/// what the script keeps is applied, Orrery's label and annotation stay whatever it returns,
+/// and a failing script applies the manifest as it is and says so in `Retained`.
+#[tokio::test]
+async fn a_retain_script_runs_on_the_members_object() {
+    let sim = Arc::new(Member::new());
+    let inner = Inner::new(
+        AgentConfig::new("https://127.0.0.1:1", "m1"),
+        sim.clone(),
+        AgentState::default(),
+    );
+    let work = |generation: i64, v: &str, script: &str| {
+        Object::from_value(json!({
+            "apiVersion": "multicluster.io/v1alpha1", "kind": "Work",
+            "metadata": {"name": "w", "namespace": "orrery-cluster-m1", "uid": "w", "generation": generation},
+            "spec": {
+                "workload": {"manifests": [
+                    {"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"name": "c", "namespace": "default"}, "data": {"v": v}}]},
+                "retention": [{"apiVersion": "v1", "kind": "ConfigMap",
+                               "customization": "keep", "luaScript": script}],
+            }
+        }))
+        .expect("a Work")
+    };
+    let keep = "function Retain(d, o)\n  d.data.kept = o.data.kept\n  d.metadata.labels = nil\n  return d\nend";
+    let member = || sim.objects.lock()["ConfigMap v1 default/c"].clone();
+    let retained = |st: &WorkStatus| {
+        orrery_api::conditions::find(&st.conditions, work::CONDITION_RETAINED)
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    let status = || async {
+        let ids = identifiers(&inner.lock_state().works["w"].manifests);
+        inner.work_status("w", 1, ids, Time::now()).await
+    };
+    // Created: nothing observed, nothing retained.
+    inner.apply_work(&work(1, "1", keep)).await;
+    assert_eq!(member()["data"], json!({"v": "1"}));
+    // Someone in the member adds a key; the next version keeps it, and stays Orrery's.
+    sim.objects
+        .lock()
+        .get_mut("ConfigMap v1 default/c")
+        .unwrap()["data"]["kept"] = json!("yes");
+    inner.apply_work(&work(2, "2", keep)).await;
+    let m = member();
+    assert_eq!(m["data"], json!({"v": "2", "kept": "yes"}));
+    assert_eq!(
+        m["metadata"]["labels"][work::MANAGED_LABEL],
+        work::MANAGED_VALUE
+    );
+    assert_eq!(
+        m["metadata"]["annotations"][work::WORK_ANNOTATION],
+        "orrery-cluster-m1/w"
+    );
+    assert_eq!(retained(&status().await), None);
+    // A failing script: applied as it is, and told.
+    inner
+        .apply_work(&work(
+            3,
+            "3",
+            "function Retain(d, o) error('not today') end",
+        ))
+        .await;
+    assert_eq!(member()["data"], json!({"v": "3"}));
+    let (st, reason, message) = retained(&status().await).expect("Retained");
+    assert_eq!(
+        (st.as_str(), reason.as_str()),
+        ("False", work::REASON_INTERPRET_FAILED)
+    );
+    assert!(
+        message.starts_with("Retain of ResourceInterpreterCustomization keep failed:")
+            && message.contains("not today"),
+        "{message}"
+    );
+    // Mended: the condition goes.
+    inner.apply_work(&work(4, "4", keep)).await;
+    assert_eq!(retained(&status().await), None);
 }
 
 /// A retried deletion cut short (the session ends while the member answers slowly, and

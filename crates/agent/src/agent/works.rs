@@ -3,6 +3,12 @@
 
 use super::*;
 
+/// Why a Retain could not be run: the member did not give its object, or the script failed.
+enum RetainError {
+    Member(BackendError),
+    Script(String),
+}
+
 impl Inner {
     /// The CA bundle the agent trusts: the one learnt from the server (kept in the state),
     /// else the one it was given.
@@ -25,6 +31,7 @@ impl Inner {
             errors_seq: std::sync::atomic::AtomicU64::new(0),
             refused: Mutex::new(HashMap::new()),
             retry: Mutex::new(HashSet::new()),
+            retain_failed: Mutex::new(HashMap::new()),
             reported: Mutex::new(HashMap::new()),
             computed: Mutex::new(HashMap::new()),
             report_now: Notify::new(),
@@ -187,22 +194,100 @@ impl Inner {
     }
 
     /// Applies manifests; returns the errors by ordinal, and whether any was the member
-    /// being unavailable (worth retrying).
+    /// being unavailable (worth retrying). An object of a kind `retention` has a Retain
+    /// script for, and that the member has, is applied as `Retain(desired, observed)`; a
+    /// failing script leaves the manifest as it is and is kept for the Work's status.
     pub(super) async fn apply_manifests(
         &self,
+        work: &str,
         manifests: &[Value],
         overwrite: bool,
+        retention: &[Retention],
         cause: &Cause,
     ) -> (BTreeMap<usize, String>, bool) {
         let mut errors = BTreeMap::new();
         let mut unavailable = false;
+        let mut failed = Vec::new();
         for (i, m) in manifests.iter().enumerate() {
-            if let Err(e) = self.backend.apply(m, overwrite, cause).await {
+            let retained = match retention.iter().find(|r| r.applies_to(m)) {
+                Some(r) => match self.retained(m, r).await {
+                    Ok(v) => Ok(v),
+                    Err(RetainError::Member(e)) => Err(e),
+                    Err(RetainError::Script(message)) => {
+                        failed.push(message);
+                        Ok(None)
+                    }
+                },
+                None => Ok(None),
+            };
+            let applied = match retained {
+                Ok(v) => {
+                    self.backend
+                        .apply(v.as_ref().unwrap_or(m), overwrite, cause)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = applied {
                 unavailable |= matches!(e, BackendError::Unavailable(_));
                 errors.insert(i, e.to_string());
             }
         }
+        let mut kept = self.retain_failed.lock();
+        if failed.is_empty() {
+            kept.remove(work);
+        } else {
+            tracing::warn!(cluster = %self.cfg.cluster, work = %work, error = %failed[0], "a Retain script failed; the manifest was applied as it is");
+            kept.insert(work.to_string(), failed.join("; "));
+        }
         (errors, unavailable)
+    }
+
+    /// `Retain(desired, observed)` for an object the member has (`None` when it has none:
+    /// Karmada retains on updates only). Orrery's label and annotation stay whatever the
+    /// script returns, so the object stays Orrery's.
+    async fn retained(&self, desired: &Value, r: &Retention) -> Result<Option<Value>, RetainError> {
+        let Some(id) = ResourceIdentifier::of(0, desired) else {
+            return Ok(None);
+        };
+        let Some(observed) = self
+            .backend
+            .observed(&id)
+            .await
+            .map_err(RetainError::Member)?
+        else {
+            return Ok(None);
+        };
+        let (script, want) = (r.lua_script.clone(), desired.clone());
+        // A script runs for up to its time limit: off the runtime's threads.
+        let out = tokio::task::spawn_blocking(move || {
+            orrery_interpreter::Vm::default().retain(&script, &want, &observed)
+        })
+        .await
+        .map_err(|e| RetainError::Script(format!("Retain did not finish: {e}")))?;
+        let mut v = out.map_err(|e| {
+            RetainError::Script(format!(
+                "Retain of ResourceInterpreterCustomization {} failed: {}; the manifest is applied as it is",
+                r.customization, e.message
+            ))
+        })?;
+        // `retain` answers an object (it checks its kind), so indexing into it cannot panic.
+        for (field, key) in [
+            ("labels", work::MANAGED_LABEL),
+            ("annotations", work::WORK_ANNOTATION),
+        ] {
+            let Some(val) = desired.get("metadata").and_then(|m| m.get(field)?.get(key)) else {
+                continue;
+            };
+            if !v.get("metadata").is_some_and(Value::is_object) {
+                v["metadata"] = json!({});
+            }
+            if !v["metadata"].get(field).is_some_and(Value::is_object) {
+                v["metadata"][field] = json!({});
+            }
+            v["metadata"][field][key] = val.clone();
+        }
+        Ok(Some(v))
     }
 
     /// Deletes objects owed by [`owe_dropped`]; each is struck off once deleted, and left
@@ -290,6 +375,13 @@ impl Inner {
             spec.preserve_resources_on_deletion,
             spec.transfers,
         ]));
+        // Retain scripts count only where there are some: the digests of Works without any
+        // stay what an older agent recorded, so an upgrade applies nothing again.
+        let digest = if spec.retention.is_empty() {
+            digest
+        } else {
+            digest_of(&json!([digest, spec.retention]))
+        };
         let previous = self.lock_state().works.get(&name).cloned();
         let retrying = self.retry.lock().contains(&name);
         if previous.as_ref().is_some_and(|p| p.digest == digest) && !retrying {
@@ -328,7 +420,8 @@ impl Inner {
             kept.remove(&TRANSFER_ERROR);
             (kept, false)
         } else {
-            self.apply_manifests(&manifests, overwrite, &cause).await
+            self.apply_manifests(&name, &manifests, overwrite, &spec.retention, &cause)
+                .await
         };
         if let Some(e) = transfer_error {
             unavailable |= matches!(e, BackendError::Unavailable(_));
@@ -350,6 +443,7 @@ impl Inner {
                 overwrite,
                 transfers: spec.transfers.clone(),
                 held,
+                retention: spec.retention.clone(),
             };
             st.works.insert(name.clone(), applied);
             dropped
@@ -424,7 +518,9 @@ impl Inner {
                 continue;
             }
             let cause = self.applied_cause(&name, &w, "applied: the volume copy is in");
-            let (errors, unavailable) = self.apply_manifests(&w.held, w.overwrite, &cause).await;
+            let (errors, unavailable) = self
+                .apply_manifests(&name, &w.held, w.overwrite, &w.retention, &cause)
+                .await;
             {
                 let mut st = self.lock_state();
                 // Unless the Work changed meanwhile (it was applied anew then).
@@ -543,7 +639,9 @@ impl Inner {
                 continue;
             }
             let cause = self.applied_cause(&name, &w, "resumed: the member lacked it");
-            let (errors, unavailable) = self.apply_manifests(&missing, w.overwrite, &cause).await;
+            let (errors, unavailable) = self
+                .apply_manifests(&name, &missing, w.overwrite, &w.retention, &cause)
+                .await;
             if unavailable {
                 self.retry.lock().insert(name.clone());
             }
@@ -563,7 +661,7 @@ impl Inner {
             // member was away starts once it is back (the Work itself does not change).
             let transfer_error = self.backend.set_transfers(&name, &w.transfers).await.err();
             let (mut errors, mut unavailable) = self
-                .apply_manifests(&w.manifests, w.overwrite, &cause)
+                .apply_manifests(&name, &w.manifests, w.overwrite, &w.retention, &cause)
                 .await;
             if let Some(e) = transfer_error {
                 unavailable |= matches!(e, BackendError::Unavailable(_));
@@ -659,6 +757,20 @@ impl Inner {
             )
         };
         conditions::set(&mut conds, applied, now);
+        match self.retain_failed.lock().get(name) {
+            Some(why) => {
+                let c = Condition::new(
+                    work::CONDITION_RETAINED,
+                    conditions::FALSE,
+                    work::REASON_INTERPRET_FAILED,
+                    why.clone(),
+                );
+                conditions::set(&mut conds, c, now);
+            }
+            None => {
+                conds.retain(|c| c.type_ != work::CONDITION_RETAINED);
+            }
+        }
         let available = if statuses.iter().any(|s| s.health == Health::Unhealthy) {
             let first = statuses
                 .iter()

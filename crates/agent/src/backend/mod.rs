@@ -96,6 +96,10 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
         cause: &Cause,
     ) -> Result<(), BackendError>;
 
+    /// The object as the member has it (spec, status and all), for a Retain script to read;
+    /// `None` when it has none.
+    async fn observed(&self, id: &ResourceIdentifier) -> Result<Option<Value>, BackendError>;
+
     /// Deletes one object Orrery applied (absent objects are fine).
     async fn delete(&self, id: &ResourceIdentifier, cause: &Cause) -> Result<(), BackendError>;
 

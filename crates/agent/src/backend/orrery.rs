@@ -148,6 +148,10 @@ impl Backend for OrreryMember {
         self.kube.apply(manifest, overwrite, cause).await
     }
 
+    async fn observed(&self, id: &ResourceIdentifier) -> Result<Option<Value>, BackendError> {
+        self.kube.observed(id).await
+    }
+
     async fn delete(&self, id: &ResourceIdentifier, cause: &Cause) -> Result<(), BackendError> {
         self.kube.delete(id, cause).await
     }

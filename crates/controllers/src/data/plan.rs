@@ -1129,6 +1129,7 @@ impl<'a> SetState<'a> {
                     conflict_resolution: ConflictResolution::Overwrite,
                     preserve_resources_on_deletion: true,
                     transfers,
+                    retention: Vec::new(),
                 },
                 // Nothing to copy into until the first snapshot is in.
                 CopyRole::Cache if c.round == 0 => continue,

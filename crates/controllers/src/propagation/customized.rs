@@ -244,6 +244,12 @@ impl Scripted for KindScripts {
         )
     }
 
+    fn retain_script(&self) -> Option<(String, String)> {
+        let script = self.rules.script(Operation::Retain)?;
+        let source = self.rules.source(Operation::Retain).unwrap_or_default();
+        Some((source.to_string(), script.to_string()))
+    }
+
     fn dependencies(&self, obj: &Value) -> Option<Vec<(String, String)>> {
         let scripts = self.rules.dependency_scripts();
         if scripts.is_empty() {
@@ -290,16 +296,16 @@ impl Scripted for KindScripts {
     }
 }
 
-/// A job that tells each failure once, on the template and on its binding.
+/// A job that tells each failure ([`Failure::text`], or a member's) once, on the template
+/// and on its binding.
 pub(crate) fn report<K: Send + 'static>(
     store: Arc<dyn Store>,
-    failures: Vec<Failure>,
+    failures: Vec<String>,
     template: Arc<Object>,
     binding: Option<Arc<Object>>,
 ) -> super::Job<K> {
     Box::pin(async move {
-        for f in failures {
-            let text = f.text();
+        for text in failures {
             for about in std::iter::once(&template).chain(binding.iter()) {
                 // Once per object and message (the Event's name is made of 16 hex digits).
                 let mut h = std::collections::hash_map::DefaultHasher::new();

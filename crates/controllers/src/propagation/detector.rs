@@ -568,7 +568,7 @@ impl Detector {
             {
                 jobs.push(super::customized::report(
                     self.store.clone(),
-                    f,
+                    f.iter().map(|f| f.text()).collect(),
                     t.clone(),
                     None,
                 ));

@@ -927,6 +927,16 @@ impl Backend for KubeMember {
         Ok(())
     }
 
+    async fn observed(&self, id: &ResourceIdentifier) -> Result<Option<Value>, BackendError> {
+        let (ar, namespaced) = self.resolve(&id.group, &id.version, &id.kind).await?;
+        let api = self.api(&ar, namespaced, &id.namespace);
+        let found = api
+            .get_opt(&id.name)
+            .await
+            .map_err(|e| member_error(&id.describe(), e))?;
+        Ok(found.map(|o| serde_json::to_value(&o).unwrap_or_default()))
+    }
+
     async fn delete(&self, id: &ResourceIdentifier, _cause: &Cause) -> Result<(), BackendError> {
         let (ar, namespaced) = self.resolve(&id.group, &id.version, &id.kind).await?;
         let api = self.api(&ar, namespaced, &id.namespace);

@@ -33,7 +33,7 @@ use orrery_api::interpret::{DEPENDENCY_KINDS, Interpreter, InterpreterSpec};
 use orrery_api::object::json_digest;
 use orrery_api::overrides::{self, ClusterView, OVERRIDE_KINDS, OverridePolicy};
 use orrery_api::policy::PolicyRef;
-use orrery_api::work::{Health, ManifestStatus, WorkSpec, WorkStatus, Workload};
+use orrery_api::work::{self, Health, ManifestStatus, WorkSpec, WorkStatus, Workload};
 use orrery_api::{Object, Time, keys};
 use orrery_scheduler::ClusterSnapshot;
 use orrery_store::ops::{delete_object, remove_finalizer};
@@ -1020,11 +1020,23 @@ impl Binder {
                 extras: &extras,
             },
         ));
-        // What the customization's scripts failed at, told on the template and the binding.
-        if let Some(f) = scripts.map(|s| s.take_failures()).filter(|f| !f.is_empty()) {
+        // What the customization's scripts failed at, here and (Retain) in the members, told
+        // on the template and the binding.
+        let mut failed: Vec<String> = scripts
+            .map(|s| s.take_failures())
+            .unwrap_or_default()
+            .iter()
+            .map(|f| f.text())
+            .collect();
+        failed.extend(targets.iter().filter_map(|c| {
+            let w = self.works.get(&(c.to_string(), work_name.clone()))?;
+            let cond = conditions::find(&w.status.as_ref()?.conditions, work::CONDITION_RETAINED)?;
+            (cond.status == conditions::FALSE).then(|| format!("in cluster {c}: {}", cond.message))
+        }));
+        if !failed.is_empty() {
             jobs.push(super::customized::report(
                 self.store.clone(),
-                f,
+                failed,
                 template.obj.clone(),
                 Some(b.clone()),
             ));
@@ -1234,6 +1246,8 @@ impl Binder {
             && interp
                 .replicas(&serde_json::to_value(t).unwrap_or(Value::Null))
                 .is_some();
+        // A customization's Retain runs in each member, on the object there.
+        let retention = interp.retention(&t.api_version, &t.kind);
         for (name, part) in work_plan(spec) {
             if spec.suspension.holds(name) || revisions.is_some_and(|r| r.hold.contains(name)) {
                 continue;
@@ -1285,6 +1299,7 @@ impl Binder {
                 conflict_resolution: spec.conflict_resolution,
                 preserve_resources_on_deletion: spec.preserve_resources_on_deletion,
                 transfers: part.transfers,
+                retention: retention.clone(),
             };
             let cluster_name = name.to_string();
             let Ok(ws_value) = serde_json::to_value(&ws) else {
