@@ -1496,6 +1496,133 @@ spec:
     });
 }
 
+/// A status script sees the member's object as Karmada shows it: the member's own
+/// `metadata.generation`, and the template generation it runs in Karmada's annotation
+/// `resourcetemplate.karmada.io/generation`, so Karmada's "caught up" test (template
+/// generation current, member generation observed) gives Karmada's answer.
+#[test]
+fn a_status_script_tells_whether_the_member_caught_up_as_in_karmada() {
+    let f = Fleet::start(&[("east", "us-east")]);
+    let s = &f.s;
+    example_crd_in_members(&f, "workers", "Worker");
+    s.apply(
+        r#"
+apiVersion: config.karmada.io/v1alpha1
+kind: ResourceInterpreterCustomization
+metadata: {name: workers}
+spec:
+  target: {apiVersion: example.com/v1, kind: Worker}
+  customizations:
+    statusReflection:
+      luaScript: |
+        function ReflectStatus(observedObj)
+          local meta = observedObj.metadata or {}
+          local annotations = meta.annotations or {}
+          return {
+            generation = meta.generation,
+            observedGeneration = observedObj.status.observedGeneration,
+            resourceTemplateGeneration = tonumber(annotations["resourcetemplate.karmada.io/generation"]),
+          }
+        end
+    statusAggregation:
+      luaScript: |
+        function AggregateStatus(desiredObj, statusItems)
+          local caughtUp = #statusItems > 0
+          local seen = {}
+          for i = 1, #statusItems do
+            local st = statusItems[i].status or {}
+            if st.resourceTemplateGeneration ~= desiredObj.metadata.generation
+              or st.generation ~= st.observedGeneration then
+              caughtUp = false
+            end
+            seen[i] = st.generation
+          end
+          desiredObj.status = {caughtUp = caughtUp, memberGenerations = seen}
+          return desiredObj
+        end
+---
+apiVersion: example.com/v1
+kind: Worker
+metadata: {name: crunch, namespace: default}
+spec: {count: 1}
+---
+apiVersion: policy.karmada.io/v1alpha1
+kind: PropagationPolicy
+metadata: {name: crunch, namespace: default}
+spec:
+  resourceSelectors: [{apiVersion: example.com/v1, kind: Worker, name: crunch}]
+  placement: {clusterAffinity: {clusterNames: [east]}}
+"#,
+    );
+    eventually(Duration::from_secs(30), "the Worker in east", || {
+        f.find("east", "Worker", "crunch").is_some()
+    });
+    let observed = |g: i64| {
+        set_member_status(
+            &f,
+            "east",
+            &serde_json::json!({
+                "apiVersion": "example.com/v1", "kind": "Worker",
+                "metadata": {"name": "crunch", "namespace": "default"},
+                "status": {"observedGeneration": g},
+            }),
+        )
+    };
+    let status = || s.get_json(&["worker", "crunch"])["status"].clone();
+    // Someone in the member edits it: its generation is 2, the template's still 1.
+    let (code, body) = common::http(
+        "PUT",
+        f.admin("east"),
+        "/clusters/east/objects/spec",
+        &serde_json::json!({
+            "apiVersion": "example.com/v1", "kind": "Worker",
+            "metadata": {"name": "crunch", "namespace": "default"},
+            "spec": {"note": "edited there"},
+        })
+        .to_string(),
+    );
+    assert_eq!(code, 200, "{body}");
+    observed(1);
+    eventually(
+        Duration::from_secs(30),
+        "not caught up: 2 not observed",
+        || {
+            let st = status();
+            st["caughtUp"] == false && st["memberGenerations"] == serde_json::json!([2])
+        },
+    );
+    observed(2);
+    eventually(Duration::from_secs(30), "caught up", || {
+        status()["caughtUp"] == true
+    });
+    // A new template generation: behind until the member runs and observes it.
+    s.ok(&[
+        "patch",
+        "worker",
+        "crunch",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"count":2}}"#,
+    ]);
+    eventually(Duration::from_secs(30), "count 2 in east", || {
+        f.find("east", "Worker", "crunch")
+            .is_some_and(|w| w["spec"]["count"] == 2)
+    });
+    eventually(
+        Duration::from_secs(30),
+        "behind: generation 3 not observed",
+        || {
+            let st = status();
+            st["caughtUp"] == false && st["memberGenerations"] == serde_json::json!([3])
+        },
+    );
+    observed(3);
+    eventually(Duration::from_secs(30), "caught up again", || {
+        status()["caughtUp"] == true
+    });
+}
+
 /// An OpenKruise CloneSet with no customization of the user's: Orrery's bundled one reads its
 /// replicas and requests, gives each member its share, and sums the members' counts back; a
 /// user's customization of one operation answers that one, the bundled one the rest.

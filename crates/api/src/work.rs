@@ -163,6 +163,10 @@ pub struct ManifestStatus {
     pub status: Option<Value>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub message: String,
+    /// The object's `metadata.generation` in the member (what its controller's
+    /// `status.observedGeneration` is compared with).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
     /// The persistent volumes the object's pods use, for workloads.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::stateful::VolumeStatus>,

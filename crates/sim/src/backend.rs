@@ -36,7 +36,7 @@ use orrery_api::cluster::NetworkStatus;
 use orrery_api::cluster::NodeSummary;
 use orrery_api::cluster::ResourceSummary;
 use orrery_api::work::ResourceIdentifier;
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use tokio::time::Instant;
 
@@ -248,8 +248,12 @@ impl Backend for SimCluster {
         let key = key_of(id);
         let st = self.lock();
         Ok(st.objects.get(&key).map(|o| {
-            // The manifest as applied, with the status its controller writes.
+            // The manifest as applied, with its generation and the status its controller
+            // writes.
             let mut v = o.manifest.clone();
+            if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.insert("generation".into(), json!(o.generation));
+            }
             if let Some(status) = self.object_state(&st, &key, o).status {
                 v["status"] = status;
             }

@@ -811,6 +811,7 @@ impl SimCluster {
         ObjectState {
             health: Health::Healthy,
             status,
+            generation: Some(obj.generation),
             message: String::new(),
             volumes,
             usage: None,
@@ -840,6 +841,7 @@ impl SimCluster {
         ObjectState {
             health,
             status: Some(status),
+            generation: Some(obj.generation),
             message,
             volumes: workload_volumes(st, key, shape),
             usage,

@@ -705,6 +705,7 @@ impl Inner {
                         ms.applied = true;
                         ms.health = s.health;
                         ms.status = s.status;
+                        ms.generation = s.generation;
                         ms.message = s.message;
                         ms.volumes = s.volumes;
                         ms.usage = s.usage;

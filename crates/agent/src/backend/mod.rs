@@ -34,6 +34,8 @@ pub struct ObjectState {
     pub health: Health,
     /// The object's own status there.
     pub status: Option<Value>,
+    /// Its `metadata.generation` there.
+    pub generation: Option<i64>,
     pub message: String,
     /// The persistent volumes a workload's pods use.
     pub volumes: Vec<VolumeStatus>,

@@ -1012,6 +1012,7 @@ impl Backend for KubeMember {
         Ok(Some(ObjectState {
             health,
             status: obj.get("status").cloned(),
+            generation: obj.pointer("/metadata/generation").and_then(Value::as_i64),
             message,
             volumes,
             usage,

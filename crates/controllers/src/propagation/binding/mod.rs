@@ -101,13 +101,25 @@ struct WorkView {
     status: Option<WorkStatus>,
 }
 
-/// The template as a member's object is judged (its status goes in beside).
-fn member_object(t: &Object) -> Value {
-    serde_json::json!({
+/// Karmada's annotation of a member's object: the template generation it was rendered from
+/// (what a customization's ReflectStatus reports as `resourceTemplateGeneration`).
+const TEMPLATE_GENERATION_ANNOTATION: &str = "resourcetemplate.karmada.io/generation";
+
+/// The template as a member's object is judged (its status goes in beside): with the
+/// member's own generation when it reports one, and the template generation the member runs
+/// (`rendered`) when that is known.
+fn member_object(t: &Object, m: Option<&ManifestStatus>, rendered: Option<i64>) -> Value {
+    let generation = m.and_then(|m| m.generation).or(t.metadata.generation);
+    let mut o = serde_json::json!({
         "apiVersion": t.api_version, "kind": t.kind,
-        "metadata": {"name": t.name(), "namespace": t.namespace(), "generation": t.metadata.generation},
+        "metadata": {"name": t.name(), "namespace": t.namespace(), "generation": generation},
         "spec": t.spec,
-    })
+    });
+    if let Some(g) = rendered {
+        o["metadata"]["annotations"] =
+            serde_json::json!({ TEMPLATE_GENERATION_ANNOTATION: g.to_string() });
+    }
+    o
 }
 
 /// How healthy the template is in a member, as its interpreter judges the member's report.
@@ -123,7 +135,7 @@ fn health_of(
     if matches!(interp, Interpreter::BuiltIn) {
         return m.health;
     }
-    let mut as_object = member_object(t);
+    let mut as_object = member_object(t, Some(m), None);
     if let Some(n) = divided {
         interp.set_replicas(&mut as_object, n);
     }
@@ -1018,6 +1030,7 @@ impl Binder {
                 writing: &writing,
                 work_name: &work_name,
                 extras: &extras,
+                revisions: revisions.as_deref(),
             },
         ));
         // What the customization's scripts failed at, here and (Retain) in the members, told

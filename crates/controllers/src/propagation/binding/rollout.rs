@@ -222,7 +222,8 @@ impl Binder {
                                 interp,
                                 t,
                                 m,
-                                spec.placement.divided().then_some(tc.replicas),
+                                (spec.placement.divided() && !spec.is_whole_set())
+                                    .then_some(tc.replicas),
                             ) == Health::Healthy,
                             restarts: m.restarts,
                         })

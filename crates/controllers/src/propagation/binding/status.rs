@@ -93,15 +93,22 @@ impl Binder {
         };
         if let Some(m) = ms {
             item.applied = m.applied && current;
-            let divided = x
-                .spec
-                .placement
-                .divided()
+            let divided = (x.spec.placement.divided() && !x.spec.is_whole_set())
                 .then(|| x.spec.clusters.iter().find(|c| c.name == cluster))
                 .flatten()
                 .map(|c| c.replicas);
             item.health = health_of(x.interp, t, m, divided);
-            item.status = reflected(x.interp, t, m.status.as_ref());
+            // The template generation the member runs: its Work's, once applied as it is.
+            let rendered =
+                (current && !r.writing.contains(cluster) && !r.errors.contains_key(cluster))
+                    .then(
+                        || match r.revisions.and_then(|v| v.per_cluster.get(cluster)) {
+                            Some((_, Some(old))) => old.metadata.generation,
+                            _ => t.metadata.generation,
+                        },
+                    )
+                    .flatten();
+            item.status = reflected(x.interp, t, m, rendered);
             item.message = m.message.clone();
             item.volumes = m.volumes.clone();
         }
@@ -383,13 +390,19 @@ fn template_status(
 }
 
 /// A member's report of the template's status, through the customization's ReflectStatus
-/// when it has one (the script sees the template with that status).
-fn reflected(interp: Interpreter<'_>, t: &Object, status: Option<&Value>) -> Option<Value> {
-    let status = status?;
+/// when it has one (the script sees the template with that status, the member's generation
+/// and, where known, Karmada's annotation of the template generation it runs).
+fn reflected(
+    interp: Interpreter<'_>,
+    t: &Object,
+    m: &ManifestStatus,
+    rendered: Option<i64>,
+) -> Option<Value> {
+    let status = m.status.as_ref()?;
     let Some(s) = interp.scripts() else {
         return Some(status.clone());
     };
-    let mut observed = member_object(t);
+    let mut observed = member_object(t, Some(m), rendered);
     if let Some(o) = observed.as_object_mut() {
         o.insert("status".into(), status.clone());
     }
@@ -450,6 +463,8 @@ pub(super) struct Rendering<'a> {
     pub(super) work_name: &'a str,
     /// What becomes of `status.rollout` and the budget's condition.
     pub(super) extras: &'a Extras,
+    /// Under a rollout, the revision each cluster renders.
+    pub(super) revisions: Option<&'a Revisions>,
 }
 
 /// What a status write sets beside the members' reports.
