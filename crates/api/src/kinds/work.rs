@@ -81,6 +81,20 @@ fn schema(d: &Descriptor) -> Value {
             "preserveResourcesOnDeletion": { "type": "boolean", "description": "Keep the objects in the member when the Work goes." },
             "transfers": { "type": "array", "items": transfer(),
                            "description": "Volume transfers the member takes part in (Orrery's data mover), carried out by its agent." },
+            "retention": {
+                "type": "array",
+                "description": "Karmada's Retain scripts for the manifests of a kind: on each update of an object the member has, its agent applies Retain(desired, observed) instead.",
+                "items": {
+                    "type": "object",
+                    "required": ["apiVersion", "kind", "luaScript"],
+                    "properties": {
+                        "apiVersion": string("The manifests' apiVersion."),
+                        "kind": string("The manifests' kind."),
+                        "customization": string("The ResourceInterpreterCustomization it comes from."),
+                        "luaScript": string("The Lua script defining Retain(desiredObj, observedObj)."),
+                    },
+                },
+            },
         },
     });
     let status = json!({
@@ -98,6 +112,7 @@ fn schema(d: &Descriptor) -> Value {
                         "health": { "type": "string", "enum": ["Healthy", "Progressing", "Unhealthy", "Unknown"] },
                         "status": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
                         "message": { "type": "string" },
+                        "generation": int("The object's metadata.generation in the member."),
                         "volumes": { "type": "array", "items": volume_status(),
                                      "description": "The persistent volumes the object's pods use." },
                         "usage": { "type": "object", "x-kubernetes-preserve-unknown-fields": true,
