@@ -1419,18 +1419,15 @@ spec:
         f.find("east", "CloneSet", "shop").is_some()
     });
     // Someone in the member pauses it.
-    let (code, body) = common::http(
-        "PUT",
-        f.admin("east"),
-        "/clusters/east/objects/spec",
+    edit_in_member(
+        &f,
+        "east",
         &serde_json::json!({
             "apiVersion": "apps.kruise.io/v1alpha1", "kind": "CloneSet",
             "metadata": {"name": "shop", "namespace": "default"},
             "spec": {"paused": true},
-        })
-        .to_string(),
+        }),
     );
-    assert_eq!(code, 200, "{body}");
     let image = |c: &Value| c["spec"]["template"]["spec"]["containers"][0]["image"].clone();
     // A new image goes through; the member's pause stays.
     s.ok(&[
@@ -1570,31 +1567,27 @@ spec:
     };
     let status = || s.get_json(&["worker", "crunch"])["status"].clone();
     // Someone in the member edits it: its generation is 2, the template's still 1.
-    let (code, body) = common::http(
-        "PUT",
-        f.admin("east"),
-        "/clusters/east/objects/spec",
+    edit_in_member(
+        &f,
+        "east",
         &serde_json::json!({
             "apiVersion": "example.com/v1", "kind": "Worker",
             "metadata": {"name": "crunch", "namespace": "default"},
             "spec": {"note": "edited there"},
-        })
-        .to_string(),
+        }),
     );
-    assert_eq!(code, 200, "{body}");
-    observed(1);
-    eventually(
-        Duration::from_secs(30),
-        "not caught up: 2 not observed",
-        || {
+    // Whether the template says it caught up, and the member generation it saw.
+    let says = |what: &str, caught_up: bool, generation: i64| {
+        eventually(Duration::from_secs(30), what, || {
             let st = status();
-            st["caughtUp"] == false && st["memberGenerations"] == serde_json::json!([2])
-        },
-    );
+            st["caughtUp"] == caught_up
+                && st["memberGenerations"] == serde_json::json!([generation])
+        })
+    };
+    observed(1);
+    says("not caught up: 2 not observed", false, 2);
     observed(2);
-    eventually(Duration::from_secs(30), "caught up", || {
-        status()["caughtUp"] == true
-    });
+    says("caught up", true, 2);
     // A new template generation: behind until the member runs and observes it.
     s.ok(&[
         "patch",
@@ -1605,22 +1598,9 @@ spec:
         "-p",
         r#"{"spec":{"count":2}}"#,
     ]);
-    eventually(Duration::from_secs(30), "count 2 in east", || {
-        f.find("east", "Worker", "crunch")
-            .is_some_and(|w| w["spec"]["count"] == 2)
-    });
-    eventually(
-        Duration::from_secs(30),
-        "behind: generation 3 not observed",
-        || {
-            let st = status();
-            st["caughtUp"] == false && st["memberGenerations"] == serde_json::json!([3])
-        },
-    );
+    says("behind: generation 3 not observed", false, 3);
     observed(3);
-    eventually(Duration::from_secs(30), "caught up again", || {
-        status()["caughtUp"] == true
-    });
+    says("caught up again", true, 3);
 }
 
 /// An OpenKruise CloneSet with no customization of the user's: Orrery's bundled one reads its
@@ -2422,6 +2402,18 @@ fn orrery_interpret_runs_each_operation_on_local_files() {
 }
 
 /// Writes an object's status in a simulated member, as its own controller would.
+/// What someone in the member writes into a custom object's spec (each field of `obj`'s
+/// `spec` set, the others kept).
+fn edit_in_member(f: &Fleet, member: &str, obj: &serde_json::Value) {
+    let (code, body) = common::http(
+        "PUT",
+        f.admin(member),
+        &format!("/clusters/{member}/objects/spec"),
+        &obj.to_string(),
+    );
+    assert_eq!(code, 200, "{body}");
+}
+
 fn set_member_status(f: &Fleet, member: &str, obj: &serde_json::Value) {
     let (code, body) = common::http(
         "PUT",
