@@ -98,6 +98,12 @@ impl BindingSpec {
     pub fn is_whole_set(&self) -> bool {
         self.components.len() > 1
     }
+
+    /// Whether each cluster runs its share of the replicas: a divided placement, unless the
+    /// workload goes whole.
+    pub fn divides_replicas(&self) -> bool {
+        self.placement.divided() && !self.is_whole_set()
+    }
 }
 
 impl Component {

@@ -1137,7 +1137,7 @@ impl Binder {
                             interp,
                             t,
                             m,
-                            (spec.placement.divided() && !spec.is_whole_set())
+                            spec.divides_replicas()
                                 .then_some(c.replicas),
                         )
                             == Health::Healthy
@@ -1254,8 +1254,7 @@ impl Binder {
             })
             .collect();
         // A workload of several components goes whole: its replicas are not revised.
-        let divided = spec.placement.divided()
-            && !spec.is_whole_set()
+        let divided = spec.divides_replicas()
             && interp
                 .replicas(&serde_json::to_value(t).unwrap_or(Value::Null))
                 .is_some();

@@ -222,8 +222,7 @@ impl Binder {
                                 interp,
                                 t,
                                 m,
-                                (spec.placement.divided() && !spec.is_whole_set())
-                                    .then_some(tc.replicas),
+                                spec.divides_replicas().then_some(tc.replicas),
                             ) == Health::Healthy,
                             restarts: m.restarts,
                         })

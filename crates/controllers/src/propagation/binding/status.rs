@@ -93,7 +93,9 @@ impl Binder {
         };
         if let Some(m) = ms {
             item.applied = m.applied && current;
-            let divided = (x.spec.placement.divided() && !x.spec.is_whole_set())
+            let divided = x
+                .spec
+                .divides_replicas()
                 .then(|| x.spec.clusters.iter().find(|c| c.name == cluster))
                 .flatten()
                 .map(|c| c.replicas);
