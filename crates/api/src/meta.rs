@@ -68,3 +68,41 @@ pub enum Health {
     #[default]
     Unknown,
 }
+
+/// The own kinds served at more than one version, as (group, kind, storage version, the
+/// others), in [`crate::kinds::OWN`]'s order: an object written at one reads the same at the
+/// others. Kept here, not read from the descriptors, because the modules the descriptors are
+/// made of ask it too (a policy's selector); a test holds the two equal.
+pub const SERVED_AT_SEVERAL_VERSIONS: &[(&str, &str, &str, &[&str])] = &[
+    (
+        crate::services::GROUP,
+        crate::services::EXPORT_KIND,
+        crate::services::VERSION,
+        &[crate::services::VERSION_V1ALPHA1],
+    ),
+    (
+        crate::services::GROUP,
+        crate::services::IMPORT_KIND,
+        crate::services::VERSION,
+        &[crate::services::VERSION_V1ALPHA1],
+    ),
+    ("about.k8s.io", "ClusterProperty", "v1beta1", &["v1alpha1"]),
+];
+
+/// Whether apiVersions `a` and `b` name the same schema of `kind`: equal, or two versions one
+/// own kind serves (an object written at one is stored at, and reads the same at, the other).
+pub fn same_schema(kind: &str, a: &str, b: &str) -> bool {
+    if a == b {
+        return true;
+    }
+    let (Some((ga, va)), Some((gb, vb))) = (a.split_once('/'), b.split_once('/')) else {
+        return false;
+    };
+    ga == gb
+        && SERVED_AT_SEVERAL_VERSIONS
+            .iter()
+            .any(|(g, k, storage, also)| {
+                let serves = |v: &str| v == *storage || also.contains(&v);
+                *g == ga && *k == kind && serves(va) && serves(vb)
+            })
+}

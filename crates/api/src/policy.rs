@@ -54,7 +54,9 @@ pub enum Specificity {
 impl ResourceSelector {
     /// Whether `t` is selected, and how specifically.
     pub fn matches(&self, t: &Object) -> Option<Specificity> {
-        if t.api_version != self.api_version || t.kind != self.kind {
+        if t.kind != self.kind
+            || !crate::meta::same_schema(&t.kind, &t.api_version, &self.api_version)
+        {
             return None;
         }
         if !self.namespace.is_empty() && t.namespace() != self.namespace {

@@ -150,6 +150,7 @@ pub const SYSTEM_NAMESPACES: &[&str] = &[
     "kube-public",
     "orrery-system",
     orrery_api::cluster::LEASE_NAMESPACE,
+    orrery_api::cluster::PROXY_NAMESPACE,
 ];
 
 impl App {
@@ -277,9 +278,10 @@ impl App {
             return Ok(());
         };
         let set = self.schemas.set();
+        // One CRD per kind, from its storage version (it lists the older ones too).
         let own = crate::resources::builtin()
             .into_iter()
-            .filter(|t| t.origin == crate::resources::Origin::Own);
+            .filter(|t| t.origin == crate::resources::Origin::Own && t.stored_as.is_none());
         for rt in own {
             let Some(mut want) = crate::crd::for_own_kind(&rt, &set) else {
                 continue;

@@ -32,10 +32,41 @@ pub fn is_own_crd(rt: &ResourceType, obj: &Object) -> bool {
     rt.group == "apiextensions.k8s.io" && is_own(obj)
 }
 
-/// The read-only CRD describing one of Orrery's own kinds: its names, scope, printer columns
-/// and schema (references inlined, as a CRD's schema must be).
+/// The read-only CRD describing one of Orrery's own kinds (`rt`: its storage version): its
+/// names, scope, printer columns and the schema of each version it serves (references
+/// inlined, as a CRD's schema must be).
 pub fn for_own_kind(rt: &ResourceType, set: &SchemaSet) -> Option<Object> {
-    let component = set.get(&rt.schema)?;
+    let older = orrery_api::kinds::own(&rt.group, &rt.kind).map_or(&[][..], |d| d.also_served);
+    let mut versions = vec![own_version(rt, &rt.version, &rt.schema, true, set)?];
+    for v in older {
+        let name = crate::resources::own_schema_name(&rt.group, v, &rt.kind);
+        versions.push(own_version(rt, v, &name, false, set)?);
+    }
+    let spec = json!({
+        "group": rt.group,
+        "names": { "plural": rt.plural, "singular": rt.singular, "kind": rt.kind,
+                   "listKind": rt.list_kind, "shortNames": rt.short_names, "categories": rt.categories },
+        "scope": if rt.namespaced { "Namespaced" } else { "Cluster" },
+        "versions": versions,
+    });
+    let mut crd = Object::new("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+        .with_name(format!("{}.{}", rt.plural, rt.group));
+    crd.metadata
+        .labels
+        .insert(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string());
+    crd.spec = Some(spec);
+    Some(crd)
+}
+
+/// One served version of an own kind's CRD.
+fn own_version(
+    rt: &ResourceType,
+    version: &str,
+    schema_name: &str,
+    storage: bool,
+    set: &SchemaSet,
+) -> Option<Value> {
+    let component = set.get(schema_name)?;
     let mut schema = inline_refs(component, set, 0);
     if let Value::Object(m) = &mut schema {
         m.remove("x-kubernetes-group-version-kind");
@@ -58,28 +89,15 @@ pub fn for_own_kind(rt: &ResourceType, set: &SchemaSet) -> Option<Object> {
             .collect(),
         Printer::BuiltIn => Vec::new(),
     };
-    let mut version = json!({
-        "name": rt.version, "served": true, "storage": true,
+    let mut out = json!({
+        "name": version, "served": true, "storage": storage,
         "schema": { "openAPIV3Schema": schema },
         "additionalPrinterColumns": columns,
     });
     if rt.status {
-        version["subresources"] = json!({ "status": {} });
+        out["subresources"] = json!({ "status": {} });
     }
-    let spec = json!({
-        "group": rt.group,
-        "names": { "plural": rt.plural, "singular": rt.singular, "kind": rt.kind,
-                   "listKind": rt.list_kind, "shortNames": rt.short_names, "categories": rt.categories },
-        "scope": if rt.namespaced { "Namespaced" } else { "Cluster" },
-        "versions": [version],
-    });
-    let mut crd = Object::new("apiextensions.k8s.io/v1", "CustomResourceDefinition")
-        .with_name(format!("{}.{}", rt.plural, rt.group));
-    crd.metadata
-        .labels
-        .insert(MANAGED_BY.0.to_string(), MANAGED_BY.1.to_string());
-    crd.spec = Some(spec);
-    Some(crd)
+    Some(out)
 }
 
 /// A schema with its `$ref`s replaced by what they name: Quantity by Kubernetes' int-or-string
@@ -452,6 +470,7 @@ pub fn types_of(crd: &Object) -> Vec<(ResourceType, Value)> {
                 strategic_merge: false,
                 printer: Printer::Columns(columns),
                 storage: v.get("storage") == Some(&Value::Bool(true)),
+                stored_as: None,
                 terminating: crd.metadata.deletion_timestamp.is_some(),
             };
             let component = schema::crd_component(&rt, v.pointer("/schema/openAPIV3Schema"));

@@ -115,11 +115,22 @@ pub struct ResourceType {
     pub printer: Printer,
     /// Whether this version is the one stored and preferred for its group.
     pub storage: bool,
+    /// The version objects written at this one are stored at, when it is another (an own
+    /// kind's older version: the same schema, stored at the newer).
+    pub stored_as: Option<String>,
     /// The defining CRD is being deleted: no new objects.
     pub terminating: bool,
 }
 
 impl ResourceType {
+    /// The apiVersion objects written through this version are stored with.
+    pub fn storage_api_version(&self) -> String {
+        match &self.stored_as {
+            Some(v) => format!("{}/{v}", self.group),
+            None => self.api_version(),
+        }
+    }
+
     /// `apps/v1`, or `v1` for the core group.
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
@@ -540,10 +551,11 @@ pub fn builtin() -> Vec<ResourceType> {
             schema,
             printer: Printer::BuiltIn,
             storage: true,
+            stored_as: None,
             terminating: false,
         }
     });
-    let own = orrery_api::kinds::OWN.iter().map(|d| own_type(d));
+    let own = orrery_api::kinds::OWN.iter().flat_map(|d| own_types(d));
     kubernetes.chain(own).collect()
 }
 
@@ -553,7 +565,23 @@ pub fn own_schema_name(group: &str, version: &str, kind: &str) -> String {
     format!("{}.{version}.{kind}", reversed.join("."))
 }
 
-/// The resource type of one of Orrery's own kinds.
+/// The resource types of one of Orrery's own kinds: its storage version, then each older
+/// version it serves (stored at the storage version).
+fn own_types(d: &orrery_api::kinds::Descriptor) -> Vec<ResourceType> {
+    let stored = own_type(d);
+    let older = d.also_served.iter().map(|v| ResourceType {
+        version: v.to_string(),
+        schema: own_schema_name(d.group, v, d.kind),
+        storage: false,
+        stored_as: Some(d.version.to_string()),
+        ..stored.clone()
+    });
+    let mut out: Vec<ResourceType> = older.collect();
+    out.insert(0, stored);
+    out
+}
+
+/// The resource type of one of Orrery's own kinds, at its storage version.
 fn own_type(d: &orrery_api::kinds::Descriptor) -> ResourceType {
     let column = |c: &orrery_api::kinds::Column| Column {
         render: if c.level {
@@ -581,6 +609,7 @@ fn own_type(d: &orrery_api::kinds::Descriptor) -> ResourceType {
         schema: own_schema_name(d.group, d.version, d.kind),
         printer: Printer::Columns(d.columns.iter().map(column).collect()),
         storage: true,
+        stored_as: None,
         terminating: false,
     }
 }
@@ -772,7 +801,8 @@ mod tests {
         groups.sort();
         doc.insert("groups".into(), serde_json::json!(format!("{groups:?}")));
         let mut per_kind = serde_json::Map::new();
-        for t in &own {
+        // A kind's older versions have its schema (under their own names) and its CRD.
+        for t in own.iter().filter(|t| t.stored_as.is_none()) {
             per_kind.insert(
                 format!("{}/{}", t.group, t.kind),
                 serde_json::json!({

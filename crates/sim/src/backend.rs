@@ -130,6 +130,22 @@ pub(crate) fn builtin_enablements() -> Vec<ApiEnablement> {
             ],
         ),
         gv(
+            orrery_api::services::API_VERSION_V1ALPHA1,
+            &[
+                ("serviceexports", orrery_api::services::EXPORT_KIND),
+                ("serviceimports", orrery_api::services::IMPORT_KIND),
+            ],
+        ),
+        // And the About API (about-api v0.2: v1beta1 stored, v1alpha1 served).
+        gv(
+            "about.k8s.io/v1beta1",
+            &[("clusterproperties", "ClusterProperty")],
+        ),
+        gv(
+            "about.k8s.io/v1alpha1",
+            &[("clusterproperties", "ClusterProperty")],
+        ),
+        gv(
             "apiextensions.k8s.io/v1",
             &[("customresourcedefinitions", "CustomResourceDefinition")],
         ),

@@ -11,6 +11,7 @@ use crate::validation::ErrorList;
 pub const FEDERATED_HPA: Descriptor = Descriptor {
     group: GROUP,
     version: "v1alpha1",
+    also_served: &[],
     kind: KIND,
     plural: PLURAL,
     namespaced: true,
@@ -28,6 +29,7 @@ pub const FEDERATED_HPA: Descriptor = Descriptor {
 pub const CRON_FEDERATED_HPA: Descriptor = Descriptor {
     group: GROUP,
     version: "v1alpha1",
+    also_served: &[],
     kind: CRON_KIND,
     plural: CRON_PLURAL,
     namespaced: true,

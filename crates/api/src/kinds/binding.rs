@@ -8,6 +8,7 @@ use crate::validation::{ErrorList, FieldError};
 pub const RESOURCE_BINDING: Descriptor = Descriptor {
     group: "multicluster.io",
     version: "v1alpha1",
+    also_served: &[],
     kind: "ResourceBinding",
     plural: "resourcebindings",
     namespaced: true,

@@ -12,6 +12,7 @@ use crate::validation::ErrorList;
 pub const CLUSTER: Descriptor = Descriptor {
     group: "multicluster.io",
     version: "v1alpha1",
+    also_served: &[],
     kind: "Cluster",
     plural: "clusters",
     namespaced: false,

@@ -8,6 +8,7 @@ use crate::validation::ErrorList;
 pub const DATA_SET: Descriptor = Descriptor {
     group: "multicluster.io",
     version: "v1alpha1",
+    also_served: &[],
     kind: "DataSet",
     plural: "datasets",
     namespaced: true,
@@ -26,6 +27,7 @@ pub const DATA_SET: Descriptor = Descriptor {
 pub const DATA_TRANSFER: Descriptor = Descriptor {
     group: "multicluster.io",
     version: "v1alpha1",
+    also_served: &[],
     kind: "DataTransfer",
     plural: "datatransfers",
     namespaced: true,

@@ -9,6 +9,7 @@ use super::{AGE, Descriptor, Schema};
 pub const OCM_PLACEMENT_DECISION: Descriptor = Descriptor {
     group: "cluster.open-cluster-management.io",
     version: "v1beta1",
+    also_served: &[],
     kind: "PlacementDecision",
     plural: "placementdecisions",
     namespaced: true,
@@ -26,6 +27,7 @@ pub const OCM_PLACEMENT_DECISION: Descriptor = Descriptor {
 pub const SIG_PLACEMENT_DECISION: Descriptor = Descriptor {
     group: crate::services::GROUP,
     version: "v1alpha1",
+    also_served: &[],
     kind: "PlacementDecision",
     plural: "placementdecisions",
     namespaced: true,

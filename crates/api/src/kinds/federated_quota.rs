@@ -8,6 +8,7 @@ use crate::validation::ErrorList;
 pub const FEDERATED_RESOURCE_QUOTA: Descriptor = Descriptor {
     group: crate::federated_quota::GROUP,
     version: "v1alpha1",
+    also_served: &[],
     kind: crate::federated_quota::KIND,
     plural: "federatedresourcequotas",
     namespaced: true,

@@ -9,6 +9,7 @@ use crate::validation::ErrorList;
 pub const RESOURCE_INTERPRETER: Descriptor = Descriptor {
     group: "multicluster.io",
     version: "v1alpha1",
+    also_served: &[],
     kind: "ResourceInterpreter",
     plural: "resourceinterpreters",
     namespaced: false,
@@ -35,6 +36,7 @@ fn validate(obj: &Object, _: Option<&Object>) -> ErrorList {
 pub const RESOURCE_INTERPRETER_CUSTOMIZATION: Descriptor = Descriptor {
     group: "config.karmada.io",
     version: "v1alpha1",
+    also_served: &[],
     kind: "ResourceInterpreterCustomization",
     plural: "resourceinterpretercustomizations",
     namespaced: false,

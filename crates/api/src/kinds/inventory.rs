@@ -3,11 +3,12 @@
 use serde_json::{Value, json};
 
 use super::openapi::{self, conditions, string};
-use super::{AGE, Descriptor, Schema};
+use super::{AGE, Column, Descriptor, Schema};
 
 pub const CLUSTER_PROFILE: Descriptor = Descriptor {
     group: "multicluster.x-k8s.io",
     version: "v1alpha1",
+    also_served: &[],
     kind: "ClusterProfile",
     plural: "clusterprofiles",
     namespaced: true,
@@ -24,15 +25,20 @@ pub const CLUSTER_PROFILE: Descriptor = Descriptor {
 
 pub const CLUSTER_PROPERTY: Descriptor = Descriptor {
     group: "about.k8s.io",
-    version: "v1alpha1",
+    version: "v1beta1",
+    also_served: &["v1alpha1"],
     kind: "ClusterProperty",
     plural: "clusterproperties",
     namespaced: false,
     short_names: &["cprop"],
-    status: false,
+    // As about-api's CRD: a status subresource (an empty status) and the value as a column.
+    status: true,
     description: "A property of the cluster it is stored in (KEP-2149), e.g. cluster.clusterset.k8s.io.",
     schema: Schema::Written(property_schema),
-    columns: &[AGE],
+    columns: &[
+        Column::new("Value", "string", ".spec.value", 0, "The property's value"),
+        AGE,
+    ],
     validate: None,
     spec_immutable: false,
     finalizer: None,
@@ -87,13 +93,19 @@ fn providers(description: &str) -> Value {
 }
 
 fn property_schema(d: &Descriptor) -> Value {
-    let mut s = openapi::kind(d, json!({ "type": "object" }), None);
+    let mut s = openapi::kind(
+        d,
+        json!({ "type": "object" }),
+        Some(
+            json!({ "type": "object", "description": "Nothing yet (about-api defines no status fields)." }),
+        ),
+    );
     if let Some(p) = s["properties"].as_object_mut() {
         p.remove("spec");
         p.insert(
             "spec".into(),
             json!({ "type": "object", "required": ["value"], "properties": {
-                "value": { "type": "string", "maxLength": 128000, "description": "The property's value." } } }),
+                "value": { "type": "string", "minLength": 1, "maxLength": 128000, "description": "The property's value." } } }),
         );
     }
     s

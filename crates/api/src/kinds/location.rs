@@ -9,6 +9,7 @@ use crate::location::{GROUP, KIND, LocationStatus, PLURAL};
 pub const LOCATION: Descriptor = Descriptor {
     group: GROUP,
     version: "v1alpha1",
+    also_served: &[],
     kind: KIND,
     plural: PLURAL,
     namespaced: false,

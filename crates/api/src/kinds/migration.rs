@@ -11,6 +11,7 @@ use crate::validation::ErrorList;
 pub const MIGRATION: Descriptor = Descriptor {
     group: "multicluster.io",
     version: "v1alpha1",
+    also_served: &[],
     kind: "Migration",
     plural: "migrations",
     namespaced: true,

@@ -88,7 +88,11 @@ pub const CATEGORY: &str = "orrery";
 #[derive(Debug)]
 pub struct Descriptor {
     pub group: &'static str,
+    /// The version objects are stored at, and the group's preferred one.
     pub version: &'static str,
+    /// Older versions served beside it, of the same schema (upstream's versions differ in
+    /// name only): an object written at one reads the same at the other, every field kept.
+    pub also_served: &'static [&'static str],
     pub kind: &'static str,
     pub plural: &'static str,
     pub namespaced: bool,
@@ -243,12 +247,16 @@ pub fn own(group: &str, kind: &str) -> Option<&'static Descriptor> {
         .find(|d| d.group == group && d.kind == kind)
 }
 
-/// The own groups and their versions, in discovery order.
+pub use crate::meta::same_schema;
+
+/// The own groups and each version they serve, in discovery order.
 pub fn own_groups() -> Vec<(&'static str, &'static str)> {
     let mut out: Vec<(&str, &str)> = Vec::new();
     for d in OWN {
-        if !out.iter().any(|(g, _)| *g == d.group) {
-            out.push((d.group, d.version));
+        for v in std::iter::once(&d.version).chain(d.also_served) {
+            if !out.contains(&(d.group, *v)) {
+                out.push((d.group, v));
+            }
         }
     }
     out
@@ -264,6 +272,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_kinds_served_at_several_versions_are_what_the_descriptors_say() {
+        let from_descriptors: Vec<(&str, &str, &str, &[&str])> = OWN
+            .iter()
+            .filter(|d| !d.also_served.is_empty())
+            .map(|d| (d.group, d.kind, d.version, d.also_served))
+            .collect();
+        assert_eq!(from_descriptors, crate::meta::SERVED_AT_SEVERAL_VERSIONS);
+        assert!(same_schema(
+            "ServiceExport",
+            "multicluster.x-k8s.io/v1alpha1",
+            "multicluster.x-k8s.io/v1beta1"
+        ));
+        assert!(!same_schema(
+            "ServiceExport",
+            "multicluster.x-k8s.io/v1alpha1",
+            "multicluster.x-k8s.io/v2"
+        ));
+        assert!(!same_schema("Deployment", "apps/v1", "apps/v1beta2"));
+    }
+
+    #[test]
     fn every_own_kind_is_listed_once_and_named_consistently() {
         let mut seen = std::collections::HashSet::new();
         for d in OWN {
@@ -272,9 +301,9 @@ mod tests {
             assert!(!d.description.is_empty(), "{} has no description", d.kind);
             assert!(own(d.group, d.kind).is_some_and(|f| f.plural == d.plural));
         }
-        // One version per group: a group's kinds are served together.
-        for (g, v) in own_groups() {
-            assert!(OWN.iter().filter(|d| d.group == g).all(|d| d.version == v));
+        // A version is served once per kind.
+        for d in OWN {
+            assert!(!d.also_served.contains(&d.version), "{}", d.kind);
         }
     }
 

@@ -12,6 +12,7 @@ const OWN: &str = "multicluster.io";
 pub const RESOURCE_PLACEMENT_POLICY: Descriptor = Descriptor {
     group: OWN,
     version: "v1alpha1",
+    also_served: &[],
     kind: "ResourcePlacementPolicy",
     plural: "resourceplacementpolicies",
     namespaced: true,
@@ -29,6 +30,7 @@ pub const RESOURCE_PLACEMENT_POLICY: Descriptor = Descriptor {
 pub const CLUSTER_OVERRIDE_POLICY: Descriptor = Descriptor {
     group: OWN,
     version: "v1alpha1",
+    also_served: &[],
     kind: "ClusterOverridePolicy",
     plural: "clusteroverridepolicies",
     namespaced: false,
@@ -46,6 +48,7 @@ pub const CLUSTER_OVERRIDE_POLICY: Descriptor = Descriptor {
 pub const PROPAGATION_POLICY: Descriptor = Descriptor {
     group: KARMADA,
     version: "v1alpha1",
+    also_served: &[],
     kind: "PropagationPolicy",
     plural: "propagationpolicies",
     namespaced: true,
@@ -63,6 +66,7 @@ pub const PROPAGATION_POLICY: Descriptor = Descriptor {
 pub const CLUSTER_PROPAGATION_POLICY: Descriptor = Descriptor {
     group: KARMADA,
     version: "v1alpha1",
+    also_served: &[],
     kind: "ClusterPropagationPolicy",
     plural: "clusterpropagationpolicies",
     namespaced: false,
@@ -80,6 +84,7 @@ pub const CLUSTER_PROPAGATION_POLICY: Descriptor = Descriptor {
 pub const OVERRIDE_POLICY: Descriptor = Descriptor {
     group: KARMADA,
     version: "v1alpha1",
+    also_served: &[],
     kind: "OverridePolicy",
     plural: "overridepolicies",
     namespaced: true,
@@ -97,6 +102,7 @@ pub const OVERRIDE_POLICY: Descriptor = Descriptor {
 pub const KARMADA_CLUSTER_OVERRIDE_POLICY: Descriptor = Descriptor {
     group: KARMADA,
     version: "v1alpha1",
+    also_served: &[],
     kind: "ClusterOverridePolicy",
     plural: "clusteroverridepolicies",
     namespaced: false,

@@ -13,6 +13,7 @@ use crate::validation::ErrorList;
 pub const CLUSTER_RESOURCE_CLAIM: Descriptor = Descriptor {
     group: GROUP,
     version: "v1alpha1",
+    also_served: &[],
     kind: CLAIM_KIND,
     plural: CLAIM_PLURAL,
     namespaced: false,
@@ -30,6 +31,7 @@ pub const CLUSTER_RESOURCE_CLAIM: Descriptor = Descriptor {
 pub const CLUSTER_METRICS: Descriptor = Descriptor {
     group: GROUP,
     version: "v1alpha1",
+    also_served: &[],
     kind: METRICS_KIND,
     plural: METRICS_PLURAL,
     namespaced: false,

@@ -8,6 +8,7 @@ use crate::validation::ErrorList;
 pub const WORKLOAD_REBALANCER: Descriptor = Descriptor {
     group: "apps.karmada.io",
     version: "v1alpha1",
+    also_served: &[],
     kind: "WorkloadRebalancer",
     plural: "workloadrebalancers",
     namespaced: false,

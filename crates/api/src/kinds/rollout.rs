@@ -9,6 +9,7 @@ use crate::validation::{ErrorList, FieldError};
 pub const ROLLOUT_APPROVAL: Descriptor = Descriptor {
     group: "multicluster.io",
     version: "v1alpha1",
+    also_served: &[],
     kind: "RolloutApproval",
     plural: "rolloutapprovals",
     namespaced: true,

@@ -8,7 +8,8 @@ use crate::services::{EXPORT_KIND, EXPORT_PLURAL, GROUP, IMPORT_KIND, IMPORT_PLU
 
 pub const SERVICE_EXPORT: Descriptor = Descriptor {
     group: GROUP,
-    version: "v1alpha1",
+    version: crate::services::VERSION,
+    also_served: &[crate::services::VERSION_V1ALPHA1],
     kind: EXPORT_KIND,
     plural: EXPORT_PLURAL,
     namespaced: true,
@@ -25,7 +26,8 @@ pub const SERVICE_EXPORT: Descriptor = Descriptor {
 
 pub const SERVICE_IMPORT: Descriptor = Descriptor {
     group: GROUP,
-    version: "v1alpha1",
+    version: crate::services::VERSION,
+    also_served: &[crate::services::VERSION_V1ALPHA1],
     kind: IMPORT_KIND,
     plural: IMPORT_PLURAL,
     namespaced: true,

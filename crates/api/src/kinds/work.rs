@@ -10,6 +10,7 @@ use crate::validation::ErrorList;
 pub const WORK: Descriptor = Descriptor {
     group: "multicluster.io",
     version: "v1alpha1",
+    also_served: &[],
     kind: "Work",
     plural: "works",
     namespaced: true,

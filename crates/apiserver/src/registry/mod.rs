@@ -335,7 +335,8 @@ pub fn admit(
             rt.kind, rt.version, rt.kind
         ))
     })?;
-    obj.api_version = rt.api_version();
+    // Stored at the storage version (an older version's object reads the same at it).
+    obj.api_version = rt.storage_api_version();
     obj.kind = rt.kind.clone();
     call.warnings.extend(orrery_api::policy::warnings(
         &obj.api_version,
@@ -414,7 +415,15 @@ pub fn respond_object(
     status: StatusCode,
     obj: impl Into<Arc<Object>>,
 ) -> ApiResult<Outcome> {
-    Ok(Outcome::object(call, status, obj.into()))
+    let obj: Arc<Object> = obj.into();
+    let rt = &call.target.rt;
+    // Answered at the version asked for (it may be stored at another).
+    let obj = if obj.kind == rt.kind && obj.api_version != rt.api_version() {
+        Arc::new(read::present(rt, (*obj).clone()))
+    } else {
+        obj
+    };
+    Ok(Outcome::object(call, status, obj))
 }
 
 /// How an authorized operation arrives: its options and body as the REST surface received

@@ -481,7 +481,12 @@ fn prepare_patch(
     let rt = call.target.rt.clone();
     let name = call.target.name().to_string();
     let current_rv = current.revision().unwrap_or(0);
-    let mut doc = apply_patch(call, ptype, &current.to_value(), patch_doc, &rt.schema)?;
+    // Patched at the version asked for (it may be stored at another).
+    let mut base = current.to_value();
+    if current.kind == rt.kind && current.api_version != rt.api_version() {
+        base["apiVersion"] = Value::String(rt.api_version());
+    }
+    let mut doc = apply_patch(call, ptype, &base, patch_doc, &rt.schema)?;
     let patched_rv = doc
         .pointer("/metadata/resourceVersion")
         .and_then(Value::as_str)
@@ -965,7 +970,8 @@ async fn server_side_apply(mut call: Call<'_>, body: &Bytes) -> ApiResult<Outcom
     reconcile_namespace(&call, &mut applied)?;
     for _ in 0..RETRIES {
         let current = match call.app.store.get(&call.target.key()).await {
-            Ok(o) => Some(o),
+            // Applied at the version asked for (it may be stored at another).
+            Ok(o) => Some(present(&rt, o)),
             Err(StoreError::NotFound { .. }) => None,
             Err(e) => return Err(ApiError::from_store(e, &rt, &name)),
         };

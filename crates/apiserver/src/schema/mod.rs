@@ -226,6 +226,13 @@ pub fn builtin() -> Arc<Components> {
         .get_or_init(|| {
             let mut c = builtin_components();
             for (d, schema) in own::schemas() {
+                // Each older version it serves has the same schema, under its own name.
+                for v in d.also_served {
+                    let mut older = schema.clone();
+                    older["x-kubernetes-group-version-kind"] =
+                        serde_json::json!([{ "group": d.group, "version": v, "kind": d.kind }]);
+                    c.insert(crate::resources::own_schema_name(d.group, v, d.kind), older);
+                }
                 c.insert(
                     crate::resources::own_schema_name(d.group, d.version, d.kind),
                     schema,

@@ -371,8 +371,8 @@ impl Detector {
         let could_match = |k: &TKey| {
             everything
                 || sels.iter().any(|s| {
-                    s.api_version == k.0
-                        && s.kind == k.1
+                    s.kind == k.1
+                        && orrery_api::kinds::same_schema(&k.1, &s.api_version, &k.0)
                         && (s.namespace.is_empty() || s.namespace == k.2)
                         && (s.name.is_empty() || s.name == k.3)
                 })
