@@ -190,6 +190,14 @@ fn a_service_exported_from_two_members_is_imported_into_a_third_and_resolves() {
     let import =
         f.s.get_json(&["serviceimport", "web", "-n", "default", "-o", "json"]);
     assert_eq!(import["spec"]["type"], "ClusterSetIP", "{import:#}");
+    // Stored and served at mcs-api's storage version; the IP's family named, as the
+    // conformance suite checks.
+    assert_eq!(import["apiVersion"], "multicluster.x-k8s.io/v1beta1");
+    assert_eq!(
+        import["spec"]["ipFamilies"],
+        serde_json::json!(["IPv4"]),
+        "{import:#}"
+    );
     assert_eq!(
         import["spec"]["ports"],
         serde_json::json!([{"name": "http", "protocol": "TCP", "port": 80}]),
@@ -278,9 +286,15 @@ fn a_service_exported_from_two_members_is_imported_into_a_third_and_resolves() {
     );
     assert_eq!(status(&fleet_dns, "example.com"), "REFUSED");
     // Members taking part carry the KEP-2149 properties.
+    // At the newest versions the member serves (the sim serves both of each).
+    let in_c = f.find("c", "ServiceImport", "web").unwrap();
+    assert_eq!(
+        in_c["apiVersion"], "multicluster.x-k8s.io/v1beta1",
+        "{in_c:#}"
+    );
     eventually(Duration::from_secs(20), "ClusterProperties in c", || {
         f.find("c", "ClusterProperty", "cluster.clusterset.k8s.io")
-            .is_some_and(|p| p["spec"]["value"] == "c")
+            .is_some_and(|p| p["spec"]["value"] == "c" && p["apiVersion"] == "about.k8s.io/v1beta1")
             && f.find("c", "ClusterProperty", "clusterset.k8s.io")
                 .is_some_and(|p| p["spec"]["value"] == "orrery")
     });

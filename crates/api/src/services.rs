@@ -9,10 +9,15 @@ use std::net::Ipv4Addr;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The MCS API group and the version Orrery serves.
+/// The MCS API group, the version Orrery stores (mcs-api v0.5.0's storage version) and the
+/// older one it serves too (the same schema).
 pub const GROUP: &str = "multicluster.x-k8s.io";
-pub const VERSION: &str = "v1alpha1";
-pub const API_VERSION: &str = "multicluster.x-k8s.io/v1alpha1";
+pub const VERSION: &str = "v1beta1";
+pub const API_VERSION: &str = "multicluster.x-k8s.io/v1beta1";
+pub const VERSION_V1ALPHA1: &str = "v1alpha1";
+pub const API_VERSION_V1ALPHA1: &str = "multicluster.x-k8s.io/v1alpha1";
+/// The versions a member may serve, newest first.
+pub const API_VERSIONS: [&str; 2] = [API_VERSION, API_VERSION_V1ALPHA1];
 pub const EXPORT_KIND: &str = "ServiceExport";
 pub const EXPORT_PLURAL: &str = "serviceexports";
 pub const IMPORT_KIND: &str = "ServiceImport";
@@ -39,7 +44,7 @@ pub fn is_derived_import(o: &crate::Object) -> bool {
 /// derived ServiceImport, an EndpointSlice it distributes): never a template of its own.
 pub fn is_orrerys_own(o: &crate::Object) -> bool {
     match (o.api_version.as_str(), o.kind.as_str()) {
-        (API_VERSION, IMPORT_KIND) => is_derived_import(o),
+        (API_VERSION | API_VERSION_V1ALPHA1, IMPORT_KIND) => is_derived_import(o),
         ("discovery.k8s.io/v1", "EndpointSlice") => {
             o.metadata.labels.get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY)
         }
@@ -157,6 +162,14 @@ pub struct Exported {
     pub headless: bool,
     #[serde(default)]
     pub session_affinity: String,
+    /// The Service's `sessionAffinityConfig`, `internalTrafficPolicy` and
+    /// `trafficDistribution`, which the import carries as they are (mcs-api v0.4.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_affinity_config: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub internal_traffic_policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traffic_distribution: Option<String>,
 }
 
 /// A ServiceExport a member cluster made of its own (not one Orrery applied), as its agent
@@ -250,6 +263,15 @@ impl Exported {
                 .and_then(Value::as_str)
                 .unwrap_or("None")
                 .to_string(),
+            session_affinity_config: spec.get("sessionAffinityConfig").cloned(),
+            internal_traffic_policy: spec
+                .get("internalTrafficPolicy")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            traffic_distribution: spec
+                .get("trafficDistribution")
+                .and_then(Value::as_str)
+                .map(str::to_string),
         })
     }
 }
@@ -269,6 +291,9 @@ pub struct Merged {
     pub headless: bool,
     pub ports: Vec<Port>,
     pub session_affinity: String,
+    pub session_affinity_config: Option<Value>,
+    pub internal_traffic_policy: Option<String>,
+    pub traffic_distribution: Option<String>,
     /// The exporting clusters, by name.
     pub clusters: Vec<String>,
     /// The KEP's conflict reasons (`PortConflict`, `TypeConflict`...), with a message each.
@@ -276,7 +301,8 @@ pub struct Merged {
 }
 
 /// Merges the exports of one Service (KEP-1645 "Constraints and Conflict Resolution"): the
-/// oldest export (then the cluster name) decides the type and session affinity; ports are
+/// oldest export (then the cluster name) decides the type, session affinity (and its config),
+/// internal traffic policy and traffic distribution; ports are
 /// the union, merged by name and then by (protocol, port), the older export keeping a name or
 /// number two ports both claim.
 pub fn merge(exports: &[Export]) -> Merged {
@@ -308,6 +334,42 @@ pub fn merge(exports: &[Export]) -> Merged {
                 oldest.service.session_affinity, oldest.cluster
             ),
         ));
+    }
+    // The properties the import copies from the oldest export, each its own conflict.
+    type Property<'a> = (&'a str, &'a str, &'a dyn Fn(&Exported) -> String);
+    let copied: [Property; 3] = [
+        (
+            "SessionAffinityConfigConflict",
+            "session affinity config",
+            &|s| {
+                s.session_affinity_config
+                    .as_ref()
+                    .map_or_else(String::new, Value::to_string)
+            },
+        ),
+        (
+            "InternalTrafficPolicyConflict",
+            "internal traffic policy",
+            &|s| s.internal_traffic_policy.clone().unwrap_or_default(),
+        ),
+        (
+            "TrafficDistributionConflict",
+            "traffic distribution",
+            &|s| s.traffic_distribution.clone().unwrap_or_default(),
+        ),
+    ];
+    for (reason, what, get) in copied {
+        let want = get(&oldest.service);
+        let n = disagree(&|e| get(&e.service) != want);
+        if n > 0 {
+            conflicts.push((
+                reason,
+                format!(
+                    "Conflicting {what}. Using {want:?} from oldest service export in \"{}\". {n}/{total} clusters disagree.",
+                    oldest.cluster
+                ),
+            ));
+        }
     }
     let mut ports: Vec<Port> = Vec::new();
     let mut port_conflicts: BTreeSet<String> = BTreeSet::new();
@@ -350,6 +412,9 @@ pub fn merge(exports: &[Export]) -> Merged {
         headless: oldest.service.headless,
         ports,
         session_affinity: oldest.service.session_affinity.clone(),
+        session_affinity_config: oldest.service.session_affinity_config.clone(),
+        internal_traffic_policy: oldest.service.internal_traffic_policy.clone(),
+        traffic_distribution: oldest.service.traffic_distribution.clone(),
         clusters,
         conflicts,
     }
@@ -529,6 +594,7 @@ mod tests {
                 ports,
                 headless,
                 session_affinity: "None".into(),
+                ..Exported::default()
             },
         }
     }
@@ -633,6 +699,60 @@ mod tests {
             m.conflicts
         );
         assert_eq!(merge(&[]), Merged::default());
+    }
+
+    #[test]
+    fn the_import_copies_affinity_config_traffic_policy_and_distribution_from_the_oldest() {
+        let svc = json!({"spec": {"ports": [{"name": "tcp", "port": 42}],
+            "sessionAffinity": "ClientIP", "sessionAffinityConfig": {"clientIP": {"timeoutSeconds": 10}},
+            "internalTrafficPolicy": "Cluster", "trafficDistribution": "PreferClose"}});
+        let old = Exported::of(&svc).unwrap();
+        assert_eq!(old.session_affinity, "ClientIP");
+        assert_eq!(
+            old.session_affinity_config,
+            Some(json!({"clientIP": {"timeoutSeconds": 10}}))
+        );
+        assert_eq!(old.internal_traffic_policy.as_deref(), Some("Cluster"));
+        assert_eq!(old.traffic_distribution.as_deref(), Some("PreferClose"));
+        let mut newer = old.clone();
+        newer.session_affinity_config = Some(json!({"clientIP": {"timeoutSeconds": 99}}));
+        newer.internal_traffic_policy = Some("Local".into());
+        newer.traffic_distribution = None;
+        let at = |cluster: &str, since: &str, service: &Exported| Export {
+            cluster: cluster.into(),
+            since: since.into(),
+            service: service.clone(),
+        };
+        let m = merge(&[
+            at("b", "2026-01-02T00:00:00Z", &newer),
+            at("a", "2026-01-01T00:00:00Z", &old),
+        ]);
+        assert_eq!(m.session_affinity_config, old.session_affinity_config);
+        assert_eq!(m.internal_traffic_policy.as_deref(), Some("Cluster"));
+        assert_eq!(m.traffic_distribution.as_deref(), Some("PreferClose"));
+        let got: Vec<&str> = m.conflicts.iter().map(|(r, _)| *r).collect();
+        assert_eq!(
+            got,
+            [
+                "SessionAffinityConfigConflict",
+                "InternalTrafficPolicyConflict",
+                "TrafficDistributionConflict"
+            ]
+        );
+        assert!(
+            m.conflicts[1]
+                .1
+                .contains("\"Cluster\" from oldest service export in \"a\". 1/2")
+        );
+        // Agreeing exports: nothing to say; an older agent's report (no such fields) reads.
+        assert!(
+            merge(&[at("a", "t", &old), at("b", "t", &old)])
+                .conflicts
+                .is_empty()
+        );
+        let legacy: Exported =
+            serde_json::from_value(json!({"ports": [], "sessionAffinity": "None"})).unwrap();
+        assert_eq!(legacy.traffic_distribution, None);
     }
 
     #[test]

@@ -125,6 +125,9 @@ struct ClusterFacts {
     latency_ms: f64,
     labels: BTreeMap<String, String>,
     deleting: bool,
+    /// The group versions it serves (the MCS and About APIs' newer ones are used where
+    /// served).
+    served: BTreeSet<String>,
 }
 
 fn facts_of(c: &Object) -> ClusterFacts {
@@ -142,8 +145,18 @@ fn facts_of(c: &Object) -> ClusterFacts {
             .map_or(0.0, |l| (l / 5.0).round() * 5.0),
         labels: c.labels().clone(),
         deleting: c.metadata.deletion_timestamp.is_some(),
+        served: (st.api_enablements.iter())
+            .filter(|a| {
+                a.group_version.starts_with(mcs::GROUP) || a.group_version.starts_with(ABOUT_GROUP)
+            })
+            .map(|a| a.group_version.clone())
+            .collect(),
     }
 }
+
+/// The About API's group (KEP-2149), and its versions, newest first.
+const ABOUT_GROUP: &str = "about.k8s.io";
+const ABOUT_VERSIONS: [&str; 2] = ["about.k8s.io/v1beta1", "about.k8s.io/v1alpha1"];
 
 struct Services {
     store: Arc<dyn Store>,
@@ -406,10 +419,10 @@ impl Services {
         for consumer in &consumers {
             let weights = mcs::weights(policy, consumer, &sources, &|c| self.latency(consumer, c));
             let mut import_manifest = json!({
-                "apiVersion": mcs::API_VERSION,
+                "apiVersion": self.member_version(consumer, &work_name, &mcs::API_VERSIONS),
                 "kind": mcs::IMPORT_KIND,
                 "metadata": {"name": name, "namespace": ns},
-                "spec": spec,
+                "spec": self.member_import_spec(consumer, &work_name, &spec),
                 "status": status,
             });
             if let Some((_, e)) = members.iter().find(|(c, _)| c == consumer) {
@@ -715,6 +728,57 @@ impl Services {
         })
     }
 
+    /// The apiVersion of a Work's first manifest for `cluster`: the one its Work has now (a
+    /// Work keeps its version, so that a new Orrery changes nothing in a member), else the
+    /// newest of `versions` the member serves, else the oldest.
+    fn member_version(
+        &self,
+        cluster: &str,
+        work_name: &str,
+        versions: &[&'static str],
+    ) -> &'static str {
+        let have = self
+            .own_works
+            .lock()
+            .get(&(cluster.to_string(), work_name.to_string()))
+            .and_then(|w| {
+                let v = w
+                    .spec
+                    .as_ref()?
+                    .pointer("/workload/manifests/0/apiVersion")?;
+                versions.iter().copied().find(|x| Some(*x) == v.as_str())
+            });
+        let served = || {
+            let facts = self.clusters.get(cluster)?;
+            versions.iter().copied().find(|v| facts.served.contains(*v))
+        };
+        have.or_else(served)
+            .or_else(|| versions.last().copied())
+            .unwrap_or_default()
+    }
+
+    /// The import spec for `cluster`'s Work: `spec`, except that a Work from before imports
+    /// named their IP family keeps its form while nothing else changes (a new Orrery changes
+    /// nothing in a member; the family comes with the import's next change).
+    fn member_import_spec(&self, cluster: &str, work_name: &str, spec: &Value) -> Value {
+        let works = self.own_works.lock();
+        let have = works
+            .get(&(cluster.to_string(), work_name.to_string()))
+            .and_then(|w| w.spec.as_ref()?.pointer("/workload/manifests/0/spec"));
+        if let Some(have) = have
+            && have.get("ipFamilies").is_none()
+        {
+            let mut without = spec.clone();
+            if let Some(m) = without.as_object_mut() {
+                m.remove("ipFamilies");
+            }
+            if *have == without {
+                return without;
+            }
+        }
+        spec.clone()
+    }
+
     /// Orrery's Works of this name in clusters that no longer consume.
     fn stale_works(&self, work_name: &str, consumers: &BTreeSet<String>) -> Vec<String> {
         self.own_works
@@ -988,9 +1052,10 @@ impl Services {
         if self.properties_done.lock().contains(cluster) {
             return Ok(());
         }
+        let version = self.member_version(cluster, CLUSTERSET_WORK, &ABOUT_VERSIONS);
         let property = |name: &str, value: &str| {
             json!({
-                "apiVersion": "about.k8s.io/v1alpha1",
+                "apiVersion": version,
                 "kind": "ClusterProperty",
                 "metadata": {"name": name},
                 "spec": {"value": value},
@@ -1188,15 +1253,26 @@ fn conflict_condition(merged: &mcs::Merged) -> Option<Condition> {
     })
 }
 
-/// The import's spec: the merged type, ports and affinity, and its ClusterSet IP if any.
+/// The import's spec: the merged type, ports, affinity and traffic settings, and its ClusterSet
+/// IP if any (of the family `ipFamilies` names: the range is IPv4).
 fn import_spec(merged: &mcs::Merged, ips: &[String]) -> Value {
     let mut spec = json!({
         "type": if merged.headless { "Headless" } else { "ClusterSetIP" },
         "ports": merged.ports,
         "sessionAffinity": merged.session_affinity,
     });
+    if let Some(c) = &merged.session_affinity_config {
+        spec["sessionAffinityConfig"] = c.clone();
+    }
+    if let Some(p) = &merged.internal_traffic_policy {
+        spec["internalTrafficPolicy"] = json!(p);
+    }
+    if let Some(d) = &merged.traffic_distribution {
+        spec["trafficDistribution"] = json!(d);
+    }
     if !ips.is_empty() {
         spec["ips"] = json!(ips);
+        spec["ipFamilies"] = json!(vec!["IPv4"; ips.len()]);
     }
     spec
 }
