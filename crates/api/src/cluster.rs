@@ -36,6 +36,11 @@ pub const CONDITION_JOINED: &str = "Joined";
 /// The finalizer that keeps a Cluster until its namespace, Works and tokens are gone.
 pub const FINALIZER: &str = "multicluster.io/cluster-cleanup";
 
+/// Where each cluster's proxy identity lives (a ServiceAccount named after the cluster,
+/// allowed `clusters/proxy` of that cluster alone): its tokens are what `orrery credentials`
+/// hands a ClusterProfile consumer.
+pub const PROXY_NAMESPACE: &str = "orrery-cluster-proxy";
+
 /// Each member's heartbeat Lease (`coordination.k8s.io/v1`, named after the cluster) lives
 /// here, as nodes' do in `kube-node-lease`: renewing a small Lease is the heartbeat, and the
 /// Cluster's status is written only when it changed (or now and then), so the fleet's

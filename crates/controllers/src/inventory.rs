@@ -23,11 +23,179 @@ pub const NAMESPACE: &str = "orrery-system";
 pub const MANAGER_LABEL: &str = "x-k8s.io/cluster-manager";
 pub const MANAGER: &str = "orrery";
 
+/// Where each cluster's proxy identity lives. `orrery credentials` (a KEP-5339 credentials
+/// plugin) mints its short-lived tokens: whoever may create `serviceaccounts/token` in this
+/// namespace (which holds nothing else) may reach the clusters, one token per cluster.
+pub use orrery_api::cluster::PROXY_NAMESPACE;
+
+/// The kubeconfig extension a KEP-5339 plugin receives as `spec.cluster.config`.
+pub const EXEC_EXTENSION: &str = "client.authentication.k8s.io/exec";
+
+/// The ClusterRole (and its binding) that lets cluster `c`'s proxy identity reach its proxy.
+pub fn proxy_role_name(cluster: &str) -> String {
+    format!("orrery:cluster-proxy:{cluster}")
+}
+
 /// How consumers reach members through Orrery: the server's URL and CA, for the profiles'
 /// access providers (the cluster proxy).
 #[derive(Debug, Clone, Default)]
 pub struct Settings {
     pub access: Option<Access>,
+    /// Members' namespaces where a copy of every profile is kept too.
+    pub publish: Vec<Publication>,
+}
+
+/// A copy of the profiles kept outside the control plane, in a member's namespace, for a
+/// consumer that reads them from the cluster it runs in (Kueue's MultiKueue reads them in its
+/// own namespace): one Work per profile, status included, applied by the member's agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Publication {
+    pub cluster: String,
+    pub namespace: String,
+}
+
+impl std::str::FromStr for Publication {
+    type Err = String;
+
+    /// `CLUSTER/NAMESPACE`, both DNS labels.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (cluster, namespace) = s
+            .split_once('/')
+            .ok_or_else(|| format!("{s:?} is not CLUSTER/NAMESPACE"))?;
+        for (what, v) in [("cluster", cluster), ("namespace", namespace)] {
+            let errors = orrery_api::validation::is_dns1123_label(v);
+            if !errors.is_empty() {
+                return Err(format!("{s:?}: the {what} {v:?}: {}", errors.join("; ")));
+            }
+        }
+        Ok(Publication {
+            cluster: cluster.to_string(),
+            namespace: namespace.to_string(),
+        })
+    }
+}
+
+/// The label of a Work that keeps a profile in a member: the profile's cluster.
+pub const PUBLISHED_LABEL: &str = "inventory.multicluster.io/profile-of";
+
+impl Publication {
+    /// The Work keeping cluster `profiled`'s profile here.
+    fn work_key(&self, profiled: &str) -> String {
+        keys::well_known::work(
+            &orrery_api::cluster::namespace_of(&self.cluster),
+            &format!("clusterprofile.{}.{profiled}", self.namespace),
+        )
+    }
+}
+
+/// The spec of the Work that keeps `profile` in `to`: the profile as the control plane has
+/// it, its status too (what a consumer reads), in `to`'s namespace.
+fn published_spec(profile: &Object, to: &Publication) -> Value {
+    let labels: serde_json::Map<String, Value> = [MANAGER_LABEL, "multicluster.io/cluster"]
+        .into_iter()
+        .filter_map(|k| Some((k.to_string(), json!(profile.labels().get(k)?))))
+        .collect();
+    json!({ "workload": { "manifests": [{
+        "apiVersion": "multicluster.x-k8s.io/v1alpha1",
+        "kind": "ClusterProfile",
+        "metadata": { "name": profile.name(), "namespace": to.namespace, "labels": labels },
+        "spec": profile.spec,
+        "status": profile.status,
+    }]}})
+}
+
+/// Keeps `profile` in each of the places `to` names, as the store has it now. The Works are
+/// owned by the profile's Cluster, so they go with it.
+async fn publish(
+    store: &dyn Store,
+    to: &[Publication],
+    profile: &Object,
+) -> Result<(), StoreError> {
+    for p in to {
+        let key = p.work_key(profile.name());
+        let spec = published_spec(profile, p);
+        match store.get_recent(&key).await {
+            Ok(w) if w.spec.as_ref() == Some(&spec) => {}
+            Ok(w) => {
+                let revision = w.revision();
+                let mut next = Arc::unwrap_or_clone(w);
+                next.spec = Some(spec);
+                next.metadata.generation = Some(next.metadata.generation.unwrap_or(1) + 1);
+                match store.update(&key, next, revision).await {
+                    // A copy behind the latest: written again at the next look.
+                    Ok(_) | Err(StoreError::Conflict { .. }) | Err(StoreError::NotFound { .. }) => {
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(StoreError::NotFound { .. }) => {
+                let ns = orrery_api::cluster::namespace_of(&p.cluster);
+                let name = key.rsplit('/').next().unwrap_or_default();
+                let mut w = new_object("multicluster.io/v1alpha1", "Work", Some(&ns), name);
+                w.metadata
+                    .labels
+                    .insert(PUBLISHED_LABEL.to_string(), profile.name().to_string());
+                w.metadata.owner_references = profile.metadata.owner_references.clone();
+                w.spec = Some(spec);
+                match store.create(&key, w).await {
+                    Ok(_)
+                    | Err(StoreError::AlreadyExists { .. })
+                    | Err(StoreError::NotFound { .. }) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Keeps cluster `name`'s profile, if there is one, where `to` says.
+async fn publish_one(store: &dyn Store, to: &[Publication], name: &str) -> Result<(), StoreError> {
+    if to.is_empty() {
+        return Ok(());
+    }
+    match store
+        .get_recent(&keys::well_known::cluster_profile(NAMESPACE, name))
+        .await
+    {
+        Ok(p) => publish(store, to, &p).await,
+        Err(StoreError::NotFound { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Removes the published Works that no longer should be: of a cluster gone, or in a place no
+/// longer named (the settings changed between runs).
+async fn unpublish_stale(
+    store: &dyn Store,
+    to: &[Publication],
+    names: &std::collections::HashSet<String>,
+) -> Result<(), StoreError> {
+    let selector = orrery_api::labels::Selector::parse(PUBLISHED_LABEL)
+        .map_err(|e| StoreError::InvalidArgument(e.to_string()))?;
+    let works = store
+        .list(
+            &keys::well_known::works(None),
+            &orrery_store::ListOptions::default().with_labels(selector),
+        )
+        .await?;
+    for w in &works.items {
+        let profiled = w
+            .labels()
+            .get(PUBLISHED_LABEL)
+            .map(String::as_str)
+            .unwrap_or("");
+        let key = keys::well_known::work(w.namespace(), w.name());
+        let wanted = names.contains(profiled) && to.iter().any(|p| p.work_key(profiled) == key);
+        if !wanted {
+            match store.delete(&key, &Preconditions::default()).await {
+                Ok(_) | Err(StoreError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone)]
@@ -40,7 +208,8 @@ pub struct Access {
 
 impl Access {
     /// The access provider of one cluster (KEP-4322: a name and a kubeconfig `cluster`): the
-    /// cluster proxy's endpoint and the server's CA. The credentials are the consumer's own.
+    /// cluster proxy's endpoint, the server's CA, and for an exec plugin (`orrery
+    /// credentials`, or any that reads it) the cluster's name in the reserved extension.
     pub fn provider(&self, cluster: &str) -> Value {
         use base64::Engine;
         json!({
@@ -52,6 +221,7 @@ impl Access {
                 ),
                 "certificate-authority-data":
                     base64::engine::general_purpose::STANDARD.encode(&self.ca_pem),
+                "extensions": [{ "name": EXEC_EXTENSION, "extension": { "clusterName": cluster } }],
             },
         })
     }
@@ -286,7 +456,89 @@ async fn sync_one(
     }
 }
 
-async fn remove(store: &dyn Store, name: &str) {
+/// Cluster `c`'s proxy identity: its ServiceAccount, the ClusterRole allowing
+/// `clusters/proxy` of `c` alone, and the binding between them; all owned by the Cluster.
+fn proxy_identity(c: &Object) -> Vec<(String, Object)> {
+    let name = c.name();
+    let role = proxy_role_name(name);
+    let own = |mut o: Object| {
+        o.metadata.owner_references = vec![OwnerReference::controller_of(c)];
+        o.metadata
+            .labels
+            .insert(MANAGER_LABEL.to_string(), MANAGER.to_string());
+        o
+    };
+    let sa = own(new_object(
+        "v1",
+        "ServiceAccount",
+        Some(PROXY_NAMESPACE),
+        name,
+    ));
+    let mut cr = own(new_object(
+        "rbac.authorization.k8s.io/v1",
+        "ClusterRole",
+        None,
+        &role,
+    ));
+    cr.other.insert(
+        "rules".into(),
+        json!([{ "apiGroups": [orrery_api::cluster::GROUP], "resources": ["clusters/proxy"],
+                 "resourceNames": [name],
+                 "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"] }]),
+    );
+    let mut crb = own(new_object(
+        "rbac.authorization.k8s.io/v1",
+        "ClusterRoleBinding",
+        None,
+        &role,
+    ));
+    crb.other.insert(
+        "roleRef".into(),
+        json!({ "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role }),
+    );
+    crb.other.insert(
+        "subjects".into(),
+        json!([{ "kind": "ServiceAccount", "name": name, "namespace": PROXY_NAMESPACE }]),
+    );
+    vec![
+        (
+            keys::object("", "serviceaccounts", Some(PROXY_NAMESPACE), name),
+            sa,
+        ),
+        (
+            keys::object("rbac.authorization.k8s.io", "clusterroles", None, &role),
+            cr,
+        ),
+        (
+            keys::object(
+                "rbac.authorization.k8s.io",
+                "clusterrolebindings",
+                None,
+                &role,
+            ),
+            crb,
+        ),
+    ]
+}
+
+/// Makes cluster `c`'s proxy identity where it is missing (an edit of it is the
+/// administrator's to make).
+async fn ensure_proxy_identity(store: &dyn Store, c: &Object) -> Result<(), StoreError> {
+    for (key, o) in proxy_identity(c) {
+        match store.get_recent(&key).await {
+            Ok(_) => continue,
+            Err(StoreError::NotFound { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        match store.create(&key, o).await {
+            Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+async fn remove(store: &dyn Store, to: &[Publication], name: &str) {
     // Decided from the Cluster as stored now: a profile goes only with its Cluster.
     match store.get(&keys::well_known::cluster(name)).await {
         Err(StoreError::NotFound { .. }) => {}
@@ -300,6 +552,30 @@ async fn remove(store: &dyn Store, name: &str) {
     match store.delete(&key, &Preconditions::default()).await {
         Ok(_) | Err(StoreError::NotFound { .. }) => {}
         Err(e) => tracing::warn!(cluster = name, error = %e, "removing the ClusterProfile failed"),
+    }
+    // Its proxy identity goes with it (a token minted before stops working with its account),
+    // and its copies.
+    let role = proxy_role_name(name);
+    let copies = to.iter().map(|p| p.work_key(name));
+    for key in [
+        keys::object("", "serviceaccounts", Some(PROXY_NAMESPACE), name),
+        keys::object(
+            "rbac.authorization.k8s.io",
+            "clusterrolebindings",
+            None,
+            &role,
+        ),
+        keys::object("rbac.authorization.k8s.io", "clusterroles", None, &role),
+    ]
+    .into_iter()
+    .chain(copies)
+    {
+        match store.delete(&key, &Preconditions::default()).await {
+            Ok(_) | Err(StoreError::NotFound { .. }) => {}
+            Err(e) => {
+                tracing::warn!(cluster = name, error = %e, "removing the proxy identity failed")
+            }
+        }
     }
 }
 
@@ -346,6 +622,8 @@ struct Inventory {
     names: std::collections::HashSet<String>,
     /// What each cluster's profile was last made of, and when.
     last: HashMap<String, (u64, std::time::Instant)>,
+    /// The clusters (by uid) whose proxy identity this replica has made or found.
+    proxied: parking_lot::Mutex<std::collections::HashSet<String>>,
     /// Clusters whose profile waits to be looked at, as last seen (kept only until then: a
     /// parsed Cluster is about 25 KB).
     pending: parking_lot::Mutex<HashMap<String, Arc<Object>>>,
@@ -388,7 +666,13 @@ impl Reconciler for Inventory {
                 }
             }
             Event::Upsert(c) => {
-                self.names.insert(c.name().to_string());
+                // A member the profiles are kept in, seen for the first time: all of them
+                // are written there (its namespace is new).
+                if self.names.insert(c.name().to_string())
+                    && self.settings.publish.iter().any(|p| p.cluster == c.name())
+                {
+                    keys.push(Key::Sweep);
+                }
                 self.consider(c, keys);
             }
             Event::Delete(c) => {
@@ -423,7 +707,14 @@ impl Reconciler for Inventory {
                             .entry(p.name().to_string())
                             .or_insert(digest);
                     } else {
-                        remove(self.store.as_ref(), p.name()).await;
+                        remove(self.store.as_ref(), &self.settings.publish, p.name()).await;
+                    }
+                }
+                if !self.settings.publish.is_empty() {
+                    unpublish_stale(self.store.as_ref(), &self.settings.publish, &self.names)
+                        .await?;
+                    for p in list.items.iter().filter(|p| self.names.contains(p.name())) {
+                        publish(self.store.as_ref(), &self.settings.publish, p).await?;
                     }
                 }
             }
@@ -431,20 +722,39 @@ impl Reconciler for Inventory {
                 let Some(c) = self.pending.lock().remove(name) else {
                     return Ok(Action::Done);
                 };
-                if let Err(e) = sync_one(
+                let synced = sync_one(
                     self.store.as_ref(),
                     &c,
                     &self.known,
                     self.settings.access.as_ref(),
                 )
-                .await
-                {
+                .await;
+                let identity = match &synced {
+                    Ok(())
+                        if self.settings.access.is_some()
+                            && self.proxied.lock().insert(c.metadata.uid.clone()) =>
+                    {
+                        ensure_proxy_identity(self.store.as_ref(), &c)
+                            .await
+                            .inspect_err(|_| {
+                                self.proxied.lock().remove(&c.metadata.uid);
+                            })
+                    }
+                    _ => Ok(()),
+                };
+                let published = match (&synced, &identity) {
+                    (Ok(()), Ok(())) => {
+                        publish_one(self.store.as_ref(), &self.settings.publish, name).await
+                    }
+                    _ => Ok(()),
+                };
+                if let Err(e) = synced.and(identity).and(published) {
                     // Tried again with what was seen, unless something newer came meanwhile.
                     self.pending.lock().entry(name.clone()).or_insert(c);
                     return Err(e);
                 }
             }
-            Key::Gone(name) => remove(self.store.as_ref(), name).await,
+            Key::Gone(name) => remove(self.store.as_ref(), &self.settings.publish, name).await,
         }
         Ok(Action::Done)
     }
@@ -463,6 +773,7 @@ pub async fn run(
         known: Default::default(),
         names: Default::default(),
         last: HashMap::new(),
+        proxied: Default::default(),
         pending: Default::default(),
     };
     Controller::new("inventory", store, r, metrics)
@@ -511,6 +822,73 @@ mod tests {
         let mut with_access = st.clone();
         with_access["accessProviders"] = json!([{"name": "orrery"}]);
         assert_ne!(base, d(&with_access), "access providers");
+    }
+
+    #[test]
+    fn a_publication_is_a_member_and_a_namespace() {
+        assert_eq!(
+            "manager/kueue-system".parse::<Publication>().unwrap(),
+            Publication {
+                cluster: "manager".into(),
+                namespace: "kueue-system".into()
+            }
+        );
+        for (bad, says) in [
+            ("manager", "CLUSTER/NAMESPACE"),
+            ("manager/", "the namespace"),
+            ("/kueue-system", "the cluster"),
+            ("Manager/kueue-system", "the cluster"),
+            ("manager/kueue/system", "the namespace"),
+        ] {
+            let e = bad.parse::<Publication>().unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_published_profile_is_the_profile_in_the_place_named_status_and_all() {
+        let mut profile = new_object(
+            "multicluster.x-k8s.io/v1alpha1",
+            "ClusterProfile",
+            Some(NAMESPACE),
+            "east",
+        );
+        profile
+            .metadata
+            .labels
+            .insert(MANAGER_LABEL.into(), MANAGER.into());
+        profile
+            .metadata
+            .labels
+            .insert("multicluster.io/cluster".into(), "east".into());
+        profile
+            .metadata
+            .labels
+            .insert("someone".into(), "else".into());
+        profile.metadata.uid = "u".into();
+        profile.spec = Some(json!({"displayName": "east", "clusterManager": {"name": "orrery"}}));
+        profile.status = Some(json!({"accessProviders": [{"name": "orrery"}],
+                                     "version": {"kubernetes": "v1.32.0"}}));
+        let to: Publication = "manager/kueue-system".parse().unwrap();
+        let spec = published_spec(&profile, &to);
+        let m = &spec["workload"]["manifests"][0];
+        assert_eq!(spec["workload"]["manifests"].as_array().unwrap().len(), 1);
+        assert_eq!(m["kind"], "ClusterProfile");
+        assert_eq!(
+            m["metadata"],
+            json!({"name": "east", "namespace": "kueue-system",
+                   "labels": {MANAGER_LABEL: MANAGER, "multicluster.io/cluster": "east"}}),
+            "no uid, no control-plane labels of others"
+        );
+        assert_eq!(m["spec"], profile.spec.clone().unwrap());
+        assert_eq!(m["status"], profile.status.clone().unwrap());
+        assert_eq!(
+            to.work_key("east"),
+            keys::well_known::work(
+                &orrery_api::cluster::namespace_of("manager"),
+                "clusterprofile.kueue-system.east"
+            )
+        );
     }
 
     #[test]

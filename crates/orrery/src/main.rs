@@ -9,6 +9,7 @@ mod backup;
 mod bundle;
 mod ca;
 mod config;
+mod credentials;
 mod dns;
 mod export;
 mod interpret;
@@ -86,6 +87,9 @@ enum Command {
     Ca(ca::CaCommand),
     /// A kubeconfig for a member cluster's API through the cluster proxy.
     Kubeconfig(kubeconfig::KubeconfigArgs),
+    /// An exec credential plugin for ClusterProfile consumers (KEP-4322): a short-lived token
+    /// for one cluster's proxy (docs/inventory.md).
+    Credentials(credentials::CredentialsArgs),
     /// The fleet in the terminal: clusters, water levels, workloads and where they run.
     Status(status::StatusArgs),
     /// A workload's progressive rollout: status, pause, resume, abort, approve, history, undo.
@@ -117,6 +121,8 @@ fn default_filter(command: &Command) -> &'static str {
         Command::Up(_) => {
             "info,orrery_agent=warn,orrery_sim=warn,orrery_sim::admin=info,kube_client::client::tls=error"
         }
+        // A plugin's output is its answer; what it says goes to stderr, warnings only.
+        Command::Credentials(_) => "warn,kube_client::client::tls=error",
         _ => "info,kube_client::client::tls=error",
     }
 }
@@ -168,6 +174,7 @@ fn main() -> anyhow::Result<()> {
             Command::User(cmd) => user::run(cmd).await,
             Command::Ca(cmd) => ca::run(cmd).await,
             Command::Kubeconfig(args) => kubeconfig::run(args),
+            Command::Credentials(args) => credentials::run(args).await,
             Command::Status(args) => status::run(args).await,
             Command::Rollout(args) => rollout::run(args).await,
             Command::Interpret(args) => interpret::run(*args),

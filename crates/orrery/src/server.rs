@@ -227,6 +227,11 @@ pub struct ServerArgs {
     /// assign) are propagated to it, and the usage its Kueue admits comes back.
     #[arg(long)]
     pub kueue_cluster: Option<String>,
+    /// A member's namespace where a copy of every ClusterProfile is kept too, as
+    /// CLUSTER/NAMESPACE (repeatable), for consumers that read them from the cluster they
+    /// run in: Kueue's MultiKueue, in its own namespace (`manager/kueue-system`).
+    #[arg(long = "publish-cluster-profiles", value_name = "CLUSTER/NAMESPACE")]
+    pub publish_cluster_profiles: Vec<orrery_controllers::inventory::Publication>,
     /// Where the server answers clusterset DNS for the whole fleet (`<svc>.<ns>.svc.
     /// clusterset.local`, UDP and TCP), e.g. 127.0.0.1:5353; off by default.
     #[arg(long)]
@@ -669,6 +674,7 @@ fn spawn_controllers(
                     server: m.url.clone(),
                     ca_pem: m.ca_pem.clone(),
                 }),
+                publish: args.publish_cluster_profiles.clone(),
             },
             metrics: m.controllers.clone(),
         },

@@ -300,6 +300,7 @@ fn server_args(args: &UpArgs) -> anyhow::Result<ServerArgs> {
         hpa_sync_period: Duration::from_secs(15),
         quota_interval: Duration::from_secs(30),
         kueue_cluster: None,
+        publish_cluster_profiles: Vec::new(),
         hpa_downscale_stabilization: Duration::from_secs(300),
         cluster_secret: None,
         cluster_secret_file: None,

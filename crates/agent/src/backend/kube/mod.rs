@@ -680,11 +680,26 @@ impl KubeMember {
         out
     }
 
+    /// The newest of `versions` of `group` the member serves, else the oldest.
+    async fn served(&self, group: &str, versions: &[&'static str]) -> &'static str {
+        let have = self.enablements().await;
+        versions
+            .iter()
+            .copied()
+            .find(|v| {
+                have.iter()
+                    .any(|a| a.group_version == format!("{group}/{v}"))
+            })
+            .or_else(|| versions.last().copied())
+            .unwrap_or_default()
+    }
+
     async fn properties(&self) -> BTreeMap<String, String> {
+        let version = self.served("about.k8s.io", &["v1beta1", "v1alpha1"]).await;
         let ar = ApiResource {
             group: "about.k8s.io".into(),
-            version: "v1alpha1".into(),
-            api_version: "about.k8s.io/v1alpha1".into(),
+            version: version.into(),
+            api_version: format!("about.k8s.io/{version}"),
             kind: "ClusterProperty".into(),
             plural: "clusterproperties".into(),
         };
@@ -703,11 +718,14 @@ impl KubeMember {
         }
     }
 
-    fn service_export_resource() -> ApiResource {
+    /// The member's ServiceExports, at the newest MCS version it serves.
+    async fn service_export_resource(&self) -> ApiResource {
+        use orrery_api::services::{GROUP, VERSION, VERSION_V1ALPHA1};
+        let version = self.served(GROUP, &[VERSION, VERSION_V1ALPHA1]).await;
         ApiResource {
-            group: orrery_api::services::GROUP.into(),
-            version: orrery_api::services::VERSION.into(),
-            api_version: orrery_api::services::API_VERSION.into(),
+            group: GROUP.into(),
+            version: version.into(),
+            api_version: format!("{GROUP}/{version}"),
             kind: orrery_api::services::EXPORT_KIND.into(),
             plural: orrery_api::services::EXPORT_PLURAL.into(),
         }
@@ -717,7 +735,7 @@ impl KubeMember {
     /// exported properties and endpoints. A member without the MCS API has none.
     async fn service_exports(&self) -> Vec<orrery_api::services::MemberExport> {
         let api: Api<DynamicObject> =
-            Api::all_with(self.client.clone(), &Self::service_export_resource());
+            Api::all_with(self.client.clone(), &self.service_export_resource().await);
         let Ok(list) = api.list(&ListParams::default()).await else {
             return Vec::new();
         };
@@ -916,7 +934,46 @@ impl Backend for KubeMember {
             self.ensure_namespace(&ns).await?;
             result = api.patch(&id.name, &params, &Patch::Apply(manifest)).await;
         }
-        let applied = result.map_err(|e| member_error(&what, e))?;
+        let mut applied = result.map_err(|e| member_error(&what, e))?;
+        // A status in a manifest is the control plane's word (a ClusterProfile's, a
+        // ServiceImport's: workloads' templates go without theirs). An apply of the object
+        // leaves a status subresource alone, so it is written there too, when it differs.
+        if let Some(want) = manifest
+            .get("status")
+            .and_then(Value::as_object)
+            .filter(|m| !m.is_empty())
+            && applied.data.get("status").and_then(Value::as_object) != Some(want)
+        {
+            let mut status = want.clone();
+            // What the member's status has beyond it goes (a merge patch keeps what it does
+            // not name).
+            for k in applied
+                .data
+                .get("status")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flat_map(|m| m.keys())
+            {
+                status.entry(k.clone()).or_insert(Value::Null);
+            }
+            let params = PatchParams {
+                field_manager: Some(FIELD_MANAGER.to_string()),
+                ..Default::default()
+            };
+            match api
+                .patch_status(
+                    &id.name,
+                    &params,
+                    &Patch::Merge(json!({ "status": status })),
+                )
+                .await
+            {
+                Ok(o) => applied = o,
+                // No status subresource: the apply wrote it with the object.
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 405 => {}
+                Err(e) => return Err(member_error(&format!("the status of {what}"), e)),
+            }
+        }
         if let Ok(v) = serde_json::to_value(&applied)
             && let Some(k) = key_of_value(&v)
         {
@@ -1240,7 +1297,7 @@ impl Backend for KubeMember {
         let api: Api<DynamicObject> = Api::namespaced_with(
             self.client.clone(),
             namespace,
-            &Self::service_export_resource(),
+            &self.service_export_resource().await,
         );
         api.patch_status(
             name,
