@@ -38,6 +38,7 @@ mod scheduling;
 mod security;
 mod server_crash;
 mod services;
+mod sig_multicluster;
 mod stateful;
 mod ui;
 mod upgrade;
