@@ -469,7 +469,8 @@ fn a_headless_service_resolves_to_its_endpoints_and_prefer_local_keeps_traffic_h
         r#"{"apiVersion": "v1", "kind": "Service", "metadata": {"name": "cache", "namespace": "default"},
             "spec": {"selector": {"app": "cache"}, "ports": [{"name": "redis", "port": 6379}]}}"#,
         r#"{"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
-            "metadata": {"name": "cache", "namespace": "default"}}"#,
+            "metadata": {"name": "cache", "namespace": "default"},
+            "spec": {"exportedLabels": {"tier": "cache"}, "exportedAnnotations": {"owner": "c"}}}"#,
     ] {
         let (code, body) = common::http("POST", f.admin("c"), "/clusters/c/objects", m);
         assert_eq!(code, 201, "{body}");
@@ -491,6 +492,9 @@ fn a_headless_service_resolves_to_its_endpoints_and_prefer_local_keeps_traffic_h
     let cache =
         f.s.get_json(&["serviceimport", "cache", "-n", "default", "-o", "json"]);
     assert!(cache["metadata"]["ownerReferences"].is_null(), "{cache:#}");
+    // The member's export's labels and annotations are the import's.
+    assert_eq!(cache["metadata"]["labels"]["tier"], "cache", "{cache:#}");
+    assert_eq!(cache["metadata"]["annotations"]["owner"], "c", "{cache:#}");
     let cache_ip = cache["spec"]["ips"][0].as_str().unwrap().to_string();
     eventually(Duration::from_secs(20), "a resolves c's cache", || {
         short(&a_dns, "cache.default.svc.clusterset.local", "A") == [cache_ip.clone()]

@@ -172,6 +172,36 @@ pub struct Exported {
     pub traffic_distribution: Option<String>,
 }
 
+/// What an export asks its ServiceImport to carry: its `exportedLabels` and
+/// `exportedAnnotations` (the oldest export's are the import's).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExportedMeta {
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub exported_labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub exported_annotations: BTreeMap<String, String>,
+}
+
+impl ExportedMeta {
+    /// Read from a ServiceExport's spec (what is not a map of strings there is nothing).
+    pub fn of_spec(spec: Option<&Value>) -> ExportedMeta {
+        let map = |field: &str| {
+            spec.and_then(|s| s.get(field))
+                .and_then(|v| serde_json::from_value(v.clone()).ok())
+                .unwrap_or_default()
+        };
+        ExportedMeta {
+            exported_labels: map("exportedLabels"),
+            exported_annotations: map("exportedAnnotations"),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.exported_labels.is_empty() && self.exported_annotations.is_empty()
+    }
+}
+
 /// A ServiceExport a member cluster made of its own (not one Orrery applied), as its agent
 /// reports it: it exports that member's Service of the same name.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -190,6 +220,9 @@ pub struct MemberExport {
     pub invalid: Option<(String, String)>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<ServiceEndpoints>,
+    /// The labels and annotations the export asks its import to carry.
+    #[serde(default, skip_serializing_if = "ExportedMeta::is_empty")]
+    pub exported: ExportedMeta,
 }
 
 /// On the ServiceImport a member imports: the conditions of the member's own ServiceExport
@@ -197,11 +230,13 @@ pub struct MemberExport {
 pub const ANNOTATION_EXPORT_STATUS: &str = "multicluster.orrery.io/export-status";
 
 impl MemberExport {
-    /// The report of a member's ServiceExport `namespace/name`, given its Service there.
+    /// The report of a member's ServiceExport `namespace/name` (its spec), given its Service
+    /// there.
     pub fn of(
         namespace: &str,
         name: &str,
         created: &str,
+        export_spec: Option<&Value>,
         service: Option<&Value>,
         endpoints: Option<ServiceEndpoints>,
     ) -> MemberExport {
@@ -223,6 +258,7 @@ impl MemberExport {
             endpoints: service.as_ref().and(endpoints),
             service,
             invalid,
+            exported: ExportedMeta::of_spec(export_spec),
         }
     }
 }
@@ -283,6 +319,7 @@ pub struct Export {
     /// When the cluster began exporting it (RFC 3339, so that strings order as times).
     pub since: String,
     pub service: Exported,
+    pub exported: ExportedMeta,
 }
 
 /// The ServiceImport the exports of one Service make.
@@ -294,6 +331,8 @@ pub struct Merged {
     pub session_affinity_config: Option<Value>,
     pub internal_traffic_policy: Option<String>,
     pub traffic_distribution: Option<String>,
+    /// The oldest export's labels and annotations for the import.
+    pub exported: ExportedMeta,
     /// The exporting clusters, by name.
     pub clusters: Vec<String>,
     /// The KEP's conflict reasons (`PortConflict`, `TypeConflict`...), with a message each.
@@ -371,6 +410,28 @@ pub fn merge(exports: &[Export]) -> Merged {
             ));
         }
     }
+    type Map = fn(&Export) -> &BTreeMap<String, String>;
+    let maps: [(&str, &str, Map); 2] = [
+        ("LabelsConflict", "exported labels", |e| {
+            &e.exported.exported_labels
+        }),
+        ("AnnotationsConflict", "exported annotations", |e| {
+            &e.exported.exported_annotations
+        }),
+    ];
+    for (reason, what, get) in maps {
+        let want = get(oldest);
+        let n = disagree(&|e| get(e) != want);
+        if n > 0 {
+            conflicts.push((
+                reason,
+                format!(
+                    "Conflicting {what}. Using {want:?} from oldest service export in \"{}\". {n}/{total} clusters disagree.",
+                    oldest.cluster
+                ),
+            ));
+        }
+    }
     let mut ports: Vec<Port> = Vec::new();
     let mut port_conflicts: BTreeSet<String> = BTreeSet::new();
     for e in &order {
@@ -415,6 +476,7 @@ pub fn merge(exports: &[Export]) -> Merged {
         session_affinity_config: oldest.service.session_affinity_config.clone(),
         internal_traffic_policy: oldest.service.internal_traffic_policy.clone(),
         traffic_distribution: oldest.service.traffic_distribution.clone(),
+        exported: oldest.exported.clone(),
         clusters,
         conflicts,
     }
@@ -596,6 +658,7 @@ mod tests {
                 session_affinity: "None".into(),
                 ..Exported::default()
             },
+            exported: ExportedMeta::default(),
         }
     }
 
@@ -722,6 +785,7 @@ mod tests {
             cluster: cluster.into(),
             since: since.into(),
             service: service.clone(),
+            exported: ExportedMeta::default(),
         };
         let m = merge(&[
             at("b", "2026-01-02T00:00:00Z", &newer),
@@ -753,6 +817,50 @@ mod tests {
         let legacy: Exported =
             serde_json::from_value(json!({"ports": [], "sessionAffinity": "None"})).unwrap();
         assert_eq!(legacy.traffic_distribution, None);
+    }
+
+    #[test]
+    fn the_import_carries_the_oldest_exports_labels_and_annotations() {
+        let meta = |l: &str, a: &str| {
+            ExportedMeta::of_spec(Some(&json!({
+                "exportedLabels": {"tier": l}, "exportedAnnotations": {"note": a}
+            })))
+        };
+        let at = |cluster: &str, since: &str, exported: ExportedMeta| Export {
+            exported,
+            ..export(cluster, since, vec![port("http", 80)], false)
+        };
+        let m = merge(&[
+            at("b", "2026-01-02T00:00:00Z", meta("web", "x")),
+            at("a", "2026-01-01T00:00:00Z", meta("api", "x")),
+            at("c", "2026-01-03T00:00:00Z", meta("api", "y")),
+        ]);
+        assert_eq!(m.exported, meta("api", "x"));
+        assert_eq!(
+            m.conflicts,
+            [
+                (
+                    "LabelsConflict",
+                    "Conflicting exported labels. Using {\"tier\": \"api\"} from oldest service export in \"a\". 1/3 clusters disagree.".to_string()
+                ),
+                (
+                    "AnnotationsConflict",
+                    "Conflicting exported annotations. Using {\"note\": \"x\"} from oldest service export in \"a\". 1/3 clusters disagree.".to_string()
+                ),
+            ]
+        );
+        // An export without either, and an older agent's report without the field, read as
+        // asking for none.
+        assert!(ExportedMeta::of_spec(Some(&json!({}))).is_empty());
+        assert!(ExportedMeta::of_spec(Some(&json!({"exportedLabels": 3}))).is_empty());
+        let legacy: MemberExport =
+            serde_json::from_value(json!({"namespace": "n", "name": "s"})).unwrap();
+        assert!(legacy.exported.is_empty());
+        let same = merge(&[
+            at("a", "t", meta("api", "x")),
+            at("b", "t", meta("api", "x")),
+        ]);
+        assert!(same.conflicts.is_empty());
     }
 
     #[test]

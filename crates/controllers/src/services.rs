@@ -61,6 +61,9 @@ struct Running {
     /// What its Service exports (`None`: it cannot be exported).
     service: Option<Exported>,
     endpoints: Option<ServiceEndpoints>,
+    /// A member's own export's labels and annotations for the import (`None`: the control
+    /// plane's export's).
+    exported: Option<mcs::ExportedMeta>,
 }
 
 /// An export's conditions: invalid (`Valid` and `Ready` false, no `Conflict`), or valid with
@@ -268,6 +271,7 @@ impl Services {
                     since: since.clone(),
                     service: Exported::of(&m).ok(),
                     endpoints,
+                    exported: None,
                 },
             );
             mine.push(key);
@@ -367,7 +371,8 @@ impl Services {
         let consumers = self.consumer_set(valid_cp, &members);
         let policy = traffic_policy(cp.as_deref());
         let running = self.running_of(key, valid_cp.is_some(), &members);
-        let merged = mcs::merge(&exports_of(&running));
+        let cp_exported = mcs::ExportedMeta::of_spec(valid_cp.and_then(|e| e.spec.as_ref()));
+        let merged = mcs::merge(&exports_of(&running, &cp_exported));
         let mut ready = ready_condition(&merged, consumers.len());
         let conflict = conflict_condition(&merged);
         let current = self.imports.get(ns, name);
@@ -395,7 +400,14 @@ impl Services {
         let spec = import_spec(&merged, &ips);
         let status = import_status(&merged);
         let import = self
-            .put_import(ns, name, valid_cp, current, spec.clone(), status.clone())
+            .put_import(
+                ns,
+                name,
+                valid_cp,
+                current,
+                &merged.exported,
+                (spec.clone(), status.clone()),
+            )
             .await?;
         let water = self.water_levels(ns, name, &running);
         let src = SliceSource {
@@ -538,6 +550,7 @@ impl Services {
                         since: e.created.clone(),
                         service: Some(service.clone()),
                         endpoints: e.endpoints.clone(),
+                        exported: Some(e.exported.clone()),
                     },
                 );
             }
@@ -848,19 +861,15 @@ impl Services {
         name: &str,
         export: Option<&Object>,
         current: Option<Arc<Object>>,
-        spec: Value,
-        status: Value,
+        exported: &mcs::ExportedMeta,
+        (spec, status): (Value, Value),
     ) -> Result<Arc<Object>, StoreError> {
         let key = orrery_api::kinds::SERVICE_IMPORT.key(ns, name);
-        // The export's `exportedLabels` and `exportedAnnotations` go on the import.
-        let exported = |field: &str| -> BTreeMap<String, String> {
-            export
-                .and_then(|e| e.spec.as_ref()?.get(field).cloned())
-                .and_then(|v| serde_json::from_value(v).ok())
-                .unwrap_or_default()
-        };
-        let (mut labels, annotations) =
-            (exported("exportedLabels"), exported("exportedAnnotations"));
+        // The oldest export's `exportedLabels` and `exportedAnnotations` go on the import.
+        let (mut labels, annotations) = (
+            exported.exported_labels.clone(),
+            exported.exported_annotations.clone(),
+        );
         labels.insert(mcs::LABEL_DERIVED.into(), "true".into());
         let same = |cur: &Object| {
             cur.spec.as_ref() == Some(&spec)
@@ -1193,7 +1202,7 @@ fn traffic_policy(cp: Option<&Object>) -> TrafficPolicy {
 }
 
 /// The exports to merge: the members that run an exportable Service.
-fn exports_of(running: &BTreeMap<String, Running>) -> Vec<Export> {
+fn exports_of(running: &BTreeMap<String, Running>, cp: &mcs::ExportedMeta) -> Vec<Export> {
     running
         .iter()
         .filter_map(|(c, r)| {
@@ -1201,6 +1210,7 @@ fn exports_of(running: &BTreeMap<String, Running>) -> Vec<Export> {
                 cluster: c.clone(),
                 since: r.since.clone(),
                 service: r.service.clone()?,
+                exported: r.exported.clone().unwrap_or_else(|| cp.clone()),
             })
         })
         .collect()

@@ -569,6 +569,7 @@ impl SimCluster {
                     ns,
                     name,
                     &o.created,
+                    o.manifest.get("spec"),
                     service.map(|s| &s.manifest),
                     service.and_then(|s| self.service_endpoints(st, ns, &s.manifest)),
                 )

@@ -274,6 +274,14 @@ fn schema(d: &Descriptor) -> Value {
                                      "description": "Why it cannot be exported: reason and message." },
                         "endpoints": { "type": "object", "x-kubernetes-preserve-unknown-fields": true,
                                        "description": "The Service's endpoints in the member." },
+                        "exported": {
+                            "type": "object",
+                            "description": "The export's exportedLabels and exportedAnnotations, for its import.",
+                            "properties": {
+                                "exportedLabels": { "type": "object", "additionalProperties": { "type": "string" } },
+                                "exportedAnnotations": { "type": "object", "additionalProperties": { "type": "string" } },
+                            },
+                        },
                     },
                 },
             },

@@ -771,6 +771,7 @@ impl KubeMember {
                 &ns,
                 &name,
                 &created,
+                e.data.get("spec"),
                 service.as_ref(),
                 endpoints,
             ));
