@@ -374,59 +374,59 @@ pub fn merge(exports: &[Export]) -> Merged {
             ),
         ));
     }
-    // The properties the import copies from the oldest export, each its own conflict.
-    type Property<'a> = (&'a str, &'a str, &'a dyn Fn(&Exported) -> String);
-    let copied: [Property; 3] = [
+    // The properties the import copies from the oldest export, each its own conflict, each
+    // rendered as the message shows it.
+    type Property<'a> = (&'a str, &'a str, &'a dyn Fn(&Export) -> String);
+    let copied: [Property; 5] = [
         (
             "SessionAffinityConfigConflict",
             "session affinity config",
-            &|s| {
-                s.session_affinity_config
-                    .as_ref()
-                    .map_or_else(String::new, Value::to_string)
+            &|e| {
+                let config = e.service.session_affinity_config.as_ref();
+                format!("{:?}", config.map_or_else(String::new, Value::to_string))
             },
         ),
         (
             "InternalTrafficPolicyConflict",
             "internal traffic policy",
-            &|s| s.internal_traffic_policy.clone().unwrap_or_default(),
+            &|e| {
+                format!(
+                    "{:?}",
+                    e.service
+                        .internal_traffic_policy
+                        .as_deref()
+                        .unwrap_or_default()
+                )
+            },
         ),
         (
             "TrafficDistributionConflict",
             "traffic distribution",
-            &|s| s.traffic_distribution.clone().unwrap_or_default(),
+            &|e| {
+                format!(
+                    "{:?}",
+                    e.service
+                        .traffic_distribution
+                        .as_deref()
+                        .unwrap_or_default()
+                )
+            },
         ),
+        ("LabelsConflict", "exported labels", &|e| {
+            format!("{:?}", e.exported.exported_labels)
+        }),
+        ("AnnotationsConflict", "exported annotations", &|e| {
+            format!("{:?}", e.exported.exported_annotations)
+        }),
     ];
     for (reason, what, get) in copied {
-        let want = get(&oldest.service);
-        let n = disagree(&|e| get(&e.service) != want);
-        if n > 0 {
-            conflicts.push((
-                reason,
-                format!(
-                    "Conflicting {what}. Using {want:?} from oldest service export in \"{}\". {n}/{total} clusters disagree.",
-                    oldest.cluster
-                ),
-            ));
-        }
-    }
-    type Map = fn(&Export) -> &BTreeMap<String, String>;
-    let maps: [(&str, &str, Map); 2] = [
-        ("LabelsConflict", "exported labels", |e| {
-            &e.exported.exported_labels
-        }),
-        ("AnnotationsConflict", "exported annotations", |e| {
-            &e.exported.exported_annotations
-        }),
-    ];
-    for (reason, what, get) in maps {
         let want = get(oldest);
         let n = disagree(&|e| get(e) != want);
         if n > 0 {
             conflicts.push((
                 reason,
                 format!(
-                    "Conflicting {what}. Using {want:?} from oldest service export in \"{}\". {n}/{total} clusters disagree.",
+                    "Conflicting {what}. Using {want} from oldest service export in \"{}\". {n}/{total} clusters disagree.",
                     oldest.cluster
                 ),
             ));
