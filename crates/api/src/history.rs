@@ -12,6 +12,8 @@ use crate::time::Time;
 pub const API_VERSION: &str = "internal.orrery.io/v1";
 pub const KIND: &str = "ScheduleRecord";
 
+pub mod backfill;
+
 /// Where schedule records live (a key space the Kubernetes REST API does not expose; the
 /// DRO-DS API serves it at `/api/v1/history/schedules`).
 pub const PREFIX: &str = "/internal/history/schedules/";
@@ -448,6 +450,11 @@ pub mod series {
         /// it has none for what they request).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pub cost: Option<f64>,
+        /// Reported afterwards with its own time (`POST /api/v1/metrics/history`, or read
+        /// from a Prometheus server), not measured by the monitoring loop: a measured
+        /// figure of the same time wins over it.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        pub backfilled: bool,
     }
 
     /// The fleet at one time.
@@ -558,6 +565,7 @@ pub mod series {
                             .map(|(d, sum)| (d, round(sum / n)))
                             .collect(),
                         cost: mean_of(r.cost).map(|x| (x * 10_000.0).round() / 10_000.0),
+                        backfilled: false,
                     };
                     (name, sample)
                 })

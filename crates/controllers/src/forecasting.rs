@@ -105,6 +105,16 @@ fn placed_of(c: &ClusterSample, name: &str) -> f64 {
     c.placed.get(name).copied().unwrap_or(0.0)
 }
 
+/// What the monitoring loop hands the forecaster.
+#[derive(Debug)]
+pub enum Feed {
+    /// A sample of the fleet (`true`: a 5-minute average).
+    Sample(FleetSample, bool),
+    /// A cluster's history reported afterwards, as 5-minute averages by the unix second of
+    /// each one's end, oldest first.
+    Backfill(String, Vec<(i64, ClusterSample)>),
+}
+
 /// The forecaster's state: every series' recent history and chosen model.
 #[derive(Debug)]
 pub struct Forecaster {
@@ -126,6 +136,11 @@ pub struct Forecaster {
     choices: BTreeMap<(String, String), (Choice, i64, usize)>,
     /// The time of the last point taken.
     last: Option<Time>,
+    /// Whether the points are the 5-minute averages (else the raw samples).
+    averages: bool,
+    /// The unix second of each cluster's last point (its series' points are a step apart
+    /// before it).
+    ends: BTreeMap<String, i64>,
 }
 
 impl Forecaster {
@@ -139,6 +154,7 @@ impl Forecaster {
         };
         let season = (season_s / step).max(2) as usize;
         Forecaster {
+            averages: step != raw_interval.as_secs().max(1),
             step,
             season,
             horizon: (cfg.horizon.as_secs() / step).max(1) as usize,
@@ -148,6 +164,7 @@ impl Forecaster {
             placed: BTreeMap::new(),
             choices: BTreeMap::new(),
             last: None,
+            ends: BTreeMap::new(),
         }
     }
 
@@ -203,8 +220,8 @@ impl Forecaster {
     }
 
     /// Whether its points are the 5-minute averages (else the raw samples).
-    pub fn uses_averages(&self, raw_interval: Duration) -> bool {
-        self.step != raw_interval.as_secs().max(1)
+    pub fn uses_averages(&self) -> bool {
+        self.averages
     }
 
     /// Takes one sample of the fleet; a cluster missing from it keeps its last value, a
@@ -218,6 +235,7 @@ impl Forecaster {
         // from the next one.
         let keep = self.keep();
         for (cluster, c) in &s.clusters {
+            self.ends.insert(cluster.clone(), s.time.unix_seconds());
             for name in series::FORECAST_SERIES {
                 let Some(v) = value_of(c, name).filter(|v| v.is_finite()) else {
                     continue;
@@ -244,10 +262,90 @@ impl Forecaster {
                 h.push_back(v as f32);
             }
         }
+        // A record that holds only history reported afterwards (before the monitoring loop
+        // measured anything then) says nothing of which clusters are in the fleet.
+        if !s.clusters.is_empty() && s.clusters.values().all(|c| c.backfilled) {
+            return;
+        }
         // Clusters gone from the fleet go from the forecasts.
+        self.ends.retain(|c, _| s.clusters.contains_key(c));
         self.history.retain(|(c, _), _| s.clusters.contains_key(c));
         self.placed.retain(|(c, _), _| s.clusters.contains_key(c));
         self.choices.retain(|(c, _), _| s.clusters.contains_key(c));
+    }
+
+    /// Takes a cluster's history reported afterwards (5-minute averages by the second each
+    /// ends, oldest first) in before what its series hold: the points before a series' first
+    /// one are set on its grid, a step apart (a step without one takes the one before it);
+    /// those within what the series holds are left out, as the monitoring loop measured
+    /// them. The cluster's models are chosen again on the longer history. Nothing when the
+    /// series are of raw samples (backfill reaches the averages only).
+    pub fn backfill(&mut self, cluster: &str, points: &[(i64, ClusterSample)]) {
+        let step = self.step as i64;
+        let (Some(first_t), Some(last_t)) =
+            (points.first().map(|p| p.0), points.last().map(|p| p.0))
+        else {
+            return;
+        };
+        if !self.averages {
+            return;
+        }
+        let keep = self.keep();
+        let end = self.ends.get(cluster).copied();
+        for name in series::FORECAST_SERIES {
+            let key = (cluster.to_string(), (*name).to_string());
+            let held = self.history.get(&key).map_or(0, VecDeque::len) as i64;
+            // The grid's last step: a step before the series' first point, or the last point
+            // reported when the series holds none.
+            let until = match end {
+                Some(e) if held > 0 => e - held * step,
+                _ => last_t,
+            };
+            if until < first_t - step / 2 {
+                continue;
+            }
+            let slots = ((until - first_t + step / 2) / step) as usize + 1;
+            let start = until - (slots as i64 - 1) * step;
+            let mut grid: Vec<f32> = Vec::with_capacity(slots);
+            let mut it = points
+                .iter()
+                .filter_map(|(t, c)| Some((*t, value_of(c, name).filter(|v| v.is_finite())?)))
+                .peekable();
+            let mut prev: Option<f64> = None;
+            for k in 0..slots as i64 {
+                let at = start + k * step;
+                // The newest point up to half a step after the slot, else the last one.
+                while let Some((t, v)) = it.peek().copied() {
+                    if t > at + step / 2 {
+                        break;
+                    }
+                    prev = Some(v);
+                    it.next();
+                }
+                if let Some(v) = prev {
+                    grid.push(v as f32);
+                }
+            }
+            if grid.is_empty() {
+                continue;
+            }
+            let h = self.history.entry(key.clone()).or_default();
+            let mut joined: VecDeque<f32> = grid.into();
+            joined.extend(h.drain(..));
+            if joined.len() > keep {
+                joined.drain(..joined.len() - keep);
+            }
+            *h = joined;
+            self.choices.remove(&key);
+        }
+        if end.is_none() {
+            self.ends.insert(cluster.to_string(), last_t);
+        }
+        // A fleet with history reported but no average measured yet is forecast from it at
+        // once (a new server reading weeks of history forecasts from its first minute).
+        if self.last.is_none() {
+            self.last = Time::from_unix_seconds(last_t);
+        }
     }
 
     /// Every cluster's forecasts from the history now. CPU-bound: run it off the runtime.
@@ -626,7 +724,7 @@ pub async fn run(
     cfg: ForecastConfig,
     raw_interval: Duration,
     average_every: Duration,
-    mut samples: mpsc::Receiver<(FleetSample, bool)>,
+    mut samples: mpsc::Receiver<Feed>,
     checks: Arc<Checks>,
     metrics: Handle,
     shutdown: watch::Receiver<bool>,
@@ -634,7 +732,7 @@ pub async fn run(
     let lead = cfg.check_lead.min(cfg.horizon).as_secs();
     let mut f = Forecaster::new(cfg.clone(), raw_interval, average_every);
     let mut stale: BTreeSet<String> = BTreeSet::new();
-    let averages = f.uses_averages(raw_interval);
+    let averages = f.uses_averages();
     checks.set_series(averages, f.step as i64);
     let lead_steps = lead.div_ceil(f.step).max(1) as usize;
     let prefix = if averages {
@@ -674,20 +772,24 @@ pub async fn run(
     }
     // Samples wait in a buffer of the channel's size: a forecaster that falls behind misses
     // samples rather than holding up the sampling.
-    let buffer: Arc<parking_lot::Mutex<VecDeque<FleetSample>>> = Arc::default();
+    let buffer: Arc<parking_lot::Mutex<Waiting>> = Arc::default();
     let (wake, woken) = mpsc::unbounded_channel();
     let waiting = buffer.clone();
     tokio::spawn(async move {
-        while let Some((s, is_average)) = samples.recv().await {
-            if is_average != averages {
-                continue;
-            }
-            {
-                let mut b = waiting.lock();
-                if b.len() >= SAMPLES_WAITING {
-                    continue;
+        while let Some(feed) = samples.recv().await {
+            match feed {
+                Feed::Sample(s, is_average) => {
+                    if is_average != averages {
+                        continue;
+                    }
+                    let mut b = waiting.lock();
+                    if b.samples.len() >= SAMPLES_WAITING {
+                        continue;
+                    }
+                    b.samples.push_back(s);
                 }
-                b.push_back(s);
+                // Each one at most a cluster's history: never dropped.
+                Feed::Backfill(c, points) => waiting.lock().backfills.push((c, points)),
             }
             if wake.send(()).is_err() {
                 return;
@@ -710,6 +812,13 @@ pub async fn run(
 /// Samples that may wait for the forecaster (as many as the monitoring loop's channel holds).
 const SAMPLES_WAITING: usize = 64;
 
+/// What waits for the next round.
+#[derive(Debug, Default)]
+struct Waiting {
+    samples: VecDeque<FleetSample>,
+    backfills: Vec<(String, Vec<(i64, ClusterSample)>)>,
+}
+
 /// What a round carries to the next: the forecaster (moved to a blocking thread for the
 /// round) and the clusters forecast last.
 struct Rounds {
@@ -722,7 +831,7 @@ struct Forecasting {
     store: Arc<dyn Store>,
     checks: Arc<Checks>,
     lead_steps: usize,
-    buffer: Arc<parking_lot::Mutex<VecDeque<FleetSample>>>,
+    buffer: Arc<parking_lot::Mutex<Waiting>>,
     rounds: tokio::sync::Mutex<Rounds>,
 }
 
@@ -755,11 +864,15 @@ impl Reconciler for Forecasting {
         let Some(mut f) = rounds.f.take() else {
             return Err(RoundFailed("an earlier round lost the forecaster".into()));
         };
-        // Samples that came while the last round ran are taken before the next.
-        let samples: Vec<FleetSample> = self.buffer.lock().drain(..).collect();
-        if samples.is_empty() {
+        // Samples that came while the last round ran are taken before the next; history
+        // reported afterwards first, as it is older.
+        let Waiting { samples, backfills } = std::mem::take(&mut *self.buffer.lock());
+        if samples.is_empty() && backfills.is_empty() {
             rounds.f = Some(f);
             return Ok(Action::Done);
+        }
+        for (cluster, points) in &backfills {
+            f.backfill(cluster, points);
         }
         for s in &samples {
             f.push(s);
@@ -858,10 +971,10 @@ mod tests {
         let raw = Duration::from_secs(1);
         let avg = Duration::from_secs(300);
         let day = Forecaster::new(cfg(86_400), raw, avg);
-        assert!(day.uses_averages(raw));
+        assert!(day.uses_averages());
         assert_eq!((day.step, day.season, day.horizon), (300, 288, 144));
         let short = Forecaster::new(cfg(60), raw, avg);
-        assert!(!short.uses_averages(raw));
+        assert!(!short.uses_averages());
         assert_eq!((short.step, short.season, short.horizon), (1, 60, 30));
     }
 
@@ -1284,5 +1397,83 @@ mod tests {
                 "{clusters} clusters: chosen again"
             );
         }
+    }
+
+    /// A day's season of 5-minute averages.
+    fn daily() -> Forecaster {
+        Forecaster::new(
+            ForecastConfig::default(),
+            Duration::from_secs(15),
+            Duration::from_secs(300),
+        )
+    }
+
+    fn reported(t: i64, cpu: f64) -> (i64, ClusterSample) {
+        let (_, c) = orrery_api::history::backfill::windows(
+            &[(
+                t,
+                orrery_api::history::backfill::Point {
+                    levels: [("cpu".to_string(), cpu)].into(),
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            300,
+        )
+        .remove(0);
+        (t, c)
+    }
+
+    fn cpu(f: &Forecaster, cluster: &str) -> Vec<f32> {
+        f.history[&(cluster.to_string(), "cpu".to_string())]
+            .iter()
+            .copied()
+            .collect()
+    }
+
+    #[test]
+    fn history_reported_afterwards_goes_before_what_was_measured_on_its_grid() {
+        let mut f = daily();
+        let t0 = 1_800_000_000;
+        for k in 0..4 {
+            f.push(&sample(t0 + 300 * k, 0.5));
+        }
+        // Six windows before the first measured one, one of them missing, and two that
+        // overlap what was measured (left out), out of order within the call's own order.
+        let mut points: Vec<(i64, ClusterSample)> = [-6, -5, -3, -2, -1, 0, 1]
+            .iter()
+            .map(|k| reported(t0 + 300 * k, 0.1 * (7 + k) as f64))
+            .collect();
+        points.sort_by_key(|p| p.0);
+        f.backfill("m-0", &points);
+        let got = cpu(&f, "m-0");
+        // -6, -5, (-4: as -5), -3, -2, -1, then the four measured.
+        let want = [0.1, 0.2, 0.2, 0.4, 0.5, 0.6, 0.5, 0.5, 0.5, 0.5];
+        assert_eq!(got.len(), want.len(), "{got:?}");
+        for (g, w) in got.iter().zip(want) {
+            assert!((f64::from(*g) - w).abs() < 1e-6, "{got:?}");
+        }
+        // A cluster the forecaster has not measured yet starts from its history; the next
+        // measured sample follows it.
+        f.backfill("new", &[reported(t0, 0.3), reported(t0 + 300, 0.4)]);
+        assert_eq!(cpu(&f, "new"), vec![0.3, 0.4]);
+        let mut next = sample(t0 + 1200, 0.5);
+        let one = next.clusters["m-0"].clone();
+        next.clusters.insert("new".into(), one);
+        f.push(&next);
+        assert_eq!(cpu(&f, "new"), vec![0.3, 0.4, 0.5]);
+        // A record of history alone (read back at a restart) drops no cluster.
+        let mut alone = sample(t0 + 1500, 0.0);
+        alone.clusters = [("old".to_string(), reported(t0, 0.2).1)].into();
+        f.push(&alone);
+        assert!(
+            f.history
+                .contains_key(&("m-0".to_string(), "cpu".to_string()))
+        );
+        // Raw samples' series take none of it.
+        let mut raw = twenty_second_season();
+        raw.push(&sample(10, 0.5));
+        raw.backfill("m-0", &[reported(0, 0.3)]);
+        assert_eq!(cpu(&raw, "m-0"), vec![0.5]);
     }
 }

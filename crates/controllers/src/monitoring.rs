@@ -21,6 +21,8 @@ use crate::runtime::controller::{Action, Controller, Keys, Origin, Reconciler, S
 use crate::runtime::metrics::Handle;
 use crate::runtime::reflector::Event;
 
+mod backfill;
+
 /// How often and for how long.
 #[derive(Clone, Debug)]
 pub struct MonitoringConfig {
@@ -80,7 +82,7 @@ type Parts = Vec<(String, Vector)>;
 /// Where the monitoring loop hands its samples to be forecast, and where it finds what the
 /// forecasts said of them.
 pub type ToForecaster = (
-    mpsc::Sender<(FleetSample, bool)>,
+    mpsc::Sender<crate::forecasting::Feed>,
     Arc<crate::forecasting::Checks>,
 );
 
@@ -295,6 +297,7 @@ fn sample_from(st: &ClusterStatus) -> ClusterSample {
         forecast: Default::default(),
         placed: BTreeMap::new(),
         cost: None,
+        backfilled: false,
     }
 }
 
@@ -487,8 +490,37 @@ impl Sampler {
         if let Some((f, checks)) = &self.forecaster
             && checks.wants(average)
         {
-            let _ = f.try_send((s.clone(), average));
+            let _ = f.try_send(crate::forecasting::Feed::Sample(s.clone(), average));
         }
+    }
+
+    /// Merges a cluster's history reported afterwards into the averages, and hands it to
+    /// the forecaster (which waits for it: a backfill is not to be missed).
+    async fn merge(&self, cluster: &str) -> Result<Action, StoreError> {
+        let every = self.cfg.average_every.as_secs().max(1) as i64;
+        let merged = {
+            let mut r = self.rounds.lock().await;
+            backfill::merge(self.store.as_ref(), cluster, every, &mut r.average_kept).await?
+        };
+        if !merged.windows.is_empty() {
+            tracing::info!(
+                cluster,
+                windows = merged.windows.len(),
+                written = merged.written,
+                "history reported afterwards merged"
+            );
+            if let Some((f, _)) = &self.forecaster {
+                let feed = crate::forecasting::Feed::Backfill(cluster.to_string(), merged.windows);
+                let _ = f.send(feed).await;
+            }
+        }
+        // Samples that came meanwhile are merged once their write's event comes, or in a
+        // second should it have come while this merge ran.
+        Ok(if merged.again {
+            Action::After(Duration::from_secs(1))
+        } else {
+            Action::Done
+        })
     }
 
     /// What the forecasts said of a sample's time is stored with it.
@@ -573,13 +605,28 @@ impl Sampler {
     }
 }
 
+/// What the monitoring loop does: sample the fleet (a tick), or merge a cluster's history
+/// reported afterwards.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Job {
+    Sample,
+    Merge(String),
+}
+
 #[async_trait::async_trait]
 impl Reconciler for Sampler {
-    type Key = ();
+    type Key = Job;
     type Error = StoreError;
 
-    fn on_event(&mut self, source: Origin, ev: Event, _: &mut Keys<()>) {
+    fn on_event(&mut self, source: Origin, ev: Event, keys: &mut Keys<Job>) {
         match (source.name, ev) {
+            ("backfill", Event::Listed(items)) => {
+                for i in items {
+                    keys.push(Job::Merge(i.name().to_string()));
+                }
+            }
+            ("backfill", Event::Upsert(i)) => keys.push(Job::Merge(i.name().to_string())),
+            ("backfill", Event::Delete(_)) => {}
             ("clusters", Event::Listed(items)) => {
                 self.now = items
                     .iter()
@@ -604,13 +651,16 @@ impl Reconciler for Sampler {
         }
     }
 
-    fn all_keys(&self) -> Vec<()> {
-        vec![()]
+    fn all_keys(&self) -> Vec<Job> {
+        vec![Job::Sample]
     }
 
     /// Samples are an interval apart, from start to start (a round over a large fleet takes
     /// a while).
-    async fn reconcile(&self, _: &()) -> Result<Action, StoreError> {
+    async fn reconcile(&self, job: &Job) -> Result<Action, StoreError> {
+        if let Job::Merge(cluster) = job {
+            return self.merge(cluster).await;
+        }
         let started = std::time::Instant::now();
         self.sample().await;
         Ok(Action::After(
@@ -641,6 +691,10 @@ pub async fn run(
             "bindings",
             orrery_api::kinds::RESOURCE_BINDING.prefix(None),
         ))
+        .source(Source::new(
+            "backfill",
+            orrery_api::history::backfill::PREFIX.to_string(),
+        ))
         .run(shutdown)
         .await;
 }
@@ -670,6 +724,87 @@ mod tests {
                 (s.time.unix_seconds(), s.clusters["m-0"].level)
             })
             .collect()
+    }
+
+    async fn inbox(store: &dyn Store, cluster: &str, points: &[(i64, f64)]) {
+        use orrery_api::history::backfill::{Inbox, Point, key};
+        let mut i = Inbox {
+            cluster: cluster.into(),
+            ..Default::default()
+        };
+        i.add(points.iter().map(|(t, cpu)| {
+            let p = Point {
+                levels: [("cpu".to_string(), *cpu)].into(),
+                ..Default::default()
+            };
+            (*t, p)
+        }));
+        let mut o = Object::new("internal.orrery.io/v1", "MetricsBackfill").with_name(cluster);
+        o.spec = Some(serde_json::to_value(&i).unwrap());
+        store.create(&key(cluster), o).await.unwrap();
+    }
+
+    async fn averages(store: &dyn Store) -> Vec<FleetSample> {
+        let page = store
+            .list(series::AVERAGE_PREFIX, &ListOptions::default())
+            .await
+            .unwrap();
+        page.items
+            .iter()
+            .map(|o| serde_json::from_value(o.spec.clone().unwrap()).unwrap())
+            .collect()
+    }
+
+    /// History reported afterwards joins the stored average of its window, or a record of
+    /// its own; what the monitoring loop measured stays; the inbox goes; merging the same
+    /// history again writes nothing.
+    #[tokio::test]
+    async fn history_reported_afterwards_is_merged_into_the_averages() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = orrery_store_sqlite::SqliteStore::open_dir(dir.path()).unwrap();
+        let end = (Time::now().unix_seconds() / 300 - 10) * 300;
+        let measured = end - 100;
+        let mut kept = Kept::default();
+        write(
+            &store,
+            series::AVERAGE_PREFIX,
+            &sample(0.5, measured),
+            &mut kept,
+        )
+        .await
+        .unwrap();
+        // m-0 in the measured window (left out) and 40 minutes before; b in the window.
+        inbox(&store, "m-0", &[(end - 50, 0.9), (end - 2400, 0.3)]).await;
+        inbox(&store, "b", &[(end - 250, 0.2), (end - 10, 0.4)]).await;
+        let m = backfill::merge(&store, "m-0", 300, &mut kept)
+            .await
+            .unwrap();
+        assert_eq!((m.windows.len(), m.written, m.again), (2, 1, false));
+        let m = backfill::merge(&store, "b", 300, &mut kept).await.unwrap();
+        assert_eq!((m.windows.len(), m.written), (1, 1));
+        let all = averages(&store).await;
+        assert_eq!(all.len(), 2, "{all:?}");
+        let (early, window) = (&all[0], &all[1]);
+        assert_eq!(early.time.unix_seconds(), end - 2400);
+        assert!(early.clusters["m-0"].backfilled);
+        assert_eq!(early.clusters["m-0"].levels["cpu"], 0.3);
+        assert_eq!(window.time.unix_seconds(), measured);
+        assert_eq!(window.clusters["m-0"].level, 0.5);
+        assert!(!window.clusters["m-0"].backfilled);
+        assert!(window.clusters["b"].backfilled);
+        assert!((window.clusters["b"].levels["cpu"] - 0.3).abs() < 1e-9);
+        for c in ["m-0", "b"] {
+            let gone = store.get(&orrery_api::history::backfill::key(c)).await;
+            assert!(matches!(gone, Err(StoreError::NotFound { .. })), "{c}");
+        }
+        // Reported again (a retry, or a crash before the inbox went): nothing changes.
+        inbox(&store, "b", &[(end - 250, 0.2), (end - 10, 0.4)]).await;
+        let m = backfill::merge(&store, "b", 300, &mut kept).await.unwrap();
+        assert_eq!(m.written, 0);
+        assert_eq!(averages(&store).await, all);
+        // Nothing waiting: nothing to do.
+        let m = backfill::merge(&store, "b", 300, &mut kept).await.unwrap();
+        assert!(m.windows.is_empty());
     }
 
     /// Samples are taken, averaged and pruned as configured: records past their retention

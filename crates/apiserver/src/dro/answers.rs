@@ -173,8 +173,12 @@ pub struct TaskStatus {
 pub struct MetricsAccepted {
     pub cluster: String,
     pub accepted: bool,
+    /// The cluster's water level now.
     #[schemars(with = "Option<Levels>")]
     pub water_level: Value,
+    /// The report's time was past (or older than the cluster's last report): it joined the
+    /// history at its time, and the cluster's present figures are as they were.
+    pub backfilled: bool,
 }
 
 /// A domain event recorded (as a Kubernetes Event on the cluster).
@@ -350,6 +354,7 @@ pub fn register(g: &mut schemars::SchemaGenerator) {
     g.subschema_for::<TaskDeleted>();
     g.subschema_for::<TaskStatus>();
     g.subschema_for::<MetricsAccepted>();
+    g.subschema_for::<super::backfill::HistoryAccepted>();
     g.subschema_for::<EventRecorded>();
     g.subschema_for::<BatchResult>();
     g.subschema_for::<Realtime>();

@@ -14,6 +14,7 @@ use crate::error::ApiError;
 use crate::http::{self as h, Body};
 
 mod answers;
+pub mod backfill;
 mod bindings;
 pub(crate) mod clusters;
 mod forecast;
@@ -198,6 +199,7 @@ enum Endpoint {
     Realtime,
     MonitorHistory,
     Forecast,
+    MetricsHistory,
     Schedules,
     Failures,
     OpenApi,
@@ -218,6 +220,7 @@ const ENDPOINTS: &[(&str, Endpoint)] = &[
     ),
     ("/api/v1/metrics", Endpoint::Metrics),
     ("/api/v1/metrics/events", Endpoint::Events),
+    ("/api/v1/metrics/history", Endpoint::MetricsHistory),
     ("/api/v1/sync/configs", Endpoint::Configs),
     ("/api/v1/sync/batch", Endpoint::Batch),
     ("/api/v1/monitor/realtime", Endpoint::Realtime),
@@ -289,6 +292,11 @@ pub async fn serve(
             Err(e) => Err(e),
         },
         (E::Metrics, _) => Err(method_not_allowed("PUT")),
+        (E::MetricsHistory, &Method::POST) => match json_body() {
+            Ok(()) => backfill::history(app, who, &body).await,
+            Err(e) => Err(e),
+        },
+        (E::MetricsHistory, _) => Err(method_not_allowed("POST")),
         (E::Events, &Method::POST) => match json_body() {
             Ok(()) => monitor::event(app, who, &body).await,
             Err(e) => Err(e),

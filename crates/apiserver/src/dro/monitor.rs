@@ -36,7 +36,7 @@ pub(super) fn bad(message: impl Into<String>, field: &str) -> DroError {
 
 /// Speaking for a cluster (its metrics, events, latencies) is writing its status: its own
 /// agent may, and whoever RBAC lets update `clusters/status` of that cluster.
-fn authorize(app: &App, who: &Identity, cluster: &str) -> Result<StatusGrant, DroError> {
+pub(super) fn authorize(app: &App, who: &Identity, cluster: &str) -> Result<StatusGrant, DroError> {
     let rt = cluster_type(app)?;
     registry::authorize_status(app, who, &rt, None, cluster)
         .map_err(|e| DroError::from(e).with_details(json!({ "clusterName": cluster })))
@@ -139,37 +139,23 @@ pub async fn metrics(
         DroError::validation(format!("the body is not a valid metrics report: {e}"))
     })?;
     let authorized = authorize(app, who, &r.cluster)?;
-    let ts: Time = r.timestamp.parse().map_err(|_| {
-        bad(
-            format!("timestamp {:?} is not an ISO 8601 time", r.timestamp),
-            "timestamp",
-        )
-    })?;
-    if !(0.0..=100.0).contains(&r.cpu_usage) {
-        return Err(bad("cpuUsage is a percentage, 0 to 100", "cpuUsage"));
-    }
-    if !(r.memory_available >= 0.0 && r.memory_available.is_finite()) {
-        return Err(bad(
-            "memoryAvailable is GiB, not negative",
-            "memoryAvailable",
-        ));
-    }
-    if r.gpu_usage.is_some_and(|g| !(0.0..=100.0).contains(&g)) {
-        return Err(bad("gpuUsage is a percentage, 0 to 100", "gpuUsage"));
-    }
-    if r.pods.is_some_and(|p| p < 0) {
-        return Err(bad("pods must not be negative", "pods"));
-    }
-    if r.network_traffic
-        .is_some_and(|t| !(t >= 0.0 && t.is_finite()))
-    {
-        return Err(bad(
-            "networkTraffic is bytes per second, not negative",
-            "networkTraffic",
-        ));
-    }
+    let now = Time::now();
+    let ts = super::backfill::time_of(&r.timestamp, now, "timestamp")?;
+    let figures = super::backfill::Figures {
+        cpu_usage: r.cpu_usage,
+        memory_available: r.memory_available,
+        gpu_usage: r.gpu_usage,
+        pods: r.pods,
+        network_traffic: r.network_traffic,
+    };
+    figures.check("")?;
     if r.latencies.values().any(|l| !(*l >= 0.0 && l.is_finite())) {
         return Err(bad("latencies are milliseconds, not negative", "latencies"));
+    }
+    // A report of a past time is history: it joins the averages at its time, and the
+    // cluster's present figures stay as they are.
+    if now.unix_seconds() - ts.unix_seconds() > super::backfill::LIVE_SECONDS {
+        return backfilled(app, &r.cluster, ts, figures).await;
     }
     let summary = MetricsSummary {
         timestamp: ts,
@@ -180,6 +166,8 @@ pub async fn metrics(
         network_traffic: r.network_traffic,
     };
     let metrics = serde_json::to_value(&summary).map_err(DroError::internal)?;
+    // A report older than the one the status holds (they crossed on the way) is history too.
+    let mut older = false;
     // A status write: the report changes nothing else of the Cluster. The status is edited as
     // JSON, in place: parsing it whole and writing it back cost more than the rest of the
     // handler, and fields this handler does not know stay as they are.
@@ -188,6 +176,15 @@ pub async fn metrics(
             Some(Value::Object(m)) => m.clone(),
             _ => serde_json::Map::new(),
         };
+        older = st
+            .get("metrics")
+            .and_then(|m| m.get("timestamp"))
+            .and_then(Value::as_str)
+            .and_then(|t| t.parse::<Time>().ok())
+            .is_some_and(|last| last > ts);
+        if older {
+            return Ok(Value::Object(st));
+        }
         if let Some(Value::Object(rs)) = st.get_mut("resourceSummary") {
             // The report's usage feeds the water level (computed from the summary when the
             // status is written) the scheduler reads.
@@ -236,18 +233,48 @@ pub async fn metrics(
             DroError::from(e)
         }
     })?;
-    let level = stored
-        .status
-        .as_ref()
-        .and_then(|s| s.get("waterLevel"))
-        .cloned()
-        .unwrap_or(Value::Null);
+    if older {
+        return backfilled(app, &r.cluster, ts, figures).await;
+    }
     Ok(super::answers::send(
         StatusCode::OK,
         &MetricsAccepted {
             cluster: r.cluster.clone(),
             accepted: true,
+            water_level: level_of(&stored),
+            backfilled: false,
+        },
+    ))
+}
+
+/// A Cluster's `status.waterLevel`.
+fn level_of(c: &Object) -> Value {
+    c.status
+        .as_ref()
+        .and_then(|s| s.get("waterLevel"))
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// A report of a past time, into the history.
+async fn backfilled(
+    app: &App,
+    cluster: &str,
+    ts: Time,
+    figures: super::backfill::Figures,
+) -> Result<http::Response<Body>, DroError> {
+    super::backfill::put(app, cluster, vec![(ts.unix_seconds(), figures)]).await?;
+    let level = match app.store.get(&keys::well_known::cluster(cluster)).await {
+        Ok(c) => level_of(&c),
+        Err(_) => Value::Null,
+    };
+    Ok(super::answers::send(
+        StatusCode::OK,
+        &MetricsAccepted {
+            cluster: cluster.to_string(),
+            accepted: true,
             water_level: level,
+            backfilled: true,
         },
     ))
 }

@@ -147,6 +147,13 @@ pub fn document() -> Value {
                     "responses": responses(&[("200", ok("Accepted", "MetricsAccepted")), ("400", error("VALIDATION_FAILED")),
                         ("404", error("CLUSTER_NOT_FOUND")), ("409", error("CONFLICT")), ("415", error("UNSUPPORTED_MEDIA_TYPE"))])},
             },
+            "/api/v1/metrics/history": {
+                "post": {"operationId": "reportHistory", "summary": "Report a domain's past figures, each at its own time (up to 4,096, within the 14 days kept): they join the monitoring history and the forecasts",
+                    "requestBody": body("MetricsHistory", "application/json"),
+                    "responses": responses(&[("200", ok("Taken in", "HistoryAccepted")), ("400", error("VALIDATION_FAILED")),
+                        ("404", error("CLUSTER_NOT_FOUND")), ("409", error("CONFLICT")), ("413", error("PAYLOAD_TOO_LARGE")),
+                        ("415", error("UNSUPPORTED_MEDIA_TYPE")), ("429", error("TOO_MANY_REQUESTS"))])},
+            },
             "/api/v1/metrics/events": {
                 "post": {"operationId": "pushEvent", "summary": "Push a domain event (6.3.1); failures join the failure history",
                     "requestBody": body("DomainEvent", "application/json"),
@@ -240,6 +247,7 @@ fn generated_schemas() -> serde_json::Map<String, Value> {
     g.subschema_for::<orrery_api::binding::Task>();
     g.subschema_for::<super::monitor::Report>();
     g.subschema_for::<super::monitor::DomainEvent>();
+    g.subschema_for::<super::backfill::HistoryReport>();
     g.subschema_for::<super::monitor::Config>();
     g.subschema_for::<super::sync::Batch>();
     let mut defs = g.take_definitions(true);
@@ -399,6 +407,7 @@ mod tests {
             "/api/v1/bindings/{bindingId}",
             "/api/v1/metrics",
             "/api/v1/metrics/events",
+            "/api/v1/metrics/history",
             "/api/v1/sync/configs",
             "/api/v1/sync/batch",
             "/api/v1/monitor/realtime",
