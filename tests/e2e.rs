@@ -10,6 +10,7 @@ mod common;
 mod api_model;
 mod api_semantics;
 mod autoscaling;
+mod backfill;
 mod backup;
 mod cost;
 mod data;

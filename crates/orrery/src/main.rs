@@ -12,6 +12,7 @@ mod config;
 mod credentials;
 mod dns;
 mod export;
+mod history_from;
 mod interpret;
 mod join;
 mod kubeconfig;

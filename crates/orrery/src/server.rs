@@ -197,6 +197,16 @@ pub struct ServerArgs {
     /// beyond, never under three.
     #[arg(long, default_value_t = orrery_controllers::forecasting::DEFAULT_HISTORY_BYTES >> 20)]
     pub forecast_history_mib: usize,
+    /// Where each cluster's past usage is read from when a term of leadership starts and
+    /// when a cluster joins, so its forecasts start from weeks of history:
+    /// `prometheus=http://host:port[/path]` (range queries over the 14 days kept).
+    #[arg(long, value_name = "prometheus=URL")]
+    pub forecast_history_from: Option<crate::history_from::HistoryFrom>,
+    /// The PromQL read for one series instead of the default, as SERIES=QUERY (series: cpu,
+    /// memory, gpu, pods as levels 0-1, traffic in bytes per second; `{cluster}` stands for
+    /// the cluster's name). Repeatable.
+    #[arg(long, value_name = "SERIES=PROMQL", value_parser = crate::history_from::parse_query, requires = "forecast_history_from")]
+    pub forecast_history_query: Vec<(String, String)>,
     /// How far ahead the scheduler judges clusters by their forecast water level when a
     /// placement's `prediction` does not say (30m; 0s judges them by their present level),
     /// and how far ahead proactive rebalancing looks for a crossing of the shed mark.
@@ -680,6 +690,17 @@ fn spawn_controllers(
         },
         shutdown.clone(),
     ));
+    if let Some(from) = &args.forecast_history_from {
+        let mut from = from.clone();
+        from.queries
+            .extend(args.forecast_history_query.iter().cloned());
+        controllers.push(crate::history_from::spawn(
+            from,
+            store.clone(),
+            m.controllers.of("history-import"),
+            shutdown.clone(),
+        ));
+    }
     controllers.push(crate::push::spawn(
         app.clone(),
         store.clone(),

@@ -288,6 +288,8 @@ fn server_args(args: &UpArgs) -> anyhow::Result<ServerArgs> {
         forecast_season: Duration::from_secs(600),
         forecast_horizon: Duration::from_secs(600),
         forecast_history_mib: orrery_controllers::forecasting::DEFAULT_HISTORY_BYTES >> 20,
+        forecast_history_from: None,
+        forecast_history_query: Vec::new(),
         // Scaled like the season: two minutes of a ten-minute day, as 30 minutes is of a
         // day, a little more.
         prediction_horizon: 120,
