@@ -290,7 +290,13 @@ async fn metrics_events_configs_and_the_monitoring_view() {
     let report = json!({"cluster": "aws-us-east", "timestamp": "2023-07-20T08:30:00Z", "cpuUsage": 72.4, "memoryAvailable": 15.2});
     let (code, v) = call(&c, "PUT", "/api/v1/metrics", report).await;
     assert_error(code, &v, 400, "VALIDATION_FAILED");
-    assert!(v["message"].as_str().unwrap().contains("older than the 14 days"), "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("older than the 14 days"),
+        "{v}"
+    );
     let at = orrery_api::Time::now().to_string();
     let report = json!({"cluster": "aws-us-east", "timestamp": at, "cpuUsage": 72.4, "memoryAvailable": 15.2});
     let (code, v) = call(&c, "PUT", "/api/v1/metrics", report).await;

@@ -19,6 +19,7 @@ mod dns;
 mod dro;
 mod elastic;
 mod forecast;
+mod forecast_input;
 mod ha;
 mod hierarchy;
 mod inproc;
@@ -425,6 +426,30 @@ enum Command {
         /// Hours between two choices of a series' model (the server's: one).
         #[arg(long, default_value_t = 1)]
         choose_every: usize,
+        /// Series of your own instead of the simulator's: a CSV of `series_id,timestamp,value`
+        /// (timestamps RFC 3339 or unix seconds, evenly spaced), forecast at rolling origins as
+        /// `crates/bench/peers/run_statsforecast.py` forecasts them.
+        #[arg(long)]
+        input: Option<std::path::PathBuf>,
+        /// With `--input`: origins per series, the last one the largest horizon before its end.
+        #[arg(long, default_value_t = 15)]
+        origins: usize,
+        /// With `--input`: steps between two origins.
+        #[arg(long, default_value_t = 20)]
+        stride: usize,
+        /// With `--input`: samples per season (a day of the file's step when not given).
+        #[arg(long)]
+        season: Option<usize>,
+        /// With `--input`: the horizons scored, in steps (a forecast is made to the largest).
+        #[arg(long, value_delimiter = ',', default_value = "12,72")]
+        horizons: Vec<usize>,
+        /// With `--input`: this model at every origin instead of the one chosen (naive,
+        /// seasonal-naive, ets, mstl-ets).
+        #[arg(long)]
+        fixed: Option<String>,
+        /// With `--input`: only the first this many series.
+        #[arg(long)]
+        limit_series: Option<usize>,
     },
     /// A FederatedHPA reactive vs predictive over simulated business days: minutes
     /// under-provisioned and replica-hours (Orrery's autoscaler code on a simulated clock).
@@ -668,11 +693,39 @@ fn main() -> anyhow::Result<()> {
             }
             Command::Stci { seed, jobs } => stci::stci(stci::StciArgs { seed, jobs }),
             Command::ForecastAccuracy {
+                seed: _,
+                history: _,
+                test: _,
+                window: _,
+                choose_every: _,
+                input: Some(path),
+                origins,
+                stride,
+                season,
+                horizons,
+                fixed,
+                limit_series,
+            } => forecast_input::run(forecast_input::InputArgs {
+                path,
+                origins,
+                stride,
+                season,
+                horizons,
+                fixed: fixed
+                    .map(|m| serde_json::from_value(serde_json::json!(m)))
+                    .transpose()
+                    .map_err(|_| {
+                        anyhow::anyhow!("--fixed: one of naive, seasonal-naive, ets, mstl-ets")
+                    })?,
+                limit: limit_series,
+            }),
+            Command::ForecastAccuracy {
                 seed,
                 history,
                 test,
                 window,
                 choose_every,
+                ..
             } => forecast::forecast_accuracy(forecast::ForecastArgs {
                 seed,
                 history,
