@@ -83,36 +83,31 @@ impl std::str::FromStr for HistoryFrom {
         let url = s.strip_prefix("prometheus=").ok_or_else(|| {
             format!("{s:?}: the history is read from `prometheus=URL` (the only source)")
         })?;
-        let rest = url.strip_prefix("http://").ok_or_else(|| {
-            if url.starts_with("https://") {
-                format!(
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e| format!("{url:?} is not a URL: {e}"))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some("https") => {
+                return Err(format!(
                     "{url:?}: only plain http:// is read (reach a TLS Prometheus through a \
                      local proxy, or its in-cluster http port)"
-                )
-            } else {
-                format!("{url:?} is not an http:// URL")
+                ));
             }
-        })?;
-        let (authority, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], rest[i..].trim_end_matches('/')),
-            None => (rest, ""),
-        };
-        if authority.is_empty() || authority.contains('@') || url.contains(['?', '#']) {
+            _ => return Err(format!("{url:?} is not an http:// URL")),
+        }
+        let host = uri.authority().filter(|a| !a.as_str().contains('@'));
+        let (Some(host), None) = (host, uri.query()) else {
             return Err(format!(
                 "{url:?}: give the server as http://host:port[/path], without credentials or a query"
             ));
-        }
-        let authority = if authority
-            .rsplit_once(':')
-            .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
-            || authority.ends_with(']')
-        {
-            authority.to_string()
-        } else if authority.contains(':') && !authority.starts_with('[') {
-            return Err(format!("{url:?}: the port is not a number"));
-        } else {
-            format!("{authority}:80")
         };
+        // A port that is there but not a number is left out of both.
+        if host.port_u16().is_none() && host.as_str() != host.host() {
+            return Err(format!("{url:?}: the port is not a number"));
+        }
+        let authority = format!("{}:{}", host.host(), host.port_u16().unwrap_or(80));
+        let path = uri.path().trim_end_matches('/');
         Ok(HistoryFrom {
             authority,
             path: path.to_string(),

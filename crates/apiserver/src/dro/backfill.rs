@@ -58,34 +58,25 @@ pub(super) struct HistoryReport {
 #[schemars(rename = "MetricsSample")]
 pub(super) struct Sample {
     #[schemars(extend("format" = "date-time"))]
-    timestamp: String,
+    pub(super) timestamp: String,
     #[schemars(range(min = 0, max = 100))]
-    cpu_usage: f64,
+    pub(super) cpu_usage: f64,
     #[schemars(range(min = 0))]
-    memory_available: f64,
+    pub(super) memory_available: f64,
     #[serde(default)]
     #[schemars(range(min = 0, max = 100))]
-    gpu_usage: Option<f64>,
+    pub(super) gpu_usage: Option<f64>,
     #[serde(default)]
     #[schemars(range(min = 0))]
-    pods: Option<i64>,
+    pub(super) pods: Option<i64>,
     #[serde(default)]
     #[schemars(range(min = 0))]
-    network_traffic: Option<f64>,
+    pub(super) network_traffic: Option<f64>,
 }
 
-/// A report's figures, checked.
-pub(super) struct Figures {
-    pub cpu_usage: f64,
-    pub memory_available: f64,
-    pub gpu_usage: Option<f64>,
-    pub pods: Option<i64>,
-    pub network_traffic: Option<f64>,
-}
-
-impl Figures {
+impl Sample {
     /// Refuses figures out of their ranges; `at` prefixes the fields named.
-    pub fn check(&self, at: &str) -> Result<(), DroError> {
+    pub(super) fn check(&self, at: &str) -> Result<(), DroError> {
         let field = |f: &str| format!("{at}{f}");
         if !(0.0..=100.0).contains(&self.cpu_usage) {
             return Err(bad(
@@ -187,37 +178,35 @@ pub async fn history(
     let mut checked = Vec::with_capacity(r.samples.len());
     for (i, s) in r.samples.iter().enumerate() {
         let t = time_of(&s.timestamp, now, &format!("samples[{i}].timestamp"))?;
-        let f = Figures {
-            cpu_usage: s.cpu_usage,
-            memory_available: s.memory_available,
-            gpu_usage: s.gpu_usage,
-            pods: s.pods,
-            network_traffic: s.network_traffic,
-        };
-        f.check(&format!("samples[{i}]."))?;
-        checked.push((t.unix_seconds(), f));
+        s.check(&format!("samples[{i}]."))?;
+        checked.push((t.unix_seconds(), s));
     }
-    let accepted = put(app, &r.cluster, checked).await?;
+    let c = cluster(app, &r.cluster).await?;
+    let accepted = put(app, &c, &checked).await?;
     Ok(super::answers::send(StatusCode::OK, &accepted))
 }
 
-/// Puts checked samples into `cluster`'s inbox.
+/// The Cluster `name` (`CLUSTER_NOT_FOUND` when there is none).
+pub(super) async fn cluster(app: &App, name: &str) -> Result<Object, DroError> {
+    match app.store.get(&keys::well_known::cluster(name)).await {
+        Ok(c) => Ok(c),
+        Err(StoreError::NotFound { .. }) => Err(DroError::cluster_not_found(name)),
+        Err(e) => Err(DroError::internal(e)),
+    }
+}
+
+/// Puts checked samples of Cluster `c` into its inbox, as water levels by its allocatable.
 pub(super) async fn put(
     app: &App,
-    cluster: &str,
-    samples: Vec<(i64, Figures)>,
+    c: &Object,
+    samples: &[(i64, &Sample)],
 ) -> Result<HistoryAccepted, DroError> {
-    let c = match app.store.get(&keys::well_known::cluster(cluster)).await {
-        Ok(c) => c,
-        Err(StoreError::NotFound { .. }) => return Err(DroError::cluster_not_found(cluster)),
-        Err(e) => return Err(DroError::internal(e)),
-    };
-    let allocatable = allocatable_of(&c);
+    let allocatable = allocatable_of(c);
     let points: Vec<(i64, Point)> = samples
         .iter()
-        .map(|(t, f)| (*t, f.point(&allocatable)))
+        .map(|(t, s)| (*t, s.point(&allocatable)))
         .collect();
-    enqueue(app.store.as_ref(), cluster, points).await
+    enqueue(app.store.as_ref(), c.name(), points).await
 }
 
 /// Puts samples of `cluster`'s history into its inbox with compare-and-swap, for the

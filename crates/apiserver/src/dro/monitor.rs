@@ -141,7 +141,8 @@ pub async fn metrics(
     let authorized = authorize(app, who, &r.cluster)?;
     let now = Time::now();
     let ts = super::backfill::time_of(&r.timestamp, now, "timestamp")?;
-    let figures = super::backfill::Figures {
+    let figures = super::backfill::Sample {
+        timestamp: r.timestamp.clone(),
         cpu_usage: r.cpu_usage,
         memory_available: r.memory_available,
         gpu_usage: r.gpu_usage,
@@ -261,19 +262,16 @@ async fn backfilled(
     app: &App,
     cluster: &str,
     ts: Time,
-    figures: super::backfill::Figures,
+    figures: super::backfill::Sample,
 ) -> Result<http::Response<Body>, DroError> {
-    super::backfill::put(app, cluster, vec![(ts.unix_seconds(), figures)]).await?;
-    let level = match app.store.get(&keys::well_known::cluster(cluster)).await {
-        Ok(c) => level_of(&c),
-        Err(_) => Value::Null,
-    };
+    let c = super::backfill::cluster(app, cluster).await?;
+    super::backfill::put(app, &c, &[(ts.unix_seconds(), &figures)]).await?;
     Ok(super::answers::send(
         StatusCode::OK,
         &MetricsAccepted {
             cluster: cluster.to_string(),
             accepted: true,
-            water_level: level,
+            water_level: level_of(&c),
             backfilled: true,
         },
     ))
