@@ -163,12 +163,7 @@ pub fn run(args: InputArgs) -> anyhow::Result<()> {
             let started = Instant::now();
             let f = match args.fixed {
                 Some(m) => {
-                    let choice = orrery_forecast::Choice {
-                        model: m,
-                        season,
-                        backtest_mase: None,
-                        interval_scale: 1.0,
-                    };
+                    let choice = orrery_forecast::Choice::of(m, season);
                     orrery_forecast::forecast_with(&choice, past, hmax, &settings)?
                 }
                 // As the server: chosen by a backtest over the horizon (at most a season).

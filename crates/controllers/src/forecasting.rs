@@ -179,11 +179,12 @@ impl Forecaster {
                 ) else {
                     continue;
                 };
+                // (The near band's model is not stored: a resumed series forecasts its whole
+                // horizon with the one model until it is chosen again.)
                 let choice = Choice {
-                    model,
-                    season: c.season,
                     backtest_mase: s.backtest_mase,
                     interval_scale: c.interval_scale,
+                    ..Choice::of(model, c.season)
                 };
                 self.choices.insert(
                     (f.cluster.clone(), name.clone()),

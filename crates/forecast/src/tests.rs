@@ -74,12 +74,12 @@ fn each_series_gets_the_model_its_own_backtest_prefers() {
         (
             series(DAY * 14, 0.3, 0.0, 0.02, 3),
             DAY / 2,
-            &[Model::SeasonalNaive, Model::MstlEts],
+            &[Model::SeasonalNaive, Model::MstlEts, Model::MstlAr],
         ),
         (
             series(DAY * 14, 0.3, 0.05, 0.02, 4),
             DAY / 2,
-            &[Model::MstlEts, Model::SeasonalNaive],
+            &[Model::MstlEts, Model::MstlAr, Model::SeasonalNaive],
         ),
         (
             series(DAY * 14, 0.0, 0.0, 0.05, 5),
@@ -159,10 +159,11 @@ fn lasting(n: usize, amp: f64, rho: f64, sigma: f64, seed: u64) -> Vec<f64> {
 
 /// Over lasting deviations, the chosen model and its band a few steps ahead: its mean error
 /// against the seasonal naive's, and how often its 80 % band holds the truth, with the
-/// intervals calibrated on `calibration_folds`.
-fn lasting_errors(calibration_folds: usize) -> (f64, f64) {
+/// choice made on `folds` and the intervals calibrated on `calibration_folds`.
+fn lasting_errors(folds: usize, calibration_folds: usize) -> (f64, f64) {
     let settings = Settings {
         season: Some(DAY),
+        folds,
         calibration_folds,
         ..Default::default()
     };
@@ -176,16 +177,17 @@ fn lasting_errors(calibration_folds: usize) -> (f64, f64) {
 fn lasting_deviations_are_forecast_better_than_a_day_before_with_calibrated_bands() {
     // A deviation that lasts is still there a few steps on: the models that follow the level
     // beat the value of a day before (which repeats yesterday's deviation and misses today's).
-    let (ratio, coverage) = lasting_errors(8);
+    let (ratio, coverage) = lasting_errors(8, 8);
     assert!(ratio < 0.7, "chosen over seasonal naive: {ratio:.3}");
     assert!(
         (0.7..=0.9).contains(&coverage),
         "80 % band held {coverage:.3}"
     );
-    // Calibrated on the three folds the choice was made on, the band is narrower than it
-    // should be.
-    let (_, narrow) = lasting_errors(3);
-    assert!(narrow < coverage, "{narrow:.3} vs {coverage:.3}");
+    // Chosen on three folds and calibrated on those alone, the band is narrower than when
+    // five older folds are added to them.
+    let (_, narrow) = lasting_errors(3, 3);
+    let (_, wider) = lasting_errors(3, 8);
+    assert!(narrow < wider, "{narrow:.3} vs {wider:.3}");
 }
 
 #[test]
@@ -220,4 +222,152 @@ fn accuracy_measures_are_right_on_known_values() {
     assert_eq!(accuracy::mase(&[5.0, 6.0], &[3.0, 4.0], &training, 1), 2.0);
     assert!((accuracy::smape(&[1.0, 1.0], &[1.0, 3.0]) - 50.0).abs() < 1e-9);
     assert_eq!(accuracy::smape(&[0.0], &[0.0]), 0.0);
+}
+
+#[test]
+fn an_autoregression_finds_known_coefficients_and_refuses_what_is_not_stationary() {
+    // (φ of the process, the order AIC should find): simulated, then fitted.
+    let cases: [(&[f64], usize); 3] = [(&[0.9], 1), (&[1.2, -0.5], 2), (&[0.5, 0.0, 0.3], 3)];
+    for (i, (phi, order)) in cases.iter().enumerate() {
+        let mut z = Noise(40 + i as u64);
+        let mut x = vec![0.0; 3];
+        for _ in 0..4000 {
+            let n = x.len();
+            let v = 0.1 + (1..=phi.len()).map(|j| phi[j - 1] * x[n - j]).sum::<f64>();
+            x.push(v + 0.05 * z.normal());
+        }
+        let best = (1..=AR_MAX_ORDER)
+            .filter_map(|p| Ar::fit(&x, p, AR_MAX_ORDER))
+            .min_by(|a, b| a.aic.total_cmp(&b.aic))
+            .unwrap();
+        // AIC may add a spurious order; the true ones are found within a few hundredths.
+        assert!(best.phi.len() >= *order, "case {i}: {best:?}");
+        for (j, want) in phi.iter().enumerate() {
+            assert!((best.phi[j] - want).abs() < 0.05, "case {i}: {best:?}");
+        }
+        assert!(
+            (best.sigma2.sqrt() - 0.05).abs() < 0.005,
+            "case {i}: {best:?}"
+        );
+        // Forecast far ahead, it returns to the process' mean, c / (1 − Σφ).
+        let mean = 0.1 / (1.0 - phi.iter().sum::<f64>());
+        let far = best.forecast(&x, 2000);
+        assert!(
+            (far[1999].mean - mean).abs() < 0.05 * mean.abs().max(1.0),
+            "case {i}"
+        );
+        // Its band widens with the steps ahead, to the process' own spread.
+        assert!(far[0].upper80 - far[0].mean < far[1999].upper80 - far[1999].mean);
+    }
+    // (φ, stationary): the roots inside or outside the unit circle.
+    let table: [(&[f64], bool); 7] = [
+        (&[0.5], true),
+        (&[-0.97], true),
+        (&[1.0], false),
+        (&[1.5, -0.56], true),
+        (&[0.5, 0.6], false),
+        (&[0.0, -1.1], false),
+        (&[0.3, 0.2, 0.1], true),
+    ];
+    for (phi, want) in table {
+        assert_eq!(stationary(phi), want, "{phi:?}");
+    }
+    // A random walk is no AR that returns: every order is refused, and what is left is flat.
+    let walk: Vec<f64> = (0..500).map(f64::from).collect();
+    assert!((1..=3).all(|p| Ar::fit(&walk, p, 3).is_none()));
+}
+
+#[test]
+fn the_near_band_takes_its_own_model_and_its_own_interval_scale() {
+    // (near model, far model): the first two steps from the near one, the rest from the far
+    // one, each band widened by its own factor.
+    let y = [1.0, 3.0, 1.0, 3.0, 1.0, 4.0];
+    let cases = [
+        (Model::Naive, Model::SeasonalNaive, [4.0, 4.0, 1.0, 4.0]),
+        (Model::SeasonalNaive, Model::Naive, [1.0, 4.0, 4.0, 4.0]),
+        (Model::Naive, Model::Naive, [4.0, 4.0, 4.0, 4.0]),
+    ];
+    let s = Settings::default();
+    for (near, far, want) in cases {
+        let choice = Choice {
+            near: Some(Near {
+                model: near,
+                steps: 2,
+                backtest_mase: 0.5,
+                interval_scale: 2.0,
+            }),
+            interval_scale: 0.5,
+            ..Choice::of(far, 2)
+        };
+        let f = forecast_with(&choice, &y, 4, &s).unwrap();
+        let means: Vec<f64> = f.points.iter().map(|p| p.mean).collect();
+        assert_eq!(means, want, "{near} then {far}");
+        assert_eq!((f.model, f.near_model), (far, Some(near)));
+        let raw = |m: Model, h: usize| {
+            let b = predict(m, &y, 2, 4).unwrap()[h];
+            b.upper80 - b.mean
+        };
+        for h in 0..4 {
+            let (m, k) = if h < 2 { (near, 2.0) } else { (far, 0.5) };
+            let half = f.points[h].upper80 - f.points[h].mean;
+            assert!(
+                (half - k * raw(m, h)).abs() < 1e-9,
+                "{near} then {far}, step {h}"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_backtest_scores_and_calibrates_each_band_on_its_own_steps() {
+    // Steps 0 and 1 err by 1 (a ratio of 1 to the half-width), steps 2 and 3 by 3 (ratio 3).
+    let points: Vec<(usize, f64, f64)> = (0..40)
+        .map(|i| {
+            let h = i % 4;
+            if h < 2 { (h, 1.0, 1.0) } else { (h, 3.0, 3.0) }
+        })
+        .collect();
+    let b = Backtest { points };
+    assert_eq!(b.mase(0..2), Some(1.0));
+    assert_eq!(b.mase(2..4), Some(3.0));
+    assert_eq!(b.mase(0..4), Some(2.0));
+    assert_eq!(b.mase(4..8), None);
+    assert_eq!(b.interval_scale(0..2), 1.0);
+    assert_eq!(b.interval_scale(2..4), 3.0);
+    // Too few points to say: the model's own band.
+    assert_eq!(b.interval_scale(0..1), 1.0);
+}
+
+#[test]
+fn each_band_of_a_series_gets_the_model_that_forecast_that_band_best() {
+    // (series, horizon, far models acceptable, near models acceptable). A daily cycle with a
+    // deviation that lasts a few hours: far ahead the deviation is gone and a season is what
+    // is left, near it is still there and a model that follows it wins. Noise with no cycle:
+    // no seasonal model in either band.
+    let settings = Settings {
+        season: Some(DAY),
+        ..Default::default()
+    };
+    let mstl: &[Model] = &[Model::MstlEts, Model::MstlAr];
+    let level: &[Model] = &[Model::Naive, Model::Ets];
+    type Case<'a> = (Vec<f64>, usize, &'a [Model], &'a [Model]);
+    let cases: [Case; 2] = [
+        (lasting(DAY * 14, 0.3, 0.95, 0.05, 50), DAY, mstl, mstl),
+        (series(DAY * 14, 0.0, 0.0, 0.05, 51), DAY, level, level),
+    ];
+    for (i, (y, h, far, near)) in cases.iter().enumerate() {
+        let c = choose(y, *h, &settings).unwrap();
+        assert!(far.contains(&c.model), "case {i}: {c:?}");
+        let n = c.near.as_ref().expect("a near band");
+        assert_eq!(n.steps, near_steps(*h), "case {i}");
+        assert!(near.contains(&n.model), "case {i}: {c:?}");
+        // The near band's score is its own, no worse than the far model's over those steps.
+        assert!(
+            n.backtest_mase.is_finite() && n.interval_scale > 0.0,
+            "case {i}: {c:?}"
+        );
+    }
+    // A horizon too short to split has no near band.
+    let c = choose(&series(DAY * 4, 0.3, 0.0, 0.02, 52), 5, &settings).unwrap();
+    assert!(c.near.is_none(), "{c:?}");
 }
