@@ -713,7 +713,7 @@ async fn forecasts_of_every_cluster_are_served_and_kept_through_a_restart() {
     for name in ["cpu", "memory", "pods", "traffic"] {
         let series = &edge["series"][name];
         assert!(
-            ["naive", "seasonal-naive", "ets", "mstl-ets"]
+            ["naive", "seasonal-naive", "ets", "mstl-ets", "mstl-ar"]
                 .contains(&series["model"].as_str().unwrap_or("")),
             "{name}: {last}"
         );

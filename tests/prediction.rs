@@ -93,7 +93,7 @@ fn peak_outlook(s: &Server, secs: usize) -> Option<(f64, f64)> {
         return None;
     }
     let cpu = &c["series"]["cpu"];
-    if !["seasonal-naive", "mstl-ets"].contains(&cpu["model"].as_str()?) {
+    if !["seasonal-naive", "mstl-ets", "mstl-ar"].contains(&cpu["model"].as_str()?) {
         return None;
     }
     let high = cpu["points"]

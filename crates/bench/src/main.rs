@@ -444,7 +444,7 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_value = "12,72")]
         horizons: Vec<usize>,
         /// With `--input`: this model at every origin instead of the one chosen (naive,
-        /// seasonal-naive, ets, mstl-ets).
+        /// seasonal-naive, ets, mstl-ets, mstl-ar).
         #[arg(long)]
         fixed: Option<String>,
         /// With `--input`: only the first this many series.
@@ -715,7 +715,9 @@ fn main() -> anyhow::Result<()> {
                     .map(|m| serde_json::from_value(serde_json::json!(m)))
                     .transpose()
                     .map_err(|_| {
-                        anyhow::anyhow!("--fixed: one of naive, seasonal-naive, ets, mstl-ets")
+                        anyhow::anyhow!(
+                            "--fixed: one of naive, seasonal-naive, ets, mstl-ets, mstl-ar"
+                        )
                     })?,
                 limit: limit_series,
             }),

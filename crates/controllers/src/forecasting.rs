@@ -1006,7 +1006,7 @@ mod tests {
         let cpu = &c.series["cpu"];
         assert_eq!(cpu.points.len(), 10);
         assert!(
-            cpu.model == "seasonal-naive" || cpu.model == "mstl-ets",
+            ["seasonal-naive", "mstl-ets", "mstl-ar"].contains(&cpu.model.as_str()),
             "{}",
             cpu.model
         );

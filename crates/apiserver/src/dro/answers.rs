@@ -270,7 +270,7 @@ pub struct PointView {
 
 /// The models a series' backtest chooses from.
 fn models(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    schemars::json_schema!({"type": "string", "enum": ["naive", "seasonal-naive", "ets", "mstl-ets"]})
+    schemars::json_schema!({"type": "string", "enum": ["naive", "seasonal-naive", "ets", "mstl-ets", "mstl-ar"]})
 }
 
 /// One series' forecast.
