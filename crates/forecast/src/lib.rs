@@ -399,6 +399,17 @@ pub fn forecast(y: &[f64], horizon: usize, settings: &Settings) -> Result<Foreca
 }
 
 impl Band {
+    /// The bands of a normal error of deviation `sd` around `mean`.
+    fn normal(mean: f64, sd: f64) -> Band {
+        Band {
+            mean,
+            lower80: mean - Z80 * sd,
+            upper80: mean + Z80 * sd,
+            lower95: mean - Z95 * sd,
+            upper95: mean + Z95 * sd,
+        }
+    }
+
     fn widen(&mut self, k: f64) {
         self.lower80 = self.mean - (self.mean - self.lower80) * k;
         self.upper80 = self.mean + (self.upper80 - self.mean) * k;
@@ -756,13 +767,7 @@ impl Ar {
                 psi.push(w);
                 var += self.sigma2 * w * w;
                 let sd = var.sqrt();
-                Band {
-                    mean,
-                    lower80: mean - Z80 * sd,
-                    upper80: mean + Z80 * sd,
-                    lower95: mean - Z95 * sd,
-                    upper95: mean + Z95 * sd,
-                }
+                Band::normal(mean, sd)
             })
             .collect()
     }
@@ -878,13 +883,7 @@ fn naive(y: &[f64], lag: usize, horizon: usize) -> Vec<Band> {
         .map(|h| {
             let mean = y[n - lag + h % lag];
             let sd = sigma * (((h / lag) + 1) as f64).sqrt();
-            Band {
-                mean,
-                lower80: mean - Z80 * sd,
-                upper80: mean + Z80 * sd,
-                lower95: mean - Z95 * sd,
-                upper95: mean + Z95 * sd,
-            }
+            Band::normal(mean, sd)
         })
         .collect()
 }
