@@ -357,7 +357,8 @@ pub mod series {
     #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
     #[serde(rename_all = "camelCase")]
     pub struct SeriesForecast {
-        /// `naive`, `seasonal-naive`, `ets` or `mstl-ets`.
+        /// `naive`, `seasonal-naive`, `ets`, `mstl-ets` or `mstl-ar` (the model of the steps after
+        /// the near band's, when the choice gave the first steps their own).
         pub model: String,
         /// The model's mean absolute scaled error over its backtest (below 1 beats the
         /// seasonal naive one step ahead); absent while the history is too short.
