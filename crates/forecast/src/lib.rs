@@ -581,17 +581,10 @@ impl<'a> Fits<'a> {
         match model {
             Model::Naive => Ok(naive(y, 1, horizon)),
             Model::SeasonalNaive => Ok(naive(y, season, horizon)),
-            // ETS weighs recent points most; fitted to the last ETS_TAIL it costs a fraction
-            // of a fit to weeks of history and forecasts the same.
-            Model::Ets => {
-                let fit = ets()
-                    .fit(&y[y.len().saturating_sub(ETS_TAIL)..])
-                    .map_err(|e| fit_error(model, e))?;
-                bands(model, &fit, horizon)
-            }
+            Model::Ets => ets_on_tail(model, y, horizon),
             Model::MstlEts => {
                 let d = self.decomposed(model)?;
-                let mut out = mstl_ets_rest(&d.rest, horizon)?;
+                let mut out = ets_on_tail(model, &d.rest, horizon)?;
                 d.add_season(&mut out);
                 Ok(out)
             }
@@ -659,13 +652,15 @@ fn decompose(model: Model, y: &[f64], season: usize) -> Result<Decomposed, Forec
     Ok(Decomposed { rest, cycle })
 }
 
-/// MSTL-ETS's rest: ETS (a level, and a damped or straight trend where the likelihood finds
-/// one) fitted to the rest's last [`ETS_TAIL`] points.
-fn mstl_ets_rest(rest: &[f64], horizon: usize) -> Result<Vec<Band>, ForecastError> {
+/// ETS (a level, and a damped or straight trend where the likelihood finds one) fitted to the
+/// last [`ETS_TAIL`] points of `x`: the series for ETS, MSTL's rest for MSTL-ETS. ETS weighs
+/// recent points most, so a fit to the tail costs a fraction of one to weeks of history and
+/// forecasts the same.
+fn ets_on_tail(model: Model, x: &[f64], horizon: usize) -> Result<Vec<Band>, ForecastError> {
     let fit = ets()
-        .fit(&rest[rest.len().saturating_sub(ETS_TAIL)..])
-        .map_err(|e| fit_error(Model::MstlEts, e))?;
-    bands(Model::MstlEts, &fit, horizon)
+        .fit(&x[x.len().saturating_sub(ETS_TAIL)..])
+        .map_err(|e| fit_error(model, e))?;
+    bands(model, &fit, horizon)
 }
 
 /// MSTL-AR's rest: an autoregression of order 1 to [`AR_MAX_ORDER`] with a mean, the order
