@@ -394,6 +394,24 @@ pub mod series {
         /// When it was chosen, and on how many points.
         pub chosen_at: Time,
         pub history: usize,
+        /// The model of the first steps, where the backtest chose one of its own for them
+        /// (the series' `model` is then the later steps').
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub near: Option<NearChoice>,
+    }
+
+    /// The model of a forecast's first steps, as its backtest chose it.
+    #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    pub struct NearChoice {
+        /// The model's name, as in `SeriesForecast::model`.
+        pub model: String,
+        /// The steps it forecasts.
+        pub steps: usize,
+        /// Its mean MASE over the backtest's first `steps`.
+        pub backtest_mase: f64,
+        /// The factor its intervals are scaled by.
+        pub interval_scale: f64,
     }
 
     /// A cluster's forecasts, made at the sample of `time`, a point every `step_seconds`.

@@ -23,11 +23,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orrery_api::history::series::{
-    self, ClusterForecast, ClusterSample, FleetSample, ForecastPoint, ModelChoice, SeriesForecast,
+    self, ClusterForecast, ClusterSample, FleetSample, ForecastPoint, ModelChoice, NearChoice,
+    SeriesForecast,
 };
 use orrery_api::prediction::{ForecastCheck, ForecastChecks, ForecastSummary};
 use orrery_api::{Object, Time};
-use orrery_forecast::{Choice, Settings};
+use orrery_forecast::{Choice, Near, Settings};
 use orrery_store::{ListOptions, Store, StoreError};
 use tokio::sync::{mpsc, watch};
 
@@ -179,11 +180,21 @@ impl Forecaster {
                 ) else {
                     continue;
                 };
-                // (The near band's model is not stored: a resumed series forecasts its whole
-                // horizon with the one model until it is chosen again.)
+                // A near band whose model this build does not know is dropped: the series
+                // then forecasts its whole horizon with `model` until it is chosen again.
+                let near = c.near.as_ref().and_then(|n| {
+                    let model = serde_json::from_value(serde_json::json!(n.model)).ok()?;
+                    Some(Near {
+                        model,
+                        steps: n.steps,
+                        backtest_mase: n.backtest_mase,
+                        interval_scale: n.interval_scale,
+                    })
+                });
                 let choice = Choice {
                     backtest_mase: s.backtest_mase,
                     interval_scale: c.interval_scale,
+                    near,
                     ..Choice::of(model, c.season)
                 };
                 self.choices.insert(
@@ -463,6 +474,12 @@ impl Forecaster {
                             interval_scale: c.interval_scale,
                             chosen_at: Time::from_unix_seconds(*at).unwrap_or(time),
                             history: *n,
+                            near: c.near.as_ref().map(|n| NearChoice {
+                                model: n.model.name().to_string(),
+                                steps: n.steps,
+                                backtest_mase: n.backtest_mase,
+                                interval_scale: n.interval_scale,
+                            }),
                         }),
                     },
                 );
@@ -937,6 +954,7 @@ impl Reconciler for Forecasting {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use orrery_forecast::Model;
 
     #[test]
     fn the_forecaster_is_handed_only_the_series_it_forecasts() {
@@ -1341,9 +1359,29 @@ mod tests {
             let phase = std::f64::consts::TAU * t as f64 / 20.0;
             f.push(&sample(1_000 + t, 0.5 + 0.3 * phase.sin()));
         }
-        let stored = f.forecast_all();
+        f.forecast_all();
         let key = ("m-0".to_string(), "cpu".to_string());
+        // The first steps by a model of their own, as a backtest that found one chooses:
+        // it is stored with the choice and goes on after the restart too.
+        let far = f.choices[&key].0.model;
+        let near_model = if far == Model::Naive {
+            Model::SeasonalNaive
+        } else {
+            Model::Naive
+        };
+        f.choices.get_mut(&key).unwrap().0.near = Some(Near {
+            model: near_model,
+            steps: 3,
+            backtest_mase: 0.25,
+            interval_scale: 1.5,
+        });
+        let stored = f.forecast_all();
         let chosen = stored[0].series["cpu"].choice.clone().unwrap();
+        let near = chosen.near.clone().expect("the near band is stored");
+        assert_eq!(
+            (near.model.as_str(), near.steps, near.interval_scale),
+            (near_model.name(), 3, 1.5)
+        );
         assert_eq!(
             (chosen.chosen_at.unix_seconds(), chosen.history),
             (1_059, 60)
@@ -1355,9 +1393,24 @@ mod tests {
         }
         g.resume(&stored);
         let (a, b) = (&g.choices[&key], &f.choices[&key]);
+        // (The backtest's MASE is stored rounded; the rest as it was.)
         assert_eq!(
-            (a.0.model, a.0.season, a.0.interval_scale, a.1, a.2),
-            (b.0.model, b.0.season, b.0.interval_scale, b.1, b.2)
+            (
+                a.0.model,
+                a.0.season,
+                a.0.interval_scale,
+                &a.0.near,
+                a.1,
+                a.2
+            ),
+            (
+                b.0.model,
+                b.0.season,
+                b.0.interval_scale,
+                &b.0.near,
+                b.1,
+                b.2
+            )
         );
         // Its next round forecasts with the same model, not one chosen again.
         let next = g.forecast_all();
