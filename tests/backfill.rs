@@ -109,7 +109,7 @@ async fn history_reported_with_its_times_is_merged_forecast_and_kept() {
             400,
         ),
         (
-            vec![sample(now() - 15 * 86_400)],
+            vec![sample(now() - 18 * 86_400)],
             "samples[0].timestamp",
             400,
         ),

@@ -294,7 +294,7 @@ async fn metrics_events_configs_and_the_monitoring_view() {
         v["message"]
             .as_str()
             .unwrap()
-            .contains("older than the 14 days"),
+            .contains("older than the 17 days"),
         "{v}"
     );
     let at = orrery_api::Time::now().to_string();

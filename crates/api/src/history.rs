@@ -227,6 +227,10 @@ pub mod series {
 
     use crate::time::Time;
 
+    fn no_long_season(n: &usize) -> bool {
+        *n == 0
+    }
+
     pub const RAW_PREFIX: &str = "/internal/monitoring/raw/";
     pub const AVERAGE_PREFIX: &str = "/internal/monitoring/5m/";
     /// Each cluster's latest forecasts, under its name.
@@ -389,6 +393,9 @@ pub mod series {
     pub struct ModelChoice {
         /// Samples per season the model was given (0: none).
         pub season: usize,
+        /// Samples per long season (a week) the MSTL models also decompose by (0: none).
+        #[serde(default, skip_serializing_if = "no_long_season")]
+        pub long_season: usize,
         /// The factor the model's intervals are scaled by.
         pub interval_scale: f64,
         /// When it was chosen, and on how many points.

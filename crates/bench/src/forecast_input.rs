@@ -30,6 +30,8 @@ pub struct InputArgs {
     pub stride: usize,
     /// Samples per season (`None`: a day of the file's step).
     pub season: Option<usize>,
+    /// Samples per long season (`None`: 7 seasons; 0: none).
+    pub long_season: Option<usize>,
     /// Horizons in steps, the largest last.
     pub horizons: Vec<usize>,
     /// The model at every origin instead of the chosen one (an ablation).
@@ -127,6 +129,8 @@ struct Scores {
     in95: usize,
     points: usize,
     models: BTreeMap<&'static str, usize>,
+    /// Origins forecast with the long season.
+    long: usize,
     ms: Vec<f64>,
 }
 
@@ -141,8 +145,10 @@ pub fn run(args: InputArgs) -> anyhow::Result<()> {
         let season = args
             .season
             .unwrap_or((86_400 / s.step.max(1)).max(2) as usize);
+        let long = args.long_season.unwrap_or(7 * season);
         let settings = Settings {
             season: Some(season),
+            long_season: (long > 0).then_some(long),
             ..Default::default()
         };
         progress(format!(
@@ -163,7 +169,10 @@ pub fn run(args: InputArgs) -> anyhow::Result<()> {
             let started = Instant::now();
             let f = match args.fixed {
                 Some(m) => {
-                    let choice = orrery_forecast::Choice::of(m, season);
+                    let choice = orrery_forecast::Choice {
+                        long_season: long,
+                        ..orrery_forecast::Choice::of(m, season)
+                    };
                     orrery_forecast::forecast_with(&choice, past, hmax, &settings)?
                 }
                 // As the server: chosen by a backtest over the horizon (at most a season).
@@ -190,6 +199,7 @@ pub fn run(args: InputArgs) -> anyhow::Result<()> {
                         sc.in95 += usize::from(p.lower95 <= *a && *a <= p.upper95);
                     }
                     *sc.models.entry(f.model.name()).or_default() += 1;
+                    sc.long += usize::from(f.long_season > 0);
                     sc.ms.push(ms);
                 }
             }
@@ -213,6 +223,7 @@ pub fn run(args: InputArgs) -> anyhow::Result<()> {
             "coverage80": round(sc.in80 as f64 / sc.points.max(1) as f64, 3),
             "coverage95": round(sc.in95 as f64 / sc.points.max(1) as f64, 3),
             "models": sc.models,
+            "long_season_origins": sc.long,
             "ms_per_forecast": round(mean(&sc.ms), 2),
         }));
     }

@@ -440,6 +440,11 @@ enum Command {
         /// With `--input`: samples per season (a day of the file's step when not given).
         #[arg(long)]
         season: Option<usize>,
+        /// With `--input`: samples per long season, a week (7 seasons) when not given, as
+        /// the server; 0 for none. The MSTL models take it where two of it precede a
+        /// backtest's folds and it forecast them better.
+        #[arg(long)]
+        long_season: Option<usize>,
         /// With `--input`: the horizons scored, in steps (a forecast is made to the largest).
         #[arg(long, value_delimiter = ',', default_value = "12,72")]
         horizons: Vec<usize>,
@@ -702,6 +707,7 @@ fn main() -> anyhow::Result<()> {
                 origins,
                 stride,
                 season,
+                long_season,
                 horizons,
                 fixed,
                 limit_series,
@@ -710,6 +716,7 @@ fn main() -> anyhow::Result<()> {
                 origins,
                 stride,
                 season,
+                long_season,
                 horizons,
                 fixed: fixed
                     .map(|m| serde_json::from_value(serde_json::json!(m)))

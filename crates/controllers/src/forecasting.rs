@@ -51,8 +51,12 @@ pub struct ForecastConfig {
     /// more than it does for this many, up to six times as many at a day's season.
     pub choose_series: usize,
     /// Seasons of history a series keeps (older points are dropped), while the fleet's
-    /// series fit in `history_bytes`.
+    /// series fit in `history_bytes`: 17 at a day's season, two weeks for the weekly season
+    /// and three days for the backtest's folds before them.
     pub seasons_kept: usize,
+    /// Seasons in the long season the MSTL models also decompose by once two of it precede
+    /// the backtest (7: a week of a day's season; 0: none).
+    pub long_season: usize,
     /// Bytes the points of all series may take (each series' room may be up to a 32nd over
     /// its points, and its key and header are not counted): a large fleet keeps fewer seasons
     /// (never fewer than [`MIN_SEASONS`]). Fourteen days of 10,000 members' five series are
@@ -70,14 +74,15 @@ impl Default for ForecastConfig {
             horizon: Duration::from_secs(6 * 3600),
             choose_every: Duration::from_secs(3600),
             choose_series: DEFAULT_CHOOSE_SERIES,
-            seasons_kept: 14,
+            seasons_kept: 17,
+            long_season: 7,
             history_bytes: DEFAULT_HISTORY_BYTES,
             check_lead: Duration::from_secs(orrery_api::prediction::DEFAULT_HORIZON_SECONDS as u64),
         }
     }
 }
 
-/// The forecaster's history of a fleet: 14 seasons of up to 2,500 members' five series, 3.5
+/// The forecaster's history of a fleet: 17 seasons of up to 2,000 members' five series, 3.5
 /// of 10,000 members'.
 pub const DEFAULT_HISTORY_BYTES: usize = 192 << 20;
 
@@ -127,7 +132,7 @@ pub struct Forecaster {
     horizon: usize,
     /// Seconds between choices of a series' model, in a fleet of up to `choose_series`.
     choose_every: i64,
-    /// Kept as `f32`: fourteen days of five series of a thousand clusters are 80 MiB so, 160
+    /// Kept as `f32`: seventeen days of five series of a thousand clusters are 93 MiB so, 187
     /// as `f64`, and the samples have three or four significant digits.
     history: BTreeMap<(String, String), VecDeque<f32>>,
     /// Orrery's part of each series in the last sample: forecasts are of the rest, and shown
@@ -195,6 +200,7 @@ impl Forecaster {
                     backtest_mase: s.backtest_mase,
                     interval_scale: c.interval_scale,
                     near,
+                    long_season: c.long_season,
                     ..Choice::of(model, c.season)
                 };
                 self.choices.insert(
@@ -380,6 +386,7 @@ impl Forecaster {
         let now = time.unix_seconds();
         let settings = Settings {
             season: Some(self.season),
+            long_season: (self.cfg.long_season >= 2).then(|| self.season * self.cfg.long_season),
             ..Default::default()
         };
         let choose_every = self.choose_every_seconds();
@@ -471,6 +478,7 @@ impl Forecaster {
                             .map(add),
                         choice: self.choices.get(&key).map(|(c, at, n)| ModelChoice {
                             season: c.season,
+                            long_season: c.long_season,
                             interval_scale: c.interval_scale,
                             chosen_at: Time::from_unix_seconds(*at).unwrap_or(time),
                             history: *n,
@@ -1261,8 +1269,8 @@ mod tests {
 
         feed(&mut f, 1, 0..400);
         assert_eq!(f.history.len(), 2);
-        assert_eq!(most(&f), 280, "one cluster keeps its fourteen seasons");
-        assert!(room(&f) <= 2 * 315, "room {}", room(&f));
+        assert_eq!(most(&f), 340, "one cluster keeps its seventeen seasons");
+        assert!(room(&f) <= 2 * 383, "room {}", room(&f));
 
         feed(&mut f, 10, 400..600);
         assert_eq!(f.history.len(), 20);
@@ -1369,14 +1377,22 @@ mod tests {
         } else {
             Model::Naive
         };
-        f.choices.get_mut(&key).unwrap().0.near = Some(Near {
+        let standing = &mut f.choices.get_mut(&key).unwrap().0;
+        standing.near = Some(Near {
             model: near_model,
             steps: 3,
             backtest_mase: 0.25,
             interval_scale: 1.5,
         });
+        // And the weekly season, as a choice on two weeks of history takes it.
+        standing.long_season = 7 * f.season;
         let stored = f.forecast_all();
         let chosen = stored[0].series["cpu"].choice.clone().unwrap();
+        assert_eq!(
+            chosen.long_season,
+            7 * f.season,
+            "the long season is stored"
+        );
         let near = chosen.near.clone().expect("the near band is stored");
         assert_eq!(
             (near.model.as_str(), near.steps, near.interval_scale),
@@ -1398,6 +1414,7 @@ mod tests {
             (
                 a.0.model,
                 a.0.season,
+                a.0.long_season,
                 a.0.interval_scale,
                 &a.0.near,
                 a.1,
@@ -1406,6 +1423,7 @@ mod tests {
             (
                 b.0.model,
                 b.0.season,
+                b.0.long_season,
                 b.0.interval_scale,
                 &b.0.near,
                 b.1,

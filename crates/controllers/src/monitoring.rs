@@ -50,7 +50,9 @@ impl Default for MonitoringConfig {
         MonitoringConfig {
             interval: Duration::from_secs(15),
             raw_retention: Duration::from_secs(6 * 3600),
-            average_retention: Duration::from_secs(14 * 86400),
+            average_retention: Duration::from_secs(
+                orrery_api::history::backfill::RETENTION_SECONDS as u64,
+            ),
             raw_budget: 128 << 20,
             average_budget: 384 << 20,
             average_every: Duration::from_secs(300),

@@ -67,6 +67,11 @@ impl Model {
         }
     }
 
+    /// Whether it forecasts by an MSTL decomposition (and so can take a long season).
+    fn mstl(self) -> bool {
+        matches!(self, Model::MstlEts | Model::MstlAr)
+    }
+
     fn seasonal(self) -> bool {
         matches!(self, Model::SeasonalNaive | Model::MstlEts | Model::MstlAr)
     }
@@ -120,6 +125,9 @@ pub struct Forecast {
     pub near_model: Option<Model>,
     /// Samples per season (0: none).
     pub season: usize,
+    /// Samples per long season the MSTL models also decomposed by (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub long_season: usize,
     /// The chosen model's mean MASE over the backtest (lower is better; 1 is as good as the
     /// seasonal naive one step ahead in its training data). `None` when the history was too
     /// short to backtest.
@@ -135,6 +143,10 @@ pub struct Forecast {
 pub struct Settings {
     /// Samples per season; `None` to find it in the series.
     pub season: Option<usize>,
+    /// A second, longer season (a week of a daily one), in samples: where the history holds
+    /// two of it before every fold of the backtest, the MSTL models are backtested with it
+    /// too, and it is kept where it forecast better. `None`: the one season only.
+    pub long_season: Option<usize>,
     /// The shortest and longest season looked for, in samples.
     pub season_range: (usize, usize),
     /// Backtest folds: each forecasts one horizon from a point further back. (Eight of six
@@ -155,6 +167,7 @@ impl Default for Settings {
     fn default() -> Self {
         Settings {
             season: None,
+            long_season: None,
             season_range: (4, 2048),
             folds: 8,
             calibration_folds: 8,
@@ -216,6 +229,9 @@ pub struct Choice {
     pub model: Model,
     /// Samples per season (0: none).
     pub season: usize,
+    /// Samples per long season the MSTL models also decompose by (0: none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub long_season: usize,
     /// The model's mean MASE over the backtest; `None` when the history was too short.
     pub backtest_mase: Option<f64>,
     /// The factor its intervals are scaled by to cover the backtest's errors.
@@ -246,11 +262,16 @@ impl Choice {
         Choice {
             model,
             season,
+            long_season: 0,
             backtest_mase: None,
             interval_scale: 1.0,
             near: None,
         }
     }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 fn check(y: &[f64]) -> Result<(), ForecastError> {
@@ -287,14 +308,33 @@ pub fn choose(y: &[f64], horizon: usize, settings: &Settings) -> Result<Choice, 
         .copied()
         .filter(|m| !m.seasonal() || season >= 2)
         .collect();
-    let tried = backtest(
-        &candidates,
-        y,
-        season,
-        horizon,
-        1..=settings.folds.max(1),
-        scale,
-    );
+    let folds = 1..=settings.folds.max(1);
+    let mut tried = backtest(&candidates, y, (season, 0), horizon, folds.clone(), scale);
+    // The long season where every fold's history holds two of it: the MSTL models with it
+    // replace those without where the best of them forecast better with it.
+    let mut long = 0;
+    if let Some(l) = settings
+        .long_season
+        .filter(|&l| season >= 2 && l > season && y.len() >= 2 * l + 2 + *folds.end() * horizon)
+    {
+        let mstl: Vec<Model> = candidates.iter().copied().filter(|m| m.mstl()).collect();
+        let with = backtest(&mstl, y, (season, l), horizon, folds.clone(), scale);
+        let best_mstl = |t: &[(Model, Backtest)]| {
+            t.iter()
+                .filter(|(m, _)| m.mstl())
+                .filter_map(|(_, b)| b.mase(0..horizon))
+                .min_by(f64::total_cmp)
+        };
+        let better = match (best_mstl(&with), best_mstl(&tried)) {
+            (Some(a), Some(b)) => a < b,
+            (a, _) => a.is_some(),
+        };
+        if better {
+            tried.retain(|(m, _)| !m.mstl());
+            tried.extend(with);
+            long = l;
+        }
+    }
     let best = |steps: std::ops::Range<usize>| {
         tried
             .iter()
@@ -319,7 +359,7 @@ pub fn choose(y: &[f64], horizon: usize, settings: &Settings) -> Result<Choice, 
         let mut b = tried.iter().find(|t| t.0 == m).map(|t| t.1.clone())?;
         let older = settings.folds.max(1) + 1..=settings.calibration_folds;
         if !older.is_empty()
-            && let Some((_, more)) = backtest(&[m], y, season, horizon, older, scale).pop()
+            && let Some((_, more)) = backtest(&[m], y, (season, long), horizon, older, scale).pop()
         {
             b.points.extend(more.points);
         }
@@ -345,6 +385,11 @@ pub fn choose(y: &[f64], horizon: usize, settings: &Settings) -> Result<Choice, 
     Ok(Choice {
         model,
         season,
+        long_season: if model.mstl() || near.as_ref().is_some_and(|n| n.model.mstl()) {
+            long
+        } else {
+            0
+        },
         backtest_mase: Some(mase),
         interval_scale: far.map_or(1.0, |b| {
             b.interval_scale(near.as_ref().map_or(0, |n| n.steps)..horizon)
@@ -363,7 +408,7 @@ pub fn forecast_with(
 ) -> Result<Forecast, ForecastError> {
     check(y)?;
     let horizon = horizon.max(1);
-    let mut fits = Fits::new(y, choice.season);
+    let mut fits = Fits::new(y, (choice.season, choice.long_season));
     let mut points = fits.predict(choice.model, horizon)?;
     let near = choice.near.as_ref().filter(|n| n.steps >= 1);
     let split = near.map_or(0, |n| n.steps.min(horizon));
@@ -386,6 +431,7 @@ pub fn forecast_with(
         model: choice.model,
         near_model: near.map(|n| n.model),
         season: choice.season,
+        long_season: fits.long_used(),
         backtest_mase: choice.backtest_mase,
         interval_scale: choice.interval_scale,
         points,
@@ -501,7 +547,7 @@ fn mase_scale(y: &[f64], season: usize) -> f64 {
 fn backtest(
     models: &[Model],
     y: &[f64],
-    season: usize,
+    seasons: (usize, usize),
     horizon: usize,
     folds: std::ops::RangeInclusive<usize>,
     scale: f64,
@@ -514,7 +560,7 @@ fn backtest(
             continue;
         };
         let held = &y[end..(end + horizon).min(y.len())];
-        let mut fits = Fits::new(&y[..end], season);
+        let mut fits = Fits::new(&y[..end], seasons);
         for (model, b) in out.iter_mut() {
             let Ok(bands) = fits.predict(*model, held.len()) else {
                 continue;
@@ -537,7 +583,7 @@ pub fn predict(
     season: usize,
     horizon: usize,
 ) -> Result<Vec<Band>, ForecastError> {
-    Fits::new(y, season).predict(model, horizon)
+    Fits::new(y, (season, 0)).predict(model, horizon)
 }
 
 /// The models fitted to one history: the MSTL models share its decomposition (a third to
@@ -545,21 +591,36 @@ pub fn predict(
 struct Fits<'a> {
     y: &'a [f64],
     season: usize,
+    /// The long season the MSTL models also decompose by (0: none).
+    long: usize,
     decomposed: Option<Decomposed>,
 }
 
 impl<'a> Fits<'a> {
-    fn new(y: &'a [f64], season: usize) -> Self {
+    /// `seasons`: samples per season and per long season (0: none).
+    fn new(y: &'a [f64], (season, long): (usize, usize)) -> Self {
         Fits {
             y,
             season,
+            long,
             decomposed: None,
         }
     }
 
+    /// The long season the forecasts so far were decomposed by (0: none, or no MSTL model).
+    fn long_used(&self) -> usize {
+        self.decomposed.as_ref().map_or(0, |d| d.long)
+    }
+
     fn decomposed(&mut self, model: Model) -> Result<&Decomposed, ForecastError> {
         if self.decomposed.is_none() {
-            self.decomposed = Some(decompose(model, self.y, self.season)?);
+            // The long season only where the history holds two of it (MSTL could not
+            // estimate it from less).
+            let mut periods = vec![self.season];
+            if self.long > self.season && self.y.len() >= 2 * self.long + 2 {
+                periods.push(self.long);
+            }
+            self.decomposed = Some(decompose(model, self.y, &periods)?);
         }
         self.decomposed
             .as_ref()
@@ -601,6 +662,8 @@ impl<'a> Fits<'a> {
 /// A series split by MSTL: the rest (trend and remainder) and the seasonal components' last
 /// cycle, which a forecast repeats.
 struct Decomposed {
+    /// The long season it took (0: none).
+    long: usize,
     rest: Vec<f64>,
     /// The seasonal part of each step ahead, repeated after its end.
     cycle: Vec<f64>,
@@ -621,9 +684,8 @@ impl Decomposed {
 
 /// The decomposition (cheap) takes the whole history, so the season is learnt from every
 /// cycle; the rest's model forecasts from its tail.
-fn decompose(model: Model, y: &[f64], season: usize) -> Result<Decomposed, ForecastError> {
-    let periods = vec![season];
-    let decomposed = MSTLModel::naive(periods.clone())
+fn decompose(model: Model, y: &[f64], periods: &[usize]) -> Result<Decomposed, ForecastError> {
+    let decomposed = MSTLModel::naive(periods.to_vec())
         .fit(y)
         .map_err(|e| fit_error(model, e))?;
     let parts = decomposed.fit();
@@ -639,7 +701,7 @@ fn decompose(model: Model, y: &[f64], season: usize) -> Result<Decomposed, Forec
         .collect();
     // Each component's own last cycle, repeated: over the longest period they add up to.
     let n = y.len();
-    let longest = periods.iter().copied().max().unwrap_or(season);
+    let longest = periods.iter().copied().max().unwrap_or(1);
     let cycle = (0..longest)
         .map(|h| {
             periods
@@ -649,7 +711,11 @@ fn decompose(model: Model, y: &[f64], season: usize) -> Result<Decomposed, Forec
                 .sum()
         })
         .collect();
-    Ok(Decomposed { rest, cycle })
+    Ok(Decomposed {
+        long: periods.get(1).copied().unwrap_or(0),
+        rest,
+        cycle,
+    })
 }
 
 /// ETS (a level, and a damped or straight trend where the likelihood finds one) fitted to the

@@ -371,3 +371,63 @@ fn each_band_of_a_series_gets_the_model_that_forecast_that_band_best() {
     let c = choose(&series(DAY * 4, 0.3, 0.0, 0.02, 52), 5, &settings).unwrap();
     assert!(c.near.is_none(), "{c:?}");
 }
+
+/// `days` days of a daily cycle whose Saturdays and Sundays (days 5 and 6 of each week, from
+/// a Monday) are at a third of the weekdays' load, with noise.
+fn weekly(days: usize, seed: u64) -> Vec<f64> {
+    let mut z = Noise(seed);
+    (0..days * DAY)
+        .map(|t| {
+            let phase = std::f64::consts::TAU * t as f64 / DAY as f64;
+            let weekend = (t / DAY) % 7 >= 5;
+            let day = 0.5 + 0.3 * phase.sin();
+            day * if weekend { 0.33 } else { 1.0 } + 0.01 * z.normal()
+        })
+        .collect()
+}
+
+#[test]
+fn the_long_season_is_taken_where_two_of_it_precede_the_folds_and_it_forecasts_better() {
+    let week = 7 * DAY;
+    let horizon = DAY / 4;
+    let with = Settings {
+        season: Some(DAY),
+        long_season: Some(week),
+        ..Default::default()
+    };
+    let without = Settings {
+        long_season: None,
+        ..with.clone()
+    };
+    // Each history ends on a Friday night: what follows is a Saturday morning.
+    let cases = [
+        // (days of history, long season given, long season expected)
+        (19, true, week),
+        (19, false, 0),
+        // Two weeks and a few days, but the folds reach back before the second week.
+        (12, true, 0),
+    ];
+    for (days, given, expected) in cases {
+        let y = weekly(days + 1, 7);
+        let (past, next) = y.split_at(days * DAY);
+        let settings = if given { &with } else { &without };
+        let choice = choose(past, horizon, settings).unwrap();
+        assert_eq!(choice.long_season, expected, "{days} days, given {given}");
+        let f = forecast_with(&choice, past, horizon, settings).unwrap();
+        assert_eq!(f.long_season, expected, "{days} days: the forecast says so");
+        if expected > 0 {
+            // The weekly season knows Saturday comes; the daily one alone does not.
+            let err = |f: &Forecast| {
+                let mean: Vec<f64> = f.points.iter().map(|p| p.mean).collect();
+                accuracy::mase(&next[..horizon], &mean, past, DAY)
+            };
+            let daily = forecast(past, horizon, &without).unwrap();
+            assert!(
+                err(&f) < 0.5 * err(&daily),
+                "with the week {:.3}, without {:.3}",
+                err(&f),
+                err(&daily)
+            );
+        }
+    }
+}

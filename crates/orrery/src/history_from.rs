@@ -1,6 +1,6 @@
 //! `orrery server --forecast-history-from prometheus=URL`: each cluster's past usage read from
 //! a Prometheus server (or Thanos, Mimir: its HTTP query API) with range queries, one per
-//! series at 5-minute steps over the 14 days the history keeps, at the start of each term of
+//! series at 5-minute steps over the 17 days the history keeps, at the start of each term of
 //! leadership and when a cluster joins. What they return goes into the cluster's history inbox,
 //! the path `POST /api/v1/metrics/history` takes, so a fleet that already has weeks of metrics
 //! is forecast from its first minute.

@@ -181,7 +181,7 @@ pub struct ServerArgs {
     /// warning naming what did not follow.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub migration_switch_timeout: Duration,
-    /// How often the monitoring system samples the fleet's figures (kept 6 h raw, 14 days as
+    /// How often the monitoring system samples the fleet's figures (kept 6 h raw, 17 days as
     /// 5-minute averages).
     #[arg(long, default_value = "15s", value_parser = parse_duration)]
     pub monitoring_interval: Duration,
@@ -193,13 +193,13 @@ pub struct ServerArgs {
     #[arg(long, default_value = "6h", value_parser = parse_duration)]
     pub forecast_horizon: Duration,
     /// MiB the forecaster's history of every series may take in the leader: each series
-    /// keeps 14 seasons while the fleet's fit (about 2,500 members at the default), fewer
+    /// keeps 17 seasons while the fleet's fit (about 2,000 members at the default), fewer
     /// beyond, never under three.
     #[arg(long, default_value_t = orrery_controllers::forecasting::DEFAULT_HISTORY_BYTES >> 20)]
     pub forecast_history_mib: usize,
     /// Where each cluster's past usage is read from when a term of leadership starts and
     /// when a cluster joins, so its forecasts start from weeks of history:
-    /// `prometheus=http://host:port[/path]` (range queries over the 14 days kept).
+    /// `prometheus=http://host:port[/path]` (range queries over the 17 days kept).
     #[arg(long, value_name = "prometheus=URL")]
     pub forecast_history_from: Option<crate::history_from::HistoryFrom>,
     /// The PromQL read for one series instead of the default, as SERIES=QUERY (series: cpu,

@@ -25,8 +25,9 @@ use super::series::{ClusterSample, FleetSample};
 pub const PREFIX: &str = "/internal/monitoring/backfill/";
 /// How far ahead of the server's clock a report's time may be (clocks differ a little).
 pub const SKEW_SECONDS: i64 = 60;
-/// How far back history is kept (the 5-minute averages' retention), and so accepted.
-pub const RETENTION_SECONDS: i64 = 14 * 86400;
+/// How far back history is kept (the 5-minute averages' retention), and so accepted: 17
+/// days, two weeks for the forecasts' weekly season and three days of backtest before them.
+pub const RETENTION_SECONDS: i64 = 17 * 86400;
 /// Samples one request may carry (14 days of 5-minute samples are 4,032).
 pub const MAX_PER_REQUEST: usize = 4096;
 /// Samples that may wait in one cluster's inbox: its record stays under etcd's request

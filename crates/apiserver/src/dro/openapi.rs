@@ -148,7 +148,7 @@ pub fn document() -> Value {
                         ("404", error("CLUSTER_NOT_FOUND")), ("409", error("CONFLICT")), ("415", error("UNSUPPORTED_MEDIA_TYPE"))])},
             },
             "/api/v1/metrics/history": {
-                "post": {"operationId": "reportHistory", "summary": "Report a domain's past figures, each at its own time (up to 4,096, within the 14 days kept): they join the monitoring history and the forecasts",
+                "post": {"operationId": "reportHistory", "summary": "Report a domain's past figures, each at its own time (up to 4,096, within the 17 days kept): they join the monitoring history and the forecasts",
                     "requestBody": body("MetricsHistory", "application/json"),
                     "responses": responses(&[("200", ok("Taken in", "HistoryAccepted")), ("400", error("VALIDATION_FAILED")),
                         ("404", error("CLUSTER_NOT_FOUND")), ("409", error("CONFLICT")), ("413", error("PAYLOAD_TOO_LARGE")),
