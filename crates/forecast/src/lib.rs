@@ -15,6 +15,9 @@
 //!   model, the best over the same backtest's first sixth: the model that follows the last
 //!   hour best is often not the one that is best six hours out.
 //! - **Season.** Given (samples per season), or found in the series by its autocorrelation.
+//!   A long season (a week) may be given too: where two of it precede the backtest's folds,
+//!   the MSTL models are backtested with it beside the season, and keep it where their best
+//!   forecast the folds better with it.
 //! - **Intervals.** The chosen models' own, each widened or narrowed by the factor that makes
 //!   it cover the backtest's errors over its own steps as often as it says (so an 80 % band
 //!   holds about 80 % of what follows).
