@@ -313,6 +313,10 @@ pub fn choose(y: &[f64], horizon: usize, settings: &Settings) -> Result<Choice, 
         .collect();
     let folds = 1..=settings.folds.max(1);
     let mut tried = backtest(&candidates, y, (season, 0), horizon, folds.clone(), scale);
+    // The near band's candidates: never with the long season. Over the first hour a week's
+    // pattern estimated from two or three weeks adds more noise than it tells (on held-out
+    // series the 1-hour MASE was 2-8 % worse with it, docs/benchmarks.md).
+    let plain = tried.clone();
     // The long season where every fold's history holds two of it: the MSTL models with it
     // replace those without where the best of them forecast better with it.
     let mut long = 0;
@@ -338,13 +342,13 @@ pub fn choose(y: &[f64], horizon: usize, settings: &Settings) -> Result<Choice, 
             long = l;
         }
     }
-    let best = |steps: std::ops::Range<usize>| {
+    let best = |tried: &[(Model, Backtest)], steps: std::ops::Range<usize>| {
         tried
             .iter()
             .filter_map(|(m, b)| Some((*m, b.mase(steps.clone())?)))
             .min_by(|a, b| a.1.total_cmp(&b.1))
     };
-    let Some((model, mase)) = best(0..horizon) else {
+    let Some((model, mase)) = best(&tried, 0..horizon) else {
         // Too short to backtest: the simplest model that fits.
         return Ok(Choice::of(
             if season >= 2 && y.len() >= Model::SeasonalNaive.min_points(season) {
@@ -358,7 +362,7 @@ pub fn choose(y: &[f64], horizon: usize, settings: &Settings) -> Result<Choice, 
     // The intervals from more folds than the choice was made on (the model that won the
     // choice also looks better on its own folds than it will do next), each band's on its
     // own steps.
-    let calibrated = |m: Model| {
+    let calibrated = |tried: &[(Model, Backtest)], m: Model, long: usize| {
         let mut b = tried.iter().find(|t| t.0 == m).map(|t| t.1.clone())?;
         let older = settings.folds.max(1) + 1..=settings.calibration_folds;
         if !older.is_empty()
@@ -368,31 +372,29 @@ pub fn choose(y: &[f64], horizon: usize, settings: &Settings) -> Result<Choice, 
         }
         Some(b)
     };
-    let far = calibrated(model);
-    let near = (near >= 1)
-        .then(|| best(0..near))
-        .flatten()
-        .map(|(near_model, near_mase)| {
-            let b = if near_model == model {
-                far.clone()
-            } else {
-                calibrated(near_model)
-            };
-            Near {
-                model: near_model,
-                steps: near,
-                backtest_mase: near_mase,
-                interval_scale: b.map_or(1.0, |b| b.interval_scale(0..near)),
-            }
-        });
+    let long = if model.mstl() { long } else { 0 };
+    let far = calibrated(&tried, model, long);
+    let near =
+        (near >= 1)
+            .then(|| best(&plain, 0..near))
+            .flatten()
+            .map(|(near_model, near_mase)| {
+                let b = if near_model == model && long == 0 {
+                    far.clone()
+                } else {
+                    calibrated(&plain, near_model, 0)
+                };
+                Near {
+                    model: near_model,
+                    steps: near,
+                    backtest_mase: near_mase,
+                    interval_scale: b.map_or(1.0, |b| b.interval_scale(0..near)),
+                }
+            });
     Ok(Choice {
         model,
         season,
-        long_season: if model.mstl() || near.as_ref().is_some_and(|n| n.model.mstl()) {
-            long
-        } else {
-            0
-        },
+        long_season: long,
         backtest_mase: Some(mase),
         interval_scale: far.map_or(1.0, |b| {
             b.interval_scale(near.as_ref().map_or(0, |n| n.steps)..horizon)
@@ -415,10 +417,17 @@ pub fn forecast_with(
     let mut points = fits.predict(choice.model, horizon)?;
     let near = choice.near.as_ref().filter(|n| n.steps >= 1);
     let split = near.map_or(0, |n| n.steps.min(horizon));
+    // The near band never takes the long season: where the far model is decomposed by it,
+    // an MSTL near model is fitted again without.
+    let near_alone = choice.long_season > 0 && near.is_some_and(|n| n.model.mstl());
     if let Some(n) = near
-        && n.model != choice.model
+        && (n.model != choice.model || near_alone)
     {
-        let first = fits.predict(n.model, split)?;
+        let first = if near_alone {
+            Fits::new(y, (choice.season, 0)).predict(n.model, split)?
+        } else {
+            fits.predict(n.model, split)?
+        };
         points[..split].copy_from_slice(&first);
     }
     for (h, p) in points.iter_mut().enumerate() {

@@ -422,6 +422,13 @@ fn the_long_season_is_taken_where_two_of_it_precede_the_folds_and_it_forecasts_b
                 accuracy::mase(&next[..horizon], &mean, past, DAY)
             };
             let daily = forecast(past, horizon, &without).unwrap();
+            // The near band is chosen and forecast without the long season, as if none
+            // were given.
+            let plain = choose(past, horizon, &without).unwrap();
+            assert!(choice.near.is_some());
+            assert_eq!(choice.near, plain.near);
+            let steps = near_steps(horizon);
+            assert_eq!(f.points[..steps], daily.points[..steps]);
             assert!(
                 err(&f) < 0.5 * err(&daily),
                 "with the week {:.3}, without {:.3}",
