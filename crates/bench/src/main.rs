@@ -719,13 +719,14 @@ fn main() -> anyhow::Result<()> {
                 long_season,
                 horizons,
                 fixed: fixed
-                    .map(|m| serde_json::from_value(serde_json::json!(m)))
-                    .transpose()
-                    .map_err(|_| {
-                        anyhow::anyhow!(
-                            "--fixed: one of naive, seasonal-naive, ets, mstl-ets, mstl-ar"
-                        )
-                    })?,
+                    .map(|m| {
+                        orrery_forecast::Model::named(&m).ok_or_else(|| {
+                            anyhow::anyhow!(
+                                "--fixed: one of naive, seasonal-naive, ets, mstl-ets, mstl-ar"
+                            )
+                        })
+                    })
+                    .transpose()?,
                 limit: limit_series,
             }),
             Command::ForecastAccuracy {

@@ -179,16 +179,14 @@ impl Forecaster {
     pub fn resume(&mut self, stored: &[ClusterForecast]) {
         for f in stored {
             for (name, s) in &f.series {
-                let (Some(c), Ok(model)) = (
-                    &s.choice,
-                    serde_json::from_value::<orrery_forecast::Model>(serde_json::json!(s.model)),
-                ) else {
+                let (Some(c), Some(model)) = (&s.choice, orrery_forecast::Model::named(&s.model))
+                else {
                     continue;
                 };
                 // A near band whose model this build does not know is dropped: the series
                 // then forecasts its whole horizon with `model` until it is chosen again.
                 let near = c.near.as_ref().and_then(|n| {
-                    let model = serde_json::from_value(serde_json::json!(n.model)).ok()?;
+                    let model = orrery_forecast::Model::named(&n.model)?;
                     Some(Near {
                         model,
                         steps: n.steps,

@@ -70,6 +70,11 @@ impl Model {
         }
     }
 
+    /// The model of a [`Model::name`].
+    pub fn named(name: &str) -> Option<Model> {
+        Model::ALL.into_iter().find(|m| m.name() == name)
+    }
+
     /// Whether it forecasts by an MSTL decomposition (and so can take a long season).
     fn mstl(self) -> bool {
         matches!(self, Model::MstlEts | Model::MstlAr)
@@ -313,10 +318,11 @@ pub fn choose(y: &[f64], horizon: usize, settings: &Settings) -> Result<Choice, 
         .collect();
     let folds = 1..=settings.folds.max(1);
     let mut tried = backtest(&candidates, y, (season, 0), horizon, folds.clone(), scale);
-    // The near band's candidates: never with the long season. Over the first hour a week's
-    // pattern estimated from two or three weeks adds more noise than it tells (on held-out
-    // series the 1-hour MASE was 2-8 % worse with it, docs/benchmarks.md).
-    let plain = tried.clone();
+    // The near band's candidates, kept apart where the long season replaces them: never with
+    // it. Over the first hour a week's pattern estimated from two or three weeks adds more
+    // noise than it tells (on held-out series the 1-hour MASE was 2-8 % worse with it,
+    // docs/benchmarks.md).
+    let mut plain = None;
     // The long season where every fold's history holds two of it: the MSTL models with it
     // replace those without where the best of them forecast better with it.
     let mut long = 0;
@@ -337,6 +343,7 @@ pub fn choose(y: &[f64], horizon: usize, settings: &Settings) -> Result<Choice, 
             (a, _) => a.is_some(),
         };
         if better {
+            plain = Some(tried.clone());
             tried.retain(|(m, _)| !m.mstl());
             tried.extend(with);
             long = l;
@@ -373,16 +380,17 @@ pub fn choose(y: &[f64], horizon: usize, settings: &Settings) -> Result<Choice, 
         Some(b)
     };
     let long = if model.mstl() { long } else { 0 };
+    let plain = plain.as_deref().unwrap_or(&tried);
     let far = calibrated(&tried, model, long);
     let near =
         (near >= 1)
-            .then(|| best(&plain, 0..near))
+            .then(|| best(plain, 0..near))
             .flatten()
             .map(|(near_model, near_mase)| {
                 let b = if near_model == model && long == 0 {
                     far.clone()
                 } else {
-                    calibrated(&plain, near_model, 0)
+                    calibrated(plain, near_model, 0)
                 };
                 Near {
                     model: near_model,
