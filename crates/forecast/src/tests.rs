@@ -438,3 +438,38 @@ fn the_long_season_is_taken_where_two_of_it_precede_the_folds_and_it_forecasts_b
         }
     }
 }
+
+#[test]
+fn a_burst_stays_out_of_the_season_the_robust_decomposition_learns() {
+    // Twelve days of a daily cycle; on the last, a burst of 0.6 for six samples (a quarter
+    // of an hour's worth of samples at this scale). The season of the last cycle, which a
+    // forecast repeats, at the burst's phases: the plain fit takes part of the burst into
+    // it, the robust one (the one used) keeps it out.
+    let days = 12;
+    let mut y = series(days * DAY, 0.2, 0.0, 0.01, 7);
+    let burst = (days - 1) * DAY + 10..(days - 1) * DAY + 16;
+    for t in burst.clone() {
+        y[t] += 0.6;
+    }
+    let season = |h: usize| 0.2 * (std::f64::consts::TAU * h as f64 / DAY as f64).sin();
+    let worst = |robust: usize| {
+        let d = decompose_with(Model::MstlAr, &y, &[DAY], robust).expect("decomposed");
+        (10..16)
+            .map(|h| (d.cycle[h] - season(h)).abs())
+            .fold(0.0, f64::max)
+    };
+    let (plain, robust) = (worst(0), worst(ROBUST_PASSES));
+    assert!(plain > 0.05, "the plain fit takes in the burst: {plain}");
+    assert!(
+        robust < plain / 3.0 && robust < 0.03,
+        "the robust fit keeps it out: {robust} against {plain}"
+    );
+    // The burst is not lost: it is in the rest, where the forecast of the next steps sees it.
+    let d = decompose(Model::MstlAr, &y, &[DAY]).expect("decomposed");
+    let t = (days - 1) * DAY + 12;
+    assert!(
+        d.rest[t] - d.rest[t - DAY] > 0.4,
+        "{}",
+        d.rest[t] - d.rest[t - DAY]
+    );
+}

@@ -1,0 +1,94 @@
+//! What forecasting costs a series in the steady state, as the server spends it: a choice an
+//! hour (`choose`) and a forecast every 5 minutes (`forecast_with`), 6 hours ahead, on the
+//! newest `WINDOW` samples of each series of a `series_id,timestamp,value` CSV
+//! (`crates/bench/peers/make_series.py`). CPU is the thread's own (`/proc/thread-self/schedstat`).
+//!
+//! ```sh
+//! cargo run --release -p orrery-forecast --example steady_cpu -- FILE.csv WINDOW HOURS [LONG]
+//! ```
+//! `LONG`: samples per long season (the server's: 2016, a week of 5-minute samples; 0 none).
+//! The same file builds against older versions of the crate (the side-by-side runs of
+//! docs/benchmarks.md): for one without the long season, drop the `long_season` line.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use orrery_forecast::{Settings, choose, forecast_with};
+
+const SEASON: usize = 288;
+const HORIZON: usize = 72;
+const STEP: usize = 12;
+
+fn cpu() -> Duration {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
+    let ns = text
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0);
+    Duration::from_nanos(ns)
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() < 4 {
+        return Err("usage: steady_cpu FILE.csv WINDOW HOURS [LONG]".into());
+    }
+    let window: usize = args[2].parse()?;
+    let hours: usize = args[3].parse()?;
+    let long: usize = match args.get(4) {
+        Some(v) => v.parse()?,
+        None => 2016,
+    };
+    let text = std::fs::read_to_string(&args[1])?;
+    let mut series: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for line in text.lines().skip(1) {
+        let mut f = line.split(',');
+        let (Some(id), Some(_), Some(v)) = (f.next(), f.next(), f.next()) else {
+            continue;
+        };
+        if let Ok(v) = v.trim().parse::<f64>() {
+            series.entry(id.to_string()).or_default().push(v);
+        }
+    }
+    let settings = Settings {
+        season: Some(SEASON),
+        long_season: (long > 0).then_some(long),
+        ..Default::default()
+    };
+    let (mut choose_cpu, mut forecast_cpu) = (Duration::ZERO, Duration::ZERO);
+    let (mut chosen, mut forecasts) = (0usize, 0usize);
+    for y in series.values() {
+        // The last `hours` hours of the file, each from its own window of history.
+        for hour in (0..hours).rev() {
+            let end = y.len() - (hour + 1) * STEP * 12;
+            let Some(start) = end.checked_sub(window) else {
+                continue;
+            };
+            let t = cpu();
+            let Ok(choice) = choose(&y[start..end], HORIZON.min(SEASON), &settings) else {
+                continue;
+            };
+            choose_cpu += cpu() - t;
+            chosen += 1;
+            for k in 0..12 {
+                let (s, e) = (start + k * STEP, end + k * STEP);
+                if e > y.len() {
+                    break;
+                }
+                let t = cpu();
+                let _ = forecast_with(&choice, &y[s..e], HORIZON, &settings);
+                forecast_cpu += cpu() - t;
+                forecasts += 1;
+            }
+        }
+    }
+    let per = |d: Duration, n: usize| d.as_secs_f64() * 1000.0 / n.max(1) as f64;
+    let (c, f) = (per(choose_cpu, chosen), per(forecast_cpu, forecasts));
+    println!(
+        "{{\"file\":{:?},\"window\":{window},\"long_season\":{long},\"choices\":{chosen},\"forecasts\":{forecasts},\"ms_per_choice\":{c:.2},\"ms_per_forecast\":{f:.2},\"ms_per_series_hour\":{:.1}}}",
+        args[1],
+        c + 12.0 * f
+    );
+    Ok(())
+}
