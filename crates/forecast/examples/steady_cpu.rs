@@ -17,7 +17,8 @@ use orrery_forecast::{Settings, choose, forecast_with};
 
 const SEASON: usize = 288;
 const HORIZON: usize = 72;
-const STEP: usize = 12;
+/// Samples (and forecasts, one a sample) an hour.
+const HOUR: usize = 12;
 
 fn cpu() -> Duration {
     let text = std::fs::read_to_string("/proc/thread-self/schedstat").unwrap_or_default();
@@ -61,7 +62,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for y in series.values() {
         // The last `hours` hours of the file, each from its own window of history.
         for hour in (0..hours).rev() {
-            let end = y.len() - (hour + 1) * STEP * 12;
+            let Some(end) = y.len().checked_sub((hour + 1) * HOUR) else {
+                continue;
+            };
             let Some(start) = end.checked_sub(window) else {
                 continue;
             };
@@ -71,13 +74,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             choose_cpu += cpu() - t;
             chosen += 1;
-            for k in 0..12 {
-                let (s, e) = (start + k * STEP, end + k * STEP);
-                if e > y.len() {
-                    break;
-                }
+            // The hour's forecasts, each from the window one more sample on.
+            for k in 0..HOUR {
                 let t = cpu();
-                let _ = forecast_with(&choice, &y[s..e], HORIZON, &settings);
+                let _ = forecast_with(&choice, &y[start + k..end + k], HORIZON, &settings);
                 forecast_cpu += cpu() - t;
                 forecasts += 1;
             }
@@ -88,7 +88,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "{{\"file\":{:?},\"window\":{window},\"long_season\":{long},\"choices\":{chosen},\"forecasts\":{forecasts},\"ms_per_choice\":{c:.2},\"ms_per_forecast\":{f:.2},\"ms_per_series_hour\":{:.1}}}",
         args[1],
-        c + 12.0 * f
+        c + HOUR as f64 * f
     );
     Ok(())
 }
