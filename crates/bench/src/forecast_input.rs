@@ -38,6 +38,10 @@ pub struct InputArgs {
     pub fixed: Option<Model>,
     /// Only the first this many series.
     pub limit: Option<usize>,
+    /// Hours between two choices, as the server makes them: the model at an origin is the
+    /// one chosen at the last multiple of this since the series' first sample (`None`: chosen
+    /// at every origin, on the history up to it).
+    pub choose_every_hours: Option<usize>,
 }
 
 /// A series from the file.
@@ -175,9 +179,11 @@ pub fn run(args: InputArgs) -> anyhow::Result<()> {
                     };
                     orrery_forecast::forecast_with(&choice, past, hmax, &settings)?
                 }
-                // As the server: chosen by a backtest over the horizon (at most a season).
+                // As the server: chosen by a backtest over the horizon (at most a season), on
+                // the history at the last choice.
                 None => {
-                    let choice = orrery_forecast::choose(past, hmax.min(season), &settings)?;
+                    let at = chosen_at(o, args.choose_every_hours, s.step);
+                    let choice = orrery_forecast::choose(&s.y[..at], hmax.min(season), &settings)?;
                     orrery_forecast::forecast_with(&choice, past, hmax, &settings)?
                 }
             };
@@ -225,9 +231,21 @@ pub fn run(args: InputArgs) -> anyhow::Result<()> {
             "models": sc.models,
             "long_season_origins": sc.long,
             "ms_per_forecast": round(mean(&sc.ms), 2),
+            "choose_every_hours": args.choose_every_hours,
         }));
     }
     Ok(())
+}
+
+/// Where the choice an origin `o` forecasts with was made: `o` itself, or the last multiple
+/// of `every` hours (of samples `step` seconds apart) at or before it, never before the
+/// second sample.
+fn chosen_at(o: usize, every_hours: Option<usize>, step: i64) -> usize {
+    let Some(h) = every_hours.filter(|h| *h > 0) else {
+        return o;
+    };
+    let every = (h as i64 * 3600 / step.max(1)).max(1) as usize;
+    (o - o % every).max(2.min(o))
 }
 
 #[cfg(test)]
@@ -260,5 +278,20 @@ mod tests {
         assert!(read(&p).is_err());
         let (_d, p) = file("a,0,1\n");
         assert!(read(&p).is_err());
+    }
+
+    #[test]
+    fn a_choice_is_made_at_the_last_multiple_of_its_period_before_the_origin() {
+        // 5-minute samples: 12 an hour.
+        assert_eq!(chosen_at(100, None, 300), 100);
+        assert_eq!(chosen_at(100, Some(0), 300), 100);
+        assert_eq!(chosen_at(100, Some(1), 300), 96);
+        assert_eq!(chosen_at(96, Some(1), 300), 96);
+        assert_eq!(chosen_at(100, Some(2), 300), 96);
+        assert_eq!(chosen_at(100, Some(3), 300), 72);
+        // Minute samples: 60 an hour.
+        assert_eq!(chosen_at(100, Some(1), 60), 60);
+        // Never on less than two samples.
+        assert_eq!(chosen_at(10, Some(1), 300), 2);
     }
 }

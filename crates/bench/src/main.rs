@@ -423,9 +423,12 @@ enum Command {
         /// `history_points_kept`).
         #[arg(long, value_parser = clap::value_parser!(u64).range(2..))]
         window: Option<u64>,
-        /// Hours between two choices of a series' model (the server's: one).
-        #[arg(long, default_value_t = 1)]
-        choose_every: usize,
+        /// Hours between two choices of a series' model (the server's: one). With `--input`,
+        /// when given, the model at an origin is the one chosen at the last multiple of it
+        /// since the series' first sample, on the history then (not given: chosen at every
+        /// origin).
+        #[arg(long)]
+        choose_every: Option<usize>,
         /// Series of your own instead of the simulator's: a CSV of `series_id,timestamp,value`
         /// (timestamps RFC 3339 or unix seconds, evenly spaced), forecast at rolling origins as
         /// `crates/bench/peers/run_statsforecast.py` forecasts them.
@@ -702,7 +705,7 @@ fn main() -> anyhow::Result<()> {
                 history: _,
                 test: _,
                 window: _,
-                choose_every: _,
+                choose_every,
                 input: Some(path),
                 origins,
                 stride,
@@ -728,6 +731,7 @@ fn main() -> anyhow::Result<()> {
                     })
                     .transpose()?,
                 limit: limit_series,
+                choose_every_hours: choose_every,
             }),
             Command::ForecastAccuracy {
                 seed,
@@ -741,7 +745,7 @@ fn main() -> anyhow::Result<()> {
                 history,
                 test,
                 window: window.map(|w| w as usize),
-                choose_every,
+                choose_every: choose_every.unwrap_or(1),
             }),
             Command::Elastic {
                 seeds,

@@ -8,7 +8,8 @@
 //! The series are the 5-minute averages when the season holds at least 24 of them (a day:
 //! 288), else the raw samples (a test's short season). The history is read from the store
 //! once at start, then fed by the monitoring loop sample by sample. A series' model is chosen
-//! again every `choose_every` (at most a 24th of a season), less often in a large fleet (up to
+//! again every `choose_every` (at most a 24th of a season; twice that once the history holds
+//! the weekly season's backtest, which costs a choice twice as much), less often in a large fleet (up to
 //! a quarter of a season: choosing is most of a round's CPU); in between each round only fits
 //! the chosen one.
 //!
@@ -220,14 +221,35 @@ impl Forecaster {
     /// Seconds between two choices of a series' model now: `choose_every`, times as many
     /// `choose_series` as the fleet has series, up to a quarter of a season.
     pub fn choose_every_seconds(&self) -> i64 {
+        self.choose_after(0)
+    }
+
+    /// Seconds until a series whose model was chosen on `n` samples is chosen again:
+    /// [`choose_every_seconds`](Self::choose_every_seconds), twice that where `n` held the
+    /// weekly season before every fold of the backtest, up to a quarter of a season. Such a
+    /// choice backtests the MSTL models twice (with and without the week, whichever wins),
+    /// which doubled its CPU and took the steady state to 2.5x the forecaster's before the
+    /// week; choosing those every two hours keeps it within 2x, and on held-out series of 20
+    /// and 28 days (all of them that long) it forecast as well (MASE at 1 h +1 %, at 6 h the
+    /// same, docs/benchmarks.md).
+    pub fn choose_after(&self, n: usize) -> i64 {
         let shares = self
             .history
             .len()
             .div_ceil(self.cfg.choose_series.max(1))
             .max(1);
+        let folds = orrery_forecast::Settings::default().folds;
+        let week = self.cfg.long_season >= 2
+            && n >= 2 * self.season * self.cfg.long_season
+                + 2
+                + folds * self.horizon.min(self.season);
+        let long = if week { 2 } else { 1 };
         // `choose_every` is at most a 24th of the season, so never over this.
         let quarter = self.cfg.season.as_secs().max(1) as i64 / 4;
-        self.choose_every.saturating_mul(shares as i64).min(quarter)
+        self.choose_every
+            .saturating_mul(shares as i64)
+            .saturating_mul(long)
+            .min(quarter)
     }
 
     /// The most points any series holds.
@@ -387,7 +409,6 @@ impl Forecaster {
             long_season: (self.cfg.long_season >= 2).then(|| self.season * self.cfg.long_season),
             ..Default::default()
         };
-        let choose_every = self.choose_every_seconds();
         let mut out: BTreeMap<String, ClusterForecast> = BTreeMap::new();
         // The history is ordered by cluster, so a cluster's series come together.
         let (clusters, mut looked) = (clusters.max(1), 0);
@@ -414,7 +435,7 @@ impl Forecaster {
             let fresh = self
                 .choices
                 .get(&key)
-                .filter(|(_, at, n)| now - at < choose_every && y.len() < 2 * n)
+                .filter(|(_, at, n)| now - at < self.choose_after(*n) && y.len() < 2 * n)
                 .map(|(c, _, _)| c.clone());
             let choice = match fresh {
                 Some(c) => c,
@@ -1467,6 +1488,16 @@ mod tests {
                 "{clusters} clusters: chosen again"
             );
         }
+        // A choice on history long enough to backtest the weekly season (two weeks before
+        // eight folds of the horizon, here 10 s a step) stands twice as long, up to the
+        // quarter.
+        let f = new();
+        let week = 2 * f.season * 7 + 2 + 8 * f.horizon.min(f.season);
+        assert_eq!(f.choose_after(week - 1), 10);
+        assert_eq!(f.choose_after(week), 20);
+        let mut f = new();
+        feed(&mut f, 10, 0..100);
+        assert_eq!(f.choose_after(week), 60, "at most a quarter of a season");
     }
 
     /// A day's season of 5-minute averages.
