@@ -230,7 +230,7 @@ impl Forecaster {
     /// choice backtests the MSTL models twice (with and without the week, whichever wins),
     /// which doubled its CPU and took the steady state to 2.5x the forecaster's before the
     /// week; choosing those every two hours keeps it within 2x, and on held-out series of 20
-    /// and 28 days (all of them that long) it forecast as well (MASE at 1 h +1 %, at 6 h the
+    /// and 28 days (all of them that long) it forecast as well (MASE at 1 h +0.3 %, at 6 h the
     /// same, docs/benchmarks.md).
     pub fn choose_after(&self, n: usize) -> i64 {
         let shares = self
