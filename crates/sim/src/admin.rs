@@ -15,8 +15,6 @@
 //! - `PUT /clusters/{name}/load` `{"load": 0.8}`: the background load, a fraction of capacity;
 //! - `POST /clusters/{name}/objects` with a manifest: an object made in the member by someone
 //!   else than Orrery (unmanaged, unless its labels say otherwise), to test conflicts;
-//!   `DELETE /clusters/{name}/objects` with one (its apiVersion, kind and metadata): the
-//!   object removed there by someone else;
 //! - `GET /stats` (`?reset=true` to start afresh): heartbeat and report round-trip times.
 
 use std::collections::HashMap;
@@ -146,28 +144,6 @@ async fn handle(
                         Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
                     },
                     Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid manifest: {e}")),
-                },
-                (&Method::DELETE, ["objects"]) => match serde_json::from_slice::<Value>(&body) {
-                    Ok(o) => match ResourceIdentifier::of(0, &o) {
-                        Some(id) => match orrery_agent::backend::Backend::delete(
-                            sim.as_ref(),
-                            &id,
-                            &orrery_agent::backend::Cause {
-                                reason: "removed through the admin endpoint",
-                                ..Default::default()
-                            },
-                        )
-                        .await
-                        {
-                            Ok(()) => reply(StatusCode::OK, o),
-                            Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
-                        },
-                        None => error(
-                            StatusCode::BAD_REQUEST,
-                            "an object needs apiVersion, kind and metadata.name",
-                        ),
-                    },
-                    Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid object: {e}")),
                 },
                 (&Method::PUT, ["objects", "status"]) => {
                     // What a member's own controller writes into an object's status.

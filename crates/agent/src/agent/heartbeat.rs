@@ -83,101 +83,6 @@ pub(super) fn cluster_status(
     status
 }
 
-/// The fields of a Cluster's status the agent writes ([`cluster_status`]): one it no longer
-/// reports (the last data set gone, no export left) is removed; the server's own (its
-/// forecast, its placement figures) are left alone.
-pub(super) const AGENT_FIELDS: &[&str] = &[
-    "conditions",
-    "lastHeartbeatTime",
-    "caBundleHash",
-    "kubernetesVersion",
-    "apiEnablements",
-    "nodeSummary",
-    "resourceSummary",
-    "largestNodeFree",
-    "network",
-    "properties",
-    "storageClasses",
-    "dataSets",
-    "serviceExports",
-];
-
-/// How long heartbeats go sending only what differs from the server's answer before one
-/// writes every field of the agent's again (mends what another writer changed unseen).
-pub(super) const FULL_STATUS_EVERY: Duration = Duration::from_secs(60);
-
-/// The merge patch (RFC 7386) of the status that makes the server's `has` say `want`: as
-/// kubelet patches a Node's status with the difference, a beat where only the usage moved
-/// sends the usage, not the API list and properties that did not change (a Cluster's status
-/// is several KB, parsed, validated and merged at every beat). Without `has`, `want` whole.
-/// Either way an agent field `want` no longer holds is removed (`null`), which the whole
-/// status as a merge patch never did. The conditions and the beat's time are always sent:
-/// the server changes conditions too (a member gone quiet is made Unknown), and a beat
-/// answered from a stale `has` must still set them.
-pub(super) fn status_patch(has: Option<&Value>, want: &Value) -> Value {
-    let empty = serde_json::Map::new();
-    let h = has.and_then(Value::as_object).unwrap_or(&empty);
-    let mut out = serde_json::Map::new();
-    if let Some(w) = want.as_object() {
-        for (k, wv) in w {
-            let always = k == "conditions" || k == "lastHeartbeatTime";
-            match h.get(k) {
-                Some(hv) if has.is_some() && !always => {
-                    if let Some(d) = merge_diff(hv, wv) {
-                        out.insert(k.clone(), d);
-                    }
-                }
-                // A field not reported: removed below, with those left out.
-                _ if wv.is_null() => {}
-                _ => {
-                    out.insert(k.clone(), wv.clone());
-                }
-            }
-        }
-    }
-    for k in AGENT_FIELDS {
-        let gone = want.get(*k).is_none_or(Value::is_null);
-        if gone && (has.is_none() || h.contains_key(*k)) {
-            out.insert((*k).to_string(), Value::Null);
-        }
-    }
-    Value::Object(out)
-}
-
-/// The merge patch that takes `has` to `want` (`None`: they are the same). Objects are
-/// compared member by member, anything else whole (a merge patch replaces arrays).
-fn merge_diff(has: &Value, want: &Value) -> Option<Value> {
-    match (has, want) {
-        (Value::Object(h), Value::Object(w)) => {
-            let mut out = serde_json::Map::new();
-            for (k, wv) in w {
-                match h.get(k) {
-                    _ if wv.is_null() => {
-                        if h.contains_key(k) {
-                            out.insert(k.clone(), Value::Null);
-                        }
-                    }
-                    Some(hv) => {
-                        if let Some(d) = merge_diff(hv, wv) {
-                            out.insert(k.clone(), d);
-                        }
-                    }
-                    None => {
-                        out.insert(k.clone(), wv.clone());
-                    }
-                }
-            }
-            for k in h.keys() {
-                if !w.contains_key(k) {
-                    out.insert(k.clone(), Value::Null);
-                }
-            }
-            (!out.is_empty()).then_some(Value::Object(out))
-        }
-        _ => (has != want).then(|| want.clone()),
-    }
-}
-
 /// How long a status that has not changed goes unwritten at most: the Lease's renewals stand
 /// for it meanwhile (Kubernetes' kubelet waits 5 minutes; a Cluster's figures are read by
 /// more, so a minute).
@@ -193,9 +98,6 @@ pub(super) struct Beats {
     /// The status last written (as [`comparable`] makes it), when, and the Cluster's
     /// resourceVersion after it.
     pub(super) written: Option<(Value, Instant, String)>,
-    /// The Cluster's status as the server last answered it, and when the agent last wrote
-    /// all of its fields: a heartbeat in between sends only what differs from it.
-    pub(super) has: Option<(Value, Instant)>,
     /// The Lease as last read or renewed.
     pub(super) lease: Option<Object>,
     /// When the server last had no Lease for us (or forbade it).
@@ -428,9 +330,6 @@ pub(super) async fn heartbeat(
                 }
                 Ok(c) => {
                     *conds = cluster::ClusterStatus::of(&c).conditions;
-                    // What the server has now is what the beat's patch is made against.
-                    let full_at = beats.has.take().map(|(_, at)| at);
-                    beats.has = c.status.clone().zip(full_at);
                     status = cluster_status(
                         &report,
                         conds,
@@ -446,16 +345,8 @@ pub(super) async fn heartbeat(
         }
     }
     let sent = Instant::now();
-    // Taken out while the write is under way: a beat that fails or is given up leaves no
-    // answer to make the next patch against, and the next one writes every field.
-    let has = beats
-        .has
-        .take()
-        .filter(|(_, full)| full.elapsed() < FULL_STATUS_EVERY);
-    let patch = status_patch(has.as_ref().map(|(v, _)| v), &status);
-    let full_at = has.map_or(sent, |(_, at)| at);
-    let written = status;
-    let answer = t.heartbeat(patch).await;
+    let written = status.clone();
+    let answer = t.heartbeat(status).await;
     timed(inner, sent.elapsed());
     if let (Some(h), true) = (&inner.cfg.health, answer.is_ok()) {
         h.heartbeat(true);
@@ -464,7 +355,6 @@ pub(super) async fn heartbeat(
         Ok(c) if c.metadata.deletion_timestamp.is_some() => Ok(Some(Stopped::Unregistered)),
         Ok(c) => {
             beats.written = Some((written, sent, c.metadata.resource_version.clone()));
-            beats.has = c.status.clone().map(|s| (s, full_at));
             if let Some(s) = c
                 .status
                 .and_then(|s| serde_json::from_value::<cluster::ClusterStatus>(s).ok())
