@@ -238,11 +238,13 @@ impl Forecaster {
             .len()
             .div_ceil(self.cfg.choose_series.max(1))
             .max(1);
-        let folds = orrery_forecast::Settings::default().folds;
-        let week = self.cfg.long_season >= 2
-            && n >= 2 * self.season * self.cfg.long_season
-                + 2
-                + folds * self.horizon.min(self.season);
+        let week = orrery_forecast::backtests_long_season(
+            n,
+            self.season,
+            self.season * self.cfg.long_season,
+            self.horizon.min(self.season),
+            orrery_forecast::FOLDS,
+        );
         let long = if week { 2 } else { 1 };
         // `choose_every` is at most a 24th of the season, so never over this.
         let quarter = self.cfg.season.as_secs().max(1) as i64 / 4;

@@ -179,7 +179,7 @@ impl Default for Settings {
             season: None,
             long_season: None,
             season_range: (4, 2048),
-            folds: 8,
+            folds: FOLDS,
             calibration_folds: 8,
             candidates: Model::ALL.to_vec(),
             non_negative: true,
@@ -300,6 +300,21 @@ pub fn near_steps(horizon: usize) -> usize {
     horizon / 6
 }
 
+/// The backtest folds of [`Settings::default`].
+pub const FOLDS: usize = 8;
+
+/// Whether a choice on `n` points backtests the MSTL models with the long season `long` too
+/// (every fold's history holds two of it): such a choice fits the MSTL models twice.
+pub fn backtests_long_season(
+    n: usize,
+    season: usize,
+    long: usize,
+    horizon: usize,
+    folds: usize,
+) -> bool {
+    season >= 2 && long > season && n >= 2 * long + 2 + folds * horizon
+}
+
 /// Chooses the model for `y` by a rolling backtest `horizon` steps ahead, and the model of
 /// the horizon's first sixth by the same backtest's first steps.
 pub fn choose(y: &[f64], horizon: usize, settings: &Settings) -> Result<Choice, ForecastError> {
@@ -330,7 +345,7 @@ pub fn choose(y: &[f64], horizon: usize, settings: &Settings) -> Result<Choice, 
     let mut long = 0;
     if let Some(l) = settings
         .long_season
-        .filter(|&l| season >= 2 && l > season && y.len() >= 2 * l + 2 + *folds.end() * horizon)
+        .filter(|&l| backtests_long_season(y.len(), season, l, horizon, *folds.end()))
     {
         let mstl: Vec<Model> = candidates.iter().copied().filter(|m| m.mstl()).collect();
         let with = backtest(&mstl, y, (season, l), horizon, folds.clone(), scale);
