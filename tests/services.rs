@@ -510,6 +510,28 @@ fn a_headless_service_resolves_to_its_endpoints_and_prefer_local_keeps_traffic_h
             })
         },
     );
+    // The export removed in c: its Cluster no longer lists it (the heartbeat removes what
+    // the member stopped reporting), and the import that was c's alone goes.
+    let (code, body) = common::http(
+        "DELETE",
+        f.admin("c"),
+        "/clusters/c/objects",
+        r#"{"apiVersion": "multicluster.x-k8s.io/v1alpha1", "kind": "ServiceExport",
+            "metadata": {"name": "cache", "namespace": "default"}}"#,
+    );
+    assert_eq!(code, 200, "{body}");
+    eventually(
+        Duration::from_secs(30),
+        "c's withdrawn export gone from its Cluster and its import",
+        || {
+            let c = f.s.get_json(&["cluster", "c"]);
+            let i = f.s.get_json(&["serviceimports", "-n", "default"]);
+            c["status"].get("serviceExports").is_none()
+                && !i["items"]
+                    .as_array()
+                    .is_some_and(|items| items.iter().any(|i| i["metadata"]["name"] == "cache"))
+        },
+    );
 }
 
 /// Karmada's older multi-cluster service sample: a ServiceImport the user makes in the control

@@ -197,8 +197,8 @@ impl Transport {
         }))
     }
 
-    /// Writes the cluster's status (a merge patch of the status subresource) and returns the
-    /// Cluster as stored.
+    /// Writes the cluster's status (`status`, a merge patch of the status subresource's
+    /// `status`) and returns the Cluster as stored.
     pub async fn heartbeat(&self, status: Value) -> Result<Object, TransportError> {
         let patch = json!({ "status": status });
         let req = self.clusters.patch_subresource(

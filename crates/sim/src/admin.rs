@@ -15,6 +15,8 @@
 //! - `PUT /clusters/{name}/load` `{"load": 0.8}`: the background load, a fraction of capacity;
 //! - `POST /clusters/{name}/objects` with a manifest: an object made in the member by someone
 //!   else than Orrery (unmanaged, unless its labels say otherwise), to test conflicts;
+//!   `DELETE /clusters/{name}/objects` with one (its apiVersion, kind and metadata): the
+//!   object removed there by someone else;
 //! - `GET /stats` (`?reset=true` to start afresh): heartbeat and report round-trip times.
 
 use std::collections::HashMap;
@@ -125,67 +127,8 @@ async fn handle(
                         }
                     }
                 }
-                (&Method::POST, ["objects"]) => match serde_json::from_slice::<Value>(&body) {
-                    Ok(m) => match orrery_agent::backend::Backend::apply(
-                        sim.as_ref(),
-                        &m,
-                        false,
-                        &orrery_agent::backend::Cause {
-                            reason: "made through the admin endpoint",
-                            ..Default::default()
-                        },
-                    )
-                    .await
-                    {
-                        Ok(()) => reply(StatusCode::CREATED, m),
-                        Err(orrery_agent::backend::BackendError::Conflict(what)) => {
-                            error(StatusCode::CONFLICT, format!("{what} exists already"))
-                        }
-                        Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
-                    },
-                    Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid manifest: {e}")),
-                },
-                (&Method::PUT, ["objects", "status"]) => {
-                    // What a member's own controller writes into an object's status.
-                    match serde_json::from_slice::<Value>(&body) {
-                        Ok(o) => match ResourceIdentifier::of(0, &o) {
-                            Some(id) => {
-                                let status = o.get("status").cloned().unwrap_or(Value::Null);
-                                if sim.set_status(&id, status) {
-                                    reply(StatusCode::OK, o)
-                                } else {
-                                    error(StatusCode::NOT_FOUND, format!("no {}", id.describe()))
-                                }
-                            }
-                            None => error(
-                                StatusCode::BAD_REQUEST,
-                                "an object needs apiVersion, kind and metadata.name",
-                            ),
-                        },
-                        Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid object: {e}")),
-                    }
-                }
-                (&Method::PUT, ["objects", "spec"]) => {
-                    // What someone in the member writes into a custom object's spec.
-                    match serde_json::from_slice::<Value>(&body) {
-                        Ok(o) => match ResourceIdentifier::of(0, &o) {
-                            Some(id) => {
-                                let spec = o.get("spec").cloned().unwrap_or(Value::Null);
-                                match sim.set_spec(&id, &spec) {
-                                    Ok(()) => reply(StatusCode::OK, o),
-                                    Err(why) => error(
-                                        StatusCode::CONFLICT,
-                                        format!("{}: {why}", id.describe()),
-                                    ),
-                                }
-                            }
-                            None => error(
-                                StatusCode::BAD_REQUEST,
-                                "an object needs apiVersion, kind and metadata.name",
-                            ),
-                        },
-                        Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid object: {e}")),
-                    }
+                (m, ["objects", ..]) if m != Method::GET => {
+                    object_write(&sim, &method, rest, &body).await
                 }
                 (&Method::PUT, ["faults"]) => match serde_json::from_slice::<FaultsBody>(&body) {
                     Ok(f) => {
@@ -213,6 +156,102 @@ async fn handle(
                     Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid load: {e}")),
                 },
                 _ => error(StatusCode::NOT_FOUND, "no such endpoint"),
+            }
+        }
+        _ => error(StatusCode::NOT_FOUND, "no such endpoint"),
+    }
+}
+
+/// A write to the member's objects, as someone in the member makes it: create, delete, or
+/// set an object's status or spec.
+async fn object_write(
+    sim: &SimCluster,
+    method: &Method,
+    rest: &[&str],
+    body: &[u8],
+) -> Response<Full<Bytes>> {
+    match (method, rest) {
+        (&Method::POST, ["objects"]) => match serde_json::from_slice::<Value>(body) {
+            Ok(m) => match orrery_agent::backend::Backend::apply(
+                sim,
+                &m,
+                false,
+                &orrery_agent::backend::Cause {
+                    reason: "made through the admin endpoint",
+                    ..Default::default()
+                },
+            )
+            .await
+            {
+                Ok(()) => reply(StatusCode::CREATED, m),
+                Err(orrery_agent::backend::BackendError::Conflict(what)) => {
+                    error(StatusCode::CONFLICT, format!("{what} exists already"))
+                }
+                Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+            },
+            Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid manifest: {e}")),
+        },
+        (&Method::DELETE, ["objects"]) => match serde_json::from_slice::<Value>(body) {
+            Ok(o) => match ResourceIdentifier::of(0, &o) {
+                Some(id) => match orrery_agent::backend::Backend::delete(
+                    sim,
+                    &id,
+                    &orrery_agent::backend::Cause {
+                        reason: "removed through the admin endpoint",
+                        ..Default::default()
+                    },
+                )
+                .await
+                {
+                    Ok(()) => reply(StatusCode::OK, o),
+                    Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+                },
+                None => error(
+                    StatusCode::BAD_REQUEST,
+                    "an object needs apiVersion, kind and metadata.name",
+                ),
+            },
+            Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid object: {e}")),
+        },
+        (&Method::PUT, ["objects", "status"]) => {
+            // What a member's own controller writes into an object's status.
+            match serde_json::from_slice::<Value>(body) {
+                Ok(o) => match ResourceIdentifier::of(0, &o) {
+                    Some(id) => {
+                        let status = o.get("status").cloned().unwrap_or(Value::Null);
+                        if sim.set_status(&id, status) {
+                            reply(StatusCode::OK, o)
+                        } else {
+                            error(StatusCode::NOT_FOUND, format!("no {}", id.describe()))
+                        }
+                    }
+                    None => error(
+                        StatusCode::BAD_REQUEST,
+                        "an object needs apiVersion, kind and metadata.name",
+                    ),
+                },
+                Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid object: {e}")),
+            }
+        }
+        (&Method::PUT, ["objects", "spec"]) => {
+            // What someone in the member writes into a custom object's spec.
+            match serde_json::from_slice::<Value>(body) {
+                Ok(o) => match ResourceIdentifier::of(0, &o) {
+                    Some(id) => {
+                        let spec = o.get("spec").cloned().unwrap_or(Value::Null);
+                        match sim.set_spec(&id, &spec) {
+                            Ok(()) => reply(StatusCode::OK, o),
+                            Err(why) => {
+                                error(StatusCode::CONFLICT, format!("{}: {why}", id.describe()))
+                            }
+                        }
+                    }
+                    None => error(
+                        StatusCode::BAD_REQUEST,
+                        "an object needs apiVersion, kind and metadata.name",
+                    ),
+                },
+                Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid object: {e}")),
             }
         }
         _ => error(StatusCode::NOT_FOUND, "no such endpoint"),

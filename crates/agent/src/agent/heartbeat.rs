@@ -70,17 +70,97 @@ pub(super) fn cluster_status(
             s["network"]["serverLatencyMs"] = json!(l);
         }
         s["properties"] = json!(r.properties);
-        if !r.storage_classes.is_empty() {
-            s["storageClasses"] = json!(r.storage_classes);
-        }
-        if !r.data_sets.is_empty() {
-            s["dataSets"] = json!(r.data_sets);
-        }
-        if !r.service_exports.is_empty() {
-            s["serviceExports"] = json!(r.service_exports);
+        // A list the member no longer holds anything in is removed (`null` in the merge
+        // patch): its last ServiceExport withdrawn, its last data set gone. A member that
+        // could not be read sends none of these, and its last figures stay.
+        let listed = |v: Value| {
+            if v.as_array().is_some_and(|a| !a.is_empty()) {
+                v
+            } else {
+                Value::Null
+            }
+        };
+        s["storageClasses"] = listed(json!(r.storage_classes));
+        s["dataSets"] = listed(json!(r.data_sets));
+        s["serviceExports"] = listed(json!(r.service_exports));
+        if s.get("network").is_none() {
+            s["network"] = Value::Null;
         }
     }
     status
+}
+
+/// How long heartbeats go sending only what differs from the server's answer before one
+/// writes every field of the agent's again (mends what another writer changed unseen).
+pub(super) const FULL_STATUS_EVERY: Duration = Duration::from_secs(60);
+
+/// The merge patch (RFC 7386) of the status that makes the server's `has` say `want`: as
+/// kubelet patches a Node's status with the difference, a beat where only the usage moved
+/// sends the usage, not the API list and properties that did not change (a Cluster's status
+/// is several KB, parsed, validated and merged at every beat). Without `has`, `want` whole.
+/// A field `want` holds as `null` (a list the member emptied) is removed; one it leaves out
+/// is left as it is (the server's own, and the last figures of a member that could not be
+/// read). The conditions and the beat's time are always sent: the server changes conditions
+/// too (a member gone quiet is made Unknown), and a beat answered from a stale `has` must
+/// still set them.
+pub(super) fn status_patch(has: Option<&Value>, want: &Value) -> Value {
+    let (Some(h), Some(w)) = (has.and_then(Value::as_object), want.as_object()) else {
+        return want.clone();
+    };
+    let mut out = serde_json::Map::new();
+    for (k, wv) in w {
+        let always = k == "conditions" || k == "lastHeartbeatTime";
+        match h.get(k) {
+            _ if wv.is_null() => {
+                if h.contains_key(k) {
+                    out.insert(k.clone(), Value::Null);
+                }
+            }
+            Some(hv) if !always => {
+                if let Some(d) = merge_diff(hv, wv) {
+                    out.insert(k.clone(), d);
+                }
+            }
+            _ => {
+                out.insert(k.clone(), wv.clone());
+            }
+        }
+    }
+    Value::Object(out)
+}
+
+/// The merge patch that takes `has` to `want` (`None`: they are the same). Objects are
+/// compared member by member, anything else whole (a merge patch replaces arrays).
+fn merge_diff(has: &Value, want: &Value) -> Option<Value> {
+    match (has, want) {
+        (Value::Object(h), Value::Object(w)) => {
+            let mut out = serde_json::Map::new();
+            for (k, wv) in w {
+                match h.get(k) {
+                    _ if wv.is_null() => {
+                        if h.contains_key(k) {
+                            out.insert(k.clone(), Value::Null);
+                        }
+                    }
+                    Some(hv) => {
+                        if let Some(d) = merge_diff(hv, wv) {
+                            out.insert(k.clone(), d);
+                        }
+                    }
+                    None => {
+                        out.insert(k.clone(), wv.clone());
+                    }
+                }
+            }
+            for k in h.keys() {
+                if !w.contains_key(k) {
+                    out.insert(k.clone(), Value::Null);
+                }
+            }
+            (!out.is_empty()).then_some(Value::Object(out))
+        }
+        _ => (has != want).then(|| want.clone()),
+    }
 }
 
 /// How long a status that has not changed goes unwritten at most: the Lease's renewals stand
@@ -98,6 +178,9 @@ pub(super) struct Beats {
     /// The status last written (as [`comparable`] makes it), when, and the Cluster's
     /// resourceVersion after it.
     pub(super) written: Option<(Value, Instant, String)>,
+    /// The Cluster's status as the server last answered it, and when the agent last wrote
+    /// all of its fields: a heartbeat in between sends only what differs from it.
+    pub(super) has: Option<(Value, Instant)>,
     /// The Lease as last read or renewed.
     pub(super) lease: Option<Object>,
     /// When the server last had no Lease for us (or forbade it).
@@ -330,6 +413,9 @@ pub(super) async fn heartbeat(
                 }
                 Ok(c) => {
                     *conds = cluster::ClusterStatus::of(&c).conditions;
+                    // What the server has now is what the beat's patch is made against.
+                    let full_at = beats.has.take().map(|(_, at)| at);
+                    beats.has = c.status.clone().zip(full_at);
                     status = cluster_status(
                         &report,
                         conds,
@@ -345,8 +431,16 @@ pub(super) async fn heartbeat(
         }
     }
     let sent = Instant::now();
-    let written = status.clone();
-    let answer = t.heartbeat(status).await;
+    // Taken out while the write is under way: a beat that fails or is given up leaves no
+    // answer to make the next patch against, and the next one writes every field.
+    let has = beats
+        .has
+        .take()
+        .filter(|(_, full)| full.elapsed() < FULL_STATUS_EVERY);
+    let patch = status_patch(has.as_ref().map(|(v, _)| v), &status);
+    let full_at = has.map_or(sent, |(_, at)| at);
+    let written = status;
+    let answer = t.heartbeat(patch).await;
     timed(inner, sent.elapsed());
     if let (Some(h), true) = (&inner.cfg.health, answer.is_ok()) {
         h.heartbeat(true);
@@ -355,6 +449,7 @@ pub(super) async fn heartbeat(
         Ok(c) if c.metadata.deletion_timestamp.is_some() => Ok(Some(Stopped::Unregistered)),
         Ok(c) => {
             beats.written = Some((written, sent, c.metadata.resource_version.clone()));
+            beats.has = c.status.clone().map(|s| (s, full_at));
             if let Some(s) = c
                 .status
                 .and_then(|s| serde_json::from_value::<cluster::ClusterStatus>(s).ok())

@@ -293,6 +293,161 @@ fn a_status_is_written_again_only_when_it_says_something_new() {
     assert!(!same_status(&written, &odd));
 }
 
+/// The status a beat wants: a member read says which lists it emptied (`null`, removed by the
+/// patch); a member that could not be read says nothing of its figures, so they stay.
+#[test]
+fn a_status_removes_emptied_lists_and_keeps_an_unread_members_figures() {
+    let t = MicroTime::now().time();
+    let read = Ok(MemberReport {
+        healthy: true,
+        ..Default::default()
+    });
+    let s = cluster_status(&read, &mut Vec::new(), t, false, None, "h");
+    for k in ["storageClasses", "dataSets", "serviceExports", "network"] {
+        assert!(s.get(k).is_some_and(Value::is_null), "{k}: {s}");
+    }
+    assert!(s["resourceSummary"].is_object());
+    let unread = Err(BackendError::Unavailable("gone".into()));
+    let s = cluster_status(&unread, &mut Vec::new(), t, false, None, "h");
+    let mut keys: Vec<&String> = s.as_object().unwrap().keys().collect();
+    keys.sort();
+    assert_eq!(keys, ["caBundleHash", "conditions", "lastHeartbeatTime"]);
+    assert_eq!(s["conditions"][0]["reason"], "MemberUnreachable");
+}
+
+/// RFC 7386 applied, as the server applies a heartbeat's patch.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let t = target.as_object_mut().unwrap();
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+/// A heartbeat sends what differs from the server's status, the conditions and the time
+/// always, removes what the member no longer reports and leaves the server's fields alone;
+/// applied to what the server has, it makes the agent's fields what the member says.
+#[test]
+fn a_heartbeat_patches_the_status_with_what_changed() {
+    let want = |cpu: &str| {
+        json!({
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "lastHeartbeatTime": "2026-01-01T00:00:10Z",
+            "kubernetesVersion": "v1.31.0",
+            "apiEnablements": [{"groupVersion": "v1", "resources": [{"name": "pods"}]}],
+            "resourceSummary": {
+                "allocatable": {"cpu": "100", "memory": "64Gi"},
+                "usage": {"cpu": cpu, "memory": "10Gi"},
+            },
+            "network": {"serverLatencyMs": 1.5},
+            "largestNodeFree": null,
+            "storageClasses": null,
+            "dataSets": null,
+            "serviceExports": null,
+        })
+    };
+    // What the server has: the last beat's fields, the server's own, one the member stopped
+    // reporting, and one inside a field that went.
+    let mut has = want("30");
+    // A stored status holds no nulls: a merge patch's null removes.
+    has.as_object_mut().unwrap().retain(|_, v| !v.is_null());
+    has["lastHeartbeatTime"] = json!("2026-01-01T00:00:00Z");
+    has["waterLevel"] = json!({"cpu": 0.3});
+    has["forecast"] = json!({"peak": 0.4});
+    has["dataSets"] = json!([{"claim": "corpus"}]);
+    has["resourceSummary"]["usage"]["nvidia.com/gpu"] = json!("1");
+    let now = want("31");
+    let patch = status_patch(Some(&has), &now);
+    assert_eq!(
+        patch,
+        json!({
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "lastHeartbeatTime": "2026-01-01T00:00:10Z",
+            "resourceSummary": {"usage": {"cpu": "31", "nvidia.com/gpu": null}},
+            "dataSets": null,
+        }),
+        "only what changed, and what went"
+    );
+    let mut applied = has.clone();
+    merge_patch(&mut applied, &patch);
+    let mut expected = now.clone();
+    expected
+        .as_object_mut()
+        .unwrap()
+        .retain(|_, v| !v.is_null());
+    expected["waterLevel"] = has["waterLevel"].clone();
+    expected["forecast"] = has["forecast"].clone();
+    assert_eq!(applied, expected);
+    // Nothing to compare with (a session's first beat, or a minute since the last whole
+    // one): the whole status, the lists the member emptied removed.
+    let whole = status_patch(None, &now);
+    assert_eq!(whole, now);
+    for k in [
+        "apiEnablements",
+        "kubernetesVersion",
+        "network",
+        "conditions",
+    ] {
+        assert_eq!(whole[k], now[k], "{k}");
+    }
+    for k in [
+        "dataSets",
+        "storageClasses",
+        "serviceExports",
+        "largestNodeFree",
+    ] {
+        assert!(whole.get(k).is_some_and(Value::is_null), "{k} removed");
+    }
+    assert!(whole.get("waterLevel").is_none() && whole.get("forecast").is_none());
+    let mut applied = has.clone();
+    merge_patch(&mut applied, &whole);
+    assert_eq!(
+        applied["resourceSummary"]["usage"]["nvidia.com/gpu"],
+        json!("1"),
+        "a whole status as a merge patch leaves nested fields; the next diff removes them"
+    );
+    let mut again = applied.clone();
+    merge_patch(&mut again, &status_patch(Some(&applied), &now));
+    assert_eq!(again, expected);
+    // An array (the API list) is sent whole when it changed; the same answer twice is one
+    // beat's time and conditions.
+    let mut more = now.clone();
+    more["apiEnablements"][0]["resources"] = json!([{"name": "pods"}, {"name": "services"}]);
+    let p = status_patch(Some(&expected), &more);
+    assert_eq!(p["apiEnablements"], more["apiEnablements"]);
+    let p = status_patch(Some(&expected), &now);
+    let keys: Vec<&String> = p.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["conditions", "lastHeartbeatTime"]);
+    // A member that could not be read reports its conditions only: its last figures stay
+    // (they are shown greyed, and the scheduler keeps its limits), nothing is removed.
+    let dark = json!({
+        "conditions": [{"type": "Ready", "status": "False", "reason": "MemberUnreachable"}],
+        "lastHeartbeatTime": "2026-01-01T00:00:20Z",
+    });
+    let p = status_patch(Some(&expected), &dark);
+    assert_eq!(p, dark);
+    let mut applied = expected.clone();
+    merge_patch(&mut applied, &p);
+    for k in [
+        "resourceSummary",
+        "apiEnablements",
+        "kubernetesVersion",
+        "waterLevel",
+    ] {
+        assert_eq!(applied[k], expected[k], "{k} kept");
+    }
+}
+
 fn cause() -> Cause {
     Cause {
         work: "orrery-cluster-m1/default.web-deployment".into(),
