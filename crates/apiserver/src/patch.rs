@@ -61,7 +61,14 @@ pub enum JsonPatchError {
 pub fn json_patch(doc: &mut Value, patch: &Value) -> Result<(), JsonPatchError> {
     let ops: json_patch::Patch =
         serde_json::from_value(patch.clone()).map_err(|e| JsonPatchError::Decode(e.to_string()))?;
-    json_patch::patch(doc, &ops).map_err(|e| JsonPatchError::Failed(e.to_string()))
+    // Not `json_patch::patch`: it undoes the operations applied before a failing one, and
+    // panics where an undo fails (a move of `/a/0` to `/a`, undone, is a move into its own
+    // child: found by fuzzing, `fuzz/regressions/json_patch/`). Applied to a copy instead,
+    // kept only whole.
+    let mut out = doc.clone();
+    json_patch::patch_unsafe(&mut out, &ops).map_err(|e| JsonPatchError::Failed(e.to_string()))?;
+    *doc = out;
+    Ok(())
 }
 
 /// Applies an RFC 7386 merge patch.
@@ -682,5 +689,23 @@ mod tests {
         merge_patch(&mut doc, &json!({"a": {"b": null, "c": [9]}})).unwrap();
         assert_eq!(doc, json!({"a": {"c": [9]}}));
         assert!(merge_patch(&mut doc, &json!([1])).is_err());
+    }
+
+    /// A patch whose later operation fails leaves the object as it was, whatever the earlier
+    /// ones did: a move into what was the moved value's parent, then a failing test, made
+    /// json-patch's own undo panic.
+    #[test]
+    fn a_failing_json_patch_changes_nothing_and_does_not_panic() {
+        let mut doc = json!({"a": [1, 2]});
+        let p = json!([{"op": "move", "from": "/a/0", "path": "/a"},
+                       {"op": "test", "path": "/b", "value": 0}]);
+        assert!(matches!(
+            json_patch(&mut doc, &p),
+            Err(JsonPatchError::Failed(_))
+        ));
+        assert_eq!(doc, json!({"a": [1, 2]}));
+        let p = json!([{"op": "move", "from": "/a/0", "path": "/a"}]);
+        json_patch(&mut doc, &p).unwrap();
+        assert_eq!(doc, json!({"a": 1}));
     }
 }

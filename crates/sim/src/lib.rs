@@ -31,6 +31,8 @@ pub mod fleet;
 mod portforward;
 mod shell;
 mod spdy;
+/// SPDY/3.1 frames read as the port-forward server reads them (for the fuzz targets).
+pub use spdy::read_frames as read_spdy_frames;
 mod spec;
 mod workload;
 

@@ -418,6 +418,42 @@ impl Encoder {
     }
 }
 
+/// Reads the frames of `bytes` as the port-forward server reads a connection, `split` bytes
+/// at a time (`0`: all at once), and checks each: written again, the frames read back the
+/// same. The fuzz targets' entry (`fuzz/`): a hostile stream is an error (`Err`, with the
+/// frames read before it), never a panic. The number of frames read.
+pub fn read_frames(bytes: &[u8], split: usize) -> Result<usize, (usize, String)> {
+    let mut d = Decoder::default();
+    let mut frames = Vec::new();
+    let step = if split == 0 {
+        bytes.len().max(1)
+    } else {
+        split
+    };
+    for chunk in bytes.chunks(step) {
+        d.push(chunk);
+        loop {
+            match d.next_frame() {
+                Ok(Some(f)) => frames.push(f),
+                Ok(None) => break,
+                Err(e) => return Err((frames.len(), e.to_string())),
+            }
+        }
+    }
+    let mut e = Encoder::default();
+    let mut again = Decoder::default();
+    for f in frames.iter().filter(|f| !matches!(f, Frame::Ignored(_))) {
+        again.push(&e.encode(f));
+        let back = again.next_frame();
+        assert_eq!(
+            back.as_ref().ok().and_then(Option::as_ref),
+            Some(f),
+            "a frame written reads back"
+        );
+    }
+    Ok(frames.len())
+}
+
 /// The preset dictionary of SPDY/3's header compression (from the protocol's draft 3).
 #[rustfmt::skip]
 const DICTIONARY: &[u8] = b"\
