@@ -162,6 +162,20 @@ async fn handle(
     }
 }
 
+/// The object a write names, and who it is (an error answer when the body says neither).
+#[allow(clippy::result_large_err)]
+fn named(body: &[u8]) -> Result<(Value, ResourceIdentifier), Response<Full<Bytes>>> {
+    let o: Value = serde_json::from_slice(body)
+        .map_err(|e| error(StatusCode::BAD_REQUEST, format!("invalid object: {e}")))?;
+    let id = ResourceIdentifier::of(0, &o).ok_or_else(|| {
+        error(
+            StatusCode::BAD_REQUEST,
+            "an object needs apiVersion, kind and metadata.name",
+        )
+    })?;
+    Ok((o, id))
+}
+
 /// A write to the member's objects, as someone in the member makes it: create, delete, or
 /// set an object's status or spec.
 async fn object_write(
@@ -191,69 +205,45 @@ async fn object_write(
             },
             Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid manifest: {e}")),
         },
-        (&Method::DELETE, ["objects"]) => match serde_json::from_slice::<Value>(body) {
-            Ok(o) => match ResourceIdentifier::of(0, &o) {
-                Some(id) => match orrery_agent::backend::Backend::delete(
-                    sim,
-                    &id,
-                    &orrery_agent::backend::Cause {
-                        reason: "removed through the admin endpoint",
-                        ..Default::default()
-                    },
-                )
-                .await
-                {
-                    Ok(()) => reply(StatusCode::OK, o),
-                    Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
+        (&Method::DELETE, ["objects"]) => match named(body) {
+            Err(r) => r,
+            Ok((o, id)) => match orrery_agent::backend::Backend::delete(
+                sim,
+                &id,
+                &orrery_agent::backend::Cause {
+                    reason: "removed through the admin endpoint",
+                    ..Default::default()
                 },
-                None => error(
-                    StatusCode::BAD_REQUEST,
-                    "an object needs apiVersion, kind and metadata.name",
-                ),
+            )
+            .await
+            {
+                Ok(()) => reply(StatusCode::OK, o),
+                Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
             },
-            Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid object: {e}")),
         },
-        (&Method::PUT, ["objects", "status"]) => {
-            // What a member's own controller writes into an object's status.
-            match serde_json::from_slice::<Value>(body) {
-                Ok(o) => match ResourceIdentifier::of(0, &o) {
-                    Some(id) => {
-                        let status = o.get("status").cloned().unwrap_or(Value::Null);
-                        if sim.set_status(&id, status) {
-                            reply(StatusCode::OK, o)
-                        } else {
-                            error(StatusCode::NOT_FOUND, format!("no {}", id.describe()))
-                        }
-                    }
-                    None => error(
-                        StatusCode::BAD_REQUEST,
-                        "an object needs apiVersion, kind and metadata.name",
-                    ),
-                },
-                Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid object: {e}")),
+        // What a member's own controller writes into an object's status.
+        (&Method::PUT, ["objects", "status"]) => match named(body) {
+            Err(r) => r,
+            Ok((o, id)) => {
+                let status = o.get("status").cloned().unwrap_or(Value::Null);
+                if sim.set_status(&id, status) {
+                    reply(StatusCode::OK, o)
+                } else {
+                    error(StatusCode::NOT_FOUND, format!("no {}", id.describe()))
+                }
             }
-        }
-        (&Method::PUT, ["objects", "spec"]) => {
-            // What someone in the member writes into a custom object's spec.
-            match serde_json::from_slice::<Value>(body) {
-                Ok(o) => match ResourceIdentifier::of(0, &o) {
-                    Some(id) => {
-                        let spec = o.get("spec").cloned().unwrap_or(Value::Null);
-                        match sim.set_spec(&id, &spec) {
-                            Ok(()) => reply(StatusCode::OK, o),
-                            Err(why) => {
-                                error(StatusCode::CONFLICT, format!("{}: {why}", id.describe()))
-                            }
-                        }
-                    }
-                    None => error(
-                        StatusCode::BAD_REQUEST,
-                        "an object needs apiVersion, kind and metadata.name",
-                    ),
-                },
-                Err(e) => error(StatusCode::BAD_REQUEST, format!("invalid object: {e}")),
+        },
+        // What someone in the member writes into a custom object's spec.
+        (&Method::PUT, ["objects", "spec"]) => match named(body) {
+            Err(r) => r,
+            Ok((o, id)) => {
+                let spec = o.get("spec").cloned().unwrap_or(Value::Null);
+                match sim.set_spec(&id, &spec) {
+                    Ok(()) => reply(StatusCode::OK, o),
+                    Err(why) => error(StatusCode::CONFLICT, format!("{}: {why}", id.describe())),
+                }
             }
-        }
+        },
         _ => error(StatusCode::NOT_FOUND, "no such endpoint"),
     }
 }
